@@ -115,6 +115,9 @@ class AdaptivePolicy(DraftPolicy):
 class AutoPolicy(DraftPolicy):
     """The drafter's preferred length, with a kill switch.
 
+    The draft length is shortened while even a fully accepted draft could not pay for its
+    verification (on a machine where a wide forward costs many plain steps, none is drafted).
+
     When the tokens per verification (accepted + 1) averaged over the last ``window``
     verifications fall below the break-even (the verification and drafting cost in plain
     steps, from the model's measured cost profile), the next ``pause_tokens`` tokens are
@@ -141,7 +144,12 @@ class AutoPolicy(DraftPolicy):
         else:
             from .cost import break_even_tokens
 
+            # Shorten the draft while even a fully accepted one (k + 1 tokens) could not pay
+            # for its verification; at k = 0 speculation cannot pay on this machine at all.
             self.break_even = break_even_tokens(model, self.k, drafter)
+            while self.k > 0 and self.break_even >= self.k + 1:
+                self.k -= 1
+                self.break_even = break_even_tokens(model, self.k, drafter) if self.k else float("inf")
 
     def preferred_k(self, drafter: Any) -> int:
         k = max(1, int(getattr(drafter, "preferred_k", 4)))
@@ -157,7 +165,7 @@ class AutoPolicy(DraftPolicy):
             self.remaining = max(0, self.remaining - record["emitted"])
 
     def _k(self, drafter: Any) -> int:
-        return 0 if self.remaining > 0 else self.k
+        return 0 if self.remaining > 0 or self.k == 0 else self.k
 
     def plain_run(self) -> int:
-        return max(1, self.remaining)
+        return max(1, self.remaining) if self.k else 1 << 30

@@ -131,8 +131,9 @@ def test_auto_kill_switch_pauses_64_tokens():
     records = gen.log.records[1:]
     assert [r["kind"] for r in records[:16]] == ["verify"] * 16
     assert all(r["paused"] for r in records[16 : 16 + 64])
-    assert records[16 + 64]["kind"] == "verify"
-    assert gen.stats()["pauses"] == 64
+    assert [r["kind"] for r in records[80:96]] == ["verify"] * 16
+    # prefill 1 + 16 verifies + 64 paused + 16 verifies = 97 tokens; the kill switch fires again.
+    assert gen.stats()["pauses"] == 64 + 3
 
 
 def test_log_roundtrip(tmp_path):
@@ -175,3 +176,21 @@ def test_non_trimmable_cache_is_a_clear_error():
     model = build_tiny("llama")
     with pytest.raises(ValueError, match="roll back"):
         speculative_generate(model, PROMPT, GenerateOptions(), PromptLookup(), prompt_cache=[ArraysCache(2)])
+
+
+def test_auto_shortens_drafts_that_cannot_pay(monkeypatch):
+    """Auto drafts only lengths whose full acceptance beats the measured verify cost."""
+    import specbench.cost
+
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, 30)
+    # c(w) = 1 + 1.5 (w - 1): k tokens pay only if k + 1 > 1 + 1.5 k, never.
+    monkeypatch.setattr(specbench.cost, "break_even_tokens", lambda m, k, d=None, **kw: 1 + 1.5 * k)
+    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=30), ScriptedDrafter(ref, len(PROMPT), 97), DraftPolicy.auto())
+    assert list(gen) == ref
+    assert gen.stats()["verifies"] == 0 and gen.stats()["pauses"] == 29
+    # c(w) = 1 + 0.5 (w - 1): every length pays when accepted; the preferred length is kept.
+    monkeypatch.setattr(specbench.cost, "break_even_tokens", lambda m, k, d=None, **kw: 1 + 0.5 * k)
+    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=30), ScriptedDrafter(ref, len(PROMPT), 97), DraftPolicy.auto())
+    assert list(gen) == ref
+    assert {r["k_requested"] for r in gen.log if r["kind"] == "verify"} >= {4}
