@@ -331,7 +331,9 @@ class Generation:
         logits, hidden = out if self.needs_hidden else (out, None)
         logits = self._mask_eos(logits[0], position)
         if self.options.temperature == 0:
-            targets = _greedy(logits).tolist()
+            # In exact mode each row's choice is made on its own, as a serial step makes it.
+            rows = [logits[i : i + 1] for i in range(width)] if self.options.verify_mode == "exact" else [logits]
+            targets = mx.concatenate([_greedy(r) for r in rows]).tolist()
             n, emitted = accept_greedy(draft.tokens, targets)
             probs: list[float] = []
         else:
