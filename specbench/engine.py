@@ -144,7 +144,7 @@ class Generation:
         self.drafter = drafter
         self.policy = policy if policy is not None else (DraftPolicy.auto() if drafter else None)
         self.cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
-        self.rollback = CacheRollback(self.cache) if drafter is not None else None
+        self.rollback = CacheRollback(self.cache, model) if drafter is not None else None
         eos = set(options.eos_token_ids)
         if tokenizer is not None:
             eos |= set(getattr(tokenizer, "eos_token_ids", None) or [])

@@ -174,8 +174,8 @@ def test_non_trimmable_cache_is_a_clear_error():
     from mlx_lm.models.cache import ArraysCache
 
     model = build_tiny("llama")
-    with pytest.raises(ValueError, match="roll back"):
-        speculative_generate(model, PROMPT, GenerateOptions(), PromptLookup(), prompt_cache=[ArraysCache(2)])
+    with pytest.raises(ValueError, match="cannot roll back"):
+        speculative_generate(model, PROMPT, GenerateOptions(), PromptLookup(), prompt_cache=[ArraysCache(2), ArraysCache(2)])
 
 
 def test_auto_shortens_drafts_that_cannot_pay(monkeypatch):
