@@ -1,0 +1,239 @@
+"""Verify-cost profiles, break-even curves and the measured speedup grid on synthetic models.
+
+    python3 scripts/gpu/cost.py            # H200: Qwen3-8B and Qwen3-30B-A3B shapes, 4-bit; hybrids if time allows
+    python3 scripts/gpu/cost.py --quick    # CPU: tiny float32 shapes
+
+Phases, each written out as soon as it is done (an interrupted run keeps what it finished):
+profiles of the dense and MoE shapes (c(w) per verify mode, engine overhead, experts touched,
+drafter costs),
+the measured grid in exact verify mode (the engine's greedy default), then in fast mode, then
+the hybrid shapes (with a random MTP head, its drafter timed too): profile, then the grid in
+exact mode. A phase that would not fit in --budget seconds is skipped.
+
+Writes into $OUT (default reports/gpu): profiles.json, costs.csv, break_even.csv, grid.csv,
+experts.csv, costs.png, break_even.png, measured.png; prints compact tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from specbench import cost, moe, plots, synthetic  # noqa: E402
+from specbench.drafters import make_drafter  # noqa: E402
+from specbench.forward import text_model  # noqa: E402
+
+FULL = {
+    "models": ["qwen3-8b-4bit", "qwen3-30b-a3b-4bit"],
+    "hybrids": ["qwen3.5-9b-4bit", "qwen3.5-35b-a3b-4bit"],
+    "widths": 16, "exact_widths": 9, "offset": 512, "repeats": 10, "moe_repeats": 20, "warmup": 3,
+    "hybrid_repeats": 5, "hybrid_exact_widths": 5,
+    "acceptances": [0.5, 0.7, 0.85, 1.0], "ks": [1, 2, 4, 8], "max_tokens": 96,
+}
+QUICK = {
+    "models": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny"],
+    "hybrids": ["qwen3.5-9b-tiny", "qwen3.5-35b-a3b-tiny"],
+    "widths": 8, "exact_widths": 5, "offset": 32, "repeats": 3, "moe_repeats": 3, "warmup": 1,
+    "hybrid_repeats": 2, "hybrid_exact_widths": 3,
+    "acceptances": [0.5, 1.0], "ks": [1, 3], "max_tokens": 24,
+}
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, data) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+class Run:
+    def __init__(self, cfg: dict, out: Path, budget: float, title_device: bool):
+        self.cfg, self.out, self.budget = cfg, out, budget
+        self.start = time.perf_counter()
+        self.modes = list(cost.available_modes())
+        self.profiles: dict[str, cost.Profile] = {}
+        self.models: dict[str, object] = {}
+        self.grid: list[dict] = []
+        self.experts: list[dict] = []
+        self.skipped: list[str] = []
+        self.title_device = title_device
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def fits(self, seconds: float, what: str) -> bool:
+        if self.elapsed() + seconds <= self.budget:
+            return True
+        self.skipped.append(f"{what} (needs ~{seconds:.0f} s, {self.budget - self.elapsed():.0f} s left)")
+        print(f"skip {what}: needs ~{seconds:.0f} s", flush=True)
+        return False
+
+    def profile(self, name: str, keep: bool, hybrid: bool = False) -> None:
+        cfg, mtp = self.cfg, hybrid
+        exact_widths = cfg["hybrid_exact_widths"] if hybrid else cfg["exact_widths"]
+        t0 = time.perf_counter()
+        model = synthetic.build(name, mtp=mtp)
+        print(f"\n== {model.specbench_name}: built in {time.perf_counter() - t0:.1f} s, "
+              f"{synthetic.parameter_bytes(model) / 2**30:.2f} GiB", flush=True)
+        is_moe = bool(moe.expert_layers(model))
+        if "exact" in self.modes:
+            from specbench.exact import calibrate
+
+            t0 = time.perf_counter()
+            calibration = calibrate(model, list(range(2, exact_widths + 1)))
+            print(f"exact-mode calibration in {time.perf_counter() - t0:.1f} s: "
+                  + " ".join(f"{w}:{c.level}" for w, c in sorted(calibration.widths.items())), flush=True)
+        drafters = [make_drafter("lookup"), make_drafter("suffix")] + ([make_drafter("mtp", model=model)] if mtp else [])
+        # A context that repeats itself, so that lookup and suffix drafters find matches to time.
+        vocab = text_model(model).args.vocab_size
+        context = np.random.default_rng(1).integers(0, vocab, size=cfg["offset"] // 4).tolist() * 4
+        t0 = time.perf_counter()
+        profile = cost.measure(
+            model, widths={m: cfg["widths"] if m == "fast" else exact_widths for m in self.modes},
+            verify=self.modes, offset=cfg["offset"], warmup=cfg["warmup"], context=context,
+            repeats=cfg["hybrid_repeats"] if hybrid else cfg["moe_repeats"] if is_moe else cfg["repeats"],
+            drafters=drafters,
+        )
+        cost.save_profile(profile)
+        self.profiles[profile.name] = profile
+        overhead = ", ".join(f"{m} {v:.3f}" for m, v in profile.overhead.items()) or "not measured"
+        print(f"profile in {time.perf_counter() - t0:.1f} s: plain step {1e3 * profile.plain_step_s:.2f} ms; "
+              f"engine overhead per speculative step (plain steps): {overhead}")
+        print("  drafter cost d (plain steps per draft token, k=4; mean tokens drafted): "
+              + "  ".join(f"{n} {e['d']:.4f} ({e['drafted']:.1f})" for n, e in profile.drafters.items()))
+        for mode in self.modes:
+            widths, costs = profile.widths[mode], profile.costs[mode]
+            print(f"  c(w)  {mode:5s}  " + " ".join(f"{w}:{c:.2f}" for w, c in zip(widths, costs)))
+            a_star = cost.break_even_acceptance(profile, 0.0, min(8, widths[-1] - 1), mode)
+            print(f"  a*(k) {mode:5s}  " + " ".join(f"{k}:{a:.2f}" for k, a in enumerate(a_star, 1)))
+        if is_moe:
+            rows = moe.expert_counts(model, [1, 2, 3, 4, 6, 8, 12, 16], offset=min(cfg["offset"], 128), trials=3)
+            self.experts += [{"name": profile.name, **r} for r in rows]
+            print("  experts per layer, measured/uniform: "
+                  + " ".join(f"w{r['width']}:{r['distinct_experts']:.1f}/{r['expected_uniform']:.1f}" for r in rows))
+        if keep:
+            self.models[profile.name] = model
+        del model
+        gc.collect()
+        self.flush()
+
+    def run_grid(self, name: str, mode: str) -> None:
+        cfg, profile = self.cfg, self.profiles[name]
+        cells = len(cfg["acceptances"]) * len(cfg["ks"])
+        estimate = cells * 2.4 * cfg["max_tokens"] * profile.plain_step_s * (1.6 if mode == "fast" else 1.2) + 5
+        if not self.fits(estimate, f"grid {name} {mode}"):
+            return
+        t0 = time.perf_counter()
+        rows = cost.speedup_grid(self.models[name], profile, cfg["acceptances"], cfg["ks"], verify=mode,
+                                 prompt_len=cfg["offset"], max_tokens=cfg["max_tokens"])
+        self.grid += rows
+        print(f"\n== grid {name} {mode}: {time.perf_counter() - t0:.1f} s (estimated {estimate:.0f} s)")
+        print("     a   k  measured  predicted  err%  from-log err%  E_meas  a_meas  diverged follows")
+        for r in rows:
+            print(f"  {r['a']:.2f} {r['k']:3d}  {r['speedup']:7.2f}  {r['predicted_nominal']:8.2f}  "
+                  f"{100 * r['error_nominal']:+5.1f}  {100 * r['error_from_log']:+12.1f}  {r['tokens_per_verify']:6.2f}"
+                  f"  {r['acceptance_measured']:6.2f}  {r['diverged_at']!s:>8s} {r['follows']:7d}", flush=True)
+        self.flush()
+
+    def flush(self) -> None:
+        out, plist = self.out, list(self.profiles.values())
+        write_json(out / "profiles.json", [p.to_dict() for p in plist])
+        write_csv(out / "costs.csv", [r for p in plist for r in p.to_polars().to_dicts()])
+        be_rows = []
+        for p in plist:
+            for mode in p.costs:
+                kk = min(15, max(p.widths[mode]) - 1)
+                for k, a in enumerate(cost.break_even_acceptance(p, 0.0, kk, mode), 1):
+                    be_rows.append({"name": p.name, "mode": mode, "k": k, "c_k1": p.c(k + 1, mode, overhead=False),
+                                    "overhead": p.overhead.get(mode, 0.0), "a_star": a,
+                                    **{f"best_k_a{x:g}": cost.best_k(x, p, 0.0, kk, mode)[0] for x in (0.6, 0.7, 0.8, 0.9)}})
+        write_csv(out / "break_even.csv", be_rows)
+        write_csv(out / "grid.csv", self.grid)
+        write_csv(out / "experts.csv", self.experts)
+        if plist:
+            device = plist[0].device.split(":", 1)[-1]
+            what = "4-bit random weights, " if self.title_device else ""
+            plots.save(plots.verify_costs(plist, title=f"Verify cost c(w), dense vs MoE ({what}{device})"), out / "costs.png")
+            plots.save(plots.break_even(plist, d=0.0, k_max=15), out / "break_even.png")
+        if self.grid:
+            plots.save(plots.measured_vs_predicted(self.grid, self.profiles), out / "measured.png")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny float32 shapes (CPU)")
+    parser.add_argument("--models", default=None, help="comma list of synthetic names profiled and run on the grid")
+    parser.add_argument("--hybrids", default=None, help="comma list of synthetic names only profiled ('' for none)")
+    parser.add_argument("--budget", type=float, default=420.0, help="seconds; phases that would not fit are skipped")
+    args = parser.parse_args()
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.models is not None:
+        cfg["models"] = [m for m in args.models.split(",") if m]
+    if args.hybrids is not None:
+        cfg["hybrids"] = [m for m in args.hybrids.split(",") if m]
+    out = Path(os.environ.get("OUT") or "reports/gpu")
+    out.mkdir(parents=True, exist_ok=True)
+    run = Run(cfg, out, args.budget, title_device=not args.quick)
+    print(f"device {cost.device_name()}  mlx {mx.__version__}  verify modes {run.modes}  out {out}", flush=True)
+
+    for name in cfg["models"]:
+        run.profile(name, keep=True)
+    names = list(run.models)
+    for mode in [m for m in ("exact", "fast") if m in run.modes]:
+        for name in names:
+            run.run_grid(name, mode)
+    run.models.clear()
+    gc.collect()
+    mx.clear_cache()
+    for name in cfg["hybrids"]:
+        if not run.fits(120.0, f"hybrid {name}"):
+            continue
+        try:
+            run.profile(name, keep=True, hybrid=True)
+            for profile_name in list(run.models):
+                run.run_grid(profile_name, run.modes[-1])
+        except Exception as err:  # a shape this backend cannot run is reported, not fatal
+            run.skipped.append(f"hybrid {name}: {type(err).__name__}: {err}")
+            print(f"hybrid {name} failed: {type(err).__name__}: {err}", flush=True)
+        run.models.clear()
+        gc.collect()
+        mx.clear_cache()
+
+    if run.grid:
+        for mode in dict.fromkeys(r["mode"] for r in run.grid):
+            rows = [r for r in run.grid if r["mode"] == mode]
+            nominal = [abs(r["error_nominal"]) for r in rows]
+            logged = [abs(r["error_from_log"]) for r in rows]
+            print(f"\nprediction error |measured / predicted - 1|, {mode} verify, {len(rows)} cells: at nominal a "
+                  f"mean {100 * sum(nominal) / len(rows):.1f}% max {100 * max(nominal):.1f}%; for the steps taken "
+                  f"mean {100 * sum(logged) / len(rows):.1f}% max {100 * max(logged):.1f}%")
+    for s in run.skipped:
+        print(f"skipped: {s}")
+    print(f"done in {run.elapsed():.1f} s; files in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""A controlled-acceptance drafter for cost studies.
+
+It proposes the model's own greedy continuation (recorded from a plain run) and corrupts each
+draft position independently with probability 1 - a (seeded). Under greedy verification every
+position is then accepted with probability a given the earlier ones were, so measured speedups
+can be set against the break-even model's prediction at a known acceptance.
+
+A fast verify that is not bit-exact (GPUs) can flip a near-tie and leave the recorded
+continuation. A drafter built with ``from_model(..., follow=True)`` then records the model's
+plain greedy continuation of the new context and goes on; the time that takes is kept in
+``follow_s`` so that timings can leave it out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from .base import Draft, Drafter
+
+
+class OracleDrafter(Drafter):
+    """Draft the known greedy continuation of ``prompt``, each token kept with probability ``acceptance``.
+
+    A corrupted position gets a different token id drawn uniformly. ``recorded`` is the plain
+    run's continuation, ``continuation`` the one being followed. If the emitted output leaves it,
+    ``diverged_at`` records the first position where; the drafter then re-records the
+    continuation from there (with ``model`` given) or stops proposing.
+    """
+
+    name = "oracle"
+
+    def __init__(
+        self,
+        prompt: Sequence[int],
+        continuation: Sequence[int],
+        acceptance: float,
+        vocab_size: int,
+        seed: int = 0,
+        preferred_k: int = 4,
+        model: Any = None,
+    ):
+        if not 0.0 <= acceptance <= 1.0:
+            raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
+        if vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+        if not continuation:
+            raise ValueError("the continuation is empty: record at least one token from a plain run")
+        self.prompt = [int(t) for t in prompt]
+        self.continuation = [int(t) for t in continuation]
+        self.acceptance = float(acceptance)
+        self.vocab_size = int(vocab_size)
+        self.seed = seed
+        self.preferred_k = preferred_k
+        self.model = model
+        self.recorded = list(self.continuation)
+        self.begin(self.prompt)
+
+    @classmethod
+    def from_model(
+        cls, model: Any, prompt: Sequence[int], max_tokens: int, acceptance: float, seed: int = 0,
+        follow: bool = False, **kwargs: Any,
+    ) -> "OracleDrafter":
+        """Record ``max_tokens`` of the model's plain greedy continuation of ``prompt``; with
+        ``follow``, re-record it whenever the emitted output leaves it."""
+        from ..engine import vocab_size
+
+        continuation = _greedy_continuation(model, prompt, max_tokens)
+        return cls(prompt, continuation, acceptance, vocab_size(model), seed, model=model if follow else None, **kwargs)
+
+    def begin(self, prompt: Sequence[int], hidden: Any = None) -> None:
+        if list(prompt) != self.prompt:
+            raise ValueError("OracleDrafter was recorded for another prompt: build one per prompt")
+        self.rng = np.random.default_rng(self.seed)
+        self.continuation = list(self.recorded)
+        self.position = 0
+        self.diverged_at: int | None = None
+        self.stale = False
+        self.follows = 0
+        self.follow_s = 0.0
+        self.proposed = 0
+        self.corrupted = 0
+
+    def observe(self, tokens: Sequence[int], hidden: Any = None) -> None:
+        for t in tokens:
+            p = self.position
+            if not self.stale and p < len(self.continuation) and self.continuation[p] != int(t):
+                self.stale = True
+                if self.diverged_at is None:
+                    self.diverged_at = p
+            self.position += 1
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        start = len(context) - len(self.prompt)
+        if self.stale and self.model is None:
+            return Draft([])
+        if self.model is not None and start < len(self.recorded) and (self.stale or start + k > len(self.continuation)):
+            # Record the next stretch of the model's greedy output from here (a few drafts' worth:
+            # after a divergence another one may follow soon).
+            t0 = time.perf_counter()
+            emitted = list(context[len(self.prompt) :])
+            more = min(len(self.recorded) - start, 2 * k + 8)
+            self.continuation = emitted + _greedy_continuation(self.model, context, more)
+            self.stale = False
+            self.follows += 1
+            self.follow_s += time.perf_counter() - t0
+        truth = self.continuation[start : start + k]
+        keep = self.rng.random(len(truth)) < self.acceptance
+        shift = self.rng.integers(1, self.vocab_size, size=len(truth))
+        tokens = [t if ok else (t + int(s)) % self.vocab_size for t, ok, s in zip(truth, keep, shift)]
+        self.proposed += len(tokens)
+        self.corrupted += int((~keep).sum())
+        return Draft(tokens)
+
+
+def _greedy_continuation(model: Any, prompt: Sequence[int], max_tokens: int) -> list[int]:
+    from ..engine import GenerateOptions, generate
+
+    return list(generate(model, list(prompt), GenerateOptions(max_tokens=max_tokens, ignore_eos=True)))
