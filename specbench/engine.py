@@ -32,6 +32,8 @@ class GenerateOptions:
 
     ``verify``: "exact" computes every row of a verification as serial decoding would (the
     default for greedy decoding), "fast" runs one batched forward (the default when sampling).
+    ``count_experts``: record the distinct experts each MoE layer touches per step (in the log
+    record's ``extra["experts"]``); off by default, and free when off.
     """
 
     max_tokens: int = 256
@@ -47,6 +49,7 @@ class GenerateOptions:
     seed: int | None = None
     verify: str | None = None
     prefill_step_size: int = 2048
+    count_experts: bool = False
 
     def check(self) -> None:
         """Raise one clear ValueError for the first invalid option."""
@@ -191,11 +194,18 @@ class Generation:
         self.sampler = options.sampling.sampler()
         self.needs_hidden = bool(drafter is not None and drafter.needs_hidden)
         if policy is not None:
-            policy.start(self.model, drafter)
+            policy.start(self.model, drafter, verify=options.verify_mode)
+        self._counter = None
         try:
-            with wired_limit(self.model, [generation_stream]), mx.stream(generation_stream):
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(wired_limit(self.model, [generation_stream]))
+                stack.enter_context(mx.stream(generation_stream))
+                if options.count_experts:
+                    from .moe import ExpertCounter
+
+                    self._counter = stack.enter_context(ExpertCounter(self.model))
                 first = self._prefill()
-                yield from self._emit_plain(first, record=None)
+                yield from self._emit_plain(first)
                 while self._finish is None:
                     if drafter is None:
                         yield from self._plain_stretch(self._remaining(), paused=False)
@@ -254,21 +264,26 @@ class Generation:
         out = forward(self.model, prompt[None, done:], self.cache, self.needs_hidden)
         logits, hidden = out if self.needs_hidden else (out, None)
         token = self._pick(logits, 0)
+        extra = self._experts()
         mx.eval(token)
         if self.drafter is not None:
             prompt_hidden = mx.concatenate(hidden_parts, axis=1) if hidden_parts else None
             self.drafter.begin(list(self.prompt), prompt_hidden)
         self._prefill_s = time.perf_counter() - t0
-        return token, hidden
+        return token, hidden, extra
 
-    def _plain_step(self, y: mx.array, position: int) -> tuple[mx.array, mx.array | None]:
+    def _plain_step(self, y: mx.array, position: int) -> tuple[mx.array, mx.array | None, dict]:
         out = forward(self.model, y.reshape(1, 1), self.cache, self.needs_hidden)
         logits, hidden = out if self.needs_hidden else (out, None)
-        return self._pick(logits, position), hidden
+        return self._pick(logits, position), hidden, self._experts()
 
-    def _emit_plain(self, step: tuple[mx.array, mx.array | None], record: dict | None) -> Iterator[int]:
-        """Emit the prefill's token (record None) with its log record."""
-        token, hidden = step
+    def _experts(self) -> dict[str, Any]:
+        """The log record's extra columns: expert counts of the forward just built, when counting."""
+        return {"experts": self._counter.take()} if self._counter is not None else {}
+
+    def _emit_plain(self, step: tuple[mx.array, mx.array | None, dict]) -> Iterator[int]:
+        """Emit the prefill's token with its log record."""
+        token, hidden, extra = step
         t = int(token.item())
         emitted = self._stop_at([t])
         self.log.append(
@@ -276,7 +291,7 @@ class Generation:
                 step=0, position=0, kind="prefill", drafter=self._drafter_name(), policy=self._policy_name(),
                 k_requested=0, k_drafted=0, accepted=0, emitted=len(emitted), accepted_positions=[],
                 verify_width=len(self.prompt), draft_s=0.0, verify_s=self._prefill_s, other_s=0.0,
-                paused=False, tokens=emitted,
+                paused=False, tokens=emitted, extra=extra,
             )
         )
         yield from self._yield_tokens(emitted, hidden)
@@ -303,6 +318,7 @@ class Generation:
                     policy=self._policy_name(), k_requested=k_requested, k_drafted=0, accepted=0,
                     emitted=len(emitted), accepted_positions=[], verify_width=1,
                     draft_s=draft_s, verify_s=now - tick, other_s=0.0, paused=paused, tokens=emitted,
+                    extra=current[2],
                 )
             )
             tick = now
@@ -329,6 +345,7 @@ class Generation:
         with self._verify_context():
             out = forward(self.model, inputs, self.cache, self.needs_hidden)
         logits, hidden = out if self.needs_hidden else (out, None)
+        extra = self._experts()
         logits = self._mask_eos(logits[0], position)
         if self.options.temperature == 0:
             # In exact mode each row's choice is made on its own, as a serial step makes it.
@@ -348,7 +365,7 @@ class Generation:
                 policy=self._policy_name(), k_requested=k, k_drafted=len(draft.tokens), accepted=n,
                 emitted=len(emitted), accepted_positions=list(range(n)), verify_width=width,
                 draft_s=t1 - t0, verify_s=t2 - t1, other_s=time.perf_counter() - t2, paused=False,
-                accept_probs=probs, tokens=emitted, draft_tokens=list(draft.tokens),
+                accept_probs=probs, tokens=emitted, draft_tokens=list(draft.tokens), extra=extra,
             )
         )
         yield from self._yield_tokens(emitted, hidden[:, : len(emitted)] if hidden is not None else None)

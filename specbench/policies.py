@@ -17,8 +17,8 @@ class DraftPolicy:
 
     name = "policy"
 
-    def start(self, model: Any, drafter: Any) -> None:
-        """Reset for a new generation."""
+    def start(self, model: Any, drafter: Any, verify: str = "fast") -> None:
+        """Reset for a new generation (``verify``: the generation's verify mode)."""
         self._seen = 0
 
     def next_k(self, log: StepLog, drafter: Any) -> int:
@@ -90,8 +90,8 @@ class AdaptivePolicy(DraftPolicy):
         self.max_pause = max_pause
         self.name = f"adaptive:{n}"
 
-    def start(self, model: Any, drafter: Any) -> None:
-        super().start(model, drafter)
+    def start(self, model: Any, drafter: Any, verify: str = "fast") -> None:
+        super().start(model, drafter, verify)
         self.pause = 1
         self.remaining = 0
 
@@ -132,8 +132,8 @@ class AutoPolicy(DraftPolicy):
         self.pause_tokens = pause_tokens
         self.fixed_break_even = break_even
 
-    def start(self, model: Any, drafter: Any) -> None:
-        super().start(model, drafter)
+    def start(self, model: Any, drafter: Any, verify: str = "fast") -> None:
+        super().start(model, drafter, verify)
         self.recent: deque[int] = deque(maxlen=self.window)
         self.remaining = 0
         self.k = self.preferred_k(drafter)
@@ -146,10 +146,10 @@ class AutoPolicy(DraftPolicy):
 
             # Shorten the draft while even a fully accepted one (k + 1 tokens) could not pay
             # for its verification; at k = 0 speculation cannot pay on this machine at all.
-            self.break_even = break_even_tokens(model, self.k, drafter)
+            self.break_even = break_even_tokens(model, self.k, drafter, verify=verify)
             while self.k > 0 and self.break_even >= self.k + 1:
                 self.k -= 1
-                self.break_even = break_even_tokens(model, self.k, drafter) if self.k else float("inf")
+                self.break_even = break_even_tokens(model, self.k, drafter, verify=verify) if self.k else float("inf")
 
     def preferred_k(self, drafter: Any) -> int:
         k = max(1, int(getattr(drafter, "preferred_k", 4)))

@@ -194,3 +194,21 @@ def test_auto_shortens_drafts_that_cannot_pay(monkeypatch):
     gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=30), ScriptedDrafter(ref, len(PROMPT), 97), DraftPolicy.auto())
     assert list(gen) == ref
     assert {r["k_requested"] for r in gen.log if r["kind"] == "verify"} >= {4}
+
+
+def test_expert_counts_in_the_log():
+    model = build_tiny("qwen3_moe")
+    ref = plain_greedy(model, PROMPT, 20)
+    drafter = ScriptedDrafter(ref, len(PROMPT), 97)
+    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=20, count_experts=True), drafter, DraftPolicy.fixed(4))
+    assert list(gen) == ref
+    for r in gen.log:
+        counts = r["extra"]["experts"]
+        assert len(counts) == 2
+        # top-2 of 8 experts: a 1-row step touches exactly 2, a width-w verify 2..min(8, 2w)
+        width = r["verify_width"] if r["kind"] != "prefill" else len(PROMPT)
+        assert all(min(2, 8) <= c <= min(8, 2 * width) for c in counts)
+    assert any(max(r["extra"]["experts"]) > 2 for r in gen.log if r["kind"] == "verify")
+    off = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=5), ScriptedDrafter(ref, len(PROMPT), 97), DraftPolicy.fixed(2))
+    list(off)
+    assert all(not r["extra"] for r in off.log)
