@@ -192,6 +192,7 @@ class Generation:
         if options.seed is not None:
             mx.random.seed(options.seed)
         self.sampler = options.sampling.sampler()
+        self._serial_layout = drafter is not None and options.verify_mode == "exact"
         self.needs_hidden = bool(drafter is not None and drafter.needs_hidden)
         if policy is not None:
             policy.start(self.model, drafter, verify=options.verify_mode)
@@ -273,6 +274,12 @@ class Generation:
         return token, hidden, extra
 
     def _plain_step(self, y: mx.array, position: int) -> tuple[mx.array, mx.array | None, dict]:
+        if self._serial_layout:
+            # After a rollback the KV buffers keep the verification's length; give them the
+            # length serial decoding has, since some kernels choose by it.
+            from .exact import serial_kv_layout
+
+            serial_kv_layout(self.cache, 1)
         out = forward(self.model, y.reshape(1, 1), self.cache, self.needs_hidden)
         logits, hidden = out if self.needs_hidden else (out, None)
         return self._pick(logits, position), hidden, self._experts()

@@ -20,7 +20,17 @@ the layers that differ are run row by row through the very calls a decode step m
 
 Every other op of the mlx-lm models (embedding, RMSNorm, RoPE at an offset, elementwise ops,
 softmax and top-k routing, residual sums) computes each row on its own: ``probe_ops`` checks
-that on the current device. Which split is needed depends on dtype, width and device, so
+that on the current device.
+
+A kernel can also depend on the memory layout of the KV cache. MLX's CUDA backend sends a
+single-query attention to cuDNN only when the keys are a slice of a cache buffer whose length
+is a multiple of 256 (mlx-lm's ``KVCache.step``) and at least 256 keys are attended, and to its
+own vector kernel otherwise; the two round differently. Serial decoding grows the buffer in
+whole steps, but a verification that crosses a step boundary grows it to ``offset + 256``.
+Inside ``exact_mode`` the caches therefore get the buffer serial decoding would have
+(``serial_kv_layout``), and a split attention row whose serial buffer is shorter than the
+current one (rows before a boundary the verification crosses) attends to a copy of its keys in
+a buffer of the serial length. Which split is needed depends on dtype, width and device, so
 ``calibrate`` tests the levels against serial steps on the device and keeps, per width, the
 cheapest that is bit-identical; ``exact_mode(model)`` uses that table (calibrating a width the
 first time it is asked for) and caches it under ``$SPECBENCH_HOME/exact``.
@@ -49,7 +59,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import base as mlx_base
 from mlx_lm.models import switch_layers
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 # -- levels ----------------------------------------------------------------------------------
 
@@ -135,12 +145,14 @@ def _parse(level: "str | ExactPlan") -> ExactPlan:
 
 
 class _Context:
-    """One open ``exact_mode``: its models and how it picks a plan for a width."""
+    """One open ``exact_mode``: its models, how it picks a plan for a width, and the length of the
+    KV buffers of the forward that runs (None when unknown or not uniform)."""
 
     def __init__(self, models: set[int], resolve: Callable[[int], ExactPlan]):
         self.models = models
         self.resolve = resolve
         self.plan: ExactPlan | None = None
+        self.kv_extent: int | None = None
 
     def plan_for(self, rows: int) -> ExactPlan | None:
         if rows <= 1:
@@ -153,6 +165,61 @@ _contexts: list[_Context] = []
 
 def _plan(rows: int) -> ExactPlan | None:
     return _contexts[-1].plan_for(rows) if _contexts else None
+
+
+# -- the KV layout of serial decoding ------------------------------------------------------------
+
+
+def _serial_extent(keys: int, step: int = KVCache.step) -> int:
+    """The buffer length of an mlx-lm ``KVCache`` holding ``keys`` keys after serial decoding
+    (and after a prefill): it grows in whole steps."""
+    return step * ((keys + step - 1) // step)
+
+
+def _with_extent(x: mx.array, n: int, extent: int) -> mx.array:
+    """A fresh ``[..., extent, D]`` buffer holding ``x[..., :n, :]`` (zeros after)."""
+    rows = x[..., :n, :]
+    if extent == n:
+        return mx.contiguous(rows)
+    pad = mx.zeros((*x.shape[:-2], extent - n, x.shape[-1]), dtype=x.dtype)
+    return mx.concatenate([rows, pad], axis=-2)
+
+
+def serial_kv_layout(cache: Sequence[Any] | None, width: int = 1) -> int | None:
+    """Give each mlx-lm ``KVCache`` in ``cache`` the buffer serial decoding has after ``width``
+    more tokens: ``256 * ceil((offset + width) / 256)`` rows (a copy when it differs, which after
+    the first call happens only when a forward crosses a buffer step or a rollback goes back
+    across one). Returns that length when every attention cache is such a ``KVCache`` (then the
+    split attention knows the layout of its keys), else None.
+
+    A verification that crosses a step boundary otherwise grows the buffer to ``offset + 256``
+    rows, and kernels that choose by the layout of the keys (cuDNN decoding attention on CUDA)
+    then compute later steps differently than serial decoding does.
+    """
+    extents: set[int] = set()
+    others = False
+    for c in cache or ():
+        if type(c) is not KVCache:
+            others |= hasattr(c, "keys") and not isinstance(c, QuantizedKVCache)
+            continue
+        if c.keys is None:
+            continue
+        target = _serial_extent(c.offset + width, c.step)
+        if c.keys.shape[2] != target:
+            c.keys = _with_extent(c.keys, c.offset, target)
+            c.values = _with_extent(c.values, c.offset, target)
+        extents.add(target)
+    return extents.pop() if len(extents) == 1 and not others else None
+
+
+def _serial_kv_row(keys: mx.array, values: mx.array, n: int) -> tuple[mx.array, mx.array]:
+    """Keys and values ``[..., :n, :]`` laid out as a serial step attending ``n`` keys sees them."""
+    ctx = _contexts[-1] if _contexts else None
+    extent = ctx.kv_extent if ctx is not None else None
+    serial = _serial_extent(n)
+    if extent is None or serial == extent:
+        return keys[..., :n, :], values[..., :n, :]
+    return _with_extent(keys, n, serial)[..., :n, :], _with_extent(values, n, serial)[..., :n, :]
 
 
 def _in_chunks(call: Callable[[mx.array], mx.array], x: mx.array, rows: int) -> mx.array:
@@ -244,9 +311,10 @@ def _attention_call(original: Callable) -> Callable:
         outs = []
         for i in range(rows):
             n = prefix + i + 1
+            row_keys, row_values = _serial_kv_row(keys, values, n)
             outs.append(
                 original(
-                    queries[..., i : i + 1, :], keys[..., :n, :], values[..., :n, :], *args,
+                    mx.contiguous(queries[..., i : i + 1, :]), row_keys, row_values, *args,
                     scale=scale, mask=_row_mask(mask, i, n), **kwargs,
                 )
             )
@@ -284,17 +352,24 @@ def _model_call(original: Callable) -> Callable:
         if ctx is None or id(self) not in ctx.models:
             return original(self, inputs, *args, **kwargs)
         width = _width(inputs, kwargs)
-        if width <= 1:
-            return original(self, inputs, *args, **kwargs)
-        ctx.plan = ctx.resolve(width)
-        if not ctx.plan.serial:
-            return original(self, inputs, *args, **kwargs)
+        cache = kwargs.get("cache", args[0] if args and isinstance(args[0], (list, tuple)) else None)
+        plan = ctx.resolve(width) if width > 1 else None
+        if plan is None or not plan.serial:
+            saved = ctx.kv_extent
+            ctx.kv_extent = serial_kv_layout(cache, max(width, 1))
+            ctx.plan = plan if plan is not None else ctx.plan
+            try:
+                return original(self, inputs, *args, **kwargs)
+            finally:
+                ctx.kv_extent = saved
+        ctx.plan = plan
         outs = []
         for i in range(width):
             step_inputs = inputs[:, i : i + 1] if isinstance(inputs, mx.array) else inputs
             step_kwargs = {
                 key: value[:, i : i + 1] if _is_row_array(value, width) else value for key, value in kwargs.items()
             }
+            serial_kv_layout(cache, 1)
             outs.append(original(self, step_inputs, *args, **step_kwargs))
         if isinstance(outs[0], (tuple, list)):
             return type(outs[0])(mx.concatenate(list(parts), axis=1) for parts in zip(*outs))
@@ -493,6 +568,8 @@ class Calibration:
         return cls(data["key"], data["device"], dict(data.get("versions", {})), widths)
 
 
+#: Bumped when calibration tests more conditions, so that stored tables from before are not reused.
+CALIBRATION_METHOD = 2
 _calibrations: dict[str, Calibration] = {}
 _keys: dict[int, tuple[weakref.ref, str]] = {}
 
@@ -507,7 +584,7 @@ def calibration_key(model: nn.Module) -> str:
     if memo is not None and memo[0]() is model:
         return memo[1]
     vers, shape = versions(), model_key(model)
-    text = f"{shape}|{device_name()}|mlx {vers['mlx']}|mlx_lm {vers['mlx_lm']}"
+    text = f"{shape}|{device_name()}|mlx {vers['mlx']}|mlx_lm {vers['mlx_lm']}|method {CALIBRATION_METHOD}"
     key = f"{shape}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
     _keys[id(model)] = (weakref.ref(model), key)
     return key
@@ -626,12 +703,16 @@ def calibrate(
     save: bool = True,
     force: bool = False,
     progress: Callable[[str], None] | None = None,
+    boundary: bool = True,
 ) -> Calibration:
     """Find, per width, the cheapest level whose forward is bit-identical to serial steps.
 
     For each width w (an int W means 2..W) a cache holding ``offset`` random tokens is extended
     by w random tokens, once with w single-token steps (the reference) and once per tested
-    level (logits compared bit for bit). Levels are tested per op family: "none" first; then,
+    level (logits compared bit for bit). With ``boundary`` the same is checked at a cache whose
+    verification crosses the first KV buffer step (256 keys), laid out as a speculative
+    verification leaves it; a level counts as exact only if it is exact on both. Levels are
+    tested per op family: "none" first; then,
     with the other families split row by row, each family's cheaper schemes (attention batched;
     linear batched, vector, in chunks; experts batched, unsorted). The cheapest exact scheme of
     each family (by median seconds of ``repeats`` forwards when ``measure``, else the first
@@ -656,7 +737,12 @@ def calibrate(
     rng = np.random.default_rng(seed)
     say = progress or (lambda text: None)
     with _suspended(model):
-        probe = _Probe(model, offset, max(ws), rng)
+        probes = [_Probe(model, offset, max(ws), rng)]
+        crossing = _boundary_offset(model, max(ws)) if boundary else None
+        if crossing is not None:
+            # The layout a verification that crossed the step two tokens earlier leaves.
+            probes.append(_Probe(model, crossing, max(ws), rng, extent=crossing - 2 + KVCache.step))
+    probe = _Probes(probes)
     for w in ws:
         calibration.widths[w] = _calibrate_width(model, probe, w, moe, measure, repeats)
         say(f"width {w}: {calibration.widths[w].level}")
@@ -667,12 +753,20 @@ def calibrate(
 
 
 class _Probe:
-    """A prefilled cache, probe tokens and the serial reference logits for them."""
+    """A prefilled cache in a given KV layout, probe tokens and the serial reference logits.
 
-    def __init__(self, model: nn.Module, offset: int, width: int, rng: np.random.Generator):
+    The reference is w single-token steps from a cache laid out as serial decoding lays it out;
+    before each tested forward the cache gets the same contents back, with its KV buffers
+    ``extent`` rows long (None: the serial layout; else e.g. the ``offset + 256`` rows a
+    verification that crossed a buffer step leaves).
+    """
+
+    def __init__(self, model: nn.Module, offset: int, width: int, rng: np.random.Generator, extent: int | None = None):
         from .engine import vocab_size
 
         self.model = model
+        self.offset = offset
+        self.extent = extent
         self.cache = make_prompt_cache(model)
         vocab = vocab_size(model)
         prompt = mx.array(rng.integers(0, vocab, size=offset), dtype=mx.uint32)
@@ -689,14 +783,29 @@ class _Probe:
         self.restore(width)
 
     def _save_state(self) -> list[Any]:
-        return [None if c.is_trimmable() else _copy_state(c.state) for c in self.cache]
+        saved: list[Any] = []
+        for c in self.cache:
+            if type(c) is KVCache and c.keys is not None:
+                # Separate arrays: a cache update may write into its buffer in place.
+                kv = (mx.contiguous(c.keys[..., : c.offset, :]), mx.contiguous(c.values[..., : c.offset, :]))
+                mx.eval(kv)
+                saved.append(kv)
+            else:
+                saved.append(None if c.is_trimmable() else _copy_state(c.state))
+        return saved
 
     def restore(self, n: int) -> None:
         for c, saved in zip(self.cache, self.saved):
-            if saved is None:
+            if isinstance(saved, tuple) and type(c) is KVCache:
+                extent = self.extent or _serial_extent(self.offset, c.step)
+                c.keys = _with_extent(saved[0], self.offset, extent)
+                c.values = _with_extent(saved[1], self.offset, extent)
+                c.offset = self.offset
+            elif saved is None:
                 c.trim(n)
             else:
                 c.state = _copy_state(saved)
+        mx.eval([c.state for c in self.cache])
 
     def run(self, level: str, width: int) -> tuple[bool, float]:
         """Whether ``level`` reproduces the serial logits at ``width``, and its seconds."""
@@ -710,8 +819,36 @@ class _Probe:
         got = np.array(out[0].astype(mx.float32))
         return bool(np.array_equal(got, self.reference[:width])), seconds
 
+
+class _Probes:
+    """Calibration probes: the first (serial layout) is timed; a level is exact when it
+    reproduces the serial logits on all of them."""
+
+    def __init__(self, probes: list[_Probe]):
+        self.probes = probes
+
+    def run(self, level: str, width: int) -> tuple[bool, float]:
+        exact, seconds = self.probes[0].run(level, width)
+        for probe in self.probes[1:]:
+            exact = exact and probe.run(level, width)[0]
+        return exact, seconds
+
     def time(self, level: str, width: int, repeats: int) -> float:
-        return statistics.median(self.run(level, width)[1] for _ in range(repeats))
+        return statistics.median(self.probes[0].run(level, width)[1] for _ in range(repeats))
+
+
+def _boundary_offset(model: nn.Module, width: int) -> int | None:
+    """An offset whose verifications (of any width >= 2) cross the first KV buffer step: row 0
+    attends a full 256-row buffer, the later rows a longer one (None for models without a
+    plain ``KVCache`` or with a shorter context)."""
+    from .engine import context_length
+
+    limit = context_length(model)
+    if limit is not None and KVCache.step - 1 + width > limit:
+        return None
+    if not any(type(c) is KVCache for c in make_prompt_cache(model)):
+        return None
+    return KVCache.step - 1
 
 
 def _copy_state(state: Any) -> Any:
@@ -721,7 +858,7 @@ def _copy_state(state: Any) -> Any:
     return state
 
 
-def _calibrate_width(model, probe: _Probe, width: int, moe: bool, measure: bool, repeats: int) -> WidthCalibration:
+def _calibrate_width(model, probe: _Probes, width: int, moe: bool, measure: bool, repeats: int) -> WidthCalibration:
     tests: list[dict[str, Any]] = []
 
     def test(level: str) -> bool:

@@ -446,3 +446,116 @@ def test_hybrid_model_with_recurrent_cache(monkeypatch):
         assert np.array_equal(out, reference), level
     with exact_mode(model, "none"):
         assert not np.array_equal(np.array(model(tokens, cache=cache)[0]), reference)
+
+
+# -- emulating a layout-dependent attention kernel (cuDNN decoding on CUDA) ---------------------
+
+
+def emulate_cudnn_decoding(monkeypatch, size: float = 1e-3, by_extent: bool = True):
+    """Single-query attention over >= 256 keys that are a slice of a buffer whose length is a
+    multiple of 256 runs another kernel (here: its result is bumped, by an amount that grows
+    with the buffer length when ``by_extent``), as MLX's CUDA backend sends those to cuDNN.
+    The buffer length is read from the keys' strides, as MLX does."""
+    sdpa = mx.fast.scaled_dot_product_attention
+
+    def variant(q, k, v, *args, **kwargs):
+        out = sdpa(q, k, v, *args, **kwargs)
+        if q.shape[-2] == 1 and k.shape[-2] >= 256:
+            strides = memoryview(k).strides
+            extent = strides[1] // strides[2]
+            if extent % 256 == 0:
+                return out + mx.array(size * (extent / 256 if by_extent else 1.0), dtype=out.dtype)
+        return out
+
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", variant)
+
+
+def relaid(cache, extent: int):
+    """The same cache contents in KV buffers of ``extent`` rows (as a crossing verify leaves them)."""
+    for c in cache:
+        c.keys = exact._with_extent(c.keys, c.offset, extent)
+        c.values = exact._with_extent(c.values, c.offset, extent)
+    mx.eval([c.state for c in cache])
+
+
+def serial_cache(model, tokens: list[int]):
+    cache = make_prompt_cache(model)
+    model(mx.array(tokens)[None], cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def test_serial_kv_layout_grows_and_shrinks_buffers_as_serial_decoding_does():
+    model = build_tiny("qwen3")
+    cache = serial_cache(model, list(range(50)) * 5)  # 250 tokens: a 256-row buffer
+    assert exact.serial_kv_layout(cache, 6) == 256 and cache[0].keys.shape[2] == 256
+    relaid(cache, 250 + 256)  # what mlx-lm's growth leaves after a verify that crossed 256
+    keys = np.array(cache[0].keys[..., :250, :])
+    assert exact.serial_kv_layout(cache, 8) == 512
+    assert all(c.keys.shape[2] == 512 and c.values.shape[2] == 512 for c in cache)
+    assert np.array_equal(np.array(cache[0].keys[..., :250, :]), keys)
+    assert exact.serial_kv_layout(cache, 1) == 256  # back below the step, as after a rollback
+    assert exact.serial_kv_layout([], 3) is None
+
+
+def test_exact_verify_across_the_kv_buffer_step_matches_serial_on_layout_dependent_kernel(monkeypatch):
+    model = build_tiny("qwen3")
+    rng = np.random.default_rng(4)
+    prefix = rng.integers(0, 97, 250).tolist()
+    tokens = mx.array(rng.integers(0, 97, 12))[None]
+    emulate_gpu(monkeypatch, attention=True, linear_rows=1)
+    emulate_cudnn_decoding(monkeypatch)
+    reference = serial_logits(model, serial_cache(model, prefix), tokens)  # rows attend 251..262 keys
+    crossed = serial_cache(model, prefix)
+    relaid(crossed, 248 + 256)
+    saved = [(c.keys, c.values) for c in crossed]
+
+    def reset():
+        for c, (k, v) in zip(crossed, saved):
+            c.keys, c.values, c.offset = k, v, 250
+
+    # Serial steps in the layout a speculative verify leaves differ (the emulated kernel has teeth) ...
+    assert not np.array_equal(serial_logits(model, crossed, tokens), reference)
+    for level in ("attention+linear", "serial", "attention+linear/vector"):
+        reset()
+        # ... while exact mode gives every row the layout serial decoding gives it.
+        assert np.array_equal(verify_logits(model, crossed, tokens, level), reference), level
+    # Rows before the step (251..256 keys) need the serial buffer length even in a 512-row buffer.
+    reset()
+    monkeypatch.setattr(exact, "_serial_kv_row", lambda k, v, n: (k[..., :n, :], v[..., :n, :]))
+    assert not np.array_equal(verify_logits(model, crossed, tokens, "attention+linear"), reference)
+
+
+def test_calibration_probes_the_kv_buffer_step(monkeypatch):
+    # Without the serial layout, split attention is exact at short offsets but not across the step.
+    monkeypatch.setattr(exact, "serial_kv_layout", lambda cache, width=1: None)
+    emulate_gpu(monkeypatch, attention=True, linear_rows=1)
+    emulate_cudnn_decoding(monkeypatch, by_extent=False)
+    model = build_tiny("qwen3")
+    assert calibrate(model, [4], measure=False, boundary=False, save=False).level_for(4) == "attention+linear/vector"
+    exact._calibrations.clear()
+    calibration = calibrate(model, [4], measure=False, save=False)
+    assert calibration.level_for(4) == "serial"
+    assert not any(r["exact"] for r in calibration.rows() if r["level"] != "serial")
+
+
+def test_engine_exact_mode_across_the_kv_buffer_step_on_emulated_cuda(monkeypatch):
+    from conftest import ScriptedDrafter
+
+    from specbench import DraftPolicy, GenerateOptions, speculative_generate
+
+    model = build_tiny("qwen3")
+    prompt = np.random.default_rng(2).integers(0, 97, 236).tolist()
+    emulate_gpu(monkeypatch, attention=True, linear_rows=1, size=0.3)
+    emulate_cudnn_decoding(monkeypatch, size=0.3)
+    truth = plain_greedy(model, prompt, 40)  # crosses 256 keys at token 20
+
+    def run():
+        drafter = ScriptedDrafter(truth, len(prompt), 97, wrong_at=lambda step, i: (step + i) % 3 == 2)
+        options = GenerateOptions(max_tokens=40, verify="exact", ignore_eos=True)
+        return list(speculative_generate(model, prompt, options, drafter, DraftPolicy.fixed(7)))
+
+    assert run() == truth
+    monkeypatch.setattr(exact, "serial_kv_layout", lambda cache, width=1: None)
+    exact._calibrations.clear()
+    assert run() != truth

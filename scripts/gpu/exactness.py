@@ -1,27 +1,35 @@
 """Exact verification on the device: speculative greedy output == plain greedy, and what it costs.
 
-    python3 scripts/gpu/exactness.py           # H200, about 5 minutes
+    python3 scripts/gpu/exactness.py           # H200, about 6 minutes (--budget 360)
     python3 scripts/gpu/exactness.py --quick   # CPU smoke run: tiny float32 models, well under a minute
 
-Models: random-weight Qwen3-8B and Qwen3-30B-A3B shapes (--layers deep, bfloat16 and 4-bit) and
-the embedded SmolLM2-135M; then, if time is left, the full-depth Qwen3-8B shape in 4-bit for
-costs. Per model:
+Models, in this order (a model is skipped when the budget is spent): random-weight Qwen3-8B
+(bfloat16) and Qwen3-30B-A3B (4-bit) shapes at --layers depth with the full workload (20
+prompts x 128 tokens), the embedded SmolLM2-135M, then the Qwen3-8B 4-bit and Qwen3-30B-A3B
+bfloat16 shapes with fewer prompts; then, if time is left, the full-depth Qwen3-8B shape in
+4-bit for costs. Per model:
 
-1. calibration: for widths 2..16, which exact levels are bit-identical to serial steps, and
-   the cheapest (specbench.exact.calibrate);
+1. calibration: for widths 2..16, which exact levels are bit-identical to serial steps (at a
+   short cache and across the KV buffer's 256-row step), and the cheapest
+   (specbench.exact.calibrate);
 2. exactness: P prompts x T tokens, mlx-lm's plain greedy ``generate_step`` against
    speculative greedy (``verify="exact"`` and ``"fast"``) with an oracle drafter that
    proposes the plain continuation with random corruptions (drafts partly accepted), draft
    lengths cycling through --ks; prompts equal / total and first divergence positions;
-3. end-to-end: wall time of that workload per draft length, plain vs exact vs fast (fast
-   re-run with a drafter anchored on its own output, so its acceptance is not cut by its
-   divergences), and a replay of the exact run's steps at each mode's measured verify costs;
+3. end-to-end (primary models, first --e2e-prompts prompts): wall time of plain, exact and
+   fast (fast drafting from its own output, so its acceptance is not cut by its divergences);
+   "cold" is the first run of a prompt, "warm" an identical second run (on CUDA a verify of
+   w > 1 queries builds a cuDNN attention graph per key length the first time it sees it,
+   which dominates cold fast-mode times); and a replay of the exact run's steps at each
+   mode's measured verify costs;
 4. verify cost: width 1..16 forwards per level at a cache offset of --offset tokens, median of
    --repeats after warm-up, relative to a width-1 forward.
 
-Also: which row-wise ops are row-invariant on the device (specbench.exact.probe_ops).
-Writes into $OUT (default reports/gpu): ops.csv, calibration.csv, exactness.csv, e2e.csv,
-cost.csv, summary.json, exactness.png; prints compact tables.
+--ops also runs the op probe (which row-wise ops are row-invariant; specbench.exact.probe_ops;
+slow on CUDA, where each new shape compiles kernels). --no-cudnn-sdpa sets
+MLX_CUDA_USE_CUDNN_SDPA=0 for the whole run (reference included). Writes into $OUT (default
+reports/gpu): ops.csv, calibration.csv, exactness.csv, e2e.csv, cost.csv, summary.json,
+exactness.png; prints compact tables.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __name__ == "__main__" and "--no-cudnn-sdpa" in sys.argv:
+    os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "0"  # read by MLX when it first dispatches attention
 
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
@@ -52,20 +62,26 @@ from specbench.engine import vocab_size  # noqa: E402
 from specbench.exact import calibrate, exact_mode, probe_ops  # noqa: E402
 
 FULL = {
-    "models": ["qwen3-8b-bf16", "qwen3-8b-4bit", "qwen3-30b-a3b-bf16", "qwen3-30b-a3b-4bit", "smollm2-135m"],
+    "models": ["qwen3-8b-bf16", "qwen3-30b-a3b-4bit", "smollm2-135m", "qwen3-8b-4bit", "qwen3-30b-a3b-bf16"],
     "full_depth": ["qwen3-8b-4bit"],
     "layers": 4, "prompts": 20, "tokens": 128, "ks": [2, 4, 7, 15], "acceptance": 0.8,
-    "widths": 16, "offset": 512, "repeats": 10, "warmup": 2,
-    "full_depth_prompts": 4, "full_depth_widths": [1, 2, 3, 4, 5, 6, 8, 12, 16], "full_depth_repeats": 5,
-    "probe_dtypes": ["bfloat16", "float16", "float32"], "probe_widths": [2, 4, 8, 16],
-    # Seconds a model is expected to take: it is skipped when fewer are left in the budget.
-    "model_need_s": 20, "full_depth_need_s": 90,
+    # Fewer prompts for the models after the primary dense and MoE ones; e2e and cost for the primaries.
+    "secondary_prompts": {"smollm2-135m": 8, "qwen3-8b-4bit": 6, "qwen3-30b-a3b-bf16": 6},
+    "primary": ["qwen3-8b-bf16", "qwen3-30b-a3b-4bit"], "e2e_prompts": 4,
+    "widths": 16, "offset": 512, "repeats": 5, "warmup": 1, "calibration_repeats": 2,
+    "cost_widths": [1, 2, 3, 4, 6, 8, 12, 16],
+    "full_depth_prompts": 4, "full_depth_widths": [1, 2, 3, 4, 6, 8, 12, 16], "full_depth_repeats": 3,
+    "probe_dtypes": ["bfloat16"], "probe_widths": [2, 8],
+    # Seconds a model is expected to take at least: it is skipped when fewer are left in the budget.
+    "model_need_s": 30, "full_depth_need_s": 90,
 }
 QUICK = {
     "models": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny", "smollm2-135m"],
     "full_depth": [],
     "layers": None, "prompts": 3, "tokens": 16, "ks": [1, 3], "acceptance": 0.8,
-    "widths": 4, "offset": 32, "repeats": 2, "warmup": 1,
+    "secondary_prompts": {}, "primary": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny"], "e2e_prompts": 2,
+    "widths": 4, "offset": 32, "repeats": 2, "warmup": 1, "calibration_repeats": 1,
+    "cost_widths": [1, 2, 3, 4],
     "full_depth_prompts": 1, "full_depth_widths": [1, 2], "full_depth_repeats": 1,
     "probe_dtypes": ["float32"], "probe_widths": [2, 4],
     "model_need_s": 0, "full_depth_need_s": 0,
@@ -214,8 +230,7 @@ def replay_cost(log_records: list[dict], ratio: dict[int, float]) -> tuple[int, 
         if r["kind"] == "prefill":
             continue
         tokens += r["emitted"]
-        w = r["verify_width"]
-        total += ratio.get(w) or ratio[max(k for k in ratio if k <= w)]
+        total += float(np.interp(r["verify_width"], sorted(ratio), [ratio[w] for w in sorted(ratio)]))
     return tokens, total
 
 
@@ -229,6 +244,9 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
         own.update(QUICK_EMBEDDED)
     if full_depth:
         own.update(prompts=cfg["full_depth_prompts"])
+    elif name in cfg["secondary_prompts"] and cfg["prompts"] == FULL["prompts"]:
+        own.update(prompts=cfg["secondary_prompts"][name])
+    primary = full_depth or name in cfg["primary"]
     depth = "" if full_depth or "tiny" in name or embedded else f"-{cfg['layers']}l"
     label = name + depth
     t_start = time.perf_counter()
@@ -244,12 +262,12 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
     if prompts is None:
         prompts = random_prompts(vocab, own["prompts"], seed=7, lengths=(8, 24) if quick else (96, 224))
     prompts = prompts[: own["prompts"]]
-    widths = own.get("cost_widths") or (cfg["full_depth_widths"] if full_depth else list(range(1, own["widths"] + 1)))
+    widths = cfg["full_depth_widths"] if full_depth else own["cost_widths"]
     max_width = max(max(widths), max(own["ks"]) + 1)
 
     # 1. calibration
     t0 = time.perf_counter()
-    calibration = calibrate(model, list(range(2, max_width + 1)), repeats=3)
+    calibration = calibrate(model, list(range(2, max_width + 1)), repeats=cfg["calibration_repeats"])
     print(f"[{label}] calibrated widths 2..{max_width} in {time.perf_counter() - t0:.1f}s", flush=True)
     chosen = {w: calibration.level_for(w) for w in range(2, max_width + 1)}
     for r in calibration.rows():
@@ -258,15 +276,15 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
 
     # 2 + 3. exactness and end-to-end on the workload
     if not full_depth or time.perf_counter() < deadline:
-        workload(model, label, dtype, prompts, own, results, full_depth)
+        workload(model, label, dtype, prompts, own, results, full_depth, e2e=own["e2e_prompts"] if primary else 0)
 
     # 4. verify cost
-    if time.perf_counter() > deadline:
+    if not primary:
+        pass
+    elif time.perf_counter() > deadline:
         print(f"[{label}] verify cost skipped: past the time budget", flush=True)
     else:
-        levels = ["fast", "attention", "attention+linear/vector", "attention+linear"]
-        levels += ["attention+linear+experts"] if moe else []
-        levels += ["serial", "exact"]
+        levels = ["fast", "attention", "attention+linear/vector", "serial", "exact"]
         t0 = time.perf_counter()
         repeats = cfg["full_depth_repeats"] if full_depth else cfg["repeats"]
         seconds = measure_costs(model, levels, widths, cfg["offset"], repeats, cfg["warmup"])
@@ -286,24 +304,23 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
     mx.clear_cache()
 
 
-def workload(model, label: str, dtype: str, prompts: list[list[int]], own: dict, results: dict, full_depth: bool) -> None:
+def workload(model, label: str, dtype: str, prompts: list[list[int]], own: dict, results: dict, full_depth: bool,
+             e2e: int = 0) -> None:
     n, ks, acceptance = own["tokens"], own["ks"], own["acceptance"]
-    # Warm-up: compile every kernel the timed runs use.
+    # Warm-up: compile every kernel the runs use.
     warm = prompts[0]
     truth, _ = plain_greedy(model, warm, 8)
     for k in ks:
         for verify in ("exact", "fast"):
             speculative(model, warm, truth, 8, k, verify, acceptance, seed=0)
     t0 = time.perf_counter()
-    per_k: dict[int, dict[str, float]] = {}
+    per_k: dict[int, dict[str, Any]] = {}
     logs: dict[str, list[dict]] = {}
     for i, prompt in enumerate(prompts):
         k = ks[i % len(ks)]
         truth, plain_s = plain_greedy(model, prompt, n)
         exact_out, exact_s, exact_log = speculative(model, prompt, truth, n, k, "exact", acceptance, seed=i)
         fast_out, _, fast_log = speculative(model, prompt, truth, n, k, "fast", acceptance, seed=i)
-        # Fast again, drafting from its own output: its acceptance is then not cut by divergence.
-        fast_again, fast_s, fast_log2 = speculative(model, prompt, fast_out, n, k, "fast", acceptance, seed=i)
         for mode, out, log in (("exact", exact_out, exact_log), ("fast", fast_out, fast_log)):
             div = first_divergence(out, truth)
             stats = log.stats()
@@ -313,14 +330,23 @@ def workload(model, label: str, dtype: str, prompts: list[list[int]], own: dict,
                 "verifies": stats["verifies"], "accepted": stats["accepted"],
                 "mean_accepted_tokens": stats["mean_accepted_tokens"],
             })
-        t = per_k.setdefault(k, {"plain": 0.0, "exact": 0.0, "fast": 0.0, "tokens": 0, "mat_exact": [], "mat_fast": []})
-        t["plain"] += plain_s
-        t["exact"] += exact_s
-        t["fast"] += fast_s
+        logs.setdefault(str(k), []).extend(exact_log.records)
+        if i >= e2e:
+            continue
+        # End to end: fast drafts from its own output (its acceptance is then not cut by its
+        # divergences); each mode runs twice, cold then warm.
+        fast_anchor, fast_cold_s, _ = speculative(model, prompt, fast_out, n, k, "fast", acceptance, seed=i)
+        _, plain_warm_s = plain_greedy(model, prompt, n)
+        _, exact_warm_s, _ = speculative(model, prompt, truth, n, k, "exact", acceptance, seed=i)
+        _, fast_warm_s, fast_log2 = speculative(model, prompt, fast_out, n, k, "fast", acceptance, seed=i)
+        t = per_k.setdefault(k, {"tokens": 0, "mat_exact": [], "mat_fast": [],
+                                 **{f"{m}_{c}": 0.0 for m in ("plain", "exact", "fast") for c in ("cold", "warm")}})
+        for key, value in (("plain_cold", plain_s), ("exact_cold", exact_s), ("fast_cold", fast_cold_s),
+                           ("plain_warm", plain_warm_s), ("exact_warm", exact_warm_s), ("fast_warm", fast_warm_s)):
+            t[key] += value
         t["tokens"] += len(truth)
         t["mat_exact"].append(exact_log.stats()["mean_accepted_tokens"])
         t["mat_fast"].append(fast_log2.stats()["mean_accepted_tokens"])
-        logs.setdefault(str(k), []).extend(exact_log.records)
     results.setdefault("_logs", {})[label] = logs
     print(f"[{label}] workload {len(prompts)} prompts x {n} tokens in {time.perf_counter() - t0:.1f}s", flush=True)
     summary = []
@@ -339,16 +365,17 @@ def workload(model, label: str, dtype: str, prompts: list[list[int]], own: dict,
     table(summary, ["model", "dtype", "mode", "equal", "first_div_min", "first_div_median", "first_div_max", "accepted_per_verify"])
     rows = []
     for k, t in sorted(per_k.items()):
-        row = {
-            "model": label, "dtype": dtype, "kind": "measured", "k": k, "tokens": t["tokens"],
-            "plain_s": t["plain"], "exact_s": t["exact"], "fast_s": t["fast"],
-            "speedup_exact": t["plain"] / t["exact"], "speedup_fast": t["plain"] / t["fast"],
-            "mat_exact": statistics.mean(t["mat_exact"]), "mat_fast": statistics.mean(t["mat_fast"]),
-        }
-        row["exact_over_fast"] = row["speedup_exact"] / row["speedup_fast"]
-        rows.append(row)
+        for c in ("cold", "warm"):
+            row = {
+                "model": label, "dtype": dtype, "kind": f"measured-{c}", "k": k, "tokens": t["tokens"],
+                "plain_s": t[f"plain_{c}"], "exact_s": t[f"exact_{c}"], "fast_s": t[f"fast_{c}"],
+                "speedup_exact": t[f"plain_{c}"] / t[f"exact_{c}"], "speedup_fast": t[f"plain_{c}"] / t[f"fast_{c}"],
+                "mat_exact": statistics.mean(t["mat_exact"]), "mat_fast": statistics.mean(t["mat_fast"]),
+            }
+            row["exact_over_fast"] = row["speedup_exact"] / row["speedup_fast"]
+            rows.append(row)
     results["e2e"] += rows
-    table(rows, ["model", "k", "speedup_exact", "speedup_fast", "exact_over_fast", "mat_exact", "mat_fast"])
+    table(rows, ["model", "kind", "k", "speedup_exact", "speedup_fast", "exact_over_fast", "mat_exact", "mat_fast"])
 
 
 def replay(label: str, results: dict, seconds: dict) -> None:
@@ -423,7 +450,10 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=None, help="depth of the synthetic models (default 4)")
     parser.add_argument("--prompts", type=int, default=None)
     parser.add_argument("--tokens", type=int, default=None)
-    parser.add_argument("--budget", type=float, default=340.0,
+    parser.add_argument("--ops", action="store_true", help="also run the op probe (slow on CUDA)")
+    parser.add_argument("--no-cudnn-sdpa", action="store_true",
+                        help="MLX_CUDA_USE_CUDNN_SDPA=0 for the whole run, reference included")
+    parser.add_argument("--budget", type=float, default=360.0,
                         help="seconds; a model that would end past it, and cost sweeps starting past it, are skipped")
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
@@ -438,16 +468,18 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     deadline = start + args.budget
-    print(f"device {device_name()}  mlx {mx.__version__}  out {out}  budget {args.budget:.0f}s", flush=True)
+    print(f"device {device_name()}  mlx {mx.__version__}  out {out}  budget {args.budget:.0f}s  "
+          f"cuDNN attention {'off' if os.environ.get('MLX_CUDA_USE_CUDNN_SDPA') == '0' else 'on'}", flush=True)
     results: dict[str, list] = {k: [] for k in ("ops", "calibration", "exactness", "exactness_summary", "e2e", "cost", "skipped")}
 
-    t0 = time.perf_counter()
-    for dtype in cfg["probe_dtypes"]:
-        results["ops"] += probe_ops(getattr(mx, dtype), widths=cfg["probe_widths"])
-    variant = sorted({(r["op"], r["dtype"]) for r in results["ops"] if not r["row_invariant"]})
-    print(f"op probe ({time.perf_counter() - t0:.1f}s): not row-invariant: "
-          f"{', '.join(f'{op}[{dt}]' for op, dt in variant) or 'none'}", flush=True)
-    write_csv(out / "ops.csv", results["ops"])
+    if args.ops:
+        t0 = time.perf_counter()
+        for dtype in cfg["probe_dtypes"]:
+            results["ops"] += probe_ops(getattr(mx, dtype), widths=cfg["probe_widths"])
+        variant = sorted({(r["op"], r["dtype"]) for r in results["ops"] if not r["row_invariant"]})
+        print(f"op probe ({time.perf_counter() - t0:.1f}s): not row-invariant: "
+              f"{', '.join(f'{op}[{dt}]' for op, dt in variant) or 'none'}", flush=True)
+        write_csv(out / "ops.csv", results["ops"])
 
     plan = [(m, False) for m in cfg["models"]] + [(m, True) for m in cfg["full_depth"]]
     for name, full in plan:
@@ -468,7 +500,7 @@ def main() -> int:
     write_outputs(out, results)
     print("exactness (speculative greedy vs mlx-lm generate_step):")
     table(results["exactness_summary"], ["model", "dtype", "mode", "equal", "first_div_min", "first_div_median", "first_div_max"])
-    print("end to end (measured: wall time of the workload; replay: exact run's steps at each mode's costs):")
+    print("end to end (measured: wall time, cold = first run of a prompt, warm = second; replay: exact run's steps at each mode's costs):")
     table(results["e2e"], ["model", "kind", "k", "speedup_exact", "speedup_fast", "exact_over_fast"])
     exact_rows = [r for r in results["exactness_summary"] if r["mode"] == "exact"]
     all_equal = all(r["equal"].split("/")[0] == r["equal"].split("/")[1] for r in exact_rows)
