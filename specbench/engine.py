@@ -147,6 +147,17 @@ class Generation:
         self.drafter = drafter
         self.policy = policy if policy is not None else (DraftPolicy.auto() if drafter else None)
         self.cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
+        # A prompt cache may already hold the prompt's first tokens (a conversation's history).
+        self.cached_prompt_tokens = int(getattr(self.cache[0], "offset", 0) or 0) if prompt_cache is not None else 0
+        if self.cached_prompt_tokens >= len(self.prompt):
+            raise ValueError(
+                f"the prompt cache already holds {self.cached_prompt_tokens} tokens but the prompt has "
+                f"{len(self.prompt)}: trim the cache to a prefix of the prompt"
+            )
+        if self.cached_prompt_tokens and drafter is not None and drafter.needs_hidden:
+            raise ValueError(
+                f"drafter {drafter.name} needs the hidden states of the whole prompt: pass a fresh prompt cache"
+            )
         self.rollback = CacheRollback(self.cache, model) if drafter is not None else None
         eos = set(options.eos_token_ids)
         if tokenizer is not None:
@@ -176,6 +187,7 @@ class Generation:
         return {
             **self.log.stats(),
             "prompt_tokens": len(self.prompt),
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "finish_reason": self._finish,
             "wall_s": self._wall_s,
         }
@@ -253,7 +265,7 @@ class Generation:
         prompt = mx.array(self.prompt, dtype=mx.uint32)
         step = self.options.prefill_step_size
         hidden_parts = []
-        done = 0
+        done = self.cached_prompt_tokens
         while len(self.prompt) - done > 1:
             n = min(step, len(self.prompt) - done - 1)
             out = forward(self.model, prompt[None, done : done + n], self.cache, self.needs_hidden)
@@ -366,6 +378,7 @@ class Generation:
         t2 = time.perf_counter()
         self.rollback.rewind(len(draft.tokens) - n)
         emitted = self._stop_at(emitted)
+        n = min(n, len(emitted))  # accepted tokens past a stop are never emitted
         self.log.append(
             StepRecord(
                 step=len(self.log), position=position, kind="verify", drafter=self._drafter_name(),

@@ -118,9 +118,9 @@ class AutoPolicy(DraftPolicy):
     The draft length is shortened while even a fully accepted draft could not pay for its
     verification (on a machine where a wide forward costs many plain steps, none is drafted).
 
-    When the tokens per verification (accepted + 1) averaged over the last ``window``
-    verifications fall below the break-even (the verification and drafting cost in plain
-    steps, from the model's measured cost profile), the next ``pause_tokens`` tokens are
+    When the tokens the last ``window`` verifications yielded (accepted + 1 each) fall below
+    their break-even (each one's verification and drafting cost in plain steps, at the length
+    it drafted, from the model's measured cost profile), the next ``pause_tokens`` tokens are
     decoded plainly; then drafting resumes with a fresh window.
     """
 
@@ -134,7 +134,9 @@ class AutoPolicy(DraftPolicy):
 
     def start(self, model: Any, drafter: Any, verify: str = "fast") -> None:
         super().start(model, drafter, verify)
-        self.recent: deque[int] = deque(maxlen=self.window)
+        self.recent: deque[tuple[int, float]] = deque(maxlen=self.window)
+        self._model, self._drafter, self._verify = model, drafter, verify
+        self._break_evens: dict[int, float] = {}
         self.remaining = 0
         self.k = self.preferred_k(drafter)
         if self.fixed_break_even is not None:
@@ -151,14 +153,24 @@ class AutoPolicy(DraftPolicy):
                 self.k -= 1
                 self.break_even = break_even_tokens(model, self.k, drafter, verify=verify) if self.k else float("inf")
 
+    def _break_even_for(self, k: int) -> float:
+        if self.fixed_break_even is not None:
+            return self.fixed_break_even
+        if k not in self._break_evens:
+            from .cost import break_even_tokens
+
+            self._break_evens[k] = break_even_tokens(self._model, k, self._drafter, verify=self._verify)
+        return self._break_evens[k]
+
     def preferred_k(self, drafter: Any) -> int:
         k = max(1, int(getattr(drafter, "preferred_k", 4)))
         return min(k, self.max_k) if self.max_k else k
 
     def _observe(self, record: dict[str, Any]) -> None:
         if record["kind"] == "verify":
-            self.recent.append(record["accepted"] + 1)
-            if len(self.recent) == self.window and sum(self.recent) / self.window < self.break_even:
+            # Each verification is held to the break-even of the length actually drafted.
+            self.recent.append((record["accepted"] + 1, self._break_even_for(record["k_drafted"])))
+            if len(self.recent) == self.window and sum(t for t, _ in self.recent) < sum(b for _, b in self.recent):
                 self.remaining = self.pause_tokens
                 self.recent.clear()
         elif record["paused"]:

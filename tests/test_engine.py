@@ -212,3 +212,20 @@ def test_expert_counts_in_the_log():
     off = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=5), ScriptedDrafter(ref, len(PROMPT), 97), DraftPolicy.fixed(2))
     list(off)
     assert all(not r["extra"] for r in off.log)
+
+
+def test_prompt_cache_holding_a_prefix_is_extended():
+    """A cache that already holds the prompt's history is prefilled only with the new part."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = build_tiny("llama")
+    history, turn = PROMPT[:9], PROMPT[9:]
+    cache = make_prompt_cache(model)
+    model(mx.array([history]), cache=cache)
+    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=20), PromptLookup(), DraftPolicy.fixed(3), prompt_cache=cache)
+    assert list(gen) == plain_greedy(model, PROMPT, 20)
+    assert gen.stats()["cached_prompt_tokens"] == 9
+    with pytest.raises(ValueError, match="prefix"):
+        full = make_prompt_cache(model)
+        model(mx.array([PROMPT]), cache=full)
+        generate(model, PROMPT, GenerateOptions(), prompt_cache=full)
