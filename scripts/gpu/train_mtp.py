@@ -1,0 +1,107 @@
+"""Train the MTP head of the embedded model (SmolLM2-135M) on the device and measure its acceptance.
+
+    python3 scripts/gpu/train_mtp.py              # H200: the full run, about 7 minutes (--budget 390 s to the
+                                                  # end of evaluation, then the MoE twin's check)
+    python3 scripts/gpu/train_mtp.py --quick      # CPU smoke run: tiny data, 30 steps
+
+Data are made on the device: the model's own greedy answers to the project's template prompts and
+its continuations of code and text snippets, plus the Python standard library's source and
+docstrings and the documentation installed packages ship. Training is self-distillation (soft
+cross-entropy to the frozen model's next-next-token distribution); its length follows the time
+budget. Evaluation: teacher-forced first-draft acceptance on held-out natural text, code and model
+generations, and speculative greedy decoding (k=3) on held-out prompts (the project's bundled chat
+prompts, held-out code and text snippets); then the same decoding on the MoE twin with its head.
+
+Writes into $OUT (default reports/gpu): smollm2-135m.safetensors (the head, bfloat16, ~8 MB),
+smollm2-135m.json (recipe, training curve, metrics). Ship both in specbench/assets/mtp/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+START = time.perf_counter()
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import mlx.core as mx  # noqa: E402
+
+from specbench import load  # noqa: E402
+from specbench.mtp import attach_mtp  # noqa: E402
+from specbench.mtp.train import TrainConfig, evaluate_decoding, summary_lines, train_mtp  # noqa: E402
+
+NAME = "smollm2-135m"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="CPU smoke run")
+    parser.add_argument("--budget", type=float, default=390.0, help="seconds from start to the end of evaluation")
+    parser.add_argument("--eval-reserve", type=float, default=70.0, help="seconds kept for evaluation")
+    parser.add_argument("--twin-budget", type=float, default=40.0, help="seconds for the MoE twin's check (0: skip)")
+    args = parser.parse_args()
+    out = Path(os.environ.get("OUT") or "reports/gpu")
+    out.mkdir(parents=True, exist_ok=True)
+    log = lambda text: print(f"[{time.perf_counter() - START:6.1f}s] {text}", flush=True)  # noqa: E731
+
+    gpu = mx.default_device().type == mx.DeviceType.gpu
+    model, tokenizer = load(NAME, dtype="bfloat16" if gpu else "float32")
+    log(f"model loaded on {mx.default_device()} ({'bfloat16' if gpu else 'float32'})")
+    if args.quick:
+        config = TrainConfig.quick()
+        deadline = None
+    else:
+        config = TrainConfig(
+            steps=1_000_000, batch_size=64, seq_len=256, learning_rate=1e-3, min_learning_rate=5e-5, warmup_steps=150,
+            text_chars=20_000_000, chat_prompts=8192, chat_tokens=192, continuation_prompts=6144,
+            continuation_tokens=128, generation_batch=512, generation_budget_s=80.0, eval_windows=64, eval_prompts=16,
+            eval_tokens=96,
+        )
+        deadline = START + args.budget
+    result = train_mtp(model, tokenizer, out, config, NAME, log=log, file_stem=NAME, deadline=deadline,
+                       eval_reserve_s=args.eval_reserve)
+    log("trained and evaluated")
+
+    # The MoE twin with its head: same function, so the same drafts and acceptance.
+    if args.twin_budget > 0:
+        from specbench.moe_twin import twin_from_model, twin_head_file
+        from specbench.prompts import bundled_questions, render_prompt
+
+        head_file = out / f"{NAME}.safetensors"
+        twin = twin_from_model(model)
+        with tempfile.TemporaryDirectory() as tmp:
+            attach_mtp(twin, twin_head_file(head_file, Path(tmp) / "twin.safetensors"))
+        attach_mtp(model, head_file)
+        prompts = [render_prompt(tokenizer, q.turns[0]) for q in bundled_questions()[::4]]
+        twin_tokens = 64
+        if args.quick:
+            prompts, twin_tokens = prompts[:1], 12
+        twin_deadline = time.perf_counter() + args.twin_budget
+        rows = {}
+        for name, m in (("dense", model), ("moe-twin", twin)):
+            if time.perf_counter() > twin_deadline:
+                break
+            rows[name] = evaluate_decoding(m, prompts, twin_tokens, config.eval_k, "fast")
+            log(f"{name}: first-draft acceptance {rows[name]['first_draft_acceptance']:.3f}")
+        result["moe_twin"] = rows
+        path = out / f"{NAME}.json"
+        tmp_path = path.with_suffix(".json.tmp")
+        tmp_path.write_text(json.dumps(result, indent=1, default=float))
+        tmp_path.replace(path)
+
+    print()
+    print("\n".join(summary_lines(result)))
+    for name, m in result.get("moe_twin", {}).items():
+        print(f"{'decode chat (' + name + ')':24s} {m['first_draft_acceptance']:8.3f} {m['mean_accepted']:8.3f} "
+              f"{m['tokens_per_verify']:12.3f}")
+    print(f"total {time.perf_counter() - START:.0f}s; files in {out}: {NAME}.safetensors, {NAME}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""MTP drafting: the model's own multi-token-prediction head proposes the next tokens.
+
+The head reads pairs (hidden state at position i, token i+1) and predicts token i+2. The first
+draft token comes from the last verified position's hidden state (given by the engine); further
+ones feed the head its own output state. The head keeps a KV cache over the context: after each
+verification its speculative entries are dropped and it is fed the model's real hidden states
+for the accepted positions, so it never drifts from the model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from ..forward import logits_from_hidden, text_model
+from .base import Draft, Drafter
+
+
+def _bytes(tree) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(tree))
+
+
+class MtpDrafter(Drafter):
+    """Drafts with an MTP head attached to the model (``specbench.attach_mtp``).
+
+    ``temperature`` 0 drafts greedily (deterministic drafts); above 0 it samples from the head's
+    softmax at that temperature and reports those distributions for lossless verification.
+    """
+
+    name = "mtp"
+    needs_hidden = True
+
+    def __init__(self, model: nn.Module, head=None, temperature: float = 0.0, preferred_k: int = 3):
+        from ..mtp.attach import get_head
+
+        self.model = model
+        self.head = head if head is not None else get_head(model)
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self.temperature = float(temperature)
+        self.preferred_k = preferred_k
+        lm = text_model(model)
+        self.embed = lm.model.embed_tokens
+        # Drafting reads the head's weights and the output head, a decode step reads everything.
+        out_head = getattr(lm, "lm_head", None) or self.embed
+        total = _bytes(model.parameters()) - _bytes(self.head.parameters())
+        self.cost_per_token = (_bytes(self.head.parameters()) + _bytes(out_head.parameters())) / max(total, 1)
+        self._reset([])
+
+    def _reset(self, prompt: Sequence[int]) -> None:
+        self.cache = self.head.make_cache()
+        self.tokens: list[int] = [int(t) for t in prompt]
+        self.hidden_rows: list[mx.array] = []  # hidden states of positions fed .. known-1
+        self.known = 0  # positions whose hidden state is known
+        self.fed = 0  # positions fed to the head's cache (pairs (h_i, token i+1))
+        self.speculative = 0  # head cache entries beyond ``fed`` from the last draft
+
+    def begin(self, prompt: Sequence[int], hidden: mx.array | None = None) -> None:
+        self._reset(prompt)
+        if hidden is not None and hidden.shape[1] > 0:
+            self._add_hidden(0, hidden)
+
+    def _add_hidden(self, start: int, hidden: mx.array) -> None:
+        skip = self.known - start
+        if skip < 0:
+            raise ValueError(f"hidden states of positions {self.known}..{start - 1} were never given")
+        if skip < hidden.shape[1]:
+            rows = hidden[:, skip:] if skip else hidden
+            self.hidden_rows.append(rows.reshape(1, -1, rows.shape[-1]))
+            self.known += rows.shape[1]
+
+    def observe(self, tokens: Sequence[int], hidden: mx.array | None = None) -> None:
+        if hidden is None:
+            raise ValueError("MtpDrafter needs the model's hidden states: run it through speculative_generate")
+        start = len(self.tokens) - 1  # hidden[j] is the state at the position before tokens[j]
+        self.tokens.extend(int(t) for t in tokens)
+        self._add_hidden(start, hidden[:, : len(tokens)])
+
+    def _drop_speculative(self) -> None:
+        if self.speculative:
+            for c in self.cache:
+                c.trim(self.speculative)
+            self.speculative = 0
+
+    def _pick(self, out: mx.array) -> tuple[int, mx.array | None]:
+        logits = logits_from_hidden(self.model, out)[0, -1].astype(mx.float32)
+        if self.temperature == 0:
+            return int(mx.argmax(logits).item()), None
+        probs = mx.softmax(logits / self.temperature, axis=-1)
+        token = int(mx.random.categorical(logits / self.temperature).item())
+        return token, probs
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        self._drop_speculative()
+        if len(context) != len(self.tokens) or k <= 0:
+            return Draft([])
+        ready = min(self.known, len(self.tokens) - 1)  # pairs (h_i, token i+1) for i < ready
+        if ready <= self.fed:
+            return Draft([])
+        n = ready - self.fed
+        hidden = mx.concatenate(self.hidden_rows, axis=1) if len(self.hidden_rows) > 1 else self.hidden_rows[0]
+        pending, rest = hidden[:, :n], hidden[:, n:]
+        self.hidden_rows = [rest] if rest.shape[1] else []
+        next_tokens = mx.array([self.tokens[self.fed + 1 : ready + 1]], dtype=mx.uint32)
+        chain, out = self.head(self.embed(next_tokens), pending.astype(self.embed_dtype), self.cache)
+        self.fed = ready
+        tokens: list[int] = []
+        probs: list[mx.array] = []
+        chain, out = chain[:, -1:], out[:, -1:]
+        for j in range(k):
+            token, p = self._pick(out)
+            tokens.append(token)
+            if p is not None:
+                probs.append(p)
+            if j + 1 < k:
+                chain, out = self.head(self.embed(mx.array([[token]], dtype=mx.uint32)), chain, self.cache)
+                self.speculative += 1
+        return Draft(tokens, mx.stack(probs) if probs else None)
+
+    @property
+    def embed_dtype(self) -> mx.Dtype:
+        return self.head.norm.weight.dtype
+
+    def end(self) -> None:
+        self._reset([])
+
+
+def mtp_drafter_for(model: nn.Module, model_name: str | None = None, **kwargs) -> MtpDrafter:
+    """An MtpDrafter for ``model``: its attached head, or the head shipped for ``model_name``."""
+    from ..mtp.attach import attach_mtp, shipped_head
+
+    if not (isinstance(model, dict) and "mtp" in model):
+        path = shipped_head(model_name) if model_name else None
+        if path is None and model_name and (Path(model_name).expanduser() / "mtp.safetensors").is_file():
+            path = Path(model_name).expanduser() / "mtp.safetensors"  # a folder with a trained head
+        if path is None:
+            raise ValueError(
+                f"model {model_name or ''} has no MTP head: attach one with specbench.attach_mtp(model, path) "
+                f"(the original checkpoint, or a head from `specbench train-mtp`)"
+            )
+        attach_mtp(model, path)
+    return MtpDrafter(model, **kwargs)
