@@ -166,7 +166,7 @@ def _train_mtp(parser: argparse.ArgumentParser):
     parser.add_argument("--time-budget", type=float, default=None, help="seconds of training (the schedule follows time)")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=None)
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on GPU)")
+    parser.add_argument("--dtype", default=None, help="the frozen model's dtype: float32, bfloat16 or float16 (default: float32 on CPU, as stored elsewhere)")
     parser.add_argument("--seed", type=int, default=0)
 
     def run(args):
@@ -175,11 +175,11 @@ def _train_mtp(parser: argparse.ArgumentParser):
 
         config = TrainConfig.quick() if args.quick else TrainConfig()
         for key, value in (("steps", args.steps), ("time_budget_s", args.time_budget), ("batch_size", args.batch_size),
-                           ("seq_len", args.seq_len), ("dtype", args.dtype)):
+                           ("seq_len", args.seq_len)):
             if value is not None:
                 setattr(config, key, value)
         config.seed = args.seed
-        model, tokenizer = load(args.model)
+        model, tokenizer = load(args.model, dtype=args.dtype)
         result = train_mtp(model, tokenizer, args.out, config, model_name=args.model)
         print("\n".join(summary_lines(result)))
         print(f"head: {args.out}/{result['head']}  (attach with specbench.attach_mtp(model, path))")
@@ -289,11 +289,38 @@ def print_profile(profile) -> None:
     for mode in profile.costs:
         k_max = min(8, max(profile.widths[mode]) - 1)
         a_star = cost.break_even_acceptance(profile, 0.0, k_max, mode)
-        print(f"  a*(k) {mode}: " + "  ".join(f"k={k} {a:.2f}" for k, a in enumerate(a_star, 1)))
+        print(f"  a*(k) {mode}: " + "  ".join(f"k={k} " + ("never" if a != a else f"{a:.2f}") for k, a in enumerate(a_star, 1)))
         best = [f"a={a} k={cost.best_k(a, profile, 0.0, k_max, mode)[0]}" for a in (0.6, 0.7, 0.8, 0.9)]
         print(f"  best k {mode}: " + "  ".join(best))
     for name, entry in profile.drafters.items():
         print(f"  drafter {name}: d = {entry['d']:.4f} plain steps per draft token (k={entry['k']})")
+
+
+# -- report ------------------------------------------------------------------------------------
+@command("report", "execute the notebooks with papermill into reports/NAME (HTML, figures, logs, index.html)")
+def _report(parser: argparse.ArgumentParser):
+    from .report import NOTEBOOKS, PROFILES
+
+    parser.add_argument("--profile", choices=list(PROFILES), default="full",
+                        help="quick: seconds, tiny models (CI); full: the embedded model, < 30 min on a 2-core CPU")
+    parser.add_argument("--out", default=None, help="output folder (default reports/PROFILE)")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a notebook parameter (every notebook that has it; NOTEBOOK.KEY=VALUE for one); "
+                        "lists as a,b,c")
+    parser.add_argument("--only", action="append", default=None, choices=list(NOTEBOOKS), metavar="NOTEBOOK",
+                        help=f"run only this notebook (repeatable): {', '.join(NOTEBOOKS)}")
+    parser.add_argument("--force", action="store_true", help="run notebooks again even if they finished")
+
+    def run(args):
+        from .report import parse_assignments, run_report
+
+        result = run_report(args.profile, args.out, parse_assignments(args.param), args.only, args.force)
+        print(f"report: {result.index}")
+        for r in result.results:
+            print(f"  {r.notebook:20s} {r.status:8s} {r.seconds:7.0f} s  {r.error}")
+        return 1 if result.failed else 0
+
+    return run
 
 
 def print_stats(stats: dict) -> None:

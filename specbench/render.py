@@ -1,0 +1,129 @@
+"""Output text with every token coloured by how it came: accepted draft, bonus/correction, plain step."""
+
+from __future__ import annotations
+
+import html
+import os
+from typing import Any, Iterable, Sequence
+
+#: Token sources and their background colours (shared with the per-step figures).
+SOURCES = ("draft", "bonus", "plain")
+SOURCE_COLOURS = {"draft": "#a6dba0", "bonus": "#fdb863", "plain": "#e0e0e0"}
+SOURCE_LABELS = {
+    "draft": "accepted draft token",
+    "bonus": "bonus / correction token (from the verify pass)",
+    "plain": "plain decode step",
+}
+
+
+def _records(log: Any) -> list[dict[str, Any]]:
+    if hasattr(log, "log"):  # a Generation
+        log = log.log
+    if hasattr(log, "records"):
+        return list(log.records)
+    if hasattr(log, "to_dicts"):
+        return log.to_dicts()
+    return list(log)
+
+
+def token_sources(log: Any) -> list[tuple[int, str, int]]:
+    """(token id, source, step) for every emitted token, in order.
+
+    A verification emits its accepted draft tokens ("draft") and then the token the model
+    itself picked at the first rejected (or the bonus) position ("bonus"); the prefill and
+    plain steps emit one token each ("plain"). A step cut short by a stop keeps only the
+    tokens it emitted.
+    """
+    out: list[tuple[int, str, int]] = []
+    for record in _records(log):
+        tokens = list(record.get("tokens") or [])
+        if record["kind"] == "verify":
+            accepted = int(record["accepted"])
+            for i, t in enumerate(tokens):
+                out.append((int(t), "draft" if i < accepted else "bonus", int(record["step"])))
+        else:
+            out.extend((int(t), "plain", int(record["step"])) for t in tokens)
+    return out
+
+
+def token_pieces(tokenizer: Any, tokens: Sequence[int], hold: int = 3) -> list[str]:
+    """The text each token adds to the decoded output.
+
+    Decodes growing prefixes; a token that leaves an incomplete character (a multi-byte
+    character split over tokens) shows nothing and the character appears on the token that
+    completes it (waiting at most ``hold`` tokens, so invalid byte runs still show).
+    """
+    pieces: list[str] = []
+    committed = ""
+    held = 0
+    for i in range(len(tokens)):
+        text = tokenizer.decode(list(tokens[: i + 1]))
+        if text.endswith("\ufffd") and held < hold and i + 1 < len(tokens):
+            pieces.append("")
+            held += 1
+            continue
+        held = 0
+        # A tokenizer may rewrite the end of earlier text (e.g. a space it held back): show the
+        # new text from where the two decodings part.
+        pieces.append(text[len(os.path.commonprefix([committed, text])):])
+        committed = text
+    return pieces
+
+
+def legend_html() -> str:
+    items = "".join(
+        f'<span style="background:{SOURCE_COLOURS[s]};padding:1px 6px;margin-right:10px;border-radius:3px">'
+        f"{html.escape(SOURCE_LABELS[s])}</span>"
+        for s in SOURCES
+    )
+    return f'<div style="font-size:0.85em;margin:4px 0">{items}</div>'
+
+
+def coloured_html(log: Any, tokenizer: Any, legend: bool = True, max_height: str | None = "24em") -> str:
+    """HTML of the output text, each token on the background of its source, with a legend.
+
+    ``log`` is a Generation, a StepLog, or step records; hovering a token shows its id and step.
+    Without a tokenizer the token ids are shown.
+    """
+    sources = token_sources(log)
+    ids = [t for t, _, _ in sources]
+    pieces = token_pieces(tokenizer, ids) if tokenizer is not None else [f"{t} " for t in ids]
+    spans = []
+    for (token, source, step), piece in zip(sources, pieces):
+        if not piece:
+            continue
+        spans.append(
+            f'<span style="background:{SOURCE_COLOURS[source]}" title="token {token}, step {step}, {source}">'
+            f"{html.escape(piece)}</span>"
+        )
+    height = f"max-height:{max_height};overflow-y:auto;" if max_height else ""
+    body = (
+        f'<div style="font-family:ui-monospace,Menlo,Consolas,monospace;font-size:0.9em;white-space:pre-wrap;'
+        f'line-height:1.5;{height}border:1px solid #ccc;padding:6px">{"".join(spans)}</div>'
+    )
+    return (legend_html() if legend else "") + body
+
+
+def source_counts(log: Any) -> dict[str, int]:
+    """How many emitted tokens came from each source."""
+    counts = dict.fromkeys(SOURCES, 0)
+    for _, source, _ in token_sources(log):
+        counts[source] += 1
+    return counts
+
+
+def stats_html(stats: dict[str, Any], keys: Iterable[str] | None = None) -> str:
+    """A two-column HTML table of generation stats (floats to 3 decimals)."""
+    keys = list(keys or [
+        "tokens", "finish_reason", "steps", "verifies", "drafted", "accepted", "acceptance_rate",
+        "mean_accepted_tokens", "tokens_per_verify", "decode_tokens_per_s", "prefill_s", "decode_s",
+    ])
+    rows = []
+    for key in keys:
+        if key not in stats:
+            continue
+        value = stats[key]
+        text = f"{value:.3f}" if isinstance(value, float) else str(value)
+        rows.append(f"<tr><td style='text-align:left;padding-right:1em'>{html.escape(key)}</td>"
+                    f"<td style='text-align:right'>{html.escape(text)}</td></tr>")
+    return f"<table style='font-size:0.85em'>{''.join(rows)}</table>"
