@@ -80,7 +80,7 @@ QUICKSTART = [
     verify = ""  # "exact", "fast", or empty for the engine's default (exact when greedy)
     '''),
     code(SETUP, '''
-    from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
+    from specbench import DraftPolicy, GenerateOptions
     from specbench.capabilities import summary_table
     from specbench.prompts import render_prompt
 
@@ -105,23 +105,19 @@ QUICKSTART = [
         out.skip(f"drafter {drafter}", skipped[drafter] + " (using lookup instead)")
         drafter = "lookup"
     options = GenerateOptions(max_tokens=max_tokens, temperature=temperature, seed=0, verify=verify or None)
-    plain = generate(lm, prompt_ids, options, tokenizer=tokenizer)
-    plain_tokens = list(plain)
-    gen = speculative_generate(lm, prompt_ids, options, factories[drafter](), DraftPolicy.parse(policy), tokenizer=tokenizer)
-    tokens = list(gen)
+    both = sweep.side_by_side(lm, tokenizer, prompt_ids, options, factories[drafter](), DraftPolicy.parse(policy))
+    gen, plain = both.speculative, both.plain
     display(HTML(render.coloured_html(gen, tokenizer)))
     '''),
-    md("## Stats"),
+    md("## Stats\n\nDecode speeds are by the clock, from the first token (the prompt pass's) to the last."),
     code('''
-    stats = gen.stats()
-    speedup = stats["decode_tokens_per_s"] / plain.stats()["decode_tokens_per_s"]
-    same = tokens == plain_tokens if temperature == 0 else None
+    stats = both.stats()
     display(HTML(render.stats_html(stats)))
-    print(f"plain decoding: {plain.stats()['decode_tokens_per_s']:.2f} tok/s; speculative: "
-          f"{stats['decode_tokens_per_s']:.2f} tok/s; speedup {speedup:.2f}x; output equal to plain: {same}")
+    print(f"plain decoding: {both.plain_tokens_per_s:.2f} tok/s; speculative: {both.speculative_tokens_per_s:.2f} tok/s; "
+          f"speedup {both.speedup:.2f}x; output equal to plain: {both.equal}")
     print("token sources:", render.source_counts(gen))
     out.summary(drafter=drafter, policy=policy, tokens=stats["tokens"], acceptance_rate=stats["acceptance_rate"],
-                tokens_per_verify=stats["tokens_per_verify"], speedup=speedup, equal_to_plain=same)
+                tokens_per_verify=stats["tokens_per_verify"], speedup=both.speedup, equal_to_plain=both.equal)
     '''),
     md("## Per-step log\n\nOne record per step (`specbench.StepLog`), as a polars DataFrame; saved as parquet by the report."),
     code('''

@@ -106,6 +106,7 @@ class Explorer:
         from .policies import DraftPolicy
         from .prompts import render_prompt
         from .render import coloured_html, stats_html
+        from .sweep import clock_stats
 
         self.button.disabled = True
         try:
@@ -125,14 +126,19 @@ class Explorer:
             gen = speculative_generate(model, prompt, options, drafter, policy, tokenizer=tokenizer)
             self.generation = gen
             self.status.value = "generating ..."
-            shown = time.perf_counter()
-            for _ in gen:
-                if time.perf_counter() - shown > self.refresh_s:
+            shown = first = last = time.perf_counter()
+            drawing = 0.0  # time spent refreshing the text, left out of the decode time
+            for i, _ in enumerate(gen):
+                last = time.perf_counter()
+                if i == 0:
+                    first = last
+                if last - shown > self.refresh_s:
                     self.text.value = coloured_html(gen.log, tokenizer)
                     self.status.value = f"generating ... {len(gen.tokens)} tokens"
                     shown = time.perf_counter()
+                    drawing += shown - last
             self.text.value = coloured_html(gen.log, tokenizer)
-            stats = gen.stats()
+            stats = clock_stats(gen, last - first - drawing)
             self.stats.value = stats_html(stats)
             self.status.value = (
                 f"done: {stats['tokens']} tokens, {stats['decode_tokens_per_s']:.1f} tok/s, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -40,6 +40,12 @@ def drafter_colour(name: str) -> str:
     if name in DRAFTER_COLOURS:
         return DRAFTER_COLOURS[name]
     return _SPARE[sum(map(ord, name)) % len(_SPARE)]
+
+
+def drafter_order(names: list[str]) -> list[str]:
+    """``names`` with the project's drafters first, in ``DRAFTER_COLOURS`` order."""
+    known = list(DRAFTER_COLOURS)
+    return sorted(names, key=lambda n: (known.index(n) if n in known else len(known), n))
 
 
 def drafter_label(name: str) -> str:
@@ -227,7 +233,7 @@ def category_speedups(best: pl.DataFrame, title: str = "Speedup by prompt catego
     if rows.is_empty():
         _no_data(ax, "no speculative runs")
         return fig
-    drafters = rows["drafter"].unique(maintain_order=True).to_list()
+    drafters = drafter_order(rows["drafter"].unique(maintain_order=True).to_list())
     width = 0.8 / len(drafters)
     for j, drafter in enumerate(drafters):
         mine = rows.filter(pl.col("drafter") == drafter)
@@ -245,7 +251,9 @@ def category_speedups(best: pl.DataFrame, title: str = "Speedup by prompt catego
     ax.set_ylabel("speedup over plain decoding (x)")
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend()
+    top = np.nanmax(rows["speedup"].to_numpy().astype(float)) if len(rows) else 1.0
+    ax.set_ylim(0, 1.3 * max(1.0, top))  # room for the legend above the bars
+    ax.legend(ncol=len(drafters), loc="upper center")
     return fig
 
 

@@ -191,8 +191,10 @@ class Outputs:
         return path
 
     def summary(self, **values: Any) -> None:
-        """Key results shown in the report's index (numbers, short strings)."""
-        self.values.update(values)
+        """Key results shown in the report's index (numbers, short strings; NaN is stored as null)."""
+        import math
+
+        self.values.update({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()})
         self._save_summary()
 
     def skip(self, section: str, reason: str) -> None:

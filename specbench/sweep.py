@@ -2,8 +2,9 @@
 
 Every prompt (at every temperature and seed) is first decoded plainly, then speculatively with
 each drafter and policy, in the same process, so speedups are ratios measured in one run:
-speedup = speculative decode tokens/s / plain decode tokens/s (prefill excluded: it is the same
-forward pass either way). Greedy runs are checked token for token against the plain output.
+speedup = speculative decode tokens/s / plain decode tokens/s, by the clock from the first token
+to the last (prefill excluded: it is the same forward pass either way). Greedy runs are checked
+token for token against the plain output.
 
 A prompt's prefix (all but its last token) is prefilled once and every generation of that prompt
 starts from a copy of that cache (except for drafters that need the prompt's hidden states), so
@@ -239,10 +240,72 @@ def cache_copy(cache: list[Any] | None, drafter: Any = None) -> list[Any] | None
     return copy.deepcopy(cache)
 
 
-def _decode(log) -> tuple[int, float]:
-    """(tokens emitted after the prefill, seconds spent on them)."""
-    records = [r for r in log.records if r["kind"] != "prefill"]
-    return sum(r["emitted"] for r in records), sum(r["draft_s"] + r["verify_s"] + r["other_s"] for r in records)
+def timed(generation: Any) -> tuple[list[int], float]:
+    """Run a Generation to the end: (its tokens, wall seconds from the first token to the last).
+
+    The first token comes from the prompt pass, so the seconds cover decoding alone, measured
+    by the clock rather than summed from the step log (some work between steps is in no step).
+    """
+    import time
+
+    tokens: list[int] = []
+    first = end = 0.0
+    for token in generation:
+        end = time.perf_counter()
+        if not tokens:
+            first = end
+        tokens.append(token)
+    return tokens, end - first
+
+
+def clock_stats(generation: Any, seconds: float) -> dict[str, Any]:
+    """``generation.stats()`` with ``decode_s`` and ``decode_tokens_per_s`` from ``timed``'s clock."""
+    decode = len(generation.tokens) - 1
+    return {**generation.stats(), "decode_s": seconds, "decode_tokens_per_s": decode / seconds if seconds > 0 else 0.0}
+
+
+@dataclass
+class SideBySide:
+    """One prompt decoded plainly, then speculatively: both generations and their decode times."""
+
+    plain: Any
+    speculative: Any
+    plain_s: float
+    speculative_s: float
+
+    @property
+    def plain_tokens_per_s(self) -> float:
+        return (len(self.plain.tokens) - 1) / self.plain_s if self.plain_s > 0 else float("nan")
+
+    @property
+    def speculative_tokens_per_s(self) -> float:
+        return (len(self.speculative.tokens) - 1) / self.speculative_s if self.speculative_s > 0 else float("nan")
+
+    @property
+    def speedup(self) -> float:
+        return self.speculative_tokens_per_s / self.plain_tokens_per_s
+
+    def stats(self) -> dict[str, Any]:
+        """The speculative generation's stats, with decode time and speed by the clock."""
+        return clock_stats(self.speculative, self.speculative_s)
+
+    @property
+    def equal(self) -> bool | None:
+        """Outputs equal token for token (None when sampling: not expected)."""
+        if self.plain.options.temperature != 0:
+            return None
+        return list(self.plain.tokens) == list(self.speculative.tokens)
+
+
+def side_by_side(
+    model: Any, tokenizer: Any, prompt_ids: Sequence[int], options: GenerateOptions, drafter: Any, policy: Any
+) -> SideBySide:
+    """Decode ``prompt_ids`` plainly and then speculatively (same options), timing both."""
+    plain = generate(model, prompt_ids, options, tokenizer=tokenizer)
+    _, plain_s = timed(plain)
+    spec = speculative_generate(model, prompt_ids, options, drafter, policy, tokenizer=tokenizer)
+    _, spec_s = timed(spec)
+    return SideBySide(plain, spec, plain_s, spec_s)
 
 
 def _verify_mode(verify: str | None, temperature: float) -> str | None:
@@ -360,10 +423,9 @@ def run_sweep(
                             "temperature": float(temperature), "seed": seed}
                     bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
                     plain = generate(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
-                    plain_tokens = list(plain)
-                    plain_n, plain_s = _decode(plain.log)
-                    baseline = {"plain_decode_tokens": plain_n, "plain_decode_s": plain_s}
-                    runs.append(_row(len(runs), base, "none", "none", plain, baseline, None))
+                    plain_tokens, plain_s = timed(plain)
+                    baseline = {"plain_decode_tokens": len(plain_tokens) - 1, "plain_decode_s": plain_s}
+                    runs.append(_row(len(runs), base, "none", "none", plain, plain_s, baseline, None))
                     frames.append(_steps(plain.log, len(runs) - 1, base))
                     bar.update()
                     for drafter_name, factory in factories.items():
@@ -374,9 +436,9 @@ def run_sweep(
                                 model, prompt.ids, options, drafter, DraftPolicy.parse(spec), tokenizer=tokenizer,
                                 prompt_cache=cache_copy(prefix, drafter),
                             )
-                            tokens = list(gen)
+                            tokens, seconds = timed(gen)
                             same = tokens == plain_tokens if temperature == 0 else None
-                            runs.append(_row(len(runs), base, drafter_name, spec, gen, baseline, same))
+                            runs.append(_row(len(runs), base, drafter_name, spec, gen, seconds, baseline, same))
                             frames.append(_steps(gen.log, len(runs) - 1, base))
                             bar.update()
     finally:
@@ -397,9 +459,11 @@ def _calibrate_exact(model: Any, policies: Sequence[str], factories: dict[str, C
         calibrate(model, list(range(2, max(ks) + 2)))
 
 
-def _row(run: int, base: dict, drafter: str, policy: str, gen: Any, baseline: dict, same: bool | None) -> dict:
+def _row(
+    run: int, base: dict, drafter: str, policy: str, gen: Any, seconds: float, baseline: dict, same: bool | None
+) -> dict:
     stats = gen.stats()
-    tokens, seconds = _decode(gen.log)
+    tokens = len(gen.tokens) - 1
     family, k = policy_parts(policy)
     tps = tokens / seconds if seconds > 0 else 0.0
     plain_tps = baseline["plain_decode_tokens"] / baseline["plain_decode_s"] if baseline["plain_decode_s"] > 0 else 0.0

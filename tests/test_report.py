@@ -283,13 +283,13 @@ def test_outputs_write_figures_logs_tables_and_summary(tmp_path, text_model, mon
     out.figure(figures.step_timeline(gen), "steps")
     out.log(gen.log, "plain")
     out.table(pl.DataFrame({"a": [1]}), "numbers")
-    out.summary(tokens=3)
+    out.summary(tokens=3, never=float("nan"))
     out.skip("mtp section", "no head")
     monkeypatch.setitem(caps.CHECKS, "drafter:dream", lambda: (_ for _ in ()).throw(caps.MissingCapability("not yet")))
     assert out.needs("drafter:lookup", section="lookup section")
     assert not out.needs("drafter:lookup", "drafter:dream", section="dream section")
     data = json.loads((tmp_path / "demo" / "summary.json").read_text())
-    assert data["values"] == {"tokens": 3}
+    assert data["values"] == {"tokens": 3, "never": None}
     assert data["skipped"] == {"mtp section": "no head", "dream section": "drafter:dream is not available: not yet"}
     assert data["figures"] == ["demo/figures/steps.png"] and (tmp_path / "demo/figures/steps.svg").exists()
     assert pl.read_parquet(tmp_path / data["logs"][0])["kind"].to_list()[0] == "prefill"
