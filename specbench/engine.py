@@ -319,9 +319,9 @@ class Generation:
         """``n`` plain steps, pipelined as mlx-lm pipelines them (the next step is queued before
         the current token is read)."""
         position = len(self.tokens)
+        tick = time.perf_counter()  # before the first step is queued: on a CPU queuing computes it
         pending = self._plain_step(self._y, position)
         mx.async_eval(pending[0])
-        tick = time.perf_counter()
         for i in range(n):
             current = pending
             if i + 1 < n:
