@@ -814,7 +814,8 @@ def bench_prompts(
     todo = [q for q in questions if _question_key(q) not in done]
     start = time.perf_counter()
     if warmup and todo:
-        _warm_up(runner, methods, render_prompt(tokenizer, todo[0].turns[0]), say)
+        prompts = [render_prompt(tokenizer, q.turns[0]) for q in todo]
+        _warm_up(runner, methods, prompts[0], max(prompts, key=len), say)
     for index, question in enumerate(todo):
         if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
             say(f"time budget of {time_budget_s:.0f} s spent: {len(todo) - index} questions not run")
@@ -864,8 +865,13 @@ def _bench_info(model_name: str, max_tokens: int, repeats: int) -> dict[str, Any
     }
 
 
-def _warm_up(runner: _MethodRunner, methods: Sequence[Method], prompt: list[int], say: Callable[[str], None]) -> None:
-    """Run every method once, untimed, and calibrate exact verification for the widths in use."""
+def _warm_up(
+    runner: _MethodRunner, methods: Sequence[Method], first: list[int], longest: list[int], say: Callable[[str], None]
+) -> None:
+    """Untimed: calibrate exact verification for the widths in use, run every method on the first
+    prompt for the full ``max_tokens``, and plain decoding on the longest prompt, so that the
+    kernels for every verify width and the cache sizes the run reaches are built before timing
+    (on a GPU the first call at a new shape compiles kernels)."""
     t0 = time.perf_counter()
     widths = _verify_widths(methods, runner)
     if widths:
@@ -873,7 +879,9 @@ def _warm_up(runner: _MethodRunner, methods: Sequence[Method], prompt: list[int]
 
         calibrate(runner.model, widths)
     for method in methods:
-        runner.run(method, prompt, repeat=-1, max_tokens=min(8, runner.max_tokens))
+        runner.run(method, first, repeat=-1)
+    if longest != first:
+        runner.run(methods[0], longest, repeat=-1)
     runner.drafters = {k: v for k, v in runner.drafters.items() if k[1] >= 0}
     say(f"warm-up: {len(methods)} methods, exact widths {widths[-1] if widths else 1}, {time.perf_counter() - t0:.1f} s")
 
