@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from .files import write_text_atomic
 from .drafters.base import Drafter
 from .engine import GenerateOptions, generate, speculative_generate
 from .log import StepLog
@@ -388,7 +389,7 @@ def run_trace(
         config_path = out_dir / "trace_bench_config.json"
         resumable = not share_store and config_path.exists() and _json.loads(config_path.read_text()) == config
         if not resumable:
-            _write_text_atomic(_json.dumps(config, indent=1), config_path)
+            write_text_atomic(config_path, _json.dumps(config, indent=1))
     results: list[TraceBench] = []
     shared = trace_methods(drafters, policies, model, model_name) if share_store else None
     for trace in traces:
@@ -407,7 +408,7 @@ def run_trace(
     run = TraceRun(results)
     if out_dir is not None:
         _write_frame(run.summary, out_dir / TRACE_SUMMARY_FILE)
-        _write_text_atomic(run.table() + "\n", out_dir / TRACE_TABLE_FILE)
+        write_text_atomic(out_dir / TRACE_TABLE_FILE, run.table() + "\n")
     return run
 
 
@@ -422,15 +423,6 @@ def _load_trace_bench(trace_id: str, out_dir: Path) -> TraceBench:
     return TraceBench(trace_id, turns, summarize(turns), steps, load_recorded(out_dir / f"{name}.plain.parquet"))
 
 
-def _write_text_atomic(text: str, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 # =============================================================================================
@@ -452,11 +444,15 @@ PROMPT_TABLE_FILE = "prompt_bench.md"
 PROMPT_INFO_FILE = "prompt_bench.json"
 PROMPT_FIGURE_FILE = "prompt_bench_speedup.png"
 
-#: One colour per drafter in every benchmark figure; policies are told apart by hatching.
-DRAFTER_COLOURS = {
-    "none": "0.55", "lookup": "tab:blue", "suffix": "tab:orange", "mtp": "tab:green", "draft-model": "tab:red",
-}
+#: Drafters keep the colours of every other figure (``figures.DRAFTER_COLOURS``); policies are
+#: told apart by hatching.
 POLICY_HATCHES = {"none": "", "auto": "", "fixed": "//", "adaptive": ".."}
+
+
+def _drafter_colour(drafter: str) -> str:
+    from .figures import DRAFTER_COLOURS
+
+    return DRAFTER_COLOURS.get(drafter, "0.3")
 
 
 @dataclass(frozen=True)
@@ -637,17 +633,6 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def _write_text(text: str, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
 
 
 def _strip_stops(tokens: Sequence[int], stop_ids: set[int]) -> list[int]:
@@ -730,8 +715,8 @@ class PromptBench:
         paths = {
             "runs": _write_parquet(self.runs, out / PROMPT_RUNS_FILE),
             "summary": _write_parquet(summary, out / PROMPT_SUMMARY_FILE),
-            "info": _write_text(json.dumps(meta, indent=1) + "\n", out / PROMPT_INFO_FILE),
-            "table": _write_text(self.table() + "\n", out / PROMPT_TABLE_FILE),
+            "info": write_text_atomic(out / PROMPT_INFO_FILE, json.dumps(meta, indent=1) + "\n"),
+            "table": write_text_atomic(out / PROMPT_TABLE_FILE, self.table() + "\n"),
         }
         if figure:
             from .plots import save as save_figure
@@ -1042,7 +1027,7 @@ def prompt_table(
 def method_style(method: Method) -> dict[str, Any]:
     """Bar colour (by drafter) and hatching (by policy) of a method in benchmark figures."""
     policy = method.policy.partition(":")[0]
-    return {"color": DRAFTER_COLOURS.get(method.drafter, "0.3"), "hatch": POLICY_HATCHES.get(policy, "xx")}
+    return {"color": _drafter_colour(method.drafter), "hatch": POLICY_HATCHES.get(policy, "xx")}
 
 
 def prompt_figure(

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+from .files import write_text_atomic
 
 #: Notebooks in report order, with their titles.
 NOTEBOOKS: dict[str, str] = {
@@ -99,17 +100,6 @@ def notebooks_dir() -> Path:
     return project_root() / "notebooks"
 
 
-def _atomic_write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
 
 
 def _in_ipython() -> bool:
@@ -145,7 +135,7 @@ class Outputs:
         if self.folder is None:
             return
         data = {"notebook": self.notebook, "values": self.values, "skipped": self.skipped, **self.files}
-        _atomic_write(self.folder / "summary.json", json.dumps(data, indent=1, default=str))
+        write_text_atomic(self.folder / "summary.json", json.dumps(data, indent=1, default=str))
 
     def figure(self, fig: Any, name: str, show: bool = True) -> None:
         """Save ``fig`` (PNG and SVG, when writing), show it once, and close it."""
@@ -366,7 +356,7 @@ def read_status(out: Path, notebook: str) -> dict[str, Any] | None:
 
 
 def _write_status(out: Path, notebook: str, status: dict[str, Any]) -> None:
-    _atomic_write(out / notebook / "status.json", json.dumps(status, indent=1, default=str))
+    write_text_atomic(out / notebook / "status.json", json.dumps(status, indent=1, default=str))
 
 
 def _now() -> str:
@@ -380,7 +370,7 @@ def export_html(ipynb: Path, html_path: Path) -> Path:
 
     nb = nbformat.read(str(ipynb), as_version=4)
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
-    return _atomic_write(html_path, body)
+    return write_text_atomic(html_path, body)
 
 
 def _error_text(err: BaseException) -> str:
@@ -417,7 +407,7 @@ def run_report(
     out = Path(out) if out else Path("reports") / profile
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / "report.json", json.dumps(_report_info(profile, out), indent=1))
+    write_text_atomic(out / "report.json", json.dumps(_report_info(profile, out), indent=1))
     result = ReportResult(out)
     bar = tqdm(names, desc=f"report ({profile})", unit="notebook", disable=not progress)
     for name in bar:
@@ -460,7 +450,7 @@ def run_report(
     bar.close()
     info = _report_info(profile, out)
     info["last_run_s"] = round(sum(r.seconds for r in result.results if r.status != "skipped"), 1)
-    _atomic_write(out / "report.json", json.dumps(info, indent=1))
+    write_text_atomic(out / "report.json", json.dumps(info, indent=1))
     write_index(out)
     return result
 
@@ -555,4 +545,4 @@ def write_index(out: str | os.PathLike) -> Path:
         f"<th>logs and tables (parquet)</th></tr>{''.join(rows)}</table>"
         f"<h2>Figures</h2>{''.join(galleries) or '<p>none yet</p>'}</body></html>"
     )
-    return _atomic_write(out / "index.html", page)
+    return write_text_atomic(out / "index.html", page)
