@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .files import write_text_atomic
+from .files import write_parquet_atomic, write_text_atomic
 from .drafters.base import Drafter
 from .engine import GenerateOptions, generate, speculative_generate
 from .log import StepLog
@@ -267,14 +267,7 @@ def bench_trace(
 
 
 def _write_frame(frame, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        frame.write_parquet(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_parquet_atomic(frame, path)
 
 
 def save_trace_bench(result: TraceBench, out_dir: str | os.PathLike) -> list[Path]:

@@ -113,17 +113,9 @@ class StepLog:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the log as parquet, atomically."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            self.to_polars().write_parquet(tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        return path
+        from .files import write_parquet_atomic
+
+        return write_parquet_atomic(self.to_polars(), path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "StepLog":

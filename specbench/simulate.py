@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from .files import write_parquet_atomic
 from .drafters.base import Drafter, as_draft
 from .engine import GenerateOptions
 from .log import StepLog, StepRecord
@@ -104,15 +105,7 @@ def save_recorded(requests: Sequence[Recorded], path: str | os.PathLike) -> Path
         },
         schema={"id": pl.Utf8, "prompt": pl.List(pl.Int64), "output": pl.List(pl.Int64), "finish_reason": pl.Utf8},
     )
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        frame.write_parquet(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_parquet_atomic(frame, path)
 
 
 def load_recorded(path: str | os.PathLike) -> list[Recorded]:
