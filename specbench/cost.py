@@ -743,7 +743,10 @@ def speedup_grid(
     (``OracleDrafter`` at a, ``DraftPolicy.fixed(k)``) of ``max_tokens`` tokens from one random
     prompt, back to back. Each row holds the measured speedup (plain over speculative seconds
     per token), the prediction at the nominal a (``speedup``), the prediction for the steps the
-    run took (``predicted_from_log``) and their relative errors. Where a fast verify leaves the
+    run took (``predicted_from_log``) and their relative errors; and the seconds per speculative
+    token the profile predicts for those steps (``predicted_spec_s_per_token``) with its error
+    (``error_time``; ``error_time_nominal`` at the nominal a), which leaves out how far the plain
+    run's own speed strays from the profile's plain step (``plain_over_profile``). Where a fast verify leaves the
     plain greedy output (``diverged_at``), the drafter follows the new output (``follows`` times);
     that bookkeeping is left out of the timings.
     """
@@ -788,7 +791,13 @@ def speedup_grid(
             "acceptance_measured": accepted / (accepted + rejections) if accepted + rejections else 1.0,
             "d": d, "step_cost": profile.c(k + 1, verify), "predicted_nominal": nominal, "predicted_from_log": from_log,
             "error_nominal": measured / nominal - 1.0, "error_from_log": measured / from_log - 1.0 if from_log else 0.0,
-            "plain_step_s_profile": profile.plain_step_s, "diverged_at": drafter.diverged_at,
+            # Seconds per speculative token predicted from the profile alone, and their error:
+            # free of the plain run's own variation, which the speedup errors carry.
+            "predicted_spec_s_per_token": profile.plain_step_s / from_log if from_log else None,
+            "error_time": spec_s * from_log / profile.plain_step_s - 1.0 if from_log else 0.0,
+            "error_time_nominal": spec_s * nominal / profile.plain_step_s - 1.0,
+            "plain_step_s_profile": profile.plain_step_s, "plain_over_profile": plain_s / profile.plain_step_s,
+            "diverged_at": drafter.diverged_at,
             "follows": drafter.follows,
         }
         rows.append(row)

@@ -157,7 +157,11 @@ class Generation:
             raise ValueError(
                 f"drafter {drafter.name} needs the hidden states of the whole prompt: pass a fresh prompt cache"
             )
-        self.rollback = CacheRollback(self.cache, model) if drafter is not None else None
+        self.rollback = (
+            CacheRollback(self.cache, model, clear_rejected=options.verify_mode == "exact")
+            if drafter is not None
+            else None
+        )
         eos = set(options.eos_token_ids)
         if tokenizer is not None:
             eos |= set(getattr(tokenizer, "eos_token_ids", None) or [])

@@ -22,15 +22,16 @@ Every other op of the mlx-lm models (embedding, RMSNorm, RoPE at an offset, elem
 softmax and top-k routing, residual sums) computes each row on its own: ``probe_ops`` checks
 that on the current device.
 
-A kernel can also depend on the memory layout of the KV cache. MLX's CUDA backend sends a
-single-query attention to cuDNN only when the keys are a slice of a cache buffer whose length
-is a multiple of 256 (mlx-lm's ``KVCache.step``) and at least 256 keys are attended, and to its
-own vector kernel otherwise; the two round differently. Serial decoding grows the buffer in
-whole steps, but a verification that crosses a step boundary grows it to ``offset + 256``.
+A kernel can also depend on the memory layout of the KV cache. On MLX's CUDA backend (cuDNN's
+decoding attention) a single query over n >= 256 keys that are a slice of a cache buffer gives
+a result that depends on the buffer's length and on the rows after the n it attends (measured
+on an H200: scripts/gpu/exact_diagnose.py). Serial decoding grows the buffer in whole steps of
+256 rows and has written nothing past the current token; a verification that crosses a step
+grows it to ``offset + 256``, writes w rows at once, and a rollback leaves rejected rows behind.
 Inside ``exact_mode`` the caches therefore get the buffer serial decoding would have
-(``serial_kv_layout``), and a split attention row whose serial buffer is shorter than the
-current one (rows before a boundary the verification crosses) attends to a copy of its keys in
-a buffer of the serial length. Which split is needed depends on dtype, width and device, so
+(``serial_kv_layout``), each split attention row but the last attends to a copy of its keys in
+a buffer of its serial length with zeros after them, and the engine zeros rejected rows
+(``clear_rejected``). Which split is needed depends on dtype, width and device, so
 ``calibrate`` tests the levels against serial steps on the device and keeps, per width, the
 cheapest that is bit-identical; ``exact_mode(model)`` uses that table (calibrating a width the
 first time it is asked for) and caches it under ``$SPECBENCH_HOME/exact``.
@@ -49,6 +50,7 @@ import os
 import statistics
 import tempfile
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,14 +214,54 @@ def serial_kv_layout(cache: Sequence[Any] | None, width: int = 1) -> int | None:
     return extents.pop() if len(extents) == 1 and not others else None
 
 
+#: The environment variable with which MLX's CUDA backend turns cuDNN's attention off ("0").
+CUDNN_ATTENTION_ENV = "MLX_CUDA_USE_CUDNN_SDPA"
+
+
+def cudnn_attention() -> bool:
+    """Whether decoding attention may run through cuDNN: MLX's CUDA backend on the default
+    device, with ``MLX_CUDA_USE_CUDNN_SDPA`` not set to "0" (MLX reads it when it first runs
+    attention, so set it before that)."""
+    cuda = getattr(mx, "cuda", None)
+    return (
+        mx.default_device().type == mx.DeviceType.gpu
+        and cuda is not None
+        and cuda.is_available()
+        and os.environ.get(CUDNN_ATTENTION_ENV, "1") != "0"
+    )
+
+
+def layout_sensitive_attention() -> bool:
+    """Whether a decoding attention's result depends on the KV buffer around the keys it
+    attends (its length, the rows after them): cuDNN's, on CUDA. MLX's own kernels (Metal,
+    CUDA with cuDNN off, CPU) read exactly the keys they attend."""
+    return cudnn_attention()
+
+
 def _serial_kv_row(keys: mx.array, values: mx.array, n: int) -> tuple[mx.array, mx.array]:
-    """Keys and values ``[..., :n, :]`` laid out as a serial step attending ``n`` keys sees them."""
+    """Keys and values ``[..., :n, :]`` laid out as a serial step attending ``n`` keys sees them.
+
+    Where attention is layout-sensitive: in a buffer of the serial length whose rows after
+    ``n`` are zeros (a serial step has not written them yet; cuDNN's decoding attention reads
+    past the keys it attends, so the later rows of a verification would change the result).
+    """
     ctx = _contexts[-1] if _contexts else None
     extent = ctx.kv_extent if ctx is not None else None
     serial = _serial_extent(n)
-    if extent is None or serial == extent:
+    if extent is None or (serial == extent and (n == keys.shape[-2] or not layout_sensitive_attention())):
         return keys[..., :n, :], values[..., :n, :]
     return _with_extent(keys, n, serial)[..., :n, :], _with_extent(values, n, serial)[..., :n, :]
+
+
+def clear_rejected(cache: Sequence[Any], count: int) -> None:
+    """Zero the ``count`` rows after each ``KVCache``'s offset (just trimmed): the buffer then
+    holds what serial decoding's holds, zeros past the current token."""
+    for c in cache:
+        if type(c) is KVCache and c.keys is not None and count > 0:
+            start, stop = c.offset, min(c.offset + count, c.keys.shape[2])
+            if stop > start:
+                c.keys[..., start:stop, :] = 0
+                c.values[..., start:stop, :] = 0
 
 
 def _in_chunks(call: Callable[[mx.array], mx.array], x: mx.array, rows: int) -> mx.array:
@@ -459,6 +501,7 @@ def exact_mode(model: nn.Module, level: "str | ExactPlan" = "auto") -> Iterator[
     combination such as "attention+linear/4+experts/unsorted" (see ``ExactPlan.parse``).
     Entering is cheap (a few attribute swaps): enter it around each verification.
     """
+    _warn_if_cudnn_attention()
     if level == "auto":
         resolve = _auto_resolver(model)
     else:
@@ -482,6 +525,23 @@ def exact_mode(model: nn.Module, level: "str | ExactPlan" = "auto") -> Iterator[
             _contexts.remove(ctx)
         for owner, attribute in reversed(done):
             _uninstall(owner, attribute)
+
+
+_warned_cudnn = False
+
+
+def _warn_if_cudnn_attention() -> None:
+    global _warned_cudnn
+    if _warned_cudnn or not cudnn_attention():
+        return
+    _warned_cudnn = True
+    warnings.warn(
+        "exact verification on CUDA with cuDNN attention on: cuDNN's decoding attention is not a "
+        "function of the keys alone (on an H200 greedy outputs still differed from plain decoding "
+        f"after ~280 keys on some prompts); set {CUDNN_ATTENTION_ENV}=0 before MLX first runs attention "
+        "for bit-identical output (plain decoding then uses MLX's own kernels too)",
+        stacklevel=3,
+    )
 
 
 @contextlib.contextmanager
@@ -569,7 +629,7 @@ class Calibration:
 
 
 #: Bumped when calibration tests more conditions, so that stored tables from before are not reused.
-CALIBRATION_METHOD = 2
+CALIBRATION_METHOD = 3
 _calibrations: dict[str, Calibration] = {}
 _keys: dict[int, tuple[weakref.ref, str]] = {}
 
@@ -584,7 +644,8 @@ def calibration_key(model: nn.Module) -> str:
     if memo is not None and memo[0]() is model:
         return memo[1]
     vers, shape = versions(), model_key(model)
-    text = f"{shape}|{device_name()}|mlx {vers['mlx']}|mlx_lm {vers['mlx_lm']}|method {CALIBRATION_METHOD}"
+    attention = "|cudnn attention" if cudnn_attention() else ""
+    text = f"{shape}|{device_name()}{attention}|mlx {vers['mlx']}|mlx_lm {vers['mlx_lm']}|method {CALIBRATION_METHOD}"
     key = f"{shape}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
     _keys[id(model)] = (weakref.ref(model), key)
     return key

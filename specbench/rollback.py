@@ -21,11 +21,13 @@ class CacheRollback:
     """Rewinds a model's caches by the rejected tail of a verification.
 
     ``model`` is needed only for hybrid models (caches that cannot be trimmed): their
-    recurrent layers are recorded during each verification.
+    recurrent layers are recorded during each verification. ``clear_rejected`` zeros the
+    rejected rows of the KV buffers (exact verification: serial decoding has zeros there).
     """
 
-    def __init__(self, cache: list[Any], model: nn.Module | None = None):
+    def __init__(self, cache: list[Any], model: nn.Module | None = None, clear_rejected: bool = False):
         self.cache = cache
+        self.clear_rejected = clear_rejected
         recurrent = [i for i, c in enumerate(cache) if not c.is_trimmable()]
         self.recorder: RecurrentRecorder | None = None
         if recurrent:
@@ -55,6 +57,10 @@ class CacheRollback:
             for c in self.cache:
                 if c.is_trimmable():
                     c.trim(num_rejected)
+            if self.clear_rejected:
+                from .exact import clear_rejected
+
+                clear_rejected(self.cache, num_rejected)
 
 
 def _gated_deltanet(layer: nn.Module) -> nn.Module | None:

@@ -227,6 +227,9 @@ def test_speedup_grid_rows(dense):
         assert r["speedup"] == pytest.approx(r["plain_s_per_token"] / r["spec_s_per_token"])
         assert r["predicted_nominal"] == pytest.approx(cost.speedup(r["a"], r["k"], profile, r["d"]))
         assert r["error_nominal"] == pytest.approx(r["speedup"] / r["predicted_nominal"] - 1)
+        # The time error compares speculative seconds per token with the profile's prediction.
+        assert r["error_time"] == pytest.approx(r["spec_s_per_token"] / r["predicted_spec_s_per_token"] - 1)
+        assert r["plain_over_profile"] == pytest.approx(r["plain_s_per_token"] / profile.plain_step_s)
         assert r["tokens"] == 20 and r["diverged_at"] is None
         assert r["acceptance_measured"] == r["a"]
     full = rows[3]

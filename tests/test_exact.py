@@ -9,6 +9,8 @@ plain batched forward must not, and calibration must find the cheapest level tha
 
 from __future__ import annotations
 
+import warnings
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -456,6 +458,7 @@ def emulate_cudnn_decoding(monkeypatch, size: float = 1e-3, by_extent: bool = Tr
     multiple of 256 runs another kernel (here: its result is bumped, by an amount that grows
     with the buffer length when ``by_extent``), as MLX's CUDA backend sends those to cuDNN.
     The buffer length is read from the keys' strides, as MLX does."""
+    monkeypatch.setattr(exact, "layout_sensitive_attention", lambda: True)
     sdpa = mx.fast.scaled_dot_product_attention
 
     def variant(q, k, v, *args, **kwargs):
@@ -559,3 +562,92 @@ def test_engine_exact_mode_across_the_kv_buffer_step_on_emulated_cuda(monkeypatc
     monkeypatch.setattr(exact, "serial_kv_layout", lambda cache, width=1: None)
     exact._calibrations.clear()
     assert run() != truth
+
+
+# -- emulating a decoding kernel that reads past the keys it attends (cuDNN on CUDA) ------------
+
+
+def emulate_tail_reading_decoding(monkeypatch, size: float = 0.3):
+    """Single-query attention over >= 256 keys whose result depends on the buffer rows after
+    them (as cuDNN's decoding attention on an H200 does): here it is bumped when those rows,
+    read through the keys' strides up to the buffer's length, are not all zero."""
+    monkeypatch.setattr(exact, "layout_sensitive_attention", lambda: True)
+    sdpa = mx.fast.scaled_dot_product_attention
+
+    def variant(q, k, v, *args, **kwargs):
+        out = sdpa(q, k, v, *args, **kwargs)
+        if q.shape[-2] == 1 and k.shape[-2] >= 256:
+            view = np.asarray(memoryview(k))
+            extent = view.strides[1] // view.strides[2]
+            whole = np.lib.stride_tricks.as_strided(view, shape=(*view.shape[:2], extent, view.shape[3]))
+            if np.any(whole[:, :, k.shape[-2] :, :]):
+                return out + mx.array(size, dtype=out.dtype)
+        return out
+
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", variant)
+
+
+def test_exact_verify_rows_do_not_see_later_rows_on_a_tail_reading_kernel(monkeypatch):
+    model = build_tiny("qwen3")
+    rng = np.random.default_rng(5)
+    prefix = rng.integers(0, 97, 260).tolist()
+    tokens = mx.array(rng.integers(0, 97, 6))[None]
+    emulate_gpu(monkeypatch, attention=True, linear_rows=1)
+    emulate_tail_reading_decoding(monkeypatch)
+    reference = serial_logits(model, serial_cache(model, prefix), tokens)
+    for level in ("attention+linear", "attention+linear/vector"):
+        assert np.array_equal(verify_logits(model, serial_cache(model, prefix), tokens, level), reference), level
+    # Rows attending their keys inside the verification's buffer see the later rows' keys.
+    serial = exact._serial_kv_row
+    monkeypatch.setattr(
+        exact, "_serial_kv_row", lambda k, v, n: (k[..., :n, :], v[..., :n, :]) if n < k.shape[-2] else serial(k, v, n)
+    )
+    assert not np.array_equal(verify_logits(model, serial_cache(model, prefix), tokens, "attention+linear"), reference)
+
+
+def test_engine_exact_mode_clears_rejected_rows_on_a_tail_reading_kernel(monkeypatch):
+    from conftest import ScriptedDrafter
+
+    from specbench import DraftPolicy, GenerateOptions, speculative_generate
+    from specbench.drafters.base import Draft
+
+    model = build_tiny("qwen3")
+    prompt = np.random.default_rng(6).integers(0, 97, 250).tolist()
+    emulate_gpu(monkeypatch, attention=True, linear_rows=1, size=0.3)
+    emulate_tail_reading_decoding(monkeypatch)
+    truth = plain_greedy(model, prompt, 30)
+
+    class Varying(ScriptedDrafter):
+        """Drafts of 4 and of none in turn: a plain step follows each verification."""
+
+        def draft(self, context, k):
+            draft = super().draft(context, k)
+            return Draft(draft.tokens if self.calls % 2 else [])
+
+    def run():
+        drafter = Varying(truth, len(prompt), 97, wrong_at=lambda step, i: i == 1)
+        options = GenerateOptions(max_tokens=30, verify="exact", ignore_eos=True)
+        return list(speculative_generate(model, prompt, options, drafter, DraftPolicy.fixed(4)))
+
+    assert run() == truth
+    # Rejected rows left in the buffer change the next steps' attention.
+    monkeypatch.setattr(exact, "clear_rejected", lambda cache, count: None)
+    assert run() != truth
+
+
+def test_cudnn_attention_keys_calibrations_and_warns_once(monkeypatch):
+    model = build_tiny("qwen3")
+    assert not exact.cudnn_attention()  # the CPU
+    plain_key = exact.calibration_key(model)
+    exact._keys.clear()
+    monkeypatch.setattr(exact, "cudnn_attention", lambda: True)
+    monkeypatch.setattr(exact, "_warned_cudnn", False)
+    assert exact.calibration_key(model) != plain_key  # calibrated apart from cuDNN-off runs
+    with pytest.warns(UserWarning, match="MLX_CUDA_USE_CUDNN_SDPA=0"):
+        with exact_mode(model, "none"):
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with exact_mode(model, "none"):  # once per process
+            pass
+    exact._keys.clear()

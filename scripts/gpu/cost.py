@@ -224,11 +224,15 @@ def main() -> int:
     if run.grid:
         for mode in dict.fromkeys(r["mode"] for r in run.grid):
             rows = [r for r in run.grid if r["mode"] == mode]
-            nominal = [abs(r["error_nominal"]) for r in rows]
-            logged = [abs(r["error_from_log"]) for r in rows]
-            print(f"\nprediction error |measured / predicted - 1|, {mode} verify, {len(rows)} cells: at nominal a "
-                  f"mean {100 * sum(nominal) / len(rows):.1f}% max {100 * max(nominal):.1f}%; for the steps taken "
-                  f"mean {100 * sum(logged) / len(rows):.1f}% max {100 * max(logged):.1f}%")
+            for label, key in (("speedup", "error_from_log"), ("seconds per token", "error_time")):
+                nominal = [abs(r[key.replace("from_log", "nominal") if key == "error_from_log" else "error_time_nominal"]) for r in rows]
+                logged = [abs(r[key]) for r in rows]
+                print(f"\nprediction error of the {label} |measured / predicted - 1|, {mode} verify, {len(rows)} cells: "
+                      f"at nominal a mean {100 * sum(nominal) / len(rows):.1f}% max {100 * max(nominal):.1f}%; "
+                      f"for the steps taken mean {100 * sum(logged) / len(rows):.1f}% max {100 * max(logged):.1f}%")
+            ratio = sorted(r["plain_over_profile"] for r in rows)
+            print(f"plain runs' seconds per token / the profile's plain step: median {ratio[len(ratio) // 2]:.2f} "
+                  f"({ratio[0]:.2f}-{ratio[-1]:.2f})")
     for s in run.skipped:
         print(f"skipped: {s}")
     print(f"done in {run.elapsed():.1f} s; files in {out}")

@@ -263,13 +263,14 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
         prompts = random_prompts(vocab, own["prompts"], seed=7, lengths=(8, 24) if quick else (96, 224))
     prompts = prompts[: own["prompts"]]
     widths = cfg["full_depth_widths"] if full_depth else own["cost_widths"]
-    max_width = max(max(widths), max(own["ks"]) + 1)
+    # The widths the workload verifies (k + 1) and the cost table measures.
+    needed = sorted({w for w in widths if w > 1} | {k + 1 for k in own["ks"]})
 
     # 1. calibration
     t0 = time.perf_counter()
-    calibration = calibrate(model, list(range(2, max_width + 1)), repeats=cfg["calibration_repeats"])
-    print(f"[{label}] calibrated widths 2..{max_width} in {time.perf_counter() - t0:.1f}s", flush=True)
-    chosen = {w: calibration.level_for(w) for w in range(2, max_width + 1)}
+    calibration = calibrate(model, needed, repeats=cfg["calibration_repeats"])
+    print(f"[{label}] calibrated widths {needed} in {time.perf_counter() - t0:.1f}s", flush=True)
+    chosen = {w: calibration.level_for(w) for w in needed}
     for r in calibration.rows():
         results["calibration"].append({"model": label, "dtype": dtype, **r})
     print("  levels: " + "  ".join(f"{w}:{lv}" for w, lv in chosen.items()), flush=True)
