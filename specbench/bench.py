@@ -614,16 +614,9 @@ def _prompt_config(
 def _write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
     import polars as pl
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        pl.DataFrame(rows, infer_schema_length=None).write_parquet(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    from .files import write_parquet_atomic
+
+    return write_parquet_atomic(pl.DataFrame(rows, infer_schema_length=None), path)
 
 
 

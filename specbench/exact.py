@@ -155,6 +155,7 @@ class _Context:
         self.resolve = resolve
         self.plan: ExactPlan | None = None
         self.kv_extent: int | None = None
+        self.layout_sensitive = layout_sensitive_attention()
 
     def plan_for(self, rows: int) -> ExactPlan | None:
         if rows <= 1:
@@ -248,7 +249,7 @@ def _serial_kv_row(keys: mx.array, values: mx.array, n: int) -> tuple[mx.array, 
     ctx = _contexts[-1] if _contexts else None
     extent = ctx.kv_extent if ctx is not None else None
     serial = _serial_extent(n)
-    if extent is None or (serial == extent and (n == keys.shape[-2] or not layout_sensitive_attention())):
+    if extent is None or (serial == extent and (n == keys.shape[-2] or not ctx.layout_sensitive)):
         return keys[..., :n, :], values[..., :n, :]
     return _with_extent(keys, n, serial)[..., :n, :], _with_extent(values, n, serial)[..., :n, :]
 
@@ -678,8 +679,17 @@ def load_calibration(model: nn.Module) -> Calibration | None:
 
 
 def _save(calibration: Calibration) -> None:
+    """Write ``calibration`` atomically, keeping widths another process stored meanwhile."""
     path = _calibration_path(calibration.key)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        try:
+            stored = Calibration.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            stored = None
+        if stored is not None:
+            for width, found in stored.widths.items():
+                calibration.widths.setdefault(width, found)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
@@ -772,7 +782,8 @@ def calibrate(
     by w random tokens, once with w single-token steps (the reference) and once per tested
     level (logits compared bit for bit). With ``boundary`` the same is checked at a cache whose
     verification crosses the first KV buffer step (256 keys), laid out as a speculative
-    verification leaves it; a level counts as exact only if it is exact on both. Levels are
+    verification leaves it, where decoding attention is layout-sensitive
+    (``layout_sensitive_attention``); a level counts as exact only if it is exact on both. Levels are
     tested per op family: "none" first; then,
     with the other families split row by row, each family's cheaper schemes (attention batched;
     linear batched, vector, in chunks; experts batched, unsorted). The cheapest exact scheme of
@@ -799,7 +810,8 @@ def calibrate(
     say = progress or (lambda text: None)
     with _suspended(model):
         probes = [_Probe(model, offset, max(ws), rng)]
-        crossing = _boundary_offset(model, max(ws)) if boundary else None
+        # Only kernels that read the KV buffer around their keys need the crossing probe.
+        crossing = _boundary_offset(model, max(ws)) if boundary and layout_sensitive_attention() else None
         if crossing is not None:
             # The layout a verification that crossed the step two tokens earlier leaves.
             probes.append(_Probe(model, crossing, max(ws), rng, extent=crossing - 2 + KVCache.step))
@@ -922,14 +934,14 @@ def _copy_state(state: Any) -> Any:
 def _calibrate_width(model, probe: _Probes, width: int, moe: bool, measure: bool, repeats: int) -> WidthCalibration:
     tests: list[dict[str, Any]] = []
 
-    def test(level: str) -> bool:
+    def test(level: str, timed: bool = True) -> bool:
         level = ExactPlan.parse(level).name
         exact, _ = probe.run(level, width)  # also the warm-up
-        seconds = probe.time(level, width, repeats) if exact and measure else None
+        seconds = probe.time(level, width, repeats) if exact and measure and timed else None
         tests.append({"level": level, "exact": exact, "seconds": seconds})
         return exact
 
-    if test("none"):
+    if test("none", timed=False):  # the batched forward: nothing is cheaper
         return WidthCalibration(width, "none", tests)
     groups = _candidates(width, moe)
     full = groups[-1][0]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
@@ -35,3 +39,21 @@ def write_parquet_atomic(frame, path: str | os.PathLike) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def write_csv_atomic(path: str | os.PathLike, rows: list[dict]) -> Path | None:
+    """Write dict rows as CSV atomically, one column per key seen in any row (lists as JSON);
+    nothing is written for no rows."""
+    if not rows:
+        return None
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows([{k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()} for r in rows])
+    return write_text_atomic(path, buffer.getvalue())
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+    """Write ``data`` as indented JSON atomically (values JSON cannot hold as their text)."""
+    return write_text_atomic(path, json.dumps(data, indent=1, default=str))

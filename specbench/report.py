@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
-from .files import write_text_atomic
+from .files import write_parquet_atomic, write_text_atomic
 
 #: Notebooks in report order, with their titles.
 NOTEBOOKS: dict[str, str] = {
@@ -64,16 +64,14 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "explorer": {"models": [_TINY], "max_tokens": 8},
     },
     # The embedded model (SmolLM2-135M), sized for a 2-core CPU: float32 decoding runs at ~5 tokens/s
-    # and a prefill at ~10 tokens/s there, so prompts are short and generations few. Verification
-    # is batched ("fast"): on the CPU a width-w forward is bit-identical to w decode steps (every
-    # greedy output is still checked against plain decoding), while calibrating the exact mode
-    # takes minutes per width there. On a GPU or a Mac run larger settings with -p verify=exact.
+    # and a prefill at ~10 tokens/s there, so prompts are short and generations few. Greedy
+    # verification is the engine's default, exact (its calibration finds the batched forward
+    # bit-identical on the CPU in a few seconds per width, kept under SPECBENCH_HOME).
     "full": {
-        "quickstart": {"model": _EMBEDDED, "max_tokens": 48, "verify": "fast"},
+        "quickstart": {"model": _EMBEDDED, "max_tokens": 48},
         "draft_length_sweep": {
             "model": _EMBEDDED, "draft_lengths": [1, 3], "policies": ["fixed", "auto"],
             "categories": ["translation", "qa"], "prompts_per_category": 1, "max_tokens": 32, "max_prompt_tokens": 160,
-            "verify": "fast",
         },
         "break_even": {
             "dense_model": _EMBEDDED, "widths": 7, "verify_modes": ["fast"], "repeats": 3, "offset": 64,
@@ -82,13 +80,12 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "agent_traces": {
             # a fixed draft length: on this CPU auto finds that drafting does not pay and never drafts
             "model": _EMBEDDED, "traces": ["chat-revision"], "max_turns": 2, "max_tokens": 32, "policy": "fixed:4",
-            "verify": "fast",
         },
         "sampling": {
             "model": _EMBEDDED, "temperatures": [0.0, 1.0], "categories": ["translation"], "max_tokens": 32,
-            "lossless_samples": 10, "lossless_tokens": 6, "verify": "fast",
+            "lossless_samples": 10, "lossless_tokens": 6,
         },
-        "explorer": {"models": [_EMBEDDED], "max_tokens": 32, "verify": "fast"},
+        "explorer": {"models": [_EMBEDDED], "max_tokens": 32},
     },
 }
 
@@ -162,9 +159,7 @@ class Outputs:
         if hasattr(log, "save"):
             log.save(path)
         else:
-            from .sweep import write_parquet
-
-            write_parquet(log, path)
+            write_parquet_atomic(log, path)
         self.files["logs"].append(self._relative(path))
         self._save_summary()
         return path
@@ -173,9 +168,7 @@ class Outputs:
         """Save a polars frame as tables/NAME.parquet."""
         if self.folder is None:
             return None
-        from .sweep import write_parquet
-
-        path = write_parquet(frame, self.folder / "tables" / f"{name}.parquet")
+        path = write_parquet_atomic(frame, self.folder / "tables" / f"{name}.parquet")
         self.files["tables"].append(self._relative(path))
         self._save_summary()
         return path

@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 
 from .engine import GenerateOptions, generate, speculative_generate
+from .files import write_parquet_atomic
 from .policies import DraftPolicy
 
 TINY_PREFIX = "tiny:"
@@ -340,25 +341,8 @@ class Sweep:
     def save(self, folder: str | os.PathLike, name: str = "sweep") -> list[Path]:
         """``NAME-runs.parquet`` and ``NAME-steps.parquet`` in ``folder``, written atomically."""
         folder = Path(folder)
-        return [write_parquet(self.runs, folder / f"{name}-runs.parquet"),
-                write_parquet(self.steps, folder / f"{name}-steps.parquet")]
-
-
-def write_parquet(df: pl.DataFrame, path: str | os.PathLike) -> Path:
-    """Write ``df`` as parquet atomically (temporary file, then rename)."""
-    import tempfile
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        df.write_parquet(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+        return [write_parquet_atomic(self.runs, folder / f"{name}-runs.parquet"),
+                write_parquet_atomic(self.steps, folder / f"{name}-steps.parquet")]
 
 
 def run_sweep(

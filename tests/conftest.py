@@ -88,3 +88,27 @@ class ScriptedDrafter(Drafter):
         out = [(t + 1) % self.vocab if self.wrong_at(self.calls, i) else t for i, t in enumerate(tokens)]
         self.calls += 1
         return Draft(out)
+
+
+def word_tokenizer(roles: tuple[str, ...] = ("user", "assistant")):
+    """A word-level tokenizer over the tiny models' 97 ids: <unk>, <eos>, one token per chat role,
+    then the words ``w{id}`` (``tokenizer_words(roles)``), with a chat template."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<eos>", *(f"<{r}>" for r in roles)]
+    vocab = {**{t: i for i, t in enumerate(specials)}, **{w: i + len(specials) for i, w in enumerate(tokenizer_words(roles))}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    hf.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    return TokenizerWrapper(hf)
+
+
+def tokenizer_words(roles: tuple[str, ...] = ("user", "assistant")) -> list[str]:
+    """The words of ``word_tokenizer(roles)``: ``w{id}`` for the ids after the special tokens."""
+    return [f"w{i}" for i in range(2 + len(roles), 97)]

@@ -7,7 +7,7 @@ import json
 
 import polars as pl
 import pytest
-from conftest import SHARED_DATA, TINY_CONFIGS, build_tiny
+from conftest import SHARED_DATA, TINY_CONFIGS, build_tiny, tokenizer_words, word_tokenizer
 
 from specbench.bench import (
     PROMPT_FIGURE_FILE, PROMPT_RUNS_FILE, PROMPT_SUMMARY_FILE, PROMPT_TABLE_FILE, bench_prompts, load_prompt_bench,
@@ -18,24 +18,7 @@ from specbench.prompts import (
 )
 
 SPEC_BENCH = SHARED_DATA / "spec-bench" / "question.jsonl"
-WORDS = [f"w{i}" for i in range(4, 97)]
-
-
-def tiny_tokenizer():
-    """A word-level tokenizer over the tiny models' 97 ids, with a chat template and an EOS."""
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<eos>": 1, "<user>": 2, "<assistant>": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    hf = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
-    hf.chat_template = (
-        "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
-        "{% if add_generation_prompt %}<assistant>{% endif %}"
-    )
-    return TokenizerWrapper(hf)
+WORDS = tokenizer_words()
 
 
 def tiny_questions() -> list[Question]:
@@ -108,7 +91,7 @@ def test_methods_and_bad_names():
 
 def test_mlx_lm_draft_accounting_with_the_model_as_its_own_drafter():
     # A draft model equal to the target proposes the target's own greedy tokens: all accepted.
-    model, tokenizer = build_tiny("llama", seed=3), tiny_tokenizer()
+    model, tokenizer = build_tiny("llama", seed=3), word_tokenizer()
     prompt = tokenizer.encode("w5 w9 w20 w31")
     plain = run_mlx_lm(model, tokenizer, prompt, 13)
     spec = run_mlx_lm(model, tokenizer, prompt, 13, draft_model=model, num_draft_tokens=3)
@@ -124,7 +107,7 @@ def test_mlx_lm_draft_accounting_with_the_model_as_its_own_drafter():
 
 
 def test_bench_prompts_tiny(tmp_path):
-    model, draft, tokenizer = build_tiny("llama", seed=0), build_tiny("llama", seed=1), tiny_tokenizer()
+    model, draft, tokenizer = build_tiny("llama", seed=0), build_tiny("llama", seed=1), word_tokenizer()
     messages = []
     result = bench_prompts(
         model, tokenizer, tiny_questions(), drafters=("lookup", "suffix"), policies=("auto", "fixed:3"),
@@ -195,7 +178,7 @@ def test_bench_prompts_tiny(tmp_path):
 
 
 def test_bench_prompts_interrupted_run_resumes(tmp_path):
-    model, tokenizer = build_tiny("qwen3", seed=2), tiny_tokenizer()
+    model, tokenizer = build_tiny("qwen3", seed=2), word_tokenizer()
     questions = tiny_questions()
     kwargs = dict(drafters=("lookup",), policies=("fixed:2",), max_tokens=12, model_name="tiny-qwen3", out=tmp_path,
                   progress=None)
@@ -215,7 +198,7 @@ def test_bench_cli_on_a_saved_tiny_model(tmp_path, capsys):
     folder = tmp_path / "tiny"
     save_model(folder, build_tiny("llama", seed=5))
     save_config(dict(TINY_CONFIGS["llama"]), folder / "config.json")
-    tiny_tokenizer().save_pretrained(str(folder))
+    word_tokenizer().save_pretrained(str(folder))
     prompts = tmp_path / "question.jsonl"
     prompts.write_text("".join(json.dumps({"question_id": q.question_id, "category": q.category, "turns": list(q.turns)})
                                + "\n" for q in tiny_questions()))

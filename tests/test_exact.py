@@ -238,6 +238,19 @@ def test_calibration_on_cpu_finds_batched_forward_exact_and_is_stored(tmp_path):
     assert loaded is not None and loaded.to_json() == calibration.to_json()
 
 
+def test_calibrations_of_two_processes_are_merged_on_disk(tmp_path):
+    model = build_tiny("llama")
+    calibrate(model, [2, 3], measure=False)
+    other = exact.Calibration.from_json(load_calibration(model).to_json())  # as another process holds it
+    exact._calibrations.clear()
+    calibrate(model, [4], measure=False)  # this process: reads the file, adds width 4
+    other.widths.pop(2)
+    other.widths[5] = exact.WidthCalibration(5, "none")
+    exact._save(other)  # the other process saves later, without width 2 and 4 in memory
+    exact._calibrations.clear()
+    assert sorted(load_calibration(model).widths) == [2, 3, 4, 5]
+
+
 def test_measured_calibration_times_every_exact_candidate(monkeypatch):
     emulate_gpu(monkeypatch, attention=True, linear_rows=1)
     model = build_tiny("qwen3")

@@ -6,7 +6,7 @@ import json
 
 import polars as pl
 import pytest
-from conftest import SHARED_DATA, build_tiny
+from conftest import SHARED_DATA, build_tiny, tokenizer_words, word_tokenizer
 
 from specbench.bench import bench_trace, run_trace, trace_methods
 from specbench.drafters import PromptLookup, SuffixDecoding
@@ -18,25 +18,8 @@ from specbench.traces import (
 )
 
 TAU = SHARED_DATA / "tau-bench-fewshot"
-WORDS = [f"w{i}" for i in range(6, 97)]
-
-
-def word_tokenizer():
-    """A word-level tokenizer over the tiny models' 97 ids, with a chat template and an EOS."""
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    roles = ["<user>", "<assistant>", "<system>", "<tool>"]
-    vocab = {"<unk>": 0, "<eos>": 1, **{r: i + 2 for i, r in enumerate(roles)}, **{w: i + 6 for i, w in enumerate(WORDS)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    hf = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
-    hf.chat_template = (
-        "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
-        "{% if add_generation_prompt %}<assistant>{% endif %}"
-    )
-    return TokenizerWrapper(hf)
+ROLES = ("user", "assistant", "system", "tool")
+WORDS = tokenizer_words(ROLES)
 
 
 def embedded_tokenizer():
@@ -308,7 +291,7 @@ def _word_trace() -> Trace:
 
 def test_bench_trace_replays_turns_with_identical_outputs(tmp_path):
     model = build_tiny("llama", seed=4)
-    tokenizer = word_tokenizer()
+    tokenizer = word_tokenizer(ROLES)
     trace = _word_trace()
     suffix = SuffixDecoding(max_spec_tokens=6)
     drafters = {"lookup": PromptLookup(), "suffix": suffix}
@@ -341,7 +324,7 @@ def test_bench_trace_replays_turns_with_identical_outputs(tmp_path):
 
 def test_run_trace_from_a_file_resumes(tmp_path, capsys):
     model = build_tiny("llama", seed=4)
-    tokenizer = word_tokenizer()
+    tokenizer = word_tokenizer(ROLES)
     path = save_traces([_word_trace()], tmp_path / "words.jsonl")
     out = tmp_path / "out"
     first = run_trace(model, tokenizer, path, ["suffix", "none"], ["fixed:3", "adaptive:3"], max_tokens=12, out=out)

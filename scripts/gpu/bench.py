@@ -20,7 +20,6 @@ is missing: draw it later with --render), engine_speed.json; prints the table.
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import json
 import os
@@ -39,14 +38,6 @@ def engine_script():
     return module
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows([{k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()} for r in rows])
-    os.replace(tmp, path)
 
 
 def main() -> None:
@@ -84,6 +75,7 @@ def main() -> None:
     from specbench.bench import PROMPT_SUMMARY_FILE, bench_prompts
     from specbench.cost import device_name, versions
     from specbench.drafters import make_drafter
+    from specbench.files import write_csv_atomic
     from specbench.prompts import bundled_questions, render_prompt
 
     model, tokenizer = load(args.model)
@@ -127,7 +119,7 @@ def main() -> None:
         time_budget_s=remaining, figure=importlib.util.find_spec("matplotlib") is not None,
     )
     summary = result.summary()
-    write_csv(summary, (out / PROMPT_SUMMARY_FILE).with_suffix(".csv"))
+    write_csv_atomic((out / PROMPT_SUMMARY_FILE).with_suffix(".csv"), summary)
     print()
     print(result.table())
     for note in notes:

@@ -3,6 +3,9 @@
     python3 scripts/gpu/cost.py            # H200: Qwen3-8B and Qwen3-30B-A3B shapes, 4-bit; hybrids if time allows
     python3 scripts/gpu/cost.py --quick    # CPU: tiny float32 shapes
 
+On CUDA set MLX_CUDA_USE_CUDNN_SDPA=0 for the exact-mode grid to follow plain greedy decoding
+(cuDNN's decoding attention is not bit-reproducible across KV layouts: specbench.exact).
+
 Phases, each written out as soon as it is done (an interrupted run keeps what it finished):
 profiles of the dense and MoE shapes (c(w) per verify mode, engine overhead, experts touched,
 drafter costs),
@@ -17,9 +20,7 @@ experts.csv, costs.png, break_even.png, measured.png; prints compact tables.
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
-import json
 import os
 import sys
 import time
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from specbench.files import write_csv_atomic as write_csv, write_json_atomic as write_json  # noqa: E402
 from specbench import cost, moe, plots, synthetic  # noqa: E402
 from specbench.drafters import make_drafter  # noqa: E402
 from specbench.forward import text_model  # noqa: E402
@@ -39,33 +41,19 @@ FULL = {
     "hybrids": ["qwen3.5-9b-4bit", "qwen3.5-35b-a3b-4bit"],
     "widths": 16, "exact_widths": 9, "offset": 512, "repeats": 10, "moe_repeats": 20, "warmup": 3,
     "hybrid_repeats": 5, "hybrid_exact_widths": 5,
-    "acceptances": [0.5, 0.7, 0.85, 1.0], "ks": [1, 2, 4, 8], "max_tokens": 96,
+    "acceptances": [0.5, 0.7, 0.85, 1.0], "ks": [1, 2, 4, 8], "max_tokens": 96, "profile_need_s": 150.0,
 }
 QUICK = {
     "models": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny"],
     "hybrids": ["qwen3.5-9b-tiny", "qwen3.5-35b-a3b-tiny"],
     "widths": 8, "exact_widths": 5, "offset": 32, "repeats": 3, "moe_repeats": 3, "warmup": 1,
     "hybrid_repeats": 2, "hybrid_exact_widths": 3,
-    "acceptances": [0.5, 1.0], "ks": [1, 3], "max_tokens": 24,
+    "acceptances": [0.5, 1.0], "ks": [1, 3], "max_tokens": 24, "profile_need_s": 0.0,
 }
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
 
 
-def write_json(path: Path, data) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 class Run:
@@ -199,7 +187,9 @@ def main() -> int:
     print(f"device {cost.device_name()}  mlx {mx.__version__}  verify modes {run.modes}  out {out}", flush=True)
 
     for name in cfg["models"]:
-        run.profile(name, keep=True)
+        # A profile (with exact-mode calibration) took 80-190 s per 4-bit shape on an H200.
+        if run.fits(cfg["profile_need_s"], f"profile {name}"):
+            run.profile(name, keep=True)
     names = list(run.models)
     for mode in [m for m in ("exact", "fast") if m in run.modes]:
         for name in names:

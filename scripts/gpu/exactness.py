@@ -35,7 +35,6 @@ exactness.png; prints compact tables.
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import json
 import os
@@ -55,6 +54,7 @@ import numpy as np  # noqa: E402
 from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
+from specbench.files import write_csv_atomic as write_csv, write_json_atomic as write_json  # noqa: E402
 from specbench import DraftPolicy, GenerateOptions, speculative_generate, synthetic  # noqa: E402
 from specbench.cost import device_name  # noqa: E402
 from specbench.drafters.oracle import OracleDrafter  # noqa: E402
@@ -90,22 +90,8 @@ QUICK = {
 QUICK_EMBEDDED = {"prompts": 1, "tokens": 6, "ks": [3], "widths": 4, "cost_widths": [1, 2]}
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
 
 
-def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
 
 
 def table(rows: list[dict], keys: list[str]) -> None:

@@ -13,7 +13,6 @@ Traces that would not start within --budget seconds are skipped (and listed).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sys
@@ -24,22 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx  # noqa: E402
 
+from specbench.files import write_csv_atomic as write_csv  # noqa: E402
 from specbench import GenerateOptions  # noqa: E402
 from specbench.bench import bench_trace, format_summary, trace_methods  # noqa: E402
 from specbench.cost import device_name  # noqa: E402
 from specbench.traces import bundled_traces, load_traces  # noqa: E402
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
 
 
 def tiny_model(vocab: int):
