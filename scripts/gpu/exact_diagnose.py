@@ -19,6 +19,10 @@
    differs, and the same verification (i) on the cache as speculation left it, (ii) on the
    serially built cache, (iii) as serial steps on the speculative cache, (iv) with the serial
    layout on.
+4. crossing: a verify of width w at a cache offset whose rows cross 256 keys, split
+   (attention+linear), against w serial steps, attention call by attention call: are each
+   row's query, keys, values and output bit-identical; where only the output differs, the
+   call recomputed on fresh arrays tells which side depended on more than the values.
 
 Writes diagnose.json into $OUT (default reports/gpu); prints a compact report.
 """
@@ -333,6 +337,83 @@ def analyse_step(model, spec: Snapshot, ser: Snapshot, inputs: list[int], calibr
     return out
 
 
+# -- 4. attention calls at the crossing ---------------------------------------------------------
+
+
+@contextlib.contextmanager
+def attention_spy(calls: list):
+    """Record every attention call's inputs and output (bits) while open."""
+    original = mx.fast.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        out = original(q, k, v, *args, **kwargs)
+        mx.eval(out)
+        calls.append({"q": bits(q), "k": bits(k), "v": bits(v), "out": bits(out), "keys": k.shape[-2],
+                      "dtype": q.dtype, "scale": kwargs.get("scale")})
+        return out
+
+    mx.fast.scaled_dot_product_attention = spy
+    try:
+        yield calls
+    finally:
+        mx.fast.scaled_dot_product_attention = original
+
+
+def crossing_calls(model, width: int, offset: int, level: str) -> dict[str, Any]:
+    """Split attention rows of a width-w verify at ``offset`` against serial steps, call by call.
+
+    For each layer and row: are the query, keys and values bit-identical to the serial step's,
+    and the output? Where the inputs are identical and the output is not, the kernel is
+    recomputed on fresh arrays holding each side's inputs in the serial layout: if those agree
+    with each other, the result depended on more than the values (memory, history).
+    """
+    rng = np.random.default_rng(3)
+    vocab = vocab_size(model)
+    context = rng.integers(0, vocab, size=offset).tolist()
+    tokens = rng.integers(0, vocab, size=width).tolist()
+    snap = Snapshot(_prefill(model, context))
+    serial: list = []
+    with attention_spy(serial):
+        cache = snap.cache(serial_extent(offset))
+        for t in tokens:
+            mx.eval(model(mx.array([[t]], dtype=mx.uint32), cache=cache))
+    split: list = []
+    with attention_spy(split):
+        cache = snap.cache(serial_extent(offset))
+        with exact_mode(model, level):
+            mx.eval(model(mx.array([tokens], dtype=mx.uint32), cache=cache))
+    layers = len(serial) // width
+    # serial calls are step-major (step 0: every layer, ...); split calls layer-major (layer 0: every row)
+    rows = []
+    for layer in range(layers):
+        for r in range(width):
+            a, b = serial[r * layers + layer], split[layer * width + r]
+            row = {"layer": layer, "row": r, "keys": a["keys"], "keys_split": b["keys"],
+                   **{x: bool(np.array_equal(a[x], b[x])) for x in ("q", "k", "v", "out")}}
+            if row["q"] and row["k"] and row["v"] and not row["out"]:
+                fresh = _fresh_out(a)
+                row["fresh_equals_serial"] = bool(np.array_equal(fresh, a["out"]))
+                row["fresh_equals_split"] = bool(np.array_equal(fresh, b["out"]))
+            rows.append(row)
+    return {"width": width, "offset": offset, "level": level, "calls": rows,
+            "first_mismatch": next((r for r in rows if not all(r[x] for x in ("q", "k", "v", "out"))), None)}
+
+
+def _fresh_out(call: dict) -> np.ndarray:
+    """The recorded call recomputed on fresh arrays, the keys in a zero-tailed serial buffer."""
+    n, dtype = call["keys"], call["dtype"]
+    q = mx.array(call["q"]).astype(dtype)
+    k = exact._with_extent(mx.array(call["k"]).astype(dtype), n, serial_extent(n))[..., :n, :]
+    v = exact._with_extent(mx.array(call["v"]).astype(dtype), n, serial_extent(n))[..., :n, :]
+    return bits(mx.fast.scaled_dot_product_attention(q, k, v, scale=call["scale"]))
+
+
+def _prefill(model, context: list[int]):
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([context], dtype=mx.uint32), cache=cache))
+    return cache
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -420,6 +501,23 @@ def main() -> int:
     g = kernels["greedy_lse"]
     print(f"   greedy log-softmax, mlx-lm (all axes) vs engine (axis -1): logprobs differ in {g['logprobs_differ']}"
           f"/{g['rows']} rows, argmax in {g['argmax_differs']}", flush=True)
+
+    t0 = time.perf_counter()
+    model = synthetic.build("qwen3-8b-tiny" if args.quick else "qwen3-8b-bf16", layers=None if args.quick else 4)
+    report["crossing"] = crossing = []
+    for width, offset in ((2, 255), (3, 255), (3, 300), (8, 252)):
+        crossing.append(crossing_calls(model, width, offset, "attention+linear"))
+    del model
+    print(f"4. split attention rows vs serial steps, call by call, level attention+linear ({time.perf_counter() - t0:.1f}s):")
+    for c in crossing:
+        bad = [r for r in c["calls"] if not all(r[x] for x in ("q", "k", "v", "out"))]
+        first = c["first_mismatch"]
+        where = "all calls equal" if first is None else (
+            f"{len(bad)}/{len(c['calls'])} calls differ; first: layer {first['layer']} row {first['row']} "
+            f"({first['keys']} keys): q {first['q']} k {first['k']} v {first['v']} out {first['out']}"
+            + (f"; recomputed on fresh arrays = serial {first['fresh_equals_serial']}, = split {first['fresh_equals_split']}"
+               if "fresh_equals_serial" in first else ""))
+        print(f"   width {c['width']} at offset {c['offset']}: {where}", flush=True)
 
     prompt_ids = [int(p) for p in args.prompts.split(",") if p]
     if args.quick:
