@@ -158,7 +158,7 @@ class Generation:
                 f"drafter {drafter.name} needs the hidden states of the whole prompt: pass a fresh prompt cache"
             )
         self.rollback = (
-            CacheRollback(self.cache, model, clear_rejected=options.verify_mode == "exact")
+            CacheRollback(self.cache, model, clear_rejected=options.verify_mode == "exact" and _layout_sensitive())
             if drafter is not None
             else None
         )
@@ -463,3 +463,10 @@ def generate(
 ) -> Generation:
     """Plain decoding with the same options, log and stats as ``speculative_generate``."""
     return Generation(model, prompt_ids, options, None, None, tokenizer, prompt_cache)
+
+
+def _layout_sensitive() -> bool:
+    """Whether rejected KV rows must be zeroed for exact verification (see ``exact``)."""
+    from .exact import layout_sensitive_attention
+
+    return layout_sensitive_attention()

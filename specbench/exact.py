@@ -782,8 +782,8 @@ def calibrate(
     by w random tokens, once with w single-token steps (the reference) and once per tested
     level (logits compared bit for bit). With ``boundary`` the same is checked at a cache whose
     verification crosses the first KV buffer step (256 keys), laid out as a speculative
-    verification leaves it, where decoding attention is layout-sensitive
-    (``layout_sensitive_attention``); a level counts as exact only if it is exact on both. Levels are
+    verification leaves it, on a GPU (the CPU's attention reads exactly the keys it attends);
+    a level counts as exact only if it is exact on both. Levels are
     tested per op family: "none" first; then,
     with the other families split row by row, each family's cheaper schemes (attention batched;
     linear batched, vector, in chunks; experts batched, unsorted). The cheapest exact scheme of
@@ -810,8 +810,9 @@ def calibrate(
     say = progress or (lambda text: None)
     with _suspended(model):
         probes = [_Probe(model, offset, max(ws), rng)]
-        # Only kernels that read the KV buffer around their keys need the crossing probe.
-        crossing = _boundary_offset(model, max(ws)) if boundary and layout_sensitive_attention() else None
+        # The CPU's kernels read exactly the keys they attend; a GPU's may not (cuDNN's do not).
+        on_gpu = mx.default_device().type == mx.DeviceType.gpu
+        crossing = _boundary_offset(model, max(ws)) if boundary and (on_gpu or layout_sensitive_attention()) else None
         if crossing is not None:
             # The layout a verification that crossed the step two tokens earlier leaves.
             probes.append(_Probe(model, crossing, max(ws), rng, extent=crossing - 2 + KVCache.step))
