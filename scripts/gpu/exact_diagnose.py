@@ -22,7 +22,8 @@
 4. crossing: a verify of width w at a cache offset whose rows cross 256 keys, split
    (attention+linear), against w serial steps, attention call by attention call: are each
    row's query, keys, values and output bit-identical; where only the output differs, the
-   call recomputed on fresh arrays tells which side depended on more than the values.
+   call recomputed on fresh arrays tells which side depended on more than the values; and
+   serial steps on a prefilled cache against the same steps on copies of it.
 
 Writes diagnose.json into $OUT (default reports/gpu); prints a compact report.
 """
@@ -399,6 +400,42 @@ def crossing_calls(model, width: int, offset: int, level: str) -> dict[str, Any]
             "first_mismatch": next((r for r in rows if not all(r[x] for x in ("q", "k", "v", "out"))), None)}
 
 
+def copied_cache_steps(model, offset: int, steps: int) -> dict[str, Any]:
+    """Serial steps on the cache a prefill built against the same steps on a copy of it (same
+    contents, same buffer length, fresh arrays), and on a copy whose rows past the offset were
+    zeroed by a slice update as the engine's rollback does: do equal caches give equal logits?"""
+    rng = np.random.default_rng(5)
+    vocab = vocab_size(model)
+    context = rng.integers(0, vocab, size=offset).tolist()
+    tokens = [[t] for t in rng.integers(0, vocab, size=steps).tolist()]
+    built = _prefill(model, context)
+    snap = Snapshot(built)
+
+    def run(cache):
+        return np.stack([bits(model(mx.array([t], dtype=mx.uint32), cache=cache)[0, 0]) for t in tokens])
+
+    copy = snap.cache()
+    zeroed = snap.cache()
+    for c in zeroed:
+        c.keys[..., c.offset : c.offset + 4, :] = 0
+        c.values[..., c.offset : c.offset + 4, :] = 0
+    reference = run(built)
+    result = {"offset": offset, "steps": steps,
+              "copy_equal": bool(np.array_equal(run(copy), reference)),
+              "slice_zeroed_equal": bool(np.array_equal(run(zeroed), reference)),
+              "rerun_equal": bool(np.array_equal(run(snap.cache()), run(snap.cache())))}
+    # History: the same steps after attention calls at many other key counts and buffer lengths.
+    first = run(snap.cache())
+    c0 = snap.cache()[0]
+    q = mx.zeros((1, c0.keys.shape[1] * 4, 1, c0.keys.shape[-1]), dtype=c0.keys.dtype)
+    for n in range(offset - 40, offset + 1, 3):
+        for extent in (serial_extent(n), n + 7):
+            k = exact._with_extent(c0.keys, n, extent)[..., :n, :]
+            mx.eval(mx.fast.scaled_dot_product_attention(q, k, k, scale=0.1))
+    result["after_other_calls_equal"] = bool(np.array_equal(run(snap.cache()), first))
+    return result
+
+
 def _fresh_out(call: dict) -> np.ndarray:
     """The recorded call recomputed on fresh arrays, the keys in a zero-tailed serial buffer."""
     n, dtype = call["keys"], call["dtype"]
@@ -507,6 +544,7 @@ def main() -> int:
     report["crossing"] = crossing = []
     for width, offset in ((2, 255), (3, 255), (3, 300), (8, 252)):
         crossing.append(crossing_calls(model, width, offset, "attention+linear"))
+    report["copied_cache"] = copied = [copied_cache_steps(model, offset, 6) for offset in (200, 300, 600)]
     del model
     print(f"4. split attention rows vs serial steps, call by call, level attention+linear ({time.perf_counter() - t0:.1f}s):")
     for c in crossing:
@@ -518,6 +556,11 @@ def main() -> int:
             + (f"; recomputed on fresh arrays = serial {first['fresh_equals_serial']}, = split {first['fresh_equals_split']}"
                if "fresh_equals_serial" in first else ""))
         print(f"   width {c['width']} at offset {c['offset']}: {where}", flush=True)
+    for c in copied:
+        print(f"   serial steps from {c['offset']} keys: on a copy of the prefilled cache equal {c['copy_equal']}, "
+              f"after a slice update zeroing rows past the offset {c['slice_zeroed_equal']}, "
+              f"two copies alike {c['rerun_equal']}, alike after attention at other key counts "
+              f"{c['after_other_calls_equal']}", flush=True)
 
     prompt_ids = [int(p) for p in args.prompts.split(",") if p]
     if args.quick:
