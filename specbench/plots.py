@@ -110,7 +110,9 @@ def measured_vs_predicted(
     title: str | None = None,
 ):
     """Measured speedups (points) over predicted S(k) curves against acceptance: one panel per
-    model (columns) and verify mode (rows).
+    model (columns) and verify mode (rows); where the rows hold the seconds per speculative token
+    the profile predicts (``predicted_spec_s_per_token``), a last column plots them against the
+    measured ones (the cost model's error, free of the plain runs' own variation).
 
     ``rows`` are ``cost.speedup_grid`` records; ``profiles`` maps each row's ``name`` to its profile.
     """
@@ -119,7 +121,9 @@ def measured_vs_predicted(
     names = list(dict.fromkeys(r["name"] for r in rows))
     if not names:
         raise ValueError(f"no grid rows in verify mode(s) {modes} to plot")
-    fig, axes = plt.subplots(len(modes), len(names), figsize=(5.4 * len(names), 4.2 * len(modes)),
+    timed = all(r.get("predicted_spec_s_per_token") for r in rows)
+    columns = len(names) + int(timed)
+    fig, axes = plt.subplots(len(modes), columns, figsize=(5.4 * columns, 4.2 * len(modes)),
                              squeeze=False, constrained_layout=True)
     ks = sorted({r["k"] for r in rows})
     cmap = plt.get_cmap("viridis")
@@ -153,8 +157,34 @@ def measured_vs_predicted(
             handles.append(plt.Line2D([], [], ls="", marker="o", mfc="0.7", mec="k"))
             labels.append("measured")
             ax.legend(handles, labels, fontsize=8, loc="upper left", title="predicted S(k)", title_fontsize=8)
+        if timed:
+            _time_panel(row_axes[-1], [r for r in rows if r["mode"] == mode], names, mode)
     fig.suptitle(title or "Measured speedup (points) vs break-even model (lines)")
     return fig
+
+
+def _time_panel(ax, rows: Sequence[dict[str, Any]], names: Sequence[str], mode: str) -> None:
+    """Measured against predicted milliseconds per speculative token, a marker per model."""
+    markers = "osD^v"
+    predicted = np.array([1e3 * r["predicted_spec_s_per_token"] for r in rows])
+    measured = np.array([1e3 * r["spec_s_per_token"] for r in rows])
+    for i, name in enumerate(names):
+        mine = [j for j, r in enumerate(rows) if r["name"] == name]
+        ax.scatter(predicted[mine], measured[mine], marker=markers[i % len(markers)], color="tab:blue",
+                   edgecolor="k", lw=0.5, s=28, zorder=3, label=_short(name))
+    top = 1.1 * max(predicted.max(), measured.max())
+    line = np.array([0.0, top])
+    ax.plot(line, line, color="0.3", lw=0.9, label="measured = predicted")
+    ax.fill_between(line, 0.9 * line, 1.1 * line, color="0.85", label="within 10%")
+    err = np.abs(measured / predicted - 1)
+    ax.set_title(f"Seconds per token, {mode} verify\n|error| mean {100 * err.mean():.1f}%, max {100 * err.max():.1f}%",
+                 fontsize=10)
+    ax.set_xlabel("predicted from the profile, for the steps taken (ms/token)")
+    ax.set_ylabel("measured (ms/token)")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
 
 
 def save(fig, path: str | Path, dpi: int = 130) -> Path:

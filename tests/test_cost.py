@@ -355,5 +355,10 @@ def test_figures(tmp_path):
     fig = plots.measured_vs_predicted(rows, {dense_p.name: dense_p})
     assert "error" in fig.axes[0].get_title() and len(fig.axes[0].collections) == 2  # one point set per k
     plots.save(fig, tmp_path / "m.png")
+    for r in rows:
+        r["spec_s_per_token"], r["predicted_spec_s_per_token"] = 0.011, 0.010
+    fig = plots.measured_vs_predicted(rows, {dense_p.name: dense_p})
+    assert len(fig.axes) == 2 and "mean 10.0%" in fig.axes[1].get_title()  # the seconds-per-token panel
+    plots.save(fig, tmp_path / "t.png")
     with pytest.raises(ValueError, match="no grid rows"):
         plots.measured_vs_predicted(rows, {dense_p.name: dense_p}, modes=["exact"])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import sys
 import time
@@ -160,6 +161,10 @@ class Run:
         write_csv(out / "break_even.csv", be_rows)
         write_csv(out / "grid.csv", self.grid)
         write_csv(out / "experts.csv", self.experts)
+        self.figures()
+
+    def figures(self) -> None:
+        out, plist = self.out, list(self.profiles.values())
         if plist:
             device = plist[0].device.split(":", 1)[-1]
             what = "4-bit random weights, " if self.title_device else ""
@@ -169,13 +174,33 @@ class Run:
             plots.save(plots.measured_vs_predicted(self.grid, self.profiles), out / "measured.png")
 
 
+def replot(folder: Path) -> int:
+    """Redraw costs.png, break_even.png and measured.png from a finished run's files."""
+    import polars as pl
+
+    run = Run(dict(FULL), folder, 0.0, title_device=True)
+    run.profiles = {p.name: p for p in map(cost.Profile.from_dict, json.loads((folder / "profiles.json").read_text()))}
+    if (folder / "grid.csv").exists():
+        run.grid = pl.read_csv(folder / "grid.csv", infer_schema_length=None).to_dicts()
+        for r in run.grid:  # runs from before these columns existed
+            if r.get("predicted_spec_s_per_token") is None and r.get("predicted_from_log"):
+                r["predicted_spec_s_per_token"] = r["plain_step_s_profile"] / r["predicted_from_log"]
+    run.figures()
+    print(f"figures redrawn in {folder}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny float32 shapes (CPU)")
     parser.add_argument("--models", default=None, help="comma list of synthetic names profiled and run on the grid")
     parser.add_argument("--hybrids", default=None, help="comma list of synthetic names only profiled ('' for none)")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds; phases that would not fit are skipped")
+    parser.add_argument("--replot", default=None, metavar="DIR",
+                        help="only redraw the figures in DIR from its profiles.json and grid.csv (no model is run)")
     args = parser.parse_args()
+    if args.replot:
+        return replot(Path(args.replot))
     cfg = dict(QUICK if args.quick else FULL)
     if args.models is not None:
         cfg["models"] = [m for m in args.models.split(",") if m]
