@@ -447,6 +447,8 @@ def main() -> int:
     for key in ("layers", "prompts", "tokens"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
+    if args.prompts is not None:  # every model runs the number asked for
+        cfg["secondary_prompts"] = {}
     if args.models is not None:
         cfg["models"] = [m for m in args.models.split(",") if m]
     if args.full_depth is not None:
