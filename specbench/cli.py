@@ -296,6 +296,62 @@ def print_profile(profile) -> None:
         print(f"  drafter {name}: d = {entry['d']:.4f} plain steps per draft token (k={entry['k']})")
 
 
+# -- check-exact -------------------------------------------------------------------------------
+@command("check-exact", "check that speculative greedy output equals mlx-lm's plain greedy output on this machine")
+def _check_exact(parser: argparse.ArgumentParser):
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="short name, local folder, mlx-lm id, or synthetic:NAME (random prompts)")
+    parser.add_argument("--prompts", type=int, default=8, help="number of prompts (the bundled ones, or random ids)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--draft-lengths", default="2,4,7,15", help="comma list, cycled over the prompts")
+    parser.add_argument("--acceptance", type=float, default=0.8, help="per-position acceptance of the drafts")
+    parser.add_argument("--verify", default="exact,fast", help="comma list of verify modes: exact, fast")
+    parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
+    parser.add_argument("--out", default=None, help="write the per-prompt rows here (parquet)")
+
+    def run(args):
+        from . import exactness
+        from .cost import device_name
+        from .files import write_parquet_atomic
+
+        if args.prompts < 1:
+            raise ValueError(f"--prompts must be >= 1, got {args.prompts}")
+        if not 0.0 <= args.acceptance <= 1.0:
+            raise ValueError(f"--acceptance must be in [0, 1], got {args.acceptance}")
+        try:
+            lengths = [int(k) for k in _names(args.draft_lengths)]
+        except ValueError:
+            raise ValueError(f"--draft-lengths takes a comma list of integers, got {args.draft_lengths!r}") from None
+        model, tokenizer = _profile_model(args.model, args.layers)
+        if tokenizer is None:
+            prompts = exactness.random_prompts(model, args.prompts)
+        else:
+            from .prompts import bundled_questions, render_prompt
+
+            texts = [q.turns[0] for q in bundled_questions()]
+            prompts = [render_prompt(tokenizer, texts[i % len(texts)]) for i in range(args.prompts)]
+        print(f"checking {args.model} on {device_name()}: {len(prompts)} prompts x {args.max_tokens} tokens, "
+              f"draft lengths {lengths}, acceptance {args.acceptance}")
+        rows = exactness.check(
+            model, prompts, args.max_tokens, lengths, args.acceptance, _names(args.verify),
+            progress=lambda r: print(f"  prompt {r['prompt']} {r['mode']:5s} k={r['k']}: "
+                                     + ("equal" if r["equal"] else f"differs from token {r['first_divergence']}")),
+        )
+        summary = exactness.summarize(rows)
+        for r in summary.iter_rows(named=True):
+            where = ("" if r["first_divergence_min"] is None else
+                     f"; first divergence at token {r['first_divergence_min']} / {r['first_divergence_median']:g} / "
+                     f"{r['first_divergence_max']} (min / median / max)")
+            print(f"{r['mode']}: {r['equal']}/{r['prompts']} prompts equal to plain greedy{where}; "
+                  f"{r['accepted_per_verify']:.2f} drafts accepted per verification")
+        if args.out:
+            print(f"rows: {write_parquet_atomic(rows, args.out)}")
+        exact = summary.filter(summary["mode"] == "exact")
+        return 1 if len(exact) and int(exact["equal"][0]) < int(exact["prompts"][0]) else 0
+
+    return run
+
+
 # -- report ------------------------------------------------------------------------------------
 @command("report", "execute the notebooks with papermill into reports/NAME (HTML, figures, logs, index.html)")
 def _report(parser: argparse.ArgumentParser):

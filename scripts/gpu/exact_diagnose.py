@@ -49,7 +49,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx_lm.models.cache import KVCache, make_prompt_cache  # noqa: E402
 
-from specbench import exact, synthetic  # noqa: E402
+from specbench import exact, exactness, synthetic  # noqa: E402
 from specbench.cost import device_name  # noqa: E402
 from specbench.engine import vocab_size  # noqa: E402
 from specbench.exact import calibrate, exact_mode  # noqa: E402
@@ -458,8 +458,7 @@ def diagnose_model(name: str, layers: int | None, prompt_ids: list[int], n: int,
                    deadline: float, report: dict) -> None:
     t0 = time.perf_counter()
     model = synthetic.build(name, layers=layers)
-    vocab = vocab_size(model)
-    prompts = X.random_prompts(vocab, max(prompt_ids) + 1, seed=7, lengths=(236, 250) if quick else (96, 224))
+    prompts = exactness.random_prompts(model, max(prompt_ids) + 1, lengths=(236, 250) if quick else (96, 224))
     widths = list(range(2, max(ks) + 2))
     calibrations = {}
     with layout(False):
@@ -480,11 +479,11 @@ def diagnose_model(name: str, layers: int | None, prompt_ids: list[int], n: int,
         again, _ = X.plain_greedy(model, prompt, n)
         row: dict[str, Any] = {"model": name, "prompt": i, "prompt_tokens": len(prompt), "k": k,
                                "plain_reproducible": truth == again,
-                               "plain_first_diff": X.first_divergence(again, truth)}
+                               "plain_first_diff": exactness.first_divergence(again, truth)}
         logs = {}
         for on in (False, True):
             out, log = run_exact(model, prompt, truth, n, k, i, on, calibrations)
-            div = X.first_divergence(out, truth)
+            div = exactness.first_divergence(out, truth)
             row["layout_on" if on else "layout_off"] = "equal" if div is None else f"div@{div} (pos {len(prompt) + div})"
             logs[on] = log.records
         for on in (False, True):

@@ -51,11 +51,10 @@ if __name__ == "__main__" and "--no-cudnn-sdpa" in sys.argv:
 
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
-from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 from specbench.files import write_csv_atomic as write_csv, write_json_atomic as write_json  # noqa: E402
-from specbench import DraftPolicy, GenerateOptions, speculative_generate, synthetic  # noqa: E402
+from specbench import DraftPolicy, GenerateOptions, exactness, speculative_generate, synthetic  # noqa: E402
 from specbench.cost import device_name  # noqa: E402
 from specbench.drafters.oracle import OracleDrafter  # noqa: E402
 from specbench.engine import vocab_size  # noqa: E402
@@ -88,10 +87,6 @@ QUICK = {
 }
 #: The embedded model runs a smaller workload in --quick (it decodes at a few tokens/s on the CPU).
 QUICK_EMBEDDED = {"prompts": 1, "tokens": 6, "ks": [3], "widths": 4, "cost_widths": [1, 2]}
-
-
-
-
 
 
 def table(rows: list[dict], keys: list[str]) -> None:
@@ -138,20 +133,13 @@ def dtype_label(model) -> str:
     return f"{'/'.join(f'{b}bit' for b in sorted(bits))}+{label}" if bits else label
 
 
-def random_prompts(vocab: int, n: int, seed: int, lengths: tuple[int, int] = (96, 224)) -> list[list[int]]:
-    """Random prompts; with 128 new tokens most cross the KV cache's 256-slot growth boundary,
-    which a batched verify crosses at other offsets than serial steps do."""
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab, size=int(rng.integers(*lengths))).tolist() for _ in range(n)]
-
-
 # -- generation ------------------------------------------------------------------------------
 
 
 def plain_greedy(model, prompt: list[int], n: int) -> tuple[list[int], float]:
     """mlx-lm's own greedy decoding (the reference), and its wall time."""
     t0 = time.perf_counter()
-    out = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=n)]
+    out = exactness.plain_greedy(model, prompt, n)
     return out, time.perf_counter() - t0
 
 
@@ -162,13 +150,6 @@ def speculative(model, prompt: list[int], continuation: list[int], n: int, k: in
     generation = speculative_generate(model, prompt, options, drafter, DraftPolicy.fixed(k))
     tokens = list(generation)
     return tokens, time.perf_counter() - t0, generation.log
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 # -- verify cost -----------------------------------------------------------------------------
@@ -244,9 +225,8 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
         return
     moe = any("Switch" in type(m).__name__ for _, m in model.named_modules())
     print(f"[{label}] {dtype}, {'MoE' if moe else 'dense'}, built in {time.perf_counter() - t_start:.1f}s", flush=True)
-    vocab = vocab_size(model)
     if prompts is None:
-        prompts = random_prompts(vocab, own["prompts"], seed=7, lengths=(8, 24) if quick else (96, 224))
+        prompts = exactness.random_prompts(model, own["prompts"], lengths=(8, 24) if quick else (96, 224))
     prompts = prompts[: own["prompts"]]
     widths = cfg["full_depth_widths"] if full_depth else own["cost_widths"]
     # The widths the workload verifies (k + 1) and the cost table measures.
@@ -309,7 +289,7 @@ def workload(model, label: str, dtype: str, prompts: list[list[int]], own: dict,
         exact_out, exact_s, exact_log = speculative(model, prompt, truth, n, k, "exact", acceptance, seed=i)
         fast_out, _, fast_log = speculative(model, prompt, truth, n, k, "fast", acceptance, seed=i)
         for mode, out, log in (("exact", exact_out, exact_log), ("fast", fast_out, fast_log)):
-            div = first_divergence(out, truth)
+            div = exactness.first_divergence(out, truth)
             stats = log.stats()
             results["exactness"].append({
                 "model": label, "dtype": dtype, "mode": mode, "prompt": i, "k": k, "prompt_tokens": len(prompt),
