@@ -112,3 +112,14 @@ def word_tokenizer(roles: tuple[str, ...] = ("user", "assistant")):
 def tokenizer_words(roles: tuple[str, ...] = ("user", "assistant")) -> list[str]:
     """The words of ``word_tokenizer(roles)``: ``w{id}`` for the ids after the special tokens."""
     return [f"w{i}" for i in range(2 + len(roles), 97)]
+
+
+@pytest.fixture
+def fresh_calibrations(tmp_path, monkeypatch):
+    """Exact-mode calibrations go to a temporary SPECBENCH_HOME and start empty in memory."""
+    from specbench import exact
+
+    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path))
+    exact._calibrations.clear()
+    yield
+    exact._calibrations.clear()

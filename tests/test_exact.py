@@ -36,13 +36,7 @@ PREFIX = 21
 WIDTH = 8
 
 
-@pytest.fixture(autouse=True)
-def fresh_calibrations(tmp_path, monkeypatch):
-    """Calibrations go to a temporary SPECBENCH_HOME and start empty in memory."""
-    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path))
-    exact._calibrations.clear()
-    yield
-    exact._calibrations.clear()
+pytestmark = pytest.mark.usefixtures("fresh_calibrations")
 
 
 def prefilled(model, seed: int = 0):

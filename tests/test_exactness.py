@@ -6,16 +6,11 @@ import pytest
 from conftest import build_tiny
 from test_exact import emulate_gpu
 
-from specbench import exact, exactness
+from specbench import exactness
 from specbench.cli import main
 
 
-@pytest.fixture(autouse=True)
-def fresh_calibrations(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path))
-    exact._calibrations.clear()
-    yield
-    exact._calibrations.clear()
+pytestmark = pytest.mark.usefixtures("fresh_calibrations")
 
 
 def test_first_divergence():
