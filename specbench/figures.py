@@ -32,6 +32,7 @@ DRAFTER_COLOURS = {
 _SPARE = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "#e6ab02")
 POLICY_STYLES = {"fixed": "-", "adaptive": "--", "auto": ":", "none": "-"}
 POLICY_MARKERS = {"fixed": "o", "adaptive": "s", "auto": "D", "none": "x"}
+TRACE_STYLES = ["-", "--", ":", "-."]  # one line style per trace, in order of appearance
 SIZE = (7.2, 4.2)
 
 
@@ -257,22 +258,36 @@ def category_speedups(best: pl.DataFrame, title: str = "Speedup by prompt catego
     return fig
 
 
+def _line_pair(frame: pl.DataFrame, group: list[str], x: str, ys: tuple[str, str], style: Any, size: tuple):
+    """Two panels plotting ``ys[0]`` (left) and ``ys[1]`` (right) against ``x``, a line per group of
+    speculative rows styled by ``style(key, rows)``: (fig, left, right, rows; rows None when empty)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=size, constrained_layout=True)
+    rows = frame.filter(pl.col("drafter") != "none")
+    if rows.is_empty():
+        _no_data(left, "no speculative runs")
+        return fig, left, right, None
+    for key, cell in rows.group_by(group, maintain_order=True):
+        cell = cell.sort(x)
+        line = style(key, rows)
+        left.plot(cell[x].to_numpy(), cell[ys[0]].to_numpy(), **line)
+        right.plot(cell[x].to_numpy(), cell[ys[1]].to_numpy(), **line)
+    return fig, left, right, rows
+
+
 # -- sampling ----------------------------------------------------------------------------------
 
 
 def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs sampling temperature"):
     """Two panels: draft acceptance rate and speedup against temperature, a line per drafter/policy."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 4.0), constrained_layout=True)
-    rows = summary.filter(pl.col("drafter") != "none")
-    if rows.is_empty():
-        _no_data(left, "no speculative runs")
+    def style(key, rows):
+        drafter, policy = key
+        return dict(color=drafter_colour(drafter), ls=POLICY_STYLES.get(policy.split(":")[0], "-"), marker="o", ms=4,
+                    label=f"{drafter_label(drafter)}, {policy}")
+
+    fig, left, right, rows = _line_pair(summary, ["drafter", "policy"], "temperature",
+                                        ("acceptance_rate", "speedup"), style, (9.6, 4.0))
+    if rows is None:
         return fig
-    for (drafter, policy), cell in rows.group_by(["drafter", "policy"], maintain_order=True):
-        cell = cell.sort("temperature")
-        style = dict(color=drafter_colour(drafter), ls=POLICY_STYLES.get(policy.split(":")[0], "-"), marker="o", ms=4,
-                     label=f"{drafter_label(drafter)}, {policy}")
-        left.plot(cell["temperature"].to_numpy(), cell["acceptance_rate"].to_numpy(), **style)
-        right.plot(cell["temperature"].to_numpy(), cell["speedup"].to_numpy(), **style)
     temps = rows["temperature"].unique().sort().to_list()
     pad = 0.05 * max(1.0, temps[-1] - temps[0])
     for ax in (left, right):
@@ -319,19 +334,10 @@ def token_histograms(check: Any, title: str | None = None):
 
 def per_turn(turns: pl.DataFrame, title: str = "Per-turn results on agent traces"):
     """Two panels over turns: tokens per verification and speedup, a line per drafter (and trace)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.0), constrained_layout=True)
-    rows = turns.filter(pl.col("drafter") != "none")
-    if rows.is_empty():
-        _no_data(left, "no speculative runs")
+    fig, left, right, rows = _line_pair(turns, ["trace", "drafter"], "turn", ("tokens_per_verify", "speedup"),
+                                        _trace_style, (10.0, 4.0))
+    if rows is None:
         return fig
-    traces = rows["trace"].unique(maintain_order=True).to_list()
-    styles = ["-", "--", ":", "-."]
-    for (trace, drafter), cell in rows.group_by(["trace", "drafter"], maintain_order=True):
-        cell = cell.sort("turn")
-        style = dict(color=drafter_colour(drafter), ls=styles[traces.index(trace) % len(styles)], marker="o", ms=4,
-                     label=f"{drafter_label(drafter)}" + (f" ({trace})" if len(traces) > 1 else ""))
-        left.plot(cell["turn"].to_numpy(), cell["tokens_per_verify"].to_numpy(), **style)
-        right.plot(cell["turn"].to_numpy(), cell["speedup"].to_numpy(), **style)
     left.axhline(1.0, color="0.3", lw=0.9)
     right.axhline(1.0, color="0.3", lw=0.9)
     left.set_ylabel("tokens per verification (accepted + 1)")
@@ -347,6 +353,14 @@ def per_turn(turns: pl.DataFrame, title: str = "Per-turn results on agent traces
     return fig
 
 
+def _trace_style(key: tuple[str, str], rows: pl.DataFrame) -> dict[str, Any]:
+    """A (trace, drafter) line: the drafter's colour, the trace's line style."""
+    trace, drafter = key
+    traces = rows["trace"].unique(maintain_order=True).to_list()
+    return dict(color=drafter_colour(drafter), ls=TRACE_STYLES[traces.index(trace) % len(TRACE_STYLES)], marker="o",
+                ms=4, label=f"{drafter_label(drafter)}" + (f" ({trace})" if len(traces) > 1 else ""))
+
+
 def cumulative_saved(turns: pl.DataFrame, title: str = "Model forward passes saved over a session"):
     """Cumulative tokens saved (tokens emitted minus decode forward passes) over turns, per drafter."""
     fig, ax = plt.subplots(figsize=SIZE, constrained_layout=True)
@@ -354,14 +368,9 @@ def cumulative_saved(turns: pl.DataFrame, title: str = "Model forward passes sav
     if rows.is_empty():
         _no_data(ax, "no speculative runs")
         return fig
-    traces = rows["trace"].unique(maintain_order=True).to_list()
-    styles = ["-", "--", ":", "-."]
-    for (trace, drafter), cell in rows.group_by(["trace", "drafter"], maintain_order=True):
+    for key, cell in rows.group_by(["trace", "drafter"], maintain_order=True):
         cell = cell.sort("turn")
-        saved = np.cumsum(cell["saved"].to_numpy())
-        ax.plot(cell["turn"].to_numpy(), saved, color=drafter_colour(drafter), marker="o", ms=4,
-                ls=styles[traces.index(trace) % len(styles)],
-                label=f"{drafter_label(drafter)}" + (f" ({trace})" if len(traces) > 1 else ""))
+        ax.plot(cell["turn"].to_numpy(), np.cumsum(cell["saved"].to_numpy()), **_trace_style(key, rows))
     ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]), top=max(1.0, ax.get_ylim()[1]))
     ax.set_xlabel("turn")
     ax.set_ylabel("cumulative tokens saved (forward passes avoided)")
