@@ -9,7 +9,6 @@ a*(k), measured vs predicted) live in ``specbench.plots``.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
+from .files import write_figure_atomic
 from .render import SOURCE_COLOURS, SOURCE_LABELS
 
 #: One colour per drafter in every figure (plain decoding grey).
@@ -55,21 +55,7 @@ def drafter_label(name: str) -> str:
 
 def save_figure(fig: Any, name: str, folder: str | os.PathLike, dpi: int = 110) -> list[Path]:
     """Write ``fig`` as ``folder/NAME.png`` and ``folder/NAME.svg`` (each atomically)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for suffix in (".png", ".svg"):
-        path = folder / f"{name}{suffix}"
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=suffix)
-        os.close(fd)
-        try:
-            fig.savefig(tmp, dpi=dpi, format=suffix[1:])
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        paths.append(path)
-    return paths
+    return [write_figure_atomic(fig, Path(folder) / f"{name}{suffix}", dpi) for suffix in (".png", ".svg")]
 
 
 def _frame(data: Any) -> pl.DataFrame:

@@ -57,3 +57,19 @@ def write_csv_atomic(path: str | os.PathLike, rows: list[dict]) -> Path | None:
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
     """Write ``data`` as indented JSON atomically (values JSON cannot hold as their text)."""
     return write_text_atomic(path, json.dumps(data, indent=1, default=str))
+
+
+def write_figure_atomic(fig: Any, path: str | os.PathLike, dpi: int = 130) -> Path:
+    """Save a matplotlib figure atomically; the format follows the suffix (PNG without one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    suffix = path.suffix or ".png"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=suffix)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=dpi, format=suffix[1:])
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

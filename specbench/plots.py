@@ -189,18 +189,9 @@ def _time_panel(ax, rows: Sequence[dict[str, Any]], names: Sequence[str], mode: 
 
 def save(fig, path: str | Path, dpi: int = 130) -> Path:
     """Write a figure as PNG (atomically) and close it."""
-    import os
-    import tempfile
+    from .files import write_figure_atomic
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix or ".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=dpi)
-        os.replace(tmp, path)
+        return write_figure_atomic(fig, path, dpi)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         plt.close(fig)
-    return path
