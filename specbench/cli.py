@@ -302,7 +302,8 @@ def _check_exact(parser: argparse.ArgumentParser):
     parser.add_argument("--model", default="smollm2-135m",
                         help="short name, local folder, mlx-lm id, or synthetic:NAME (random prompts)")
     parser.add_argument("--prompts", type=int, default=8, help="number of prompts (the bundled ones, or random ids)")
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=200,
+                        help="tokens per run; enough to cross 256 cached tokens, where GPU attention kernels change")
     parser.add_argument("--draft-lengths", default="2,4,7,15", help="comma list, cycled over the prompts")
     parser.add_argument("--acceptance", type=float, default=0.8, help="per-position acceptance of the drafts")
     parser.add_argument("--verify", default="exact,fast", help="comma list of verify modes: exact, fast")
