@@ -8,37 +8,33 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+
+def _write_atomic(path: str | os.PathLike, write: Callable[[str], Any], suffix: str = ".tmp") -> Path:
+    """Call ``write(tmp)`` on a temporary file beside ``path`` (creating its folder), then rename
+    it to ``path``; the temporary file is removed if ``write`` fails."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (creating its folder); return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return _write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def write_parquet_atomic(frame, path: str | os.PathLike) -> Path:
     """Write a polars DataFrame as parquet atomically (creating its folder); return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        frame.write_parquet(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return _write_atomic(path, frame.write_parquet)
 
 
 def write_csv_atomic(path: str | os.PathLike, rows: list[dict]) -> Path | None:
@@ -61,15 +57,5 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
 
 def write_figure_atomic(fig: Any, path: str | os.PathLike, dpi: int = 130) -> Path:
     """Save a matplotlib figure atomically; the format follows the suffix (PNG without one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    suffix = path.suffix or ".png"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=suffix)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=dpi, format=suffix[1:])
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    suffix = Path(path).suffix or ".png"
+    return _write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=suffix[1:]), suffix=suffix)
