@@ -19,7 +19,7 @@ import polars as pl
 from mlx_lm.generate import generate_step
 
 from .drafters.oracle import OracleDrafter
-from .engine import GenerateOptions, speculative_generate, vocab_size
+from .engine import VERIFY_MODES, GenerateOptions, Generation, speculative_generate, vocab_size
 from .policies import DraftPolicy
 
 
@@ -43,6 +43,17 @@ def random_prompts(model: nn.Module, count: int, lengths: tuple[int, int] = (96,
     return [rng.integers(0, vocab, size=int(rng.integers(*lengths))).tolist() for _ in range(count)]
 
 
+def oracle_generation(
+    model: nn.Module, prompt: Sequence[int], reference: Sequence[int], max_tokens: int, k: int, verify: str,
+    acceptance: float, seed: int = 0,
+) -> Generation:
+    """Speculative greedy decoding of ``prompt`` (not yet run) with drafts of ``k`` tokens from the
+    ``OracleDrafter`` following ``reference`` at ``acceptance``, verified in mode ``verify``."""
+    drafter = OracleDrafter(prompt, reference, acceptance, vocab_size(model), seed=seed)
+    options = GenerateOptions(max_tokens=max_tokens, verify=verify, ignore_eos=True)
+    return speculative_generate(model, list(prompt), options, drafter, DraftPolicy.fixed(k))
+
+
 def check(
     model: nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -61,18 +72,15 @@ def check(
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if not draft_lengths or min(draft_lengths) < 1:
         raise ValueError(f"draft lengths must be >= 1, got {list(draft_lengths)}")
-    unknown = [m for m in modes if m not in ("exact", "fast")]
+    unknown = [m for m in modes if m not in VERIFY_MODES]
     if unknown or not modes:
-        raise ValueError(f"verify modes are 'exact' and 'fast', got {list(modes)}")
-    vocab = vocab_size(model)
+        raise ValueError(f"verify modes are {' and '.join(map(repr, VERIFY_MODES))}, got {list(modes)}")
     rows = []
     for i, prompt in enumerate(prompts):
         k = int(draft_lengths[i % len(draft_lengths)])
         reference = plain_greedy(model, prompt, max_tokens)
         for mode in modes:
-            drafter = OracleDrafter(prompt, reference, acceptance, vocab, seed=seed + i)
-            options = GenerateOptions(max_tokens=max_tokens, verify=mode, ignore_eos=True)
-            generation = speculative_generate(model, list(prompt), options, drafter, DraftPolicy.fixed(k))
+            generation = oracle_generation(model, prompt, reference, max_tokens, k, mode, acceptance, seed=seed + i)
             output = list(generation)
             stats = generation.stats()
             row = {

@@ -54,9 +54,8 @@ import numpy as np  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 from specbench.files import write_csv_atomic as write_csv, write_json_atomic as write_json  # noqa: E402
-from specbench import DraftPolicy, GenerateOptions, exactness, speculative_generate, synthetic  # noqa: E402
+from specbench import exactness, synthetic  # noqa: E402
 from specbench.cost import device_name  # noqa: E402
-from specbench.drafters.oracle import OracleDrafter  # noqa: E402
 from specbench.engine import vocab_size  # noqa: E402
 from specbench.exact import calibrate, exact_mode, probe_ops  # noqa: E402
 
@@ -144,10 +143,8 @@ def plain_greedy(model, prompt: list[int], n: int) -> tuple[list[int], float]:
 
 
 def speculative(model, prompt: list[int], continuation: list[int], n: int, k: int, verify: str, acceptance: float, seed: int):
-    drafter = OracleDrafter(prompt, continuation, acceptance, vocab_size(model), seed=seed)
-    options = GenerateOptions(max_tokens=n, verify=verify, ignore_eos=True)
     t0 = time.perf_counter()
-    generation = speculative_generate(model, prompt, options, drafter, DraftPolicy.fixed(k))
+    generation = exactness.oracle_generation(model, prompt, continuation, n, k, verify, acceptance, seed=seed)
     tokens = list(generation)
     return tokens, time.perf_counter() - t0, generation.log
 
