@@ -157,11 +157,13 @@ class Generation:
             raise ValueError(
                 f"drafter {drafter.name} needs the hidden states of the whole prompt: pass a fresh prompt cache"
             )
-        self.rollback = (
-            CacheRollback(self.cache, model, clear_rejected=options.verify_mode == "exact" and _layout_sensitive())
-            if drafter is not None
-            else None
-        )
+        self.rollback = None
+        if drafter is not None:
+            from .exact import layout_sensitive_attention
+
+            # Exact verification where attention reads past its keys: serial decoding has zeros there.
+            clear = options.verify_mode == "exact" and layout_sensitive_attention()
+            self.rollback = CacheRollback(self.cache, model, clear_rejected=clear)
         eos = set(options.eos_token_ids)
         if tokenizer is not None:
             eos |= set(getattr(tokenizer, "eos_token_ids", None) or [])
@@ -463,10 +465,3 @@ def generate(
 ) -> Generation:
     """Plain decoding with the same options, log and stats as ``speculative_generate``."""
     return Generation(model, prompt_ids, options, None, None, tokenizer, prompt_cache)
-
-
-def _layout_sensitive() -> bool:
-    """Whether rejected KV rows must be zeroed for exact verification (see ``exact``)."""
-    from .exact import layout_sensitive_attention
-
-    return layout_sensitive_attention()

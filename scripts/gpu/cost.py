@@ -239,9 +239,10 @@ def main() -> int:
     if run.grid:
         for mode in dict.fromkeys(r["mode"] for r in run.grid):
             rows = [r for r in run.grid if r["mode"] == mode]
-            for label, key in (("speedup", "error_from_log"), ("seconds per token", "error_time")):
-                nominal = [abs(r[key.replace("from_log", "nominal") if key == "error_from_log" else "error_time_nominal"]) for r in rows]
-                logged = [abs(r[key]) for r in rows]
+            for label, at_nominal, for_steps in (("speedup", "error_nominal", "error_from_log"),
+                                                  ("seconds per token", "error_time_nominal", "error_time")):
+                nominal = [abs(r[at_nominal]) for r in rows]
+                logged = [abs(r[for_steps]) for r in rows]
                 print(f"\nprediction error of the {label} |measured / predicted - 1|, {mode} verify, {len(rows)} cells: "
                       f"at nominal a mean {100 * sum(nominal) / len(rows):.1f}% max {100 * max(nominal):.1f}%; "
                       f"for the steps taken mean {100 * sum(logged) / len(rows):.1f}% max {100 * max(logged):.1f}%")
