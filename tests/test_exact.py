@@ -460,24 +460,40 @@ def test_hybrid_model_with_recurrent_cache(monkeypatch):
 # -- emulating a layout-dependent attention kernel (cuDNN decoding on CUDA) ---------------------
 
 
-def emulate_cudnn_decoding(monkeypatch, size: float = 1e-3, by_extent: bool = True):
-    """Single-query attention over >= 256 keys that are a slice of a buffer whose length is a
-    multiple of 256 runs another kernel (here: its result is bumped, by an amount that grows
-    with the buffer length when ``by_extent``), as MLX's CUDA backend sends those to cuDNN.
-    The buffer length is read from the keys' strides, as MLX does."""
+def emulate_decoding_kernel(monkeypatch, bump):
+    """Single-query attention over >= 256 keys gets ``bump(view)`` added (``view``: the keys as a
+    numpy view whose strides reveal their KV buffer, as MLX reads them), as a layout-sensitive
+    decoding kernel (cuDNN's on CUDA) rounds otherwise; exact mode is told attention is
+    layout-sensitive."""
     monkeypatch.setattr(exact, "layout_sensitive_attention", lambda: True)
     sdpa = mx.fast.scaled_dot_product_attention
 
     def variant(q, k, v, *args, **kwargs):
         out = sdpa(q, k, v, *args, **kwargs)
         if q.shape[-2] == 1 and k.shape[-2] >= 256:
-            strides = memoryview(k).strides
-            extent = strides[1] // strides[2]
-            if extent % 256 == 0:
-                return out + mx.array(size * (extent / 256 if by_extent else 1.0), dtype=out.dtype)
+            amount = bump(np.asarray(memoryview(k)))
+            if amount:
+                return out + mx.array(amount, dtype=out.dtype)
         return out
 
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", variant)
+
+
+def buffer_rows(view: np.ndarray) -> int:
+    """The length of the KV buffer the keys ``view`` is a slice of."""
+    return view.strides[1] // view.strides[2]
+
+
+def emulate_cudnn_decoding(monkeypatch, size: float = 1e-3, by_extent: bool = True):
+    """Keys that are a slice of a buffer whose length is a multiple of 256 run another kernel
+    (here: the result is bumped, by an amount that grows with the buffer length when
+    ``by_extent``), as MLX's CUDA backend sends those to cuDNN."""
+
+    def bump(view):
+        extent = buffer_rows(view)
+        return size * (extent / 256 if by_extent else 1.0) if extent % 256 == 0 else 0.0
+
+    emulate_decoding_kernel(monkeypatch, bump)
 
 
 def relaid(cache, extent: int):
@@ -575,23 +591,14 @@ def test_engine_exact_mode_across_the_kv_buffer_step_on_emulated_cuda(monkeypatc
 
 
 def emulate_tail_reading_decoding(monkeypatch, size: float = 0.3):
-    """Single-query attention over >= 256 keys whose result depends on the buffer rows after
-    them (as cuDNN's decoding attention on an H200 does): here it is bumped when those rows,
-    read through the keys' strides up to the buffer's length, are not all zero."""
-    monkeypatch.setattr(exact, "layout_sensitive_attention", lambda: True)
-    sdpa = mx.fast.scaled_dot_product_attention
+    """A result that depends on the buffer rows after the keys attended (as cuDNN's decoding
+    attention on an H200 does): bumped when those rows, up to the buffer's length, are not all zero."""
 
-    def variant(q, k, v, *args, **kwargs):
-        out = sdpa(q, k, v, *args, **kwargs)
-        if q.shape[-2] == 1 and k.shape[-2] >= 256:
-            view = np.asarray(memoryview(k))
-            extent = view.strides[1] // view.strides[2]
-            whole = np.lib.stride_tricks.as_strided(view, shape=(*view.shape[:2], extent, view.shape[3]))
-            if np.any(whole[:, :, k.shape[-2] :, :]):
-                return out + mx.array(size, dtype=out.dtype)
-        return out
+    def bump(view):
+        whole = np.lib.stride_tricks.as_strided(view, shape=(*view.shape[:2], buffer_rows(view), view.shape[3]))
+        return size if np.any(whole[:, :, view.shape[2] :, :]) else 0.0
 
-    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", variant)
+    emulate_decoding_kernel(monkeypatch, bump)
 
 
 def test_exact_verify_rows_do_not_see_later_rows_on_a_tail_reading_kernel(monkeypatch):
