@@ -1,5 +1,13 @@
 """specbench: a research workbench for speculative decoding on MLX."""
 
+import os
+
+# specbench promises greedy output equal to plain decoding; on CUDA that needs MLX's own attention
+# kernels (what Metal runs): cuDNN's decoding attention depends on the KV buffer's layout
+# (specbench.exact). They are the default unless the user set the variable; MLX reads it when it
+# first runs attention, so importing specbench before that is enough. No effect on Metal or CPU.
+os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "0")
+
 from .drafters import Draft, Drafter, PromptLookup
 from .engine import GenerateOptions, Generation, generate, speculative_generate
 from .log import StepLog, StepRecord

@@ -217,6 +217,7 @@ def serial_kv_layout(cache: Sequence[Any] | None, width: int = 1) -> int | None:
 
 #: The environment variable with which MLX's CUDA backend turns cuDNN's attention off ("0").
 CUDNN_ATTENTION_ENV = "MLX_CUDA_USE_CUDNN_SDPA"
+# Importing specbench sets it to "0" unless it is set (specbench/__init__.py).
 
 
 def cudnn_attention() -> bool:
@@ -539,8 +540,8 @@ def _warn_if_cudnn_attention() -> None:
     warnings.warn(
         "exact verification on CUDA with cuDNN attention on: cuDNN's decoding attention is not a "
         "function of the keys alone (on an H200 greedy outputs still differed from plain decoding "
-        f"after ~280 keys on some prompts); set {CUDNN_ATTENTION_ENV}=0 before MLX first runs attention "
-        "for bit-identical output (plain decoding then uses MLX's own kernels too)",
+        f"after ~280 keys on some prompts); specbench sets {CUDNN_ATTENTION_ENV}=0 when imported unless it "
+        "is set: leave it unset, or import specbench before MLX first runs attention, for bit-identical output",
         stacklevel=3,
     )
 

@@ -9,6 +9,7 @@ plain batched forward must not, and calibration must find the cheapest level tha
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import mlx.core as mx
@@ -665,3 +666,17 @@ def test_cudnn_attention_keys_calibrations_and_warns_once(monkeypatch):
         with exact_mode(model, "none"):  # once per process
             pass
     exact._keys.clear()
+
+
+def test_importing_specbench_turns_cudnn_attention_off_unless_set():
+    """MLX's CUDA backend reads the variable when it first runs attention: specbench sets "0"
+    (MLX's own kernels, bit-identical across KV layouts) and keeps what the user chose."""
+    import subprocess
+    import sys
+
+    probe = "import os, specbench; print(os.environ.get('MLX_CUDA_USE_CUDNN_SDPA'))"
+    env = {k: v for k, v in os.environ.items() if k != exact.CUDNN_ATTENTION_ENV}
+    unset = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    chosen = subprocess.run([sys.executable, "-c", probe], env={**env, exact.CUDNN_ATTENTION_ENV: "1"},
+                            capture_output=True, text=True, check=True)
+    assert (unset.stdout.strip(), chosen.stdout.strip()) == ("0", "1")

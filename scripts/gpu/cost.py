@@ -3,8 +3,9 @@
     python3 scripts/gpu/cost.py            # H200: Qwen3-8B and Qwen3-30B-A3B shapes, 4-bit; hybrids if time allows
     python3 scripts/gpu/cost.py --quick    # CPU: tiny float32 shapes
 
-On CUDA set MLX_CUDA_USE_CUDNN_SDPA=0 for the exact-mode grid to follow plain greedy decoding
-(cuDNN's decoding attention is not bit-reproducible across KV layouts: specbench.exact).
+On CUDA the run keeps specbench's MLX_CUDA_USE_CUDNN_SDPA=0 (unless set) so that the exact-mode grid
+follows plain greedy decoding (cuDNN's decoding attention is not bit-reproducible across KV layouts:
+specbench.exact).
 
 Phases, each written out as soon as it is done (an interrupted run keeps what it finished):
 profiles of the dense and MoE shapes (c(w) per verify mode, engine overhead, experts touched,
@@ -43,6 +44,7 @@ FULL = {
     "widths": 16, "exact_widths": 9, "offset": 512, "repeats": 10, "moe_repeats": 20, "warmup": 3,
     "hybrid_repeats": 5, "hybrid_exact_widths": 5,
     "acceptances": [0.5, 0.7, 0.85, 1.0], "ks": [1, 2, 4, 8], "max_tokens": 96, "profile_need_s": 150.0,
+    "grid_repeats": 2,
 }
 QUICK = {
     "models": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny"],
@@ -50,6 +52,7 @@ QUICK = {
     "widths": 8, "exact_widths": 5, "offset": 32, "repeats": 3, "moe_repeats": 3, "warmup": 1,
     "hybrid_repeats": 2, "hybrid_exact_widths": 3,
     "acceptances": [0.5, 1.0], "ks": [1, 3], "max_tokens": 24, "profile_need_s": 0.0,
+    "grid_repeats": 1,
 }
 
 
@@ -131,12 +134,13 @@ class Run:
     def run_grid(self, name: str, mode: str) -> None:
         cfg, profile = self.cfg, self.profiles[name]
         cells = len(cfg["acceptances"]) * len(cfg["ks"])
-        estimate = cells * 2.4 * cfg["max_tokens"] * profile.plain_step_s * (1.6 if mode == "fast" else 1.2) + 5
+        estimate = (cells * cfg["grid_repeats"] * 2.4 * cfg["max_tokens"] * profile.plain_step_s
+                    * (1.6 if mode == "fast" else 1.2) + 5)
         if not self.fits(estimate, f"grid {name} {mode}"):
             return
         t0 = time.perf_counter()
         rows = cost.speedup_grid(self.models[name], profile, cfg["acceptances"], cfg["ks"], verify=mode,
-                                 prompt_len=cfg["offset"], max_tokens=cfg["max_tokens"])
+                                 prompt_len=cfg["offset"], max_tokens=cfg["max_tokens"], repeats=cfg["grid_repeats"])
         self.grid += rows
         print(f"\n== grid {name} {mode}: {time.perf_counter() - t0:.1f} s (estimated {estimate:.0f} s)")
         print("     a   k  measured  predicted  err%  from-log err%  E_meas  a_meas  diverged follows")

@@ -44,6 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("SPECBENCH_HOME", tempfile.mkdtemp(prefix="specbench-diagnose-"))
+os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "1")  # the subject: cuDNN's attention (specbench's default is off)
 
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402

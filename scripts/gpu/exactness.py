@@ -26,8 +26,9 @@ bfloat16 shapes with fewer prompts; then, if time is left, the full-depth Qwen3-
    --repeats after warm-up, relative to a width-1 forward.
 
 --ops also runs the op probe (which row-wise ops are row-invariant; specbench.exact.probe_ops;
-slow on CUDA, where each new shape compiles kernels). --no-cudnn-sdpa sets
-MLX_CUDA_USE_CUDNN_SDPA=0 for the whole run (reference included). Writes into $OUT (default
+slow on CUDA, where each new shape compiles kernels). specbench runs with
+MLX_CUDA_USE_CUDNN_SDPA=0 unless it is set; --cudnn-sdpa sets it to 1 for the whole run (reference
+included), to count what cuDNN's layout-dependent decoding attention does. Writes into $OUT (default
 reports/gpu): ops.csv, calibration.csv, exactness.csv, e2e.csv, cost.csv, summary.json,
 exactness.png; prints compact tables.
 """
@@ -46,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-if __name__ == "__main__" and "--no-cudnn-sdpa" in sys.argv:
-    os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "0"  # read by MLX when it first dispatches attention
+if __name__ == "__main__" and "--cudnn-sdpa" in sys.argv:
+    os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1"  # read by MLX when it first dispatches attention
 
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
@@ -415,8 +416,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=None)
     parser.add_argument("--tokens", type=int, default=None)
     parser.add_argument("--ops", action="store_true", help="also run the op probe (slow on CUDA)")
-    parser.add_argument("--no-cudnn-sdpa", action="store_true",
-                        help="MLX_CUDA_USE_CUDNN_SDPA=0 for the whole run, reference included")
+    parser.add_argument("--cudnn-sdpa", action="store_true",
+                        help="MLX_CUDA_USE_CUDNN_SDPA=1 (cuDNN attention) for the whole run, reference included")
     parser.add_argument("--budget", type=float, default=360.0,
                         help="seconds; a model that would end past it, and cost sweeps starting past it, are skipped")
     args = parser.parse_args()
