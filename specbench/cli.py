@@ -367,11 +367,14 @@ def _report(parser: argparse.ArgumentParser):
     parser.add_argument("--only", action="append", default=None, choices=list(NOTEBOOKS), metavar="NOTEBOOK",
                         help=f"run only this notebook (repeatable): {', '.join(NOTEBOOKS)}")
     parser.add_argument("--force", action="store_true", help="run notebooks again even if they finished")
+    parser.add_argument("--notebooks", default=None, metavar="DIR",
+                        help="folder of the notebooks (default: notebooks/ of the source checkout)")
 
     def run(args):
         from .report import parse_assignments, run_report
 
-        result = run_report(args.profile, args.out, parse_assignments(args.param), args.only, args.force)
+        result = run_report(args.profile, args.out, parse_assignments(args.param), args.only, args.force,
+                            notebooks=args.notebooks)
         print(f"report: {result.index}")
         for r in result.results:
             print(f"  {r.notebook:20s} {r.status:8s} {r.seconds:7.0f} s  {r.error}")

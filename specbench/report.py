@@ -395,7 +395,10 @@ def run_report(
         raise ValueError(f"unknown notebook(s) {unknown}: choose from {', '.join(NOTEBOOKS)}")
     missing = [n for n in names if not (folder / f"{n}.ipynb").is_file()]
     if missing:
-        raise FileNotFoundError(f"notebooks {missing} not found in {folder}")
+        raise FileNotFoundError(
+            f"notebooks {missing} not found in {folder}: the notebooks live in a source checkout of specbench "
+            "(install it editable from there, as `make report` does), or pass their folder (--notebooks DIR)"
+        )
     resolved = resolve_parameters(profile, dict(parameters or {}), names, folder)
     out = Path(out) if out else Path("reports") / profile
     out = out.resolve()

@@ -419,3 +419,12 @@ def test_prompts_from_texts_and_files(tmp_path):
         sweep.prompts_from(["x"], None)
     with pytest.raises(FileNotFoundError):
         sweep.prompts_from(tmp_path / "missing.jsonl", tokenizer)
+
+
+def test_report_names_the_notebooks_folder_it_lacks(tmp_path, capsys):
+    from specbench.cli import main
+
+    code = main(["report", "--profile", "quick", "--notebooks", str(tmp_path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and str(tmp_path) in err and "--notebooks DIR" in err
+    assert not (tmp_path / "out").exists()  # nothing written half
