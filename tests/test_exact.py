@@ -525,14 +525,22 @@ def test_serial_kv_layout_grows_and_shrinks_buffers_as_serial_decoding_does():
     assert exact.serial_kv_layout([], 3) is None
 
 
-def test_exact_verify_across_the_kv_buffer_step_matches_serial_on_layout_dependent_kernel(monkeypatch):
+def layout_case(monkeypatch, emulate_decoding, seed: int, prefix_len: int, width: int):
+    """A tiny model on an emulated GPU (row-dependent linear and attention kernels, decoding attention
+    from ``emulate_decoding``), a random prefix, ``width`` random tokens after it, and the logits
+    serial steps give those tokens: (model, prefix, tokens, reference)."""
     model = build_tiny("qwen3")
-    rng = np.random.default_rng(4)
-    prefix = rng.integers(0, 97, 250).tolist()
-    tokens = mx.array(rng.integers(0, 97, 12))[None]
+    rng = np.random.default_rng(seed)
+    prefix = rng.integers(0, 97, prefix_len).tolist()
+    tokens = mx.array(rng.integers(0, 97, width))[None]
     emulate_gpu(monkeypatch, attention=True, linear_rows=1)
-    emulate_cudnn_decoding(monkeypatch)
-    reference = serial_logits(model, serial_cache(model, prefix), tokens)  # rows attend 251..262 keys
+    emulate_decoding(monkeypatch)
+    return model, prefix, tokens, serial_logits(model, serial_cache(model, prefix), tokens)
+
+
+def test_exact_verify_across_the_kv_buffer_step_matches_serial_on_layout_dependent_kernel(monkeypatch):
+    # Rows attend 251..262 keys: the verification crosses the KV buffer's 256-row step.
+    model, prefix, tokens, reference = layout_case(monkeypatch, emulate_cudnn_decoding, 4, 250, 12)
     crossed = serial_cache(model, prefix)
     relaid(crossed, 248 + 256)
     saved = [(c.keys, c.values) for c in crossed]
@@ -603,13 +611,7 @@ def emulate_tail_reading_decoding(monkeypatch, size: float = 0.3):
 
 
 def test_exact_verify_rows_do_not_see_later_rows_on_a_tail_reading_kernel(monkeypatch):
-    model = build_tiny("qwen3")
-    rng = np.random.default_rng(5)
-    prefix = rng.integers(0, 97, 260).tolist()
-    tokens = mx.array(rng.integers(0, 97, 6))[None]
-    emulate_gpu(monkeypatch, attention=True, linear_rows=1)
-    emulate_tail_reading_decoding(monkeypatch)
-    reference = serial_logits(model, serial_cache(model, prefix), tokens)
+    model, prefix, tokens, reference = layout_case(monkeypatch, emulate_tail_reading_decoding, 5, 260, 6)
     for level in ("attention+linear", "attention+linear/vector"):
         assert np.array_equal(verify_logits(model, serial_cache(model, prefix), tokens, level), reference), level
     # Rows attending their keys inside the verification's buffer see the later rows' keys.
