@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
-import specbench.engine as engine  # noqa: E402
-from specbench.bench import run_mlx_lm, run_specbench  # noqa: E402
+import specbench.core.engine as engine  # noqa: E402
+from specbench.experiments.bench import run_mlx_lm, run_specbench  # noqa: E402
 from specbench.drafters import PromptLookup  # noqa: E402
-from specbench.log import StepLog  # noqa: E402
-from specbench.policies import DraftPolicy  # noqa: E402
+from specbench.core.log import StepLog  # noqa: E402
+from specbench.core.policies import DraftPolicy  # noqa: E402
 
 PROMPT = "Write a short story about a child who finds an old map in the attic."
 
@@ -157,8 +157,8 @@ def main() -> int:
     if args.quick:
         args.tokens, args.rounds = 16, 2
     from specbench import load
-    from specbench.cost import device_name, versions
-    from specbench.prompts import render_prompt
+    from specbench.cost.profile import device_name, versions
+    from specbench.experiments.prompts import render_prompt
 
     model, tokenizer = load(args.model)
     prompt = render_prompt(tokenizer, PROMPT)

@@ -51,9 +51,10 @@ import polars as pl
 from IPython.display import HTML, display
 
 import specbench
-from specbench import figures, render, sweep
-from specbench.capabilities import usable_drafters
-from specbench.report import Outputs
+from specbench.experiments import sweep
+from specbench.report import figures, render
+from specbench.experiments.capabilities import usable_drafters
+from specbench.report.runner import Outputs
 '''
 
 # -- quickstart --------------------------------------------------------------------------------
@@ -81,8 +82,8 @@ QUICKSTART = [
     '''),
     code(SETUP, '''
     from specbench import DraftPolicy, GenerateOptions
-    from specbench.capabilities import summary_table
-    from specbench.prompts import render_prompt
+    from specbench.experiments.capabilities import summary_table
+    from specbench.experiments.prompts import render_prompt
 
     out = Outputs(output_dir, "quickstart")
     print(summary_table())
@@ -235,7 +236,8 @@ BREAK_EVEN = [
     code(SETUP, '''
     out = Outputs(output_dir, "break_even")
     if out.needs("cost_profiles", "cost_figures", section="break-even curves"):
-        from specbench import cost, plots
+        from specbench import cost
+        from specbench.report import plots
     '''),
     md("## Cost profiles: c(w)"),
     code('''
@@ -317,7 +319,7 @@ AGENT_TRACES = [
     out = Outputs(output_dir, "agent_traces")
     ready = out.needs("traces", "trace_bench", section="agent traces")
     if ready:
-        from specbench.bench import run_trace
+        from specbench.experiments.bench import run_trace
 
         lm, tokenizer = sweep.load_model(model)
         trace_list = sweep.load_trace_list(traces)
@@ -386,7 +388,7 @@ SAMPLING = [
     verify = ""  # "exact", "fast", or empty for the engine's default (exact when greedy)
     '''),
     code(SETUP, '''
-    from specbench.prompts import render_prompt
+    from specbench.experiments.prompts import render_prompt
 
     out = Outputs(output_dir, "sampling")
     lm, tokenizer = sweep.load_model(model)
@@ -458,7 +460,7 @@ EXPLORER = [
     verify = ""  # "exact", "fast", or empty for the engine's default (exact when greedy)
     '''),
     code(SETUP, '''
-    from specbench.explorer import Explorer
+    from specbench.report.explorer import Explorer
 
     out = Outputs(output_dir, "explorer")
     app = Explorer(models=models, drafter=drafter, policy=policy, k=k, temperature=temperature, prompt=prompt,

@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specbench import load  # noqa: E402
-from specbench.mtp import attach_mtp  # noqa: E402
-from specbench.mtp.attach import shipped_head  # noqa: E402
-from specbench.mtp.train import encode_batch, eos_id, evaluate_decoding, gather_text, stream  # noqa: E402
-from specbench.prompts import questions_from, render_prompt  # noqa: E402
+from specbench.models.mtp import attach_mtp  # noqa: E402
+from specbench.models.mtp.attach import shipped_head  # noqa: E402
+from specbench.experiments.mtp_training import encode_batch, eos_id, evaluate_decoding, gather_text, stream  # noqa: E402
+from specbench.experiments.prompts import questions_from, render_prompt  # noqa: E402
 
 
 def main() -> int:

@@ -8,16 +8,16 @@ import os
 # first runs attention, so importing specbench before that is enough. No effect on Metal or CPU.
 os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "0")
 
-from .drafters import Draft, Drafter, PromptLookup
-from .engine import GenerateOptions, Generation, generate, speculative_generate
-from .log import StepLog, StepRecord
-from .mtp import attach_mtp  # MTP heads: attach a checkpoint's multi-token-prediction head
-from .policies import DraftPolicy
+from specbench.drafters import Draft, Drafter, PromptLookup
+from specbench.core.engine import GenerateOptions, Generation, generate, speculative_generate
+from specbench.core.log import StepLog, StepRecord
+from specbench.models.mtp import attach_mtp  # MTP heads: attach a checkpoint's multi-token-prediction head
+from specbench.core.policies import DraftPolicy
 
 
 def load(name_or_path: str, **kwargs):
     """Load a model and tokenizer: an embedded short name, a local folder, or anything mlx_lm.load takes."""
-    from .models import load as _load
+    from specbench.models.load import load as _load
 
     return _load(name_or_path, **kwargs)
 

@@ -25,7 +25,7 @@ def _setup(parser: argparse.ArgumentParser):
     parser.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
 
     def run(args):
-        from .models import setup
+        from specbench.models.load import setup
 
         for path in setup(force=args.force):
             print(f"ready: {path}")
@@ -51,10 +51,10 @@ def _generate(parser: argparse.ArgumentParser):
     parser.add_argument("--log", default=None, help="write the per-step log here (parquet)")
 
     def run(args):
-        from . import GenerateOptions, load, speculative_generate
-        from .drafters import make_drafter
-        from .policies import DraftPolicy
-        from .prompts import render_prompt
+        from specbench import GenerateOptions, load, speculative_generate
+        from specbench.drafters import make_drafter
+        from specbench.core.policies import DraftPolicy
+        from specbench.experiments.prompts import render_prompt
 
         policy = DraftPolicy.parse(args.policy)
         model, tokenizer = load(args.model)
@@ -108,9 +108,9 @@ def _bench(parser: argparse.ArgumentParser):
     def run(args):
         if args.trace is not None:
             return _bench_trace(args)
-        from . import load
-        from .bench import bench_prompts
-        from .prompts import questions_from
+        from specbench import load
+        from specbench.experiments.bench import bench_prompts
+        from specbench.experiments.prompts import questions_from
 
         categories = _names(args.categories) if args.categories else None
         questions = questions_from(args.prompts, categories, args.limit)
@@ -132,8 +132,8 @@ def _bench(parser: argparse.ArgumentParser):
 
 def _bench_trace(args):
     """``bench --trace``: replay traces turn by turn, plain decoding against each drafter."""
-    from . import GenerateOptions, load
-    from .bench import format_turns, run_trace
+    from specbench import GenerateOptions, load
+    from specbench.experiments.bench import format_turns, run_trace
 
     verify = _names(args.verify) if args.verify else []
     if len(verify) > 1:
@@ -170,8 +170,8 @@ def _train_mtp(parser: argparse.ArgumentParser):
     parser.add_argument("--seed", type=int, default=0)
 
     def run(args):
-        from . import load
-        from .mtp.train import TrainConfig, summary_lines, train_mtp
+        from specbench import load
+        from specbench.experiments.mtp_training import TrainConfig, summary_lines, train_mtp
 
         config = TrainConfig.quick() if args.quick else TrainConfig()
         for key, value in (("steps", args.steps), ("time_budget_s", args.time_budget), ("batch_size", args.batch_size),
@@ -193,7 +193,7 @@ def _extract_mtp(parser: argparse.ArgumentParser):
     parser.add_argument("dst", help="output .safetensors file (or a folder: DST/mtp.safetensors)")
 
     def run(args):
-        from .mtp import extract_mtp
+        from specbench.models.mtp import extract_mtp
 
         path = extract_mtp(args.src, args.dst)
         print(f"wrote {path}")
@@ -216,8 +216,8 @@ def _profile(parser: argparse.ArgumentParser):
     parser.add_argument("--plot", default=None, help="folder for costs.png and break_even.png")
 
     def run(args):
-        from . import cost
-        from .drafters import make_drafter
+        from specbench.cost import profile as cost
+        from specbench.drafters import make_drafter
 
         modes = _names(args.verify)
         unknown = [m for m in modes if m not in cost.VERIFY_MODES]
@@ -242,7 +242,7 @@ def _profile(parser: argparse.ArgumentParser):
         if args.plot:
             from pathlib import Path
 
-            from . import plots
+            from specbench.report import plots
 
             folder = Path(args.plot)
             print(f"figure: {plots.save(plots.verify_costs([profile]), folder / 'costs.png')}")
@@ -252,13 +252,13 @@ def _profile(parser: argparse.ArgumentParser):
 
 
 def _profile_model(name: str, layers: int | None):
-    from . import synthetic
+    from specbench.models import synthetic
 
     if name.startswith(synthetic.PREFIX):
         return synthetic.build(name, layers=layers), None
     if layers is not None:
         raise ValueError("--layers applies to synthetic:NAME models only")
-    from . import load
+    from specbench import load
 
     model, tokenizer = load(name)
     model.specbench_name = name
@@ -269,7 +269,7 @@ def _profile_context(tokenizer, offset: int) -> list[int] | None:
     """Natural text (the bundled prompts) for timing drafters; None (random ids) without a tokenizer."""
     if tokenizer is None:
         return None
-    from .prompts import bundled_questions
+    from specbench.experiments.prompts import bundled_questions
 
     ids = list(tokenizer.encode("\n\n".join(turn for q in bundled_questions() for turn in q.turns)))
     return (ids * (offset // max(1, len(ids)) + 1))[:offset]
@@ -277,7 +277,7 @@ def _profile_context(tokenizer, offset: int) -> list[int] | None:
 
 def print_profile(profile) -> None:
     """c(w) per verify mode, the engine overhead, a*(k), best k, drafter costs."""
-    from . import cost
+    from specbench.cost import profile as cost
 
     print(f"  plain step {1e3 * profile.plain_step_s:.2f} ms; c(w) = verify time / plain step "
           f"(engine overhead per speculative step: "
@@ -311,9 +311,9 @@ def _check_exact(parser: argparse.ArgumentParser):
     parser.add_argument("--out", default=None, help="write the per-prompt rows here (parquet)")
 
     def run(args):
-        from . import exactness
-        from .cost import device_name
-        from .files import write_parquet_atomic
+        from specbench.experiments import exactness
+        from specbench.cost.profile import device_name
+        from specbench.common.files import write_parquet_atomic
 
         if args.prompts < 1:
             raise ValueError(f"--prompts must be >= 1, got {args.prompts}")
@@ -327,7 +327,7 @@ def _check_exact(parser: argparse.ArgumentParser):
         if tokenizer is None:
             prompts = exactness.random_prompts(model, args.prompts)
         else:
-            from .prompts import bundled_questions, render_prompt
+            from specbench.experiments.prompts import bundled_questions, render_prompt
 
             texts = [q.turns[0] for q in bundled_questions()]
             prompts = [render_prompt(tokenizer, texts[i % len(texts)]) for i in range(args.prompts)]
@@ -356,7 +356,7 @@ def _check_exact(parser: argparse.ArgumentParser):
 # -- report ------------------------------------------------------------------------------------
 @command("report", "execute the notebooks with papermill into reports/NAME (HTML, figures, logs, index.html)")
 def _report(parser: argparse.ArgumentParser):
-    from .report import NOTEBOOKS, PROFILES
+    from specbench.report.runner import NOTEBOOKS, PROFILES
 
     parser.add_argument("--profile", choices=list(PROFILES), default="full",
                         help="quick: seconds, tiny models (CI); full: the embedded model, < 30 min on a 2-core CPU")
@@ -371,7 +371,7 @@ def _report(parser: argparse.ArgumentParser):
                         help="folder of the notebooks (default: notebooks/ of the source checkout)")
 
     def run(args):
-        from .report import parse_assignments, run_report
+        from specbench.report.runner import parse_assignments, run_report
 
         result = run_report(args.profile, args.out, parse_assignments(args.param), args.only, args.force,
                             notebooks=args.notebooks)

@@ -117,7 +117,7 @@ def tokenizer_words(roles: tuple[str, ...] = ("user", "assistant")) -> list[str]
 @pytest.fixture
 def fresh_calibrations(tmp_path, monkeypatch):
     """Exact-mode calibrations go to a temporary SPECBENCH_HOME and start empty in memory."""
-    from specbench import exact
+    from specbench.exact import hooks as exact
 
     monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path))
     exact._calibrations.clear()

@@ -9,13 +9,8 @@ import polars as pl
 import pytest
 from conftest import SHARED_DATA, TINY_CONFIGS, build_tiny, tokenizer_words, word_tokenizer
 
-from specbench.bench import (
-    PROMPT_FIGURE_FILE, PROMPT_RUNS_FILE, PROMPT_SUMMARY_FILE, PROMPT_TABLE_FILE, bench_prompts, load_prompt_bench,
-    prompt_methods, run_mlx_lm,
-)
-from specbench.prompts import (
-    BUNDLED_CATEGORIES, Question, bundled_questions, load_questions, questions_from, render_prompt,
-)
+from specbench.experiments.bench import PROMPT_FIGURE_FILE, PROMPT_RUNS_FILE, PROMPT_SUMMARY_FILE, PROMPT_TABLE_FILE, bench_prompts, load_prompt_bench, prompt_methods, run_mlx_lm
+from specbench.experiments.prompts import BUNDLED_CATEGORIES, Question, bundled_questions, load_questions, questions_from, render_prompt
 
 SPEC_BENCH = SHARED_DATA / "spec-bench" / "question.jsonl"
 WORDS = tokenizer_words()

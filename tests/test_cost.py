@@ -9,7 +9,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from specbench import DraftPolicy, GenerateOptions, cost, generate, moe, speculative_generate, synthetic
+from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
+from specbench.cost import profile as cost
+from specbench.core import experts as moe
+from specbench.models import synthetic
 from specbench.cli import main
 from specbench.drafters.oracle import OracleDrafter
 
@@ -283,7 +286,7 @@ def test_expert_counter(moe_model):
 
 
 def test_expert_counter_inside_exact_mode(moe_model):
-    from specbench.exact import exact_mode
+    from specbench.exact.hooks import exact_mode
 
     x = mx.array([[3, 14, 15, 92, 65, 35]])
     with moe.ExpertCounter(moe_model) as counter:
@@ -319,7 +322,7 @@ def test_cli_profile(capsys, home):
 
 
 def test_measure_drafter_steady_state():
-    pytest.importorskip("specbench.mtp")
+    pytest.importorskip("specbench.models.mtp")
     from specbench.drafters import make_drafter
 
     model = synthetic.build("qwen3.5-9b-tiny", mtp=True)
@@ -334,7 +337,7 @@ def test_measure_drafter_steady_state():
 
 
 def test_figures(tmp_path):
-    from specbench import plots
+    from specbench.report import plots
 
     dense_p = make_profile([1.0, 1.4, 1.8, 2.2, 2.6, 2.9, 1.9, 1.9], overhead=0.05, name="synthetic:qwen3-8b-4bit")
     moe_p = make_profile([1.0, 1.7, 1.8, 1.9, 2.0, 2.0, 2.0, 2.1], name="synthetic:qwen3-30b-a3b-4bit")

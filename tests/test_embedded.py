@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import regex
 
-from specbench import embedded, models
+from specbench.models import embedded, load as models
 
 # ------------------------------------------------------------------ an independent GGUF reader (numpy)
 

@@ -180,17 +180,17 @@ def test_non_trimmable_cache_is_a_clear_error():
 
 def test_auto_shortens_drafts_that_cannot_pay(monkeypatch):
     """Auto drafts only lengths whose full acceptance beats the measured verify cost."""
-    import specbench.cost
+    import specbench.cost.profile
 
     model = build_tiny("llama")
     ref = plain_greedy(model, PROMPT, 30)
     # c(w) = 1 + 1.5 (w - 1): k tokens pay only if k + 1 > 1 + 1.5 k, never.
-    monkeypatch.setattr(specbench.cost, "break_even_tokens", lambda m, k, d=None, **kw: 1 + 1.5 * k)
+    monkeypatch.setattr(specbench.cost.profile, "break_even_tokens", lambda m, k, d=None, **kw: 1 + 1.5 * k)
     gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=30), ScriptedDrafter(ref, len(PROMPT), 97), DraftPolicy.auto())
     assert list(gen) == ref
     assert gen.stats()["verifies"] == 0 and gen.stats()["pauses"] == 29
     # c(w) = 1 + 0.5 (w - 1): every length pays when accepted; the preferred length is kept.
-    monkeypatch.setattr(specbench.cost, "break_even_tokens", lambda m, k, d=None, **kw: 1 + 0.5 * k)
+    monkeypatch.setattr(specbench.cost.profile, "break_even_tokens", lambda m, k, d=None, **kw: 1 + 0.5 * k)
     gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=30), ScriptedDrafter(ref, len(PROMPT), 97), DraftPolicy.auto())
     assert list(gen) == ref
     assert {r["k_requested"] for r in gen.log if r["kind"] == "verify"} >= {4}

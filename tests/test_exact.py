@@ -21,8 +21,8 @@ from mlx_lm.models import base as mlx_base
 from mlx_lm.models import switch_layers
 from mlx_lm.models.cache import make_prompt_cache
 
-from specbench import exact
-from specbench.exact import ExactPlan, ExactVerifier, calibrate, exact_mode, load_calibration, probe_ops
+from specbench.exact import hooks as exact
+from specbench.exact.hooks import ExactPlan, ExactVerifier, calibrate, exact_mode, load_calibration, probe_ops
 
 LEVELS = [
     "none",
@@ -326,7 +326,7 @@ def test_patches_are_removed_when_the_forward_raises():
 
 
 def test_hidden_states_and_logits_through_forward_are_exact(monkeypatch):
-    from specbench.forward import forward
+    from specbench.core.forward import forward
 
     model = build_tiny("qwen3")
     cache, tokens = prefilled(model)
@@ -429,7 +429,7 @@ def test_calibrate_keeps_calibrated_widths_unless_forced(monkeypatch):
 
 def test_hybrid_model_with_recurrent_cache(monkeypatch):
     """Qwen3.5 (Gated DeltaNet layers keep an ArraysCache): calibration restores that state."""
-    from specbench import synthetic
+    from specbench.models import synthetic
 
     model = synthetic.build("qwen3.5-9b-tiny")
     rng = np.random.default_rng(0)

@@ -6,7 +6,7 @@ import pytest
 from conftest import build_tiny
 from test_exact import emulate_gpu
 
-from specbench import exactness
+from specbench.experiments import exactness
 from specbench.cli import main
 
 

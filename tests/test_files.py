@@ -8,7 +8,7 @@ import json
 import polars as pl
 import pytest
 
-from specbench.files import write_csv_atomic, write_json_atomic, write_parquet_atomic, write_text_atomic
+from specbench.common.files import write_csv_atomic, write_json_atomic, write_parquet_atomic, write_text_atomic
 
 
 def test_writers_round_trip_and_leave_no_temporary_files(tmp_path):

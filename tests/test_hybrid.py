@@ -8,7 +8,7 @@ import mlx.core as mx
 from conftest import ScriptedDrafter, plain_greedy
 from mlx_lm.models.cache import make_prompt_cache
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
-from specbench.rollback import CacheRollback
+from specbench.core.rollback import CacheRollback
 from test_mtp import QWEN3_NEXT, QWEN35, QWEN35_MOE, build
 
 PROMPT = [5, 17, 3, 9, 5, 17, 3, 9, 5, 17, 44, 2, 8]

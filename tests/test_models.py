@@ -13,7 +13,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from conftest import TINY_CONFIGS, build_tiny
-from specbench import embedded, models
+from specbench.models import embedded, load as models
 
 VOCAB = 257  # 256 byte-level symbols and <eos>
 

@@ -15,8 +15,8 @@ from mlx.utils import tree_flatten, tree_map
 from conftest import build_tiny, plain_greedy
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
 from specbench.drafters.mtp import MtpDrafter
-from specbench.mtp import attach_mtp, build_head, extract_mtp, save_head
-from specbench.mtp.attach import find_mtp
+from specbench.models.mtp import attach_mtp, build_head, extract_mtp, save_head
+from specbench.models.mtp.attach import find_mtp
 
 PROMPT = [5, 17, 3, 9, 5, 17, 3, 9, 5, 17, 44, 2, 8]
 
@@ -379,7 +379,7 @@ def tiny_model_folder(folder: Path, seed: int = 0) -> Path:
     """A tiny llama folder mlx-lm loads, with a small byte-level BPE tokenizer trained on stdlib text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from specbench.mtp.train import stdlib_files
+    from specbench.experiments.mtp_training import stdlib_files
 
     folder.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
@@ -430,7 +430,7 @@ def test_train_mtp_quick_cli(tmp_path):
 def test_moe_twin_computes_the_dense_function(tmp_path):
     import mlx_lm
 
-    from specbench.moe_twin import build_twin, twin_head_file
+    from specbench.models.moe_twin import build_twin, twin_head_file
 
     dense_dir = tiny_model_folder(tmp_path / "dense")
     twin_dir = tmp_path / "twin"
@@ -479,7 +479,7 @@ def test_sampled_drafts_report_their_distribution():
 @pytest.fixture(scope="module")
 def embedded():
     from specbench import load
-    from specbench.mtp.attach import SHIPPED_HEADS, assets_dir
+    from specbench.models.mtp.attach import SHIPPED_HEADS, assets_dir
 
     if not (assets_dir() / SHIPPED_HEADS["smollm2-135m"]).exists():
         pytest.skip("the trained head of smollm2-135m is not in specbench/assets/mtp yet")
@@ -488,7 +488,7 @@ def embedded():
 
 def test_embedded_model_mtp_greedy_equals_plain(embedded):
     from specbench.drafters import make_drafter
-    from specbench.prompts import render_prompt
+    from specbench.experiments.prompts import render_prompt
 
     model, tokenizer = embedded
     drafter = make_drafter("mtp", model=model, model_name="smollm2-135m")

@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from specbench import report
-from specbench.capabilities import has
+from specbench.report import runner as report
+from specbench.experiments.capabilities import has
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"

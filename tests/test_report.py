@@ -18,8 +18,9 @@ from conftest import ScriptedDrafter, build_tiny, plain_greedy  # noqa: E402
 from nbformat.v4 import new_code_cell, new_notebook  # noqa: E402
 
 from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate  # noqa: E402
-from specbench import capabilities as caps  # noqa: E402
-from specbench import figures, render, report, sweep  # noqa: E402
+from specbench.experiments import capabilities as caps  # noqa: E402
+from specbench.report import figures, render, runner as report
+from specbench.experiments import sweep  # noqa: E402
 
 
 # -- a byte-level tokenizer for tiny models ------------------------------------------------------
@@ -331,7 +332,7 @@ def test_run_report_keeps_failures_and_resumes(tmp_path):
     notebooks = tmp_path / "nb"
     notebooks.mkdir()
     _notebook(notebooks / "quickstart.ipynb", 'model = "m"\nmax_tokens = 12', (
-        "import matplotlib.pyplot as plt\nfrom specbench.report import Outputs\n"
+        "import matplotlib.pyplot as plt\nfrom specbench.report.runner import Outputs\n"
         "out = Outputs(output_dir, 'quickstart')\nfig, ax = plt.subplots()\nax.plot([1, 2], [max_tokens, 3])\n"
         "ax.set_title('t'); ax.set_xlabel('x'); ax.set_ylabel('y')\nout.figure(fig, 'line')\nout.summary(value=max_tokens)"
     ))
@@ -361,7 +362,7 @@ def test_run_report_keeps_failures_and_resumes(tmp_path):
 def test_explorer_builds_and_a_run_updates_it(text_model):
     import ipywidgets
 
-    from specbench.explorer import Explorer
+    from specbench.report.explorer import Explorer
 
     model, tokenizer = text_model
     app = Explorer(models={"tiny": (model, tokenizer)}, drafters=["lookup", "mtp", "none"], prompt="la la la la",

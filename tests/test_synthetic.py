@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from specbench import GenerateOptions, generate, synthetic
-from specbench.forward import text_model
+from specbench import GenerateOptions, generate
+from specbench.models import synthetic
+from specbench.core.forward import text_model
 
 
 def test_names_parse():
@@ -86,7 +87,7 @@ def test_seeded():
 
 
 def test_mtp_head_on_hybrids():
-    pytest.importorskip("specbench.mtp")
+    pytest.importorskip("specbench.models.mtp")
     model = synthetic.build("qwen3.5-9b-tiny", mtp=True)
     assert any(name.startswith("mtp.") for name, _ in tree_flatten(model.parameters()))
     with pytest.raises(ValueError, match="no MTP head"):

@@ -8,14 +8,11 @@ import polars as pl
 import pytest
 from conftest import SHARED_DATA, build_tiny, tokenizer_words, word_tokenizer
 
-from specbench.bench import bench_trace, run_trace, trace_methods
+from specbench.experiments.bench import bench_trace, run_trace, trace_methods
 from specbench.drafters import PromptLookup, SuffixDecoding
-from specbench.engine import GenerateOptions
-from specbench.simulate import load_recorded, simulate
-from specbench.traces import (
-    Trace, Turn, as_text_messages, bundled_traces, detect_format, load_traces, render_messages, render_turn,
-    save_traces,
-)
+from specbench.core.engine import GenerateOptions
+from specbench.experiments.simulate import load_recorded, simulate
+from specbench.experiments.traces import Trace, Turn, as_text_messages, bundled_traces, detect_format, load_traces, render_messages, render_turn, save_traces
 
 TAU = SHARED_DATA / "tau-bench-fewshot"
 ROLES = ("user", "assistant", "system", "tool")
@@ -23,7 +20,7 @@ WORDS = tokenizer_words(ROLES)
 
 
 def embedded_tokenizer():
-    from specbench.models import embedded_model_path
+    from specbench.models.load import embedded_model_path
 
     path = embedded_model_path("smollm2-135m")
     if not (path / "tokenizer.json").exists():
@@ -340,7 +337,7 @@ def test_run_trace_from_a_file_resumes(tmp_path, capsys):
 
 
 def test_recorded_replies_simulate_drafters_on_a_trace():
-    from specbench.simulate import from_trace
+    from specbench.experiments.simulate import from_trace
 
     tokenizer = embedded_tokenizer()
     (trace,) = load_traces("chat-revision")

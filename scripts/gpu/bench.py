@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--render", default=None, help="only redraw table and figure of the results in this folder")
     args = parser.parse_args()
     if args.render:
-        from specbench.bench import load_prompt_bench
+        from specbench.experiments.bench import load_prompt_bench
 
         result = load_prompt_bench(args.render)
         paths = result.save(args.render)
@@ -72,11 +72,11 @@ def main() -> None:
     start = time.perf_counter()
 
     from specbench import load
-    from specbench.bench import PROMPT_SUMMARY_FILE, bench_prompts
-    from specbench.cost import device_name, versions
+    from specbench.experiments.bench import PROMPT_SUMMARY_FILE, bench_prompts
+    from specbench.cost.profile import device_name, versions
     from specbench.drafters import make_drafter
-    from specbench.files import write_csv_atomic
-    from specbench.prompts import bundled_questions, render_prompt
+    from specbench.common.files import write_csv_atomic
+    from specbench.experiments.prompts import bundled_questions, render_prompt
 
     model, tokenizer = load(args.model)
     load_s = time.perf_counter() - start

@@ -33,10 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specbench.files import write_csv_atomic as write_csv, write_json_atomic as write_json  # noqa: E402
-from specbench import cost, moe, plots, synthetic  # noqa: E402
+from specbench.common.files import write_csv_atomic as write_csv, write_json_atomic as write_json  # noqa: E402
+from specbench.cost import profile as cost
+from specbench.core import experts as moe
+from specbench.report import plots
+from specbench.models import synthetic  # noqa: E402
 from specbench.drafters import make_drafter  # noqa: E402
-from specbench.forward import text_model  # noqa: E402
+from specbench.core.forward import text_model  # noqa: E402
 
 FULL = {
     "models": ["qwen3-8b-4bit", "qwen3-30b-a3b-4bit"],
@@ -91,7 +94,7 @@ class Run:
               f"{synthetic.parameter_bytes(model) / 2**30:.2f} GiB", flush=True)
         is_moe = bool(moe.expert_layers(model))
         if "exact" in self.modes:
-            from specbench.exact import calibrate
+            from specbench.exact.hooks import calibrate
 
             t0 = time.perf_counter()
             calibration = calibrate(model, list(range(2, exact_widths + 1)))

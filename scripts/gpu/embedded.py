@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import mlx.core as mx  # noqa: E402
 from mlx_lm import stream_generate  # noqa: E402
 
-from specbench import models  # noqa: E402
+from specbench.models import load as models  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?",

@@ -50,10 +50,12 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx_lm.models.cache import KVCache, make_prompt_cache  # noqa: E402
 
-from specbench import exact, exactness, synthetic  # noqa: E402
-from specbench.cost import device_name  # noqa: E402
-from specbench.engine import vocab_size  # noqa: E402
-from specbench.exact import calibrate, exact_mode  # noqa: E402
+from specbench.exact import hooks as exact
+from specbench.experiments import exactness
+from specbench.models import synthetic  # noqa: E402
+from specbench.cost.profile import device_name  # noqa: E402
+from specbench.core.engine import vocab_size  # noqa: E402
+from specbench.exact.hooks import calibrate, exact_mode  # noqa: E402
 
 
 def _load_exactness():

@@ -54,11 +54,12 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
-from specbench.files import write_csv_atomic as write_csv, write_json_atomic as write_json  # noqa: E402
-from specbench import exactness, synthetic  # noqa: E402
-from specbench.cost import device_name  # noqa: E402
-from specbench.engine import vocab_size  # noqa: E402
-from specbench.exact import calibrate, exact_mode, probe_ops  # noqa: E402
+from specbench.common.files import write_csv_atomic as write_csv, write_json_atomic as write_json  # noqa: E402
+from specbench.experiments import exactness
+from specbench.models import synthetic  # noqa: E402
+from specbench.cost.profile import device_name  # noqa: E402
+from specbench.core.engine import vocab_size  # noqa: E402
+from specbench.exact.hooks import calibrate, exact_mode, probe_ops  # noqa: E402
 
 FULL = {
     "models": ["qwen3-8b-bf16", "qwen3-30b-a3b-4bit", "smollm2-135m", "qwen3-8b-4bit", "qwen3-30b-a3b-bf16"],
@@ -111,8 +112,8 @@ def _fmt(v: Any) -> str:
 def load_model(name: str, layers: int | None, quick: bool) -> tuple[Any, list[list[int]] | None, str]:
     """(model, prompts or None for random ones, dtype label)."""
     if name == "smollm2-135m":
-        from specbench import models
-        from specbench.prompts import PROMPTS_DIR, render_prompt
+        from specbench.models import load as models
+        from specbench.experiments.prompts import PROMPTS_DIR, render_prompt
 
         model, tokenizer = models.load(name)
         texts = []

@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx  # noqa: E402
 
-from specbench.files import write_csv_atomic as write_csv  # noqa: E402
+from specbench.common.files import write_csv_atomic as write_csv  # noqa: E402
 from specbench import GenerateOptions  # noqa: E402
-from specbench.bench import bench_trace, format_summary, trace_methods  # noqa: E402
-from specbench.cost import device_name  # noqa: E402
-from specbench.traces import bundled_traces, load_traces  # noqa: E402
+from specbench.experiments.bench import bench_trace, format_summary, trace_methods  # noqa: E402
+from specbench.cost.profile import device_name  # noqa: E402
+from specbench.experiments.traces import bundled_traces, load_traces  # noqa: E402
 
 
 
@@ -64,7 +64,7 @@ def main() -> None:
     import polars as pl
 
     from specbench import load
-    from specbench.models import ensure_embedded
+    from specbench.models.load import ensure_embedded
 
     if args.quick:
         from mlx_lm.utils import load_tokenizer

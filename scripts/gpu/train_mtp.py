@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import mlx.core as mx  # noqa: E402
 
 from specbench import load  # noqa: E402
-from specbench.mtp import attach_mtp  # noqa: E402
-from specbench.mtp.train import TrainConfig, evaluate_decoding, summary_lines, train_mtp  # noqa: E402
+from specbench.models.mtp import attach_mtp  # noqa: E402
+from specbench.experiments.mtp_training import TrainConfig, evaluate_decoding, summary_lines, train_mtp  # noqa: E402
 
 NAME = "smollm2-135m"
 
@@ -69,8 +69,8 @@ def main() -> int:
 
     # The MoE twin with its head: same function, so the same drafts and acceptance.
     if args.twin_budget > 0:
-        from specbench.moe_twin import twin_from_model, twin_head_file
-        from specbench.prompts import bundled_questions, render_prompt
+        from specbench.models.moe_twin import twin_from_model, twin_head_file
+        from specbench.experiments.prompts import bundled_questions, render_prompt
 
         head_file = out / f"{NAME}.safetensors"
         twin = twin_from_model(model)

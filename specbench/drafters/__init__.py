@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Draft, Drafter
-from .lookup import PromptLookup
+from specbench.drafters.base import Draft, Drafter
+from specbench.drafters.lookup import PromptLookup
 
 DRAFTER_NAMES = ("lookup", "suffix", "mtp", "none")
 
@@ -18,11 +18,11 @@ def make_drafter(name: str, model: Any = None, model_name: str | None = None) ->
     if key == "lookup":
         return PromptLookup()
     if key == "suffix":
-        from .suffix import SuffixDecoding
+        from specbench.drafters.suffix import SuffixDecoding
 
         return SuffixDecoding()
     if key == "mtp":
-        from .mtp import mtp_drafter_for
+        from specbench.drafters.mtp import mtp_drafter_for
 
         return mtp_drafter_for(model, model_name)
     raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)}")
@@ -31,11 +31,11 @@ def make_drafter(name: str, model: Any = None, model_name: str | None = None) ->
 def __getattr__(name: str):
     # Heavier drafters load on first use.
     if name == "SuffixDecoding":
-        from .suffix import SuffixDecoding
+        from specbench.drafters.suffix import SuffixDecoding
 
         return SuffixDecoding
     if name == "MtpDrafter":
-        from .mtp import MtpDrafter
+        from specbench.drafters.mtp import MtpDrafter
 
         return MtpDrafter
     raise AttributeError(name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .base import Draft, Drafter
+from specbench.drafters.base import Draft, Drafter
 
 
 class PromptLookup(Drafter):

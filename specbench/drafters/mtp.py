@@ -16,8 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ..forward import logits_from_hidden, text_model
-from .base import Draft, Drafter
+from specbench.core.forward import logits_from_hidden, text_model
+from specbench.drafters.base import Draft, Drafter
 
 
 def _bytes(tree) -> int:
@@ -35,7 +35,7 @@ class MtpDrafter(Drafter):
     needs_hidden = True
 
     def __init__(self, model: nn.Module, head=None, temperature: float = 0.0, preferred_k: int = 3):
-        from ..mtp.attach import get_head
+        from specbench.models.mtp.attach import get_head
 
         self.model = model
         self.head = head if head is not None else get_head(model)
@@ -131,7 +131,7 @@ class MtpDrafter(Drafter):
 
 def mtp_drafter_for(model: nn.Module, model_name: str | None = None, **kwargs) -> MtpDrafter:
     """An MtpDrafter for ``model``: its attached head, or the head shipped for ``model_name``."""
-    from ..mtp.attach import attach_mtp, shipped_head
+    from specbench.models.mtp.attach import attach_mtp, shipped_head
 
     if not (isinstance(model, dict) and "mtp" in model):
         path = shipped_head(model_name) if model_name else None

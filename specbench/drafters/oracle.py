@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .base import Draft, Drafter
+from specbench.drafters.base import Draft, Drafter
 
 
 class OracleDrafter(Drafter):
@@ -65,7 +65,7 @@ class OracleDrafter(Drafter):
     ) -> "OracleDrafter":
         """Record ``max_tokens`` of the model's plain greedy continuation of ``prompt``; with
         ``follow``, re-record it whenever the emitted output leaves it."""
-        from ..engine import vocab_size
+        from specbench.core.engine import vocab_size
 
         continuation = _greedy_continuation(model, prompt, max_tokens)
         return cls(prompt, continuation, acceptance, vocab_size(model), seed, model=model if follow else None, **kwargs)
@@ -116,6 +116,6 @@ class OracleDrafter(Drafter):
 
 
 def _greedy_continuation(model: Any, prompt: Sequence[int], max_tokens: int) -> list[int]:
-    from ..engine import GenerateOptions, generate
+    from specbench.core.engine import GenerateOptions, generate
 
     return list(generate(model, list(prompt), GenerateOptions(max_tokens=max_tokens, ignore_eos=True)))

@@ -43,7 +43,7 @@ from array import array
 from collections import deque
 from typing import Sequence
 
-from .base import Draft, Drafter
+from specbench.drafters.base import Draft, Drafter
 
 _SHIFT = 20
 _MAX_TOKEN = 1 << _SHIFT

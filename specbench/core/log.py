@@ -1,0 +1,127 @@
+"""The per-step log: one record per decoding step, kept as plain Python during decoding."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@dataclass
+class StepRecord:
+    """What one decoding step did.
+
+    ``kind`` is "prefill" (the prompt pass that yields the first token), "plain" (one token,
+    no draft) or "verify" (a draft checked in one forward pass of ``verify_width`` tokens).
+    ``paused`` marks plain steps taken because the policy paused drafting.
+    ``accepted_positions`` lists the accepted draft positions (0-based); acceptance is a
+    prefix, so it is ``range(accepted)``; ``accept_probs`` holds min(1, p/q) per draft
+    position when sampling.
+    """
+
+    step: int
+    position: int
+    kind: str
+    drafter: str
+    policy: str
+    k_requested: int
+    k_drafted: int
+    accepted: int
+    emitted: int
+    accepted_positions: list[int]
+    verify_width: int
+    draft_s: float
+    verify_s: float
+    other_s: float
+    paused: bool
+    accept_probs: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    draft_tokens: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+COLUMNS = [f.name for f in fields(StepRecord)]
+
+
+class StepLog:
+    """Records of one generation (or of many, with a ``request`` column added by callers)."""
+
+    def __init__(self, records: list[dict[str, Any]] | None = None):
+        self.records: list[dict[str, Any]] = records if records is not None else []
+
+    def append(self, record: StepRecord | dict[str, Any]) -> None:
+        # A shallow copy: a record's lists are its own, and asdict's deep copy costs ~20x more.
+        self.records.append(dict(record.__dict__) if isinstance(record, StepRecord) else record)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.records)
+
+    def last(self, kind: str | None = None) -> dict[str, Any] | None:
+        """The latest record, or the latest of a given kind."""
+        for record in reversed(self.records):
+            if kind is None or record["kind"] == kind:
+                return record
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        """Totals and the rates derived from them.
+
+        ``mean_accepted_tokens`` is Spec-Bench's #MAT: tokens per model forward after the
+        prompt (plain decoding gives 1.0); ``tokens_per_verify`` counts verifications only.
+        """
+        decode = [r for r in self.records if r["kind"] != "prefill"]
+        verifies = [r for r in decode if r["kind"] == "verify"]
+        drafted = sum(r["k_drafted"] for r in verifies)
+        accepted = sum(r["accepted"] for r in verifies)
+        tokens = sum(r["emitted"] for r in self.records)
+        decode_tokens = sum(r["emitted"] for r in decode)
+        times = {key: sum(r[key] for r in self.records) for key in ("draft_s", "verify_s", "other_s")}
+        prefill_s = sum(r["verify_s"] + r["other_s"] for r in self.records if r["kind"] == "prefill")
+        decode_s = sum(r["draft_s"] + r["verify_s"] + r["other_s"] for r in decode)
+        return {
+            "tokens": tokens,
+            "steps": len(decode),
+            "verifies": len(verifies),
+            "drafted": drafted,
+            "accepted": accepted,
+            "pauses": sum(1 for r in decode if r["paused"]),
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "mean_accepted_tokens": decode_tokens / len(decode) if decode else 0.0,
+            "tokens_per_verify": (accepted + len(verifies)) / len(verifies) if verifies else 0.0,
+            **times,
+            "prefill_s": prefill_s,
+            "decode_s": decode_s,
+            "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,
+        }
+
+    def to_polars(self):
+        """One row per step as a polars DataFrame."""
+        import polars as pl
+
+        if not self.records:
+            return pl.DataFrame(schema={c: pl.Null for c in COLUMNS})
+        rows = [{**r, "extra": None} if not r.get("extra") else r for r in self.records]
+        df = pl.DataFrame(rows, infer_schema_length=None)
+        if "extra" in df.columns and df["extra"].dtype == pl.Null:
+            df = df.drop("extra")
+        return df
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the log as parquet, atomically."""
+        from specbench.common.files import write_parquet_atomic
+
+        return write_parquet_atomic(self.to_polars(), path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "StepLog":
+        import polars as pl
+
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"no step log at {path}")
+        return cls(pl.read_parquet(path).to_dicts())

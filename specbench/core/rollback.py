@@ -1,0 +1,185 @@
+"""Cache rollback: after a partial acceptance, caches hold exactly the accepted tokens' state.
+
+Key-value caches are trimmed. Hybrid models (Qwen3.5, Qwen3-Next) also hold the recurrent
+state of their Gated DeltaNet layers in mlx-lm's ``ArraysCache``, which cannot be trimmed: during
+a verification those layers run their recurrence one step at a time (the computation serial
+decoding makes) and keep each step's recurrent and convolution state, so a rewind restores the
+state of the last accepted position. The extra memory is one state per verified position.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache
+
+
+class CacheRollback:
+    """Rewinds a model's caches by the rejected tail of a verification.
+
+    ``model`` is needed only for hybrid models (caches that cannot be trimmed): their
+    recurrent layers are recorded during each verification. ``clear_rejected`` zeros the
+    rejected rows of the KV buffers (exact verification: serial decoding has zeros there).
+    """
+
+    def __init__(self, cache: list[Any], model: nn.Module | None = None, clear_rejected: bool = False):
+        self.cache = cache
+        self.clear_rejected = clear_rejected
+        recurrent = [i for i, c in enumerate(cache) if not c.is_trimmable()]
+        self.recorder: RecurrentRecorder | None = None
+        if recurrent:
+            unsupported = sorted({type(cache[i]).__name__ for i in recurrent if not isinstance(cache[i], ArraysCache)})
+            if unsupported:
+                raise ValueError(
+                    f"speculative decoding needs caches that can roll back, but this model uses "
+                    f"{', '.join(unsupported)}; use plain generation (no drafter) for this model"
+                )
+            if model is None:
+                raise ValueError(
+                    "this model keeps recurrent state (ArraysCache): pass the model, "
+                    "CacheRollback(cache, model), so its recurrent layers can be recorded"
+                )
+            self.recorder = RecurrentRecorder(model, cache, recurrent)
+
+    def before_verify(self, width: int) -> None:
+        """Called before a verification of ``width`` tokens extends the caches."""
+        if self.recorder is not None:
+            self.recorder.arm(width)
+
+    def rewind(self, num_rejected: int) -> None:
+        """Drop the state of the last ``num_rejected`` verified positions."""
+        if self.recorder is not None:
+            self.recorder.restore(num_rejected)
+        if num_rejected > 0:
+            for c in self.cache:
+                if c.is_trimmable():
+                    c.trim(num_rejected)
+            if self.clear_rejected:
+                from specbench.exact.hooks import clear_rejected
+
+                clear_rejected(self.cache, num_rejected)
+
+
+def _gated_deltanet(layer: nn.Module) -> nn.Module | None:
+    """The Gated DeltaNet mixer inside a decoder layer (``linear_attn`` in qwen3_5 / qwen3_next)."""
+    for _, module in layer.named_modules():
+        if hasattr(module, "conv1d") and hasattr(module, "A_log") and hasattr(module, "conv_kernel_size"):
+            if hasattr(sys.modules.get(type(module).__module__), "gated_delta_update"):
+                return module
+    return None
+
+
+class RecurrentRecorder:
+    """Records per-step Gated DeltaNet states during a verification and restores one of them."""
+
+    def __init__(self, model: nn.Module, cache: list[Any], indices: list[int]):
+        layers = list(model.layers)
+        if len(layers) != len(cache):
+            raise ValueError(f"the cache has {len(cache)} entries but the model has {len(layers)} layers")
+        self.cache = cache
+        self.mixers: dict[int, nn.Module] = {}
+        for i in indices:
+            mixer = _gated_deltanet(layers[i])
+            if mixer is None:
+                raise ValueError(
+                    f"layer {i} ({type(layers[i]).__module__}.{type(layers[i]).__name__}) keeps recurrent "
+                    f"state that specbench cannot roll back: exact rollback supports Gated DeltaNet layers "
+                    f"(qwen3_5, qwen3_5_moe, qwen3_next); use plain generation for this model"
+                )
+            self.mixers[i] = mixer
+        self.records: dict[int, dict[str, Any]] = {}
+        self.width = 0
+
+    def arm(self, width: int) -> None:
+        """Record the next forward (of ``width`` positions) through every recurrent layer."""
+        self.width = width
+        self.records = {i: {"cache": self.cache[i], "conv": [], "states": []} for i in self.mixers}
+        for i, mixer in self.mixers.items():
+            _record_calls(mixer, self.records[i])
+
+    def restore(self, num_rejected: int) -> None:
+        """Leave each recurrent cache in the state after the accepted positions; stop recording."""
+        try:
+            if num_rejected > 0:
+                accepted = self.width - num_rejected
+                if accepted < 1:
+                    raise ValueError(f"cannot reject {num_rejected} of {self.width} verified positions")
+                for i in self.mixers:
+                    rec = self.records[i]
+                    if len(rec["states"]) != self.width or len(rec["conv"]) != self.width:
+                        raise RuntimeError(
+                            f"layer {i}: the verification was not recorded ({len(rec['states'])} of "
+                            f"{self.width} steps)"
+                        )
+                    self.cache[i][0] = mx.contiguous(rec["conv"][accepted - 1])
+                    self.cache[i][1] = rec["states"][accepted - 1]
+        finally:
+            for mixer in self.mixers.values():
+                _stop_recording(mixer)
+            self.records = {}
+
+
+_RECORDING_CLASSES: dict[type, type] = {}
+
+
+def _record_calls(mixer: nn.Module, record: dict[str, Any]) -> None:
+    base = type(mixer)
+    if base in _RECORDING_CLASSES.values():
+        base = base.__mro__[2]
+    cls = _RECORDING_CLASSES.get(base)
+    if cls is None:
+        cls = type(f"Recording{base.__name__}", (_RecordingMixer, base), {})
+        _RECORDING_CLASSES[base] = cls
+    mixer.__dict__["_specbench_record"] = record
+    mixer.__class__ = cls
+
+
+def _stop_recording(mixer: nn.Module) -> None:
+    if isinstance(mixer, _RecordingMixer):
+        mixer.__class__ = type(mixer).__mro__[2]
+    mixer.__dict__.pop("_specbench_record", None)
+
+
+class _RecordingMixer:
+    """Mixed in front of a Gated DeltaNet class while a verification is recorded.
+
+    The layer's own ``__call__`` runs unchanged, except that its convolution input is kept
+    (the convolution state after step t is rows t .. t+K-2 of it) and its recurrence runs one
+    step at a time, keeping each step's state.
+    """
+
+    def __call__(self, inputs: mx.array, mask: mx.array | None = None, cache: Any = None) -> mx.array:
+        record = self.__dict__.get("_specbench_record")
+        if record is None or cache is None or cache is not record["cache"]:
+            return super().__call__(inputs, mask, cache)
+        module = sys.modules[type(self).__mro__[2].__module__]
+        update = module.gated_delta_update
+        conv = self.conv1d
+        keep = self.conv_kernel_size - 1
+
+        def recording_conv(x: mx.array) -> mx.array:
+            steps = x.shape[1] - keep
+            record["conv"].extend(x[:, t + 1 : t + 1 + keep, :] for t in range(steps))
+            return conv(x)
+
+        def stepwise_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, **kwargs):
+            ys = []
+            for t in range(q.shape[1]):
+                y, state = update(
+                    q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], a[:, t : t + 1], b[:, t : t + 1],
+                    A_log, dt_bias, state, None if mask is None else mask[:, t : t + 1], **kwargs,
+                )
+                ys.append(y)
+                record["states"].append(state)
+            return mx.concatenate(ys, axis=1), state
+
+        self.__dict__["conv1d"] = recording_conv
+        module.gated_delta_update = stepwise_update
+        try:
+            return super().__call__(inputs, mask, cache)
+        finally:
+            module.gated_delta_update = update
+            del self.__dict__["conv1d"]

@@ -1,0 +1,41 @@
+"""Exact verification: every row of a verify forward computed as serial decoding computes it."""
+
+from specbench.exact.hooks import (
+    LEVELS,
+    ExactPlan,
+    serial_kv_layout,
+    CUDNN_ATTENTION_ENV,
+    cudnn_attention,
+    layout_sensitive_attention,
+    clear_rejected,
+    exact_mode,
+    ExactVerifier,
+    WidthCalibration,
+    Calibration,
+    CALIBRATION_METHOD,
+    calibration_key,
+    calibration_dir,
+    load_calibration,
+    calibrate,
+    probe_ops,
+)
+
+__all__ = [
+    "LEVELS",
+    "ExactPlan",
+    "serial_kv_layout",
+    "CUDNN_ATTENTION_ENV",
+    "cudnn_attention",
+    "layout_sensitive_attention",
+    "clear_rejected",
+    "exact_mode",
+    "ExactVerifier",
+    "WidthCalibration",
+    "Calibration",
+    "CALIBRATION_METHOD",
+    "calibration_key",
+    "calibration_dir",
+    "load_calibration",
+    "calibrate",
+    "probe_ops",
+]

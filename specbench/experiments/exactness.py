@@ -1,0 +1,113 @@
+"""Does speculative greedy decoding reproduce plain greedy decoding on this machine?
+
+``check`` decodes each prompt with mlx-lm's own greedy ``generate_step`` (the reference) and
+speculatively in each verify mode, drafting with the controlled-acceptance ``OracleDrafter``
+(the reference continuation, each position corrupted with probability 1 - acceptance, so drafts
+are partly accepted and every acceptance count occurs), and records per prompt and mode whether
+the outputs are equal and where they first differ. ``summarize`` condenses that per mode.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import polars as pl
+from mlx_lm.generate import generate_step
+
+from specbench.drafters.oracle import OracleDrafter
+from specbench.core.engine import VERIFY_MODES, GenerateOptions, Generation, speculative_generate, vocab_size
+from specbench.core.policies import DraftPolicy
+
+
+def plain_greedy(model: nn.Module, prompt: Sequence[int], max_tokens: int) -> list[int]:
+    """mlx-lm's own greedy decoding of ``max_tokens`` tokens after ``prompt`` (EOS not checked)."""
+    return [int(t) for t, _ in generate_step(mx.array(list(prompt)), model, max_tokens=max_tokens)]
+
+
+def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int | None:
+    """The first position where ``output`` differs from ``reference`` (None if equal)."""
+    for i, (a, b) in enumerate(zip(output, reference)):
+        if a != b:
+            return i
+    return None if len(output) == len(reference) else min(len(output), len(reference))
+
+
+def random_prompts(model: nn.Module, count: int, lengths: tuple[int, int] = (96, 224), seed: int = 7) -> list[list[int]]:
+    """Random token prompts; with 128 new tokens most cross the KV cache's 256-row buffer step."""
+    rng = np.random.default_rng(seed)
+    vocab = vocab_size(model)
+    return [rng.integers(0, vocab, size=int(rng.integers(*lengths))).tolist() for _ in range(count)]
+
+
+def oracle_generation(
+    model: nn.Module, prompt: Sequence[int], reference: Sequence[int], max_tokens: int, k: int, verify: str,
+    acceptance: float, seed: int = 0,
+) -> Generation:
+    """Speculative greedy decoding of ``prompt`` (not yet run) with drafts of ``k`` tokens from the
+    ``OracleDrafter`` following ``reference`` at ``acceptance``, verified in mode ``verify``."""
+    drafter = OracleDrafter(prompt, reference, acceptance, vocab_size(model), seed=seed)
+    options = GenerateOptions(max_tokens=max_tokens, verify=verify, ignore_eos=True)
+    return speculative_generate(model, list(prompt), options, drafter, DraftPolicy.fixed(k))
+
+
+def check(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int = 64,
+    draft_lengths: Sequence[int] = (2, 4, 7, 15),
+    acceptance: float = 0.8,
+    modes: Sequence[str] = ("exact", "fast"),
+    seed: int = 0,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> pl.DataFrame:
+    """One row per (prompt, verify mode): ``equal`` to plain greedy, ``first_divergence``, and the
+    run's verifications and accepted drafts. Prompt i drafts ``draft_lengths[i % len]`` tokens."""
+    if not prompts:
+        raise ValueError("no prompts to check")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if not draft_lengths or min(draft_lengths) < 1:
+        raise ValueError(f"draft lengths must be >= 1, got {list(draft_lengths)}")
+    unknown = [m for m in modes if m not in VERIFY_MODES]
+    if unknown or not modes:
+        raise ValueError(f"verify modes are {' and '.join(map(repr, VERIFY_MODES))}, got {list(modes)}")
+    rows = []
+    for i, prompt in enumerate(prompts):
+        k = int(draft_lengths[i % len(draft_lengths)])
+        reference = plain_greedy(model, prompt, max_tokens)
+        for mode in modes:
+            generation = oracle_generation(model, prompt, reference, max_tokens, k, mode, acceptance, seed=seed + i)
+            output = list(generation)
+            stats = generation.stats()
+            row = {
+                "prompt": i, "prompt_tokens": len(prompt), "mode": mode, "k": k, "tokens": len(output),
+                "equal": output == reference, "first_divergence": first_divergence(output, reference),
+                "verifies": stats["verifies"], "accepted": stats["accepted"],
+            }
+            rows.append(row)
+            if progress is not None:
+                progress(row)
+    return pl.DataFrame(rows, schema_overrides={"first_divergence": pl.Int64})
+
+
+def summarize(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per verify mode: prompts equal to plain greedy, first divergence min / median / max, and
+    accepted drafts per verification."""
+    out = []
+    for mode in rows["mode"].unique(maintain_order=True).to_list():
+        mine = rows.filter(pl.col("mode") == mode)
+        divs = [d for d in mine["first_divergence"].to_list() if d is not None]
+        out.append({
+            "mode": mode, "prompts": len(mine), "equal": int(mine["equal"].sum()),
+            "first_divergence_min": min(divs) if divs else None,
+            "first_divergence_median": float(statistics.median(divs)) if divs else None,
+            "first_divergence_max": max(divs) if divs else None,
+            "accepted_per_verify": int(mine["accepted"].sum()) / max(1, int(mine["verifies"].sum())),
+        })
+    return pl.DataFrame(out, schema_overrides={
+        "first_divergence_min": pl.Int64, "first_divergence_median": pl.Float64, "first_divergence_max": pl.Int64,
+    })

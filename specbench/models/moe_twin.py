@@ -1,0 +1,148 @@
+"""MoE twins of dense models: the same function computed by a mixture of identical experts.
+
+A dense llama-architecture model becomes a ``mixtral`` checkpoint (which mlx-lm loads) whose
+``num_experts`` experts are copies of each layer's MLP, routed top-``top_k`` by a random router.
+The routed experts' outputs are combined with softmax weights that sum to one, so the twin
+computes the dense model's function (up to float rounding) and accepts the same drafts; only
+its cost pattern differs: a verification of w tokens reads the weights of every expert its rows
+route to, as in a real MoE model. The twin of an MTP head is made the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+NUM_EXPERTS = 8
+TOP_K = 2
+_TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+    "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja",
+)
+
+
+def twin_config(dense: dict[str, Any], num_experts: int = NUM_EXPERTS, top_k: int = TOP_K) -> dict[str, Any]:
+    """The mixtral config of a dense llama config."""
+    if dense.get("model_type") not in ("llama", "mistral"):
+        raise ValueError(f"an MoE twin is built from a llama or mistral model, not {dense.get('model_type')!r}")
+    heads = dense["num_attention_heads"]
+    if dense.get("head_dim") not in (None, dense["hidden_size"] // heads):
+        raise ValueError("the twin (mixtral) needs head_dim == hidden_size / num_attention_heads")
+    for key in ("attention_bias", "mlp_bias"):
+        if dense.get(key):
+            raise ValueError(f"the twin (mixtral) has no {key.replace('_', ' ')}; this model uses one")
+    if dense.get("rope_scaling"):
+        raise ValueError("the twin (mixtral) uses plain RoPE; this model scales it (rope_scaling)")
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"need 1 <= top_k <= num_experts, got top_k={top_k}, num_experts={num_experts}")
+    keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "rms_norm_eps", "vocab_size", "rope_theta", "tie_word_embeddings", "max_position_embeddings",
+            "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype")
+    config = {k: dense[k] for k in keep if k in dense}
+    config.update(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=num_experts,
+                  num_experts_per_tok=top_k, rope_traditional=bool(dense.get("rope_traditional", False)))
+    config.setdefault("num_key_value_heads", heads)
+    config.setdefault("rope_theta", 10000.0)
+    return config
+
+
+def _router(hidden: int, num_experts: int, key: mx.array, dtype: mx.Dtype) -> mx.array:
+    return (mx.random.normal((num_experts, hidden), key=key) * hidden**-0.5).astype(dtype)
+
+
+def expand_mlp(
+    tensors: dict[str, mx.array], num_experts: int = NUM_EXPERTS, seed: int = 0, moe_name: str = "block_sparse_moe"
+) -> dict[str, mx.array]:
+    """Replace every ``<prefix>.mlp.{gate,up,down}_proj.weight`` by ``num_experts`` stacked copies
+    (``<prefix>.<moe_name>.switch_mlp.*``) and a random router (``<prefix>.<moe_name>.gate.weight``)."""
+    out: dict[str, mx.array] = {}
+    key = mx.random.key(seed)
+    for name, value in tensors.items():
+        m = re.match(r"(.*)\.mlp\.(gate_proj|up_proj|down_proj)\.weight$", name)
+        if not m:
+            out[name] = value
+            continue
+        out[f"{m[1]}.{moe_name}.switch_mlp.{m[2]}.weight"] = mx.repeat(value[None], num_experts, axis=0)
+        if m[2] == "gate_proj":
+            key, sub = mx.random.split(key)
+            out[f"{m[1]}.{moe_name}.gate.weight"] = _router(value.shape[1], num_experts, sub, value.dtype)
+    return out
+
+
+def build_twin(dense_folder: Path, out_dir: Path, num_experts: int = NUM_EXPERTS, top_k: int = TOP_K, seed: int = 0) -> dict:
+    """Write the MoE twin of the mlx-lm folder ``dense_folder`` into ``out_dir``."""
+    dense_folder, out_dir = Path(dense_folder), Path(out_dir)
+    dense = json.loads((dense_folder / "config.json").read_text())
+    config = twin_config(dense, num_experts, top_k)
+    files = sorted(dense_folder.glob("*.safetensors"))
+    files = [f for f in files if f.name != "mtp.safetensors"]
+    if not files:
+        raise FileNotFoundError(f"{dense_folder} holds no model weights (*.safetensors)")
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        weights.update(mx.load(str(f)))
+    twin = expand_mlp(weights, num_experts, seed)
+    # One shard per few layers keeps each file small enough to write without holding all copies at once.
+    n_layers = int(config["num_hidden_layers"])
+    per_shard = 8
+    shards = []
+    layer_of = lambda k: int(m[1]) if (m := re.match(r"model\.layers\.(\d+)\.", k)) else -1  # noqa: E731
+    groups = [(-1, -1)] + [(a, min(a + per_shard, n_layers) - 1) for a in range(0, n_layers, per_shard)]
+    weight_map = {}
+    total = len(groups)
+    for i, (first, last) in enumerate(groups):
+        part = {k: twin.pop(k) for k in [k for k in twin if first <= layer_of(k) <= last]}
+        name = f"model-{i + 1:05d}-of-{total:05d}.safetensors"
+        mx.eval(part)
+        mx.save_safetensors(str(out_dir / name), part, metadata={"format": "mlx"})
+        weight_map.update({k: name for k in part})
+        shards.append(name)
+        del part
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    for name in _TOKENIZER_FILES:
+        if (dense_folder / name).exists():
+            shutil.copy(dense_folder / name, out_dir / name)
+    return {"dense": str(dense_folder), "num_experts": num_experts, "top_k": top_k, "seed": seed, "shards": len(shards)}
+
+
+def twin_head_file(dense_head: Path, out: Path, num_experts: int = NUM_EXPERTS, seed: int = 0) -> Path:
+    """Write the twin of a saved dense MTP head (``mtp.*`` tensors of a llama-layer head)."""
+    tensors, metadata = mx.load(str(dense_head), return_metadata=True)
+    twin = expand_mlp(tensors, num_experts, seed + 1)
+    if "config" in metadata:
+        metadata["config"] = json.dumps({**json.loads(metadata["config"]), "model_type": "mixtral"})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp.safetensors")
+    mx.save_safetensors(str(tmp), twin, metadata=metadata)
+    tmp.replace(out)
+    return out
+
+
+def build_smollm2_135m_moe(out_dir: Path) -> dict[str, Any]:
+    """Builder of the embedded "smollm2-135m-moe": the MoE twin of "smollm2-135m" (8 experts, top-2)."""
+    from specbench.models.load import ensure_embedded
+
+    return build_twin(ensure_embedded("smollm2-135m"), Path(out_dir))
+
+
+def twin_from_model(model: Any, num_experts: int = NUM_EXPERTS, top_k: int = TOP_K, seed: int = 0) -> Any:
+    """The MoE twin of a loaded dense llama model, built in memory (weights shared until copied)."""
+    from dataclasses import asdict
+
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.utils import _get_classes
+
+    config = twin_config(asdict(model.args), num_experts, top_k)
+    model_class, args_class = _get_classes(config)
+    twin = model_class(args_class.from_dict(config))
+    weights = expand_mlp(dict(tree_flatten(model.parameters())), num_experts, seed)
+    twin.update(tree_unflatten([(k, v) for k, v in weights.items() if not k.startswith("mtp.")]))
+    mx.eval(twin.parameters())
+    twin.eval()
+    return twin

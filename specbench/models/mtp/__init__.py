@@ -1,0 +1,15 @@
+"""Multi-token-prediction heads: build, attach from a checkpoint, extract, train."""
+
+from specbench.models.mtp.attach import attach_mtp, attach_random, extract_mtp, get_head, load_head, save_head
+from specbench.models.mtp.head import MtpHead, build_head
+
+__all__ = [
+    "MtpHead",
+    "attach_mtp",
+    "attach_random",
+    "build_head",
+    "extract_mtp",
+    "get_head",
+    "load_head",
+    "save_head",
+]

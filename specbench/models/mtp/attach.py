@@ -1,0 +1,500 @@
+"""Attaching a checkpoint's MTP head to an mlx-lm model (which drops those tensors on load).
+
+Three checkpoint layouts are read:
+
+- Qwen3-Next / Qwen3.5 (and heads saved by specbench): ``mtp.fc``, ``mtp.pre_fc_norm_embedding``,
+  ``mtp.pre_fc_norm_hidden``, ``mtp.layers.{i}.*``, ``mtp.norm``. Raw Hugging Face checkpoints of
+  the Qwen3-Next family store RMSNorm weights zero-centred (the norm multiplies by 1 + w).
+  MoE layers come per expert (``experts.{e}.gate_proj``) or fused (``experts.gate_up_proj``).
+- DeepSeek-V3 / GLM-4.5: ``model.layers.{N}.*`` with N = num_hidden_layers: ``enorm``, ``hnorm``,
+  ``eh_proj``, ``shared_head.norm`` (``shared_head.head`` and ``embed_tokens`` duplicate the
+  model's and are not loaded), plus a decoder layer.
+- MiMo: ``model.mtp_layers.0.*``: ``token_layernorm``, ``hidden_layernorm``, ``input_proj`` (hidden
+  state first in the concatenation), ``final_layernorm``, plus a decoder layer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from specbench.core.forward import text_model
+from specbench.models.mtp.checkpoint import INDEX, Checkpoint
+from specbench.models.mtp.head import MtpHead, build_head, float_dtype, model_args, model_type, quantize_like_body
+from specbench.common.files import ASSETS_DIR
+
+#: Model types whose raw checkpoints store RMSNorm weights zero-centred.
+ZERO_CENTRED_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_moe"}
+#: Model types whose own MTP tensors use the DeepSeek or MiMo layout.
+DEEPSEEK_TYPES = {"deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "kimi_k2"}
+MIMO_TYPES = {"mimo"}
+#: Metadata key of files written by specbench: "1" when norms are stored zero-centred.
+NORM_KEY = "mtp_zero_centred_norms"
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    title: str
+    example: str
+    hidden_first: bool
+    chain_normed: bool
+    #: source module prefix (after the layout prefix) -> head module prefix
+    renames: tuple[tuple[str, str], ...]
+    #: tensors duplicating the model's own (shape-checked, not loaded)
+    shared: tuple[str, ...] = ()
+
+
+QWEN = Layout(
+    "qwen", "Qwen3-Next/Qwen3.5", "mtp.fc.weight", hidden_first=False, chain_normed=True,
+    renames=(("fc.", "fc."), ("pre_fc_norm_embedding.", "pre_fc_norm_embedding."),
+             ("pre_fc_norm_hidden.", "pre_fc_norm_hidden."), ("norm.", "norm."), ("layers.", "layers.")),
+)
+DEEPSEEK = Layout(
+    "deepseek", "DeepSeek-V3/GLM-4.5", "model.layers.{N}.eh_proj.weight", hidden_first=False, chain_normed=False,
+    renames=(("eh_proj.", "fc."), ("enorm.", "pre_fc_norm_embedding."), ("hnorm.", "pre_fc_norm_hidden."),
+             ("shared_head.norm.", "norm.")),
+    shared=("shared_head.head.weight", "embed_tokens.weight"),
+)
+MIMO = Layout(
+    "mimo", "MiMo", "model.mtp_layers.0.input_proj.weight", hidden_first=True, chain_normed=True,
+    renames=(("input_proj.", "fc."), ("token_layernorm.", "pre_fc_norm_embedding."),
+             ("hidden_layernorm.", "pre_fc_norm_hidden."), ("final_layernorm.", "norm.")),
+)
+LAYOUTS = (QWEN, DEEPSEEK, MIMO)
+
+
+def native_layout(mtype: str) -> Layout:
+    if mtype in DEEPSEEK_TYPES:
+        return DEEPSEEK
+    if mtype in MIMO_TYPES:
+        return MIMO
+    return QWEN
+
+
+@dataclass
+class Found:
+    """The MTP tensors of one layout found in a checkpoint."""
+
+    layout: Layout
+    prefix: str
+    names: list[str]
+
+
+def find_mtp(names: list[str], num_hidden_layers: int | None) -> list[Found]:
+    """The MTP tensor groups present in a list of tensor names (one per layout found)."""
+    found = []
+    qwen = sorted({n[: -len("fc.weight")] for n in names if re.search(r"(^|\.)mtp\.fc\.weight$", n)})
+    for prefix in qwen[:1]:
+        found.append(Found(QWEN, prefix, [n for n in names if n.startswith(prefix)]))
+    ds = sorted({int(m[1]) for n in names if (m := re.match(r"model\.layers\.(\d+)\.eh_proj\.weight$", n))})
+    if ds:
+        first = ds[0] if num_hidden_layers is None or num_hidden_layers not in ds else num_hidden_layers
+        prefix = f"model.layers.{first}."
+        found.append(Found(DEEPSEEK, prefix, [n for n in names if n.startswith(prefix)]))
+    mimo = sorted({int(m[1]) for n in names if (m := re.match(r"model\.mtp_layers\.(\d+)\.input_proj\.weight$", n))})
+    if mimo:
+        prefix = f"model.mtp_layers.{mimo[0]}."
+        found.append(Found(MIMO, prefix, [n for n in names if n.startswith(prefix)]))
+    return found
+
+
+def _no_mtp_error(where: str, mtype: str) -> ValueError:
+    return ValueError(
+        f"{where} holds no MTP tensors (looked for {QWEN.example} ({QWEN.title}), {DEEPSEEK.example} "
+        f"({DEEPSEEK.title}) and {MIMO.example} ({MIMO.title})) for this {mtype} model. Checkpoints converted "
+        f"by mlx-lm drop them: point to the original Hugging Face checkpoint, a file written by "
+        f"`specbench extract-mtp`, or a head trained with `specbench train-mtp`"
+    )
+
+
+def _check_config(where: str, config: dict[str, Any] | None, model: nn.Module) -> None:
+    """One clear error when the checkpoint's config belongs to another model."""
+    if not config:
+        return
+    text = config.get("text_config", config)
+    theirs = str(config.get("model_type", text.get("model_type", ""))).removesuffix("_text")
+    ours = model_type(model)
+    if theirs and theirs != ours:
+        raise ValueError(
+            f"{where} is a {theirs} checkpoint but the model is {ours}: attach the MTP head of the "
+            f"model's own checkpoint"
+        )
+    args = model_args(model)
+    for key in ("hidden_size", "vocab_size", "num_hidden_layers"):
+        if key in text and getattr(args, key, None) is not None and int(text[key]) != int(getattr(args, key)):
+            raise ValueError(
+                f"{where} has {key}={text[key]} but the model has {key}={getattr(args, key)}: it is the "
+                f"checkpoint of another model"
+            )
+
+
+def _choose(found: list[Found], model: nn.Module, where: str) -> Found:
+    mtype = model_type(model)
+    if not found:
+        raise _no_mtp_error(where, mtype)
+    native = native_layout(mtype)
+    for f in found:
+        if f.layout is native:
+            return f
+    # Heads saved by specbench use the Qwen layout for any model.
+    for f in found:
+        if f.layout is QWEN:
+            return f
+    f = found[0]
+    raise ValueError(
+        f"{where} holds {f.layout.title}-style MTP tensors ({f.prefix}...) but the model is {mtype}, whose "
+        f"MTP head is stored as {native.example} ({native.title}): it is the checkpoint of another model family"
+    )
+
+
+def _stack_experts(tensors: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Per-expert and fused-expert MoE tensors -> mlx-lm's stacked ``switch_mlp`` layout."""
+    out: dict[str, mx.array] = {}
+    experts: dict[tuple[str, str, str], dict[int, mx.array]] = {}
+    for k, v in tensors.items():
+        m = re.match(r"(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|scales|biases)$", k)
+        if m:
+            experts.setdefault((m[1], m[3], m[4]), {})[int(m[2])] = v
+            continue
+        m = re.match(r"(.*\.mlp)\.experts\.gate_up_proj$", k)
+        if m:
+            mid = v.shape[-2] // 2
+            out[f"{m[1]}.switch_mlp.gate_proj.weight"] = v[..., :mid, :]
+            out[f"{m[1]}.switch_mlp.up_proj.weight"] = v[..., mid:, :]
+            continue
+        m = re.match(r"(.*\.mlp)\.experts\.down_proj$", k)
+        if m:
+            out[f"{m[1]}.switch_mlp.down_proj.weight"] = v
+            continue
+        out[k] = v
+    for (prefix, proj, kind), by_expert in experts.items():
+        n = len(by_expert)
+        if sorted(by_expert) != list(range(n)):
+            missing = sorted(set(range(max(by_expert) + 1)) - set(by_expert))
+            raise ValueError(f"MoE experts {missing} of {prefix}.experts.*.{proj}.{kind} are missing")
+        out[f"{prefix}.switch_mlp.{proj}.{kind}"] = mx.stack([by_expert[e] for e in range(n)])
+    return out
+
+
+def _is_norm(name: str, value: mx.array) -> bool:
+    return value.ndim == 1 and re.search(r"norm\.weight$", name) is not None
+
+
+def read_head_tensors(
+    ckpt: Checkpoint, model: nn.Module, where: str, zero_centred: bool | None = None
+) -> tuple[Found, dict[str, mx.array], dict[str, str]]:
+    """The MTP tensors of ``ckpt`` renamed to the head's parameter names (lazy arrays).
+
+    Returns the layout found, the tensors, and for error messages each head name's source name.
+    """
+    args = model_args(model)
+    _check_config(where, ckpt.config(), model)
+    found = _choose(find_mtp(ckpt.names, getattr(args, "num_hidden_layers", None)), model, where)
+    layout, prefix = found.layout, found.prefix
+    n_body = int(args.num_hidden_layers)
+    if layout is DEEPSEEK and prefix != f"model.layers.{n_body}.":
+        raise ValueError(
+            f"{where}: the MTP layer {prefix[:-1]} does not follow the model's {n_body} layers "
+            f"(expected model.layers.{n_body}.*): it is the checkpoint of another model"
+        )
+    raw = ckpt.load(found.names)
+    source: dict[str, str] = {}
+    tensors: dict[str, mx.array] = {}
+    shared: dict[str, mx.array] = {}
+    for name, value in raw.items():
+        rest = name[len(prefix):]
+        if "rotary_emb.inv_freq" in rest:
+            continue
+        if rest in layout.shared:
+            shared[name] = value
+            continue
+        for src, dst in layout.renames:
+            if rest.startswith(src):
+                key = dst + rest[len(src):]
+                break
+        else:
+            if layout is QWEN:
+                raise ValueError(f"{where}: unexpected MTP tensor {name!r} (not part of a {layout.title} MTP head)")
+            key = "layers.0." + rest
+        tensors[key] = value
+        source[key] = name
+    vocab, hidden = int(args.vocab_size), int(args.hidden_size)
+    for name, value in shared.items():
+        if tuple(value.shape) != (vocab, hidden):
+            raise ValueError(
+                f"{where}: MTP tensor {name!r} has shape {tuple(value.shape)} but the model's embeddings are "
+                f"{(vocab, hidden)}: it is the checkpoint of another model"
+            )
+    if layout is QWEN:
+        tensors = _stack_experts(tensors)
+    else:
+        tensors = _sanitize_like_body(model, tensors)
+    for key in tensors:
+        if key not in source:
+            source[key] = _source_name(found, key)
+    if zero_centred is None:
+        flag = ckpt.file_metadata.get(NORM_KEY)
+        zero_centred = flag == "1" if flag is not None else (layout is QWEN and model_type(model) in ZERO_CENTRED_TYPES)
+    if zero_centred:
+        tensors = {k: (v + 1.0 if _is_norm(k, v) else v) for k, v in tensors.items()}
+    return found, tensors, source
+
+
+def _source_rel(layout: Layout, key: str) -> str:
+    """The source name (after the layout prefix) of a head parameter name."""
+    for src, dst in layout.renames:
+        if key.startswith(dst):
+            return src + key[len(dst):]
+    if layout is not QWEN and key.startswith("layers.0."):
+        return key[len("layers.0."):]
+    return key
+
+
+def _sanitize_like_body(model: nn.Module, tensors: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Run the decoder-layer tensors through the model's own ``sanitize`` (fp8 dequantization,
+    expert stacking, attention re-layout), posing as the body's last layer."""
+    sanitize = getattr(model, "sanitize", None)
+    if sanitize is None:
+        return tensors
+    j = int(model_args(model).num_hidden_layers) - 1
+    posed = {}
+    for k, v in tensors.items():
+        rest = k[len("layers.0."):] if k.startswith("layers.0.") else "specbench_head." + k
+        posed[f"model.layers.{j}.{rest}"] = v
+    out = {}
+    for k, v in sanitize(posed).items():
+        rest = k[len(f"model.layers.{j}."):]
+        out[rest[len("specbench_head."):] if rest.startswith("specbench_head.") else "layers.0." + rest] = v
+    return out
+
+
+def _source_name(found: Found, key: str) -> str:
+    m = re.match(r"(.*\.mlp)\.switch_mlp\.(\w+)\.(\w+)$", key)
+    rel = (m[1] + f".experts.*.{m[2]}.{m[3]}") if m else key
+    return found.prefix + _source_rel(found.layout, rel)
+
+
+def _check_against(head: MtpHead, tensors: dict[str, mx.array], source: dict[str, str], where: str, model: nn.Module, found: Found):
+    expected = dict(tree_flatten(head.parameters()))
+    args = model_args(model)
+    desc = f"{model_type(model)}, hidden_size={args.hidden_size}"
+    for key, value in expected.items():
+        if key not in tensors:
+            name = _source_name(found, key)
+            raise ValueError(
+                f"{where} lacks the MTP tensor {name!r} that the model's config ({desc}) needs for "
+                f"head parameter {key!r}"
+            )
+    for key, value in tensors.items():
+        if key not in expected:
+            raise ValueError(
+                f"{where}: MTP tensor {source.get(key, key)!r} has no place in this model's MTP head ({desc}); "
+                f"the checkpoint belongs to a different configuration"
+            )
+        if tuple(value.shape) != tuple(expected[key].shape):
+            raise ValueError(
+                f"{where}: MTP tensor {source.get(key, key)!r} has shape {tuple(value.shape)} but the model's "
+                f"config ({desc}) needs {tuple(expected[key].shape)}"
+            )
+
+
+def _layer_depth(tensors: dict[str, mx.array]) -> int:
+    idx = {int(m[1]) for k in tensors if (m := re.match(r"layers\.(\d+)\.", k))}
+    return max(idx) + 1 if idx else 0
+
+
+def load_head(
+    model: nn.Module, path: str | Path, zero_centred: bool | None = None, quantize: bool = True
+) -> MtpHead:
+    """Build the MTP head for ``model`` from the MTP tensors of a checkpoint (not attached)."""
+    ckpt = Checkpoint(path)
+    where = str(ckpt.path)
+    found, tensors, source = read_head_tensors(ckpt, model, where, zero_centred)
+    depth = _layer_depth(tensors)
+    if depth == 0:
+        raise ValueError(f"{where} lacks the MTP decoder layer ({found.prefix}layers.0.* / decoder-layer tensors)")
+    config = ckpt.config() or {}
+    want = config.get("text_config", config).get("mtp_num_hidden_layers")
+    if want is not None and int(want) != depth:
+        missing = f"{found.prefix}layers.{depth}." if depth < int(want) else f"{found.prefix}layers.{want}."
+        raise ValueError(
+            f"{where}: the config says mtp_num_hidden_layers={want} but the checkpoint holds {depth} MTP "
+            f"layer(s) (see tensors {missing}*)"
+        )
+    head = build_head(model, depth=depth, hidden_first=found.layout.hidden_first, chain_normed=found.layout.chain_normed)
+    _check_against(head, tensors, source, where, model, found)
+    dtype = float_dtype(model)
+    keep = getattr(text_model(model), "cast_predicate", None) or getattr(model, "cast_predicate", None) or (lambda k: True)
+    cast = {
+        k: (v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(k) else v) for k, v in tensors.items()
+    }
+    head.update(tree_unflatten(list(cast.items())))
+    if quantize:
+        quantize_like_body(model, head)
+    mx.eval(head.parameters())
+    head.eval()
+    return head
+
+
+def attach_mtp(model: nn.Module, path: str | Path, zero_centred: bool | None = None) -> MtpHead:
+    """Attach the MTP head stored in ``path`` to ``model`` (as ``model.mtp``) and return it.
+
+    ``path`` is a ``.safetensors`` file or a checkpoint folder (sharded through
+    ``model.safetensors.index.json``); only the MTP tensors are read, from the shards holding
+    them. The head is quantized like the model's body. ``zero_centred`` overrides whether the
+    file's RMSNorm weights are stored zero-centred (default: as the checkpoint family stores them).
+    """
+    head = load_head(model, path, zero_centred)
+    model.mtp = head
+    return head
+
+
+def attach_random(model: nn.Module, seed: int = 0, depth: int = 1) -> MtpHead:
+    """Attach a random-weight MTP head (for cost studies on synthetic models)."""
+    mx.random.seed(seed)
+    mtype = model_type(model)
+    layout = native_layout(mtype)
+    head = build_head(model, depth=depth, hidden_first=layout.hidden_first, chain_normed=layout.chain_normed)
+    dtype = float_dtype(model)
+    head.update(tree_unflatten([(k, v.astype(dtype)) for k, v in tree_flatten(head.parameters())]))
+    quantize_like_body(model, head)
+    mx.eval(head.parameters())
+    head.eval()
+    model.mtp = head
+    return head
+
+
+def get_head(model: nn.Module) -> MtpHead:
+    head = model.get("mtp") if isinstance(model, dict) else getattr(model, "mtp", None)
+    if not isinstance(head, MtpHead):
+        raise ValueError(
+            "the model has no MTP head: attach one with specbench.attach_mtp(model, path) "
+            "(or train one with `specbench train-mtp`)"
+        )
+    return head
+
+
+# -- writing ---------------------------------------------------------------------------------
+def _write_safetensors(path: Path, tensors: dict[str, mx.array], metadata: dict[str, str]) -> None:
+    """Write atomically: a temporary file next to ``path``, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".safetensors")
+    os.close(fd)
+    try:
+        mx.save_safetensors(tmp, tensors, metadata=metadata)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_head(head: MtpHead, path: str | Path, config: dict[str, Any], extra: dict[str, str] | None = None) -> Path:
+    """Save a float head as ``mtp.*`` tensors (Qwen layout, norms as stored, not zero-centred)."""
+    path = Path(path)
+    tensors = {f"mtp.{k}": v for k, v in tree_flatten(head.parameters())}
+    if any(k.endswith(".scales") for k in tensors):
+        raise ValueError("save_head needs a float head (this one is quantized)")
+    metadata = {"format": "mlx", NORM_KEY: "0", "config": json.dumps(config), **(extra or {})}
+    _write_safetensors(path, tensors, metadata)
+    return path
+
+
+def _is_hub_id(src: str) -> bool:
+    return not Path(src).expanduser().exists() and re.fullmatch(r"[\w.\-]+/[\w.\-]+", src) is not None
+
+
+def _download_mtp_shards(repo: str) -> Path:
+    """Download a hub checkpoint's config, index and only the shards holding MTP tensors."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as e:
+        raise ValueError("extracting from a Hugging Face id needs huggingface_hub (pip install huggingface_hub)") from e
+    try:
+        config_file = Path(hf_hub_download(repo, "config.json"))
+        try:
+            index_file = Path(hf_hub_download(repo, INDEX))
+        except Exception:
+            return Path(hf_hub_download(repo, "model.safetensors")).parent
+    except Exception as e:
+        raise ValueError(f"could not fetch {repo} from the Hugging Face hub ({type(e).__name__}: {e})") from e
+    config = json.loads(config_file.read_text())
+    text = config.get("text_config", config)
+    names = list(json.loads(index_file.read_text())["weight_map"])
+    found = find_mtp(names, text.get("num_hidden_layers"))
+    if not found:
+        raise _no_mtp_error(repo, str(config.get("model_type")))
+    weight_map = json.loads(index_file.read_text())["weight_map"]
+    for shard in sorted({weight_map[n] for n in found[0].names}):
+        hf_hub_download(repo, shard)
+    return index_file.parent
+
+
+def extract_mtp(src: str | Path, dst: str | Path) -> Path:
+    """Write only the MTP tensors of checkpoint ``src`` (a folder, a file, or a hub id) to ``dst``.
+
+    Tensors keep their names and values; the file's metadata carries the source config, so
+    ``attach_mtp`` checks it against the model as it would the full checkpoint.
+    """
+    src = str(src)
+    folder = _download_mtp_shards(src) if _is_hub_id(src) else Path(src).expanduser()
+    ckpt = Checkpoint(folder)
+    config = ckpt.config()
+    text = (config or {}).get("text_config", config or {})
+    found = find_mtp(ckpt.names, text.get("num_hidden_layers"))
+    if not found:
+        raise _no_mtp_error(src, str((config or {}).get("model_type", "unknown")))
+    f = found[0]
+    tensors = ckpt.load(f.names)
+    metadata = {"format": "mlx", "source": src, "mtp_layout": f.layout.name}
+    if config:
+        metadata["config"] = json.dumps(config)
+    if NORM_KEY in ckpt.file_metadata:
+        metadata[NORM_KEY] = ckpt.file_metadata[NORM_KEY]
+    dst = Path(dst).expanduser()
+    if dst.suffix != ".safetensors":
+        dst = dst / "mtp.safetensors"
+    _write_safetensors(dst, tensors, metadata)
+    return dst
+
+
+#: Heads shipped with specbench, by embedded model name.
+SHIPPED_HEADS = {"smollm2-135m": "smollm2-135m.safetensors"}
+#: MoE twins of embedded models: their heads are the twins of the dense model's head.
+TWIN_OF = {"smollm2-135m-moe": "smollm2-135m"}
+
+
+def assets_dir() -> Path:
+    return ASSETS_DIR / "mtp"
+
+
+def shipped_head(model_name: str) -> Path | None:
+    """The shipped head file of an embedded model (None when there is none)."""
+    name = str(model_name)
+    if name in TWIN_OF:
+        from specbench.models.load import embedded_model_path
+        from specbench.models.moe_twin import twin_head_file
+
+        dense = shipped_head(TWIN_OF[name])
+        path = embedded_model_path(name) / "mtp.safetensors"
+        if not path.exists() or path.stat().st_mtime < dense.stat().st_mtime:
+            twin_head_file(dense, path)
+        return path
+    if name not in SHIPPED_HEADS:
+        return None
+    path = assets_dir() / SHIPPED_HEADS[name]
+    if not path.exists():
+        raise FileNotFoundError(
+            f"the MTP head of {name} is missing from {path}: train one with "
+            f"`specbench train-mtp --model {name} --out DIR` and attach DIR/mtp.safetensors"
+        )
+    return path

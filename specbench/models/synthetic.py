@@ -1,0 +1,310 @@
+"""Random-weight models at real shapes, built from a config alone (no download).
+
+Names follow ``<shape>[-tiny][-<precision>]``, e.g. ``qwen3-8b-4bit``, ``qwen3-30b-a3b-4bit``,
+``qwen3.5-9b-bf16``, ``qwen3-8b-tiny``. Full shapes default to bfloat16, tiny ones (for CPU tests)
+to float32. Quantization follows ``mlx_lm.convert``: affine, group size 64, every layer with a
+``to_quantized`` whose input width divides by the group size, and the model's own
+``quant_predicate`` (MoE routers at 8 bits), as mlx-community's releases are made.
+
+The Qwen3.5-like shapes are hybrids (Gated DeltaNet layers with full attention every fourth
+layer; mlx-lm model types ``qwen3_5`` and ``qwen3_5_moe``) sized like Qwen3.5-9B and
+Qwen3.5-35B-A3B; ``mtp=True`` attaches a random multi-token-prediction head to them.
+
+Weights are drawn on the default device by the mlx-lm module initialisers and materialised one
+layer at a time, so a 30B MoE never holds its float32 weights all at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map_with_path
+from mlx_lm.utils import _get_classes
+
+PREFIX = "synthetic:"
+GROUP_SIZE = 64
+
+_ROPE_QWEN35 = {
+    "rope_type": "default",
+    "rope_theta": 10_000_000,
+    "partial_rotary_factor": 0.25,
+    "mrope_section": [11, 11, 10],
+}
+
+#: Hugging Face style configs (what ``config.json`` holds) of the full-size shapes.
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3-8b": {
+        "model_type": "qwen3",
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000,
+        "tie_word_embeddings": False,
+        "vocab_size": 151936,
+    },
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000,
+        "tie_word_embeddings": False,
+        "vocab_size": 151936,
+    },
+    "qwen3.5-9b": {
+        "model_type": "qwen3_5",
+        "text_config": {
+            "model_type": "qwen3_5_text",
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "full_attention_interval": 4,
+            "max_position_embeddings": 262144,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": _ROPE_QWEN35,
+            "tie_word_embeddings": False,
+            "vocab_size": 248320,
+            "mtp_num_hidden_layers": 1,
+        },
+    },
+    "qwen3.5-35b-a3b": {
+        "model_type": "qwen3_5_moe",
+        "text_config": {
+            "model_type": "qwen3_5_moe_text",
+            "hidden_size": 2048,
+            "intermediate_size": 512,
+            "num_hidden_layers": 40,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "full_attention_interval": 4,
+            "num_experts": 256,
+            "num_experts_per_tok": 8,
+            "moe_intermediate_size": 512,
+            "shared_expert_intermediate_size": 512,
+            "norm_topk_prob": True,
+            "max_position_embeddings": 262144,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": _ROPE_QWEN35,
+            "tie_word_embeddings": False,
+            "vocab_size": 248320,
+            "mtp_num_hidden_layers": 1,
+        },
+    },
+}
+
+#: Changes that turn a full shape into its tiny CPU-test version (same architecture).
+_TINY = {
+    "qwen3-8b": {
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+    },
+    "qwen3-30b-a3b": {
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    },
+    "qwen3.5-9b": {
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    },
+    "qwen3.5-35b-a3b": {
+        "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+    },
+}
+
+_PRECISIONS = {
+    "bf16": (mx.bfloat16, None),
+    "fp16": (mx.float16, None),
+    "fp32": (mx.float32, None),
+    "3bit": (mx.bfloat16, 3),
+    "4bit": (mx.bfloat16, 4),
+    "5bit": (mx.bfloat16, 5),
+    "6bit": (mx.bfloat16, 6),
+    "8bit": (mx.bfloat16, 8),
+}
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+_NAME = re.compile(r"^(?P<shape>.+?)(?P<tiny>-tiny)?(?:-(?P<precision>bf16|fp16|fp32|\d+bit))?$")
+
+
+def names() -> list[str]:
+    """Short names of the shapes (each also takes ``-tiny`` and a precision suffix)."""
+    return list(SHAPES)
+
+
+def _text_config(config: dict) -> dict:
+    return config.get("text_config", config)
+
+
+def parse(name: str) -> tuple[str, bool, str | None]:
+    """Split a synthetic model name into (shape, tiny, precision or None)."""
+    bare = name[len(PREFIX):] if name.startswith(PREFIX) else name
+    m = _NAME.match(bare.lower())
+    shape, tiny, precision = m["shape"], bool(m["tiny"]), m["precision"]
+    if shape not in SHAPES or (precision is not None and precision not in _PRECISIONS):
+        raise ValueError(
+            f"unknown synthetic model {name!r}: shapes are {', '.join(SHAPES)}, optionally with "
+            f"'-tiny' and a precision suffix ({', '.join(_PRECISIONS)}), e.g. 'qwen3-8b-4bit'"
+        )
+    return shape, tiny, precision
+
+
+def config(name: str, layers: int | None = None) -> dict:
+    """The Hugging Face style config of a synthetic shape (``layers`` overrides the depth)."""
+    shape, tiny, _ = parse(name)
+    cfg = copy.deepcopy(SHAPES[shape])
+    text = _text_config(cfg)
+    if tiny:
+        text.update(_TINY[shape])
+    if layers is not None:
+        interval = text.get("full_attention_interval", 1)
+        if layers < interval:
+            raise ValueError(
+                f"{shape} needs layers >= {interval} (one full-attention layer every {interval}); "
+                f"got layers={layers}"
+            )
+        text["num_hidden_layers"] = int(layers)
+    return cfg
+
+
+def _as_dtype(dtype: mx.Dtype | str | None) -> mx.Dtype | None:
+    if dtype is None or isinstance(dtype, mx.Dtype):
+        return dtype
+    key = _DTYPE_NAMES.get(str(dtype), str(dtype))
+    if key not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"dtype must be bfloat16, float16 or float32, got {dtype!r}")
+    return _PRECISIONS[key][0]
+
+
+def build(
+    name: str,
+    layers: int | None = None,
+    dtype: mx.Dtype | str | None = None,
+    bits: int | None = None,
+    group_size: int = GROUP_SIZE,
+    seed: int = 0,
+    mtp: bool = False,
+) -> nn.Module:
+    """Build a random-weight mlx-lm model of a named shape.
+
+    ``dtype`` is the dtype of unquantized weights (and of the quantization scales); ``bits``
+    quantizes (overriding the name's precision; ``bits=0`` means unquantized). ``mtp`` attaches a
+    random multi-token-prediction head to the shapes that have one (Qwen3.5).
+    """
+    shape, tiny, precision = parse(name)
+    name_dtype, name_bits = _PRECISIONS[precision] if precision else (
+        (mx.float32, None) if tiny else (mx.bfloat16, None)
+    )
+    dtype = _as_dtype(dtype) or name_dtype
+    bits = name_bits if bits is None else (bits or None)
+    cfg = config(name, layers)
+    model = build_from_config(cfg, dtype=dtype, bits=bits, group_size=group_size, seed=seed)
+    if mtp:
+        _attach_mtp(model, cfg, seed)
+    suffix = f"{bits}bit" if bits else _DTYPE_NAMES[str(dtype).split(".")[-1]]
+    depth = f"-{layers}l" if layers is not None else ""
+    model.specbench_name = f"{PREFIX}{shape}{'-tiny' if tiny else ''}-{suffix}{depth}"
+    return model
+
+
+def build_from_config(
+    cfg: dict,
+    dtype: mx.Dtype = mx.bfloat16,
+    bits: int | None = None,
+    group_size: int = GROUP_SIZE,
+    seed: int = 0,
+) -> nn.Module:
+    """Build a random-weight model from a Hugging Face style config dict (any mlx-lm model_type)."""
+    model_class, args_class = _get_classes(cfg)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(cfg))
+    # mlx-lm's cast_predicate keeps some parameters (Gated DeltaNet's A_log) in float32.
+    castable = getattr(model, "cast_predicate", None) or (lambda path: True)
+    model.update(
+        tree_map_with_path(
+            lambda path, v: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and castable(path) else v,
+            model.parameters(),
+        )
+    )
+    if bits:
+        _quantize(model, bits, group_size)
+    # Materialise layer by layer: the float32 draws of one layer are freed before the next.
+    for layer in model.layers:
+        mx.eval(layer.parameters())
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+def _quantize(model: nn.Module, bits: int, group_size: int) -> None:
+    model_predicate = getattr(model, "quant_predicate", None)
+
+    def predicate(path: str, module: nn.Module) -> bool | dict:
+        if not hasattr(module, "to_quantized") or module.weight.shape[-1] % group_size:
+            return False
+        return model_predicate(path, module) if model_predicate else True
+
+    nn.quantize(model, group_size, bits, class_predicate=predicate)
+
+
+def _attach_mtp(model: nn.Module, cfg: dict, seed: int) -> None:
+    n = _text_config(cfg).get("mtp_num_hidden_layers", 0)
+    if not n:
+        raise ValueError(f"{cfg['model_type']} has no MTP head; build it with mtp=False")
+    try:
+        from specbench.models.mtp import attach_random
+    except ImportError as e:
+        raise ValueError("mtp=True needs specbench.mtp.attach_random (the MTP module)") from e
+    attach_random(model, seed=seed)
+
+
+def parameter_count(name: str, layers: int | None = None) -> int:
+    """Parameters of a shape before quantization, counted from the module tree (nothing is drawn)."""
+    cfg = config(name, layers)
+    model_class, args_class = _get_classes(cfg)
+    return sum(v.size for _, v in tree_flatten(model_class(args_class.from_dict(cfg)).parameters()))
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    """Bytes held by the model's parameters (weights, scales and biases)."""
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))

@@ -1,0 +1,168 @@
+"""An interactive explorer for JupyterLab: pick a model, drafter, policy, k, temperature and prompt,
+watch the output arrive coloured by token source, then read the stats and the per-step plot.
+
+    from specbench.explorer import Explorer
+    Explorer(models=["smollm2-135m"]).show()
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from specbench.drafters import DRAFTER_NAMES
+
+POLICY_KINDS = ("auto", "fixed", "adaptive")
+VERIFY_CHOICES = (("default", ""), ("exact", "exact"), ("fast", "fast"))
+DEFAULT_PROMPT = "Write a Python function that adds two numbers, then call it three times."
+
+
+class Explorer:
+    """ipywidgets controls with live coloured output, generation stats and a per-step plot.
+
+    ``models``: names for ``specbench.sweep.load_model`` (loaded on first use and kept), or a
+    mapping name -> (model, tokenizer) of models already loaded; ``verify``: "exact", "fast" or
+    "" (the engine's default: exact when greedy). ``run()`` (the Generate button) decodes with
+    the current settings, refreshing the coloured text as tokens arrive.
+    """
+
+    def __init__(
+        self,
+        models: Sequence[str] | dict[str, tuple[Any, Any]] = ("smollm2-135m",),
+        drafters: Sequence[str] = DRAFTER_NAMES,
+        prompt: str = DEFAULT_PROMPT,
+        drafter: str = "lookup",
+        policy: str = "auto",
+        k: int = 4,
+        temperature: float = 0.0,
+        max_tokens: int = 64,
+        verify: str = "",
+        refresh_s: float = 0.25,
+    ):
+        import ipywidgets as w
+
+        self.loaded: dict[str, tuple[Any, Any]] = dict(models) if isinstance(models, dict) else {}
+        names = list(models)
+        if not names:
+            raise ValueError("give at least one model")
+        if policy not in POLICY_KINDS:
+            raise ValueError(f"policy must be one of {POLICY_KINDS}, got {policy!r}")
+        if verify not in dict(VERIFY_CHOICES).values():
+            raise ValueError(f"verify must be 'exact', 'fast' or '' (the engine's default), got {verify!r}")
+        if drafter not in drafters:
+            raise ValueError(f"drafter {drafter!r} is not among the choices {list(drafters)}")
+        self.refresh_s = refresh_s
+        self.generation = None
+        self.figure = None
+        label = {"description_width": "90px"}
+        self.model = w.Dropdown(options=names, value=names[0], description="model", style=label)
+        self.drafter = w.Dropdown(options=list(drafters), value=drafter, description="drafter", style=label)
+        self.policy = w.Dropdown(options=list(POLICY_KINDS), value=policy, description="policy", style=label)
+        self.k = w.IntSlider(value=k, min=1, max=16, description="k", style=label)
+        self.temperature = w.FloatSlider(value=temperature, min=0.0, max=1.5, step=0.05, description="temperature",
+                                         style=label)
+        self.max_tokens = w.IntSlider(value=max_tokens, min=1, max=512, description="max tokens", style=label)
+        self.verify = w.Dropdown(options=list(VERIFY_CHOICES), value=verify, description="verify", style=label)
+        self.prompt = w.Textarea(value=prompt, description="prompt", style=label,
+                                 layout=w.Layout(width="100%", height="6em"))
+        self.chat = w.Checkbox(value=True, description="chat template")
+        self.button = w.Button(description="Generate", button_style="primary", icon="play")
+        self.status = w.HTML(value="")
+        self.text = w.HTML(value="")
+        self.stats = w.HTML(value="")
+        self.plot = w.Output()
+        self.button.on_click(self.run)
+        controls = w.VBox([
+            w.HBox([self.model, self.drafter, self.policy]),
+            w.HBox([self.k, self.temperature, self.max_tokens]),
+            self.prompt,
+            w.HBox([self.verify, self.chat, self.button, self.status]),
+        ])
+        self.widget = w.VBox([controls, self.text, w.HBox([self.stats, self.plot])])
+
+    def show(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def _ipython_display_(self):
+        self.show()
+
+    def _load(self, name: str) -> tuple[Any, Any]:
+        if name not in self.loaded:
+            from specbench.experiments.sweep import load_model
+
+            self.status.value = f"loading {name} ..."
+            self.loaded[name] = load_model(name)
+        return self.loaded[name]
+
+    def policy_spec(self) -> str:
+        return "auto" if self.policy.value == "auto" else f"{self.policy.value}:{self.k.value}"
+
+    def run(self, _button: Any = None):
+        """Generate with the current settings; returns the Generation (None if it could not start)."""
+        from specbench import GenerateOptions, speculative_generate
+        from specbench.experiments.capabilities import usable_drafters
+        from specbench.core.policies import DraftPolicy
+        from specbench.experiments.prompts import render_prompt
+        from specbench.report.render import coloured_html, stats_html
+        from specbench.experiments.sweep import clock_stats
+
+        self.button.disabled = True
+        try:
+            model, tokenizer = self._load(self.model.value)
+            if tokenizer is None:
+                self.status.value = f"<b>{self.model.value} has no tokenizer</b>: pick a model with one"
+                return None
+            factories, skipped = usable_drafters([self.drafter.value], model, self.model.value)
+            if self.drafter.value in skipped:
+                self.status.value = f"<b>drafter {self.drafter.value} is not available</b>: {skipped[self.drafter.value]}"
+                return None
+            drafter = factories[self.drafter.value]()
+            policy = DraftPolicy.parse(self.policy_spec()) if drafter is not None else None
+            prompt = render_prompt(tokenizer, self.prompt.value, chat=self.chat.value)
+            options = GenerateOptions(max_tokens=self.max_tokens.value, temperature=float(self.temperature.value), seed=0,
+                                      verify=self.verify.value or None)
+            gen = speculative_generate(model, prompt, options, drafter, policy, tokenizer=tokenizer)
+            self.generation = gen
+            self.status.value = "generating ..."
+            shown = first = last = time.perf_counter()
+            drawing = 0.0  # time spent refreshing the text, left out of the decode time
+            for i, _ in enumerate(gen):
+                last = time.perf_counter()
+                if i == 0:
+                    first = last
+                if last - shown > self.refresh_s:
+                    self.text.value = coloured_html(gen.log, tokenizer)
+                    self.status.value = f"generating ... {len(gen.tokens)} tokens"
+                    shown = time.perf_counter()
+                    drawing += shown - last
+            self.text.value = coloured_html(gen.log, tokenizer)
+            stats = clock_stats(gen, last - first - drawing)
+            self.stats.value = stats_html(stats)
+            self.status.value = (
+                f"done: {stats['tokens']} tokens, {stats['decode_tokens_per_s']:.1f} tok/s, "
+                f"{stats['finish_reason']}"
+            )
+            self._draw(gen)
+            return gen
+        finally:
+            self.button.disabled = False
+
+    def _draw(self, gen: Any) -> None:
+        import matplotlib.pyplot as plt
+
+        from specbench.report.figures import step_timeline
+
+        if self.figure is not None:
+            plt.close(self.figure)
+        self.figure = step_timeline(gen.log, title=f"{gen.stats()['tokens']} tokens: per-step view")
+        self.plot.clear_output(wait=True)
+        with self.plot:
+            from specbench.report.runner import _in_ipython
+
+            if _in_ipython():
+                from IPython.display import display
+
+                display(self.figure)
+        plt.close(self.figure)

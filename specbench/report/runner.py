@@ -1,0 +1,544 @@
+"""Reports: the notebooks executed with papermill into reports/NAME/, with an index page.
+
+``run_report`` executes each notebook of ``NOTEBOOKS`` with a profile's parameters (``quick``:
+tiny settings for CI; ``full``: the embedded model, sized to finish in under 30 minutes on a
+2-core CPU) and writes, per notebook: the executed ``.ipynb``, its HTML (nbconvert), figures
+(PNG and SVG), per-step logs and tables (parquet), and ``status.json`` (written atomically when
+the notebook finishes or fails). A finished notebook is not run again unless forced or its
+parameters changed, so an interrupted report resumes where it stopped; a failed one keeps its
+error and the others still run. ``index.html`` links everything with a summary table.
+
+Inside a notebook, ``Outputs(output_dir, name)`` is where figures, logs, tables, summary values
+and skipped sections go.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime as _dt
+import html
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+from specbench.common.files import write_parquet_atomic, write_text_atomic
+
+#: Notebooks in report order, with their titles.
+NOTEBOOKS: dict[str, str] = {
+    "quickstart": "Quickstart: one speculative generation",
+    "draft_length_sweep": "Draft length sweep",
+    "break_even": "Break-even: verify cost, dense vs MoE",
+    "agent_traces": "Agent traces",
+    "sampling": "Sampling: acceptance vs temperature, losslessness",
+    "explorer": "Explorer",
+}
+
+#: Parameters the report sets itself (not settable with -p).
+RESERVED = ("output_dir", "progress")
+
+_TINY = "tiny:smollm2-135m"
+_EMBEDDED = "smollm2-135m"
+
+#: Per-profile parameter overrides, per notebook (notebook defaults fill the rest).
+PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    # Seconds on a CPU: a random-weight miniature of the embedded model (its tokenizer, 2 layers
+    # of width 64) and tiny synthetic shapes. Checks that every notebook runs and draws.
+    "quick": {
+        "quickstart": {"model": _TINY, "max_tokens": 12},
+        "draft_length_sweep": {
+            "model": _TINY, "draft_lengths": [1, 3], "policies": ["fixed", "auto"], "categories": ["repeated_paragraph", "qa"],
+            "prompts_per_category": 1, "max_tokens": 16, "max_prompt_tokens": 0,
+        },
+        "break_even": {
+            "dense_model": "synthetic:qwen3-8b-tiny", "moe_model": "synthetic:qwen3-30b-a3b-tiny", "widths": 5,
+            "repeats": 2, "offset": 32, "acceptances": [0.5, 0.9], "draft_lengths": [2], "grid_max_tokens": 8,
+        },
+        "agent_traces": {"model": _TINY, "traces": ["chat-revision"], "max_turns": 2, "max_tokens": 8},
+        "sampling": {
+            "model": _TINY, "temperatures": [0.0, 1.0], "categories": ["repeated_paragraph"], "max_tokens": 16,
+            "lossless_samples": 4, "lossless_tokens": 4, "permutations": 200,
+        },
+        "explorer": {"models": [_TINY], "max_tokens": 8},
+    },
+    # The embedded model (SmolLM2-135M), sized for a 2-core CPU: float32 decoding runs at ~5 tokens/s
+    # and a prefill at ~10 tokens/s there, so prompts are short and generations few. Greedy
+    # verification is the engine's default, exact (its calibration finds the batched forward
+    # bit-identical on the CPU in a few seconds per width, kept under SPECBENCH_HOME).
+    "full": {
+        "quickstart": {"model": _EMBEDDED, "max_tokens": 48},
+        "draft_length_sweep": {
+            "model": _EMBEDDED, "draft_lengths": [1, 3], "policies": ["fixed", "auto"],
+            "categories": ["translation", "qa"], "prompts_per_category": 1, "max_tokens": 32, "max_prompt_tokens": 160,
+        },
+        "break_even": {
+            "dense_model": _EMBEDDED, "widths": 7, "verify_modes": ["fast"], "repeats": 3, "offset": 64,
+            "acceptances": [0.5, 0.9], "draft_lengths": [2, 4], "grid_max_tokens": 16, "grid_prompt_tokens": 16,
+        },
+        "agent_traces": {
+            # a fixed draft length: on this CPU auto finds that drafting does not pay and never drafts
+            "model": _EMBEDDED, "traces": ["chat-revision"], "max_turns": 2, "max_tokens": 32, "policy": "fixed:4",
+        },
+        "sampling": {
+            "model": _EMBEDDED, "temperatures": [0.0, 1.0], "categories": ["translation"], "max_tokens": 32,
+            "lossless_samples": 10, "lossless_tokens": 6,
+        },
+        "explorer": {"models": [_EMBEDDED], "max_tokens": 32},
+    },
+}
+
+
+def notebooks_dir() -> Path:
+    """The notebooks/ folder of the source tree."""
+    from specbench.experiments.capabilities import project_root
+
+    return project_root() / "notebooks"
+
+
+
+
+def _in_ipython() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None
+
+
+# -- inside a notebook -------------------------------------------------------------------------
+
+
+class Outputs:
+    """Where one notebook's figures, logs, tables and summary go.
+
+    With an ``output_dir`` (set by ``specbench report``) files are written under
+    ``output_dir/NOTEBOOK/``; without one, figures are only shown. ``needs`` and ``skip`` turn a
+    missing capability into a visible, recorded skipped section.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike | None, notebook: str):
+        self.notebook = notebook
+        self.folder = Path(output_dir) / notebook if output_dir else None
+        self.values: dict[str, Any] = {}
+        self.skipped: dict[str, str] = {}
+        self.files: dict[str, list[str]] = {"figures": [], "logs": [], "tables": []}
+
+    def _relative(self, path: Path) -> str:
+        return str(path.relative_to(self.folder.parent)) if self.folder else str(path)
+
+    def _save_summary(self) -> None:
+        if self.folder is None:
+            return
+        data = {"notebook": self.notebook, "values": self.values, "skipped": self.skipped, **self.files}
+        write_text_atomic(self.folder / "summary.json", json.dumps(data, indent=1, default=str))
+
+    def figure(self, fig: Any, name: str, show: bool = True) -> None:
+        """Save ``fig`` (PNG and SVG, when writing), show it once, and close it."""
+        import matplotlib.pyplot as plt
+
+        from specbench.report.figures import save_figure
+
+        paths = []
+        if self.folder is not None:
+            paths = save_figure(fig, name, self.folder / "figures")
+            self.files["figures"].append(self._relative(paths[0]))
+            self._save_summary()
+        if show and _in_ipython():
+            from IPython.display import display
+
+            display(fig)
+        plt.close(fig)
+
+    def log(self, log: Any, name: str) -> Path | None:
+        """Save a StepLog (or a polars frame of steps) as logs/NAME.parquet."""
+        if self.folder is None:
+            return None
+        path = self.folder / "logs" / f"{name}.parquet"
+        if hasattr(log, "save"):
+            log.save(path)
+        else:
+            write_parquet_atomic(log, path)
+        self.files["logs"].append(self._relative(path))
+        self._save_summary()
+        return path
+
+    def table(self, frame: Any, name: str) -> Path | None:
+        """Save a polars frame as tables/NAME.parquet."""
+        if self.folder is None:
+            return None
+        path = write_parquet_atomic(frame, self.folder / "tables" / f"{name}.parquet")
+        self.files["tables"].append(self._relative(path))
+        self._save_summary()
+        return path
+
+    def summary(self, **values: Any) -> None:
+        """Key results shown in the report's index (numbers, short strings; NaN is stored as null)."""
+        import math
+
+        self.values.update({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()})
+        self._save_summary()
+
+    def skip(self, section: str, reason: str) -> None:
+        """Record and show that ``section`` was skipped, and why."""
+        self.skipped[section] = str(reason)
+        self._save_summary()
+        message = f"Skipped: {section}. {reason}"
+        if _in_ipython():
+            from IPython.display import Markdown, display
+
+            display(Markdown(f"> **Skipped: {section}.** {html.escape(str(reason))}"))
+        else:
+            print(message)
+
+    def needs(self, *capabilities: str, section: str) -> bool:
+        """True when every capability is available; otherwise ``skip`` the section and False."""
+        from specbench.experiments.capabilities import check
+
+        for name in capabilities:
+            cap = check(name)
+            if not cap.available:
+                self.skip(section, f"{name} is not available: {cap.detail}")
+                return False
+        return True
+
+
+# -- parameters --------------------------------------------------------------------------------
+
+
+def notebook_parameters(path: str | os.PathLike) -> dict[str, Any]:
+    """The parameters cell's names and default values (papermill's inspection)."""
+    import papermill
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no notebook at {path}")
+    params = papermill.inspect_notebook(str(path))
+    out = {}
+    for name, info in params.items():
+        try:
+            out[name] = ast.literal_eval(info["default"])
+        except (ValueError, SyntaxError):
+            out[name] = info["default"]
+    return out
+
+
+def _parse_value(text: str) -> Any:
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            return parse(text)
+        except (ValueError, SyntaxError):
+            pass
+    return text
+
+
+def coerce(name: str, value: Any, default: Any) -> Any:
+    """``value`` (from the command line) in the type of the parameter's default."""
+    if isinstance(value, str) and (not isinstance(default, (str, list)) or value.strip().startswith("[")):
+        value = _parse_value(value)
+    if isinstance(default, list) and isinstance(value, str):
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        like = default[0] if default else None
+        return [coerce(name, _parse_value(v) if not isinstance(like, str) else v, like) for v in items]
+    if isinstance(default, list) and not isinstance(value, list):
+        return [value]
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("1", "true", "yes", "on"):
+            return True
+        if str(value).lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"parameter {name}: expected true or false, got {value!r}")
+    if isinstance(default, int) and not isinstance(value, bool):
+        if isinstance(value, (int, float)) and float(value).is_integer():
+            return int(value)
+        raise ValueError(f"parameter {name}: expected an integer, got {value!r}")
+    if isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f"parameter {name}: expected a number, got {value!r}")
+    if isinstance(default, str) and not isinstance(value, str):
+        return str(value)
+    return value
+
+
+def parse_assignments(items: Sequence[str]) -> dict[str, str]:
+    """``["k=v", "nb.k=v"]`` -> ``{"k": "v", "nb.k": "v"}``."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"-p takes key=value (or notebook.key=value), got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def resolve_parameters(
+    profile: str, overrides: dict[str, Any], names: Sequence[str], folder: Path
+) -> dict[str, dict[str, Any]]:
+    """Each notebook's parameters: the profile's, then ``overrides`` (``key`` for every notebook
+    that has it, ``notebook.key`` for one). Unknown keys raise one ValueError listing the known."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}: choose one of {', '.join(PROFILES)}")
+    defaults = {name: notebook_parameters(folder / f"{name}.ipynb") for name in names}
+    resolved = {name: dict(PROFILES[profile].get(name, {})) for name in names}
+    for name in names:
+        unknown = [k for k in resolved[name] if k not in defaults[name]]
+        if unknown:
+            raise ValueError(f"profile {profile!r} sets {unknown} that notebook {name} does not have")
+    problems = []
+    for key, value in overrides.items():
+        target, _, param = key.rpartition(".")
+        targets = [target] if target else [n for n in names if param in defaults[n]]
+        if target and target not in names:
+            problems.append(f"{key!r} (no notebook {target!r} in this report)")
+            continue
+        if param in RESERVED:
+            problems.append(f"{key!r} (set by the report itself)")
+            continue
+        if not targets or any(param not in defaults[t] for t in targets):
+            problems.append(repr(key))
+            continue
+        for t in targets:
+            resolved[t][param] = coerce(param, value, defaults[t][param])
+    if problems:
+        known = sorted({p for n in names for p in defaults[n] if p not in RESERVED})
+        per_notebook = "; ".join(
+            f"{n}: {', '.join(p for p in defaults[n] if p not in RESERVED)}" for n in names
+        )
+        raise ValueError(
+            f"unknown parameter(s) {', '.join(problems)}. Known parameters: {', '.join(known)} "
+            f"(use notebook.key=value for one notebook; per notebook: {per_notebook})"
+        )
+    return resolved
+
+
+# -- running -----------------------------------------------------------------------------------
+
+
+@dataclass
+class NotebookResult:
+    notebook: str
+    status: str  # "done", "failed", "skipped" (already done), "running"
+    seconds: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class ReportResult:
+    out: Path
+    results: list[NotebookResult] = field(default_factory=list)
+
+    @property
+    def index(self) -> Path:
+        return self.out / "index.html"
+
+    @property
+    def failed(self) -> list[str]:
+        return [r.notebook for r in self.results if r.status == "failed"]
+
+
+def read_status(out: Path, notebook: str) -> dict[str, Any] | None:
+    path = out / notebook / "status.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_status(out: Path, notebook: str, status: dict[str, Any]) -> None:
+    write_text_atomic(out / notebook / "status.json", json.dumps(status, indent=1, default=str))
+
+
+def _now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def export_html(ipynb: Path, html_path: Path) -> Path:
+    """The executed notebook as a standalone HTML page (nbconvert, figures embedded)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(str(ipynb), as_version=4)
+    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    return write_text_atomic(html_path, body)
+
+
+def _error_text(err: BaseException) -> str:
+    ename = getattr(err, "ename", None)
+    if ename:
+        return f"{ename}: {getattr(err, 'evalue', '')}".strip()
+    return f"{type(err).__name__}: {err}".strip()
+
+
+def run_report(
+    profile: str = "full",
+    out: str | os.PathLike | None = None,
+    parameters: dict[str, Any] | None = None,
+    only: Sequence[str] | None = None,
+    force: bool = False,
+    notebooks: str | os.PathLike | None = None,
+    kernel_name: str = "python3",
+    progress: bool = True,
+    start_timeout: int = 120,
+) -> ReportResult:
+    """Execute the notebooks into ``out`` (default ``reports/PROFILE``) and write its index.html."""
+    import papermill
+    from tqdm.auto import tqdm
+
+    folder = Path(notebooks) if notebooks else notebooks_dir()
+    names = list(only) if only else list(NOTEBOOKS)
+    unknown = [n for n in names if n not in NOTEBOOKS]
+    if unknown:
+        raise ValueError(f"unknown notebook(s) {unknown}: choose from {', '.join(NOTEBOOKS)}")
+    missing = [n for n in names if not (folder / f"{n}.ipynb").is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"notebooks {missing} not found in {folder}: the notebooks live in a source checkout of specbench "
+            "(install it editable from there, as `make report` does), or pass their folder (--notebooks DIR)"
+        )
+    resolved = resolve_parameters(profile, dict(parameters or {}), names, folder)
+    out = Path(out) if out else Path("reports") / profile
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "report.json", json.dumps(_report_info(profile, out), indent=1))
+    result = ReportResult(out)
+    bar = tqdm(names, desc=f"report ({profile})", unit="notebook", disable=not progress)
+    for name in bar:
+        params = resolved[name]
+        previous = read_status(out, name)
+        if not force and previous and previous.get("status") == "done" and previous.get("parameters") == params:
+            result.results.append(NotebookResult(name, "skipped", previous.get("seconds", 0.0)))
+            bar.write(f"{name}: already done ({previous.get('seconds', 0):.0f} s); --force to run it again")
+            continue
+        bar.set_postfix_str(name)
+        ipynb = out / f"{name}.ipynb"
+        status = {"notebook": name, "status": "running", "profile": profile, "parameters": params, "started": _now()}
+        _write_status(out, name, status)
+        summary = out / name / "summary.json"
+        if summary.exists():
+            summary.unlink()
+        t0 = time.perf_counter()
+        error = ""
+        try:
+            papermill.execute_notebook(
+                str(folder / f"{name}.ipynb"), str(ipynb),
+                parameters={**params, "output_dir": str(out), "progress": False},
+                kernel_name=kernel_name, progress_bar={"leave": False, "desc": name} if progress else False,
+                cwd=str(folder.parent), start_timeout=start_timeout,
+            )
+        except Exception as err:  # a failed notebook is recorded; the others still run
+            error = _error_text(err)
+        seconds = time.perf_counter() - t0
+        html_path = out / f"{name}.html"
+        if ipynb.exists():
+            try:
+                export_html(ipynb, html_path)
+            except Exception as err:
+                error = error or f"HTML export failed: {_error_text(err)}"
+        status.update(status="failed" if error else "done", finished=_now(), seconds=round(seconds, 1), error=error)
+        _write_status(out, name, status)
+        result.results.append(NotebookResult(name, status["status"], seconds, error))
+        bar.write(f"{name}: {status['status']} in {seconds:.0f} s" + (f" ({error})" if error else ""))
+        write_index(out)
+    bar.close()
+    info = _report_info(profile, out)
+    info["last_run_s"] = round(sum(r.seconds for r in result.results if r.status != "skipped"), 1)
+    write_text_atomic(out / "report.json", json.dumps(info, indent=1))
+    write_index(out)
+    return result
+
+
+def _report_info(profile: str, out: Path) -> dict[str, Any]:
+    info: dict[str, Any] = {"profile": profile, "created": _now()}
+    try:
+        from specbench.cost.profile import device_name, versions
+
+        info.update(device=device_name(), **versions())
+    except ImportError:
+        pass
+    previous = out / "report.json"
+    if previous.exists():
+        try:
+            info["created"] = json.loads(previous.read_text()).get("created", info["created"])
+        except ValueError:
+            pass
+    info["updated"] = _now()
+    return info
+
+
+# -- index -------------------------------------------------------------------------------------
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;color:#222}
+table{border-collapse:collapse;width:100%;margin:1em 0}
+th,td{border:1px solid #ddd;padding:6px 8px;vertical-align:top;font-size:0.92em}
+th{background:#f4f4f4;text-align:left}
+.done{color:#1a7f37;font-weight:600}.failed{color:#cf222e;font-weight:600}.running,.not.run{color:#9a6700}
+.figs{display:flex;flex-wrap:wrap;gap:10px}.figs a img{width:260px;border:1px solid #ddd}
+.err{font-family:monospace;white-space:pre-wrap;color:#cf222e}.skip{color:#9a6700}
+dl{margin:0}dt{font-weight:600;display:inline}dd{display:inline;margin:0 0.8em 0 0.3em}
+"""
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def write_index(out: str | os.PathLike) -> Path:
+    """(Re)write ``out/index.html`` from the notebooks' status and summary files."""
+    out = Path(out)
+    info = {}
+    if (out / "report.json").exists():
+        info = json.loads((out / "report.json").read_text())
+    rows, galleries = [], []
+    esc = html.escape
+    for name, title in NOTEBOOKS.items():
+        status = read_status(out, name)
+        if status is None:
+            continue
+        summary: dict[str, Any] = {}
+        if (out / name / "summary.json").exists():
+            try:
+                summary = json.loads((out / name / "summary.json").read_text())
+            except ValueError:
+                summary = {}
+        state = status.get("status", "not run")
+        links = [f'<a href="{esc(name)}.html">HTML</a>'] if (out / f"{name}.html").exists() else []
+        if (out / f"{name}.ipynb").exists():
+            links.append(f'<a href="{esc(name)}.ipynb">notebook</a>')
+        logs = summary.get("logs", []) + summary.get("tables", [])
+        log_links = " ".join(f'<a href="{esc(p)}">{esc(Path(p).name)}</a>' for p in logs)
+        values = "".join(f"<dt>{esc(k)}</dt><dd>{esc(_format_value(v))}</dd>" for k, v in summary.get("values", {}).items())
+        skipped = "".join(f'<div class="skip">skipped: {esc(s)} ({esc(r)})</div>' for s, r in summary.get("skipped", {}).items())
+        error = f'<div class="err">{esc(status.get("error", ""))}</div>' if status.get("error") else ""
+        seconds = status.get("seconds")
+        rows.append(
+            f"<tr><td><b>{esc(title)}</b><br>{' | '.join(links)}</td><td class=\"{esc(state)}\">{esc(state)}</td>"
+            f"<td>{'' if seconds is None else f'{seconds:.0f} s'}</td><td><dl>{values}</dl>{skipped}{error}</td>"
+            f"<td>{len(summary.get('figures', []))}</td><td>{log_links}</td></tr>"
+        )
+        figures = summary.get("figures", [])
+        if figures:
+            thumbs = "".join(
+                f'<a href="{esc(p)}"><img src="{esc(p)}" alt="{esc(Path(p).stem)}" title="{esc(Path(p).stem)}"></a>'
+                for p in figures
+            )
+            svgs = " ".join(f'<a href="{esc(str(Path(p).with_suffix(".svg")))}">{esc(Path(p).stem)}.svg</a>' for p in figures)
+            galleries.append(f'<h3 id="{esc(name)}">{esc(title)}</h3><div class="figs">{thumbs}</div><p>SVG: {svgs}</p>')
+    meta = " · ".join(
+        esc(f"{k}: {info[k]}")
+        for k in ("profile", "device", "mlx", "mlx_lm", "specbench", "created", "updated", "last_run_s") if k in info
+    )
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>specbench report</title><style>{_STYLE}</style></head>"
+        f"<body><h1>specbench report</h1><p>{meta}</p>"
+        f"<table><tr><th>notebook</th><th>status</th><th>run time</th><th>key results</th><th>figures</th>"
+        f"<th>logs and tables (parquet)</th></tr>{''.join(rows)}</table>"
+        f"<h2>Figures</h2>{''.join(galleries) or '<p>none yet</p>'}</body></html>"
+    )
+    return write_text_atomic(out / "index.html", page)
