@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup report test clean
+.PHONY: setup report test lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,6 +21,16 @@ report: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# fixes first (they can leave lines to reformat), then the formatter, then what is left to fix by hand
+format: $(STAMP)
+	$(BIN)/ruff check --fix --exit-zero --quiet .
+	$(BIN)/ruff format .
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) reports/_scratch

@@ -24,7 +24,6 @@ Prints two ratios, measured in one run on one model and prompt (greedy, the same
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -32,13 +31,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import mlx.core as mx  # noqa: E402
+import mlx.core as mx
 
-import specbench.core.engine as engine  # noqa: E402
-from specbench.experiments.bench import run_mlx_lm, run_specbench  # noqa: E402
-from specbench.drafters import PromptLookup  # noqa: E402
-from specbench.core.log import StepLog  # noqa: E402
-from specbench.core.policies import DraftPolicy  # noqa: E402
+import specbench.core.engine as engine
+from specbench.common.files import write_json_atomic
+from specbench.common.identity import device_name, versions
+from specbench.core.log import StepLog
+from specbench.core.policies import DraftPolicy
+from specbench.drafters import PromptLookup
+from specbench.experiments.prompt_runs import run_mlx_lm, run_specbench
+from specbench.experiments.prompts import render_prompt
+from specbench.models.load import load
 
 PROMPT = "Write a short story about a child who finds an old map in the attic."
 
@@ -74,7 +77,9 @@ def speed_ratio(model, tokenizer, prompt: list[int], tokens: int, rounds: int) -
         for name in rates:
             rates[name].append(decode_rate(runs[name]))
     return {
-        "decode_ratio": spread(decode), "e2e_ratio": spread(e2e), "equal_outputs": equal,
+        "decode_ratio": spread(decode),
+        "e2e_ratio": spread(e2e),
+        "equal_outputs": equal,
         "decode_tokens_per_s": {k: statistics.median(v) for k, v in rates.items()},
         "tokens": len(runs["mlx-lm"].tokens),
     }
@@ -121,6 +126,7 @@ def clock_read_s(n: int = 200_000) -> float:
 
 def logging_overhead(model, tokenizer, prompt: list[int], tokens: int, rounds: int, speculative: bool) -> dict:
     """(b): record-keeping seconds / generation seconds, and the A/B cross-check."""
+
     def once(disable: bool):
         drafter = PromptLookup() if speculative else None
         policy = DraftPolicy.fixed(4) if speculative else None
@@ -140,9 +146,11 @@ def logging_overhead(model, tokenizer, prompt: list[int], tokens: int, rounds: i
         off = results[True][0]
         ab.append(decode_rate(run) / decode_rate(off))
     return {
-        "overhead_fraction": spread(fractions), "records": timer.records,
+        "overhead_fraction": spread(fractions),
+        "records": timer.records,
         "per_record_us": 1e6 * (timer.seconds / max(1, timer.records) + clock),
-        "step_ms": 1e3 * run.wall_s / max(1, timer.records), "ab_ratio_logged_over_unlogged": spread(ab),
+        "step_ms": 1e3 * run.wall_s / max(1, timer.records),
+        "ab_ratio_logged_over_unlogged": spread(ab),
     }
 
 
@@ -156,10 +164,6 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.tokens, args.rounds = 16, 2
-    from specbench import load
-    from specbench.cost.profile import device_name, versions
-    from specbench.experiments.prompts import render_prompt
-
     model, tokenizer = load(args.model)
     prompt = render_prompt(tokenizer, PROMPT)
     # warm-up: both loops once
@@ -167,34 +171,41 @@ def main() -> int:
     run_specbench(model, tokenizer, prompt, 8)
     run_specbench(model, tokenizer, prompt, 8, PromptLookup(), DraftPolicy.fixed(4))
     result = {
-        "model": args.model, "device": device_name(), **versions(), "prompt_tokens": len(prompt),
-        "max_tokens": args.tokens, "rounds": args.rounds,
+        "model": args.model,
+        "device": device_name(),
+        **versions(),
+        "prompt_tokens": len(prompt),
+        "max_tokens": args.tokens,
+        "rounds": args.rounds,
         "speed": speed_ratio(model, tokenizer, prompt, args.tokens, args.rounds),
         "logging_plain": logging_overhead(model, tokenizer, prompt, args.tokens, args.rounds, speculative=False),
         "logging_lookup": logging_overhead(model, tokenizer, prompt, args.tokens, args.rounds, speculative=True),
     }
     s = result["speed"]
-    print(f"engine speed: {args.model} on {result['device']}, {s['tokens']} tokens, {args.rounds} rounds "
-          f"(mlx {result['mlx']}, mlx-lm {result['mlx_lm']})")
-    print(f"(a) specbench generate / mlx-lm stream_generate, decode tokens/s: {s['decode_ratio']['median']:.3f} "
-          f"(min {s['decode_ratio']['min']:.3f}, max {s['decode_ratio']['max']:.3f}); end to end "
-          f"{s['e2e_ratio']['median']:.3f} ({s['e2e_ratio']['min']:.3f}-{s['e2e_ratio']['max']:.3f}); "
-          f"mlx-lm {s['decode_tokens_per_s']['mlx-lm']:.1f} tok/s, specbench {s['decode_tokens_per_s']['specbench']:.1f} tok/s; "
-          f"outputs equal: {s['equal_outputs']}")
+    print(
+        f"engine speed: {args.model} on {result['device']}, {s['tokens']} tokens, {args.rounds} rounds "
+        f"(mlx {result['mlx']}, mlx-lm {result['mlx_lm']})"
+    )
+    print(
+        f"(a) specbench generate / mlx-lm stream_generate, decode tokens/s: {s['decode_ratio']['median']:.3f} "
+        f"(min {s['decode_ratio']['min']:.3f}, max {s['decode_ratio']['max']:.3f}); end to end "
+        f"{s['e2e_ratio']['median']:.3f} ({s['e2e_ratio']['min']:.3f}-{s['e2e_ratio']['max']:.3f}); "
+        f"mlx-lm {s['decode_tokens_per_s']['mlx-lm']:.1f} tok/s, "
+        f"specbench {s['decode_tokens_per_s']['specbench']:.1f} tok/s; "
+        f"outputs equal: {s['equal_outputs']}"
+    )
     for key, label in (("logging_plain", "plain generate"), ("logging_lookup", "lookup fixed:4")):
         o = result[key]
         f = o["overhead_fraction"]
-        print(f"(b) logging overhead, {label}: {100 * f['median']:.3f}% of generation time "
-              f"(min {100 * f['min']:.3f}%, max {100 * f['max']:.3f}%); {o['per_record_us']:.1f} us per record, "
-              f"{o['step_ms']:.2f} ms per step, {o['records']} records; A/B logged/unlogged throughput "
-              f"{o['ab_ratio_logged_over_unlogged']['median']:.3f} ({o['ab_ratio_logged_over_unlogged']['min']:.3f}-"
-              f"{o['ab_ratio_logged_over_unlogged']['max']:.3f}, noise floor)")
+        print(
+            f"(b) logging overhead, {label}: {100 * f['median']:.3f}% of generation time "
+            f"(min {100 * f['min']:.3f}%, max {100 * f['max']:.3f}%); {o['per_record_us']:.1f} us per record, "
+            f"{o['step_ms']:.2f} ms per step, {o['records']} records; A/B logged/unlogged throughput "
+            f"{o['ab_ratio_logged_over_unlogged']['median']:.3f} ({o['ab_ratio_logged_over_unlogged']['min']:.3f}-"
+            f"{o['ab_ratio_logged_over_unlogged']['max']:.3f}, noise floor)"
+        )
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2))
-        tmp.replace(path)
+        write_json_atomic(args.json, result)
     return 0
 
 

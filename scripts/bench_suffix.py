@@ -102,15 +102,19 @@ def main() -> None:
     gc.collect()
     rss1 = rss_bytes()
     index = drafter.global_index
-    print(f"global store: {drafter.stored_tokens:,} tokens in {len(sequences):,} sequences, "
-          f"{index.states:,} states, {len(index.next):,} transitions; built in {build_s:.1f} s")
-    print(f"memory: {(rss1 - rss0) / drafter.stored_tokens:.0f} B/token (RSS growth), "
-          f"{index.nbytes() / drafter.stored_tokens:.0f} B/token (estimate of the index's own objects)")
+    print(
+        f"global store: {drafter.stored_tokens:,} tokens in {len(sequences):,} sequences, "
+        f"{index.states:,} states, {len(index.next):,} transitions; built in {build_s:.1f} s"
+    )
+    print(
+        f"memory: {(rss1 - rss0) / drafter.stored_tokens:.0f} B/token (RSS growth), "
+        f"{index.nbytes() / drafter.stored_tokens:.0f} B/token (estimate of the index's own objects)"
+    )
 
     suffix_draft, suffix_obs, lookup_draft = [], [], []
     accepted_like = []
     lookup = PromptLookup()
-    for r in range(args.requests):
+    for _ in range(args.requests):
         sources = sequences[-200:]
         prompt = stream.sequence(args.prompt_tokens, copy_rate=0.02, sources=sources)
         response = stream.sequence(args.response_tokens, copy_rate=0.03, sources=sources + [prompt])
@@ -161,11 +165,15 @@ def main() -> None:
     print(f"\n{'operation':45s} {'median us':>10s} {'p90 us':>10s}")
     for name, med, p90 in rows:
         print(f"{name:45s} {med:10.1f} {p90:10.1f}")
-    print(f"\n{len(suffix_draft):,} drafts over {args.requests} requests "
-          f"(prompt {args.prompt_tokens}, response {args.response_tokens} tokens, k={args.k}); "
-          f"mean draft length {statistics.mean(accepted_like):.2f}")
-    print("targets: draft() median <= 30 us, update <= 10 us per token (wall-clock times; on a busy machine "
-          "the CPU-time row shows the work itself)")
+    print(
+        f"\n{len(suffix_draft):,} drafts over {args.requests} requests "
+        f"(prompt {args.prompt_tokens}, response {args.response_tokens} tokens, k={args.k}); "
+        f"mean draft length {statistics.mean(accepted_like):.2f}"
+    )
+    print(
+        "targets: draft() median <= 30 us, update <= 10 us per token (wall-clock times; on a busy machine "
+        "the CPU-time row shows the work itself)"
+    )
 
 
 if __name__ == "__main__":

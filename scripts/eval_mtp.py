@@ -21,11 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specbench import load  # noqa: E402
-from specbench.models.mtp import attach_mtp  # noqa: E402
-from specbench.models.mtp.attach import shipped_head  # noqa: E402
-from specbench.experiments.mtp_training import encode_batch, eos_id, evaluate_decoding, gather_text, stream  # noqa: E402
-from specbench.experiments.prompts import questions_from, render_prompt  # noqa: E402
+from specbench import load
+from specbench.experiments.mtp_data import encode_batch, eos_id, gather_text, stream
+from specbench.experiments.mtp_metrics import evaluate_decoding
+from specbench.experiments.prompts import questions_from, render_prompt
+from specbench.models.mtp import attach_mtp
+from specbench.models.mtp.attach import shipped_head
 
 
 def main() -> int:
@@ -57,20 +58,34 @@ def main() -> int:
             sets[kind] = [s[a : a + 48].tolist() for a in range(0, len(s) - 64, step)][: args.raw_sets]
     results = {}
     print(f"{args.model}, head {Path(head).name}, k={args.k}, verify={args.verify}, {args.max_tokens} tokens a prompt")
-    print(f"{'set':8s} {'prompts':>7s} {'verifies':>8s} {'first':>6s} {'mean acc':>8s} {'tok/verify':>10s}  per position")
+    print(
+        f"{'set':8s} {'prompts':>7s} {'verifies':>8s} {'first':>6s} {'mean acc':>8s} {'tok/verify':>10s}  per position"
+    )
     for name, prompts in sets.items():
         r = evaluate_decoding(model, prompts, args.max_tokens, args.k, args.verify)
         results[name] = r
         pos = " ".join(f"{p:.2f}" for p in r["per_position_acceptance"])
-        print(f"{name:8s} {r['prompts']:7d} {r['verifies']:8d} {r['first_draft_acceptance']:6.3f} "
-              f"{r['mean_accepted']:8.3f} {r['tokens_per_verify']:10.3f}  {pos}")
+        print(
+            f"{name:8s} {r['prompts']:7d} {r['verifies']:8d} {r['first_draft_acceptance']:6.3f} "
+            f"{r['mean_accepted']:8.3f} {r['tokens_per_verify']:10.3f}  {pos}"
+        )
     total_v = sum(r["verifies"] for r in results.values())
     first = sum(r["first_draft_acceptance"] * r["verifies"] for r in results.values()) / max(total_v, 1)
     print(f"{'all':8s} {'':7s} {total_v:8d} {first:6.3f}   ({time.perf_counter() - t0:.0f}s)")
     if args.out:
-        Path(args.out).write_text(json.dumps({"model": args.model, "head": str(head), "k": args.k,
-                                              "verify": args.verify, "sets": results, "first_draft_acceptance": first},
-                                             indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "head": str(head),
+                    "k": args.k,
+                    "verify": args.verify,
+                    "sets": results,
+                    "first_draft_acceptance": first,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

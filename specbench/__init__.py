@@ -8,19 +8,16 @@ import os
 # first runs attention, so importing specbench before that is enough. No effect on Metal or CPU.
 os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "0")
 
-from specbench.drafters import Draft, Drafter, PromptLookup
-from specbench.core.engine import GenerateOptions, Generation, generate, speculative_generate
+from specbench.core.draft import Draft, Drafter
+from specbench.core.engine import Generation, generate
 from specbench.core.log import StepLog, StepRecord
-from specbench.models.mtp import attach_mtp  # MTP heads: attach a checkpoint's multi-token-prediction head
+from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-
-
-def load(name_or_path: str, **kwargs):
-    """Load a model and tokenizer: an embedded short name, a local folder, or anything mlx_lm.load takes."""
-    from specbench.models.load import load as _load
-
-    return _load(name_or_path, **kwargs)
-
+from specbench.decoding import speculative_generate
+from specbench.drafters.lookup import PromptLookup
+from specbench.experiments.prompts import render_prompt
+from specbench.models.load import load
+from specbench.models.mtp import attach_mtp  # MTP heads: attach a checkpoint's multi-token-prediction head
 
 __all__ = [
     "Draft",
@@ -34,5 +31,6 @@ __all__ = [
     "attach_mtp",
     "generate",
     "load",
+    "render_prompt",
     "speculative_generate",
 ]

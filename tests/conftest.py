@@ -5,30 +5,62 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx.utils import tree_map
+from mlx_lm.models import switch_layers
 
-from specbench.drafters.base import Draft, Drafter
+from specbench.core.draft import Draft, Drafter
+from specbench.exact import hooks as exact_hooks
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 TINY_CONFIGS = {
     "llama": dict(
-        model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
-        tie_word_embeddings=True, max_position_embeddings=2048,
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=97,
+        tie_word_embeddings=True,
+        max_position_embeddings=2048,
     ),
     "qwen3": dict(
-        model_type="qwen3", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=97,
-        tie_word_embeddings=False, max_position_embeddings=2048, rope_theta=10000.0,
+        model_type="qwen3",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        vocab_size=97,
+        tie_word_embeddings=False,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
     ),
     "qwen3_moe": dict(
-        model_type="qwen3_moe", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=97,
-        tie_word_embeddings=False, max_position_embeddings=2048, rope_theta=10000.0,
-        num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, moe_intermediate_size=32,
-        mlp_only_layers=[], norm_topk_prob=True,
+        model_type="qwen3_moe",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        vocab_size=97,
+        tie_word_embeddings=False,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        num_experts=8,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        moe_intermediate_size=32,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
     ),
 }
 
@@ -98,7 +130,10 @@ def word_tokenizer(roles: tuple[str, ...] = ("user", "assistant")):
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<unk>", "<eos>", *(f"<{r}>" for r in roles)]
-    vocab = {**{t: i for i, t in enumerate(specials)}, **{w: i + len(specials) for i, w in enumerate(tokenizer_words(roles))}}
+    vocab = {
+        **{t: i for i, t in enumerate(specials)},
+        **{w: i + len(specials) for i, w in enumerate(tokenizer_words(roles))},
+    }
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     hf = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
@@ -117,9 +152,189 @@ def tokenizer_words(roles: tuple[str, ...] = ("user", "assistant")) -> list[str]
 @pytest.fixture
 def fresh_calibrations(tmp_path, monkeypatch):
     """Exact-mode calibrations go to a temporary SPECBENCH_HOME and start empty in memory."""
-    from specbench.exact import hooks as exact
+    from specbench.exact import calibration as exact
 
     monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path))
     exact._calibrations.clear()
     yield
     exact._calibrations.clear()
+
+
+# -- hybrid (Gated DeltaNet) and MTP-carrying configs ------------------------------------------
+
+QWEN35 = {
+    "model_type": "qwen3_5",
+    "text_config": {
+        "model_type": "qwen3_5_text",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 101,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 4,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000, "partial_rotary_factor": 0.25},
+        "mtp_num_hidden_layers": 1,
+    },
+}
+QWEN35_MOE = {
+    "model_type": "qwen3_5_moe",
+    "text_config": {
+        **QWEN35["text_config"],
+        "model_type": "qwen3_5_moe_text",
+        "intermediate_size": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+        "norm_topk_prob": True,
+    },
+}
+DEEPSEEK = dict(
+    model_type="deepseek_v3",
+    vocab_size=101,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    n_routed_experts=8,
+    routed_scaling_factor=2.5,
+    kv_lora_rank=32,
+    q_lora_rank=48,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    qk_nope_head_dim=16,
+    topk_method="noaux_tc",
+    scoring_func="sigmoid",
+    norm_topk_prob=True,
+    n_group=2,
+    topk_group=1,
+    num_experts_per_tok=2,
+    moe_layer_freq=1,
+    first_k_dense_replace=1,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    num_nextn_predict_layers=1,
+)
+QWEN3_NEXT = dict(
+    model_type="qwen3_next",
+    hidden_size=64,
+    num_hidden_layers=4,
+    intermediate_size=64,
+    num_attention_heads=4,
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    num_experts=8,
+    num_experts_per_tok=2,
+    decoder_sparse_step=1,
+    shared_expert_intermediate_size=32,
+    mlp_only_layers=[],
+    moe_intermediate_size=32,
+    rms_norm_eps=1e-6,
+    vocab_size=101,
+    num_key_value_heads=2,
+    rope_theta=10000.0,
+    partial_rotary_factor=0.25,
+    max_position_embeddings=4096,
+    head_dim=16,
+    norm_topk_prob=True,
+    tie_word_embeddings=False,
+    full_attention_interval=4,
+    mtp_num_hidden_layers=1,
+)
+MIMO = dict(
+    model_type="mimo",
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    rms_norm_eps=1e-6,
+    vocab_size=101,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    num_nextn_predict_layers=1,
+)
+
+
+def build(config: dict, seed: int = 0, scale: float = 4.0) -> nn.Module:
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    model.update(tree_map(lambda p: p * scale if p.ndim >= 2 else p, model.parameters()))
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+# -- emulating a GPU: multi-row kernels that round differently ---------------------------------
+
+BUMP = {"size": 1e-3}
+
+
+def bump(out: mx.array) -> mx.array:
+    return out + mx.array(BUMP["size"], dtype=out.dtype)
+
+
+def emulate_gpu(
+    monkeypatch,
+    attention: bool = True,
+    linear_rows: int | None = 1,
+    vector: bool = False,
+    experts: bool = False,
+    size: float = 1e-3,
+):
+    """Make multi-row calls differ from single-row ones (by ``size``): attention over more than
+    one query, linear layers over more than ``linear_rows`` rows (None: never), the
+    batched-vector linear scheme when ``vector``, and expert products whenever mlx-lm sorts the
+    routed tokens."""
+    monkeypatch.setitem(BUMP, "size", size)
+    if attention:
+        sdpa = mx.fast.scaled_dot_product_attention
+
+        def variant_sdpa(q, k, v, *args, **kwargs):
+            out = sdpa(q, k, v, *args, **kwargs)
+            return bump(out) if q.shape[-2] > 1 else out
+
+        monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", variant_sdpa)
+    if linear_rows is not None:
+        owners = ((nn.Linear, "__call__"), (nn.QuantizedLinear, "__call__"), (nn.Embedding, "as_linear"))
+        for owner, attribute in owners:
+            original = owner.__dict__[attribute]
+
+            def variant(self, x, _original=original):
+                out = _original(self, x)
+                return bump(out) if x.size // x.shape[-1] > linear_rows else out
+
+            monkeypatch.setattr(owner, attribute, variant)
+    if vector:
+        for name in ("_linear_vector", "_embedding_vector"):
+            original = getattr(exact_hooks, name)
+            monkeypatch.setattr(exact_hooks, name, lambda self, x, _original=original: bump(_original(self, x)))
+    if experts:
+        original = switch_layers.SwitchGLU.__dict__["__call__"]
+
+        def variant_experts(self, x, indices):
+            out = original(self, x, indices)
+            return bump(out) if indices.size >= 64 else out
+
+        monkeypatch.setattr(switch_layers.SwitchGLU, "__call__", variant_experts)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -36,8 +35,6 @@ def engine_script():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
 
 
 def main() -> None:
@@ -57,12 +54,14 @@ def main() -> None:
     parser.add_argument("--render", default=None, help="only redraw table and figure of the results in this folder")
     args = parser.parse_args()
     if args.render:
-        from specbench.experiments.bench import load_prompt_bench
+        from specbench.experiments.prompt_bench import load_prompt_bench
+        from specbench.report.figures.bench import save_prompt_figure
 
         result = load_prompt_bench(args.render)
         paths = result.save(args.render)
+        figure = save_prompt_figure(result, args.render)
         print(result.table())
-        print(f"\nwrote {paths['table']} and {paths['figure']}")
+        print(f"\nwrote {paths['table']} and {figure}")
         return
     if args.quick:
         args.drafters, args.policies, args.categories, args.limit = "lookup", "fixed:4", "qa,natural_text", 1
@@ -72,10 +71,11 @@ def main() -> None:
     start = time.perf_counter()
 
     from specbench import load
-    from specbench.experiments.bench import PROMPT_SUMMARY_FILE, bench_prompts
-    from specbench.cost.profile import device_name, versions
+    from specbench.common.files import write_csv_atomic, write_json_atomic
+    from specbench.common.identity import device_name, versions
+    from specbench.core.policies import DraftPolicy
     from specbench.drafters import make_drafter
-    from specbench.common.files import write_csv_atomic
+    from specbench.experiments.prompt_bench import PROMPT_SUMMARY_FILE, bench_prompts
     from specbench.experiments.prompts import bundled_questions, render_prompt
 
     model, tokenizer = load(args.model)
@@ -90,14 +90,15 @@ def main() -> None:
     speed = eng.speed_ratio(model, tokenizer, prompt, args.engine_tokens, args.engine_rounds)
     logging = eng.logging_overhead(model, tokenizer, prompt, args.engine_tokens, max(2, args.engine_rounds // 2), False)
     engine = {"model": args.model, "device": device_name(), **versions(), "speed": speed, "logging_plain": logging}
-    tmp = out / "engine_speed.json.tmp"
-    tmp.write_text(json.dumps(engine, indent=1))
-    os.replace(tmp, out / "engine_speed.json")
-    print(f"engine: specbench/mlx-lm decode tokens/s {speed['decode_ratio']['median']:.3f} "
-          f"({speed['decode_ratio']['min']:.3f}-{speed['decode_ratio']['max']:.3f}), end to end "
-          f"{speed['e2e_ratio']['median']:.3f}; mlx-lm {speed['decode_tokens_per_s']['mlx-lm']:.1f} tok/s; "
-          f"outputs equal {speed['equal_outputs']}; logging {100 * logging['overhead_fraction']['median']:.3f}% "
-          f"({logging['per_record_us']:.1f} us/record, {logging['step_ms']:.2f} ms/step)", flush=True)
+    write_json_atomic(out / "engine_speed.json", engine)
+    print(
+        f"engine: specbench/mlx-lm decode tokens/s {speed['decode_ratio']['median']:.3f} "
+        f"({speed['decode_ratio']['min']:.3f}-{speed['decode_ratio']['max']:.3f}), end to end "
+        f"{speed['e2e_ratio']['median']:.3f}; mlx-lm {speed['decode_tokens_per_s']['mlx-lm']:.1f} tok/s; "
+        f"outputs equal {speed['equal_outputs']}; logging {100 * logging['overhead_fraction']['median']:.3f}% "
+        f"({logging['per_record_us']:.1f} us/record, {logging['step_ms']:.2f} ms/step)",
+        flush=True,
+    )
 
     # 2. the prompt benchmark
     drafters, notes = [], []
@@ -114,10 +115,23 @@ def main() -> None:
     verify = [v.strip() for v in args.verify.split(",")] if args.verify else [None]
     remaining = args.budget - (time.perf_counter() - start) - 25.0  # saving and the figure
     result = bench_prompts(
-        model, tokenizer, questions, drafters=drafters, policies=[p.strip() for p in args.policies.split(",")],
-        max_tokens=args.max_tokens, repeats=args.repeats, verify=verify, model_name=args.model, out=out, fresh=True,
-        time_budget_s=remaining, figure=importlib.util.find_spec("matplotlib") is not None,
+        model,
+        tokenizer,
+        questions,
+        drafters=drafters,
+        policies=[DraftPolicy.parse(p) for p in args.policies.split(",") if p.strip()],
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        verify=verify,
+        model_name=args.model,
+        out=out,
+        fresh=True,
+        time_budget_s=remaining,
     )
+    if importlib.util.find_spec("matplotlib") is not None and result.runs:
+        from specbench.report.figures.bench import save_prompt_figure
+
+        save_prompt_figure(result, out)
     summary = result.summary()
     write_csv_atomic((out / PROMPT_SUMMARY_FILE).with_suffix(".csv"), summary)
     print()

@@ -30,44 +30,60 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
+import mlx.core as mx
+import numpy as np
 
-from specbench.common.files import write_csv_atomic as write_csv, write_json_atomic as write_json  # noqa: E402
-from specbench.cost import profile as cost
-from specbench.core import experts as moe
-from specbench.report import plots
-from specbench.models import synthetic  # noqa: E402
-from specbench.drafters import make_drafter  # noqa: E402
-from specbench.core.forward import text_model  # noqa: E402
+from specbench import cost
+from specbench.common.files import write_csv_atomic as write_csv
+from specbench.common.files import write_json_atomic as write_json
+from specbench.common.identity import device_name
+from specbench.core.experts import expert_layers
+from specbench.core.forward import text_model
+from specbench.drafters import make_drafter
+from specbench.models import synthetic
+from specbench.report import figures
 
 FULL = {
     "models": ["qwen3-8b-4bit", "qwen3-30b-a3b-4bit"],
     "hybrids": ["qwen3.5-9b-4bit", "qwen3.5-35b-a3b-4bit"],
-    "widths": 16, "exact_widths": 9, "offset": 512, "repeats": 10, "moe_repeats": 20, "warmup": 3,
-    "hybrid_repeats": 5, "hybrid_exact_widths": 5,
-    "acceptances": [0.5, 0.7, 0.85, 1.0], "ks": [1, 2, 4, 8], "max_tokens": 96, "profile_need_s": 150.0,
+    "widths": 16,
+    "exact_widths": 9,
+    "offset": 512,
+    "repeats": 10,
+    "moe_repeats": 20,
+    "warmup": 3,
+    "hybrid_repeats": 5,
+    "hybrid_exact_widths": 5,
+    "acceptances": [0.5, 0.7, 0.85, 1.0],
+    "ks": [1, 2, 4, 8],
+    "max_tokens": 96,
+    "profile_need_s": 150.0,
     "grid_repeats": 2,
 }
 QUICK = {
     "models": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny"],
     "hybrids": ["qwen3.5-9b-tiny", "qwen3.5-35b-a3b-tiny"],
-    "widths": 8, "exact_widths": 5, "offset": 32, "repeats": 3, "moe_repeats": 3, "warmup": 1,
-    "hybrid_repeats": 2, "hybrid_exact_widths": 3,
-    "acceptances": [0.5, 1.0], "ks": [1, 3], "max_tokens": 24, "profile_need_s": 0.0,
+    "widths": 8,
+    "exact_widths": 5,
+    "offset": 32,
+    "repeats": 3,
+    "moe_repeats": 3,
+    "warmup": 1,
+    "hybrid_repeats": 2,
+    "hybrid_exact_widths": 3,
+    "acceptances": [0.5, 1.0],
+    "ks": [1, 3],
+    "max_tokens": 24,
+    "profile_need_s": 0.0,
     "grid_repeats": 1,
 }
-
-
-
-
 
 
 class Run:
     def __init__(self, cfg: dict, out: Path, budget: float, title_device: bool):
         self.cfg, self.out, self.budget = cfg, out, budget
         self.start = time.perf_counter()
-        self.modes = list(cost.available_modes())
+        self.modes = list(cost.VERIFY_MODES)
         self.profiles: dict[str, cost.Profile] = {}
         self.models: dict[str, object] = {}
         self.grid: list[dict] = []
@@ -90,44 +106,62 @@ class Run:
         exact_widths = cfg["hybrid_exact_widths"] if hybrid else cfg["exact_widths"]
         t0 = time.perf_counter()
         model = synthetic.build(name, mtp=mtp)
-        print(f"\n== {model.specbench_name}: built in {time.perf_counter() - t0:.1f} s, "
-              f"{synthetic.parameter_bytes(model) / 2**30:.2f} GiB", flush=True)
-        is_moe = bool(moe.expert_layers(model))
+        print(
+            f"\n== {model.specbench_name}: built in {time.perf_counter() - t0:.1f} s, "
+            f"{synthetic.parameter_bytes(model) / 2**30:.2f} GiB",
+            flush=True,
+        )
+        is_moe = bool(expert_layers(model))
         if "exact" in self.modes:
-            from specbench.exact.hooks import calibrate
+            from specbench.exact import calibrate
 
             t0 = time.perf_counter()
             calibration = calibrate(model, list(range(2, exact_widths + 1)))
-            print(f"exact-mode calibration in {time.perf_counter() - t0:.1f} s: "
-                  + " ".join(f"{w}:{c.level}" for w, c in sorted(calibration.widths.items())), flush=True)
-        drafters = [make_drafter("lookup"), make_drafter("suffix")] + ([make_drafter("mtp", model=model)] if mtp else [])
+            print(
+                f"exact-mode calibration in {time.perf_counter() - t0:.1f} s: "
+                + " ".join(f"{w}:{c.level}" for w, c in sorted(calibration.widths.items())),
+                flush=True,
+            )
+        drafters = [make_drafter("lookup"), make_drafter("suffix")] + (
+            [make_drafter("mtp", model=model)] if mtp else []
+        )
         # A context that repeats itself, so that lookup and suffix drafters find matches to time.
         vocab = text_model(model).args.vocab_size
         context = np.random.default_rng(1).integers(0, vocab, size=cfg["offset"] // 4).tolist() * 4
         t0 = time.perf_counter()
         profile = cost.measure(
-            model, widths={m: cfg["widths"] if m == "fast" else exact_widths for m in self.modes},
-            verify=self.modes, offset=cfg["offset"], warmup=cfg["warmup"], context=context,
+            model,
+            widths={m: cfg["widths"] if m == "fast" else exact_widths for m in self.modes},
+            verify=self.modes,
+            offset=cfg["offset"],
+            warmup=cfg["warmup"],
+            context=context,
             repeats=cfg["hybrid_repeats"] if hybrid else cfg["moe_repeats"] if is_moe else cfg["repeats"],
             drafters=drafters,
         )
         cost.save_profile(profile)
         self.profiles[profile.name] = profile
         overhead = ", ".join(f"{m} {v:.3f}" for m, v in profile.overhead.items()) or "not measured"
-        print(f"profile in {time.perf_counter() - t0:.1f} s: plain step {1e3 * profile.plain_step_s:.2f} ms; "
-              f"engine overhead per speculative step (plain steps): {overhead}")
-        print("  drafter cost d (plain steps per draft token, k=4; mean tokens drafted): "
-              + "  ".join(f"{n} {e['d']:.4f} ({e['drafted']:.1f})" for n, e in profile.drafters.items()))
+        print(
+            f"profile in {time.perf_counter() - t0:.1f} s: plain step {1e3 * profile.plain_step_s:.2f} ms; "
+            f"engine overhead per speculative step (plain steps): {overhead}"
+        )
+        print(
+            "  drafter cost d (plain steps per draft token, k=4; mean tokens drafted): "
+            + "  ".join(f"{n} {e['d']:.4f} ({e['drafted']:.1f})" for n, e in profile.drafters.items())
+        )
         for mode in self.modes:
             widths, costs = profile.widths[mode], profile.costs[mode]
             print(f"  c(w)  {mode:5s}  " + " ".join(f"{w}:{c:.2f}" for w, c in zip(widths, costs)))
             a_star = cost.break_even_acceptance(profile, 0.0, min(8, widths[-1] - 1), mode)
             print(f"  a*(k) {mode:5s}  " + " ".join(f"{k}:{a:.2f}" for k, a in enumerate(a_star, 1)))
         if is_moe:
-            rows = moe.expert_counts(model, [1, 2, 3, 4, 6, 8, 12, 16], offset=min(cfg["offset"], 128), trials=3)
+            rows = cost.expert_counts(model, [1, 2, 3, 4, 6, 8, 12, 16], offset=min(cfg["offset"], 128), trials=3)
             self.experts += [{"name": profile.name, **r} for r in rows]
-            print("  experts per layer, measured/uniform: "
-                  + " ".join(f"w{r['width']}:{r['distinct_experts']:.1f}/{r['expected_uniform']:.1f}" for r in rows))
+            print(
+                "  experts per layer, measured/uniform: "
+                + " ".join(f"w{r['width']}:{r['distinct_experts']:.1f}/{r['expected_uniform']:.1f}" for r in rows)
+            )
         if keep:
             self.models[profile.name] = model
         del model
@@ -137,20 +171,38 @@ class Run:
     def run_grid(self, name: str, mode: str) -> None:
         cfg, profile = self.cfg, self.profiles[name]
         cells = len(cfg["acceptances"]) * len(cfg["ks"])
-        estimate = (cells * cfg["grid_repeats"] * 2.4 * cfg["max_tokens"] * profile.plain_step_s
-                    * (1.6 if mode == "fast" else 1.2) + 5)
+        estimate = (
+            cells
+            * cfg["grid_repeats"]
+            * 2.4
+            * cfg["max_tokens"]
+            * profile.plain_step_s
+            * (1.6 if mode == "fast" else 1.2)
+            + 5
+        )
         if not self.fits(estimate, f"grid {name} {mode}"):
             return
         t0 = time.perf_counter()
-        rows = cost.speedup_grid(self.models[name], profile, cfg["acceptances"], cfg["ks"], verify=mode,
-                                 prompt_len=cfg["offset"], max_tokens=cfg["max_tokens"], repeats=cfg["grid_repeats"])
+        rows = cost.speedup_grid(
+            self.models[name],
+            profile,
+            cfg["acceptances"],
+            cfg["ks"],
+            verify=mode,
+            prompt_len=cfg["offset"],
+            max_tokens=cfg["max_tokens"],
+            repeats=cfg["grid_repeats"],
+        )
         self.grid += rows
         print(f"\n== grid {name} {mode}: {time.perf_counter() - t0:.1f} s (estimated {estimate:.0f} s)")
         print("     a   k  measured  predicted  err%  from-log err%  E_meas  a_meas  diverged follows")
         for r in rows:
-            print(f"  {r['a']:.2f} {r['k']:3d}  {r['speedup']:7.2f}  {r['predicted_nominal']:8.2f}  "
-                  f"{100 * r['error_nominal']:+5.1f}  {100 * r['error_from_log']:+12.1f}  {r['tokens_per_verify']:6.2f}"
-                  f"  {r['acceptance_measured']:6.2f}  {r['diverged_at']!s:>8s} {r['follows']:7d}", flush=True)
+            print(
+                f"  {r['a']:.2f} {r['k']:3d}  {r['speedup']:7.2f}  {r['predicted_nominal']:8.2f}  "
+                f"{100 * r['error_nominal']:+5.1f}  {100 * r['error_from_log']:+12.1f}  {r['tokens_per_verify']:6.2f}"
+                f"  {r['acceptance_measured']:6.2f}  {r['diverged_at']!s:>8s} {r['follows']:7d}",
+                flush=True,
+            )
         self.flush()
 
     def flush(self) -> None:
@@ -162,9 +214,17 @@ class Run:
             for mode in p.costs:
                 kk = min(15, max(p.widths[mode]) - 1)
                 for k, a in enumerate(cost.break_even_acceptance(p, 0.0, kk, mode), 1):
-                    be_rows.append({"name": p.name, "mode": mode, "k": k, "c_k1": p.c(k + 1, mode, overhead=False),
-                                    "overhead": p.overhead.get(mode, 0.0), "a_star": a,
-                                    **{f"best_k_a{x:g}": cost.best_k(x, p, 0.0, kk, mode)[0] for x in (0.6, 0.7, 0.8, 0.9)}})
+                    be_rows.append(
+                        {
+                            "name": p.name,
+                            "mode": mode,
+                            "k": k,
+                            "c_k1": p.c(k + 1, mode, overhead=False),
+                            "overhead": p.overhead.get(mode, 0.0),
+                            "a_star": a,
+                            **{f"best_k_a{x:g}": cost.best_k(x, p, 0.0, kk, mode)[0] for x in (0.6, 0.7, 0.8, 0.9)},
+                        }
+                    )
         write_csv(out / "break_even.csv", be_rows)
         write_csv(out / "grid.csv", self.grid)
         write_csv(out / "experts.csv", self.experts)
@@ -175,10 +235,11 @@ class Run:
         if plist:
             device = plist[0].device.split(":", 1)[-1]
             what = "4-bit random weights, " if self.title_device else ""
-            plots.save(plots.verify_costs(plist, title=f"Verify cost c(w), dense vs MoE ({what}{device})"), out / "costs.png")
-            plots.save(plots.break_even(plist, d=0.0, k_max=15), out / "break_even.png")
+            title = f"Verify cost c(w), dense vs MoE ({what}{device})"
+            figures.save_figure(figures.verify_costs(plist, title=title), out / "costs.png")
+            figures.save_figure(figures.break_even(plist, d=0.0, k_max=15), out / "break_even.png")
         if self.grid:
-            plots.save(plots.measured_vs_predicted(self.grid, self.profiles), out / "measured.png")
+            figures.save_figure(figures.measured_vs_predicted(self.grid, self.profiles), out / "measured.png")
 
 
 def replot(folder: Path) -> int:
@@ -203,8 +264,12 @@ def main() -> int:
     parser.add_argument("--models", default=None, help="comma list of synthetic names profiled and run on the grid")
     parser.add_argument("--hybrids", default=None, help="comma list of synthetic names only profiled ('' for none)")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds; phases that would not fit are skipped")
-    parser.add_argument("--replot", default=None, metavar="DIR",
-                        help="only redraw the figures in DIR from its profiles.json and grid.csv (no model is run)")
+    parser.add_argument(
+        "--replot",
+        default=None,
+        metavar="DIR",
+        help="only redraw the figures in DIR from its profiles.json and grid.csv (no model is run)",
+    )
     args = parser.parse_args()
     if args.replot:
         return replot(Path(args.replot))
@@ -216,7 +281,7 @@ def main() -> int:
     out = Path(os.environ.get("OUT") or "reports/gpu")
     out.mkdir(parents=True, exist_ok=True)
     run = Run(cfg, out, args.budget, title_device=not args.quick)
-    print(f"device {cost.device_name()}  mlx {mx.__version__}  verify modes {run.modes}  out {out}", flush=True)
+    print(f"device {device_name()}  mlx {mx.__version__}  verify modes {run.modes}  out {out}", flush=True)
 
     for name in cfg["models"]:
         # A profile (with exact-mode calibration) took 80-190 s per 4-bit shape on an H200.
@@ -246,16 +311,22 @@ def main() -> int:
     if run.grid:
         for mode in dict.fromkeys(r["mode"] for r in run.grid):
             rows = [r for r in run.grid if r["mode"] == mode]
-            for label, at_nominal, for_steps in (("speedup", "error_nominal", "error_from_log"),
-                                                  ("seconds per token", "error_time_nominal", "error_time")):
+            for label, at_nominal, for_steps in (
+                ("speedup", "error_nominal", "error_from_log"),
+                ("seconds per token", "error_time_nominal", "error_time"),
+            ):
                 nominal = [abs(r[at_nominal]) for r in rows]
                 logged = [abs(r[for_steps]) for r in rows]
-                print(f"\nprediction error of the {label} |measured / predicted - 1|, {mode} verify, {len(rows)} cells: "
-                      f"at nominal a mean {100 * sum(nominal) / len(rows):.1f}% max {100 * max(nominal):.1f}%; "
-                      f"for the steps taken mean {100 * sum(logged) / len(rows):.1f}% max {100 * max(logged):.1f}%")
+                print(
+                    f"\nprediction error of the {label} |measured / predicted - 1|, {mode} verify, {len(rows)} cells: "
+                    f"at nominal a mean {100 * sum(nominal) / len(rows):.1f}% max {100 * max(nominal):.1f}%; "
+                    f"for the steps taken mean {100 * sum(logged) / len(rows):.1f}% max {100 * max(logged):.1f}%"
+                )
             ratio = sorted(r["plain_over_profile"] for r in rows)
-            print(f"plain runs' seconds per token / the profile's plain step: median {ratio[len(ratio) // 2]:.2f} "
-                  f"({ratio[0]:.2f}-{ratio[-1]:.2f})")
+            print(
+                f"plain runs' seconds per token / the profile's plain step: median {ratio[len(ratio) // 2]:.2f} "
+                f"({ratio[0]:.2f}-{ratio[-1]:.2f})"
+            )
     for s in run.skipped:
         print(f"skipped: {s}")
     print(f"done in {run.elapsed():.1f} s; files in {out}")

@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import mlx.core as mx  # noqa: E402
-from mlx_lm import stream_generate  # noqa: E402
+import mlx.core as mx
+from mlx_lm import stream_generate
 
-from specbench.models import load as models  # noqa: E402
+from specbench.models import load as models
 
 PROMPTS = [
     "What is the capital of France?",
@@ -55,21 +55,33 @@ def run(dtype: str, prompts: list[str], max_tokens: int, reference_logits: mx.ar
     ids = mx.array(tokenizer.encode(LOGIT_TEXT))[None]
     logits = model(ids).astype(mx.float32)
     mx.eval(logits)
-    row = {"dtype": dtype, "weights": weight_dtype, "load_s": round(load_s, 3),
-           "residual_max": residual_max(model, ids), "finite": bool(mx.isfinite(logits).all().item())}
+    row = {
+        "dtype": dtype,
+        "weights": weight_dtype,
+        "load_s": round(load_s, 3),
+        "residual_max": residual_max(model, ids),
+        "finite": bool(mx.isfinite(logits).all().item()),
+    }
     if reference_logits is not None:
         row["max_abs_logit_diff_vs_fp32"] = mx.abs(logits - reference_logits).max().item()
         row["argmax_agree_vs_fp32"] = mx.mean(logits.argmax(-1) == reference_logits.argmax(-1)).item()
     answers = []
-    for i, question in enumerate(prompts):
+    for question in prompts:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
         for _ in stream_generate(model, tokenizer, prompt, max_tokens=4):  # warm-up
             pass
         text = ""
         for response in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens):
             text += response.text
-        answers.append({"prompt": question, "text": text, "tokens": response.generation_tokens,
-                        "prompt_tps": round(response.prompt_tps, 1), "decode_tps": round(response.generation_tps, 1)})
+        answers.append(
+            {
+                "prompt": question,
+                "text": text,
+                "tokens": response.generation_tokens,
+                "prompt_tps": round(response.prompt_tps, 1),
+                "decode_tps": round(response.generation_tps, 1),
+            }
+        )
     row["decode_tps_median"] = sorted(a["decode_tps"] for a in answers)[len(answers) // 2]
     row["paris"] = "Paris" in answers[0]["text"]
     return row, answers, logits
@@ -97,9 +109,15 @@ def main() -> int:
         rows.append(row)
         answers[dtype] = texts
 
-    result = {"device": str(mx.default_device()), "mlx": mx.__version__, "setup_s": round(setup_s, 2),
-              "build_seconds": marker.get("build_seconds"), "folder_mb": round(size_mb, 1), "rows": rows,
-              "answers": answers}
+    result = {
+        "device": str(mx.default_device()),
+        "mlx": mx.__version__,
+        "setup_s": round(setup_s, 2),
+        "build_seconds": marker.get("build_seconds"),
+        "folder_mb": round(size_mb, 1),
+        "rows": rows,
+        "answers": answers,
+    }
     (out / "embedded.json").write_text(json.dumps(result, indent=2))
     keys = list(dict.fromkeys(k for row in rows for k in row))
     with open(out / "embedded.csv", "w", newline="") as f:
@@ -107,13 +125,19 @@ def main() -> int:
         writer.writeheader()
         writer.writerows(rows)
 
-    print(f"device {result['device']}  setup {setup_s:.2f}s (build {marker.get('build_seconds')}s)  "
-          f"folder {size_mb:.0f} MB")
-    print(f"{'dtype':9s} {'weights':9s} {'load_s':>7s} {'decode/s':>9s} {'|h|max':>9s} {'dlogit':>8s} {'argmax':>7s} ok")
+    print(
+        f"device {result['device']}  setup {setup_s:.2f}s (build {marker.get('build_seconds')}s)  "
+        f"folder {size_mb:.0f} MB"
+    )
+    print(
+        f"{'dtype':9s} {'weights':9s} {'load_s':>7s} {'decode/s':>9s} {'|h|max':>9s} {'dlogit':>8s} {'argmax':>7s} ok"
+    )
     for r in rows:
-        print(f"{r['dtype']:9s} {r['weights']:9s} {r['load_s']:7.2f} {r['decode_tps_median']:9.1f} "
-              f"{r['residual_max']:9.0f} {r.get('max_abs_logit_diff_vs_fp32', 0):8.4f} "
-              f"{r.get('argmax_agree_vs_fp32', 1):7.3f} {r['finite'] and r['paris']}")
+        print(
+            f"{r['dtype']:9s} {r['weights']:9s} {r['load_s']:7.2f} {r['decode_tps_median']:9.1f} "
+            f"{r['residual_max']:9.0f} {r.get('max_abs_logit_diff_vs_fp32', 0):8.4f} "
+            f"{r.get('argmax_agree_vs_fp32', 1):7.3f} {r['finite'] and r['paris']}"
+        )
     for dtype, texts in answers.items():
         print(f"[{dtype}] {texts[0]['text']!r}")
     return 0 if all(r["finite"] and r["paris"] for r in rows) else 1

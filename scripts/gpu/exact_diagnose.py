@@ -10,7 +10,7 @@
    tensor; repeated calls (is the kernel deterministic?); and mlx-lm's greedy log-softmax
    (logsumexp over all axes) against the engine's (last axis).
 2. generation: the 4-layer Qwen3-8B-shaped model, the prompts of the workload that diverged
-   in the first GPU run: mlx-lm's generate_step twice (is the reference reproducible?), then
+   in the first GPU run: plain greedy decoding twice (is the reference reproducible?), then
    speculative exact decoding with the serial KV layout off (the first run's code) and on.
 3. lockstep: the speculative run is replayed next to a cache built by serial decoding of the
    same accepted tokens; at every verification the verify logits are compared row by row with
@@ -33,8 +33,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,12 +50,14 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx_lm.models.cache import KVCache, make_prompt_cache  # noqa: E402
 
-from specbench.exact import hooks as exact
-from specbench.experiments import exactness
+from specbench.common.files import write_json_atomic  # noqa: E402
+from specbench.common.identity import device_name  # noqa: E402
+from specbench.core.forward import vocab_size  # noqa: E402
+from specbench.exact import calibrate, calibration_key, exact_mode, hooks, verifier  # noqa: E402
+from specbench.exact.calibration import _calibrations  # noqa: E402
+from specbench.exact.layout import serial_extent, with_extent  # noqa: E402
+from specbench.experiments import exactness  # noqa: E402
 from specbench.models import synthetic  # noqa: E402
-from specbench.cost.profile import device_name  # noqa: E402
-from specbench.core.engine import vocab_size  # noqa: E402
-from specbench.exact.hooks import calibrate, exact_mode  # noqa: E402
 
 
 def _load_exactness():
@@ -77,10 +79,6 @@ def same(a, b) -> bool:
     return bool(np.array_equal(bits(a) if isinstance(a, mx.array) else a, bits(b) if isinstance(b, mx.array) else b))
 
 
-def serial_extent(n: int) -> int:
-    return STEP * ((n + STEP - 1) // STEP)
-
-
 # -- 1. kernels ------------------------------------------------------------------------------
 
 
@@ -97,8 +95,8 @@ def kernel_checks(quick: bool) -> dict[str, Any]:
     scale = dim**-0.5
 
     def attend(query, n, extent):
-        k = exact._with_extent(keys, n, extent)[..., :n, :]
-        v = exact._with_extent(values, n, extent)[..., :n, :]
+        k = with_extent(keys, n, extent)[..., :n, :]
+        v = with_extent(values, n, extent)[..., :n, :]
         mx.eval(k, v)
         out = mx.fast.scaled_dot_product_attention(query, k, v, scale=scale)
         mx.eval(out)
@@ -120,15 +118,18 @@ def kernel_checks(quick: bool) -> dict[str, Any]:
     vocab = 4096 if quick else 151936
     lse_diff = argmax_diff = 0
     trials = 20 if quick else 200
-    for i in range(trials):
+    for _ in range(trials):
         x = (mx.random.normal((1, vocab)) * 3).astype(dtype)
         a = x - mx.logsumexp(x, keepdims=True)
         b = x - mx.logsumexp(x, axis=-1, keepdims=True)
         lse_diff += not same(a, b)
         argmax_diff += int(mx.argmax(a, axis=-1).item() != mx.argmax(b, axis=-1).item())
-    return {"layout": rows, "distinct_outputs_of_repeated_calls": repeat,
-            "greedy_lse": {"rows": trials, "logprobs_differ": lse_diff, "argmax_differs": argmax_diff},
-            "cudnn_off": cudnn_off_check()}
+    return {
+        "layout": rows,
+        "distinct_outputs_of_repeated_calls": repeat,
+        "greedy_lse": {"rows": trials, "logprobs_differ": lse_diff, "argmax_differs": argmax_diff},
+        "cudnn_off": cudnn_off_check(),
+    }
 
 
 CUDNN_OFF_CHECK = """
@@ -146,11 +147,11 @@ print("same" if np.array_equal(attend(300, 512), attend(300, 550)) else "DIFF")
 
 def cudnn_off_check() -> str:
     """With MLX_CUDA_USE_CUDNN_SDPA=0 (in a fresh process): does the buffer layout still matter?"""
-    import subprocess
-
     env = {**os.environ, "MLX_CUDA_USE_CUDNN_SDPA": "0"}
     try:
-        done = subprocess.run([sys.executable, "-c", CUDNN_OFF_CHECK], env=env, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-c", CUDNN_OFF_CHECK], env=env, capture_output=True, text=True, timeout=60
+        )
     except subprocess.TimeoutExpired:
         return "timed out"
     return done.stdout.strip() or f"failed: {done.stderr.strip()[-200:]}"
@@ -159,26 +160,28 @@ def cudnn_off_check() -> str:
 # -- switching the serial KV layout off (the first GPU run's code) ---------------------------
 
 
-SERIAL_LAYOUT = exact.serial_kv_layout, exact._serial_kv_row
+SERIAL_LAYOUT = hooks.serial_kv_layout, hooks._serial_kv_row
 NO_LAYOUT = (lambda cache, width=1: None), (lambda k, v, n: (k[..., :n, :], v[..., :n, :]))
 
 
 @contextlib.contextmanager
 def layout(on: bool):
-    """Exact mode with (on) or without (off: the first GPU run's code) the serial KV layout."""
-    saved = exact.serial_kv_layout, exact._serial_kv_row
-    exact.serial_kv_layout, exact._serial_kv_row = SERIAL_LAYOUT if on else NO_LAYOUT
+    """Exact mode with (on) or without (off: the first GPU run's code) the serial KV layout: in
+    the split forwards (``hooks``) and before the engine's plain steps (``ExactVerifier``)."""
+    saved = hooks.serial_kv_layout, hooks._serial_kv_row, verifier.serial_kv_layout
+    kv_layout, kv_row = SERIAL_LAYOUT if on else NO_LAYOUT
+    hooks.serial_kv_layout, hooks._serial_kv_row, verifier.serial_kv_layout = kv_layout, kv_row, kv_layout
     try:
         yield
     finally:
-        exact.serial_kv_layout, exact._serial_kv_row = saved
+        hooks.serial_kv_layout, hooks._serial_kv_row, verifier.serial_kv_layout = saved
 
 
 # -- 2. generation ---------------------------------------------------------------------------
 
 
 def run_exact(model, prompt, truth, n, k, seed, on: bool, calibrations: dict):
-    exact._calibrations[exact.calibration_key(model)] = calibrations[on]
+    _calibrations[calibration_key(model)] = calibrations[on]
     with layout(on):
         out, _, log = X.speculative(model, prompt, truth, n, k, "exact", 0.8, seed=seed)
     return out, log
@@ -193,15 +196,17 @@ class Snapshot:
     def __init__(self, cache):
         self.offset = cache[0].offset
         self.extent = cache[0].keys.shape[2]
-        self.kv = [(mx.contiguous(c.keys[..., : c.offset, :]), mx.contiguous(c.values[..., : c.offset, :])) for c in cache]
+        self.kv = [
+            (mx.contiguous(c.keys[..., : c.offset, :]), mx.contiguous(c.values[..., : c.offset, :])) for c in cache
+        ]
         mx.eval(self.kv)
 
     def cache(self, extent: int | None = None) -> list:
         cache = []
         for k, v in self.kv:
             c = KVCache()
-            c.keys = exact._with_extent(k, self.offset, extent or self.extent)
-            c.values = exact._with_extent(v, self.offset, extent or self.extent)
+            c.keys = with_extent(k, self.offset, extent or self.extent)
+            c.values = with_extent(v, self.offset, extent or self.extent)
             c.offset = self.offset
             cache.append(c)
         mx.eval([c.state for c in cache])
@@ -218,6 +223,7 @@ class Taps:
     def __enter__(self):
         self.originals = list(self.layers)
         for i, layer in enumerate(self.originals):
+
             def tap(*args, _layer=layer, _i=i, **kwargs):
                 h = _layer(*args, **kwargs)
                 self.out.setdefault(_i, []).append(h.reshape(-1, h.shape[-1]))
@@ -238,7 +244,7 @@ class Taps:
 def serial_rows(model, cache, inputs: list[int], taps: bool = False):
     """Logits [w, V] of serial single-token steps (and each layer's outputs)."""
     out = []
-    with (Taps(model) if taps else contextlib.nullcontext()) as t:
+    with Taps(model) if taps else contextlib.nullcontext() as t:
         for tok in inputs:
             logits = model(mx.array([[tok]], dtype=mx.uint32), cache=cache)
             mx.eval(logits)
@@ -247,7 +253,7 @@ def serial_rows(model, cache, inputs: list[int], taps: bool = False):
 
 
 def verify_rows(model, cache, inputs: list[int], taps: bool = False):
-    with (Taps(model) if taps else contextlib.nullcontext()) as t:
+    with Taps(model) if taps else contextlib.nullcontext() as t:
         with exact_mode(model):
             logits = model(mx.array([inputs], dtype=mx.uint32), cache=cache)
             mx.eval(logits)
@@ -273,7 +279,7 @@ def row_report(ref, ref_layers, got, got_layers, first_keys: int) -> list[str]:
 
 def lockstep(model, prompt: list[int], log_records: list[dict], on: bool, calibrations: dict, analyse: bool):
     """Replay a speculative run next to serial decoding; the first verification that differs."""
-    exact._calibrations[exact.calibration_key(model)] = calibrations[on]
+    _calibrations[calibration_key(model)] = calibrations[on]
     spec, ser = make_prompt_cache(model), make_prompt_cache(model)
     p = mx.array(prompt, dtype=mx.uint32)
     for cache in (spec, ser):
@@ -300,9 +306,12 @@ def lockstep(model, prompt: list[int], log_records: list[dict], on: bool, calibr
             checked += 1
             if not np.array_equal(ref, got):
                 result = {
-                    "verify": checked, "offset": before_spec.offset, "width": len(inputs),
+                    "verify": checked,
+                    "offset": before_spec.offset,
+                    "width": len(inputs),
                     "keys_per_row": [before_spec.offset + 1, before_spec.offset + len(inputs)],
-                    "extent_speculative": before_spec.extent, "extent_serial": before_ser.extent,
+                    "extent_speculative": before_spec.extent,
+                    "extent_serial": before_ser.extent,
                     "contents_equal_before": all(
                         same(a[0], b[0]) and same(a[1], b[1]) for a, b in zip(before_spec.kv, before_ser.kv)
                     ),
@@ -321,11 +330,11 @@ def lockstep(model, prompt: list[int], log_records: list[dict], on: bool, calibr
 
 def analyse_step(model, spec: Snapshot, ser: Snapshot, inputs: list[int], calibrations: dict) -> dict:
     first = spec.offset + 1
-    key = exact.calibration_key(model)
-    caller = exact._calibrations[key]
+    key = calibration_key(model)
+    caller = _calibrations[key]
     ref, ref_l = serial_rows(model, ser.cache(), inputs, taps=True)
     out: dict[str, Any] = {}
-    exact._calibrations[key] = calibrations[False]
+    _calibrations[key] = calibrations[False]
     with layout(False):
         got, got_l = verify_rows(model, spec.cache(), inputs, taps=True)
         out["(i) exact verify, speculative cache"] = row_report(ref, ref_l, got, got_l, first)
@@ -333,10 +342,10 @@ def analyse_step(model, spec: Snapshot, ser: Snapshot, inputs: list[int], calibr
         out["(ii) exact verify, serially built cache"] = row_report(ref, ref_l, got, got_l, first)
         got, got_l = serial_rows(model, spec.cache(), inputs, taps=True)
         out["(iii) serial steps, speculative cache"] = row_report(ref, ref_l, got, got_l, first)
-    exact._calibrations[exact.calibration_key(model)] = calibrations[True]
+    _calibrations[calibration_key(model)] = calibrations[True]
     with layout(True):
         got, got_l = verify_rows(model, spec.cache(), inputs, taps=True)
-    exact._calibrations[key] = caller
+    _calibrations[key] = caller
     out["(iv) exact verify with serial layout, speculative cache"] = row_report(ref, ref_l, got, got_l, first)
     return out
 
@@ -352,8 +361,17 @@ def attention_spy(calls: list):
     def spy(q, k, v, *args, **kwargs):
         out = original(q, k, v, *args, **kwargs)
         mx.eval(out)
-        calls.append({"q": bits(q), "k": bits(k), "v": bits(v), "out": bits(out), "keys": k.shape[-2],
-                      "dtype": q.dtype, "scale": kwargs.get("scale")})
+        calls.append(
+            {
+                "q": bits(q),
+                "k": bits(k),
+                "v": bits(v),
+                "out": bits(out),
+                "keys": k.shape[-2],
+                "dtype": q.dtype,
+                "scale": kwargs.get("scale"),
+            }
+        )
         return out
 
     mx.fast.scaled_dot_product_attention = spy
@@ -392,15 +410,25 @@ def crossing_calls(model, width: int, offset: int, level: str) -> dict[str, Any]
     for layer in range(layers):
         for r in range(width):
             a, b = serial[r * layers + layer], split[layer * width + r]
-            row = {"layer": layer, "row": r, "keys": a["keys"], "keys_split": b["keys"],
-                   **{x: bool(np.array_equal(a[x], b[x])) for x in ("q", "k", "v", "out")}}
+            row = {
+                "layer": layer,
+                "row": r,
+                "keys": a["keys"],
+                "keys_split": b["keys"],
+                **{x: bool(np.array_equal(a[x], b[x])) for x in ("q", "k", "v", "out")},
+            }
             if row["q"] and row["k"] and row["v"] and not row["out"]:
                 fresh = _fresh_out(a)
                 row["fresh_equals_serial"] = bool(np.array_equal(fresh, a["out"]))
                 row["fresh_equals_split"] = bool(np.array_equal(fresh, b["out"]))
             rows.append(row)
-    return {"width": width, "offset": offset, "level": level, "calls": rows,
-            "first_mismatch": next((r for r in rows if not all(r[x] for x in ("q", "k", "v", "out"))), None)}
+    return {
+        "width": width,
+        "offset": offset,
+        "level": level,
+        "calls": rows,
+        "first_mismatch": next((r for r in rows if not all(r[x] for x in ("q", "k", "v", "out"))), None),
+    }
 
 
 def copied_cache_steps(model, offset: int, steps: int) -> dict[str, Any]:
@@ -424,16 +452,19 @@ def copied_cache_steps(model, offset: int, steps: int) -> dict[str, Any]:
         c.values[..., c.offset : c.offset + 4, :] = 0
     reference = run(built)
     first = run(snap.cache())
-    result = {"offset": offset, "steps": steps,
-              "copy_equal": bool(np.array_equal(run(copy), reference)),
-              "slice_zeroed_equal": bool(np.array_equal(run(zeroed), reference)),
-              "rerun_equal": bool(np.array_equal(run(snap.cache()), first))}
+    result = {
+        "offset": offset,
+        "steps": steps,
+        "copy_equal": bool(np.array_equal(run(copy), reference)),
+        "slice_zeroed_equal": bool(np.array_equal(run(zeroed), reference)),
+        "rerun_equal": bool(np.array_equal(run(snap.cache()), first)),
+    }
     # History: the same steps after attention calls at many other key counts and buffer lengths.
     c0 = snap.cache()[0]
     q = mx.zeros((1, c0.keys.shape[1] * 4, 1, c0.keys.shape[-1]), dtype=c0.keys.dtype)
     for n in range(offset - 40, offset + 1, 3):
         for extent in (serial_extent(n), n + 7):
-            k = exact._with_extent(c0.keys, n, extent)[..., :n, :]
+            k = with_extent(c0.keys, n, extent)[..., :n, :]
             mx.eval(mx.fast.scaled_dot_product_attention(q, k, k, scale=0.1))
     result["after_other_calls_equal"] = bool(np.array_equal(run(snap.cache()), first))
     return result
@@ -443,8 +474,8 @@ def _fresh_out(call: dict) -> np.ndarray:
     """The recorded call recomputed on fresh arrays, the keys in a zero-tailed serial buffer."""
     n, dtype = call["keys"], call["dtype"]
     q = mx.array(call["q"]).astype(dtype)
-    k = exact._with_extent(mx.array(call["k"]).astype(dtype), n, serial_extent(n))[..., :n, :]
-    v = exact._with_extent(mx.array(call["v"]).astype(dtype), n, serial_extent(n))[..., :n, :]
+    k = with_extent(mx.array(call["k"]).astype(dtype), n, serial_extent(n))[..., :n, :]
+    v = with_extent(mx.array(call["v"]).astype(dtype), n, serial_extent(n))[..., :n, :]
     return bits(mx.fast.scaled_dot_product_attention(q, k, v, scale=call["scale"]))
 
 
@@ -457,8 +488,16 @@ def _prefill(model, context: list[int]):
 # -- main ------------------------------------------------------------------------------------
 
 
-def diagnose_model(name: str, layers: int | None, prompt_ids: list[int], n: int, ks: list[int], quick: bool,
-                   deadline: float, report: dict) -> None:
+def diagnose_model(
+    name: str,
+    layers: int | None,
+    prompt_ids: list[int],
+    n: int,
+    ks: list[int],
+    quick: bool,
+    deadline: float,
+    report: dict,
+) -> None:
     t0 = time.perf_counter()
     model = synthetic.build(name, layers=layers)
     prompts = exactness.random_prompts(model, max(prompt_ids) + 1, lengths=(236, 250) if quick else (96, 224))
@@ -466,11 +505,12 @@ def diagnose_model(name: str, layers: int | None, prompt_ids: list[int], n: int,
     calibrations = {}
     with layout(False):
         calibrations[False] = calibrate(model, widths, measure=False, boundary=False, save=False, force=True)
-    exact._calibrations.clear()
+    _calibrations.clear()
     calibrations[True] = calibrate(model, widths, measure=False, save=False, force=True)
     levels = {on: " ".join(f"{w}:{calibrations[on].level_for(w)}" for w in widths) for on in (False, True)}
     print(f"[{name}] built + calibrated in {time.perf_counter() - t0:.1f}s", flush=True)
-    print(f"  levels, layout off (first run): {levels[False]}\n  levels, serial layout on:       {levels[True]}", flush=True)
+    print(f"  levels, layout off (first run): {levels[False]}", flush=True)
+    print(f"  levels, serial layout on:       {levels[True]}", flush=True)
     rows = []
     analysed = {False: False, True: False}
     for i in prompt_ids:
@@ -480,14 +520,20 @@ def diagnose_model(name: str, layers: int | None, prompt_ids: list[int], n: int,
         prompt, k = prompts[i], ks[i % len(ks)]
         truth, _ = X.plain_greedy(model, prompt, n)
         again, _ = X.plain_greedy(model, prompt, n)
-        row: dict[str, Any] = {"model": name, "prompt": i, "prompt_tokens": len(prompt), "k": k,
-                               "plain_reproducible": truth == again,
-                               "plain_first_diff": exactness.first_divergence(again, truth)}
+        row: dict[str, Any] = {
+            "model": name,
+            "prompt": i,
+            "prompt_tokens": len(prompt),
+            "k": k,
+            "plain_reproducible": truth == again,
+            "plain_first_diff": exactness.first_divergence(again, truth),
+        }
         logs = {}
         for on in (False, True):
             out, log = run_exact(model, prompt, truth, n, k, i, on, calibrations)
             div = exactness.first_divergence(out, truth)
-            row["layout_on" if on else "layout_off"] = "equal" if div is None else f"div@{div} (pos {len(prompt) + div})"
+            verdict = "equal" if div is None else f"div@{div} (pos {len(prompt) + div})"
+            row["layout_on" if on else "layout_off"] = verdict
             logs[on] = log.records
         for on in (False, True):
             if time.perf_counter() > deadline:
@@ -496,19 +542,28 @@ def diagnose_model(name: str, layers: int | None, prompt_ids: list[int], n: int,
             analysed[on] |= any(key.startswith("(i)") for key in step)
             row["lockstep_on" if on else "lockstep_off"] = step
         rows.append(row)
-        print(f"  prompt {i} ({len(prompt)} tok, k={k}): plain reproducible {row['plain_reproducible']}"
-              f"  exact layout off: {row['layout_off']}  on: {row['layout_on']}", flush=True)
+        print(
+            f"  prompt {i} ({len(prompt)} tok, k={k}): plain reproducible {row['plain_reproducible']}"
+            f"  exact layout off: {row['layout_off']}  on: {row['layout_on']}",
+            flush=True,
+        )
         for on in (False, True):
             step = row.get("lockstep_on" if on else "lockstep_off")
             if step is None:
                 continue
             if step.get("verify") is None:
-                print(f"    lockstep ({'on' if on else 'off'}): all {step['verifies_checked']} verifications bit-identical to serial steps")
+                print(
+                    f"    lockstep ({'on' if on else 'off'}): all {step['verifies_checked']} verifications "
+                    "bit-identical to serial steps"
+                )
                 continue
-            print(f"    lockstep ({'on' if on else 'off'}): first differing verification #{step['verify']} at offset "
-                  f"{step['offset']} width {step['width']} (rows attend {step['keys_per_row'][0]}..{step['keys_per_row'][1]} keys), "
-                  f"KV buffer speculative {step['extent_speculative']} vs serial {step['extent_serial']}, "
-                  f"contents equal before: {step['contents_equal_before']}, rows differing {step['rows_differing']}")
+            print(
+                f"    lockstep ({'on' if on else 'off'}): first differing verification #{step['verify']} at offset "
+                f"{step['offset']} width {step['width']} "
+                f"(rows attend {step['keys_per_row'][0]}..{step['keys_per_row'][1]} keys), "
+                f"KV buffer speculative {step['extent_speculative']} vs serial {step['extent_serial']}, "
+                f"contents equal before: {step['contents_equal_before']}, rows differing {step['rows_differing']}"
+            )
             for key, marks in step.items():
                 if key.startswith("("):
                     print(f"      {key}: {' '.join(marks)}")
@@ -520,8 +575,12 @@ def diagnose_model(name: str, layers: int | None, prompt_ids: list[int], n: int,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny float32 model on the CPU (smoke run)")
-    parser.add_argument("--budget", type=float, default=150.0, help="seconds; later prompts and the 4-bit model are skipped past it")
-    parser.add_argument("--prompts", default="7,0,13", help="workload prompt indices to run (diverged in the first run: 0,1,7,13,15,17)")
+    parser.add_argument(
+        "--budget", type=float, default=150.0, help="seconds; later prompts and the 4-bit model are skipped past it"
+    )
+    parser.add_argument(
+        "--prompts", default="7,0,13", help="workload prompt indices to run (diverged in the first run: 0,1,7,13,15,17)"
+    )
     parser.add_argument("--no-4bit", action="store_true")
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or "reports/gpu")
@@ -538,8 +597,11 @@ def main() -> int:
     print(f"   distinct outputs of repeated identical calls: {kernels['distinct_outputs_of_repeated_calls']}")
     print(f"   with MLX_CUDA_USE_CUDNN_SDPA=0, 300 keys in a 512- vs 550-row buffer: {kernels['cudnn_off']}")
     g = kernels["greedy_lse"]
-    print(f"   greedy log-softmax, mlx-lm (all axes) vs engine (axis -1): logprobs differ in {g['logprobs_differ']}"
-          f"/{g['rows']} rows, argmax in {g['argmax_differs']}", flush=True)
+    print(
+        f"   greedy log-softmax, mlx-lm (all axes) vs engine (axis -1): logprobs differ in {g['logprobs_differ']}"
+        f"/{g['rows']} rows, argmax in {g['argmax_differs']}",
+        flush=True,
+    )
 
     t0 = time.perf_counter()
     model = synthetic.build("qwen3-8b-tiny" if args.quick else "qwen3-8b-bf16", layers=None if args.quick else 4)
@@ -548,21 +610,36 @@ def main() -> int:
         crossing.append(crossing_calls(model, width, offset, "attention+linear"))
     report["copied_cache"] = copied = [copied_cache_steps(model, offset, 6) for offset in (200, 300, 600)]
     del model
-    print(f"4. split attention rows vs serial steps, call by call, level attention+linear ({time.perf_counter() - t0:.1f}s):")
+    print(
+        "4. split attention rows vs serial steps, call by call, level attention+linear "
+        f"({time.perf_counter() - t0:.1f}s):"
+    )
     for c in crossing:
         bad = [r for r in c["calls"] if not all(r[x] for x in ("q", "k", "v", "out"))]
         first = c["first_mismatch"]
-        where = "all calls equal" if first is None else (
-            f"{len(bad)}/{len(c['calls'])} calls differ; first: layer {first['layer']} row {first['row']} "
-            f"({first['keys']} keys): q {first['q']} k {first['k']} v {first['v']} out {first['out']}"
-            + (f"; recomputed on fresh arrays = serial {first['fresh_equals_serial']}, = split {first['fresh_equals_split']}"
-               if "fresh_equals_serial" in first else ""))
+        where = (
+            "all calls equal"
+            if first is None
+            else (
+                f"{len(bad)}/{len(c['calls'])} calls differ; first: layer {first['layer']} row {first['row']} "
+                f"({first['keys']} keys): q {first['q']} k {first['k']} v {first['v']} out {first['out']}"
+                + (
+                    f"; recomputed on fresh arrays = serial {first['fresh_equals_serial']}, "
+                    f"= split {first['fresh_equals_split']}"
+                    if "fresh_equals_serial" in first
+                    else ""
+                )
+            )
+        )
         print(f"   width {c['width']} at offset {c['offset']}: {where}", flush=True)
     for c in copied:
-        print(f"   serial steps from {c['offset']} keys: on a copy of the prefilled cache equal {c['copy_equal']}, "
-              f"after a slice update zeroing rows past the offset {c['slice_zeroed_equal']}, "
-              f"two copies alike {c['rerun_equal']}, alike after attention at other key counts "
-              f"{c['after_other_calls_equal']}", flush=True)
+        print(
+            f"   serial steps from {c['offset']} keys: on a copy of the prefilled cache equal {c['copy_equal']}, "
+            f"after a slice update zeroing rows past the offset {c['slice_zeroed_equal']}, "
+            f"two copies alike {c['rerun_equal']}, alike after attention at other key counts "
+            f"{c['after_other_calls_equal']}",
+            flush=True,
+        )
 
     prompt_ids = [int(p) for p in args.prompts.split(",") if p]
     if args.quick:
@@ -574,9 +651,7 @@ def main() -> int:
             diagnose_model("qwen3-8b-4bit", 4, [7, 15], 128, [2, 4, 7, 15], False, deadline, report)
         elif not args.no_4bit:
             print("[qwen3-8b-4bit] skipped: time budget", flush=True)
-    tmp = out / "diagnose.json.tmp"
-    tmp.write_text(json.dumps(report, indent=1, default=str))
-    os.replace(tmp, out / "diagnose.json")
+    write_json_atomic(out / "diagnose.json", report)
     print(f"done in {time.perf_counter() - start:.0f}s", flush=True)
     return 0
 

@@ -12,7 +12,7 @@ bfloat16 shapes with fewer prompts; then, if time is left, the full-depth Qwen3-
 1. calibration: for widths 2..16, which exact levels are bit-identical to serial steps (at a
    short cache and across the KV buffer's 256-row step), and the cheapest
    (specbench.exact.calibrate);
-2. exactness: P prompts x T tokens, mlx-lm's plain greedy ``generate_step`` against
+2. exactness: P prompts x T tokens, mlx-lm's plain greedy decoding (``exactness.mlx_lm_greedy``) against
    speculative greedy (``verify="exact"`` and ``"fast"``) with an oracle drafter that
    proposes the plain continuation with random corruptions (drafts partly accepted), draft
    lengths cycling through --ks; prompts equal / total and first divergence positions;
@@ -50,41 +50,70 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 if __name__ == "__main__" and "--cudnn-sdpa" in sys.argv:
     os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1"  # read by MLX when it first dispatches attention
 
-import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
 
-from specbench.common.files import write_csv_atomic as write_csv, write_json_atomic as write_json  # noqa: E402
+from specbench.common.files import write_csv_atomic as write_csv
+from specbench.common.files import write_figure_atomic
+from specbench.common.files import write_json_atomic as write_json
+from specbench.common.identity import device_name
+from specbench.core.forward import vocab_size
+from specbench.exact import calibrate, exact_mode, probe_ops
 from specbench.experiments import exactness
-from specbench.models import synthetic  # noqa: E402
-from specbench.cost.profile import device_name  # noqa: E402
-from specbench.core.engine import vocab_size  # noqa: E402
-from specbench.exact.hooks import calibrate, exact_mode, probe_ops  # noqa: E402
+from specbench.models import synthetic
 
 FULL = {
     "models": ["qwen3-8b-bf16", "qwen3-30b-a3b-4bit", "smollm2-135m", "qwen3-8b-4bit", "qwen3-30b-a3b-bf16"],
     "full_depth": ["qwen3-8b-4bit"],
-    "layers": 4, "prompts": 20, "tokens": 128, "ks": [2, 4, 7, 15], "acceptance": 0.8,
+    "layers": 4,
+    "prompts": 20,
+    "tokens": 128,
+    "ks": [2, 4, 7, 15],
+    "acceptance": 0.8,
     # Fewer prompts for the models after the primary dense and MoE ones; e2e and cost for the primaries.
     "secondary_prompts": {"smollm2-135m": 8, "qwen3-8b-4bit": 6, "qwen3-30b-a3b-bf16": 6},
-    "primary": ["qwen3-8b-bf16", "qwen3-30b-a3b-4bit"], "e2e_prompts": 4,
-    "widths": 16, "offset": 512, "repeats": 5, "warmup": 1, "calibration_repeats": 2,
+    "primary": ["qwen3-8b-bf16", "qwen3-30b-a3b-4bit"],
+    "e2e_prompts": 4,
+    "widths": 16,
+    "offset": 512,
+    "repeats": 5,
+    "warmup": 1,
+    "calibration_repeats": 2,
     "cost_widths": [1, 2, 3, 4, 6, 8, 12, 16],
-    "full_depth_prompts": 4, "full_depth_widths": [1, 2, 3, 4, 6, 8, 12, 16], "full_depth_repeats": 3,
-    "probe_dtypes": ["bfloat16"], "probe_widths": [2, 8],
+    "full_depth_prompts": 4,
+    "full_depth_widths": [1, 2, 3, 4, 6, 8, 12, 16],
+    "full_depth_repeats": 3,
+    "probe_dtypes": ["bfloat16"],
+    "probe_widths": [2, 8],
     # Seconds a model is expected to take at least: it is skipped when fewer are left in the budget.
-    "model_need_s": 30, "full_depth_need_s": 90,
+    "model_need_s": 30,
+    "full_depth_need_s": 90,
 }
 QUICK = {
     "models": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny", "smollm2-135m"],
     "full_depth": [],
-    "layers": None, "prompts": 3, "tokens": 16, "ks": [1, 3], "acceptance": 0.8,
-    "secondary_prompts": {}, "primary": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny"], "e2e_prompts": 2,
-    "widths": 4, "offset": 32, "repeats": 2, "warmup": 1, "calibration_repeats": 1,
+    "layers": None,
+    "prompts": 3,
+    "tokens": 16,
+    "ks": [1, 3],
+    "acceptance": 0.8,
+    "secondary_prompts": {},
+    "primary": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny"],
+    "e2e_prompts": 2,
+    "widths": 4,
+    "offset": 32,
+    "repeats": 2,
+    "warmup": 1,
+    "calibration_repeats": 1,
     "cost_widths": [1, 2, 3, 4],
-    "full_depth_prompts": 1, "full_depth_widths": [1, 2], "full_depth_repeats": 1,
-    "probe_dtypes": ["float32"], "probe_widths": [2, 4],
-    "model_need_s": 0, "full_depth_need_s": 0,
+    "full_depth_prompts": 1,
+    "full_depth_widths": [1, 2],
+    "full_depth_repeats": 1,
+    "probe_dtypes": ["float32"],
+    "probe_widths": [2, 4],
+    "model_need_s": 0,
+    "full_depth_need_s": 0,
 }
 #: The embedded model runs a smaller workload in --quick (it decodes at a few tokens/s on the CPU).
 QUICK_EMBEDDED = {"prompts": 1, "tokens": 6, "ks": [3], "widths": 4, "cost_widths": [1, 2]}
@@ -112,8 +141,8 @@ def _fmt(v: Any) -> str:
 def load_model(name: str, layers: int | None, quick: bool) -> tuple[Any, list[list[int]] | None, str]:
     """(model, prompts or None for random ones, dtype label)."""
     if name == "smollm2-135m":
-        from specbench.models import load as models
         from specbench.experiments.prompts import PROMPTS_DIR, render_prompt
+        from specbench.models import load as models
 
         model, tokenizer = models.load(name)
         texts = []
@@ -129,7 +158,9 @@ def dtype_label(model) -> str:
     from mlx.utils import tree_flatten
 
     bits = {m.bits for _, m in model.named_modules() if hasattr(m, "bits") and hasattr(m, "group_size")}
-    floats = {str(v.dtype).split(".")[-1] for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)}
+    floats = {
+        str(v.dtype).split(".")[-1] for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)
+    }
     label = "/".join(sorted(floats))
     return f"{'/'.join(f'{b}bit' for b in sorted(bits))}+{label}" if bits else label
 
@@ -140,11 +171,13 @@ def dtype_label(model) -> str:
 def plain_greedy(model, prompt: list[int], n: int) -> tuple[list[int], float]:
     """mlx-lm's own greedy decoding (the reference), and its wall time."""
     t0 = time.perf_counter()
-    out = exactness.plain_greedy(model, prompt, n)
+    out = exactness.mlx_lm_greedy(model, prompt, n)
     return out, time.perf_counter() - t0
 
 
-def speculative(model, prompt: list[int], continuation: list[int], n: int, k: int, verify: str, acceptance: float, seed: int):
+def speculative(
+    model, prompt: list[int], continuation: list[int], n: int, k: int, verify: str, acceptance: float, seed: int
+):
     t0 = time.perf_counter()
     generation = exactness.oracle_generation(model, prompt, continuation, n, k, verify, acceptance, seed=seed)
     tokens = list(generation)
@@ -257,11 +290,21 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
         base = seconds["fast"][1]
         for level, per in seconds.items():
             for w, s in per.items():
-                results["cost"].append({
-                    "model": label, "dtype": dtype, "level": level, "width": w, "seconds": s, "ratio": s / base,
-                    "exact_level": chosen.get(w, "none") if level == "exact" else None,
-                })
-        print(f"[{label}] verify cost (x width-1 forward of {1e3 * base:.2f} ms) in {time.perf_counter() - t0:.1f}s", flush=True)
+                results["cost"].append(
+                    {
+                        "model": label,
+                        "dtype": dtype,
+                        "level": level,
+                        "width": w,
+                        "seconds": s,
+                        "ratio": s / base,
+                        "exact_level": chosen.get(w, "none") if level == "exact" else None,
+                    }
+                )
+        print(
+            f"[{label}] verify cost (x width-1 forward of {1e3 * base:.2f} ms) in {time.perf_counter() - t0:.1f}s",
+            flush=True,
+        )
         rows = [{"level": lv, **{f"w{w}": per[w] / base for w in widths}} for lv, per in seconds.items()]
         table(rows, ["level", *[f"w{w}" for w in widths]])
         replay(label, results, seconds)
@@ -270,8 +313,9 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
     mx.clear_cache()
 
 
-def workload(model, label: str, dtype: str, prompts: list[list[int]], own: dict, results: dict, full_depth: bool,
-             e2e: int = 0) -> None:
+def workload(
+    model, label: str, dtype: str, prompts: list[list[int]], own: dict, results: dict, full_depth: bool, e2e: int = 0
+) -> None:
     n, ks, acceptance = own["tokens"], own["ks"], own["acceptance"]
     # Warm-up: compile every kernel the runs use.
     warm = prompts[0]
@@ -290,12 +334,22 @@ def workload(model, label: str, dtype: str, prompts: list[list[int]], own: dict,
         for mode, out, log in (("exact", exact_out, exact_log), ("fast", fast_out, fast_log)):
             div = exactness.first_divergence(out, truth)
             stats = log.stats()
-            results["exactness"].append({
-                "model": label, "dtype": dtype, "mode": mode, "prompt": i, "k": k, "prompt_tokens": len(prompt),
-                "tokens": len(out), "equal": div is None, "first_divergence": div,
-                "verifies": stats["verifies"], "accepted": stats["accepted"],
-                "mean_accepted_tokens": stats["mean_accepted_tokens"],
-            })
+            results["exactness"].append(
+                {
+                    "model": label,
+                    "dtype": dtype,
+                    "mode": mode,
+                    "prompt": i,
+                    "k": k,
+                    "prompt_tokens": len(prompt),
+                    "tokens": len(out),
+                    "equal": div is None,
+                    "first_divergence": div,
+                    "verifies": stats["verifies"],
+                    "accepted": stats["accepted"],
+                    "mean_accepted_tokens": stats["mean_accepted_tokens"],
+                }
+            )
         logs.setdefault(str(k), []).extend(exact_log.records)
         if i >= e2e:
             continue
@@ -305,10 +359,23 @@ def workload(model, label: str, dtype: str, prompts: list[list[int]], own: dict,
         _, plain_warm_s = plain_greedy(model, prompt, n)
         _, exact_warm_s, _ = speculative(model, prompt, truth, n, k, "exact", acceptance, seed=i)
         _, fast_warm_s, fast_log2 = speculative(model, prompt, fast_out, n, k, "fast", acceptance, seed=i)
-        t = per_k.setdefault(k, {"tokens": 0, "mat_exact": [], "mat_fast": [],
-                                 **{f"{m}_{c}": 0.0 for m in ("plain", "exact", "fast") for c in ("cold", "warm")}})
-        for key, value in (("plain_cold", plain_s), ("exact_cold", exact_s), ("fast_cold", fast_cold_s),
-                           ("plain_warm", plain_warm_s), ("exact_warm", exact_warm_s), ("fast_warm", fast_warm_s)):
+        t = per_k.setdefault(
+            k,
+            {
+                "tokens": 0,
+                "mat_exact": [],
+                "mat_fast": [],
+                **{f"{m}_{c}": 0.0 for m in ("plain", "exact", "fast") for c in ("cold", "warm")},
+            },
+        )
+        for key, value in (
+            ("plain_cold", plain_s),
+            ("exact_cold", exact_s),
+            ("fast_cold", fast_cold_s),
+            ("plain_warm", plain_warm_s),
+            ("exact_warm", exact_warm_s),
+            ("fast_warm", fast_warm_s),
+        ):
             t[key] += value
         t["tokens"] += len(truth)
         t["mat_exact"].append(exact_log.stats()["mean_accepted_tokens"])
@@ -319,24 +386,48 @@ def workload(model, label: str, dtype: str, prompts: list[list[int]], own: dict,
     for mode in ("exact", "fast"):
         rows = [r for r in results["exactness"] if r["model"] == label and r["mode"] == mode]
         divs = [r["first_divergence"] for r in rows if r["first_divergence"] is not None]
-        summary.append({
-            "model": label, "dtype": dtype, "mode": mode,
-            "equal": f"{sum(r['equal'] for r in rows)}/{len(rows)}",
-            "first_div_min": min(divs) if divs else None,
-            "first_div_median": statistics.median(divs) if divs else None,
-            "first_div_max": max(divs) if divs else None,
-            "accepted_per_verify": sum(r["accepted"] for r in rows) / max(1, sum(r["verifies"] for r in rows)),
-        })
+        summary.append(
+            {
+                "model": label,
+                "dtype": dtype,
+                "mode": mode,
+                "equal": f"{sum(r['equal'] for r in rows)}/{len(rows)}",
+                "first_div_min": min(divs) if divs else None,
+                "first_div_median": statistics.median(divs) if divs else None,
+                "first_div_max": max(divs) if divs else None,
+                "accepted_per_verify": sum(r["accepted"] for r in rows) / max(1, sum(r["verifies"] for r in rows)),
+            }
+        )
     results["exactness_summary"] += summary
-    table(summary, ["model", "dtype", "mode", "equal", "first_div_min", "first_div_median", "first_div_max", "accepted_per_verify"])
+    table(
+        summary,
+        [
+            "model",
+            "dtype",
+            "mode",
+            "equal",
+            "first_div_min",
+            "first_div_median",
+            "first_div_max",
+            "accepted_per_verify",
+        ],
+    )
     rows = []
     for k, t in sorted(per_k.items()):
         for c in ("cold", "warm"):
             row = {
-                "model": label, "dtype": dtype, "kind": f"measured-{c}", "k": k, "tokens": t["tokens"],
-                "plain_s": t[f"plain_{c}"], "exact_s": t[f"exact_{c}"], "fast_s": t[f"fast_{c}"],
-                "speedup_exact": t[f"plain_{c}"] / t[f"exact_{c}"], "speedup_fast": t[f"plain_{c}"] / t[f"fast_{c}"],
-                "mat_exact": statistics.mean(t["mat_exact"]), "mat_fast": statistics.mean(t["mat_fast"]),
+                "model": label,
+                "dtype": dtype,
+                "kind": f"measured-{c}",
+                "k": k,
+                "tokens": t["tokens"],
+                "plain_s": t[f"plain_{c}"],
+                "exact_s": t[f"exact_{c}"],
+                "fast_s": t[f"fast_{c}"],
+                "speedup_exact": t[f"plain_{c}"] / t[f"exact_{c}"],
+                "speedup_fast": t[f"plain_{c}"] / t[f"fast_{c}"],
+                "mat_exact": statistics.mean(t["mat_exact"]),
+                "mat_fast": statistics.mean(t["mat_fast"]),
             }
             row["exact_over_fast"] = row["speedup_exact"] / row["speedup_fast"]
             rows.append(row)
@@ -357,8 +448,14 @@ def replay(label: str, results: dict, seconds: dict) -> None:
             continue
         tokens, fast_cost = replay_cost(records, ratios["fast"])
         _, exact_cost = replay_cost(records, ratios["exact"])
-        row = {"model": label, "kind": "replay", "k": int(k), "tokens": tokens,
-               "speedup_exact": tokens / exact_cost, "speedup_fast": tokens / fast_cost}
+        row = {
+            "model": label,
+            "kind": "replay",
+            "k": int(k),
+            "tokens": tokens,
+            "speedup_exact": tokens / exact_cost,
+            "speedup_fast": tokens / fast_cost,
+        }
         row["exact_over_fast"] = row["speedup_exact"] / row["speedup_fast"]
         rows.append(row)
     results["e2e"] += rows
@@ -368,8 +465,13 @@ def replay(label: str, results: dict, seconds: dict) -> None:
 # -- figure ----------------------------------------------------------------------------------
 
 COLORS = {
-    "fast": "black", "exact": "tab:red", "attention": "tab:blue", "attention+linear/vector": "tab:orange",
-    "attention+linear": "tab:green", "attention+linear+experts": "tab:purple", "serial": "tab:brown",
+    "fast": "black",
+    "exact": "tab:red",
+    "attention": "tab:blue",
+    "attention+linear/vector": "tab:orange",
+    "attention+linear": "tab:green",
+    "attention+linear+experts": "tab:purple",
+    "serial": "tab:brown",
 }
 
 
@@ -396,13 +498,11 @@ def figure(cost_rows: list[dict], path: Path) -> None:
         ax.set_ylabel("time / width-1 forward")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(models):]:
+    for ax in list(axes.flat)[len(models) :]:
         ax.axis("off")
     fig.suptitle(f"Verify cost per exact level ({device_name()}, mlx {mx.__version__})", fontsize=10)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    write_figure_atomic(fig, path, dpi=110)
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -412,15 +512,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny float32 models (CPU smoke run)")
     parser.add_argument("--models", default=None, help="comma-separated: synthetic names and/or smollm2-135m")
-    parser.add_argument("--full-depth", default=None, help="comma-separated synthetic names measured at full depth ('' for none)")
+    parser.add_argument(
+        "--full-depth", default=None, help="comma-separated synthetic names measured at full depth ('' for none)"
+    )
     parser.add_argument("--layers", type=int, default=None, help="depth of the synthetic models (default 4)")
     parser.add_argument("--prompts", type=int, default=None)
     parser.add_argument("--tokens", type=int, default=None)
     parser.add_argument("--ops", action="store_true", help="also run the op probe (slow on CUDA)")
-    parser.add_argument("--cudnn-sdpa", action="store_true",
-                        help="MLX_CUDA_USE_CUDNN_SDPA=1 (cuDNN attention) for the whole run, reference included")
-    parser.add_argument("--budget", type=float, default=360.0,
-                        help="seconds; a model that would end past it, and cost sweeps starting past it, are skipped")
+    parser.add_argument(
+        "--cudnn-sdpa",
+        action="store_true",
+        help="MLX_CUDA_USE_CUDNN_SDPA=1 (cuDNN attention) for the whole run, reference included",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=360.0,
+        help="seconds; a model that would end past it, and cost sweeps starting past it, are skipped",
+    )
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
     for key in ("layers", "prompts", "tokens"):
@@ -436,17 +545,25 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     deadline = start + args.budget
-    print(f"device {device_name()}  mlx {mx.__version__}  out {out}  budget {args.budget:.0f}s  "
-          f"cuDNN attention {'off' if os.environ.get('MLX_CUDA_USE_CUDNN_SDPA') == '0' else 'on'}", flush=True)
-    results: dict[str, list] = {k: [] for k in ("ops", "calibration", "exactness", "exactness_summary", "e2e", "cost", "skipped")}
+    print(
+        f"device {device_name()}  mlx {mx.__version__}  out {out}  budget {args.budget:.0f}s  "
+        f"cuDNN attention {'off' if os.environ.get('MLX_CUDA_USE_CUDNN_SDPA') == '0' else 'on'}",
+        flush=True,
+    )
+    results: dict[str, list] = {
+        k: [] for k in ("ops", "calibration", "exactness", "exactness_summary", "e2e", "cost", "skipped")
+    }
 
     if args.ops:
         t0 = time.perf_counter()
         for dtype in cfg["probe_dtypes"]:
             results["ops"] += probe_ops(getattr(mx, dtype), widths=cfg["probe_widths"])
         variant = sorted({(r["op"], r["dtype"]) for r in results["ops"] if not r["row_invariant"]})
-        print(f"op probe ({time.perf_counter() - t0:.1f}s): not row-invariant: "
-              f"{', '.join(f'{op}[{dt}]' for op, dt in variant) or 'none'}", flush=True)
+        print(
+            f"op probe ({time.perf_counter() - t0:.1f}s): not row-invariant: "
+            f"{', '.join(f'{op}[{dt}]' for op, dt in variant) or 'none'}",
+            flush=True,
+        )
         write_csv(out / "ops.csv", results["ops"])
 
     plan = [(m, False) for m in cfg["models"]] + [(m, True) for m in cfg["full_depth"]]
@@ -466,16 +583,25 @@ def main() -> int:
         write_outputs(out, results)
 
     write_outputs(out, results)
-    print("exactness (speculative greedy vs mlx-lm generate_step):")
-    table(results["exactness_summary"], ["model", "dtype", "mode", "equal", "first_div_min", "first_div_median", "first_div_max"])
-    print("end to end (measured: wall time, cold = first run of a prompt, warm = second; replay: exact run's steps at each mode's costs):")
+    print("exactness (speculative greedy vs plain greedy):")
+    table(
+        results["exactness_summary"],
+        ["model", "dtype", "mode", "equal", "first_div_min", "first_div_median", "first_div_max"],
+    )
+    print(
+        "end to end (measured: wall time, cold = first run of a prompt, warm = second; "
+        "replay: exact run's steps at each mode's costs):"
+    )
     table(results["e2e"], ["model", "kind", "k", "speedup_exact", "speedup_fast", "exact_over_fast"])
     exact_rows = [r for r in results["exactness_summary"] if r["mode"] == "exact"]
     all_equal = all(r["equal"].split("/")[0] == r["equal"].split("/")[1] for r in exact_rows)
     for r in results["skipped"]:
         print(f"skipped {r['model']}: {r['reason']}")
-    print(f"exact mode bit-identical to plain greedy on every prompt: {all_equal}  "
-          f"({time.perf_counter() - start:.0f}s total)", flush=True)
+    print(
+        f"exact mode bit-identical to plain greedy on every prompt: {all_equal}  "
+        f"({time.perf_counter() - start:.0f}s total)",
+        flush=True,
+    )
     return 0 if all_equal else 1
 
 
@@ -485,8 +611,11 @@ def write_outputs(out: Path, results: dict) -> None:
     write_csv(out / "e2e.csv", results["e2e"])
     write_csv(out / "cost.csv", results["cost"])
     summary = {
-        "device": device_name(), "mlx": mx.__version__,
-        "exactness": results["exactness_summary"], "e2e": results["e2e"], "skipped": results["skipped"],
+        "device": device_name(),
+        "mlx": mx.__version__,
+        "exactness": results["exactness_summary"],
+        "e2e": results["e2e"],
+        "skipped": results["skipped"],
         "levels": {
             model: {r["width"]: r["chosen"] for r in results["calibration"] if r["model"] == model}
             for model in dict.fromkeys(r["model"] for r in results["calibration"])

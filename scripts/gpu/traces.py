@@ -13,7 +13,6 @@ Traces that would not start within --budget seconds are skipped (and listed).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -21,15 +20,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import mlx.core as mx  # noqa: E402
+import mlx.core as mx
 
-from specbench.common.files import write_csv_atomic as write_csv  # noqa: E402
-from specbench import GenerateOptions  # noqa: E402
-from specbench.experiments.bench import bench_trace, format_summary, trace_methods  # noqa: E402
-from specbench.cost.profile import device_name  # noqa: E402
-from specbench.experiments.traces import bundled_traces, load_traces  # noqa: E402
-
-
+from specbench import GenerateOptions
+from specbench.common.files import write_csv_atomic as write_csv
+from specbench.common.files import write_json_atomic
+from specbench.common.identity import device_name
+from specbench.core.policies import DraftPolicy
+from specbench.experiments.importers import load_traces
+from specbench.experiments.trace_bench import bench_trace, format_summary, trace_methods
+from specbench.experiments.traces import bundled_traces
 
 
 def tiny_model(vocab: int):
@@ -37,9 +37,18 @@ def tiny_model(vocab: int):
     from mlx_lm.models import llama
 
     mx.random.seed(0)
-    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab,
-                           tie_word_embeddings=True, max_position_embeddings=8192)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    )
     model = llama.Model(args)
     mx.eval(model.parameters())
     return model
@@ -76,12 +85,13 @@ def main() -> None:
         model, tokenizer = load(args.model)
     load_s = time.perf_counter() - start
 
+    policy = DraftPolicy.parse(args.policy)
     wanted = [d.strip() for d in args.drafters.split(",") if d.strip()]
     notes = []
     available = []
     for name in wanted:
         try:
-            trace_methods([name], [args.policy], model, args.model)
+            trace_methods([name], [policy], model, args.model)
             available.append(name)
         except (ValueError, FileNotFoundError) as err:
             notes.append(f"{name}: skipped ({err})")
@@ -89,8 +99,10 @@ def main() -> None:
 
     # Warm-up: compile kernels and measure the cost profile (the auto policy's break-even) before timing.
     warm = load_traces("chat-revision")[0]
-    made, chosen = trace_methods(available, [args.policy], model, args.model)
-    bench_trace(model, tokenizer, warm, made, chosen, options=GenerateOptions(max_tokens=8, verify=args.verify), turns=1)
+    made, chosen = trace_methods(available, [policy], model, args.model)
+    bench_trace(
+        model, tokenizer, warm, made, chosen, options=GenerateOptions(max_tokens=8, verify=args.verify), turns=1
+    )
 
     summaries, turn_rows, skipped, step_frames = [], [], [], []
     names = [t.strip() for t in args.traces.split(",")] if args.traces else bundled_traces()
@@ -100,7 +112,7 @@ def main() -> None:
             skipped.append(name)
             continue
         (trace,) = load_traces(name)
-        made, chosen = trace_methods(available, [args.policy], model, args.model)
+        made, chosen = trace_methods(available, [policy], model, args.model)
         t0 = time.perf_counter()
         result = bench_trace(model, tokenizer, trace, made, chosen, options=options, turns=args.turns, progress=True)
         print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)
@@ -114,17 +126,25 @@ def main() -> None:
 
     summary = pl.concat(summaries, how="diagonal_relaxed") if summaries else None
     info = {
-        "device": device_name(), "model": args.model or "tiny-random", "drafters": available,
-        "policy": args.policy, "max_tokens": args.max_tokens, "turns": args.turns, "verify": args.verify,
-        "load_s": round(load_s, 1), "total_s": round(time.perf_counter() - start, 1), "skipped_traces": skipped,
-        "notes": notes, "identical": bool(summary["identical"].all()) if summary is not None else None,
+        "device": device_name(),
+        "model": args.model or "tiny-random",
+        "drafters": available,
+        "policy": args.policy,
+        "max_tokens": args.max_tokens,
+        "turns": args.turns,
+        "verify": args.verify,
+        "load_s": round(load_s, 1),
+        "total_s": round(time.perf_counter() - start, 1),
+        "skipped_traces": skipped,
+        "notes": notes,
+        "identical": bool(summary["identical"].all()) if summary is not None else None,
     }
-    tmp = out / "traces.json.tmp"
-    tmp.write_text(json.dumps(info, indent=1))
-    os.replace(tmp, out / "traces.json")
+    write_json_atomic(out / "traces.json", info)
     print()
-    print(f"device {info['device']}, model {info['model']}, policy {args.policy}, max_tokens {args.max_tokens}, "
-          f"verify {args.verify or 'engine default'}")
+    print(
+        f"device {info['device']}, model {info['model']}, policy {args.policy}, max_tokens {args.max_tokens}, "
+        f"verify {args.verify or 'engine default'}"
+    )
     if summary is not None:
         print(format_summary(summary))
     for note in notes:

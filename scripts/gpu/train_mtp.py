@@ -19,7 +19,6 @@ smollm2-135m.json (recipe, training curve, metrics). Ship both in specbench/asse
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -32,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import mlx.core as mx  # noqa: E402
 
 from specbench import load  # noqa: E402
+from specbench.common.files import write_json_atomic  # noqa: E402
+from specbench.experiments.mtp_metrics import evaluate_decoding  # noqa: E402
+from specbench.experiments.mtp_training import TrainConfig, summary_lines, train_mtp  # noqa: E402
 from specbench.models.mtp import attach_mtp  # noqa: E402
-from specbench.experiments.mtp_training import TrainConfig, evaluate_decoding, summary_lines, train_mtp  # noqa: E402
 
 NAME = "smollm2-135m"
 
@@ -47,7 +48,9 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or "reports/gpu")
     out.mkdir(parents=True, exist_ok=True)
-    log = lambda text: print(f"[{time.perf_counter() - START:6.1f}s] {text}", flush=True)  # noqa: E731
+
+    def log(text: str) -> None:
+        print(f"[{time.perf_counter() - START:6.1f}s] {text}", flush=True)
 
     gpu = mx.default_device().type == mx.DeviceType.gpu
     model, tokenizer = load(NAME, dtype="bfloat16" if gpu else "float32")
@@ -57,20 +60,41 @@ def main() -> int:
         deadline = None
     else:
         config = TrainConfig(
-            steps=1_000_000, batch_size=64, seq_len=256, learning_rate=1e-3, min_learning_rate=5e-5, warmup_steps=150,
-            text_chars=20_000_000, chat_prompts=8192, chat_tokens=192, continuation_prompts=6144,
-            continuation_tokens=128, generation_batch=512, generation_budget_s=80.0, eval_windows=64, eval_prompts=16,
+            steps=1_000_000,
+            batch_size=64,
+            seq_len=256,
+            learning_rate=1e-3,
+            min_learning_rate=5e-5,
+            warmup_steps=150,
+            text_chars=20_000_000,
+            chat_prompts=8192,
+            chat_tokens=192,
+            continuation_prompts=6144,
+            continuation_tokens=128,
+            generation_batch=512,
+            generation_budget_s=80.0,
+            eval_windows=64,
+            eval_prompts=16,
             eval_tokens=96,
         )
         deadline = START + args.budget
-    result = train_mtp(model, tokenizer, out, config, NAME, log=log, file_stem=NAME, deadline=deadline,
-                       eval_reserve_s=args.eval_reserve)
+    result = train_mtp(
+        model,
+        tokenizer,
+        out,
+        config,
+        NAME,
+        log=log,
+        file_stem=NAME,
+        deadline=deadline,
+        eval_reserve_s=args.eval_reserve,
+    )
     log("trained and evaluated")
 
     # The MoE twin with its head: same function, so the same drafts and acceptance.
     if args.twin_budget > 0:
-        from specbench.models.moe_twin import twin_from_model, twin_head_file
         from specbench.experiments.prompts import bundled_questions, render_prompt
+        from specbench.models.moe_twin import twin_from_model, twin_head_file
 
         head_file = out / f"{NAME}.safetensors"
         twin = twin_from_model(model)
@@ -90,15 +114,15 @@ def main() -> int:
             log(f"{name}: first-draft acceptance {rows[name]['first_draft_acceptance']:.3f}")
         result["moe_twin"] = rows
         path = out / f"{NAME}.json"
-        tmp_path = path.with_suffix(".json.tmp")
-        tmp_path.write_text(json.dumps(result, indent=1, default=float))
-        tmp_path.replace(path)
+        write_json_atomic(path, result)
 
     print()
     print("\n".join(summary_lines(result)))
     for name, m in result.get("moe_twin", {}).items():
-        print(f"{'decode chat (' + name + ')':24s} {m['first_draft_acceptance']:8.3f} {m['mean_accepted']:8.3f} "
-              f"{m['tokens_per_verify']:12.3f}")
+        print(
+            f"{'decode chat (' + name + ')':24s} {m['first_draft_acceptance']:8.3f} {m['mean_accepted']:8.3f} "
+            f"{m['tokens_per_verify']:12.3f}"
+        )
     print(f"total {time.perf_counter() - START:.0f}s; files in {out}: {NAME}.safetensors, {NAME}.json")
     return 0
 

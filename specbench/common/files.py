@@ -8,8 +8,11 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+import mlx.core as mx
 
 #: The installed package folder, its bundled assets, and the project folder around it (a source checkout).
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -61,9 +64,26 @@ def write_csv_atomic(path: str | os.PathLike, rows: list[dict]) -> Path | None:
     return write_text_atomic(path, buffer.getvalue())
 
 
+def _json_value(value: Any) -> Any:
+    """What JSON holds for a value it has no type for: numbers (NumPy, MLX scalars) as numbers,
+    anything else as its text."""
+    try:
+        return value.item() if hasattr(value, "item") else str(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
-    """Write ``data`` as indented JSON atomically (values JSON cannot hold as their text)."""
-    return write_text_atomic(path, json.dumps(data, indent=1, default=str))
+    """Write ``data`` as indented JSON atomically (NumPy and MLX scalars as numbers, other values
+    JSON cannot hold as their text)."""
+    return write_text_atomic(path, json.dumps(data, indent=1, default=_json_value))
+
+
+def write_safetensors_atomic(
+    path: str | os.PathLike, tensors: dict[str, mx.array], metadata: dict[str, str] | None = None
+) -> Path:
+    """Write mlx arrays as a safetensors file atomically (creating its folder); return the path."""
+    return _write_atomic(path, lambda tmp: mx.save_safetensors(tmp, tensors, metadata=metadata), suffix=".safetensors")
 
 
 def write_figure_atomic(fig: Any, path: str | os.PathLike, dpi: int = 130) -> Path:

@@ -54,9 +54,7 @@ def accept_greedy(draft: list[int], targets: list[int]) -> tuple[int, list[int]]
     return n, list(draft[:n]) + [targets[n]]
 
 
-def accept_sampled(
-    p: mx.array, draft: list[int], q: mx.array | None
-) -> tuple[int, list[int], list[float]]:
+def accept_sampled(p: mx.array, draft: list[int], q: mx.array | None) -> tuple[int, list[int], list[float]]:
     """Lossless speculative sampling (Leviathan et al.; Chen et al.).
 
     ``p``: target distributions [k+1, vocab]; ``draft``: k proposed tokens; ``q``: the drafter's

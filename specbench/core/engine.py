@@ -1,101 +1,29 @@
 """The decode loop: plain and speculative generation, stops and finish reasons.
 
 Data flows one way: prompt -> drafter.draft -> one verify forward -> accept rule -> cache
-rollback -> drafter.observe -> step log -> emitted tokens.
+rollback -> drafter.observe -> step log -> emitted tokens. The loop runs against a target
+(``specbench.core.target``): a model, or a recorded output when simulating.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.generate import generation_stream, wired_limit
-from mlx_lm.models.cache import make_prompt_cache
 
-from specbench.drafters.base import Drafter, as_draft
-from specbench.core.forward import forward, text_model
+from specbench.core.draft import Drafter, as_draft
 from specbench.core.log import StepLog, StepRecord
+from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.core.rollback import CacheRollback
-from specbench.core.accept import SamplingSettings, accept_greedy, accept_sampled
-
-VERIFY_MODES = ("exact", "fast")
+from specbench.core.target import ModelTarget, Step, Target
+from specbench.core.verify import FAST, Verifier
 
 
-@dataclass
-class GenerateOptions:
-    """Options shared by plain and speculative generation (mlx-lm's names where they exist).
-
-    ``verify``: "exact" computes every row of a verification as serial decoding would (the
-    default for greedy decoding), "fast" runs one batched forward (the default when sampling).
-    ``count_experts``: record the distinct experts each MoE layer touches per step (in the log
-    record's ``extra["experts"]``); off by default, and free when off.
-    """
-
-    max_tokens: int = 256
-    stop_token_ids: Sequence[int] = ()
-    stop_strings: Sequence[str] = ()
-    eos_token_ids: Sequence[int] = ()
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    temperature: float = 0.0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    top_k: int = 0
-    seed: int | None = None
-    verify: str | None = None
-    prefill_step_size: int = 2048
-    count_experts: bool = False
-
-    def check(self) -> None:
-        """Raise one clear ValueError for the first invalid option."""
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if self.verify not in (None, *VERIFY_MODES):
-            raise ValueError(f"verify must be one of {VERIFY_MODES} (or None), got {self.verify!r}")
-        if self.prefill_step_size < 1:
-            raise ValueError(f"prefill_step_size must be >= 1, got {self.prefill_step_size}")
-
-    @property
-    def sampling(self) -> SamplingSettings:
-        return SamplingSettings(self.temperature, self.top_p, self.min_p, self.top_k)
-
-    @property
-    def verify_mode(self) -> str:
-        if self.verify is not None:
-            return self.verify
-        return "exact" if self.temperature == 0 else "fast"
-
-
-def vocab_size(model: nn.Module) -> int:
-    lm = text_model(model)
-    args = getattr(lm, "args", None)
-    if args is not None and getattr(args, "vocab_size", None):
-        return int(args.vocab_size)
-    return int(lm.model.embed_tokens.weight.shape[0])
-
-
-def context_length(model: nn.Module) -> int | None:
-    args = getattr(text_model(model), "args", None)
-    value = getattr(args, "max_position_embeddings", None)
-    return int(value) if value else None
-
-
-def _prompt_ids(prompt: Any, tokenizer: Any) -> list[int]:
+def token_ids(prompt: Any, tokenizer: Any = None) -> list[int]:
+    """Token ids of a prompt given as text (with a tokenizer), an mx.array or a sequence of ids."""
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("the prompt is text but no tokenizer was given: pass token ids or tokenizer=")
@@ -105,76 +33,71 @@ def _prompt_ids(prompt: Any, tokenizer: Any) -> list[int]:
     return [int(t) for t in prompt]
 
 
-def _greedy(logits: mx.array) -> mx.array:
-    """Argmax of log-probabilities, as mlx-lm's greedy sampler computes it."""
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    return mx.argmax(logprobs, axis=-1)
-
-
 class Generation:
-    """One generation: iterate it for token ids; then ``stats()``, ``finish_reason()``, ``log``."""
+    """One generation: iterate it for token ids; then ``stats()``, ``finish_reason()``, ``log``.
+
+    ``source`` is an mlx-lm model (or a ``Target``, such as a recorded output). ``verifier``
+    computes verifications (fast unless given); ``break_even`` (k -> tokens a verification of k
+    drafts must yield) is handed to the policy when it starts. ``clock`` times the log's columns.
+    """
 
     def __init__(
         self,
-        model: nn.Module,
+        source: nn.Module | Target,
         prompt_ids: Any,
         options: GenerateOptions | None = None,
+        *,
         drafter: Drafter | None = None,
         policy: DraftPolicy | None = None,
+        verifier: Verifier = FAST,
+        break_even: Callable[[int], float] | None = None,
         tokenizer: Any = None,
         prompt_cache: list[Any] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         self.options = options = options or GenerateOptions()
         options.check()
-        self.model = model
-        self.prompt = _prompt_ids(prompt_ids, tokenizer)
+        self.prompt = token_ids(prompt_ids, tokenizer)
         if not self.prompt:
             raise ValueError("the prompt is empty: give at least one token")
-        vocab = vocab_size(model)
-        bad = [t for t in self.prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the model's vocabulary [0, {vocab})")
-        self.context_limit = context_length(model)
-        if self.context_limit is not None and len(self.prompt) >= self.context_limit:
-            raise ValueError(
-                f"the prompt has {len(self.prompt)} tokens but the model's context is "
-                f"{self.context_limit}: shorten the prompt"
-            )
         if options.stop_strings and tokenizer is None:
             raise ValueError("stop_strings need a tokenizer: pass tokenizer=")
-        self.vocab = vocab
-        self.tokenizer = tokenizer
+        eos = set(options.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", None) or [])
         self.drafter = drafter
-        self.policy = policy if policy is not None else (DraftPolicy.auto() if drafter else None)
-        self.cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
-        # A prompt cache may already hold the prompt's first tokens (a conversation's history).
-        # A cache holding fewer tokens than the prompt holds its first tokens (a conversation's
-        # history): only the rest is prefilled. One holding as many or more is a context the
-        # prompt continues.
-        held = int(getattr(self.cache[0], "offset", 0) or 0) if prompt_cache is not None else 0
-        self.cached_prompt_tokens = held if held < len(self.prompt) else 0
-        if self.cached_prompt_tokens and drafter is not None and drafter.needs_hidden:
+        self.policy = (policy or DraftPolicy.auto()) if drafter is not None else None
+        self.needs_hidden = bool(drafter is not None and drafter.needs_hidden)
+        if isinstance(source, nn.Module):
+            source = ModelTarget(
+                source, options, verifier, prompt_cache, sorted(eos), self.needs_hidden, speculative=drafter is not None
+            )
+        self.target = source
+        self.model = getattr(source, "model", None)
+        self._check_prompt()
+        self.cached_prompt_tokens = source.cached_tokens(len(self.prompt)) if isinstance(source, ModelTarget) else 0
+        if self.cached_prompt_tokens and self.needs_hidden:
             raise ValueError(
                 f"drafter {drafter.name} needs the hidden states of the whole prompt: pass a fresh prompt cache"
             )
-        self.rollback = None
-        if drafter is not None:
-            from specbench.exact.hooks import layout_sensitive_attention
-
-            # Exact verification where attention reads past its keys: serial decoding has zeros there.
-            clear = options.verify_mode == "exact" and layout_sensitive_attention()
-            self.rollback = CacheRollback(self.cache, model, clear_rejected=clear)
-        eos = set(options.eos_token_ids)
-        if tokenizer is not None:
-            eos |= set(getattr(tokenizer, "eos_token_ids", None) or [])
-        self.eos_ids = sorted(eos)
+        self.tokenizer = tokenizer
         self.stop_ids = set(options.stop_token_ids) | (set() if options.ignore_eos else eos)
         self.detokenizer = tokenizer.detokenizer if options.stop_strings else None
+        self.break_even = break_even
+        self.clock = clock
         self.log = StepLog()
         self.tokens: list[int] = []
         self._finish: str | None = None
         self._wall_s = 0.0
         self._iter = self._run()
+
+    def _check_prompt(self) -> None:
+        vocab, limit = self.target.vocab, self.target.context_limit
+        bad = [t for t in self.prompt if vocab is not None and not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the model's vocabulary [0, {vocab})")
+        if limit is not None and len(self.prompt) >= limit:
+            raise ValueError(
+                f"the prompt has {len(self.prompt)} tokens but the model's context is {limit}: shorten the prompt"
+            )
 
     # -- public -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
@@ -184,7 +107,7 @@ class Generation:
         return next(self._iter)
 
     def finish_reason(self) -> str | None:
-        """"stop" (EOS, stop token or stop string), "length" (max_tokens), "context" (model's
+        """ "stop" (EOS, stop token or stop string), "length" (max_tokens), "context" (model's
         context full), or None while generation is still running."""
         return self._finish
 
@@ -197,6 +120,11 @@ class Generation:
             "wall_s": self._wall_s,
         }
 
+    @property
+    def cache(self) -> list[Any] | None:
+        """The model's prompt cache (None when decoding against a recorded output)."""
+        return getattr(self.target, "cache", None)
+
     def text(self) -> str:
         if self.tokenizer is None:
             raise ValueError("no tokenizer was given")
@@ -204,26 +132,15 @@ class Generation:
 
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> Iterator[int]:
-        options, drafter, policy = self.options, self.drafter, self.policy
-        start = time.perf_counter()
-        if options.seed is not None:
-            mx.random.seed(options.seed)
-        self.sampler = options.sampling.sampler()
-        self._serial_layout = drafter is not None and options.verify_mode == "exact"
-        self.needs_hidden = bool(drafter is not None and drafter.needs_hidden)
-        if policy is not None:
-            policy.start(self.model, drafter, verify=options.verify_mode)
-        self._counter = None
+        drafter, policy = self.drafter, self.policy
+        start = self.clock()
+        if self.options.seed is not None:
+            mx.random.seed(self.options.seed)
+        if drafter is not None:
+            policy.start(drafter, self.break_even)
         try:
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(wired_limit(self.model, [generation_stream]))
-                stack.enter_context(mx.stream(generation_stream))
-                if options.count_experts:
-                    from specbench.core.experts import ExpertCounter
-
-                    self._counter = stack.enter_context(ExpertCounter(self.model))
-                first = self._prefill()
-                yield from self._emit_plain(first)
+            with self.target.running():
+                yield from self._prefill()
                 while self._finish is None:
                     if drafter is None:
                         yield from self._plain_stretch(self._remaining(), paused=False)
@@ -236,184 +153,117 @@ class Generation:
                     else:
                         yield from self._plain_stretch(1, paused=False, k_requested=k)
         finally:
-            self._wall_s = time.perf_counter() - start
+            self._wall_s = self.clock() - start
             if drafter is not None:
                 drafter.end()
 
-    def _remaining(self) -> int:
-        left = self.options.max_tokens - len(self.tokens)
-        if self.context_limit is not None:
-            left = min(left, self.context_limit - len(self.prompt) - len(self.tokens))
-        return left
-
-    def _mask_eos(self, logits: mx.array, first_position: int) -> mx.array:
-        """Suppress EOS in rows whose output position is below ``min_tokens``."""
-        rows = logits.shape[-2]
-        masked_rows = min(rows, self.options.min_tokens - first_position)
-        if masked_rows <= 0 or not self.eos_ids:
-            return logits
-        column = mx.zeros((logits.shape[-1],), dtype=mx.bool_)
-        column[mx.array(self.eos_ids)] = True
-        row = mx.arange(rows)[:, None] < masked_rows
-        return mx.where(row & column, mx.array(-float("inf"), logits.dtype), logits)
-
-    def _pick(self, logits: mx.array, position: int) -> mx.array:
-        """Sample one token from the last row of ``logits`` [1, w, vocab], as mlx-lm does."""
-        logits = self._mask_eos(logits[:, -1, :], position)
-        if self.options.temperature == 0:
-            return _greedy(logits)[0]
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return self.sampler(logprobs)[0]
-
-    def _prefill(self) -> tuple[mx.array, mx.array | None]:
-        t0 = time.perf_counter()
-        prompt = mx.array(self.prompt, dtype=mx.uint32)
-        step = self.options.prefill_step_size
-        hidden_parts = []
-        done = self.cached_prompt_tokens
-        while len(self.prompt) - done > 1:
-            n = min(step, len(self.prompt) - done - 1)
-            out = forward(self.model, prompt[None, done : done + n], self.cache, self.needs_hidden)
-            if self.needs_hidden:
-                hidden_parts.append(out[1])
-                mx.eval(out[1])
-            mx.eval([c.state for c in self.cache])
-            done += n
-        out = forward(self.model, prompt[None, done:], self.cache, self.needs_hidden)
-        logits, hidden = out if self.needs_hidden else (out, None)
-        token = self._pick(logits, 0)
-        extra = self._experts()
-        mx.eval(token)
+    def _prefill(self) -> Iterator[int]:
+        t0 = self.clock()
+        step, prompt_hidden = self.target.prefill(self.prompt, self.cached_prompt_tokens)
         if self.drafter is not None:
-            prompt_hidden = mx.concatenate(hidden_parts, axis=1) if hidden_parts else None
             self.drafter.begin(list(self.prompt), prompt_hidden)
-        self._prefill_s = time.perf_counter() - t0
-        return token, hidden, extra
-
-    def _plain_step(self, y: mx.array, position: int) -> tuple[mx.array, mx.array | None, dict]:
-        if self._serial_layout:
-            # After a rollback the KV buffers keep the verification's length; give them the
-            # length serial decoding has, since some kernels choose by it.
-            from specbench.exact.hooks import serial_kv_layout
-
-            serial_kv_layout(self.cache, 1)
-        out = forward(self.model, y.reshape(1, 1), self.cache, self.needs_hidden)
-        logits, hidden = out if self.needs_hidden else (out, None)
-        return self._pick(logits, position), hidden, self._experts()
-
-    def _experts(self) -> dict[str, Any]:
-        """The log record's extra columns: expert counts of the forward just built, when counting."""
-        return {"experts": self._counter.take()} if self._counter is not None else {}
-
-    def _emit_plain(self, step: tuple[mx.array, mx.array | None, dict]) -> Iterator[int]:
-        """Emit the prefill's token with its log record."""
-        token, hidden, extra = step
-        t = int(token.item())
-        emitted = self._stop_at([t])
-        self.log.append(
-            StepRecord(
-                step=0, position=0, kind="prefill", drafter=self._drafter_name(), policy=self._policy_name(),
-                k_requested=0, k_drafted=0, accepted=0, emitted=len(emitted), accepted_positions=[],
-                verify_width=len(self.prompt), draft_s=0.0, verify_s=self._prefill_s, other_s=0.0,
-                paused=False, tokens=emitted, extra=extra,
-            )
-        )
-        yield from self._yield_tokens(emitted, hidden)
-        self._y = token
+        emitted = self._stop_at(step.tokens)
+        self._record("prefill", 0, emitted, verify_width=len(self.prompt), verify_s=self.clock() - t0, extra=step.extra)
+        yield from self._emit(emitted, step.hidden)
 
     def _plain_stretch(self, n: int, paused: bool, k_requested: int = 0, draft_s: float = 0.0) -> Iterator[int]:
-        """``n`` plain steps, pipelined as mlx-lm pipelines them (the next step is queued before
-        the current token is read)."""
+        """``n`` plain steps (the target pipelines them)."""
         position = len(self.tokens)
-        tick = time.perf_counter()  # before the first step is queued: on a CPU queuing computes it
-        pending = self._plain_step(self._y, position)
-        mx.async_eval(pending[0])
-        for i in range(n):
-            current = pending
-            if i + 1 < n:
-                pending = self._plain_step(current[0], position + i + 1)
-                mx.async_eval(pending[0])
-            t = int(current[0].item())
-            now = time.perf_counter()
-            emitted = self._stop_at([t])
-            self.log.append(
-                StepRecord(
-                    step=len(self.log), position=position + i, kind="plain", drafter=self._drafter_name(),
-                    policy=self._policy_name(), k_requested=k_requested, k_drafted=0, accepted=0,
-                    emitted=len(emitted), accepted_positions=[], verify_width=1,
-                    draft_s=draft_s, verify_s=now - tick, other_s=0.0, paused=paused, tokens=emitted,
-                    extra=current[2],
-                )
+        tick = self.clock()  # before the first step is queued: on a CPU queuing computes it
+        for i, step in enumerate(self.target.plain_steps(position, n)):
+            now = self.clock()
+            emitted = self._stop_at(step.tokens)
+            self._record(
+                "plain",
+                position + i,
+                emitted,
+                k_requested=k_requested,
+                draft_s=draft_s,
+                verify_s=now - tick,
+                paused=paused,
+                extra=step.extra,
             )
             tick = now
-            yield from self._yield_tokens(emitted, current[1])
-            self._y = current[0]
+            yield from self._emit(emitted, step.hidden)
             if self._finish is not None:
                 return
 
     def _speculative_step(self, k: int) -> Iterator[int]:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         draft = as_draft(self.drafter.draft(self.prompt + self.tokens, k), k)
-        t1 = time.perf_counter()
+        t1 = self.clock()
         if not draft.tokens:
             yield from self._plain_stretch(1, paused=False, k_requested=k, draft_s=t1 - t0)
             return
-        bad = [t for t in draft.tokens if not 0 <= t < self.vocab]
+        vocab = self.target.vocab
+        bad = [t for t in draft.tokens if vocab is not None and not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"drafter {self._drafter_name()} proposed token ids {bad[:5]} outside [0, {self.vocab})")
-        y = int(self._y.item()) if isinstance(self._y, mx.array) else int(self._y)
-        inputs = mx.array([[y] + draft.tokens], dtype=mx.uint32)
-        width = inputs.shape[1]
+            raise ValueError(f"drafter {self.drafter.name} proposed token ids {bad[:5]} outside [0, {vocab})")
         position = len(self.tokens)
-        self.rollback.before_verify(width)
-        with self._verify_context():
-            out = forward(self.model, inputs, self.cache, self.needs_hidden)
-        logits, hidden = out if self.needs_hidden else (out, None)
-        extra = self._experts()
-        logits = self._mask_eos(logits[0], position)
-        if self.options.temperature == 0:
-            # In exact mode each row's choice is made on its own, as a serial step makes it.
-            rows = [logits[i : i + 1] for i in range(width)] if self.options.verify_mode == "exact" else [logits]
-            targets = mx.concatenate([_greedy(r) for r in rows]).tolist()
-            n, emitted = accept_greedy(draft.tokens, targets)
-            probs: list[float] = []
-        else:
-            p = self.options.sampling.probs(logits)
-            n, emitted, probs = accept_sampled(p, draft.tokens, draft.probs)
-        t2 = time.perf_counter()
-        self.rollback.rewind(len(draft.tokens) - n)
-        emitted = self._stop_at(emitted)
-        n = min(n, len(emitted))  # accepted tokens past a stop are never emitted
+        step = self.target.verify(draft.tokens, draft.probs, position)
+        t2 = self.clock()
+        emitted = self._stop_at(step.tokens)
+        accepted = min(step.accepted, len(emitted))  # accepted tokens past a stop are never emitted
+        self._record(
+            "verify",
+            position,
+            emitted,
+            k_requested=k,
+            k_drafted=len(draft.tokens),
+            accepted=accepted,
+            verify_width=len(draft.tokens) + 1,
+            draft_s=t1 - t0,
+            verify_s=t2 - t1,
+            accept_probs=step.accept_probs,
+            draft_tokens=list(draft.tokens),
+            extra=step.extra,
+            other_since=t2,
+        )
+        hidden = step.hidden[:, : len(emitted)] if step.hidden is not None else None
+        yield from self._emit(emitted, hidden)
+
+    def _record(
+        self, kind: str, position: int, emitted: list[int], other_since: float | None = None, **fields: Any
+    ) -> None:
+        """Append the log record of one step (``other_since``: when the step's bookkeeping began)."""
+        if other_since is not None:
+            fields["other_s"] = self.clock() - other_since
+        accepted = fields.get("accepted", 0)
         self.log.append(
             StepRecord(
-                step=len(self.log), position=position, kind="verify", drafter=self._drafter_name(),
-                policy=self._policy_name(), k_requested=k, k_drafted=len(draft.tokens), accepted=n,
-                emitted=len(emitted), accepted_positions=list(range(n)), verify_width=width,
-                draft_s=t1 - t0, verify_s=t2 - t1, other_s=time.perf_counter() - t2, paused=False,
-                accept_probs=probs, tokens=emitted, draft_tokens=list(draft.tokens), extra=extra,
+                step=len(self.log),
+                position=position,
+                kind=kind,
+                drafter=self._drafter_name(),
+                policy=self._policy_name(),
+                emitted=len(emitted),
+                accepted_positions=list(range(accepted)),
+                tokens=emitted,
+                **fields,
             )
         )
-        yield from self._yield_tokens(emitted, hidden[:, : len(emitted)] if hidden is not None else None)
-        self._y = mx.array(emitted[-1], dtype=mx.uint32)
 
-    def _verify_context(self):
-        if self.options.verify_mode == "exact":
-            from specbench.exact.hooks import exact_mode
-
-            return exact_mode(self.model)
-        return contextlib.nullcontext()
+    def _remaining(self) -> int:
+        left = self.options.max_tokens - len(self.tokens)
+        limit = self.target.context_limit
+        if limit is not None:
+            left = min(left, limit - len(self.prompt) - len(self.tokens))
+        return left
 
     def _stop_at(self, tokens: list[int]) -> list[int]:
-        """Cut ``tokens`` at the first stop (token, string or length) and set the finish reason."""
+        """Cut ``tokens`` at the first stop (token, string, length or a recorded stop) and set the
+        finish reason."""
         room = self._remaining()
+        stop_index = self.target.stop_index
         for i, t in enumerate(tokens):
             if i >= room:
                 self._finish = "length" if self.options.max_tokens - len(self.tokens) <= i else "context"
                 return tokens[:i]
-            if t in self.stop_ids:
-                self._finish = "stop"
-                return tokens[: i + 1]
-            if self.detokenizer is not None and self._stop_string_hit(t):
+            if (
+                t in self.stop_ids
+                or len(self.tokens) + i == stop_index
+                or (self.detokenizer is not None and self._stop_string_hit(t))
+            ):
                 self._finish = "stop"
                 return tokens[: i + 1]
         if len(tokens) >= room:
@@ -428,7 +278,7 @@ class Generation:
         tail = detok.text[max(0, before - longest + 1) :]
         return any(s in tail for s in self.options.stop_strings)
 
-    def _yield_tokens(self, tokens: list[int], hidden: mx.array | None) -> Iterator[int]:
+    def _emit(self, tokens: list[int], hidden: mx.array | None) -> Iterator[int]:
         if self.drafter is not None and tokens:
             self.drafter.observe(tokens, hidden)
         for t in tokens:
@@ -439,21 +289,7 @@ class Generation:
         return getattr(self.drafter, "name", "none") if self.drafter is not None else "none"
 
     def _policy_name(self) -> str:
-        return getattr(self.policy, "name", "none") if self.policy is not None and self.drafter is not None else "none"
-
-
-def speculative_generate(
-    model: nn.Module,
-    prompt_ids: Any,
-    options: GenerateOptions | None = None,
-    drafter: Drafter | None = None,
-    policy: DraftPolicy | None = None,
-    tokenizer: Any = None,
-    prompt_cache: list[Any] | None = None,
-) -> Generation:
-    """Speculative decoding: ``drafter`` proposes, one forward pass verifies, ``policy`` (default
-    ``DraftPolicy.auto()``) picks draft lengths. Greedy output equals ``generate``'s."""
-    return Generation(model, prompt_ids, options, drafter, policy, tokenizer, prompt_cache)
+        return getattr(self.policy, "name", "none") if self.policy is not None else "none"
 
 
 def generate(
@@ -463,5 +299,8 @@ def generate(
     tokenizer: Any = None,
     prompt_cache: list[Any] | None = None,
 ) -> Generation:
-    """Plain decoding with the same options, log and stats as ``speculative_generate``."""
-    return Generation(model, prompt_ids, options, None, None, tokenizer, prompt_cache)
+    """Plain decoding with the same options, log and stats as speculative decoding."""
+    return Generation(model, prompt_ids, options, tokenizer=tokenizer, prompt_cache=prompt_cache)
+
+
+__all__ = ["Generation", "Step", "generate", "token_ids"]

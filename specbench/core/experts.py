@@ -1,8 +1,8 @@
 """MoE instrumentation: distinct experts a forward pass touches, per MoE layer.
 
 A verification of w tokens in an MoE model reads the weights of every expert any of its
-rows routes to. Under uniform routing of top-K of E experts that is E (1 - (1 - K/E)^w)
-experts per layer. ``ExpertCounter`` counts what the model actually touched.
+rows routes to. ``ExpertCounter`` counts what the model actually touched (the engine records it
+per step when asked; ``specbench.cost.experts`` compares it with uniform routing).
 
 Counting is opt-in: nothing is changed in the model until ``ExpertCounter(model)`` is
 entered, and leaving it restores the model exactly.
@@ -10,7 +10,7 @@ entered, and leaving it restores the model exactly.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -20,28 +20,10 @@ from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 EXPERT_LAYERS = (SwitchGLU, SwitchMLP)
 
 
-def expected_distinct_experts(num_experts: int, top_k: int, width: int) -> float:
-    """Expected distinct experts per layer for ``width`` tokens under uniform top-K routing."""
-    if not 0 < top_k <= num_experts:
-        raise ValueError(f"need 0 < top_k <= num_experts, got top_k={top_k}, num_experts={num_experts}")
-    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** width)
-
-
 def expert_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The model's expert blocks (mlx-lm's SwitchGLU / SwitchMLP), in layer order."""
     found = [(name, m) for name, m in model.named_modules() if isinstance(m, EXPERT_LAYERS)]
     return sorted(found, key=lambda item: [int(p) if p.isdigit() else p for p in item[0].split(".")])
-
-
-def routing(model: nn.Module) -> tuple[int, int]:
-    """(num_experts, experts per token) of an MoE model."""
-    lm = getattr(model, "language_model", model)
-    args = getattr(lm, "args", None)
-    experts = getattr(args, "num_experts", None) or getattr(args, "n_routed_experts", None)
-    top_k = getattr(args, "num_experts_per_tok", None)
-    if not experts or not top_k:
-        raise ValueError("this model has no num_experts / num_experts_per_tok in its args: is it an MoE model?")
-    return int(experts), int(top_k)
 
 
 _COUNTING_CLASSES: dict[type, type] = {}
@@ -75,7 +57,7 @@ class ExpertCounter:
         self._seen: dict[int, list[mx.array]] = {}
         self._classes: list[type] = []
 
-    def __enter__(self) -> "ExpertCounter":
+    def __enter__(self) -> ExpertCounter:
         if self._classes:
             raise RuntimeError("this ExpertCounter is already counting")
         self._classes = [type(layer) for layer in self.layers]
@@ -113,33 +95,3 @@ def count_experts(model: nn.Module, inputs: mx.array, cache: list[Any] | None = 
     with ExpertCounter(model) as counter:
         mx.eval(model(inputs, cache=cache))
         return counter.take()
-
-
-def expert_counts(
-    model: nn.Module, widths: Sequence[int], offset: int = 128, trials: int = 4, seed: int = 0
-) -> list[dict[str, float]]:
-    """Distinct experts per layer touched by verifications of each width (random ids after a
-    random ``offset``-token context), averaged over the layers the forward called and over
-    ``trials``, with the uniform-routing expectation alongside."""
-    from specbench.cost.profile import _CacheRestore, _prefill, _vocab
-
-    num_experts, top_k = routing(model)
-    rng = np.random.default_rng(seed)
-    vocab = _vocab(model)
-    totals = {w: [] for w in widths}
-    with ExpertCounter(model) as counter:
-        for _ in range(trials):
-            cache = _prefill(model, rng.integers(0, vocab, size=offset).tolist())
-            restore = _CacheRestore(cache)
-            counter.take()
-            for w in widths:
-                mx.eval(model(mx.array(rng.integers(0, vocab, size=w).tolist())[None], cache=cache))
-                called = [c for c in counter.take() if c]  # an attached MTP head's experts are not called
-                totals[w].append(float(np.mean(called)))
-                restore()
-    return [
-        {"width": w, "distinct_experts": float(np.mean(totals[w])),
-         "expected_uniform": expected_distinct_experts(num_experts, top_k, w),
-         "num_experts": num_experts, "top_k": top_k}
-        for w in widths
-    ]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
-import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from specbench.common.files import write_parquet_atomic
 
 
 @dataclass
@@ -24,18 +26,18 @@ class StepRecord:
     step: int
     position: int
     kind: str
-    drafter: str
-    policy: str
-    k_requested: int
-    k_drafted: int
-    accepted: int
-    emitted: int
-    accepted_positions: list[int]
-    verify_width: int
-    draft_s: float
-    verify_s: float
-    other_s: float
-    paused: bool
+    drafter: str = "none"
+    policy: str = "none"
+    k_requested: int = 0
+    k_drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    accepted_positions: list[int] = field(default_factory=list)
+    verify_width: int = 1
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    paused: bool = False
     accept_probs: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     draft_tokens: list[int] = field(default_factory=list)
@@ -113,12 +115,10 @@ class StepLog:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the log as parquet, atomically."""
-        from specbench.common.files import write_parquet_atomic
-
         return write_parquet_atomic(self.to_polars(), path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "StepLog":
+    def load(cls, path: str | os.PathLike) -> StepLog:
         import polars as pl
 
         path = Path(path)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence, get_args
+from typing import Literal, get_args
 
 from specbench.core.accept import SamplingSettings
 

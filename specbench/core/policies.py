@@ -1,8 +1,13 @@
-"""Draft-length policies: how many tokens to draft at each step. Policies see only the log."""
+"""Draft-length policies: how many tokens to draft at each step.
+
+Policies see only the log and what they were handed (a break-even, for Auto): they never measure,
+load or run a model.
+"""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from specbench.core.log import StepLog
@@ -16,9 +21,11 @@ class DraftPolicy:
     """
 
     name = "policy"
+    #: Whether ``start`` needs the break-even function (tokens a verification of k drafts must yield).
+    needs_break_even = False
 
-    def start(self, model: Any, drafter: Any, verify: str = "fast") -> None:
-        """Reset for a new generation (``verify``: the generation's verify mode)."""
+    def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
+        """Reset for a new generation; ``break_even(k)``: tokens a verification of k drafts must yield."""
         self._seen = 0
 
     def next_k(self, log: StepLog, drafter: Any) -> int:
@@ -38,11 +45,11 @@ class DraftPolicy:
         raise NotImplementedError
 
     @staticmethod
-    def fixed(n: int) -> "FixedPolicy":
+    def fixed(n: int) -> FixedPolicy:
         return FixedPolicy(n)
 
     @staticmethod
-    def adaptive(n: int, max_pause: int = 16) -> "AdaptivePolicy":
+    def adaptive(n: int, max_pause: int = 16) -> AdaptivePolicy:
         return AdaptivePolicy(n, max_pause)
 
     @staticmethod
@@ -51,11 +58,11 @@ class DraftPolicy:
         window: int = 16,
         pause_tokens: int = 64,
         break_even: float | None = None,
-    ) -> "AutoPolicy":
+    ) -> AutoPolicy:
         return AutoPolicy(max_k, window, pause_tokens, break_even)
 
     @staticmethod
-    def parse(spec: str) -> "DraftPolicy":
+    def parse(spec: str) -> DraftPolicy:
         """Build a policy from text: ``auto``, ``fixed:4``, ``adaptive:8``."""
         name, _, arg = spec.strip().partition(":")
         if name == "auto" and not arg:
@@ -63,6 +70,17 @@ class DraftPolicy:
         if name in ("fixed", "adaptive") and arg.isdigit():
             return getattr(DraftPolicy, name)(int(arg))
         raise ValueError(f"unknown policy {spec!r}: use auto, fixed:N or adaptive:N (N >= 1)")
+
+
+def as_policy(policy: DraftPolicy | str | int) -> DraftPolicy:
+    """A policy object: text (``"fixed:4"``, ``"auto"``) parsed here, an int k as ``DraftPolicy.fixed(k)``."""
+    if isinstance(policy, DraftPolicy):
+        return policy
+    if isinstance(policy, str):
+        return DraftPolicy.parse(policy)
+    if isinstance(policy, int) and not isinstance(policy, bool):
+        return DraftPolicy.fixed(policy)
+    raise TypeError(f"a policy is a DraftPolicy, its text (e.g. 'fixed:4', 'auto') or a draft length, got {policy!r}")
 
 
 def _check_k(n: int) -> int:
@@ -90,8 +108,8 @@ class AdaptivePolicy(DraftPolicy):
         self.max_pause = max_pause
         self.name = f"adaptive:{n}"
 
-    def start(self, model: Any, drafter: Any, verify: str = "fast") -> None:
-        super().start(model, drafter, verify)
+    def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
+        super().start(drafter, break_even)
         self.pause = 1
         self.remaining = 0
 
@@ -132,34 +150,34 @@ class AutoPolicy(DraftPolicy):
         self.pause_tokens = pause_tokens
         self.fixed_break_even = break_even
 
-    def start(self, model: Any, drafter: Any, verify: str = "fast") -> None:
-        super().start(model, drafter, verify)
+    @property
+    def needs_break_even(self) -> bool:
+        return self.fixed_break_even is None
+
+    def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
+        super().start(drafter, break_even)
+        if break_even is None and self.fixed_break_even is None:
+            raise ValueError(
+                "DraftPolicy.auto() needs a break-even: run it through specbench.speculative_generate (which "
+                "hands it the model's cost profile), or give DraftPolicy.auto(break_even=TOKENS)"
+            )
         self.recent: deque[tuple[int, float]] = deque(maxlen=self.window)
-        self._model, self._drafter, self._verify = model, drafter, verify
+        self._break_even_of = break_even
         self._break_evens: dict[int, float] = {}
         self.remaining = 0
+        # Shorten the draft while even a fully accepted one (k + 1 tokens) could not pay for its
+        # verification; at k = 0 speculation cannot pay on this machine at all.
         self.k = self.preferred_k(drafter)
-        if self.fixed_break_even is not None:
-            self.break_even = self.fixed_break_even
-        elif drafter is None:
-            self.break_even = 0.0
-        else:
-            from specbench.cost.profile import break_even_tokens
-
-            # Shorten the draft while even a fully accepted one (k + 1 tokens) could not pay
-            # for its verification; at k = 0 speculation cannot pay on this machine at all.
-            self.break_even = break_even_tokens(model, self.k, drafter, verify=verify)
-            while self.k > 0 and self.break_even >= self.k + 1:
-                self.k -= 1
-                self.break_even = break_even_tokens(model, self.k, drafter, verify=verify) if self.k else float("inf")
+        self.break_even = self._break_even_for(self.k)
+        while self.k > 0 and self.break_even >= self.k + 1:
+            self.k -= 1
+            self.break_even = self._break_even_for(self.k) if self.k else float("inf")
 
     def _break_even_for(self, k: int) -> float:
         if self.fixed_break_even is not None:
             return self.fixed_break_even
         if k not in self._break_evens:
-            from specbench.cost.profile import break_even_tokens
-
-            self._break_evens[k] = break_even_tokens(self._model, k, self._drafter, verify=self._verify)
+            self._break_evens[k] = float(self._break_even_of(k))
         return self._break_evens[k]
 
     def preferred_k(self, drafter: Any) -> int:

@@ -21,13 +21,11 @@ class CacheRollback:
     """Rewinds a model's caches by the rejected tail of a verification.
 
     ``model`` is needed only for hybrid models (caches that cannot be trimmed): their
-    recurrent layers are recorded during each verification. ``clear_rejected`` zeros the
-    rejected rows of the KV buffers (exact verification: serial decoding has zeros there).
+    recurrent layers are recorded during each verification.
     """
 
-    def __init__(self, cache: list[Any], model: nn.Module | None = None, clear_rejected: bool = False):
+    def __init__(self, cache: list[Any], model: nn.Module | None = None):
         self.cache = cache
-        self.clear_rejected = clear_rejected
         recurrent = [i for i, c in enumerate(cache) if not c.is_trimmable()]
         self.recorder: RecurrentRecorder | None = None
         if recurrent:
@@ -57,10 +55,6 @@ class CacheRollback:
             for c in self.cache:
                 if c.is_trimmable():
                     c.trim(num_rejected)
-            if self.clear_rejected:
-                from specbench.exact.hooks import clear_rejected
-
-                clear_rejected(self.cache, num_rejected)
 
 
 def _gated_deltanet(layer: nn.Module) -> nn.Module | None:
@@ -111,8 +105,7 @@ class RecurrentRecorder:
                     rec = self.records[i]
                     if len(rec["states"]) != self.width or len(rec["conv"]) != self.width:
                         raise RuntimeError(
-                            f"layer {i}: the verification was not recorded ({len(rec['states'])} of "
-                            f"{self.width} steps)"
+                            f"layer {i}: the verification was not recorded ({len(rec['states'])} of {self.width} steps)"
                         )
                     self.cache[i][0] = mx.contiguous(rec["conv"][accepted - 1])
                     self.cache[i][1] = rec["states"][accepted - 1]
@@ -169,8 +162,16 @@ class _RecordingMixer:
             ys = []
             for t in range(q.shape[1]):
                 y, state = update(
-                    q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], a[:, t : t + 1], b[:, t : t + 1],
-                    A_log, dt_bias, state, None if mask is None else mask[:, t : t + 1], **kwargs,
+                    q[:, t : t + 1],
+                    k[:, t : t + 1],
+                    v[:, t : t + 1],
+                    a[:, t : t + 1],
+                    b[:, t : t + 1],
+                    A_log,
+                    dt_bias,
+                    state,
+                    None if mask is None else mask[:, t : t + 1],
+                    **kwargs,
                 )
                 ys.append(y)
                 record["states"].append(state)

@@ -1,34 +1,22 @@
 """Verify cost: profiles c(w), break-even math, and measuring them."""
 
-from specbench.cost.profile import (
-    VERIFY_MODES,
-    QUICK_WIDTHS,
-    home,
-    device_name,
-    versions,
-    model_key,
-    display_name,
-    Profile,
-    profile_path,
-    save_profile,
-    load_profile,
-    load_profiles,
-    available_modes,
-    measure,
-    measure_drafter,
-    profile_for,
-    quick_profile,
-    drafter_cost,
-    break_even_tokens,
-    preferred_k,
-    cost_at,
-    expected_tokens,
-    speedup,
-    break_even_acceptance,
+from specbench.common.files import home
+from specbench.common.identity import device_name, display_name, model_key, versions
+from specbench.core.options import VERIFY_MODES
+from specbench.cost.breakeven import (
     best_k,
+    break_even_acceptance,
+    break_even_tokens,
+    drafter_cost,
+    expected_tokens,
     predicted_from_log,
-    speedup_grid,
+    preferred_k,
+    speedup,
 )
+from specbench.cost.experts import expected_distinct_experts, expert_counts, routing
+from specbench.cost.grid import speedup_grid
+from specbench.cost.measure import QUICK_WIDTHS, measure, measure_drafter, profile_for, quick_profile
+from specbench.cost.profile import Profile, cost_at, load_profile, load_profiles, profile_path, save_profile
 
 __all__ = [
     "VERIFY_MODES",
@@ -43,7 +31,6 @@ __all__ = [
     "save_profile",
     "load_profile",
     "load_profiles",
-    "available_modes",
     "measure",
     "measure_drafter",
     "profile_for",
@@ -58,4 +45,7 @@ __all__ = [
     "best_k",
     "predicted_from_log",
     "speedup_grid",
+    "expected_distinct_experts",
+    "expert_counts",
+    "routing",
 ]

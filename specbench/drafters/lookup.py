@@ -9,9 +9,9 @@ a draft costs O(max_ngram) dictionary lookups.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from specbench.drafters.base import Draft, Drafter
+from specbench.core.draft import Draft, Drafter
 
 
 class PromptLookup(Drafter):

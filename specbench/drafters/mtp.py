@@ -9,18 +9,21 @@ for the accepted positions, so it never drifts from the model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import logits_from_hidden, text_model
-from specbench.drafters.base import Draft, Drafter
+from specbench.models.mtp.attach import attach_mtp, get_head, shipped_head
+from specbench.models.mtp.head import MtpHead
 
 
-def _bytes(tree) -> int:
+def _bytes(tree: Any) -> int:
     return sum(v.nbytes for _, v in tree_flatten(tree))
 
 
@@ -34,9 +37,7 @@ class MtpDrafter(Drafter):
     name = "mtp"
     needs_hidden = True
 
-    def __init__(self, model: nn.Module, head=None, temperature: float = 0.0, preferred_k: int = 3):
-        from specbench.models.mtp.attach import get_head
-
+    def __init__(self, model: nn.Module, head: MtpHead | None = None, temperature: float = 0.0, preferred_k: int = 3):
         self.model = model
         self.head = head if head is not None else get_head(model)
         if temperature < 0:
@@ -129,10 +130,8 @@ class MtpDrafter(Drafter):
         self._reset([])
 
 
-def mtp_drafter_for(model: nn.Module, model_name: str | None = None, **kwargs) -> MtpDrafter:
+def mtp_drafter_for(model: nn.Module, model_name: str | None = None, **kwargs: Any) -> MtpDrafter:
     """An MtpDrafter for ``model``: its attached head, or the head shipped for ``model_name``."""
-    from specbench.models.mtp.attach import attach_mtp, shipped_head
-
     if not (isinstance(model, dict) and "mtp" in model):
         path = shipped_head(model_name) if model_name else None
         if path is None and model_name and (Path(model_name).expanduser() / "mtp.safetensors").is_file():

@@ -14,11 +14,15 @@ plain greedy continuation of the new context and goes on; the time that takes is
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from specbench.drafters.base import Draft, Drafter
+from specbench.core.draft import Draft, Drafter
+from specbench.core.engine import generate
+from specbench.core.forward import vocab_size
+from specbench.core.options import GenerateOptions
 
 
 class OracleDrafter(Drafter):
@@ -60,13 +64,17 @@ class OracleDrafter(Drafter):
 
     @classmethod
     def from_model(
-        cls, model: Any, prompt: Sequence[int], max_tokens: int, acceptance: float, seed: int = 0,
-        follow: bool = False, **kwargs: Any,
-    ) -> "OracleDrafter":
+        cls,
+        model: Any,
+        prompt: Sequence[int],
+        max_tokens: int,
+        acceptance: float,
+        seed: int = 0,
+        follow: bool = False,
+        **kwargs: Any,
+    ) -> OracleDrafter:
         """Record ``max_tokens`` of the model's plain greedy continuation of ``prompt``; with
         ``follow``, re-record it whenever the emitted output leaves it."""
-        from specbench.core.engine import vocab_size
-
         continuation = _greedy_continuation(model, prompt, max_tokens)
         return cls(prompt, continuation, acceptance, vocab_size(model), seed, model=model if follow else None, **kwargs)
 
@@ -116,6 +124,4 @@ class OracleDrafter(Drafter):
 
 
 def _greedy_continuation(model: Any, prompt: Sequence[int], max_tokens: int) -> list[int]:
-    from specbench.core.engine import GenerateOptions, generate
-
     return list(generate(model, list(prompt), GenerateOptions(max_tokens=max_tokens, ignore_eos=True)))

@@ -1,24 +1,24 @@
 """Exact verification: every row of a verify forward computed as serial decoding computes it."""
 
-from specbench.exact.hooks import (
-    LEVELS,
-    ExactPlan,
-    serial_kv_layout,
+from specbench.exact.calibration import (
+    CALIBRATION_METHOD,
+    Calibration,
+    WidthCalibration,
+    calibrate,
+    calibration_dir,
+    calibration_key,
+    load_calibration,
+)
+from specbench.exact.layout import (
     CUDNN_ATTENTION_ENV,
+    clear_rejected,
     cudnn_attention,
     layout_sensitive_attention,
-    clear_rejected,
-    exact_mode,
-    ExactVerifier,
-    WidthCalibration,
-    Calibration,
-    CALIBRATION_METHOD,
-    calibration_key,
-    calibration_dir,
-    load_calibration,
-    calibrate,
-    probe_ops,
+    serial_kv_layout,
 )
+from specbench.exact.plan import LEVELS, ExactPlan
+from specbench.exact.probe import probe_ops
+from specbench.exact.verifier import ExactVerifier, exact_mode, verifier_for
 
 __all__ = [
     "LEVELS",
@@ -30,6 +30,7 @@ __all__ = [
     "clear_rejected",
     "exact_mode",
     "ExactVerifier",
+    "verifier_for",
     "WidthCalibration",
     "Calibration",
     "CALIBRATION_METHOD",

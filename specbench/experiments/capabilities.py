@@ -1,23 +1,25 @@
-"""What this installation can do: drafters, verify modes, cost tools, traces, benchmarks.
+"""What this installation has: the embedded model, the bundled traces and prompts, the drafters a model supports.
 
-Notebooks and reports ask here before a section runs, so a feature that is not installed (or
-not set up, such as the embedded model's weights) becomes a clearly skipped section rather than
-an error. ``capabilities()`` checks everything; ``require(name)`` raises ``MissingCapability``
-with the reason; ``usable_drafters`` builds the drafters a model supports and says why the
-others are left out.
+Notebooks and reports ask here before a section runs, so what is missing (such as the embedded
+model's weights) becomes a clearly skipped section rather than an error. ``capabilities()``
+checks everything; ``require(name)`` raises ``MissingCapability`` with the reason;
+``usable_drafters`` builds the drafters a model supports and says why the others are left out.
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Sequence
-from specbench.common.files import PROJECT_ROOT
+from typing import Any
+
+from specbench.drafters import make_drafter
+from specbench.experiments.prompts import BUNDLED_CATEGORIES, PROMPTS_DIR
+from specbench.experiments.traces import bundled_traces
+from specbench.models.embedded import smollm2_gguf_path
 
 
 class MissingCapability(RuntimeError):
-    """A feature this installation lacks; the message says what is missing and how to get it."""
+    """Something this installation lacks; the message says what is missing and how to get it."""
 
 
 @dataclass(frozen=True)
@@ -27,25 +29,7 @@ class Capability:
     detail: str
 
 
-def _attributes(module: str, *names: str) -> Callable[[], str]:
-    """A check: ``module`` imports and has every attribute in ``names``."""
-
-    def check() -> str:
-        try:
-            mod = importlib.import_module(module)
-        except ImportError as err:
-            raise MissingCapability(f"{module} is not installed ({err})") from None
-        missing = [n for n in names if not hasattr(mod, n)]
-        if missing:
-            raise MissingCapability(f"{module} lacks {', '.join(missing)}")
-        return module
-
-    return check
-
-
 def _embedded_model() -> str:
-    from specbench.models.embedded import smollm2_gguf_path
-
     try:
         return str(smollm2_gguf_path())
     except FileNotFoundError as err:
@@ -53,19 +37,13 @@ def _embedded_model() -> str:
 
 
 def _traces() -> str:
-    _attributes("specbench.experiments.traces", "load_traces", "bundled_traces", "render_turn")()
-    from specbench.experiments.traces import bundled_traces
-
     found = bundled_traces()
     if not found:
-        raise MissingCapability("data/traces/ holds no trace files")
+        raise MissingCapability("no bundled trace files")
     return f"{len(found)} bundled trace files"
 
 
 def _bundled_prompts() -> str:
-    _attributes("specbench.experiments.prompts", "questions_from", "bundled_questions")()
-    from specbench.experiments.prompts import BUNDLED_CATEGORIES, PROMPTS_DIR
-
     missing = [c for c in BUNDLED_CATEGORIES if not (PROMPTS_DIR / f"{c}.jsonl").is_file()]
     if missing:
         raise MissingCapability(f"bundled prompt files missing in {PROMPTS_DIR}: {', '.join(missing)}")
@@ -75,18 +53,7 @@ def _bundled_prompts() -> str:
 #: name -> check returning a detail string or raising MissingCapability.
 CHECKS: dict[str, Callable[[], str]] = {
     "embedded_model": _embedded_model,
-    "exact_verify": _attributes("specbench.exact.hooks", "exact_mode"),
-    "drafter:lookup": _attributes("specbench.drafters.lookup", "PromptLookup"),
-    "drafter:suffix": _attributes("specbench.drafters.suffix", "SuffixDecoding"),
-    "drafter:mtp": _attributes("specbench.drafters.mtp", "MtpDrafter", "mtp_drafter_for"),
-    "drafter:oracle": _attributes("specbench.drafters.oracle", "OracleDrafter"),
-    "cost_profiles": _attributes("specbench.cost.profile", "measure", "break_even_acceptance", "speedup"),
-    "cost_figures": _attributes("specbench.report.plots", "verify_costs", "break_even"),
-    "speedup_grid": _attributes("specbench.cost.profile", "speedup_grid"),
-    "synthetic_models": _attributes("specbench.models.synthetic", "build"),
-    "simulator": _attributes("specbench.experiments.simulate", "simulate"),
     "traces": _traces,
-    "trace_bench": _attributes("specbench.experiments.bench", "run_trace"),
     "bundled_prompts": _bundled_prompts,
 }
 
@@ -107,6 +74,7 @@ def capabilities() -> dict[str, Capability]:
 
 
 def has(name: str) -> bool:
+    """Whether capability ``name`` is available."""
     return check(name).available
 
 
@@ -124,11 +92,9 @@ def usable_drafters(
     """Factories for the drafters in ``names`` that work with ``model``, and why the others do not.
 
     Returns ``(factories, skipped)``: ``factories[name]()`` builds a fresh drafter (``None`` for
-    "none", plain decoding); ``skipped[name]`` is the reason a drafter is left out (its module is
-    not installed, or the model has nothing for it, such as an MTP head).
+    "none", plain decoding); ``skipped[name]`` is the reason a drafter is left out (the model has
+    nothing for it, such as an MTP head). An unknown drafter name raises ValueError.
     """
-    from specbench.drafters import make_drafter
-
     factories: dict[str, Callable[[], Any]] = {}
     skipped: dict[str, str] = {}
     for name in names:
@@ -136,19 +102,13 @@ def usable_drafters(
         if key in ("none", "plain"):
             factories[key] = lambda: None
             continue
-        cap = CHECKS.get(f"drafter:{key}")
-        if cap is not None:
-            state = check(f"drafter:{key}")
-            if not state.available:
-                skipped[key] = state.detail
-                continue
         try:
             make_drafter(key, model=model, model_name=model_name)
-        except (ImportError, FileNotFoundError) as err:
+        except FileNotFoundError as err:
             skipped[key] = str(err)
             continue
         except ValueError as err:
-            if key not in ("lookup", "suffix", "mtp", "none"):
+            if key not in ("lookup", "suffix", "mtp"):
                 raise
             skipped[key] = str(err)
             continue
@@ -161,8 +121,3 @@ def summary_table() -> str:
     rows = capabilities().values()
     width = max(len(c.name) for c in rows)
     return "\n".join(f"{c.name:{width}s}  {'yes' if c.available else 'no '}  {c.detail}" for c in rows)
-
-
-def project_root() -> Path:
-    """The source tree holding the package (where notebooks/ and data/ live in a checkout)."""
-    return PROJECT_ROOT

@@ -1,6 +1,6 @@
 """Does speculative greedy decoding reproduce plain greedy decoding on this machine?
 
-``check`` decodes each prompt with mlx-lm's own greedy ``generate_step`` (the reference) and
+``check`` decodes each prompt with mlx-lm's own greedy decoding (``mlx_lm_greedy``, the reference) and
 speculatively in each verify mode, drafting with the controlled-acceptance ``OracleDrafter``
 (the reference continuation, each position corrupted with probability 1 - acceptance, so drafts
 are partly accepted and every acceptance count occurs), and records per prompt and mode whether
@@ -10,7 +10,8 @@ the outputs are equal and where they first differ. ``summarize`` condenses that 
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -18,13 +19,17 @@ import numpy as np
 import polars as pl
 from mlx_lm.generate import generate_step
 
-from specbench.drafters.oracle import OracleDrafter
-from specbench.core.engine import VERIFY_MODES, GenerateOptions, Generation, speculative_generate, vocab_size
+from specbench.core.engine import Generation
+from specbench.core.forward import vocab_size
+from specbench.core.options import GenerateOptions, VerifyMode, check_verify_mode
 from specbench.core.policies import DraftPolicy
+from specbench.drafters.oracle import OracleDrafter
+from specbench.exact.verifier import verifier_for
 
 
-def plain_greedy(model: nn.Module, prompt: Sequence[int], max_tokens: int) -> list[int]:
-    """mlx-lm's own greedy decoding of ``max_tokens`` tokens after ``prompt`` (EOS not checked)."""
+def mlx_lm_greedy(model: nn.Module, prompt: Sequence[int], max_tokens: int) -> list[int]:
+    """mlx-lm's own greedy decoding of ``max_tokens`` tokens after ``prompt`` (EOS not checked): the
+    reference that speculative greedy output must equal."""
     return [int(t) for t, _ in generate_step(mx.array(list(prompt)), model, max_tokens=max_tokens)]
 
 
@@ -36,7 +41,9 @@ def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int | N
     return None if len(output) == len(reference) else min(len(output), len(reference))
 
 
-def random_prompts(model: nn.Module, count: int, lengths: tuple[int, int] = (96, 224), seed: int = 7) -> list[list[int]]:
+def random_prompts(
+    model: nn.Module, count: int, lengths: tuple[int, int] = (96, 224), seed: int = 7
+) -> list[list[int]]:
     """Random token prompts; with 128 new tokens most cross the KV cache's 256-row buffer step."""
     rng = np.random.default_rng(seed)
     vocab = vocab_size(model)
@@ -44,14 +51,22 @@ def random_prompts(model: nn.Module, count: int, lengths: tuple[int, int] = (96,
 
 
 def oracle_generation(
-    model: nn.Module, prompt: Sequence[int], reference: Sequence[int], max_tokens: int, k: int, verify: str,
-    acceptance: float, seed: int = 0,
+    model: nn.Module,
+    prompt: Sequence[int],
+    reference: Sequence[int],
+    max_tokens: int,
+    k: int,
+    verify: VerifyMode,
+    acceptance: float,
+    seed: int = 0,
 ) -> Generation:
     """Speculative greedy decoding of ``prompt`` (not yet run) with drafts of ``k`` tokens from the
     ``OracleDrafter`` following ``reference`` at ``acceptance``, verified in mode ``verify``."""
     drafter = OracleDrafter(prompt, reference, acceptance, vocab_size(model), seed=seed)
     options = GenerateOptions(max_tokens=max_tokens, verify=verify, ignore_eos=True)
-    return speculative_generate(model, list(prompt), options, drafter, DraftPolicy.fixed(k))
+    return Generation(
+        model, list(prompt), options, drafter=drafter, policy=DraftPolicy.fixed(k), verifier=verifier_for(model, verify)
+    )
 
 
 def check(
@@ -60,7 +75,7 @@ def check(
     max_tokens: int = 64,
     draft_lengths: Sequence[int] = (2, 4, 7, 15),
     acceptance: float = 0.8,
-    modes: Sequence[str] = ("exact", "fast"),
+    modes: Sequence[VerifyMode] = ("exact", "fast"),
     seed: int = 0,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> pl.DataFrame:
@@ -72,21 +87,28 @@ def check(
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if not draft_lengths or min(draft_lengths) < 1:
         raise ValueError(f"draft lengths must be >= 1, got {list(draft_lengths)}")
-    unknown = [m for m in modes if m not in VERIFY_MODES]
-    if unknown or not modes:
-        raise ValueError(f"verify modes are {' and '.join(map(repr, VERIFY_MODES))}, got {list(modes)}")
+    if not modes:
+        raise ValueError("no verify modes to check")
+    for mode in modes:
+        check_verify_mode(mode)
     rows = []
     for i, prompt in enumerate(prompts):
         k = int(draft_lengths[i % len(draft_lengths)])
-        reference = plain_greedy(model, prompt, max_tokens)
+        reference = mlx_lm_greedy(model, prompt, max_tokens)
         for mode in modes:
             generation = oracle_generation(model, prompt, reference, max_tokens, k, mode, acceptance, seed=seed + i)
             output = list(generation)
             stats = generation.stats()
             row = {
-                "prompt": i, "prompt_tokens": len(prompt), "mode": mode, "k": k, "tokens": len(output),
-                "equal": output == reference, "first_divergence": first_divergence(output, reference),
-                "verifies": stats["verifies"], "accepted": stats["accepted"],
+                "prompt": i,
+                "prompt_tokens": len(prompt),
+                "mode": mode,
+                "k": k,
+                "tokens": len(output),
+                "equal": output == reference,
+                "first_divergence": first_divergence(output, reference),
+                "verifies": stats["verifies"],
+                "accepted": stats["accepted"],
             }
             rows.append(row)
             if progress is not None:
@@ -101,13 +123,22 @@ def summarize(rows: pl.DataFrame) -> pl.DataFrame:
     for mode in rows["mode"].unique(maintain_order=True).to_list():
         mine = rows.filter(pl.col("mode") == mode)
         divs = [d for d in mine["first_divergence"].to_list() if d is not None]
-        out.append({
-            "mode": mode, "prompts": len(mine), "equal": int(mine["equal"].sum()),
-            "first_divergence_min": min(divs) if divs else None,
-            "first_divergence_median": float(statistics.median(divs)) if divs else None,
-            "first_divergence_max": max(divs) if divs else None,
-            "accepted_per_verify": int(mine["accepted"].sum()) / max(1, int(mine["verifies"].sum())),
-        })
-    return pl.DataFrame(out, schema_overrides={
-        "first_divergence_min": pl.Int64, "first_divergence_median": pl.Float64, "first_divergence_max": pl.Int64,
-    })
+        out.append(
+            {
+                "mode": mode,
+                "prompts": len(mine),
+                "equal": int(mine["equal"].sum()),
+                "first_divergence_min": min(divs) if divs else None,
+                "first_divergence_median": float(statistics.median(divs)) if divs else None,
+                "first_divergence_max": max(divs) if divs else None,
+                "accepted_per_verify": int(mine["accepted"].sum()) / max(1, int(mine["verifies"].sum())),
+            }
+        )
+    return pl.DataFrame(
+        out,
+        schema_overrides={
+            "first_divergence_min": pl.Int64,
+            "first_divergence_median": pl.Float64,
+            "first_divergence_max": pl.Int64,
+        },
+    )

@@ -1,12 +1,17 @@
-"""Prompts: chat-template rendering and the project's bundled prompt sets."""
+"""Prompts: chat-template rendering, the project's bundled prompt sets, and the prompts of a sweep."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
+
 from specbench.common.files import ASSETS_DIR
+
+if TYPE_CHECKING:
+    import polars as pl
 
 PROMPTS_DIR = ASSETS_DIR / "prompts"
 
@@ -27,7 +32,14 @@ def render_prompt(tokenizer: Any, text_or_messages: str | list[dict], chat: bool
 
 #: The bundled sets, in report order: Spec-Bench's six categories, then the prompt-lookup workloads.
 BUNDLED_CATEGORIES = (
-    "multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag", "repeated_paragraph", "natural_text",
+    "multi_turn",
+    "translation",
+    "summarization",
+    "qa",
+    "math_reasoning",
+    "rag",
+    "repeated_paragraph",
+    "natural_text",
 )
 
 #: MT-bench's categories; Spec-Bench reports them together as multi-turn conversation.
@@ -74,7 +86,9 @@ def bundled_questions(categories: Sequence[str] | None = None, limit: int | None
     return select_questions(questions, categories, limit)
 
 
-def questions_from(source: str | Path, categories: Sequence[str] | None = None, limit: int | None = None) -> list[Question]:
+def questions_from(
+    source: str | Path, categories: Sequence[str] | None = None, limit: int | None = None
+) -> list[Question]:
     """``"bundled"`` for the project's prompts, else a question.jsonl path."""
     if str(source) == "bundled":
         return bundled_questions(categories, limit)
@@ -118,3 +132,62 @@ def _question(line: str, where: str) -> Question:
     if category in MT_BENCH_CATEGORIES:
         return Question(row["question_id"], "multi_turn", tuple(turns), category)
     return Question(row["question_id"], category, tuple(turns), str(row.get("subcategory", "")))
+
+
+# -- prompts of a sweep ----------------------------------------------------------------------
+
+
+@dataclass
+class Prompt:
+    """One prompt of a sweep: its id, category, text (first turn) and token ids."""
+
+    id: str
+    category: str
+    text: str
+    ids: list[int]
+
+
+def prompts_from(
+    source: str | Path | Sequence[str],
+    tokenizer: Any,
+    categories: Sequence[str] | None = None,
+    limit: int | None = None,
+    chat: bool = True,
+    max_prompt_tokens: int | None = None,
+) -> list[Prompt]:
+    """Prompts of a sweep: ``"bundled"``, a Spec-Bench-format ``question.jsonl``, or a list of texts.
+
+    Each question's first turn is rendered with the chat template (``chat``). ``limit`` keeps the
+    first ``limit`` of each category; ``max_prompt_tokens`` drops longer prompts (prefill is the
+    slow part on a CPU).
+    """
+    if tokenizer is None:
+        raise ValueError("text prompts need a tokenizer: this model has none (use a model with a tokenizer)")
+    if isinstance(source, (list, tuple)):
+        texts = [("custom", f"p{i}", t) for i, t in enumerate(source)]
+        if not texts:
+            raise ValueError("the prompt list is empty")
+        if limit is not None:
+            texts = texts[:limit]
+    else:
+        texts = [(q.category, str(q.question_id), q.turns[0]) for q in questions_from(source, categories, limit)]
+    prompts = [Prompt(pid, category, text, render_prompt(tokenizer, text, chat=chat)) for category, pid, text in texts]
+    if max_prompt_tokens is not None:
+        prompts = [p for p in prompts if len(p.ids) <= max_prompt_tokens]
+        if not prompts:
+            raise ValueError(f"no prompt has at most max_prompt_tokens={max_prompt_tokens} tokens: raise the limit")
+    return prompts
+
+
+def prompt_table(prompts: Sequence[Prompt], width: int = 60) -> pl.DataFrame:
+    """A short table of prompts: id, category, tokens, the text's start."""
+    import polars as pl
+
+    return pl.DataFrame(
+        {
+            "id": [p.id for p in prompts],
+            "category": [p.category for p in prompts],
+            "tokens": [len(p.ids) for p in prompts],
+            "text": [p.text[:width].replace("\n", " ") + ("..." if len(p.text) > width else "") for p in prompts],
+        }
+    )

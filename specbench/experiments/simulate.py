@@ -3,10 +3,10 @@
 Under greedy verification the accepted tokens of every step are fixed by the draft and the model's
 own greedy output, so a recorded plain run (prompt and output ids per request) is enough to replay
 speculative decoding with any model-free drafter, draft length and policy. ``simulate`` runs the
-engine's decode loop (``specbench.engine.Generation``) step for step, with the recorded output in
-place of the model, and returns the ``StepLog`` the real run would write, timing columns excepted
-(they are 0). Policies are the real policy objects; ``DraftPolicy.auto()`` needs the model's cost
-profile (``cost=``) or a fixed ``break_even``.
+engine's decode loop (``specbench.core.engine.Generation``) step for step, with the recorded output
+(``RecordedOutput``) in place of the model, and returns the ``StepLog`` the real run would write,
+timing columns excepted (they are 0). Policies are the real policy objects; ``DraftPolicy.auto()``
+needs the model's cost profile (``cost=``) or a fixed ``break_even``.
 
 One boundary: when a draft runs past the recorded output's stop token, the model's predictions after
 the stop are unknown; the simulator counts accepted tokens up to the stop (the tokens that can be
@@ -15,17 +15,22 @@ emitted).
 
 from __future__ import annotations
 
+import contextlib
 import os
-import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from specbench.common.files import write_parquet_atomic
-from specbench.drafters.base import Drafter, as_draft
-from specbench.core.engine import GenerateOptions
-from specbench.core.log import StepLog, StepRecord
+from specbench.core.draft import Drafter
+from specbench.core.engine import Generation, generate
+from specbench.core.log import StepLog
+from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.target import Step
+from specbench.cost import Profile, profile_for
+from specbench.decoding import break_even_function
 
 FINISH_REASONS = ("stop", "length", "context")
 
@@ -46,11 +51,12 @@ class Recorded:
             raise ValueError(f"recorded request {self.id!r} has no output tokens")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(
-                f"recorded request {self.id!r}: finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}"
+                f"recorded request {self.id!r}: finish_reason must be one of {FINISH_REASONS}, "
+                f"got {self.finish_reason!r}"
             )
 
     @classmethod
-    def from_generation(cls, generation: Any, id: str = "") -> "Recorded":
+    def from_generation(cls, generation: Any, id: str = "") -> Recorded:
         """From a finished ``Generation`` (plain or speculative with greedy exact verification)."""
         if generation.finish_reason() is None:
             raise ValueError("the generation has not finished: iterate it to the end first")
@@ -59,8 +65,6 @@ class Recorded:
 
 def record(model: Any, prompts: Iterable[Any], options: GenerateOptions, tokenizer: Any = None) -> list[Recorded]:
     """Run plain greedy decoding on each prompt and keep what the simulator needs."""
-    from specbench.core.engine import generate
-
     if options.temperature != 0:
         raise ValueError("the simulator replays greedy decoding: record with temperature=0")
     out = []
@@ -94,8 +98,6 @@ def save_recorded(requests: Sequence[Recorded], path: str | os.PathLike) -> Path
     """Write recorded requests as parquet (columns id, prompt, output, finish_reason), atomically."""
     import polars as pl
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     frame = pl.DataFrame(
         {
             "id": [r.id for r in requests],
@@ -118,11 +120,15 @@ def load_recorded(path: str | os.PathLike) -> list[Recorded]:
     frame = pl.read_parquet(path)
     missing = {"prompt", "output", "finish_reason"} - set(frame.columns)
     if missing:
-        raise ValueError(f"{path}: recorded outputs need columns prompt, output, finish_reason; missing {sorted(missing)}")
+        raise ValueError(
+            f"{path}: recorded outputs need columns prompt, output, finish_reason; missing {sorted(missing)}"
+        )
     ids = frame["id"].to_list() if "id" in frame.columns else [str(i) for i in range(len(frame))]
     return [
         Recorded(list(p), list(o), f, str(i))
-        for i, p, o, f in zip(ids, frame["prompt"].to_list(), frame["output"].to_list(), frame["finish_reason"].to_list())
+        for i, p, o, f in zip(
+            ids, frame["prompt"].to_list(), frame["output"].to_list(), frame["finish_reason"].to_list()
+        )
     ]
 
 
@@ -131,114 +137,59 @@ def _as_recorded(item: Recorded | Mapping[str, Any], index: int) -> Recorded:
         return item
     if isinstance(item, Mapping):
         try:
-            return Recorded(list(item["prompt"]), list(item["output"]), item["finish_reason"], str(item.get("id", index)))
+            return Recorded(
+                list(item["prompt"]), list(item["output"]), item["finish_reason"], str(item.get("id", index))
+            )
         except KeyError as err:
-            raise ValueError(f"recorded request {index} needs 'prompt', 'output' and 'finish_reason'; missing {err}") from None
+            raise ValueError(
+                f"recorded request {index} needs 'prompt', 'output' and 'finish_reason'; missing {err}"
+            ) from None
     raise ValueError(f"recorded request {index} must be a Recorded or a mapping, got {type(item).__name__}")
 
 
-class _Replay:
-    """The engine's decode loop over a recorded output (mirrors ``engine.Generation._run``)."""
+class RecordedOutput:
+    """A recorded plain greedy output as the decode loop's target (``specbench.core.target``): the
+    model's next token at every position is known, so a verification keeps the longest prefix of
+    the draft equal to it."""
 
-    def __init__(self, request: Recorded, options: GenerateOptions, drafter: Drafter, policy: DraftPolicy,
-                 context_limit: int | None):
-        self.request = request
-        self.options = options
-        self.drafter = drafter
-        self.policy = policy
-        self.context_limit = context_limit
-        self.prompt = list(request.prompt)
+    vocab = None
+    cached_tokens = 0
+
+    def __init__(self, request: Recorded, options: GenerateOptions, context_limit: int | None):
         self.output = request.output
-        self.tokens: list[int] = []
-        self.finish: str | None = None
-        self.log = StepLog()
+        self.context_limit = context_limit
+        self.stop_index = len(self.output) - 1 if request.finish_reason == "stop" else None
         known = len(self.output) if request.finish_reason != "stop" else None
-        if known is not None and options.max_tokens > known and (
-            context_limit is None or len(self.prompt) + known < context_limit
+        if (
+            known is not None
+            and options.max_tokens > known
+            and (context_limit is None or len(request.prompt) + known < context_limit)
         ):
             raise ValueError(
                 f"recorded request {request.id!r} ended by {request.finish_reason!r} after {known} tokens; "
                 f"simulate with max_tokens <= {known} (got {options.max_tokens})"
             )
 
-    def run(self, cost: Any) -> StepLog:
-        drafter, policy = self.drafter, self.policy
-        policy.start(cost, drafter, verify=self.options.verify_mode)
-        try:
-            drafter.begin(list(self.prompt))
-            emitted = self._stop_at([self.output[0]])
-            self._append(0, "prefill", 0, 0, 0, emitted, len(self.prompt), False, [])
-            self._emit(emitted)
-            while self.finish is None:
-                k = policy.next_k(self.log, drafter)
-                if k <= 0:
-                    self._plain(min(policy.plain_run(), self._remaining()), paused=True)
-                elif self._remaining() > 1:
-                    self._speculative(min(k, self._remaining() - 1))
-                else:
-                    self._plain(1, paused=False, k_requested=k)
-        finally:
-            drafter.end()
-        return self.log
+    def running(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
-    def _remaining(self) -> int:
-        left = self.options.max_tokens - len(self.tokens)
-        if self.context_limit is not None:
-            left = min(left, self.context_limit - len(self.prompt) - len(self.tokens))
-        return left
+    def prefill(self, prompt: list[int], cached: int) -> tuple[Step, None]:
+        return Step([self.output[0]]), None
 
-    def _stop_at(self, tokens: list[int]) -> list[int]:
-        room = self._remaining()
-        last = len(self.output) - 1
-        for i, _ in enumerate(tokens):
-            if i >= room:
-                self.finish = "length" if self.options.max_tokens - len(self.tokens) <= i else "context"
-                return tokens[:i]
-            if self.request.finish_reason == "stop" and len(self.tokens) + i == last:
-                self.finish = "stop"
-                return tokens[: i + 1]
-        if len(tokens) >= room:
-            self.finish = "length" if self.options.max_tokens - len(self.tokens) <= len(tokens) else "context"
-        return tokens
-
-    def _append(self, position, kind, k_requested, k_drafted, accepted, emitted, width, paused, draft_tokens):
-        self.log.append(
-            StepRecord(
-                step=len(self.log), position=position, kind=kind, drafter=getattr(self.drafter, "name", "none"),
-                policy=getattr(self.policy, "name", "none"), k_requested=k_requested, k_drafted=k_drafted,
-                accepted=accepted, emitted=len(emitted), accepted_positions=list(range(accepted)),
-                verify_width=width, draft_s=0.0, verify_s=0.0, other_s=0.0, paused=paused, tokens=emitted,
-                draft_tokens=draft_tokens,
-            )
-        )
-
-    def _emit(self, tokens: list[int]) -> None:
-        if tokens:
-            self.drafter.observe(tokens, None)
-        self.tokens.extend(tokens)
-
-    def _plain(self, n: int, paused: bool, k_requested: int = 0) -> None:
-        position = len(self.tokens)
+    def plain_steps(self, position: int, n: int) -> Iterator[Step]:
         for i in range(n):
-            emitted = self._stop_at([self.output[position + i]])
-            self._append(position + i, "plain", k_requested, 0, 0, emitted, 1, paused, [])
-            self._emit(emitted)
-            if self.finish is not None:
-                return
+            yield Step([self.output[position + i]])
 
-    def _speculative(self, k: int) -> None:
-        draft = as_draft(self.drafter.draft(self.prompt + self.tokens, k), k)
-        if not draft.tokens:
-            self._plain(1, paused=False, k_requested=k)
-            return
-        position = len(self.tokens)
-        targets = self.output[position : position + len(draft.tokens) + 1]
+    def verify(self, draft_tokens: list[int], draft_probs: Any, position: int) -> Step:
+        targets = self.output[position : position + len(draft_tokens) + 1]
         n = 0
-        while n < len(draft.tokens) and n < len(targets) and draft.tokens[n] == targets[n]:
+        while n < len(draft_tokens) and n < len(targets) and draft_tokens[n] == targets[n]:
             n += 1
-        emitted = self._stop_at(list(draft.tokens[:n]) + targets[n : n + 1])
-        self._append(position, "verify", k, len(draft.tokens), n, emitted, len(draft.tokens) + 1, False, list(draft.tokens))
-        self._emit(emitted)
+        return Step(list(draft_tokens[:n]) + targets[n : n + 1], accepted=n)
+
+
+def _no_time() -> float:
+    return 0.0
 
 
 def simulate(
@@ -254,20 +205,22 @@ def simulate(
     ``requests``: ``Recorded`` (or mappings with prompt, output, finish_reason), replayed in order
     with one drafter (so SuffixDecoding's global store carries over). ``policy``: a policy or its
     text form (default ``auto``); ``options``: the decoding options of the real run (max_tokens;
-    defaults to each output's length); ``cost``: what ``policy.start`` gets in place of the model
-    (a ``cost.Profile`` or the model itself; needed by ``auto`` without a fixed break-even);
+    defaults to each output's length); ``cost``: the verify cost ``auto`` plans with (a
+    ``cost.Profile``, or the model, whose profile is then loaded or measured);
     ``context_limit``: the model's context length, when it binds. Returns one log, with a
     ``request`` column (the request's index).
     """
     if drafter is None:
         raise ValueError("simulate needs a drafter (plain decoding needs no simulation)")
     if getattr(drafter, "needs_hidden", False):
-        raise ValueError(f"drafter {getattr(drafter, 'name', drafter)!r} needs the model's hidden states: it cannot be simulated")
+        raise ValueError(
+            f"drafter {getattr(drafter, 'name', drafter)!r} needs the model's hidden states: it cannot be simulated"
+        )
     if isinstance(policy, str):
         policy = DraftPolicy.parse(policy)
     if policy is None:
         policy = DraftPolicy.auto()
-    if cost is None and getattr(policy, "fixed_break_even", 0) is None:
+    if cost is None and policy.needs_break_even:
         raise ValueError(
             "DraftPolicy.auto() needs the model's verify cost: pass cost= (a specbench.cost.Profile or the model) "
             "or use DraftPolicy.auto(break_even=...) / fixed:N / adaptive:N"
@@ -279,7 +232,17 @@ def simulate(
         opts.check()
         if opts.temperature != 0:
             raise ValueError("the simulator replays greedy verification: use temperature=0")
-        for r in _Replay(request, opts, drafter, policy, context_limit).run(cost):
+        break_even = None
+        if policy.needs_break_even:
+            profile = cost if isinstance(cost, Profile) else profile_for(cost, opts.verify_mode)
+            break_even = break_even_function(profile, drafter, opts.verify_mode)
+        target = RecordedOutput(request, opts, context_limit)
+        generation = Generation(
+            target, request.prompt, opts, drafter=drafter, policy=policy, break_even=break_even, clock=_no_time
+        )
+        for _ in generation:
+            pass
+        for r in generation.log:
             r["request"] = index
             log.append(r)
     return log

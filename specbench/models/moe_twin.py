@@ -13,16 +13,28 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.utils import _get_classes
+
+from specbench.common.files import write_json_atomic, write_safetensors_atomic
 
 NUM_EXPERTS = 8
 TOP_K = 2
 _TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-    "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
 )
 
 
@@ -40,12 +52,30 @@ def twin_config(dense: dict[str, Any], num_experts: int = NUM_EXPERTS, top_k: in
         raise ValueError("the twin (mixtral) uses plain RoPE; this model scales it (rope_scaling)")
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"need 1 <= top_k <= num_experts, got top_k={top_k}, num_experts={num_experts}")
-    keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "rms_norm_eps", "vocab_size", "rope_theta", "tie_word_embeddings", "max_position_embeddings",
-            "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype")
+    keep = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "rms_norm_eps",
+        "vocab_size",
+        "rope_theta",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "torch_dtype",
+    )
     config = {k: dense[k] for k in keep if k in dense}
-    config.update(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=num_experts,
-                  num_experts_per_tok=top_k, rope_traditional=bool(dense.get("rope_traditional", False)))
+    config.update(
+        model_type="mixtral",
+        architectures=["MixtralForCausalLM"],
+        num_local_experts=num_experts,
+        num_experts_per_tok=top_k,
+        rope_traditional=bool(dense.get("rope_traditional", False)),
+    )
     config.setdefault("num_key_value_heads", heads)
     config.setdefault("rope_theta", 10000.0)
     return config
@@ -74,8 +104,16 @@ def expand_mlp(
     return out
 
 
-def build_twin(dense_folder: Path, out_dir: Path, num_experts: int = NUM_EXPERTS, top_k: int = TOP_K, seed: int = 0) -> dict:
-    """Write the MoE twin of the mlx-lm folder ``dense_folder`` into ``out_dir``."""
+def _layer_of(name: str) -> int:
+    """The layer index of a weight name (-1 for weights outside the layers)."""
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    return int(m[1]) if m else -1
+
+
+def build_twin(
+    dense_folder: Path, out_dir: Path, num_experts: int = NUM_EXPERTS, top_k: int = TOP_K, seed: int = 0
+) -> dict[str, Any]:
+    """Write the MoE twin of the mlx-lm folder ``dense_folder`` into the existing folder ``out_dir``."""
     dense_folder, out_dir = Path(dense_folder), Path(out_dir)
     dense = json.loads((dense_folder / "config.json").read_text())
     config = twin_config(dense, num_experts, top_k)
@@ -91,20 +129,20 @@ def build_twin(dense_folder: Path, out_dir: Path, num_experts: int = NUM_EXPERTS
     n_layers = int(config["num_hidden_layers"])
     per_shard = 8
     shards = []
-    layer_of = lambda k: int(m[1]) if (m := re.match(r"model\.layers\.(\d+)\.", k)) else -1  # noqa: E731
     groups = [(-1, -1)] + [(a, min(a + per_shard, n_layers) - 1) for a in range(0, n_layers, per_shard)]
     weight_map = {}
     total = len(groups)
     for i, (first, last) in enumerate(groups):
-        part = {k: twin.pop(k) for k in [k for k in twin if first <= layer_of(k) <= last]}
+        part = {k: twin.pop(k) for k in [k for k in twin if first <= _layer_of(k) <= last]}
         name = f"model-{i + 1:05d}-of-{total:05d}.safetensors"
         mx.eval(part)
-        mx.save_safetensors(str(out_dir / name), part, metadata={"format": "mlx"})
+        write_safetensors_atomic(out_dir / name, part, metadata={"format": "mlx"})
         weight_map.update({k: name for k in part})
         shards.append(name)
         del part
-    (out_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    index = {"metadata": {}, "weight_map": weight_map}
+    write_json_atomic(out_dir / "model.safetensors.index.json", index)
+    write_json_atomic(out_dir / "config.json", config)
     for name in _TOKENIZER_FILES:
         if (dense_folder / name).exists():
             shutil.copy(dense_folder / name, out_dir / name)
@@ -117,27 +155,11 @@ def twin_head_file(dense_head: Path, out: Path, num_experts: int = NUM_EXPERTS, 
     twin = expand_mlp(tensors, num_experts, seed + 1)
     if "config" in metadata:
         metadata["config"] = json.dumps({**json.loads(metadata["config"]), "model_type": "mixtral"})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.safetensors")
-    mx.save_safetensors(str(tmp), twin, metadata=metadata)
-    tmp.replace(out)
-    return out
+    return write_safetensors_atomic(out, twin, metadata)
 
 
-def build_smollm2_135m_moe(out_dir: Path) -> dict[str, Any]:
-    """Builder of the embedded "smollm2-135m-moe": the MoE twin of "smollm2-135m" (8 experts, top-2)."""
-    from specbench.models.load import ensure_embedded
-
-    return build_twin(ensure_embedded("smollm2-135m"), Path(out_dir))
-
-
-def twin_from_model(model: Any, num_experts: int = NUM_EXPERTS, top_k: int = TOP_K, seed: int = 0) -> Any:
+def twin_from_model(model: nn.Module, num_experts: int = NUM_EXPERTS, top_k: int = TOP_K, seed: int = 0) -> nn.Module:
     """The MoE twin of a loaded dense llama model, built in memory (weights shared until copied)."""
-    from dataclasses import asdict
-
-    from mlx.utils import tree_flatten, tree_unflatten
-    from mlx_lm.utils import _get_classes
-
     config = twin_config(asdict(model.args), num_experts, top_k)
     model_class, args_class = _get_classes(config)
     twin = model_class(args_class.from_dict(config))

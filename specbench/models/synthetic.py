@@ -25,14 +25,44 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.utils import _get_classes
 
+from specbench.models.mtp.attach import attach_random
+from specbench.models.tiny import TINY_LAYER
+
 PREFIX = "synthetic:"
 GROUP_SIZE = 64
 
-_ROPE_QWEN35 = {
-    "rope_type": "default",
-    "rope_theta": 10_000_000,
-    "partial_rotary_factor": 0.25,
-    "mrope_section": [11, 11, 10],
+#: What the Qwen3 shapes share.
+_QWEN3 = {
+    "num_attention_heads": 32,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000,
+    "tie_word_embeddings": False,
+    "vocab_size": 151936,
+}
+
+#: What the text models of the Qwen3.5 shapes share.
+_QWEN35_TEXT = {
+    "num_attention_heads": 16,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 4,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10_000_000,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+    },
+    "tie_word_embeddings": False,
+    "vocab_size": 248320,
+    "mtp_num_hidden_layers": 1,
 }
 
 #: Hugging Face style configs (what ``config.json`` holds) of the full-size shapes.
@@ -42,34 +72,22 @@ SHAPES: dict[str, dict[str, Any]] = {
         "hidden_size": 4096,
         "intermediate_size": 12288,
         "num_hidden_layers": 36,
-        "num_attention_heads": 32,
         "num_key_value_heads": 8,
-        "head_dim": 128,
-        "max_position_embeddings": 40960,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1_000_000,
-        "tie_word_embeddings": False,
-        "vocab_size": 151936,
+        **_QWEN3,
     },
     "qwen3-30b-a3b": {
         "model_type": "qwen3_moe",
         "hidden_size": 2048,
         "intermediate_size": 6144,
         "num_hidden_layers": 48,
-        "num_attention_heads": 32,
         "num_key_value_heads": 4,
-        "head_dim": 128,
         "num_experts": 128,
         "num_experts_per_tok": 8,
         "moe_intermediate_size": 768,
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
         "norm_topk_prob": True,
-        "max_position_embeddings": 40960,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1_000_000,
-        "tie_word_embeddings": False,
-        "vocab_size": 151936,
+        **_QWEN3,
     },
     "qwen3.5-9b": {
         "model_type": "qwen3_5",
@@ -78,21 +96,8 @@ SHAPES: dict[str, dict[str, Any]] = {
             "hidden_size": 4096,
             "intermediate_size": 12288,
             "num_hidden_layers": 32,
-            "num_attention_heads": 16,
             "num_key_value_heads": 4,
-            "head_dim": 256,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 32,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "linear_conv_kernel_dim": 4,
-            "full_attention_interval": 4,
-            "max_position_embeddings": 262144,
-            "rms_norm_eps": 1e-6,
-            "rope_parameters": _ROPE_QWEN35,
-            "tie_word_embeddings": False,
-            "vocab_size": 248320,
-            "mtp_num_hidden_layers": 1,
+            **_QWEN35_TEXT,
         },
     },
     "qwen3.5-35b-a3b": {
@@ -102,53 +107,36 @@ SHAPES: dict[str, dict[str, Any]] = {
             "hidden_size": 2048,
             "intermediate_size": 512,
             "num_hidden_layers": 40,
-            "num_attention_heads": 16,
             "num_key_value_heads": 2,
-            "head_dim": 256,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 32,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "linear_conv_kernel_dim": 4,
-            "full_attention_interval": 4,
             "num_experts": 256,
             "num_experts_per_tok": 8,
             "moe_intermediate_size": 512,
             "shared_expert_intermediate_size": 512,
             "norm_topk_prob": True,
-            "max_position_embeddings": 262144,
-            "rms_norm_eps": 1e-6,
-            "rope_parameters": _ROPE_QWEN35,
-            "tie_word_embeddings": False,
-            "vocab_size": 248320,
-            "mtp_num_hidden_layers": 1,
+            **_QWEN35_TEXT,
         },
     },
 }
 
 #: Changes that turn a full shape into its tiny CPU-test version (same architecture).
+_TINY_DENSE = {**TINY_LAYER, "vocab_size": 512}
+_TINY_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+_TINY_LINEAR = {
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+}
 _TINY = {
-    "qwen3-8b": {
-        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
-    },
-    "qwen3-30b-a3b": {
-        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
-        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-    },
-    "qwen3.5-9b": {
-        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
-        "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-    },
+    "qwen3-8b": _TINY_DENSE,
+    "qwen3-30b-a3b": {**_TINY_DENSE, **_TINY_MOE},
+    "qwen3.5-9b": {**_TINY_DENSE, "num_hidden_layers": 4, **_TINY_LINEAR},
     "qwen3.5-35b-a3b": {
-        "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 4,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
-        "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        **_TINY_DENSE,
+        "intermediate_size": 32,
+        "num_hidden_layers": 4,
+        **_TINY_LINEAR,
+        **_TINY_MOE,
         "shared_expert_intermediate_size": 32,
     },
 }
@@ -178,7 +166,7 @@ def _text_config(config: dict) -> dict:
 
 def parse(name: str) -> tuple[str, bool, str | None]:
     """Split a synthetic model name into (shape, tiny, precision or None)."""
-    bare = name[len(PREFIX):] if name.startswith(PREFIX) else name
+    bare = name[len(PREFIX) :] if name.startswith(PREFIX) else name
     m = _NAME.match(bare.lower())
     shape, tiny, precision = m["shape"], bool(m["tiny"]), m["precision"]
     if shape not in SHAPES or (precision is not None and precision not in _PRECISIONS):
@@ -200,8 +188,7 @@ def config(name: str, layers: int | None = None) -> dict:
         interval = text.get("full_attention_interval", 1)
         if layers < interval:
             raise ValueError(
-                f"{shape} needs layers >= {interval} (one full-attention layer every {interval}); "
-                f"got layers={layers}"
+                f"{shape} needs layers >= {interval} (one full-attention layer every {interval}); got layers={layers}"
             )
         text["num_hidden_layers"] = int(layers)
     return cfg
@@ -232,8 +219,8 @@ def build(
     random multi-token-prediction head to the shapes that have one (Qwen3.5).
     """
     shape, tiny, precision = parse(name)
-    name_dtype, name_bits = _PRECISIONS[precision] if precision else (
-        (mx.float32, None) if tiny else (mx.bfloat16, None)
+    name_dtype, name_bits = (
+        _PRECISIONS[precision] if precision else ((mx.float32, None) if tiny else (mx.bfloat16, None))
     )
     dtype = _as_dtype(dtype) or name_dtype
     bits = name_bits if bits is None else (bits or None)
@@ -291,10 +278,6 @@ def _attach_mtp(model: nn.Module, cfg: dict, seed: int) -> None:
     n = _text_config(cfg).get("mtp_num_hidden_layers", 0)
     if not n:
         raise ValueError(f"{cfg['model_type']} has no MTP head; build it with mtp=False")
-    try:
-        from specbench.models.mtp import attach_random
-    except ImportError as e:
-        raise ValueError("mtp=True needs specbench.mtp.attach_random (the MTP module)") from e
     attach_random(model, seed=seed)
 
 

@@ -1,26 +1,36 @@
 """An interactive explorer for JupyterLab: pick a model, drafter, policy, k, temperature and prompt,
 watch the output arrive coloured by token source, then read the stats and the per-step plot.
 
-    from specbench.explorer import Explorer
+    from specbench.report.explorer import Explorer
     Explorer(models=["smollm2-135m"]).show()
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from specbench.core.options import VERIFY_MODES, GenerateOptions
+from specbench.core.policies import DraftPolicy
+from specbench.decoding import speculative_generate
 from specbench.drafters import DRAFTER_NAMES
+from specbench.experiments.capabilities import usable_drafters
+from specbench.experiments.prompts import render_prompt
+from specbench.experiments.timing import clock_stats
+from specbench.models.load import load
+from specbench.report.outputs import in_ipython
+from specbench.report.render import coloured_html, stats_html
 
 POLICY_KINDS = ("auto", "fixed", "adaptive")
-VERIFY_CHOICES = (("default", ""), ("exact", "exact"), ("fast", "fast"))
+VERIFY_CHOICES = (("default", ""), *((mode, mode) for mode in VERIFY_MODES))
 DEFAULT_PROMPT = "Write a Python function that adds two numbers, then call it three times."
 
 
 class Explorer:
     """ipywidgets controls with live coloured output, generation stats and a per-step plot.
 
-    ``models``: names for ``specbench.sweep.load_model`` (loaded on first use and kept), or a
+    ``models``: names for ``specbench.models.load.load`` (loaded on first use and kept), or a
     mapping name -> (model, tokenizer) of models already loaded; ``verify``: "exact", "fast" or
     "" (the engine's default: exact when greedy). ``run()`` (the Generate button) decodes with
     the current settings, refreshing the coloured text as tokens arrive.
@@ -59,12 +69,14 @@ class Explorer:
         self.drafter = w.Dropdown(options=list(drafters), value=drafter, description="drafter", style=label)
         self.policy = w.Dropdown(options=list(POLICY_KINDS), value=policy, description="policy", style=label)
         self.k = w.IntSlider(value=k, min=1, max=16, description="k", style=label)
-        self.temperature = w.FloatSlider(value=temperature, min=0.0, max=1.5, step=0.05, description="temperature",
-                                         style=label)
+        self.temperature = w.FloatSlider(
+            value=temperature, min=0.0, max=1.5, step=0.05, description="temperature", style=label
+        )
         self.max_tokens = w.IntSlider(value=max_tokens, min=1, max=512, description="max tokens", style=label)
         self.verify = w.Dropdown(options=list(VERIFY_CHOICES), value=verify, description="verify", style=label)
-        self.prompt = w.Textarea(value=prompt, description="prompt", style=label,
-                                 layout=w.Layout(width="100%", height="6em"))
+        self.prompt = w.Textarea(
+            value=prompt, description="prompt", style=label, layout=w.Layout(width="100%", height="6em")
+        )
         self.chat = w.Checkbox(value=True, description="chat template")
         self.button = w.Button(description="Generate", button_style="primary", icon="play")
         self.status = w.HTML(value="")
@@ -72,12 +84,14 @@ class Explorer:
         self.stats = w.HTML(value="")
         self.plot = w.Output()
         self.button.on_click(self.run)
-        controls = w.VBox([
-            w.HBox([self.model, self.drafter, self.policy]),
-            w.HBox([self.k, self.temperature, self.max_tokens]),
-            self.prompt,
-            w.HBox([self.verify, self.chat, self.button, self.status]),
-        ])
+        controls = w.VBox(
+            [
+                w.HBox([self.model, self.drafter, self.policy]),
+                w.HBox([self.k, self.temperature, self.max_tokens]),
+                self.prompt,
+                w.HBox([self.verify, self.chat, self.button, self.status]),
+            ]
+        )
         self.widget = w.VBox([controls, self.text, w.HBox([self.stats, self.plot])])
 
     def show(self):
@@ -90,24 +104,18 @@ class Explorer:
 
     def _load(self, name: str) -> tuple[Any, Any]:
         if name not in self.loaded:
-            from specbench.experiments.sweep import load_model
-
             self.status.value = f"loading {name} ..."
-            self.loaded[name] = load_model(name)
+            self.loaded[name] = load(name)
         return self.loaded[name]
 
-    def policy_spec(self) -> str:
-        return "auto" if self.policy.value == "auto" else f"{self.policy.value}:{self.k.value}"
+    def draft_policy(self) -> DraftPolicy:
+        """The policy the controls select (auto picks its own draft length; the others draft k)."""
+        if self.policy.value == "auto":
+            return DraftPolicy.auto()
+        return getattr(DraftPolicy, self.policy.value)(self.k.value)
 
     def run(self, _button: Any = None):
         """Generate with the current settings; returns the Generation (None if it could not start)."""
-        from specbench import GenerateOptions, speculative_generate
-        from specbench.experiments.capabilities import usable_drafters
-        from specbench.core.policies import DraftPolicy
-        from specbench.experiments.prompts import render_prompt
-        from specbench.report.render import coloured_html, stats_html
-        from specbench.experiments.sweep import clock_stats
-
         self.button.disabled = True
         try:
             model, tokenizer = self._load(self.model.value)
@@ -116,13 +124,18 @@ class Explorer:
                 return None
             factories, skipped = usable_drafters([self.drafter.value], model, self.model.value)
             if self.drafter.value in skipped:
-                self.status.value = f"<b>drafter {self.drafter.value} is not available</b>: {skipped[self.drafter.value]}"
+                reason = skipped[self.drafter.value]
+                self.status.value = f"<b>drafter {self.drafter.value} is not available</b>: {reason}"
                 return None
             drafter = factories[self.drafter.value]()
-            policy = DraftPolicy.parse(self.policy_spec()) if drafter is not None else None
+            policy = self.draft_policy() if drafter is not None else None
             prompt = render_prompt(tokenizer, self.prompt.value, chat=self.chat.value)
-            options = GenerateOptions(max_tokens=self.max_tokens.value, temperature=float(self.temperature.value), seed=0,
-                                      verify=self.verify.value or None)
+            options = GenerateOptions(
+                max_tokens=self.max_tokens.value,
+                temperature=float(self.temperature.value),
+                seed=0,
+                verify=self.verify.value or None,
+            )
             gen = speculative_generate(model, prompt, options, drafter, policy, tokenizer=tokenizer)
             self.generation = gen
             self.status.value = "generating ..."
@@ -141,8 +154,7 @@ class Explorer:
             stats = clock_stats(gen, last - first - drawing)
             self.stats.value = stats_html(stats)
             self.status.value = (
-                f"done: {stats['tokens']} tokens, {stats['decode_tokens_per_s']:.1f} tok/s, "
-                f"{stats['finish_reason']}"
+                f"done: {stats['tokens']} tokens, {stats['decode_tokens_per_s']:.1f} tok/s, {stats['finish_reason']}"
             )
             self._draw(gen)
             return gen
@@ -159,9 +171,7 @@ class Explorer:
         self.figure = step_timeline(gen.log, title=f"{gen.stats()['tokens']} tokens: per-step view")
         self.plot.clear_output(wait=True)
         with self.plot:
-            from specbench.report.runner import _in_ipython
-
-            if _in_ipython():
+            if in_ipython():
                 from IPython.display import display
 
                 display(self.figure)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import html
 import os
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 #: Token sources and their background colours (shared with the per-step figures).
 SOURCES = ("draft", "bonus", "plain")
@@ -14,6 +15,9 @@ SOURCE_LABELS = {
     "bonus": "bonus / correction token (from the verify pass)",
     "plain": "plain decode step",
 }
+#: A generation's stats (keys of ``Generation.stats()``) that summaries show: counts, then rates and times.
+COUNT_STATS = ("tokens", "finish_reason", "steps", "verifies", "drafted", "accepted")
+RATE_STATS = ("acceptance_rate", "mean_accepted_tokens", "tokens_per_verify", "decode_tokens_per_s", "prefill_s")
 
 
 def _records(log: Any) -> list[dict[str, Any]]:
@@ -65,7 +69,7 @@ def token_pieces(tokenizer: Any, tokens: Sequence[int], hold: int = 3) -> list[s
         held = 0
         # A tokenizer may rewrite the end of earlier text (e.g. a space it held back): show the
         # new text from where the two decodings part.
-        pieces.append(text[len(os.path.commonprefix([committed, text])):])
+        pieces.append(text[len(os.path.commonprefix([committed, text])) :])
         committed = text
     return pieces
 
@@ -114,16 +118,15 @@ def source_counts(log: Any) -> dict[str, int]:
 
 def stats_html(stats: dict[str, Any], keys: Iterable[str] | None = None) -> str:
     """A two-column HTML table of generation stats (floats to 3 decimals)."""
-    keys = list(keys or [
-        "tokens", "finish_reason", "steps", "verifies", "drafted", "accepted", "acceptance_rate",
-        "mean_accepted_tokens", "tokens_per_verify", "decode_tokens_per_s", "prefill_s", "decode_s",
-    ])
+    keys = list(keys or [*COUNT_STATS, *RATE_STATS, "decode_s"])
     rows = []
     for key in keys:
         if key not in stats:
             continue
         value = stats[key]
         text = f"{value:.3f}" if isinstance(value, float) else str(value)
-        rows.append(f"<tr><td style='text-align:left;padding-right:1em'>{html.escape(key)}</td>"
-                    f"<td style='text-align:right'>{html.escape(text)}</td></tr>")
+        rows.append(
+            f"<tr><td style='text-align:left;padding-right:1em'>{html.escape(key)}</td>"
+            f"<td style='text-align:right'>{html.escape(text)}</td></tr>"
+        )
     return f"<table style='font-size:0.85em'>{''.join(rows)}</table>"

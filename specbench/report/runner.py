@@ -8,23 +8,27 @@ the notebook finishes or fails). A finished notebook is not run again unless for
 parameters changed, so an interrupted report resumes where it stopped; a failed one keeps its
 error and the others still run. ``index.html`` links everything with a summary table.
 
-Inside a notebook, ``Outputs(output_dir, name)`` is where figures, logs, tables, summary values
-and skipped sections go.
+Inside a notebook, ``specbench.report.Outputs(output_dir, name)`` is where figures, logs,
+tables, summary values and skipped sections go; ``specbench.report.index`` writes the index.
 """
 
 from __future__ import annotations
 
 import ast
 import datetime as _dt
-import html
 import json
 import os
-import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
-from specbench.common.files import write_parquet_atomic, write_text_atomic
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from specbench.common.files import PROJECT_ROOT, write_json_atomic, write_text_atomic
+from specbench.common.identity import device_name, versions
+from specbench.report.index import read_status, write_index, write_status
 
 #: Notebooks in report order, with their titles.
 NOTEBOOKS: dict[str, str] = {
@@ -49,17 +53,33 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "quick": {
         "quickstart": {"model": _TINY, "max_tokens": 12},
         "draft_length_sweep": {
-            "model": _TINY, "draft_lengths": [1, 3], "policies": ["fixed", "auto"], "categories": ["repeated_paragraph", "qa"],
-            "prompts_per_category": 1, "max_tokens": 16, "max_prompt_tokens": 0,
+            "model": _TINY,
+            "draft_lengths": [1, 3],
+            "policies": ["fixed", "auto"],
+            "categories": ["repeated_paragraph", "qa"],
+            "prompts_per_category": 1,
+            "max_tokens": 16,
+            "max_prompt_tokens": 0,
         },
         "break_even": {
-            "dense_model": "synthetic:qwen3-8b-tiny", "moe_model": "synthetic:qwen3-30b-a3b-tiny", "widths": 5,
-            "repeats": 2, "offset": 32, "acceptances": [0.5, 0.9], "draft_lengths": [2], "grid_max_tokens": 8,
+            "dense_model": "synthetic:qwen3-8b-tiny",
+            "moe_model": "synthetic:qwen3-30b-a3b-tiny",
+            "widths": 5,
+            "repeats": 2,
+            "offset": 32,
+            "acceptances": [0.5, 0.9],
+            "draft_lengths": [2],
+            "grid_max_tokens": 8,
         },
         "agent_traces": {"model": _TINY, "traces": ["chat-revision"], "max_turns": 2, "max_tokens": 8},
         "sampling": {
-            "model": _TINY, "temperatures": [0.0, 1.0], "categories": ["repeated_paragraph"], "max_tokens": 16,
-            "lossless_samples": 4, "lossless_tokens": 4, "permutations": 200,
+            "model": _TINY,
+            "temperatures": [0.0, 1.0],
+            "categories": ["repeated_paragraph"],
+            "max_tokens": 16,
+            "lossless_samples": 4,
+            "lossless_tokens": 4,
+            "permutations": 200,
         },
         "explorer": {"models": [_TINY], "max_tokens": 8},
     },
@@ -70,20 +90,40 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "full": {
         "quickstart": {"model": _EMBEDDED, "max_tokens": 48},
         "draft_length_sweep": {
-            "model": _EMBEDDED, "draft_lengths": [1, 3], "policies": ["fixed", "auto"],
-            "categories": ["translation", "qa"], "prompts_per_category": 1, "max_tokens": 32, "max_prompt_tokens": 160,
+            "model": _EMBEDDED,
+            "draft_lengths": [1, 3],
+            "policies": ["fixed", "auto"],
+            "categories": ["translation", "qa"],
+            "prompts_per_category": 1,
+            "max_tokens": 32,
+            "max_prompt_tokens": 160,
         },
         "break_even": {
-            "dense_model": _EMBEDDED, "widths": 7, "verify_modes": ["fast"], "repeats": 3, "offset": 64,
-            "acceptances": [0.5, 0.9], "draft_lengths": [2, 4], "grid_max_tokens": 16, "grid_prompt_tokens": 16,
+            "dense_model": _EMBEDDED,
+            "widths": 7,
+            "verify_modes": ["fast"],
+            "repeats": 3,
+            "offset": 64,
+            "acceptances": [0.5, 0.9],
+            "draft_lengths": [2, 4],
+            "grid_max_tokens": 16,
+            "grid_prompt_tokens": 16,
         },
         "agent_traces": {
             # a fixed draft length: on this CPU auto finds that drafting does not pay and never drafts
-            "model": _EMBEDDED, "traces": ["chat-revision"], "max_turns": 2, "max_tokens": 32, "policy": "fixed:4",
+            "model": _EMBEDDED,
+            "traces": ["chat-revision"],
+            "max_turns": 2,
+            "max_tokens": 32,
+            "policy": "fixed:4",
         },
         "sampling": {
-            "model": _EMBEDDED, "temperatures": [0.0, 1.0], "categories": ["translation"], "max_tokens": 32,
-            "lossless_samples": 10, "lossless_tokens": 6,
+            "model": _EMBEDDED,
+            "temperatures": [0.0, 1.0],
+            "categories": ["translation"],
+            "max_tokens": 32,
+            "lossless_samples": 10,
+            "lossless_tokens": 6,
         },
         "explorer": {"models": [_EMBEDDED], "max_tokens": 32},
     },
@@ -92,116 +132,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
 
 def notebooks_dir() -> Path:
     """The notebooks/ folder of the source tree."""
-    from specbench.experiments.capabilities import project_root
-
-    return project_root() / "notebooks"
-
-
-
-
-def _in_ipython() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return get_ipython() is not None
-
-
-# -- inside a notebook -------------------------------------------------------------------------
-
-
-class Outputs:
-    """Where one notebook's figures, logs, tables and summary go.
-
-    With an ``output_dir`` (set by ``specbench report``) files are written under
-    ``output_dir/NOTEBOOK/``; without one, figures are only shown. ``needs`` and ``skip`` turn a
-    missing capability into a visible, recorded skipped section.
-    """
-
-    def __init__(self, output_dir: str | os.PathLike | None, notebook: str):
-        self.notebook = notebook
-        self.folder = Path(output_dir) / notebook if output_dir else None
-        self.values: dict[str, Any] = {}
-        self.skipped: dict[str, str] = {}
-        self.files: dict[str, list[str]] = {"figures": [], "logs": [], "tables": []}
-
-    def _relative(self, path: Path) -> str:
-        return str(path.relative_to(self.folder.parent)) if self.folder else str(path)
-
-    def _save_summary(self) -> None:
-        if self.folder is None:
-            return
-        data = {"notebook": self.notebook, "values": self.values, "skipped": self.skipped, **self.files}
-        write_text_atomic(self.folder / "summary.json", json.dumps(data, indent=1, default=str))
-
-    def figure(self, fig: Any, name: str, show: bool = True) -> None:
-        """Save ``fig`` (PNG and SVG, when writing), show it once, and close it."""
-        import matplotlib.pyplot as plt
-
-        from specbench.report.figures import save_figure
-
-        paths = []
-        if self.folder is not None:
-            paths = save_figure(fig, name, self.folder / "figures")
-            self.files["figures"].append(self._relative(paths[0]))
-            self._save_summary()
-        if show and _in_ipython():
-            from IPython.display import display
-
-            display(fig)
-        plt.close(fig)
-
-    def log(self, log: Any, name: str) -> Path | None:
-        """Save a StepLog (or a polars frame of steps) as logs/NAME.parquet."""
-        if self.folder is None:
-            return None
-        path = self.folder / "logs" / f"{name}.parquet"
-        if hasattr(log, "save"):
-            log.save(path)
-        else:
-            write_parquet_atomic(log, path)
-        self.files["logs"].append(self._relative(path))
-        self._save_summary()
-        return path
-
-    def table(self, frame: Any, name: str) -> Path | None:
-        """Save a polars frame as tables/NAME.parquet."""
-        if self.folder is None:
-            return None
-        path = write_parquet_atomic(frame, self.folder / "tables" / f"{name}.parquet")
-        self.files["tables"].append(self._relative(path))
-        self._save_summary()
-        return path
-
-    def summary(self, **values: Any) -> None:
-        """Key results shown in the report's index (numbers, short strings; NaN is stored as null)."""
-        import math
-
-        self.values.update({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()})
-        self._save_summary()
-
-    def skip(self, section: str, reason: str) -> None:
-        """Record and show that ``section`` was skipped, and why."""
-        self.skipped[section] = str(reason)
-        self._save_summary()
-        message = f"Skipped: {section}. {reason}"
-        if _in_ipython():
-            from IPython.display import Markdown, display
-
-            display(Markdown(f"> **Skipped: {section}.** {html.escape(str(reason))}"))
-        else:
-            print(message)
-
-    def needs(self, *capabilities: str, section: str) -> bool:
-        """True when every capability is available; otherwise ``skip`` the section and False."""
-        from specbench.experiments.capabilities import check
-
-        for name in capabilities:
-            cap = check(name)
-            if not cap.available:
-                self.skip(section, f"{name} is not available: {cap.detail}")
-                return False
-        return True
+    return PROJECT_ROOT / "notebooks"
 
 
 # -- parameters --------------------------------------------------------------------------------
@@ -305,9 +236,7 @@ def resolve_parameters(
             resolved[t][param] = coerce(param, value, defaults[t][param])
     if problems:
         known = sorted({p for n in names for p in defaults[n] if p not in RESERVED})
-        per_notebook = "; ".join(
-            f"{n}: {', '.join(p for p in defaults[n] if p not in RESERVED)}" for n in names
-        )
+        per_notebook = "; ".join(f"{n}: {', '.join(p for p in defaults[n] if p not in RESERVED)}" for n in names)
         raise ValueError(
             f"unknown parameter(s) {', '.join(problems)}. Known parameters: {', '.join(known)} "
             f"(use notebook.key=value for one notebook; per notebook: {per_notebook})"
@@ -338,18 +267,6 @@ class ReportResult:
     @property
     def failed(self) -> list[str]:
         return [r.notebook for r in self.results if r.status == "failed"]
-
-
-def read_status(out: Path, notebook: str) -> dict[str, Any] | None:
-    path = out / notebook / "status.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _write_status(out: Path, notebook: str, status: dict[str, Any]) -> None:
-    write_text_atomic(out / notebook / "status.json", json.dumps(status, indent=1, default=str))
 
 
 def _now() -> str:
@@ -386,7 +303,6 @@ def run_report(
 ) -> ReportResult:
     """Execute the notebooks into ``out`` (default ``reports/PROFILE``) and write its index.html."""
     import papermill
-    from tqdm.auto import tqdm
 
     folder = Path(notebooks) if notebooks else notebooks_dir()
     names = list(only) if only else list(NOTEBOOKS)
@@ -403,7 +319,7 @@ def run_report(
     out = Path(out) if out else Path("reports") / profile
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "report.json", json.dumps(_report_info(profile, out), indent=1))
+    write_json_atomic(out / "report.json", _report_info(profile, out))
     result = ReportResult(out)
     bar = tqdm(names, desc=f"report ({profile})", unit="notebook", disable=not progress)
     for name in bar:
@@ -416,7 +332,7 @@ def run_report(
         bar.set_postfix_str(name)
         ipynb = out / f"{name}.ipynb"
         status = {"notebook": name, "status": "running", "profile": profile, "parameters": params, "started": _now()}
-        _write_status(out, name, status)
+        write_status(out, name, status)
         summary = out / name / "summary.json"
         if summary.exists():
             summary.unlink()
@@ -424,10 +340,13 @@ def run_report(
         error = ""
         try:
             papermill.execute_notebook(
-                str(folder / f"{name}.ipynb"), str(ipynb),
+                str(folder / f"{name}.ipynb"),
+                str(ipynb),
                 parameters={**params, "output_dir": str(out), "progress": False},
-                kernel_name=kernel_name, progress_bar={"leave": False, "desc": name} if progress else False,
-                cwd=str(folder.parent), start_timeout=start_timeout,
+                kernel_name=kernel_name,
+                progress_bar={"leave": False, "desc": name} if progress else False,
+                cwd=str(folder.parent),
+                start_timeout=start_timeout,
             )
         except Exception as err:  # a failed notebook is recorded; the others still run
             error = _error_text(err)
@@ -439,26 +358,21 @@ def run_report(
             except Exception as err:
                 error = error or f"HTML export failed: {_error_text(err)}"
         status.update(status="failed" if error else "done", finished=_now(), seconds=round(seconds, 1), error=error)
-        _write_status(out, name, status)
+        write_status(out, name, status)
         result.results.append(NotebookResult(name, status["status"], seconds, error))
         bar.write(f"{name}: {status['status']} in {seconds:.0f} s" + (f" ({error})" if error else ""))
-        write_index(out)
+        write_index(out, NOTEBOOKS)
     bar.close()
     info = _report_info(profile, out)
     info["last_run_s"] = round(sum(r.seconds for r in result.results if r.status != "skipped"), 1)
-    write_text_atomic(out / "report.json", json.dumps(info, indent=1))
-    write_index(out)
+    write_json_atomic(out / "report.json", info)
+    write_index(out, NOTEBOOKS)
     return result
 
 
 def _report_info(profile: str, out: Path) -> dict[str, Any]:
     info: dict[str, Any] = {"profile": profile, "created": _now()}
-    try:
-        from specbench.cost.profile import device_name, versions
-
-        info.update(device=device_name(), **versions())
-    except ImportError:
-        pass
+    info.update(device=device_name(), **versions())
     previous = out / "report.json"
     if previous.exists():
         try:
@@ -467,78 +381,3 @@ def _report_info(profile: str, out: Path) -> dict[str, Any]:
             pass
     info["updated"] = _now()
     return info
-
-
-# -- index -------------------------------------------------------------------------------------
-
-_STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;color:#222}
-table{border-collapse:collapse;width:100%;margin:1em 0}
-th,td{border:1px solid #ddd;padding:6px 8px;vertical-align:top;font-size:0.92em}
-th{background:#f4f4f4;text-align:left}
-.done{color:#1a7f37;font-weight:600}.failed{color:#cf222e;font-weight:600}.running,.not.run{color:#9a6700}
-.figs{display:flex;flex-wrap:wrap;gap:10px}.figs a img{width:260px;border:1px solid #ddd}
-.err{font-family:monospace;white-space:pre-wrap;color:#cf222e}.skip{color:#9a6700}
-dl{margin:0}dt{font-weight:600;display:inline}dd{display:inline;margin:0 0.8em 0 0.3em}
-"""
-
-
-def _format_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)
-
-
-def write_index(out: str | os.PathLike) -> Path:
-    """(Re)write ``out/index.html`` from the notebooks' status and summary files."""
-    out = Path(out)
-    info = {}
-    if (out / "report.json").exists():
-        info = json.loads((out / "report.json").read_text())
-    rows, galleries = [], []
-    esc = html.escape
-    for name, title in NOTEBOOKS.items():
-        status = read_status(out, name)
-        if status is None:
-            continue
-        summary: dict[str, Any] = {}
-        if (out / name / "summary.json").exists():
-            try:
-                summary = json.loads((out / name / "summary.json").read_text())
-            except ValueError:
-                summary = {}
-        state = status.get("status", "not run")
-        links = [f'<a href="{esc(name)}.html">HTML</a>'] if (out / f"{name}.html").exists() else []
-        if (out / f"{name}.ipynb").exists():
-            links.append(f'<a href="{esc(name)}.ipynb">notebook</a>')
-        logs = summary.get("logs", []) + summary.get("tables", [])
-        log_links = " ".join(f'<a href="{esc(p)}">{esc(Path(p).name)}</a>' for p in logs)
-        values = "".join(f"<dt>{esc(k)}</dt><dd>{esc(_format_value(v))}</dd>" for k, v in summary.get("values", {}).items())
-        skipped = "".join(f'<div class="skip">skipped: {esc(s)} ({esc(r)})</div>' for s, r in summary.get("skipped", {}).items())
-        error = f'<div class="err">{esc(status.get("error", ""))}</div>' if status.get("error") else ""
-        seconds = status.get("seconds")
-        rows.append(
-            f"<tr><td><b>{esc(title)}</b><br>{' | '.join(links)}</td><td class=\"{esc(state)}\">{esc(state)}</td>"
-            f"<td>{'' if seconds is None else f'{seconds:.0f} s'}</td><td><dl>{values}</dl>{skipped}{error}</td>"
-            f"<td>{len(summary.get('figures', []))}</td><td>{log_links}</td></tr>"
-        )
-        figures = summary.get("figures", [])
-        if figures:
-            thumbs = "".join(
-                f'<a href="{esc(p)}"><img src="{esc(p)}" alt="{esc(Path(p).stem)}" title="{esc(Path(p).stem)}"></a>'
-                for p in figures
-            )
-            svgs = " ".join(f'<a href="{esc(str(Path(p).with_suffix(".svg")))}">{esc(Path(p).stem)}.svg</a>' for p in figures)
-            galleries.append(f'<h3 id="{esc(name)}">{esc(title)}</h3><div class="figs">{thumbs}</div><p>SVG: {svgs}</p>')
-    meta = " · ".join(
-        esc(f"{k}: {info[k]}")
-        for k in ("profile", "device", "mlx", "mlx_lm", "specbench", "created", "updated", "last_run_s") if k in info
-    )
-    page = (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>specbench report</title><style>{_STYLE}</style></head>"
-        f"<body><h1>specbench report</h1><p>{meta}</p>"
-        f"<table><tr><th>notebook</th><th>status</th><th>run time</th><th>key results</th><th>figures</th>"
-        f"<th>logs and tables (parquet)</th></tr>{''.join(rows)}</table>"
-        f"<h2>Figures</h2>{''.join(galleries) or '<p>none yet</p>'}</body></html>"
-    )
-    return write_text_atomic(out / "index.html", page)

@@ -1,25 +1,12 @@
-"""Attaching a checkpoint's MTP head to an mlx-lm model (which drops those tensors on load).
-
-Three checkpoint layouts are read:
-
-- Qwen3-Next / Qwen3.5 (and heads saved by specbench): ``mtp.fc``, ``mtp.pre_fc_norm_embedding``,
-  ``mtp.pre_fc_norm_hidden``, ``mtp.layers.{i}.*``, ``mtp.norm``. Raw Hugging Face checkpoints of
-  the Qwen3-Next family store RMSNorm weights zero-centred (the norm multiplies by 1 + w).
-  MoE layers come per expert (``experts.{e}.gate_proj``) or fused (``experts.gate_up_proj``).
-- DeepSeek-V3 / GLM-4.5: ``model.layers.{N}.*`` with N = num_hidden_layers: ``enorm``, ``hnorm``,
-  ``eh_proj``, ``shared_head.norm`` (``shared_head.head`` and ``embed_tokens`` duplicate the
-  model's and are not loaded), plus a decoder layer.
-- MiMo: ``model.mtp_layers.0.*``: ``token_layernorm``, ``hidden_layernorm``, ``input_proj`` (hidden
-  state first in the concatenation), ``final_layernorm``, plus a decoder layer.
+"""Attaching a checkpoint's MTP head to an mlx-lm model (which drops those tensors on load), saving and
+extracting heads, and the heads shipped with specbench. The checkpoint layouts read are described in
+``specbench.models.mtp.layouts``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,94 +14,25 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
+from specbench.common.files import ASSETS_DIR, write_safetensors_atomic
 from specbench.core.forward import text_model
+from specbench.models.embedded import model_folder
+from specbench.models.moe_twin import twin_head_file
 from specbench.models.mtp.checkpoint import INDEX, Checkpoint
 from specbench.models.mtp.head import MtpHead, build_head, float_dtype, model_args, model_type, quantize_like_body
-from specbench.common.files import ASSETS_DIR
+from specbench.models.mtp.layouts import (
+    DEEPSEEK,
+    QWEN,
+    ZERO_CENTRED_TYPES,
+    Found,
+    Layout,
+    find_mtp,
+    native_layout,
+    no_mtp_error,
+)
 
-#: Model types whose raw checkpoints store RMSNorm weights zero-centred.
-ZERO_CENTRED_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_moe"}
-#: Model types whose own MTP tensors use the DeepSeek or MiMo layout.
-DEEPSEEK_TYPES = {"deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "kimi_k2"}
-MIMO_TYPES = {"mimo"}
 #: Metadata key of files written by specbench: "1" when norms are stored zero-centred.
 NORM_KEY = "mtp_zero_centred_norms"
-
-
-@dataclass(frozen=True)
-class Layout:
-    name: str
-    title: str
-    example: str
-    hidden_first: bool
-    chain_normed: bool
-    #: source module prefix (after the layout prefix) -> head module prefix
-    renames: tuple[tuple[str, str], ...]
-    #: tensors duplicating the model's own (shape-checked, not loaded)
-    shared: tuple[str, ...] = ()
-
-
-QWEN = Layout(
-    "qwen", "Qwen3-Next/Qwen3.5", "mtp.fc.weight", hidden_first=False, chain_normed=True,
-    renames=(("fc.", "fc."), ("pre_fc_norm_embedding.", "pre_fc_norm_embedding."),
-             ("pre_fc_norm_hidden.", "pre_fc_norm_hidden."), ("norm.", "norm."), ("layers.", "layers.")),
-)
-DEEPSEEK = Layout(
-    "deepseek", "DeepSeek-V3/GLM-4.5", "model.layers.{N}.eh_proj.weight", hidden_first=False, chain_normed=False,
-    renames=(("eh_proj.", "fc."), ("enorm.", "pre_fc_norm_embedding."), ("hnorm.", "pre_fc_norm_hidden."),
-             ("shared_head.norm.", "norm.")),
-    shared=("shared_head.head.weight", "embed_tokens.weight"),
-)
-MIMO = Layout(
-    "mimo", "MiMo", "model.mtp_layers.0.input_proj.weight", hidden_first=True, chain_normed=True,
-    renames=(("input_proj.", "fc."), ("token_layernorm.", "pre_fc_norm_embedding."),
-             ("hidden_layernorm.", "pre_fc_norm_hidden."), ("final_layernorm.", "norm.")),
-)
-LAYOUTS = (QWEN, DEEPSEEK, MIMO)
-
-
-def native_layout(mtype: str) -> Layout:
-    if mtype in DEEPSEEK_TYPES:
-        return DEEPSEEK
-    if mtype in MIMO_TYPES:
-        return MIMO
-    return QWEN
-
-
-@dataclass
-class Found:
-    """The MTP tensors of one layout found in a checkpoint."""
-
-    layout: Layout
-    prefix: str
-    names: list[str]
-
-
-def find_mtp(names: list[str], num_hidden_layers: int | None) -> list[Found]:
-    """The MTP tensor groups present in a list of tensor names (one per layout found)."""
-    found = []
-    qwen = sorted({n[: -len("fc.weight")] for n in names if re.search(r"(^|\.)mtp\.fc\.weight$", n)})
-    for prefix in qwen[:1]:
-        found.append(Found(QWEN, prefix, [n for n in names if n.startswith(prefix)]))
-    ds = sorted({int(m[1]) for n in names if (m := re.match(r"model\.layers\.(\d+)\.eh_proj\.weight$", n))})
-    if ds:
-        first = ds[0] if num_hidden_layers is None or num_hidden_layers not in ds else num_hidden_layers
-        prefix = f"model.layers.{first}."
-        found.append(Found(DEEPSEEK, prefix, [n for n in names if n.startswith(prefix)]))
-    mimo = sorted({int(m[1]) for n in names if (m := re.match(r"model\.mtp_layers\.(\d+)\.input_proj\.weight$", n))})
-    if mimo:
-        prefix = f"model.mtp_layers.{mimo[0]}."
-        found.append(Found(MIMO, prefix, [n for n in names if n.startswith(prefix)]))
-    return found
-
-
-def _no_mtp_error(where: str, mtype: str) -> ValueError:
-    return ValueError(
-        f"{where} holds no MTP tensors (looked for {QWEN.example} ({QWEN.title}), {DEEPSEEK.example} "
-        f"({DEEPSEEK.title}) and {MIMO.example} ({MIMO.title})) for this {mtype} model. Checkpoints converted "
-        f"by mlx-lm drop them: point to the original Hugging Face checkpoint, a file written by "
-        f"`specbench extract-mtp`, or a head trained with `specbench train-mtp`"
-    )
 
 
 def _check_config(where: str, config: dict[str, Any] | None, model: nn.Module) -> None:
@@ -141,7 +59,7 @@ def _check_config(where: str, config: dict[str, Any] | None, model: nn.Module) -
 def _choose(found: list[Found], model: nn.Module, where: str) -> Found:
     mtype = model_type(model)
     if not found:
-        raise _no_mtp_error(where, mtype)
+        raise no_mtp_error(where, mtype)
     native = native_layout(mtype)
     for f in found:
         if f.layout is native:
@@ -212,7 +130,7 @@ def read_head_tensors(
     tensors: dict[str, mx.array] = {}
     shared: dict[str, mx.array] = {}
     for name, value in raw.items():
-        rest = name[len(prefix):]
+        rest = name[len(prefix) :]
         if "rotary_emb.inv_freq" in rest:
             continue
         if rest in layout.shared:
@@ -220,7 +138,7 @@ def read_head_tensors(
             continue
         for src, dst in layout.renames:
             if rest.startswith(src):
-                key = dst + rest[len(src):]
+                key = dst + rest[len(src) :]
                 break
         else:
             if layout is QWEN:
@@ -254,9 +172,9 @@ def _source_rel(layout: Layout, key: str) -> str:
     """The source name (after the layout prefix) of a head parameter name."""
     for src, dst in layout.renames:
         if key.startswith(dst):
-            return src + key[len(dst):]
+            return src + key[len(dst) :]
     if layout is not QWEN and key.startswith("layers.0."):
-        return key[len("layers.0."):]
+        return key[len("layers.0.") :]
     return key
 
 
@@ -269,12 +187,12 @@ def _sanitize_like_body(model: nn.Module, tensors: dict[str, mx.array]) -> dict[
     j = int(model_args(model).num_hidden_layers) - 1
     posed = {}
     for k, v in tensors.items():
-        rest = k[len("layers.0."):] if k.startswith("layers.0.") else "specbench_head." + k
+        rest = k[len("layers.0.") :] if k.startswith("layers.0.") else "specbench_head." + k
         posed[f"model.layers.{j}.{rest}"] = v
     out = {}
     for k, v in sanitize(posed).items():
-        rest = k[len(f"model.layers.{j}."):]
-        out[rest[len("specbench_head."):] if rest.startswith("specbench_head.") else "layers.0." + rest] = v
+        rest = k[len(f"model.layers.{j}.") :]
+        out[rest[len("specbench_head.") :] if rest.startswith("specbench_head.") else "layers.0." + rest] = v
     return out
 
 
@@ -284,11 +202,13 @@ def _source_name(found: Found, key: str) -> str:
     return found.prefix + _source_rel(found.layout, rel)
 
 
-def _check_against(head: MtpHead, tensors: dict[str, mx.array], source: dict[str, str], where: str, model: nn.Module, found: Found):
+def _check_against(
+    head: MtpHead, tensors: dict[str, mx.array], source: dict[str, str], where: str, model: nn.Module, found: Found
+):
     expected = dict(tree_flatten(head.parameters()))
     args = model_args(model)
     desc = f"{model_type(model)}, hidden_size={args.hidden_size}"
-    for key, value in expected.items():
+    for key in expected:
         if key not in tensors:
             name = _source_name(found, key)
             raise ValueError(
@@ -313,9 +233,7 @@ def _layer_depth(tensors: dict[str, mx.array]) -> int:
     return max(idx) + 1 if idx else 0
 
 
-def load_head(
-    model: nn.Module, path: str | Path, zero_centred: bool | None = None, quantize: bool = True
-) -> MtpHead:
+def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = None, quantize: bool = True) -> MtpHead:
     """Build the MTP head for ``model`` from the MTP tensors of a checkpoint (not attached)."""
     ckpt = Checkpoint(path)
     where = str(ckpt.path)
@@ -331,13 +249,15 @@ def load_head(
             f"{where}: the config says mtp_num_hidden_layers={want} but the checkpoint holds {depth} MTP "
             f"layer(s) (see tensors {missing}*)"
         )
-    head = build_head(model, depth=depth, hidden_first=found.layout.hidden_first, chain_normed=found.layout.chain_normed)
+    head = build_head(
+        model, depth=depth, hidden_first=found.layout.hidden_first, chain_normed=found.layout.chain_normed
+    )
     _check_against(head, tensors, source, where, model, found)
     dtype = float_dtype(model)
-    keep = getattr(text_model(model), "cast_predicate", None) or getattr(model, "cast_predicate", None) or (lambda k: True)
-    cast = {
-        k: (v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(k) else v) for k, v in tensors.items()
-    }
+    keep = (
+        getattr(text_model(model), "cast_predicate", None) or getattr(model, "cast_predicate", None) or (lambda k: True)
+    )
+    cast = {k: (v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(k) else v) for k, v in tensors.items()}
     head.update(tree_unflatten(list(cast.items())))
     if quantize:
         quantize_like_body(model, head)
@@ -385,19 +305,6 @@ def get_head(model: nn.Module) -> MtpHead:
 
 
 # -- writing ---------------------------------------------------------------------------------
-def _write_safetensors(path: Path, tensors: dict[str, mx.array], metadata: dict[str, str]) -> None:
-    """Write atomically: a temporary file next to ``path``, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".safetensors")
-    os.close(fd)
-    try:
-        mx.save_safetensors(tmp, tensors, metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_head(head: MtpHead, path: str | Path, config: dict[str, Any], extra: dict[str, str] | None = None) -> Path:
     """Save a float head as ``mtp.*`` tensors (Qwen layout, norms as stored, not zero-centred)."""
     path = Path(path)
@@ -405,8 +312,7 @@ def save_head(head: MtpHead, path: str | Path, config: dict[str, Any], extra: di
     if any(k.endswith(".scales") for k in tensors):
         raise ValueError("save_head needs a float head (this one is quantized)")
     metadata = {"format": "mlx", NORM_KEY: "0", "config": json.dumps(config), **(extra or {})}
-    _write_safetensors(path, tensors, metadata)
-    return path
+    return write_safetensors_atomic(path, tensors, metadata)
 
 
 def _is_hub_id(src: str) -> bool:
@@ -432,7 +338,7 @@ def _download_mtp_shards(repo: str) -> Path:
     names = list(json.loads(index_file.read_text())["weight_map"])
     found = find_mtp(names, text.get("num_hidden_layers"))
     if not found:
-        raise _no_mtp_error(repo, str(config.get("model_type")))
+        raise no_mtp_error(repo, str(config.get("model_type")))
     weight_map = json.loads(index_file.read_text())["weight_map"]
     for shard in sorted({weight_map[n] for n in found[0].names}):
         hf_hub_download(repo, shard)
@@ -452,7 +358,7 @@ def extract_mtp(src: str | Path, dst: str | Path) -> Path:
     text = (config or {}).get("text_config", config or {})
     found = find_mtp(ckpt.names, text.get("num_hidden_layers"))
     if not found:
-        raise _no_mtp_error(src, str((config or {}).get("model_type", "unknown")))
+        raise no_mtp_error(src, str((config or {}).get("model_type", "unknown")))
     f = found[0]
     tensors = ckpt.load(f.names)
     metadata = {"format": "mlx", "source": src, "mtp_layout": f.layout.name}
@@ -463,8 +369,7 @@ def extract_mtp(src: str | Path, dst: str | Path) -> Path:
     dst = Path(dst).expanduser()
     if dst.suffix != ".safetensors":
         dst = dst / "mtp.safetensors"
-    _write_safetensors(dst, tensors, metadata)
-    return dst
+    return write_safetensors_atomic(dst, tensors, metadata)
 
 
 #: Heads shipped with specbench, by embedded model name.
@@ -481,11 +386,8 @@ def shipped_head(model_name: str) -> Path | None:
     """The shipped head file of an embedded model (None when there is none)."""
     name = str(model_name)
     if name in TWIN_OF:
-        from specbench.models.load import embedded_model_path
-        from specbench.models.moe_twin import twin_head_file
-
         dense = shipped_head(TWIN_OF[name])
-        path = embedded_model_path(name) / "mtp.safetensors"
+        path = model_folder(name) / "mtp.safetensors"
         if not path.exists() or path.stat().st_mtime < dense.stat().st_mtime:
             twin_head_file(dense, path)
         return path

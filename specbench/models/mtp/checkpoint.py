@@ -9,8 +9,9 @@ the file; only the tensors evaluated are read).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import mlx.core as mx
 from safetensors import safe_open

@@ -60,7 +60,11 @@ class MtpHead(nn.Module):
         x = self.fc(mx.concatenate([h, e] if self.hidden_first else [e, h], axis=-1))
         if cache is None:
             cache = [None] * len(self.layers)
-        mask = create_attention_mask(x, cache[0], return_array=True) if self.array_mask else create_attention_mask(x, cache[0])
+        mask = (
+            create_attention_mask(x, cache[0], return_array=True)
+            if self.array_mask
+            else create_attention_mask(x, cache[0])
+        )
         for layer, c in zip(self.layers, cache):
             x = layer(x, mask, c)
         out = self.norm(x)
@@ -122,7 +126,11 @@ def build_head(
     eps = float(getattr(args, "rms_norm_eps", 1e-6))
     layers = [decoder_layer(model) for _ in range(depth)]
     return MtpHead(
-        hidden_size, eps, layers, hidden_first=hidden_first, chain_normed=chain_normed,
+        hidden_size,
+        eps,
+        layers,
+        hidden_first=hidden_first,
+        chain_normed=chain_normed,
         array_mask=model_type(model) in _ARRAY_MASK_TYPES,
     )
 
@@ -179,7 +187,7 @@ def quantize_like_body(model: nn.Module, head: MtpHead) -> None:
         if not hasattr(module, "to_quantized"):
             return False
         if path.startswith("layers."):
-            i, _, rest = path[len("layers."):].partition(".")
+            i, _, rest = path[len("layers.") :].partition(".")
             twin = body_modules[int(i)].get(rest)
             if twin is not None:
                 return _quantization(twin) or False

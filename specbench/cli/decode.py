@@ -1,0 +1,91 @@
+"""`specbench setup` and `specbench generate`."""
+
+from __future__ import annotations
+
+import argparse
+
+from specbench.cli.registry import add_model_argument, command
+
+
+# -- setup -------------------------------------------------------------------------------------
+@command("setup", "convert the embedded models into the cache directory (SPECBENCH_HOME)")
+def _setup(parser: argparse.ArgumentParser):
+    parser.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
+
+    def run(args):
+        from specbench.models.load import setup
+
+        for path in setup(force=args.force):
+            print(f"ready: {path}")
+
+    return run
+
+
+# -- generate ----------------------------------------------------------------------------------
+@command("generate", "generate text from a prompt, speculatively or plainly, and print its stats")
+def _generate(parser: argparse.ArgumentParser):
+    add_model_argument(parser)
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--drafter", default="lookup", help="lookup, suffix, mtp or none")
+    parser.add_argument("--policy", default="auto", help="auto, fixed:N or adaptive:N")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temp", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--verify", choices=["exact", "fast"], default=None)
+    parser.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    parser.add_argument("--log", default=None, help="write the per-step log here (parquet)")
+
+    def run(args):
+        from specbench.core.options import GenerateOptions
+        from specbench.core.policies import DraftPolicy
+        from specbench.decoding import speculative_generate
+        from specbench.drafters import make_drafter
+        from specbench.experiments.prompts import render_prompt
+        from specbench.models.load import load
+
+        policy = DraftPolicy.parse(args.policy)
+        model, tokenizer = load(args.model)
+        drafter = make_drafter(args.drafter, model=model, model_name=args.model)
+        prompt = render_prompt(tokenizer, args.prompt, chat=not args.raw)
+        options = GenerateOptions(
+            max_tokens=args.max_tokens,
+            temperature=args.temp,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            seed=args.seed,
+            verify=args.verify,
+        )
+        gen = speculative_generate(model, prompt, options, drafter, policy if drafter else None, tokenizer=tokenizer)
+        for _ in gen:
+            pass
+        print(gen.text())
+        print()
+        print_stats(gen.stats())
+        print_step_summary(gen.log)
+        if args.log:
+            print(f"log: {gen.log.save(args.log)}")
+
+    return run
+
+
+def print_stats(stats: dict) -> None:
+    from specbench.report.render import COUNT_STATS, RATE_STATS
+
+    for key in [*COUNT_STATS, "pauses", *RATE_STATS, "draft_s", "verify_s"]:
+        value = stats.get(key)
+        print(f"  {key:22s} {value:.3f}" if isinstance(value, float) else f"  {key:22s} {value}")
+
+
+def print_step_summary(log, rows: int = 12) -> None:
+    """A few lines: how steps went (kind, drafted, accepted, emitted)."""
+    records = log.records
+    if not records:
+        return
+    print(f"  steps (first {min(rows, len(records))} of {len(records)}): kind k_drafted accepted emitted ms")
+    for r in records[:rows]:
+        ms = 1000 * (r["draft_s"] + r["verify_s"] + r["other_s"])
+        print(f"    {r['step']:4d} {r['kind']:7s} {r['k_drafted']:3d} {r['accepted']:3d} {r['emitted']:3d} {ms:8.1f}")

@@ -1,0 +1,183 @@
+"""`specbench profile` (verify-cost profiles) and `specbench check-exact`."""
+
+from __future__ import annotations
+
+import argparse
+
+from specbench.cli.registry import add_model_argument, command, names
+
+
+# -- profile (verify-cost profiles) -------------------------------------------------------------
+@command("profile", "measure a model's verify cost c(w) and break-even acceptance, and store the profile")
+def _profile(parser: argparse.ArgumentParser):
+    add_model_argument(parser, synthetic="e.g. synthetic:qwen3-8b-4bit")
+    parser.add_argument("--widths", type=int, default=16, help="measure verification widths 1..W")
+    parser.add_argument("--verify", default="fast,exact", help="comma list of verify modes: fast, exact")
+    parser.add_argument("--offset", type=int, default=512, help="tokens in the cache while timing")
+    parser.add_argument("--repeats", type=int, default=10, help="timed rounds (medians kept)")
+    parser.add_argument("--drafters", default="", help="comma list of drafters to time: lookup, suffix, mtp")
+    parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
+    parser.add_argument("--no-save", action="store_true", help="print only; do not store under SPECBENCH_HOME")
+    parser.add_argument("--plot", default=None, help="folder for costs.png and break_even.png")
+
+    def run(args):
+        from specbench.common.identity import device_name, display_name
+        from specbench.core.options import VERIFY_MODES
+        from specbench.cost import measure, save_profile
+        from specbench.drafters import make_drafter
+
+        modes = names(args.verify)
+        unknown = [m for m in modes if m not in VERIFY_MODES]
+        if unknown or not modes:
+            raise ValueError(f"--verify takes a comma list of {', '.join(VERIFY_MODES)}, got {args.verify!r}")
+        if args.widths < 2:
+            raise ValueError(f"--widths must be >= 2 (a verification of k drafts has width k + 1), got {args.widths}")
+        model, tokenizer = _profile_model(args.model, args.layers)
+        drafters = [d for d in (make_drafter(n, model=model, model_name=args.model) for n in names(args.drafters)) if d]
+        context = _profile_context(tokenizer, args.offset)
+        print(
+            f"profiling {display_name(model)} on {device_name()}: widths 1..{args.widths}, "
+            f"verify {', '.join(modes)}, cache offset {args.offset}"
+        )
+        profile = measure(
+            model,
+            widths=args.widths,
+            verify=modes,
+            offset=args.offset,
+            repeats=args.repeats,
+            drafters=drafters,
+            context=context,
+            progress=lambda text: print(f"  {text}"),
+        )
+        print_profile(profile)
+        if not args.no_save:
+            print(f"profile: {save_profile(profile)}")
+        if args.plot:
+            from pathlib import Path
+
+            from specbench.report import figures
+
+            folder = Path(args.plot)
+            print(f"figure: {figures.save_figure(figures.verify_costs([profile]), folder / 'costs.png')}")
+            fig = figures.break_even([profile], k_max=args.widths - 1)
+            print(f"figure: {figures.save_figure(fig, folder / 'break_even.png')}")
+
+    return run
+
+
+def _profile_model(name: str, layers: int | None):
+    from specbench.models.load import load
+
+    return load(name, layers=layers)
+
+
+def _profile_context(tokenizer, offset: int) -> list[int] | None:
+    """Natural text (the bundled prompts) for timing drafters; None (random ids) without a tokenizer."""
+    if tokenizer is None:
+        return None
+    from specbench.experiments.prompts import bundled_questions
+
+    ids = list(tokenizer.encode("\n\n".join(turn for q in bundled_questions() for turn in q.turns)))
+    return (ids * (offset // max(1, len(ids)) + 1))[:offset]
+
+
+def print_profile(profile) -> None:
+    """c(w) per verify mode, the engine overhead, a*(k), best k, drafter costs."""
+    from specbench.cost import best_k, break_even_acceptance
+
+    print(
+        f"  plain step {1e3 * profile.plain_step_s:.2f} ms; c(w) = verify time / plain step "
+        f"(engine overhead per speculative step: "
+        f"{', '.join(f'{m} {v:.2f}' for m, v in profile.overhead.items()) or 'not measured'})"
+    )
+    print("  " + "w".rjust(4) + "".join(f"{m:>9s}" for m in profile.costs))
+    for w in range(1, max(max(ws) for ws in profile.widths.values()) + 1):
+        cells = [
+            f"{profile.c(w, m, overhead=False):9.2f}" if w <= max(profile.widths[m]) else " " * 9 for m in profile.costs
+        ]
+        print(f"  {w:4d}" + "".join(cells))
+    for mode in profile.costs:
+        k_max = min(8, max(profile.widths[mode]) - 1)
+        a_star = break_even_acceptance(profile, 0.0, k_max, mode)
+        print(
+            f"  a*(k) {mode}: "
+            + "  ".join(f"k={k} " + ("never" if a != a else f"{a:.2f}") for k, a in enumerate(a_star, 1))
+        )
+        best = [f"a={a} k={best_k(a, profile, 0.0, k_max, mode)[0]}" for a in (0.6, 0.7, 0.8, 0.9)]
+        print(f"  best k {mode}: " + "  ".join(best))
+    for name, entry in profile.drafters.items():
+        print(f"  drafter {name}: d = {entry['d']:.4f} plain steps per draft token (k={entry['k']})")
+
+
+# -- check-exact -------------------------------------------------------------------------------
+@command("check-exact", "check that speculative greedy output equals mlx-lm's plain greedy output on this machine")
+def _check_exact(parser: argparse.ArgumentParser):
+    add_model_argument(parser, synthetic="random prompts")
+    parser.add_argument("--prompts", type=int, default=8, help="number of prompts (the bundled ones, or random ids)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=200,
+        help="tokens per run; enough to cross 256 cached tokens, where GPU attention kernels change",
+    )
+    parser.add_argument("--draft-lengths", default="2,4,7,15", help="comma list, cycled over the prompts")
+    parser.add_argument("--acceptance", type=float, default=0.8, help="per-position acceptance of the drafts")
+    parser.add_argument("--verify", default="exact,fast", help="comma list of verify modes: exact, fast")
+    parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
+    parser.add_argument("--out", default=None, help="write the per-prompt rows here (parquet)")
+
+    def run(args):
+        from specbench.common.files import write_parquet_atomic
+        from specbench.common.identity import device_name
+        from specbench.experiments import exactness
+
+        if args.prompts < 1:
+            raise ValueError(f"--prompts must be >= 1, got {args.prompts}")
+        if not 0.0 <= args.acceptance <= 1.0:
+            raise ValueError(f"--acceptance must be in [0, 1], got {args.acceptance}")
+        try:
+            lengths = [int(k) for k in names(args.draft_lengths)]
+        except ValueError:
+            raise ValueError(f"--draft-lengths takes a comma list of integers, got {args.draft_lengths!r}") from None
+        model, tokenizer = _profile_model(args.model, args.layers)
+        if tokenizer is None:
+            prompts = exactness.random_prompts(model, args.prompts)
+        else:
+            from specbench.experiments.prompts import bundled_questions, render_prompt
+
+            texts = [q.turns[0] for q in bundled_questions()]
+            prompts = [render_prompt(tokenizer, texts[i % len(texts)]) for i in range(args.prompts)]
+        print(
+            f"checking {args.model} on {device_name()}: {len(prompts)} prompts x {args.max_tokens} tokens, "
+            f"draft lengths {lengths}, acceptance {args.acceptance}"
+        )
+        rows = exactness.check(
+            model,
+            prompts,
+            args.max_tokens,
+            lengths,
+            args.acceptance,
+            names(args.verify),
+            progress=lambda r: print(
+                f"  prompt {r['prompt']} {r['mode']:5s} k={r['k']}: "
+                + ("equal" if r["equal"] else f"differs from token {r['first_divergence']}")
+            ),
+        )
+        summary = exactness.summarize(rows)
+        for r in summary.iter_rows(named=True):
+            where = (
+                ""
+                if r["first_divergence_min"] is None
+                else f"; first divergence at token {r['first_divergence_min']} / {r['first_divergence_median']:g} / "
+                f"{r['first_divergence_max']} (min / median / max)"
+            )
+            print(
+                f"{r['mode']}: {r['equal']}/{r['prompts']} prompts equal to mlx-lm greedy{where}; "
+                f"{r['accepted_per_verify']:.2f} drafts accepted per verification"
+            )
+        if args.out:
+            print(f"rows: {write_parquet_atomic(rows, args.out)}")
+        exact = summary.filter(summary["mode"] == "exact")
+        return 1 if len(exact) and int(exact["equal"][0]) < int(exact["prompts"][0]) else 0
+
+    return run

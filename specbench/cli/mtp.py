@@ -1,0 +1,66 @@
+"""`specbench train-mtp` and `specbench extract-mtp`."""
+
+from __future__ import annotations
+
+import argparse
+
+from specbench.cli.registry import add_model_argument, command
+
+
+# -- mtp: train-mtp, extract-mtp ----------------------------------------------------------------
+@command("train-mtp", "train an MTP head for a frozen model by self-distillation (offline data)")
+def _train_mtp(parser: argparse.ArgumentParser):
+    add_model_argument(parser)
+    parser.add_argument(
+        "--out", required=True, help="folder for mtp.safetensors (the head) and mtp.json (recipe, metrics)"
+    )
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (tiny data, 30 steps)")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument(
+        "--time-budget", type=float, default=None, help="seconds of training (the schedule follows time)"
+    )
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="the frozen model's dtype: float32, bfloat16 or float16 (default: float32 on CPU, as stored elsewhere)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+
+    def run(args):
+        from specbench.experiments.mtp_training import TrainConfig, summary_lines, train_mtp
+        from specbench.models.load import load
+
+        config = TrainConfig.quick() if args.quick else TrainConfig()
+        for key, value in (
+            ("steps", args.steps),
+            ("time_budget_s", args.time_budget),
+            ("batch_size", args.batch_size),
+            ("seq_len", args.seq_len),
+        ):
+            if value is not None:
+                setattr(config, key, value)
+        config.seed = args.seed
+        model, tokenizer = load(args.model, dtype=args.dtype)
+        result = train_mtp(model, tokenizer, args.out, config, model_name=args.model)
+        print("\n".join(summary_lines(result)))
+        print(f"head: {args.out}/{result['head']}  (attach with specbench.attach_mtp(model, path))")
+
+    return run
+
+
+@command("extract-mtp", "write only the MTP tensors of a checkpoint (folder, file or Hugging Face id) to a small file")
+def _extract_mtp(parser: argparse.ArgumentParser):
+    parser.add_argument(
+        "src", help="checkpoint folder (sharded with model.safetensors.index.json), .safetensors file or hub id"
+    )
+    parser.add_argument("dst", help="output .safetensors file (or a folder: DST/mtp.safetensors)")
+
+    def run(args):
+        from specbench.models.mtp import extract_mtp
+
+        path = extract_mtp(args.src, args.dst)
+        print(f"wrote {path}")
+
+    return run

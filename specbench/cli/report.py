@@ -1,0 +1,57 @@
+"""`specbench report`: the notebooks executed into reports/NAME."""
+
+from __future__ import annotations
+
+import argparse
+
+from specbench.cli.registry import command
+
+
+# -- report ------------------------------------------------------------------------------------
+@command("report", "execute the notebooks with papermill into reports/NAME (HTML, figures, logs, index.html)")
+def _report(parser: argparse.ArgumentParser):
+    from specbench.report.runner import NOTEBOOKS, PROFILES
+
+    parser.add_argument(
+        "--profile",
+        choices=list(PROFILES),
+        default="full",
+        help="quick: seconds, tiny models (CI); full: the embedded model, < 30 min on a 2-core CPU",
+    )
+    parser.add_argument("--out", default=None, help="output folder (default reports/PROFILE)")
+    parser.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a notebook parameter (every notebook that has it; NOTEBOOK.KEY=VALUE for one); lists as a,b,c",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        choices=list(NOTEBOOKS),
+        metavar="NOTEBOOK",
+        help=f"run only this notebook (repeatable): {', '.join(NOTEBOOKS)}",
+    )
+    parser.add_argument("--force", action="store_true", help="run notebooks again even if they finished")
+    parser.add_argument(
+        "--notebooks",
+        default=None,
+        metavar="DIR",
+        help="folder of the notebooks (default: notebooks/ of the source checkout)",
+    )
+
+    def run(args):
+        from specbench.report.runner import parse_assignments, run_report
+
+        result = run_report(
+            args.profile, args.out, parse_assignments(args.param), args.only, args.force, notebooks=args.notebooks
+        )
+        print(f"report: {result.index}")
+        for r in result.results:
+            print(f"  {r.notebook:20s} {r.status:8s} {r.seconds:7.0f} s  {r.error}")
+        return 1 if result.failed else 0
+
+    return run

@@ -1,0 +1,194 @@
+"""What the decode loop decodes against: a model with its caches, or a recorded output.
+
+A target answers three questions for the loop: the first token after the prompt (``prefill``),
+the next tokens without a draft (``plain_steps``), and which of a draft's tokens the model keeps
+(``verify``, which also rolls the caches back past the rejected ones). ``ModelTarget`` runs an
+mlx-lm model; the simulator (``specbench.experiments.simulate``) replays a recorded output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import generation_stream, wired_limit
+from mlx_lm.models.cache import make_prompt_cache
+
+from specbench.core.accept import accept_greedy, accept_sampled
+from specbench.core.experts import ExpertCounter
+from specbench.core.forward import context_length, forward, greedy, vocab_size
+from specbench.core.options import GenerateOptions
+from specbench.core.rollback import CacheRollback
+from specbench.core.verify import FAST, Verifier
+
+
+@dataclass
+class Step:
+    """Tokens one forward produced: ``tokens`` (one for a plain step; accepted drafts then the
+    model's own token for a verification), the hidden rows behind them when asked for, and the
+    log record's extra columns."""
+
+    tokens: list[int]
+    hidden: mx.array | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    accepted: int = 0
+    accept_probs: list[float] = field(default_factory=list)
+
+
+class Target(Protocol):
+    """The protocol the decode loop drives."""
+
+    vocab: int | None
+    context_limit: int | None
+    #: Output index of a known stop (a recorded output that ended on one); None for a model.
+    stop_index: int | None
+
+    def running(self) -> contextlib.AbstractContextManager[Any]: ...
+
+    def prefill(self, prompt: list[int], cached: int) -> tuple[Step, mx.array | None]: ...
+
+    def plain_steps(self, position: int, n: int) -> Iterator[Step]: ...
+
+    def verify(self, draft_tokens: list[int], draft_probs: mx.array | None, position: int) -> Step: ...
+
+
+class ModelTarget:
+    """An mlx-lm model and its caches: prefill, pipelined plain steps, one-forward verification."""
+
+    stop_index = None
+
+    def __init__(
+        self,
+        model: nn.Module,
+        options: GenerateOptions,
+        verifier: Verifier = FAST,
+        prompt_cache: list[Any] | None = None,
+        eos_ids: Sequence[int] = (),
+        needs_hidden: bool = False,
+        speculative: bool = False,
+    ):
+        self.model = model
+        self.options = options
+        self.verifier = verifier
+        self.vocab = vocab_size(model)
+        self.context_limit = context_length(model)
+        self.cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
+        self.held = int(getattr(self.cache[0], "offset", 0) or 0) if prompt_cache is not None else 0
+        self.eos_ids = list(eos_ids)
+        self.needs_hidden = needs_hidden
+        self.speculative = speculative
+        self.rollback = CacheRollback(self.cache, model) if speculative else None
+        self.counter: ExpertCounter | None = None
+        self.last: mx.array | int = 0
+
+    def cached_tokens(self, prompt_length: int) -> int:
+        """Prompt tokens the given cache already holds (a conversation's history): a cache holding
+        fewer tokens than the prompt holds its first tokens; one holding as many or more is a
+        context the prompt continues."""
+        return self.held if self.held < prompt_length else 0
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Wired memory, mlx-lm's generation stream and, when asked for, expert counting."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(wired_limit(self.model, [generation_stream]))
+            stack.enter_context(mx.stream(generation_stream))
+            if self.options.count_experts:
+                self.counter = stack.enter_context(ExpertCounter(self.model))
+            self.sampler = self.options.sampling.sampler()
+            yield
+
+    def _forward(self, inputs: mx.array, verifier: Verifier | None = None) -> tuple[mx.array, mx.array | None]:
+        run = verifier.forward if verifier is not None else forward
+        out = run(self.model, inputs, self.cache, self.needs_hidden)
+        return out if self.needs_hidden else (out, None)
+
+    def _extra(self) -> dict[str, Any]:
+        """Expert counts of the forward just built, when counting."""
+        return {"experts": self.counter.take()} if self.counter is not None else {}
+
+    def _mask_eos(self, logits: mx.array, first_position: int) -> mx.array:
+        """Suppress EOS in rows whose output position is below ``min_tokens``."""
+        rows = logits.shape[-2]
+        masked_rows = min(rows, self.options.min_tokens - first_position)
+        if masked_rows <= 0 or not self.eos_ids:
+            return logits
+        column = mx.zeros((logits.shape[-1],), dtype=mx.bool_)
+        column[mx.array(self.eos_ids)] = True
+        row = mx.arange(rows)[:, None] < masked_rows
+        return mx.where(row & column, mx.array(-float("inf"), logits.dtype), logits)
+
+    def _pick(self, logits: mx.array, position: int) -> mx.array:
+        """One token from the last row of ``logits`` [1, w, vocab], as mlx-lm picks it."""
+        logits = self._mask_eos(logits[:, -1, :], position)
+        if self.options.temperature == 0:
+            return greedy(logits)[0]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return self.sampler(logprobs)[0]
+
+    def prefill(self, prompt: list[int], cached: int) -> tuple[Step, mx.array | None]:
+        """The prompt pass (in chunks of ``prefill_step_size``): the first token, and the prompt's
+        hidden states when asked for."""
+        ids = mx.array(prompt, dtype=mx.uint32)
+        hidden_parts = []
+        done = cached
+        while len(prompt) - done > 1:
+            n = min(self.options.prefill_step_size, len(prompt) - done - 1)
+            _, hidden = self._forward(ids[None, done : done + n])
+            if hidden is not None:
+                hidden_parts.append(hidden)
+                mx.eval(hidden)
+            mx.eval([c.state for c in self.cache])
+            done += n
+        logits, hidden = self._forward(ids[None, done:])
+        token = self._pick(logits, 0)
+        extra = self._extra()
+        mx.eval(token)
+        self.last = token
+        prompt_hidden = mx.concatenate(hidden_parts, axis=1) if hidden_parts else None
+        return Step([int(token.item())], hidden, extra), prompt_hidden
+
+    def _plain_step(self, y: mx.array, position: int) -> tuple[mx.array, mx.array | None, dict[str, Any]]:
+        if self.speculative:
+            self.verifier.before_plain_step(self.cache)
+        logits, hidden = self._forward(mx.reshape(y, (1, 1)))
+        return self._pick(logits, position), hidden, self._extra()
+
+    def plain_steps(self, position: int, n: int) -> Iterator[Step]:
+        """``n`` plain steps, pipelined as mlx-lm pipelines them: the next step is queued before
+        the current token is read."""
+        last = self.last if isinstance(self.last, mx.array) else mx.array(self.last, dtype=mx.uint32)
+        pending = self._plain_step(last, position)
+        mx.async_eval(pending[0])
+        for i in range(n):
+            current = pending
+            if i + 1 < n:
+                pending = self._plain_step(current[0], position + i + 1)
+                mx.async_eval(pending[0])
+            self.last = current[0]
+            yield Step([int(current[0].item())], current[1], current[2])
+
+    def verify(self, draft_tokens: list[int], draft_probs: mx.array | None, position: int) -> Step:
+        """One forward over the last token and the draft; the accept rule; the caches rolled back
+        past the rejected drafts."""
+        last = int(self.last.item()) if isinstance(self.last, mx.array) else int(self.last)
+        inputs = mx.array([[last] + draft_tokens], dtype=mx.uint32)
+        self.rollback.before_verify(inputs.shape[1])
+        logits, hidden = self._forward(inputs, self.verifier)
+        extra = self._extra()
+        logits = self._mask_eos(logits[0], position)
+        if self.options.temperature == 0:
+            accepted, tokens = accept_greedy(draft_tokens, self.verifier.greedy(logits))
+            probs: list[float] = []
+        else:
+            accepted, tokens, probs = accept_sampled(self.options.sampling.probs(logits), draft_tokens, draft_probs)
+        rejected = len(draft_tokens) - accepted
+        self.rollback.rewind(rejected)
+        if rejected:
+            self.verifier.after_rewind(self.cache, rejected)
+        self.last = tokens[-1]
+        return Step(tokens, hidden, extra, accepted, probs)

@@ -1,0 +1,116 @@
+"""Speedups measured end to end at controlled acceptance, against the cost model's prediction."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.nn as nn
+import numpy as np
+
+from specbench.core.engine import Generation, generate
+from specbench.core.forward import vocab_size
+from specbench.core.options import GenerateOptions, check_verify_mode
+from specbench.core.policies import DraftPolicy
+from specbench.cost.breakeven import predicted_from_log, speedup
+from specbench.cost.measure import seconds_per_token
+from specbench.cost.profile import Profile
+from specbench.drafters.oracle import OracleDrafter
+from specbench.exact import verifier_for
+
+
+def speedup_grid(
+    model: nn.Module,
+    profile: Profile,
+    acceptances: Sequence[float] = (0.5, 0.7, 0.8, 0.9, 1.0),
+    ks: Sequence[int] = (1, 2, 4, 6, 8),
+    verify: str = "fast",
+    prompt_len: int | None = None,
+    max_tokens: int = 128,
+    repeats: int = 1,
+    seed: int = 0,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Speedups measured end to end with the controlled-acceptance drafter, against prediction.
+
+    For each (acceptance a, draft length k): a plain greedy run and a speculative run
+    (``OracleDrafter`` at a, ``DraftPolicy.fixed(k)``) of ``max_tokens`` tokens from one random
+    prompt, back to back. Each row holds the measured speedup (plain over speculative seconds
+    per token), the prediction at the nominal a (``speedup``), the prediction for the steps the
+    run took (``predicted_from_log``) and their relative errors; and the seconds per speculative
+    token the profile predicts for those steps (``predicted_spec_s_per_token``) with its error
+    (``error_time``; ``error_time_nominal`` at the nominal a), which leaves out how far the plain
+    run's own speed strays from the profile's plain step (``plain_over_profile``). Where a fast
+    verify leaves the plain greedy output (``diverged_at``), the drafter follows the new output
+    (``follows`` times); that bookkeeping is left out of the timings.
+    """
+    verify = check_verify_mode(verify)
+    if verify not in profile.costs:
+        raise ValueError(f"the profile has no {verify!r} verify costs: measure it with verify=({verify!r},)")
+    verifier = verifier_for(model, verify)
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, vocab_size(model), size=prompt_len or profile.offset or 64).tolist()
+    plain_options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True)
+    spec_options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True, verify=verify)
+    drafter = OracleDrafter.from_model(model, prompt, max_tokens, 1.0, seed=seed, follow=True)
+
+    def speculative(options: GenerateOptions, k: int) -> Generation:
+        return Generation(model, prompt, options, drafter=drafter, policy=DraftPolicy.fixed(k), verifier=verifier)
+
+    for k in ks:  # warm-up: compile each width's kernels before timing
+        warm = GenerateOptions(max_tokens=min(max_tokens, 2 * k + 4), ignore_eos=True, verify=verify)
+        seconds_per_token(speculative(warm, k))
+    rows = []
+    for cell, (k, a) in enumerate((k, a) for k in ks for a in acceptances):
+        drafter.acceptance, drafter.seed = float(a), seed + cell
+        plain_runs, spec_runs = [], []
+        for _ in range(max(1, repeats)):
+            plain_runs.append(seconds_per_token(generate(model, prompt, plain_options)))
+            gen = speculative(spec_options, k)
+            spec_runs.append(seconds_per_token(gen, lambda: drafter.follow_s))
+        plain_s, spec_s = statistics.median(plain_runs), statistics.median(spec_runs)
+        stats = gen.stats()
+        verifies = [r for r in gen.log if r["kind"] == "verify"]
+        drafted = sum(r["k_drafted"] for r in verifies)
+        accepted = sum(r["accepted"] for r in verifies)
+        rejections = sum(1 for r in verifies if r["accepted"] < r["k_drafted"])
+        draft_s = max(0.0, sum(r["draft_s"] for r in verifies) - drafter.follow_s)
+        d = draft_s / drafted / plain_s if drafted else 0.0
+        measured = plain_s / spec_s
+        nominal = speedup(a, k, profile, d, verify)
+        from_log = predicted_from_log(gen.log, profile, d, verify)
+        row = {
+            "model": profile.model,
+            "name": profile.name,
+            "device": profile.device,
+            "mode": verify,
+            "a": float(a),
+            "k": int(k),
+            "tokens": len(gen.tokens),
+            "verifies": len(verifies),
+            "plain_s_per_token": plain_s,
+            "spec_s_per_token": spec_s,
+            "speedup": measured,
+            "tokens_per_verify": stats["tokens_per_verify"],
+            "acceptance_measured": accepted / (accepted + rejections) if accepted + rejections else 1.0,
+            "d": d,
+            "step_cost": profile.c(k + 1, verify),
+            "predicted_nominal": nominal,
+            "predicted_from_log": from_log,
+            "error_nominal": measured / nominal - 1.0,
+            "error_from_log": measured / from_log - 1.0 if from_log else 0.0,
+            # Seconds per speculative token predicted from the profile alone, and their error:
+            # free of the plain run's own variation, which the speedup errors carry.
+            "predicted_spec_s_per_token": profile.plain_step_s / from_log if from_log else None,
+            "error_time": spec_s * from_log / profile.plain_step_s - 1.0 if from_log else 0.0,
+            "error_time_nominal": spec_s * nominal / profile.plain_step_s - 1.0,
+            "plain_step_s_profile": profile.plain_step_s,
+            "plain_over_profile": plain_s / profile.plain_step_s,
+            "diverged_at": drafter.diverged_at,
+            "follows": drafter.follows,
+        }
+        rows.append(row)
+        if progress is not None:
+            progress(row)
+    return rows

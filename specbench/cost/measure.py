@@ -1,0 +1,384 @@
+"""Measuring cost profiles: verifications and plain steps timed through the engine's own code.
+
+Raw verifications run the verify mode's verifier (``specbench.exact.verifier_for``);
+plain steps and whole speculative steps run the engine (``specbench.core.engine``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.generate import generation_stream, wired_limit
+from mlx_lm.models.cache import make_prompt_cache
+
+from specbench.common.identity import device_name, display_name, model_key, versions
+from specbench.common.per_key import per_key
+from specbench.core.draft import Draft, Drafter, as_draft
+from specbench.core.engine import Generation, generate
+from specbench.core.forward import text_model, vocab_size
+from specbench.core.options import GenerateOptions, check_verify_mode
+from specbench.core.policies import DraftPolicy
+from specbench.core.rollback import CacheRollback
+from specbench.core.verify import Verifier
+from specbench.cost.caches import CacheRestore, prefill, rollback_for
+from specbench.cost.profile import Profile, load_profile
+from specbench.exact import verifier_for
+
+QUICK_WIDTHS = (1, 2, 3, 5, 9)  # what quick_profile times, as time allows
+
+
+# -- timing -------------------------------------------------------------------------------------
+
+
+def seconds_per_token(generation: Iterable[int], excluded: Callable[[], float] = lambda: 0.0) -> float:
+    """Iterate a generation; seconds per token after the first (the prompt pass excluded), less
+    the growth of ``excluded()`` (seconds spent on bookkeeping that is not decoding)."""
+    count, t_first, x_first = 0, 0.0, 0.0
+    for _ in generation:
+        count += 1
+        if count == 1:
+            t_first, x_first = time.perf_counter(), excluded()
+    if count < 2:
+        raise ValueError("a timed generation needs at least 2 tokens: raise max_tokens")
+    return (time.perf_counter() - t_first - (excluded() - x_first)) / (count - 1)
+
+
+def _time_verify(
+    verifier: Verifier,
+    model: nn.Module,
+    cache: list[Any],
+    tokens: mx.array,
+    restore: CacheRestore,
+    rollback: CacheRollback | None = None,
+) -> float:
+    """Seconds of one width-w forward with the greedy targets read back, as the engine verifies."""
+    if rollback is not None:
+        rollback.before_verify(tokens.shape[1])
+    mx.synchronize()
+    t0 = time.perf_counter()
+    logits = verifier.forward(model, tokens, cache)
+    verifier.greedy(logits[0])
+    seconds = time.perf_counter() - t0
+    if rollback is not None:
+        rollback.rewind(0)
+    restore()
+    return seconds
+
+
+def _time_plain(model: nn.Module, cache: list[Any], first: int, n: int, restore: CacheRestore) -> float:
+    """Seconds per token of ``n`` plain greedy steps through the engine (pipelined as mlx-lm
+    decodes) after the cached context."""
+    options = GenerateOptions(max_tokens=n + 1, ignore_eos=True)
+    seconds = seconds_per_token(generate(model, [first], options, prompt_cache=cache))
+    restore()
+    return seconds
+
+
+class _RandomDrafter(Drafter):
+    """Proposes uniformly random tokens: nearly every draft is rejected, so each engine step
+    verifies the full width and emits one token."""
+
+    name = "random"
+
+    def __init__(self, vocab: int, seed: int = 0):
+        self.vocab = vocab
+        self.rng = np.random.default_rng(seed)
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        return Draft(self.rng.integers(0, self.vocab, size=k).tolist())
+
+
+def _time_engine_step(
+    model: nn.Module,
+    cache: list[Any],
+    first: int,
+    steps: int,
+    width: int,
+    verifier: Verifier,
+    restore: CacheRestore,
+) -> tuple[float, float]:
+    """(seconds per speculative engine step of ``width``, of which drafting), from ``steps``
+    steps whose random drafts are rejected."""
+    options = GenerateOptions(max_tokens=steps + 1, ignore_eos=True, verify=verifier.mode)
+    gen = Generation(
+        model,
+        [first],
+        options,
+        drafter=_RandomDrafter(vocab_size(model)),
+        policy=DraftPolicy.fixed(width - 1),
+        prompt_cache=cache,
+        verifier=verifier,
+    )
+    per_token = seconds_per_token(gen)
+    restore()
+    decode = [r for r in gen.log if r["kind"] != "prefill"]
+    verifies = [r for r in decode if r["kind"] == "verify"]
+    seconds = per_token * (len(gen.tokens) - 1) / len(decode)
+    return seconds, statistics.median(r["draft_s"] for r in verifies) if verifies else 0.0
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _profile(
+    model: nn.Module, plain: float, widths: dict[str, list[int]], seconds: dict[str, list[float]], **fields: Any
+) -> Profile:
+    """The profile of ``model`` on this device and library versions, made now: c(w) is each width's
+    seconds over the plain step's."""
+    return Profile(
+        model=model_key(model),
+        name=display_name(model),
+        device=device_name(),
+        versions=versions(),
+        plain_step_s=plain,
+        widths=widths,
+        costs={mode: [s / plain for s in per_width] for mode, per_width in seconds.items()},
+        seconds=seconds,
+        created=_now(),
+        **fields,
+    )
+
+
+# -- full profiles ------------------------------------------------------------------------------
+
+
+def _widths(widths: int | Iterable[int]) -> list[int]:
+    ws = list(range(1, widths + 1)) if isinstance(widths, int) else sorted({int(w) for w in widths})
+    if not ws or ws[0] < 1:
+        raise ValueError(f"widths must be a positive integer W (for 1..W) or positive widths, got {widths!r}")
+    if ws[0] != 1:
+        ws = [1, *ws]
+    return ws
+
+
+def measure(
+    model: nn.Module,
+    widths: int | Iterable[int] | dict[str, int | Iterable[int]] = 16,
+    verify: Sequence[str] = ("fast",),
+    offset: int = 512,
+    repeats: int = 10,
+    warmup: int = 2,
+    plain_tokens: int = 16,
+    overhead_widths: Sequence[int] | None = None,
+    drafters: Sequence[Drafter] = (),
+    draft_k: int = 4,
+    context: Sequence[int] | None = None,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> Profile:
+    """Measure a cost profile: c(w) for each width and verify mode, the engine's overhead per
+    speculative step, and each drafter's d.
+
+    ``widths``: W (for 1..W), a list of widths, or a dict of either per verify mode. The cache
+    holds ``offset`` tokens (``context`` when given, else random ids) for every timed forward and
+    is restored after each. Widths are timed round-robin with ``plain_tokens`` plain steps per
+    round; ``warmup`` rounds are discarded and medians of ``repeats`` rounds kept.
+    The overhead is timed at ``overhead_widths`` (default: 2, the middle and the widest; one
+    warm-up run, then medians of ``repeats // 3`` runs of ``plain_tokens`` steps) when the engine
+    can decode the model speculatively; it is left out otherwise.
+    """
+    modes = [check_verify_mode(m) for m in ([verify] if isinstance(verify, str) else verify)]
+    ws = per_key(widths, modes, _widths, "widths gives no widths for verify mode(s) {}")
+    if repeats < 1 or warmup < 0 or offset < 1 or plain_tokens < 1:
+        raise ValueError("repeats, offset and plain_tokens must be >= 1 and warmup >= 0")
+    rng = np.random.default_rng(seed)
+    vocab = vocab_size(model)
+    if context is None:
+        context = rng.integers(0, vocab, size=offset).tolist()
+    context = list(context)[-offset:]
+    probe = mx.array(rng.integers(0, vocab, size=max(max(w) for w in ws.values())).tolist(), dtype=mx.uint32)[None]
+    first = int(probe[0, 0].item())
+    verifiers = {m: verifier_for(model, m) for m in modes}
+
+    def say(text: str) -> None:
+        if progress is not None:
+            progress(text)
+
+    with wired_limit(model, [generation_stream]), mx.stream(generation_stream):
+        cache = prefill(model, context)
+        restore = CacheRestore(cache)
+        rollback = rollback_for(model, cache)
+        verify_s: dict[str, dict[int, list[float]]] = {m: {w: [] for w in ws[m]} for m in modes}
+        plain_s: list[float] = []
+        for round_ in range(warmup + repeats):
+            keep = round_ >= warmup
+            t = _time_plain(model, cache, first, plain_tokens, restore)
+            if keep:
+                plain_s.append(t)
+            for mode in modes:
+                for w in ws[mode]:
+                    t = _time_verify(verifiers[mode], model, cache, probe[:, :w], restore, rollback)
+                    if keep:
+                        verify_s[mode][w].append(t)
+            if keep:
+                say(f"round {round_ - warmup + 1}/{repeats}: plain step {1e3 * plain_s[-1]:.2f} ms")
+        plain = statistics.median(plain_s)
+        seconds = {m: [statistics.median(verify_s[m][w]) for w in ws[m]] for m in modes}
+        overhead = {}
+        for mode in modes if rollback is not None else ():
+            default = (2, ws[mode][len(ws[mode]) // 2], ws[mode][-1])
+            chosen = sorted(set(overhead_widths or default) & set(ws[mode]) - {1})
+            excess = []
+            try:
+                for w in chosen:
+                    runs = [
+                        _time_engine_step(model, cache, first, plain_tokens, w, verifiers[mode], restore)
+                        for _ in range(1 + max(1, len(plain_s) // 3))
+                    ][1:]
+                    step_s = statistics.median(step for step, _ in runs)
+                    draft_s = statistics.median(draft for _, draft in runs)
+                    excess.append((step_s - draft_s - seconds[mode][ws[mode].index(w)]) / plain)
+            except ValueError as err:  # the engine cannot decode this model speculatively
+                restore()
+                say(f"{mode}: engine overhead not measured ({err})")
+                continue
+            overhead[mode] = max(0.0, statistics.median(excess)) if excess else 0.0
+            say(f"{mode}: engine overhead {overhead[mode]:.3f} plain steps per speculative step")
+        drafter_costs = {
+            d.name: measure_drafter(model, d, context, draft_k, plain, repeats=max(3, len(plain_s))) for d in drafters
+        }
+    return _profile(
+        model, plain, ws, seconds, overhead=overhead, drafters=drafter_costs, offset=len(context), repeats=len(plain_s)
+    )
+
+
+def measure_drafter(
+    model: nn.Module,
+    drafter: Drafter,
+    context: Sequence[int],
+    k: int,
+    plain_step_s: float,
+    repeats: int = 5,
+) -> dict[str, float]:
+    """Time ``drafter.draft(context, k)`` in steady state, as the engine calls it: the drafter
+    begins on all but the last ``repeats + 1`` context tokens, then observes them one at a time
+    (with their hidden states when it needs them), drafting after each.
+    d = median seconds per requested token / plain step."""
+    context = list(context)
+    if len(context) < repeats + 3:
+        raise ValueError(f"timing a drafter needs a context of at least {repeats + 3} tokens, got {len(context)}")
+    start = len(context) - repeats - 1
+    hidden = None
+    if drafter.needs_hidden:
+        hidden = text_model(model).model(mx.array(context)[None], cache=make_prompt_cache(model))
+        mx.eval(hidden)
+    drafter.begin(context[:start], hidden[:, : start - 1] if hidden is not None else None)
+    times, drafted = [], []
+    try:
+        for i in range(start, len(context)):
+            drafter.observe([context[i]], hidden[:, i - 1 : i] if hidden is not None else None)
+            t0 = time.perf_counter()
+            proposal = as_draft(drafter.draft(context[: i + 1], k), k)
+            if proposal.probs is not None:
+                mx.eval(proposal.probs)
+            if i > start:  # the first draft warms up
+                times.append(time.perf_counter() - t0)
+                drafted.append(len(proposal.tokens))
+    finally:
+        drafter.end()
+    draft_s = statistics.median(times)
+    return {"k": k, "drafted": statistics.mean(drafted), "draft_s": draft_s, "d": draft_s / k / plain_step_s}
+
+
+# -- quick profiles, and the profile to plan with -------------------------------------------------
+
+
+def quick_profile(model: nn.Module, verify: str = "fast", budget_s: float = 2.5, offset: int = 8) -> Profile:
+    """A rough profile within about ``budget_s`` seconds: widths 1, 2, 5, 3, 9 timed in that order
+    as long as time is left (at least 1, 2 and 5), then again while over a third of the budget
+    is left (medians kept), after a short context; the plain step taken as a serial width-1 step
+    (so c(1) = 1); and the engine overhead at width 5 when there is time for it. Unmeasured
+    widths are interpolated."""
+    verify = check_verify_mode(verify)
+    started = time.perf_counter()
+    rng = np.random.default_rng(0)
+    vocab = vocab_size(model)
+    probe = mx.array(rng.integers(0, vocab, size=max(QUICK_WIDTHS)).tolist(), dtype=mx.uint32)[None]
+    verifier = verifier_for(model, verify)
+    # GPUs compile kernels on first use: warm each width up there before timing it.
+    warm = mx.default_device().type == mx.DeviceType.gpu
+    timed: dict[int, list[float]] = {}
+    with wired_limit(model, [generation_stream]), mx.stream(generation_stream):
+        cache = prefill(model, rng.integers(0, vocab, size=offset).tolist())
+        restore = CacheRestore(cache)
+        rollback = rollback_for(model, cache)
+
+        def time_width(w: int) -> float:
+            return _time_verify(verifier, model, cache, probe[:, :w], restore, rollback)
+
+        time_width(1)
+        for w in (1, 2, 5, 3, 9):
+            spent = time.perf_counter() - started
+            if len(timed) >= 3 and spent + (2 if warm else 1) * timed[1][0] * w > budget_s:
+                break
+            if warm and w > 1:
+                time_width(w)
+            timed[w] = [time_width(w)]
+        # Fast models: more rounds while a good part of the budget is left (medians kept).
+        round_s = sum(s[0] for s in timed.values())
+        for _ in range(6):
+            if time.perf_counter() - started + round_s > 0.6 * budget_s:
+                break
+            for w in timed:
+                timed[w].append(time_width(w))
+        seconds = {w: statistics.median(s) for w, s in timed.items()}
+        plain = seconds[1]
+        overhead = {}
+        if rollback is not None and time.perf_counter() - started + 12 * seconds[5] < budget_s:
+            try:
+                step_s, draft_s = _time_engine_step(model, cache, int(probe[0, 0].item()), 4, 5, verifier, restore)
+                overhead[verify] = max(0.0, (step_s - draft_s - seconds[5]) / plain)
+            except ValueError:
+                restore()
+    ws = sorted(seconds)
+    return _profile(
+        model,
+        plain,
+        {verify: ws},
+        {verify: [seconds[w] for w in ws]},
+        overhead=overhead,
+        offset=offset,
+        repeats=1,
+        quick=True,
+    )
+
+
+_MEMORY: dict[tuple[int, str], Profile] = {}
+
+
+def _remember(model: nn.Module, verify: str, profile: Profile) -> None:
+    key = (id(model), verify)
+    if key not in _MEMORY:
+        weakref.finalize(model, _MEMORY.pop, key, None)
+    _MEMORY[key] = profile
+
+
+def profile_for(
+    model: nn.Module, verify: str = "fast", budget_s: float = 2.5, progress: Callable[[str], None] | None = None
+) -> Profile:
+    """The cost profile to plan with: a stored one for this model, device and library versions
+    if present, else ``quick_profile`` (about ``budget_s`` seconds, announced once through
+    ``progress``); kept in memory per model object."""
+    verify = check_verify_mode(verify)
+    cached = _MEMORY.get((id(model), verify))
+    if cached is not None:
+        return cached
+    profile = load_profile(model)
+    if profile is None or verify not in profile.costs:
+        if progress is not None:
+            progress(
+                f"measuring the {verify} verify cost of {display_name(model)} (about {budget_s:g} s): "
+                f"none stored for it on this device; `specbench profile` stores a full one"
+            )
+        profile = quick_profile(model, verify, budget_s)
+    _remember(model, verify, profile)
+    return profile

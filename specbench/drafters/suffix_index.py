@@ -1,0 +1,343 @@
+"""SuffixIndex: occurrence counts of the substrings of a set of token sequences, for SuffixDecoding.
+
+The reference implementation (ArcticInference) keeps a depth-bounded suffix tree of C++ node objects and walks
+up to ``max_depth`` active nodes per appended token. In Python that walk alone would cost ~30 us per token, so
+the index here is a suffix automaton (Blumer et al.; generalised to many sequences) held in flat ``array``
+columns, with transitions in one dict keyed by ``state << 20 | token``. A state groups the substrings that
+share their end positions, so it has one occurrence count for all of them and one suffix link to the next
+shorter group:
+
+* appending a token is amortised O(1) automaton work plus one step per state on the new suffix
+  chain (substrings of length <= ``max_depth`` ending at the new token: their counts and the
+  parents' most-frequent-child pointers are updated; typically a few states, never more than
+  ``max_depth``);
+* a draft walks the suffix chain of the current match (one state per distinct occurrence count,
+  longest first, pruned once no shorter match can beat the best score) and follows the
+  most-frequent-child pointers; once a path is down to a single occurrence the rest is one slice
+  of the stored tokens;
+* eviction replays the evicted sequence through the automaton and decrements the same counts;
+  parents whose most frequent child lost a count are recomputed when next used (the owner rebuilds
+  the automaton from the live sequences once evicted tokens outnumber them).
+
+``DraftLimits`` holds the per-match-length draft budgets that ``SuffixIndex.speculate`` follows.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Sequence
+
+_SHIFT = 20
+_MAX_TOKEN = 1 << _SHIFT
+_NONE = -1  # no child yet
+_STALE = -2  # most frequent child must be recomputed (after an eviction)
+_SEP = -1  # separator between sequences in the token store (never a token)
+
+
+class SuffixIndex:
+    """Occurrence counts of all substrings (length <= ``max_depth``) of a set of token sequences.
+
+    A generalised suffix automaton with per-state counts restricted to substrings of length
+    <= ``max_depth``. Sequences are added with ``add``/``append`` and removed (oldest first, or any
+    order) with ``remove``; ``speculate`` drafts a continuation of a matched suffix.
+    """
+
+    def __init__(self, max_depth: int = 64, compact: bool = True):
+        if max_depth < 2:
+            raise ValueError(f"max_depth must be >= 2, got {max_depth}")
+        self.max_depth = max_depth
+        # Per-state columns. State 0 is the root (empty string).
+        self.length = array("i", [0])  # longest substring in the state
+        self.link = array("i", [-1])  # suffix link
+        self.count = array("i", [0])  # occurrences (for states with substrings of length <= max_depth)
+        self.lastpos = array("i", [-1])  # store index of the latest occurrence's last token
+        self.best = array("i", [_NONE])  # most frequent child state (ties: most recent)
+        self.token = array("i", [-1])  # the token on every transition into the state
+        self.first_edge = array("i", [-1])  # head of the state's list of outgoing tokens
+        self.edge_token = array("i")
+        self.edge_next = array("i")
+        self.next: dict[int, int] = {}  # (state << 20 | token) -> state
+        # Tokens of all sequences, separated by _SEP; positions index it.
+        self.store: array | list = array("i") if compact else []
+        self.last = 0  # state of the current sequence (for append)
+        self.anchor = 0  # state of the current sequence's suffix of length anchor_len
+        self.anchor_len = 0
+        self.stale = False  # some best pointers are stale (after an eviction)
+
+    # -- size ----------------------------------------------------------------------------------
+    @property
+    def states(self) -> int:
+        return len(self.length)
+
+    def nbytes(self) -> int:
+        """Approximate memory of the index in bytes (arrays, dict table, dict keys and values)."""
+        columns = (
+            self.length,
+            self.link,
+            self.count,
+            self.lastpos,
+            self.best,
+            self.token,
+            self.first_edge,
+            self.edge_token,
+            self.edge_next,
+        )
+        size = sum(c.itemsize * c.buffer_info()[1] for c in columns)
+        size += sys.getsizeof(self.next) + 32 * len(self.next)  # table + one int key each
+        size += sys.getsizeof(self.store) if isinstance(self.store, list) else len(self.store) * 4
+        return size
+
+    # -- building ------------------------------------------------------------------------------
+    def start_sequence(self) -> int:
+        """Begin a new sequence; returns the store position of its first token."""
+        if len(self.store):
+            self.store.append(_SEP)
+        self.last = 0
+        self.anchor = 0
+        self.anchor_len = 0
+        return len(self.store)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` to the current sequence."""
+        append = self.append
+        for t in tokens:
+            append(t)
+
+    def _new_state(self, length: int, token: int) -> int:
+        self.length.append(length)
+        self.link.append(0)
+        self.count.append(0)
+        self.lastpos.append(-1)
+        self.best.append(_NONE)
+        self.token.append(token)
+        self.first_edge.append(-1)
+        return len(self.length) - 1
+
+    def _add_edge(self, state: int, token: int, target: int) -> None:
+        self.next[state << _SHIFT | token] = target
+        self.edge_token.append(token)
+        self.edge_next.append(self.first_edge[state])
+        self.first_edge[state] = len(self.edge_token) - 1
+
+    def _clone(self, q: int, length: int) -> int:
+        clone = self._new_state(length, self.token[q])
+        self.link[clone] = self.link[q]
+        self.count[clone] = self.count[q]
+        self.lastpos[clone] = self.lastpos[q]
+        self.best[clone] = self.best[q]
+        nxt = self.next
+        e = self.first_edge[q]
+        edge_token, edge_next = self.edge_token, self.edge_next
+        while e >= 0:
+            t = edge_token[e]
+            self._add_edge(clone, t, nxt[q << _SHIFT | t])
+            e = edge_next[e]
+        return clone
+
+    def _redirect(self, p: int, c: int, q: int, clone: int) -> None:
+        nxt, link, best = self.next, self.link, self.best
+        while p != -1:
+            key = p << _SHIFT | c
+            if nxt.get(key) != q:
+                break
+            nxt[key] = clone
+            if best[p] == q:
+                best[p] = clone
+            p = link[p]
+
+    def append(self, c: int) -> None:
+        """Append one token to the current sequence."""
+        if not 0 <= c < _MAX_TOKEN:
+            raise ValueError(f"token id {c} is outside [0, {_MAX_TOKEN})")
+        nxt, length, link = self.next, self.length, self.link
+        pos = len(self.store)
+        self.store.append(c)
+        # 1. Automaton extension (generalised: the transition may exist at a sequence start).
+        last = self.last
+        q = nxt.get(last << _SHIFT | c)
+        if q is not None:
+            if length[q] == length[last] + 1:
+                self.last = q
+            else:
+                clone = self._clone(q, length[last] + 1)
+                self._redirect(last, c, q, clone)
+                link[q] = clone
+                self.last = clone
+        else:
+            cur = self._new_state(length[last] + 1, c)
+            p = last
+            while p != -1 and (p << _SHIFT | c) not in nxt:
+                self._add_edge(p, c, cur)
+                p = link[p]
+            if p != -1:
+                q = nxt[p << _SHIFT | c]
+                if length[p] + 1 == length[q]:
+                    link[cur] = q
+                else:
+                    clone = self._clone(q, length[p] + 1)
+                    self._redirect(p, c, q, clone)
+                    link[q] = clone
+                    link[cur] = clone
+            self.last = cur
+        # 2. Counts: every substring of length <= max_depth ending here gains an occurrence.
+        # Walk the states of the previous suffixes of length < max_depth (parents) and move to
+        # their children by c (the new suffixes); update counts once per child state and the
+        # parents' most-frequent-child pointers.
+        a, alen = self.anchor, self.anchor_len
+        if alen >= self.max_depth:
+            alen = self.max_depth - 1
+        while a and length[link[a]] >= alen:
+            a = link[a]
+        count, lastpos, best = self.count, self.lastpos, self.best
+        p = a
+        prev = -1
+        while p != -1:
+            v = nxt[p << _SHIFT | c]
+            if v != prev:
+                count[v] += 1
+                lastpos[v] = pos
+                prev = v
+            b = best[p]
+            if b != v and (b == _NONE or (b >= 0 and count[v] >= count[b])):
+                best[p] = v
+            p = link[p]
+        self.anchor = nxt[a << _SHIFT | c]
+        self.anchor_len = alen + 1
+
+    def remove(self, start: int, end: int) -> None:
+        """Remove the occurrences of the sequence stored at positions [start, end)."""
+        nxt, length, link = self.next, self.length, self.link
+        count, best, store = self.count, self.best, self.store
+        depth = self.max_depth
+        a, alen = 0, 0
+        for i in range(start, end):
+            c = store[i]
+            if alen >= depth:
+                alen = depth - 1
+            while a and length[link[a]] >= alen:
+                a = link[a]
+            p = a
+            prev = -1
+            while p != -1:
+                v = nxt[p << _SHIFT | c]
+                if v != prev:
+                    count[v] -= 1
+                    prev = v
+                if best[p] == v:
+                    best[p] = _STALE
+                p = link[p]
+            a = nxt[a << _SHIFT | c]
+            alen += 1
+        self.stale = True
+
+    def _refresh_best(self, u: int) -> int:
+        """Recompute the most frequent live child of ``u`` (ties: the most recent)."""
+        nxt, count, lastpos = self.next, self.count, self.lastpos
+        best, best_key = _NONE, (0, -1)
+        e = self.first_edge[u]
+        while e >= 0:
+            v = nxt[u << _SHIFT | self.edge_token[e]]
+            key = (count[v], lastpos[v])
+            if count[v] > 0 and key > best_key:
+                best, best_key = v, key
+            e = self.edge_next[e]
+        self.best[u] = best
+        return best
+
+    # -- matching ------------------------------------------------------------------------------
+    def match(self, tokens: Sequence[int], state: int = 0, matched: int = 0) -> tuple[int, int]:
+        """Follow ``tokens`` from (state, matched): returns the state and length of the longest
+        live suffix (length <= max_depth) of everything followed so far."""
+        nxt, length, link, count = self.next, self.length, self.link, self.count
+        depth = self.max_depth
+        for c in tokens:
+            if matched >= depth:
+                matched = depth - 1
+                while state and length[link[state]] >= matched:
+                    state = link[state]
+            while True:
+                v = nxt.get(state << _SHIFT | c)
+                if v is not None and count[v] > 0:
+                    state, matched = v, matched + 1
+                    break
+                if state == 0:
+                    matched = 0
+                    break
+                state = link[state]
+                matched = length[state]
+        return state, matched
+
+    # -- drafting ------------------------------------------------------------------------------
+    def speculate(
+        self, state: int, matched: int, limits: DraftLimits, min_token_prob: float, beat: float
+    ) -> tuple[float, list[int], int]:
+        """Best draft continuing the suffixes of length <= ``matched`` held by ``state`` and its
+        suffix chain. Returns (score, tokens, match length); only a score above ``beat`` counts."""
+        length, link = self.length, self.link
+        limit, mstar, reach = limits.limit, limits.mstar, limits.reach
+        hi = min(matched, limits.max_match)
+        best_score, best_tokens, best_m = beat, [], 0
+        u = state
+        while u > 0:
+            lo = length[link[u]] + 1
+            if hi >= lo:
+                if reach[hi] <= best_score:
+                    break
+                m = mstar if lo <= mstar <= hi else (hi if hi < mstar else lo)
+                if limit[m] > best_score:
+                    score, tokens = self._path(u, limit[m], min_token_prob)
+                    if score > best_score:
+                        best_score, best_tokens, best_m = score, tokens, m
+            u = link[u]
+            hi = min(length[u], hi)
+        return best_score, best_tokens, best_m
+
+    def _path(self, u: int, budget: int, min_token_prob: float) -> tuple[float, list[int]]:
+        """Follow the most frequent children from ``u`` for up to ``budget`` tokens."""
+        count, best, token = self.count, self.best, self.token
+        tokens: list[int] = []
+        prob, score = 1.0, 0.0
+        while len(tokens) < budget:
+            cu = count[u]
+            if cu == 1:
+                # A single occurrence: its continuation in the store, at the same probability.
+                start = self.lastpos[u] + 1
+                tail = self.store[start : start + budget - len(tokens)]
+                if _SEP in tail:
+                    tail = tail[: tail.index(_SEP)]
+                tokens.extend(tail)
+                for _ in tail:  # summed one by one, as a walk would
+                    score += prob
+                break
+            v = best[u]
+            if v < 0:
+                if v == _NONE:
+                    break
+                v = self._refresh_best(u)
+                if v < 0:
+                    break
+            prob *= count[v] / cu
+            if prob < min_token_prob:
+                break
+            tokens.append(token[v])
+            score += prob
+            u = v
+        return score, tokens
+
+
+class DraftLimits:
+    """Per-match-length draft budgets for one (max_spec_tokens, factor, offset, depth)."""
+
+    def __init__(self, max_spec_tokens: int, factor: float, offset: float, depth: int):
+        self.max_match = depth - 1
+        # limit[m]: tokens a match of length m may draft (the path ends at depth ``depth``).
+        self.limit = [0] + [
+            max(0, min(max_spec_tokens, int(m * factor + offset + 1e-6), depth - m)) for m in range(1, depth)
+        ]
+        # mstar: the longest match with the largest limit; limit rises up to it and falls after.
+        self.mstar = max(range(1, depth), key=lambda m: (self.limit[m], m))
+        # reach[h]: the largest limit of any match length <= h.
+        self.reach = [0] * depth
+        for m in range(1, depth):
+            self.reach[m] = max(self.reach[m - 1], self.limit[m])

@@ -1,0 +1,412 @@
+"""Calibration: per width, the cheapest exact level on this device.
+
+Which split is needed depends on dtype, width and device, so ``calibrate`` tests the levels
+against serial steps on the device and keeps, per width, the cheapest that is bit-identical;
+``calibrated_plans(model)`` (what ``exact_mode(model)`` uses) looks the table up, calibrating a
+width the first time it is asked for, and the table is stored under ``$SPECBENCH_HOME/exact``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models import switch_layers
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from specbench.common.files import home, write_json_atomic
+from specbench.common.identity import device_name, model_key, versions
+from specbench.core.forward import context_length, vocab_size
+from specbench.exact.hooks import split_mode
+from specbench.exact.layout import cudnn_attention, layout_sensitive_attention, serial_extent, with_extent
+from specbench.exact.plan import ExactPlan
+
+
+@dataclass
+class WidthCalibration:
+    """What was tested at one width: each level's exactness (and seconds), and the pick."""
+
+    width: int
+    level: str
+    tests: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Calibration:
+    """The cheapest exact level per width for one model shape on one device and MLX version."""
+
+    key: str
+    device: str
+    versions: dict[str, str]
+    widths: dict[int, WidthCalibration] = field(default_factory=dict)
+
+    def level_for(self, width: int) -> str:
+        """The chosen level at ``width`` ("none" at width 1; KeyError if not calibrated)."""
+        if width <= 1:
+            return "none"
+        return self.widths[width].level
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat record per (width, tested level): for tables and CSV."""
+        return [{"width": w, "chosen": c.level, **test} for w, c in sorted(self.widths.items()) for test in c.tests]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "device": self.device,
+            "versions": self.versions,
+            "widths": {str(w): {"level": c.level, "tests": c.tests} for w, c in sorted(self.widths.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Calibration:
+        widths = {
+            int(w): WidthCalibration(int(w), c["level"], list(c.get("tests", [])))
+            for w, c in data.get("widths", {}).items()
+        }
+        return cls(data["key"], data["device"], dict(data.get("versions", {})), widths)
+
+
+#: Bumped when calibration tests more conditions, so that stored tables from before are not reused.
+CALIBRATION_METHOD = 3
+#: Calibrations of this process, by key.
+_calibrations: dict[str, Calibration] = {}
+_keys: dict[int, tuple[weakref.ref, str]] = {}
+
+
+def calibration_key(model: nn.Module) -> str:
+    """Model shape (every parameter's name, shape and dtype), device and MLX / mlx-lm versions."""
+    memo = _keys.get(id(model))
+    if memo is not None and memo[0]() is model:
+        return memo[1]
+    vers, shape = versions(), model_key(model)
+    attention = "|cudnn attention" if cudnn_attention() else ""
+    text = f"{shape}|{device_name()}{attention}|mlx {vers['mlx']}|mlx_lm {vers['mlx_lm']}|method {CALIBRATION_METHOD}"
+    key = f"{shape}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+    _keys[id(model)] = (weakref.ref(model), key)
+    return key
+
+
+def calibration_dir() -> Path:
+    return home() / "exact"
+
+
+def _calibration_path(key: str) -> Path:
+    return calibration_dir() / f"{key}.json"
+
+
+def _read(path: Path) -> Calibration | None:
+    """The calibration stored at ``path`` (None when there is none or it cannot be read)."""
+    if not path.exists():
+        return None
+    try:
+        return Calibration.from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def load_calibration(model: nn.Module) -> Calibration | None:
+    """The calibration of ``model`` on this device, from memory or disk (None when there is none)."""
+    key = calibration_key(model)
+    if key in _calibrations:
+        return _calibrations[key]
+    calibration = _read(_calibration_path(key))
+    if calibration is not None:
+        _calibrations[key] = calibration
+    return calibration
+
+
+def _save(calibration: Calibration) -> None:
+    """Write ``calibration`` atomically, keeping widths another process stored meanwhile."""
+    path = _calibration_path(calibration.key)
+    stored = _read(path)
+    if stored is not None:
+        for width, found in stored.widths.items():
+            calibration.widths.setdefault(width, found)
+    write_json_atomic(path, calibration.to_json())
+
+
+def calibrated_plans(model: nn.Module) -> Callable[[int], ExactPlan]:
+    """The plan per width from ``model``'s calibration, calibrating a width on its first use."""
+    ref = weakref.ref(model)
+    plans: dict[int, ExactPlan] = {}
+
+    def resolve(width: int) -> ExactPlan:
+        plan = plans.get(width)
+        if plan is None:
+            m = ref()
+            if m is None:
+                raise ValueError("the model of this exact_mode was freed")
+            calibration = load_calibration(m)
+            if calibration is None or width not in calibration.widths:
+                calibration = calibrate(m, [width])
+            plan = plans[width] = ExactPlan.parse(calibration.level_for(width))
+        return plan
+
+    return resolve
+
+
+# -- calibrating -----------------------------------------------------------------------------
+
+
+def calibrate(
+    model: nn.Module,
+    widths: int | Sequence[int] = 16,
+    offset: int = 32,
+    measure: bool = True,
+    repeats: int = 3,
+    seed: int = 0,
+    save: bool = True,
+    force: bool = False,
+    progress: Callable[[str], None] | None = None,
+    boundary: bool = True,
+) -> Calibration:
+    """Find, per width, the cheapest level whose forward is bit-identical to serial steps.
+
+    For each width w (an int W means 2..W) a cache holding ``offset`` random tokens is extended
+    by w random tokens, once with w single-token steps (the reference) and once per tested
+    level (logits compared bit for bit). With ``boundary`` the same is checked at a cache whose
+    verification crosses the first KV buffer step (256 keys), laid out as a speculative
+    verification leaves it, on a GPU (the CPU's attention reads exactly the keys it attends);
+    a level counts as exact only if it is exact on both. Levels are tested per op family:
+    "none" first; then, with the other families split row by row, each family's cheaper schemes
+    (attention batched; linear batched, vector, in chunks; experts batched, unsorted). The
+    cheapest exact scheme of each family (by median seconds of ``repeats`` forwards when
+    ``measure``, else the first exact one in that order) are combined and the combination
+    checked; "serial" (exact by construction) is the fallback and is also timed. Results are
+    merged into the model's stored calibration (memory, and disk unless ``save`` is False);
+    widths it already holds are kept unless ``force``.
+    """
+    ws = list(range(2, widths + 1)) if isinstance(widths, int) else sorted({int(w) for w in widths})
+    if not ws or ws[0] < 1:
+        raise ValueError(f"widths must be an int W >= 2 (for 2..W) or widths >= 1, got {widths!r}")
+    if offset < 1:
+        raise ValueError(f"offset must be >= 1, got {offset}")
+    key = calibration_key(model)
+    calibration = load_calibration(model) or Calibration(key, device_name(), versions())
+    ws = [w for w in ws if w > 1 and (force or w not in calibration.widths)]
+    if not ws:
+        return calibration
+    moe = _has_experts(model)
+    rng = np.random.default_rng(seed)
+    with split_mode(model, "none"):  # plain forwards, even inside an open exact mode
+        probes = [_Probe(model, offset, max(ws), rng)]
+        # The CPU's kernels read exactly the keys they attend; a GPU's may not (cuDNN's do not).
+        on_gpu = mx.default_device().type == mx.DeviceType.gpu
+        crossing = _boundary_offset(model, max(ws)) if boundary and (on_gpu or layout_sensitive_attention()) else None
+        if crossing is not None:
+            # The layout a verification that crossed the step two tokens earlier leaves.
+            probes.append(_Probe(model, crossing, max(ws), rng, extent=crossing - 2 + KVCache.step))
+    probe = _Probes(probes)
+    for w in ws:
+        calibration.widths[w] = _calibrate_width(probe, w, moe, measure, repeats)
+        if progress is not None:
+            progress(f"width {w}: {calibration.widths[w].level}")
+    _calibrations[key] = calibration
+    if save:
+        _save(calibration)
+    return calibration
+
+
+def _has_experts(model: nn.Module) -> bool:
+    return any(isinstance(m, (switch_layers.SwitchGLU, switch_layers.SwitchMLP)) for _, m in model.named_modules())
+
+
+def _candidates(width: int, moe: bool) -> list[list[str]]:
+    """Levels to test at ``width``, in groups: each group relaxes one op family of the full
+    split to cheaper schemes (the other families stay split row by row)."""
+    chunks = [c for c in (8, 4, 2) if c < width]
+    linear = ["attention+linear/vector", *[f"attention+linear/{c}" for c in chunks]]
+    experts = "+experts" if moe else ""
+    groups = [
+        ["none"],
+        [f"linear{experts}"],  # attention batched
+        [level + experts for level in ["attention", *linear]],  # linear relaxed
+    ]
+    if moe:
+        groups.append(["attention+linear", "attention+linear+experts/unsorted"])  # experts relaxed
+    groups.append([f"attention+linear{experts}"])  # the full split
+    return groups
+
+
+def _combine(picks: dict[str, str], moe: bool) -> str:
+    """Merge each family's cheapest exact scheme into one level."""
+    parts = []
+    if picks.get("attention", "split") == "split":
+        parts.append("attention")
+    if picks.get("linear") != "batched":
+        parts.append(picks.get("linear", "linear"))
+    if moe and picks.get("experts") != "batched":
+        parts.append(picks.get("experts", "experts"))
+    return ExactPlan.parse("+".join(parts) or "none").name
+
+
+def _family_scheme(level: str, family: str) -> str:
+    plan = ExactPlan.parse(level)
+    if family == "attention":
+        return "split" if plan.attention else "batched"
+    value = getattr(plan, family)
+    if value is None:
+        return "batched"
+    return family if value == 1 else f"{family}/{value}"
+
+
+def _calibrate_width(probe: _Probes, width: int, moe: bool, measure: bool, repeats: int) -> WidthCalibration:
+    tests: list[dict[str, Any]] = []
+
+    def test(level: str, timed: bool = True) -> bool:
+        level = ExactPlan.parse(level).name
+        exact, _ = probe.run(level, width)  # also the warm-up
+        seconds = probe.time(level, width, repeats) if exact and measure and timed else None
+        tests.append({"level": level, "exact": exact, "seconds": seconds})
+        return exact
+
+    if test("none", timed=False):  # the batched forward: nothing is cheaper
+        return WidthCalibration(width, "none", tests)
+    groups = _candidates(width, moe)
+    full = groups[-1][0]
+    families = ["attention", "linear"] + (["experts"] if moe else [])
+    picks: dict[str, str] = {}
+    for family, group in zip(families, groups[1:-1]):
+        best: tuple[float, str] | None = None
+        for order, level in enumerate(group):
+            if test(level):
+                cost = tests[-1]["seconds"] if measure else float(order)
+                if best is None or cost < best[0]:
+                    best = (cost, _family_scheme(level, family))
+                if not measure:
+                    break
+        if best is not None:
+            picks[family] = best[1]
+    options: list[tuple[float, str]] = []
+    for level in dict.fromkeys([_combine(picks, moe), ExactPlan.parse(full).name]):
+        tested = {t["level"]: t for t in tests}
+        if level in tested:
+            exact, seconds = tested[level]["exact"], tested[level]["seconds"]
+        else:
+            exact = test(level)
+            seconds = tests[-1]["seconds"]
+        if exact:
+            options.append((seconds or 0.0, level))
+            break
+    if measure or not options:
+        seconds = probe.time("serial", width, repeats) if measure else None
+        tests.append({"level": "serial", "exact": True, "seconds": seconds})
+        options.append((seconds if seconds is not None else float("inf"), "serial"))
+    level = min(options)[1] if measure else options[0][1]
+    return WidthCalibration(width, level, tests)
+
+
+# -- the probes ------------------------------------------------------------------------------
+
+
+class _Probe:
+    """A prefilled cache in a given KV layout, probe tokens and the serial reference logits.
+
+    The reference is w single-token steps from a cache laid out as serial decoding lays it out;
+    before each tested forward the cache gets the same contents back, with its KV buffers
+    ``extent`` rows long (None: the serial layout; else e.g. the ``offset + 256`` rows a
+    verification that crossed a buffer step leaves).
+    """
+
+    def __init__(self, model: nn.Module, offset: int, width: int, rng: np.random.Generator, extent: int | None = None):
+        self.model = model
+        self.offset = offset
+        self.extent = extent
+        self.cache = make_prompt_cache(model)
+        vocab = vocab_size(model)
+        prompt = mx.array(rng.integers(0, vocab, size=offset), dtype=mx.uint32)
+        model(prompt[None], cache=self.cache)
+        mx.eval([c.state for c in self.cache])
+        self.saved = self._save_state()
+        self.tokens = mx.array(rng.integers(0, vocab, size=width), dtype=mx.uint32)[None]
+        reference = []
+        for i in range(width):
+            out = model(self.tokens[:, i : i + 1], cache=self.cache)
+            mx.eval(out)
+            reference.append(np.array(out[0, 0].astype(mx.float32)))
+        self.reference = np.stack(reference)
+        self.restore(width)
+
+    def _save_state(self) -> list[Any]:
+        saved: list[Any] = []
+        for c in self.cache:
+            if type(c) is KVCache and c.keys is not None:
+                # Separate arrays: a cache update may write into its buffer in place.
+                kv = (mx.contiguous(c.keys[..., : c.offset, :]), mx.contiguous(c.values[..., : c.offset, :]))
+                mx.eval(kv)
+                saved.append(kv)
+            else:
+                saved.append(None if c.is_trimmable() else _copy_state(c.state))
+        return saved
+
+    def restore(self, n: int) -> None:
+        for c, saved in zip(self.cache, self.saved):
+            if isinstance(saved, tuple) and type(c) is KVCache:
+                extent = self.extent or serial_extent(self.offset, c.step)
+                c.keys = with_extent(saved[0], self.offset, extent)
+                c.values = with_extent(saved[1], self.offset, extent)
+                c.offset = self.offset
+            elif saved is None:
+                c.trim(n)
+            else:
+                c.state = _copy_state(saved)
+        mx.eval([c.state for c in self.cache])
+
+    def run(self, level: str, width: int) -> tuple[bool, float]:
+        """Whether ``level`` reproduces the serial logits at ``width``, and its seconds."""
+        with split_mode(self.model, level):
+            mx.synchronize()
+            t0 = time.perf_counter()
+            out = self.model(self.tokens[:, :width], cache=self.cache)
+            mx.eval(out)
+            seconds = time.perf_counter() - t0
+        self.restore(width)
+        got = np.array(out[0].astype(mx.float32))
+        return bool(np.array_equal(got, self.reference[:width])), seconds
+
+
+class _Probes:
+    """Calibration probes: the first (serial layout) is timed; a level is exact when it
+    reproduces the serial logits on all of them."""
+
+    def __init__(self, probes: list[_Probe]):
+        self.probes = probes
+
+    def run(self, level: str, width: int) -> tuple[bool, float]:
+        exact, seconds = self.probes[0].run(level, width)
+        for probe in self.probes[1:]:
+            exact = exact and probe.run(level, width)[0]
+        return exact, seconds
+
+    def time(self, level: str, width: int, repeats: int) -> float:
+        return statistics.median(self.probes[0].run(level, width)[1] for _ in range(repeats))
+
+
+def _boundary_offset(model: nn.Module, width: int) -> int | None:
+    """An offset whose verifications (of any width >= 2) cross the first KV buffer step: row 0
+    attends a full 256-row buffer, the later rows a longer one (None for models without a
+    plain ``KVCache`` or with a shorter context)."""
+    limit = context_length(model)
+    if limit is not None and KVCache.step - 1 + width > limit:
+        return None
+    if not any(type(c) is KVCache for c in make_prompt_cache(model)):
+        return None
+    return KVCache.step - 1
+
+
+def _copy_state(state: Any) -> Any:
+    """A copy of a cache's state containers (arrays are immutable; lists are updated in place)."""
+    if isinstance(state, (list, tuple)):
+        return type(state)(_copy_state(x) for x in state)
+    return state

@@ -1,0 +1,97 @@
+"""Exact levels: which layers a verify forward runs row by row, and how many rows per call.
+
+- ``attention``: row i runs as one query over the cache prefix it sees in serial decoding
+  (keys ``[:offset + i + 1]``, no mask), through ``mx.fast.scaled_dot_product_attention`` (or
+  mlx-lm's quantized-cache attention);
+- ``linear``: ``nn.Linear``, ``nn.QuantizedLinear``, ``nn.QQLinear`` and tied output
+  embeddings (``as_linear``) take 1 row per call (``linear/c``: c rows per call, exact where the
+  device's kernel for up to c rows is row-invariant; ``linear/vector``: one batched call of
+  w single-row products, for kernels that run each batch entry as a matrix-vector product);
+- ``experts``: MoE expert products (``SwitchGLU``, ``SwitchMLP``) take 1 token per call
+  (``experts/unsorted``: as many tokens per call as mlx-lm routes without sorting them, which
+  keeps its per-token gather kernels);
+- ``serial``: w single-token forwards (exact by construction, for models with other
+  row-dependent layers).
+
+Levels join parts with "+", e.g. ``"attention+linear/4+experts/unsorted"``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+#: Named levels, from no splitting to serial steps.
+LEVELS = ("none", "attention", "attention+linear", "all", "serial")
+_ALIASES = {"all": "attention+linear+experts", "": "none"}
+
+
+@dataclass(frozen=True)
+class ExactPlan:
+    """Which layers a verify forward runs row by row, and how many rows per call.
+
+    ``linear`` / ``experts``: None (one batched call), an int (rows per call; 1 = row by row),
+    or "vector" / "unsorted" (see the module docstring).
+    """
+
+    attention: bool = False
+    linear: int | str | None = None
+    experts: int | str | None = None
+    serial: bool = False
+
+    @classmethod
+    def parse(cls, level: str | ExactPlan) -> ExactPlan:
+        """Parse a level such as ``"attention+linear/4+experts/unsorted"``, ``"all"``, ``"serial"``."""
+        if isinstance(level, ExactPlan):
+            return level
+        if not isinstance(level, str):
+            raise ValueError(f"an exact level is a string such as 'attention+linear', got {level!r}")
+        return _parse_text(level)
+
+    @property
+    def name(self) -> str:
+        """The level's canonical text (``ExactPlan.parse(plan.name) == plan``)."""
+        if self.serial:
+            return "serial"
+        parts = ["attention"] if self.attention else []
+        for key in ("linear", "experts"):
+            value = getattr(self, key)
+            if value is not None:
+                parts.append(key if value == 1 else f"{key}/{value}")
+        return "+".join(parts) or "none"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_text(level: str) -> ExactPlan:
+    text = _ALIASES.get(level.strip(), level.strip())
+    if text == "none":
+        return ExactPlan()
+    if text == "serial":
+        return ExactPlan(attention=True, linear=1, experts=1, serial=True)
+    parts: dict[str, Any] = {}
+    for part in text.split("+"):
+        name, _, arg = part.partition("/")
+        if name == "attention" and not arg:
+            parts["attention"] = True
+        elif name in ("linear", "experts"):
+            special = "vector" if name == "linear" else "unsorted"
+            if not arg:
+                parts[name] = 1
+            elif arg == special:
+                parts[name] = special
+            elif arg.isdigit() and int(arg) >= 1:
+                parts[name] = int(arg)
+            else:
+                raise ValueError(
+                    f"bad rows per call {arg!r} in exact level {level!r}: use an integer >= 1 or {special!r}"
+                )
+        else:
+            raise ValueError(
+                f"unknown part {part!r} in exact level {level!r}: levels join 'attention', 'linear[/c|/vector]' "
+                f"and 'experts[/c|/unsorted]' with '+', or are one of {LEVELS}"
+            )
+    return ExactPlan(**parts)

@@ -1,0 +1,82 @@
+"""Exact verification: every row of a verify forward computed as serial decoding computes it.
+
+``exact_mode(model)`` runs forwards with the calibrated cheapest exact split per width;
+``ExactVerifier`` is the decode loop's verifier in exact mode, and ``verifier_for`` picks the
+verifier of a verify mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from specbench.core.forward import forward, greedy
+from specbench.core.options import VerifyMode, check_verify_mode
+from specbench.core.verify import FAST, Verifier
+from specbench.exact.calibration import calibrate, calibrated_plans
+from specbench.exact.hooks import split_mode
+from specbench.exact.layout import clear_rejected, layout_sensitive_attention, serial_kv_layout
+from specbench.exact.plan import ExactPlan
+
+
+def exact_mode(model: nn.Module, level: str | ExactPlan = "auto") -> contextlib.AbstractContextManager[None]:
+    """Inside, a forward of ``model`` of width w computes each row as serial decoding would.
+
+    ``level``: "auto" (the calibrated cheapest exact level per width, see ``calibrate``), or a
+    fixed level for every width: "none", "attention", "attention+linear", "all", "serial", or a
+    combination such as "attention+linear/4+experts/unsorted" (see ``ExactPlan.parse``).
+    Entering is cheap (a few attribute swaps): enter it around each verification.
+    """
+    return split_mode(model, calibrated_plans(model) if level == "auto" else level)
+
+
+class ExactVerifier(Verifier):
+    """Exact verification of one model: each verification runs inside ``exact_mode(model, level)``,
+    and each row's greedy choice is made on its own, as a serial step makes it.
+
+    ``widths`` calibrates those widths up front (so no verification pays for it later). Where
+    attention depends on the KV buffer's layout (``layout_sensitive_attention``, checked once
+    here), plain steps get serial decoding's buffer and rejected rows are zeroed after a rewind.
+    """
+
+    mode: VerifyMode = "exact"
+
+    def __init__(self, model: nn.Module, level: str | ExactPlan = "auto", widths: Sequence[int] = ()):
+        self.model = model
+        self.level = level if level == "auto" else ExactPlan.parse(level)
+        self.clears_rejected = layout_sensitive_attention()
+        if level == "auto" and widths:
+            calibrate(model, widths)
+
+    def level_for(self, width: int) -> str:
+        """The level a verification of ``width`` tokens runs at."""
+        if self.level != "auto":
+            return self.level.name
+        return calibrated_plans(self.model)(width).name
+
+    def forward(
+        self, model: nn.Module, inputs: mx.array, cache: list[Any], return_hidden: bool = False
+    ) -> mx.array | tuple[mx.array, mx.array]:
+        with exact_mode(model, self.level):
+            return forward(model, inputs, cache, return_hidden)
+
+    def greedy(self, logits: mx.array) -> list[int]:
+        return mx.concatenate([greedy(logits[i : i + 1]) for i in range(logits.shape[0])]).tolist()
+
+    def before_plain_step(self, cache: list[Any]) -> None:
+        serial_kv_layout(cache, 1)
+
+    def after_rewind(self, cache: list[Any], rejected: int) -> None:
+        if self.clears_rejected:
+            clear_rejected(cache, rejected)
+
+
+def verifier_for(model: nn.Module, mode: str) -> Verifier:
+    """The verifier of verify mode ``mode`` ("fast" or "exact") for ``model``."""
+    if check_verify_mode(mode) == "exact":
+        return ExactVerifier(model)
+    return FAST

@@ -1,0 +1,111 @@
+"""Timed generations: one prefill of a prompt's prefix shared by its generations, decode time by
+the clock (first token to last), and a prompt decoded plainly and speculatively side by side."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from specbench.core.engine import generate
+from specbench.core.forward import forward
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy
+from specbench.decoding import speculative_generate
+
+
+def prefix_cache(model: Any, prompt_ids: Sequence[int], step: int = 2048) -> list[Any] | None:
+    """A prompt cache holding all but the last token of ``prompt_ids`` (None for a 1-token
+    prompt): generations of that prompt start from a copy (``cache_copy``) instead of a prefill."""
+    if len(prompt_ids) < 2:
+        return None
+    cache = make_prompt_cache(model)
+    prefix = mx.array(list(prompt_ids[:-1]), dtype=mx.uint32)[None]
+    for start in range(0, prefix.shape[1], step):
+        forward(model, prefix[:, start : start + step], cache)
+        mx.eval([c.state for c in cache])
+    return cache
+
+
+def cache_copy(cache: list[Any] | None, drafter: Any = None) -> list[Any] | None:
+    """A copy of a prefix cache for one generation (None where the drafter needs the prompt's
+    hidden states, which only a full prefill yields)."""
+    if cache is None or (drafter is not None and getattr(drafter, "needs_hidden", False)):
+        return None
+    return copy.deepcopy(cache)
+
+
+def timed(generation: Any) -> tuple[list[int], float]:
+    """Run a Generation to the end: (its tokens, wall seconds from the first token to the last).
+
+    The first token comes from the prompt pass, so the seconds cover decoding alone, measured
+    by the clock rather than summed from the step log (some work between steps is in no step).
+    """
+    tokens: list[int] = []
+    first = end = 0.0
+    for token in generation:
+        end = time.perf_counter()
+        if not tokens:
+            first = end
+        tokens.append(token)
+    return tokens, end - first
+
+
+def clock_stats(generation: Any, seconds: float) -> dict[str, Any]:
+    """``generation.stats()`` with ``decode_s`` and ``decode_tokens_per_s`` from ``timed``'s clock."""
+    decode = len(generation.tokens) - 1
+    return {**generation.stats(), "decode_s": seconds, "decode_tokens_per_s": decode / seconds if seconds > 0 else 0.0}
+
+
+@dataclass
+class SideBySide:
+    """One prompt decoded plainly, then speculatively: both generations and their decode times."""
+
+    plain: Any
+    speculative: Any
+    plain_s: float
+    speculative_s: float
+
+    @property
+    def plain_tokens_per_s(self) -> float:
+        return (len(self.plain.tokens) - 1) / self.plain_s if self.plain_s > 0 else float("nan")
+
+    @property
+    def speculative_tokens_per_s(self) -> float:
+        return (len(self.speculative.tokens) - 1) / self.speculative_s if self.speculative_s > 0 else float("nan")
+
+    @property
+    def speedup(self) -> float:
+        return self.speculative_tokens_per_s / self.plain_tokens_per_s
+
+    def stats(self) -> dict[str, Any]:
+        """The speculative generation's stats, with decode time and speed by the clock."""
+        return clock_stats(self.speculative, self.speculative_s)
+
+    @property
+    def equal(self) -> bool | None:
+        """Outputs equal token for token (None when sampling: not expected)."""
+        if self.plain.options.temperature != 0:
+            return None
+        return list(self.plain.tokens) == list(self.speculative.tokens)
+
+
+def side_by_side(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    options: GenerateOptions,
+    drafter: Any,
+    policy: DraftPolicy,
+) -> SideBySide:
+    """Decode ``prompt_ids`` plainly and then speculatively (same options), timing both."""
+    plain = generate(model, prompt_ids, options, tokenizer=tokenizer)
+    _, plain_s = timed(plain)
+    spec = speculative_generate(model, prompt_ids, options, drafter, policy, tokenizer=tokenizer)
+    _, spec_s = timed(spec)
+    return SideBySide(plain, spec, plain_s, spec_s)

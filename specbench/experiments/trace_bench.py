@@ -1,0 +1,411 @@
+"""Trace benchmark: conversations replayed turn by turn, plain decoding against each drafter.
+
+``bench_trace`` replays a trace (``specbench.experiments.traces``) turn by turn. The model writes
+every reply (greedy): plain decoding and each drafter on the same prompt, in an order that rotates
+from turn to turn; the next turn's prompt holds plain decoding's reply (which every drafter must
+reproduce token for token; checked on every turn).
+Drafter objects live across turns (SuffixDecoding keeps its store; pass the same objects to several
+calls to keep it across traces). Results: one row per (turn, method) with per-turn and cumulative
+drafted, accepted, tokens per verification, decode tokens/s and the ratio to plain decoding in the
+same run; per-step logs; plain decoding's outputs, which ``specbench.experiments.simulate`` replays
+offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from string import Formatter
+from typing import Any
+
+import polars as pl
+
+from specbench.common.files import write_parquet_atomic, write_text_atomic
+from specbench.common.per_key import per_key
+from specbench.core.draft import Drafter
+from specbench.core.engine import Generation, generate
+from specbench.core.log import StepLog
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy, as_policy
+from specbench.decoding import speculative_generate
+from specbench.drafters import make_drafter
+from specbench.experiments.importers import load_traces
+from specbench.experiments.simulate import Recorded, load_recorded, save_recorded
+from specbench.experiments.sweep import rate
+from specbench.experiments.traces import Trace, render_turn
+
+PLAIN = "plain"
+TRACE_SUMMARY_FILE = "trace_bench_summary.parquet"
+TRACE_TABLE_FILE = "trace_bench.txt"
+TRACE_CONFIG_FILE = "trace_bench_config.json"
+
+
+@dataclass
+class TraceBench:
+    """What ``bench_trace`` measured: ``turns`` (one row per turn and method), ``summary`` (one row
+    per method), ``steps`` (every step's record, with trace/turn/method columns) and ``recorded``
+    (plain decoding's output per turn, for ``specbench.experiments.simulate``)."""
+
+    trace: str
+    turns: pl.DataFrame
+    summary: pl.DataFrame
+    steps: StepLog
+    recorded: list[Recorded]
+
+    @property
+    def identical(self) -> bool:
+        """Every drafter reproduced plain decoding's output on every turn."""
+        return bool(self.turns["identical"].all())
+
+    def table(self) -> str:
+        return format_summary(self.summary)
+
+
+def _reply_text(tokenizer: Any, tokens: Sequence[int], stop_ids: set[int]) -> str:
+    """The reply as text, without its trailing stop tokens."""
+    tokens = list(tokens)
+    while tokens and tokens[-1] in stop_ids:
+        tokens.pop()
+    return tokenizer.decode(tokens)
+
+
+def _run(
+    model: Any,
+    prompt: list[int],
+    options: GenerateOptions,
+    drafter: Drafter | None,
+    policy: DraftPolicy | None,
+    tokenizer: Any,
+) -> Generation:
+    gen = (
+        generate(model, prompt, options, tokenizer=tokenizer)
+        if drafter is None
+        else speculative_generate(model, prompt, options, drafter, policy, tokenizer=tokenizer)
+    )
+    for _ in gen:
+        pass
+    return gen
+
+
+def _row(trace_id: str, turn: int, method: str, gen: Generation, plain: Generation) -> dict[str, Any]:
+    stats = gen.stats()
+    plain_stats = plain.stats()
+    decode_tokens = stats["tokens"] - 1  # the first token comes from the prompt pass
+    return {
+        "trace": trace_id,
+        "turn": turn,
+        "method": method,
+        "prompt_tokens": stats["prompt_tokens"],
+        "tokens": stats["tokens"],
+        "finish_reason": stats["finish_reason"],
+        "steps": stats["steps"],
+        "verifies": stats["verifies"],
+        "drafted": stats["drafted"],
+        "accepted": stats["accepted"],
+        "tokens_per_verify": stats["tokens_per_verify"],
+        "mean_accepted_tokens": stats["mean_accepted_tokens"],
+        "decode_tokens": decode_tokens,
+        "decode_s": stats["decode_s"],
+        "prefill_s": stats["prefill_s"],
+        "tokens_per_s": stats["decode_tokens_per_s"],
+        "speedup": plain_stats["decode_s"] / stats["decode_s"] if stats["decode_s"] > 0 else 0.0,
+        "identical": list(gen.tokens) == list(plain.tokens),
+    }
+
+
+def _with_cumulative(turns: pl.DataFrame) -> pl.DataFrame:
+    """Add running totals per method and their rates."""
+
+    def cum(name: str) -> pl.Expr:
+        return pl.col(name).cum_sum().over("method", order_by=pl.col("turn"))
+
+    frame = turns.with_columns(
+        cum("drafted").alias("cum_drafted"),
+        cum("accepted").alias("cum_accepted"),
+        cum("verifies").alias("cum_verifies"),
+        cum("decode_tokens").alias("cum_decode_tokens"),
+        cum("decode_s").alias("cum_decode_s"),
+    )
+    frame = frame.with_columns(
+        rate(pl.col("cum_accepted") + pl.col("cum_verifies"), "cum_verifies", 0.0).alias("cum_tokens_per_verify"),
+        (pl.col("cum_decode_tokens") / pl.col("cum_decode_s")).alias("cum_tokens_per_s"),
+    )
+    return _with_speedup(frame, "turn", "cum_decode_s", "cum_speedup")
+
+
+def _with_speedup(frame: pl.DataFrame, on: str, seconds: str, name: str) -> pl.DataFrame:
+    """Add column ``name``: plain decoding's ``seconds`` over each row's, plain's row matched on ``on``."""
+    plain = frame.filter(pl.col("method") == PLAIN).select(on, pl.col(seconds).alias("_plain_s"))
+    return (
+        frame.join(plain, on=on, how="left")
+        .with_columns((pl.col("_plain_s") / pl.col(seconds)).alias(name))
+        .drop("_plain_s")
+    )
+
+
+def summarize_trace_bench(turns: pl.DataFrame) -> pl.DataFrame:
+    """One row per (trace, method) of a trace benchmark's turns: totals over the turns and the rates
+    derived from them."""
+    frame = turns.group_by("trace", "method", maintain_order=True).agg(
+        pl.len().alias("turns"),
+        pl.col("prompt_tokens").mean().round(0).cast(pl.Int64).alias("mean_prompt_tokens"),
+        pl.col("tokens", "drafted", "accepted", "verifies", "steps", "decode_tokens", "decode_s").sum(),
+        pl.col("identical").all(),
+    )
+    frame = frame.with_columns(
+        rate(pl.col("accepted") + pl.col("verifies"), "verifies", 0.0).alias("tokens_per_verify"),
+        rate(pl.col("accepted"), "drafted", 0.0).alias("acceptance_rate"),
+        (pl.col("decode_tokens") / pl.col("steps")).alias("mean_accepted_tokens"),
+        (pl.col("decode_tokens") / pl.col("decode_s")).alias("tokens_per_s"),
+    )
+    return _with_speedup(frame, "trace", "decode_s", "speedup")
+
+
+def _text_table(frame: pl.DataFrame, titles: str, row: str) -> str:
+    """``frame`` as fixed-width text: one line per row formatted by ``row`` (``str.format`` fields such as
+    ``{tokens:7d}``) under a header of ``titles`` (comma-separated, one per field), each as wide as its
+    field and aligned like its values (text left, numbers and ``>`` fields right)."""
+    header = []
+    names = iter(titles.split(", "))
+    for literal, field, spec, _ in Formatter().parse(row):
+        header.append(literal)
+        if field is not None:
+            align, width = re.match(r"([<>]?)(\d+)", spec).groups()
+            header.append(format(next(names), f"{align or ('<' if spec.endswith('s') else '>')}{width}s"))
+    return "\n".join(["".join(header), *(row.format(**r) for r in frame.iter_rows(named=True))])
+
+
+def format_summary(summary: pl.DataFrame) -> str:
+    """A compact text table of ``summarize_trace_bench``'s rows."""
+    return _text_table(
+        summary,
+        "trace, method, turns, tokens, drafted, accepted, tok/verify, MAT, tok/s, speedup, identical",
+        "{trace:18.18s} {method:8.8s} {turns:5d} {tokens:7d} {drafted:8d} {accepted:8d} {tokens_per_verify:10.2f} "
+        "{mean_accepted_tokens:5.2f} {tokens_per_s:8.1f} {speedup:7.2f} {identical!s:>9s}",
+    )
+
+
+def format_turns(turns: pl.DataFrame) -> str:
+    """Per-turn lines: tokens, accepted per verification and speedup, per turn and cumulatively."""
+    return _text_table(
+        turns,
+        "trace, turn, method, prompt, tokens, drafted, accepted, tok/verify, tok/s, speedup, cum speedup, same",
+        "{trace:18.18s} {turn:4d} {method:8.8s} {prompt_tokens:6d} {tokens:6d} {drafted:7d} {accepted:8d} "
+        "{tokens_per_verify:10.2f} {tokens_per_s:8.1f} {speedup:7.2f} {cum_speedup:11.2f} {identical!s:>5s}",
+    )
+
+
+def bench_trace(
+    model: Any,
+    tokenizer: Any,
+    trace: Trace,
+    drafters: Mapping[str, Drafter],
+    policy: DraftPolicy | Mapping[str, DraftPolicy] | None = None,
+    max_tokens: int = 128,
+    options: GenerateOptions | None = None,
+    turns: int | None = None,
+    out_dir: str | os.PathLike | None = None,
+    progress: bool = False,
+) -> TraceBench:
+    """Replay ``trace``: plain decoding and every drafter on each turn, in one run.
+
+    ``drafters`` maps a method name to a drafter (reused across turns; names must not be "plain");
+    ``policy`` is one policy for all (default ``DraftPolicy.auto()``), or a mapping from method name
+    to policy. ``options`` (greedy) sets stops and verify mode; ``max_tokens`` caps each reply when
+    ``options`` is not given. ``turns`` limits the replay to the first turns. With ``out_dir``, writes
+    ``<trace>.turns.parquet``, ``<trace>.steps.parquet`` and ``<trace>.plain.parquet`` (the
+    recorded plain outputs) there.
+    """
+    if PLAIN in drafters:
+        raise ValueError(f"{PLAIN!r} is the baseline every run includes; do not name a drafter so")
+    if any(d is None for d in drafters.values()):
+        raise ValueError("drafters must be Drafter objects (plain decoding is always included)")
+    options = options or GenerateOptions(max_tokens=max_tokens)
+    if options.temperature != 0:
+        raise ValueError("the trace benchmark compares greedy outputs: use temperature=0")
+    policy = DraftPolicy.auto() if policy is None else policy
+    policies = per_key(policy, drafters, as_policy, "no policy given for methods {}")
+    n_turns = len(trace.turns) if turns is None else min(turns, len(trace.turns))
+    if n_turns < 1:
+        raise ValueError(f"trace {trace.id!r} has no turns to replay")
+    tokenizer_eos = getattr(tokenizer, "eos_token_ids", None) or []
+    stop_ids = set(options.stop_token_ids) | set(options.eos_token_ids) | set(tokenizer_eos)
+
+    rows: list[dict[str, Any]] = []
+    steps = StepLog()
+    recorded: list[Recorded] = []
+    replies: list[str] = []
+    for turn in range(n_turns):
+        prompt = render_turn(tokenizer, trace, turn, replies)
+        start = time.perf_counter()
+        # The order of methods rotates from turn to turn, so drift in the machine's speed spreads evenly.
+        methods = [PLAIN, *drafters]
+        order = methods[turn % len(methods) :] + methods[: turn % len(methods)]
+        done = {name: _run(model, prompt, options, drafters.get(name), policies.get(name), tokenizer) for name in order}
+        plain = done[PLAIN]
+        runs = [(name, done[name]) for name in methods]
+        for name, gen in runs:
+            rows.append(_row(trace.id, turn, name, gen, plain))
+            for record in gen.log.records:
+                steps.append({**record, "trace": trace.id, "turn": turn, "method": name})
+        recorded.append(Recorded(list(prompt), list(plain.tokens), plain.finish_reason(), f"{trace.id}/{turn}"))
+        replies.append(_reply_text(tokenizer, plain.tokens, stop_ids))
+        if progress:
+            same = all(r["identical"] for r in rows[-len(runs) :])
+            rates = ", ".join(f"{r['method']} {r['tokens_per_s']:.1f} tok/s" for r in rows[-len(runs) :])
+            print(
+                f"  {trace.id} turn {turn}: prompt {len(prompt)}, {len(plain.tokens)} tokens; {rates}; "
+                f"identical={same} ({time.perf_counter() - start:.1f} s)",
+                flush=True,
+            )
+
+    frame = _with_cumulative(pl.DataFrame(rows))
+    result = TraceBench(trace.id, frame, summarize_trace_bench(frame), steps, recorded)
+    if out_dir is not None:
+        save_trace_bench(result, out_dir)
+    return result
+
+
+def _file_stem(trace_id: str) -> str:
+    return trace_id.replace("/", "_")
+
+
+def save_trace_bench(result: TraceBench, out_dir: str | os.PathLike) -> list[Path]:
+    """Write a trace benchmark's tables (atomically) into ``out_dir``; returns the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name = _file_stem(result.trace)
+    paths = [out / f"{name}.turns.parquet", out / f"{name}.steps.parquet", out / f"{name}.plain.parquet"]
+    write_parquet_atomic(result.turns, paths[0])
+    result.steps.save(paths[1])
+    save_recorded(result.recorded, paths[2])
+    return paths
+
+
+def _load_trace_bench(trace_id: str, out_dir: Path) -> TraceBench:
+    name = _file_stem(trace_id)
+    turns = pl.read_parquet(out_dir / f"{name}.turns.parquet")
+    steps = StepLog.load(out_dir / f"{name}.steps.parquet")
+    recorded = load_recorded(out_dir / f"{name}.plain.parquet")
+    return TraceBench(trace_id, turns, summarize_trace_bench(turns), steps, recorded)
+
+
+@dataclass
+class TraceRun:
+    """``run_trace``'s results: one ``TraceBench`` per trace."""
+
+    results: list[TraceBench]
+
+    @property
+    def turns(self) -> pl.DataFrame:
+        return pl.concat([r.turns for r in self.results], how="diagonal_relaxed")
+
+    @property
+    def summary(self) -> pl.DataFrame:
+        return pl.concat([r.summary for r in self.results], how="diagonal_relaxed")
+
+    @property
+    def identical(self) -> bool:
+        return all(r.identical for r in self.results)
+
+    def table(self) -> str:
+        return format_summary(self.summary)
+
+
+def trace_methods(
+    drafters: Sequence[str], policies: Sequence[DraftPolicy], model: Any = None, model_name: str | None = None
+) -> tuple[dict[str, Drafter], dict[str, DraftPolicy]]:
+    """Drafter objects and policies per method, from drafter names: one method per (drafter, policy),
+    named by the drafter alone when one policy is given, else ``drafter@policy`` (the policy's
+    name). "none"/"plain" are skipped (plain decoding is always the baseline)."""
+    names = [d for d in drafters if d not in ("none", PLAIN, "")]
+    if not policies:
+        raise ValueError("give at least one policy (DraftPolicy.auto(), .fixed(n) or .adaptive(n))")
+    policies = [as_policy(p) for p in policies]
+    labels = [p.name for p in policies]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"policies need distinct names to label their methods, got {labels}")
+    made: dict[str, Drafter] = {}
+    chosen: dict[str, DraftPolicy] = {}
+    for name in names:
+        for policy in policies:
+            method = name if len(policies) == 1 else f"{name}@{policy.name}"
+            drafter = make_drafter(name, model=model, model_name=model_name)
+            if drafter is None:
+                continue
+            made[method] = drafter
+            chosen[method] = policy
+    return made, chosen
+
+
+def run_trace(
+    model: Any,
+    tokenizer: Any,
+    source: str | os.PathLike | Trace | Sequence[Trace],
+    drafters: Sequence[str] = ("lookup", "suffix"),
+    policies: Sequence[DraftPolicy] | None = None,
+    max_tokens: int = 128,
+    options: GenerateOptions | None = None,
+    turns: int | None = None,
+    out: str | os.PathLike | None = None,
+    format: str | None = None,
+    share_store: bool = False,
+    model_name: str | None = None,
+    progress: bool = True,
+) -> TraceRun:
+    """Replay the traces of a file (or bundled trace name, or ``Trace`` objects) with drafters by name.
+
+    ``policies``: policy objects (default ``[DraftPolicy.auto()]``). Each trace starts with fresh
+    drafters unless ``share_store`` (then SuffixDecoding's store carries over from trace to trace).
+    With ``out``, every trace's tables are written there, with a summary; a rerun with the same
+    settings skips traces already finished there (not with ``share_store``, whose results depend on
+    the traces before).
+    """
+    policies = [DraftPolicy.auto()] if policies is None else [as_policy(p) for p in policies]
+    if isinstance(source, Trace):
+        traces = [source]
+    elif isinstance(source, (str, os.PathLike)):
+        traces = load_traces(source, format)
+    else:
+        traces = list(source)
+    config = {
+        "model": model_name,
+        "drafters": list(drafters),
+        "policies": [p.name for p in policies],
+        "max_tokens": max_tokens,
+        "turns": turns,
+        "options": repr(options),
+        "share_store": share_store,
+    }
+    out_dir = Path(out) if out is not None else None
+    resumable = False
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        config_path = out_dir / TRACE_CONFIG_FILE
+        resumable = not share_store and config_path.exists() and json.loads(config_path.read_text()) == config
+        if not resumable:
+            write_text_atomic(config_path, json.dumps(config, indent=1))
+    results: list[TraceBench] = []
+    shared = trace_methods(drafters, policies, model, model_name) if share_store else None
+    for trace in traces:
+        if out_dir is not None and resumable and (out_dir / f"{_file_stem(trace.id)}.turns.parquet").exists():
+            results.append(_load_trace_bench(trace.id, out_dir))
+            if progress:
+                print(f"{trace.id}: finished earlier in {out_dir}, skipped", flush=True)
+            continue
+        made, chosen = shared if shared is not None else trace_methods(drafters, policies, model, model_name)
+        if progress:
+            print(f"{trace.id}: {len(trace.turns)} turns, methods: plain, {', '.join(made)}", flush=True)
+        results.append(
+            bench_trace(model, tokenizer, trace, made, chosen, max_tokens, options, turns, out_dir, progress)
+        )
+    run = TraceRun(results)
+    if out_dir is not None:
+        write_parquet_atomic(run.summary, out_dir / TRACE_SUMMARY_FILE)
+        write_text_atomic(out_dir / TRACE_TABLE_FILE, run.table() + "\n")
+    return run

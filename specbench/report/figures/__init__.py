@@ -1,0 +1,76 @@
+"""Figures of the notebooks, reports and command line (matplotlib), with one colour scheme.
+
+A drafter keeps one colour in every figure and a model its family's (``COLOURS``); a policy
+family keeps one line style, a verify mode another. Each figure function takes polars frames
+(from ``specbench.experiments.sweep``, a step log, trace results) or cost profiles and returns a
+Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``:
+
+- ``steps``: ``step_timeline`` (one generation, step by step);
+- ``sweeps``: ``speedup_vs_k``, ``accepted_vs_k``, ``per_position``, ``category_speedups``,
+  ``acceptance_vs_temperature``, ``token_histograms``;
+- ``traces``: ``per_turn``, ``cumulative_saved``;
+- ``cost``: ``verify_costs``, ``break_even``, ``measured_vs_predicted``;
+- ``bench``: ``prompt_figure``, ``save_prompt_figure`` (the prompt benchmark's speedups by category).
+"""
+
+from specbench.report.figures.bench import prompt_figure, save_prompt_figure
+from specbench.report.figures.cost import break_even, measured_vs_predicted, verify_costs
+from specbench.report.figures.steps import step_timeline
+from specbench.report.figures.style import (
+    COLOURS,
+    DRAFTER_COLOURS,
+    DRAFTERS,
+    FAMILY_COLOURS,
+    MODE_STYLES,
+    MODEL_FAMILIES,
+    POLICY_MARKERS,
+    POLICY_STYLES,
+    drafter_colour,
+    drafter_label,
+    drafter_order,
+    model_colours,
+    model_family,
+    model_label,
+    save_figure,
+)
+from specbench.report.figures.sweeps import (
+    acceptance_vs_temperature,
+    accepted_vs_k,
+    category_speedups,
+    per_position,
+    speedup_vs_k,
+    token_histograms,
+)
+from specbench.report.figures.traces import cumulative_saved, per_turn
+
+__all__ = [
+    "prompt_figure",
+    "save_prompt_figure",
+    "COLOURS",
+    "DRAFTERS",
+    "DRAFTER_COLOURS",
+    "FAMILY_COLOURS",
+    "MODEL_FAMILIES",
+    "MODE_STYLES",
+    "POLICY_MARKERS",
+    "POLICY_STYLES",
+    "accepted_vs_k",
+    "acceptance_vs_temperature",
+    "break_even",
+    "category_speedups",
+    "cumulative_saved",
+    "drafter_colour",
+    "drafter_label",
+    "drafter_order",
+    "measured_vs_predicted",
+    "model_colours",
+    "model_family",
+    "model_label",
+    "per_position",
+    "per_turn",
+    "save_figure",
+    "speedup_vs_k",
+    "step_timeline",
+    "token_histograms",
+    "verify_costs",
+]

@@ -1,0 +1,95 @@
+"""Figures of the benchmarks (``specbench.experiments.prompt_bench``): speedup by prompt category.
+
+Drafters keep the colours of every other figure (``figures.style.drafter_colour``); policies are
+told apart by hatching.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from specbench.experiments.prompt_bench import PromptBench
+from specbench.experiments.prompt_runs import PROMPT_BASELINE, Method
+from specbench.report.figures.style import drafter_colour, save_figure
+
+PROMPT_FIGURE_FILE = "prompt_bench_speedup.png"
+
+#: Hatching per policy family (bars of one drafter share its colour).
+POLICY_HATCHES = {"none": "", "auto": "", "fixed": "//", "adaptive": ".."}
+
+
+def method_style(method: Method) -> dict[str, Any]:
+    """Bar colour (by drafter) and hatching (by policy) of a method in benchmark figures."""
+    policy = method.policy_name.partition(":")[0]
+    return {"color": drafter_colour(method.drafter), "hatch": POLICY_HATCHES.get(policy, "xx")}
+
+
+def prompt_figure(
+    summary: Sequence[dict[str, Any]], methods: Sequence[Method], categories: Sequence[str], info: dict[str, Any]
+):
+    """Speedup over mlx-lm plain by category, one bar per method (whiskers: range over repeats)."""
+    import matplotlib
+
+    if matplotlib.get_backend().lower() != "agg":
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    groups = list(categories) + ["overall"]
+    cell = {(r["method"], r["category"]): r for r in summary}
+    shown = [m for m in methods if m.name != PROMPT_BASELINE and (m.name, "overall") in cell]
+    fig, ax = plt.subplots(
+        figsize=(min(16.0, max(7.0, 0.2 * len(groups) * len(shown) + 3)), 4.8), constrained_layout=True
+    )
+    width = 0.8 / max(1, len(shown))
+    x = np.arange(len(groups))
+    for i, m in enumerate(shown):
+        rows = [cell.get((m.name, g), {}) for g in groups]
+        values = np.array([r.get("speedup", np.nan) for r in rows], dtype=float)
+        low = np.array([r.get("speedup_min", np.nan) for r in rows], dtype=float)
+        high = np.array([r.get("speedup_max", np.nan) for r in rows], dtype=float)
+        style = method_style(m)
+        ax.bar(
+            x - 0.4 + width * (i + 0.5),
+            values,
+            width,
+            label=m.name,
+            color=style["color"],
+            hatch=style["hatch"],
+            edgecolor="0.2",
+            linewidth=0.5,
+        )
+        if info.get("repeats", 1) > 1:
+            ax.errorbar(
+                x - 0.4 + width * (i + 0.5),
+                values,
+                yerr=[values - low, high - values],
+                fmt="none",
+                ecolor="0.15",
+                elinewidth=0.8,
+                capsize=2,
+            )
+    ax.axhline(1.0, color="0.2", lw=0.9, ls="--", label="mlx-lm plain (1.0)")
+    ax.set_xticks(x, [g.replace("_", "\n") for g in groups], fontsize=9)
+    ax.set_ylabel("speedup over mlx-lm plain decoding (x)")
+    ax.set_xlabel("prompt category")
+    device = info.get("device", "").split(":", 1)[-1]
+    ax.set_title(
+        f"Speculative decoding speedup by category: {info.get('model', '')} on {device}\n"
+        f"greedy, batch 1, max {info.get('max_tokens', '')} new tokens "
+        f"(mlx {info.get('mlx', '')}, mlx-lm {info.get('mlx_lm', '')})",
+        fontsize=10,
+    )
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="method", title_fontsize=8)
+    ax.set_ylim(0, None)
+    return fig
+
+
+def save_prompt_figure(result: PromptBench, out: str | os.PathLike) -> Path:
+    """Draw ``prompt_figure`` of a prompt benchmark's results into ``out`` (atomically); returns the path."""
+    figure = prompt_figure(result.summary(), result.methods, result.categories(), result.info)
+    return save_figure(figure, Path(out) / PROMPT_FIGURE_FILE)

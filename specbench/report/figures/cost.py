@@ -1,0 +1,193 @@
+"""Cost figures: verify cost c(w), break-even acceptance a*(k), measured against predicted speedups.
+
+Each function draws on a given Axes (or a new figure) and returns the Figure; a model keeps its
+family's colour (``model_colours``), a verify mode its line style.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from specbench.cost.breakeven import break_even_acceptance, speedup
+from specbench.cost.profile import Profile
+from specbench.report.figures.style import MODE_STYLES, WIDE, model_colours, model_label, new_axes
+
+
+def verify_costs(
+    profiles: Sequence[Profile], modes: Iterable[str] | None = None, ax: Any = None, title: str | None = None
+):
+    """c(w) against width w for each profile (and verify mode), with c = 1 and c = w for reference."""
+    fig, ax = new_axes(ax, WIDE)
+    wmax, cmax = 1, 2.0
+    palette = model_colours(p.name for p in profiles)
+    for p in profiles:
+        for mode in modes or p.costs:
+            if mode not in p.costs:
+                continue
+            ax.plot(
+                p.widths[mode],
+                p.costs[mode],
+                MODE_STYLES.get(mode, ":"),
+                marker="o",
+                ms=3.5,
+                color=palette[p.name],
+                label=f"{model_label(p.name)} ({mode}, step {1e3 * p.plain_step_s:.1f} ms"
+                + (f", engine +{p.overhead[mode]:.2f})" if mode in p.overhead else ")"),
+            )
+            wmax, cmax = max(wmax, max(p.widths[mode])), max(cmax, max(p.costs[mode]))
+    w = np.arange(1, wmax + 1)
+    ax.plot(w, w, color="0.6", lw=0.8, ls=":", label="c = w (no batching gain)")
+    ax.axhline(1.0, color="0.6", lw=0.8)
+    ax.set_xlim(0.5, wmax + 0.5)
+    ax.set_ylim(0, 1.15 * cmax)
+    ax.set_xlabel("verification width w (tokens in one forward)")
+    ax.set_ylabel("c(w): verify time / plain decode step time")
+    device = profiles[0].device.split(":", 1)[-1] if profiles else ""
+    ax.set_title(title or f"Verify cost, dense vs MoE ({device})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    return fig
+
+
+def break_even(
+    profiles: Sequence[Profile],
+    d: float = 0.0,
+    k_max: int = 15,
+    modes: Iterable[str] | None = None,
+    ax: Any = None,
+    title: str | None = None,
+):
+    """a*(k): the constant per-position acceptance at which drafting k tokens breaks even (verify
+    cost plus the engine's per-step overhead, plus k d)."""
+    fig, ax = new_axes(ax, WIDE)
+    palette = model_colours(p.name for p in profiles)
+    for p in profiles:
+        for mode in modes or p.costs:
+            if mode not in p.costs:
+                continue
+            kk = min(k_max, max(p.widths[mode]) - 1)
+            a = break_even_acceptance(p, d, kk, mode)
+            ax.plot(
+                np.arange(1, kk + 1),
+                a,
+                MODE_STYLES.get(mode, ":"),
+                marker="o",
+                ms=3.5,
+                color=palette[p.name],
+                label=f"{model_label(p.name)} ({mode})",
+            )
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("draft length k (tokens)")
+    ax.set_ylabel("break-even acceptance a*(k) (per position)")
+    cost = f"drafter cost d = {d:g} steps/token" if d else "free drafter"
+    ax.set_title(title or f"Break-even acceptance a*(k), dense vs MoE ({cost})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    return fig
+
+
+def measured_vs_predicted(
+    rows: Sequence[dict[str, Any]],
+    profiles: dict[str, Profile],
+    modes: Sequence[str] | None = None,
+    title: str | None = None,
+):
+    """Measured speedups (points) over predicted S(k) curves against acceptance: one panel per
+    model (columns) and verify mode (rows); where the rows hold the seconds per speculative token
+    the profile predicts (``predicted_spec_s_per_token``), a last column plots them against the
+    measured ones (the cost model's error, free of the plain runs' own variation).
+
+    ``rows`` are ``cost.speedup_grid`` records; ``profiles`` maps each row's ``name`` to its profile.
+    """
+    modes = list(modes or dict.fromkeys(r["mode"] for r in rows))
+    rows = [r for r in rows if r["mode"] in modes]
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    if not names:
+        raise ValueError(f"no grid rows in verify mode(s) {modes} to plot")
+    timed = all(r.get("predicted_spec_s_per_token") for r in rows)
+    columns = len(names) + int(timed)
+    fig, axes = plt.subplots(
+        len(modes), columns, figsize=(5.4 * columns, 4.2 * len(modes)), squeeze=False, constrained_layout=True
+    )
+    ks = sorted({r["k"] for r in rows})
+    cmap = plt.get_cmap("viridis")
+    k_colour = {k: cmap(i / max(1, len(ks) - 1) * 0.9) for i, k in enumerate(ks)}
+    a = np.linspace(0.0, 1.0, 101)
+    for row_axes, mode in zip(axes, modes):
+        for ax, name in zip(row_axes, names):
+            p = profiles[name]
+            mine = [r for r in rows if r["name"] == name and r["mode"] == mode]
+            if not mine:
+                ax.set_axis_off()
+                continue
+            for k in ks:
+                cell = [r for r in mine if r["k"] == k]
+                if not cell:
+                    continue
+                d = float(np.mean([r["d"] for r in cell]))
+                ax.plot(a, [speedup(x, k, p, d, mode) for x in a], color=k_colour[k], lw=1.2, label=f"k = {k}")
+                ax.scatter(
+                    [r["a"] for r in cell],
+                    [r["speedup"] for r in cell],
+                    color=k_colour[k],
+                    edgecolor="k",
+                    lw=0.5,
+                    s=28,
+                    zorder=3,
+                )
+            ax.axhline(1.0, color="0.4", lw=0.8)
+            err = np.abs([r["error_nominal"] for r in mine])
+            error = f"|error| mean {100 * err.mean():.1f}%, max {100 * err.max():.1f}%"
+            ax.set_title(f"{model_label(name)}, {mode} verify\n{error}", fontsize=10)
+            ax.set_xlabel("per-position acceptance a (oracle drafter)")
+            ax.set_ylabel("speedup over plain decoding (x)")
+            ax.set_xlim(0, 1.02)
+            ax.set_ylim(0, None)
+            ax.grid(alpha=0.3)
+            handles, labels = ax.get_legend_handles_labels()
+            handles.append(plt.Line2D([], [], ls="", marker="o", mfc="0.7", mec="k"))
+            labels.append("measured")
+            ax.legend(handles, labels, fontsize=8, loc="upper left", title="predicted S(k)", title_fontsize=8)
+        if timed:
+            _time_panel(row_axes[-1], [r for r in rows if r["mode"] == mode], names, mode)
+    fig.suptitle(title or "Measured speedup (points) vs break-even model (lines)")
+    return fig
+
+
+def _time_panel(ax, rows: Sequence[dict[str, Any]], names: Sequence[str], mode: str) -> None:
+    """Measured against predicted milliseconds per speculative token, a marker per model."""
+    markers = "osD^v"
+    predicted = np.array([1e3 * r["predicted_spec_s_per_token"] for r in rows])
+    measured = np.array([1e3 * r["spec_s_per_token"] for r in rows])
+    for i, name in enumerate(names):
+        mine = [j for j, r in enumerate(rows) if r["name"] == name]
+        ax.scatter(
+            predicted[mine],
+            measured[mine],
+            marker=markers[i % len(markers)],
+            color="tab:blue",
+            edgecolor="k",
+            lw=0.5,
+            s=28,
+            zorder=3,
+            label=model_label(name),
+        )
+    top = 1.1 * max(predicted.max(), measured.max())
+    line = np.array([0.0, top])
+    ax.plot(line, line, color="0.3", lw=0.9, label="measured = predicted")
+    ax.fill_between(line, 0.9 * line, 1.1 * line, color="0.85", label="within 10%")
+    err = np.abs(measured / predicted - 1)
+    ax.set_title(
+        f"Seconds per token, {mode} verify\n|error| mean {100 * err.mean():.1f}%, max {100 * err.max():.1f}%",
+        fontsize=10,
+    )
+    ax.set_xlabel("predicted from the profile, for the steps taken (ms/token)")
+    ax.set_ylabel("measured (ms/token)")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")

@@ -1,0 +1,60 @@
+"""The per-step view of one generation: tokens per step by source, and step times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import polars as pl
+
+from specbench.report.figures.style import COLOURS, no_data, step_frame
+from specbench.report.render import SOURCE_COLOURS, SOURCE_LABELS
+
+
+def step_timeline(log: Any, title: str = "Per-step view of one generation") -> Any:
+    """Tokens emitted per decoding step, split by source, over the drafted tokens; step times below."""
+    df = step_frame(log).filter(pl.col("kind") != "prefill")
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(7.6, 4.8), sharex=True, height_ratios=(2, 1), constrained_layout=True
+    )
+    if df.is_empty():
+        no_data(top, "no decoding steps")
+        return fig
+    x = df["step"].to_numpy()
+    kind = df["kind"].to_numpy()
+    emitted = df["emitted"].to_numpy()
+    # a stop can cut a verification's accepted tokens short: show the emitted ones
+    accepted = np.where(kind == "verify", np.minimum(df["accepted"].to_numpy(), emitted), 0)
+    bonus = np.where(kind == "verify", emitted - accepted, 0)
+    plain = np.where(kind == "verify", 0, emitted)
+    drafted = df["k_drafted"].to_numpy()
+    top.bar(x, accepted, color=SOURCE_COLOURS["draft"], label=SOURCE_LABELS["draft"], width=0.85)
+    top.bar(x, bonus, bottom=accepted, color=SOURCE_COLOURS["bonus"], label=SOURCE_LABELS["bonus"], width=0.85)
+    top.bar(x, plain, color=SOURCE_COLOURS["plain"], edgecolor="0.5", lw=0.5, label=SOURCE_LABELS["plain"], width=0.85)
+    rejected = np.clip(drafted - df["accepted"].to_numpy(), 0, None)
+    if rejected.any():
+        top.bar(
+            x,
+            rejected,
+            bottom=emitted,
+            fill=False,
+            edgecolor="#b2182b",
+            hatch="///",
+            lw=0.6,
+            width=0.85,
+            label="rejected draft tokens",
+        )
+    top.set_ylabel("tokens per step")
+    top.set_title(title)
+    top.legend(loc="upper right", fontsize=7.5, ncol=2)
+    top.set_ylim(0, max(1, int((emitted + rejected).max())) + 1.2)
+    top.yaxis.get_major_locator().set_params(integer=True)
+    top.grid(axis="y", alpha=0.3)
+    ms = 1e3 * (df["draft_s"] + df["verify_s"] + df["other_s"]).to_numpy()
+    colours = np.where(kind == "verify", SOURCE_COLOURS["bonus"], COLOURS["plain"])
+    bottom.bar(x, ms, color=colours, width=0.85)
+    bottom.set_ylabel("step time (ms)")
+    bottom.set_xlabel("decoding step (step 0 is the prefill)")
+    bottom.grid(axis="y", alpha=0.3)
+    return fig

@@ -1,0 +1,235 @@
+"""Sweep figures: speedup and tokens per verification against draft length, per-position
+acceptance, speedup per prompt category; and sampling: acceptance against temperature, the
+losslessness check's token histograms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import polars as pl
+
+from specbench.report.figures.style import (
+    POLICY_MARKERS,
+    POLICY_STYLES,
+    drafter_colour,
+    drafter_label,
+    drafter_order,
+    line_pair,
+    new_axes,
+    no_data,
+)
+
+
+def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, reference: float | None, ax: Any = None):
+    fig, ax = new_axes(ax)
+    rows = summary.filter(pl.col("drafter") != "none")
+    if rows.is_empty():
+        no_data(ax, "no speculative runs")
+        return fig
+    ks = rows["k"].drop_nulls().unique().sort().to_list()
+    for drafter in rows["drafter"].unique(maintain_order=True).to_list():
+        mine = rows.filter(pl.col("drafter") == drafter)
+        for family in mine["policy_family"].unique(maintain_order=True).to_list():
+            cell = mine.filter(pl.col("policy_family") == family)
+            colour = drafter_colour(drafter)
+            if cell["k"].null_count() == len(cell):  # auto: it picks k itself; placed at its mean k
+                for row in cell.iter_rows(named=True):
+                    if row[metric] is None or row.get("mean_k") is None:
+                        continue
+                    ax.plot(
+                        [row["mean_k"]],
+                        [row[metric]],
+                        ls="",
+                        marker=POLICY_MARKERS.get(family, "D"),
+                        ms=8,
+                        mfc="white",
+                        mec=colour,
+                        mew=2,
+                        label=f"{drafter_label(drafter)}, {family} (mean k {row['mean_k']:.1f})",
+                    )
+                continue
+            cell = cell.sort("k")
+            ax.plot(
+                cell["k"].to_numpy(),
+                cell[metric].to_numpy(),
+                marker=POLICY_MARKERS.get(family, "o"),
+                ms=5,
+                color=colour,
+                ls=POLICY_STYLES.get(family, "-."),
+                lw=1.6,
+                label=f"{drafter_label(drafter)}, {family}",
+            )
+    if reference is not None:
+        ax.axhline(reference, color="0.3", lw=0.9, label="plain decoding")
+    if ks:
+        ax.set_xticks(ks)
+    ax.set_xlabel("draft length k (tokens per draft; auto: mean drafted)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(ncol=2, loc="best")
+    return fig
+
+
+def speedup_vs_k(summary: pl.DataFrame, title: str = "Speedup over plain decoding vs draft length", ax: Any = None):
+    """Decode speedup (x) against k, a line per drafter and policy family (auto: a point at its mean k)."""
+    return _metric_vs_k(summary, "speedup", "speedup over plain decoding (x)", title, 1.0, ax)
+
+
+def accepted_vs_k(summary: pl.DataFrame, title: str = "Tokens per verification vs draft length", ax: Any = None):
+    """Mean tokens per verification (accepted + the bonus token) against k, under the k + 1 ceiling."""
+    fig = _metric_vs_k(summary, "tokens_per_verify", "tokens per verification (accepted + 1)", title, 1.0, ax)
+    axes = fig.axes[0] if ax is None else ax
+    rows = summary.filter(pl.col("drafter") != "none")
+    ks = rows["k"].drop_nulls().to_list() + rows["mean_k"].drop_nulls().to_list() if "mean_k" in rows.columns else []
+    if ks:
+        k = np.linspace(min(ks), max(ks), 2)
+        axes.plot(k, k + 1, color="0.6", lw=0.8, ls=":", label="ceiling (k + 1)")
+        axes.legend(ncol=2, loc="best")
+    return fig
+
+
+def per_position(
+    positions: pl.DataFrame, title: str = "Per-position acceptance rate", ax: Any = None, min_reached: int = 3
+):
+    """Acceptance of draft position i given the earlier ones were accepted, a line per drafter/policy
+    (positions reached fewer than ``min_reached`` times are left out: too few to estimate)."""
+    fig, ax = new_axes(ax)
+    if not positions.is_empty():
+        positions = positions.filter(pl.col("reached") >= min_reached)
+    if positions.is_empty():
+        no_data(ax, "no verifications")
+        return fig
+    keys = [c for c in ("drafter", "policy", "temperature") if c in positions.columns]
+    temperatures = positions["temperature"].unique().sort().to_list() if "temperature" in keys else []
+    by_temperature = ["-", "--", ":", "-."]
+    for group, rows in positions.group_by(keys, maintain_order=True):
+        info = dict(zip(keys, group))
+        drafter = info.get("drafter", "?")
+        family = str(info.get("policy", "fixed")).split(":")[0]
+        label = ", ".join(str(info[k]) if k != "temperature" else f"T={info[k]:g}" for k in keys)
+        if temperatures:  # line style tells temperatures apart
+            style = by_temperature[temperatures.index(info["temperature"]) % len(by_temperature)]
+        else:
+            style = POLICY_STYLES.get(family, "-")
+        ax.plot(
+            rows["position"].to_numpy(),
+            rows["rate"].to_numpy(),
+            marker="o",
+            ms=4,
+            color=drafter_colour(drafter),
+            ls=style,
+            label=label,
+        )
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(f"draft position i (1 = first drafted token; reached >= {min_reached} times)")
+    ax.set_ylabel("acceptance rate at i given 1..i-1 accepted")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(ncol=2)
+    return fig
+
+
+def category_speedups(best: pl.DataFrame, title: str = "Speedup by prompt category (best policy per drafter)"):
+    """Grouped bars: speedup per category, a bar per drafter (label: the policy used)."""
+    rows = best.filter(pl.col("drafter") != "none")
+    categories = rows["category"].unique(maintain_order=True).to_list() if not rows.is_empty() else []
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(categories) + 3), 4.2), constrained_layout=True)
+    if rows.is_empty():
+        no_data(ax, "no speculative runs")
+        return fig
+    drafters = drafter_order(rows["drafter"].unique(maintain_order=True).to_list())
+    width = 0.8 / len(drafters)
+    for j, drafter in enumerate(drafters):
+        mine = rows.filter(pl.col("drafter") == drafter)
+        lookup = dict(zip(mine["category"].to_list(), mine["speedup"].to_list()))
+        x = np.arange(len(categories)) + (j - (len(drafters) - 1) / 2) * width
+        policies = dict(zip(mine["category"].to_list(), mine["policy"].to_list())) if "policy" in mine.columns else {}
+        values = [lookup.get(c, np.nan) for c in categories]
+        ax.bar(x, values, width=width * 0.95, color=drafter_colour(drafter), label=drafter_label(drafter))
+        for xi, c, v in zip(x, categories, values):
+            if c in policies and np.isfinite(v):
+                ax.text(xi, v, policies[c], ha="center", va="bottom", fontsize=7.5, color="0.25")
+    ax.axhline(1.0, color="0.3", lw=0.9)
+    ax.set_xticks(np.arange(len(categories)), [c.replace("_", " ") for c in categories], rotation=20, ha="right")
+    ax.set_xlabel("prompt category")
+    ax.set_ylabel("speedup over plain decoding (x)")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    top = np.nanmax(rows["speedup"].to_numpy().astype(float)) if len(rows) else 1.0
+    ax.set_ylim(0, 1.3 * max(1.0, top))  # room for the legend above the bars
+    ax.legend(ncol=len(drafters), loc="upper center")
+    return fig
+
+
+# -- sampling ----------------------------------------------------------------------------------
+
+
+def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs sampling temperature"):
+    """Two panels: draft acceptance rate and speedup against temperature, a line per drafter/policy."""
+
+    def style(key, rows):
+        drafter, policy = key
+        return dict(
+            color=drafter_colour(drafter),
+            ls=POLICY_STYLES.get(policy.split(":")[0], "-"),
+            marker="o",
+            ms=4,
+            label=f"{drafter_label(drafter)}, {policy}",
+        )
+
+    fig, left, right, rows = line_pair(
+        summary, ["drafter", "policy"], "temperature", ("acceptance_rate", "speedup"), style, (9.6, 4.0)
+    )
+    if rows is None:
+        return fig
+    temps = rows["temperature"].unique().sort().to_list()
+    pad = 0.05 * max(1.0, temps[-1] - temps[0])
+    for ax in (left, right):
+        ax.set_xlim(temps[0] - pad, temps[-1] + pad)
+    left.set_ylim(0, 1.02)
+    left.set_ylabel("draft tokens accepted / drafted")
+    left.set_title("Acceptance rate")
+    right.axhline(1.0, color="0.3", lw=0.9)
+    right.set_ylabel("speedup over plain sampling (x)")
+    right.set_title("Speedup")
+    for ax in (left, right):
+        ax.set_xlabel("temperature (0 = greedy)")
+        ax.grid(alpha=0.3)
+    left.legend()
+    fig.suptitle(title)
+    return fig
+
+
+def token_histograms(check: Any, title: str | None = None):
+    """Side-by-side counts of the most frequent sampled tokens, plain vs speculative."""
+    counts = check.counts
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.55 * len(counts) + 2), 4.2), constrained_layout=True)
+    x = np.arange(len(counts))
+    ax.bar(x - 0.2, counts["plain"].to_numpy(), width=0.4, color=drafter_colour("none"), label="plain sampling")
+    ax.bar(
+        x + 0.2,
+        counts["speculative"].to_numpy(),
+        width=0.4,
+        color=drafter_colour(check.drafter),
+        label=f"speculative ({check.drafter}, {check.policy})",
+    )
+    ax.set_xticks(x, counts["text"].to_list(), rotation=45, ha="right", fontsize=8)
+    ax.set_xlabel("sampled token (most frequent first; last bar: all others)")
+    ax.set_ylabel(f"count over {check.samples} samples x {check.max_tokens} tokens")
+    shown = counts.filter(pl.col("token") >= 0)
+    repeats = bool(len(shown)) and int((shown["plain"] + shown["speculative"]).max()) > 1
+    note = "a lossless sampler gives p ~ U(0, 1)" if repeats else "no token repeats: the test has no power here"
+    ax.set_title(
+        title
+        or (
+            f"Losslessness check at T={check.temperature:g}: permutation p = {check.p_value:.2f}, "
+            f"TVD = {check.tvd:.3f}\n(acceptance {100 * check.acceptance_rate:.0f}%; {note})"
+        )
+    )
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    return fig

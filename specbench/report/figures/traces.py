@@ -1,0 +1,65 @@
+"""Agent trace figures: acceptance and speedup per turn, forward passes saved over a session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from specbench.report.figures.style import TRACE_STYLES, drafter_colour, drafter_label, line_pair, new_axes, no_data
+
+
+def per_turn(turns: pl.DataFrame, title: str = "Per-turn results on agent traces"):
+    """Two panels over turns: tokens per verification and speedup, a line per drafter (and trace)."""
+    fig, left, right, rows = line_pair(
+        turns, ["trace", "drafter"], "turn", ("tokens_per_verify", "speedup"), _trace_style, (10.0, 4.0)
+    )
+    if rows is None:
+        return fig
+    left.axhline(1.0, color="0.3", lw=0.9)
+    right.axhline(1.0, color="0.3", lw=0.9)
+    left.set_ylabel("tokens per verification (accepted + 1)")
+    right.set_ylabel("speedup over plain decoding (x)")
+    left.set_title("Acceptance per turn")
+    right.set_title("Speedup per turn")
+    for ax in (left, right):
+        ax.set_xlabel("turn")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    left.legend()
+    fig.suptitle(title)
+    return fig
+
+
+def _trace_style(key: tuple[str, str], rows: pl.DataFrame) -> dict[str, Any]:
+    """A (trace, drafter) line: the drafter's colour, the trace's line style."""
+    trace, drafter = key
+    traces = rows["trace"].unique(maintain_order=True).to_list()
+    return dict(
+        color=drafter_colour(drafter),
+        ls=TRACE_STYLES[traces.index(trace) % len(TRACE_STYLES)],
+        marker="o",
+        ms=4,
+        label=f"{drafter_label(drafter)}" + (f" ({trace})" if len(traces) > 1 else ""),
+    )
+
+
+def cumulative_saved(turns: pl.DataFrame, title: str = "Model forward passes saved over a session"):
+    """Cumulative tokens saved (tokens emitted minus decode forward passes) over turns, per drafter."""
+    fig, ax = new_axes()
+    rows = turns.filter(pl.col("drafter") != "none")
+    if rows.is_empty():
+        no_data(ax, "no speculative runs")
+        return fig
+    for key, cell in rows.group_by(["trace", "drafter"], maintain_order=True):
+        cell = cell.sort("turn")
+        ax.plot(cell["turn"].to_numpy(), np.cumsum(cell["saved"].to_numpy()), **_trace_style(key, rows))
+    ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]), top=max(1.0, ax.get_ylim()[1]))
+    ax.set_xlabel("turn")
+    ax.set_ylabel("cumulative tokens saved (forward passes avoided)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig

@@ -1,0 +1,105 @@
+"""A report folder's status files and its index page (``index.html``), which links every
+notebook's HTML, figures, logs and tables with a summary table."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from specbench.common.files import write_json_atomic, write_text_atomic
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;color:#222}
+table{border-collapse:collapse;width:100%;margin:1em 0}
+th,td{border:1px solid #ddd;padding:6px 8px;vertical-align:top;font-size:0.92em}
+th{background:#f4f4f4;text-align:left}
+.done{color:#1a7f37;font-weight:600}.failed{color:#cf222e;font-weight:600}.running,.not.run{color:#9a6700}
+.figs{display:flex;flex-wrap:wrap;gap:10px}.figs a img{width:260px;border:1px solid #ddd}
+.err{font-family:monospace;white-space:pre-wrap;color:#cf222e}.skip{color:#9a6700}
+dl{margin:0}dt{font-weight:600;display:inline}dd{display:inline;margin:0 0.8em 0 0.3em}
+"""
+
+#: report.json keys shown at the top of the index, in order.
+_INFO_KEYS = ("profile", "device", "mlx", "mlx_lm", "specbench", "created", "updated", "last_run_s")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_status(out: Path, notebook: str) -> dict[str, Any] | None:
+    """A notebook's ``status.json`` in report folder ``out`` (None when missing or unreadable)."""
+    return _read_json(Path(out) / notebook / "status.json")
+
+
+def write_status(out: Path, notebook: str, status: dict[str, Any]) -> Path:
+    return write_json_atomic(Path(out) / notebook / "status.json", status)
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def _row(out: Path, name: str, title: str, status: dict[str, Any], summary: dict[str, Any]) -> str:
+    esc = html.escape
+    state = status.get("status", "not run")
+    links = [f'<a href="{esc(name)}.html">HTML</a>'] if (out / f"{name}.html").exists() else []
+    if (out / f"{name}.ipynb").exists():
+        links.append(f'<a href="{esc(name)}.ipynb">notebook</a>')
+    logs = summary.get("logs", []) + summary.get("tables", [])
+    log_links = " ".join(f'<a href="{esc(p)}">{esc(Path(p).name)}</a>' for p in logs)
+    values = "".join(f"<dt>{esc(k)}</dt><dd>{esc(_format_value(v))}</dd>" for k, v in summary.get("values", {}).items())
+    skipped = "".join(
+        f'<div class="skip">skipped: {esc(s)} ({esc(r)})</div>' for s, r in summary.get("skipped", {}).items()
+    )
+    error = f'<div class="err">{esc(status.get("error", ""))}</div>' if status.get("error") else ""
+    seconds = status.get("seconds")
+    return (
+        f'<tr><td><b>{esc(title)}</b><br>{" | ".join(links)}</td><td class="{esc(state)}">{esc(state)}</td>'
+        f"<td>{'' if seconds is None else f'{seconds:.0f} s'}</td><td><dl>{values}</dl>{skipped}{error}</td>"
+        f"<td>{len(summary.get('figures', []))}</td><td>{log_links}</td></tr>"
+    )
+
+
+def _gallery(name: str, title: str, figures: list[str]) -> str:
+    esc = html.escape
+    thumbs = "".join(
+        f'<a href="{esc(p)}"><img src="{esc(p)}" alt="{esc(Path(p).stem)}" title="{esc(Path(p).stem)}"></a>'
+        for p in figures
+    )
+    svgs = " ".join(f'<a href="{esc(str(Path(p).with_suffix(".svg")))}">{esc(Path(p).stem)}.svg</a>' for p in figures)
+    return f'<h3 id="{esc(name)}">{esc(title)}</h3><div class="figs">{thumbs}</div><p>SVG: {svgs}</p>'
+
+
+def write_index(out: str | os.PathLike, titles: dict[str, str]) -> Path:
+    """(Re)write ``out/index.html`` from the status and summary files of the notebooks in
+    ``titles`` (name -> title, in report order)."""
+    out = Path(out)
+    info = _read_json(out / "report.json") or {}
+    rows, galleries = [], []
+    for name, title in titles.items():
+        status = read_status(out, name)
+        if status is None:
+            continue
+        summary = _read_json(out / name / "summary.json") or {}
+        rows.append(_row(out, name, title, status, summary))
+        if summary.get("figures"):
+            galleries.append(_gallery(name, title, summary["figures"]))
+    meta = " · ".join(html.escape(f"{k}: {info[k]}") for k in _INFO_KEYS if k in info)
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>specbench report</title>"
+        f"<style>{_STYLE}</style></head>"
+        f"<body><h1>specbench report</h1><p>{meta}</p>"
+        f"<table><tr><th>notebook</th><th>status</th><th>run time</th><th>key results</th><th>figures</th>"
+        f"<th>logs and tables (parquet)</th></tr>{''.join(rows)}</table>"
+        f"<h2>Figures</h2>{''.join(galleries) or '<p>none yet</p>'}</body></html>"
+    )
+    return write_text_atomic(out / "index.html", page)

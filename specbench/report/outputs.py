@@ -1,0 +1,118 @@
+"""Where a notebook's figures, logs, tables, summary values and skipped sections go.
+
+from specbench.report import Outputs
+out = Outputs(output_dir, "quickstart")   # output_dir: the parameter `specbench report` sets
+out.figure(fig, "steps"); out.table(frame, "runs"); out.summary(speedup=1.4)
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from specbench.common.files import write_parquet_atomic, write_text_atomic
+from specbench.experiments.capabilities import check
+
+#: Resolution of the figures a report writes.
+FIGURE_DPI = 110
+
+
+def in_ipython() -> bool:
+    """True inside an IPython kernel or shell (where figures and Markdown can be displayed)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None
+
+
+class Outputs:
+    """Where one notebook's figures, logs, tables and summary go.
+
+    With an ``output_dir`` (set by ``specbench report``) files are written under
+    ``output_dir/NOTEBOOK/``; without one, figures are only shown. ``needs`` and ``skip`` turn a
+    missing capability into a visible, recorded skipped section.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike | None, notebook: str):
+        self.notebook = notebook
+        self.folder = Path(output_dir) / notebook if output_dir else None
+        self.values: dict[str, Any] = {}
+        self.skipped: dict[str, str] = {}
+        self.files: dict[str, list[str]] = {"figures": [], "logs": [], "tables": []}
+
+    def _relative(self, path: Path) -> str:
+        return str(path.relative_to(self.folder.parent)) if self.folder else str(path)
+
+    def _save_summary(self) -> None:
+        if self.folder is None:
+            return
+        data = {"notebook": self.notebook, "values": self.values, "skipped": self.skipped, **self.files}
+        write_text_atomic(self.folder / "summary.json", json.dumps(data, indent=1, default=str))
+
+    def figure(self, fig: Any, name: str, show: bool = True) -> None:
+        """Save ``fig`` (PNG and SVG, when writing), show it once, and close it."""
+        import matplotlib.pyplot as plt
+
+        from specbench.report.figures import save_figure
+
+        if self.folder is not None:
+            png = save_figure(fig, self.folder / "figures" / f"{name}.png", dpi=FIGURE_DPI, svg=True, close=False)
+            self.files["figures"].append(self._relative(png))
+            self._save_summary()
+        if show and in_ipython():
+            from IPython.display import display
+
+            display(fig)
+        plt.close(fig)
+
+    def log(self, log: Any, name: str) -> Path | None:
+        """Save a StepLog (or a polars frame of steps) as logs/NAME.parquet."""
+        if self.folder is None:
+            return None
+        path = self.folder / "logs" / f"{name}.parquet"
+        if hasattr(log, "save"):
+            log.save(path)
+        else:
+            write_parquet_atomic(log, path)
+        self.files["logs"].append(self._relative(path))
+        self._save_summary()
+        return path
+
+    def table(self, frame: Any, name: str) -> Path | None:
+        """Save a polars frame as tables/NAME.parquet."""
+        if self.folder is None:
+            return None
+        path = write_parquet_atomic(frame, self.folder / "tables" / f"{name}.parquet")
+        self.files["tables"].append(self._relative(path))
+        self._save_summary()
+        return path
+
+    def summary(self, **values: Any) -> None:
+        """Key results shown in the report's index (numbers, short strings; NaN is stored as null)."""
+        self.values.update({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()})
+        self._save_summary()
+
+    def skip(self, section: str, reason: str) -> None:
+        """Record and show that ``section`` was skipped, and why."""
+        self.skipped[section] = str(reason)
+        self._save_summary()
+        if in_ipython():
+            from IPython.display import Markdown, display
+
+            display(Markdown(f"> **Skipped: {section}.** {html.escape(str(reason))}"))
+        else:
+            print(f"Skipped: {section}. {reason}")
+
+    def needs(self, *capabilities: str, section: str) -> bool:
+        """True when every capability is available; otherwise ``skip`` the section and False."""
+        for name in capabilities:
+            cap = check(name)
+            if not cap.available:
+                self.skip(section, f"{name} is not available: {cap.detail}")
+                return False
+        return True

@@ -1,0 +1,295 @@
+"""Exactness (speculative greedy == plain greedy), stops, policies, logs and bad input."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from conftest import ScriptedDrafter, build_tiny, plain_greedy
+
+from specbench import DraftPolicy, GenerateOptions, Generation, PromptLookup, StepLog, generate, speculative_generate
+from specbench.cost import Profile
+
+PROMPT = [5, 17, 3, 9, 5, 17, 3, 9, 5, 17, 44, 2, 8]
+N = 40
+
+
+@pytest.mark.parametrize("verify", ["fast", "exact"])
+@pytest.mark.parametrize(
+    "policy",
+    [DraftPolicy.fixed(1), DraftPolicy.fixed(4), DraftPolicy.adaptive(3), DraftPolicy.auto(break_even=1.3)],
+    ids=lambda p: p.name,
+)
+def test_prompt_lookup_greedy_equals_plain(tiny_model, policy, verify):
+    ref = plain_greedy(tiny_model, PROMPT, N)
+    gen = speculative_generate(tiny_model, PROMPT, GenerateOptions(max_tokens=N, verify=verify), PromptLookup(), policy)
+    assert list(gen) == ref
+    assert gen.finish_reason() == "length"
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_every_acceptance_count(tiny_model, k):
+    """Corrupt draft position (step mod (k+1)), so verifications accept 0..k tokens in turn."""
+    ref = plain_greedy(tiny_model, PROMPT, N)
+    drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: i == step % (k + 1))
+    gen = speculative_generate(
+        tiny_model, PROMPT, GenerateOptions(max_tokens=N, verify="fast"), drafter, DraftPolicy.fixed(k)
+    )
+    assert list(gen) == ref
+    verifies = [r for r in gen.log if r["kind"] == "verify"]
+    seen = {r["accepted"] for r in verifies if r["k_drafted"] == k}
+    assert seen == set(range(k + 1))
+    for r in verifies:
+        assert r["accepted_positions"] == list(range(r["accepted"]))
+        assert r["emitted"] == r["accepted"] + 1 or gen.log.records[-1] is r
+        assert r["verify_width"] == r["k_drafted"] + 1
+    stats = gen.stats()
+    assert stats["tokens"] == N
+    assert stats["accepted"] == sum(r["accepted"] for r in verifies)
+    # The cache holds exactly prompt + emitted tokens but the last (pending) one.
+    assert gen.cache[0].offset >= len(PROMPT) + N - 1
+
+
+def test_cache_rolled_back_exactly():
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, 30)
+    drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: i == 1)
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=30, verify="fast"), drafter, DraftPolicy.fixed(5)
+    )
+    for _ in gen:
+        pass
+    last = gen.log.records[-1]
+    # After each step the cache holds every token but the newest.
+    if last["kind"] == "verify":
+        assert gen.cache[0].offset == len(PROMPT) + len(gen.tokens) - 1
+
+
+def test_full_drafts_and_drafts_past_max_tokens():
+    model = build_tiny("qwen3")
+    ref = plain_greedy(model, PROMPT, 23)
+    drafter = ScriptedDrafter(ref, len(PROMPT), 97)
+    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=23), drafter, DraftPolicy.fixed(8))
+    assert list(gen) == ref
+    assert gen.finish_reason() == "length"
+    assert all(r["k_drafted"] <= 23 - r["position"] - 1 for r in gen.log if r["kind"] == "verify")
+
+
+def test_stop_token_inside_accepted_draft():
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, N)
+    stop = ref[12]
+    cut = ref.index(stop)
+    drafter = ScriptedDrafter(ref, len(PROMPT), 97)
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=N, stop_token_ids=[stop]), drafter, DraftPolicy.fixed(6)
+    )
+    assert list(gen) == ref[: cut + 1]
+    assert gen.finish_reason() == "stop"
+    plain = generate(model, PROMPT, GenerateOptions(max_tokens=N, stop_token_ids=[stop]))
+    assert list(plain) == ref[: cut + 1]
+
+
+def test_min_tokens_suppresses_eos():
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, N)
+    eos = ref[3]
+    opts = GenerateOptions(max_tokens=N, eos_token_ids=[eos], min_tokens=10)
+    plain = list(generate(model, PROMPT, opts))
+    assert eos not in plain[:10]
+    drafter = ScriptedDrafter(plain, len(PROMPT), 97)
+    spec = speculative_generate(model, PROMPT, opts, drafter, DraftPolicy.fixed(4))
+    assert list(spec) == plain
+    ignored = list(generate(model, PROMPT, GenerateOptions(max_tokens=N, eos_token_ids=[eos], ignore_eos=True)))
+    assert ignored == ref
+
+
+def test_plain_generate_matches_mlx_lm(tiny_model):
+    gen = generate(tiny_model, PROMPT, GenerateOptions(max_tokens=N))
+    assert list(gen) == plain_greedy(tiny_model, PROMPT, N)
+    stats = gen.stats()
+    assert stats["steps"] == N - 1 and stats["verifies"] == 0 and stats["mean_accepted_tokens"] == 1.0
+
+
+def test_adaptive_pauses_after_full_rejection():
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, 60)
+    drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: True)
+    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=60), drafter, DraftPolicy.adaptive(3))
+    assert list(gen) == ref
+    kinds = [("V" if r["kind"] == "verify" else "p" if r["paused"] else ".") for r in gen.log.records[1:]]
+    # pauses of 1, 2, 4, 8, 16 steps after consecutive fully rejected drafts
+    runs, count = [], 0
+    for kind in kinds:
+        if kind == "p":
+            count += 1
+        elif count:
+            runs.append(count)
+            count = 0
+    assert runs[:5] == [1, 2, 4, 8, 16]
+
+
+def test_auto_kill_switch_pauses_64_tokens():
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, 100)
+    drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: True)
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=100), drafter, DraftPolicy.auto(break_even=1.5)
+    )
+    assert list(gen) == ref
+    records = gen.log.records[1:]
+    assert [r["kind"] for r in records[:16]] == ["verify"] * 16
+    assert all(r["paused"] for r in records[16 : 16 + 64])
+    assert [r["kind"] for r in records[80:96]] == ["verify"] * 16
+    # prefill 1 + 16 verifies + 64 paused + 16 verifies = 97 tokens; the kill switch fires again.
+    assert gen.stats()["pauses"] == 64 + 3
+
+
+def test_log_roundtrip(tmp_path):
+    model = build_tiny("llama")
+    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=20), PromptLookup(), DraftPolicy.fixed(3))
+    list(gen)
+    df = gen.log.to_polars()
+    assert df.height == len(gen.log) and {"step", "kind", "accepted", "draft_s", "verify_s"} <= set(df.columns)
+    path = gen.log.save(tmp_path / "log.parquet")
+    back = StepLog.load(path)
+    assert back.to_polars()["accepted"].to_list() == df["accepted"].to_list()
+    assert back.stats()["tokens"] == 20
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m: generate(m, [], GenerateOptions()), "empty"),
+        (lambda m: generate(m, [1, 2], GenerateOptions(max_tokens=0)), "max_tokens"),
+        (lambda m: generate(m, [1, 2], GenerateOptions(max_tokens=-3)), "max_tokens"),
+        (lambda m: generate(m, [1, 500], GenerateOptions()), "vocabulary"),
+        (lambda m: generate(m, [-1], GenerateOptions()), "vocabulary"),
+        (lambda m: generate(m, [1] * 2048, GenerateOptions()), "context"),
+        (
+            lambda m: speculative_generate(m, [1, 2], GenerateOptions(), PromptLookup(), DraftPolicy.fixed(0)),
+            "draft length",
+        ),
+        (lambda m: generate(m, [1, 2], GenerateOptions(temperature=-1)), "temperature"),
+        (lambda m: generate(m, [1, 2], GenerateOptions(verify="maybe")), "verify"),
+        (lambda m: generate(m, "text", GenerateOptions()), "tokenizer"),
+        (lambda m: DraftPolicy.parse("greedy"), "unknown policy"),
+    ],
+)
+def test_bad_input_is_one_clear_error(call, message):
+    model = build_tiny("llama")
+    with pytest.raises(ValueError, match=message):
+        call(model)
+
+
+def test_non_trimmable_cache_is_a_clear_error():
+    from mlx_lm.models.cache import ArraysCache
+
+    model = build_tiny("llama")
+    with pytest.raises(ValueError, match="cannot roll back"):
+        speculative_generate(
+            model, PROMPT, GenerateOptions(), PromptLookup(), prompt_cache=[ArraysCache(2), ArraysCache(2)]
+        )
+
+
+def _linear_profile(model, slope: float) -> Profile:
+    """A cost profile with c(w) = 1 + slope (w - 1) in both verify modes."""
+    widths = list(range(1, 10))
+    costs = [1 + slope * (w - 1) for w in widths]
+    return Profile(
+        model="m",
+        name="m",
+        device="cpu",
+        versions={},
+        plain_step_s=0.01,
+        widths={"exact": widths, "fast": widths},
+        costs={"exact": costs, "fast": costs},
+        seconds={"exact": costs, "fast": costs},
+    )
+
+
+def test_auto_shortens_drafts_that_cannot_pay():
+    """Auto drafts only lengths whose full acceptance beats the verify cost of the profile it is handed."""
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, 30)
+    # c(w) = 1 + 1.5 (w - 1): k tokens pay only if k + 1 > 1 + 1.5 k, never.
+    options = GenerateOptions(max_tokens=30)
+    gen = speculative_generate(
+        model,
+        PROMPT,
+        options,
+        ScriptedDrafter(ref, len(PROMPT), 97),
+        DraftPolicy.auto(),
+        profile=_linear_profile(model, 1.5),
+    )
+    assert list(gen) == ref
+    assert gen.stats()["verifies"] == 0 and gen.stats()["pauses"] == 29
+    # c(w) = 1 + 0.5 (w - 1): every length pays when accepted; the preferred length is kept.
+    gen = speculative_generate(
+        model,
+        PROMPT,
+        options,
+        ScriptedDrafter(ref, len(PROMPT), 97),
+        DraftPolicy.auto(),
+        profile=_linear_profile(model, 0.5),
+    )
+    assert list(gen) == ref
+    assert {r["k_requested"] for r in gen.log if r["kind"] == "verify"} >= {4}
+
+
+def test_auto_is_handed_its_break_even_and_never_measures(fresh_calibrations):
+    """A policy never runs the model: without a break-even Auto refuses to start; speculative_generate
+    measures a missing profile once, before the first token, and says so."""
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, 12)
+    with pytest.raises(ValueError, match="break-even"):
+        list(
+            Generation(model, PROMPT, GenerateOptions(max_tokens=12), drafter=PromptLookup(), policy=DraftPolicy.auto())
+        )
+    said: list[str] = []
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=12), ScriptedDrafter(ref, len(PROMPT), 97), progress=said.append
+    )
+    assert len(said) == 1 and "measur" in said[0] and len(gen.log) == 0  # measured up front, not inside the run
+    assert list(gen) == ref and said == said[:1]
+
+
+def test_expert_counts_in_the_log():
+    model = build_tiny("qwen3_moe")
+    ref = plain_greedy(model, PROMPT, 20)
+    drafter = ScriptedDrafter(ref, len(PROMPT), 97)
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=20, count_experts=True), drafter, DraftPolicy.fixed(4)
+    )
+    assert list(gen) == ref
+    for r in gen.log:
+        counts = r["extra"]["experts"]
+        assert len(counts) == 2
+        # top-2 of 8 experts: a 1-row step touches exactly 2, a width-w verify 2..min(8, 2w)
+        width = r["verify_width"] if r["kind"] != "prefill" else len(PROMPT)
+        assert all(min(2, 8) <= c <= min(8, 2 * width) for c in counts)
+    assert any(max(r["extra"]["experts"]) > 2 for r in gen.log if r["kind"] == "verify")
+    off = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=5), ScriptedDrafter(ref, len(PROMPT), 97), DraftPolicy.fixed(2)
+    )
+    list(off)
+    assert all(not r["extra"] for r in off.log)
+
+
+def test_prompt_cache_holding_a_prefix_is_extended():
+    """A cache that already holds the prompt's history is prefilled only with the new part."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = build_tiny("llama")
+    history = PROMPT[:9]
+    cache = make_prompt_cache(model)
+    model(mx.array([history]), cache=cache)
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=20), PromptLookup(), DraftPolicy.fixed(3), prompt_cache=cache
+    )
+    assert list(gen) == plain_greedy(model, PROMPT, 20)
+    assert gen.stats()["cached_prompt_tokens"] == 9
+    # A cache holding at least the prompt's length is a context the prompt continues.
+    context = make_prompt_cache(model)
+    model(mx.array([PROMPT]), cache=context)
+    continued = generate(model, PROMPT[-3:], GenerateOptions(max_tokens=5), prompt_cache=context)
+    assert list(continued) == plain_greedy(model, PROMPT + PROMPT[-3:], 5)

@@ -1,0 +1,71 @@
+"""The notebooks: clean sources, and the quick report profile executed through papermill."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from specbench.experiments.capabilities import has
+from specbench.report import runner as report
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+
+
+@pytest.mark.parametrize("name", list(report.NOTEBOOKS))
+def test_notebook_source_is_clean(name):
+    nb = nbformat.read(str(NOTEBOOKS / f"{name}.ipynb"), as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata.kernelspec.name == "python3"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), "stored outputs"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1
+    # papermill must parse every assignment of the parameters cell (it skips lines it cannot read)
+    assigned = [m.group(1) for m in re.finditer(r"^(\w+)\s*=", tagged[0].source, re.M)]
+    params = report.notebook_parameters(NOTEBOOKS / f"{name}.ipynb")
+    assert list(params) == assigned
+    assert {"output_dir", "progress"} <= set(params)
+    assert all(key in params for key in report.PROFILES["quick"][name])
+    assert all(key in params for key in report.PROFILES["full"][name])
+
+
+@pytest.mark.parametrize("name", list(report.NOTEBOOKS))
+def test_notebook_code_cells_parse(name):
+    nb = nbformat.read(str(NOTEBOOKS / f"{name}.ipynb"), as_version=4)
+    ids = [c.get("id") for c in nb.cells]
+    assert all(ids) and len(set(ids)) == len(ids), "every cell needs its own id"
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            ast.parse(cell.source, filename=f"{name}.ipynb#{cell.id}")
+
+
+def test_every_notebook_is_in_the_report():
+    assert sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb")) == sorted(report.NOTEBOOKS)
+
+
+@pytest.mark.skipif(not has("embedded_model"), reason="the quick profile uses the embedded model's tokenizer")
+def test_quick_profile_runs_every_notebook(tmp_path):
+    result = report.run_report("quick", tmp_path / "quick", progress=False)
+    statuses = {r.notebook: (r.status, r.error) for r in result.results}
+    assert all(status == "done" for status, _ in statuses.values()), statuses
+    page = (tmp_path / "quick" / "index.html").read_text()
+    for name in report.NOTEBOOKS:
+        assert (tmp_path / "quick" / f"{name}.html").stat().st_size > 10_000
+        assert f'href="{name}.html"' in page
+        summary = json.loads((tmp_path / "quick" / name / "summary.json").read_text())
+        assert summary["figures"], f"{name} drew no figure"
+        for figure in summary["figures"]:
+            assert (tmp_path / "quick" / figure).read_bytes()[:4] == b"\x89PNG"
+            assert (tmp_path / "quick" / figure).with_suffix(".svg").exists()
+        # only drafters the miniature lacks (an MTP head) may be skipped
+        assert all(section.startswith("drafter ") for section in summary["skipped"]), summary["skipped"]
+    sweep = json.loads((tmp_path / "quick" / "draft_length_sweep" / "summary.json").read_text())
+    assert sweep["values"]["outputs_equal_to_plain"] is True
+    traces = json.loads((tmp_path / "quick" / "agent_traces" / "summary.json").read_text())
+    assert traces["values"]["identical"] is True

@@ -1,0 +1,576 @@
+"""Library side of notebooks and reports: capabilities, sweeps, rendering, figures, outputs, the
+report runner (on small notebooks of its own) and the explorer, headless."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+import nbformat
+import numpy as np
+import polars as pl
+import pytest
+from conftest import ScriptedDrafter, build_tiny, plain_greedy
+from nbformat.v4 import new_code_cell, new_notebook
+
+from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
+from specbench.experiments import capabilities as caps
+from specbench.experiments import lossless, sweep, timing
+from specbench.experiments.prompts import prompt_table, prompts_from
+from specbench.models.tiny import tiny_config
+from specbench.report import Outputs, figures, headlines, render
+from specbench.report import runner as report
+
+matplotlib.use("Agg")
+
+
+# -- a byte-level tokenizer for tiny models ------------------------------------------------------
+
+
+def byte_tokenizer():
+    """mlx-lm's TokenizerWrapper over a 256-token byte-level BPE without merges (no files needed)."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return TokenizerWrapper(PreTrainedTokenizerFast(tokenizer_object=tok))
+
+
+@pytest.fixture(scope="module")
+def text_model():
+    return build_tiny("llama", seed=3, scale=2.0, vocab_size=256), byte_tokenizer()
+
+
+class WrongAt(ScriptedDrafter):
+    """A scripted drafter that is wrong at draft position ``bad`` (0-based) of every draft."""
+
+    def __init__(self, truth, prompt_len, vocab, bad):
+        super().__init__(truth, prompt_len, vocab, wrong_at=lambda step, i: i == bad)
+        self.name = "scripted"
+
+
+# -- capabilities --------------------------------------------------------------------------------
+
+
+def test_capabilities_report_and_require(monkeypatch):
+    found = caps.capabilities()
+    assert set(found) == set(caps.CHECKS)
+    assert found["bundled_prompts"].available
+    with pytest.raises(ValueError, match="unknown capability"):
+        caps.check("warp-drive")
+
+    def missing():
+        raise caps.MissingCapability("not built yet")
+
+    monkeypatch.setitem(caps.CHECKS, "drafter:dream", missing)
+    assert not caps.has("drafter:dream")
+    with pytest.raises(caps.MissingCapability, match="drafter:dream is not available: not built yet"):
+        caps.require("bundled_prompts", "drafter:dream")
+
+
+def test_usable_drafters_skips_what_the_model_lacks():
+    model = build_tiny("llama")
+    factories, skipped = caps.usable_drafters(["lookup", "mtp", "none"], model, "tiny-llama")
+    assert factories["lookup"]().name == "lookup"
+    assert factories["lookup"]() is not factories["lookup"]()  # fresh drafter per call
+    assert factories["none"]() is None
+    assert "mtp" in skipped and "MTP head" in skipped["mtp"]
+    with pytest.raises(ValueError, match="unknown drafter"):
+        caps.usable_drafters(["warp"], model)
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def test_token_sources_follow_the_log(text_model):
+    model, tokenizer = text_model
+    prompt = tokenizer.encode("the cat sat on the mat. the cat")
+    truth = plain_greedy(model, prompt, 20)
+    drafter = WrongAt(truth, len(prompt), 256, bad=2)
+    gen = speculative_generate(model, prompt, GenerateOptions(max_tokens=20), drafter, DraftPolicy.fixed(3))
+    tokens = list(gen)
+    assert tokens == truth
+    sources = render.token_sources(gen)
+    assert [t for t, _, _ in sources] == tokens
+    expected = []
+    for r in gen.log.records:
+        if r["kind"] == "verify":
+            expected += ["draft"] * r["accepted"] + ["bonus"] * (r["emitted"] - r["accepted"])
+        else:
+            expected += ["plain"] * r["emitted"]
+    assert [s for _, s, _ in sources] == expected
+    # every full verify accepts the first two draft tokens and corrects the third
+    full = [r for r in gen.log.records if r["kind"] == "verify" and r["k_drafted"] == 3]
+    assert full and all(r["accepted"] == 2 for r in full)
+    assert render.source_counts(gen)["draft"] == sum(r["accepted"] for r in gen.log.records if r["kind"] == "verify")
+    page = render.coloured_html(gen, Letters())
+    counts = render.source_counts(gen)
+    for source in render.SOURCES:  # one span per token, plus one in the legend
+        assert page.count(f"background:{render.SOURCE_COLOURS[source]}") == counts[source] + 1
+    assert "accepted draft token" in page
+
+
+class Letters:
+    """A tokenizer whose token t decodes to one letter."""
+
+    def decode(self, ids):
+        return "".join(chr(97 + t % 26) for t in ids)
+
+
+def test_token_pieces_join_to_the_decoded_text():
+    tokenizer = byte_tokenizer()
+    ids = tokenizer.encode("héllo <b>&</b> wörld")
+    pieces = render.token_pieces(tokenizer, ids)
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert pieces.count("") == 2  # é and ö take two byte tokens each: shown on the second
+    page = render.coloured_html([{"kind": "plain", "step": 0, "tokens": ids, "accepted": 0}], tokenizer)
+    assert ">&lt;<" in page and ">&amp;<" in page and "<b>" not in page
+
+
+# -- sweeps --------------------------------------------------------------------------------------
+
+
+def test_run_sweep_measures_acceptance_per_position(text_model):
+    model, tokenizer = text_model
+    prompt = tokenizer.encode("one two three, one two three, one two")
+    truth = plain_greedy(model, prompt, 16)
+    result = sweep.run_sweep(
+        model,
+        tokenizer,
+        [prompt],
+        drafters=[],
+        policies=["fixed:4"],
+        max_tokens=16,
+        progress=False,
+        drafter_factories={"scripted": lambda: WrongAt(truth, len(prompt), 256, bad=2)},
+        warmup_tokens=2,
+    )
+    runs = result.runs
+    assert runs["drafter"].to_list() == ["none", "scripted"]
+    # both runs started from one shared prefill of the prompt's prefix, and still decode as mlx-lm
+    for run in (0, 1):
+        emitted = [t for ts in result.steps.filter(pl.col("run") == run)["tokens"].to_list() for t in ts]
+        assert emitted == truth
+    assert runs.filter(pl.col("drafter") == "scripted")["equal_to_plain"].to_list() == [True]
+    positions = result.per_position(["drafter", "policy"])
+    rates = dict(zip(positions["position"].to_list(), positions["rate"].to_list()))
+    assert rates[1] == 1.0 and rates[2] == 1.0 and rates[3] == 0.0
+    assert 4 not in rates  # position 4 is never reached: position 3 always fails
+    summary = result.summary()
+    row = summary.filter(pl.col("drafter") == "scripted").row(0, named=True)
+    verifies = runs.filter(pl.col("drafter") == "scripted")["verifies"][0]
+    assert row["tokens_per_verify"] == pytest.approx((row["accepted"] + verifies) / verifies)
+    assert row["all_equal_to_plain"] is True
+    assert row["speedup"] == pytest.approx(
+        (row["decode_tokens"] / row["decode_s"]) / (row["plain_decode_tokens"] / row["plain_decode_s"])
+    )
+
+
+def test_prefix_cache_copies_are_independent(text_model):
+    model, tokenizer = text_model
+    prompt = tokenizer.encode("a prompt to prefill once")
+    prefix = timing.prefix_cache(model, prompt)
+    assert prefix[0].offset == len(prompt) - 1
+    first = generate(model, prompt, GenerateOptions(max_tokens=5), prompt_cache=timing.cache_copy(prefix))
+    second = generate(model, prompt, GenerateOptions(max_tokens=5), prompt_cache=timing.cache_copy(prefix))
+    assert list(first) == list(second) == plain_greedy(model, prompt, 5)
+    assert first.stats()["cached_prompt_tokens"] == len(prompt) - 1 and prefix[0].offset == len(prompt) - 1
+    needs_hidden = type("D", (), {"needs_hidden": True})()
+    assert timing.cache_copy(prefix, needs_hidden) is None and timing.prefix_cache(model, prompt[:1]) is None
+
+
+def test_run_sweep_skips_unusable_drafters_and_checks_policies(text_model):
+    model, tokenizer = text_model
+    prompt = tokenizer.encode("abc abc abc")
+    with pytest.raises(ValueError, match="unknown policy"):
+        sweep.run_sweep(model, tokenizer, [prompt], ["lookup"], ["often:3"], progress=False)
+    result = sweep.run_sweep(
+        model,
+        tokenizer,
+        [prompt],
+        ["lookup", "mtp"],
+        ["fixed:2"],
+        max_tokens=6,
+        temperatures=[0.0, 0.8],
+        progress=False,
+        warmup_tokens=0,
+    )
+    assert "mtp" in result.skipped
+    assert len(result.runs) == 4  # (plain + lookup) x 2 temperatures
+    sampled = result.runs.filter(pl.col("temperature") > 0)
+    assert sampled["equal_to_plain"].null_count() == 2  # not compared when sampling (nor plain with itself)
+
+
+def test_summarize_sweep_is_a_ratio_of_sums():
+    runs = pl.DataFrame(
+        {
+            "drafter": ["a", "a"],
+            "policy": ["fixed:2", "fixed:2"],
+            "decode_tokens": [10, 30],
+            "decode_s": [1.0, 1.0],
+            "plain_decode_tokens": [10, 10],
+            "plain_decode_s": [2.0, 2.0],
+            "steps": [5, 10],
+            "verifies": [4, 8],
+            "drafted": [8, 16],
+            "accepted": [4, 12],
+            "equal_to_plain": [True, False],
+        }
+    )
+    row = sweep.summarize_sweep(runs).row(0, named=True)
+    assert row["speedup"] == pytest.approx((40 / 2.0) / (20 / 4.0))
+    assert row["acceptance_rate"] == pytest.approx(16 / 24)
+    assert row["mean_accepted_tokens"] == pytest.approx(40 / 15)
+    assert row["all_equal_to_plain"] is False
+
+
+def test_sweep_policies():
+    assert [p.name for p in sweep.sweep_policies(["fixed", "auto", "adaptive"], [1, 4])] == [
+        "fixed:1",
+        "fixed:4",
+        "auto",
+        "adaptive:1",
+        "adaptive:4",
+    ]
+    with pytest.raises(ValueError, match="unknown policy"):
+        sweep.sweep_policies(["greedy"], [1])
+
+
+def test_histogram_test_separates_distributions():
+    rng = np.random.default_rng(0)
+    same_a = rng.integers(0, 5, size=(30, 6)).tolist()
+    same_b = rng.integers(0, 5, size=(30, 6)).tolist()
+    shifted = rng.integers(3, 8, size=(30, 6)).tolist()
+    _, p_same, tvd_same = lossless.histogram_test(same_a, same_b, permutations=500)
+    _, p_diff, tvd_diff = lossless.histogram_test(same_a, shifted, permutations=500)
+    assert p_same > 0.05 and p_diff < 0.01
+    assert tvd_diff > tvd_same
+
+
+def test_losslessness_check_counts_every_sample(text_model):
+    model, tokenizer = text_model
+    prompt = tokenizer.encode("ab ab ab ab ab")
+    check = lossless.losslessness_check(
+        model,
+        tokenizer,
+        prompt,
+        "lookup",
+        "fixed:3",
+        temperature=1.0,
+        samples=5,
+        max_tokens=4,
+        top=5,
+        permutations=50,
+        progress=False,
+    )
+    assert check.counts["plain"].sum() == 20 and check.counts["speculative"].sum() == 20
+    assert len(check.plain_sequences) == len(check.speculative_sequences) == 5
+    assert 0 < check.p_value <= 1 and 0 <= check.tvd <= 1
+    with pytest.raises(ValueError, match="temperature > 0"):
+        lossless.losslessness_check(model, tokenizer, prompt, temperature=0.0)
+
+
+# -- figures and outputs -------------------------------------------------------------------------
+
+
+def _labelled(fig):
+    """Every panel with data has a y label; x labels may be shared with the panel below."""
+    drawn = [ax for ax in fig.axes if ax.has_data()]
+    assert drawn and all(ax.get_ylabel() for ax in drawn)
+    assert any(ax.get_xlabel() for ax in drawn)
+    assert any(ax.get_title() for ax in fig.axes) or fig._suptitle is not None
+
+
+def test_figures_draw_sweep_results(text_model, tmp_path):
+    model, tokenizer = text_model
+    prompt = tokenizer.encode("one two three, one two three, one two")
+    result = sweep.run_sweep(
+        model,
+        tokenizer,
+        [prompt],
+        ["lookup"],
+        ["fixed:1", "fixed:3", "auto"],
+        max_tokens=10,
+        temperatures=[0.0, 1.0],
+        progress=False,
+        warmup_tokens=0,
+    )
+    summary = result.summary(["drafter", "policy"])
+    for fig in (
+        figures.speedup_vs_k(summary),
+        figures.accepted_vs_k(summary),
+        figures.per_position(result.per_position()),
+        figures.category_speedups(
+            sweep.best_per_group(result.summary(["category", "drafter", "policy"]), ["category", "drafter"])
+        ),
+        figures.acceptance_vs_temperature(result.summary(["drafter", "policy", "temperature"])),
+        figures.step_timeline(result.steps.filter(pl.col("run") == 1)),
+    ):
+        _labelled(fig)
+    lines = figures.speedup_vs_k(summary).axes[0].get_lines()
+    assert any(line.get_color() == figures.drafter_colour("lookup") for line in lines)
+    png = figures.save_figure(figures.speedup_vs_k(summary), tmp_path / "speedup", svg=True)
+    assert png == tmp_path / "speedup.png"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["speedup.png", "speedup.svg"]
+    assert png.read_bytes()[:4] == b"\x89PNG" and b"<svg" in png.with_suffix(".svg").read_bytes()[:400]
+
+
+def test_trace_figures():
+    turns = pl.DataFrame(
+        {
+            "trace": ["t"] * 4,
+            "turn": [0, 0, 1, 1],
+            "method": ["plain", "suffix"] * 2,
+            "decode_tokens": [9, 9, 9, 9],
+            "steps": [9, 5, 9, 3],
+            "verifies": [0, 4, 0, 3],
+            "tokens_per_verify": [0.0, 2.0, 0.0, 3.0],
+            "speedup": [1.0, 1.4, 1.0, 2.1],
+        }
+    )
+    rows = sweep.trace_turns([type("R", (), {"turns": turns})()])
+    assert rows.filter(pl.col("drafter") == "suffix")["saved"].to_list() == [4, 6]
+    assert rows.filter(pl.col("drafter") == "none")["tokens_per_verify"].null_count() == 2
+    _labelled(figures.per_turn(rows))
+    fig = figures.cumulative_saved(rows)
+    assert list(fig.axes[0].get_lines()[0].get_ydata()) == [4, 10]
+
+
+def test_one_colour_scheme_for_drafters_and_models():
+    assert figures.drafter_colour("lookup") == figures.COLOURS["lookup"] == figures.DRAFTER_COLOURS["lookup"]
+    assert figures.drafter_colour("none") == figures.drafter_colour("plain")
+    assert figures.drafter_colour("my-drafter") == figures.drafter_colour("my-drafter")  # a stable spare colour
+    assert figures.drafter_order(["x", "suffix", "lookup"]) == ["lookup", "suffix", "x"]
+    assert [figures.model_family(n) for n in ("qwen3-8b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "qwen3.5-4b")] == [
+        "dense",
+        "moe",
+        "hybrid-moe",
+        "hybrid",
+    ]
+    palette = figures.model_colours(["qwen3-8b", "qwen3-30b-a3b", "llama-8b"])
+    assert palette["qwen3-8b"] == figures.COLOURS["dense"] and palette["qwen3-30b-a3b"] == figures.COLOURS["moe"]
+    assert len(set(palette.values())) == 3  # a second dense model takes a spare colour
+
+
+def test_headlines():
+    summary = pl.DataFrame(
+        {
+            "drafter": ["none", "lookup", "suffix"],
+            "policy": ["none", "fixed:2", "auto"],
+            "speedup": [1.0, 1.3, 1.6],
+            "all_equal_to_plain": [None, True, False],
+        }
+    )
+    assert headlines.sweep_headline(summary) == {
+        "best": "suffix auto",
+        "best_speedup": 1.6,
+        "outputs_equal_to_plain": False,
+    }
+    traces = pl.DataFrame(
+        {
+            "method": ["plain", "suffix"],
+            "identical": [True, True],
+            "speedup": [1.0, 2.0],
+            "tokens_per_verify": [0.0, 3.5],
+        }
+    )
+    assert headlines.trace_headline(traces) == {"identical": True, "suffix speedup": 2.0, "suffix tokens/verify": 3.5}
+
+
+def test_outputs_write_figures_logs_tables_and_summary(tmp_path, text_model, monkeypatch):
+    model, tokenizer = text_model
+    out = Outputs(tmp_path, "demo")
+    gen = generate(model, tokenizer.encode("hi"), GenerateOptions(max_tokens=3))
+    list(gen)
+    out.figure(figures.step_timeline(gen), "steps")
+    out.log(gen.log, "plain")
+    out.table(pl.DataFrame({"a": [1]}), "numbers")
+    out.summary(tokens=3, never=float("nan"))
+    out.skip("mtp section", "no head")
+    monkeypatch.setitem(caps.CHECKS, "drafter:dream", lambda: (_ for _ in ()).throw(caps.MissingCapability("not yet")))
+    assert out.needs("bundled_prompts", section="prompts section")
+    assert not out.needs("bundled_prompts", "drafter:dream", section="dream section")
+    data = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert data["values"] == {"tokens": 3, "never": None}
+    assert data["skipped"] == {"mtp section": "no head", "dream section": "drafter:dream is not available: not yet"}
+    assert data["figures"] == ["demo/figures/steps.png"] and (tmp_path / "demo/figures/steps.svg").exists()
+    assert pl.read_parquet(tmp_path / data["logs"][0])["kind"].to_list()[0] == "prefill"
+    silent = Outputs("", "demo")
+    silent.figure(figures.step_timeline(gen), "steps")
+    assert silent.files["figures"] == [] and silent.log(gen.log, "x") is None
+
+
+# -- parameters and the runner -------------------------------------------------------------------
+
+
+def _notebook(path: Path, parameters: str, body: str) -> None:
+    cell = new_code_cell(parameters + '\noutput_dir = ""\nprogress = True')
+    cell.metadata["tags"] = ["parameters"]
+    nb = new_notebook(
+        cells=[cell, new_code_cell(body)],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
+    nbformat.write(nb, str(path))
+
+
+def test_unknown_parameters_are_one_clear_error(tmp_path):
+    _notebook(tmp_path / "quickstart.ipynb", 'model = "m"\nmax_tokens = 12\ndrafters = ["lookup"]', "pass")
+    names = ["quickstart"]
+    known = r"unknown parameter\(s\) 'max_tokns'.*Known parameters: drafters, max_tokens, model"
+    with pytest.raises(ValueError, match=known):
+        report.resolve_parameters("quick", {"max_tokns": "3"}, names, tmp_path)
+    with pytest.raises(ValueError, match="set by the report"):
+        report.resolve_parameters("quick", {"output_dir": "x"}, names, tmp_path)
+    with pytest.raises(ValueError, match="unknown profile"):
+        report.resolve_parameters("huge", {}, names, tmp_path)
+    overrides = {"max_tokens": "5", "quickstart.drafters": "lookup,suffix"}
+    got = report.resolve_parameters("quick", overrides, names, tmp_path)
+    assert got["quickstart"]["max_tokens"] == 5 and got["quickstart"]["drafters"] == ["lookup", "suffix"]
+    assert got["quickstart"]["model"] == report.PROFILES["quick"]["quickstart"]["model"]
+    with pytest.raises(ValueError, match="expected an integer"):
+        report.resolve_parameters("quick", {"max_tokens": "lots"}, names, tmp_path)
+    with pytest.raises(ValueError, match="key=value"):
+        report.parse_assignments(["max_tokens"])
+
+
+def test_run_report_keeps_failures_and_resumes(tmp_path):
+    notebooks = tmp_path / "nb"
+    notebooks.mkdir()
+    _notebook(
+        notebooks / "quickstart.ipynb",
+        'model = "m"\nmax_tokens = 12',
+        (
+            "import matplotlib.pyplot as plt\nfrom specbench.report import Outputs\n"
+            "out = Outputs(output_dir, 'quickstart')\nfig, ax = plt.subplots()\nax.plot([1, 2], [max_tokens, 3])\n"
+            "ax.set_title('t'); ax.set_xlabel('x'); ax.set_ylabel('y')\n"
+            "out.figure(fig, 'line')\nout.summary(value=max_tokens)"
+        ),
+    )
+    _notebook(
+        notebooks / "explorer.ipynb", 'models = ["m"]\nmax_tokens = 12', "raise RuntimeError('broken on purpose')"
+    )
+    out = tmp_path / "report"
+    first = report.run_report(
+        "quick", out, {"quickstart.max_tokens": "7"}, ["quickstart", "explorer"], notebooks=notebooks, progress=False
+    )
+    assert {r.notebook: r.status for r in first.results} == {"quickstart": "done", "explorer": "failed"}
+    assert "broken on purpose" in report.read_status(out, "explorer")["error"]
+    assert (out / "explorer.ipynb").exists() and (out / "explorer.html").exists()
+    assert (out / "quickstart" / "figures" / "line.png").exists() and (out / "quickstart.html").exists()
+    page = (out / "index.html").read_text()
+    assert 'href="quickstart.html"' in page and 'class="failed"' in page and "broken on purpose" in page
+    assert "quickstart/figures/line.png" in page and "<dt>value</dt><dd>7</dd>" in page
+    second = report.run_report(
+        "quick", out, {"quickstart.max_tokens": "7"}, ["quickstart", "explorer"], notebooks=notebooks, progress=False
+    )
+    assert {r.notebook: r.status for r in second.results} == {"quickstart": "skipped", "explorer": "failed"}
+    third = report.run_report(
+        "quick", out, {"quickstart.max_tokens": "8"}, ["quickstart"], notebooks=notebooks, progress=False
+    )
+    assert third.results[0].status == "done"  # parameters changed: run again
+    assert json.loads((out / "quickstart" / "summary.json").read_text())["values"] == {"value": 8}
+
+
+# -- explorer ------------------------------------------------------------------------------------
+
+
+def test_explorer_builds_and_a_run_updates_it(text_model):
+    import ipywidgets
+
+    from specbench.report.explorer import Explorer
+
+    model, tokenizer = text_model
+    app = Explorer(
+        models={"tiny": (model, tokenizer)},
+        drafters=["lookup", "mtp", "none"],
+        prompt="la la la la",
+        policy="fixed",
+        k=3,
+        max_tokens=12,
+        refresh_s=0.0,
+    )
+    assert isinstance(app.widget, ipywidgets.VBox)
+    assert app.draft_policy().name == "fixed:3"
+    app.chat.value = False
+    gen = app.button.click() or app.generation
+    assert gen is not None and len(gen.tokens) == 12
+    assert gen.log.records[1]["policy"] == "fixed:3"
+    assert "<span" in app.text.value and "tokens" in app.stats.value and "done: 12 tokens" in app.status.value
+    assert app.figure is not None and app.figure.axes[0].has_data()
+    app.drafter.value = "mtp"
+    assert app.run() is None and "not available" in app.status.value
+    app.drafter.value, app.temperature.value = "none", 0.7
+    plain = app.run()
+    assert plain.stats()["verifies"] == 0 and len(plain.tokens) == 12
+    app.drafter.value, app.verify.value = "lookup", "fast"
+    assert app.run().options.verify_mode == "fast"
+    with pytest.raises(ValueError, match="policy must be one of"):
+        Explorer(models={"tiny": (model, tokenizer)}, policy="sometimes")
+    with pytest.raises(ValueError, match="verify must be"):
+        Explorer(models={"tiny": (model, tokenizer)}, verify="maybe")
+
+
+# -- models and prompts for notebooks ------------------------------------------------------------
+
+
+def test_tiny_config_keeps_architecture_and_vocabulary():
+    llama = {
+        "model_type": "llama",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+    }
+    small = tiny_config(llama)
+    assert small["vocab_size"] == 49152 and small["model_type"] == "llama" and small["tie_word_embeddings"]
+    assert (small["hidden_size"], small["num_hidden_layers"], small["num_attention_heads"]) == (64, 2, 4)
+    assert "head_dim" not in small and "num_experts" not in small
+    hybrid = {
+        "model_type": "qwen3_5",
+        "text_config": {
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_experts": 256,
+            "num_experts_per_tok": 8,
+            "full_attention_interval": 4,
+        },
+    }
+    text = tiny_config(hybrid)["text_config"]
+    assert text["num_experts"] == 8 and text["num_experts_per_tok"] == 2 and text["num_hidden_layers"] == 4
+
+
+def test_prompts_from_texts_and_files(tmp_path):
+    tokenizer = byte_tokenizer()
+    prompts = prompts_from(["short", "a much longer prompt"], tokenizer, max_prompt_tokens=10)
+    assert [p.text for p in prompts] == ["short"] and prompts[0].ids == tokenizer.encode("short")
+    questions = tmp_path / "question.jsonl"
+    questions.write_text(
+        '{"question_id": 1, "category": "qa", "turns": ["Why?", "And then?"]}\n'
+        '{"question_id": 2, "category": "rag", "turns": ["Where?"]}\n'
+    )
+    prompts = prompts_from(questions, tokenizer, categories=["qa"])
+    assert [(p.id, p.category, p.text) for p in prompts] == [("1", "qa", "Why?")]
+    assert prompt_table(prompts)["tokens"].to_list() == [4]
+    with pytest.raises(ValueError, match="no prompt has at most"):
+        prompts_from(["long prompt"], tokenizer, max_prompt_tokens=2)
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        prompts_from(["x"], None)
+    with pytest.raises(FileNotFoundError):
+        prompts_from(tmp_path / "missing.jsonl", tokenizer)
+
+
+def test_report_names_the_notebooks_folder_it_lacks(tmp_path, capsys):
+    from specbench.cli import main
+
+    code = main(["report", "--profile", "quick", "--notebooks", str(tmp_path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and str(tmp_path) in err and "--notebooks DIR" in err
+    assert not (tmp_path / "out").exists()  # nothing written half

@@ -1,0 +1,63 @@
+"""The GPU scripts' CPU smoke runs (--quick): device time is scarce, so a script that breaks
+should break here first."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_script(name: str, tmp_path: Path, *args: str) -> str:
+    env = {**os.environ, "OUT": str(tmp_path), "SPECBENCH_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu" / name), "--quick", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+def test_exactness_script(tmp_path):
+    out = run_script("exactness.py", tmp_path, "--models", "qwen3-8b-tiny,qwen3-30b-a3b-tiny")
+    assert "bit-identical to plain greedy on every prompt: True" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {r["model"] for r in summary["exactness"]} == {"qwen3-8b-tiny", "qwen3-30b-a3b-tiny"}
+    assert (tmp_path / "exactness.csv").exists() and (tmp_path / "cost.csv").exists()
+
+
+def test_exact_diagnose_script(tmp_path):
+    out = run_script("exact_diagnose.py", tmp_path)
+    report = json.loads((tmp_path / "diagnose.json").read_text())
+    assert len(report["crossing"]) == 4 and all(c["first_mismatch"] is None for c in report["crossing"])
+    assert all(c["copy_equal"] and c["after_other_calls_equal"] for c in report["copied_cache"])
+    assert "lockstep" in out
+
+
+def test_cost_script_and_replot(tmp_path):
+    out = run_script("cost.py", tmp_path, "--models", "qwen3-8b-tiny", "--hybrids", "")
+    assert "prediction error of the seconds per token" in out
+    for name in ("profiles.json", "grid.csv", "costs.png", "break_even.png", "measured.png"):
+        assert (tmp_path / name).exists(), name
+    (tmp_path / "measured.png").unlink()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu" / "cost.py"), "--replot", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "measured.png").exists()
+
+
+def test_traces_script(tmp_path):
+    out = run_script("traces.py", tmp_path, "--drafters", "lookup,suffix")
+    assert "outputs identical: True" in out
+    assert (tmp_path / "traces_summary.csv").exists()
