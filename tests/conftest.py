@@ -13,6 +13,13 @@ from mlx_lm.models import switch_layers
 from specbench.core.draft import Draft, Drafter
 from specbench.exact import hooks as exact_hooks
 
+#: Tests whose premise is the CPU's: a w-row forward bit-identical to w single-row steps (on a GPU
+#: it is not, which is what exact verification is for; the GPU runs check exactness end to end).
+cpu_bitwise = pytest.mark.skipif(
+    mx.default_device().type == mx.DeviceType.gpu,
+    reason="needs the CPU's bit-identical w-row forwards; on a GPU exact verification provides them",
+)
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 TINY_CONFIGS = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import QWEN3_NEXT, QWEN35, QWEN35_MOE, ScriptedDrafter, build, plain_greedy
+from conftest import QWEN3_NEXT, QWEN35, QWEN35_MOE, ScriptedDrafter, build, cpu_bitwise, plain_greedy
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
@@ -63,6 +63,7 @@ def test_recording_is_bounded_and_removed():
     assert offsets == {len(PROMPT) + 6}
 
 
+@cpu_bitwise
 def test_state_after_rewind_equals_serial_steps():
     model = build(QWEN35_MOE)
     tokens = [7, 3, 9, 11, 2]
