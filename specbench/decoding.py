@@ -16,7 +16,7 @@ import mlx.nn as nn
 
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
-from specbench.core.options import GenerateOptions, VerifyMode
+from specbench.core.options import GenerateOptions, VerifyMode, checked_options
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import FAST
 from specbench.cost import Profile, break_even_tokens, profile_for
@@ -49,9 +49,8 @@ def speculative_generate(
     ``profile``: the cost profile Auto plans with (default: the stored one for this model and
     device, else a quick one measured before the first token, reported through ``progress``).
     """
-    options = options or GenerateOptions()
+    options = checked_options(options)
     mode = options.verify_mode
-    options.check()
     verifier = verifier_for(model, mode) if drafter is not None else FAST
     generation = Generation(
         model,

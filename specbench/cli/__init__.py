@@ -1,23 +1,78 @@
-"""`specbench` command line: each subcommand parses, calls the library, prints."""
+"""`specbench` command line: each subcommand parses, calls the library, prints.
+
+Expected failures (bad arguments, missing or damaged files, OS errors) end as one line on stderr,
+``specbench COMMAND: error: ...``, and exit code 2; ``--debug`` (or ``SPECBENCH_DEBUG=1``) raises
+them instead, with the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import warnings
 
 from specbench.cli import bench, decode, measure, mtp, report  # noqa: F401  (each registers its subcommands)
 from specbench.cli.registry import COMMANDS
 
+#: What a user's mistake or the machine's state raises; anything else is a bug and keeps its traceback.
+EXPECTED_ERRORS = (OSError, ValueError, TypeError)
+
+
+class UsageError(Exception):
+    """A command line argparse rejects, with the program (``specbench COMMAND``) it was given to."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises ``UsageError`` instead of printing the usage and exiting."""
+
+    def error(self, message: str):
+        raise UsageError(self.prog, f"{message} (see {self.prog} --help)")
+
+
+def _debug(args: argparse.Namespace | None) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("SPECBENCH_DEBUG", "") not in ("", "0")
+
+
+def error_line(err: BaseException) -> str:
+    """One line for an expected failure: an OS error as "what: file", others as their message."""
+    text = str(err)
+    if isinstance(err, OSError) and err.strerror:
+        text = err.strerror if err.filename is None else f"{err.strerror}: {err.filename}"
+    return " ".join(text.split()) or type(err).__name__
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specbench", description="specbench: speculative decoding on MLX, measured")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="specbench", description="specbench: speculative decoding on MLX, measured")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (also SPECBENCH_DEBUG=1)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     runners = {}
     for name, (help_text, configure) in COMMANDS.items():
         runners[name] = configure(sub.add_parser(name, help=help_text, description=help_text))
-    args = parser.parse_args(argv)
+    args = None
     try:
-        return int(runners[args.command](args) or 0)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"specbench {args.command}: error: {err}", file=sys.stderr)
+        args = parser.parse_args(argv)
+        prog = f"specbench {args.command}"
+        with warnings.catch_warnings():
+            if not _debug(args):
+                warnings.showwarning = lambda message, *_, **__: print(f"{prog}: warning: {message}", file=sys.stderr)
+            return int(runners[args.command](args) or 0)
+    except UsageError as err:
+        if _debug(args):
+            raise
+        print(f"{err.prog}: error: {error_line(err)}", file=sys.stderr)
         return 2
+    except EXPECTED_ERRORS as err:
+        if _debug(args):
+            raise
+        print(f"specbench {args.command}: error: {error_line(err)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if _debug(args):
+            raise
+        print(f"specbench {args.command}: interrupted" if args else "specbench: interrupted", file=sys.stderr)
+        return 130

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from specbench.cli.registry import add_model_argument, command, names
+from specbench.cli.registry import add_model_argument, command, drafter_names, names, verify_modes
+from specbench.common.files import check_writable
 
 
 # -- bench -------------------------------------------------------------------------------------
@@ -49,8 +51,12 @@ def _bench(parser: argparse.ArgumentParser):
         from specbench.report.figures.bench import save_prompt_figure
 
         policies = [DraftPolicy.parse(p) for p in names(args.policies)]
+        drafter_names(args.drafters)
+        verify_modes(args.verify)
         categories = names(args.categories) if args.categories else None
         questions = questions_from(args.prompts, categories, args.limit)
+        if args.out:
+            check_writable(args.out, folder=True, name="--out")
         model, tokenizer = load(args.model)
         draft_model = load(args.draft_model)[0] if args.draft_model else None
         result = bench_prompts(
@@ -85,12 +91,18 @@ def _bench_trace(args):
     from specbench.experiments.trace_bench import format_turns, run_trace
     from specbench.models.load import load
 
-    verify = names(args.verify) if args.verify else []
+    verify = verify_modes(args.verify)
     if len(verify) > 1:
         raise ValueError("--trace takes one --verify mode (exact or fast)")
     policies = [DraftPolicy.parse(p) for p in names(args.policies)]
-    model, tokenizer = load(args.model)
+    drafter_names(args.drafters)
     options = GenerateOptions(max_tokens=args.max_tokens, verify=verify[0] if verify else None)
+    trace = Path(args.trace)
+    if not trace.is_file():
+        raise FileNotFoundError(f"no trace file at {trace}" + (" (it is a folder)" if trace.is_dir() else ""))
+    if args.out:
+        check_writable(args.out, folder=True, name="--out")
+    model, tokenizer = load(args.model)
     result = run_trace(
         model,
         tokenizer,

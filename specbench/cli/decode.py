@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from specbench.cli.registry import add_model_argument, command
+from specbench.cli.registry import add_model_argument, command, drafter_names
+from specbench.common.files import check_writable, home
 
 
 # -- setup -------------------------------------------------------------------------------------
@@ -15,6 +16,7 @@ def _setup(parser: argparse.ArgumentParser):
     def run(args):
         from specbench.models.load import setup
 
+        check_writable(home(), folder=True, name="SPECBENCH_HOME")
         for path in setup(force=args.force):
             print(f"ready: {path}")
 
@@ -47,9 +49,7 @@ def _generate(parser: argparse.ArgumentParser):
         from specbench.models.load import load
 
         policy = DraftPolicy.parse(args.policy)
-        model, tokenizer = load(args.model)
-        drafter = make_drafter(args.drafter, model=model, model_name=args.model)
-        prompt = render_prompt(tokenizer, args.prompt, chat=not args.raw)
+        drafter_names(args.drafter, "--drafter")
         options = GenerateOptions(
             max_tokens=args.max_tokens,
             temperature=args.temp,
@@ -59,6 +59,13 @@ def _generate(parser: argparse.ArgumentParser):
             seed=args.seed,
             verify=args.verify,
         )
+        if args.log:
+            check_writable(args.log, name="--log")
+        model, tokenizer = load(args.model)
+        if tokenizer is None:
+            raise ValueError(f"generate needs a model with a tokenizer; {args.model} has none")
+        drafter = make_drafter(args.drafter, model=model, model_name=args.model)
+        prompt = render_prompt(tokenizer, args.prompt, chat=not args.raw)
         gen = speculative_generate(model, prompt, options, drafter, policy if drafter else None, tokenizer=tokenizer)
         for _ in gen:
             pass

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from specbench.cli.registry import add_model_argument, command, names
+from specbench.cli.registry import add_model_argument, command, drafter_names, names, verify_modes
+from specbench.common.files import check_writable, home
 
 
 # -- profile (verify-cost profiles) -------------------------------------------------------------
@@ -22,16 +24,19 @@ def _profile(parser: argparse.ArgumentParser):
 
     def run(args):
         from specbench.common.identity import device_name, display_name
-        from specbench.core.options import VERIFY_MODES
         from specbench.cost import measure, save_profile
         from specbench.drafters import make_drafter
 
-        modes = names(args.verify)
-        unknown = [m for m in modes if m not in VERIFY_MODES]
-        if unknown or not modes:
-            raise ValueError(f"--verify takes a comma list of {', '.join(VERIFY_MODES)}, got {args.verify!r}")
+        modes = verify_modes(args.verify)
         if args.widths < 2:
             raise ValueError(f"--widths must be >= 2 (a verification of k drafts has width k + 1), got {args.widths}")
+        if args.repeats < 1 or args.offset < 1:
+            raise ValueError(f"--repeats and --offset must be >= 1, got {args.repeats} and {args.offset}")
+        drafter_names(args.drafters)
+        if not args.no_save:
+            check_writable(home() / "profiles", folder=True, name="the profiles folder")
+        if args.plot:
+            check_writable(args.plot, folder=True, name="--plot")
         model, tokenizer = _profile_model(args.model, args.layers)
         drafters = [d for d in (make_drafter(n, model=model, model_name=args.model) for n in names(args.drafters)) if d]
         context = _profile_context(tokenizer, args.offset)
@@ -53,8 +58,6 @@ def _profile(parser: argparse.ArgumentParser):
         if not args.no_save:
             print(f"profile: {save_profile(profile)}")
         if args.plot:
-            from pathlib import Path
-
             from specbench.report import figures
 
             folder = Path(args.plot)
@@ -139,6 +142,13 @@ def _check_exact(parser: argparse.ArgumentParser):
             lengths = [int(k) for k in names(args.draft_lengths)]
         except ValueError:
             raise ValueError(f"--draft-lengths takes a comma list of integers, got {args.draft_lengths!r}") from None
+        if not lengths or min(lengths) < 1:
+            raise ValueError(f"--draft-lengths takes a comma list of integers >= 1, got {args.draft_lengths!r}")
+        if args.max_tokens < 1:
+            raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+        modes = verify_modes(args.verify)
+        if args.out:
+            check_writable(args.out, name="--out")
         model, tokenizer = _profile_model(args.model, args.layers)
         if tokenizer is None:
             prompts = exactness.random_prompts(model, args.prompts)
@@ -157,7 +167,7 @@ def _check_exact(parser: argparse.ArgumentParser):
             args.max_tokens,
             lengths,
             args.acceptance,
-            names(args.verify),
+            modes,
             progress=lambda r: print(
                 f"  prompt {r['prompt']} {r['mode']:5s} k={r['k']}: "
                 + ("equal" if r["equal"] else f"differs from token {r['first_divergence']}")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from specbench.cli.registry import add_model_argument, command
+from specbench.common.files import check_writable
 
 
 # -- mtp: train-mtp, extract-mtp ----------------------------------------------------------------
@@ -42,6 +44,7 @@ def _train_mtp(parser: argparse.ArgumentParser):
             if value is not None:
                 setattr(config, key, value)
         config.seed = args.seed
+        check_writable(args.out, folder=True, name="--out")
         model, tokenizer = load(args.model, dtype=args.dtype)
         result = train_mtp(model, tokenizer, args.out, config, model_name=args.model)
         print("\n".join(summary_lines(result)))
@@ -60,6 +63,7 @@ def _extract_mtp(parser: argparse.ArgumentParser):
     def run(args):
         from specbench.models.mtp import extract_mtp
 
+        check_writable(args.dst, folder=Path(args.dst).is_dir(), name="dst")
         path = extract_mtp(args.src, args.dst)
         print(f"wrote {path}")
 

@@ -23,6 +23,31 @@ def names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def drafter_names(text: str, option: str = "--drafters") -> list[str]:
+    """The drafter names of a comma list, checked before any model is loaded."""
+    from specbench.drafters import DRAFTER_NAMES
+
+    chosen = names(text)
+    unknown = [n for n in chosen if n.lower() not in (*DRAFTER_NAMES, "plain")]
+    if unknown:
+        what = "drafters" if option.endswith("s") else "drafter"
+        raise ValueError(
+            f"{option}: unknown {what} {', '.join(map(repr, unknown))}: choose from {', '.join(DRAFTER_NAMES)}"
+        )
+    return chosen
+
+
+def verify_modes(text: str | None, option: str = "--verify") -> list[str]:
+    """The verify modes of a comma list (none for None), checked before any model is loaded."""
+    from specbench.core.options import VERIFY_MODES
+
+    modes = names(text) if text is not None else []
+    unknown = [m for m in modes if m not in VERIFY_MODES]
+    if unknown or (text is not None and not modes):
+        raise ValueError(f"{option} takes a comma list of {', '.join(VERIFY_MODES)}, got {text!r}")
+    return modes
+
+
 def add_model_argument(parser: argparse.ArgumentParser, synthetic: str | None = None) -> None:
     """``--model``, the embedded SmolLM2-135M by default; with ``synthetic`` (a note on such models, shown
     in the help) it also takes synthetic:NAME."""

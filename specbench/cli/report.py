@@ -46,9 +46,8 @@ def _report(parser: argparse.ArgumentParser):
     def run(args):
         from specbench.report.runner import parse_assignments, run_report
 
-        result = run_report(
-            args.profile, args.out, parse_assignments(args.param), args.only, args.force, notebooks=args.notebooks
-        )
+        parameters = parse_assignments(args.param)
+        result = run_report(args.profile, args.out, parameters, args.only, args.force, notebooks=args.notebooks)
         print(f"report: {result.index}")
         for r in result.results:
             print(f"  {r.notebook:20s} {r.status:8s} {r.seconds:7.0f} s  {r.error}")

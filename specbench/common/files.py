@@ -4,10 +4,12 @@ target, then a rename)."""
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,20 +27,91 @@ def home() -> Path:
     return Path(os.environ.get("SPECBENCH_HOME") or "~/.cache/specbench").expanduser()
 
 
+def _umask() -> int:
+    """This process's umask (read without changing it where /proc tells it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _write_atomic(path: str | os.PathLike, write: Callable[[str], Any], suffix: str = ".tmp") -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path`` (creating its folder), then rename
-    it to ``path``; the temporary file is removed if ``write`` fails."""
+    it to ``path`` with the permissions a new file gets (0o666 less the umask); the temporary file
+    is removed if ``write`` fails."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def check_writable(path: str | os.PathLike, folder: bool = False, name: str | None = None) -> Path:
+    """Check, before any work, that a file (or with ``folder``, a folder) can be written at ``path``:
+    its folder is created and a probe file written there and removed. Raises a ValueError when the
+    path is a folder where a file is wanted (or a file where a folder is), an OSError naming the
+    folder when it cannot be made or written. ``name`` (e.g. "--log") prefixes the message."""
+    path = Path(path).expanduser()
+    prefix = f"{name}: " if name else ""
+    if folder and path.exists() and not path.is_dir():
+        raise ValueError(f"{prefix}{path} is a file, not a folder")
+    if not folder and path.is_dir():
+        raise ValueError(f"{prefix}{path} is a folder: give a file name")
+    where = path if folder else path.parent
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".specbench-write-check.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise type(err)(err.errno, f"{prefix}cannot write to the folder {where} ({reason})") from None
+    return path
+
+
+class DamagedFileWarning(UserWarning):
+    """A stored file could not be read: it was moved aside (and is rebuilt where that applies)."""
+
+
+def set_aside(path: str | os.PathLike, what: str, reason: BaseException | str) -> Path | None:
+    """Move a damaged ``path`` aside to ``<name>.damaged-<timestamp>`` with a warning naming both
+    files; returns the new path (None if the file was gone already, e.g. moved by another process)."""
+    path = Path(path)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.damaged-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+    try:
+        os.replace(path, target)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        warnings.warn(
+            f"the {what} {path} is damaged ({reason}) and could not be moved aside ({err})",
+            DamagedFileWarning,
+            stacklevel=2,
+        )
+        return None
+    warnings.warn(
+        f"the {what} {path} is damaged ({reason}): moved aside to {target.name}, to be made anew",
+        DamagedFileWarning,
+        stacklevel=2,
+    )
+    return target
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

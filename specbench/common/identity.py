@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import re
+import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -25,6 +29,42 @@ def versions() -> dict[str, str]:
     except PackageNotFoundError:
         specbench = "unknown"
     return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "specbench": specbench}
+
+
+#: Shared libraries that provide BLAS to MLX's CPU kernels (an LD_PRELOADed OpenBLAS, MKL, BLIS, reference BLAS).
+_BLAS_LIBRARY = re.compile(r"^lib(open)?blas|^libmkl|^libblis|^libflexiblas|^libacml|^libessl", re.IGNORECASE)
+
+
+@functools.cache
+def _loaded_blas() -> str:
+    """The BLAS libraries mapped into this process (``/proc/self/maps``), their file names joined by
+    "+"; "Accelerate" on macOS; "unknown" where neither can be read."""
+    if sys.platform == "darwin":
+        return "Accelerate"
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    names = {Path(line.split(maxsplit=5)[-1]).name for line in lines if len(line.split(maxsplit=5)) == 6}
+    return "+".join(sorted(n for n in names if _BLAS_LIBRARY.search(n))) or "none"
+
+
+def blas_library() -> str | None:
+    """The BLAS library MLX's CPU kernels run on (e.g. ``libblas-bd8a282c.so.3.10.0``, or
+    ``libblas...+libopenblas.so.0`` with an OpenBLAS preloaded over it); None on a GPU."""
+    if mx.default_device().type == mx.DeviceType.gpu:
+        return None
+    return _loaded_blas()
+
+
+def kernel_key() -> str:
+    """What the kernels a measurement ran on depend on, as text: the device, the MLX and mlx-lm
+    versions and, on the CPU, the BLAS library in use. (Exact verification adds the cuDNN
+    attention setting, ``specbench.exact.calibration.calibration_key``; a model's dtype is part
+    of ``model_key``.)"""
+    vers = versions()
+    blas = blas_library()
+    return f"{device_name()}|mlx {vers['mlx']}|mlx_lm {vers['mlx_lm']}" + (f"|blas {blas}" if blas else "")
 
 
 def model_key(model: nn.Module) -> str:

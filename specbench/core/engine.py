@@ -8,15 +8,16 @@ rollback -> drafter.observe -> step log -> emitted tokens. The loop runs against
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from numbers import Integral
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from specbench.core.draft import Drafter, as_draft
+from specbench.core.draft import Drafter, as_draft, check_draft
 from specbench.core.log import StepLog, StepRecord
-from specbench.core.options import GenerateOptions
+from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy
 from specbench.core.target import ModelTarget, Step, Target
 from specbench.core.verify import FAST, Verifier
@@ -29,8 +30,16 @@ def token_ids(prompt: Any, tokenizer: Any = None) -> list[int]:
             raise ValueError("the prompt is text but no tokenizer was given: pass token ids or tokenizer=")
         return list(tokenizer.encode(prompt))
     if isinstance(prompt, mx.array):
+        if not mx.issubdtype(prompt.dtype, mx.integer):
+            raise TypeError(f"the prompt is an mx.array of {prompt.dtype}: token ids must be integers")
         return [int(t) for t in prompt.reshape(-1).tolist()]
-    return [int(t) for t in prompt]
+    if isinstance(prompt, bytes) or not isinstance(prompt, Iterable):
+        raise TypeError(f"the prompt must be text, an mx.array or a list of token ids, got {type(prompt).__name__}")
+    ids = list(prompt)
+    for t in ids:
+        if not isinstance(t, Integral) or isinstance(t, bool):
+            raise TypeError(f"prompt token ids must be integers, got {t!r} ({type(t).__name__})")
+    return [int(t) for t in ids]
 
 
 class Generation:
@@ -55,14 +64,20 @@ class Generation:
         prompt_cache: list[Any] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        self.options = options = options or GenerateOptions()
-        options.check()
+        self.options = options = checked_options(options)
         self.prompt = token_ids(prompt_ids, tokenizer)
         if not self.prompt:
             raise ValueError("the prompt is empty: give at least one token")
         if options.stop_strings and tokenizer is None:
             raise ValueError("stop_strings need a tokenizer: pass tokenizer=")
         eos = set(options.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", None) or [])
+        if drafter is not None and not callable(getattr(drafter, "draft", None)):
+            raise TypeError(f"drafter must be a Drafter (e.g. PromptLookup()), got {drafter!r}")
+        if policy is not None and not isinstance(policy, DraftPolicy):
+            raise TypeError(
+                f"policy must be a DraftPolicy (DraftPolicy.fixed(4), .adaptive(8), .auto(); text through "
+                f"DraftPolicy.parse), got {policy!r}"
+            )
         self.drafter = drafter
         self.policy = (policy or DraftPolicy.auto()) if drafter is not None else None
         self.needs_hidden = bool(drafter is not None and drafter.needs_hidden)
@@ -91,9 +106,14 @@ class Generation:
 
     def _check_prompt(self) -> None:
         vocab, limit = self.target.vocab, self.target.context_limit
-        bad = [t for t in self.prompt if vocab is not None and not 0 <= t < vocab]
+        bad = [t for t in self.prompt if t < 0 or (vocab is not None and t >= vocab)]
         if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the model's vocabulary [0, {vocab})")
+            allowed = f"[0, {vocab})" if vocab is not None else ">= 0"
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the model's vocabulary {allowed}")
+        for name in ("stop_token_ids", "eos_token_ids"):
+            outside = [t for t in getattr(self.options, name) if vocab is not None and t >= vocab]
+            if outside:
+                raise ValueError(f"{name} {outside[:5]} are outside the model's vocabulary [0, {vocab})")
         if limit is not None and len(self.prompt) >= limit:
             raise ValueError(
                 f"the prompt has {len(self.prompt)} tokens but the model's context is {limit}: shorten the prompt"
@@ -195,10 +215,7 @@ class Generation:
         if not draft.tokens:
             yield from self._plain_stretch(1, paused=False, k_requested=k, draft_s=t1 - t0)
             return
-        vocab = self.target.vocab
-        bad = [t for t in draft.tokens if vocab is not None and not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"drafter {self.drafter.name} proposed token ids {bad[:5]} outside [0, {vocab})")
+        draft = check_draft(draft, self._drafter_name(), self.target.vocab, sampling=self.options.temperature > 0)
         position = len(self.tokens)
         step = self.target.verify(draft.tokens, draft.probs, position)
         t2 = self.clock()

@@ -119,9 +119,21 @@ class StepLog:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> StepLog:
+        """A log written by ``save``. A missing file raises FileNotFoundError, a folder
+        IsADirectoryError, and a file that is not a step log's parquet a ValueError naming it."""
         import polars as pl
 
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"no step log at {path}")
-        return cls(pl.read_parquet(path).to_dicts())
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder, not a step log (a parquet file)")
+        try:
+            frame = pl.read_parquet(path)
+        except (pl.exceptions.PolarsError, OSError, ValueError) as err:
+            reason = " ".join(str(err).split()) or type(err).__name__
+            raise ValueError(f"{path} is not a readable step log (a parquet file): {reason}") from err
+        missing = [c for c in ("step", "kind", "emitted") if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{path} is not a step log: it has no {', '.join(missing)} column")
+        return cls(frame.to_dicts())

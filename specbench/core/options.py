@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Literal, get_args
 
 from specbench.core.accept import SamplingSettings
@@ -15,7 +17,7 @@ VERIFY_MODES: tuple[VerifyMode, ...] = get_args(VerifyMode)
 
 def check_verify_mode(mode: object) -> VerifyMode:
     """``mode`` if it is a verify mode, else one clear ValueError."""
-    if mode not in VERIFY_MODES:
+    if not isinstance(mode, str) or mode not in VERIFY_MODES:
         raise ValueError(f"verify mode must be one of {', '.join(VERIFY_MODES)}, got {mode!r}")
     return mode  # type: ignore[return-value]
 
@@ -46,23 +48,27 @@ class GenerateOptions:
     count_experts: bool = False
 
     def check(self) -> None:
-        """Raise one clear ValueError for the first invalid option."""
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        """Raise one clear ValueError (a bad value) or TypeError (a bad type) for the first invalid option."""
+        _integer("max_tokens", self.max_tokens, 1)
+        _integer("min_tokens", self.min_tokens, 0)
+        _integer("prefill_step_size", self.prefill_step_size, 1)
+        temperature = _real("temperature", self.temperature, "a finite number >= 0 (0: greedy)")
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature!r}")
+        if not 0 < _real("top_p", self.top_p, "a number in (0, 1]") <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p!r}")
+        if not 0 <= _real("min_p", self.min_p, "a number in [0, 1]") <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p!r}")
+        _integer("top_k", self.top_k, 0, "(0 disables it)")
+        if self.seed is not None:
+            _integer("seed", self.seed, 0, "or None", maximum=2**64 - 1)
         if self.verify is not None:
             check_verify_mode(self.verify)
-        if self.prefill_step_size < 1:
-            raise ValueError(f"prefill_step_size must be >= 1, got {self.prefill_step_size}")
+        _flag("ignore_eos", self.ignore_eos)
+        _flag("count_experts", self.count_experts)
+        _token_ids("stop_token_ids", self.stop_token_ids)
+        _token_ids("eos_token_ids", self.eos_token_ids)
+        _stop_strings(self.stop_strings)
 
     @property
     def sampling(self) -> SamplingSettings:
@@ -73,3 +79,67 @@ class GenerateOptions:
         if self.verify is not None:
             return self.verify
         return "exact" if self.temperature == 0 else "fast"
+
+
+def _integer(name: str, value: object, minimum: int, note: str = "", maximum: int | None = None) -> int:
+    """``value`` if it is an integer (not a bool) in [minimum, maximum], else a TypeError/ValueError naming ``name``."""
+    allowed = f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+    allowed += f" {note}" if note else ""
+    if not isinstance(value, Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return int(value)
+
+
+def _real(name: str, value: object, allowed: str) -> float:
+    """``value`` as a float if it is a real number (not a bool, not NaN), else a TypeError/ValueError."""
+    if not isinstance(value, Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float's range
+        number = math.inf if value > 0 else -math.inf
+    if math.isnan(number):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return number
+
+
+def _flag(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+
+def _collection(name: str, value: object, of: str) -> Collection:
+    """``value`` if it is a list, tuple or set (not text, not a single value), else a TypeError."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Collection):
+        raise TypeError(f"{name} must be a list of {of}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _token_ids(name: str, value: object) -> None:
+    """A list of token ids: integers >= 0."""
+    for t in _collection(name, value, "token ids (e.g. [2])"):
+        if not isinstance(t, Integral) or isinstance(t, bool):
+            raise TypeError(f"{name} must hold token ids (integers >= 0), got {t!r} ({type(t).__name__}) in {value!r}")
+        if t < 0:
+            raise ValueError(f"{name} must hold token ids (integers >= 0), got {t!r} in {value!r}")
+
+
+def _stop_strings(value: object) -> None:
+    """A list of non-empty strings (a bare string would be read character by character)."""
+    for s in _collection("stop_strings", value, 'non-empty strings (e.g. ["\\n\\n"])'):
+        if not isinstance(s, str):
+            raise TypeError(f"stop_strings must hold non-empty strings, got {s!r} ({type(s).__name__}) in {value!r}")
+        if not s:
+            raise ValueError(f'stop_strings must hold non-empty strings ("" would stop at once), got {value!r}')
+
+
+def checked_options(options: GenerateOptions | None) -> GenerateOptions:
+    """``options`` (default ``GenerateOptions()``) after ``check()``; a TypeError for anything else."""
+    if options is None:
+        options = GenerateOptions()
+    if not isinstance(options, GenerateOptions):
+        raise TypeError(f"options must be a GenerateOptions (e.g. GenerateOptions(max_tokens=64)), got {options!r}")
+    options.check()
+    return options

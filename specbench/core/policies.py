@@ -6,8 +6,10 @@ load or run a model.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
+from numbers import Integral
 from typing import Any
 
 from specbench.core.log import StepLog
@@ -84,9 +86,29 @@ def as_policy(policy: DraftPolicy | str | int) -> DraftPolicy:
 
 
 def _check_k(n: int) -> int:
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"draft length must be an integer >= 1, got {n!r}")
-    return n
+    return _at_least_one("draft length", n)
+
+
+def _at_least_one(name: str, n: object) -> int:
+    """``n`` if it is an integer >= 1 (not a bool), else a TypeError/ValueError naming ``name``."""
+    if not isinstance(n, Integral) or isinstance(n, bool):
+        raise TypeError(f"{name} must be an integer >= 1, got {n!r} ({type(n).__name__})")
+    if n < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {n!r}")
+    return int(n)
+
+
+def _check_break_even(value: object, source: str) -> float:
+    """A break-even (tokens a verification must yield): a number >= 0, not NaN (inf: never draft)."""
+    try:
+        if isinstance(value, (bool, str, bytes)):
+            raise TypeError
+        number = float(value)  # numbers, and scalar arrays
+    except (TypeError, ValueError):
+        raise TypeError(f"{source} must be a number of tokens >= 0, got {value!r} ({type(value).__name__})") from None
+    if math.isnan(number) or number < 0:
+        raise ValueError(f"{source} must be a number of tokens >= 0, got {value!r}")
+    return number
 
 
 class FixedPolicy(DraftPolicy):
@@ -105,7 +127,7 @@ class AdaptivePolicy(DraftPolicy):
 
     def __init__(self, n: int, max_pause: int = 16):
         self.n = _check_k(n)
-        self.max_pause = max_pause
+        self.max_pause = _at_least_one("max_pause", max_pause)
         self.name = f"adaptive:{n}"
 
     def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
@@ -145,10 +167,10 @@ class AutoPolicy(DraftPolicy):
     name = "auto"
 
     def __init__(self, max_k: int | None, window: int, pause_tokens: int, break_even: float | None):
-        self.max_k = _check_k(max_k) if max_k is not None else None
-        self.window = window
-        self.pause_tokens = pause_tokens
-        self.fixed_break_even = break_even
+        self.max_k = _at_least_one("max_k", max_k) if max_k is not None else None
+        self.window = _at_least_one("window", window)
+        self.pause_tokens = _at_least_one("pause_tokens", pause_tokens)
+        self.fixed_break_even = _check_break_even(break_even, "break_even") if break_even is not None else None
 
     @property
     def needs_break_even(self) -> bool:
@@ -156,6 +178,8 @@ class AutoPolicy(DraftPolicy):
 
     def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
         super().start(drafter, break_even)
+        if break_even is not None and not callable(break_even):
+            raise TypeError(f"break_even must be a function k -> tokens, got {break_even!r}")
         if break_even is None and self.fixed_break_even is None:
             raise ValueError(
                 "DraftPolicy.auto() needs a break-even: run it through specbench.speculative_generate (which "
@@ -177,7 +201,7 @@ class AutoPolicy(DraftPolicy):
         if self.fixed_break_even is not None:
             return self.fixed_break_even
         if k not in self._break_evens:
-            self._break_evens[k] = float(self._break_even_of(k))
+            self._break_evens[k] = _check_break_even(self._break_even_of(k), f"the break-even of k = {k}")
         return self._break_evens[k]
 
     def preferred_k(self, drafter: Any) -> int:

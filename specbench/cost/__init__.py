@@ -1,7 +1,7 @@
 """Verify cost: profiles c(w), break-even math, and measuring them."""
 
 from specbench.common.files import home
-from specbench.common.identity import device_name, display_name, model_key, versions
+from specbench.common.identity import device_name, display_name, kernel_key, model_key, versions
 from specbench.core.options import VERIFY_MODES
 from specbench.cost.breakeven import (
     best_k,
@@ -24,6 +24,7 @@ __all__ = [
     "home",
     "device_name",
     "versions",
+    "kernel_key",
     "model_key",
     "display_name",
     "Profile",

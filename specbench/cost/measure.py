@@ -365,9 +365,9 @@ def _remember(model: nn.Module, verify: str, profile: Profile) -> None:
 def profile_for(
     model: nn.Module, verify: str = "fast", budget_s: float = 2.5, progress: Callable[[str], None] | None = None
 ) -> Profile:
-    """The cost profile to plan with: a stored one for this model, device and library versions
-    if present, else ``quick_profile`` (about ``budget_s`` seconds, announced once through
-    ``progress``); kept in memory per model object."""
+    """The cost profile to plan with: a stored one for this model, device, library versions and
+    BLAS library if present (a damaged one is moved aside with a warning), else ``quick_profile``
+    (about ``budget_s`` seconds, announced once through ``progress``); kept in memory per model object."""
     verify = check_verify_mode(verify)
     cached = _MEMORY.get((id(model), verify))
     if cached is not None:

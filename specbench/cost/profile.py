@@ -6,13 +6,17 @@ each verify mode; the engine's own overhead per speculative step (drafting exclu
 steps; and each drafter's cost per draft token d in plain steps.
 
 Profiles are stored under ``$SPECBENCH_HOME/profiles`` (default ``~/.cache/specbench``), keyed by
-model shape, device and mlx / mlx-lm versions.
+model shape (with its dtypes), device, mlx / mlx-lm versions and the BLAS library in use
+(``specbench.common.identity.kernel_key``). A damaged stored profile is moved aside with a warning
+and measured anew.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +24,8 @@ from typing import Any
 import mlx.nn as nn
 import numpy as np
 
-from specbench.common.files import home, write_json_atomic
-from specbench.common.identity import device_name, model_key, versions
+from specbench.common.files import DamagedFileWarning, home, set_aside, write_json_atomic
+from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.draft import Drafter
 
 #: The parts of a stored profile that hold one entry per verify mode or drafter.
@@ -52,6 +56,8 @@ class Profile:
     repeats: int = 0
     created: str = ""
     quick: bool = False
+    #: What the kernels depended on when measured (``kernel_key``); "" for profiles stored before it was kept.
+    kernels: str = field(default_factory=kernel_key)
 
     def c(self, w: int | float, mode: str = "fast", overhead: bool = True) -> float:
         """Cost of a width-w verification step in plain steps (see ``curve``)."""
@@ -82,10 +88,11 @@ class Profile:
             "device": self.device,
             "mlx": self.versions.get("mlx", ""),
             "mlx_lm": self.versions.get("mlx_lm", ""),
+            "kernels": self.kernels,
         }
 
     def path(self, root: Path | None = None) -> Path:
-        return profile_path(self.model, self.device, self.versions, root)
+        return profile_path(self.model, self.device, self.versions, root, self.kernels)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,7 +100,7 @@ class Profile:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
         names = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**{"kernels": "", **{k: v for k, v in data.items() if k in names}})
 
     def to_polars(self):
         """One row per (mode, width): c and seconds, plus the profile's key columns."""
@@ -117,6 +124,7 @@ class Profile:
                         "plain_step_s": self.plain_step_s,
                         "offset": self.offset,
                         "created": self.created,
+                        "kernels": self.kernels,
                     }
                 )
         return pl.DataFrame(rows)
@@ -139,53 +147,75 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-").lower()
 
 
-def profile_path(model: str, device: str, vers: dict[str, str], root: Path | None = None) -> Path:
-    """Where the profile of ``model`` (a ``model_key``) on ``device`` with these versions is stored."""
+def profile_path(
+    model: str, device: str, vers: dict[str, str], root: Path | None = None, kernels: str | None = None
+) -> Path:
+    """Where the profile of ``model`` (a ``model_key``) on ``device`` with these versions is stored;
+    ``kernels`` (default: this process's ``kernel_key()``) adds a digest of what else the kernels
+    depend on (the BLAS library), so that a profile taken under another one is not reused."""
     root = (root or home()) / "profiles"
-    return root / f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}.json"
+    kernels = kernel_key() if kernels is None else kernels
+    digest = f"--k{hashlib.sha1(kernels.encode()).hexdigest()[:8]}" if kernels else ""
+    return root / f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}{digest}.json"
 
 
 def _read(path: Path) -> Profile:
-    """The profile stored at ``path``; one ValueError naming the file when it is damaged."""
+    """The profile stored at ``path``; a ValueError naming the file when it is damaged."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
-        return Profile.from_dict(data)
+        profile = Profile.from_dict(data)
+        for part in ("widths", "costs", "seconds", "overhead", "drafters", "versions"):
+            if not isinstance(getattr(profile, part), dict):
+                raise TypeError(f"{part!r} is not a JSON object")
+        return profile
     except (ValueError, TypeError) as err:
-        raise ValueError(
-            f"the stored cost profile {path} is damaged ({err}): delete it or re-run `specbench profile`"
-        ) from err
+        raise ValueError(f"the stored cost profile {path} is damaged ({err})") from err
+
+
+def _read_or_set_aside(path: Path) -> Profile | None:
+    """The profile at ``path``; None when there is none, or when it is damaged (then it is moved
+    aside with a warning naming it)."""
+    if not path.exists():
+        return None
+    try:
+        return _read(path)
+    except ValueError as err:
+        set_aside(path, "cost profile", err.__cause__ or err)
+        return None
 
 
 def save_profile(profile: Profile, root: Path | None = None) -> Path:
     """Write a profile atomically, keeping modes and drafters an earlier profile of the same key has
-    and this one lacks (a damaged earlier file is replaced)."""
+    and this one lacks (a damaged earlier file is moved aside)."""
     path = profile.path(root)
     data = profile.to_dict()
-    if path.exists():
-        try:
-            old = _read(path)
-        except ValueError:
-            old = None
-        if old is not None:
-            for part in _MERGED_PARTS:
-                data[part] = {**getattr(old, part), **data[part]}
+    old = _read_or_set_aside(path)
+    if old is not None:
+        for part in _MERGED_PARTS:
+            data[part] = {**getattr(old, part), **data[part]}
     return write_json_atomic(path, data)
 
 
 def load_profile(model: nn.Module | str, device: str | None = None, root: Path | None = None) -> Profile | None:
-    """The stored profile of ``model`` (a model or its ``model_key``) on this device and these
-    library versions, or None. A damaged file raises a ValueError that names it."""
+    """The stored profile of ``model`` (a model or its ``model_key``) on this device, these library
+    versions and this BLAS library, or None. A damaged file is moved aside with a warning naming it
+    (``specbench.common.files.DamagedFileWarning``) and None returned, so that it is measured anew."""
     key = model if isinstance(model, str) else model_key(model)
-    path = profile_path(key, device or device_name(), versions(), root)
-    return _read(path) if path.exists() else None
+    return _read_or_set_aside(profile_path(key, device or device_name(), versions(), root))
 
 
 def load_profiles(root: Path | None = None):
-    """Every stored profile as one polars DataFrame (see ``Profile.to_polars``)."""
+    """Every stored profile as one polars DataFrame (see ``Profile.to_polars``); a damaged file is
+    skipped with a warning naming it."""
     import polars as pl
 
     folder = (root or home()) / "profiles"
-    frames = [_read(p).to_polars() for p in sorted(folder.glob("*.json"))]
+    frames = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            frames.append(_read(path).to_polars())
+        except ValueError as err:
+            warnings.warn(f"{err}: skipped", DamagedFileWarning, stacklevel=2)
     return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()

@@ -3,7 +3,9 @@
 Which split is needed depends on dtype, width and device, so ``calibrate`` tests the levels
 against serial steps on the device and keeps, per width, the cheapest that is bit-identical;
 ``calibrated_plans(model)`` (what ``exact_mode(model)`` uses) looks the table up, calibrating a
-width the first time it is asked for, and the table is stored under ``$SPECBENCH_HOME/exact``.
+width the first time it is asked for, and the table is stored under ``$SPECBENCH_HOME/exact``,
+keyed by everything the kernels depend on (``calibration_key``); a damaged stored table is moved
+aside with a warning naming it and calibrated anew.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import numpy as np
 from mlx_lm.models import switch_layers
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from specbench.common.files import home, write_json_atomic
-from specbench.common.identity import device_name, model_key, versions
+from specbench.common.files import home, set_aside, write_json_atomic
+from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.forward import context_length, vocab_size
 from specbench.exact.hooks import split_mode
 from specbench.exact.layout import cudnn_attention, layout_sensitive_attention, serial_extent, with_extent
@@ -77,21 +79,23 @@ class Calibration:
         return cls(data["key"], data["device"], dict(data.get("versions", {})), widths)
 
 
-#: Bumped when calibration tests more conditions, so that stored tables from before are not reused.
-CALIBRATION_METHOD = 3
+#: Bumped when calibration tests more conditions (or is keyed by more), so that stored tables from
+#: before are not reused. 4: keyed by the BLAS library too.
+CALIBRATION_METHOD = 4
 #: Calibrations of this process, by key.
 _calibrations: dict[str, Calibration] = {}
 _keys: dict[int, tuple[weakref.ref, str]] = {}
 
 
 def calibration_key(model: nn.Module) -> str:
-    """Model shape (every parameter's name, shape and dtype), device and MLX / mlx-lm versions."""
+    """Model shape (every parameter's name, shape and dtype) and what the kernels depend on: device,
+    MLX / mlx-lm versions, the BLAS library on the CPU (``kernel_key``) and cuDNN's attention."""
     memo = _keys.get(id(model))
     if memo is not None and memo[0]() is model:
         return memo[1]
-    vers, shape = versions(), model_key(model)
+    shape = model_key(model)
     attention = "|cudnn attention" if cudnn_attention() else ""
-    text = f"{shape}|{device_name()}{attention}|mlx {vers['mlx']}|mlx_lm {vers['mlx_lm']}|method {CALIBRATION_METHOD}"
+    text = f"{shape}|{kernel_key()}{attention}|method {CALIBRATION_METHOD}"
     key = f"{shape}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
     _keys[id(model)] = (weakref.ref(model), key)
     return key
@@ -106,12 +110,20 @@ def _calibration_path(key: str) -> Path:
 
 
 def _read(path: Path) -> Calibration | None:
-    """The calibration stored at ``path`` (None when there is none or it cannot be read)."""
+    """The calibration stored at ``path``: None when there is none, or when it cannot be read (then
+    it is moved aside with a warning naming it, and calibrated anew)."""
     if not path.exists():
         return None
     try:
-        return Calibration.from_json(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
+        calibration = Calibration.from_json(data)
+        for width in calibration.widths.values():
+            ExactPlan.parse(width.level)
+        return calibration
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        set_aside(path, "exact-mode calibration", f"{type(err).__name__}: {err}")
         return None
 
 

@@ -5,7 +5,9 @@ OpenAI message lists (``{"messages": [...]}`` or a bare list, JSON or JSONL), Sh
 (``{"messages_display": "user: ...\\nassistant: ..."}``), SWE-agent ``.traj`` files (``history``
 messages, else ``trajectory`` steps) and Spec-Bench / MT-bench ``question.jsonl`` (``turns``: one
 user message per turn, no recorded replies). ``load_traces`` reads a file in any
-of these formats or in the project's schema, picking the importer.
+of these formats or in the project's schema, picking the importer from every record of the file
+(or from ``format=``): a file that mixes formats, or holds a record of another format than the one
+asked for, is an error naming the file and line (JSON lines) or item (JSON arrays).
 """
 
 from __future__ import annotations
@@ -24,17 +26,43 @@ from specbench.experiments.traces import (
     bundled_traces,
     check_message,
     read_json_lines,
-    read_trace_file,
+    read_text,
+    traces_from_records,
 )
 
 FORMATS = ("trace", "openai", "sharegpt", "tau-bench", "swe-agent", "questions")
 
+#: A record read from a file: where it is ("file:line" or "file: item i"), its line or item number, its value.
+Record = tuple[str, int, Any]
 
-def _read_json(path: Path) -> Any:
+
+def _first_line_is_json(text: str) -> bool:
+    first = next((line for line in text.split("\n") if line.strip()), "")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+        json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def read_records(path: str | os.PathLike) -> list[Record]:
+    """The records of a JSON-lines file (one per line) or a JSON file (one object, or the items of an
+    array; an array of messages is one record); a ValueError names the file and line of bad JSON."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        return [(f"{path}:{line}", line, item) for line, item in read_json_lines(path)]
+    text = read_text(path)
+    if text.strip():
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            if not _first_line_is_json(text):
+                raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+        else:
+            if isinstance(data, list) and not (data and isinstance(data[0], dict) and "role" in data[0]):
+                return [(f"{path}: item {i}", i, item) for i, item in enumerate(data)]
+            return [(f"{path}:1", 1, data)]
+    return [(f"{path}:{line}", line, item) for line, item in read_json_lines(path, text)]
 
 
 def _text(content: Any) -> str | None:
@@ -118,22 +146,12 @@ def _tool_schema(tool: dict[str, Any]) -> dict[str, Any]:
     return tool.get("function", tool) if isinstance(tool, dict) else tool
 
 
-def import_openai(path: str | os.PathLike) -> list[Trace]:
+def import_openai(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
     """OpenAI chat message lists: a JSON list of messages, an object with "messages" (and "tools"),
     a JSON list of such objects, or JSONL with one conversation per line."""
     path = Path(path)
-    if path.suffix == ".jsonl":
-        items = list(read_json_lines(path))
-    else:
-        data = _read_json(path)
-        items = (
-            [(1, data)]
-            if isinstance(data, dict) or (isinstance(data, list) and data and "role" in data[0])
-            else [(1, d) for d in data]
-        )
     traces = []
-    for index, (line, item) in enumerate(items):
-        where = f"{path}:{line}"
+    for index, (where, _, item) in enumerate(read_records(path) if records is None else records):
         if isinstance(item, list):
             messages, tools = item, None
         elif isinstance(item, dict) and isinstance(item.get("messages"), list):
@@ -163,13 +181,11 @@ _SHAREGPT_ROLES = {
 }
 
 
-def import_sharegpt(path: str | os.PathLike) -> list[Trace]:
+def import_sharegpt(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
     """ShareGPT conversations: objects with "conversations": [{"from": "human"|"gpt"|..., "value": ...}]."""
     path = Path(path)
-    items = list(read_json_lines(path)) if path.suffix == ".jsonl" else [(1, d) for d in _ensure_list(_read_json(path))]
     traces = []
-    for index, (line, item) in enumerate(items):
-        where = f"{path}:{line}"
+    for index, (where, _, item) in enumerate(read_records(path) if records is None else records):
         turns = item.get("conversations") if isinstance(item, dict) else None
         if not isinstance(turns, list):
             raise ValueError(f"{where}: a ShareGPT conversation needs a 'conversations' list")
@@ -200,14 +216,10 @@ def import_sharegpt(path: str | os.PathLike) -> list[Trace]:
     return traces
 
 
-def _ensure_list(data: Any) -> list:
-    return data if isinstance(data, list) else [data]
-
-
 _TAU_LINE = re.compile(r"^(user|assistant|tool|system): ?(.*)$")
 
 
-def import_tau_bench(path: str | os.PathLike) -> list[Trace]:
+def import_tau_bench(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
     """tau-bench few-shot conversations: JSONL of {"messages_display": "user: ...\\nassistant: ..."}.
 
     The display hides tool calls: an "assistant: None" line is an assistant message that called a
@@ -216,8 +228,7 @@ def import_tau_bench(path: str | os.PathLike) -> list[Trace]:
     """
     path = Path(path)
     traces = []
-    for index, (line, item) in enumerate(read_json_lines(path)):
-        where = f"{path}:{line}"
+    for index, (where, line, item) in enumerate(read_records(path) if records is None else records):
         display = item.get("messages_display") if isinstance(item, dict) else None
         if not isinstance(display, str):
             raise ValueError(f"{where}: a tau-bench line needs a 'messages_display' string")
@@ -241,7 +252,7 @@ def import_tau_bench(path: str | os.PathLike) -> list[Trace]:
     return traces
 
 
-def import_swe_agent(path: str | os.PathLike) -> list[Trace]:
+def import_swe_agent(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
     """A SWE-agent trajectory (``.traj``, JSON).
 
     Uses ``history`` (the messages the model saw and wrote: system prompt, demonstrations, the issue,
@@ -251,7 +262,8 @@ def import_swe_agent(path: str | os.PathLike) -> list[Trace]:
     ``{"messages": [...]}`` files are read as OpenAI message lists.
     """
     path = Path(path)
-    data = _read_json(path)
+    records = read_records(path) if records is None else records
+    data = records[0][2] if len(records) == 1 else None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a SWE-agent trajectory is a JSON object with 'history' or 'trajectory'")
     trace_id = path.name.split(".")[0]
@@ -280,14 +292,13 @@ def import_swe_agent(path: str | os.PathLike) -> list[Trace]:
     return [from_messages(messages, trace_id, None, meta)]
 
 
-def import_questions(path: str | os.PathLike) -> list[Trace]:
+def import_questions(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
     """Spec-Bench / MT-bench ``question.jsonl``: {"question_id", "category", "turns": [str, ...]}.
 
     Each question is a trace with one user message per turn and no recorded replies."""
     path = Path(path)
     traces = []
-    for line, item in read_json_lines(path):
-        where = f"{path}:{line}"
+    for where, line, item in read_records(path) if records is None else records:
         turns = item.get("turns") if isinstance(item, dict) else None
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise ValueError(f"{where}: a question needs 'turns', a non-empty list of strings")
@@ -298,8 +309,15 @@ def import_questions(path: str | os.PathLike) -> list[Trace]:
     return traces
 
 
+def import_trace_schema(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
+    """Traces in the project's schema (``specbench.experiments.traces``), from JSON lines or a JSON array."""
+    path = Path(path)
+    records = read_records(path) if records is None else records
+    return traces_from_records(path, ((where, item) for where, _, item in records))
+
+
 IMPORTERS = {
-    "trace": read_trace_file,
+    "trace": import_trace_schema,
     "openai": import_openai,
     "sharegpt": import_sharegpt,
     "tau-bench": import_tau_bench,
@@ -307,47 +325,101 @@ IMPORTERS = {
     "questions": import_questions,
 }
 
+#: Keys that mark a record of each format (a record with "trace" or "turn" is the project's schema,
+#: also when it has "messages"; SWE-agent files may hold "messages" too).
+_MARKERS = {
+    "trace": ("trace", "turn"),
+    "tau-bench": ("messages_display",),
+    "questions": ("turns",),
+    "sharegpt": ("conversations",),
+    "swe-agent": ("history", "trajectory"),
+    "openai": ("messages",),
+}
 
-def detect_format(path: str | os.PathLike) -> str:
-    """Guess a file's format from its name and first record."""
+
+def record_formats(record: Any) -> set[str]:
+    """The formats a record carries the marking keys of: one for a clear record, none for an unknown
+    one, several for a record that mixes schemas; {"message"} for a bare chat message."""
+    if isinstance(record, list):
+        return {"openai"}
+    if not isinstance(record, dict):
+        return set()
+    found = {name for name, keys in _MARKERS.items() if any(key in record for key in keys)}
+    if found & {"trace", "swe-agent"}:
+        found.discard("openai")
+    if not found and "role" in record:
+        return {"message"}
+    return found
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
+def _keys(record: Any) -> str:
+    return ", ".join(sorted(map(str, record))) if isinstance(record, dict) else type(record).__name__
+
+
+def _is_trajectory(path: Path) -> bool:
+    return path.name.endswith(".traj") or path.name.endswith(".traj.json")
+
+
+def _detect(path: Path, records: Sequence[Record]) -> str:
+    """The one format every record has; a ValueError names the first record that differs or is unclear."""
+    if not records:
+        raise ValueError(f"{path}: empty: no records to read")
+    first: tuple[str, str] | None = None
+    for where, _, record in records:
+        found = record_formats(record)
+        if found == {"message"}:
+            raise ValueError(
+                f"{where}: a bare chat message; a conversation is a list of messages or an object with 'messages'"
+            )
+        if len(found) > 1:
+            raise ValueError(
+                f"{where}: this record mixes the keys of {' and '.join(sorted(found))} ({_keys(record)}); "
+                f"pass format= one of {FORMATS}"
+            )
+        if not found:
+            raise ValueError(
+                f"{where}: cannot tell its format from this record (keys: {_keys(record)}); pass format= one of "
+                f"{FORMATS} (the project's trace schema is described in specbench/experiments/traces.py)"
+            )
+        (name,) = found
+        if first is None:
+            first = (where, name)
+        elif name != first[1]:
+            raise ValueError(
+                f"{where}: {_a(name)} record, but {first[0]} is {_a(first[1])} record: a file holds one format "
+                "(split it into one file per format)"
+            )
+    assert first is not None
+    return first[1]
+
+
+def check_format(records: Sequence[Record], format: str) -> None:
+    """A ValueError naming the first record that is plainly of another format than ``format``."""
+    for where, _, record in records:
+        found = record_formats(record)
+        if not found or format in found or (format == "swe-agent" and "openai" in found):
+            continue  # unknown records: the importer names what they lack
+        what = "a bare chat message" if found == {"message"} else _a(f"{'/'.join(sorted(found))} record")
+        lost = " (read so, each turn would lose the history before it)" if "trace" in found else ""
+        raise ValueError(f"{where}: {what}, not {format}{lost}; pass the file's own format, or none to detect it")
+
+
+def detect_format(path: str | os.PathLike, records: Sequence[Record] | None = None) -> str:
+    """A file's format, from its name (SWE-agent ``.traj``) and every record in it."""
     path = Path(path)
-    if path.name.endswith(".traj") or path.name.endswith(".traj.json"):
+    records = read_records(path) if records is None else records
+    if _is_trajectory(path):
+        check_format(records, "swe-agent")
         return "swe-agent"
-    with open(path, encoding="utf-8") as f:
-        head = f.read(1 << 16)
-    first_line = head.split("\n", 1)[0].strip()
-    try:
-        first = json.loads(first_line)
-    except json.JSONDecodeError:
-        try:
-            first = json.loads(head)
-        except json.JSONDecodeError:
-            first = None
-            if head.lstrip().startswith("["):
-                return "openai" if '"role"' in head else "sharegpt" if '"conversations"' in head else "openai"
-    if isinstance(first, list):
-        first = first[0] if first else None
-    if isinstance(first, dict):
-        if "trace" in first and "turn" in first:
-            return "trace"
-        if "messages_display" in first:
-            return "tau-bench"
-        if "turns" in first:
-            return "questions"
-        if "conversations" in first:
-            return "sharegpt"
-        if "messages" in first or "role" in first:
-            return "openai"
-        if "trajectory" in first or "history" in first:
-            return "swe-agent"
-    raise ValueError(
-        f"{path}: cannot tell its format; pass format= one of {FORMATS} "
-        "(the project's trace schema is described in specbench/experiments/traces.py)"
-    )
+    return _detect(path, records)
 
 
 def load_traces(path: str | os.PathLike, format: str | None = None) -> list[Trace]:
-    """Traces from ``path`` in any supported format (``format`` None: detected).
+    """Traces from ``path`` in any supported format (``format`` None: detected from every record).
 
     A bare name (no such file) is looked up in the project's ``data/traces`` folder.
     """
@@ -358,11 +430,14 @@ def load_traces(path: str | os.PathLike, format: str | None = None) -> list[Trac
         path = TRACES_DIR / f"{path}.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"no trace file at {path} (bundled traces: {', '.join(bundled_traces()) or 'none'})")
-    if format is None:
-        format = detect_format(path)
-    if format not in IMPORTERS:
+    if format is not None and format not in IMPORTERS:
         raise ValueError(f"unknown trace format {format!r}: use one of {FORMATS}")
-    traces = IMPORTERS[format](path)
+    records = read_records(path)
+    if format is None:
+        format = detect_format(path, records)
+    else:
+        check_format(records, format)
+    traces = IMPORTERS[format](path, records)
     if not traces:
         raise ValueError(f"{path}: no conversations found (read as {format!r})")
     return traces

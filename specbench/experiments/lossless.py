@@ -1,10 +1,16 @@
 """Is speculative sampling lossless here? Token histograms of plain and speculative samples from one
-prompt, compared with a permutation test of the chi-square homogeneity statistic."""
+prompt, compared with a permutation test of the chi-square homogeneity statistic.
+
+The check states its power: a run in which few drafted tokens were accepted never exercised the
+acceptance rule, and histograms whose expected counts are tiny cannot show a difference, so such a
+run is "inconclusive", not a pass.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -18,6 +24,15 @@ from specbench.decoding import speculative_generate
 from specbench.experiments.capabilities import usable_drafters
 from specbench.experiments.timing import cache_copy, prefix_cache
 
+#: Accepted draft tokens below which the check is inconclusive: the acceptance rule was hardly used.
+MIN_ACCEPTED = 20
+#: Expected count per sampler a token needs to count as well filled, and the share of sampled tokens
+#: that must be well filled for the histograms to carry a signal.
+MIN_EXPECTED = 5
+MIN_WELL_FILLED = 0.5
+#: Power at which the minimum detectable difference is stated.
+POWER = 0.8
+
 
 @dataclass
 class LosslessCheck:
@@ -26,6 +41,11 @@ class LosslessCheck:
     ``counts``: token id, text, plain and speculative counts (the ``top`` most frequent tokens,
     then one "other" row); ``p_value``: permutation test of the chi-square homogeneity statistic
     over whole samples (sequences are exchangeable when the sampler is lossless).
+    ``accepted_drafts`` / ``drafted``: draft tokens accepted / proposed over the speculative runs;
+    ``well_filled``: share of sampled tokens whose token has an expected count >= ``MIN_EXPECTED``
+    per sampler; ``min_detectable_tvd``: see ``min_detectable_tvd``. ``verdict``: "fail" when
+    p < ``alpha``; else "inconclusive" when fewer than ``MIN_ACCEPTED`` draft tokens were accepted
+    or the histograms are too sparse; else "pass". ``reason`` says why.
     """
 
     counts: pl.DataFrame
@@ -40,6 +60,71 @@ class LosslessCheck:
     acceptance_rate: float
     plain_sequences: list[list[int]]
     speculative_sequences: list[list[int]]
+    accepted_drafts: int = 0
+    drafted: int = 0
+    well_filled: float = 0.0
+    min_detectable_tvd: float = float("nan")
+    alpha: float = 0.05
+    verdict: str = "inconclusive"
+    reason: str = ""
+
+    @property
+    def tokens(self) -> int:
+        """Sampled tokens per sampler (the draws each histogram holds)."""
+        return self.samples * self.max_tokens
+
+    def describe(self) -> str:
+        """The verdict with its power: draws, accepted drafts, p-value, TVD and what the test could detect."""
+        return (
+            f"{self.verdict}: {self.reason}. {self.samples} + {self.samples} samples x {self.max_tokens} tokens; "
+            f"{self.accepted_drafts} of {self.drafted} drafted tokens accepted; p = {self.p_value:.3g}, "
+            f"TVD = {self.tvd:.3f}; detectable TVD >= {self.min_detectable_tvd:.3f} "
+            f"(alpha {self.alpha:g}, power {POWER:.0%})"
+        )
+
+
+def min_detectable_tvd(n_plain: int, n_speculative: int, alpha: float = 0.05, power: float = POWER) -> float:
+    """The smallest total-variation distance the comparison can be expected to find: a shift of mass
+    d between two groups of tokens, found by a two-sided two-proportion z-test at ``alpha`` with
+    probability ``power`` in the worst case (proportion 1/2), treating tokens as independent draws:
+    d = (z(1 - alpha/2) + z(power)) * sqrt(1/n_plain + 1/n_speculative) / 2. Tokens of one sample are
+    not independent, so the real threshold is higher: this is a floor."""
+    if n_plain < 1 or n_speculative < 1:
+        return float("inf")
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
+    return min(1.0, z * float(np.sqrt(1 / n_plain + 1 / n_speculative)) / 2)
+
+
+def well_filled_share(plain: Sequence[Sequence[int]], speculative: Sequence[Sequence[int]]) -> float:
+    """Share of the pooled sampled tokens whose token's expected count is >= ``MIN_EXPECTED`` in both
+    histograms (the chi-square statistic's usual validity rule, per token)."""
+    a = np.bincount([t for s in plain for t in s], minlength=1).astype(float)
+    b = np.bincount([t for s in speculative for t in s], minlength=1).astype(float)
+    size = max(len(a), len(b))
+    a, b = np.pad(a, (0, size - len(a))), np.pad(b, (0, size - len(b)))
+    total = a + b
+    if total.sum() == 0:
+        return 0.0
+    expected = np.minimum(total * a.sum(), total * b.sum()) / total.sum()
+    return float(total[expected >= MIN_EXPECTED].sum() / total.sum())
+
+
+def lossless_verdict(p_value: float, accepted_drafts: int, well_filled: float, alpha: float = 0.05) -> tuple[str, str]:
+    """("pass" | "fail" | "inconclusive", why). A small p-value is evidence of bias whatever the
+    power (the permutation test is exact); a large one means something only if the test had power."""
+    if p_value < alpha:
+        return "fail", f"the histograms differ (p = {p_value:.3g} < alpha = {alpha:g})"
+    if accepted_drafts < MIN_ACCEPTED:
+        return "inconclusive", (
+            f"only {accepted_drafts} draft tokens were accepted (fewer than {MIN_ACCEPTED}): "
+            "the acceptance rule was hardly exercised; sample more or use a prompt the drafter predicts"
+        )
+    if well_filled < MIN_WELL_FILLED:
+        return "inconclusive", (
+            f"expected counts too small: only {well_filled:.0%} of sampled tokens have an expected count "
+            f">= {MIN_EXPECTED}; sample more or longer"
+        )
+    return "pass", f"no difference found (p = {p_value:.3g} >= alpha = {alpha:g})"
 
 
 def chi2(a: np.ndarray, b: np.ndarray) -> float:
@@ -93,14 +178,18 @@ def losslessness_check(
     permutations: int = 2000,
     model_name: str | None = None,
     progress: bool = True,
+    alpha: float = 0.05,
 ) -> LosslessCheck:
     """Sample ``samples`` continuations plainly and ``samples`` speculatively (other seeds) and
     compare their token histograms. A lossless sampler gives a large p-value (uniform on [0, 1]
     over repeated checks); a biased one drives it towards 0 as samples grow. ``policy``: a policy
-    object, its text ("fixed:4") or a draft length."""
+    object, its text ("fixed:4") or a draft length. The verdict (``LosslessCheck.verdict``) is
+    "inconclusive" when the run had too little power to call a large p-value a pass."""
     policy = as_policy(policy)
-    if temperature <= 0:
+    if not temperature > 0:
         raise ValueError("the losslessness check samples: give a temperature > 0")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if samples < 2:
         raise ValueError(f"samples must be >= 2, got {samples}")
     factories, skipped = usable_drafters([drafter], model, model_name or getattr(model, "specbench_name", None))
@@ -140,6 +229,9 @@ def losslessness_check(
             "speculative": [*(int(counts_spec[t]) for t in order), rest_spec],
         }
     )
+    tokens_plain, tokens_spec = sum(map(len, plain)), sum(map(len, spec))
+    filled = well_filled_share(plain, spec)
+    verdict, reason = lossless_verdict(p, accepted, filled, alpha)
     return LosslessCheck(
         counts,
         stat,
@@ -153,4 +245,11 @@ def losslessness_check(
         accepted / drafted if drafted else 0.0,
         plain,
         spec,
+        accepted_drafts=accepted,
+        drafted=drafted,
+        well_filled=filled,
+        min_detectable_tvd=min_detectable_tvd(tokens_plain, tokens_spec, alpha),
+        alpha=alpha,
+        verdict=verdict,
+        reason=reason,
     )

@@ -29,6 +29,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.experiments.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, TimedRun, prompt_methods
 from specbench.experiments.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
 from specbench.experiments.prompts import render_prompt
+from specbench.experiments.stored import read_json, read_parquet
 
 PROMPT_RUNS_FILE = "prompt_bench_runs.parquet"
 PROMPT_SUMMARY_FILE = "prompt_bench_summary.parquet"
@@ -108,9 +109,11 @@ def load_prompt_bench(folder: str | os.PathLike) -> PromptBench:
         raise FileNotFoundError(
             f"no prompt benchmark in {folder}: {PROMPT_RUNS_FILE} and {PROMPT_INFO_FILE} are needed"
         )
-    meta = json.loads(info_path.read_text())
+    meta = read_json(info_path)
+    if not isinstance(meta, dict) or not {"methods", "info"} <= set(meta):
+        raise ValueError(f"{info_path}: not a prompt benchmark's settings (needs 'methods' and 'info')")
     methods = [Method.from_record(m) for m in meta["methods"]]
-    return PromptBench(pl.read_parquet(runs_path).to_dicts(), methods, meta["info"])
+    return PromptBench(read_parquet(runs_path).to_dicts(), methods, meta["info"])
 
 
 def bench_prompts(
@@ -156,7 +159,9 @@ def bench_prompts(
     done: set[str] = set()
     runs_path = Path(out) / PROMPT_RUNS_FILE if out is not None else None
     if runs_path is not None and runs_path.exists() and not fresh:
-        previous = pl.read_parquet(runs_path).to_dicts()
+        previous = read_parquet(runs_path, "delete it, choose another --out, or pass --fresh to start over").to_dicts()
+        if previous and not {"config", "question_key"} <= set(previous[0]):
+            raise ValueError(f"{runs_path}: not a prompt benchmark's runs table; choose another --out or pass --fresh")
         if previous and previous[0].get("config") != config:
             raise ValueError(
                 f"{runs_path} holds results of another benchmark configuration: choose another --out, "

@@ -31,6 +31,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.core.target import Step
 from specbench.cost import Profile, profile_for
 from specbench.decoding import break_even_function
+from specbench.experiments.stored import read_parquet
 
 FINISH_REASONS = ("stop", "length", "context")
 
@@ -117,12 +118,16 @@ def load_recorded(path: str | os.PathLike) -> list[Recorded]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no recorded outputs at {path}")
-    frame = pl.read_parquet(path)
+    frame = read_parquet(path, "record the outputs again (or delete it)")
     missing = {"prompt", "output", "finish_reason"} - set(frame.columns)
     if missing:
         raise ValueError(
             f"{path}: recorded outputs need columns prompt, output, finish_reason; missing {sorted(missing)}"
         )
+    for column in ("prompt", "output"):
+        dtype = frame.schema[column]
+        if not (isinstance(dtype, pl.List) and (dtype.inner.is_integer() or dtype.inner == pl.Null)):
+            raise ValueError(f"{path}: column {column!r} must hold lists of token ids, not {dtype}")
     ids = frame["id"].to_list() if "id" in frame.columns else [str(i) for i in range(len(frame))]
     return [
         Recorded(list(p), list(o), f, str(i))

@@ -36,6 +36,7 @@ from specbench.decoding import speculative_generate
 from specbench.drafters import make_drafter
 from specbench.experiments.importers import load_traces
 from specbench.experiments.simulate import Recorded, load_recorded, save_recorded
+from specbench.experiments.stored import read_json, read_parquet
 from specbench.experiments.sweep import rate
 from specbench.experiments.traces import Trace, render_turn
 
@@ -279,19 +280,33 @@ def save_trace_bench(result: TraceBench, out_dir: str | os.PathLike) -> list[Pat
     """Write a trace benchmark's tables (atomically) into ``out_dir``; returns the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    name = _file_stem(result.trace)
-    paths = [out / f"{name}.turns.parquet", out / f"{name}.steps.parquet", out / f"{name}.plain.parquet"]
-    write_parquet_atomic(result.turns, paths[0])
+    paths = _trace_files(result.trace, out)
     result.steps.save(paths[1])
     save_recorded(result.recorded, paths[2])
+    write_parquet_atomic(result.turns, paths[0])  # last: the per-turn table marks the trace finished
     return paths
 
 
-def _load_trace_bench(trace_id: str, out_dir: Path) -> TraceBench:
+def _trace_files(trace_id: str, out_dir: Path) -> list[Path]:
+    """A trace's per-turn table, step log and plain outputs in ``out_dir``."""
     name = _file_stem(trace_id)
-    turns = pl.read_parquet(out_dir / f"{name}.turns.parquet")
-    steps = StepLog.load(out_dir / f"{name}.steps.parquet")
-    recorded = load_recorded(out_dir / f"{name}.plain.parquet")
+    return [out_dir / f"{name}.turns.parquet", out_dir / f"{name}.steps.parquet", out_dir / f"{name}.plain.parquet"]
+
+
+_RESUME_REMEDY = "delete it (its trace then runs again), or choose another --out"
+
+
+def _load_trace_bench(trace_id: str, out_dir: Path) -> TraceBench:
+    turns_path, steps_path, plain_path = _trace_files(trace_id, out_dir)
+    turns = read_parquet(turns_path, _RESUME_REMEDY)
+    missing = {"method", "turn", "accepted", "drafted"} - set(turns.columns)
+    if missing:
+        raise ValueError(f"{turns_path}: not a trace benchmark's per-turn table (missing {sorted(missing)})")
+    steps = StepLog(read_parquet(steps_path, _RESUME_REMEDY).to_dicts())
+    try:
+        recorded = load_recorded(plain_path)
+    except ValueError as err:
+        raise ValueError(f"{err}; {_RESUME_REMEDY}") from None
     return TraceBench(trace_id, turns, summarize_trace_bench(turns), steps, recorded)
 
 
@@ -387,13 +402,13 @@ def run_trace(
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         config_path = out_dir / TRACE_CONFIG_FILE
-        resumable = not share_store and config_path.exists() and json.loads(config_path.read_text()) == config
+        resumable = not share_store and config_path.exists() and read_json(config_path, _RESUME_REMEDY) == config
         if not resumable:
             write_text_atomic(config_path, json.dumps(config, indent=1))
     results: list[TraceBench] = []
     shared = trace_methods(drafters, policies, model, model_name) if share_store else None
     for trace in traces:
-        if out_dir is not None and resumable and (out_dir / f"{_file_stem(trace.id)}.turns.parquet").exists():
+        if out_dir is not None and resumable and all(p.exists() for p in _trace_files(trace.id, out_dir)):
             results.append(_load_trace_bench(trace.id, out_dir))
             if progress:
                 print(f"{trace.id}: finished earlier in {out_dir}, skipped", flush=True)

@@ -146,25 +146,43 @@ def _turn_from_record(record: Any, where: str) -> tuple[str, int, Turn, dict[str
     return trace_id, number, Turn(messages, assistant), extra
 
 
-def read_json_lines(path: Path) -> Iterable[tuple[int, Any]]:
-    """(line number, value) of each non-blank line of a JSONL file; a ValueError names a bad line."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
+def read_text(path: Path) -> str:
+    """A file's text (UTF-8, a leading byte-order mark dropped); a ValueError names the line and byte
+    offset of the first byte that is not UTF-8."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ValueError(
+            f"{path}:{line}: not UTF-8 text (byte {err.start}: {data[err.start : err.start + 1]!r}); "
+            "save the file as UTF-8"
+        ) from None
+
+
+def read_json_lines(path: Path, text: str | None = None) -> Iterable[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSONL file (or of its ``text``, already read);
+    a ValueError names a bad line."""
+    for number, line in enumerate((read_text(path) if text is None else text).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
 
 
 def read_trace_file(path: str | os.PathLike) -> list[Trace]:
     """Traces from a file in the project's schema."""
     path = Path(path)
+    return traces_from_records(path, ((f"{path}:{number}", record) for number, record in read_json_lines(path)))
+
+
+def traces_from_records(path: Path, records: Iterable[tuple[str, Any]]) -> list[Trace]:
+    """Traces from schema records, each with where it was read ("file:line")."""
     traces: dict[str, Trace] = {}
     order: list[str] = []
-    for number, record in read_json_lines(path):
-        where = f"{path}:{number}"
+    for where, record in records:
         trace_id, turn_number, turn, extra = _turn_from_record(record, where)
         trace = traces.get(trace_id)
         if trace is None:

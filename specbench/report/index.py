@@ -1,11 +1,16 @@
 """A report folder's status files and its index page (``index.html``), which links every
-notebook's HTML, figures, logs and tables with a summary table."""
+notebook's HTML, figures, logs and tables with a summary table.
+
+A notebook's status is "running" while it runs (with the runner's process id and host), then "done"
+or "failed"; a "running" status whose process is gone is shown as "interrupted".
+"""
 
 from __future__ import annotations
 
 import html
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +21,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em a
 table{border-collapse:collapse;width:100%;margin:1em 0}
 th,td{border:1px solid #ddd;padding:6px 8px;vertical-align:top;font-size:0.92em}
 th{background:#f4f4f4;text-align:left}
-.done{color:#1a7f37;font-weight:600}.failed{color:#cf222e;font-weight:600}.running,.not.run{color:#9a6700}
+.done{color:#1a7f37;font-weight:600}.failed,.interrupted{color:#cf222e;font-weight:600}.running,.not.run{color:#9a6700}
 .figs{display:flex;flex-wrap:wrap;gap:10px}.figs a img{width:260px;border:1px solid #ddd}
 .err{font-family:monospace;white-space:pre-wrap;color:#cf222e}.skip{color:#9a6700}
 dl{margin:0}dt{font-weight:600;display:inline}dd{display:inline;margin:0 0.8em 0 0.3em}
@@ -42,6 +47,38 @@ def write_status(out: Path, notebook: str, status: dict[str, Any]) -> Path:
     return write_json_atomic(Path(out) / notebook / "status.json", status)
 
 
+def read_summary(out: Path, notebook: str) -> dict[str, Any]:
+    """A notebook's ``summary.json`` (``Outputs``: values, skipped sections, figures, logs, tables); {} if none."""
+    summary = _read_json(Path(out) / notebook / "summary.json")
+    return summary if isinstance(summary, dict) else {}
+
+
+def running_here() -> dict[str, Any]:
+    """What a "running" status records to tell a live run from an interrupted one."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _alive(status: dict[str, Any]) -> bool:
+    pid = status.get("pid")
+    if not isinstance(pid, int) or status.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def state_of(status: dict[str, Any] | None) -> str:
+    """A notebook's state: "not run", "running", "interrupted" (its run's process is gone), "done", "failed"."""
+    if not status:
+        return "not run"
+    state = str(status.get("status", "not run"))
+    return "interrupted" if state == "running" and not _alive(status) else state
+
+
 def _format_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
@@ -50,7 +87,7 @@ def _format_value(value: Any) -> str:
 
 def _row(out: Path, name: str, title: str, status: dict[str, Any], summary: dict[str, Any]) -> str:
     esc = html.escape
-    state = status.get("status", "not run")
+    state = state_of(status)
     links = [f'<a href="{esc(name)}.html">HTML</a>'] if (out / f"{name}.html").exists() else []
     if (out / f"{name}.ipynb").exists():
         links.append(f'<a href="{esc(name)}.ipynb">notebook</a>')
@@ -60,7 +97,10 @@ def _row(out: Path, name: str, title: str, status: dict[str, Any], summary: dict
     skipped = "".join(
         f'<div class="skip">skipped: {esc(s)} ({esc(r)})</div>' for s, r in summary.get("skipped", {}).items()
     )
-    error = f'<div class="err">{esc(status.get("error", ""))}</div>' if status.get("error") else ""
+    message = status.get("error") or ""
+    if state == "interrupted" and not message:
+        message = "stopped before it finished; a rerun runs it again"
+    error = f'<div class="err">{esc(message)}</div>' if message else ""
     seconds = status.get("seconds")
     return (
         f'<tr><td><b>{esc(title)}</b><br>{" | ".join(links)}</td><td class="{esc(state)}">{esc(state)}</td>'
@@ -89,7 +129,7 @@ def write_index(out: str | os.PathLike, titles: dict[str, str]) -> Path:
         status = read_status(out, name)
         if status is None:
             continue
-        summary = _read_json(out / name / "summary.json") or {}
+        summary = read_summary(out, name)
         rows.append(_row(out, name, title, status, summary))
         if summary.get("figures"):
             galleries.append(_gallery(name, title, summary["figures"]))

@@ -4,9 +4,11 @@
 tiny settings for CI; ``full``: the embedded model, sized to finish in under 30 minutes on a
 2-core CPU) and writes, per notebook: the executed ``.ipynb``, its HTML (nbconvert), figures
 (PNG and SVG), per-step logs and tables (parquet), and ``status.json`` (written atomically when
-the notebook finishes or fails). A finished notebook is not run again unless forced or its
-parameters changed, so an interrupted report resumes where it stopped; a failed one keeps its
-error and the others still run. ``index.html`` links everything with a summary table.
+the notebook finishes or fails). A finished notebook is not run again unless forced, its
+parameters changed or one of its outputs (executed notebook, HTML, the files its status lists) is
+gone, so an interrupted report resumes where it stopped; a failed one keeps its error and the
+others still run. ``index.html`` links everything with a summary table; it is rewritten as each
+notebook starts and ends, and shows a notebook whose run was killed as "interrupted".
 
 Inside a notebook, ``specbench.report.Outputs(output_dir, name)`` is where figures, logs,
 tables, summary values and skipped sections go; ``specbench.report.index`` writes the index.
@@ -26,9 +28,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from specbench.common.files import PROJECT_ROOT, write_json_atomic, write_text_atomic
+from specbench.common.files import PROJECT_ROOT, check_writable, write_json_atomic, write_text_atomic
 from specbench.common.identity import device_name, versions
-from specbench.report.index import read_status, write_index, write_status
+from specbench.report.index import read_status, read_summary, running_here, state_of, write_index, write_status
 
 #: Notebooks in report order, with their titles.
 NOTEBOOKS: dict[str, str] = {
@@ -290,6 +292,39 @@ def _error_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}".strip()
 
 
+def output_files(out: Path, name: str) -> list[str]:
+    """A notebook's outputs in report folder ``out`` (relative paths): its executed notebook and HTML,
+    and the summary, figures (PNG and SVG), logs and tables it recorded that exist."""
+    summary = read_summary(out, name)
+    figures = [str(p) for p in summary.get("figures", [])]
+    listed = [*figures, *(str(Path(p).with_suffix(".svg")) for p in figures)]
+    listed += [str(p) for p in summary.get("logs", []) + summary.get("tables", [])]
+    listed += [f"{name}/summary.json"]
+    return [f"{name}.ipynb", f"{name}.html", *sorted({p for p in listed if (out / p).is_file()})]
+
+
+def missing_outputs(out: Path, name: str, status: dict[str, Any]) -> list[str]:
+    """The outputs a finished notebook's status lists (or, for an older status, its executed notebook,
+    HTML and recorded files) that are no longer in ``out``."""
+    expected = status.get("outputs")
+    if not isinstance(expected, list):
+        summary = read_summary(out, name)
+        expected = [f"{name}.ipynb", f"{name}.html", *summary.get("figures", [])]
+        expected += [*summary.get("logs", []), *summary.get("tables", [])]
+    return [str(p) for p in expected if not (out / str(p)).is_file()]
+
+
+def _reason_to_run(out: Path, name: str, params: dict[str, Any], previous: dict[str, Any] | None) -> str:
+    """Why a notebook runs ("" when its earlier run still stands)."""
+    state = state_of(previous)
+    if state != "done":
+        return {"not run": "", "interrupted": "interrupted earlier"}.get(state, f"{state} earlier")
+    if previous.get("parameters") != params:
+        return "parameters changed"
+    missing = missing_outputs(out, name, previous)
+    return f"outputs missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})" if missing else ""
+
+
 def run_report(
     profile: str = "full",
     out: str | os.PathLike | None = None,
@@ -317,25 +352,29 @@ def run_report(
         )
     resolved = resolve_parameters(profile, dict(parameters or {}), names, folder)
     out = Path(out) if out else Path("reports") / profile
-    out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_writable(out, folder=True, name="--out").resolve()
     write_json_atomic(out / "report.json", _report_info(profile, out))
     result = ReportResult(out)
     bar = tqdm(names, desc=f"report ({profile})", unit="notebook", disable=not progress)
     for name in bar:
         params = resolved[name]
         previous = read_status(out, name)
-        if not force and previous and previous.get("status") == "done" and previous.get("parameters") == params:
+        reason = "forced" if force else _reason_to_run(out, name, params, previous)
+        if previous and not reason:
             result.results.append(NotebookResult(name, "skipped", previous.get("seconds", 0.0)))
             bar.write(f"{name}: already done ({previous.get('seconds', 0):.0f} s); --force to run it again")
+            write_index(out, NOTEBOOKS)
             continue
+        if previous and reason:
+            bar.write(f"{name}: running again ({reason})")
         bar.set_postfix_str(name)
         ipynb = out / f"{name}.ipynb"
         status = {"notebook": name, "status": "running", "profile": profile, "parameters": params, "started": _now()}
-        write_status(out, name, status)
+        write_status(out, name, {**status, **running_here()})
         summary = out / name / "summary.json"
         if summary.exists():
             summary.unlink()
+        write_index(out, NOTEBOOKS)
         t0 = time.perf_counter()
         error = ""
         try:
@@ -358,6 +397,8 @@ def run_report(
             except Exception as err:
                 error = error or f"HTML export failed: {_error_text(err)}"
         status.update(status="failed" if error else "done", finished=_now(), seconds=round(seconds, 1), error=error)
+        if not error:
+            status["outputs"] = output_files(out, name)
         write_status(out, name, status)
         result.results.append(NotebookResult(name, status["status"], seconds, error))
         bar.write(f"{name}: {status['status']} in {seconds:.0f} s" + (f" ({error})" if error else ""))

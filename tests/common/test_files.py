@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import stat
 
 import mlx.core as mx
 import numpy as np
 import polars as pl
 import pytest
 
+from specbench.common import identity
 from specbench.common.files import (
+    DamagedFileWarning,
+    check_writable,
+    set_aside,
     write_csv_atomic,
     write_json_atomic,
     write_parquet_atomic,
@@ -47,3 +53,64 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
         write_parquet_atomic(Broken(), path)
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["t.txt"]
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_writes_get_the_permissions_of_a_new_file(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        for path in (
+            write_text_atomic(tmp_path / "t.txt", "x"),
+            write_json_atomic(tmp_path / "t.json", {}),
+            write_parquet_atomic(pl.DataFrame({"x": [1]}), tmp_path / "t.parquet"),
+        ):
+            assert stat.S_IMODE(path.stat().st_mode) == mode, path
+    finally:
+        os.umask(old)
+
+
+def test_check_writable_makes_the_folder_and_rejects_what_cannot_be_written(tmp_path):
+    assert check_writable(tmp_path / "new" / "log.parquet") == tmp_path / "new" / "log.parquet"
+    assert (tmp_path / "new").is_dir() and list((tmp_path / "new").iterdir()) == []  # the probe is gone
+    assert check_writable(tmp_path / "out", folder=True).is_dir()
+    with pytest.raises(ValueError, match=r"--log: .* is a folder"):
+        check_writable(tmp_path / "new", name="--log")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        check_writable(tmp_path / "file", folder=True)
+    with pytest.raises(OSError, match="cannot write to the folder"):
+        check_writable(tmp_path / "file" / "log.parquet")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_check_writable_rejects_a_read_only_folder(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(PermissionError, match=f"cannot write to the folder {folder}"):
+            check_writable(folder / "log.parquet")
+    finally:
+        folder.chmod(0o700)
+
+
+def test_set_aside_moves_a_damaged_file_with_a_warning_naming_it(tmp_path):
+    path = tmp_path / "p.json"
+    for _ in range(2):  # twice within a second: two distinct names
+        path.write_text("{")
+        with pytest.warns(DamagedFileWarning, match=f"{path} is damaged \\(bad\\): moved aside to p.json.damaged-"):
+            moved = set_aside(path, "thing", "bad")
+        assert not path.exists() and moved.read_text() == "{"
+    assert len(list(tmp_path.glob("p.json.damaged-*"))) == 2
+    assert set_aside(path, "thing", "bad") is None  # gone already (moved by another process)
+
+
+def test_kernel_key_names_device_versions_and_the_blas_library(monkeypatch):
+    key = identity.kernel_key()
+    assert identity.device_name() in key and f"mlx {mx.__version__}" in key
+    if mx.default_device().type == mx.DeviceType.cpu:
+        assert f"blas {identity.blas_library()}" in key
+        monkeypatch.setattr(identity, "_loaded_blas", lambda: "libblas.so.3+libopenblas.so.0")
+        assert identity.kernel_key() != key and identity.kernel_key().endswith("blas libblas.so.3+libopenblas.so.0")
+    else:
+        assert identity.blas_library() is None and "blas" not in key

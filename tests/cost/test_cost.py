@@ -12,6 +12,9 @@ import pytest
 import specbench.cost as cost
 from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
 from specbench.cli import main
+from specbench.common import identity
+from specbench.common.files import DamagedFileWarning
+from specbench.common.identity import kernel_key
 from specbench.core.experts import ExpertCounter
 from specbench.cost.caches import CacheRestore, prefill
 from specbench.drafters.lookup import PromptLookup
@@ -123,18 +126,59 @@ def test_measure_save_load(dense, home):
 
 def test_damaged_profile_file(home):
     profile = make_profile([1.0, 1.5, 2.0], name="damaged")
+    good = make_profile([1.0, 1.2], name="good")
+    cost.save_profile(good)
     path = profile.path()
-    path.parent.mkdir(parents=True)
-    for text in ("{not json", json.dumps({"model": "damaged"}), "[1, 2]"):
+    for text in (
+        "{not json",
+        json.dumps({"model": "damaged"}),
+        "[1, 2]",
+        json.dumps({**profile.to_dict(), "costs": 3}),
+    ):
         path.write_text(text)
-        with pytest.raises(ValueError, match="delete it or re-run `specbench profile`") as err:
-            cost.load_profile("damaged")
-        assert str(path) in str(err.value)
-        with pytest.raises(ValueError, match="damaged"):
-            cost.load_profiles()
-    # Saving over a damaged file replaces it.
-    assert cost.save_profile(profile) == path
+        # Listing every profile skips the damaged file, naming it.
+        with pytest.warns(DamagedFileWarning, match=f"{path} is damaged .*skipped"):
+            assert set(cost.load_profiles()["model"]) == {"good"}
+        # Loading it moves it aside with a warning naming it: it is measured anew.
+        with pytest.warns(DamagedFileWarning, match=f"cost profile {path} is damaged .*moved aside"):
+            assert cost.load_profile("damaged") is None
+        assert not path.exists()
+    assert len(list(path.parent.glob(f"{path.name}.damaged-*"))) == 4
+    # Saving over a damaged file moves it aside and writes the new one.
+    path.write_text("{not json")
+    with pytest.warns(DamagedFileWarning, match=str(path)):
+        assert cost.save_profile(profile) == path
     assert cost.load_profile("damaged").costs == profile.costs
+    assert len(list(path.parent.glob(f"{path.name}.damaged-*"))) == 5
+
+
+def test_profile_for_measures_anew_over_a_damaged_profile(home):
+    model = synthetic.build("qwen3-8b-tiny", seed=5)  # a fresh object: nothing in memory for it
+    path = cost.profile_path(cost.model_key(model), cost.device_name(), cost.versions())
+    path.parent.mkdir(parents=True)
+    path.write_text('{"model": "x", ')
+    said = []
+    with pytest.warns(DamagedFileWarning, match=str(path)):
+        profile = cost.profile_for(model, progress=said.append)
+    assert profile.quick and len(said) == 1 and not path.exists()
+    assert cost.save_profile(profile) == path and cost.load_profile(model).costs == profile.costs
+
+
+def test_profiles_are_keyed_by_the_blas_library(dense, monkeypatch):
+    profile = make_profile([1.0, 1.5], name=cost.model_key(dense))
+    assert profile.kernels == kernel_key() and profile.key["kernels"] == kernel_key()
+    path = cost.save_profile(profile)
+    assert cost.load_profile(dense).kernels == kernel_key()
+    monkeypatch.setattr(identity, "_loaded_blas", lambda: "libopenblas.so.0")
+    monkeypatch.setattr(identity.mx, "default_device", lambda: mx.Device(mx.cpu))
+    assert cost.load_profile(dense) is None  # taken under another BLAS: not reused
+    other = make_profile([1.0, 1.9], name=cost.model_key(dense))
+    assert "libopenblas" in other.kernels and cost.save_profile(other) != path
+    assert cost.load_profile(dense).costs == other.costs
+    assert set(cost.load_profiles()["kernels"]) == {profile.kernels, other.kernels}
+    # A profile stored before the kernels were kept is not taken for this BLAS's.
+    old = {k: v for k, v in profile.to_dict().items() if k != "kernels"}
+    assert cost.Profile.from_dict(old).kernels == ""
 
 
 def test_measure_hybrid_restores_recurrent_cache():

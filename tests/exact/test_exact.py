@@ -9,6 +9,7 @@ plain batched forward must not, and calibration must find the cheapest level tha
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
@@ -674,3 +675,31 @@ def test_importing_specbench_turns_cudnn_attention_off_unless_set():
         [sys.executable, "-c", probe], env={**env, CUDNN_ATTENTION_ENV: "1"}, capture_output=True, text=True, check=True
     )
     assert (unset.stdout.strip(), chosen.stdout.strip()) == ("0", "1")
+
+
+def test_calibration_key_follows_the_blas_library_and_the_method(monkeypatch):
+    from specbench.common import identity
+
+    model = build_tiny("llama")
+    exact_calibration._keys.clear()
+    key = calibration_key(model)
+    assert exact_calibration.CALIBRATION_METHOD >= 4  # tables keyed without the BLAS library are not reused
+    exact_calibration._keys.clear()
+    monkeypatch.setattr(identity, "_loaded_blas", lambda: "libblas.so.3+libopenblas.so.0")
+    monkeypatch.setattr(identity.mx, "default_device", lambda: mx.Device(mx.cpu))
+    other = calibration_key(model)
+    exact_calibration._keys.clear()
+    assert other != key and other.split("-")[:-1] == key.split("-")[:-1]  # same model shape, other kernels
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"key": "k"}', '{"key": "k", "device": "d", "widths": 5}'])
+def test_damaged_calibration_is_moved_aside_and_made_anew(tmp_path, text):
+    model = build_tiny("llama")
+    path = tmp_path / "exact" / f"{calibration_key(model)}.json"
+    path.parent.mkdir()
+    path.write_text(text)
+    with pytest.warns(UserWarning, match=f"calibration {path} is damaged .*moved aside"):
+        assert load_calibration(model) is None
+    assert [p.name.split(".damaged-")[0] for p in path.parent.glob("*.damaged-*")] == [path.name]
+    calibrate(model, [2], measure=False)
+    assert sorted(load_calibration(model).widths) == [2] and Calibration.from_json(json.loads(path.read_text()))

@@ -11,6 +11,7 @@ from conftest import SHARED_DATA, TINY_CONFIGS, build_tiny, tokenizer_words, wor
 
 from specbench.core.policies import DraftPolicy
 from specbench.experiments.prompt_bench import (
+    PROMPT_INFO_FILE,
     PROMPT_RUNS_FILE,
     PROMPT_SUMMARY_FILE,
     PROMPT_TABLE_FILE,
@@ -238,6 +239,21 @@ def test_bench_prompts_interrupted_run_resumes(tmp_path):
     assert {r["question_key"] for r in full.runs} > done
     assert full.runs[: len(first.runs)] == first.runs
     assert len(full.runs) == 3 * 3 and all(r["equal"] for r in full.runs)
+
+
+def test_a_damaged_folder_being_resumed_names_its_file(tmp_path):
+    runs = tmp_path / PROMPT_RUNS_FILE
+    runs.write_bytes(b"\x00" * 40)
+    kwargs = dict(drafters=("lookup",), max_tokens=4, out=tmp_path, progress=None)
+    with pytest.raises(ValueError, match=f"{runs}: damaged or not a parquet file .*--fresh"):
+        bench_prompts(None, None, tiny_questions(), **kwargs)  # before any model work
+    pl.DataFrame({"x": [1]}).write_parquet(runs)
+    with pytest.raises(ValueError, match=f"{runs}: not a prompt benchmark's runs table"):
+        bench_prompts(None, None, tiny_questions(), **kwargs)
+    info = tmp_path / PROMPT_INFO_FILE
+    info.write_text("{oops")
+    with pytest.raises(ValueError, match=f"{info}: damaged or not a json file"):
+        load_prompt_bench(tmp_path)
 
 
 def test_bench_cli_on_a_saved_tiny_model(tmp_path, capsys):

@@ -190,6 +190,79 @@ def test_missing_file_and_unknown_format(tmp_path):
         load_traces(path)
 
 
+TURN0 = {"trace": "t", "turn": 0, "messages": [{"role": "user", "content": "hi"}], "assistant": None}
+CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+SHARE = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}
+
+
+def test_detection_reads_every_record_and_rejects_mixed_files(tmp_path):
+    # The first lines agree; line 3 is of another format: an error at line 3, not a silent misread.
+    mixed = _write(tmp_path / "mixed.jsonl", [CHAT, CHAT, SHARE])
+    for fmt in (None, "openai"):
+        with pytest.raises(ValueError, match=f"{mixed}:3: a sharegpt record"):
+            load_traces(mixed, fmt)
+    assert "one format" in str(pytest.raises(ValueError, detect_format, mixed).value)
+    # A record with the keys of two schemas is unclear: detection refuses it, an explicit format reads it.
+    both = _write(tmp_path / "both.jsonl", [CHAT, {**CHAT, **SHARE}])
+    with pytest.raises(ValueError, match=f"{both}:2: this record mixes the keys of openai and sharegpt"):
+        load_traces(both)
+    assert len(load_traces(both, "openai")) == 2
+    # A record that only half matches the trace schema is read as the schema, whose error names what it lacks.
+    half = _write(tmp_path / "half.jsonl", [TURN0, {"trace": "t", "messages": []}])
+    with pytest.raises(ValueError, match=f"{half}:2: a turn needs .*missing \\['turn'\\]"):
+        load_traces(half)
+    # JSON arrays: the error names the item.
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps([CHAT, SHARE]))
+    with pytest.raises(ValueError, match=f"{array}: item 1: a sharegpt record"):
+        load_traces(array)
+    array.write_text(json.dumps([CHAT, {"role": "user", "content": "x"}]))
+    with pytest.raises(ValueError, match=f"{array}: item 1: a bare chat message"):
+        load_traces(array)
+    array.write_text(json.dumps([SHARE, SHARE]))
+    assert detect_format(array) == "sharegpt" and len(load_traces(array)) == 2
+    unknown = _write(tmp_path / "unknown.jsonl", [CHAT, {"text": "x"}])
+    with pytest.raises(ValueError, match=f"{unknown}:2: cannot tell its format .*keys: text"):
+        load_traces(unknown)
+
+
+def test_a_trace_file_is_not_read_as_another_format(tmp_path):
+    """Each schema line holds "messages": read as OpenAI it would replay every turn without its history."""
+    trace = Trace(
+        "t",
+        [
+            Turn([{"role": "user", "content": "q1"}], {"role": "assistant", "content": "a1"}),
+            Turn([{"role": "user", "content": "q2"}], {"role": "assistant", "content": "a2"}),
+        ],
+    )
+    path = save_traces([trace], tmp_path / "t.jsonl")
+    for fmt in ("openai", "sharegpt", "questions", "tau-bench"):
+        with pytest.raises(ValueError, match=f"{path}:1: a trace record, not {fmt} .*lose the history"):
+            load_traces(path, fmt)
+    (back,) = load_traces(path)
+    assert back.history(1)[:2] == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}]
+    chat = _write(tmp_path / "chat.jsonl", [CHAT])
+    with pytest.raises(ValueError, match=f"{chat}:1: an openai record, not trace"):
+        load_traces(chat, "trace")
+
+
+def test_non_utf8_files_name_file_and_line(tmp_path):
+    good = json.dumps(CHAT).encode()
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes(good + b"\n" + json.dumps(CHAT).replace("hello", "h\u00e9llo").encode("latin-1") + b"\n")
+    offset = len(good) + 1 + json.dumps(CHAT).index("hello") + 1
+    for fmt in (None, "openai"):
+        with pytest.raises(ValueError, match=f"{path}:2: not UTF-8 text \\(byte {offset}"):
+            load_traces(path, fmt)
+    as_json = tmp_path / "latin.json"
+    as_json.write_bytes(b"\xff\xfe[]")
+    with pytest.raises(ValueError, match=f"{as_json}:1: not UTF-8 text \\(byte 0"):
+        load_traces(as_json)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + good + b"\n")
+    assert len(load_traces(bom)) == 1
+
+
 # -- importers ------------------------------------------------------------------------------------------
 
 
@@ -410,12 +483,31 @@ def test_run_trace_from_a_file_resumes(tmp_path, capsys):
     assert "finished earlier" in capsys.readouterr().out
     timings = ("decode_s", "tokens_per_s", "speedup")
     assert again.summary.drop(*timings).equals(first.summary.drop(*timings))
+    # Damaged files of a finished trace: a ValueError naming the file, before any decoding.
+    resume = dict(max_tokens=12, out=out, progress=False)
+    for damaged in ("words.plain.parquet", "words.steps.parquet", "words.turns.parquet", "trace_bench_config.json"):
+        path = out / damaged
+        kept = path.read_bytes()
+        path.write_bytes(kept[: len(kept) // 2])
+        with pytest.raises(ValueError, match=f"{path}: damaged .*delete it"):
+            run_trace(None, tokenizer, path.parent.parent / "words.jsonl", ["suffix", "none"], policies, **resume)
+        path.write_bytes(kept)
     with pytest.raises(ValueError, match="unknown drafter"):
         trace_methods(["ngram"], [DraftPolicy.auto()])
     with pytest.raises(TypeError, match="a policy is a DraftPolicy"):
         trace_methods(["suffix"], [3.5])
     with pytest.raises(ValueError, match="distinct names"):
         trace_methods(["suffix"], [DraftPolicy.fixed(3), DraftPolicy.fixed(3)])
+
+
+def test_damaged_recorded_outputs_name_the_file(tmp_path):
+    path = tmp_path / "plain.parquet"
+    path.write_bytes(b"PAR1 not really")
+    with pytest.raises(ValueError, match=f"{path}: damaged or not a parquet file"):
+        load_recorded(path)
+    pl.DataFrame({"prompt": ["abc"], "output": [[1, 2]], "finish_reason": ["stop"]}).write_parquet(path)
+    with pytest.raises(ValueError, match="column 'prompt' must hold lists of token ids"):
+        load_recorded(path)
 
 
 def test_recorded_replies_simulate_drafters_on_a_trace():

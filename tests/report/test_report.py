@@ -21,6 +21,7 @@ from specbench.experiments.prompts import prompt_table, prompts_from
 from specbench.models.tiny import tiny_config
 from specbench.report import Outputs, figures, headlines, render
 from specbench.report import runner as report
+from specbench.report.index import write_index
 
 matplotlib.use("Agg")
 
@@ -271,8 +272,37 @@ def test_losslessness_check_counts_every_sample(text_model):
     assert check.counts["plain"].sum() == 20 and check.counts["speculative"].sum() == 20
     assert len(check.plain_sequences) == len(check.speculative_sequences) == 5
     assert 0 < check.p_value <= 1 and 0 <= check.tvd <= 1
+    # Its power: 5 samples x 4 tokens cannot exercise the acceptance rule: inconclusive, never a pass.
+    assert check.accepted_drafts <= check.drafted and check.tokens == 20
+    assert check.verdict in ("inconclusive", "fail") and check.verdict != "pass"
+    assert check.min_detectable_tvd == pytest.approx(lossless.min_detectable_tvd(20, 20))
+    text = check.describe()
+    assert text.startswith(check.verdict) and f"{check.accepted_drafts} of {check.drafted} drafted" in text
+    assert "detectable TVD >=" in text
+    figures.token_histograms(check)
     with pytest.raises(ValueError, match="temperature > 0"):
         lossless.losslessness_check(model, tokenizer, prompt, temperature=0.0)
+    with pytest.raises(ValueError, match="temperature > 0"):
+        lossless.losslessness_check(model, tokenizer, prompt, temperature=float("nan"))
+
+
+def test_lossless_verdict_states_its_power():
+    # A large p-value is a pass only with enough accepted drafts and well-filled histograms.
+    assert lossless.lossless_verdict(1.0, 0, 1.0)[0] == "inconclusive"
+    verdict, reason = lossless.lossless_verdict(0.9, 19, 1.0)
+    assert verdict == "inconclusive" and "only 19 draft tokens were accepted" in reason
+    verdict, reason = lossless.lossless_verdict(0.9, 200, 0.2)
+    assert verdict == "inconclusive" and "expected counts too small" in reason
+    assert lossless.lossless_verdict(0.9, 200, 0.9)[0] == "pass"
+    assert lossless.lossless_verdict(0.001, 0, 0.0)[0] == "fail"  # a permutation test's small p stands
+    # Minimum detectable TVD: (z_0.975 + z_0.8) * sqrt(2 / n) / 2, shrinking as 1/sqrt(n).
+    assert lossless.min_detectable_tvd(256, 256) == pytest.approx(2.8016 * (2 / 256) ** 0.5 / 2, rel=1e-3)
+    assert lossless.min_detectable_tvd(1024, 1024) == pytest.approx(lossless.min_detectable_tvd(256, 256) / 2)
+    assert lossless.min_detectable_tvd(0, 10) == float("inf")
+    # Well filled: tokens whose expected count per sampler is >= 5.
+    assert lossless.well_filled_share([[1] * 10], [[1] * 10]) == 1.0
+    assert lossless.well_filled_share([[1, 2, 3, 4]], [[5, 6, 7, 8]]) == 0.0
+    assert lossless.well_filled_share([[1] * 10 + [2]], [[1] * 10 + [3]]) == pytest.approx(20 / 22)
 
 
 # -- figures and outputs -------------------------------------------------------------------------
@@ -474,6 +504,41 @@ def test_run_report_keeps_failures_and_resumes(tmp_path):
     )
     assert third.results[0].status == "done"  # parameters changed: run again
     assert json.loads((out / "quickstart" / "summary.json").read_text())["values"] == {"value": 8}
+
+
+def test_resume_reruns_notebooks_whose_outputs_are_gone_or_that_were_interrupted(tmp_path):
+    notebooks = tmp_path / "nb"
+    notebooks.mkdir()
+    _notebook(
+        notebooks / "quickstart.ipynb",
+        'model = "m"\nmax_tokens = 12',
+        (
+            "import matplotlib.pyplot as plt\nimport polars as pl\nfrom specbench.report import Outputs\n"
+            "out = Outputs(output_dir, 'quickstart')\nfig, ax = plt.subplots()\nax.plot([1, 2])\n"
+            "out.figure(fig, 'line')\nout.table(pl.DataFrame({'a': [1]}), 'numbers')\nout.summary(value=max_tokens)"
+        ),
+    )
+    out = tmp_path / "report"
+    kwargs = dict(only=["quickstart"], notebooks=notebooks, progress=False)
+    assert report.run_report("quick", out, **kwargs).results[0].status == "done"
+    status = report.read_status(out, "quickstart")
+    assert {"quickstart.ipynb", "quickstart.html", "quickstart/figures/line.png", "quickstart/figures/line.svg"} <= set(
+        status["outputs"]
+    ) and "quickstart/tables/numbers.parquet" in status["outputs"]
+    assert report.missing_outputs(out, "quickstart", status) == []
+    assert report.run_report("quick", out, **kwargs).results[0].status == "skipped"
+    for gone in ("quickstart/tables/numbers.parquet", "quickstart.html"):
+        (out / gone).unlink()
+        assert report.missing_outputs(out, "quickstart", report.read_status(out, "quickstart")) == [gone]
+        assert report.run_report("quick", out, **kwargs).results[0].status == "done"
+        assert (out / gone).exists()
+    # A run killed mid-notebook leaves its status "running": the index shows it interrupted, a rerun runs it.
+    report.write_status(out, "quickstart", {**status, "status": "running", "pid": 2**22 + 12345})
+    write_index(out, report.NOTEBOOKS)
+    page = (out / "index.html").read_text()
+    assert 'class="interrupted">interrupted<' in page and "stopped before it finished" in page
+    assert report.run_report("quick", out, **kwargs).results[0].status == "done"
+    assert 'class="done"' in (out / "index.html").read_text()
 
 
 # -- explorer ------------------------------------------------------------------------------------

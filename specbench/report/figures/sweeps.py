@@ -226,8 +226,10 @@ def token_histograms(check: Any, title: str | None = None):
     ax.set_title(
         title
         or (
-            f"Losslessness check at T={check.temperature:g}: permutation p = {check.p_value:.2f}, "
-            f"TVD = {check.tvd:.3f}\n(acceptance {100 * check.acceptance_rate:.0f}%; {note})"
+            f"Losslessness check at T={check.temperature:g}: {check.verdict} "
+            f"(permutation p = {check.p_value:.2f}, TVD = {check.tvd:.3f})\n"
+            f"({check.accepted_drafts} draft tokens accepted, "
+            f"acceptance {100 * check.acceptance_rate:.0f}%; {note})"
         )
     )
     ax.grid(axis="y", alpha=0.3)

@@ -1,0 +1,198 @@
+"""The command line on bad input: one line on stderr, a non-zero exit, and no model work done first."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import specbench.models.load as model_loading
+from specbench.cli import main
+from specbench.common.identity import device_name, model_key, versions
+from specbench.core.log import StepLog
+from specbench.cost import profile_path
+from specbench.exact import calibration as exact_calibration
+
+SYNTHETIC = "synthetic:qwen3-8b-tiny"
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SPECBENCH_DEBUG", raising=False)
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fail the test if the command loads a model."""
+
+    def load(*args, **kwargs):
+        pytest.fail(f"a model was loaded: {args}")
+
+    monkeypatch.setattr(model_loading, "load", load)
+
+
+def one_error_line(err: str, command: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"specbench{' ' + command if command else ''}: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+COMMANDS = {"generate", "check-exact", "profile", "bench", "train-mtp", "report"}
+
+# (arguments, with {tmp} the test's folder) -> (exit code, text the error line holds)
+CASES = {
+    "no command": ([], "required: command"),
+    "unknown command": (["nope"], "invalid choice: 'nope'"),
+    "missing argument": (["generate"], "required: --prompt"),
+    "not a number": (["generate", "--prompt", "x", "--max-tokens", "many"], "invalid int value: 'many'"),
+    "bad choice": (["generate", "--prompt", "x", "--verify", "slow"], "invalid choice: 'slow'"),
+    "unknown policy": (["generate", "--prompt", "x", "--policy", "sometimes"], "unknown policy 'sometimes'"),
+    "unknown drafter": (["generate", "--prompt", "x", "--drafter", "psychic"], "unknown drafter 'psychic'"),
+    "log is a folder": (["generate", "--prompt", "x", "--log", "{tmp}"], "--log: {tmp} is a folder"),
+    "log under a file": (
+        ["generate", "--prompt", "x", "--log", "{tmp}/file.txt/log.parquet"],
+        "--log: cannot write to the folder {tmp}/file.txt",
+    ),
+    "check-exact out is a folder": (["check-exact", "--model", SYNTHETIC, "--out", "{tmp}"], "is a folder"),
+    "check-exact no prompts": (["check-exact", "--model", SYNTHETIC, "--prompts", "0"], "--prompts must be >= 1"),
+    "check-exact acceptance": (["check-exact", "--acceptance", "1.5"], "--acceptance must be in [0, 1]"),
+    "check-exact draft lengths": (["check-exact", "--draft-lengths", "2,x"], "comma list of integers"),
+    "check-exact verify": (["check-exact", "--verify", "exact,slow"], "--verify takes a comma list"),
+    "profile verify": (["profile", "--model", SYNTHETIC, "--verify", "slow"], "--verify takes a comma list"),
+    "profile widths": (["profile", "--model", SYNTHETIC, "--widths", "1"], "--widths must be >= 2"),
+    "profile plot is a file": (
+        ["profile", "--model", SYNTHETIC, "--plot", "{tmp}/file.txt"],
+        "is a file, not a folder",
+    ),
+    "bench prompts missing": (["bench", "--prompts", "{tmp}/none.jsonl"], "none.jsonl"),
+    "bench trace missing": (["bench", "--trace", "{tmp}/none.jsonl"], "no trace file at {tmp}/none.jsonl"),
+    "bench trace is a folder": (["bench", "--trace", "{tmp}"], "it is a folder"),
+    "bench out is a file": (["bench", "--prompts", "bundled", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
+    "bench two verify modes for a trace": (
+        ["bench", "--trace", "{tmp}/file.txt", "--verify", "exact,fast"],
+        "one --verify mode",
+    ),
+    "train-mtp out is a file": (["train-mtp", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
+    "report out is a file": (["report", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
+}
+
+
+@pytest.mark.parametrize("args, expected", list(CASES.values()), ids=list(CASES))
+def test_a_bad_command_line_is_one_error_line_before_any_model_work(args, expected, tmp_path, capsys, no_model):
+    (tmp_path / "file.txt").write_text("x")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    command = argv[0] if argv and argv[0] in COMMANDS else ""
+    line = one_error_line(captured.err, command)
+    assert expected.replace("{tmp}", str(tmp_path)) in line
+    assert captured.out == ""
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_an_unwritable_log_folder_is_an_error_before_loading(tmp_path, capsys, no_model):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        assert main(["generate", "--prompt", "x", "--log", str(folder / "log.parquet")]) == 2
+    finally:
+        folder.chmod(0o700)
+    assert f"cannot write to the folder {folder}" in one_error_line(capsys.readouterr().err, "generate")
+
+
+@pytest.mark.parametrize(
+    "error, expected",
+    [
+        (PermissionError(13, "Permission denied", "/models/x"), "Permission denied: /models/x"),
+        (IsADirectoryError(21, "Is a directory", "/models/x"), "Is a directory: /models/x"),
+        (FileNotFoundError("no model at /models/x"), "no model at /models/x"),
+        (ValueError("a message\nover two lines"), "a message over two lines"),
+    ],
+)
+def test_os_and_value_errors_of_a_command_are_one_line(error, expected, monkeypatch, capsys):
+    def load(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(model_loading, "load", load)
+    assert main(["check-exact", "--model", "somewhere"]) == 2
+    assert one_error_line(capsys.readouterr().err, "check-exact") == f"specbench check-exact: error: {expected}"
+
+
+def test_debug_raises_with_the_traceback(tmp_path, monkeypatch, no_model):
+    with pytest.raises(ValueError, match="is a folder"):
+        main(["--debug", "generate", "--prompt", "x", "--log", str(tmp_path)])
+    monkeypatch.setenv("SPECBENCH_DEBUG", "1")
+    with pytest.raises(ValueError, match="unknown policy"):
+        main(["generate", "--prompt", "x", "--policy", "sometimes"])
+
+
+def test_output_folders_are_made_before_the_work(tmp_path, monkeypatch, capsys):
+    """The folder of an output path exists before the model is loaded."""
+    out = tmp_path / "a" / "b" / "rows.parquet"
+
+    def load(*args, **kwargs):
+        assert out.parent.is_dir()
+        raise OSError("stop here")
+
+    monkeypatch.setattr(model_loading, "load", load)
+    assert main(["check-exact", "--model", SYNTHETIC, "--out", str(out)]) == 2
+    assert "stop here" in one_error_line(capsys.readouterr().err, "check-exact")
+
+
+# -- damaged cache files are moved aside and made anew -------------------------------------------
+
+
+def test_profile_over_a_damaged_stored_profile(home, capsys):
+    model, _ = model_loading.load(SYNTHETIC)
+    path = profile_path(model_key(model), device_name(), versions())
+    path.parent.mkdir(parents=True)
+    path.write_text('{"model": "x",\n "costs": ')
+    args = ["profile", "--model", SYNTHETIC, "--widths", "2", "--repeats", "1", "--offset", "8", "--verify", "fast"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert f"specbench profile: warning: the cost profile {path} is damaged" in captured.err
+    assert "Traceback" not in captured.err and f"profile: {path}" in captured.out
+    assert json.loads(path.read_text())["model"] == model_key(model)  # the new profile
+    (aside,) = path.parent.glob(f"{path.name}.damaged-*")
+    assert aside.read_text().startswith('{"model": "x"')
+
+
+def test_check_exact_over_a_damaged_stored_calibration(home, capsys):
+    model, _ = model_loading.load(SYNTHETIC)
+    exact_calibration._calibrations.clear()
+    path = home / "exact" / f"{exact_calibration.calibration_key(model)}.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x00\xff garbage")
+    args = ["check-exact", "--model", SYNTHETIC, "--prompts", "1", "--max-tokens", "6", "--verify", "exact"]
+    try:
+        assert main(args) == 0
+    finally:
+        exact_calibration._calibrations.clear()
+    captured = capsys.readouterr()
+    assert f"specbench check-exact: warning: the exact-mode calibration {path} is damaged" in captured.err
+    assert "1/1 prompts equal" in captured.out
+    assert json.loads(path.read_text())["widths"]  # calibrated anew
+    assert [p.name.split(".damaged-")[0] for p in path.parent.glob("*.damaged-*")] == [path.name]
+
+
+def test_a_damaged_step_log_names_the_file(tmp_path):
+    path = tmp_path / "log.parquet"
+    path.write_text("not parquet")
+    with pytest.raises(ValueError, match=f"{path} is not a readable step log"):
+        StepLog.load(path)
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        StepLog.load(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no step log"):
+        StepLog.load(tmp_path / "none.parquet")
+    pl.DataFrame({"x": [1]}).write_parquet(tmp_path / "other.parquet")
+    with pytest.raises(ValueError, match="is not a step log: it has no step, kind, emitted column"):
+        StepLog.load(tmp_path / "other.parquet")
+    assert Path(path).read_text() == "not parquet"  # left as it was
