@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,14 +181,24 @@ _SHAREGPT_ROLES = {
 }
 
 
+def _records_with(
+    path: Path, records: Sequence[Record] | None, key: str, kind: type, needs: str
+) -> Iterator[tuple[int, str, int, dict[str, Any], Any]]:
+    """(index, where, line, record, record[key]) for each record of ``path`` (or the ``records`` read
+    from it); a record without a ``kind`` value at ``key`` is an error naming it (``needs`` says what)."""
+    for index, (where, line, item) in enumerate(read_records(path) if records is None else records):
+        value = item.get(key) if isinstance(item, dict) else None
+        if not isinstance(value, kind):
+            raise ValueError(f"{where}: {needs}")
+        yield index, where, line, item, value
+
+
 def import_sharegpt(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
     """ShareGPT conversations: objects with "conversations": [{"from": "human"|"gpt"|..., "value": ...}]."""
     path = Path(path)
     traces = []
-    for index, (where, _, item) in enumerate(read_records(path) if records is None else records):
-        turns = item.get("conversations") if isinstance(item, dict) else None
-        if not isinstance(turns, list):
-            raise ValueError(f"{where}: a ShareGPT conversation needs a 'conversations' list")
+    needs = "a ShareGPT conversation needs a 'conversations' list"
+    for index, where, _, item, turns in _records_with(path, records, "conversations", list, needs):
         messages = []
         for i, entry in enumerate(turns):
             speaker = entry.get("from") if isinstance(entry, dict) else None
@@ -228,10 +238,8 @@ def import_tau_bench(path: str | os.PathLike, records: Sequence[Record] | None =
     """
     path = Path(path)
     traces = []
-    for index, (where, line, item) in enumerate(read_records(path) if records is None else records):
-        display = item.get("messages_display") if isinstance(item, dict) else None
-        if not isinstance(display, str):
-            raise ValueError(f"{where}: a tau-bench line needs a 'messages_display' string")
+    needs = "a tau-bench line needs a 'messages_display' string"
+    for index, where, line, _, display in _records_with(path, records, "messages_display", str, needs):
         messages: list[dict[str, Any]] = []
         for text_line in display.split("\n"):
             match = _TAU_LINE.match(text_line)
