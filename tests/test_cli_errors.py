@@ -74,12 +74,15 @@ CASES = {
     "bench prompts missing": (["bench", "--prompts", "{tmp}/none.jsonl"], "none.jsonl"),
     "bench trace missing": (["bench", "--trace", "{tmp}/none.jsonl"], "no trace file at {tmp}/none.jsonl"),
     "bench trace is a folder": (["bench", "--trace", "{tmp}"], "it is a folder"),
+    "bench no turns": (["bench", "--trace", "{tmp}/file.txt", "--turns", "0"], "--turns must be >= 1, got 0"),
     "bench out is a file": (["bench", "--prompts", "bundled", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
     "bench two verify modes for a trace": (
         ["bench", "--trace", "{tmp}/file.txt", "--verify", "exact,fast"],
         "one --verify mode",
     ),
     "train-mtp out is a file": (["train-mtp", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
+    "train-mtp no steps": (["train-mtp", "--out", "{tmp}/mtp", "--steps", "0"], "--steps must be > 0, got 0"),
+    "train-mtp negative seq-len": (["train-mtp", "--out", "{tmp}/mtp", "--seq-len", "-1"], "--seq-len must be > 0"),
     "report out is a file": (["report", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
 }
 

@@ -97,6 +97,8 @@ def _bench_trace(args):
     policies = [DraftPolicy.parse(p) for p in names(args.policies)]
     drafter_names(args.drafters)
     options = GenerateOptions(max_tokens=args.max_tokens, verify=verify[0] if verify else None)
+    if args.turns is not None and args.turns < 1:
+        raise ValueError(f"--turns must be >= 1, got {args.turns}")
     trace = Path(args.trace)
     if not trace.is_file():
         raise FileNotFoundError(f"no trace file at {trace}" + (" (it is a folder)" if trace.is_dir() else ""))

@@ -35,13 +35,15 @@ def _train_mtp(parser: argparse.ArgumentParser):
         from specbench.models.load import load
 
         config = TrainConfig.quick() if args.quick else TrainConfig()
-        for key, value in (
-            ("steps", args.steps),
-            ("time_budget_s", args.time_budget),
-            ("batch_size", args.batch_size),
-            ("seq_len", args.seq_len),
+        for key, flag, value in (
+            ("steps", "--steps", args.steps),
+            ("time_budget_s", "--time-budget", args.time_budget),
+            ("batch_size", "--batch-size", args.batch_size),
+            ("seq_len", "--seq-len", args.seq_len),
         ):
             if value is not None:
+                if not value > 0:
+                    raise ValueError(f"{flag} must be > 0, got {value}")
                 setattr(config, key, value)
         config.seed = args.seed
         check_writable(args.out, folder=True, name="--out")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from numbers import Integral
 
@@ -56,7 +56,7 @@ class Drafter:
         """The request finished."""
 
 
-def as_draft(proposal: Draft | Sequence[int] | None, k: int) -> Draft:
+def as_draft(proposal: Draft | Sequence[int] | None, k: int, drafter: str = "drafter") -> Draft:
     """Normalise what ``Drafter.draft`` returned into a ``Draft`` of at most ``k`` tokens.
 
     q's rows stay paired with their tokens: truncation cuts both; a q whose row count does not
@@ -65,13 +65,28 @@ def as_draft(proposal: Draft | Sequence[int] | None, k: int) -> Draft:
     if proposal is None:
         return Draft([])
     if isinstance(proposal, Draft):
-        if len(proposal.tokens) <= k:
-            return proposal
+        tokens = _token_list(proposal.tokens, drafter)
         probs = proposal.probs
-        if probs is not None and getattr(probs, "shape", (None,))[:1] == (len(proposal.tokens),):
+        if len(tokens) <= k:
+            return Draft(tokens, probs)
+        if probs is not None and getattr(probs, "shape", (None,))[:1] == (len(tokens),):
             probs = probs[:k]
-        return Draft(list(proposal.tokens[:k]), probs)
-    return Draft(list(proposal)[:k])
+        return Draft(tokens[:k], probs)
+    return Draft(_token_list(proposal, drafter)[:k])
+
+
+def _token_list(tokens: object, drafter: str) -> list:
+    """Drafted tokens as a list: None is none, an mx.array its values; anything not a sequence is an error."""
+    if tokens is None:
+        return []
+    if isinstance(tokens, mx.array):
+        return tokens.tolist() if tokens.ndim else [tokens.item()]
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+        raise TypeError(
+            f"drafter {drafter} returned {tokens!r} ({type(tokens).__name__}): a draft is a Draft or a sequence of "
+            "token ids"
+        )
+    return list(tokens)
 
 
 def check_draft(draft: Draft, drafter: str, vocab: int | None, sampling: bool) -> Draft:

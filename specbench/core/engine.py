@@ -210,7 +210,7 @@ class Generation:
 
     def _speculative_step(self, k: int) -> Iterator[int]:
         t0 = self.clock()
-        draft = as_draft(self.drafter.draft(self.prompt + self.tokens, k), k)
+        draft = as_draft(self.drafter.draft(self.prompt + self.tokens, k), k, self._drafter_name())
         t1 = self.clock()
         if not draft.tokens:
             yield from self._plain_stretch(1, paused=False, k_requested=k, draft_s=t1 - t0)

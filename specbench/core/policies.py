@@ -66,6 +66,8 @@ class DraftPolicy:
     @staticmethod
     def parse(spec: str) -> DraftPolicy:
         """Build a policy from text: ``auto``, ``fixed:4``, ``adaptive:8``."""
+        if not isinstance(spec, str):
+            raise TypeError(f"a policy must be text: auto, fixed:N or adaptive:N, got {spec!r} ({type(spec).__name__})")
         name, _, arg = spec.strip().partition(":")
         if name == "auto" and not arg:
             return DraftPolicy.auto()

@@ -169,6 +169,14 @@ def _read(path: Path) -> Profile:
         for part in ("widths", "costs", "seconds", "overhead", "drafters", "versions"):
             if not isinstance(getattr(profile, part), dict):
                 raise TypeError(f"{part!r} is not a JSON object")
+        for mode, costs in profile.costs.items():
+            curves = (costs, profile.widths.get(mode), profile.seconds.get(mode))
+            if not all(isinstance(c, list) and c and len(c) == len(costs) for c in curves) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) for c in curves for x in c
+            ):
+                raise ValueError(f"the {mode!r} widths, costs and seconds are not equally long lists of finite numbers")
+        if not isinstance(profile.plain_step_s, (int, float)) or isinstance(profile.plain_step_s, bool):
+            raise TypeError(f"plain_step_s is {profile.plain_step_s!r}, not a number")
         return profile
     except (ValueError, TypeError) as err:
         raise ValueError(f"the stored cost profile {path} is damaged ({err})") from err

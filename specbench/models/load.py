@@ -7,6 +7,7 @@ builds them all. A new embedded model is one entry in `EMBEDDED_MODELS`: its nam
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,11 @@ def load(
         return model, tokenizer
     path = _resolve(name_or_path)
     if isinstance(path, Path):
-        model, tokenizer = mlx_lm.load(str(path))
+        try:
+            model, tokenizer = mlx_lm.load(str(path))
+        except (KeyError, ValueError, RuntimeError) as err:  # a damaged or incomplete folder, named
+            detail = f"its config.json lacks {err}" if isinstance(err, KeyError) else " ".join(str(err).split())
+            raise ValueError(f"cannot load the model folder {path}: {detail}") from err
     else:
         try:
             model, tokenizer = mlx_lm.load(path)
@@ -149,6 +154,12 @@ def _resolve(name_or_path: str | Path) -> str | Path:
             )
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{name!r} is not an mlx-lm model folder: it has no config.json.")
+        try:
+            config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path / 'config.json'} is not valid JSON ({err})") from err
+        if not isinstance(config, dict):
+            raise ValueError(f"{path / 'config.json'} must hold a JSON object, not {type(config).__name__}")
         return path
     if isinstance(name_or_path, Path) or _looks_like_path(name):
         raise FileNotFoundError(_not_found_message(name))

@@ -265,6 +265,7 @@ def test_prompt_forms(model, prompt):
         (lambda: DraftPolicy.auto(break_even="2"), TypeError, r"break_even .* got '2' \(str\)"),
         (lambda: DraftPolicy.parse("fixed:x"), ValueError, r"unknown policy 'fixed:x': use auto, fixed:N"),
         (lambda: DraftPolicy.parse("sometimes"), ValueError, r"unknown policy"),
+        (lambda: DraftPolicy.parse(None), TypeError, r"a policy must be text: .* got None \(NoneType\)"),
     ],
 )
 def test_bad_policy_is_one_clear_error(make, error, message):
@@ -363,6 +364,8 @@ DRAFT_CASES = [
     (QDrafter(tokens=lambda k: [5, 2.5][:k]), TypeError, r"drafter q-drafter proposed 2\.5 \(float\)"),
     (QDrafter(tokens=lambda k: [True] * k), TypeError, r"proposed True \(bool\): token ids must be integers"),
     (QDrafter(tokens=lambda k: ["7"] * k), TypeError, r"proposed '7' \(str\)"),
+    (QDrafter(tokens=lambda k: 5), TypeError, r"drafter q-drafter returned 5 \(int\): a draft is a Draft or a seq"),
+    (QDrafter(tokens=lambda k: "abc"), TypeError, r"drafter q-drafter returned 'abc' \(str\)"),
     # q
     (QDrafter(q=zero_at_draft), ValueError, r"drafter q-drafter gave q .*= 0 at a token it drafted.*min\(1, p/q\)"),
     (QDrafter(q=negative), ValueError, r"q-drafter gave q \(Draft.probs\) with negative values"),
@@ -431,6 +434,9 @@ def test_as_draft_keeps_q_rows_with_their_tokens():
         check_draft(broadcast, "d", VOCAB, sampling=True)
     assert as_draft([4, 5, 6], 2).tokens == [4, 5]
     assert check_draft(Draft([np.int64(4)]), "d", VOCAB, sampling=False).tokens == [4]
+    # Tokens as an mx.array (or None) are read as their values, not as one unusable array.
+    assert as_draft(mx.array([4, 5, 6]), 2).tokens == [4, 5]
+    assert as_draft(Draft(mx.array([4, 5])), 3).tokens == [4, 5] and as_draft(Draft(None), 3).tokens == []
 
 
 @settings(max_examples=200, deadline=None, database=None)

@@ -134,6 +134,10 @@ def test_damaged_profile_file(home):
         json.dumps({"model": "damaged"}),
         "[1, 2]",
         json.dumps({**profile.to_dict(), "costs": 3}),
+        json.dumps({**profile.to_dict(), "costs": {"fast": [1.0, "x", 2.0]}}),
+        json.dumps({**profile.to_dict(), "costs": {"fast": [1.0, float("nan"), 2.0]}}),
+        json.dumps({**profile.to_dict(), "widths": {"fast": None}}),
+        json.dumps({**profile.to_dict(), "plain_step_s": "fast"}),
     ):
         path.write_text(text)
         # Listing every profile skips the damaged file, naming it.
@@ -143,13 +147,13 @@ def test_damaged_profile_file(home):
         with pytest.warns(DamagedFileWarning, match=f"cost profile {path} is damaged .*moved aside"):
             assert cost.load_profile("damaged") is None
         assert not path.exists()
-    assert len(list(path.parent.glob(f"{path.name}.damaged-*"))) == 4
+    assert len(list(path.parent.glob(f"{path.name}.damaged-*"))) == 8
     # Saving over a damaged file moves it aside and writes the new one.
     path.write_text("{not json")
     with pytest.warns(DamagedFileWarning, match=str(path)):
         assert cost.save_profile(profile) == path
     assert cost.load_profile("damaged").costs == profile.costs
-    assert len(list(path.parent.glob(f"{path.name}.damaged-*"))) == 5
+    assert len(list(path.parent.glob(f"{path.name}.damaged-*"))) == 9
 
 
 def test_profile_for_measures_anew_over_a_damaged_profile(home):

@@ -96,6 +96,18 @@ def test_load_not_found_names_the_model(tmp_path):
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(FileNotFoundError, match="is a file"):
         models.load(tmp_path / "file.txt")
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="damaged/config.json is not valid JSON"):
+        models.load(tmp_path / "damaged")
+    (tmp_path / "damaged" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="damaged/config.json must hold a JSON object, not list"):
+        models.load(tmp_path / "damaged")
+    write_tiny_folder(tmp_path / "cut")
+    weights = tmp_path / "cut" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:500])
+    with pytest.raises(ValueError, match=f"cannot load the model folder {tmp_path / 'cut'}: .*incomplete download"):
+        models.load(tmp_path / "cut")
     with pytest.raises(ValueError, match="smollm2-135m"):
         models.embedded_model_path("no-such-model")
 
