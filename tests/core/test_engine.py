@@ -211,28 +211,21 @@ def test_auto_shortens_drafts_that_cannot_pay():
     """Auto drafts only lengths whose full acceptance beats the verify cost of the profile it is handed."""
     model = build_tiny("llama")
     ref = plain_greedy(model, PROMPT, 30)
+
+    def run(slope: float):
+        drafter = ScriptedDrafter(ref, len(PROMPT), 97)
+        profile = _linear_profile(model, slope)
+        gen = speculative_generate(
+            model, PROMPT, GenerateOptions(max_tokens=30), drafter, DraftPolicy.auto(), profile=profile
+        )
+        assert list(gen) == ref
+        return gen
+
     # c(w) = 1 + 1.5 (w - 1): k tokens pay only if k + 1 > 1 + 1.5 k, never.
-    options = GenerateOptions(max_tokens=30)
-    gen = speculative_generate(
-        model,
-        PROMPT,
-        options,
-        ScriptedDrafter(ref, len(PROMPT), 97),
-        DraftPolicy.auto(),
-        profile=_linear_profile(model, 1.5),
-    )
-    assert list(gen) == ref
+    gen = run(1.5)
     assert gen.stats()["verifies"] == 0 and gen.stats()["pauses"] == 29
     # c(w) = 1 + 0.5 (w - 1): every length pays when accepted; the preferred length is kept.
-    gen = speculative_generate(
-        model,
-        PROMPT,
-        options,
-        ScriptedDrafter(ref, len(PROMPT), 97),
-        DraftPolicy.auto(),
-        profile=_linear_profile(model, 0.5),
-    )
-    assert list(gen) == ref
+    gen = run(0.5)
     assert {r["k_requested"] for r in gen.log if r["kind"] == "verify"} >= {4}
 
 

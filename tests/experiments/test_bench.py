@@ -128,10 +128,7 @@ def test_mlx_lm_draft_accounting_with_the_model_as_its_own_drafter():
 def test_bench_prompts_tiny(tmp_path):
     model, draft, tokenizer = build_tiny("llama", seed=0), build_tiny("llama", seed=1), word_tokenizer()
     messages = []
-    result = bench_prompts(
-        model,
-        tokenizer,
-        tiny_questions(),
+    settings = dict(
         drafters=("lookup", "suffix"),
         policies=[DraftPolicy.auto(), DraftPolicy.fixed(3)],
         max_tokens=20,
@@ -142,6 +139,7 @@ def test_bench_prompts_tiny(tmp_path):
         out=tmp_path,
         progress=messages.append,
     )
+    result = bench_prompts(model, tokenizer, tiny_questions(), **settings)
     names = [m.name for m in result.methods]
     assert names[:3] == ["mlx-lm", "mlx-lm draft/fixed:2", "specbench"] and len(names) == 7
     runs = result.runs
@@ -200,20 +198,7 @@ def test_bench_prompts_tiny(tmp_path):
     assert [m.policy_name for m in loaded.methods] == [m.policy_name for m in result.methods]
 
     # a second run in the same folder resumes: nothing left to run
-    again = bench_prompts(
-        model,
-        tokenizer,
-        tiny_questions(),
-        drafters=("lookup", "suffix"),
-        policies=[DraftPolicy.auto(), DraftPolicy.fixed(3)],
-        max_tokens=20,
-        repeats=2,
-        draft_model=draft,
-        num_draft_tokens=2,
-        model_name="tiny-llama",
-        out=tmp_path,
-        progress=messages.append,
-    )
+    again = bench_prompts(model, tokenizer, tiny_questions(), **settings)
     assert "resuming: 2 questions already done" in "\n".join(messages)
     assert again.runs == pl.read_parquet(tmp_path / PROMPT_RUNS_FILE).to_dicts()
     with pytest.raises(ValueError, match="another benchmark configuration"):
