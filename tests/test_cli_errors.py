@@ -66,7 +66,7 @@ CASES = {
     "check-exact draft lengths": (["check-exact", "--draft-lengths", "2,x"], "comma list of integers"),
     "check-exact verify": (["check-exact", "--verify", "exact,slow"], "--verify takes a comma list"),
     "profile verify": (["profile", "--model", SYNTHETIC, "--verify", "slow"], "--verify takes a comma list"),
-    "profile widths": (["profile", "--model", SYNTHETIC, "--widths", "1"], "--widths must be >= 2"),
+    "profile widths": (["profile", "--model", SYNTHETIC, "--widths", "1"], "--widths must be in [2, 256]"),
     "profile plot is a file": (
         ["profile", "--model", SYNTHETIC, "--plot", "{tmp}/file.txt"],
         "is a file, not a folder",
@@ -83,6 +83,11 @@ CASES = {
     "train-mtp out is a file": (["train-mtp", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
     "train-mtp no steps": (["train-mtp", "--out", "{tmp}/mtp", "--steps", "0"], "--steps must be > 0, got 0"),
     "train-mtp negative seq-len": (["train-mtp", "--out", "{tmp}/mtp", "--seq-len", "-1"], "--seq-len must be > 0"),
+    "bench no drafters": (["bench", "--prompts", "bundled", "--drafters", ""], "give at least one drafter name"),
+    "profile widths too wide": (
+        ["profile", "--model", "synthetic:qwen3-8b-tiny", "--widths", "100000"],
+        "--widths must be in [2, 256]",
+    ),
     "report out is a file": (["report", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
 }
 

@@ -51,7 +51,7 @@ def _bench(parser: argparse.ArgumentParser):
         from specbench.report.figures.bench import save_prompt_figure
 
         policies = [DraftPolicy.parse(p) for p in names(args.policies)]
-        drafter_names(args.drafters)
+        drafter_names(args.drafters, required=True)
         verify_modes(args.verify)
         categories = names(args.categories) if args.categories else None
         questions = questions_from(args.prompts, categories, args.limit)
@@ -95,7 +95,7 @@ def _bench_trace(args):
     if len(verify) > 1:
         raise ValueError("--trace takes one --verify mode (exact or fast)")
     policies = [DraftPolicy.parse(p) for p in names(args.policies)]
-    drafter_names(args.drafters)
+    drafter_names(args.drafters, required=True)
     options = GenerateOptions(max_tokens=args.max_tokens, verify=verify[0] if verify else None)
     if args.turns is not None and args.turns < 1:
         raise ValueError(f"--turns must be >= 1, got {args.turns}")

@@ -8,6 +8,9 @@ from pathlib import Path
 from specbench.cli.registry import add_model_argument, command, drafter_names, names, verify_modes
 from specbench.common.files import check_writable, home
 
+#: The widest verification `specbench profile` measures (each width is timed over several rounds).
+MAX_PROFILE_WIDTH = 256
+
 
 # -- profile (verify-cost profiles) -------------------------------------------------------------
 @command("profile", "measure a model's verify cost c(w) and break-even acceptance, and store the profile")
@@ -28,8 +31,11 @@ def _profile(parser: argparse.ArgumentParser):
         from specbench.drafters import make_drafter
 
         modes = verify_modes(args.verify)
-        if args.widths < 2:
-            raise ValueError(f"--widths must be >= 2 (a verification of k drafts has width k + 1), got {args.widths}")
+        if not 2 <= args.widths <= MAX_PROFILE_WIDTH:
+            raise ValueError(
+                f"--widths must be in [2, {MAX_PROFILE_WIDTH}] (a verification of k drafts has width k + 1), "
+                f"got {args.widths}"
+            )
         if args.repeats < 1 or args.offset < 1:
             raise ValueError(f"--repeats and --offset must be >= 1, got {args.repeats} and {args.offset}")
         drafter_names(args.drafters)

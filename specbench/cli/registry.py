@@ -23,11 +23,13 @@ def names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def drafter_names(text: str, option: str = "--drafters") -> list[str]:
-    """The drafter names of a comma list, checked before any model is loaded."""
+def drafter_names(text: str, option: str = "--drafters", required: bool = False) -> list[str]:
+    """The drafter names of a comma list, checked before any model is loaded (``required``: at least one)."""
     from specbench.drafters import DRAFTER_NAMES
 
     chosen = names(text)
+    if required and not chosen:
+        raise ValueError(f"{option}: give at least one drafter name ({', '.join(DRAFTER_NAMES)})")
     unknown = [n for n in chosen if n.lower() not in (*DRAFTER_NAMES, "plain")]
     if unknown:
         what = "drafters" if option.endswith("s") else "drafter"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from numbers import Integral
 
@@ -81,10 +81,10 @@ def _token_list(tokens: object, drafter: str) -> list:
         return []
     if isinstance(tokens, mx.array):
         return tokens.tolist() if tokens.ndim else [tokens.item()]
-    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+    if isinstance(tokens, (str, bytes, Mapping, Set)) or not isinstance(tokens, Iterable):
         raise TypeError(
-            f"drafter {drafter} returned {tokens!r} ({type(tokens).__name__}): a draft is a Draft or a sequence of "
-            "token ids"
+            f"drafter {drafter} returned {tokens!r} ({type(tokens).__name__}): a draft is a Draft or an ordered "
+            "sequence of token ids"
         )
     return list(tokens)
 

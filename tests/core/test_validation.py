@@ -364,7 +364,12 @@ DRAFT_CASES = [
     (QDrafter(tokens=lambda k: [5, 2.5][:k]), TypeError, r"drafter q-drafter proposed 2\.5 \(float\)"),
     (QDrafter(tokens=lambda k: [True] * k), TypeError, r"proposed True \(bool\): token ids must be integers"),
     (QDrafter(tokens=lambda k: ["7"] * k), TypeError, r"proposed '7' \(str\)"),
-    (QDrafter(tokens=lambda k: 5), TypeError, r"drafter q-drafter returned 5 \(int\): a draft is a Draft or a seq"),
+    (
+        QDrafter(tokens=lambda k: 5),
+        TypeError,
+        r"drafter q-drafter returned 5 \(int\): a draft is a Draft or an ordered seq",
+    ),
+    (QDrafter(tokens=lambda k: {3: 0, 4: 0}), TypeError, r"drafter q-drafter returned \{3: 0, 4: 0\} \(dict\)"),
     (QDrafter(tokens=lambda k: "abc"), TypeError, r"drafter q-drafter returned 'abc' \(str\)"),
     # q
     (QDrafter(q=zero_at_draft), ValueError, r"drafter q-drafter gave q .*= 0 at a token it drafted.*min\(1, p/q\)"),
