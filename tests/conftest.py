@@ -22,46 +22,24 @@ cpu_bitwise = pytest.mark.skipif(
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
+_TINY_LAYERS = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=97,
+    max_position_embeddings=2048,
+)
+_TINY_QWEN3 = dict(
+    _TINY_LAYERS, model_type="qwen3", head_dim=16, rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0
+)
 TINY_CONFIGS = {
-    "llama": dict(
-        model_type="llama",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=97,
-        tie_word_embeddings=True,
-        max_position_embeddings=2048,
-    ),
-    "qwen3": dict(
-        model_type="qwen3",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        vocab_size=97,
-        tie_word_embeddings=False,
-        max_position_embeddings=2048,
-        rope_theta=10000.0,
-    ),
+    "llama": dict(_TINY_LAYERS, model_type="llama", rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "qwen3": _TINY_QWEN3,
     "qwen3_moe": dict(
+        _TINY_QWEN3,
         model_type="qwen3_moe",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        vocab_size=97,
-        tie_word_embeddings=False,
-        max_position_embeddings=2048,
-        rope_theta=10000.0,
         num_experts=8,
         num_experts_per_tok=2,
         decoder_sparse_step=1,

@@ -205,7 +205,8 @@ def test_model_key_follows_shapes_not_values():
     assert cost.model_key(a) != cost.model_key(synthetic.build("qwen3-8b-tiny", bits=4, dtype="float32"))
 
 
-def test_profile_for_uses_stored_profile_then_memory(dense):
+def _store_profile(dense):
+    """A stored profile of ``dense`` (c(1..6), overhead 0.1, a measured lookup drafter)."""
     stored = make_profile(
         [1.0, 1.2, 1.5, 1.7, 1.9, 2.0],
         overhead=0.1,
@@ -213,6 +214,11 @@ def test_profile_for_uses_stored_profile_then_memory(dense):
         drafters={"lookup": {"k": 4, "d": 0.05, "draft_s": 0.0005}},
     )
     cost.save_profile(stored)
+    return stored
+
+
+def test_profile_for_uses_stored_profile_then_memory(dense):
+    stored = _store_profile(dense)
     profile = cost.profile_for(dense)
     assert profile.costs == stored.costs and not profile.quick
     assert cost.profile_for(dense) is profile
@@ -234,13 +240,7 @@ def test_profile_for_uses_stored_profile_then_memory(dense):
 
 
 def test_auto_plans_with_the_stored_profile(dense):
-    stored = make_profile(
-        [1.0, 1.2, 1.5, 1.7, 1.9, 2.0],
-        overhead=0.1,
-        name=cost.model_key(dense),
-        drafters={"lookup": {"k": 4, "d": 0.05, "draft_s": 0.0005}},
-    )
-    cost.save_profile(stored)
+    _store_profile(dense)
     drafter, policy = PromptLookup(), DraftPolicy.auto()
     said = []
     gen = speculative_generate(
