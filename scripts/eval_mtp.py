@@ -34,7 +34,7 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--head", default=None, help="head file (default: the model's shipped head)")
     parser.add_argument("--prompts", default="bundled", help="'bundled' or a question.jsonl")
-    parser.add_argument("--limit", type=int, default=2, help="prompts per category")
+    parser.add_argument("--limit", type=int, default=2, help="chat prompts per category (0: no chat set)")
     parser.add_argument("--raw-sets", type=int, default=6, help="held-out code and text snippets per set (0: none)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=3)
@@ -48,7 +48,9 @@ def main() -> int:
     if head is None:
         raise SystemExit(f"no head: {args.model} ships none; pass --head")
     attach_mtp(model, head)
-    sets = {"chat": [render_prompt(tokenizer, q.turns[0]) for q in questions_from(args.prompts, limit=args.limit)]}
+    sets = {}
+    if args.limit:
+        sets["chat"] = [render_prompt(tokenizer, q.turns[0]) for q in questions_from(args.prompts, limit=args.limit)]
     if args.raw_sets:
         text = gather_text(400_000)
         eos = eos_id(tokenizer)

@@ -13,7 +13,8 @@ from specbench.core.engine import Generation, generate
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.decoding import speculative_generate
+from specbench.decoding import speculative_generate, speculative_generate_batch
+from specbench.drafters.draft_model import DraftModel
 from specbench.drafters.lookup import PromptLookup
 from specbench.experiments.prompts import render_prompt
 from specbench.models.load import load
@@ -22,6 +23,7 @@ from specbench.models.mtp import attach_mtp  # MTP heads: attach a checkpoint's 
 __all__ = [
     "Draft",
     "Drafter",
+    "DraftModel",
     "DraftPolicy",
     "GenerateOptions",
     "Generation",
@@ -33,4 +35,5 @@ __all__ = [
     "load",
     "render_prompt",
     "speculative_generate",
+    "speculative_generate_batch",
 ]

@@ -1,9 +1,9 @@
 """Speculative decoding as users call it: the verifier and the policy's break-even chosen up front.
 
 ``speculative_generate`` picks the verifier once (exact for greedy decoding unless asked
-otherwise) and, for a policy that needs one (``DraftPolicy.auto()``), the break-even from the
-model's cost profile: the stored one, or a quick measurement taken now, before generation starts,
-never inside it.
+otherwise; its verify widths calibrated now) and, for a policy that needs one
+(``DraftPolicy.auto()``), the break-even from the model's cost profile: the stored one, or a quick
+measurement taken now, before generation starts, never inside it.
 """
 
 from __future__ import annotations
@@ -14,13 +14,17 @@ from typing import Any
 
 import mlx.nn as nn
 
+from specbench.common.distributed import is_sharded
+from specbench.core.batch import BatchGeneration
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
+from specbench.core.lockstep import in_lockstep
 from specbench.core.options import GenerateOptions, VerifyMode, checked_options
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import FAST
 from specbench.cost import Profile, break_even_tokens, profile_for
-from specbench.exact import verifier_for
+from specbench.cost.group import lockstep_profile
+from specbench.exact import ExactVerifier, verifier_for
 
 
 def _say(text: str) -> None:
@@ -48,9 +52,14 @@ def speculative_generate(
 
     ``profile``: the cost profile Auto plans with (default: the stored one for this model and
     device, else a quick one measured before the first token, reported through ``progress``).
+    In exact mode every verify width the policy may use is calibrated here too, before the first
+    token (reported through ``progress``), so that no timed step pays for calibration.
     """
     options = checked_options(options)
     mode = options.verify_mode
+    sharded = is_sharded(model)
+    if sharded:  # every rank runs this loop: rank 0 drafts and picks draft lengths for all
+        drafter, policy = in_lockstep(drafter, policy)
     verifier = verifier_for(model, mode) if drafter is not None else FAST
     generation = Generation(
         model,
@@ -62,10 +71,41 @@ def speculative_generate(
         prompt_cache=prompt_cache,
         verifier=verifier,
     )
+    if isinstance(verifier, ExactVerifier):
+        # Every width the policy may verify, calibrated now: never inside the timed generation.
+        verifier.prepare(range(2, generation.policy.longest_draft(drafter) + 2), progress)
     if drafter is not None and generation.policy.needs_break_even:
-        profile = profile or profile_for(model, mode, progress=progress)
+        profile = profile or (lockstep_profile if sharded else profile_for)(model, mode, progress=progress)
         generation.break_even = break_even_function(profile, drafter, mode)
     return generation
 
 
-__all__ = ["break_even_function", "generate", "speculative_generate"]
+__all__ = ["break_even_function", "generate", "speculative_generate", "speculative_generate_batch"]
+
+
+def speculative_generate_batch(
+    model: nn.Module,
+    prompts: Any,
+    options: GenerateOptions | Any = None,
+    drafters: Any = None,
+    policy: Any = None,
+    tokenizer: Any = None,
+    max_batch: int | None = None,
+    profile: Profile | None = None,
+    progress: Callable[[str], None] | None = _say,
+) -> BatchGeneration:
+    """Batched speculative decoding: each request drafts its own length (``drafters``: one per
+    prompt, or a factory i -> drafter), one forward verifies the [B, w] block; greedy output per
+    request equals ``generate``'s. Verification is fast mode (``options.verify="exact"`` is an
+    error: exact verification is per request). A policy needing a break-even gets the profile's
+    batch-1 break-even (``specbench.core.batch_policies.BatchAutoPolicy`` takes one per batch size).
+    """
+    for opts in options if isinstance(options, (list, tuple)) else [options]:
+        if opts is not None and checked_options(opts).verify == "exact":
+            raise ValueError("batched decoding verifies in fast mode: leave options.verify unset or set it to 'fast'")
+    generation = BatchGeneration(model, prompts, options, drafters, policy, tokenizer=tokenizer, max_batch=max_batch)
+    if any(r.drafter is not None and r.policy.needs_break_even for r in generation.requests):
+        profile = profile or profile_for(model, "fast", progress=progress)
+        drafter = next(r.drafter for r in generation.requests if r.drafter is not None)
+        generation.set_break_even(break_even_function(profile, drafter, "fast"))
+    return generation

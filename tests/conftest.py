@@ -1,7 +1,17 @@
-"""Shared fixtures: tiny random-weight models built in the test, float32."""
+"""Shared fixtures: tiny random-weight models built in the test, float32.
+
+The whole session runs with a temporary ``SPECBENCH_HOME``, set here before any test runs (specbench reads it
+when it needs the folder), so tests never read or write the user's cache (calibrations, profiles). Embedded
+models built in the user's home are linked into it by name, so they are not converted again; a missing one is
+built in the temporary home.
+"""
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,6 +22,22 @@ from mlx_lm.models import switch_layers
 
 from specbench.core.draft import Draft, Drafter
 from specbench.exact import hooks as exact_hooks
+
+
+def _session_home() -> Path:
+    """A temporary SPECBENCH_HOME for this test session, with the user's complete embedded models linked in."""
+    user_home = Path(os.environ.get("SPECBENCH_HOME") or "~/.cache/specbench").expanduser()
+    session = Path(tempfile.mkdtemp(prefix="specbench-tests-"))
+    atexit.register(shutil.rmtree, session, ignore_errors=True)
+    built = [m for m in (user_home / "models").glob("*") if (m / "specbench-model.json").is_file()]
+    for model in built:
+        (session / "models").mkdir(exist_ok=True)
+        (session / "models" / model.name).symlink_to(model.resolve(), target_is_directory=True)
+    os.environ["SPECBENCH_HOME"] = str(session)
+    return session
+
+
+SESSION_HOME = _session_home()
 
 #: Tests whose premise is the CPU's: a w-row forward bit-identical to w single-row steps (on a GPU
 #: it is not, which is what exact verification is for; the GPU runs check exactness end to end).

@@ -11,8 +11,10 @@ import argparse
 import os
 import sys
 import warnings
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
 
-from specbench.cli import bench, decode, measure, mtp, report  # noqa: F401  (each registers its subcommands)
+from specbench.cli import bench, decode, measure, mtp, report, simulate  # noqa: F401  (each registers its subcommands)
 from specbench.cli.registry import COMMANDS
 
 #: What a user's mistake or the machine's state raises; anything else is a bug and keeps its traceback.
@@ -34,6 +36,30 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(self.prog, f"{message} (see {self.prog} --help)")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default (none for flags and options without one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        unset = default is None or default is False or default is argparse.SUPPRESS or default in ("", [])
+        if "%(default)" in text or "(default" in text or unset or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def version_text() -> str:
+    """``specbench X.Y.Z (mlx A, mlx-lm B)``: the installed versions."""
+
+    def of(name: str) -> str:
+        try:
+            return package_version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"specbench {of('specbench')} (mlx {of('mlx')}, mlx-lm {of('mlx-lm')})"
+
+
 def _debug(args: argparse.Namespace | None) -> bool:
     return bool(getattr(args, "debug", False)) or os.environ.get("SPECBENCH_DEBUG", "") not in ("", "0")
 
@@ -47,12 +73,16 @@ def error_line(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="specbench", description="specbench: speculative decoding on MLX, measured")
+    parser = _Parser(
+        prog="specbench", description="specbench: speculative decoding on MLX, measured", formatter_class=HelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=version_text())
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (also SPECBENCH_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     runners = {}
     for name, (help_text, configure) in COMMANDS.items():
-        runners[name] = configure(sub.add_parser(name, help=help_text, description=help_text))
+        command_parser = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
+        runners[name] = configure(command_parser)
     args = None
     try:
         args = parser.parse_args(argv)

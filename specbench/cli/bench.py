@@ -18,22 +18,47 @@ def _bench(parser: argparse.ArgumentParser):
     )
     source.add_argument("--trace", help="a trace file to replay turn by turn")
     add_model_argument(parser)
-    parser.add_argument("--drafters", "--drafter", default="lookup,suffix", help="comma list: lookup, suffix, mtp")
+    parser.add_argument(
+        "--drafters",
+        "--drafter",
+        default="lookup,suffix",
+        help="comma list: lookup, suffix, mtp, draft-model, early-exit:L",
+    )
     parser.add_argument("--policies", "--policy", default="auto,fixed:4", help="comma list: auto, fixed:N, adaptive:N")
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate per prompt or turn")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of every method per prompt")
     parser.add_argument("--out", default=None, help="folder for parquet, table and figure (resumes there)")
     parser.add_argument("--categories", default=None, help="prompts: comma list of categories to run")
-    parser.add_argument("--limit", type=int, default=None, help="prompts: at most N questions per category")
-    parser.add_argument("--draft-model", default=None, help="prompts: also run mlx-lm's draft-model speculation")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="prompts: at most N questions per category; trace: at most N traces"
+    )
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        help="prompts: a draft model (a name, a folder, a draft .safetensors, or 'shipped'): specbench's "
+        "draft-model and mlx-lm's speculation with it",
+    )
     parser.add_argument("--num-draft-tokens", type=int, default=2, help="prompts: mlx-lm's draft length")
     parser.add_argument("--verify", default=None, help="prompts: comma list of exact, fast (default: the engine's)")
     parser.add_argument("--fresh", action="store_true", help="prompts: start over instead of resuming in --out")
     parser.add_argument("--turns", type=int, default=None, help="trace: replay only the first N turns of each trace")
     parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="prompts: B requests at a time (first drafter and policy) vs mlx-lm batch_generate",
+    )
+    parser.add_argument(
         "--trace-format",
         default=None,
-        help="trace: trace, openai, sharegpt, tau-bench, swe-agent or questions (default: detected)",
+        help="trace: trace, openai, runs, sharegpt, tau-bench, swe-agent or questions (default: detected)",
+    )
+    parser.add_argument("--trace-id", default=None, help="trace: comma list of the trace ids to replay (default: all)")
+    parser.add_argument(
+        "--truncate",
+        choices=("oldest",),
+        default=None,
+        help="trace: drop a turn's oldest messages to fit the model's context (default: an error naming the turn)",
     )
     parser.add_argument(
         "--share-store",
@@ -44,7 +69,23 @@ def _bench(parser: argparse.ArgumentParser):
     def run(args):
         if args.trace is not None:
             return _bench_trace(args)
+        if args.batch is not None:
+            from specbench.experiments.batch_bench import bench_batch_prompts
+
+            bench_batch_prompts(
+                args.model,
+                args.prompts,
+                args.batch,
+                drafter=drafter_names(args.drafters, required=True)[0],
+                policy=names(args.policies)[0],
+                max_tokens=args.max_tokens,
+                categories=names(args.categories) if args.categories else None,
+                limit=args.limit,
+                out=args.out,
+            )
+            return 0
         from specbench.core.policies import DraftPolicy
+        from specbench.drafters.draft_model import resolve_draft_model
         from specbench.experiments.prompt_bench import bench_prompts
         from specbench.experiments.prompts import questions_from
         from specbench.models.load import load
@@ -57,8 +98,8 @@ def _bench(parser: argparse.ArgumentParser):
         questions = questions_from(args.prompts, categories, args.limit)
         if args.out:
             check_writable(args.out, folder=True, name="--out")
-        model, tokenizer = load(args.model)
-        draft_model = load(args.draft_model)[0] if args.draft_model else None
+        model, tokenizer = load(args.model, shard=args.shard)
+        draft_model = resolve_draft_model(args.draft_model, model, args.model) if args.draft_model else None
         result = bench_prompts(
             model,
             tokenizer,
@@ -78,6 +119,14 @@ def _bench(parser: argparse.ArgumentParser):
             save_prompt_figure(result, args.out)
         print()
         print(result.table())
+        from specbench.cost.bandwidth import describe_speeds
+
+        overall = {r["method"]: r["decode_tokens_per_s"] for r in result.summary() if r["category"] == "overall"}
+        print(
+            "\nMemory bandwidth (decode tokens/s x weight bytes per token):",
+            *describe_speeds(model, overall),
+            sep="\n  ",
+        )
         if args.out:
             print(f"\nresults: {args.out}")
 
@@ -88,7 +137,9 @@ def _bench_trace(args):
     """``bench --trace``: replay traces turn by turn, plain decoding against each drafter."""
     from specbench.core.options import GenerateOptions
     from specbench.core.policies import DraftPolicy
+    from specbench.experiments.importers import load_traces
     from specbench.experiments.trace_bench import format_turns, run_trace
+    from specbench.experiments.traces import pick_ids
     from specbench.models.load import load
 
     verify = verify_modes(args.verify)
@@ -102,13 +153,17 @@ def _bench_trace(args):
     trace = Path(args.trace)
     if not trace.is_file():
         raise FileNotFoundError(f"no trace file at {trace}" + (" (it is a folder)" if trace.is_dir() else ""))
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    traces = load_traces(trace, args.trace_format)  # read and checked before the model loads
+    kept = set(pick_ids([t.id for t in traces], names(args.trace_id or ""), args.limit, str(trace)))
     if args.out:
         check_writable(args.out, folder=True, name="--out")
-    model, tokenizer = load(args.model)
+    model, tokenizer = load(args.model, shard=args.shard)
     result = run_trace(
         model,
         tokenizer,
-        args.trace,
+        [t for t in traces if t.id in kept],
         drafters=names(args.drafters),
         policies=policies,
         max_tokens=args.max_tokens,
@@ -118,6 +173,7 @@ def _bench_trace(args):
         format=args.trace_format,
         share_store=args.share_store,
         model_name=args.model,
+        truncate=args.truncate or "error",
     )
     print()
     print(format_turns(result.turns))

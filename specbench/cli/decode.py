@@ -27,16 +27,22 @@ def _setup(parser: argparse.ArgumentParser):
 @command("generate", "generate text from a prompt, speculatively or plainly, and print its stats")
 def _generate(parser: argparse.ArgumentParser):
     add_model_argument(parser)
-    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
     parser.add_argument("--drafter", default="lookup", help="lookup, suffix, mtp or none")
     parser.add_argument("--policy", default="auto", help="auto, fixed:N or adaptive:N")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--temp", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--min-p", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--verify", choices=["exact", "fast"], default=None)
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most")
+    parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 keeps every token")
+    parser.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens; 0: no limit")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, a fresh one)")
+    parser.add_argument(
+        "--verify",
+        choices=["exact", "fast"],
+        default=None,
+        help="exact: each verified row as serial decoding computes it; fast: one batched forward "
+        "(default: exact when greedy, fast when sampling)",
+    )
     parser.add_argument("--raw", action="store_true", help="do not apply the chat template")
     parser.add_argument("--log", default=None, help="write the per-step log here (parquet)")
 
@@ -61,7 +67,7 @@ def _generate(parser: argparse.ArgumentParser):
         )
         if args.log:
             check_writable(args.log, name="--log")
-        model, tokenizer = load(args.model)
+        model, tokenizer = load(args.model, shard=args.shard)
         if tokenizer is None:
             raise ValueError(f"generate needs a model with a tokenizer; {args.model} has none")
         drafter = make_drafter(args.drafter, model=model, model_name=args.model)
@@ -69,7 +75,9 @@ def _generate(parser: argparse.ArgumentParser):
         gen = speculative_generate(model, prompt, options, drafter, policy if drafter else None, tokenizer=tokenizer)
         for _ in gen:
             pass
-        print(gen.text())
+        from specbench.report.render import display_text
+
+        print(display_text(tokenizer, gen.tokens))
         print()
         print_stats(gen.stats())
         print_step_summary(gen.log)

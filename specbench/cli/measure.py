@@ -43,7 +43,7 @@ def _profile(parser: argparse.ArgumentParser):
             check_writable(home() / "profiles", folder=True, name="the profiles folder")
         if args.plot:
             check_writable(args.plot, folder=True, name="--plot")
-        model, tokenizer = _profile_model(args.model, args.layers)
+        model, tokenizer = _profile_model(args.model, args.layers, args.shard)
         drafters = [d for d in (make_drafter(n, model=model, model_name=args.model) for n in names(args.drafters)) if d]
         context = _profile_context(tokenizer, args.offset)
         print(
@@ -60,7 +60,7 @@ def _profile(parser: argparse.ArgumentParser):
             context=context,
             progress=lambda text: print(f"  {text}"),
         )
-        print_profile(profile)
+        print_profile(profile, model)
         if not args.no_save:
             print(f"profile: {save_profile(profile)}")
         if args.plot:
@@ -74,10 +74,10 @@ def _profile(parser: argparse.ArgumentParser):
     return run
 
 
-def _profile_model(name: str, layers: int | None):
+def _profile_model(name: str, layers: int | None, shard: bool = False):
     from specbench.models.load import load
 
-    return load(name, layers=layers)
+    return load(name, layers=layers, shard=shard)
 
 
 def _profile_context(tokenizer, offset: int) -> list[int] | None:
@@ -90,20 +90,23 @@ def _profile_context(tokenizer, offset: int) -> list[int] | None:
     return (ids * (offset // max(1, len(ids)) + 1))[:offset]
 
 
-def print_profile(profile) -> None:
-    """c(w) per verify mode, the engine overhead, a*(k), best k, drafter costs."""
+def print_profile(profile, model=None) -> None:
+    """c(w) per verify mode (engine overhead included, as the break-even math counts it), a*(k), best k,
+    drafter costs; with the model, the plain step's memory bandwidth against the device's measured peak."""
     from specbench.cost import best_k, break_even_acceptance
 
+    overhead = ", ".join(f"{m} {v:.2f}" for m, v in profile.overhead.items()) or "not measured"
     print(
-        f"  plain step {1e3 * profile.plain_step_s:.2f} ms; c(w) = verify time / plain step "
-        f"(engine overhead per speculative step: "
-        f"{', '.join(f'{m} {v:.2f}' for m, v in profile.overhead.items()) or 'not measured'})"
+        f"  plain step {1e3 * profile.plain_step_s:.2f} ms; c(w) = (verify forward + engine overhead) / plain step, "
+        f"engine overhead (the engine's own time per speculative step) in plain steps: {overhead}"
     )
+    if model is not None:
+        from specbench.cost.bandwidth import achieved
+
+        print(f"  plain decoding: {achieved(model, 1.0 / profile.plain_step_s).describe()}")
     print("  " + "w".rjust(4) + "".join(f"{m:>9s}" for m in profile.costs))
     for w in range(1, max(max(ws) for ws in profile.widths.values()) + 1):
-        cells = [
-            f"{profile.c(w, m, overhead=False):9.2f}" if w <= max(profile.widths[m]) else " " * 9 for m in profile.costs
-        ]
+        cells = [f"{profile.c(w, m):9.2f}" if w <= max(profile.widths[m]) else " " * 9 for m in profile.costs]
         print(f"  {w:4d}" + "".join(cells))
     for mode in profile.costs:
         k_max = min(8, max(profile.widths[mode]) - 1)
@@ -155,7 +158,7 @@ def _check_exact(parser: argparse.ArgumentParser):
         modes = verify_modes(args.verify)
         if args.out:
             check_writable(args.out, name="--out")
-        model, tokenizer = _profile_model(args.model, args.layers)
+        model, tokenizer = _profile_model(args.model, args.layers, args.shard)
         if tokenizer is None:
             prompts = exactness.random_prompts(model, args.prompts)
         else:

@@ -12,23 +12,23 @@ from specbench.common.files import check_writable
 # -- mtp: train-mtp, extract-mtp ----------------------------------------------------------------
 @command("train-mtp", "train an MTP head for a frozen model by self-distillation (offline data)")
 def _train_mtp(parser: argparse.ArgumentParser):
-    add_model_argument(parser)
+    add_model_argument(parser, shard=False)
     parser.add_argument(
         "--out", required=True, help="folder for mtp.safetensors (the head) and mtp.json (recipe, metrics)"
     )
     parser.add_argument("--quick", action="store_true", help="a short smoke run (tiny data, 30 steps)")
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
     parser.add_argument(
         "--time-budget", type=float, default=None, help="seconds of training (the schedule follows time)"
     )
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the recipe's)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the recipe's)")
     parser.add_argument(
         "--dtype",
         default=None,
         help="the frozen model's dtype: float32, bfloat16 or float16 (default: float32 on CPU, as stored elsewhere)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="data order and initialization seed")
 
     def run(args):
         from specbench.experiments.mtp_training import TrainConfig, summary_lines, train_mtp

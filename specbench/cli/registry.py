@@ -25,12 +25,12 @@ def names(text: str) -> list[str]:
 
 def drafter_names(text: str, option: str = "--drafters", required: bool = False) -> list[str]:
     """The drafter names of a comma list, checked before any model is loaded (``required``: at least one)."""
-    from specbench.drafters import DRAFTER_NAMES
+    from specbench.drafters import DRAFTER_NAMES, is_drafter_name
 
     chosen = names(text)
     if required and not chosen:
         raise ValueError(f"{option}: give at least one drafter name ({', '.join(DRAFTER_NAMES)})")
-    unknown = [n for n in chosen if n.lower() not in (*DRAFTER_NAMES, "plain")]
+    unknown = [n for n in chosen if not is_drafter_name(n)]
     if unknown:
         what = "drafters" if option.endswith("s") else "drafter"
         raise ValueError(
@@ -50,10 +50,16 @@ def verify_modes(text: str | None, option: str = "--verify") -> list[str]:
     return modes
 
 
-def add_model_argument(parser: argparse.ArgumentParser, synthetic: str | None = None) -> None:
+def add_model_argument(parser: argparse.ArgumentParser, synthetic: str | None = None, shard: bool = True) -> None:
     """``--model``, the embedded SmolLM2-135M by default; with ``synthetic`` (a note on such models, shown
-    in the help) it also takes synthetic:NAME."""
+    in the help) it also takes synthetic:NAME; with ``shard``, ``--shard`` too."""
     names = "short name, local folder or mlx-lm id"
     if synthetic is not None:
         names = f"short name, local folder, mlx-lm id, or synthetic:NAME ({synthetic})"
     parser.add_argument("--model", default="smollm2-135m", help=names)
+    if shard:
+        parser.add_argument(
+            "--shard",
+            action="store_true",
+            help="split the model over the ranks of mlx.launch (mlx-lm tensor parallelism; rank 0 drafts and writes)",
+        )

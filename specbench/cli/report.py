@@ -16,7 +16,7 @@ def _report(parser: argparse.ArgumentParser):
         "--profile",
         choices=list(PROFILES),
         default="full",
-        help="quick: seconds, tiny models (CI); full: the embedded model, < 30 min on a 2-core CPU",
+        help="quick: a few minutes, tiny models (CI); full: the embedded model, about 15 min on 2 idle CPU cores",
     )
     parser.add_argument("--out", default=None, help="output folder (default reports/PROFILE)")
     parser.add_argument(

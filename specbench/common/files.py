@@ -16,6 +16,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from specbench.common import distributed
+
 #: The installed package folder, its bundled assets, and the project folder around it (a source checkout).
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 ASSETS_DIR = PACKAGE_DIR / "assets"
@@ -43,8 +45,11 @@ def _umask() -> int:
 def _write_atomic(path: str | os.PathLike, write: Callable[[str], Any], suffix: str = ".tmp") -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path`` (creating its folder), then rename
     it to ``path`` with the permissions a new file gets (0o666 less the umask); the temporary file
-    is removed if ``write`` fails."""
+    is removed if ``write`` fails. A rank in lockstep with rank 0 (a sharded model) writes nothing:
+    rank 0 writes the same file (``specbench.common.distributed.writes_here``)."""
     path = Path(path)
+    if not distributed.writes_here():
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     os.close(fd)

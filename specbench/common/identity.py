@@ -69,13 +69,15 @@ def kernel_key() -> str:
 
 def model_key(model: nn.Module) -> str:
     """An id of what a model's cost depends on: its type and every parameter's name, shape and
-    dtype (two fine-tunes of one architecture share it; a 4-bit and a bf16 version do not)."""
+    dtype (two fine-tunes of one architecture share it; a 4-bit and a bf16 version do not); a model
+    sharded over ranks adds the group size and backend (``-tp2-ring``): its cost includes their all-reduces."""
     lm = getattr(model, "language_model", model)
     model_type = getattr(getattr(lm, "args", None), "model_type", None) or type(model).__module__.split(".")[-1]
     digest = hashlib.sha1()
     for name, value in tree_flatten(model.parameters()):
         digest.update(f"{name}:{tuple(value.shape)}:{value.dtype};".encode())
-    return f"{model_type}-{digest.hexdigest()[:12]}"
+    group = getattr(model, "specbench_group", None)  # (size, backend) of a model sharded over ranks
+    return f"{model_type}-{digest.hexdigest()[:12]}" + (f"-tp{group[0]}-{group[1]}" if group else "")
 
 
 def display_name(model: nn.Module) -> str:

@@ -1,11 +1,14 @@
-"""Acceptance rules: greedy, and lossless speculative sampling (min(1, p/q), residual)."""
+"""Acceptance rules: greedy, and lossless speculative sampling (min(1, p/q), residual), for paths and trees."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_sampler
+
+from specbench.core.tree import children
 
 
 @dataclass(frozen=True)
@@ -87,3 +90,73 @@ def accept_sampled(p: mx.array, draft: list[int], q: mx.array | None) -> tuple[i
         n += 1
     last = int(bonus_token.item()) if n == k else int(replacements[n].item())
     return n, list(draft[:n]) + [last], [float(x) for x in ratio.tolist()]
+
+
+def accept_tree_greedy(tokens: list[int], parents: list[int], targets: list[int]) -> tuple[list[int], list[int]]:
+    """Greedy rule for a token tree: from the root, follow the child whose token is the model's
+    argmax while there is one (the longest accepted root-to-leaf path).
+
+    ``targets``: the argmax of each row (row 0 the root, row i + 1 node i). Returns the accepted
+    nodes (root to leaf) and the emitted tokens (their tokens, then the model's own token).
+    """
+    kids = children(parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        want = targets[node + 1]
+        follow = next((c for c in kids[node] if tokens[c] == want), None)
+        if follow is None:
+            return path, [tokens[i] for i in path] + [want]
+        path.append(follow)
+        node = follow
+
+
+def accept_tree_sampled(
+    p: mx.array, tokens: list[int], parents: list[int], q: mx.array | None
+) -> tuple[list[int], list[int], list[float]]:
+    """Lossless sampling over a token tree: SpecInfer's recursive rejection sampling over siblings
+    (Miao et al., "SpecInfer", multi-step speculative sampling).
+
+    ``p``: target distributions, one row per tree row [n + 1, vocab] (row 0 the root); ``q``: the
+    drafter's distribution for each node [n, vocab] (the distribution its token was drawn from
+    given its earlier siblings), or None (deterministic: q one-hot at the node's token). At a node,
+    its children are tried in order: child c is accepted with probability
+    min(1, r(x_c) / q_c(x_c)), r starting as the node's p; on rejection r becomes
+    normalize(max(0, r - q_c)). When no child is accepted a token is sampled from r (for a node
+    without children, from p). Returns (accepted nodes, emitted tokens, min(1, r/q) of each
+    child tried).
+    """
+    kids = children(parents)
+    path: list[int] = []
+    ratios: list[float] = []
+    node = -1
+    while True:
+        kid = kids[node]
+        row = p[node + 1]
+        q_rows = q[mx.array(kid, dtype=mx.int32)] if q is not None and kid else None
+        draws = mx.random.uniform(shape=(len(kid) + 1,))
+        mx.eval(row, draws, *([q_rows] if q_rows is not None else []))
+        residual = np.array(row.astype(mx.float32), dtype=np.float64)
+        uniform = np.array(draws, dtype=np.float64)
+        accepted = None
+        for j, child in enumerate(kid):
+            x = tokens[child]
+            if q_rows is None:
+                ratio = min(1.0, float(residual[x]))
+                residual[x] = 0.0
+            else:
+                q_row = np.array(q_rows[j].astype(mx.float32), dtype=np.float64)
+                ratio = min(1.0, float(residual[x] / max(q_row[x], 1e-30)))
+                residual = np.maximum(residual - q_row, 0.0)
+            ratios.append(ratio)
+            if uniform[j] < ratio:
+                accepted = child
+                break
+            total = residual.sum()
+            residual = residual / total if total > 0 else np.array(row, dtype=np.float64)
+        if accepted is None:
+            cdf = np.cumsum(residual)
+            last = int(np.searchsorted(cdf, uniform[-1] * cdf[-1], side="right"))
+            return path, [tokens[i] for i in path] + [min(last, len(cdf) - 1)], ratios
+        path.append(accepted)
+        node = accepted

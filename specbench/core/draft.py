@@ -8,20 +8,32 @@ from numbers import Integral
 
 import mlx.core as mx
 
+from specbench.core.tree import check_parents, check_siblings, is_path
+
 
 @dataclass
 class Draft:
-    """Tokens proposed for verification.
+    """Tokens proposed for verification: a path, or a tree when ``parents`` is given.
 
     ``probs`` holds the drafter's full distribution q for each proposed token, shape
     ``[len(tokens), vocab]``; ``None`` means the drafter is deterministic (q is one-hot).
+    ``parents`` (optional) makes the draft a token tree: node i's parent index, -1 for a child of
+    the last emitted token, else an earlier node (``specbench.core.tree``); None is a path. In a
+    tree, siblings carry distinct tokens, and a node's q is the distribution its token was drawn
+    from given its earlier siblings (for siblings drawn without replacement: q with the earlier
+    siblings' tokens removed, renormalised), which keeps tree sampling lossless.
     """
 
     tokens: list[int]
     probs: mx.array | None = None
+    parents: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
 
 
 class Drafter:
@@ -66,12 +78,16 @@ def as_draft(proposal: Draft | Sequence[int] | None, k: int, drafter: str = "dra
         return Draft([])
     if isinstance(proposal, Draft):
         tokens = _token_list(proposal.tokens, drafter)
-        probs = proposal.probs
+        probs, parents = proposal.probs, proposal.parents
+        if parents is not None:
+            parents = _token_list(parents, drafter)
         if len(tokens) <= k:
-            return Draft(tokens, probs)
+            return Draft(tokens, probs, parents)
         if probs is not None and getattr(probs, "shape", (None,))[:1] == (len(tokens),):
             probs = probs[:k]
-        return Draft(tokens[:k], probs)
+        if parents is not None and len(parents) == len(tokens):
+            parents = parents[:k]  # parents come first: the first k nodes are a tree
+        return Draft(tokens[:k], probs, parents)
     return Draft(_token_list(proposal, drafter)[:k])
 
 
@@ -107,9 +123,15 @@ def check_draft(draft: Draft, drafter: str, vocab: int | None, sampling: bool) -
     if bad:
         allowed = f"[0, {vocab})" if vocab is not None else ">= 0"
         raise ValueError(f"drafter {drafter} proposed token ids {bad[:5]} outside {allowed}")
+    parents = draft.parents
+    if parents is not None:
+        parents = check_parents(parents, len(tokens), drafter)
+        check_siblings(tokens, parents, drafter)
+        if is_path(parents):
+            parents = None
     if sampling and draft.probs is not None and tokens:
         _check_q(draft.probs, tokens, drafter, vocab)
-    return Draft(tokens, draft.probs)
+    return Draft(tokens, draft.probs, parents)
 
 
 #: How far a row of q may sum from 1 (relative), for 32-bit q; 16-bit q gets a few of its epsilons.

@@ -20,6 +20,7 @@ from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy
 from specbench.core.target import ModelTarget, Step, Target
+from specbench.core.tree import depths
 from specbench.core.verify import FAST, Verifier
 
 
@@ -217,10 +218,17 @@ class Generation:
             return
         draft = check_draft(draft, self._drafter_name(), self.target.vocab, sampling=self.options.temperature > 0)
         position = len(self.tokens)
-        step = self.target.verify(draft.tokens, draft.probs, position)
+        tree: dict[str, Any] = {}
+        if draft.is_tree:
+            step = self.target.verify(draft.tokens, draft.probs, position, parents=draft.parents)
+            tree = {"tree_nodes": len(draft.tokens), "tree_depth": max(depths(draft.parents))}
+        else:
+            step = self.target.verify(draft.tokens, draft.probs, position)
         t2 = self.clock()
         emitted = self._stop_at(step.tokens)
         accepted = min(step.accepted, len(emitted))  # accepted tokens past a stop are never emitted
+        if tree:
+            tree["accepted_path"] = list(step.path[:accepted])
         self._record(
             "verify",
             position,
@@ -233,8 +241,10 @@ class Generation:
             verify_s=t2 - t1,
             accept_probs=step.accept_probs,
             draft_tokens=list(draft.tokens),
+            draft_parents=list(draft.parents) if draft.is_tree else [],
             extra=step.extra,
             other_since=t2,
+            **tree,
         )
         hidden = step.hidden[:, : len(emitted)] if step.hidden is not None else None
         yield from self._emit(emitted, hidden)

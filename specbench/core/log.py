@@ -20,7 +20,9 @@ class StepRecord:
     ``paused`` marks plain steps taken because the policy paused drafting.
     ``accepted_positions`` lists the accepted draft positions (0-based); acceptance is a
     prefix, so it is ``range(accepted)``; ``accept_probs`` holds min(1, p/q) per draft
-    position when sampling.
+    position when sampling. A token-tree verification records its tree (``draft_parents``,
+    ``tree_nodes``, ``tree_depth``: the deepest node's depth) and the accepted nodes root to leaf
+    (``accepted_path``; ``accepted`` is its depth); paths leave these empty.
     """
 
     step: int
@@ -41,6 +43,10 @@ class StepRecord:
     accept_probs: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     draft_tokens: list[int] = field(default_factory=list)
+    draft_parents: list[int] = field(default_factory=list)
+    tree_nodes: int = 0
+    tree_depth: int = 0
+    accepted_path: list[int] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

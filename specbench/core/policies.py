@@ -7,12 +7,16 @@ load or run a model.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Callable
 from numbers import Integral
 from typing import Any
 
 from specbench.core.log import StepLog
+
+#: Auto looks this far for a wider draft that costs less than the drafter's preferred one.
+ENVELOPE_K = 8
 
 
 class DraftPolicy:
@@ -40,6 +44,10 @@ class DraftPolicy:
         """How many plain steps to take after ``next_k`` returned 0."""
         return 1
 
+    def longest_draft(self, drafter: Any) -> int:
+        """The longest draft this policy may ask of ``drafter`` (the widths a verifier must be ready for)."""
+        return max(1, int(getattr(drafter, "preferred_k", 4)))
+
     def _observe(self, record: dict[str, Any]) -> None:
         pass
 
@@ -60,8 +68,10 @@ class DraftPolicy:
         window: int = 16,
         pause_tokens: int = 64,
         break_even: float | None = None,
+        **measuring: Any,
     ) -> AutoPolicy:
-        return AutoPolicy(max_k, window, pause_tokens, break_even)
+        """See ``AutoPolicy`` (``measuring``: probe_tokens, min_verifies, max_pause_tokens, measured, clock)."""
+        return AutoPolicy(max_k, window, pause_tokens, break_even, **measuring)
 
     @staticmethod
     def parse(spec: str) -> DraftPolicy:
@@ -123,6 +133,9 @@ class FixedPolicy(DraftPolicy):
     def _k(self, drafter: Any) -> int:
         return self.n
 
+    def longest_draft(self, drafter: Any) -> int:
+        return self.n
+
 
 class AdaptivePolicy(DraftPolicy):
     """Up to ``n`` tokens; after a fully rejected draft, pause 1, 2, 4, ... ``max_pause`` steps."""
@@ -153,26 +166,63 @@ class AdaptivePolicy(DraftPolicy):
     def plain_run(self) -> int:
         return max(1, self.remaining)
 
+    def longest_draft(self, drafter: Any) -> int:
+        return self.n
+
 
 class AutoPolicy(DraftPolicy):
-    """The drafter's preferred length, with a kill switch.
+    """Speculates while this generation's own measurements say it pays, else decodes plainly.
 
-    The draft length is shortened while even a fully accepted draft could not pay for its
-    verification (on a machine where a wide forward costs many plain steps, none is drafted).
+    Each decision (one speculative step, or one stretch of plain steps) is timed end to end with
+    ``clock``, from one ``next_k`` to the next: drafting, the verify forward, rollback, logging and
+    the caller's own work per token all count. A generation starts with ``probe_tokens`` plain
+    tokens (which time plain decoding and cost nothing against it), then speculates. After each
+    speculative step, once ``min_verifies`` are in the window, the kill switch compares seconds per
+    emitted token of the last ``window`` speculative steps with those of the plain stretches; when
+    speculation is dearer and no draft length is predicted to pay either (at the acceptance
+    measured so far and the cost curve scaled to the seconds measured), the next ``pause`` tokens
+    are decoded plainly (``pause_tokens``, doubling after each failed probe up to
+    ``max_pause_tokens``); then speculation is probed again.
 
-    When the tokens the last ``window`` verifications yielded (accepted + 1 each) fall below
-    their break-even (each one's verification and drafting cost in plain steps, at the length
-    it drafted, from the model's measured cost profile), the next ``pause_tokens`` tokens are
-    decoded plainly; then drafting resumes with a fresh window.
+    The break-even (k -> plain steps a step drafting k costs, from the model's cost profile) is the
+    prior. Draft lengths come from the monotone envelope of that cost curve (a wider draft that costs
+    no more is taken; a length even a fully accepted draft cannot pay for never is; with none left
+    the generation is plain): the one with the best predicted speedup at the measured per-position
+    acceptance (one accepted and one rejected position assumed before any is seen, so the first
+    drafts are short and cheap, and lengthen as drafts are accepted).
+    A step without timings (a simulated run) is costed by the prior: a plain token one plain step, a
+    speculative step its break-even. With ``measured=False`` (the default when a fixed ``break_even``
+    is given) nothing is timed: the length is the drafter's preferred one moved onto the envelope, and
+    the switch compares the tokens the last ``window`` verifications yielded with their
+    break-evens, pausing ``pause_tokens``.
     """
 
     name = "auto"
 
-    def __init__(self, max_k: int | None, window: int, pause_tokens: int, break_even: float | None):
+    def __init__(
+        self,
+        max_k: int | None = None,
+        window: int = 16,
+        pause_tokens: int = 64,
+        break_even: float | None = None,
+        *,
+        probe_tokens: int = 8,
+        min_verifies: int = 2,
+        max_pause_tokens: int = 1024,
+        measured: bool | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.max_k = _at_least_one("max_k", max_k) if max_k is not None else None
         self.window = _at_least_one("window", window)
         self.pause_tokens = _at_least_one("pause_tokens", pause_tokens)
         self.fixed_break_even = _check_break_even(break_even, "break_even") if break_even is not None else None
+        self.probe_tokens = _at_least_one("probe_tokens", probe_tokens)
+        self.min_verifies = min(_at_least_one("min_verifies", min_verifies), self.window)
+        self.max_pause_tokens = max(self.pause_tokens, _at_least_one("max_pause_tokens", max_pause_tokens))
+        self.measured = self.fixed_break_even is None if measured is None else bool(measured)
+        if not callable(clock):
+            raise TypeError(f"clock must be a function returning seconds, got {clock!r}")
+        self.clock = clock
 
     @property
     def needs_break_even(self) -> bool:
@@ -187,18 +237,29 @@ class AutoPolicy(DraftPolicy):
                 "DraftPolicy.auto() needs a break-even: run it through specbench.speculative_generate (which "
                 "hands it the model's cost profile), or give DraftPolicy.auto(break_even=TOKENS)"
             )
-        self.recent: deque[tuple[int, float]] = deque(maxlen=self.window)
         self._break_even_of = break_even
         self._break_evens: dict[int, float] = {}
-        self.remaining = 0
-        # Shorten the draft while even a fully accepted one (k + 1 tokens) could not pay for its
-        # verification; at k = 0 speculation cannot pay on this machine at all.
-        self.k = self.preferred_k(drafter)
-        self.break_even = self._break_even_for(self.k)
-        while self.k > 0 and self.break_even >= self.k + 1:
-            self.k -= 1
-            self.break_even = self._break_even_for(self.k) if self.k else float("inf")
+        #: Recent speculative decisions: (seconds or None when untimed, tokens, break-even units).
+        self.recent: deque[tuple[float | None, int, float]] = deque(maxlen=self.window)
+        #: Recent plain stretches: (seconds, tokens).
+        self.plain: deque[tuple[float, int]] = deque(maxlen=4)
+        #: Draft positions accepted and rejected (halved at each pause, so that old evidence fades).
+        self.accepted = self.rejected = 0.0
+        self.pause = self.pause_tokens
+        self.pauses = 0
+        self._decision: str | None = None
+        self._since = self.clock()
+        self._totals()
+        self.envelope = self.cost_envelope(drafter)
+        if self.measured:
+            self.k = self._best_k() if self.envelope else 0
+            self.remaining = self.probe_tokens if self.envelope else 0
+        else:
+            self.k = self._initial_k(drafter)
+            self.remaining = 0
+        self.break_even = self._break_even_for(self.k) if self.k else float("inf")
 
+    # -- the prior: the cost curve ----------------------------------------------------------------
     def _break_even_for(self, k: int) -> float:
         if self.fixed_break_even is not None:
             return self.fixed_break_even
@@ -210,18 +271,153 @@ class AutoPolicy(DraftPolicy):
         k = max(1, int(getattr(drafter, "preferred_k", 4)))
         return min(k, self.max_k) if self.max_k else k
 
-    def _observe(self, record: dict[str, Any]) -> None:
-        if record["kind"] == "verify":
-            # Each verification is held to the break-even of the length actually drafted.
-            self.recent.append((record["accepted"] + 1, self._break_even_for(record["k_drafted"])))
-            if len(self.recent) == self.window and sum(t for t, _ in self.recent) < sum(b for _, b in self.recent):
-                self.remaining = self.pause_tokens
-                self.recent.clear()
-        elif record["paused"]:
-            self.remaining = max(0, self.remaining - record["emitted"])
+    def longest_draft(self, drafter: Any) -> int:
+        """The longest draft this policy may ask of ``drafter``."""
+        return self.max_k or max(self.preferred_k(drafter), ENVELOPE_K)
+
+    def cost_envelope(self, drafter: Any) -> list[int]:
+        """Draft lengths on the monotone envelope of the cost curve, up to ``longest_draft``: those
+        no wider length undercuts and that a fully accepted draft can pay for (k + 1 > break-even)."""
+        ks = range(1, self.longest_draft(drafter) + 1)
+        costs = {k: self._break_even_for(k) for k in ks}
+        cheapest_wider = float("inf")
+        envelope = []
+        for k in reversed(ks):
+            if costs[k] <= cheapest_wider and costs[k] < k + 1:
+                envelope.append(k)
+            cheapest_wider = min(cheapest_wider, costs[k])
+        return envelope[::-1]
+
+    def _initial_k(self, drafter: Any) -> int:
+        """The drafter's preferred length moved onto the envelope: the narrowest envelope length at
+        least as long that costs no more, else the longest shorter one; 0 if the envelope is empty."""
+        preferred = self.preferred_k(drafter)
+        cost = self._break_even_for(preferred)
+        wider = [k for k in self.envelope if k >= preferred and self._break_even_for(k) <= cost]
+        if wider:
+            return wider[0]
+        shorter = [k for k in self.envelope if k <= preferred]
+        return shorter[-1] if shorter else 0
+
+    def acceptance(self) -> float:
+        """Per-position acceptance measured so far, with one accepted and one rejected position assumed."""
+        return (self.accepted + 1.0) / (self.accepted + self.rejected + 2.0)
+
+    def predicted_speedup(self, k: int) -> float:
+        """Speedup over plain decoding predicted for drafting k: tokens expected at the measured
+        acceptance over the break-even, scaled by how far the measured seconds stray from it."""
+        return self._speedups([k])[0][0]
+
+    def _speedups(self, ks: list[int]) -> list[tuple[float, int]]:
+        a, scale = self.acceptance(), self._cost_scale()
+        return [(_expected_tokens(a, k) / (self._break_even_for(k) * scale), k) for k in ks]
+
+    def _best_k(self) -> int:
+        return max(self._speedups(self.envelope))[1]
+
+    # -- the measurements -------------------------------------------------------------------------
+    def next_k(self, log: StepLog, drafter: Any) -> int:
+        now = self.clock()
+        new = log.records[self._seen :]
+        self._seen = len(log.records)
+        self._account(new, now - self._since)
+        k = self._k(drafter)
+        self._decision = "speculative" if k > 0 else "plain"
+        self._since = self.clock()
+        return k
+
+    def _account(self, records: list[dict[str, Any]], seconds: float) -> None:
+        """File the records of the last decision (one speculative step or one plain stretch)."""
+        decoded = [r for r in records if r["kind"] != "prefill"]
+        if not decoded or self._decision is None:
+            return
+        tokens = sum(r["emitted"] for r in decoded)
+        # Untimed records (a simulated run) are costed by the prior, in plain steps.
+        timed = any(r["draft_s"] + r["verify_s"] + r["other_s"] > 0 for r in decoded)
+        if self._decision == "plain":
+            self.remaining = max(0, self.remaining - tokens)
+            if self.measured and tokens:
+                self.plain.append((seconds if timed else float(tokens), tokens))
+                self._totals()
+            return
+        verifies = [r for r in decoded if r["kind"] == "verify"]
+        if not self.measured and not verifies:
+            return  # the break-even rule holds verifications to their break-even
+        units = 0.0
+        for r in decoded:
+            if r["kind"] == "verify":
+                units += self._break_even_for(r["k_drafted"])
+                self.accepted += r["accepted"]
+                self.rejected += int(r["accepted"] < r["k_drafted"])
+            else:
+                units += 1.0
+        spent = (seconds if timed else units) if self.measured else None
+        self.recent.append((spent, tokens, units))
+        self._totals()
+        self._check()
+
+    def _check(self) -> None:
+        """The kill switch, after each speculative decision."""
+        if all(s is not None for s, _, _ in self.recent):
+            if len(self.recent) < self.min_verifies:
+                return
+            if not self.plain:
+                self.remaining = self.probe_tokens  # time plain decoding in this generation too
+                return
+            losing = self.speculative_seconds_per_token() > self.plain_seconds_per_token()
+            if losing and max(self._speedups(self.envelope))[0] < 1.0:
+                self._pause(self.pause)
+                self.pause = min(2 * self.pause, self.max_pause_tokens)
+            elif not losing and len(self.recent) == self.window:
+                self.pause = self.pause_tokens
+        elif len(self.recent) == self.window:
+            if sum(t for _, t, _ in self.recent) < sum(u for _, _, u in self.recent):
+                self._pause(self.pause_tokens)
+
+    def _pause(self, tokens: int) -> None:
+        self.remaining = tokens
+        self.pauses += 1
+        self.recent.clear()
+        self._totals()
+        self.accepted /= 2
+        self.rejected /= 2
+
+    def _totals(self) -> None:
+        """Sum the windows once per decision: seconds, tokens and break-even units."""
+        timed = [entry for entry in self.recent if entry[0] is not None]
+        self._spec = (sum(e[0] for e in timed), sum(e[1] for e in timed), sum(e[2] for e in timed))
+        self._plain = (sum(s for s, _ in self.plain), sum(t for _, t in self.plain))
+
+    def _cost_scale(self) -> float:
+        """Measured seconds of the recent speculative steps over what the cost curve predicts for
+        them (1 before both they and plain decoding are timed)."""
+        plain = self.plain_seconds_per_token()
+        seconds, _, units = self._spec
+        if not units or not math.isfinite(plain):
+            return 1.0
+        return seconds / (plain * units)
+
+    def plain_seconds_per_token(self) -> float:
+        """Seconds per token of this generation's recent plain stretches (inf when none was timed)."""
+        seconds, tokens = self._plain
+        return seconds / tokens if tokens else float("inf")
+
+    def speculative_seconds_per_token(self) -> float:
+        """Seconds per emitted token of the recent speculative steps (inf when none was timed)."""
+        seconds, tokens, _ = self._spec
+        return seconds / tokens if tokens else float("inf")
 
     def _k(self, drafter: Any) -> int:
-        return 0 if self.remaining > 0 or self.k == 0 else self.k
+        if self.remaining > 0 or self.k == 0:
+            return 0
+        if self.measured:
+            self.k = self._best_k()
+        return self.k
 
     def plain_run(self) -> int:
         return max(1, self.remaining) if self.k else 1 << 30
+
+
+def _expected_tokens(a: float, k: int) -> float:
+    """Tokens a verification of k drafts yields when each is accepted with probability a."""
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)

@@ -47,6 +47,25 @@ class CacheRollback:
         if self.recorder is not None:
             self.recorder.arm(width)
 
+    def compact(self, width: int, keep: list[int]) -> None:
+        """After a verification of ``width`` rows (a token tree), keep only rows ``keep`` (increasing
+        indices into those rows: the root and the accepted path) in that order, and drop the rest.
+        A prefix is a plain rewind."""
+        if keep == list(range(len(keep))):
+            self.rewind(width - len(keep))
+            return
+        if self.recorder is not None:
+            raise ValueError("a model with recurrent state cannot keep a branch of a token tree: draft paths")
+        for c in self.cache:
+            base = c.offset - width
+            rows = mx.array([base + r for r in keep], dtype=mx.int32)
+            end = base + len(keep)
+            for name in ("keys", "values"):
+                buffers = getattr(c, name)
+                for b in buffers if isinstance(buffers, tuple) else (buffers,):
+                    b[..., base:end, :] = b[..., rows, :]
+            c.offset = end
+
     def rewind(self, num_rejected: int) -> None:
         """Drop the state of the last ``num_rejected`` verified positions."""
         if self.recorder is not None:

@@ -18,11 +18,12 @@ import mlx.nn as nn
 from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.models.cache import make_prompt_cache
 
-from specbench.core.accept import accept_greedy, accept_sampled
+from specbench.core.accept import accept_greedy, accept_sampled, accept_tree_greedy, accept_tree_sampled
 from specbench.core.experts import ExpertCounter
 from specbench.core.forward import context_length, forward, greedy, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.rollback import CacheRollback
+from specbench.core.tree import depths, tree_attention
 from specbench.core.verify import FAST, Verifier
 
 
@@ -37,6 +38,8 @@ class Step:
     extra: dict[str, Any] = field(default_factory=dict)
     accepted: int = 0
     accept_probs: list[float] = field(default_factory=list)
+    #: For a token tree: the accepted nodes, root to leaf.
+    path: list[int] = field(default_factory=list)
 
 
 class Target(Protocol):
@@ -53,7 +56,9 @@ class Target(Protocol):
 
     def plain_steps(self, position: int, n: int) -> Iterator[Step]: ...
 
-    def verify(self, draft_tokens: list[int], draft_probs: mx.array | None, position: int) -> Step: ...
+    def verify(
+        self, draft_tokens: list[int], draft_probs: mx.array | None, position: int, parents: list[int] | None = None
+    ) -> Step: ...
 
 
 class ModelTarget:
@@ -122,6 +127,16 @@ class ModelTarget:
         row = mx.arange(rows)[:, None] < masked_rows
         return mx.where(row & column, mx.array(-float("inf"), logits.dtype), logits)
 
+    def _mask_tree_eos(self, logits: mx.array, position: int, parents: list[int]) -> mx.array:
+        """Suppress EOS in tree rows whose output position (``position`` plus the row's depth) is below
+        ``min_tokens``."""
+        if position >= self.options.min_tokens or not self.eos_ids:
+            return logits
+        column = mx.zeros((logits.shape[-1],), dtype=mx.bool_)
+        column[mx.array(self.eos_ids)] = True
+        row = (position + mx.array([0] + depths(parents)))[:, None] < self.options.min_tokens
+        return mx.where(row & column, mx.array(-float("inf"), logits.dtype), logits)
+
     def _pick(self, logits: mx.array, position: int) -> mx.array:
         """One token from the last row of ``logits`` [1, w, vocab], as mlx-lm picks it."""
         logits = self._mask_eos(logits[:, -1, :], position)
@@ -172,9 +187,13 @@ class ModelTarget:
             self.last = current[0]
             yield Step([int(current[0].item())], current[1], current[2])
 
-    def verify(self, draft_tokens: list[int], draft_probs: mx.array | None, position: int) -> Step:
+    def verify(
+        self, draft_tokens: list[int], draft_probs: mx.array | None, position: int, parents: list[int] | None = None
+    ) -> Step:
         """One forward over the last token and the draft; the accept rule; the caches rolled back
-        past the rejected drafts."""
+        past the rejected drafts. With ``parents`` the draft is a token tree (``verify_tree``)."""
+        if parents is not None:
+            return self.verify_tree(draft_tokens, draft_probs, position, parents)
         last = int(self.last.item()) if isinstance(self.last, mx.array) else int(self.last)
         inputs = mx.array([[last] + draft_tokens], dtype=mx.uint32)
         self.rollback.before_verify(inputs.shape[1])
@@ -192,3 +211,27 @@ class ModelTarget:
             self.verifier.after_rewind(self.cache, rejected)
         self.last = tokens[-1]
         return Step(tokens, hidden, extra, accepted, probs)
+
+    def verify_tree(self, tokens: list[int], probs: mx.array | None, position: int, parents: list[int]) -> Step:
+        """One forward over the last token and a token tree (tree mask, per-depth positions); the
+        longest accepted path; the caches compacted to it; hidden rows along it."""
+        last = int(self.last.item()) if isinstance(self.last, mx.array) else int(self.last)
+        inputs = mx.array([[last] + tokens], dtype=mx.uint32)
+        width = inputs.shape[1]
+        with tree_attention(self.model, self.cache, parents):
+            logits, hidden = self._forward(inputs, self.verifier)
+        extra = self._extra()
+        logits = self._mask_tree_eos(logits[0], position, parents)
+        if self.options.temperature == 0:
+            path, emitted = accept_tree_greedy(tokens, parents, self.verifier.greedy(logits))
+            ratios: list[float] = []
+        else:
+            path, emitted, ratios = accept_tree_sampled(self.options.sampling.probs(logits), tokens, parents, probs)
+        keep = [0] + [node + 1 for node in path]
+        self.rollback.compact(width, keep)
+        if width > len(keep):
+            self.verifier.after_rewind(self.cache, width - len(keep))
+        if hidden is not None:
+            hidden = hidden[:, mx.array(keep, dtype=mx.int32)]
+        self.last = emitted[-1]
+        return Step(emitted, hidden, extra, len(path), ratios, path)

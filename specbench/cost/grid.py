@@ -9,6 +9,7 @@ from typing import Any
 import mlx.nn as nn
 import numpy as np
 
+from specbench.common import distributed
 from specbench.core.engine import Generation, generate
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions, check_verify_mode
@@ -31,6 +32,7 @@ def speedup_grid(
     repeats: int = 1,
     seed: int = 0,
     progress: Callable[[dict[str, Any]], None] | None = None,
+    spread: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Speedups measured end to end with the controlled-acceptance drafter, against prediction.
 
@@ -44,6 +46,11 @@ def speedup_grid(
     run's own speed strays from the profile's plain step (``plain_over_profile``). Where a fast
     verify leaves the plain greedy output (``diverged_at``), the drafter follows the new output
     (``follows`` times); that bookkeeping is left out of the timings.
+
+    Under ``mlx.launch`` (``spread``, the default when the group has several ranks and the model is
+    not sharded) rank r measures the cells (k, a) whose index is r modulo the group size, each rank on
+    its own device, and every rank returns all rows in cell order, as one rank would. A sharded model
+    measures every cell on all ranks in lockstep.
     """
     verify = check_verify_mode(verify)
     if verify not in profile.costs:
@@ -58,11 +65,15 @@ def speedup_grid(
     def speculative(options: GenerateOptions, k: int) -> Generation:
         return Generation(model, prompt, options, drafter=drafter, policy=DraftPolicy.fixed(k), verifier=verifier)
 
-    for k in ks:  # warm-up: compile each width's kernels before timing
+    if spread is None:
+        spread = distributed.size() > 1 and not distributed.is_sharded(model)
+    size, rank = (distributed.size(), distributed.rank()) if spread else (1, 0)
+    cells = [(cell, k, a) for cell, (k, a) in enumerate((k, a) for k in ks for a in acceptances) if cell % size == rank]
+    for k in dict.fromkeys(k for _, k, _ in cells):  # warm-up: compile each width's kernels before timing
         warm = GenerateOptions(max_tokens=min(max_tokens, 2 * k + 4), ignore_eos=True, verify=verify)
         seconds_per_token(speculative(warm, k))
     rows = []
-    for cell, (k, a) in enumerate((k, a) for k in ks for a in acceptances):
+    for cell, k, a in cells:
         drafter.acceptance, drafter.seed = float(a), seed + cell
         plain_runs, spec_runs = [], []
         for _ in range(max(1, repeats)):
@@ -110,7 +121,9 @@ def speedup_grid(
             "diverged_at": drafter.diverged_at,
             "follows": drafter.follows,
         }
-        rows.append(row)
+        rows.append({"cell": cell, **row})
         if progress is not None:
             progress(row)
-    return rows
+    if size > 1:
+        rows = sorted((row for part in distributed.gather(rows) for row in part), key=lambda row: row["cell"])
+    return [{k: v for k, v in row.items() if k != "cell"} for row in rows]

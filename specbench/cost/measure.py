@@ -197,7 +197,8 @@ def measure(
     context = list(context)[-offset:]
     probe = mx.array(rng.integers(0, vocab, size=max(max(w) for w in ws.values())).tolist(), dtype=mx.uint32)[None]
     first = int(probe[0, 0].item())
-    verifiers = {m: verifier_for(model, m) for m in modes}
+    # exact mode: every width calibrated before anything is timed
+    verifiers = {m: verifier_for(model, m, widths=ws[m], progress=progress) for m in modes}
 
     def say(text: str) -> None:
         if progress is not None:
@@ -303,7 +304,7 @@ def quick_profile(model: nn.Module, verify: str = "fast", budget_s: float = 2.5,
     rng = np.random.default_rng(0)
     vocab = vocab_size(model)
     probe = mx.array(rng.integers(0, vocab, size=max(QUICK_WIDTHS)).tolist(), dtype=mx.uint32)[None]
-    verifier = verifier_for(model, verify)
+    verifier = verifier_for(model, verify, widths=QUICK_WIDTHS)  # exact mode: calibrated before timing
     # GPUs compile kernels on first use: warm each width up there before timing it.
     warm = mx.default_device().type == mx.DeviceType.gpu
     timed: dict[int, list[float]] = {}

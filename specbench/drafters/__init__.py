@@ -5,35 +5,67 @@ from __future__ import annotations
 from typing import Any
 
 from specbench.core.draft import Draft, Drafter
+from specbench.drafters.draft_model import DraftModel, shipped_draft_model
+from specbench.drafters.early_exit import EarlyExit, best_exit_layer, exit_layer_count, sweep_exit_layers
 from specbench.drafters.lookup import PromptLookup
 from specbench.drafters.mtp import MtpDrafter, mtp_drafter_for
 from specbench.drafters.oracle import OracleDrafter
 from specbench.drafters.suffix import SuffixDecoding
 
-DRAFTER_NAMES = ("lookup", "suffix", "mtp", "none")
+DRAFTER_NAMES = ("lookup", "suffix", "mtp", "draft-model", "early-exit", "none")
+#: Drafters that take a parameter after a colon: ``early-exit:L`` (exit after L layers).
+PARAMETRIZED_DRAFTERS = ("early-exit",)
 
 
-def make_drafter(name: str, model: Any = None, model_name: str | None = None) -> Drafter | None:
-    """A drafter by name: ``lookup``, ``suffix``, ``mtp`` (the model's MTP head) or ``none``."""
+def is_drafter_name(name: str) -> bool:
+    """Whether ``name`` names a drafter (``early-exit:L`` included, L an integer)."""
     key = name.strip().lower()
-    if key in ("none", "plain", ""):
+    base, colon, value = key.partition(":")
+    if colon:
+        return base in PARAMETRIZED_DRAFTERS and value.isdigit()
+    return key in (*DRAFTER_NAMES, "plain", "")
+
+
+def make_drafter(
+    name: str, model: Any = None, model_name: str | None = None, draft_model: Any = None
+) -> Drafter | None:
+    """A drafter by name: ``lookup``, ``suffix``, ``mtp`` (the model's MTP head), ``draft-model``
+    (``draft_model``, else the draft model shipped for ``model_name``), ``early-exit`` (half the
+    layers) or ``early-exit:L`` (the first L layers), or ``none``."""
+    key = name.strip().lower()
+    if not is_drafter_name(key):
+        raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)} (or early-exit:L)")
+    base, _, value = key.partition(":")
+    if base in ("none", "plain", ""):
         return None
-    if key == "lookup":
+    if base == "lookup":
         return PromptLookup()
-    if key == "suffix":
+    if base == "suffix":
         return SuffixDecoding()
-    if key == "mtp":
+    if base == "mtp":
         return mtp_drafter_for(model, model_name)
-    raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)}")
+    if model is None:
+        raise ValueError(f"drafter {name!r} needs the target model: pass model=")
+    if base == "early-exit":
+        return EarlyExit(model, int(value) if value else max(1, exit_layer_count(model) // 2))
+    if draft_model is None:
+        draft_model = shipped_draft_model(model, model_name)
+    return DraftModel(draft_model, target=model)
 
 
 __all__ = [
     "DRAFTER_NAMES",
     "Draft",
+    "DraftModel",
     "Drafter",
+    "EarlyExit",
     "MtpDrafter",
     "OracleDrafter",
     "PromptLookup",
     "SuffixDecoding",
+    "best_exit_layer",
+    "is_drafter_name",
     "make_drafter",
+    "shipped_draft_model",
+    "sweep_exit_layers",
 ]

@@ -5,6 +5,10 @@ n-gram (``max_ngram`` down to ``min_ngram``) ending the context that occurred be
 propose the tokens that followed its latest occurrence (or its first, when the latest is too
 close to the end to fill the draft). An index of n-gram positions is kept incrementally, so
 a draft costs O(max_ngram) dictionary lookups.
+
+With ``tree=True`` the draft is a token tree of the continuations of several earlier occurrences
+(the latest ``max_candidates`` distinct ones, shared prefixes merged), grown breadth first up to
+the node budget, so one verification tries them all.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specbench.core.draft import Draft, Drafter
+from specbench.core.tree import breadth_first_tree
 
 
 class PromptLookup(Drafter):
@@ -19,20 +24,35 @@ class PromptLookup(Drafter):
 
     name = "lookup"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, preferred_k: int = 4):
+    def __init__(
+        self,
+        max_ngram: int = 3,
+        min_ngram: int = 1,
+        preferred_k: int = 4,
+        tree: bool = False,
+        max_candidates: int = 4,
+    ):
         if min_ngram < 1 or max_ngram < min_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        if max_candidates < 1:
+            raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.preferred_k = preferred_k
+        self.tree = bool(tree)
+        self.max_candidates = max_candidates
+        if self.tree:
+            self.name = "lookup-tree"
         self._tokens: list[int] = []
         self._latest: dict[tuple[int, ...], int] = {}
         self._first: dict[tuple[int, ...], int] = {}
+        self._all: dict[tuple[int, ...], list[int]] = {}
 
     def begin(self, prompt: Sequence[int], hidden=None) -> None:
         self._tokens = []
         self._latest = {}
         self._first = {}
+        self._all = {}
         self._extend(prompt)
 
     def observe(self, tokens: Sequence[int], hidden=None) -> None:
@@ -48,6 +68,8 @@ class PromptLookup(Drafter):
                     key = tuple(seq[end - n : end])
                     self._latest[key] = end
                     self._first.setdefault(key, end)
+                    if self.tree:
+                        self._all.setdefault(key, []).append(end)
             seq.append(int(t))
 
     def draft(self, context: Sequence[int], k: int) -> Draft:
@@ -57,9 +79,24 @@ class PromptLookup(Drafter):
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             key = tuple(seq[-n:])
             start = self._latest.get(key)
+            if start is not None and self.tree:
+                return self._tree(key, k)
             if start is not None:
                 # The latest occurrence, unless it is too close to the end to fill the draft.
                 if len(seq) - start < k:
                     start = min(start, self._first[key])
                 return Draft(seq[start : start + k])
         return Draft([])
+
+    def _tree(self, key: tuple[int, ...], k: int) -> Draft:
+        """The continuations of the latest ``max_candidates`` distinct occurrences of ``key``, as a tree."""
+        seq = self._tokens
+        paths: list[list[int]] = []
+        for start in reversed(self._all[key]):
+            path = seq[start : start + k]
+            if path and path not in paths:
+                paths.append(path)
+                if len(paths) == self.max_candidates:
+                    break
+        tokens, parents = breadth_first_tree(paths, k)
+        return Draft(tokens, parents=parents)

@@ -32,12 +32,29 @@ class MtpDrafter(Drafter):
 
     ``temperature`` 0 drafts greedily (deterministic drafts); above 0 it samples from the head's
     softmax at that temperature and reports those distributions for lossless verification.
+    ``tree_width`` > 1 (greedy drafting only; name "mtp-tree") drafts a token tree: the greedy chain,
+    and at each of its depths the head's next ``tree_width - 1`` most probable tokens as leaves beside
+    the chain's token (``k`` nodes: a chain of ``k // tree_width``).
     """
 
     name = "mtp"
     needs_hidden = True
 
-    def __init__(self, model: nn.Module, head: MtpHead | None = None, temperature: float = 0.0, preferred_k: int = 3):
+    def __init__(
+        self,
+        model: nn.Module,
+        head: MtpHead | None = None,
+        temperature: float = 0.0,
+        preferred_k: int = 3,
+        tree_width: int = 1,
+    ):
+        if tree_width < 1:
+            raise ValueError(f"tree_width must be >= 1, got {tree_width}")
+        if tree_width > 1 and temperature > 0:
+            raise ValueError("MTP token trees draft greedily: use temperature=0 with tree_width > 1")
+        self.tree_width = tree_width
+        if tree_width > 1:
+            self.name = "mtp-tree"
         self.model = model
         self.head = head if head is not None else get_head(model)
         if temperature < 0:
@@ -112,6 +129,8 @@ class MtpDrafter(Drafter):
         tokens: list[int] = []
         probs: list[mx.array] = []
         chain, out = chain[:, -1:], out[:, -1:]
+        if self.tree_width > 1:
+            return self._tree(chain, out, max(1, k // self.tree_width))
         for j in range(k):
             token, p = self._pick(out)
             tokens.append(token)
@@ -121,6 +140,28 @@ class MtpDrafter(Drafter):
                 chain, out = self.head(self.embed(mx.array([[token]], dtype=mx.uint32)), chain, self.cache)
                 self.speculative += 1
         return Draft(tokens, mx.stack(probs) if probs else None)
+
+    def _tree(self, chain: mx.array, out: mx.array, depth: int) -> Draft:
+        """The greedy chain of ``depth`` tokens, each with the next most probable tokens as sibling leaves."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        parent = -1
+        for j in range(depth):
+            logits = logits_from_hidden(self.model, out)[0, -1].astype(mx.float32)
+            best = mx.argmax(logits)
+            ranked = mx.argsort(-logits)[: self.tree_width]
+            mx.eval(best, ranked)
+            token = int(best.item())
+            for alternative in [int(t) for t in ranked.tolist() if int(t) != token][: self.tree_width - 1]:
+                tokens.append(alternative)
+                parents.append(parent)
+            tokens.append(token)
+            parents.append(parent)
+            parent = len(tokens) - 1
+            if j + 1 < depth:
+                chain, out = self.head(self.embed(mx.array([[token]], dtype=mx.uint32)), chain, self.cache)
+                self.speculative += 1
+        return Draft(tokens, parents=parents)
 
     @property
     def embed_dtype(self) -> mx.Dtype:

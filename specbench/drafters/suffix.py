@@ -39,6 +39,11 @@ class SuffixDecoding(Drafter):
     reference does; "sequence" keeps prompt and response; None keeps nothing). ``remember(tokens)``
     adds any sequence. The global index holds at most ``max_sequences`` sequences and
     ``max_tokens`` tokens, evicting the oldest first. Drafts are deterministic.
+
+    ``tree=True`` drafts the paper's speculation trees (name "suffix-tree"): from the best match,
+    the most probable continuations first, up to the same node budget (max_spec_factor x match
+    length, at most max_spec_tokens; min_token_prob; the depth bound), scored by the sum of node
+    probabilities; the engine verifies them in one forward with a tree mask.
     """
 
     name = "suffix"
@@ -59,6 +64,7 @@ class SuffixDecoding(Drafter):
         remember_at_end: str | None = "response",
         use_local: bool = True,
         use_global: bool = True,
+        tree: bool = False,
     ):
         if max_depth < 2:
             raise ValueError(f"max_depth must be >= 2, got {max_depth}")
@@ -83,6 +89,9 @@ class SuffixDecoding(Drafter):
         self.remember_at_end = remember_at_end
         self.use_local = use_local
         self.use_global = use_global
+        self.tree = bool(tree)
+        if self.tree:
+            self.name = "suffix-tree"
         # The drafter's own budget limits each draft (by match length and probabilities), so the
         # policy may ask for its full budget.
         self.preferred_k = max_spec_tokens
@@ -217,23 +226,23 @@ class SuffixDecoding(Drafter):
             return Draft([])
         limits = self._limits.get(budget)
         if limits is None:
-            limits = DraftLimits(budget, self.max_spec_factor, self.max_spec_offset, self.max_depth)
+            limits = DraftLimits(budget, self.max_spec_factor, self.max_spec_offset, self.max_depth, self.tree)
             self._limits[budget] = limits
         longest = n - 1  # the reference matches at most len(context) - 1 tokens
-        score, tokens, match, source = 0.0, [], 0, None
+        score, tokens, match, source, parents = 0.0, [], 0, None, None
         if self.use_local:
             index = self.local_index
-            score, tokens, match = index.speculate(
-                index.anchor, min(index.anchor_len, longest), limits, self.min_token_prob, 0.0
+            score, tokens, match, parents = index.speculate(
+                index.anchor, min(index.anchor_len, longest), limits, self.min_token_prob, 0.0, self.tree
             )
             source = "local" if tokens else None
         if self.use_global and self._live_tokens:
             state, matched = self._global_match()
             if matched:
-                g_score, g_tokens, g_match = self.global_index.speculate(
-                    state, min(matched, longest), limits, self.min_token_prob, score
+                g_score, g_tokens, g_match, g_parents = self.global_index.speculate(
+                    state, min(matched, longest), limits, self.min_token_prob, score, self.tree
                 )
                 if g_score > score:
-                    score, tokens, match, source = g_score, g_tokens, g_match, "global"
+                    score, tokens, match, source, parents = g_score, g_tokens, g_match, "global", g_parents
         self.last_draft = {"source": source, "match": match, "score": score}
-        return Draft(list(tokens))
+        return Draft(list(tokens), parents=list(parents) if parents else None)

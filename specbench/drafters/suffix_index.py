@@ -24,6 +24,7 @@ shorter group:
 
 from __future__ import annotations
 
+import heapq
 import sys
 from array import array
 from collections.abc import Sequence
@@ -270,28 +271,93 @@ class SuffixIndex:
 
     # -- drafting ------------------------------------------------------------------------------
     def speculate(
-        self, state: int, matched: int, limits: DraftLimits, min_token_prob: float, beat: float
-    ) -> tuple[float, list[int], int]:
+        self, state: int, matched: int, limits: DraftLimits, min_token_prob: float, beat: float, tree: bool = False
+    ) -> tuple[float, list[int], int, list[int] | None]:
         """Best draft continuing the suffixes of length <= ``matched`` held by ``state`` and its
-        suffix chain. Returns (score, tokens, match length); only a score above ``beat`` counts."""
+        suffix chain: a path, or with ``tree`` a speculation tree (``_tree``). Returns (score, tokens,
+        match length, parents: None for a path); only a score above ``beat`` counts."""
         length, link = self.length, self.link
         limit, mstar, reach = limits.limit, limits.mstar, limits.reach
         hi = min(matched, limits.max_match)
-        best_score, best_tokens, best_m = beat, [], 0
+        best_score, best_tokens, best_m, best_parents = beat, [], 0, None
         u = state
         while u > 0:
             lo = length[link[u]] + 1
             if hi >= lo:
                 if reach[hi] <= best_score:
                     break
-                m = mstar if lo <= mstar <= hi else (hi if hi < mstar else lo)
-                if limit[m] > best_score:
-                    score, tokens = self._path(u, limit[m], min_token_prob)
-                    if score > best_score:
-                        best_score, best_tokens, best_m = score, tokens, m
+                if tree:
+                    # A tree depends on its budget and on how deep the match leaves it room to grow.
+                    grown: dict[tuple[int, int], tuple[float, list[int], list[int]]] = {}
+                    for m in range(hi, lo - 1, -1):
+                        if limit[m] <= best_score:
+                            continue
+                        key = (limit[m], min(limit[m], self.max_depth - m))
+                        if key not in grown:
+                            grown[key] = self._tree(u, key[0], min_token_prob, key[1])
+                        score, tokens, parents = grown[key]
+                        if score > best_score:
+                            best_score, best_tokens, best_m, best_parents = score, tokens, m, parents
+                else:
+                    m = mstar if lo <= mstar <= hi else (hi if hi < mstar else lo)
+                    if limit[m] > best_score:
+                        score, tokens = self._path(u, limit[m], min_token_prob)
+                        if score > best_score:
+                            best_score, best_tokens, best_m = score, tokens, m
             u = link[u]
             hi = min(length[u], hi)
-        return best_score, best_tokens, best_m
+        return best_score, best_tokens, best_m, best_parents
+
+    def _tree(
+        self, u: int, budget: int, min_token_prob: float, max_node_depth: int
+    ) -> tuple[float, list[int], list[int]]:
+        """The reference's speculation tree from ``u``: up to ``budget`` nodes, most probable first
+        (a node's probability: its parent's times child count / parent count; children below
+        ``min_token_prob`` are left out; among equal probabilities the most recent continuation first,
+        as the path's most frequent child is chosen), none
+        deeper than ``max_node_depth`` (the match plus a path stays within ``max_depth``).
+        Returns (score: the sum of the nodes' probabilities, tokens, parents)."""
+        count, token, store, nxt = self.count, self.token, self.store, self.next
+        edge_token, edge_next, first_edge = self.edge_token, self.edge_next, self.first_edge
+        tokens: list[int] = []
+        parents: list[int] = []
+        node_depth: list[int] = []
+        score = 0.0
+        order = 0
+        # (-probability, -recency, order, kind, state or store position, parent node); kinds: 0 add the
+        # token into a state, 1 expand a state's children, 2 add the store's token at a position.
+        first = -(1 << 62)
+        heap: list[tuple[float, int, int, int, int, int]] = [(-1.0, first, 0, 1, u, -1)]
+        while heap and len(tokens) < budget:
+            neg, _, _, kind, at, parent = heapq.heappop(heap)
+            order += 1
+            if kind == 0 or kind == 2:
+                t = token[at] if kind == 0 else (store[at] if at < len(store) else _SEP)
+                depth = node_depth[parent] + 1 if parent >= 0 else 1
+                if t == _SEP or depth > max_node_depth:
+                    continue
+                tokens.append(t)
+                parents.append(parent)
+                node_depth.append(depth)
+                score -= neg
+                follow = (1, at) if kind == 0 else (2, at + 1)
+                heapq.heappush(heap, (neg, first, order, follow[0], follow[1], len(tokens) - 1))
+                continue
+            cu = count[at]
+            if cu == 1:
+                # A single occurrence: its continuation in the store, at the same probability.
+                heapq.heappush(heap, (neg, first, order, 2, self.lastpos[at] + 1, parent))
+                continue
+            e = first_edge[at]
+            while e >= 0:
+                v = nxt[at << _SHIFT | edge_token[e]]
+                if count[v] > 0:
+                    prob = -neg * count[v] / cu
+                    if prob >= min_token_prob:
+                        order += 1
+                        heapq.heappush(heap, (-prob, -self.lastpos[v], order, 0, v, parent))
+                e = edge_next[e]
+        return score, tokens, parents
 
     def _path(self, u: int, budget: int, min_token_prob: float) -> tuple[float, list[int]]:
         """Follow the most frequent children from ``u`` for up to ``budget`` tokens."""
@@ -327,13 +393,17 @@ class SuffixIndex:
 
 
 class DraftLimits:
-    """Per-match-length draft budgets for one (max_spec_tokens, factor, offset, depth)."""
+    """Per-match-length draft budgets for one (max_spec_tokens, factor, offset, depth).
 
-    def __init__(self, max_spec_tokens: int, factor: float, offset: float, depth: int):
+    A path's budget ends at depth ``depth``; a tree's (``tree``) counts nodes, and the tree bounds
+    each node's depth itself."""
+
+    def __init__(self, max_spec_tokens: int, factor: float, offset: float, depth: int, tree: bool = False):
         self.max_match = depth - 1
-        # limit[m]: tokens a match of length m may draft (the path ends at depth ``depth``).
+        # limit[m]: tokens a match of length m may draft.
         self.limit = [0] + [
-            max(0, min(max_spec_tokens, int(m * factor + offset + 1e-6), depth - m)) for m in range(1, depth)
+            max(0, min(max_spec_tokens, int(m * factor + offset + 1e-6), max_spec_tokens if tree else depth - m))
+            for m in range(1, depth)
         ]
         # mstar: the longest match with the largest limit; limit rises up to it and falls after.
         self.mstar = max(range(1, depth), key=lambda m: (self.limit[m], m))

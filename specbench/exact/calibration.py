@@ -10,12 +10,15 @@ aside with a warning naming it and calibrated anew.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import statistics
+import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ import numpy as np
 from mlx_lm.models import switch_layers
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from specbench.common import distributed
 from specbench.common.files import home, set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.forward import context_length, vocab_size
@@ -84,20 +88,20 @@ class Calibration:
 CALIBRATION_METHOD = 4
 #: Calibrations of this process, by key.
 _calibrations: dict[str, Calibration] = {}
-_keys: dict[int, tuple[weakref.ref, str]] = {}
+_keys: dict[tuple[int, Any], tuple[weakref.ref, str]] = {}  # by model and its shard group
 
 
 def calibration_key(model: nn.Module) -> str:
     """Model shape (every parameter's name, shape and dtype) and what the kernels depend on: device,
     MLX / mlx-lm versions, the BLAS library on the CPU (``kernel_key``) and cuDNN's attention."""
-    memo = _keys.get(id(model))
+    memo = _keys.get((id(model), distributed.shard_group(model)))
     if memo is not None and memo[0]() is model:
         return memo[1]
     shape = model_key(model)
     attention = "|cudnn attention" if cudnn_attention() else ""
     text = f"{shape}|{kernel_key()}{attention}|method {CALIBRATION_METHOD}"
     key = f"{shape}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
-    _keys[id(model)] = (weakref.ref(model), key)
+    _keys[(id(model), distributed.shard_group(model))] = (weakref.ref(model), key)
     return key
 
 
@@ -132,20 +136,37 @@ def load_calibration(model: nn.Module) -> Calibration | None:
     key = calibration_key(model)
     if key in _calibrations:
         return _calibrations[key]
-    calibration = _read(_calibration_path(key))
+    calibration = distributed.agreed(_read(_calibration_path(key)), model)  # a sharded model: rank 0's
     if calibration is not None:
         _calibrations[key] = calibration
     return calibration
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``<path>.lock`` (threads and processes alike) while inside."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _save_lock, open(path.with_name(path.name + ".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+_save_lock = threading.RLock()
+
+
 def _save(calibration: Calibration) -> None:
-    """Write ``calibration`` atomically, keeping widths another process stored meanwhile."""
+    """Write ``calibration`` atomically, merged with the widths another process or thread stored
+    meanwhile: the read, merge and write happen under a lock file, so no writer loses another's widths."""
     path = _calibration_path(calibration.key)
-    stored = _read(path)
-    if stored is not None:
-        for width, found in stored.widths.items():
-            calibration.widths.setdefault(width, found)
-    write_json_atomic(path, calibration.to_json())
+    with _locked(path):
+        stored = _read(path)
+        if stored is not None:
+            for width, found in stored.widths.items():
+                calibration.widths.setdefault(width, found)
+        write_json_atomic(path, calibration.to_json())
 
 
 def calibrated_plans(model: nn.Module) -> Callable[[int], ExactPlan]:
@@ -195,7 +216,8 @@ def calibrate(
     (attention batched; linear batched, vector, in chunks; experts batched, unsorted). The
     cheapest exact scheme of each family (by median seconds of ``repeats`` forwards when
     ``measure``, else the first exact one in that order) are combined and the combination
-    checked; "serial" (exact by construction) is the fallback and is also timed. Results are
+    checked; "serial" (exact by construction) is the fallback and is also timed. Linear layers in
+    chunks are tried widest first (``chunk_sizes``), down to the first exact chunk. Results are
     merged into the model's stored calibration (memory, and disk unless ``save`` is False);
     widths it already holds are kept unless ``force``.
     """
@@ -220,10 +242,14 @@ def calibrate(
             # The layout a verification that crossed the step two tokens earlier leaves.
             probes.append(_Probe(model, crossing, max(ws), rng, extent=crossing - 2 + KVCache.step))
     probe = _Probes(probes)
-    for w in ws:
+    for i, w in enumerate(ws, 1):
+        t0 = time.perf_counter()
         calibration.widths[w] = _calibrate_width(probe, w, moe, measure, repeats)
         if progress is not None:
-            progress(f"width {w}: {calibration.widths[w].level}")
+            level, seconds = calibration.widths[w].level, time.perf_counter() - t0
+            progress(f"exact calibration {i}/{len(ws)}: width {w} runs {level} ({seconds:.1f} s)")
+    # The ranks of a sharded model run rank 0's levels (picked by its clock): the same forwards and collectives.
+    calibration.widths.update(distributed.agreed({w: calibration.widths[w] for w in ws}, model))
     _calibrations[key] = calibration
     if save:
         _save(calibration)
@@ -234,11 +260,21 @@ def _has_experts(model: nn.Module) -> bool:
     return any(isinstance(m, (switch_layers.SwitchGLU, switch_layers.SwitchMLP)) for _, m in model.named_modules())
 
 
+def chunk_sizes(width: int) -> list[int]:
+    """Rows per linear call to try at ``width``, most first: fewer, wider calls cost less, and the
+    first that is exact is the widest the device's kernels keep row-invariant at this width."""
+    return list(range(width - 1, 1, -1))
+
+
+def _is_chunked(level: str) -> bool:
+    rows = ExactPlan.parse(level).linear
+    return isinstance(rows, int) and rows > 1
+
+
 def _candidates(width: int, moe: bool) -> list[list[str]]:
     """Levels to test at ``width``, in groups: each group relaxes one op family of the full
     split to cheaper schemes (the other families stay split row by row)."""
-    chunks = [c for c in (8, 4, 2) if c < width]
-    linear = ["attention+linear/vector", *[f"attention+linear/{c}" for c in chunks]]
+    linear = ["attention+linear/vector", *[f"attention+linear/{c}" for c in chunk_sizes(width)]]
     experts = "+experts" if moe else ""
     groups = [
         ["none"],
@@ -291,8 +327,12 @@ def _calibrate_width(probe: _Probes, width: int, moe: bool, measure: bool, repea
     picks: dict[str, str] = {}
     for family, group in zip(families, groups[1:-1]):
         best: tuple[float, str] | None = None
+        chunked = False  # the widest exact chunk found: narrower ones only add calls
         for order, level in enumerate(group):
+            if chunked and _is_chunked(level):
+                continue
             if test(level):
+                chunked = chunked or _is_chunked(level)
                 cost = tests[-1]["seconds"] if measure else float(order)
                 if best is None or cost < best[0]:
                     best = (cost, _family_scheme(level, family))

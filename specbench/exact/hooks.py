@@ -26,6 +26,7 @@ import mlx.nn as nn
 from mlx_lm.models import base as mlx_base
 from mlx_lm.models import switch_layers
 
+from specbench.core.tree import tree_forward, visible_rows
 from specbench.exact.layout import (
     CUDNN_ATTENTION_ENV,
     cudnn_attention,
@@ -159,10 +160,32 @@ def _is_causal(mask: Any) -> bool:
     return isinstance(mask, str) and mask == "causal" or isinstance(mask, mx.array)
 
 
+def _tree_attention(original: Callable, queries, keys, values, visible: list[list[int]], scale: float, *args, **kwargs):
+    """A token tree's attention row by row: each row attends the cache and its ancestors' keys, gathered
+    into the contiguous buffer serial decoding along that row's path attends."""
+    rows = queries.shape[-2]
+    prefix = keys.shape[-2] - rows
+    layout_sensitive = _contexts[-1].layout_sensitive if _contexts else False
+    outs = []
+    for i in range(rows):
+        at = mx.array([prefix + j for j in visible[i]], dtype=mx.int32)
+        row_keys = mx.concatenate([keys[..., :prefix, :], keys[..., at, :]], axis=-2)
+        row_values = mx.concatenate([values[..., :prefix, :], values[..., at, :]], axis=-2)
+        n = row_keys.shape[-2]
+        row_keys, row_values = serial_kv_rows(row_keys, row_values, n, n, layout_sensitive)
+        outs.append(
+            original(mx.contiguous(queries[..., i : i + 1, :]), row_keys, row_values, *args, scale=scale, **kwargs)
+        )
+    return mx.concatenate(outs, axis=-2)
+
+
 def _attention_call(original: Callable) -> Callable:
     def sdpa(queries, keys, values, *args, scale: float, mask: Any = None, **kwargs):
         rows = queries.shape[-2]
         plan = _plan(rows)
+        visible = visible_rows(rows) if plan is not None else None
+        if visible is not None:  # a token tree: always row by row (its mask is no causal one)
+            return _tree_attention(original, queries, keys, values, visible, scale, *args, **kwargs)
         if plan is None or not plan.attention or not _is_causal(mask):
             return original(queries, keys, values, *args, scale=scale, mask=mask, **kwargs)
         prefix = keys.shape[-2] - rows
@@ -216,6 +239,8 @@ def _model_call(original: Callable) -> Callable:
         width = _width(inputs, kwargs)
         cache = kwargs.get("cache", args[0] if args and isinstance(args[0], (list, tuple)) else None)
         plan = ctx.resolve(width) if width > 1 else None
+        if plan is not None and plan.serial and tree_forward(width):
+            plan = ExactPlan.parse("all")  # a token tree runs as one forward: every layer row by row
         if plan is None or not plan.serial:
             saved = ctx.kv_extent
             ctx.kv_extent = serial_kv_layout(cache, max(width, 1))

@@ -8,7 +8,7 @@ verifier of a verify mode.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -17,7 +17,7 @@ import mlx.nn as nn
 from specbench.core.forward import forward, greedy
 from specbench.core.options import VerifyMode, check_verify_mode
 from specbench.core.verify import FAST, Verifier
-from specbench.exact.calibration import calibrate, calibrated_plans
+from specbench.exact.calibration import calibrate, calibrated_plans, load_calibration
 from specbench.exact.hooks import split_mode
 from specbench.exact.layout import clear_rejected, layout_sensitive_attention, serial_kv_layout
 from specbench.exact.plan import ExactPlan
@@ -45,12 +45,34 @@ class ExactVerifier(Verifier):
 
     mode: VerifyMode = "exact"
 
-    def __init__(self, model: nn.Module, level: str | ExactPlan = "auto", widths: Sequence[int] = ()):
+    def __init__(
+        self,
+        model: nn.Module,
+        level: str | ExactPlan = "auto",
+        widths: Sequence[int] = (),
+        progress: Callable[[str], None] | None = None,
+    ):
         self.model = model
         self.level = level if level == "auto" else ExactPlan.parse(level)
         self.clears_rejected = layout_sensitive_attention()
-        if level == "auto" and widths:
-            calibrate(model, widths)
+        self.prepare(widths, progress)
+
+    def prepare(self, widths: Sequence[int], progress: Callable[[str], None] | None = None) -> list[int]:
+        """Calibrate the ``widths`` not calibrated yet (at level "auto"), reporting through
+        ``progress``; returns those it calibrated."""
+        if self.level != "auto":
+            return []
+        wanted = sorted({int(w) for w in widths if w > 1})
+        stored = load_calibration(self.model)
+        missing = [w for w in wanted if stored is None or w not in stored.widths]
+        if missing:
+            if progress is not None:
+                progress(
+                    f"calibrating exact verification for widths {missing[0]}..{missing[-1]} "
+                    "(once per model and device; stored for later runs)"
+                )
+            calibrate(self.model, missing, progress=progress)
+        return missing
 
     def level_for(self, width: int) -> str:
         """The level a verification of ``width`` tokens runs at."""
@@ -75,8 +97,11 @@ class ExactVerifier(Verifier):
             clear_rejected(cache, rejected)
 
 
-def verifier_for(model: nn.Module, mode: str) -> Verifier:
-    """The verifier of verify mode ``mode`` ("fast" or "exact") for ``model``."""
+def verifier_for(
+    model: nn.Module, mode: str, widths: Sequence[int] = (), progress: Callable[[str], None] | None = None
+) -> Verifier:
+    """The verifier of verify mode ``mode`` ("fast" or "exact") for ``model``; in exact mode with
+    ``widths`` calibrated up front (see ``ExactVerifier.prepare``)."""
     if check_verify_mode(mode) == "exact":
-        return ExactVerifier(model)
+        return ExactVerifier(model, widths=widths, progress=progress)
     return FAST

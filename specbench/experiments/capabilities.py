@@ -108,7 +108,7 @@ def usable_drafters(
             skipped[key] = str(err)
             continue
         except ValueError as err:
-            if key not in ("lookup", "suffix", "mtp"):
+            if key.partition(":")[0] not in ("lookup", "suffix", "mtp", "draft-model", "early-exit"):
                 raise
             skipped[key] = str(err)
             continue

@@ -1,13 +1,17 @@
 """Importers: other conversation formats as traces (``specbench.experiments.traces``).
 
-OpenAI message lists (``{"messages": [...]}`` or a bare list, JSON or JSONL), ShareGPT
+OpenAI message lists (``{"messages": [...], "tools": ...}`` or a bare list of messages, JSON or
+JSONL; contents as text or as lists of ``{"type": "text", "text"|"value"}`` parts; ``tools`` as a
+list or as that list in a JSON string), a benchmark's published runs (a JSON list of ``{"task_id",
+"reward", "traj": [OpenAI messages], "trial"}``, as tau-bench publishes them), ShareGPT
 (``{"conversations": [{"from", "value"}]}``), tau-bench few-shot conversations
-(``{"messages_display": "user: ...\\nassistant: ..."}``), SWE-agent ``.traj`` files (``history``
+(``{"messages_display": "user: ...\\nassistant: ..."}``), SWE-agent trajectories (``history``
 messages, else ``trajectory`` steps) and Spec-Bench / MT-bench ``question.jsonl`` (``turns``: one
-user message per turn, no recorded replies). ``load_traces`` reads a file in any
-of these formats or in the project's schema, picking the importer from every record of the file
-(or from ``format=``): a file that mixes formats, or holds a record of another format than the one
-asked for, is an error naming the file and line (JSON lines) or item (JSON arrays).
+user message per turn, no recorded replies). ``load_traces`` reads a file in any of these formats
+or in the project's schema, picking the importer from the content of every record of the file (never
+from its name) or from ``format=`` (``--trace-format`` on the command line): a file that mixes
+formats, a record that could be several, or a record of another format than the one asked for is an
+error naming the file and line (JSON lines) or item (JSON arrays).
 """
 
 from __future__ import annotations
@@ -25,12 +29,15 @@ from specbench.experiments.traces import (
     Turn,
     bundled_traces,
     check_message,
+    parse_tools,
     read_json_lines,
     read_text,
     traces_from_records,
 )
 
-FORMATS = ("trace", "openai", "sharegpt", "tau-bench", "swe-agent", "questions")
+FORMATS = ("trace", "openai", "runs", "sharegpt", "tau-bench", "swe-agent", "questions")
+#: How a user names the format on the command line.
+FORMAT_FLAG = "--trace-format"
 
 #: A record read from a file: where it is ("file:line" or "file: item i"), its line or item number, its value.
 Record = tuple[str, int, Any]
@@ -45,9 +52,13 @@ def _first_line_is_json(text: str) -> bool:
     return True
 
 
+def _is_message_list(data: Any) -> bool:
+    return isinstance(data, list) and bool(data) and all(isinstance(m, dict) and "role" in m for m in data)
+
+
 def read_records(path: str | os.PathLike) -> list[Record]:
     """The records of a JSON-lines file (one per line) or a JSON file (one object, or the items of an
-    array; an array of messages is one record); a ValueError names the file and line of bad JSON."""
+    array; an array of messages is one conversation); a ValueError names the file and line of bad JSON."""
     path = Path(path)
     if path.suffix == ".jsonl":
         return [(f"{path}:{line}", line, item) for line, item in read_json_lines(path)]
@@ -57,25 +68,39 @@ def read_records(path: str | os.PathLike) -> list[Record]:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             if not _first_line_is_json(text):
-                raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+                raise ValueError(
+                    f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno}); expected one JSON "
+                    "value, or one per line (JSON lines)"
+                ) from None
         else:
-            if isinstance(data, list) and not (data and isinstance(data[0], dict) and "role" in data[0]):
+            if isinstance(data, list) and not _is_message_list(data):
                 return [(f"{path}: item {i}", i, item) for i, item in enumerate(data)]
             return [(f"{path}:1", 1, data)]
     return [(f"{path}:{line}", line, item) for line, item in read_json_lines(path, text)]
 
 
-def _text(content: Any) -> str | None:
-    """Message content as text: strings as they are, OpenAI content parts joined."""
+TEXT_PARTS = ("text", "input_text", "output_text")
+
+
+def _text(content: Any, where: str) -> str | None:
+    """Message content as text: strings as they are, text parts (``{"type": "text", "text"|"value"}``)
+    joined, structured values (a tool's JSON result) as JSON; other parts are an error."""
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
         parts = []
-        for part in content:
+        for i, part in enumerate(content):
             if isinstance(part, str):
                 parts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
+                continue
+            kind = part.get("type", "text") if isinstance(part, dict) else type(part).__name__
+            text = part.get("text", part.get("value")) if isinstance(part, dict) else None
+            if kind not in TEXT_PARTS or not isinstance(text, str):
+                raise ValueError(
+                    f"{where}: content[{i}]: expected a text part ({{'type': 'text', 'text' or 'value': string}}), "
+                    f"got {'a ' + repr(kind) + ' part' if isinstance(part, dict) else kind}: only text can be replayed"
+                )
+            parts.append(text)
         return "".join(parts)
     return json.dumps(content, ensure_ascii=False)
 
@@ -104,7 +129,7 @@ def normalize_message(message: dict[str, Any], where: str) -> dict[str, Any]:
         role = "tool"
     if role == "developer":
         role = "system"
-    out: dict[str, Any] = {"role": role, "content": _text(message.get("content"))}
+    out: dict[str, Any] = {"role": role, "content": _text(message.get("content"), where)}
     if message.get("tool_calls"):
         out["tool_calls"] = [_tool_call(c) for c in message["tool_calls"]]
     elif message.get("function_call"):
@@ -124,9 +149,11 @@ def from_messages(
     trace_id: str,
     tools: Sequence[dict[str, Any]] | None = None,
     meta: dict[str, Any] | None = None,
+    where: str | None = None,
 ) -> Trace:
     """Split a message list into turns: every assistant message ends one; trailing messages after
-    the last assistant message make a final turn without a recorded reply."""
+    the last assistant message make a final turn without a recorded reply. ``where`` (file and line
+    or item) prefixes errors."""
     turns: list[Turn] = []
     pending: list[dict[str, Any]] = []
     for message in messages:
@@ -138,12 +165,15 @@ def from_messages(
     if pending and any(m["role"] in ("user", "tool") for m in pending):
         turns.append(Turn(pending, None))
     if not turns:
-        raise ValueError(f"trace {trace_id!r}: no turns (it has no assistant message and nothing to answer)")
-    return Trace(trace_id, turns, [_tool_schema(t) for t in tools or []], dict(meta or {}))
+        raise ValueError(
+            f"{where or 'trace ' + repr(trace_id)}: no turns: expected at least one assistant message, "
+            "or a user or tool message to answer"
+        )
+    return Trace(trace_id, turns, list(tools or []), dict(meta or {}))
 
 
-def _tool_schema(tool: dict[str, Any]) -> dict[str, Any]:
-    return tool.get("function", tool) if isinstance(tool, dict) else tool
+def _messages(item: Any, key: str, where: str) -> list[dict[str, Any]]:
+    return [normalize_message(m, f"{where}: {key}[{i}]") for i, m in enumerate(item)]
 
 
 def import_openai(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
@@ -153,14 +183,32 @@ def import_openai(path: str | os.PathLike, records: Sequence[Record] | None = No
     traces = []
     for index, (where, _, item) in enumerate(read_records(path) if records is None else records):
         if isinstance(item, list):
-            messages, tools = item, None
+            messages, tools = _messages(item, "messages", where), []
         elif isinstance(item, dict) and isinstance(item.get("messages"), list):
-            messages, tools = item["messages"], item.get("tools")
+            messages, tools = _messages(item["messages"], "messages", where), parse_tools(item.get("tools"), where)
         else:
-            raise ValueError(f"{where}: expected a list of messages or an object with 'messages'")
-        messages = [normalize_message(m, f"{where}: messages[{i}]") for i, m in enumerate(messages)]
+            raise ValueError(f"{where}: expected a list of messages or an object with 'messages', got {_keys(item)}")
         trace_id = str(item.get("id", f"{path.stem}-{index}")) if isinstance(item, dict) else f"{path.stem}-{index}"
-        traces.append(from_messages(messages, trace_id, tools, {"source": str(path)}))
+        traces.append(from_messages(messages, trace_id, tools, {"source": str(path)}, where))
+    return traces
+
+
+def import_runs(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
+    """A benchmark's published runs (tau-bench's results files): a JSON list (or JSON lines) of
+    ``{"task_id", "reward", "traj": [OpenAI messages with tool_calls], "trial"}``; one trace per run,
+    named ``task<task_id>-trial<trial>``, with task_id, reward and trial in its meta."""
+    path = Path(path)
+    traces = []
+    seen: set[str] = set()
+    needs = "a run needs 'traj', a list of OpenAI messages"
+    for index, where, _, item, traj in _records_with(path, records, "traj", list, needs):
+        trace_id = f"task{item.get('task_id', index)}" + (f"-trial{item['trial']}" if "trial" in item else "")
+        if trace_id in seen:
+            trace_id = f"{trace_id}-{index}"
+        seen.add(trace_id)
+        meta = {"source": str(path), **{k: item[k] for k in ("task_id", "reward", "trial") if k in item}}
+        tools = parse_tools(item.get("tools"), where)
+        traces.append(from_messages(_messages(traj, "traj", where), trace_id, tools, meta, where))
     return traces
 
 
@@ -202,27 +250,22 @@ def import_sharegpt(path: str | os.PathLike, records: Sequence[Record] | None = 
         messages = []
         for i, entry in enumerate(turns):
             speaker = entry.get("from") if isinstance(entry, dict) else None
-            if speaker not in _SHAREGPT_ROLES or not isinstance(entry.get("value"), str):
+            value = _text(entry.get("value"), f"{where}: conversations[{i}]") if speaker else None
+            if speaker not in _SHAREGPT_ROLES or not isinstance(value, str):
                 raise ValueError(
                     f"{where}: conversations[{i}] needs 'from' (one of {sorted(_SHAREGPT_ROLES)}) and a text 'value'"
                 )
-            message: dict[str, Any] = {"role": _SHAREGPT_ROLES[speaker], "content": entry["value"]}
+            message: dict[str, Any] = {"role": _SHAREGPT_ROLES[speaker], "content": value}
             if speaker == "function_call":
                 try:
-                    call = json.loads(entry["value"])
+                    call = json.loads(value)
                     message = {"role": "assistant", "content": None, "tool_calls": [_tool_call(call)]}
                 except (json.JSONDecodeError, AttributeError):
                     pass
             messages.append(check_message(message, f"{where}: conversations[{i}]"))
-        tools = item.get("tools")
-        if isinstance(tools, str):
-            try:
-                tools = json.loads(tools)
-            except json.JSONDecodeError:
-                tools = None
         trace_id = str(item.get("id", f"{path.stem}-{index}"))
-        tools = tools if isinstance(tools, list) else None
-        traces.append(from_messages(messages, trace_id, tools, {"source": str(path)}))
+        tools = parse_tools(item.get("tools"), where)
+        traces.append(from_messages(messages, trace_id, tools, {"source": str(path)}, where))
     return traces
 
 
@@ -256,7 +299,8 @@ def import_tau_bench(path: str | os.PathLike, records: Sequence[Record] | None =
                 )
         for message in messages:
             check_message(message, where)
-        traces.append(from_messages(messages, f"{path.stem}-{index}", None, {"source": str(path), "line": line}))
+        meta = {"source": str(path), "line": line}
+        traces.append(from_messages(messages, f"{path.stem}-{index}", None, meta, where))
     return traces
 
 
@@ -279,11 +323,9 @@ def import_swe_agent(path: str | os.PathLike, records: Sequence[Record] | None =
     if isinstance(data.get("info"), dict) and data["info"].get("exit_status"):
         meta["exit_status"] = data["info"]["exit_status"]
     if isinstance(data.get("history"), list) and data["history"]:
-        messages = [normalize_message(m, f"{path}: history[{i}]") for i, m in enumerate(data["history"])]
-        return [from_messages(messages, trace_id, None, meta)]
+        return [from_messages(_messages(data["history"], "history", str(path)), trace_id, None, meta, str(path))]
     if isinstance(data.get("messages"), list) and data["messages"]:
-        messages = [normalize_message(m, f"{path}: messages[{i}]") for i, m in enumerate(data["messages"])]
-        return [from_messages(messages, trace_id, None, meta)]
+        return [from_messages(_messages(data["messages"], "messages", str(path)), trace_id, None, meta, str(path))]
     steps = data.get("trajectory")
     if not isinstance(steps, list) or not steps:
         raise ValueError(f"{path}: a SWE-agent trajectory needs a non-empty 'history' or 'trajectory'")
@@ -297,7 +339,7 @@ def import_swe_agent(path: str | os.PathLike, records: Sequence[Record] | None =
         messages.append({"role": "assistant", "content": step.get("response") or step["action"]})
         if isinstance(step.get("observation"), str):
             messages.append({"role": "user", "content": step["observation"]})
-    return [from_messages(messages, trace_id, None, meta)]
+    return [from_messages(messages, trace_id, None, meta, str(path))]
 
 
 def import_questions(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
@@ -327,6 +369,7 @@ def import_trace_schema(path: str | os.PathLike, records: Sequence[Record] | Non
 IMPORTERS = {
     "trace": import_trace_schema,
     "openai": import_openai,
+    "runs": import_runs,
     "sharegpt": import_sharegpt,
     "tau-bench": import_tau_bench,
     "swe-agent": import_swe_agent,
@@ -337,6 +380,7 @@ IMPORTERS = {
 #: also when it has "messages"; SWE-agent files may hold "messages" too).
 _MARKERS = {
     "trace": ("trace", "turn"),
+    "runs": ("traj",),
     "tau-bench": ("messages_display",),
     "questions": ("turns",),
     "sharegpt": ("conversations",),
@@ -347,9 +391,9 @@ _MARKERS = {
 
 def record_formats(record: Any) -> set[str]:
     """The formats a record carries the marking keys of: one for a clear record, none for an unknown
-    one, several for a record that mixes schemas; {"message"} for a bare chat message."""
+    one, several for a record that could be more than one; {"message"} for a bare chat message."""
     if isinstance(record, list):
-        return {"openai"}
+        return {"openai"} if _is_message_list(record) or not record else set()
     if not isinstance(record, dict):
         return set()
     found = {name for name, keys in _MARKERS.items() if any(key in record for key in keys)}
@@ -365,33 +409,37 @@ def _a(noun: str) -> str:
 
 
 def _keys(record: Any) -> str:
-    return ", ".join(sorted(map(str, record))) if isinstance(record, dict) else type(record).__name__
+    if isinstance(record, dict):
+        return "keys: " + (", ".join(sorted(map(str, record))) or "none")
+    return f"a list of {len(record)} items" if isinstance(record, list) else _a(type(record).__name__)
 
 
-def _is_trajectory(path: Path) -> bool:
-    return path.name.endswith(".traj") or path.name.endswith(".traj.json")
+def _flag(choices: Sequence[str]) -> str:
+    return f"choose one with {FORMAT_FLAG} {'|'.join(choices)} (format= in Python)"
 
 
 def _detect(path: Path, records: Sequence[Record]) -> str:
     """The one format every record has; a ValueError names the first record that differs or is unclear."""
     if not records:
-        raise ValueError(f"{path}: empty: no records to read")
+        raise ValueError(f"{path}: empty: expected conversations (JSON, or one per line as JSON lines)")
     first: tuple[str, str] | None = None
     for where, _, record in records:
         found = record_formats(record)
         if found == {"message"}:
             raise ValueError(
-                f"{where}: a bare chat message; a conversation is a list of messages or an object with 'messages'"
+                f"{where}: a bare chat message; expected a conversation (a list of messages, or an object with "
+                "'messages')"
             )
         if len(found) > 1:
             raise ValueError(
-                f"{where}: this record mixes the keys of {' and '.join(sorted(found))} ({_keys(record)}); "
-                f"pass format= one of {FORMATS}"
+                f"{where}: ambiguous: this record could be {' or '.join(sorted(found))} ({_keys(record)}); "
+                + _flag(sorted(found))
             )
         if not found:
             raise ValueError(
-                f"{where}: cannot tell its format from this record (keys: {_keys(record)}); pass format= one of "
-                f"{FORMATS} (the project's trace schema is described in specbench/experiments/traces.py)"
+                f"{where}: cannot tell its format from this record ({_keys(record)}); expected one of "
+                f"{', '.join(FORMATS)} (the project's trace schema is described in specbench/experiments/traces.py); "
+                + _flag(FORMATS)
             )
         (name,) = found
         if first is None:
@@ -417,13 +465,9 @@ def check_format(records: Sequence[Record], format: str) -> None:
 
 
 def detect_format(path: str | os.PathLike, records: Sequence[Record] | None = None) -> str:
-    """A file's format, from its name (SWE-agent ``.traj``) and every record in it."""
+    """A file's format, from the content of every record in it (not from its name)."""
     path = Path(path)
-    records = read_records(path) if records is None else records
-    if _is_trajectory(path):
-        check_format(records, "swe-agent")
-        return "swe-agent"
-    return _detect(path, records)
+    return _detect(path, read_records(path) if records is None else records)
 
 
 def load_traces(path: str | os.PathLike, format: str | None = None) -> list[Trace]:
@@ -439,7 +483,7 @@ def load_traces(path: str | os.PathLike, format: str | None = None) -> list[Trac
     if not path.exists():
         raise FileNotFoundError(f"no trace file at {path} (bundled traces: {', '.join(bundled_traces()) or 'none'})")
     if format is not None and format not in IMPORTERS:
-        raise ValueError(f"unknown trace format {format!r}: use one of {FORMATS}")
+        raise ValueError(f"unknown trace format {format!r}: use one of {', '.join(FORMATS)}")
     records = read_records(path)
     if format is None:
         format = detect_format(path, records)

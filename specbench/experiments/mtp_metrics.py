@@ -4,13 +4,14 @@ acceptance over windows of text, and acceptance while speculative decoding draft
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from specbench.core.draft import Drafter
 from specbench.core.forward import logits_from_hidden, text_model
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
@@ -38,16 +39,55 @@ def head_logits(model: nn.Module, head: MtpHead, tokens: mx.array, hidden: mx.ar
     return logits_from_hidden(model, out.astype(lm.model.norm.weight.dtype)).astype(mx.float32)
 
 
+def soft_cross_entropy(logits: mx.array, target_logprobs: mx.array) -> tuple[mx.array, mx.array]:
+    """Mean soft cross-entropy of ``logits`` to a target distribution, and the argmax agreement rate."""
+    logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    loss = -(mx.exp(target_logprobs) * logq).sum(axis=-1).mean()
+    agree = (mx.argmax(logits, axis=-1) == mx.argmax(target_logprobs, axis=-1)).astype(mx.float32).mean()
+    return loss, agree
+
+
 def distill_loss(
     model: nn.Module, head: MtpHead, tokens: mx.array, hidden: mx.array, target_logprobs: mx.array
 ) -> tuple[mx.array, mx.array]:
     """Soft cross-entropy to the model's distribution at i+1, and the argmax agreement rate."""
-    logits = head_logits(model, head, tokens, hidden)
-    logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    target = target_logprobs[:, 1:]
-    loss = -(mx.exp(target) * logq).sum(axis=-1).mean()
-    agree = (mx.argmax(logits, axis=-1) == mx.argmax(target, axis=-1)).astype(mx.float32).mean()
-    return loss, agree
+    return soft_cross_entropy(head_logits(model, head, tokens, hidden), target_logprobs[:, 1:])
+
+
+def chain_loss(
+    model: nn.Module,
+    head: MtpHead,
+    tokens: mx.array,
+    hidden: mx.array,
+    target_logprobs: mx.array,
+    depth: int = 3,
+    decay: float = 0.8,
+) -> tuple[mx.array, mx.array]:
+    """The distillation loss of every draft position 1 .. ``depth``, the head fed its own states.
+
+    Position 1 reads pairs (model's hidden state at i, token i+1) and predicts the model's
+    distribution at i+1; position s reads (the head's chained state of position s-1 for the same i,
+    token i+s) and predicts the distribution at i+s, as drafting chains the head (EAGLE, DeepSeek's
+    MTP). Teacher forcing: token i+s is the data's, which on the model's own greedy outputs is the
+    token an accepted draft holds. Losses are weighted ``decay`` ** (s-1), normalised; returns the
+    loss and position 1's agreement rate.
+    """
+    lm = text_model(model)
+    dtype = head.norm.weight.dtype
+    model_dtype = lm.model.norm.weight.dtype
+    length = tokens.shape[1]
+    state = hidden[:, :-1].astype(dtype)
+    total, weights, first_agree = 0.0, 0.0, None
+    for s in range(1, min(depth, length - 1) + 1):
+        embeds = lm.model.embed_tokens(tokens[:, s:]).astype(dtype)
+        chained, out = head(embeds, state[:, : length - s])
+        logits = logits_from_hidden(model, out.astype(model_dtype)).astype(mx.float32)
+        loss, agree = soft_cross_entropy(logits, target_logprobs[:, s:])
+        weight = decay ** (s - 1)
+        total, weights = total + weight * loss, weights + weight
+        first_agree = agree if first_agree is None else first_agree
+        state = chained
+    return total / weights, first_agree
 
 
 # -- held-out metrics --------------------------------------------------------------------------
@@ -87,14 +127,21 @@ def evaluate_decoding(
     k: int,
     verify: str = "fast",
     head: MtpHead | None = None,
+    drafter_factory: Callable[[], Drafter] | None = None,
 ) -> dict[str, Any]:
-    """Speculative greedy decoding with the head: first-draft acceptance and acceptance length."""
+    """Speculative greedy decoding with a fixed draft of ``k``: first-draft acceptance and acceptance length.
+
+    The drafter is ``drafter_factory()`` (one per prompt), else the model's MTP head (``head`` or the
+    attached one). ``per_position_acceptance[i]``: the share of verifications drafting position i+1
+    that accepted it (so it includes the earlier positions' acceptance);
+    ``conditional_acceptance[i]``: the same among verifications that accepted positions 1..i.
+    """
     verifies, first, accepted, per_position = 0, 0, 0, np.zeros(k)
     drafted_at = np.zeros(k)
     tokens = 0
     t0 = time.perf_counter()
     for prompt in prompts:
-        drafter = MtpDrafter(model, head=head)
+        drafter = drafter_factory() if drafter_factory is not None else MtpDrafter(model, head=head)
         gen = speculative_generate(
             model,
             list(prompt),
@@ -121,5 +168,9 @@ def evaluate_decoding(
         "mean_accepted": accepted / verifies if verifies else float("nan"),
         "tokens_per_verify": (accepted + verifies) / verifies if verifies else float("nan"),
         "per_position_acceptance": [float(a / d) if d else float("nan") for a, d in zip(per_position, drafted_at)],
+        "conditional_acceptance": [
+            float(per_position[i] / base) if drafted_at[i] and base else float("nan")
+            for i, base in enumerate([drafted_at[0], *per_position[:-1]])
+        ],
         "seconds": round(time.perf_counter() - t0, 2),
     }

@@ -3,9 +3,12 @@
 The head (one decoder layer of the model's own architecture, ``fc`` and norms, sharing the
 model's embeddings and lm_head) reads pairs (hidden state at i, token i+1) and learns the model's
 own distribution at position i+1, i.e. its next-next token: the soft cross-entropy to the frozen
-model's softmax there. The data (``specbench.experiments.mtp_data``) is all offline: standard-library
-code and docstrings, package documents and the model's own greedy generations. Evaluation uses
-held-out slices of each source and the project's bundled prompts, which training never sees.
+model's softmax there. Draft positions past the first are trained too: the head reads its own
+chained state, as it does while drafting (``chain_loss``). ``fit`` is the loop, also used to
+distill draft models (``specbench.experiments.draft_training``). The data
+(``specbench.experiments.mtp_data``) is all offline: standard-library code and docstrings, package
+documents and the model's own greedy generations. Evaluation uses held-out slices of each source
+and the project's bundled prompts, which training never sees.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from specbench.experiments.mtp_data import (
     stream,
     windows,
 )
-from specbench.experiments.mtp_metrics import distill_loss, evaluate_decoding, evaluate_windows, teacher
+from specbench.experiments.mtp_metrics import chain_loss, evaluate_decoding, evaluate_windows, teacher
 from specbench.experiments.prompts import bundled_questions, render_prompt
 from specbench.models.load import cast_dtype
 from specbench.models.mtp.attach import save_head
@@ -71,6 +74,8 @@ class TrainConfig:
     eval_tokens: int = 96
     eval_k: int = 3
     init: str = "last_layer"  # see init_head
+    depth: int = 3  # draft positions trained (the head fed its own states past the first)
+    depth_decay: float = 0.8  # loss weight of position s: depth_decay ** (s - 1)
     save_dtype: str = "bfloat16"
     seed: int = 0
 
@@ -135,24 +140,43 @@ def train_head(
     config: TrainConfig,
     log: Callable[[str], None] = print,
 ) -> tuple[MtpHead, dict[str, Any]]:
-    """Train a head on windows from ``sampler``; returns the head (float32) and a training record.
+    """Train a head on windows from ``sampler`` (every draft position up to ``config.depth``, the head
+    fed its own states); returns the head (float32) and a training record.
 
     The head's weights and optimizer state stay in float32; the frozen model runs in its own dtype.
     """
     head = init_head(model, config.init, config.seed)
     cast_dtype(head, mx.float32)
-    head.train()
+
+    def loss(tokens: mx.array, hidden: mx.array, target: mx.array) -> tuple[mx.array, mx.array]:
+        return chain_loss(model, head, tokens, hidden, target, config.depth, config.depth_decay)
+
+    record = fit(model, head, loss, sampler, config, log)
+    return head, record
+
+
+def fit(
+    model: nn.Module,
+    module: nn.Module,
+    loss: Callable[[mx.array, mx.array, mx.array], tuple[mx.array, mx.array]],
+    sampler: WindowSampler,
+    config: TrainConfig,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The training loop: AdamW on ``module``'s trainable parameters, ``loss(tokens, hidden, target)``
+    (target: the frozen ``model``'s log-probabilities over the window) returning (loss, agreement);
+    warm-up then a cosine schedule that follows ``config.steps`` or ``config.time_budget_s``.
+    Returns the training record; ``module`` is left in eval mode."""
+    module.train()
     optimizer = optim.AdamW(learning_rate=config.learning_rate, weight_decay=config.weight_decay)
-    loss_and_grad = nn.value_and_grad(
-        head, lambda tokens, hidden, target: distill_loss(model, head, tokens, hidden, target)
-    )
+    loss_and_grad = nn.value_and_grad(module, loss)
 
     def update(tokens: mx.array, hidden: mx.array, target: mx.array) -> tuple[mx.array, mx.array]:
-        (loss, agree), grads = loss_and_grad(tokens, hidden, target)
+        (value, agree), grads = loss_and_grad(tokens, hidden, target)
         if config.grad_clip:
             grads, _ = optim.clip_grad_norm(grads, config.grad_clip)
-        optimizer.update(head, grads)
-        return loss, agree
+        optimizer.update(module, grads)
+        return value, agree
 
     def lr_at(progress: float, step: int) -> float:
         if step < config.warmup_steps:
@@ -175,8 +199,8 @@ def train_head(
         tokens = mx.array(sampler.batch(config.batch_size))
         hidden, target = teacher(model, tokens)
         hidden, target = mx.stop_gradient(hidden), mx.stop_gradient(target)
-        loss, agree = update(tokens, hidden, target)
-        mx.eval(head.parameters(), optimizer.state, loss, agree)
+        value, agree = update(tokens, hidden, target)
+        mx.eval(module.parameters(), optimizer.state, value, agree)
         step += 1
         if first_step_s is None:
             first_step_s = time.perf_counter() - start
@@ -184,7 +208,7 @@ def train_head(
             row = {
                 "step": step,
                 "seconds": round(time.perf_counter() - start, 2),
-                "loss": float(loss.item()),
+                "loss": float(value.item()),
                 "acceptance": float(agree.item()),
                 "lr": float(optimizer.learning_rate.item())
                 if isinstance(optimizer.learning_rate, mx.array)
@@ -192,9 +216,9 @@ def train_head(
             }
             history.append(row)
             log(f"step {step:5d}  {row['seconds']:7.1f}s  loss {row['loss']:.4f}  acceptance {row['acceptance']:.3f}")
-    head.eval()
+    module.eval()
     seconds = time.perf_counter() - start
-    record = {
+    return {
         "steps": step,
         "seconds": round(seconds, 1),
         "first_step_s": round(first_step_s or 0.0, 2),
@@ -202,7 +226,6 @@ def train_head(
         "tokens_seen": step * config.batch_size * config.seq_len,
         "history": history,
     }
-    return head, record
 
 
 def build_data(
@@ -336,7 +359,8 @@ def train_mtp(
         "model": model_name or model_config["model_type"],
         "recipe": {
             **asdict(config),
-            "objective": "soft cross-entropy to the frozen model's distribution at i+1",
+            "objective": "soft cross-entropy to the frozen model's distribution at i+s for draft positions "
+            "s = 1..depth, the head fed its own chained states",
             "device": str(mx.default_device()),
             "mlx": mx.__version__,
         },

@@ -5,7 +5,8 @@ speedup over plain decoding, #MAT (tokens per target forward, the bonus token in
 plain decoding gives 1.00) and a check that every output equals plain greedy decoding.
 Every method (``specbench.experiments.prompt_runs``) runs in one process on the same prompts:
 mlx-lm's ``stream_generate`` (the baseline), mlx-lm's draft-model speculation when a draft model is
-given, specbench's plain ``generate`` and specbench with each drafter and policy. Methods are warmed
+given, specbench's plain ``generate`` and specbench with each drafter and policy (with a draft model,
+specbench's ``DraftModel`` with the same pair and draft length as mlx-lm's, side by side). Methods are warmed
 up first and interleaved per prompt (a rotating order) so that drift of the machine's speed spreads
 evenly. The figure of the results is drawn by ``specbench.report.figures.bench``.
 """
@@ -26,6 +27,7 @@ import polars as pl
 from specbench.common.files import write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.identity import device_name, versions
 from specbench.core.policies import DraftPolicy
+from specbench.drafters.draft_model import shipped_draft_model
 from specbench.experiments.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, TimedRun, prompt_methods
 from specbench.experiments.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
 from specbench.experiments.prompts import render_prompt
@@ -151,6 +153,8 @@ def bench_prompts(
         raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if draft_model is None and "draft-model" in drafters:
+        draft_model = shipped_draft_model(model, model_name)  # mlx-lm's speculation runs the same pair
     methods = prompt_methods(drafters, policies, verify, draft_model is not None, num_draft_tokens)
     say = progress or (lambda text: None)
     info = _bench_info(model_name, max_tokens, repeats)

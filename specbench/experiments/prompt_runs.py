@@ -18,9 +18,9 @@ from mlx_lm import stream_generate
 
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions, check_verify_mode
-from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, FixedPolicy, as_policy
+from specbench.core.policies import DraftPolicy, as_policy
 from specbench.decoding import speculative_generate
-from specbench.drafters import DRAFTER_NAMES, make_drafter
+from specbench.drafters import DRAFTER_NAMES, is_drafter_name, make_drafter
 from specbench.exact.calibration import calibrate
 
 PROMPT_BASELINE = "mlx-lm"
@@ -72,10 +72,10 @@ def prompt_methods(
     ``DraftPolicy.auto()`` and ``DraftPolicy.fixed(4)``."""
     if policies is None:
         policies = [DraftPolicy.auto(), DraftPolicy.fixed(4)]
-    unknown = [d for d in drafters if d not in DRAFTER_NAMES or d == "none"]
+    unknown = [d for d in drafters if not is_drafter_name(d) or d in ("none", "plain", "")]
     if unknown:
         known = ", ".join(n for n in DRAFTER_NAMES if n != "none")
-        raise ValueError(f"unknown drafters {unknown}: choose from {known}")
+        raise ValueError(f"unknown drafters {unknown}: choose from {known} (or early-exit:L)")
     policies = [as_policy(p) for p in policies]
     for mode in verify:
         if mode is not None:
@@ -83,10 +83,15 @@ def prompt_methods(
     if num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
     methods = [Method(PROMPT_BASELINE, "mlx-lm")]
+    fixed = DraftPolicy.fixed(num_draft_tokens)
     if draft_model:
-        fixed = DraftPolicy.fixed(num_draft_tokens)
         methods.append(Method(f"mlx-lm draft/{fixed.name}", "mlx-lm", "draft-model", fixed))
     methods.append(Method("specbench", "specbench"))
+    if draft_model and not ("draft-model" in drafters and fixed.name in [p.name for p in policies]):
+        # The same pair and draft length as mlx-lm's speculation, side by side.
+        for mode in verify:
+            suffix = f"/{mode}" if mode is not None else ""
+            methods.append(Method(f"draft-model/{fixed.name}{suffix}", "specbench", "draft-model", fixed, mode))
     for drafter in drafters:
         for policy in policies:
             for mode in verify:
@@ -210,10 +215,8 @@ def run_specbench(
 
 def _longest_draft(policy: DraftPolicy, drafter: Any) -> int:
     """The longest draft ``policy`` asks of ``drafter``."""
-    if isinstance(policy, (FixedPolicy, AdaptivePolicy)):
-        return policy.n
-    if isinstance(policy, AutoPolicy):
-        return policy.preferred_k(drafter)
+    if isinstance(policy, DraftPolicy):
+        return policy.longest_draft(drafter)
     return max(1, int(getattr(drafter, "preferred_k", 4)))
 
 
@@ -231,7 +234,9 @@ class MethodRunner:
     def drafter(self, method: Method, repeat: int) -> Any:
         key = (method.name, repeat)
         if key not in self.drafters:
-            self.drafters[key] = make_drafter(method.drafter, model=self.model, model_name=self.model_name)
+            self.drafters[key] = make_drafter(
+                method.drafter, model=self.model, model_name=self.model_name, draft_model=self.draft_model
+            )
         return self.drafters[key]
 
     def run(self, method: Method, prompt: Sequence[int], repeat: int, max_tokens: int | None = None) -> TimedRun:
@@ -264,7 +269,7 @@ class MethodRunner:
         t0 = time.perf_counter()
         widths = self.verify_widths(methods)
         if widths:
-            calibrate(self.model, widths)
+            calibrate(self.model, widths, progress=say)
         for method in methods:
             self.run(method, first, repeat=-1)
         if longest != first:

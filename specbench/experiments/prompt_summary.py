@@ -18,7 +18,8 @@ from specbench.experiments.prompt_runs import PROMPT_BASELINE, Method
 def _decode_tokens(row: dict[str, Any]) -> int:
     """Tokens produced by the forwards counted in ``forwards`` (mlx-lm's draft-model speculation
     produces its first token in a verification too)."""
-    return row["new_tokens"] if row["drafter"] == "draft-model" else max(0, row["new_tokens"] - 1)
+    mlx_lm_draft = row["drafter"] == "draft-model" and row.get("engine") == "mlx-lm"
+    return row["new_tokens"] if mlx_lm_draft else max(0, row["new_tokens"] - 1)
 
 
 def throughput_ratio(base_rows: list[dict[str, Any]], rows: list[dict[str, Any]]) -> float:
@@ -150,7 +151,7 @@ def prompt_table(
         "spread",
         "#MAT",
         "accept",
-        "per-position acceptance",
+        "per-position acceptance (unconditional: accepting i / all verifications)",
         "equal",
     ]
     lines.append("| " + " | ".join(cols) + " |")
@@ -165,6 +166,37 @@ def prompt_table(
             f"{_fmt(r['mean_accepted_tokens'])} | {_fmt(r['acceptance_rate'])} | {positions} | "
             f"{r['equal']}/{r['total']} |"
         )
+    lines += _draft_model_lines(cell, methods, groups)
     if info.get("unfinished_questions"):
         lines += ["", f"(time budget reached: {info['unfinished_questions']} questions not run)"]
     return "\n".join(lines)
+
+
+def _draft_model_lines(
+    cell: dict[tuple[str, str], dict[str, Any]], methods: Sequence[Method], groups: list[str]
+) -> list[str]:
+    """specbench's draft-model methods against mlx-lm's speculation with the same pair: tokens/s ratio
+    and acceptance (specbench's / mlx-lm's) per category."""
+    theirs = [m.name for m in methods if m.engine == "mlx-lm" and m.drafter == "draft-model"]
+    ours = [m.name for m in methods if m.engine == "specbench" and m.drafter == "draft-model"]
+    if not theirs or not ours:
+        return []
+    lines = [
+        "",
+        f"Draft model, specbench over mlx-lm's speculative_generate_step ({theirs[0]}), same pair "
+        "(tokens/s ratio; acceptance specbench / mlx-lm):",
+        "",
+        "| method | " + " | ".join(groups) + " |",
+        "|---" * (len(groups) + 1) + "|",
+    ]
+    for name in ours:
+        cells = []
+        for g in groups:
+            a, b = cell.get((name, g)), cell.get((theirs[0], g))
+            if not a or not b or not b["tokens_per_s"]:
+                cells.append("-")
+                continue
+            ratio = a["tokens_per_s"] / b["tokens_per_s"]
+            cells.append(f"{ratio:.2f}x ({_fmt(a['acceptance_rate'])} / {_fmt(b['acceptance_rate'])})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines

@@ -23,15 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from specbench.common.files import write_parquet_atomic
+from specbench.core.accept import accept_tree_greedy
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
 from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.target import Step
+from specbench.core.tree import depths
 from specbench.cost import Profile, profile_for
 from specbench.decoding import break_even_function
 from specbench.experiments.stored import read_parquet
+from specbench.experiments.trace_prompts import TracePrompts, trace_prompts
 
 FINISH_REASONS = ("stop", "length", "context")
 
@@ -81,18 +84,17 @@ def from_trace(trace: Any, tokenizer: Any, turns: int | None = None) -> list[Rec
     """A trace's recorded replies as if a model had written them (no model run): each turn's prompt
     rendered from the recorded history, its output the reply's text (tool calls written out as
     ``as_text_messages`` writes them) and an EOS. For studying drafters on the trace's own text;
-    acceptance against a real model needs ``record`` or the trace benchmark's plain outputs."""
-    from specbench.experiments.traces import as_text_messages, render_turn
+    acceptance against a real model needs ``record`` or the trace benchmark's plain outputs. Turns
+    from the first without a recorded reply on are left out (``trace_prompts`` counts them)."""
+    prompts = trace_prompts(tokenizer, trace)
+    return list(recorded_turns(prompts, tokenizer))[:turns]
 
-    eos = sorted(getattr(tokenizer, "eos_token_ids", None) or [])
-    out = []
-    for t, turn in enumerate(trace.turns[: len(trace.turns) if turns is None else turns]):
-        if turn.assistant is None:
-            raise ValueError(f"trace {trace.id!r}: turn {t} has no recorded reply")
-        text = as_text_messages([turn.assistant])[0]["content"]
-        output = list(tokenizer.encode(text, add_special_tokens=False)) + eos[:1]
-        out.append(Recorded(render_turn(tokenizer, trace, t), output, "stop" if eos else "length", f"{trace.id}/{t}"))
-    return out
+
+def recorded_turns(prompts: TracePrompts, tokenizer: Any) -> Iterator[Recorded]:
+    """``trace_prompts``' turns as recorded requests (made one at a time: memory stays linear)."""
+    reason = "stop" if getattr(tokenizer, "eos_token_ids", None) else "length"
+    for turn, prompt, output in prompts:
+        yield Recorded(prompt, output, reason, f"{prompts.trace_id}/{turn}")
 
 
 def save_recorded(requests: Sequence[Recorded], path: str | os.PathLike) -> Path:
@@ -185,7 +187,14 @@ class RecordedOutput:
         for i in range(n):
             yield Step([self.output[position + i]])
 
-    def verify(self, draft_tokens: list[int], draft_probs: Any, position: int) -> Step:
+    def verify(
+        self, draft_tokens: list[int], draft_probs: Any, position: int, parents: list[int] | None = None
+    ) -> Step:
+        if parents is not None:  # a token tree: a row's target is the output at its depth
+            out = self.output
+            targets = [out[position + d] if position + d < len(out) else -1 for d in [0, *depths(parents)]]
+            path, emitted = accept_tree_greedy(draft_tokens, parents, targets)
+            return Step(emitted if emitted[-1] >= 0 else emitted[:-1], accepted=len(path), path=path)
         targets = self.output[position : position + len(draft_tokens) + 1]
         n = 0
         while n < len(draft_tokens) and n < len(targets) and draft_tokens[n] == targets[n]:
@@ -273,3 +282,112 @@ def sweep(
             stats = simulate(requests, make(), policy, options, cost).stats()
             rows.append({"drafter": label, "policy": getattr(policy, "name", str(spec)), **stats})
     return pl.DataFrame(rows)
+
+
+#: Where a drafter's store lives when replaying a log: one drafter for all its traces, or a fresh one per trace.
+STORES = ("shared", "per-trace")
+#: A trace's id and a function giving its recorded requests afresh.
+Group = tuple[str, Callable[[], Iterable[Recorded]]]
+
+
+#: Drafters the simulator replays: those that need no model.
+MODEL_FREE_DRAFTERS = ("lookup", "suffix")
+
+
+def model_free_drafter(name: str, k: int) -> Drafter:
+    """A fresh model-free drafter by name, able to draft ``k`` tokens."""
+    from specbench.drafters import PromptLookup, SuffixDecoding
+
+    if name == "lookup":
+        return PromptLookup()
+    if name == "suffix":
+        return SuffixDecoding(max_spec_tokens=max(16, k))
+    raise ValueError(
+        f"drafter {name!r} needs the model: the simulator replays model-free drafters "
+        f"({', '.join(MODEL_FREE_DRAFTERS)})"
+    )
+
+
+def group_by_trace(requests: Iterable[Recorded]) -> list[tuple[str, list[Recorded]]]:
+    """Recorded requests grouped by trace: the id before its last "/" (``trace/turn``), in order."""
+    groups: dict[str, list[Recorded]] = {}
+    for request in requests:
+        groups.setdefault(request.id.rsplit("/", 1)[0] if "/" in request.id else request.id, []).append(request)
+    return list(groups.items())
+
+
+def replay_logs(
+    groups: Sequence[Group],
+    drafters: Sequence[str] = MODEL_FREE_DRAFTERS,
+    ks: Sequence[int] = (4, 8, 16),
+    stores: Sequence[str] = STORES,
+):
+    """Every (store, drafter, k) over recorded requests grouped by trace, with a fixed draft length k.
+
+    ``groups``: (trace id, a function giving that trace's requests afresh, in order). With store
+    "shared" one drafter replays every trace in turn (SuffixDecoding's store then holds the earlier
+    traces); with "per-trace" each trace starts a fresh drafter. Returns (summary, steps): one row per
+    (drafter, store, k) with the totals and accepted tokens per verification, and every step's record
+    with drafter, store, k, trace and turn (the request's index in its trace) columns.
+    """
+    import polars as pl
+
+    unknown = [s for s in stores if s not in STORES]
+    if unknown or not stores:
+        raise ValueError(f"store scopes must be among {', '.join(STORES)}, got {list(stores)}")
+    if not ks or any(not isinstance(k, int) or k < 1 for k in ks):
+        raise ValueError(f"draft lengths k must be integers >= 1, got {list(ks)}")
+    for name in drafters:
+        model_free_drafter(name, 1)
+    steps = StepLog()
+    rows = []
+    for store in stores:
+        for name in drafters:
+            for k in ks:
+                policy = DraftPolicy.fixed(k)
+                shared = model_free_drafter(name, k) if store == "shared" else None
+                log = StepLog()
+                for trace_id, requests in groups:
+                    drafter = shared if shared is not None else model_free_drafter(name, k)
+                    for record in simulate(requests(), drafter, policy).records:
+                        row = {**record, "drafter": name, "store": store, "k": k, "trace": trace_id}
+                        row["turn"] = row.pop("request")
+                        log.append(row)
+                stats = log.stats()
+                verifies = stats["verifies"]
+                rows.append(
+                    {
+                        "drafter": name,
+                        "store": store,
+                        "k": k,
+                        "traces": len(groups),
+                        "turns": sum(1 for r in log.records if r["kind"] == "prefill"),
+                        "prompt_tokens": sum(r["verify_width"] for r in log.records if r["kind"] == "prefill"),
+                        "tokens": stats["tokens"],
+                        "verifies": verifies,
+                        "drafted": stats["drafted"],
+                        "accepted": stats["accepted"],
+                        "accepted_per_verify": stats["accepted"] / verifies if verifies else 0.0,
+                        "tokens_per_verify": stats["tokens_per_verify"],
+                        "acceptance_rate": stats["acceptance_rate"],
+                        "mean_accepted_tokens": stats["mean_accepted_tokens"],
+                    }
+                )
+                steps.records.extend(log.records)
+    return pl.DataFrame(rows), steps
+
+
+def trace_groups(
+    traces: Sequence[Any], tokenizer: Any
+) -> tuple[list[tuple[str, Callable[[], Iterable[Recorded]]]], int]:
+    """``replay_logs``' groups from traces' recorded replies tokenized with ``tokenizer`` (prompts
+    rendered once, each trace's prompts sharing their ids), and how many turns were left out for
+    lack of a recorded reply."""
+    groups = []
+    skipped = 0
+    for trace in traces:
+        prompts = trace_prompts(tokenizer, trace)
+        skipped += prompts.skipped
+        if prompts.turns:
+            groups.append((trace.id, lambda prompts=prompts: recorded_turns(prompts, tokenizer)))
+    return groups, skipped

@@ -18,6 +18,8 @@ losslessness check of sampling is ``specbench.experiments.lossless``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +29,8 @@ from typing import Any
 import polars as pl
 from tqdm.auto import tqdm
 
-from specbench.common.files import write_parquet_atomic
+from specbench.common import distributed
+from specbench.common.files import check_writable, write_parquet_atomic
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions, VerifyMode, check_verify_mode
 from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, FixedPolicy, as_policy
@@ -36,6 +39,7 @@ from specbench.exact.calibration import calibrate
 from specbench.experiments.capabilities import usable_drafters
 from specbench.experiments.importers import load_traces
 from specbench.experiments.prompts import Prompt
+from specbench.experiments.stored import read_parquet
 from specbench.experiments.timing import cache_copy, prefix_cache, timed
 from specbench.experiments.traces import bundled_traces
 
@@ -85,8 +89,11 @@ class Sweep:
         return per_position_acceptance(self.steps, by)
 
     def save(self, folder: str | os.PathLike, name: str = "sweep") -> list[Path]:
-        """``NAME-runs.parquet`` and ``NAME-steps.parquet`` in ``folder``, written atomically."""
+        """``NAME-runs.parquet`` and ``NAME-steps.parquet`` in ``folder``, written atomically (by rank 0
+        alone when several ranks hold the merged sweep)."""
         folder = Path(folder)
+        if distributed.rank() != 0:
+            return [folder / f"{name}-runs.parquet", folder / f"{name}-steps.parquet"]
         return [
             write_parquet_atomic(self.runs, folder / f"{name}-runs.parquet"),
             write_parquet_atomic(self.steps, folder / f"{name}-steps.parquet"),
@@ -109,6 +116,8 @@ def run_sweep(
     progress: bool = True,
     drafter_factories: dict[str, Callable[[], Any]] | None = None,
     reuse_prefill: bool = True,
+    out: str | os.PathLike | None = None,
+    spread: bool | None = None,
 ) -> Sweep:
     """Decode every prompt plainly, then with each drafter x policy, per temperature and seed.
 
@@ -121,6 +130,14 @@ def run_sweep(
     are left out and listed in ``Sweep.skipped``. ``drafter_factories`` adds or replaces drafters
     (name -> a function building a fresh one), e.g. a user-written drafter. ``reuse_prefill``
     starts every generation of a prompt from one prefill of its prefix.
+
+    A cell is one prompt at one temperature and seed: its plain run and every drafter x policy.
+    With ``out`` each finished cell is written there (``cells/``, atomically) and a sweep started
+    again with the same settings resumes: finished cells are read back, not run. Under
+    ``mlx.launch`` (``spread``, the default when the group has several ranks and the model is not
+    sharded) rank r runs the cells whose index is r modulo the group size, each rank on its own
+    device, and every rank gets the merged result, the same as one rank's; a sharded model runs
+    every cell on all ranks in lockstep and rank 0 writes.
     """
     if not prompts:
         raise ValueError("no prompts to sweep")
@@ -137,63 +154,136 @@ def run_sweep(
         p if isinstance(p, Prompt) else Prompt(f"p{i}", "custom", "", [int(t) for t in p])
         for i, p in enumerate(prompts)
     ]
-    if warmup_tokens:
+    if spread is None:
+        spread = distributed.size() > 1 and not distributed.is_sharded(model)
+    size, rank = (distributed.size(), distributed.rank()) if spread else (1, 0)
+    cells = [(prompt, float(t), seed) for prompt in items for t in temperatures for seed in seeds]
+    settings = {
+        "model": name,
+        "drafters": list(factories),
+        "policies": [p.name for p in policies],
+        "max_tokens": max_tokens,
+        "verify": verify,
+        "ignore_eos": ignore_eos,
+        "reuse_prefill": reuse_prefill,
+    }
+    store = _CellStore(out, settings) if out is not None else None
+    mine = [i for i in range(len(cells)) if i % size == rank]
+    done = {i: store.read(cells[i]) for i in mine if store is not None and store.has(cells[i])}
+    if distributed.is_sharded(model):  # every rank must run the same cells: rank 0's files decide
+        done = distributed.broadcast(done if distributed.is_main() else None)
+    todo = [i for i in mine if i not in done]
+    if warmup_tokens and todo:
         list(generate(model, items[0].ids, GenerateOptions(max_tokens=warmup_tokens, ignore_eos=True)))
         modes = {GenerateOptions(temperature=float(t), verify=verify).verify_mode for t in temperatures}
         if factories and "exact" in modes:
             _calibrate_exact(model, policies, factories)
-    total = len(items) * len(temperatures) * len(seeds) * (1 + len(factories) * len(policies))
-    bar = tqdm(total=total, desc="sweep", disable=not progress, leave=False)
-    runs: list[dict[str, Any]] = []
-    frames: list[pl.DataFrame] = []
+    total = len(todo) * (1 + len(factories) * len(policies))
+    shown = progress and distributed.is_main()
+    bar = tqdm(total=total, desc="sweep", disable=not shown, leave=False)
+    results: dict[int, tuple[list[dict[str, Any]], pl.DataFrame]] = dict(done)
+    prefix, prefix_of = None, None
     try:
-        for prompt in items:
-            prefix = prefix_cache(model, prompt.ids) if reuse_prefill else None
-            for temperature in temperatures:
-                for seed in seeds:
-                    options = GenerateOptions(
-                        max_tokens=max_tokens,
-                        temperature=float(temperature),
-                        seed=seed,
-                        ignore_eos=ignore_eos,
-                        verify=verify,
-                    )
-                    base = {
-                        "prompt": prompt.id,
-                        "category": prompt.category,
-                        "prompt_tokens": len(prompt.ids),
-                        "temperature": float(temperature),
-                        "seed": seed,
-                    }
-                    bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
-                    plain = generate(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
-                    plain_tokens, plain_s = timed(plain)
-                    baseline = {"plain_decode_tokens": len(plain_tokens) - 1, "plain_decode_s": plain_s}
-                    runs.append(_row(len(runs), base, "none", None, plain, plain_s, baseline, None))
-                    frames.append(_steps(plain.log, len(runs) - 1, base))
-                    bar.update()
-                    for drafter_name, factory in factories.items():
-                        for policy in policies:
-                            bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} T={temperature}")
-                            drafter = factory()
-                            gen = speculative_generate(
-                                model,
-                                prompt.ids,
-                                options,
-                                drafter,
-                                policy,
-                                tokenizer=tokenizer,
-                                prompt_cache=cache_copy(prefix, drafter),
-                            )
-                            tokens, seconds = timed(gen)
-                            same = tokens == plain_tokens if temperature == 0 else None
-                            runs.append(_row(len(runs), base, drafter_name, policy, gen, seconds, baseline, same))
-                            frames.append(_steps(gen.log, len(runs) - 1, base))
-                            bar.update()
+        for i in todo:
+            prompt, temperature, seed = cells[i]
+            if reuse_prefill and prefix_of is not prompt:
+                prefix, prefix_of = prefix_cache(model, prompt.ids), prompt
+            cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify)
+            results[i] = _run_cell(model, tokenizer, cell, factories, policies, prefix, bar)
+            if store is not None:
+                store.write(cells[i], *results[i])
     finally:
         bar.close()
+    if size > 1 or distributed.is_sharded(model):
+        parts = distributed.gather(results if spread or distributed.is_main() else {})
+        results = {i: cell for part in parts for i, cell in part.items()}
+    runs: list[dict[str, Any]] = []
+    frames: list[pl.DataFrame] = []
+    for i in sorted(results):  # run ids in cell order, whoever ran the cell
+        rows, steps = results[i]
+        offset = len(runs)
+        runs += [{**row, "run": row["run"] + offset} for row in rows]
+        frames.append(steps.with_columns(pl.col("run") + offset))
     steps = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
     return Sweep(pl.DataFrame(runs, infer_schema_length=None), steps, skipped)
+
+
+def _run_cell(
+    model: Any,
+    tokenizer: Any,
+    cell: tuple[Prompt, float, int, bool, int, VerifyMode | None],
+    factories: dict[str, Callable[[], Any]],
+    policies: Sequence[DraftPolicy],
+    prefix: Any,
+    bar: Any,
+) -> tuple[list[dict[str, Any]], pl.DataFrame]:
+    """One prompt at one temperature and seed: the plain run, then every drafter x policy (run ids from 0)."""
+    prompt, temperature, seed, ignore_eos, max_tokens, verify = cell
+    options = GenerateOptions(
+        max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos, verify=verify
+    )
+    base = {
+        "prompt": prompt.id,
+        "category": prompt.category,
+        "prompt_tokens": len(prompt.ids),
+        "temperature": temperature,
+        "seed": seed,
+    }
+    runs: list[dict[str, Any]] = []
+    frames: list[pl.DataFrame] = []
+    bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
+    plain = generate(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
+    plain_tokens, plain_s = timed(plain)
+    baseline = {"plain_decode_tokens": len(plain_tokens) - 1, "plain_decode_s": plain_s}
+    runs.append(_row(len(runs), base, "none", None, plain, plain_s, baseline, None))
+    frames.append(_steps(plain.log, len(runs) - 1, base))
+    bar.update()
+    for drafter_name, factory in factories.items():
+        for policy in policies:
+            bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} T={temperature}")
+            drafter = factory()
+            gen = speculative_generate(
+                model,
+                prompt.ids,
+                options,
+                drafter,
+                policy,
+                tokenizer=tokenizer,
+                prompt_cache=cache_copy(prefix, drafter),
+            )
+            tokens, seconds = timed(gen)
+            same = tokens == plain_tokens if temperature == 0 else None
+            runs.append(_row(len(runs), base, drafter_name, policy, gen, seconds, baseline, same))
+            frames.append(_steps(gen.log, len(runs) - 1, base))
+            bar.update()
+    return runs, pl.concat(frames, how="diagonal_relaxed")
+
+
+class _CellStore:
+    """Finished cells of a sweep in ``OUT/cells/``: ``<key>-runs.parquet`` (written last: the cell is
+    done) and ``<key>-steps.parquet``; the key is a digest of the sweep's settings and the cell."""
+
+    def __init__(self, out: str | os.PathLike, settings: dict[str, Any]):
+        self.folder = check_writable(Path(out) / "cells", folder=True, name="out")
+        self.settings = settings
+
+    def _path(self, cell: tuple[Prompt, float, int], part: str) -> Path:
+        prompt, temperature, seed = cell
+        text = json.dumps([self.settings, prompt.id, prompt.ids, temperature, seed], sort_keys=True, default=str)
+        return self.folder / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}-{part}.parquet"
+
+    def has(self, cell: tuple[Prompt, float, int]) -> bool:
+        return self._path(cell, "runs").is_file() and self._path(cell, "steps").is_file()
+
+    def read(self, cell: tuple[Prompt, float, int]) -> tuple[list[dict[str, Any]], pl.DataFrame]:
+        remedy = "delete it to run the cell again"
+        return read_parquet(self._path(cell, "runs"), remedy).to_dicts(), read_parquet(
+            self._path(cell, "steps"), remedy
+        )
+
+    def write(self, cell: tuple[Prompt, float, int], runs: list[dict[str, Any]], steps: pl.DataFrame) -> None:
+        write_parquet_atomic(steps, self._path(cell, "steps"))
+        write_parquet_atomic(pl.DataFrame(runs, infer_schema_length=None), self._path(cell, "runs"))
 
 
 def _calibrate_exact(model: Any, policies: Sequence[DraftPolicy], factories: dict[str, Callable[[], Any]]) -> None:

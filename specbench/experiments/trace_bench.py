@@ -29,6 +29,7 @@ from specbench.common.files import write_parquet_atomic, write_text_atomic
 from specbench.common.per_key import per_key
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
+from specbench.core.forward import context_length
 from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
@@ -38,7 +39,9 @@ from specbench.experiments.importers import load_traces
 from specbench.experiments.simulate import Recorded, load_recorded, save_recorded
 from specbench.experiments.stored import read_json, read_parquet
 from specbench.experiments.sweep import rate
-from specbench.experiments.traces import Trace, render_turn
+from specbench.experiments.trace_prompts import fitted_turn
+from specbench.experiments.traces import Trace, pick_ids
+from specbench.experiments.turn_cache import TurnCache
 
 PLAIN = "plain"
 TRACE_SUMMARY_FILE = "trace_bench_summary.parquet"
@@ -82,14 +85,20 @@ def _run(
     drafter: Drafter | None,
     policy: DraftPolicy | None,
     tokenizer: Any,
+    cache: TurnCache,
 ) -> Generation:
+    """One method's reply to ``prompt``, prefilling only what ``cache`` does not hold; the cache is kept."""
+    prompt_cache = cache.take(prompt)
     gen = (
-        generate(model, prompt, options, tokenizer=tokenizer)
+        generate(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache)
         if drafter is None
-        else speculative_generate(model, prompt, options, drafter, policy, tokenizer=tokenizer)
+        else speculative_generate(
+            model, prompt, options, drafter, policy, tokenizer=tokenizer, prompt_cache=prompt_cache
+        )
     )
     for _ in gen:
         pass
+    cache.keep(prompt, gen.cache)
     return gen
 
 
@@ -102,6 +111,7 @@ def _row(trace_id: str, turn: int, method: str, gen: Generation, plain: Generati
         "turn": turn,
         "method": method,
         "prompt_tokens": stats["prompt_tokens"],
+        "cached_prompt_tokens": stats["cached_prompt_tokens"],
         "tokens": stats["tokens"],
         "finish_reason": stats["finish_reason"],
         "steps": stats["steps"],
@@ -212,8 +222,15 @@ def bench_trace(
     turns: int | None = None,
     out_dir: str | os.PathLike | None = None,
     progress: bool = False,
+    truncate: str = "error",
+    reuse_cache: bool = True,
 ) -> TraceBench:
     """Replay ``trace``: plain decoding and every drafter on each turn, in one run.
+
+    Each method keeps its prompt cache from turn to turn (``reuse_cache``): a turn prefills only the
+    tokens its prompt adds to the last one (``specbench.experiments.turn_cache``; the per-turn table's
+    ``cached_prompt_tokens``). A prompt that does not fit the model's context is an error naming the
+    trace and turn, or with ``truncate="oldest"`` loses its oldest messages (``fitted_turn``).
 
     ``drafters`` maps a method name to a drafter (reused across turns; names must not be "plain");
     ``policy`` is one policy for all (default ``DraftPolicy.auto()``), or a mapping from method name
@@ -241,26 +258,36 @@ def bench_trace(
     steps = StepLog()
     recorded: list[Recorded] = []
     replies: list[str] = []
+    context = context_length(model)
+    methods = [PLAIN, *drafters]
+    caches = {
+        name: TurnCache(reuse_cache and not getattr(drafters.get(name), "needs_hidden", False)) for name in methods
+    }
     for turn in range(n_turns):
-        prompt = render_turn(tokenizer, trace, turn, replies)
+        prompt, dropped = fitted_turn(tokenizer, trace, turn, replies, context, options.max_tokens, truncate)
         start = time.perf_counter()
         # The order of methods rotates from turn to turn, so drift in the machine's speed spreads evenly.
-        methods = [PLAIN, *drafters]
         order = methods[turn % len(methods) :] + methods[: turn % len(methods)]
-        done = {name: _run(model, prompt, options, drafters.get(name), policies.get(name), tokenizer) for name in order}
+        done = {
+            name: _run(model, prompt, options, drafters.get(name), policies.get(name), tokenizer, caches[name])
+            for name in order
+        }
         plain = done[PLAIN]
         runs = [(name, done[name]) for name in methods]
         for name, gen in runs:
-            rows.append(_row(trace.id, turn, name, gen, plain))
+            rows.append({**_row(trace.id, turn, name, gen, plain), "dropped_messages": dropped})
             for record in gen.log.records:
-                steps.append({**record, "trace": trace.id, "turn": turn, "method": name})
+                cached = gen.cached_prompt_tokens if record["kind"] == "prefill" else 0
+                where = {"trace": trace.id, "turn": turn, "method": name, "cached_prompt_tokens": cached}
+                steps.append({**record, **where})
         recorded.append(Recorded(list(prompt), list(plain.tokens), plain.finish_reason(), f"{trace.id}/{turn}"))
         replies.append(_reply_text(tokenizer, plain.tokens, stop_ids))
         if progress:
             same = all(r["identical"] for r in rows[-len(runs) :])
             rates = ", ".join(f"{r['method']} {r['tokens_per_s']:.1f} tok/s" for r in rows[-len(runs) :])
             print(
-                f"  {trace.id} turn {turn}: prompt {len(prompt)}, {len(plain.tokens)} tokens; {rates}; "
+                f"  {trace.id} turn {turn}: prompt {len(prompt)} ({plain.cached_prompt_tokens} from cache), "
+                f"{len(plain.tokens)} tokens; {rates}; "
                 f"identical={same} ({time.perf_counter() - start:.1f} s)",
                 flush=True,
             )
@@ -372,6 +399,9 @@ def run_trace(
     share_store: bool = False,
     model_name: str | None = None,
     progress: bool = True,
+    trace_ids: Sequence[str] | None = None,
+    limit: int | None = None,
+    truncate: str = "error",
 ) -> TraceRun:
     """Replay the traces of a file (or bundled trace name, or ``Trace`` objects) with drafters by name.
 
@@ -379,7 +409,8 @@ def run_trace(
     drafters unless ``share_store`` (then SuffixDecoding's store carries over from trace to trace).
     With ``out``, every trace's tables are written there, with a summary; a rerun with the same
     settings skips traces already finished there (not with ``share_store``, whose results depend on
-    the traces before).
+    the traces before). ``trace_ids`` and ``limit`` pick traces (in file order); ``truncate`` is
+    ``bench_trace``'s context policy.
     """
     policies = [DraftPolicy.auto()] if policies is None else [as_policy(p) for p in policies]
     if isinstance(source, Trace):
@@ -388,6 +419,9 @@ def run_trace(
         traces = load_traces(source, format)
     else:
         traces = list(source)
+    if trace_ids or limit is not None:
+        kept = set(pick_ids([t.id for t in traces], trace_ids, limit, str(source)))
+        traces = [t for t in traces if t.id in kept]
     config = {
         "model": model_name,
         "drafters": list(drafters),
@@ -396,6 +430,7 @@ def run_trace(
         "turns": turns,
         "options": repr(options),
         "share_store": share_store,
+        "truncate": truncate,
     }
     out_dir = Path(out) if out is not None else None
     resumable = False
@@ -417,7 +452,7 @@ def run_trace(
         if progress:
             print(f"{trace.id}: {len(trace.turns)} turns, methods: plain, {', '.join(made)}", flush=True)
         results.append(
-            bench_trace(model, tokenizer, trace, made, chosen, max_tokens, options, turns, out_dir, progress)
+            bench_trace(model, tokenizer, trace, made, chosen, max_tokens, options, turns, out_dir, progress, truncate)
         )
     run = TraceRun(results)
     if out_dir is not None:

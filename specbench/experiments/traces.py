@@ -143,7 +143,37 @@ def _turn_from_record(record: Any, where: str) -> tuple[str, int, Turn, dict[str
         if assistant["role"] != "assistant":
             raise ValueError(f"{where}: 'assistant' must have role 'assistant'")
     extra = {key: record[key] for key in ("tools", "meta") if key in record}
+    if "tools" in extra:
+        extra["tools"] = parse_tools(extra["tools"], where)
     return trace_id, number, Turn(messages, assistant), extra
+
+
+def parse_tools(value: Any, where: str) -> list[dict[str, Any]]:
+    """Tool descriptions from a list (or that list written as a JSON string) of function descriptions,
+    ``{"name", "description", "parameters"}`` or OpenAI's ``{"type": "function", "function": {...}}``;
+    None is no tools. A ValueError names ``where`` and what was expected."""
+    if value is None:
+        return []
+    expected = "expected a list of function descriptions (or that list as a JSON string)"
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: tools: not valid JSON ({err.msg} at column {err.colno}); {expected}") from None
+    if not isinstance(value, list):
+        raise ValueError(f"{where}: tools: {expected}, got {type(value).__name__}")
+    tools = []
+    for i, tool in enumerate(value):
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
+            tool = tool["function"]
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise ValueError(
+                f"{where}: tools[{i}]: expected a function description with a 'name' "
+                f"({{'name', 'description', 'parameters'}} or {{'type': 'function', 'function': {{...}}}}), "
+                f"got {tool!r:.60}"
+            )
+        tools.append(tool)
+    return tools
 
 
 def read_text(path: Path) -> str:
@@ -211,6 +241,18 @@ def save_traces(traces: Sequence[Trace], path: str | os.PathLike) -> Path:
     return write_text_atomic(path, "".join(lines))
 
 
+def pick_ids(ids: list[str], trace_ids: Sequence[str] | None, limit: int | None, source: str) -> list[str]:
+    """The trace ids to replay out of ``ids`` (in file order): ``trace_ids`` (each must be there; an
+    error names ``source`` and lists ids it has), else all; at most ``limit`` of them."""
+    if trace_ids:
+        missing = [i for i in trace_ids if i not in set(ids)]
+        if missing:
+            shown = ", ".join(ids[:8]) + (", ..." if len(ids) > 8 else "")
+            raise ValueError(f"{source}: no trace {', '.join(map(repr, missing))} (its traces: {shown})")
+        ids = [i for i in ids if i in set(trace_ids)]
+    return ids[:limit] if limit is not None else ids
+
+
 def bundled_traces() -> list[str]:
     """Names of the traces shipped in data/traces."""
     return sorted(p.stem for p in TRACES_DIR.glob("*.jsonl")) if TRACES_DIR.exists() else []
@@ -270,38 +312,47 @@ def _as_template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, 
     return out
 
 
-def render_messages(
-    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()
-) -> list[int]:
-    """Token ids of a prompt ending with the assistant's turn, through the tokenizer's chat template.
+def render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()) -> str:
+    """The text of a prompt ending with the assistant's turn, through the tokenizer's chat template.
 
     Templates that know tool calls get them natively; others get them as text (``as_text_messages``);
     a template that rejects the "tool" role gets tool results as user messages. Without a chat
     template: "role: content" paragraphs ending with "assistant:".
     """
     if not getattr(tokenizer, "chat_template", None):
-        text = "".join(f"{m['role']}: {m['content']}\n\n" for m in as_text_messages(messages, tools)) + "assistant:"
-        return list(tokenizer.encode(text))
+        return "".join(f"{m['role']}: {m['content']}\n\n" for m in as_text_messages(messages, tools)) + "assistant:"
     if _template_speaks_tools(tokenizer):
-        text = tokenizer.apply_chat_template(
+        return tokenizer.apply_chat_template(
             _as_template_messages(messages),
             tools=[{"type": "function", "function": t} for t in tools] or None,
             add_generation_prompt=True,
             tokenize=False,
         )
-    else:
-        plain = as_text_messages(messages, tools)
-        try:
-            text = tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
-        except Exception:  # templates that allow only system/user/assistant roles
-            plain = [
-                {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
-                if m["role"] == "tool"
-                else m
-                for m in plain
-            ]
-            text = tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
+    plain = as_text_messages(messages, tools)
+    try:
+        return tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
+    except Exception:  # templates that allow only system/user/assistant roles
+        plain = [
+            {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+            if m["role"] == "tool"
+            else m
+            for m in plain
+        ]
+        return tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of rendered prompt text (special tokens are in the text; none are added)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.encode(text))
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_messages(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()
+) -> list[int]:
+    """Token ids of a prompt ending with the assistant's turn (``render_text``, then ``encode_text``)."""
+    return encode_text(tokenizer, render_text(tokenizer, messages, tools))
 
 
 def render_turn(tokenizer: Any, trace: Trace, turn: int, replies: Sequence[Any] | None = None) -> list[int]:

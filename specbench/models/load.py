@@ -18,6 +18,7 @@ import mlx.nn as nn
 import mlx_lm
 from mlx.utils import tree_map_with_path
 
+from specbench.common import distributed
 from specbench.models import embedded, moe_twin, synthetic, tiny
 
 
@@ -64,7 +65,11 @@ def setup(force: bool = False) -> list[Path]:
 
 
 def load(
-    name_or_path: str | Path, dtype: mx.Dtype | str | None = None, seed: int = 0, layers: int | None = None
+    name_or_path: str | Path,
+    dtype: mx.Dtype | str | None = None,
+    seed: int = 0,
+    layers: int | None = None,
+    shard: bool = False,
 ) -> tuple[nn.Module, Any]:
     """(model, tokenizer) for an embedded short name, a local mlx-lm folder, a Hugging Face id, a random-weight
     ``synthetic:SHAPE`` (``specbench.models.synthetic``; no tokenizer, so None) or a ``tiny:NAME``
@@ -74,15 +79,25 @@ def load(
     are slow) and left as stored elsewhere (synthetic shapes: as their name says; miniatures: float32).
     ``seed`` draws the random weights of synthetic models and miniatures; ``layers`` sets a synthetic model's
     depth. The model's ``specbench_name`` is the name it was loaded by.
+
+    ``shard``: split the model over the global group of ``mlx.launch`` (``specbench.common.distributed``)
+    with mlx-lm's tensor parallelism (``model.shard(group)``), before its weights are read in; every rank
+    then runs the same loop (lockstep) and rank 0 alone writes files. A no-op in a world of one, but a
+    model family without ``shard()`` is an error there too.
     """
     target = _as_dtype(dtype)
     name = str(name_or_path)
     if layers is not None and not name.startswith(synthetic.PREFIX):
         raise ValueError(f"layers= applies to synthetic:SHAPE models only, not {name!r}")
     if name.startswith(synthetic.PREFIX):
-        return synthetic.build(name, layers=layers, dtype=target, seed=seed), None
+        model = synthetic.build(name, layers=layers, dtype=target, seed=seed)
+        if shard:
+            shard_model(model, name)
+        return model, None
     if name.startswith(tiny.PREFIX):
         model, tokenizer = tiny.tiny_model(_tiny_source(name[len(tiny.PREFIX) :]), seed=seed)
+        if shard:
+            shard_model(model, name)
         if target is not None:
             cast_dtype(model, target)
         model.specbench_name = name
@@ -90,23 +105,63 @@ def load(
     path = _resolve(name_or_path)
     if isinstance(path, Path):
         try:
-            model, tokenizer = mlx_lm.load(str(path))
+            model, tokenizer = mlx_lm.load(str(path), lazy=shard)
         except (KeyError, ValueError, RuntimeError) as err:  # a damaged or incomplete folder, named
             detail = f"its config.json lacks {err}" if isinstance(err, KeyError) else " ".join(str(err).split())
             raise ValueError(f"cannot load the model folder {path}: {detail}") from err
     else:
         try:
-            model, tokenizer = mlx_lm.load(path)
+            model, tokenizer = mlx_lm.load(path, lazy=shard)
         except Exception as err:
             if not _is_hub_lookup_error(err):
                 raise
             raise FileNotFoundError(_not_found_message(path, err)) from err
+    if shard:
+        shard_model(model, name)
     if target is None and mx.default_device().type == mx.DeviceType.cpu:
         target = mx.float32
     if target is not None:
         cast_dtype(model, target)
+    mx.eval(model.parameters())
     model.specbench_name = name
     return model, tokenizer
+
+
+def shard_model(model: nn.Module, name: str = "the model") -> nn.Module:
+    """Split ``model`` in place over the global group with mlx-lm's tensor parallelism (``model.shard``):
+    attention heads and MLP (or expert) columns are divided between the ranks, and the sharded layers sum
+    their outputs over the group. Marks the model (``specbench_group``: size and backend, part of its
+    ``model_key``) and the process as running in lockstep. A no-op in a world of one; a family without
+    ``shard()``, or heads that do not divide by the group size, is a ValueError naming it."""
+    if not callable(getattr(model, "shard", None)):
+        model_type = getattr(getattr(model, "args", None), "model_type", type(model).__module__.split(".")[-1])
+        raise ValueError(
+            f"{name} ({model_type}) cannot be sharded: mlx-lm has no tensor-parallel shard() for this family "
+            f"(it has one for {', '.join(shardable_families())}); drop --shard / shard=True"
+        )
+    size = distributed.size()
+    for index, layer in enumerate(getattr(model, "layers", [])):
+        attention = getattr(layer, "self_attn", None)
+        for what in ("n_heads", "n_kv_heads"):
+            heads = getattr(attention, what, None)
+            if isinstance(heads, int) and heads % size:
+                raise ValueError(
+                    f"{name} cannot be sharded over {size} ranks: layer {index} has {heads} {what.replace('n_', '')} "
+                    f"attention heads, not a multiple of {size}; launch a group size that divides it"
+                )
+    if size == 1:
+        return model
+    model.shard(distributed.group())
+    mx.eval(model.parameters())
+    model.specbench_group = (size, distributed.backend())
+    distributed.set_lockstep()
+    return model
+
+
+def shardable_families() -> list[str]:
+    """The mlx-lm model types whose Model has a tensor-parallel ``shard()``."""
+    folder = Path(mlx_lm.__file__).parent / "models"
+    return sorted(p.stem for p in folder.glob("*.py") if "    def shard(" in p.read_text(encoding="utf-8"))
 
 
 def cast_dtype(model: nn.Module, dtype: mx.Dtype) -> None:

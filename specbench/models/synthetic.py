@@ -89,6 +89,28 @@ SHAPES: dict[str, dict[str, Any]] = {
         "norm_topk_prob": True,
         **_QWEN3,
     },
+    # SmolLM2-135M's layers with an MoE MLP: 16 experts of width 192, top-4 (a token's experts add up to half
+    # SmolLM2's MLP width): an MoE small enough for a CPU (use -fp32 there: gather_mm on the CPU is float32 only).
+    "smollm2-135m-16e": {
+        "model_type": "qwen3_moe",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 192,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0,
+        "tie_word_embeddings": True,
+        "vocab_size": 49152,
+    },
     "qwen3.5-9b": {
         "model_type": "qwen3_5",
         "text_config": {
@@ -130,6 +152,7 @@ _TINY_LINEAR = {
 _TINY = {
     "qwen3-8b": _TINY_DENSE,
     "qwen3-30b-a3b": {**_TINY_DENSE, **_TINY_MOE},
+    "smollm2-135m-16e": {**_TINY_DENSE, **_TINY_MOE},
     "qwen3.5-9b": {**_TINY_DENSE, "num_hidden_layers": 4, **_TINY_LINEAR},
     "qwen3.5-35b-a3b": {
         **_TINY_DENSE,

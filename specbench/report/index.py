@@ -15,18 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from specbench.common.files import write_json_atomic, write_text_atomic
+from specbench.report.labels import describe
 
 _STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;color:#222}
-table{border-collapse:collapse;width:100%;margin:1em 0}
-th,td{border:1px solid #ddd;padding:6px 8px;vertical-align:top;font-size:0.92em}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5em auto;padding:0 1em;
+max-width:1200px;color:#222;box-sizing:border-box}
+table{border-collapse:collapse;width:100%;margin:1em 0;table-layout:fixed}
+th,td{border:1px solid #ddd;padding:6px 8px;vertical-align:top;font-size:0.92em;overflow-wrap:anywhere}
 th{background:#f4f4f4;text-align:left}
+col.nb{width:17%}col.st{width:8%}col.t{width:6%}col.res{width:47%}col.f{width:5%}col.logs{width:17%}
 .done{color:#1a7f37;font-weight:600}.failed,.interrupted{color:#cf222e;font-weight:600}.running,.not.run{color:#9a6700}
-.figs{display:flex;flex-wrap:wrap;gap:10px}.figs a img{width:260px;border:1px solid #ddd}
+.figs{display:flex;flex-wrap:wrap;gap:10px}.figs a img{width:260px;max-width:100%;border:1px solid #ddd}
 .err{font-family:monospace;white-space:pre-wrap;color:#cf222e}.skip{color:#9a6700}
-dl{margin:0}dt{font-weight:600;display:inline}dd{display:inline;margin:0 0.8em 0 0.3em}
+.kv{margin:0 0 2px 0}.kv .v{font-weight:600}
+.verdicts li{margin:0.4em 0;line-height:1.4}
 """
-
 #: report.json keys shown at the top of the index, in order.
 _INFO_KEYS = ("profile", "device", "mlx", "mlx_lm", "specbench", "created", "updated", "last_run_s")
 
@@ -79,12 +82,6 @@ def state_of(status: dict[str, Any] | None) -> str:
     return "interrupted" if state == "running" and not _alive(status) else state
 
 
-def _format_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)
-
-
 def _row(out: Path, name: str, title: str, status: dict[str, Any], summary: dict[str, Any]) -> str:
     esc = html.escape
     state = state_of(status)
@@ -93,7 +90,10 @@ def _row(out: Path, name: str, title: str, status: dict[str, Any], summary: dict
         links.append(f'<a href="{esc(name)}.ipynb">notebook</a>')
     logs = summary.get("logs", []) + summary.get("tables", [])
     log_links = " ".join(f'<a href="{esc(p)}">{esc(Path(p).name)}</a>' for p in logs)
-    values = "".join(f"<dt>{esc(k)}</dt><dd>{esc(_format_value(v))}</dd>" for k, v in summary.get("values", {}).items())
+    values = "".join(
+        f'<div class="kv">{esc(label)}: <span class="v">{esc(text)}</span></div>'
+        for label, text in (describe(k, v) for k, v in summary.get("values", {}).items())
+    )
     skipped = "".join(
         f'<div class="skip">skipped: {esc(s)} ({esc(r)})</div>' for s, r in summary.get("skipped", {}).items()
     )
@@ -104,9 +104,19 @@ def _row(out: Path, name: str, title: str, status: dict[str, Any], summary: dict
     seconds = status.get("seconds")
     return (
         f'<tr><td><b>{esc(title)}</b><br>{" | ".join(links)}</td><td class="{esc(state)}">{esc(state)}</td>'
-        f"<td>{'' if seconds is None else f'{seconds:.0f} s'}</td><td><dl>{values}</dl>{skipped}{error}</td>"
+        f"<td>{'' if seconds is None else f'{seconds:.0f} s'}</td><td>{values}{skipped}{error}</td>"
         f"<td>{len(summary.get('figures', []))}</td><td>{log_links}</td></tr>"
     )
+
+
+def _verdict(name: str, title: str, status: dict[str, Any], summary: dict[str, Any]) -> str:
+    """One line per notebook: its verdict, or why there is none."""
+    esc = html.escape
+    state = state_of(status)
+    text = summary.get("verdict") or ""
+    if not text:
+        text = {"done": "finished without a verdict", "failed": f"failed: {status.get('error', '')}"}.get(state, state)
+    return f'<li><a href="#{esc(name)}"><b>{esc(title)}</b></a>: {esc(text)}</li>'
 
 
 def _gallery(name: str, title: str, figures: list[str]) -> str:
@@ -124,13 +134,14 @@ def write_index(out: str | os.PathLike, titles: dict[str, str]) -> Path:
     ``titles`` (name -> title, in report order)."""
     out = Path(out)
     info = _read_json(out / "report.json") or {}
-    rows, galleries = [], []
+    rows, galleries, verdicts = [], [], []
     for name, title in titles.items():
         status = read_status(out, name)
         if status is None:
             continue
         summary = read_summary(out, name)
         rows.append(_row(out, name, title, status, summary))
+        verdicts.append(_verdict(name, title, status, summary))
         if summary.get("figures"):
             galleries.append(_gallery(name, title, summary["figures"]))
     meta = " · ".join(html.escape(f"{k}: {info[k]}") for k in _INFO_KEYS if k in info)
@@ -138,7 +149,10 @@ def write_index(out: str | os.PathLike, titles: dict[str, str]) -> Path:
         "<!doctype html><html><head><meta charset='utf-8'><title>specbench report</title>"
         f"<style>{_STYLE}</style></head>"
         f"<body><h1>specbench report</h1><p>{meta}</p>"
-        f"<table><tr><th>notebook</th><th>status</th><th>run time</th><th>key results</th><th>figures</th>"
+        f"<h2>Verdicts</h2><ul class='verdicts'>{''.join(verdicts) or '<li>no notebook has run yet</li>'}</ul>"
+        "<table><colgroup><col class='nb'><col class='st'><col class='t'><col class='res'><col class='f'>"
+        "<col class='logs'></colgroup>"
+        f"<tr><th>notebook</th><th>status</th><th>run time</th><th>key results</th><th>figures</th>"
         f"<th>logs and tables (parquet)</th></tr>{''.join(rows)}</table>"
         f"<h2>Figures</h2>{''.join(galleries) or '<p>none yet</p>'}</body></html>"
     )

@@ -42,6 +42,7 @@ class Outputs:
         self.notebook = notebook
         self.folder = Path(output_dir) / notebook if output_dir else None
         self.values: dict[str, Any] = {}
+        self.verdict_text = ""
         self.skipped: dict[str, str] = {}
         self.files: dict[str, list[str]] = {"figures": [], "logs": [], "tables": []}
 
@@ -51,7 +52,8 @@ class Outputs:
     def _save_summary(self) -> None:
         if self.folder is None:
             return
-        data = {"notebook": self.notebook, "values": self.values, "skipped": self.skipped, **self.files}
+        data = {"notebook": self.notebook, "verdict": self.verdict_text, "values": self.values, "skipped": self.skipped}
+        data.update(self.files)
         write_text_atomic(self.folder / "summary.json", json.dumps(data, indent=1, default=str))
 
     def figure(self, fig: Any, name: str, show: bool = True) -> None:
@@ -96,6 +98,19 @@ class Outputs:
         """Key results shown in the report's index (numbers, short strings; NaN is stored as null)."""
         self.values.update({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()})
         self._save_summary()
+
+    def verdict(self, text: str) -> str:
+        """The notebook's conclusion in words (from ``specbench.report.verdicts``): shown here, stored for the
+        index, which opens with one verdict per notebook."""
+        self.verdict_text = " ".join(str(text).split())
+        self._save_summary()
+        if in_ipython():
+            from IPython.display import Markdown, display
+
+            display(Markdown(f"**Verdict.** {html.escape(self.verdict_text)}"))
+        else:
+            print(f"Verdict: {self.verdict_text}")
+        return self.verdict_text
 
     def skip(self, section: str, reason: str) -> None:
         """Record and show that ``section`` was skipped, and why."""

@@ -50,6 +50,14 @@ def token_sources(log: Any) -> list[tuple[int, str, int]]:
     return out
 
 
+def display_text(tokenizer: Any, tokens: Sequence[int]) -> str:
+    """``tokens`` as text to show a reader: special tokens (``<|im_end|>``, ...) are left out."""
+    try:
+        return tokenizer.decode(list(tokens), skip_special_tokens=True)
+    except TypeError:  # a tokenizer whose decode takes no options
+        return tokenizer.decode(list(tokens))
+
+
 def token_pieces(tokenizer: Any, tokens: Sequence[int], hold: int = 3) -> list[str]:
     """The text each token adds to the decoded output.
 
@@ -61,7 +69,7 @@ def token_pieces(tokenizer: Any, tokens: Sequence[int], hold: int = 3) -> list[s
     committed = ""
     held = 0
     for i in range(len(tokens)):
-        text = tokenizer.decode(list(tokens[: i + 1]))
+        text = display_text(tokenizer, tokens[: i + 1])
         if text.endswith("\ufffd") and held < hold and i + 1 < len(tokens):
             pieces.append("")
             held += 1

@@ -1,8 +1,8 @@
 """Reports: the notebooks executed with papermill into reports/NAME/, with an index page.
 
 ``run_report`` executes each notebook of ``NOTEBOOKS`` with a profile's parameters (``quick``:
-tiny settings for CI; ``full``: the embedded model, sized to finish in under 30 minutes on a
-2-core CPU) and writes, per notebook: the executed ``.ipynb``, its HTML (nbconvert), figures
+tiny settings for CI; ``full``: the embedded model, sized for about 15 minutes on 2 idle CPU
+cores) and writes, per notebook: the executed ``.ipynb``, its HTML (nbconvert), figures
 (PNG and SVG), per-step logs and tables (parquet), and ``status.json`` (written atomically when
 the notebook finishes or fails). A finished notebook is not run again unless forced, its
 parameters changed or one of its outputs (executed notebook, HTML, the files its status lists) is
@@ -20,6 +20,7 @@ import ast
 import datetime as _dt
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from tqdm.auto import tqdm
 from specbench.common.files import PROJECT_ROOT, check_writable, write_json_atomic, write_text_atomic
 from specbench.common.identity import device_name, versions
 from specbench.report.index import read_status, read_summary, running_here, state_of, write_index, write_status
+from specbench.report.progress import Heartbeat
 
 #: Notebooks in report order, with their titles.
 NOTEBOOKS: dict[str, str] = {
@@ -40,6 +42,9 @@ NOTEBOOKS: dict[str, str] = {
     "agent_traces": "Agent traces",
     "sampling": "Sampling: acceptance vs temperature, losslessness",
     "explorer": "Explorer",
+    "batch_break_even": "Break-even by batch size",
+    "simulate_logs": "Agent logs simulated: tokens per verification by drafter and store",
+    "tree_vs_path": "Draft trees vs paths on agent traces",
 }
 
 #: Parameters the report sets itself (not settable with -p).
@@ -101,15 +106,20 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "max_prompt_tokens": 160,
         },
         "break_even": {
+            # the MoE: SmolLM2's layers with 16 experts, top-4 (random weights), 8 of its 30 layers (the CPU's
+            # gather_mm makes its steps slow); its grid is left out
             "dense_model": _EMBEDDED,
-            "widths": 7,
+            "moe_model": "synthetic:smollm2-135m-16e-fp32",
+            "moe_layers": 8,
+            "widths": 5,
             "verify_modes": ["fast"],
-            "repeats": 3,
+            "repeats": 2,
             "offset": 64,
             "acceptances": [0.5, 0.9],
             "draft_lengths": [2, 4],
             "grid_max_tokens": 16,
             "grid_prompt_tokens": 16,
+            "grid_moe": False,
         },
         "agent_traces": {
             # a fixed draft length: on this CPU auto finds that drafting does not pay and never drafts
@@ -121,6 +131,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         },
         "sampling": {
             "model": _EMBEDDED,
+            "drafters": ["lookup", "suffix"],
             "temperatures": [0.0, 1.0],
             "categories": ["translation"],
             "max_tokens": 32,
@@ -130,6 +141,44 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "explorer": {"models": [_EMBEDDED], "max_tokens": 32},
     },
 }
+
+
+#: Seconds each notebook is expected to take (the ETA until a report folder holds its own timings). quick: measured
+#: on the 2-core CPU at load 12-15, 2026-12-01 (papermill time; the HTML export adds ~15 s each). full: from the
+#: pieces timed there (SmolLM2-135M profile at widths 5: 342 s at load 14, the 8-layer MoE's: 116 s at load 12),
+#: scaled to 2 idle cores; the run's own timings replace them.
+EXPECTED_SECONDS: dict[str, dict[str, float]] = {
+    "quick": {
+        "quickstart": 35,
+        "draft_length_sweep": 60,
+        "break_even": 65,
+        "agent_traces": 35,
+        "sampling": 40,
+        "explorer": 30,
+        "batch_break_even": 50,
+        "simulate_logs": 60,
+        "tree_vs_path": 60,
+    },
+    "full": {
+        "quickstart": 60,
+        "draft_length_sweep": 240,
+        "break_even": 240,
+        "agent_traces": 150,
+        "sampling": 150,
+        "explorer": 60,
+        "batch_break_even": 50,  # tiny synthetic shapes in both profiles (the notebook's defaults)
+        "simulate_logs": 60,  # the bundled traces, tokenized only: no model runs
+        "tree_vs_path": 60,  # the traces' recorded replies (source "replies"): no model runs
+    },
+}
+
+
+def expected_seconds(profile: str, name: str, previous: dict[str, Any] | None = None) -> float | None:
+    """How long a notebook is expected to run: its last finished run in this folder with the same parameters,
+    else the profile's expected cost (``EXPECTED_SECONDS``), else None."""
+    if previous and previous.get("status") == "done" and previous.get("seconds"):
+        return float(previous["seconds"])
+    return EXPECTED_SECONDS.get(profile, {}).get(name)
 
 
 def notebooks_dir() -> Path:
@@ -355,6 +404,13 @@ def run_report(
     out = check_writable(out, folder=True, name="--out").resolve()
     write_json_atomic(out / "report.json", _report_info(profile, out))
     result = ReportResult(out)
+    previous_status = {name: read_status(out, name) for name in names}
+    expected = {name: expected_seconds(profile, name, previous_status[name]) for name in names}
+    if progress:
+        known = [v for v in expected.values() if v]
+        total = f", about {sum(known) / 60:.0f} min in all" if len(known) == len(names) else ""
+        plan = ", ".join(f"{n} ~{v / 60:.1f} min" if v else n for n, v in expected.items())
+        print(f"report ({profile}) into {out}: {plan}{total} (from earlier runs)", file=sys.stderr, flush=True)
     bar = tqdm(names, desc=f"report ({profile})", unit="notebook", disable=not progress)
     for name in bar:
         params = resolved[name]
@@ -377,16 +433,20 @@ def run_report(
         write_index(out, NOTEBOOKS)
         t0 = time.perf_counter()
         error = ""
+        heartbeat = Heartbeat(name, expected[name], every_s=30.0 if progress else None)
         try:
-            papermill.execute_notebook(
-                str(folder / f"{name}.ipynb"),
-                str(ipynb),
-                parameters={**params, "output_dir": str(out), "progress": False},
-                kernel_name=kernel_name,
-                progress_bar={"leave": False, "desc": name} if progress else False,
-                cwd=str(folder.parent),
-                start_timeout=start_timeout,
-            )
+            with heartbeat:
+                papermill.execute_notebook(
+                    str(folder / f"{name}.ipynb"),
+                    str(ipynb),
+                    parameters={**params, "output_dir": str(out), "progress": False},
+                    kernel_name=kernel_name,
+                    progress_bar={"leave": False, "desc": name} if progress else False,
+                    # the notebook's stderr (its progress lines, warnings) goes to the console as it comes
+                    stderr_file=sys.stderr if progress else None,
+                    cwd=str(folder.parent),
+                    start_timeout=start_timeout,
+                )
         except Exception as err:  # a failed notebook is recorded; the others still run
             error = _error_text(err)
         seconds = time.perf_counter() - t0

@@ -249,7 +249,8 @@ def test_auto_plans_with_the_stored_profile(dense):
     list(gen)
     assert not said  # nothing was measured
     profile = cost.profile_for(dense)
-    assert policy.k == 4 and policy.break_even == pytest.approx(cost.break_even_tokens(profile, 4, drafter))
+    # Auto's break-even for the length it chose is the stored profile's (no drafter-preferred length any more).
+    assert policy.k >= 1 and policy.break_even == pytest.approx(cost.break_even_tokens(profile, policy.k, drafter))
 
 
 def test_profile_for_measures_quickly_when_nothing_is_stored(moe_model):
@@ -437,7 +438,8 @@ def test_cli_profile(capsys, home):
     out = capsys.readouterr().out
     assert "a*(k) fast" in out and "profile:" in out
     assert (home / "fig" / "costs.png").stat().st_size > 0 and (home / "fig" / "break_even.png").exists()
-    assert len(list((home / "profiles").glob("*.json"))) == 1
+    profiles = [p for p in (home / "profiles").glob("*.json") if not p.name.startswith("bandwidth--")]
+    assert len(profiles) == 1  # one cost profile (beside the device's measured bandwidth)
     assert main(["profile", "--model", "synthetic:qwen3-8b-tiny", "--verify", "slow"]) == 2
     assert "--verify takes" in capsys.readouterr().err
 

@@ -92,9 +92,16 @@ def test_methods_and_bad_names():
     policies = [DraftPolicy.auto(), DraftPolicy.fixed(3)]
     methods = prompt_methods(["lookup"], policies, draft_model=True, num_draft_tokens=3)
     names = [m.name for m in methods]
-    assert names == ["mlx-lm", "mlx-lm draft/fixed:3", "specbench", "lookup/auto", "lookup/fixed:3"]
-    assert [m.policy_name for m in methods] == ["none", "fixed:3", "none", "auto", "fixed:3"]
-    assert methods[4].policy is policies[1]
+    assert names == [
+        "mlx-lm",
+        "mlx-lm draft/fixed:3",
+        "specbench",
+        "draft-model/fixed:3",
+        "lookup/auto",
+        "lookup/fixed:3",
+    ]
+    assert [m.policy_name for m in methods] == ["none", "fixed:3", "none", "fixed:3", "auto", "fixed:3"]
+    assert methods[5].policy is policies[1]
     both = prompt_methods(["suffix"], [DraftPolicy.auto()], verify=["exact", "fast"])
     assert [(m.name, m.verify) for m in both[2:]] == [("suffix/auto/exact", "exact"), ("suffix/auto/fast", "fast")]
     with pytest.raises(ValueError, match="unknown drafters"):
@@ -141,10 +148,10 @@ def test_bench_prompts_tiny(tmp_path):
     )
     result = bench_prompts(model, tokenizer, tiny_questions(), **settings)
     names = [m.name for m in result.methods]
-    assert names[:3] == ["mlx-lm", "mlx-lm draft/fixed:2", "specbench"] and len(names) == 7
+    assert names[:4] == ["mlx-lm", "mlx-lm draft/fixed:2", "specbench", "draft-model/fixed:2"] and len(names) == 8
     runs = result.runs
-    # 3 prompts (a two-turn question and a one-turn one) x 7 methods x 2 repeats, all equal to plain greedy
-    assert len(runs) == 3 * 7 * 2 and all(r["equal"] for r in runs)
+    # 3 prompts (a two-turn question and a one-turn one) x 8 methods x 2 repeats, all equal to plain greedy
+    assert len(runs) == 3 * 8 * 2 and all(r["equal"] for r in runs)
     reference = {(r["question_key"], r["turn"]): r["tokens"] for r in runs if r["method"] == "mlx-lm"}
     assert len(reference) == 3
     # turn 2's prompt is the chat history with mlx-lm's own answer to turn 1
@@ -180,7 +187,7 @@ def test_bench_prompts_tiny(tmp_path):
         drafted, accepted = sum(r["drafted"] for r in mine), sum(r["accepted"] for r in mine)
         if drafted:
             assert row["acceptance_rate"] == pytest.approx(accepted / drafted)
-            decode = sum(r["new_tokens"] - (r["drafter"] != "draft-model") for r in mine)
+            decode = sum(r["new_tokens"] - (r["drafter"] != "draft-model" or r["engine"] != "mlx-lm") for r in mine)
             assert row["mean_accepted_tokens"] == pytest.approx(decode / sum(r["forwards"] for r in mine))
             assert row["position_acceptance"][0] == pytest.approx(
                 sum(r["pos_accepted"][0] for r in mine if r["pos_accepted"]) / sum(r["verifies"] for r in mine)

@@ -176,3 +176,117 @@ def test_drafts_running_past_a_stop(model):
         record(model, [prompt], options), _Continuation(len(prompt), truth), DraftPolicy.fixed(6), options
     )
     _compare([{**r, "request": 0} for r in gen.log.records], simulated.records)
+
+
+# -- logs: recorded assistant messages replayed by `specbench simulate` -------------------------------------
+
+
+def _runs_log(path, runs: int = 200):
+    """A benchmark's published runs (tau-bench's layout), written here: 20 tasks, 10 trials each, every run
+    ending on the user's last message (a turn without a reply)."""
+    import json
+
+    rng = random.Random(7)
+    items = ["lamp", "kettle", "desk", "chair", "mug", "shelf", "rug", "clock"]
+    log = []
+    for i in range(runs):
+        task, trial = i % 20, i // 20
+        order, item = f"#W{1000 + task}", items[task % len(items)]
+        status = rng.choice(["shipped", "pending", "delivered"])
+        log.append(
+            {
+                "task_id": task,
+                "trial": trial,
+                "reward": float(rng.random() < 0.5),
+                "traj": [
+                    {"role": "system", "content": "You are a store's support agent. Check orders with the tools."},
+                    {"role": "user", "content": f"Hi, where is my {item}? The order is {order}."},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": f"call_{i}",
+                                "type": "function",
+                                "function": {"name": "get_order", "arguments": json.dumps({"order_id": order})},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": f"call_{i}", "content": json.dumps({"status": status})},
+                    {"role": "assistant", "content": f"Your order {order} ({item}) is {status}. Anything else?"},
+                    {"role": "user", "content": "No, thank you."},
+                ],
+            }
+        )
+    path.write_text(json.dumps(log))
+    return path
+
+
+def test_simulate_command_on_a_log_of_200_runs_matches_the_library(tmp_path, capsys):
+    import time
+
+    import polars as pl
+
+    from specbench.cli import main
+    from specbench.experiments.importers import load_traces
+    from specbench.experiments.simulate_logs import load_tokenizer
+    from specbench.experiments.traces import render_turn
+
+    try:
+        tokenizer = load_tokenizer("smollm2-135m")
+    except Exception as err:  # no embedded model on this machine
+        pytest.skip(f"the embedded model's tokenizer is not available: {err}")
+    path = _runs_log(tmp_path / "runs.json")
+    out = tmp_path / "out"
+    start = time.process_time()  # CPU time: what a shared machine's load does not inflate
+    args = ["simulate", "--trace", str(path), "--drafters", "suffix", "--k", "4", "--out", str(out)]
+    assert main(args) == 0
+    seconds = time.process_time() - start
+    printed = capsys.readouterr().out
+    assert "200 traces, 400 turns" in printed and "200 turns without a recorded reply skipped" in printed
+    assert seconds < 20, f"simulate took {seconds:.1f} s of CPU time on 200 runs"
+    steps = pl.read_parquet(out / "simulate_steps.parquet")
+    summary = pl.read_parquet(out / "simulate_summary.parquet")
+    assert summary.height == 2 and set(summary["store"]) == {"shared", "per-trace"}
+    # The library's step-by-step simulation, on prompts each rendered from its whole history.
+    traces = load_traces(path)
+    eos = min(tokenizer.eos_token_ids)
+    reference = []
+    for trace in traces:
+        for t in range(2):
+            reply = trace.turns[t].assistant
+            output = list(tokenizer.encode(_reply_text(reply), add_special_tokens=False)) + [eos]
+            reference.append(Recorded(render_turn(tokenizer, trace, t), output, "stop", f"{trace.id}/{t}"))
+    for store in ("shared", "per-trace"):
+        if store == "shared":
+            expected = simulate(reference, SuffixDecoding(), DraftPolicy.fixed(4)).records
+        else:
+            runs = (reference[i : i + 2] for i in range(0, 400, 2))
+            expected = [r for run in runs for r in simulate(run, SuffixDecoding(), "fixed:4").records]
+        got = steps.filter(pl.col("store") == store)
+        assert got["accepted"].to_list() == [r["accepted"] for r in expected]
+        assert got["tokens"].to_list() == [r["tokens"] for r in expected]
+    # A store shared across the runs of the same tasks accepts more than one per trace.
+    rate = {r["store"]: r["accepted_per_verify"] for r in summary.iter_rows(named=True)}
+    assert rate["shared"] > rate["per-trace"]
+
+
+def _reply_text(reply):
+    from specbench.experiments.traces import as_text_messages
+
+    return as_text_messages([reply])[0]["content"]
+
+
+def test_simulate_command_bad_input(tmp_path, capsys):
+    from specbench.cli import main
+
+    path = _runs_log(tmp_path / "runs.json", runs=2)
+    for args, message in (
+        (["--drafters", "mtp"], "drafter 'mtp' needs the model"),
+        (["--k", "0"], "draft lengths are integers >= 1"),
+        (["--k", "four"], "--k takes a comma list of integers"),
+        (["--store", "global"], "the scopes are shared, per-trace"),
+        (["--trace-id", "task9"], "no trace 'task9' \\(its traces: task0-trial0, task1-trial0\\)"),
+    ):
+        assert main(["simulate", "--trace", str(path), *args]) == 2
+        assert __import__("re").search(message, capsys.readouterr().err)

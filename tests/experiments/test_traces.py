@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 from conftest import SHARED_DATA, build_tiny, tokenizer_words, word_tokenizer
 
+from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import PromptLookup, SuffixDecoding
@@ -204,7 +205,8 @@ def test_detection_reads_every_record_and_rejects_mixed_files(tmp_path):
     assert "one format" in str(pytest.raises(ValueError, detect_format, mixed).value)
     # A record with the keys of two schemas is unclear: detection refuses it, an explicit format reads it.
     both = _write(tmp_path / "both.jsonl", [CHAT, {**CHAT, **SHARE}])
-    with pytest.raises(ValueError, match=f"{both}:2: this record mixes the keys of openai and sharegpt"):
+    ambiguous = f"{both}:2: ambiguous: this record could be openai or sharegpt .*--trace-format openai\\|sharegpt"
+    with pytest.raises(ValueError, match=ambiguous):
         load_traces(both)
     assert len(load_traces(both, "openai")) == 2
     # A record that only half matches the trace schema is read as the schema, whose error names what it lacks.
@@ -454,6 +456,15 @@ def test_bench_trace_replays_turns_with_identical_outputs(tmp_path):
     prompts = [r.prompt for r in result.recorded]
     for before, after, rec in zip(prompts, prompts[1:], result.recorded):
         assert len(after) > len(before) + len(rec.output) - 2
+    # Every method keeps its prompt cache: after the first turn only the new tokens are prefilled ...
+    for method in ("plain", "lookup", "suffix"):
+        cached = turns.filter(pl.col("method") == method).sort("turn")["cached_prompt_tokens"].to_list()
+        assert cached == [0] + [len(p) for p in prompts[:-1]]
+    prefills = result.steps.to_polars().filter(pl.col("kind") == "prefill").sort("turn", "method")
+    assert prefills["cached_prompt_tokens"].to_list() == [n for p in [[]] + prompts[:-1] for n in [len(p)] * 3]
+    # ... and every turn's output equals plain decoding from an empty cache.
+    for rec in result.recorded:
+        assert rec.output == list(generate(model, rec.prompt, GenerateOptions(max_tokens=24)))
     assert suffix.stored_sequences == 3  # the store kept every turn's reply
     summary = result.summary
     assert summary.height == 3 and summary.filter(pl.col("method") == "suffix")["tokens_per_verify"][0] > 1.0
@@ -468,6 +479,13 @@ def test_bench_trace_replays_turns_with_identical_outputs(tmp_path):
     real = steps.filter(pl.col("method") == "suffix")
     assert real["accepted"].to_list() == [r["accepted"] for r in simulated.records]
     assert real["k_drafted"].to_list() == [r["k_drafted"] for r in simulated.records]
+    # `specbench simulate --prompts FOLDER` reads the plain outputs there and replays lookup as it ran.
+    from specbench.experiments.simulate_logs import simulate_logs
+
+    replay = simulate_logs(tmp_path, ["lookup"], [4], ["per-trace"], recorded=True)
+    assert (replay.traces, replay.turns, replay.prompt_tokens) == (1, 3, sum(len(p) for p in prompts))
+    real = steps.filter(pl.col("method") == "lookup")
+    assert replay.steps.to_polars()["accepted"].to_list() == real["accepted"].to_list()
 
 
 def test_run_trace_from_a_file_resumes(tmp_path, capsys):
@@ -525,3 +543,73 @@ def test_recorded_replies_simulate_drafters_on_a_trace():
         stats = simulate(recorded, drafter, DraftPolicy.fixed(8), GenerateOptions(max_tokens=4096)).stats()
         assert stats["tokens"] == sum(len(r.output) for r in recorded)
         assert stats["tokens_per_verify"] > 2.0
+
+
+def test_context_policy_names_trace_and_turn_or_drops_the_oldest_messages(tmp_path, capsys):
+    from specbench.cli import main
+    from specbench.experiments.trace_prompts import fitted_turn
+
+    tokenizer = word_tokenizer(ROLES)
+    trace = _word_trace()
+    replies = ["w20 w21 w22", "w23 w24"]
+    full = render_turn(tokenizer, trace, 2, replies)
+    assert fitted_turn(tokenizer, trace, 2, replies, None, 8) == (full, 0)
+    with pytest.raises(ValueError, match=f"trace 'words' turn 2: the prompt has {len(full)} tokens.*--truncate oldest"):
+        fitted_turn(tokenizer, trace, 2, replies, len(full), 8)
+    prompt, dropped = fitted_turn(tokenizer, trace, 2, replies, len(full), 8, truncate="oldest")
+    assert dropped > 0 and len(prompt) + 8 <= len(full)
+    # The system message and the turn's own message stay; the oldest others go first (no reply or tool
+    # result is left at the front).
+    history = trace.history(2, replies)
+    assert (prompt, dropped) == (render_messages(tokenizer, [history[0], history[-1]]), 4)
+    # bench --trace reads and checks the trace (and the ids asked for) before loading any model.
+    path = save_traces([trace], tmp_path / "words.jsonl")
+    assert main(["bench", "--trace", str(path), "--trace-id", "nope", "--model", "/no/such/model"]) == 2
+    assert "no trace 'nope' (its traces: words)" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": [{"type": "img"}]}]}\n')
+    assert main(["bench", "--trace", str(bad), "--model", "/no/such/model"]) == 2
+    assert f"{bad}:1: messages[0]: content[0]: expected a text part" in capsys.readouterr().err
+
+
+class _CharTokenizer:
+    """A chat template over characters: messages as <role>content</s>; ``numbered`` templates number
+    every message, so a turn's prompt does not extend a render of a window of the conversation."""
+
+    chat_template = "(a template)"
+    eos_token_ids = [0]
+
+    def __init__(self, numbered: bool):
+        self.numbered = numbered
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False, tools=None):
+        tags = [f"{i}:" if self.numbered else "" for i in range(len(messages) + 1)]
+        body = "".join(f"<{tags[i]}{m['role']}>{m['content']}</s>" for i, m in enumerate(messages))
+        return body + f"<{tags[-1]}assistant>"
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) for c in text]
+
+
+@pytest.mark.parametrize("numbered", [False, True])
+def test_turn_prompts_rendered_once_equal_full_renders(numbered):
+    from specbench.experiments.trace_prompts import trace_prompts
+
+    tokenizer = _CharTokenizer(numbered)
+    trace = Trace(
+        "t",
+        [
+            Turn(
+                [{"role": "system", "content": "s"}, {"role": "user", "content": "q1"}],
+                {"role": "assistant", "content": "a1"},
+            ),
+            Turn([{"role": "tool", "content": "r"}], {"role": "assistant", "content": "a2"}),
+            Turn([{"role": "user", "content": "q3"}], {"role": "assistant", "content": "a3"}),
+            Turn([{"role": "user", "content": "q4"}]),
+        ],
+    )
+    prompts = trace_prompts(tokenizer, trace)
+    assert prompts.skipped == 1 and [t.turn for t in prompts.turns] == [0, 1, 2]
+    assert [p for _, p, _ in prompts] == [render_turn(tokenizer, trace, t) for t in range(3)]
+    assert prompts.turns[1].output == [ord(c) for c in "a2"] + [0]
+    assert prompts.full_renders == (3 if numbered else 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import html
 import json
 import re
 from pathlib import Path
@@ -31,8 +32,8 @@ def test_notebook_source_is_clean(name):
     params = report.notebook_parameters(NOTEBOOKS / f"{name}.ipynb")
     assert list(params) == assigned
     assert {"output_dir", "progress"} <= set(params)
-    assert all(key in params for key in report.PROFILES["quick"][name])
-    assert all(key in params for key in report.PROFILES["full"][name])
+    assert all(key in params for key in report.PROFILES["quick"].get(name, {}))
+    assert all(key in params for key in report.PROFILES["full"].get(name, {}))
 
 
 @pytest.mark.parametrize("name", list(report.NOTEBOOKS))
@@ -65,6 +66,8 @@ def test_quick_profile_runs_every_notebook(tmp_path):
             assert (tmp_path / "quick" / figure).with_suffix(".svg").exists()
         # only drafters the miniature lacks (an MTP head) may be skipped
         assert all(section.startswith("drafter ") for section in summary["skipped"]), summary["skipped"]
+        assert len(summary["verdict"]) > 40, f"{name} ends without a verdict"  # in words, from its numbers
+        assert html.escape(summary["verdict"]) in page[: page.index("<table")]  # the index opens with every verdict
     sweep = json.loads((tmp_path / "quick" / "draft_length_sweep" / "summary.json").read_text())
     assert sweep["values"]["outputs_equal_to_plain"] is True
     traces = json.loads((tmp_path / "quick" / "agent_traces" / "summary.json").read_text())

@@ -478,7 +478,7 @@ def test_run_report_keeps_failures_and_resumes(tmp_path):
             "import matplotlib.pyplot as plt\nfrom specbench.report import Outputs\n"
             "out = Outputs(output_dir, 'quickstart')\nfig, ax = plt.subplots()\nax.plot([1, 2], [max_tokens, 3])\n"
             "ax.set_title('t'); ax.set_xlabel('x'); ax.set_ylabel('y')\n"
-            "out.figure(fig, 'line')\nout.summary(value=max_tokens)"
+            "out.figure(fig, 'line')\nout.summary(value=max_tokens, speedup=0.5)\nout.verdict(f'{max_tokens} tokens')"
         ),
     )
     _notebook(
@@ -494,7 +494,10 @@ def test_run_report_keeps_failures_and_resumes(tmp_path):
     assert (out / "quickstart" / "figures" / "line.png").exists() and (out / "quickstart.html").exists()
     page = (out / "index.html").read_text()
     assert 'href="quickstart.html"' in page and 'class="failed"' in page and "broken on purpose" in page
-    assert "quickstart/figures/line.png" in page and "<dt>value</dt><dd>7</dd>" in page
+    assert "quickstart/figures/line.png" in page and 'value: <span class="v">7</span>' in page
+    assert "decode speedup over plain decoding" in page and ">0.50x<" in page  # key results in words, with units
+    verdicts = page[page.index("<h2>Verdicts</h2>") : page.index("<table")]
+    assert "7 tokens" in verdicts and "failed: RuntimeError: broken on purpose" in verdicts
     second = report.run_report(
         "quick", out, {"quickstart.max_tokens": "7"}, ["quickstart", "explorer"], notebooks=notebooks, progress=False
     )
@@ -503,7 +506,7 @@ def test_run_report_keeps_failures_and_resumes(tmp_path):
         "quick", out, {"quickstart.max_tokens": "8"}, ["quickstart"], notebooks=notebooks, progress=False
     )
     assert third.results[0].status == "done"  # parameters changed: run again
-    assert json.loads((out / "quickstart" / "summary.json").read_text())["values"] == {"value": 8}
+    assert json.loads((out / "quickstart" / "summary.json").read_text())["values"] == {"value": 8, "speedup": 0.5}
 
 
 def test_resume_reruns_notebooks_whose_outputs_are_gone_or_that_were_interrupted(tmp_path):

@@ -6,6 +6,7 @@ family's colour (``model_colours``), a verify mode its line style.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -17,10 +18,27 @@ from specbench.cost.profile import Profile
 from specbench.report.figures.style import MODE_STYLES, WIDE, model_colours, model_label, new_axes
 
 
+def _overhead_note(profiles: Sequence[Profile]) -> str:
+    """What "engine overhead" means, with each profile's value, for a figure's footnote."""
+    values = ", ".join(
+        f"{model_label(p.name)} {mode} {p.overhead[mode]:.2f}"
+        for p in profiles
+        for mode in p.costs
+        if mode in p.overhead
+    )
+    if not values:
+        return ""
+    return (
+        "c(w) = verify forward + engine overhead (the engine's own time per speculative step: bookkeeping, rollback, "
+        f"reading targets back), in plain steps; overhead: {values}"
+    )
+
+
 def verify_costs(
     profiles: Sequence[Profile], modes: Iterable[str] | None = None, ax: Any = None, title: str | None = None
 ):
-    """c(w) against width w for each profile (and verify mode), with c = 1 and c = w for reference."""
+    """c(w) against width w for each profile (and verify mode), as the break-even math counts it: the forward
+    plus the engine's per-step overhead (the forward alone thin and faint), with c = 1 and c = w for reference."""
     fig, ax = new_axes(ax, WIDE)
     wmax, cmax = 1, 2.0
     palette = model_colours(p.name for p in profiles)
@@ -28,27 +46,35 @@ def verify_costs(
         for mode in modes or p.costs:
             if mode not in p.costs:
                 continue
+            widths = p.widths[mode]
+            overhead = p.overhead.get(mode, 0.0)
+            total = [c + overhead for c in p.costs[mode]]
             ax.plot(
-                p.widths[mode],
-                p.costs[mode],
+                widths,
+                total,
                 MODE_STYLES.get(mode, ":"),
                 marker="o",
                 ms=3.5,
                 color=palette[p.name],
-                label=f"{model_label(p.name)} ({mode}, step {1e3 * p.plain_step_s:.1f} ms"
-                + (f", engine +{p.overhead[mode]:.2f})" if mode in p.overhead else ")"),
+                label=f"{model_label(p.name)} ({mode}; step {1e3 * p.plain_step_s:.1f} ms; c(2) = {p.c(2, mode):.2f})",
             )
-            wmax, cmax = max(wmax, max(p.widths[mode])), max(cmax, max(p.costs[mode]))
+            if overhead:
+                ax.plot(widths, p.costs[mode], MODE_STYLES.get(mode, ":"), lw=0.8, alpha=0.45, color=palette[p.name])
+            wmax, cmax = max(wmax, max(widths)), max(cmax, max(total))
     w = np.arange(1, wmax + 1)
     ax.plot(w, w, color="0.6", lw=0.8, ls=":", label="c = w (no batching gain)")
+    ax.plot([], [], color="0.5", lw=0.8, alpha=0.45, label="forward alone (overhead left out)")
     ax.axhline(1.0, color="0.6", lw=0.8)
     ax.set_xlim(0.5, wmax + 0.5)
     ax.set_ylim(0, 1.15 * cmax)
     ax.set_xlabel("verification width w (tokens in one forward)")
-    ax.set_ylabel("c(w): verify time / plain decode step time")
+    ax.set_ylabel("c(w): verify step time / plain step time")
     device = profiles[0].device.split(":", 1)[-1] if profiles else ""
     ax.set_title(title or f"Verify cost, dense vs MoE ({device})")
     ax.grid(alpha=0.3)
+    note = _overhead_note(profiles)
+    if note:  # what "engine overhead" is, in the legend beside the curves that include it
+        ax.plot([], [], ls="", label=textwrap.fill(note, 52))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return fig
 
@@ -62,29 +88,59 @@ def break_even(
     title: str | None = None,
 ):
     """a*(k): the constant per-position acceptance at which drafting k tokens breaks even (verify
-    cost plus the engine's per-step overhead, plus k d)."""
+    cost plus the engine's per-step overhead, plus k d). Where no acceptance breaks even (even a fully
+    accepted draft costs more than it yields) the model is drawn in the "never breaks even" band above 1,
+    with its c(k+1) in the legend."""
     fig, ax = new_axes(ax, WIDE)
     palette = model_colours(p.name for p in profiles)
+    never_band = False
     for p in profiles:
         for mode in modes or p.costs:
             if mode not in p.costs:
                 continue
             kk = min(k_max, max(p.widths[mode]) - 1)
             a = break_even_acceptance(p, d, kk, mode)
-            ax.plot(
-                np.arange(1, kk + 1),
-                a,
-                MODE_STYLES.get(mode, ":"),
-                marker="o",
-                ms=3.5,
-                color=palette[p.name],
-                label=f"{model_label(p.name)} ({mode})",
-            )
-    ax.set_ylim(0, 1)
+            k = np.arange(1, kk + 1)
+            never = np.isnan(a)
+            style = dict(color=palette[p.name], marker="o", ms=3.5)
+            label = f"{model_label(p.name)} ({mode})"
+            if never.all():
+                label += f": never breaks even, c(k+1) > k+1 for k <= {kk} (c(2) = {p.c(2, mode):.2f})"
+            elif never.any():
+                label += f": never breaks even at k = {', '.join(str(int(x)) for x in k[never])}"
+            if not never.all():
+                ax.plot(k, a, MODE_STYLES.get(mode, ":"), label=label, **style)
+                label = None
+            if never.any():
+                never_band = True
+                ax.plot(
+                    k[never],
+                    np.full(never.sum(), 1.06),
+                    ls="",
+                    marker="x",
+                    ms=7,
+                    mew=2,
+                    color=palette[p.name],
+                    label=label,
+                )
+    if never_band:
+        ax.axhspan(1.0, 1.12, color="0.88", zorder=0)
+        ax.text(
+            0.99,
+            1.095,
+            "never breaks even (no acceptance <= 1 pays)",
+            transform=ax.get_yaxis_transform(),
+            ha="right",
+            va="center",
+            fontsize=8,
+            color="0.25",
+        )
+    ax.set_ylim(0, 1.12 if never_band else 1)
     ax.set_xlabel("draft length k (tokens)")
-    ax.set_ylabel("break-even acceptance a*(k) (per position)")
+    ax.set_ylabel("break-even acceptance a*(k), per position\n(P(token i accepted | 1..i-1 accepted))")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     cost = f"drafter cost d = {d:g} steps/token" if d else "free drafter"
-    ax.set_title(title or f"Break-even acceptance a*(k), dense vs MoE ({cost})")
+    ax.set_title(title or f"Break-even acceptance a*(k) ({cost}; c with engine overhead)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return fig

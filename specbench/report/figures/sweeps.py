@@ -19,6 +19,8 @@ from specbench.report.figures.style import (
     line_pair,
     new_axes,
     no_data,
+    sample_note,
+    wilson_interval,
 )
 
 
@@ -67,7 +69,8 @@ def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, re
         ax.set_xticks(ks)
     ax.set_xlabel("draft length k (tokens per draft; auto: mean drafted)")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    note = sample_note(rows, what="prompt runs")
+    ax.set_title(f"{title}\n({note})" if note else title)
     ax.grid(alpha=0.3)
     ax.legend(ncol=2, loc="best")
     return fig
@@ -92,17 +95,26 @@ def accepted_vs_k(summary: pl.DataFrame, title: str = "Tokens per verification v
 
 
 def per_position(
-    positions: pl.DataFrame, title: str = "Per-position acceptance rate", ax: Any = None, min_reached: int = 3
+    positions: pl.DataFrame,
+    title: str = "Per-position acceptance",
+    ax: Any = None,
+    min_reached: int = 3,
+    unconditional: bool = True,
 ):
-    """Acceptance of draft position i given the earlier ones were accepted, a line per drafter/policy
-    (positions reached fewer than ``min_reached`` times are left out: too few to estimate)."""
+    """Per-position acceptance a_i = P(draft token i accepted | tokens 1..i-1 accepted), the break-even
+    model's definition, a line per drafter/policy with its 95% Wilson interval and the number of drafts that
+    reached each position; with ``unconditional``, also (thin, dashed) verifications accepting token i / all
+    verifications, the rate ``specbench bench`` prints. Positions reached fewer than ``min_reached`` times
+    are left out: too few to estimate."""
     fig, ax = new_axes(ax)
     if not positions.is_empty():
-        positions = positions.filter(pl.col("reached") >= min_reached)
+        keys = [c for c in ("drafter", "policy", "temperature") if c in positions.columns]
+        # verifications of each group: those that reached position 1
+        first = positions.filter(pl.col("position") == 1).select(*keys, pl.col("reached").alias("verifications"))
+        positions = positions.join(first, on=keys, how="left").filter(pl.col("reached") >= min_reached)
     if positions.is_empty():
         no_data(ax, "no verifications")
         return fig
-    keys = [c for c in ("drafter", "policy", "temperature") if c in positions.columns]
     temperatures = positions["temperature"].unique().sort().to_list() if "temperature" in keys else []
     by_temperature = ["-", "--", ":", "-."]
     for group, rows in positions.group_by(keys, maintain_order=True):
@@ -114,22 +126,33 @@ def per_position(
             style = by_temperature[temperatures.index(info["temperature"]) % len(by_temperature)]
         else:
             style = POLICY_STYLES.get(family, "-")
-        ax.plot(
-            rows["position"].to_numpy(),
-            rows["rate"].to_numpy(),
-            marker="o",
-            ms=4,
-            color=drafter_colour(drafter),
-            ls=style,
-            label=label,
+        x = rows["position"].to_numpy()
+        rate, reached = rows["rate"].to_numpy(), rows["reached"].to_numpy()
+        low, high = wilson_interval(rows["accepted"].to_numpy(), reached)
+        colour = drafter_colour(drafter)
+        ax.errorbar(
+            x, rate, yerr=[rate - low, high - rate], marker="o", ms=4, capsize=2, color=colour, ls=style, label=label
         )
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel(f"draft position i (1 = first drafted token; reached >= {min_reached} times)")
-    ax.set_ylabel("acceptance rate at i given 1..i-1 accepted")
+        for xi, yi, n in zip(x, rate, reached):
+            ax.annotate(f"{n}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
+        if unconditional:
+            ax.plot(
+                x,
+                rows["accepted"].to_numpy() / rows["verifications"].to_numpy(),
+                color=colour,
+                lw=0.8,
+                ls="--",
+                alpha=0.6,
+            )
+    if unconditional:
+        ax.plot([], [], color="0.4", lw=0.8, ls="--", alpha=0.6, label="unconditional: accepting i / all verifications")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel(f"draft position i (1 = first drafted token); numbers: drafts reaching i (>= {min_reached})")
+    ax.set_ylabel("a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval)")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(ncol=2)
+    ax.legend(ncol=2, fontsize=8)
     return fig
 
 
@@ -157,7 +180,8 @@ def category_speedups(best: pl.DataFrame, title: str = "Speedup by prompt catego
     ax.set_xticks(np.arange(len(categories)), [c.replace("_", " ") for c in categories], rotation=20, ha="right")
     ax.set_xlabel("prompt category")
     ax.set_ylabel("speedup over plain decoding (x)")
-    ax.set_title(title)
+    note = sample_note(rows, what="prompt runs")
+    ax.set_title(f"{title}\n({note})" if note else title)
     ax.grid(axis="y", alpha=0.3)
     top = np.nanmax(rows["speedup"].to_numpy().astype(float)) if len(rows) else 1.0
     ax.set_ylim(0, 1.3 * max(1.0, top))  # room for the legend above the bars
@@ -200,7 +224,8 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
         ax.set_xlabel("temperature (0 = greedy)")
         ax.grid(alpha=0.3)
     left.legend()
-    fig.suptitle(title)
+    note = sample_note(rows, what="runs (prompts x seeds)")
+    fig.suptitle(f"{title} ({note})" if note else title)
     return fig
 
 

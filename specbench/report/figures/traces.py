@@ -28,7 +28,7 @@ def per_turn(turns: pl.DataFrame, title: str = "Per-turn results on agent traces
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
     left.legend()
-    fig.suptitle(title)
+    fig.suptitle(f"{title} (one generation per point, {rows['turn'].n_unique()} turns)")
     return fig
 
 

@@ -1,0 +1,111 @@
+"""Memory bandwidth achieved by plain decoding, against the device's measured peak.
+
+    python3 scripts/gpu/bandwidth.py            # H200: SmolLM2-135M, Qwen3-8B and Qwen3-30B-A3B shapes (4-bit, bf16)
+    python3 scripts/gpu/bandwidth.py --quick    # CPU: tiny float32 shapes, seconds
+
+For each model: the weight bytes one decode step reads (``specbench.cost.bandwidth.bytes_per_token``:
+every weight once, of routed experts only the share a token uses), the plain decode speed through
+specbench's engine (and mlx-lm's ``stream_generate`` for reference), and their product against the
+peak an array copy reaches (``peak_bandwidth``). Writes bandwidth.csv and bandwidth.json into $OUT
+(or --out, default reports/gpu-bandwidth) and prints a table. Models that would not fit in --budget
+seconds are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+
+from specbench.common.files import write_csv_atomic, write_json_atomic
+from specbench.common.identity import device_name, versions
+from specbench.core.engine import generate
+from specbench.core.options import GenerateOptions
+from specbench.cost.bandwidth import Bandwidth, bytes_per_token, peak_bandwidth
+from specbench.cost.measure import seconds_per_token
+from specbench.models.load import load
+
+FULL = ["smollm2-135m", "synthetic:qwen3-8b-4bit", "synthetic:qwen3-8b-bf16", "synthetic:qwen3-30b-a3b-4bit"]
+QUICK = ["synthetic:qwen3-8b-tiny", "synthetic:qwen3-30b-a3b-tiny"]
+
+
+def _mlx_lm_tokens_per_s(model, prompt: list[int], tokens: int) -> float:
+    """mlx-lm's own decode speed (``generate_step``) on the same prompt, the prompt pass excluded."""
+    return 1.0 / seconds_per_token(int(token) for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens))
+
+
+def measure(name: str, tokens: int, rounds: int, peak: float) -> dict:
+    model, _ = load(name)
+    prompt = list(range(1, 33))
+    options = GenerateOptions(max_tokens=tokens, ignore_eos=True)
+    seconds_per_token(generate(model, prompt, GenerateOptions(max_tokens=8, ignore_eos=True)))  # warm-up
+    best = min(seconds_per_token(generate(model, prompt, options)) for _ in range(rounds))
+    engine = Bandwidth(1.0 / best, bytes_per_token(model), peak)
+    reference = _mlx_lm_tokens_per_s(model, prompt, tokens)
+    row = {
+        "model": name,
+        "bytes_per_token": engine.bytes_per_token,
+        "specbench_tokens_per_s": round(engine.tokens_per_s, 2),
+        "mlx_lm_tokens_per_s": round(reference, 2),
+        "achieved_gb_s": round(engine.bytes_per_s / 1e9, 2),
+        "peak_gb_s": round(peak / 1e9, 1),
+        "fraction_of_peak": round(engine.fraction, 3),
+        "bandwidth_limit_tokens_per_s": round(engine.limit_tokens_per_s, 1),
+    }
+    print(f"{name}: {engine.describe()}; mlx-lm {reference:.1f} tok/s", flush=True)
+    del model
+    gc.collect()
+    mx.clear_cache()
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes on the CPU, seconds")
+    parser.add_argument("--models", default=None, help="comma list of models (default: per mode)")
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per timed generation")
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds; models that would not fit are skipped")
+    parser.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu-bandwidth", help="output folder")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    models = args.models.split(",") if args.models else (QUICK if args.quick else FULL)
+    tokens = args.tokens or (16 if args.quick else 128)
+    rounds = 2 if args.quick else 3
+    peak = peak_bandwidth(refresh=True)
+    print(f"{device_name()}: measured peak {peak / 1e9:.1f} GB/s (array copy, read + write)", flush=True)
+    rows, skipped = [], []
+    for name in models:
+        spent = time.perf_counter() - start
+        per_model = spent / max(1, len(rows)) if rows else 0.0
+        if spent + per_model > args.budget:
+            skipped.append(name)
+            continue
+        rows.append(measure(name, tokens, rounds, peak))
+    out = Path(args.out)
+    write_csv_atomic(out / "bandwidth.csv", rows)
+    write_json_atomic(
+        out / "bandwidth.json",
+        {"device": device_name(), **versions(), "peak_bytes_per_s": peak, "rows": rows, "skipped": skipped},
+    )
+    print(f"\n{'model':34s} {'MB/token':>9s} {'tok/s':>8s} {'mlx-lm':>8s} {'GB/s':>7s} {'of peak':>8s}")
+    for r in rows:
+        print(
+            f"{r['model']:34s} {r['bytes_per_token'] / 1e6:9.0f} {r['specbench_tokens_per_s']:8.1f} "
+            f"{r['mlx_lm_tokens_per_s']:8.1f} {r['achieved_gb_s']:7.2f} {r['fraction_of_peak']:8.0%}"
+        )
+    if skipped:
+        print(f"skipped (budget): {', '.join(skipped)}")
+    print(f"results: {out} ({time.perf_counter() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""`specbench simulate`: model-free drafters replayed over recorded outputs, without running a model."""
+
+from __future__ import annotations
+
+import argparse
+
+from specbench.cli.registry import command, names
+from specbench.common.files import check_writable
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        return [int(part) for part in names(text)]
+    except ValueError:
+        raise ValueError(f"{option} takes a comma list of integers, got {text!r}") from None
+
+
+@command(
+    "simulate",
+    "replay model-free drafters over recorded outputs (a log's assistant messages, or a model's greedy outputs): "
+    "accepted tokens per verification per drafter, k and store scope",
+)
+def _simulate(parser: argparse.ArgumentParser):
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--trace",
+        help="a conversation log (any format bench --trace reads) or a folder of them: its recorded assistant "
+        "messages, tokenized with --tokenizer",
+    )
+    source.add_argument(
+        "--prompts",
+        help="a model's recorded greedy outputs (parquet with prompt, output, finish_reason: bench --trace's "
+        "*.plain.parquet) or a folder of them",
+    )
+    parser.add_argument("--drafters", default="lookup,suffix", help="comma list of model-free drafters: lookup, suffix")
+    parser.add_argument("--k", default="2,4,8,16", help="comma list of draft lengths (a fixed:k policy each)")
+    parser.add_argument(
+        "--store",
+        default="shared,per-trace",
+        help="comma list of store scopes: shared (one drafter over all traces in turn), per-trace (fresh per trace)",
+    )
+    parser.add_argument(
+        "--tokenizer", default="smollm2-135m", help="--trace: the tokenizer of an embedded model or a local folder"
+    )
+    parser.add_argument("--trace-format", default=None, help="--trace: the log's format (default: detected)")
+    parser.add_argument("--trace-id", default=None, help="comma list of trace ids to replay (default: all)")
+    parser.add_argument("--limit", type=int, default=None, help="replay at most N traces (in file order)")
+    parser.add_argument("--out", default=None, help="folder for the summary (parquet, text) and the step log")
+
+    def run(args):
+        from specbench.experiments.simulate_logs import check_settings, save_simulation, simulate_logs
+
+        drafters, ks, stores = names(args.drafters), _ints(args.k, "--k"), names(args.store)
+        check_settings(drafters, ks, stores, args.limit)
+        if args.out:
+            check_writable(args.out, folder=True, name="--out")
+        result = simulate_logs(
+            args.trace or args.prompts,
+            drafters,
+            ks,
+            stores,
+            tokenizer=args.tokenizer,
+            recorded=args.prompts is not None,
+            format=args.trace_format,
+            trace_ids=names(args.trace_id) if args.trace_id else None,
+            limit=args.limit,
+        )
+        print(
+            f"{result.traces} traces, {result.turns} turns, {result.prompt_tokens} prompt tokens; "
+            f"{result.skipped} turns without a recorded reply skipped; {result.seconds:.1f} s"
+        )
+        print(result.table())
+        if args.out:
+            save_simulation(result, args.out)
+            print(f"\nresults: {args.out}")
+
+    return run

@@ -1,0 +1,227 @@
+"""The group of ranks a run belongs to (MLX's own distributed engine, ``mx.distributed``).
+
+Under ``mlx.launch`` (ring, JACCL, MPI) or with the NCCL variables set (``MLX_RANK``,
+``MLX_WORLD_SIZE``, ``NCCL_HOST_IP``, ``NCCL_PORT``) the group is ``mx.distributed.init`` of that
+backend; otherwise it is a world of one, and everything here is a no-op.
+
+Two ways to use several ranks: in *lockstep* (a sharded model: every rank runs the same loop and
+computes the same results, so only rank 0 writes files: ``writes_here``), or *spread* (each rank
+runs its own share of independent work and rank 0 gathers it: ``gather``). Small Python values go
+from rank 0 to every rank with ``broadcast``, arrays with ``broadcast_array``: sums over the group
+with zeros on every rank but 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+#: The variables each backend's launcher sets, in the order they are recognised.
+_LAUNCHERS = (
+    ("nccl", ("NCCL_HOST_IP", "MLX_WORLD_SIZE", "MLX_RANK")),
+    ("jaccl", ("MLX_JACCL_COORDINATOR", "MLX_RANK")),
+    ("jaccl", ("MLX_IBV_DEVICES", "MLX_RANK")),
+    ("ring", ("MLX_HOSTFILE", "MLX_RANK")),
+    ("mpi", ("OMPI_COMM_WORLD_SIZE",)),
+    ("mpi", ("PMI_SIZE",)),
+)
+
+_state: dict[str, Any] = {"group": None, "backend": None, "lockstep": False}
+
+
+def launched_backend() -> str | None:
+    """The backend whose launcher started this process ("nccl", "jaccl", "ring", "mpi"), from the
+    environment; None when none did."""
+    for backend, names in _LAUNCHERS:
+        if all(os.environ.get(name) for name in names):
+            return backend
+    return None
+
+
+def local_ring_env(ranks: int, port: int, folder: str | os.PathLike) -> list[dict[str, str]]:
+    """The variables ``mlx.launch -n RANKS --backend ring`` gives each local rank (``MLX_RANK`` and a
+    hostfile of consecutive ports from ``port``, written into ``folder``), for starting ranks directly."""
+    hostfile = os.path.join(folder, "ring-hosts.json")
+    with open(hostfile, "w") as f:
+        json.dump([[f"127.0.0.1:{port + r}"] for r in range(ranks)], f)
+    return [{"MLX_RANK": str(r), "MLX_HOSTFILE": hostfile} for r in range(ranks)]
+
+
+def group() -> mx.distributed.Group:
+    """The global group: the launched backend's (initialised on first use), or a world of one."""
+    if _state["group"] is None:
+        backend = launched_backend()
+        if backend is None:
+            _state["group"], _state["backend"] = mx.distributed.init(), "single"
+        else:
+            try:
+                _state["group"] = mx.distributed.init(strict=True, backend=backend)
+            except RuntimeError as err:
+                raise RuntimeError(
+                    f"this process was launched for MLX's {backend} backend, which failed to start ({err}); "
+                    f"check the launcher's hostfile or variables, or that this MLX build has the {backend} backend"
+                ) from err
+            _state["backend"] = backend if _state["group"].size() > 1 else "single"
+    return _state["group"]
+
+
+def backend() -> str:
+    """The backend of the global group ("ring", "jaccl", "mpi", "nccl"), "single" for a world of one."""
+    group()
+    return _state["backend"]
+
+
+def rank() -> int:
+    return group().rank()
+
+
+def size() -> int:
+    return group().size()
+
+
+def is_main() -> bool:
+    """True on rank 0 (and in a world of one)."""
+    return rank() == 0
+
+
+def _sum(x: mx.array) -> mx.array:
+    """``x`` summed over the group, evaluated. Work already queued (a sharded model's forwards, whose
+    layers sum over the group too, possibly on another stream) finishes first, so every rank issues
+    its collectives in the same order. NCCL sums on the GPU; the other backends on the CPU."""
+    from mlx_lm.generate import generation_stream  # (loads mlx-lm: only once a group of several ranks sums)
+
+    mx.synchronize(generation_stream)
+    mx.synchronize()
+    on_gpu = mx.default_device().type == mx.DeviceType.gpu
+    stream = mx.cpu if on_gpu and backend() != "nccl" else None
+    out = mx.distributed.all_sum(x, group=group(), stream=stream)
+    mx.eval(out)
+    return out
+
+
+def broadcast_array(x: mx.array | None, shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
+    """Rank 0's array ``x`` (of ``shape`` and ``dtype``, which every rank must know) on every rank;
+    ``x`` is ignored elsewhere. Returns ``x`` itself in a world of one."""
+    if size() == 1:
+        return x
+    if is_main():
+        if tuple(x.shape) != tuple(shape) or x.dtype != dtype:
+            raise ValueError(f"broadcast_array: rank 0 holds {tuple(x.shape)} {x.dtype}, not {tuple(shape)} {dtype}")
+        return _sum(x)
+    return _sum(mx.zeros(shape, dtype=dtype))
+
+
+def _bytes_of(value: Any) -> bytes:
+    """A value as bytes; mx.arrays (also inside lists, tuples and dicts) travel as NumPy arrays."""
+    return pickle.dumps(_to_numpy(value), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _to_numpy(value: Any) -> Any:
+    if isinstance(value, mx.array):
+        return _Array(np.array(value.astype(mx.float32) if value.dtype == mx.bfloat16 else value), str(value.dtype))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_numpy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_numpy(v) for k, v in value.items()}
+    return value
+
+
+def _from_numpy(value: Any) -> Any:
+    if isinstance(value, _Array):
+        return mx.array(value.data).astype(getattr(mx, value.dtype.split(".")[-1]))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_from_numpy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _from_numpy(v) for k, v in value.items()}
+    return value
+
+
+class _Array:
+    """An mx.array in transit: its values as NumPy and its MLX dtype."""
+
+    def __init__(self, data: np.ndarray, dtype: str):
+        self.data, self.dtype = data, dtype
+
+
+def _words(data: bytes, length: int) -> np.ndarray:
+    """``data`` zero-padded to ``length`` bytes (a multiple of 4) as int32 words: every backend sums int32."""
+    padded = np.zeros(length, dtype=np.uint8)
+    padded[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    return padded.view(np.int32)
+
+
+def _summed_bytes(words: np.ndarray) -> bytes:
+    return np.array(_sum(mx.array(words)), copy=False).astype(np.int32).tobytes()
+
+
+def broadcast(value: Any = None) -> Any:
+    """Rank 0's ``value`` on every rank (anything picklable; mx.arrays inside it are carried too);
+    other ranks' ``value`` is ignored. Two sums over the group: the length, then the bytes.
+    Returns ``value`` itself in a world of one."""
+    if size() == 1:
+        return value
+    data = _bytes_of(value) if is_main() else b""
+    length = int(_sum(mx.array([len(data)], dtype=mx.int32)).item())
+    received = _summed_bytes(_words(data, -(-length // 4) * 4))
+    return value if is_main() else _from_numpy(pickle.loads(received[:length]))
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order, on every rank (``[value]`` in a world of one): each
+    rank places its bytes at its own offset and the group sums them."""
+    if size() == 1:
+        return [value]
+    data = _bytes_of(value)
+    lengths = np.zeros(size(), dtype=np.int32)
+    lengths[rank()] = -(-len(data) // 4) * 4
+    lengths = np.array(_sum(mx.array(lengths)), copy=False).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    buffer = np.zeros(int(offsets[-1]), dtype=np.uint8)
+    buffer[offsets[rank()] : offsets[rank()] + len(data)] = np.frombuffer(data, dtype=np.uint8)
+    received = _summed_bytes(buffer.view(np.int32))
+    return [_from_numpy(pickle.loads(received[offsets[r] : offsets[r + 1]])) for r in range(size())]
+
+
+def agreed(value: Any, model: Any) -> Any:
+    """Rank 0's ``value`` on every rank when ``model`` is sharded (every rank computed its own, e.g. read
+    a file or picked by its own clock, and all must act alike on the model); ``value`` itself otherwise."""
+    return broadcast(value) if is_sharded(model) else value
+
+
+def barrier() -> None:
+    """Wait until every rank gets here."""
+    if size() > 1:
+        _sum(mx.array([1], dtype=mx.int32))
+
+
+# -- who writes ---------------------------------------------------------------------------------
+
+
+def set_lockstep(on: bool = True) -> None:
+    """Mark this process as running in lockstep with its group (it holds a sharded model): every
+    rank computes the same results, so files are written by rank 0 alone."""
+    _state["lockstep"] = bool(on)
+
+
+def lockstep() -> bool:
+    """True when this process runs in lockstep with a group of more than one rank."""
+    return _state["lockstep"] and size() > 1
+
+
+def writes_here() -> bool:
+    """Whether this rank writes files: always, unless it runs in lockstep and is not rank 0."""
+    return not lockstep() or is_main()
+
+
+def shard_group(model: Any) -> tuple[int, str] | None:
+    """(group size, backend) of a model loaded sharded over a group of more than one rank, else None."""
+    return getattr(model, "specbench_group", None)
+
+
+def is_sharded(model: Any) -> bool:
+    return shard_group(model) is not None

@@ -1,0 +1,461 @@
+"""Batched decoding: several requests decode together, each drafting its own length.
+
+Each step every active request asks its policy for a draft length k_i (0 allowed) and its drafter
+for up to k_i tokens; one forward verifies the padded [B, max(w_i)] block (w_i = k_i + 1: the
+request's last token, then its draft); each row is accepted by its own rule
+(``specbench.core.accept``) and rolled back on its own: mlx-lm's ``BatchKVCache`` keeps per-row
+left padding, so the rejected tail of row r becomes left padding (``prepare(right_padding=...)``
+then ``finalize()``). Requests finish on their own stops and lengths (each request is a
+``Generation`` of the single-request engine, whose prefill, stop rules and step log it reuses);
+a waiting request takes a finished request's slot (continuous batching).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.generate import generation_stream, wired_limit
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+
+from specbench.core.accept import accept_greedy, accept_sampled
+from specbench.core.draft import Drafter, as_draft, check_draft
+from specbench.core.engine import Generation
+from specbench.core.experts import ExpertCounter
+from specbench.core.forward import forward, greedy
+from specbench.core.options import GenerateOptions, checked_options
+from specbench.core.policies import DraftPolicy, as_policy
+from specbench.core.verify import FAST, Verifier
+
+
+@dataclass
+class BatchStepRecord:
+    """What one batched step did: the requests in the batch (``requests``, in row order), each
+    row's verify width, the block's draft / verify / bookkeeping seconds, tokens emitted and draft
+    tokens accepted over all rows, and (when counting experts) the distinct experts each MoE layer
+    touched across the whole [B, W] block, padding included."""
+
+    step: int
+    kind: str
+    batch_size: int
+    requests: list[int]
+    widths: list[int]
+    draft_s: float
+    verify_s: float
+    other_s: float = 0.0
+    emitted: int = 0
+    accepted: int = 0
+    experts: list[int] = field(default_factory=list)
+
+    @property
+    def width(self) -> int:
+        return max(self.widths)
+
+
+class BatchRequest(Generation):
+    """One request of a batch: a ``Generation`` (prompt checks, prefill, stops, finish reasons,
+    step log) whose decode steps its ``BatchGeneration`` computes."""
+
+    def __init__(self, index: int, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.index = index
+        self.started = 0.0
+
+    def __next__(self) -> int:
+        raise TypeError("a batched request is decoded by its BatchGeneration: iterate that, or call its run()")
+
+    @property
+    def finished(self) -> bool:
+        return self._finish is not None
+
+    def begin(self, counter: ExpertCounter | None) -> None:
+        """Seed, start the policy, and run the prompt pass alone (mlx-lm's single-request cache)."""
+        self.started = self.clock()
+        if self.options.seed is not None:
+            mx.random.seed(self.options.seed)
+        target = self.target
+        target.sampler = self.options.sampling.sampler()
+        target.counter = counter
+        if self.drafter is not None:
+            self.policy.start(self.drafter, self.break_even)
+        for _ in self._prefill():
+            pass
+        self._check_finished()
+
+    def plan(self, batch_size: int) -> tuple[int, bool, Any, float]:
+        """(k requested, paused, the checked draft (None: a plain row), draft seconds) for this step."""
+        if self.drafter is None:
+            return 0, False, None, 0.0
+        set_batch_size = getattr(self.policy, "set_batch_size", None)
+        if set_batch_size is not None:
+            set_batch_size(batch_size)
+        k = self.policy.next_k(self.log, self.drafter)
+        if k <= 0:
+            return 0, True, None, 0.0
+        if self._remaining() <= 1:
+            return k, False, None, 0.0
+        t0 = self.clock()
+        name = self._drafter_name()
+        draft = as_draft(self.drafter.draft(self.prompt + self.tokens, min(k, self._remaining() - 1)), k, name)
+        if draft.tokens:
+            draft = check_draft(draft, name, self.target.vocab, sampling=self.options.temperature > 0)
+            if getattr(draft, "parents", None) is not None:
+                raise ValueError(f"drafter {name} proposed a token tree: batched decoding verifies paths only")
+        return k, False, (draft if draft.tokens else None), self.clock() - t0
+
+    def sample_seed(self) -> None:
+        """Seed the sampler for this request's next draws: from its own seed and step, so its output
+        does not depend on which other requests share the batch (None: the global stream)."""
+        if self.options.seed is not None:
+            state = np.random.SeedSequence([self.options.seed, len(self.log)]).generate_state(1, np.uint64)[0]
+            mx.random.seed(int(state))
+
+    def settle(
+        self,
+        tokens: list[int],
+        accepted: int,
+        probs: list[float],
+        hidden: mx.array | None,
+        plan: tuple[int, bool, Any, float],
+        verify_s: float,
+        extra: dict[str, Any],
+    ) -> list[int]:
+        """Cut the step's tokens at this request's stops, log the step, emit; the emitted tokens."""
+        k, paused, draft, draft_s = plan
+        position = len(self.tokens)
+        emitted = self._stop_at(tokens)
+        if draft is None:
+            self._record(
+                "plain",
+                position,
+                emitted,
+                k_requested=k,
+                draft_s=draft_s,
+                verify_s=verify_s,
+                paused=paused,
+                extra=extra,
+            )
+        else:
+            self._record(
+                "verify",
+                position,
+                emitted,
+                k_requested=k,
+                k_drafted=len(draft.tokens),
+                accepted=min(accepted, len(emitted)),
+                verify_width=len(draft.tokens) + 1,
+                draft_s=draft_s,
+                verify_s=verify_s,
+                accept_probs=probs,
+                draft_tokens=list(draft.tokens),
+                extra=extra,
+            )
+        for _ in self._emit(emitted, hidden[:, : len(emitted)] if hidden is not None else None):
+            pass
+        self._check_finished()
+        return emitted
+
+    def _check_finished(self) -> None:
+        if self._finish is not None:
+            self._wall_s = self.clock() - self.started
+            if self.drafter is not None:
+                self.drafter.end()
+
+
+def _per_request(value: Any, n: int, name: str) -> list[Any]:
+    """One value per request: a list of n, or one value (or a factory i -> value) for all."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} entries for {n} prompts: give one per prompt")
+        return list(value)
+    if callable(value) and not isinstance(value, (Drafter, GenerateOptions, DraftPolicy, type)):
+        return [value(i) for i in range(n)]
+    return [value] * n
+
+
+def check_batchable(model: nn.Module) -> None:
+    """One clear error when the model's caches cannot be batched with per-row rollback."""
+    kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache}
+    if kinds:
+        raise ValueError(
+            f"batched decoding needs mlx-lm KVCache layers (attention-only models), but this model uses "
+            f"{', '.join(sorted(kinds))}: decode its requests one at a time (speculative_generate)"
+        )
+
+
+class BatchGeneration:
+    """Requests decoded together: ``run()`` (all outputs) or iterate for (request index, tokens)
+    per step. ``requests[i]`` is request i (tokens, ``finish_reason()``, ``stats()``, ``log``);
+    ``batch_log`` holds one ``BatchStepRecord`` per step.
+
+    ``drafters``: None (plain batched decoding), one drafter per prompt, or a factory i -> drafter.
+    ``policy``: one policy (copied per request) or one per prompt. ``max_batch``: at most this many
+    requests decode together; the rest wait and join as slots free (default: all at once).
+    ``add`` queues a further request while running. Verification is fast mode only (one batched
+    forward): exact verification computes one request's rows serially and is not batched.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        prompts: Sequence[Any],
+        options: GenerateOptions | Sequence[GenerateOptions] | None = None,
+        drafters: Any = None,
+        policy: Any = None,
+        *,
+        tokenizer: Any = None,
+        verifier: Verifier = FAST,
+        break_even: Callable[[int], float] | None = None,
+        max_batch: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an mlx-lm model (nn.Module), got {type(model).__name__}")
+        if isinstance(prompts, (str, bytes, mx.array)) or not isinstance(prompts, Sequence):
+            raise TypeError("prompts must be a list of prompts (each text or token ids)")
+        if not prompts:
+            raise ValueError("no prompts: give at least one")
+        if getattr(verifier, "mode", None) != "fast":
+            raise ValueError(
+                "batched decoding verifies in fast mode only (one forward over the [B, w] block); exact "
+                "verification is per request: use speculative_generate for exact mode"
+            )
+        if max_batch is not None and (not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1):
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        check_batchable(model)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.verifier = verifier
+        self.break_even = break_even
+        self.clock = clock
+        self.max_batch = max_batch or len(prompts)
+        self.requests: list[BatchRequest] = []
+        self.waiting: list[BatchRequest] = []
+        self.active: list[BatchRequest] = []
+        self.batch_log: list[BatchStepRecord] = []
+        self.cache: list[BatchKVCache] | None = None
+        self._wall_s = 0.0
+        n = len(prompts)
+        if drafters is not None and callable(getattr(drafters, "draft", None)) and n > 1:
+            raise ValueError("a drafter follows one request: give one drafter per prompt, or a factory i -> drafter")
+        for prompt, opts, drafter, pol in zip(
+            prompts,
+            _per_request(options, n, "options"),
+            _per_request(drafters, n, "drafters"),
+            _per_request(policy, n, "policy"),
+        ):
+            self.add(prompt, opts, drafter, pol)
+        self._iter = self._run()
+
+    def add(self, prompt: Any, options: GenerateOptions | None = None, drafter: Any = None, policy: Any = None) -> int:
+        """Queue a request (checked now); it joins the batch when a slot is free. Its index."""
+        options = checked_options(copy.copy(options) if options is not None else None)
+        if drafter is not None and policy is not None:
+            policy = copy.deepcopy(as_policy(policy))
+        request = BatchRequest(
+            len(self.requests),
+            self.model,
+            prompt,
+            options,
+            drafter=drafter,
+            policy=policy,
+            verifier=self.verifier,
+            break_even=self.break_even,
+            tokenizer=self.tokenizer,
+            clock=self.clock,
+        )
+        if drafter is not None and policy is None:
+            request.policy = copy.deepcopy(request.policy)
+        self.requests.append(request)
+        self.waiting.append(request)
+        return request.index
+
+    def set_break_even(self, break_even: Callable[[int], float]) -> None:
+        """The break-even (k -> tokens) handed to each request's policy when it starts."""
+        self.break_even = break_even
+        for request in self.requests:
+            request.break_even = break_even
+
+    # -- public -----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[int, list[int]]]:
+        return self._iter
+
+    def run(self) -> list[list[int]]:
+        """Decode every request to its end; each request's tokens, in the order given."""
+        for _ in self._iter:
+            pass
+        return [r.tokens for r in self.requests]
+
+    def stats(self) -> dict[str, Any]:
+        """Totals over the batch: tokens, steps, wall seconds, tokens/s, mean batch size."""
+        tokens = sum(len(r.tokens) for r in self.requests)
+        steps = len(self.batch_log)
+        return {
+            "requests": len(self.requests),
+            "tokens": tokens,
+            "batch_steps": steps,
+            "mean_batch_size": sum(s.batch_size for s in self.batch_log) / steps if steps else 0.0,
+            "wall_s": self._wall_s,
+            "tokens_per_s": tokens / self._wall_s if self._wall_s > 0 else 0.0,
+        }
+
+    def batch_log_frame(self):
+        """The batch-step log as a polars DataFrame (one row per step)."""
+        import polars as pl
+
+        return pl.DataFrame([{**s.__dict__, "width": s.width} for s in self.batch_log], infer_schema_length=None)
+
+    # -- the loop ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[ExpertCounter | None]:
+        counting = any(r.options.count_experts for r in self.requests)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(wired_limit(self.model, [generation_stream]))
+            stack.enter_context(mx.stream(generation_stream))
+            yield stack.enter_context(ExpertCounter(self.model)) if counting else None
+
+    def _run(self) -> Iterator[tuple[int, list[int]]]:
+        start = self.clock()
+        try:
+            with self._running() as counter:
+                self.counter = counter
+                while self.waiting or self.active:
+                    yield from self._fill()
+                    if self.active:
+                        yield from self._step()
+        finally:
+            self._wall_s = self.clock() - start
+
+    def _fill(self) -> Iterator[tuple[int, list[int]]]:
+        """Prefill waiting requests into free slots (each alone, as a single request's prefill)."""
+        while self.waiting and len(self.active) < self.max_batch:
+            request = self.waiting.pop(0)
+            request.begin(self.counter)
+            yield request.index, list(request.tokens)
+            if request.finished:
+                continue
+            row = [BatchKVCache.merge([c]) for c in request.target.cache]
+            request.target.cache = None  # the batch cache holds this request's state from now on
+            if self.cache is None:
+                self.cache = row
+            else:
+                for batch_layer, row_layer in zip(self.cache, row):
+                    batch_layer.extend(row_layer)
+            self.active.append(request)
+
+    def _step(self) -> Iterator[tuple[int, list[int]]]:
+        active = self.active
+        t0 = self.clock()
+        plans = [r.plan(len(active)) for r in active]
+        t1 = self.clock()
+        rows = [[r.tokens[-1]] + (p[2].tokens if p[2] is not None else []) for r, p in zip(active, plans)]
+        width = max(len(row) for row in rows)
+        inputs = mx.array([row + [0] * (width - len(row)) for row in rows], dtype=mx.uint32)
+        needs_hidden = any(r.needs_hidden for r in active)
+        out = forward(self.model, inputs, self.cache, needs_hidden)
+        logits, hidden = out if needs_hidden else (out, None)
+        experts = self.counter.take() if self.counter is not None else []
+        outcomes = self._accept(logits, rows, plans)
+        t2 = self.clock()
+        kept = [1 + accepted for _, accepted, _ in outcomes]
+        self._rewind([width - n for n in kept])
+        record = BatchStepRecord(
+            len(self.batch_log),
+            "verify" if width > 1 else "plain",
+            len(active),
+            [r.index for r in active],
+            [len(row) for row in rows],
+            draft_s=t1 - t0,
+            verify_s=t2 - t1,
+        )
+        extra = {"batch_step": record.step, "batch_size": len(active)}
+        for i, (request, plan, (tokens, accepted, probs)) in enumerate(zip(active, plans, outcomes)):
+            row_hidden = hidden[i : i + 1] if hidden is not None and request.needs_hidden else None
+            emitted = request.settle(tokens, accepted, probs, row_hidden, plan, t2 - t1, extra)
+            record.emitted += len(emitted)
+            record.accepted += min(accepted, len(emitted))
+            yield request.index, emitted
+        record.experts = experts
+        record.other_s = self.clock() - t2
+        self.batch_log.append(record)
+        self._drop_finished()
+
+    def _accept(self, logits: mx.array, rows: list[list[int]], plans: list[tuple]) -> list[tuple[list[int], int, list]]:
+        """Each row's (tokens, accepted drafts, acceptance probabilities), by its request's rule."""
+        active = self.active
+        greedy_rows = {i for i, r in enumerate(active) if r.options.temperature == 0}
+        choices: dict[int, list[int]] = {}
+        if greedy_rows:
+            # One argmax over the block; rows still below min_tokens get theirs with EOS masked.
+            masked = {}
+            for i in greedy_rows:
+                part = logits[i, : len(rows[i])]
+                row = active[i].target._mask_eos(part, len(active[i].tokens))
+                if row is not part:
+                    masked[i] = greedy(row)
+            block = greedy(logits)
+            mx.eval(block, *masked.values())
+            block = block.tolist()
+            choices = {i: masked[i].tolist() if i in masked else block[i] for i in greedy_rows}
+        outcomes = []
+        for i, (request, row, plan) in enumerate(zip(active, rows, plans)):
+            draft = row[1:]
+            if i in greedy_rows:
+                accepted, tokens = accept_greedy(draft, choices[i][: len(row)])
+                outcomes.append((tokens, accepted, []))
+                continue
+            request.sample_seed()
+            position = len(request.tokens)
+            if not draft:
+                token = request.target._pick(logits[i : i + 1, :1], position)
+                outcomes.append(([int(token.item())], 0, []))
+                continue
+            masked = request.target._mask_eos(logits[i, : len(row)], position)
+            p = request.options.sampling.probs(masked)
+            accepted, tokens, probs = accept_sampled(p, draft, plan[2].probs)
+            outcomes.append((tokens, accepted, probs))
+        return outcomes
+
+    def _rewind(self, right_padding: list[int]) -> None:
+        """Drop each row's rejected tail: the part all rows drop is trimmed, the rest of each row is
+        rolled into left padding."""
+        common = min(right_padding)
+        rest = [p - common for p in right_padding]
+        for layer in self.cache:
+            if common:
+                layer.trim(common)
+            if max(rest) > 0:
+                layer.prepare(right_padding=rest)
+                layer.finalize()
+
+    def _drop_finished(self) -> None:
+        keep = [i for i, r in enumerate(self.active) if not r.finished]
+        if len(keep) == len(self.active):
+            return
+        self.active = [self.active[i] for i in keep]
+        if not keep:
+            self.cache = None
+            return
+        for layer in self.cache:
+            layer.filter(mx.array(keep))
+
+
+def generate_batch(
+    model: nn.Module,
+    prompts: Sequence[Any],
+    options: GenerateOptions | Sequence[GenerateOptions] | None = None,
+    tokenizer: Any = None,
+    max_batch: int | None = None,
+) -> BatchGeneration:
+    """Plain batched decoding with the same options, logs and stats as batched speculative decoding."""
+    return BatchGeneration(model, prompts, options, tokenizer=tokenizer, max_batch=max_batch)
+
+
+__all__ = ["BatchGeneration", "BatchRequest", "BatchStepRecord", "check_batchable", "generate_batch"]

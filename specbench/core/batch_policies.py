@@ -1,0 +1,114 @@
+"""Draft-length policies that look at the batch size.
+
+``BatchTablePolicy`` is vLLM's dynamic speculative decoding: a table from batch size to draft
+length (drafting shrinks as the batch grows, and stops past some size). ``BatchAutoPolicy`` is
+Auto planning with the break-even at the current batch size: its draft length and its kill switch
+come from the cost profile c(w, B) (``specbench.cost.batch``). The batch engine tells each
+request's policy the batch size before every step (``set_batch_size``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from numbers import Integral
+from typing import Any
+
+from specbench.core.policies import AutoPolicy, DraftPolicy
+
+
+def _table(table: Mapping[int, int]) -> dict[int, int]:
+    if not isinstance(table, Mapping) or not table:
+        raise TypeError(f"a batch table maps batch sizes to draft lengths, e.g. {{1: 4, 8: 2, 32: 0}}, got {table!r}")
+    out = {}
+    for b, k in table.items():
+        for name, value, low in (("batch size", b, 1), ("draft length", k, 0)):
+            if not isinstance(value, Integral) or isinstance(value, bool) or value < low:
+                raise ValueError(f"batch table {table!r}: each {name} must be an integer >= {low}, got {value!r}")
+        out[int(b)] = int(k)
+    if 1 not in out:
+        raise ValueError(f"batch table {table!r} has no entry for batch size 1: start it at 1")
+    return dict(sorted(out.items()))
+
+
+class BatchTablePolicy(DraftPolicy):
+    """k from a table keyed by batch size: the entry of the largest size <= the current batch."""
+
+    def __init__(self, table: Mapping[int, int]):
+        self.table = _table(table)
+        self.name = "table:" + ",".join(f"{b}={k}" for b, k in self.table.items())
+        self.batch_size = 1
+
+    def set_batch_size(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+
+    def k_at(self, batch_size: int) -> int:
+        return next(k for b, k in reversed(self.table.items()) if b <= batch_size)
+
+    def _k(self, drafter: Any) -> int:
+        return self.k_at(self.batch_size)
+
+    @classmethod
+    def parse(cls, spec: str) -> BatchTablePolicy:
+        """``table:1=4,8=2,32=0``."""
+        name, _, body = str(spec).strip().partition(":")
+        try:
+            if name != "table" or not body:
+                raise ValueError
+            table = {int(b): int(k) for b, k in (item.split("=") for item in body.split(","))}
+        except ValueError:
+            raise ValueError(f"unknown batch policy {spec!r}: use table:B=K,... (e.g. table:1=4,8=2,32=0)") from None
+        return cls(table)
+
+
+class BatchAutoPolicy(AutoPolicy):
+    """Auto with the break-even at the current batch size: ``break_even_at(k, B)`` gives the tokens a
+    verification of k drafts must yield in a batch of B. At each batch size the draft lengths come
+    from that size's cost envelope (none: decode plainly while the batch is this large), and the kill
+    switch costs verifications at the batch size they ran at. Auto's own timings are per request:
+    the seconds between its decisions are one batched step each."""
+
+    name = "auto-batch"
+
+    def __init__(
+        self,
+        break_even_at: Callable[[int, int], float],
+        max_k: int | None = None,
+        window: int = 16,
+        pause_tokens: int = 64,
+        **kwargs: Any,
+    ):
+        if not callable(break_even_at):
+            raise TypeError(f"break_even_at must be a function (k, batch size) -> tokens, got {break_even_at!r}")
+        super().__init__(max_k, window, pause_tokens, None, **kwargs)
+        self.break_even_at = break_even_at
+        self.batch_size = 1
+
+    @property
+    def needs_break_even(self) -> bool:
+        return False
+
+    def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
+        self.drafter = drafter
+        self.batch_size = 1
+        super().start(drafter, self._at(1))
+
+    def _at(self, batch_size: int) -> Callable[[int], float]:
+        return lambda k: self.break_even_at(k, batch_size)
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Plan with the break-even at ``batch_size``: the cost envelope and the draft length are
+        recomputed from it (an empty envelope: plain decoding at this batch size)."""
+        if batch_size == self.batch_size:
+            return
+        self.batch_size = batch_size
+        self._break_even_of = self._at(batch_size)
+        self._break_evens = {}
+        self.envelope = self.cost_envelope(self.drafter)
+        if not self.envelope:
+            self.k = 0
+        else:
+            self.k = self._best_k() if self.measured else self._initial_k(self.drafter)
+        self.break_even = self._break_even_for(self.k) if self.k else float("inf")
+
+
+__all__ = ["BatchAutoPolicy", "BatchTablePolicy"]

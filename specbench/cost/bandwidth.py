@@ -1,0 +1,145 @@
+"""Memory bandwidth: the device's measured peak, and what a decoding speed achieves against it.
+
+Decoding one token reads (at least) the model's weights once, so ``bytes_per_token(model)`` x tokens/s
+is the bandwidth a run achieves; ``peak_bandwidth()`` times a large array copy on the default device
+(once per device and MLX version, kept under ``$SPECBENCH_HOME/profiles`` beside the cost profiles).
+Every speed can then be read against its limit: ``achieved(model, tokens_per_s)``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+
+from specbench.common.files import home, write_json_atomic
+from specbench.common.identity import device_name, kernel_key, versions
+
+#: Bytes of the array copied to measure the peak (large enough to leave every cache behind).
+COPY_BYTES = 256 * 2**20
+
+
+def bytes_per_token(model: nn.Module) -> int:
+    """Weight bytes one decode step reads: every parameter, but of routed experts (mlx-lm's SwitchGLU and
+    friends, whose weights stack the experts) only the ``num_experts_per_tok / num_experts`` a token uses,
+    and of an untied embedding table none (one row is gathered; a tied one is read whole as the output
+    layer)."""
+    args = getattr(model, "args", None)
+    experts = getattr(args, "num_experts", None) or getattr(args, "num_local_experts", None)
+    experts = experts or getattr(args, "n_routed_experts", None)
+    per_token = getattr(args, "num_experts_per_tok", None)
+    tied = bool(getattr(args, "tie_word_embeddings", False))
+    total = 0.0
+    for name, value in tree_flatten(model.parameters()):
+        if "embed_tokens" in name and not tied:
+            continue
+        share = 1.0
+        if experts and per_token and value.ndim >= 3 and value.shape[0] == experts:
+            share = per_token / experts
+        total += value.nbytes * share
+    return int(total)
+
+
+def _measure_copy(nbytes: int = COPY_BYTES, repeats: int = 3) -> float:
+    """Bytes per second (read + write) of the fastest of ``repeats`` copies of an ``nbytes`` array: on a GPU
+    with MLX; on the CPU with numpy's memcpy (MLX's CPU element-wise kernels are compute-bound, not a
+    measure of memory; MLX's CPU weights live in the same memory)."""
+    on_gpu = mx.default_device().type == mx.DeviceType.gpu
+    if on_gpu:
+        src = mx.ones((nbytes // 4,), dtype=mx.float32)
+        mx.eval(src)
+    else:
+        src, dst = np.ones(nbytes // 4, dtype=np.float32), np.empty(nbytes // 4, dtype=np.float32)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first run warms up
+        t0 = time.perf_counter()
+        if on_gpu:
+            copy = mx.array(src + 0)  # one read and one write of every element
+            mx.eval(copy)
+            mx.synchronize()
+            del copy
+        else:
+            np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best
+
+
+def _cache_path(root: Path | None = None) -> Path:
+    slug = "".join(ch if ch.isalnum() else "-" for ch in device_name()).strip("-").lower()
+    return (root or home()) / "profiles" / f"bandwidth--{slug}--mlx{versions()['mlx']}.json"
+
+
+_peaks: dict[str, float] = {}
+
+
+def peak_bandwidth(root: Path | None = None, refresh: bool = False) -> float:
+    """The default device's memory bandwidth in bytes/s as MLX reaches it (an array copy, timed), measured
+    once and kept beside the cost profiles."""
+    path = _cache_path(root)
+    key = str(path)
+    if not refresh and key in _peaks:
+        return _peaks[key]
+    if not refresh and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("kernels") == kernel_key() and data.get("bytes_per_s", 0) > 0:
+                _peaks[key] = float(data["bytes_per_s"])
+                return _peaks[key]
+        except (OSError, ValueError, AttributeError):
+            pass  # unreadable: measured again and rewritten
+    peak = _measure_copy()
+    _peaks[key] = peak
+    try:
+        write_json_atomic(
+            path,
+            {"device": device_name(), "kernels": kernel_key(), "bytes_per_s": peak, "copy_bytes": COPY_BYTES},
+        )
+    except OSError:
+        pass  # a read-only home: the measurement still stands for this process
+    return peak
+
+
+@dataclass
+class Bandwidth:
+    """A decoding speed read against the device's memory bandwidth."""
+
+    tokens_per_s: float
+    bytes_per_token: int
+    peak_bytes_per_s: float
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.tokens_per_s * self.bytes_per_token
+
+    @property
+    def fraction(self) -> float:
+        """Achieved / peak."""
+        return self.bytes_per_s / self.peak_bytes_per_s if self.peak_bytes_per_s else float("nan")
+
+    @property
+    def limit_tokens_per_s(self) -> float:
+        """The tokens/s at which reading the weights alone would take all of the measured peak."""
+        return self.peak_bytes_per_s / self.bytes_per_token if self.bytes_per_token else float("nan")
+
+    def describe(self) -> str:
+        return (
+            f"{self.tokens_per_s:.1f} tok/s x {self.bytes_per_token / 1e6:.0f} MB of weights per token = "
+            f"{self.bytes_per_s / 1e9:.2f} GB/s, {self.fraction:.0%} of this device's measured "
+            f"{self.peak_bytes_per_s / 1e9:.1f} GB/s (a copy; bandwidth limit {self.limit_tokens_per_s:.0f} tok/s)"
+        )
+
+
+def achieved(model: nn.Module, tokens_per_s: float, root: Path | None = None) -> Bandwidth:
+    """``tokens_per_s`` of ``model`` against the device's measured memory bandwidth."""
+    return Bandwidth(float(tokens_per_s), bytes_per_token(model), peak_bandwidth(root))
+
+
+def describe_speeds(model: nn.Module, speeds: dict[str, float], root: Path | None = None) -> list[str]:
+    """One line per named decoding speed (tokens/s) read against the device's measured memory bandwidth."""
+    return [f"{name}: {achieved(model, tps, root).describe()}" for name, tps in speeds.items() if tps and tps > 0]

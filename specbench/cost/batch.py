@@ -1,0 +1,317 @@
+"""Cost along the batch axis: c(w, B), break-even a*(k, B), predictions, and a measured grid.
+
+c(w, B) = seconds of a [B, w] verification forward / seconds of a [B, 1] plain batched step, both
+over B rows holding the same context length (mlx-lm ``BatchKVCache``). With every request drafting
+k tokens at acceptance a, one batched step costs c(k+1, B) plain batched steps and yields E(k) tokens
+per request, so total throughput and each request's latency improve by E(k) / (c(k+1, B) + k d); with
+per-request acceptances a_r, request r's latency speedup is E(a_r, k) / c and the throughput speedup
+is mean_r E(a_r, k) / c. Verification here is fast mode: exact verification computes one request's
+rows serially and is not batched (``specbench.core.batch``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+from specbench.common.identity import device_name, model_key
+from specbench.core.batch import BatchGeneration, check_batchable, generate_batch
+from specbench.core.batch_policies import BatchAutoPolicy
+from specbench.core.experts import ExpertCounter, expert_layers
+from specbench.core.forward import vocab_size
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy
+from specbench.cost.breakeven import best_k, break_even_acceptance, expected_tokens
+from specbench.cost.experts import expected_distinct_experts, routing
+from specbench.cost.profile import cost_at
+from specbench.drafters.oracle import OracleDrafter
+
+
+@dataclass
+class BatchProfile:
+    """c(w, B) of one model on one device: ``costs[B]`` is c(1..W) at batch size B (c(1, B) = 1),
+    ``plain_s[B]`` the seconds of a [B, 1] step; ``experts``: distinct experts per MoE layer of a
+    [B, w] block (mean over layers), with the uniform-routing expectation."""
+
+    model: str
+    device: str
+    offset: int
+    costs: dict[int, list[float]]
+    plain_s: dict[int, float]
+    experts: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return sorted(self.costs)
+
+    def curve(self, batch_size: int) -> np.ndarray:
+        """c(1..W) at ``batch_size`` (interpolated linearly in log B between measured sizes)."""
+        sizes = self.batch_sizes
+        if batch_size in self.costs:
+            return np.asarray(self.costs[batch_size], dtype=float)
+        if batch_size < sizes[0] or batch_size > sizes[-1]:
+            raise ValueError(f"batch size {batch_size} is outside the profile's {sizes[0]}..{sizes[-1]}: measure it")
+        hi = next(s for s in sizes if s > batch_size)
+        lo = max(s for s in sizes if s < batch_size)
+        t = (np.log(batch_size) - np.log(lo)) / (np.log(hi) - np.log(lo))
+        width = min(len(self.costs[lo]), len(self.costs[hi]))
+        return (1 - t) * np.asarray(self.costs[lo][:width]) + t * np.asarray(self.costs[hi][:width])
+
+    def c(self, w: int | float, batch_size: int) -> float:
+        return cost_at(self.curve(batch_size), w)
+
+    def break_even_tokens(self, k: int, batch_size: int, d: float = 0.0) -> float:
+        """Tokens a verification of k drafts must yield per request at this batch size: c(k+1, B) + k d."""
+        return self.c(k + 1, batch_size) + k * d if k else 1.0
+
+    def break_even_acceptance(self, batch_size: int, d: float = 0.0, k_max: int | None = None) -> np.ndarray:
+        """a*(k, B) for k = 1..k_max (0: pays even when all drafts are rejected; NaN: never pays)."""
+        return break_even_acceptance(self.curve(batch_size), d, k_max)
+
+    def predicted(self, acceptance: float | Sequence[float], k: int, batch_size: int, d: float = 0.0) -> dict:
+        """Predicted speedups over plain batched decoding: ``throughput`` (total tokens/s) and
+        ``latency`` (each request's, in request order when ``acceptance`` is one value per request)."""
+        per_request = [float(acceptance)] * batch_size if np.ndim(acceptance) == 0 else list(acceptance)
+        step = self.c(k + 1, batch_size) + k * d if k else 1.0
+        gains = [expected_tokens(a, k) / step for a in per_request]
+        return {"throughput": float(np.mean(gains)), "latency": gains}
+
+    def best_k(self, acceptance: float, batch_size: int, d: float = 0.0, k_max: int | None = None) -> tuple[int, float]:
+        """(k, predicted speedup) best at this batch size and acceptance (k = 0: plain decoding pays best)."""
+        return best_k(acceptance, self.curve(batch_size), d, k_max)
+
+    def auto_policy(self, d: float = 0.0, **kwargs: Any) -> BatchAutoPolicy:
+        """Auto planning with this profile's break-even at each batch size (``max_k``, ``window``,
+        ``pause_tokens`` as for ``DraftPolicy.auto``); sizes past the measured ones use the largest."""
+        largest = self.batch_sizes[-1]
+        return BatchAutoPolicy(lambda k, b: self.break_even_tokens(k, min(b, largest), d), **kwargs)
+
+    def paying_batch_sizes(self, acceptance: float, d: float = 0.0, k_max: int | None = None) -> list[int]:
+        """The measured batch sizes at which some draft length pays at ``acceptance``."""
+        return [b for b in self.batch_sizes if self.best_k(acceptance, b, d, k_max)[0] > 0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BatchProfile:
+        data = dict(data)
+        data["costs"] = {int(b): list(v) for b, v in data["costs"].items()}
+        data["plain_s"] = {int(b): float(v) for b, v in data["plain_s"].items()}
+        return cls(**data)
+
+    def to_polars(self):
+        """One row per (B, w): c, seconds, break-even tokens at k = w - 1."""
+        import polars as pl
+
+        rows = [
+            {"batch_size": b, "width": w, "c": c, "seconds": c * self.plain_s[b], "plain_step_s": self.plain_s[b]}
+            for b in self.batch_sizes
+            for w, c in enumerate(self.costs[b], start=1)
+        ]
+        return pl.DataFrame(rows)
+
+
+def _batch_cache(model: nn.Module, batch_size: int, offset: int, rng: np.random.Generator) -> list[BatchKVCache]:
+    """A batch cache holding ``offset`` random tokens in each of ``batch_size`` rows."""
+    cache = [BatchKVCache([0] * batch_size) for _ in make_prompt_cache(model)]
+    ids = mx.array(rng.integers(0, vocab_size(model), size=(batch_size, offset)), dtype=mx.uint32)
+    mx.eval(model(ids, cache=cache))
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def _time_widths(
+    model: nn.Module, cache: list[Any], batch_size: int, widths: list[int], repeats: int, warmup: int, rng
+) -> dict[int, float]:
+    """Median seconds of one [B, w] forward over ``cache`` (trimmed back after each) for each width,
+    timed in interleaved rounds so that drift and other load spread over every width alike."""
+    vocab = vocab_size(model)
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    for i in range(warmup + repeats):
+        for w in widths:
+            ids = mx.array(rng.integers(0, vocab, size=(batch_size, w)), dtype=mx.uint32)
+            mx.eval(ids)
+            t0 = time.perf_counter()
+            mx.eval(model(ids, cache=cache))
+            if i >= warmup:
+                times[w].append(time.perf_counter() - t0)
+            for c in cache:
+                c.trim(w)
+    return {w: statistics.median(t) for w, t in times.items()}
+
+
+def measure_batch_profile(
+    model: nn.Module,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    widths: int | Sequence[int] = 8,
+    offset: int = 128,
+    repeats: int = 5,
+    warmup: int = 1,
+    count_experts: bool = True,
+    seed: int = 0,
+    verify: str = "fast",
+    budget_s: float | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> BatchProfile:
+    """Measure c(w, B) (fast verification) for each batch size; for an MoE model (``count_experts``)
+    also the distinct experts a [B, w] block touches. Batch sizes past ``budget_s`` are left out."""
+    if verify != "fast":
+        raise ValueError(
+            "batched verification is fast mode only: exact verification computes one request's rows serially; "
+            "measure its batch-1 cost with specbench.cost.measure(verify=('exact',))"
+        )
+    check_batchable(model)
+    widths = list(range(1, widths + 1)) if isinstance(widths, int) else sorted({1, *widths})
+    if widths != list(range(1, widths[-1] + 1)):
+        raise ValueError(f"widths must be 1..W without gaps (c is interpolated from them), got {widths}")
+    rng = np.random.default_rng(seed)
+    moe = count_experts and bool(expert_layers(model))
+    costs: dict[int, list[float]] = {}
+    plain_s: dict[int, float] = {}
+    experts: list[dict[str, float]] = []
+    start = time.perf_counter()
+    for b in sorted(batch_sizes):
+        if budget_s is not None and costs and time.perf_counter() - start > budget_s:
+            if progress:
+                progress(f"batch sizes from {b} left out: past the {budget_s:.0f} s budget")
+            break
+        cache = _batch_cache(model, b, offset, rng)
+        seconds = _time_widths(model, cache, b, widths, repeats, warmup, rng)
+        plain_s[b] = seconds[1]
+        costs[b] = [seconds[w] / seconds[1] for w in widths]
+        if progress:
+            progress(f"B={b}: plain step {1e3 * seconds[1]:.2f} ms; c(w) " + " ".join(f"{c:.2f}" for c in costs[b]))
+        if moe:
+            experts += _block_experts(model, cache, b, widths, rng)
+        del cache
+    return BatchProfile(model_key(model), device_name(), offset, costs, plain_s, experts)
+
+
+def _block_experts(model: nn.Module, cache: list[Any], b: int, widths: list[int], rng) -> list[dict[str, float]]:
+    num_experts, top_k = routing(model)
+    rows = []
+    with ExpertCounter(model) as counter:
+        for w in widths:
+            counter.take()
+            ids = rng.integers(0, vocab_size(model), size=(b, w))
+            mx.eval(model(mx.array(ids, dtype=mx.uint32), cache=cache))
+            called = [c for c in counter.take() if c]
+            for c in cache:
+                c.trim(w)
+            rows.append(
+                {
+                    "batch_size": b,
+                    "width": w,
+                    "tokens": b * w,
+                    "distinct_experts": float(np.mean(called)),
+                    "expected_uniform": expected_distinct_experts(num_experts, top_k, b * w),
+                    "num_experts": num_experts,
+                }
+            )
+    return rows
+
+
+def _decode_seconds(gen: BatchGeneration) -> float:
+    """Decode seconds of a batch run (verify and bookkeeping; drafting left out: the oracle drafter's
+    bookkeeping is no drafter's cost)."""
+    return sum(s.verify_s + s.other_s for s in gen.batch_log)
+
+
+def _request_seconds_per_token(gen: BatchGeneration) -> float:
+    """Mean over requests of decode seconds per decode token (the latency each request sees)."""
+    values = []
+    for request in gen.requests:
+        decode = [r for r in request.log.records if r["kind"] != "prefill"]
+        tokens = sum(r["emitted"] for r in decode)
+        if tokens:
+            values.append(sum(r["verify_s"] for r in decode) / tokens)
+    return float(np.mean(values))
+
+
+def _predicted_seconds(gen: BatchGeneration, profile: BatchProfile) -> float:
+    """Seconds the profile predicts for the batch steps a run took: sum of c(W, B) x plain step(B)."""
+    total = 0.0
+    for s in gen.batch_log:
+        plain = float(np.interp(s.batch_size, profile.batch_sizes, [profile.plain_s[b] for b in profile.batch_sizes]))
+        total += profile.c(s.width, s.batch_size) * plain
+    return total
+
+
+def batch_speedup_grid(
+    model: nn.Module,
+    profile: BatchProfile,
+    batch_sizes: Sequence[int] = (1, 4, 16, 32),
+    acceptances: Sequence[float] = (0.5, 0.8, 1.0),
+    ks: Sequence[int] = (1, 2, 4),
+    prompt_len: int = 32,
+    max_tokens: int = 64,
+    seed: int = 0,
+    budget_s: float | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Speedups of batched speculative over plain batched decoding, measured end to end at controlled
+    acceptance (``OracleDrafter`` per request, ``DraftPolicy.fixed(k)``), against the profile's
+    prediction at the nominal a (``predicted``) and for the steps the run took (``predicted_from_log``),
+    with relative errors as ``specbench.cost.grid`` reports them. Cells past ``budget_s`` are left out."""
+    rng = np.random.default_rng(seed)
+    options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True)
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    for b in batch_sizes:
+        if budget_s is not None and rows and time.perf_counter() - start > budget_s:
+            break
+        prompts = rng.integers(0, vocab_size(model), size=(b, prompt_len)).tolist()
+        plain = generate_batch(model, prompts, options)
+        plain.run()
+        plain_s = _decode_seconds(plain) / sum(len(r.tokens) - 1 for r in plain.requests)
+        plain_latency = _request_seconds_per_token(plain)
+        plain_predicted = _predicted_seconds(plain, profile)
+        oracles = [
+            OracleDrafter(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, model=model)
+            for i, (p, r) in enumerate(zip(prompts, plain.requests))
+        ]
+        for a in acceptances:
+            for k in ks:
+                if budget_s is not None and rows and time.perf_counter() - start > budget_s:
+                    return rows
+                for i, o in enumerate(oracles):
+                    o.acceptance, o.seed = a, seed + 1000 * k + i
+                gen = BatchGeneration(model, prompts, options, list(oracles), DraftPolicy.fixed(k))
+                gen.run()
+                spec_s = _decode_seconds(gen) / sum(len(r.tokens) - 1 for r in gen.requests)
+                measured = plain_s / spec_s
+                nominal = profile.predicted(a, k, b)["throughput"]
+                from_log = plain_predicted / _predicted_seconds(gen, profile)
+                row = {
+                    "batch_size": b,
+                    "acceptance": a,
+                    "k": k,
+                    "measured": measured,
+                    "measured_latency": plain_latency / _request_seconds_per_token(gen),
+                    "predicted": nominal,
+                    "predicted_from_log": from_log,
+                    "error": measured / nominal - 1,
+                    "error_from_log": measured / from_log - 1,
+                    "acceptance_measured": float(
+                        np.mean([r.stats()["acceptance_rate"] for r in gen.requests if r.stats()["drafted"]] or [0])
+                    ),
+                    "plain_tokens_per_s": 1 / plain_s,
+                    "spec_tokens_per_s": 1 / spec_s,
+                    "follows": sum(o.follows for o in oracles),
+                }
+                rows.append(row)
+                if progress:
+                    progress(row)
+    return rows
+
+
+__all__ = ["BatchProfile", "batch_speedup_grid", "measure_batch_profile"]

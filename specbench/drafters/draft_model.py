@@ -1,0 +1,306 @@
+"""Draft-model speculation: a smaller model sharing the target's vocabulary drafts autoregressively.
+
+The drafter keeps its own KV cache over the context. After a verification ``observe`` learns the
+emitted tokens (accepted drafts, then the target's own token) and trims the cache back to the
+longest prefix it shares with the context, so the cache holds exactly what the target kept; the
+next ``draft`` feeds only the tokens the cache lacks. Drafting is lazy: the k tokens are chained
+on the device and read once.
+
+Sampling: the drafter cannot see the generation's options, so it is given the sampling settings
+(``sampling=``: a ``SamplingSettings`` or the ``GenerateOptions`` of the run). With temperature 0
+it drafts greedily (q one-hot, ``Draft.probs`` None); above 0 it samples each token from
+q = ``sampling.probs(logits)`` (the target's own filters: temperature, top-p, min-p, top-k) and
+returns q, so the lossless rule min(1, p/q) applies.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+from specbench.common.files import ASSETS_DIR
+from specbench.core.accept import SamplingSettings
+from specbench.core.draft import Draft, Drafter
+from specbench.core.forward import greedy, text_model, vocab_size
+from specbench.core.options import GenerateOptions
+
+#: Tokens fed to the draft model per forward when it catches up on a long context.
+PREFILL_CHUNK = 512
+
+
+def parameter_bytes(module: nn.Module) -> int:
+    """Bytes of a module's parameters (what one forward reads)."""
+    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+
+
+def sampling_settings(sampling: SamplingSettings | GenerateOptions | None) -> SamplingSettings:
+    """The sampling settings a drafter drafts with: greedy for None, a run's options' settings."""
+    if sampling is None:
+        return SamplingSettings()
+    if isinstance(sampling, GenerateOptions):
+        return sampling.sampling
+    if isinstance(sampling, SamplingSettings):
+        return sampling
+    raise TypeError(
+        f"sampling must be SamplingSettings, GenerateOptions or None (greedy), got {sampling!r} "
+        f"({type(sampling).__name__})"
+    )
+
+
+def _token_map(tokenizer: Any) -> dict[str, int] | None:
+    for owner in (tokenizer, getattr(tokenizer, "_tokenizer", None)):
+        get = getattr(owner, "get_vocab", None)
+        if callable(get):
+            return dict(get())
+    return None
+
+
+def check_same_vocabulary(
+    draft_vocab: int, target: nn.Module, draft_tokenizer: Any = None, target_tokenizer: Any = None
+) -> None:
+    """One clear ValueError when a drafter's vocabulary differs from ``target``'s: output widths, and
+    token-to-id maps when both tokenizers are given."""
+    target_vocab = vocab_size(target)
+    if draft_vocab != target_vocab:
+        raise ValueError(
+            f"vocabulary mismatch: the draft model predicts {draft_vocab} token ids but the target {target_vocab}: "
+            "a draft model must share the target's tokenizer and vocabulary (a smaller model of the same family)"
+        )
+    if draft_tokenizer is None or target_tokenizer is None:
+        return
+    a, b = _token_map(draft_tokenizer), _token_map(target_tokenizer)
+    if a is not None and b is not None and a != b:
+        differing = sorted(t for t in set(a) | set(b) if a.get(t) != b.get(t))
+        raise ValueError(
+            f"vocabulary mismatch: the draft model's tokenizer maps {len(differing)} tokens differently from the "
+            f"target's (e.g. {differing[:3]!r}): a draft model must share the target's tokenizer"
+        )
+
+
+class DraftModel(Drafter):
+    """Drafts with ``model``, any mlx-lm model sharing the target's vocabulary.
+
+    ``tokenizer``: the draft model's tokenizer, compared with the target's when both are known.
+    ``target`` (and ``target_tokenizer``): the model it drafts for; given here, a vocabulary
+    mismatch is an error at once and ``cost_per_token`` is the draft's share of the target's
+    weight bytes (else it is known only once ``check_target`` is called). ``sampling``: see the
+    module's docstring.
+    """
+
+    name = "draft-model"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any = None,
+        *,
+        target: nn.Module | None = None,
+        target_tokenizer: Any = None,
+        sampling: SamplingSettings | GenerateOptions | None = None,
+        preferred_k: int = 3,
+    ):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"the draft model must be an mlx-lm model (nn.Module), got {type(model).__name__}")
+        if not isinstance(preferred_k, int) or preferred_k < 1:
+            raise ValueError(f"preferred_k must be an integer >= 1, got {preferred_k!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling_settings(sampling)
+        self.preferred_k = preferred_k
+        self.vocab = self._vocab()
+        if not can_trim_prompt_cache(self._new_cache()):
+            raise ValueError(
+                f"the draft model's cache cannot roll back ({type(self._new_cache()[0]).__name__}): use a draft model "
+                "with plain attention caches"
+            )
+        if target is not None:
+            self.check_target(target, target_tokenizer)
+        self._reset([])
+
+    # -- what a subclass changes ----------------------------------------------------------------
+    def _vocab(self) -> int:
+        return vocab_size(self.model)
+
+    def _new_cache(self) -> list[Any]:
+        return make_prompt_cache(self.model)
+
+    def _logits(self, inputs: mx.array, cache: list[Any]) -> mx.array:
+        """Logits [1, w, vocab] of ``inputs`` [1, w], extending ``cache``."""
+        return self.model(inputs, cache=cache)
+
+    def _draft_bytes(self) -> int:
+        return parameter_bytes(self.model)
+
+    # -- the protocol ---------------------------------------------------------------------------
+    def check_target(self, target: nn.Module, target_tokenizer: Any = None) -> None:
+        """Check that ``target`` shares this drafter's vocabulary; set ``cost_per_token``."""
+        check_same_vocabulary(self.vocab, target, self.tokenizer, target_tokenizer)
+        self.cost_per_token = self._draft_bytes() / max(parameter_bytes(target), 1)
+
+    def _reset(self, context: Sequence[int]) -> None:
+        self.cache = self._new_cache()
+        self.cached: list[int] = []  # tokens whose keys and values the cache holds
+        self.context: list[int] = [int(t) for t in context]
+
+    def begin(self, prompt: Sequence[int], hidden: mx.array | None = None) -> None:
+        outside = [int(t) for t in prompt if not 0 <= int(t) < self.vocab]
+        if outside:
+            raise ValueError(
+                f"vocabulary mismatch: prompt token ids {outside[:5]} are outside the draft model's vocabulary "
+                f"[0, {self.vocab}): a draft model must share the target's tokenizer"
+            )
+        self._reset(prompt)
+        if len(self.context) > 1:
+            self._feed(self.context[:-1])
+
+    def observe(self, tokens: Sequence[int], hidden: mx.array | None = None) -> None:
+        self.context.extend(int(t) for t in tokens)
+        self._roll_back(self.context)
+
+    def end(self) -> None:
+        self._reset([])
+
+    def _roll_back(self, context: Sequence[int]) -> None:
+        """Trim the cache to the longest prefix of ``context`` it holds (at most all but its last token)."""
+        limit = min(len(self.cached), len(context) - 1)
+        common = 0
+        if self.cached[:limit] == list(context[:limit]):
+            common = limit
+        else:
+            while common < limit and self.cached[common] == context[common]:
+                common += 1
+        drop = len(self.cached) - common
+        if drop > 0:
+            trim_prompt_cache(self.cache, drop)
+            del self.cached[common:]
+
+    def _feed(self, tokens: Sequence[int]) -> mx.array:
+        """Run ``tokens`` through the draft model (in chunks); the last position's logits [1, vocab]."""
+        logits = None
+        for start in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = mx.array([list(tokens[start : start + PREFILL_CHUNK])], dtype=mx.uint32)
+            logits = self._logits(chunk, self.cache)[:, -1, :]
+            if start + PREFILL_CHUNK < len(tokens):
+                mx.eval([c.state for c in self.cache])
+        self.cached.extend(int(t) for t in tokens)
+        return logits
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        if k <= 0 or not context:
+            return Draft([])
+        if len(context) != len(self.context) or list(context) != self.context:
+            self.context = [int(t) for t in context]  # a context the drafter did not follow: resynchronise
+        self._roll_back(context)
+        logits = self._feed(list(context[len(self.cached) :]))
+        tokens: list[mx.array] = []
+        probs: list[mx.array] = []
+        for j in range(k):
+            if self.sampling.greedy:
+                token = greedy(logits.astype(mx.float32))
+            else:
+                q = self.sampling.probs(logits)
+                token = mx.random.categorical(mx.log(q))
+                probs.append(q[0])
+            tokens.append(token)
+            if j + 1 < k:
+                logits = self._logits(token.reshape(1, 1).astype(mx.uint32), self.cache)[:, -1, :]
+            mx.async_eval(token)
+        mx.eval(tokens, probs)
+        drafted = [int(t.item()) for t in tokens]
+        self.cached.extend(drafted[:-1])
+        return Draft(drafted, mx.stack(probs) if probs else None)
+
+
+# -- draft models built from the target: its embeddings, norm and output head, fewer layers -----------
+
+#: Where distilled draft models are shipped: ``<model name>.safetensors`` holding only the draft's own
+#: tensors (decoder layers and final norm); embeddings and output head are the target's.
+DRAFT_ASSETS = ASSETS_DIR / "draft"
+
+
+def draft_from_target(target: nn.Module, source_layers: Sequence[int]) -> nn.Module:
+    """A model of ``target``'s architecture with ``len(source_layers)`` decoder layers, copies of the
+    target's layers at those indices, sharing the target's embeddings, final norm weights (copied)
+    and output head (the same arrays: no extra memory)."""
+    lm = text_model(target)
+    total = len(lm.model.layers)
+    bad = [i for i in source_layers if not 0 <= int(i) < total]
+    if not source_layers or bad:
+        raise ValueError(f"source layers must be indices in [0, {total}), got {list(source_layers)!r}")
+    config = dict(vars(lm.args))
+    config["num_hidden_layers"] = len(source_layers)
+    if isinstance(config.get("layer_types"), list):
+        config["layer_types"] = [config["layer_types"][int(i)] for i in source_layers]
+    module = sys.modules[type(lm).__module__]
+    draft = module.Model(module.ModelArgs.from_dict(config))
+    draft.model.embed_tokens = lm.model.embed_tokens
+    if getattr(lm, "lm_head", None) is not None:
+        draft.lm_head = lm.lm_head
+    draft.model.norm.update(tree_map(mx.array, lm.model.norm.parameters()))
+    for layer, i in zip(draft.model.layers, source_layers):
+        layer.update(tree_map(mx.array, lm.model.layers[int(i)].parameters()))
+    mx.eval(draft.parameters())
+    draft.eval()
+    return draft
+
+
+def draft_own_tensors(draft: nn.Module) -> dict[str, mx.array]:
+    """The tensors a draft built by ``draft_from_target`` does not share with its target."""
+    params = dict(tree_flatten(draft.parameters()))
+    return {k: v for k, v in params.items() if k.startswith(("model.layers.", "model.norm."))}
+
+
+def load_draft_model(target: nn.Module, path: str | Path) -> nn.Module:
+    """The draft model stored at ``path`` (``draft_own_tensors`` and its ``layers`` metadata) for ``target``,
+    in the target's dtype."""
+    weights, meta = mx.load(str(path), return_metadata=True)
+    if "layers" not in meta:
+        raise ValueError(f"{path}: not a draft model file (its metadata has no 'layers')")
+    draft = draft_from_target(target, list(range(int(meta["layers"]))))
+    dtype = text_model(target).model.norm.weight.dtype
+    draft.load_weights([(k, v.astype(dtype)) for k, v in weights.items()], strict=False)
+    mx.eval(draft.parameters())
+    expected = set(draft_own_tensors(draft))
+    if set(weights) != expected:
+        raise ValueError(f"{path}: its tensors do not match a {meta['layers']}-layer draft of this model")
+    return draft
+
+
+def draft_metadata(layers: int, model_name: str, extra: dict[str, Any] | None = None) -> dict[str, str]:
+    """The metadata ``load_draft_model`` reads (all values as strings, as safetensors stores them)."""
+    return {"layers": str(layers), "model": model_name, **{k: json.dumps(v) for k, v in (extra or {}).items()}}
+
+
+def shipped_draft_model(target: nn.Module, model_name: str | None) -> nn.Module:
+    """The draft model shipped for the embedded model ``model_name``; FileNotFoundError when none is."""
+    path = DRAFT_ASSETS / f"{model_name}.safetensors" if model_name else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError(
+            f"no draft model is shipped for {model_name or 'this model'}: pass one (--draft-model PATH or a name; "
+            "DraftModel(model) in Python) or train one with scripts/gpu/drafters.py"
+        )
+    return load_draft_model(target, path)
+
+
+def resolve_draft_model(spec: str | Path, target: nn.Module, model_name: str | None = None) -> nn.Module:
+    """A draft model for ``target`` from a command-line value: a draft file (``.safetensors`` written by
+    scripts/gpu/drafters.py), "shipped" (the one shipped for ``model_name``), else anything
+    ``specbench.models.load`` takes (a short name, an mlx-lm folder, a Hugging Face id)."""
+    text = str(spec)
+    if text == "shipped":
+        return shipped_draft_model(target, model_name)
+    if text.endswith(".safetensors"):
+        if not Path(text).is_file():
+            raise FileNotFoundError(f"no draft model file at {text}")
+        return load_draft_model(target, text)
+    from specbench.models.load import load
+
+    return load(text)[0]

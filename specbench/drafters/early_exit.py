@@ -1,0 +1,155 @@
+"""Self-speculative early exit (LayerSkip, Draft & Verify): the target's first L layers, its final
+norm and its output head draft; no weights of their own.
+
+The drafter shares the target's weights (the same modules, not copies) but keeps its own KV cache
+for those L layers: the engine's target owns its cache and rolls it back itself, and the drafter
+is never handed it, so the first L layers' keys and values are computed twice (once while
+drafting, once in the verify pass). The drafter's cache follows the target's through
+``DraftModel``'s rollback. ``sweep_exit_layers`` measures acceptance per L on given prompts and
+``best_exit_layer`` picks L.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import make_prompt_cache
+
+from specbench.core.accept import SamplingSettings
+from specbench.core.engine import Generation
+from specbench.core.forward import logits_from_hidden, text_model
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy
+from specbench.drafters.draft_model import DraftModel, parameter_bytes
+
+#: Families whose body is embed -> decoder layers (one causal mask) -> final norm, as this drafter runs it.
+EARLY_EXIT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+
+
+def _model_type(model: nn.Module) -> str:
+    lm = text_model(model)
+    return str(getattr(lm, "model_type", None) or getattr(getattr(lm, "args", None), "model_type", ""))
+
+
+def exit_layer_count(model: nn.Module) -> int:
+    """The number of decoder layers of ``model`` (the largest exit is one less)."""
+    return len(text_model(model).model.layers)
+
+
+class EarlyExit(DraftModel):
+    """Drafts with the first ``layers`` decoder layers of ``model`` (the target) and its output head."""
+
+    name = "early-exit"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: int,
+        *,
+        sampling: SamplingSettings | GenerateOptions | None = None,
+        preferred_k: int = 3,
+    ):
+        family = _model_type(model)
+        if family not in EARLY_EXIT_FAMILIES:
+            raise ValueError(
+                f"early exit supports {', '.join(EARLY_EXIT_FAMILIES)} models, not {family or type(model).__name__}"
+            )
+        total = exit_layer_count(model)
+        if not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers < total:
+            raise ValueError(f"early exit needs 1 <= layers < {total} (the model's depth), got {layers!r}")
+        body = text_model(model).model
+        if any(getattr(layer, "use_sliding", False) for layer in body.layers[:layers]):
+            raise ValueError("early exit does not support sliding-window layers among the first layers")
+        self.layers = layers
+        self.name = f"early-exit:{layers}"
+        super().__init__(model, sampling=sampling, preferred_k=preferred_k)
+        self.check_target(model)
+
+    def _new_cache(self) -> list[Any]:
+        return make_prompt_cache(self.model)[: self.layers]
+
+    def _logits(self, inputs: mx.array, cache: list[Any]) -> mx.array:
+        body = text_model(self.model).model
+        h = body.embed_tokens(inputs)
+        mask = create_attention_mask(h, cache[0])
+        for layer, c in zip(body.layers[: self.layers], cache):
+            h = layer(h, mask, c)
+        return logits_from_hidden(self.model, body.norm(h))
+
+    def _draft_bytes(self) -> int:
+        """What drafting reads: the first L layers, the final norm and the output head."""
+        lm = text_model(self.model)
+        head = getattr(lm, "lm_head", None) or lm.model.embed_tokens
+        return sum(parameter_bytes(layer) for layer in lm.model.layers[: self.layers]) + parameter_bytes(head)
+
+
+def sweep_exit_layers(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    layers: Iterable[int] | None = None,
+    k: int = 3,
+    max_tokens: int = 32,
+) -> list[dict[str, Any]]:
+    """Greedy speculative decoding of every prompt with ``EarlyExit(model, L)`` for each L in
+    ``layers`` (default: every quarter of the depth and the halves between), a fixed draft of ``k``.
+
+    One row per L: verifications, acceptance per draft position (accepted / drafted there),
+    first-draft acceptance, tokens per verification, ``cost_per_token`` and ``modeled_speedup``,
+    tokens per verification over the cost of a verification counted as one plain step plus k
+    drafted tokens (a floor on what drafting costs: it assumes a verify pass costs one step).
+    """
+    if not prompts:
+        raise ValueError("the sweep needs at least one prompt")
+    total = exit_layer_count(model)
+    chosen = sorted(set(layers)) if layers is not None else sorted({max(1, total * i // 8) for i in range(1, 8)})
+    rows = []
+    for n in chosen:
+        drafter = EarlyExit(model, n)
+        drafted_at, accepted_at = [0] * k, [0] * k
+        verifies = accepted = 0
+        for prompt in prompts:
+            gen = Generation(
+                model,
+                list(prompt),
+                GenerateOptions(max_tokens=max_tokens),
+                drafter=drafter,
+                policy=DraftPolicy.fixed(k),
+            )
+            for _ in gen:
+                pass
+            for record in gen.log.records:
+                if record["kind"] != "verify" or not record["k_drafted"]:
+                    continue
+                verifies += 1
+                accepted += record["accepted"]
+                for i in range(record["k_drafted"]):
+                    drafted_at[i] += 1
+                    accepted_at[i] += i < record["accepted"]
+        per_position = [a / d if d else float("nan") for a, d in zip(accepted_at, drafted_at)]
+        tokens_per_verify = (accepted + verifies) / verifies if verifies else float("nan")
+        rows.append(
+            {
+                "layers": n,
+                "of_layers": total,
+                "k": k,
+                "verifies": verifies,
+                "first_draft_acceptance": per_position[0],
+                "per_position_acceptance": per_position,
+                "tokens_per_verify": tokens_per_verify,
+                "cost_per_token": drafter.cost_per_token,
+                "modeled_speedup": tokens_per_verify / (1 + k * drafter.cost_per_token),
+            }
+        )
+    return rows
+
+
+def best_exit_layer(rows: Sequence[dict[str, Any]]) -> int:
+    """The L of a sweep's rows with the highest modeled speedup (below 1 at every L: early exit does not
+    pay for this model, whichever L)."""
+    if not rows:
+        raise ValueError("no sweep rows")
+    return max(rows, key=lambda r: r["modeled_speedup"] if r["verifies"] else -1.0)["layers"]

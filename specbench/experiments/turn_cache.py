@@ -1,0 +1,60 @@
+"""Prompt caches kept across a conversation's turns: the next turn's prompt extends the last one, so
+a method prefills only its new tokens.
+
+Only the previous prompt's tokens are reused (the reply's are prefilled again with the new
+messages): every method then holds the same cache contents for the same prompt, however its reply
+was verified, so methods stay comparable token for token on every device. When the chat template
+renders the history differently from the turn before, the cache is trimmed to the prefix the two
+prompts share; with nothing shared (or a cache that cannot be trimmed) the turn is a full prefill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two id lists."""
+    n = min(len(a), len(b))
+    i = 0
+    step = 1024
+    while i < n:  # compare slices (fast), then narrow down inside the first one that differs
+        j = min(n, i + step)
+        if a[i:j] == b[i:j]:
+            i = j
+            continue
+        while a[i] == b[i]:
+            i += 1
+        return i
+    return n
+
+
+class TurnCache:
+    """One method's prompt cache across turns: ``take(prompt)`` before a turn (the cache to pass as
+    ``prompt_cache``, or None for a full prefill), ``keep(prompt, cache)`` after it."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.cache: list[Any] | None = None
+        self.prompt: list[int] = []
+
+    def take(self, prompt: Sequence[int]) -> list[Any] | None:
+        cache, self.cache = self.cache, None
+        if cache is None or not self.enabled:
+            return None
+        reuse = min(common_prefix(self.prompt, prompt), len(prompt) - 1)
+        offset = getattr(cache[0], "offset", None) if cache else None
+        if reuse <= 0 or not isinstance(offset, int) or offset < reuse:
+            return None
+        if offset > reuse:
+            if not can_trim_prompt_cache(cache):
+                return None
+            trim_prompt_cache(cache, offset - reuse)
+        return cache
+
+    def keep(self, prompt: Sequence[int], cache: list[Any] | None) -> None:
+        self.prompt = list(prompt)
+        self.cache = cache if self.enabled else None

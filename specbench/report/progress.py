@@ -1,0 +1,89 @@
+"""Progress on the console while notebooks run, with ETAs from measured costs.
+
+Inside a notebook, ``console(label)`` is a progress callback (for ``cost.measure``'s text and
+``cost.speedup_grid``'s rows) that writes time-stamped lines to stderr; ``specbench report`` forwards a
+notebook's stderr to its own. ``Heartbeat`` is the runner's: while a notebook runs it prints, at least
+every ``every_s`` seconds, how long it has run and how long it is expected to take, so no stretch is silent.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+#: The fields of a measured row (``cost.speedup_grid``) a progress line shows, when it has them.
+_ROW_FIELDS = ("name", "mode", "a", "k", "speedup", "predicted_nominal")
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def console(label: str, stream: TextIO | None = None) -> Callable[[Any], None]:
+    """A progress callback writing ``[elapsed label] message`` lines to stderr; a dict (a measured row) is
+    written as its short fields."""
+    start = time.perf_counter()
+
+    def say(message: Any) -> None:
+        if isinstance(message, dict):
+            chosen = [k for k in _ROW_FIELDS if k in message] or list(message)[:8]
+            fields = [(k, message[k]) for k in chosen if isinstance(message[k], (int, float, str))]
+            message = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in fields)
+        out = stream or sys.stderr
+        print(f"[{_clock(time.perf_counter() - start)} {label}] {message}", file=out, flush=True)
+
+    return say
+
+
+class Heartbeat:
+    """Prints ``NAME: running M:SS of ~M:SS expected`` every ``every_s`` seconds until stopped.
+
+    ``expected_s`` (from an earlier run or the profile's measured costs) gives the ETA; past it, the line
+    says how far over it is. ``every_s=None`` prints nothing."""
+
+    def __init__(
+        self,
+        name: str,
+        expected_s: float | None = None,
+        every_s: float | None = 30.0,
+        stream: TextIO | None = None,
+        after: Callable[[], str] | None = None,
+    ):
+        self.name, self.expected_s, self.every_s = name, expected_s, every_s
+        self.stream = stream
+        self.after = after
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.start = time.perf_counter()
+
+    def line(self, elapsed: float) -> str:
+        text = f"{self.name}: running {_clock(elapsed)}"
+        if self.expected_s:
+            left = self.expected_s - elapsed
+            text += (
+                f" of ~{_clock(self.expected_s)} expected (about {_clock(left)} left)"
+                if left >= 0
+                else f", {_clock(-left)} past the ~{_clock(self.expected_s)} expected"
+            )
+        if self.after is not None:
+            text += self.after()
+        return text
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            print(self.line(time.perf_counter() - self.start), file=self.stream or sys.stderr, flush=True)
+
+    def __enter__(self) -> Heartbeat:
+        self.start = time.perf_counter()
+        if self.every_s:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=1.0)

@@ -1,0 +1,230 @@
+"""Each notebook's verdict: one or two sentences in words, generated from the numbers it measured.
+
+A notebook ends with ``out.verdict(verdicts.<notebook>(...))``; the index shows one verdict per notebook at
+the top. Nothing here measures: every function reads the frames, profiles and stats the library returned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from specbench.common.identity import device_name
+from specbench.cost.breakeven import break_even_acceptance
+from specbench.cost.profile import Profile
+
+#: Speedups within this distance of 1 are reported as breaking even (run-to-run noise on a shared machine).
+EVEN_BAND = 0.05
+
+
+def where(device: str | None = None) -> str:
+    """ "this CPU" or "the NVIDIA H200": the device the numbers were measured on."""
+    device = device or device_name()
+    kind, _, name = device.partition(":")
+    return "this CPU" if kind == "cpu" else f"the {name or kind}"
+
+
+def pays(speedup: float | None) -> str:
+    """ "pays", "breaks even" or "does not pay" for a measured speedup (``EVEN_BAND`` around 1)."""
+    if speedup is None or not math.isfinite(speedup):
+        return "was not measured"
+    if speedup > 1 + EVEN_BAND:
+        return "pays"
+    if speedup < 1 - EVEN_BAND:
+        return "does not pay"
+    return "breaks even"
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.2f}x"
+
+
+def _method(drafter: str, policy: str, k: Any = None) -> str:
+    text = f"{drafter}, {policy}"
+    if k is None or f":{k}" in str(policy):
+        return text
+    return f"{text} (k = {k})" if float(k).is_integer() else f"{text} (mean k = {k})"
+
+
+def _verified(stats: dict[str, Any]) -> str:
+    """What the verifications of one generation came to, in words."""
+    if not stats.get("verifies"):
+        return "the drafter proposed nothing to verify, so every token came from a plain step"
+    rate = stats.get("acceptance_rate") or 0.0
+    return f"{stats.get('tokens_per_verify') or 0:.2f} tokens per verification, {rate:.0%} of drafted tokens accepted"
+
+
+def quickstart(model: str, drafter: str, policy: str, stats: dict[str, Any], speedup: float, equal: bool) -> str:
+    """One generation against plain decoding."""
+    return (
+        f"On {where()} speculation {pays(speedup)} for {model} on this prompt: {_x(speedup)} plain decoding's "
+        f"speed with {drafter}, {policy} ({_verified(stats)}); output {'equal' if equal else 'NOT equal'} to "
+        "plain decoding's."
+    )
+
+
+def sweep(summary: pl.DataFrame, model: str) -> str:
+    """A draft-length sweep: the best speculative method and whether outputs matched plain decoding."""
+    speculative = summary.filter(pl.col("drafter") != "none").drop_nulls("speedup")
+    if speculative.is_empty():
+        return f"No speculative run finished for {model}."
+    best = speculative.sort("speedup", descending=True).row(0, named=True)
+    worst = speculative.sort("speedup").row(0, named=True)
+    equal = summary["all_equal_to_plain"].drop_nulls()
+    outputs = (
+        "every greedy output equal to plain decoding's"
+        if len(equal) and equal.all()
+        else ("some greedy outputs DIFFER from plain decoding's" if len(equal) else "outputs not compared")
+    )
+    k = best.get("k") if best.get("k") is not None else best.get("mean_k")
+    k = None if k is None else (int(k) if float(k).is_integer() else round(float(k), 1))
+    return (
+        f"On {where()} speculation {pays(best['speedup'])} for {model}: best {_x(best['speedup'])}, "
+        f"{_method(best['drafter'], best['policy'], k)}, worst {_x(worst['speedup'])} "
+        f"({worst['drafter']}, {worst['policy']}), over {int(summary['runs'].max() or 0)} prompt(s) per method; "
+        f"{outputs}."
+    )
+
+
+def _profile_sentence(profile: Profile, d: float, k_max: int, mode: str) -> str:
+    a_star = break_even_acceptance(profile, d, k_max, mode)
+    c2 = profile.c(2, mode)
+    if np.all(np.isnan(a_star)):
+        return (
+            f"{profile.name} never breaks even: a verification costs more plain steps than a fully accepted draft "
+            f"yields for every k <= {k_max} (c(2) = {c2:.2f} plain steps, engine overhead included)"
+        )
+    k = int(np.nanargmin(a_star)) + 1
+    cost = f"c({k + 1}) = {profile.c(k + 1, mode):.2f} plain steps, engine overhead included"
+    if a_star[k - 1] == 0:
+        return f"{profile.name} pays at k = {k} even with every draft rejected ({cost}: no more than a plain step)"
+    return f"{profile.name} breaks even from acceptance {a_star[k - 1]:.2f} per position (at its best k = {k}; {cost})"
+
+
+def growth_per_row(profile: Profile, mode: str = "fast") -> float:
+    """How much a verification's cost grows per added row, in plain steps: the slope of c(w) over the widths
+    measured (least squares)."""
+    widths = np.asarray(profile.widths[mode], dtype=float)
+    if len(widths) < 2:
+        return float("nan")
+    return float(np.polyfit(widths, np.asarray(profile.costs[mode], dtype=float), 1)[0])
+
+
+def break_even(
+    profiles: Sequence[Profile],
+    d: float = 0.0,
+    k_max: int = 8,
+    mode: str = "fast",
+    grid: pl.DataFrame | None = None,
+) -> str:
+    """Cost profiles (a*(k) per model) and, when measured, the acceptance grid against its prediction."""
+    if not profiles:
+        return "No model could be profiled."
+    parts = [_profile_sentence(p, d, min(k_max, max(p.widths[mode]) - 1), mode) for p in profiles if mode in p.costs]
+    text = f"On {where(profiles[0].device)}: " + "; ".join(parts) + "."
+    growth = [(p.name, growth_per_row(p, mode)) for p in profiles if mode in p.costs]
+    if len(growth) > 1:
+        (first, g1), (second, g2) = growth[0], growth[-1]
+        text += (
+            f" c(w) grew by {g1:.2f} plain steps per added row for {first} and {g2:.2f} for {second}"
+            f" ({'faster' if g2 > g1 else 'not faster'} for the second)."
+        )
+    if grid is not None and not grid.is_empty():
+        err = grid["error_nominal"].abs()
+        best = grid.sort("speedup", descending=True).row(0, named=True)
+        text += (
+            f" Measured: best {_x(best['speedup'])} ({best['name']}, a = {best['a']:g}, k = {best['k']}); "
+            f"the profile's predicted speedups were off by {err.mean():.0%} on average (max {err.max():.0%})."
+        )
+        above = grid.filter((pl.col("speedup") > 1) & (pl.col("predicted_nominal") < 1))
+        if len(above):
+            text += (
+                f" {len(above)} of {len(grid)} cells measured above 1x where the profile predicts below 1x: "
+                "their plain-decoding reference ran slower than the profile's plain step (noise on a shared machine)."
+            )
+    return text
+
+
+def traces(summary: pl.DataFrame, model: str) -> str:
+    """An agent-trace replay: each drafter's speedup and tokens per verification, and exactness."""
+    speculative = summary.filter(pl.col("method") != "plain").drop_nulls("speedup")
+    if speculative.is_empty():
+        return f"No speculative replay finished for {model}."
+    best = speculative.sort("speedup", descending=True).row(0, named=True)
+    identical = bool(summary["identical"].all())
+    per_verify = best.get("tokens_per_verify")
+    verified = f"{per_verify:.2f} tokens per verification" if per_verify else "nothing drafted to verify"
+    return (
+        f"On {where()} replaying agent traces, speculation {pays(best['speedup'])} for {model}: best "
+        f"{best['method']} at {_x(best['speedup'])} ({verified}); "
+        f"{'every turn equal' if identical else 'some turns NOT equal'} to plain decoding."
+    )
+
+
+def sampling(summary: pl.DataFrame, check: Any = None) -> str:
+    """Acceptance against temperature, and the losslessness test."""
+    rows = summary.filter(pl.col("drafter") != "none")
+    parts = []
+    temperatures = rows["temperature"].unique().sort().to_list() if len(rows) else []
+    for drafter in rows["drafter"].unique(maintain_order=True).to_list():
+        mine = rows.filter(pl.col("drafter") == drafter)
+        at = []
+        for t in (temperatures[0], temperatures[-1]) if len(temperatures) > 1 else temperatures:
+            cell = mine.filter(pl.col("temperature") == t)
+            drafted = cell["drafted"].sum() if "drafted" in cell.columns else None
+            rate = cell["acceptance_rate"].drop_nulls().mean() if len(cell) else None
+            at.append(
+                f"nothing drafted at T = {t:g}" if not drafted and rate is None else f"{rate or 0:.0%} at T = {t:g}"
+            )
+        parts.append(f"{drafter} " + ", ".join(at))
+    text = "Draft tokens accepted: " + "; ".join(parts) + "." if parts else "No sampled run finished."
+    if check is not None:
+        text += (
+            f" Losslessness: {check.verdict} (p = {check.p_value:.2f}, {check.accepted_drafts} accepted draft tokens; "
+            f"the test detects distances of {check.min_detectable_tvd:.2f} or more)."
+        )
+    return text
+
+
+def explorer(model: str, drafter: str, policy: str, stats: dict[str, Any]) -> str:
+    """The explorer's stand-in run."""
+    return f"{model}, {drafter}, {policy}: {stats.get('tokens', 0)} tokens; {_verified(stats)}."
+
+
+def simulated_logs(result: Any) -> str:
+    """Recorded agent logs replayed without a model: each drafter's best accepted tokens per verification."""
+    summary = result.summary.drop_nulls("accepted_per_verify")
+    if summary.is_empty():
+        return f"No verification was simulated over {result.turns} recorded turns."
+    parts = []
+    for drafter in summary["drafter"].unique(maintain_order=True).to_list():
+        best = (
+            summary.filter(pl.col("drafter") == drafter).sort("accepted_per_verify", descending=True).row(0, named=True)
+        )
+        parts.append(
+            f"{drafter} {best['accepted_per_verify']:.2f} accepted tokens per verification (store {best['store']}, "
+            f"k = {best['k']})"
+        )
+    return (
+        f"Replaying {result.turns} recorded turns of {result.traces} traces without a model: " + "; ".join(parts) + ". "
+        "Whether that pays depends on the model's verify cost c(k+1) (see the break-even notebook)."
+    )
+
+
+def tree_vs_path(gain: pl.DataFrame) -> str:
+    """Trees against paths of the same node budget: accepted tokens per verification, per drafter."""
+    if gain.is_empty():
+        return "No trace was compared."
+    parts = []
+    for drafter in gain["drafter"].unique(maintain_order=True).to_list():
+        mine = gain.filter(pl.col("drafter") == drafter)
+        better = int((mine["ratio"] > 1).sum())
+        parts.append(
+            f"{drafter}: the tree accepted more per verification in {better} of {len(mine)} cases "
+            f"(mean {mine['tree'].mean():.2f} vs {mine['path'].mean():.2f} tokens for the path)"
+        )
+    return "Trees vs paths of the same node budget, accepted tokens per verification: " + "; ".join(parts) + "."

@@ -1,0 +1,76 @@
+"""Cost along the batch: c(w, B) profiles, break-even a*(k, B), predictions, the measured grid and the
+batch benchmark against mlx-lm."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import build_tiny
+
+from specbench.cost.batch import BatchProfile, batch_speedup_grid, measure_batch_profile
+from specbench.cost.breakeven import expected_tokens
+from specbench.experiments.batch_bench import bench_batch
+
+
+def made_profile() -> BatchProfile:
+    return BatchProfile(
+        "m",
+        "cpu",
+        64,
+        {1: [1.0, 1.1, 1.2, 1.3], 4: [1.0, 1.5, 2.0, 2.5], 16: [1.0, 2.0, 3.0, 4.0]},
+        {1: 0.01, 4: 0.012, 16: 0.02},
+    )
+
+
+def test_profile_math():
+    p = made_profile()
+    assert p.c(3, 4) == 2.0
+    assert p.c(3, 8) == pytest.approx(2.5)  # halfway in log B between 4 and 16
+    with pytest.raises(ValueError, match="outside"):
+        p.curve(32)
+    a_star = p.break_even_acceptance(16, k_max=3)
+    assert np.isnan(a_star[2]) or expected_tokens(a_star[2], 3) == pytest.approx(4.0, rel=1e-6)
+    assert expected_tokens(a_star[0], 1) == pytest.approx(2.0, rel=1e-6)  # c(2, 16) = 2: a* = 1
+    assert p.break_even_acceptance(1, k_max=3)[0] < p.break_even_acceptance(4, k_max=3)[0]
+    pred = p.predicted([1.0, 0.0], 2, 4)
+    assert pred["latency"] == pytest.approx([3 / 2.0, 1 / 2.0])
+    assert pred["throughput"] == pytest.approx(1.0)
+    assert p.break_even_tokens(2, 4, d=0.1) == pytest.approx(2.2)
+    again = BatchProfile.from_dict(p.to_dict())
+    assert again.costs == p.costs and again.plain_s == p.plain_s
+    assert p.to_polars().height == 12
+    auto = p.auto_policy(max_k=3)
+    auto.start(None)
+    assert auto.envelope == [1, 2, 3]  # batch 1: c(k + 1, 1) < k + 1
+    auto.set_batch_size(64)  # past the profile: its largest size, where c(k + 1) = k + 1 never pays
+    assert auto.envelope == [] and auto.k == 0
+
+
+def test_measured_profile_and_grid_on_moe():
+    model = build_tiny("qwen3_moe")
+    profile = measure_batch_profile(model, (1, 2), widths=3, offset=8, repeats=1, warmup=1)
+    assert profile.batch_sizes == [1, 2] and all(len(c) == 3 and c[0] == 1.0 for c in profile.costs.values())
+    assert all(math.isfinite(v) and v > 0 for c in profile.costs.values() for v in c)
+    experts = {(r["batch_size"], r["width"]): r["distinct_experts"] for r in profile.experts}
+    assert set(experts) == {(b, w) for b in (1, 2) for w in (1, 2, 3)}
+    assert all(2 <= e <= 8 for e in experts.values())  # top-2 of 8 experts
+    assert experts[(2, 3)] >= experts[(1, 1)]
+    with pytest.raises(ValueError, match="fast mode only"):
+        measure_batch_profile(model, (1,), verify="exact")
+    rows = batch_speedup_grid(model, profile, (2,), (1.0, 0.0), (2,), prompt_len=6, max_tokens=8)
+    full, none = rows
+    assert full["acceptance_measured"] == 1.0 and none["acceptance_measured"] == 0.0
+    assert full["predicted"] == pytest.approx(3 / profile.c(3, 2))
+    assert all(r["measured"] > 0 and r["follows"] == 0 for r in rows)
+
+
+def test_batch_bench_agrees_with_mlx_lm():
+    model = build_tiny("llama")
+    prompts = [[5, 17, 3, 9, 5, 17, 3, 9][:n] for n in (3, 8, 5)]
+    result = bench_batch(model, prompts, 2, "lookup", "fixed:3", max_tokens=8, warmup=False)
+    assert [r["engine"] for r in result["rows"]] == ["plain", "speculative", "mlx-lm"]
+    assert all(r["tokens"] == 24 for r in result["rows"])
+    assert result["identical_to_plain"] == 1.0 and result["identical_to_mlx_lm"] == 1.0
+    assert result["speedup_vs_plain"] > 0

@@ -1,0 +1,123 @@
+"""Calibration happens before the first token, reports progress, and concurrent writers merge;
+linear layers are split into the widest exact chunks."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from conftest import ScriptedDrafter, build_tiny, emulate_gpu, plain_greedy
+from mlx_lm.models.cache import make_prompt_cache
+
+from specbench import GenerateOptions, speculative_generate
+from specbench.core.policies import DraftPolicy
+from specbench.exact import Calibration, WidthCalibration, exact_mode, load_calibration
+from specbench.exact import calibration as exact_calibration
+from specbench.exact.calibration import calibrate, chunk_sizes
+
+PROMPT = [3, 14, 15, 9, 26, 5, 35]
+
+
+@pytest.fixture
+def counted(monkeypatch, fresh_calibrations):
+    """How many widths have been calibrated so far."""
+    calls: list[int] = []
+    original = exact_calibration._calibrate_width
+
+    def counting(probe, width, *args, **kwargs):
+        calls.append(width)
+        return original(probe, width, *args, **kwargs)
+
+    monkeypatch.setattr(exact_calibration, "_calibrate_width", counting)
+    return calls
+
+
+def test_exact_generation_calibrates_every_width_before_the_first_token(counted, monkeypatch):
+    emulate_gpu(monkeypatch, attention=True, linear_rows=3)
+    model = build_tiny("qwen3", seed=2)
+    ref = plain_greedy(model, PROMPT, 40)
+    said: list[str] = []
+    drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: step % 3 == 1 and i == 2)
+    policy = DraftPolicy.auto(break_even=1.2, measured=True)
+    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=40), drafter, policy, progress=said.append)
+    assert sorted(counted) == list(range(2, 10))  # every width Auto may verify (k <= 8)
+    assert any("calibrating exact verification" in s for s in said) and any("width 9 runs" in s for s in said)
+    before = len(counted)
+    assert list(gen) == ref
+    assert len(counted) == before  # nothing calibrated inside the timed generation
+    assert {r["verify_width"] for r in gen.log if r["kind"] == "verify"} <= set(range(2, 10))
+    # a second generation of the same model finds every width calibrated and says nothing
+    said.clear()
+    speculative_generate(model, PROMPT, GenerateOptions(max_tokens=4), drafter, policy, progress=said.append)
+    assert len(counted) == before and said == []
+
+
+def test_fixed_policy_calibrates_only_its_widths(counted):
+    model = build_tiny("llama")
+    drafter = ScriptedDrafter(plain_greedy(model, PROMPT, 4), len(PROMPT), 97)
+    speculative_generate(model, PROMPT, GenerateOptions(max_tokens=4), drafter, DraftPolicy.fixed(3), progress=None)
+    assert sorted(counted) == [2, 3, 4]
+
+
+def test_concurrent_writers_merge_their_widths(fresh_calibrations, monkeypatch):
+    model = build_tiny("llama")
+    key = exact_calibration.calibration_key(model)
+    original = exact_calibration.write_json_atomic
+
+    def slow_write(path, data):  # widen the window between reading and writing the stored file
+        time.sleep(0.05)
+        return original(path, data)
+
+    monkeypatch.setattr(exact_calibration, "write_json_atomic", slow_write)
+    start = threading.Barrier(6)
+
+    def writer(width: int) -> None:
+        calibration = Calibration(key, "cpu", {}, {width: WidthCalibration(width, "none")})
+        start.wait()
+        exact_calibration._save(calibration)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(2, 8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    exact_calibration._calibrations.clear()
+    assert sorted(load_calibration(model).widths) == list(range(2, 8))
+
+
+def test_chunk_sizes_run_widest_first():
+    assert chunk_sizes(9) == [8, 7, 6, 5, 4, 3, 2]
+    assert chunk_sizes(2) == []
+
+
+@pytest.mark.parametrize("rows", [8, 7, 4])
+def test_linear_layers_split_into_the_widest_exact_chunks(fresh_calibrations, monkeypatch, rows):
+    """With kernels row-invariant up to ``rows`` rows (an emulated device), width 9 runs its linear
+    layers in chunks of ``rows`` (two calls at 7, not three at 4), bit-identical to serial steps."""
+    emulate_gpu(monkeypatch, attention=True, linear_rows=rows, vector=True)
+    model = build_tiny("qwen3", seed=1)
+    calibration = calibrate(model, [9], measure=False)
+    assert calibration.level_for(9) == f"attention+linear/{rows}"
+    tested = {r["level"]: r["exact"] for r in calibration.rows()}
+    assert all(tested[f"attention+linear/{c}"] is False for c in range(rows + 1, 9))
+    assert f"attention+linear/{rows - 1}" not in tested  # narrower chunks only add calls
+    calls: list[int] = []
+    original = nn.Linear.__dict__["__call__"]
+
+    def spy(self, x, *args, **kwargs):
+        calls.append(x.size // x.shape[-1])
+        return original(self, x, *args, **kwargs)
+
+    tokens = mx.array([PROMPT + [1, 2]])
+    serial_cache = make_prompt_cache(model)
+    serial = [np.array(model(tokens[:, i : i + 1], cache=serial_cache)[0, 0]) for i in range(9)]
+    monkeypatch.setattr(nn.Linear, "__call__", spy)
+    with exact_mode(model):
+        out = model(tokens, cache=make_prompt_cache(model))
+    chunks = [rows] * (9 // rows) + [9 % rows] * (9 % rows > 0)  # 7: [7, 2], two calls a layer
+    assert calls == chunks * (len(calls) // len(chunks))
+    assert np.array_equal(np.array(out[0]), np.stack(serial))
