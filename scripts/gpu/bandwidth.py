@@ -6,9 +6,9 @@
 For each model: the weight bytes one decode step reads (``specbench.cost.bandwidth.bytes_per_token``:
 every weight once, of routed experts only the share a token uses), the plain decode speed through
 specbench's engine (and mlx-lm's ``stream_generate`` for reference), and their product against the
-peak an array copy reaches (``peak_bandwidth``). Writes bandwidth.csv and bandwidth.json into $OUT
-(or --out, default reports/gpu-bandwidth) and prints a table. Models that would not fit in --budget
-seconds are skipped.
+peak a pass over a large array reaches (``peak_bandwidth``, ``PEAK_METHOD``). Writes bandwidth.csv and
+bandwidth.json into $OUT (or --out, default reports/gpu-bandwidth) and prints a table. Models that would
+not fit in --budget seconds are skipped.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from specbench.common.files import write_csv_atomic, write_json_atomic
 from specbench.common.identity import device_name, versions
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions
-from specbench.cost.bandwidth import Bandwidth, bytes_per_token, peak_bandwidth
+from specbench.cost.bandwidth import PEAK_METHOD, Bandwidth, bytes_per_token, peak_bandwidth
 from specbench.cost.measure import seconds_per_token
 from specbench.models.load import load
 
@@ -80,7 +80,7 @@ def main() -> int:
     tokens = args.tokens or (16 if args.quick else 128)
     rounds = 2 if args.quick else 3
     peak = peak_bandwidth(refresh=True)
-    print(f"{device_name()}: measured peak {peak / 1e9:.1f} GB/s (array copy, read + write)", flush=True)
+    print(f"{device_name()}: measured peak {peak / 1e9:.1f} GB/s ({PEAK_METHOD})", flush=True)
     rows, skipped = [], []
     for name in models:
         spent = time.perf_counter() - start

@@ -131,7 +131,7 @@ def test_bandwidth_counts_only_the_experts_a_token_uses_and_caches_the_peak(tmp_
     expected = everything - embed - experts + experts * args.num_experts_per_tok / args.num_experts
     assert abs(bandwidth.bytes_per_token(moe) - expected) <= 8
     calls = []
-    monkeypatch.setattr(bandwidth, "_measure_copy", lambda: calls.append(1) or 2e9)
+    monkeypatch.setattr(bandwidth, "_measure_peak", lambda: calls.append(1) or 2e9)
     bandwidth._peaks.clear()
     assert bandwidth.peak_bandwidth(tmp_path) == 2e9
     bandwidth._peaks.clear()
