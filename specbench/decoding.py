@@ -80,9 +80,6 @@ def speculative_generate(
     return generation
 
 
-__all__ = ["break_even_function", "generate", "speculative_generate", "speculative_generate_batch"]
-
-
 def speculative_generate_batch(
     model: nn.Module,
     prompts: Any,
@@ -109,3 +106,6 @@ def speculative_generate_batch(
         drafter = next(r.drafter for r in generation.requests if r.drafter is not None)
         generation.set_break_even(break_even_function(profile, drafter, "fast"))
     return generation
+
+
+__all__ = ["break_even_function", "generate", "speculative_generate", "speculative_generate_batch"]

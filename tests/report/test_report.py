@@ -642,3 +642,20 @@ def test_report_names_the_notebooks_folder_it_lacks(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and str(tmp_path) in err and "--notebooks DIR" in err
     assert not (tmp_path / "out").exists()  # nothing written half
+
+
+def test_per_position_draws_rates_of_zero_and_one():
+    """Every draft accepted (or none) at some positions: the Wilson interval's rounding must not make an error bar
+    negative (matplotlib refuses those)."""
+    reached = np.arange(1, 41)
+    frame = pl.DataFrame(
+        {
+            "drafter": ["lookup"] * 40 + ["suffix"] * 40,
+            "policy": ["fixed:3"] * 80,
+            "position": np.concatenate([reached, reached]),
+            "reached": np.concatenate([reached, reached]) + 3,
+            "accepted": np.concatenate([reached + 3, np.zeros(40, dtype=int)]),
+        }
+    ).with_columns((pl.col("accepted") / pl.col("reached")).alias("rate"))
+    fig = figures.per_position(frame)
+    assert fig.axes[0].lines  # drawn

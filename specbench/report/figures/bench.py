@@ -66,7 +66,7 @@ def prompt_figure(
             ax.errorbar(
                 x - 0.4 + width * (i + 0.5),
                 values,
-                yerr=[values - low, high - values],
+                yerr=[np.clip(values - low, 0.0, None), np.clip(high - values, 0.0, None)],
                 fmt="none",
                 ecolor="0.15",
                 elinewidth=0.8,

@@ -130,9 +130,9 @@ def per_position(
         rate, reached = rows["rate"].to_numpy(), rows["reached"].to_numpy()
         low, high = wilson_interval(rows["accepted"].to_numpy(), reached)
         colour = drafter_colour(drafter)
-        ax.errorbar(
-            x, rate, yerr=[rate - low, high - rate], marker="o", ms=4, capsize=2, color=colour, ls=style, label=label
-        )
+        # rounding can put a Wilson bound a hair past the rate at 0 or 1 (matplotlib rejects negative errors)
+        yerr = [np.clip(rate - low, 0.0, None), np.clip(high - rate, 0.0, None)]
+        ax.errorbar(x, rate, yerr=yerr, marker="o", ms=4, capsize=2, color=colour, ls=style, label=label)
         for xi, yi, n in zip(x, rate, reached):
             ax.annotate(f"{n}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
         if unconditional:
