@@ -1,7 +1,7 @@
 """Reports: the notebooks executed with papermill into reports/NAME/, with an index page.
 
 ``run_report`` executes each notebook of ``NOTEBOOKS`` with a profile's parameters (``quick``:
-tiny settings for CI; ``full``: the embedded model, sized for about 15 minutes on 2 idle CPU
+tiny settings for CI; ``full``: the embedded model, about 17 minutes on 2 idle CPU
 cores) and writes, per notebook: the executed ``.ipynb``, its HTML (nbconvert), figures
 (PNG and SVG), per-step logs and tables (parquet), and ``status.json`` (written atomically when
 the notebook finishes or fails). A finished notebook is not run again unless forced, its
@@ -159,16 +159,16 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "simulate_logs": 60,
         "tree_vs_path": 60,
     },
-    "full": {
-        "quickstart": 60,
-        "draft_length_sweep": 240,
-        "break_even": 240,
-        "agent_traces": 150,
-        "sampling": 150,
-        "explorer": 60,
-        "batch_break_even": 50,  # tiny synthetic shapes in both profiles (the notebook's defaults)
-        "simulate_logs": 60,  # the bundled traces, tokenized only: no model runs
-        "tree_vs_path": 60,  # the traces' recorded replies (source "replies"): no model runs
+    "full": {  # measured on a fresh clone, 2 idle cores (2026-12-01)
+        "quickstart": 64,
+        "draft_length_sweep": 330,
+        "break_even": 178,
+        "agent_traces": 269,
+        "sampling": 113,
+        "explorer": 35,
+        "batch_break_even": 8,  # tiny synthetic shapes in both profiles (the notebook's defaults)
+        "simulate_logs": 11,  # the bundled traces, tokenized only: no model runs
+        "tree_vs_path": 11,  # the traces' recorded replies (source "replies"): no model runs
     },
 }
 
