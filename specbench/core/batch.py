@@ -143,20 +143,7 @@ class BatchRequest(Generation):
                 extra=extra,
             )
         else:
-            self._record(
-                "verify",
-                position,
-                emitted,
-                k_requested=k,
-                k_drafted=len(draft.tokens),
-                accepted=min(accepted, len(emitted)),
-                verify_width=len(draft.tokens) + 1,
-                draft_s=draft_s,
-                verify_s=verify_s,
-                accept_probs=probs,
-                draft_tokens=list(draft.tokens),
-                extra=extra,
-            )
+            self._record_verify(position, emitted, k, draft, accepted, draft_s, verify_s, probs, extra)
         for _ in self._emit(emitted, hidden[:, : len(emitted)] if hidden is not None else None):
             pass
         self._check_finished()

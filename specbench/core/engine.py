@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from specbench.core.draft import Drafter, as_draft, check_draft
+from specbench.core.draft import Draft, Drafter, as_draft, check_draft
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy
@@ -229,25 +229,44 @@ class Generation:
         accepted = min(step.accepted, len(emitted))  # accepted tokens past a stop are never emitted
         if tree:
             tree["accepted_path"] = list(step.path[:accepted])
+        self._record_verify(
+            position, emitted, k, draft, accepted, t1 - t0, t2 - t1, step.accept_probs, step.extra, t2, **tree
+        )
+        hidden = step.hidden[:, : len(emitted)] if step.hidden is not None else None
+        yield from self._emit(emitted, hidden)
+
+    def _record_verify(
+        self,
+        position: int,
+        emitted: list[int],
+        k: int,
+        draft: Draft,
+        accepted: int,
+        draft_s: float,
+        verify_s: float,
+        accept_probs: list[float],
+        extra: dict[str, Any],
+        other_since: float | None = None,
+        **tree: Any,
+    ) -> None:
+        """Log one verification of ``draft``; accepted tokens past a stop are never emitted, so never counted."""
         self._record(
             "verify",
             position,
             emitted,
             k_requested=k,
             k_drafted=len(draft.tokens),
-            accepted=accepted,
+            accepted=min(accepted, len(emitted)),
             verify_width=len(draft.tokens) + 1,
-            draft_s=t1 - t0,
-            verify_s=t2 - t1,
-            accept_probs=step.accept_probs,
+            draft_s=draft_s,
+            verify_s=verify_s,
+            accept_probs=accept_probs,
             draft_tokens=list(draft.tokens),
             draft_parents=list(draft.parents) if draft.is_tree else [],
-            extra=step.extra,
-            other_since=t2,
+            extra=extra,
+            other_since=other_since,
             **tree,
         )
-        hidden = step.hidden[:, : len(emitted)] if step.hidden is not None else None
-        yield from self._emit(emitted, hidden)
 
     def _record(
         self, kind: str, position: int, emitted: list[int], other_since: float | None = None, **fields: Any
