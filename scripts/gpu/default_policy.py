@@ -1,22 +1,27 @@
-"""Does the default (Auto, exact greedy verification) ever lose? Auto vs fixed k vs plain vs mlx-lm, in one run.
+"""Does the default (Auto, exact greedy verification) ever lose to plain decoding? Interleaved repeats, medians.
 
-    python3 scripts/gpu/default_policy.py             # H200: dense and MoE 4-bit shapes, embedded model; ~6 minutes
-    python3 scripts/gpu/default_policy.py --quick     # CPU: tiny shapes, the embedded model's miniature (< 60 s)
+    python3 scripts/gpu/default_policy.py --budget 480   # H200: dense and MoE 4-bit shapes, embedded model
+    python3 scripts/gpu/default_policy.py --quick        # CPU: tiny shapes, the embedded model's miniature (< 60 s)
 
-1. Per synthetic shape (random weights, full depth): exact-mode calibration of widths 2..9 and Auto's quick
-   cost profiles (exact, fast), all before anything is timed; then per-call seconds of one verify forward at
-   1, 5, 7 and 9 rows: fast, exact (the calibrated level), and the two halves of the exact split alone
-   (attention split; linear layers in chunks) to show which part costs what.
-2. The grid: controlled-acceptance drafter (``OracleDrafter``) at a in --acceptances, fixed k in --ks and Auto,
-   exact and fast verify, against specbench plain and mlx-lm plain decoding of the same prompt, back to back
-   (each kernel warmed up first). Exact-mode outputs are checked against plain greedy on every run.
-3. The embedded model (SmolLM2-135M): the bundled prompt categories (``specbench.experiments.prompts``,
-   --limit questions each) and the traces in data/traces (first --trace-turns turns), Auto with prompt
-   lookup and SuffixDecoding against specbench plain and mlx-lm.
+Everything that is not a timed run comes first, per model: exact-mode calibration of every width Auto may
+verify (2..9; 2..17 with SuffixDecoding), Auto's quick cost profiles, per-call seconds of one verify forward
+at 1, 7 and 9 rows (fast, exact at the calibrated level, attention split alone, linear layers in chunks alone;
+with --compile the exact level with its linear chunks mx.compile'd too), and a warm-up run of every method.
 
-Sizes shrink to fit --budget seconds (tokens per run, then cells; one repeat per cell): what was cut is
-printed and kept in default_policy.json. Writes into $OUT (or --out, default reports/gpu): grid.csv,
-verify_calls.csv, embedded.csv, default_policy.json.
+1. Synthetic shapes (random weights, full depth, 4-bit): a controlled-acceptance drafter (``OracleDrafter``) at
+   a in {0.3, 0.5, 0.7, 0.9, 1.0}, Auto with exact and with fast verify, against specbench plain decoding of the
+   same prompt.
+   Each repeat runs mlx-lm plain, then specbench plain before and after every two Auto cells (Auto's time is
+   set against the mean of the plain runs around it), so drift in the machine's speed cancels.
+2. The embedded model (SmolLM2-135M): every prompt of every bundled category (first turn) and the first
+   --trace-turns turns of each trace in data/traces; plain, Auto with prompt lookup and Auto with
+   SuffixDecoding, in an order rotating per prompt; one drafter per method and repeat, kept across prompts.
+
+Per cell: Auto / plain as the median over repeats, the repeats' range, plain decoding's own spread, and a
+verdict: "ok" (median >= 0.97), "noise" (below, but a repeat reached 0.97 or the shortfall is within plain's
+own spread) or "LOSES". Exact outputs are checked against plain greedy on every run. Sizes (tokens, repeats)
+shrink to fit --budget: what was cut is printed and kept in default_policy.json. Writes into $OUT (or --out):
+grid.csv, embedded.csv, runs.csv, verify_calls.csv, default_policy.json.
 """
 
 from __future__ import annotations
@@ -49,38 +54,49 @@ from specbench.exact import ExactPlan, calibrate, exact_mode
 from specbench.models import synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("exact", "fast")
+OK = 0.97
 FULL = {
     "shapes": ["qwen3-8b-4bit", "qwen3-30b-a3b-4bit"],
     "acceptances": [0.3, 0.5, 0.7, 0.9, 1.0],
-    "ks": [2, 4, 8],
-    "max_tokens": 128,
-    "min_tokens": 48,
+    "tokens": 256,
+    "min_tokens": 128,
+    "repeats": 3,
+    "min_repeats": 2,
     "prompt_len": 256,
-    "call_widths": [1, 5, 7, 9],
+    "call_widths": [1, 7, 9],
+    "warmup_tokens": 64,
     "call_repeats": 10,
     "embedded": "smollm2-135m",
-    "limit": 1,
-    "trace_turns": 2,
     "embedded_tokens": 128,
-    "traces": None,  # all of data/traces
-    "shape_share": 0.36,  # of the budget, per shape
+    "min_embedded_tokens": 96,
+    "per_category": None,  # every prompt
+    "trace_turns": 3,
+    "traces": None,  # every trace in data/traces
+    # seconds a phase spends before its first timed run on a cold H200 (first-use kernel builds, calibration)
+    "setup_s": {"qwen3-8b-4bit": 125.0, "qwen3-30b-a3b-4bit": 140.0, "embedded": 45.0},
+    "shares": {"qwen3-8b-4bit": 0.25, "qwen3-30b-a3b-4bit": 0.35, "embedded": 0.4},
 }
 QUICK = {
+    **FULL,
     "shapes": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny"],
     "acceptances": [0.5, 1.0],
-    "ks": [2, 4],
-    "max_tokens": 16,
-    "min_tokens": 8,
+    "tokens": 32,
+    "min_tokens": 16,
+    "repeats": 2,
+    "min_repeats": 2,
     "prompt_len": 24,
-    "call_widths": [1, 5, 9],
+    "call_widths": [1, 9],
     "call_repeats": 2,
+    "warmup_tokens": 12,
     "embedded": "tiny:smollm2-135m",
-    "limit": 1,
+    "embedded_tokens": 24,
+    "min_embedded_tokens": 12,
+    "per_category": 1,
+    "categories": ["translation", "natural_text"],
     "trace_turns": 1,
-    "embedded_tokens": 8,
-    "traces": 2,
-    "shape_share": 0.3,
+    "traces": 1,
+    "setup_s": {"qwen3-8b-tiny": 5.0, "qwen3-30b-a3b-tiny": 8.0, "embedded": 8.0},
+    "shares": {"qwen3-8b-tiny": 0.3, "qwen3-30b-a3b-tiny": 0.3, "embedded": 0.4},
 }
 
 
@@ -89,44 +105,80 @@ def say(text: str) -> None:
 
 
 class Budget:
-    def __init__(self, seconds: float):
+    """The run's seconds: each phase gets its share of what is left for timed runs, plus what earlier
+    phases did not use."""
+
+    def __init__(self, seconds: float, cfg: dict):
         self.seconds, self.start, self.cuts = seconds, time.perf_counter(), []
+        self.phases = [*cfg["shapes"], "embedded"]
+        self.setup = {p: cfg["setup_s"].get(p, 30.0) for p in self.phases}
+        self.shares = {p: cfg["shares"].get(p, 0.3) for p in self.phases}
 
     def left(self) -> float:
         return self.seconds - (time.perf_counter() - self.start)
+
+    def allot(self, phase: str) -> float:
+        """Seconds for ``phase``'s timed runs, decided when its set-up is done."""
+        later = self.phases[self.phases.index(phase) + 1 :]
+        reserve = sum(self.setup[p] for p in later) + 10.0
+        timed_left = max(0.0, self.left() - reserve)
+        share = self.shares[phase] / sum(self.shares[p] for p in [phase, *later])
+        return timed_left * share
 
     def cut(self, what: str) -> None:
         self.cuts.append(what)
         say(f"  reduced: {what}")
 
 
+def size(allot: float, per_token_run_s: float, runs_per_repeat: float, cfg: dict, key: str) -> tuple[int, int]:
+    """(tokens per run, repeats) that fit ``allot`` seconds: the most tokens at the most repeats, then fewer
+    tokens, then fewer repeats."""
+    top, bottom = cfg[key], cfg["min_" + key]
+    for repeats in range(cfg["repeats"], cfg["min_repeats"] - 1, -1):
+        tokens = int(allot / (per_token_run_s * runs_per_repeat * repeats))
+        if tokens >= bottom:
+            return min(top, tokens), repeats
+    return bottom, cfg["min_repeats"]
+
+
+def spread(values: list[float]) -> float:
+    """Relative spread (max / min - 1) of positive values."""
+    return max(values) / min(values) - 1.0 if values and min(values) > 0 else 0.0
+
+
+def verdict(ratios: list[float], noise: float) -> str:
+    median = statistics.median(ratios)
+    if median >= OK:
+        return "ok"
+    if max(ratios) >= OK or OK - median <= noise * median:
+        return "noise"
+    return "LOSES"
+
+
 # -- per-call verify timings ---------------------------------------------------------------------------
 
 
-def time_call(model: Any, cache: list[Any], tokens: mx.array, level: str | None, repeats: int) -> tuple[float, float]:
-    """Median seconds of one forward of ``tokens`` (synchronised), fast (``level`` None) or in exact mode,
-    and of building its graph on the host (before any of it runs: what ``mx.compile`` could save)."""
+def time_call(model: Any, cache: list[Any], tokens: mx.array, level: Any, repeats: int, **exact: Any) -> float:
+    """Median seconds of one synchronised forward of ``tokens``, fast (``level`` None) or in exact mode."""
     width = tokens.shape[1]
-    times, builds = [], []
+    times = []
     for i in range(repeats + 2):
         mx.synchronize()
         t0 = time.perf_counter()
         if level is None:
             out = model(tokens, cache=cache)
         else:
-            with exact_mode(model, level):
+            with exact_mode(model, level, **exact):
                 out = model(tokens, cache=cache)
-        built = time.perf_counter()
         mx.eval(out)
         if i >= 2:
             times.append(time.perf_counter() - t0)
-            builds.append(built - t0)
         for c in cache:
             c.trim(width)
-    return statistics.median(times), statistics.median(builds)
+    return statistics.median(times)
 
 
-def verify_calls(model: Any, name: str, cfg: dict, calibration: Any) -> list[dict]:
+def verify_calls(model: Any, name: str, cfg: dict, calibration: Any, compiled: bool) -> list[dict]:
     rng = np.random.default_rng(3)
     vocab = vocab_size(model)
     cache = make_prompt_cache(model)
@@ -135,125 +187,130 @@ def verify_calls(model: Any, name: str, cfg: dict, calibration: Any) -> list[dic
     probe = mx.array(rng.integers(0, vocab, size=max(cfg["call_widths"])).tolist())[None]
     rows = []
     for w in cfg["call_widths"]:
-        tokens = probe[:, :w]
-        level = calibration.level_for(w)
-        row = {"shape": name, "width": w, "exact_level": level}
-        row["fast_s"], row["fast_build_s"] = time_call(model, cache, tokens, None, cfg["call_repeats"])
-        row["exact_s"], row["exact_build_s"] = time_call(model, cache, tokens, "auto", cfg["call_repeats"])
+        tokens, level = probe[:, :w], calibration.level_for(w)
+        row: dict[str, Any] = {"shape": name, "width": w, "exact_level": level}
+        row["fast_s"] = time_call(model, cache, tokens, None, cfg["call_repeats"])
+        row["exact_s"] = time_call(model, cache, tokens, "auto", cfg["call_repeats"])
+        line = f"  {w} rows: fast {1e3 * row['fast_s']:.1f} ms, exact {1e3 * row['exact_s']:.1f} ms ({level})"
         if w > 1:
             rows_per_call = ExactPlan.parse(level).linear
             chunk = rows_per_call if isinstance(rows_per_call, int) else 1
-            row["attention_split_s"] = time_call(model, cache, tokens, "attention", cfg["call_repeats"])[0]
+            row["attention_split_s"] = time_call(model, cache, tokens, "attention", cfg["call_repeats"])
             row["linear_chunks"] = chunk
-            row["linear_split_s"] = time_call(model, cache, tokens, f"linear/{chunk}", cfg["call_repeats"])[0]
+            row["linear_split_s"] = time_call(model, cache, tokens, f"linear/{chunk}", cfg["call_repeats"])
+            line += (
+                f"; attention split alone {1e3 * row['attention_split_s']:.1f} ms, linear in chunks of {chunk} "
+                f"alone {1e3 * row['linear_split_s']:.1f} ms"
+            )
+            if compiled:
+                row["exact_compiled_s"] = time_call(model, cache, tokens, "auto", cfg["call_repeats"], compiled=True)
+                line += f"; exact with compiled linear chunks {1e3 * row['exact_compiled_s']:.1f} ms"
         row["exact_over_fast"] = row["exact_s"] / row["fast_s"]
         rows.append(row)
-        say(
-            f"  {w} rows: fast {1e3 * row['fast_s']:.1f} ms (graph built in {1e3 * row['fast_build_s']:.1f}), "
-            f"exact {1e3 * row['exact_s']:.1f} ms (built in {1e3 * row['exact_build_s']:.1f}; "
-            f"{row['exact_over_fast']:.2f}x fast, {level})"
-            + (
-                f"; attention split alone {1e3 * row['attention_split_s']:.1f} ms, linear in chunks of "
-                f"{row['linear_chunks']} alone {1e3 * row['linear_split_s']:.1f} ms"
-                if w > 1
-                else ""
-            )
-        )
+        say(line + f" -> exact/fast {row['exact_over_fast']:.2f}")
     return rows
 
 
-# -- the grid -------------------------------------------------------------------------------------------
+# -- the shapes -------------------------------------------------------------------------------------------
 
 
 def mlx_lm_seconds_per_token(model: Any, prompt: list[int], tokens: int) -> float:
     return seconds_per_token(token for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens))
 
 
-def grid(model: Any, name: str, cfg: dict, budget: Budget, allot: float, profiles: dict) -> list[dict]:
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, vocab_size(model), size=cfg["prompt_len"]).tolist()
-    started = time.perf_counter()
-    plain_s = seconds_per_token(generate(model, prompt, GenerateOptions(max_tokens=16, ignore_eos=True)))
-    policies: list[Any] = [*cfg["ks"], "auto"]
-    cells = 2 * len(cfg["acceptances"]) * len(policies)
-    # a run costs ~1.6 plain runs on average over the grid (exact k = 8 at low a: up to 6), plus two plain runs a row
-    per_token = plain_s * (1.6 * cells + 2 * 2 * len(cfg["acceptances"])) + 1e-9
-    tokens = int(min(cfg["max_tokens"], max(cfg["min_tokens"], 0.8 * allot / per_token)))
-    if tokens < cfg["max_tokens"]:
-        budget.cut(f"{name}: {tokens} tokens per run instead of {cfg['max_tokens']}")
-    say(f"  plain step ~{1e3 * plain_s:.1f} ms; {cells} cells x {tokens} tokens, one repeat each")
-    rows: list[dict] = []
-    drafter = OracleDrafter.from_model(model, prompt, tokens, 1.0, follow=True)
-    plain_tokens = list(drafter.recorded)
-
-    def run(policy: Any, mode: str) -> Any:
-        chosen = DraftPolicy.auto() if policy == "auto" else DraftPolicy.fixed(policy)
-        options = GenerateOptions(max_tokens=tokens, ignore_eos=True, verify=mode)
-        return speculative_generate(model, prompt, options, drafter, chosen, profile=profiles[mode], progress=say)
-
-    for mode in MODES:  # warm-up: every width's kernels built before timing
-        for policy in policies:
-            drafter.acceptance = 1.0
-            list(run(policy, mode))
-    # the most telling acceptances first, in case time runs out
-    for a in sorted(cfg["acceptances"], key=lambda a: (a != 1.0, a != min(cfg["acceptances"]), a)):
-        if budget.left() < 20 or time.perf_counter() - started > allot:
-            budget.cut(f"{name}: a = {a} not run (time)")
-            continue
-        for mode in MODES:
-            base = seconds_per_token(generate(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True)))
-            mlx_lm = mlx_lm_seconds_per_token(model, prompt, tokens)
-            for cell, policy in enumerate(policies):
-                drafter.acceptance, drafter.seed = float(a), cell
-                gen = run(policy, mode)
-                spec = seconds_per_token(gen, lambda: drafter.follow_s)
-                stats = gen.stats()
-                ks = sorted({r["k_requested"] for r in gen.log if r["kind"] == "verify"})
-                rows.append(
-                    {
-                        "shape": name,
-                        "mode": mode,
-                        "a": a,
-                        "policy": f"fixed:{policy}" if policy != "auto" else "auto",
-                        "tokens": len(gen.tokens),
-                        "spec_s_per_token": spec,
-                        "plain_s_per_token": base,
-                        "mlx_lm_s_per_token": mlx_lm,
-                        "vs_plain": base / spec,
-                        "vs_mlx_lm": mlx_lm / spec,
-                        "verifies": stats["verifies"],
-                        "pauses": stats["pauses"],
-                        "ks": " ".join(map(str, ks)),
-                        "equal_plain": list(gen.tokens) == plain_tokens,
-                        "follows": drafter.follows,
-                    }
-                )
-            line = " ".join(f"{r['policy']}:{r['vs_plain']:.2f}" for r in rows[-len(policies) :])
-            same = all(r["equal_plain"] for r in rows[-len(policies) :])
-            say(
-                f"  {mode} a={a:.1f}: speedup over specbench plain {line}; specbench plain runs at "
-                f"{mlx_lm / base:.2f}x mlx-lm's speed; exact outputs equal plain: {same}"
-            )
-    return rows
+def plain_run(model: Any, prompt: list[int], tokens: int) -> float:
+    return seconds_per_token(generate(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True)))
 
 
-def shape_phase(name: str, cfg: dict, budget: Budget, out: dict) -> None:
-    allot = min(cfg["shape_share"] * budget.seconds, budget.left() - 10)
-    if allot < 30 and not name.endswith("tiny"):
+def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: OracleDrafter, profile: Any) -> dict:
+    options = GenerateOptions(max_tokens=tokens, ignore_eos=True, verify=mode)
+    gen = speculative_generate(model, prompt, options, drafter, DraftPolicy.auto(), profile=profile, progress=say)
+    spt = seconds_per_token(gen, lambda: drafter.follow_s)
+    stats, policy = gen.stats(), gen.policy
+    return {
+        "spt": spt,
+        "tokens": list(gen.tokens),
+        "verifies": stats["verifies"],
+        "paused": stats["pauses"],
+        "pauses": policy.pauses,
+        "extensions": policy.extensions,
+        "shadows": policy.shadows,
+        "ks": " ".join(map(str, sorted({r["k_requested"] for r in gen.log if r["kind"] == "verify"}))),
+    }
+
+
+def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool) -> None:
+    if budget.left() < budget.setup[name] * 0.5 + 20 and not name.endswith("tiny"):
         budget.cut(f"{name}: not run ({budget.left():.0f} s left)")
         return
     started = time.perf_counter()
     model = synthetic.build(name)
-    say(f"\n== {name}: built in {time.perf_counter() - started:.1f} s")
-    t0 = time.perf_counter()
+    say(f"\n== {name}")
     calibration = calibrate(model, list(range(2, 10)), progress=lambda text: say(f"  {text}"))
-    say(f"  calibrated widths 2..9 in {time.perf_counter() - t0:.1f} s")
     profiles = {mode: profile_for(model, mode, progress=lambda text: say(f"  {text}")) for mode in ("exact", "fast")}
     for mode, p in profiles.items():
         say(f"  Auto's prior c(w) {mode}: " + " ".join(f"{w}:{p.c(w, mode):.2f}" for w in range(1, 10)))
-    out["verify_calls"] += verify_calls(model, name, cfg, calibration)
-    out["grid"] += grid(model, name, cfg, budget, allot - (time.perf_counter() - started), profiles)
-    del model
+    out["verify_calls"] += verify_calls(model, name, cfg, calibration, compiled)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, vocab_size(model), size=cfg["prompt_len"]).tolist()
+    drafter = OracleDrafter.from_model(model, prompt, cfg["tokens"], 1.0, keep_drafting=True)
+    cells = [(mode, a) for a in cfg["acceptances"] for mode in ("exact", "fast")]
+    for mode in ("exact", "fast"):  # warm-up: every width's kernels built before timing
+        for a in (1.0, 0.3):
+            drafter.acceptance = a
+            auto_run(model, prompt, cfg["warmup_tokens"], mode, drafter, profiles[mode])
+    mlx_lm_seconds_per_token(model, prompt, 16)
+    plain_s = plain_run(model, prompt, cfg["warmup_tokens"])
+    setup = time.perf_counter() - started
+    allot = budget.allot(name)
+    # a repeat: mlx-lm, plain before and after every two cells, the cells (Auto ~0.8 plain runs on average)
+    runs = 1 + (len(cells) + 1) // 2 + 1 + 0.8 * len(cells)
+    tokens, repeats = size(allot, plain_s * 1.1, runs, cfg, "tokens")
+    say(
+        f"  set-up (calibration, profiles, calls, warm-up) {setup:.0f} s; plain {1e3 * plain_s:.1f} ms/token; "
+        f"{allot:.0f} s for {repeats} repeats x {len(cells)} cells x {tokens} tokens"
+    )
+    if (tokens, repeats) != (cfg["tokens"], cfg["repeats"]):
+        budget.cut(f"{name}: {repeats} repeats x {tokens} tokens instead of {cfg['repeats']} x {cfg['tokens']}")
+    truth = drafter.recorded[:tokens]
+    deadline = time.perf_counter() + allot * 1.15
+    for repeat in range(repeats):
+        if repeat >= cfg["min_repeats"] and time.perf_counter() > deadline or budget.left() < 10:
+            budget.cut(f"{name}: repeat {repeat + 1} not run (time)")
+            break
+        mlx_lm = mlx_lm_seconds_per_token(model, prompt, tokens)
+        before = plain_run(model, prompt, tokens)
+        for pair in range(0, len(cells), 2):
+            done = []
+            for cell, (mode, a) in enumerate(cells[pair : pair + 2], pair):
+                drafter.acceptance, drafter.seed = float(a), 1000 * repeat + cell
+                done.append((mode, a, auto_run(model, prompt, tokens, mode, drafter, profiles[mode])))
+            after = plain_run(model, prompt, tokens)
+            base = (before + after) / 2
+            for mode, a, r in done:
+                out["runs"].append(
+                    {
+                        "model": name,
+                        "what": f"{mode} a={a}",
+                        "method": "auto",
+                        "repeat": repeat,
+                        "tokens": tokens,
+                        "plain_s_per_token": base,
+                        "plain_before_after": f"{before:.6f} {after:.6f}",
+                        "auto_s_per_token": r["spt"],
+                        "mlx_lm_s_per_token": mlx_lm,
+                        "vs_plain": base / r["spt"],
+                        "plain_spread": spread([before, after]),
+                        "equal_plain": r["tokens"] == truth if mode == "exact" else None,
+                        **{k: r[k] for k in ("verifies", "paused", "pauses", "extensions", "shadows", "ks")},
+                    }
+                )
+            before = after
+        line = " ".join(
+            f"{r['what']}:{r['vs_plain']:.2f}" for r in out["runs"] if r["model"] == name and r["repeat"] == repeat
+        )
+        say(f"  repeat {repeat + 1}/{repeats}: Auto/plain {line}")
+    del model, drafter
     gc.collect()
     mx.clear_cache()
 
@@ -261,159 +318,227 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict) -> None:
 # -- the embedded model ---------------------------------------------------------------------------------
 
 
-def embedded_phase(cfg: dict, budget: Budget, out_dir: Path, out: dict) -> None:
-    if budget.left() < 40:
+def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
+    if budget.left() < 30:
         budget.cut(f"embedded model: not run ({budget.left():.0f} s left)")
         return
     from specbench import load
-    from specbench.experiments.prompt_bench import bench_prompts
-    from specbench.experiments.prompt_summary import throughput_ratio
-    from specbench.experiments.prompts import bundled_questions
-    from specbench.experiments.trace_bench import run_trace
+    from specbench.drafters import make_drafter
+    from specbench.experiments.importers import load_traces
+    from specbench.experiments.prompts import bundled_questions, render_prompt
+    from specbench.experiments.trace_bench import bench_trace
 
+    started = time.perf_counter()
     model, tokenizer = load(cfg["embedded"])
     say(f"\n== {cfg['embedded']} (embedded model)")
-    questions = bundled_questions(None, cfg["limit"])
-    result = bench_prompts(
-        model,
-        tokenizer,
-        questions,
-        drafters=("lookup", "suffix"),
-        policies=[DraftPolicy.auto()],
-        max_tokens=cfg["embedded_tokens"],
-        model_name=cfg["embedded"],
-        time_budget_s=max(10.0, 0.55 * (budget.left() - 15)),
-        progress=lambda text: say(f"  {text}"),
-    )
-    runs = result.runs
-    for category in sorted({r["category"] for r in runs}) + ["all"]:
-        rows = [r for r in runs if category in ("all", r["category"])]
-        base = [r for r in rows if r["method"] == "specbench"]
-        mlx_lm = [r for r in rows if r["method"] == "mlx-lm"]
-        for method in sorted({r["method"] for r in rows} - {"specbench", "mlx-lm"}):
-            mine = [r for r in rows if r["method"] == method]
-            out["embedded"].append(
-                {
-                    "what": f"category {category}",
-                    "method": method,
-                    "vs_plain": throughput_ratio(base, mine),
-                    "vs_mlx_lm": throughput_ratio(mlx_lm, mine),
-                    "equal": all(r["equal"] for r in mine),
-                }
-            )
-    for path in sorted((ROOT / "data" / "traces").glob("*.jsonl"))[: cfg["traces"]]:
-        if budget.left() < 15:
-            budget.cut(f"traces from {path.name} on: not run (time)")
-            break
-        run = run_trace(
-            model,
-            tokenizer,
-            path,
-            drafters=("lookup", "suffix"),
-            policies=[DraftPolicy.auto()],
-            max_tokens=cfg["embedded_tokens"],
-            turns=cfg["trace_turns"],
-            progress=False,
+    widest = max(DraftPolicy.auto().longest_draft(make_drafter(m)) for m in ("lookup", "suffix")) + 1
+    calibrate(model, list(range(2, widest + 1)), progress=lambda text: say(f"  {text}"))
+    profile = profile_for(model, "exact", progress=lambda text: say(f"  {text}"))
+    questions = bundled_questions(cfg.get("categories"), cfg["per_category"])
+    prompts = [(q.category, str(q.question_id), render_prompt(tokenizer, q.turns[0])) for q in questions]
+    methods = ["plain", "lookup", "suffix"]
+    drafters: dict[tuple[str, int], Any] = {}
+
+    def run(method: str, prompt: list[int], tokens: int, repeat: int) -> tuple[float, list[int]]:
+        """Seconds from the call to the last token (set-up, prompt pass and decoding), and the tokens."""
+        options = GenerateOptions(max_tokens=tokens)
+        t0 = time.perf_counter()
+        if method == "plain":
+            gen = generate(model, prompt, options, tokenizer=tokenizer)
+        else:
+            drafter = drafters.setdefault((method, repeat), make_drafter(method, model=model))
+            gen = speculative_generate(model, prompt, options, drafter, DraftPolicy.auto(), tokenizer, profile=profile)
+        tokens_out = list(gen)
+        return time.perf_counter() - t0, tokens_out
+
+    longest = max(prompts, key=lambda p: len(p[2]))[2]
+    for method in methods:  # warm-up
+        run(method, longest, cfg["embedded_tokens"], -1)
+    plain_s = run("plain", prompts[0][2], cfg["embedded_tokens"], -1)[0] / cfg["embedded_tokens"]
+    trace_paths = sorted((ROOT / "data" / "traces").glob("*.jsonl"))[: cfg["traces"]]
+    say(f"  set-up {time.perf_counter() - started:.0f} s; plain ~{1e3 * plain_s:.1f} ms/token with prompt pass")
+    allot = budget.allot("embedded")
+    runs = 3 * (len(prompts) + len(trace_paths) * cfg["trace_turns"])
+    tokens, repeats = size(allot, plain_s * 1.15, runs, cfg, "embedded_tokens")
+    say(f"  {allot:.0f} s for {repeats} repeats x {len(prompts)} prompts, {len(trace_paths)} traces, {tokens} tokens")
+    if (tokens, repeats) != (cfg["embedded_tokens"], cfg["repeats"]):
+        budget.cut(
+            f"embedded: {repeats} repeats x {tokens} tokens instead of {cfg['repeats']} x {cfg['embedded_tokens']}"
         )
-        for r in run.summary.to_dicts():
-            if r["method"] != "plain":
-                out["embedded"].append(
+    deadline = time.perf_counter() + allot * 1.15
+    for repeat in range(repeats):
+        if repeat >= cfg["min_repeats"] and time.perf_counter() > deadline:
+            budget.cut(f"embedded: repeat {repeat + 1} not run (time)")
+            break
+        for i, (category, qid, prompt) in enumerate(prompts):
+            if budget.left() < 5:
+                budget.cut(f"embedded: repeat {repeat + 1} stopped before prompt {i + 1} of {len(prompts)} (time)")
+                break
+            shift = (i + repeat) % len(methods)
+            done = {m: run(m, prompt, tokens, repeat) for m in methods[shift:] + methods[:shift]}
+            for method in methods[1:]:
+                out["runs"].append(
                     {
-                        "what": f"trace {r['trace']}",
-                        "method": r["method"],
-                        "vs_plain": r["speedup"],
-                        "vs_mlx_lm": None,
-                        "equal": bool(run.identical),
+                        "model": cfg["embedded"],
+                        "what": f"category {category}",
+                        "prompt": qid,
+                        "method": f"{method}/auto",
+                        "repeat": repeat,
+                        "tokens": len(done[method][1]),
+                        "plain_s": done["plain"][0],
+                        "auto_s": done[method][0],
+                        "vs_plain": done["plain"][0] / done[method][0],
+                        "equal_plain": done[method][1] == done["plain"][1],
                     }
                 )
-    for r in out["embedded"]:
-        versus = f", vs mlx-lm {r['vs_mlx_lm']:.2f}x" if r["vs_mlx_lm"] is not None else ""
-        say(f"  {r['what']:28s} {r['method']:18s} vs plain {r['vs_plain']:.2f}x{versus}  equal {r['equal']}")
+        for path in trace_paths:
+            if budget.left() < 5:
+                budget.cut(f"embedded: repeat {repeat + 1} stopped before trace {path.stem} (time)")
+                break
+            for trace in load_traces(path):
+                fresh = {m: make_drafter(m, model=model) for m in methods[1:]}
+                bench = bench_trace(
+                    model, tokenizer, trace, fresh, DraftPolicy.auto(), tokens, turns=cfg["trace_turns"]
+                )
+                rows = bench.turns.to_dicts()
+                plain = sum(r["decode_s"] for r in rows if r["method"] == "plain")
+                for method in methods[1:]:
+                    mine = [r for r in rows if r["method"] == method]
+                    seconds = sum(r["decode_s"] for r in mine)
+                    out["runs"].append(
+                        {
+                            "model": cfg["embedded"],
+                            "what": f"trace {trace.id}",
+                            "prompt": trace.id,
+                            "method": f"{method}/auto",
+                            "repeat": repeat,
+                            "tokens": sum(r["tokens"] for r in mine),
+                            "plain_s": plain,
+                            "auto_s": seconds,
+                            "vs_plain": plain / seconds if seconds else 0.0,
+                            "equal_plain": all(r["identical"] for r in mine),
+                        }
+                    )
+        mine = [r for r in out["runs"] if r["model"] == cfg["embedded"] and r["repeat"] == repeat]
+        for method in methods[1:]:
+            rs = [r for r in mine if r["method"] == f"{method}/auto"]
+            if not rs:
+                continue
+            ratio = sum(r["plain_s"] for r in rs) / sum(r["auto_s"] for r in rs)
+            say(f"  repeat {repeat + 1}/{repeats}: {method}/auto over plain, all prompts and traces: {ratio:.2f}x")
+
+
+# -- summaries ------------------------------------------------------------------------------------------
+
+
+def summarize(out: dict) -> None:
+    """One row per cell: the median Auto / plain over repeats, their range, plain's spread, the verdict."""
+    cells: dict[tuple[str, str, str], list[dict]] = {}
+    for r in out["runs"]:
+        cells.setdefault((r["model"], r["what"], r["method"]), []).append(r)
+    for (model, what, method), rows in cells.items():
+        by_repeat: dict[int, list[dict]] = {}
+        for r in rows:
+            by_repeat.setdefault(r["repeat"], []).append(r)
+        if "plain_s" in rows[0]:  # the embedded model: a category's or trace's seconds summed per repeat
+            ratios = [sum(r["plain_s"] for r in rs) / sum(r["auto_s"] for r in rs) for rs in by_repeat.values()]
+            plain_by_prompt: dict[str, list[float]] = {}
+            for r in rows:
+                plain_by_prompt.setdefault(r["prompt"], []).append(r["plain_s"])
+            noise = statistics.median(spread(v) for v in plain_by_prompt.values())
+        else:
+            ratios = [statistics.mean(r["vs_plain"] for r in rs) for rs in by_repeat.values()]
+            noise = statistics.median(r["plain_spread"] for r in rows)
+        equal = [r["equal_plain"] for r in rows if r["equal_plain"] is not None]
+        row = {
+            "model": model,
+            "what": what,
+            "method": method,
+            "repeats": len(ratios),
+            "auto_over_plain": statistics.median(ratios),
+            "lowest": min(ratios),
+            "highest": max(ratios),
+            "plain_noise": noise,
+            "verdict": verdict(ratios, noise),
+            "equal_plain": all(equal) if equal else None,
+        }
+        if "ks" in rows[0]:
+            row["ks"] = " | ".join(r["ks"] or "-" for r in rows)
+            row["verifies"] = statistics.median(r["verifies"] for r in rows)
+            row["paused"] = statistics.median(r["paused"] for r in rows)
+            row["vs_mlx_lm"] = statistics.median(r["mlx_lm_s_per_token"] / r["auto_s_per_token"] for r in rows)
+        (out["grid"] if "ks" in rows[0] else out["embedded"]).append(row)
+
+
+def report(out: dict, budget: Budget) -> None:
+    say("\n== Auto / specbench plain per cell: median over repeats [range], plain's own spread, verdict")
+    for row in out["grid"] + out["embedded"]:
+        extra = (
+            f"; vs mlx-lm {row['vs_mlx_lm']:.2f}x; verifies {row['verifies']:.0f}, paused {row['paused']:.0f} tokens"
+            if "ks" in row
+            else ""
+        )
+        same = "" if row["equal_plain"] is None else f"; equal to plain: {row['equal_plain']}"
+        say(
+            f"  {row['model']:20s} {row['what']:28s} {row['method']:12s} {row['auto_over_plain']:.2f}x "
+            f"[{row['lowest']:.2f}-{row['highest']:.2f}] noise {100 * row['plain_noise']:.0f}% "
+            f"{row['verdict']:5s}{extra}{same}"
+        )
+    rows = out["grid"] + out["embedded"]
+    if rows:
+        worst = min(rows, key=lambda r: r["auto_over_plain"])
+        losing = [r for r in rows if r["verdict"] == "LOSES"]
+        exact_equal = all(r["equal_plain"] is not False for r in rows)
+        say(
+            f"worst cell: {worst['auto_over_plain']:.2f}x ({worst['model']} {worst['what']} {worst['method']}, "
+            f"{worst['verdict']}); cells losing beyond noise: {len(losing)} of {len(rows)}; "
+            f"outputs equal to plain greedy on every checked run: {exact_equal}"
+        )
+    for call in out["verify_calls"]:
+        if call["width"] == 9:
+            say(
+                f"{call['shape']} 9 rows: exact {1e3 * call['exact_s']:.1f} ms vs fast {1e3 * call['fast_s']:.1f} ms "
+                f"({call['exact_over_fast']:.2f}x)"
+                + (f", compiled {1e3 * call['exact_compiled_s']:.1f} ms" if "exact_compiled_s" in call else "")
+            )
+    for cut in budget.cuts:
+        say(f"reduced: {cut}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CPU: tiny shapes and the embedded model's miniature")
-    parser.add_argument("--budget", type=float, default=360.0, help="seconds for the whole run (sizes shrink to fit)")
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (sizes shrink to fit)")
     parser.add_argument("--out", default=None, help="folder for the results (default $OUT, else reports/gpu)")
     parser.add_argument("--shapes", default=None, help="comma list of synthetic shapes")
     parser.add_argument("--no-embedded", action="store_true", help="leave out the embedded model")
+    parser.add_argument("--compile", action="store_true", help="also time exact verify with compiled linear chunks")
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
     if args.shapes is not None:
         cfg["shapes"] = [s for s in args.shapes.split(",") if s]
     out_dir = Path(args.out or os.environ.get("OUT") or "reports/gpu")
     out_dir.mkdir(parents=True, exist_ok=True)
-    budget = Budget(args.budget)
+    budget = Budget(args.budget, cfg)
     say(f"device {device_name()}  mlx {mx.__version__}  budget {args.budget:.0f} s  out {out_dir}")
-    out: dict[str, list] = {"grid": [], "verify_calls": [], "embedded": []}
+    out: dict[str, list] = {"runs": [], "verify_calls": [], "grid": [], "embedded": []}
 
     def save() -> None:
-        write_csv_atomic(out_dir / "grid.csv", out["grid"])
-        write_csv_atomic(out_dir / "verify_calls.csv", out["verify_calls"])
-        write_csv_atomic(out_dir / "embedded.csv", out["embedded"])
-        settings = {k: v for k, v in cfg.items()}
-        info = {"device": device_name(), **versions(), "settings": settings, "reduced": budget.cuts}
+        for name in ("runs", "verify_calls", "grid", "embedded"):
+            write_csv_atomic(out_dir / f"{name}.csv", out[name])
+        info = {"device": device_name(), **versions(), "settings": cfg, "reduced": budget.cuts}
         write_json_atomic(out_dir / "default_policy.json", {**info, **out})
 
     for name in cfg["shapes"]:
-        shape_phase(name, cfg, budget, out)
+        shape_phase(name, cfg, budget, out, args.compile)
         save()
     if not args.no_embedded:
-        embedded_phase(cfg, budget, out_dir, out)
-        save()
-    summarize(out, budget)
+        embedded_phase(cfg, budget, out)
+    summarize(out)
+    save()
+    report(out, budget)
     say(f"\ntotal {time.perf_counter() - budget.start:.1f} s; results in {out_dir}")
     return 0
-
-
-def summarize(out: dict, budget: Budget) -> None:
-    grid_rows = out["grid"]
-    if grid_rows:
-        say("\n== Auto vs plain (and the best fixed k) per cell")
-        for shape in dict.fromkeys(r["shape"] for r in grid_rows):
-            for mode in ("exact", "fast"):
-                for a in dict.fromkeys(r["a"] for r in grid_rows):
-                    cell = [r for r in grid_rows if (r["shape"], r["mode"], r["a"]) == (shape, mode, a)]
-                    auto = next((r for r in cell if r["policy"] == "auto"), None)
-                    if auto is None:
-                        continue
-                    best = max((r for r in cell if r["policy"] != "auto"), key=lambda r: r["vs_plain"])
-                    say(
-                        f"  {shape:22s} {mode:5s} a={a:.1f}: auto {auto['vs_plain']:.2f}x plain "
-                        f"({auto['vs_mlx_lm']:.2f}x mlx-lm; ks {auto['ks'] or '-'}, {auto['pauses']} paused), "
-                        f"best fixed {best['policy']} {best['vs_plain']:.2f}x"
-                    )
-        autos = [r for r in grid_rows if r["policy"] == "auto"]
-        worst = min(autos, key=lambda r: r["vs_plain"])
-        exact_equal = all(r["equal_plain"] for r in grid_rows if r["mode"] == "exact")
-        say(
-            f"Auto's worst cell: {worst['vs_plain']:.2f}x plain ({worst['shape']} {worst['mode']} a={worst['a']}); "
-            f"exact mode equal to plain greedy on every run: {exact_equal}"
-        )
-        for shape in dict.fromkeys(r["shape"] for r in grid_rows):
-            pick = {
-                m: next(
-                    (
-                        r
-                        for r in grid_rows
-                        if (r["shape"], r["mode"], r["a"], r["policy"]) == (shape, m, 1.0, "fixed:8")
-                    ),
-                    None,
-                )
-                for m in ("exact", "fast")
-            }
-            if all(pick.values()):
-                say(
-                    f"{shape} k=8 a=1.0: exact {pick['exact']['vs_plain']:.2f}x, fast {pick['fast']['vs_plain']:.2f}x "
-                    f"(exact/fast {pick['exact']['vs_plain'] / pick['fast']['vs_plain']:.2f})"
-                )
-    if out["embedded"]:
-        autos = [r for r in out["embedded"] if r["vs_plain"] is not None]
-        worst = min(autos, key=lambda r: r["vs_plain"])
-        say(f"embedded model: worst Auto {worst['vs_plain']:.2f}x plain ({worst['what']}, {worst['method']})")
-    for cut in budget.cuts:
-        say(f"reduced: {cut}")
 
 
 if __name__ == "__main__":

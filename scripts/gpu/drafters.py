@@ -1,35 +1,38 @@
-"""Train a draft model and a multi-position MTP head for the embedded model (SmolLM2-135M) and measure
-both, with the shipped head and early exit, on a held-out split of three kinds.
+"""Retrain the MTP head of the embedded model (SmolLM2-135M), distil a small draft model for it, and
+measure both, with the shipped head and early exit, on a held-out split of three kinds.
 
     python3 scripts/gpu/drafters.py            # H200, about 7 minutes (--budget 420 s in all)
     python3 scripts/gpu/drafters.py --quick    # CPU smoke run: tiny data, 2 steps each, every phase run
 
 Phases (each bounded by the budget; files are written as soon as they exist):
-1. data: the model's own greedy answers to the project's template prompts and continuations of
-   code and text snippets, plus standard-library code and docstrings and package documents
-   (``specbench.experiments.mtp_data``; Spec-Bench is never read for training);
+1. data: the model's own greedy answers to chat prompts the project writes (templates over topics,
+   coding tasks, arithmetic, standard-library names and passages of package documents) and its
+   continuations of code and text snippets, plus standard-library code and docstrings and package
+   documents (``specbench.experiments.mtp_data``; Spec-Bench is never read for training);
 2. the MTP head, every draft position trained (the head fed its own chained states, positions
    1..3; ``chain_loss``), initialised from the last body layer;
-3. a draft model: ``--draft-layers`` decoder layers of SmolLM2's own width, initialised as copies
-   of layers spread over the depth, distilled on the same windows (soft cross-entropy to the
-   target's next-token distribution at every position); embeddings and output head are the
-   target's, frozen and not stored;
-4. evaluation (phases in this order, each skipped when the budget cannot hold it): greedy
-   speculative decoding (fixed k = 3, fast verification) on the held-out split
-   (``specbench.experiments.draft_training.heldout_split``: Spec-Bench chat first turns with the chat
-   template, Spec-Bench summarization articles as plain text, held-out standard-library code; the
-   rule is fixed in that module) for the new head and the draft model; the draft model through
-   specbench and through mlx-lm's speculative_generate_step (same pair, k = 3): tokens/s ratio and
-   acceptance per kind; plain decoding of the same prompts (for each drafter's speed ratio); the
-   shipped head; early exit at a few depths. Acceptance per draft position (cumulative and
-   conditional) and per kind.
+3. the new head and the shipped head on the held-out split: both tables are printed, and the new
+   head is written to the output only when it beats the shipped one (higher mean tokens per
+   verification over the three kinds);
+4. a draft model: ``--draft-layers`` decoder layers of SmolLM2's width with a narrower MLP
+   (``--draft-mlp`` channels, those of most weight in the source layers), initialised from layers
+   spread over the depth and distilled on the same windows (soft cross-entropy to the target's
+   next-token distribution at every position); embeddings and output head are the target's,
+   frozen and not stored, so the file holds the draft's own layers (bfloat16, under 8 MB);
+5. evaluation: greedy speculative decoding (fixed k = 3, fast verification) on the held-out split
+   (``specbench.experiments.draft_training.heldout_split``: Spec-Bench chat first turns with the
+   chat template, Spec-Bench summarization articles as plain text, held-out standard-library code;
+   the rule is fixed in that module) of the draft model; the draft model through specbench and
+   through mlx-lm's speculative_generate_step (same pair, k = 3): tokens/s ratio and acceptance
+   per kind and per bundled prompt category; plain decoding (each drafter's speed ratio, and its
+   measured draft seconds per token over a plain step); early exit: a sweep of exit layers on a
+   sample of the split, and the best L's acceptance on the whole split.
 
 Spec-Bench's question.jsonl is read from --data (default ../shared/data next to the repository) and
-never copied. Writes into $OUT (default reports/gpu): mtp-smollm2-135m.safetensors (the head,
-bfloat16), draft-smollm2-135m.safetensors (the draft's own layers and norm, bfloat16),
-drafters.json (recipes, training curves, split, metrics, file sizes) and drafters.md (the tables).
-To ship: copy the head to specbench/assets/mtp/smollm2-135m.safetensors and the draft to
-specbench/assets/draft/smollm2-135m.safetensors.
+never copied. Writes into $OUT (default reports/gpu): draft-smollm2-135m.safetensors (the draft),
+mtp-smollm2-135m.safetensors (only when the new head wins), drafters.json (recipes, training
+curves, split, metrics, decision, file sizes) and drafters.md (the tables). The last lines print
+the copy commands that ship the files.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 from specbench import load  # noqa: E402
@@ -53,19 +57,24 @@ from specbench.core.engine import generate  # noqa: E402
 from specbench.core.forward import text_model  # noqa: E402
 from specbench.core.options import GenerateOptions  # noqa: E402
 from specbench.core.policies import DraftPolicy  # noqa: E402
-from specbench.drafters import DraftModel, EarlyExit, MtpDrafter  # noqa: E402
-from specbench.drafters.draft_model import draft_metadata, draft_own_tensors  # noqa: E402
+from specbench.drafters import DraftModel, EarlyExit, MtpDrafter, best_exit_layer, sweep_exit_layers  # noqa: E402
+from specbench.drafters.draft_model import draft_metadata, draft_own_tensors, load_draft_model  # noqa: E402
 from specbench.experiments.draft_training import HELDOUT_KINDS, heldout_split, train_draft  # noqa: E402
 from specbench.experiments.mtp_data import WindowSampler  # noqa: E402
 from specbench.experiments.mtp_metrics import evaluate_decoding  # noqa: E402
 from specbench.experiments.mtp_training import TrainConfig, build_data, train_head  # noqa: E402
 from specbench.experiments.prompt_runs import run_mlx_lm, run_specbench  # noqa: E402
+from specbench.experiments.prompts import bundled_questions, render_prompt  # noqa: E402
 from specbench.models.load import cast_dtype  # noqa: E402
 from specbench.models.mtp.attach import load_head, save_head, shipped_head  # noqa: E402
 from specbench.models.mtp.head import model_type  # noqa: E402
 
 NAME = "smollm2-135m"
 K = 3
+#: Issue targets for the MTP head: position 1, and positions 2 and 3 (cumulative), on every kind.
+TARGETS = (0.55, 0.35, 0.35)
+#: Seconds the evaluation after each training phase needs on the H200 (measured phases of an earlier run).
+HEAD_EVAL_S, DRAFT_EVAL_S = 35.0, 135.0
 
 
 def log(text: str) -> None:
@@ -75,12 +84,26 @@ def log(text: str) -> None:
 def configs(quick: bool) -> tuple[TrainConfig, dict]:
     if quick:  # a smoke run: this CPU's matmuls run at a few GFLOP/s, so every shape is minimal
         config = TrainConfig.quick()
-        config.steps, config.batch_size, config.seq_len, config.warmup_steps = 2, 1, 16, 1
-        config.chat_prompts, config.continuation_prompts, config.continuation_prompt_tokens = 0, 2, 8
-        config.chat_tokens = config.continuation_tokens = 6
+        config.steps, config.batch_size, config.seq_len, config.warmup_steps = 1, 1, 8, 1
+        config.chat_prompts, config.continuation_prompts, config.continuation_prompt_tokens = 1, 2, 8
+        config.chat_tokens = config.continuation_tokens = 3
         config.text_chars, config.eval_windows, config.generation_batch = 30_000, 0, 2
-        settings = {"per_kind": 1, "tokens": 6, "prompt_tokens": 16, "exits": [15], "eval_reserve": 0.0}
-        return config, {**settings, "skip": ["mtp (shipped)"]}
+        settings = {
+            "per_kind": 1,
+            "tokens": 3,
+            "prompt_tokens": 12,
+            "exits": [28],
+            "sweep_per_kind": 1,
+            "sweep_prompts": 1,
+        }
+        return config, {
+            **settings,
+            "sweep_tokens": 3,
+            "categories": 1,
+            "versus_kinds": 1,
+            "head_eval_s": 0.0,
+            "draft_eval_s": 0.0,
+        }
     config = TrainConfig(
         steps=1_000_000,
         batch_size=64,
@@ -91,33 +114,42 @@ def configs(quick: bool) -> tuple[TrainConfig, dict]:
         text_chars=12_000_000,
         chat_prompts=8192,
         chat_tokens=192,
-        continuation_prompts=6144,
+        continuation_prompts=4096,
         continuation_tokens=128,
         generation_batch=512,
-        generation_budget_s=60.0,
-        eval_windows=8,
+        generation_budget_s=75.0,
+        chat_share=0.75,
+        mix={"chat": 0.4, "continued": 0.2, "code": 0.2, "natural": 0.2},
+        depth_decay=0.9,
+        eval_windows=0,
     )
-    return config, {"per_kind": 8, "tokens": 64, "prompt_tokens": 64, "exits": [8, 15, 22], "eval_reserve": 110.0}
-
-
-def shorten_chat(split: dict, tokens: int) -> None:
-    """Smoke runs only: keep the last ``tokens`` tokens of each chat prompt (the template's end)."""
-    split["prompts"]["chat"] = [p[-tokens:] for p in split["prompts"]["chat"]]
+    settings = {"per_kind": 8, "tokens": 64, "prompt_tokens": 64, "exits": [8, 15, 22, 27], "sweep_per_kind": 2}
+    return config, {
+        **settings,
+        "sweep_tokens": 32,
+        "categories": 8,
+        "versus_kinds": len(HELDOUT_KINDS),
+        "head_eval_s": HEAD_EVAL_S,
+        "draft_eval_s": DRAFT_EVAL_S,
+    }
 
 
 def warm_up(model) -> None:
     """Build the kernels of the training shapes once, untimed in the training budget."""
-    tokens = mx.zeros((1, 8), dtype=mx.uint32)
-    mx.eval(model(tokens))
+    mx.eval(model(mx.zeros((1, 8), dtype=mx.uint32)))
     log("warmed up")
 
 
 def evaluate(name: str, model, split: dict, settings: dict, factory) -> dict:
+    """Per kind: ``evaluate_decoding``'s metrics, and the drafter's weight bytes per drafted token over a plain
+    step's (``cost_per_token``)."""
     rows = {}
+    bytes_share = factory().cost_per_token
     for kind in HELDOUT_KINDS:
-        prompts = split["prompts"][kind]
-        rows[kind] = evaluate_decoding(model, prompts, settings["tokens"], K, "fast", drafter_factory=factory)
-        r = rows[kind]
+        rows[kind] = r = evaluate_decoding(
+            model, split["prompts"][kind], settings["tokens"], K, "fast", drafter_factory=factory
+        )
+        r["cost_per_token"] = bytes_share
         log(
             f"{name:14s} {kind:8s} per position "
             + " ".join(f"{p:.2f}" for p in r["per_position_acceptance"])
@@ -128,36 +160,41 @@ def evaluate(name: str, model, split: dict, settings: dict, factory) -> dict:
     return rows
 
 
+def score(rows: dict) -> float:
+    """Mean tokens per verification over the kinds (what decides which head ships)."""
+    return float(np.mean([rows[kind]["tokens_per_verify"] for kind in HELDOUT_KINDS]))
+
+
+def meets_targets(rows: dict) -> bool:
+    return all(
+        p >= t for kind in HELDOUT_KINDS for p, t in zip(rows[kind]["per_position_acceptance"], TARGETS, strict=True)
+    )
+
+
 def plain_seconds(model, split: dict, settings: dict) -> dict:
     out = {}
     for kind in HELDOUT_KINDS:
-        t0 = time.perf_counter()
+        t0, tokens = time.perf_counter(), 0
         for prompt in split["prompts"][kind]:
-            for _ in generate(model, list(prompt), GenerateOptions(max_tokens=settings["tokens"])):
-                pass
-        out[kind] = round(time.perf_counter() - t0, 2)
+            tokens += sum(1 for _ in generate(model, list(prompt), GenerateOptions(max_tokens=settings["tokens"])))
+        out[kind] = {"seconds": round(time.perf_counter() - t0, 3), "tokens": tokens}
+    log("plain: " + ", ".join(f"{k} {v['seconds']:.1f}s" for k, v in out.items()))
     return out
 
 
-def versus_mlx_lm(model, tokenizer, draft_model, split: dict, settings: dict) -> dict:
+def versus_mlx_lm(model, tokenizer, draft_model, prompts: dict, tokens: int) -> dict:
     """The draft model through specbench (DraftModel, fixed k = 3) and through mlx-lm's
     speculative_generate_step (num_draft_tokens = 3), the same pair and prompts, greedy: tokens/s ratio and
-    acceptance per kind."""
+    acceptance per group of prompts."""
     out = {}
-    for kind in HELDOUT_KINDS:
+    for group, group_prompts in prompts.items():
         ours = [
             run_specbench(
-                model,
-                tokenizer,
-                p,
-                settings["tokens"],
-                DraftModel(draft_model, target=model),
-                DraftPolicy.fixed(K),
-                "fast",
+                model, tokenizer, p, tokens, DraftModel(draft_model, target=model), DraftPolicy.fixed(K), "fast"
             )
-            for p in split["prompts"][kind]
+            for p in group_prompts
         ]
-        theirs = [run_mlx_lm(model, tokenizer, p, settings["tokens"], draft_model, K) for p in split["prompts"][kind]]
+        theirs = [run_mlx_lm(model, tokenizer, p, tokens, draft_model, K) for p in group_prompts]
 
         def rate(runs):
             return sum(len(r.tokens) for r in runs) / max(sum(r.wall_s for r in runs), 1e-9)
@@ -165,43 +202,84 @@ def versus_mlx_lm(model, tokenizer, draft_model, split: dict, settings: dict) ->
         def acceptance(runs):
             return sum(r.accepted for r in runs) / max(sum(r.drafted for r in runs), 1)
 
-        out[kind] = {
+        out[group] = {
             "tokens_per_s_ratio": rate(ours) / rate(theirs),
             "specbench_tokens_per_s": rate(ours),
             "mlx_lm_tokens_per_s": rate(theirs),
             "specbench_acceptance": acceptance(ours),
             "mlx_lm_acceptance": acceptance(theirs),
         }
-        log(f"draft-model vs mlx-lm {kind}: " + ", ".join(f"{k} {v:.2f}" for k, v in out[kind].items()))
+        log(f"draft-model vs mlx-lm {group}: " + ", ".join(f"{k} {v:.2f}" for k, v in out[group].items()))
     return out
 
 
-def table(results: dict) -> str:
+def category_prompts(tokenizer, per_category: int) -> dict:
+    """The bundled prompts' first turns with the chat template, by category."""
+    groups: dict = {}
+    for q in bundled_questions():
+        if len(groups.setdefault(q.category, [])) < per_category:
+            groups[q.category].append(render_prompt(tokenizer, q.turns[0]))
+    return groups
+
+
+def rows_table(evaluation: dict, plain: dict) -> list[str]:
     lines = [
-        "Greedy speculative decoding, fixed k = 3, fast verification; acceptance of draft position 1, 2, 3 "
-        "(cumulative: share of verifications accepting that position; conditional: given the ones before); "
-        "speed: plain decoding's seconds over the drafter's on the same prompts.",
-        "",
-        "| drafter | kind | pos 1 | pos 2 | pos 3 | cond 2 | cond 3 | tokens/verify | speed vs plain |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| drafter | kind | pos 1 | pos 2 | pos 3 | cond 2 | cond 3 | tokens/verify | speed vs plain | draft s/token "
+        "/ plain step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    plain = results.get("plain_seconds", {})
-    for name, rows in results["evaluation"].items():
+    for name, rows in evaluation.items():
         for kind, r in rows.items():
             p, c = r["per_position_acceptance"], r["conditional_acceptance"]
-            speed = plain.get(kind, float("nan")) / r["seconds"] if r["seconds"] else float("nan")
+            base = plain.get(kind)
+            speed = base["seconds"] / r["seconds"] if base and r["seconds"] else float("nan")
+            step = base["seconds"] / max(base["tokens"], 1) if base else float("nan")
+            d = r.get("draft_seconds_per_token", float("nan")) / step
             lines.append(
                 f"| {name} | {kind} | {p[0]:.2f} | {p[1]:.2f} | {p[2]:.2f} | {c[1]:.2f} | {c[2]:.2f} | "
-                f"{r['tokens_per_verify']:.2f} | {speed:.2f} |"
+                f"{r['tokens_per_verify']:.2f} | {speed:.2f} | {d:.2f} |"
             )
-    if results.get("versus_mlx_lm"):
-        lines.append("")
-    for kind, r in results.get("versus_mlx_lm", {}).items():
+    return lines
+
+
+def report(results: dict) -> str:
+    lines = [
+        "Greedy speculative decoding, fixed k = 3, fast verification, held-out split; acceptance of draft position "
+        "1, 2, 3 (cumulative: share of verifications accepting that position; conditional: given the ones before); "
+        "speed: plain decoding's seconds over the drafter's on the same prompts; draft cost: the drafter's seconds "
+        "per drafted token over plain decoding's seconds per token.",
+        "",
+        *rows_table(results["evaluation"], results.get("plain", {})),
+    ]
+    head = results.get("mtp", {}).get("decision")
+    if head:
+        lines += ["", head]
+    sweep = results.get("early_exit", {})
+    if sweep.get("sweep"):
+        lines += [
+            "",
+            "Early exit sweep (sample of the split): L, position-1 acceptance, tokens/verify, modelled speedup",
+        ]
+        lines += [
+            f"- L = {r['layers']}/{r['of_layers']}: {r['first_draft_acceptance']:.2f}, {r['tokens_per_verify']:.2f}, "
+            f"{r['modeled_speedup']:.2f}"
+            for r in sweep["sweep"]
+        ]
+        lines.append(f"best L = {sweep['best_layers']}")
+    for group, r in results.get("versus_mlx_lm", {}).items():
         lines.append(
-            f"draft model, specbench / mlx-lm speculative_generate_step ({kind}): tokens/s "
+            f"draft model, specbench / mlx-lm speculative_generate_step ({group}): tokens/s "
             f"{r['tokens_per_s_ratio']:.2f}x, acceptance {r['specbench_acceptance']:.2f} / {r['mlx_lm_acceptance']:.2f}"
         )
     return "\n".join(lines)
+
+
+def over_budget(name: str, deadline: float, need_s: float, results: dict) -> bool:
+    if time.perf_counter() + need_s <= deadline:
+        return False
+    log(f"{name}: skipped, it would overrun the budget")
+    results.setdefault("skipped", []).append(name)
+    return True
 
 
 def main() -> int:
@@ -209,9 +287,23 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="CPU smoke run")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds in all, evaluation included")
     parser.add_argument("--draft-layers", type=int, default=2, help="decoder layers of the draft model")
+    parser.add_argument("--draft-mlp", type=int, default=512, help="MLP channels of the draft's layers")
+    parser.add_argument("--head-share", type=float, default=0.7, help="share of the training time for the head")
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"), help="folder holding spec-bench/")
     parser.add_argument("--out", default=None, help="output folder (default $OUT, else reports/gpu)")
+    parser.add_argument(
+        "--allow-fallback",
+        action="store_true",
+        help="without Spec-Bench's question.jsonl, judge on the bundled prompts and held-out package documents",
+    )
     args = parser.parse_args()
+    questions = Path(args.data) / "spec-bench" / "question.jsonl"
+    if not questions.is_file() and not args.allow_fallback:
+        parser.error(
+            f"no Spec-Bench questions at {questions}: the held-out split's chat and natural kinds come from it. "
+            "Pass --data FOLDER (holding spec-bench/question.jsonl; on a GPU machine carry a copy in an ignored "
+            "folder, e.g. .gpu/data), or --allow-fallback to judge on the bundled prompts instead"
+        )
     out = Path(args.out or os.environ.get("OUT") or "reports/gpu")
     out.mkdir(parents=True, exist_ok=True)
     deadline = START + args.budget
@@ -222,43 +314,79 @@ def main() -> int:
     config, settings = configs(args.quick)
     warm_up(model)
     split = heldout_split(tokenizer, args.data, settings["per_kind"], settings["prompt_tokens"])
-    if args.quick:
-        shorten_chat(split, settings["prompt_tokens"])
+    if args.quick:  # smoke runs only: the last tokens of each chat prompt (the template's end)
+        split["prompts"]["chat"] = [p[-settings["prompt_tokens"] :] for p in split["prompts"]["chat"]]
     results: dict = {
         "model": NAME,
         "device": str(mx.default_device()),
         "mlx": mx.__version__,
         "budget_s": args.budget,
         "split": {"sources": split["sources"], "mean_prompt_tokens": split["mean_prompt_tokens"]},
+        "targets": {"per_position_acceptance": TARGETS},
         "evaluation": {},
     }
     json_path = out / "drafters.json"
+    files: dict[str, Path] = {}
 
+    # -- data and the head ------------------------------------------------------------------------
     streams, _, data_info = build_data(model, tokenizer, config, log)
     results["data"] = data_info
     sampler = WindowSampler(streams, config.mix, config.seq_len, config.seed)
-    left = deadline - time.perf_counter() - settings["eval_reserve"]
-    head_budget, draft_budget = 0.55 * left, 0.45 * left
-    log(f"training budgets: head {head_budget:.0f}s, draft {draft_budget:.0f}s")
-
-    config.time_budget_s = None if args.quick else max(10.0, head_budget)
+    train_s = deadline - time.perf_counter() - settings["head_eval_s"] - settings["draft_eval_s"]
+    config.time_budget_s = None if args.quick else max(10.0, args.head_share * train_s)
+    log(f"head training budget {config.time_budget_s or 0:.0f}s (training time left {train_s:.0f}s)")
     head, head_record = train_head(model, sampler, config, log)
     cast_dtype(head, dtype)
-    args_ = text_model(model).args
-    model_config = {k: getattr(args_, k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")}
-    model_config["model_type"] = model_type(model)
-    head_file = save_head(head, out / f"mtp-{NAME}.safetensors", model_config, {"model": NAME})
-    results["mtp"] = {"recipe": {"depth": config.depth, "depth_decay": config.depth_decay}, "training": head_record}
+    results["mtp"] = {
+        "recipe": {"depth": config.depth, "depth_decay": config.depth_decay, "mix": config.mix, "init": config.init},
+        "training": head_record,
+    }
     write_json_atomic(json_path, results)
 
-    config.time_budget_s = None if args.quick else max(10.0, deadline - time.perf_counter() - settings["eval_reserve"])
+    results["evaluation"]["mtp (new)"] = new = evaluate(
+        "mtp (new)", model, split, settings, lambda: MtpDrafter(model, head=head)
+    )
+    old_head = load_head(model, shipped_head(NAME))
+    results["evaluation"]["mtp (shipped)"] = old = evaluate(
+        "mtp (shipped)", model, split, settings, lambda: MtpDrafter(model, head=old_head)
+    )
+    wins = score(new) > score(old)
+    results["mtp"].update(
+        {"new_score": score(new), "shipped_score": score(old), "new_meets_targets": meets_targets(new), "ships": wins}
+    )
+    results["mtp"]["decision"] = (
+        f"MTP head: new {score(new):.3f} vs shipped {score(old):.3f} mean tokens/verify over the kinds: "
+        + ("the new head ships" if wins else "the shipped head stays")
+        + f"; the new head {'meets' if meets_targets(new) else 'does not meet'} the targets "
+        f"(position 1 >= {TARGETS[0]}, positions 2-3 >= {TARGETS[1]} on every kind)"
+    )
+    log(results["mtp"]["decision"])
+    if wins:
+        args_ = text_model(model).args
+        model_config = {k: getattr(args_, k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")}
+        model_config["model_type"] = model_type(model)
+        cast_dtype(head, mx.bfloat16)
+        files["mtp"] = save_head(head, out / f"mtp-{NAME}.safetensors", model_config, {"model": NAME})
+        record = {"model": NAME, "recipe": results["mtp"]["recipe"], "data": data_info, "training": head_record}
+        record["heldout_split"] = {"sources": split["sources"], "k": K, "tokens": settings["tokens"]}
+        record["metrics"] = {"decoding_heldout": new, "replaced_head_decoding_heldout": old}
+        files["mtp_record"] = write_json_atomic(out / f"mtp-{NAME}.json", record)
+    write_json_atomic(json_path, results)
+
+    # -- the draft model ----------------------------------------------------------------------------
+    config.time_budget_s = None if args.quick else max(10.0, deadline - time.perf_counter() - settings["draft_eval_s"])
     config.learning_rate, config.warmup_steps = 3e-4, min(config.warmup_steps, 50)
-    draft, draft_record = train_draft(model, sampler, config, args.draft_layers, log)
+    log(f"draft training budget {config.time_budget_s or 0:.0f}s")
+    draft, draft_record = train_draft(model, sampler, config, args.draft_layers, log, args.draft_mlp)
     own = {k: v.astype(mx.bfloat16) for k, v in draft_own_tensors(draft).items()}
-    meta = draft_metadata(args.draft_layers, NAME, {"source_layers": draft_record["source_layers"]})
-    draft_file = write_safetensors_atomic(out / f"draft-{NAME}.safetensors", own, meta)
-    results["draft_model"] = {"layers": args.draft_layers, "training": draft_record}
-    results["files"] = {p.name: p.stat().st_size for p in (head_file, draft_file)}
+    meta = draft_metadata(args.draft_layers, NAME, {"source_layers": draft_record["source_layers"]}, args.draft_mlp)
+    files["draft"] = write_safetensors_atomic(out / f"draft-{NAME}.safetensors", own, meta)
+    results["draft_model"] = {
+        "layers": args.draft_layers,
+        "intermediate_size": args.draft_mlp,
+        "training": draft_record,
+    }
+    results["files"] = {p.name: p.stat().st_size for p in files.values()}
     results["parameters"] = {
         "mtp_head": int(sum(v.size for _, v in tree_flatten(head.parameters()))),
         "draft_own": int(sum(v.size for v in own.values())),
@@ -266,43 +394,43 @@ def main() -> int:
     write_json_atomic(json_path, results)
     log(f"files: {results['files']}")
 
-    from specbench.drafters.draft_model import load_draft_model
+    shipped_draft = load_draft_model(model, files["draft"])  # as shipped: bfloat16 layers, the target's embeddings
+    results["evaluation"]["draft-model"] = evaluate(
+        "draft-model", model, split, settings, lambda: DraftModel(shipped_draft, target=model)
+    )
+    write_json_atomic(json_path, results)
+    results["plain"] = plain_seconds(model, split, settings)
+    by_length = sorted(category_prompts(tokenizer, 1).items(), key=lambda item: len(item[1][0]))
+    categories = dict(by_length[: settings["categories"]])  # the shortest prompts first
+    groups = {**{k: split["prompts"][k] for k in HELDOUT_KINDS[: settings["versus_kinds"]]}, **categories}
+    if not over_budget("versus mlx-lm", deadline, 30.0, results):
+        results["versus_mlx_lm"] = versus_mlx_lm(model, tokenizer, shipped_draft, groups, settings["tokens"])
+    write_json_atomic(json_path, results)
 
-    shipped_draft = load_draft_model(model, draft_file)  # as shipped: bfloat16 layers, the target's embeddings
-    old_head = load_head(model, shipped_head(NAME))
-    candidates = [
-        ("mtp (new)", lambda: MtpDrafter(model, head=head)),
-        ("draft-model", lambda: DraftModel(shipped_draft, target=model)),
-        ("versus mlx-lm", None),
-        ("plain", None),
-        ("mtp (shipped)", lambda: MtpDrafter(model, head=old_head)),
-        *((f"early-exit:{n}", lambda n=n: EarlyExit(model, n)) for n in settings["exits"]),
-    ]
-    last_s = 0.0  # seconds the last phase took: a phase is skipped when as many are not left
-    for name, factory in candidates:
-        if name in settings.get("skip", []):
-            continue
-        if not args.quick and time.perf_counter() + last_s > deadline and results["evaluation"]:
-            log(f"{name}: skipped, it would overrun the budget")
-            results.setdefault("skipped", []).append(name)
-            continue
-        t0 = time.perf_counter()
-        if name == "versus mlx-lm":
-            results["versus_mlx_lm"] = versus_mlx_lm(model, tokenizer, shipped_draft, split, settings)
-        elif name == "plain":
-            results["plain_seconds"] = plain_seconds(model, split, settings)
-        else:
-            results["evaluation"][name] = evaluate(name, model, split, settings, factory)
-            results["cost_per_token"] = {**results.get("cost_per_token", {}), name: factory().cost_per_token}
-        last_s = time.perf_counter() - t0
-        write_json_atomic(json_path, results)
+    # -- early exit: a sweep on a sample, the best L on the whole split -------------------------------
+    if not over_budget("early exit", deadline, 15.0, results):
+        sample = [p for kind in HELDOUT_KINDS for p in split["prompts"][kind][: settings["sweep_per_kind"]]]
+        sample = sample[: settings.get("sweep_prompts", len(sample))]
+        sweep = sweep_exit_layers(model, sample, settings["exits"], K, settings["sweep_tokens"])
+        best = best_exit_layer(sweep)
+        results["early_exit"] = {"sweep": sweep, "best_layers": best}
+        log(f"early exit sweep: best L = {best} of {sweep[0]['of_layers']}")
+        if not over_budget(f"early-exit:{best}", deadline, 25.0, results):
+            results["evaluation"][f"early-exit:{best}"] = evaluate(
+                f"early-exit:{best}", model, split, settings, lambda: EarlyExit(model, best)
+            )
     results["seconds_total"] = round(time.perf_counter() - START, 1)
     write_json_atomic(json_path, results)
-    text = table(results)
+    text = report(results)
     write_text_atomic(out / "drafters.md", text + "\n")
     print()
     print(text)
-    print(f"\nfiles in {out}: {', '.join(f'{k} ({v / 1e6:.1f} MB)' for k, v in results['files'].items())}")
+    print(f"\nfiles in {out}: {', '.join(f'{k} ({v / 1e6:.2f} MB)' for k, v in results['files'].items())}")
+    print("to ship:")
+    print(f"  cp {files['draft']} specbench/assets/draft/{NAME}.safetensors")
+    if "mtp" in files:
+        print(f"  cp {files['mtp']} specbench/assets/mtp/{NAME}.safetensors")
+        print(f"  cp {files['mtp_record']} specbench/assets/mtp/{NAME}.json")
     print(f"total {results['seconds_total']:.0f}s")
     return 0
 

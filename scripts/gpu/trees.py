@@ -1,22 +1,33 @@
-"""Token trees against paths on the device: speedups at controlled acceptance and on the traces.
+"""Token trees against paths on the device: traces, verify cost by node count, controlled acceptance.
 
-    python3 scripts/gpu/trees.py            # H200, about 5 minutes (--budget 300)
-    python3 scripts/gpu/trees.py --quick    # CPU smoke run: tiny shapes, a few tokens, under a minute
+    python3 scripts/gpu/trees.py --budget 240   # H200, about 5 minutes
+    python3 scripts/gpu/trees.py --quick        # CPU smoke run: tiny shapes, a few tokens, under a minute
 
-1. Controlled acceptance (``synthetic:`` dense qwen3-8b-4bit and MoE qwen3-30b-a3b-4bit shapes at
-   --layers depth): the model's plain greedy continuation drafted as a path of --path-k tokens (each
-   position kept with probability a) or as a tree of --branches such drafts (independent
-   corruptions, merged where they agree) of --tree-depth tokens each; plain, path and tree decoding of
-   --prompts random prompts x --tokens tokens in exact and fast verify mode: wall time, tokens per
-   verification, speedup over plain, output identical to plain.
-2. Traces (the embedded SmolLM2-135M): the model's greedy outputs (--trace-tokens per turn) on every
-   turn of data/traces (recorded history as prompts); the simulator replays SuffixDecoding and prompt
-   lookup as paths and as trees (``specbench.experiments.trees``); then real runs of SuffixDecoding
-   path and tree (exact and fast) on the same prompts: wall time, speedup, and whether the real
-   run's steps equal the simulator's.
+1. Traces (the embedded SmolLM2-135M; first, within 45 % of --budget): the model's greedy outputs
+   (--trace-tokens per turn) on every turn of data/traces (recorded history as prompts); the simulator
+   replays SuffixDecoding (back-off trees), SuffixDecoding with the reference's one-match trees and
+   prompt lookup as paths and as trees at node budgets --sim-budgets (``specbench.experiments.trees``);
+   then real runs of SuffixDecoding path and tree (exact and fast, --suffix-budget nodes) on the same
+   prompts: wall time, speedup, and whether each real run's steps equal the simulator's. Auto's node
+   budget (``AutoPolicy.choose_node_budget``) from the simulated tokens per verification and the
+   embedded model's tree costs.
+2. MTP trees (the embedded model with its shipped MTP head; within the next 15 %): the bundled prompts
+   (--mtp-prompts categories, first question each, --mtp-tokens tokens) drafted as the head's greedy chain
+   (3 tokens), the static tree (chain + runners-up, 6 nodes) and EAGLE-2's dynamic tree (top-k 3, depth 4,
+   8 nodes; top-k 4, depth 5, 16 nodes), exact and fast: tokens per verification, nodes, speedup,
+   identical to plain.
+3. Verify cost by node count (within the next 20 %): trees of n nodes against paths of n tokens
+   (``specbench.cost.trees``) on the embedded model and the ``synthetic:`` dense qwen3-8b-4bit and MoE
+   qwen3-30b-a3b-4bit shapes at --layers depth; fast mode, and exact mode for up to 8 nodes.
+4. Controlled acceptance (the rest): the shapes' plain greedy continuation drafted as a path of
+   --path-k tokens (each position kept with probability a) or as a tree of --branches such drafts
+   (independent corruptions, merged where they agree) of --tree-depth tokens each; plain, path and tree
+   decoding of --prompts random prompts x --tokens tokens in exact and fast verify mode: wall time,
+   tokens per verification, speedup over plain, output identical to plain.
 
-Writes into $OUT (or --out; default reports/gpu-trees): controlled.csv, traces_sim.csv, traces_real.csv,
-summary.json; prints the tables. Stops starting new work once --budget seconds are spent.
+Writes into $OUT (or --out; default reports/gpu-trees): traces_sim.csv, traces_real.csv, mtp_trees.csv,
+tree_costs.csv, controlled.csv, summary.json; prints the tables. Stops starting new work once --budget
+seconds are spent.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx
 import numpy as np
+import polars as pl
 
 from specbench.common.files import write_csv_atomic, write_json_atomic
 from specbench.common.identity import device_name
@@ -39,15 +51,19 @@ from specbench.core.draft import Draft, Drafter
 from specbench.core.engine import Generation, generate
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
-from specbench.core.policies import DraftPolicy
+from specbench.core.policies import AutoPolicy, DraftPolicy
 from specbench.core.tree import breadth_first_tree
+from specbench.cost.trees import NODE_COUNTS, measure_tree_costs, tree_break_even
 from specbench.drafters import SuffixDecoding
+from specbench.drafters.mtp import MtpDrafter, mtp_drafter_for
 from specbench.drafters.oracle import OracleDrafter
 from specbench.exact import ExactVerifier, verifier_for
+from specbench.experiments.prompts import bundled_questions, render_prompt, select_questions
 from specbench.experiments.simulate import Recorded, simulate, trace_groups
 from specbench.experiments.traces import TRACES_DIR, bundled_traces, read_trace_file
-from specbench.experiments.trees import compare_trees, record_groups, tree_gain
+from specbench.experiments.trees import ALL_TREE_DRAFTERS, compare_trees, record_groups, tokens_by_budget, tree_gain
 from specbench.models.load import load
+from specbench.models.mtp import build_head
 
 
 class OracleTree(Drafter):
@@ -151,7 +167,7 @@ def controlled(args, deadline: float) -> list[dict]:
     return rows
 
 
-def traces(args, deadline: float) -> tuple[list[dict], list[dict]]:
+def traces(args, deadline: float) -> tuple[list[dict], list[dict], dict, list[dict]]:
     model, tokenizer = load(args.trace_model)
     runs = [t for name in bundled_traces() for t in read_trace_file(TRACES_DIR / f"{name}.jsonl")]
     groups, _ = trace_groups(runs, tokenizer)
@@ -160,7 +176,7 @@ def traces(args, deadline: float) -> tuple[list[dict], list[dict]]:
     t0 = time.perf_counter()
     recorded = record_groups(model, tokenizer, groups, args.trace_tokens)
     print(f"recorded {len(recorded)} turns in {time.perf_counter() - t0:.1f} s", flush=True)
-    table = compare_trees(recorded, budgets=[args.suffix_budget])
+    table = compare_trees(recorded, drafters=ALL_TREE_DRAFTERS, budgets=sorted({*args.sim_budgets, args.suffix_budget}))
     gain = tree_gain(table)
     print(gain, flush=True)
     real_rows = []
@@ -179,7 +195,7 @@ def traces(args, deadline: float) -> tuple[list[dict], list[dict]]:
                 sim = SuffixDecoding(max_spec_tokens=args.suffix_budget, tree=tree)
                 plain_s, spec_s = sum(plain_times), 0.0
                 identical = agree = True
-                verifies = accepted = 0
+                verifies = accepted = nodes = 0
                 for turn in turns:
                     out, s_s, stats, gen = timed(
                         None, model, turn.prompt, options, verifier, drafter, args.suffix_budget, tokenizer
@@ -191,6 +207,7 @@ def traces(args, deadline: float) -> tuple[list[dict], list[dict]]:
                     identical &= out == turn.output
                     verifies += stats["verifies"]
                     accepted += stats["accepted"]
+                    nodes += sum(r["k_drafted"] for r in gen.log.records if r["kind"] == "verify")
                 real_rows.append(
                     {
                         "trace": trace,
@@ -198,6 +215,7 @@ def traces(args, deadline: float) -> tuple[list[dict], list[dict]]:
                         "draft": "tree" if tree else "path",
                         "turns": len(turns),
                         "accepted_per_verify": round(accepted / verifies, 3) if verifies else 0.0,
+                        "nodes_per_verify": round(nodes / verifies, 3) if verifies else 0.0,
                         "plain_s": round(plain_s, 3),
                         "seconds": round(spec_s, 3),
                         "speedup": round(plain_s / spec_s, 3) if spec_s else 0.0,
@@ -206,7 +224,88 @@ def traces(args, deadline: float) -> tuple[list[dict], list[dict]]:
                     }
                 )
                 print(" ".join(f"{key}={value}" for key, value in real_rows[-1].items()), flush=True)
-    return table.to_dicts(), real_rows
+    # Auto's node budget for the suffix trees: simulated tokens per verification over the tree costs.
+    costs = measure_tree_costs(model, nodes=NODE_COUNTS, repeats=3 if args.quick else 5)
+    tokens = tokens_by_budget(table, "suffix")
+    auto = {
+        "tokens_per_verify": tokens,
+        "c_tree": {n: round(costs.c(n), 3) for n in tokens},
+        "chosen": AutoPolicy().choose_node_budget(tokens, tree_break_even(costs)),
+    }
+    print("Auto's node budget (embedded model, suffix trees):", auto, flush=True)
+    rows = costs.to_polars().with_columns(pl.lit(args.trace_model).alias("shape")).to_dicts()
+    return table.to_dicts(), real_rows, auto, rows
+
+
+MTP_DRAFTS = (
+    ("chain", {"preferred_k": 3}, 3),
+    ("static-tree", {"tree_width": 2}, 6),
+    ("dynamic-tree", {"top_k": 3, "tree_depth": 4}, 8),
+    ("dynamic-tree", {"top_k": 4, "tree_depth": 5}, 16),
+)
+
+
+def mtp_trees(args, deadline: float) -> list[dict]:
+    """The embedded model's MTP head drafting a chain, a static tree and dynamic trees."""
+    model, tokenizer = load(args.trace_model)
+    if args.quick:
+        model.mtp = build_head(model)  # the tiny twin has no shipped head: a random one
+    else:
+        mtp_drafter_for(model, args.trace_model)
+    questions = select_questions(bundled_questions(), args.mtp_prompts, limit=1)
+    prompts = [(q.category, render_prompt(tokenizer, q.turns[0])) for q in questions]
+    options = GenerateOptions(max_tokens=args.mtp_tokens)
+    verifiers = verifiers_of(model, args.quick, max(n for *_, n in MTP_DRAFTS) + 1)
+    rows = []
+    for category, prompt in prompts:
+        plain, plain_s = min(
+            (timed(None, model, prompt, options, tokenizer=tokenizer)[:2] for _ in range(2)), key=lambda r: r[1]
+        )
+        for mode, verifier in verifiers.items():
+            for shape, settings, nodes in MTP_DRAFTS:
+                if time.perf_counter() > deadline:
+                    print(f"skipped MTP {category} {mode} {shape}: budget spent", flush=True)
+                    continue
+                drafter = MtpDrafter(model, **settings)
+                tokens, seconds, stats, gen = timed(None, model, prompt, options, verifier, drafter, nodes, tokenizer)
+                verifies = [r for r in gen.log.records if r["kind"] == "verify"]
+                rows.append(
+                    {
+                        "category": category,
+                        "verify": mode,
+                        "draft": shape,
+                        "nodes": nodes,
+                        "settings": json.dumps(settings),
+                        "tokens": len(tokens),
+                        "tokens_per_verify": round(stats["tokens_per_verify"], 3),
+                        "nodes_per_verify": round(sum(r["k_drafted"] for r in verifies) / max(1, len(verifies)), 3),
+                        "plain_s": round(plain_s, 4),
+                        "seconds": round(seconds, 4),
+                        "speedup": round(plain_s / seconds, 3),
+                        "identical": tokens == plain,
+                    }
+                )
+                print(" ".join(f"{key}={value}" for key, value in rows[-1].items()), flush=True)
+    return rows
+
+
+def tree_costs(args, deadline: float) -> list[dict]:
+    """Verify cost by node count on the controlled shapes (fast; exact up to 8 nodes)."""
+    rows = []
+    for name in args.models:
+        model, _ = load(f"synthetic:{name}", layers=args.layers)
+        for mode, nodes in (("fast", NODE_COUNTS), ("exact", (1, 2, 4, 8))):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                print(f"skipped {name} {mode} tree costs: budget spent", flush=True)
+                continue
+            costs = measure_tree_costs(model, nodes=nodes, verify=mode, repeats=5, budget_s=left / 2)
+            table = costs.to_polars().with_columns(pl.lit(name).alias("shape"), pl.lit(args.layers).alias("layers"))
+            print(table, flush=True)
+            rows.extend(table.to_dicts())
+        del model
+        mx.clear_cache()
+    return rows
 
 
 def main() -> None:
@@ -226,28 +325,39 @@ def main() -> None:
     parser.add_argument("--trace-model", default="smollm2-135m")
     parser.add_argument("--trace-tokens", type=int, default=64)
     parser.add_argument("--suffix-budget", type=int, default=16)
+    parser.add_argument("--mtp-prompts", default="natural_text,qa,summarization,math_reasoning")
+    parser.add_argument("--mtp-tokens", type=int, default=64)
+    parser.add_argument("--sim-budgets", default="4,8,16,32", help="node budgets the simulator compares")
     args = parser.parse_args()
     if args.quick:
         args.models, args.layers, args.prompts, args.prompt_len, args.tokens = "qwen3-8b-tiny", 2, 1, 24, 12
         args.acceptance, args.trace_tokens, args.trace_model = "0.8", 6, "tiny:smollm2-135m"
+        args.mtp_prompts, args.mtp_tokens = "qa", 8
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.acceptance = [float(a) for a in args.acceptance.split(",")]
+    args.sim_budgets = [int(b) for b in args.sim_budgets.split(",")]
+    args.mtp_prompts = [c.strip() for c in args.mtp_prompts.split(",") if c.strip()]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    # Half the budget for the controlled runs, the rest for the traces.
-    rows = controlled(args, start + args.budget / 2)
-    write_csv_atomic(out / "controlled.csv", rows)
-    sim_rows, real_rows = traces(args, start + args.budget)
+    sim_rows, real_rows, auto, cost_rows = traces(args, start + 0.4 * args.budget)
     write_csv_atomic(out / "traces_sim.csv", sim_rows)
     write_csv_atomic(out / "traces_real.csv", real_rows)
+    mtp_rows = mtp_trees(args, start + 0.55 * args.budget)
+    write_csv_atomic(out / "mtp_trees.csv", mtp_rows)
+    cost_rows += tree_costs(args, start + 0.75 * args.budget)
+    write_csv_atomic(out / "tree_costs.csv", cost_rows)
+    rows = controlled(args, start + args.budget)
+    write_csv_atomic(out / "controlled.csv", rows)
     summary = {
         "device": device_name(),
         "args": {k: v for k, v in vars(args).items()},
         "total_s": round(time.perf_counter() - start, 1),
         "controlled_identical_exact": all(r["identical"] for r in rows if r["verify"] == "exact"),
-        "traces_identical_exact": all(r["identical"] for r in real_rows if r["verify"] == "exact"),
-        "simulator_agrees_exact": all(r["simulator_agrees"] for r in real_rows if r["verify"] == "exact"),
+        "traces_identical": all(r["identical"] for r in real_rows),
+        "simulator_agrees": all(r["simulator_agrees"] for r in real_rows),
+        "mtp_identical": all(r["identical"] for r in mtp_rows),
+        "auto_node_budget": auto,
     }
     write_json_atomic(out / "summary.json", summary)
     print(json.dumps(summary, indent=1))

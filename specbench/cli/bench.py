@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specbench.cli.registry import add_model_argument, command, drafter_names, names, verify_modes
+from specbench.cli.registry import add_model_argument, command, device_defaults, drafter_names, names, verify_modes
 from specbench.common.files import check_writable
 
 
@@ -25,12 +25,21 @@ def _bench(parser: argparse.ArgumentParser):
         help="comma list: lookup, suffix, mtp, draft-model, early-exit:L",
     )
     parser.add_argument("--policies", "--policy", default="auto,fixed:4", help="comma list: auto, fixed:N, adaptive:N")
-    parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate per prompt or turn")
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="tokens per prompt or turn (default: 128; 32 on a CPU)"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of every method per prompt")
     parser.add_argument("--out", default=None, help="folder for parquet, table and figure (resumes there)")
-    parser.add_argument("--categories", default=None, help="prompts: comma list of categories to run")
     parser.add_argument(
-        "--limit", type=int, default=None, help="prompts: at most N questions per category; trace: at most N traces"
+        "--categories",
+        default=None,
+        help="prompts: comma list of categories to run (default: all; qa,translation on a CPU with --prompts bundled)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="prompts: at most N questions per category; trace: at most N traces (default: all; 1 on a CPU)",
     )
     parser.add_argument(
         "--draft-model",
@@ -46,7 +55,8 @@ def _bench(parser: argparse.ArgumentParser):
         "--batch",
         type=int,
         default=None,
-        help="prompts: B requests at a time (first drafter and policy) vs mlx-lm batch_generate",
+        help="B requests at a time (the prompts, or every turn of the traces) for each drafter and policy, "
+        "vs plain batched decoding and mlx-lm batch_generate",
     )
     parser.add_argument(
         "--trace-format",
@@ -67,26 +77,33 @@ def _bench(parser: argparse.ArgumentParser):
     )
 
     def run(args):
-        if args.trace is not None:
-            return _bench_trace(args)
+        device_defaults(args)  # on a CPU: a run of minutes unless asked for more
         if args.batch is not None:
-            from specbench.experiments.batch_bench import bench_batch_prompts
+            from specbench.experiments.batch_bench import bench_batch_source
 
-            bench_batch_prompts(
+            bench_batch_source(
                 args.model,
-                args.prompts,
                 args.batch,
-                drafter=drafter_names(args.drafters, required=True)[0],
-                policy=names(args.policies)[0],
+                prompts=args.prompts,
+                trace=args.trace,
+                drafters=drafter_names(args.drafters, required=True),
+                policies=names(args.policies),
                 max_tokens=args.max_tokens,
                 categories=names(args.categories) if args.categories else None,
                 limit=args.limit,
+                trace_format=args.trace_format,
+                trace_ids=names(args.trace_id or "") or None,
+                turns=args.turns,
                 out=args.out,
+                verify=args.verify,
             )
             return 0
+        if args.trace is not None:
+            return _bench_trace(args)
+        from specbench.common import distributed
         from specbench.core.policies import DraftPolicy
         from specbench.drafters.draft_model import resolve_draft_model
-        from specbench.experiments.prompt_bench import bench_prompts
+        from specbench.experiments.bench_ranks import bench_prompts_over_ranks
         from specbench.experiments.prompts import questions_from
         from specbench.models.load import load
         from specbench.report.figures.bench import save_prompt_figure
@@ -100,7 +117,7 @@ def _bench(parser: argparse.ArgumentParser):
             check_writable(args.out, folder=True, name="--out")
         model, tokenizer = load(args.model, shard=args.shard)
         draft_model = resolve_draft_model(args.draft_model, model, args.model) if args.draft_model else None
-        result = bench_prompts(
+        result = bench_prompts_over_ranks(  # under mlx.launch: the questions spread over the ranks
             model,
             tokenizer,
             questions,
@@ -115,6 +132,8 @@ def _bench(parser: argparse.ArgumentParser):
             out=args.out,
             fresh=args.fresh,
         )
+        if distributed.rank() != 0:  # rank 0 saves and prints the merged results
+            return 0
         if args.out and result.runs:
             save_prompt_figure(result, args.out)
         print()

@@ -20,7 +20,9 @@ def _profile(parser: argparse.ArgumentParser):
     parser.add_argument("--verify", default="fast,exact", help="comma list of verify modes: fast, exact")
     parser.add_argument("--offset", type=int, default=512, help="tokens in the cache while timing")
     parser.add_argument("--repeats", type=int, default=10, help="timed rounds (medians kept)")
-    parser.add_argument("--drafters", default="", help="comma list of drafters to time: lookup, suffix, mtp")
+    parser.add_argument(
+        "--drafters", default="", help="comma list of drafters to time: lookup, suffix, mtp, draft-model, early-exit:L"
+    )
     parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
     parser.add_argument("--no-save", action="store_true", help="print only; do not store under SPECBENCH_HOME")
     parser.add_argument("--plot", default=None, help="folder for costs.png and break_even.png")

@@ -63,3 +63,29 @@ def add_model_argument(parser: argparse.ArgumentParser, synthetic: str | None = 
             action="store_true",
             help="split the model over the ranks of mlx.launch (mlx-lm tensor parallelism; rank 0 drafts and writes)",
         )
+
+
+#: ``bench``'s defaults for what is left unset, by device: a GPU runs every bundled question at 128 tokens; a CPU,
+#: where a float32 step of the embedded model takes ~0.2 s and a prompt token ~0.1 s, runs the two shortest
+#: categories' first questions at 32 tokens, a few minutes.
+BENCH_DEFAULTS = {
+    "gpu": {"max_tokens": 128, "limit": None, "categories": None},
+    "cpu": {"max_tokens": 32, "limit": 1, "categories": "qa,translation"},
+}
+
+
+def device_defaults(args: argparse.Namespace, defaults: dict[str, dict[str, object]] = BENCH_DEFAULTS) -> dict:
+    """Set the options of ``args`` left unset (None) to the default device's values (``defaults["cpu"]`` on a
+    CPU, else ``defaults["gpu"]``; categories only for the bundled prompts); returns those it set."""
+    from specbench.common.identity import device_name
+
+    device = "cpu" if device_name().startswith("cpu") else "gpu"
+    chosen = {}
+    for name, value in defaults[device].items():
+        if getattr(args, name, None) is not None or value is None:
+            continue
+        if name == "categories" and getattr(args, "prompts", None) != "bundled":
+            continue
+        setattr(args, name, value)
+        chosen[name] = value
+    return chosen

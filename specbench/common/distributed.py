@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import numpy as np
@@ -31,7 +32,12 @@ _LAUNCHERS = (
     ("mpi", ("PMI_SIZE",)),
 )
 
+#: Prefixes of the variables a launcher sets for its ranks (removed for child processes: ``detach_children``).
+_LAUNCHER_PREFIXES = ("MLX_RANK", "MLX_HOSTFILE", "MLX_WORLD_SIZE", "MLX_JACCL", "MLX_IBV", "NCCL_HOST_IP", "NCCL_PORT")
+_MPI_PREFIXES = ("OMPI_", "PMI_", "PMIX_")
+
 _state: dict[str, Any] = {"group": None, "backend": None, "lockstep": False}
+T = TypeVar("T")
 
 
 def launched_backend() -> str | None:
@@ -197,6 +203,62 @@ def barrier() -> None:
     """Wait until every rank gets here."""
     if size() > 1:
         _sum(mx.array([1], dtype=mx.int32))
+
+
+def detach_children() -> None:
+    """Let child processes started from now on (papermill's notebook kernels, for one) run in a world of
+    one: the launcher's variables leave this process's environment once its own group has started.
+    ``CUDA_VISIBLE_DEVICES`` stays, so a child uses its rank's GPU."""
+    group()
+    for name in list(os.environ):
+        if name.startswith(_LAUNCHER_PREFIXES + _MPI_PREFIXES):
+            del os.environ[name]
+
+
+# -- spreading independent work over the ranks ----------------------------------------------------
+
+
+def split(weights: Sequence[float], parts: int) -> list[list[int]]:
+    """Indices of ``weights`` in ``parts`` shares of about equal total weight (the heaviest item first to
+    the lightest share; ties to the lower share), each share in index order. Deterministic, so every
+    rank computes the same split."""
+    if parts < 1:
+        raise ValueError(f"split: parts must be >= 1, got {parts}")
+    loads, shares = [0.0] * parts, [[] for _ in range(parts)]
+    for i in sorted(range(len(weights)), key=lambda i: (-float(weights[i]), i)):
+        lightest = min(range(parts), key=lambda r: (loads[r], len(shares[r]), r))
+        loads[lightest] += float(weights[i])
+        shares[lightest].append(i)
+    return [sorted(share) for share in shares]
+
+
+def my_share(weights: Sequence[float]) -> list[int]:
+    """This rank's indices of ``split(weights, size())`` (all of them in a world of one)."""
+    return split(weights, size())[rank()]
+
+
+def gather_outcomes(work: Callable[[], T]) -> list[T]:
+    """Every rank's ``work()`` result, in rank order, on every rank. When ``work`` fails on some rank,
+    every rank raises (no rank is left waiting for one that stopped): the failing rank its own error, the
+    others one naming each failed rank's error, of the first one's type when that is a built-in exception."""
+    try:
+        outcome: tuple[bool, Any] = (True, work())
+        error = None
+    except Exception as err:
+        builtin = type(err) if type(err).__module__ == "builtins" else RuntimeError
+        outcome, error = (False, (builtin, f"{type(err).__name__}: {err}")), err
+    outcomes = gather(outcome)
+    if error is not None:
+        raise error
+    failed = [(r, value) for r, (ok, value) in enumerate(outcomes) if not ok]
+    if failed:
+        message = "; ".join(f"rank {r} failed: {text}" for r, (_, text) in failed)
+        try:
+            raised = failed[0][1][0](message)
+        except Exception:
+            raised = RuntimeError(message)
+        raise raised
+    return [value for _, value in outcomes]
 
 
 # -- who writes ---------------------------------------------------------------------------------

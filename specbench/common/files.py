@@ -124,6 +124,11 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return _write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (creating its folder); return the path."""
+    return _write_atomic(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
 def write_parquet_atomic(frame, path: str | os.PathLike) -> Path:
     """Write a polars DataFrame as parquet atomically (creating its folder); return the path."""
     return _write_atomic(path, frame.write_parquet)

@@ -5,7 +5,8 @@ for up to k_i tokens; one forward verifies the padded [B, max(w_i)] block (w_i =
 request's last token, then its draft); each row is accepted by its own rule
 (``specbench.core.accept``) and rolled back on its own: mlx-lm's ``BatchKVCache`` keeps per-row
 left padding, so the rejected tail of row r becomes left padding (``prepare(right_padding=...)``
-then ``finalize()``). Requests finish on their own stops and lengths (each request is a
+then ``finalize()``); a hybrid model's recurrent layers take each row's recorded state
+(``specbench.core.batch_hybrid``). Requests finish on their own stops and lengths (each request is a
 ``Generation`` of the single-request engine, whose prefill, stop rules and step log it reuses);
 a waiting request takes a finished request's slot (continuous batching).
 """
@@ -23,9 +24,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from specbench.core.accept import accept_greedy, accept_sampled
+from specbench.core.batch_hybrid import RowRollback, batch_layer, check_batchable
 from specbench.core.draft import Drafter, as_draft, check_draft
 from specbench.core.engine import Generation
 from specbench.core.experts import ExpertCounter
@@ -167,16 +168,6 @@ def _per_request(value: Any, n: int, name: str) -> list[Any]:
     return [value] * n
 
 
-def check_batchable(model: nn.Module) -> None:
-    """One clear error when the model's caches cannot be batched with per-row rollback."""
-    kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache}
-    if kinds:
-        raise ValueError(
-            f"batched decoding needs mlx-lm KVCache layers (attention-only models), but this model uses "
-            f"{', '.join(sorted(kinds))}: decode its requests one at a time (speculative_generate)"
-        )
-
-
 class BatchGeneration:
     """Requests decoded together: ``run()`` (all outputs) or iterate for (request index, tokens)
     per step. ``requests[i]`` is request i (tokens, ``finish_reason()``, ``stats()``, ``log``);
@@ -227,7 +218,8 @@ class BatchGeneration:
         self.waiting: list[BatchRequest] = []
         self.active: list[BatchRequest] = []
         self.batch_log: list[BatchStepRecord] = []
-        self.cache: list[BatchKVCache] | None = None
+        self.cache: list[Any] | None = None
+        self.rollback: RowRollback | None = None
         self._wall_s = 0.0
         n = len(prompts)
         if drafters is not None and callable(getattr(drafters, "draft", None)) and n > 1:
@@ -328,13 +320,14 @@ class BatchGeneration:
             yield request.index, list(request.tokens)
             if request.finished:
                 continue
-            row = [BatchKVCache.merge([c]) for c in request.target.cache]
+            row = [batch_layer(c) for c in request.target.cache]
             request.target.cache = None  # the batch cache holds this request's state from now on
             if self.cache is None:
                 self.cache = row
+                self.rollback = RowRollback(self.model, self.cache)
             else:
-                for batch_layer, row_layer in zip(self.cache, row):
-                    batch_layer.extend(row_layer)
+                for layer, row_layer in zip(self.cache, row):
+                    layer.extend(row_layer)
             self.active.append(request)
 
     def _step(self) -> Iterator[tuple[int, list[int]]]:
@@ -346,13 +339,13 @@ class BatchGeneration:
         width = max(len(row) for row in rows)
         inputs = mx.array([row + [0] * (width - len(row)) for row in rows], dtype=mx.uint32)
         needs_hidden = any(r.needs_hidden for r in active)
+        self.rollback.arm(width)
         out = forward(self.model, inputs, self.cache, needs_hidden)
         logits, hidden = out if needs_hidden else (out, None)
         experts = self.counter.take() if self.counter is not None else []
         outcomes = self._accept(logits, rows, plans)
         t2 = self.clock()
-        kept = [1 + accepted for _, accepted, _ in outcomes]
-        self._rewind([width - n for n in kept])
+        self.rollback.rewind([1 + accepted for _, accepted, _ in outcomes])
         record = BatchStepRecord(
             len(self.batch_log),
             "verify" if width > 1 else "plain",
@@ -410,25 +403,13 @@ class BatchGeneration:
             outcomes.append((tokens, accepted, probs))
         return outcomes
 
-    def _rewind(self, right_padding: list[int]) -> None:
-        """Drop each row's rejected tail: the part all rows drop is trimmed, the rest of each row is
-        rolled into left padding."""
-        common = min(right_padding)
-        rest = [p - common for p in right_padding]
-        for layer in self.cache:
-            if common:
-                layer.trim(common)
-            if max(rest) > 0:
-                layer.prepare(right_padding=rest)
-                layer.finalize()
-
     def _drop_finished(self) -> None:
         keep = [i for i, r in enumerate(self.active) if not r.finished]
         if len(keep) == len(self.active):
             return
         self.active = [self.active[i] for i in keep]
         if not keep:
-            self.cache = None
+            self.cache = self.rollback = None
             return
         for layer in self.cache:
             layer.filter(mx.array(keep))

@@ -168,7 +168,8 @@ class Generation:
                         continue
                     k = policy.next_k(self.log, drafter)
                     if k <= 0:
-                        yield from self._plain_stretch(min(policy.plain_run(), self._remaining()), paused=True)
+                        n = min(policy.plain_run(), self._remaining())
+                        yield from self._plain_stretch(n, paused=True, shadow=policy.shadow_k() if n > 1 else 0)
                     elif self._remaining() > 1:
                         yield from self._speculative_step(min(k, self._remaining() - 1))
                     else:
@@ -187,9 +188,19 @@ class Generation:
         self._record("prefill", 0, emitted, verify_width=len(self.prompt), verify_s=self.clock() - t0, extra=step.extra)
         yield from self._emit(emitted, step.hidden)
 
-    def _plain_stretch(self, n: int, paused: bool, k_requested: int = 0, draft_s: float = 0.0) -> Iterator[int]:
-        """``n`` plain steps (the target pipelines them)."""
+    def _plain_stretch(
+        self, n: int, paused: bool, k_requested: int = 0, draft_s: float = 0.0, shadow: int = 0
+    ) -> Iterator[int]:
+        """``n`` plain steps (the target pipelines them); ``shadow``: tokens drafted first and not
+        verified, logged on the first step for the policy to compare with the tokens decoded."""
         position = len(self.tokens)
+        shadow_tokens: list[int] = []
+        if shadow > 0:
+            t0 = self.clock()
+            draft = as_draft(self.drafter.draft(self.prompt + self.tokens, shadow), shadow, self._drafter_name())
+            parents = draft.parents or []  # a tree: its leading path
+            shadow_tokens = list(draft.tokens)[: next((i for i, p in enumerate(parents) if p != i - 1), shadow)]
+            draft_s = self.clock() - t0
         tick = self.clock()  # before the first step is queued: on a CPU queuing computes it
         for i, step in enumerate(self.target.plain_steps(position, n)):
             now = self.clock()
@@ -199,9 +210,10 @@ class Generation:
                 position + i,
                 emitted,
                 k_requested=k_requested,
-                draft_s=draft_s,
+                draft_s=draft_s if i == 0 else 0.0,
                 verify_s=now - tick,
                 paused=paused,
+                draft_tokens=shadow_tokens if i == 0 else [],
                 extra=step.extra,
             )
             tick = now

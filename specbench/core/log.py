@@ -17,7 +17,8 @@ class StepRecord:
 
     ``kind`` is "prefill" (the prompt pass that yields the first token), "plain" (one token,
     no draft) or "verify" (a draft checked in one forward pass of ``verify_width`` tokens).
-    ``paused`` marks plain steps taken because the policy paused drafting.
+    ``paused`` marks plain steps taken because the policy paused drafting; the first of such a stretch
+    may carry a draft that was not verified (``draft_tokens``, ``draft_s``: Auto's measure of acceptance).
     ``accepted_positions`` lists the accepted draft positions (0-based); acceptance is a
     prefix, so it is ``range(accepted)``; ``accept_probs`` holds min(1, p/q) per draft
     position when sampling. A token-tree verification records its tree (``draft_parents``,

@@ -7,6 +7,7 @@ load or run a model.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -17,6 +18,10 @@ from specbench.core.log import StepLog
 
 #: Auto looks this far for a wider draft that costs less than the drafter's preferred one.
 ENVELOPE_K = 8
+#: Before any verification is timed, and after ``LENIENT_AFTER`` extended pauses, Auto probes where at least this
+#: speedup is predicted: only measured steps correct a cost estimate that is too pessimistic.
+LENIENT_SPEEDUP = 0.5
+LENIENT_AFTER = 4
 
 
 class DraftPolicy:
@@ -44,6 +49,11 @@ class DraftPolicy:
         """How many plain steps to take after ``next_k`` returned 0."""
         return 1
 
+    def shadow_k(self) -> int:
+        """Tokens to draft unverified before the plain stretch ``next_k`` asked for (0: none); logged on
+        its first step (``draft_tokens``, ``draft_s``), compared with the tokens decoded."""
+        return 0
+
     def longest_draft(self, drafter: Any) -> int:
         """The longest draft this policy may ask of ``drafter`` (the widths a verifier must be ready for)."""
         return max(1, int(getattr(drafter, "preferred_k", 4)))
@@ -70,7 +80,7 @@ class DraftPolicy:
         break_even: float | None = None,
         **measuring: Any,
     ) -> AutoPolicy:
-        """See ``AutoPolicy`` (``measuring``: probe_tokens, min_verifies, max_pause_tokens, measured, clock)."""
+        """See ``AutoPolicy`` (``measuring``: probe_tokens, min_verifies, max_pause_tokens, measured, shadow, clock)."""
         return AutoPolicy(max_k, window, pause_tokens, break_even, **measuring)
 
     @staticmethod
@@ -173,28 +183,24 @@ class AdaptivePolicy(DraftPolicy):
 class AutoPolicy(DraftPolicy):
     """Speculates while this generation's own measurements say it pays, else decodes plainly.
 
-    Each decision (one speculative step, or one stretch of plain steps) is timed end to end with
-    ``clock``, from one ``next_k`` to the next: drafting, the verify forward, rollback, logging and
-    the caller's own work per token all count. A generation starts with ``probe_tokens`` plain
-    tokens (which time plain decoding and cost nothing against it), then speculates. After each
-    speculative step, once ``min_verifies`` are in the window, the kill switch compares seconds per
-    emitted token of the last ``window`` speculative steps with those of the plain stretches; when
-    speculation is dearer and no draft length is predicted to pay either (at the acceptance
-    measured so far and the cost curve scaled to the seconds measured), the next ``pause`` tokens
-    are decoded plainly (``pause_tokens``, doubling after each failed probe up to
-    ``max_pause_tokens``); then speculation is probed again.
-
-    The break-even (k -> plain steps a step drafting k costs, from the model's cost profile) is the
-    prior. Draft lengths come from the monotone envelope of that cost curve (a wider draft that costs
-    no more is taken; a length even a fully accepted draft cannot pay for never is; with none left
-    the generation is plain): the one with the best predicted speedup at the measured per-position
-    acceptance (one accepted and one rejected position assumed before any is seen, so the first
-    drafts are short and cheap, and lengthen as drafts are accepted).
-    A step without timings (a simulated run) is costed by the prior: a plain token one plain step, a
-    speculative step its break-even. With ``measured=False`` (the default when a fixed ``break_even``
-    is given) nothing is timed: the length is the drafter's preferred one moved onto the envelope, and
-    the switch compares the tokens the last ``window`` verifications yielded with their
-    break-evens, pausing ``pause_tokens``.
+    Each decision (a speculative step, a stretch of plain steps) is timed end to end with ``clock``. It
+    starts with ``probe_tokens`` plain tokens, timing plain decoding. Each plain stretch starts with an
+    unverified draft (``shadow_k``): compared with the tokens decoded, it measures acceptance for the cost
+    of drafting. Probes (speculation starting, or resuming after a pause) draft the envelope's cheapest
+    length, lengthening only as whole drafts are seen accepted (``ramp``), and are made only where the
+    acceptance and cost measured so far predict some length pays (``LENIENT_SPEEDUP`` before any cost is
+    measured and after ``LENIENT_AFTER`` extensions), else plain decoding goes on for ``pause_tokens``.
+    After each speculative step (once ``min_verifies`` are in the window) the kill switch compares seconds
+    per token of the last ``window`` speculative steps with plain's: when speculation is dearer and no
+    length is predicted to pay, the next ``pause`` tokens are plain (``pause_tokens``, doubling after each
+    failed probe up to ``max_pause_tokens``). The break-even (k -> plain steps a k-draft step costs, from
+    the cost profile) is the prior, scaled to the seconds measured; lengths come from the monotone
+    envelope of that curve (a wider draft that costs no more is taken; none a full acceptance cannot pay
+    for), the best predicted at the measured per-position acceptance (one accepted and one rejected
+    position assumed). Untimed steps (a simulated run) are costed by the prior. With ``measured=False``
+    (the default with a fixed ``break_even``) nothing is timed or drafted unverified: the drafter's
+    preferred length moved onto the envelope, paused ``pause_tokens`` when the last ``window``
+    verifications yield less than their break-evens.
     """
 
     name = "auto"
@@ -207,9 +213,10 @@ class AutoPolicy(DraftPolicy):
         break_even: float | None = None,
         *,
         probe_tokens: int = 8,
-        min_verifies: int = 2,
+        min_verifies: int = 1,
         max_pause_tokens: int = 1024,
         measured: bool | None = None,
+        shadow: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.max_k = _at_least_one("max_k", max_k) if max_k is not None else None
@@ -220,6 +227,7 @@ class AutoPolicy(DraftPolicy):
         self.min_verifies = min(_at_least_one("min_verifies", min_verifies), self.window)
         self.max_pause_tokens = max(self.pause_tokens, _at_least_one("max_pause_tokens", max_pause_tokens))
         self.measured = self.fixed_break_even is None if measured is None else bool(measured)
+        self.shadow = bool(shadow)
         if not callable(clock):
             raise TypeError(f"clock must be a function returning seconds, got {clock!r}")
         self.clock = clock
@@ -243,14 +251,19 @@ class AutoPolicy(DraftPolicy):
         self.recent: deque[tuple[float | None, int, float]] = deque(maxlen=self.window)
         #: Recent plain stretches: (seconds, tokens).
         self.plain: deque[tuple[float, int]] = deque(maxlen=4)
-        #: Draft positions accepted and rejected (halved at each pause, so that old evidence fades).
+        #: Draft positions accepted and rejected, verified or not (halved at each pause: old evidence fades).
         self.accepted = self.rejected = 0.0
+        #: Measured over predicted seconds of the last verified steps (the cost scale between windows).
+        self.scales: deque[float] = deque(maxlen=8)
         self.pause = self.pause_tokens
-        self.pauses = 0
+        self.pauses = self.extensions = self.shadows = self._waited = 0
+        self._wasted = False
         self._decision: str | None = None
         self._since = self.clock()
         self._totals()
         self.envelope = self.cost_envelope(drafter)
+        #: The longest draft a probe may use now: the envelope's cheapest, lengthened as drafts are accepted.
+        self.ramp = self.envelope[0] if self.envelope else 0
         if self.measured:
             self.k = self._best_k() if self.envelope else 0
             self.remaining = self.probe_tokens if self.envelope else 0
@@ -274,6 +287,14 @@ class AutoPolicy(DraftPolicy):
     def longest_draft(self, drafter: Any) -> int:
         """The longest draft this policy may ask of ``drafter``."""
         return self.max_k or max(self.preferred_k(drafter), ENVELOPE_K)
+
+    def choose_node_budget(self, tokens_per_verify: dict[int, float], break_even: Callable[[int], float]) -> int:
+        """Tree drafters, before start: max_k := the node budget whose measured tokens per verification best
+        beat its break-even (``specbench.cost.trees.tree_break_even``). Returns it."""
+        if not tokens_per_verify:
+            raise ValueError("choose_node_budget needs tokens per verification for at least one node budget")
+        self.max_k = max((t / break_even(int(n)), int(n)) for n, t in tokens_per_verify.items())[1]
+        return self.max_k
 
     def cost_envelope(self, drafter: Any) -> list[int]:
         """Draft lengths on the monotone envelope of the cost curve, up to ``longest_draft``: those
@@ -313,7 +334,17 @@ class AutoPolicy(DraftPolicy):
         return [(_expected_tokens(a, k) / (self._break_even_for(k) * scale), k) for k in ks]
 
     def _best_k(self) -> int:
-        return max(self._speedups(self.envelope))[1]
+        """The best predicted length on the envelope up to the ramp (the envelope's cheapest at least)."""
+        allowed = [k for k in self.envelope if k <= self.ramp] or self.envelope[:1]
+        return max(self._speedups(allowed))[1]
+
+    def _pays(self, speedup: float = 1.0) -> bool:
+        return max(self._speedups(self.envelope))[0] >= speedup
+
+    def _lengthen(self, accepted: int) -> None:
+        """A whole draft of ``accepted`` tokens was accepted: drafts may be twice as long."""
+        if self.envelope:
+            self.ramp = max(self.ramp, min(self.envelope[-1], 2 * accepted))
 
     # -- the measurements -------------------------------------------------------------------------
     def next_k(self, log: StepLog, drafter: Any) -> int:
@@ -326,6 +357,10 @@ class AutoPolicy(DraftPolicy):
         self._since = self.clock()
         return k
 
+    def shadow_k(self) -> int:
+        """The longest envelope length while measuring (none with ``shadow=False`` or ``measured=False``)."""
+        return self.envelope[-1] if self.measured and self.shadow and self.envelope else 0
+
     def _account(self, records: list[dict[str, Any]], seconds: float) -> None:
         """File the records of the last decision (one speculative step or one plain stretch)."""
         decoded = [r for r in records if r["kind"] != "prefill"]
@@ -336,6 +371,9 @@ class AutoPolicy(DraftPolicy):
         timed = any(r["draft_s"] + r["verify_s"] + r["other_s"] > 0 for r in decoded)
         if self._decision == "plain":
             self.remaining = max(0, self.remaining - tokens)
+            seconds -= self._file_shadow(decoded)
+            if timed and len(decoded) > 1:  # steady state: the first step pays for filling the pipeline
+                seconds, tokens = seconds - decoded[0]["verify_s"], tokens - decoded[0]["emitted"]
             if self.measured and tokens:
                 self.plain.append((seconds if timed else float(tokens), tokens))
                 self._totals()
@@ -344,17 +382,39 @@ class AutoPolicy(DraftPolicy):
         if not self.measured and not verifies:
             return  # the break-even rule holds verifications to their break-even
         units = 0.0
+        self._wasted = all(r["accepted"] == 0 for r in verifies)
         for r in decoded:
             if r["kind"] == "verify":
                 units += self._break_even_for(r["k_drafted"])
+                deepest = r.get("tree_depth") or r["k_drafted"]  # a tree's path is at most its depth long
                 self.accepted += r["accepted"]
-                self.rejected += int(r["accepted"] < r["k_drafted"])
+                self.rejected += int(r["accepted"] < deepest)
+                if r["accepted"] == deepest:
+                    self._lengthen(r["accepted"])
             else:
                 units += 1.0
         spent = (seconds if timed else units) if self.measured else None
         self.recent.append((spent, tokens, units))
         self._totals()
+        plain = self.plain_seconds_per_token()
+        if spent is not None and math.isfinite(plain) and units:
+            self.scales.append(spent / (plain * units))
         self._check()
+
+    def _file_shadow(self, records: list[dict[str, Any]]) -> float:
+        """Acceptance from the unverified draft a plain stretch started with; its drafting seconds."""
+        drafted = records[0].get("draft_tokens") or []
+        if records[0]["kind"] != "plain" or not drafted:
+            return 0.0
+        decoded = [t for r in records for t in r["tokens"]]
+        n = min(len(drafted), len(decoded))
+        hits = next((i for i in range(n) if drafted[i] != decoded[i]), n)
+        self.accepted += hits
+        self.rejected += int(hits < n)
+        self.shadows += 1
+        if hits == len(drafted):
+            self._lengthen(hits)
+        return float(records[0]["draft_s"])
 
     def _check(self) -> None:
         """The kill switch, after each speculative decision."""
@@ -365,7 +425,9 @@ class AutoPolicy(DraftPolicy):
                 self.remaining = self.probe_tokens  # time plain decoding in this generation too
                 return
             losing = self.speculative_seconds_per_token() > self.plain_seconds_per_token()
-            if losing and max(self._speedups(self.envelope))[0] < 1.0:
+            if losing and len(self.recent) < 2 and not self._wasted:
+                return  # one timing alone (a first call's kernel build, say) pauses no accepted draft
+            if losing and not self._pays():
                 self._pause(self.pause)
                 self.pause = min(2 * self.pause, self.max_pause_tokens)
             elif not losing and len(self.recent) == self.window:
@@ -379,8 +441,13 @@ class AutoPolicy(DraftPolicy):
         self.pauses += 1
         self.recent.clear()
         self._totals()
+        self._fade()
+
+    def _fade(self) -> None:
+        """Halve the acceptance evidence so far and start probes short again."""
         self.accepted /= 2
         self.rejected /= 2
+        self.ramp = self.envelope[0] if self.envelope else 0
 
     def _totals(self) -> None:
         """Sum the windows once per decision: seconds, tokens and break-even units."""
@@ -389,13 +456,13 @@ class AutoPolicy(DraftPolicy):
         self._plain = (sum(s for s, _ in self.plain), sum(t for _, t in self.plain))
 
     def _cost_scale(self) -> float:
-        """Measured seconds of the recent speculative steps over what the cost curve predicts for
-        them (1 before both they and plain decoding are timed)."""
+        """Measured seconds of the window's speculative steps over the cost curve's; with none, the median
+        of the last steps measured; 1 before any."""
         plain = self.plain_seconds_per_token()
         seconds, _, units = self._spec
-        if not units or not math.isfinite(plain):
-            return 1.0
-        return seconds / (plain * units)
+        if units and math.isfinite(plain):
+            return seconds / (plain * units)
+        return statistics.median(self.scales) if self.scales else 1.0
 
     def plain_seconds_per_token(self) -> float:
         """Seconds per token of this generation's recent plain stretches (inf when none was timed)."""
@@ -411,6 +478,15 @@ class AutoPolicy(DraftPolicy):
         if self.remaining > 0 or self.k == 0:
             return 0
         if self.measured:
+            if not self.recent:  # a probe: only where the acceptance and cost measured so far say a draft pays
+                lenient = not self.scales or self._waited >= LENIENT_AFTER
+                if not self._pays(LENIENT_SPEEDUP if lenient else 1.0):
+                    self.remaining = self.pause_tokens  # plain on, the next unverified draft watching acceptance
+                    self.extensions += 1
+                    self._waited += 1
+                    self._fade()
+                    return 0
+                self._waited = 0
             self.k = self._best_k()
         return self.k
 

@@ -215,18 +215,73 @@ def tree_attention(model: nn.Module, cache: list[Any], parents: Sequence[int]) -
     state = _TreeState(parents, cache)
     _open.append(state)
     depth = mx.array([0] + depths(parents), dtype=mx.int32)
+    try:
+        with _swapped(modules, state, lambda rope: _TreeRoPE(rope, depth)):
+            yield
+    finally:
+        _open.remove(state)
+
+
+class _RowsState:
+    """Rows with their own attention mask over the cache and positions (``row_attention``)."""
+
+    def __init__(self, mask: mx.array, cache: list[Any]):
+        self.caches = {id(c) for c in cache}
+        self.in_call = False
+        self.width = mask.shape[0]
+        self.full = mask
+
+    def mask(self, offset: int) -> mx.array:
+        if self.full.shape[1] != offset + self.width:
+            raise ValueError(
+                f"a row mask over {self.full.shape[1]} columns was given for a cache of {offset} entries and "
+                f"{self.width} new rows: it needs {offset + self.width}"
+            )
+        return self.full
+
+
+class _RowRoPE:
+    """A RoPE applied at given absolute positions, one per row."""
+
+    def __init__(self, rope: Any, positions: mx.array):
+        self.rope = rope
+        self.positions = positions
+
+    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
+        if x.ndim != 4 or x.shape[0] != 1 or x.shape[2] != self.positions.size:
+            return self.rope(x, offset=offset)
+        return self.rope(x.transpose(2, 1, 0, 3), offset=self.positions).transpose(2, 1, 0, 3)
+
+
+@contextlib.contextmanager
+def row_attention(modules: Sequence[nn.Module], cache: list[Any], mask: mx.array, positions: Sequence[int]):
+    """Inside, a forward of ``mask.shape[0]`` rows through attention ``modules`` (with RoPE) whose caches
+    are ``cache`` gives row r the columns where ``mask[r]`` (boolean [rows, cached + rows]) is true, at
+    absolute position ``positions[r]``: a token tree drafted level by level through a draft head."""
+    if len(positions) != mask.shape[0]:
+        raise ValueError(f"{mask.shape[0]} mask rows but {len(positions)} positions")
+    if any(not hasattr(m, "rope") for m in modules):
+        raise ValueError("row attention needs attention modules with RoPE (llama, qwen3, qwen3_moe)")
+    state = _RowsState(mask, cache)
+    where = mx.array([int(p) for p in positions], dtype=mx.int32)
+    with _swapped(modules, state, lambda rope: _RowRoPE(rope, where)):
+        yield
+
+
+@contextlib.contextmanager
+def _swapped(modules: Sequence[nn.Module], state: Any, make_rope: Any) -> Iterator[None]:
+    """The attention modules' class and RoPE swapped for the tree's while inside."""
     swapped: list[tuple[nn.Module, type, Any]] = []
     try:
         for module in modules:
             base = type(module)
             own_rope = module.__dict__.get("rope", _NO_ROPE)
             module.__dict__["_specbench_tree"] = state
-            module.__dict__["rope"] = _TreeRoPE(module.rope, depth)
+            module.__dict__["rope"] = make_rope(module.rope)
             module.__class__ = _tree_class(base)
             swapped.append((module, base, own_rope))
         yield
     finally:
-        _open.remove(state)
         for module, base, own_rope in swapped:
             module.__class__ = base
             module.__dict__.pop("_specbench_tree", None)

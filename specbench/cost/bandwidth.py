@@ -47,32 +47,60 @@ def bytes_per_token(model: nn.Module) -> int:
 
 
 #: How the peak is measured; a stored peak measured another way is measured again.
-PEAK_METHOD = "gpu: read-only sum of a 1 GiB array; cpu: numpy copy (read + write)"
+PEAK_METHOD = (
+    "gpu: the faster of a read-only sum over a 1 GiB float32 array and a bfloat16 matrix-vector product over a "
+    "1 GiB matrix; cpu: numpy copy (read + write)"
+)
+
+
+def _fastest(run, repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` calls of ``run`` (after one warm-up call)."""
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first call warms up
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def peak_passes(nbytes: int = COPY_BYTES, repeats: int = 3) -> dict[str, float]:
+    """Bytes per second of each pass the peak is taken from (``PEAK_METHOD``), fastest of ``repeats`` each.
+
+    On a GPU: MLX sums a 1 GiB float32 array (every byte read once, as decoding reads its weights; a copy's
+    fresh output allocation is slower than the memory), and multiplies a 1 GiB bfloat16 matrix by a vector
+    (decoding's own access pattern). On the CPU numpy's memcpy reads and writes ``nbytes`` (MLX's CPU kernels
+    are compute-bound, not a measure of memory; its weights live in the same memory)."""
+    if mx.default_device().type != mx.DeviceType.gpu:
+        src, dst = np.ones(nbytes // 4, dtype=np.float32), np.empty(nbytes // 4, dtype=np.float32)
+        return {"numpy copy": 2 * nbytes / _fastest(lambda: np.copyto(dst, src), repeats)}
+    return mlx_passes(max(nbytes, 2**30), repeats)
+
+
+def mlx_passes(nbytes: int, repeats: int = 3, cols: int = 8192) -> dict[str, float]:
+    """Bytes per second MLX reads on the default device: a sum over ``nbytes`` of float32, and a bfloat16
+    matrix (``nbytes`` of it, ``cols`` wide) times a vector; fastest of ``repeats`` each."""
+    flat = mx.ones((nbytes // 4,), dtype=mx.float32)
+    matrix = mx.ones((max(1, nbytes // 2 // cols), cols), dtype=mx.bfloat16)
+    vector = mx.ones((cols,), dtype=mx.bfloat16)
+    mx.eval(flat, matrix, vector)
+    mx.synchronize()
+
+    def timed(make):
+        def run():
+            mx.eval(make())
+            mx.synchronize()
+
+        return _fastest(run, repeats)
+
+    return {
+        "sum": flat.nbytes / timed(lambda: mx.sum(flat)),
+        "matrix-vector": matrix.nbytes / timed(lambda: matrix @ vector),
+    }
 
 
 def _measure_peak(nbytes: int = COPY_BYTES, repeats: int = 3) -> float:
-    """Bytes per second of the fastest of ``repeats`` passes over an ``nbytes`` array (after a warm-up). On a
-    GPU, MLX sums a 1 GiB array (every byte read once, as decoding reads its weights; a copy's fresh output
-    allocation is slower than the memory); on the CPU numpy's memcpy reads and writes ``nbytes`` (MLX's CPU
-    element-wise kernels are compute-bound, not a measure of memory; its weights live in the same memory)."""
-    on_gpu = mx.default_device().type == mx.DeviceType.gpu
-    if on_gpu:
-        nbytes = max(nbytes, 2**30)
-        src = mx.ones((nbytes // 4,), dtype=mx.float32)
-        mx.eval(src)
-        mx.synchronize()
-    else:
-        src, dst = np.ones(nbytes // 4, dtype=np.float32), np.empty(nbytes // 4, dtype=np.float32)
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first pass warms up
-        t0 = time.perf_counter()
-        if on_gpu:
-            mx.eval(mx.sum(src))
-            mx.synchronize()
-        else:
-            np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return (nbytes if on_gpu else 2 * nbytes) / best
+    """The device's peak in bytes/s: the fastest of ``peak_passes``."""
+    return max(peak_passes(nbytes, repeats).values())
 
 
 def _cache_path(root: Path | None = None) -> Path:

@@ -20,10 +20,10 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from specbench.common.identity import device_name, model_key
 from specbench.core.batch import BatchGeneration, check_batchable, generate_batch
+from specbench.core.batch_hybrid import RowRollback, empty_batch_caches
 from specbench.core.batch_policies import BatchAutoPolicy
 from specbench.core.experts import ExpertCounter, expert_layers
 from specbench.core.forward import vocab_size
@@ -39,7 +39,8 @@ from specbench.drafters.oracle import OracleDrafter
 class BatchProfile:
     """c(w, B) of one model on one device: ``costs[B]`` is c(1..W) at batch size B (c(1, B) = 1),
     ``plain_s[B]`` the seconds of a [B, 1] step; ``experts``: distinct experts per MoE layer of a
-    [B, w] block (mean over layers), with the uniform-routing expectation."""
+    [B, w] block (mean over layers), with the uniform-routing expectation; ``failures``: batch sizes
+    whose forward did not run (the error), larger ones left out."""
 
     model: str
     device: str
@@ -47,6 +48,7 @@ class BatchProfile:
     costs: dict[int, list[float]]
     plain_s: dict[int, float]
     experts: list[dict[str, float]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -120,32 +122,63 @@ class BatchProfile:
         return pl.DataFrame(rows)
 
 
-def _batch_cache(model: nn.Module, batch_size: int, offset: int, rng: np.random.Generator) -> list[BatchKVCache]:
-    """A batch cache holding ``offset`` random tokens in each of ``batch_size`` rows."""
-    cache = [BatchKVCache([0] * batch_size) for _ in make_prompt_cache(model)]
+#: Tokens at most in one forward that fills a batch cache. MLX's CUDA kernels put some axes on a grid
+#: dimension limited to 65535 blocks: the MoE gather matmul launches one block row per routed token
+#: (tokens x experts per token), so a [32, 256] prefill of a top-8 MoE (65536) fails to launch
+#: (``cuGraphAddKernelNode ... invalid argument``, with or without CUDA graphs). Chunks of at most
+#: 2048 tokens keep every such axis far below the limit.
+PREFILL_TOKENS = 2048
+
+
+def _batch_cache(model: nn.Module, batch_size: int, offset: int, rng: np.random.Generator) -> list[Any]:
+    """A batch cache holding ``offset`` random tokens in each of ``batch_size`` rows, filled in chunks of
+    at most ``PREFILL_TOKENS`` tokens."""
+    cache = empty_batch_caches(model, batch_size)
     ids = mx.array(rng.integers(0, vocab_size(model), size=(batch_size, offset)), dtype=mx.uint32)
-    mx.eval(model(ids, cache=cache))
-    mx.eval([c.state for c in cache])
+    step = max(1, PREFILL_TOKENS // batch_size)
+    for start in range(0, offset, step):
+        model(ids[:, start : start + step], cache=cache)
+        mx.eval([c.state for c in cache])
     return cache
+
+
+def _undo(cache: list[Any], width: int) -> Callable[[], None]:
+    """What puts ``cache`` back after a forward of ``width`` positions: key-value layers are trimmed,
+    recurrent layers (hybrid models) get their state from before it back."""
+    saved = {i: list(c.cache) for i, c in enumerate(cache) if not c.is_trimmable()}
+
+    def undo() -> None:
+        for i, c in enumerate(cache):
+            if i in saved:
+                c.cache = list(saved[i])
+            else:
+                c.trim(width)
+
+    return undo
 
 
 def _time_widths(
     model: nn.Module, cache: list[Any], batch_size: int, widths: list[int], repeats: int, warmup: int, rng
 ) -> dict[int, float]:
-    """Median seconds of one [B, w] forward over ``cache`` (trimmed back after each) for each width,
-    timed in interleaved rounds so that drift and other load spread over every width alike."""
+    """Median seconds of one [B, w] forward over ``cache`` (put back after each) for each width, timed in
+    interleaved rounds so that drift and other load spread over every width alike. A hybrid model's
+    verification runs as the batch engine runs it: its recurrent layers step one position at a time,
+    recording each state (``RowRollback``)."""
     vocab = vocab_size(model)
+    rollback = RowRollback(model, cache)
     times: dict[int, list[float]] = {w: [] for w in widths}
     for i in range(warmup + repeats):
         for w in widths:
             ids = mx.array(rng.integers(0, vocab, size=(batch_size, w)), dtype=mx.uint32)
             mx.eval(ids)
+            undo = _undo(cache, w)
+            rollback.arm(w)
             t0 = time.perf_counter()
             mx.eval(model(ids, cache=cache))
             if i >= warmup:
                 times[w].append(time.perf_counter() - t0)
-            for c in cache:
-                c.trim(w)
+            rollback.rewind([w] * batch_size)  # keeps every position: only stops recording
+            undo()
     return {w: statistics.median(t) for w, t in times.items()}
 
 
@@ -178,14 +211,21 @@ def measure_batch_profile(
     costs: dict[int, list[float]] = {}
     plain_s: dict[int, float] = {}
     experts: list[dict[str, float]] = []
+    failures: list[dict[str, Any]] = []
     start = time.perf_counter()
     for b in sorted(batch_sizes):
         if budget_s is not None and costs and time.perf_counter() - start > budget_s:
             if progress:
                 progress(f"batch sizes from {b} left out: past the {budget_s:.0f} s budget")
             break
-        cache = _batch_cache(model, b, offset, rng)
-        seconds = _time_widths(model, cache, b, widths, repeats, warmup, rng)
+        try:
+            cache = _batch_cache(model, b, offset, rng)
+            seconds = _time_widths(model, cache, b, widths, repeats, warmup, rng)
+        except RuntimeError as err:  # a kernel that does not launch at this size (larger ones fail too)
+            failures.append({"batch_size": b, "error": str(err)})
+            if progress:
+                progress(f"B={b} failed, larger batch sizes left out: {err}")
+            break
         plain_s[b] = seconds[1]
         costs[b] = [seconds[w] / seconds[1] for w in widths]
         if progress:
@@ -193,7 +233,9 @@ def measure_batch_profile(
         if moe:
             experts += _block_experts(model, cache, b, widths, rng)
         del cache
-    return BatchProfile(model_key(model), device_name(), offset, costs, plain_s, experts)
+    if not costs:
+        raise RuntimeError(f"no batch size could be measured: {failures[0]['error']}")
+    return BatchProfile(model_key(model), device_name(), offset, costs, plain_s, experts, failures)
 
 
 def _block_experts(model: nn.Module, cache: list[Any], b: int, widths: list[int], rng) -> list[dict[str, float]]:
@@ -203,10 +245,10 @@ def _block_experts(model: nn.Module, cache: list[Any], b: int, widths: list[int]
         for w in widths:
             counter.take()
             ids = rng.integers(0, vocab_size(model), size=(b, w))
+            undo = _undo(cache, w)
             mx.eval(model(mx.array(ids, dtype=mx.uint32), cache=cache))
             called = [c for c in counter.take() if c]
-            for c in cache:
-                c.trim(w)
+            undo()
             rows.append(
                 {
                     "batch_size": b,
@@ -261,7 +303,13 @@ def batch_speedup_grid(
     """Speedups of batched speculative over plain batched decoding, measured end to end at controlled
     acceptance (``OracleDrafter`` per request, ``DraftPolicy.fixed(k)``), against the profile's
     prediction at the nominal a (``predicted``) and for the steps the run took (``predicted_from_log``),
-    with relative errors as ``specbench.cost.grid`` reports them. Cells past ``budget_s`` are left out."""
+    with relative errors as ``specbench.cost.grid`` reports them. Cells past ``budget_s`` are left out.
+
+    Each request's oracle drafts the plain batched run's output of the same batch, recorded before any
+    timed run; where a speculative run's output leaves it (a fast verify that is not bit-exact), the
+    oracle keeps drafting its recording at the same position and never runs the model, so the timing
+    holds nothing but decoding: ``diverged`` counts such requests, ``acceptance_measured`` is what the
+    run accepted."""
     rng = np.random.default_rng(seed)
     options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True)
     rows: list[dict[str, Any]] = []
@@ -276,7 +324,7 @@ def batch_speedup_grid(
         plain_latency = _request_seconds_per_token(plain)
         plain_predicted = _predicted_seconds(plain, profile)
         oracles = [
-            OracleDrafter(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, model=model)
+            OracleDrafter(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, keep_drafting=True)
             for i, (p, r) in enumerate(zip(prompts, plain.requests))
         ]
         for a in acceptances:
@@ -306,7 +354,7 @@ def batch_speedup_grid(
                     ),
                     "plain_tokens_per_s": 1 / plain_s,
                     "spec_tokens_per_s": 1 / spec_s,
-                    "follows": sum(o.follows for o in oracles),
+                    "diverged": sum(o.diverged_at is not None for o in oracles),
                 }
                 rows.append(row)
                 if progress:

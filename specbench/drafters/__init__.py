@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from specbench.core.draft import Draft, Drafter
-from specbench.drafters.draft_model import DraftModel, shipped_draft_model
+from specbench.drafters.draft_model import DraftModel, has_shipped_draft_model, shipped_draft_model
 from specbench.drafters.early_exit import EarlyExit, best_exit_layer, exit_layer_count, sweep_exit_layers
 from specbench.drafters.lookup import PromptLookup
 from specbench.drafters.mtp import MtpDrafter, mtp_drafter_for
@@ -64,6 +64,7 @@ __all__ = [
     "PromptLookup",
     "SuffixDecoding",
     "best_exit_layer",
+    "has_shipped_draft_model",
     "is_drafter_name",
     "make_drafter",
     "shipped_draft_model",

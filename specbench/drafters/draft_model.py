@@ -26,11 +26,11 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from specbench.common.files import ASSETS_DIR
 from specbench.core.accept import SamplingSettings
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import greedy, text_model, vocab_size
 from specbench.core.options import GenerateOptions
+from specbench.models.embedded import shipped_draft_path
 
 #: Tokens fed to the draft model per forward when it catches up on a long context.
 PREFILL_CHUNK = 512
@@ -221,32 +221,81 @@ class DraftModel(Drafter):
 
 # -- draft models built from the target: its embeddings, norm and output head, fewer layers -----------
 
-#: Where distilled draft models are shipped: ``<model name>.safetensors`` holding only the draft's own
-#: tensors (decoder layers and final norm); embeddings and output head are the target's.
-DRAFT_ASSETS = ASSETS_DIR / "draft"
+
+def _mlp_channels(layer: nn.Module, keep: int) -> mx.array:
+    """Indices of the ``keep`` MLP channels of a gated MLP (gate, up, down) carrying the most weight:
+    the product of each channel's gate, up and down norms, in their original order."""
+    mlp = getattr(layer, "mlp", None)
+    if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+        raise ValueError("narrowing a draft's MLP needs gated MLP layers (gate_proj, up_proj, down_proj)")
+    if any(hasattr(getattr(mlp, n), "scales") for n in ("gate_proj", "up_proj", "down_proj")):
+        raise ValueError("narrowing a draft's MLP needs a float target (this one is quantized)")
+    weight = [mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.T]
+    score = mx.ones((weight[0].shape[0],))
+    for w in weight:
+        score = score * mx.linalg.norm(w.astype(mx.float32), axis=1)
+    return mx.sort(mx.argsort(-score)[:keep])
 
 
-def draft_from_target(target: nn.Module, source_layers: Sequence[int]) -> nn.Module:
-    """A model of ``target``'s architecture with ``len(source_layers)`` decoder layers, copies of the
-    target's layers at those indices, sharing the target's embeddings, final norm weights (copied)
-    and output head (the same arrays: no extra memory)."""
+def _narrowed(layer: nn.Module, keep: int | None) -> dict[str, Any]:
+    """A copy of ``layer``'s parameters, its MLP cut to the ``keep`` channels of most weight (all when None)."""
+    params = tree_map(mx.array, layer.parameters())
+    if keep is None or keep >= layer.mlp.gate_proj.weight.shape[0]:
+        return params
+    channels = _mlp_channels(layer, keep)
+    mlp = params["mlp"]
+    mlp["gate_proj"]["weight"] = mlp["gate_proj"]["weight"][channels]
+    mlp["up_proj"]["weight"] = mlp["up_proj"]["weight"][channels]
+    mlp["down_proj"]["weight"] = mlp["down_proj"]["weight"][:, channels]
+    return params
+
+
+def draft_skeleton(target: nn.Module, layers: int, intermediate_size: int | None = None) -> nn.Module:
+    """A model of ``target``'s architecture with ``layers`` decoder layers (MLP width ``intermediate_size``,
+    default the target's), sharing the target's embeddings and output head (the same arrays), its final
+    norm copied; the decoder layers are freshly initialised."""
     lm = text_model(target)
-    total = len(lm.model.layers)
-    bad = [i for i in source_layers if not 0 <= int(i) < total]
-    if not source_layers or bad:
-        raise ValueError(f"source layers must be indices in [0, {total}), got {list(source_layers)!r}")
     config = dict(vars(lm.args))
-    config["num_hidden_layers"] = len(source_layers)
+    total = len(lm.model.layers)
+    if not 1 <= layers <= total:
+        raise ValueError(f"a draft needs 1 to {total} layers, got {layers}")
+    config["num_hidden_layers"] = layers
     if isinstance(config.get("layer_types"), list):
-        config["layer_types"] = [config["layer_types"][int(i)] for i in source_layers]
+        config["layer_types"] = config["layer_types"][:layers]
+    if intermediate_size is not None:
+        if not 1 <= intermediate_size <= int(config.get("intermediate_size") or 0):
+            raise ValueError(
+                f"a draft's MLP width must be 1 to the target's ({config.get('intermediate_size')}), "
+                f"got {intermediate_size}"
+            )
+        config["intermediate_size"] = int(intermediate_size)
     module = sys.modules[type(lm).__module__]
     draft = module.Model(module.ModelArgs.from_dict(config))
     draft.model.embed_tokens = lm.model.embed_tokens
     if getattr(lm, "lm_head", None) is not None:
         draft.lm_head = lm.lm_head
     draft.model.norm.update(tree_map(mx.array, lm.model.norm.parameters()))
+    return draft
+
+
+def draft_from_target(
+    target: nn.Module, source_layers: Sequence[int], intermediate_size: int | None = None
+) -> nn.Module:
+    """A model of ``target``'s architecture with ``len(source_layers)`` decoder layers, copies of the
+    target's layers at those indices, sharing the target's embeddings, final norm weights (copied)
+    and output head (the same arrays: no extra memory). ``intermediate_size``: a narrower MLP, each
+    layer keeping the channels of most weight (gated MLPs: gate, up, down)."""
+    lm = text_model(target)
+    total = len(lm.model.layers)
+    bad = [i for i in source_layers if not 0 <= int(i) < total]
+    if not source_layers or bad:
+        raise ValueError(f"source layers must be indices in [0, {total}), got {list(source_layers)!r}")
+    types = getattr(lm.args, "layer_types", None)
+    if isinstance(types, list) and len({types[int(i)] for i in source_layers} | set(types[: len(source_layers)])) > 1:
+        raise ValueError("a draft model's layers must all be of one type (this model mixes layer types)")
+    draft = draft_skeleton(target, len(source_layers), intermediate_size)
     for layer, i in zip(draft.model.layers, source_layers):
-        layer.update(tree_map(mx.array, lm.model.layers[int(i)].parameters()))
+        layer.update(_narrowed(lm.model.layers[int(i)], intermediate_size))
     mx.eval(draft.parameters())
     draft.eval()
     return draft
@@ -259,30 +308,49 @@ def draft_own_tensors(draft: nn.Module) -> dict[str, mx.array]:
 
 
 def load_draft_model(target: nn.Module, path: str | Path) -> nn.Module:
-    """The draft model stored at ``path`` (``draft_own_tensors`` and its ``layers`` metadata) for ``target``,
-    in the target's dtype."""
+    """The draft model stored at ``path`` (``draft_own_tensors``, its ``layers`` and optional
+    ``intermediate_size`` metadata) for ``target``, in the target's dtype."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no draft model file at {path}")
     weights, meta = mx.load(str(path), return_metadata=True)
     if "layers" not in meta:
         raise ValueError(f"{path}: not a draft model file (its metadata has no 'layers')")
-    draft = draft_from_target(target, list(range(int(meta["layers"]))))
-    dtype = text_model(target).model.norm.weight.dtype
-    draft.load_weights([(k, v.astype(dtype)) for k, v in weights.items()], strict=False)
-    mx.eval(draft.parameters())
+    width = int(meta["intermediate_size"]) if meta.get("intermediate_size") else None
+    draft = draft_skeleton(target, int(meta["layers"]), width)
     expected = set(draft_own_tensors(draft))
     if set(weights) != expected:
         raise ValueError(f"{path}: its tensors do not match a {meta['layers']}-layer draft of this model")
+    shapes = dict(tree_flatten(draft.parameters()))
+    wrong = [k for k, v in weights.items() if tuple(v.shape) != tuple(shapes[k].shape)]
+    if wrong:
+        raise ValueError(f"{path}: tensor shapes do not fit this model (e.g. {wrong[0]}): a draft of another model?")
+    dtype = text_model(target).model.norm.weight.dtype
+    draft.load_weights([(k, v.astype(dtype)) for k, v in weights.items()], strict=False)
+    mx.eval(draft.parameters())
+    draft.eval()
     return draft
 
 
-def draft_metadata(layers: int, model_name: str, extra: dict[str, Any] | None = None) -> dict[str, str]:
+def draft_metadata(
+    layers: int, model_name: str, extra: dict[str, Any] | None = None, intermediate_size: int | None = None
+) -> dict[str, str]:
     """The metadata ``load_draft_model`` reads (all values as strings, as safetensors stores them)."""
-    return {"layers": str(layers), "model": model_name, **{k: json.dumps(v) for k, v in (extra or {}).items()}}
+    meta = {"layers": str(layers), "model": model_name}
+    if intermediate_size is not None:
+        meta["intermediate_size"] = str(intermediate_size)
+    return {**meta, **{k: json.dumps(v) for k, v in (extra or {}).items()}}
+
+
+def has_shipped_draft_model(model_name: str | None) -> bool:
+    """Whether a draft model is shipped for the embedded model ``model_name``."""
+    return shipped_draft_path(model_name) is not None
 
 
 def shipped_draft_model(target: nn.Module, model_name: str | None) -> nn.Module:
     """The draft model shipped for the embedded model ``model_name``; FileNotFoundError when none is."""
-    path = DRAFT_ASSETS / f"{model_name}.safetensors" if model_name else None
-    if path is None or not path.is_file():
+    path = shipped_draft_path(model_name)
+    if path is None:
         raise FileNotFoundError(
             f"no draft model is shipped for {model_name or 'this model'}: pass one (--draft-model PATH or a name; "
             "DraftModel(model) in Python) or train one with scripts/gpu/drafters.py"

@@ -9,6 +9,7 @@ for the accepted positions, so it never drifts from the model.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from mlx.utils import tree_flatten
 
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import logits_from_hidden, text_model
+from specbench.core.tree import row_attention
 from specbench.models.mtp.attach import attach_mtp, get_head, shipped_head
 from specbench.models.mtp.head import MtpHead
 
@@ -34,7 +36,11 @@ class MtpDrafter(Drafter):
     softmax at that temperature and reports those distributions for lossless verification.
     ``tree_width`` > 1 (greedy drafting only; name "mtp-tree") drafts a token tree: the greedy chain,
     and at each of its depths the head's next ``tree_width - 1`` most probable tokens as leaves beside
-    the chain's token (``k`` nodes: a chain of ``k // tree_width``).
+    the chain's token (``k`` nodes: a chain of ``k // tree_width``). ``top_k`` > 0 (greedy drafting
+    only; name "mtp-dynamic-tree") drafts EAGLE-2's dynamic tree (``_dynamic_tree``): level by level, the
+    ``top_k`` most probable nodes of the newest level (by cumulative head probability) are expanded in
+    one head call each into their ``top_k`` most probable children, for at most ``tree_depth`` levels;
+    the ``k`` most probable nodes of all are drafted.
     """
 
     name = "mtp"
@@ -47,14 +53,25 @@ class MtpDrafter(Drafter):
         temperature: float = 0.0,
         preferred_k: int = 3,
         tree_width: int = 1,
+        top_k: int = 0,
+        tree_depth: int = 4,
     ):
         if tree_width < 1:
             raise ValueError(f"tree_width must be >= 1, got {tree_width}")
-        if tree_width > 1 and temperature > 0:
-            raise ValueError("MTP token trees draft greedily: use temperature=0 with tree_width > 1")
+        if top_k < 0 or tree_depth < 1:
+            raise ValueError(f"top_k must be >= 0 and tree_depth >= 1, got {top_k} and {tree_depth}")
+        if top_k and tree_width > 1:
+            raise ValueError("choose one MTP tree: the static one (tree_width > 1) or the dynamic one (top_k > 0)")
+        if (tree_width > 1 or top_k) and temperature > 0:
+            raise ValueError("MTP token trees draft greedily: use temperature=0 with tree_width > 1 or top_k > 0")
         self.tree_width = tree_width
+        self.top_k, self.tree_depth = top_k, tree_depth
+        #: The last dynamic tree's nodes' cumulative head probabilities (in draft order).
+        self.last_scores: list[float] = []
         if tree_width > 1:
             self.name = "mtp-tree"
+        if top_k:
+            self.name = "mtp-dynamic-tree"
         self.model = model
         self.head = head if head is not None else get_head(model)
         if temperature < 0:
@@ -131,6 +148,8 @@ class MtpDrafter(Drafter):
         chain, out = chain[:, -1:], out[:, -1:]
         if self.tree_width > 1:
             return self._tree(chain, out, max(1, k // self.tree_width))
+        if self.top_k:
+            return self._dynamic_tree(chain, out, k)
         for j in range(k):
             token, p = self._pick(out)
             tokens.append(token)
@@ -162,6 +181,66 @@ class MtpDrafter(Drafter):
                 chain, out = self.head(self.embed(mx.array([[token]], dtype=mx.uint32)), chain, self.cache)
                 self.speculative += 1
         return Draft(tokens, parents=parents)
+
+    def _log_probs(self, out: mx.array) -> mx.array:
+        logits = logits_from_hidden(self.model, out).astype(mx.float32)
+        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+    def _dynamic_tree(self, chain: mx.array, out: mx.array, budget: int) -> Draft:
+        """EAGLE-2's dynamic tree from the root's head state (``chain``, ``out``): candidates scored by
+        cumulative log probability; each level's best ``top_k`` expanded in one head call whose rows
+        attend to the context and their own expanded ancestors (``row_attention``), at their depth's
+        position; the best ``budget`` candidates drafted (a child never outscores its parent, so they
+        form a tree), parents before children."""
+        top_k = self.top_k
+        modules = [layer.self_attn for layer in self.head.layers]
+        base = self.cache[0].offset  # the head's position of the first drafted token's pair
+        # Candidates: (log probability, token, parent candidate or -1, depth).
+        cands: list[tuple[float, int, int, int]] = []
+        column: dict[int, int] = {}  # expanded candidate -> its speculative head-cache entry
+        chained: dict[int, mx.array] = {-1: chain}  # expanded candidate (-1: the root) -> its chained state
+
+        def add_children(parents: list[int], log_probs: mx.array) -> None:
+            """Each parent's ``top_k`` most probable children (log_probs: one row per parent)."""
+            top = mx.argpartition(-log_probs, kth=top_k - 1, axis=-1)[:, :top_k]
+            values = mx.take_along_axis(log_probs, top, axis=-1)
+            for parent, tokens, lps in zip(parents, top.tolist(), values.tolist()):
+                prior = cands[parent][0] if parent >= 0 else 0.0
+                depth = cands[parent][3] + 1 if parent >= 0 else 1
+                for t, lp in zip(tokens, lps):
+                    cands.append((prior + min(0.0, lp), int(t), parent, depth))
+
+        add_children([-1], self._log_probs(out)[0, -1:])
+        level = list(range(len(cands)))
+        for depth in range(1, self.tree_depth):
+            level = sorted(level, key=lambda c: -cands[c][0])[:top_k]
+            rows, spec = len(level), len(column)
+            mask = [[True] * base + [False] * (spec + rows) for _ in range(rows)]
+            for i, c in enumerate(level):
+                mask[i][base + spec + i] = True
+                a = cands[c][2]
+                while a >= 0:
+                    mask[i][base + column[a]] = True
+                    a = cands[a][2]
+            tokens = mx.array([[cands[c][1] for c in level]], dtype=mx.uint32)
+            states = mx.concatenate([chained[cands[c][2]] for c in level], axis=1).astype(self.embed_dtype)
+            with row_attention(modules, self.cache, mx.array(mask), [base + depth - 1] * rows):
+                chain_rows, head_out = self.head(self.embed(tokens), states, self.cache)
+            self.speculative += rows
+            first = len(cands)
+            for i, c in enumerate(level):
+                column[c] = spec + i
+                chained[c] = chain_rows[:, i : i + 1]
+            add_children(level, self._log_probs(head_out)[0])
+            level = list(range(first, len(cands)))
+        chosen = sorted(range(len(cands)), key=lambda c: (-cands[c][0], cands[c][3]))[:budget]
+        rank = {c: r for r, c in enumerate(chosen)}
+        chosen.sort(key=lambda c: (cands[c][3], rank[c]))
+        index = {c: i for i, c in enumerate(chosen)}
+        self.last_scores = [math.exp(cands[c][0]) for c in chosen]
+        return Draft(
+            [cands[c][1] for c in chosen], parents=[index[cands[c][2]] if cands[c][2] >= 0 else -1 for c in chosen]
+        )
 
     @property
     def embed_dtype(self) -> mx.Dtype:

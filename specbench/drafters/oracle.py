@@ -8,7 +8,9 @@ can be set against the break-even model's prediction at a known acceptance.
 A fast verify that is not bit-exact (GPUs) can flip a near-tie and leave the recorded
 continuation. A drafter built with ``from_model(..., follow=True)`` then records the model's
 plain greedy continuation of the new context and goes on; the time that takes is kept in
-``follow_s`` so that timings can leave it out.
+``follow_s`` so that timings can leave it out. A drafter built with ``keep_drafting=True`` (and no
+model) never runs the model: after a divergence it goes on drafting its recording at the same output
+position, and the acceptance it measures drops.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class OracleDrafter(Drafter):
     A corrupted position gets a different token id drawn uniformly. ``recorded`` is the plain
     run's continuation, ``continuation`` the one being followed. If the emitted output leaves it,
     ``diverged_at`` records the first position where; the drafter then re-records the
-    continuation from there (with ``model`` given) or stops proposing.
+    continuation from there (with ``model`` given), keeps drafting the recording at the same output
+    position (``keep_drafting``) or stops proposing.
     """
 
     name = "oracle"
@@ -45,6 +48,7 @@ class OracleDrafter(Drafter):
         seed: int = 0,
         preferred_k: int = 4,
         model: Any = None,
+        keep_drafting: bool = False,
     ):
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
@@ -59,6 +63,7 @@ class OracleDrafter(Drafter):
         self.seed = seed
         self.preferred_k = preferred_k
         self.model = model
+        self.keep_drafting = keep_drafting
         self.recorded = list(self.continuation)
         self.begin(self.prompt)
 
@@ -102,7 +107,7 @@ class OracleDrafter(Drafter):
 
     def draft(self, context: Sequence[int], k: int) -> Draft:
         start = len(context) - len(self.prompt)
-        if self.stale and self.model is None:
+        if self.stale and self.model is None and not self.keep_drafting:
             return Draft([])
         if self.model is not None and start < len(self.recorded) and (self.stale or start + k > len(self.continuation)):
             # Record the next stretch of the model's greedy output from here (a few drafts' worth:

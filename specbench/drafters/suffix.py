@@ -28,6 +28,8 @@ from collections import deque
 from collections.abc import Sequence
 
 from specbench.core.draft import Draft, Drafter
+from specbench.core.tree import is_path
+from specbench.drafters.suffix_backoff import backoff_tree
 from specbench.drafters.suffix_index import DraftLimits, SuffixIndex
 
 
@@ -40,10 +42,12 @@ class SuffixDecoding(Drafter):
     adds any sequence. The global index holds at most ``max_sequences`` sequences and
     ``max_tokens`` tokens, evicting the oldest first. Drafts are deterministic.
 
-    ``tree=True`` drafts the paper's speculation trees (name "suffix-tree"): from the best match,
-    the most probable continuations first, up to the same node budget (max_spec_factor x match
-    length, at most max_spec_tokens; min_token_prob; the depth bound), scored by the sum of node
-    probabilities; the engine verifies them in one forward with a tree mask.
+    ``tree`` drafts token trees, verified by the engine in one forward with a tree mask (name
+    "suffix-tree"): ``True`` or "backoff" grows the back-off tree of ``specbench.drafters.suffix_backoff``
+    (the path draft as its spine, branches where shorter matches continue differently, up to
+    max_spec_tokens nodes); "reference" grows the reference's tree from the best match alone (the most
+    probable continuations first, max_spec_factor x match length nodes, min_token_prob, the depth
+    bound, scored by the sum of node probabilities).
     """
 
     name = "suffix"
@@ -64,7 +68,7 @@ class SuffixDecoding(Drafter):
         remember_at_end: str | None = "response",
         use_local: bool = True,
         use_global: bool = True,
-        tree: bool = False,
+        tree: bool | str = False,
     ):
         if max_depth < 2:
             raise ValueError(f"max_depth must be >= 2, got {max_depth}")
@@ -89,7 +93,10 @@ class SuffixDecoding(Drafter):
         self.remember_at_end = remember_at_end
         self.use_local = use_local
         self.use_global = use_global
-        self.tree = bool(tree)
+        if tree not in (False, True, "backoff", "reference"):
+            raise ValueError(f"tree must be False, True, 'backoff' or 'reference', got {tree!r}")
+        self.tree_rule = "backoff" if tree is True else (tree or None)
+        self.tree = self.tree_rule is not None
         if self.tree:
             self.name = "suffix-tree"
         # The drafter's own budget limits each draft (by match length and probabilities), so the
@@ -224,25 +231,37 @@ class SuffixDecoding(Drafter):
         if budget <= 0 or n < 2:
             self.last_draft = {"source": None, "match": 0, "score": 0.0}
             return Draft([])
-        limits = self._limits.get(budget)
+        reference = self.tree_rule == "reference"
+        limits = self._limits.get(budget * 2 + reference)
         if limits is None:
-            limits = DraftLimits(budget, self.max_spec_factor, self.max_spec_offset, self.max_depth, self.tree)
-            self._limits[budget] = limits
+            limits = DraftLimits(budget, self.max_spec_factor, self.max_spec_offset, self.max_depth, reference)
+            self._limits[budget * 2 + reference] = limits
         longest = n - 1  # the reference matches at most len(context) - 1 tokens
-        score, tokens, match, source, parents = 0.0, [], 0, None, None
+        score, tokens, match, source, parents, start = 0.0, [], 0, None, None, None
         if self.use_local:
             index = self.local_index
-            score, tokens, match, parents = index.speculate(
-                index.anchor, min(index.anchor_len, longest), limits, self.min_token_prob, 0.0, self.tree
-            )
+            start = (index, index.anchor, min(index.anchor_len, longest))
+            score, tokens, match, parents = index.speculate(*start[1:], limits, self.min_token_prob, 0.0, reference)
             source = "local" if tokens else None
         if self.use_global and self._live_tokens:
             state, matched = self._global_match()
             if matched:
+                g_start = (self.global_index, state, min(matched, longest))
                 g_score, g_tokens, g_match, g_parents = self.global_index.speculate(
-                    state, min(matched, longest), limits, self.min_token_prob, score, self.tree
+                    *g_start[1:], limits, self.min_token_prob, score, reference
                 )
                 if g_score > score:
-                    score, tokens, match, source, parents = g_score, g_tokens, g_match, "global", g_parents
+                    score, tokens, match, source, parents, start = (
+                        g_score,
+                        g_tokens,
+                        g_match,
+                        "global",
+                        g_parents,
+                        g_start,
+                    )
+        if self.tree_rule == "backoff" and tokens:
+            tokens, parents = backoff_tree(*start, tokens, budget, self.min_token_prob)
+            if is_path(parents):
+                parents = None
         self.last_draft = {"source": source, "match": match, "score": score}
         return Draft(list(tokens), parents=list(parents) if parents else None)

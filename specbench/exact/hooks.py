@@ -47,9 +47,10 @@ class _Context:
     """One open ``split_mode``: its models, how it picks a plan for a width, and the length of the
     KV buffers of the forward that runs (None when unknown or not uniform)."""
 
-    def __init__(self, models: set[int], resolve: Callable[[int], ExactPlan]):
+    def __init__(self, models: set[int], resolve: Callable[[int], ExactPlan], compiled: bool = False):
         self.models = models
         self.resolve = resolve
+        self.compiled = compiled
         self.plan: ExactPlan | None = None
         self.kv_extent: int | None = None
         self.layout_sensitive = layout_sensitive_attention()
@@ -102,11 +103,68 @@ def _vector_matmul(x: mx.array, weight: mx.array, bias: mx.array | None) -> mx.a
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+#: Compiled chunked products, by (kind, rows per call, the layer's settings and parameter names).
+_compiled_products: dict[tuple, Callable] = {}
+
+
+def _chunked_product(key: tuple) -> Callable:
+    """``x`` [1, n, K] through a linear layer's product ``rows`` rows per call, as its ``__call__`` computes
+    each chunk (``mx.quantized_matmul`` or ``addmm`` / ``@``), rejoined; the parameters passed by name."""
+    kind, rows, settings, names = key
+
+    def product(x: mx.array, *params: mx.array) -> mx.array:
+        p = dict(zip(names, params))
+        parts = []
+        for i in range(0, x.shape[1], rows):
+            part = x[:, i : i + rows]
+            if kind == "quantized":
+                group_size, bits, mode = settings
+                y = mx.quantized_matmul(
+                    part,
+                    p["weight"],
+                    scales=p["scales"],
+                    biases=p.get("biases"),
+                    transpose=True,
+                    group_size=group_size,
+                    bits=bits,
+                    mode=mode,
+                )
+                y = y + p["bias"] if "bias" in p else y
+            else:
+                y = mx.addmm(p["bias"], part, p["weight"].T) if "bias" in p else part @ p["weight"].T
+            parts.append(y)
+        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
+
+    return product
+
+
+def _compiled_chunks(layer: nn.Module, x: mx.array, rows: int) -> mx.array | None:
+    """``layer(x)`` in chunks of ``rows`` rows through one ``mx.compile``d function (None: not a plain
+    ``nn.Linear`` / ``nn.QuantizedLinear``): one call per layer instead of a few ops per chunk."""
+    if type(layer) is nn.QuantizedLinear:
+        kind, settings = "quantized", (layer.group_size, layer.bits, layer.mode)
+    elif type(layer) is nn.Linear:
+        kind, settings = "linear", ()
+    else:
+        return None
+    names = tuple(name for name in ("weight", "scales", "biases", "bias") if name in layer)
+    key = (kind, rows, settings, names)
+    if key not in _compiled_products:
+        _compiled_products[key] = mx.compile(_chunked_product(key))
+    flat = x.reshape(1, -1, x.shape[-1])
+    out = _compiled_products[key](flat, *(layer[name] for name in names))
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
 def _linear_call(original: Callable, vector: Callable | None) -> Callable:
     def call(self, x: mx.array, *args, **kwargs) -> mx.array:
         plan = _plan(x.size // x.shape[-1]) if x.ndim >= 2 else None
         if plan is None or plan.linear is None:
             return original(self, x, *args, **kwargs)
+        if isinstance(plan.linear, int) and _contexts[-1].compiled and not args and not kwargs:
+            out = _compiled_chunks(self, x, plan.linear)
+            if out is not None:
+                return out
         if plan.linear == "vector":
             if vector is not None:
                 return vector(self, x)
@@ -351,12 +409,13 @@ def _fixed(level: str | ExactPlan) -> Callable[[int], ExactPlan]:
 
 
 @contextlib.contextmanager
-def split_mode(model: nn.Module, plans: Plans) -> Iterator[None]:
+def split_mode(model: nn.Module, plans: Plans, compiled: bool = False) -> Iterator[None]:
     """Inside, a forward of ``model`` of width w runs the layers ``plans(w)`` names row by row.
 
     ``plans``: a function of the width, or one level for every width (see ``ExactPlan.parse``).
     Entering is cheap (a few attribute swaps). ``specbench.exact.exact_mode`` opens it with the
-    calibrated cheapest exact level per width.
+    calibrated cheapest exact level per width. ``compiled``: linear layers split in chunks run each
+    layer's chunks through one ``mx.compile``d function (the same products, fewer graph nodes).
     """
     _warn_if_cudnn_attention()
     resolve = plans if callable(plans) else _fixed(plans)
@@ -370,7 +429,7 @@ def split_mode(model: nn.Module, plans: Plans) -> Iterator[None]:
                 continue
             _install(owner, attribute, factory)
             done.append((owner, attribute))
-        ctx = _Context({id(m) for m in hooked}, resolve)
+        ctx = _Context({id(m) for m in hooked}, resolve, compiled)
         _contexts.append(ctx)
         yield
     finally:

@@ -23,15 +23,18 @@ from specbench.exact.layout import clear_rejected, layout_sensitive_attention, s
 from specbench.exact.plan import ExactPlan
 
 
-def exact_mode(model: nn.Module, level: str | ExactPlan = "auto") -> contextlib.AbstractContextManager[None]:
+def exact_mode(
+    model: nn.Module, level: str | ExactPlan = "auto", compiled: bool = False
+) -> contextlib.AbstractContextManager[None]:
     """Inside, a forward of ``model`` of width w computes each row as serial decoding would.
 
     ``level``: "auto" (the calibrated cheapest exact level per width, see ``calibrate``), or a
     fixed level for every width: "none", "attention", "attention+linear", "all", "serial", or a
     combination such as "attention+linear/4+experts/unsorted" (see ``ExactPlan.parse``).
-    Entering is cheap (a few attribute swaps): enter it around each verification.
+    Entering is cheap (a few attribute swaps): enter it around each verification. ``compiled``:
+    linear layers split in chunks run through ``mx.compile``d functions (``split_mode``).
     """
-    return split_mode(model, calibrated_plans(model) if level == "auto" else level)
+    return split_mode(model, calibrated_plans(model) if level == "auto" else level, compiled)
 
 
 class ExactVerifier(Verifier):
@@ -55,6 +58,7 @@ class ExactVerifier(Verifier):
         self.model = model
         self.level = level if level == "auto" else ExactPlan.parse(level)
         self.clears_rejected = layout_sensitive_attention()
+        self._laid_out: list[Any] | None = None  # the cache last given serial decoding's layout
         self.prepare(widths, progress)
 
     def prepare(self, widths: Sequence[int], progress: Callable[[str], None] | None = None) -> list[int]:
@@ -83,6 +87,7 @@ class ExactVerifier(Verifier):
     def forward(
         self, model: nn.Module, inputs: mx.array, cache: list[Any], return_hidden: bool = False
     ) -> mx.array | tuple[mx.array, mx.array]:
+        self._laid_out = None
         with exact_mode(model, self.level):
             return forward(model, inputs, cache, return_hidden)
 
@@ -90,9 +95,13 @@ class ExactVerifier(Verifier):
         return mx.concatenate([greedy(logits[i : i + 1]) for i in range(logits.shape[0])]).tolist()
 
     def before_plain_step(self, cache: list[Any]) -> None:
-        serial_kv_layout(cache, 1)
+        # Once laid out, plain steps grow the buffers as serial decoding does: only a verification moves them.
+        if self._laid_out is not cache:
+            serial_kv_layout(cache, 1)
+            self._laid_out = cache
 
     def after_rewind(self, cache: list[Any], rejected: int) -> None:
+        self._laid_out = None
         if self.clears_rejected:
             clear_rejected(cache, rejected)
 

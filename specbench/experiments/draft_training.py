@@ -1,8 +1,9 @@
 """Distilling a draft model for a frozen target, and the held-out split drafters are judged on.
 
 The draft model (``specbench.drafters.draft_model.draft_from_target``) has the target's architecture
-with a few decoder layers, initialised as copies of target layers spread over the depth, and the
-target's embeddings and output head (frozen, not stored). It learns the target's next-token
+with a few decoder layers, initialised as copies of target layers spread over the depth (optionally
+with a narrower MLP: each layer keeps the channels of most weight), and the target's embeddings and
+output head (frozen, not stored). It learns the target's next-token
 distribution at every position (soft cross-entropy) on the same windows as the MTP head: the
 target's own greedy outputs and offline text (``specbench.experiments.mtp_data``).
 
@@ -62,14 +63,17 @@ def train_draft(
     config: TrainConfig,
     layers: int = 2,
     log: Callable[[str], None] = print,
+    intermediate_size: int | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """A ``layers``-layer draft model of ``model`` distilled on windows from ``sampler`` (float32;
-    its embeddings and output head are frozen copies of the target's). Returns it and the record."""
+    its embeddings and output head are frozen copies of the target's; ``intermediate_size``: a
+    narrower MLP than the target's, initialised from each source layer's channels of most weight).
+    Returns it and the record."""
     from specbench.core.forward import text_model
 
     total = len(text_model(model).model.layers)
     source = spread_layers(total, layers)
-    draft = draft_from_target(model, source)
+    draft = draft_from_target(model, source, intermediate_size)
     lm = text_model(draft)
     lm.model.embed_tokens = nn.Embedding(*lm.model.embed_tokens.weight.shape)
     lm.model.embed_tokens.weight = mx.array(text_model(model).model.embed_tokens.weight)
@@ -87,6 +91,7 @@ def train_draft(
 
     record = fit(model, draft, loss, sampler, config, log)
     record["source_layers"] = source
+    record["intermediate_size"] = intermediate_size or int(text_model(model).args.intermediate_size)
     return draft, record
 
 

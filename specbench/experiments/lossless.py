@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows them on the console
 
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions

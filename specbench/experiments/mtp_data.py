@@ -4,7 +4,8 @@
 - natural text: the standard library's docstrings and the text files installed packages ship
   (package descriptions, READMEs);
 - the model's own greedy generations: answers to chat prompts the project writes (templates over
-  standard-library topics) and continuations of code and text snippets. These match what the
+  topics, coding tasks, arithmetic, standard-library names and passages of package documents) and
+  continuations of code and text snippets and of its own answers' prose. These match what the
   head sees while drafting, where token i+1 is the model's own output.
 
 A slice of every source (chosen by file) is held out for evaluation.
@@ -229,6 +230,36 @@ _CHAT_TEMPLATES = [
     "Write a short story that involves {topic}.",
     "What are common misconceptions about {topic}?",
     "Write a tweet about {topic}.",
+    "Write an engaging blog post about {topic}.",
+    "Imagine you are a teacher. Answer a student's question about {topic}.",
+    "Pretend to be a tour guide and describe {topic}.",
+    "Compare {topic} and {other}: how are they alike and how do they differ?",
+    "Write a persuasive essay arguing that {topic} matters.",
+    "What questions would an expert ask about {topic}? Answer two of them.",
+    "Describe the history of {topic} in chronological order.",
+    "Give step-by-step advice for someone who wants to learn about {topic}.",
+    "Write a dialogue between two friends discussing {topic}.",
+    "Write a formal email to a colleague about {topic}.",
+    "What would happen if {topic} did not exist? Reason it through.",
+    "Create a short quiz with answers about {topic}.",
+    "Write a news report about a recent event involving {topic}.",
+    "Write a magazine article about {topic} for a general audience.",
+]
+_MATH_TEMPLATES = [
+    "What is {a} multiplied by {b}? Explain your steps.",
+    "A shop sells {a} apples a day for {b} days. How many apples does it sell? Show the reasoning.",
+    "Solve for x: {a}x + {b} = {c}.",
+    "A train travels {a} km in {b} hours. What is its average speed?",
+    "If a rectangle is {a} cm long and {b} cm wide, what are its area and perimeter?",
+    "Is {c} a prime number? Explain how you can tell.",
+]
+_TEXT_TEMPLATES = [
+    "Summarize the following text:\n\n{doc}",
+    "Extract the three most important points from this text:\n\n{doc}",
+    "Based on the passage below, what is its main purpose?\n\n{doc}",
+    "Translate the following sentence into French: {sentence}",
+    "Translate the following sentence into German: {sentence}",
+    "Rewrite this sentence in simpler words: {sentence}",
 ]
 _CODE_TEMPLATES = [
     "Write a Python function that {task}.",
@@ -244,14 +275,28 @@ _API_TEMPLATES = [
 ]
 
 
-def chat_prompts(n: int, stdlib_docs: Sequence[tuple[str, str]], seed: int = 0) -> list[str]:
-    """Up to ``n`` distinct chat prompts from templates over topics, coding tasks and documented
-    standard-library names (``(name, docstring)`` pairs)."""
+def chat_prompts(n: int, stdlib_docs: Sequence[tuple[str, str]], seed: int = 0, texts: Sequence[str] = ()) -> list[str]:
+    """Up to ``n`` distinct chat prompts from templates over topics, coding tasks, arithmetic,
+    documented standard-library names (``(name, docstring)`` pairs) and passages of ``texts``
+    (summaries, key points, translation and rewording of their sentences)."""
     rng = random.Random(seed)
-    pool = [t.format(topic=x) for t in _CHAT_TEMPLATES for x in _TOPICS]
+    pool = [t.format(topic=x, other=rng.choice(_TOPICS)) for t in _CHAT_TEMPLATES for x in _TOPICS]
     pool += [t.format(task=x) for t in _CODE_TEMPLATES for x in _TASKS]
+    for t in _MATH_TEMPLATES:
+        for _ in range(40):
+            a, b = rng.randint(2, 99), rng.randint(2, 60)
+            pool.append(t.format(a=a, b=b, c=rng.randint(a + b, 999)))
     for name, doc in stdlib_docs:
         pool += [t.format(name=name, doc=doc[:600]) for t in rng.sample(_API_TEMPLATES, 2)]
+    for text in texts:
+        passage = text[:800].strip()
+        sentences = [x.strip() for x in re.split(r"(?<=[.!?])\s+", passage) if 40 <= len(x.strip()) <= 200]
+        template = rng.choice(_TEXT_TEMPLATES)
+        if "{sentence}" in template:
+            if sentences:
+                pool.append(template.format(sentence=rng.choice(sentences)))
+        elif len(passage) > 200:
+            pool.append(template.format(doc=passage))
     pool = list(dict.fromkeys(pool))
     rng.shuffle(pool)
     return pool[:n]

@@ -135,10 +135,12 @@ def evaluate_decoding(
     attached one). ``per_position_acceptance[i]``: the share of verifications drafting position i+1
     that accepted it (so it includes the earlier positions' acceptance);
     ``conditional_acceptance[i]``: the same among verifications that accepted positions 1..i.
+    ``draft_seconds_per_token``: the drafter's seconds per drafted token, as the engine timed them
+    (each prompt's first draft, which also reads the prompt, left out).
     """
     verifies, first, accepted, per_position = 0, 0, 0, np.zeros(k)
     drafted_at = np.zeros(k)
-    tokens = 0
+    tokens, drafted, draft_s = 0, 0, 0.0
     t0 = time.perf_counter()
     for prompt in prompts:
         drafter = drafter_factory() if drafter_factory is not None else MtpDrafter(model, head=head)
@@ -152,10 +154,15 @@ def evaluate_decoding(
         for _ in gen:
             pass
         tokens += len(gen.tokens)
+        steady = False  # the first draft also feeds the prompt to the drafter: left out of its cost
         for r in gen.log:
             if r["kind"] != "verify" or r["k_drafted"] == 0:
                 continue
             verifies += 1
+            if steady:
+                drafted += r["k_drafted"]
+                draft_s += r["draft_s"]
+            steady = True
             first += int(r["accepted"] >= 1)
             accepted += r["accepted"]
             drafted_at[: r["k_drafted"]] += 1
@@ -172,5 +179,7 @@ def evaluate_decoding(
             float(per_position[i] / base) if drafted_at[i] and base else float("nan")
             for i, base in enumerate([drafted_at[0], *per_position[:-1]])
         ],
+        "drafted": drafted,
+        "draft_seconds_per_token": draft_s / drafted if drafted else float("nan"),
         "seconds": round(time.perf_counter() - t0, 2),
     }

@@ -68,7 +68,12 @@ class TrainConfig:
     continuation_tokens: int = 128
     generation_batch: int = 512
     generation_budget_s: float | None = None  # self-generation stops after this many seconds
-    mix: dict[str, float] = field(default_factory=lambda: {"generated": 0.5, "code": 0.25, "natural": 0.25})
+    chat_share: float = 0.6  # share of the generation budget spent on chat answers (continuations: the rest)
+    # Streams: "chat" (the model's answers to chat prompts), "continued" (its continuations of snippets),
+    # offline "code" and "natural" text.
+    mix: dict[str, float] = field(
+        default_factory=lambda: {"chat": 0.3, "continued": 0.2, "code": 0.25, "natural": 0.25}
+    )
     eval_windows: int = 64  # held-out windows per source for the teacher-forced evaluation
     eval_prompts: int = 24  # held-out prompts per set for the decoding evaluation
     eval_tokens: int = 96
@@ -247,11 +252,13 @@ def build_data(
 
     rng = random.Random(config.seed)
     train_docs = stdlib_module_docs(heldout=False)
-    chats = [render_prompt(tokenizer, p) for p in chat_prompts(config.chat_prompts, train_docs, config.seed)]
+    passages = text["natural"]["train"][: config.chat_prompts // 4]
+    chats = [render_prompt(tokenizer, p) for p in chat_prompts(config.chat_prompts, train_docs, config.seed, passages)]
     snippets = []
-    for kind in ("code", "natural"):
+    # Code snippets make half the continuations, document text a quarter, and the model's own answers
+    # (their prose, without the chat template) the rest, once they are generated.
+    for kind, n in (("code", config.continuation_prompts // 2), ("natural", config.continuation_prompts // 4)):
         s = streams[kind]
-        n = config.continuation_prompts // 2
         for _ in range(n):
             if len(s) <= config.continuation_prompt_tokens + 1:
                 break
@@ -259,11 +266,20 @@ def build_data(
             snippets.append(s[a : a + config.continuation_prompt_tokens].tolist())
     t1 = time.perf_counter()
     budget = config.generation_budget_s
-    # Chat answers may use 60% of the generation budget, continuations the rest.
-    generated = batched_greedy(
-        model, tokenizer, chats, config.chat_tokens, config.generation_batch, t1 + 0.6 * budget if budget else None
+    # Chat answers may use ``chat_share`` of the generation budget, continuations the rest.
+    answers = batched_greedy(
+        model,
+        tokenizer,
+        chats,
+        config.chat_tokens,
+        config.generation_batch,
+        t1 + config.chat_share * budget if budget else None,
     )
-    generated += batched_greedy(
+    length = config.continuation_prompt_tokens
+    prose = [a[len(c) : len(c) + length] for c, a in zip(chats, answers) if len(a) >= len(c) + length + 8]
+    snippets += prose[: max(0, config.continuation_prompts - len(snippets))]
+    rng.shuffle(snippets)
+    continued = batched_greedy(
         model,
         tokenizer,
         snippets,
@@ -272,8 +288,12 @@ def build_data(
         t1 + budget if budget else None,
         stop_at_eos=False,
     )
-    streams["generated"] = stream(generated, eos)
-    log(f"generated: {len(generated)} sequences, {len(streams['generated'])} tokens ({time.perf_counter() - t1:.1f}s)")
+    streams["chat"], streams["continued"] = stream(answers, eos), stream(continued, eos)
+    generated = answers + continued
+    log(
+        f"generated: {len(answers)} chat answers ({len(streams['chat'])} tokens), {len(continued)} continuations "
+        f"({len(streams['continued'])} tokens) ({time.perf_counter() - t1:.1f}s)"
+    )
 
     # Held-out prompts: the project's bundled prompts (chat), and snippets of held-out code and text.
     questions = bundled_questions()

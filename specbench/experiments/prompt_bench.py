@@ -198,6 +198,7 @@ def bench_prompts(
                 shift = (len(done) + index + turn + repeat) % len(methods)
                 for method in methods[shift:] + methods[:shift]:
                     run = runner.run(method, prompt, repeat)
+                    say(f"  {question.category} {question.question_id}: {method.name} {run.wall_s:.1f} s")
                     if method.name == PROMPT_BASELINE and repeat == 0:
                         reference = run.tokens
                     rows.append(_run_row(config, key, question, turn, repeat, method, prompt, run))

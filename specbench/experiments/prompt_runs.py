@@ -272,6 +272,7 @@ class MethodRunner:
             calibrate(self.model, widths, progress=say)
         for method in methods:
             self.run(method, first, repeat=-1)
+            say(f"  warm-up: {method.name} ({time.perf_counter() - t0:.0f} s)")
         if longest != first:
             self.run(methods[0], longest, repeat=-1)
         self.drafters = {k: v for k, v in self.drafters.items() if k[1] >= 0}

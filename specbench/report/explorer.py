@@ -7,6 +7,7 @@ watch the output arrive coloured by token source, then read the stats and the pe
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from specbench.experiments.capabilities import usable_drafters
 from specbench.experiments.prompts import render_prompt
 from specbench.experiments.timing import clock_stats
 from specbench.models.load import load
+from specbench.report import recorded
 from specbench.report.outputs import in_ipython
 from specbench.report.render import coloured_html, stats_html
 
@@ -114,8 +116,11 @@ class Explorer:
             return DraftPolicy.auto()
         return getattr(DraftPolicy, self.policy.value)(self.k.value)
 
-    def run(self, _button: Any = None):
-        """Generate with the current settings; returns the Generation (None if it could not start)."""
+    def run(self, _button: Any = None, recorded_in: str | os.PathLike | None = None):
+        """Generate with the current settings; returns the Generation (None if it could not start).
+
+        ``recorded_in``: a report folder; a generation recorded there with the same settings
+        (``specbench.report.recorded``) is shown instead of generating it again."""
         self.button.disabled = True
         try:
             model, tokenizer = self._load(self.model.value)
@@ -136,6 +141,13 @@ class Explorer:
                 seed=0,
                 verify=self.verify.value or None,
             )
+            name = self.drafter.value if drafter is not None else "none"
+            key = recorded.generation_key(self.model.value, prompt, name, policy.name if policy else "none", options)
+            found = recorded.find(recorded_in, key)
+            if found is not None:
+                self.generation = found
+                self._finish(found, tokenizer, found.decode_s, f"recorded by {found.row.get('source')} in this report")
+                return found
             gen = speculative_generate(model, prompt, options, drafter, policy, tokenizer=tokenizer)
             self.generation = gen
             self.status.value = "generating ..."
@@ -150,16 +162,20 @@ class Explorer:
                     self.status.value = f"generating ... {len(gen.tokens)} tokens"
                     shown = time.perf_counter()
                     drawing += shown - last
-            self.text.value = coloured_html(gen.log, tokenizer)
-            stats = clock_stats(gen, last - first - drawing)
-            self.stats.value = stats_html(stats)
-            self.status.value = (
-                f"done: {stats['tokens']} tokens, {stats['decode_tokens_per_s']:.1f} tok/s, {stats['finish_reason']}"
-            )
-            self._draw(gen)
+            self._finish(gen, tokenizer, last - first - drawing, "done")
             return gen
         finally:
             self.button.disabled = False
+
+    def _finish(self, gen: Any, tokenizer: Any, seconds: float, how: str) -> None:
+        """Show a finished generation: its coloured text, stats (decode time ``seconds``) and per-step plot."""
+        self.text.value = coloured_html(gen.log, tokenizer)
+        stats = clock_stats(gen, seconds)
+        self.stats.value = stats_html(stats)
+        self.status.value = (
+            f"{how}: {stats['tokens']} tokens, {stats['decode_tokens_per_s']:.1f} tok/s, {stats['finish_reason']}"
+        )
+        self._draw(gen)
 
     def _draw(self, gen: Any) -> None:
         import matplotlib.pyplot as plt

@@ -8,10 +8,13 @@ every ``every_s`` seconds, how long it has run and how long it is expected to ta
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 #: The fields of a measured row (``cost.speedup_grid``) a progress line shows, when it has them.
@@ -52,10 +55,11 @@ class Heartbeat:
         every_s: float | None = 30.0,
         stream: TextIO | None = None,
         after: Callable[[], str] | None = None,
+        before: Callable[[], None] | None = None,
     ):
         self.name, self.expected_s, self.every_s = name, expected_s, every_s
         self.stream = stream
-        self.after = after
+        self.after, self.before = after, before
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.start = time.perf_counter()
@@ -75,6 +79,8 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
+            if self.before is not None:
+                self.before()
             print(self.line(time.perf_counter() - self.start), file=self.stream or sys.stderr, flush=True)
 
     def __enter__(self) -> Heartbeat:
@@ -87,3 +93,52 @@ class Heartbeat:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=1.0)
+
+
+_AFTER_RETURN = re.compile(r"\r(?=[^\r\n])")
+_LINES = re.compile(r"[^\n]*\n|[^\n]+")
+
+
+class Prefixed:
+    """A text stream that writes to ``stream`` with ``prefix`` at the start of every line (a progress bar's
+    in-place updates, after a carriage return, keep the console's last line)."""
+
+    def __init__(self, stream: TextIO, prefix: str):
+        self.stream, self.prefix = stream, prefix
+        self._at_start = True
+
+    def write(self, text: str) -> int:
+        out = []
+        for piece in _LINES.findall(text):
+            if self._at_start and piece.strip("\r\n") and not piece.startswith("\r"):  # else after its "\r"
+                out.append(self.prefix)
+            out.append(_AFTER_RETURN.sub("\r" + self.prefix, piece))
+            self._at_start = piece.endswith("\n")
+        self.stream.write("".join(out))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def end_line(self) -> None:
+        """End the line a progress bar left open, so that other output starts on its own line."""
+        if not self._at_start:
+            self.stream.write("\n")
+            self._at_start = True
+
+
+def running_cell(ipynb: str | Path) -> str:
+    """``"; cell 5/14: first line"``: the cell of a notebook papermill is executing (from the output
+    notebook it saves when a cell starts), or "" when none is known."""
+    try:
+        cells = json.loads(Path(ipynb).read_text()).get("cells", [])
+    except (OSError, ValueError, AttributeError):
+        return ""
+    code = [c for c in cells if c.get("cell_type") == "code"]
+    for i, cell in enumerate(code, 1):
+        if cell.get("metadata", {}).get("papermill", {}).get("status") == "running":
+            source = cell.get("source", "")
+            lines = (source if isinstance(source, str) else "".join(source)).splitlines()
+            first = next((line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")), "")
+            return f"; cell {i}/{len(code)}" + (f": {first[:60]}" if first else "")
+    return ""

@@ -1,7 +1,7 @@
 """Reports: the notebooks executed with papermill into reports/NAME/, with an index page.
 
 ``run_report`` executes each notebook of ``NOTEBOOKS`` with a profile's parameters (``quick``:
-tiny settings for CI; ``full``: the embedded model, about 17 minutes on 2 idle CPU
+tiny settings for CI; ``full``: the embedded model, about 8.5 minutes on 2 idle CPU
 cores) and writes, per notebook: the executed ``.ipynb``, its HTML (nbconvert), figures
 (PNG and SVG), per-step logs and tables (parquet), and ``status.json`` (written atomically when
 the notebook finishes or fails). A finished notebook is not run again unless forced, its
@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,9 @@ from tqdm.auto import tqdm
 from specbench.common.files import PROJECT_ROOT, check_writable, write_json_atomic, write_text_atomic
 from specbench.common.identity import device_name, versions
 from specbench.report.index import read_status, read_summary, running_here, state_of, write_index, write_status
-from specbench.report.progress import Heartbeat
+from specbench.report.profiles import EXPECTED_SECONDS, PROFILES, RUN_FIRST
+from specbench.report.progress import Heartbeat, Prefixed, running_cell
+from specbench.report.ranks import merge_ranks, notebooks_here
 
 #: Notebooks in report order, with their titles.
 NOTEBOOKS: dict[str, str] = {
@@ -49,128 +52,6 @@ NOTEBOOKS: dict[str, str] = {
 
 #: Parameters the report sets itself (not settable with -p).
 RESERVED = ("output_dir", "progress")
-
-_TINY = "tiny:smollm2-135m"
-_EMBEDDED = "smollm2-135m"
-
-#: Per-profile parameter overrides, per notebook (notebook defaults fill the rest).
-PROFILES: dict[str, dict[str, dict[str, Any]]] = {
-    # Seconds on a CPU: a random-weight miniature of the embedded model (its tokenizer, 2 layers
-    # of width 64) and tiny synthetic shapes. Checks that every notebook runs and draws.
-    "quick": {
-        "quickstart": {"model": _TINY, "max_tokens": 12},
-        "draft_length_sweep": {
-            "model": _TINY,
-            "draft_lengths": [1, 3],
-            "policies": ["fixed", "auto"],
-            "categories": ["repeated_paragraph", "qa"],
-            "prompts_per_category": 1,
-            "max_tokens": 16,
-            "max_prompt_tokens": 0,
-        },
-        "break_even": {
-            "dense_model": "synthetic:qwen3-8b-tiny",
-            "moe_model": "synthetic:qwen3-30b-a3b-tiny",
-            "widths": 5,
-            "repeats": 2,
-            "offset": 32,
-            "acceptances": [0.5, 0.9],
-            "draft_lengths": [2],
-            "grid_max_tokens": 8,
-        },
-        "agent_traces": {"model": _TINY, "traces": ["chat-revision"], "max_turns": 2, "max_tokens": 8},
-        "sampling": {
-            "model": _TINY,
-            "temperatures": [0.0, 1.0],
-            "categories": ["repeated_paragraph"],
-            "max_tokens": 16,
-            "lossless_samples": 4,
-            "lossless_tokens": 4,
-            "permutations": 200,
-        },
-        "explorer": {"models": [_TINY], "max_tokens": 8},
-    },
-    # The embedded model (SmolLM2-135M), sized for a 2-core CPU: float32 decoding runs at ~5 tokens/s
-    # and a prefill at ~10 tokens/s there, so prompts are short and generations few. Greedy
-    # verification is the engine's default, exact (its calibration finds the batched forward
-    # bit-identical on the CPU in a few seconds per width, kept under SPECBENCH_HOME).
-    "full": {
-        "quickstart": {"model": _EMBEDDED, "max_tokens": 48},
-        "draft_length_sweep": {
-            "model": _EMBEDDED,
-            "draft_lengths": [1, 3],
-            "policies": ["fixed", "auto"],
-            "categories": ["translation", "qa"],
-            "prompts_per_category": 1,
-            "max_tokens": 32,
-            "max_prompt_tokens": 160,
-        },
-        "break_even": {
-            # the MoE: SmolLM2's layers with 16 experts, top-4 (random weights), 8 of its 30 layers (the CPU's
-            # gather_mm makes its steps slow); its grid is left out
-            "dense_model": _EMBEDDED,
-            "moe_model": "synthetic:smollm2-135m-16e-fp32",
-            "moe_layers": 8,
-            "widths": 5,
-            "verify_modes": ["fast"],
-            "repeats": 2,
-            "offset": 64,
-            "acceptances": [0.5, 0.9],
-            "draft_lengths": [2, 4],
-            "grid_max_tokens": 16,
-            "grid_prompt_tokens": 16,
-            "grid_moe": False,
-        },
-        "agent_traces": {
-            # a fixed draft length: on this CPU auto finds that drafting does not pay and never drafts
-            "model": _EMBEDDED,
-            "traces": ["chat-revision"],
-            "max_turns": 2,
-            "max_tokens": 32,
-            "policy": "fixed:4",
-        },
-        "sampling": {
-            "model": _EMBEDDED,
-            "drafters": ["lookup", "suffix"],
-            "temperatures": [0.0, 1.0],
-            "categories": ["translation"],
-            "max_tokens": 32,
-            "lossless_samples": 10,
-            "lossless_tokens": 6,
-        },
-        "explorer": {"models": [_EMBEDDED], "max_tokens": 32},
-    },
-}
-
-
-#: Seconds each notebook is expected to take (the ETA until a report folder holds its own timings). quick: measured
-#: on the 2-core CPU at load 12-15, 2026-12-01 (papermill time; the HTML export adds ~15 s each). full: from the
-#: pieces timed there (SmolLM2-135M profile at widths 5: 342 s at load 14, the 8-layer MoE's: 116 s at load 12),
-#: scaled to 2 idle cores; the run's own timings replace them.
-EXPECTED_SECONDS: dict[str, dict[str, float]] = {
-    "quick": {
-        "quickstart": 35,
-        "draft_length_sweep": 60,
-        "break_even": 65,
-        "agent_traces": 35,
-        "sampling": 40,
-        "explorer": 30,
-        "batch_break_even": 50,
-        "simulate_logs": 60,
-        "tree_vs_path": 60,
-    },
-    "full": {  # measured on a fresh clone, 2 idle cores (2026-12-01)
-        "quickstart": 64,
-        "draft_length_sweep": 330,
-        "break_even": 178,
-        "agent_traces": 269,
-        "sampling": 113,
-        "explorer": 35,
-        "batch_break_even": 8,  # tiny synthetic shapes in both profiles (the notebook's defaults)
-        "simulate_logs": 11,  # the bundled traces, tokenized only: no model runs
-        "tree_vs_path": 11,  # the traces' recorded replies (source "replies"): no model runs
-    },
-}
 
 
 def expected_seconds(profile: str, name: str, previous: dict[str, Any] | None = None) -> float | None:
@@ -328,9 +209,13 @@ def export_html(ipynb: Path, html_path: Path) -> Path:
     """The executed notebook as a standalone HTML page (nbconvert, figures embedded)."""
     import nbformat
     from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
     nb = nbformat.read(str(ipynb), as_version=4)
-    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    exporter = HTMLExporter(template_name="lab")
+    # a progress bar's updates ("\r"-separated, as the console showed them) kept as its last state
+    exporter.register_preprocessor(CoalesceStreamsPreprocessor(), enabled=True)
+    body, _ = exporter.from_notebook_node(nb)
     return write_text_atomic(html_path, body)
 
 
@@ -390,6 +275,7 @@ def run_report(
 
     folder = Path(notebooks) if notebooks else notebooks_dir()
     names = list(only) if only else list(NOTEBOOKS)
+    names.sort(key=lambda n: n not in RUN_FIRST)  # run first what later notebooks show (the index keeps its order)
     unknown = [n for n in names if n not in NOTEBOOKS]
     if unknown:
         raise ValueError(f"unknown notebook(s) {unknown}: choose from {', '.join(NOTEBOOKS)}")
@@ -406,12 +292,17 @@ def run_report(
     result = ReportResult(out)
     previous_status = {name: read_status(out, name) for name in names}
     expected = {name: expected_seconds(profile, name, previous_status[name]) for name in names}
+    to_run = {n: force or not s or bool(_reason_to_run(out, n, resolved[n], s)) for n, s in previous_status.items()}
+    expected = notebooks_here(expected, to_run)  # under mlx.launch: this rank's share (rank 0's folder decides)
+    names = list(expected)
     if progress:
         known = [v for v in expected.values() if v]
         total = f", about {sum(known) / 60:.0f} min in all" if len(known) == len(names) else ""
         plan = ", ".join(f"{n} ~{v / 60:.1f} min" if v else n for n, v in expected.items())
         print(f"report ({profile}) into {out}: {plan}{total} (from earlier runs)", file=sys.stderr, flush=True)
-    bar = tqdm(names, desc=f"report ({profile})", unit="notebook", disable=not progress)
+    # no ETA from the mean notebook (their costs differ tenfold): the heartbeat gives one from expected costs
+    bar_format = "{desc}: {n_fmt}/{total_fmt} notebooks [{elapsed}]{postfix}"
+    bar = tqdm(names, desc=f"report ({profile})", bar_format=bar_format, disable=not progress)
     for name in bar:
         params = resolved[name]
         previous = read_status(out, name)
@@ -433,17 +324,27 @@ def run_report(
         write_index(out, NOTEBOOKS)
         t0 = time.perf_counter()
         error = ""
-        heartbeat = Heartbeat(name, expected[name], every_s=30.0 if progress else None)
+        console = Prefixed(sys.stderr, f"[{name}] ")
+        later = _expected_after(name, names, expected, to_run)
+        heartbeat = Heartbeat(
+            name,
+            expected[name],
+            every_s=30.0 if progress else None,
+            after=partial(_heartbeat_tail, ipynb, expected[name], t0, later),
+            before=console.end_line,
+        )
         try:
             with heartbeat:
                 papermill.execute_notebook(
                     str(folder / f"{name}.ipynb"),
                     str(ipynb),
-                    parameters={**params, "output_dir": str(out), "progress": False},
+                    parameters={**params, "output_dir": str(out), "progress": progress},
                     kernel_name=kernel_name,
-                    progress_bar={"leave": False, "desc": name} if progress else False,
-                    # the notebook's stderr (its progress lines, warnings) goes to the console as it comes
-                    stderr_file=sys.stderr if progress else None,
+                    progress_bar=False,
+                    # what the notebook prints (its progress bars and lines, warnings, results) goes to the
+                    # console as it comes, each line marked with the notebook's name
+                    stdout_file=console if progress else None,
+                    stderr_file=console if progress else None,
                     cwd=str(folder.parent),
                     start_timeout=start_timeout,
                 )
@@ -464,11 +365,37 @@ def run_report(
         bar.write(f"{name}: {status['status']} in {seconds:.0f} s" + (f" ({error})" if error else ""))
         write_index(out, NOTEBOOKS)
     bar.close()
+    result.results = merge_ranks(out, result.results, list(NOTEBOOKS))  # under mlx.launch: every rank's, on rank 0
     info = _report_info(profile, out)
     info["last_run_s"] = round(sum(r.seconds for r in result.results if r.status != "skipped"), 1)
     write_json_atomic(out / "report.json", info)
     write_index(out, NOTEBOOKS)
     return result
+
+
+def _expected_after(
+    name: str, names: Sequence[str], expected: dict[str, float | None], to_run: dict[str, Any]
+) -> float | None:
+    """Expected seconds of the notebooks that run after ``name`` (None when one of them has no expected time)."""
+    later = [n for n in names[names.index(name) + 1 :] if to_run.get(n, True)]
+    if any(not expected.get(n) for n in later):
+        return None
+    return float(sum(expected[n] for n in later))
+
+
+def _heartbeat_tail(ipynb: Path, expected_here: float | None, start: float, later: float | None) -> str:
+    """What a heartbeat line adds: the running cell and the report's ETA."""
+    return running_cell(ipynb) + _report_eta(expected_here, time.perf_counter() - start, later)
+
+
+def _report_eta(expected_here: float | None, elapsed: float, later: float | None) -> str:
+    """ "; report: about M:SS left (done ~HH:MM)" from expected costs: this notebook's rest (at least a
+    tenth of its expected time while it runs over) and the notebooks after it; "" when a cost is unknown."""
+    if not expected_here or later is None:
+        return ""
+    left = max(expected_here - elapsed, 0.1 * expected_here) + later
+    done = _dt.datetime.now() + _dt.timedelta(seconds=left)
+    return f"; report: about {int(left) // 60}:{int(left) % 60:02d} left (done ~{done:%H:%M})"
 
 
 def _report_info(profile: str, out: Path) -> dict[str, Any]:

@@ -60,6 +60,12 @@ def _verified(stats: dict[str, Any]) -> str:
 
 def quickstart(model: str, drafter: str, policy: str, stats: dict[str, Any], speedup: float, equal: bool) -> str:
     """One generation against plain decoding."""
+    if not stats.get("verifies"):
+        return (
+            f"On {where()} {drafter}, {policy} proposed nothing to verify for {model} on this prompt, so every token "
+            f"came from a plain step ({_x(speedup)} plain decoding's speed is timing noise); output "
+            f"{'equal' if equal else 'NOT equal'} to plain decoding's."
+        )
     return (
         f"On {where()} speculation {pays(speedup)} for {model} on this prompt: {_x(speedup)} plain decoding's "
         f"speed with {drafter}, {policy} ({_verified(stats)}); output {'equal' if equal else 'NOT equal'} to "
@@ -72,6 +78,8 @@ def sweep(summary: pl.DataFrame, model: str) -> str:
     speculative = summary.filter(pl.col("drafter") != "none").drop_nulls("speedup")
     if speculative.is_empty():
         return f"No speculative run finished for {model}."
+    if "verifies" in speculative.columns and not speculative.filter(pl.col("verifies") > 0).is_empty():
+        speculative = speculative.filter(pl.col("verifies") > 0)  # a method that drafted nothing ran plain steps
     best = speculative.sort("speedup", descending=True).row(0, named=True)
     worst = speculative.sort("speedup").row(0, named=True)
     equal = summary["all_equal_to_plain"].drop_nulls()
@@ -154,7 +162,15 @@ def traces(summary: pl.DataFrame, model: str) -> str:
     speculative = summary.filter(pl.col("method") != "plain").drop_nulls("speedup")
     if speculative.is_empty():
         return f"No speculative replay finished for {model}."
-    best = speculative.sort("speedup", descending=True).row(0, named=True)
+    drafted = speculative.filter(pl.col("tokens_per_verify").fill_null(0) > 0)
+    if drafted.is_empty():
+        return (
+            f"On {where()} replaying agent traces, no drafter proposed anything to verify for {model}: every token "
+            f"came from a plain step (the measured speedups, {_x(speculative['speedup'].min())} to "
+            f"{_x(speculative['speedup'].max())}, are timing noise); "
+            f"{'every turn equal' if bool(summary['identical'].all()) else 'some turns NOT equal'} to plain decoding."
+        )
+    best = drafted.sort("speedup", descending=True).row(0, named=True)
     identical = bool(summary["identical"].all())
     per_verify = best.get("tokens_per_verify")
     verified = f"{per_verify:.2f} tokens per verification" if per_verify else "nothing drafted to verify"

@@ -1,12 +1,13 @@
 """Batched decoding: every request's output equals its own single-request plain greedy output, whatever
-the batch composition and acceptances; stops, lengths and joins per request; sampling lossless on a batch."""
+the batch composition and acceptances (hybrid models included); stops, lengths and joins per request;
+sampling lossless on a batch; caches without a rollback per row refused before any model work."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import ScriptedDrafter, build_tiny, word_tokenizer
+from conftest import QWEN3_NEXT, ScriptedDrafter, build, build_tiny, word_tokenizer
 
 from specbench import Draft, Drafter, DraftPolicy, GenerateOptions, PromptLookup, generate
 from specbench.core.batch import BatchGeneration, generate_batch
@@ -142,6 +143,46 @@ def test_bad_input():
         generate_batch(model, [])
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
         generate_batch(model, [[1, 2], [500]])
+
+
+def test_hybrid_batched_speculative_greedy_equals_single_plain():
+    """Gated DeltaNet layers (ArraysCache) roll back per row: each row keeps its own recorded state."""
+    from specbench.cost.batch import measure_batch_profile
+
+    model = build(QWEN3_NEXT)
+    k, n, prompts = 3, 10, PROMPTS[:5]
+    truth = single_greedy(model, prompts, n)
+    drafters = [ScriptedDrafter(truth[r], len(p), 101, cycling(r, k)) for r, p in enumerate(prompts)]
+    gen = BatchGeneration(model, prompts, GenerateOptions(max_tokens=n), drafters, DraftPolicy.fixed(k), max_batch=4)
+    assert gen.run() == truth  # the fifth request joins when a slot frees
+    assert sorted(r.log.records[1]["accepted"] for r in gen.requests[:4]) == list(range(k + 1))
+    assert generate_batch(model, prompts, GenerateOptions(max_tokens=n), max_batch=2).run() == truth
+    profile = measure_batch_profile(model, (1, 2), widths=3, offset=6, repeats=1, warmup=0)
+    assert profile.batch_sizes == [1, 2] and all(np.isfinite(c).all() for c in profile.costs.values())
+
+
+def test_unbatchable_caches_are_refused_before_any_model_work(monkeypatch):
+    """Caches with no rollback per row (here a sliding window's RotatingKVCache): one error naming the
+    cache, from batched decoding, its profile and its benchmark, before the model runs."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    from specbench.cost.batch import measure_batch_profile
+    from specbench.experiments.batch_bench import bench_batch
+
+    model = build_tiny("llama")
+    model.make_cache = lambda: [RotatingKVCache(max_size=8) for _ in model.layers]
+    calls = []
+    forward = type(model).__call__
+    monkeypatch.setattr(type(model), "__call__", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+    for run in (
+        lambda: generate_batch(model, PROMPTS[:2]),
+        lambda: speculative_generate_batch(model, PROMPTS[:2], None, lambda i: PromptLookup(), DraftPolicy.fixed(2)),
+        lambda: measure_batch_profile(model, (1, 2), widths=2),
+        lambda: bench_batch(model, PROMPTS[:2], 2, "lookup", "fixed:2"),
+    ):
+        with pytest.raises(ValueError, match="RotatingKVCache.*speculative_generate"):
+            run()
+    assert calls == []
 
 
 class FixedQDrafter(Drafter):

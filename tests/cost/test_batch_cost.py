@@ -48,6 +48,26 @@ def test_profile_math():
     assert auto.envelope == [] and auto.k == 0
 
 
+def test_batch_cache_is_filled_in_chunks(monkeypatch):
+    """The cache a profile times is filled in chunks of at most PREFILL_TOKENS tokens (a kernel grid axis
+    on CUDA holds at most 65535 routed tokens), and holds what one prompt pass would have written."""
+    import mlx.core as mx
+
+    from specbench.cost import batch
+
+    model = build_tiny("qwen3_moe")
+    whole = batch._batch_cache(model, 3, 10, np.random.default_rng(1))
+    monkeypatch.setattr(batch, "PREFILL_TOKENS", 7)  # chunks of 2 tokens for 3 rows
+    widths = []
+    forward = type(model).__call__
+    monkeypatch.setattr(type(model), "__call__", lambda self, x, **k: widths.append(x.shape) or forward(self, x, **k))
+    chunked = batch._batch_cache(model, 3, 10, np.random.default_rng(1))
+    assert widths == [(3, 2)] * 5
+    for a, b in zip(whole, chunked):
+        assert a.offset.tolist() == b.offset.tolist() == [10, 10, 10]
+        assert mx.allclose(a.keys[..., :10, :], b.keys[..., :10, :], atol=1e-5).item()
+
+
 def test_measured_profile_and_grid_on_moe():
     model = build_tiny("qwen3_moe")
     profile = measure_batch_profile(model, (1, 2), widths=3, offset=8, repeats=1, warmup=1)
@@ -63,14 +83,27 @@ def test_measured_profile_and_grid_on_moe():
     full, none = rows
     assert full["acceptance_measured"] == 1.0 and none["acceptance_measured"] == 0.0
     assert full["predicted"] == pytest.approx(3 / profile.c(3, 2))
-    assert all(r["measured"] > 0 and r["follows"] == 0 for r in rows)
+    assert all(r["measured"] > 0 and r["diverged"] == 0 for r in rows)
 
 
 def test_batch_bench_agrees_with_mlx_lm():
     model = build_tiny("llama")
     prompts = [[5, 17, 3, 9, 5, 17, 3, 9][:n] for n in (3, 8, 5)]
-    result = bench_batch(model, prompts, 2, "lookup", "fixed:3", max_tokens=8, warmup=False)
-    assert [r["engine"] for r in result["rows"]] == ["plain", "speculative", "mlx-lm"]
-    assert all(r["tokens"] == 24 for r in result["rows"])
-    assert result["identical_to_plain"] == 1.0 and result["identical_to_mlx_lm"] == 1.0
-    assert result["speedup_vs_plain"] > 0
+    result = bench_batch(model, prompts, 2, ["lookup", "suffix"], "fixed:3", max_tokens=8, warmup=False)
+    rows = {r["engine"]: r for r in result["rows"]}
+    assert list(rows) == ["plain", "lookup/fixed:3", "suffix/fixed:3", "mlx-lm"]
+    assert all(r["tokens"] == 24 for r in rows.values())
+    for name in ("lookup/fixed:3", "suffix/fixed:3"):
+        row = rows[name]
+        assert row["identical_to_plain"] == 1.0 and row["identical_to_mlx_lm"] == 1.0
+        assert row["speedup_vs_plain"] > 0 and row["kind"] == "speculative"
+    assert rows["plain"]["identical_to_mlx_lm"] == 1.0
+    summary = result["divergence_summary"]
+    assert {(s["engine"], s["reference"]) for s in summary} == {
+        ("plain", "mlx-lm"),
+        ("lookup/fixed:3", "mlx-lm"),
+        ("suffix/fixed:3", "mlx-lm"),
+        ("lookup/fixed:3", "plain"),
+        ("suffix/fixed:3", "plain"),
+    }
+    assert all(s["identical"] == 1.0 and s["min_first_divergence"] is None for s in summary)

@@ -3,8 +3,11 @@ sharded checks the family and the head counts; rank 0 alone writes in lockstep."
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 from conftest import build_tiny
 from mlx.utils import tree_flatten
@@ -104,3 +107,34 @@ def test_shard_flag_on_the_commands_that_load_a_target(capsys):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert ("--shard" in capsys.readouterr().out) == has_flag, command
+
+
+def test_split_balances_shares_by_weight():
+    assert distributed.split([60, 50, 60], 2) == [[0, 1], [2]]  # heaviest first, to the lightest share
+    assert distributed.split([1, 1, 1, 1], 1) == [[0, 1, 2, 3]] and distributed.split([], 2) == [[], []]
+    assert distributed.split([5, 1, 1, 1, 1, 1], 2) == [[0], [1, 2, 3, 4, 5]]
+    weights = [float(w) for w in np.random.default_rng(0).integers(1, 100, size=40)]
+    shares = distributed.split(weights, 3)
+    assert sorted(i for share in shares for i in share) == list(range(40))
+    loads = [sum(weights[i] for i in share) for share in shares]
+    assert max(loads) - min(loads) <= max(weights)
+    assert distributed.my_share([3, 2, 1]) == [0, 1, 2]
+    with pytest.raises(ValueError, match="parts must be >= 1"):
+        distributed.split([1], 0)
+
+
+def test_gather_outcomes_and_detach_children_in_a_world_of_one(monkeypatch):
+    assert distributed.gather_outcomes(lambda: {"rows": [1]}) == [{"rows": [1]}]
+
+    def broken():
+        raise KeyError("lost")
+
+    with pytest.raises(KeyError, match="lost"):  # the failing rank raises its own error
+        distributed.gather_outcomes(broken)
+    distributed.group()
+    for name, value in (("MLX_RANK", "1"), ("MLX_HOSTFILE", "h"), ("NCCL_PORT", "1"), ("OMPI_COMM_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    distributed.detach_children()
+    assert distributed.launched_backend() is None and os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "MLX_RANK" not in os.environ and "NCCL_PORT" not in os.environ

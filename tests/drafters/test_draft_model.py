@@ -120,3 +120,44 @@ def test_stored_draft_loads_with_the_targets_embeddings(tmp_path):
     tokens = mx.array([PROMPT])
     assert mx.array_equal(loaded(tokens), draft(tokens))
     assert loaded.lm_head is target.lm_head
+
+
+def test_a_narrow_draft_keeps_the_heaviest_mlp_channels_and_loads_as_shipped(tmp_path, monkeypatch):
+    from specbench.common import files
+    from specbench.drafters import has_shipped_draft_model
+    from specbench.drafters.draft_model import draft_metadata, shipped_draft_model
+    from specbench.models import embedded
+
+    target = build_tiny("llama", num_hidden_layers=3)
+    width = target.args.intermediate_size
+    full = draft_from_target(target, [0, 2], intermediate_size=width)
+    tokens = mx.array([PROMPT])
+    assert mx.array_equal(full(tokens), draft_from_target(target, [0, 2])(tokens))
+    narrow = draft_from_target(target, [0, 2], intermediate_size=width // 2)
+    mlp, source = narrow.model.layers[1].mlp, target.model.layers[2].mlp
+    assert mlp.gate_proj.weight.shape == (width // 2, target.args.hidden_size)
+    kept = [i for i in range(width) if any(mx.array_equal(source.up_proj.weight[i], r) for r in mlp.up_proj.weight)]
+    norms = mx.linalg.norm(source.gate_proj.weight, axis=1) * mx.linalg.norm(source.up_proj.weight, axis=1)
+    norms = norms * mx.linalg.norm(source.down_proj.weight, axis=0)
+    assert float(norms[mx.array(kept)].min()) >= float(mx.sort(norms)[-(width // 2)])  # the heaviest channels
+
+    # Shipped: a file in the assets' draft folder, registered for an embedded model name.
+    assert not has_shipped_draft_model("tiny-llama")
+    (tmp_path / "draft").mkdir()
+    meta = draft_metadata(2, "tiny-llama", {"source_layers": [0, 2]}, intermediate_size=width // 2)
+    mx.save_safetensors(str(tmp_path / "draft" / "tiny.safetensors"), draft_own_tensors(narrow), meta)
+    monkeypatch.setattr(files, "ASSETS_DIR", tmp_path)
+    monkeypatch.setitem(embedded.SHIPPED_DRAFT_MODELS, "tiny-llama", "draft/tiny.safetensors")
+    assert has_shipped_draft_model("tiny-llama")
+    assert mx.array_equal(shipped_draft_model(target, "tiny-llama")(tokens), narrow(tokens))
+    drafter = make_drafter("draft-model", model=target, model_name="tiny-llama")
+    assert isinstance(drafter, DraftModel) and 0 < drafter.cost_per_token < 1
+    options = GenerateOptions(max_tokens=24)
+    gen = Generation(target, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(3))
+    assert list(gen) == plain_greedy(target, PROMPT, 24)
+
+    with pytest.raises(FileNotFoundError, match="no draft model is shipped for tiny-qwen3"):
+        shipped_draft_model(target, "tiny-qwen3")
+    other = build_tiny("llama", num_hidden_layers=3, hidden_size=target.args.hidden_size * 2)
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        load_draft_model(other, tmp_path / "draft" / "tiny.safetensors")

@@ -64,7 +64,7 @@ def test_local_trees_match_reference(seed):
     drafter = SuffixDecoding(
         max_depth=depth, max_spec_tokens=max_spec, max_spec_factor=factor, min_token_prob=min_prob, use_global=False
     )
-    drafter.tree = True  # the same drafter as SuffixDecoding(tree=True), with this test's settings
+    drafter.tree, drafter.tree_rule = True, "reference"  # SuffixDecoding(tree="reference") with these settings
     drafter._limits.clear()
     seq = markov(rng, 200, rng.choice([3, 6, 50]), copy_prob=0.1)
     drafter.begin(seq[:20])
@@ -95,7 +95,11 @@ def test_tree_branches_where_the_path_picks_one_continuation():
     path = SuffixDecoding(use_global=False, max_spec_factor=4.0, min_token_prob=0.1)
     path.begin(context)
     assert path.draft(context, 16).tokens[0] == 3
-    assert drafter.last_draft["score"] > path.last_draft["score"]
+    reference = SuffixDecoding(tree="reference", use_global=False, max_spec_factor=4.0, min_token_prob=0.1)
+    reference.begin(context)
+    draft = reference.draft(context, 16)
+    assert {draft.tokens[i] for i, p in enumerate(draft.parents) if p == -1} == {3, 7}
+    assert reference.last_draft["score"] > path.last_draft["score"]
 
 
 def test_tree_drafts_share_the_global_store():

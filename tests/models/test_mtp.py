@@ -387,7 +387,8 @@ def test_train_mtp_quick_cli(tmp_path):
     assert main(["train-mtp", "--model", str(folder), "--out", str(out), "--quick"]) == 0
     result = json.loads((out / "mtp.json").read_text())
     assert result["training"]["steps"] == 30
-    assert result["data"]["tokens"]["generated"] > 0 and result["data"]["tokens"]["code"] > 0
+    tokens = result["data"]["tokens"]
+    assert tokens["chat"] > 0 and tokens["continued"] > 0 and tokens["code"] > 0
     metrics = result["metrics"]
     for kind in ("natural", "code", "generated"):
         trained, init = metrics["teacher_forced"][kind], metrics["teacher_forced_at_init"][kind]
@@ -474,3 +475,19 @@ def test_embedded_model_mtp_greedy_equals_plain(embedded):
     verifies = [r for r in gen.log if r["kind"] == "verify"]
     first = sum(r["accepted"] >= 1 for r in verifies) / len(verifies)
     assert first > 0.3  # a trained head: a random one is almost never right
+
+
+def test_chat_prompts_draw_on_topics_arithmetic_names_and_passages():
+    from specbench.experiments.mtp_data import chat_prompts
+
+    passage = (
+        "The harbour opened in the spring of that year after a long winter of repairs. Fishing boats returned to "
+        "the quay within a week, and the market stalls followed them. By summer the town had doubled its visitors."
+    )
+    docs = [("textwrap.dedent", "Remove any common leading whitespace from every line in the given text.")]
+    prompts = chat_prompts(5000, docs, seed=3, texts=[passage])
+    assert len(prompts) == len(set(prompts)) > 1000
+    assert any("textwrap.dedent" in p for p in prompts)
+    assert any(any(s in p for s in ("The harbour", "Fishing boats", "By summer")) for p in prompts)
+    assert any(re.search(r"\d+x \+ \d+ = \d+|multiplied by|km in", p) for p in prompts)
+    assert chat_prompts(5000, docs, seed=3, texts=[passage]) == prompts  # seeded

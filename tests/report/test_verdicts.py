@@ -140,7 +140,35 @@ def test_bandwidth_counts_only_the_experts_a_token_uses_and_caches_the_peak(tmp_
     assert reading.bytes_per_s == 10.0 * dense_bytes and "of this device's measured 2.0 GB/s" in reading.describe()
 
 
+def test_the_peak_is_the_fastest_pass_and_every_pass_is_measured(monkeypatch):
+    passes = bandwidth.mlx_passes(2**20, repeats=1)  # what a GPU runs (over 1 GiB there), small on the CPU
+    assert set(passes) == {"sum", "matrix-vector"} and all(v > 0 for v in passes.values())
+    monkeypatch.setattr(bandwidth, "peak_passes", lambda *a: {"sum": 3e9, "matrix-vector": 5e9})
+    assert bandwidth._measure_peak() == 5e9
+
+
 def _leaves(tree):
     from mlx.utils import tree_flatten
 
     return [v for _, v in tree_flatten(tree)]
+
+
+def test_a_method_that_drafted_nothing_is_not_called_a_speedup():
+    stats = {"verifies": 0, "tokens": 8}
+    assert "proposed nothing to verify" in verdicts.quickstart("m", "lookup", "fixed:4", stats, 1.3, True)
+    sweep = pl.DataFrame(
+        {
+            "drafter": ["none", "lookup", "suffix"],
+            "policy": ["none", "auto", "fixed:3"],
+            "speedup": [1.0, 1.4, 0.8],
+            "verifies": [0, 0, 5],
+            "runs": [2, 2, 2],
+            "k": [None, None, 3],
+            "all_equal_to_plain": [None, True, True],
+        }
+    )
+    assert "best 0.80x, suffix, fixed:3" in verdicts.sweep(sweep, "m")  # not lookup's 1.40x of plain steps
+    traces = pl.DataFrame(
+        {"method": ["plain", "suffix"], "speedup": [1.0, 1.6], "tokens_per_verify": [0.0, 0.0], "identical": [True] * 2}
+    )
+    assert "no drafter proposed anything" in verdicts.traces(traces, "m")

@@ -142,7 +142,8 @@ def break_even(
     cost = f"drafter cost d = {d:g} steps/token" if d else "free drafter"
     ax.set_title(title or f"Break-even acceptance a*(k) ({cost}; c with engine overhead)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    # under the axes: the plot keeps the figure's width, and the legend's long entries hide no curve
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     return fig
 
 

@@ -38,7 +38,17 @@ def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, re
             colour = drafter_colour(drafter)
             if cell["k"].null_count() == len(cell):  # auto: it picks k itself; placed at its mean k
                 for row in cell.iter_rows(named=True):
-                    if row[metric] is None or row.get("mean_k") is None:
+                    if not row.get("mean_k"):  # it never drafted: said in the legend, no point to place
+                        ax.plot(
+                            [],
+                            [],
+                            ls="",
+                            marker="x",
+                            color=colour,
+                            label=f"{drafter_label(drafter)}, {family}: drafted nothing",
+                        )
+                        continue
+                    if row[metric] is None:
                         continue
                     ax.plot(
                         [row["mean_k"]],
@@ -72,8 +82,13 @@ def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, re
     note = sample_note(rows, what="prompt runs")
     ax.set_title(f"{title}\n({note})" if note else title)
     ax.grid(alpha=0.3)
-    ax.legend(ncol=2, loc="best")
+    _legend_below(ax)
     return fig
+
+
+def _legend_below(ax: Any) -> None:
+    """The legend under the axes, where it hides no point."""
+    ax.legend(ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False)
 
 
 def speedup_vs_k(summary: pl.DataFrame, title: str = "Speedup over plain decoding vs draft length", ax: Any = None):
@@ -90,7 +105,7 @@ def accepted_vs_k(summary: pl.DataFrame, title: str = "Tokens per verification v
     if ks:
         k = np.linspace(min(ks), max(ks), 2)
         axes.plot(k, k + 1, color="0.6", lw=0.8, ls=":", label="ceiling (k + 1)")
-        axes.legend(ncol=2, loc="best")
+        _legend_below(axes)
     return fig
 
 
@@ -210,12 +225,24 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
     )
     if rows is None:
         return fig
+    if {"accepted", "drafted"} <= set(rows.columns):  # each rate's 95% interval and its drafted tokens
+        for key, cell in rows.group_by(["drafter", "policy"], maintain_order=True):
+            cell = cell.filter(pl.col("drafted") > 0).sort("temperature")
+            if cell.is_empty():
+                continue
+            rate, drafted = cell["acceptance_rate"].to_numpy(), cell["drafted"].to_numpy()
+            low, high = wilson_interval(cell["accepted"].to_numpy(), drafted)
+            yerr = [np.clip(rate - low, 0.0, None), np.clip(high - rate, 0.0, None)]
+            colour = drafter_colour(key[0])
+            left.errorbar(cell["temperature"].to_numpy(), rate, yerr=yerr, ls="", capsize=2, color=colour)
+            for x, y, n in zip(cell["temperature"].to_numpy(), rate, drafted):
+                left.annotate(f"{n}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
     temps = rows["temperature"].unique().sort().to_list()
     pad = 0.05 * max(1.0, temps[-1] - temps[0])
     for ax in (left, right):
         ax.set_xlim(temps[0] - pad, temps[-1] + pad)
     left.set_ylim(0, 1.02)
-    left.set_ylabel("draft tokens accepted / drafted")
+    left.set_ylabel("draft tokens accepted / drafted\n(bars: 95% interval; numbers: tokens drafted)")
     left.set_title("Acceptance rate")
     right.axhline(1.0, color="0.3", lw=0.9)
     right.set_ylabel("speedup over plain sampling (x)")

@@ -19,7 +19,14 @@ def per_turn(turns: pl.DataFrame, title: str = "Per-turn results on agent traces
         return fig
     left.axhline(1.0, color="0.3", lw=0.9)
     right.axhline(1.0, color="0.3", lw=0.9)
-    left.set_ylabel("tokens per verification (accepted + 1)")
+    if "verifies" in rows.columns:  # how many verifications each point averages
+        for key, cell in rows.group_by(["trace", "drafter"], maintain_order=True):
+            cell = cell.sort("turn").drop_nulls("tokens_per_verify")
+            for x, y, n in zip(cell["turn"].to_list(), cell["tokens_per_verify"].to_list(), cell["verifies"].to_list()):
+                left.annotate(
+                    f"{n}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=drafter_colour(key[1])
+                )
+    left.set_ylabel("tokens per verification (accepted + 1)\n(numbers: verifications)")
     right.set_ylabel("speedup over plain decoding (x)")
     left.set_title("Acceptance per turn")
     right.set_title("Speedup per turn")

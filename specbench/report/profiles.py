@@ -1,0 +1,155 @@
+"""What each report profile runs: its notebooks' parameters (``PROFILES``), their expected seconds
+(``EXPECTED_SECONDS``, the ETA until a report folder holds its own timings) and the run order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Notebooks run before the others: the quickstart and the explorer show the sweep's recorded generations.
+RUN_FIRST = ("draft_length_sweep",)
+
+_TINY = "tiny:smollm2-135m"
+_EMBEDDED = "smollm2-135m"
+
+
+def _sweep_question(category: str) -> str:
+    """The text of the question the full draft-length sweep takes from ``category`` (its first bundled one)."""
+    from specbench.experiments.prompts import questions_from
+
+    return questions_from("bundled", [category], 1)[0].turns[0]
+
+
+#: The quickstart and the explorer use a prompt of the sweep (with its drafter, policy and options), so the
+#: report shows the sweep's recorded generation there instead of generating it again.
+_SHARED_PROMPT = _sweep_question("translation")
+
+#: Per-profile parameter overrides, per notebook (notebook defaults fill the rest).
+PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    # Seconds on a CPU: a random-weight miniature of the embedded model (its tokenizer, 2 layers
+    # of width 64) and tiny synthetic shapes. Checks that every notebook runs and draws.
+    "quick": {
+        "quickstart": {"model": _TINY, "max_tokens": 12},
+        "draft_length_sweep": {
+            "model": _TINY,
+            "draft_lengths": [1, 3],
+            "policies": ["fixed", "auto"],
+            "categories": ["repeated_paragraph", "qa"],
+            "prompts_per_category": 1,
+            "max_tokens": 16,
+            "max_prompt_tokens": 0,
+        },
+        "break_even": {
+            "dense_model": "synthetic:qwen3-8b-tiny",
+            "moe_model": "synthetic:qwen3-30b-a3b-tiny",
+            "widths": 5,
+            "repeats": 2,
+            "offset": 32,
+            "acceptances": [0.5, 0.9],
+            "draft_lengths": [2],
+            "grid_max_tokens": 8,
+        },
+        "agent_traces": {"model": _TINY, "traces": ["chat-revision"], "max_turns": 2, "max_tokens": 8},
+        "sampling": {
+            "model": _TINY,
+            "temperatures": [0.0, 1.0],
+            "categories": ["repeated_paragraph"],
+            "max_tokens": 16,
+            "lossless_samples": 4,
+            "lossless_tokens": 4,
+            "permutations": 200,
+        },
+        "explorer": {"models": [_TINY], "max_tokens": 8},
+    },
+    # The embedded model (SmolLM2-135M), sized for a 2-core CPU, where MLX runs on about one core: a float32
+    # decode step takes ~0.17 s, a prompt token ~0.09 s and a width-w verification ~0.13 s per row, so every
+    # figure gets the fewest generations that still draw it with counts and intervals. Greedy verification is
+    # the engine's default, exact (its calibration finds the batched forward bit-identical on the CPU in a few
+    # seconds per width, kept under SPECBENCH_HOME). The sweep's generations are recorded in the report
+    # folder and the quickstart and the explorer show them (same prompt, drafter, policy and options)
+    # instead of generating them again.
+    "full": {
+        "quickstart": {"model": _EMBEDDED, "max_tokens": 32, "prompt": _SHARED_PROMPT, "policy": "fixed:3"},
+        "draft_length_sweep": {
+            # the MTP head is left out: on this CPU it is accepted ~5% of the time, and it needs every prompt
+            # prefilled again for its hidden states; with it the sweep took 2.5 times as long (add it back with
+            # -p draft_length_sweep.drafters=lookup,suffix,mtp)
+            "model": _EMBEDDED,
+            "drafters": ["lookup", "suffix"],
+            "draft_lengths": [1, 3],
+            "policies": ["fixed", "auto"],
+            "categories": ["translation", "qa"],
+            "prompts_per_category": 1,
+            "max_tokens": 32,
+            "max_prompt_tokens": 160,
+        },
+        "break_even": {
+            # the MoE: SmolLM2's layers with 16 experts, top-4 (random weights), 8 of its 30 layers (the CPU's
+            # gather_mm makes its steps slow); its grid is left out
+            "dense_model": _EMBEDDED,
+            "moe_model": "synthetic:smollm2-135m-16e-fp32",
+            "moe_layers": 8,
+            "widths": 5,
+            "verify_modes": ["fast"],
+            "repeats": 2,
+            "profile_tokens": 8,
+            "offset": 64,
+            "acceptances": [0.5, 0.9],
+            "draft_lengths": [2, 4],
+            "grid_max_tokens": 16,
+            "grid_prompt_tokens": 16,
+            "grid_moe": False,
+        },
+        "agent_traces": {
+            # a fixed draft length: on this CPU auto finds that drafting does not pay and never drafts; the MTP
+            # head is left out (it needs every turn's prompt prefilled again for its hidden states)
+            "model": _EMBEDDED,
+            "traces": ["chat-revision"],
+            "drafters": ["suffix", "lookup"],
+            "max_turns": 2,
+            "max_tokens": 24,
+            "policy": "fixed:4",
+        },
+        "sampling": {
+            # its greedy cell is the sweep's (same prompt, drafters, policy and tokens): recorded, not run again
+            "model": _EMBEDDED,
+            "drafters": ["lookup", "suffix"],
+            "policy": "fixed:3",
+            "temperatures": [0.0, 1.0],
+            "categories": ["translation"],
+            "max_tokens": 32,
+            "lossless_samples": 10,
+            "lossless_tokens": 6,
+        },
+        "explorer": {"models": [_EMBEDDED], "max_tokens": 32, "prompt": _SHARED_PROMPT, "policy": "fixed", "k": 3},
+    },
+}
+
+
+#: Seconds each notebook is expected to take (the ETA until a report folder holds its own timings), measured on
+#: the shared 2-core CPU on 2026-12-01 (kernel start and HTML export included): quick at load ~3; full in one
+#: `specbench report --profile full` of 8 min 25 s on a fresh SPECBENCH_HOME at load 1-2.5 (its CPU seconds, 519,
+#: match its wall time: MLX's CPU work runs on about one core). The run's own timings replace them.
+EXPECTED_SECONDS: dict[str, dict[str, float]] = {
+    "quick": {
+        "quickstart": 8,
+        "draft_length_sweep": 20,
+        "break_even": 18,
+        "agent_traces": 12,
+        "sampling": 10,
+        "explorer": 8,
+        "batch_break_even": 8,
+        "simulate_logs": 12,
+        "tree_vs_path": 12,
+    },
+    "full": {
+        "quickstart": 6,  # shows the sweep's recorded generation
+        "draft_length_sweep": 170,
+        "break_even": 105,
+        "agent_traces": 115,
+        "sampling": 75,  # its greedy cell is the sweep's
+        "explorer": 7,  # shows the sweep's recorded generation
+        "batch_break_even": 6,  # tiny synthetic shapes in both profiles (the notebook's defaults)
+        "simulate_logs": 9,  # the bundled traces, tokenized only: no model runs
+        "tree_vs_path": 11,  # the traces' recorded replies (source "replies"): no model runs
+    },
+}

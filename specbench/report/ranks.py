@@ -1,0 +1,86 @@
+"""``specbench report`` spread over the ranks of ``mlx.launch``: each rank runs its share of the notebooks,
+and rank 0 ends with the report folder a single run writes.
+
+Rank 0's folder decides: the notebooks it finds finished stay with it (they are not run again), and the
+rest are split over the ranks by their expected seconds (``notebooks_here``). Every rank runs its share
+into its own ``--out`` (the same folder on one host, a folder per machine across machines), each notebook
+written atomically as in a local run, so an interrupted run resumes. At the end (``merge_ranks``) rank 0
+receives, through ``mx.distributed``, the files of every other rank's notebooks that its folder lacks or
+holds otherwise (none when the ranks share the folder), and every rank gets all the results; rank 0 then
+writes the index from all of them.
+
+Papermill's kernels run in a world of one (``distributed.detach_children``); on a host with several
+GPUs each rank's kernels use the rank's GPU, the one ``CUDA_VISIBLE_DEVICES`` names (``mlx.launch
+--backend nccl`` sets it per rank).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from specbench.common import distributed
+from specbench.common.files import write_bytes_atomic
+
+#: Weight of a notebook without an expected time: the mean of those known (this when none is).
+_UNKNOWN_SECONDS = 60.0
+
+
+def notebooks_here(expected: dict[str, float | None], to_run: dict[str, Any]) -> dict[str, float | None]:
+    """This rank's notebooks with their expected seconds, in report order (``expected`` itself in a world of
+    one). Rank 0's ``expected`` and ``to_run`` (truthy: the notebook runs) decide for every rank: the
+    notebooks not to run stay on rank 0 (it reports them done), the others are split so that each rank's
+    expected seconds are about equal."""
+    if distributed.size() == 1:
+        return dict(expected)
+    expected, to_run = distributed.broadcast((dict(expected), {n: bool(v) for n, v in to_run.items()}))
+    distributed.detach_children()
+    known = [float(v) for v in expected.values() if v]
+    default = sum(known) / len(known) if known else _UNKNOWN_SECONDS
+    running = [n for n in expected if to_run.get(n, True)]
+    mine = {running[i] for i in distributed.my_share([float(expected[n] or default) for n in running])}
+    if distributed.is_main():
+        mine |= {n for n in expected if n not in running}
+    return {n: v for n, v in expected.items() if n in mine}
+
+
+def _notebook_files(out: Path, name: str) -> list[str]:
+    """A notebook's files in report folder ``out`` (relative paths): executed notebook, HTML and its folder
+    (status, summary, figures, logs, tables), the status last."""
+    folder = out / name
+    inside = sorted(str(p.relative_to(out)) for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    status = f"{name}/status.json"
+    listed = [f for f in (f"{name}.ipynb", f"{name}.html") if (out / f).is_file()]
+    return listed + [f for f in inside if f != status] + ([status] if status in inside else [])
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def merge_ranks(out: Path, results: list[Any], order: Sequence[str]) -> list[Any]:
+    """Every rank's results (objects with a ``notebook`` attribute), sorted by ``order``, on every rank; rank
+    0's folder ``out`` receives the files of the other ranks' notebooks it lacks or holds otherwise.
+    ``results`` itself in a world of one."""
+    if distributed.size() == 1:
+        return results
+    out = Path(out)
+    manifests = distributed.gather_outcomes(
+        lambda: {f: _digest(out / f) for r in results for f in _notebook_files(out, r.notebook)}
+    )
+    wanted: dict[int, list[str]] = {}
+    if distributed.is_main():
+        for sender, files in enumerate(manifests[1:], start=1):
+            wanted[sender] = [f for f, digest in files.items() if not (out / f).is_file() or _digest(out / f) != digest]
+    wanted = distributed.broadcast(wanted)
+    mine = wanted.get(distributed.rank(), [])
+    parts = distributed.gather_outcomes(lambda: (results, [(f, (out / f).read_bytes()) for f in mine]))
+    if distributed.is_main():
+        for _, files in parts[1:]:
+            for relative, data in files:  # each notebook's status comes last
+                write_bytes_atomic(out / relative, data)
+    merged = [r for rank_results, _ in parts for r in rank_results]
+    position = {name: i for i, name in enumerate(order)}
+    return sorted(merged, key=lambda r: position.get(r.notebook, len(position)))

@@ -1,0 +1,293 @@
+"""Generations recorded in a report folder, so one notebook shows what another already generated.
+
+The draft-length sweep records each of its generations (``record_sweep``: its row of ``Sweep.runs`` and its
+step log) under ``OUTPUT_DIR/recorded/``, keyed by model, prompt ids, drafter, policy and options. The
+quickstart (``side_by_side``) and the explorer (``find``) look a generation up there before generating:
+with the same prompt, drafter, policy and options the recorded run is shown, its plain baseline and its
+speedup measured side by side in the sweep; otherwise they generate (and record) it themselves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from specbench.common.files import write_json_atomic, write_parquet_atomic
+from specbench.core.options import GenerateOptions
+from specbench.experiments.timing import SideBySide
+from specbench.experiments.timing import side_by_side as run_side_by_side
+
+#: The folder of a report that holds recorded generations.
+FOLDER = "recorded"
+#: Columns a sweep adds to each step record (which run, prompt and sampling settings it belongs to).
+_SWEEP_COLUMNS = ("run", "prompt", "category", "temperature", "seed")
+#: A generation's stats (``Generation.stats()`` keys) that a sweep's row holds.
+_STATS = (
+    "tokens",
+    "steps",
+    "verifies",
+    "drafted",
+    "accepted",
+    "pauses",
+    "acceptance_rate",
+    "mean_accepted_tokens",
+    "tokens_per_verify",
+    "draft_s",
+    "verify_s",
+    "prefill_s",
+    "finish_reason",
+)
+
+
+def generation_key(model: str, prompt_ids: Sequence[int], drafter: str, policy: str, options: GenerateOptions) -> str:
+    """What makes two generations the same: model, prompt ids, drafter ("none": plain), policy and options."""
+    settings = [options.max_tokens, float(options.temperature), options.seed, options.verify, options.ignore_eos]
+    text = json.dumps([model, [int(t) for t in prompt_ids], drafter, policy, settings], default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+class RecordedLog:
+    """A recorded step log, read like a ``StepLog``: ``records``, ``to_polars()``, ``save(path)``."""
+
+    def __init__(self, frame: pl.DataFrame):
+        self.frame = frame
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return self.frame.to_dicts()
+
+    def to_polars(self) -> pl.DataFrame:
+        return self.frame
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_parquet_atomic(self.frame, Path(path))
+
+
+@dataclass
+class RecordedGeneration:
+    """A generation as it was recorded: its stats and clock (``row``) and its step log."""
+
+    row: dict[str, Any]
+    log: RecordedLog
+    temperature: float
+
+    @property
+    def tokens(self) -> list[int]:
+        return [int(t) for tokens in self.log.frame["tokens"].to_list() for t in (tokens or [])]
+
+    def stats(self) -> dict[str, Any]:
+        return {k: self.row[k] for k in _STATS if k in self.row}
+
+    @property
+    def decode_s(self) -> float:
+        return float(self.row["decode_s"])
+
+
+class RecordedPair(SideBySide):
+    """A plain and a speculative generation recorded side by side (``SideBySide`` over recorded runs)."""
+
+    @property
+    def equal(self) -> bool | None:
+        if self.plain.temperature != 0:
+            return None
+        return self.plain.tokens == self.speculative.tokens
+
+
+def _folder(output_dir: str | os.PathLike | None) -> Path | None:
+    return Path(output_dir) / FOLDER if output_dir else None
+
+
+def record(
+    output_dir: str | os.PathLike | None,
+    key: str,
+    row: dict[str, Any],
+    steps: pl.DataFrame,
+    source: str,
+) -> None:
+    """Keep one generation (its stats row and step log) under ``output_dir/recorded`` (nothing without a folder)."""
+    folder = _folder(output_dir)
+    if folder is None:
+        return
+    steps = steps.drop([c for c in _SWEEP_COLUMNS if c in steps.columns])
+    write_parquet_atomic(steps, folder / f"{key}-steps.parquet")
+    write_json_atomic(folder / f"{key}.json", {**row, "source": source})  # written last: the record is whole
+
+
+def find(output_dir: str | os.PathLike | None, key: str) -> RecordedGeneration | None:
+    """The generation recorded under ``key`` (None when there is none)."""
+    folder = _folder(output_dir)
+    if folder is None or not (folder / f"{key}.json").is_file() or not (folder / f"{key}-steps.parquet").is_file():
+        return None
+    try:
+        row = json.loads((folder / f"{key}.json").read_text())
+        steps = pl.read_parquet(folder / f"{key}-steps.parquet")
+    except (OSError, ValueError, pl.exceptions.PolarsError):
+        return None  # unreadable: generated again
+    return RecordedGeneration(row, RecordedLog(steps), float(row.get("temperature", 0.0)))
+
+
+def record_sweep(
+    output_dir: str | os.PathLike | None,
+    model: str,
+    prompts: Sequence[Any],
+    sweep: Any,
+    max_tokens: int,
+    verify: str | None = None,
+    ignore_eos: bool = False,
+    source: str = "draft_length_sweep",
+) -> int:
+    """Record every generation of a ``Sweep`` (``experiments.sweep.run_sweep``'s result over ``prompts``, run
+    with ``max_tokens``, ``verify`` and ``ignore_eos``); returns how many were recorded."""
+    if _folder(output_dir) is None or sweep.runs.is_empty():
+        return 0
+    ids = {p.id: p.ids for p in prompts}
+    steps = sweep.steps
+    count = 0
+    for row in sweep.runs.to_dicts():
+        if row["prompt"] not in ids:
+            continue
+        options = GenerateOptions(
+            max_tokens=max_tokens,
+            temperature=float(row["temperature"]),
+            seed=int(row["seed"]),
+            verify=verify,
+            ignore_eos=ignore_eos,
+        )
+        key = generation_key(model, ids[row["prompt"]], row["drafter"], row["policy"], options)
+        record(output_dir, key, row, steps.filter(pl.col("run") == row["run"]), source)
+        count += 1
+    return count
+
+
+def _row(gen: Any, seconds: float, drafter: str, policy: str) -> dict[str, Any]:
+    stats = gen.stats()
+    decode = len(gen.tokens) - 1
+    return {
+        **{k: stats[k] for k in _STATS if k in stats},
+        "drafter": drafter,
+        "policy": policy,
+        "temperature": float(gen.options.temperature),
+        "decode_tokens": decode,
+        "decode_s": seconds,
+        "decode_tokens_per_s": decode / seconds if seconds > 0 else 0.0,
+    }
+
+
+def side_by_side(
+    output_dir: str | os.PathLike | None,
+    model_name: str,
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    options: GenerateOptions,
+    drafter_name: str,
+    drafter: Any,
+    policy: Any,
+) -> SideBySide:
+    """``experiments.timing.side_by_side``, or the pair recorded in ``output_dir`` with the same model, prompt,
+    drafter, policy and options (printing where it comes from); a pair generated here is recorded."""
+    plain_key = generation_key(model_name, prompt_ids, "none", "none", options)
+    spec_key = generation_key(model_name, prompt_ids, drafter_name, policy.name, options)
+    plain, spec = find(output_dir, plain_key), find(output_dir, spec_key)
+    if plain is not None and spec is not None:
+        print(f"recorded by {spec.row.get('source', 'an earlier notebook')} in this report (not generated again)")
+        return RecordedPair(plain, spec, plain.decode_s, spec.decode_s)
+    both = run_side_by_side(model, tokenizer, prompt_ids, options, drafter, policy)
+    plain_row = _row(both.plain, both.plain_s, "none", "none")
+    record(output_dir, plain_key, plain_row, both.plain.log.to_polars(), "quickstart")
+    spec_row = _row(both.speculative, both.speculative_s, drafter_name, policy.name)
+    record(output_dir, spec_key, spec_row, both.speculative.log.to_polars(), "quickstart")
+    return both
+
+
+def _cell_keys(
+    model_name: str, prompt: Any, drafters: Sequence[str], policies: Sequence[Any], options: GenerateOptions
+):
+    """(drafter, policy, key) of a sweep cell's generations in run order: plain, then drafter x policy."""
+    keys = [("none", "none", generation_key(model_name, prompt.ids, "none", "none", options))]
+    for drafter in drafters:
+        keys += [(drafter, p.name, generation_key(model_name, prompt.ids, drafter, p.name, options)) for p in policies]
+    return keys
+
+
+def run_sweep(
+    output_dir: str | os.PathLike | None,
+    model_name: str,
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    drafters: Sequence[str],
+    policies: Sequence[Any],
+    max_tokens: int,
+    temperatures: Sequence[float] = (0.0,),
+    seeds: Sequence[int] = (0,),
+    verify: str | None = None,
+    progress: bool = True,
+    source: str = "sampling",
+) -> Any:
+    """``experiments.sweep.run_sweep`` over ``prompts`` (``Prompt`` objects), taking every cell (a prompt at a
+    temperature and seed) whose generations are all recorded in ``output_dir`` from there and running the
+    others (recorded in turn). The result is a ``Sweep`` as one run would give."""
+    from specbench.core.policies import as_policy
+    from specbench.experiments.capabilities import usable_drafters
+    from specbench.experiments.sweep import Sweep
+    from specbench.experiments.sweep import run_sweep as sweep_run
+
+    policies = [as_policy(p) for p in policies]
+    usable, skipped = usable_drafters(list(drafters), model, model_name)
+    names = [d for d in usable if d not in ("none", "plain")]
+    cells: dict[tuple[str, float, int], list[tuple[dict[str, Any], pl.DataFrame]] | None] = {}
+    for prompt in prompts:
+        for t in temperatures:
+            for seed in seeds:
+                options = GenerateOptions(max_tokens=max_tokens, temperature=float(t), seed=seed, verify=verify)
+                found = [
+                    find(output_dir, key) for _, _, key in _cell_keys(model_name, prompt, names, policies, options)
+                ]
+                whole = all(f is not None for f in found)
+                cells[prompt.id, float(t), seed] = [(f.row, f.log.frame) for f in found] if whole else None
+    missing = {(t, seed) for (_, t, seed), cell in cells.items() if cell is None}
+    ran: dict[tuple[str, float, int], list[tuple[dict[str, Any], pl.DataFrame]]] = {}
+    for t, seed in sorted(missing):
+        todo = [p for p in prompts if cells[p.id, t, seed] is None]
+        part = sweep_run(
+            model,
+            tokenizer,
+            todo,
+            list(drafters),
+            policies,
+            max_tokens,
+            [t],
+            [seed],
+            verify,
+            model_name,
+            progress=progress,
+        )
+        skipped.update(part.skipped)
+        record_sweep(output_dir, model_name, todo, part, max_tokens, verify, source=source)
+        for row in part.runs.to_dicts():
+            steps = part.steps.filter(pl.col("run") == row["run"])
+            ran.setdefault((row["prompt"], float(row["temperature"]), int(row["seed"])), []).append((row, steps))
+    if len(ran) < len(cells):
+        print(f"{len(cells) - len(ran)} of {len(cells)} cells recorded in this report earlier (not generated again)")
+    runs, frames = [], []
+    by_id = {p.id: p for p in prompts}
+    for key in cells:
+        for row, steps in cells[key] or ran.get(key, []):
+            prompt = by_id[key[0]]
+            row = {k: v for k, v in row.items() if k != "source"} | {"run": len(runs)}
+            base = {"prompt": prompt.id, "category": prompt.category, "temperature": key[1], "seed": key[2]}
+            steps = steps.drop([c for c in _SWEEP_COLUMNS if c in steps.columns])
+            frames.append(
+                steps.with_columns(pl.lit(row["run"]).alias("run"), *(pl.lit(v).alias(k) for k, v in base.items()))
+            )
+            runs.append(row)
+    steps = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+    return Sweep(pl.DataFrame(runs, infer_schema_length=None), steps, skipped)

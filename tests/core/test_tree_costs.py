@@ -1,0 +1,64 @@
+"""Verify cost by node count: trees of n nodes against paths of n tokens; Auto's node budget."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import build_tiny
+
+from specbench.core.policies import DraftPolicy
+from specbench.cost.trees import (
+    TreeCosts,
+    best_node_budget,
+    binary_tree,
+    load_tree_costs,
+    measure_tree_costs,
+    save_tree_costs,
+    tree_break_even,
+    tree_costs_for,
+)
+
+
+def costs(tree, path=None) -> TreeCosts:
+    nodes = [1, 2, 4, 8]
+    return TreeCosts("m", "cpu", {}, "fast", 0.01, nodes, tree, path or tree, [0.0] * 4, [0.0] * 4)
+
+
+def test_measured_tree_costs_are_stored_and_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path))
+    model = build_tiny("qwen3")
+    measured = measure_tree_costs(model, nodes=(1, 3, 6), repeats=2, warmup=0, offset=16, plain_tokens=3)
+    assert measured.nodes == [1, 3, 6] and measured.repeats == 2
+    assert all(c > 0 for c in measured.tree + measured.path)
+    assert measured.tree_s[0] == pytest.approx(measured.tree[0] * measured.plain_step_s)
+    path = save_tree_costs(measured)
+    assert load_tree_costs(path) == measured
+    assert tree_costs_for(model) == measured  # stored: read, not measured again
+    path.write_text("{")
+    with pytest.raises(ValueError, match="delete it"):
+        load_tree_costs(path)
+    with pytest.raises(ValueError, match="node counts"):
+        measure_tree_costs(model, nodes=(0, 2))
+
+
+def test_cost_by_node_count_interpolates_and_extends():
+    c = costs([1.2, 1.4, 1.8, 2.6], [1.1, 1.3, 2.0, 3.0])
+    assert c.c(0) == 1.0 and c.c(2) == 1.4 and c.c(3) == pytest.approx(1.6)
+    assert c.c(12) == pytest.approx(2.6 + 0.2 * 4)  # past 8 nodes at the last slope
+    assert c.c(4, "path") == 2.0
+    assert c.path_nodes_at_cost(8) == 4  # a path of 8 costs 3.0 > a tree of 8 (2.6)
+    assert tree_break_even(c, d=0.1)(4) == pytest.approx(1.8 + 0.4)
+    with pytest.raises(ValueError, match="shape"):
+        c.c(2, "star")
+    assert binary_tree(5) == [-1, 0, 0, 1, 1]
+
+
+def test_break_even_and_auto_choose_the_node_budget():
+    c = costs([1.2, 1.4, 1.8, 4.0])
+    tokens = {1: 1.3, 2: 1.9, 4: 2.3, 8: 3.0}  # 8 nodes yield most but cost too much
+    assert best_node_budget(c, tokens) == (2, pytest.approx(1.9 / 1.4))
+    assert best_node_budget(c, {4: 1.5})[0] == 0  # none beats plain decoding
+    auto = DraftPolicy.auto()
+    assert auto.choose_node_budget(tokens, tree_break_even(c)) == 2
+    assert auto.max_k == 2 and auto.longest_draft(None) == 2
+    with pytest.raises(ValueError, match="at least one"):
+        auto.choose_node_budget({}, tree_break_even(c))

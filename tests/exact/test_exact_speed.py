@@ -1,0 +1,88 @@
+"""What exact mode does to save time stays exact: compiled linear chunks, and plain steps that lay the KV
+buffers out once after each verification instead of at every step."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import ScriptedDrafter, build_tiny, plain_greedy
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from specbench.exact import ExactVerifier, exact_mode
+from specbench.exact import hooks as exact_hooks
+from specbench.exact import verifier as exact_verifier
+from specbench.exact.layout import serial_extent
+
+
+def logits(model, cache, tokens, level=None, compiled=False) -> np.ndarray:
+    if level is None:
+        rows = [model(tokens[:, i : i + 1], cache=cache)[0, 0] for i in range(tokens.shape[1])]
+        out = mx.stack(rows)
+    else:
+        with exact_mode(model, level, compiled=compiled):
+            out = model(tokens, cache=cache)[0]
+    for c in cache:
+        c.trim(tokens.shape[1])
+    return np.array(out.astype(mx.float32))
+
+
+@pytest.mark.parametrize("quantize", [False, True])
+def test_compiled_linear_chunks_equal_uncompiled_and_serial(quantize):
+    import mlx.nn as nn
+
+    model = build_tiny("qwen3", num_hidden_layers=2)
+    if quantize:
+        nn.quantize(model, group_size=32, bits=4)
+        mx.eval(model.parameters())
+    rng = np.random.default_rng(1)
+    cache = make_prompt_cache(model)
+    model(mx.array(rng.integers(0, 97, 20))[None], cache=cache)
+    tokens = mx.array(rng.integers(0, 97, 7))[None]
+    exact_hooks._compiled_products.clear()
+    for width in (2, 5, 7):
+        serial = logits(model, cache, tokens[:, :width])
+        plain = logits(model, cache, tokens[:, :width], "attention+linear/3")
+        compiled = logits(model, cache, tokens[:, :width], "attention+linear/3", compiled=True)
+        assert np.array_equal(compiled, plain) and np.array_equal(compiled, serial), width
+    kinds = {key[0] for key in exact_hooks._compiled_products}
+    assert kinds == {"quantized" if quantize else "linear"}  # the compiled path ran
+    assert not exact_hooks._installed and not exact_hooks._contexts
+
+
+def test_plain_steps_lay_the_buffers_out_once_after_each_verification(monkeypatch):
+    from specbench import DraftPolicy, GenerateOptions
+    from specbench.core.engine import Generation
+
+    model = build_tiny("llama", seed=2)
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 97, 244)]  # decoding crosses 256 keys
+    truth = plain_greedy(model, prompt, 40)
+    layouts = []
+    monkeypatch.setattr(
+        exact_verifier,
+        "serial_kv_layout",
+        lambda cache, width: layouts.append(width) or exact_hooks.serial_kv_layout(cache, width),
+    )
+    checked = []
+
+    class Checked(ExactVerifier):
+        def before_plain_step(self, cache):
+            super().before_plain_step(cache)
+            for c in cache:
+                if type(c) is KVCache and c.keys is not None:
+                    assert c.keys.shape[2] == serial_extent(c.offset + 1)  # serial decoding's buffer
+            checked.append(1)
+
+    # three drafts in four wholly wrong (Adaptive then pauses 1, 2, 4 steps), the fourth partly accepted
+    drafter = ScriptedDrafter(truth, len(prompt), 97, wrong_at=lambda step, i: step % 4 != 3 or i == 2)
+    gen = Generation(
+        model,
+        prompt,
+        GenerateOptions(max_tokens=40, ignore_eos=True),
+        drafter=drafter,
+        policy=DraftPolicy.adaptive(4, max_pause=4),
+        verifier=Checked(model, widths=range(2, 6)),
+    )
+    assert list(gen) == truth
+    verifies = sum(1 for r in gen.log.records if r["kind"] == "verify")
+    assert len(checked) > 10 and len(layouts) <= verifies + 1 < len(checked)
