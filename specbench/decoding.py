@@ -3,7 +3,8 @@
 ``speculative_generate`` picks the verifier once (exact for greedy decoding unless asked
 otherwise; its verify widths calibrated now) and, for a policy that needs one
 (``DraftPolicy.auto()``), the break-even from the model's cost profile: the stored one, or a quick
-measurement taken now, before generation starts, never inside it.
+measurement taken now, before generation starts, never inside it. A tree drafter's verifications are
+costed by node count when this model's tree costs are stored (``specbench.cost.trees.tree_costs_for``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import mlx.nn as nn
 
 from specbench.common.distributed import is_sharded
+from specbench.common.identity import device_name, model_key
 from specbench.core.batch import BatchGeneration
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
@@ -24,6 +26,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.core.verify import FAST
 from specbench.cost import Profile, break_even_tokens, profile_for
 from specbench.cost.group import lockstep_profile
+from specbench.cost.trees import load_tree_costs, tree_break_even, tree_costs_path
 from specbench.exact import ExactVerifier, verifier_for
 
 
@@ -77,6 +80,10 @@ def speculative_generate(
     if drafter is not None and generation.policy.needs_break_even:
         profile = profile or (lockstep_profile if sharded else profile_for)(model, mode, progress=progress)
         generation.break_even = break_even_function(profile, drafter, mode)
+        if getattr(drafter, "tree", False) is True:  # a tree's k is its node count: costed by node count when stored
+            stored = tree_costs_path(model_key(model), device_name(), mode)
+            if stored.exists():
+                generation.break_even = tree_break_even(load_tree_costs(stored), drafter)
     return generation
 
 

@@ -66,6 +66,7 @@ class MtpDrafter(Drafter):
             raise ValueError("MTP token trees draft greedily: use temperature=0 with tree_width > 1 or top_k > 0")
         self.tree_width = tree_width
         self.top_k, self.tree_depth = top_k, tree_depth
+        self.tree = tree_width > 1 or bool(top_k)
         #: The last dynamic tree's nodes' cumulative head probabilities (in draft order).
         self.last_scores: list[float] = []
         if tree_width > 1:

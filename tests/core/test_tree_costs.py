@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import build_tiny
 
+from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost.trees import (
     TreeCosts,
@@ -62,3 +63,24 @@ def test_break_even_and_auto_choose_the_node_budget():
     assert auto.max_k == 2 and auto.longest_draft(None) == 2
     with pytest.raises(ValueError, match="at least one"):
         auto.choose_node_budget({}, tree_break_even(c))
+
+
+def test_speculative_generate_costs_a_tree_drafter_by_node_count_when_stored():
+    """With this model's tree costs stored, a tree drafter's break-even is c_tree(n); a path drafter's is not."""
+    from specbench.common.identity import device_name, model_key, versions
+    from specbench.decoding import speculative_generate
+    from specbench.drafters import SuffixDecoding
+
+    model = build_tiny("llama")
+    prompt, options = [3, 5, 7, 3, 5, 7, 3, 5], GenerateOptions(max_tokens=3, verify="fast")
+    tree_drafter, path_drafter = SuffixDecoding(tree=True), SuffixDecoding()
+    before = speculative_generate(model, prompt, options, tree_drafter, DraftPolicy.auto(), progress=None)
+    dear = [50.0, 60.0, 70.0, 80.0]
+    stored = TreeCosts(model_key(model), device_name(), versions(), "fast", 0.01, [1, 2, 4, 8], dear, dear, dear, dear)
+    save_tree_costs(stored)
+    tree = speculative_generate(model, prompt, options, tree_drafter, DraftPolicy.auto(), progress=None)
+    path = speculative_generate(model, prompt, options, path_drafter, DraftPolicy.auto(), progress=None)
+    assert tree.break_even(4) == pytest.approx(tree_break_even(stored, tree_drafter)(4))
+    assert tree.break_even(4) >= 70.0 > path.break_even(4)
+    assert before.break_even(4) == pytest.approx(path.break_even(4))
+    assert len(list(tree)) == 3
