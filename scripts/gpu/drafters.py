@@ -104,19 +104,10 @@ def configs(quick: bool) -> tuple[TrainConfig, dict]:
             "head_eval_s": 0.0,
             "draft_eval_s": 0.0,
         }
-    config = TrainConfig(
-        steps=1_000_000,
-        batch_size=64,
-        seq_len=256,
-        learning_rate=1e-3,
-        min_learning_rate=5e-5,
+    config = TrainConfig.gpu(
         warmup_steps=100,
         text_chars=12_000_000,
-        chat_prompts=8192,
-        chat_tokens=192,
         continuation_prompts=4096,
-        continuation_tokens=128,
-        generation_batch=512,
         generation_budget_s=75.0,
         chat_share=0.75,
         mix={"chat": 0.4, "continued": 0.2, "code": 0.2, "natural": 0.2},

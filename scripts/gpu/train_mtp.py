@@ -59,19 +59,10 @@ def main() -> int:
         config = TrainConfig.quick()
         deadline = None
     else:
-        config = TrainConfig(
-            steps=1_000_000,
-            batch_size=64,
-            seq_len=256,
-            learning_rate=1e-3,
-            min_learning_rate=5e-5,
+        config = TrainConfig.gpu(
             warmup_steps=150,
             text_chars=20_000_000,
-            chat_prompts=8192,
-            chat_tokens=192,
             continuation_prompts=6144,
-            continuation_tokens=128,
-            generation_batch=512,
             generation_budget_s=80.0,
             eval_windows=64,
             eval_prompts=16,
