@@ -151,7 +151,7 @@ class Run:
                 offset=cfg["offset"],
                 repeats=cfg["repeats"],
                 warmup=cfg["warmup"],
-                budget_s=max(5.0, 0.25 * (until - time.perf_counter())),
+                budget_s=max(5.0, cfg.get("profile_share", 0.25) * (until - time.perf_counter())),
                 progress=lambda s: say("  " + s),
             )
         except RuntimeError as err:
@@ -417,13 +417,25 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=420.0, help="seconds for the whole run (default 420)")
     parser.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu-batch")
     parser.add_argument("--no-embedded", action="store_true", help="leave out the embedded model's real drafters")
+    parser.add_argument("--no-hybrid", action="store_true", help="leave out the hybrid (Gated DeltaNet) shape")
+    parser.add_argument("--models", default=None, help="comma list of synthetic shapes (default: dense and MoE)")
+    parser.add_argument("--profile-share", type=float, default=0.25, help="share of a shape's time for c(w, B)")
     args = parser.parse_args()
-    cfg = QUICK if args.quick else FULL
+    cfg = dict(QUICK if args.quick else FULL)
+    cfg["profile_share"] = args.profile_share
+    if args.models:
+        cfg["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
+        for name in cfg["models"]:
+            try:
+                synthetic.parse(name)
+            except ValueError as err:
+                parser.error(str(err))
     run = Run(cfg, Path(args.out), args.budget)
-    reserve = (0.0 if args.no_embedded else 0.15 * args.budget) + 0.15 * args.budget
+    reserve = (0.0 if args.no_embedded else 0.15 * args.budget) + (0.0 if args.no_hybrid else 0.15 * args.budget)
     for i, name in enumerate(cfg["models"]):
         run.model(name, (run.left() - reserve) / (len(cfg["models"]) - i))
-    run.model(cfg["hybrid"], run.left() - (0.0 if args.no_embedded else 0.15 * args.budget), bench=False)
+    if not args.no_hybrid:
+        run.model(cfg["hybrid"], run.left() - (0.0 if args.no_embedded else 0.15 * args.budget), bench=False)
     if not args.no_embedded:
         run.embedded()
     run.conclude()

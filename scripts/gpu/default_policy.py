@@ -17,17 +17,24 @@ with --compile the exact level with its linear chunks mx.compile'd too), and a w
    --trace-turns turns of each trace in data/traces; plain, Auto with prompt lookup and Auto with
    SuffixDecoding, in an order rotating per prompt; one drafter per method and repeat, kept across prompts.
 
-Per cell: Auto / plain as the median over repeats, the repeats' range, plain decoding's own spread, and a
-verdict: "ok" (median >= 0.97), "noise" (below, but a repeat reached 0.97 or the shortfall is within plain's
-own spread) or "LOSES". Exact outputs are checked against plain greedy on every run. Sizes (tokens, repeats)
-shrink to fit --budget: what was cut is printed and kept in default_policy.json. Writes into $OUT (or --out):
-grid.csv, embedded.csv, runs.csv, verify_calls.csv, default_policy.json.
+Each model also gets an A/A cell ("plain a/a"): specbench plain timed exactly as an Auto cell is, against the
+same plain runs around it. Its ratios show what the measurement itself scatters on this machine. Per cell:
+Auto / plain as the median over repeats, the repeats' range, and a verdict: "ok" (median >= 0.97),
+"inconclusive" (below 0.97 but not below the A/A cell's lowest ratio: the run cannot tell it from plain) or
+"LOSES" (below both). Timed runs run with Python's garbage collector paused (collected before each run); before
+the first timed run the script times plain decoding with the process free to move and pinned to four cores, and
+keeps the steadier of the two for the whole run (printed). Exact outputs are checked against plain greedy on
+every run. Sizes (tokens, repeats) shrink to fit --budget: what was cut is printed and kept in
+default_policy.json. Writes into $OUT (or --out): grid.csv, embedded.csv, runs.csv, verify_calls.csv,
+default_policy.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import json
 import os
 import statistics
 import sys
@@ -55,20 +62,21 @@ from specbench.models import synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
 OK = 0.97
+AA = "plain (A/A)"
 FULL = {
     "shapes": ["qwen3-8b-4bit", "qwen3-30b-a3b-4bit"],
     "acceptances": [0.3, 0.5, 0.7, 0.9, 1.0],
     "tokens": 256,
-    "min_tokens": 128,
-    "repeats": 3,
-    "min_repeats": 2,
+    "min_tokens": 160,
+    "repeats": 5,
+    "min_repeats": 3,
     "prompt_len": 256,
     "call_widths": [1, 7, 9],
     "warmup_tokens": 64,
     "call_repeats": 10,
     "embedded": "smollm2-135m",
     "embedded_tokens": 128,
-    "min_embedded_tokens": 96,
+    "min_embedded_tokens": 64,
     "per_category": None,  # every prompt
     "trace_turns": 3,
     "traces": None,  # every trace in data/traces
@@ -108,9 +116,9 @@ class Budget:
     """The run's seconds: each phase gets its share of what is left for timed runs, plus what earlier
     phases did not use."""
 
-    def __init__(self, seconds: float, cfg: dict):
+    def __init__(self, seconds: float, cfg: dict, embedded: bool = True):
         self.seconds, self.start, self.cuts = seconds, time.perf_counter(), []
-        self.phases = [*cfg["shapes"], "embedded"]
+        self.phases = [*cfg["shapes"], *(["embedded"] if embedded else [])]
         self.setup = {p: cfg["setup_s"].get(p, 30.0) for p in self.phases}
         self.shares = {p: cfg["shares"].get(p, 0.3) for p in self.phases}
 
@@ -146,13 +154,47 @@ def spread(values: list[float]) -> float:
     return max(values) / min(values) - 1.0 if values and min(values) > 0 else 0.0
 
 
-def verdict(ratios: list[float], noise: float) -> str:
+def verdict(ratios: list[float], floor: float) -> str:
+    """ "ok" (median >= 0.97), "inconclusive" (below, not below ``floor``: the A/A cell's lowest ratio), "LOSES"."""
     median = statistics.median(ratios)
     if median >= OK:
         return "ok"
-    if max(ratios) >= OK or OK - median <= noise * median:
-        return "noise"
-    return "LOSES"
+    return "inconclusive" if median >= floor else "LOSES"
+
+
+@contextlib.contextmanager
+def quiet() -> Any:
+    """A timed run: garbage collected before, the collector paused during."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def steadier_affinity(plain: Any, runs: int = 6) -> dict:
+    """Time ``plain()`` ``runs`` times free to move between cores and pinned to four; keep the steadier
+    (lower coefficient of variation). Returns what was measured and chosen."""
+    if not hasattr(os, "sched_setaffinity"):
+        return {"chosen": "free (no affinity control)"}
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 8:
+        return {"chosen": f"free ({len(cores)} cores)"}
+
+    def cv() -> float:
+        times = [plain() for _ in range(runs)]
+        return statistics.stdev(times) / statistics.mean(times)
+
+    free = cv()
+    pinned_cores = set(cores[-4:])
+    os.sched_setaffinity(0, pinned_cores)
+    pinned = cv()
+    chosen = f"pinned to cores {sorted(pinned_cores)}" if pinned < free else "free"
+    if pinned >= free:
+        os.sched_setaffinity(0, set(cores))
+    say(f"  plain decoding's run-to-run variation: free {100 * free:.1f}%, pinned {100 * pinned:.1f}% -> {chosen}")
+    return {"free_cv": free, "pinned_cv": pinned, "chosen": chosen}
 
 
 # -- per-call verify timings ---------------------------------------------------------------------------
@@ -215,17 +257,32 @@ def verify_calls(model: Any, name: str, cfg: dict, calibration: Any, compiled: b
 
 
 def mlx_lm_seconds_per_token(model: Any, prompt: list[int], tokens: int) -> float:
-    return seconds_per_token(token for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens))
+    with quiet():
+        return seconds_per_token(token for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens))
 
 
 def plain_run(model: Any, prompt: list[int], tokens: int) -> float:
-    return seconds_per_token(generate(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True)))
+    with quiet():
+        return seconds_per_token(generate(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True)))
 
 
 def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: OracleDrafter, profile: Any) -> dict:
     options = GenerateOptions(max_tokens=tokens, ignore_eos=True, verify=mode)
+    if mode == "plain":  # the A/A cell: plain decoding timed as an Auto cell is
+        spt = plain_run(model, prompt, tokens)
+        return {
+            "spt": spt,
+            "tokens": None,
+            "verifies": 0,
+            "paused": 0,
+            "pauses": 0,
+            "extensions": 0,
+            "shadows": 0,
+            "ks": "",
+        }
     gen = speculative_generate(model, prompt, options, drafter, DraftPolicy.auto(), profile=profile, progress=say)
-    spt = seconds_per_token(gen, lambda: drafter.follow_s)
+    with quiet():
+        spt = seconds_per_token(gen, lambda: drafter.follow_s)
     stats, policy = gen.stats(), gen.policy
     return {
         "spt": spt,
@@ -254,12 +311,14 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, vocab_size(model), size=cfg["prompt_len"]).tolist()
     drafter = OracleDrafter.from_model(model, prompt, cfg["tokens"], 1.0, keep_drafting=True)
-    cells = [(mode, a) for a in cfg["acceptances"] for mode in ("exact", "fast")]
+    cells = [("plain", "a/a"), *((mode, a) for a in cfg["acceptances"] for mode in ("exact", "fast"))]
     for mode in ("exact", "fast"):  # warm-up: every width's kernels built before timing
         for a in (1.0, 0.3):
             drafter.acceptance = a
             auto_run(model, prompt, cfg["warmup_tokens"], mode, drafter, profiles[mode])
     mlx_lm_seconds_per_token(model, prompt, 16)
+    if "affinity" not in out:
+        out["affinity"] = steadier_affinity(lambda m=model: plain_run(m, prompt, cfg["warmup_tokens"]))
     plain_s = plain_run(model, prompt, cfg["warmup_tokens"])
     setup = time.perf_counter() - started
     allot = budget.allot(name)
@@ -283,16 +342,15 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool)
         for pair in range(0, len(cells), 2):
             done = []
             for cell, (mode, a) in enumerate(cells[pair : pair + 2], pair):
-                drafter.acceptance, drafter.seed = float(a), 1000 * repeat + cell
-                done.append((mode, a, auto_run(model, prompt, tokens, mode, drafter, profiles[mode])))
+                drafter.acceptance, drafter.seed = (1.0 if mode == "plain" else float(a)), 1000 * repeat + cell
+                done.append((mode, a, auto_run(model, prompt, tokens, mode, drafter, profiles.get(mode))))
             after = plain_run(model, prompt, tokens)
             base = (before + after) / 2
             for mode, a, r in done:
                 out["runs"].append(
                     {
                         "model": name,
-                        "what": f"{mode} a={a}",
-                        "method": "auto",
+                        "what": "plain a/a" if mode == "plain" else f"{mode} a={a}",
                         "repeat": repeat,
                         "tokens": tokens,
                         "plain_s_per_token": base,
@@ -302,6 +360,7 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool)
                         "vs_plain": base / r["spt"],
                         "plain_spread": spread([before, after]),
                         "equal_plain": r["tokens"] == truth if mode == "exact" else None,
+                        "method": "plain" if mode == "plain" else "auto",
                         **{k: r[k] for k in ("verifies", "paused", "pauses", "extensions", "shadows", "ks")},
                     }
                 )
@@ -336,29 +395,32 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
     profile = profile_for(model, "exact", progress=lambda text: say(f"  {text}"))
     questions = bundled_questions(cfg.get("categories"), cfg["per_category"])
     prompts = [(q.category, str(q.question_id), render_prompt(tokenizer, q.turns[0])) for q in questions]
-    methods = ["plain", "lookup", "suffix"]
+    methods = ["plain", "lookup", "suffix", AA]  # AA: plain again, timed as the drafters are
     drafters: dict[tuple[str, int], Any] = {}
 
     def run(method: str, prompt: list[int], tokens: int, repeat: int) -> tuple[float, list[int]]:
         """Seconds from the call to the last token (set-up, prompt pass and decoding), and the tokens."""
         options = GenerateOptions(max_tokens=tokens)
-        t0 = time.perf_counter()
-        if method == "plain":
-            gen = generate(model, prompt, options, tokenizer=tokenizer)
-        else:
-            drafter = drafters.setdefault((method, repeat), make_drafter(method, model=model))
-            gen = speculative_generate(model, prompt, options, drafter, DraftPolicy.auto(), tokenizer, profile=profile)
-        tokens_out = list(gen)
-        return time.perf_counter() - t0, tokens_out
+        with quiet():
+            t0 = time.perf_counter()
+            if method in ("plain", AA):
+                gen = generate(model, prompt, options, tokenizer=tokenizer)
+            else:
+                drafter = drafters.setdefault((method, repeat), make_drafter(method, model=model))
+                gen = speculative_generate(
+                    model, prompt, options, drafter, DraftPolicy.auto(), tokenizer, profile=profile
+                )
+            tokens_out = list(gen)
+            return time.perf_counter() - t0, tokens_out
 
     longest = max(prompts, key=lambda p: len(p[2]))[2]
-    for method in methods:  # warm-up
+    for method in methods[:3]:  # warm-up
         run(method, longest, cfg["embedded_tokens"], -1)
     plain_s = run("plain", prompts[0][2], cfg["embedded_tokens"], -1)[0] / cfg["embedded_tokens"]
     trace_paths = sorted((ROOT / "data" / "traces").glob("*.jsonl"))[: cfg["traces"]]
     say(f"  set-up {time.perf_counter() - started:.0f} s; plain ~{1e3 * plain_s:.1f} ms/token with prompt pass")
     allot = budget.allot("embedded")
-    runs = 3 * (len(prompts) + len(trace_paths) * cfg["trace_turns"])
+    runs = len(methods) * len(prompts) + 3 * len(trace_paths) * cfg["trace_turns"]
     tokens, repeats = size(allot, plain_s * 1.15, runs, cfg, "embedded_tokens")
     say(f"  {allot:.0f} s for {repeats} repeats x {len(prompts)} prompts, {len(trace_paths)} traces, {tokens} tokens")
     if (tokens, repeats) != (cfg["embedded_tokens"], cfg["repeats"]):
@@ -382,7 +444,7 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
                         "model": cfg["embedded"],
                         "what": f"category {category}",
                         "prompt": qid,
-                        "method": f"{method}/auto",
+                        "method": AA if method == AA else f"{method}/auto",
                         "repeat": repeat,
                         "tokens": len(done[method][1]),
                         "plain_s": done["plain"][0],
@@ -396,13 +458,13 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
                 budget.cut(f"embedded: repeat {repeat + 1} stopped before trace {path.stem} (time)")
                 break
             for trace in load_traces(path):
-                fresh = {m: make_drafter(m, model=model) for m in methods[1:]}
+                fresh = {m: make_drafter(m, model=model) for m in methods[1:3]}
                 bench = bench_trace(
                     model, tokenizer, trace, fresh, DraftPolicy.auto(), tokens, turns=cfg["trace_turns"]
                 )
                 rows = bench.turns.to_dicts()
                 plain = sum(r["decode_s"] for r in rows if r["method"] == "plain")
-                for method in methods[1:]:
+                for method in methods[1:3]:
                     mine = [r for r in rows if r["method"] == method]
                     seconds = sum(r["decode_s"] for r in mine)
                     out["runs"].append(
@@ -421,11 +483,12 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
                     )
         mine = [r for r in out["runs"] if r["model"] == cfg["embedded"] and r["repeat"] == repeat]
         for method in methods[1:]:
-            rs = [r for r in mine if r["method"] == f"{method}/auto"]
+            label = AA if method == AA else f"{method}/auto"
+            rs = [r for r in mine if r["method"] == label and r["auto_s"] > 0]
             if not rs:
                 continue
             ratio = sum(r["plain_s"] for r in rs) / sum(r["auto_s"] for r in rs)
-            say(f"  repeat {repeat + 1}/{repeats}: {method}/auto over plain, all prompts and traces: {ratio:.2f}x")
+            say(f"  repeat {repeat + 1}/{repeats}: {label} over plain, all prompts and traces: {ratio:.2f}x")
 
 
 # -- summaries ------------------------------------------------------------------------------------------
@@ -435,7 +498,9 @@ def summarize(out: dict) -> None:
     """One row per cell: the median Auto / plain over repeats, their range, plain's spread, the verdict."""
     cells: dict[tuple[str, str, str], list[dict]] = {}
     for r in out["runs"]:
-        cells.setdefault((r["model"], r["what"], r["method"]), []).append(r)
+        if r.get("auto_s", 1.0) > 0:  # a trace whose turns did not run
+            cells.setdefault((r["model"], r["what"], r["method"]), []).append(r)
+    floors: dict[str, float] = {}  # per model: the lowest ratio an A/A cell showed (plain against plain)
     for (model, what, method), rows in cells.items():
         by_repeat: dict[int, list[dict]] = {}
         for r in rows:
@@ -449,6 +514,8 @@ def summarize(out: dict) -> None:
         else:
             ratios = [statistics.mean(r["vs_plain"] for r in rs) for rs in by_repeat.values()]
             noise = statistics.median(r["plain_spread"] for r in rows)
+        if method in ("plain", AA):
+            floors[model] = min(floors.get(model, 1.0), min(ratios))
         equal = [r["equal_plain"] for r in rows if r["equal_plain"] is not None]
         row = {
             "model": model,
@@ -459,7 +526,7 @@ def summarize(out: dict) -> None:
             "lowest": min(ratios),
             "highest": max(ratios),
             "plain_noise": noise,
-            "verdict": verdict(ratios, noise),
+            "verdict": "",
             "equal_plain": all(equal) if equal else None,
         }
         if "ks" in rows[0]:
@@ -468,10 +535,68 @@ def summarize(out: dict) -> None:
             row["paused"] = statistics.median(r["paused"] for r in rows)
             row["vs_mlx_lm"] = statistics.median(r["mlx_lm_s_per_token"] / r["auto_s_per_token"] for r in rows)
         (out["grid"] if "ks" in rows[0] else out["embedded"]).append(row)
+    for row in out["grid"] + out["embedded"]:
+        if row["method"] in ("plain", AA):
+            row["verdict"] = "a/a"
+            continue
+        floor = floors.get(row["model"], OK - row["plain_noise"])
+        ratios = [row["auto_over_plain"]]  # the median decides
+        row["a_a_floor"] = floor
+        row["verdict"] = verdict(ratios, floor)
+
+
+def bootstrap(values: list[Any], statistic: Any, draws: int = 5000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile bootstrap interval of ``statistic`` over ``values`` (resampled whole)."""
+    rng = np.random.default_rng(seed)
+    stats = sorted(statistic([values[i] for i in rng.integers(0, len(values), len(values))]) for _ in range(draws))
+    return stats[int(0.025 * draws)], stats[int(0.975 * draws) - 1]
+
+
+def pooled(out: dict) -> list[dict]:
+    """Pooled over cells, with 95 % bootstrap intervals: per shape, the runs in which Auto fell back (paused
+    for >= 90 % of the tokens), the runs in which it speculated, and the A/A runs (mean Auto / plain); for
+    the embedded model, each method's seconds summed over every prompt and trace turn (plain / method,
+    resampling prompts). A pooled interval is what a per-cell verdict of "inconclusive" lacks: power."""
+    rows = []
+    for model in dict.fromkeys(r["model"] for r in out["runs"]):
+        runs = [r for r in out["runs"] if r["model"] == model]
+        if "paused" in runs[0]:
+            groups = {
+                "A/A (plain against plain)": [r["vs_plain"] for r in runs if r["method"] == "plain"],
+                "Auto fell back": [
+                    r["vs_plain"] for r in runs if r["method"] == "auto" and r["paused"] >= 0.9 * r["tokens"]
+                ],
+                "Auto speculated": [
+                    r["vs_plain"] for r in runs if r["method"] == "auto" and r["paused"] < 0.9 * r["tokens"]
+                ],
+            }
+            for what, values in groups.items():
+                if len(values) >= 2:
+                    low, high = bootstrap(values, statistics.mean)
+                    rows.append(
+                        {"model": model, "what": what, "n": len(values), "ratio": statistics.mean(values)}
+                        | {"low": low, "high": high, "lowest": min(values)}
+                    )
+            continue
+        for method in dict.fromkeys(r["method"] for r in runs):
+            pairs = [(r["plain_s"], r["auto_s"]) for r in runs if r["method"] == method and r["auto_s"] > 0]
+            if len(pairs) < 2:
+                continue
+
+            def ratio(ps: list[tuple[float, float]]) -> float:
+                return sum(p for p, _ in ps) / sum(a for _, a in ps)
+
+            low, high = bootstrap(pairs, ratio)
+            rows.append(
+                {"model": model, "what": f"{method}, every prompt and trace", "n": len(pairs), "ratio": ratio(pairs)}
+                | {"low": low, "high": high, "lowest": min(p / a for p, a in pairs)}
+            )
+    return rows
 
 
 def report(out: dict, budget: Budget) -> None:
     say("\n== Auto / specbench plain per cell: median over repeats [range], plain's own spread, verdict")
+    say(f"   (timed runs {out.get('affinity', {}).get('chosen', 'free')}; an A/A row is plain against plain)")
     for row in out["grid"] + out["embedded"]:
         extra = (
             f"; vs mlx-lm {row['vs_mlx_lm']:.2f}x; verifies {row['verifies']:.0f}, paused {row['paused']:.0f} tokens"
@@ -482,10 +607,16 @@ def report(out: dict, budget: Budget) -> None:
         say(
             f"  {row['model']:20s} {row['what']:28s} {row['method']:12s} {row['auto_over_plain']:.2f}x "
             f"[{row['lowest']:.2f}-{row['highest']:.2f}] noise {100 * row['plain_noise']:.0f}% "
-            f"{row['verdict']:5s}{extra}{same}"
+            f"{row['verdict']:12s}{extra}{same}"
         )
     rows = out["grid"] + out["embedded"]
     if rows:
+        floors: dict[str, float] = {}
+        for r in rows:
+            if r["verdict"] == "a/a":
+                floors[r["model"]] = min(floors.get(r["model"], 1.0), r["lowest"])
+        say("A/A floors (lowest plain/plain ratio per model): " + ", ".join(f"{m} {f:.2f}" for m, f in floors.items()))
+        rows = [r for r in rows if r["verdict"] != "a/a"]
         worst = min(rows, key=lambda r: r["auto_over_plain"])
         losing = [r for r in rows if r["verdict"] == "LOSES"]
         exact_equal = all(r["equal_plain"] is not False for r in rows)
@@ -493,6 +624,12 @@ def report(out: dict, budget: Budget) -> None:
             f"worst cell: {worst['auto_over_plain']:.2f}x ({worst['model']} {worst['what']} {worst['method']}, "
             f"{worst['verdict']}); cells losing beyond noise: {len(losing)} of {len(rows)}; "
             f"outputs equal to plain greedy on every checked run: {exact_equal}"
+        )
+    say("\n== pooled over cells, Auto / plain: mean [95 % bootstrap interval] (n runs)")
+    for row in out.get("pooled", []):
+        say(
+            f"  {row['model']:20s} {row['what']:40s} {row['ratio']:.3f} [{row['low']:.3f}-{row['high']:.3f}] "
+            f"(n = {row['n']}; lowest run {row['lowest']:.2f})"
         )
     for call in out["verify_calls"]:
         if call["width"] == 9:
@@ -513,19 +650,32 @@ def main() -> int:
     parser.add_argument("--shapes", default=None, help="comma list of synthetic shapes")
     parser.add_argument("--no-embedded", action="store_true", help="leave out the embedded model")
     parser.add_argument("--compile", action="store_true", help="also time exact verify with compiled linear chunks")
+    parser.add_argument(
+        "--resummarize", default=None, help="a folder of an earlier run: recompute its summaries (no model work)"
+    )
     args = parser.parse_args()
+    if args.resummarize:
+        folder = Path(args.resummarize)
+        saved = json.loads((folder / "default_policy.json").read_text())
+        out = {"runs": saved["runs"], "verify_calls": saved["verify_calls"], "grid": [], "embedded": []}
+        out["affinity"] = saved.get("affinity", {})
+        summarize(out)
+        out["pooled"] = pooled(out)
+        write_csv_atomic(folder / "pooled.csv", out["pooled"])
+        report(out, Budget(0.0, {**FULL, "shapes": []}, embedded=False))
+        return 0
     cfg = dict(QUICK if args.quick else FULL)
     if args.shapes is not None:
         cfg["shapes"] = [s for s in args.shapes.split(",") if s]
     out_dir = Path(args.out or os.environ.get("OUT") or "reports/gpu")
     out_dir.mkdir(parents=True, exist_ok=True)
-    budget = Budget(args.budget, cfg)
+    budget = Budget(args.budget, cfg, embedded=not args.no_embedded)
     say(f"device {device_name()}  mlx {mx.__version__}  budget {args.budget:.0f} s  out {out_dir}")
     out: dict[str, list] = {"runs": [], "verify_calls": [], "grid": [], "embedded": []}
 
     def save() -> None:
-        for name in ("runs", "verify_calls", "grid", "embedded"):
-            write_csv_atomic(out_dir / f"{name}.csv", out[name])
+        for name in ("runs", "verify_calls", "grid", "embedded", "pooled"):
+            write_csv_atomic(out_dir / f"{name}.csv", out.get(name, []))
         info = {"device": device_name(), **versions(), "settings": cfg, "reduced": budget.cuts}
         write_json_atomic(out_dir / "default_policy.json", {**info, **out})
 
@@ -535,6 +685,7 @@ def main() -> int:
     if not args.no_embedded:
         embedded_phase(cfg, budget, out)
     summarize(out)
+    out["pooled"] = pooled(out)
     save()
     report(out, budget)
     say(f"\ntotal {time.perf_counter() - budget.start:.1f} s; results in {out_dir}")

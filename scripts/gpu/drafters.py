@@ -1,8 +1,9 @@
 """Retrain the MTP head of the embedded model (SmolLM2-135M), distil a small draft model for it, and
 measure both, with the shipped head and early exit, on a held-out split of three kinds.
 
-    python3 scripts/gpu/drafters.py            # H200, about 7 minutes (--budget 420 s in all)
-    python3 scripts/gpu/drafters.py --quick    # CPU smoke run: tiny data, 2 steps each, every phase run
+    python3 scripts/gpu/drafters.py                   # H200, about 7 minutes (--budget 420 s in all)
+    python3 scripts/gpu/drafters.py --evaluate-only   # H200, about 4 minutes (--budget 360 s): what ships, no training
+    python3 scripts/gpu/drafters.py --quick           # CPU smoke run: tiny data, 2 steps each, every phase run
 
 Phases (each bounded by the budget; files are written as soon as they exist):
 1. data: the model's own greedy answers to chat prompts the project writes (templates over topics,
@@ -27,6 +28,10 @@ Phases (each bounded by the budget; files are written as soon as they exist):
    per kind and per bundled prompt category; plain decoding (each drafter's speed ratio, and its
    measured draft seconds per token over a plain step); early exit: a sweep of exit layers on a
    sample of the split, and the best L's acceptance on the whole split.
+
+--evaluate-only trains nothing (phases 1, 2 and 4 are skipped): it evaluates what ships, the MTP head
+(specbench/assets/mtp) and the draft model (specbench/assets/draft), as phase 5 does, with the draft
+model against mlx-lm on every bundled prompt category (two prompts each) and the three kinds.
 
 Spec-Bench's question.jsonl is read from --data (default ../shared/data next to the repository) and
 never copied. Writes into $OUT (default reports/gpu): draft-smollm2-135m.safetensors (the draft),
@@ -57,14 +62,27 @@ from specbench.core.engine import generate  # noqa: E402
 from specbench.core.forward import text_model  # noqa: E402
 from specbench.core.options import GenerateOptions  # noqa: E402
 from specbench.core.policies import DraftPolicy  # noqa: E402
-from specbench.drafters import DraftModel, EarlyExit, MtpDrafter, best_exit_layer, sweep_exit_layers  # noqa: E402
-from specbench.drafters.draft_model import draft_metadata, draft_own_tensors, load_draft_model  # noqa: E402
+from specbench.drafters import (  # noqa: E402
+    DraftModel,
+    EarlyExit,
+    MtpDrafter,
+    best_exit_layer,
+    make_drafter,
+    shipped_draft_model,
+    sweep_exit_layers,
+)
+from specbench.drafters.draft_model import (  # noqa: E402
+    draft_metadata,
+    draft_own_tensors,
+    load_draft_model,
+)
 from specbench.experiments.draft_training import HELDOUT_KINDS, heldout_split, train_draft  # noqa: E402
 from specbench.experiments.mtp_data import WindowSampler  # noqa: E402
 from specbench.experiments.mtp_metrics import evaluate_decoding  # noqa: E402
 from specbench.experiments.mtp_training import TrainConfig, build_data, train_head  # noqa: E402
 from specbench.experiments.prompt_runs import run_mlx_lm, run_specbench  # noqa: E402
 from specbench.experiments.prompts import bundled_questions, render_prompt  # noqa: E402
+from specbench.models.embedded import shipped_draft_path  # noqa: E402
 from specbench.models.load import cast_dtype  # noqa: E402
 from specbench.models.mtp.attach import load_head, save_head, shipped_head  # noqa: E402
 from specbench.models.mtp.head import model_type  # noqa: E402
@@ -75,13 +93,32 @@ K = 3
 TARGETS = (0.55, 0.35, 0.35)
 #: Seconds the evaluation after each training phase needs on the H200 (measured phases of an earlier run).
 HEAD_EVAL_S, DRAFT_EVAL_S = 35.0, 135.0
+#: Seconds each evaluation phase needs on the H200 (the earlier run's phases, rounded up), checked against the budget.
+NEEDS_S = {"plain": 12.0, "versus mlx-lm": 30.0, "early exit": 15.0, "early-exit eval": 25.0, "drafter eval": 25.0}
+#: Every key of the settings ``configs`` returns, in quick and full runs alike.
+SETTING_KEYS = {
+    "per_kind", "tokens", "prompt_tokens", "exits", "sweep_per_kind", "sweep_prompts", "sweep_tokens",
+    "categories", "per_category", "versus_kinds", "head_eval_s", "draft_eval_s",
+}  # fmt: skip
 
 
 def log(text: str) -> None:
     print(f"[{time.perf_counter() - START:6.1f}s] {text}", flush=True)
 
 
-def configs(quick: bool) -> tuple[TrainConfig, dict]:
+def configs(quick: bool, evaluate_only: bool = False) -> tuple[TrainConfig, dict]:
+    """The training configuration and the evaluation settings (``SETTING_KEYS``) of a run."""
+    config, settings = _configs(quick)
+    if evaluate_only:  # every bundled category (two prompts each on the GPU) and every kind against mlx-lm
+        settings.update(categories=8, per_category=1 if quick else 2, versus_kinds=len(HELDOUT_KINDS))
+        if quick:  # this CPU's reference BLAS makes a prompt pass cost ~0.13 s a token: short prompts
+            settings.update(exits=[8, 27], prompt_tokens=6)
+    if settings.keys() != SETTING_KEYS:
+        raise KeyError(f"settings keys differ from SETTING_KEYS: {sorted(settings.keys() ^ SETTING_KEYS)}")
+    return config, settings
+
+
+def _configs(quick: bool) -> tuple[TrainConfig, dict]:
     if quick:  # a smoke run: this CPU's matmuls run at a few GFLOP/s, so every shape is minimal
         config = TrainConfig.quick()
         config.steps, config.batch_size, config.seq_len, config.warmup_steps = 1, 1, 8, 1
@@ -100,6 +137,7 @@ def configs(quick: bool) -> tuple[TrainConfig, dict]:
             **settings,
             "sweep_tokens": 3,
             "categories": 1,
+            "per_category": 1,
             "versus_kinds": 1,
             "head_eval_s": 0.0,
             "draft_eval_s": 0.0,
@@ -117,8 +155,10 @@ def configs(quick: bool) -> tuple[TrainConfig, dict]:
     settings = {"per_kind": 8, "tokens": 64, "prompt_tokens": 64, "exits": [8, 15, 22, 27], "sweep_per_kind": 2}
     return config, {
         **settings,
+        "sweep_prompts": 2 * len(HELDOUT_KINDS),
         "sweep_tokens": 32,
         "categories": 8,
+        "per_category": 1,
         "versus_kinds": len(HELDOUT_KINDS),
         "head_eval_s": HEAD_EVAL_S,
         "draft_eval_s": DRAFT_EVAL_S,
@@ -173,19 +213,27 @@ def plain_seconds(model, split: dict, settings: dict) -> dict:
     return out
 
 
-def versus_mlx_lm(model, tokenizer, draft_model, prompts: dict, tokens: int) -> dict:
+def versus_mlx_lm(model, tokenizer, draft_model, prompts: dict, tokens: int, deadline: float, results: dict) -> dict:
     """The draft model through specbench (DraftModel, fixed k = 3) and through mlx-lm's
-    speculative_generate_step (num_draft_tokens = 3), the same pair and prompts, greedy: tokens/s ratio and
-    acceptance per group of prompts."""
-    out = {}
+    speculative_generate_step (num_draft_tokens = 3), the same pair and prompts, greedy: tokens/s ratio,
+    acceptance and whether the outputs are equal, per group of prompts. Both engines run once untimed
+    first (kernel builds); a group that would overrun the budget (at the pace of the groups before) is
+    skipped and recorded."""
+
+    def specbench_run(prompt, max_tokens):
+        drafter = DraftModel(draft_model, target=model)
+        return run_specbench(model, tokenizer, prompt, max_tokens, drafter, DraftPolicy.fixed(K), "fast")
+
+    shortest = min((p for group in prompts.values() for p in group), key=len)[-8:]
+    specbench_run(shortest, 2), run_mlx_lm(model, tokenizer, shortest, 2, draft_model, K)
+    out, pace = {}, 0.0
     for group, group_prompts in prompts.items():
-        ours = [
-            run_specbench(
-                model, tokenizer, p, tokens, DraftModel(draft_model, target=model), DraftPolicy.fixed(K), "fast"
-            )
-            for p in group_prompts
-        ]
+        if over_budget(f"versus mlx-lm:{group}", deadline, pace * len(group_prompts), results):
+            continue
+        t0 = time.perf_counter()
+        ours = [specbench_run(p, tokens) for p in group_prompts]
         theirs = [run_mlx_lm(model, tokenizer, p, tokens, draft_model, K) for p in group_prompts]
+        pace = max(pace, 1.5 * (time.perf_counter() - t0) / len(group_prompts))
 
         def rate(runs):
             return sum(len(r.tokens) for r in runs) / max(sum(r.wall_s for r in runs), 1e-9)
@@ -193,23 +241,28 @@ def versus_mlx_lm(model, tokenizer, draft_model, prompts: dict, tokens: int) -> 
         def acceptance(runs):
             return sum(r.accepted for r in runs) / max(sum(r.drafted for r in runs), 1)
 
+        equal = sum(a.tokens == b.tokens for a, b in zip(ours, theirs, strict=True))
         out[group] = {
             "tokens_per_s_ratio": rate(ours) / rate(theirs),
             "specbench_tokens_per_s": rate(ours),
             "mlx_lm_tokens_per_s": rate(theirs),
             "specbench_acceptance": acceptance(ours),
             "mlx_lm_acceptance": acceptance(theirs),
+            "prompts": len(group_prompts),
+            "tokens": sum(len(r.tokens) for r in ours),
+            "outputs_equal": equal,
         }
         log(f"draft-model vs mlx-lm {group}: " + ", ".join(f"{k} {v:.2f}" for k, v in out[group].items()))
     return out
 
 
-def category_prompts(tokenizer, per_category: int) -> dict:
-    """The bundled prompts' first turns with the chat template, by category."""
+def category_prompts(tokenizer, per_category: int, last_tokens: int | None = None) -> dict:
+    """The bundled prompts' first turns with the chat template, by category (only their last
+    ``last_tokens`` tokens when given: smoke runs)."""
     groups: dict = {}
     for q in bundled_questions():
         if len(groups.setdefault(q.category, [])) < per_category:
-            groups[q.category].append(render_prompt(tokenizer, q.turns[0]))
+            groups[q.category].append(render_prompt(tokenizer, q.turns[0])[-(last_tokens or 0) :])
     return groups
 
 
@@ -257,12 +310,31 @@ def report(results: dict) -> str:
             for r in sweep["sweep"]
         ]
         lines.append(f"best L = {sweep['best_layers']}")
-    for group, r in results.get("versus_mlx_lm", {}).items():
-        lines.append(
-            f"draft model, specbench / mlx-lm speculative_generate_step ({group}): tokens/s "
-            f"{r['tokens_per_s_ratio']:.2f}x, acceptance {r['specbench_acceptance']:.2f} / {r['mlx_lm_acceptance']:.2f}"
-        )
+    if results.get("versus_mlx_lm"):
+        lines += ["", *versus_table(results["versus_mlx_lm"])]
+    if results.get("skipped"):
+        lines += ["", "skipped (they would have overrun the budget): " + ", ".join(results["skipped"])]
     return "\n".join(lines)
+
+
+def versus_table(versus: dict) -> list[str]:
+    """Per kind and bundled category: the draft model through specbench and through mlx-lm."""
+    lines = [
+        "Draft model, the same pair through specbench (DraftModel, k = 3) and mlx-lm's speculative_generate_step "
+        "(num_draft_tokens = 3), greedy, per held-out kind and bundled prompt category:",
+        "",
+        "| group | prompts | tokens | specbench / mlx-lm tokens/s | specbench tok/s | mlx-lm tok/s | "
+        "specbench acceptance | mlx-lm acceptance | outputs equal |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for group, r in versus.items():
+        equal = "yes" if r["outputs_equal"] == r["prompts"] else f"{r['outputs_equal']} of {r['prompts']}"
+        lines.append(
+            f"| {group} | {r['prompts']} | {r['tokens']} | {r['tokens_per_s_ratio']:.2f}x | "
+            f"{r['specbench_tokens_per_s']:.1f} | {r['mlx_lm_tokens_per_s']:.1f} | {r['specbench_acceptance']:.2f} | "
+            f"{r['mlx_lm_acceptance']:.2f} | {equal} |"
+        )
+    return lines
 
 
 def over_budget(name: str, deadline: float, need_s: float, results: dict) -> bool:
@@ -273,52 +345,12 @@ def over_budget(name: str, deadline: float, need_s: float, results: dict) -> boo
     return True
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CPU smoke run")
-    parser.add_argument("--budget", type=float, default=420.0, help="seconds in all, evaluation included")
-    parser.add_argument("--draft-layers", type=int, default=2, help="decoder layers of the draft model")
-    parser.add_argument("--draft-mlp", type=int, default=512, help="MLP channels of the draft's layers")
-    parser.add_argument("--head-share", type=float, default=0.7, help="share of the training time for the head")
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"), help="folder holding spec-bench/")
-    parser.add_argument("--out", default=None, help="output folder (default $OUT, else reports/gpu)")
-    parser.add_argument(
-        "--allow-fallback",
-        action="store_true",
-        help="without Spec-Bench's question.jsonl, judge on the bundled prompts and held-out package documents",
-    )
-    args = parser.parse_args()
-    questions = Path(args.data) / "spec-bench" / "question.jsonl"
-    if not questions.is_file() and not args.allow_fallback:
-        parser.error(
-            f"no Spec-Bench questions at {questions}: the held-out split's chat and natural kinds come from it. "
-            "Pass --data FOLDER (holding spec-bench/question.jsonl; on a GPU machine carry a copy in an ignored "
-            "folder, e.g. .gpu/data), or --allow-fallback to judge on the bundled prompts instead"
-        )
-    out = Path(args.out or os.environ.get("OUT") or "reports/gpu")
-    out.mkdir(parents=True, exist_ok=True)
-    deadline = START + args.budget
-    gpu = mx.default_device().type == mx.DeviceType.gpu
-    model, tokenizer = load(NAME, dtype="bfloat16" if gpu else "float32")
-    dtype = text_model(model).model.norm.weight.dtype
-    log(f"model loaded on {mx.default_device()} ({dtype})")
-    config, settings = configs(args.quick)
-    warm_up(model)
-    split = heldout_split(tokenizer, args.data, settings["per_kind"], settings["prompt_tokens"])
-    if args.quick:  # smoke runs only: the last tokens of each chat prompt (the template's end)
-        split["prompts"]["chat"] = [p[-settings["prompt_tokens"] :] for p in split["prompts"]["chat"]]
-    results: dict = {
-        "model": NAME,
-        "device": str(mx.default_device()),
-        "mlx": mx.__version__,
-        "budget_s": args.budget,
-        "split": {"sources": split["sources"], "mean_prompt_tokens": split["mean_prompt_tokens"]},
-        "targets": {"per_position_acceptance": TARGETS},
-        "evaluation": {},
-    }
+def train_and_evaluate(args, model, tokenizer, split, config, settings, results, deadline, out) -> dict[str, Path]:
+    """Phases 1-5: the data, the new head against the shipped one, the draft model, then the shared
+    evaluation (``compare_and_sweep``); returns the files written to ship."""
     json_path = out / "drafters.json"
+    dtype = text_model(model).model.norm.weight.dtype
     files: dict[str, Path] = {}
-
     # -- data and the head ------------------------------------------------------------------------
     streams, _, data_info = build_data(model, tokenizer, config, log)
     results["data"] = data_info
@@ -390,39 +422,142 @@ def main() -> int:
         "draft-model", model, split, settings, lambda: DraftModel(shipped_draft, target=model)
     )
     write_json_atomic(json_path, results)
-    results["plain"] = plain_seconds(model, split, settings)
-    by_length = sorted(category_prompts(tokenizer, 1).items(), key=lambda item: len(item[1][0]))
+    compare_and_sweep(model, tokenizer, split, settings, results, deadline, shipped_draft, json_path, args.quick)
+    return files
+
+
+def compare_and_sweep(model, tokenizer, split, settings, results, deadline, draft, json_path, quick) -> None:
+    """Plain decoding on the split, ``draft`` through specbench and mlx-lm per kind and bundled category,
+    and early exit: a sweep of exit layers on a sample of the split, the best L on the whole split."""
+    if not over_budget("plain", deadline, NEEDS_S["plain"], results):
+        results["plain"] = plain_seconds(model, split, settings)
+    last = settings["prompt_tokens"] if quick else None
+    by_length = sorted(category_prompts(tokenizer, settings["per_category"], last).items(), key=lambda i: len(i[1][0]))
     categories = dict(by_length[: settings["categories"]])  # the shortest prompts first
     groups = {**{k: split["prompts"][k] for k in HELDOUT_KINDS[: settings["versus_kinds"]]}, **categories}
-    if not over_budget("versus mlx-lm", deadline, 30.0, results):
-        results["versus_mlx_lm"] = versus_mlx_lm(model, tokenizer, shipped_draft, groups, settings["tokens"])
+    if not over_budget("versus mlx-lm", deadline, NEEDS_S["versus mlx-lm"], results):
+        results["versus_mlx_lm"] = versus_mlx_lm(model, tokenizer, draft, groups, settings["tokens"], deadline, results)
     write_json_atomic(json_path, results)
 
-    # -- early exit: a sweep on a sample, the best L on the whole split -------------------------------
-    if not over_budget("early exit", deadline, 15.0, results):
+    if not over_budget("early exit", deadline, NEEDS_S["early exit"], results):
         sample = [p for kind in HELDOUT_KINDS for p in split["prompts"][kind][: settings["sweep_per_kind"]]]
-        sample = sample[: settings.get("sweep_prompts", len(sample))]
+        sample = sample[: settings["sweep_prompts"]]
         sweep = sweep_exit_layers(model, sample, settings["exits"], K, settings["sweep_tokens"])
         best = best_exit_layer(sweep)
         results["early_exit"] = {"sweep": sweep, "best_layers": best}
         log(f"early exit sweep: best L = {best} of {sweep[0]['of_layers']}")
-        if not over_budget(f"early-exit:{best}", deadline, 25.0, results):
+        if not over_budget(f"early-exit:{best}", deadline, NEEDS_S["early-exit eval"], results):
             results["evaluation"][f"early-exit:{best}"] = evaluate(
                 f"early-exit:{best}", model, split, settings, lambda: EarlyExit(model, best)
             )
-    results["seconds_total"] = round(time.perf_counter() - START, 1)
     write_json_atomic(json_path, results)
+
+
+def evaluate_shipped(model, tokenizer, split, settings, results, deadline, json_path, quick) -> None:
+    """--evaluate-only: no training; what ships (the draft model as ``make_drafter("draft-model")``
+    loads it, the MTP head as ``shipped_head`` names it), through ``compare_and_sweep``, then each on
+    the whole split."""
+    draft = shipped_draft_model(model, NAME)
+    head_path = shipped_head(NAME)
+    results["shipped"] = {
+        "draft_model": {
+            "layers": len(text_model(draft).model.layers),
+            "bytes": shipped_draft_path(NAME).stat().st_size,
+        },
+        "mtp_head": {"path": str(head_path), "bytes": head_path.stat().st_size},
+    }
+    compare_and_sweep(model, tokenizer, split, settings, results, deadline, draft, json_path, quick)
+    if not over_budget("draft-model", deadline, NEEDS_S["drafter eval"], results):
+        results["evaluation"]["draft-model"] = evaluate(
+            "draft-model", model, split, settings, lambda: make_drafter("draft-model", model, NAME, draft_model=draft)
+        )
+        write_json_atomic(json_path, results)
+    if not over_budget("mtp (shipped)", deadline, NEEDS_S["drafter eval"], results):
+        head = load_head(model, head_path)
+        results["evaluation"]["mtp (shipped)"] = evaluate(
+            "mtp (shipped)", model, split, settings, lambda: MtpDrafter(model, head=head)
+        )
+
+
+def finish(results: dict, files: dict[str, Path], out: Path) -> None:
+    """Write drafters.json and drafters.md, print the tables and the copy commands that ship the files."""
+    results["seconds_total"] = round(time.perf_counter() - START, 1)
+    write_json_atomic(out / "drafters.json", results)
     text = report(results)
     write_text_atomic(out / "drafters.md", text + "\n")
     print()
     print(text)
-    print(f"\nfiles in {out}: {', '.join(f'{k} ({v / 1e6:.2f} MB)' for k, v in results['files'].items())}")
-    print("to ship:")
-    print(f"  cp {files['draft']} specbench/assets/draft/{NAME}.safetensors")
+    if files:
+        sizes = ", ".join(f"{k} ({v / 1e6:.2f} MB)" for k, v in results["files"].items())
+        print(f"\nfiles in {out}: {sizes}")
+        print("to ship:")
+        print(f"  cp {files['draft']} specbench/assets/draft/{NAME}.safetensors")
     if "mtp" in files:
         print(f"  cp {files['mtp']} specbench/assets/mtp/{NAME}.safetensors")
         print(f"  cp {files['mtp_record']} specbench/assets/mtp/{NAME}.json")
     print(f"total {results['seconds_total']:.0f}s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="CPU smoke run")
+    parser.add_argument(
+        "--evaluate-only",
+        action="store_true",
+        help="train nothing: evaluate the shipped MTP head and draft model, plain decoding, mlx-lm, early exit",
+    )
+    parser.add_argument(
+        "--budget", type=float, default=None, help="seconds in all, evaluation included (420; 360 --evaluate-only)"
+    )
+    parser.add_argument("--draft-layers", type=int, default=2, help="decoder layers of the draft model")
+    parser.add_argument("--draft-mlp", type=int, default=512, help="MLP channels of the draft's layers")
+    parser.add_argument("--head-share", type=float, default=0.7, help="share of the training time for the head")
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"), help="folder holding spec-bench/")
+    parser.add_argument("--out", default=None, help="output folder (default $OUT, else reports/gpu)")
+    parser.add_argument(
+        "--allow-fallback",
+        action="store_true",
+        help="without Spec-Bench's question.jsonl, judge on the bundled prompts and held-out package documents",
+    )
+    args = parser.parse_args()
+    questions = Path(args.data) / "spec-bench" / "question.jsonl"
+    if not questions.is_file() and not args.allow_fallback:
+        parser.error(
+            f"no Spec-Bench questions at {questions}: the held-out split's chat and natural kinds come from it. "
+            "Pass --data FOLDER (holding spec-bench/question.jsonl; on a GPU machine carry a copy in an ignored "
+            "folder, e.g. .gpu/data), or --allow-fallback to judge on the bundled prompts instead"
+        )
+    out = Path(args.out or os.environ.get("OUT") or "reports/gpu")
+    out.mkdir(parents=True, exist_ok=True)
+    args.budget = args.budget or (360.0 if args.evaluate_only else 420.0)
+    deadline = START + args.budget
+    gpu = mx.default_device().type == mx.DeviceType.gpu
+    model, tokenizer = load(NAME, dtype="bfloat16" if gpu else "float32")
+    dtype = text_model(model).model.norm.weight.dtype
+    log(f"model loaded on {mx.default_device()} ({dtype})")
+    config, settings = configs(args.quick, args.evaluate_only)
+    warm_up(model)
+    split = heldout_split(tokenizer, args.data, settings["per_kind"], settings["prompt_tokens"])
+    if args.quick:  # smoke runs only: the last tokens of each chat prompt (the template's end)
+        split["prompts"]["chat"] = [p[-settings["prompt_tokens"] :] for p in split["prompts"]["chat"]]
+    results: dict = {
+        "model": NAME,
+        "device": str(mx.default_device()),
+        "mlx": mx.__version__,
+        "mode": "evaluate-only" if args.evaluate_only else "train and evaluate",
+        "budget_s": args.budget,
+        "split": {"sources": split["sources"], "mean_prompt_tokens": split["mean_prompt_tokens"]},
+        "targets": {"per_position_acceptance": TARGETS},
+        "evaluation": {},
+        "skipped": [],
+    }
+    json_path = out / "drafters.json"
+    if args.evaluate_only:
+        evaluate_shipped(model, tokenizer, split, settings, results, deadline, json_path, args.quick)
+        files: dict[str, Path] = {}
+    else:
+        files = train_and_evaluate(args, model, tokenizer, split, config, settings, results, deadline, out)
+    finish(results, files, out)
     return 0
 
 

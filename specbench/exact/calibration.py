@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +84,8 @@ class Calibration:
 
 
 #: Bumped when calibration tests more conditions (or is keyed by more), so that stored tables from
-#: before are not reused. 4: keyed by the BLAS library too.
-CALIBRATION_METHOD = 4
+#: before are not reused. 4: keyed by the BLAS library too. 5: linear chunks also tried compiled.
+CALIBRATION_METHOD = 5
 #: Calibrations of this process, by key.
 _calibrations: dict[str, Calibration] = {}
 _keys: dict[tuple[int, Any], tuple[weakref.ref, str]] = {}  # by model and its shard group
@@ -217,7 +217,9 @@ def calibrate(
     cheapest exact scheme of each family (by median seconds of ``repeats`` forwards when
     ``measure``, else the first exact one in that order) are combined and the combination
     checked; "serial" (exact by construction) is the fallback and is also timed. Linear layers in
-    chunks are tried widest first (``chunk_sizes``), down to the first exact chunk. Results are
+    chunks are tried widest first (``chunk_sizes``), down to the first exact chunk; a pick with
+    chunks is then tested "+compiled" (``mx.compile``d chunks) and taken where that is exact and,
+    measured, cheaper (unmeasured, the plain chunks are kept). Results are
     merged into the model's stored calibration (memory, and disk unless ``save`` is False);
     widths it already holds are kept unless ``force``.
     """
@@ -355,7 +357,11 @@ def _calibrate_width(probe: _Probes, width: int, moe: bool, measure: bool, repea
         seconds = probe.time("serial", width, repeats) if measure else None
         tests.append({"level": "serial", "exact": True, "seconds": seconds})
         options.append((seconds if seconds is not None else float("inf"), "serial"))
-    level = min(options)[1] if measure else options[0][1]
+    cost, level = min(options) if measure else options[0]
+    if _is_chunked(level):  # the same chunks through mx.compile: taken where exact and measured cheaper
+        compiled = replace(ExactPlan.parse(level), compiled=True).name
+        if test(compiled) and measure and tests[-1]["seconds"] < cost:
+            level = compiled
     return WidthCalibration(width, level, tests)
 
 

@@ -161,7 +161,7 @@ def _linear_call(original: Callable, vector: Callable | None) -> Callable:
         plan = _plan(x.size // x.shape[-1]) if x.ndim >= 2 else None
         if plan is None or plan.linear is None:
             return original(self, x, *args, **kwargs)
-        if isinstance(plan.linear, int) and _contexts[-1].compiled and not args and not kwargs:
+        if isinstance(plan.linear, int) and (plan.compiled or _contexts[-1].compiled) and not args and not kwargs:
             out = _compiled_chunks(self, x, plan.linear)
             if out is not None:
                 return out
@@ -415,7 +415,8 @@ def split_mode(model: nn.Module, plans: Plans, compiled: bool = False) -> Iterat
     ``plans``: a function of the width, or one level for every width (see ``ExactPlan.parse``).
     Entering is cheap (a few attribute swaps). ``specbench.exact.exact_mode`` opens it with the
     calibrated cheapest exact level per width. ``compiled``: linear layers split in chunks run each
-    layer's chunks through one ``mx.compile``d function (the same products, fewer graph nodes).
+    layer's chunks through one ``mx.compile``d function (the same products, fewer graph nodes), as
+    they do at every width whose plan says so (a level's ``+compiled`` part).
     """
     _warn_if_cudnn_attention()
     resolve = plans if callable(plans) else _fixed(plans)

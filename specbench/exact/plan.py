@@ -11,9 +11,11 @@
   (``experts/unsorted``: as many tokens per call as mlx-lm routes without sorting them, which
   keeps its per-token gather kernels);
 - ``serial``: w single-token forwards (exact by construction, for models with other
-  row-dependent layers).
+  row-dependent layers);
+- ``compiled``: linear layers in chunks (``linear/c``, c >= 2) run each layer's chunks through
+  one ``mx.compile``d function (the same products, fewer graph nodes).
 
-Levels join parts with "+", e.g. ``"attention+linear/4+experts/unsorted"``.
+Levels join parts with "+", e.g. ``"attention+linear/4+experts/unsorted+compiled"``.
 """
 
 from __future__ import annotations
@@ -32,13 +34,22 @@ class ExactPlan:
     """Which layers a verify forward runs row by row, and how many rows per call.
 
     ``linear`` / ``experts``: None (one batched call), an int (rows per call; 1 = row by row),
-    or "vector" / "unsorted" (see the module docstring).
+    or "vector" / "unsorted" (see the module docstring). ``compiled``: linear chunks through
+    ``mx.compile`` (only with ``linear`` an int >= 2).
     """
 
     attention: bool = False
     linear: int | str | None = None
     experts: int | str | None = None
     serial: bool = False
+    compiled: bool = False
+
+    def __post_init__(self) -> None:
+        if self.compiled and not (isinstance(self.linear, int) and self.linear > 1):
+            raise ValueError(
+                f"exact level {self.name!r}: 'compiled' compiles linear layers split in chunks, so it needs "
+                "'linear/c' with c >= 2 rows per call: add one (e.g. 'attention+linear/4+compiled') or drop 'compiled'"
+            )
 
     @classmethod
     def parse(cls, level: str | ExactPlan) -> ExactPlan:
@@ -59,6 +70,8 @@ class ExactPlan:
             value = getattr(self, key)
             if value is not None:
                 parts.append(key if value == 1 else f"{key}/{value}")
+        if self.compiled:
+            parts.append("compiled")
         return "+".join(parts) or "none"
 
     def __str__(self) -> str:
@@ -75,8 +88,8 @@ def _parse_text(level: str) -> ExactPlan:
     parts: dict[str, Any] = {}
     for part in text.split("+"):
         name, _, arg = part.partition("/")
-        if name == "attention" and not arg:
-            parts["attention"] = True
+        if name in ("attention", "compiled") and not arg:
+            parts[name] = True
         elif name in ("linear", "experts"):
             special = "vector" if name == "linear" else "unsorted"
             if not arg:
@@ -91,7 +104,7 @@ def _parse_text(level: str) -> ExactPlan:
                 )
         else:
             raise ValueError(
-                f"unknown part {part!r} in exact level {level!r}: levels join 'attention', 'linear[/c|/vector]' "
-                f"and 'experts[/c|/unsorted]' with '+', or are one of {LEVELS}"
+                f"unknown part {part!r} in exact level {level!r}: levels join 'attention', 'linear[/c|/vector]', "
+                f"'experts[/c|/unsorted]' and 'compiled' with '+', or are one of {LEVELS}"
             )
     return ExactPlan(**parts)
