@@ -284,8 +284,15 @@ def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: Ora
     with quiet():
         spt = seconds_per_token(gen, lambda: drafter.follow_s)
     stats, policy = gen.stats(), gen.policy
+    by_width: dict[int, list[float]] = {}
+    for r in gen.log:
+        if r["kind"] == "verify":
+            by_width.setdefault(r["verify_width"], []).append(r["verify_s"])
+    plain_steps = [r["verify_s"] for r in gen.log if r["kind"] == "plain"]
     return {
         "spt": spt,
+        "verify_ms": " ".join(f"{w}:{1e3 * statistics.median(v):.1f}" for w, v in sorted(by_width.items())),
+        "plain_step_ms": 1e3 * statistics.median(plain_steps) if plain_steps else None,
         "tokens": list(gen.tokens),
         "verifies": stats["verifies"],
         "paused": stats["pauses"],
@@ -362,6 +369,7 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool)
                         "equal_plain": r["tokens"] == truth if mode == "exact" else None,
                         "method": "plain" if mode == "plain" else "auto",
                         **{k: r[k] for k in ("verifies", "paused", "pauses", "extensions", "shadows", "ks")},
+                        **{k: r.get(k) for k in ("verify_ms", "plain_step_ms")},
                     }
                 )
             before = after
@@ -625,6 +633,15 @@ def report(out: dict, budget: Budget) -> None:
             f"{worst['verdict']}); cells losing beyond noise: {len(losing)} of {len(rows)}; "
             f"outputs equal to plain greedy on every checked run: {exact_equal}"
         )
+    say("\n== in the loop: median seconds of a verify step by width (ms), against the per-call timings above")
+    loop: dict[tuple[str, str], dict[int, list[float]]] = {}
+    for r in out["runs"]:
+        for item in (r.get("verify_ms") or "").split():
+            w, ms = item.split(":")
+            loop.setdefault((r["model"], r["what"].split()[0]), {}).setdefault(int(w), []).append(float(ms))
+    for (model, mode), widths in loop.items():
+        cells = " ".join(f"{w}:{statistics.median(v):.1f}" for w, v in sorted(widths.items()))
+        say(f"  {model:20s} {mode:6s} {cells}")
     say("\n== pooled over cells, Auto / plain: mean [95 % bootstrap interval] (n runs)")
     for row in out.get("pooled", []):
         say(
