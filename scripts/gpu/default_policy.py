@@ -1,7 +1,8 @@
-"""Does the default (Auto, exact greedy verification) ever lose to plain decoding? Interleaved repeats, medians.
+"""Does the default (Auto, exact greedy verification) ever lose to plain decoding? Paired runs, intervals.
 
     python3 scripts/gpu/default_policy.py --budget 480   # H200: dense and MoE 4-bit shapes, embedded model
     python3 scripts/gpu/default_policy.py --quick        # CPU: tiny shapes, the embedded model's miniature (< 60 s)
+    python3 scripts/gpu/default_policy.py --resummarize FOLDER   # recompute an earlier run's summaries
 
 Everything that is not a timed run comes first, per model: exact-mode calibration of every width Auto may
 verify (2..9; 2..17 with SuffixDecoding), Auto's quick cost profiles, per-call seconds of one verify forward
@@ -10,23 +11,26 @@ with --compile the exact level with its linear chunks mx.compile'd too), and a w
 
 1. Synthetic shapes (random weights, full depth, 4-bit): a controlled-acceptance drafter (``OracleDrafter``) at
    a in {0.3, 0.5, 0.7, 0.9, 1.0}, Auto with exact and with fast verify, against specbench plain decoding of the
-   same prompt.
-   Each repeat runs mlx-lm plain, then specbench plain before and after every two Auto cells (Auto's time is
-   set against the mean of the plain runs around it), so drift in the machine's speed cancels.
+   same prompt. Each repeat runs mlx-lm plain once, then every cell as a pair of runs next to each other,
+   specbench plain and Auto, the order alternating between cells and repeats, so drift in the machine's speed
+   falls on both runs of a pair.
 2. The embedded model (SmolLM2-135M): every prompt of every bundled category (first turn) and the first
    --trace-turns turns of each trace in data/traces; plain, Auto with prompt lookup and Auto with
    SuffixDecoding, in an order rotating per prompt; one drafter per method and repeat, kept across prompts.
 
-Each model also gets an A/A cell ("plain a/a"): specbench plain timed exactly as an Auto cell is, against the
-same plain runs around it. Its ratios show what the measurement itself scatters on this machine. Per cell:
-Auto / plain as the median over repeats, the repeats' range, and a verdict: "ok" (median >= 0.97),
-"inconclusive" (below 0.97 but not below the A/A cell's lowest ratio: the run cannot tell it from plain) or
-"LOSES" (below both). Timed runs run with Python's garbage collector paused (collected before each run); before
-the first timed run the script times plain decoding with the process free to move and pinned to four cores, and
-keeps the steadier of the two for the whole run (printed). Exact outputs are checked against plain greedy on
-every run. Sizes (tokens, repeats) shrink to fit --budget: what was cut is printed and kept in
-default_policy.json. Writes into $OUT (or --out): grid.csv, embedded.csv, runs.csv, verify_calls.csv,
-default_policy.json.
+Each model also gets an A/A cell: specbench plain timed exactly as an Auto cell is, paired with plain. Per
+cell: plain's seconds over Auto's summed over every pair, with a 95 % percentile bootstrap interval
+(resampling pairs; none below 6 pairs), and a verdict against 0.97: "holds" (the interval is above),
+"ok" (the ratio is above, the interval reaches below), "inconclusive" (the ratio is below, the interval
+reaches 0.97) or "LOSES" (the interval is below); also the median over repeats and its range. Pooled
+intervals over cells follow: the runs in which Auto fell back, those in which it speculated, the A/A runs.
+Each Auto run also records its verify steps' median seconds by width, printed against the per-call timings.
+Timed runs run with Python's garbage collector paused (collected before each run); before the first timed
+run the script times plain decoding with the process free to move and pinned to four cores, and keeps the
+steadier of the two for the whole run (printed). Exact outputs are checked against plain greedy on every
+run. Sizes (tokens, repeats) shrink to fit --budget: what was cut is printed and kept in
+default_policy.json. Writes into $OUT (or --out): grid.csv, embedded.csv, pooled.csv, runs.csv,
+verify_calls.csv, default_policy.json.
 """
 
 from __future__ import annotations
@@ -62,14 +66,15 @@ from specbench.models import synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
 OK = 0.97
+MIN_PAIRS = 6  # fewest (plain, Auto) pairs a cell's interval is computed from
 AA = "plain (A/A)"
 FULL = {
     "shapes": ["qwen3-8b-4bit", "qwen3-30b-a3b-4bit"],
     "acceptances": [0.3, 0.5, 0.7, 0.9, 1.0],
     "tokens": 256,
-    "min_tokens": 160,
-    "repeats": 5,
-    "min_repeats": 3,
+    "min_tokens": 128,
+    "repeats": 8,
+    "min_repeats": 6,
     "prompt_len": 256,
     "call_widths": [1, 7, 9],
     "warmup_tokens": 64,
@@ -77,6 +82,8 @@ FULL = {
     "embedded": "smollm2-135m",
     "embedded_tokens": 128,
     "min_embedded_tokens": 64,
+    "embedded_repeats": 3,  # each repeat pairs every prompt of a category once
+    "min_embedded_repeats": 2,
     "per_category": None,  # every prompt
     "trace_turns": 3,
     "traces": None,  # every trace in data/traces
@@ -99,6 +106,8 @@ QUICK = {
     "embedded": "tiny:smollm2-135m",
     "embedded_tokens": 24,
     "min_embedded_tokens": 12,
+    "embedded_repeats": 2,
+    "min_embedded_repeats": 2,
     "per_category": 1,
     "categories": ["translation", "natural_text"],
     "trace_turns": 1,
@@ -138,15 +147,18 @@ class Budget:
         say(f"  reduced: {what}")
 
 
-def size(allot: float, per_token_run_s: float, runs_per_repeat: float, cfg: dict, key: str) -> tuple[int, int]:
+def size(
+    allot: float, per_token_run_s: float, runs_per_repeat: float, cfg: dict, key: str, repeats_key: str = "repeats"
+) -> tuple[int, int]:
     """(tokens per run, repeats) that fit ``allot`` seconds: the most tokens at the most repeats, then fewer
     tokens, then fewer repeats."""
     top, bottom = cfg[key], cfg["min_" + key]
-    for repeats in range(cfg["repeats"], cfg["min_repeats"] - 1, -1):
+    most, fewest = cfg[repeats_key], cfg["min_" + repeats_key]
+    for repeats in range(most, fewest - 1, -1):
         tokens = int(allot / (per_token_run_s * runs_per_repeat * repeats))
         if tokens >= bottom:
             return min(top, tokens), repeats
-    return bottom, cfg["min_repeats"]
+    return bottom, fewest
 
 
 def spread(values: list[float]) -> float:
@@ -154,12 +166,20 @@ def spread(values: list[float]) -> float:
     return max(values) / min(values) - 1.0 if values and min(values) > 0 else 0.0
 
 
-def verdict(ratios: list[float], floor: float) -> str:
-    """ "ok" (median >= 0.97), "inconclusive" (below, not below ``floor``: the A/A cell's lowest ratio), "LOSES"."""
-    median = statistics.median(ratios)
-    if median >= OK:
+def verdict(ratio: float, low: float, high: float) -> str:
+    """Against 0.97 with a 95 % interval [low, high] of Auto / plain: "holds" (low >= 0.97), "ok" (the ratio is
+    >= 0.97, the interval reaches below), "inconclusive" (the ratio is below, the interval reaches 0.97),
+    "LOSES" (the whole interval is below)."""
+    if low >= OK:
+        return "holds"
+    if ratio >= OK:
         return "ok"
-    return "inconclusive" if median >= floor else "LOSES"
+    return "inconclusive" if high >= OK else "LOSES"
+
+
+def seconds_ratio(pairs: list[tuple[float, float]]) -> float:
+    """Plain seconds over Auto seconds, summed over (plain, Auto) pairs."""
+    return sum(p for p, _ in pairs) / sum(a for _, a in pairs)
 
 
 @contextlib.contextmanager
@@ -330,7 +350,7 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool)
     setup = time.perf_counter() - started
     allot = budget.allot(name)
     # a repeat: mlx-lm, plain before and after every two cells, the cells (Auto ~0.8 plain runs on average)
-    runs = 1 + (len(cells) + 1) // 2 + 1 + 0.8 * len(cells)
+    runs = 1 + 1.8 * len(cells)  # a repeat: mlx-lm, then per cell a plain run and an Auto run (~0.8 plain)
     tokens, repeats = size(allot, plain_s * 1.1, runs, cfg, "tokens")
     say(
         f"  set-up (calibration, profiles, calls, warm-up) {setup:.0f} s; plain {1e3 * plain_s:.1f} ms/token; "
@@ -345,34 +365,33 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool)
             budget.cut(f"{name}: repeat {repeat + 1} not run (time)")
             break
         mlx_lm = mlx_lm_seconds_per_token(model, prompt, tokens)
-        before = plain_run(model, prompt, tokens)
-        for pair in range(0, len(cells), 2):
-            done = []
-            for cell, (mode, a) in enumerate(cells[pair : pair + 2], pair):
-                drafter.acceptance, drafter.seed = (1.0 if mode == "plain" else float(a)), 1000 * repeat + cell
-                done.append((mode, a, auto_run(model, prompt, tokens, mode, drafter, profiles.get(mode))))
-            after = plain_run(model, prompt, tokens)
-            base = (before + after) / 2
-            for mode, a, r in done:
-                out["runs"].append(
-                    {
-                        "model": name,
-                        "what": "plain a/a" if mode == "plain" else f"{mode} a={a}",
-                        "repeat": repeat,
-                        "tokens": tokens,
-                        "plain_s_per_token": base,
-                        "plain_before_after": f"{before:.6f} {after:.6f}",
-                        "auto_s_per_token": r["spt"],
-                        "mlx_lm_s_per_token": mlx_lm,
-                        "vs_plain": base / r["spt"],
-                        "plain_spread": spread([before, after]),
-                        "equal_plain": r["tokens"] == truth if mode == "exact" else None,
-                        "method": "plain" if mode == "plain" else "auto",
-                        **{k: r[k] for k in ("verifies", "paused", "pauses", "extensions", "shadows", "ks")},
-                        **{k: r.get(k) for k in ("verify_ms", "plain_step_ms")},
-                    }
-                )
-            before = after
+        previous = None
+        for cell, (mode, a) in enumerate(cells):
+            # each cell's Auto run is paired with a plain run next to it, the order alternating
+            drafter.acceptance, drafter.seed = (1.0 if mode == "plain" else float(a)), 1000 * repeat + cell
+            plain_first = (repeat + cell) % 2 == 0
+            base = plain_run(model, prompt, tokens) if plain_first else None
+            r = auto_run(model, prompt, tokens, mode, drafter, profiles.get(mode))
+            base = base if plain_first else plain_run(model, prompt, tokens)
+            out["runs"].append(
+                {
+                    "model": name,
+                    "what": "plain a/a" if mode == "plain" else f"{mode} a={a}",
+                    "repeat": repeat,
+                    "tokens": tokens,
+                    "order": "plain first" if plain_first else "Auto first",
+                    "plain_s_per_token": base,
+                    "auto_s_per_token": r["spt"],
+                    "mlx_lm_s_per_token": mlx_lm,
+                    "vs_plain": base / r["spt"],
+                    "plain_spread": spread([previous, base]) if previous else 0.0,
+                    "equal_plain": r["tokens"] == truth if mode == "exact" else None,
+                    "method": "plain" if mode == "plain" else "auto",
+                    **{k: r[k] for k in ("verifies", "paused", "pauses", "extensions", "shadows", "ks")},
+                    **{k: r.get(k) for k in ("verify_ms", "plain_step_ms")},
+                }
+            )
+            previous = base
         line = " ".join(
             f"{r['what']}:{r['vs_plain']:.2f}" for r in out["runs"] if r["model"] == name and r["repeat"] == repeat
         )
@@ -429,15 +448,16 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
     say(f"  set-up {time.perf_counter() - started:.0f} s; plain ~{1e3 * plain_s:.1f} ms/token with prompt pass")
     allot = budget.allot("embedded")
     runs = len(methods) * len(prompts) + 3 * len(trace_paths) * cfg["trace_turns"]
-    tokens, repeats = size(allot, plain_s * 1.15, runs, cfg, "embedded_tokens")
+    tokens, repeats = size(allot, plain_s * 1.15, runs, cfg, "embedded_tokens", "embedded_repeats")
     say(f"  {allot:.0f} s for {repeats} repeats x {len(prompts)} prompts, {len(trace_paths)} traces, {tokens} tokens")
-    if (tokens, repeats) != (cfg["embedded_tokens"], cfg["repeats"]):
+    if (tokens, repeats) != (cfg["embedded_tokens"], cfg["embedded_repeats"]):
         budget.cut(
-            f"embedded: {repeats} repeats x {tokens} tokens instead of {cfg['repeats']} x {cfg['embedded_tokens']}"
+            f"embedded: {repeats} repeats x {tokens} tokens instead of {cfg['embedded_repeats']} x "
+            f"{cfg['embedded_tokens']}"
         )
     deadline = time.perf_counter() + allot * 1.15
     for repeat in range(repeats):
-        if repeat >= cfg["min_repeats"] and time.perf_counter() > deadline:
+        if repeat >= cfg["min_embedded_repeats"] and time.perf_counter() > deadline:
             budget.cut(f"embedded: repeat {repeat + 1} not run (time)")
             break
         for i, (category, qid, prompt) in enumerate(prompts):
@@ -503,12 +523,12 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
 
 
 def summarize(out: dict) -> None:
-    """One row per cell: the median Auto / plain over repeats, their range, plain's spread, the verdict."""
+    """One row per cell: Auto / plain over every (plain, Auto) pair of runs with its 95 % bootstrap interval
+    (resampling pairs) and verdict; the median over repeats and its range; plain's spread."""
     cells: dict[tuple[str, str, str], list[dict]] = {}
     for r in out["runs"]:
         if r.get("auto_s", 1.0) > 0:  # a trace whose turns did not run
             cells.setdefault((r["model"], r["what"], r["method"]), []).append(r)
-    floors: dict[str, float] = {}  # per model: the lowest ratio an A/A cell showed (plain against plain)
     for (model, what, method), rows in cells.items():
         by_repeat: dict[int, list[dict]] = {}
         for r in rows:
@@ -522,19 +542,27 @@ def summarize(out: dict) -> None:
         else:
             ratios = [statistics.mean(r["vs_plain"] for r in rs) for rs in by_repeat.values()]
             noise = statistics.median(r["plain_spread"] for r in rows)
-        if method in ("plain", AA):
-            floors[model] = min(floors.get(model, 1.0), min(ratios))
+        if "plain_s" in rows[0]:
+            pairs = [(r["plain_s"], r["auto_s"]) for r in rows]
+        else:
+            pairs = [(r["plain_s_per_token"], r["auto_s_per_token"]) for r in rows]
+        # a percentile bootstrap of fewer pairs claims more than it knows: no interval then
+        low, high = bootstrap(pairs, seconds_ratio) if len(pairs) >= MIN_PAIRS else (0.0, float("inf"))
         equal = [r["equal_plain"] for r in rows if r["equal_plain"] is not None]
         row = {
             "model": model,
             "what": what,
             "method": method,
             "repeats": len(ratios),
+            "pairs": len(pairs),
+            "ratio": seconds_ratio(pairs),
+            "low": low,
+            "high": high,
             "auto_over_plain": statistics.median(ratios),
             "lowest": min(ratios),
             "highest": max(ratios),
             "plain_noise": noise,
-            "verdict": "",
+            "verdict": "a/a" if method in ("plain", AA) else verdict(seconds_ratio(pairs), low, high),
             "equal_plain": all(equal) if equal else None,
         }
         if "ks" in rows[0]:
@@ -543,14 +571,6 @@ def summarize(out: dict) -> None:
             row["paused"] = statistics.median(r["paused"] for r in rows)
             row["vs_mlx_lm"] = statistics.median(r["mlx_lm_s_per_token"] / r["auto_s_per_token"] for r in rows)
         (out["grid"] if "ks" in rows[0] else out["embedded"]).append(row)
-    for row in out["grid"] + out["embedded"]:
-        if row["method"] in ("plain", AA):
-            row["verdict"] = "a/a"
-            continue
-        floor = floors.get(row["model"], OK - row["plain_noise"])
-        ratios = [row["auto_over_plain"]]  # the median decides
-        row["a_a_floor"] = floor
-        row["verdict"] = verdict(ratios, floor)
 
 
 def bootstrap(values: list[Any], statistic: Any, draws: int = 5000, seed: int = 0) -> tuple[float, float]:
@@ -603,7 +623,10 @@ def pooled(out: dict) -> list[dict]:
 
 
 def report(out: dict, budget: Budget) -> None:
-    say("\n== Auto / specbench plain per cell: median over repeats [range], plain's own spread, verdict")
+    say(
+        "\n== Auto / specbench plain per cell: seconds ratio over every (plain, Auto) pair [95 % bootstrap interval], "
+        "median over repeats (range), verdict against 0.97"
+    )
     say(f"   (timed runs {out.get('affinity', {}).get('chosen', 'free')}; an A/A row is plain against plain)")
     for row in out["grid"] + out["embedded"]:
         extra = (
@@ -613,24 +636,20 @@ def report(out: dict, budget: Budget) -> None:
         )
         same = "" if row["equal_plain"] is None else f"; equal to plain: {row['equal_plain']}"
         say(
-            f"  {row['model']:20s} {row['what']:28s} {row['method']:12s} {row['auto_over_plain']:.2f}x "
-            f"[{row['lowest']:.2f}-{row['highest']:.2f}] noise {100 * row['plain_noise']:.0f}% "
-            f"{row['verdict']:12s}{extra}{same}"
+            f"  {row['model']:20s} {row['what']:28s} {row['method']:12s} {row['ratio']:.2f}x "
+            + (f"[{row['low']:.2f}-{row['high']:.2f}]" if row["pairs"] >= MIN_PAIRS else "[too few pairs]")
+            + f" median {row['auto_over_plain']:.2f}x "
+            f"({row['lowest']:.2f}-{row['highest']:.2f}, {row['pairs']} pairs) {row['verdict']:12s}{extra}{same}"
         )
     rows = out["grid"] + out["embedded"]
     if rows:
-        floors: dict[str, float] = {}
-        for r in rows:
-            if r["verdict"] == "a/a":
-                floors[r["model"]] = min(floors.get(r["model"], 1.0), r["lowest"])
-        say("A/A floors (lowest plain/plain ratio per model): " + ", ".join(f"{m} {f:.2f}" for m, f in floors.items()))
         rows = [r for r in rows if r["verdict"] != "a/a"]
-        worst = min(rows, key=lambda r: r["auto_over_plain"])
-        losing = [r for r in rows if r["verdict"] == "LOSES"]
+        worst = min(rows, key=lambda r: r["ratio"])
+        counts = {v: sum(r["verdict"] == v for r in rows) for v in ("holds", "ok", "inconclusive", "LOSES")}
         exact_equal = all(r["equal_plain"] is not False for r in rows)
         say(
-            f"worst cell: {worst['auto_over_plain']:.2f}x ({worst['model']} {worst['what']} {worst['method']}, "
-            f"{worst['verdict']}); cells losing beyond noise: {len(losing)} of {len(rows)}; "
+            f"worst cell: {worst['ratio']:.2f}x ({worst['model']} {worst['what']} {worst['method']}, "
+            f"{worst['verdict']}); verdicts of {len(rows)} cells: {counts}; "
             f"outputs equal to plain greedy on every checked run: {exact_equal}"
         )
     say("\n== in the loop: median seconds of a verify step by width (ms), against the per-call timings above")
