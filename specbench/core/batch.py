@@ -308,7 +308,7 @@ class BatchGeneration:
                 while self.waiting or self.active:
                     yield from self._fill()
                     if self.active:
-                        yield from self._step()
+                        yield from self._plain_stretch() if self._pipelined() else self._step()
         finally:
             self._wall_s = self.clock() - start
 
@@ -366,6 +366,62 @@ class BatchGeneration:
         record.other_s = self.clock() - t2
         self.batch_log.append(record)
         self._drop_finished()
+
+    def _pipelined(self) -> bool:
+        """Whether the next steps are plain greedy steps of every row (no drafter, sampling, hidden states
+        or expert counts), which ``_plain_stretch`` pipelines."""
+        plain = all(r.drafter is None and r.options.temperature == 0 and not r.needs_hidden for r in self.active)
+        return plain and self.counter is None
+
+    def _queue_plain(self, last: mx.array, ahead: int) -> mx.array:
+        """Queue one plain greedy step of every active row after ``last`` ([B, 1]); its tokens, lazy. ``ahead``:
+        steps queued before it whose tokens are not read yet (each row's EOS mask goes by position)."""
+        logits = forward(self.model, last, self.cache, False)[:, -1]
+        active = self.active
+        if any(r.options.min_tokens > len(r.tokens) + ahead for r in active):
+            logits = mx.concatenate(
+                [r.target._mask_eos(logits[i : i + 1], len(r.tokens) + ahead) for i, r in enumerate(active)]
+            )
+        tokens = greedy(logits)
+        mx.async_eval(tokens)
+        return tokens
+
+    def _plain_stretch(self) -> Iterator[tuple[int, list[int]]]:
+        """Plain greedy steps of every row, pipelined as mlx-lm pipelines them: the next step is queued
+        before this one's tokens are read. When a request finishes, its row is dropped, the step already
+        queued for the others is read, and the stretch ends (a waiting request may then take the slot)."""
+        tick = self.clock()
+        pending = self._queue_plain(mx.array([[r.tokens[-1]] for r in self.active], dtype=mx.uint32), 0)
+        while True:
+            current = pending
+            queued = not any(r._remaining() <= 1 for r in self.active)  # a row's last token: nothing after it
+            if queued:
+                pending = self._queue_plain(current[:, None], 1)
+            yield from self._settle_plain(current.tolist(), tick)
+            tick = self.clock()
+            finished = [i for i, r in enumerate(self.active) if r.finished]
+            self._drop_finished()
+            if not queued or not self.active:
+                return
+            if finished:
+                keep = [i for i in range(pending.shape[0]) if i not in finished]
+                yield from self._settle_plain(pending[mx.array(keep)].tolist(), tick)
+                self._drop_finished()
+                return
+
+    def _settle_plain(self, tokens: list[int], tick: float) -> Iterator[tuple[int, list[int]]]:
+        """Emit one plain step's ``tokens`` (one per active row) and log it."""
+        now = self.clock()
+        active = self.active
+        rows = [r.index for r in active]
+        record = BatchStepRecord(len(self.batch_log), "plain", len(active), rows, [1] * len(rows), 0.0, now - tick)
+        extra = {"batch_step": record.step, "batch_size": len(active)}
+        for request, token in zip(active, tokens):
+            emitted = request.settle([token], 0, [], None, (0, False, None, 0.0), now - tick, extra)
+            record.emitted += len(emitted)
+            yield request.index, emitted
+        record.other_s = self.clock() - now
+        self.batch_log.append(record)
 
     def _accept(self, logits: mx.array, rows: list[list[int]], plans: list[tuple]) -> list[tuple[list[int], int, list]]:
         """Each row's (tokens, accepted drafts, acceptance probabilities), by its request's rule."""

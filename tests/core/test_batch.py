@@ -82,6 +82,35 @@ def test_plain_batch_equals_single_and_joins():
     assert all(s.kind == "plain" for s in gen.batch_log)
 
 
+def test_pipelined_plain_batch_keeps_stops_masks_and_joins():
+    """Plain greedy rows are decoded a step ahead of reading them: a row that stops on EOS, on a stop
+    string or at its length mid-stretch drops out without disturbing the others, min_tokens masks the
+    step queued ahead, and waiting requests join the freed slots."""
+    model, tokenizer = build_tiny("qwen3"), word_tokenizer()
+    prompts = PROMPTS + [PROMPTS[0], [2, 4, 6, 8], [6, 5, 4]]
+    truth = single_greedy(model, prompts, 12)
+    eos = truth[0][2]
+    word = tokenizer.decode([truth[1][4]]).strip()
+    options = [
+        GenerateOptions(max_tokens=12, eos_token_ids=[eos]),  # stops on EOS at its third token
+        GenerateOptions(max_tokens=12, stop_strings=[word]),
+        GenerateOptions(max_tokens=12, eos_token_ids=[eos], min_tokens=5),  # EOS masked while below 5 tokens
+        GenerateOptions(max_tokens=3),
+        *(GenerateOptions(max_tokens=12 - i) for i in range(len(PROMPTS) - 4)),
+        GenerateOptions(max_tokens=12, eos_token_ids=[eos], min_tokens=2),  # EOS allowed at the step queued ahead
+        *(GenerateOptions(max_tokens=12 - i) for i in range(2)),
+    ]
+    expected = [list(generate(model, p, o, tokenizer=tokenizer)) for p, o in zip(prompts, options)]
+    gen = generate_batch(model, prompts, options, max_batch=4, tokenizer=tokenizer)
+    assert gen.run() == expected
+    assert len(expected[0]) == 3 and gen.requests[0].finish_reason() == "stop"
+    assert len(expected[len(PROMPTS)]) == 3 and gen.requests[len(PROMPTS)].finish_reason() == "stop"
+    assert all(s.kind == "plain" for s in gen.batch_log)
+    assert sum(s.emitted for s in gen.batch_log) == sum(len(e) - 1 for e in expected)  # the first is the prefill's
+    for request, tokens in zip(gen.requests, expected):
+        assert [t for r in request.log for t in r["tokens"]] == tokens
+
+
 def test_min_tokens_and_eos_per_request():
     model = build_tiny("qwen3")
     truth = single_greedy(model, PROMPTS[:3], 8)
