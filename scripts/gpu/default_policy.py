@@ -610,13 +610,10 @@ def pooled(out: dict) -> list[dict]:
             pairs = [(r["plain_s"], r["auto_s"]) for r in runs if r["method"] == method and r["auto_s"] > 0]
             if len(pairs) < 2:
                 continue
-
-            def ratio(ps: list[tuple[float, float]]) -> float:
-                return sum(p for p, _ in ps) / sum(a for _, a in ps)
-
-            low, high = bootstrap(pairs, ratio)
+            low, high = bootstrap(pairs, seconds_ratio)
             rows.append(
-                {"model": model, "what": f"{method}, every prompt and trace", "n": len(pairs), "ratio": ratio(pairs)}
+                {"model": model, "what": f"{method}, every prompt and trace", "n": len(pairs)}
+                | {"ratio": seconds_ratio(pairs)}
                 | {"low": low, "high": high, "lowest": min(p / a for p, a in pairs)}
             )
     return rows
