@@ -20,9 +20,15 @@ with --compile the exact level with its linear chunks mx.compile'd too), and a w
 
 Each model also gets an A/A cell: specbench plain timed exactly as an Auto cell is, paired with plain. Per
 cell: plain's seconds over Auto's summed over every pair, with a 95 % percentile bootstrap interval
-(resampling pairs; none below 6 pairs), and a verdict against 0.97: "holds" (the interval is above),
-"ok" (the ratio is above, the interval reaches below), "inconclusive" (the ratio is below, the interval
-reaches 0.97) or "LOSES" (the interval is below); also the median over repeats and its range. Pooled
+(resampling pairs; none below 6 pairs). The machine's speed drifts between runs by far more than the 3 %
+asked about, so each cell also gets the same ratio in plain steps: each run's seconds over its own speed,
+the median of its steady plain steps (less its drafter's per-token ``observe`` seconds, which stay charged
+to Auto); verifications, drafting, probes and restarted stretches stay in Auto's seconds. The A/A cell
+checks it (plain against plain in plain steps should be 1 within its interval; on the H200 it came out
+0.96-1.02). It is computed only when every pair has one (an Auto run that speculated throughout has no
+steady plain steps). Each estimate gets a verdict against 0.97, the one on seconds first: "holds" (the
+interval is above), "ok" (the ratio is above, the interval reaches below), "inconclusive" (the ratio is
+below, the interval reaches 0.97) or "LOSES" (the interval is below); also the median over repeats. Pooled
 intervals over cells follow: the runs in which Auto fell back, those in which it speculated, the A/A runs.
 Each Auto run also records its verify steps' median seconds by width, printed against the per-call timings.
 Timed runs run with Python's garbage collector paused (collected before each run); before the first timed
@@ -39,6 +45,7 @@ import argparse
 import contextlib
 import gc
 import json
+import math
 import os
 import statistics
 import sys
@@ -67,6 +74,8 @@ from specbench.models import synthetic
 ROOT = Path(__file__).resolve().parents[2]
 OK = 0.97
 MIN_PAIRS = 6  # fewest (plain, Auto) pairs a cell's interval is computed from
+#: Steady plain steps a run needs for its speed (``speed_state``): Auto runs that speculated throughout have not.
+MIN_STEADY = 16
 AA = "plain (A/A)"
 FULL = {
     "shapes": ["qwen3-8b-4bit", "qwen3-30b-a3b-4bit"],
@@ -182,6 +191,30 @@ def seconds_ratio(pairs: list[tuple[float, float]]) -> float:
     return sum(p for p, _ in pairs) / sum(a for _, a in pairs)
 
 
+def speed_state(records: list[dict], observe_s: float = 0.0) -> float | None:
+    """A run's speed: the median seconds of its steady plain steps (a plain step right after another, with
+    no draft of its own) less the seconds its drafter's ``observe`` took per call; None under ``MIN_STEADY``.
+
+    The machine's speed drifts between runs by far more than 3 % (plain against plain: +-10-20 %), and a
+    run's steps share its speed. A run's seconds over its own speed count its work in plain steps, the
+    same in a slow run and a fast one; Auto's verifications, drafting, probes and restarted stretches stay
+    in its seconds. The drafter's own per-token work is taken out of the speed, so it too stays charged."""
+    steady = [
+        r["verify_s"]
+        for before, r in zip(records, records[1:])
+        if r["kind"] == "plain" and before["kind"] == "plain" and not r["draft_s"] and not r.get("draft_tokens")
+    ]
+    if len(steady) < MIN_STEADY:
+        return None
+    calls = sum(1 for r in records if r["emitted"])
+    return statistics.median(steady) - (observe_s / calls if calls else 0.0)
+
+
+def in_plain_steps(pairs: list[tuple[float, float, float | None, float | None]]) -> list[tuple[float, float]]:
+    """(plain, Auto) seconds each over its run's speed (``speed_state``): the pairs both runs of which have one."""
+    return [(p / sp, a / sa) for p, a, sp, sa in pairs if sp and sa and sp > 0 and sa > 0]
+
+
 @contextlib.contextmanager
 def quiet() -> Any:
     """A timed run: garbage collected before, the collector paused during."""
@@ -281,17 +314,21 @@ def mlx_lm_seconds_per_token(model: Any, prompt: list[int], tokens: int) -> floa
         return seconds_per_token(token for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens))
 
 
-def plain_run(model: Any, prompt: list[int], tokens: int) -> float:
+def plain_run(model: Any, prompt: list[int], tokens: int, state: bool = False) -> Any:
+    """Seconds per token of specbench plain decoding; with ``state``, also the run's speed (``speed_state``)."""
+    gen = generate(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True))
     with quiet():
-        return seconds_per_token(generate(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True)))
+        spt = seconds_per_token(gen)
+    return (spt, speed_state(gen.log.records)) if state else spt
 
 
 def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: OracleDrafter, profile: Any) -> dict:
     options = GenerateOptions(max_tokens=tokens, ignore_eos=True, verify=mode)
     if mode == "plain":  # the A/A cell: plain decoding timed as an Auto cell is
-        spt = plain_run(model, prompt, tokens)
+        spt, state = plain_run(model, prompt, tokens, state=True)
         return {
             "spt": spt,
+            "state": state,
             "tokens": None,
             "verifies": 0,
             "paused": 0,
@@ -311,6 +348,7 @@ def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: Ora
     plain_steps = [r["verify_s"] for r in gen.log if r["kind"] == "plain"]
     return {
         "spt": spt,
+        "state": speed_state(gen.log.records, stats["observe_s"]),
         "verify_ms": " ".join(f"{w}:{1e3 * statistics.median(v):.1f}" for w, v in sorted(by_width.items())),
         "plain_step_ms": 1e3 * statistics.median(plain_steps) if plain_steps else None,
         "tokens": list(gen.tokens),
@@ -320,6 +358,24 @@ def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: Ora
         "extensions": policy.extensions,
         "shadows": policy.shadows,
         "ks": " ".join(map(str, sorted({r["k_requested"] for r in gen.log if r["kind"] == "verify"}))),
+    }
+
+
+def step_summary(gen: Any) -> dict:
+    """What one generation did, from its log: verifications, accepted drafts, paused tokens, and the seconds
+    of its prefill, speculative steps (drafting, verifying, bookkeeping) and plain steps."""
+    log = list(gen.log)
+    verifies = [r for r in log if r["kind"] == "verify"]
+    plain = [r for r in log if r["kind"] == "plain"]
+    return {
+        "verifies": len(verifies),
+        "accepted": sum(r["accepted"] for r in verifies),
+        "paused": sum(r["emitted"] for r in plain if r["paused"]),
+        "prefill_ms": 1e3 * sum(r["verify_s"] for r in log if r["kind"] == "prefill"),
+        "speculative_ms": 1e3 * sum(r["draft_s"] + r["verify_s"] + r["other_s"] for r in verifies),
+        "plain_ms": 1e3 * sum(r["draft_s"] + r["verify_s"] for r in plain),
+        "plain_steps": len(plain),
+        "state_ms": 1e3 * (speed_state(log, gen.stats()["observe_s"]) or float("nan")),
     }
 
 
@@ -370,9 +426,10 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool)
             # each cell's Auto run is paired with a plain run next to it, the order alternating
             drafter.acceptance, drafter.seed = (1.0 if mode == "plain" else float(a)), 1000 * repeat + cell
             plain_first = (repeat + cell) % 2 == 0
-            base = plain_run(model, prompt, tokens) if plain_first else None
+            base, base_state = plain_run(model, prompt, tokens, state=True) if plain_first else (None, None)
             r = auto_run(model, prompt, tokens, mode, drafter, profiles.get(mode))
-            base = base if plain_first else plain_run(model, prompt, tokens)
+            if not plain_first:
+                base, base_state = plain_run(model, prompt, tokens, state=True)
             out["runs"].append(
                 {
                     "model": name,
@@ -384,6 +441,8 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool)
                     "auto_s_per_token": r["spt"],
                     "mlx_lm_s_per_token": mlx_lm,
                     "vs_plain": base / r["spt"],
+                    "plain_state_ms": 1e3 * base_state if base_state else None,
+                    "auto_state_ms": 1e3 * r["state"] if r["state"] else None,
                     "plain_spread": spread([previous, base]) if previous else 0.0,
                     "equal_plain": r["tokens"] == truth if mode == "exact" else None,
                     "method": "plain" if mode == "plain" else "auto",
@@ -425,8 +484,9 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
     methods = ["plain", "lookup", "suffix", AA]  # AA: plain again, timed as the drafters are
     drafters: dict[tuple[str, int], Any] = {}
 
-    def run(method: str, prompt: list[int], tokens: int, repeat: int) -> tuple[float, list[int]]:
-        """Seconds from the call to the last token (set-up, prompt pass and decoding), and the tokens."""
+    def run(method: str, prompt: list[int], tokens: int, repeat: int) -> tuple[float, list[int], dict]:
+        """Seconds from the call to the last token (set-up, prompt pass and decoding), the tokens, and
+        what Auto did (verifications, paused tokens, seconds in speculative steps and in plain steps)."""
         options = GenerateOptions(max_tokens=tokens)
         with quiet():
             t0 = time.perf_counter()
@@ -438,7 +498,8 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
                     model, prompt, options, drafter, DraftPolicy.auto(), tokenizer, profile=profile
                 )
             tokens_out = list(gen)
-            return time.perf_counter() - t0, tokens_out
+            seconds = time.perf_counter() - t0
+        return seconds, tokens_out, step_summary(gen)
 
     longest = max(prompts, key=lambda p: len(p[2]))[2]
     for method in methods[:3]:  # warm-up
@@ -479,6 +540,11 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
                         "auto_s": done[method][0],
                         "vs_plain": done["plain"][0] / done[method][0],
                         "equal_plain": done[method][1] == done["plain"][1],
+                        **done[method][2],
+                        "plain_prefill_ms": done["plain"][2]["prefill_ms"],
+                        "plain_steps_ms": done["plain"][2]["plain_ms"],
+                        "plain_state_ms": done["plain"][2]["state_ms"],
+                        "auto_state_ms": done[method][2]["state_ms"],
                     }
                 )
         for path in trace_paths:
@@ -490,23 +556,32 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
                 bench = bench_trace(
                     model, tokenizer, trace, fresh, DraftPolicy.auto(), tokens, turns=cfg["trace_turns"]
                 )
-                rows = bench.turns.to_dicts()
-                plain = sum(r["decode_s"] for r in rows if r["method"] == "plain")
-                for method in methods[1:3]:
-                    mine = [r for r in rows if r["method"] == method]
-                    seconds = sum(r["decode_s"] for r in mine)
+                rows = {(r["turn"], r["method"]): r for r in bench.turns.to_dicts()}
+                steps: dict[tuple[int, str], list[dict]] = {}
+                for record in bench.steps.records:
+                    steps.setdefault((record["turn"], record["method"]), []).append(record)
+
+                states = {key: speed_state(steps[key], row["observe_s"]) for key, row in rows.items()}
+                state = {key: 1e3 * found if found else float("nan") for key, found in states.items()}
+
+                for turn, method in sorted(key for key in rows if key[1] in methods[1:3]):
+                    mine, plain = rows[turn, method], rows[turn, "plain"]
                     out["runs"].append(
                         {
                             "model": cfg["embedded"],
                             "what": f"trace {trace.id}",
-                            "prompt": trace.id,
+                            "prompt": f"{trace.id}/{turn}",
                             "method": f"{method}/auto",
                             "repeat": repeat,
-                            "tokens": sum(r["tokens"] for r in mine),
-                            "plain_s": plain,
-                            "auto_s": seconds,
-                            "vs_plain": plain / seconds if seconds else 0.0,
-                            "equal_plain": all(r["identical"] for r in mine),
+                            "tokens": mine["tokens"],
+                            "plain_s": plain["decode_s"],
+                            "auto_s": mine["decode_s"],
+                            "vs_plain": plain["decode_s"] / mine["decode_s"] if mine["decode_s"] else 0.0,
+                            "equal_plain": mine["identical"],
+                            "verifies": mine["verifies"],
+                            "accepted": mine["accepted"],
+                            "plain_state_ms": state[turn, "plain"],
+                            "auto_state_ms": state[turn, method],
                         }
                     )
         mine = [r for r in out["runs"] if r["model"] == cfg["embedded"] and r["repeat"] == repeat]
@@ -548,6 +623,12 @@ def summarize(out: dict) -> None:
             pairs = [(r["plain_s_per_token"], r["auto_s_per_token"]) for r in rows]
         # a percentile bootstrap of fewer pairs claims more than it knows: no interval then
         low, high = bootstrap(pairs, seconds_ratio) if len(pairs) >= MIN_PAIRS else (0.0, float("inf"))
+        states = [(_ms(r.get("plain_state_ms")), _ms(r.get("auto_state_ms"))) for r in rows]
+        steps = in_plain_steps([(p, a, sp, sa) for (p, a), (sp, sa) in zip(pairs, states)])
+        if len(steps) == len(pairs) >= MIN_PAIRS:  # all or none: dropping runs that speculated would bias it
+            in_steps, (steps_low, steps_high) = seconds_ratio(steps), bootstrap(steps, seconds_ratio)
+        else:
+            in_steps, steps_low, steps_high = None, 0.0, float("inf")
         equal = [r["equal_plain"] for r in rows if r["equal_plain"] is not None]
         row = {
             "model": model,
@@ -562,7 +643,14 @@ def summarize(out: dict) -> None:
             "lowest": min(ratios),
             "highest": max(ratios),
             "plain_noise": noise,
+            "in_steps": in_steps,
+            "steps_low": steps_low,
+            "steps_high": steps_high,
+            "steps_pairs": len(steps),
             "verdict": "a/a" if method in ("plain", AA) else verdict(seconds_ratio(pairs), low, high),
+            "verdict_in_steps": None
+            if method in ("plain", AA) or in_steps is None
+            else verdict(in_steps, steps_low, steps_high),
             "equal_plain": all(equal) if equal else None,
         }
         if "ks" in rows[0]:
@@ -571,6 +659,11 @@ def summarize(out: dict) -> None:
             row["paused"] = statistics.median(r["paused"] for r in rows)
             row["vs_mlx_lm"] = statistics.median(r["mlx_lm_s_per_token"] / r["auto_s_per_token"] for r in rows)
         (out["grid"] if "ks" in rows[0] else out["embedded"]).append(row)
+
+
+def _ms(value: Any) -> float | None:
+    """A speed in ms from a row (None, NaN or missing: None), in seconds."""
+    return value / 1e3 if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else None
 
 
 def bootstrap(values: list[Any], statistic: Any, draws: int = 5000, seed: int = 0) -> tuple[float, float]:
@@ -588,7 +681,7 @@ def pooled(out: dict) -> list[dict]:
     rows = []
     for model in dict.fromkeys(r["model"] for r in out["runs"]):
         runs = [r for r in out["runs"] if r["model"] == model]
-        if "paused" in runs[0]:
+        if "plain_s_per_token" in runs[0]:  # a shape
             groups = {
                 "A/A (plain against plain)": [r["vs_plain"] for r in runs if r["method"] == "plain"],
                 "Auto fell back": [
@@ -605,6 +698,29 @@ def pooled(out: dict) -> list[dict]:
                         {"model": model, "what": what, "n": len(values), "ratio": statistics.mean(values)}
                         | {"low": low, "high": high, "lowest": min(values)}
                     )
+            fell_back = [r for r in runs if r["method"] == "auto" and r["paused"] >= 0.9 * r["tokens"]]
+            for what, group in (
+                ("A/A, in plain steps", [r for r in runs if r["method"] == "plain"]),
+                ("Auto fell back, in plain steps", fell_back),
+            ):
+                steps = in_plain_steps(
+                    [
+                        (
+                            r["plain_s_per_token"],
+                            r["auto_s_per_token"],
+                            _ms(r.get("plain_state_ms")),
+                            _ms(r.get("auto_state_ms")),
+                        )
+                        for r in group
+                    ]
+                )
+                if len(steps) >= 2:
+                    values = [p / a for p, a in steps]
+                    low, high = bootstrap(values, statistics.mean)
+                    rows.append(
+                        {"model": model, "what": what, "n": len(values), "ratio": statistics.mean(values)}
+                        | {"low": low, "high": high, "lowest": min(values)}
+                    )
             continue
         for method in dict.fromkeys(r["method"] for r in runs):
             pairs = [(r["plain_s"], r["auto_s"]) for r in runs if r["method"] == method and r["auto_s"] > 0]
@@ -616,13 +732,25 @@ def pooled(out: dict) -> list[dict]:
                 | {"ratio": seconds_ratio(pairs)}
                 | {"low": low, "high": high, "lowest": min(p / a for p, a in pairs)}
             )
+            mine = [r for r in runs if r["method"] == method and r["auto_s"] > 0]
+            steps = in_plain_steps(
+                [(r["plain_s"], r["auto_s"], _ms(r.get("plain_state_ms")), _ms(r.get("auto_state_ms"))) for r in mine]
+            )
+            if len(steps) >= 2:
+                low, high = bootstrap(steps, seconds_ratio)
+                rows.append(
+                    {"model": model, "what": f"{method}, in plain steps (runs with a speed)", "n": len(steps)}
+                    | {"ratio": seconds_ratio(steps)}
+                    | {"low": low, "high": high, "lowest": min(p / a for p, a in steps)}
+                )
     return rows
 
 
 def report(out: dict, budget: Budget) -> None:
     say(
-        "\n== Auto / specbench plain per cell: seconds ratio over every (plain, Auto) pair [95 % bootstrap interval], "
-        "median over repeats (range), verdict against 0.97"
+        "\n== Auto / specbench plain per cell: seconds ratio over every (plain, Auto) pair [95 % bootstrap interval]; "
+        "the same in plain steps (each run's seconds over its own speed, see speed_state) [interval]; verdict "
+        "against 0.97 on seconds (and on plain steps)"
     )
     say(f"   (timed runs {out.get('affinity', {}).get('chosen', 'free')}; an A/A row is plain against plain)")
     for row in out["grid"] + out["embedded"]:
@@ -635,8 +763,14 @@ def report(out: dict, budget: Budget) -> None:
         say(
             f"  {row['model']:20s} {row['what']:28s} {row['method']:12s} {row['ratio']:.2f}x "
             + (f"[{row['low']:.2f}-{row['high']:.2f}]" if row["pairs"] >= MIN_PAIRS else "[too few pairs]")
-            + f" median {row['auto_over_plain']:.2f}x "
-            f"({row['lowest']:.2f}-{row['highest']:.2f}, {row['pairs']} pairs) {row['verdict']:12s}{extra}{same}"
+            + (
+                f" in plain steps {row['in_steps']:.3f}x [{row['steps_low']:.3f}-{row['steps_high']:.3f}]"
+                if row["in_steps"] is not None
+                else " in plain steps -"
+            )
+            + f" ({row['pairs']} pairs) {row['verdict']:12s}"
+            + (f" (in plain steps: {row['verdict_in_steps']})" if row["verdict_in_steps"] else "")
+            + f"{extra}{same}"
         )
     rows = out["grid"] + out["embedded"]
     if rows:

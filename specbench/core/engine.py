@@ -46,6 +46,9 @@ def token_ids(prompt: Any, tokenizer: Any = None) -> list[int]:
 class Generation:
     """One generation: iterate it for token ids; then ``stats()``, ``finish_reason()``, ``log``.
 
+    ``stats()`` adds to the log's totals the prompt, the finish reason, the wall time and ``observe_s``
+    (seconds the drafter spent taking in emitted tokens: host work plain decoding does not do).
+
     ``source`` is an mlx-lm model (or a ``Target``, such as a recorded output). ``verifier``
     computes verifications (fast unless given); ``break_even`` (k -> tokens a verification of k
     drafts must yield) is handed to the policy when it starts. ``clock`` times the log's columns.
@@ -103,6 +106,7 @@ class Generation:
         self.tokens: list[int] = []
         self._finish: str | None = None
         self._wall_s = 0.0
+        self._observe_s = 0.0
         self._iter = self._run()
 
     def _check_prompt(self) -> None:
@@ -139,6 +143,7 @@ class Generation:
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "finish_reason": self._finish,
             "wall_s": self._wall_s,
+            "observe_s": self._observe_s,
         }
 
     @property
@@ -338,7 +343,9 @@ class Generation:
 
     def _emit(self, tokens: list[int], hidden: mx.array | None) -> Iterator[int]:
         if self.drafter is not None and tokens:
+            t0 = self.clock()
             self.drafter.observe(tokens, hidden)
+            self._observe_s += self.clock() - t0
         for t in tokens:
             self.tokens.append(t)
             yield t

@@ -123,6 +123,7 @@ def _row(trace_id: str, turn: int, method: str, gen: Generation, plain: Generati
         "decode_tokens": decode_tokens,
         "decode_s": stats["decode_s"],
         "prefill_s": stats["prefill_s"],
+        "observe_s": stats["observe_s"],
         "tokens_per_s": stats["decode_tokens_per_s"],
         "speedup": plain_stats["decode_s"] / stats["decode_s"] if stats["decode_s"] > 0 else 0.0,
         "identical": list(gen.tokens) == list(plain.tokens),

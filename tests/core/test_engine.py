@@ -287,3 +287,25 @@ def test_prompt_cache_holding_a_prefix_is_extended():
     model(mx.array([PROMPT]), cache=context)
     continued = generate(model, PROMPT[-3:], GenerateOptions(max_tokens=5), prompt_cache=context)
     assert list(continued) == plain_greedy(model, PROMPT + PROMPT[-3:], 5)
+
+
+def test_observe_seconds_are_the_drafters_own():
+    """``stats()["observe_s"]`` is the time spent in ``drafter.observe``: zero without a drafter, and at least
+    what a drafter that sleeps in ``observe`` slept."""
+    import time
+
+    class SlowObserver(PromptLookup):
+        def observe(self, tokens, hidden=None):
+            time.sleep(0.002)
+            super().observe(tokens, hidden)
+
+    model = build_tiny("llama")
+    prompt = [1, 2, 3, 4, 1, 2, 3]
+    options = GenerateOptions(max_tokens=6)
+    plain = generate(model, prompt, options)
+    list(plain)
+    assert plain.stats()["observe_s"] == 0.0
+    gen = speculative_generate(model, prompt, options, SlowObserver(), DraftPolicy.fixed(2))
+    list(gen)
+    calls = sum(1 for r in gen.log.records if r["emitted"])
+    assert gen.stats()["observe_s"] >= 0.002 * calls

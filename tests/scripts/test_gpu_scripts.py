@@ -61,3 +61,13 @@ def test_traces_script(tmp_path):
     out = run_script("traces.py", tmp_path, "--drafters", "lookup,suffix")
     assert "outputs identical: True" in out
     assert (tmp_path / "traces_summary.csv").exists()
+
+
+def test_default_policy_script(tmp_path):
+    out = run_script("default_policy.py", tmp_path)
+    assert "in plain steps" in out and "A/A, in plain steps" in out
+    assert "outputs equal to plain greedy on every checked run: True" in out
+    summary = json.loads((tmp_path / "default_policy.json").read_text())
+    cells = summary["grid"] + summary["embedded"]
+    assert {"in_steps", "steps_low", "steps_high", "verdict", "verdict_in_steps"} <= set(cells[0])
+    assert any(r["what"] == "plain a/a" for r in summary["grid"])
