@@ -174,11 +174,10 @@ class Generation:
                     k = policy.next_k(self.log, drafter)
                     if k <= 0:
                         n = min(policy.plain_run(), self._remaining())
-                        yield from self._plain_stretch(n, paused=True, shadow=policy.shadow_k() if n > 1 else 0)
-                    elif self._remaining() > 1:
-                        yield from self._speculative_step(min(k, self._remaining() - 1))
+                        shadow = policy.shadow_k() if n > 1 else 0
+                        yield from self._plain_stretch(n, paused=True, shadow=shadow, more=n < self._remaining())
                     else:
-                        yield from self._plain_stretch(1, paused=False, k_requested=k)
+                        yield from self._speculative_step(k)
         finally:
             self._wall_s = self.clock() - start
             if drafter is not None:
@@ -194,10 +193,11 @@ class Generation:
         yield from self._emit(emitted, step.hidden)
 
     def _plain_stretch(
-        self, n: int, paused: bool, k_requested: int = 0, draft_s: float = 0.0, shadow: int = 0
+        self, n: int, paused: bool, k_requested: int = 0, draft_s: float = 0.0, shadow: int = 0, more: bool = False
     ) -> Iterator[int]:
         """``n`` plain steps (the target pipelines them); ``shadow``: tokens drafted first and not
-        verified, logged on the first step for the policy to compare with the tokens decoded."""
+        verified, logged on the first step for the policy to compare with the tokens decoded;
+        ``more``: tokens follow, so the target queues the next step already (``_settle``)."""
         position = len(self.tokens)
         shadow_tokens: list[int] = []
         if shadow > 0:
@@ -207,7 +207,7 @@ class Generation:
             shadow_tokens = list(draft.tokens)[: next((i for i, p in enumerate(parents) if p != i - 1), shadow)]
             draft_s = self.clock() - t0
         tick = self.clock()  # before the first step is queued: on a CPU queuing computes it
-        for i, step in enumerate(self.target.plain_steps(position, n)):
+        for i, step in enumerate(self.target.plain_steps(position, n, more)):
             now = self.clock()
             emitted = self._stop_at(step.tokens)
             self._record(
@@ -226,7 +226,27 @@ class Generation:
             if self._finish is not None:
                 return
 
+    def _settle(self, k_requested: int) -> Iterator[int]:
+        """The plain step the target queued past the last stretch: its token, logged as a plain step
+        on the way to the speculative step that asked for ``k_requested`` drafts (not a paused one)."""
+        t0 = self.clock()
+        step = self.target.settle()
+        if step is None:
+            return
+        emitted = self._stop_at(step.tokens)
+        self._record(
+            "plain", len(self.tokens), emitted, k_requested=k_requested, verify_s=self.clock() - t0, extra=step.extra
+        )
+        yield from self._emit(emitted, step.hidden)
+
     def _speculative_step(self, k: int) -> Iterator[int]:
+        yield from self._settle(k)
+        if self._finish is not None:
+            return
+        if self._remaining() <= 1:
+            yield from self._plain_stretch(1, paused=False, k_requested=k)
+            return
+        k = min(k, self._remaining() - 1)
         t0 = self.clock()
         draft = as_draft(self.drafter.draft(self.prompt + self.tokens, k), k, self._drafter_name())
         t1 = self.clock()

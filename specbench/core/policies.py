@@ -11,10 +11,10 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
-from numbers import Integral
 from typing import Any
 
 from specbench.core.log import StepLog
+from specbench.core.policy_args import at_least_one, check_break_even, check_k
 
 #: Auto looks this far for a wider draft that costs less than the drafter's preferred one.
 ENVELOPE_K = 8
@@ -107,37 +107,11 @@ def as_policy(policy: DraftPolicy | str | int) -> DraftPolicy:
     raise TypeError(f"a policy is a DraftPolicy, its text (e.g. 'fixed:4', 'auto') or a draft length, got {policy!r}")
 
 
-def _check_k(n: int) -> int:
-    return _at_least_one("draft length", n)
-
-
-def _at_least_one(name: str, n: object) -> int:
-    """``n`` if it is an integer >= 1 (not a bool), else a TypeError/ValueError naming ``name``."""
-    if not isinstance(n, Integral) or isinstance(n, bool):
-        raise TypeError(f"{name} must be an integer >= 1, got {n!r} ({type(n).__name__})")
-    if n < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {n!r}")
-    return int(n)
-
-
-def _check_break_even(value: object, source: str) -> float:
-    """A break-even (tokens a verification must yield): a number >= 0, not NaN (inf: never draft)."""
-    try:
-        if isinstance(value, (bool, str, bytes)):
-            raise TypeError
-        number = float(value)  # numbers, and scalar arrays
-    except (TypeError, ValueError):
-        raise TypeError(f"{source} must be a number of tokens >= 0, got {value!r} ({type(value).__name__})") from None
-    if math.isnan(number) or number < 0:
-        raise ValueError(f"{source} must be a number of tokens >= 0, got {value!r}")
-    return number
-
-
 class FixedPolicy(DraftPolicy):
     """Up to ``n`` tokens every step."""
 
     def __init__(self, n: int):
-        self.n = _check_k(n)
+        self.n = check_k(n)
         self.name = f"fixed:{n}"
 
     def _k(self, drafter: Any) -> int:
@@ -151,8 +125,8 @@ class AdaptivePolicy(DraftPolicy):
     """Up to ``n`` tokens; after a fully rejected draft, pause 1, 2, 4, ... ``max_pause`` steps."""
 
     def __init__(self, n: int, max_pause: int = 16):
-        self.n = _check_k(n)
-        self.max_pause = _at_least_one("max_pause", max_pause)
+        self.n = check_k(n)
+        self.max_pause = at_least_one("max_pause", max_pause)
         self.name = f"adaptive:{n}"
 
     def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
@@ -197,7 +171,9 @@ class AutoPolicy(DraftPolicy):
     the cost profile) is the prior, scaled to the seconds measured; lengths come from the monotone
     envelope of that curve (a wider draft that costs no more is taken; none a full acceptance cannot pay
     for), the best predicted at the measured per-position acceptance (one accepted and one rejected
-    position assumed). Untimed steps (a simulated run) are costed by the prior. With ``measured=False``
+    position assumed). Plain steps a speculative decision takes before its draft (the step a pause
+    queued past its end) count as plain decoding, not speculation. Untimed steps (a simulated run)
+    are costed by the prior. With ``measured=False``
     (the default with a fixed ``break_even``) nothing is timed or drafted unverified: the drafter's
     preferred length moved onto the envelope, paused ``pause_tokens`` when the last ``window``
     verifications yield less than their break-evens.
@@ -219,13 +195,13 @@ class AutoPolicy(DraftPolicy):
         shadow: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        self.max_k = _at_least_one("max_k", max_k) if max_k is not None else None
-        self.window = _at_least_one("window", window)
-        self.pause_tokens = _at_least_one("pause_tokens", pause_tokens)
-        self.fixed_break_even = _check_break_even(break_even, "break_even") if break_even is not None else None
-        self.probe_tokens = _at_least_one("probe_tokens", probe_tokens)
-        self.min_verifies = min(_at_least_one("min_verifies", min_verifies), self.window)
-        self.max_pause_tokens = max(self.pause_tokens, _at_least_one("max_pause_tokens", max_pause_tokens))
+        self.max_k = at_least_one("max_k", max_k) if max_k is not None else None
+        self.window = at_least_one("window", window)
+        self.pause_tokens = at_least_one("pause_tokens", pause_tokens)
+        self.fixed_break_even = check_break_even(break_even, "break_even") if break_even is not None else None
+        self.probe_tokens = at_least_one("probe_tokens", probe_tokens)
+        self.min_verifies = min(at_least_one("min_verifies", min_verifies), self.window)
+        self.max_pause_tokens = max(self.pause_tokens, at_least_one("max_pause_tokens", max_pause_tokens))
         self.measured = self.fixed_break_even is None if measured is None else bool(measured)
         self.shadow = bool(shadow)
         if not callable(clock):
@@ -277,7 +253,7 @@ class AutoPolicy(DraftPolicy):
         if self.fixed_break_even is not None:
             return self.fixed_break_even
         if k not in self._break_evens:
-            self._break_evens[k] = _check_break_even(self._break_even_of(k), f"the break-even of k = {k}")
+            self._break_evens[k] = check_break_even(self._break_even_of(k), f"the break-even of k = {k}")
         return self._break_evens[k]
 
     def preferred_k(self, drafter: Any) -> int:
@@ -377,6 +353,12 @@ class AutoPolicy(DraftPolicy):
             if self.measured and tokens:
                 self.plain.append((seconds if timed else float(tokens), tokens))
                 self._totals()
+            return
+        # plain steps before this decision's draft (the step a pause queued past its end) are plain decoding's
+        lead = next((i for i, r in enumerate(decoded) if r["kind"] != "plain" or r["draft_s"]), len(decoded))
+        seconds -= sum(r["verify_s"] for r in decoded[:lead])
+        tokens -= sum(r["emitted"] for r in decoded[:lead])
+        if not (decoded := decoded[lead:]):
             return
         verifies = [r for r in decoded if r["kind"] == "verify"]
         if not self.measured and not verifies:

@@ -54,7 +54,9 @@ class Target(Protocol):
 
     def prefill(self, prompt: list[int], cached: int) -> tuple[Step, mx.array | None]: ...
 
-    def plain_steps(self, position: int, n: int) -> Iterator[Step]: ...
+    def plain_steps(self, position: int, n: int, more: bool = False) -> Iterator[Step]: ...
+
+    def settle(self) -> Step | None: ...
 
     def verify(
         self, draft_tokens: list[int], draft_probs: mx.array | None, position: int, parents: list[int] | None = None
@@ -89,6 +91,8 @@ class ModelTarget:
         self.rollback = CacheRollback(self.cache, model) if speculative else None
         self.counter: ExpertCounter | None = None
         self.last: mx.array | int = 0
+        #: The plain step queued past the last stretch (``plain_steps(more=True)``) and its output position.
+        self._ahead: tuple[tuple[mx.array, mx.array | None, dict[str, Any]], int] | None = None
 
     def cached_tokens(self, prompt_length: int) -> int:
         """Prompt tokens the given cache already holds (a conversation's history): a cache holding
@@ -173,19 +177,39 @@ class ModelTarget:
         logits, hidden = self._forward(mx.reshape(y, (1, 1)))
         return self._pick(logits, position), hidden, self._extra()
 
-    def plain_steps(self, position: int, n: int) -> Iterator[Step]:
+    def plain_steps(self, position: int, n: int, more: bool = False) -> Iterator[Step]:
         """``n`` plain steps, pipelined as mlx-lm pipelines them: the next step is queued before
-        the current token is read."""
-        last = self.last if isinstance(self.last, mx.array) else mx.array(self.last, dtype=mx.uint32)
-        pending = self._plain_step(last, position)
-        mx.async_eval(pending[0])
+        the current token is read. With ``more`` (more tokens will follow) the step after the last
+        is queued too and kept: the next stretch goes on from it, so the pipeline never drains
+        between stretches, and anything else takes its token first through ``settle``."""
+        if self._ahead is not None and self._ahead[1] == position:
+            pending, self._ahead = self._ahead[0], None
+        else:
+            self._check_settled()
+            last = self.last if isinstance(self.last, mx.array) else mx.array(self.last, dtype=mx.uint32)
+            pending = self._plain_step(last, position)
+            mx.async_eval(pending[0])
         for i in range(n):
             current = pending
-            if i + 1 < n:
+            if i + 1 < n or more:
                 pending = self._plain_step(current[0], position + i + 1)
                 mx.async_eval(pending[0])
             self.last = current[0]
+            if i + 1 == n and more:
+                self._ahead = (pending, position + n)
             yield Step([int(current[0].item())], current[1], current[2])
+
+    def settle(self) -> Step | None:
+        """The plain step queued past the last stretch, as one more plain step (None when none is)."""
+        if self._ahead is None:
+            return None
+        (token, hidden, extra), self._ahead = self._ahead[0], None
+        self.last = token
+        return Step([int(token.item())], hidden, extra)
+
+    def _check_settled(self) -> None:
+        if self._ahead is not None:
+            raise RuntimeError("a plain step is still queued past the last stretch: take its token with settle()")
 
     def verify(
         self, draft_tokens: list[int], draft_probs: mx.array | None, position: int, parents: list[int] | None = None
@@ -194,6 +218,7 @@ class ModelTarget:
         past the rejected drafts. With ``parents`` the draft is a token tree (``verify_tree``)."""
         if parents is not None:
             return self.verify_tree(draft_tokens, draft_probs, position, parents)
+        self._check_settled()
         last = int(self.last.item()) if isinstance(self.last, mx.array) else int(self.last)
         inputs = mx.array([[last] + draft_tokens], dtype=mx.uint32)
         self.rollback.before_verify(inputs.shape[1])
@@ -215,6 +240,7 @@ class ModelTarget:
     def verify_tree(self, tokens: list[int], probs: mx.array | None, position: int, parents: list[int]) -> Step:
         """One forward over the last token and a token tree (tree mask, per-depth positions); the
         longest accepted path; the caches compacted to it; hidden rows along it."""
+        self._check_settled()
         last = int(self.last.item()) if isinstance(self.last, mx.array) else int(self.last)
         inputs = mx.array([[last] + tokens], dtype=mx.uint32)
         width = inputs.shape[1]

@@ -165,6 +165,7 @@ class RecordedOutput:
     def __init__(self, request: Recorded, options: GenerateOptions, context_limit: int | None):
         self.output = request.output
         self.context_limit = context_limit
+        self._ahead: int | None = None
         self.stop_index = len(self.output) - 1 if request.finish_reason == "stop" else None
         known = len(self.output) if request.finish_reason != "stop" else None
         if (
@@ -183,9 +184,18 @@ class RecordedOutput:
     def prefill(self, prompt: list[int], cached: int) -> tuple[Step, None]:
         return Step([self.output[0]]), None
 
-    def plain_steps(self, position: int, n: int) -> Iterator[Step]:
+    def plain_steps(self, position: int, n: int, more: bool = False) -> Iterator[Step]:
+        """As a model's: with ``more``, the step after the last is taken as queued (``settle`` reads it)."""
+        self._ahead = None
         for i in range(n):
+            if i + 1 == n and more:
+                self._ahead = position + n
             yield Step([self.output[position + i]])
+
+    def settle(self) -> Step | None:
+        """The step queued past the last stretch, as one more plain step (None when none is)."""
+        ahead, self._ahead = self._ahead, None
+        return Step([self.output[ahead]]) if ahead is not None else None
 
     def verify(
         self, draft_tokens: list[int], draft_probs: Any, position: int, parents: list[int] | None = None

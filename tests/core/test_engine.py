@@ -139,9 +139,11 @@ def test_auto_kill_switch_pauses_64_tokens():
     records = gen.log.records[1:]
     assert [r["kind"] for r in records[:16]] == ["verify"] * 16
     assert all(r["paused"] for r in records[16 : 16 + 64])
-    assert [r["kind"] for r in records[80:96]] == ["verify"] * 16
-    # prefill 1 + 16 verifies + 64 paused + 16 verifies = 97 tokens; the kill switch fires again.
-    assert gen.stats()["pauses"] == 64 + 3
+    # the step the pause queued past its end is decoded on the way to the next verification, not paused
+    assert records[80]["kind"] == "plain" and not records[80]["paused"] and records[80]["k_requested"] > 0
+    assert [r["kind"] for r in records[81:97]] == ["verify"] * 16
+    # prefill 1 + 16 verifies + 64 paused + 1 + 16 verifies = 98 tokens; the kill switch fires again.
+    assert gen.stats()["pauses"] == 64 + 2
 
 
 def test_log_roundtrip(tmp_path):
@@ -309,3 +311,44 @@ def test_observe_seconds_are_the_drafters_own():
     list(gen)
     calls = sum(1 for r in gen.log.records if r["emitted"])
     assert gen.stats()["observe_s"] >= 0.002 * calls
+
+
+def test_pauses_keep_the_plain_pipeline_full(monkeypatch):
+    """A paused stretch that more tokens follow queues the step after its last one before that token is read,
+    as inside a stretch; the next speculative step takes that token first. Output stays plain greedy."""
+    from specbench.core import target as target_module
+
+    queued: list[int] = []
+    original = target_module.ModelTarget._plain_step
+
+    def spy(self, y, position):
+        queued.append(position)
+        return original(self, y, position)
+
+    monkeypatch.setattr(target_module.ModelTarget, "_plain_step", spy)
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, 60)
+    ahead_at: dict[int, int] = {}
+
+    class Watching(ScriptedDrafter):
+        def begin(self, prompt, hidden=None):
+            self.seen = 0
+
+        def observe(self, tokens, hidden=None):
+            self.seen += len(tokens)
+            ahead_at[self.seen - 1] = max(queued, default=-1)  # output position -> furthest step queued
+
+    drafter = Watching(ref, len(PROMPT), 97, wrong_at=lambda step, i: True)
+    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=60), drafter, DraftPolicy.adaptive(3))
+    assert list(gen) == ref
+    records = gen.log.records
+    ends = [
+        r["position"]
+        for r, after in zip(records, records[1:])
+        if r["kind"] == "plain" and r["paused"] and not after["paused"]
+    ]
+    assert len(ends) >= 4  # pauses of 1, 2, 4, 8 ... steps, each followed by a speculative step
+    assert all(ahead_at[p] >= p + 1 for p in ends)
+    for r, after in zip(records, records[1:]):
+        if r["position"] in ends:  # the queued step's token, logged on the way to the verification
+            assert after["kind"] == "plain" and not after["paused"] and after["k_requested"] == 3

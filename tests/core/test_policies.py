@@ -25,11 +25,22 @@ class Drafter:
     name = "synthetic"
 
 
-def run(policy: AutoPolicy, clock: FakeClock, tokens: int, plain_s: float, spec_s, right, break_even=None, draft_s=0.0):
+def run(
+    policy: AutoPolicy,
+    clock: FakeClock,
+    tokens: int,
+    plain_s: float,
+    spec_s,
+    right,
+    break_even=None,
+    draft_s=0.0,
+    settle=False,
+):
     """Drive ``policy`` through a synthetic generation of ``tokens`` tokens, as the decode loop does:
     a plain step costs ``plain_s`` seconds, a verification of k drafts ``spec_s(k)``, drafting
     ``draft_s``; the drafter's token at output position p is right when ``right(p)`` (a draft is
-    accepted up to its first wrong token). Output token p is p; a wrong draft token is -1."""
+    accepted up to its first wrong token). Output token p is p; a wrong draft token is -1. With
+    ``settle``, a speculative step after plain steps first takes the plain step queued past them."""
     log = StepLog()
     policy.start(Drafter(), break_even or prior)
     log.append(StepRecord(step=0, position=0, kind="prefill", emitted=1, verify_s=0.1))
@@ -54,6 +65,12 @@ def run(policy: AutoPolicy, clock: FakeClock, tokens: int, plain_s: float, spec_
                 log.append(record)
                 done += 1
         else:
+            if settle and log.records[-1]["kind"] == "plain" and tokens - done > 1:
+                clock.now += plain_s
+                record = StepRecord(step=len(log), position=done, kind="plain", emitted=1, verify_s=plain_s)
+                record.tokens, record.k_requested = [done], k
+                log.append(record)
+                done += 1
             k = min(k, tokens - done)
             proposal = draft(k)
             a = next((i for i, t in enumerate(proposal) if t < 0), k)
@@ -335,3 +352,16 @@ def test_a_tree_accepted_to_its_depth_counts_as_wholly_accepted(tree_depth, reje
     clock.now += 0.01
     policy.next_k(log, Drafter())
     assert (policy.accepted, policy.rejected) == (3, rejected)
+
+
+@pytest.mark.parametrize("right", [never, at_rate(0.5)], ids=["never", "half"])
+def test_the_plain_step_taken_on_the_way_to_a_draft_is_not_counted_as_speculation(right):
+    """The decode loop takes the plain step a pause queued past its end before drafting: that cheap token
+    must not make speculation look cheaper than it is (Auto then decides as without it)."""
+    decisions = []
+    for settle in (False, True):
+        clock = FakeClock()
+        policy = DraftPolicy.auto(clock=clock, pause_tokens=16)
+        log = run(policy, clock, 600, 0.004, lambda k: 0.004 * 2.5 * prior(k), right, settle=settle)
+        decisions.append(sum(1 for r in log.records if r["kind"] == "verify"))
+    assert abs(decisions[1] - decisions[0]) <= max(2, decisions[0] // 5)

@@ -70,7 +70,8 @@ def test_plain_steps_lay_the_buffers_out_once_after_each_verification(monkeypatc
             super().before_plain_step(cache)
             for c in cache:
                 if type(c) is KVCache and c.keys is not None:
-                    assert c.keys.shape[2] == serial_extent(c.offset + 1)  # serial decoding's buffer
+                    # serial decoding's buffer: as it is before this step, or as this step grows it
+                    assert c.keys.shape[2] in (serial_extent(c.offset), serial_extent(c.offset + 1))
             checked.append(1)
 
     # three drafts in four wholly wrong (Adaptive then pauses 1, 2, 4 steps), the fourth partly accepted

@@ -32,7 +32,7 @@ FIELDS = (
 )
 
 
-def _prompts(seed: int, n: int = 3) -> list[list[int]]:
+def _prompts(seed: int, n: int = 4) -> list[list[int]]:
     rng = random.Random(seed)
     prompts = []
     for _ in range(n):
