@@ -210,9 +210,24 @@ def speed_state(records: list[dict], observe_s: float = 0.0) -> float | None:
     return statistics.median(steady) - (observe_s / calls if calls else 0.0)
 
 
-def in_plain_steps(pairs: list[tuple[float, float, float | None, float | None]]) -> list[tuple[float, float]]:
-    """(plain, Auto) seconds each over its run's speed (``speed_state``): the pairs both runs of which have one."""
-    return [(p / sp, a / sa) for p, a, sp, sa in pairs if sp and sa and sp > 0 and sa > 0]
+def seconds_pair(row: dict) -> tuple[float, float]:
+    """(plain, Auto) seconds of a run row: whole calls (the embedded model) or per token (shapes)."""
+    return (row["plain_s"], row["auto_s"]) if "plain_s" in row else (row["plain_s_per_token"], row["auto_s_per_token"])
+
+
+def in_plain_steps(rows: list[dict]) -> list[tuple[float, float]]:
+    """(plain, Auto) seconds of each run row over its run's speed (``speed_state``): the rows both runs of
+    which have one."""
+    steps = []
+    for row in rows:
+        (plain, auto), plain_speed, auto_speed = (
+            seconds_pair(row),
+            _ms(row.get("plain_state_ms")),
+            _ms(row.get("auto_state_ms")),
+        )
+        if plain_speed and auto_speed:
+            steps.append((plain / plain_speed, auto / auto_speed))
+    return steps
 
 
 @contextlib.contextmanager
@@ -617,14 +632,10 @@ def summarize(out: dict) -> None:
         else:
             ratios = [statistics.mean(r["vs_plain"] for r in rs) for rs in by_repeat.values()]
             noise = statistics.median(r["plain_spread"] for r in rows)
-        if "plain_s" in rows[0]:
-            pairs = [(r["plain_s"], r["auto_s"]) for r in rows]
-        else:
-            pairs = [(r["plain_s_per_token"], r["auto_s_per_token"]) for r in rows]
+        pairs = [seconds_pair(r) for r in rows]
         # a percentile bootstrap of fewer pairs claims more than it knows: no interval then
         low, high = bootstrap(pairs, seconds_ratio) if len(pairs) >= MIN_PAIRS else (0.0, float("inf"))
-        states = [(_ms(r.get("plain_state_ms")), _ms(r.get("auto_state_ms"))) for r in rows]
-        steps = in_plain_steps([(p, a, sp, sa) for (p, a), (sp, sa) in zip(pairs, states)])
+        steps = in_plain_steps(rows)
         if len(steps) == len(pairs) >= MIN_PAIRS:  # all or none: dropping runs that speculated would bias it
             in_steps, (steps_low, steps_high) = seconds_ratio(steps), bootstrap(steps, seconds_ratio)
         else:
@@ -673,6 +684,18 @@ def bootstrap(values: list[Any], statistic: Any, draws: int = 5000, seed: int = 
     return stats[int(0.025 * draws)], stats[int(0.975 * draws) - 1]
 
 
+def pooled_row(model: str, what: str, items: list, statistic: Any, ratio: Any) -> list[dict]:
+    """The pooled row of ``items`` (none under 2): ``statistic`` with its 95 % bootstrap interval, and the
+    lowest single ``ratio(item)``."""
+    if len(items) < 2:
+        return []
+    low, high = bootstrap(items, statistic)
+    return [
+        {"model": model, "what": what, "n": len(items), "ratio": statistic(items)}
+        | {"low": low, "high": high, "lowest": min(map(ratio, items))}
+    ]
+
+
 def pooled(out: dict) -> list[dict]:
     """Pooled over cells, with 95 % bootstrap intervals: per shape, the runs in which Auto fell back (paused
     for >= 90 % of the tokens), the runs in which it speculated, and the A/A runs (mean Auto / plain); for
@@ -682,67 +705,25 @@ def pooled(out: dict) -> list[dict]:
     for model in dict.fromkeys(r["model"] for r in out["runs"]):
         runs = [r for r in out["runs"] if r["model"] == model]
         if "plain_s_per_token" in runs[0]:  # a shape
-            groups = {
-                "A/A (plain against plain)": [r["vs_plain"] for r in runs if r["method"] == "plain"],
-                "Auto fell back": [
-                    r["vs_plain"] for r in runs if r["method"] == "auto" and r["paused"] >= 0.9 * r["tokens"]
-                ],
-                "Auto speculated": [
-                    r["vs_plain"] for r in runs if r["method"] == "auto" and r["paused"] < 0.9 * r["tokens"]
-                ],
-            }
-            for what, values in groups.items():
-                if len(values) >= 2:
-                    low, high = bootstrap(values, statistics.mean)
-                    rows.append(
-                        {"model": model, "what": what, "n": len(values), "ratio": statistics.mean(values)}
-                        | {"low": low, "high": high, "lowest": min(values)}
-                    )
+            a_a = [r for r in runs if r["method"] == "plain"]
             fell_back = [r for r in runs if r["method"] == "auto" and r["paused"] >= 0.9 * r["tokens"]]
+            speculated = [r for r in runs if r["method"] == "auto" and r["paused"] < 0.9 * r["tokens"]]
             for what, group in (
-                ("A/A, in plain steps", [r for r in runs if r["method"] == "plain"]),
-                ("Auto fell back, in plain steps", fell_back),
+                ("A/A (plain against plain)", a_a),
+                ("Auto fell back", fell_back),
+                ("Auto speculated", speculated),
             ):
-                steps = in_plain_steps(
-                    [
-                        (
-                            r["plain_s_per_token"],
-                            r["auto_s_per_token"],
-                            _ms(r.get("plain_state_ms")),
-                            _ms(r.get("auto_state_ms")),
-                        )
-                        for r in group
-                    ]
-                )
-                if len(steps) >= 2:
-                    values = [p / a for p, a in steps]
-                    low, high = bootstrap(values, statistics.mean)
-                    rows.append(
-                        {"model": model, "what": what, "n": len(values), "ratio": statistics.mean(values)}
-                        | {"low": low, "high": high, "lowest": min(values)}
-                    )
+                rows += pooled_row(model, what, [r["vs_plain"] for r in group], statistics.mean, float)
+            for what, group in (("A/A, in plain steps", a_a), ("Auto fell back, in plain steps", fell_back)):
+                rows += pooled_row(model, what, [p / a for p, a in in_plain_steps(group)], statistics.mean, float)
             continue
         for method in dict.fromkeys(r["method"] for r in runs):
-            pairs = [(r["plain_s"], r["auto_s"]) for r in runs if r["method"] == method and r["auto_s"] > 0]
-            if len(pairs) < 2:
-                continue
-            low, high = bootstrap(pairs, seconds_ratio)
-            rows.append(
-                {"model": model, "what": f"{method}, every prompt and trace", "n": len(pairs)}
-                | {"ratio": seconds_ratio(pairs)}
-                | {"low": low, "high": high, "lowest": min(p / a for p, a in pairs)}
-            )
             mine = [r for r in runs if r["method"] == method and r["auto_s"] > 0]
-            steps = in_plain_steps(
-                [(r["plain_s"], r["auto_s"], _ms(r.get("plain_state_ms")), _ms(r.get("auto_state_ms"))) for r in mine]
-            )
-            if len(steps) >= 2:
-                low, high = bootstrap(steps, seconds_ratio)
-                rows.append(
-                    {"model": model, "what": f"{method}, in plain steps (runs with a speed)", "n": len(steps)}
-                    | {"ratio": seconds_ratio(steps)}
-                    | {"low": low, "high": high, "lowest": min(p / a for p, a in steps)}
-                )
+            for what, pairs in (
+                (f"{method}, every prompt and trace", [seconds_pair(r) for r in mine]),
+                (f"{method}, in plain steps (runs with a speed)", in_plain_steps(mine)),
+            ):
+                rows += pooled_row(model, what, pairs, seconds_ratio, lambda pair: pair[0] / pair[1])
     return rows
 
 

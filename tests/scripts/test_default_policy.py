@@ -56,8 +56,13 @@ def test_speed_is_the_median_steady_plain_step(bench):
 def test_plain_steps_cancel_the_machines_speed_and_keep_autos_costs(bench):
     """A run 30 % slower as a whole changes seconds, not plain steps; Auto's verifications stay charged."""
     fast_plain, slow_auto = plain_run(0.01), auto_run(0.013)
-    pair = (seconds(fast_plain), seconds(slow_auto), bench.speed_state(fast_plain), bench.speed_state(slow_auto))
-    ((plain_steps, auto_steps),) = bench.in_plain_steps([pair])
+    row = {
+        "plain_s": seconds(fast_plain),
+        "auto_s": seconds(slow_auto),
+        "plain_state_ms": 1e3 * bench.speed_state(fast_plain),
+        "auto_state_ms": 1e3 * bench.speed_state(slow_auto),
+    }
+    ((plain_steps, auto_steps),) = bench.in_plain_steps([row])
     assert seconds(fast_plain) / seconds(slow_auto) < 0.8  # in seconds Auto looks 20 %+ slower
     same_speed = seconds(plain_run(0.01)) / seconds(auto_run(0.01))
     assert plain_steps / auto_steps == pytest.approx(same_speed)  # in plain steps: as at equal speed
@@ -69,7 +74,10 @@ def test_a_drafters_observe_seconds_stay_charged(bench):
     calls = sum(1 for r in run if r["emitted"])
     assert bench.speed_state(run, observe_s=0.001 * calls) == pytest.approx(0.009)
     # a pair missing a speed is left out, never guessed
-    assert bench.in_plain_steps([(1.0, 1.0, None, 0.01), (1.0, 1.0, 0.01, 0.0)]) == []
+    rows = [
+        {"plain_s": 1.0, "auto_s": 1.0, "plain_state_ms": sp, "auto_state_ms": sa} for sp, sa in ((None, 10), (10, 0))
+    ]
+    assert bench.in_plain_steps(rows) == []
 
 
 def test_verdicts_against_097(bench):
