@@ -28,15 +28,19 @@ checks it (plain against plain in plain steps should be 1 within its interval; o
 0.96-1.02). It is computed only when every pair has one (an Auto run that speculated throughout has no
 steady plain steps). Each estimate gets a verdict against 0.97, the one on seconds first: "holds" (the
 interval is above), "ok" (the ratio is above, the interval reaches below), "inconclusive" (the ratio is
-below, the interval reaches 0.97) or "LOSES" (the interval is below); also the median over repeats. Pooled
-intervals over cells follow: the runs in which Auto fell back, those in which it speculated, the A/A runs.
-Each Auto run also records its verify steps' median seconds by width, printed against the per-call timings.
+below, the interval reaches 0.97) or "LOSES" (the interval is below, and a one-sided t-test of the pairs'
+log ratios against 0.97 stays under 2.5 % after Holm's correction over the run's cells: a run judges 10-24
+cells at once); also the median over repeats. Pooled intervals over cells follow: the runs in which Auto
+fell back, those in which it speculated, the A/A runs. Each Auto run also records its verify steps' median
+seconds by width, printed against the per-call timings, and each shape pair where Auto's seconds beyond
+plain's went, in plain steps (speculation, stretch starts, steady steps, outside the log, slower steps).
 Timed runs run with Python's garbage collector paused (collected before each run); before the first timed
 run the script times plain decoding with the process free to move and pinned to four cores, and keeps the
 steadier of the two for the whole run (printed). Exact outputs are checked against plain greedy on every
 run. Sizes (tokens, repeats) shrink to fit --budget: what was cut is printed and kept in
 default_policy.json. Writes into $OUT (or --out): grid.csv, embedded.csv, pooled.csv, runs.csv,
-verify_calls.csv, default_policy.json.
+verify_calls.csv, default_policy.json; the runs after every repeat, so a run stopped early keeps what
+finished (SIGTERM, as `timeout` sends, also summarizes it; --resummarize recovers one killed outright).
 """
 
 from __future__ import annotations
@@ -47,9 +51,11 @@ import gc
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +79,8 @@ from specbench.models import synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
 OK = 0.97
+#: One-sided level of a "LOSES" verdict: what an interval of 95 % wholly below 0.97 says of one cell.
+ALPHA = 0.025
 MIN_PAIRS = 6  # fewest (plain, Auto) pairs a cell's interval is computed from
 #: Steady plain steps a run needs for its speed (``speed_state``): Auto runs that speculated throughout have not.
 MIN_STEADY = 16
@@ -126,6 +134,10 @@ QUICK = {
 }
 
 
+class Interrupted(Exception):
+    """The run was asked to stop (SIGTERM)."""
+
+
 def say(text: str) -> None:
     print(text, flush=True)
 
@@ -175,15 +187,28 @@ def spread(values: list[float]) -> float:
     return max(values) / min(values) - 1.0 if values and min(values) > 0 else 0.0
 
 
-def verdict(ratio: float, low: float, high: float) -> str:
+def verdict(ratio: float, low: float, high: float, p_adjusted: float | None = None) -> str:
     """Against 0.97 with a 95 % interval [low, high] of Auto / plain: "holds" (low >= 0.97), "ok" (the ratio is
-    >= 0.97, the interval reaches below), "inconclusive" (the ratio is below, the interval reaches 0.97),
-    "LOSES" (the whole interval is below)."""
+    >= 0.97, the interval reaches below), "inconclusive" (the ratio is below, the interval reaches 0.97, or
+    its p-value corrected for the run's other cells, ``p_adjusted``, is not under 2.5 %), "LOSES" (the whole
+    interval is below and so is the corrected p-value)."""
     if low >= OK:
         return "holds"
     if ratio >= OK:
         return "ok"
-    return "inconclusive" if high >= OK else "LOSES"
+    loses = high < OK and (p_adjusted is None or p_adjusted < ALPHA)
+    return "LOSES" if loses else "inconclusive"
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of ``p_values`` (same order): the family-wise error stays under alpha when
+    each adjusted p-value is compared with alpha, however many cells a run has."""
+    order = sorted(range(len(p_values)), key=p_values.__getitem__)
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
 
 
 def seconds_ratio(pairs: list[tuple[float, float]]) -> float:
@@ -208,6 +233,50 @@ def speed_state(records: list[dict], observe_s: float = 0.0) -> float | None:
         return None
     calls = sum(1 for r in records if r["emitted"])
     return statistics.median(steady) - (observe_s / calls if calls else 0.0)
+
+
+SPLIT = ("steady_ms", "steady_n", "starts_ms", "starts_n", "spec_ms", "spec_tokens", "unlogged_ms")
+
+
+def time_split(records: list[dict], wall_s: float) -> dict[str, float]:
+    """Where a run's decode seconds (``wall_s``, after its first token) went, from its log: steady plain
+    steps (as ``speed_state`` counts them), the other plain steps (a stretch's first, with any unverified
+    draft), speculative steps (with the tokens they emitted), and seconds outside the log."""
+    split = dict.fromkeys(SPLIT, 0.0)
+    for before, r in zip(records, records[1:]):
+        if r["kind"] != "plain":
+            part, count = "spec", r["emitted"]
+        elif before["kind"] == "plain" and not r["draft_s"] and not r.get("draft_tokens"):
+            part, count = "steady", 1
+        else:
+            part, count = "starts", 1
+        split[f"{part}_ms"] += 1e3 * (r["draft_s"] + r["verify_s"] + r.get("other_s", 0.0))
+        split["spec_tokens" if part == "spec" else f"{part}_n"] += count
+    logged = split["steady_ms"] + split["starts_ms"] + split["spec_ms"]
+    split["unlogged_ms"] = 1e3 * wall_s - logged
+    return split
+
+
+def excess_in_steps(row: dict) -> dict[str, float] | None:
+    """Auto's seconds beyond plain's in one pair, in plain steps, by where they went (``time_split``):
+    speculation (its steps' seconds over Auto's speed, less the tokens they emitted), stretch starts,
+    steady steps and seconds outside the log (each Auto's in its speed less plain's in its own), and slower
+    steps (every token at Auto's speed over plain's: what the estimate in plain steps takes out, drift
+    between runs or a real per-step cost). None without both runs' splits and speeds."""
+    plain_speed, auto_speed = _ms(row.get("plain_state_ms")), _ms(row.get("auto_state_ms"))
+    if not (plain_speed and auto_speed) or row.get("auto_steady_n") is None or row.get("plain_steady_n") is None:
+        return None
+    speeds = {"auto": 1e3 * auto_speed, "plain": 1e3 * plain_speed}
+
+    def steps(who: str, ms: str, n: str | None) -> float:
+        return row[f"{who}_{ms}"] / speeds[who] - (row[f"{who}_{n}"] if n else 0.0)
+
+    parts = {"speculation": steps("auto", "spec_ms", "spec_tokens")}
+    for part, ms, n in (("stretch starts", "starts_ms", "starts_n"), ("steady", "steady_ms", "steady_n")):
+        parts[part] = steps("auto", ms, n) - steps("plain", ms, n)
+    parts["outside the log"] = steps("auto", "unlogged_ms", None) - steps("plain", "unlogged_ms", None)
+    parts["slower steps"] = row["tokens"] * (auto_speed / plain_speed - 1.0)
+    return parts
 
 
 def seconds_pair(row: dict) -> tuple[float, float]:
@@ -329,21 +398,23 @@ def mlx_lm_seconds_per_token(model: Any, prompt: list[int], tokens: int) -> floa
         return seconds_per_token(token for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens))
 
 
-def plain_run(model: Any, prompt: list[int], tokens: int, state: bool = False) -> Any:
-    """Seconds per token of specbench plain decoding; with ``state``, also the run's speed (``speed_state``)."""
+def plain_run(model: Any, prompt: list[int], tokens: int, detail: bool = False) -> Any:
+    """Seconds per token of specbench plain decoding; with ``detail``, a dict of it ("spt"), the run's speed
+    ("state", ``speed_state``) and where its seconds went ("split", ``time_split``)."""
     gen = generate(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True))
     with quiet():
         spt = seconds_per_token(gen)
-    return (spt, speed_state(gen.log.records)) if state else spt
+    if not detail:
+        return spt
+    records = gen.log.records
+    return {"spt": spt, "state": speed_state(records), "split": time_split(records, spt * (len(gen.tokens) - 1))}
 
 
 def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: OracleDrafter, profile: Any) -> dict:
     options = GenerateOptions(max_tokens=tokens, ignore_eos=True, verify=mode)
     if mode == "plain":  # the A/A cell: plain decoding timed as an Auto cell is
-        spt, state = plain_run(model, prompt, tokens, state=True)
         return {
-            "spt": spt,
-            "state": state,
+            **plain_run(model, prompt, tokens, detail=True),
             "tokens": None,
             "verifies": 0,
             "paused": 0,
@@ -364,6 +435,7 @@ def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: Ora
     return {
         "spt": spt,
         "state": speed_state(gen.log.records, stats["observe_s"]),
+        "split": time_split(gen.log.records, spt * (len(gen.tokens) - 1)),
         "verify_ms": " ".join(f"{w}:{1e3 * statistics.median(v):.1f}" for w, v in sorted(by_width.items())),
         "plain_step_ms": 1e3 * statistics.median(plain_steps) if plain_steps else None,
         "tokens": list(gen.tokens),
@@ -394,7 +466,7 @@ def step_summary(gen: Any) -> dict:
     }
 
 
-def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool) -> None:
+def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool, checkpoint: Callable) -> None:
     if budget.left() < budget.setup[name] * 0.5 + 20 and not name.endswith("tiny"):
         budget.cut(f"{name}: not run ({budget.left():.0f} s left)")
         return
@@ -431,20 +503,22 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool)
         budget.cut(f"{name}: {repeats} repeats x {tokens} tokens instead of {cfg['repeats']} x {cfg['tokens']}")
     truth = drafter.recorded[:tokens]
     deadline = time.perf_counter() + allot * 1.15
+    repeat_s = 0.0
     for repeat in range(repeats):
-        if repeat >= cfg["min_repeats"] and time.perf_counter() > deadline or budget.left() < 10:
+        if repeat >= cfg["min_repeats"] and time.perf_counter() > deadline or budget.left() < repeat_s + 10:
             budget.cut(f"{name}: repeat {repeat + 1} not run (time)")
             break
+        repeat_started = time.perf_counter()
         mlx_lm = mlx_lm_seconds_per_token(model, prompt, tokens)
         previous = None
         for cell, (mode, a) in enumerate(cells):
             # each cell's Auto run is paired with a plain run next to it, the order alternating
             drafter.acceptance, drafter.seed = (1.0 if mode == "plain" else float(a)), 1000 * repeat + cell
             plain_first = (repeat + cell) % 2 == 0
-            base, base_state = plain_run(model, prompt, tokens, state=True) if plain_first else (None, None)
+            plain = plain_run(model, prompt, tokens, detail=True) if plain_first else None
             r = auto_run(model, prompt, tokens, mode, drafter, profiles.get(mode))
-            if not plain_first:
-                base, base_state = plain_run(model, prompt, tokens, state=True)
+            plain = plain or plain_run(model, prompt, tokens, detail=True)
+            base, base_state = plain["spt"], plain["state"]
             out["runs"].append(
                 {
                     "model": name,
@@ -463,6 +537,8 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool)
                     "method": "plain" if mode == "plain" else "auto",
                     **{k: r[k] for k in ("verifies", "paused", "pauses", "extensions", "shadows", "ks")},
                     **{k: r.get(k) for k in ("verify_ms", "plain_step_ms")},
+                    **{f"plain_{k}": v for k, v in plain["split"].items()},
+                    **{f"auto_{k}": v for k, v in r["split"].items()},
                 }
             )
             previous = base
@@ -470,6 +546,8 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool)
             f"{r['what']}:{r['vs_plain']:.2f}" for r in out["runs"] if r["model"] == name and r["repeat"] == repeat
         )
         say(f"  repeat {repeat + 1}/{repeats}: Auto/plain {line}")
+        checkpoint()
+        repeat_s = time.perf_counter() - repeat_started
     del model, drafter
     gc.collect()
     mx.clear_cache()
@@ -478,7 +556,7 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool)
 # -- the embedded model ---------------------------------------------------------------------------------
 
 
-def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
+def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -> None:
     if budget.left() < 30:
         budget.cut(f"embedded model: not run ({budget.left():.0f} s left)")
         return
@@ -607,6 +685,7 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict) -> None:
                 continue
             ratio = sum(r["plain_s"] for r in rs) / sum(r["auto_s"] for r in rs)
             say(f"  repeat {repeat + 1}/{repeats}: {label} over plain, all prompts and traces: {ratio:.2f}x")
+        checkpoint()
 
 
 # -- summaries ------------------------------------------------------------------------------------------
@@ -634,12 +713,12 @@ def summarize(out: dict) -> None:
             noise = statistics.median(r["plain_spread"] for r in rows)
         pairs = [seconds_pair(r) for r in rows]
         # a percentile bootstrap of fewer pairs claims more than it knows: no interval then
-        low, high = bootstrap(pairs, seconds_ratio) if len(pairs) >= MIN_PAIRS else (0.0, float("inf"))
+        low, high, p = interval_and_p(pairs, seconds_ratio) if len(pairs) >= MIN_PAIRS else (0.0, float("inf"), 1.0)
         steps = in_plain_steps(rows)
         if len(steps) == len(pairs) >= MIN_PAIRS:  # all or none: dropping runs that speculated would bias it
-            in_steps, (steps_low, steps_high) = seconds_ratio(steps), bootstrap(steps, seconds_ratio)
+            in_steps, (steps_low, steps_high, steps_p) = seconds_ratio(steps), interval_and_p(steps, seconds_ratio)
         else:
-            in_steps, steps_low, steps_high = None, 0.0, float("inf")
+            in_steps, steps_low, steps_high, steps_p = None, 0.0, float("inf"), 1.0
         equal = [r["equal_plain"] for r in rows if r["equal_plain"] is not None]
         row = {
             "model": model,
@@ -658,10 +737,8 @@ def summarize(out: dict) -> None:
             "steps_low": steps_low,
             "steps_high": steps_high,
             "steps_pairs": len(steps),
-            "verdict": "a/a" if method in ("plain", AA) else verdict(seconds_ratio(pairs), low, high),
-            "verdict_in_steps": None
-            if method in ("plain", AA) or in_steps is None
-            else verdict(in_steps, steps_low, steps_high),
+            "p_loses": p,
+            "steps_p_loses": steps_p,
             "equal_plain": all(equal) if equal else None,
         }
         if "ks" in rows[0]:
@@ -670,6 +747,28 @@ def summarize(out: dict) -> None:
             row["paused"] = statistics.median(r["paused"] for r in rows)
             row["vs_mlx_lm"] = statistics.median(r["mlx_lm_s_per_token"] / r["auto_s_per_token"] for r in rows)
         (out["grid"] if "ks" in rows[0] else out["embedded"]).append(row)
+    judge(out["grid"] + out["embedded"])
+
+
+def judge(rows: list[dict]) -> None:
+    """Each cell's verdicts, on seconds and in plain steps. A run judges many cells at once: "LOSES" needs
+    the cell's p-value under 2.5 % after Holm's correction over the run's cells (A/A cells aside), so that
+    a run of cells that all hold has under 2.5 % chance of showing any "LOSES"."""
+    judged = [r for r in rows if r["method"] not in ("plain", AA)]
+    for key, estimate in (("", "ratio"), ("steps_", "in_steps")):
+        mine = [r for r in judged if r[estimate] is not None]
+        for r, p_adjusted in zip(mine, holm([r[f"{key}p_loses"] for r in mine])):
+            r[f"{key}p_loses_holm"] = p_adjusted
+    for r in rows:
+        if r["method"] in ("plain", AA):
+            r["verdict"], r["verdict_in_steps"] = "a/a", None
+            continue
+        r["verdict"] = verdict(r["ratio"], r["low"], r["high"], r["p_loses_holm"])
+        r["verdict_in_steps"] = (
+            None
+            if r["in_steps"] is None
+            else verdict(r["in_steps"], r["steps_low"], r["steps_high"], r["steps_p_loses_holm"])
+        )
 
 
 def _ms(value: Any) -> float | None:
@@ -682,6 +781,41 @@ def bootstrap(values: list[Any], statistic: Any, draws: int = 5000, seed: int = 
     rng = np.random.default_rng(seed)
     stats = sorted(statistic([values[i] for i in rng.integers(0, len(values), len(values))]) for _ in range(draws))
     return stats[int(0.025 * draws)], stats[int(0.975 * draws) - 1]
+
+
+def student_t_above(t: float, dof: int) -> float:
+    """P(T >= t) for Student's t with ``dof`` (>= 1) degrees of freedom, by the finite sums of Abramowitz and
+    Stegun 26.7.3-4 for whole degrees of freedom."""
+    theta = math.atan(t / math.sqrt(dof))
+    c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
+    if dof % 2:  # odd: A = (2 / pi) (theta + sin cos (1 + 2/3 c2 + 2*4/(3*5) c2^2 + ...))
+        for j in range(1, (dof - 1) // 2):
+            term *= c2 * (2 * j) / (2 * j + 1)
+            total += term
+        inside = 2.0 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if dof > 1 else 0.0))
+    else:  # even: A = sin (1 + 1/2 c2 + 1*3/(2*4) c2^2 + ...)
+        for j in range(1, dof // 2):
+            term *= c2 * (2 * j - 1) / (2 * j)
+            total += term
+        inside = math.sin(theta) * total
+    return 0.5 * (1.0 - inside)  # inside = P(-|t| < T < |t|) signed with t
+
+
+def p_below(pairs: list[tuple[float, float]]) -> float:
+    """One-sided p-value of "Auto / plain is below 0.97": a t-test of the pairs' log ratios (plain / Auto)
+    against log 0.97 (1.0 for fewer than 2 pairs or no spread). A percentile bootstrap of 6 pairs reaches
+    p = 0 whenever every pair falls below, which no correction for many cells can undo."""
+    logs = [math.log(p / a) for p, a in pairs]
+    if len(logs) < 2 or statistics.stdev(logs) == 0.0:
+        return 1.0
+    t = (statistics.mean(logs) - math.log(OK)) / (statistics.stdev(logs) / math.sqrt(len(logs)))
+    return 1.0 - student_t_above(t, len(logs) - 1)
+
+
+def interval_and_p(pairs: list[tuple[float, float]], statistic: Any) -> tuple[float, float, float]:
+    """(low, high, p): ``statistic``'s 95 % percentile bootstrap interval over ``pairs`` and ``p_below``."""
+    low, high = bootstrap(pairs, statistic)
+    return low, high, p_below(pairs)
 
 
 def pooled_row(model: str, what: str, items: list, statistic: Any, ratio: Any) -> list[dict]:
@@ -725,6 +859,15 @@ def pooled(out: dict) -> list[dict]:
             ):
                 rows += pooled_row(model, what, pairs, seconds_ratio, lambda pair: pair[0] / pair[1])
     return rows
+
+
+def where_excess_went(runs: list[dict]) -> dict[tuple[str, str], dict[str, float]]:
+    """Per shape cell, ``excess_in_steps`` averaged over the pairs that have it."""
+    cells: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for row in runs:
+        if (parts := excess_in_steps(row)) is not None:
+            cells.setdefault((row["model"], row["what"]), []).append(parts)
+    return {key: {part: statistics.mean(p[part] for p in rows) for part in rows[0]} for key, rows in cells.items()}
 
 
 def report(out: dict, budget: Budget) -> None:
@@ -773,6 +916,16 @@ def report(out: dict, budget: Budget) -> None:
     for (model, mode), widths in loop.items():
         cells = " ".join(f"{w}:{statistics.median(v):.1f}" for w, v in sorted(widths.items()))
         say(f"  {model:20s} {mode:6s} {cells}")
+    excess = where_excess_went(out["runs"])
+    if excess:
+        parts = list(next(iter(excess.values())))
+        say(
+            "\n== where Auto's seconds beyond plain's went, plain steps per run (mean over pairs; see "
+            "excess_in_steps): " + ", ".join(parts)
+        )
+        for (model, what), mean in excess.items():
+            cells = " ".join(f"{mean[part]:+6.1f}" for part in parts)
+            say(f"  {model:20s} {what:14s} {cells}  total {sum(mean.values()):+6.1f}")
     say("\n== pooled over cells, Auto / plain: mean [95 % bootstrap interval] (n runs)")
     for row in out.get("pooled", []):
         say(
@@ -827,11 +980,17 @@ def main() -> int:
         info = {"device": device_name(), **versions(), "settings": cfg, "reduced": budget.cuts}
         write_json_atomic(out_dir / "default_policy.json", {**info, **out})
 
-    for name in cfg["shapes"]:
-        shape_phase(name, cfg, budget, out, args.compile)
-        save()
-    if not args.no_embedded:
-        embedded_phase(cfg, budget, out)
+    def stop(signum: int, frame: Any) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)  # `timeout` and schedulers stop a run so: summarize what finished
+    try:
+        for name in cfg["shapes"]:
+            shape_phase(name, cfg, budget, out, args.compile, save)
+        if not args.no_embedded:
+            embedded_phase(cfg, budget, out, save)
+    except (Interrupted, KeyboardInterrupt) as stopped:
+        budget.cut(f"stopped by {stopped or 'SIGINT'}: the summaries cover the {len(out['runs'])} run pairs finished")
     summarize(out)
     out["pooled"] = pooled(out)
     save()

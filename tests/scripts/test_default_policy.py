@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,74 @@ def test_verdicts_against_097(bench):
     assert bench.verdict(0.99, 0.95, 1.03) == "ok"
     assert bench.verdict(0.95, 0.91, 0.99) == "inconclusive"
     assert bench.verdict(0.90, 0.86, 0.94) == "LOSES"
+
+
+def test_a_loss_must_survive_the_correction_for_the_runs_other_cells(bench):
+    # an interval wholly below 0.97 loses on its own, and when its corrected p-value is still small
+    assert bench.verdict(0.90, 0.86, 0.94, p_adjusted=0.01) == "LOSES"
+    assert bench.verdict(0.90, 0.86, 0.94, p_adjusted=0.10) == "inconclusive"
+    # Holm: the smallest p-value times the number of cells, the next times one fewer, never decreasing
+    assert bench.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert bench.holm([]) == []
+
+
+def test_one_run_of_many_noisy_cells_that_all_hold_rarely_shows_a_loss(bench):
+    """24 cells of 6 pairs each, true ratio 1.0, pair-to-pair noise of 20 %: uncorrected, about one cell in
+    twenty "LOSES" by chance; corrected, a run shows none."""
+    import random
+
+    rng = random.Random(7)
+    rows = []
+    for _ in range(24):
+        pairs = [(1.0, math.exp(rng.gauss(0.0, 0.2))) for _ in range(6)]
+        low, high, p = bench.interval_and_p(pairs, bench.seconds_ratio)
+        ratio = bench.seconds_ratio(pairs)
+        rows.append({"method": "auto", "ratio": ratio, "low": low, "high": high, "p_loses": p, "in_steps": None})
+    uncorrected = sum(bench.verdict(r["ratio"], r["low"], r["high"]) == "LOSES" for r in rows)
+    bench.judge(rows)
+    assert uncorrected >= 1  # this seed's chance loss
+    assert all(r["verdict"] != "LOSES" for r in rows)
+    # a real loss, every pair 10 % slower, still shows after the correction
+    pairs = [(1.0, 1.1 * math.exp(rng.gauss(0.0, 0.01))) for _ in range(6)]
+    low, high, p = bench.interval_and_p(pairs, bench.seconds_ratio)
+    rows.append({"method": "auto", "ratio": bench.seconds_ratio(pairs), "low": low, "high": high, "p_loses": p})
+    rows[-1]["in_steps"] = None
+    bench.judge(rows)
+    assert rows[-1]["verdict"] == "LOSES"
+
+
+@pytest.mark.parametrize("dof", [1, 2, 3, 5, 6, 9, 40])
+def test_students_t_tail_matches_scipy(bench, dof):
+    stats = pytest.importorskip("scipy.stats")
+    for t in (-3.0, -0.5, 0.0, 0.7, 2.0, 4.5):
+        assert bench.student_t_above(t, dof) == pytest.approx(stats.t.sf(t, dof), abs=1e-12)
+
+
+def test_where_autos_extra_seconds_went(bench):
+    """Two verifications costing 2.5 steps each for 3 tokens, and two stretch starts with a draft: in plain
+    steps the split names each, sums to the estimate in plain steps, and a slower Auto run adds slower steps."""
+    plain, auto = plain_run(0.01, n=52), auto_run(0.01)
+    tokens = sum(r["emitted"] for r in auto[1:])
+    assert tokens == 52
+
+    def row(auto_step: float) -> dict:
+        slow = auto_run(auto_step)
+        return {
+            "tokens": tokens,
+            "plain_state_ms": 1e3 * bench.speed_state(plain),
+            "auto_state_ms": 1e3 * bench.speed_state(slow),
+            **{f"plain_{k}": v for k, v in bench.time_split(plain, seconds(plain[1:])).items()},
+            **{f"auto_{k}": v for k, v in bench.time_split(slow, seconds(slow[1:])).items()},
+        }
+
+    parts = bench.excess_in_steps(row(0.01))
+    assert parts["speculation"] == pytest.approx(5.0 - 3.0)
+    assert parts["stretch starts"] == pytest.approx(0.2)  # two 0.1-step drafts; plain's one start costs 1 step
+    assert parts["steady"] == pytest.approx(0.0) and parts["outside the log"] == pytest.approx(0.0)
+    assert parts["slower steps"] == pytest.approx(0.0)
+    in_steps = seconds(auto[1:]) / 0.01 - seconds(plain[1:]) / 0.01
+    assert sum(parts.values()) == pytest.approx(in_steps)
+    slow = bench.excess_in_steps(row(0.013))
+    assert slow["slower steps"] == pytest.approx(0.3 * tokens)
+    assert slow["speculation"] == pytest.approx(parts["speculation"])
+    assert bench.excess_in_steps({"plain_state_ms": 10.0, "auto_state_ms": None}) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,21 @@ def test_default_policy_script(tmp_path):
     cells = summary["grid"] + summary["embedded"]
     assert {"in_steps", "steps_low", "steps_high", "verdict", "verdict_in_steps"} <= set(cells[0])
     assert any(r["what"] == "plain a/a" for r in summary["grid"])
+
+
+def test_default_policy_script_stopped_keeps_what_finished(tmp_path):
+    """SIGTERM (what `timeout` sends) mid-run: the repeats that finished are saved and summarized."""
+    env = {**os.environ, "OUT": str(tmp_path), "SPECBENCH_HOME": str(tmp_path / "home")}
+    args = ["--quick", "--shapes", "qwen3-8b-tiny", "--no-embedded"]
+    script = str(ROOT / "scripts" / "gpu" / "default_policy.py")
+    with subprocess.Popen([sys.executable, script, *args], env=env, stdout=subprocess.PIPE, text=True) as run:
+        for line in run.stdout:
+            if line.startswith("  repeat 1/"):  # the first repeat is saved: stop the run
+                run.send_signal(signal.SIGTERM)
+                break
+        out = line + run.stdout.read()
+        assert run.wait(timeout=300) == 0, out[-2000:]
+    assert "stopped by SIGTERM" in out
+    saved = json.loads((tmp_path / "default_policy.json").read_text())
+    assert {r["repeat"] for r in saved["runs"]} == {0} and saved["grid"]
+    assert "stopped by SIGTERM" in saved["reduced"][-1]
