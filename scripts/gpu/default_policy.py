@@ -577,9 +577,10 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
     methods = ["plain", "lookup", "suffix", AA]  # AA: plain again, timed as the drafters are
     drafters: dict[tuple[str, int], Any] = {}
 
-    def run(method: str, prompt: list[int], tokens: int, repeat: int) -> tuple[float, list[int], dict]:
-        """Seconds from the call to the last token (set-up, prompt pass and decoding), the tokens, and
-        what Auto did (verifications, paused tokens, seconds in speculative steps and in plain steps)."""
+    def run(method: str, prompt: list[int], tokens: int, repeat: int) -> tuple[float, list[int], dict, dict]:
+        """Seconds from the call to the last token (set-up, prompt pass and decoding), the tokens, what Auto
+        did (verifications, paused tokens, seconds in speculative steps and in plain steps), and where the
+        seconds went (``time_split``: set-up and the prompt pass fall outside the log)."""
         options = GenerateOptions(max_tokens=tokens)
         with quiet():
             t0 = time.perf_counter()
@@ -592,7 +593,7 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
                 )
             tokens_out = list(gen)
             seconds = time.perf_counter() - t0
-        return seconds, tokens_out, step_summary(gen)
+        return seconds, tokens_out, step_summary(gen), time_split(gen.log.records, seconds)
 
     longest = max(prompts, key=lambda p: len(p[2]))[2]
     for method in methods[:3]:  # warm-up
@@ -638,6 +639,8 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
                         "plain_steps_ms": done["plain"][2]["plain_ms"],
                         "plain_state_ms": done["plain"][2]["state_ms"],
                         "auto_state_ms": done[method][2]["state_ms"],
+                        **{f"plain_{k}": v for k, v in done["plain"][3].items()},
+                        **{f"auto_{k}": v for k, v in done[method][3].items()},
                     }
                 )
         for path in trace_paths:
@@ -656,6 +659,7 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
 
                 states = {key: speed_state(steps[key], row["observe_s"]) for key, row in rows.items()}
                 state = {key: 1e3 * found if found else float("nan") for key, found in states.items()}
+                split = {key: time_split(steps[key], row["decode_s"]) for key, row in rows.items()}
 
                 for turn, method in sorted(key for key in rows if key[1] in methods[1:3]):
                     mine, plain = rows[turn, method], rows[turn, "plain"]
@@ -675,6 +679,8 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
                             "accepted": mine["accepted"],
                             "plain_state_ms": state[turn, "plain"],
                             "auto_state_ms": state[turn, method],
+                            **{f"plain_{k}": v for k, v in split[turn, "plain"].items()},
+                            **{f"auto_{k}": v for k, v in split[turn, method].items()},
                         }
                     )
         mine = [r for r in out["runs"] if r["model"] == cfg["embedded"] and r["repeat"] == repeat]
@@ -861,12 +867,12 @@ def pooled(out: dict) -> list[dict]:
     return rows
 
 
-def where_excess_went(runs: list[dict]) -> dict[tuple[str, str], dict[str, float]]:
-    """Per shape cell, ``excess_in_steps`` averaged over the pairs that have it."""
-    cells: dict[tuple[str, str], list[dict[str, float]]] = {}
+def where_excess_went(runs: list[dict]) -> dict[tuple[str, str, str], dict[str, float]]:
+    """Per cell, ``excess_in_steps`` averaged over the pairs that have it."""
+    cells: dict[tuple[str, str, str], list[dict[str, float]]] = {}
     for row in runs:
         if (parts := excess_in_steps(row)) is not None:
-            cells.setdefault((row["model"], row["what"]), []).append(parts)
+            cells.setdefault((row["model"], row["what"], row["method"]), []).append(parts)
     return {key: {part: statistics.mean(p[part] for p in rows) for part in rows[0]} for key, rows in cells.items()}
 
 
@@ -923,9 +929,9 @@ def report(out: dict, budget: Budget) -> None:
             "\n== where Auto's seconds beyond plain's went, plain steps per run (mean over pairs; see "
             "excess_in_steps): " + ", ".join(parts)
         )
-        for (model, what), mean in excess.items():
+        for (model, what, method), mean in excess.items():
             cells = " ".join(f"{mean[part]:+6.1f}" for part in parts)
-            say(f"  {model:20s} {what:14s} {cells}  total {sum(mean.values()):+6.1f}")
+            say(f"  {model:20s} {what:28s} {method:12s} {cells}  total {sum(mean.values()):+6.1f}")
     say("\n== pooled over cells, Auto / plain: mean [95 % bootstrap interval] (n runs)")
     for row in out.get("pooled", []):
         say(
@@ -968,6 +974,8 @@ def main() -> int:
     cfg = dict(QUICK if args.quick else FULL)
     if args.shapes is not None:
         cfg["shapes"] = [s for s in args.shapes.split(",") if s]
+    if args.compile:  # compiling each width's linear chunks: about a minute more per shape on the H200
+        cfg["setup_s"] = {k: v + (0.0 if k == "embedded" else 60.0) for k, v in cfg["setup_s"].items()}
     out_dir = Path(args.out or os.environ.get("OUT") or "reports/gpu")
     out_dir.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget, cfg, embedded=not args.no_embedded)

@@ -7,6 +7,7 @@ import pytest
 from conftest import ScriptedDrafter, build_tiny, plain_greedy
 
 from specbench import DraftPolicy, GenerateOptions, Generation, PromptLookup, StepLog, generate, speculative_generate
+from specbench.core.draft import Draft
 from specbench.cost import Profile
 
 PROMPT = [5, 17, 3, 9, 5, 17, 3, 9, 5, 17, 44, 2, 8]
@@ -352,3 +353,42 @@ def test_pauses_keep_the_plain_pipeline_full(monkeypatch):
     for r, after in zip(records, records[1:]):
         if r["position"] in ends:  # the queued step's token, logged on the way to the verification
             assert after["kind"] == "plain" and not after["paused"] and after["k_requested"] == 3
+
+
+def test_a_draft_that_does_not_come_keeps_the_plain_pipeline_full(monkeypatch):
+    """When the drafter has nothing to propose, the plain step taken instead queues the step after it before
+    its token is read, as a stretch does, so drafters that often find no match never drain the pipeline."""
+    from specbench.core import target as target_module
+
+    queued: list[int] = []
+    original = target_module.ModelTarget._plain_step
+
+    def spy(self, y, position):
+        queued.append(position)
+        return original(self, y, position)
+
+    monkeypatch.setattr(target_module.ModelTarget, "_plain_step", spy)
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, 40)
+    ahead_at: dict[int, int] = {}
+
+    class Sometimes(ScriptedDrafter):
+        """Drafts the truth on even output positions and nothing on odd ones."""
+
+        def begin(self, prompt, hidden=None):
+            self.seen = 0
+
+        def observe(self, tokens, hidden=None):
+            self.seen += len(tokens)
+            ahead_at[self.seen - 1] = max(queued, default=-1)  # output position -> furthest step queued
+
+        def draft(self, context, k):
+            return Draft([]) if (len(context) - self.prompt_len) % 2 else super().draft(context, k)
+
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=40), Sometimes(ref, len(PROMPT), 97), DraftPolicy.fixed(2)
+    )
+    assert list(gen) == ref
+    undrafted = [r["position"] for r in gen.log.records if r["kind"] == "plain" and r["k_requested"] and r["draft_s"]]
+    assert len(undrafted) >= 5
+    assert all(ahead_at[p] >= p + 1 for p in undrafted if p < 39)  # the next step was queued before p was read
