@@ -325,7 +325,7 @@ def test_figures_draw_sweep_results(text_model, tmp_path):
         [prompt],
         ["lookup"],
         ["fixed:1", "fixed:3", "auto"],
-        max_tokens=10,
+        max_tokens=16,  # enough verifications per draft position for the per-position panel (3)
         temperatures=[0.0, 1.0],
         progress=False,
         warmup_tokens=0,
