@@ -314,32 +314,51 @@ def test_observe_seconds_are_the_drafters_own():
     assert gen.stats()["observe_s"] >= 0.002 * calls
 
 
-def test_pauses_keep_the_plain_pipeline_full(monkeypatch):
-    """A paused stretch that more tokens follow queues the step after its last one before that token is read,
-    as inside a stretch; the next speculative step takes that token first. Output stays plain greedy."""
+class QueueWatch:
+    """The plain steps the target queued (``queued``, positions in order) and, per output position, the
+    furthest one queued when the drafter observed that token (``ahead_at``)."""
+
+    def __init__(self):
+        self.queued: list[int] = []
+        self.ahead_at: dict[int, int] = {}
+
+
+@pytest.fixture
+def watch(monkeypatch) -> QueueWatch:
     from specbench.core import target as target_module
 
-    queued: list[int] = []
+    watch = QueueWatch()
     original = target_module.ModelTarget._plain_step
 
     def spy(self, y, position):
-        queued.append(position)
+        watch.queued.append(position)
         return original(self, y, position)
 
     monkeypatch.setattr(target_module.ModelTarget, "_plain_step", spy)
+    return watch
+
+
+class Watching(ScriptedDrafter):
+    """A scripted drafter filling ``watch.ahead_at`` as it observes tokens."""
+
+    def __init__(self, watch: QueueWatch, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.watch = watch
+
+    def begin(self, prompt, hidden=None):
+        self.seen = 0
+
+    def observe(self, tokens, hidden=None):
+        self.seen += len(tokens)
+        self.watch.ahead_at[self.seen - 1] = max(self.watch.queued, default=-1)
+
+
+def test_pauses_keep_the_plain_pipeline_full(watch):
+    """A paused stretch that more tokens follow queues the step after its last one before that token is read,
+    as inside a stretch; the next speculative step takes that token first. Output stays plain greedy."""
     model = build_tiny("llama")
     ref = plain_greedy(model, PROMPT, 60)
-    ahead_at: dict[int, int] = {}
-
-    class Watching(ScriptedDrafter):
-        def begin(self, prompt, hidden=None):
-            self.seen = 0
-
-        def observe(self, tokens, hidden=None):
-            self.seen += len(tokens)
-            ahead_at[self.seen - 1] = max(queued, default=-1)  # output position -> furthest step queued
-
-    drafter = Watching(ref, len(PROMPT), 97, wrong_at=lambda step, i: True)
+    drafter = Watching(watch, ref, len(PROMPT), 97, wrong_at=lambda step, i: True)
     gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=60), drafter, DraftPolicy.adaptive(3))
     assert list(gen) == ref
     records = gen.log.records
@@ -349,46 +368,27 @@ def test_pauses_keep_the_plain_pipeline_full(monkeypatch):
         if r["kind"] == "plain" and r["paused"] and not after["paused"]
     ]
     assert len(ends) >= 4  # pauses of 1, 2, 4, 8 ... steps, each followed by a speculative step
-    assert all(ahead_at[p] >= p + 1 for p in ends)
+    assert all(watch.ahead_at[p] >= p + 1 for p in ends)
     for r, after in zip(records, records[1:]):
         if r["position"] in ends:  # the queued step's token, logged on the way to the verification
             assert after["kind"] == "plain" and not after["paused"] and after["k_requested"] == 3
 
 
-def test_a_draft_that_does_not_come_keeps_the_plain_pipeline_full(monkeypatch):
+def test_a_draft_that_does_not_come_keeps_the_plain_pipeline_full(watch):
     """When the drafter has nothing to propose, the plain step taken instead queues the step after it before
     its token is read, as a stretch does, so drafters that often find no match never drain the pipeline."""
-    from specbench.core import target as target_module
 
-    queued: list[int] = []
-    original = target_module.ModelTarget._plain_step
-
-    def spy(self, y, position):
-        queued.append(position)
-        return original(self, y, position)
-
-    monkeypatch.setattr(target_module.ModelTarget, "_plain_step", spy)
-    model = build_tiny("llama")
-    ref = plain_greedy(model, PROMPT, 40)
-    ahead_at: dict[int, int] = {}
-
-    class Sometimes(ScriptedDrafter):
+    class Sometimes(Watching):
         """Drafts the truth on even output positions and nothing on odd ones."""
-
-        def begin(self, prompt, hidden=None):
-            self.seen = 0
-
-        def observe(self, tokens, hidden=None):
-            self.seen += len(tokens)
-            ahead_at[self.seen - 1] = max(queued, default=-1)  # output position -> furthest step queued
 
         def draft(self, context, k):
             return Draft([]) if (len(context) - self.prompt_len) % 2 else super().draft(context, k)
 
-    gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=40), Sometimes(ref, len(PROMPT), 97), DraftPolicy.fixed(2)
-    )
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, 40)
+    drafter = Sometimes(watch, ref, len(PROMPT), 97)
+    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=40), drafter, DraftPolicy.fixed(2))
     assert list(gen) == ref
     undrafted = [r["position"] for r in gen.log.records if r["kind"] == "plain" and r["k_requested"] and r["draft_s"]]
     assert len(undrafted) >= 5
-    assert all(ahead_at[p] >= p + 1 for p in undrafted if p < 39)  # the next step was queued before p was read
+    assert all(watch.ahead_at[p] >= p + 1 for p in undrafted if p < 39)  # the next step was queued before p was read
