@@ -250,9 +250,8 @@ class Generation:
         t0 = self.clock()
         draft = as_draft(self.drafter.draft(self.prompt + self.tokens, k), k, self._drafter_name())
         t1 = self.clock()
-        if not draft.tokens:  # a plain step instead, the next one queued as a stretch queues it
-            more = self._remaining() > 1
-            yield from self._plain_stretch(1, paused=False, k_requested=k, draft_s=t1 - t0, more=more)
+        if not draft.tokens:  # a plain step instead (2+ tokens remain here), the next one queued as a stretch queues it
+            yield from self._plain_stretch(1, paused=False, k_requested=k, draft_s=t1 - t0, more=True)
             return
         draft = check_draft(draft, self._drafter_name(), self.target.vocab, sampling=self.options.temperature > 0)
         position = len(self.tokens)
