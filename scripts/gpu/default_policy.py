@@ -216,6 +216,19 @@ def seconds_ratio(pairs: list[tuple[float, float]]) -> float:
     return sum(p for p, _ in pairs) / sum(a for _, a in pairs)
 
 
+def is_steady(before: dict, record: dict) -> bool:
+    """A steady plain step: one of a plain stretch right after another plain step, with no draft of its own.
+    Not a step a speculative decision took (``k_requested`` set): the token a pause queued past its end, read
+    long after it was computed, or a step whose drafter proposed nothing."""
+    return (
+        record["kind"] == "plain"
+        and before["kind"] == "plain"
+        and not record["k_requested"]
+        and not record["draft_s"]
+        and not record.get("draft_tokens")
+    )
+
+
 def speed_state(records: list[dict], observe_s: float = 0.0) -> float | None:
     """A run's speed: the median seconds of its steady plain steps (a plain step right after another, with
     no draft of its own) less the seconds its drafter's ``observe`` took per call; None under ``MIN_STEADY``.
@@ -224,11 +237,7 @@ def speed_state(records: list[dict], observe_s: float = 0.0) -> float | None:
     run's steps share its speed. A run's seconds over its own speed count its work in plain steps, the
     same in a slow run and a fast one; Auto's verifications, drafting, probes and restarted stretches stay
     in its seconds. The drafter's own per-token work is taken out of the speed, so it too stays charged."""
-    steady = [
-        r["verify_s"]
-        for before, r in zip(records, records[1:])
-        if r["kind"] == "plain" and before["kind"] == "plain" and not r["draft_s"] and not r.get("draft_tokens")
-    ]
+    steady = [r["verify_s"] for before, r in zip(records, records[1:]) if is_steady(before, r)]
     if len(steady) < MIN_STEADY:
         return None
     calls = sum(1 for r in records if r["emitted"])
@@ -246,7 +255,7 @@ def time_split(records: list[dict], wall_s: float) -> dict[str, float]:
     for before, r in zip(records, records[1:]):
         if r["kind"] != "plain":
             part, count = "spec", r["emitted"]
-        elif before["kind"] == "plain" and not r["draft_s"] and not r.get("draft_tokens"):
+        elif is_steady(before, r):
             part, count = "steady", 1
         else:
             part, count = "starts", 1

@@ -19,13 +19,16 @@ def bench():
     return module
 
 
-def record(kind: str, seconds: float, draft_s: float = 0.0, draft_tokens=(), emitted: int = 1) -> dict:
+def record(
+    kind: str, seconds: float, draft_s: float = 0.0, draft_tokens=(), emitted: int = 1, k_requested: int = 0
+) -> dict:
     return {
         "kind": kind,
         "verify_s": seconds,
         "draft_s": draft_s,
         "draft_tokens": list(draft_tokens),
         "emitted": emitted,
+        "k_requested": k_requested,
     }
 
 
@@ -52,6 +55,17 @@ def test_speed_is_the_median_steady_plain_step(bench):
     # steps that start a stretch with a draft, verifications and the prefill are not steady steps
     assert bench.speed_state(auto_run(0.01)) == pytest.approx(0.01)
     assert bench.speed_state(plain_run(0.01, n=bench.MIN_STEADY - 1)) is None
+
+
+def test_steps_a_speculative_decision_took_are_not_steady(bench):
+    """Probes whose drafter proposes nothing: each takes the token queued past the stretch before (read long
+    after it was computed, so nearly free) and one plain step with its draft attempt; neither is a steady step."""
+    run = plain_run(0.01, n=bench.MIN_STEADY + 1)  # a stretch's first step is not steady
+    for _ in range(3 * bench.MIN_STEADY):
+        run += [record("plain", 0.0001, k_requested=3), record("plain", 0.01, 0.0005, k_requested=3)]
+    assert bench.speed_state(run) == pytest.approx(0.01)
+    split = bench.time_split(run, seconds(run[1:]))
+    assert split["steady_n"] == bench.MIN_STEADY
 
 
 def test_plain_steps_cancel_the_machines_speed_and_keep_autos_costs(bench):
