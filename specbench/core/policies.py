@@ -159,9 +159,10 @@ class AutoPolicy(DraftPolicy):
 
     Each decision (a speculative step, a stretch of plain steps) is timed end to end with ``clock``. It
     starts with ``probe_tokens`` plain tokens, timing plain decoding. Each plain stretch starts with an
-    unverified draft (``shadow_k``): compared with the tokens decoded, it measures acceptance for the cost
-    of drafting. Probes (speculation starting, or resuming after a pause) draft the envelope's cheapest
-    length, lengthening only as whole drafts are seen accepted (``ramp``), and are made only where the
+    unverified draft (``shadow_k``; as long as a probe's when drafting costs, see ``cost_per_token``):
+    compared with the tokens decoded, it measures acceptance for the cost of drafting. Probes (speculation
+    starting, or resuming after a pause) draft the envelope's cheapest length, lengthening only as whole
+    drafts are seen accepted (``ramp``), and are made only where the
     acceptance and cost measured so far predict some length pays (``LENIENT_SPEEDUP`` before any cost is
     measured and after ``LENIENT_AFTER`` extensions), else plain decoding goes on for ``pause_tokens``.
     After each speculative step (once ``min_verifies`` are in the window) the kill switch compares seconds
@@ -238,6 +239,7 @@ class AutoPolicy(DraftPolicy):
         self._since = self.clock()
         self._totals()
         self.envelope = self.cost_envelope(drafter)
+        self._drafting_costs = float(getattr(drafter, "cost_per_token", 0.0) or 0.0) > 0.0
         #: The longest draft a probe may use now: the envelope's cheapest, lengthened as drafts are accepted.
         self.ramp = self.envelope[0] if self.envelope else 0
         if self.measured:
@@ -334,8 +336,12 @@ class AutoPolicy(DraftPolicy):
         return k
 
     def shadow_k(self) -> int:
-        """The longest envelope length while measuring (none with ``shadow=False`` or ``measured=False``)."""
-        return self.envelope[-1] if self.measured and self.shadow and self.envelope else 0
+        """While measuring (none with ``shadow=False`` or ``measured=False``): the longest envelope length for
+        a drafter that drafts for free, else the length a probe would draft now (``ramp``), so that a model
+        drafter (an MTP head, a draft model) pays for few sequential steps while its drafts are rejected."""
+        if not (self.measured and self.shadow and self.envelope):
+            return 0
+        return self.ramp if self._drafting_costs else self.envelope[-1]
 
     def _account(self, records: list[dict[str, Any]], seconds: float) -> None:
         """File the records of the last decision (one speculative step or one plain stretch)."""

@@ -265,6 +265,31 @@ def test_drafts_lengthen_only_as_whole_drafts_are_accepted():
     assert policy.k <= 2
 
 
+def test_a_drafter_that_costs_shadows_only_what_a_probe_would_draft():
+    """An unverified draft before a plain stretch is as long as the envelope for a free drafter; for one that
+    costs (an MTP head, a draft model: sequential steps) as long as a probe's, lengthening as probes do."""
+    curve = {k: 1.2 + 0.2 * k for k in range(1, 9)}
+
+    class Costly(Drafter):
+        cost_per_token = 0.05
+
+    free, costly = DraftPolicy.auto(clock=FakeClock()), DraftPolicy.auto(clock=FakeClock())
+    free.start(Drafter(), curve.__getitem__)
+    costly.start(Costly(), curve.__getitem__)
+    assert free.shadow_k() == 8 and costly.shadow_k() == costly.envelope[0] == 1
+    # the first stretch's unverified draft of 1 token is accepted whole: the next one may be twice as long
+    log = StepLog([StepRecord(step=0, position=0, kind="prefill", emitted=1, verify_s=0.1).__dict__])
+    assert costly.next_k(log, Costly()) == 0
+    for i in range(costly.plain_run()):
+        record = StepRecord(step=i + 1, position=i + 1, kind="plain", emitted=1, verify_s=0.01, paused=True)
+        record.tokens = [100 + i]
+        if i == 0:
+            record.draft_tokens, record.draft_s = [100], 0.001
+        log.append(record)
+    costly.next_k(log, Costly())
+    assert costly.shadow_k() == 2
+
+
 def test_with_break_even_rule_tokens_are_held_to_their_break_even():
     """measured=False (the default with a fixed break-even): tokens vs break-even over a window."""
     clock = FakeClock()
