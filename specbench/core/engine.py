@@ -260,7 +260,7 @@ class Generation:
             step = self.target.verify(draft.tokens, draft.probs, position, parents=draft.parents)
             tree = {"tree_nodes": len(draft.tokens), "tree_depth": max(depths(draft.parents))}
         else:
-            step = self.target.verify(draft.tokens, draft.probs, position)
+            step = self.target.verify(draft.tokens, draft.probs, position, queue_rejected=self.policy.probing())
         t2 = self.clock()
         emitted = self._stop_at(step.tokens)
         accepted = min(step.accepted, len(emitted))  # accepted tokens past a stop are never emitted

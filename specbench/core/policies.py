@@ -54,6 +54,11 @@ class DraftPolicy:
         its first step (``draft_tokens``, ``draft_s``), compared with the tokens decoded."""
         return 0
 
+    def probing(self) -> bool:
+        """Whether the verification ``next_k`` just asked for is a probe whose drafts are expected to be
+        rejected: the target then queues the plain step after a full rejection while it verifies."""
+        return False
+
     def longest_draft(self, drafter: Any) -> int:
         """The longest draft this policy may ask of ``drafter`` (the widths a verifier must be ready for)."""
         return max(1, int(getattr(drafter, "preferred_k", 4)))
@@ -334,6 +339,12 @@ class AutoPolicy(DraftPolicy):
         self._decision = "speculative" if k > 0 else "plain"
         self._since = self.clock()
         return k
+
+    def probing(self) -> bool:
+        """A measured probe (speculation starting, or resuming after a pause) while the acceptance measured so
+        far is at most one half: the plain step after its full rejection is queued while it verifies, so
+        falling back costs no pipeline restart (a draft accepted after all leaves that step unused)."""
+        return self.measured and not self.recent and self.acceptance() <= 0.5
 
     def shadow_k(self) -> int:
         """While measuring (none with ``shadow=False`` or ``measured=False``): the longest envelope length for

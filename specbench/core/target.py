@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generation_stream, wired_limit
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from specbench.core.accept import accept_greedy, accept_sampled, accept_tree_greedy, accept_tree_sampled
 from specbench.core.experts import ExpertCounter
@@ -59,7 +59,12 @@ class Target(Protocol):
     def settle(self) -> Step | None: ...
 
     def verify(
-        self, draft_tokens: list[int], draft_probs: mx.array | None, position: int, parents: list[int] | None = None
+        self,
+        draft_tokens: list[int],
+        draft_probs: mx.array | None,
+        position: int,
+        parents: list[int] | None = None,
+        queue_rejected: bool = False,
     ) -> Step: ...
 
 
@@ -212,10 +217,18 @@ class ModelTarget:
             raise RuntimeError("a plain step is still queued past the last stretch: take its token with settle()")
 
     def verify(
-        self, draft_tokens: list[int], draft_probs: mx.array | None, position: int, parents: list[int] | None = None
+        self,
+        draft_tokens: list[int],
+        draft_probs: mx.array | None,
+        position: int,
+        parents: list[int] | None = None,
+        queue_rejected: bool = False,
     ) -> Step:
         """One forward over the last token and the draft; the accept rule; the caches rolled back
-        past the rejected drafts. With ``parents`` the draft is a token tree (``verify_tree``)."""
+        past the rejected drafts. With ``parents`` the draft is a token tree (``verify_tree``).
+        ``queue_rejected`` (a probe expected to fail): while the forward runs, the plain step after a
+        full rejection is queued (``_queue_rejected``); kept for the next stretch when every draft is
+        rejected, dropped otherwise."""
         if parents is not None:
             return self.verify_tree(draft_tokens, draft_probs, position, parents)
         self._check_settled()
@@ -225,17 +238,50 @@ class ModelTarget:
         logits, hidden = self._forward(inputs, self.verifier)
         extra = self._extra()
         logits = self._mask_eos(logits[0], position)
+        queued = self._queue_rejected(logits, len(draft_tokens), position) if queue_rejected else None
         if self.options.temperature == 0:
             accepted, tokens = accept_greedy(draft_tokens, self.verifier.greedy(logits))
             probs: list[float] = []
         else:
             accepted, tokens, probs = accept_sampled(self.options.sampling.probs(logits), draft_tokens, draft_probs)
         rejected = len(draft_tokens) - accepted
+        if queued is not None:
+            saved, pending = queued
+            if accepted == 0:  # the caches are already rolled back, and the next step is on its way
+                self._ahead = (pending, position + 1)
+                self.last = tokens[-1]
+                return Step(tokens, hidden, extra, accepted, probs)
+            for c, (keys, values, offset) in zip(self.cache, saved):
+                c.keys, c.values, c.offset = keys, values, offset
+            self.verifier.after_rewind(self.cache, 0)  # the layout the queued step gave them is undone
         self.rollback.rewind(rejected)
         if rejected:
             self.verifier.after_rewind(self.cache, rejected)
         self.last = tokens[-1]
         return Step(tokens, hidden, extra, accepted, probs)
+
+    def _queue_rejected(
+        self, logits: mx.array, drafted: int, position: int
+    ) -> tuple[list[tuple[Any, Any, int]], tuple[mx.array, mx.array | None, dict[str, Any]]] | None:
+        """Before a verification's tokens are read: roll the caches back as a full rejection would, and
+        queue the plain step from the model's first token (greedy, unread). Returns the caches' state
+        after the verification (to restore when a draft is accepted after all) and the queued step; None
+        where that cannot be done (sampling, recurrent state, caches other than mlx-lm's ``KVCache``)."""
+        if (
+            self.options.temperature != 0
+            or drafted == 0
+            or self.rollback.recorder is not None
+            or any(type(c) is not KVCache for c in self.cache)
+        ):
+            return None
+        # views of the values now: the queued step and a rollback write into these arrays in place
+        saved = [(c.keys[...], c.values[...], c.offset) for c in self.cache]
+        first = greedy(logits[:1])
+        self.rollback.rewind(drafted)
+        self.verifier.after_rewind(self.cache, drafted)
+        pending = self._plain_step(first, position + 1)
+        mx.async_eval(pending[0])
+        return saved, pending
 
     def verify_tree(self, tokens: list[int], probs: mx.array | None, position: int, parents: list[int]) -> Step:
         """One forward over the last token and a token tree (tree mask, per-depth positions); the

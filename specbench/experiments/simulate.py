@@ -198,8 +198,14 @@ class RecordedOutput:
         return Step([self.output[ahead]]) if ahead is not None else None
 
     def verify(
-        self, draft_tokens: list[int], draft_probs: Any, position: int, parents: list[int] | None = None
+        self,
+        draft_tokens: list[int],
+        draft_probs: Any,
+        position: int,
+        parents: list[int] | None = None,
+        queue_rejected: bool = False,
     ) -> Step:
+        """As a model's: with ``queue_rejected``, a full rejection leaves the next step queued (``settle``)."""
         if parents is not None:  # a token tree: a row's target is the output at its depth
             out = self.output
             targets = [out[position + d] if position + d < len(out) else -1 for d in [0, *depths(parents)]]
@@ -209,6 +215,8 @@ class RecordedOutput:
         n = 0
         while n < len(draft_tokens) and n < len(targets) and draft_tokens[n] == targets[n]:
             n += 1
+        if queue_rejected and draft_tokens and n == 0 and position + 1 < len(self.output):
+            self._ahead = position + 1
         return Step(list(draft_tokens[:n]) + targets[n : n + 1], accepted=n)
 
 

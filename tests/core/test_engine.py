@@ -392,3 +392,68 @@ def test_a_draft_that_does_not_come_keeps_the_plain_pipeline_full(watch):
     undrafted = [r["position"] for r in gen.log.records if r["kind"] == "plain" and r["k_requested"] and r["draft_s"]]
     assert len(undrafted) >= 5
     assert all(watch.ahead_at[p] >= p + 1 for p in undrafted if p < 39)  # the next step was queued before p was read
+
+
+@pytest.mark.parametrize("verify", ["exact", "fast"])
+def test_a_rejected_probe_leaves_the_next_plain_step_queued(watch, verify):
+    """Auto's probes of a drafter that is always wrong: while each verifies, the plain step after its full
+    rejection is queued, so the stretch after it goes on without a pipeline restart. Output stays greedy."""
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, 80)
+    drafter = Watching(watch, ref, len(PROMPT), 97, wrong_at=lambda step, i: True)
+    policy = DraftPolicy.auto(pause_tokens=8, break_even=1.0, measured=True)
+    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=80, verify=verify), drafter, policy)
+    assert list(gen) == ref
+    probes = [r["position"] for r in gen.log.records if r["kind"] == "verify"]
+    assert len(probes) >= 1 and all(r["accepted"] == 0 for r in gen.log.records if r["kind"] == "verify")
+    assert all(watch.ahead_at[p] >= p + 1 for p in probes)  # queued before the verification's token was read
+
+
+@pytest.mark.parametrize("verify", ["exact", "fast"])
+def test_a_probe_accepted_after_all_drops_the_step_it_queued(monkeypatch, verify):
+    """A probe whose drafts are accepted: the step queued for a full rejection is dropped and the caches are
+    the verification's, rolled back as usual. Output stays greedy, every probe's queue taken back."""
+    from specbench.core import target as target_module
+
+    outcomes = []
+    original = target_module.ModelTarget._queue_rejected
+
+    def spy(self, logits, drafted, position):
+        queued = original(self, logits, drafted, position)
+        outcomes.append(queued is not None)
+        return queued
+
+    monkeypatch.setattr(target_module.ModelTarget, "_queue_rejected", spy)
+    model = build_tiny("qwen3")
+    ref = plain_greedy(model, PROMPT, 60)
+    # right on the first draft position only: every verification accepts one token and rejects the rest
+    drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: i > 0)
+    policy = DraftPolicy.auto(pause_tokens=8, break_even=1.0, measured=True)
+    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=60, verify=verify), drafter, policy)
+    assert list(gen) == ref
+    assert outcomes and all(outcomes)
+    assert all(r["accepted"] >= 1 for r in gen.log.records if r["kind"] == "verify")
+
+
+@pytest.mark.parametrize("verify", ["exact", "fast"])
+@pytest.mark.parametrize("right", [0, 1, 2, 3])
+def test_a_queued_rejection_leaves_the_target_as_the_verification_alone_would(verify, right):
+    """A 3-token draft right on its first ``right`` positions, verified with the full rejection's step queued:
+    the tokens, the plain steps after it and the caches' length are those of plain greedy decoding."""
+    from specbench.core.options import checked_options
+    from specbench.core.target import ModelTarget
+    from specbench.exact import verifier_for
+
+    model = build_tiny("qwen3")
+    ref = plain_greedy(model, PROMPT, 12)
+    options = checked_options(GenerateOptions(max_tokens=12, verify=verify))
+    target = ModelTarget(model, options, verifier_for(model, verify), speculative=True)
+    with target.running():
+        assert target.prefill(PROMPT, 0)[0].tokens == ref[:1]
+        draft = [t if i < right else (t + 1) % 97 for i, t in enumerate(ref[1:4])]
+        step = target.verify(draft, None, 1, queue_rejected=True)
+        assert step.tokens == ref[1 : right + 2] and step.accepted == right
+        after = right + 2
+        rest = [s.tokens[0] for s in target.plain_steps(after, 12 - after)]
+    assert rest == ref[after:]
+    assert {c.offset for c in target.cache} == {len(PROMPT) + 11}
