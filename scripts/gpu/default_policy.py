@@ -230,8 +230,8 @@ def is_steady(before: dict, record: dict) -> bool:
 
 
 def speed_state(records: list[dict], observe_s: float = 0.0) -> float | None:
-    """A run's speed: the median seconds of its steady plain steps (a plain step right after another, with
-    no draft of its own) less the seconds its drafter's ``observe`` took per call; None under ``MIN_STEADY``.
+    """A run's speed: the median seconds of its steady plain steps (``is_steady``) less the seconds its
+    drafter's ``observe`` took per call; None under ``MIN_STEADY``.
 
     The machine's speed drifts between runs by far more than 3 % (plain against plain: +-10-20 %), and a
     run's steps share its speed. A run's seconds over its own speed count its work in plain steps, the

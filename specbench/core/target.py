@@ -245,18 +245,16 @@ class ModelTarget:
         else:
             accepted, tokens, probs = accept_sampled(self.options.sampling.probs(logits), draft_tokens, draft_probs)
         rejected = len(draft_tokens) - accepted
-        if queued is not None:
-            saved, pending = queued
-            if accepted == 0:  # the caches are already rolled back, and the next step is on its way
-                self._ahead = (pending, position + 1)
-                self.last = tokens[-1]
-                return Step(tokens, hidden, extra, accepted, probs)
-            for c, (keys, values, offset) in zip(self.cache, saved):
-                c.keys, c.values, c.offset = keys, values, offset
-            self.verifier.after_rewind(self.cache, 0)  # the layout the queued step gave them is undone
-        self.rollback.rewind(rejected)
-        if rejected:
-            self.verifier.after_rewind(self.cache, rejected)
+        if queued is not None and accepted == 0:  # the caches are rolled back already, the next step on its way
+            self._ahead = (queued[1], position + 1)
+        else:
+            if queued is not None:  # a draft accepted after all: back to the verification's caches
+                for c, (keys, values, offset) in zip(self.cache, queued[0]):
+                    c.keys, c.values, c.offset = keys, values, offset
+                self.verifier.after_rewind(self.cache, 0)  # the layout the queued step gave them is undone
+            self.rollback.rewind(rejected)
+            if rejected:
+                self.verifier.after_rewind(self.cache, rejected)
         self.last = tokens[-1]
         return Step(tokens, hidden, extra, accepted, probs)
 
