@@ -436,16 +436,12 @@ def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: Ora
     with quiet():
         spt = seconds_per_token(gen, lambda: drafter.follow_s)
     stats, policy = gen.stats(), gen.policy
-    by_width: dict[int, list[float]] = {}
-    for r in gen.log:
-        if r["kind"] == "verify":
-            by_width.setdefault(r["verify_width"], []).append(r["verify_s"])
     plain_steps = [r["verify_s"] for r in gen.log if r["kind"] == "plain"]
     return {
         "spt": spt,
         "state": speed_state(gen.log.records, stats["observe_s"]),
         "split": time_split(gen.log.records, spt * (len(gen.tokens) - 1)),
-        "verify_ms": " ".join(f"{w}:{1e3 * statistics.median(v):.1f}" for w, v in sorted(by_width.items())),
+        "verify_ms": verify_ms_by_width(gen.log.records),
         "plain_step_ms": 1e3 * statistics.median(plain_steps) if plain_steps else None,
         "tokens": list(gen.tokens),
         "verifies": stats["verifies"],
@@ -455,6 +451,15 @@ def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: Ora
         "shadows": policy.shadows,
         "ks": " ".join(map(str, sorted({r["k_requested"] for r in gen.log if r["kind"] == "verify"}))),
     }
+
+
+def verify_ms_by_width(records: list[dict]) -> str:
+    """Median in-loop seconds of the verify steps of each width, as "width:ms ..." (widths ascending)."""
+    by_width: dict[int, list[float]] = {}
+    for r in records:
+        if r["kind"] == "verify":
+            by_width.setdefault(r["verify_width"], []).append(r["verify_s"])
+    return " ".join(f"{w}:{1e3 * statistics.median(v):.1f}" for w, v in sorted(by_width.items()))
 
 
 def step_summary(gen: Any) -> dict:
@@ -472,6 +477,7 @@ def step_summary(gen: Any) -> dict:
         "plain_ms": 1e3 * sum(r["draft_s"] + r["verify_s"] for r in plain),
         "plain_steps": len(plain),
         "state_ms": 1e3 * (speed_state(log, gen.stats()["observe_s"]) or float("nan")),
+        "verify_ms": verify_ms_by_width(log),
     }
 
 
@@ -581,6 +587,7 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
     widest = max(DraftPolicy.auto().longest_draft(make_drafter(m)) for m in ("lookup", "suffix")) + 1
     calibrate(model, list(range(2, widest + 1)), progress=lambda text: say(f"  {text}"))
     profile = profile_for(model, "exact", progress=lambda text: say(f"  {text}"))
+    say("  Auto's prior c(w) exact: " + " ".join(f"{w}:{profile.c(w, 'exact'):.2f}" for w in range(1, widest + 1)))
     questions = bundled_questions(cfg.get("categories"), cfg["per_category"])
     prompts = [(q.category, str(q.question_id), render_prompt(tokenizer, q.turns[0])) for q in questions]
     methods = ["plain", "lookup", "suffix", AA]  # AA: plain again, timed as the drafters are
@@ -686,6 +693,7 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
                             "equal_plain": mine["identical"],
                             "verifies": mine["verifies"],
                             "accepted": mine["accepted"],
+                            "verify_ms": verify_ms_by_width(steps[turn, method]),
                             "plain_state_ms": state[turn, "plain"],
                             "auto_state_ms": state[turn, method],
                             **{f"plain_{k}": v for k, v in split[turn, "plain"].items()},
@@ -927,10 +935,12 @@ def report(out: dict, budget: Budget) -> None:
     for r in out["runs"]:
         for item in (r.get("verify_ms") or "").split():
             w, ms = item.split(":")
-            loop.setdefault((r["model"], r["what"].split()[0]), {}).setdefault(int(w), []).append(float(ms))
+            label = r["what"].split()[0]  # a shape's verify mode; the embedded model's method (exact verify)
+            label = r["method"] if label in ("category", "trace") else label
+            loop.setdefault((r["model"], label), {}).setdefault(int(w), []).append(float(ms))
     for (model, mode), widths in loop.items():
         cells = " ".join(f"{w}:{statistics.median(v):.1f}" for w, v in sorted(widths.items()))
-        say(f"  {model:20s} {mode:6s} {cells}")
+        say(f"  {model:20s} {mode:12s} {cells}")
     excess = where_excess_went(out["runs"])
     if excess:
         parts = list(next(iter(excess.values())))

@@ -171,3 +171,13 @@ def test_where_autos_extra_seconds_went(bench):
     assert slow["slower steps"] == pytest.approx(0.3 * tokens)
     assert slow["speculation"] == pytest.approx(parts["speculation"])
     assert bench.excess_in_steps({"plain_state_ms": 10.0, "auto_state_ms": None}) is None
+
+
+def test_in_loop_verify_seconds_by_width(bench):
+    """Each width's median verify seconds, ascending widths; plain steps and the prefill left out."""
+    run = auto_run(0.01)
+    for r, width in zip((r for r in run if r["kind"] == "verify"), (3, 2)):
+        r["verify_width"] = width
+    run.append({**record("verify", 0.05), "verify_width": 3})
+    assert bench.verify_ms_by_width(run) == "2:25.0 3:37.5"
+    assert bench.verify_ms_by_width(plain_run(0.01)) == ""
