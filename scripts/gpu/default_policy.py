@@ -3,6 +3,8 @@
     python3 scripts/gpu/default_policy.py --budget 480   # H200: dense and MoE 4-bit shapes, embedded model
     python3 scripts/gpu/default_policy.py --quick        # CPU: tiny shapes, the embedded model's miniature (< 60 s)
     python3 scripts/gpu/default_policy.py --resummarize FOLDER   # recompute an earlier run's summaries
+    python3 scripts/gpu/default_policy.py --shapes '' --embedded-tokens 128 --categories qa,rag --traces ''
+    python3 scripts/gpu/default_policy.py --resummarize FOLDER1 FOLDER2   # runs split over calls, summarized together
 
 Everything that is not a timed run comes first, per model: exact-mode calibration of every width Auto may
 verify (2..9; 2..17 with SuffixDecoding), Auto's quick cost profiles, per-call seconds of one verify forward
@@ -75,6 +77,7 @@ from specbench.cost import profile_for
 from specbench.cost.measure import seconds_per_token
 from specbench.drafters.oracle import OracleDrafter
 from specbench.exact import ExactPlan, calibrate, exact_mode
+from specbench.experiments.prompts import BUNDLED_CATEGORIES
 from specbench.models import synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -571,6 +574,15 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool,
 # -- the embedded model ---------------------------------------------------------------------------------
 
 
+def trace_files(cfg: dict) -> list[Path]:
+    """The traces of data/traces the embedded phase runs: those named in ``trace_names`` (every one when
+    None), the first ``traces`` of them."""
+    paths = sorted((ROOT / "data" / "traces").glob("*.jsonl"))
+    if cfg.get("trace_names") is not None:
+        paths = [p for p in paths if p.stem in cfg["trace_names"]]
+    return paths[: cfg["traces"]]
+
+
 def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -> None:
     if budget.left() < 30:
         budget.cut(f"embedded model: not run ({budget.left():.0f} s left)")
@@ -615,7 +627,7 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
     for method in methods[:3]:  # warm-up
         run(method, longest, cfg["embedded_tokens"], -1)
     plain_s = run("plain", prompts[0][2], cfg["embedded_tokens"], -1)[0] / cfg["embedded_tokens"]
-    trace_paths = sorted((ROOT / "data" / "traces").glob("*.jsonl"))[: cfg["traces"]]
+    trace_paths = trace_files(cfg)
     say(f"  set-up {time.perf_counter() - started:.0f} s; plain ~{1e3 * plain_s:.1f} ms/token with prompt pass")
     allot = budget.allot("embedded")
     runs = len(methods) * len(prompts) + 3 * len(trace_paths) * cfg["trace_turns"]
@@ -976,23 +988,52 @@ def main() -> int:
     parser.add_argument("--shapes", default=None, help="comma list of synthetic shapes")
     parser.add_argument("--no-embedded", action="store_true", help="leave out the embedded model")
     parser.add_argument("--compile", action="store_true", help="also time exact verify with compiled linear chunks")
+    parser.add_argument("--categories", default=None, help="embedded model: comma list of bundled categories")
+    parser.add_argument("--traces", default=None, help="embedded model: comma list of data/traces names ('' none)")
     parser.add_argument(
-        "--resummarize", default=None, help="a folder of an earlier run: recompute its summaries (no model work)"
+        "--embedded-tokens", type=int, default=None, help="embedded model: tokens per run (the budget cuts repeats)"
+    )
+    parser.add_argument(
+        "--resummarize",
+        nargs="+",
+        default=None,
+        help="folders of earlier runs: recompute their summaries, pooled over all of them (no model work); "
+        "one folder gets its pooled.csv rewritten, several are summarized together (runs split by category, say)",
     )
     args = parser.parse_args()
     if args.resummarize:
-        folder = Path(args.resummarize)
-        saved = json.loads((folder / "default_policy.json").read_text())
-        out = {"runs": saved["runs"], "verify_calls": saved["verify_calls"], "grid": [], "embedded": []}
-        out["affinity"] = saved.get("affinity", {})
+        folders = [Path(f) for f in args.resummarize]
+        if missing := [str(f) for f in folders if not (f / "default_policy.json").is_file()]:
+            parser.error(f"no default_policy.json in {', '.join(missing)}: give folders this script wrote")
+        out = {"runs": [], "verify_calls": [], "grid": [], "embedded": [], "affinity": {}}
+        for folder in folders:
+            saved = json.loads((folder / "default_policy.json").read_text())
+            out["runs"] += saved["runs"]
+            out["verify_calls"] += saved["verify_calls"]
+            out["affinity"] = out["affinity"] or saved.get("affinity", {})
         summarize(out)
         out["pooled"] = pooled(out)
-        write_csv_atomic(folder / "pooled.csv", out["pooled"])
+        if len(folders) == 1:
+            write_csv_atomic(folders[0] / "pooled.csv", out["pooled"])
         report(out, Budget(0.0, {**FULL, "shapes": []}, embedded=False))
         return 0
     cfg = dict(QUICK if args.quick else FULL)
     if args.shapes is not None:
         cfg["shapes"] = [s for s in args.shapes.split(",") if s]
+    if args.categories is not None:
+        cfg["categories"] = [c for c in args.categories.split(",") if c]
+        unknown = sorted(set(cfg["categories"]) - set(BUNDLED_CATEGORIES))
+        if unknown or not cfg["categories"]:
+            parser.error(f"--categories: unknown {unknown or 'none given'}; bundled: {', '.join(BUNDLED_CATEGORIES)}")
+    if args.traces is not None:
+        cfg["trace_names"], cfg["traces"] = [t for t in args.traces.split(",") if t], None
+        known = [p.stem for p in sorted((ROOT / "data" / "traces").glob("*.jsonl"))]
+        if unknown := sorted(set(cfg["trace_names"]) - set(known)):
+            parser.error(f"--traces: unknown {unknown}; in data/traces: {', '.join(known)}")
+    if args.embedded_tokens is not None:
+        if args.embedded_tokens < 2:
+            parser.error(f"--embedded-tokens must be at least 2, got {args.embedded_tokens}")
+        cfg["embedded_tokens"] = cfg["min_embedded_tokens"] = args.embedded_tokens
     if args.compile:  # compiling each width's linear chunks: about a minute more per shape on the H200
         cfg["setup_s"] = {k: v + (0.0 if k == "embedded" else 60.0) for k, v in cfg["setup_s"].items()}
     out_dir = Path(args.out or os.environ.get("OUT") or "reports/gpu")

@@ -90,3 +90,25 @@ def test_default_policy_script_stopped_keeps_what_finished(tmp_path):
     saved = json.loads((tmp_path / "default_policy.json").read_text())
     assert {r["repeat"] for r in saved["runs"]} == {0} and saved["grid"]
     assert "stopped by SIGTERM" in saved["reduced"][-1]
+
+
+def test_default_policy_embedded_runs_split_over_calls_are_summarized_together(tmp_path):
+    """The embedded phase by category at a fixed length, in two calls, then one summary of both."""
+    for category in ("qa", "rag"):
+        args = ["--shapes", "", "--categories", category, "--traces", "", "--embedded-tokens", "12"]
+        run_script("default_policy.py", tmp_path, *args, "--out", str(tmp_path / category))
+        runs = json.loads((tmp_path / category / "default_policy.json").read_text())["runs"]
+        assert {r["what"] for r in runs} == {f"category {category}"} and {r["tokens"] for r in runs} == {12}
+    out = run_script("default_policy.py", tmp_path, "--resummarize", str(tmp_path / "qa"), str(tmp_path / "rag"))
+    assert "category qa" in out and "category rag" in out and "verdicts of 4 cells" in out
+
+
+def test_default_policy_bad_options_fail_before_model_work(tmp_path):
+    script = str(ROOT / "scripts" / "gpu" / "default_policy.py")
+    for args, named in (
+        (["--categories", "qa,poetry"], "translation"),  # names the bundled categories
+        (["--traces", "nope"], "coding-agent"),
+        (["--resummarize", str(tmp_path)], "default_policy.json"),
+    ):
+        done = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr
