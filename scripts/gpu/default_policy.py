@@ -1027,7 +1027,7 @@ def main() -> int:
             parser.error(f"--categories: unknown {unknown or 'none given'}; bundled: {', '.join(BUNDLED_CATEGORIES)}")
     if args.traces is not None:
         cfg["trace_names"], cfg["traces"] = [t for t in args.traces.split(",") if t], None
-        known = [p.stem for p in sorted((ROOT / "data" / "traces").glob("*.jsonl"))]
+        known = [p.stem for p in trace_files({"traces": None})]
         if unknown := sorted(set(cfg["trace_names"]) - set(known)):
             parser.error(f"--traces: unknown {unknown}; in data/traces: {', '.join(known)}")
     if args.embedded_tokens is not None:
