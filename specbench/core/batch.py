@@ -335,6 +335,10 @@ class BatchGeneration:
         t0 = self.clock()
         plans = [r.plan(len(active)) for r in active]
         t1 = self.clock()
+        steps = self._plain_steps_planned(plans)
+        if steps > 1:  # every row decodes plainly for a while: pipelined, as plain batches are
+            yield from self._plain_stretch(steps, {r.index: plan for r, plan in zip(active, plans)}, t1 - t0)
+            return
         rows = [[r.tokens[-1]] + (p[2].tokens if p[2] is not None else []) for r, p in zip(active, plans)]
         width = max(len(row) for row in rows)
         inputs = mx.array([row + [0] * (width - len(row)) for row in rows], dtype=mx.uint32)
@@ -367,6 +371,20 @@ class BatchGeneration:
         self.batch_log.append(record)
         self._drop_finished()
 
+    def _plain_steps_planned(self, plans: list[tuple[int, bool, Any, float]]) -> int:
+        """How many plain steps every active row takes from now when its ``plan`` drafts nothing and the
+        batch can pipeline them (greedy rows, no hidden states or expert counts): the fewest the paused
+        rows' policies ask for (``plain_run``); 1 when a row drafts or asked for a draft that did not come."""
+        if self.counter is not None or any(r.options.temperature != 0 or r.needs_hidden for r in self.active):
+            return 1
+        steps = 1 << 30
+        for request, (k, paused, draft, _) in zip(self.active, plans):
+            if draft is not None or (k > 0 and not paused):
+                return 1
+            if paused:
+                steps = min(steps, request.policy.plain_run())
+        return steps
+
     def _pipelined(self) -> bool:
         """Whether the next steps are plain greedy steps of every row (no drafter, sampling, hidden states
         or expert counts), which ``_plain_stretch`` pipelines."""
@@ -386,18 +404,24 @@ class BatchGeneration:
         mx.async_eval(tokens)
         return tokens
 
-    def _plain_stretch(self) -> Iterator[tuple[int, list[int]]]:
-        """Plain greedy steps of every row, pipelined as mlx-lm pipelines them: the next step is queued
-        before this one's tokens are read. When a request finishes, its row is dropped, the step already
-        queued for the others is read, and the stretch ends (a waiting request may then take the slot)."""
+    def _plain_stretch(
+        self, steps: int = 1 << 30, plans: dict[int, tuple] | None = None, plan_s: float = 0.0
+    ) -> Iterator[tuple[int, list[int]]]:
+        """Up to ``steps`` plain greedy steps of every row, pipelined as mlx-lm pipelines them: the next step
+        is queued before this one's tokens are read. ``plans``: each row's plan (by request index) that
+        asked for these steps, logged on each (paused rows stay paused), with the ``plan_s`` seconds of
+        planning on the first step. When a request finishes, its row is dropped, the step already queued for
+        the others is read, and the stretch ends (a waiting request may then take the slot)."""
+        plans = plans or {}
         tick = self.clock()
         pending = self._queue_plain(mx.array([[r.tokens[-1]] for r in self.active], dtype=mx.uint32), 0)
-        while True:
+        for step in range(1, steps + 1):
             current = pending
-            queued = not any(r._remaining() <= 1 for r in self.active)  # a row's last token: nothing after it
+            # nothing after the stretch's last step or a row's last token
+            queued = step < steps and not any(r._remaining() <= 1 for r in self.active)
             if queued:
                 pending = self._queue_plain(current[:, None], 1)
-            yield from self._settle_plain(current.tolist(), tick)
+            yield from self._settle_plain(current.tolist(), tick, plans, plan_s if step == 1 else 0.0)
             tick = self.clock()
             finished = [i for i, r in enumerate(self.active) if r.finished]
             self._drop_finished()
@@ -405,19 +429,22 @@ class BatchGeneration:
                 return
             if finished:
                 keep = [i for i in range(pending.shape[0]) if i not in finished]
-                yield from self._settle_plain(pending[mx.array(keep)].tolist(), tick)
+                yield from self._settle_plain(pending[mx.array(keep)].tolist(), tick, plans)
                 self._drop_finished()
                 return
 
-    def _settle_plain(self, tokens: list[int], tick: float) -> Iterator[tuple[int, list[int]]]:
-        """Emit one plain step's ``tokens`` (one per active row) and log it."""
+    def _settle_plain(
+        self, tokens: list[int], tick: float, plans: dict[int, tuple], plan_s: float = 0.0
+    ) -> Iterator[tuple[int, list[int]]]:
+        """Emit one plain step's ``tokens`` (one per active row, each logged with its plan) and log it."""
         now = self.clock()
         active = self.active
         rows = [r.index for r in active]
-        record = BatchStepRecord(len(self.batch_log), "plain", len(active), rows, [1] * len(rows), 0.0, now - tick)
+        record = BatchStepRecord(len(self.batch_log), "plain", len(active), rows, [1] * len(rows), plan_s, now - tick)
         extra = {"batch_step": record.step, "batch_size": len(active)}
         for request, token in zip(active, tokens):
-            emitted = request.settle([token], 0, [], None, (0, False, None, 0.0), now - tick, extra)
+            plan = plans.get(request.index, (0, False, None, 0.0))
+            emitted = request.settle([token], 0, [], None, plan, now - tick, extra)
             record.emitted += len(emitted)
             yield request.index, emitted
         record.other_s = self.clock() - now

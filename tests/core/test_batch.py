@@ -111,6 +111,31 @@ def test_pipelined_plain_batch_keeps_stops_masks_and_joins():
         assert [t for r in request.log for t in r["tokens"]] == tokens
 
 
+def test_paused_rows_decode_pipelined_and_resume_speculating(monkeypatch):
+    """When every row's policy pauses (drafts keep failing), the batch decodes the pause's plain steps as plain
+    batches do, each step queued before the one before it is read; the stretch ends where the shortest pause
+    does, and the rows speculate again. Output stays each request's plain greedy output."""
+    queued_ahead = []
+    original = BatchGeneration._queue_plain
+
+    def spy(self, last, ahead):
+        queued_ahead.append(ahead)
+        return original(self, last, ahead)
+
+    monkeypatch.setattr(BatchGeneration, "_queue_plain", spy)
+    model = build_tiny("llama")
+    prompts = PROMPTS[:3]
+    truth = single_greedy(model, prompts, 40)
+    drafters = [ScriptedDrafter(t, len(p), VOCAB, lambda step, i: True) for t, p in zip(truth, prompts)]
+    gen = BatchGeneration(model, prompts, GenerateOptions(max_tokens=40), drafters, DraftPolicy.adaptive(3))
+    assert gen.run() == truth
+    kinds = [s.kind for s in gen.batch_log]
+    assert kinds.count("verify") >= 4  # pauses of 1, 2, 4, 8 ... steps, each followed by a verification
+    assert queued_ahead.count(1) >= 10  # steps of the pauses queued before the step before them was read
+    paused = [r for request in gen.requests for r in request.log.records if r["kind"] == "plain" and r["paused"]]
+    assert len(paused) >= 3 * 10
+
+
 def test_min_tokens_and_eos_per_request():
     model = build_tiny("qwen3")
     truth = single_greedy(model, PROMPTS[:3], 8)
