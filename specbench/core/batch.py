@@ -22,13 +22,12 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 
 from specbench.core.accept import accept_greedy, accept_sampled
 from specbench.core.batch_hybrid import RowRollback, batch_layer, check_batchable
-from specbench.core.draft import Drafter, as_draft, check_draft
-from specbench.core.engine import Generation
+from specbench.core.batch_request import BatchRequest
+from specbench.core.draft import Drafter
 from specbench.core.experts import ExpertCounter
 from specbench.core.forward import forward, greedy
 from specbench.core.options import GenerateOptions, checked_options
@@ -58,103 +57,6 @@ class BatchStepRecord:
     @property
     def width(self) -> int:
         return max(self.widths)
-
-
-class BatchRequest(Generation):
-    """One request of a batch: a ``Generation`` (prompt checks, prefill, stops, finish reasons,
-    step log) whose decode steps its ``BatchGeneration`` computes."""
-
-    def __init__(self, index: int, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.index = index
-        self.started = 0.0
-
-    def __next__(self) -> int:
-        raise TypeError("a batched request is decoded by its BatchGeneration: iterate that, or call its run()")
-
-    @property
-    def finished(self) -> bool:
-        return self._finish is not None
-
-    def begin(self, counter: ExpertCounter | None) -> None:
-        """Seed, start the policy, and run the prompt pass alone (mlx-lm's single-request cache)."""
-        self.started = self.clock()
-        if self.options.seed is not None:
-            mx.random.seed(self.options.seed)
-        target = self.target
-        target.sampler = self.options.sampling.sampler()
-        target.counter = counter
-        if self.drafter is not None:
-            self.policy.start(self.drafter, self.break_even)
-        for _ in self._prefill():
-            pass
-        self._check_finished()
-
-    def plan(self, batch_size: int) -> tuple[int, bool, Any, float]:
-        """(k requested, paused, the checked draft (None: a plain row), draft seconds) for this step."""
-        if self.drafter is None:
-            return 0, False, None, 0.0
-        set_batch_size = getattr(self.policy, "set_batch_size", None)
-        if set_batch_size is not None:
-            set_batch_size(batch_size)
-        k = self.policy.next_k(self.log, self.drafter)
-        if k <= 0:
-            return 0, True, None, 0.0
-        if self._remaining() <= 1:
-            return k, False, None, 0.0
-        t0 = self.clock()
-        name = self._drafter_name()
-        draft = as_draft(self.drafter.draft(self.prompt + self.tokens, min(k, self._remaining() - 1)), k, name)
-        if draft.tokens:
-            draft = check_draft(draft, name, self.target.vocab, sampling=self.options.temperature > 0)
-            if getattr(draft, "parents", None) is not None:
-                raise ValueError(f"drafter {name} proposed a token tree: batched decoding verifies paths only")
-        return k, False, (draft if draft.tokens else None), self.clock() - t0
-
-    def sample_seed(self) -> None:
-        """Seed the sampler for this request's next draws: from its own seed and step, so its output
-        does not depend on which other requests share the batch (None: the global stream)."""
-        if self.options.seed is not None:
-            state = np.random.SeedSequence([self.options.seed, len(self.log)]).generate_state(1, np.uint64)[0]
-            mx.random.seed(int(state))
-
-    def settle(
-        self,
-        tokens: list[int],
-        accepted: int,
-        probs: list[float],
-        hidden: mx.array | None,
-        plan: tuple[int, bool, Any, float],
-        verify_s: float,
-        extra: dict[str, Any],
-    ) -> list[int]:
-        """Cut the step's tokens at this request's stops, log the step, emit; the emitted tokens."""
-        k, paused, draft, draft_s = plan
-        position = len(self.tokens)
-        emitted = self._stop_at(tokens)
-        if draft is None:
-            self._record(
-                "plain",
-                position,
-                emitted,
-                k_requested=k,
-                draft_s=draft_s,
-                verify_s=verify_s,
-                paused=paused,
-                extra=extra,
-            )
-        else:
-            self._record_verify(position, emitted, k, draft, accepted, draft_s, verify_s, probs, extra)
-        for _ in self._emit(emitted, hidden[:, : len(emitted)] if hidden is not None else None):
-            pass
-        self._check_finished()
-        return emitted
-
-    def _check_finished(self) -> None:
-        if self._finish is not None:
-            self._wall_s = self.clock() - self.started
-            if self.drafter is not None:
-                self.drafter.end()
 
 
 def _per_request(value: Any, n: int, name: str) -> list[Any]:
