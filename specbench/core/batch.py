@@ -277,7 +277,7 @@ class BatchGeneration:
         """How many plain steps every active row takes from now when its ``plan`` drafts nothing and the
         batch can pipeline them (greedy rows, no hidden states or expert counts): the fewest the paused
         rows' policies ask for (``plain_run``); 1 when a row drafts or asked for a draft that did not come."""
-        if self.counter is not None or any(r.options.temperature != 0 or r.needs_hidden for r in self.active):
+        if not self._pipelinable():
             return 1
         steps = 1 << 30
         for request, (k, paused, draft, _) in zip(self.active, plans):
@@ -287,11 +287,14 @@ class BatchGeneration:
                 steps = min(steps, request.policy.plain_run())
         return steps
 
+    def _pipelinable(self) -> bool:
+        """Whether the batch's plain steps can be pipelined: greedy rows, no hidden states, no expert counts."""
+        return self.counter is None and all(r.options.temperature == 0 and not r.needs_hidden for r in self.active)
+
     def _pipelined(self) -> bool:
-        """Whether the next steps are plain greedy steps of every row (no drafter, sampling, hidden states
-        or expert counts), which ``_plain_stretch`` pipelines."""
-        plain = all(r.drafter is None and r.options.temperature == 0 and not r.needs_hidden for r in self.active)
-        return plain and self.counter is None
+        """Whether the next steps are plain greedy steps of every row (no drafter, and ``_pipelinable``),
+        which ``_plain_stretch`` pipelines."""
+        return self._pipelinable() and all(r.drafter is None for r in self.active)
 
     def _queue_plain(self, last: mx.array, ahead: int) -> mx.array:
         """Queue one plain greedy step of every active row after ``last`` ([B, 1]); its tokens, lazy. ``ahead``:
