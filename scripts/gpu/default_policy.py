@@ -499,8 +499,9 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool,
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, vocab_size(model), size=cfg["prompt_len"]).tolist()
     drafter = OracleDrafter.from_model(model, prompt, cfg["tokens"], 1.0, keep_drafting=True)
-    cells = [("plain", "a/a"), *((mode, a) for a in cfg["acceptances"] for mode in ("exact", "fast"))]
-    for mode in ("exact", "fast"):  # warm-up: every width's kernels built before timing
+    modes = cfg.get("modes", ["exact", "fast"])
+    cells = [("plain", "a/a"), *((mode, a) for a in cfg["acceptances"] for mode in modes)]
+    for mode in modes:  # warm-up: every width's kernels built before timing
         for a in (1.0, 0.3):
             drafter.acceptance = a
             auto_run(model, prompt, cfg["warmup_tokens"], mode, drafter, profiles[mode])
@@ -838,11 +839,14 @@ def student_t_above(t: float, dof: int) -> float:
 
 def p_below(pairs: list[tuple[float, float]]) -> float:
     """One-sided p-value of "Auto / plain is below 0.97": a t-test of the pairs' log ratios (plain / Auto)
-    against log 0.97 (1.0 for fewer than 2 pairs or no spread). A percentile bootstrap of 6 pairs reaches
-    p = 0 whenever every pair falls below, which no correction for many cells can undo."""
+    against log 0.97 (1.0 for fewer than 2 pairs; with no spread, 0.0 below 0.97 and 1.0 at or above). A
+    percentile bootstrap of 6 pairs reaches p = 0 whenever every pair falls below, which no correction for
+    many cells can undo."""
     logs = [math.log(p / a) for p, a in pairs]
-    if len(logs) < 2 or statistics.stdev(logs) == 0.0:
+    if len(logs) < 2:
         return 1.0
+    if statistics.stdev(logs) == 0.0:  # identical pairs: every one is below 0.97, or none is
+        return 0.0 if logs[0] < math.log(OK) else 1.0
     t = (statistics.mean(logs) - math.log(OK)) / (statistics.stdev(logs) / math.sqrt(len(logs)))
     return 1.0 - student_t_above(t, len(logs) - 1)
 
@@ -994,6 +998,16 @@ def main() -> int:
         "--embedded-tokens", type=int, default=None, help="embedded model: tokens per run (the budget cuts repeats)"
     )
     parser.add_argument(
+        "--acceptances", default=None, help="shapes: comma list of the drafter's acceptances (default 0.3,...,1.0)"
+    )
+    parser.add_argument("--modes", default=None, help="shapes: verify modes, comma list of exact, fast (default both)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="most repeats per cell, shapes and embedded model (default 8 and 3; the budget cuts them)",
+    )
+    parser.add_argument(
         "--resummarize",
         nargs="+",
         default=None,
@@ -1030,6 +1044,23 @@ def main() -> int:
         known = [p.stem for p in trace_files({"traces": None})]
         if unknown := sorted(set(cfg["trace_names"]) - set(known)):
             parser.error(f"--traces: unknown {unknown}; in data/traces: {', '.join(known)}")
+    if args.acceptances is not None:
+        try:
+            cfg["acceptances"] = [float(a) for a in args.acceptances.split(",") if a]
+        except ValueError:
+            parser.error(f"--acceptances: give numbers in [0, 1] separated by commas, got {args.acceptances!r}")
+        if not cfg["acceptances"] or not all(0.0 <= a <= 1.0 for a in cfg["acceptances"]):
+            parser.error(f"--acceptances: give numbers in [0, 1] separated by commas, got {args.acceptances!r}")
+    if args.modes is not None:
+        cfg["modes"] = [m for m in args.modes.split(",") if m]
+        if not cfg["modes"] or set(cfg["modes"]) - {"exact", "fast"}:
+            parser.error(f"--modes: give exact, fast or both (comma list), got {args.modes!r}")
+    if args.repeats is not None:
+        if args.repeats < 2:
+            parser.error(f"--repeats must be at least 2 (a cell's interval needs pairs), got {args.repeats}")
+        for key in ("repeats", "embedded_repeats"):
+            cfg[key] = args.repeats
+            cfg["min_" + key] = min(cfg["min_" + key], args.repeats)
     if args.embedded_tokens is not None:
         if args.embedded_tokens < 2:
             parser.error(f"--embedded-tokens must be at least 2, got {args.embedded_tokens}")

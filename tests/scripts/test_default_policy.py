@@ -181,3 +181,10 @@ def test_in_loop_verify_seconds_by_width(bench):
     run.append({**record("verify", 0.05), "verify_width": 3})
     assert bench.verify_ms_by_width(run) == "2:25.0 3:37.5"
     assert bench.verify_ms_by_width(plain_run(0.01)) == ""
+
+
+def test_identical_pairs_below_097_are_a_loss_not_a_missing_test(bench):
+    """With no spread between pairs a t statistic is undefined; the pairs themselves settle it."""
+    assert bench.p_below([(0.9, 1.0)] * 6) == 0.0
+    assert bench.p_below([(1.0, 1.0)] * 6) == 1.0
+    assert bench.p_below([(0.9, 1.0)]) == 1.0  # one pair: no test

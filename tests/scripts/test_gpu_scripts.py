@@ -109,6 +109,18 @@ def test_default_policy_bad_options_fail_before_model_work(tmp_path):
         (["--categories", "qa,poetry"], "translation"),  # names the bundled categories
         (["--traces", "nope"], "coding-agent"),
         (["--resummarize", str(tmp_path)], "default_policy.json"),
+        (["--modes", "exact,greedy"], "exact, fast"),
+        (["--acceptances", "0.5,1.5"], "[0, 1]"),
+        (["--repeats", "1"], "at least 2"),
     ):
         done = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr
+
+
+def test_default_policy_runs_only_the_cells_asked_for(tmp_path):
+    """A rerun of chosen cells with more repeats: only those cells (and the A/A cell) are timed."""
+    args = ["--shapes", "qwen3-8b-tiny", "--no-embedded", "--modes", "fast", "--acceptances", "0.5", "--repeats", "3"]
+    run_script("default_policy.py", tmp_path, *args)
+    runs = json.loads((tmp_path / "default_policy.json").read_text())["runs"]
+    assert {r["what"] for r in runs} == {"plain a/a", "fast a=0.5"}
+    assert {r["repeat"] for r in runs} == {0, 1, 2}
