@@ -122,6 +122,8 @@ class BatchGeneration:
         self.batch_log: list[BatchStepRecord] = []
         self.cache: list[Any] | None = None
         self.rollback: RowRollback | None = None
+        #: One plain step of every active row queued past the last plain step, not read yet (its tokens, lazy).
+        self._queued: mx.array | None = None
         self._wall_s = 0.0
         n = len(prompts)
         if drafters is not None and callable(getattr(drafters, "draft", None)) and n > 1:
@@ -208,6 +210,8 @@ class BatchGeneration:
             with self._running() as counter:
                 self.counter = counter
                 while self.waiting or self.active:
+                    if self.waiting and len(self.active) < self.max_batch or self._pipelined():
+                        yield from self._settle_queued({})  # a row joining or a plain batch: nothing queued ahead
                     yield from self._fill()
                     if self.active:
                         yield from self._plain_stretch() if self._pipelined() else self._step()
@@ -233,13 +237,18 @@ class BatchGeneration:
             self.active.append(request)
 
     def _step(self) -> Iterator[tuple[int, list[int]]]:
-        active = self.active
         t0 = self.clock()
-        plans = [r.plan(len(active)) for r in active]
+        decisions = {r.index: r.decide(len(self.active)) for r in self.active}
+        yield from self._settle_queued({i: (k, paused, None, 0.0) for i, (k, paused) in decisions.items()})
+        active = self.active
+        if not active:
+            return
+        plans = [r.plan(decisions[r.index]) for r in active]
         t1 = self.clock()
         steps = self._plain_steps_planned(plans)
-        if steps > 1:  # every row decodes plainly for a while: pipelined, as plain batches are
-            yield from self._plain_stretch(steps, {r.index: plan for r, plan in zip(active, plans)}, t1 - t0)
+        if steps:  # no row drafts: plain steps pipelined as plain batches are, the next one queued past them
+            more = not (self.waiting and len(active) < self.max_batch)  # unless a waiting request joins next
+            yield from self._plain_stretch(steps, {r.index: plan for r, plan in zip(active, plans)}, t1 - t0, more)
             return
         rows = [[r.tokens[-1]] + (p[2].tokens if p[2] is not None else []) for r, p in zip(active, plans)]
         width = max(len(row) for row in rows)
@@ -274,17 +283,16 @@ class BatchGeneration:
         self._drop_finished()
 
     def _plain_steps_planned(self, plans: list[tuple[int, bool, Any, float]]) -> int:
-        """How many plain steps every active row takes from now when its ``plan`` drafts nothing and the
-        batch can pipeline them (greedy rows, no hidden states or expert counts): the fewest the paused
-        rows' policies ask for (``plain_run``); 1 when a row drafts or asked for a draft that did not come."""
+        """How many plain steps every active row takes from now when no ``plan`` drafts and the batch can
+        pipeline them (greedy rows, no hidden states or expert counts): the fewest the paused rows' policies
+        ask for (``plain_run``), 1 when a row asked for a draft that did not come; 0 when a row drafts."""
         if not self._pipelinable():
-            return 1
+            return 0
         steps = 1 << 30
-        for request, (k, paused, draft, _) in zip(self.active, plans):
-            if draft is not None or (k > 0 and not paused):
-                return 1
-            if paused:
-                steps = min(steps, request.policy.plain_run())
+        for request, (_, paused, draft, _) in zip(self.active, plans):
+            if draft is not None:
+                return 0
+            steps = min(steps, request.policy.plain_run() if paused else 1)
         return steps
 
     def _pipelinable(self) -> bool:
@@ -310,20 +318,21 @@ class BatchGeneration:
         return tokens
 
     def _plain_stretch(
-        self, steps: int = 1 << 30, plans: dict[int, tuple] | None = None, plan_s: float = 0.0
+        self, steps: int = 1 << 30, plans: dict[int, tuple] | None = None, plan_s: float = 0.0, more: bool = False
     ) -> Iterator[tuple[int, list[int]]]:
         """Up to ``steps`` plain greedy steps of every row, pipelined as mlx-lm pipelines them: the next step
         is queued before this one's tokens are read. ``plans``: each row's plan (by request index) that
         asked for these steps, logged on each (paused rows stay paused), with the ``plan_s`` seconds of
-        planning on the first step. When a request finishes, its row is dropped, the step already queued for
-        the others is read, and the stretch ends (a waiting request may then take the slot)."""
+        planning on the first step. ``more``: steps follow, so one more is queued past the last and read by
+        the next step (``_settle_queued``). When a request finishes, its row is dropped, the step already
+        queued for the others is read, and the stretch ends (a waiting request may then take the slot)."""
         plans = plans or {}
         tick = self.clock()
         pending = self._queue_plain(mx.array([[r.tokens[-1]] for r in self.active], dtype=mx.uint32), 0)
         for step in range(1, steps + 1):
             current = pending
-            # nothing after the stretch's last step or a row's last token
-            queued = step < steps and not any(r._remaining() <= 1 for r in self.active)
+            # nothing after the stretch's last step (unless ``more``) or a row's last token
+            queued = (step < steps or more) and not any(r._remaining() <= 1 for r in self.active)
             if queued:
                 pending = self._queue_plain(current[:, None], 1)
             yield from self._settle_plain(current.tolist(), tick, plans, plan_s if step == 1 else 0.0)
@@ -337,6 +346,18 @@ class BatchGeneration:
                 yield from self._settle_plain(pending[mx.array(keep)].tolist(), tick, plans)
                 self._drop_finished()
                 return
+            if step == steps:
+                self._queued = pending
+                return
+
+    def _settle_queued(self, plans: dict[int, tuple]) -> Iterator[tuple[int, list[int]]]:
+        """Read the plain step queued past the last stretch, if any: one token per row, logged with the
+        row's ``plans`` entry (its next decision: k requested, paused) as a plain step."""
+        if self._queued is None:
+            return
+        queued, self._queued = self._queued, None
+        yield from self._settle_plain(queued.tolist(), self.clock(), plans)
+        self._drop_finished()
 
     def _settle_plain(
         self, tokens: list[int], tick: float, plans: dict[int, tuple], plan_s: float = 0.0

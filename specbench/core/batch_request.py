@@ -42,18 +42,22 @@ class BatchRequest(Generation):
             pass
         self._check_finished()
 
-    def plan(self, batch_size: int) -> tuple[int, bool, Any, float]:
-        """(k requested, paused, the checked draft (None: a plain row), draft seconds) for this step."""
+    def decide(self, batch_size: int) -> tuple[int, bool]:
+        """(k requested, paused) for this step: the policy's decision, before any step queued past the last
+        one is read (so that step counts to this decision, as in a single request)."""
         if self.drafter is None:
-            return 0, False, None, 0.0
+            return 0, False
         set_batch_size = getattr(self.policy, "set_batch_size", None)
         if set_batch_size is not None:
             set_batch_size(batch_size)
         k = self.policy.next_k(self.log, self.drafter)
-        if k <= 0:
-            return 0, True, None, 0.0
-        if self._remaining() <= 1:
-            return k, False, None, 0.0
+        return (0, True) if k <= 0 else (k, False)
+
+    def plan(self, decision: tuple[int, bool]) -> tuple[int, bool, Any, float]:
+        """(k requested, paused, the checked draft (None: a plain row), draft seconds) for this step."""
+        k, paused = decision
+        if k <= 0 or self._remaining() <= 1:
+            return k, paused, None, 0.0
         t0 = self.clock()
         name = self._drafter_name()
         draft = as_draft(self.drafter.draft(self.prompt + self.tokens, min(k, self._remaining() - 1)), k, name)

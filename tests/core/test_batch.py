@@ -111,18 +111,24 @@ def test_pipelined_plain_batch_keeps_stops_masks_and_joins():
         assert [t for r in request.log for t in r["tokens"]] == tokens
 
 
-def test_paused_rows_decode_pipelined_and_resume_speculating(monkeypatch):
-    """When every row's policy pauses (drafts keep failing), the batch decodes the pause's plain steps as plain
-    batches do, each step queued before the one before it is read; the stretch ends where the shortest pause
-    does, and the rows speculate again. Output stays each request's plain greedy output."""
-    queued_ahead = []
+@pytest.fixture
+def queued_ahead(monkeypatch):
+    """The ``ahead`` of every plain step the batch queues: 1 for a step queued before the one before it is read."""
+    aheads = []
     original = BatchGeneration._queue_plain
 
     def spy(self, last, ahead):
-        queued_ahead.append(ahead)
+        aheads.append(ahead)
         return original(self, last, ahead)
 
     monkeypatch.setattr(BatchGeneration, "_queue_plain", spy)
+    return aheads
+
+
+def test_paused_rows_decode_pipelined_and_resume_speculating(queued_ahead):
+    """When every row's policy pauses (drafts keep failing), the batch decodes the pause's plain steps as plain
+    batches do, each step queued before the one before it is read; the stretch ends where the shortest pause
+    does, and the rows speculate again. Output stays each request's plain greedy output."""
     model = build_tiny("llama")
     prompts = PROMPTS[:3]
     truth = single_greedy(model, prompts, 40)
@@ -134,6 +140,32 @@ def test_paused_rows_decode_pipelined_and_resume_speculating(monkeypatch):
     assert queued_ahead.count(1) >= 10  # steps of the pauses queued before the step before them was read
     paused = [r for request in gen.requests for r in request.log.records if r["kind"] == "plain" and r["paused"]]
     assert len(paused) >= 3 * 10
+
+
+class ProposesNothing(Drafter):
+    name = "nothing"
+
+    def draft(self, tokens, k):
+        return []
+
+
+def test_steps_where_no_row_drafts_are_pipelined(queued_ahead):
+    """Rows whose drafters propose nothing (prompt lookup without a match): each such step is a plain step
+    with the next one queued before it is read, as a single request queues it, not a synchronous step; rows
+    finishing and waiting requests joining in between keep every output its own plain greedy output."""
+    model = build_tiny("qwen3")
+    lengths = [24, 9, 17, 24]
+    options = [GenerateOptions(max_tokens=n) for n in lengths]
+    truth = [list(generate(model, p, o)) for p, o in zip(PROMPTS[:4], options)]
+    drafters = [ProposesNothing() for _ in range(4)]
+    gen = BatchGeneration(model, PROMPTS[:4], options, drafters, DraftPolicy.fixed(3), max_batch=3)
+    assert gen.run() == truth
+    assert {s.kind for s in gen.batch_log} == {"plain"}
+    # about every second step queued before the one before it was read; before, none was
+    assert queued_ahead.count(1) >= len(gen.batch_log) // 3
+    for request in gen.requests:
+        decoded = [r for r in request.log.records if r["kind"] == "plain"]
+        assert all(r["k_requested"] == 3 for r in decoded)  # each step logged with the draft it asked for
 
 
 def test_min_tokens_and_eos_per_request():
