@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import mlx.core as mx
 import pytest
 from conftest import ScriptedDrafter, build_tiny, plain_greedy
@@ -397,11 +399,14 @@ def test_a_draft_that_does_not_come_keeps_the_plain_pipeline_full(watch):
 @pytest.mark.parametrize("verify", ["exact", "fast"])
 def test_a_rejected_probe_leaves_the_next_plain_step_queued(watch, verify):
     """Auto's probes of a drafter that is always wrong: while each verifies, the plain step after its full
-    rejection is queued, so the stretch after it goes on without a pipeline restart. Output stays greedy."""
+    rejection is queued, so the stretch after it goes on without a pipeline restart. Output stays greedy.
+    The policy's clock ticks a second per reading: every decision takes as long, so each rejected probe
+    (one token) is dearer per token than the plain stretch before it and pauses, whatever the machine's load."""
     model = build_tiny("llama")
     ref = plain_greedy(model, PROMPT, 80)
     drafter = Watching(watch, ref, len(PROMPT), 97, wrong_at=lambda step, i: True)
-    policy = DraftPolicy.auto(pause_tokens=8, break_even=1.0, measured=True)
+    ticks = itertools.count()
+    policy = DraftPolicy.auto(pause_tokens=8, break_even=1.0, measured=True, clock=lambda: float(next(ticks)))
     gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=80, verify=verify), drafter, policy)
     assert list(gen) == ref
     probes = [r["position"] for r in gen.log.records if r["kind"] == "verify"]
