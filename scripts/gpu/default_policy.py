@@ -35,7 +35,9 @@ log ratios against 0.97 stays under 2.5 % after Holm's correction over the run's
 cells at once); also the median over repeats. Pooled intervals over cells follow: the runs in which Auto
 fell back, those in which it speculated, the A/A runs. Each Auto run also records its verify steps' median
 seconds by width, printed against the per-call timings, and each shape pair where Auto's seconds beyond
-plain's went, in plain steps (speculation, stretch starts, steady steps, outside the log, slower steps).
+plain's went, in plain steps (speculation, stretch starts, steady steps, outside the log, slower steps),
+and how many of each run's steady steps took over 1.5x its median, and how many of those came right after
+a decision (a verification, a stretch's start).
 Timed runs run with Python's garbage collector paused (collected before each run); before the first timed
 run the script times plain decoding with the process free to move and pinned to four cores, and keeps the
 steadier of the two for the whole run (printed). Exact outputs are checked against plain greedy on every
@@ -108,7 +110,7 @@ FULL = {
     "trace_turns": 3,
     "traces": None,  # every trace in data/traces
     # seconds a phase spends before its first timed run on a cold H200 (first-use kernel builds, calibration)
-    "setup_s": {"qwen3-8b-4bit": 125.0, "qwen3-30b-a3b-4bit": 140.0, "embedded": 45.0},
+    "setup_s": {"qwen3-8b-4bit": 170.0, "qwen3-30b-a3b-4bit": 170.0, "embedded": 45.0},
     "shares": {"qwen3-8b-4bit": 0.25, "qwen3-30b-a3b-4bit": 0.35, "embedded": 0.4},
 }
 QUICK = {
@@ -248,13 +250,21 @@ def speed_state(records: list[dict], observe_s: float = 0.0) -> float | None:
 
 
 SPLIT = ("steady_ms", "steady_n", "starts_ms", "starts_n", "spec_ms", "spec_tokens", "unlogged_ms")
+#: A steady step this many times its run's median is a slow one (``time_split``: ``slow_n``, ``slow_near_n``).
+SLOW = 1.5
+#: A slow steady step this few steps after a step that was not steady counts as near a decision.
+NEAR = 3
 
 
 def time_split(records: list[dict], wall_s: float) -> dict[str, float]:
     """Where a run's decode seconds (``wall_s``, after its first token) went, from its log: steady plain
     steps (as ``speed_state`` counts them), the other plain steps (a stretch's first, with any unverified
-    draft), speculative steps (with the tokens they emitted), and seconds outside the log."""
+    draft), speculative steps (with the tokens they emitted), and seconds outside the log. Also the steady
+    steps over ``SLOW`` times their median (``slow_n``), and those of them at most ``NEAR`` steps after a step
+    that was not steady (``slow_near_n``: a verification, a stretch's start, a queued step read late)."""
     split = dict.fromkeys(SPLIT, 0.0)
+    steady: list[tuple[float, int]] = []  # (seconds, steps since the last step that was not steady)
+    since = 0
     for before, r in zip(records, records[1:]):
         if r["kind"] != "plain":
             part, count = "spec", r["emitted"]
@@ -262,10 +272,16 @@ def time_split(records: list[dict], wall_s: float) -> dict[str, float]:
             part, count = "steady", 1
         else:
             part, count = "starts", 1
+        since = since + 1 if part == "steady" else 0
+        if part == "steady":
+            steady.append((r["verify_s"], since))
         split[f"{part}_ms"] += 1e3 * (r["draft_s"] + r["verify_s"] + r.get("other_s", 0.0))
         split["spec_tokens" if part == "spec" else f"{part}_n"] += count
     logged = split["steady_ms"] + split["starts_ms"] + split["spec_ms"]
     split["unlogged_ms"] = 1e3 * wall_s - logged
+    median = statistics.median(s for s, _ in steady) if steady else 0.0
+    slow = [after for s, after in steady if s > SLOW * median]
+    split["slow_n"], split["slow_near_n"] = float(len(slow)), float(sum(after <= NEAR for after in slow))
     return split
 
 
@@ -909,6 +925,17 @@ def where_excess_went(runs: list[dict]) -> dict[tuple[str, str, str], dict[str, 
     return {key: {part: statistics.mean(p[part] for p in rows) for part in rows[0]} for key, rows in cells.items()}
 
 
+def slow_steps(runs: list[dict]) -> dict[tuple[str, str, str], tuple[float, float, float]]:
+    """Per cell, the mean over pairs of (Auto's slow steady steps, those near a decision, plain's slow steady
+    steps) per run (``time_split``), for the pairs whose runs both have them."""
+    cells: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}
+    for row in runs:
+        counts = (row.get("auto_slow_n"), row.get("auto_slow_near_n"), row.get("plain_slow_n"))
+        if all(isinstance(c, (int, float)) for c in counts):
+            cells.setdefault((row["model"], row["what"], row["method"]), []).append(counts)
+    return {key: tuple(statistics.mean(c[i] for c in rows) for i in range(3)) for key, rows in cells.items()}
+
+
 def report(out: dict, budget: Budget) -> None:
     say(
         "\n== Auto / specbench plain per cell: seconds ratio over every (plain, Auto) pair [95 % bootstrap interval]; "
@@ -967,6 +994,13 @@ def report(out: dict, budget: Budget) -> None:
         for (model, what, method), mean in excess.items():
             cells = " ".join(f"{mean[part]:+6.1f}" for part in parts)
             say(f"  {model:20s} {what:28s} {method:12s} {cells}  total {sum(mean.values()):+6.1f}")
+    if slow := slow_steps(out["runs"]):
+        say(
+            f"\n== steady steps over {SLOW}x their run's median, per run (mean over pairs): Auto (of them at most "
+            f"{NEAR} steps after a step that was not steady), plain"
+        )
+        for (model, what, method), (auto, near, plain) in slow.items():
+            say(f"  {model:20s} {what:28s} {method:12s} {auto:5.1f} ({near:4.1f})  plain {plain:5.1f}")
     say("\n== pooled over cells, Auto / plain: mean [95 % bootstrap interval] (n runs)")
     for row in out.get("pooled", []):
         say(

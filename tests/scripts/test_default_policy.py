@@ -188,3 +188,20 @@ def test_identical_pairs_below_097_are_a_loss_not_a_missing_test(bench):
     assert bench.p_below([(0.9, 1.0)] * 6) == 0.0
     assert bench.p_below([(1.0, 1.0)] * 6) == 1.0
     assert bench.p_below([(0.9, 1.0)]) == 1.0  # one pair: no test
+
+
+def test_slow_steady_steps_are_counted_with_how_near_a_decision_they_fall(bench):
+    """Steady steps over 1.5x their run's median: one right after a verification's stretch start, one far
+    from any; the split counts both and names the one near a decision."""
+    run = auto_run(0.01)
+    # run: prefill, a stretch's start, 7 steady, 2 verifications, a start, then 40 steady steps
+    run[12]["verify_s"] = 0.03  # the first steady step after the start that follows the verifications
+    run[40]["verify_s"] = 0.03  # deep in the stretch
+    run[30]["verify_s"] = 0.014  # slower, not over 1.5x
+    split = bench.time_split(run, seconds(run[1:]))
+    assert (split["slow_n"], split["slow_near_n"]) == (2.0, 1.0)
+    plain = bench.time_split(plain_run(0.01), seconds(plain_run(0.01)[1:]))
+    assert (plain["slow_n"], plain["slow_near_n"]) == (0.0, 0.0)
+    row = {"model": "m", "what": "w", "method": "auto", **{f"auto_{k}": v for k, v in split.items()}}
+    row |= {f"plain_{k}": v for k, v in plain.items()}
+    assert bench.slow_steps([row, row]) == {("m", "w", "auto"): (2.0, 1.0, 0.0)}
