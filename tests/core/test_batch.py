@@ -142,6 +142,19 @@ def test_paused_rows_decode_pipelined_and_resume_speculating(queued_ahead):
     assert len(paused) >= 3 * 10
 
 
+def test_rows_without_a_drafter_follow_the_paused_rows_stretch(queued_ahead):
+    """A row decoding plainly (no drafter) beside a row whose policy pauses: the pause's steps are one
+    pipelined stretch for both rows, not a step at a time."""
+    model = build_tiny("llama")
+    prompts = PROMPTS[:2]
+    truth = single_greedy(model, prompts, 40)
+    drafters = [ScriptedDrafter(truth[0], len(prompts[0]), VOCAB, lambda step, i: True), None]
+    gen = BatchGeneration(model, prompts, GenerateOptions(max_tokens=40), drafters, DraftPolicy.adaptive(3))
+    assert gen.run() == truth
+    # pauses of 1, 2, 4, 8, 16 steps: within each, every step after the first queued before the one before it
+    assert queued_ahead.count(1) >= 25  # 17 when a row without a drafter held every stretch to one step
+
+
 class ProposesNothing(Drafter):
     name = "nothing"
 
