@@ -272,9 +272,11 @@ def time_split(records: list[dict], wall_s: float) -> dict[str, float]:
             part, count = "steady", 1
         else:
             part, count = "starts", 1
-        since = since + 1 if part == "steady" else 0
         if part == "steady":
+            since += 1
             steady.append((r["verify_s"], since))
+        else:
+            since = 0
         split[f"{part}_ms"] += 1e3 * (r["draft_s"] + r["verify_s"] + r.get("other_s", 0.0))
         split["spec_tokens" if part == "spec" else f"{part}_n"] += count
     logged = split["steady_ms"] + split["starts_ms"] + split["spec_ms"]
@@ -916,24 +918,25 @@ def pooled(out: dict) -> list[dict]:
     return rows
 
 
-def where_excess_went(runs: list[dict]) -> dict[tuple[str, str, str], dict[str, float]]:
-    """Per cell, ``excess_in_steps`` averaged over the pairs that have it."""
+def cell_means(runs: list[dict], parts: Callable[[dict], dict[str, float] | None]) -> dict[tuple, dict[str, float]]:
+    """Per cell (model, what, method), the mean over its pairs of ``parts(row)``, for the pairs that have it."""
     cells: dict[tuple[str, str, str], list[dict[str, float]]] = {}
     for row in runs:
-        if (parts := excess_in_steps(row)) is not None:
-            cells.setdefault((row["model"], row["what"], row["method"]), []).append(parts)
+        if (found := parts(row)) is not None:
+            cells.setdefault((row["model"], row["what"], row["method"]), []).append(found)
     return {key: {part: statistics.mean(p[part] for p in rows) for part in rows[0]} for key, rows in cells.items()}
 
 
-def slow_steps(runs: list[dict]) -> dict[tuple[str, str, str], tuple[float, float, float]]:
-    """Per cell, the mean over pairs of (Auto's slow steady steps, those near a decision, plain's slow steady
-    steps) per run (``time_split``), for the pairs whose runs both have them."""
-    cells: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}
-    for row in runs:
-        counts = (row.get("auto_slow_n"), row.get("auto_slow_near_n"), row.get("plain_slow_n"))
-        if all(isinstance(c, (int, float)) for c in counts):
-            cells.setdefault((row["model"], row["what"], row["method"]), []).append(counts)
-    return {key: tuple(statistics.mean(c[i] for c in rows) for i in range(3)) for key, rows in cells.items()}
+def where_excess_went(runs: list[dict]) -> dict[tuple[str, str, str], dict[str, float]]:
+    """Per cell, ``excess_in_steps`` averaged over the pairs that have it."""
+    return cell_means(runs, excess_in_steps)
+
+
+def slow_counts(row: dict) -> dict[str, float] | None:
+    """A pair's slow steady steps per run (``time_split``): Auto's, those of them near a decision, plain's;
+    None when a run lacks them (runs saved before they were counted)."""
+    counts = {"auto": row.get("auto_slow_n"), "near": row.get("auto_slow_near_n"), "plain": row.get("plain_slow_n")}
+    return counts if all(isinstance(c, (int, float)) for c in counts.values()) else None
 
 
 def report(out: dict, budget: Budget) -> None:
@@ -994,13 +997,14 @@ def report(out: dict, budget: Budget) -> None:
         for (model, what, method), mean in excess.items():
             cells = " ".join(f"{mean[part]:+6.1f}" for part in parts)
             say(f"  {model:20s} {what:28s} {method:12s} {cells}  total {sum(mean.values()):+6.1f}")
-    if slow := slow_steps(out["runs"]):
+    if slow := cell_means(out["runs"], slow_counts):
         say(
             f"\n== steady steps over {SLOW}x their run's median, per run (mean over pairs): Auto (of them at most "
             f"{NEAR} steps after a step that was not steady), plain"
         )
-        for (model, what, method), (auto, near, plain) in slow.items():
-            say(f"  {model:20s} {what:28s} {method:12s} {auto:5.1f} ({near:4.1f})  plain {plain:5.1f}")
+        for (model, what, method), mean in slow.items():
+            counts = f"{mean['auto']:5.1f} ({mean['near']:4.1f})  plain {mean['plain']:5.1f}"
+            say(f"  {model:20s} {what:28s} {method:12s} {counts}")
     say("\n== pooled over cells, Auto / plain: mean [95 % bootstrap interval] (n runs)")
     for row in out.get("pooled", []):
         say(
@@ -1082,7 +1086,7 @@ def main() -> int:
         try:
             cfg["acceptances"] = [float(a) for a in args.acceptances.split(",") if a]
         except ValueError:
-            parser.error(f"--acceptances: give numbers in [0, 1] separated by commas, got {args.acceptances!r}")
+            cfg["acceptances"] = []
         if not cfg["acceptances"] or not all(0.0 <= a <= 1.0 for a in cfg["acceptances"]):
             parser.error(f"--acceptances: give numbers in [0, 1] separated by commas, got {args.acceptances!r}")
     if args.modes is not None:

@@ -204,4 +204,6 @@ def test_slow_steady_steps_are_counted_with_how_near_a_decision_they_fall(bench)
     assert (plain["slow_n"], plain["slow_near_n"]) == (0.0, 0.0)
     row = {"model": "m", "what": "w", "method": "auto", **{f"auto_{k}": v for k, v in split.items()}}
     row |= {f"plain_{k}": v for k, v in plain.items()}
-    assert bench.slow_steps([row, row]) == {("m", "w", "auto"): (2.0, 1.0, 0.0)}
+    assert bench.cell_means([row, row], bench.slow_counts) == {
+        ("m", "w", "auto"): {"auto": 2.0, "near": 1.0, "plain": 0.0}
+    }
