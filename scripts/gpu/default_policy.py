@@ -27,12 +27,13 @@ asked about, so each cell also gets the same ratio in plain steps: each run's se
 the median of its steady plain steps (less its drafter's per-token ``observe`` seconds, which stay charged
 to Auto); verifications, drafting, probes and restarted stretches stay in Auto's seconds. The A/A cell
 checks it (plain against plain in plain steps should be 1 within its interval; on the H200 it came out
-0.96-1.02). It is computed only when every pair has one (an Auto run that speculated throughout has no
-steady plain steps). Each estimate gets a verdict against 0.97, the one on seconds first: "holds" (the
-interval is above), "ok" (the ratio is above, the interval reaches below), "inconclusive" (the ratio is
-below, the interval reaches 0.97) or "LOSES" (the interval is below, and a one-sided t-test of the pairs'
-log ratios against 0.97 stays under 2.5 % after Holm's correction over the run's cells: a run judges 10-24
-cells at once); also the median over repeats. Pooled intervals over cells follow: the runs in which Auto
+0.96-1.02). An Auto run that speculated throughout has no steady plain steps, so no speed of its own: its
+pair enters at plain's speed for both runs, which is its seconds ratio (never dropped: those are the runs
+where speculation paid); the cell prints how many pairs did. Each estimate gets a verdict against 0.97,
+the one on seconds first: "holds" (the interval is above), "ok" (the ratio is above, the interval reaches
+below), "inconclusive" (the ratio is below, the interval reaches 0.97) or "LOSES" (the interval is below,
+and a one-sided t-test of the pairs' log ratios against 0.97 stays under 2.5 % after Holm's correction
+over the run's cells: a run judges 10-24 cells at once); also the median over repeats. Pooled intervals over cells follow: the runs in which Auto
 fell back, those in which it speculated, the A/A runs. Each Auto run also records its verify steps' median
 seconds by width, printed against the per-call timings, and each shape pair where Auto's seconds beyond
 plain's went, in plain steps (speculation, stretch starts, steady steps, outside the log, slower steps),
@@ -315,18 +316,20 @@ def seconds_pair(row: dict) -> tuple[float, float]:
 
 
 def in_plain_steps(rows: list[dict]) -> list[tuple[float, float]]:
-    """(plain, Auto) seconds of each run row over its run's speed (``speed_state``): the rows both runs of
-    which have one."""
+    """(plain, Auto) seconds of each run row over its run's speed (``speed_state``). An Auto run without a
+    speed (it speculated throughout) takes its plain run's, so the pair counts its seconds ratio; a row
+    whose plain run has none is left out."""
     steps = []
     for row in rows:
-        (plain, auto), plain_speed, auto_speed = (
-            seconds_pair(row),
-            _ms(row.get("plain_state_ms")),
-            _ms(row.get("auto_state_ms")),
-        )
-        if plain_speed and auto_speed:
-            steps.append((plain / plain_speed, auto / auto_speed))
+        (plain, auto), plain_speed = seconds_pair(row), _ms(row.get("plain_state_ms"))
+        if plain_speed:
+            steps.append((plain / plain_speed, auto / (_ms(row.get("auto_state_ms")) or plain_speed)))
     return steps
+
+
+def at_plain_speed(rows: list[dict]) -> int:
+    """How many of ``in_plain_steps``'s pairs count in seconds: Auto without a speed, plain with one."""
+    return sum(1 for r in rows if _ms(r.get("plain_state_ms")) and not _ms(r.get("auto_state_ms")))
 
 
 @contextlib.contextmanager
@@ -769,7 +772,7 @@ def summarize(out: dict) -> None:
         # a percentile bootstrap of fewer pairs claims more than it knows: no interval then
         low, high, p = interval_and_p(pairs, seconds_ratio) if len(pairs) >= MIN_PAIRS else (0.0, float("inf"), 1.0)
         steps = in_plain_steps(rows)
-        if len(steps) == len(pairs) >= MIN_PAIRS:  # all or none: dropping runs that speculated would bias it
+        if len(steps) == len(pairs) >= MIN_PAIRS:  # all or none
             in_steps, (steps_low, steps_high, steps_p) = seconds_ratio(steps), interval_and_p(steps, seconds_ratio)
         else:
             in_steps, steps_low, steps_high, steps_p = None, 0.0, float("inf"), 1.0
@@ -791,6 +794,7 @@ def summarize(out: dict) -> None:
             "steps_low": steps_low,
             "steps_high": steps_high,
             "steps_pairs": len(steps),
+            "steps_in_seconds": at_plain_speed(rows),
             "p_loses": p,
             "steps_p_loses": steps_p,
             "equal_plain": all(equal) if equal else None,
@@ -912,7 +916,7 @@ def pooled(out: dict) -> list[dict]:
             mine = [r for r in runs if r["method"] == method and r["auto_s"] > 0]
             for what, pairs in (
                 (f"{method}, every prompt and trace", [seconds_pair(r) for r in mine]),
-                (f"{method}, in plain steps (runs with a speed)", in_plain_steps(mine)),
+                (f"{method}, in plain steps", in_plain_steps(mine)),
             ):
                 rows += pooled_row(model, what, pairs, seconds_ratio, lambda pair: pair[0] / pair[1])
     return rows
@@ -958,6 +962,7 @@ def report(out: dict, budget: Budget) -> None:
             + (f"[{row['low']:.2f}-{row['high']:.2f}]" if row["pairs"] >= MIN_PAIRS else "[too few pairs]")
             + (
                 f" in plain steps {row['in_steps']:.3f}x [{row['steps_low']:.3f}-{row['steps_high']:.3f}]"
+                + (f" ({row['steps_in_seconds']} in seconds)" if row.get("steps_in_seconds") else "")
                 if row["in_steps"] is not None
                 else " in plain steps -"
             )

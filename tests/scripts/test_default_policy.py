@@ -88,11 +88,21 @@ def test_a_drafters_observe_seconds_stay_charged(bench):
     run = auto_run(0.01)
     calls = sum(1 for r in run if r["emitted"])
     assert bench.speed_state(run, observe_s=0.001 * calls) == pytest.approx(0.009)
-    # a pair missing a speed is left out, never guessed
+
+
+def test_an_auto_run_that_speculated_throughout_counts_its_seconds_ratio(bench):
+    """Without a speed of its own, Auto's run takes its pair's plain speed (its seconds ratio counts: those
+    are the runs where speculation paid, and dropping them would bias the estimate down); a pair whose plain
+    run has no speed is left out."""
     rows = [
-        {"plain_s": 1.0, "auto_s": 1.0, "plain_state_ms": sp, "auto_state_ms": sa} for sp, sa in ((None, 10), (10, 0))
+        {"plain_s": 1.0, "auto_s": 0.8, "plain_state_ms": 10.0, "auto_state_ms": None},
+        {"plain_s": 1.0, "auto_s": 1.0, "plain_state_ms": None, "auto_state_ms": 10.0},
+        {"plain_s": 1.2, "auto_s": 1.0, "plain_state_ms": 12.0, "auto_state_ms": 10.0},
     ]
-    assert bench.in_plain_steps(rows) == []
+    (first, second) = bench.in_plain_steps(rows)
+    assert first[0] / first[1] == pytest.approx(1.0 / 0.8)
+    assert second == pytest.approx((100.0, 100.0))
+    assert bench.at_plain_speed(rows) == 1
 
 
 def test_verdicts_against_097(bench):
