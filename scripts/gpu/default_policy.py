@@ -33,12 +33,12 @@ where speculation paid); the cell prints how many pairs did. Each estimate gets 
 the one on seconds first: "holds" (the interval is above), "ok" (the ratio is above, the interval reaches
 below), "inconclusive" (the ratio is below, the interval reaches 0.97) or "LOSES" (the interval is below,
 and a one-sided t-test of the pairs' log ratios against 0.97 stays under 2.5 % after Holm's correction
-over the run's cells: a run judges 10-24 cells at once); also the median over repeats. Pooled intervals over cells follow: the runs in which Auto
-fell back, those in which it speculated, the A/A runs. Each Auto run also records its verify steps' median
-seconds by width, printed against the per-call timings, and each shape pair where Auto's seconds beyond
-plain's went, in plain steps (speculation, stretch starts, steady steps, outside the log, slower steps),
-and how many of each run's steady steps took over 1.5x its median, and how many of those came right after
-a decision (a verification, a stretch's start).
+over the run's cells: a run judges 10-24 cells at once); also the median over repeats. Pooled intervals
+over cells follow: the runs in which Auto fell back, those in which it speculated, the A/A runs. Each Auto
+run also records its verify steps' median seconds by width, printed against the per-call timings, and each
+shape pair where Auto's seconds beyond plain's went, in plain steps (speculation, stretch starts, steady
+steps, outside the log, slower steps), and how many of each run's steady steps took over 1.5x its median,
+and how many of those came right after a decision (a verification, a stretch's start).
 Timed runs run with Python's garbage collector paused (collected before each run); before the first timed
 run the script times plain decoding with the process free to move and pinned to four cores, and keeps the
 steadier of the two for the whole run (printed). Exact outputs are checked against plain greedy on every
