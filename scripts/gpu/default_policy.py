@@ -343,6 +343,23 @@ def quiet() -> Any:
         gc.enable()
 
 
+class SetupStages:
+    """Seconds of a shape's set-up by stage, each from the end of the one before (a cold machine compiles
+    its kernels in whichever stage first needs them)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def done(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = now - self._last
+        self._last = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{stage} {s:.0f} s" for stage, s in self.seconds.items())
+
+
 def steadier_affinity(plain: Any, runs: int = 6) -> dict:
     """Time ``plain()`` ``runs`` times free to move between cores and pinned to four; keep the steadier
     (lower coefficient of variation). Returns what was measured and chosen."""
@@ -510,13 +527,18 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool,
         budget.cut(f"{name}: not run ({budget.left():.0f} s left)")
         return
     started = time.perf_counter()
+    stages = SetupStages()
     model = synthetic.build(name)
+    stages.done("build")
     say(f"\n== {name}")
     calibration = calibrate(model, list(range(2, 10)), progress=lambda text: say(f"  {text}"))
+    stages.done("calibration")
     profiles = {mode: profile_for(model, mode, progress=lambda text: say(f"  {text}")) for mode in ("exact", "fast")}
     for mode, p in profiles.items():
         say(f"  Auto's prior c(w) {mode}: " + " ".join(f"{w}:{p.c(w, mode):.2f}" for w in range(1, 10)))
+    stages.done("profiles")
     out["verify_calls"] += verify_calls(model, name, cfg, calibration, compiled)
+    stages.done("per-call timings")
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, vocab_size(model), size=cfg["prompt_len"]).tolist()
     drafter = OracleDrafter.from_model(model, prompt, cfg["tokens"], 1.0, keep_drafting=True)
@@ -527,10 +549,14 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool,
             drafter.acceptance = a
             auto_run(model, prompt, cfg["warmup_tokens"], mode, drafter, profiles[mode])
     mlx_lm_seconds_per_token(model, prompt, 16)
+    stages.done("warm-up")
     if "affinity" not in out:
         out["affinity"] = steadier_affinity(lambda m=model: plain_run(m, prompt, cfg["warmup_tokens"]))
     plain_s = plain_run(model, prompt, cfg["warmup_tokens"])
+    stages.done("affinity and plain speed")
     setup = time.perf_counter() - started
+    out.setdefault("setup", {})[name] = stages.seconds
+    say(f"  set-up by stage: {stages}")
     allot = budget.allot(name)
     # a repeat: mlx-lm, plain before and after every two cells, the cells (Auto ~0.8 plain runs on average)
     runs = 1 + 1.8 * len(cells)  # a repeat: mlx-lm, then per cell a plain run and an Auto run (~0.8 plain)

@@ -72,6 +72,9 @@ def test_default_policy_script(tmp_path):
     cells = summary["grid"] + summary["embedded"]
     assert {"in_steps", "steps_low", "steps_high", "verdict", "verdict_in_steps"} <= set(cells[0])
     assert any(r["what"] == "plain a/a" for r in summary["grid"])
+    stages = next(iter(summary["setup"].values()))  # where a shape's set-up went, stage by stage
+    assert list(stages)[:3] == ["build", "calibration", "profiles"] and all(s >= 0 for s in stages.values())
+    assert "set-up by stage: build" in out
 
 
 def test_default_policy_script_stopped_keeps_what_finished(tmp_path):
