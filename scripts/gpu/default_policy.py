@@ -110,8 +110,9 @@ FULL = {
     "per_category": None,  # every prompt
     "trace_turns": 3,
     "traces": None,  # every trace in data/traces
-    # seconds a phase spends before its first timed run on a cold H200 (first-use kernel builds, calibration)
-    "setup_s": {"qwen3-8b-4bit": 170.0, "qwen3-30b-a3b-4bit": 170.0, "embedded": 45.0},
+    # seconds a phase spends before its first timed run on a cold H200 (first-use kernel builds, calibration;
+    # measured: dense 145-191 s, MoE 179 s after the dense shape, 319 s first on a fresh machine)
+    "setup_s": {"qwen3-8b-4bit": 170.0, "qwen3-30b-a3b-4bit": 320.0, "embedded": 45.0},
     "shares": {"qwen3-8b-4bit": 0.25, "qwen3-30b-a3b-4bit": 0.35, "embedded": 0.4},
 }
 QUICK = {
