@@ -970,6 +970,18 @@ def slow_counts(row: dict) -> dict[str, float] | None:
     return counts if all(isinstance(c, (int, float)) for c in counts.values()) else None
 
 
+def merged(saved: list[dict]) -> dict:
+    """Runs of several calls (``default_policy.json`` each) as one run to summarize: each call's repeats
+    numbered after the calls before it, so that no two calls' repeats are taken for one."""
+    out: dict = {"runs": [], "verify_calls": [], "grid": [], "embedded": [], "affinity": {}}
+    for one in saved:
+        offset = 1 + max((r["repeat"] for r in out["runs"]), default=-1)
+        out["runs"] += [{**r, "repeat": r["repeat"] + offset} for r in one["runs"]]
+        out["verify_calls"] += one["verify_calls"]
+        out["affinity"] = out["affinity"] or one.get("affinity", {})
+    return out
+
+
 def report(out: dict, budget: Budget) -> None:
     say(
         "\n== Auto / specbench plain per cell: seconds ratio over every (plain, Auto) pair [95 % bootstrap interval]; "
@@ -1089,12 +1101,7 @@ def main() -> int:
         folders = [Path(f) for f in args.resummarize]
         if missing := [str(f) for f in folders if not (f / "default_policy.json").is_file()]:
             parser.error(f"no default_policy.json in {', '.join(missing)}: give folders this script wrote")
-        out = {"runs": [], "verify_calls": [], "grid": [], "embedded": [], "affinity": {}}
-        for folder in folders:
-            saved = json.loads((folder / "default_policy.json").read_text())
-            out["runs"] += saved["runs"]
-            out["verify_calls"] += saved["verify_calls"]
-            out["affinity"] = out["affinity"] or saved.get("affinity", {})
+        out = merged([json.loads((folder / "default_policy.json").read_text()) for folder in folders])
         summarize(out)
         out["pooled"] = pooled(out)
         if len(folders) == 1:

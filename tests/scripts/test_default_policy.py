@@ -217,3 +217,17 @@ def test_slow_steady_steps_are_counted_with_how_near_a_decision_they_fall(bench)
     assert bench.cell_means([row, row], bench.slow_counts) == {
         ("m", "w", "auto"): {"auto": 2.0, "near": 1.0, "plain": 0.0}
     }
+
+
+def test_calls_summarized_together_keep_their_repeats_apart(bench):
+    """Two calls' repeat 0 are two repeats of a cell, not one (its median over repeats counts both)."""
+
+    def call(ratios: list[float]) -> dict:
+        return {
+            "runs": [{"repeat": i, "what": "exact a=0.3", "vs_plain": v} for i, v in enumerate(ratios)],
+            "verify_calls": [],
+        }
+
+    out = bench.merged([call([1.0, 0.9]), call([1.1, 1.2, 0.8])])
+    assert [r["repeat"] for r in out["runs"]] == [0, 1, 2, 3, 4]
+    assert [r["vs_plain"] for r in out["runs"]] == [1.0, 0.9, 1.1, 1.2, 0.8]
