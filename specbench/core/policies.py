@@ -6,14 +6,12 @@ load or run a model.
 
 from __future__ import annotations
 
-import math
-import statistics
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from specbench.core.log import StepLog
+from specbench.core.measured import Measured
 from specbench.core.policy_args import at_least_one, check_break_even, check_k
 
 #: Auto looks this far for a wider draft that costs less than the drafter's preferred one.
@@ -229,20 +227,15 @@ class AutoPolicy(DraftPolicy):
             )
         self._break_even_of = break_even
         self._break_evens: dict[int, float] = {}
-        #: Recent speculative decisions: (seconds or None when untimed, tokens, break-even units).
-        self.recent: deque[tuple[float | None, int, float]] = deque(maxlen=self.window)
-        #: Recent plain stretches: (seconds, tokens).
-        self.plain: deque[tuple[float, int]] = deque(maxlen=4)
+        #: This generation's recent speculative decisions and plain stretches, timed.
+        self.measured_so_far = Measured(self.window)
         #: Draft positions accepted and rejected, verified or not (halved at each pause: old evidence fades).
         self.accepted = self.rejected = 0.0
-        #: Measured over predicted seconds of the last verified steps (the cost scale between windows).
-        self.scales: deque[float] = deque(maxlen=8)
         self.pause = self.pause_tokens
         self.pauses = self.extensions = self.shadows = self._waited = 0
         self._wasted = False
         self._decision: str | None = None
         self._since = self.clock()
-        self._totals()
         self.envelope = self.cost_envelope(drafter)
         self._drafting_costs = float(getattr(drafter, "cost_per_token", 0.0) or 0.0) > 0.0
         #: The longest draft a probe may use now: the envelope's cheapest, lengthened as drafts are accepted.
@@ -313,7 +306,7 @@ class AutoPolicy(DraftPolicy):
         return self._speedups([k])[0][0]
 
     def _speedups(self, ks: list[int]) -> list[tuple[float, int]]:
-        a, scale = self.acceptance(), self._cost_scale()
+        a, scale = self.acceptance(), self.measured_so_far.cost_scale()
         return [(_expected_tokens(a, k) / (self._break_even_for(k) * scale), k) for k in ks]
 
     def _best_k(self) -> int:
@@ -344,7 +337,7 @@ class AutoPolicy(DraftPolicy):
         """A measured probe (speculation starting, or resuming after a pause) while the acceptance measured so
         far is at most one half: the plain step after its full rejection is queued while it verifies, so
         falling back costs no pipeline restart (a draft accepted after all leaves that step unused)."""
-        return self.measured and not self.recent and self.acceptance() <= 0.5
+        return self.measured and not self.measured_so_far.speculative and self.acceptance() <= 0.5
 
     def shadow_k(self) -> int:
         """While measuring (none with ``shadow=False`` or ``measured=False``): the longest envelope length for
@@ -368,8 +361,7 @@ class AutoPolicy(DraftPolicy):
             if timed and len(decoded) > 1:  # steady state: the first step pays for filling the pipeline
                 seconds, tokens = seconds - decoded[0]["verify_s"], tokens - decoded[0]["emitted"]
             if self.measured and tokens:
-                self.plain.append((seconds if timed else float(tokens), tokens))
-                self._totals()
+                self.measured_so_far.add_plain(seconds if timed else float(tokens), tokens)
             return
         # plain steps before this decision's draft (the step a pause queued past its end) are plain decoding's
         lead = next((i for i, r in enumerate(decoded) if r["kind"] != "plain" or r["draft_s"]), len(decoded))
@@ -393,11 +385,7 @@ class AutoPolicy(DraftPolicy):
             else:
                 units += 1.0
         spent = (seconds if timed else units) if self.measured else None
-        self.recent.append((spent, tokens, units))
-        self._totals()
-        plain = self.plain_seconds_per_token()
-        if spent is not None and math.isfinite(plain) and units:
-            self.scales.append(spent / (plain * units))
+        self.measured_so_far.add_speculative(spent, tokens, units)
         self._check()
 
     def _file_shadow(self, records: list[dict[str, Any]]) -> float:
@@ -417,29 +405,28 @@ class AutoPolicy(DraftPolicy):
 
     def _check(self) -> None:
         """The kill switch, after each speculative decision."""
-        if all(s is not None for s, _, _ in self.recent):
-            if len(self.recent) < self.min_verifies:
+        seen = self.measured_so_far
+        if seen.timed():
+            if len(seen.speculative) < self.min_verifies:
                 return
-            if not self.plain:
+            if not seen.plain:
                 self.remaining = self.probe_tokens  # time plain decoding in this generation too
                 return
-            losing = self.speculative_seconds_per_token() > self.plain_seconds_per_token()
-            if losing and len(self.recent) < 2 and not self._wasted:
+            losing = seen.speculative_seconds_per_token() > seen.plain_seconds_per_token()
+            if losing and len(seen.speculative) < 2 and not self._wasted:
                 return  # one timing alone (a first call's kernel build, say) pauses no accepted draft
             if losing and not self._pays():
                 self._pause(self.pause)
                 self.pause = min(2 * self.pause, self.max_pause_tokens)
-            elif not losing and len(self.recent) == self.window:
+            elif not losing and seen.full():
                 self.pause = self.pause_tokens
-        elif len(self.recent) == self.window:
-            if sum(t for _, t, _ in self.recent) < sum(u for _, _, u in self.recent):
-                self._pause(self.pause_tokens)
+        elif seen.full() and seen.below_break_even():
+            self._pause(self.pause_tokens)
 
     def _pause(self, tokens: int) -> None:
         self.remaining = tokens
         self.pauses += 1
-        self.recent.clear()
-        self._totals()
+        self.measured_so_far.forget_speculative()
         self._fade()
 
     def _fade(self) -> None:
@@ -448,37 +435,18 @@ class AutoPolicy(DraftPolicy):
         self.rejected /= 2
         self.ramp = self.envelope[0] if self.envelope else 0
 
-    def _totals(self) -> None:
-        """Sum the windows once per decision: seconds, tokens and break-even units."""
-        timed = [entry for entry in self.recent if entry[0] is not None]
-        self._spec = (sum(e[0] for e in timed), sum(e[1] for e in timed), sum(e[2] for e in timed))
-        self._plain = (sum(s for s, _ in self.plain), sum(t for _, t in self.plain))
-
-    def _cost_scale(self) -> float:
-        """Measured seconds of the window's speculative steps over the cost curve's; with none, the median
-        of the last steps measured; 1 before any."""
-        plain = self.plain_seconds_per_token()
-        seconds, _, units = self._spec
-        if units and math.isfinite(plain):
-            return seconds / (plain * units)
-        return statistics.median(self.scales) if self.scales else 1.0
-
     def plain_seconds_per_token(self) -> float:
-        """Seconds per token of this generation's recent plain stretches (inf when none was timed)."""
-        seconds, tokens = self._plain
-        return seconds / tokens if tokens else float("inf")
+        return self.measured_so_far.plain_seconds_per_token()
 
     def speculative_seconds_per_token(self) -> float:
-        """Seconds per emitted token of the recent speculative steps (inf when none was timed)."""
-        seconds, tokens, _ = self._spec
-        return seconds / tokens if tokens else float("inf")
+        return self.measured_so_far.speculative_seconds_per_token()
 
     def _k(self, drafter: Any) -> int:
         if self.remaining > 0 or self.k == 0:
             return 0
         if self.measured:
-            if not self.recent:  # a probe: only where the acceptance and cost measured so far say a draft pays
-                lenient = not self.scales or self._waited >= LENIENT_AFTER
+            if not self.measured_so_far.speculative:  # a probe: only where what was measured says a draft pays
+                lenient = not self.measured_so_far.scales or self._waited >= LENIENT_AFTER
                 if not self._pays(LENIENT_SPEEDUP if lenient else 1.0):
                     self.remaining = self.pause_tokens  # plain on, the next unverified draft watching acceptance
                     self.extensions += 1

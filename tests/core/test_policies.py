@@ -9,6 +9,7 @@ import time
 import pytest
 
 from specbench.core.log import StepLog, StepRecord
+from specbench.core.measured import Measured
 from specbench.core.policies import AutoPolicy, DraftPolicy
 
 
@@ -390,3 +391,19 @@ def test_the_plain_step_taken_on_the_way_to_a_draft_is_not_counted_as_speculatio
         log = run(policy, clock, 600, 0.004, lambda k: 0.004 * 2.5 * prior(k), right, settle=settle)
         decisions.append(sum(1 for r in log.records if r["kind"] == "verify"))
     assert abs(decisions[1] - decisions[0]) <= max(2, decisions[0] // 5)
+
+
+def test_measured_windows_keep_the_cost_scale_across_a_pause():
+    """Speculation's seconds over the curve's: from the window while it has timed decisions, after a pause
+    from the scales measured before it, 1 before any; untimed decisions (a simulated run) are not timed."""
+    seen = Measured(window=4)
+    assert seen.cost_scale() == 1.0 and seen.plain_seconds_per_token() == float("inf")
+    seen.add_plain(0.040, 10)  # 4 ms per plain token
+    seen.add_speculative(0.012, 2, 2.0)  # predicted 2 plain steps (8 ms), took 12 ms
+    seen.add_speculative(0.024, 3, 3.0)  # predicted 12 ms, took 24 ms
+    assert seen.cost_scale() == pytest.approx(36 / 20)
+    assert seen.speculative_seconds_per_token() == pytest.approx(0.036 / 5)
+    seen.forget_speculative()
+    assert not seen.speculative and seen.cost_scale() == pytest.approx(1.75)  # median of 1.5 and 2.0
+    seen.add_speculative(None, 3, 2.0)
+    assert not seen.timed() and not seen.full() and not seen.below_break_even()
