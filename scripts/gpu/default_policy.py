@@ -29,7 +29,8 @@ to Auto); verifications, drafting, probes and restarted stretches stay in Auto's
 checks it (plain against plain in plain steps should be 1 within its interval; on the H200 it came out
 0.96-1.02). An Auto run that speculated throughout has no steady plain steps, so no speed of its own: its
 pair enters at plain's speed for both runs, which is its seconds ratio (never dropped: those are the runs
-where speculation paid); the cell prints how many pairs did. Each estimate gets a verdict against 0.97,
+where speculation paid); the cell prints how many pairs did. A pair in which neither run has a speed (an
+output too short for one, the same length in both) is left out. Each estimate gets a verdict against 0.97,
 the one on seconds first: "holds" (the interval is above), "ok" (the ratio is above, the interval reaches
 below), "inconclusive" (the ratio is below, the interval reaches 0.97) or "LOSES" (the interval is below,
 and a one-sided t-test of the pairs' log ratios against 0.97 stays under 2.5 % after Holm's correction
@@ -289,13 +290,18 @@ def time_split(records: list[dict], wall_s: float) -> dict[str, float]:
     return split
 
 
+def run_speeds(row: dict) -> tuple[float | None, float | None]:
+    """(plain, Auto) speeds of a run row (``speed_state``, in seconds); None where a run has none."""
+    return _ms(row.get("plain_state_ms")), _ms(row.get("auto_state_ms"))
+
+
 def excess_in_steps(row: dict) -> dict[str, float] | None:
     """Auto's seconds beyond plain's in one pair, in plain steps, by where they went (``time_split``):
     speculation (its steps' seconds over Auto's speed, less the tokens they emitted), stretch starts,
     steady steps and seconds outside the log (each Auto's in its speed less plain's in its own), and slower
     steps (every token at Auto's speed over plain's: what the estimate in plain steps takes out, drift
     between runs or a real per-step cost). None without both runs' splits and speeds."""
-    plain_speed, auto_speed = _ms(row.get("plain_state_ms")), _ms(row.get("auto_state_ms"))
+    plain_speed, auto_speed = run_speeds(row)
     if not (plain_speed and auto_speed) or row.get("auto_steady_n") is None or row.get("plain_steady_n") is None:
         return None
     speeds = {"auto": 1e3 * auto_speed, "plain": 1e3 * plain_speed}
@@ -317,20 +323,20 @@ def seconds_pair(row: dict) -> tuple[float, float]:
 
 
 def in_plain_steps(rows: list[dict]) -> list[tuple[float, float]]:
-    """(plain, Auto) seconds of each run row over its run's speed (``speed_state``). An Auto run without a
-    speed (it speculated throughout) takes its plain run's, so the pair counts its seconds ratio; a row
-    whose plain run has none is left out."""
+    """(plain, Auto) seconds of each run row over its run's speed (``speed_state``). A run without a speed
+    (Auto speculating throughout) takes its pair's other run's, so the pair counts its seconds ratio; a row
+    in which neither run has one (an output too short for a speed, the same in both) is left out."""
     steps = []
     for row in rows:
-        (plain, auto), plain_speed = seconds_pair(row), _ms(row.get("plain_state_ms"))
-        if plain_speed:
-            steps.append((plain / plain_speed, auto / (_ms(row.get("auto_state_ms")) or plain_speed)))
+        (plain, auto), (plain_speed, auto_speed) = seconds_pair(row), run_speeds(row)
+        if plain_speed or auto_speed:
+            steps.append((plain / (plain_speed or auto_speed), auto / (auto_speed or plain_speed)))
     return steps
 
 
-def at_plain_speed(rows: list[dict]) -> int:
-    """How many of ``in_plain_steps``'s pairs count in seconds: Auto without a speed, plain with one."""
-    return sum(1 for r in rows if _ms(r.get("plain_state_ms")) and not _ms(r.get("auto_state_ms")))
+def at_one_speed(rows: list[dict]) -> int:
+    """How many of ``in_plain_steps``'s pairs count their seconds ratio: one run with a speed, the other none."""
+    return sum(1 for row in rows if sum(bool(speed) for speed in run_speeds(row)) == 1)
 
 
 @contextlib.contextmanager
@@ -799,7 +805,7 @@ def summarize(out: dict) -> None:
         # a percentile bootstrap of fewer pairs claims more than it knows: no interval then
         low, high, p = interval_and_p(pairs, seconds_ratio) if len(pairs) >= MIN_PAIRS else (0.0, float("inf"), 1.0)
         steps = in_plain_steps(rows)
-        if len(steps) == len(pairs) >= MIN_PAIRS:  # all or none
+        if len(steps) >= MIN_PAIRS:
             in_steps, (steps_low, steps_high, steps_p) = seconds_ratio(steps), interval_and_p(steps, seconds_ratio)
         else:
             in_steps, steps_low, steps_high, steps_p = None, 0.0, float("inf"), 1.0
@@ -821,7 +827,7 @@ def summarize(out: dict) -> None:
             "steps_low": steps_low,
             "steps_high": steps_high,
             "steps_pairs": len(steps),
-            "steps_in_seconds": at_plain_speed(rows),
+            "steps_in_seconds": at_one_speed(rows),
             "p_loses": p,
             "steps_p_loses": steps_p,
             "equal_plain": all(equal) if equal else None,

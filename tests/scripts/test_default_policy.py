@@ -92,17 +92,18 @@ def test_a_drafters_observe_seconds_stay_charged(bench):
 
 def test_an_auto_run_that_speculated_throughout_counts_its_seconds_ratio(bench):
     """Without a speed of its own, Auto's run takes its pair's plain speed (its seconds ratio counts: those
-    are the runs where speculation paid, and dropping them would bias the estimate down); a pair whose plain
-    run has no speed is left out."""
+    are the runs where speculation paid, and dropping them would bias the estimate down), and the other way
+    round; a pair in which neither run has a speed (an output too short for one) is left out."""
     rows = [
         {"plain_s": 1.0, "auto_s": 0.8, "plain_state_ms": 10.0, "auto_state_ms": None},
-        {"plain_s": 1.0, "auto_s": 1.0, "plain_state_ms": None, "auto_state_ms": 10.0},
+        {"plain_s": 1.1, "auto_s": 1.0, "plain_state_ms": None, "auto_state_ms": 10.0},
+        {"plain_s": 0.1, "auto_s": 0.1, "plain_state_ms": float("nan"), "auto_state_ms": float("nan")},
         {"plain_s": 1.2, "auto_s": 1.0, "plain_state_ms": 12.0, "auto_state_ms": 10.0},
     ]
-    (first, second) = bench.in_plain_steps(rows)
-    assert first[0] / first[1] == pytest.approx(1.0 / 0.8)
-    assert second == pytest.approx((100.0, 100.0))
-    assert bench.at_plain_speed(rows) == 1
+    (first, second, third) = bench.in_plain_steps(rows)
+    assert first == pytest.approx((100.0, 80.0)) and second == pytest.approx((110.0, 100.0))
+    assert third == pytest.approx((100.0, 100.0))  # each run over its own speed
+    assert bench.at_one_speed(rows) == 2
 
 
 def test_verdicts_against_097(bench):
