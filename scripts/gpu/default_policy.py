@@ -81,6 +81,8 @@ from specbench.cost import profile_for
 from specbench.cost.measure import seconds_per_token
 from specbench.drafters.oracle import OracleDrafter
 from specbench.exact import ExactPlan, calibrate, exact_mode
+from specbench.experiments import paired
+from specbench.experiments.paired import MIN_UNITS, bootstrap, holm
 from specbench.experiments.prompts import BUNDLED_CATEGORIES
 from specbench.models import synthetic
 
@@ -88,7 +90,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OK = 0.97
 #: One-sided level of a "LOSES" verdict: what an interval of 95 % wholly below 0.97 says of one cell.
 ALPHA = 0.025
-MIN_PAIRS = 6  # fewest (plain, Auto) pairs a cell's interval is computed from
+MIN_PAIRS = MIN_UNITS  # fewest (plain, Auto) pairs a cell's interval is computed from
 #: Steady plain steps a run needs for its speed (``speed_state``): Auto runs that speculated throughout have not.
 MIN_STEADY = 16
 AA = "plain (A/A)"
@@ -206,17 +208,6 @@ def verdict(ratio: float, low: float, high: float, p_adjusted: float | None = No
         return "ok"
     loses = high < OK and (p_adjusted is None or p_adjusted < ALPHA)
     return "LOSES" if loses else "inconclusive"
-
-
-def holm(p_values: list[float]) -> list[float]:
-    """Holm's step-down adjustment of ``p_values`` (same order): the family-wise error stays under alpha when
-    each adjusted p-value is compared with alpha, however many cells a run has."""
-    order = sorted(range(len(p_values)), key=p_values.__getitem__)
-    adjusted, running = [0.0] * len(p_values), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted
 
 
 def seconds_ratio(pairs: list[tuple[float, float]]) -> float:
@@ -867,43 +858,9 @@ def _ms(value: Any) -> float | None:
     return value / 1e3 if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else None
 
 
-def bootstrap(values: list[Any], statistic: Any, draws: int = 5000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile bootstrap interval of ``statistic`` over ``values`` (resampled whole)."""
-    rng = np.random.default_rng(seed)
-    stats = sorted(statistic([values[i] for i in rng.integers(0, len(values), len(values))]) for _ in range(draws))
-    return stats[int(0.025 * draws)], stats[int(0.975 * draws) - 1]
-
-
-def student_t_above(t: float, dof: int) -> float:
-    """P(T >= t) for Student's t with ``dof`` (>= 1) degrees of freedom, by the finite sums of Abramowitz and
-    Stegun 26.7.3-4 for whole degrees of freedom."""
-    theta = math.atan(t / math.sqrt(dof))
-    c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
-    if dof % 2:  # odd: A = (2 / pi) (theta + sin cos (1 + 2/3 c2 + 2*4/(3*5) c2^2 + ...))
-        for j in range(1, (dof - 1) // 2):
-            term *= c2 * (2 * j) / (2 * j + 1)
-            total += term
-        inside = 2.0 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if dof > 1 else 0.0))
-    else:  # even: A = sin (1 + 1/2 c2 + 1*3/(2*4) c2^2 + ...)
-        for j in range(1, dof // 2):
-            term *= c2 * (2 * j - 1) / (2 * j)
-            total += term
-        inside = math.sin(theta) * total
-    return 0.5 * (1.0 - inside)  # inside = P(-|t| < T < |t|) signed with t
-
-
 def p_below(pairs: list[tuple[float, float]]) -> float:
-    """One-sided p-value of "Auto / plain is below 0.97": a t-test of the pairs' log ratios (plain / Auto)
-    against log 0.97 (1.0 for fewer than 2 pairs; with no spread, 0.0 below 0.97 and 1.0 at or above). A
-    percentile bootstrap of 6 pairs reaches p = 0 whenever every pair falls below, which no correction for
-    many cells can undo."""
-    logs = [math.log(p / a) for p, a in pairs]
-    if len(logs) < 2:
-        return 1.0
-    if statistics.stdev(logs) == 0.0:  # identical pairs: every one is below 0.97, or none is
-        return 0.0 if logs[0] < math.log(OK) else 1.0
-    t = (statistics.mean(logs) - math.log(OK)) / (statistics.stdev(logs) / math.sqrt(len(logs)))
-    return 1.0 - student_t_above(t, len(logs) - 1)
+    """``paired.p_below`` against 0.97: the p-value of "Auto / plain is below 0.97"."""
+    return paired.p_below(pairs, OK)
 
 
 def interval_and_p(pairs: list[tuple[float, float]], statistic: Any) -> tuple[float, float, float]:

@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from specbench.experiments.paired import ratio_interval
 from specbench.experiments.prompt_runs import PROMPT_BASELINE, Method
 
 
@@ -37,6 +38,11 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
+def _tokens_and_seconds(runs: list[dict[str, Any]]) -> tuple[float, float]:
+    """One prompt's (turn's) tokens and its median seconds over repeats, as the summary counts them."""
+    return float(runs[0]["new_tokens"]), _median([r["wall_s"] for r in runs])
+
+
 def summarize_prompt_runs(
     runs: Sequence[dict[str, Any]], methods: Sequence[Method], info: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
@@ -45,7 +51,9 @@ def summarize_prompt_runs(
 
     Seconds per prompt are the median over repeats; throughput is total tokens / total seconds
     (Spec-Bench's overall speedup), end to end (``tokens_per_s``, ``speedup``) and after the first
-    token (``decode_*``). ``speedup_min``/``speedup_max`` are the extremes over repeats.
+    token (``decode_*``). ``speedup_min``/``speedup_max`` are the extremes over repeats;
+    ``speedup_low``/``speedup_high`` the 95 % bootstrap interval of ``speedup`` over the prompts (turns) both
+    methods ran, resampled with their baseline runs (None under 6 prompts).
     ``position_acceptance[i]``: verifications that accepted draft position i / all verifications
     (vLLM's per-position acceptance rate); ``mean_accepted_tokens``: #MAT.
     """
@@ -94,11 +102,22 @@ def summarize_prompt_runs(
                 btps = btokens / bwall
                 bdecode = max(0, btokens - len(base_prompts)) / (bwall - bfirst) if bwall > bfirst else 0.0
                 spread = [throughput_ratio(bper_repeat[rep], per_repeat[rep]) for rep in repeats if per_repeat[rep]]
+                shared = [key for key in by_prompt if key in base_prompts]
+                interval = (
+                    ratio_interval(
+                        [_tokens_and_seconds(base_prompts[key]) for key in shared],
+                        [_tokens_and_seconds(by_prompt[key]) for key in shared],
+                    )
+                    if m.name != PROMPT_BASELINE
+                    else None  # the baseline against itself: 1 exactly
+                )
                 row.update(
                     speedup=tps / btps,
                     decode_speedup=decode_tps / bdecode if bdecode > 0 else float("nan"),
                     speedup_min=min(spread),
                     speedup_max=max(spread),
+                    speedup_low=interval[0] if interval else None,
+                    speedup_high=interval[1] if interval else None,
                 )
             forwards = sum(r["forwards"] for r in mine)
             drafted = sum(r["drafted"] for r in mine)
@@ -123,6 +142,14 @@ def _fmt(value: Any, spec: str = ".2f", missing: str = "-") -> str:
     return format(value, spec)
 
 
+def _speedup_cell(row: dict[str, Any]) -> str:
+    """A speedup with its interval over prompts where it has one: ``1.12x [1.03-1.21]``."""
+    text = _fmt(row.get("speedup"), ".2f") + "x"
+    if row.get("speedup_low") is not None:
+        text += f" [{row['speedup_low']:.2f}-{row['speedup_high']:.2f}]"
+    return text
+
+
 def prompt_table(
     summary: Sequence[dict[str, Any]], methods: Sequence[Method], categories: Sequence[str], info: dict[str, Any]
 ) -> str:
@@ -135,11 +162,17 @@ def prompt_table(
         f"max {info.get('max_tokens', '')} new tokens, {info.get('repeats', 1)} repeat(s); "
         f"mlx {info.get('mlx', '')}, mlx-lm {info.get('mlx_lm', '')}, {info.get('date', '')}"
     )
-    lines = [head, "", "Speedup over mlx-lm plain (end to end, tokens/s ratio):", ""]
+    lines = [
+        head,
+        "",
+        "Speedup over mlx-lm plain (end to end, tokens/s ratio; [95 % bootstrap interval over prompts], "
+        "from 6 prompts on):",
+        "",
+    ]
     lines.append("| method | " + " | ".join(groups) + " |")
     lines.append("|---" * (len(groups) + 1) + "|")
     for name in names:
-        speedups = [_fmt(cell.get((name, g), {}).get("speedup"), ".2f") + "x" for g in groups]
+        speedups = [_speedup_cell(cell.get((name, g), {})) for g in groups]
         lines.append(f"| {name} | " + " | ".join(speedups) + " |")
     lines += ["", "Overall:", ""]
     cols = [

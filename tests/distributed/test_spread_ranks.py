@@ -19,7 +19,7 @@ STATUS_TIMED = {"started", "finished", "seconds", "pid", "host"}
 #: Bench columns that hold clocks (and the configuration, which holds the device's name).
 TIMED = {"config", "wall_s", "first_token_s", "tokens_per_s"}
 SUMMARY_TIMED = {"seconds", "tokens_per_s", "decode_tokens_per_s", "speedup", "decode_speedup"}
-SUMMARY_TIMED |= {"speedup_min", "speedup_max"}
+SUMMARY_TIMED |= {"speedup_min", "speedup_max", "speedup_low", "speedup_high"}
 #: One bench row per question, turn, repeat and method (each rank rotates the methods' order on its own).
 KEY = ["question_key", "turn", "repeat", "method"]
 

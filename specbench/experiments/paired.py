@@ -1,0 +1,88 @@
+"""Paired timing statistics: percentile bootstrap intervals, a one-sided t-test of paired log ratios, Holm's
+correction over many cells.
+
+A speedup measured on a machine whose speed drifts between runs needs an interval, not a point: these are
+the pieces the benchmarks share (``specbench bench``'s intervals over prompts, the GPU default-policy
+benchmark's verdicts over paired runs).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+#: Fewest resampled units (prompts, pairs) an interval is computed from: a percentile bootstrap of fewer
+#: claims more than it knows.
+MIN_UNITS = 6
+
+
+def bootstrap(values: Sequence[Any], statistic: Callable, draws: int = 5000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile bootstrap interval of ``statistic`` over ``values`` (each resampled whole)."""
+    rng = np.random.default_rng(seed)
+    stats = sorted(statistic([values[i] for i in rng.integers(0, len(values), len(values))]) for _ in range(draws))
+    return stats[int(0.025 * draws)], stats[int(0.975 * draws) - 1]
+
+
+def ratio_interval(
+    base: Sequence[tuple[float, float]], mine: Sequence[tuple[float, float]], draws: int = 5000, seed: int = 0
+) -> tuple[float, float] | None:
+    """95 % percentile bootstrap interval of a throughput ratio over paired units (a prompt, a turn): each
+    unit's (tokens, seconds) for the baseline and for the method, resampled together; the ratio is
+    (tokens / seconds of the method) over (tokens / seconds of the baseline), summed over units. None
+    under ``MIN_UNITS`` units."""
+    if len(base) != len(mine):
+        raise ValueError(f"ratio_interval needs the same units on both sides, got {len(base)} and {len(mine)}")
+    if len(base) < MIN_UNITS:
+        return None
+    b, m = np.asarray(base, dtype=float), np.asarray(mine, dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(b), (draws, len(b)))
+    sums_b, sums_m = b[picks].sum(axis=1), m[picks].sum(axis=1)  # [draws, 2]: tokens, seconds
+    ratios = np.sort((sums_m[:, 0] / sums_m[:, 1]) / (sums_b[:, 0] / sums_b[:, 1]))
+    return float(ratios[int(0.025 * draws)]), float(ratios[int(0.975 * draws) - 1])
+
+
+def student_t_above(t: float, dof: int) -> float:
+    """P(T >= t) for Student's t with ``dof`` (>= 1) degrees of freedom, by the finite sums of Abramowitz and
+    Stegun 26.7.3-4 for whole degrees of freedom."""
+    theta = math.atan(t / math.sqrt(dof))
+    c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
+    if dof % 2:  # odd: A = (2 / pi) (theta + sin cos (1 + 2/3 c2 + 2*4/(3*5) c2^2 + ...))
+        for j in range(1, (dof - 1) // 2):
+            term *= c2 * (2 * j) / (2 * j + 1)
+            total += term
+        inside = 2.0 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if dof > 1 else 0.0))
+    else:  # even: A = sin (1 + 1/2 c2 + 1*3/(2*4) c2^2 + ...)
+        for j in range(1, dof // 2):
+            term *= c2 * (2 * j - 1) / (2 * j)
+            total += term
+        inside = math.sin(theta) * total
+    return 0.5 * (1.0 - inside)  # inside = P(-|t| < T < |t|) signed with t
+
+
+def p_below(pairs: Sequence[tuple[float, float]], threshold: float) -> float:
+    """One-sided p-value of "the method / baseline is below ``threshold``": a t-test of the pairs' log ratios
+    (baseline seconds / the method's) against log ``threshold`` (1.0 for fewer than 2 pairs; with no spread,
+    0.0 below the threshold and 1.0 at or above). A percentile bootstrap of 6 pairs reaches p = 0 whenever
+    every pair falls below, which no correction for many cells can undo."""
+    logs = [math.log(p / a) for p, a in pairs]
+    if len(logs) < 2:
+        return 1.0
+    if statistics.stdev(logs) == 0.0:  # identical pairs: every one is below the threshold, or none is
+        return 0.0 if logs[0] < math.log(threshold) else 1.0
+    t = (statistics.mean(logs) - math.log(threshold)) / (statistics.stdev(logs) / math.sqrt(len(logs)))
+    return 1.0 - student_t_above(t, len(logs) - 1)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of ``p_values`` (same order): the family-wise error stays under alpha when
+    each adjusted p-value is compared with alpha, however many cells a run has."""
+    order = sorted(range(len(p_values)), key=p_values.__getitem__)
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

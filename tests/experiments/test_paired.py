@@ -1,0 +1,77 @@
+"""Paired timing statistics: Student's t tail, Holm's correction, the bootstrap interval of a throughput
+ratio over prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+from specbench.experiments import paired
+from specbench.experiments.prompt_runs import Method
+from specbench.experiments.prompt_summary import prompt_table, summarize_prompt_runs
+
+
+@pytest.mark.parametrize("dof", [1, 2, 3, 5, 6, 9, 40])
+def test_students_t_tail_matches_scipy(dof):
+    stats = pytest.importorskip("scipy.stats")
+    for t in (-3.0, -0.5, 0.0, 0.7, 2.0, 4.5):
+        assert paired.student_t_above(t, dof) == pytest.approx(stats.t.sf(t, dof), abs=1e-12)
+
+
+def test_holm_multiplies_the_smallest_p_by_the_cells_and_never_decreases():
+    assert paired.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert paired.holm([]) == []
+
+
+def test_ratio_interval_over_prompts():
+    """Prompts twice as fast for the method: the interval is 2 when every prompt agrees, spans the spread of
+    per-prompt ratios when they differ, and is missing under MIN_UNITS prompts."""
+    base = [(100.0, 1.0 + 0.1 * i) for i in range(8)]
+    same = [(tokens, seconds / 2) for tokens, seconds in base]
+    assert paired.ratio_interval(base, same) == pytest.approx((2.0, 2.0))
+    mixed = [(tokens, seconds / (1.5 if i % 2 else 2.5)) for i, (tokens, seconds) in enumerate(base)]
+    low, high = paired.ratio_interval(base, mixed)
+    overall = (800.0 / sum(s for _, s in mixed)) / (800.0 / sum(s for _, s in base))
+    assert 1.5 < low < overall < high < 2.5
+    assert paired.ratio_interval(base[: paired.MIN_UNITS - 1], same[: paired.MIN_UNITS - 1]) is None
+    with pytest.raises(ValueError, match="same units"):
+        paired.ratio_interval(base, same[:-1])
+
+
+def _run(method: str, prompt: int, seconds: float) -> dict:
+    """One prompt-bench run row as the summary reads it (greedy, nothing drafted)."""
+    return {
+        "method": method,
+        "category": "qa",
+        "question_key": f"q{prompt}",
+        "turn": 0,
+        "repeat": 0,
+        "new_tokens": 100,
+        "wall_s": seconds,
+        "first_token_s": 0.01,
+        "verify": "exact",
+        "drafter": "none" if method == "mlx-lm" else "lookup",
+        "engine": "mlx-lm" if method == "mlx-lm" else "specbench",
+        "forwards": 99,
+        "drafted": 0,
+        "accepted": 0,
+        "verifies": 0,
+        "pos_drafted": [],
+        "pos_accepted": [],
+        "equal": True,
+    }
+
+
+def test_bench_summary_gives_each_speedup_its_interval_over_prompts():
+    """`specbench bench`'s speedup per category: with its 95 % interval over prompts from 6 prompts on (the
+    tables print it), none below."""
+    methods = [Method("mlx-lm", "mlx-lm"), Method("lookup", "specbench", "lookup")]
+    for prompts, has_interval in ((8, True), (3, False)):
+        runs = [_run("mlx-lm", i, 1.0) for i in range(prompts)]
+        runs += [_run("lookup", i, 1.0 / (1.2 if i % 2 else 1.6)) for i in range(prompts)]
+        row = next(r for r in summarize_prompt_runs(runs, methods) if r["method"] == "lookup" and r["category"] == "qa")
+        table = prompt_table(summarize_prompt_runs(runs, methods), methods, ["qa"], {})
+        if has_interval:
+            assert 1.2 < row["speedup_low"] < row["speedup"] < row["speedup_high"] < 1.6
+            assert f"{row['speedup']:.2f}x [{row['speedup_low']:.2f}-{row['speedup_high']:.2f}]" in table
+        else:
+            assert row["speedup_low"] is None and row["speedup_high"] is None and "x [" not in table
