@@ -210,7 +210,7 @@ class BatchGeneration:
             with self._running() as counter:
                 self.counter = counter
                 while self.waiting or self.active:
-                    if self.waiting and len(self.active) < self.max_batch or self._pipelined():
+                    if self._slot_taken_next() or self._pipelined():
                         yield from self._settle_queued({})  # a row joining or a plain batch: nothing queued ahead
                     yield from self._fill()
                     if self.active:
@@ -220,7 +220,7 @@ class BatchGeneration:
 
     def _fill(self) -> Iterator[tuple[int, list[int]]]:
         """Prefill waiting requests into free slots (each alone, as a single request's prefill)."""
-        while self.waiting and len(self.active) < self.max_batch:
+        while self._slot_taken_next():
             request = self.waiting.pop(0)
             request.begin(self.counter)
             yield request.index, list(request.tokens)
@@ -236,6 +236,10 @@ class BatchGeneration:
                     layer.extend(row_layer)
             self.active.append(request)
 
+    def _slot_taken_next(self) -> bool:
+        """Whether a waiting request takes a free slot before the next step."""
+        return bool(self.waiting) and len(self.active) < self.max_batch
+
     def _step(self) -> Iterator[tuple[int, list[int]]]:
         t0 = self.clock()
         decisions = {r.index: r.decide(len(self.active)) for r in self.active}
@@ -247,7 +251,7 @@ class BatchGeneration:
         t1 = self.clock()
         steps = self._plain_steps_planned(plans)
         if steps:  # no row drafts: plain steps pipelined as plain batches are, the next one queued past them
-            more = not (self.waiting and len(active) < self.max_batch)  # unless a waiting request joins next
+            more = not self._slot_taken_next()  # unless a waiting request joins next
             yield from self._plain_stretch(steps, {r.index: plan for r, plan in zip(active, plans)}, t1 - t0, more)
             return
         rows = [[r.tokens[-1]] + (p[2].tokens if p[2] is not None else []) for r, p in zip(active, plans)]

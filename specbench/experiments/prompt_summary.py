@@ -38,9 +38,9 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def _tokens_and_seconds(runs: list[dict[str, Any]]) -> tuple[float, float]:
+def _tokens_and_seconds(runs: list[dict[str, Any]]) -> tuple[int, float]:
     """One prompt's (turn's) tokens and its median seconds over repeats, as the summary counts them."""
-    return float(runs[0]["new_tokens"]), _median([r["wall_s"] for r in runs])
+    return runs[0]["new_tokens"], _median([r["wall_s"] for r in runs])
 
 
 def summarize_prompt_runs(
@@ -69,14 +69,14 @@ def summarize_prompt_runs(
             by_prompt: dict[tuple[str, int], list[dict[str, Any]]] = {}
             for r in mine:
                 by_prompt.setdefault((r["question_key"], r["turn"]), []).append(r)
-            tokens = sum(rs[0]["new_tokens"] for rs in by_prompt.values())
-            wall = sum(_median([r["wall_s"] for r in rs]) for rs in by_prompt.values())
+            units = {key: _tokens_and_seconds(rs) for key, rs in by_prompt.items()}
+            tokens, wall = sum(t for t, _ in units.values()), sum(s for _, s in units.values())
             first = sum(_median([r["first_token_s"] for r in rs]) for rs in by_prompt.values())
             per_repeat = {rep: ([r for r in mine if r["repeat"] == rep]) for rep in repeats}
-            timing[m.name] = (mine, by_prompt, tokens, wall, first, per_repeat)
+            timing[m.name] = (mine, by_prompt, units, tokens, wall, first, per_repeat)
         base = timing.get(PROMPT_BASELINE)
         for m in methods:
-            mine, by_prompt, tokens, wall, first, per_repeat = timing[m.name]
+            mine, by_prompt, units, tokens, wall, first, per_repeat = timing[m.name]
             if not mine:
                 continue
             decode_s = wall - first
@@ -98,16 +98,13 @@ def summarize_prompt_runs(
                 "decode_tokens_per_s": decode_tps,
             }
             if base is not None and base[3] > 0:
-                _, base_prompts, btokens, bwall, bfirst, bper_repeat = base
+                _, _, base_units, btokens, bwall, bfirst, bper_repeat = base
                 btps = btokens / bwall
-                bdecode = max(0, btokens - len(base_prompts)) / (bwall - bfirst) if bwall > bfirst else 0.0
+                bdecode = max(0, btokens - len(base_units)) / (bwall - bfirst) if bwall > bfirst else 0.0
                 spread = [throughput_ratio(bper_repeat[rep], per_repeat[rep]) for rep in repeats if per_repeat[rep]]
-                shared = [key for key in by_prompt if key in base_prompts]
+                shared = [key for key in units if key in base_units]
                 interval = (
-                    ratio_interval(
-                        [_tokens_and_seconds(base_prompts[key]) for key in shared],
-                        [_tokens_and_seconds(by_prompt[key]) for key in shared],
-                    )
+                    ratio_interval([base_units[key] for key in shared], [units[key] for key in shared])
                     if m.name != PROMPT_BASELINE
                     else None  # the baseline against itself: 1 exactly
                 )
