@@ -75,3 +75,30 @@ def test_bench_summary_gives_each_speedup_its_interval_over_prompts():
             assert f"{row['speedup']:.2f}x [{row['speedup_low']:.2f}-{row['speedup_high']:.2f}]" in table
         else:
             assert row["speedup_low"] is None and row["speedup_high"] is None and "x [" not in table
+
+
+def test_bench_figure_whiskers_show_the_interval_over_prompts_else_the_range_over_repeats():
+    """The bench figure's whisker of a bar is its interval over prompts (black) where the summary has one, the
+    range over repeats (grey) where it has not, and absent with neither."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from specbench.report.figures.bench import prompt_figure, speedup_whisker
+
+    methods = [Method("mlx-lm", "mlx-lm"), Method("lookup", "specbench", "lookup")]
+    runs = [_run("mlx-lm", i, 1.0) for i in range(8)] + [
+        _run("lookup", i, 1 / (1.2 if i % 2 else 1.6)) for i in range(8)
+    ]
+    rows = {r["category"]: r for r in summarize_prompt_runs(runs, methods) if r["method"] == "lookup"}
+    low, high, kind = speedup_whisker(rows["qa"], repeats=1)
+    assert kind == "interval" and (low, high) == (rows["qa"]["speedup_low"], rows["qa"]["speedup_high"])
+    few = dict(rows["qa"], speedup_low=None, speedup_high=None, speedup_min=1.1, speedup_max=1.3)
+    assert speedup_whisker(few, repeats=3) == (1.1, 1.3, "range")
+    assert speedup_whisker(few, repeats=1) is None
+
+    figure = prompt_figure(list(rows.values()), methods, ["qa"], {"repeats": 1})
+    (bars,) = figure.axes[0].containers[:1]
+    whiskers = [c for c in figure.axes[0].containers if type(c).__name__ == "ErrorbarContainer"]
+    assert len(bars) == 2 and len(whiskers) == 1  # qa and overall, both with an interval over 8 prompts
+    segments = whiskers[0].lines[2][0].get_segments()
+    drawn = sorted(v for s in segments for v in (s[0][1], s[1][1]))
+    assert drawn == pytest.approx(sorted(v for r in rows.values() for v in (r["speedup_low"], r["speedup_high"])))

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from specbench.experiments.paired import MIN_UNITS
 from specbench.experiments.prompt_bench import PromptBench
 from specbench.experiments.prompt_runs import PROMPT_BASELINE, Method
 from specbench.report.figures.style import drafter_colour, save_figure
@@ -27,10 +28,20 @@ def method_style(method: Method) -> dict[str, Any]:
     return {"color": drafter_colour(method.drafter), "hatch": POLICY_HATCHES.get(policy, "xx")}
 
 
+def speedup_whisker(row: dict[str, Any], repeats: int) -> tuple[float, float, str] | None:
+    """One bar's whisker: (low, high, "interval") for the 95 % bootstrap interval over prompts where the
+    summary has one, else (low, high, "range") for the extremes over repeats when there were several."""
+    if row.get("speedup_low") is not None and row.get("speedup_high") is not None:
+        return float(row["speedup_low"]), float(row["speedup_high"]), "interval"
+    if repeats > 1 and row.get("speedup_min") is not None and row.get("speedup_max") is not None:
+        return float(row["speedup_min"]), float(row["speedup_max"]), "range"
+    return None
+
+
 def prompt_figure(
     summary: Sequence[dict[str, Any]], methods: Sequence[Method], categories: Sequence[str], info: dict[str, Any]
 ):
-    """Speedup over mlx-lm plain by category, one bar per method (whiskers: range over repeats)."""
+    """Speedup over mlx-lm plain by category, one bar per method, whiskers as ``speedup_whisker`` draws them."""
     import matplotlib
 
     if matplotlib.get_backend().lower() != "agg":
@@ -49,11 +60,10 @@ def prompt_figure(
     for i, m in enumerate(shown):
         rows = [cell.get((m.name, g), {}) for g in groups]
         values = np.array([r.get("speedup", np.nan) for r in rows], dtype=float)
-        low = np.array([r.get("speedup_min", np.nan) for r in rows], dtype=float)
-        high = np.array([r.get("speedup_max", np.nan) for r in rows], dtype=float)
         style = method_style(m)
+        centres = x - 0.4 + width * (i + 0.5)
         ax.bar(
-            x - 0.4 + width * (i + 0.5),
+            centres,
             values,
             width,
             label=m.name,
@@ -62,19 +72,32 @@ def prompt_figure(
             edgecolor="0.2",
             linewidth=0.5,
         )
-        if info.get("repeats", 1) > 1:
-            ax.errorbar(
-                x - 0.4 + width * (i + 0.5),
-                values,
-                yerr=[np.clip(values - low, 0.0, None), np.clip(high - values, 0.0, None)],
-                fmt="none",
-                ecolor="0.15",
-                elinewidth=0.8,
-                capsize=2,
-            )
+        for kind, colour in (("interval", "0.1"), ("range", "0.55")):
+            bounds = [speedup_whisker(r, info.get("repeats", 1)) for r in rows]
+            at = [j for j, b in enumerate(bounds) if b is not None and b[2] == kind and np.isfinite(values[j])]
+            if at:
+                low = np.array([bounds[j][0] for j in at])
+                high = np.array([bounds[j][1] for j in at])
+                ax.errorbar(
+                    centres[at],
+                    values[at],
+                    yerr=[np.clip(values[at] - low, 0.0, None), np.clip(high - values[at], 0.0, None)],
+                    fmt="none",
+                    ecolor=colour,
+                    elinewidth=0.8,
+                    capsize=2,
+                )
     ax.axhline(1.0, color="0.2", lw=0.9, ls="--", label="mlx-lm plain (1.0)")
     ax.set_xticks(x, [g.replace("_", "\n") for g in groups], fontsize=9)
     ax.set_ylabel("speedup over mlx-lm plain decoding (x)")
+    ax.annotate(
+        f"whiskers: 95 % bootstrap interval over prompts (from {MIN_UNITS} prompts); grey: range over repeats",
+        (0.0, -0.16),
+        xycoords="axes fraction",
+        fontsize=7,
+        color="0.3",
+        va="top",
+    )
     ax.set_xlabel("prompt category")
     device = info.get("device", "").split(":", 1)[-1]
     ax.set_title(
