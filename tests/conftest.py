@@ -349,3 +349,35 @@ def emulate_gpu(
             return bump(out) if indices.size >= 64 else out
 
         monkeypatch.setattr(switch_layers.SwitchGLU, "__call__", variant_experts)
+
+
+# Step-log records as the engine writes them (``gen.log.records``), for the run-speed analysis.
+
+
+def step_record(
+    kind: str, seconds: float, draft_s: float = 0.0, draft_tokens=(), emitted: int = 1, k_requested: int = 0
+) -> dict:
+    return {
+        "kind": kind,
+        "verify_s": seconds,
+        "draft_s": draft_s,
+        "draft_tokens": list(draft_tokens),
+        "emitted": emitted,
+        "k_requested": k_requested,
+    }
+
+
+def plain_run_log(step: float, n: int = 40) -> list[dict]:
+    return [step_record("prefill", 5 * step)] + [step_record("plain", step) for _ in range(n)]
+
+
+def auto_run_log(step: float, n: int = 40) -> list[dict]:
+    """A stretch with a shadow draft, two verifications costing 2.5 steps, then a long plain stretch."""
+    head = [step_record("prefill", 5 * step), step_record("plain", step, 0.1 * step, [7, 8])]
+    head += [step_record("plain", step) for _ in range(7)]
+    head += [step_record("verify", 2.5 * step, emitted=2), step_record("verify", 2.5 * step, emitted=1)]
+    return head + [step_record("plain", step, 0.1 * step, [9])] + [step_record("plain", step) for _ in range(n)]
+
+
+def log_seconds(records: list[dict]) -> float:
+    return sum(r["verify_s"] + r["draft_s"] for r in records)

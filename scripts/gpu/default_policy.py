@@ -84,6 +84,7 @@ from specbench.exact import ExactPlan, calibrate, exact_mode
 from specbench.experiments import paired
 from specbench.experiments.paired import MIN_UNITS, bootstrap, holm
 from specbench.experiments.prompts import BUNDLED_CATEGORIES
+from specbench.experiments.run_speed import NEAR, SLOW, speed_state, time_split, verify_ms_by_width
 from specbench.models import synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,8 +92,6 @@ OK = 0.97
 #: One-sided level of a "LOSES" verdict: what an interval of 95 % wholly below 0.97 says of one cell.
 ALPHA = 0.025
 MIN_PAIRS = MIN_UNITS  # fewest (plain, Auto) pairs a cell's interval is computed from
-#: Steady plain steps a run needs for its speed (``speed_state``): Auto runs that speculated throughout have not.
-MIN_STEADY = 16
 AA = "plain (A/A)"
 FULL = {
     "shapes": ["qwen3-8b-4bit", "qwen3-30b-a3b-4bit"],
@@ -213,72 +212,6 @@ def verdict(ratio: float, low: float, high: float, p_adjusted: float | None = No
 def seconds_ratio(pairs: list[tuple[float, float]]) -> float:
     """Plain seconds over Auto seconds, summed over (plain, Auto) pairs."""
     return sum(p for p, _ in pairs) / sum(a for _, a in pairs)
-
-
-def is_steady(before: dict, record: dict) -> bool:
-    """A steady plain step: one of a plain stretch right after another plain step, with no draft of its own.
-    Not a step a speculative decision took (``k_requested`` set): the token a pause queued past its end, read
-    long after it was computed, or a step whose drafter proposed nothing."""
-    return (
-        record["kind"] == "plain"
-        and before["kind"] == "plain"
-        and not record["k_requested"]
-        and not record["draft_s"]
-        and not record.get("draft_tokens")
-    )
-
-
-def speed_state(records: list[dict], observe_s: float = 0.0) -> float | None:
-    """A run's speed: the median seconds of its steady plain steps (``is_steady``) less the seconds its
-    drafter's ``observe`` took per call; None under ``MIN_STEADY``.
-
-    The machine's speed drifts between runs by far more than 3 % (plain against plain: +-10-20 %), and a
-    run's steps share its speed. A run's seconds over its own speed count its work in plain steps, the
-    same in a slow run and a fast one; Auto's verifications, drafting, probes and restarted stretches stay
-    in its seconds. The drafter's own per-token work is taken out of the speed, so it too stays charged."""
-    steady = [r["verify_s"] for before, r in zip(records, records[1:]) if is_steady(before, r)]
-    if len(steady) < MIN_STEADY:
-        return None
-    calls = sum(1 for r in records if r["emitted"])
-    return statistics.median(steady) - (observe_s / calls if calls else 0.0)
-
-
-SPLIT = ("steady_ms", "steady_n", "starts_ms", "starts_n", "spec_ms", "spec_tokens", "unlogged_ms")
-#: A steady step this many times its run's median is a slow one (``time_split``: ``slow_n``, ``slow_near_n``).
-SLOW = 1.5
-#: A slow steady step this few steps after a step that was not steady counts as near a decision.
-NEAR = 3
-
-
-def time_split(records: list[dict], wall_s: float) -> dict[str, float]:
-    """Where a run's decode seconds (``wall_s``, after its first token) went, from its log: steady plain
-    steps (as ``speed_state`` counts them), the other plain steps (a stretch's first, with any unverified
-    draft), speculative steps (with the tokens they emitted), and seconds outside the log. Also the steady
-    steps over ``SLOW`` times their median (``slow_n``), and those of them at most ``NEAR`` steps after a step
-    that was not steady (``slow_near_n``: a verification, a stretch's start, a queued step read late)."""
-    split = dict.fromkeys(SPLIT, 0.0)
-    steady: list[tuple[float, int]] = []  # (seconds, steps since the last step that was not steady)
-    since = 0
-    for before, r in zip(records, records[1:]):
-        if r["kind"] != "plain":
-            part, count = "spec", r["emitted"]
-        elif is_steady(before, r):
-            part, count = "steady", 1
-        else:
-            part, count = "starts", 1
-        if part == "steady":
-            since += 1
-            steady.append((r["verify_s"], since))
-        else:
-            since = 0
-        split[f"{part}_ms"] += 1e3 * (r["draft_s"] + r["verify_s"] + r.get("other_s", 0.0))
-        split["spec_tokens" if part == "spec" else f"{part}_n"] += count
-    logged = split["steady_ms"] + split["starts_ms"] + split["spec_ms"]
-    split["unlogged_ms"] = 1e3 * wall_s - logged
-    median = statistics.median(s for s, _ in steady) if steady else 0.0
-    slow = [after for s, after in steady if s > SLOW * median]
-    split["slow_n"], split["slow_near_n"] = float(len(slow)), float(sum(after <= NEAR for after in slow))
-    return split
 
 
 def run_speeds(row: dict) -> tuple[float | None, float | None]:
@@ -490,15 +423,6 @@ def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: Ora
         "shadows": policy.shadows,
         "ks": " ".join(map(str, sorted({r["k_requested"] for r in gen.log if r["kind"] == "verify"}))),
     }
-
-
-def verify_ms_by_width(records: list[dict]) -> str:
-    """Median in-loop seconds of the verify steps of each width, as "width:ms ..." (widths ascending)."""
-    by_width: dict[int, list[float]] = {}
-    for r in records:
-        if r["kind"] == "verify":
-            by_width.setdefault(r["verify_width"], []).append(r["verify_s"])
-    return " ".join(f"{w}:{1e3 * statistics.median(v):.1f}" for w, v in sorted(by_width.items()))
 
 
 def step_summary(gen: Any) -> dict:

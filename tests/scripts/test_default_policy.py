@@ -1,4 +1,5 @@
-"""The default-policy benchmark's estimate in plain steps (``speed_state``): what it cancels, what it charges."""
+"""The default-policy benchmark's estimate in plain steps (each run over its ``speed_state``): what it cancels,
+what it charges; its verdicts."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import auto_run_log, log_seconds, plain_run_log
+
+from specbench.experiments.run_speed import speed_state, time_split
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,75 +23,20 @@ def bench():
     return module
 
 
-def record(
-    kind: str, seconds: float, draft_s: float = 0.0, draft_tokens=(), emitted: int = 1, k_requested: int = 0
-) -> dict:
-    return {
-        "kind": kind,
-        "verify_s": seconds,
-        "draft_s": draft_s,
-        "draft_tokens": list(draft_tokens),
-        "emitted": emitted,
-        "k_requested": k_requested,
-    }
-
-
-def plain_run(step: float, n: int = 40) -> list[dict]:
-    return [record("prefill", 5 * step)] + [record("plain", step) for _ in range(n)]
-
-
-def auto_run(step: float, n: int = 40) -> list[dict]:
-    """A stretch with a shadow draft, two verifications costing 2.5 steps, then a long plain stretch."""
-    head = [record("prefill", 5 * step), record("plain", step, 0.1 * step, [7, 8])]
-    head += [record("plain", step) for _ in range(7)]
-    head += [record("verify", 2.5 * step, emitted=2), record("verify", 2.5 * step, emitted=1)]
-    return head + [record("plain", step, 0.1 * step, [9])] + [record("plain", step) for _ in range(n)]
-
-
-def seconds(records: list[dict]) -> float:
-    return sum(r["verify_s"] + r["draft_s"] for r in records)
-
-
-def test_speed_is_the_median_steady_plain_step(bench):
-    run = plain_run(0.01)
-    run[5]["verify_s"] = 0.5  # one hiccup moves a mean, not the median
-    assert bench.speed_state(run) == pytest.approx(0.01)
-    # steps that start a stretch with a draft, verifications and the prefill are not steady steps
-    assert bench.speed_state(auto_run(0.01)) == pytest.approx(0.01)
-    assert bench.speed_state(plain_run(0.01, n=bench.MIN_STEADY - 1)) is None
-
-
-def test_steps_a_speculative_decision_took_are_not_steady(bench):
-    """Probes whose drafter proposes nothing: each takes the token queued past the stretch before (read long
-    after it was computed, so nearly free) and one plain step with its draft attempt; neither is a steady step."""
-    run = plain_run(0.01, n=bench.MIN_STEADY + 1)  # a stretch's first step is not steady
-    for _ in range(3 * bench.MIN_STEADY):
-        run += [record("plain", 0.0001, k_requested=3), record("plain", 0.01, 0.0005, k_requested=3)]
-    assert bench.speed_state(run) == pytest.approx(0.01)
-    split = bench.time_split(run, seconds(run[1:]))
-    assert split["steady_n"] == bench.MIN_STEADY
-
-
 def test_plain_steps_cancel_the_machines_speed_and_keep_autos_costs(bench):
     """A run 30 % slower as a whole changes seconds, not plain steps; Auto's verifications stay charged."""
-    fast_plain, slow_auto = plain_run(0.01), auto_run(0.013)
+    fast_plain, slow_auto = plain_run_log(0.01), auto_run_log(0.013)
     row = {
-        "plain_s": seconds(fast_plain),
-        "auto_s": seconds(slow_auto),
-        "plain_state_ms": 1e3 * bench.speed_state(fast_plain),
-        "auto_state_ms": 1e3 * bench.speed_state(slow_auto),
+        "plain_s": log_seconds(fast_plain),
+        "auto_s": log_seconds(slow_auto),
+        "plain_state_ms": 1e3 * speed_state(fast_plain),
+        "auto_state_ms": 1e3 * speed_state(slow_auto),
     }
     ((plain_steps, auto_steps),) = bench.in_plain_steps([row])
-    assert seconds(fast_plain) / seconds(slow_auto) < 0.8  # in seconds Auto looks 20 %+ slower
-    same_speed = seconds(plain_run(0.01)) / seconds(auto_run(0.01))
+    assert log_seconds(fast_plain) / log_seconds(slow_auto) < 0.8  # in seconds Auto looks 20 %+ slower
+    same_speed = log_seconds(plain_run_log(0.01)) / log_seconds(auto_run_log(0.01))
     assert plain_steps / auto_steps == pytest.approx(same_speed)  # in plain steps: as at equal speed
     assert plain_steps / auto_steps < 1.0  # the two verifications and the drafts still cost
-
-
-def test_a_drafters_observe_seconds_stay_charged(bench):
-    run = auto_run(0.01)
-    calls = sum(1 for r in run if r["emitted"])
-    assert bench.speed_state(run, observe_s=0.001 * calls) == pytest.approx(0.009)
 
 
 def test_an_auto_run_that_speculated_throughout_counts_its_seconds_ratio(bench):
@@ -147,18 +96,18 @@ def test_one_run_of_many_noisy_cells_that_all_hold_rarely_shows_a_loss(bench):
 def test_where_autos_extra_seconds_went(bench):
     """Two verifications costing 2.5 steps each for 3 tokens, and two stretch starts with a draft: in plain
     steps the split names each, sums to the estimate in plain steps, and a slower Auto run adds slower steps."""
-    plain, auto = plain_run(0.01, n=52), auto_run(0.01)
+    plain, auto = plain_run_log(0.01, n=52), auto_run_log(0.01)
     tokens = sum(r["emitted"] for r in auto[1:])
     assert tokens == 52
 
     def row(auto_step: float) -> dict:
-        slow = auto_run(auto_step)
+        slow = auto_run_log(auto_step)
         return {
             "tokens": tokens,
-            "plain_state_ms": 1e3 * bench.speed_state(plain),
-            "auto_state_ms": 1e3 * bench.speed_state(slow),
-            **{f"plain_{k}": v for k, v in bench.time_split(plain, seconds(plain[1:])).items()},
-            **{f"auto_{k}": v for k, v in bench.time_split(slow, seconds(slow[1:])).items()},
+            "plain_state_ms": 1e3 * speed_state(plain),
+            "auto_state_ms": 1e3 * speed_state(slow),
+            **{f"plain_{k}": v for k, v in time_split(plain, log_seconds(plain[1:])).items()},
+            **{f"auto_{k}": v for k, v in time_split(slow, log_seconds(slow[1:])).items()},
         }
 
     parts = bench.excess_in_steps(row(0.01))
@@ -166,22 +115,12 @@ def test_where_autos_extra_seconds_went(bench):
     assert parts["stretch starts"] == pytest.approx(0.2)  # two 0.1-step drafts; plain's one start costs 1 step
     assert parts["steady"] == pytest.approx(0.0) and parts["outside the log"] == pytest.approx(0.0)
     assert parts["slower steps"] == pytest.approx(0.0)
-    in_steps = seconds(auto[1:]) / 0.01 - seconds(plain[1:]) / 0.01
+    in_steps = log_seconds(auto[1:]) / 0.01 - log_seconds(plain[1:]) / 0.01
     assert sum(parts.values()) == pytest.approx(in_steps)
     slow = bench.excess_in_steps(row(0.013))
     assert slow["slower steps"] == pytest.approx(0.3 * tokens)
     assert slow["speculation"] == pytest.approx(parts["speculation"])
     assert bench.excess_in_steps({"plain_state_ms": 10.0, "auto_state_ms": None}) is None
-
-
-def test_in_loop_verify_seconds_by_width(bench):
-    """Each width's median verify seconds, ascending widths; plain steps and the prefill left out."""
-    run = auto_run(0.01)
-    for r, width in zip((r for r in run if r["kind"] == "verify"), (3, 2)):
-        r["verify_width"] = width
-    run.append({**record("verify", 0.05), "verify_width": 3})
-    assert bench.verify_ms_by_width(run) == "2:25.0 3:37.5"
-    assert bench.verify_ms_by_width(plain_run(0.01)) == ""
 
 
 def test_identical_pairs_below_097_are_a_loss_not_a_missing_test(bench):
@@ -194,14 +133,14 @@ def test_identical_pairs_below_097_are_a_loss_not_a_missing_test(bench):
 def test_slow_steady_steps_are_counted_with_how_near_a_decision_they_fall(bench):
     """Steady steps over 1.5x their run's median: one right after a verification's stretch start, one far
     from any; the split counts both and names the one near a decision."""
-    run = auto_run(0.01)
+    run = auto_run_log(0.01)
     # run: prefill, a stretch's start, 7 steady, 2 verifications, a start, then 40 steady steps
     run[12]["verify_s"] = 0.03  # the first steady step after the start that follows the verifications
     run[40]["verify_s"] = 0.03  # deep in the stretch
     run[30]["verify_s"] = 0.014  # slower, not over 1.5x
-    split = bench.time_split(run, seconds(run[1:]))
+    split = time_split(run, log_seconds(run[1:]))
     assert (split["slow_n"], split["slow_near_n"]) == (2.0, 1.0)
-    plain = bench.time_split(plain_run(0.01), seconds(plain_run(0.01)[1:]))
+    plain = time_split(plain_run_log(0.01), log_seconds(plain_run_log(0.01)[1:]))
     assert (plain["slow_n"], plain["slow_near_n"]) == (0.0, 0.0)
     row = {"model": "m", "what": "w", "method": "auto", **{f"auto_{k}": v for k, v in split.items()}}
     row |= {f"plain_{k}": v for k, v in plain.items()}
