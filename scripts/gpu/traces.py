@@ -28,7 +28,8 @@ from specbench.common.files import write_json_atomic
 from specbench.common.identity import device_name
 from specbench.core.policies import DraftPolicy
 from specbench.experiments.importers import load_traces
-from specbench.experiments.trace_bench import bench_trace, format_summary, trace_methods
+from specbench.experiments.trace_bench import bench_trace, trace_methods
+from specbench.experiments.trace_summary import format_summary
 from specbench.experiments.traces import bundled_traces
 
 

@@ -157,7 +157,8 @@ def _bench_trace(args):
     from specbench.core.options import GenerateOptions
     from specbench.core.policies import DraftPolicy
     from specbench.experiments.importers import load_traces
-    from specbench.experiments.trace_bench import format_turns, run_trace
+    from specbench.experiments.trace_bench import run_trace
+    from specbench.experiments.trace_summary import format_turns
     from specbench.experiments.traces import pick_ids
     from specbench.models.load import load
 

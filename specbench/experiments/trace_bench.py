@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from string import Formatter
 from typing import Any
 
 import polars as pl
@@ -38,15 +36,22 @@ from specbench.drafters import make_drafter
 from specbench.experiments.importers import load_traces
 from specbench.experiments.simulate import Recorded, load_recorded, save_recorded
 from specbench.experiments.stored import read_json, read_parquet
-from specbench.experiments.sweep import rate
 from specbench.experiments.trace_prompts import fitted_turn
+from specbench.experiments.trace_summary import (
+    PLAIN,
+    format_overall,
+    format_summary,
+    overall_by_method,
+    summarize_trace_bench,
+    with_cumulative,
+)
 from specbench.experiments.traces import Trace, pick_ids
 from specbench.experiments.turn_cache import TurnCache
 
-PLAIN = "plain"
 TRACE_SUMMARY_FILE = "trace_bench_summary.parquet"
 TRACE_TABLE_FILE = "trace_bench.txt"
 TRACE_CONFIG_FILE = "trace_bench_config.json"
+TRACE_OVERALL_FILE = "trace_bench_overall.parquet"
 
 
 @dataclass
@@ -130,88 +135,6 @@ def _row(trace_id: str, turn: int, method: str, gen: Generation, plain: Generati
     }
 
 
-def _with_cumulative(turns: pl.DataFrame) -> pl.DataFrame:
-    """Add running totals per method and their rates."""
-
-    def cum(name: str) -> pl.Expr:
-        return pl.col(name).cum_sum().over("method", order_by=pl.col("turn"))
-
-    frame = turns.with_columns(
-        cum("drafted").alias("cum_drafted"),
-        cum("accepted").alias("cum_accepted"),
-        cum("verifies").alias("cum_verifies"),
-        cum("decode_tokens").alias("cum_decode_tokens"),
-        cum("decode_s").alias("cum_decode_s"),
-    )
-    frame = frame.with_columns(
-        rate(pl.col("cum_accepted") + pl.col("cum_verifies"), "cum_verifies", 0.0).alias("cum_tokens_per_verify"),
-        (pl.col("cum_decode_tokens") / pl.col("cum_decode_s")).alias("cum_tokens_per_s"),
-    )
-    return _with_speedup(frame, "turn", "cum_decode_s", "cum_speedup")
-
-
-def _with_speedup(frame: pl.DataFrame, on: str, seconds: str, name: str) -> pl.DataFrame:
-    """Add column ``name``: plain decoding's ``seconds`` over each row's, plain's row matched on ``on``."""
-    plain = frame.filter(pl.col("method") == PLAIN).select(on, pl.col(seconds).alias("_plain_s"))
-    return (
-        frame.join(plain, on=on, how="left")
-        .with_columns((pl.col("_plain_s") / pl.col(seconds)).alias(name))
-        .drop("_plain_s")
-    )
-
-
-def summarize_trace_bench(turns: pl.DataFrame) -> pl.DataFrame:
-    """One row per (trace, method) of a trace benchmark's turns: totals over the turns and the rates
-    derived from them."""
-    frame = turns.group_by("trace", "method", maintain_order=True).agg(
-        pl.len().alias("turns"),
-        pl.col("prompt_tokens").mean().round(0).cast(pl.Int64).alias("mean_prompt_tokens"),
-        pl.col("tokens", "drafted", "accepted", "verifies", "steps", "decode_tokens", "decode_s").sum(),
-        pl.col("identical").all(),
-    )
-    frame = frame.with_columns(
-        rate(pl.col("accepted") + pl.col("verifies"), "verifies", 0.0).alias("tokens_per_verify"),
-        rate(pl.col("accepted"), "drafted", 0.0).alias("acceptance_rate"),
-        (pl.col("decode_tokens") / pl.col("steps")).alias("mean_accepted_tokens"),
-        (pl.col("decode_tokens") / pl.col("decode_s")).alias("tokens_per_s"),
-    )
-    return _with_speedup(frame, "trace", "decode_s", "speedup")
-
-
-def _text_table(frame: pl.DataFrame, titles: str, row: str) -> str:
-    """``frame`` as fixed-width text: one line per row formatted by ``row`` (``str.format`` fields such as
-    ``{tokens:7d}``) under a header of ``titles`` (comma-separated, one per field), each as wide as its
-    field and aligned like its values (text left, numbers and ``>`` fields right)."""
-    header = []
-    names = iter(titles.split(", "))
-    for literal, field, spec, _ in Formatter().parse(row):
-        header.append(literal)
-        if field is not None:
-            align, width = re.match(r"([<>]?)(\d+)", spec).groups()
-            header.append(format(next(names), f"{align or ('<' if spec.endswith('s') else '>')}{width}s"))
-    return "\n".join(["".join(header), *(row.format(**r) for r in frame.iter_rows(named=True))])
-
-
-def format_summary(summary: pl.DataFrame) -> str:
-    """A compact text table of ``summarize_trace_bench``'s rows."""
-    return _text_table(
-        summary,
-        "trace, method, turns, tokens, drafted, accepted, tok/verify, MAT, tok/s, speedup, identical",
-        "{trace:18.18s} {method:8.8s} {turns:5d} {tokens:7d} {drafted:8d} {accepted:8d} {tokens_per_verify:10.2f} "
-        "{mean_accepted_tokens:5.2f} {tokens_per_s:8.1f} {speedup:7.2f} {identical!s:>9s}",
-    )
-
-
-def format_turns(turns: pl.DataFrame) -> str:
-    """Per-turn lines: tokens, accepted per verification and speedup, per turn and cumulatively."""
-    return _text_table(
-        turns,
-        "trace, turn, method, prompt, tokens, drafted, accepted, tok/verify, tok/s, speedup, cum speedup, same",
-        "{trace:18.18s} {turn:4d} {method:8.8s} {prompt_tokens:6d} {tokens:6d} {drafted:7d} {accepted:8d} "
-        "{tokens_per_verify:10.2f} {tokens_per_s:8.1f} {speedup:7.2f} {cum_speedup:11.2f} {identical!s:>5s}",
-    )
-
-
 def bench_trace(
     model: Any,
     tokenizer: Any,
@@ -293,7 +216,7 @@ def bench_trace(
                 flush=True,
             )
 
-    frame = _with_cumulative(pl.DataFrame(rows))
+    frame = with_cumulative(pl.DataFrame(rows))
     result = TraceBench(trace.id, frame, summarize_trace_bench(frame), steps, recorded)
     if out_dir is not None:
         save_trace_bench(result, out_dir)
@@ -343,6 +266,8 @@ class TraceRun:
     """``run_trace``'s results: one ``TraceBench`` per trace."""
 
     results: list[TraceBench]
+    #: Whether each trace ran with fresh drafters (not ``share_store``): only then is the interval over traces valid.
+    independent: bool = True
 
     @property
     def turns(self) -> pl.DataFrame:
@@ -356,8 +281,14 @@ class TraceRun:
     def identical(self) -> bool:
         return all(r.identical for r in self.results)
 
+    def overall(self) -> pl.DataFrame:
+        """``overall_by_method`` of every trace's summary."""
+        return overall_by_method(self.summary, self.independent)
+
     def table(self) -> str:
-        return format_summary(self.summary)
+        """The summary per trace and method; with several traces, the overall speedups after it."""
+        text = format_summary(self.summary)
+        return text + "\n\n" + format_overall(self.overall()) if len(self.results) > 1 else text
 
 
 def trace_methods(
@@ -455,8 +386,9 @@ def run_trace(
         results.append(
             bench_trace(model, tokenizer, trace, made, chosen, max_tokens, options, turns, out_dir, progress, truncate)
         )
-    run = TraceRun(results)
+    run = TraceRun(results, independent=not share_store)
     if out_dir is not None:
         write_parquet_atomic(run.summary, out_dir / TRACE_SUMMARY_FILE)
+        write_parquet_atomic(run.overall(), out_dir / TRACE_OVERALL_FILE)
         write_text_atomic(out_dir / TRACE_TABLE_FILE, run.table() + "\n")
     return run

@@ -613,3 +613,49 @@ def test_turn_prompts_rendered_once_equal_full_renders(numbered):
     assert [p for _, p, _ in prompts] == [render_turn(tokenizer, trace, t) for t in range(3)]
     assert prompts.turns[1].output == [ord(c) for c in "a2"] + [0]
     assert prompts.full_renders == (3 if numbered else 0)
+
+
+def test_overall_speedup_over_traces_with_its_interval():
+    """Per method over every trace: tokens/s over plain's summed over traces; from 6 independent traces a 95 %
+    interval over traces, none with fewer or with a store shared across traces (their results depend)."""
+    from specbench.experiments.trace_summary import overall_by_method
+
+    def summary(traces: int) -> pl.DataFrame:
+        rows = []
+        for i in range(traces):
+            rows.append({"trace": f"t{i}", "method": "plain", "decode_tokens": 100, "decode_s": 1.0})
+            rows.append(
+                {"trace": f"t{i}", "method": "suffix", "decode_tokens": 100, "decode_s": 1 / (1.2 + 0.4 * (i % 2))}
+            )
+        return pl.DataFrame(rows)
+
+    overall = {r["method"]: r for r in overall_by_method(summary(8)).iter_rows(named=True)}
+    assert overall["plain"]["speedup"] == pytest.approx(1.0) and overall["plain"]["speedup_low"] is None
+    suffix = overall["suffix"]
+    assert suffix["traces"] == 8 and suffix["decode_tokens"] == 800
+    assert suffix["speedup"] == pytest.approx(800 / (4 / 1.2 + 4 / 1.6) / 100)
+    assert 1.2 < suffix["speedup_low"] < suffix["speedup"] < suffix["speedup_high"] < 1.6
+    assert overall_by_method(summary(8), independent=False)["speedup_low"].null_count() == 2
+    assert overall_by_method(summary(3))["speedup_low"].null_count() == 2
+
+
+def test_run_trace_over_six_traces_reports_the_overall_speedup(tmp_path):
+    """Six traces through `run_trace`: the table ends with the overall speedups and their intervals over
+    traces, also written to trace_bench_overall.parquet."""
+    model = build_tiny("llama", seed=4)
+    tokenizer = word_tokenizer(ROLES)
+    base = _word_trace()
+    traces = [Trace(f"words{i}", base.turns[: 1 + i % 2]) for i in range(6)]
+    run = run_trace(
+        model, tokenizer, traces, ["suffix"], [DraftPolicy.fixed(3)], max_tokens=8, out=tmp_path, progress=False
+    )
+    assert run.identical
+    overall = pl.read_parquet(tmp_path / "trace_bench_overall.parquet")
+    suffix = overall.filter(pl.col("method") == "suffix").row(0, named=True)
+    assert suffix["traces"] == 6 and suffix["speedup_low"] <= suffix["speedup"] <= suffix["speedup_high"]
+    table = (tmp_path / "trace_bench.txt").read_text()
+    assert "overall, 6 traces" in table and f"{suffix['speedup']:.2f}x [{suffix['speedup_low']:.2f}-" in table
+    shared = run_trace(
+        model, tokenizer, traces, ["suffix"], [DraftPolicy.fixed(3)], max_tokens=8, share_store=True, progress=False
+    )
+    assert shared.overall().filter(pl.col("method") == "suffix")["speedup_low"].null_count() == 1
