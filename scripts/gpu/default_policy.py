@@ -21,7 +21,7 @@ with --compile the exact level with its linear chunks mx.compile'd too), and a w
    SuffixDecoding, in an order rotating per prompt; one drafter per method and repeat, kept across prompts.
 
 Each model also gets an A/A cell: specbench plain timed exactly as an Auto cell is, paired with plain. Per
-cell: plain's seconds over Auto's summed over every pair, with a 95 % percentile bootstrap interval
+cell: plain's seconds over Auto's summed over every pair, with a 95 % expanded percentile bootstrap interval
 (resampling pairs; none below 6 pairs). The machine's speed drifts between runs by far more than the 3 %
 asked about, so each cell also gets the same ratio in plain steps: each run's seconds over its own speed,
 the median of its steady plain steps (less its drafter's per-token ``observe`` seconds, which stay charged
@@ -717,7 +717,7 @@ def summarize(out: dict) -> None:
             ratios = [statistics.mean(r["vs_plain"] for r in rs) for rs in by_repeat.values()]
             noise = statistics.median(r["plain_spread"] for r in rows)
         pairs = [seconds_pair(r) for r in rows]
-        # a percentile bootstrap of fewer pairs claims more than it knows: no interval then
+        # a bootstrap of fewer pairs claims more than it knows: no interval then
         low, high, p = interval_and_p(pairs, seconds_ratio) if len(pairs) >= MIN_PAIRS else (0.0, float("inf"), 1.0)
         steps = in_plain_steps(rows)
         if len(steps) >= MIN_PAIRS:
@@ -788,7 +788,7 @@ def p_below(pairs: list[tuple[float, float]]) -> float:
 
 
 def interval_and_p(pairs: list[tuple[float, float]], statistic: Any) -> tuple[float, float, float]:
-    """(low, high, p): ``statistic``'s 95 % percentile bootstrap interval over ``pairs`` and ``p_below``."""
+    """(low, high, p): ``statistic``'s 95 % expanded percentile bootstrap interval over ``pairs`` and ``p_below``."""
     low, high = bootstrap(pairs, statistic)
     return low, high, p_below(pairs)
 
