@@ -88,42 +88,42 @@ def format_summary(summary: pl.DataFrame) -> str:
 
 
 def overall_by_method(summary: pl.DataFrame, independent: bool = True) -> pl.DataFrame:
-    """One row per method over every trace of ``summarize_trace_bench``'s rows: traces, decode tokens and
-    seconds summed, tokens/s, and ``speedup``, its tokens/s over plain decoding's, summed over the traces.
-    With ``independent`` traces (each replayed with fresh drafters) and at least ``MIN_UNITS`` of them,
-    ``speedup_low``/``speedup_high`` give its 95 % bootstrap interval over traces (each resampled with its
-    plain run); a trace's turns depend on each other, so its turns are never resampled apart."""
-    units = {
-        method: {r["trace"]: (r["decode_tokens"], r["decode_s"]) for r in rows.iter_rows(named=True)}
-        for (method,), rows in summary.group_by("method", maintain_order=True)
-    }
-    plain = units.get(PLAIN, {})
-    rows = []
-    for method, mine in units.items():
-        traces = [t for t in mine if t in plain]
-        tokens, seconds = sum(mine[t][0] for t in traces), sum(mine[t][1] for t in traces)
-        base_tokens, base_seconds = sum(plain[t][0] for t in traces), sum(plain[t][1] for t in traces)
-        speedup = (
-            (tokens / seconds) / (base_tokens / base_seconds) if seconds and base_seconds and base_tokens else None
-        )
-        interval = None
-        if independent and method != PLAIN and speedup is not None:
-            interval = ratio_interval([plain[t] for t in traces], [mine[t] for t in traces])
-        rows.append(
-            {
-                "method": method,
-                "traces": len(traces),
-                "decode_tokens": tokens,
-                "decode_s": seconds,
-                "tokens_per_s": tokens / seconds if seconds else None,
-                "speedup": speedup,
-                "speedup_low": interval[0] if interval else None,
-                "speedup_high": interval[1] if interval else None,
-            }
-        )
-    schema = {"method": pl.String, "traces": pl.Int64, "decode_tokens": pl.Int64, "decode_s": pl.Float64}
-    schema |= dict.fromkeys(("tokens_per_s", "speedup", "speedup_low", "speedup_high"), pl.Float64)
-    return pl.DataFrame(rows, schema=schema)
+    """One row per method over every trace of ``summarize_trace_bench``'s rows that plain decoding also ran:
+    traces, verifications, accepted drafts, decode tokens and seconds summed, tokens per verification,
+    tokens/s, whether every turn equalled plain decoding, and ``speedup``, its tokens/s over plain decoding's
+    over the same traces. With ``independent`` traces (each replayed with fresh drafters) and at least
+    ``MIN_UNITS`` of them, ``speedup_low``/``speedup_high`` give its 95 % bootstrap interval over traces (each
+    resampled with its plain run); a trace's turns depend on each other, so turns are never resampled apart."""
+    for name in ("verifies", "accepted"):
+        if name not in summary.columns:
+            summary = summary.with_columns(pl.lit(0).alias(name))
+    if "identical" not in summary.columns:
+        summary = summary.with_columns(pl.lit(True).alias("identical"))
+    plain = summary.filter(pl.col("method") == PLAIN).select("trace", "decode_tokens", "decode_s")
+    paired = summary.join(plain, on="trace", suffix="_plain")
+    frame = paired.group_by("method", maintain_order=True).agg(
+        pl.len().alias("traces"),
+        pl.col("verifies", "accepted", "decode_tokens", "decode_s", "decode_tokens_plain", "decode_s_plain").sum(),
+        pl.col("identical").all(),
+    )
+    frame = frame.with_columns(
+        rate(pl.col("accepted") + pl.col("verifies"), "verifies", 0.0).alias("tokens_per_verify"),
+        (pl.col("decode_tokens") / pl.col("decode_s")).alias("tokens_per_s"),
+        (
+            (pl.col("decode_tokens") / pl.col("decode_s")) / (pl.col("decode_tokens_plain") / pl.col("decode_s_plain"))
+        ).alias("speedup"),
+    ).drop("decode_tokens_plain", "decode_s_plain")
+    intervals = []
+    for method in frame["method"]:
+        mine = paired.filter(pl.col("method") == method)
+        units = list(zip(mine["decode_tokens"], mine["decode_s"]))
+        base = list(zip(mine["decode_tokens_plain"], mine["decode_s_plain"]))
+        usable = independent and method != PLAIN and all(s > 0 for _, s in units + base)
+        intervals.append(ratio_interval(base, units) if usable else None)
+    return frame.with_columns(
+        pl.Series("speedup_low", [i[0] if i else None for i in intervals], dtype=pl.Float64),
+        pl.Series("speedup_high", [i[1] if i else None for i in intervals], dtype=pl.Float64),
+    )
 
 
 def format_overall(overall: pl.DataFrame) -> str:

@@ -27,8 +27,8 @@ def sweep_headline(summary: pl.DataFrame) -> dict[str, Any]:
 
 
 def trace_headline(summary: pl.DataFrame) -> dict[str, Any]:
-    """A trace run's summary: whether every method reproduced plain decoding, and each speculative
-    method's speedup and tokens per verification."""
+    """A trace run's summary (one row per method: ``TraceRun.overall()``): whether every method reproduced
+    plain decoding, and each speculative method's speedup and tokens per verification."""
     speculative = summary.filter(pl.col("method") != "plain")
     methods = speculative["method"].to_list()
     return {

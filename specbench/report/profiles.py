@@ -48,7 +48,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "draft_lengths": [2],
             "grid_max_tokens": 8,
         },
-        "agent_traces": {"model": _TINY, "traces": ["chat-revision"], "max_turns": 2, "max_tokens": 8},
+        "agent_traces": {"model": _TINY, "traces": ["chat-revision", "tool-agent"], "max_turns": 2, "max_tokens": 8},
         "sampling": {
             "model": _TINY,
             "temperatures": [0.0, 1.0],

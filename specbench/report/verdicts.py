@@ -158,7 +158,8 @@ def break_even(
 
 
 def traces(summary: pl.DataFrame, model: str) -> str:
-    """An agent-trace replay: each drafter's speedup and tokens per verification, and exactness."""
+    """An agent-trace replay: each drafter's speedup and tokens per verification (``overall_by_method``'s rows:
+    over every trace, with its interval over traces where it has one), and exactness."""
     speculative = summary.filter(pl.col("method") != "plain").drop_nulls("speedup")
     if speculative.is_empty():
         return f"No speculative replay finished for {model}."
@@ -174,9 +175,14 @@ def traces(summary: pl.DataFrame, model: str) -> str:
     identical = bool(summary["identical"].all())
     per_verify = best.get("tokens_per_verify")
     verified = f"{per_verify:.2f} tokens per verification" if per_verify else "nothing drafted to verify"
+    over = ""
+    if best.get("traces", 1) > 1:
+        over = f" over {best['traces']} traces"
+        if best.get("speedup_low") is not None:
+            over += f" [95 % interval over traces {best['speedup_low']:.2f}-{best['speedup_high']:.2f}]"
     return (
         f"On {where()} replaying agent traces, speculation {pays(best['speedup'])} for {model}: best "
-        f"{best['method']} at {_x(best['speedup'])} ({verified}); "
+        f"{best['method']} at {_x(best['speedup'])}{over} ({verified}); "
         f"{'every turn equal' if identical else 'some turns NOT equal'} to plain decoding."
     )
 

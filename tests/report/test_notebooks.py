@@ -72,3 +72,4 @@ def test_quick_profile_runs_every_notebook(tmp_path):
     assert sweep["values"]["outputs_equal_to_plain"] is True
     traces = json.loads((tmp_path / "quick" / "agent_traces" / "summary.json").read_text())
     assert traces["values"]["identical"] is True
+    assert "agent_traces/tables/overall.parquet" in traces["tables"]  # two traces: each method over both

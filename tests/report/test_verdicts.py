@@ -172,3 +172,18 @@ def test_a_method_that_drafted_nothing_is_not_called_a_speedup():
         {"method": ["plain", "suffix"], "speedup": [1.0, 1.6], "tokens_per_verify": [0.0, 0.0], "identical": [True] * 2}
     )
     assert "no drafter proposed anything" in verdicts.traces(traces, "m")
+    # over several traces: the overall speedup, with its interval over traces where it has one
+    overall = pl.DataFrame(
+        {
+            "method": ["plain", "suffix", "lookup"],
+            "traces": [8, 8, 8],
+            "speedup": [1.0, 1.31, 1.1],
+            "speedup_low": [None, 1.12, 0.95],
+            "speedup_high": [None, 1.52, 1.2],
+            "tokens_per_verify": [0.0, 2.5, 1.4],
+            "identical": [True] * 3,
+        }
+    )
+    text = verdicts.traces(overall, "m")
+    assert "best suffix at 1.31x over 8 traces [95 % interval over traces 1.12-1.52]" in text
+    assert "over 8 traces" not in verdicts.traces(overall.with_columns(pl.lit(1).alias("traces")), "m")
