@@ -70,6 +70,33 @@ def ratio_interval(
     return _cut(ratios, expanded_tail(len(b)))
 
 
+def rate_interval(
+    successes: Sequence[float], trials: Sequence[float], draws: int = 5000, seed: int = 0
+) -> tuple[float, float] | None:
+    """95 % expanded percentile bootstrap interval (``expanded_tail``) of a rate summed over units (a prompt's
+    accepted drafts over its drafts): each unit's (successes, trials) resampled whole, so trials that share a
+    unit (the drafts of one generation) count as the dependent trials they are. None under ``MIN_UNITS``
+    units."""
+    if len(successes) != len(trials):
+        raise ValueError(f"rate_interval needs one trial count per unit, got {len(successes)} and {len(trials)}")
+    if len(trials) < MIN_UNITS:
+        return None
+    hits, tries = np.asarray(successes, dtype=float), np.asarray(trials, dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(tries), (draws, len(tries)))
+    rates = np.sort(hits[picks].sum(axis=1) / np.maximum(tries[picks].sum(axis=1), 1.0))
+    return _cut(rates, expanded_tail(len(tries)))
+
+
+def wilson_interval(successes: np.ndarray, trials: np.ndarray, z: float = 1.96) -> tuple[np.ndarray, np.ndarray]:
+    """95 % Wilson score interval (low, high) of a binomial proportion, elementwise: for independent trials
+    (with trials clustered in units, ``rate_interval`` is the honest one)."""
+    n = np.maximum(np.asarray(trials, dtype=float), 1.0)
+    p = np.asarray(successes, dtype=float) / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
 def student_t_above(t: float, dof: int) -> float:
     """P(T >= t) for Student's t with ``dof`` (>= 1) degrees of freedom, by the finite sums of Abramowitz and
     Stegun 26.7.3-4 for whole degrees of freedom."""

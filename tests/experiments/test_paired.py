@@ -3,6 +3,7 @@ ratio over prompts."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from specbench.experiments import paired
@@ -122,3 +123,42 @@ def test_intervals_of_few_prompts_cover_about_as_often_as_they_claim():
     assert paired.expanded_tail(6) == pytest.approx(0.0024, abs=2e-4)
     assert paired.expanded_tail(20) < paired.expanded_tail(100) < paired.expanded_tail(10_000) < 0.025
     assert paired.expanded_tail(10_000) == pytest.approx(0.025, abs=2e-4)
+
+
+def test_per_position_intervals_resample_prompts_not_drafts():
+    """Eight prompts, 40 drafts each at position 1: four prompts accept every draft, four none. As independent
+    trials (Wilson) the rate 0.5 looks known to +-0.05; resampling whole prompts, as the drafts of one
+    generation depend on each other, it spans most of [0, 1]. With two prompts there is no such interval."""
+    import polars as pl
+
+    from specbench.experiments.sweep import per_position_acceptance
+
+    def steps(prompts: int) -> pl.DataFrame:
+        rows = []
+        for p in range(prompts):
+            for _ in range(40):
+                rows.append(
+                    {
+                        "kind": "verify",
+                        "drafter": "d",
+                        "policy": "fixed:1",
+                        "prompt": f"p{p}",
+                        "k_drafted": 1,
+                        "accepted": p % 2,
+                    }
+                )
+        return pl.DataFrame(rows)
+
+    (row,) = per_position_acceptance(steps(8)).iter_rows(named=True)
+    assert (row["rate"], row["reached"], row["units"], row["interval"]) == (0.5, 320, 8, "over prompts")
+    assert row["low"] < 0.2 and row["high"] > 0.8
+    wilson_low, wilson_high = paired.wilson_interval(np.array([160]), np.array([320]))
+    assert wilson_high[0] - wilson_low[0] < 0.11
+    (few,) = per_position_acceptance(steps(2)).iter_rows(named=True)
+    assert few["interval"] == "wilson" and few["units"] == 2
+    assert (few["low"], few["high"]) == pytest.approx(wilson_interval_of(40, 80))
+
+
+def wilson_interval_of(successes: int, trials: int) -> tuple[float, float]:
+    low, high = paired.wilson_interval(np.array([successes]), np.array([trials]))
+    return float(low[0]), float(high[0])

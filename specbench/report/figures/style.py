@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
-import numpy as np
 import polars as pl
 
 from specbench.common.files import write_figure_atomic
@@ -168,12 +167,3 @@ def sample_note(frame: pl.DataFrame, column: str = "runs", what: str = "runs") -
         return ""
     low, high = int(counts.min()), int(counts.max())
     return f"n = {low} {what} per point" if low == high else f"n = {low}-{high} {what} per point"
-
-
-def wilson_interval(successes: np.ndarray, trials: np.ndarray, z: float = 1.96) -> tuple[np.ndarray, np.ndarray]:
-    """95% Wilson score interval (low, high) of a binomial proportion, elementwise."""
-    n = np.maximum(np.asarray(trials, dtype=float), 1.0)
-    p = np.asarray(successes, dtype=float) / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half

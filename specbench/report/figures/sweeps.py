@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
+from specbench.experiments.paired import wilson_interval
 from specbench.report.figures.style import (
     POLICY_MARKERS,
     POLICY_STYLES,
@@ -20,7 +21,6 @@ from specbench.report.figures.style import (
     new_axes,
     no_data,
     sample_note,
-    wilson_interval,
 )
 
 
@@ -117,8 +117,9 @@ def per_position(
     unconditional: bool = True,
 ):
     """Per-position acceptance a_i = P(draft token i accepted | tokens 1..i-1 accepted), the break-even
-    model's definition, a line per drafter/policy with its 95% Wilson interval and the number of drafts that
-    reached each position; with ``unconditional``, also (thin, dashed) verifications accepting token i / all
+    model's definition, a line per drafter/policy with its 95% interval (``per_position_acceptance``'s: over
+    prompts where 6 or more reached the position, else Wilson's) and the number of drafts that reached each
+    position; with ``unconditional``, also (thin, dashed) verifications accepting token i / all
     verifications, the rate ``specbench bench`` prints. Positions reached fewer than ``min_reached`` times
     are left out: too few to estimate."""
     fig, ax = new_axes(ax)
@@ -143,7 +144,10 @@ def per_position(
             style = POLICY_STYLES.get(family, "-")
         x = rows["position"].to_numpy()
         rate, reached = rows["rate"].to_numpy(), rows["reached"].to_numpy()
-        low, high = wilson_interval(rows["accepted"].to_numpy(), reached)
+        if {"low", "high"} <= set(rows.columns):  # over prompts where enough reached the position, else Wilson
+            low, high = rows["low"].to_numpy(), rows["high"].to_numpy()
+        else:
+            low, high = wilson_interval(rows["accepted"].to_numpy(), reached)
         colour = drafter_colour(drafter)
         # rounding can put a Wilson bound a hair past the rate at 0 or 1 (matplotlib rejects negative errors)
         yerr = [np.clip(rate - low, 0.0, None), np.clip(high - rate, 0.0, None)]
@@ -163,7 +167,11 @@ def per_position(
         ax.plot([], [], color="0.4", lw=0.8, ls="--", alpha=0.6, label="unconditional: accepting i / all verifications")
     ax.set_ylim(0, 1.05)
     ax.set_xlabel(f"draft position i (1 = first drafted token); numbers: drafts reaching i (>= {min_reached})")
-    ax.set_ylabel("a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval)")
+    kinds = set(positions["interval"].to_list()) if "interval" in positions.columns else {"wilson"}
+    bars = " and ".join(
+        sorted("over prompts" if k.startswith("over") else "Wilson, drafts as independent" for k in kinds)
+    )
+    ax.set_ylabel(f"a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval, {bars})")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_title(title)
     ax.grid(alpha=0.3)
