@@ -250,7 +250,9 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
     for ax in (left, right):
         ax.set_xlim(temps[0] - pad, temps[-1] + pad)
     left.set_ylim(0, 1.02)
-    left.set_ylabel("draft tokens accepted / drafted\n(bars: 95% interval; numbers: tokens drafted)")
+    left.set_ylabel(
+        "draft tokens accepted / drafted\n(bars: 95% Wilson interval, drafts as independent; numbers: tokens drafted)"
+    )
     left.set_title("Acceptance rate")
     right.axhline(1.0, color="0.3", lw=0.9)
     right.set_ylabel("speedup over plain sampling (x)")
