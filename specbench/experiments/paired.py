@@ -51,23 +51,27 @@ def bootstrap(values: Sequence[Any], statistic: Callable, draws: int = 5000, see
     return _cut(stats, expanded_tail(len(values)))
 
 
+def _resampled_sums(units: np.ndarray, draws: int, seed: int) -> np.ndarray:
+    """Column sums of ``draws`` bootstrap resamples of ``units`` (one row per unit, resampled whole):
+    [draws, columns]."""
+    picks = np.random.default_rng(seed).integers(0, len(units), (draws, len(units)))
+    return units[picks].sum(axis=1)
+
+
 def ratio_interval(
     base: Sequence[tuple[float, float]], mine: Sequence[tuple[float, float]], draws: int = 5000, seed: int = 0
 ) -> tuple[float, float] | None:
     """95 % expanded percentile bootstrap interval (``expanded_tail``) of a throughput ratio over paired units
-    (a prompt, a turn, a trace): each
-    unit's (tokens, seconds) for the baseline and for the method, resampled together; the ratio is
-    (tokens / seconds of the method) over (tokens / seconds of the baseline), summed over units. None
-    under ``MIN_UNITS`` units."""
+    (a prompt, a turn, a trace): each unit's (tokens, seconds) for the baseline and for the method, resampled
+    together; the ratio is (tokens / seconds of the method) over (tokens / seconds of the baseline), summed
+    over units. None under ``MIN_UNITS`` units."""
     if len(base) != len(mine):
         raise ValueError(f"ratio_interval needs the same units on both sides, got {len(base)} and {len(mine)}")
     if len(base) < MIN_UNITS:
         return None
-    b, m = np.asarray(base, dtype=float), np.asarray(mine, dtype=float)
-    picks = np.random.default_rng(seed).integers(0, len(b), (draws, len(b)))
-    sums_b, sums_m = b[picks].sum(axis=1), m[picks].sum(axis=1)  # [draws, 2]: tokens, seconds
-    ratios = np.sort((sums_m[:, 0] / sums_m[:, 1]) / (sums_b[:, 0] / sums_b[:, 1]))
-    return _cut(ratios, expanded_tail(len(b)))
+    sums = _resampled_sums(np.hstack([np.asarray(base, dtype=float), np.asarray(mine, dtype=float)]), draws, seed)
+    ratios = np.sort((sums[:, 2] / sums[:, 3]) / (sums[:, 0] / sums[:, 1]))  # columns: tokens, seconds; base first
+    return _cut(ratios, expanded_tail(len(base)))
 
 
 def rate_interval(
@@ -81,10 +85,8 @@ def rate_interval(
         raise ValueError(f"rate_interval needs one trial count per unit, got {len(successes)} and {len(trials)}")
     if len(trials) < MIN_UNITS:
         return None
-    hits, tries = np.asarray(successes, dtype=float), np.asarray(trials, dtype=float)
-    picks = np.random.default_rng(seed).integers(0, len(tries), (draws, len(tries)))
-    rates = np.sort(hits[picks].sum(axis=1) / np.maximum(tries[picks].sum(axis=1), 1.0))
-    return _cut(rates, expanded_tail(len(tries)))
+    sums = _resampled_sums(np.column_stack([successes, trials]).astype(float), draws, seed)
+    return _cut(np.sort(sums[:, 0] / np.maximum(sums[:, 1], 1.0)), expanded_tail(len(trials)))
 
 
 def wilson_interval(successes: np.ndarray, trials: np.ndarray, z: float = 1.96) -> tuple[np.ndarray, np.ndarray]:
