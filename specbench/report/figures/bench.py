@@ -72,8 +72,8 @@ def prompt_figure(
             edgecolor="0.2",
             linewidth=0.5,
         )
+        bounds = [speedup_whisker(r, info.get("repeats", 1)) for r in rows]
         for kind, colour in (("interval", "0.1"), ("range", "0.55")):
-            bounds = [speedup_whisker(r, info.get("repeats", 1)) for r in rows]
             at = [j for j, b in enumerate(bounds) if b is not None and b[2] == kind and np.isfinite(values[j])]
             if at:
                 low = np.array([bounds[j][0] for j in at])
