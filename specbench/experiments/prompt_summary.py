@@ -43,6 +43,19 @@ def _tokens_and_seconds(runs: list[dict[str, Any]]) -> tuple[int, float]:
     return runs[0]["new_tokens"], _median([r["wall_s"] for r in runs])
 
 
+def _per_question(
+    units: dict[tuple[str, int], tuple[int, float]], keys: Sequence[tuple[str, int]]
+) -> list[tuple[int, float]]:
+    """(tokens, seconds) per question over its turns among ``keys``: a conversation's turns depend on each
+    other (each turn's prompt holds the replies before it, and a method's caches carry over), so an interval
+    resamples whole questions."""
+    questions: dict[str, tuple[int, float]] = {}
+    for key in keys:
+        tokens, seconds = questions.get(key[0], (0, 0.0))
+        questions[key[0]] = (tokens + units[key][0], seconds + units[key][1])
+    return list(questions.values())
+
+
 def summarize_prompt_runs(
     runs: Sequence[dict[str, Any]], methods: Sequence[Method], info: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
@@ -52,8 +65,8 @@ def summarize_prompt_runs(
     Seconds per prompt are the median over repeats; throughput is total tokens / total seconds
     (Spec-Bench's overall speedup), end to end (``tokens_per_s``, ``speedup``) and after the first
     token (``decode_*``). ``speedup_min``/``speedup_max`` are the extremes over repeats;
-    ``speedup_low``/``speedup_high`` the 95 % bootstrap interval of ``speedup`` over the prompts (turns) both
-    methods ran, resampled with their baseline runs (None under 6 prompts).
+    ``speedup_low``/``speedup_high`` the 95 % bootstrap interval of ``speedup`` over the questions both methods
+    ran (each with all its turns), resampled with their baseline runs (None under 6 questions).
     ``position_acceptance[i]``: verifications that accepted draft position i / all verifications
     (vLLM's per-position acceptance rate); ``mean_accepted_tokens``: #MAT.
     """
@@ -104,7 +117,7 @@ def summarize_prompt_runs(
                 spread = [throughput_ratio(bper_repeat[rep], per_repeat[rep]) for rep in repeats if per_repeat[rep]]
                 shared = [key for key in units if key in base_units]
                 interval = (
-                    ratio_interval([base_units[key] for key in shared], [units[key] for key in shared])
+                    ratio_interval(_per_question(base_units, shared), _per_question(units, shared))
                     if m.name != PROMPT_BASELINE
                     else None  # the baseline against itself: 1 exactly
                 )

@@ -162,3 +162,36 @@ def test_per_position_intervals_resample_prompts_not_drafts():
 def wilson_interval_of(successes: int, trials: int) -> tuple[float, float]:
     low, high = paired.wilson_interval(np.array([successes]), np.array([trials]))
     return float(low[0]), float(high[0])
+
+
+def test_bench_interval_resamples_whole_conversations():
+    """Six two-turn questions are six units, not twelve: the interval of a conversation category resamples
+    each question with all its turns (12 independent turns would give a narrower one), and five two-turn
+    questions give none."""
+    methods = [Method("mlx-lm", "mlx-lm"), Method("lookup", "specbench", "lookup")]
+
+    def runs(questions: int, turns: int) -> list[dict]:
+        out = []
+        for q in range(questions):
+            for t in range(turns):
+                factor = 1.2 if q % 2 else 1.6
+                out.append({**_run("mlx-lm", q, 1.0), "turn": t, "question_key": f"q{q}"})
+                out.append({**_run("lookup", q, 1.0 / factor), "turn": t, "question_key": f"q{q}"})
+        return out
+
+    def row(questions: int, turns: int) -> dict:
+        summary = summarize_prompt_runs(runs(questions, turns), methods)
+        return next(r for r in summary if r["method"] == "lookup" and r["category"] == "qa")
+
+    conversations = row(6, 2)
+    assert conversations["prompts"] == 12 and conversations["speedup_low"] is not None
+    six_single_turns = row(6, 1)
+    # the same six questions each answered once: the same units, so the same interval
+    assert (conversations["speedup_low"], conversations["speedup_high"]) == pytest.approx(
+        (six_single_turns["speedup_low"], six_single_turns["speedup_high"])
+    )
+    twelve_questions = row(12, 1)
+    assert twelve_questions["speedup_high"] - twelve_questions["speedup_low"] < (
+        conversations["speedup_high"] - conversations["speedup_low"]
+    )
+    assert row(5, 2)["speedup_low"] is None
