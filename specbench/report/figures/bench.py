@@ -29,7 +29,7 @@ def method_style(method: Method) -> dict[str, Any]:
 
 
 def speedup_whisker(row: dict[str, Any], repeats: int) -> tuple[float, float, str] | None:
-    """One bar's whisker: (low, high, "interval") for the 95 % bootstrap interval over prompts where the
+    """One bar's whisker: (low, high, "interval") for the 95 % bootstrap interval over questions where the
     summary has one, else (low, high, "range") for the extremes over repeats when there were several."""
     if row.get("speedup_low") is not None and row.get("speedup_high") is not None:
         return float(row["speedup_low"]), float(row["speedup_high"]), "interval"
@@ -91,7 +91,7 @@ def prompt_figure(
     ax.set_xticks(x, [g.replace("_", "\n") for g in groups], fontsize=9)
     ax.set_ylabel("speedup over mlx-lm plain decoding (x)")
     ax.annotate(
-        f"whiskers: 95 % bootstrap interval over prompts (from {MIN_UNITS} prompts); grey: range over repeats",
+        f"whiskers: 95 % bootstrap interval over questions (from {MIN_UNITS}); grey: range over repeats",
         (0.0, -0.16),
         xycoords="axes fraction",
         fontsize=7,
