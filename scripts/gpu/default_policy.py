@@ -84,7 +84,15 @@ from specbench.exact import ExactPlan, calibrate, exact_mode
 from specbench.experiments import paired
 from specbench.experiments.paired import MIN_UNITS, bootstrap, holm
 from specbench.experiments.prompts import BUNDLED_CATEGORIES
-from specbench.experiments.run_speed import NEAR, SLOW, speed_state, time_split, verify_ms_by_width
+from specbench.experiments.run_speed import (
+    MIN_STEADY,
+    NEAR,
+    SLOW,
+    mean_speed,
+    speed_state,
+    time_split,
+    verify_ms_by_width,
+)
 from specbench.models import synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,9 +222,20 @@ def seconds_ratio(pairs: list[tuple[float, float]]) -> float:
     return sum(p for p, _ in pairs) / sum(a for _, a in pairs)
 
 
-def run_speeds(row: dict) -> tuple[float | None, float | None]:
-    """(plain, Auto) speeds of a run row (``speed_state``, in seconds); None where a run has none."""
-    return _ms(row.get("plain_state_ms")), _ms(row.get("auto_state_ms"))
+def run_speeds(row: dict, average: str = "state") -> tuple[float | None, float | None]:
+    """(plain, Auto) speeds of a run row in seconds, None where a run has none: ``speed_state``'s (``average``
+    "state") or ``mean_speed``'s ("mean"; in rows written before it was recorded, the mean steady step from
+    ``time_split``, with a drafter's ``observe`` seconds not taken out)."""
+    if average == "state":
+        return _ms(row.get("plain_state_ms")), _ms(row.get("auto_state_ms"))
+
+    def mean(who: str) -> float | None:
+        if f"{who}_mean_ms" in row:
+            return _ms(row[f"{who}_mean_ms"])
+        steady = row.get(f"{who}_steady_n")
+        return _ms(row[f"{who}_steady_ms"] / steady) if steady and steady >= MIN_STEADY else None
+
+    return mean("plain"), mean("auto")
 
 
 def excess_in_steps(row: dict) -> dict[str, float] | None:
@@ -246,21 +265,21 @@ def seconds_pair(row: dict) -> tuple[float, float]:
     return (row["plain_s"], row["auto_s"]) if "plain_s" in row else (row["plain_s_per_token"], row["auto_s_per_token"])
 
 
-def in_plain_steps(rows: list[dict]) -> list[tuple[float, float]]:
-    """(plain, Auto) seconds of each run row over its run's speed (``speed_state``). A run without a speed
+def in_plain_steps(rows: list[dict], average: str = "state") -> list[tuple[float, float]]:
+    """(plain, Auto) seconds of each run row over its run's speed (``run_speeds``). A run without a speed
     (Auto speculating throughout) takes its pair's other run's, so the pair counts its seconds ratio; a row
     in which neither run has one (an output too short for a speed, the same in both) is left out."""
     steps = []
     for row in rows:
-        (plain, auto), (plain_speed, auto_speed) = seconds_pair(row), run_speeds(row)
+        (plain, auto), (plain_speed, auto_speed) = seconds_pair(row), run_speeds(row, average)
         if plain_speed or auto_speed:
             steps.append((plain / (plain_speed or auto_speed), auto / (auto_speed or plain_speed)))
     return steps
 
 
-def at_one_speed(rows: list[dict]) -> int:
+def at_one_speed(rows: list[dict], average: str = "state") -> int:
     """How many of ``in_plain_steps``'s pairs count their seconds ratio: one run with a speed, the other none."""
-    return sum(1 for row in rows if sum(bool(speed) for speed in run_speeds(row)) == 1)
+    return sum(1 for row in rows if sum(bool(speed) for speed in run_speeds(row, average)) == 1)
 
 
 @contextlib.contextmanager
@@ -388,7 +407,8 @@ def plain_run(model: Any, prompt: list[int], tokens: int, detail: bool = False) 
     if not detail:
         return spt
     records = gen.log.records
-    return {"spt": spt, "state": speed_state(records), "split": time_split(records, spt * (len(gen.tokens) - 1))}
+    split = time_split(records, spt * (len(gen.tokens) - 1))
+    return {"spt": spt, "state": speed_state(records), "mean": mean_speed(records), "split": split}
 
 
 def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: OracleDrafter, profile: Any) -> dict:
@@ -412,6 +432,7 @@ def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: Ora
     return {
         "spt": spt,
         "state": speed_state(gen.log.records, stats["observe_s"]),
+        "mean": mean_speed(gen.log.records, stats["observe_s"]),
         "split": time_split(gen.log.records, spt * (len(gen.tokens) - 1)),
         "verify_ms": verify_ms_by_width(gen.log.records),
         "plain_step_ms": 1e3 * statistics.median(plain_steps) if plain_steps else None,
@@ -440,6 +461,7 @@ def step_summary(gen: Any) -> dict:
         "plain_ms": 1e3 * sum(r["draft_s"] + r["verify_s"] for r in plain),
         "plain_steps": len(plain),
         "state_ms": 1e3 * (speed_state(log, gen.stats()["observe_s"]) or float("nan")),
+        "mean_ms": 1e3 * (mean_speed(log, gen.stats()["observe_s"]) or float("nan")),
         "verify_ms": verify_ms_by_width(log),
     }
 
@@ -520,6 +542,8 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool,
                     "vs_plain": base / r["spt"],
                     "plain_state_ms": 1e3 * base_state if base_state else None,
                     "auto_state_ms": 1e3 * r["state"] if r["state"] else None,
+                    "plain_mean_ms": 1e3 * plain["mean"] if plain["mean"] else None,
+                    "auto_mean_ms": 1e3 * r["mean"] if r["mean"] else None,
                     "plain_spread": spread([previous, base]) if previous else 0.0,
                     "equal_plain": r["tokens"] == truth if mode == "exact" else None,
                     "method": "plain" if mode == "plain" else "auto",
@@ -637,6 +661,8 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
                         "plain_steps_ms": done["plain"][2]["plain_ms"],
                         "plain_state_ms": done["plain"][2]["state_ms"],
                         "auto_state_ms": done[method][2]["state_ms"],
+                        "plain_mean_ms": done["plain"][2]["mean_ms"],
+                        "auto_mean_ms": done[method][2]["mean_ms"],
                         **{f"plain_{k}": v for k, v in done["plain"][3].items()},
                         **{f"auto_{k}": v for k, v in done[method][3].items()},
                     }
@@ -657,6 +683,8 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
 
                 states = {key: speed_state(steps[key], row["observe_s"]) for key, row in rows.items()}
                 state = {key: 1e3 * found if found else float("nan") for key, found in states.items()}
+                means = {key: mean_speed(steps[key], row["observe_s"]) for key, row in rows.items()}
+                mean = {key: 1e3 * found if found else float("nan") for key, found in means.items()}
                 split = {key: time_split(steps[key], row["decode_s"]) for key, row in rows.items()}
 
                 for turn, method in sorted(key for key in rows if key[1] in methods[1:3]):
@@ -678,6 +706,8 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
                             "verify_ms": verify_ms_by_width(steps[turn, method]),
                             "plain_state_ms": state[turn, "plain"],
                             "auto_state_ms": state[turn, method],
+                            "plain_mean_ms": mean[turn, "plain"],
+                            "auto_mean_ms": mean[turn, method],
                             **{f"plain_{k}": v for k, v in split[turn, "plain"].items()},
                             **{f"auto_{k}": v for k, v in split[turn, method].items()},
                         }
@@ -724,6 +754,11 @@ def summarize(out: dict) -> None:
             in_steps, (steps_low, steps_high, steps_p) = seconds_ratio(steps), interval_and_p(steps, seconds_ratio)
         else:
             in_steps, steps_low, steps_high, steps_p = None, 0.0, float("inf"), 1.0
+        in_means = in_plain_steps(rows, "mean")
+        if len(in_means) >= MIN_PAIRS:
+            in_mean, (mean_low, mean_high, _) = seconds_ratio(in_means), interval_and_p(in_means, seconds_ratio)
+        else:
+            in_mean, mean_low, mean_high = None, 0.0, float("inf")
         equal = [r["equal_plain"] for r in rows if r["equal_plain"] is not None]
         row = {
             "model": model,
@@ -743,6 +778,9 @@ def summarize(out: dict) -> None:
             "steps_high": steps_high,
             "steps_pairs": len(steps),
             "steps_in_seconds": at_one_speed(rows),
+            "in_mean_steps": in_mean,
+            "mean_steps_low": mean_low,
+            "mean_steps_high": mean_high,
             "p_loses": p,
             "steps_p_loses": steps_p,
             "equal_plain": all(equal) if equal else None,
@@ -825,12 +863,16 @@ def pooled(out: dict) -> list[dict]:
                 rows += pooled_row(model, what, [r["vs_plain"] for r in group], statistics.mean, float)
             for what, group in (("A/A, in plain steps", a_a), ("Auto fell back, in plain steps", fell_back)):
                 rows += pooled_row(model, what, [p / a for p, a in in_plain_steps(group)], statistics.mean, float)
+            for what, group in (("A/A, in mean steps", a_a), ("Auto fell back, in mean steps", fell_back)):
+                pairs = in_plain_steps(group, "mean")
+                rows += pooled_row(model, what, [p / a for p, a in pairs], statistics.mean, float)
             continue
         for method in dict.fromkeys(r["method"] for r in runs):
             mine = [r for r in runs if r["method"] == method and r["auto_s"] > 0]
             for what, pairs in (
                 (f"{method}, every prompt and trace", [seconds_pair(r) for r in mine]),
                 (f"{method}, in plain steps", in_plain_steps(mine)),
+                (f"{method}, in mean steps", in_plain_steps(mine, "mean")),
             ):
                 rows += pooled_row(model, what, pairs, seconds_ratio, lambda pair: pair[0] / pair[1])
     return rows
@@ -872,8 +914,9 @@ def merged(saved: list[dict]) -> dict:
 def report(out: dict, budget: Budget) -> None:
     say(
         "\n== Auto / specbench plain per cell: seconds ratio over every (plain, Auto) pair [95 % bootstrap interval]; "
-        "the same in plain steps (each run's seconds over its own speed, see speed_state) [interval]; verdict "
-        "against 0.97 on seconds (and on plain steps)"
+        "the same in plain steps (each run's seconds over its own speed, see speed_state) [interval]; in mean "
+        "steps (over its mean steady step, see mean_speed: not a criterion) [interval]; verdict against 0.97 on "
+        "seconds (and on plain steps)"
     )
     say(f"   (timed runs {out.get('affinity', {}).get('chosen', 'free')}; an A/A row is plain against plain)")
     for row in out["grid"] + out["embedded"]:
@@ -891,6 +934,12 @@ def report(out: dict, budget: Budget) -> None:
                 + (f" ({row['steps_in_seconds']} in seconds)" if row.get("steps_in_seconds") else "")
                 if row["in_steps"] is not None
                 else " in plain steps -"
+            )
+            + (
+                f"; in mean steps {row['in_mean_steps']:.3f}x "
+                f"[{row['mean_steps_low']:.3f}-{row['mean_steps_high']:.3f}]"
+                if row.get("in_mean_steps") is not None
+                else ""
             )
             + f" ({row['pairs']} pairs) {row['verdict']:12s}"
             + (f" (in plain steps: {row['verdict_in_steps']})" if row["verdict_in_steps"] else "")

@@ -7,7 +7,7 @@ import statistics
 import pytest
 from conftest import auto_run_log, log_seconds, plain_run_log, step_record
 
-from specbench.experiments.run_speed import MIN_STEADY, speed_state, time_split, verify_ms_by_width
+from specbench.experiments.run_speed import MIN_STEADY, mean_speed, speed_state, time_split, verify_ms_by_width
 
 
 def test_speed_is_the_median_steady_plain_step():
@@ -79,3 +79,22 @@ def test_a_real_generations_log_gives_a_speed_and_a_split_that_adds_up():
     assert [int(part.split(":")[0]) for part in verify_ms_by_width(spec.log.records).split()] == sorted(widths)
     split = time_split(spec.log.records, 1.0)
     assert split["spec_tokens"] + split["steady_n"] + split["starts_n"] == len(emitted) - 1
+
+
+def test_the_mean_steady_step_counts_a_burst_of_slow_steps_as_steps():
+    """Two plain runs of the same tokens, one with a burst of 10 steps at 3x and its steps in two modes: in
+    mean steps both count the same work; in median steps the burst and the modes move the count. Auto's
+    verifications stay charged in mean steps too."""
+    calm = plain_run_log(0.01, n=60)
+    bursty = plain_run_log(0.01, n=60)
+    for r in bursty[20:30]:
+        r["verify_s"] = 0.03
+    for r in bursty[31::2]:
+        r["verify_s"] = 0.012  # every other steady step in a slower mode
+    in_mean = [log_seconds(run[1:]) / mean_speed(run) for run in (calm, bursty)]
+    in_median = [log_seconds(run[1:]) / speed_state(run) for run in (calm, bursty)]
+    assert in_mean[1] == pytest.approx(in_mean[0], rel=0.02)
+    assert in_median[1] > 1.2 * in_median[0]
+    auto = auto_run_log(0.01, n=60)
+    assert log_seconds(auto[1:]) / mean_speed(auto) > log_seconds(calm[1:]) / mean_speed(calm) + 2.5
+    assert mean_speed(plain_run_log(0.01, n=MIN_STEADY - 1)) is None

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import auto_run_log, log_seconds, plain_run_log
 
-from specbench.experiments.run_speed import speed_state, time_split
+from specbench.experiments.run_speed import MIN_STEADY, speed_state, time_split
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,3 +161,19 @@ def test_calls_summarized_together_keep_their_repeats_apart(bench):
     out = bench.merged([call([1.0, 0.9]), call([1.1, 1.2, 0.8])])
     assert [r["repeat"] for r in out["runs"]] == [0, 1, 2, 3, 4]
     assert [r["vs_plain"] for r in out["runs"]] == [1.0, 0.9, 1.1, 1.2, 0.8]
+
+
+def test_mean_steps_read_recorded_speeds_and_old_rows(bench):
+    """The estimate in mean steps takes each run's recorded mean speed; rows written before it was recorded
+    give the mean steady step of their split (too few steady steps: no speed)."""
+    recorded = {"plain_s": 1.0, "auto_s": 1.1, "plain_mean_ms": 10.0, "auto_mean_ms": 11.0}
+    old = {"plain_s": 1.0, "auto_s": 1.0, "plain_steady_ms": 400.0, "plain_steady_n": 40, "auto_steady_ms": 500.0}
+    old["auto_steady_n"] = 40
+    short = {**old, "auto_steady_n": MIN_STEADY - 1}
+    assert bench.run_speeds(recorded, "mean") == pytest.approx((0.010, 0.011))
+    assert bench.run_speeds(old, "mean") == pytest.approx((0.010, 0.0125))
+    assert bench.run_speeds(short, "mean")[1] is None
+    (first, second, third) = bench.in_plain_steps([recorded, old, short], "mean")
+    assert first == pytest.approx((100.0, 100.0)) and second == pytest.approx((100.0, 80.0))
+    assert third == pytest.approx((100.0, 100.0))  # one speed for both: the seconds ratio
+    assert bench.at_one_speed([recorded, old, short], "mean") == 1

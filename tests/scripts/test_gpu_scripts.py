@@ -71,6 +71,9 @@ def test_default_policy_script(tmp_path):
     summary = json.loads((tmp_path / "default_policy.json").read_text())
     cells = summary["grid"] + summary["embedded"]
     assert {"in_steps", "steps_low", "steps_high", "verdict", "verdict_in_steps"} <= set(cells[0])
+    assert {"in_mean_steps", "mean_steps_low", "mean_steps_high"} <= set(cells[0]) and "A/A, in mean steps" in out
+    # every run records both speeds, shapes and the embedded model alike
+    assert all({"plain_mean_ms", "auto_mean_ms"} <= set(r) for r in summary["runs"])
     assert any(r["what"] == "plain a/a" for r in summary["grid"])
     stages = next(iter(summary["setup"].values()))  # where a shape's set-up went, stage by stage
     assert list(stages)[:3] == ["build", "calibration", "profiles"] and all(s >= 0 for s in stages.values())
