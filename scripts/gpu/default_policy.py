@@ -450,6 +450,7 @@ def step_summary(gen: Any) -> dict:
     """What one generation did, from its log: verifications, accepted drafts, paused tokens, and the seconds
     of its prefill, speculative steps (drafting, verifying, bookkeeping) and plain steps."""
     log = list(gen.log)
+    observe_s = gen.stats()["observe_s"]
     verifies = [r for r in log if r["kind"] == "verify"]
     plain = [r for r in log if r["kind"] == "plain"]
     return {
@@ -460,8 +461,8 @@ def step_summary(gen: Any) -> dict:
         "speculative_ms": 1e3 * sum(r["draft_s"] + r["verify_s"] + r["other_s"] for r in verifies),
         "plain_ms": 1e3 * sum(r["draft_s"] + r["verify_s"] for r in plain),
         "plain_steps": len(plain),
-        "state_ms": 1e3 * (speed_state(log, gen.stats()["observe_s"]) or float("nan")),
-        "mean_ms": 1e3 * (mean_speed(log, gen.stats()["observe_s"]) or float("nan")),
+        "state_ms": speed_in_ms(speed_state(log, observe_s)),
+        "mean_ms": speed_in_ms(mean_speed(log, observe_s)),
         "verify_ms": verify_ms_by_width(log),
     }
 
@@ -681,10 +682,8 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
                 for record in bench.steps.records:
                     steps.setdefault((record["turn"], record["method"]), []).append(record)
 
-                states = {key: speed_state(steps[key], row["observe_s"]) for key, row in rows.items()}
-                state = {key: 1e3 * found if found else float("nan") for key, found in states.items()}
-                means = {key: mean_speed(steps[key], row["observe_s"]) for key, row in rows.items()}
-                mean = {key: 1e3 * found if found else float("nan") for key, found in means.items()}
+                state = {key: speed_in_ms(speed_state(steps[key], row["observe_s"])) for key, row in rows.items()}
+                mean = {key: speed_in_ms(mean_speed(steps[key], row["observe_s"])) for key, row in rows.items()}
                 split = {key: time_split(steps[key], row["decode_s"]) for key, row in rows.items()}
 
                 for turn, method in sorted(key for key in rows if key[1] in methods[1:3]):
@@ -813,6 +812,11 @@ def judge(rows: list[dict]) -> None:
             if r["in_steps"] is None
             else verdict(r["in_steps"], r["steps_low"], r["steps_high"], r["steps_p_loses_holm"])
         )
+
+
+def speed_in_ms(seconds: float | None) -> float:
+    """A run's speed as a row keeps it: milliseconds, NaN where the run has none (``_ms`` reads it back)."""
+    return 1e3 * seconds if seconds else float("nan")
 
 
 def _ms(value: Any) -> float | None:

@@ -94,11 +94,6 @@ def overall_by_method(summary: pl.DataFrame, independent: bool = True) -> pl.Dat
     over the same traces. With ``independent`` traces (each replayed with fresh drafters) and at least
     ``MIN_UNITS`` of them, ``speedup_low``/``speedup_high`` give its 95 % bootstrap interval over traces (each
     resampled with its plain run); a trace's turns depend on each other, so turns are never resampled apart."""
-    for name in ("verifies", "accepted"):
-        if name not in summary.columns:
-            summary = summary.with_columns(pl.lit(0).alias(name))
-    if "identical" not in summary.columns:
-        summary = summary.with_columns(pl.lit(True).alias("identical"))
     plain = summary.filter(pl.col("method") == PLAIN).select("trace", "decode_tokens", "decode_s")
     paired = summary.join(plain, on="trace", suffix="_plain")
     frame = paired.group_by("method", maintain_order=True).agg(

@@ -623,9 +623,10 @@ def test_overall_speedup_over_traces_with_its_interval():
     def summary(traces: int) -> pl.DataFrame:
         rows = []
         for i in range(traces):
-            rows.append({"trace": f"t{i}", "method": "plain", "decode_tokens": 100, "decode_s": 1.0})
+            plain = {"trace": f"t{i}", "method": "plain", "decode_tokens": 100, "decode_s": 1.0, "identical": True}
+            rows.append({**plain, "verifies": 0, "accepted": 0})
             rows.append(
-                {"trace": f"t{i}", "method": "suffix", "decode_tokens": 100, "decode_s": 1 / (1.2 + 0.4 * (i % 2))}
+                {**plain, "method": "suffix", "decode_s": 1 / (1.2 + 0.4 * (i % 2)), "verifies": 40, "accepted": 60}
             )
         return pl.DataFrame(rows)
 
@@ -633,6 +634,7 @@ def test_overall_speedup_over_traces_with_its_interval():
     assert overall["plain"]["speedup"] == pytest.approx(1.0) and overall["plain"]["speedup_low"] is None
     suffix = overall["suffix"]
     assert suffix["traces"] == 8 and suffix["decode_tokens"] == 800
+    assert suffix["tokens_per_verify"] == pytest.approx((8 * 60 + 8 * 40) / (8 * 40)) and suffix["identical"]
     assert suffix["speedup"] == pytest.approx(800 / (4 / 1.2 + 4 / 1.6) / 100)
     assert 1.2 < suffix["speedup_low"] < suffix["speedup"] < suffix["speedup_high"] < 1.6
     assert overall_by_method(summary(8), independent=False)["speedup_low"].null_count() == 2
