@@ -24,7 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generation_stream, wired_limit
 
-from specbench.core.accept import accept_greedy, accept_sampled
+from specbench.core.accept import accept_greedy
 from specbench.core.batch_hybrid import RowRollback, batch_layer, check_batchable
 from specbench.core.batch_request import BatchRequest
 from specbench.core.draft import Drafter
@@ -416,7 +416,7 @@ class BatchGeneration:
                 continue
             masked = request.target._mask_eos(logits[i, : len(row)], position)
             p = request.options.sampling.probs(masked)
-            accepted, tokens, probs = accept_sampled(p, draft, plan[2].probs)
+            accepted, tokens, probs = request.options.rule.path(p, draft, plan[2].probs)
             outcomes.append((tokens, accepted, probs))
         return outcomes
 

@@ -82,6 +82,8 @@ class Generation:
                 f"policy must be a DraftPolicy (DraftPolicy.fixed(4), .adaptive(8), .auto(); text through "
                 f"DraftPolicy.parse), got {policy!r}"
             )
+        if getattr(drafter, "tree", False) is True and options.temperature > 0:
+            options.rule.check_tree()
         self.drafter = drafter
         self.policy = (policy or DraftPolicy.auto()) if drafter is not None else None
         self.needs_hidden = bool(drafter is not None and drafter.needs_hidden)

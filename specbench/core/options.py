@@ -9,6 +9,7 @@ from numbers import Integral, Real
 from typing import Literal, get_args
 
 from specbench.core.accept import SamplingSettings
+from specbench.core.rules import TYPICAL_DELTA, TYPICAL_EPSILON, Acceptance, AcceptanceRule, check_rule
 
 #: "exact": every verified row computed as serial decoding computes it; "fast": one batched forward.
 VerifyMode = Literal["exact", "fast"]
@@ -30,6 +31,9 @@ class GenerateOptions:
     default for greedy decoding), "fast" runs one batched forward (the default when sampling).
     ``count_experts``: record the distinct experts each MoE layer touches per step (in the log
     record's ``extra["experts"]``); off by default, and free when off.
+    ``acceptance``: the rule that accepts draft tokens when sampling (``specbench.core.rules``):
+    "token" (min(1, p/q), the default), "exact-match", "block" (paths only) or "typical" (lossy;
+    ``typical_epsilon`` and ``typical_delta`` are its thresholds). At temperature 0 every rule is greedy.
     """
 
     max_tokens: int = 256
@@ -46,6 +50,9 @@ class GenerateOptions:
     verify: VerifyMode | None = None
     prefill_step_size: int = 2048
     count_experts: bool = False
+    acceptance: AcceptanceRule = "token"
+    typical_epsilon: float = TYPICAL_EPSILON
+    typical_delta: float = TYPICAL_DELTA
 
     def check(self) -> None:
         """Raise one clear ValueError (a bad value) or TypeError (a bad type) for the first invalid option."""
@@ -64,6 +71,14 @@ class GenerateOptions:
             _integer("seed", self.seed, 0, "or None", maximum=2**64 - 1)
         if self.verify is not None:
             check_verify_mode(self.verify)
+        check_rule(self.acceptance)
+        for name in ("typical_epsilon", "typical_delta"):
+            value = getattr(self, name)
+            if not 0 < _real(name, value, "a number in (0, 1]") <= 1:
+                raise ValueError(
+                    f"{name} must be in (0, 1] (Medusa's defaults: epsilon {TYPICAL_EPSILON}, "
+                    f"delta {TYPICAL_DELTA}), got {value!r}"
+                )
         _flag("ignore_eos", self.ignore_eos)
         _flag("count_experts", self.count_experts)
         _token_ids("stop_token_ids", self.stop_token_ids)
@@ -73,6 +88,11 @@ class GenerateOptions:
     @property
     def sampling(self) -> SamplingSettings:
         return SamplingSettings(self.temperature, self.top_p, self.min_p, self.top_k)
+
+    @property
+    def rule(self) -> Acceptance:
+        """The acceptance rule with its parameters."""
+        return Acceptance(self.acceptance, self.typical_epsilon, self.typical_delta)
 
     @property
     def verify_mode(self) -> VerifyMode:

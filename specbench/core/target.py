@@ -18,7 +18,7 @@ import mlx.nn as nn
 from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from specbench.core.accept import accept_greedy, accept_sampled, accept_tree_greedy, accept_tree_sampled
+from specbench.core.accept import accept_greedy, accept_tree_greedy
 from specbench.core.experts import ExpertCounter
 from specbench.core.forward import context_length, forward, greedy, vocab_size
 from specbench.core.options import GenerateOptions
@@ -243,7 +243,9 @@ class ModelTarget:
             accepted, tokens = accept_greedy(draft_tokens, self.verifier.greedy(logits))
             probs: list[float] = []
         else:
-            accepted, tokens, probs = accept_sampled(self.options.sampling.probs(logits), draft_tokens, draft_probs)
+            accepted, tokens, probs = self.options.rule.path(
+                self.options.sampling.probs(logits), draft_tokens, draft_probs
+            )
         rejected = len(draft_tokens) - accepted
         if queued is not None and accepted == 0:  # the caches are rolled back already, the next step on its way
             self._ahead = (queued[1], position + 1)
@@ -296,7 +298,7 @@ class ModelTarget:
             path, emitted = accept_tree_greedy(tokens, parents, self.verifier.greedy(logits))
             ratios: list[float] = []
         else:
-            path, emitted, ratios = accept_tree_sampled(self.options.sampling.probs(logits), tokens, parents, probs)
+            path, emitted, ratios = self.options.rule.tree(self.options.sampling.probs(logits), tokens, parents, probs)
         keep = [0] + [node + 1 for node in path]
         self.rollback.compact(width, keep)
         if width > len(keep):

@@ -11,6 +11,7 @@ from conftest import build_tiny
 from scipy.stats import chisquare
 
 from specbench import Draft, Drafter, DraftPolicy, GenerateOptions, generate, speculative_generate
+from specbench.core import rules
 from specbench.core.accept import accept_sampled
 
 VOCAB = 5
@@ -69,11 +70,13 @@ class GuessingDrafter(Drafter):
         return Draft(tokens, mx.broadcast_to(self.q, (k, VOCAB)))
 
 
-def sample_counts(model, settings, drafter=None) -> dict[tuple[int, ...], int]:
+def sample_counts(model, settings, drafter=None, acceptance="token") -> dict[tuple[int, ...], int]:
     temperature, top_p, top_k = settings
     counts: dict[tuple[int, ...], int] = {}
     for seed in range(RUNS):
-        opts = GenerateOptions(max_tokens=TOKENS, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        opts = GenerateOptions(
+            max_tokens=TOKENS, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, acceptance=acceptance
+        )
         if drafter is None:
             gen = generate(model, PROMPT, opts)
         else:
@@ -115,6 +118,26 @@ def test_speculative_sampling_is_lossless(small_vocab_model, settings, with_prob
     dist = exact_sequence_distribution(small_vocab_model, settings)
     spec = sample_counts(small_vocab_model, settings, GuessingDrafter(with_probs))
     assert goodness_of_fit(spec, dist) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "acceptance, settings, with_probs",
+    [("block", (1.0, 1.0, 0), True), ("block", (0.7, 1.0, 0), False), ("exact-match", (1.0, 1.0, 0), False)],
+    ids=["block-q", "block-deterministic-temp0.7", "exact-match"],
+)
+def test_each_lossless_rule_passes_the_chi_square_test(small_vocab_model, acceptance, settings, with_probs):
+    dist = exact_sequence_distribution(small_vocab_model, settings)
+    spec = sample_counts(small_vocab_model, settings, GuessingDrafter(with_probs), acceptance)
+    assert goodness_of_fit(spec, dist) > 1e-3
+
+
+def test_a_deliberately_broken_block_rule_fails_the_chi_square_test(small_vocab_model, monkeypatch):
+    """Block verification that samples the token after a partly accepted draft from p, not from its residual."""
+    monkeypatch.setattr(rules, "block_residual", lambda p_row, q_row, weight: p_row / p_row.sum())
+    settings = (1.0, 1.0, 0)
+    dist = exact_sequence_distribution(small_vocab_model, settings)
+    spec = sample_counts(small_vocab_model, settings, GuessingDrafter(False), "block")
+    assert goodness_of_fit(spec, dist) < 1e-6
 
 
 def test_plain_sampling_matches_reference(small_vocab_model):

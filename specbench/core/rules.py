@@ -1,0 +1,229 @@
+"""Acceptance rules when sampling (temperature > 0), one name each, chosen by ``GenerateOptions.acceptance``.
+
+- ``"token"`` (the default): token-wise min(1, p/q) with residual resampling (Leviathan et al.; Chen
+  et al.; SpecInfer's recursive form for trees), ``specbench.core.accept``. Lossless.
+- ``"exact-match"`` (mlx-lm's): the target samples its own token at every position; a draft token is
+  accepted iff it equals that sample. Lossless for any drafter; q is not used.
+- ``"block"``: block verification (Sun et al., "Block Verification Accelerates Speculative Decoding"):
+  the whole drafted prefix is accepted jointly, with the paper's residual. Lossless; never accepts fewer
+  tokens than ``"token"`` in expectation. Paths only.
+- ``"typical"``: Medusa's typical acceptance: a draft token x is accepted iff
+  p(x) > min(epsilon, delta * exp(-H(p))). **Lossy**: the output distribution shifts.
+
+Every rule's greedy limit (temperature 0) is the greedy rule. Each returns, besides what it accepted and
+emitted, one acceptance probability per draft position (the log's ``accept_probs``): min(1, p/q) for
+``"token"``, p(x) for ``"exact-match"``, the prefix weight p_i for ``"block"`` (the probability that the
+first i tokens are accepted given them, averaged over the draft tokens after them), and 1 or 0 (above the
+threshold or not) for ``"typical"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import mlx.core as mx
+import numpy as np
+
+from specbench.core.accept import accept_greedy, accept_sampled, accept_tree_greedy, accept_tree_sampled
+from specbench.core.tree import children, is_path
+
+AcceptanceRule = Literal["token", "exact-match", "block", "typical"]
+ACCEPTANCE_RULES: tuple[AcceptanceRule, ...] = get_args(AcceptanceRule)
+#: Rules whose tokens are distributed exactly as plain sampling's.
+LOSSLESS_RULES: tuple[AcceptanceRule, ...] = ("token", "exact-match", "block")
+#: Medusa's defaults: the posterior threshold epsilon and delta (Medusa's posterior_alpha, sqrt(epsilon)).
+TYPICAL_EPSILON = 0.09
+TYPICAL_DELTA = 0.3
+
+
+def check_rule(name: object) -> AcceptanceRule:
+    """``name`` if it names an acceptance rule, else one clear ValueError."""
+    if not isinstance(name, str) or name not in ACCEPTANCE_RULES:
+        raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)} ('typical' is lossy), got {name!r}")
+    return name  # type: ignore[return-value]
+
+
+def rule_label(name: str) -> str:
+    """The rule's name as tables and figures show it: a lossy rule says so."""
+    return name if name in LOSSLESS_RULES else f"{name} (lossy)"
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """An acceptance rule with its parameters (``epsilon``, ``delta``: the typical rule's thresholds)."""
+
+    name: AcceptanceRule = "token"
+    epsilon: float = TYPICAL_EPSILON
+    delta: float = TYPICAL_DELTA
+
+    @property
+    def lossless(self) -> bool:
+        return self.name in LOSSLESS_RULES
+
+    @property
+    def label(self) -> str:
+        return rule_label(self.name)
+
+    def check_tree(self) -> None:
+        """One clear error where the rule has no tree form."""
+        if self.name == "block":
+            raise ValueError(
+                "acceptance 'block' verifies path drafts only: use a path drafter (e.g. SuffixDecoding() "
+                "without tree=True) or acceptance 'token', whose recursive rule verifies trees"
+            )
+
+    def path(self, p: mx.array, draft: list[int], q: mx.array | None) -> tuple[int, list[int], list[float]]:
+        """Sampled acceptance of a path draft: (accepted count, emitted tokens, acceptance probabilities).
+        ``p``: target distributions [k + 1, vocab]; ``q``: the drafter's [k, vocab] or None (one-hot)."""
+        if self.name == "token":
+            return accept_sampled(p, draft, q)
+        if self.name == "exact-match":
+            return accept_exact_match(p, draft)
+        if self.name == "block":
+            return accept_block(p, draft, q)
+        return accept_typical(p, draft, self.epsilon, self.delta)
+
+    def tree(
+        self, p: mx.array, tokens: list[int], parents: list[int], q: mx.array | None
+    ) -> tuple[list[int], list[int], list[float]]:
+        """Sampled acceptance of a token tree: (accepted nodes root to leaf, emitted tokens, probabilities)."""
+        if self.name == "token":
+            return accept_tree_sampled(p, tokens, parents, q)
+        if self.name == "block" and is_path(parents):
+            n, emitted, probs = accept_block(p, tokens, q)
+            return list(range(n)), emitted, probs
+        self.check_tree()
+        if self.name == "exact-match":
+            targets = mx.random.categorical(mx.log(p))
+            path, emitted = accept_tree_greedy(tokens, parents, targets.tolist())
+            drafted = p[mx.array([parent + 1 for parent in parents]), mx.array(tokens)]
+            return path, emitted, [float(x) for x in drafted.tolist()]
+        return accept_tree_typical(p, tokens, parents, self.epsilon, self.delta)
+
+
+def accept_exact_match(p: mx.array, draft: list[int]) -> tuple[int, list[int], list[float]]:
+    """mlx-lm's rule: sample the target's token y_i from p_i at every position; accept draft token i
+    iff it equals y_i (while all before it were accepted); emit y at the first mismatch, or the bonus
+    y_k. Acceptance probability at a reached position: p_i(d_i)."""
+    k = len(draft)
+    samples = mx.random.categorical(mx.log(p))
+    drafted = mx.take_along_axis(p[:k], mx.array(draft, dtype=mx.int32)[:, None], axis=-1)[:, 0]
+    mx.eval(samples, drafted)
+    n, emitted = accept_greedy(draft, samples.tolist())
+    return n, emitted, [float(x) for x in drafted.tolist()]
+
+
+def block_weights(p: np.ndarray, q: np.ndarray, draft: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Block verification's quantities for one draft (Sun et al., Algorithm 2), in float64.
+
+    ``p``: target distributions [k + 1, vocab]; ``q``: the drafter's [k, vocab] (one-hot rows for a
+    deterministic drafter). Returns (w, h, residual_mass): w[i] = min(1, w[i-1] p(d_i) / q(d_i)) with
+    w[0] = 1 (the prefix weights, i = 0..k); residual_mass[i] = sum_x max(w[i] p_i(x) - q_i(x), 0)
+    (i = 0..k-1); h[i] (i = 1..k) the probability with which the prefix of i tokens is accepted when
+    tried: residual_mass[i] / (residual_mass[i] + 1 - w[i]) for i < k (1 where w[i] = 1), h[k] = w[k].
+    h[0] is 1 (the empty prefix is always accepted)."""
+    k = len(draft)
+    rows = np.arange(k)
+    ratio = p[rows, draft] / np.maximum(q[rows, draft], 1e-300)
+    w = np.ones(k + 1)
+    for i in range(k):
+        w[i + 1] = min(1.0, w[i] * ratio[i])
+    residual_mass = np.maximum(w[:k, None] * p[:k] - q, 0.0).sum(axis=1)
+    h = np.ones(k + 1)
+    for i in range(1, k):
+        h[i] = 1.0 if w[i] >= 1.0 else residual_mass[i] / (residual_mass[i] + 1.0 - w[i])
+    if k:
+        h[k] = w[k]
+    return w, h, residual_mass
+
+
+def block_residual(p_row: np.ndarray, q_row: np.ndarray, weight: float) -> np.ndarray:
+    """The distribution of the token after a prefix accepted with weight w that the next draft token did
+    not extend: normalize(max(w p - q, 0)); p itself where that is all zeros (then it is never used)."""
+    residual = np.maximum(weight * p_row - q_row, 0.0)
+    total = residual.sum()
+    return residual / total if total > 0 else p_row / p_row.sum()
+
+
+def draft_rows(q: mx.array | None, draft: list[int], vocab: int) -> np.ndarray:
+    """The drafter's distributions [k, vocab] in float64; one-hot at the draft for a deterministic drafter."""
+    if q is not None:
+        return np.array(q.astype(mx.float32), dtype=np.float64)
+    rows = np.zeros((len(draft), vocab))
+    rows[np.arange(len(draft)), draft] = 1.0
+    return rows
+
+
+def accept_block(p: mx.array, draft: list[int], q: mx.array | None) -> tuple[int, list[int], list[float]]:
+    """Block verification (Sun et al., Algorithm 2): with eta_i uniform, accept the longest prefix
+    tau = max{i : eta_i <= h_i} (0 if none), then sample the next token from p_k when tau = k, else from
+    normalize(max(w_tau p_tau - q_tau, 0)). The output is distributed as plain sampling's, and the
+    probability that the first i tokens are accepted, given them, is w_i >= the token-wise rule's
+    prod_j min(1, p_j/q_j). Returns (tau, emitted tokens, the prefix weights w_1..w_k)."""
+    k = len(draft)
+    draws = mx.random.uniform(shape=(k + 1,))
+    mx.eval(p, draws)
+    p_rows = np.array(p.astype(mx.float32), dtype=np.float64)
+    q_rows = draft_rows(q, draft, p_rows.shape[-1])
+    w, h, _ = block_weights(p_rows, q_rows, draft)
+    uniform = np.array(draws, dtype=np.float64)
+    tau = max((i for i in range(1, k + 1) if uniform[i - 1] <= h[i]), default=0)
+    if tau == k:
+        row = p_rows[k] / p_rows[k].sum()
+    else:
+        row = block_residual(p_rows[tau], q_rows[tau], w[tau])
+    return tau, list(draft[:tau]) + [_inverse_cdf(row, float(uniform[k]))], [float(x) for x in w[1:]]
+
+
+def _inverse_cdf(row: np.ndarray, u: float) -> int:
+    cdf = np.cumsum(row)
+    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(cdf) - 1)
+
+
+def typical_thresholds(p: mx.array, epsilon: float, delta: float) -> mx.array:
+    """Medusa's posterior threshold of each row of ``p``: min(epsilon, delta * exp(-H(p)))."""
+    entropy = -mx.sum(mx.where(p > 0, p * mx.log(mx.maximum(p, 1e-30)), 0.0), axis=-1)
+    return mx.minimum(epsilon, delta * mx.exp(-entropy))
+
+
+def accept_typical(
+    p: mx.array, draft: list[int], epsilon: float = TYPICAL_EPSILON, delta: float = TYPICAL_DELTA
+) -> tuple[int, list[int], list[float]]:
+    """Medusa's typical acceptance (lossy): accept the longest prefix whose tokens each have
+    p_i(d_i) > min(epsilon, delta * exp(-H(p_i))); the next token is sampled from p at the first
+    token below its threshold (or the bonus row). Returns (accepted, emitted, 1/0 per position)."""
+    k = len(draft)
+    drafted = mx.take_along_axis(p[:k], mx.array(draft, dtype=mx.int32)[:, None], axis=-1)[:, 0]
+    passes = drafted > typical_thresholds(p[:k], epsilon, delta)
+    samples = mx.random.categorical(mx.log(p))
+    mx.eval(passes, samples)
+    passed = passes.tolist()
+    n = 0
+    while n < k and passed[n]:
+        n += 1
+    return n, list(draft[:n]) + [int(samples[n].item())], [1.0 if x else 0.0 for x in passed]
+
+
+def accept_tree_typical(
+    p: mx.array, tokens: list[int], parents: list[int], epsilon: float = TYPICAL_EPSILON, delta: float = TYPICAL_DELTA
+) -> tuple[list[int], list[int], list[float]]:
+    """Typical acceptance over a token tree, as Medusa's: of the root-to-node paths whose every node passes
+    its parent row's threshold, the longest (the first in node order among equals); the next token is
+    sampled from p at its last node. Lossy."""
+    rows = mx.array([parent + 1 for parent in parents], dtype=mx.int32)
+    drafted = p[rows, mx.array(tokens, dtype=mx.int32)]
+    passes = drafted > typical_thresholds(p, epsilon, delta)[rows]
+    samples = mx.random.categorical(mx.log(p))
+    mx.eval(passes, samples)
+    passed = passes.tolist()
+    kids = children(parents)
+    best: list[int] = []
+    frontier: list[list[int]] = [[c] for c in kids[-1] if passed[c]]
+    while frontier:
+        path = frontier.pop(0)
+        if len(path) > len(best):
+            best = path
+        frontier += [path + [c] for c in kids[path[-1]] if passed[c]]
+    last = best[-1] + 1 if best else 0
+    return best, [tokens[i] for i in best] + [int(samples[last].item())], [1.0 if x else 0.0 for x in passed]
