@@ -13,14 +13,17 @@ with zeros on every rank but 0.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
-import pickle
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import mlx.core as mx
 import numpy as np
+
+from specbench.common import wire
 
 #: The variables each backend's launcher sets, in the order they are recognised.
 _LAUNCHERS = (
@@ -123,35 +126,8 @@ def broadcast_array(x: mx.array | None, shape: tuple[int, ...], dtype: mx.Dtype)
 
 
 def _bytes_of(value: Any) -> bytes:
-    """A value as bytes; mx.arrays (also inside lists, tuples and dicts) travel as NumPy arrays."""
-    return pickle.dumps(_to_numpy(value), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _to_numpy(value: Any) -> Any:
-    if isinstance(value, mx.array):
-        return _Array(np.array(value.astype(mx.float32) if value.dtype == mx.bfloat16 else value), str(value.dtype))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_numpy(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_numpy(v) for k, v in value.items()}
-    return value
-
-
-def _from_numpy(value: Any) -> Any:
-    if isinstance(value, _Array):
-        return mx.array(value.data).astype(getattr(mx, value.dtype.split(".")[-1]))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_from_numpy(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _from_numpy(v) for k, v in value.items()}
-    return value
-
-
-class _Array:
-    """An mx.array in transit: its values as NumPy and its MLX dtype."""
-
-    def __init__(self, data: np.ndarray, dtype: str):
-        self.data, self.dtype = data, dtype
+    """A value as bytes to send: JSON, with arrays and frames carried as data (``specbench.common.wire``)."""
+    return wire.dumps(value)
 
 
 def _words(data: bytes, length: int) -> np.ndarray:
@@ -166,15 +142,35 @@ def _summed_bytes(words: np.ndarray) -> bytes:
 
 
 def broadcast(value: Any = None) -> Any:
-    """Rank 0's ``value`` on every rank (anything picklable; mx.arrays inside it are carried too);
+    """Rank 0's ``value`` on every rank (data: JSON's types, tuples, sets, bytes, arrays, polars frames,
+    specbench's dataclasses; ``specbench.common.wire``);
     other ranks' ``value`` is ignored. Two sums over the group: the length, then the bytes.
     Returns ``value`` itself in a world of one."""
     if size() == 1:
         return value
-    data = _bytes_of(value) if is_main() else b""
+    data, error = b"", None
+    if is_main():
+        try:
+            data = _bytes_of(value)
+        except ValueError as err:  # the other ranks wait for this broadcast: they raise it too
+            data, error = _bytes_of(_Unsent(str(err))), err
     length = int(_sum(mx.array([len(data)], dtype=mx.int32)).item())
     received = _summed_bytes(_words(data, -(-length // 4) * 4))
-    return value if is_main() else _from_numpy(pickle.loads(received[:length]))
+    if error is not None:
+        raise error
+    if is_main():
+        return value
+    value = wire.loads(received[:length])
+    if isinstance(value, _Unsent):
+        raise ValueError(f"rank 0 could not broadcast its value: {value.reason}")
+    return value
+
+
+@dataclass
+class _Unsent:
+    """What rank 0 broadcasts instead of a value it cannot send."""
+
+    reason: str
 
 
 def gather(value: Any) -> list[Any]:
@@ -182,15 +178,19 @@ def gather(value: Any) -> list[Any]:
     rank places its bytes at its own offset and the group sums them."""
     if size() == 1:
         return [value]
-    data = _bytes_of(value)
+    return [wire.loads(data) for data in _gathered_bytes(_bytes_of(value))]
+
+
+def _gathered_bytes(data: bytes) -> list[bytes]:
+    """Every rank's ``data``, in rank order: two sums over the group, the lengths, then the bytes."""
     lengths = np.zeros(size(), dtype=np.int32)
-    lengths[rank()] = -(-len(data) // 4) * 4
+    lengths[rank()] = len(data)
     lengths = np.array(_sum(mx.array(lengths)), copy=False).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    offsets = np.concatenate([[0], np.cumsum(-(-lengths // 4) * 4)])
     buffer = np.zeros(int(offsets[-1]), dtype=np.uint8)
     buffer[offsets[rank()] : offsets[rank()] + len(data)] = np.frombuffer(data, dtype=np.uint8)
     received = _summed_bytes(buffer.view(np.int32))
-    return [_from_numpy(pickle.loads(received[offsets[r] : offsets[r + 1]])) for r in range(size())]
+    return [received[offsets[r] : offsets[r] + lengths[r]] for r in range(size())]
 
 
 def agreed(value: Any, model: Any) -> Any:
@@ -242,19 +242,25 @@ def gather_outcomes(work: Callable[[], T]) -> list[T]:
     every rank raises (no rank is left waiting for one that stopped): the failing rank its own error, the
     others one naming each failed rank's error, of the first one's type when that is a built-in exception."""
     try:
-        outcome: tuple[bool, Any] = (True, work())
+        value = work()
+        data = _bytes_of((True, value)) if size() > 1 else b""
         error = None
     except Exception as err:
-        builtin = type(err) if type(err).__module__ == "builtins" else RuntimeError
-        outcome, error = (False, (builtin, f"{type(err).__name__}: {err}")), err
-    outcomes = gather(outcome)
+        builtin = type(err).__name__ if type(err).__module__ == "builtins" else "RuntimeError"
+        data, error = _bytes_of((False, (builtin, f"{type(err).__name__}: {err}"))), err
+    if size() == 1:
+        if error is not None:
+            raise error
+        return [value]
+    outcomes = [wire.loads(part) for part in _gathered_bytes(data)]
     if error is not None:
         raise error
     failed = [(r, value) for r, (ok, value) in enumerate(outcomes) if not ok]
     if failed:
         message = "; ".join(f"rank {r} failed: {text}" for r, (_, text) in failed)
+        kind = getattr(builtins, str(failed[0][1][0]), None)
         try:
-            raised = failed[0][1][0](message)
+            raised = kind(message) if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError(message)
         except Exception:
             raised = RuntimeError(message)
         raise raised

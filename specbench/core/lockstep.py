@@ -11,6 +11,7 @@ In a world of one they call the wrapped object directly.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -105,11 +106,11 @@ def in_lockstep(drafter: Drafter | None, policy: DraftPolicy | None) -> tuple[Dr
     return drafter, policy
 
 
+@dataclass
 class _Failure:
     """What rank 0 broadcasts instead of a decision it failed to make: the other ranks raise it too."""
 
-    def __init__(self, message: str):
-        self.message = message
+    message: str
 
 
 def _received(value: Any) -> Any:
