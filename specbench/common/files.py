@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import hashlib
 import io
 import json
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -83,6 +85,30 @@ def check_writable(path: str | os.PathLike, folder: bool = False, name: str | No
     except OSError as err:
         reason = err.strerror or str(err)
         raise type(err)(err.errno, f"{prefix}cannot write to the folder {where} ({reason})") from None
+    return path
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_name(text: str, max_length: int = 100) -> str:
+    """A file name made from ``text`` (a trace id, a model name) that stays in its folder: letters, digits,
+    ``.``, ``-`` and ``_`` are kept, other runs become ``_`` and leading dots go; when anything changed,
+    a digest of ``text`` is appended, so different texts keep different names."""
+    text = str(text)
+    name = _UNSAFE.sub("_", text).lstrip(".")[:max_length] or "_"
+    if name == text:
+        return name
+    return f"{name}-{hashlib.sha1(text.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+
+
+def inside(folder: str | os.PathLike, relative: str | os.PathLike, what: str = "path") -> Path:
+    """``folder / relative`` when it stays inside ``folder`` (``..`` and links resolved); a ValueError
+    naming ``what`` and the path otherwise."""
+    base = Path(folder).resolve()
+    path = (base / relative).resolve()
+    if Path(relative).is_absolute() or not path.is_relative_to(base) or path == base:
+        raise ValueError(f"{what} {str(relative)!r} leads outside its folder {base}: give a name inside it")
     return path
 
 

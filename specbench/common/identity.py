@@ -14,6 +14,8 @@ import mlx.nn as nn
 import mlx_lm
 from mlx.utils import tree_flatten
 
+from specbench.common.files import safe_name
+
 
 def device_name() -> str:
     """The default device, e.g. ``gpu:NVIDIA H200`` or ``cpu:Intel(R) Xeon(R) Processor``."""
@@ -77,7 +79,7 @@ def model_key(model: nn.Module) -> str:
     for name, value in tree_flatten(model.parameters()):
         digest.update(f"{name}:{tuple(value.shape)}:{value.dtype};".encode())
     group = getattr(model, "specbench_group", None)  # (size, backend) of a model sharded over ranks
-    return f"{model_type}-{digest.hexdigest()[:12]}" + (f"-tp{group[0]}-{group[1]}" if group else "")
+    return f"{safe_name(model_type)}-{digest.hexdigest()[:12]}" + (f"-tp{group[0]}-{group[1]}" if group else "")
 
 
 def display_name(model: nn.Module) -> str:

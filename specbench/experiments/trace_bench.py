@@ -23,7 +23,7 @@ from typing import Any
 
 import polars as pl
 
-from specbench.common.files import write_parquet_atomic, write_text_atomic
+from specbench.common.files import safe_name, write_parquet_atomic, write_text_atomic
 from specbench.common.per_key import per_key
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
@@ -224,7 +224,8 @@ def bench_trace(
 
 
 def _file_stem(trace_id: str) -> str:
-    return trace_id.replace("/", "_")
+    """A trace's file name in its folder, whatever its id holds (``../``, separators)."""
+    return safe_name(trace_id.replace("/", "_"))
 
 
 def save_trace_bench(result: TraceBench, out_dir: str | os.PathLike) -> list[Path]:

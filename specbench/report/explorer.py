@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from html import escape as esc
 from typing import Any
 
 from specbench.core.options import VERIFY_MODES, GenerateOptions
@@ -106,7 +107,7 @@ class Explorer:
 
     def _load(self, name: str) -> tuple[Any, Any]:
         if name not in self.loaded:
-            self.status.value = f"loading {name} ..."
+            self.status.value = f"loading {esc(name)} ..."
             self.loaded[name] = load(name)
         return self.loaded[name]
 
@@ -125,12 +126,12 @@ class Explorer:
         try:
             model, tokenizer = self._load(self.model.value)
             if tokenizer is None:
-                self.status.value = f"<b>{self.model.value} has no tokenizer</b>: pick a model with one"
+                self.status.value = f"<b>{esc(self.model.value)} has no tokenizer</b>: pick a model with one"
                 return None
             factories, skipped = usable_drafters([self.drafter.value], model, self.model.value)
             if self.drafter.value in skipped:
                 reason = skipped[self.drafter.value]
-                self.status.value = f"<b>drafter {self.drafter.value} is not available</b>: {reason}"
+                self.status.value = f"<b>drafter {esc(self.drafter.value)} is not available</b>: {esc(reason)}"
                 return None
             drafter = factories[self.drafter.value]()
             policy = self.draft_policy() if drafter is not None else None
@@ -173,7 +174,8 @@ class Explorer:
         stats = clock_stats(gen, seconds)
         self.stats.value = stats_html(stats)
         self.status.value = (
-            f"{how}: {stats['tokens']} tokens, {stats['decode_tokens_per_s']:.1f} tok/s, {stats['finish_reason']}"
+            f"{esc(how)}: {stats['tokens']} tokens, {stats['decode_tokens_per_s']:.1f} tok/s, "
+            f"{esc(stats['finish_reason'])}"
         )
         self._draw(gen)
 

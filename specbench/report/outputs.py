@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specbench.common.files import write_parquet_atomic, write_text_atomic
+from specbench.common.files import safe_name, write_parquet_atomic, write_text_atomic
 from specbench.experiments.capabilities import check
 
 #: Resolution of the figures a report writes.
@@ -63,7 +63,8 @@ class Outputs:
         from specbench.report.figures import save_figure
 
         if self.folder is not None:
-            png = save_figure(fig, self.folder / "figures" / f"{name}.png", dpi=FIGURE_DPI, svg=True, close=False)
+            path = self.folder / "figures" / f"{safe_name(name)}.png"
+            png = save_figure(fig, path, dpi=FIGURE_DPI, svg=True, close=False)
             self.files["figures"].append(self._relative(png))
             self._save_summary()
         if show and in_ipython():
@@ -76,7 +77,7 @@ class Outputs:
         """Save a StepLog (or a polars frame of steps) as logs/NAME.parquet."""
         if self.folder is None:
             return None
-        path = self.folder / "logs" / f"{name}.parquet"
+        path = self.folder / "logs" / f"{safe_name(name)}.parquet"
         if hasattr(log, "save"):
             log.save(path)
         else:
@@ -89,7 +90,7 @@ class Outputs:
         """Save a polars frame as tables/NAME.parquet."""
         if self.folder is None:
             return None
-        path = write_parquet_atomic(frame, self.folder / "tables" / f"{name}.parquet")
+        path = write_parquet_atomic(frame, self.folder / "tables" / f"{safe_name(name)}.parquet")
         self.files["tables"].append(self._relative(path))
         self._save_summary()
         return path

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.common import distributed
-from specbench.common.files import write_bytes_atomic
+from specbench.common.files import inside, write_bytes_atomic
 
 #: Weight of a notebook without an expected time: the mean of those known (this when none is).
 _UNKNOWN_SECONDS = 60.0
@@ -78,9 +78,9 @@ def merge_ranks(out: Path, results: list[Any], order: Sequence[str]) -> list[Any
     mine = wanted.get(distributed.rank(), [])
     parts = distributed.gather_outcomes(lambda: (results, [(f, (out / f).read_bytes()) for f in mine]))
     if distributed.is_main():
-        for _, files in parts[1:]:
+        for sender, (_, files) in enumerate(parts[1:], start=1):
             for relative, data in files:  # each notebook's status comes last
-                write_bytes_atomic(out / relative, data)
+                write_bytes_atomic(inside(out, relative, f"a file from rank {sender}"), data)
     merged = [r for rank_results, _ in parts for r in rank_results]
     position = {name: i for i, name in enumerate(order)}
     return sorted(merged, key=lambda r: position.get(r.notebook, len(position)))
