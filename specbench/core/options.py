@@ -9,7 +9,7 @@ from numbers import Integral, Real
 from typing import Literal, get_args
 
 from specbench.core.accept import SamplingSettings
-from specbench.core.rules import TYPICAL_DELTA, TYPICAL_EPSILON, Acceptance, AcceptanceRule, check_rule
+from specbench.core.rules import TYPICAL_DELTA, TYPICAL_EPSILON, Acceptance, AcceptanceRule
 
 #: "exact": every verified row computed as serial decoding computes it; "fast": one batched forward.
 VerifyMode = Literal["exact", "fast"]
@@ -71,14 +71,7 @@ class GenerateOptions:
             _integer("seed", self.seed, 0, "or None", maximum=2**64 - 1)
         if self.verify is not None:
             check_verify_mode(self.verify)
-        check_rule(self.acceptance)
-        for name in ("typical_epsilon", "typical_delta"):
-            value = getattr(self, name)
-            if not 0 < _real(name, value, "a number in (0, 1]") <= 1:
-                raise ValueError(
-                    f"{name} must be in (0, 1] (Medusa's defaults: epsilon {TYPICAL_EPSILON}, "
-                    f"delta {TYPICAL_DELTA}), got {value!r}"
-                )
+        Acceptance(self.acceptance, self.typical_epsilon, self.typical_delta)  # checks the rule and its parameters
         _flag("ignore_eos", self.ignore_eos)
         _flag("count_experts", self.count_experts)
         _token_ids("stop_token_ids", self.stop_token_ids)

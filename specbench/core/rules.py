@@ -20,6 +20,7 @@ threshold or not) for ``"typical"``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Real
 from typing import Literal, get_args
 
 import mlx.core as mx
@@ -56,6 +57,17 @@ class Acceptance:
     name: AcceptanceRule = "token"
     epsilon: float = TYPICAL_EPSILON
     delta: float = TYPICAL_DELTA
+
+    def __post_init__(self) -> None:
+        check_rule(self.name)
+        for option, value in (("typical_epsilon", self.epsilon), ("typical_delta", self.delta)):
+            if not isinstance(value, Real) or isinstance(value, bool):
+                raise TypeError(f"{option} must be a number in (0, 1], got {value!r} ({type(value).__name__})")
+            if not 0 < value <= 1:  # NaN fails too
+                raise ValueError(
+                    f"{option} must be in (0, 1] (Medusa's defaults: epsilon {TYPICAL_EPSILON}, "
+                    f"delta {TYPICAL_DELTA}), got {value!r}"
+                )
 
     @property
     def lossless(self) -> bool:

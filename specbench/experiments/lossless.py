@@ -20,6 +20,7 @@ from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows t
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
+from specbench.core.rules import Acceptance
 from specbench.decoding import speculative_generate
 from specbench.experiments.capabilities import usable_drafters
 from specbench.experiments.timing import cache_copy, prefix_cache
@@ -42,6 +43,10 @@ class LosslessCheck:
     then one "other" row); ``p_value``: permutation test of the chi-square homogeneity statistic
     over whole samples (sequences are exchangeable when the sampler is lossless).
     ``accepted_drafts`` / ``drafted``: draft tokens accepted / proposed over the speculative runs;
+    ``acceptance``: the acceptance rule's label; ``tvd_low``/``tvd_high``: the TVD's 95 % bootstrap
+    interval over whole samples; ``tvd_null``: the 95th percentile of the TVD between the two sets with
+    their labels permuted (what two samples of one distribution differ by at these sizes: a TVD above
+    it is a shift, not noise).
     ``well_filled``: share of sampled tokens whose token has an expected count >= ``MIN_EXPECTED``
     per sampler; ``min_detectable_tvd``: see ``min_detectable_tvd``. ``verdict``: "fail" when
     p < ``alpha``; else "inconclusive" when fewer than ``MIN_ACCEPTED`` draft tokens were accepted
@@ -67,6 +72,10 @@ class LosslessCheck:
     alpha: float = 0.05
     verdict: str = "inconclusive"
     reason: str = ""
+    acceptance: str = "token"
+    tvd_low: float = float("nan")
+    tvd_high: float = float("nan")
+    tvd_null: float = float("nan")
 
     @property
     def tokens(self) -> int:
@@ -78,7 +87,8 @@ class LosslessCheck:
         return (
             f"{self.verdict}: {self.reason}. {self.samples} + {self.samples} samples x {self.max_tokens} tokens; "
             f"{self.accepted_drafts} of {self.drafted} drafted tokens accepted; p = {self.p_value:.3g}, "
-            f"TVD = {self.tvd:.3f}; detectable TVD >= {self.min_detectable_tvd:.3f} "
+            f"TVD = {self.tvd:.3f} [{self.tvd_low:.3f}-{self.tvd_high:.3f}] (noise up to {self.tvd_null:.3f}); "
+            f"detectable TVD >= {self.min_detectable_tvd:.3f} "
             f"(alpha {self.alpha:g}, power {POWER:.0%})"
         )
 
@@ -142,6 +152,18 @@ def histogram_test(
 ) -> tuple[float, float, float]:
     """(chi-square statistic, permutation p-value, total variation distance) of two sets of
     sampled sequences' pooled token histograms."""
+    matrix, labels = _histograms(plain, speculative)
+    stat = chi2(matrix[~labels].sum(0), matrix[labels].sum(0))
+    rng = np.random.default_rng(seed)
+    exceed = 0
+    for _ in range(permutations):
+        perm = rng.permutation(labels)
+        exceed += chi2(matrix[~perm].sum(0), matrix[perm].sum(0)) >= stat
+    return stat, (exceed + 1) / (permutations + 1), _tvd(matrix[~labels].sum(0), matrix[labels].sum(0))
+
+
+def _histograms(plain: Sequence[Sequence[int]], speculative: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """One row of token counts per sample, over the tokens either set holds; and which rows are speculative."""
     sequences = list(plain) + list(speculative)
     vocab = sorted({t for s in sequences for t in s})
     if not vocab:
@@ -153,15 +175,40 @@ def histogram_test(
             matrix[row, index[t]] += 1
     labels = np.zeros(len(sequences), dtype=bool)
     labels[len(plain) :] = True
-    stat = chi2(matrix[~labels].sum(0), matrix[labels].sum(0))
+    return matrix, labels
+
+
+def _tvd(a: np.ndarray, b: np.ndarray) -> float:
+    return 0.5 * float(np.abs(a / a.sum() - b / b.sum()).sum())
+
+
+def tvd_interval(
+    plain: Sequence[Sequence[int]],
+    speculative: Sequence[Sequence[int]],
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float, float]:
+    """(low, high, noise) of the pooled token histograms' total variation distance: the percentile
+    interval of the TVD over ``resamples`` bootstrap draws of whole samples within each set (a sample's
+    tokens depend on each other), and the ``level`` quantile of the TVD with the sets' labels permuted
+    (the distance two sets of one distribution show at these sizes; the estimate is biased upwards by it)."""
+    matrix, labels = _histograms(plain, speculative)
     rng = np.random.default_rng(seed)
-    exceed = 0
-    for _ in range(permutations):
+    mine, theirs = matrix[~labels], matrix[labels]
+    boot = [
+        _tvd(
+            mine[rng.integers(len(mine), size=len(mine))].sum(0),
+            theirs[rng.integers(len(theirs), size=len(theirs))].sum(0),
+        )
+        for _ in range(resamples)
+    ]
+    null = []
+    for _ in range(resamples):
         perm = rng.permutation(labels)
-        exceed += chi2(matrix[~perm].sum(0), matrix[perm].sum(0)) >= stat
-    a, b = matrix[~labels].sum(0), matrix[labels].sum(0)
-    tvd = 0.5 * float(np.abs(a / a.sum() - b / b.sum()).sum())
-    return stat, (exceed + 1) / (permutations + 1), tvd
+        null.append(_tvd(matrix[~perm].sum(0), matrix[perm].sum(0)))
+    tail = (1 - level) / 2
+    return float(np.quantile(boot, tail)), float(np.quantile(boot, 1 - tail)), float(np.quantile(null, level))
 
 
 def losslessness_check(
@@ -179,15 +226,19 @@ def losslessness_check(
     model_name: str | None = None,
     progress: bool = True,
     alpha: float = 0.05,
+    acceptance: Acceptance | str = "token",
 ) -> LosslessCheck:
     """Sample ``samples`` continuations plainly and ``samples`` speculatively (other seeds) and
     compare their token histograms. A lossless sampler gives a large p-value (uniform on [0, 1]
     over repeated checks); a biased one drives it towards 0 as samples grow. ``policy``: a policy
     object, its text ("fixed:4") or a draft length. The verdict (``LosslessCheck.verdict``) is
-    "inconclusive" when the run had too little power to call a large p-value a pass."""
+    "inconclusive" when the run had too little power to call a large p-value a pass. ``acceptance``: the
+    speculative runs' acceptance rule (a lossy one, "typical", is expected to fail: its TVD with its
+    interval measures the shift)."""
     policy = as_policy(policy)
     if not temperature > 0:
         raise ValueError("the losslessness check samples: give a temperature > 0")
+    rule = acceptance if isinstance(acceptance, Acceptance) else Acceptance(acceptance)
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if samples < 2:
@@ -202,7 +253,13 @@ def losslessness_check(
         options = GenerateOptions(max_tokens=max_tokens, temperature=temperature, seed=seed + i, ignore_eos=True)
         plain.append(list(generate(model, prompt_ids, options, prompt_cache=cache_copy(prefix))))
         options = GenerateOptions(
-            max_tokens=max_tokens, temperature=temperature, seed=seed + samples + i, ignore_eos=True
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed + samples + i,
+            ignore_eos=True,
+            acceptance=rule.name,
+            typical_epsilon=rule.epsilon,
+            typical_delta=rule.delta,
         )
         made = factories[drafter]()
         gen = speculative_generate(model, prompt_ids, options, made, policy, prompt_cache=cache_copy(prefix, made))
@@ -211,6 +268,7 @@ def losslessness_check(
         drafted += stats["drafted"]
         accepted += stats["accepted"]
     stat, p, tvd = histogram_test(plain, spec, permutations, seed)
+    tvd_low, tvd_high, tvd_null = tvd_interval(plain, spec, permutations, seed)
     counts_plain = np.bincount([t for s in plain for t in s], minlength=1)
     counts_spec = np.bincount([t for s in spec for t in s], minlength=1)
     size = max(len(counts_plain), len(counts_spec))
@@ -252,4 +310,8 @@ def losslessness_check(
         alpha=alpha,
         verdict=verdict,
         reason=reason,
+        acceptance=rule.label,
+        tvd_low=tvd_low,
+        tvd_high=tvd_high,
+        tvd_null=tvd_null,
     )

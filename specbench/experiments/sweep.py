@@ -18,6 +18,7 @@ losslessness check of sampling is ``specbench.experiments.lossless``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -34,6 +35,7 @@ from specbench.common.files import check_writable, write_parquet_atomic
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions, VerifyMode, check_verify_mode
 from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, FixedPolicy, as_policy
+from specbench.core.rules import Acceptance
 from specbench.decoding import speculative_generate
 from specbench.exact.calibration import calibrate
 from specbench.experiments.capabilities import usable_drafters
@@ -119,6 +121,7 @@ def run_sweep(
     reuse_prefill: bool = True,
     out: str | os.PathLike | None = None,
     spread: bool | None = None,
+    acceptances: Sequence[Acceptance] = (Acceptance(),),
 ) -> Sweep:
     """Decode every prompt plainly, then with each drafter x policy, per temperature and seed.
 
@@ -130,7 +133,9 @@ def run_sweep(
     between runs of one prompt). Drafters the model cannot use (such as mtp without an MTP head)
     are left out and listed in ``Sweep.skipped``. ``drafter_factories`` adds or replaces drafters
     (name -> a function building a fresh one), e.g. a user-written drafter. ``reuse_prefill``
-    starts every generation of a prompt from one prefill of its prefix.
+    starts every generation of a prompt from one prefill of its prefix. ``acceptances``: the acceptance
+    rules every speculative generation runs with (the ``acceptance`` column holds each one's label;
+    "none" for plain runs).
 
     A cell is one prompt at one temperature and seed: its plain run and every drafter x policy.
     With ``out`` each finished cell is written there (``cells/``, atomically) and a sweep started
@@ -167,6 +172,11 @@ def run_sweep(
         "verify": verify,
         "ignore_eos": ignore_eos,
         "reuse_prefill": reuse_prefill,
+        **(
+            {"acceptances": [dataclasses.astuple(a) for a in acceptances]}
+            if list(acceptances) != [Acceptance()]
+            else {}
+        ),
     }
     store = _CellStore(out, settings) if out is not None else None
     mine = [i for i in range(len(cells)) if i % size == rank]
@@ -179,7 +189,7 @@ def run_sweep(
         modes = {GenerateOptions(temperature=float(t), verify=verify).verify_mode for t in temperatures}
         if factories and "exact" in modes:
             _calibrate_exact(model, policies, factories)
-    total = len(todo) * (1 + len(factories) * len(policies))
+    total = len(todo) * (1 + len(acceptances) * len(factories) * len(policies))
     shown = progress and distributed.is_main()
     bar = tqdm(total=total, desc="sweep", disable=not shown, leave=False)
     results: dict[int, tuple[list[dict[str, Any]], pl.DataFrame]] = dict(done)
@@ -190,7 +200,7 @@ def run_sweep(
             if reuse_prefill and prefix_of is not prompt:
                 prefix, prefix_of = prefix_cache(model, prompt.ids), prompt
             cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify)
-            results[i] = _run_cell(model, tokenizer, cell, factories, policies, prefix, bar)
+            results[i] = _run_cell(model, tokenizer, cell, factories, policies, prefix, bar, acceptances)
             if store is not None:
                 store.write(cells[i], *results[i])
     finally:
@@ -217,8 +227,9 @@ def _run_cell(
     policies: Sequence[DraftPolicy],
     prefix: Any,
     bar: Any,
+    acceptances: Sequence[Acceptance] = (Acceptance(),),
 ) -> tuple[list[dict[str, Any]], pl.DataFrame]:
-    """One prompt at one temperature and seed: the plain run, then every drafter x policy (run ids from 0)."""
+    """One prompt at one temperature and seed: the plain run, then every rule x drafter x policy (run ids from 0)."""
     prompt, temperature, seed, ignore_eos, max_tokens, verify = cell
     options = GenerateOptions(
         max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos, verify=verify
@@ -236,27 +247,24 @@ def _run_cell(
     plain = generate(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
     plain_tokens, plain_s = timed(plain)
     baseline = {"plain_decode_tokens": len(plain_tokens) - 1, "plain_decode_s": plain_s}
-    runs.append(_row(len(runs), base, "none", None, plain, plain_s, baseline, None))
+    runs.append(_row(len(runs), {**base, "acceptance": "none"}, "none", None, plain, plain_s, baseline, None))
     frames.append(_steps(plain.log, len(runs) - 1, base))
     bar.update()
-    for drafter_name, factory in factories.items():
-        for policy in policies:
-            bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} T={temperature}")
-            drafter = factory()
-            gen = speculative_generate(
-                model,
-                prompt.ids,
-                options,
-                drafter,
-                policy,
-                tokenizer=tokenizer,
-                prompt_cache=cache_copy(prefix, drafter),
-            )
-            tokens, seconds = timed(gen)
-            same = tokens == plain_tokens if temperature == 0 else None
-            runs.append(_row(len(runs), base, drafter_name, policy, gen, seconds, baseline, same))
-            frames.append(_steps(gen.log, len(runs) - 1, base))
-            bar.update()
+    for rule, drafter_name, policy in ((r, d, p) for r in acceptances for d in factories for p in policies):
+        bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
+        ruled = dataclasses.replace(
+            options, acceptance=rule.name, typical_epsilon=rule.epsilon, typical_delta=rule.delta
+        )
+        drafter = factories[drafter_name]()
+        gen = speculative_generate(
+            model, prompt.ids, ruled, drafter, policy, tokenizer=tokenizer, prompt_cache=cache_copy(prefix, drafter)
+        )
+        tokens, seconds = timed(gen)
+        same = tokens == plain_tokens if temperature == 0 else None
+        labelled = {**base, "acceptance": rule.label}
+        runs.append(_row(len(runs), labelled, drafter_name, policy, gen, seconds, baseline, same))
+        frames.append(_steps(gen.log, len(runs) - 1, labelled))
+        bar.update()
     return runs, pl.concat(frames, how="diagonal_relaxed")
 
 
@@ -346,7 +354,7 @@ def _row(
 
 
 def _steps(log: Any, run: int, base: dict[str, Any]) -> pl.DataFrame:
-    """A generation's step log with the run's id, prompt, category, temperature and seed."""
+    """A generation's step log with the run's id, prompt, category, temperature, seed and acceptance rule."""
     df = log.to_polars()
     if "extra" in df.columns:
         df = df.drop("extra")
@@ -356,6 +364,7 @@ def _steps(log: Any, run: int, base: dict[str, Any]) -> pl.DataFrame:
         pl.lit(base["category"]).alias("category"),
         pl.lit(base["temperature"]).alias("temperature"),
         pl.lit(base["seed"]).alias("seed"),
+        pl.lit(base.get("acceptance", "none")).alias("acceptance"),
     )
 
 

@@ -9,6 +9,7 @@ speedup measured side by side in the sweep; otherwise they generate (and record)
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import polars as pl
 
 from specbench.common.files import write_json_atomic, write_parquet_atomic
 from specbench.core.options import GenerateOptions
+from specbench.core.rules import Acceptance
 from specbench.experiments.timing import SideBySide
 from specbench.experiments.timing import side_by_side as run_side_by_side
 
@@ -49,6 +51,8 @@ _STATS = (
 def generation_key(model: str, prompt_ids: Sequence[int], drafter: str, policy: str, options: GenerateOptions) -> str:
     """What makes two generations the same: model, prompt ids, drafter ("none": plain), policy and options."""
     settings = [options.max_tokens, float(options.temperature), options.seed, options.verify, options.ignore_eos]
+    if options.rule != Acceptance():  # the default rule keeps the keys recorded before rules were options
+        settings.append(dataclasses.astuple(options.rule))
     text = json.dumps([model, [int(t) for t in prompt_ids], drafter, policy, settings], default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 

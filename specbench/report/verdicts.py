@@ -212,6 +212,33 @@ def sampling(summary: pl.DataFrame, check: Any = None) -> str:
     return text
 
 
+def acceptance_rules(summary: pl.DataFrame, best: pl.DataFrame, shifts: pl.DataFrame | None = None) -> str:
+    """Each temperature's best lossless acceptance rule (``best_lossless``) with its tokens per verification
+    and speedup, the other rules beside it, and the lossy rule's distribution shift where it was measured."""
+    if best.is_empty():
+        return "No lossless rule verified a draft: nothing to compare."
+    parts = []
+    for row in best.iter_rows(named=True):
+        t = row["temperature"]
+        others = summary.filter((pl.col("temperature") == t) & (pl.col("acceptance") != row["acceptance"]))
+        beside = ", ".join(f"{o['acceptance']} {o['tokens_per_verify'] or 0:.2f}" for o in others.iter_rows(named=True))
+        parts.append(
+            f"T = {t:g}: {row['acceptance']}, {row['tokens_per_verify']:.2f} tokens per verification "
+            f"and {_x(row['speedup'])} plain decoding's speed" + (f" ({beside})" if beside else "")
+        )
+    text = "Best lossless rule per temperature: " + "; ".join(parts) + "."
+    if shifts is None:
+        return text
+    lossless = summary.filter(pl.col("lossless"))["acceptance"].unique().to_list()
+    for row in shifts.filter(~pl.col("acceptance").is_in(lossless)).iter_rows(named=True):
+        text += (
+            f" {row['acceptance']} at T = {row['temperature']:g} moves the token distribution by "
+            f"TVD {row['tvd']:.2f} [{row['tvd_low']:.2f}-{row['tvd_high']:.2f}] (two samples of one distribution "
+            f"differ by up to {row['tvd_noise']:.2f} here; the histogram test says {row['verdict']})."
+        )
+    return text
+
+
 def explorer(model: str, drafter: str, policy: str, stats: dict[str, Any]) -> str:
     """The explorer's stand-in run."""
     return f"{model}, {drafter}, {policy}: {stats.get('tokens', 0)} tokens; {_verified(stats)}."
