@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("specbench.core",)),
     ("models", ("specbench.models",)),
     ("drafters", ("specbench.drafters",)),
+    ("kernels", ("specbench.kernels",)),
     ("exact", ("specbench.exact",)),
     ("cost", ("specbench.cost",)),
     ("decoding", ("specbench.decoding",)),

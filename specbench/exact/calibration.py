@@ -29,6 +29,7 @@ import numpy as np
 from mlx_lm.models import switch_layers
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from specbench import kernels
 from specbench.common import distributed
 from specbench.common.files import home, set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, model_key, versions
@@ -85,7 +86,8 @@ class Calibration:
 
 #: Bumped when calibration tests more conditions (or is keyed by more), so that stored tables from
 #: before are not reused. 4: keyed by the BLAS library too. 5: linear chunks also tried compiled.
-CALIBRATION_METHOD = 5
+#: 6: quantized linear layers also tried through the row-invariant kernel (``linear/kernel``).
+CALIBRATION_METHOD = 6
 #: Calibrations of this process, by key.
 _calibrations: dict[str, Calibration] = {}
 _keys: dict[tuple[int, Any], tuple[weakref.ref, str]] = {}  # by model and its shard group
@@ -234,6 +236,7 @@ def calibrate(
     if not ws:
         return calibration
     moe = _has_experts(model)
+    kernel = uses_kernel(model)
     rng = np.random.default_rng(seed)
     with split_mode(model, "none"):  # plain forwards, even inside an open exact mode
         probes = [_Probe(model, offset, max(ws), rng)]
@@ -246,7 +249,7 @@ def calibrate(
     probe = _Probes(probes)
     for i, w in enumerate(ws, 1):
         t0 = time.perf_counter()
-        calibration.widths[w] = _calibrate_width(probe, w, moe, measure, repeats)
+        calibration.widths[w] = _calibrate_width(probe, w, moe, measure, repeats, kernel)
         if progress is not None:
             level, seconds = calibration.widths[w].level, time.perf_counter() - t0
             progress(f"exact calibration {i}/{len(ws)}: width {w} runs {level} ({seconds:.1f} s)")
@@ -256,6 +259,13 @@ def calibrate(
     if save:
         _save(calibration)
     return calibration
+
+
+def uses_kernel(model: nn.Module) -> bool:
+    """Whether calibration tries ``linear/kernel`` for ``model``: on CUDA, for a model with quantized
+    linear layers (the kernel is then used only where the probe finds it bit-identical)."""
+    quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+    return kernels.cuda_available() and any(isinstance(m, quantized) for _, m in model.named_modules())
 
 
 def _has_experts(model: nn.Module) -> bool:
@@ -273,10 +283,12 @@ def _is_chunked(level: str) -> bool:
     return isinstance(rows, int) and rows > 1
 
 
-def _candidates(width: int, moe: bool) -> list[list[str]]:
+def _candidates(width: int, moe: bool, kernel: bool = False) -> list[list[str]]:
     """Levels to test at ``width``, in groups: each group relaxes one op family of the full
-    split to cheaper schemes (the other families stay split row by row)."""
-    linear = ["attention+linear/vector", *[f"attention+linear/{c}" for c in chunk_sizes(width)]]
+    split to cheaper schemes (the other families stay split row by row); ``kernel``: the linear
+    layers through the row-invariant kernel first."""
+    kernel_levels = ["attention+linear/kernel"] if kernel else []
+    linear = [*kernel_levels, "attention+linear/vector", *[f"attention+linear/{c}" for c in chunk_sizes(width)]]
     experts = "+experts" if moe else ""
     groups = [
         ["none"],
@@ -311,19 +323,28 @@ def _family_scheme(level: str, family: str) -> str:
     return family if value == 1 else f"{family}/{value}"
 
 
-def _calibrate_width(probe: _Probes, width: int, moe: bool, measure: bool, repeats: int) -> WidthCalibration:
+def _calibrate_width(
+    probe: _Probes, width: int, moe: bool, measure: bool, repeats: int, kernel: bool = False
+) -> WidthCalibration:
     tests: list[dict[str, Any]] = []
 
     def test(level: str, timed: bool = True) -> bool:
         level = ExactPlan.parse(level).name
-        exact, _ = probe.run(level, width)  # also the warm-up
+        try:
+            exact, _ = probe.run(level, width)  # also the warm-up
+        except Exception as err:  # a kernel that does not compile or run: a recorded fallback, not an error
+            if ExactPlan.parse(level).linear != "kernel":
+                raise
+            kernels.warn_fallback("qmv_rows", f"{type(err).__name__}: {err}")
+            tests.append({"level": level, "exact": False, "seconds": None, "error": f"{type(err).__name__}: {err}"})
+            return False
         seconds = probe.time(level, width, repeats) if exact and measure and timed else None
         tests.append({"level": level, "exact": exact, "seconds": seconds})
         return exact
 
     if test("none", timed=False):  # the batched forward: nothing is cheaper
         return WidthCalibration(width, "none", tests)
-    groups = _candidates(width, moe)
+    groups = _candidates(width, moe, kernel)
     full = groups[-1][0]
     families = ["attention", "linear"] + (["experts"] if moe else [])
     picks: dict[str, str] = {}

@@ -26,6 +26,7 @@ import mlx.nn as nn
 from mlx_lm.models import base as mlx_base
 from mlx_lm.models import switch_layers
 
+from specbench import kernels
 from specbench.core.tree import tree_forward, visible_rows
 from specbench.exact.layout import (
     CUDNN_ATTENTION_ENV,
@@ -165,6 +166,11 @@ def _linear_call(original: Callable, vector: Callable | None) -> Callable:
             out = _compiled_chunks(self, x, plan.linear)
             if out is not None:
                 return out
+        if plan.linear == "kernel":
+            out = _kernel_product(self, x)
+            if out is not None:
+                return out
+            return _in_chunks(lambda part: original(self, part, *args, **kwargs), x, 1)
         if plan.linear == "vector":
             if vector is not None:
                 return vector(self, x)
@@ -175,6 +181,23 @@ def _linear_call(original: Callable, vector: Callable | None) -> Callable:
 
     call.__wrapped__ = original
     return call
+
+
+def _kernel_product(layer: nn.Module, x: mx.array) -> mx.array | None:
+    """``layer(x)`` (a ``QuantizedLinear``, or a ``QuantizedEmbedding``'s ``as_linear``) through
+    ``kernels.qmv_rows``, every row as MLX's one-row product (None where the kernel does not
+    compute this layer or the device's probe found no variant of it exact)."""
+    if type(layer) not in (nn.QuantizedLinear, nn.QuantizedEmbedding):
+        return None
+    params = {name: layer[name] for name in ("weight", "scales", "biases") if name in layer}
+    bits, group_size, mode = layer.bits, layer.group_size, getattr(layer, "mode", "affine")
+    if not kernels.supports(x, bits, group_size, mode, params.get("biases")):
+        return None
+    variant = kernels.qmv_variant(x.dtype, bits, group_size)
+    if variant is None:
+        return None
+    out = kernels.qmv_rows(x, params["weight"], params["scales"], params["biases"], group_size, bits, variant)
+    return out + layer["bias"] if "bias" in layer else out
 
 
 def _linear_vector(self: nn.Linear, x: mx.array) -> mx.array:

@@ -6,7 +6,9 @@
 - ``linear``: ``nn.Linear``, ``nn.QuantizedLinear``, ``nn.QQLinear`` and tied output
   embeddings (``as_linear``) take 1 row per call (``linear/c``: c rows per call, exact where the
   device's kernel for up to c rows is row-invariant; ``linear/vector``: one batched call of
-  w single-row products, for kernels that run each batch entry as a matrix-vector product);
+  w single-row products, for kernels that run each batch entry as a matrix-vector product;
+  ``linear/kernel``: quantized layers through ``specbench.kernels.qmv_rows``, every row as MLX's
+  one-row product in one call, where the device's probe proved it; other layers row by row);
 - ``experts``: MoE expert products (``SwitchGLU``, ``SwitchMLP``) take 1 token per call
   (``experts/unsorted``: as many tokens per call as mlx-lm routes without sorting them, which
   keeps its per-token gather kernels);
@@ -34,7 +36,7 @@ class ExactPlan:
     """Which layers a verify forward runs row by row, and how many rows per call.
 
     ``linear`` / ``experts``: None (one batched call), an int (rows per call; 1 = row by row),
-    or "vector" / "unsorted" (see the module docstring). ``compiled``: linear chunks through
+    or "vector" / "kernel" / "unsorted" (see the module docstring). ``compiled``: linear chunks through
     ``mx.compile`` (only with ``linear`` an int >= 2).
     """
 
@@ -91,16 +93,16 @@ def _parse_text(level: str) -> ExactPlan:
         if name in ("attention", "compiled") and not arg:
             parts[name] = True
         elif name in ("linear", "experts"):
-            special = "vector" if name == "linear" else "unsorted"
+            special = ("vector", "kernel") if name == "linear" else ("unsorted",)
             if not arg:
                 parts[name] = 1
-            elif arg == special:
-                parts[name] = special
+            elif arg in special:
+                parts[name] = arg
             elif arg.isdigit() and int(arg) >= 1:
                 parts[name] = int(arg)
             else:
                 raise ValueError(
-                    f"bad rows per call {arg!r} in exact level {level!r}: use an integer >= 1 or {special!r}"
+                    f"bad rows per call {arg!r} in exact level {level!r}: use an integer >= 1 or one of {special}"
                 )
         else:
             raise ValueError(

@@ -1,0 +1,121 @@
+"""The kernels' probe: on this device, which variant of a kernel reproduces MLX's one-row result.
+
+A kernel is used only where this probe proves it: random inputs of a few shapes and every row
+count from 1 to ``MAX_ROWS``, each row of the kernel's result compared bit for bit with MLX's own
+product of that row alone. Results are kept per process, by (dtype, bits, group size). A kernel that
+fails to compile or run is a recorded fallback with one warning (never an error for the user).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from specbench.kernels import qmv
+
+#: Row counts the survey of every configuration runs (``probe_kernels``; ``qmv_variant`` runs them all).
+SURVEY_ROWS = (1, 2, 9, 16)
+#: (N, K) shapes the probe runs: a K with a residue pass, a K of exact passes, a wide K.
+PROBE_SHAPES = ((72, 576), (40, 1024), (24, 2048))
+
+
+def cuda_available() -> bool:
+    """Whether MLX runs on CUDA here (the kernels are CUDA sources)."""
+    cuda = getattr(mx, "cuda", None)
+    return bool(cuda is not None and cuda.is_available() and mx.default_device().type == mx.DeviceType.gpu)
+
+
+def _host(a: mx.array) -> np.ndarray:
+    return np.array(a.astype(mx.float32))
+
+
+def qmv_matches(
+    dtype: mx.Dtype,
+    bits: int,
+    group_size: int,
+    dequant: str,
+    rows: Sequence[int] = range(1, qmv.MAX_ROWS + 1),
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Whether ``qmv_rows`` with ``dequant`` equals MLX's one-row quantized matmul on every row, for
+    every shape of ``PROBE_SHAPES`` and every row count in ``rows``; with the rows that differed."""
+    mx.random.seed(seed)
+    mismatches = []
+    for n, k in PROBE_SHAPES:
+        if k % group_size:
+            continue
+        weight = (mx.random.normal((n, k)) / k**0.5).astype(dtype)
+        w, scales, biases = mx.quantize(weight, group_size=group_size, bits=bits)
+        x = mx.random.normal((max(rows), k)).astype(dtype)
+        alone = mx.concatenate(
+            [mx.quantized_matmul(x[i : i + 1], w, scales, biases, True, group_size, bits) for i in range(max(rows))]
+        )
+        expected = _host(alone)
+        for m in rows:
+            got = _host(qmv.qmv_rows(x[:m], w, scales, biases, group_size, bits, dequant))
+            bad = [i for i in range(m) if not np.array_equal(got[i], expected[i])]
+            if bad:
+                mismatches.append({"shape": (n, k), "rows": m, "rows_differing": bad})
+    return {"exact": not mismatches, "mismatches": mismatches[:4]}
+
+
+@functools.cache
+def qmv_variant(dtype: mx.Dtype, bits: int, group_size: int) -> str | None:
+    """The dequant variant of ``qmv_rows`` that reproduces MLX's one-row product on this device
+    (None: none does, or the kernel cannot run here; the reason is warned once)."""
+    if not cuda_available():
+        return None
+    for dequant in qmv.DEQUANT:
+        try:
+            if qmv_matches(dtype, bits, group_size, dequant)["exact"]:
+                return dequant
+        except Exception as err:  # a kernel that does not compile or run is a fallback, not an error
+            warn_fallback("qmv_rows", f"{type(err).__name__}: {err}")
+            return None
+    warn_fallback(
+        "qmv_rows", f"no variant reproduces MLX's one-row product for {dtype}, {bits} bits, group {group_size}"
+    )
+    return None
+
+
+_warned: set[str] = set()
+
+
+def warn_fallback(kernel: str, reason: str) -> None:
+    """Warn once per kernel and process that ``kernel`` is not used, and why."""
+    if kernel in _warned:
+        return
+    _warned.add(kernel)
+    warnings.warn(
+        f"specbench kernel {kernel} is not used on this device ({reason}); exact verification keeps MLX's "
+        "kernels split row by row (slower, still exact)",
+        stacklevel=3,
+    )
+
+
+def probe_kernels(
+    configs: Sequence[tuple[mx.Dtype, int, int]] = ((mx.bfloat16, 4, 64), (mx.bfloat16, 8, 64), (mx.float16, 4, 32)),
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """For each (dtype, bits, group size) of ``configs``: which dequant variants of ``qmv_rows`` reproduce MLX here."""
+    rows = []
+    for dtype, b, g in configs:
+        if True:
+            if True:
+                for dequant in qmv.DEQUANT:
+                    try:
+                        found = qmv_matches(dtype, b, g, dequant, rows=SURVEY_ROWS)
+                    except Exception as err:
+                        found = {"exact": False, "error": f"{type(err).__name__}: {err}"}
+                    rows.append(
+                        {"kernel": "qmv_rows", "dtype": str(dtype).split(".")[-1], "bits": b, "group_size": g}
+                        | {"dequant": dequant, **found}
+                    )
+                    if progress is not None:
+                        progress(rows[-1])
+    return rows

@@ -1,0 +1,134 @@
+"""The row-invariant quantized matmul: its pure-MLX reference, and how exact mode chooses the kernel.
+
+The CUDA kernel itself runs on the GPU (``pytest -m gpu`` through the device, and
+``scripts/gpu/kernels.py``); here its reference arithmetic, the probe's verdict off CUDA, and the
+calibration's choice, fallback and rejection of the kernel level are tested with stand-ins.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from conftest import build_tiny, emulate_gpu
+
+from specbench import kernels
+from specbench.exact import calibrate, exact_mode
+from specbench.exact import calibration as exact_calibration
+from specbench.kernels import probe as kernel_probe
+from specbench.kernels import qmv_rows_reference
+
+
+def _host(a: mx.array) -> np.ndarray:
+    return np.array(a.astype(mx.float32)).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("bits,group_size", [(4, 32), (4, 64), (8, 64), (4, 128), (8, 128)])
+@pytest.mark.parametrize("k", [576, 1024])  # 576: a residue pass after one full pass of 512 (4-bit)
+def test_reference_rows_do_not_depend_on_other_rows_and_match_the_product(dtype, bits, group_size, k):
+    if k % group_size:
+        pytest.skip("K must be a multiple of the group size")
+    mx.random.seed(1)
+    n = 24
+    weight = (mx.random.normal((n, k)) / k**0.5).astype(dtype)
+    w, scales, biases = mx.quantize(weight, group_size=group_size, bits=bits)
+    x = mx.random.normal((9, k)).astype(dtype)
+    together = _host(qmv_rows_reference(x, w, scales, biases, group_size, bits))
+    for i in range(9):  # each row alone, and inside other row counts, is the same row
+        alone = _host(qmv_rows_reference(x[i : i + 1], w, scales, biases, group_size, bits))
+        assert np.array_equal(together[i], alone[0])
+    assert np.array_equal(together[:3], _host(qmv_rows_reference(x[:3], w, scales, biases, group_size, bits)))
+    truth = _host(x) @ _host(mx.dequantize(w, scales, biases, group_size=group_size, bits=bits)).T
+    scale = np.abs(truth).max()
+    # Partial sums in the activation type over K / 512 passes, then a float reduction: a few of its ulps.
+    ulp = 2**-7 if dtype == mx.bfloat16 else 2**-10
+    assert np.abs(together - truth).max() <= 8 * ulp * scale
+    mlx = _host(mx.quantized_matmul(x, w, scales, biases, True, group_size, bits))
+    assert np.abs(together - mlx).max() <= 0.1 * scale  # MLX's CPU product rounds its own way
+
+
+def test_the_kernel_refuses_what_it_does_not_compute():
+    x = mx.zeros((2, 64), dtype=mx.bfloat16)
+    assert kernels.supports(x, 4, 64) and not kernels.supports(x, 3, 64) and not kernels.supports(x, 4, 16)
+    assert not kernels.supports(x.astype(mx.float32), 4, 64) and not kernels.supports(x, 4, 64, mode="mxfp4")
+    with pytest.raises(ValueError, match="qmv_rows computes affine"):
+        kernels.qmv_rows(x, mx.zeros((8, 8), dtype=mx.uint32), mx.zeros((8, 1)), mx.zeros((8, 1)), 64, 3)
+    with pytest.raises(ValueError, match="unknown dequant variant"):
+        kernels.qmv_rows(x, mx.zeros((8, 8), dtype=mx.uint32), mx.zeros((8, 1)), mx.zeros((8, 1)), 64, 4, "fast")
+
+
+def test_off_cuda_the_probe_finds_no_kernel_and_calibration_does_not_try_it():
+    assert not kernels.cuda_available()
+    assert kernels.qmv_variant(mx.bfloat16, 4, 64) is None
+    model = _quantized_tiny()
+    assert not exact_calibration.uses_kernel(model)
+
+
+def _quantized_tiny() -> nn.Module:
+    model = build_tiny("qwen3")
+    model.set_dtype(mx.bfloat16)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    return model
+
+
+def _row_by_row(x, w, scales, biases, group_size, bits, dequant="mul-add"):
+    """A stand-in kernel that is exact by construction: MLX's own product, one row per call."""
+    flat = x.reshape(-1, x.shape[-1])
+    rows = [mx.quantized_matmul(flat[i : i + 1], w, scales, biases, True, group_size, bits) for i in range(len(flat))]
+    return mx.concatenate(rows).reshape(*x.shape[:-1], w.shape[0])
+
+
+def _on_cuda(monkeypatch, kernel) -> None:
+    """Pretend the kernel runs here: the probe proved variant "mul-add", and ``kernel`` is the kernel."""
+    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
+    monkeypatch.setattr(kernels, "qmv_variant", lambda dtype, bits, group_size: "mul-add")
+    monkeypatch.setattr(kernels, "qmv_rows", kernel)
+    monkeypatch.setattr(kernel_probe, "_warned", set())
+    exact_calibration._calibrations.clear()
+
+
+def test_calibration_takes_the_kernel_level_where_it_is_exact(monkeypatch):
+    emulate_gpu(monkeypatch, attention=True, linear_rows=1)  # batched products are not row-invariant
+    _on_cuda(monkeypatch, _row_by_row)
+    model = _quantized_tiny()
+    calibration = calibrate(model, [4], measure=False, boundary=False, save=False)
+    assert calibration.level_for(4) == "attention+linear/kernel"
+    tokens = mx.array([[3, 5, 7, 11]])
+    from mlx_lm.models.cache import make_prompt_cache
+
+    serial_cache, verify_cache = make_prompt_cache(model), make_prompt_cache(model)
+    serial = mx.concatenate([model(tokens[:, i : i + 1], cache=serial_cache) for i in range(4)], axis=1)
+    with exact_mode(model, "attention+linear/kernel"):
+        verified = model(tokens, cache=verify_cache)
+    assert np.array_equal(_host(verified), _host(serial))
+
+
+def test_a_kernel_that_fails_is_a_recorded_fallback_with_one_warning(monkeypatch):
+    emulate_gpu(monkeypatch, attention=True, linear_rows=1)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Failed to compile kernel: (emulated)")
+
+    _on_cuda(monkeypatch, broken)
+    model = _quantized_tiny()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        calibration = calibrate(model, [3, 4], measure=False, boundary=False, save=False)
+    assert all(calibration.level_for(w) != "attention+linear/kernel" for w in (3, 4))
+    failed = [t for t in calibration.rows() if t["level"] == "attention+linear/kernel"]
+    assert failed and all(not t["exact"] and "emulated" in t["error"] for t in failed)
+    assert sum("qmv_rows is not used" in str(w.message) for w in caught) == 1
+
+
+def test_a_kernel_that_is_not_bit_identical_is_rejected(monkeypatch):
+    emulate_gpu(monkeypatch, attention=True, linear_rows=1)
+    _on_cuda(monkeypatch, lambda x, w, s, b, g, bits, dequant="mul-add": qmv_rows_reference(x, w, s, b, g, bits))
+    model = _quantized_tiny()
+    calibration = calibrate(model, [4], measure=False, boundary=False, save=False)
+    assert calibration.level_for(4) != "attention+linear/kernel"
+    assert any(t["level"] == "attention+linear/kernel" and not t["exact"] for t in calibration.rows())
