@@ -132,7 +132,7 @@ def exact_match_expectation(steps: pl.DataFrame, level: float = 0.95) -> dict[st
     verifications of exact-match runs, the accepted tokens measured against their expected count, the sum
     of p(x) over every reached draft position (the accepted ones and the first rejected one), with the
     interval expected +- z * sqrt(sum p(1 - p)) (a sum of Bernoulli trials, each reached only after the ones
-    before it succeeded: a martingale, so the normal interval holds)."""
+    before it succeeded: a martingale, so the normal interval holds). No reached position: zeros, a NaN interval."""
     rows = steps.filter((pl.col("acceptance") == "exact-match") & (pl.col("kind") == "verify"))
     expected = variance = 0.0
     measured = positions = 0
@@ -142,8 +142,8 @@ def exact_match_expectation(steps: pl.DataFrame, level: float = 0.95) -> dict[st
         variance += sum(p * (1 - p) for p in reached)
         measured += accepted
         positions += len(reached)
-    if not positions:
-        raise ValueError("no exact-match verification with a draft in these steps")
+    if not positions:  # nothing to compare: no exact-match verification reached a draft token
+        return {"measured": 0.0, "expected": 0.0, "low": float("nan"), "high": float("nan"), "reached_positions": 0.0}
     z = NormalDist().inv_cdf(0.5 + level / 2)
     half = z * variance**0.5
     return {

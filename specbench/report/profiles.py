@@ -59,6 +59,17 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "permutations": 200,
         },
         "explorer": {"models": [_TINY], "max_tokens": 8},
+        "acceptance_rules": {
+            "model": _TINY,
+            "drafters": ["lookup", "suffix"],
+            "draft_lengths": [2],
+            "temperatures": [0.7, 1.0],
+            "categories": ["repeated_paragraph"],
+            "max_tokens": 12,
+            "shift_samples": 4,
+            "shift_tokens": 4,
+            "permutations": 200,
+        },
     },
     # The embedded model (SmolLM2-135M), sized for a 2-core CPU, where MLX runs on about one core: a float32
     # decode step takes ~0.17 s, a prompt token ~0.09 s and a width-w verification ~0.13 s per row, so every
@@ -121,6 +132,19 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "lossless_tokens": 6,
         },
         "explorer": {"models": [_EMBEDDED], "max_tokens": 32, "prompt": _SHARED_PROMPT, "policy": "fixed", "k": 3},
+        "acceptance_rules": {
+            # one drafter without q (lookup) and one with (the shipped draft model); the MTP head and suffix are
+            # left out for time (add them with -p acceptance_rules.drafters=lookup,suffix,mtp,draft-model)
+            "model": _EMBEDDED,
+            "drafters": ["lookup", "draft-model"],
+            "draft_lengths": [3],
+            "temperatures": [0.3, 0.7, 1.0],
+            "categories": ["translation"],
+            "max_prompt_tokens": 160,
+            "max_tokens": 16,
+            "shift_samples": 6,
+            "shift_tokens": 6,
+        },
     },
 }
 
@@ -140,6 +164,7 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "batch_break_even": 8,
         "simulate_logs": 12,
         "tree_vs_path": 12,
+        "acceptance_rules": 15,
     },
     "full": {
         "quickstart": 6,  # shows the sweep's recorded generation
@@ -151,5 +176,6 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "batch_break_even": 6,  # tiny synthetic shapes in both profiles (the notebook's defaults)
         "simulate_logs": 9,  # the bundled traces, tokenized only: no model runs
         "tree_vs_path": 11,  # the traces' recorded replies (source "replies"): no model runs
+        "acceptance_rules": 170,  # estimated, not yet measured: 27 generations of 16 tokens and 48 short samples
     },
 }

@@ -48,6 +48,7 @@ NOTEBOOKS: dict[str, str] = {
     "batch_break_even": "Break-even by batch size",
     "simulate_logs": "Agent logs simulated: tokens per verification by drafter and store",
     "tree_vs_path": "Draft trees vs paths on agent traces",
+    "acceptance_rules": "Acceptance rules at T > 0: token-wise, exact match, block, typical (lossy)",
 }
 
 #: Parameters the report sets itself (not settable with -p).

@@ -9,12 +9,14 @@ Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``
 - ``sweeps``: ``speedup_vs_k``, ``accepted_vs_k``, ``per_position``, ``category_speedups``,
   ``acceptance_vs_temperature``, ``token_histograms``;
 - ``traces``: ``per_turn``, ``cumulative_saved``;
+- ``rules``: ``rules_vs_temperature``, ``rules_by_drafter``, ``rule_positions``, ``rule_shifts`` (acceptance rules);
 - ``cost``: ``verify_costs``, ``break_even``, ``measured_vs_predicted``;
 - ``bench``: ``prompt_figure``, ``save_prompt_figure`` (the prompt benchmark's speedups by category).
 """
 
 from specbench.report.figures.bench import prompt_figure, save_prompt_figure
 from specbench.report.figures.cost import break_even, measured_vs_predicted, verify_costs
+from specbench.report.figures.rules import rule_positions, rule_shifts, rules_by_drafter, rules_vs_temperature
 from specbench.report.figures.steps import step_timeline
 from specbench.report.figures.style import (
     COLOURS,
@@ -44,6 +46,10 @@ from specbench.report.figures.sweeps import (
 from specbench.report.figures.traces import cumulative_saved, per_turn
 
 __all__ = [
+    "rule_positions",
+    "rule_shifts",
+    "rules_by_drafter",
+    "rules_vs_temperature",
     "prompt_figure",
     "save_prompt_figure",
     "COLOURS",

@@ -1,0 +1,137 @@
+"""Figures of the acceptance-rule comparison (``specbench.experiments.acceptance_rules``): a rule keeps one
+colour, a lossy rule a dashed line or hatched bar."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import polars as pl
+
+from specbench.report.figures.style import WIDE, new_axes, no_data
+
+RULE_COLOURS = {"token": "tab:blue", "exact-match": "tab:orange", "block": "tab:green", "typical (lossy)": "tab:red"}
+_TEMPERATURE_STYLES = ("-", "--", ":", "-.")
+
+
+def _colour(rule: str) -> str:
+    return RULE_COLOURS.get(rule, "0.4")
+
+
+def _lossy(rule: str) -> bool:
+    return "lossy" in rule
+
+
+def rules_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance rules vs temperature"):
+    """Two panels against temperature, a line per rule: tokens per verification and speedup over plain."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=WIDE, constrained_layout=True)
+    if summary.is_empty():
+        no_data(left, "no speculative runs")
+        return fig
+    for (rule,), rows in summary.sort("temperature").group_by(["acceptance"], maintain_order=True):
+        line = dict(color=_colour(rule), ls="--" if _lossy(rule) else "-", marker="o", ms=4, label=rule)
+        left.plot(rows["temperature"].to_numpy(), rows["tokens_per_verify"].to_numpy(), **line)
+        right.plot(rows["temperature"].to_numpy(), rows["speedup"].to_numpy(), **line)
+    left.set_ylabel("tokens per verification (accepted + 1)")
+    left.set_title("Tokens per verification")
+    right.axhline(1.0, color="0.3", lw=0.9)
+    right.set_ylabel("speedup over plain sampling (x)")
+    right.set_title("Speedup")
+    for ax in (left, right):
+        ax.set_xlabel("temperature")
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    fig.suptitle(title)
+    return fig
+
+
+def rules_by_drafter(summary: pl.DataFrame, title: str = "Tokens per verification by drafter and draft length"):
+    """A panel per temperature: grouped bars of tokens per verification per drafter and k, a bar per rule."""
+    temperatures = summary["temperature"].unique().sort().to_list() if not summary.is_empty() else []
+    fig, axes = plt.subplots(
+        1, max(1, len(temperatures)), figsize=(4.2 * max(1, len(temperatures)), 4.2), constrained_layout=True
+    )
+    axes = np.atleast_1d(axes)
+    if not temperatures:
+        no_data(axes[0], "no speculative runs")
+        return fig
+    rules = summary["acceptance"].unique(maintain_order=True).to_list()
+    for ax, t in zip(axes, temperatures):
+        cell = summary.filter(pl.col("temperature") == t)
+        groups = cell.select("drafter", "k").unique(maintain_order=True).rows()
+        width = 0.8 / max(1, len(rules))
+        for j, rule in enumerate(rules):
+            rows = {(r["drafter"], r["k"]): r for r in cell.filter(pl.col("acceptance") == rule).iter_rows(named=True)}
+            heights = [(rows.get(g) or {}).get("tokens_per_verify") or 0.0 for g in groups]
+            ax.bar(
+                np.arange(len(groups)) + (j - (len(rules) - 1) / 2) * width,
+                heights,
+                width,
+                color=_colour(rule),
+                hatch="//" if _lossy(rule) else None,
+                label=rule,
+            )
+        ax.set_xticks(np.arange(len(groups)), [f"{d}\nk={k}" for d, k in groups], fontsize=8)
+        ax.set_title(f"T = {t:g}")
+        ax.set_ylabel("tokens per verification")
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    return fig
+
+
+def rule_positions(positions: pl.DataFrame, title: str = "Per-position acceptance by rule", min_reached: int = 3):
+    """a_i = P(draft token i accepted | 1..i-1 accepted) per rule (colour) and temperature (line style), with
+    the 95% intervals of ``per_position_acceptance``. For block verification a_i is the conditional rate of
+    its accepted prefix lengths (it accepts a prefix jointly, not token by token)."""
+    fig, ax = new_axes(None)
+    rows = positions.filter(pl.col("reached") >= min_reached) if not positions.is_empty() else positions
+    if rows.is_empty():
+        no_data(ax, "no verifications")
+        return fig
+    temperatures = rows["temperature"].unique().sort().to_list()
+    for (rule, t), cell in rows.sort("position").group_by(["acceptance", "temperature"], maintain_order=True):
+        rate = cell["rate"].to_numpy()
+        yerr = [np.clip(rate - cell["low"].to_numpy(), 0, None), np.clip(cell["high"].to_numpy() - rate, 0, None)]
+        style = _TEMPERATURE_STYLES[temperatures.index(t) % len(_TEMPERATURE_STYLES)]
+        ax.errorbar(
+            cell["position"].to_numpy(), rate, yerr=yerr, color=_colour(rule), ls=style, marker="o", ms=4, capsize=2
+        )
+        ax.plot([], [], color=_colour(rule), ls=style, label=f"{rule}, T={t:g}")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel(f"draft position i (positions reached >= {min_reached} times)")
+    ax.set_ylabel("a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(title)
+    return fig
+
+
+def rule_shifts(table: pl.DataFrame, title: str = "Distribution shift against plain sampling", ax: Any = None):
+    """A bar per rule: the total variation distance between its sampled tokens and plain sampling's, with
+    its 95% bootstrap interval; a tick marks the noise level (the TVD two samples of one distribution show)."""
+    fig, ax = new_axes(ax)
+    if table.is_empty():
+        no_data(ax, "no check run")
+        return fig
+    x = np.arange(len(table))
+    tvd = table["tvd"].to_numpy()
+    low, high = table["tvd_low"].to_numpy(), table["tvd_high"].to_numpy()
+    rules = table["acceptance"].to_list()
+    ax.bar(
+        x,
+        tvd,
+        color=[_colour(r) for r in rules],
+        hatch=None,
+        yerr=[np.clip(tvd - low, 0, None), np.clip(high - tvd, 0, None)],
+        capsize=3,
+    )
+    ax.scatter(x, table["tvd_noise"].to_numpy(), marker="_", s=400, color="k", zorder=3, label="noise (95%)")
+    ax.set_xticks(x, [f"{r}\n{v}" for r, v in zip(rules, table["verdict"].to_list())], fontsize=8)
+    ax.set_ylabel("total variation distance (tokens)\n(bars: 95% bootstrap interval over samples)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    return fig
