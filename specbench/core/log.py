@@ -20,8 +20,9 @@ class StepRecord:
     ``paused`` marks plain steps taken because the policy paused drafting; the first of such a stretch
     may carry a draft that was not verified (``draft_tokens``, ``draft_s``: Auto's measure of acceptance).
     ``accepted_positions`` lists the accepted draft positions (0-based); acceptance is a
-    prefix, so it is ``range(accepted)``; ``accept_probs`` holds min(1, p/q) per draft
-    position when sampling. A token-tree verification records its tree (``draft_parents``,
+    prefix, so it is ``range(accepted)``; ``accept_probs`` holds the acceptance rule's probability per
+    draft position when sampling (min(1, p/q) for the default rule; ``specbench.core.rules`` says each
+    rule's). A token-tree verification records its tree (``draft_parents``,
     ``tree_nodes``, ``tree_depth``: the deepest node's depth) and the accepted nodes root to leaf
     (``accepted_path``; ``accepted`` is its depth); paths leave these empty.
     """
