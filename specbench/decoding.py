@@ -16,7 +16,6 @@ from typing import Any
 import mlx.nn as nn
 
 from specbench.common.distributed import is_sharded
-from specbench.common.identity import device_name, model_key
 from specbench.core.batch import BatchGeneration
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
@@ -26,7 +25,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.core.verify import FAST
 from specbench.cost import Profile, break_even_tokens, profile_for
 from specbench.cost.group import lockstep_profile
-from specbench.cost.trees import load_tree_costs, tree_break_even, tree_costs_path
+from specbench.cost.trees import stored_tree_costs, tree_break_even
 from specbench.exact import ExactVerifier, verifier_for
 
 
@@ -81,9 +80,9 @@ def speculative_generate(
         profile = profile or (lockstep_profile if sharded else profile_for)(model, mode, progress=progress)
         generation.break_even = break_even_function(profile, drafter, mode)
         if getattr(drafter, "tree", False) is True:  # a tree's k is its node count: costed by node count when stored
-            stored = tree_costs_path(model_key(model), device_name(), mode)
-            if stored.exists():
-                generation.break_even = tree_break_even(load_tree_costs(stored), drafter)
+            stored = stored_tree_costs(model, mode)
+            if stored is not None:
+                generation.break_even = tree_break_even(stored, drafter)
     return generation
 
 

@@ -3,16 +3,19 @@ target, then a rename)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as dt
+import fcntl
 import hashlib
 import io
 import json
 import os
 import re
 import tempfile
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,23 @@ def _write_atomic(path: str | os.PathLike, write: Callable[[str], Any], suffix: 
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on ``<path>.lock`` (threads and processes alike) while inside: every stored
+    file that is read, merged and written again is, under this lock, so that no writer loses another's part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _LOCK, open(path.with_name(path.name + ".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def check_writable(path: str | os.PathLike, folder: bool = False, name: str | None = None) -> Path:

@@ -12,13 +12,14 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from specbench.common.files import home, write_json_atomic
+from specbench.common.files import home, set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, versions
 
 #: Bytes of the array the peak is measured over on the CPU (large enough to leave every cache behind; 1 GiB on a GPU).
@@ -111,6 +112,16 @@ def _cache_path(root: Path | None = None) -> Path:
 _peaks: dict[str, float] = {}
 
 
+def check_peak(data: Any) -> dict[str, Any]:
+    """A stored peak bandwidth (its JSON), or a ValueError saying what is wrong: the one check of its readers."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
+    peak = data.get("bytes_per_s")
+    if not (isinstance(peak, (int, float)) and not isinstance(peak, bool) and 0 < peak < float("inf")):
+        raise ValueError(f"bytes_per_s is {peak!r}, not a finite rate above zero")
+    return data
+
+
 def peak_bandwidth(root: Path | None = None, refresh: bool = False) -> float:
     """The default device's memory bandwidth in bytes/s as MLX reaches it (``PEAK_METHOD``), measured once
     and kept beside the cost profiles."""
@@ -120,16 +131,14 @@ def peak_bandwidth(root: Path | None = None, refresh: bool = False) -> float:
         return _peaks[key]
     if not refresh and path.is_file():
         try:
-            data = json.loads(path.read_text())
-            if (
-                data.get("kernels") == kernel_key()
-                and data.get("method") == PEAK_METHOD
-                and data.get("bytes_per_s", 0) > 0
-            ):
+            data = check_peak(json.loads(path.read_text(encoding="utf-8")))
+            if data.get("kernels") == kernel_key() and data.get("method") == PEAK_METHOD:
                 _peaks[key] = float(data["bytes_per_s"])
                 return _peaks[key]
-        except (OSError, ValueError, AttributeError):
-            pass  # unreadable: measured again and rewritten
+        except (ValueError, UnicodeDecodeError) as err:
+            set_aside(path, "measured peak bandwidth", err)  # measured again and rewritten
+        except OSError:
+            pass
     peak = _measure_peak()
     _peaks[key] = peak
     try:

@@ -24,7 +24,7 @@ from typing import Any
 import mlx.nn as nn
 import numpy as np
 
-from specbench.common.files import DamagedFileWarning, home, set_aside, write_json_atomic
+from specbench.common.files import DamagedFileWarning, home, locked, set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.draft import Drafter
 
@@ -159,26 +159,51 @@ def profile_path(
     return root / f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}{digest}.json"
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
+def check_profile(data: Any) -> Profile:
+    """The profile in ``data`` (a stored profile's JSON), or a ValueError saying what is wrong with it: the
+    one check of every reader. Each mode's widths are increasing integers >= 1 with as many costs and seconds,
+    all finite and above zero; the plain step is a finite time above zero; overheads are finite numbers and
+    drafter costs finite and >= 0."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
+    try:
+        profile = Profile.from_dict(data)
+    except TypeError as err:
+        raise ValueError(str(err)) from None
+    for part in ("widths", "costs", "seconds", "overhead", "drafters", "versions"):
+        if not isinstance(getattr(profile, part), dict):
+            raise ValueError(f"{part!r} is not a JSON object")
+    if not profile.costs:
+        raise ValueError("it holds no verify costs")
+    for mode, costs in profile.costs.items():
+        widths, seconds = profile.widths.get(mode), profile.seconds.get(mode)
+        if not all(isinstance(c, list) and c and len(c) == len(costs) for c in (costs, widths, seconds)):
+            raise ValueError(f"the {mode!r} widths, costs and seconds are not equally long lists")
+        if not all(_number(x) and x > 0 for c in (costs, seconds) for x in c):
+            raise ValueError(f"the {mode!r} costs and seconds are not all finite numbers above zero")
+        if not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths):
+            raise ValueError(f"the {mode!r} widths {widths} are not all integers >= 1")
+        if any(b <= a for a, b in zip(widths, widths[1:])):
+            raise ValueError(f"the {mode!r} widths {widths} are not in increasing order")
+    if not (_number(profile.plain_step_s) and profile.plain_step_s > 0):
+        raise ValueError(f"plain_step_s is {profile.plain_step_s!r}, not a time above zero")
+    if not all(_number(v) for v in profile.overhead.values()):
+        raise ValueError(f"the overheads {profile.overhead} are not all finite numbers")
+    for name, entry in profile.drafters.items():
+        if not (isinstance(entry, dict) and _number(entry.get("d")) and entry["d"] >= 0):
+            raise ValueError(f"drafter {name!r} has no finite cost per draft token >= 0")
+    return profile
+
+
 def _read(path: Path) -> Profile:
     """The profile stored at ``path``; a ValueError naming the file when it is damaged."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
-        profile = Profile.from_dict(data)
-        for part in ("widths", "costs", "seconds", "overhead", "drafters", "versions"):
-            if not isinstance(getattr(profile, part), dict):
-                raise TypeError(f"{part!r} is not a JSON object")
-        for mode, costs in profile.costs.items():
-            curves = (costs, profile.widths.get(mode), profile.seconds.get(mode))
-            if not all(isinstance(c, list) and c and len(c) == len(costs) for c in curves) or not all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) for c in curves for x in c
-            ):
-                raise ValueError(f"the {mode!r} widths, costs and seconds are not equally long lists of finite numbers")
-        if not isinstance(profile.plain_step_s, (int, float)) or isinstance(profile.plain_step_s, bool):
-            raise TypeError(f"plain_step_s is {profile.plain_step_s!r}, not a number")
-        return profile
-    except (ValueError, TypeError) as err:
+        return check_profile(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"the stored cost profile {path} is damaged ({err})") from err
 
 
@@ -196,14 +221,16 @@ def _read_or_set_aside(path: Path) -> Profile | None:
 
 def save_profile(profile: Profile, root: Path | None = None) -> Path:
     """Write a profile atomically, keeping modes and drafters an earlier profile of the same key has
-    and this one lacks (a damaged earlier file is moved aside)."""
+    and this one lacks (a damaged earlier file is moved aside): read, merged and written under the
+    file's lock, so that concurrent writers of different modes lose none."""
     path = profile.path(root)
     data = profile.to_dict()
-    old = _read_or_set_aside(path)
-    if old is not None:
-        for part in _MERGED_PARTS:
-            data[part] = {**getattr(old, part), **data[part]}
-    return write_json_atomic(path, data)
+    with locked(path):
+        old = _read_or_set_aside(path)
+        if old is not None:
+            for part in _MERGED_PARTS:
+                data[part] = {**getattr(old, part), **data[part]}
+        return write_json_atomic(path, data)
 
 
 def load_profile(model: nn.Module | str, device: str | None = None, root: Path | None = None) -> Profile | None:

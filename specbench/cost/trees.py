@@ -26,7 +26,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 
-from specbench.common.files import home, write_json_atomic
+from specbench.common.files import home, locked, set_aside, write_json_atomic
 from specbench.common.identity import device_name, model_key, versions
 from specbench.core.draft import Drafter
 from specbench.core.forward import vocab_size
@@ -35,7 +35,7 @@ from specbench.core.tree import tree_attention
 from specbench.cost.breakeven import drafter_cost
 from specbench.cost.caches import CacheRestore, prefill
 from specbench.cost.measure import _time_plain
-from specbench.cost.profile import _slug
+from specbench.cost.profile import _number, _slug
 from specbench.exact import verifier_for
 
 NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -196,27 +196,84 @@ def tree_costs_path(model: str, device: str, mode: str, root: Path | None = None
 
 
 def save_tree_costs(costs: TreeCosts, root: Path | None = None) -> Path:
+    """Write tree costs atomically, keeping the node counts a stored file of the same key has and these
+    lack (a damaged one is moved aside): read, merged and written under the file's lock."""
     path = tree_costs_path(costs.model, costs.device, costs.mode, root)
-    write_json_atomic(path, costs.to_dict())
+    with locked(path):
+        stored = _read_or_set_aside(path)
+        data = costs.to_dict()
+        if stored is not None:
+            rows = {n: row for n, *row in zip(stored.nodes, stored.tree, stored.path, stored.tree_s, stored.path_s)}
+            rows.update({n: row for n, *row in zip(costs.nodes, costs.tree, costs.path, costs.tree_s, costs.path_s)})
+            nodes = sorted(rows)
+            data.update(nodes=nodes, **{k: [rows[n][i] for n in nodes] for i, k in enumerate(_CURVES)})
+        write_json_atomic(path, data)
     return path
 
 
+_CURVES = ("tree", "path", "tree_s", "path_s")
+
+
+def check_tree_costs(data: Any) -> TreeCosts:
+    """The tree costs in ``data`` (a stored file's JSON), or a ValueError saying what is wrong: the one
+    check of every reader. Node counts are increasing integers >= 1, with as many costs and seconds of
+    trees and paths, all finite and above zero; the plain step is a time above zero."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
+    names = set(TreeCosts.__dataclass_fields__)
+    try:
+        costs = TreeCosts(**{k: v for k, v in data.items() if k in names})
+    except TypeError as err:
+        raise ValueError(str(err)) from None
+    nodes = costs.nodes
+    if not (isinstance(nodes, list) and nodes and all(isinstance(n, int) and not isinstance(n, bool) for n in nodes)):
+        raise ValueError(f"the node counts {nodes!r} are not a non-empty list of integers")
+    if nodes[0] < 1 or any(b <= a for a, b in zip(nodes, nodes[1:])):
+        raise ValueError(f"the node counts {nodes} are not increasing integers >= 1")
+    for name in _CURVES:
+        values = getattr(costs, name)
+        if not (isinstance(values, list) and len(values) == len(nodes)):
+            raise ValueError(f"{name!r} does not hold one value per node count")
+        if not all(_number(x) and x > 0 for x in values):
+            raise ValueError(f"{name!r} is not all finite numbers above zero")
+    if not (_number(costs.plain_step_s) and costs.plain_step_s > 0):
+        raise ValueError(f"plain_step_s is {costs.plain_step_s!r}, not a time above zero")
+    return costs
+
+
 def load_tree_costs(path: str | Path) -> TreeCosts:
-    """Tree costs from ``save_tree_costs``' JSON, or one clear error."""
+    """Tree costs from ``save_tree_costs``' JSON, or one ValueError naming the file and what is wrong."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-        names = set(TreeCosts.__dataclass_fields__)
-        return TreeCosts(**{k: v for k, v in data.items() if k in names})
-    except (OSError, ValueError, TypeError) as err:
-        raise ValueError(f"{path}: not readable tree costs ({err}); delete it to measure again") from err
+        return check_tree_costs(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"the stored tree costs {path} are damaged or unreadable ({err})") from err
+
+
+def _read_or_set_aside(path: Path) -> TreeCosts | None:
+    """The tree costs at ``path``; None when there are none, or when they are damaged (then the file is
+    moved aside with a warning naming it, to be measured again)."""
+    if not path.exists():
+        return None
+    try:
+        return load_tree_costs(path)
+    except ValueError as err:
+        set_aside(path, "tree costs", err.__cause__ or err)
+        return None
+
+
+def stored_tree_costs(model: nn.Module, verify: str = "fast") -> TreeCosts | None:
+    """The stored tree costs of ``model`` on this device in ``verify`` mode; None when there are none or
+    they are damaged (the file is then moved aside with a warning naming it)."""
+    return _read_or_set_aside(tree_costs_path(model_key(model), device_name(), check_verify_mode(verify)))
 
 
 def tree_costs_for(model: nn.Module, verify: str = "fast", **measure: Any) -> TreeCosts:
-    """The stored tree costs of ``model`` on this device in ``verify`` mode, measured and stored when absent."""
-    path = tree_costs_path(model_key(model), device_name(), check_verify_mode(verify))
-    if path.exists():
-        return load_tree_costs(path)
+    """The stored tree costs of ``model`` on this device in ``verify`` mode, measured and stored when absent
+    (or damaged: the file is moved aside with a warning)."""
+    stored = stored_tree_costs(model, verify)
+    if stored is not None:
+        return stored
     costs = measure_tree_costs(model, verify=verify, **measure)
     save_tree_costs(costs)
     return costs

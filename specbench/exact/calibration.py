@@ -10,15 +10,12 @@ aside with a warning naming it and calibrated anew.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import statistics
-import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +28,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from specbench import kernels
 from specbench.common import distributed
-from specbench.common.files import home, set_aside, write_json_atomic
+from specbench.common.files import home, locked, set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.forward import context_length, vocab_size
 from specbench.exact.hooks import split_mode
@@ -144,26 +141,11 @@ def load_calibration(model: nn.Module) -> Calibration | None:
     return calibration
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``<path>.lock`` (threads and processes alike) while inside."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _save_lock, open(path.with_name(path.name + ".lock"), "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-_save_lock = threading.RLock()
-
-
 def _save(calibration: Calibration) -> None:
     """Write ``calibration`` atomically, merged with the widths another process or thread stored
     meanwhile: the read, merge and write happen under a lock file, so no writer loses another's widths."""
     path = _calibration_path(calibration.key)
-    with _locked(path):
+    with locked(path):
         stored = _read(path)
         if stored is not None:
             for width, found in stored.widths.items():

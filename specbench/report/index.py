@@ -1,8 +1,10 @@
 """A report folder's status files and its index page (``index.html``), which links every
 notebook's HTML, figures, logs and tables with a summary table.
 
-A notebook's status is "running" while it runs (with the runner's process id and host), then "done"
-or "failed"; a "running" status whose process is gone is shown as "interrupted".
+A notebook's status is "running" while it runs (with the runner's process id and host), then "done",
+"failed" or "interrupted" (a signal or Ctrl-C); a "running" status whose process is gone is shown as
+"interrupted" too. Statuses and the index are written under their file's lock; a damaged status is
+moved aside with a warning and the notebook runs again.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from specbench.common.files import write_json_atomic, write_text_atomic
+from specbench.common.files import locked, set_aside, write_json_atomic, write_text_atomic
 from specbench.report.labels import describe
 
 _STYLE = """
@@ -41,13 +43,56 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+#: The states a status file records.
+STATES = ("running", "done", "failed", "interrupted")
+
+
+def check_status(data: Any) -> dict[str, Any]:
+    """A notebook's status (``status.json``'s JSON), or a ValueError saying what is wrong: the one check
+    of every reader."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
+    if data.get("status") not in STATES:
+        raise ValueError(f"its status {data.get('status')!r} is not one of {', '.join(STATES)}")
+    seconds = data.get("seconds", 0.0)
+    if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < float("inf")):
+        raise ValueError(f"its run time {seconds!r} is not a number of seconds >= 0")
+    for key, kind in (("parameters", dict), ("outputs", list), ("error", str), ("pid", int), ("host", str)):
+        if key in data and not isinstance(data[key], kind):
+            raise ValueError(f"its {key!r} is not a {kind.__name__}")
+    return data
+
+
 def read_status(out: Path, notebook: str) -> dict[str, Any] | None:
-    """A notebook's ``status.json`` in report folder ``out`` (None when missing or unreadable)."""
-    return _read_json(Path(out) / notebook / "status.json")
+    """A notebook's ``status.json`` in report folder ``out``: None when missing, unreadable or damaged
+    (a damaged file is moved aside with a warning naming it, and the notebook runs again)."""
+    path = Path(out) / notebook / "status.json"
+    try:
+        return check_status(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return None
+    except (ValueError, UnicodeDecodeError) as err:
+        set_aside(path, "report status", err)
+    except OSError:
+        pass
+    return None
 
 
 def write_status(out: Path, notebook: str, status: dict[str, Any]) -> Path:
-    return write_json_atomic(Path(out) / notebook / "status.json", status)
+    path = Path(out) / notebook / "status.json"
+    with locked(path):
+        return write_json_atomic(path, check_status(status))
+
+
+def write_report_info(out: Path, info: dict[str, Any]) -> Path:
+    """Write ``out/report.json`` from ``info``, merged with what is stored there (its first "created"
+    kept), under the file's lock."""
+    path = Path(out) / "report.json"
+    with locked(path):
+        stored = _read_json(path)
+        stored = stored if isinstance(stored, dict) else {}
+        created = stored.get("created") if isinstance(stored.get("created"), str) else None
+        return write_json_atomic(path, {**stored, **info, **({"created": created} if created else {})})
 
 
 def read_summary(out: Path, notebook: str) -> dict[str, Any]:
@@ -133,7 +178,13 @@ def write_index(out: str | os.PathLike, titles: dict[str, str]) -> Path:
     """(Re)write ``out/index.html`` from the status and summary files of the notebooks in
     ``titles`` (name -> title, in report order)."""
     out = Path(out)
-    info = _read_json(out / "report.json") or {}
+    with locked(out / "index.html"):  # what it reads and writes, as one: no writer's status is lost
+        return _write_index(out, titles)
+
+
+def _write_index(out: Path, titles: dict[str, str]) -> Path:
+    info = _read_json(out / "report.json")
+    info = info if isinstance(info, dict) else {}
     rows, galleries, verdicts = [], [], []
     for name, title in titles.items():
         status = read_status(out, name)

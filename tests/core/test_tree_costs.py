@@ -35,7 +35,7 @@ def test_measured_tree_costs_are_stored_and_read_back(tmp_path, monkeypatch):
     assert load_tree_costs(path) == measured
     assert tree_costs_for(model) == measured  # stored: read, not measured again
     path.write_text("{")
-    with pytest.raises(ValueError, match="delete it"):
+    with pytest.raises(ValueError, match="damaged or unreadable"):
         load_tree_costs(path)
     with pytest.raises(ValueError, match="node counts"):
         measure_tree_costs(model, nodes=(0, 2))
