@@ -8,12 +8,14 @@ every ``every_s`` seconds, how long it has run and how long it is expected to ta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -142,3 +144,29 @@ def running_cell(ipynb: str | Path) -> str:
             first = next((line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")), "")
             return f"; cell {i}/{len(code)}" + (f": {first[:60]}" if first else "")
     return ""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by a signal (SIGTERM, SIGHUP), raised where it was, as Ctrl-C is."""
+
+
+@contextlib.contextmanager
+def stopped_by_signals(signals: tuple[str, ...] = ("SIGTERM", "SIGHUP")) -> Iterator[None]:
+    """Inside, ``signals`` raise ``Interrupted`` in the main thread (so that ``finally`` blocks and handlers
+    record the interruption); elsewhere, or outside, they do what they did before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+
+    before = {}
+    for name in signals:
+        if hasattr(signal, name):
+            before[name] = signal.signal(getattr(signal, name), stop)
+    try:
+        yield
+    finally:
+        for name, handler in before.items():
+            signal.signal(getattr(signal, name), handler)

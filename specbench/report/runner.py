@@ -30,11 +30,19 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from specbench.common.files import PROJECT_ROOT, check_writable, write_json_atomic, write_text_atomic
+from specbench.common.files import PROJECT_ROOT, check_writable, write_text_atomic
 from specbench.common.identity import device_name, versions
-from specbench.report.index import read_status, read_summary, running_here, state_of, write_index, write_status
+from specbench.report.index import (
+    read_status,
+    read_summary,
+    running_here,
+    state_of,
+    write_index,
+    write_report_info,
+    write_status,
+)
 from specbench.report.profiles import EXPECTED_SECONDS, PROFILES, RUN_FIRST
-from specbench.report.progress import Heartbeat, Prefixed, running_cell
+from specbench.report.progress import Heartbeat, Prefixed, running_cell, stopped_by_signals
 from specbench.report.ranks import merge_ranks, notebooks_here
 
 #: Notebooks in report order, with their titles.
@@ -224,7 +232,7 @@ def _error_text(err: BaseException) -> str:
     ename = getattr(err, "ename", None)
     if ename:
         return f"{ename}: {getattr(err, 'evalue', '')}".strip()
-    return f"{type(err).__name__}: {err}".strip()
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
 def output_files(out: Path, name: str) -> list[str]:
@@ -289,7 +297,7 @@ def run_report(
     resolved = resolve_parameters(profile, dict(parameters or {}), names, folder)
     out = Path(out) if out else Path("reports") / profile
     out = check_writable(out, folder=True, name="--out").resolve()
-    write_json_atomic(out / "report.json", _report_info(profile, out))
+    write_report_info(out, _report_info(profile))
     result = ReportResult(out)
     previous_status = {name: read_status(out, name) for name in names}
     expected = {name: expected_seconds(profile, name, previous_status[name]) for name in names}
@@ -335,41 +343,46 @@ def run_report(
             before=console.end_line,
         )
         try:
-            with heartbeat:
-                papermill.execute_notebook(
-                    str(folder / f"{name}.ipynb"),
-                    str(ipynb),
-                    parameters={**params, "output_dir": str(out), "progress": progress},
-                    kernel_name=kernel_name,
-                    progress_bar=False,
-                    # what the notebook prints (its progress bars and lines, warnings, results) goes to the
-                    # console as it comes, each line marked with the notebook's name
-                    stdout_file=console if progress else None,
-                    stderr_file=console if progress else None,
-                    cwd=str(folder.parent),
-                    start_timeout=start_timeout,
-                )
-        except Exception as err:  # a failed notebook is recorded; the others still run
-            error = _error_text(err)
-        seconds = time.perf_counter() - t0
-        html_path = out / f"{name}.html"
-        if ipynb.exists():
             try:
-                export_html(ipynb, html_path)
-            except Exception as err:
-                error = error or f"HTML export failed: {_error_text(err)}"
-        status.update(status="failed" if error else "done", finished=_now(), seconds=round(seconds, 1), error=error)
-        if not error:
-            status["outputs"] = output_files(out, name)
-        write_status(out, name, status)
+                with heartbeat, stopped_by_signals():
+                    papermill.execute_notebook(
+                        str(folder / f"{name}.ipynb"),
+                        str(ipynb),
+                        parameters={**params, "output_dir": str(out), "progress": progress},
+                        kernel_name=kernel_name,
+                        progress_bar=False,
+                        # what the notebook prints (its progress bars and lines, warnings, results) goes to the
+                        # console as it comes, each line marked with the notebook's name
+                        stdout_file=console if progress else None,
+                        stderr_file=console if progress else None,
+                        cwd=str(folder.parent),
+                        start_timeout=start_timeout,
+                    )
+            except Exception as err:  # a failed notebook is recorded; the others still run
+                error = _error_text(err)
+            seconds = time.perf_counter() - t0
+            html_path = out / f"{name}.html"
+            if ipynb.exists():
+                try:
+                    export_html(ipynb, html_path)
+                except Exception as err:
+                    error = error or f"HTML export failed: {_error_text(err)}"
+            status.update(status="failed" if error else "done", finished=_now(), seconds=round(seconds, 1), error=error)
+            if not error:
+                status["outputs"] = output_files(out, name)
+            write_status(out, name, status)
+        except BaseException as err:  # interrupted (a signal, Ctrl-C) or unable to record: said at once
+            state = "failed" if isinstance(err, Exception) else "interrupted"
+            _record_end(out, name, status, state, _error_text(err) or state, time.perf_counter() - t0)
+            raise
         result.results.append(NotebookResult(name, status["status"], seconds, error))
         bar.write(f"{name}: {status['status']} in {seconds:.0f} s" + (f" ({error})" if error else ""))
         write_index(out, NOTEBOOKS)
     bar.close()
     result.results = merge_ranks(out, result.results, list(NOTEBOOKS))  # under mlx.launch: every rank's, on rank 0
-    info = _report_info(profile, out)
+    info = _report_info(profile)
     info["last_run_s"] = round(sum(r.seconds for r in result.results if r.status != "skipped"), 1)
-    write_json_atomic(out / "report.json", info)
+    write_report_info(out, info)
     write_index(out, NOTEBOOKS)
     return result
 
@@ -399,14 +412,20 @@ def _report_eta(expected_here: float | None, elapsed: float, later: float | None
     return f"; report: about {int(left) // 60}:{int(left) % 60:02d} left (done ~{done:%H:%M})"
 
 
-def _report_info(profile: str, out: Path) -> dict[str, Any]:
-    info: dict[str, Any] = {"profile": profile, "created": _now()}
-    info.update(device=device_name(), **versions())
-    previous = out / "report.json"
-    if previous.exists():
-        try:
-            info["created"] = json.loads(previous.read_text()).get("created", info["created"])
-        except ValueError:
-            pass
-    info["updated"] = _now()
-    return info
+def _report_info(profile: str) -> dict[str, Any]:
+    """What report.json says of this run (``write_report_info`` keeps the first run's "created")."""
+    now = _now()
+    return {"profile": profile, "created": now, "device": device_name(), **versions(), "updated": now}
+
+
+def _record_end(out: Path, name: str, status: dict[str, Any], state: str, error: str, seconds: float) -> None:
+    """Mark notebook ``name`` ``state`` ("interrupted", "failed") in its status and the index, at once; what
+    cannot be written (a full disk) is said on stderr instead."""
+    status.update(status=state, finished=_now(), seconds=round(seconds, 1), error=error)
+    try:
+        write_status(out, name, status)
+        write_index(out, NOTEBOOKS)
+    except OSError as err:
+        print(f"{name}: {state} ({error}); could not record it in {out} ({err})", file=sys.stderr, flush=True)
+    else:
+        print(f"{name}: {state} ({error}); the next run of this report resumes here", file=sys.stderr, flush=True)
