@@ -9,16 +9,20 @@ costed by node count when this model's tree costs are stored (``specbench.cost.t
 
 from __future__ import annotations
 
+import re
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 import mlx.nn as nn
 
 from specbench.common.distributed import is_sharded
+from specbench.common.identity import display_name
 from specbench.core.batch import BatchGeneration
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
+from specbench.core.forward import context_length
 from specbench.core.lockstep import in_lockstep
 from specbench.core.options import GenerateOptions, VerifyMode, checked_options
 from specbench.core.policies import DraftPolicy
@@ -73,9 +77,11 @@ def speculative_generate(
         prompt_cache=prompt_cache,
         verifier=verifier,
     )
+    _check_target(drafter, model, tokenizer)
+    longest = _fitting_draft_length(model, generation.policy, drafter) if drafter is not None else 1
     if isinstance(verifier, ExactVerifier):
         # Every width the policy may verify, calibrated now: never inside the timed generation.
-        verifier.prepare(range(2, generation.policy.longest_draft(drafter) + 2), progress)
+        verifier.prepare(range(2, longest + 2), with_estimate(progress))
     if drafter is not None and generation.policy.needs_break_even:
         profile = profile or (lockstep_profile if sharded else profile_for)(model, mode, progress=progress)
         generation.break_even = break_even_function(profile, drafter, mode)
@@ -84,6 +90,43 @@ def speculative_generate(
             if stored is not None:
                 generation.break_even = tree_break_even(stored, drafter)
     return generation
+
+
+def _check_target(drafter: Drafter | None, model: nn.Module, tokenizer: Any) -> None:
+    """A drafter made without its target (a ``DraftModel`` without ``target=``) checks the target's
+    vocabulary here, before any model work: one ValueError on a mismatch."""
+    if drafter is not None and getattr(drafter, "target_checked", True) is False:
+        drafter.check_target(model, tokenizer)
+
+
+def _fitting_draft_length(model: nn.Module, policy: Any, drafter: Drafter) -> int:
+    """The longest draft ``policy`` may ask of ``drafter``; a ValueError before any model work when a
+    verification of it (the draft and the last token) cannot fit in the model's context."""
+    longest = int(policy.longest_draft(drafter))
+    context = context_length(model)
+    if context is not None and longest + 1 > context:
+        raise ValueError(
+            f"policy {policy.name} may draft {longest} tokens, but {display_name(model)} has a context of "
+            f"{context} tokens: choose a draft length below {context}"
+        )
+    return longest
+
+
+def with_estimate(progress: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """``progress`` with the time left added to each "I/N" step of a calibration (from the steps so far)."""
+    if progress is None:
+        return None
+    started = time.perf_counter()
+
+    def say(message: str) -> None:
+        step = re.search(r"calibration (\d+)/(\d+)", message)
+        if step and int(step[1]) < int(step[2]):
+            done, total = int(step[1]), int(step[2])
+            left = (time.perf_counter() - started) / done * (total - done)
+            message += f"; about {int(left) // 60}:{int(left) % 60:02d} left"
+        progress(message)
+
+    return say
 
 
 def speculative_generate_batch(
@@ -107,6 +150,8 @@ def speculative_generate_batch(
         if opts is not None and checked_options(opts).verify == "exact":
             raise ValueError("batched decoding verifies in fast mode: leave options.verify unset or set it to 'fast'")
     generation = BatchGeneration(model, prompts, options, drafters, policy, tokenizer=tokenizer, max_batch=max_batch)
+    for request in generation.requests:
+        _check_target(request.drafter, model, tokenizer)
     if any(r.drafter is not None and r.policy.needs_break_even for r in generation.requests):
         profile = profile or profile_for(model, "fast", progress=progress)
         drafter = next(r.drafter for r in generation.requests if r.drafter is not None)

@@ -199,7 +199,7 @@ class AutoPolicy(DraftPolicy):
         shadow: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        self.max_k = at_least_one("max_k", max_k) if max_k is not None else None
+        self.max_k = check_k(max_k, "max_k") if max_k is not None else None
         self.window = at_least_one("window", window)
         self.pause_tokens = at_least_one("pause_tokens", pause_tokens)
         self.fixed_break_even = check_break_even(break_even, "break_even") if break_even is not None else None

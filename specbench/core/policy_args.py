@@ -1,14 +1,21 @@
-"""Checks of draft-policy arguments: one clear error naming the argument and what it must be."""
+"""Checks of draft-policy and drafter arguments: one clear error naming the argument and what it must be."""
 
 from __future__ import annotations
 
 import math
 from numbers import Integral
 
+#: The longest draft (tokens, or a tree's nodes) a policy may ask for: each width up to it is one forward
+#: of that many rows, and in exact mode one calibration of a few seconds on a CPU, before the first token.
+MAX_DRAFT_LENGTH = 128
 
-def check_k(n: int) -> int:
-    """A draft length: an integer >= 1."""
-    return at_least_one("draft length", n)
+
+def check_k(n: int, name: str = "draft length") -> int:
+    """A draft length: an integer from 1 to ``MAX_DRAFT_LENGTH``."""
+    k = at_least_one(name, n)
+    if k > MAX_DRAFT_LENGTH:
+        raise ValueError(f"{name} {k} is over the longest draft specbench verifies ({MAX_DRAFT_LENGTH} tokens)")
+    return k
 
 
 def at_least_one(name: str, n: object) -> int:
@@ -18,6 +25,33 @@ def at_least_one(name: str, n: object) -> int:
     if n < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {n!r}")
     return int(n)
+
+
+def whole(name: str, value: object, low: int, high: int | None = None) -> int:
+    """``value`` if it is an integer in [low, high] (not a bool), else a TypeError/ValueError naming ``name``."""
+    bounds = f"from {low} to {high}" if high is not None else f">= {low}"
+    if not isinstance(value, Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer {bounds}, got {value!r} ({type(value).__name__})")
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
+    return int(value)
+
+
+def real(name: str, value: object, low: float | None = None, high: float | None = None) -> float:
+    """``value`` if it is a finite number in [low, high], else a TypeError/ValueError naming ``name``."""
+    if (
+        isinstance(value, (bool, str, bytes))
+        or not isinstance(value, (Integral, float))
+        and not hasattr(value, "__float__")
+    ):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    number = float(value)
+    if not math.isfinite(number) or (low is not None and number < low) or (high is not None and number > high):
+        bounds = {(True, True): f" in [{low}, {high}]", (True, False): f" >= {low}", (False, True): f" <= {high}"}
+        raise ValueError(
+            f"{name} must be a finite number{bounds.get((low is not None, high is not None), '')}, got {value!r}"
+        )
+    return number
 
 
 def check_break_even(value: object, source: str) -> float:

@@ -30,6 +30,7 @@ from specbench.core.accept import SamplingSettings
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import greedy, text_model, vocab_size
 from specbench.core.options import GenerateOptions
+from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
 from specbench.models.embedded import shipped_draft_path
 
 #: Tokens fed to the draft model per forward when it catches up on a long context.
@@ -109,8 +110,7 @@ class DraftModel(Drafter):
     ):
         if not isinstance(model, nn.Module):
             raise TypeError(f"the draft model must be an mlx-lm model (nn.Module), got {type(model).__name__}")
-        if not isinstance(preferred_k, int) or preferred_k < 1:
-            raise ValueError(f"preferred_k must be an integer >= 1, got {preferred_k!r}")
+        whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = sampling_settings(sampling)
@@ -121,6 +121,8 @@ class DraftModel(Drafter):
                 f"the draft model's cache cannot roll back ({type(self._new_cache()[0]).__name__}): use a draft model "
                 "with plain attention caches"
             )
+        #: Whether the target's vocabulary was checked (with ``target=``, or by speculative_generate before its work).
+        self.target_checked = False
         if target is not None:
             self.check_target(target, target_tokenizer)
         self._reset([])
@@ -144,6 +146,7 @@ class DraftModel(Drafter):
         """Check that ``target`` shares this drafter's vocabulary; set ``cost_per_token``."""
         check_same_vocabulary(self.vocab, target, self.tokenizer, target_tokenizer)
         self.cost_per_token = self._draft_bytes() / max(parameter_bytes(target), 1)
+        self.target_checked = True
 
     def _reset(self, context: Sequence[int]) -> None:
         self.cache = self._new_cache()

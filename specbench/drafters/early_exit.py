@@ -24,6 +24,7 @@ from specbench.core.engine import Generation
 from specbench.core.forward import logits_from_hidden, text_model
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
 from specbench.drafters.draft_model import DraftModel, parameter_bytes
 
 #: Families whose body is embed -> decoder layers (one causal mask) -> final norm, as this drafter runs it.
@@ -53,6 +54,7 @@ class EarlyExit(DraftModel):
         sampling: SamplingSettings | GenerateOptions | None = None,
         preferred_k: int = 3,
     ):
+        whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
         family = _model_type(model)
         if family not in EARLY_EXIT_FAMILIES:
             raise ValueError(

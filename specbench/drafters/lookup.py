@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specbench.core.draft import Draft, Drafter
+from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
 from specbench.core.tree import breadth_first_tree
 
 
@@ -32,6 +33,13 @@ class PromptLookup(Drafter):
         tree: bool = False,
         max_candidates: int = 4,
     ):
+        for arg, value, low in (
+            ("max_ngram", max_ngram, 1),
+            ("min_ngram", min_ngram, 1),
+            ("max_candidates", max_candidates, 1),
+        ):
+            whole(arg, value, low)
+        whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
         if min_ngram < 1 or max_ngram < min_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
         if max_candidates < 1:

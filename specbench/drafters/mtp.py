@@ -19,7 +19,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from specbench.core.draft import Draft, Drafter
-from specbench.core.forward import logits_from_hidden, text_model
+from specbench.core.forward import logits_from_hidden, text_model, vocab_size
+from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
 from specbench.core.tree import row_attention
 from specbench.models.mtp.attach import attach_mtp, get_head, shipped_head
 from specbench.models.mtp.head import MtpHead
@@ -56,6 +57,12 @@ class MtpDrafter(Drafter):
         top_k: int = 0,
         tree_depth: int = 4,
     ):
+        vocab = vocab_size(model)
+        real("temperature", temperature, 0.0)
+        whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
+        whole("tree_width", tree_width, 1, vocab)
+        whole("top_k", top_k, 0, vocab)
+        whole("tree_depth", tree_depth, 1, MAX_DRAFT_LENGTH)
         if tree_width < 1:
             raise ValueError(f"tree_width must be >= 1, got {tree_width}")
         if top_k < 0 or tree_depth < 1:

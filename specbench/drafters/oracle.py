@@ -25,6 +25,7 @@ from specbench.core.draft import Draft, Drafter
 from specbench.core.engine import generate
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
+from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
 
 
 class OracleDrafter(Drafter):
@@ -50,6 +51,9 @@ class OracleDrafter(Drafter):
         model: Any = None,
         keep_drafting: bool = False,
     ):
+        real("acceptance", acceptance, 0.0, 1.0)
+        whole("vocab_size", vocab_size, 2)
+        whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
         if vocab_size < 2:

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from specbench.core.draft import Draft, Drafter
+from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
 from specbench.core.tree import is_path
 from specbench.drafters.suffix_backoff import backoff_tree
 from specbench.drafters.suffix_index import DraftLimits, SuffixIndex
@@ -70,6 +71,14 @@ class SuffixDecoding(Drafter):
         use_global: bool = True,
         tree: bool | str = False,
     ):
+        whole("max_depth", max_depth, 2)
+        whole("max_spec_tokens", max_spec_tokens, 1, MAX_DRAFT_LENGTH)
+        real("max_spec_factor", max_spec_factor, 0.0)
+        real("max_spec_offset", max_spec_offset)
+        real("min_token_prob", min_token_prob, 0.0, 1.0)
+        for arg, bound in (("max_sequences", max_sequences), ("max_tokens", max_tokens)):
+            if bound is not None:
+                whole(arg, bound, 1)
         if max_depth < 2:
             raise ValueError(f"max_depth must be >= 2, got {max_depth}")
         if max_spec_tokens < 1:
