@@ -89,12 +89,25 @@ CASES = {
         "--widths must be in [2, 256]",
     ),
     "report out is a file": (["report", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
+    "draft length beyond the bound": (
+        ["generate", "--prompt", "x", "--policy", "fixed:100000"],
+        "over the longest draft specbench verifies (128 tokens)",
+    ),
+    "bench draft length beyond the bound": (
+        ["bench", "--prompts", "bundled", "--policies", "fixed:1000"],
+        "over the longest draft specbench verifies",
+    ),
+    "prompt that is not text": (["generate", "--prompt", "caf\udce9"], "--prompt cannot be tokenized: character 3"),
+    "question file not UTF-8": (["bench", "--prompts", "{tmp}/latin1.jsonl"], "latin1.jsonl is not UTF-8 text"),
+    "question with a lone surrogate": (["bench", "--prompts", "{tmp}/surrogate.jsonl"], "surrogate.jsonl:1: a turn"),
 }
 
 
 @pytest.mark.parametrize("args, expected", list(CASES.values()), ids=list(CASES))
 def test_a_bad_command_line_is_one_error_line_before_any_model_work(args, expected, tmp_path, capsys, no_model):
     (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "latin1.jsonl").write_bytes('{"question_id": 1, "category": "qa", "turns": ["café"]}'.encode("latin-1"))
+    (tmp_path / "surrogate.jsonl").write_text('{"question_id": 1, "category": "qa", "turns": ["caf\\udce9"]}')
     argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
     assert main(argv) == 2
     captured = capsys.readouterr()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specbench.cli.registry import add_model_argument, command, drafter_names
-from specbench.common.files import check_writable, home
+from specbench.common.files import check_writable, home, write_or_keep
 
 
 # -- setup -------------------------------------------------------------------------------------
@@ -51,11 +51,12 @@ def _generate(parser: argparse.ArgumentParser):
         from specbench.core.policies import DraftPolicy
         from specbench.decoding import speculative_generate
         from specbench.drafters import make_drafter
-        from specbench.experiments.prompts import render_prompt
+        from specbench.experiments.prompts import check_text, render_prompt
         from specbench.models.load import load
 
         policy = DraftPolicy.parse(args.policy)
         drafter_names(args.drafter, "--drafter")
+        check_text(args.prompt, "--prompt")
         options = GenerateOptions(
             max_tokens=args.max_tokens,
             temperature=args.temp,
@@ -71,7 +72,7 @@ def _generate(parser: argparse.ArgumentParser):
         if tokenizer is None:
             raise ValueError(f"generate needs a model with a tokenizer; {args.model} has none")
         drafter = make_drafter(args.drafter, model=model, model_name=args.model)
-        prompt = render_prompt(tokenizer, args.prompt, chat=not args.raw)
+        prompt = render_prompt(tokenizer, args.prompt, chat=not args.raw, name="--prompt")
         gen = speculative_generate(model, prompt, options, drafter, policy if drafter else None, tokenizer=tokenizer)
         for _ in gen:
             pass
@@ -82,7 +83,7 @@ def _generate(parser: argparse.ArgumentParser):
         print_stats(gen.stats())
         print_step_summary(gen.log)
         if args.log:
-            print(f"log: {gen.log.save(args.log)}")
+            print(f"log: {write_or_keep(args.log, gen.log.save, 'step log')}")
 
     return run
 

@@ -141,7 +141,7 @@ def _check_exact(parser: argparse.ArgumentParser):
     parser.add_argument("--out", default=None, help="write the per-prompt rows here (parquet)")
 
     def run(args):
-        from specbench.common.files import write_parquet_atomic
+        from specbench.common.files import write_or_keep, write_parquet_atomic
         from specbench.common.identity import device_name
         from specbench.experiments import exactness
 
@@ -197,7 +197,7 @@ def _check_exact(parser: argparse.ArgumentParser):
                 f"{r['accepted_per_verify']:.2f} drafts accepted per verification"
             )
         if args.out:
-            print(f"rows: {write_parquet_atomic(rows, args.out)}")
+            print(f"rows: {write_or_keep(args.out, lambda path: write_parquet_atomic(rows, path), 'rows')}")
         exact = summary.filter(summary["mode"] == "exact")
         return 1 if len(exact) and int(exact["equal"][0]) < int(exact["prompts"][0]) else 0
 

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import sys
 import tempfile
 import threading
 import warnings
@@ -130,6 +131,25 @@ def inside(folder: str | os.PathLike, relative: str | os.PathLike, what: str = "
     if Path(relative).is_absolute() or not path.is_relative_to(base) or path == base:
         raise ValueError(f"{what} {str(relative)!r} leads outside its folder {base}: give a name inside it")
     return path
+
+
+def write_or_keep(path: str | os.PathLike, write: Callable[[Path], Any], what: str = "output") -> Path:
+    """``write(path)`` for finished work; when that fails (a full disk, a folder made read-only meanwhile),
+    the work is written under the temporary folder instead, with a message on stderr saying where. Returns
+    the path written; raises the first error, naming both paths, when neither can be written."""
+    path = Path(path)
+    try:
+        write(path)
+        return path
+    except Exception as err:
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        elsewhere = Path(tempfile.gettempdir()) / "specbench-kept" / f"{stamp}-{path.name}"
+        try:
+            write(elsewhere)
+        except Exception:
+            raise OSError(f"cannot write the {what} to {path} ({err}) nor to {elsewhere}") from err
+        print(f"specbench: could not write the {what} to {path} ({err}): kept in {elsewhere}", file=sys.stderr)
+        return elsewhere
 
 
 class DamagedFileWarning(UserWarning):

@@ -16,11 +16,30 @@ if TYPE_CHECKING:
 PROMPTS_DIR = ASSETS_DIR / "prompts"
 
 
-def render_prompt(tokenizer: Any, text_or_messages: str | list[dict], chat: bool = True) -> list[int]:
-    """Token ids of a prompt: a user message (or a message list) through the chat template, or raw text."""
+def check_text(text: str, name: str = "the prompt") -> str:
+    """``text`` when a tokenizer can encode it; one ValueError naming ``name`` where it holds what is not text
+    (a lone surrogate: bytes that were not UTF-8, as a command line or a file passes them on)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"{name} cannot be tokenized: character {err.start} ({text[err.start]!r}) is not text "
+            "(input that was not UTF-8?); give UTF-8 text"
+        ) from None
+    return text
+
+
+def render_prompt(
+    tokenizer: Any, text_or_messages: str | list[dict], chat: bool = True, name: str = "the prompt"
+) -> list[int]:
+    """Token ids of a prompt: a user message (or a message list) through the chat template, or raw text;
+    text a tokenizer cannot encode is one ValueError naming ``name``."""
     messages = (
         [{"role": "user", "content": text_or_messages}] if isinstance(text_or_messages, str) else text_or_messages
     )
+    for message in messages:
+        if isinstance(message, dict) and isinstance(message.get("content"), str):
+            check_text(message["content"], name)
     if chat and getattr(tokenizer, "chat_template", None):
         return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
     if not isinstance(text_or_messages, str):
@@ -69,7 +88,11 @@ def load_questions(
     if not path.is_file():
         raise FileNotFoundError(f"no question file at {path}: give a question.jsonl path or 'bundled'")
     questions = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x})") from None
+    for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
             questions.append(_question(line, f"{path}:{number}"))
     if not questions:
@@ -128,6 +151,8 @@ def _question(line: str, where: str) -> Question:
     turns = row["turns"]
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
         raise ValueError(f"{where}: turns must be a non-empty list of non-empty strings")
+    for turn in turns:
+        check_text(turn, f"{where}: a turn")
     category = str(row["category"])
     if category in MT_BENCH_CATEGORIES:
         return Question(row["question_id"], "multi_turn", tuple(turns), category)

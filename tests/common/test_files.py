@@ -114,3 +114,28 @@ def test_kernel_key_names_device_versions_and_the_blas_library(monkeypatch):
         assert identity.kernel_key() != key and identity.kernel_key().endswith("blas libblas.so.3+libopenblas.so.0")
     else:
         assert identity.blas_library() is None and "blas" not in key
+
+
+def test_finished_work_that_cannot_be_written_is_kept_elsewhere(tmp_path, capsys):
+    import errno
+
+    from specbench.common.files import write_or_keep, write_text_atomic
+
+    wanted = tmp_path / "log.parquet"
+
+    def write(path):
+        if path == wanted:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write_text_atomic(path, "the work")
+
+    kept = write_or_keep(wanted, write, "step log")
+    assert kept != wanted and kept.read_text() == "the work" and kept.name.endswith("-log.parquet")
+    said = capsys.readouterr().err
+    assert f"could not write the step log to {wanted}" in said and f"kept in {kept}" in said
+
+    def nowhere(path):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    with pytest.raises(OSError, match=f"cannot write the rows to {wanted}.*nor to"):
+        write_or_keep(wanted, nowhere, "rows")
+    kept.unlink()
