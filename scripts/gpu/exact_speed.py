@@ -1,0 +1,164 @@
+"""Exactness at full speed, end to end: exact against fast verification, Auto, and plain against mlx-lm.
+
+    python3 -m scripts.gpu.exact_speed                       # H200: Qwen3-8B and Qwen3-30B-A3B shapes, 4-bit
+    python3 -m scripts.gpu.exact_speed --shapes qwen3-30b-a3b --repeats 6
+    python3 -m scripts.gpu.exact_speed --quick               # CPU: a tiny shape, a few seconds
+
+Per shape (random weights, full depth): the greedy continuation of a random prompt is recorded by
+specbench's plain decoding; an oracle drafter then drafts it with acceptance 1.0 (the true continuation)
+or --low-acceptance. Every exact width a cell may verify is calibrated before any timed run. Each repeat
+runs every cell once, specbench plain first and last, the order of the others reversed on odd repeats,
+so drift in the machine's speed falls on all cells alike. Cells:
+
+- ``mlx-lm``: mlx-lm's ``generate_step`` (plain greedy);
+- ``exact k=K`` / ``fast k=K``: fixed draft length K at acceptance 1.0, each verify mode;
+- ``auto exact a=1`` and ``auto exact a=LOW``: the default policy in the default (exact) mode.
+
+A cell's speedup is plain's seconds per token over the cell's, per repeat (plain: the mean of the
+repeat's two plain runs); printed as the median over repeats with a 95 % expanded bootstrap interval
+over repeats (``paired.bootstrap``, from 6 repeats). Every exact cell's output is checked against plain
+greedy. Writes exact_speed-SHAPE.json into $OUT (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+
+from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
+from specbench.common.files import write_json_atomic
+from specbench.common.identity import device_name, versions
+from specbench.cost.measure import seconds_per_token
+from specbench.drafters.oracle import OracleDrafter
+from specbench.exact import calibrate
+from specbench.experiments.paired import MIN_UNITS, bootstrap
+from specbench.models import synthetic
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def timed_cells(model, prompt: list[int], tokens: int, k: int, low: float) -> dict[str, Callable[[], dict]]:
+    """Each cell: a function running it once, returning its seconds per token and its output."""
+    vocab = model.args.vocab_size
+    reference = list(generate(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True)))
+
+    def plain() -> dict:
+        gen = generate(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True))
+        return {"spt": seconds_per_token(gen), "tokens": list(gen.tokens)}
+
+    def mlx_lm() -> dict:
+        steps = generate_step(mx.array(prompt), model, max_tokens=tokens)
+        return {"spt": seconds_per_token(token for token, _ in steps), "tokens": None}
+
+    def speculative(mode: str, policy: Callable[[], DraftPolicy], acceptance: float) -> Callable[[], dict]:
+        def run() -> dict:
+            drafter = OracleDrafter(prompt, reference, acceptance, vocab, seed=0, preferred_k=k)
+            options = GenerateOptions(max_tokens=tokens, ignore_eos=True, verify=mode)
+            gen = speculative_generate(model, prompt, options, drafter, policy(), progress=None)
+            spt = seconds_per_token(gen)
+            stats = gen.stats()
+            return {"spt": spt, "tokens": list(gen.tokens), "verifies": stats["verifies"]}
+
+        return run
+
+    cells = {
+        "plain": plain,
+        "mlx-lm": mlx_lm,
+        f"exact k={k}": speculative("exact", lambda: DraftPolicy.fixed(k), 1.0),
+        f"fast k={k}": speculative("fast", lambda: DraftPolicy.fixed(k), 1.0),
+        "auto exact a=1": speculative("exact", DraftPolicy.auto, 1.0),
+        f"auto exact a={low}": speculative("exact", DraftPolicy.auto, low),
+    }
+    return cells, reference
+
+
+def run_shape(shape: str, args: argparse.Namespace) -> dict:
+    start = time.perf_counter()
+    model = synthetic.build(shape, layers=args.layers, bits=args.bits)
+    say(f"\n== {shape} {args.bits}-bit on {device_name()} (built in {time.perf_counter() - start:.0f} s)")
+    prompt = [int(t) for t in mx.random.randint(0, min(1000, model.args.vocab_size), (args.prompt_tokens,), key=mx.random.key(1))]
+    t0 = time.perf_counter()
+    calibration = calibrate(model, args.k + 1, progress=None)
+    levels = {w: calibration.level_for(w) for w in sorted(calibration.widths)}
+    say(f"calibration 2..{args.k + 1} ({time.perf_counter() - t0:.0f} s): {levels}")
+    cells, reference = timed_cells(model, prompt, args.tokens, args.k, args.low_acceptance)
+    names = [n for n in cells if n != "plain"]
+    for name in names:  # warm-up: kernels compiled, caches sized, Auto's quick profile measured
+        cells[name]()
+    runs: dict[str, list[dict]] = {n: [] for n in cells}
+    for repeat in range(args.repeats):
+        order = names if repeat % 2 == 0 else names[::-1]
+        gc.collect()
+        gc.disable()
+        try:
+            first = cells["plain"]()
+            for name in order:
+                runs[name].append(cells[name]())
+            last = cells["plain"]()
+        finally:
+            gc.enable()
+        runs["plain"].append({"spt": (first["spt"] + last["spt"]) / 2, "tokens": first["tokens"]})
+    plain_spt = [r["spt"] for r in runs["plain"]]
+    rows = {}
+    say(f"{'cell':20s} {'ms/token':>9s} {'speedup':>8s}  interval        exact  verifies")
+    for name, results in runs.items():
+        ratios = [p / r["spt"] for p, r in zip(plain_spt, results, strict=True)]
+        interval = bootstrap(ratios, statistics.median) if len(ratios) >= MIN_UNITS else None
+        exact = None if results[0]["tokens"] is None else all(r["tokens"] == reference for r in results)
+        if name.startswith("fast"):
+            exact = None  # fast verification makes no such promise
+        rows[name] = {
+            "ms_per_token": 1e3 * statistics.median(r["spt"] for r in results),
+            "speedup": statistics.median(ratios),
+            "interval": interval,
+            "ratios": ratios,
+            "equals_plain": exact,
+            "verifies": [r.get("verifies") for r in results],
+        }
+        shown = f"[{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "(too few)"
+        say(
+            f"{name:20s} {rows[name]['ms_per_token']:9.2f} {rows[name]['speedup']:8.2f}x {shown:15s} "
+            f"{exact!s:6s} {rows[name]['verifies'][0] or ''}"
+        )
+    exact_k, fast_k = rows[f"exact k={args.k}"], rows[f"fast k={args.k}"]
+    say(
+        f"exact k={args.k} / fast k={args.k} = {exact_k['speedup'] / fast_k['speedup']:.2f};  "
+        f"plain / mlx-lm = {rows['mlx-lm']['ms_per_token'] / rows['plain']['ms_per_token']:.2f} (tokens/s)"
+    )
+    return {"shape": shape, "levels": levels, "rows": rows, "seconds": time.perf_counter() - start}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="qwen3-8b,qwen3-30b-a3b")
+    parser.add_argument("--bits", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=None, help="default: full depth")
+    parser.add_argument("--k", type=int, default=8, help="the fixed draft length")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--low-acceptance", type=float, default=0.3)
+    parser.add_argument("--quick", action="store_true", help="CPU smoke run: a tiny float32 shape")
+    parser.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu-kernels")
+    args = parser.parse_args()
+    if args.quick:
+        args.shapes, args.layers, args.bits, args.tokens, args.repeats, args.k = "qwen3-8b-tiny", 2, 0, 24, 2, 4
+    result = {"device": device_name(), **versions(), **vars(args), "shapes": {}}
+    for shape in args.shapes.split(","):
+        result["shapes"][shape] = run_shape(shape, args)
+        write_json_atomic(Path(args.out) / "exact_speed.json", result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""On a CUDA device: every row of ``qmv_rows`` is MLX's one-row product, and the kernel is cheaper than
+the row-invariant MLX calls it replaces (``pytest -m gpu``; skipped elsewhere)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from specbench.kernels import qmv_rows, qmv_variant
+from specbench.kernels.bench import MLX_INVARIANT_ROWS, per_call_seconds
+from specbench.kernels.probe import cuda_available
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda_available(), reason="the kernels are CUDA sources: run on a CUDA device"),
+]
+
+
+def _layer(n: int, k: int, dtype: mx.Dtype, bits: int, group_size: int):
+    mx.random.seed(n + k + bits)
+    weight = (mx.random.normal((n, k)) / k**0.5).astype(dtype)
+    return mx.quantize(weight, group_size=group_size, bits=bits)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("bits,group_size", [(4, 32), (4, 64), (4, 128), (8, 64)])
+def test_every_row_is_mlx_one_row_product(dtype, bits, group_size):
+    variant = qmv_variant(dtype, bits, group_size)
+    assert variant is not None, "the probe found no variant of qmv_rows equal to MLX's one-row product"
+    w, scales, biases = _layer(1024, 4096, dtype, bits, group_size)
+    x = mx.random.normal((16, 4096)).astype(dtype)
+    alone = [mx.quantized_matmul(x[i : i + 1], w, scales, biases, True, group_size, bits) for i in range(16)]
+    expected = np.array(mx.concatenate(alone).astype(mx.float32))
+    for rows in (1, 2, 7, 8, 9, 16):
+        got = np.array(qmv_rows(x[:rows], w, scales, biases, group_size, bits, variant).astype(mx.float32))
+        assert np.array_equal(got, expected[:rows]), f"{rows} rows differ from MLX's one-row products"
+
+
+@pytest.mark.parametrize("n,k", [(12288, 4096), (4096, 12288), (4096, 4096)])
+def test_nine_rows_cost_less_than_the_invariant_calls_they_replace(n, k):
+    w, scales, biases = _layer(n, k, mx.bfloat16, 4, 64)
+    variant = qmv_variant(mx.bfloat16, 4, 64)
+    x = mx.random.normal((9, k)).astype(mx.bfloat16)
+
+    def invariant_chunks() -> mx.array:
+        parts = [x[i : i + MLX_INVARIANT_ROWS] for i in range(0, 9, MLX_INVARIANT_ROWS)]
+        return mx.concatenate([mx.quantized_matmul(p, w, scales, biases, True, 64, 4) for p in parts])
+
+    kernel = per_call_seconds(lambda: qmv_rows(x, w, scales, biases, 64, 4, variant))
+    mlx = per_call_seconds(invariant_chunks)
+    print(f"{n}x{k}, 9 rows: qmv_rows {kernel * 1e6:.1f} us, MLX in invariant chunks {mlx * 1e6:.1f} us")
+    assert kernel < mlx
