@@ -86,7 +86,10 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     model = synthetic.build(shape, layers=args.layers, bits=args.bits)
     say(f"\n== {shape} {args.bits}-bit on {device_name()} (built in {time.perf_counter() - start:.0f} s)")
-    prompt = [int(t) for t in mx.random.randint(0, min(1000, model.args.vocab_size), (args.prompt_tokens,), key=mx.random.key(1))]
+    prompt = [
+        int(t)
+        for t in mx.random.randint(0, min(1000, model.args.vocab_size), (args.prompt_tokens,), key=mx.random.key(1))
+    ]
     t0 = time.perf_counter()
     calibration = calibrate(model, args.k + 1, progress=None)
     levels = {w: calibration.level_for(w) for w in sorted(calibration.widths)}

@@ -52,19 +52,20 @@ def main() -> int:
     args = parser.parse_args()
     start = time.perf_counter()
     print(f"device {device_name()}  mlx {mx.__version__}", flush=True)
-    print(f"\n{'dtype':9s} {'bits':>4s} {'group':>5s} {'dequant':>11s}  exact")
+    print(f"\n{'kernel':9s} {'dtype':9s} {'bits':>4s} {'group':>5s} {'variant':>11s}  exact")
 
     def show(r: dict) -> None:
         detail = r.get("error") or (r["mismatches"][:1] if r.get("mismatches") else "")
+        bits, group = r.get("bits", "-"), r.get("group_size", "-")
         print(
-            f"{r['dtype']:9s} {r['bits']:4d} {r['group_size']:5d} {r['dequant']:>11s}  {r['exact']}  {detail}",
+            f"{r['kernel']:9s} {r['dtype']:9s} {bits:>4} {group:>5} {r['variant']:>11s}  {r['exact']}  {detail}",
             flush=True,
         )
 
     probe = probe_kernels(progress=show)
     peak = max(peak_passes().values()) / 1e9
     print(f"\nmeasured peak {peak:.0f} GB/s ({time.perf_counter() - start:.0f} s so far)", flush=True)
-    dequant = next((r["dequant"] for r in probe if r["exact"] and r["bits"] == 4), "mul-add")
+    dequant = next((r["variant"] for r in probe if r["exact"] and r.get("bits") == 4), "mul-add")
     speed = []
     shapes = SHAPES[:1] + SHAPES[2:3] if args.quick else SHAPES
     for rows in [int(r) for r in args.rows.split(",")]:

@@ -84,7 +84,8 @@ class Calibration:
 #: Bumped when calibration tests more conditions (or is keyed by more), so that stored tables from
 #: before are not reused. 4: keyed by the BLAS library too. 5: linear chunks also tried compiled.
 #: 6: quantized linear layers also tried through the row-invariant kernel (``linear/kernel``).
-CALIBRATION_METHOD = 6
+#: 7: unquantized linear layers through the kernel too (``gemv_rows``).
+CALIBRATION_METHOD = 7
 #: Calibrations of this process, by key.
 _calibrations: dict[str, Calibration] = {}
 _keys: dict[tuple[int, Any], tuple[weakref.ref, str]] = {}  # by model and its shard group
@@ -244,10 +245,11 @@ def calibrate(
 
 
 def uses_kernel(model: nn.Module) -> bool:
-    """Whether calibration tries ``linear/kernel`` for ``model``: on CUDA, for a model with quantized
-    linear layers (the kernel is then used only where the probe finds it bit-identical)."""
-    quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
-    return kernels.cuda_available() and any(isinstance(m, quantized) for _, m in model.named_modules())
+    """Whether calibration tries ``linear/kernel`` for ``model``: on CUDA, for a model with linear layers,
+    quantized (``qmv_rows``) or not (``gemv_rows``); a kernel is then used only where the probe finds it
+    bit-identical."""
+    layers = (nn.QuantizedLinear, nn.QuantizedEmbedding, nn.Linear)
+    return kernels.cuda_available() and any(isinstance(m, layers) for _, m in model.named_modules())
 
 
 def _has_experts(model: nn.Module) -> bool:
@@ -317,7 +319,7 @@ def _calibrate_width(
         except Exception as err:  # a kernel that does not compile or run: a recorded fallback, not an error
             if ExactPlan.parse(level).linear != "kernel":
                 raise
-            kernels.warn_fallback("qmv_rows", f"{type(err).__name__}: {err}")
+            kernels.warn_fallback("linear/kernel", f"{type(err).__name__}: {err}")
             tests.append({"level": level, "exact": False, "seconds": None, "error": f"{type(err).__name__}: {err}"})
             return False
         seconds = probe.time(level, width, repeats) if exact and measure and timed else None

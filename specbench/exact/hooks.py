@@ -184,9 +184,19 @@ def _linear_call(original: Callable, vector: Callable | None) -> Callable:
 
 
 def _kernel_product(layer: nn.Module, x: mx.array) -> mx.array | None:
-    """``layer(x)`` (a ``QuantizedLinear``, or a ``QuantizedEmbedding``'s ``as_linear``) through
-    ``kernels.qmv_rows``, every row as MLX's one-row product (None where the kernel does not
-    compute this layer or the device's probe found no variant of it exact)."""
+    """``layer(x)`` through a row-invariant kernel, every row as MLX's one-row product: a
+    ``QuantizedLinear`` (or a ``QuantizedEmbedding``'s ``as_linear``) through ``kernels.qmv_rows``, a
+    ``Linear`` (or an ``Embedding``'s ``as_linear``) through ``kernels.gemv_rows``. None where no kernel
+    computes this layer or the device's probe found none exact."""
+    if type(layer) in (nn.Linear, nn.Embedding):
+        weight = layer["weight"]
+        if not kernels.gemv_supports(x, weight):
+            return None
+        variant = kernels.gemv_variant(x.dtype)
+        if variant is None:
+            return None
+        out = kernels.gemv_rows(x, weight, variant)
+        return out + layer["bias"] if "bias" in layer else out
     if type(layer) not in (nn.QuantizedLinear, nn.QuantizedEmbedding):
         return None
     params = {name: layer[name] for name in ("weight", "scales", "biases") if name in layer}

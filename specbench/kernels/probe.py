@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-from specbench.kernels import qmv
+from specbench.kernels import gemv, qmv
 
 #: Row counts the survey of every configuration runs (``probe_kernels``; ``qmv_variant`` runs them all).
 SURVEY_ROWS = (1, 2, 9, 16)
@@ -98,24 +98,68 @@ def warn_fallback(kernel: str, reason: str) -> None:
     )
 
 
+def gemv_matches(
+    dtype: mx.Dtype, accumulate: str, rows: Sequence[int] = range(1, qmv.MAX_ROWS + 1), seed: int = 0
+) -> dict[str, Any]:
+    """Whether ``gemv_rows`` with ``accumulate`` equals MLX's one-row product ``x @ w.T`` on every row,
+    for every shape of ``PROBE_SHAPES`` (and a K of 64 and of 32 times an odd number, MLX's other lane
+    widths) and every row count in ``rows``; with the rows that differed."""
+    mx.random.seed(seed)
+    mismatches = []
+    for n, k in (*PROBE_SHAPES, (24, 1088), (16, 1056)):
+        weight = (mx.random.normal((n, k)) / k**0.5).astype(dtype)
+        x = mx.random.normal((max(rows), k)).astype(dtype)
+        expected = _host(mx.concatenate([x[i : i + 1] @ weight.T for i in range(max(rows))]))
+        for m in rows:
+            got = _host(gemv.gemv_rows(x[:m], weight, accumulate))
+            bad = [i for i in range(m) if not np.array_equal(got[i], expected[i])]
+            if bad:
+                mismatches.append({"shape": (n, k), "rows": m, "rows_differing": bad})
+    return {"exact": not mismatches, "mismatches": mismatches[:4]}
+
+
+@functools.cache
+def gemv_variant(dtype: mx.Dtype) -> str | None:
+    """The accumulation of ``gemv_rows`` that reproduces MLX's one-row product on this device (None: none
+    does, or the kernel cannot run here; the reason is warned once)."""
+    if not cuda_available():
+        return None
+    for accumulate in gemv.ACCUMULATE:
+        try:
+            if gemv_matches(dtype, accumulate)["exact"]:
+                return accumulate
+        except Exception as err:  # a kernel that does not compile or run is a fallback, not an error
+            warn_fallback("gemv_rows", f"{type(err).__name__}: {err}")
+            return None
+    warn_fallback("gemv_rows", f"no accumulation reproduces MLX's one-row product for {dtype}")
+    return None
+
+
 def probe_kernels(
     configs: Sequence[tuple[mx.Dtype, int, int]] = ((mx.bfloat16, 4, 64), (mx.bfloat16, 8, 64), (mx.float16, 4, 32)),
+    dtypes: Sequence[mx.Dtype] = (mx.bfloat16, mx.float16),
     progress: Any = None,
 ) -> list[dict[str, Any]]:
-    """For each (dtype, bits, group size) of ``configs``: which dequant variants of ``qmv_rows`` reproduce MLX here."""
-    rows = []
+    """Which variants of each kernel reproduce MLX here: ``qmv_rows`` for each (dtype, bits, group size) of
+    ``configs``, ``gemv_rows`` for each of ``dtypes``."""
+    trials: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
     for dtype, b, g in configs:
-        if True:
-            if True:
-                for dequant in qmv.DEQUANT:
-                    try:
-                        found = qmv_matches(dtype, b, g, dequant, rows=SURVEY_ROWS)
-                    except Exception as err:
-                        found = {"exact": False, "error": f"{type(err).__name__}: {err}"}
-                    rows.append(
-                        {"kernel": "qmv_rows", "dtype": str(dtype).split(".")[-1], "bits": b, "group_size": g}
-                        | {"dequant": dequant, **found}
-                    )
-                    if progress is not None:
-                        progress(rows[-1])
+        for dequant in qmv.DEQUANT:
+            what = {"kernel": "qmv_rows", "dtype": str(dtype).split(".")[-1], "bits": b, "group_size": g}
+            trials.append(
+                (what | {"variant": dequant}, functools.partial(qmv_matches, dtype, b, g, dequant, SURVEY_ROWS))
+            )
+    for dtype in dtypes:
+        for accumulate in gemv.ACCUMULATE:
+            what = {"kernel": "gemv_rows", "dtype": str(dtype).split(".")[-1], "variant": accumulate}
+            trials.append((what, functools.partial(gemv_matches, dtype, accumulate, SURVEY_ROWS)))
+    rows = []
+    for what, trial in trials:
+        try:
+            found = trial()
+        except Exception as err:
+            found = {"exact": False, "error": f"{type(err).__name__}: {err}"}
+        rows.append(what | found)
+        if progress is not None:
+            progress(rows[-1])
     return rows

@@ -122,7 +122,7 @@ def test_a_kernel_that_fails_is_a_recorded_fallback_with_one_warning(monkeypatch
     assert all(calibration.level_for(w) != "attention+linear/kernel" for w in (3, 4))
     failed = [t for t in calibration.rows() if t["level"] == "attention+linear/kernel"]
     assert failed and all(not t["exact"] and "emulated" in t["error"] for t in failed)
-    assert sum("qmv_rows is not used" in str(w.message) for w in caught) == 1
+    assert sum("linear/kernel is not used" in str(w.message) for w in caught) == 1
 
 
 def test_a_kernel_that_is_not_bit_identical_is_rejected(monkeypatch):

@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from specbench.kernels import qmv_rows, qmv_variant
+from specbench.kernels import gemv_rows, gemv_variant, qmv_rows, qmv_variant
 from specbench.kernels.bench import MLX_INVARIANT_ROWS, per_call_seconds
 from specbench.kernels.probe import cuda_available
 
@@ -51,3 +51,26 @@ def test_nine_rows_cost_less_than_the_invariant_calls_they_replace(n, k):
     mlx = per_call_seconds(invariant_chunks)
     print(f"{n}x{k}, 9 rows: qmv_rows {kernel * 1e6:.1f} us, MLX in invariant chunks {mlx * 1e6:.1f} us")
     assert kernel < mlx
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_every_gemv_row_is_mlx_one_row_product(dtype):
+    variant = gemv_variant(dtype)
+    assert variant is not None, "the probe found no accumulation of gemv_rows equal to MLX's one-row product"
+    mx.random.seed(3)
+    weight = (mx.random.normal((1024, 4096)) / 64).astype(dtype)
+    x = mx.random.normal((16, 4096)).astype(dtype)
+    expected = np.array(mx.concatenate([x[i : i + 1] @ weight.T for i in range(16)]).astype(mx.float32))
+    for rows in (1, 2, 9, 16):
+        got = np.array(gemv_rows(x[:rows], weight, variant).astype(mx.float32))
+        assert np.array_equal(got, expected[:rows]), f"{rows} rows differ from MLX's one-row products"
+
+
+def test_nine_gemv_rows_cost_less_than_nine_one_row_calls():
+    weight = (mx.random.normal((12288, 4096)) / 64).astype(mx.bfloat16)
+    x = mx.random.normal((9, 4096)).astype(mx.bfloat16)
+    variant = gemv_variant(mx.bfloat16)
+    kernel = per_call_seconds(lambda: gemv_rows(x, weight, variant))
+    rows = per_call_seconds(lambda: mx.concatenate([x[i : i + 1] @ weight.T for i in range(9)]))
+    print(f"12288x4096 bf16, 9 rows: gemv_rows {kernel * 1e6:.1f} us, 9 one-row MLX calls {rows * 1e6:.1f} us")
+    assert kernel < rows
