@@ -34,13 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx
 
 import specbench.core.engine as engine
+from specbench.bench.prompt_runs import run_mlx_lm, run_specbench
 from specbench.common.files import write_json_atomic
 from specbench.common.identity import device_name, versions
 from specbench.core.log import StepLog
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import PromptLookup
-from specbench.experiments.prompt_runs import run_mlx_lm, run_specbench
-from specbench.experiments.prompts import render_prompt
+from specbench.inputs.prompts import render_prompt
 from specbench.models.load import load
 
 PROMPT = "Write a short story about a child who finds an old map in the attic."

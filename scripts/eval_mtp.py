@@ -22,11 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specbench import load
-from specbench.experiments.mtp_data import encode_batch, eos_id, gather_text, stream
-from specbench.experiments.mtp_metrics import evaluate_decoding
-from specbench.experiments.prompts import questions_from, render_prompt
+from specbench.inputs.prompts import questions_from, render_prompt
 from specbench.models.mtp import attach_mtp
 from specbench.models.mtp.attach import shipped_head
+from specbench.train.mtp_data import encode_batch, eos_id, gather_text, stream
+from specbench.train.mtp_metrics import evaluate_decoding
 
 
 def main() -> int:

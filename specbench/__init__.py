@@ -16,7 +16,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.decoding import speculative_generate, speculative_generate_batch
 from specbench.drafters.draft_model import DraftModel
 from specbench.drafters.lookup import PromptLookup
-from specbench.experiments.prompts import render_prompt
+from specbench.inputs.prompts import render_prompt
 from specbench.models.load import load
 from specbench.models.mtp import attach_mtp  # MTP heads: attach a checkpoint's multi-token-prediction head
 

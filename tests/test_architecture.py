@@ -30,7 +30,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("exact", ("specbench.exact",)),
     ("cost", ("specbench.cost",)),
     ("decoding", ("specbench.decoding",)),
-    ("experiments", ("specbench.experiments",)),
+    ("inputs", ("specbench.inputs",)),
+    ("simulate", ("specbench.simulate",)),
+    ("bench", ("specbench.bench",)),
+    ("checks", ("specbench.checks",)),
+    ("train", ("specbench.train",)),
     ("report", ("specbench.report",)),
     ("cli", ("specbench.cli", "specbench.__main__", "specbench")),
 ]

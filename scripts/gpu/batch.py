@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import mlx.core as mx
 import numpy as np
 
+from specbench.bench.batch_bench import bench_batch, format_batch_bench
 from specbench.common.files import write_csv_atomic as write_csv
 from specbench.common.files import write_json_atomic as write_json
 from specbench.common.identity import device_name
@@ -46,7 +47,6 @@ from specbench.core.engine import generate
 from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.cost.batch import batch_speedup_grid, measure_batch_profile
-from specbench.experiments.batch_bench import bench_batch, format_batch_bench
 from specbench.models import synthetic
 
 FULL = {
@@ -263,9 +263,9 @@ class Run:
         if not self.fits(30.0, "embedded model with real drafters"):
             return
         try:
-            from specbench.experiments.batch_bench import trace_requests
-            from specbench.experiments.importers import load_traces
-            from specbench.experiments.prompts import bundled_questions, render_prompt
+            from specbench.bench.batch_bench import trace_requests
+            from specbench.inputs.importers import load_traces
+            from specbench.inputs.prompts import bundled_questions, render_prompt
             from specbench.models.load import load
 
             model, tokenizer = load(cfg["embedded"])

@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--render", default=None, help="only redraw table and figure of the results in this folder")
     args = parser.parse_args()
     if args.render:
-        from specbench.experiments.prompt_bench import load_prompt_bench
+        from specbench.bench.prompt_bench import load_prompt_bench
         from specbench.report.figures.bench import save_prompt_figure
 
         result = load_prompt_bench(args.render)
@@ -71,12 +71,12 @@ def main() -> None:
     start = time.perf_counter()
 
     from specbench import load
+    from specbench.bench.prompt_bench import PROMPT_SUMMARY_FILE, bench_prompts
     from specbench.common.files import write_csv_atomic, write_json_atomic
     from specbench.common.identity import device_name, versions
     from specbench.core.policies import DraftPolicy
     from specbench.drafters import make_drafter
-    from specbench.experiments.prompt_bench import PROMPT_SUMMARY_FILE, bench_prompts
-    from specbench.experiments.prompts import bundled_questions, render_prompt
+    from specbench.inputs.prompts import bundled_questions, render_prompt
 
     model, tokenizer = load(args.model)
     load_s = time.perf_counter() - start

@@ -73,18 +73,9 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench import GenerateOptions, generate, speculative_generate
-from specbench.common.files import write_csv_atomic, write_json_atomic
-from specbench.common.identity import device_name, versions
-from specbench.core.forward import vocab_size
-from specbench.core.policies import DraftPolicy
-from specbench.cost import profile_for
-from specbench.cost.measure import seconds_per_token
-from specbench.drafters.oracle import OracleDrafter
-from specbench.exact import ExactPlan, calibrate, exact_mode
-from specbench.experiments import paired
-from specbench.experiments.paired import MIN_UNITS, bootstrap, holm
-from specbench.experiments.prompts import BUNDLED_CATEGORIES
-from specbench.experiments.run_speed import (
+from specbench.bench import paired
+from specbench.bench.paired import MIN_UNITS, bootstrap, holm
+from specbench.bench.run_speed import (
     MIN_STEADY,
     NEAR,
     SLOW,
@@ -93,6 +84,15 @@ from specbench.experiments.run_speed import (
     time_split,
     verify_ms_by_width,
 )
+from specbench.common.files import write_csv_atomic, write_json_atomic
+from specbench.common.identity import device_name, versions
+from specbench.core.forward import vocab_size
+from specbench.core.policies import DraftPolicy
+from specbench.cost import profile_for
+from specbench.cost.measure import seconds_per_token
+from specbench.drafters.oracle import OracleDrafter
+from specbench.exact import ExactPlan, calibrate, exact_mode
+from specbench.inputs.prompts import BUNDLED_CATEGORIES
 from specbench.models import synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -583,10 +583,10 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Callable) -
         budget.cut(f"embedded model: not run ({budget.left():.0f} s left)")
         return
     from specbench import load
+    from specbench.bench.trace_bench import bench_trace
     from specbench.drafters import make_drafter
-    from specbench.experiments.importers import load_traces
-    from specbench.experiments.prompts import bundled_questions, render_prompt
-    from specbench.experiments.trace_bench import bench_trace
+    from specbench.inputs.importers import load_traces
+    from specbench.inputs.prompts import bundled_questions, render_prompt
 
     started = time.perf_counter()
     model, tokenizer = load(cfg["embedded"])

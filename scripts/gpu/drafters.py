@@ -9,7 +9,7 @@ Phases (each bounded by the budget; files are written as soon as they exist):
 1. data: the model's own greedy answers to chat prompts the project writes (templates over topics,
    coding tasks, arithmetic, standard-library names and passages of package documents) and its
    continuations of code and text snippets, plus standard-library code and docstrings and package
-   documents (``specbench.experiments.mtp_data``; Spec-Bench is never read for training);
+   documents (``specbench.train.mtp_data``; Spec-Bench is never read for training);
 2. the MTP head, every draft position trained (the head fed its own chained states, positions
    1..3; ``chain_loss``), initialised from the last body layer;
 3. the new head and the shipped head on the held-out split: both tables are printed, and the new
@@ -21,7 +21,7 @@ Phases (each bounded by the budget; files are written as soon as they exist):
    next-token distribution at every position); embeddings and output head are the target's,
    frozen and not stored, so the file holds the draft's own layers (bfloat16, under 8 MB);
 5. evaluation: greedy speculative decoding (fixed k = 3, fast verification) on the held-out split
-   (``specbench.experiments.draft_training.heldout_split``: Spec-Bench chat first turns with the
+   (``specbench.train.draft_training.heldout_split``: Spec-Bench chat first turns with the
    chat template, Spec-Bench summarization articles as plain text, held-out standard-library code;
    the rule is fixed in that module) of the draft model; the draft model through specbench and
    through mlx-lm's speculative_generate_step (same pair, k = 3): tokens/s ratio and acceptance
@@ -57,6 +57,7 @@ import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 from specbench import load  # noqa: E402
+from specbench.bench.prompt_runs import run_mlx_lm, run_specbench  # noqa: E402
 from specbench.common.files import write_json_atomic, write_safetensors_atomic, write_text_atomic  # noqa: E402
 from specbench.core.engine import generate  # noqa: E402
 from specbench.core.forward import text_model  # noqa: E402
@@ -76,16 +77,15 @@ from specbench.drafters.draft_model import (  # noqa: E402
     draft_own_tensors,
     load_draft_model,
 )
-from specbench.experiments.draft_training import HELDOUT_KINDS, heldout_split, train_draft  # noqa: E402
-from specbench.experiments.mtp_data import WindowSampler  # noqa: E402
-from specbench.experiments.mtp_metrics import evaluate_decoding  # noqa: E402
-from specbench.experiments.mtp_training import TrainConfig, build_data, train_head  # noqa: E402
-from specbench.experiments.prompt_runs import run_mlx_lm, run_specbench  # noqa: E402
-from specbench.experiments.prompts import bundled_questions, render_prompt  # noqa: E402
+from specbench.inputs.prompts import bundled_questions, render_prompt  # noqa: E402
 from specbench.models.embedded import shipped_draft_path  # noqa: E402
 from specbench.models.load import cast_dtype  # noqa: E402
 from specbench.models.mtp.attach import load_head, save_head, shipped_head  # noqa: E402
 from specbench.models.mtp.head import model_type  # noqa: E402
+from specbench.train.draft_training import HELDOUT_KINDS, heldout_split, train_draft  # noqa: E402
+from specbench.train.mtp_data import WindowSampler  # noqa: E402
+from specbench.train.mtp_metrics import evaluate_decoding  # noqa: E402
+from specbench.train.mtp_training import TrainConfig, build_data, train_head  # noqa: E402
 
 NAME = "smollm2-135m"
 K = 3

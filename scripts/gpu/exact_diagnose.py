@@ -50,13 +50,13 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx_lm.models.cache import KVCache, make_prompt_cache  # noqa: E402
 
+from specbench.checks import exactness  # noqa: E402
 from specbench.common.files import write_json_atomic  # noqa: E402
 from specbench.common.identity import device_name  # noqa: E402
 from specbench.core.forward import vocab_size  # noqa: E402
 from specbench.exact import calibrate, calibration_key, exact_mode, hooks, verifier  # noqa: E402
 from specbench.exact.calibration import _calibrations  # noqa: E402
 from specbench.exact.layout import serial_extent, with_extent  # noqa: E402
-from specbench.experiments import exactness  # noqa: E402
 from specbench.models import synthetic  # noqa: E402
 
 

@@ -54,13 +54,13 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
+from specbench.checks import exactness
 from specbench.common.files import write_csv_atomic as write_csv
 from specbench.common.files import write_figure_atomic
 from specbench.common.files import write_json_atomic as write_json
 from specbench.common.identity import device_name
 from specbench.core.forward import vocab_size
 from specbench.exact import calibrate, exact_mode, probe_ops
-from specbench.experiments import exactness
 from specbench.models import synthetic
 
 FULL = {
@@ -141,7 +141,7 @@ def _fmt(v: Any) -> str:
 def load_model(name: str, layers: int | None, quick: bool) -> tuple[Any, list[list[int]] | None, str]:
     """(model, prompts or None for random ones, dtype label)."""
     if name == "smollm2-135m":
-        from specbench.experiments.prompts import PROMPTS_DIR, render_prompt
+        from specbench.inputs.prompts import PROMPTS_DIR, render_prompt
         from specbench.models import load as models
 
         model, tokenizer = models.load(name)

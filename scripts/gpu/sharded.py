@@ -131,12 +131,12 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def run_rank(args: argparse.Namespace) -> None:
+    from specbench.checks import exactness
     from specbench.common import distributed
     from specbench.common.files import write_csv_atomic, write_json_atomic
     from specbench.common.identity import device_name, versions
     from specbench.cost.grid import speedup_grid
     from specbench.cost.measure import measure
-    from specbench.experiments import exactness
     from specbench.models.load import load, shard_model
 
     cfg = QUICK if args.quick else FULL

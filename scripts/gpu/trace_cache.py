@@ -24,12 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from specbench import GenerateOptions
+from specbench.bench.trace_bench import bench_trace, trace_methods
 from specbench.common.files import write_csv_atomic, write_json_atomic
 from specbench.common.identity import device_name
 from specbench.core.policies import DraftPolicy
-from specbench.experiments.importers import load_traces
-from specbench.experiments.trace_bench import bench_trace, trace_methods
-from specbench.experiments.traces import bundled_traces
+from specbench.inputs.importers import load_traces
+from specbench.inputs.traces import bundled_traces
 
 
 def main() -> None:

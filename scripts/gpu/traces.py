@@ -23,14 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import mlx.core as mx
 
 from specbench import GenerateOptions
+from specbench.bench.trace_bench import bench_trace, trace_methods
+from specbench.bench.trace_summary import format_summary
 from specbench.common.files import write_csv_atomic as write_csv
 from specbench.common.files import write_json_atomic
 from specbench.common.identity import device_name
 from specbench.core.policies import DraftPolicy
-from specbench.experiments.importers import load_traces
-from specbench.experiments.trace_bench import bench_trace, trace_methods
-from specbench.experiments.trace_summary import format_summary
-from specbench.experiments.traces import bundled_traces
+from specbench.inputs.importers import load_traces
+from specbench.inputs.traces import bundled_traces
 
 
 def tiny_model(vocab: int):

@@ -32,9 +32,9 @@ import mlx.core as mx  # noqa: E402
 
 from specbench import load  # noqa: E402
 from specbench.common.files import write_json_atomic  # noqa: E402
-from specbench.experiments.mtp_metrics import evaluate_decoding  # noqa: E402
-from specbench.experiments.mtp_training import TrainConfig, summary_lines, train_mtp  # noqa: E402
 from specbench.models.mtp import attach_mtp  # noqa: E402
+from specbench.train.mtp_metrics import evaluate_decoding  # noqa: E402
+from specbench.train.mtp_training import TrainConfig, summary_lines, train_mtp  # noqa: E402
 
 NAME = "smollm2-135m"
 
@@ -84,7 +84,7 @@ def main() -> int:
 
     # The MoE twin with its head: same function, so the same drafts and acceptance.
     if args.twin_budget > 0:
-        from specbench.experiments.prompts import bundled_questions, render_prompt
+        from specbench.inputs.prompts import bundled_questions, render_prompt
         from specbench.models.moe_twin import twin_from_model, twin_head_file
 
         head_file = out / f"{NAME}.safetensors"

@@ -79,7 +79,7 @@ def _bench(parser: argparse.ArgumentParser):
     def run(args):
         device_defaults(args)  # on a CPU: a run of minutes unless asked for more
         if args.batch is not None:
-            from specbench.experiments.batch_bench import bench_batch_source
+            from specbench.bench.batch_bench import bench_batch_source
 
             bench_batch_source(
                 args.model,
@@ -100,11 +100,11 @@ def _bench(parser: argparse.ArgumentParser):
             return 0
         if args.trace is not None:
             return _bench_trace(args)
+        from specbench.bench.bench_ranks import bench_prompts_over_ranks
         from specbench.common import distributed
         from specbench.core.policies import DraftPolicy
         from specbench.drafters.draft_model import resolve_draft_model
-        from specbench.experiments.bench_ranks import bench_prompts_over_ranks
-        from specbench.experiments.prompts import questions_from
+        from specbench.inputs.prompts import questions_from
         from specbench.models.load import load
         from specbench.report.figures.bench import save_prompt_figure
 
@@ -154,12 +154,12 @@ def _bench(parser: argparse.ArgumentParser):
 
 def _bench_trace(args):
     """``bench --trace``: replay traces turn by turn, plain decoding against each drafter."""
+    from specbench.bench.trace_bench import run_trace
+    from specbench.bench.trace_summary import format_turns
     from specbench.core.options import GenerateOptions
     from specbench.core.policies import DraftPolicy
-    from specbench.experiments.importers import load_traces
-    from specbench.experiments.trace_bench import run_trace
-    from specbench.experiments.trace_summary import format_turns
-    from specbench.experiments.traces import pick_ids
+    from specbench.inputs.importers import load_traces
+    from specbench.inputs.traces import pick_ids
     from specbench.models.load import load
 
     verify = verify_modes(args.verify)

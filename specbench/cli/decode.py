@@ -51,7 +51,7 @@ def _generate(parser: argparse.ArgumentParser):
         from specbench.core.policies import DraftPolicy
         from specbench.decoding import speculative_generate
         from specbench.drafters import make_drafter
-        from specbench.experiments.prompts import check_text, render_prompt
+        from specbench.inputs.prompts import check_text, render_prompt
         from specbench.models.load import load
 
         policy = DraftPolicy.parse(args.policy)

@@ -86,7 +86,7 @@ def _profile_context(tokenizer, offset: int) -> list[int] | None:
     """Natural text (the bundled prompts) for timing drafters; None (random ids) without a tokenizer."""
     if tokenizer is None:
         return None
-    from specbench.experiments.prompts import bundled_questions
+    from specbench.inputs.prompts import bundled_questions
 
     ids = list(tokenizer.encode("\n\n".join(turn for q in bundled_questions() for turn in q.turns)))
     return (ids * (offset // max(1, len(ids)) + 1))[:offset]
@@ -141,9 +141,9 @@ def _check_exact(parser: argparse.ArgumentParser):
     parser.add_argument("--out", default=None, help="write the per-prompt rows here (parquet)")
 
     def run(args):
+        from specbench.checks import exactness
         from specbench.common.files import write_or_keep, write_parquet_atomic
         from specbench.common.identity import device_name
-        from specbench.experiments import exactness
 
         if args.prompts < 1:
             raise ValueError(f"--prompts must be >= 1, got {args.prompts}")
@@ -164,7 +164,7 @@ def _check_exact(parser: argparse.ArgumentParser):
         if tokenizer is None:
             prompts = exactness.random_prompts(model, args.prompts)
         else:
-            from specbench.experiments.prompts import bundled_questions, render_prompt
+            from specbench.inputs.prompts import bundled_questions, render_prompt
 
             texts = [q.turns[0] for q in bundled_questions()]
             prompts = [render_prompt(tokenizer, texts[i % len(texts)]) for i in range(args.prompts)]

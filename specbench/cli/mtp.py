@@ -31,8 +31,8 @@ def _train_mtp(parser: argparse.ArgumentParser):
     parser.add_argument("--seed", type=int, default=0, help="data order and initialization seed")
 
     def run(args):
-        from specbench.experiments.mtp_training import TrainConfig, summary_lines, train_mtp
         from specbench.models.load import load
+        from specbench.train.mtp_training import TrainConfig, summary_lines, train_mtp
 
         config = TrainConfig.quick() if args.quick else TrainConfig()
         for key, flag, value in (

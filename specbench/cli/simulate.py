@@ -48,7 +48,7 @@ def _simulate(parser: argparse.ArgumentParser):
     parser.add_argument("--out", default=None, help="folder for the summary (parquet, text) and the step log")
 
     def run(args):
-        from specbench.experiments.simulate_logs import check_settings, save_simulation, simulate_logs
+        from specbench.simulate.simulate_logs import check_settings, save_simulation, simulate_logs
 
         drafters, ks, stores = names(args.drafters), _ints(args.k, "--k"), names(args.store)
         check_settings(drafters, ks, stores, args.limit)

@@ -3,7 +3,7 @@
 A target answers three questions for the loop: the first token after the prompt (``prefill``),
 the next tokens without a draft (``plain_steps``), and which of a draft's tokens the model keeps
 (``verify``, which also rolls the caches back past the rejected ones). ``ModelTarget`` runs an
-mlx-lm model; the simulator (``specbench.experiments.simulate``) replays a recorded output.
+mlx-lm model; the simulator (``specbench.simulate.simulate``) replays a recorded output.
 """
 
 from __future__ import annotations

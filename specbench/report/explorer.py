@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from html import escape as esc
 from typing import Any
 
+from specbench.bench.timing import clock_stats
 from specbench.core.options import VERIFY_MODES, GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.decoding import speculative_generate
 from specbench.drafters import DRAFTER_NAMES
-from specbench.experiments.capabilities import usable_drafters
-from specbench.experiments.prompts import render_prompt
-from specbench.experiments.timing import clock_stats
+from specbench.inputs.capabilities import usable_drafters
+from specbench.inputs.prompts import render_prompt
 from specbench.models.load import load
 from specbench.report import recorded
 from specbench.report.outputs import in_ipython

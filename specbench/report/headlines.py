@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from specbench.bench.sweep import best_per_group
 from specbench.cost.bandwidth import achieved
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
-from specbench.experiments.sweep import best_per_group
 
 
 def sweep_headline(summary: pl.DataFrame) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.common.files import safe_name, write_parquet_atomic, write_text_atomic
-from specbench.experiments.capabilities import check
+from specbench.inputs.capabilities import check
 
 #: Resolution of the figures a report writes.
 FIGURE_DPI = 110

@@ -14,7 +14,7 @@ _EMBEDDED = "smollm2-135m"
 
 def _sweep_question(category: str) -> str:
     """The text of the question the full draft-length sweep takes from ``category`` (its first bundled one)."""
-    from specbench.experiments.prompts import questions_from
+    from specbench.inputs.prompts import questions_from
 
     return questions_from("bundled", [category], 1)[0].turns[0]
 

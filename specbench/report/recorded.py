@@ -20,11 +20,11 @@ from typing import Any
 
 import polars as pl
 
+from specbench.bench.timing import SideBySide
+from specbench.bench.timing import side_by_side as run_side_by_side
 from specbench.common.files import write_json_atomic, write_parquet_atomic
 from specbench.core.options import GenerateOptions
 from specbench.core.rules import Acceptance
-from specbench.experiments.timing import SideBySide
-from specbench.experiments.timing import side_by_side as run_side_by_side
 
 #: The folder of a report that holds recorded generations.
 FOLDER = "recorded"
@@ -147,7 +147,7 @@ def record_sweep(
     ignore_eos: bool = False,
     source: str = "draft_length_sweep",
 ) -> int:
-    """Record every generation of a ``Sweep`` (``experiments.sweep.run_sweep``'s result over ``prompts``, run
+    """Record every generation of a ``Sweep`` (``bench.sweep.run_sweep``'s result over ``prompts``, run
     with ``max_tokens``, ``verify`` and ``ignore_eos``); returns how many were recorded."""
     if _folder(output_dir) is None or sweep.runs.is_empty():
         return 0
@@ -195,7 +195,7 @@ def side_by_side(
     drafter: Any,
     policy: Any,
 ) -> SideBySide:
-    """``experiments.timing.side_by_side``, or the pair recorded in ``output_dir`` with the same model, prompt,
+    """``bench.timing.side_by_side``, or the pair recorded in ``output_dir`` with the same model, prompt,
     drafter, policy and options (printing where it comes from); a pair generated here is recorded."""
     plain_key = generation_key(model_name, prompt_ids, "none", "none", options)
     spec_key = generation_key(model_name, prompt_ids, drafter_name, policy.name, options)
@@ -236,13 +236,13 @@ def run_sweep(
     progress: bool = True,
     source: str = "sampling",
 ) -> Any:
-    """``experiments.sweep.run_sweep`` over ``prompts`` (``Prompt`` objects), taking every cell (a prompt at a
+    """``bench.sweep.run_sweep`` over ``prompts`` (``Prompt`` objects), taking every cell (a prompt at a
     temperature and seed) whose generations are all recorded in ``output_dir`` from there and running the
     others (recorded in turn). The result is a ``Sweep`` as one run would give."""
+    from specbench.bench.sweep import Sweep
+    from specbench.bench.sweep import run_sweep as sweep_run
     from specbench.core.policies import as_policy
-    from specbench.experiments.capabilities import usable_drafters
-    from specbench.experiments.sweep import Sweep
-    from specbench.experiments.sweep import run_sweep as sweep_run
+    from specbench.inputs.capabilities import usable_drafters
 
     policies = [as_policy(p) for p in policies]
     usable, skipped = usable_drafters(list(drafters), model, model_name)

@@ -60,7 +60,7 @@ def test_notebook_outputs_stay_in_the_notebook_folder(tmp_path, name):
 
 @pytest.mark.parametrize("trace_id", HOSTILE)
 def test_trace_bench_files_stay_in_the_out_folder(tmp_path, trace_id):
-    from specbench.experiments.trace_bench import _trace_files
+    from specbench.bench.trace_bench import _trace_files
 
     for path in _trace_files(trace_id, tmp_path):
         assert path.parent == tmp_path and path.name.endswith(".parquet")

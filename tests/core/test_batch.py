@@ -10,10 +10,10 @@ import pytest
 from conftest import QWEN3_NEXT, ScriptedDrafter, build, build_tiny, word_tokenizer
 
 from specbench import Draft, Drafter, DraftPolicy, GenerateOptions, PromptLookup, generate
+from specbench.checks.lossless import histogram_test, lossless_verdict, well_filled_share
 from specbench.core.batch import BatchGeneration, generate_batch
 from specbench.core.batch_policies import BatchAutoPolicy, BatchTablePolicy
 from specbench.decoding import speculative_generate_batch
-from specbench.experiments.lossless import histogram_test, lossless_verdict, well_filled_share
 
 PROMPTS = [[5, 17, 3], [9, 5, 17, 3, 9, 5, 17], [44, 2, 8, 5, 17], [3, 9], [8, 8, 5, 17, 44, 2], [17, 3, 9, 5]]
 VOCAB = 97
@@ -265,8 +265,8 @@ def test_unbatchable_caches_are_refused_before_any_model_work(monkeypatch):
     cache, from batched decoding, its profile and its benchmark, before the model runs."""
     from mlx_lm.models.cache import RotatingKVCache
 
+    from specbench.bench.batch_bench import bench_batch
     from specbench.cost.batch import measure_batch_profile
-    from specbench.experiments.batch_bench import bench_batch
 
     model = build_tiny("llama")
     model.make_cache = lambda: [RotatingKVCache(max_size=8) for _ in model.layers]

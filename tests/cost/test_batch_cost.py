@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from conftest import build_tiny
 
+from specbench.bench.batch_bench import bench_batch
 from specbench.cost.batch import BatchProfile, batch_speedup_grid, measure_batch_profile
 from specbench.cost.breakeven import expected_tokens
-from specbench.experiments.batch_bench import bench_batch
 
 
 def made_profile() -> BatchProfile:

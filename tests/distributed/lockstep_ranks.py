@@ -20,10 +20,10 @@ from conftest import build_tiny, plain_greedy  # noqa: E402
 os.environ["SPECBENCH_HOME"] = str(OUT / f"home{RANK}")  # (after conftest, which sets its own) rank 0 alone writes
 
 from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate  # noqa: E402
+from specbench.bench.sweep import run_sweep  # noqa: E402
 from specbench.common import distributed  # noqa: E402
 from specbench.core.draft import Draft, Drafter  # noqa: E402
 from specbench.drafters import PromptLookup  # noqa: E402
-from specbench.experiments.sweep import run_sweep  # noqa: E402
 from specbench.models.load import shard_model  # noqa: E402
 
 (OUT / f"started{RANK}").write_text("")

@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conftest import build_tiny  # noqa: E402
 
+from specbench.bench.sweep import run_sweep  # noqa: E402
 from specbench.common import distributed  # noqa: E402
-from specbench.experiments.sweep import run_sweep  # noqa: E402
 
 PROMPTS = [[5, 9, 13, 5, 9, 13, 5, 9], [7, 21, 7, 21, 40]]
 

@@ -120,7 +120,7 @@ def test_tree_decoding_equals_plain_and_the_simulator_agrees_step_by_step():
     from specbench.core.engine import Generation
     from specbench.core.options import GenerateOptions
     from specbench.core.policies import DraftPolicy
-    from specbench.experiments.simulate import record, simulate
+    from specbench.simulate.simulate import record, simulate
 
     model = build_tiny("llama")
     prompt = [3, 4, 5, 6, 3, 4, 7, 8, 3, 4, 5, 9, 3, 4, 7, 10, 3, 4]  # "3 4" goes on two ways

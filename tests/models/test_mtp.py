@@ -342,7 +342,7 @@ def tiny_model_folder(folder: Path, seed: int = 0) -> Path:
     """A tiny llama folder mlx-lm loads, with a small byte-level BPE tokenizer trained on stdlib text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from specbench.experiments.mtp_data import stdlib_files
+    from specbench.train.mtp_data import stdlib_files
 
     folder.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
@@ -464,7 +464,7 @@ def embedded():
 
 def test_embedded_model_mtp_greedy_equals_plain(embedded):
     from specbench.drafters import make_drafter
-    from specbench.experiments.prompts import render_prompt
+    from specbench.inputs.prompts import render_prompt
 
     model, tokenizer = embedded
     drafter = make_drafter("mtp", model=model, model_name="smollm2-135m")
@@ -478,7 +478,7 @@ def test_embedded_model_mtp_greedy_equals_plain(embedded):
 
 
 def test_chat_prompts_draw_on_topics_arithmetic_names_and_passages():
-    from specbench.experiments.mtp_data import chat_prompts
+    from specbench.train.mtp_data import chat_prompts
 
     passage = (
         "The harbour opened in the spring of that year after a long winter of repairs. Fishing boats returned to "

@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from specbench.experiments.capabilities import has
+from specbench.inputs.capabilities import has
 from specbench.report import runner as report
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,10 +11,10 @@ import pytest
 from conftest import build_tiny
 
 from specbench import DraftPolicy, GenerateOptions
+from specbench.bench import sweep, timing
 from specbench.cli import registry
 from specbench.drafters import PromptLookup
-from specbench.experiments import sweep, timing
-from specbench.experiments.prompts import Prompt
+from specbench.inputs.prompts import Prompt
 from specbench.report import recorded, render
 from specbench.report.progress import Heartbeat, Prefixed, running_cell
 

@@ -15,9 +15,10 @@ from conftest import ScriptedDrafter, build_tiny, plain_greedy
 from nbformat.v4 import new_code_cell, new_notebook
 
 from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
-from specbench.experiments import capabilities as caps
-from specbench.experiments import lossless, sweep, timing
-from specbench.experiments.prompts import prompt_table, prompts_from
+from specbench.bench import sweep, timing
+from specbench.checks import lossless
+from specbench.inputs import capabilities as caps
+from specbench.inputs.prompts import prompt_table, prompts_from
 from specbench.models.tiny import tiny_config
 from specbench.report import Outputs, figures, headlines, render
 from specbench.report import runner as report

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import auto_run_log, log_seconds, plain_run_log
 
-from specbench.experiments.run_speed import MIN_STEADY, speed_state, time_split
+from specbench.bench.run_speed import MIN_STEADY, speed_state, time_split
 
 ROOT = Path(__file__).resolve().parents[2]
 

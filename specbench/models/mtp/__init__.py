@@ -1,5 +1,5 @@
 """Multi-token-prediction heads: build, attach from a checkpoint, save, extract (training lives in
-``specbench.experiments.mtp_training``)."""
+``specbench.train.mtp_training``)."""
 
 from specbench.models.mtp.attach import attach_mtp, attach_random, extract_mtp, get_head, load_head, save_head
 from specbench.models.mtp.head import MtpHead, build_head

@@ -2,7 +2,7 @@
 
 A drafter keeps one colour in every figure and a model its family's (``COLOURS``); a policy
 family keeps one line style, a verify mode another. Each figure function takes polars frames
-(from ``specbench.experiments.sweep``, a step log, trace results) or cost profiles and returns a
+(from ``specbench.bench.sweep``, a step log, trace results) or cost profiles and returns a
 Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``:
 
 - ``steps``: ``step_timeline`` (one generation, step by step);

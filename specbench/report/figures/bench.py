@@ -1,4 +1,4 @@
-"""Figures of the benchmarks (``specbench.experiments.prompt_bench``): speedup by prompt category.
+"""Figures of the benchmarks (``specbench.bench.prompt_bench``): speedup by prompt category.
 
 Drafters keep the colours of every other figure (``figures.style.drafter_colour``); policies are
 told apart by hatching.
@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specbench.experiments.paired import MIN_UNITS
-from specbench.experiments.prompt_bench import PromptBench
-from specbench.experiments.prompt_runs import PROMPT_BASELINE, Method
+from specbench.bench.paired import MIN_UNITS
+from specbench.bench.prompt_bench import PromptBench
+from specbench.bench.prompt_runs import PROMPT_BASELINE, Method
 from specbench.report.figures.style import drafter_colour, save_figure
 
 PROMPT_FIGURE_FILE = "prompt_bench_speedup.png"

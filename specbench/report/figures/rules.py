@@ -1,4 +1,4 @@
-"""Figures of the acceptance-rule comparison (``specbench.experiments.acceptance_rules``): a rule keeps one
+"""Figures of the acceptance-rule comparison (``specbench.checks.acceptance_rules``): a rule keeps one
 colour, a lossy rule a dashed line or hatched bar."""
 
 from __future__ import annotations

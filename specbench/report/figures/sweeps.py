@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from specbench.experiments.paired import wilson_interval
+from specbench.bench.paired import wilson_interval
 from specbench.report.figures.style import (
     POLICY_MARKERS,
     POLICY_STYLES,

@@ -1,0 +1,424 @@
+"""Batched decoding benchmark: speculative batched vs plain batched vs mlx-lm's ``BatchGenerator``
+(what ``batch_generate`` runs) on the same prompts at the same batch size, in one run.
+
+Each engine decodes every prompt greedily with at most ``batch_size`` requests decoding together
+(continuous batching: a waiting prompt joins when one finishes). Reported per engine: total tokens,
+wall seconds, total tokens/s, and each request's mean latency (seconds from joining to its last
+token; for mlx-lm, from the start of the run to the request's last token); per speculative method,
+its ratios to plain batched decoding and to mlx-lm, its acceptance, and how many outputs equal
+theirs; per request, the first position where each engine's output leaves each reference's.
+
+Drafters are named (``lookup``, ``suffix``, ... as ``specbench.drafters.make_drafter`` takes them), or
+``oracle:A``: a controlled-acceptance ``OracleDrafter`` per request, drafting the output of this
+run's plain batched run of the same batch (recorded before the speculative run starts, so nothing
+but decoding runs inside a timed run). Where a speculative output leaves that recording (a fast
+verify that is not bit-exact: GPUs), the oracle keeps drafting its recording at the same position;
+the acceptance drops, and the measured acceptance is reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import BatchGenerator
+
+from specbench.core.batch import BatchGeneration, check_batchable, generate_batch
+from specbench.core.draft import Drafter
+from specbench.core.forward import context_length, vocab_size
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy, as_policy
+from specbench.drafters import make_drafter
+from specbench.drafters.oracle import OracleDrafter
+
+ORACLE = "oracle"
+
+
+def mlx_lm_batch(
+    model: nn.Module, prompts: Sequence[list[int]], batch_size: int, max_tokens: int, eos: Sequence[int] = ()
+) -> dict[str, Any]:
+    """mlx-lm's continuous batching (``BatchGenerator``, greedy) over ``prompts``: tokens, wall seconds,
+    per-request latencies, and the outputs."""
+    gen = BatchGenerator(
+        model,
+        stop_tokens=[[t] for t in eos] or None,
+        completion_batch_size=batch_size,
+        prefill_batch_size=min(batch_size, 8),
+    )
+    start = time.perf_counter()
+    uids = gen.insert([list(p) for p in prompts], [max_tokens] * len(prompts))
+    outputs: dict[int, list[int]] = {uid: [] for uid in uids}
+    done: dict[int, float] = {}
+    try:
+        while responses := gen.next_generated():
+            for r in responses:
+                outputs[r.uid].append(int(r.token))
+                if r.finish_reason is not None:
+                    done[r.uid] = time.perf_counter() - start
+    finally:
+        gen.close()
+    wall = time.perf_counter() - start
+    return {
+        "outputs": [outputs[u] for u in uids],
+        "wall_s": wall,
+        "latencies": [done.get(u, wall) for u in uids],
+    }
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first output position where two token sequences differ (None: equal)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def divergence_rows(outputs: dict[str, list[list[int]]], reference: str) -> list[dict[str, Any]]:
+    """Per engine and request: the first position where its output leaves ``reference``'s (None: equal).
+    A reference may hold fewer requests than the engines (the first ones)."""
+    return [
+        {
+            "engine": name,
+            "reference": reference,
+            "request": i,
+            "first_divergence": first_divergence(out, ref),
+            "tokens": len(out),
+        }
+        for name, outs in outputs.items()
+        if name != reference
+        for i, (out, ref) in enumerate(zip(outs, outputs[reference]))
+    ]
+
+
+def divergence_summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (engine, reference) of ``divergence_rows``: requests, the share identical, and the median and
+    minimum first divergence (an identical request counts at its length in the median; the minimum is
+    over diverging requests, None when every one is identical)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["engine"], r["reference"]), []).append(r)
+    summary = []
+    for (engine, reference), group in groups.items():
+        diverged = [r["first_divergence"] for r in group if r["first_divergence"] is not None]
+        censored = [r["tokens"] if r["first_divergence"] is None else r["first_divergence"] for r in group]
+        summary.append(
+            {
+                "engine": engine,
+                "reference": reference,
+                "requests": len(group),
+                "identical": 1 - len(diverged) / len(group),
+                "median_first_divergence": float(statistics.median(censored)),
+                "min_first_divergence": min(diverged) if diverged else None,
+            }
+        )
+    return summary
+
+
+def _row(engine: str, batch_size: int, outputs: list[list[int]], wall: float, latencies: list[float]) -> dict:
+    tokens = sum(len(o) for o in outputs)
+    return {
+        "engine": engine,
+        "batch_size": batch_size,
+        "requests": len(outputs),
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "mean_latency_s": sum(latencies) / len(latencies),
+    }
+
+
+def _oracle_acceptance(name: str) -> float | None:
+    """A from ``oracle:A`` (None: not an oracle name)."""
+    base, _, value = name.strip().lower().partition(":")
+    if base != ORACLE:
+        return None
+    try:
+        acceptance = float(value)
+    except ValueError:
+        raise ValueError(f"the oracle drafter takes its acceptance: oracle:A with A in [0, 1], got {name!r}") from None
+    if not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"oracle acceptance must be in [0, 1], got {name!r}")
+    return acceptance
+
+
+def oracle_drafters(
+    prompts: Sequence[list[int]], recorded: Sequence[list[int]], acceptance: float, vocab: int, seed: int = 0
+) -> list[OracleDrafter]:
+    """One ``OracleDrafter`` per request, drafting its recorded output at ``acceptance``; after a
+    divergence it keeps drafting the recording at the same position (it never runs the model)."""
+    return [
+        OracleDrafter(p, r, acceptance, vocab, seed=seed + i, keep_drafting=True)
+        for i, (p, r) in enumerate(zip(prompts, recorded))
+    ]
+
+
+def _methods(drafters: Any, policies: Any, model: nn.Module) -> list[tuple[str, Any, DraftPolicy]]:
+    """(label, drafter name or factory, policy) per speculative method, checked before any model work."""
+    drafters = [drafters] if isinstance(drafters, str) or callable(drafters) else list(drafters)
+    # plain batched decoding is always the baseline
+    drafters = [d for d in drafters if not (isinstance(d, str) and d.strip().lower() in ("none", "plain", ""))]
+    policies = [policies] if isinstance(policies, (str, int, DraftPolicy)) else list(policies)
+    if not drafters or not policies:
+        raise ValueError("the batch benchmark needs at least one drafter and one policy to speculate with")
+    methods = []
+    for drafter in drafters:
+        if isinstance(drafter, str) and _oracle_acceptance(drafter) is None:
+            if make_drafter(drafter, model=model) is None:
+                raise ValueError(f"the batch benchmark needs a drafter to speculate with, got {drafter!r}")
+        label = drafter if isinstance(drafter, str) else getattr(drafter, "label", "custom")
+        for policy in policies:
+            policy = as_policy(policy)
+            methods.append((f"{label}/{policy.name}", drafter, policy))
+    labels = [m[0] for m in methods]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"speculative methods need distinct labels, got {labels}")
+    return methods
+
+
+def _warm_up(model: nn.Module, prompts: list[list[int]], batch_size: int, k: int) -> None:
+    """Run each engine's kernels once at this batch size (plain steps and [B, k + 1] verifies)."""
+    few = prompts[:batch_size]
+    recorded = generate_batch(model, few, GenerateOptions(max_tokens=k + 6, ignore_eos=True)).run()
+    drafters = oracle_drafters(few, recorded, 0.5, vocab_size(model))
+    BatchGeneration(model, few, GenerateOptions(max_tokens=k + 6, ignore_eos=True), drafters, k).run()
+    mlx_lm_batch(model, few, batch_size, 4)
+
+
+def bench_batch(
+    model: nn.Module,
+    prompts: Sequence[list[int]],
+    batch_size: int,
+    drafters: str | Callable[[int], Drafter] | Sequence[Any] = "lookup",
+    policies: DraftPolicy | str | int | Sequence[Any] = "fixed:4",
+    max_tokens: int = 64,
+    tokenizer: Any = None,
+    warmup: bool = True,
+    single: Sequence[list[int]] | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """One run of plain batched, each speculative method (drafter x policy) and mlx-lm on ``prompts``
+    at ``batch_size``. ``drafters``: names (``oracle:A`` included) or factories request index ->
+    drafter (labelled by their ``label`` attribute). ``single``: single-request greedy outputs of the
+    first prompts, a further reference for the first-divergence statistics.
+
+    Returns ``rows`` (one per engine: tokens, wall, tokens/s, mean latency; a speculative row adds its
+    acceptance and its ratios to plain batched and to mlx-lm, throughput and latency, and the share of
+    its outputs equal to theirs), ``outputs`` per engine, ``divergence`` (per request and reference)
+    and ``divergence_summary``. Verification is fast mode (the batch engine's only one)."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
+    prompts = [list(p) for p in prompts]
+    if not prompts:
+        raise ValueError("no prompts to benchmark")
+    check_batchable(model)
+    methods = _methods(drafters, policies, model)
+    eos = sorted(getattr(tokenizer, "eos_token_ids", None) or [])
+    options = GenerateOptions(max_tokens=max_tokens, eos_token_ids=eos)
+    if warmup:
+        _warm_up(model, prompts, batch_size, min(8, max(m[2].longest_draft(None) for m in methods)))
+
+    def timed(engine: str, gen: BatchGeneration) -> dict[str, Any]:
+        mx.clear_cache()
+        gen.run()
+        latencies = [r.stats()["wall_s"] for r in gen.requests]
+        return _row(engine, batch_size, [r.tokens for r in gen.requests], gen.stats()["wall_s"], latencies)
+
+    plain_gen = generate_batch(model, prompts, options, max_batch=batch_size)
+    rows = [timed("plain", plain_gen)]
+    outputs = {"plain": [r.tokens for r in plain_gen.requests]}
+    break_even = None
+    for label, drafter, policy in methods:
+        oracle = _oracle_acceptance(drafter) if isinstance(drafter, str) else None
+        if oracle is not None:  # recorded from this run's plain batched output, before the timed run
+            made = oracle_drafters(prompts, outputs["plain"], oracle, vocab_size(model), seed)
+        else:
+            made = [
+                drafter(i) if callable(drafter) else make_drafter(drafter, model=model) for i in range(len(prompts))
+            ]
+        gen = BatchGeneration(model, prompts, options, made, policy, max_batch=batch_size)
+        if policy.needs_break_even:
+            if break_even is None:
+                from specbench.cost import profile_for
+                from specbench.decoding import break_even_function
+
+                break_even = break_even_function(profile_for(model, "fast"), made[0], "fast")
+            gen.set_break_even(break_even)
+        row = timed(label, gen)
+        drafted = sum(r.stats()["drafted"] for r in gen.requests)
+        accepted = sum(r.stats()["accepted"] for r in gen.requests)
+        row.update(kind="speculative", drafter=label.split("/")[0], policy=policy.name)
+        row["acceptance_rate"] = accepted / drafted if drafted else 0.0
+        row["diverged_from_recording"] = sum(d.diverged_at is not None for d in made) if oracle is not None else None
+        rows.append(row)
+        outputs[label] = [r.tokens for r in gen.requests]
+    mx.clear_cache()
+    reference = mlx_lm_batch(model, prompts, batch_size, max_tokens, eos)
+    rows.append(_row("mlx-lm", batch_size, reference["outputs"], reference["wall_s"], reference["latencies"]))
+    outputs["mlx-lm"] = reference["outputs"]
+    by = {r["engine"]: r for r in rows}
+    for row in rows:
+        row.setdefault("kind", row["engine"])
+        for other in ("plain", "mlx-lm"):
+            if row["engine"] == other:
+                continue
+            key = other.replace("-", "_")
+            row[f"speedup_vs_{key}"] = row["tokens_per_s"] / by[other]["tokens_per_s"]
+            row[f"latency_vs_{key}"] = by[other]["mean_latency_s"] / row["mean_latency_s"]
+            row[f"identical_to_{key}"] = sum(a == b for a, b in zip(outputs[row["engine"]], outputs[other])) / len(
+                prompts
+            )
+    if single is not None:
+        outputs["single"] = [list(s) for s in single]
+    divergence = [r for ref in ("single", "mlx-lm", "plain") if ref in outputs for r in divergence_rows(outputs, ref)]
+    divergence = [
+        r for r in divergence if r["engine"] != "single" and not (r["reference"] == "plain" and r["engine"] == "mlx-lm")
+    ]
+    for r in divergence:
+        r.update(batch_size=batch_size, verify="fast")
+    return {
+        "rows": rows,
+        "outputs": outputs,
+        "divergence": divergence,
+        "divergence_summary": [
+            {"batch_size": batch_size, "verify": "fast", **s} for s in divergence_summary(divergence)
+        ],
+    }
+
+
+def format_batch_bench(result: dict[str, Any]) -> str:
+    """The rows, ratios and first-divergence summary as text."""
+    lines = [
+        f"{'engine':<24} {'B':>3} {'tokens':>7} {'wall s':>8} {'tok/s':>8} {'latency s':>10} {'accept':>7} "
+        f"{'vs plain':>9} {'vs mlx-lm':>10} {'lat vs plain':>13} {'same as plain':>14}"
+    ]
+    for r in result["rows"]:
+        accept = f"{r['acceptance_rate']:.2f}" if "acceptance_rate" in r else "-"
+        same = f"{r['identical_to_plain']:.0%}" if "identical_to_plain" in r else "-"
+        lines.append(
+            f"{r['engine']:<24} {r['batch_size']:>3} {r['tokens']:>7} {r['wall_s']:>8.2f} {r['tokens_per_s']:>8.1f} "
+            f"{r['mean_latency_s']:>10.2f} {accept:>7} {r.get('speedup_vs_plain', 1.0):>8.2f}x "
+            f"{r.get('speedup_vs_mlx_lm', 1.0):>9.2f}x {r.get('latency_vs_plain', 1.0):>12.2f}x {same:>14}"
+        )
+    if result["divergence_summary"]:
+        lines.append("first divergence (fast verify; median counts an identical request at its length):")
+        for s in result["divergence_summary"]:
+            low = "-" if s["min_first_divergence"] is None else s["min_first_divergence"]
+            lines.append(
+                f"  {s['engine']:<24} vs {s['reference']:<7} identical {s['identical']:>4.0%} of {s['requests']}, "
+                f"median {s['median_first_divergence']:.0f}, min {low}"
+            )
+    return "\n".join(lines)
+
+
+def trace_requests(
+    tokenizer: Any, traces: Sequence[Any], turns: int | None, context: int, max_tokens: int
+) -> tuple[list[list[int]], list[str], int]:
+    """Every turn of ``traces`` as an independent request: (prompts, labels "trace/turn", turns left out
+    because prompt + ``max_tokens`` exceed ``context``). A turn's prompt holds the recorded replies
+    before it (as ``specbench.inputs.trace_prompts`` renders a trace without generating)."""
+    from specbench.inputs.trace_prompts import trace_prompts
+
+    prompts, labels, too_long = [], [], 0
+    for trace in traces:
+        for turn, prompt, _ in trace_prompts(tokenizer, trace):
+            if turns is not None and turn >= turns:
+                break
+            if len(prompt) + max_tokens > context:
+                too_long += 1
+                continue
+            prompts.append(prompt)
+            labels.append(f"{trace.id}/{turn}")
+    return prompts, labels, too_long
+
+
+def bench_batch_source(
+    model_name: str,
+    batch_size: int,
+    prompts: str | None = None,
+    trace: str | None = None,
+    drafters: Sequence[str] = ("lookup", "suffix"),
+    policies: Sequence[str] = ("fixed:4",),
+    max_tokens: int = 128,
+    categories: Sequence[str] | None = None,
+    limit: int | None = None,
+    trace_format: str | None = None,
+    trace_ids: Sequence[str] | None = None,
+    turns: int | None = None,
+    out: str | None = None,
+    verify: str | None = None,
+) -> dict[str, Any]:
+    """``specbench bench --batch B``: the first turn of each question in ``prompts`` (a question.jsonl or
+    "bundled"), or every turn of the traces in ``trace`` (``trace_requests``), decoded by plain
+    batched decoding, each drafter x policy and mlx-lm at batch size B; the table printed; with
+    ``out``, batch_bench.csv (one row per engine) and batch_divergence.csv (per request) written there.
+    Every input is checked before the model loads."""
+    from pathlib import Path
+
+    from specbench.common.files import check_writable, write_csv_atomic
+    from specbench.inputs.importers import load_traces
+    from specbench.inputs.prompts import questions_from, render_prompt
+    from specbench.inputs.traces import pick_ids
+    from specbench.models.load import load
+
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"--batch must be an integer >= 1, got {batch_size!r}")
+    if verify not in (None, "", "fast"):
+        raise ValueError(
+            f"--batch verifies in fast mode (one forward over the [B, w] block), got --verify {verify}: "
+            "leave --verify out or set it to fast"
+        )
+    if (prompts is None) == (trace is None):
+        raise ValueError("the batch benchmark takes prompts (a question.jsonl or 'bundled') or a trace file")
+    for value, name in ((limit, "--limit"), (turns, "--turns")):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    for policy in policies:
+        as_policy(policy)
+    if trace is not None:
+        traces = load_traces(trace, trace_format)
+        kept = set(pick_ids([t.id for t in traces], trace_ids, limit, str(trace)))
+        traces = [t for t in traces if t.id in kept]
+    else:
+        questions = questions_from(prompts, categories, limit)
+    if out:
+        check_writable(out, folder=True, name="--out")
+    model, tokenizer = load(model_name)
+    _methods(drafters, policies, model)
+    if trace is not None:
+        requests, labels, too_long = trace_requests(tokenizer, traces, turns, context_length(model), max_tokens)
+        if too_long:
+            print(f"{too_long} turns left out: prompt + {max_tokens} tokens exceed the model's context")
+        if not requests:
+            raise ValueError(f"no turn of {trace} fits the model's context with --max-tokens {max_tokens}")
+        source = str(trace)
+    else:
+        requests = [render_prompt(tokenizer, q.turns[0]) for q in questions]
+        labels = [f"{q.category}/{q.question_id}" for q in questions]
+        source = str(prompts)
+    print(f"{len(requests)} requests from {source}, batch size {batch_size}", flush=True)
+    result = bench_batch(model, requests, batch_size, list(drafters), list(policies), max_tokens, tokenizer)
+    print(format_batch_bench(result))
+    if out:
+        rows = [{"model": model_name, "source": source, **r} for r in result["rows"]]
+        path = write_csv_atomic(Path(out) / "batch_bench.csv", rows)
+        divergence = [{"model": model_name, **r, "label": labels[r["request"]]} for r in result["divergence"]]
+        write_csv_atomic(Path(out) / "batch_divergence.csv", divergence)
+        print(f"\nresults: {path.parent}")
+    return result
+
+
+__all__ = [
+    "bench_batch",
+    "bench_batch_source",
+    "divergence_rows",
+    "divergence_summary",
+    "first_divergence",
+    "format_batch_bench",
+    "mlx_lm_batch",
+    "oracle_drafters",
+    "trace_requests",
+]

@@ -1,0 +1,138 @@
+"""``specbench bench --prompts`` spread over the ranks of ``mlx.launch``: each rank benchmarks its share of
+the questions on its own machine (or its own GPU of a host: ``CUDA_VISIBLE_DEVICES`` per rank), and rank 0
+writes the same files as a run on one machine (``prompt_bench_runs.parquet``, the summary, settings and
+table), with the same columns.
+
+Each question runs whole on one rank, every method interleaved there as on one machine, so a question's
+speedups compare methods on the same machine; tokens per second are each rank's machine's (the table and
+the settings say so). Questions already in rank 0's ``--out`` are not run again; the rest are split by
+their number of turns. Each rank keeps its progress in ``OUT/.ranks/rankRofN/`` (written after every
+question, as a local run does in ``OUT``), so an interrupted run resumes with the same ranks; the folder
+goes once rank 0 has written the merged results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import shutil
+from pathlib import Path
+from typing import Any
+
+from specbench.bench.prompt_bench import (
+    PROMPT_RUNS_FILE,
+    PromptBench,
+    _bench_info,
+    _prompt_config,
+    _question_key,
+    bench_prompts,
+)
+from specbench.bench.prompt_runs import prompt_methods
+from specbench.common import distributed
+from specbench.drafters.draft_model import shipped_draft_model
+from specbench.inputs.stored import read_parquet
+
+#: Where each rank keeps its share's progress inside ``--out``.
+RANKS_FOLDER = ".ranks"
+
+
+class SpreadPromptBench(PromptBench):
+    """A prompt benchmark whose questions ran on several ranks: its table says where the timings come from."""
+
+    def table(self) -> str:
+        return super().table() + "\n\n" + self.info["timings"]
+
+
+def _configs_in(path: Path) -> tuple[list[dict[str, Any]], set[str]]:
+    """The runs saved at ``path`` and the configurations they hold (none when there is no file)."""
+    if not path.exists():
+        return [], set()
+    rows = read_parquet(path, "delete it, choose another --out, or pass --fresh to start over").to_dicts()
+    if rows and not {"config", "question_key"} <= set(rows[0]):
+        raise ValueError(f"{path}: not a prompt benchmark's runs table; choose another --out or pass --fresh")
+    return rows, {r["config"] for r in rows}
+
+
+def _other_configuration(path: Path) -> ValueError:
+    return ValueError(
+        f"{path} holds results of another benchmark configuration: choose another --out, "
+        f"or pass --fresh to overwrite it"
+    )
+
+
+def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **settings: Any) -> PromptBench:
+    """``bench_prompts(model, tokenizer, questions, **settings)``; under ``mlx.launch`` with several ranks
+    and a model that is not sharded, each rank runs its share of the questions and every rank returns the
+    merged results, which rank 0 alone saves in ``out``."""
+    bound = inspect.signature(bench_prompts).bind(model, tokenizer, questions, **settings)
+    bound.apply_defaults()
+    a = bound.arguments
+    if distributed.size() == 1 or distributed.is_sharded(model):
+        return bench_prompts(**a)
+    if not questions:
+        raise ValueError("no questions to benchmark: check the prompt file and --categories")
+    rank, size = distributed.rank(), distributed.size()
+    if a["draft_model"] is None and "draft-model" in a["drafters"]:
+        a["draft_model"] = shipped_draft_model(model, a["model_name"])
+    methods = prompt_methods(
+        a["drafters"], a["policies"], a["verify"], a["draft_model"] is not None, a["num_draft_tokens"]
+    )
+    info = _bench_info(a["model_name"], a["max_tokens"], a["repeats"])
+    config = _prompt_config(
+        a["model_name"], methods, a["max_tokens"], a["repeats"], a["num_draft_tokens"], info["device"]
+    )
+    out = Path(a["out"]) if a["out"] is not None else None
+    part = out / RANKS_FOLDER / f"rank{rank}of{size}" if out is not None else None
+
+    def check() -> tuple[str, str, list[dict[str, Any]], set[str]]:
+        """This rank's configuration and device; on rank 0 the runs already in ``out`` and their configurations."""
+        if part is not None and not a["fresh"] and _configs_in(part / PROMPT_RUNS_FILE)[1] - {config}:
+            raise _other_configuration(part / PROMPT_RUNS_FILE)
+        previous, configs = [], set()
+        if rank == 0 and out is not None and not a["fresh"]:
+            previous, configs = _configs_in(out / PROMPT_RUNS_FILE)
+        return config, info["device"], previous, configs
+
+    ranks = distributed.gather_outcomes(check)
+    previous, previous_configs = ranks[0][2], ranks[0][3]
+    if previous_configs - {c for c, _, _, _ in ranks}:
+        raise _other_configuration(out / PROMPT_RUNS_FILE)
+    done = {r["question_key"] for r in previous}
+    remaining = [q for q in questions if _question_key(q) not in done]
+    mine = [remaining[i] for i in distributed.my_share([len(q.turns) for q in remaining])]
+    say = a["progress"]
+    if say and done and rank == 0:
+        say(f"resuming: {len(done)} questions already done in {out / PROMPT_RUNS_FILE}")
+
+    def run_share() -> tuple[list[dict[str, Any]], int]:
+        if not mine:
+            return [], 0
+        progress = (lambda text: say(f"rank {rank}/{size}: {text}")) if say else None
+        result = bench_prompts(**{**a, "questions": mine, "out": part, "progress": progress})
+        keys = {_question_key(q) for q in mine}
+        return [r for r in result.runs if r["question_key"] in keys], result.info.get("unfinished_questions", 0)
+
+    shares = distributed.gather_outcomes(run_share)
+    order = {_question_key(q): i for i, q in enumerate(remaining)}
+    runs = previous + sorted((r for rows, _ in shares for r in rows), key=lambda r: order[r["question_key"]])
+    devices = [device for _, device, _, _ in ranks]
+    info.update(
+        device=" + ".join(dict.fromkeys(devices)),
+        ranks=size,
+        rank_devices=devices,
+        timings=(
+            f"Spread over {size} ranks (mlx.launch): each question ran whole on one rank, so its speedups compare "
+            "methods on one machine; tokens/s and seconds are those of the rank's machine that ran the question."
+        ),
+    )
+    unfinished = sum(n for _, n in shares)
+    if unfinished:
+        info["unfinished_questions"] = unfinished
+    result = SpreadPromptBench(runs, methods, info)
+    if out is not None:
+        distributed.gather_outcomes(lambda: result.save(out) if rank == 0 and runs else None)
+        shutil.rmtree(part, ignore_errors=True)
+        distributed.barrier()
+        with contextlib.suppress(OSError):  # gone already, or another rank's share is still there
+            (out / RANKS_FOLDER).rmdir()
+    return result

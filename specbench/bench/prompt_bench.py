@@ -1,0 +1,270 @@
+"""Prompt benchmark: Spec-Bench's protocol, side by side with mlx-lm.
+
+Spec-Bench (Xia et al., arXiv 2401.07851): prompts by category, greedy decoding, batch 1;
+speedup over plain decoding, #MAT (tokens per target forward, the bonus token included, so
+plain decoding gives 1.00) and a check that every output equals plain greedy decoding.
+Every method (``specbench.bench.prompt_runs``) runs in one process on the same prompts:
+mlx-lm's ``stream_generate`` (the baseline), mlx-lm's draft-model speculation when a draft model is
+given, specbench's plain ``generate`` and specbench with each drafter and policy (with a draft model,
+specbench's ``DraftModel`` with the same pair and draft length as mlx-lm's, side by side). Methods are warmed
+up first and interleaved per prompt (a rotating order) so that drift of the machine's speed spreads
+evenly. The figure of the results is drawn by ``specbench.report.figures.bench``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, TimedRun, prompt_methods
+from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
+from specbench.common.files import write_json_atomic, write_parquet_atomic, write_text_atomic
+from specbench.common.identity import device_name, versions
+from specbench.core.policies import DraftPolicy
+from specbench.drafters.draft_model import shipped_draft_model
+from specbench.inputs.prompts import render_prompt
+from specbench.inputs.stored import read_json, read_parquet
+
+PROMPT_RUNS_FILE = "prompt_bench_runs.parquet"
+PROMPT_SUMMARY_FILE = "prompt_bench_summary.parquet"
+PROMPT_TABLE_FILE = "prompt_bench.md"
+PROMPT_INFO_FILE = "prompt_bench.json"
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _first_mismatch(tokens: Sequence[int], reference: Sequence[int]) -> int:
+    """Index of the first differing token (-1 when equal)."""
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return i
+    return -1 if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def _question_key(question: Any) -> str:
+    text = json.dumps([str(question.question_id), question.category, list(question.turns)], ensure_ascii=False)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _prompt_config(
+    model_name: str, methods: Sequence[Method], max_tokens: int, repeats: int, num_draft_tokens: int, device: str
+) -> str:
+    text = json.dumps([model_name, [m.record() for m in methods], max_tokens, repeats, num_draft_tokens, device])
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
+    return write_parquet_atomic(pl.DataFrame(rows, infer_schema_length=None), path)
+
+
+def _strip_stops(tokens: Sequence[int], stop_ids: set[int]) -> list[int]:
+    out = list(tokens)
+    while out and out[-1] in stop_ids:
+        out.pop()
+    return out
+
+
+@dataclass
+class PromptBench:
+    """A prompt benchmark's results: one row per timed run, and per-category summaries."""
+
+    runs: list[dict[str, Any]]
+    methods: list[Method]
+    info: dict[str, Any]
+
+    def categories(self) -> list[str]:
+        return list(dict.fromkeys(r["category"] for r in self.runs))
+
+    def summary(self) -> list[dict[str, Any]]:
+        return summarize_prompt_runs(self.runs, self.methods, self.info)
+
+    def table(self) -> str:
+        return prompt_table(self.summary(), self.methods, self.categories(), self.info)
+
+    def save(self, out: str | os.PathLike) -> dict[str, Path]:
+        """Write runs and summary (parquet), settings (JSON) and the table (markdown), atomically."""
+        out = Path(out)
+        meta = {"info": self.info, "methods": [m.record() for m in self.methods]}
+        return {
+            "runs": _write_parquet(self.runs, out / PROMPT_RUNS_FILE),
+            "summary": _write_parquet(self.summary(), out / PROMPT_SUMMARY_FILE),
+            "info": write_json_atomic(out / PROMPT_INFO_FILE, meta),
+            "table": write_text_atomic(out / PROMPT_TABLE_FILE, self.table() + "\n"),
+        }
+
+
+def load_prompt_bench(folder: str | os.PathLike) -> PromptBench:
+    """The results ``bench_prompts`` saved in ``folder`` (e.g. to draw the figure elsewhere)."""
+    folder = Path(folder)
+    runs_path, info_path = folder / PROMPT_RUNS_FILE, folder / PROMPT_INFO_FILE
+    if not runs_path.exists() or not info_path.exists():
+        raise FileNotFoundError(
+            f"no prompt benchmark in {folder}: {PROMPT_RUNS_FILE} and {PROMPT_INFO_FILE} are needed"
+        )
+    meta = read_json(info_path)
+    if not isinstance(meta, dict) or not {"methods", "info"} <= set(meta):
+        raise ValueError(f"{info_path}: not a prompt benchmark's settings (needs 'methods' and 'info')")
+    methods = [Method.from_record(m) for m in meta["methods"]]
+    return PromptBench(read_parquet(runs_path).to_dicts(), methods, meta["info"])
+
+
+def bench_prompts(
+    model: Any,
+    tokenizer: Any,
+    questions: Sequence[Any],
+    drafters: Sequence[str] = ("lookup", "suffix"),
+    policies: Sequence[DraftPolicy] | None = None,
+    max_tokens: int = 128,
+    repeats: int = 1,
+    draft_model: Any = None,
+    num_draft_tokens: int = 2,
+    verify: Sequence[str | None] = (None,),
+    model_name: str = "model",
+    out: str | os.PathLike | None = None,
+    fresh: bool = False,
+    warmup: bool = True,
+    time_budget_s: float | None = None,
+    progress: Callable[[str], None] | None = _say,
+) -> PromptBench:
+    """Benchmark every method on ``questions`` (``specbench.inputs.prompts.Question``), greedy, batch 1.
+
+    ``policies``: policy objects (default ``DraftPolicy.auto()`` and ``DraftPolicy.fixed(4)``).
+    Each question's turns are rendered with the chat template; for turn 2 and later the history
+    holds mlx-lm's plain greedy answers to the earlier turns. Per prompt every method runs
+    ``repeats`` times in a rotating order; outputs are compared with mlx-lm's plain output.
+    With ``out``, finished questions are saved after each one and an interrupted run resumes
+    there (``fresh`` starts over); the summary and table are written at the end
+    (``specbench.report.figures.bench.save_prompt_figure`` draws the figure).
+    ``time_budget_s`` stops starting new questions once that many seconds (warm-up included) have passed.
+    """
+    if not questions:
+        raise ValueError("no questions to benchmark: check the prompt file and --categories")
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if draft_model is None and "draft-model" in drafters:
+        draft_model = shipped_draft_model(model, model_name)  # mlx-lm's speculation runs the same pair
+    methods = prompt_methods(drafters, policies, verify, draft_model is not None, num_draft_tokens)
+    say = progress or (lambda text: None)
+    info = _bench_info(model_name, max_tokens, repeats)
+    config = _prompt_config(model_name, methods, max_tokens, repeats, num_draft_tokens, info["device"])
+    runs: list[dict[str, Any]] = []
+    done: set[str] = set()
+    runs_path = Path(out) / PROMPT_RUNS_FILE if out is not None else None
+    if runs_path is not None and runs_path.exists() and not fresh:
+        previous = read_parquet(runs_path, "delete it, choose another --out, or pass --fresh to start over").to_dicts()
+        if previous and not {"config", "question_key"} <= set(previous[0]):
+            raise ValueError(f"{runs_path}: not a prompt benchmark's runs table; choose another --out or pass --fresh")
+        if previous and previous[0].get("config") != config:
+            raise ValueError(
+                f"{runs_path} holds results of another benchmark configuration: choose another --out, "
+                f"or pass --fresh to overwrite it"
+            )
+        runs = previous
+        done = {r["question_key"] for r in runs}
+        if done:
+            say(f"resuming: {len(done)} questions already done in {runs_path}")
+    runner = MethodRunner(model, tokenizer, model_name, draft_model, num_draft_tokens, max_tokens)
+    stop_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
+    todo = [q for q in questions if _question_key(q) not in done]
+    start = time.perf_counter()
+    if warmup and todo:
+        prompts = [render_prompt(tokenizer, q.turns[0]) for q in todo]
+        runner.warm_up(methods, prompts[0], max(prompts, key=len), say)
+    for index, question in enumerate(todo):
+        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            say(f"time budget of {time_budget_s:.0f} s spent: {len(todo) - index} questions not run")
+            info["unfinished_questions"] = len(todo) - index
+            break
+        key = _question_key(question)
+        messages: list[dict[str, str]] = []
+        rows = []
+        for turn, text in enumerate(question.turns):
+            messages.append({"role": "user", "content": text})
+            prompt = render_prompt(tokenizer, messages)
+            reference: list[int] | None = None
+            for repeat in range(repeats):
+                shift = (len(done) + index + turn + repeat) % len(methods)
+                for method in methods[shift:] + methods[:shift]:
+                    run = runner.run(method, prompt, repeat)
+                    say(f"  {question.category} {question.question_id}: {method.name} {run.wall_s:.1f} s")
+                    if method.name == PROMPT_BASELINE and repeat == 0:
+                        reference = run.tokens
+                    rows.append(_run_row(config, key, question, turn, repeat, method, prompt, run))
+            for row in rows:
+                if row["turn"] == turn:
+                    row["first_mismatch"] = _first_mismatch(row["tokens"], reference)
+                    row["equal"] = row["first_mismatch"] == -1
+            messages.append({"role": "assistant", "content": tokenizer.decode(_strip_stops(reference, stop_ids))})
+        runs += rows
+        base = [r for r in rows if r["method"] == PROMPT_BASELINE]
+        say(
+            f"[{len(done) + index + 1}/{len(done) + len(todo)}] {question.category} {question.question_id}: "
+            + ", ".join(
+                f"{m.name} {throughput_ratio(base, [r for r in rows if r['method'] == m.name]):.2f}x"
+                for m in methods[1:]
+            )
+        )
+        if runs_path is not None:
+            _write_parquet(runs, runs_path)
+    result = PromptBench(runs, methods, info)
+    if out is not None and runs:
+        result.save(out)
+    return result
+
+
+def _bench_info(model_name: str, max_tokens: int, repeats: int) -> dict[str, Any]:
+    return {
+        "model": model_name,
+        "device": device_name(),
+        **versions(),
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def _run_row(
+    config: str, key: str, question: Any, turn: int, repeat: int, method: Method, prompt: Sequence[int], run: TimedRun
+) -> dict[str, Any]:
+    new = len(run.tokens)
+    return {
+        "config": config,
+        "question_key": key,
+        "question_id": str(question.question_id),
+        "category": question.category,
+        "subcategory": question.subcategory,
+        "turn": turn,
+        "repeat": repeat,
+        "method": method.name,
+        "engine": method.engine,
+        "drafter": method.drafter,
+        "policy": method.policy_name,
+        "verify": method.verify or ("none" if method.engine == "mlx-lm" or method.drafter == "none" else "exact"),
+        "prompt_tokens": len(prompt),
+        "new_tokens": new,
+        "wall_s": run.wall_s,
+        "first_token_s": run.first_token_s,
+        "tokens_per_s": new / run.wall_s if run.wall_s > 0 else 0.0,
+        "forwards": run.forwards,
+        "verifies": run.verifies,
+        "drafted": run.drafted,
+        "accepted": run.accepted,
+        "pos_drafted": run.pos_drafted,
+        "pos_accepted": run.pos_accepted,
+        "finish_reason": run.finish_reason,
+        "tokens": run.tokens,
+        "equal": False,
+        "first_mismatch": 0,
+    }

@@ -1,0 +1,282 @@
+"""The methods of the prompt benchmark, and one timed generation of each.
+
+A method is one way to generate: mlx-lm's ``stream_generate`` (the baseline), mlx-lm's
+draft-model speculation, specbench's plain ``generate``, or specbench with a drafter and a draft
+policy. ``run_mlx_lm`` and ``run_specbench`` time one generation and count what its target
+forwards did; ``MethodRunner`` runs methods on prompts for ``specbench.bench.prompt_bench``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm import stream_generate
+
+from specbench.core.engine import generate
+from specbench.core.options import GenerateOptions, check_verify_mode
+from specbench.core.policies import DraftPolicy, as_policy
+from specbench.decoding import speculative_generate
+from specbench.drafters import DRAFTER_NAMES, is_drafter_name, make_drafter
+from specbench.exact.calibration import calibrate
+
+PROMPT_BASELINE = "mlx-lm"
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way to generate: ``engine`` "mlx-lm" or "specbench"; ``drafter`` by name ("none": plain
+    decoding) and its ``policy`` (None for plain decoding); ``verify`` None for the engine's default
+    (exact for greedy). The name tells the policy, so methods compare by name, engine, drafter and
+    verify mode."""
+
+    name: str
+    engine: str
+    drafter: str = "none"
+    policy: DraftPolicy | None = field(default=None, compare=False)
+    verify: str | None = None
+
+    @property
+    def policy_name(self) -> str:
+        """The policy's label in tables ("none" for plain decoding)."""
+        return self.policy.name if self.policy is not None else "none"
+
+    def record(self) -> dict[str, Any]:
+        """The method as JSON-ready values (the policy by its name)."""
+        return {
+            "name": self.name,
+            "engine": self.engine,
+            "drafter": self.drafter,
+            "policy": self.policy_name,
+            "verify": self.verify,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Method:
+        """A method saved by ``record`` (its policy read back from the name)."""
+        policy = None if record["policy"] == "none" else DraftPolicy.parse(record["policy"])
+        return cls(record["name"], record["engine"], record["drafter"], policy, record["verify"])
+
+
+def prompt_methods(
+    drafters: Sequence[str] = ("lookup", "suffix"),
+    policies: Sequence[DraftPolicy] | None = None,
+    verify: Sequence[str | None] = (None,),
+    draft_model: bool = False,
+    num_draft_tokens: int = 2,
+) -> list[Method]:
+    """The methods of a prompt benchmark, the mlx-lm baseline first; ``policies`` default to
+    ``DraftPolicy.auto()`` and ``DraftPolicy.fixed(4)``."""
+    if policies is None:
+        policies = [DraftPolicy.auto(), DraftPolicy.fixed(4)]
+    unknown = [d for d in drafters if not is_drafter_name(d) or d in ("none", "plain", "")]
+    if unknown:
+        known = ", ".join(n for n in DRAFTER_NAMES if n != "none")
+        raise ValueError(f"unknown drafters {unknown}: choose from {known} (or early-exit:L)")
+    policies = [as_policy(p) for p in policies]
+    for mode in verify:
+        if mode is not None:
+            check_verify_mode(mode)
+    if num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+    methods = [Method(PROMPT_BASELINE, "mlx-lm")]
+    fixed = DraftPolicy.fixed(num_draft_tokens)
+    if draft_model:
+        methods.append(Method(f"mlx-lm draft/{fixed.name}", "mlx-lm", "draft-model", fixed))
+    methods.append(Method("specbench", "specbench"))
+    if draft_model and not ("draft-model" in drafters and fixed.name in [p.name for p in policies]):
+        # The same pair and draft length as mlx-lm's speculation, side by side.
+        for mode in verify:
+            suffix = f"/{mode}" if mode is not None else ""
+            methods.append(Method(f"draft-model/{fixed.name}{suffix}", "specbench", "draft-model", fixed, mode))
+    for drafter in drafters:
+        for policy in policies:
+            for mode in verify:
+                suffix = f"/{mode}" if mode is not None else ""
+                methods.append(Method(f"{drafter}/{policy.name}{suffix}", "specbench", drafter, policy, mode))
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise ValueError(f"methods need distinct names (give policies distinct names), got {names}")
+    return methods
+
+
+@dataclass
+class TimedRun:
+    """One timed generation: its tokens, seconds, and what its target forwards did.
+
+    ``forwards``: target forwards after the prompt pass (plain steps and verifications);
+    ``pos_drafted[i]``/``pos_accepted[i]``: verifications that drafted / accepted position i.
+    """
+
+    tokens: list[int]
+    wall_s: float
+    first_token_s: float
+    forwards: int
+    verifies: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    pos_drafted: list[int] = field(default_factory=list)
+    pos_accepted: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+def _count_positions(pos_drafted: list[int], pos_accepted: list[int], drafted: int, accepted: int) -> None:
+    for i in range(drafted):
+        if i == len(pos_drafted):
+            pos_drafted.append(0)
+            pos_accepted.append(0)
+        pos_drafted[i] += 1
+        pos_accepted[i] += i < accepted
+
+
+def run_mlx_lm(
+    model: Any,
+    tokenizer: Any,
+    prompt: Sequence[int],
+    max_tokens: int,
+    draft_model: Any = None,
+    num_draft_tokens: int = 2,
+) -> TimedRun:
+    """mlx-lm's ``stream_generate`` (greedy), or its draft-model speculation, timed."""
+    kwargs = {} if draft_model is None else {"draft_model": draft_model, "num_draft_tokens": num_draft_tokens}
+    tokens: list[int] = []
+    from_draft: list[bool] = []
+    finish = None
+    start = time.perf_counter()
+    first = None
+    for response in stream_generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens, **kwargs):
+        if first is None:
+            first = time.perf_counter()
+        tokens.append(int(response.token))
+        from_draft.append(bool(response.from_draft))
+        finish = response.finish_reason
+    wall = time.perf_counter() - start
+    run = TimedRun(tokens, wall, (first or start) - start, max(0, len(tokens) - 1), finish_reason=finish)
+    if draft_model is not None:
+        # Each verification emits its accepted draft tokens, then one token of the target's own;
+        # the first verification also consumes the prompt's last token.
+        run.forwards = 0
+        done = 0
+        group = 0
+        for i, drafted_token in enumerate(from_draft):
+            group += drafted_token
+            if not drafted_token or i == len(from_draft) - 1:
+                drafted = min(max_tokens - done, num_draft_tokens)
+                run.forwards += 1
+                run.verifies += 1
+                run.drafted += drafted
+                run.accepted += group
+                _count_positions(run.pos_drafted, run.pos_accepted, drafted, group)
+                done = i + 1
+                group = 0
+    return run
+
+
+def run_specbench(
+    model: Any,
+    tokenizer: Any,
+    prompt: Sequence[int],
+    max_tokens: int,
+    drafter: Any = None,
+    policy: DraftPolicy | None = None,
+    verify: str | None = None,
+) -> TimedRun:
+    """specbench's plain ``generate`` (no drafter) or ``speculative_generate``, greedy, timed."""
+    options = GenerateOptions(max_tokens=max_tokens, verify=verify)
+    start = time.perf_counter()
+    first = None
+    if drafter is None:
+        gen = generate(model, list(prompt), options, tokenizer=tokenizer)
+    else:
+        gen = speculative_generate(model, list(prompt), options, drafter, policy, tokenizer=tokenizer)
+    for _ in gen:
+        if first is None:
+            first = time.perf_counter()
+    wall = time.perf_counter() - start
+    stats = gen.stats()
+    run = TimedRun(
+        list(gen.tokens),
+        wall,
+        (first or start) - start,
+        stats["steps"],
+        stats["verifies"],
+        stats["drafted"],
+        stats["accepted"],
+        finish_reason=gen.finish_reason(),
+    )
+    for record in gen.log.records:
+        if record["kind"] == "verify":
+            _count_positions(run.pos_drafted, run.pos_accepted, record["k_drafted"], record["accepted"])
+    return run
+
+
+def _longest_draft(policy: DraftPolicy, drafter: Any) -> int:
+    """The longest draft ``policy`` asks of ``drafter``."""
+    if isinstance(policy, DraftPolicy):
+        return policy.longest_draft(drafter)
+    return max(1, int(getattr(drafter, "preferred_k", 4)))
+
+
+class MethodRunner:
+    """Runs methods on prompts; keeps one drafter per (method, repeat), as a server keeps one
+    drafter across requests, so that no repeat sees another repeat's outputs."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any, model_name: str, draft_model: Any, num_draft_tokens: int, max_tokens: int
+    ):
+        self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
+        self.draft_model, self.num_draft_tokens, self.max_tokens = draft_model, num_draft_tokens, max_tokens
+        self.drafters: dict[tuple[str, int], Any] = {}
+
+    def drafter(self, method: Method, repeat: int) -> Any:
+        key = (method.name, repeat)
+        if key not in self.drafters:
+            self.drafters[key] = make_drafter(
+                method.drafter, model=self.model, model_name=self.model_name, draft_model=self.draft_model
+            )
+        return self.drafters[key]
+
+    def run(self, method: Method, prompt: Sequence[int], repeat: int, max_tokens: int | None = None) -> TimedRun:
+        n = max_tokens or self.max_tokens
+        if method.engine == "mlx-lm":
+            draft = self.draft_model if method.drafter == "draft-model" else None
+            return run_mlx_lm(self.model, self.tokenizer, prompt, n, draft, self.num_draft_tokens)
+        if method.drafter == "none":
+            return run_specbench(self.model, self.tokenizer, prompt, n, verify=method.verify)
+        return run_specbench(
+            self.model, self.tokenizer, prompt, n, self.drafter(method, repeat), method.policy, method.verify
+        )
+
+    def verify_widths(self, methods: Sequence[Method]) -> list[int]:
+        """Verification widths the methods can use (for calibrating exact verification up front)."""
+        widest = 1
+        for m in methods:
+            if m.engine != "specbench" or m.drafter == "none" or m.verify == "fast":
+                continue
+            widest = max(widest, _longest_draft(m.policy, self.drafter(m, -1)) + 1)
+        return list(range(2, widest + 1))
+
+    def warm_up(
+        self, methods: Sequence[Method], first: list[int], longest: list[int], say: Callable[[str], None]
+    ) -> None:
+        """Untimed: calibrate exact verification for the widths in use, run every method on the first
+        prompt for the full ``max_tokens``, and plain decoding on the longest prompt, so that the
+        kernels for every verify width and the cache sizes the run reaches are built before timing
+        (on a GPU the first call at a new shape compiles kernels)."""
+        t0 = time.perf_counter()
+        widths = self.verify_widths(methods)
+        if widths:
+            calibrate(self.model, widths, progress=say)
+        for method in methods:
+            self.run(method, first, repeat=-1)
+            say(f"  warm-up: {method.name} ({time.perf_counter() - t0:.0f} s)")
+        if longest != first:
+            self.run(methods[0], longest, repeat=-1)
+        self.drafters = {k: v for k, v in self.drafters.items() if k[1] >= 0}
+        say(
+            f"warm-up: {len(methods)} methods, exact widths {widths[-1] if widths else 1}, "
+            f"{time.perf_counter() - t0:.1f} s"
+        )

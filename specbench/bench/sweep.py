@@ -1,0 +1,458 @@
+"""Sweeps: generations over prompts x drafters x policies x temperatures, with plain baselines.
+
+Every prompt (at every temperature and seed) is first decoded plainly, then speculatively with
+each drafter and policy, in the same process, so speedups are ratios measured in one run:
+speedup = speculative decode tokens/s / plain decode tokens/s, by the clock from the first token
+to the last (prefill excluded: it is the same forward pass either way). Greedy runs are checked
+token for token against the plain output.
+
+A prompt's prefix (all but its last token) is prefilled once and every generation of that prompt
+starts from a copy of that cache (except for drafters that need the prompt's hidden states), so
+the prompt is not prefilled again for every drafter and policy (``specbench.bench.timing``).
+
+``Sweep.runs`` has one row per generation, ``Sweep.steps`` every step log; ``summary`` and
+``per_position`` aggregate them as Spec-Bench reports (mean accepted tokens, acceptance rate,
+per-position acceptance). Prompts come from ``specbench.inputs.prompts.prompts_from``; the
+losslessness check of sampling is ``specbench.checks.lossless``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows them on the console
+
+from specbench.bench.positions import per_position_acceptance
+from specbench.bench.timing import cache_copy, prefix_cache, timed
+from specbench.common import distributed
+from specbench.common.files import check_writable, write_parquet_atomic
+from specbench.core.engine import generate
+from specbench.core.options import GenerateOptions, VerifyMode, check_verify_mode
+from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, FixedPolicy, as_policy
+from specbench.core.rules import Acceptance
+from specbench.decoding import speculative_generate
+from specbench.exact.calibration import calibrate
+from specbench.inputs.capabilities import usable_drafters
+from specbench.inputs.importers import load_traces
+from specbench.inputs.prompts import Prompt
+from specbench.inputs.stored import read_parquet
+from specbench.inputs.traces import bundled_traces
+
+# -- policies ----------------------------------------------------------------------------------
+
+_FAMILIES = {FixedPolicy: "fixed", AdaptivePolicy: "adaptive", AutoPolicy: "auto"}
+
+
+def policy_family(policy: DraftPolicy) -> str:
+    """The policy's family: "fixed", "adaptive" or "auto" (a user-written policy: its name)."""
+    return _FAMILIES.get(type(policy), policy.name)
+
+
+def policy_k(policy: DraftPolicy) -> int | None:
+    """The draft length of a fixed or adaptive policy (None for one that picks its own)."""
+    return policy.n if isinstance(policy, (FixedPolicy, AdaptivePolicy)) else None
+
+
+def sweep_policies(families: Sequence[str], draft_lengths: Sequence[int]) -> list[DraftPolicy]:
+    """Policies of a sweep: ``fixed`` and ``adaptive`` at every draft length, ``auto`` once (it
+    picks its own length), e.g. (["fixed", "auto"], [1, 4]) -> fixed:1, fixed:4, auto."""
+    policies: list[DraftPolicy] = []
+    for family in families:
+        if family == "auto":
+            policies.append(DraftPolicy.auto())
+        elif family in ("fixed", "adaptive"):
+            if not draft_lengths:
+                raise ValueError(f"policy {family!r} needs draft lengths")
+            policies += [getattr(DraftPolicy, family)(int(k)) for k in draft_lengths]
+        else:
+            raise ValueError(f"unknown policy {family!r}: use fixed, adaptive or auto")
+    return policies
+
+
+@dataclass
+class Sweep:
+    """Results of ``run_sweep``: one row per generation, and every step."""
+
+    runs: pl.DataFrame
+    steps: pl.DataFrame
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def summary(self, by: Sequence[str] = ("drafter", "policy")) -> pl.DataFrame:
+        return summarize_sweep(self.runs, by)
+
+    def per_position(self, by: Sequence[str] = ("drafter", "policy")) -> pl.DataFrame:
+        return per_position_acceptance(self.steps, by)
+
+    def save(self, folder: str | os.PathLike, name: str = "sweep") -> list[Path]:
+        """``NAME-runs.parquet`` and ``NAME-steps.parquet`` in ``folder``, written atomically (by rank 0
+        alone when several ranks hold the merged sweep)."""
+        folder = Path(folder)
+        if distributed.rank() != 0:
+            return [folder / f"{name}-runs.parquet", folder / f"{name}-steps.parquet"]
+        return [
+            write_parquet_atomic(self.runs, folder / f"{name}-runs.parquet"),
+            write_parquet_atomic(self.steps, folder / f"{name}-steps.parquet"),
+        ]
+
+
+def run_sweep(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Prompt | Sequence[int]],
+    drafters: Sequence[str] = ("lookup",),
+    policies: Sequence[DraftPolicy | str | int] = (1, 2, 4),
+    max_tokens: int = 64,
+    temperatures: Sequence[float] = (0.0,),
+    seeds: Sequence[int] = (0,),
+    verify: VerifyMode | None = None,
+    model_name: str | None = None,
+    ignore_eos: bool = False,
+    warmup_tokens: int = 4,
+    progress: bool = True,
+    drafter_factories: dict[str, Callable[[], Any]] | None = None,
+    reuse_prefill: bool = True,
+    out: str | os.PathLike | None = None,
+    spread: bool | None = None,
+    acceptances: Sequence[Acceptance] = (Acceptance(),),
+) -> Sweep:
+    """Decode every prompt plainly, then with each drafter x policy, per temperature and seed.
+
+    ``policies``: policy objects, their text ("fixed:4", "auto", parsed here) or draft lengths
+    (ints, fixed policies); the ``policy`` column holds each policy's name. ``verify``: "exact",
+    "fast" or None (the engine's default: exact when greedy).
+
+    Drafters are built fresh for every generation (a SuffixDecoding store does not carry over
+    between runs of one prompt). Drafters the model cannot use (such as mtp without an MTP head)
+    are left out and listed in ``Sweep.skipped``. ``drafter_factories`` adds or replaces drafters
+    (name -> a function building a fresh one), e.g. a user-written drafter. ``reuse_prefill``
+    starts every generation of a prompt from one prefill of its prefix. ``acceptances``: the acceptance
+    rules every speculative generation runs with (the ``acceptance`` column holds each one's label;
+    "none" for plain runs).
+
+    A cell is one prompt at one temperature and seed: its plain run and every drafter x policy.
+    With ``out`` each finished cell is written there (``cells/``, atomically) and a sweep started
+    again with the same settings resumes: finished cells are read back, not run. Under
+    ``mlx.launch`` (``spread``, the default when the group has several ranks and the model is not
+    sharded) rank r runs the cells whose index is r modulo the group size, each rank on its own
+    device, and every rank gets the merged result, the same as one rank's; a sharded model runs
+    every cell on all ranks in lockstep and rank 0 writes.
+    """
+    if not prompts:
+        raise ValueError("no prompts to sweep")
+    policies = [as_policy(p) for p in policies]
+    if verify is not None:
+        check_verify_mode(verify)
+    name = model_name or getattr(model, "specbench_name", None)
+    listed = [d for d in drafters if d not in (drafter_factories or {})]
+    factories, skipped = usable_drafters(listed, model, name)
+    factories.pop("none", None)
+    factories.pop("plain", None)
+    factories.update(drafter_factories or {})
+    items = [
+        p if isinstance(p, Prompt) else Prompt(f"p{i}", "custom", "", [int(t) for t in p])
+        for i, p in enumerate(prompts)
+    ]
+    if spread is None:
+        spread = distributed.size() > 1 and not distributed.is_sharded(model)
+    size, rank = (distributed.size(), distributed.rank()) if spread else (1, 0)
+    cells = [(prompt, float(t), seed) for prompt in items for t in temperatures for seed in seeds]
+    settings = {
+        "model": name,
+        "drafters": list(factories),
+        "policies": [p.name for p in policies],
+        "max_tokens": max_tokens,
+        "verify": verify,
+        "ignore_eos": ignore_eos,
+        "reuse_prefill": reuse_prefill,
+        **(
+            {"acceptances": [dataclasses.astuple(a) for a in acceptances]}
+            if list(acceptances) != [Acceptance()]
+            else {}
+        ),
+    }
+    store = _CellStore(out, settings) if out is not None else None
+    mine = [i for i in range(len(cells)) if i % size == rank]
+    done = {i: store.read(cells[i]) for i in mine if store is not None and store.has(cells[i])}
+    if distributed.is_sharded(model):  # every rank must run the same cells: rank 0's files decide
+        done = distributed.broadcast(done if distributed.is_main() else None)
+    todo = [i for i in mine if i not in done]
+    if warmup_tokens and todo:
+        list(generate(model, items[0].ids, GenerateOptions(max_tokens=warmup_tokens, ignore_eos=True)))
+        modes = {GenerateOptions(temperature=float(t), verify=verify).verify_mode for t in temperatures}
+        if factories and "exact" in modes:
+            _calibrate_exact(model, policies, factories)
+    total = len(todo) * (1 + len(acceptances) * len(factories) * len(policies))
+    shown = progress and distributed.is_main()
+    bar = tqdm(total=total, desc="sweep", disable=not shown, leave=False)
+    results: dict[int, tuple[list[dict[str, Any]], pl.DataFrame]] = dict(done)
+    prefix, prefix_of = None, None
+    try:
+        for i in todo:
+            prompt, temperature, seed = cells[i]
+            if reuse_prefill and prefix_of is not prompt:
+                prefix, prefix_of = prefix_cache(model, prompt.ids), prompt
+            cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify)
+            results[i] = _run_cell(model, tokenizer, cell, factories, policies, prefix, bar, acceptances)
+            if store is not None:
+                store.write(cells[i], *results[i])
+    finally:
+        bar.close()
+    if size > 1 or distributed.is_sharded(model):
+        parts = distributed.gather(results if spread or distributed.is_main() else {})
+        results = {i: cell for part in parts for i, cell in part.items()}
+    runs: list[dict[str, Any]] = []
+    frames: list[pl.DataFrame] = []
+    for i in sorted(results):  # run ids in cell order, whoever ran the cell
+        rows, steps = results[i]
+        offset = len(runs)
+        runs += [{**row, "run": row["run"] + offset} for row in rows]
+        frames.append(steps.with_columns(pl.col("run") + offset))
+    steps = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+    return Sweep(pl.DataFrame(runs, infer_schema_length=None), steps, skipped)
+
+
+def _run_cell(
+    model: Any,
+    tokenizer: Any,
+    cell: tuple[Prompt, float, int, bool, int, VerifyMode | None],
+    factories: dict[str, Callable[[], Any]],
+    policies: Sequence[DraftPolicy],
+    prefix: Any,
+    bar: Any,
+    acceptances: Sequence[Acceptance] = (Acceptance(),),
+) -> tuple[list[dict[str, Any]], pl.DataFrame]:
+    """One prompt at one temperature and seed: the plain run, then every rule x drafter x policy (run ids from 0)."""
+    prompt, temperature, seed, ignore_eos, max_tokens, verify = cell
+    options = GenerateOptions(
+        max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos, verify=verify
+    )
+    base = {
+        "prompt": prompt.id,
+        "category": prompt.category,
+        "prompt_tokens": len(prompt.ids),
+        "temperature": temperature,
+        "seed": seed,
+    }
+    runs: list[dict[str, Any]] = []
+    frames: list[pl.DataFrame] = []
+    bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
+    plain = generate(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
+    plain_tokens, plain_s = timed(plain)
+    baseline = {"plain_decode_tokens": len(plain_tokens) - 1, "plain_decode_s": plain_s}
+    runs.append(_row(len(runs), {**base, "acceptance": "none"}, "none", None, plain, plain_s, baseline, None))
+    frames.append(_steps(plain.log, len(runs) - 1, base))
+    bar.update()
+    for rule, drafter_name, policy in ((r, d, p) for r in acceptances for d in factories for p in policies):
+        bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
+        ruled = dataclasses.replace(
+            options, acceptance=rule.name, typical_epsilon=rule.epsilon, typical_delta=rule.delta
+        )
+        drafter = factories[drafter_name]()
+        gen = speculative_generate(
+            model, prompt.ids, ruled, drafter, policy, tokenizer=tokenizer, prompt_cache=cache_copy(prefix, drafter)
+        )
+        tokens, seconds = timed(gen)
+        same = tokens == plain_tokens if temperature == 0 else None
+        labelled = {**base, "acceptance": rule.label}
+        runs.append(_row(len(runs), labelled, drafter_name, policy, gen, seconds, baseline, same))
+        frames.append(_steps(gen.log, len(runs) - 1, labelled))
+        bar.update()
+    return runs, pl.concat(frames, how="diagonal_relaxed")
+
+
+class _CellStore:
+    """Finished cells of a sweep in ``OUT/cells/``: ``<key>-runs.parquet`` (written last: the cell is
+    done) and ``<key>-steps.parquet``; the key is a digest of the sweep's settings and the cell."""
+
+    def __init__(self, out: str | os.PathLike, settings: dict[str, Any]):
+        self.folder = check_writable(Path(out) / "cells", folder=True, name="out")
+        self.settings = settings
+
+    def _path(self, cell: tuple[Prompt, float, int], part: str) -> Path:
+        prompt, temperature, seed = cell
+        text = json.dumps([self.settings, prompt.id, prompt.ids, temperature, seed], sort_keys=True, default=str)
+        return self.folder / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}-{part}.parquet"
+
+    def has(self, cell: tuple[Prompt, float, int]) -> bool:
+        return self._path(cell, "runs").is_file() and self._path(cell, "steps").is_file()
+
+    def read(self, cell: tuple[Prompt, float, int]) -> tuple[list[dict[str, Any]], pl.DataFrame]:
+        remedy = "delete it to run the cell again"
+        return read_parquet(self._path(cell, "runs"), remedy).to_dicts(), read_parquet(
+            self._path(cell, "steps"), remedy
+        )
+
+    def write(self, cell: tuple[Prompt, float, int], runs: list[dict[str, Any]], steps: pl.DataFrame) -> None:
+        write_parquet_atomic(steps, self._path(cell, "steps"))
+        write_parquet_atomic(pl.DataFrame(runs, infer_schema_length=None), self._path(cell, "runs"))
+
+
+def _calibrate_exact(model: Any, policies: Sequence[DraftPolicy], factories: dict[str, Callable[[], Any]]) -> None:
+    """Calibrate exact verification for every width the sweep can use, before anything is timed
+    (the first verification at a new width would otherwise carry the calibration)."""
+    ks = [k for k in (policy_k(p) for p in policies) if k]
+    if any(policy_k(p) is None for p in policies):
+        ks += [int(getattr(make(), "preferred_k", 4)) for make in factories.values()]
+    if ks:
+        calibrate(model, list(range(2, max(ks) + 2)))
+
+
+def _row(
+    run: int,
+    base: dict[str, Any],
+    drafter: str,
+    policy: DraftPolicy | None,
+    gen: Any,
+    seconds: float,
+    baseline: dict[str, Any],
+    same: bool | None,
+) -> dict[str, Any]:
+    """One row of ``Sweep.runs``: a generation's stats, its clock, and its plain baseline (``policy`` None: plain)."""
+    stats = gen.stats()
+    tokens = len(gen.tokens) - 1
+    if policy is None:
+        name, family, k = "none", "none", 0
+    else:
+        name, family, k = policy.name, policy_family(policy), policy_k(policy)
+    tps = tokens / seconds if seconds > 0 else 0.0
+    plain_tps = baseline["plain_decode_tokens"] / baseline["plain_decode_s"] if baseline["plain_decode_s"] > 0 else 0.0
+    return {
+        "run": run,
+        **base,
+        "drafter": drafter,
+        "policy": name,
+        "policy_family": family,
+        "k": k,
+        "tokens": stats["tokens"],
+        "decode_tokens": tokens,
+        "decode_s": seconds,
+        "prefill_s": stats["prefill_s"],
+        "steps": stats["steps"],
+        "verifies": stats["verifies"],
+        "drafted": stats["drafted"],
+        "accepted": stats["accepted"],
+        "pauses": stats["pauses"],
+        "acceptance_rate": stats["acceptance_rate"],
+        "mean_accepted_tokens": stats["mean_accepted_tokens"],
+        "tokens_per_verify": stats["tokens_per_verify"],
+        "draft_s": stats["draft_s"],
+        "verify_s": stats["verify_s"],
+        "decode_tokens_per_s": tps,
+        **baseline,
+        "speedup": tps / plain_tps if plain_tps > 0 else float("nan"),
+        "equal_to_plain": same,
+        "finish_reason": stats["finish_reason"],
+    }
+
+
+def _steps(log: Any, run: int, base: dict[str, Any]) -> pl.DataFrame:
+    """A generation's step log with the run's id, prompt, category, temperature, seed and acceptance rule."""
+    df = log.to_polars()
+    if "extra" in df.columns:
+        df = df.drop("extra")
+    return df.with_columns(
+        pl.lit(run).alias("run"),
+        pl.lit(base["prompt"]).alias("prompt"),
+        pl.lit(base["category"]).alias("category"),
+        pl.lit(base["temperature"]).alias("temperature"),
+        pl.lit(base["seed"]).alias("seed"),
+        pl.lit(base.get("acceptance", "none")).alias("acceptance"),
+    )
+
+
+# -- aggregates --------------------------------------------------------------------------------
+
+
+def rate(numerator: pl.Expr, denominator: str, otherwise: float | None) -> pl.Expr:
+    """``numerator`` / column ``denominator`` where that is positive, else ``otherwise``."""
+    return pl.when(pl.col(denominator) > 0).then(numerator / pl.col(denominator)).otherwise(otherwise)
+
+
+def summarize_sweep(runs: pl.DataFrame, by: Sequence[str] = ("drafter", "policy")) -> pl.DataFrame:
+    """Totals per group and the rates derived from them (ratios of sums, as Spec-Bench's #MAT).
+
+    ``speedup`` = (sum of decode tokens / sum of decode seconds) over the group's runs divided by
+    the same for their plain baselines; ``mean_k``: tokens drafted per verification.
+    """
+    by = list(by)
+    missing = [c for c in by if c not in runs.columns]
+    if missing:
+        raise ValueError(f"cannot group by {missing}: the runs have columns {runs.columns}")
+    out = (
+        runs.group_by(by, maintain_order=True)
+        .agg(
+            pl.len().alias("runs"),
+            pl.col(
+                "decode_tokens",
+                "decode_s",
+                "plain_decode_tokens",
+                "plain_decode_s",
+                "steps",
+                "verifies",
+                "drafted",
+                "accepted",
+            ).sum(),
+            pl.col("equal_to_plain").drop_nulls().all().alias("all_equal_to_plain"),
+            pl.col("equal_to_plain").drop_nulls().len().alias("checked"),
+            *[pl.col(c).first() for c in ("policy_family", "k") if c in runs.columns and c not in by],
+        )
+        .with_columns(
+            (pl.col("decode_tokens") / pl.col("decode_s")).alias("decode_tokens_per_s"),
+            (
+                (pl.col("decode_tokens") / pl.col("decode_s"))
+                / (pl.col("plain_decode_tokens") / pl.col("plain_decode_s"))
+            ).alias("speedup"),
+            (pl.col("decode_tokens") / pl.col("steps")).alias("mean_accepted_tokens"),
+            rate(pl.col("accepted") + pl.col("verifies"), "verifies", None).alias("tokens_per_verify"),
+            rate(pl.col("accepted"), "drafted", None).alias("acceptance_rate"),
+            rate(pl.col("drafted"), "verifies", None).alias("mean_k"),
+        )
+    )
+    return out.with_columns(
+        pl.when(pl.col("checked") > 0).then(pl.col("all_equal_to_plain")).otherwise(None).alias("all_equal_to_plain")
+    )
+
+
+def best_per_group(summary: pl.DataFrame, group: Sequence[str], metric: str = "speedup") -> pl.DataFrame:
+    """The row with the highest ``metric`` in each ``group`` (e.g. each drafter's best policy)."""
+    return summary.sort(metric, descending=True, nulls_last=True).group_by(list(group), maintain_order=True).first()
+
+
+# -- agent traces ------------------------------------------------------------------------------
+
+
+def load_trace_list(names: str | Sequence[str]) -> list[Any]:
+    """Traces by name: ``"bundled"`` (every bundled trace), bundled trace names, or files in any
+    format ``specbench.inputs.importers.load_traces`` imports."""
+    if isinstance(names, str):
+        names = bundled_traces() if names == "bundled" else [names]
+    if not names:
+        raise ValueError("no traces given (and none bundled in data/traces)")
+    traces = []
+    for name in names:
+        traces += load_traces(name)
+    return traces
+
+
+def trace_turns(results: Sequence[Any]) -> pl.DataFrame:
+    """Per-turn rows of trace-bench results (``bench_trace``), with ``drafter`` ("none" for
+    plain decoding) and ``saved``: tokens emitted after the prefill minus the forward passes
+    that emitted them (the passes speculation avoided); ``tokens_per_verify`` is null on turns
+    without a verification."""
+    if not results:
+        raise ValueError("no trace results")
+    turns = pl.concat([r.turns for r in results], how="diagonal_relaxed")
+    return turns.with_columns(
+        pl.when(pl.col("method") == "plain").then(pl.lit("none")).otherwise(pl.col("method")).alias("drafter"),
+        (pl.col("decode_tokens") - pl.col("steps")).alias("saved"),
+        # no verification, no tokens per verification (rather than 0)
+        pl.when(pl.col("verifies") > 0).then(pl.col("tokens_per_verify")).otherwise(None).alias("tokens_per_verify"),
+    )

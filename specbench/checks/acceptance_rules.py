@@ -1,0 +1,215 @@
+"""Acceptance rules compared on the same model, drafters, prompts and draft lengths when sampling.
+
+``run_rule_sweep`` decodes every prompt plainly and then with every rule x drafter x draft length, per
+temperature (``specbench.core.rules``: "token", "exact-match", "block", lossless; "typical", lossy). The
+draft model drafts with its own distribution q at each temperature; lookup, suffix and the MTP head
+draft their argmax (q one-hot). ``rule_summary`` aggregates accepted tokens per verification, acceptance
+and speedup per rule; ``best_lossless`` names each temperature's best lossless rule. ``rule_shifts``
+samples plainly and with each rule from one prompt and measures the shift of the token distribution
+(total variation distance with its interval, beside a permutation test; a lossless rule's TVD is noise,
+a lossy rule's is its shift). ``exact_match_expectation`` checks exact match's acceptance against the
+target's probability of each drafted token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from statistics import NormalDist
+from typing import Any
+
+import polars as pl
+
+from specbench.bench.sweep import Sweep, run_sweep, summarize_sweep
+from specbench.checks.lossless import LosslessCheck, losslessness_check
+from specbench.core.accept import SamplingSettings
+from specbench.core.policies import DraftPolicy
+from specbench.core.rules import ACCEPTANCE_RULES, TYPICAL_DELTA, TYPICAL_EPSILON, Acceptance, rule_label
+from specbench.drafters import DraftModel, shipped_draft_model
+from specbench.inputs.capabilities import usable_drafters
+from specbench.inputs.prompts import Prompt
+
+
+def rule_list(
+    names: Sequence[str] = ACCEPTANCE_RULES, epsilon: float = TYPICAL_EPSILON, delta: float = TYPICAL_DELTA
+) -> list[Acceptance]:
+    """The rules named, each checked (an unknown name is one clear error), typical with its thresholds."""
+    if not names:
+        raise ValueError(f"no acceptance rules given: name some of {', '.join(ACCEPTANCE_RULES)}")
+    return [Acceptance(name, epsilon, delta) for name in names]
+
+
+def run_rule_sweep(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Prompt],
+    rules: Sequence[Acceptance],
+    drafters: Sequence[str] = ("lookup", "suffix", "mtp", "draft-model"),
+    draft_lengths: Sequence[int] = (2, 4),
+    temperatures: Sequence[float] = (0.3, 0.7, 1.0),
+    seeds: Sequence[int] = (0,),
+    max_tokens: int = 32,
+    model_name: str | None = None,
+    progress: bool = True,
+    drafter_factories: dict[str, Any] | None = None,
+) -> Sweep:
+    """Every prompt at every temperature and seed: plain, then each rule x drafter x fixed draft length
+    (``Sweep.runs`` has an ``acceptance`` column). Drafters the model cannot use are in ``skipped``;
+    ``drafter_factories`` adds drafters of your own (name -> a function building a fresh one)."""
+    if not temperatures or any(t <= 0 for t in temperatures):
+        raise ValueError(f"the rules differ only when sampling: give temperatures > 0, got {list(temperatures)}")
+    name = model_name or getattr(model, "specbench_name", None)
+    parts: list[Sweep] = []
+    for temperature in temperatures:
+        own: dict[str, Any] = dict(drafter_factories or {})
+        if "draft-model" in drafters and not usable_drafters(["draft-model"], model, name)[1]:
+            draft = shipped_draft_model(model, name)
+            settings = SamplingSettings(float(temperature))
+            own["draft-model"] = lambda draft=draft, settings=settings: DraftModel(
+                draft, target=model, sampling=settings
+            )
+        parts.append(
+            run_sweep(
+                model,
+                tokenizer,
+                prompts,
+                [d for d in drafters if d not in own],
+                [DraftPolicy.fixed(int(k)) for k in draft_lengths],
+                max_tokens=max_tokens,
+                temperatures=[float(temperature)],
+                seeds=seeds,
+                model_name=name,
+                ignore_eos=True,
+                progress=progress,
+                drafter_factories=own,
+                acceptances=rules,
+            )
+        )
+    return _merged(parts)
+
+
+def _merged(parts: Sequence[Sweep]) -> Sweep:
+    """One sweep of several, run ids renumbered in order."""
+    runs, steps, skipped, offset = [], [], {}, 0
+    for part in parts:
+        runs.append(part.runs.with_columns(pl.col("run") + offset))
+        steps.append(part.steps.with_columns(pl.col("run") + offset))
+        offset += len(part.runs)
+        skipped.update(part.skipped)
+    return Sweep(pl.concat(runs, how="diagonal_relaxed"), pl.concat(steps, how="diagonal_relaxed"), skipped)
+
+
+def rule_summary(sweep: Sweep, by: Sequence[str] = ("temperature", "acceptance")) -> pl.DataFrame:
+    """Speculative runs aggregated per ``by`` (ratios of sums): tokens per verification, acceptance rate,
+    speedup over plain decoding, with ``lossless`` saying whether the rule keeps plain sampling's distribution."""
+    runs = sweep.runs.filter(pl.col("drafter") != "none")
+    if runs.is_empty():
+        raise ValueError("the sweep has no speculative runs (every drafter skipped?)")
+    lossless = {rule_label(name): rule_label(name) == name for name in ACCEPTANCE_RULES}
+    return (
+        summarize_sweep(runs, by)
+        .with_columns(pl.col("acceptance").replace_strict(lossless, return_dtype=pl.Boolean).alias("lossless"))
+        .sort(list(by))
+    )
+
+
+def best_lossless(summary: pl.DataFrame) -> pl.DataFrame:
+    """Per temperature, the lossless rule with the most tokens per verification (the rules share the
+    verification forward, so this is what a rule changes), with its speedup; ties keep rule order."""
+    rows = summary.filter(pl.col("lossless") & pl.col("tokens_per_verify").is_not_null())
+    order = {rule_label(name): i for i, name in enumerate(ACCEPTANCE_RULES)}
+    return (
+        rows.with_columns(pl.col("acceptance").replace_strict(order, return_dtype=pl.Int64).alias("_order"))
+        .sort(["temperature", "tokens_per_verify", "_order"], descending=[False, True, False])
+        .group_by("temperature", maintain_order=True)
+        .first()
+        .drop("_order")
+        .select("temperature", "acceptance", "tokens_per_verify", "acceptance_rate", "speedup")
+    )
+
+
+def exact_match_expectation(steps: pl.DataFrame, level: float = 0.95) -> dict[str, float]:
+    """Exact match accepts a reached draft token with the target's probability of it, p(x): over the
+    verifications of exact-match runs, the accepted tokens measured against their expected count, the sum
+    of p(x) over every reached draft position (the accepted ones and the first rejected one), with the
+    interval expected +- z * sqrt(sum p(1 - p)) (a sum of Bernoulli trials, each reached only after the ones
+    before it succeeded: a martingale, so the normal interval holds). No reached position: zeros, a NaN interval."""
+    rows = steps.filter((pl.col("acceptance") == "exact-match") & (pl.col("kind") == "verify"))
+    expected = variance = 0.0
+    measured = positions = 0
+    for accepted, probs in zip(rows["accepted"].to_list(), rows["accept_probs"].to_list()):
+        reached = probs[: min(accepted + 1, len(probs))]
+        expected += sum(reached)
+        variance += sum(p * (1 - p) for p in reached)
+        measured += accepted
+        positions += len(reached)
+    if not positions:  # nothing to compare: no exact-match verification reached a draft token
+        return {"measured": 0.0, "expected": 0.0, "low": float("nan"), "high": float("nan"), "reached_positions": 0.0}
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    half = z * variance**0.5
+    return {
+        "measured": float(measured),
+        "expected": expected,
+        "low": expected - half,
+        "high": expected + half,
+        "reached_positions": float(positions),
+    }
+
+
+def rule_shifts(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    rules: Sequence[Acceptance],
+    drafter: str = "lookup",
+    draft_length: int = 4,
+    temperature: float = 1.0,
+    samples: int = 32,
+    max_tokens: int = 8,
+    permutations: int = 2000,
+    model_name: str | None = None,
+    progress: bool = True,
+) -> list[LosslessCheck]:
+    """Plain against speculative sampling from one prompt, once per rule (``losslessness_check``): the
+    histogram test and the total variation distance with its interval and noise level."""
+    return [
+        losslessness_check(
+            model,
+            tokenizer,
+            prompt_ids,
+            drafter=drafter,
+            policy=draft_length,
+            temperature=temperature,
+            samples=samples,
+            max_tokens=max_tokens,
+            permutations=permutations,
+            model_name=model_name,
+            progress=progress,
+            acceptance=rule,
+        )
+        for rule in rules
+    ]
+
+
+def shift_table(checks: Sequence[LosslessCheck], summary: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One row per rule: verdict ("fail": the histograms differ, p < alpha), p-value, TVD [its bootstrap
+    interval], the TVD two samples of one distribution show at these sizes (``tvd_noise``: the estimate
+    is biased upwards by about that much), accepted drafts; with ``summary`` (``rule_summary``), the rule's speedup and
+    tokens per verification at the checks' temperature beside its shift."""
+    table = pl.DataFrame(
+        {
+            "acceptance": [c.acceptance for c in checks],
+            "temperature": [float(c.temperature) for c in checks],
+            "verdict": [c.verdict for c in checks],
+            "p_value": [c.p_value for c in checks],
+            "tvd": [c.tvd for c in checks],
+            "tvd_low": [c.tvd_low for c in checks],
+            "tvd_high": [c.tvd_high for c in checks],
+            "tvd_noise": [c.tvd_null for c in checks],
+            "accepted_drafts": [c.accepted_drafts for c in checks],
+            "acceptance_rate": [c.acceptance_rate for c in checks],
+        }
+    )
+    if summary is None:
+        return table
+    beside = summary.select("temperature", "acceptance", "tokens_per_verify", "speedup")
+    return table.join(beside, on=["temperature", "acceptance"], how="left")

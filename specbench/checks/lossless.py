@@ -1,0 +1,317 @@
+"""Is speculative sampling lossless here? Token histograms of plain and speculative samples from one
+prompt, compared with a permutation test of the chi-square homogeneity statistic.
+
+The check states its power: a run in which few drafted tokens were accepted never exercised the
+acceptance rule, and histograms whose expected counts are tiny cannot show a difference, so such a
+run is "inconclusive", not a pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+import polars as pl
+from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows them on the console
+
+from specbench.bench.timing import cache_copy, prefix_cache
+from specbench.core.engine import generate
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy, as_policy
+from specbench.core.rules import Acceptance
+from specbench.decoding import speculative_generate
+from specbench.inputs.capabilities import usable_drafters
+
+#: Accepted draft tokens below which the check is inconclusive: the acceptance rule was hardly used.
+MIN_ACCEPTED = 20
+#: Expected count per sampler a token needs to count as well filled, and the share of sampled tokens
+#: that must be well filled for the histograms to carry a signal.
+MIN_EXPECTED = 5
+MIN_WELL_FILLED = 0.5
+#: Power at which the minimum detectable difference is stated.
+POWER = 0.8
+
+
+@dataclass
+class LosslessCheck:
+    """Token histograms of plain and speculative sampling from one prompt, and their comparison.
+
+    ``counts``: token id, text, plain and speculative counts (the ``top`` most frequent tokens,
+    then one "other" row); ``p_value``: permutation test of the chi-square homogeneity statistic
+    over whole samples (sequences are exchangeable when the sampler is lossless).
+    ``accepted_drafts`` / ``drafted``: draft tokens accepted / proposed over the speculative runs;
+    ``acceptance``: the acceptance rule's label; ``tvd_low``/``tvd_high``: the TVD's 95 % bootstrap
+    interval over whole samples; ``tvd_null``: the 95th percentile of the TVD between the two sets with
+    their labels permuted (what two samples of one distribution differ by at these sizes: a TVD above
+    it is a shift, not noise).
+    ``well_filled``: share of sampled tokens whose token has an expected count >= ``MIN_EXPECTED``
+    per sampler; ``min_detectable_tvd``: see ``min_detectable_tvd``. ``verdict``: "fail" when
+    p < ``alpha``; else "inconclusive" when fewer than ``MIN_ACCEPTED`` draft tokens were accepted
+    or the histograms are too sparse; else "pass". ``reason`` says why.
+    """
+
+    counts: pl.DataFrame
+    statistic: float
+    p_value: float
+    tvd: float
+    samples: int
+    max_tokens: int
+    drafter: str
+    policy: str
+    temperature: float
+    acceptance_rate: float
+    plain_sequences: list[list[int]]
+    speculative_sequences: list[list[int]]
+    accepted_drafts: int = 0
+    drafted: int = 0
+    well_filled: float = 0.0
+    min_detectable_tvd: float = float("nan")
+    alpha: float = 0.05
+    verdict: str = "inconclusive"
+    reason: str = ""
+    acceptance: str = "token"
+    tvd_low: float = float("nan")
+    tvd_high: float = float("nan")
+    tvd_null: float = float("nan")
+
+    @property
+    def tokens(self) -> int:
+        """Sampled tokens per sampler (the draws each histogram holds)."""
+        return self.samples * self.max_tokens
+
+    def describe(self) -> str:
+        """The verdict with its power: draws, accepted drafts, p-value, TVD and what the test could detect."""
+        return (
+            f"{self.verdict}: {self.reason}. {self.samples} + {self.samples} samples x {self.max_tokens} tokens; "
+            f"{self.accepted_drafts} of {self.drafted} drafted tokens accepted; p = {self.p_value:.3g}, "
+            f"TVD = {self.tvd:.3f} [{self.tvd_low:.3f}-{self.tvd_high:.3f}] (noise up to {self.tvd_null:.3f}); "
+            f"detectable TVD >= {self.min_detectable_tvd:.3f} "
+            f"(alpha {self.alpha:g}, power {POWER:.0%})"
+        )
+
+
+def min_detectable_tvd(n_plain: int, n_speculative: int, alpha: float = 0.05, power: float = POWER) -> float:
+    """The smallest total-variation distance the comparison can be expected to find: a shift of mass
+    d between two groups of tokens, found by a two-sided two-proportion z-test at ``alpha`` with
+    probability ``power`` in the worst case (proportion 1/2), treating tokens as independent draws:
+    d = (z(1 - alpha/2) + z(power)) * sqrt(1/n_plain + 1/n_speculative) / 2. Tokens of one sample are
+    not independent, so the real threshold is higher: this is a floor."""
+    if n_plain < 1 or n_speculative < 1:
+        return float("inf")
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
+    return min(1.0, z * float(np.sqrt(1 / n_plain + 1 / n_speculative)) / 2)
+
+
+def well_filled_share(plain: Sequence[Sequence[int]], speculative: Sequence[Sequence[int]]) -> float:
+    """Share of the pooled sampled tokens whose token's expected count is >= ``MIN_EXPECTED`` in both
+    histograms (the chi-square statistic's usual validity rule, per token)."""
+    a = np.bincount([t for s in plain for t in s], minlength=1).astype(float)
+    b = np.bincount([t for s in speculative for t in s], minlength=1).astype(float)
+    size = max(len(a), len(b))
+    a, b = np.pad(a, (0, size - len(a))), np.pad(b, (0, size - len(b)))
+    total = a + b
+    if total.sum() == 0:
+        return 0.0
+    expected = np.minimum(total * a.sum(), total * b.sum()) / total.sum()
+    return float(total[expected >= MIN_EXPECTED].sum() / total.sum())
+
+
+def lossless_verdict(p_value: float, accepted_drafts: int, well_filled: float, alpha: float = 0.05) -> tuple[str, str]:
+    """("pass" | "fail" | "inconclusive", why). A small p-value is evidence of bias whatever the
+    power (the permutation test is exact); a large one means something only if the test had power."""
+    if p_value < alpha:
+        return "fail", f"the histograms differ (p = {p_value:.3g} < alpha = {alpha:g})"
+    if accepted_drafts < MIN_ACCEPTED:
+        return "inconclusive", (
+            f"only {accepted_drafts} draft tokens were accepted (fewer than {MIN_ACCEPTED}): "
+            "the acceptance rule was hardly exercised; sample more or use a prompt the drafter predicts"
+        )
+    if well_filled < MIN_WELL_FILLED:
+        return "inconclusive", (
+            f"expected counts too small: only {well_filled:.0%} of sampled tokens have an expected count "
+            f">= {MIN_EXPECTED}; sample more or longer"
+        )
+    return "pass", f"no difference found (p = {p_value:.3g} >= alpha = {alpha:g})"
+
+
+def chi2(a: np.ndarray, b: np.ndarray) -> float:
+    """Chi-square homogeneity statistic of two count vectors (categories empty in both are left out)."""
+    total = a + b
+    keep = total > 0
+    a, b, total = a[keep], b[keep], total[keep]
+    na, nb = a.sum(), b.sum()
+    ea, eb = total * na / (na + nb), total * nb / (na + nb)
+    return float(((a - ea) ** 2 / ea).sum() + ((b - eb) ** 2 / eb).sum())
+
+
+def histogram_test(
+    plain: Sequence[Sequence[int]], speculative: Sequence[Sequence[int]], permutations: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """(chi-square statistic, permutation p-value, total variation distance) of two sets of
+    sampled sequences' pooled token histograms."""
+    matrix, labels = _histograms(plain, speculative)
+    stat = chi2(matrix[~labels].sum(0), matrix[labels].sum(0))
+    rng = np.random.default_rng(seed)
+    exceed = 0
+    for _ in range(permutations):
+        perm = rng.permutation(labels)
+        exceed += chi2(matrix[~perm].sum(0), matrix[perm].sum(0)) >= stat
+    return stat, (exceed + 1) / (permutations + 1), _tvd(matrix[~labels].sum(0), matrix[labels].sum(0))
+
+
+def _histograms(plain: Sequence[Sequence[int]], speculative: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """One row of token counts per sample, over the tokens either set holds; and which rows are speculative."""
+    sequences = list(plain) + list(speculative)
+    vocab = sorted({t for s in sequences for t in s})
+    if not vocab:
+        raise ValueError("no sampled tokens to compare")
+    index = {t: i for i, t in enumerate(vocab)}
+    matrix = np.zeros((len(sequences), len(vocab)))
+    for row, seq in enumerate(sequences):
+        for t in seq:
+            matrix[row, index[t]] += 1
+    labels = np.zeros(len(sequences), dtype=bool)
+    labels[len(plain) :] = True
+    return matrix, labels
+
+
+def _tvd(a: np.ndarray, b: np.ndarray) -> float:
+    return 0.5 * float(np.abs(a / a.sum() - b / b.sum()).sum())
+
+
+def tvd_interval(
+    plain: Sequence[Sequence[int]],
+    speculative: Sequence[Sequence[int]],
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float, float]:
+    """(low, high, noise) of the pooled token histograms' total variation distance: the percentile
+    interval of the TVD over ``resamples`` bootstrap draws of whole samples within each set (a sample's
+    tokens depend on each other), and the ``level`` quantile of the TVD with the sets' labels permuted
+    (the distance two sets of one distribution show at these sizes; the estimate is biased upwards by it)."""
+    matrix, labels = _histograms(plain, speculative)
+    rng = np.random.default_rng(seed)
+    mine, theirs = matrix[~labels], matrix[labels]
+    boot = [
+        _tvd(
+            mine[rng.integers(len(mine), size=len(mine))].sum(0),
+            theirs[rng.integers(len(theirs), size=len(theirs))].sum(0),
+        )
+        for _ in range(resamples)
+    ]
+    null = []
+    for _ in range(resamples):
+        perm = rng.permutation(labels)
+        null.append(_tvd(matrix[~perm].sum(0), matrix[perm].sum(0)))
+    tail = (1 - level) / 2
+    return float(np.quantile(boot, tail)), float(np.quantile(boot, 1 - tail)), float(np.quantile(null, level))
+
+
+def losslessness_check(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    drafter: str = "lookup",
+    policy: DraftPolicy | str | int = 4,
+    temperature: float = 1.0,
+    samples: int = 32,
+    max_tokens: int = 8,
+    seed: int = 0,
+    top: int = 15,
+    permutations: int = 2000,
+    model_name: str | None = None,
+    progress: bool = True,
+    alpha: float = 0.05,
+    acceptance: Acceptance | str = "token",
+) -> LosslessCheck:
+    """Sample ``samples`` continuations plainly and ``samples`` speculatively (other seeds) and
+    compare their token histograms. A lossless sampler gives a large p-value (uniform on [0, 1]
+    over repeated checks); a biased one drives it towards 0 as samples grow. ``policy``: a policy
+    object, its text ("fixed:4") or a draft length. The verdict (``LosslessCheck.verdict``) is
+    "inconclusive" when the run had too little power to call a large p-value a pass. ``acceptance``: the
+    speculative runs' acceptance rule (a lossy one, "typical", is expected to fail: its TVD with its
+    interval measures the shift)."""
+    policy = as_policy(policy)
+    if not temperature > 0:
+        raise ValueError("the losslessness check samples: give a temperature > 0")
+    rule = acceptance if isinstance(acceptance, Acceptance) else Acceptance(acceptance)
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if samples < 2:
+        raise ValueError(f"samples must be >= 2, got {samples}")
+    factories, skipped = usable_drafters([drafter], model, model_name or getattr(model, "specbench_name", None))
+    if drafter in skipped:
+        raise ValueError(f"drafter {drafter!r} is not usable here: {skipped[drafter]}")
+    plain, spec = [], []
+    drafted = accepted = 0
+    prefix = prefix_cache(model, prompt_ids)
+    for i in tqdm(range(samples), desc="sampling", disable=not progress, leave=False):
+        options = GenerateOptions(max_tokens=max_tokens, temperature=temperature, seed=seed + i, ignore_eos=True)
+        plain.append(list(generate(model, prompt_ids, options, prompt_cache=cache_copy(prefix))))
+        options = GenerateOptions(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed + samples + i,
+            ignore_eos=True,
+            acceptance=rule.name,
+            typical_epsilon=rule.epsilon,
+            typical_delta=rule.delta,
+        )
+        made = factories[drafter]()
+        gen = speculative_generate(model, prompt_ids, options, made, policy, prompt_cache=cache_copy(prefix, made))
+        spec.append(list(gen))
+        stats = gen.stats()
+        drafted += stats["drafted"]
+        accepted += stats["accepted"]
+    stat, p, tvd = histogram_test(plain, spec, permutations, seed)
+    tvd_low, tvd_high, tvd_null = tvd_interval(plain, spec, permutations, seed)
+    counts_plain = np.bincount([t for s in plain for t in s], minlength=1)
+    counts_spec = np.bincount([t for s in spec for t in s], minlength=1)
+    size = max(len(counts_plain), len(counts_spec))
+    counts_plain = np.pad(counts_plain, (0, size - len(counts_plain)))
+    counts_spec = np.pad(counts_spec, (0, size - len(counts_spec)))
+    order = np.argsort(-(counts_plain + counts_spec), kind="stable")[:top]
+    order = [int(t) for t in order if counts_plain[t] + counts_spec[t] > 0]
+    texts = [repr(tokenizer.decode([t]))[1:-1] if tokenizer is not None else str(t) for t in order]
+    rest_plain = int(counts_plain.sum() - counts_plain[order].sum())
+    rest_spec = int(counts_spec.sum() - counts_spec[order].sum())
+    counts = pl.DataFrame(
+        {
+            "token": [*order, -1],
+            "text": [*texts, "(other)"],
+            "plain": [*(int(counts_plain[t]) for t in order), rest_plain],
+            "speculative": [*(int(counts_spec[t]) for t in order), rest_spec],
+        }
+    )
+    tokens_plain, tokens_spec = sum(map(len, plain)), sum(map(len, spec))
+    filled = well_filled_share(plain, spec)
+    verdict, reason = lossless_verdict(p, accepted, filled, alpha)
+    return LosslessCheck(
+        counts,
+        stat,
+        p,
+        tvd,
+        samples,
+        max_tokens,
+        drafter,
+        policy.name,
+        temperature,
+        accepted / drafted if drafted else 0.0,
+        plain,
+        spec,
+        accepted_drafts=accepted,
+        drafted=drafted,
+        well_filled=filled,
+        min_detectable_tvd=min_detectable_tvd(tokens_plain, tokens_spec, alpha),
+        alpha=alpha,
+        verdict=verdict,
+        reason=reason,
+        acceptance=rule.label,
+        tvd_low=tvd_low,
+        tvd_high=tvd_high,
+        tvd_null=tvd_null,
+    )

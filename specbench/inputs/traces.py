@@ -1,0 +1,360 @@
+"""Conversation traces: one schema, a loader, importers, and prompt rendering.
+
+A trace is a conversation replayed turn by turn: each turn is one model call. Its prompt is the
+whole history before it (earlier turns' messages and replies) plus the turn's new messages,
+rendered with the model's chat template; its reply is what the model generates.
+
+Schema (JSONL, one turn per line; the lines of a trace are consecutive, turns numbered from 0)::
+
+    {"trace": "coding-agent", "turn": 0,
+     "messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}],
+     "assistant": {"role": "assistant", "content": "...",
+                   "tool_calls": [{"id": "call_1", "name": "read_file", "arguments": {"path": "a.py"}}]},
+     "tools": [{"name": "read_file", "description": "...", "parameters": {...}}],
+     "meta": {"description": "...", "source": "..."}}
+
+- ``messages``: the messages added before this turn's reply (system, user, tool results; may be
+  empty). Roles: "system", "user", "assistant", "tool". ``content`` is a string (null allowed for
+  an assistant message that only calls tools). Tool results are ``{"role": "tool", "content": ...,
+  "name": ..., "tool_call_id": ...}`` (name and id optional).
+- ``assistant``: the recorded reply (content and/or ``tool_calls``, each ``{"id"?, "name",
+  "arguments"}`` with arguments a JSON object or a string), or null when none was recorded (the
+  model's reply is then needed before the next turn's prompt can be rendered).
+- ``tools`` (JSON-schema function descriptions) and ``meta`` appear on a trace's first line only.
+
+Importers of other formats (OpenAI, ShareGPT, tau-bench, SWE-agent, question files) and
+``load_traces``, which picks one, live in ``specbench.inputs.importers``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specbench.common.files import PROJECT_ROOT, write_text_atomic
+
+ROLES = ("system", "user", "assistant", "tool")
+TRACES_DIR = PROJECT_ROOT / "data" / "traces"
+
+
+@dataclass
+class Turn:
+    """One model call: the messages added before it, and the recorded reply (or None)."""
+
+    messages: list[dict[str, Any]]
+    assistant: dict[str, Any] | None = None
+
+
+@dataclass
+class Trace:
+    """A conversation to replay: turns, tool descriptions, free-form metadata."""
+
+    id: str
+    turns: list[Turn]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.turns)
+
+    def history(self, turn: int, replies: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        """Messages of the prompt of ``turn``: earlier turns with their replies, then its own messages.
+
+        ``replies[i]`` (a string or an assistant message) replaces turn i's recorded reply.
+        """
+        if not 0 <= turn < len(self.turns):
+            raise ValueError(f"trace {self.id!r} has turns 0..{len(self.turns) - 1}, not {turn}")
+        messages: list[dict[str, Any]] = []
+        for i in range(turn):
+            messages.extend(self.turns[i].messages)
+            reply = replies[i] if replies is not None and i < len(replies) and replies[i] is not None else None
+            if reply is None:
+                reply = self.turns[i].assistant
+            if reply is None:
+                raise ValueError(
+                    f"trace {self.id!r}: turn {i} has no recorded reply; generate it and pass it in replies"
+                )
+            messages.append({"role": "assistant", "content": reply} if isinstance(reply, str) else reply)
+        messages.extend(self.turns[turn].messages)
+        return messages
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """The trace as schema lines."""
+        records = []
+        for i, turn in enumerate(self.turns):
+            record: dict[str, Any] = {
+                "trace": self.id,
+                "turn": i,
+                "messages": turn.messages,
+                "assistant": turn.assistant,
+            }
+            if i == 0 and self.tools:
+                record["tools"] = self.tools
+            if i == 0 and self.meta:
+                record["meta"] = self.meta
+            records.append(record)
+        return records
+
+
+# -- validation ----------------------------------------------------------------------------------
+def check_message(message: Any, where: str) -> dict[str, Any]:
+    """``message`` if it is a valid schema message, else a ValueError naming ``where``."""
+    if not isinstance(message, dict):
+        raise ValueError(f"{where}: a message must be an object with 'role' and 'content', got {message!r:.80}")
+    role = message.get("role")
+    if role not in ROLES:
+        raise ValueError(f"{where}: message role must be one of {ROLES}, got {role!r}")
+    content = message.get("content")
+    calls = message.get("tool_calls")
+    if content is not None and not isinstance(content, str):
+        raise ValueError(f"{where}: message content must be a string (or null), got {type(content).__name__}")
+    if calls is not None:
+        if role != "assistant":
+            raise ValueError(f"{where}: only assistant messages carry tool_calls, not {role!r}")
+        named = isinstance(calls, list) and all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls)
+        if not named:
+            raise ValueError(f"{where}: tool_calls must be a list of objects with a 'name' and 'arguments'")
+    if content is None and not calls and role != "assistant":
+        raise ValueError(f"{where}: a {role} message needs content")
+    return message
+
+
+def _turn_from_record(record: Any, where: str) -> tuple[str, int, Turn, dict[str, Any]]:
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: each line must be a JSON object (a turn), got {type(record).__name__}")
+    missing = [key for key in ("trace", "turn", "messages") if key not in record]
+    if missing:
+        raise ValueError(f"{where}: a turn needs 'trace', 'turn' and 'messages'; missing {missing}")
+    trace_id, number, messages = record["trace"], record["turn"], record["messages"]
+    if not isinstance(trace_id, str) or not trace_id:
+        raise ValueError(f"{where}: 'trace' must be a non-empty string")
+    if not isinstance(number, int) or number < 0:
+        raise ValueError(f"{where}: 'turn' must be an integer >= 0, got {number!r}")
+    if not isinstance(messages, list):
+        raise ValueError(f"{where}: 'messages' must be a list")
+    messages = [check_message(m, f"{where}: messages[{i}]") for i, m in enumerate(messages)]
+    assistant = record.get("assistant")
+    if assistant is not None:
+        check_message(assistant, f"{where}: assistant")
+        if assistant["role"] != "assistant":
+            raise ValueError(f"{where}: 'assistant' must have role 'assistant'")
+    extra = {key: record[key] for key in ("tools", "meta") if key in record}
+    if "tools" in extra:
+        extra["tools"] = parse_tools(extra["tools"], where)
+    return trace_id, number, Turn(messages, assistant), extra
+
+
+def parse_tools(value: Any, where: str) -> list[dict[str, Any]]:
+    """Tool descriptions from a list (or that list written as a JSON string) of function descriptions,
+    ``{"name", "description", "parameters"}`` or OpenAI's ``{"type": "function", "function": {...}}``;
+    None is no tools. A ValueError names ``where`` and what was expected."""
+    if value is None:
+        return []
+    expected = "expected a list of function descriptions (or that list as a JSON string)"
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: tools: not valid JSON ({err.msg} at column {err.colno}); {expected}") from None
+    if not isinstance(value, list):
+        raise ValueError(f"{where}: tools: {expected}, got {type(value).__name__}")
+    tools = []
+    for i, tool in enumerate(value):
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
+            tool = tool["function"]
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise ValueError(
+                f"{where}: tools[{i}]: expected a function description with a 'name' "
+                f"({{'name', 'description', 'parameters'}} or {{'type': 'function', 'function': {{...}}}}), "
+                f"got {tool!r:.60}"
+            )
+        tools.append(tool)
+    return tools
+
+
+def read_text(path: Path) -> str:
+    """A file's text (UTF-8, a leading byte-order mark dropped); a ValueError names the line and byte
+    offset of the first byte that is not UTF-8."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ValueError(
+            f"{path}:{line}: not UTF-8 text (byte {err.start}: {data[err.start : err.start + 1]!r}); "
+            "save the file as UTF-8"
+        ) from None
+
+
+def read_json_lines(path: Path, text: str | None = None) -> Iterable[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSONL file (or of its ``text``, already read);
+    a ValueError names a bad line."""
+    for number, line in enumerate((read_text(path) if text is None else text).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
+
+
+def read_trace_file(path: str | os.PathLike) -> list[Trace]:
+    """Traces from a file in the project's schema."""
+    path = Path(path)
+    return traces_from_records(path, ((f"{path}:{number}", record) for number, record in read_json_lines(path)))
+
+
+def traces_from_records(path: Path, records: Iterable[tuple[str, Any]]) -> list[Trace]:
+    """Traces from schema records, each with where it was read ("file:line")."""
+    traces: dict[str, Trace] = {}
+    order: list[str] = []
+    for where, record in records:
+        trace_id, turn_number, turn, extra = _turn_from_record(record, where)
+        trace = traces.get(trace_id)
+        if trace is None:
+            if turn_number != 0:
+                raise ValueError(
+                    f"{where}: trace {trace_id!r} starts at turn {turn_number}; its first line must be turn 0"
+                )
+            trace = traces[trace_id] = Trace(trace_id, [], extra.get("tools") or [], extra.get("meta") or {})
+            order.append(trace_id)
+        else:
+            if order[-1] != trace_id:
+                raise ValueError(f"{where}: the lines of trace {trace_id!r} must be consecutive")
+            if turn_number != len(trace.turns):
+                raise ValueError(f"{where}: trace {trace_id!r} expects turn {len(trace.turns)} next, got {turn_number}")
+            if extra:
+                raise ValueError(f"{where}: 'tools' and 'meta' belong on a trace's first line (turn 0)")
+        trace.turns.append(turn)
+    if not order:
+        raise ValueError(f"{path}: no turns found")
+    return [traces[t] for t in order]
+
+
+def save_traces(traces: Sequence[Trace], path: str | os.PathLike) -> Path:
+    """Write traces in the project's schema, atomically."""
+    lines = (json.dumps(record, ensure_ascii=False) + "\n" for trace in traces for record in trace.to_records())
+    return write_text_atomic(path, "".join(lines))
+
+
+def pick_ids(ids: list[str], trace_ids: Sequence[str] | None, limit: int | None, source: str) -> list[str]:
+    """The trace ids to replay out of ``ids`` (in file order): ``trace_ids`` (each must be there; an
+    error names ``source`` and lists ids it has), else all; at most ``limit`` of them."""
+    if trace_ids:
+        missing = [i for i in trace_ids if i not in set(ids)]
+        if missing:
+            shown = ", ".join(ids[:8]) + (", ..." if len(ids) > 8 else "")
+            raise ValueError(f"{source}: no trace {', '.join(map(repr, missing))} (its traces: {shown})")
+        ids = [i for i in ids if i in set(trace_ids)]
+    return ids[:limit] if limit is not None else ids
+
+
+def bundled_traces() -> list[str]:
+    """Names of the traces shipped in data/traces."""
+    return sorted(p.stem for p in TRACES_DIR.glob("*.jsonl")) if TRACES_DIR.exists() else []
+
+
+# -- rendering -----------------------------------------------------------------------------------
+def _template_speaks_tools(tokenizer: Any) -> bool:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = " ".join(template.values())
+    return isinstance(template, str) and "tool_calls" in template
+
+
+def _call_text(call: dict[str, Any]) -> str:
+    body = {"name": call["name"], "arguments": call.get("arguments", {})}
+    return "<tool_call>\n" + json.dumps(body, ensure_ascii=False) + "\n</tool_call>"
+
+
+def as_text_messages(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()) -> list[dict[str, str]]:
+    """Messages for a template without tool support: tool calls written into the assistant's text
+    (``<tool_call>{json}</tool_call>``), tool results as "tool" messages, tool descriptions appended
+    to the system message."""
+    out: list[dict[str, str]] = []
+    for message in messages:
+        content = message.get("content") or ""
+        if message.get("tool_calls"):
+            calls = "\n".join(_call_text(c) for c in message["tool_calls"])
+            content = f"{content}\n{calls}" if content else calls
+        out.append({"role": message["role"], "content": content})
+    if tools:
+        listing = 'You can call these tools; reply with <tool_call>{"name": ..., "arguments": ...}</tool_call>:\n'
+        listing += "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + listing}
+        else:
+            out.insert(0, {"role": "system", "content": listing})
+    return out
+
+
+def _as_template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages in the form Hugging Face chat templates with tool support expect."""
+    out = []
+    for message in messages:
+        m = {k: v for k, v in message.items() if k != "tool_calls"}
+        if message.get("tool_calls"):
+            m["tool_calls"] = [
+                {
+                    "id": c.get("id", f"call_{i}"),
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c.get("arguments", {})},
+                }
+                for i, c in enumerate(message["tool_calls"])
+            ]
+        if m.get("content") is None:
+            m["content"] = ""
+        out.append(m)
+    return out
+
+
+def render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()) -> str:
+    """The text of a prompt ending with the assistant's turn, through the tokenizer's chat template.
+
+    Templates that know tool calls get them natively; others get them as text (``as_text_messages``);
+    a template that rejects the "tool" role gets tool results as user messages. Without a chat
+    template: "role: content" paragraphs ending with "assistant:".
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return "".join(f"{m['role']}: {m['content']}\n\n" for m in as_text_messages(messages, tools)) + "assistant:"
+    if _template_speaks_tools(tokenizer):
+        return tokenizer.apply_chat_template(
+            _as_template_messages(messages),
+            tools=[{"type": "function", "function": t} for t in tools] or None,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+    plain = as_text_messages(messages, tools)
+    try:
+        return tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
+    except Exception:  # templates that allow only system/user/assistant roles
+        plain = [
+            {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+            if m["role"] == "tool"
+            else m
+            for m in plain
+        ]
+        return tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of rendered prompt text (special tokens are in the text; none are added)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.encode(text))
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_messages(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()
+) -> list[int]:
+    """Token ids of a prompt ending with the assistant's turn (``render_text``, then ``encode_text``)."""
+    return encode_text(tokenizer, render_text(tokenizer, messages, tools))
+
+
+def render_turn(tokenizer: Any, trace: Trace, turn: int, replies: Sequence[Any] | None = None) -> list[int]:
+    """Token ids of the prompt of ``turn``: the history before its reply (``Trace.history``)."""
+    return render_messages(tokenizer, trace.history(turn, replies), trace.tools)

@@ -1,0 +1,411 @@
+"""Offline acceptance simulator: what a model-free drafter would do, without running the model.
+
+Under greedy verification the accepted tokens of every step are fixed by the draft and the model's
+own greedy output, so a recorded plain run (prompt and output ids per request) is enough to replay
+speculative decoding with any model-free drafter, draft length and policy. ``simulate`` runs the
+engine's decode loop (``specbench.core.engine.Generation``) step for step, with the recorded output
+(``RecordedOutput``) in place of the model, and returns the ``StepLog`` the real run would write,
+timing columns excepted (they are 0). Policies are the real policy objects; ``DraftPolicy.auto()``
+needs the model's cost profile (``cost=``) or a fixed ``break_even``.
+
+One boundary: when a draft runs past the recorded output's stop token, the model's predictions after
+the stop are unknown; the simulator counts accepted tokens up to the stop (the tokens that can be
+emitted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specbench.common.files import write_parquet_atomic
+from specbench.core.accept import accept_tree_greedy
+from specbench.core.draft import Drafter
+from specbench.core.engine import Generation, generate
+from specbench.core.log import StepLog
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy
+from specbench.core.target import Step
+from specbench.core.tree import depths
+from specbench.cost import Profile, profile_for
+from specbench.decoding import break_even_function
+from specbench.inputs.stored import read_parquet
+from specbench.inputs.trace_prompts import TracePrompts, trace_prompts
+
+FINISH_REASONS = ("stop", "length", "context")
+
+
+@dataclass
+class Recorded:
+    """One request's plain greedy run: prompt ids, emitted ids (a stop token included), and why it ended."""
+
+    prompt: list[int]
+    output: list[int]
+    finish_reason: str
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError(f"recorded request {self.id!r} has an empty prompt")
+        if not self.output:
+            raise ValueError(f"recorded request {self.id!r} has no output tokens")
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(
+                f"recorded request {self.id!r}: finish_reason must be one of {FINISH_REASONS}, "
+                f"got {self.finish_reason!r}"
+            )
+
+    @classmethod
+    def from_generation(cls, generation: Any, id: str = "") -> Recorded:
+        """From a finished ``Generation`` (plain or speculative with greedy exact verification)."""
+        if generation.finish_reason() is None:
+            raise ValueError("the generation has not finished: iterate it to the end first")
+        return cls(list(generation.prompt), list(generation.tokens), generation.finish_reason(), id)
+
+
+def record(model: Any, prompts: Iterable[Any], options: GenerateOptions, tokenizer: Any = None) -> list[Recorded]:
+    """Run plain greedy decoding on each prompt and keep what the simulator needs."""
+    if options.temperature != 0:
+        raise ValueError("the simulator replays greedy decoding: record with temperature=0")
+    out = []
+    for i, prompt in enumerate(prompts):
+        gen = generate(model, prompt, options, tokenizer=tokenizer)
+        for _ in gen:
+            pass
+        out.append(Recorded.from_generation(gen, str(i)))
+    return out
+
+
+def from_trace(trace: Any, tokenizer: Any, turns: int | None = None) -> list[Recorded]:
+    """A trace's recorded replies as if a model had written them (no model run): each turn's prompt
+    rendered from the recorded history, its output the reply's text (tool calls written out as
+    ``as_text_messages`` writes them) and an EOS. For studying drafters on the trace's own text;
+    acceptance against a real model needs ``record`` or the trace benchmark's plain outputs. Turns
+    from the first without a recorded reply on are left out (``trace_prompts`` counts them)."""
+    prompts = trace_prompts(tokenizer, trace)
+    return list(recorded_turns(prompts, tokenizer))[:turns]
+
+
+def recorded_turns(prompts: TracePrompts, tokenizer: Any) -> Iterator[Recorded]:
+    """``trace_prompts``' turns as recorded requests (made one at a time: memory stays linear)."""
+    reason = "stop" if getattr(tokenizer, "eos_token_ids", None) else "length"
+    for turn, prompt, output in prompts:
+        yield Recorded(prompt, output, reason, f"{prompts.trace_id}/{turn}")
+
+
+def save_recorded(requests: Sequence[Recorded], path: str | os.PathLike) -> Path:
+    """Write recorded requests as parquet (columns id, prompt, output, finish_reason), atomically."""
+    import polars as pl
+
+    frame = pl.DataFrame(
+        {
+            "id": [r.id for r in requests],
+            "prompt": [r.prompt for r in requests],
+            "output": [r.output for r in requests],
+            "finish_reason": [r.finish_reason for r in requests],
+        },
+        schema={"id": pl.Utf8, "prompt": pl.List(pl.Int64), "output": pl.List(pl.Int64), "finish_reason": pl.Utf8},
+    )
+    return write_parquet_atomic(frame, path)
+
+
+def load_recorded(path: str | os.PathLike) -> list[Recorded]:
+    """Recorded requests from ``save_recorded``'s parquet (or any table with its columns)."""
+    import polars as pl
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no recorded outputs at {path}")
+    frame = read_parquet(path, "record the outputs again (or delete it)")
+    missing = {"prompt", "output", "finish_reason"} - set(frame.columns)
+    if missing:
+        raise ValueError(
+            f"{path}: recorded outputs need columns prompt, output, finish_reason; missing {sorted(missing)}"
+        )
+    for column in ("prompt", "output"):
+        dtype = frame.schema[column]
+        if not (isinstance(dtype, pl.List) and (dtype.inner.is_integer() or dtype.inner == pl.Null)):
+            raise ValueError(f"{path}: column {column!r} must hold lists of token ids, not {dtype}")
+    ids = frame["id"].to_list() if "id" in frame.columns else [str(i) for i in range(len(frame))]
+    return [
+        Recorded(list(p), list(o), f, str(i))
+        for i, p, o, f in zip(
+            ids, frame["prompt"].to_list(), frame["output"].to_list(), frame["finish_reason"].to_list()
+        )
+    ]
+
+
+def _as_recorded(item: Recorded | Mapping[str, Any], index: int) -> Recorded:
+    if isinstance(item, Recorded):
+        return item
+    if isinstance(item, Mapping):
+        try:
+            return Recorded(
+                list(item["prompt"]), list(item["output"]), item["finish_reason"], str(item.get("id", index))
+            )
+        except KeyError as err:
+            raise ValueError(
+                f"recorded request {index} needs 'prompt', 'output' and 'finish_reason'; missing {err}"
+            ) from None
+    raise ValueError(f"recorded request {index} must be a Recorded or a mapping, got {type(item).__name__}")
+
+
+class RecordedOutput:
+    """A recorded plain greedy output as the decode loop's target (``specbench.core.target``): the
+    model's next token at every position is known, so a verification keeps the longest prefix of
+    the draft equal to it."""
+
+    vocab = None
+    cached_tokens = 0
+
+    def __init__(self, request: Recorded, options: GenerateOptions, context_limit: int | None):
+        self.output = request.output
+        self.context_limit = context_limit
+        self._ahead: int | None = None
+        self.stop_index = len(self.output) - 1 if request.finish_reason == "stop" else None
+        known = len(self.output) if request.finish_reason != "stop" else None
+        if (
+            known is not None
+            and options.max_tokens > known
+            and (context_limit is None or len(request.prompt) + known < context_limit)
+        ):
+            raise ValueError(
+                f"recorded request {request.id!r} ended by {request.finish_reason!r} after {known} tokens; "
+                f"simulate with max_tokens <= {known} (got {options.max_tokens})"
+            )
+
+    def running(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def prefill(self, prompt: list[int], cached: int) -> tuple[Step, None]:
+        return Step([self.output[0]]), None
+
+    def plain_steps(self, position: int, n: int, more: bool = False) -> Iterator[Step]:
+        """As a model's: with ``more``, the step after the last is taken as queued (``settle`` reads it)."""
+        self._ahead = None
+        for i in range(n):
+            if i + 1 == n and more:
+                self._ahead = position + n
+            yield Step([self.output[position + i]])
+
+    def settle(self) -> Step | None:
+        """The step queued past the last stretch, as one more plain step (None when none is)."""
+        ahead, self._ahead = self._ahead, None
+        return Step([self.output[ahead]]) if ahead is not None else None
+
+    def verify(
+        self,
+        draft_tokens: list[int],
+        draft_probs: Any,
+        position: int,
+        parents: list[int] | None = None,
+        queue_rejected: bool = False,
+    ) -> Step:
+        """As a model's: with ``queue_rejected``, a full rejection leaves the next step queued (``settle``)."""
+        if parents is not None:  # a token tree: a row's target is the output at its depth
+            out = self.output
+            targets = [out[position + d] if position + d < len(out) else -1 for d in [0, *depths(parents)]]
+            path, emitted = accept_tree_greedy(draft_tokens, parents, targets)
+            return Step(emitted if emitted[-1] >= 0 else emitted[:-1], accepted=len(path), path=path)
+        targets = self.output[position : position + len(draft_tokens) + 1]
+        n = 0
+        while n < len(draft_tokens) and n < len(targets) and draft_tokens[n] == targets[n]:
+            n += 1
+        if queue_rejected and draft_tokens and n == 0 and position + 1 < len(self.output):
+            self._ahead = position + 1
+        return Step(list(draft_tokens[:n]) + targets[n : n + 1], accepted=n)
+
+
+def _no_time() -> float:
+    return 0.0
+
+
+def simulate(
+    requests: Sequence[Recorded | Mapping[str, Any]],
+    drafter: Drafter,
+    policy: DraftPolicy | str | None = None,
+    options: GenerateOptions | None = None,
+    cost: Any = None,
+    context_limit: int | None = None,
+) -> StepLog:
+    """Replay speculative decoding with ``drafter`` over recorded plain greedy outputs.
+
+    ``requests``: ``Recorded`` (or mappings with prompt, output, finish_reason), replayed in order
+    with one drafter (so SuffixDecoding's global store carries over). ``policy``: a policy or its
+    text form (default ``auto``); ``options``: the decoding options of the real run (max_tokens;
+    defaults to each output's length); ``cost``: the verify cost ``auto`` plans with (a
+    ``cost.Profile``, or the model, whose profile is then loaded or measured);
+    ``context_limit``: the model's context length, when it binds. Returns one log, with a
+    ``request`` column (the request's index).
+    """
+    if drafter is None:
+        raise ValueError("simulate needs a drafter (plain decoding needs no simulation)")
+    if getattr(drafter, "needs_hidden", False):
+        raise ValueError(
+            f"drafter {getattr(drafter, 'name', drafter)!r} needs the model's hidden states: it cannot be simulated"
+        )
+    if isinstance(policy, str):
+        policy = DraftPolicy.parse(policy)
+    if policy is None:
+        policy = DraftPolicy.auto()
+    if cost is None and policy.needs_break_even:
+        raise ValueError(
+            "DraftPolicy.auto() needs the model's verify cost: pass cost= (a specbench.cost.Profile or the model) "
+            "or use DraftPolicy.auto(break_even=...) / fixed:N / adaptive:N"
+        )
+    log = StepLog()
+    for index, item in enumerate(requests):
+        request = _as_recorded(item, index)
+        opts = options if options is not None else GenerateOptions(max_tokens=len(request.output))
+        opts.check()
+        if opts.temperature != 0:
+            raise ValueError("the simulator replays greedy verification: use temperature=0")
+        break_even = None
+        if policy.needs_break_even:
+            profile = cost if isinstance(cost, Profile) else profile_for(cost, opts.verify_mode)
+            break_even = break_even_function(profile, drafter, opts.verify_mode)
+        target = RecordedOutput(request, opts, context_limit)
+        generation = Generation(
+            target, request.prompt, opts, drafter=drafter, policy=policy, break_even=break_even, clock=_no_time
+        )
+        for _ in generation:
+            pass
+        for r in generation.log:
+            r["request"] = index
+            log.append(r)
+    return log
+
+
+def sweep(
+    requests: Sequence[Recorded | Mapping[str, Any]],
+    drafters: Mapping[str, Callable[[], Drafter]],
+    policies: Sequence[DraftPolicy | str],
+    options: GenerateOptions | None = None,
+    cost: Any = None,
+):
+    """Simulate every (drafter, policy) pair; one row of ``StepLog.stats()`` each, as a polars DataFrame.
+
+    ``drafters`` maps a label to a factory, so every run starts from a fresh drafter.
+    """
+    import polars as pl
+
+    rows = []
+    for label, make in drafters.items():
+        for spec in policies:
+            policy = DraftPolicy.parse(spec) if isinstance(spec, str) else spec
+            stats = simulate(requests, make(), policy, options, cost).stats()
+            rows.append({"drafter": label, "policy": getattr(policy, "name", str(spec)), **stats})
+    return pl.DataFrame(rows)
+
+
+#: Where a drafter's store lives when replaying a log: one drafter for all its traces, or a fresh one per trace.
+STORES = ("shared", "per-trace")
+#: A trace's id and a function giving its recorded requests afresh.
+Group = tuple[str, Callable[[], Iterable[Recorded]]]
+
+
+#: Drafters the simulator replays: those that need no model.
+MODEL_FREE_DRAFTERS = ("lookup", "suffix")
+
+
+def model_free_drafter(name: str, k: int) -> Drafter:
+    """A fresh model-free drafter by name, able to draft ``k`` tokens."""
+    from specbench.drafters import PromptLookup, SuffixDecoding
+
+    if name == "lookup":
+        return PromptLookup()
+    if name == "suffix":
+        return SuffixDecoding(max_spec_tokens=max(16, k))
+    raise ValueError(
+        f"drafter {name!r} needs the model: the simulator replays model-free drafters "
+        f"({', '.join(MODEL_FREE_DRAFTERS)})"
+    )
+
+
+def group_by_trace(requests: Iterable[Recorded]) -> list[tuple[str, list[Recorded]]]:
+    """Recorded requests grouped by trace: the id before its last "/" (``trace/turn``), in order."""
+    groups: dict[str, list[Recorded]] = {}
+    for request in requests:
+        groups.setdefault(request.id.rsplit("/", 1)[0] if "/" in request.id else request.id, []).append(request)
+    return list(groups.items())
+
+
+def replay_logs(
+    groups: Sequence[Group],
+    drafters: Sequence[str] = MODEL_FREE_DRAFTERS,
+    ks: Sequence[int] = (4, 8, 16),
+    stores: Sequence[str] = STORES,
+):
+    """Every (store, drafter, k) over recorded requests grouped by trace, with a fixed draft length k.
+
+    ``groups``: (trace id, a function giving that trace's requests afresh, in order). With store
+    "shared" one drafter replays every trace in turn (SuffixDecoding's store then holds the earlier
+    traces); with "per-trace" each trace starts a fresh drafter. Returns (summary, steps): one row per
+    (drafter, store, k) with the totals and accepted tokens per verification, and every step's record
+    with drafter, store, k, trace and turn (the request's index in its trace) columns.
+    """
+    import polars as pl
+
+    unknown = [s for s in stores if s not in STORES]
+    if unknown or not stores:
+        raise ValueError(f"store scopes must be among {', '.join(STORES)}, got {list(stores)}")
+    if not ks or any(not isinstance(k, int) or k < 1 for k in ks):
+        raise ValueError(f"draft lengths k must be integers >= 1, got {list(ks)}")
+    for name in drafters:
+        model_free_drafter(name, 1)
+    steps = StepLog()
+    rows = []
+    for store in stores:
+        for name in drafters:
+            for k in ks:
+                policy = DraftPolicy.fixed(k)
+                shared = model_free_drafter(name, k) if store == "shared" else None
+                log = StepLog()
+                for trace_id, requests in groups:
+                    drafter = shared if shared is not None else model_free_drafter(name, k)
+                    for record in simulate(requests(), drafter, policy).records:
+                        row = {**record, "drafter": name, "store": store, "k": k, "trace": trace_id}
+                        row["turn"] = row.pop("request")
+                        log.append(row)
+                stats = log.stats()
+                verifies = stats["verifies"]
+                rows.append(
+                    {
+                        "drafter": name,
+                        "store": store,
+                        "k": k,
+                        "traces": len(groups),
+                        "turns": sum(1 for r in log.records if r["kind"] == "prefill"),
+                        "prompt_tokens": sum(r["verify_width"] for r in log.records if r["kind"] == "prefill"),
+                        "tokens": stats["tokens"],
+                        "verifies": verifies,
+                        "drafted": stats["drafted"],
+                        "accepted": stats["accepted"],
+                        "accepted_per_verify": stats["accepted"] / verifies if verifies else 0.0,
+                        "tokens_per_verify": stats["tokens_per_verify"],
+                        "acceptance_rate": stats["acceptance_rate"],
+                        "mean_accepted_tokens": stats["mean_accepted_tokens"],
+                    }
+                )
+                steps.records.extend(log.records)
+    return pl.DataFrame(rows), steps
+
+
+def trace_groups(
+    traces: Sequence[Any], tokenizer: Any
+) -> tuple[list[tuple[str, Callable[[], Iterable[Recorded]]]], int]:
+    """``replay_logs``' groups from traces' recorded replies tokenized with ``tokenizer`` (prompts
+    rendered once, each trace's prompts sharing their ids), and how many turns were left out for
+    lack of a recorded reply."""
+    groups = []
+    skipped = 0
+    for trace in traces:
+        prompts = trace_prompts(tokenizer, trace)
+        skipped += prompts.skipped
+        if prompts.turns:
+            groups.append((trace.id, lambda prompts=prompts: recorded_turns(prompts, tokenizer)))
+    return groups, skipped

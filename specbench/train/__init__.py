@@ -1,0 +1,1 @@
+"""Training: MTP head data, training and metrics (self-distillation), and draft-model distillation."""

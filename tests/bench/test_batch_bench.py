@@ -1,0 +1,138 @@
+"""The batch benchmark: oracle drafters recorded before timing (no model work inside a timed run, drafting
+on after a divergence), real drafters on prompt files and trace turns, through the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from conftest import SHARED_DATA, TINY_CONFIGS, build_tiny, word_tokenizer
+
+from specbench.bench.batch_bench import bench_batch, oracle_drafters
+from specbench.core.batch import BatchGeneration
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy
+from specbench.drafters.oracle import OracleDrafter
+from specbench.inputs.prompts import questions_from, render_prompt
+
+PROMPTS = [[5, 17, 3], [9, 5, 17, 3, 9, 5, 17], [44, 2, 8, 5, 17]]
+SPEC_BENCH = SHARED_DATA / "spec-bench" / "question.jsonl"
+
+
+@pytest.fixture
+def model_calls(monkeypatch):
+    """A tiny model whose forwards are counted: all of them, and those made while an oracle drafts."""
+    model = build_tiny("qwen3")
+    calls = {"all": 0, "drafting": 0, "in_draft": False}
+    forward, draft = type(model).__call__, OracleDrafter.draft
+
+    def counted_forward(self, *args, **kwargs):
+        calls["all"] += 1
+        calls["drafting"] += calls["in_draft"]
+        return forward(self, *args, **kwargs)
+
+    def counted_draft(self, context, k):
+        calls["in_draft"] = True
+        try:
+            return draft(self, context, k)
+        finally:
+            calls["in_draft"] = False
+
+    monkeypatch.setattr(type(model), "__call__", counted_forward)
+    monkeypatch.setattr(OracleDrafter, "draft", counted_draft)
+    return model, calls
+
+
+def test_oracle_drafts_on_after_a_divergence_without_running_the_model(model_calls):
+    model, calls = model_calls
+    n = 12
+    plain = BatchGeneration(model, PROMPTS, GenerateOptions(max_tokens=n)).run()
+    calls["all"] = 0
+    BatchGeneration(model, PROMPTS, GenerateOptions(max_tokens=1)).run()
+    prompt_passes = calls["all"]
+    # A recording that leaves the model's output at position 3 of request 0 (as a GPU's batched run
+    # can): the oracle must go on drafting it there, never re-record with the model.
+    recorded = [list(t) for t in plain]
+    recorded[0][3] = (recorded[0][3] + 1) % 97
+    drafters = oracle_drafters(PROMPTS, recorded, 1.0, 97)
+    gen = BatchGeneration(model, PROMPTS, GenerateOptions(max_tokens=n), drafters, DraftPolicy.fixed(3))
+    calls["all"] = 0
+    assert gen.run() == plain  # greedy output is the model's whatever the drafts
+    assert calls["drafting"] == 0
+    # the prompt passes and one forward per batched step: nothing else ran the model
+    assert calls["all"] == prompt_passes + len(gen.batch_log)
+    assert drafters[0].diverged_at == 3 and drafters[1].diverged_at is None
+    after = [r for r in gen.requests[0].log.records if r["kind"] == "verify" and r["position"] > 3]
+    assert after and all(r["draft_tokens"] for r in after)  # kept drafting past the divergence
+    stats = [r.stats() for r in gen.requests]
+    assert stats[1]["acceptance_rate"] == 1.0 and stats[0]["acceptance_rate"] < 1.0
+
+
+def test_bench_oracle_is_recorded_from_the_plain_batched_run(model_calls):
+    model, calls = model_calls
+    result = bench_batch(model, PROMPTS, 2, ["oracle:1.0", "oracle:0.0"], "fixed:3", max_tokens=8, warmup=False)
+    rows = {r["engine"]: r for r in result["rows"]}
+    assert calls["drafting"] == 0
+    full, none = rows["oracle:1.0/fixed:3"], rows["oracle:0.0/fixed:3"]
+    assert full["acceptance_rate"] == 1.0 and full["diverged_from_recording"] == 0
+    assert none["acceptance_rate"] == 0.0
+    assert full["identical_to_plain"] == none["identical_to_plain"] == 1.0
+    with pytest.raises(ValueError, match="oracle:A"):
+        bench_batch(model, PROMPTS, 2, ["oracle:often"], "fixed:3", warmup=False)
+    with pytest.raises(ValueError, match="at least one drafter"):
+        bench_batch(model, PROMPTS, 2, ["none"], "fixed:3", warmup=False)
+
+
+@pytest.mark.skipif(not SPEC_BENCH.exists(), reason="Spec-Bench question.jsonl not present")
+def test_bench_batch_on_spec_bench_questions():
+    model, tokenizer = build_tiny("llama"), word_tokenizer()
+    questions = questions_from(SPEC_BENCH, None, 1)[:3]
+    prompts = [render_prompt(tokenizer, q.turns[0])[:48] for q in questions]
+    result = bench_batch(model, prompts, 2, ["lookup"], "fixed:3", max_tokens=6, tokenizer=tokenizer, warmup=False)
+    speculative = result["rows"][1]
+    assert speculative["engine"] == "lookup/fixed:3" and speculative["identical_to_plain"] == 1.0
+
+
+def saved_tiny_model(folder):
+    from mlx_lm.utils import save_config, save_model
+
+    save_model(folder, build_tiny("llama", seed=5))
+    save_config(dict(TINY_CONFIGS["llama"]), folder / "config.json")
+    word_tokenizer().save_pretrained(str(folder))
+    return folder
+
+
+def test_bench_batch_cli_on_traces_and_prompts(tmp_path, capsys):
+    from specbench.cli import main
+
+    folder = saved_tiny_model(tmp_path / "tiny")
+    lines = [
+        {"trace": "t1", "turn": 0, "messages": [{"role": "user", "content": "w5 w6 w7 w5 w6 w7"}]},
+        {"trace": "t1", "turn": 1, "messages": [{"role": "user", "content": "w8 w9 w5 w6"}]},
+        {"trace": "t2", "turn": 0, "messages": [{"role": "user", "content": "w11 w12 w13 w11 w12"}]},
+    ]
+    for line, reply in zip(lines, ("w9 w10", "w7 w5", "w13 w14")):
+        line["assistant"] = {"role": "assistant", "content": reply}
+    trace = tmp_path / "traces.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    args = ["bench", "--model", str(folder), "--batch", "2", "--drafters", "lookup,suffix", "--policies", "fixed:3"]
+    assert main([*args, "--trace", str(trace), "--limit", "2", "--max-tokens", "6", "--out", str(out)]) == 0
+    assert "3 requests from" in capsys.readouterr().out
+    with open(out / "batch_bench.csv") as f:
+        rows = {r["engine"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["plain", "lookup/fixed:3", "suffix/fixed:3", "mlx-lm"]
+    assert all(float(rows[m]["identical_to_plain"]) == 1.0 for m in ("lookup/fixed:3", "suffix/fixed:3"))
+    with open(out / "batch_divergence.csv") as f:
+        assert {r["label"] for r in csv.DictReader(f)} == {"t1/0", "t1/1", "t2/0"}
+    assert main([*args, "--trace", str(trace), "--turns", "1", "--trace-id", "t1", "--max-tokens", "4"]) == 0
+    assert "1 requests from" in capsys.readouterr().out
+    prompts = tmp_path / "question.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["w5 w6 w7 w5 w6"]}) + "\n")
+    assert main([*args, "--prompts", str(prompts), "--max-tokens", "4"]) == 0
+    assert "lookup/fixed:3" in capsys.readouterr().out
+    assert main([*args, "--prompts", str(prompts), "--batch", "0"]) == 2
+    assert "--batch must be" in capsys.readouterr().err
+    assert main([*args, "--prompts", str(prompts), "--verify", "exact"]) == 2
+    assert "fast mode" in capsys.readouterr().err
