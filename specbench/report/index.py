@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.common.files import locked, set_aside, write_json_atomic, write_text_atomic
-from specbench.report.labels import describe
+from specbench.report.verdicts import describe
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5em auto;padding:0 1em;

@@ -20,7 +20,7 @@ from specbench.checks import lossless
 from specbench.inputs import capabilities as caps
 from specbench.inputs.prompts import prompt_table, prompts_from
 from specbench.models.tiny import tiny_config
-from specbench.report import Outputs, figures, headlines, render
+from specbench.report import Outputs, figures, render, verdicts
 from specbench.report import runner as report
 from specbench.report.index import write_index
 
@@ -397,7 +397,7 @@ def test_headlines():
             "all_equal_to_plain": [None, True, False],
         }
     )
-    assert headlines.sweep_headline(summary) == {
+    assert verdicts.sweep_headline(summary) == {
         "best": "suffix auto",
         "best_speedup": 1.6,
         "outputs_equal_to_plain": False,
@@ -410,7 +410,7 @@ def test_headlines():
             "tokens_per_verify": [0.0, 3.5],
         }
     )
-    assert headlines.trace_headline(traces) == {"identical": True, "suffix speedup": 2.0, "suffix tokens/verify": 3.5}
+    assert verdicts.trace_headline(traces) == {"identical": True, "suffix speedup": 2.0, "suffix tokens/verify": 3.5}
 
 
 def test_outputs_write_figures_logs_tables_and_summary(tmp_path, text_model, monkeypatch):

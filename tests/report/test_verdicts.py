@@ -15,7 +15,7 @@ from conftest import build_tiny
 
 from specbench.cost import bandwidth
 from specbench.cost.profile import Profile
-from specbench.report import figures, labels, verdicts
+from specbench.report import figures, verdicts
 from specbench.report.progress import Heartbeat, console
 
 
@@ -71,14 +71,14 @@ def test_sweep_verdict_names_the_best_method_and_outputs():
 
 
 def test_key_results_carry_words_and_units():
-    assert labels.describe("smollm2-135m-moe a*(4)", None) == (
+    assert verdicts.describe("smollm2-135m-moe a*(4)", None) == (
         "smollm2-135m-moe: break-even acceptance a*(4) for a draft of 4",
         "never breaks even",
     )
-    label, value = labels.describe("mean_abs_prediction_error", 0.436)
+    label, value = verdicts.describe("mean_abs_prediction_error", 0.436)
     assert "prediction error" in label and value == "44%"
-    assert labels.describe("lossless_tvd", 0.35)[0].startswith("losslessness: total variation distance")
-    assert labels.describe("dense c(2)", 3.04) == (
+    assert verdicts.describe("lossless_tvd", 0.35)[0].startswith("losslessness: total variation distance")
+    assert verdicts.describe("dense c(2)", 3.04) == (
         "dense: verify cost c(2), engine overhead included",
         "3.04 plain steps",
     )
