@@ -34,12 +34,12 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
+from specbench.bench.paired import MIN_UNITS, bootstrap
 from specbench.common.files import write_json_atomic
 from specbench.common.identity import device_name, versions
 from specbench.cost.measure import seconds_per_token
 from specbench.drafters.oracle import OracleDrafter
 from specbench.exact import calibrate
-from specbench.experiments.paired import MIN_UNITS, bootstrap
 from specbench.models import synthetic
 
 
