@@ -279,6 +279,10 @@ def _attention_call(original: Callable) -> Callable:
             return _tree_attention(original, queries, keys, values, visible, scale, *args, **kwargs)
         if plan is None or not plan.attention or not _is_causal(mask):
             return original(queries, keys, values, *args, scale=scale, mask=mask, **kwargs)
+        if plan.attention == "kernel":
+            out = _kernel_attention(queries, keys, values, scale, mask, args, kwargs)
+            if out is not None:
+                return out
         prefix = keys.shape[-2] - rows
         outs = []
         for i in range(rows):
@@ -299,6 +303,23 @@ def _attention_call(original: Callable) -> Callable:
 
     sdpa.__wrapped__ = original
     return sdpa
+
+
+def _kernel_attention(queries, keys, values, scale: float, mask: Any, args: tuple, kwargs: dict) -> mx.array | None:
+    """A causal block's attention in one call of ``kernels.attention_rows``, every row as the one-query
+    call of the split computes it (None where the kernel does not compute it: an array mask, sinks or
+    other arguments, attention whose result depends on the KV layout (cuDNN's), a shape or dtype it
+    does not cover, or no variant the device's probe proved)."""
+    if args or any(value is not None for value in kwargs.values()) or not (isinstance(mask, str) and mask == "causal"):
+        return None
+    if _contexts and _contexts[-1].layout_sensitive:
+        return None
+    if not kernels.attention.supports(queries, keys, values, mask):
+        return None
+    variant = kernels.attention_variant(queries.dtype, queries.shape[-1])
+    if variant is None:
+        return None
+    return kernels.attention_rows(queries, keys, values, scale, mask, variant)
 
 
 def _quantized_attention_call(original: Callable) -> Callable:
