@@ -261,12 +261,9 @@ def uses_attention_kernel(model: nn.Module) -> bool:
     if not kernels.cuda_available() or cudnn_attention():
         return False
     shapes = set()
-    for _, module in model.named_modules():
-        projection, kv_heads = getattr(module, "k_proj", None), getattr(module, "n_kv_heads", None)
-        if not isinstance(projection, nn.Module) or not isinstance(kv_heads, int) or "weight" not in projection:
-            continue
-        dtype = projection["scales"].dtype if "scales" in projection else projection["weight"].dtype
-        shapes.add((dtype, projection["weight"].shape[0] // kv_heads))
+    for _, m in model.named_modules():
+        if isinstance(p := getattr(m, "k_proj", None), nn.Module) and isinstance(getattr(m, "n_kv_heads", None), int):
+            shapes.add((p["scales" if "scales" in p else "weight"].dtype, p["weight"].shape[0] // m.n_kv_heads))
     return bool(shapes) and all(kernels.attention_variant(dtype, head_dim) is not None for dtype, head_dim in shapes)
 
 
@@ -345,14 +342,7 @@ def _calibrate_width(
         try:
             exact, _ = probe.run(level, width)  # also the warm-up
         except Exception as err:  # a kernel that does not compile or run: a recorded fallback, not an error
-            used = [
-                name
-                for name, on in (
-                    ("linear/kernel", plan.linear == "kernel"),
-                    ("attention_rows", plan.attention == "kernel"),
-                )
-                if on
-            ]
+            used = ("linear/kernel",) * (plan.linear == "kernel") + ("attention_rows",) * (plan.attention == "kernel")
             if not used:
                 raise
             kernels.warn_fallback(" and ".join(used), f"{type(err).__name__}: {err}")

@@ -306,10 +306,9 @@ def _attention_call(original: Callable) -> Callable:
 
 
 def _kernel_attention(queries, keys, values, scale: float, mask: Any, args: tuple, kwargs: dict) -> mx.array | None:
-    """A causal block's attention in one call of ``kernels.attention_rows``, every row as the one-query
-    call of the split computes it (None where the kernel does not compute it: an array mask, sinks or
-    other arguments, attention whose result depends on the KV layout (cuDNN's), a shape or dtype it
-    does not cover, or no variant the device's probe proved)."""
+    """A causal block's attention in one ``kernels.attention_rows`` call, each row as the split's one-query
+    call computes it (None where it does not: an array mask, sinks or other arguments, cuDNN's
+    layout-dependent attention, a shape or dtype it does not cover, or no variant the probe proved)."""
     if args or any(value is not None for value in kwargs.values()) or not (isinstance(mask, str) and mask == "causal"):
         return None
     if _contexts and _contexts[-1].layout_sensitive:

@@ -12,7 +12,8 @@ and the query heads of a KV head; ``attention_rows_reference`` is its arithmetic
 ``attention_variant`` its probe.
 """
 
-from specbench.kernels.attention import attention_rows, attention_rows_reference
+from specbench.kernels.attention import attention_rows
+from specbench.kernels.attention_reference import attention_rows_reference
 from specbench.kernels.gemv import gemv_rows, gemv_rows_reference
 from specbench.kernels.gemv import supports as gemv_supports
 from specbench.kernels.probe import (
