@@ -255,9 +255,8 @@ def uses_kernel(model: nn.Module) -> bool:
 
 
 def uses_attention_kernel(model: nn.Module) -> bool:
-    """Whether calibration tries ``attention/kernel`` for ``model``: on CUDA with MLX's own attention
-    (cuDNN's off), where the device's probe proved ``kernels.attention_rows`` for the dtype and head
-    dimension of every attention layer (found as mlx-lm's ``k_proj`` with ``n_kv_heads``)."""
+    """Whether calibration tries ``attention/kernel``: on CUDA with MLX's own attention (cuDNN's off), where the probe
+    proved ``attention_rows`` for each attention layer's dtype and head dimension (``k_proj``, ``n_kv_heads``)."""
     if not kernels.cuda_available() or cudnn_attention():
         return False
     shapes = set()

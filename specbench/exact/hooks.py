@@ -279,10 +279,8 @@ def _attention_call(original: Callable) -> Callable:
             return _tree_attention(original, queries, keys, values, visible, scale, *args, **kwargs)
         if plan is None or not plan.attention or not _is_causal(mask):
             return original(queries, keys, values, *args, scale=scale, mask=mask, **kwargs)
-        if plan.attention == "kernel":
-            out = _kernel_attention(queries, keys, values, scale, mask, args, kwargs)
-            if out is not None:
-                return out
+        if (out := _kernel_attention(plan, queries, keys, values, scale, mask, args, kwargs)) is not None:
+            return out
         prefix = keys.shape[-2] - rows
         outs = []
         for i in range(rows):
@@ -305,20 +303,12 @@ def _attention_call(original: Callable) -> Callable:
     return sdpa
 
 
-def _kernel_attention(queries, keys, values, scale: float, mask: Any, args: tuple, kwargs: dict) -> mx.array | None:
-    """A causal block's attention in one ``kernels.attention_rows`` call, each row as the split's one-query
-    call computes it (None where it does not: an array mask, sinks or other arguments, cuDNN's
-    layout-dependent attention, a shape or dtype it does not cover, or no variant the probe proved)."""
-    if args or any(value is not None for value in kwargs.values()) or not (isinstance(mask, str) and mask == "causal"):
-        return None
-    if _contexts and _contexts[-1].layout_sensitive:
-        return None
-    if not kernels.attention.supports(queries, keys, values, mask):
-        return None
-    variant = kernels.attention_variant(queries.dtype, queries.shape[-1])
-    if variant is None:
-        return None
-    return kernels.attention_rows(queries, keys, values, scale, mask, variant)
+def _kernel_attention(plan: ExactPlan, queries, keys, values, scale: float, mask: Any, args, kwargs) -> mx.array | None:
+    """A causal block in one ``attention_rows`` call, rows as the split computes them (None where it does not apply)."""
+    plain = not args and all(v is None for v in kwargs.values()) and not _contexts[-1].layout_sensitive
+    usable = plan.attention == "kernel" and plain and kernels.attention.supports(queries, keys, values, mask)
+    variant = kernels.attention_variant(queries.dtype, queries.shape[-1]) if usable else None
+    return None if variant is None else kernels.attention_rows(queries, keys, values, scale, mask, variant)
 
 
 def _quantized_attention_call(original: Callable) -> Callable:
