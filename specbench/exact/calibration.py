@@ -85,7 +85,8 @@ class Calibration:
 #: before are not reused. 4: keyed by the BLAS library too. 5: linear chunks also tried compiled.
 #: 6: quantized linear layers also tried through the row-invariant kernel (``linear/kernel``).
 #: 7: unquantized linear layers through the kernel too (``gemv_rows``).
-CALIBRATION_METHOD = 7
+#: 8: attention also tried through the row-invariant attention kernel (``attention/kernel``).
+CALIBRATION_METHOD = 8
 #: Calibrations of this process, by key.
 _calibrations: dict[str, Calibration] = {}
 _keys: dict[tuple[int, Any], tuple[weakref.ref, str]] = {}  # by model and its shard group
@@ -220,6 +221,7 @@ def calibrate(
         return calibration
     moe = _has_experts(model)
     kernel = uses_kernel(model)
+    attention_kernel = uses_attention_kernel(model)
     rng = np.random.default_rng(seed)
     with split_mode(model, "none"):  # plain forwards, even inside an open exact mode
         probes = [_Probe(model, offset, max(ws), rng)]
@@ -232,7 +234,7 @@ def calibrate(
     probe = _Probes(probes)
     for i, w in enumerate(ws, 1):
         t0 = time.perf_counter()
-        calibration.widths[w] = _calibrate_width(probe, w, moe, measure, repeats, kernel)
+        calibration.widths[w] = _calibrate_width(probe, w, moe, measure, repeats, kernel, attention_kernel)
         if progress is not None:
             level, seconds = calibration.widths[w].level, time.perf_counter() - t0
             progress(f"exact calibration {i}/{len(ws)}: width {w} runs {level} ({seconds:.1f} s)")
@@ -252,6 +254,18 @@ def uses_kernel(model: nn.Module) -> bool:
     return kernels.cuda_available() and any(isinstance(m, layers) for _, m in model.named_modules())
 
 
+def uses_attention_kernel(model: nn.Module) -> bool:
+    """Whether calibration tries ``attention/kernel``: on CUDA with MLX's own attention (cuDNN's off), where the probe
+    proved ``attention_rows`` for each attention layer's dtype and head dimension (``k_proj``, ``n_kv_heads``)."""
+    if not kernels.cuda_available() or cudnn_attention():
+        return False
+    shapes = set()
+    for _, m in model.named_modules():
+        if isinstance(p := getattr(m, "k_proj", None), nn.Module) and isinstance(getattr(m, "n_kv_heads", None), int):
+            shapes.add((p["scales" if "scales" in p else "weight"].dtype, p["weight"].shape[0] // m.n_kv_heads))
+    return bool(shapes) and all(kernels.attention_variant(dtype, head_dim) is not None for dtype, head_dim in shapes)
+
+
 def _has_experts(model: nn.Module) -> bool:
     return any(isinstance(m, (switch_layers.SwitchGLU, switch_layers.SwitchMLP)) for _, m in model.named_modules())
 
@@ -267,16 +281,18 @@ def _is_chunked(level: str) -> bool:
     return isinstance(rows, int) and rows > 1
 
 
-def _candidates(width: int, moe: bool, kernel: bool = False) -> list[list[str]]:
+def _candidates(width: int, moe: bool, kernel: bool = False, attention_kernel: bool = False) -> list[list[str]]:
     """Levels to test at ``width``, in groups: each group relaxes one op family of the full
     split to cheaper schemes (the other families stay split row by row); ``kernel``: the linear
-    layers through the row-invariant kernel first."""
+    layers through the row-invariant kernel first; ``attention_kernel``: attention through its
+    row-invariant kernel too."""
     kernel_levels = ["attention+linear/kernel"] if kernel else []
     linear = [*kernel_levels, "attention+linear/vector", *[f"attention+linear/{c}" for c in chunk_sizes(width)]]
     experts = "+experts" if moe else ""
+    attention_levels = [f"attention/kernel+linear{experts}", f"attention+linear{experts}"] if attention_kernel else []
     groups = [
         ["none"],
-        [f"linear{experts}"],  # attention batched
+        [f"linear{experts}", *attention_levels],  # attention batched (or the kernel against the split)
         [level + experts for level in ["attention", *linear]],  # linear relaxed
     ]
     if moe:
@@ -288,8 +304,9 @@ def _candidates(width: int, moe: bool, kernel: bool = False) -> list[list[str]]:
 def _combine(picks: dict[str, str], moe: bool) -> str:
     """Merge each family's cheapest exact scheme into one level."""
     parts = []
-    if picks.get("attention", "split") == "split":
-        parts.append("attention")
+    attention = picks.get("attention", "split")
+    if attention != "batched":
+        parts.append("attention/kernel" if attention == "kernel" else "attention")
     if picks.get("linear") != "batched":
         parts.append(picks.get("linear", "linear"))
     if moe and picks.get("experts") != "batched":
@@ -300,7 +317,7 @@ def _combine(picks: dict[str, str], moe: bool) -> str:
 def _family_scheme(level: str, family: str) -> str:
     plan = ExactPlan.parse(level)
     if family == "attention":
-        return "split" if plan.attention else "batched"
+        return "kernel" if plan.attention == "kernel" else "split" if plan.attention else "batched"
     value = getattr(plan, family)
     if value is None:
         return "batched"
@@ -308,18 +325,26 @@ def _family_scheme(level: str, family: str) -> str:
 
 
 def _calibrate_width(
-    probe: _Probes, width: int, moe: bool, measure: bool, repeats: int, kernel: bool = False
+    probe: _Probes,
+    width: int,
+    moe: bool,
+    measure: bool,
+    repeats: int,
+    kernel: bool = False,
+    attention_kernel: bool = False,
 ) -> WidthCalibration:
     tests: list[dict[str, Any]] = []
 
     def test(level: str, timed: bool = True) -> bool:
-        level = ExactPlan.parse(level).name
+        plan = ExactPlan.parse(level)
+        level = plan.name
         try:
             exact, _ = probe.run(level, width)  # also the warm-up
         except Exception as err:  # a kernel that does not compile or run: a recorded fallback, not an error
-            if ExactPlan.parse(level).linear != "kernel":
+            used = ("linear/kernel",) * (plan.linear == "kernel") + ("attention_rows",) * (plan.attention == "kernel")
+            if not used:
                 raise
-            kernels.warn_fallback("linear/kernel", f"{type(err).__name__}: {err}")
+            kernels.warn_fallback(" and ".join(used), f"{type(err).__name__}: {err}")
             tests.append({"level": level, "exact": False, "seconds": None, "error": f"{type(err).__name__}: {err}"})
             return False
         seconds = probe.time(level, width, repeats) if exact and measure and timed else None
@@ -328,7 +353,7 @@ def _calibrate_width(
 
     if test("none", timed=False):  # the batched forward: nothing is cheaper
         return WidthCalibration(width, "none", tests)
-    groups = _candidates(width, moe, kernel)
+    groups = _candidates(width, moe, kernel, attention_kernel)
     full = groups[-1][0]
     families = ["attention", "linear"] + (["experts"] if moe else [])
     picks: dict[str, str] = {}

@@ -279,6 +279,8 @@ def _attention_call(original: Callable) -> Callable:
             return _tree_attention(original, queries, keys, values, visible, scale, *args, **kwargs)
         if plan is None or not plan.attention or not _is_causal(mask):
             return original(queries, keys, values, *args, scale=scale, mask=mask, **kwargs)
+        if (out := _kernel_attention(plan, queries, keys, values, scale, mask, args, kwargs)) is not None:
+            return out
         prefix = keys.shape[-2] - rows
         outs = []
         for i in range(rows):
@@ -299,6 +301,14 @@ def _attention_call(original: Callable) -> Callable:
 
     sdpa.__wrapped__ = original
     return sdpa
+
+
+def _kernel_attention(plan: ExactPlan, queries, keys, values, scale: float, mask: Any, args, kwargs) -> mx.array | None:
+    """A causal block in one ``attention_rows`` call, rows as the split computes them (None where it does not apply)."""
+    plain = not args and all(v is None for v in kwargs.values()) and not _contexts[-1].layout_sensitive
+    usable = plan.attention == "kernel" and plain and kernels.attention.supports(queries, keys, values, mask)
+    variant = kernels.attention_variant(queries.dtype, queries.shape[-1]) if usable else None
+    return None if variant is None else kernels.attention_rows(queries, keys, values, scale, mask, variant)
 
 
 def _quantized_attention_call(original: Callable) -> Callable:

@@ -2,7 +2,9 @@
 
 - ``attention``: row i runs as one query over the cache prefix it sees in serial decoding
   (keys ``[:offset + i + 1]``, no mask), through ``mx.fast.scaled_dot_product_attention`` (or
-  mlx-lm's quantized-cache attention);
+  mlx-lm's quantized-cache attention); ``attention/kernel``: every row in one call of
+  ``specbench.kernels.attention_rows``, each row as that one-query call computes it, where the device's
+  probe proved it (quantized caches, token trees and array masks stay row by row);
 - ``linear``: ``nn.Linear``, ``nn.QuantizedLinear``, ``nn.QQLinear`` and tied output
   embeddings (``as_linear``) take 1 row per call (``linear/c``: c rows per call, exact where the
   device's kernel for up to c rows is row-invariant; ``linear/vector``: one batched call of
@@ -35,12 +37,13 @@ _ALIASES = {"all": "attention+linear+experts", "": "none"}
 class ExactPlan:
     """Which layers a verify forward runs row by row, and how many rows per call.
 
-    ``linear`` / ``experts``: None (one batched call), an int (rows per call; 1 = row by row),
-    or "vector" / "kernel" / "unsorted" (see the module docstring). ``compiled``: linear chunks through
-    ``mx.compile`` (only with ``linear`` an int >= 2).
+    ``attention``: False (one batched call), True (row by row) or "kernel". ``linear`` / ``experts``:
+    None (one batched call), an int (rows per call; 1 = row by row), or "vector" / "kernel" / "unsorted"
+    (see the module docstring). ``compiled``: linear chunks through ``mx.compile`` (only with ``linear``
+    an int >= 2).
     """
 
-    attention: bool = False
+    attention: bool | str = False
     linear: int | str | None = None
     experts: int | str | None = None
     serial: bool = False
@@ -67,7 +70,7 @@ class ExactPlan:
         """The level's canonical text (``ExactPlan.parse(plan.name) == plan``)."""
         if self.serial:
             return "serial"
-        parts = ["attention"] if self.attention else []
+        parts = ["attention/kernel"] if self.attention == "kernel" else ["attention"] if self.attention else []
         for key in ("linear", "experts"):
             value = getattr(self, key)
             if value is not None:
@@ -92,6 +95,8 @@ def _parse_text(level: str) -> ExactPlan:
         name, _, arg = part.partition("/")
         if name in ("attention", "compiled") and not arg:
             parts[name] = True
+        elif name == "attention" and arg == "kernel":
+            parts[name] = "kernel"
         elif name in ("linear", "experts"):
             special = ("vector", "kernel") if name == "linear" else ("unsorted",)
             if not arg:
@@ -106,7 +111,8 @@ def _parse_text(level: str) -> ExactPlan:
                 )
         else:
             raise ValueError(
-                f"unknown part {part!r} in exact level {level!r}: levels join 'attention', 'linear[/c|/vector]', "
-                f"'experts[/c|/unsorted]' and 'compiled' with '+', or are one of {LEVELS}"
+                f"unknown part {part!r} in exact level {level!r}: levels join 'attention[/kernel]', "
+                "'linear[/c|/vector|/kernel]', 'experts[/c|/unsorted]' and 'compiled' with '+', or are one of "
+                f"{LEVELS}"
             )
     return ExactPlan(**parts)

@@ -5,14 +5,24 @@ one-row ``qmv`` per row while reading the weights once, ``gemv_rows`` the same f
 weights (MLX's one-row ``gemv``); each ``*_reference`` is its kernel's arithmetic in MLX ops.
 ``qmv_variant`` and ``gemv_variant`` are the device probes that decide whether (and in which variant)
 a kernel is used; exact verification (``specbench.exact``) uses it only where the probe proves it exact.
+
+``attention_rows`` (CUDA) is attention of up to 16 query rows of a causal block over the KV cache whose
+every row is MLX's one-query attention over the keys it attends, with each K/V load shared by the rows
+and the query heads of a KV head; ``attention_rows_reference`` is its arithmetic in MLX ops and
+``attention_variant`` its probe.
 """
 
+from specbench.kernels.attention import attention_rows
+from specbench.kernels.attention_reference import attention_rows_reference
 from specbench.kernels.gemv import gemv_rows, gemv_rows_reference
 from specbench.kernels.gemv import supports as gemv_supports
 from specbench.kernels.probe import (
+    attention_matches,
+    attention_variant,
     cuda_available,
     gemv_matches,
     gemv_variant,
+    probe_attention,
     probe_kernels,
     qmv_matches,
     qmv_variant,
@@ -35,4 +45,9 @@ __all__ = [
     "qmv_variant",
     "probe_kernels",
     "warn_fallback",
+    "attention_rows",
+    "attention_rows_reference",
+    "attention_matches",
+    "attention_variant",
+    "probe_attention",
 ]

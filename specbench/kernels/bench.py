@@ -1,5 +1,7 @@
 """Per-call speed of the row-invariant kernels against MLX's own products, with achieved bandwidth.
 
+``bench_attention`` does the same for ``attention_rows`` against MLX's one-query and multi-query attention.
+
 ``bench_qmv`` times, for one layer shape, MLX's quantized matmul at 1 row, at w rows in one call
 (MLX's fast, not row-invariant family from 8 rows), at w rows in row-invariant chunks of at most
 7 rows (what exact verification runs without the kernels), and ``qmv_rows`` at 1 and w rows.
@@ -17,6 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from specbench.kernels.attention import attention_rows, default_vectors_per_warp
 from specbench.kernels.qmv import qmv_rows
 
 #: MLX's quantized matmul is row-invariant for fewer than this many rows (its ``qmv`` family).
@@ -81,4 +84,55 @@ def bench_qmv(
         row[f"{name}_gbs"] = gbs
         if peak_gbs:
             row[f"{name}_of_peak"] = gbs / peak_gbs
+    return row
+
+
+def bench_attention(
+    n_keys: int,
+    rows: int = 9,
+    heads: int = 32,
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    dtype: mx.Dtype = mx.bfloat16,
+    variant: str = "source",
+    vectors_per_warp: int | None = None,
+    peak_gbs: float | None = None,
+    calls: int = 32,
+) -> dict[str, Any]:
+    """Microseconds per call of a causal block of ``rows`` queries whose last row attends ``n_keys`` keys:
+    MLX's one-query attention (1 row), the ``rows`` one-query calls exact verification runs without the
+    kernel (row i over its first ``n_keys - rows + i + 1`` keys), MLX's ``rows``-query causal call (not
+    row-invariant), and ``attention_rows`` at 1 and ``rows`` rows; bandwidth counts the keys and values once."""
+    scale = head_dim**-0.5
+    q = mx.random.normal((1, heads, rows, head_dim)).astype(dtype)
+    k = mx.random.normal((1, kv_heads, n_keys, head_dim)).astype(dtype)
+    v = mx.random.normal((1, kv_heads, n_keys, head_dim)).astype(dtype)
+    mx.eval(q, k, v)
+    prefix = n_keys - rows
+
+    def mlx(a: mx.array, n: int, mask: str | None = None) -> mx.array:
+        return mx.fast.scaled_dot_product_attention(a, k[:, :, :n], v[:, :, :n], scale=scale, mask=mask)
+
+    def kernel(a: mx.array) -> mx.array:
+        return attention_rows(a, k, v, scale, "causal", variant, vectors_per_warp)
+
+    timed = {
+        "mlx_1": lambda: mlx(q[:, :, -1:], n_keys),
+        f"mlx_split_{rows}": lambda: mx.concatenate(
+            [mlx(q[:, :, i : i + 1], prefix + i + 1) for i in range(rows)], axis=2
+        ),
+        f"mlx_{rows}": lambda: mlx(q, n_keys, "causal"),
+        "kernel_1": lambda: attention_rows(q[:, :, -1:], k, v, scale, None, variant, vectors_per_warp),
+        f"kernel_{rows}": lambda: kernel(q),
+    }
+    row: dict[str, Any] = {"n_keys": n_keys, "rows": rows, "heads": heads, "kv_heads": kv_heads}
+    row |= {"head_dim": head_dim, "dtype": str(dtype).split(".")[-1], "variant": variant}
+    row["vectors_per_warp"] = vectors_per_warp or default_vectors_per_warp(head_dim)
+    kv_bytes = k.nbytes + v.nbytes
+    for name, call in timed.items():
+        seconds = per_call_seconds(call, calls)
+        row[f"{name}_us"] = seconds * 1e6
+        row[f"{name}_gbs"] = kv_bytes / seconds / 1e9
+        if peak_gbs:
+            row[f"{name}_of_peak"] = row[f"{name}_gbs"] / peak_gbs
     return row

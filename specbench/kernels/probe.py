@@ -1,5 +1,7 @@
 """The kernels' probe: on this device, which variant of a kernel reproduces MLX's one-row result.
 
+(For ``attention_rows``: MLX's one-query attention of each row, ``attention_variant``.)
+
 A kernel is used only where this probe proves it: random inputs of a few shapes and every row
 count from 1 to ``MAX_ROWS``, each row of the kernel's result compared bit for bit with MLX's own
 product of that row alone. Results are kept per process, by (dtype, bits, group size). A kernel that
@@ -16,7 +18,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from specbench.kernels import gemv, qmv
+from specbench.kernels import attention, gemv, qmv
 
 #: Row counts the survey of every configuration runs (``probe_kernels``; ``qmv_variant`` runs them all).
 SURVEY_ROWS = (1, 2, 9, 16)
@@ -163,3 +165,93 @@ def probe_kernels(
         if progress is not None:
             progress(rows[-1])
     return rows
+
+
+#: Cache prefixes the attention probe runs; row i of a w-row causal block attends ``prefix + i + 1`` keys:
+#: fewer keys than warps, one pass, a block crossing the two-pass threshold (1024 keys), two passes.
+ATTENTION_PREFIXES = (20, 300, 1016, 2500)
+#: Row counts the attention survey runs (``attention_variant`` runs every count from 1 to 16).
+ATTENTION_SURVEY_ROWS = (1, 2, 9, 16)
+
+
+def attention_matches(
+    dtype: mx.Dtype,
+    head_dim: int,
+    variant: str,
+    rows: Sequence[int] = range(1, attention.MAX_ROWS + 1),
+    prefixes: Sequence[int] = ATTENTION_PREFIXES,
+    heads: int = 8,
+    kv_heads: int = 2,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Whether every row of ``attention_rows`` (a causal block of m rows, m in ``rows``, after each cache
+    prefix of ``prefixes``) equals MLX's one-query ``scaled_dot_product_attention`` over the keys that row
+    attends (no mask, as a decode step calls it); with the rows that differed."""
+    mx.random.seed(seed)
+    widest = max(rows)
+    scale = head_dim**-0.5
+    mismatches = []
+    for prefix in prefixes:
+        n = prefix + widest
+        q = mx.random.normal((1, heads, widest, head_dim)).astype(dtype)
+        k = mx.random.normal((1, kv_heads, n, head_dim)).astype(dtype)
+        v = mx.random.normal((1, kv_heads, n, head_dim)).astype(dtype)
+        alone = [
+            mx.fast.scaled_dot_product_attention(
+                q[:, :, i : i + 1], k[:, :, : prefix + i + 1], v[:, :, : prefix + i + 1], scale=scale
+            )
+            for i in range(widest)
+        ]
+        expected = _host(mx.concatenate(alone, axis=2))
+        for m in rows:
+            mask = "causal" if m > 1 else None
+            got = _host(
+                attention.attention_rows(
+                    q[:, :, :m], k[:, :, : prefix + m], v[:, :, : prefix + m], scale, mask, variant
+                )
+            )
+            bad = [i for i in range(m) if not np.array_equal(got[:, :, i], expected[:, :, i])]
+            if bad:
+                mismatches.append({"prefix": prefix, "rows": m, "rows_differing": bad})
+    return {"exact": not mismatches, "mismatches": mismatches[:4]}
+
+
+@functools.cache
+def attention_variant(dtype: mx.Dtype, head_dim: int) -> str | None:
+    """The variant of ``attention_rows`` that reproduces MLX's one-query attention on this device
+    (None: none does, the shape is not computed, or the kernel cannot run here; the reason is warned once)."""
+    if not cuda_available() or head_dim not in attention.HEAD_DIMS or dtype not in attention.DTYPES:
+        return None
+    for variant in attention.VARIANTS:
+        try:
+            if attention_matches(dtype, head_dim, variant)["exact"]:
+                return variant
+        except Exception as err:  # a kernel that does not compile or run is a fallback, not an error
+            warn_fallback("attention_rows", f"{type(err).__name__}: {err}")
+            return None
+    warn_fallback(
+        "attention_rows", f"no variant reproduces MLX's one-query attention for {dtype}, head dimension {head_dim}"
+    )
+    return None
+
+
+def probe_attention(
+    configs: Sequence[tuple[mx.Dtype, int]] = ((mx.bfloat16, 128), (mx.bfloat16, 64), (mx.float16, 128)),
+    variants: Sequence[str] = attention.VARIANTS,
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """For each (dtype, head dimension) of ``configs``: which ``variants`` of ``attention_rows`` reproduce MLX here."""
+    found_rows = []
+    for dtype, head_dim in configs:
+        for variant in variants:
+            try:
+                found = attention_matches(dtype, head_dim, variant, rows=ATTENTION_SURVEY_ROWS)
+            except Exception as err:
+                found = {"exact": False, "error": f"{type(err).__name__}: {err}"}
+            found_rows.append(
+                {"kernel": "attention_rows", "dtype": str(dtype).split(".")[-1], "head_dim": head_dim}
+                | {"variant": variant, **found}
+            )
+            if progress is not None:
+                progress(found_rows[-1])
+    return found_rows
