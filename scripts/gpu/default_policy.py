@@ -1,10 +1,10 @@
 """Does the default (Auto, exact greedy verification) ever lose to plain decoding? Paired runs, intervals.
 
-    python3 scripts/gpu/default_policy.py --budget 480   # H200: dense and MoE 4-bit shapes, embedded model
-    python3 scripts/gpu/default_policy.py --quick        # CPU: tiny shapes, the embedded model's miniature (< 60 s)
-    python3 scripts/gpu/default_policy.py --resummarize FOLDER   # recompute an earlier run's summaries
-    python3 scripts/gpu/default_policy.py --shapes '' --embedded-tokens 128 --categories qa,rag --traces ''
-    python3 scripts/gpu/default_policy.py --resummarize FOLDER1 FOLDER2   # runs split over calls, summarized together
+    python3 -m scripts.gpu.default_policy --budget 480   # H200: dense and MoE 4-bit shapes, embedded model
+    python3 -m scripts.gpu.default_policy --quick        # CPU: tiny shapes, the embedded model's miniature (< 60 s)
+    python3 -m scripts.gpu.default_policy --resummarize FOLDER   # recompute an earlier run's summaries
+    python3 -m scripts.gpu.default_policy --shapes '' --embedded-tokens 128 --categories qa,rag --traces ''
+    python3 -m scripts.gpu.default_policy --resummarize FOLDER1 FOLDER2   # runs split over calls, summarized together
 
 Everything that is not a timed run comes first, per model: exact-mode calibration of every width Auto may
 verify (2..9; 2..17 with SuffixDecoding), Auto's quick cost profiles, per-call seconds of one verify forward
@@ -59,13 +59,10 @@ import math
 import os
 import signal
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx
 import numpy as np
