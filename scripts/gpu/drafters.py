@@ -1,9 +1,9 @@
 """Retrain the MTP head of the embedded model (SmolLM2-135M), distil a small draft model for it, and
 measure both, with the shipped head and early exit, on a held-out split of three kinds.
 
-    python3 scripts/gpu/drafters.py                   # H200, about 7 minutes (--budget 420 s in all)
-    python3 scripts/gpu/drafters.py --evaluate-only   # H200, about 4 minutes (--budget 360 s): what ships, no training
-    python3 scripts/gpu/drafters.py --quick           # CPU smoke run: tiny data, 2 steps each, every phase run
+    python3 -m scripts.gpu.drafters                   # H200, about 7 minutes (--budget 420 s in all)
+    python3 -m scripts.gpu.drafters --evaluate-only   # H200, about 4 minutes (--budget 360 s): what ships, no training
+    python3 -m scripts.gpu.drafters --quick           # CPU smoke run: tiny data, 2 steps each, every phase run
 
 Phases (each bounded by the budget; files are written as soon as they exist):
 1. data: the model's own greedy answers to chat prompts the project writes (templates over topics,
@@ -48,22 +48,18 @@ import sys
 import time
 from pathlib import Path
 
-START = time.perf_counter()
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
 
-import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from mlx.utils import tree_flatten  # noqa: E402
-
-from specbench import load  # noqa: E402
-from specbench.bench.prompt_runs import run_mlx_lm, run_specbench  # noqa: E402
-from specbench.common.files import write_json_atomic, write_safetensors_atomic, write_text_atomic  # noqa: E402
-from specbench.core.engine import generate  # noqa: E402
-from specbench.core.forward import text_model  # noqa: E402
-from specbench.core.options import GenerateOptions  # noqa: E402
-from specbench.core.policies import DraftPolicy  # noqa: E402
-from specbench.drafters import (  # noqa: E402
+from specbench import load
+from specbench.bench.prompt_runs import run_mlx_lm, run_specbench
+from specbench.common.files import write_json_atomic, write_safetensors_atomic, write_text_atomic
+from specbench.core.engine import generate
+from specbench.core.forward import text_model
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy
+from specbench.drafters import (
     DraftModel,
     EarlyExit,
     MtpDrafter,
@@ -72,20 +68,23 @@ from specbench.drafters import (  # noqa: E402
     shipped_draft_model,
     sweep_exit_layers,
 )
-from specbench.drafters.draft_model import (  # noqa: E402
+from specbench.drafters.draft_model import (
     draft_metadata,
     draft_own_tensors,
     load_draft_model,
 )
-from specbench.inputs.prompts import bundled_questions, render_prompt  # noqa: E402
-from specbench.models.embedded import shipped_draft_path  # noqa: E402
-from specbench.models.load import cast_dtype  # noqa: E402
-from specbench.models.mtp.attach import load_head, save_head, shipped_head  # noqa: E402
-from specbench.models.mtp.head import model_type  # noqa: E402
-from specbench.train.draft_training import HELDOUT_KINDS, heldout_split, train_draft  # noqa: E402
-from specbench.train.mtp_data import WindowSampler  # noqa: E402
-from specbench.train.mtp_metrics import evaluate_decoding  # noqa: E402
-from specbench.train.mtp_training import TrainConfig, build_data, train_head  # noqa: E402
+from specbench.inputs.prompts import bundled_questions, render_prompt
+from specbench.models.embedded import shipped_draft_path
+from specbench.models.load import cast_dtype
+from specbench.models.mtp.attach import load_head, save_head, shipped_head
+from specbench.models.mtp.head import model_type
+from specbench.train.draft_training import HELDOUT_KINDS, heldout_split, train_draft
+from specbench.train.mtp_data import WindowSampler
+from specbench.train.mtp_metrics import evaluate_decoding
+from specbench.train.mtp_training import TrainConfig, build_data, train_head
+
+START = time.perf_counter()
+ROOT = Path(__file__).resolve().parents[2]
 
 NAME = "smollm2-135m"
 K = 3

@@ -1,7 +1,7 @@
 """Why exact verification still diverged from plain greedy on the GPU, step by step.
 
-    python3 scripts/gpu/exact_diagnose.py           # H200, about 2 minutes (--budget 150)
-    python3 scripts/gpu/exact_diagnose.py --quick   # CPU smoke run, tiny float32 model
+    python3 -m scripts.gpu.exact_diagnose           # H200, about 2 minutes (--budget 150)
+    python3 -m scripts.gpu.exact_diagnose --quick   # CPU smoke run, tiny float32 model
 
 1. kernels: single-query attention (bfloat16, 32 query / 8 KV heads, head dim 128) over n keys
    that are a slice of a KV buffer of T rows, for T as serial decoding lays it out
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import subprocess
 import sys
@@ -41,33 +40,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("SPECBENCH_HOME", tempfile.mkdtemp(prefix="specbench-diagnose-"))
-os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "1")  # the subject: cuDNN's attention (specbench's default is off)
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from mlx_lm.models.cache import KVCache, make_prompt_cache  # noqa: E402
+from scripts.gpu import exactness as X  # the workload's prompts, drafter runs and plain greedy
+from specbench.checks import exactness
+from specbench.common.files import write_json_atomic
+from specbench.common.identity import device_name
+from specbench.core.forward import vocab_size
+from specbench.exact import calibrate, calibration_key, exact_mode, hooks, verifier
+from specbench.exact.calibration import _calibrations
+from specbench.exact.layout import CUDNN_ATTENTION_ENV, serial_extent, with_extent
+from specbench.models import synthetic
 
-from specbench.checks import exactness  # noqa: E402
-from specbench.common.files import write_json_atomic  # noqa: E402
-from specbench.common.identity import device_name  # noqa: E402
-from specbench.core.forward import vocab_size  # noqa: E402
-from specbench.exact import calibrate, calibration_key, exact_mode, hooks, verifier  # noqa: E402
-from specbench.exact.calibration import _calibrations  # noqa: E402
-from specbench.exact.layout import serial_extent, with_extent  # noqa: E402
-from specbench.models import synthetic  # noqa: E402
-
-
-def _load_exactness():
-    spec = importlib.util.spec_from_file_location("exactness", ROOT / "scripts" / "gpu" / "exactness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-X = _load_exactness()  # the workload's prompts, drafter runs and plain greedy
 STEP = KVCache.step
 
 
@@ -582,7 +568,13 @@ def main() -> int:
         "--prompts", default="7,0,13", help="workload prompt indices to run (diverged in the first run: 0,1,7,13,15,17)"
     )
     parser.add_argument("--no-4bit", action="store_true")
+    parser.add_argument(
+        "--no-cudnn-attention", action="store_true", help="keep specbench's default, cuDNN's attention off"
+    )
     args = parser.parse_args()
+    os.environ.setdefault("SPECBENCH_HOME", tempfile.mkdtemp(prefix="specbench-diagnose-"))
+    # the subject: cuDNN's attention (specbench's default is off); MLX reads it when it first runs attention
+    os.environ[CUDNN_ATTENTION_ENV] = "0" if args.no_cudnn_attention else "1"
     out = Path(os.environ.get("OUT") or "reports/gpu")
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

@@ -1,7 +1,7 @@
 """Exact verification on the device: speculative greedy output == plain greedy, and what it costs.
 
-    python3 scripts/gpu/exactness.py           # H200, about 6 minutes (--budget 360)
-    python3 scripts/gpu/exactness.py --quick   # CPU smoke run: tiny float32 models, well under a minute
+    python3 -m scripts.gpu.exactness           # H200, about 6 minutes (--budget 360)
+    python3 -m scripts.gpu.exactness --quick   # CPU smoke run: tiny float32 models, well under a minute
 
 Models, in this order (a model is skipped when the budget is spent): random-weight Qwen3-8B
 (bfloat16) and Qwen3-30B-A3B (4-bit) shapes at --layers depth with the full workload (20
@@ -46,7 +46,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 if __name__ == "__main__" and "--cudnn-sdpa" in sys.argv:
     os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1"  # read by MLX when it first dispatches attention
 
