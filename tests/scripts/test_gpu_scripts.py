@@ -137,3 +137,12 @@ def test_default_policy_runs_only_the_cells_asked_for(tmp_path):
     runs = json.loads((tmp_path / "default_policy.json").read_text())["runs"]
     assert {r["what"] for r in runs} == {"plain a/a", "fast a=0.5"}
     assert {r["repeat"] for r in runs} == {0, 1, 2}
+
+
+def test_exact_speed_script(tmp_path):
+    out = run_script("exact_speed.py", tmp_path)
+    result = json.loads((tmp_path / "exact_speed.json").read_text())
+    rows = result["shapes"]["qwen3-8b-tiny"]["rows"]
+    assert {"plain", "mlx-lm", "exact k=4", "fast k=4", "auto exact a=1", "auto exact a=0.3"} == set(rows)
+    assert all(rows[name]["equals_plain"] for name in rows if "exact" in name)
+    assert rows["exact k=4"]["verifies"][0] > 0 and "exact k=4 / fast k=4" in out
