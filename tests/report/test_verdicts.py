@@ -247,3 +247,50 @@ def test_trace_verdicts_name_their_sample_and_interval():
     one_trace = overall.with_columns(pl.lit(1).alias("traces"), pl.lit(None, pl.Float64).alias("speedup_low"))
     one = verdicts.traces(one_trace, "m", 2, 24, "fixed:4")
     assert "inconclusive at this sample (1.31x: 1 trace(s), an interval over traces needs 6)" in one
+
+
+def test_figure_checks_find_missing_titles_labels_clipping_and_hidden_series():
+    import matplotlib.pyplot as plt
+
+    from specbench.report.figures.checks import figure_problems
+
+    fig, ax = plt.subplots(figsize=(4, 3), constrained_layout=True)
+    ax.plot([1, 2, 3], [1, 2, 3], label="suffix path")
+    ax.plot([1, 2, 3], [1, 3, 2], label="suffix tree")
+    ax.axhline(1.0, label="plain")
+    ax.set(title="fine", xlabel="k", ylabel="tokens")
+    assert figure_problems(fig) == []
+    ax.plot([1, 2, 3], [1, 2, 3], label="lookup path")  # drawn over "suffix path"
+    ax.set_title("")
+    ax.set_ylabel("")
+    problems = figure_problems(fig)
+    assert "axes 1: no title" in problems and "axes 1: no y-axis label" in problems
+    assert any("'suffix path' and 'lookup path' coincide" in p for p in problems)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(4, 3))  # no layout: a long label runs off the canvas
+    ax.plot([1, 2], [1, 2])
+    ax.set(title="t", xlabel="x", ylabel="a y-axis label far too long for a figure of this height, so it is cut")
+    assert any("outside the canvas" in p for p in figure_problems(fig))
+    plt.close(fig)
+
+
+def test_pages_show_parameters_as_written_and_no_local_paths_or_progress(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from specbench.common.files import PROJECT_ROOT
+    from specbench.report.runner import readable_notebook
+
+    params = new_code_cell(f'# Parameters\nprompt = "angek\\xfcndigt"\noutput_dir = "{tmp_path}"')
+    params.metadata["tags"] = ["injected-parameters"]
+    work = new_code_cell("print(1)")
+    work.outputs = [
+        new_output("stream", name="stderr", text="\rsweep:  50%|#####     | 1/2"),
+        new_output("stream", name="stderr", text="specbench: calibrating\n"),
+        new_output("stream", name="stdout", text=f"read {PROJECT_ROOT}/specbench/assets and {tmp_path}/x.parquet\n"),
+    ]
+    nb = readable_notebook(new_notebook(cells=[params, work]), tmp_path)
+    nbformat.validate(nb)
+    assert "prompt = 'angekündigt'" in nb.cells[0].source and "output_dir = '.'" in nb.cells[0].source
+    assert [o["name"] for o in nb.cells[1].outputs] == ["stdout", "stdout"]  # no progress bar, no red box
+    assert nb.cells[1].outputs[1]["text"] == "read <specbench>/specbench/assets and ./x.parquet\n"

@@ -14,9 +14,16 @@ CANVAS_SLACK_PX = 2.0
 
 
 def _title(fig: Any, ax: Any) -> str:
+    """The axes' title, else the figure's, else that of an axes sharing its x-axis (a panel stacked under it)."""
     own = " ".join(ax.get_title(loc).strip() for loc in ("left", "center", "right")).strip()
     suptitle = fig._suptitle.get_text().strip() if getattr(fig, "_suptitle", None) is not None else ""
-    return own or suptitle
+    shared = [other.get_title().strip() for other in ax.get_shared_x_axes().get_siblings(ax) if other is not ax]
+    return own or suptitle or next((t for t in shared if t), "")
+
+
+def _xlabel(ax: Any) -> str:
+    """The axes' x-axis label, else that of an axes sharing its x-axis (stacked panels label the bottom one)."""
+    return next((o.get_xlabel().strip() for o in ax.get_shared_x_axes().get_siblings(ax) if o.get_xlabel().strip()), "")
 
 
 def _drawn_axes(fig: Any) -> list[Any]:
@@ -44,9 +51,14 @@ def _series(ax: Any) -> list[tuple[str, np.ndarray]]:
     return out
 
 
+#: What a series' label says when it lies on another series' points (``mark_coinciding``).
+SAME_AS = "same points as"
+
+
 def coinciding_series(ax: Any) -> list[tuple[str, str]]:
-    """Pairs of series (by label) of ``ax`` drawn on exactly the same points: the later hides the earlier.
-    Reference lines (one value across the axes, e.g. y = 1) are left out."""
+    """Pairs of series (by label) of ``ax`` drawn on exactly the same points, the later hiding the earlier, that
+    no label declares (``mark_coinciding``). Reference lines (one value across the axes, e.g. y = 1) are left
+    out."""
     series = [
         (label, points)
         for label, points in _series(ax)
@@ -55,9 +67,24 @@ def coinciding_series(ax: Any) -> list[tuple[str, str]]:
     pairs = []
     for i, (first, a) in enumerate(series):
         for second, b in series[i + 1 :]:
-            if a.shape == b.shape and np.allclose(a, b, equal_nan=True):
+            if a.shape == b.shape and np.allclose(a, b, equal_nan=True) and SAME_AS not in f"{first} {second}":
                 pairs.append((first, second))
     return pairs
+
+
+def mark_coinciding(ax: Any) -> None:
+    """Say in the label of every line of ``ax`` that lies on an earlier line's points which one it hides
+    ("lookup (tool-agent), same points as lookup (chat-revision)"), so the legend names the series the
+    figure cannot show apart; call it before drawing the legend."""
+    lines = [line for line in ax.lines if line.get_visible() and len(line.get_xdata()) > 1]
+    for i, line in enumerate(lines):
+        points = np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float)
+        for earlier in lines[:i]:
+            other = np.column_stack([earlier.get_xdata(), earlier.get_ydata()]).astype(float)
+            flat = np.allclose(other[:, 1], other[0, 1]) and len(np.unique(other[:, 0])) <= 2
+            if not flat and other.shape == points.shape and np.allclose(other, points, equal_nan=True):
+                line.set_label(f"{line.get_label()}, {SAME_AS} {earlier.get_label()}")
+                break
 
 
 def figure_problems(fig: Any) -> list[str]:
@@ -71,7 +98,7 @@ def figure_problems(fig: Any) -> list[str]:
         name = f"axes {number}" + (f" ({ax.get_title()!r})" if ax.get_title() else "")
         if not _title(fig, ax):
             problems.append(f"{name}: no title")
-        if not ax.get_xlabel().strip():
+        if not _xlabel(ax):
             problems.append(f"{name}: no x-axis label")
         if not ax.get_ylabel().strip():
             problems.append(f"{name}: no y-axis label")

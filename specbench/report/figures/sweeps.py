@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 
 from specbench.bench.paired import wilson_interval
+from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import (
     POLICY_MARKERS,
     POLICY_STYLES,
@@ -87,7 +88,8 @@ def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, re
 
 
 def _legend_below(ax: Any) -> None:
-    """The legend under the axes, where it hides no point."""
+    """The legend under the axes, where it hides no point, naming lines hidden under others."""
+    mark_coinciding(ax)
     ax.legend(ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False)
 
 
@@ -204,7 +206,7 @@ def category_speedups(best: pl.DataFrame, title: str = "Speedup by prompt catego
     ax.set_xlabel("prompt category")
     ax.set_ylabel("speedup over plain decoding (x)")
     note = sample_note(rows, what="prompt runs")
-    ax.set_title(f"{title}\n({note})" if note else title)
+    ax.set_title(f"{title}\n({note})" if note else title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     top = np.nanmax(rows["speedup"].to_numpy().astype(float)) if len(rows) else 1.0
     ax.set_ylim(0, 1.3 * max(1.0, top))  # room for the legend above the bars
