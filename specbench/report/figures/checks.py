@@ -103,6 +103,10 @@ def figure_problems(fig: Any) -> list[str]:
         if not ax.get_ylabel().strip():
             problems.append(f"{name}: no y-axis label")
         problems += [f"{name}: series {a!r} and {b!r} coincide (one hides the other)" for a, b in coinciding_series(ax)]
+    if not hasattr(fig.canvas, "get_renderer"):  # a Figure built without pyplot: give it a raster canvas
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     width, height = fig.canvas.get_width_height()
