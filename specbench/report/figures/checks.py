@@ -62,7 +62,8 @@ def coinciding_series(ax: Any) -> list[tuple[str, str]]:
     series = [
         (label, points)
         for label, points in _series(ax)
-        if not (np.allclose(points[:, 1], points[0, 1]) and len(np.unique(points[:, 0])) <= 2)
+        if not str(label).startswith("_")  # matplotlib's own parts (error bars, caps), drawn with their series
+        and not (np.allclose(points[:, 1], points[0, 1]) and len(np.unique(points[:, 0])) <= 2)
     ]
     pairs = []
     for i, (first, a) in enumerate(series):
@@ -92,8 +93,8 @@ def figure_problems(fig: Any) -> list[str]:
     axes with data, every artist's tight bounding box inside the canvas, no two series on the same points."""
     problems = []
     axes = _drawn_axes(fig)
-    if not axes:
-        return ["no axes with data"]
+    if not axes:  # a panel that says why it is empty (``style.no_data``) is a figure of what was measured
+        return [] if any(ax.texts for ax in fig.axes) else ["no axes with data, and no note saying why"]
     for number, ax in enumerate(axes, 1):
         name = f"axes {number}" + (f" ({ax.get_title()!r})" if ax.get_title() else "")
         if not _title(fig, ax):

@@ -253,7 +253,7 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
         ax.set_xlim(temps[0] - pad, temps[-1] + pad)
     left.set_ylim(0, 1.02)
     left.set_ylabel(
-        "draft tokens accepted / drafted\n(bars: 95% Wilson interval, drafts as independent; numbers: tokens drafted)"
+        "draft tokens accepted / drafted\n(bars: 95% Wilson interval,\ndrafts as independent;\nnumbers: tokens drafted)"
     )
     left.set_title("Acceptance rate")
     right.axhline(1.0, color="0.3", lw=0.9)
@@ -262,6 +262,8 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
     for ax in (left, right):
         ax.set_xlabel("temperature (0 = greedy)")
         ax.grid(alpha=0.3)
+    mark_coinciding(left)
+    mark_coinciding(right)
     left.legend()
     note = sample_note(rows, what="runs (prompts x seeds)")
     fig.suptitle(f"{title} ({note})" if note else title)
