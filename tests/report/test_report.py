@@ -486,9 +486,9 @@ def _notebook(path: Path, parameters: str, body: str) -> None:
 
 
 def test_unknown_parameters_are_one_clear_error(tmp_path):
-    _notebook(tmp_path / "quickstart.ipynb", 'model = "m"\nmax_tokens = 12\ndrafters = ["lookup"]', "pass")
+    _notebook(tmp_path / "quickstart.ipynb", 'model = "m"\nmax_tokens = 12\ndrafters = ["lookup"]\npairs = 2', "pass")
     names = ["quickstart"]
-    known = r"unknown parameter\(s\) 'max_tokns'.*Known parameters: drafters, max_tokens, model"
+    known = r"unknown parameter\(s\) 'max_tokns'.*Known parameters: drafters, max_tokens, model, pairs"
     with pytest.raises(ValueError, match=known):
         report.resolve_parameters("quick", {"max_tokns": "3"}, names, tmp_path)
     with pytest.raises(ValueError, match="set by the report"):
@@ -510,7 +510,7 @@ def test_run_report_keeps_failures_and_resumes(tmp_path):
     notebooks.mkdir()
     _notebook(
         notebooks / "quickstart.ipynb",
-        'model = "m"\nmax_tokens = 12',
+        'model = "m"\nmax_tokens = 12\npairs = 2',
         (
             "import matplotlib.pyplot as plt\nfrom specbench.report import Outputs\n"
             "out = Outputs(output_dir, 'quickstart')\nfig, ax = plt.subplots()\nax.plot([1, 2], [max_tokens, 3])\n"
@@ -551,7 +551,7 @@ def test_resume_reruns_notebooks_whose_outputs_are_gone_or_that_were_interrupted
     notebooks.mkdir()
     _notebook(
         notebooks / "quickstart.ipynb",
-        'model = "m"\nmax_tokens = 12',
+        'model = "m"\nmax_tokens = 12\npairs = 2',
         (
             "import matplotlib.pyplot as plt\nimport polars as pl\nfrom specbench.report import Outputs\n"
             "out = Outputs(output_dir, 'quickstart')\nfig, ax = plt.subplots()\nax.plot([1, 2])\n"
