@@ -6,6 +6,7 @@ import ast
 import html
 import json
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -56,8 +57,12 @@ def test_quick_profile_runs_every_notebook(tmp_path):
     statuses = {r.notebook: (r.status, r.error) for r in result.results}
     assert all(status == "done" for status, _ in statuses.values()), statuses
     page = (tmp_path / "quick" / "index.html").read_text()
+    local = [str(tmp_path), str(report.PROJECT_ROOT), sys.prefix, str(Path.home())]
     for name in report.NOTEBOOKS:
         assert (tmp_path / "quick" / f"{name}.html").stat().st_size > 10_000
+        text = (tmp_path / "quick" / f"{name}.html").read_text()
+        assert not [p for p in local if p in text], f"{name}.html shows a local path"
+        assert "\\x" not in text.split("<body", 1)[1].split("data:image", 1)[0], f"{name}.html escapes characters"
         assert f'href="{name}.html"' in page
         summary = json.loads((tmp_path / "quick" / name / "summary.json").read_text())
         assert summary["figures"], f"{name} drew no figure"
@@ -66,6 +71,8 @@ def test_quick_profile_runs_every_notebook(tmp_path):
             assert (tmp_path / "quick" / figure).with_suffix(".svg").exists()
         # only drafters the miniature lacks (an MTP head) may be skipped
         assert all(section.startswith("drafter ") for section in summary["skipped"]), summary["skipped"]
+        # every figure titled, labelled, inside its canvas, no series hidden (figures.checks)
+        assert not summary.get("figure_problems"), (name, summary["figure_problems"])
         assert len(summary["verdict"]) > 40, f"{name} ends without a verdict"  # in words, from its numbers
         assert html.escape(summary["verdict"]) in page[: page.index("<table")]  # the index opens with every verdict
     sweep = json.loads((tmp_path / "quick" / "draft_length_sweep" / "summary.json").read_text())
