@@ -104,9 +104,7 @@ def warn_fallback(kernel: str, reason: str) -> None:
     )
 
 
-def gemv_matches(
-    dtype: mx.Dtype, accumulate: str, rows: Sequence[int] = PROBE_ROWS, seed: int = 0
-) -> dict[str, Any]:
+def gemv_matches(dtype: mx.Dtype, accumulate: str, rows: Sequence[int] = PROBE_ROWS, seed: int = 0) -> dict[str, Any]:
     """Whether ``gemv_rows`` with ``accumulate`` equals MLX's one-row product ``x @ w.T`` on every row,
     for every shape of ``PROBE_SHAPES`` (and a K of 64 and of 32 times an odd number, MLX's other lane
     widths) and every row count in ``rows``; with the rows that differed."""
