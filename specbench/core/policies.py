@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from specbench.core.log import StepLog
@@ -22,11 +23,32 @@ LENIENT_SPEEDUP = 0.5
 LENIENT_AFTER = 4
 
 
-class DraftPolicy:
-    """Decides the draft length of each step from the step log.
+@dataclass(frozen=True)
+class Speculate:
+    """Draft ``k`` tokens and verify them; ``probing``: a probe whose drafts are expected to be rejected
+    (a pipelined target then queues the plain step after a full rejection while it verifies)."""
 
-    ``next_k`` returns the number of tokens to draft (0: decode the next steps plainly, for
-    ``plain_run()`` steps). Construct with ``DraftPolicy.fixed(n)``, ``.adaptive(n)`` or ``.auto()``.
+    k: int
+    probing: bool = False
+
+
+@dataclass(frozen=True)
+class Plain:
+    """Decode ``n`` plain steps; ``shadow``: tokens to draft first and not verify, logged on the stretch's
+    first step (``draft_tokens``, ``draft_s``) for the policy to compare with the tokens decoded."""
+
+    n: int
+    shadow: int = 0
+
+
+#: What a policy answers once per step.
+Decision = Speculate | Plain
+
+
+class DraftPolicy:
+    """Decides each step from the step log: ``decide`` answers ``Speculate(k)`` or ``Plain(n)``.
+
+    Construct with ``DraftPolicy.fixed(n)``, ``.adaptive(n)`` or ``.auto()``.
     """
 
     name = "policy"
@@ -37,25 +59,17 @@ class DraftPolicy:
         """Reset for a new generation; ``break_even(k)``: tokens a verification of k drafts must yield."""
         self._seen = 0
 
-    def next_k(self, log: StepLog, drafter: Any) -> int:
+    def decide(self, log: StepLog, drafter: Any) -> Decision:
+        """The next step, from the records logged since the last decision."""
         for record in log.records[self._seen :]:
             self._observe(record)
         self._seen = len(log.records)
-        return self._k(drafter)
+        k = self._k(drafter)
+        return Speculate(k) if k > 0 else Plain(self._plain_run())
 
-    def plain_run(self) -> int:
-        """How many plain steps to take after ``next_k`` returned 0."""
+    def _plain_run(self) -> int:
+        """How many plain steps to take when ``_k`` returned 0."""
         return 1
-
-    def shadow_k(self) -> int:
-        """Tokens to draft unverified before the plain stretch ``next_k`` asked for (0: none); logged on
-        its first step (``draft_tokens``, ``draft_s``), compared with the tokens decoded."""
-        return 0
-
-    def probing(self) -> bool:
-        """Whether the verification ``next_k`` just asked for is a probe whose drafts are expected to be
-        rejected: the target then queues the plain step after a full rejection while it verifies."""
-        return False
 
     def longest_draft(self, drafter: Any) -> int:
         """The longest draft this policy may ask of ``drafter`` (the widths a verifier must be ready for)."""
@@ -150,7 +164,7 @@ class AdaptivePolicy(DraftPolicy):
     def _k(self, drafter: Any) -> int:
         return 0 if self.remaining > 0 else self.n
 
-    def plain_run(self) -> int:
+    def _plain_run(self) -> int:
         return max(1, self.remaining)
 
     def longest_draft(self, drafter: Any) -> int:
@@ -162,7 +176,7 @@ class AutoPolicy(DraftPolicy):
 
     Each decision (a speculative step, a stretch of plain steps) is timed end to end with ``clock``. It
     starts with ``probe_tokens`` plain tokens, timing plain decoding. Each plain stretch starts with an
-    unverified draft (``shadow_k``; as long as a probe's when drafting costs, see ``cost_per_token``):
+    unverified draft (``Plain.shadow``; as long as a probe's when drafting costs, see ``cost_per_token``):
     compared with the tokens decoded, it measures acceptance for the cost of drafting. Probes (speculation
     starting, or resuming after a pause) draft the envelope's cheapest length, lengthening only as whole
     drafts are seen accepted (``ramp``), and are made only where the
@@ -323,23 +337,24 @@ class AutoPolicy(DraftPolicy):
             self.ramp = max(self.ramp, min(self.envelope[-1], 2 * accepted))
 
     # -- the measurements -------------------------------------------------------------------------
-    def next_k(self, log: StepLog, drafter: Any) -> int:
+    def decide(self, log: StepLog, drafter: Any) -> Decision:
         now = self.clock()
         new = log.records[self._seen :]
         self._seen = len(log.records)
         self._account(new, now - self._since)
         k = self._k(drafter)
         self._decision = "speculative" if k > 0 else "plain"
+        decision = Speculate(k, self._probing()) if k > 0 else Plain(self._plain_run(), self._shadow_k())
         self._since = self.clock()
-        return k
+        return decision
 
-    def probing(self) -> bool:
+    def _probing(self) -> bool:
         """A measured probe (speculation starting, or resuming after a pause) while the acceptance measured so
         far is at most one half: the plain step after its full rejection is queued while it verifies, so
         falling back costs no pipeline restart (a draft accepted after all leaves that step unused)."""
         return self.measured and not self.measured_so_far.speculative and self.acceptance() <= 0.5
 
-    def shadow_k(self) -> int:
+    def _shadow_k(self) -> int:
         """While measuring (none with ``shadow=False`` or ``measured=False``): the longest envelope length for
         a drafter that drafts for free, else the length a probe would draft now (``ramp``), so that a model
         drafter (an MTP head, a draft model) pays for few sequential steps while its drafts are rejected."""
@@ -457,7 +472,7 @@ class AutoPolicy(DraftPolicy):
             self.k = self._best_k()
         return self.k
 
-    def plain_run(self) -> int:
+    def _plain_run(self) -> int:
         return max(1, self.remaining) if self.k else 1 << 30
 
 

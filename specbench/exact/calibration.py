@@ -156,20 +156,23 @@ def _save(calibration: Calibration) -> None:
 
 
 def calibrated_plans(model: nn.Module) -> Callable[[int], ExactPlan]:
-    """The plan per width from ``model``'s calibration, calibrating a width on its first use."""
+    """The plan per width from ``model``'s calibration, read once here; a width it lacks is calibrated on
+    its first use."""
     ref = weakref.ref(model)
+    stored = load_calibration(model)
+    levels = {w: c.level for w, c in stored.widths.items()} if stored is not None else {}
     plans: dict[int, ExactPlan] = {}
 
     def resolve(width: int) -> ExactPlan:
         plan = plans.get(width)
         if plan is None:
-            m = ref()
-            if m is None:
-                raise ValueError("the model of this exact_mode was freed")
-            calibration = load_calibration(m)
-            if calibration is None or width not in calibration.widths:
-                calibration = calibrate(m, [width])
-            plan = plans[width] = ExactPlan.parse(calibration.level_for(width))
+            level = levels.get(width)
+            if level is None:
+                m = ref()
+                if m is None:
+                    raise ValueError("the model of this exact_mode was freed")
+                level = calibrate(m, [width]).level_for(width)
+            plan = plans[width] = ExactPlan.parse(level)
         return plan
 
     return resolve

@@ -10,7 +10,7 @@ import pytest
 
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.measured import Measured
-from specbench.core.policies import AutoPolicy, DraftPolicy
+from specbench.core.policies import AutoPolicy, DraftPolicy, Plain
 
 
 class FakeClock:
@@ -52,10 +52,10 @@ def run(
         return [p if right(p) else -1 for p in range(done, done + k)]
 
     while done < tokens:
-        k = policy.next_k(log, Drafter())
-        if k == 0:
-            n = min(policy.plain_run(), tokens - done)
-            shadow = draft(policy.shadow_k()) if n > 1 else []
+        decision = policy.decide(log, Drafter())
+        if isinstance(decision, Plain):
+            n = min(decision.n, tokens - done)
+            shadow = draft(decision.shadow) if n > 1 else []
             clock.now += draft_s if shadow else 0.0
             for i in range(n):
                 clock.now += plain_s
@@ -66,6 +66,7 @@ def run(
                 log.append(record)
                 done += 1
         else:
+            k = decision.k
             if settle and log.records[-1]["kind"] == "plain" and tokens - done > 1:
                 clock.now += plain_s
                 record = StepRecord(step=len(log), position=done, kind="plain", emitted=1, verify_s=plain_s)
@@ -244,8 +245,7 @@ def test_auto_takes_a_wider_draft_that_costs_less_on_the_envelope():
     # a length even a full acceptance cannot pay for is left out; none at all: plain throughout
     policy = DraftPolicy.auto(clock=clock)
     policy.start(Drafter(), lambda k: k + 1.5)
-    assert policy.k == 0 and policy.next_k(StepLog(), Drafter()) == 0 and policy.plain_run() > 10**6
-    assert policy.shadow_k() == 0
+    assert policy.k == 0 and policy.decide(StepLog(), Drafter()) == Plain(1 << 30, 0)
 
 
 def test_drafts_lengthen_only_as_whole_drafts_are_accepted():
@@ -277,25 +277,26 @@ def test_a_drafter_that_costs_shadows_only_what_a_probe_would_draft():
     free, costly = DraftPolicy.auto(clock=FakeClock()), DraftPolicy.auto(clock=FakeClock())
     free.start(Drafter(), curve.__getitem__)
     costly.start(Costly(), curve.__getitem__)
-    assert free.shadow_k() == 8 and costly.shadow_k() == costly.envelope[0] == 1
+    assert free.decide(StepLog(), Drafter()).shadow == 8
     # the first stretch's unverified draft of 1 token is accepted whole: the next one may be twice as long
     log = StepLog([StepRecord(step=0, position=0, kind="prefill", emitted=1, verify_s=0.1).__dict__])
-    assert costly.next_k(log, Costly()) == 0
-    for i in range(costly.plain_run()):
+    first = costly.decide(log, Costly())
+    assert isinstance(first, Plain) and first.shadow == costly.envelope[0] == 1
+    for i in range(first.n):
         record = StepRecord(step=i + 1, position=i + 1, kind="plain", emitted=1, verify_s=0.01, paused=True)
         record.tokens = [100 + i]
         if i == 0:
             record.draft_tokens, record.draft_s = [100], 0.001
         log.append(record)
-    costly.next_k(log, Costly())
-    assert costly.shadow_k() == 2
+    costly.decide(log, Costly())
+    assert costly.ramp == 2  # the length of its next unverified draft (and of a probe)
 
 
 def test_with_break_even_rule_tokens_are_held_to_their_break_even():
     """measured=False (the default with a fixed break-even): tokens vs break-even over a window."""
     clock = FakeClock()
     policy = DraftPolicy.auto(window=4, pause_tokens=5, break_even=1.5)
-    assert not policy.measured and policy.shadow_k() == 0
+    assert not policy.measured
     log = run(policy, clock, 60, plain_s=0.004, spec_s=lambda k: 0.001, right=never)
     assert kinds(log)[:9] == ["verify"] * 4 + ["plain"] * 5
     assert policy.k == 4  # the preferred length: acceptance only moves k when measured
@@ -327,7 +328,6 @@ def test_policies_say_the_longest_draft_they_may_ask():
     assert DraftPolicy.adaptive(6).longest_draft(Drafter()) == 6
     assert DraftPolicy.auto().longest_draft(Drafter()) == 8
     assert DraftPolicy.auto(max_k=2).longest_draft(Drafter()) == 2
-    assert DraftPolicy.fixed(3).shadow_k() == 0 and DraftPolicy.adaptive(6).shadow_k() == 0
 
 
 def test_always_wrong_drafter_drives_auto_to_plain_and_output_stays_exact():
@@ -368,7 +368,7 @@ def test_a_tree_accepted_to_its_depth_counts_as_wholly_accepted(tree_depth, reje
     policy.start(Drafter(), prior)
     log = StepLog()
     log.append(StepRecord(step=0, position=0, kind="prefill", emitted=1, verify_s=0.1))
-    policy.next_k(log, Drafter())
+    policy.decide(log, Drafter())
     policy._decision = "speculative"
     record = StepRecord(
         step=1, position=1, kind="verify", k_requested=6, k_drafted=6, accepted=3, emitted=4, tree_depth=tree_depth
@@ -376,7 +376,7 @@ def test_a_tree_accepted_to_its_depth_counts_as_wholly_accepted(tree_depth, reje
     record.verify_s, record.tokens = 0.01, [1, 2, 3, 4]
     log.append(record)
     clock.now += 0.01
-    policy.next_k(log, Drafter())
+    policy.decide(log, Drafter())
     assert (policy.accepted, policy.rejected) == (3, rejected)
 
 
