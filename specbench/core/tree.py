@@ -213,13 +213,13 @@ def tree_attention(model: nn.Module, cache: list[Any], parents: Sequence[int]) -
     the cache and its ancestors to attend to, at the position of its depth."""
     modules = attention_modules(model, cache)
     state = _TreeState(parents, cache)
-    _open.append(state)
+    open_trees.append(state)
     depth = mx.array([0] + depths(parents), dtype=mx.int32)
     try:
         with _swapped(modules, state, lambda rope: _TreeRoPE(rope, depth)):
             yield
     finally:
-        _open.remove(state)
+        open_trees.remove(state)
 
 
 class _RowsState:
@@ -293,18 +293,18 @@ def _swapped(modules: Sequence[nn.Module], state: Any, make_rope: Any) -> Iterat
 
 _NO_ROPE = object()
 
-#: Tree forwards in progress (innermost last).
-_open: list[_TreeState] = []
+#: Tree forwards in progress (innermost last): exact mode's attention asks ``visible_rows`` only while one is.
+open_trees: list[_TreeState] = []
 
 
 def tree_forward(width: int) -> bool:
     """Whether a tree forward of ``width`` rows is open (its model call runs in one piece)."""
-    return bool(_open) and _open[-1].width == width
+    return bool(open_trees) and open_trees[-1].width == width
 
 
 def visible_rows(width: int) -> list[list[int]] | None:
     """While a tree forward of ``width`` rows runs: for each row, the rows it attends (its ancestors
     and itself, in order; row 0 the root). None when no tree forward of that width runs."""
-    if _open and _open[-1].in_call and _open[-1].width == width:
-        return _open[-1].visible
+    if open_trees and open_trees[-1].in_call and open_trees[-1].width == width:
+        return open_trees[-1].visible
     return None

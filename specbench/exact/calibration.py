@@ -155,27 +155,25 @@ def _save(calibration: Calibration) -> None:
         write_json_atomic(path, calibration.to_json())
 
 
+class _Plans(dict):
+    """Plans by width, parsed up front; a width missing is calibrated on its first use."""
+
+    def __init__(self, model: nn.Module, stored: Calibration | None):
+        super().__init__({w: ExactPlan.parse(c.level) for w, c in stored.widths.items()} if stored else {})
+        self.model = weakref.ref(model)
+
+    def __missing__(self, width: int) -> ExactPlan:
+        model = self.model()
+        if model is None:
+            raise ValueError("the model of this exact_mode was freed")
+        plan = self[width] = ExactPlan.parse(calibrate(model, [width]).level_for(width))
+        return plan
+
+
 def calibrated_plans(model: nn.Module) -> Callable[[int], ExactPlan]:
     """The plan per width from ``model``'s calibration, read once here; a width it lacks is calibrated on
     its first use."""
-    ref = weakref.ref(model)
-    stored = load_calibration(model)
-    levels = {w: c.level for w, c in stored.widths.items()} if stored is not None else {}
-    plans: dict[int, ExactPlan] = {}
-
-    def resolve(width: int) -> ExactPlan:
-        plan = plans.get(width)
-        if plan is None:
-            level = levels.get(width)
-            if level is None:
-                m = ref()
-                if m is None:
-                    raise ValueError("the model of this exact_mode was freed")
-                level = calibrate(m, [width]).level_for(width)
-            plan = plans[width] = ExactPlan.parse(level)
-        return plan
-
-    return resolve
+    return _Plans(model, load_calibration(model)).__getitem__
 
 
 # -- calibrating -----------------------------------------------------------------------------
