@@ -171,8 +171,7 @@ class _Plans(dict):
 
 
 def calibrated_plans(model: nn.Module) -> Callable[[int], ExactPlan]:
-    """The plan per width from ``model``'s calibration, read once here; a width it lacks is calibrated on
-    its first use."""
+    """The plan per width from ``model``'s calibration, read once; a width it lacks is calibrated when first used."""
     return _Plans(model, load_calibration(model)).__getitem__
 
 
