@@ -441,7 +441,7 @@ def auto_run(model: Any, prompt: list[int], tokens: int, mode: str, drafter: Ora
         "paused": stats["pauses"],
         "pauses": policy.pauses,
         "extensions": policy.extensions,
-        "shadows": policy.shadows,
+        "shadows": policy.evidence.shadows,
         "ks": " ".join(map(str, sorted({r["k_requested"] for r in gen.log if r["kind"] == "verify"}))),
     }
 

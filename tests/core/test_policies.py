@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from specbench.core.auto import Measured
 from specbench.core.log import StepLog, StepRecord
-from specbench.core.measured import Measured
 from specbench.core.policies import AutoPolicy, DraftPolicy, Plain
 
 
@@ -133,7 +133,7 @@ def test_a_failed_probe_costs_one_verification_at_the_cheapest_length():
     log = run(policy, clock, 3000, 0.004, lambda k: 0.004 * curve(k), never, curve, draft_s=1e-5)
     found = probes(log)
     assert [len(p) for p in found] == [1] * len(found)  # the kill switch acts after one losing verification
-    assert all(r["k_drafted"] == policy.envelope[0] == 1 for p in found for r in p)
+    assert all(r["k_drafted"] == policy.costs.lengths[0] == 1 for p in found for r in p)
     assert 1 <= len(found) <= 8  # shadow drafts keep it from probing while they see nothing accepted
     loss = loss_in_plain_steps(log, clock, 0.004)
     # each probe: its verification (1.4 steps for 1 token: 0.4 lost); each draft, verified or not: 2.5e-3 steps
@@ -150,7 +150,7 @@ def test_no_verification_where_the_prior_says_the_measured_acceptance_cannot_pay
     policy = DraftPolicy.auto(clock=clock)
     curve = lambda k: 3.0 + 0.2 * k  # noqa: E731
     log = run(policy, clock, 500, 0.004, lambda k: 0.004 * curve(k), never, curve, draft_s=1e-5)
-    assert policy.envelope[0] >= 3 and not probes(log) and policy.extensions >= 3
+    assert policy.costs.lengths[0] >= 3 and not probes(log) and policy.extensions >= 3
     assert loss_in_plain_steps(log, clock, 0.004) < 0.05  # the unverified drafts only
     # the same curve with a drafter that is right 80 % of the time: it probes, and speculates
     policy = DraftPolicy.auto(clock=clock)
@@ -176,7 +176,7 @@ def test_auto_falls_back_to_plain_when_its_speculative_seconds_per_token_exceed_
     policy = DraftPolicy.auto(clock=clock, pause_tokens=32)
     # Measured, a step costs 2.5x what the prior says; half the drafted positions are right: never worth it.
     log = run(policy, clock, 400, plain_s=0.004, spec_s=lambda k: 0.01 * prior(k), right=at_rate(0.5))
-    assert policy.plain_seconds_per_token() == pytest.approx(0.004)
+    assert policy.evidence.measured.plain_seconds_per_token() == pytest.approx(0.004)
     assert kinds(log)[:8] == ["plain"] * 8  # plain decoding timed first
     assert policy.pauses >= 1 and kinds(log).count("plain") > 370
     assert loss_in_plain_steps(log, clock, 0.004) < 8
@@ -189,7 +189,7 @@ def test_auto_keeps_speculating_when_measured_cheaper_per_token():
     assert policy.pauses == 0
     assert kinds(log).count("plain") == policy.probe_tokens  # the one plain stretch, which timed plain decoding
     assert policy.k == 8  # every draft accepted: drafts lengthened to the longest
-    assert policy.speculative_seconds_per_token() < policy.plain_seconds_per_token()
+    assert policy.evidence.measured.speculative_seconds_per_token() < policy.evidence.measured.plain_seconds_per_token()
 
 
 def test_prior_would_pause_but_measurement_keeps_speculating():
@@ -230,7 +230,7 @@ def test_auto_takes_a_wider_draft_that_costs_less_on_the_envelope():
     curve = {1: 1.9, 2: 2.6, 3: 3.2, 4: 4.0, 5: 4.6, 6: 5.0, 7: 5.4, 8: 3.3}
     policy = DraftPolicy.auto(measured=False)
     policy.start(Drafter(), curve.__getitem__)
-    assert policy.envelope == [1, 2, 3, 8]
+    assert policy.costs.lengths == [1, 2, 3, 8]
     assert policy.k == 8  # the preferred 4 moved onto the envelope
     # measured: lengths come from the envelope only, the longest once drafts are accepted
     clock = FakeClock()
@@ -241,7 +241,7 @@ def test_auto_takes_a_wider_draft_that_costs_less_on_the_envelope():
     # where every wider draft costs more the preferred length stays
     policy = DraftPolicy.auto(measured=False)
     policy.start(Drafter(), lambda k: 1.0 + 0.3 * k)
-    assert policy.k == 4 and policy.envelope == list(range(1, 9))
+    assert policy.k == 4 and policy.costs.lengths == list(range(1, 9))
     # a length even a full acceptance cannot pay for is left out; none at all: plain throughout
     policy = DraftPolicy.auto(clock=clock)
     policy.start(Drafter(), lambda k: k + 1.5)
@@ -259,7 +259,7 @@ def test_drafts_lengthen_only_as_whole_drafts_are_accepted():
     # an unverified draft accepted whole counts too: the first verification is already long
     policy = DraftPolicy.auto(clock=clock)
     log = run(policy, clock, 200, 0.004, lambda k: 0.003 * curve[k], always, break_even=curve.__getitem__)
-    assert policy.shadows == 1 and [r["k_requested"] for r in log if r["kind"] == "verify"][0] >= 7
+    assert policy.evidence.shadows == 1 and [r["k_requested"] for r in log if r["kind"] == "verify"][0] >= 7
     # every other position wrong: short drafts
     policy = DraftPolicy.auto(clock=clock)
     run(policy, clock, 200, 0.004, lambda k: 0.003 * curve[k], lambda p: p % 2 == 0, break_even=curve.__getitem__)
@@ -281,7 +281,7 @@ def test_a_drafter_that_costs_shadows_only_what_a_probe_would_draft():
     # the first stretch's unverified draft of 1 token is accepted whole: the next one may be twice as long
     log = StepLog([StepRecord(step=0, position=0, kind="prefill", emitted=1, verify_s=0.1).__dict__])
     first = costly.decide(log, Costly())
-    assert isinstance(first, Plain) and first.shadow == costly.envelope[0] == 1
+    assert isinstance(first, Plain) and first.shadow == costly.costs.lengths[0] == 1
     for i in range(first.n):
         record = StepRecord(step=i + 1, position=i + 1, kind="plain", emitted=1, verify_s=0.01, paused=True)
         record.tokens = [100 + i]
@@ -289,7 +289,7 @@ def test_a_drafter_that_costs_shadows_only_what_a_probe_would_draft():
             record.draft_tokens, record.draft_s = [100], 0.001
         log.append(record)
     costly.decide(log, Costly())
-    assert costly.ramp == 2  # the length of its next unverified draft (and of a probe)
+    assert costly.evidence.ramp == 2  # the length of its next unverified draft (and of a probe)
 
 
 def test_with_break_even_rule_tokens_are_held_to_their_break_even():
@@ -357,7 +357,7 @@ def test_always_wrong_drafter_drives_auto_to_plain_and_output_stays_exact():
     assert policy.pauses >= 1 and len(paused) > 100
     # probes stay at the cheapest length (how many verifications a probe takes depends on this CPU's timings)
     assert len(verifies) <= 24 and all(r["k_drafted"] == 1 for r in verifies)
-    assert len(shadowed) >= policy.shadows >= 2 and all(r["draft_s"] > 0 for r in shadowed)
+    assert len(shadowed) >= policy.evidence.shadows >= 2 and all(r["draft_s"] > 0 for r in shadowed)
 
 
 @pytest.mark.parametrize(("tree_depth", "rejected"), [(3, 0), (0, 1)])
@@ -377,7 +377,7 @@ def test_a_tree_accepted_to_its_depth_counts_as_wholly_accepted(tree_depth, reje
     log.append(record)
     clock.now += 0.01
     policy.decide(log, Drafter())
-    assert (policy.accepted, policy.rejected) == (3, rejected)
+    assert (policy.evidence.accepted, policy.evidence.rejected) == (3, rejected)
 
 
 @pytest.mark.parametrize("right", [never, at_rate(0.5)], ids=["never", "half"])
