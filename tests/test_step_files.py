@@ -23,7 +23,7 @@ from specbench.drafters import PromptLookup
 #: The step in one line, naming every file of specbench it runs code in (README.md's "How one step runs").
 DEFAULT_STEP = (
     "core/engine.py (the loop: draft, verify, stop, record, emit) → core/policies.py + core/auto.py (the decision "
-    "and its evidence) → drafters/lookup.py + core/draft.py (the draft) → core/pipeline.py → core/target.py (the target; "
+    "and its evidence) → drafters/lookup.py + core/draft.py (the draft) → core/target.py (the pipelined target; "
     "forward, accept, rollback: core/forward.py, core/accept.py, core/rollback.py) → exact/verifier.py + "
     "exact/hooks.py + exact/layout.py (exact verification) → core/log.py (the record)"
 )

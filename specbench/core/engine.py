@@ -18,9 +18,8 @@ import mlx.nn as nn
 from specbench.core.draft import Draft, Drafter, as_draft, check_draft
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions, checked_options
-from specbench.core.pipeline import Pipeline
 from specbench.core.policies import DraftPolicy, Plain, Speculate
-from specbench.core.target import ModelTarget, Step, Target
+from specbench.core.target import ModelTarget, Pipeline, Step, Target
 from specbench.core.tree import depths
 from specbench.core.verify import FAST, Verifier
 
