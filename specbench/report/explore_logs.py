@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -175,8 +175,9 @@ def load_recordings(
 ) -> Recordings:
     """The plain greedy outputs of ``model_name`` the report in ``output_dir`` recorded (the draft-length sweep's,
     in ``verify`` mode, "" for the engine's default), priced by ``model``'s cost profile (the stored one, else a
-    quick measurement). When the report holds none, one bundled prompt of each of ``categories`` is decoded
-    plainly here (``max_tokens`` each) and recorded in the report for next time."""
+    quick measurement); a prompt recorded at several lengths keeps its longest output. When the report holds none,
+    one bundled prompt of each of ``categories`` is decoded plainly here (``max_tokens`` each) and recorded in the
+    report for next time."""
     mode = GenerateOptions(verify=verify or None).verify_mode
     outputs = recorded.recorded_outputs(output_dir).filter(
         (pl.col("model") == model_name) & (pl.col("verify") == (verify or ""))
@@ -189,6 +190,7 @@ def load_recordings(
         requests = record(model, [p.ids for p in prompts], options, tokenizer)
         outputs = _outputs_frame(prompts, requests, model_name, max_tokens, verify or "")
         recorded.write_outputs(output_dir, outputs)
+    outputs = outputs.sort("max_tokens", descending=True).unique("id", keep="first").sort("category", "id")
     profile = profile_for(model, mode)
     return Recordings(outputs, model_name, mode, profile, tokenizer, output_dir)
 
@@ -207,7 +209,6 @@ class Replay:
     predicted_speedup: float | None
     measured_speedup: float | None
     drafter_cost: float = 0.0
-    sources: dict[str, int] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
         """The choice's numbers as one row (``ROW_COLUMNS``); the rates are None where nothing was verified."""

@@ -177,3 +177,19 @@ def test_the_widgets_replay_each_choice(recordings):
     assert [v for _, v in app.prompt.options] == ["", "copy", "novel"]
     with pytest.raises(ValueError, match="neither a recorded prompt's id nor a category"):
         LogExplorer(recordings, Choice(prompt="nothing"))
+
+
+def test_load_recordings_takes_this_models_longest_outputs_from_the_report(tmp_path):
+    from specbench.report.explore_logs import load_recordings
+
+    rows = [_row("a", "edit", [1, 2], [3, 4, 5, 6]), _row("a", "edit", [1, 2], [3, 4]), _row("b", "qa", [1], [2, 3])]
+    frame = pl.DataFrame(rows, schema=recorded.OUTPUTS_SCHEMA)
+    other = frame.with_columns(pl.lit("other").alias("model"))
+    recorded.write_outputs(tmp_path, pl.concat([frame, other]))
+    assert len(recorded.recorded_outputs(tmp_path)) == 6
+    tiny = build_tiny("llama", seed=5, scale=2.0)
+    recordings = load_recordings("m", tiny, None, tmp_path)
+    assert recordings.outputs.select("id", "max_tokens").rows() == [("a", 4), ("b", 2)]
+    assert recordings.verify == "exact" and recordings.profile is not None
+    assert "2 plain greedy outputs of m (6 tokens, recorded by test)" in recordings.describe()
+    assert replay(recordings, Choice("lookup", 2, "fixed")).prompts == ["a", "b"]
