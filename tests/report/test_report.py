@@ -519,7 +519,9 @@ def test_run_report_keeps_failures_and_resumes(tmp_path):
         ),
     )
     _notebook(
-        notebooks / "explorer.ipynb", 'models = ["m"]\nmax_tokens = 12', "raise RuntimeError('broken on purpose')"
+        notebooks / "explorer.ipynb",
+        'model = "m"\nk = 3\ngrid_draft_lengths = [1]',
+        "raise RuntimeError('broken on purpose')",
     )
     out = tmp_path / "report"
     first = report.run_report(
