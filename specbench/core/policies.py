@@ -152,7 +152,7 @@ class DraftPolicy:
         (``PEERS``: ``vllm:1-16=3,64=2``, ``sglang``, ``ollama``, ``confidence:0.6``)."""
         known = "auto, fixed:N, adaptive:N, " + ", ".join(f"{name}[:...]" for name in PEERS)
         if not isinstance(spec, str):
-            raise TypeError(f"a policy must be text ({known}), got {spec!r} ({type(spec).__name__})")
+            raise TypeError(f"a policy must be text: {known}, got {spec!r} ({type(spec).__name__})")
         name, _, arg = spec.strip().partition(":")
         if name == "auto" and not arg:
             return DraftPolicy.auto()
