@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from specbench.core.draft import Draft, Drafter, as_draft, check_draft
+from specbench.core.draft import Draft, Drafter, as_draft, check_draft, cut_unconfident
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy, Plain, Speculate
@@ -246,12 +246,14 @@ class Generation:
         if self._remaining() <= 1:
             yield from self._plain_stretch(1, k_requested=decision.k)
         else:
-            yield from self._speculative_step(min(decision.k, self._remaining() - 1), decision.probing)
+            k = min(decision.k, self._remaining() - 1)
+            yield from self._speculative_step(k, decision.probing, decision.min_confidence)
 
-    def _speculative_step(self, k: int, probing: bool) -> Iterator[int]:
-        """Draft, verify (forward, accept, rollback), stop, record, emit."""
+    def _speculative_step(self, k: int, probing: bool, min_confidence: float = 0.0) -> Iterator[int]:
+        """Draft (cut where the drafter's confidence falls under ``min_confidence``), verify (forward,
+        accept, rollback), stop, record, emit."""
         t0 = self.clock()
-        draft = self._draft(k)
+        draft = cut_unconfident(self._draft(k), min_confidence)
         t1 = self.clock()
         if not draft.tokens:  # a plain step instead (2+ tokens remain here), the one after it queued
             yield from self._plain_stretch(1, k_requested=k, draft_s=t1 - t0)

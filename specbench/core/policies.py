@@ -45,10 +45,12 @@ LENIENT_AFTER = 4
 @dataclass(frozen=True)
 class Speculate:
     """Draft ``k`` tokens and verify them; ``probing``: a probe whose drafts are expected to be rejected
-    (a pipelined target then queues the plain step after a full rejection while it verifies)."""
+    (a pipelined target then queues the plain step after a full rejection while it verifies);
+    ``min_confidence``: cut the draft before its first token the drafter gave a lower probability."""
 
     k: int
     probing: bool = False
+    min_confidence: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,10 @@ class Plain:
 
 #: What a policy answers once per step.
 Decision = Speculate | Plain
+
+#: Policies of other engines by text name (``NAME`` or ``NAME:ARGS``): name -> a DraftPolicy class with
+#: ``from_text(args)``; filled by ``specbench.core.peer_policies`` (imported with ``specbench.core``).
+PEERS: dict[str, Any] = {}
 
 
 class DraftPolicy:
@@ -120,16 +126,41 @@ class DraftPolicy:
         return AutoPolicy(max_k, window, pause_tokens, break_even, **measuring)
 
     @staticmethod
+    def vllm_table(table: Any, max_k: int | None = None) -> DraftPolicy:
+        """vLLM's draft length by batch size (``specbench.core.peer_policies.vllm``)."""
+        return PEERS["vllm"](table, max_k)
+
+    @staticmethod
+    def sglang_ema(**settings: Any) -> DraftPolicy:
+        """SGLang's EMA-adaptive tiers (``specbench.core.peer_policies.sglang``)."""
+        return PEERS["sglang"](**settings)
+
+    @staticmethod
+    def ollama_controller(**settings: Any) -> DraftPolicy:
+        """ollama's MLX runner: expected committed tokens per cost (``specbench.core.peer_policies.ollama``)."""
+        return PEERS["ollama"](**settings)
+
+    @staticmethod
+    def confidence(threshold: float = 0.5, max_k: int = 8) -> DraftPolicy:
+        """Stop a draft where the drafter's probability falls under ``threshold``
+        (``specbench.core.peer_policies.threshold``)."""
+        return PEERS["confidence"](threshold, max_k)
+
+    @staticmethod
     def parse(spec: str) -> DraftPolicy:
-        """Build a policy from text: ``auto``, ``fixed:4``, ``adaptive:8``."""
+        """Build a policy from text: ``auto``, ``fixed:4``, ``adaptive:8``, or another engine's policy by name
+        (``PEERS``: ``vllm:1-16=3,64=2``, ``sglang``, ``ollama``, ``confidence:0.6``)."""
+        known = "auto, fixed:N, adaptive:N, " + ", ".join(f"{name}[:...]" for name in PEERS)
         if not isinstance(spec, str):
-            raise TypeError(f"a policy must be text: auto, fixed:N or adaptive:N, got {spec!r} ({type(spec).__name__})")
+            raise TypeError(f"a policy must be text: {known}, got {spec!r} ({type(spec).__name__})")
         name, _, arg = spec.strip().partition(":")
         if name == "auto" and not arg:
             return DraftPolicy.auto()
         if name in ("fixed", "adaptive") and arg.isdigit():
             return getattr(DraftPolicy, name)(int(arg))
-        raise ValueError(f"unknown policy {spec!r}: use auto, fixed:N or adaptive:N (N >= 1)")
+        if name in PEERS:
+            return PEERS[name].from_text(arg)
+        raise ValueError(f"unknown policy {spec!r}: use {known} (N >= 1)")
 
 
 def as_policy(policy: DraftPolicy | str | int) -> DraftPolicy:
