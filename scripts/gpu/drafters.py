@@ -62,7 +62,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.drafters import (
     DraftModel,
     EarlyExit,
-    MtpDrafter,
+    MtpHead,
     best_exit_layer,
     make_drafter,
     shipped_draft_model,
@@ -366,11 +366,11 @@ def train_and_evaluate(args, model, tokenizer, split, config, settings, results,
     write_json_atomic(json_path, results)
 
     results["evaluation"]["mtp (new)"] = new = evaluate(
-        "mtp (new)", model, split, settings, lambda: MtpDrafter(model, head=head)
+        "mtp (new)", model, split, settings, lambda: MtpHead(model, head=head)
     )
     old_head = load_head(model, shipped_head(NAME))
     results["evaluation"]["mtp (shipped)"] = old = evaluate(
-        "mtp (shipped)", model, split, settings, lambda: MtpDrafter(model, head=old_head)
+        "mtp (shipped)", model, split, settings, lambda: MtpHead(model, head=old_head)
     )
     wins = score(new) > score(old)
     results["mtp"].update(
@@ -474,7 +474,7 @@ def evaluate_shipped(model, tokenizer, split, settings, results, deadline, json_
     if not over_budget("mtp (shipped)", deadline, NEEDS_S["drafter eval"], results):
         head = load_head(model, head_path)
         results["evaluation"]["mtp (shipped)"] = evaluate(
-            "mtp (shipped)", model, split, settings, lambda: MtpDrafter(model, head=head)
+            "mtp (shipped)", model, split, settings, lambda: MtpHead(model, head=head)
         )
 
 

@@ -9,7 +9,7 @@ its ratios to plain batched decoding and to mlx-lm, its acceptance, and how many
 theirs; per request, the first position where each engine's output leaves each reference's.
 
 Drafters are named (``lookup``, ``suffix``, ... as ``specbench.drafters.make_drafter`` takes them), or
-``oracle:A``: a controlled-acceptance ``OracleDrafter`` per request, drafting the output of this
+``oracle:A``: a controlled-acceptance ``Oracle`` per request, drafting the output of this
 run's plain batched run of the same batch (recorded before the speculative run starts, so nothing
 but decoding runs inside a timed run). Where a speculative output leaves that recording (a fast
 verify that is not bit-exact: GPUs), the oracle keeps drafting its recording at the same position;
@@ -33,7 +33,7 @@ from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.drafters import make_drafter
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.oracle import Oracle
 
 ORACLE = "oracle"
 
@@ -147,11 +147,11 @@ def _oracle_acceptance(name: str) -> float | None:
 
 def oracle_drafters(
     prompts: Sequence[list[int]], recorded: Sequence[list[int]], acceptance: float, vocab: int, seed: int = 0
-) -> list[OracleDrafter]:
-    """One ``OracleDrafter`` per request, drafting its recorded output at ``acceptance``; after a
+) -> list[Oracle]:
+    """One ``Oracle`` per request, drafting its recorded output at ``acceptance``; after a
     divergence it keeps drafting the recording at the same position (it never runs the model)."""
     return [
-        OracleDrafter(p, r, acceptance, vocab, seed=seed + i, keep_drafting=True)
+        Oracle(p, r, acceptance, vocab, seed=seed + i, keep_drafting=True)
         for i, (p, r) in enumerate(zip(prompts, recorded))
     ]
 

@@ -32,7 +32,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.cost.breakeven import best_k, break_even_acceptance, expected_tokens
 from specbench.cost.experts import expected_distinct_experts, routing
 from specbench.cost.profile import cost_at
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.oracle import Oracle
 
 
 @dataclass
@@ -302,7 +302,7 @@ def batch_speedup_grid(
     warmup_tokens: int = 8,
 ) -> list[dict[str, Any]]:
     """Speedups of batched speculative over plain batched decoding, measured end to end at controlled
-    acceptance (``OracleDrafter`` per request, ``DraftPolicy.fixed(k)``), against the profile's
+    acceptance (``Oracle`` per request, ``DraftPolicy.fixed(k)``), against the profile's
     prediction at the nominal a (``predicted``) and for the steps the run took (``predicted_from_log``),
     with relative errors as ``specbench.cost.grid`` reports them. Cells past ``budget_s`` are left out.
 
@@ -329,7 +329,7 @@ def batch_speedup_grid(
         plain_latency = _request_seconds_per_token(plain)
         plain_predicted = _predicted_seconds(plain, profile)
         oracles = [
-            OracleDrafter(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, keep_drafting=True)
+            Oracle(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, keep_drafting=True)
             for i, (p, r) in enumerate(zip(prompts, plain.requests))
         ]
         for a in acceptances:

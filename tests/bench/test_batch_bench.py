@@ -13,7 +13,7 @@ from specbench.bench.batch_bench import bench_batch, oracle_drafters
 from specbench.core.batch import BatchGeneration
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.oracle import Oracle
 from specbench.inputs.prompts import questions_from, render_prompt
 
 PROMPTS = [[5, 17, 3], [9, 5, 17, 3, 9, 5, 17], [44, 2, 8, 5, 17]]
@@ -25,7 +25,7 @@ def model_calls(monkeypatch):
     """A tiny model whose forwards are counted: all of them, and those made while an oracle drafts."""
     model = build_tiny("qwen3")
     calls = {"all": 0, "drafting": 0, "in_draft": False}
-    forward, draft = type(model).__call__, OracleDrafter.draft
+    forward, draft = type(model).__call__, Oracle.draft
 
     def counted_forward(self, *args, **kwargs):
         calls["all"] += 1
@@ -40,7 +40,7 @@ def model_calls(monkeypatch):
             calls["in_draft"] = False
 
     monkeypatch.setattr(type(model), "__call__", counted_forward)
-    monkeypatch.setattr(OracleDrafter, "draft", counted_draft)
+    monkeypatch.setattr(Oracle, "draft", counted_draft)
     return model, calls
 
 

@@ -18,7 +18,7 @@ from specbench.common.identity import kernel_key
 from specbench.core.experts import ExpertCounter
 from specbench.cost.caches import CacheRestore, prefill
 from specbench.drafters.lookup import PromptLookup
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.oracle import Oracle
 from specbench.models import synthetic
 
 PROMPT = list(range(20, 52))
@@ -278,7 +278,7 @@ def test_measure_rejects_bad_input(dense):
 @pytest.mark.parametrize("a", [0.0, 0.6, 1.0])
 def test_oracle_greedy_output_and_acceptance(dense, a):
     n = 60
-    drafter = OracleDrafter.from_model(dense, PROMPT, n, a, seed=3)
+    drafter = Oracle.from_model(dense, PROMPT, n, a, seed=3)
     plain = list(generate(dense, PROMPT, GenerateOptions(max_tokens=n, ignore_eos=True)))
     assert drafter.continuation == plain
     gen = speculative_generate(
@@ -303,7 +303,7 @@ def test_oracle_greedy_output_and_acceptance(dense, a):
 
 
 def test_oracle_follows_a_diverged_output(dense):
-    drafter = OracleDrafter.from_model(dense, PROMPT, 40, 1.0, follow=True)
+    drafter = Oracle.from_model(dense, PROMPT, 40, 1.0, follow=True)
     truth = list(drafter.continuation)
     drafter.recorded = truth[:10] + [(t + 1) % 512 for t in truth[10:]]  # a wrong record from position 10
     gen = speculative_generate(
@@ -312,7 +312,7 @@ def test_oracle_follows_a_diverged_output(dense):
     assert list(gen) == truth
     assert drafter.diverged_at == 10 and drafter.follows >= 1 and drafter.follow_s > 0
     assert gen.stats()["acceptance_rate"] > 0.9
-    still = OracleDrafter(PROMPT, drafter.recorded, 1.0, 512)  # without a model it stops drafting
+    still = Oracle(PROMPT, drafter.recorded, 1.0, 512)  # without a model it stops drafting
     list(
         speculative_generate(
             dense, PROMPT, GenerateOptions(max_tokens=40, ignore_eos=True, verify="fast"), still, DraftPolicy.fixed(4)
@@ -323,10 +323,10 @@ def test_oracle_follows_a_diverged_output(dense):
 
 def test_oracle_rejects_bad_input():
     with pytest.raises(ValueError, match="acceptance"):
-        OracleDrafter([1], [2], 1.5, 10)
+        Oracle([1], [2], 1.5, 10)
     with pytest.raises(ValueError, match="empty"):
-        OracleDrafter([1], [], 0.5, 10)
-    drafter = OracleDrafter([1, 2], [3], 0.5, 10)
+        Oracle([1], [], 0.5, 10)
+    drafter = Oracle([1, 2], [3], 0.5, 10)
     with pytest.raises(ValueError, match="another prompt"):
         drafter.begin([9])
 
