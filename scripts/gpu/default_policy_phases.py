@@ -161,7 +161,9 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Any) -> Non
         drafter = drafters.setdefault((method, repeat), make_drafter(method, model=model))
         auto = DraftPolicy.auto()
         return ab_runs.timed_call(
-            lambda: speculative_generate(model, prompt, options, drafter, auto, tokenizer, profile=profile)
+            lambda: speculative_generate(
+                model, prompt, options, drafter=drafter, policy=auto, tokenizer=tokenizer, profile=profile
+            )
         )
 
     longest = max(prompts, key=lambda p: len(p[2]))[2]

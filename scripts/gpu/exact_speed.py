@@ -66,7 +66,7 @@ def timed_cells(model, prompt: list[int], tokens: int, k: int, low: float) -> di
             # verification's rounding does): it keeps drafting the true continuation, its seconds left out
             drafter = Oracle(prompt, reference, acceptance, vocab, seed=0, preferred_k=k, model=model)
             options = GenerateOptions(max_tokens=tokens, ignore_eos=True, verify=mode)
-            gen = speculative_generate(model, prompt, options, drafter, policy(), progress=None)
+            gen = speculative_generate(model, prompt, options, drafter=drafter, policy=policy(), progress=None)
             spt = seconds_per_token(gen, lambda: drafter.follow_s)
             stats = gen.stats()
             return {"spt": spt, "tokens": list(gen.tokens), "verifies": stats["verifies"]}

@@ -24,7 +24,7 @@ def _bench(parser: argparse.ArgumentParser):
         default="lookup,suffix",
         help="comma list: lookup, suffix, mtp, draft-model, early-exit:L",
     )
-    parser.add_argument("--policies", "--policy", default="auto,fixed:4", help="comma list: auto, fixed:N, adaptive:N")
+    parser.add_argument("--policies", "--policy", default="auto,fixed:4", help="comma list: auto, fixed:K, adaptive:K")
     parser.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per prompt or turn (default: 128; 32 on a CPU)"
     )

@@ -70,7 +70,7 @@ def _profile(parser: argparse.ArgumentParser):
 
             folder = Path(args.plot)
             print(f"figure: {figures.save_figure(figures.verify_costs([profile]), folder / 'costs.png')}")
-            fig = figures.break_even([profile], k_max=args.widths - 1)
+            fig = figures.break_even([profile], max_k=args.widths - 1)
             print(f"figure: {figures.save_figure(fig, folder / 'break_even.png')}")
 
     return run
@@ -111,13 +111,13 @@ def print_profile(profile, model=None) -> None:
         cells = [f"{profile.c(w, m):9.2f}" if w <= max(profile.widths[m]) else " " * 9 for m in profile.costs]
         print(f"  {w:4d}" + "".join(cells))
     for mode in profile.costs:
-        k_max = min(8, max(profile.widths[mode]) - 1)
-        a_star = break_even_acceptance(profile, 0.0, k_max, mode)
+        max_k = min(8, max(profile.widths[mode]) - 1)
+        a_star = break_even_acceptance(profile, 0.0, max_k, mode)
         print(
             f"  a*(k) {mode}: "
             + "  ".join(f"k={k} " + ("never" if a != a else f"{a:.2f}") for k, a in enumerate(a_star, 1))
         )
-        best = [f"a={a} k={best_k(a, profile, 0.0, k_max, mode)[0]}" for a in (0.6, 0.7, 0.8, 0.9)]
+        best = [f"a={a} k={best_k(a, profile, 0.0, max_k, mode)[0]}" for a in (0.6, 0.7, 0.8, 0.9)]
         print(f"  best k {mode}: " + "  ".join(best))
     for name, entry in profile.drafters.items():
         print(f"  drafter {name}: d = {entry['d']:.4f} plain steps per draft token (k={entry['k']})")

@@ -2,7 +2,8 @@
 
 One helper per kind of change: ``moved_names`` makes a module's ``__getattr__`` answer an old name (a class
 or function renamed) with the new object, ``renamed_arguments`` lets a function take an old keyword argument
-under its new name, and ``keyword_only_after`` lets it take arguments by position that became keyword-only.
+under its new name, ``renamed_attribute`` answers an old attribute name, and ``keyword_only_after`` lets a
+function take arguments by position that became keyword-only.
 """
 
 from __future__ import annotations
@@ -61,6 +62,16 @@ def renamed_arguments(**old_to_new: str) -> Callable[[F], F]:
     return decorate
 
 
+def renamed_attribute(old: str, new: str) -> property:
+    """A read-only property ``old`` answering attribute ``new``, with a warning (set it on the class as ``old``)."""
+
+    def get(self: Any) -> Any:
+        warn_renamed(f"{type(self).__name__}.{old}", f"{type(self).__name__}.{new}")
+        return getattr(self, new)
+
+    return property(get)
+
+
 def keyword_only_after(count: int, *names: str) -> Callable[[F], F]:
     """Decorate a function whose parameters ``names`` became keyword-only after its first ``count`` positional
     ones: a call still passing them by position has them passed by keyword, with a warning."""
@@ -91,4 +102,11 @@ def keyword_only_after(count: int, *names: str) -> Callable[[F], F]:
     return decorate
 
 
-__all__ = ["REMOVED_IN", "keyword_only_after", "moved_names", "renamed_arguments", "warn_renamed"]
+__all__ = [
+    "REMOVED_IN",
+    "keyword_only_after",
+    "moved_names",
+    "renamed_arguments",
+    "renamed_attribute",
+    "warn_renamed",
+]

@@ -148,8 +148,8 @@ def evaluate_decoding(
             model,
             list(prompt),
             GenerateOptions(max_tokens=max_tokens, verify=verify, ignore_eos=False),
-            drafter,
-            DraftPolicy.fixed(k),
+            drafter=drafter,
+            policy=DraftPolicy.fixed(k),
         )
         for _ in gen:
             pass

@@ -50,7 +50,7 @@ def test_bad_arguments_are_one_clear_error_at_construction(what, make, kind, tex
 
 
 def test_the_bound_itself_is_accepted():
-    assert DraftPolicy.fixed(MAX_DRAFT_LENGTH).n == MAX_DRAFT_LENGTH
+    assert DraftPolicy.fixed(MAX_DRAFT_LENGTH).k == MAX_DRAFT_LENGTH
     with_head = build_tiny("llama", num_hidden_layers=2)
     with_head.mtp = build_head(with_head)
     assert MtpHead(with_head, top_k=97).top_k == 97
@@ -59,7 +59,9 @@ def test_the_bound_itself_is_accepted():
 def test_a_draft_longer_than_the_context_is_an_error_before_any_model_work():
     short = build_tiny("llama", num_hidden_layers=1, max_position_embeddings=16)
     with pytest.raises(ValueError, match="context of 16 tokens"):
-        speculative_generate(short, [1, 2, 3], GenerateOptions(max_tokens=4), PromptLookup(), DraftPolicy.fixed(20))
+        speculative_generate(
+            short, [1, 2, 3], GenerateOptions(max_tokens=4), drafter=PromptLookup(), policy=DraftPolicy.fixed(20)
+        )
 
 
 def test_a_draft_model_without_target_checks_the_vocabulary_before_any_work():
@@ -67,9 +69,11 @@ def test_a_draft_model_without_target_checks_the_vocabulary_before_any_work():
     drafter = DraftModel(MODEL)
     assert drafter.target_checked is False
     with pytest.raises(ValueError, match="vocabulary mismatch.*97.*200"):
-        speculative_generate(wider_target, [1, 2, 3], GenerateOptions(max_tokens=4), drafter, DraftPolicy.fixed(2))
+        speculative_generate(
+            wider_target, [1, 2, 3], GenerateOptions(max_tokens=4), drafter=drafter, policy=DraftPolicy.fixed(2)
+        )
     ok = DraftModel(MODEL)
-    speculative_generate(MODEL, [1, 2, 3], GenerateOptions(max_tokens=2), ok, DraftPolicy.fixed(2))
+    speculative_generate(MODEL, [1, 2, 3], GenerateOptions(max_tokens=2), drafter=ok, policy=DraftPolicy.fixed(2))
     assert ok.target_checked is True
 
 

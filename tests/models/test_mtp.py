@@ -97,7 +97,7 @@ def speculative_equals_plain(model, n: int = 24, k: int = 3, verify: str = "fast
     ref = plain_greedy(model, PROMPT, n)
     drafter = MtpHead(model)
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=n, verify=verify), drafter, DraftPolicy.fixed(k)
+        model, PROMPT, GenerateOptions(max_tokens=n, verify=verify), drafter=drafter, policy=DraftPolicy.fixed(k)
     )
     assert list(gen) == ref
     verifies = [r for r in gen.log if r["kind"] == "verify"]
@@ -131,7 +131,9 @@ def test_drafter_feeds_real_hidden_states():
     model = build(QWEN35)
     model.mtp = random_head(model)
     drafter = MtpHead(model)
-    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=40), drafter, DraftPolicy.fixed(4))
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=40), drafter=drafter, policy=DraftPolicy.fixed(4)
+    )
     for i, _ in enumerate(gen):
         if i == 25:
             break
@@ -428,7 +430,7 @@ def test_moe_twin_computes_the_dense_function(tmp_path):
     runs = {}
     for name, model in (("dense", dense), ("twin", twin)):
         gen = speculative_generate(
-            model, PROMPT, GenerateOptions(max_tokens=16), MtpHead(model), DraftPolicy.fixed(2)
+            model, PROMPT, GenerateOptions(max_tokens=16), drafter=MtpHead(model), policy=DraftPolicy.fixed(2)
         )
         runs[name] = (list(gen), [r.get("draft_tokens") for r in gen.log if r["kind"] == "verify"])
     assert runs["dense"] == runs["twin"]
@@ -439,7 +441,11 @@ def test_sampled_drafts_report_their_distribution():
     model.mtp = random_head(model)
     drafter = MtpHead(model, temperature=0.8)
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=12, temperature=0.8, seed=3), drafter, DraftPolicy.fixed(3)
+        model,
+        PROMPT,
+        GenerateOptions(max_tokens=12, temperature=0.8, seed=3),
+        drafter=drafter,
+        policy=DraftPolicy.fixed(3),
     )
     assert len(list(gen)) == 12
     hidden = model.model(mx.array([PROMPT]))
@@ -470,7 +476,9 @@ def test_embedded_model_mtp_greedy_equals_plain(embedded):
     drafter = make_drafter("mtp", model=model, model_name="smollm2-135m")
     prompt = render_prompt(tokenizer, "Write a Python function that checks whether a number is prime.")
     ref = plain_greedy(model, prompt, 32)
-    gen = speculative_generate(model, prompt, GenerateOptions(max_tokens=32), drafter, DraftPolicy.fixed(3))
+    gen = speculative_generate(
+        model, prompt, GenerateOptions(max_tokens=32), drafter=drafter, policy=DraftPolicy.fixed(3)
+    )
     assert list(gen) == ref
     verifies = [r for r in gen.log if r["kind"] == "verify"]
     first = sum(r["accepted"] >= 1 for r in verifies) / len(verifies)
