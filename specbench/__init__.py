@@ -43,4 +43,3 @@ __all__ = [
     "speculative_generate",
     "speculative_generate_batch",
 ]
-

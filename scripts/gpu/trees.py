@@ -137,9 +137,7 @@ def controlled(args, deadline: float) -> list[dict]:
                         if shape == "path":
                             drafter, k = Oracle(prompt, recorded, a, vocab, seed=1), args.path_k
                         else:
-                            oracles = [
-                                Oracle(prompt, recorded, a, vocab, seed=1 + b) for b in range(args.branches)
-                            ]
+                            oracles = [Oracle(prompt, recorded, a, vocab, seed=1 + b) for b in range(args.branches)]
                             drafter, k = OracleTree(oracles, args.tree_depth), args.branches * args.tree_depth
                         tokens, seconds, stats, _ = timed(None, model, prompt, options, verifier, drafter, k)
                         rows.append(
