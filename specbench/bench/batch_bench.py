@@ -351,7 +351,7 @@ def bench_batch_source(
     out: str | None = None,
     verify: str | None = None,
 ) -> dict[str, Any]:
-    """``specbench bench --batch B``: the first turn of each question in ``prompts`` (a question.jsonl or
+    """``specbench bench batch --batch-size B``: the first turn of each question in ``prompts`` (a question.jsonl or
     "bundled"), or every turn of the traces in ``trace`` (``trace_requests``), decoded by plain
     batched decoding, each drafter x policy and mlx-lm at batch size B; the table printed; with
     ``out``, batch_bench.csv (one row per engine) and batch_divergence.csv (per request) written there.
@@ -365,10 +365,10 @@ def bench_batch_source(
     from specbench.models.load import load
 
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"--batch must be an integer >= 1, got {batch_size!r}")
+        raise ValueError(f"--batch-size must be an integer >= 1, got {batch_size!r}")
     if verify not in (None, "", "fast"):
         raise ValueError(
-            f"--batch verifies in fast mode (one forward over the [B, w] block), got --verify {verify}: "
+            f"bench batch verifies in fast mode (one forward over the [B, w] block), got --verify {verify}: "
             "leave --verify out or set it to fast"
         )
     if (prompts is None) == (trace is None):

@@ -1,4 +1,4 @@
-"""``specbench bench --prompts`` spread over the ranks of ``mlx.launch``: each rank benchmarks its share of
+"""``specbench bench prompts`` spread over the ranks of ``mlx.launch``: each rank benchmarks its share of
 the questions on its own machine (or its own GPU of a host: ``CUDA_VISIBLE_DEVICES`` per rank), and rank 0
 writes the same files as a run on one machine (``prompt_bench_runs.parquet``, the summary, settings and
 table), with the same columns.

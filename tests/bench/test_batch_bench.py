@@ -117,7 +117,18 @@ def test_bench_batch_cli_on_traces_and_prompts(tmp_path, capsys):
     trace = tmp_path / "traces.jsonl"
     trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "out"
-    args = ["bench", "--model", str(folder), "--batch", "2", "--drafters", "lookup,suffix", "--policies", "fixed:3"]
+    args = [
+        "bench",
+        "batch",
+        "--model",
+        str(folder),
+        "--batch-size",
+        "2",
+        "--drafters",
+        "lookup,suffix",
+        "--policies",
+        "fixed:3",
+    ]
     assert main([*args, "--trace", str(trace), "--limit", "2", "--max-tokens", "6", "--out", str(out)]) == 0
     assert "3 requests from" in capsys.readouterr().out
     with open(out / "batch_bench.csv") as f:
@@ -132,7 +143,7 @@ def test_bench_batch_cli_on_traces_and_prompts(tmp_path, capsys):
     prompts.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["w5 w6 w7 w5 w6"]}) + "\n")
     assert main([*args, "--prompts", str(prompts), "--max-tokens", "4"]) == 0
     assert "lookup/fixed:3" in capsys.readouterr().out
-    assert main([*args, "--prompts", str(prompts), "--batch", "0"]) == 2
-    assert "--batch must be" in capsys.readouterr().err
+    assert main([*args, "--prompts", str(prompts), "--batch-size", "0"]) == 2
+    assert "--batch-size must be" in capsys.readouterr().err
     assert main([*args, "--prompts", str(prompts), "--verify", "exact"]) == 2
     assert "fast mode" in capsys.readouterr().err

@@ -264,7 +264,7 @@ def test_bench_cli_on_a_saved_tiny_model(tmp_path, capsys):
     code = main(
         [
             "bench",
-            "--prompts",
+            "prompts",
             str(prompts),
             "--model",
             str(folder),
@@ -285,9 +285,9 @@ def test_bench_cli_on_a_saved_tiny_model(tmp_path, capsys):
     assert "| lookup/fixed:3 |" in printed and "repeated_paragraph" in printed
     assert pl.read_parquet(out / PROMPT_RUNS_FILE)["equal"].all()
     assert (out / PROMPT_FIGURE_FILE).exists()
-    assert main(["bench", "--prompts", str(prompts), "--model", str(folder), "--drafters", "eagle"]) == 2
+    assert main(["bench", "prompts", str(prompts), "--model", str(folder), "--drafters", "eagle"]) == 2
     assert "unknown drafters" in capsys.readouterr().err
-    assert main(["bench", "--prompts", str(prompts), "--model", str(folder), "--policies", "sometimes"]) == 2
+    assert main(["bench", "prompts", str(prompts), "--model", str(folder), "--policies", "sometimes"]) == 2
     assert "unknown policy" in capsys.readouterr().err
 
 
