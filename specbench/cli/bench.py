@@ -169,7 +169,7 @@ def _flat_bench(args: list[str]) -> tuple[list[str], str | None]:
         elif option in known or option not in flat:  # an unknown option is left for the parser to refuse
             rewritten += [option, *value]
         else:
-            ignored.append(option)
+            ignored.append(tokens[i])
         i += 1 + len(value)
     new = ["bench", mode, *positional, *rewritten]
     notice = (
@@ -212,7 +212,6 @@ def _bench_prompts(args: argparse.Namespace) -> int:
     from specbench.drafters.draft_model import resolve_draft_model
     from specbench.inputs.prompts import questions_from
     from specbench.models.load import load
-    from specbench.report.figures.bench import save_prompt_figure
 
     policies = [DraftPolicy.parse(p) for p in names(args.policies)]
     drafter_names(args.drafters, required=True)
@@ -241,7 +240,12 @@ def _bench_prompts(args: argparse.Namespace) -> int:
     if distributed.rank() != 0:  # rank 0 saves and prints the merged results
         return 0
     if args.out and result.runs:
-        save_prompt_figure(result, args.out)
+        try:
+            from specbench.report.figures.bench import save_prompt_figure
+        except ImportError:  # matplotlib comes with the report extra
+            print("no figure drawn: install the report extra, pip install 'specbench[report]'")
+        else:
+            save_prompt_figure(result, args.out)
     print()
     print(result.table())
     from specbench.bench.prompt_runs import PROMPT_BASELINE
