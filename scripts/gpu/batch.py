@@ -64,7 +64,7 @@ FULL = {
     "bench_acceptance": 0.8,
     "bench_k": 3,
     "single": 8,
-    "k_max": 7,
+    "max_k": 7,
     "embedded": "smollm2-135m",
     "embedded_batch_sizes": [1, 4, 16],
     "embedded_tokens": 64,
@@ -89,7 +89,7 @@ QUICK = {
     "bench_acceptance": 0.8,
     "bench_k": 3,
     "single": 2,
-    "k_max": 3,
+    "max_k": 3,
     "embedded": "tiny:smollm2-135m",
     "embedded_batch_sizes": [4],
     "embedded_tokens": 8,
@@ -161,7 +161,7 @@ class Run:
         self.profiles[label] = profile.to_dict()
         self.tables["costs"] += [{"model": label, **r} for r in profile.to_polars().to_dicts()]
         for b in profile.batch_sizes:
-            a_star = profile.break_even_acceptance(b, k_max=min(cfg["k_max"], len(profile.costs[b]) - 1))
+            a_star = profile.break_even_acceptance(b, max_k=min(cfg["max_k"], len(profile.costs[b]) - 1))
             self.tables["break_even"] += [
                 {"model": label, "batch_size": b, "k": k + 1, "a_star": float(a)} for k, a in enumerate(a_star)
             ]

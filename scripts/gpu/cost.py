@@ -235,7 +235,7 @@ class Run:
             what = "4-bit random weights, " if self.title_device else ""
             title = f"Verify cost c(w), dense vs MoE ({what}{device})"
             figures.save_figure(figures.verify_costs(plist, title=title), out / "costs.png")
-            figures.save_figure(figures.break_even(plist, d=0.0, k_max=15), out / "break_even.png")
+            figures.save_figure(figures.break_even(plist, d=0.0, max_k=15), out / "break_even.png")
         if self.grid:
             figures.save_figure(figures.measured_vs_predicted(self.grid, self.profiles), out / "measured.png")
 

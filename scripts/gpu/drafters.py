@@ -57,7 +57,7 @@ from specbench.common.files import write_json_atomic, write_safetensors_atomic, 
 from specbench.core.forward import text_model
 from specbench.drafters import (
     DraftModel,
-    MtpDrafter,
+    MtpHead,
     make_drafter,
     shipped_draft_model,
 )
@@ -175,11 +175,11 @@ def train_and_evaluate(
     write_json_atomic(json_path, results)
 
     results["evaluation"]["mtp (new)"] = new = evaluate(
-        "mtp (new)", model, split, settings["tokens"], lambda: MtpDrafter(model, head=head), log
+        "mtp (new)", model, split, settings["tokens"], lambda: MtpHead(model, head=head), log
     )
     old_head = load_head(model, shipped_head(NAME))
     results["evaluation"]["mtp (shipped)"] = old = evaluate(
-        "mtp (shipped)", model, split, settings["tokens"], lambda: MtpDrafter(model, head=old_head), log
+        "mtp (shipped)", model, split, settings["tokens"], lambda: MtpHead(model, head=old_head), log
     )
     results["mtp"].update(head_decision(new, old))
     wins = results["mtp"]["ships"]
@@ -255,7 +255,7 @@ def evaluate_shipped(model, tokenizer, split, settings, results, budget: Budget,
     if budget.fits("mtp (shipped)", NEEDS_S["drafter eval"]):
         head = load_head(model, head_path)
         results["evaluation"]["mtp (shipped)"] = evaluate(
-            "mtp (shipped)", model, split, settings["tokens"], lambda: MtpDrafter(model, head=head), log
+            "mtp (shipped)", model, split, settings["tokens"], lambda: MtpHead(model, head=head), log
         )
 
 

@@ -52,8 +52,8 @@ from specbench.core.policies import AutoPolicy, DraftPolicy
 from specbench.core.tree import breadth_first_tree
 from specbench.cost.trees import NODE_COUNTS, measure_tree_costs, tree_break_even
 from specbench.drafters import SuffixDecoding
-from specbench.drafters.mtp import MtpDrafter, mtp_drafter_for
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.mtp import MtpHead, mtp_head_for
+from specbench.drafters.oracle import Oracle
 from specbench.exact import ExactVerifier, verifier_for
 from specbench.inputs.prompts import bundled_questions, render_prompt, select_questions
 from specbench.inputs.traces import TRACES_DIR, bundled_traces, read_trace_file
@@ -69,7 +69,7 @@ class OracleTree(Drafter):
 
     name = "oracle-tree"
 
-    def __init__(self, oracles: list[OracleDrafter], depth: int):
+    def __init__(self, oracles: list[Oracle], depth: int):
         self.oracles, self.depth = oracles, depth
 
     def begin(self, prompt, hidden=None):
@@ -123,23 +123,21 @@ def controlled(args, deadline: float) -> list[dict]:
         # Warm-up: kernels of every width, exact calibration.
         warm = prompts[0][: args.prompt_len // 2]
         for v in verifiers.values():
-            oracle = OracleDrafter.from_model(model, warm, 16, 0.7)
+            oracle = Oracle.from_model(model, warm, 16, 0.7)
             timed(None, model, warm, GenerateOptions(max_tokens=16), v, oracle, args.path_k)
         for prompt in prompts:
             if time.perf_counter() > deadline:
                 break
             runs = [timed(None, model, prompt, options) for _ in range(2)]  # the faster of two plain runs
             plain, plain_s = runs[0][0], min(r[1] for r in runs)
-            recorded = OracleDrafter.from_model(model, prompt, args.tokens + 16, 1.0).recorded
+            recorded = Oracle.from_model(model, prompt, args.tokens + 16, 1.0).recorded
             for a in args.acceptance:
                 for mode, verifier in verifiers.items():
                     for shape in ("path", "tree"):
                         if shape == "path":
-                            drafter, k = OracleDrafter(prompt, recorded, a, vocab, seed=1), args.path_k
+                            drafter, k = Oracle(prompt, recorded, a, vocab, seed=1), args.path_k
                         else:
-                            oracles = [
-                                OracleDrafter(prompt, recorded, a, vocab, seed=1 + b) for b in range(args.branches)
-                            ]
+                            oracles = [Oracle(prompt, recorded, a, vocab, seed=1 + b) for b in range(args.branches)]
                             drafter, k = OracleTree(oracles, args.tree_depth), args.branches * args.tree_depth
                         tokens, seconds, stats, _ = timed(None, model, prompt, options, verifier, drafter, k)
                         rows.append(
@@ -248,7 +246,7 @@ def mtp_trees(args, deadline: float) -> list[dict]:
     if args.quick:
         model.mtp = build_head(model)  # the tiny twin has no shipped head: a random one
     else:
-        mtp_drafter_for(model, args.trace_model)
+        mtp_head_for(model, args.trace_model)
     questions = select_questions(bundled_questions(), args.mtp_prompts, limit=1)
     prompts = [(q.category, render_prompt(tokenizer, q.turns[0])) for q in questions]
     options = GenerateOptions(max_tokens=args.mtp_tokens)
@@ -263,7 +261,7 @@ def mtp_trees(args, deadline: float) -> list[dict]:
                 if time.perf_counter() > deadline:
                     print(f"skipped MTP {category} {mode} {shape}: budget spent", flush=True)
                     continue
-                drafter = MtpDrafter(model, **settings)
+                drafter = MtpHead(model, **settings)
                 tokens, seconds, stats, gen = timed(None, model, prompt, options, verifier, drafter, nodes, tokenizer)
                 verifies = [r for r in gen.log.records if r["kind"] == "verify"]
                 rows.append(

@@ -53,7 +53,12 @@ def confirm_policies(
             options = GenerateOptions(max_tokens=len(request.output))
             plain_s.append(_decode_seconds(generate(model, request.prompt, options)))
             run = speculative_generate(
-                model, request.prompt, options, model_free_drafter(drafter, k), policy_copy(spec), profile=profile
+                model,
+                request.prompt,
+                options,
+                drafter=model_free_drafter(drafter, k),
+                policy=policy_copy(spec),
+                profile=profile,
             )
             spec_s.append(_decode_seconds(run))
             if run.tokens != request.output[: len(run.tokens)]:

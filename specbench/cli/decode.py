@@ -29,7 +29,7 @@ def _generate(parser: argparse.ArgumentParser):
     add_model_argument(parser)
     parser.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
     parser.add_argument("--drafter", default="lookup", help="lookup, suffix, mtp or none")
-    parser.add_argument("--policy", default="auto", help="auto, fixed:N or adaptive:N")
+    parser.add_argument("--policy", default="auto", help="auto, fixed:K or adaptive:K")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most")
     parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 keeps every token")
@@ -73,7 +73,9 @@ def _generate(parser: argparse.ArgumentParser):
             raise ValueError(f"generate needs a model with a tokenizer; {args.model} has none")
         drafter = make_drafter(args.drafter, model=model, model_name=args.model)
         prompt = render_prompt(tokenizer, args.prompt, chat=not args.raw, name="--prompt")
-        gen = speculative_generate(model, prompt, options, drafter, policy if drafter else None, tokenizer=tokenizer)
+        gen = speculative_generate(
+            model, prompt, options, drafter=drafter, policy=policy if drafter else None, tokenizer=tokenizer
+        )
         for _ in gen:
             pass
         from specbench.report.render import display_text

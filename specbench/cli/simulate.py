@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specbench.cli.registry import command, names
+from specbench.cli.registry import RenamedOption, command, names
 from specbench.common.files import check_writable
 
 
@@ -24,14 +24,15 @@ def _simulate(parser: argparse.ArgumentParser):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--trace",
-        help="a conversation log (any format bench --trace reads) or a folder of them: its recorded assistant "
+        help="a conversation log (any format bench trace reads) or a folder of them: its recorded assistant "
         "messages, tokenized with --tokenizer",
     )
     source.add_argument(
-        "--prompts",
-        help="a model's recorded greedy outputs (parquet with prompt, output, finish_reason: bench --trace's "
+        "--recorded",
+        help="a model's recorded greedy outputs (parquet with prompt, output, finish_reason: bench trace's "
         "*.plain.parquet) or a folder of them",
     )
+    source.add_argument("--prompts", dest="recorded", action=RenamedOption, new="--recorded", help=argparse.SUPPRESS)
     parser.add_argument("--drafters", default="lookup,suffix", help="comma list of model-free drafters: lookup, suffix")
     parser.add_argument("--k", default="2,4,8,16", help="comma list of draft lengths (a fixed:k policy each)")
     parser.add_argument(
@@ -66,12 +67,12 @@ def _simulate(parser: argparse.ArgumentParser):
         if args.out:
             check_writable(args.out, folder=True, name="--out")
         result = simulate_logs(
-            args.trace or args.prompts,
+            args.trace or args.recorded,
             drafters,
             ks,
             stores,
             tokenizer=args.tokenizer,
-            recorded=args.prompts is not None,
+            recorded=args.recorded is not None,
             format=args.trace_format,
             trace_ids=names(args.trace_id) if args.trace_id else None,
             limit=args.limit,

@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from specbench.common.deprecation import keyword_only_after, renamed_arguments
 from specbench.core.draft import Draft, Drafter, as_draft, check_draft, cut_unconfident
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions, checked_options
@@ -385,15 +386,19 @@ class Generation:
         return getattr(self.policy, "name", "none") if self.policy is not None else "none"
 
 
+@renamed_arguments(prompt_ids="prompt")
+@keyword_only_after(3, "tokenizer", "prompt_cache")
 def generate(
     model: nn.Module,
-    prompt_ids: Any,
+    prompt: Any,
     options: GenerateOptions | None = None,
+    *,
     tokenizer: Any = None,
     prompt_cache: list[Any] | None = None,
 ) -> Generation:
-    """Plain decoding with the same options, log and stats as speculative decoding."""
-    return Generation(model, prompt_ids, options, tokenizer=tokenizer, prompt_cache=prompt_cache)
+    """Plain decoding of ``prompt`` (text or token ids) with the same options, log and stats as speculative
+    decoding."""
+    return Generation(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache)
 
 
 __all__ = ["Generation", "Step", "generate", "token_ids"]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from specbench.common.deprecation import renamed_arguments, renamed_attribute
 from specbench.core.auto import CostEnvelope, Evidence
 from specbench.core.log import StepLog
 from specbench.core.policy_args import at_least_one, check_break_even, check_k
@@ -107,12 +108,14 @@ class DraftPolicy:
         raise NotImplementedError
 
     @staticmethod
-    def fixed(n: int) -> FixedPolicy:
-        return FixedPolicy(n)
+    @renamed_arguments(n="k")
+    def fixed(k: int) -> FixedPolicy:
+        return FixedPolicy(k)
 
     @staticmethod
-    def adaptive(n: int, max_pause: int = 16) -> AdaptivePolicy:
-        return AdaptivePolicy(n, max_pause)
+    @renamed_arguments(n="k")
+    def adaptive(k: int, max_pause: int = 16) -> AdaptivePolicy:
+        return AdaptivePolicy(k, max_pause)
 
     @staticmethod
     def auto(
@@ -150,7 +153,7 @@ class DraftPolicy:
     def parse(spec: str) -> DraftPolicy:
         """Build a policy from text: ``auto``, ``fixed:4``, ``adaptive:8``, or another engine's policy by name
         (``PEERS``: ``vllm:1-16=3,64=2``, ``sglang``, ``ollama``, ``confidence:0.6``)."""
-        known = "auto, fixed:N, adaptive:N, " + ", ".join(f"{name}[:...]" for name in PEERS)
+        known = "auto, fixed:K, adaptive:K, " + ", ".join(f"{name}[:...]" for name in PEERS)
         if not isinstance(spec, str):
             raise TypeError(f"a policy must be text: {known}, got {spec!r} ({type(spec).__name__})")
         name, _, arg = spec.strip().partition(":")
@@ -160,7 +163,7 @@ class DraftPolicy:
             return getattr(DraftPolicy, name)(int(arg))
         if name in PEERS:
             return PEERS[name].from_text(arg)
-        raise ValueError(f"unknown policy {spec!r}: use {known} (N >= 1)")
+        raise ValueError(f"unknown policy {spec!r}: use {known} (K >= 1)")
 
 
 def as_policy(policy: DraftPolicy | str | int) -> DraftPolicy:
@@ -175,26 +178,30 @@ def as_policy(policy: DraftPolicy | str | int) -> DraftPolicy:
 
 
 class FixedPolicy(DraftPolicy):
-    """Up to ``n`` tokens every step."""
+    """Up to ``k`` tokens every step."""
 
-    def __init__(self, n: int):
-        self.n = check_k(n)
-        self.name = f"fixed:{n}"
+    @renamed_arguments(n="k")
+    def __init__(self, k: int):
+        self.k = check_k(k)
+        self.name = f"fixed:{k}"
 
     def _k(self, drafter: Any) -> int:
-        return self.n
+        return self.k
 
     def longest_draft(self, drafter: Any) -> int:
-        return self.n
+        return self.k
+
+    n = renamed_attribute("n", "k")
 
 
 class AdaptivePolicy(DraftPolicy):
-    """Up to ``n`` tokens; after a fully rejected draft, pause 1, 2, 4, ... ``max_pause`` steps."""
+    """Up to ``k`` tokens; after a fully rejected draft, pause 1, 2, 4, ... ``max_pause`` steps."""
 
-    def __init__(self, n: int, max_pause: int = 16):
-        self.n = check_k(n)
+    @renamed_arguments(n="k")
+    def __init__(self, k: int, max_pause: int = 16):
+        self.k = check_k(k)
         self.max_pause = at_least_one("max_pause", max_pause)
-        self.name = f"adaptive:{n}"
+        self.name = f"adaptive:{k}"
 
     def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
         super().start(drafter, break_even)
@@ -212,13 +219,15 @@ class AdaptivePolicy(DraftPolicy):
             self.remaining = max(0, self.remaining - 1)
 
     def _k(self, drafter: Any) -> int:
-        return 0 if self.remaining > 0 else self.n
+        return 0 if self.remaining > 0 else self.k
 
     def _plain_run(self) -> int:
         return max(1, self.remaining)
 
     def longest_draft(self, drafter: Any) -> int:
-        return self.n
+        return self.k
+
+    n = renamed_attribute("n", "k")
 
 
 class AutoSettings(DraftPolicy):

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from specbench.common.deprecation import moved_names
 from specbench.core.draft import Draft, Drafter
 from specbench.core.engine import generate
 from specbench.core.forward import vocab_size
@@ -28,7 +29,7 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
 
 
-class OracleDrafter(Drafter):
+class Oracle(Drafter):
     """Draft the known greedy continuation of ``prompt``, each token kept with probability ``acceptance``.
 
     A corrupted position gets a different token id drawn uniformly. ``recorded`` is the plain
@@ -81,7 +82,7 @@ class OracleDrafter(Drafter):
         seed: int = 0,
         follow: bool = False,
         **kwargs: Any,
-    ) -> OracleDrafter:
+    ) -> Oracle:
         """Record ``max_tokens`` of the model's plain greedy continuation of ``prompt``; with
         ``follow``, re-record it whenever the emitted output leaves it."""
         continuation = _greedy_continuation(model, prompt, max_tokens)
@@ -89,7 +90,7 @@ class OracleDrafter(Drafter):
 
     def begin(self, prompt: Sequence[int], hidden: Any = None) -> None:
         if list(prompt) != self.prompt:
-            raise ValueError("OracleDrafter was recorded for another prompt: build one per prompt")
+            raise ValueError("Oracle was recorded for another prompt: build one per prompt")
         self.rng = np.random.default_rng(self.seed)
         self.continuation = list(self.recorded)
         self.position = 0
@@ -134,3 +135,6 @@ class OracleDrafter(Drafter):
 
 def _greedy_continuation(model: Any, prompt: Sequence[int], max_tokens: int) -> list[int]:
     return list(generate(model, list(prompt), GenerateOptions(max_tokens=max_tokens, ignore_eos=True)))
+
+
+__getattr__ = moved_names(__name__, {"OracleDrafter": ("specbench.Oracle", lambda: Oracle)})

@@ -166,7 +166,7 @@ class Explorer:
                 self.generation = found
                 self._finish(found, tokenizer, found.decode_s, f"recorded by {found.row.get('source')} in this report")
                 return found
-            gen = speculative_generate(model, prompt, options, drafter, policy, tokenizer=tokenizer)
+            gen = speculative_generate(model, prompt, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
             self.generation = gen
             self.status.value = "generating ..."
             shown = first = last = time.perf_counter()

@@ -90,7 +90,7 @@ def test_spec_bench_question_file():
 
 def test_methods_and_bad_names():
     policies = [DraftPolicy.auto(), DraftPolicy.fixed(3)]
-    methods = prompt_methods(["lookup"], policies, draft_model=True, num_draft_tokens=3)
+    methods = prompt_methods(["lookup"], policies, draft_model=True, k=3)
     names = [m.name for m in methods]
     assert names == [
         "mlx-lm",
@@ -120,7 +120,7 @@ def test_mlx_lm_draft_accounting_with_the_model_as_its_own_drafter():
     model, tokenizer = build_tiny("llama", seed=3), word_tokenizer()
     prompt = tokenizer.encode("w5 w9 w20 w31")
     plain = run_mlx_lm(model, tokenizer, prompt, 13)
-    spec = run_mlx_lm(model, tokenizer, prompt, 13, draft_model=model, num_draft_tokens=3)
+    spec = run_mlx_lm(model, tokenizer, prompt, 13, draft_model=model, k=3)
     assert spec.tokens == plain.tokens
     # 13 tokens: verifications of 3 + 3 + 3 + 1 drafts (the last capped by max_tokens, ending before its bonus)
     assert plain.finish_reason == spec.finish_reason == "length" and len(plain.tokens) == 13
@@ -141,7 +141,7 @@ def test_bench_prompts_tiny(tmp_path):
         max_tokens=20,
         repeats=2,
         draft_model=draft,
-        num_draft_tokens=2,
+        k=2,
         model_name="tiny-llama",
         out=tmp_path,
         progress=messages.append,
@@ -264,7 +264,7 @@ def test_bench_cli_on_a_saved_tiny_model(tmp_path, capsys):
     code = main(
         [
             "bench",
-            "--prompts",
+            "prompts",
             str(prompts),
             "--model",
             str(folder),
@@ -285,9 +285,9 @@ def test_bench_cli_on_a_saved_tiny_model(tmp_path, capsys):
     assert "| lookup/fixed:3 |" in printed and "repeated_paragraph" in printed
     assert pl.read_parquet(out / PROMPT_RUNS_FILE)["equal"].all()
     assert (out / PROMPT_FIGURE_FILE).exists()
-    assert main(["bench", "--prompts", str(prompts), "--model", str(folder), "--drafters", "eagle"]) == 2
+    assert main(["bench", "prompts", str(prompts), "--model", str(folder), "--drafters", "eagle"]) == 2
     assert "unknown drafters" in capsys.readouterr().err
-    assert main(["bench", "--prompts", str(prompts), "--model", str(folder), "--policies", "sometimes"]) == 2
+    assert main(["bench", "prompts", str(prompts), "--model", str(folder), "--policies", "sometimes"]) == 2
     assert "unknown policy" in capsys.readouterr().err
 
 

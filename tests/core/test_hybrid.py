@@ -29,7 +29,7 @@ def test_every_acceptance_count_equals_plain(hybrid, k):
     model, ref = hybrid
     drafter = ScriptedDrafter(ref, len(PROMPT), VOCAB, wrong_at=lambda step, i: i == step % (k + 1))
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=N, verify="fast"), drafter, DraftPolicy.fixed(k)
+        model, PROMPT, GenerateOptions(max_tokens=N, verify="fast"), drafter=drafter, policy=DraftPolicy.fixed(k)
     )
     assert list(gen) == ref
     seen = {r["accepted"] for r in gen.log if r["kind"] == "verify" and r["k_drafted"] == k}
@@ -40,7 +40,7 @@ def test_exact_verify_equals_plain(hybrid):
     model, ref = hybrid
     drafter = ScriptedDrafter(ref, len(PROMPT), VOCAB, wrong_at=lambda step, i: i == step % 4)
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=N, verify="exact"), drafter, DraftPolicy.fixed(3)
+        model, PROMPT, GenerateOptions(max_tokens=N, verify="exact"), drafter=drafter, policy=DraftPolicy.fixed(3)
     )
     assert list(gen) == ref
 

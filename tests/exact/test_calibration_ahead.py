@@ -43,7 +43,9 @@ def test_exact_generation_calibrates_every_width_before_the_first_token(counted,
     said: list[str] = []
     drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: step % 3 == 1 and i == 2)
     policy = DraftPolicy.auto(break_even=1.2, measured=True)
-    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=40), drafter, policy, progress=said.append)
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=40), drafter=drafter, policy=policy, progress=said.append
+    )
     assert sorted(counted) == list(range(2, 10))  # every width Auto may verify (k <= 8)
     assert any("calibrating exact verification" in s for s in said) and any("width 9 runs" in s for s in said)
     before = len(counted)
@@ -52,14 +54,18 @@ def test_exact_generation_calibrates_every_width_before_the_first_token(counted,
     assert {r["verify_width"] for r in gen.log if r["kind"] == "verify"} <= set(range(2, 10))
     # a second generation of the same model finds every width calibrated and says nothing
     said.clear()
-    speculative_generate(model, PROMPT, GenerateOptions(max_tokens=4), drafter, policy, progress=said.append)
+    speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=4), drafter=drafter, policy=policy, progress=said.append
+    )
     assert len(counted) == before and said == []
 
 
 def test_fixed_policy_calibrates_only_its_widths(counted):
     model = build_tiny("llama")
     drafter = ScriptedDrafter(plain_greedy(model, PROMPT, 4), len(PROMPT), 97)
-    speculative_generate(model, PROMPT, GenerateOptions(max_tokens=4), drafter, DraftPolicy.fixed(3), progress=None)
+    speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=4), drafter=drafter, policy=DraftPolicy.fixed(3), progress=None
+    )
     assert sorted(counted) == [2, 3, 4]
 
 

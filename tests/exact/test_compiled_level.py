@@ -123,7 +123,9 @@ def test_exact_generation_runs_the_calibrated_compiled_chunks(monkeypatch):
     assert [verifier.level_for(w) for w in (2, 3, 4)] == ["attention", *["attention+linear/2+compiled"] * 2]
     exact_hooks._compiled_products.clear()
     drafter = ScriptedDrafter(truth, len(prompt), 97, wrong_at=lambda step, i: step % 3 == 1 and i == 1)
-    gen = speculative_generate(model, prompt, GenerateOptions(max_tokens=16), drafter, DraftPolicy.fixed(3))
+    gen = speculative_generate(
+        model, prompt, GenerateOptions(max_tokens=16), drafter=drafter, policy=DraftPolicy.fixed(3)
+    )
     assert list(gen) == truth
     assert any(r["verify_width"] > 2 for r in gen.log if r["kind"] == "verify")
     assert exact_hooks._compiled_products  # the verifications ran the compiled chunks

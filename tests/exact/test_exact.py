@@ -374,7 +374,7 @@ def test_engine_exact_mode_matches_plain_greedy_on_emulated_gpu(monkeypatch):
     def run(verify):
         drafter = ScriptedDrafter(truth, len(prompt), 97, wrong_at=lambda step, i: (step + i) % 3 == 2)
         options = GenerateOptions(max_tokens=40, verify=verify, ignore_eos=True)
-        generation = speculative_generate(model, prompt, options, drafter, DraftPolicy.fixed(5))
+        generation = speculative_generate(model, prompt, options, drafter=drafter, policy=DraftPolicy.fixed(5))
         tokens = list(generation)
         return tokens, generation.log
 
@@ -578,7 +578,7 @@ def test_engine_exact_mode_across_the_kv_buffer_step_on_emulated_cuda(monkeypatc
     def run():
         drafter = ScriptedDrafter(truth, len(prompt), 97, wrong_at=lambda step, i: (step + i) % 3 == 2)
         options = GenerateOptions(max_tokens=40, verify="exact", ignore_eos=True)
-        return list(speculative_generate(model, prompt, options, drafter, DraftPolicy.fixed(7)))
+        return list(speculative_generate(model, prompt, options, drafter=drafter, policy=DraftPolicy.fixed(7)))
 
     assert run() == truth
     patch_exact(monkeypatch, "serial_kv_layout", lambda cache, width=1: None)
@@ -636,7 +636,7 @@ def test_engine_exact_mode_clears_rejected_rows_on_a_tail_reading_kernel(monkeyp
     def run():
         drafter = Varying(truth, len(prompt), 97, wrong_at=lambda step, i: i == 1)
         options = GenerateOptions(max_tokens=30, verify="exact", ignore_eos=True)
-        return list(speculative_generate(model, prompt, options, drafter, DraftPolicy.fixed(4)))
+        return list(speculative_generate(model, prompt, options, drafter=drafter, policy=DraftPolicy.fixed(4)))
 
     assert run() == truth
     # Rejected rows left in the buffer change the next steps' attention.

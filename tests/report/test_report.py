@@ -94,7 +94,9 @@ def test_token_sources_follow_the_log(text_model):
     prompt = tokenizer.encode("the cat sat on the mat. the cat")
     truth = plain_greedy(model, prompt, 20)
     drafter = WrongAt(truth, len(prompt), 256, bad=2)
-    gen = speculative_generate(model, prompt, GenerateOptions(max_tokens=20), drafter, DraftPolicy.fixed(3))
+    gen = speculative_generate(
+        model, prompt, GenerateOptions(max_tokens=20), drafter=drafter, policy=DraftPolicy.fixed(3)
+    )
     tokens = list(gen)
     assert tokens == truth
     sources = render.token_sources(gen)

@@ -37,13 +37,13 @@ def _profile(name: str, costs: list[float], overhead: float = 0.0, device: str =
 def test_break_even_verdict_and_figure_say_when_a_model_never_breaks_even():
     dense = _profile("dense", [1.0, 1.1, 1.2, 1.3, 1.4])
     moe = _profile("moe", [1.0, 2.5, 3.6, 4.7, 5.8], overhead=0.5)  # c(k+1) > k+1 for every k
-    text = verdicts.break_even([dense, moe], k_max=4)
+    text = verdicts.break_even([dense, moe], max_k=4)
     assert text.startswith("On this CPU:")
     assert "dense breaks even from acceptance" in text and "moe never breaks even" in text
     assert "c(2) = 3.00 plain steps" in text  # 2.5 + the 0.5 overhead, counted as the figures count it
     assert "dense breaks even from acceptance 0.10 per position (at its best k = 1; c(2) = 1.10" in text
     assert "grew by" in text and "faster for the second" in text
-    fig = figures.break_even([dense, moe], k_max=4)
+    fig = figures.break_even([dense, moe], max_k=4)
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert any("moe (fast): never breaks even" in t and "c(2) = 3.00" in t for t in legend)
     assert any("never breaks even" in t.get_text() for t in fig.axes[0].texts)  # the marked band
