@@ -482,8 +482,7 @@ def test_a_queued_rejection_leaves_the_target_as_the_verification_alone_would(ve
     the tokens, the plain steps after it and the caches' length are those of plain greedy decoding."""
     from specbench.core.draft import Draft
     from specbench.core.options import checked_options
-    from specbench.core.target import Pipeline
-    from specbench.core.target import ModelTarget
+    from specbench.core.target import ModelTarget, Pipeline
     from specbench.exact import verifier_for
 
     model = build_tiny("qwen3")
