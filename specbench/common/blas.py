@@ -152,6 +152,8 @@ def status_line() -> str:
         library = optimized_blas()
     except FileNotFoundError as err:
         return f"CPU BLAS: MLX's reference BLAS ({blas}): {err}"
+    if os.environ.get(BLAS_ENV, "").strip().lower() == "reference":
+        return f"CPU BLAS: MLX's reference BLAS ({blas}), as {BLAS_ENV}=reference asks"
     if library is not None:
         return (
             f"CPU BLAS: MLX's reference BLAS ({blas}); {library} is installed: `specbench` preloads it, "
