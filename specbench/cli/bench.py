@@ -77,6 +77,12 @@ def _bench(parser: argparse.ArgumentParser):
     )
 
     def run(args):
+        from specbench.report.progress import Heartbeat
+
+        with Heartbeat("specbench bench"):  # a line every 30 s, so that no stretch of the run is silent
+            return bench(args)
+
+    def bench(args):
         device_defaults(args)  # on a CPU: a run of minutes unless asked for more
         if args.batch is not None:
             from specbench.bench.batch_bench import bench_batch_source
