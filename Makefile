@@ -2,12 +2,12 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The optimized BLAS preloaded for MLX's CPU matmuls (specbench.common.blas): empty where none is installed
-# or SPECBENCH_BLAS=reference. The specbench command preloads it by itself; the test run and the notebooks'
-# Jupyter kernel get it here.
-BLAS = $(shell $(BIN)/python -c 'from specbench.common.blas import optimized_blas; print(optimized_blas() or "")')
+# Prints the optimized BLAS to preload for MLX's CPU matmuls (specbench.common.blas), or nothing where none is
+# installed or SPECBENCH_BLAS=reference. The specbench command preloads it by itself; the test run and the
+# notebooks' Jupyter kernel get it here (run by the recipes, once the environment exists).
+FIND_BLAS = $(BIN)/python -c 'from specbench.common.blas import optimized_blas; print(optimized_blas() or "")'
 # The test run's processes: two (pytest-xdist) on two or more cores, each with one BLAS thread.
-TEST_WORKERS ?= $(shell $(PY) -c 'import os; print(min(2, len(os.sched_getaffinity(0))))')
+TEST_WORKERS ?= $(shell $(PY) -c 'import os; print(min(2, len(getattr(os, "sched_getaffinity", lambda _: [1, 1])(0))))')
 
 .PHONY: setup report test lint format clean
 
@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/specbench setup
 	# a Jupyter kernel named "specbench" (this environment's Python, with the optimized BLAS preloaded where
 	# there is one), for JupyterLab run outside the venv
-	$(BIN)/python -m ipykernel install --user --name specbench --display-name "Python (specbench)" \
-		$(if $(BLAS),--env LD_PRELOAD $(BLAS))
+	blas="$$($(FIND_BLAS))"; $(BIN)/python -m ipykernel install --user --name specbench \
+		--display-name "Python (specbench)" $${blas:+--env LD_PRELOAD "$$blas"}
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -30,8 +30,8 @@ report: $(STAMP)
 	$(BIN)/specbench report --profile full
 
 test: $(STAMP)
-	LD_PRELOAD="$(strip $(BLAS) $(LD_PRELOAD))" OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} \
-		$(BIN)/python -m pytest tests -n $(TEST_WORKERS)
+	blas="$$($(FIND_BLAS))"; LD_PRELOAD="$${blas:+$$blas }$${LD_PRELOAD:-}" \
+		OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} $(BIN)/python -m pytest tests -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
