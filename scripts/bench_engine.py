@@ -1,6 +1,6 @@
 """Engine speed: specbench's plain decoding against mlx-lm's, and what the step log costs.
 
-    python scripts/bench_engine.py [--model smollm2-135m] [--tokens 64] [--rounds 3] [--quick] [--json PATH]
+    python3 -m scripts.bench_engine [--model smollm2-135m] [--tokens 64] [--rounds 3] [--quick] [--json PATH]
 
 Prints two ratios, measured in one run on one model and prompt (greedy, the same tokens):
 
@@ -27,9 +27,6 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx
 

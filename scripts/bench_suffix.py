@@ -1,6 +1,6 @@
 """SuffixDecoding's CPU cost: draft() and update times with a large global store, memory per token.
 
-    python scripts/bench_suffix.py [--store-tokens 1000000] [--requests 20] [--quick]
+    python3 -m scripts.bench_suffix [--store-tokens 1000000] [--requests 20] [--quick]
 
 The token streams are synthetic but shaped like agent traffic: a Zipfian vocabulary with
 per-token favoured successors (text-like branching), and spans copied from earlier in the request

@@ -1,8 +1,8 @@
 """Acceptance of an MTP head in speculative greedy decoding, on prompts training never saw.
 
-    python scripts/eval_mtp.py                                   # smollm2-135m with its shipped head
-    python scripts/eval_mtp.py --model smollm2-135m-moe          # the MoE twin with its head
-    python scripts/eval_mtp.py --head DIR/mtp.safetensors --prompts ../shared/data/spec-bench/question.jsonl
+    python3 -m scripts.eval_mtp                                   # smollm2-135m with its shipped head
+    python3 -m scripts.eval_mtp --model smollm2-135m-moe          # the MoE twin with its head
+    python3 -m scripts.eval_mtp --head DIR/mtp.safetensors --prompts ../shared/data/spec-bench/question.jsonl
 
 Prompt sets: the project's bundled chat prompts (``--prompts bundled``, the default) or a
 Spec-Bench / MT-bench question.jsonl, plus snippets of held-out Python standard-library code and
@@ -18,8 +18,6 @@ import json
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specbench import load
 from specbench.inputs.prompts import questions_from, render_prompt

@@ -1,7 +1,7 @@
 """Memory bandwidth achieved by plain decoding, against the device's measured peak.
 
-    python3 scripts/gpu/bandwidth.py --budget 90   # H200: SmolLM2-135M, Qwen3-8B and Qwen3-30B-A3B shapes (4-bit, bf16)
-    python3 scripts/gpu/bandwidth.py --quick       # CPU: tiny float32 shapes, seconds
+    python3 -m scripts.gpu.bandwidth --budget 90   # H200: SmolLM2-135M, Qwen3-8B and Qwen3-30B-A3B shapes (4-bit, bf16)
+    python3 -m scripts.gpu.bandwidth --quick       # CPU: tiny float32 shapes, seconds
 
 For each model: the weight bytes one decode step reads (``specbench.cost.bandwidth.bytes_per_token``:
 every weight once, of routed experts only the share a token uses), the plain decode speed through
@@ -20,8 +20,6 @@ import os
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step

@@ -1,8 +1,8 @@
 """Batched speculative decoding on synthetic shapes: c(w, B), break-even a*(k, B), the measured grid,
 throughput against mlx-lm's BatchGenerator, first-divergence statistics, and a verdict.
 
-    python3 scripts/gpu/batch.py --budget 420   # H200: Qwen3-8B, Qwen3-30B-A3B, Qwen3.5-9B, 4-bit, B <= 32
-    python3 scripts/gpu/batch.py --quick        # CPU: tiny float32 shapes, < 60 s
+    python3 -m scripts.gpu.batch --budget 420   # H200: Qwen3-8B, Qwen3-30B-A3B, Qwen3.5-9B, 4-bit, B <= 32
+    python3 -m scripts.gpu.batch --quick        # CPU: tiny float32 shapes, < 60 s
 
 Per shape, each phase written out as soon as it is done (an interrupted run keeps what it finished),
 skipped when it would not fit in --budget, and a batch size whose forward fails (an MLX kernel that
@@ -30,11 +30,8 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx
 import numpy as np

@@ -1,10 +1,10 @@
 """Spec-Bench-protocol prompt benchmark on the device, and the engine's speed against mlx-lm.
 
-    python3 scripts/gpu/bench.py            # H200: the embedded SmolLM2-135M, bundled prompts, < 5 minutes
-    python3 scripts/gpu/bench.py --quick    # CPU smoke run: two short prompts, 8 tokens, prompt lookup only
-    python3 scripts/gpu/bench.py --render reports/gpu   # redraw table and figure from saved results (no model)
+    python3 -m scripts.gpu.bench            # H200: the embedded SmolLM2-135M, bundled prompts, < 5 minutes
+    python3 -m scripts.gpu.bench --quick    # CPU smoke run: two short prompts, 8 tokens, prompt lookup only
+    python3 -m scripts.gpu.bench --render reports/gpu   # redraw table and figure from saved results (no model)
 
-1. Engine speed (scripts/bench_engine.py): specbench plain ``generate`` over mlx-lm ``stream_generate``
+1. Engine speed (``scripts.bench_engine``): specbench plain ``generate`` over mlx-lm ``stream_generate``
    tokens/s, and the step log's share of generation time, in one run.
 2. ``specbench.bench.bench_prompts`` on the bundled prompts (--limit per category): mlx-lm plain,
    specbench plain, and prompt lookup, SuffixDecoding and MTP (when the model has a head) under each
@@ -22,19 +22,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-
-def engine_script():
-    spec = importlib.util.spec_from_file_location("bench_engine", ROOT / "scripts" / "bench_engine.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main() -> None:
@@ -83,7 +74,8 @@ def main() -> None:
     print(f"{args.model} loaded in {load_s:.1f} s on {device_name()}", flush=True)
 
     # 1. engine speed, before anything else has warmed the model up differently
-    eng = engine_script()
+    from scripts import bench_engine as eng
+
     prompt = render_prompt(tokenizer, eng.PROMPT)
     eng.run_mlx_lm(model, tokenizer, prompt, 8)
     eng.run_specbench(model, tokenizer, prompt, 8)

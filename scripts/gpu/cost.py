@@ -1,7 +1,7 @@
 """Verify-cost profiles, break-even curves and the measured speedup grid on synthetic models.
 
-    python3 scripts/gpu/cost.py            # H200: Qwen3-8B and Qwen3-30B-A3B shapes, 4-bit; hybrids if time allows
-    python3 scripts/gpu/cost.py --quick    # CPU: tiny float32 shapes
+    python3 -m scripts.gpu.cost            # H200: Qwen3-8B and Qwen3-30B-A3B shapes, 4-bit; hybrids if time allows
+    python3 -m scripts.gpu.cost --quick    # CPU: tiny float32 shapes
 
 On CUDA the run keeps specbench's MLX_CUDA_USE_CUDNN_SDPA=0 (unless set) so that the exact-mode grid
 follows plain greedy decoding (cuDNN's decoding attention is not bit-reproducible across KV layouts:
@@ -27,8 +27,6 @@ import os
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx
 import numpy as np

@@ -1,8 +1,8 @@
 """The embedded SmolLM2-135M on the device: set-up time, greedy answers, decode speed, and how far the stored
 float16 weights (computed in float16 on a GPU) and bfloat16 drift from float32 logits.
 
-    python3 scripts/gpu/embedded.py            # H200: float16 (stored), bfloat16, float32; 3 prompts x 32 tokens
-    python3 scripts/gpu/embedded.py --quick    # CPU: float32 and float16, 1 prompt x 8 tokens (seconds)
+    python3 -m scripts.gpu.embedded            # H200: float16 (stored), bfloat16, float32; 3 prompts x 32 tokens
+    python3 -m scripts.gpu.embedded --quick    # CPU: float32 and float16, 1 prompt x 8 tokens (seconds)
 
 Writes into $OUT (default reports/gpu): embedded.json, embedded.csv; prints a compact table.
 """
@@ -16,8 +16,6 @@ import os
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx
 from mlx_lm import stream_generate

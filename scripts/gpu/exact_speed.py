@@ -62,10 +62,12 @@ def timed_cells(model, prompt: list[int], tokens: int, k: int, low: float) -> di
 
     def speculative(mode: str, policy: Callable[[], DraftPolicy], acceptance: float) -> Callable[[], dict]:
         def run() -> dict:
-            drafter = OracleDrafter(prompt, reference, acceptance, vocab, seed=0, preferred_k=k)
+            # with the model, the oracle re-records the continuation where the output leaves it (fast
+            # verification's rounding does): it keeps drafting the true continuation, its seconds left out
+            drafter = OracleDrafter(prompt, reference, acceptance, vocab, seed=0, preferred_k=k, model=model)
             options = GenerateOptions(max_tokens=tokens, ignore_eos=True, verify=mode)
             gen = speculative_generate(model, prompt, options, drafter, policy(), progress=None)
-            spt = seconds_per_token(gen)
+            spt = seconds_per_token(gen, lambda: drafter.follow_s)
             stats = gen.stats()
             return {"spt": spt, "tokens": list(gen.tokens), "verifies": stats["verifies"]}
 

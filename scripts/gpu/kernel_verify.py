@@ -1,7 +1,7 @@
 """Exact verification with the row-invariant kernel, on a model at full depth: exactness and cost.
 
-    python3 scripts/gpu/kernel_verify.py                      # H200: Qwen3-8B shape, 4-bit, full depth
-    python3 scripts/gpu/kernel_verify.py --shape qwen3-30b-a3b --width 9
+    python3 -m scripts.gpu.kernel_verify                      # H200: Qwen3-8B shape, 4-bit, full depth
+    python3 -m scripts.gpu.kernel_verify --shape qwen3-30b-a3b --width 9
 
 1. calibration at --width (specbench.exact.calibrate: every level tested bit for bit against
    serial steps at a short cache and across the KV buffer's step), with ``linear/kernel`` among the
@@ -21,8 +21,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache

@@ -1,7 +1,7 @@
 """The row-invariant kernels on this device: does each reproduce MLX's one-row result, and what it costs.
 
-    python3 scripts/gpu/kernels.py            # H200, about a minute
-    python3 scripts/gpu/kernels.py --quick    # fewer shapes
+    python3 -m scripts.gpu.kernels            # H200, about a minute
+    python3 -m scripts.gpu.kernels --quick    # fewer shapes
 
 1. probe: for bfloat16 and float16, 4 and 8 bits, group sizes 32/64/128 and each dequant variant,
    whether every row of ``qmv_rows`` over 1..16 rows equals MLX's quantized matmul of that row alone
@@ -20,8 +20,6 @@ import os
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx
 

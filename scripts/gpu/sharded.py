@@ -2,10 +2,10 @@
 the cost of a verification at group size N against 1, dense against MoE, exactness, and the speedup at
 controlled acceptance, as ratios measured in one run.
 
-    python3 scripts/gpu/sharded.py           # a host with 2 GPUs: 2 NCCL ranks, one GPU each; Qwen3-8B and
+    python3 -m scripts.gpu.sharded           # a host with 2 GPUs: 2 NCCL ranks, one GPU each; Qwen3-8B and
                                              # Qwen3-30B-A3B shapes, 4-bit, random weights
-    python3 scripts/gpu/sharded.py --quick   # this CPU: 2 ring ranks, tiny shapes (under a minute)
-    mlx.launch -n 2 --backend ring -- python scripts/gpu/sharded.py --quick    # the same, launched by hand
+    python3 -m scripts.gpu.sharded --quick   # this CPU: 2 ring ranks, tiny shapes (under a minute)
+    mlx.launch -n 2 --backend ring -- python3 -m scripts.gpu.sharded --quick    # the same, launched by hand
 
 Started without a launcher it starts its own ranks with the variables mlx.launch sets: NCCL on CUDA (MLX_RANK,
 MLX_WORLD_SIZE, NCCL_HOST_IP, NCCL_PORT, CUDA_VISIBLE_DEVICES per rank, NCCL_NVLS_ENABLE=0 kept), the ring
@@ -31,8 +31,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 FULL = {
     "models": ["qwen3-8b-4bit", "qwen3-30b-a3b-4bit"],

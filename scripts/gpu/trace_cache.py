@@ -6,8 +6,8 @@ served from the cache, prefill and decode seconds; checked: every drafter equals
 plain outputs with the cache equal those without it, turn by turn (on a GPU a prefill split at another
 token may round differently: this measures whether it does).
 
-    python3 scripts/gpu/trace_cache.py            # H200: the embedded SmolLM2-135M, all bundled traces, ~3 minutes
-    python3 scripts/gpu/trace_cache.py --quick    # CPU smoke run: a tiny random model, 2 turns of one trace
+    python3 -m scripts.gpu.trace_cache            # H200: the embedded SmolLM2-135M, all bundled traces, ~3 minutes
+    python3 -m scripts.gpu.trace_cache --quick    # CPU smoke run: a tiny random model, 2 turns of one trace
 
 Writes into $OUT (default reports/gpu): trace_cache_turns.csv (one row per trace, turn, method and cache
 setting), trace_cache.json (settings, device, totals, identical flags); prints one line per trace.
@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from specbench import GenerateOptions
 from specbench.bench.trace_bench import bench_trace, trace_methods
@@ -53,9 +50,7 @@ def main() -> None:
     if args.quick:
         from mlx_lm.utils import load_tokenizer
 
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from traces import tiny_model
-
+        from scripts.gpu.traces import tiny_model
         from specbench.models.load import ensure_embedded
 
         tokenizer = load_tokenizer(ensure_embedded("smollm2-135m"))

@@ -1,8 +1,8 @@
 """Trace replay on the device: plain decoding vs prompt lookup, SuffixDecoding and MTP (when the model has a
 head) on every bundled trace, turn by turn, outputs checked identical.
 
-    python3 scripts/gpu/traces.py            # H200: the embedded SmolLM2-135M, all bundled traces, < 4 minutes
-    python3 scripts/gpu/traces.py --quick    # CPU smoke run: a tiny random model, 2 turns of each trace
+    python3 -m scripts.gpu.traces            # H200: the embedded SmolLM2-135M, all bundled traces, < 4 minutes
+    python3 -m scripts.gpu.traces --quick    # CPU smoke run: a tiny random model, 2 turns of each trace
 
 Writes into $OUT (default reports/gpu): traces_summary.csv (one row per trace and method), traces_turns.csv
 (one row per turn and method), traces_steps.parquet (every step's record, token lists dropped), traces.json
@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx
 

@@ -1,8 +1,8 @@
 """Train the MTP head of the embedded model (SmolLM2-135M) on the device and measure its acceptance.
 
-    python3 scripts/gpu/train_mtp.py              # H200: the full run, about 7 minutes (--budget 390 s to the
+    python3 -m scripts.gpu.train_mtp              # H200: the full run, about 7 minutes (--budget 390 s to the
                                                   # end of evaluation, then the MoE twin's check)
-    python3 scripts/gpu/train_mtp.py --quick      # CPU smoke run: tiny data, 30 steps
+    python3 -m scripts.gpu.train_mtp --quick      # CPU smoke run: tiny data, 30 steps
 
 Data are made on the device: the model's own greedy answers to the project's template prompts and
 its continuations of code and text snippets, plus the Python standard library's source and
@@ -25,16 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import mlx.core as mx
+
+from specbench import load
+from specbench.common.files import write_json_atomic
+from specbench.models.mtp import attach_mtp
+from specbench.train.mtp_metrics import evaluate_decoding
+from specbench.train.mtp_training import TrainConfig, summary_lines, train_mtp
+
 START = time.perf_counter()
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import mlx.core as mx  # noqa: E402
-
-from specbench import load  # noqa: E402
-from specbench.common.files import write_json_atomic  # noqa: E402
-from specbench.models.mtp import attach_mtp  # noqa: E402
-from specbench.train.mtp_metrics import evaluate_decoding  # noqa: E402
-from specbench.train.mtp_training import TrainConfig, summary_lines, train_mtp  # noqa: E402
 
 NAME = "smollm2-135m"
 

@@ -1,7 +1,7 @@
 """Token trees against paths on the device: traces, verify cost by node count, controlled acceptance.
 
-    python3 scripts/gpu/trees.py --budget 240   # H200, about 5 minutes
-    python3 scripts/gpu/trees.py --quick        # CPU smoke run: tiny shapes, a few tokens, under a minute
+    python3 -m scripts.gpu.trees --budget 240   # H200, about 5 minutes
+    python3 -m scripts.gpu.trees --quick        # CPU smoke run: tiny shapes, a few tokens, under a minute
 
 1. Traces (the embedded SmolLM2-135M; first, within 45 % of --budget): the model's greedy outputs
    (--trace-tokens per turn) on every turn of data/traces (recorded history as prompts); the simulator
@@ -35,11 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx
 import numpy as np

@@ -1,5 +1,5 @@
-"""Paired timing statistics: bootstrap intervals (expanded percentile), a one-sided t-test of paired log ratios, Holm's
-correction over many cells.
+"""Paired timing statistics: ratios over adjacent pairs of runs in alternating order (``paired_ratio``), bootstrap
+intervals (expanded percentile), a one-sided t-test of paired log ratios, Holm's correction over many cells.
 
 A speedup measured on a machine whose speed drifts between runs needs an interval, not a point: these are
 the pieces the benchmarks share (``specbench bench``'s intervals over prompts, the GPU default-policy
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -140,3 +141,60 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
         adjusted[i] = running
     return adjusted
+
+
+# -- paired runs -------------------------------------------------------------------------------------------------
+
+
+def baseline_first(index: int) -> bool:
+    """Whether the baseline runs first in pair ``index`` of a sequence of adjacent (baseline, method) pairs: the
+    order alternates, so a machine whose speed drifts one way favours neither side."""
+    return index % 2 == 0
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """A throughput ratio measured over adjacent (baseline, method) pairs of runs: the method's tokens / seconds
+    over the baseline's, summed over every pair, with its 95 % expanded bootstrap interval (``ratio_interval``).
+
+    The interval resamples whole units (prompts, traces) when there are ``MIN_UNITS`` of them, else single pairs
+    when there are ``MIN_UNITS`` pairs (then it speaks of these units only), else there is none. ``resampled`` says
+    which: "prompt", "trace", "pair" or "" (no interval)."""
+
+    ratio: float
+    low: float | None
+    high: float | None
+    pairs: int
+    units: int
+    resampled: str
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    def excludes_one(self) -> bool:
+        """True when the interval lies wholly above or wholly below 1."""
+        return self.has_interval and (self.low > 1.0 or self.high < 1.0)
+
+
+def paired_ratio(pairs: Sequence[tuple[Any, float, float, float, float]], unit: str = "prompt") -> PairedRatio:
+    """``PairedRatio`` of ``pairs``: (unit key, baseline tokens, baseline seconds, method tokens, method seconds)
+    per pair of adjacent runs; ``unit`` names what a key is ("prompt", "trace", "turn")."""
+    if not pairs:
+        raise ValueError("paired_ratio needs at least one pair of runs")
+    by_unit: dict[Any, list[float]] = {}
+    for key, base_tokens, base_s, tokens, seconds in pairs:
+        sums = by_unit.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+        for i, value in enumerate((base_tokens, base_s, tokens, seconds)):
+            sums[i] += float(value)
+    totals = np.sum(list(by_unit.values()), axis=0)
+    ratio = (totals[2] / totals[3]) / (totals[0] / totals[1]) if totals[1] > 0 and totals[3] > 0 else float("nan")
+    if len(by_unit) >= MIN_UNITS:
+        units, resampled = list(by_unit.values()), unit
+    elif len(pairs) >= MIN_UNITS:
+        units, resampled = [list(map(float, p[1:])) for p in pairs], "pair"
+    else:
+        return PairedRatio(float(ratio), None, None, len(pairs), len(by_unit), "")
+    interval = ratio_interval([(u[0], u[1]) for u in units], [(u[2], u[3]) for u in units])
+    assert interval is not None  # MIN_UNITS units or pairs
+    return PairedRatio(float(ratio), interval[0], interval[1], len(pairs), len(by_unit), resampled)

@@ -16,6 +16,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm import stream_generate
 
+from specbench.common.timing import quiet
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions, check_verify_mode
 from specbench.core.policies import DraftPolicy, as_policy
@@ -145,15 +146,16 @@ def run_mlx_lm(
     tokens: list[int] = []
     from_draft: list[bool] = []
     finish = None
-    start = time.perf_counter()
-    first = None
-    for response in stream_generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens, **kwargs):
-        if first is None:
-            first = time.perf_counter()
-        tokens.append(int(response.token))
-        from_draft.append(bool(response.from_draft))
-        finish = response.finish_reason
-    wall = time.perf_counter() - start
+    with quiet():
+        start = time.perf_counter()
+        first = None
+        for response in stream_generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens, **kwargs):
+            if first is None:
+                first = time.perf_counter()
+            tokens.append(int(response.token))
+            from_draft.append(bool(response.from_draft))
+            finish = response.finish_reason
+        wall = time.perf_counter() - start
     run = TimedRun(tokens, wall, (first or start) - start, max(0, len(tokens) - 1), finish_reason=finish)
     if draft_model is not None:
         # Each verification emits its accepted draft tokens, then one token of the target's own;
@@ -186,16 +188,17 @@ def run_specbench(
 ) -> TimedRun:
     """specbench's plain ``generate`` (no drafter) or ``speculative_generate``, greedy, timed."""
     options = GenerateOptions(max_tokens=max_tokens, verify=verify)
-    start = time.perf_counter()
-    first = None
-    if drafter is None:
-        gen = generate(model, list(prompt), options, tokenizer=tokenizer)
-    else:
-        gen = speculative_generate(model, list(prompt), options, drafter, policy, tokenizer=tokenizer)
-    for _ in gen:
-        if first is None:
-            first = time.perf_counter()
-    wall = time.perf_counter() - start
+    with quiet():
+        start = time.perf_counter()
+        first = None
+        if drafter is None:
+            gen = generate(model, list(prompt), options, tokenizer=tokenizer)
+        else:
+            gen = speculative_generate(model, list(prompt), options, drafter, policy, tokenizer=tokenizer)
+        for _ in gen:
+            if first is None:
+                first = time.perf_counter()
+        wall = time.perf_counter() - start
     stats = gen.stats()
     run = TimedRun(
         list(gen.tokens),

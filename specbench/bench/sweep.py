@@ -30,7 +30,9 @@ from typing import Any
 import polars as pl
 from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows them on the console
 
+from specbench.bench import paired
 from specbench.bench.positions import per_position_acceptance
+from specbench.bench.sweep_summary import best_per_group, rate, summarize_sweep  # noqa: F401 (the sweep's API)
 from specbench.bench.timing import cache_copy, prefix_cache, timed
 from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic
@@ -122,6 +124,7 @@ def run_sweep(
     out: str | os.PathLike | None = None,
     spread: bool | None = None,
     acceptances: Sequence[Acceptance] = (Acceptance(),),
+    pairs: int = 0,
 ) -> Sweep:
     """Decode every prompt plainly, then with each drafter x policy, per temperature and seed.
 
@@ -136,6 +139,13 @@ def run_sweep(
     starts every generation of a prompt from one prefill of its prefix. ``acceptances``: the acceptance
     rules every speculative generation runs with (the ``acceptance`` column holds each one's label;
     "none" for plain runs).
+
+    ``pairs``: 0 compares every generation of a cell with the cell's one plain run (a screen: one timing each,
+    no interval). N >= 1 times every drafter x policy N times, each time in a pair with a plain run next to it,
+    the order alternating from pair to pair (``paired.baseline_first``), and each row's baseline is its pair's
+    plain run (``pair``: 0..N-1); consecutive plain runs of a cell form the A/A cell (drafter "none", policy
+    ``AA_POLICY``: plain against plain, the machine's own noise, at no extra run). Step logs are kept for the
+    first pair; ``summarize_sweep`` gives each group its paired interval.
 
     A cell is one prompt at one temperature and seed: its plain run and every drafter x policy.
     With ``out`` each finished cell is written there (``cells/``, atomically) and a sweep started
@@ -172,6 +182,7 @@ def run_sweep(
         "verify": verify,
         "ignore_eos": ignore_eos,
         "reuse_prefill": reuse_prefill,
+        **({"pairs": pairs} if pairs else {}),
         **(
             {"acceptances": [dataclasses.astuple(a) for a in acceptances]}
             if list(acceptances) != [Acceptance()]
@@ -189,7 +200,9 @@ def run_sweep(
         modes = {GenerateOptions(temperature=float(t), verify=verify).verify_mode for t in temperatures}
         if factories and "exact" in modes:
             _calibrate_exact(model, policies, factories)
-    total = len(todo) * (1 + len(acceptances) * len(factories) * len(policies))
+    if pairs < 0:
+        raise ValueError(f"pairs must be >= 0, got {pairs}")
+    total = len(todo) * (1 + len(acceptances) * len(factories) * len(policies) * max(1, 2 * pairs))
     shown = progress and distributed.is_main()
     bar = tqdm(total=total, desc="sweep", disable=not shown, leave=False)
     results: dict[int, tuple[list[dict[str, Any]], pl.DataFrame]] = dict(done)
@@ -200,7 +213,7 @@ def run_sweep(
             if reuse_prefill and prefix_of is not prompt:
                 prefix, prefix_of = prefix_cache(model, prompt.ids), prompt
             cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify)
-            results[i] = _run_cell(model, tokenizer, cell, factories, policies, prefix, bar, acceptances)
+            results[i] = _run_cell(model, tokenizer, cell, factories, policies, prefix, bar, acceptances, pairs)
             if store is not None:
                 store.write(cells[i], *results[i])
     finally:
@@ -219,6 +232,10 @@ def run_sweep(
     return Sweep(pl.DataFrame(runs, infer_schema_length=None), steps, skipped)
 
 
+#: The policy name of a sweep's A/A rows: plain decoding against the plain run before it.
+AA_POLICY = "A/A"
+
+
 def _run_cell(
     model: Any,
     tokenizer: Any,
@@ -228,8 +245,10 @@ def _run_cell(
     prefix: Any,
     bar: Any,
     acceptances: Sequence[Acceptance] = (Acceptance(),),
+    pairs: int = 0,
 ) -> tuple[list[dict[str, Any]], pl.DataFrame]:
-    """One prompt at one temperature and seed: the plain run, then every rule x drafter x policy (run ids from 0)."""
+    """One prompt at one temperature and seed: the plain run, then every rule x drafter x policy (run ids from 0),
+    once against that plain run, or ``pairs`` times each in an adjacent pair with a plain run of its own."""
     prompt, temperature, seed, ignore_eos, max_tokens, verify = cell
     options = GenerateOptions(
         max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos, verify=verify
@@ -243,28 +262,67 @@ def _run_cell(
     }
     runs: list[dict[str, Any]] = []
     frames: list[pl.DataFrame] = []
-    bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
-    plain = generate(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
-    plain_tokens, plain_s = timed(plain)
-    baseline = {"plain_decode_tokens": len(plain_tokens) - 1, "plain_decode_s": plain_s}
-    runs.append(_row(len(runs), {**base, "acceptance": "none"}, "none", None, plain, plain_s, baseline, None))
+
+    def run_plain() -> tuple[Any, list[int], float]:
+        bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
+        gen = generate(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
+        tokens, seconds = timed(gen)
+        bar.update()
+        return gen, tokens, seconds
+
+    plain, plain_tokens, plain_s = run_plain()
+    reference = {"plain_decode_tokens": len(plain_tokens) - 1, "plain_decode_s": plain_s}
+    runs.append(_row(len(runs), {**base, "acceptance": "none"}, "none", None, plain, plain_s, reference, None))
     frames.append(_steps(plain.log, len(runs) - 1, base))
-    bar.update()
-    for rule, drafter_name, policy in ((r, d, p) for r in acceptances for d in factories for p in policies):
-        bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
-        ruled = dataclasses.replace(
-            options, acceptance=rule.name, typical_epsilon=rule.epsilon, typical_delta=rule.delta
-        )
+
+    def run_method(ruled: GenerateOptions, drafter_name: str, policy: DraftPolicy) -> tuple[Any, list[int], float]:
         drafter = factories[drafter_name]()
         gen = speculative_generate(
             model, prompt.ids, ruled, drafter, policy, tokenizer=tokenizer, prompt_cache=cache_copy(prefix, drafter)
         )
         tokens, seconds = timed(gen)
-        same = tokens == plain_tokens if temperature == 0 else None
-        labelled = {**base, "acceptance": rule.label}
-        runs.append(_row(len(runs), labelled, drafter_name, policy, gen, seconds, baseline, same))
-        frames.append(_steps(gen.log, len(runs) - 1, labelled))
         bar.update()
+        return gen, tokens, seconds
+
+    methods = [(r, d, p) for r in acceptances for d in factories for p in policies]
+    previous_plain = (plain, plain_s)
+    for pair in range(max(1, pairs)):
+        for index, (rule, drafter_name, policy) in enumerate(methods):
+            bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
+            ruled = dataclasses.replace(
+                options, acceptance=rule.name, typical_epsilon=rule.epsilon, typical_delta=rule.delta
+            )
+            labelled = {**base, "acceptance": rule.label}
+            if not pairs:
+                gen, tokens, seconds = run_method(ruled, drafter_name, policy)
+                baseline = reference
+            else:
+                # adjacent to a plain run of its own, the order alternating from one pair to the next
+                if paired.baseline_first(pair * len(methods) + index):
+                    mine = run_plain()
+                    gen, tokens, seconds = run_method(ruled, drafter_name, policy)
+                else:
+                    gen, tokens, seconds = run_method(ruled, drafter_name, policy)
+                    mine = run_plain()
+                baseline = {"plain_decode_tokens": len(mine[1]) - 1, "plain_decode_s": mine[2]}
+                aa = {"plain_decode_tokens": len(previous_plain[0].tokens) - 1, "plain_decode_s": previous_plain[1]}
+                runs.append(
+                    {
+                        **_row(len(runs), {**base, "acceptance": "none"}, "none", None, mine[0], mine[2], aa, None),
+                        "policy": AA_POLICY,
+                        "pair": pair,
+                    }
+                )
+                previous_plain = (mine[0], mine[2])
+            same = tokens == plain_tokens if temperature == 0 else None
+            runs.append(
+                {
+                    **_row(len(runs), labelled, drafter_name, policy, gen, seconds, baseline, same),
+                    **({"pair": pair} if pairs else {}),
+                }
+            )
+            if pair == 0:
+                frames.append(_steps(gen.log, len(runs) - 1, labelled))
     return runs, pl.concat(frames, how="diagonal_relaxed")
 
 
@@ -366,64 +424,6 @@ def _steps(log: Any, run: int, base: dict[str, Any]) -> pl.DataFrame:
         pl.lit(base["seed"]).alias("seed"),
         pl.lit(base.get("acceptance", "none")).alias("acceptance"),
     )
-
-
-# -- aggregates --------------------------------------------------------------------------------
-
-
-def rate(numerator: pl.Expr, denominator: str, otherwise: float | None) -> pl.Expr:
-    """``numerator`` / column ``denominator`` where that is positive, else ``otherwise``."""
-    return pl.when(pl.col(denominator) > 0).then(numerator / pl.col(denominator)).otherwise(otherwise)
-
-
-def summarize_sweep(runs: pl.DataFrame, by: Sequence[str] = ("drafter", "policy")) -> pl.DataFrame:
-    """Totals per group and the rates derived from them (ratios of sums, as Spec-Bench's #MAT).
-
-    ``speedup`` = (sum of decode tokens / sum of decode seconds) over the group's runs divided by
-    the same for their plain baselines; ``mean_k``: tokens drafted per verification.
-    """
-    by = list(by)
-    missing = [c for c in by if c not in runs.columns]
-    if missing:
-        raise ValueError(f"cannot group by {missing}: the runs have columns {runs.columns}")
-    out = (
-        runs.group_by(by, maintain_order=True)
-        .agg(
-            pl.len().alias("runs"),
-            pl.col(
-                "decode_tokens",
-                "decode_s",
-                "plain_decode_tokens",
-                "plain_decode_s",
-                "steps",
-                "verifies",
-                "drafted",
-                "accepted",
-            ).sum(),
-            pl.col("equal_to_plain").drop_nulls().all().alias("all_equal_to_plain"),
-            pl.col("equal_to_plain").drop_nulls().len().alias("checked"),
-            *[pl.col(c).first() for c in ("policy_family", "k") if c in runs.columns and c not in by],
-        )
-        .with_columns(
-            (pl.col("decode_tokens") / pl.col("decode_s")).alias("decode_tokens_per_s"),
-            (
-                (pl.col("decode_tokens") / pl.col("decode_s"))
-                / (pl.col("plain_decode_tokens") / pl.col("plain_decode_s"))
-            ).alias("speedup"),
-            (pl.col("decode_tokens") / pl.col("steps")).alias("mean_accepted_tokens"),
-            rate(pl.col("accepted") + pl.col("verifies"), "verifies", None).alias("tokens_per_verify"),
-            rate(pl.col("accepted"), "drafted", None).alias("acceptance_rate"),
-            rate(pl.col("drafted"), "verifies", None).alias("mean_k"),
-        )
-    )
-    return out.with_columns(
-        pl.when(pl.col("checked") > 0).then(pl.col("all_equal_to_plain")).otherwise(None).alias("all_equal_to_plain")
-    )
-
-
-def best_per_group(summary: pl.DataFrame, group: Sequence[str], metric: str = "speedup") -> pl.DataFrame:
-    """The row with the highest ``metric`` in each ``group`` (e.g. each drafter's best policy)."""
-    return summary.sort(metric, descending=True, nulls_last=True).group_by(list(group), maintain_order=True).first()
 
 
 # -- agent traces ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from specbench.common.timing import quiet
 from specbench.core.engine import generate
 from specbench.core.forward import forward
 from specbench.core.options import GenerateOptions
@@ -44,15 +45,17 @@ def timed(generation: Any) -> tuple[list[int], float]:
     """Run a Generation to the end: (its tokens, wall seconds from the first token to the last).
 
     The first token comes from the prompt pass, so the seconds cover decoding alone, measured
-    by the clock rather than summed from the step log (some work between steps is in no step).
+    by the clock rather than summed from the step log (some work between steps is in no step). The
+    garbage collector is collected before and paused during the run (``quiet``).
     """
     tokens: list[int] = []
     first = end = 0.0
-    for token in generation:
-        end = time.perf_counter()
-        if not tokens:
-            first = end
-        tokens.append(token)
+    with quiet():
+        for token in generation:
+            end = time.perf_counter()
+            if not tokens:
+                first = end
+            tokens.append(token)
     return tokens, end - first
 
 

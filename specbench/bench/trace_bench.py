@@ -34,6 +34,7 @@ from specbench.bench.trace_summary import (
 from specbench.bench.turn_cache import TurnCache
 from specbench.common.files import safe_name, write_parquet_atomic, write_text_atomic
 from specbench.common.per_key import per_key
+from specbench.common.timing import quiet
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
 from specbench.core.forward import context_length
@@ -101,8 +102,9 @@ def _run(
             model, prompt, options, drafter, policy, tokenizer=tokenizer, prompt_cache=prompt_cache
         )
     )
-    for _ in gen:
-        pass
+    with quiet():  # the turn's decode time is read from its log, which this loop fills
+        for _ in gen:
+            pass
     cache.keep(prompt, gen.cache)
     return gen
 

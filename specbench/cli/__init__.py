@@ -14,7 +14,7 @@ import warnings
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 
-from specbench.cli import bench, decode, measure, mtp, report, simulate  # noqa: F401  (each registers its subcommands)
+from specbench.cli import ab, bench, decode, measure, mtp, report, simulate  # noqa: F401  (each registers its subcommands)
 from specbench.cli.registry import COMMANDS
 
 #: What a user's mistake or the machine's state raises; anything else is a bug and keeps its traceback.

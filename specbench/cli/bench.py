@@ -144,7 +144,11 @@ def _bench(parser: argparse.ArgumentParser):
             save_prompt_figure(result, args.out)
         print()
         print(result.table())
+        from specbench.bench.prompt_runs import PROMPT_BASELINE
         from specbench.cost.bandwidth import describe_speeds
+        from specbench.report import verdicts
+
+        print(f"\nVerdict: {verdicts.bench(result.summary(), PROMPT_BASELINE)}")
 
         overall = {r["method"]: r["decode_tokens_per_s"] for r in result.summary() if r["category"] == "overall"}
         print(

@@ -289,7 +289,7 @@ class BatchGeneration:
     def _plain_steps_planned(self, plans: list[tuple[int, bool, Any, float]]) -> int:
         """How many plain steps every active row takes from now when no ``plan`` drafts and the batch can
         pipeline them (greedy rows, no hidden states or expert counts): the fewest the paused rows' policies
-        ask for (``plain_run``), 1 when a row asked for a draft that did not come; 0 when a row drafts. Rows
+        ask for (``Plain.n``), 1 when a row asked for a draft that did not come; 0 when a row drafts. Rows
         without a drafter take as many as the others."""
         if not self._pipelinable():
             return 0
@@ -298,7 +298,7 @@ class BatchGeneration:
             if draft is not None:
                 return 0
             if paused:
-                steps = min(steps, request.policy.plain_run())
+                steps = min(steps, request.decision.n)
             elif k > 0:
                 steps = 1
         return steps

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from numbers import Integral
 from typing import Any
 
+from specbench.core.auto import CostEnvelope
 from specbench.core.policies import AutoPolicy, DraftPolicy
 
 
@@ -101,14 +102,7 @@ class BatchAutoPolicy(AutoPolicy):
         if batch_size == self.batch_size:
             return
         self.batch_size = batch_size
-        self._break_even_of = self._at(batch_size)
-        self._break_evens = {}
-        self.envelope = self.cost_envelope(self.drafter)
-        if not self.envelope:
-            self.k = 0
-        else:
-            self.k = self._best_k() if self.measured else self._initial_k(self.drafter)
-        self.break_even = self._break_even_for(self.k) if self.k else float("inf")
+        self.plan(CostEnvelope(self._at(batch_size), self.longest_draft(self.drafter)), self.drafter)
 
 
 __all__ = ["BatchAutoPolicy", "BatchTablePolicy"]

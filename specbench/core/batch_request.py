@@ -10,6 +10,8 @@ import numpy as np
 from specbench.core.draft import as_draft, check_draft
 from specbench.core.engine import Generation
 from specbench.core.experts import ExpertCounter
+from specbench.core.policies import Decision, Plain, Speculate
+from specbench.core.target import Step
 
 
 class BatchRequest(Generation):
@@ -18,8 +20,11 @@ class BatchRequest(Generation):
 
     def __init__(self, index: int, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self.target = self.target.inner  # the batch computes its steps (and pipelines them) itself
         self.index = index
         self.started = 0.0
+        #: The policy's last decision (``Plain.n``: the plain steps a paused row asks for).
+        self.decision: Decision = Plain(1)
 
     def __next__(self) -> int:
         raise TypeError("a batched request is decoded by its BatchGeneration: iterate that, or call its run()")
@@ -50,8 +55,8 @@ class BatchRequest(Generation):
         set_batch_size = getattr(self.policy, "set_batch_size", None)
         if set_batch_size is not None:
             set_batch_size(batch_size)
-        k = self.policy.next_k(self.log, self.drafter)
-        return (0, True) if k <= 0 else (k, False)
+        self.decision = self.policy.decide(self.log, self.drafter)
+        return (self.decision.k, False) if isinstance(self.decision, Speculate) else (0, True)
 
     def plan(self, decision: tuple[int, bool]) -> tuple[int, bool, Any, float]:
         """(k requested, paused, the checked draft (None: a plain row), draft seconds) for this step."""
@@ -100,7 +105,8 @@ class BatchRequest(Generation):
                 extra=extra,
             )
         else:
-            self._record_verify(position, emitted, k, draft, accepted, draft_s, verify_s, probs, extra)
+            step = Step(tokens, None, extra, accepted, probs)
+            self._record_verify(k, draft, step, emitted, draft_s=draft_s, verify_s=verify_s)
         for _ in self._emit(emitted, hidden[:, : len(emitted)] if hidden is not None else None):
             pass
         self._check_finished()

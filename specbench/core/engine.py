@@ -18,8 +18,8 @@ import mlx.nn as nn
 from specbench.core.draft import Draft, Drafter, as_draft, check_draft
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions, checked_options
-from specbench.core.policies import DraftPolicy
-from specbench.core.target import ModelTarget, Step, Target
+from specbench.core.policies import DraftPolicy, Plain, Speculate
+from specbench.core.target import ModelTarget, Pipeline, Step, Target
 from specbench.core.tree import depths
 from specbench.core.verify import FAST, Verifier
 
@@ -91,10 +91,13 @@ class Generation:
             source = ModelTarget(
                 source, options, verifier, prompt_cache, sorted(eos), self.needs_hidden, speculative=drafter is not None
             )
-        self.target = source
         self.model = getattr(source, "model", None)
-        self._check_prompt()
+        self._check_prompt(source)
         self.cached_prompt_tokens = source.cached_tokens(len(self.prompt)) if isinstance(source, ModelTarget) else 0
+        limit = source.context_limit
+        self.target = Pipeline(
+            source, options.max_tokens if limit is None else min(options.max_tokens, limit - len(self.prompt))
+        )
         if self.cached_prompt_tokens and self.needs_hidden:
             raise ValueError(
                 f"drafter {drafter.name} needs the hidden states of the whole prompt: pass a fresh prompt cache"
@@ -111,8 +114,8 @@ class Generation:
         self._observe_s = 0.0
         self._iter = self._run()
 
-    def _check_prompt(self) -> None:
-        vocab, limit = self.target.vocab, self.target.context_limit
+    def _check_prompt(self, target: Target) -> None:
+        vocab, limit = target.vocab, target.context_limit
         bad = [t for t in self.prompt if t < 0 or (vocab is not None and t >= vocab)]
         if bad:
             allowed = f"[0, {vocab})" if vocab is not None else ">= 0"
@@ -151,7 +154,7 @@ class Generation:
     @property
     def cache(self) -> list[Any] | None:
         """The model's prompt cache (None when decoding against a recorded output)."""
-        return getattr(self.target, "cache", None)
+        return getattr(self.target.inner, "cache", None)
 
     def text(self) -> str:
         if self.tokenizer is None:
@@ -171,15 +174,14 @@ class Generation:
                 yield from self._prefill()
                 while self._finish is None:
                     if drafter is None:
-                        yield from self._plain_stretch(self._remaining(), paused=False)
+                        yield from self._plain_stretch(self._remaining())
                         continue
-                    k = policy.next_k(self.log, drafter)
-                    if k <= 0:
-                        n = min(policy.plain_run(), self._remaining())
-                        shadow = policy.shadow_k() if n > 1 else 0
-                        yield from self._plain_stretch(n, paused=True, shadow=shadow, more=n < self._remaining())
+                    decision = policy.decide(self.log, drafter)
+                    if isinstance(decision, Plain):
+                        n = min(decision.n, self._remaining())
+                        yield from self._plain_stretch(n, paused=True, shadow=decision.shadow if n > 1 else 0)
                     else:
-                        yield from self._speculative_step(k)
+                        yield from self._speculate(decision)
         finally:
             self._wall_s = self.clock() - start
             if drafter is not None:
@@ -195,21 +197,20 @@ class Generation:
         yield from self._emit(emitted, step.hidden)
 
     def _plain_stretch(
-        self, n: int, paused: bool, k_requested: int = 0, draft_s: float = 0.0, shadow: int = 0, more: bool = False
+        self, n: int, paused: bool = False, k_requested: int = 0, draft_s: float = 0.0, shadow: int = 0
     ) -> Iterator[int]:
         """``n`` plain steps (the target pipelines them); ``shadow``: tokens drafted first and not
-        verified, logged on the first step for the policy to compare with the tokens decoded;
-        ``more``: tokens follow, so the target queues the next step already (``_settle``)."""
+        verified, logged on the first step for the policy to compare with the tokens decoded."""
         position = len(self.tokens)
         shadow_tokens: list[int] = []
         if shadow > 0:
             t0 = self.clock()
-            draft = as_draft(self.drafter.draft(self.prompt + self.tokens, shadow), shadow, self._drafter_name())
+            draft = self._draft(shadow)
             parents = draft.parents or []  # a tree: its leading path
             shadow_tokens = list(draft.tokens)[: next((i for i, p in enumerate(parents) if p != i - 1), shadow)]
             draft_s = self.clock() - t0
         tick = self.clock()  # before the first step is queued: on a CPU queuing computes it
-        for i, step in enumerate(self.target.plain_steps(position, n, more)):
+        for i, step in enumerate(self.target.plain_steps(position, n)):
             now = self.clock()
             emitted = self._stop_at(step.tokens)
             self._record(
@@ -228,82 +229,85 @@ class Generation:
             if self._finish is not None:
                 return
 
-    def _settle(self, k_requested: int) -> Iterator[int]:
-        """The plain step the target queued past the last stretch: its token, logged as a plain step
-        on the way to the speculative step that asked for ``k_requested`` drafts (not a paused one)."""
+    def _speculate(self, decision: Speculate) -> Iterator[int]:
+        """A speculative decision: the plain step the target queued ahead (logged as a plain step on the way,
+        not a paused one), then a speculative step (a plain one where a single token remains)."""
         t0 = self.clock()
-        step = self.target.settle()
-        if step is None:
-            return
-        emitted = self._stop_at(step.tokens)
-        self._record(
-            "plain", len(self.tokens), emitted, k_requested=k_requested, verify_s=self.clock() - t0, extra=step.extra
-        )
-        yield from self._emit(emitted, step.hidden)
-
-    def _speculative_step(self, k: int) -> Iterator[int]:
-        yield from self._settle(k)
+        step = self.target.ready()
+        if step is not None:
+            emitted = self._stop_at(step.tokens)
+            verify_s = self.clock() - t0
+            self._record(
+                "plain", len(self.tokens), emitted, k_requested=decision.k, verify_s=verify_s, extra=step.extra
+            )
+            yield from self._emit(emitted, step.hidden)
         if self._finish is not None:
             return
         if self._remaining() <= 1:
-            yield from self._plain_stretch(1, paused=False, k_requested=k)
-            return
-        k = min(k, self._remaining() - 1)
-        t0 = self.clock()
-        draft = as_draft(self.drafter.draft(self.prompt + self.tokens, k), k, self._drafter_name())
-        t1 = self.clock()
-        if not draft.tokens:  # a plain step instead (2+ tokens remain here), the next one queued as a stretch queues it
-            yield from self._plain_stretch(1, paused=False, k_requested=k, draft_s=t1 - t0, more=True)
-            return
-        draft = check_draft(draft, self._drafter_name(), self.target.vocab, sampling=self.options.temperature > 0)
-        position = len(self.tokens)
-        tree: dict[str, Any] = {}
-        if draft.is_tree:
-            step = self.target.verify(draft.tokens, draft.probs, position, parents=draft.parents)
-            tree = {"tree_nodes": len(draft.tokens), "tree_depth": max(depths(draft.parents))}
+            yield from self._plain_stretch(1, k_requested=decision.k)
         else:
-            step = self.target.verify(draft.tokens, draft.probs, position, queue_rejected=self.policy.probing())
+            yield from self._speculative_step(min(decision.k, self._remaining() - 1), decision.probing)
+
+    def _speculative_step(self, k: int, probing: bool) -> Iterator[int]:
+        """Draft, verify (forward, accept, rollback), stop, record, emit."""
+        t0 = self.clock()
+        draft = self._draft(k)
+        t1 = self.clock()
+        if not draft.tokens:  # a plain step instead (2+ tokens remain here), the one after it queued
+            yield from self._plain_stretch(1, k_requested=k, draft_s=t1 - t0)
+            return
+        draft = self._checked(draft)  # timed with the verification, as the target's own checks are
+        step = self.target.verify(draft, len(self.tokens), probing)
         t2 = self.clock()
         emitted = self._stop_at(step.tokens)
-        accepted = min(step.accepted, len(emitted))  # accepted tokens past a stop are never emitted
-        if tree:
-            tree["accepted_path"] = list(step.path[:accepted])
-        self._record_verify(
-            position, emitted, k, draft, accepted, t1 - t0, t2 - t1, step.accept_probs, step.extra, t2, **tree
-        )
-        hidden = step.hidden[:, : len(emitted)] if step.hidden is not None else None
-        yield from self._emit(emitted, hidden)
+        self._record_verify(k, draft, step, emitted, draft_s=t1 - t0, verify_s=t2 - t1, since=t2)
+        yield from self._emit(emitted, step.hidden[:, : len(emitted)] if step.hidden is not None else None)
+
+    def _draft(self, k: int) -> Draft:
+        """The drafter's draft of up to ``k`` tokens after the tokens so far."""
+        return as_draft(self.drafter.draft(self.prompt + self.tokens, k), k, self._drafter_name())
+
+    def _checked(self, draft: Draft) -> Draft:
+        return check_draft(draft, self._drafter_name(), self.target.vocab, sampling=self.options.temperature > 0)
 
     def _record_verify(
         self,
-        position: int,
-        emitted: list[int],
         k: int,
         draft: Draft,
-        accepted: int,
+        step: Step,
+        emitted: list[int],
+        *,
         draft_s: float,
         verify_s: float,
-        accept_probs: list[float],
-        extra: dict[str, Any],
-        other_since: float | None = None,
-        **tree: Any,
+        since: float | None = None,
     ) -> None:
-        """Log one verification of ``draft``; accepted tokens past a stop are never emitted, so never counted."""
+        """Log the verification of ``draft`` (asked for ``k`` tokens) that gave ``step``; accepted tokens past a
+        stop are never emitted, so never counted; ``since``: when the step's bookkeeping began."""
+        accepted = min(step.accepted, len(emitted))
+        tree = (
+            {
+                "tree_nodes": len(draft.tokens),
+                "tree_depth": max(depths(draft.parents)),
+                "accepted_path": step.path[:accepted],
+            }
+            if draft.is_tree
+            else {}
+        )
         self._record(
             "verify",
-            position,
+            len(self.tokens),
             emitted,
             k_requested=k,
             k_drafted=len(draft.tokens),
-            accepted=min(accepted, len(emitted)),
+            accepted=accepted,
             verify_width=len(draft.tokens) + 1,
             draft_s=draft_s,
             verify_s=verify_s,
-            accept_probs=accept_probs,
+            accept_probs=step.accept_probs,
             draft_tokens=list(draft.tokens),
             draft_parents=list(draft.parents) if draft.is_tree else [],
-            extra=extra,
-            other_since=other_since,
+            extra=step.extra,
+            other_since=since,
             **tree,
         )
 

@@ -17,6 +17,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 
+from specbench.core.swap import restore_class, swap_class
+
 EXPERT_LAYERS = (SwitchGLU, SwitchMLP)
 
 
@@ -26,19 +28,12 @@ def expert_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return sorted(found, key=lambda item: [int(p) if p.isdigit() else p for p in item[0].split(".")])
 
 
-_COUNTING_CLASSES: dict[type, type] = {}
+class _CountingExperts:
+    """Mixed in front of an expert block while counting: its call records the routed expert indices."""
 
-
-def _counting_class(cls: type) -> type:
-    """A subclass of an expert block whose call records the routed expert indices."""
-    if cls not in _COUNTING_CLASSES:
-
-        def __call__(self, x, indices, *args, **kwargs):
-            self._specbench_counter._record(self, indices)
-            return cls.__call__(self, x, indices, *args, **kwargs)
-
-        _COUNTING_CLASSES[cls] = type(f"Counting{cls.__name__}", (cls,), {"__call__": __call__})
-    return _COUNTING_CLASSES[cls]
+    def __call__(self, x, indices, *args, **kwargs):
+        self._specbench_counter._record(self, indices)
+        return super().__call__(x, indices, *args, **kwargs)
 
 
 class ExpertCounter:
@@ -55,22 +50,20 @@ class ExpertCounter:
         if not self.layers:
             raise ValueError("the model has no MoE expert layers (SwitchGLU / SwitchMLP) to count")
         self._seen: dict[int, list[mx.array]] = {}
-        self._classes: list[type] = []
+        self._counting = False
 
     def __enter__(self) -> ExpertCounter:
-        if self._classes:
+        if self._counting:
             raise RuntimeError("this ExpertCounter is already counting")
-        self._classes = [type(layer) for layer in self.layers]
-        for layer, cls in zip(self.layers, self._classes):
-            layer._specbench_counter = self
-            layer.__class__ = _counting_class(cls)
+        self._counting = True
+        for layer in self.layers:
+            swap_class(layer, _CountingExperts, _specbench_counter=self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for layer, cls in zip(self.layers, self._classes):
-            layer.__class__ = cls
-            del layer._specbench_counter
-        self._classes = []
+        for layer in self.layers:
+            restore_class(layer, "_specbench_counter")
+        self._counting = False
         self._seen = {}
 
     def _record(self, layer: nn.Module, indices: mx.array) -> None:

@@ -19,7 +19,7 @@ import mlx.core as mx
 from specbench.common import distributed
 from specbench.core.draft import Draft, Drafter, as_draft
 from specbench.core.log import StepLog
-from specbench.core.policies import DraftPolicy
+from specbench.core.policies import Decision, DraftPolicy
 
 
 class RankZeroDrafter(Drafter):
@@ -66,7 +66,7 @@ class RankZeroDrafter(Drafter):
 
 
 class RankZeroPolicy(DraftPolicy):
-    """Rank 0's policy, its draft lengths broadcast to every rank; other ranks' copy is not consulted."""
+    """Rank 0's policy, its decisions broadcast to every rank; other ranks' copy is not consulted."""
 
     def __init__(self, inner: DraftPolicy):
         self.inner = inner
@@ -83,11 +83,8 @@ class RankZeroPolicy(DraftPolicy):
         if distributed.is_main():
             self.inner.start(drafter, break_even)
 
-    def next_k(self, log: StepLog, drafter: Any) -> int:
-        return _decided_on_rank_zero(lambda: self.inner.next_k(log, drafter), f"policy {self.name}")
-
-    def plain_run(self) -> int:
-        return _decided_on_rank_zero(self.inner.plain_run, f"policy {self.name}")
+    def decide(self, log: StepLog, drafter: Any) -> Decision:
+        return _decided_on_rank_zero(lambda: self.inner.decide(log, drafter), f"policy {self.name}")
 
     def longest_draft(self, drafter: Any) -> int:
         return self.inner.longest_draft(drafter)
@@ -119,13 +116,13 @@ def _received(value: Any) -> Any:
     return value
 
 
-def _decided_on_rank_zero(decide: Callable[[], int], what: str) -> int:
+def _decided_on_rank_zero(decide: Callable[[], Decision], what: str) -> Decision:
     """``decide()`` on rank 0, broadcast; a failure there is raised on every rank."""
     if not distributed.is_main():
-        return int(_received(distributed.broadcast()))
+        return _received(distributed.broadcast())
     try:
-        value = int(decide())
+        value = decide()
     except Exception as err:
         distributed.broadcast(_Failure(f"{what} failed on rank 0: {type(err).__name__}: {err}"))
         raise
-    return int(distributed.broadcast(value))
+    return distributed.broadcast(value)

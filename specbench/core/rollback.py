@@ -16,6 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 
+from specbench.core.swap import own_class, restore_class, swap_class
+
 
 class CacheRollback:
     """Rewinds a model's caches by the rejected tail of a verification.
@@ -134,25 +136,12 @@ class RecurrentRecorder:
             self.records = {}
 
 
-_RECORDING_CLASSES: dict[type, type] = {}
-
-
 def _record_calls(mixer: nn.Module, record: dict[str, Any]) -> None:
-    base = type(mixer)
-    if base in _RECORDING_CLASSES.values():
-        base = base.__mro__[2]
-    cls = _RECORDING_CLASSES.get(base)
-    if cls is None:
-        cls = type(f"Recording{base.__name__}", (_RecordingMixer, base), {})
-        _RECORDING_CLASSES[base] = cls
-    mixer.__dict__["_specbench_record"] = record
-    mixer.__class__ = cls
+    swap_class(mixer, _RecordingMixer, _specbench_record=record)
 
 
 def _stop_recording(mixer: nn.Module) -> None:
-    if isinstance(mixer, _RecordingMixer):
-        mixer.__class__ = type(mixer).__mro__[2]
-    mixer.__dict__.pop("_specbench_record", None)
+    restore_class(mixer, "_specbench_record")
 
 
 class _RecordingMixer:
@@ -167,7 +156,7 @@ class _RecordingMixer:
         record = self.__dict__.get("_specbench_record")
         if record is None or cache is None or cache is not record["cache"]:
             return super().__call__(inputs, mask, cache)
-        module = sys.modules[type(self).__mro__[2].__module__]
+        module = sys.modules[own_class(self).__module__]
         update = module.gated_delta_update
         conv = self.conv1d
         keep = self.conv_kernel_size - 1

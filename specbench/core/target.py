@@ -1,9 +1,16 @@
 """What the decode loop decodes against: a model with its caches, or a recorded output.
 
 A target answers three questions for the loop: the first token after the prompt (``prefill``),
-the next tokens without a draft (``plain_steps``), and which of a draft's tokens the model keeps
-(``verify``, which also rolls the caches back past the rejected ones). ``ModelTarget`` runs an
-mlx-lm model; the simulator (``specbench.simulate.simulate``) replays a recorded output.
+the next token without a draft (``queue`` a plain step, ``take`` its token), and which of a draft's
+tokens the model keeps (``verify``, which also rolls the caches back past the rejected ones).
+``ModelTarget`` runs an mlx-lm model; the simulator (``specbench.simulate.simulate``) replays a
+recorded output.
+
+``Pipeline`` wraps a target for the decode loop (what makes plain decoding fast around speculation). Within a stretch of plain steps it
+queues step i + 1 before reading step i's token, as mlx-lm's ``generate_step`` does; past a stretch that more
+tokens follow it queues one more step and keeps it (the next stretch goes on from it, so the pipeline never
+drains between stretches; a draft takes its token first, through ``ready``). A probe (``Speculate.probing``: a
+verification expected to be rejected) has the plain step after a full rejection queued while it verifies.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from specbench.core.accept import accept_greedy, accept_tree_greedy
+from specbench.core.draft import Draft
 from specbench.core.experts import ExpertCounter
 from specbench.core.forward import context_length, forward, greedy, vocab_size
 from specbench.core.options import GenerateOptions
@@ -40,10 +48,12 @@ class Step:
     accept_probs: list[float] = field(default_factory=list)
     #: For a token tree: the accepted nodes, root to leaf.
     path: list[int] = field(default_factory=list)
+    #: A verification asked to ``queue_rejected`` that rejected every draft: the plain step after it, queued.
+    queued: Any = None
 
 
 class Target(Protocol):
-    """The protocol the decode loop drives."""
+    """What the decode loop needs of a model (or of a recorded output), one step at a time."""
 
     vocab: int | None
     context_limit: int | None
@@ -54,9 +64,11 @@ class Target(Protocol):
 
     def prefill(self, prompt: list[int], cached: int) -> tuple[Step, mx.array | None]: ...
 
-    def plain_steps(self, position: int, n: int, more: bool = False) -> Iterator[Step]: ...
+    def queue(self, position: int) -> Any:
+        """Start the plain step at output ``position`` after the last token queued or verified (not read)."""
 
-    def settle(self) -> Step | None: ...
+    def take(self, queued: Any) -> Step:
+        """The plain step ``queue`` started, read."""
 
     def verify(
         self,
@@ -69,7 +81,7 @@ class Target(Protocol):
 
 
 class ModelTarget:
-    """An mlx-lm model and its caches: prefill, pipelined plain steps, one-forward verification."""
+    """An mlx-lm model and its caches: prefill, lazy plain steps, one-forward verification."""
 
     stop_index = None
 
@@ -95,9 +107,8 @@ class ModelTarget:
         self.speculative = speculative
         self.rollback = CacheRollback(self.cache, model) if speculative else None
         self.counter: ExpertCounter | None = None
+        #: The last token queued or verified (an unread array while a plain step computes it).
         self.last: mx.array | int = 0
-        #: The plain step queued past the last stretch (``plain_steps(more=True)``) and its output position.
-        self._ahead: tuple[tuple[mx.array, mx.array | None, dict[str, Any]], int] | None = None
 
     def cached_tokens(self, prompt_length: int) -> int:
         """Prompt tokens the given cache already holds (a conversation's history): a cache holding
@@ -111,6 +122,8 @@ class ModelTarget:
         with contextlib.ExitStack() as stack:
             stack.enter_context(wired_limit(self.model, [generation_stream]))
             stack.enter_context(mx.stream(generation_stream))
+            if self.speculative:
+                stack.enter_context(self.verifier.running())
             if self.options.count_experts:
                 self.counter = stack.enter_context(ExpertCounter(self.model))
             self.sampler = self.options.sampling.sampler()
@@ -182,39 +195,17 @@ class ModelTarget:
         logits, hidden = self._forward(mx.reshape(y, (1, 1)))
         return self._pick(logits, position), hidden, self._extra()
 
-    def plain_steps(self, position: int, n: int, more: bool = False) -> Iterator[Step]:
-        """``n`` plain steps, pipelined as mlx-lm pipelines them: the next step is queued before
-        the current token is read. With ``more`` (more tokens will follow) the step after the last
-        is queued too and kept: the next stretch goes on from it, so the pipeline never drains
-        between stretches, and anything else takes its token first through ``settle``."""
-        if self._ahead is not None and self._ahead[1] == position:
-            pending, self._ahead = self._ahead[0], None
-        else:
-            self._check_settled()
-            last = self.last if isinstance(self.last, mx.array) else mx.array(self.last, dtype=mx.uint32)
-            pending = self._plain_step(last, position)
-            mx.async_eval(pending[0])
-        for i in range(n):
-            current = pending
-            if i + 1 < n or more:
-                pending = self._plain_step(current[0], position + i + 1)
-                mx.async_eval(pending[0])
-            self.last = current[0]
-            if i + 1 == n and more:
-                self._ahead = (pending, position + n)
-            yield Step([int(current[0].item())], current[1], current[2])
+    def queue(self, position: int) -> tuple[mx.array, mx.array | None, dict[str, Any]]:
+        """The plain step at output ``position``, from the last token, started (``mx.async_eval``), unread."""
+        last = self.last if isinstance(self.last, mx.array) else mx.array(self.last, dtype=mx.uint32)
+        queued = self._plain_step(last, position)
+        mx.async_eval(queued[0])
+        self.last = queued[0]
+        return queued
 
-    def settle(self) -> Step | None:
-        """The plain step queued past the last stretch, as one more plain step (None when none is)."""
-        if self._ahead is None:
-            return None
-        (token, hidden, extra), self._ahead = self._ahead[0], None
-        self.last = token
+    def take(self, queued: tuple[mx.array, mx.array | None, dict[str, Any]]) -> Step:
+        token, hidden, extra = queued
         return Step([int(token.item())], hidden, extra)
-
-    def _check_settled(self) -> None:
-        if self._ahead is not None:
-            raise RuntimeError("a plain step is still queued past the last stretch: take its token with settle()")
 
     def verify(
         self,
@@ -227,11 +218,10 @@ class ModelTarget:
         """One forward over the last token and the draft; the accept rule; the caches rolled back
         past the rejected drafts. With ``parents`` the draft is a token tree (``verify_tree``).
         ``queue_rejected`` (a probe expected to fail): while the forward runs, the plain step after a
-        full rejection is queued (``_queue_rejected``); kept for the next stretch when every draft is
+        full rejection is queued (``_queue_rejected``); handed back (``Step.queued``) when every draft is
         rejected, dropped otherwise."""
         if parents is not None:
             return self.verify_tree(draft_tokens, draft_probs, position, parents)
-        self._check_settled()
         last = int(self.last.item()) if isinstance(self.last, mx.array) else int(self.last)
         inputs = mx.array([[last] + draft_tokens], dtype=mx.uint32)
         self.rollback.before_verify(inputs.shape[1])
@@ -248,15 +238,15 @@ class ModelTarget:
             )
         rejected = len(draft_tokens) - accepted
         if queued is not None and accepted == 0:  # the caches are rolled back already, the next step on its way
-            self._ahead = (queued[1], position + 1)
-        else:
-            if queued is not None:  # a draft accepted after all: back to the verification's caches
-                for c, (keys, values, offset) in zip(self.cache, queued[0]):
-                    c.keys, c.values, c.offset = keys, values, offset
-                self.verifier.after_rewind(self.cache, 0)  # the layout the queued step gave them is undone
-            self.rollback.rewind(rejected)
-            if rejected:
-                self.verifier.after_rewind(self.cache, rejected)
+            self.last = queued[1][0]
+            return Step(tokens, hidden, extra, accepted, probs, queued=queued[1])
+        if queued is not None:  # a draft accepted after all: back to the verification's caches
+            for c, (keys, values, offset) in zip(self.cache, queued[0]):
+                c.keys, c.values, c.offset = keys, values, offset
+            self.verifier.after_rewind(self.cache, 0)  # the layout the queued step gave them is undone
+        self.rollback.rewind(rejected)
+        if rejected:
+            self.verifier.after_rewind(self.cache, rejected)
         self.last = tokens[-1]
         return Step(tokens, hidden, extra, accepted, probs)
 
@@ -286,7 +276,6 @@ class ModelTarget:
     def verify_tree(self, tokens: list[int], probs: mx.array | None, position: int, parents: list[int]) -> Step:
         """One forward over the last token and a token tree (tree mask, per-depth positions); the
         longest accepted path; the caches compacted to it; hidden rows along it."""
-        self._check_settled()
         last = int(self.last.item()) if isinstance(self.last, mx.array) else int(self.last)
         inputs = mx.array([[last] + tokens], dtype=mx.uint32)
         width = inputs.shape[1]
@@ -307,3 +296,61 @@ class ModelTarget:
             hidden = hidden[:, mx.array(keep, dtype=mx.int32)]
         self.last = emitted[-1]
         return Step(emitted, hidden, extra, len(path), ratios, path)
+
+
+class Pipeline:
+    """``target`` with its plain steps pipelined, for a generation whose last output index is ``end - 1``."""
+
+    def __init__(self, target: Target, end: int):
+        self.inner = target
+        self.end = end
+        self.vocab: int | None = target.vocab
+        self.context_limit: int | None = target.context_limit
+        self.stop_index: int | None = target.stop_index
+        #: The plain step queued past the last stretch and its output position.
+        self._ahead: tuple[Any, int] | None = None
+
+    def running(self) -> contextlib.AbstractContextManager[Any]:
+        return self.inner.running()
+
+    def prefill(self, prompt: list[int], cached: int) -> tuple[Step, mx.array | None]:
+        return self.inner.prefill(prompt, cached)
+
+    def plain_steps(self, position: int, n: int) -> Iterator[Step]:
+        """``n`` plain steps from output ``position``, each queued before the token before it is read; when
+        tokens follow the last, the step after it is queued too and kept."""
+        more = position + n < self.end
+        if self._ahead is not None and self._ahead[1] == position:
+            pending, self._ahead = self._ahead[0], None
+        else:
+            self._check_taken()
+            pending = self.inner.queue(position)
+        for i in range(n):
+            current = pending
+            if i + 1 < n or more:
+                pending = self.inner.queue(position + i + 1)
+            if i + 1 == n and more:
+                self._ahead = (pending, position + n)
+            yield self.inner.take(current)
+
+    def ready(self) -> Step | None:
+        """The plain step queued past the last stretch, read (None when none is): its token comes before a draft."""
+        if self._ahead is None:
+            return None
+        (queued, _), self._ahead = self._ahead, None
+        return self.inner.take(queued)
+
+    def verify(self, draft: Draft, position: int, probing: bool = False) -> Step:
+        """The target's verification of ``draft`` (a path or a token tree) after output ``position``; a probe's
+        full rejection leaves the plain step after it queued."""
+        self._check_taken()
+        if draft.is_tree:
+            return self.inner.verify(draft.tokens, draft.probs, position, parents=draft.parents)
+        step = self.inner.verify(draft.tokens, draft.probs, position, queue_rejected=probing)
+        if step.queued is not None:
+            self._ahead = (step.queued, position + 1)
+        return step
+
+    def _check_taken(self) -> None:
+        if self._ahead is not None:
+            raise RuntimeError("a plain step is still queued past the last stretch: take its token with ready()")

@@ -20,6 +20,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from specbench.core.forward import text_model
+from specbench.core.swap import restore_class, swap_class
 
 
 def check_parents(parents: Sequence[int], nodes: int, drafter: str = "drafter") -> list[int]:
@@ -196,30 +197,19 @@ class _TreeAttention:
             state.in_call = False
 
 
-_TREE_CLASSES: dict[type, type] = {}
-
-
-def _tree_class(base: type) -> type:
-    cls = _TREE_CLASSES.get(base)
-    if cls is None:
-        cls = type(f"Tree{base.__name__}", (_TreeAttention, base), {})
-        _TREE_CLASSES[base] = cls
-    return cls
-
-
 @contextlib.contextmanager
 def tree_attention(model: nn.Module, cache: list[Any], parents: Sequence[int]) -> Iterator[None]:
     """Inside, a forward of the root and the tree's nodes (width ``len(parents) + 1``) gives each row
     the cache and its ancestors to attend to, at the position of its depth."""
     modules = attention_modules(model, cache)
     state = _TreeState(parents, cache)
-    _open.append(state)
+    open_trees.append(state)
     depth = mx.array([0] + depths(parents), dtype=mx.int32)
     try:
         with _swapped(modules, state, lambda rope: _TreeRoPE(rope, depth)):
             yield
     finally:
-        _open.remove(state)
+        open_trees.remove(state)
 
 
 class _RowsState:
@@ -271,20 +261,16 @@ def row_attention(modules: Sequence[nn.Module], cache: list[Any], mask: mx.array
 @contextlib.contextmanager
 def _swapped(modules: Sequence[nn.Module], state: Any, make_rope: Any) -> Iterator[None]:
     """The attention modules' class and RoPE swapped for the tree's while inside."""
-    swapped: list[tuple[nn.Module, type, Any]] = []
+    swapped: list[tuple[nn.Module, Any]] = []
     try:
         for module in modules:
-            base = type(module)
             own_rope = module.__dict__.get("rope", _NO_ROPE)
-            module.__dict__["_specbench_tree"] = state
-            module.__dict__["rope"] = make_rope(module.rope)
-            module.__class__ = _tree_class(base)
-            swapped.append((module, base, own_rope))
+            swap_class(module, _TreeAttention, _specbench_tree=state, rope=make_rope(module.rope))
+            swapped.append((module, own_rope))
         yield
     finally:
-        for module, base, own_rope in swapped:
-            module.__class__ = base
-            module.__dict__.pop("_specbench_tree", None)
+        for module, own_rope in swapped:
+            restore_class(module, "_specbench_tree")
             if own_rope is _NO_ROPE:
                 module.__dict__.pop("rope", None)
             else:
@@ -293,18 +279,18 @@ def _swapped(modules: Sequence[nn.Module], state: Any, make_rope: Any) -> Iterat
 
 _NO_ROPE = object()
 
-#: Tree forwards in progress (innermost last).
-_open: list[_TreeState] = []
+#: Tree forwards in progress (innermost last): exact mode's attention asks ``visible_rows`` only while one is.
+open_trees: list[_TreeState] = []
 
 
 def tree_forward(width: int) -> bool:
     """Whether a tree forward of ``width`` rows is open (its model call runs in one piece)."""
-    return bool(_open) and _open[-1].width == width
+    return bool(open_trees) and open_trees[-1].width == width
 
 
 def visible_rows(width: int) -> list[list[int]] | None:
     """While a tree forward of ``width`` rows runs: for each row, the rows it attends (its ancestors
     and itself, in order; row 0 the root). None when no tree forward of that width runs."""
-    if _open and _open[-1].in_call and _open[-1].width == width:
-        return _open[-1].visible
+    if open_trees and open_trees[-1].in_call and open_trees[-1].width == width:
+        return open_trees[-1].visible
     return None

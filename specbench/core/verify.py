@@ -7,6 +7,7 @@ itself is the fast mode (one batched forward, one argmax over the rows); the exa
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import mlx.core as mx
@@ -20,6 +21,10 @@ class Verifier:
     """Fast verification: one batched forward over the drafted tokens."""
 
     mode: VerifyMode = "fast"
+
+    def running(self) -> contextlib.AbstractContextManager[None]:
+        """Around one generation (what the verifier prepares once per generation)."""
+        return contextlib.nullcontext()
 
     def forward(
         self, model: nn.Module, inputs: mx.array, cache: list[Any], return_hidden: bool = False

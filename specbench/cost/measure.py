@@ -21,6 +21,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.common.identity import device_name, display_name, model_key, versions
 from specbench.common.per_key import per_key
+from specbench.common.timing import quiet
 from specbench.core.draft import Draft, Drafter, as_draft
 from specbench.core.engine import Generation, generate
 from specbench.core.forward import text_model, vocab_size
@@ -40,15 +41,18 @@ QUICK_WIDTHS = (1, 2, 3, 5, 9)  # what quick_profile times, as time allows
 
 def seconds_per_token(generation: Iterable[int], excluded: Callable[[], float] = lambda: 0.0) -> float:
     """Iterate a generation; seconds per token after the first (the prompt pass excluded), less
-    the growth of ``excluded()`` (seconds spent on bookkeeping that is not decoding)."""
+    the growth of ``excluded()`` (seconds spent on bookkeeping that is not decoding); the garbage
+    collector paused throughout (``quiet``)."""
     count, t_first, x_first = 0, 0.0, 0.0
-    for _ in generation:
-        count += 1
-        if count == 1:
-            t_first, x_first = time.perf_counter(), excluded()
+    with quiet():
+        for _ in generation:
+            count += 1
+            if count == 1:
+                t_first, x_first = time.perf_counter(), excluded()
+        end = time.perf_counter()
     if count < 2:
         raise ValueError("a timed generation needs at least 2 tokens: raise max_tokens")
-    return (time.perf_counter() - t_first - (excluded() - x_first)) / (count - 1)
+    return (end - t_first - (excluded() - x_first)) / (count - 1)
 
 
 def _time_verify(

@@ -155,24 +155,24 @@ def _save(calibration: Calibration) -> None:
         write_json_atomic(path, calibration.to_json())
 
 
-def calibrated_plans(model: nn.Module) -> Callable[[int], ExactPlan]:
-    """The plan per width from ``model``'s calibration, calibrating a width on its first use."""
-    ref = weakref.ref(model)
-    plans: dict[int, ExactPlan] = {}
+class _Plans(dict):
+    """Plans by width, parsed up front; a width missing is calibrated on its first use."""
 
-    def resolve(width: int) -> ExactPlan:
-        plan = plans.get(width)
-        if plan is None:
-            m = ref()
-            if m is None:
-                raise ValueError("the model of this exact_mode was freed")
-            calibration = load_calibration(m)
-            if calibration is None or width not in calibration.widths:
-                calibration = calibrate(m, [width])
-            plan = plans[width] = ExactPlan.parse(calibration.level_for(width))
+    def __init__(self, model: nn.Module, stored: Calibration | None):
+        super().__init__({w: ExactPlan.parse(c.level) for w, c in stored.widths.items()} if stored else {})
+        self.model = weakref.ref(model)
+
+    def __missing__(self, width: int) -> ExactPlan:
+        model = self.model()
+        if model is None:
+            raise ValueError("the model of this exact_mode was freed")
+        plan = self[width] = ExactPlan.parse(calibrate(model, [width]).level_for(width))
         return plan
 
-    return resolve
+
+def calibrated_plans(model: nn.Module) -> Callable[[int], ExactPlan]:
+    """The plan per width from ``model``'s calibration, read once; a width it lacks is calibrated when first used."""
+    return _Plans(model, load_calibration(model)).__getitem__
 
 
 # -- calibrating -----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from mlx_lm.models import base as mlx_base
 from mlx_lm.models import switch_layers
 
 from specbench import kernels
-from specbench.core.tree import tree_forward, visible_rows
+from specbench.core.tree import open_trees, tree_forward, visible_rows
 from specbench.exact.layout import (
     CUDNN_ATTENTION_ENV,
     cudnn_attention,
@@ -274,7 +274,7 @@ def _attention_call(original: Callable) -> Callable:
     def sdpa(queries, keys, values, *args, scale: float, mask: Any = None, **kwargs):
         rows = queries.shape[-2]
         plan = _plan(rows)
-        visible = visible_rows(rows) if plan is not None else None
+        visible = visible_rows(rows) if plan is not None and open_trees else None
         if visible is not None:  # a token tree: always row by row (its mask is no causal one)
             return _tree_attention(original, queries, keys, values, visible, scale, *args, **kwargs)
         if plan is None or not plan.attention or not _is_causal(mask):

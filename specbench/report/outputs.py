@@ -45,6 +45,8 @@ class Outputs:
         self.verdict_text = ""
         self.skipped: dict[str, str] = {}
         self.files: dict[str, list[str]] = {"figures": [], "logs": [], "tables": []}
+        #: Per figure name, what it breaks of the report's rules (``figures.checks.figure_problems``).
+        self.figure_problems: dict[str, list[str]] = {}
 
     def _relative(self, path: Path) -> str:
         return str(path.relative_to(self.folder.parent)) if self.folder else str(path)
@@ -53,15 +55,22 @@ class Outputs:
         if self.folder is None:
             return
         data = {"notebook": self.notebook, "verdict": self.verdict_text, "values": self.values, "skipped": self.skipped}
+        data["figure_problems"] = self.figure_problems
         data.update(self.files)
         write_text_atomic(self.folder / "summary.json", json.dumps(data, indent=1, default=str))
 
     def figure(self, fig: Any, name: str, show: bool = True) -> None:
-        """Save ``fig`` (PNG and SVG, when writing), show it once, and close it."""
+        """Save ``fig`` (PNG and SVG, when writing), show it once, and close it; what it breaks of the report's
+        rules (``figures.checks``) is printed and kept in the summary."""
         import matplotlib.pyplot as plt
 
         from specbench.report.figures import save_figure
+        from specbench.report.figures.checks import figure_problems
 
+        problems = figure_problems(fig)
+        if problems:
+            self.figure_problems[name] = problems
+            print(f"figure {name}: " + "; ".join(problems))
         if self.folder is not None:
             path = self.folder / "figures" / f"{safe_name(name)}.png"
             png = save_figure(fig, path, dpi=FIGURE_DPI, svg=True, close=False)
@@ -100,8 +109,8 @@ class Outputs:
         self.values.update({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()})
         self._save_summary()
 
-    def verdict(self, text: str) -> str:
-        """The notebook's conclusion in words (from ``specbench.report.verdicts``): shown here, stored for the
+    def verdict(self, text: str) -> None:
+        """The notebook's conclusion in words (from ``specbench.report.verdicts``): shown here once, stored for the
         index, which opens with one verdict per notebook."""
         self.verdict_text = " ".join(str(text).split())
         self._save_summary()
@@ -111,7 +120,6 @@ class Outputs:
             display(Markdown(f"**Verdict.** {html.escape(self.verdict_text)}"))
         else:
             print(f"Verdict: {self.verdict_text}")
-        return self.verdict_text
 
     def skip(self, section: str, reason: str) -> None:
         """Record and show that ``section`` was skipped, and why."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Notebooks run before the others: the quickstart and the explorer show the sweep's recorded generations.
+#: Notebooks run before the others: the explorer shows the sweep's recorded generations.
 RUN_FIRST = ("draft_length_sweep",)
 
 _TINY = "tiny:smollm2-135m"
@@ -19,8 +19,8 @@ def _sweep_question(category: str) -> str:
     return questions_from("bundled", [category], 1)[0].turns[0]
 
 
-#: The quickstart and the explorer use a prompt of the sweep (with its drafter, policy and options), so the
-#: report shows the sweep's recorded generation there instead of generating it again.
+#: The explorer uses a prompt of the sweep (with its drafter, policy and options), so the report shows the sweep's
+#: recorded generations there instead of generating them again.
 _SHARED_PROMPT = _sweep_question("translation")
 
 #: Per-profile parameter overrides, per notebook (notebook defaults fill the rest).
@@ -28,7 +28,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     # Seconds on a CPU: a random-weight miniature of the embedded model (its tokenizer, 2 layers
     # of width 64) and tiny synthetic shapes. Checks that every notebook runs and draws.
     "quick": {
-        "quickstart": {"model": _TINY, "max_tokens": 12},
+        "quickstart": {"model": _TINY, "max_tokens": 12, "pairs": 2},
         "draft_length_sweep": {
             "model": _TINY,
             "draft_lengths": [1, 3],
@@ -37,6 +37,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "prompts_per_category": 1,
             "max_tokens": 16,
             "max_prompt_tokens": 0,
+            "pairs": 1,
         },
         "break_even": {
             "dense_model": "synthetic:qwen3-8b-tiny",
@@ -76,10 +77,11 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     # figure gets the fewest generations that still draw it with counts and intervals. Greedy verification is
     # the engine's default, exact (its calibration finds the batched forward bit-identical on the CPU in a few
     # seconds per width, kept under SPECBENCH_HOME). The sweep's generations are recorded in the report
-    # folder and the quickstart and the explorer show them (same prompt, drafter, policy and options)
+    # folder and the explorer shows them (same prompt, drafter, policy and options)
     # instead of generating them again.
     "full": {
-        "quickstart": {"model": _EMBEDDED, "max_tokens": 32, "prompt": _SHARED_PROMPT, "policy": "fixed:3"},
+        # an edit of a given paragraph (the notebook's prompt): lookup's drafts are accepted; 6 pairs give an interval
+        "quickstart": {"model": _EMBEDDED, "max_tokens": 32, "policy": "fixed:3", "pairs": 6},
         "draft_length_sweep": {
             # the MTP head is left out: on this CPU it is accepted ~5% of the time, and it needs every prompt
             # prefilled again for its hidden states; with it the sweep took 2.5 times as long (add it back with
@@ -92,6 +94,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "prompts_per_category": 1,
             "max_tokens": 32,
             "max_prompt_tokens": 160,
+            "pairs": 1,  # each method next to a plain run of its own; consecutive plain runs: the A/A cell
         },
         "break_even": {
             # the MoE: SmolLM2's layers with 16 experts, top-4 (random weights), 8 of its 30 layers (the CPU's
@@ -167,8 +170,8 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "acceptance_rules": 15,
     },
     "full": {
-        "quickstart": 6,  # shows the sweep's recorded generation
-        "draft_length_sweep": 170,
+        "quickstart": 60,  # estimated, not yet measured: 6 pairs of 32-token runs and a reference plain run
+        "draft_length_sweep": 250,  # estimated, not yet measured: each method paired with a plain run
         "break_even": 105,
         "agent_traces": 115,
         "sampling": 75,  # its greedy cell is the sweep's

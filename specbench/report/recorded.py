@@ -20,6 +20,7 @@ from typing import Any
 
 import polars as pl
 
+from specbench.bench.sweep import AA_POLICY
 from specbench.bench.timing import SideBySide
 from specbench.bench.timing import side_by_side as run_side_by_side
 from specbench.common.files import write_json_atomic, write_parquet_atomic
@@ -155,8 +156,8 @@ def record_sweep(
     steps = sweep.steps
     count = 0
     for row in sweep.runs.to_dicts():
-        if row["prompt"] not in ids:
-            continue
+        if row["prompt"] not in ids or (row.get("pair") or 0) > 0 or row["policy"] == AA_POLICY:
+            continue  # one generation per drafter and policy: the first pair's (its steps are kept)
         options = GenerateOptions(
             max_tokens=max_tokens,
             temperature=float(row["temperature"]),

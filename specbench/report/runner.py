@@ -216,17 +216,76 @@ def _now() -> str:
 
 
 def export_html(ipynb: Path, html_path: Path) -> Path:
-    """The executed notebook as a standalone HTML page (nbconvert, figures embedded)."""
+    """The executed notebook as a standalone HTML page (nbconvert, figures embedded), made for reading
+    (``readable_notebook``): parameters as written, no local paths, no progress bars."""
     import nbformat
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
-    nb = nbformat.read(str(ipynb), as_version=4)
+    nb = readable_notebook(nbformat.read(str(ipynb), as_version=4), Path(html_path).parent)
     exporter = HTMLExporter(template_name="lab")
     # a progress bar's updates ("\r"-separated, as the console showed them) kept as its last state
     exporter.register_preprocessor(CoalesceStreamsPreprocessor(), enabled=True)
     body, _ = exporter.from_notebook_node(nb)
     return write_text_atomic(html_path, body)
+
+
+def local_paths(out: Path) -> dict[str, str]:
+    """Absolute paths of this machine a page must not show, each with what it shows instead (longest first): the
+    report folder, the source checkout, the Python environment, the home folder."""
+    places = {
+        str(Path(out).resolve()): ".",
+        str(PROJECT_ROOT): "<specbench>",
+        sys.prefix: "<python env>",
+        str(Path.home()): "~",
+    }
+    return dict(sorted(((k, v) for k, v in places.items() if len(k) > 1), key=lambda kv: -len(kv[0])))
+
+
+def _without_paths(text: str, places: dict[str, str]) -> str:
+    for path, shown in places.items():
+        text = text.replace(path, shown)
+    return text
+
+
+def _readable_parameters(source: str) -> str:
+    """papermill's injected parameters cell with its strings as written (papermill escapes non-ASCII characters:
+    "\\xfc" for "ü")."""
+    lines = []
+    for line in source.splitlines():
+        name, sep, value = line.partition(" = ")
+        try:
+            lines.append(f"{name} = {ast.literal_eval(value)!r}" if sep and name.isidentifier() else line)
+        except (ValueError, SyntaxError):
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def readable_notebook(nb: Any, out: Path) -> Any:
+    """``nb`` (an executed notebook) for a page: the injected parameters as written, local paths replaced
+    (``local_paths``), progress bars on stderr left out (the console showed them) and other stderr lines shown as
+    plain output."""
+    places = local_paths(out)
+    for cell in nb.cells:
+        if "injected-parameters" in cell.metadata.get("tags", []):
+            cell.source = _readable_parameters(cell.source)
+        cell.source = _without_paths(cell.source, places)
+        outputs = []
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream":
+                if output.get("name") == "stderr":
+                    if "\r" in output.get("text", ""):
+                        continue  # a progress bar's updates
+                    output["name"] = "stdout"
+                output["text"] = _without_paths(output.get("text", ""), places)
+            for kind in ("text/plain", "text/html", "text/markdown"):
+                if kind in output.get("data", {}):
+                    data = output["data"][kind]
+                    output["data"][kind] = _without_paths("".join(data) if isinstance(data, list) else data, places)
+            outputs.append(output)
+        if cell.cell_type == "code":
+            cell.outputs = outputs
+    return nb
 
 
 def _error_text(err: BaseException) -> str:

@@ -165,7 +165,6 @@ class RecordedOutput:
     def __init__(self, request: Recorded, options: GenerateOptions, context_limit: int | None):
         self.output = request.output
         self.context_limit = context_limit
-        self._ahead: int | None = None
         self.stop_index = len(self.output) - 1 if request.finish_reason == "stop" else None
         known = len(self.output) if request.finish_reason != "stop" else None
         if (
@@ -184,18 +183,11 @@ class RecordedOutput:
     def prefill(self, prompt: list[int], cached: int) -> tuple[Step, None]:
         return Step([self.output[0]]), None
 
-    def plain_steps(self, position: int, n: int, more: bool = False) -> Iterator[Step]:
-        """As a model's: with ``more``, the step after the last is taken as queued (``settle`` reads it)."""
-        self._ahead = None
-        for i in range(n):
-            if i + 1 == n and more:
-                self._ahead = position + n
-            yield Step([self.output[position + i]])
+    def queue(self, position: int) -> int:
+        return position
 
-    def settle(self) -> Step | None:
-        """The step queued past the last stretch, as one more plain step (None when none is)."""
-        ahead, self._ahead = self._ahead, None
-        return Step([self.output[ahead]]) if ahead is not None else None
+    def take(self, queued: int) -> Step:
+        return Step([self.output[queued]])
 
     def verify(
         self,
@@ -205,7 +197,7 @@ class RecordedOutput:
         parents: list[int] | None = None,
         queue_rejected: bool = False,
     ) -> Step:
-        """As a model's: with ``queue_rejected``, a full rejection leaves the next step queued (``settle``)."""
+        """As a model's: with ``queue_rejected``, a full rejection hands the next step back queued."""
         if parents is not None:  # a token tree: a row's target is the output at its depth
             out = self.output
             targets = [out[position + d] if position + d < len(out) else -1 for d in [0, *depths(parents)]]
@@ -215,9 +207,10 @@ class RecordedOutput:
         n = 0
         while n < len(draft_tokens) and n < len(targets) and draft_tokens[n] == targets[n]:
             n += 1
-        if queue_rejected and draft_tokens and n == 0 and position + 1 < len(self.output):
-            self._ahead = position + 1
-        return Step(list(draft_tokens[:n]) + targets[n : n + 1], accepted=n)
+        queued = (
+            position + 1 if queue_rejected and draft_tokens and n == 0 and position + 1 < len(self.output) else None
+        )
+        return Step(list(draft_tokens[:n]) + targets[n : n + 1], accepted=n, queued=queued)
 
 
 def _no_time() -> float:

@@ -195,3 +195,18 @@ def test_bench_interval_resamples_whole_conversations():
         conversations["speedup_high"] - conversations["speedup_low"]
     )
     assert row(5, 2)["speedup_low"] is None
+
+
+def test_paired_ratio_resamples_prompts_from_six_else_pairs_else_none():
+    assert [paired.baseline_first(i) for i in range(4)] == [True, False, True, False]
+    two_prompts = [(p, 10, 1.0, 10, 0.8 + 0.01 * i) for i in range(3) for p in ("a", "b")]
+    within = paired.paired_ratio(two_prompts)
+    assert within.resampled == "pair" and within.pairs == 6 and within.units == 2
+    assert within.ratio == pytest.approx(6.0 / sum(s for *_, s in two_prompts))  # 60 tokens each side
+    assert within.low > 1 and within.excludes_one()
+    eight = paired.paired_ratio([(f"p{i}", 10, 1.0, 10, 1.0 + (0.3 if i % 2 else -0.3)) for i in range(8)])
+    assert eight.resampled == "prompt" and eight.units == 8 and not eight.excludes_one()
+    few = paired.paired_ratio([("a", 10, 1.0, 10, 0.5)] * 3)
+    assert few.resampled == "" and few.low is None and not few.has_interval and few.ratio == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        paired.paired_ratio([])

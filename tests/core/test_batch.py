@@ -211,11 +211,11 @@ def test_batch_policies():
         BatchTablePolicy({2: 3})
     auto = BatchAutoPolicy(lambda k, b: 1.0 + 0.4 * k * b)
     auto.start(ScriptedDrafter([], 0, VOCAB))
-    assert auto.envelope and auto.k > 0
+    assert auto.costs.lengths and auto.k > 0
     auto.set_batch_size(4)  # 1 + 1.6 k >= k + 1 for every k: no draft pays
-    assert auto.envelope == [] and auto.k == 0
+    assert auto.costs.lengths == [] and auto.k == 0
     auto.set_batch_size(2)
-    assert auto.envelope and auto.k > 0
+    assert auto.costs.lengths and auto.k > 0
     model = build_tiny("llama")
     prompts = PROMPTS[:4]
     truth = single_greedy(model, prompts, 8)

@@ -445,20 +445,21 @@ def test_a_probe_accepted_after_all_drops_the_step_it_queued(monkeypatch, verify
 def test_a_queued_rejection_leaves_the_target_as_the_verification_alone_would(verify, right):
     """A 3-token draft right on its first ``right`` positions, verified with the full rejection's step queued:
     the tokens, the plain steps after it and the caches' length are those of plain greedy decoding."""
+    from specbench.core.draft import Draft
     from specbench.core.options import checked_options
-    from specbench.core.target import ModelTarget
+    from specbench.core.target import ModelTarget, Pipeline
     from specbench.exact import verifier_for
 
     model = build_tiny("qwen3")
     ref = plain_greedy(model, PROMPT, 12)
     options = checked_options(GenerateOptions(max_tokens=12, verify=verify))
-    target = ModelTarget(model, options, verifier_for(model, verify), speculative=True)
+    target = Pipeline(ModelTarget(model, options, verifier_for(model, verify), speculative=True), 12)
     with target.running():
         assert target.prefill(PROMPT, 0)[0].tokens == ref[:1]
         draft = [t if i < right else (t + 1) % 97 for i, t in enumerate(ref[1:4])]
-        step = target.verify(draft, None, 1, queue_rejected=True)
+        step = target.verify(Draft(draft), 1, probing=True)
         assert step.tokens == ref[1 : right + 2] and step.accepted == right
         after = right + 2
         rest = [s.tokens[0] for s in target.plain_steps(after, 12 - after)]
     assert rest == ref[after:]
-    assert {c.offset for c in target.cache} == {len(PROMPT) + 11}
+    assert {c.offset for c in target.inner.cache} == {len(PROMPT) + 11}

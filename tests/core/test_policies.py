@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from specbench.core.auto import Measured
 from specbench.core.log import StepLog, StepRecord
-from specbench.core.measured import Measured
-from specbench.core.policies import AutoPolicy, DraftPolicy
+from specbench.core.policies import AutoPolicy, DraftPolicy, Plain
 
 
 class FakeClock:
@@ -52,10 +52,10 @@ def run(
         return [p if right(p) else -1 for p in range(done, done + k)]
 
     while done < tokens:
-        k = policy.next_k(log, Drafter())
-        if k == 0:
-            n = min(policy.plain_run(), tokens - done)
-            shadow = draft(policy.shadow_k()) if n > 1 else []
+        decision = policy.decide(log, Drafter())
+        if isinstance(decision, Plain):
+            n = min(decision.n, tokens - done)
+            shadow = draft(decision.shadow) if n > 1 else []
             clock.now += draft_s if shadow else 0.0
             for i in range(n):
                 clock.now += plain_s
@@ -66,6 +66,7 @@ def run(
                 log.append(record)
                 done += 1
         else:
+            k = decision.k
             if settle and log.records[-1]["kind"] == "plain" and tokens - done > 1:
                 clock.now += plain_s
                 record = StepRecord(step=len(log), position=done, kind="plain", emitted=1, verify_s=plain_s)
@@ -132,7 +133,7 @@ def test_a_failed_probe_costs_one_verification_at_the_cheapest_length():
     log = run(policy, clock, 3000, 0.004, lambda k: 0.004 * curve(k), never, curve, draft_s=1e-5)
     found = probes(log)
     assert [len(p) for p in found] == [1] * len(found)  # the kill switch acts after one losing verification
-    assert all(r["k_drafted"] == policy.envelope[0] == 1 for p in found for r in p)
+    assert all(r["k_drafted"] == policy.costs.lengths[0] == 1 for p in found for r in p)
     assert 1 <= len(found) <= 8  # shadow drafts keep it from probing while they see nothing accepted
     loss = loss_in_plain_steps(log, clock, 0.004)
     # each probe: its verification (1.4 steps for 1 token: 0.4 lost); each draft, verified or not: 2.5e-3 steps
@@ -149,7 +150,7 @@ def test_no_verification_where_the_prior_says_the_measured_acceptance_cannot_pay
     policy = DraftPolicy.auto(clock=clock)
     curve = lambda k: 3.0 + 0.2 * k  # noqa: E731
     log = run(policy, clock, 500, 0.004, lambda k: 0.004 * curve(k), never, curve, draft_s=1e-5)
-    assert policy.envelope[0] >= 3 and not probes(log) and policy.extensions >= 3
+    assert policy.costs.lengths[0] >= 3 and not probes(log) and policy.extensions >= 3
     assert loss_in_plain_steps(log, clock, 0.004) < 0.05  # the unverified drafts only
     # the same curve with a drafter that is right 80 % of the time: it probes, and speculates
     policy = DraftPolicy.auto(clock=clock)
@@ -175,7 +176,7 @@ def test_auto_falls_back_to_plain_when_its_speculative_seconds_per_token_exceed_
     policy = DraftPolicy.auto(clock=clock, pause_tokens=32)
     # Measured, a step costs 2.5x what the prior says; half the drafted positions are right: never worth it.
     log = run(policy, clock, 400, plain_s=0.004, spec_s=lambda k: 0.01 * prior(k), right=at_rate(0.5))
-    assert policy.plain_seconds_per_token() == pytest.approx(0.004)
+    assert policy.evidence.measured.plain_seconds_per_token() == pytest.approx(0.004)
     assert kinds(log)[:8] == ["plain"] * 8  # plain decoding timed first
     assert policy.pauses >= 1 and kinds(log).count("plain") > 370
     assert loss_in_plain_steps(log, clock, 0.004) < 8
@@ -188,7 +189,7 @@ def test_auto_keeps_speculating_when_measured_cheaper_per_token():
     assert policy.pauses == 0
     assert kinds(log).count("plain") == policy.probe_tokens  # the one plain stretch, which timed plain decoding
     assert policy.k == 8  # every draft accepted: drafts lengthened to the longest
-    assert policy.speculative_seconds_per_token() < policy.plain_seconds_per_token()
+    assert policy.evidence.measured.speculative_seconds_per_token() < policy.evidence.measured.plain_seconds_per_token()
 
 
 def test_prior_would_pause_but_measurement_keeps_speculating():
@@ -229,7 +230,7 @@ def test_auto_takes_a_wider_draft_that_costs_less_on_the_envelope():
     curve = {1: 1.9, 2: 2.6, 3: 3.2, 4: 4.0, 5: 4.6, 6: 5.0, 7: 5.4, 8: 3.3}
     policy = DraftPolicy.auto(measured=False)
     policy.start(Drafter(), curve.__getitem__)
-    assert policy.envelope == [1, 2, 3, 8]
+    assert policy.costs.lengths == [1, 2, 3, 8]
     assert policy.k == 8  # the preferred 4 moved onto the envelope
     # measured: lengths come from the envelope only, the longest once drafts are accepted
     clock = FakeClock()
@@ -240,12 +241,11 @@ def test_auto_takes_a_wider_draft_that_costs_less_on_the_envelope():
     # where every wider draft costs more the preferred length stays
     policy = DraftPolicy.auto(measured=False)
     policy.start(Drafter(), lambda k: 1.0 + 0.3 * k)
-    assert policy.k == 4 and policy.envelope == list(range(1, 9))
+    assert policy.k == 4 and policy.costs.lengths == list(range(1, 9))
     # a length even a full acceptance cannot pay for is left out; none at all: plain throughout
     policy = DraftPolicy.auto(clock=clock)
     policy.start(Drafter(), lambda k: k + 1.5)
-    assert policy.k == 0 and policy.next_k(StepLog(), Drafter()) == 0 and policy.plain_run() > 10**6
-    assert policy.shadow_k() == 0
+    assert policy.k == 0 and policy.decide(StepLog(), Drafter()) == Plain(1 << 30, 0)
 
 
 def test_drafts_lengthen_only_as_whole_drafts_are_accepted():
@@ -259,7 +259,7 @@ def test_drafts_lengthen_only_as_whole_drafts_are_accepted():
     # an unverified draft accepted whole counts too: the first verification is already long
     policy = DraftPolicy.auto(clock=clock)
     log = run(policy, clock, 200, 0.004, lambda k: 0.003 * curve[k], always, break_even=curve.__getitem__)
-    assert policy.shadows == 1 and [r["k_requested"] for r in log if r["kind"] == "verify"][0] >= 7
+    assert policy.evidence.shadows == 1 and [r["k_requested"] for r in log if r["kind"] == "verify"][0] >= 7
     # every other position wrong: short drafts
     policy = DraftPolicy.auto(clock=clock)
     run(policy, clock, 200, 0.004, lambda k: 0.003 * curve[k], lambda p: p % 2 == 0, break_even=curve.__getitem__)
@@ -277,25 +277,26 @@ def test_a_drafter_that_costs_shadows_only_what_a_probe_would_draft():
     free, costly = DraftPolicy.auto(clock=FakeClock()), DraftPolicy.auto(clock=FakeClock())
     free.start(Drafter(), curve.__getitem__)
     costly.start(Costly(), curve.__getitem__)
-    assert free.shadow_k() == 8 and costly.shadow_k() == costly.envelope[0] == 1
+    assert free.decide(StepLog(), Drafter()).shadow == 8
     # the first stretch's unverified draft of 1 token is accepted whole: the next one may be twice as long
     log = StepLog([StepRecord(step=0, position=0, kind="prefill", emitted=1, verify_s=0.1).__dict__])
-    assert costly.next_k(log, Costly()) == 0
-    for i in range(costly.plain_run()):
+    first = costly.decide(log, Costly())
+    assert isinstance(first, Plain) and first.shadow == costly.costs.lengths[0] == 1
+    for i in range(first.n):
         record = StepRecord(step=i + 1, position=i + 1, kind="plain", emitted=1, verify_s=0.01, paused=True)
         record.tokens = [100 + i]
         if i == 0:
             record.draft_tokens, record.draft_s = [100], 0.001
         log.append(record)
-    costly.next_k(log, Costly())
-    assert costly.shadow_k() == 2
+    costly.decide(log, Costly())
+    assert costly.evidence.ramp == 2  # the length of its next unverified draft (and of a probe)
 
 
 def test_with_break_even_rule_tokens_are_held_to_their_break_even():
     """measured=False (the default with a fixed break-even): tokens vs break-even over a window."""
     clock = FakeClock()
     policy = DraftPolicy.auto(window=4, pause_tokens=5, break_even=1.5)
-    assert not policy.measured and policy.shadow_k() == 0
+    assert not policy.measured
     log = run(policy, clock, 60, plain_s=0.004, spec_s=lambda k: 0.001, right=never)
     assert kinds(log)[:9] == ["verify"] * 4 + ["plain"] * 5
     assert policy.k == 4  # the preferred length: acceptance only moves k when measured
@@ -327,7 +328,6 @@ def test_policies_say_the_longest_draft_they_may_ask():
     assert DraftPolicy.adaptive(6).longest_draft(Drafter()) == 6
     assert DraftPolicy.auto().longest_draft(Drafter()) == 8
     assert DraftPolicy.auto(max_k=2).longest_draft(Drafter()) == 2
-    assert DraftPolicy.fixed(3).shadow_k() == 0 and DraftPolicy.adaptive(6).shadow_k() == 0
 
 
 def test_always_wrong_drafter_drives_auto_to_plain_and_output_stays_exact():
@@ -357,7 +357,7 @@ def test_always_wrong_drafter_drives_auto_to_plain_and_output_stays_exact():
     assert policy.pauses >= 1 and len(paused) > 100
     # probes stay at the cheapest length (how many verifications a probe takes depends on this CPU's timings)
     assert len(verifies) <= 24 and all(r["k_drafted"] == 1 for r in verifies)
-    assert len(shadowed) >= policy.shadows >= 2 and all(r["draft_s"] > 0 for r in shadowed)
+    assert len(shadowed) >= policy.evidence.shadows >= 2 and all(r["draft_s"] > 0 for r in shadowed)
 
 
 @pytest.mark.parametrize(("tree_depth", "rejected"), [(3, 0), (0, 1)])
@@ -368,7 +368,7 @@ def test_a_tree_accepted_to_its_depth_counts_as_wholly_accepted(tree_depth, reje
     policy.start(Drafter(), prior)
     log = StepLog()
     log.append(StepRecord(step=0, position=0, kind="prefill", emitted=1, verify_s=0.1))
-    policy.next_k(log, Drafter())
+    policy.decide(log, Drafter())
     policy._decision = "speculative"
     record = StepRecord(
         step=1, position=1, kind="verify", k_requested=6, k_drafted=6, accepted=3, emitted=4, tree_depth=tree_depth
@@ -376,8 +376,8 @@ def test_a_tree_accepted_to_its_depth_counts_as_wholly_accepted(tree_depth, reje
     record.verify_s, record.tokens = 0.01, [1, 2, 3, 4]
     log.append(record)
     clock.now += 0.01
-    policy.next_k(log, Drafter())
-    assert (policy.accepted, policy.rejected) == (3, rejected)
+    policy.decide(log, Drafter())
+    assert (policy.evidence.accepted, policy.evidence.rejected) == (3, rejected)
 
 
 @pytest.mark.parametrize("right", [never, at_rate(0.5)], ids=["never", "half"])

@@ -43,9 +43,9 @@ def test_profile_math():
     assert p.to_polars().height == 12
     auto = p.auto_policy(max_k=3)
     auto.start(None)
-    assert auto.envelope == [1, 2, 3]  # batch 1: c(k + 1, 1) < k + 1
+    assert auto.costs.lengths == [1, 2, 3]  # batch 1: c(k + 1, 1) < k + 1
     auto.set_batch_size(64)  # past the profile: its largest size, where c(k + 1) = k + 1 never pays
-    assert auto.envelope == [] and auto.k == 0
+    assert auto.costs.lengths == [] and auto.k == 0
 
 
 def test_batch_cache_is_filled_in_chunks(monkeypatch):

@@ -17,7 +17,7 @@ from specbench.common.files import write_text_atomic
 from specbench.common.identity import model_key
 from specbench.core.draft import Draft, Drafter
 from specbench.core.lockstep import RankZeroDrafter, RankZeroPolicy, in_lockstep
-from specbench.core.policies import DraftPolicy
+from specbench.core.policies import DraftPolicy, Speculate
 from specbench.models.load import shard_model, shardable_families
 
 
@@ -93,7 +93,7 @@ def test_lockstep_wrappers_pass_through_in_a_world_of_one():
     wrapped, rank_zero = RankZeroDrafter(drafter), RankZeroPolicy(DraftPolicy.auto(break_even=1.5))
     assert wrapped.draft([0], 2).tokens == [1, 2] and wrapped.preferred_k == 3 and wrapped.name == "fixed-draft"
     rank_zero.start(wrapped)
-    assert rank_zero.name == "auto" and rank_zero.next_k(_EmptyLog(), wrapped) == 3 and rank_zero.plain_run() >= 1
+    assert rank_zero.name == "auto" and rank_zero.decide(_EmptyLog(), wrapped) == Speculate(3)
 
 
 class _EmptyLog:

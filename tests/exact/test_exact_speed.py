@@ -87,3 +87,36 @@ def test_plain_steps_lay_the_buffers_out_once_after_each_verification(monkeypatc
     assert list(gen) == truth
     verifies = sum(1 for r in gen.log.records if r["kind"] == "verify")
     assert len(checked) > 10 and len(layouts) <= verifies + 1 < len(checked)
+
+
+def test_exact_mode_reads_its_calibration_once_per_generation(monkeypatch):
+    """Every verification of a generation runs the plans prepared when it started: the calibration is read once
+    per generation, whatever the number and widths of its verifications."""
+    from specbench import DraftPolicy, GenerateOptions
+    from specbench.core.engine import Generation
+    from specbench.exact import calibration
+
+    model = build_tiny("llama", seed=2)
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 97, 20)]
+    truth = plain_greedy(model, prompt, 30)
+    verifier = ExactVerifier(model, widths=range(2, 6))  # calibrated up front
+    reads = []
+    original = calibration.load_calibration
+    monkeypatch.setattr(calibration, "load_calibration", lambda m: reads.append(1) or original(m))
+    widths = set()
+    for generation in range(2):
+        # one draft position wrong in each of the first three steps of four: verifications of several widths
+        drafter = ScriptedDrafter(truth, len(prompt), 97, wrong_at=lambda step, i: i == step % 4)
+        gen = Generation(
+            model,
+            prompt,
+            GenerateOptions(max_tokens=30, ignore_eos=True),
+            drafter=drafter,
+            policy=DraftPolicy.fixed(4),
+            verifier=verifier,
+        )
+        assert list(gen) == truth
+        verifies = [r for r in gen.log.records if r["kind"] == "verify"]
+        widths |= {r["verify_width"] for r in verifies}
+        assert len(verifies) >= 5 and len(reads) == generation + 1
+    assert len(widths) >= 2

@@ -15,7 +15,7 @@ from specbench.report.progress import Interrupted
 
 
 def _notebook(path: Path, body: str) -> None:
-    cell = new_code_cell('model = "m"\nmax_tokens = 12\noutput_dir = ""\nprogress = True')
+    cell = new_code_cell('model = "m"\nmax_tokens = 12\npairs = 2\noutput_dir = ""\nprogress = True')
     cell.metadata["tags"] = ["parameters"]
     kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
     nbformat.write(new_notebook(cells=[cell, new_code_cell(body)], metadata=kernel), str(path))

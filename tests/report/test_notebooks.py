@@ -6,6 +6,7 @@ import ast
 import html
 import json
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -54,13 +55,17 @@ def test_every_notebook_is_in_the_report():
 @pytest.mark.parametrize("name", list(report.NOTEBOOKS))
 def test_quick_profile_runs_each_notebook(tmp_path, name):
     """Each notebook of the quick profile in a report of its own (so that a parallel test run spreads them):
-    done, rendered, its figures drawn, nothing skipped but drafters the miniature lacks, its verdict in words
-    at the top of the index."""
+    done, rendered without local paths or escapes, its figures drawn and passing the figure checks, nothing
+    skipped but drafters the miniature lacks, its verdict in words at the top of the index."""
     out = tmp_path / "quick"
     result = report.run_report("quick", out, only=[name], progress=False)
     assert [(r.notebook, r.status, r.error) for r in result.results] == [(name, "done", "")]
     page = (out / "index.html").read_text()
+    local = [str(tmp_path), str(report.PROJECT_ROOT), sys.prefix, str(Path.home())]
     assert (out / f"{name}.html").stat().st_size > 10_000
+    text = (out / f"{name}.html").read_text()
+    assert not [p for p in local if p in text], f"{name}.html shows a local path"
+    assert "\\x" not in text.split("<body", 1)[1].split("data:image", 1)[0], f"{name}.html escapes characters"
     assert f'href="{name}.html"' in page
     summary = json.loads((out / name / "summary.json").read_text())
     assert summary["figures"], f"{name} drew no figure"
@@ -69,6 +74,8 @@ def test_quick_profile_runs_each_notebook(tmp_path, name):
         assert (out / figure).with_suffix(".svg").exists()
     # only drafters the miniature lacks (an MTP head) may be skipped
     assert all(section.startswith("drafter ") for section in summary["skipped"]), summary["skipped"]
+    # every figure titled, labelled, inside its canvas, no series hidden (figures.checks)
+    assert not summary.get("figure_problems"), (name, summary["figure_problems"])
     assert len(summary["verdict"]) > 40, f"{name} ends without a verdict"  # in words, from its numbers
     assert html.escape(summary["verdict"]) in page[: page.index("<table")]  # the index opens with the verdict
     if name == "draft_length_sweep":

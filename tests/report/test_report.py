@@ -176,6 +176,42 @@ def test_run_sweep_measures_acceptance_per_position(text_model):
     )
 
 
+def test_paired_sweep_alternates_the_order_and_records_an_aa_cell(text_model, monkeypatch):
+    model, tokenizer = text_model
+    prompt = tokenizer.encode("one two three, one two three, one two")
+    truth = plain_greedy(model, prompt, 8)
+    order = []
+    plain_run, spec_run = sweep.generate, sweep.speculative_generate
+    monkeypatch.setattr(sweep, "generate", lambda *a, **k: order.append("P") or plain_run(*a, **k))
+    monkeypatch.setattr(sweep, "speculative_generate", lambda *a, **k: order.append("M") or spec_run(*a, **k))
+    result = sweep.run_sweep(
+        model,
+        tokenizer,
+        [prompt],
+        drafters=[],
+        policies=["fixed:2"],
+        max_tokens=8,
+        progress=False,
+        drafter_factories={"scripted": lambda: WrongAt(truth, len(prompt), 256, bad=2)},
+        warmup_tokens=0,
+        pairs=3,
+    )
+    assert "".join(order) == "P" + "PM" + "MP" + "PM"  # the reference run, then pairs in alternating order
+    runs = result.runs
+    method = runs.filter(pl.col("drafter") == "scripted")
+    assert method["pair"].to_list() == [0, 1, 2] and method["equal_to_plain"].all()
+    aa = runs.filter(pl.col("policy") == sweep.AA_POLICY)
+    assert aa.height == 3 and aa["drafter"].unique().to_list() == ["none"]
+    # each method row's baseline is its own pair's plain run, and the A/A rows chain the plain runs
+    plain_rows = runs.filter(pl.col("drafter") == "none")
+    assert method["plain_decode_s"].to_list() == aa["decode_s"].to_list()
+    assert aa["plain_decode_s"].to_list() == plain_rows["decode_s"].to_list()[:3]
+    assert set(result.steps["run"].unique().to_list()) == {0, int(method["run"][0])}  # logs of the first pair only
+    summary = result.summary()
+    row = summary.filter(pl.col("drafter") == "scripted").row(0, named=True)
+    assert row["pairs"] == 3 and row["prompts"] == 1 and row["speedup_low"] is None  # 3 pairs: no interval
+
+
 def test_prefix_cache_copies_are_independent(text_model):
     model, tokenizer = text_model
     prompt = tokenizer.encode("a prompt to prefill once")
@@ -453,9 +489,9 @@ def _notebook(path: Path, parameters: str, body: str) -> None:
 
 
 def test_unknown_parameters_are_one_clear_error(tmp_path):
-    _notebook(tmp_path / "quickstart.ipynb", 'model = "m"\nmax_tokens = 12\ndrafters = ["lookup"]', "pass")
+    _notebook(tmp_path / "quickstart.ipynb", 'model = "m"\nmax_tokens = 12\ndrafters = ["lookup"]\npairs = 2', "pass")
     names = ["quickstart"]
-    known = r"unknown parameter\(s\) 'max_tokns'.*Known parameters: drafters, max_tokens, model"
+    known = r"unknown parameter\(s\) 'max_tokns'.*Known parameters: drafters, max_tokens, model, pairs"
     with pytest.raises(ValueError, match=known):
         report.resolve_parameters("quick", {"max_tokns": "3"}, names, tmp_path)
     with pytest.raises(ValueError, match="set by the report"):
@@ -477,7 +513,7 @@ def test_run_report_keeps_failures_and_resumes(tmp_path):
     notebooks.mkdir()
     _notebook(
         notebooks / "quickstart.ipynb",
-        'model = "m"\nmax_tokens = 12',
+        'model = "m"\nmax_tokens = 12\npairs = 2',
         (
             "import matplotlib.pyplot as plt\nfrom specbench.report import Outputs\n"
             "out = Outputs(output_dir, 'quickstart')\nfig, ax = plt.subplots()\nax.plot([1, 2], [max_tokens, 3])\n"
@@ -521,7 +557,7 @@ def test_resume_reruns_notebooks_whose_outputs_are_gone_or_that_were_interrupted
     notebooks.mkdir()
     _notebook(
         notebooks / "quickstart.ipynb",
-        'model = "m"\nmax_tokens = 12',
+        'model = "m"\nmax_tokens = 12\npairs = 2',
         (
             "import matplotlib.pyplot as plt\nimport polars as pl\nfrom specbench.report import Outputs\n"
             "out = Outputs(output_dir, 'quickstart')\nfig, ax = plt.subplots()\nax.plot([1, 2])\n"

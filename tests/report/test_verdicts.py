@@ -52,22 +52,97 @@ def test_break_even_verdict_and_figure_say_when_a_model_never_breaks_even():
     assert any("engine overhead" in t.get_text() for t in costs.axes[0].get_legend().get_texts())
 
 
-def test_sweep_verdict_names_the_best_method_and_outputs():
-    summary = pl.DataFrame(
+def _summary(**columns) -> pl.DataFrame:
+    base = {
+        "drafter": ["none", "none", "lookup", "suffix"],
+        "policy": ["none", "A/A", "fixed:3", "auto"],
+        "k": [0, 0, 3, None],
+        "mean_k": [None, None, 3.0, 2.4],
+        "prompts": [2, 2, 2, 2],
+        "pairs": [0, 6, 6, 6],
+        "speedup": [1.0, 1.01, 1.31, 1.4],
+        "speedup_low": [None, 0.9, 0.8, 0.9],
+        "speedup_high": [None, 1.1, 1.9, 1.6],
+        "resampled": [None, "pair", "pair", "pair"],
+        "verifies": [0, 0, 12, 0],
+        "tokens_per_verify": [None, None, 2.5, None],
+        "acceptance_rate": [None, None, 0.5, None],
+        "all_equal_to_plain": [None, None, True, True],
+    }
+    return pl.DataFrame({**base, **columns})
+
+
+def test_noisy_cells_are_inconclusive_and_only_a_clear_interval_pays_or_loses():
+    text = verdicts.sweep(_summary(), "SmolLM2-135M", 32)
+    assert "lookup, fixed:3, inconclusive at this sample (1.31x, 95 % interval over pairs 0.80-1.90 of 6 pairs)" in text
+    assert "2 prompt(s) x 32 tokens" in text and "plain against plain (A/A) 1.01x [0.90-1.10]" in text
+    clear = _summary(speedup_low=[None, 0.9, 1.1, 0.9], speedup_high=[None, 1.1, 1.5, 1.6])
+    assert "lookup, fixed:3, pays (1.31x" in verdicts.sweep(clear, "m")
+    slow = _summary(speedup=[1.0, 1.0, 0.7, 1.4], speedup_low=[None, 0.9, 0.6, 0.9], speedup_high=[None, 1.1, 0.8, 1.6])
+    assert "lookup, fixed:3, loses (0.70x" in verdicts.sweep(slow, "m")
+    # the machine drifted: plain against plain excludes 1, so no interval of a method is believed
+    drifted = _summary(speedup_low=[None, 1.05, 1.1, 0.9], speedup_high=[None, 1.2, 1.5, 1.6])
+    text = verdicts.sweep(drifted, "m")
+    assert "inconclusive at this sample" in text and "drifted" in text and " pays " not in text
+    # too few pairs for an interval, or single unpaired runs: inconclusive, never a word from the point
+    few = _summary(pairs=[0, 2, 2, 2], speedup_low=[None] * 4, speedup_high=[None] * 4, speedup=[1.0, 1.0, 1.8, 1.0])
+    assert "inconclusive at this sample (1.80x over 2 pair(s) of runs; an interval needs 6" in verdicts.sweep(few, "m")
+    assert verdicts.speed(2.0, None, None).startswith("inconclusive at this sample (2.00x from single unpaired runs")
+    assert verdicts.speed_word(0.5, 3.0) == verdicts.INCONCLUSIVE
+
+
+def test_a_method_that_fell_back_to_plain_is_never_best():
+    text = verdicts.sweep(_summary(), "m")
+    assert "fastest method that drafted, lookup, fixed:3" in text  # not suffix auto's 1.40x of plain steps
+    assert "Fell back to plain (never drafted): suffix, auto." in text
+    stats = pl.DataFrame(
         {
-            "drafter": ["lookup", "suffix", "suffix"],
-            "policy": ["fixed:3", "fixed:3", "auto"],
-            "k": [3, 3, None],
-            "mean_k": [3.0, 3.0, 2.4],
-            "runs": [2, 2, 2],
-            "speedup": [0.81, 0.92, 0.6],
-            "all_equal_to_plain": [True, True, True],
+            "drafter": ["none", "lookup"],
+            "policy": ["A/A", "fixed:4"],
+            "pairs": [6, 6],
+            "speedup": [1.0, 1.3],
+            "speedup_low": [0.9, 1.1],
+            "speedup_high": [1.1, 1.5],
+            "resampled": ["pair", "pair"],
+            "verifies": [0, 0],
         }
     )
-    text = verdicts.sweep(summary, "SmolLM2-135M")
-    assert text.startswith("On this CPU speculation does not pay for SmolLM2-135M: best 0.92x, suffix, fixed:3")
-    assert "worst 0.60x (suffix, auto)" in text and "every greedy output equal" in text
-    assert verdicts.pays(1.2) == "pays" and verdicts.pays(1.01) == "breaks even"
+    quick = verdicts.quickstart("m", stats, 32, True)
+    assert "fell back to plain decoding" in quick and "pays" not in quick
+    rows = [
+        {"method": "mlx-lm plain", "category": "overall", "drafter": "none", "speedup": 1.0},
+        {"method": "lookup auto", "category": "overall", "drafter": "lookup", "speedup": 1.14,
+         "acceptance_rate": float("nan"), "mean_accepted_tokens": 1.0, "prompts": 8},
+        {"method": "suffix fixed:4", "category": "overall", "drafter": "suffix", "speedup": 1.05,
+         "acceptance_rate": 0.4, "mean_accepted_tokens": 1.6, "prompts": 8, "speedup_low": 0.95,
+         "speedup_high": 1.15, "policy": "fixed:4"},
+    ]  # fmt: skip
+    text = verdicts.bench(rows, "mlx-lm plain")
+    assert text.startswith("Fastest method that drafted, suffix fixed:4: inconclusive at this sample (1.05x")
+    assert "Fell back to plain (never drafted): lookup auto." in text
+    traces = pl.DataFrame(
+        {"method": ["plain", "suffix"], "speedup": [1.0, 1.6], "tokens_per_verify": [0.0, 0.0], "identical": [True] * 2}
+    )
+    assert "every drafter fell back to plain decoding" in verdicts.traces(traces, "m")
+
+
+def test_no_verdict_rests_on_a_prediction_alone():
+    assert "no verdict" in verdicts.batch_break_even({"dense": object()}, None, [0.5])
+    grid = pl.DataFrame(
+        {
+            "model": ["dense", "dense"],
+            "batch_size": [1, 4],
+            "acceptance": [0.9, 0.9],
+            "k": [4, 4],
+            "measured": [1.2, 0.7],
+            "predicted": [1.5, 1.3],
+            "error": [1.2 / 1.5 - 1, 0.7 / 1.3 - 1],
+        }
+    )
+    text = verdicts.batch_break_even({"dense": object()}, grid, [0.9])
+    assert "no speed verdict" in text and "pays" not in text
+    assert "0.70-1.20x, below 1 in 1 of 2, against predictions of 1.30-1.50x" in text
+    assert "Predicted above 1 but measured below: dense a = 0.9, k = 4, B = 4." in text
 
 
 def test_key_results_carry_words_and_units():
@@ -153,25 +228,7 @@ def _leaves(tree):
     return [v for _, v in tree_flatten(tree)]
 
 
-def test_a_method_that_drafted_nothing_is_not_called_a_speedup():
-    stats = {"verifies": 0, "tokens": 8}
-    assert "proposed nothing to verify" in verdicts.quickstart("m", "lookup", "fixed:4", stats, 1.3, True)
-    sweep = pl.DataFrame(
-        {
-            "drafter": ["none", "lookup", "suffix"],
-            "policy": ["none", "auto", "fixed:3"],
-            "speedup": [1.0, 1.4, 0.8],
-            "verifies": [0, 0, 5],
-            "runs": [2, 2, 2],
-            "k": [None, None, 3],
-            "all_equal_to_plain": [None, True, True],
-        }
-    )
-    assert "best 0.80x, suffix, fixed:3" in verdicts.sweep(sweep, "m")  # not lookup's 1.40x of plain steps
-    traces = pl.DataFrame(
-        {"method": ["plain", "suffix"], "speedup": [1.0, 1.6], "tokens_per_verify": [0.0, 0.0], "identical": [True] * 2}
-    )
-    assert "no drafter proposed anything" in verdicts.traces(traces, "m")
+def test_trace_verdicts_name_their_sample_and_interval():
     # over several traces: the overall speedup, with its interval over traces where it has one
     overall = pl.DataFrame(
         {
@@ -184,9 +241,59 @@ def test_a_method_that_drafted_nothing_is_not_called_a_speedup():
             "identical": [True] * 3,
         }
     )
-    text = verdicts.traces(overall, "m")
-    assert "best suffix at 1.31x over 8 traces [95 % interval over traces 1.12-1.52]" in text
-    assert "over 8 traces" not in verdicts.traces(overall.with_columns(pl.lit(1).alias("traces")), "m")
+    text = verdicts.traces(overall, "m", 16, 24, "fixed:4")
+    assert "the fastest drafter, suffix, pays (1.31x, 95 % interval over traces 1.12-1.52 of 8 pairs)" in text
+    assert "8 trace(s), 16 turn(s) x 24 tokens, fixed:4, greedy" in text
+    one_trace = overall.with_columns(pl.lit(1).alias("traces"), pl.lit(None, pl.Float64).alias("speedup_low"))
+    one = verdicts.traces(one_trace, "m", 2, 24, "fixed:4")
+    assert "inconclusive at this sample (1.31x: 1 trace(s), an interval over traces needs 6)" in one
+
+
+def test_figure_checks_find_missing_titles_labels_clipping_and_hidden_series():
+    import matplotlib.pyplot as plt
+
+    from specbench.report.figures.checks import figure_problems
+
+    fig, ax = plt.subplots(figsize=(4, 3), constrained_layout=True)
+    ax.plot([1, 2, 3], [1, 2, 3], label="suffix path")
+    ax.plot([1, 2, 3], [1, 3, 2], label="suffix tree")
+    ax.axhline(1.0, label="plain")
+    ax.set(title="fine", xlabel="k", ylabel="tokens")
+    assert figure_problems(fig) == []
+    ax.plot([1, 2, 3], [1, 2, 3], label="lookup path")  # drawn over "suffix path"
+    ax.set_title("")
+    ax.set_ylabel("")
+    problems = figure_problems(fig)
+    assert "axes 1: no title" in problems and "axes 1: no y-axis label" in problems
+    assert any("'suffix path' and 'lookup path' coincide" in p for p in problems)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(4, 3))  # no layout: a long label runs off the canvas
+    ax.plot([1, 2], [1, 2])
+    ax.set(title="t", xlabel="x", ylabel="a y-axis label far too long for a figure of this height, so it is cut")
+    assert any("outside the canvas" in p for p in figure_problems(fig))
+    plt.close(fig)
+
+
+def test_pages_show_parameters_as_written_and_no_local_paths_or_progress(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from specbench.common.files import PROJECT_ROOT
+    from specbench.report.runner import readable_notebook
+
+    params = new_code_cell(f'# Parameters\nprompt = "angek\\xfcndigt"\noutput_dir = "{tmp_path}"')
+    params.metadata["tags"] = ["injected-parameters"]
+    work = new_code_cell("print(1)")
+    work.outputs = [
+        new_output("stream", name="stderr", text="\rsweep:  50%|#####     | 1/2"),
+        new_output("stream", name="stderr", text="specbench: calibrating\n"),
+        new_output("stream", name="stdout", text=f"read {PROJECT_ROOT}/specbench/assets and {tmp_path}/x.parquet\n"),
+    ]
+    nb = readable_notebook(new_notebook(cells=[params, work]), tmp_path)
+    nbformat.validate(nb)
+    assert "prompt = 'angekündigt'" in nb.cells[0].source and "output_dir = '.'" in nb.cells[0].source
+    assert [o["name"] for o in nb.cells[1].outputs] == ["stdout", "stdout"]  # no progress bar, no red box
+    assert nb.cells[1].outputs[1]["text"] == "read <specbench>/specbench/assets and ./x.parquet\n"
 
 
 def test_reference_contrast_says_what_this_machine_and_the_reference_show():

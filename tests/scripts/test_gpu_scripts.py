@@ -13,10 +13,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def module(name: str) -> list[str]:
+    """The command that runs scripts/gpu/``name`` as a module from the repository's root."""
+    return [sys.executable, "-m", f"scripts.gpu.{name.removesuffix('.py')}"]
+
+
 def run_script(name: str, tmp_path: Path, *args: str) -> str:
     env = {**os.environ, "OUT": str(tmp_path), "SPECBENCH_HOME": str(tmp_path / "home")}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu" / name), "--quick", *args],
+        [*module(name), "--quick", *args],
+        cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
@@ -49,7 +55,8 @@ def test_cost_script_and_replot(tmp_path):
         assert (tmp_path / name).exists(), name
     (tmp_path / "measured.png").unlink()
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu" / "cost.py"), "--replot", str(tmp_path)],
+        [*module("cost"), "--replot", str(tmp_path)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
@@ -84,8 +91,9 @@ def test_default_policy_script_stopped_keeps_what_finished(tmp_path):
     """SIGTERM (what `timeout` sends) mid-run: the repeats that finished are saved and summarized."""
     env = {**os.environ, "OUT": str(tmp_path), "SPECBENCH_HOME": str(tmp_path / "home")}
     args = ["--quick", "--shapes", "qwen3-8b-tiny", "--no-embedded"]
-    script = str(ROOT / "scripts" / "gpu" / "default_policy.py")
-    with subprocess.Popen([sys.executable, script, *args], env=env, stdout=subprocess.PIPE, text=True) as run:
+    with subprocess.Popen(
+        [*module("default_policy"), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    ) as run:
         for line in run.stdout:
             if line.startswith("  repeat 1/"):  # the first repeat is saved: stop the run
                 run.send_signal(signal.SIGTERM)
@@ -110,7 +118,6 @@ def test_default_policy_embedded_runs_split_over_calls_are_summarized_together(t
 
 
 def test_default_policy_bad_options_fail_before_model_work(tmp_path):
-    script = str(ROOT / "scripts" / "gpu" / "default_policy.py")
     for args, named in (
         (["--categories", "qa,poetry"], "translation"),  # names the bundled categories
         (["--traces", "nope"], "coding-agent"),
@@ -119,7 +126,7 @@ def test_default_policy_bad_options_fail_before_model_work(tmp_path):
         (["--acceptances", "0.5,1.5"], "[0, 1]"),
         (["--repeats", "1"], "at least 2"),
     ):
-        done = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([*module("default_policy"), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr
 
 
@@ -130,3 +137,12 @@ def test_default_policy_runs_only_the_cells_asked_for(tmp_path):
     runs = json.loads((tmp_path / "default_policy.json").read_text())["runs"]
     assert {r["what"] for r in runs} == {"plain a/a", "fast a=0.5"}
     assert {r["repeat"] for r in runs} == {0, 1, 2}
+
+
+def test_exact_speed_script(tmp_path):
+    out = run_script("exact_speed.py", tmp_path)
+    result = json.loads((tmp_path / "exact_speed.json").read_text())
+    rows = result["shapes"]["qwen3-8b-tiny"]["rows"]
+    assert {"plain", "mlx-lm", "exact k=4", "fast k=4", "auto exact a=1", "auto exact a=0.3"} == set(rows)
+    assert all(rows[name]["equals_plain"] for name in rows if "exact" in name)
+    assert rows["exact k=4"]["verifies"][0] > 0 and "exact k=4 / fast k=4" in out

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
+from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import WIDE, new_axes, no_data
 
 RULE_COLOURS = {"token": "tab:blue", "exact-match": "tab:orange", "block": "tab:green", "typical (lossy)": "tab:red"}
@@ -41,6 +42,8 @@ def rules_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance rules v
     for ax in (left, right):
         ax.set_xlabel("temperature")
         ax.grid(alpha=0.3)
+    mark_coinciding(left)
+    mark_coinciding(right)
     left.legend(fontsize=8)
     fig.suptitle(title)
     return fig
@@ -74,6 +77,7 @@ def rules_by_drafter(summary: pl.DataFrame, title: str = "Tokens per verificatio
             )
         ax.set_xticks(np.arange(len(groups)), [f"{d}\nk={k}" for d, k in groups], fontsize=8)
         ax.set_title(f"T = {t:g}")
+        ax.set_xlabel("drafter and draft length k")
         ax.set_ylabel("tokens per verification")
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=8)
@@ -130,6 +134,7 @@ def rule_shifts(table: pl.DataFrame, title: str = "Distribution shift against pl
     )
     ax.scatter(x, table["tvd_noise"].to_numpy(), marker="_", s=400, color="k", zorder=3, label="noise (95%)")
     ax.set_xticks(x, [f"{r}\n{v}" for r, v in zip(rules, table["verdict"].to_list())], fontsize=8)
+    ax.set_xlabel("acceptance rule and its test's verdict")
     ax.set_ylabel("total variation distance (tokens)\n(bars: 95% bootstrap interval over samples)")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)

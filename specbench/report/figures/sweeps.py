@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 
 from specbench.bench.paired import wilson_interval
+from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import (
     POLICY_MARKERS,
     POLICY_STYLES,
@@ -87,7 +88,8 @@ def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, re
 
 
 def _legend_below(ax: Any) -> None:
-    """The legend under the axes, where it hides no point."""
+    """The legend under the axes, where it hides no point, naming lines hidden under others."""
+    mark_coinciding(ax)
     ax.legend(ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False)
 
 
@@ -204,7 +206,7 @@ def category_speedups(best: pl.DataFrame, title: str = "Speedup by prompt catego
     ax.set_xlabel("prompt category")
     ax.set_ylabel("speedup over plain decoding (x)")
     note = sample_note(rows, what="prompt runs")
-    ax.set_title(f"{title}\n({note})" if note else title)
+    ax.set_title(f"{title}\n({note})" if note else title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     top = np.nanmax(rows["speedup"].to_numpy().astype(float)) if len(rows) else 1.0
     ax.set_ylim(0, 1.3 * max(1.0, top))  # room for the legend above the bars
@@ -251,7 +253,7 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
         ax.set_xlim(temps[0] - pad, temps[-1] + pad)
     left.set_ylim(0, 1.02)
     left.set_ylabel(
-        "draft tokens accepted / drafted\n(bars: 95% Wilson interval, drafts as independent; numbers: tokens drafted)"
+        "draft tokens accepted / drafted\n(bars: 95% Wilson interval,\ndrafts as independent;\nnumbers: tokens drafted)"
     )
     left.set_title("Acceptance rate")
     right.axhline(1.0, color="0.3", lw=0.9)
@@ -260,6 +262,8 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
     for ax in (left, right):
         ax.set_xlabel("temperature (0 = greedy)")
         ax.grid(alpha=0.3)
+    mark_coinciding(left)
+    mark_coinciding(right)
     left.legend()
     note = sample_note(rows, what="runs (prompts x seeds)")
     fig.suptitle(f"{title} ({note})" if note else title)

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import TRACE_STYLES, drafter_colour, drafter_label, line_pair, new_axes, no_data
 
 
@@ -34,7 +35,9 @@ def per_turn(turns: pl.DataFrame, title: str = "Per-turn results on agent traces
         ax.set_xlabel("turn")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
-    left.legend()
+    mark_coinciding(left)
+    mark_coinciding(right)
+    left.legend(fontsize=8)
     fig.suptitle(f"{title} (one generation per point, {rows['turn'].n_unique()} turns)")
     return fig
 
@@ -68,5 +71,6 @@ def cumulative_saved(turns: pl.DataFrame, title: str = "Model forward passes sav
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    mark_coinciding(ax)
+    ax.legend(fontsize=8)
     return fig

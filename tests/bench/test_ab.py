@@ -1,29 +1,18 @@
-"""The default-policy benchmark's estimate in plain steps (each run over its ``speed_state``): what it cancels,
-what it charges; its verdicts."""
+"""Paired A/B statistics (the default-policy benchmark's): the estimate in plain steps (each run over its
+``speed_state``), what it cancels, what it charges; the verdicts; pooling and merging calls."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 from conftest import auto_run_log, log_seconds, plain_run_log
 
+from specbench.bench import ab, paired
 from specbench.bench.run_speed import MIN_STEADY, speed_state, time_split
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("default_policy", ROOT / "scripts" / "gpu" / "default_policy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_plain_steps_cancel_the_machines_speed_and_keep_autos_costs(bench):
+def test_plain_steps_cancel_the_machines_speed_and_keep_autos_costs():
     """A run 30 % slower as a whole changes seconds, not plain steps; Auto's verifications stay charged."""
     fast_plain, slow_auto = plain_run_log(0.01), auto_run_log(0.013)
     row = {
@@ -32,14 +21,14 @@ def test_plain_steps_cancel_the_machines_speed_and_keep_autos_costs(bench):
         "plain_state_ms": 1e3 * speed_state(fast_plain),
         "auto_state_ms": 1e3 * speed_state(slow_auto),
     }
-    ((plain_steps, auto_steps),) = bench.in_plain_steps([row])
+    ((plain_steps, auto_steps),) = ab.in_plain_steps(ab.pairs_of([row]))
     assert log_seconds(fast_plain) / log_seconds(slow_auto) < 0.8  # in seconds Auto looks 20 %+ slower
     same_speed = log_seconds(plain_run_log(0.01)) / log_seconds(auto_run_log(0.01))
     assert plain_steps / auto_steps == pytest.approx(same_speed)  # in plain steps: as at equal speed
     assert plain_steps / auto_steps < 1.0  # the two verifications and the drafts still cost
 
 
-def test_an_auto_run_that_speculated_throughout_counts_its_seconds_ratio(bench):
+def test_an_auto_run_that_speculated_throughout_counts_its_seconds_ratio():
     """Without a speed of its own, Auto's run takes its pair's plain speed (its seconds ratio counts: those
     are the runs where speculation paid, and dropping them would bias the estimate down), and the other way
     round; a pair in which neither run has a speed (an output too short for one) is left out."""
@@ -49,26 +38,26 @@ def test_an_auto_run_that_speculated_throughout_counts_its_seconds_ratio(bench):
         {"plain_s": 0.1, "auto_s": 0.1, "plain_state_ms": float("nan"), "auto_state_ms": float("nan")},
         {"plain_s": 1.2, "auto_s": 1.0, "plain_state_ms": 12.0, "auto_state_ms": 10.0},
     ]
-    (first, second, third) = bench.in_plain_steps(rows)
+    (first, second, third) = ab.in_plain_steps(ab.pairs_of(rows))
     assert first == pytest.approx((100.0, 80.0)) and second == pytest.approx((110.0, 100.0))
     assert third == pytest.approx((100.0, 100.0))  # each run over its own speed
-    assert bench.at_one_speed(rows) == 2
+    assert ab.at_one_speed(ab.pairs_of(rows)) == 2
 
 
-def test_verdicts_against_097(bench):
-    assert bench.verdict(1.02, 0.98, 1.06) == "holds"
-    assert bench.verdict(0.99, 0.95, 1.03) == "ok"
-    assert bench.verdict(0.95, 0.91, 0.99) == "inconclusive"
-    assert bench.verdict(0.90, 0.86, 0.94) == "LOSES"
+def test_verdicts_against_097():
+    assert ab.verdict(1.02, 0.98, 1.06) == "holds"
+    assert ab.verdict(0.99, 0.95, 1.03) == "ok"
+    assert ab.verdict(0.95, 0.91, 0.99) == "inconclusive"
+    assert ab.verdict(0.90, 0.86, 0.94) == "LOSES"
 
 
-def test_a_loss_must_survive_the_correction_for_the_runs_other_cells(bench):
+def test_a_loss_must_survive_the_correction_for_the_runs_other_cells():
     # an interval wholly below 0.97 loses on its own, and when its corrected p-value is still small
-    assert bench.verdict(0.90, 0.86, 0.94, p_adjusted=0.01) == "LOSES"
-    assert bench.verdict(0.90, 0.86, 0.94, p_adjusted=0.10) == "inconclusive"
+    assert ab.verdict(0.90, 0.86, 0.94, p_adjusted=0.01) == "LOSES"
+    assert ab.verdict(0.90, 0.86, 0.94, p_adjusted=0.10) == "inconclusive"
 
 
-def test_one_run_of_many_noisy_cells_that_all_hold_rarely_shows_a_loss(bench):
+def test_one_run_of_many_noisy_cells_that_all_hold_rarely_shows_a_loss():
     """24 cells of 6 pairs each, true ratio 1.0, pair-to-pair noise of 20 %: uncorrected, about one cell in
     twenty "LOSES" by chance; corrected, a run shows none."""
     import random
@@ -77,23 +66,23 @@ def test_one_run_of_many_noisy_cells_that_all_hold_rarely_shows_a_loss(bench):
     rows = []
     for _ in range(24):
         pairs = [(1.0, math.exp(rng.gauss(0.0, 0.2))) for _ in range(6)]
-        low, high, p = bench.interval_and_p(pairs, bench.seconds_ratio)
-        ratio = bench.seconds_ratio(pairs)
+        low, high, p = ab.interval_and_p(pairs)
+        ratio = ab.seconds_ratio(pairs)
         rows.append({"method": "auto", "ratio": ratio, "low": low, "high": high, "p_loses": p, "in_steps": None})
-    uncorrected = sum(bench.verdict(r["ratio"], r["low"], r["high"]) == "LOSES" for r in rows)
-    bench.judge(rows)
+    uncorrected = sum(ab.verdict(r["ratio"], r["low"], r["high"]) == "LOSES" for r in rows)
+    ab.judge(rows)
     assert uncorrected >= 1  # this seed's chance loss
     assert all(r["verdict"] != "LOSES" for r in rows)
     # a real loss, every pair 10 % slower, still shows after the correction
     pairs = [(1.0, 1.1 * math.exp(rng.gauss(0.0, 0.01))) for _ in range(6)]
-    low, high, p = bench.interval_and_p(pairs, bench.seconds_ratio)
-    rows.append({"method": "auto", "ratio": bench.seconds_ratio(pairs), "low": low, "high": high, "p_loses": p})
+    low, high, p = ab.interval_and_p(pairs)
+    rows.append({"method": "auto", "ratio": ab.seconds_ratio(pairs), "low": low, "high": high, "p_loses": p})
     rows[-1]["in_steps"] = None
-    bench.judge(rows)
+    ab.judge(rows)
     assert rows[-1]["verdict"] == "LOSES"
 
 
-def test_where_autos_extra_seconds_went(bench):
+def test_where_autos_extra_seconds_went():
     """Two verifications costing 2.5 steps each for 3 tokens, and two stretch starts with a draft: in plain
     steps the split names each, sums to the estimate in plain steps, and a slower Auto run adds slower steps."""
     plain, auto = plain_run_log(0.01, n=52), auto_run_log(0.01)
@@ -110,27 +99,27 @@ def test_where_autos_extra_seconds_went(bench):
             **{f"auto_{k}": v for k, v in time_split(slow, log_seconds(slow[1:])).items()},
         }
 
-    parts = bench.excess_in_steps(row(0.01))
+    parts = ab.Pair.of(row(0.01)).excess_in_steps()
     assert parts["speculation"] == pytest.approx(5.0 - 3.0)
     assert parts["stretch starts"] == pytest.approx(0.2)  # two 0.1-step drafts; plain's one start costs 1 step
     assert parts["steady"] == pytest.approx(0.0) and parts["outside the log"] == pytest.approx(0.0)
     assert parts["slower steps"] == pytest.approx(0.0)
     in_steps = log_seconds(auto[1:]) / 0.01 - log_seconds(plain[1:]) / 0.01
     assert sum(parts.values()) == pytest.approx(in_steps)
-    slow = bench.excess_in_steps(row(0.013))
+    slow = ab.Pair.of(row(0.013)).excess_in_steps()
     assert slow["slower steps"] == pytest.approx(0.3 * tokens)
     assert slow["speculation"] == pytest.approx(parts["speculation"])
-    assert bench.excess_in_steps({"plain_state_ms": 10.0, "auto_state_ms": None}) is None
+    assert ab.Pair.of({"plain_state_ms": 10.0, "auto_state_ms": None}).excess_in_steps() is None
 
 
-def test_identical_pairs_below_097_are_a_loss_not_a_missing_test(bench):
+def test_identical_pairs_below_097_are_a_loss_not_a_missing_test():
     """With no spread between pairs a t statistic is undefined; the pairs themselves settle it."""
-    assert bench.p_below([(0.9, 1.0)] * 6) == 0.0
-    assert bench.p_below([(1.0, 1.0)] * 6) == 1.0
-    assert bench.p_below([(0.9, 1.0)]) == 1.0  # one pair: no test
+    assert paired.p_below([(0.9, 1.0)] * 6, ab.OK) == 0.0
+    assert paired.p_below([(1.0, 1.0)] * 6, ab.OK) == 1.0
+    assert paired.p_below([(0.9, 1.0)], ab.OK) == 1.0  # one pair: no test
 
 
-def test_slow_steady_steps_are_counted_with_how_near_a_decision_they_fall(bench):
+def test_slow_steady_steps_are_counted_with_how_near_a_decision_they_fall():
     """Steady steps over 1.5x their run's median: one right after a verification's stretch start, one far
     from any; the split counts both and names the one near a decision."""
     run = auto_run_log(0.01)
@@ -144,12 +133,12 @@ def test_slow_steady_steps_are_counted_with_how_near_a_decision_they_fall(bench)
     assert (plain["slow_n"], plain["slow_near_n"]) == (0.0, 0.0)
     row = {"model": "m", "what": "w", "method": "auto", **{f"auto_{k}": v for k, v in split.items()}}
     row |= {f"plain_{k}": v for k, v in plain.items()}
-    assert bench.cell_means([row, row], bench.slow_counts) == {
+    assert ab.cell_means([row, row], ab.Pair.slow_counts) == {
         ("m", "w", "auto"): {"auto": 2.0, "near": 1.0, "plain": 0.0}
     }
 
 
-def test_calls_summarized_together_keep_their_repeats_apart(bench):
+def test_calls_summarized_together_keep_their_repeats_apart():
     """Two calls' repeat 0 are two repeats of a cell, not one (its median over repeats counts both)."""
 
     def call(ratios: list[float]) -> dict:
@@ -158,22 +147,22 @@ def test_calls_summarized_together_keep_their_repeats_apart(bench):
             "verify_calls": [],
         }
 
-    out = bench.merged([call([1.0, 0.9]), call([1.1, 1.2, 0.8])])
+    out = ab.merged([call([1.0, 0.9]), call([1.1, 1.2, 0.8])])
     assert [r["repeat"] for r in out["runs"]] == [0, 1, 2, 3, 4]
     assert [r["vs_plain"] for r in out["runs"]] == [1.0, 0.9, 1.1, 1.2, 0.8]
 
 
-def test_mean_steps_read_recorded_speeds_and_old_rows(bench):
+def test_mean_steps_read_recorded_speeds_and_old_rows():
     """The estimate in mean steps takes each run's recorded mean speed; rows written before it was recorded
     give the mean steady step of their split (too few steady steps: no speed)."""
     recorded = {"plain_s": 1.0, "auto_s": 1.1, "plain_mean_ms": 10.0, "auto_mean_ms": 11.0}
     old = {"plain_s": 1.0, "auto_s": 1.0, "plain_steady_ms": 400.0, "plain_steady_n": 40, "auto_steady_ms": 500.0}
     old["auto_steady_n"] = 40
     short = {**old, "auto_steady_n": MIN_STEADY - 1}
-    assert bench.run_speeds(recorded, "mean") == pytest.approx((0.010, 0.011))
-    assert bench.run_speeds(old, "mean") == pytest.approx((0.010, 0.0125))
-    assert bench.run_speeds(short, "mean")[1] is None
-    (first, second, third) = bench.in_plain_steps([recorded, old, short], "mean")
+    assert ab.Pair.of(recorded).speeds("mean") == pytest.approx((0.010, 0.011))
+    assert ab.Pair.of(old).speeds("mean") == pytest.approx((0.010, 0.0125))
+    assert ab.Pair.of(short).speeds("mean")[1] is None
+    (first, second, third) = ab.in_plain_steps(ab.pairs_of([recorded, old, short]), "mean")
     assert first == pytest.approx((100.0, 100.0)) and second == pytest.approx((100.0, 80.0))
     assert third == pytest.approx((100.0, 100.0))  # one speed for both: the seconds ratio
-    assert bench.at_one_speed([recorded, old, short], "mean") == 1
+    assert ab.at_one_speed(ab.pairs_of([recorded, old, short]), "mean") == 1

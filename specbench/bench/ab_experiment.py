@@ -1,0 +1,127 @@
+"""The paired A/B experiment on any machine: two methods (plain decoding, or a drafter under a policy) decode
+the same prompts as whole calls next to each other, the order alternating between prompts and repeats so that
+drift in the machine's speed falls on both runs of a pair; the result is B's speed over A's with a 95 %
+interval (resampling pairs) and a verdict: B pays, loses, or the interval cannot tell. An A/A run (one
+method against itself) measures the machine's own noise: a difference inside its interval is none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specbench.bench.ab import ab_verdict, interval_and_p, seconds_ratio
+from specbench.bench.ab_runs import CallRun, timed_call
+from specbench.core.engine import generate
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy
+from specbench.decoding import speculative_generate
+from specbench.drafters import is_drafter_name, make_drafter
+
+
+@dataclass(frozen=True)
+class Method:
+    """Plain decoding (``drafter`` None) or a drafter under a policy ("lookup", "suffix/fixed:4")."""
+
+    drafter: str | None = None
+    policy: str = "auto"
+
+    @classmethod
+    def parse(cls, text: str) -> Method:
+        """ "plain", "DRAFTER" (under Auto) or "DRAFTER/POLICY" (a policy ``DraftPolicy.parse`` reads)."""
+        name, _, policy = text.strip().partition("/")
+        if name == "plain" and not policy:
+            return cls()
+        if not is_drafter_name(name):
+            raise ValueError(f"unknown method {text!r}: give plain, a drafter name, or DRAFTER/POLICY")
+        DraftPolicy.parse(policy or "auto")  # a bad policy fails here, before any model work
+        return cls(name, policy or "auto")
+
+    def __str__(self) -> str:
+        return "plain" if self.drafter is None else f"{self.drafter}/{self.policy}"
+
+    def run(self, model: Any, tokenizer: Any, prompt: list[int], options: GenerateOptions, drafter: Any) -> CallRun:
+        """One timed call of this method (``drafter``: this method's drafter, None for plain)."""
+        if self.drafter is None:
+            return timed_call(lambda: generate(model, prompt, options, tokenizer=tokenizer))
+        policy = DraftPolicy.parse(self.policy)
+        return timed_call(lambda: speculative_generate(model, prompt, options, drafter, policy, tokenizer))
+
+
+@dataclass
+class ABResult:
+    """B against A over paired whole calls: (A seconds, B seconds) per prompt and repeat."""
+
+    a: str
+    b: str
+    pairs: list[tuple[float, float]] = field(default_factory=list)
+    equal: list[bool] = field(default_factory=list)
+    tokens: int = 0
+
+    @property
+    def ratio(self) -> float:
+        """B's speed over A's: A's seconds over B's, summed over the pairs."""
+        return seconds_ratio(self.pairs)
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """95 % expanded percentile bootstrap interval of ``ratio`` (None under 6 pairs)."""
+        low, high, _ = interval_and_p(self.pairs, 1.0)
+        return None if high == float("inf") else (low, high)
+
+    @property
+    def verdict(self) -> str:
+        """ "pays", "loses" or "inconclusive" (``ab_verdict``)."""
+        return ab_verdict(self.ratio, self.interval)
+
+    def lines(self) -> list[str]:
+        """The result in words: the ratio, its interval, the verdict, outputs equal (greedy)."""
+        interval = self.interval
+        shown = f"[{interval[0]:.3f}-{interval[1]:.3f}]" if interval else "[too few pairs for an interval]"
+        aa = self.a == self.b
+        what = "A/A (the machine's noise)" if aa else f"{self.b} over {self.a}"
+        lines = [f"{what}: {self.ratio:.3f}x {shown} over {len(self.pairs)} pairs of {self.tokens} tokens at most"]
+        if aa:
+            lines.append("a B/A ratio inside this interval is no difference on this machine")
+        else:
+            lines.append(f"verdict: {self.b} {self.verdict}" + ("" if self.verdict != "inconclusive" else f" {shown}"))
+        if self.equal:
+            lines.append(f"outputs equal in every pair: {all(self.equal)}")
+        return lines
+
+
+def run_ab(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[list[int]],
+    a: Method,
+    b: Method,
+    options: GenerateOptions,
+    repeats: int,
+    say: Callable[[str], None] = lambda text: None,
+) -> ABResult:
+    """``repeats`` rounds over ``prompts``, each prompt decoded by A and by B next to each other (the order
+    alternating by prompt and repeat), after one warm-up call of each; each method keeps one drafter per
+    repeat across prompts (as a server would)."""
+    result = ABResult(str(a), str(b), tokens=options.max_tokens)
+    longest = max(prompts, key=len)
+    for method in (a, b):  # warm-up: kernels built, calibrations made, before any timed call
+        method.run(model, tokenizer, list(longest), options, _drafter(method, model))
+    for repeat in range(repeats):
+        drafters = {"a": _drafter(a, model), "b": _drafter(b, model)}
+        for i, prompt in enumerate(prompts):
+            order = ("a", "b") if (i + repeat) % 2 == 0 else ("b", "a")
+            done = {}
+            for side in order:
+                method = a if side == "a" else b
+                done[side] = method.run(model, tokenizer, list(prompt), options, drafters[side])
+            result.pairs.append((done["a"].seconds, done["b"].seconds))
+            if options.temperature == 0:
+                result.equal.append(done["a"].tokens == done["b"].tokens)
+        say(f"  repeat {repeat + 1}/{repeats}: {b} over {a} {seconds_ratio(result.pairs[-len(prompts) :]):.3f}x")
+    return result
+
+
+def _drafter(method: Method, model: Any) -> Any:
+    return None if method.drafter is None else make_drafter(method.drafter, model=model)

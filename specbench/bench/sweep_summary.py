@@ -1,0 +1,107 @@
+"""Aggregates of a sweep's runs (``specbench.bench.sweep``): totals and rates per group as Spec-Bench reports them,
+and each group's speedup interval over its paired runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import polars as pl
+
+from specbench.bench import paired
+
+# -- aggregates --------------------------------------------------------------------------------
+
+
+def rate(numerator: pl.Expr, denominator: str, otherwise: float | None) -> pl.Expr:
+    """``numerator`` / column ``denominator`` where that is positive, else ``otherwise``."""
+    return pl.when(pl.col(denominator) > 0).then(numerator / pl.col(denominator)).otherwise(otherwise)
+
+
+def summarize_sweep(runs: pl.DataFrame, by: Sequence[str] = ("drafter", "policy")) -> pl.DataFrame:
+    """Totals per group and the rates derived from them (ratios of sums, as Spec-Bench's #MAT).
+
+    ``speedup`` = (sum of decode tokens / sum of decode seconds) over the group's runs divided by
+    the same for their plain baselines; ``mean_k``: tokens drafted per verification.
+    """
+    by = list(by)
+    missing = [c for c in by if c not in runs.columns]
+    if missing:
+        raise ValueError(f"cannot group by {missing}: the runs have columns {runs.columns}")
+    out = (
+        runs.group_by(by, maintain_order=True)
+        .agg(
+            pl.len().alias("runs"),
+            pl.col(
+                "decode_tokens",
+                "decode_s",
+                "plain_decode_tokens",
+                "plain_decode_s",
+                "steps",
+                "verifies",
+                "drafted",
+                "accepted",
+            ).sum(),
+            *[pl.col("verify_s").sum()] * ("verify_s" in runs.columns),
+            pl.col("equal_to_plain").drop_nulls().all().alias("all_equal_to_plain"),
+            pl.col("equal_to_plain").drop_nulls().len().alias("checked"),
+            *[pl.col(c).first() for c in ("policy_family", "k") if c in runs.columns and c not in by],
+        )
+        .with_columns(
+            (pl.col("decode_tokens") / pl.col("decode_s")).alias("decode_tokens_per_s"),
+            (
+                (pl.col("decode_tokens") / pl.col("decode_s"))
+                / (pl.col("plain_decode_tokens") / pl.col("plain_decode_s"))
+            ).alias("speedup"),
+            (pl.col("decode_tokens") / pl.col("steps")).alias("mean_accepted_tokens"),
+            rate(pl.col("accepted") + pl.col("verifies"), "verifies", None).alias("tokens_per_verify"),
+            rate(pl.col("accepted"), "drafted", None).alias("acceptance_rate"),
+            rate(pl.col("drafted"), "verifies", None).alias("mean_k"),
+        )
+    )
+    out = out.with_columns(
+        pl.when(pl.col("checked") > 0).then(pl.col("all_equal_to_plain")).otherwise(None).alias("all_equal_to_plain")
+    )
+    return out.join(paired_intervals(runs, by), on=by, how="left", nulls_equal=True) if by else out
+
+
+#: Columns ``paired_intervals`` adds to a sweep's summary.
+PAIRED_COLUMNS = {
+    "prompts": pl.Int64,
+    "pairs": pl.Int64,
+    "speedup_low": pl.Float64,
+    "speedup_high": pl.Float64,
+    "resampled": pl.String,
+}
+
+
+def paired_intervals(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
+    """Per group: its prompts, and over the rows timed in adjacent pairs (``run_sweep(pairs=N)``) their number and
+    the speedup's 95 % interval (``paired.paired_ratio``: over prompts from 6 prompts on, else over pairs from 6
+    pairs, else none; ``resampled`` says which)."""
+    by = list(by)
+    rows = []
+    for key, group in runs.group_by(by, maintain_order=True):
+        timed_pairs = group.filter(pl.col("pair").is_not_null()) if "pair" in group.columns else group.clear()
+        prompts = group["prompt"].n_unique() if "prompt" in group.columns else None
+        row = {**dict(zip(by, key)), "prompts": prompts, "pairs": timed_pairs.height}
+        if timed_pairs.height:
+            ratio = paired.paired_ratio(
+                list(
+                    zip(
+                        zip(timed_pairs["prompt"], timed_pairs["temperature"], timed_pairs["seed"]),
+                        timed_pairs["plain_decode_tokens"],
+                        timed_pairs["plain_decode_s"],
+                        timed_pairs["decode_tokens"],
+                        timed_pairs["decode_s"],
+                    )
+                )
+            )
+            row.update(speedup_low=ratio.low, speedup_high=ratio.high, resampled=ratio.resampled)
+        rows.append(row)
+    schema = {c: runs.schema[c] for c in by} | PAIRED_COLUMNS
+    return pl.DataFrame(rows, schema=schema)
+
+
+def best_per_group(summary: pl.DataFrame, group: Sequence[str], metric: str = "speedup") -> pl.DataFrame:
+    """The row with the highest ``metric`` in each ``group`` (e.g. each drafter's best policy)."""
+    return summary.sort(metric, descending=True, nulls_last=True).group_by(list(group), maintain_order=True).first()

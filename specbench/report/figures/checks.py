@@ -1,0 +1,132 @@
+"""What every report figure must be: titled, its axes labelled, nothing drawn outside its canvas, no series hidden
+under another. ``figure_problems`` lists what a figure breaks (empty: none); ``Outputs.figure`` records the list in
+the notebook's summary, and the report's tests require it empty for every figure of the quick profile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+#: How far (pixels) an artist's tight bounding box may reach past the canvas before it counts as clipped.
+CANVAS_SLACK_PX = 2.0
+
+
+def _title(fig: Any, ax: Any) -> str:
+    """The axes' title, else the figure's, else that of an axes sharing its x-axis (a panel stacked under it)."""
+    own = " ".join(ax.get_title(loc).strip() for loc in ("left", "center", "right")).strip()
+    suptitle = fig._suptitle.get_text().strip() if getattr(fig, "_suptitle", None) is not None else ""
+    shared = [other.get_title().strip() for other in ax.get_shared_x_axes().get_siblings(ax) if other is not ax]
+    return own or suptitle or next((t for t in shared if t), "")
+
+
+def _xlabel(ax: Any) -> str:
+    """The axes' x-axis label, else that of an axes sharing its x-axis (stacked panels label the bottom one)."""
+    return next((o.get_xlabel().strip() for o in ax.get_shared_x_axes().get_siblings(ax) if o.get_xlabel().strip()), "")
+
+
+def _drawn_axes(fig: Any) -> list[Any]:
+    """The figure's axes that hold data (colour bars and emptied axes aside)."""
+    return [
+        ax
+        for ax in fig.axes
+        if ax.get_visible() and ax.axison and (ax.lines or ax.collections or ax.patches or ax.images)
+    ]
+
+
+def _series(ax: Any) -> list[tuple[str, np.ndarray]]:
+    """(label, points) of every line and scatter of an axes that has more than one point."""
+    out = []
+    for line in ax.lines:
+        if not line.get_visible():
+            continue
+        x, y = np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
+        if x.size > 1 and x.shape == y.shape:
+            out.append((line.get_label(), np.column_stack([x, y])))
+    for collection in ax.collections:
+        offsets = np.asarray(collection.get_offsets(), dtype=float)
+        if collection.get_visible() and offsets.ndim == 2 and len(offsets) > 1:
+            out.append((collection.get_label(), offsets))
+    return out
+
+
+#: What a series' label says when it lies on another series' points (``mark_coinciding``).
+SAME_AS = "same points as"
+
+
+def coinciding_series(ax: Any) -> list[tuple[str, str]]:
+    """Pairs of series (by label) of ``ax`` drawn on exactly the same points, the later hiding the earlier, that
+    no label declares (``mark_coinciding``). Reference lines (one value across the axes, e.g. y = 1) are left
+    out."""
+    series = [
+        (label, points)
+        for label, points in _series(ax)
+        if not str(label).startswith("_")  # matplotlib's own parts (error bars, caps), drawn with their series
+        and not (np.allclose(points[:, 1], points[0, 1]) and len(np.unique(points[:, 0])) <= 2)
+    ]
+    pairs = []
+    for i, (first, a) in enumerate(series):
+        for second, b in series[i + 1 :]:
+            if a.shape == b.shape and np.allclose(a, b, equal_nan=True) and SAME_AS not in f"{first} {second}":
+                pairs.append((first, second))
+    return pairs
+
+
+def mark_coinciding(ax: Any) -> None:
+    """Say in the label of every line of ``ax`` that lies on an earlier line's points which one it hides
+    ("lookup (tool-agent), same points as lookup (chat-revision)"), so the legend names the series the
+    figure cannot show apart; call it before drawing the legend."""
+    lines = [line for line in ax.lines if line.get_visible() and len(line.get_xdata()) > 1]
+    for i, line in enumerate(lines):
+        points = np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float)
+        for earlier in lines[:i]:
+            other = np.column_stack([earlier.get_xdata(), earlier.get_ydata()]).astype(float)
+            flat = np.allclose(other[:, 1], other[0, 1]) and len(np.unique(other[:, 0])) <= 2
+            if not flat and other.shape == points.shape and np.allclose(other, points, equal_nan=True):
+                line.set_label(f"{line.get_label()}, {SAME_AS} {earlier.get_label()}")
+                break
+
+
+def figure_problems(fig: Any) -> list[str]:
+    """What ``fig`` breaks of the report's rules, in words (empty when nothing): a title, both axis labels on every
+    axes with data, every artist's tight bounding box inside the canvas, no two series on the same points."""
+    problems = []
+    axes = _drawn_axes(fig)
+    if not axes:  # a panel that says why it is empty (``style.no_data``) is a figure of what was measured
+        return [] if any(ax.texts for ax in fig.axes) else ["no axes with data, and no note saying why"]
+    for number, ax in enumerate(axes, 1):
+        name = f"axes {number}" + (f" ({ax.get_title()!r})" if ax.get_title() else "")
+        if not _title(fig, ax):
+            problems.append(f"{name}: no title")
+        if not _xlabel(ax):
+            problems.append(f"{name}: no x-axis label")
+        if not ax.get_ylabel().strip():
+            problems.append(f"{name}: no y-axis label")
+        problems += [f"{name}: series {a!r} and {b!r} coincide (one hides the other)" for a, b in coinciding_series(ax)]
+    if not hasattr(fig.canvas, "get_renderer"):  # a Figure built without pyplot: give it a raster canvas
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    width, height = fig.canvas.get_width_height()
+    for ax in axes:
+        box = ax.get_tightbbox(renderer)
+        if box is None:
+            continue
+        if (
+            box.x0 < -CANVAS_SLACK_PX
+            or box.y0 < -CANVAS_SLACK_PX
+            or box.x1 > width + CANVAS_SLACK_PX
+            or box.y1 > height + CANVAS_SLACK_PX
+        ):
+            problems.append(
+                f"axes {_title(fig, ax)!r}: drawn outside the canvas (its box {box.x0:.0f}..{box.x1:.0f} x "
+                f"{box.y0:.0f}..{box.y1:.0f} px, the canvas {width} x {height} px)"
+            )
+    for legend in fig.legends:
+        box = legend.get_window_extent(renderer)
+        if box.x0 < -CANVAS_SLACK_PX or box.x1 > width + CANVAS_SLACK_PX or box.y0 < -CANVAS_SLACK_PX:
+            problems.append("the figure's legend reaches outside the canvas")
+    return problems

@@ -1,0 +1,84 @@
+"""The report's words, generated from the numbers the notebooks measured: each notebook's verdict, the key
+results it records (headlines) and the labels and units the index shows them with.
+
+- Verdicts: one or two sentences per notebook. A notebook ends with ``out.verdict(verdicts.<notebook>(...))``;
+  the index shows one verdict per notebook at the top.
+- Headlines: the key results a notebook records for the index (``out.summary(**verdicts.sweep_headline(...))``).
+- Labels: ``describe(key, value)`` gives a label that says what a key result is and the value with its unit,
+  e.g. ``("SmolLM2-135M-MoE: verify cost c(2), engine overhead included", "3.04 plain steps")``; keys without
+  an entry are shown as they are.
+
+Nothing here measures: every function reads the frames, profiles and stats the library returned.
+"""
+
+from specbench.report.verdicts.labels import (
+    LABELS,
+    PATTERNS,
+    describe,
+    describe_profile,
+    profile_headline,
+    sweep_headline,
+    trace_headline,
+)
+from specbench.report.verdicts.notebooks import (
+    INCONCLUSIVE,
+    LOSES,
+    PAYS,
+    acceptance_rules,
+    batch_break_even,
+    bench,
+    break_even,
+    cannot_pay,
+    explorer,
+    fell_back,
+    growth_per_row,
+    losslessness,
+    measured_cells,
+    quickstart,
+    sample,
+    sampling,
+    simulated_logs,
+    speed,
+    speed_word,
+    sweep,
+    traces,
+    tree_vs_path,
+    verify_cost,
+    where,
+)
+from specbench.report.verdicts.reference import reference_contrast
+
+__all__ = [
+    "sweep_headline",
+    "trace_headline",
+    "profile_headline",
+    "describe_profile",
+    "LABELS",
+    "PATTERNS",
+    "describe",
+    "PAYS",
+    "LOSES",
+    "INCONCLUSIVE",
+    "where",
+    "speed_word",
+    "speed",
+    "sample",
+    "fell_back",
+    "verify_cost",
+    "cannot_pay",
+    "quickstart",
+    "sweep",
+    "growth_per_row",
+    "break_even",
+    "measured_cells",
+    "batch_break_even",
+    "traces",
+    "bench",
+    "losslessness",
+    "sampling",
+    "acceptance_rules",
+    "explorer",
+    "simulated_logs",
+    "tree_vs_path",
+    "reference_contrast",
+]

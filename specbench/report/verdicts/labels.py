@@ -1,0 +1,166 @@
+"""The key results notebooks record for the index (headlines) and the labels and units it shows them with
+(see ``specbench.report.verdicts``)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from specbench.bench.sweep import best_per_group
+from specbench.cost.bandwidth import achieved
+from specbench.cost.breakeven import break_even_acceptance
+from specbench.cost.profile import Profile
+
+# -- headlines ---------------------------------------------------------------------------------------------------
+
+
+def sweep_headline(summary: pl.DataFrame) -> dict[str, Any]:
+    """A sweep summary's best speculative drafter and policy, its speedup, and whether every greedy
+    output equalled plain decoding's (None when no output was compared)."""
+    best = best_per_group(summary.filter(pl.col("drafter") != "none"), [])
+    equal = summary["all_equal_to_plain"].drop_nulls()
+    return {
+        "best": f"{best['drafter'][0]} {best['policy'][0]}" if len(best) else "none",
+        "best_speedup": best["speedup"][0] if len(best) else None,
+        "outputs_equal_to_plain": bool(equal.all()) if len(equal) else None,
+    }
+
+
+def trace_headline(summary: pl.DataFrame) -> dict[str, Any]:
+    """A trace run's summary (one row per method: ``TraceRun.overall()``): whether every method reproduced
+    plain decoding, and each speculative method's speedup and tokens per verification."""
+    speculative = summary.filter(pl.col("method") != "plain")
+    methods = speculative["method"].to_list()
+    return {
+        "identical": bool(summary["identical"].all()),
+        **{f"{m} speedup": s for m, s in zip(methods, speculative["speedup"].to_list())},
+        **{f"{m} tokens/verify": t for m, t in zip(methods, speculative["tokens_per_verify"].to_list())},
+    }
+
+
+def profile_headline(profile: Profile, drafter_cost: float, widths: int, mode: str = "fast") -> dict[str, Any]:
+    """A cost profile's c(2) and c(widths), engine overhead included (as the figures and the break-even math
+    count it), the overhead itself, and the break-even acceptance a*(4) (None: never breaks even at k = 4)."""
+    a_star = break_even_acceptance(profile, drafter_cost, widths - 1, mode)
+    values = {f"{profile.name} c(2)": profile.c(2, mode), f"{profile.name} c({widths})": profile.c(widths, mode)}
+    if mode in profile.overhead:
+        values[f"{profile.name} overhead"] = profile.overhead[mode]
+    if len(a_star) > 3:
+        values[f"{profile.name} a*(4)"] = None if np.isnan(a_star[3]) else float(a_star[3])
+    return values
+
+
+def describe_profile(profile: Profile, mode: str = "fast", model: Any = None) -> str:
+    """One line on a profile: plain step, c(w) (engine overhead included, and the overhead) and, given the
+    model, the plain step's memory bandwidth against the device's measured peak."""
+    curve = " ".join(f"{profile.c(w, mode):.2f}" for w in profile.widths[mode])
+    text = (
+        f"{profile.name}: plain step {1e3 * profile.plain_step_s:.1f} ms; c(w) {mode} for w = "
+        f"{', '.join(map(str, profile.widths[mode]))}: {curve} plain steps "
+        f"(engine overhead {profile.overhead.get(mode, 0.0):.2f} included)"
+    )
+    if model is not None:
+        text += f"\n  plain decoding: {achieved(model, 1.0 / profile.plain_step_s).describe()}"
+    return text
+
+
+# -- labels ------------------------------------------------------------------------------------------------------
+
+
+def _number(value: Any, spec: str = ".2f", unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "not measured"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int) and spec.endswith("f"):
+        return f"{value}{unit}"
+    if isinstance(value, (int, float)):
+        return f"{value:{spec}}{unit}"
+    return str(value)
+
+
+def _times(value: Any) -> str:
+    return _number(value, ".2f", "x")
+
+
+def _percent(value: Any) -> str:
+    return _number(value, ".0%") if isinstance(value, (int, float)) and not isinstance(value, bool) else _number(value)
+
+
+def _yes_no(value: Any) -> str:
+    return {True: "yes", False: "NO", None: "not compared"}.get(value, str(value))
+
+
+def _plain_steps(value: Any) -> str:
+    return _number(value, ".2f", " plain steps")
+
+
+def _a_star(value: Any) -> str:
+    return "never breaks even" if value is None else _number(value, ".2f", " per position")
+
+
+_Formatter = Callable[[Any], str]
+
+#: key -> (label, formatter)
+LABELS: dict[str, tuple[str, _Formatter]] = {
+    "verdict": ("verdict", str),
+    "drafter": ("drafter", str),
+    "policy": ("draft policy", str),
+    "tokens": ("tokens generated", _number),
+    "prompts": ("prompts", _number),
+    "runs": ("generations timed", _number),
+    "traces": ("traces replayed", _number),
+    "speedup": ("decode speedup over plain decoding (tokens/s ratio over the paired runs)", _times),
+    "pairs": ("pairs of runs timed (plain next to speculative)", _number),
+    "best": ("best drafter and policy", str),
+    "best_speedup": ("best decode speedup over plain decoding (same run)", _times),
+    "tokens_per_verify": ("tokens per verification (accepted drafts + 1)", lambda v: _number(v, ".2f")),
+    "acceptance_rate": ("draft tokens accepted / drafted", _percent),
+    "equal_to_plain": ("greedy output equal to plain decoding's", _yes_no),
+    "outputs_equal_to_plain": ("every greedy output equal to plain decoding's", _yes_no),
+    "identical": ("every turn's output equal to plain decoding's", _yes_no),
+    "mean_abs_prediction_error": ("speedup prediction error, mean |measured / predicted - 1|", _percent),
+    "lossless_verdict": ("losslessness test verdict", str),
+    "lossless_p_value": ("losslessness: permutation-test p-value (small: biased)", lambda v: _number(v, ".3f")),
+    "lossless_tvd": (
+        "losslessness: total variation distance, plain vs speculative token histograms",
+        lambda v: _number(v, ".3f"),
+    ),
+    "lossless_min_detectable_tvd": (
+        "losslessness: smallest distance the test could detect",
+        lambda v: _number(v, ".3f"),
+    ),
+    "lossless_accepted_drafts": ("losslessness: accepted draft tokens tested", _number),
+    "lossless_acceptance": ("losslessness: draft tokens accepted / drafted", _percent),
+}
+
+#: (pattern, label template, formatter): keys that carry a model or method name.
+PATTERNS: list[tuple[re.Pattern[str], str, _Formatter]] = [
+    (re.compile(r"^(?P<m>.+) c\((?P<w>\d+)\)$"), "{m}: verify cost c({w}), engine overhead included", _plain_steps),
+    (
+        re.compile(r"^(?P<m>.+) a\*\((?P<w>\d+)\)$"),
+        "{m}: break-even acceptance a*({w}) for a draft of {w}",
+        _a_star,
+    ),
+    (re.compile(r"^(?P<m>.+) overhead$"), "{m}: engine overhead per speculative step", _plain_steps),
+    (re.compile(r"^(?P<m>.+) speedup$"), "{m}: decode speedup over plain decoding", _times),
+    (re.compile(r"^(?P<m>.+) tokens/verify$"), "{m}: tokens per verification", lambda v: _number(v, ".2f")),
+    (re.compile(r"^(?P<m>.+) bandwidth$"), "{m}: memory bandwidth achieved / measured peak", _percent),
+]
+
+
+def describe(key: str, value: Any) -> tuple[str, str]:
+    """(label, value with its unit) of a key result."""
+    if key in LABELS:
+        label, fmt = LABELS[key]
+        return label, fmt(value)
+    for pattern, template, fmt in PATTERNS:
+        match = pattern.match(key)
+        if match:
+            return template.format(**match.groupdict()), fmt(value)
+    return key, _number(value, ".3g")

@@ -1,0 +1,493 @@
+"""Each notebook's verdict in words, from the numbers it measured (see ``specbench.report.verdicts``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from specbench.bench import paired
+from specbench.checks.lossless import POWER
+from specbench.common.identity import device_name
+from specbench.cost.breakeven import break_even_acceptance
+from specbench.cost.profile import Profile
+
+# -- verdicts ----------------------------------------------------------------------------------------------------
+
+#: The word of a speed verdict whose interval lies above 1, below 1, or holds 1 (or is missing).
+PAYS, LOSES, INCONCLUSIVE = "pays", "loses", "inconclusive at this sample"
+
+
+def where(device: str | None = None) -> str:
+    """ "this CPU" or "the NVIDIA H200": the device the numbers were measured on."""
+    device = device or device_name()
+    kind, _, name = device.partition(":")
+    return "this CPU" if kind == "cpu" else f"the {name or kind}"
+
+
+def _finite(value: Any) -> bool:
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def speed_word(low: float | None, high: float | None, aa: tuple[float | None, float | None] | None = None) -> str:
+    """``PAYS`` when a speedup's 95 % interval lies above 1, ``LOSES`` when below, else ``INCONCLUSIVE`` (no
+    interval, or one that holds 1); ``INCONCLUSIVE`` too when the A/A cell's interval (plain against plain,
+    ``aa``) excludes 1: the machine's speed then drifted more than pairing removes."""
+    if aa is not None and _finite(aa[0]) and _finite(aa[1]) and (aa[0] > 1 or aa[1] < 1):
+        return INCONCLUSIVE
+    if not (_finite(low) and _finite(high)):
+        return INCONCLUSIVE
+    return PAYS if low > 1 else LOSES if high < 1 else INCONCLUSIVE
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if not _finite(value) else f"{value:.2f}x"
+
+
+def _interval(low: float | None, high: float | None, resampled: str = "") -> str:
+    over = {"pair": " over pairs", "": ""}.get(resampled, f" over {resampled}s")
+    return f"95 % interval{over} {low:.2f}-{high:.2f}"
+
+
+def speed(
+    ratio: float | None,
+    low: float | None,
+    high: float | None,
+    pairs: int = 0,
+    resampled: str = "",
+    aa: dict[str, Any] | None = None,
+) -> str:
+    """A measured speedup in words: "pays"/"loses" with its interval only when the interval excludes 1, else
+    "inconclusive at this sample (...)" saying why; with the A/A cell (``aa``: a summary row of plain against
+    plain with ``speedup``, ``speedup_low``, ``speedup_high``) beside it."""
+    aa_bounds = (aa.get("speedup_low"), aa.get("speedup_high")) if aa else None
+    word = speed_word(low, high, aa_bounds)
+    noise = ""
+    if aa:
+        noise = f"; plain against plain (A/A) {_x(aa.get('speedup'))}"
+        if _finite(aa_bounds[0]) and _finite(aa_bounds[1]):
+            noise += f" [{aa_bounds[0]:.2f}-{aa_bounds[1]:.2f}]"
+    if not pairs:
+        return f"{INCONCLUSIVE} ({_x(ratio)} from single unpaired runs: no interval){noise}"
+    if not (_finite(low) and _finite(high)):
+        return (
+            f"{INCONCLUSIVE} ({_x(ratio)} over {pairs} pair(s) of runs; an interval needs {paired.MIN_UNITS} "
+            f"pairs or prompts){noise}"
+        )
+    text = f"{word} ({_x(ratio)}, {_interval(low, high, resampled)} of {pairs} pairs){noise}"
+    if word == INCONCLUSIVE and aa_bounds and speed_word(*aa_bounds) != INCONCLUSIVE:
+        text += ": plain against plain is not 1 here, so the machine's speed drifted more than pairing removes"
+    return text
+
+
+def sample(
+    prompts: int | None = None,
+    tokens: int | None = None,
+    policy: str | None = None,
+    temperature: float | None = 0.0,
+    traces: int | None = None,
+    turns: int | None = None,
+) -> str:
+    """What a verdict rests on, in words: "2 prompts x 32 tokens, fixed:3, greedy"."""
+    parts = []
+    if traces is not None:
+        parts.append(f"{traces} trace(s), {turns} turn(s)" + (f" x {tokens} tokens" if tokens else ""))
+    elif prompts is not None:
+        parts.append(f"{prompts} prompt(s)" + (f" x {tokens} tokens" if tokens else ""))
+    if policy:
+        parts.append(policy)
+    if temperature is not None:
+        parts.append("greedy" if temperature == 0 else f"T = {temperature:g}")
+    return ", ".join(parts)
+
+
+def _method(drafter: str, policy: str, k: Any = None) -> str:
+    text = f"{drafter}, {policy}"
+    if k is None or f":{k}" in str(policy):
+        return text
+    return f"{text} (k = {k})" if float(k).is_integer() else f"{text} (mean k = {k})"
+
+
+def _verified(stats: dict[str, Any]) -> str:
+    """What the verifications of one generation came to, in words."""
+    if not stats.get("verifies"):
+        return "the drafter proposed nothing to verify, so every token came from a plain step"
+    rate = stats.get("acceptance_rate") or 0.0
+    return f"{stats.get('tokens_per_verify') or 0:.2f} tokens per verification, {rate:.0%} of drafted tokens accepted"
+
+
+def fell_back(row: dict[str, Any]) -> bool:
+    """True for a speculative method that never verified a draft (it ran plain steps throughout)."""
+    return not row.get("verifies")
+
+
+def _aa_row(summary: pl.DataFrame) -> dict[str, Any] | None:
+    from specbench.bench.sweep import AA_POLICY
+
+    rows = summary.filter((pl.col("drafter") == "none") & (pl.col("policy") == AA_POLICY))
+    return rows.row(0, named=True) if len(rows) else None
+
+
+def _row_speed(row: dict[str, Any], aa: dict[str, Any] | None) -> str:
+    return speed(
+        row.get("speedup"),
+        row.get("speedup_low"),
+        row.get("speedup_high"),
+        int(row.get("pairs") or 0),
+        row.get("resampled") or "",
+        aa,
+    )
+
+
+def verify_cost(row: dict[str, Any]) -> float | None:
+    """A method's measured cost of one verification in plain steps: its verification seconds per verification over
+    its plain baseline's seconds per token (None without a verification)."""
+    if not row.get("verifies") or not row.get("plain_decode_s") or not row.get("plain_decode_tokens"):
+        return None
+    return (row["verify_s"] / row["verifies"]) / (row["plain_decode_s"] / row["plain_decode_tokens"])
+
+
+def cannot_pay(row: dict[str, Any]) -> str:
+    """Why a drafted method cannot pay, from its own log: a verification yields ``tokens_per_verify`` tokens and
+    costs ``verify_cost`` plain steps ("" when it yields more than it costs)."""
+    cost = verify_cost(row)
+    per_verify = row.get("tokens_per_verify")
+    if cost is None or not _finite(per_verify) or per_verify > cost:
+        return ""
+    return (
+        f"a verification yielded {per_verify:.2f} tokens ({row.get('acceptance_rate') or 0:.0%} of drafted tokens "
+        f"accepted) and cost {cost:.2f} plain steps, so speculation cannot pay there"
+    )
+
+
+def quickstart(model: str, summary: pl.DataFrame, tokens: int, equal: bool | None) -> str:
+    """One drafter and policy against plain decoding on one prompt, over paired runs (``run_sweep(pairs=N)``'s
+    summary by drafter and policy)."""
+    rows = summary.filter(pl.col("drafter") != "none")
+    if rows.is_empty():
+        return f"No speculative run finished for {model}."
+    row = rows.row(0, named=True)
+    on = f"{sample(1, tokens, row['policy'])}, {row.get('pairs') or 0} pairs of runs"
+    outputs = {True: "equal", False: "NOT equal", None: "not compared"}[equal]
+    if fell_back(row):
+        return (
+            f"On {where()} {row['drafter']}, {row['policy']} fell back to plain decoding for {model} on this prompt "
+            f"(never drafted: 0 verifications), so there is no speedup to judge ({on}); output {outputs} to plain "
+            "decoding's."
+        )
+    return (
+        f"On {where()} speculation {_row_speed(row, _aa_row(summary))} for {model} with {row['drafter']}, "
+        f"{row['policy']} on this prompt ({on}; {_verified(row)}); output {outputs} to plain decoding's."
+    )
+
+
+def sweep(summary: pl.DataFrame, model: str, tokens: int | None = None, by_category: pl.DataFrame | None = None) -> str:
+    """A draft-length sweep: the fastest method that drafted, its speed verdict over paired runs, the methods
+    that fell back to plain, the category where speculation cannot pay and why (``by_category``: the summary by
+    category, drafter and policy), and whether outputs matched plain decoding."""
+    speculative = summary.filter(pl.col("drafter") != "none").drop_nulls("speedup")
+    if speculative.is_empty():
+        return f"No speculative run finished for {model}."
+    drafted = speculative.filter(pl.col("verifies").fill_null(0) > 0)
+    plain_only = [f"{r['drafter']}, {r['policy']}" for r in speculative.iter_rows(named=True) if fell_back(r)]
+    equal = summary["all_equal_to_plain"].drop_nulls()
+    outputs = (
+        "every greedy output equal to plain decoding's"
+        if len(equal) and equal.all()
+        else ("some greedy outputs DIFFER from plain decoding's" if len(equal) else "outputs not compared")
+    )
+    prompts = int(speculative["prompts"].max() or 0) if "prompts" in speculative.columns else None
+    on = sample(prompts, tokens)
+    fallback = f" Fell back to plain (never drafted): {'; '.join(plain_only)}." if plain_only else ""
+    if drafted.is_empty():
+        return f"On {where()} no method drafted anything for {model} ({on}).{fallback} {outputs.capitalize()}."
+    best = drafted.sort("speedup", descending=True).row(0, named=True)
+    k = best.get("k") if best.get("k") else best.get("mean_k")
+    k = None if k is None else (int(k) if float(k).is_integer() else round(float(k), 1))
+    text = (
+        f"On {where()} the fastest method that drafted, {_method(best['drafter'], best['policy'], k)}, "
+        f"{_row_speed(best, _aa_row(summary))} for {model} ({on}; {_verified(best)}).{fallback}"
+    )
+    if by_category is not None and not by_category.is_empty():
+        worst = (
+            by_category.filter((pl.col("drafter") != "none") & (pl.col("verifies").fill_null(0) > 0))
+            .sort("tokens_per_verify")
+            .head(1)
+        )
+        if len(worst):
+            row = worst.row(0, named=True)
+            why = cannot_pay(row)
+            if why:
+                text += f" On {row['category']} ({row['drafter']}, {row['policy']}) {why}."
+    return f"{text} {outputs.capitalize()}."
+
+
+def _profile_sentence(profile: Profile, d: float, k_max: int, mode: str) -> str:
+    a_star = break_even_acceptance(profile, d, k_max, mode)
+    c2 = profile.c(2, mode)
+    if np.all(np.isnan(a_star)):
+        return (
+            f"{profile.name} never breaks even: a verification costs more plain steps than a fully accepted draft "
+            f"yields for every k <= {k_max} (c(2) = {c2:.2f} plain steps, engine overhead included)"
+        )
+    k = int(np.nanargmin(a_star)) + 1
+    cost = f"c({k + 1}) = {profile.c(k + 1, mode):.2f} plain steps, engine overhead included"
+    if a_star[k - 1] == 0:
+        return f"{profile.name} pays at k = {k} even with every draft rejected ({cost}: no more than a plain step)"
+    return f"{profile.name} breaks even from acceptance {a_star[k - 1]:.2f} per position (at its best k = {k}; {cost})"
+
+
+def growth_per_row(profile: Profile, mode: str = "fast") -> float:
+    """How much a verification's cost grows per added row, in plain steps: the slope of c(w) over the widths
+    measured (least squares)."""
+    widths = np.asarray(profile.widths[mode], dtype=float)
+    if len(widths) < 2:
+        return float("nan")
+    return float(np.polyfit(widths, np.asarray(profile.costs[mode], dtype=float), 1)[0])
+
+
+def break_even(
+    profiles: Sequence[Profile],
+    d: float = 0.0,
+    k_max: int = 8,
+    mode: str = "fast",
+    grid: pl.DataFrame | None = None,
+) -> str:
+    """Cost profiles (a*(k) per model) and, when measured, the acceptance grid against its prediction."""
+    if not profiles:
+        return "No model could be profiled."
+    parts = [_profile_sentence(p, d, min(k_max, max(p.widths[mode]) - 1), mode) for p in profiles if mode in p.costs]
+    text = f"On {where(profiles[0].device)}: " + "; ".join(parts) + "."
+    growth = [(p.name, growth_per_row(p, mode)) for p in profiles if mode in p.costs]
+    if len(growth) > 1:
+        (first, g1), (second, g2) = growth[0], growth[-1]
+        text += (
+            f" c(w) grew by {g1:.2f} plain steps per added row for {first} and {g2:.2f} for {second}"
+            f" ({'faster' if g2 > g1 else 'not faster'} for the second)."
+        )
+    if grid is not None and not grid.is_empty():
+        text += " " + measured_cells(grid, "speedup", "predicted_nominal", "error_nominal")
+    return text
+
+
+def measured_cells(grid: pl.DataFrame, measured: str, predicted: str, residual: str, label: str = "name") -> str:
+    """Measured speedups of a grid of cells (one plain and one speculative run each) beside the profile's
+    predictions and their residuals (measured / predicted - 1): a test of the predictions, not a speed verdict
+    (single runs have no interval)."""
+    residuals = grid[residual].abs()
+    below = int((grid[measured] < 1).sum())
+    predicted_above = grid.filter((pl.col(predicted) > 1) & (pl.col(measured) < 1))
+    text = (
+        f"Measured cells (one plain and one speculative run each, no interval, so no speed verdict): "
+        f"{grid[measured].min():.2f}-{grid[measured].max():.2f}x, below 1 in {below} of {len(grid)}, against "
+        f"predictions of {grid[predicted].min():.2f}-{grid[predicted].max():.2f}x; residual "
+        f"(measured / predicted - 1) {grid[residual].mean():+.0%} on average, |residual| up to {residuals.max():.0%}."
+    )
+    if len(predicted_above):
+        where_cells = ", ".join(
+            f"{r[label]} a = {r.get('a', r.get('acceptance'))}, k = {r['k']}"
+            + (f", B = {r['batch_size']}" if "batch_size" in r else "")
+            for r in predicted_above.head(4).iter_rows(named=True)
+        )
+        text += f" Predicted above 1 but measured below: {where_cells}{' ...' if len(predicted_above) > 4 else ''}."
+    return text
+
+
+def batch_break_even(profiles: dict[str, Any], grid: pl.DataFrame | None, acceptances: Sequence[float]) -> str:
+    """Break-even by batch size: what the measured cells show, with the c(w, B) profile's predictions and their
+    residuals beside them; predictions alone give no verdict."""
+    if not profiles:
+        return "No batch profile was measured."
+    if grid is None or grid.is_empty():
+        return (
+            f"No cell was measured for {', '.join(profiles)}: the c(w, B) predictions stand untested, so there is no "
+            "verdict."
+        )
+    parts = []
+    for name in profiles:
+        mine = grid.filter(pl.col("model") == name)
+        if mine.is_empty():
+            parts.append(f"{name}: no cell measured (predictions untested)")
+            continue
+        sizes = ", ".join(str(b) for b in mine["batch_size"].unique().sort().to_list())
+        parts.append(
+            f"{name} at B = {sizes} (acceptances {', '.join(f'{a:g}' for a in acceptances)}): "
+            + measured_cells(mine, "measured", "predicted", "error", "model").removeprefix("Measured cells ")
+        )
+    return f"On {where()}: " + " ".join(parts)
+
+
+def traces(
+    summary: pl.DataFrame, model: str, turns: int | None = None, tokens: int | None = None, policy: str | None = None
+) -> str:
+    """An agent-trace replay: the fastest drafter's speed verdict (``overall_by_method``'s rows: over every trace,
+    with its interval over traces from 6 traces on), the drafters that never drafted, its sample (``turns`` replayed
+    in all, ``tokens`` at most per turn, ``policy``), and exactness."""
+    speculative = summary.filter(pl.col("method") != "plain").drop_nulls("speedup")
+    if speculative.is_empty():
+        return f"No speculative replay finished for {model}."
+    identical = "every turn equal" if bool(summary["identical"].all()) else "some turns NOT equal"
+    trace_count = int(summary["traces"].max()) if "traces" in summary.columns else 1
+    on = sample(traces=trace_count, turns=turns, tokens=tokens, policy=policy)
+    drafted = speculative.filter(pl.col("tokens_per_verify").fill_null(0) > 0)
+    if drafted.is_empty():
+        return (
+            f"On {where()} replaying agent traces, every drafter fell back to plain decoding for {model} (never "
+            f"drafted), so there is no speedup to judge ({on}); {identical} to plain decoding."
+        )
+    best = drafted.sort("speedup", descending=True).row(0, named=True)
+    low, high = best.get("speedup_low"), best.get("speedup_high")
+    verdict = (
+        speed(best["speedup"], low, high, trace_count, "trace")
+        if _finite(low)
+        else f"{INCONCLUSIVE} ({_x(best['speedup'])}: {trace_count} trace(s), an interval over traces needs "
+        f"{paired.MIN_UNITS})"
+    )
+    return (
+        f"On {where()} replaying agent traces, the fastest drafter, {best['method']}, {verdict} for {model} "
+        f"({on}; {best['tokens_per_verify']:.2f} tokens per verification); {identical} to plain decoding."
+    )
+
+
+def bench(summary: Sequence[dict[str, Any]], baseline: str) -> str:
+    """``specbench bench``'s verdict over its prompts (``summarize_prompt_runs``'s "overall" rows, every method run
+    next to the others on each prompt in a rotating order): the fastest method that drafted with its interval over
+    prompts, and the methods that fell back to plain (never drafted)."""
+    rows = [r for r in summary if r.get("category") == "overall" and r.get("method") != baseline]
+    plain_only = [r for r in rows if r.get("drafter") != "none" and not _finite(r.get("acceptance_rate"))]
+    drafted = [r for r in rows if r.get("drafter") != "none" and r not in plain_only and _finite(r.get("speedup"))]
+    text = ""
+    if drafted:
+        best = max(drafted, key=lambda r: r["speedup"])
+        on = sample(best.get("prompts"), policy=best.get("policy"))
+        prompts = int(best.get("prompts") or 0)
+        verdict = speed(best["speedup"], best.get("speedup_low"), best.get("speedup_high"), prompts, "prompt")
+        text = (
+            f"Fastest method that drafted, {best['method']}: {verdict}"
+            f" against {baseline} ({on}; #MAT {best.get('mean_accepted_tokens', float('nan')):.2f})."
+        )
+    else:
+        text = "No method drafted anything."
+    if plain_only:
+        text += " Fell back to plain (never drafted): " + ", ".join(r["method"] for r in plain_only) + "."
+    return text
+
+
+def losslessness(check: Any) -> str:
+    """The losslessness test's conclusion at its sample: what it could detect, and what it found."""
+    detectable = (
+        f"a shift of {check.min_detectable_tvd:.2f} or more of the probability mass between two groups of tokens "
+        f"would be found {POWER:.0%} of the time"
+    )
+    if check.verdict == "fail":
+        return (
+            f"Losslessness FAILED: the speculative token histogram differs from plain sampling's (p = "
+            f"{check.p_value:.3f} over {check.accepted_drafts} accepted draft tokens; TVD {check.tvd:.2f})."
+        )
+    if check.verdict == "pass":
+        return (
+            f"Losslessness: no shift found at this sample (p = {check.p_value:.2f} over {check.accepted_drafts} "
+            f"accepted draft tokens): {detectable}; the histograms' TVD of {check.tvd:.2f} is what two samples of "
+            "this size differ by."
+        )
+    return (
+        f"Losslessness: inconclusive at this sample ({check.reason}; p = {check.p_value:.2f} over "
+        f"{check.accepted_drafts} accepted draft tokens): only {detectable.replace(' would be found', ', found')}."
+    )
+
+
+def sampling(summary: pl.DataFrame, check: Any = None) -> str:
+    """Acceptance against temperature (counts, not speeds), and the losslessness test."""
+    rows = summary.filter(pl.col("drafter") != "none")
+    parts = []
+    temperatures = rows["temperature"].unique().sort().to_list() if len(rows) else []
+    for drafter in rows["drafter"].unique(maintain_order=True).to_list():
+        mine = rows.filter(pl.col("drafter") == drafter)
+        at = []
+        for t in (temperatures[0], temperatures[-1]) if len(temperatures) > 1 else temperatures:
+            cell = mine.filter(pl.col("temperature") == t)
+            drafted = cell["drafted"].sum() if "drafted" in cell.columns else None
+            rate = cell["acceptance_rate"].drop_nulls().mean() if len(cell) else None
+            at.append(
+                f"nothing drafted at T = {t:g}" if not drafted and rate is None else f"{rate or 0:.0%} at T = {t:g}"
+            )
+        parts.append(f"{drafter} " + ", ".join(at))
+    prompts = int(rows["prompts"].max()) if "prompts" in rows.columns and len(rows) else None
+    over = f" ({sample(prompts, temperature=None)})" if prompts else ""
+    text = f"Draft tokens accepted{over}: " + "; ".join(parts) + "." if parts else "No sampled run finished."
+    if check is not None:
+        text += " " + losslessness(check)
+    return text
+
+
+def acceptance_rules(summary: pl.DataFrame, best: pl.DataFrame, shifts: pl.DataFrame | None = None) -> str:
+    """Each temperature's best lossless acceptance rule (``best_lossless``) with its tokens per verification
+    and speedup, the other rules beside it, and the lossy rule's distribution shift where it was measured."""
+    if best.is_empty():
+        return "No lossless rule verified a draft: nothing to compare."
+    parts = []
+    for row in best.iter_rows(named=True):
+        t = row["temperature"]
+        others = summary.filter((pl.col("temperature") == t) & (pl.col("acceptance") != row["acceptance"]))
+        beside = ", ".join(f"{o['acceptance']} {o['tokens_per_verify'] or 0:.2f}" for o in others.iter_rows(named=True))
+        parts.append(
+            f"T = {t:g}: {row['acceptance']}, {row['tokens_per_verify']:.2f} tokens per verification"
+            + (f" ({beside})" if beside else "")
+        )
+    text = (
+        "Best lossless rule per temperature, by tokens per verification (its speeds come from single unpaired runs: "
+        "no speed verdict): " + "; ".join(parts) + "."
+    )
+    if shifts is None:
+        return text
+    lossless = summary.filter(pl.col("lossless"))["acceptance"].unique().to_list()
+    for row in shifts.filter(~pl.col("acceptance").is_in(lossless)).iter_rows(named=True):
+        text += (
+            f" {row['acceptance']} at T = {row['temperature']:g} moves the token distribution by "
+            f"TVD {row['tvd']:.2f} [{row['tvd_low']:.2f}-{row['tvd_high']:.2f}] (two samples of one distribution "
+            f"differ by up to {row['tvd_noise']:.2f} here; the histogram test says {row['verdict']})."
+        )
+    return text
+
+
+def explorer(model: str, drafter: str, policy: str, stats: dict[str, Any]) -> str:
+    """The explorer's stand-in run."""
+    return f"{model}, {drafter}, {policy}: {stats.get('tokens', 0)} tokens; {_verified(stats)}."
+
+
+def simulated_logs(result: Any) -> str:
+    """Recorded agent logs replayed without a model: each drafter's best accepted tokens per verification."""
+    summary = result.summary.drop_nulls("accepted_per_verify")
+    if summary.is_empty():
+        return f"No verification was simulated over {result.turns} recorded turns."
+    parts = []
+    for drafter in summary["drafter"].unique(maintain_order=True).to_list():
+        best = (
+            summary.filter(pl.col("drafter") == drafter).sort("accepted_per_verify", descending=True).row(0, named=True)
+        )
+        parts.append(
+            f"{drafter} {best['accepted_per_verify']:.2f} accepted tokens per verification (store {best['store']}, "
+            f"k = {best['k']})"
+        )
+    return (
+        f"Replaying {result.turns} recorded turns of {result.traces} traces without a model: " + "; ".join(parts) + ". "
+        "Whether that pays depends on the model's verify cost c(k+1) (see the break-even notebook)."
+    )
+
+
+def tree_vs_path(gain: pl.DataFrame) -> str:
+    """Trees against paths of the same node budget: accepted tokens per verification, per drafter."""
+    if gain.is_empty():
+        return "No trace was compared."
+    parts = []
+    for drafter in gain["drafter"].unique(maintain_order=True).to_list():
+        mine = gain.filter(pl.col("drafter") == drafter)
+        better = int((mine["ratio"] > 1).sum())
+        parts.append(
+            f"{drafter}: the tree accepted more per verification in {better} of {len(mine)} cases "
+            f"(mean {mine['tree'].mean():.2f} vs {mine['path'].mean():.2f} tokens for the path)"
+        )
+    return "Trees vs paths of the same node budget, accepted tokens per verification: " + "; ".join(parts) + "."
