@@ -223,6 +223,25 @@ def run_specbench(
     return run
 
 
+#: Plain tokens decoded before a warm-up to time a step, for its announced estimate.
+WARM_UP_PROBE_TOKENS = 4
+#: Exact calibration's cost per unit of width, in plain steps: each tested level runs a width-w forward once
+#: for exactness and 3 times timed, against w serial steps (measured on the CPU: about 12 steps per unit).
+CALIBRATION_STEPS_PER_WIDTH = 12
+
+
+def warm_up_plan(methods: int, max_tokens: int, widths: Sequence[int], step_s: float) -> str:
+    """The line that announces a warm-up: what it runs and about how long it takes, from a plain step's seconds
+    (calibration at most ``CALIBRATION_STEPS_PER_WIDTH`` steps per unit of width; each method's generation as
+    many steps as tokens, an upper bound for methods that speculate)."""
+    calibration = CALIBRATION_STEPS_PER_WIDTH * sum(widths) * step_s
+    runs = methods * max_tokens * step_s
+    what = f"{methods} methods x {max_tokens} tokens on the first prompt"
+    if widths:
+        what = f"exact calibration at widths {widths[0]}-{widths[-1]} (up to ~{calibration:.0f} s), then {what}"
+    return f"warm-up (untimed): {what}; about {calibration + runs:.0f} s at {step_s:.2f} s per plain step"
+
+
 def _longest_draft(policy: DraftPolicy, drafter: Any) -> int:
     """The longest draft ``policy`` asks of ``drafter``."""
     if isinstance(policy, DraftPolicy):
@@ -276,6 +295,9 @@ class MethodRunner:
         (on a GPU the first call at a new shape compiles kernels)."""
         t0 = time.perf_counter()
         widths = self.verify_widths(methods)
+        probe = run_specbench(self.model, self.tokenizer, first, WARM_UP_PROBE_TOKENS)  # also builds the kernels
+        step = (probe.wall_s - probe.first_token_s) / max(len(probe.tokens) - 1, 1)
+        say(warm_up_plan(len(methods), self.max_tokens, widths, step))
         if widths:
             calibrate(self.model, widths, progress=say)
         for method in methods:

@@ -72,7 +72,25 @@ def error_line(err: BaseException) -> str:
     return " ".join(text.split()) or type(err).__name__
 
 
+def _restart_with_optimized_blas() -> None:
+    """Start this command again with an optimized BLAS preloaded for MLX's CPU matmuls
+    (``specbench.common.blas``), where one is installed and not loaded yet; its children (notebook
+    kernels, ranks) inherit it. ``SPECBENCH_BLAS=reference`` keeps MLX's own."""
+    from specbench.common.blas import preload_environment
+
+    try:
+        env = preload_environment()
+    except FileNotFoundError as err:
+        print(f"specbench: warning: {err}; running on MLX's own BLAS", file=sys.stderr)
+        return
+    if env is not None:
+        sys.stdout.flush()
+        os.execve(sys.executable, sys.orig_argv, env)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command line itself (tests and scripts pass their arguments)
+        _restart_with_optimized_blas()
     parser = _Parser(
         prog="specbench", description="specbench: speculative decoding on MLX, measured", formatter_class=HelpFormatter
     )

@@ -130,6 +130,12 @@ def _bench(parser: argparse.ArgumentParser):
         )
 
     def run(args: argparse.Namespace) -> int:
+        from specbench.report.progress import Heartbeat
+
+        with Heartbeat("specbench bench"):  # a line every 30 s, so that no stretch of the run is silent
+            return bench(args)
+
+    def bench(args: argparse.Namespace) -> int:
         device_defaults(args)  # on a CPU: a run of minutes unless asked for more
         return {"prompts": _bench_prompts, "trace": _bench_trace, "batch": _bench_batch}[args.mode](args)
 

@@ -9,16 +9,28 @@ from specbench.common.files import check_writable, home, write_or_keep
 
 
 # -- setup -------------------------------------------------------------------------------------
-@command("setup", "convert the embedded models into the cache directory (SPECBENCH_HOME)")
+@command("setup", "convert the embedded models the report uses into the cache directory (SPECBENCH_HOME)")
 def _setup(parser: argparse.ArgumentParser):
     parser.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        dest="every",
+        help="also build the embedded models the report does not use (the 1.4 GB MoE twin smollm2-135m-moe), "
+        "which are otherwise built on first load",
+    )
 
     def run(args):
+        import mlx.core as mx
+
+        from specbench.common.blas import status_line
         from specbench.models.load import setup
 
         check_writable(home(), folder=True, name="SPECBENCH_HOME")
-        for path in setup(force=args.force):
+        for path in setup(force=args.force, every=args.every):
             print(f"ready: {path}")
+        if mx.default_device().type == mx.DeviceType.cpu:
+            print(status_line())
 
     return run
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 
 import polars as pl
 import pytest
@@ -147,6 +148,13 @@ def test_bench_prompts_tiny(tmp_path):
         progress=messages.append,
     )
     result = bench_prompts(model, tokenizer, tiny_questions(), **settings)
+    # the warm-up is announced first, with what it runs and an estimate from a timed plain step
+    announced = next(m for m in messages if "warm-up" in m)
+    assert re.match(
+        r"warm-up \(untimed\): exact calibration at widths 2-\d+ \(up to ~\d+ s\), then 8 methods x 20 "
+        r"tokens on the first prompt; about \d+ s at \d+\.\d\d s per plain step$",
+        announced,
+    ), announced
     names = [m.name for m in result.methods]
     assert names[:4] == ["mlx-lm", "mlx-lm draft/fixed:2", "specbench", "draft-model/fixed:2"] and len(names) == 8
     runs = result.runs

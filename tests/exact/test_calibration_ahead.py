@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import ScriptedDrafter, build_tiny, emulate_gpu, plain_greedy
+from conftest import ScriptedDrafter, bitwise_forwards, build_tiny, emulate_gpu, plain_greedy
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench import GenerateOptions, speculative_generate
@@ -100,10 +100,12 @@ def test_chunk_sizes_run_widest_first():
     assert chunk_sizes(2) == []
 
 
+@bitwise_forwards
 @pytest.mark.parametrize("rows", [8, 7, 4])
 def test_linear_layers_split_into_the_widest_exact_chunks(fresh_calibrations, monkeypatch, rows):
-    """With kernels row-invariant up to ``rows`` rows (an emulated device), width 9 runs its linear
-    layers in chunks of ``rows`` (two calls at 7, not three at 4), bit-identical to serial steps."""
+    """With kernels row-invariant up to ``rows`` rows (a device emulated over one whose batched forwards are
+    row-invariant), width 9 runs its linear layers in chunks of ``rows`` (two calls at 7, not three at 4),
+    bit-identical to serial steps."""
     emulate_gpu(monkeypatch, attention=True, linear_rows=rows, vector=True)
     model = build_tiny("qwen3", seed=1)
     calibration = calibrate(model, [9], measure=False)
