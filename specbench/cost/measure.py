@@ -55,7 +55,7 @@ def seconds_per_token(generation: Iterable[int], excluded: Callable[[], float] =
     return (end - t_first - (excluded() - x_first)) / (count - 1)
 
 
-def _time_verify(
+def time_verify(
     verifier: Verifier,
     model: nn.Module,
     cache: list[Any],
@@ -86,7 +86,7 @@ def _time_plain(model: nn.Module, cache: list[Any], first: int, n: int, restore:
     return seconds
 
 
-class _RandomDrafter(Drafter):
+class RandomDrafter(Drafter):
     """Proposes uniformly random tokens: nearly every draft is rejected, so each engine step
     verifies the full width and emits one token."""
 
@@ -116,7 +116,7 @@ def _time_engine_step(
         model,
         [first],
         options,
-        drafter=_RandomDrafter(vocab_size(model)),
+        drafter=RandomDrafter(vocab_size(model)),
         policy=DraftPolicy.fixed(width - 1),
         prompt_cache=cache,
         verifier=verifier,
@@ -221,7 +221,7 @@ def measure(
                 plain_s.append(t)
             for mode in modes:
                 for w in ws[mode]:
-                    t = _time_verify(verifiers[mode], model, cache, probe[:, :w], restore, rollback)
+                    t = time_verify(verifiers[mode], model, cache, probe[:, :w], restore, rollback)
                     if keep:
                         verify_s[mode][w].append(t)
             if keep:
@@ -318,7 +318,7 @@ def quick_profile(model: nn.Module, verify: str = "fast", budget_s: float = 2.5,
         rollback = rollback_for(model, cache)
 
         def time_width(w: int) -> float:
-            return _time_verify(verifier, model, cache, probe[:, :w], restore, rollback)
+            return time_verify(verifier, model, cache, probe[:, :w], restore, rollback)
 
         time_width(1)
         for w in (1, 2, 5, 3, 9):
