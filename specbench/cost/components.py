@@ -43,7 +43,7 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import FAST
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
-from specbench.cost.measure import RandomDrafter, seconds_per_token, time_verify
+from specbench.cost.timing import RandomDrafter, seconds_per_token, time_verify
 
 #: The forward's components, in the order a stack draws them.
 FORWARD_PARTS = ("attention", "linear", "experts", "recurrent", "lm_head", "other", "readback")
