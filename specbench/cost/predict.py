@@ -51,24 +51,58 @@ def predicted_speedup(
     emitted tokens for plain steps and token trees) over their cost in plain steps (c(k + 1) at the context
     length each step ran at, the engine's overhead included, plus k d and ``row_overhead`` per verification;
     1 per plain step; unverified drafts at d per token). 0 for a run without decode steps."""
-    acceptance = acceptance_per_position(records)
     curves: dict[int, np.ndarray] = {}
-    tokens = cost = 0.0
+    cost = 0.0
     for r in records:
         if r["kind"] == "prefill":
             continue
         if r["kind"] != "verify":
-            tokens += r["emitted"]
             cost += 1.0 + len(r.get("draft_tokens") or ()) * d
             continue
         length = profile.nearest_length(prompt_tokens + int(r["position"]))
         if length not in curves:
             curves[length] = profile.at_length(length).curve(mode)
-        k = int(r["k_drafted"])
-        tree = bool(r.get("tree_nodes"))
-        tokens += r["emitted"] if tree else expected_tokens(acceptance, k)
-        cost += cost_at(curves[length], int(r["verify_width"])) + k * d + row_overhead
-    return tokens / cost if cost else 0.0
+        cost += cost_at(curves[length], int(r["verify_width"])) + int(r["k_drafted"]) * d + row_overhead
+    return expected_run_tokens(records) / cost if cost else 0.0
+
+
+def expected_run_tokens(records: Sequence[dict[str, Any]]) -> float:
+    """Tokens a run's decode steps are expected to yield: E(k) at its per-position acceptance for each
+    verification of k drafts (emitted tokens for token trees), emitted tokens for plain steps."""
+    acceptance = acceptance_per_position(records)
+    tokens = 0.0
+    for r in records:
+        if r["kind"] == "verify" and not r.get("tree_nodes"):
+            tokens += expected_tokens(acceptance, int(r["k_drafted"]))
+        elif r["kind"] != "prefill":
+            tokens += r["emitted"]
+    return tokens
+
+
+def predicted_batch_seconds(batch_log: Iterable[Any], profile: Any) -> float:
+    """Seconds a batch profile (``specbench.cost.batch.BatchProfile``) predicts for the batched steps of a
+    run: per step of width W over B rows, c(W, B) times the [B, 1] forward plus the engine's per-step and
+    per-row overhead (``BatchProfile.overhead``)."""
+    total = 0.0
+    for s in batch_log:
+        if s.kind == "prefill":
+            continue
+        total += profile.c(s.width, s.batch_size) * profile.plain_step_s(s.batch_size)
+        total += profile.overhead(s.width, s.batch_size)
+    return total
+
+
+def predicted_batch_speedup(spec: Any, plain: Any, profile: Any) -> float:
+    """Throughput speedup of a batched speculative run over a plain batched run (``BatchGeneration``s) that
+    a batch profile predicts: each request's expected tokens (``expected_run_tokens``) per predicted second,
+    over the plain run's tokens per predicted second."""
+    spec_tokens = sum(expected_run_tokens(r.log.records) for r in spec.requests)
+    plain_tokens = sum(expected_run_tokens(r.log.records) for r in plain.requests)
+    spec_s = predicted_batch_seconds(spec.batch_log, profile)
+    plain_s = predicted_batch_seconds(plain.batch_log, profile)
+    if not (spec_s and plain_s and plain_tokens):
+        return 0.0
+    return (spec_tokens / spec_s) / (plain_tokens / plain_s)
 
 
 def residual(measured: float, predicted: float) -> float:
