@@ -243,7 +243,7 @@ def _round(
     first: int,
     steps: int,
 ) -> dict[str, float]:
-    """One timing round at width w = tokens.shape[1]: the forward's components, then the whole (the median
+    """One timing round at width w = tokens.shape[1]: the forward's components, then the whole (the fastest
     engine step of ``steps``, the first left out; at width 1 a serial forward) and the engine parts in it."""
     parts = dict.fromkeys(PARTS, 0.0) | forward_components(model, cache, tokens, restore)
     width = tokens.shape[1]
@@ -251,10 +251,11 @@ def _round(
         return parts | {"whole": time_verify(FAST, model, cache, tokens, restore, rollback)}
     timed = engine_steps(model, cache, first, width, steps)[1:]
     restore()
+    fastest = min(timed, key=lambda s: s["step"])
     for part in ("drafting", "rollback", "logging"):
-        parts[part] = statistics.median(s[part] for s in timed)
-    parts["host"] = statistics.median(s["step"] - s["drafting"] - s["verify"] - s["logging"] for s in timed)
-    return parts | {"whole": statistics.median(s["step"] for s in timed)}
+        parts[part] = fastest[part]
+    parts["host"] = fastest["step"] - fastest["drafting"] - fastest["verify"] - fastest["logging"]
+    return parts | {"whole": fastest["step"]}
 
 
 def measure_components(
@@ -267,9 +268,9 @@ def measure_components(
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """The component stack of a speculative step at each width (fast verification): one row per (width,
-    part) with its ``seconds`` (median over ``repeats`` forwards, or over the timed engine steps), ``c``
-    (in plain steps), the whole step's ``step_s`` and ``c_step``, and ``error`` (sum of parts / whole - 1, the
-    median over rounds of each round's parts against its own whole).
+    part) with its ``seconds`` (the forward's parts from the fastest of ``repeats`` synchronised forwards, the
+    engine's from the fastest engine step), ``c`` (in plain steps), the whole step's ``step_s`` and ``c_step``
+    (the fastest step), and ``error`` (sum of parts / whole - 1).
     Width 1 (no draft: no engine step) holds the forward's components against a serial width-1 forward,
     as the profile's c(1) is timed. ``c`` is in plain steps (pipelined, as the profile's plain step). The
     cache holds ``offset`` random tokens."""
@@ -291,12 +292,14 @@ def measure_components(
         for w in sorted(set(widths)):
             tokens = mx.array(rng.integers(0, vocab, size=w).tolist(), dtype=mx.uint32)[None]
             rounds = [_round(model, cache, restore, rollback, tokens, first, steps) for _ in range(1 + repeats)][1:]
-            parts = {p: statistics.median(r[p] for r in rounds) for p in PARTS if p != "acceptance"}
+            # the fastest round of each, as timeit takes the fastest repeat: on a busy machine contention only
+            # adds time, and a synchronised forward pays it at every module boundary
+            fastest_forward = min(rounds, key=lambda r: sum(r[p] for p in FORWARD_PARTS))
+            fastest_step = min(rounds, key=lambda r: r["whole"])
+            parts = {p: (fastest_forward if p in FORWARD_PARTS else fastest_step)[p] for p in PARTS}
             parts["acceptance"] = _acceptance_seconds(w, vocab) if w > 1 else 0.0
-            whole = statistics.median(r["whole"] for r in rounds)
-            # each round's parts against its own whole: a machine's drifting speed moves both alike
-            error = statistics.median(sum(r[p] for p in PARTS if p != "acceptance") / r["whole"] for r in rounds)
-            error += parts["acceptance"] / whole - 1.0
+            whole = fastest_step["whole"]
+            error = sum(parts.values()) / whole - 1.0
             total = sum(parts.values())
             if progress is not None:
                 progress(f"width {w}: parts {1e3 * total:.1f} ms, measured {1e3 * whole:.1f} ms")
