@@ -41,6 +41,7 @@ from specbench.core.engine import Generation, generate
 from specbench.core.forward import greedy, text_model, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.swap import mixed_class
 from specbench.core.verify import FAST
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
 from specbench.cost.timing import RandomDrafter, seconds_per_token, time_verify
@@ -95,25 +96,15 @@ class _Clock:
                 self._children[-1] += inclusive
 
 
-_TIMED_CLASSES: dict[tuple[type, str], type] = {}
+class _TimedCall:
+    """Mixed in front of a component module's class while instrumented: its calls timed as its component."""
 
-
-def _timed_class(base: type, component: str) -> type:
-    """``base`` with its ``__call__`` timed as ``component`` on the clock the instance carries."""
-    key = (base, component)
-    if key not in _TIMED_CLASSES:
-
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            with self.__dict__["_specbench_clock"].part(component, [*args, *kwargs.values()]) as outputs:
-                out = base.__call__(self, *args, **kwargs)
-                outputs.append(out)
-            return out
-
-        # its module stays the base's: code that reads a layer's module from its class (the recurrent
-        # recorder of ``specbench.core.rollback``) finds the same one
-        attrs = {"__call__": __call__, "__module__": base.__module__}
-        _TIMED_CLASSES[key] = type(f"Timed{base.__name__}", (base,), attrs)
-    return _TIMED_CLASSES[key]
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        state = self.__dict__
+        with state["_specbench_clock"].part(state["_specbench_component"], [*args, *kwargs.values()]) as outputs:
+            out = super().__call__(*args, **kwargs)
+            outputs.append(out)
+        return out
 
 
 @contextlib.contextmanager
@@ -127,9 +118,10 @@ def instrumented(model: nn.Module) -> Iterator[_Clock]:
     skip: set[int] = set()
 
     def swap(module: nn.Module, component: str) -> None:
+        # in front of the class it has now (a recurrent layer may be recording already), given back after
         swapped.append((module, type(module)))
-        module.__dict__["_specbench_clock"] = clock
-        module.__class__ = _timed_class(type(module), component)
+        module.__dict__.update(_specbench_clock=clock, _specbench_component=component)
+        module.__class__ = mixed_class(_TimedCall, type(module))
 
     if head is not None:
         swap(head, "lm_head")
@@ -160,6 +152,7 @@ def instrumented(model: nn.Module) -> Iterator[_Clock]:
         for module, cls in reversed(swapped):
             module.__class__ = cls
             module.__dict__.pop("_specbench_clock", None)
+            module.__dict__.pop("_specbench_component", None)
         if tied:
             embed.__dict__.pop("as_linear", None)
 
@@ -168,15 +161,15 @@ def forward_components(model: nn.Module, cache: list[Any], tokens: mx.array, res
     """Seconds per forward component of one verification forward of ``tokens`` ([1, w]) over ``cache``,
     every module synchronised (``instrumented``), the greedy targets read back; the cache restored."""
     rollback = rollback_for(model, cache)
+    if rollback is not None:  # a hybrid model's verify records its recurrent states: armed before timing, kept timed
+        rollback.before_verify(tokens.shape[1])
     with instrumented(model) as clock:
-        if rollback is not None:  # a hybrid model's verify records its recurrent states (inside the timing)
-            rollback.before_verify(tokens.shape[1])
         logits = model(tokens, cache=cache)
         start = time.perf_counter()
         greedy(logits[0]).tolist()
         clock.seconds["readback"] = time.perf_counter() - start
-        if rollback is not None:
-            rollback.rewind(0)
+    if rollback is not None:
+        rollback.rewind(0)
     restore()
     return clock.seconds
 
@@ -210,8 +203,9 @@ def engine_steps(model: nn.Module, cache: list[Any], first: int, width: int, ste
     )
     totals = dict.fromkeys(("verify", "rollback", "logging"), 0.0)
     _wrap(gen.target, "verify", totals, "verify")
-    _wrap(gen.target.rollback, "before_verify", totals, "rollback")
-    _wrap(gen.target.rollback, "rewind", totals, "rollback")
+    rollback = gen.target.inner.rollback  # the model target's, inside the pipeline
+    _wrap(rollback, "before_verify", totals, "rollback")
+    _wrap(rollback, "rewind", totals, "rollback")
     _wrap(gen.log, "append", totals, "logging")
     rows, last = [], None
     for _ in gen:

@@ -10,6 +10,7 @@ import pytest
 import specbench.cost as cost
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
 from specbench.core.log import StepLog, StepRecord
+from specbench.core.policies import Plain, Speculate
 from specbench.cost.breakeven import BreakEven
 from specbench.cost.profile import check_profile
 from specbench.drafters.lookup import PromptLookup
@@ -78,11 +79,10 @@ def test_auto_drafts_by_the_break_even_at_the_current_length(measured):
     for prompt, drafts in ((40, True), (2000, False)):
         policy = DraftPolicy.auto(measured=measured, probe_tokens=1)
         policy.start(Drafter(), BreakEven(profile, None, "fast"))
-        log = prefilled(prompt)
-        k = policy.next_k(log, Drafter())
-        assert (policy.envelope != []) == drafts
+        decision = policy.decide(prefilled(prompt), Drafter())
+        assert (policy.costs.lengths != []) == drafts
         if not drafts:
-            assert k == 0 and policy.plain_run() > 10**6
+            assert isinstance(decision, Plain) and decision.n > 10**6
 
 
 def test_auto_stops_drafting_when_the_context_grows_past_where_it_pays():
@@ -90,12 +90,12 @@ def test_auto_stops_drafting_when_the_context_grows_past_where_it_pays():
     policy = DraftPolicy.auto(measured=False)
     policy.start(Drafter(), BreakEven(profile, None, "fast"))
     log = prefilled(200)  # nearest 64
-    assert policy.next_k(log, Drafter()) == 4
+    assert policy.decide(log, Drafter()) == Speculate(4)
     log.append(StepRecord(step=1, position=1, kind="verify", k_drafted=4, accepted=4, emitted=5, verify_width=5))
-    assert policy.next_k(log, Drafter()) == 4
+    assert policy.decide(log, Drafter()) == Speculate(4)
     log.append(StepRecord(step=2, position=100, kind="verify", k_drafted=4, accepted=4, emitted=5, verify_width=5))
-    assert policy.next_k(log, Drafter()) == 0  # 200 + 105 tokens: nearest 1024, where nothing pays
-    assert policy.envelope == []
+    assert isinstance(policy.decide(log, Drafter()), Plain)  # 200 + 105 tokens: nearest 1024, where nothing pays
+    assert policy.costs.lengths == []
 
 
 def test_a_generation_follows_the_length_of_its_prompt():
