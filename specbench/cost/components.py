@@ -7,7 +7,8 @@ rejected (random tokens), and split into parts, each timed on its own:
   call of the model waits for its inputs and for its outputs (``mx.eval``), so that each module's own time is
   known: ``attention`` (the attention modules' own work: rotary embedding, cache update, scaled dot-product
   attention), ``linear`` (dense projections: every ``Linear`` outside the experts and the output head),
-  ``experts`` (MoE expert gathers ``SwitchGLU`` / ``SwitchMLP`` and the MoE block's routing), ``recurrent``
+  ``experts`` (MoE expert gathers ``SwitchGLU`` / ``SwitchMLP`` and the MoE block's own routing work: top-k,
+  softmax, combining; its router projection is a ``Linear``), ``recurrent``
   (Gated DeltaNet layers' own work: convolution and the recurrence), ``lm_head`` (the output projection,
   tied or not), ``other`` (embedding, norms, residual additions, masks) and ``readback`` (the greedy
   targets computed and read back to the host);
@@ -65,7 +66,7 @@ def component_of(module: nn.Module) -> tuple[str, bool] | None:
         return "recurrent", False
     if name.endswith("Attention"):
         return "attention", False
-    if "Moe" in name or "MoE" in name:
+    if name.endswith(("MoeBlock", "MoE")):  # the sparse MoE block (not a decoder layer or model named Moe)
         return "experts", False
     return None
 

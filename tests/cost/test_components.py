@@ -11,6 +11,7 @@ from specbench.cost.components import (
     ENGINE_PARTS,
     FORWARD_PARTS,
     PARTS,
+    component_of,
     deciding_part,
     forward_components,
     instrumented,
@@ -41,6 +42,14 @@ def test_instrumented_forward_equals_the_plain_one_and_puts_every_class_back(sha
     assert mx.array_equal(expected, got)
     assert {id(m): type(m) for _, m in model.named_modules()} == classes
     assert sum(clock.seconds.values()) > 0
+
+
+def test_only_the_moe_block_and_its_expert_gathers_count_as_experts():
+    model = synthetic.build("qwen3-30b-a3b-tiny")
+    kinds = {type(m).__name__: component_of(m) for _, m in model.named_modules()}
+    assert kinds["Qwen3MoeSparseMoeBlock"] == ("experts", False) and kinds["SwitchGLU"] == ("experts", True)
+    assert kinds["Qwen3MoeDecoderLayer"] is None and kinds["Qwen3MoeModel"] is None
+    assert kinds["Attention"] == ("attention", False) and kinds["Linear"] == ("linear", True)
 
 
 def test_each_shape_spends_time_in_its_own_components(shape):
