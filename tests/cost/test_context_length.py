@@ -9,6 +9,7 @@ import pytest
 
 import specbench.cost as cost
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
+from specbench.cli import main
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.policies import Plain, Speculate
 from specbench.cost.breakeven import BreakEven
@@ -150,3 +151,14 @@ def test_measure_times_every_length_and_the_component_stack():
     assert check_profile(json.loads(json.dumps(profile.to_dict()))).components == profile.components
     with pytest.raises(ValueError, match="context lengths"):
         cost.measure(model, widths=3, offset=16, lengths=(10**7,))
+
+
+def test_cli_profile_prints_the_stack_and_stores_the_lengths(capsys, home):
+    args = ["profile", "--model", "synthetic:qwen3-30b-a3b-tiny", "--widths", "3", "--repeats", "2", "--offset", "8"]
+    assert main([*args, "--verify", "fast", "--lengths", "32", "--components", "1,3"]) == 0
+    out = capsys.readouterr().out
+    assert "verify cost by component" in out and "experts" in out and "deciding part:" in out and "off by" in out
+    stored = json.loads(next(p for p in (home / "profiles").glob("*.json") if "bandwidth" not in p.name).read_text())
+    assert sorted(stored["lengths"]) == ["32"] and {r["width"] for r in stored["components"]} == {1, 3}
+    assert main([*args, "--lengths", "32,x"]) == 2
+    assert "--lengths takes" in capsys.readouterr().err
