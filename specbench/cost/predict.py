@@ -79,30 +79,36 @@ def expected_run_tokens(records: Sequence[dict[str, Any]]) -> float:
     return tokens
 
 
-def predicted_batch_seconds(batch_log: Iterable[Any], profile: Any) -> float:
+def predicted_batch_seconds(batch_log: Iterable[Any], profile: Any, whole: bool = False) -> float:
     """Seconds a batch profile (``specbench.cost.batch.BatchProfile``) predicts for the batched steps of a
     run: per step of width W over B rows, c(W, B) times the [B, 1] forward plus the engine's per-step and
-    per-row overhead (``BatchProfile.overhead``)."""
+    per-row overhead (``BatchProfile.overhead``). ``whole``: the run's logged prefill and drafting seconds
+    added, which the profile does not model (what a wall clock around the run holds)."""
     total = 0.0
     for s in batch_log:
         if s.kind == "prefill":
+            total += s.draft_s + s.verify_s + s.other_s if whole else 0.0
             continue
         total += profile.c(s.width, s.batch_size) * profile.plain_step_s(s.batch_size)
-        total += profile.overhead(s.width, s.batch_size)
+        total += profile.overhead(s.width, s.batch_size) + (s.draft_s if whole else 0.0)
     return total
 
 
-def predicted_batch_speedup(spec: Any, plain: Any, profile: Any) -> float:
+def predicted_batch_speedup(spec: Any, plain: Any, profile: Any, whole: bool = False) -> float:
     """Throughput speedup of a batched speculative run over a plain batched run (``BatchGeneration``s) that
     a batch profile predicts: each request's expected tokens (``expected_run_tokens``) per predicted second,
-    over the plain run's tokens per predicted second."""
-    spec_tokens = sum(expected_run_tokens(r.log.records) for r in spec.requests)
-    plain_tokens = sum(expected_run_tokens(r.log.records) for r in plain.requests)
-    spec_s = predicted_batch_seconds(spec.batch_log, profile)
-    plain_s = predicted_batch_seconds(plain.batch_log, profile)
-    if not (spec_s and plain_s and plain_tokens):
+    over the plain run's tokens per predicted second. ``whole``: over the whole runs, their first tokens and
+    logged prefill and drafting seconds included (``predicted_batch_seconds``)."""
+
+    def tokens(gen: Any) -> float:
+        first = sum(r["emitted"] for q in gen.requests for r in q.log.records if r["kind"] == "prefill")
+        return sum(expected_run_tokens(q.log.records) for q in gen.requests) + (first if whole else 0)
+
+    spec_s = predicted_batch_seconds(spec.batch_log, profile, whole)
+    plain_s = predicted_batch_seconds(plain.batch_log, profile, whole)
+    if not (spec_s and plain_s and tokens(plain)):
         return 0.0
-    return (spec_tokens / spec_s) / (plain_tokens / plain_s)
+    return (tokens(spec) / spec_s) / (tokens(plain) / plain_s)
 
 
 def residual(measured: float, predicted: float) -> float:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import build_tiny
 
-from specbench.bench.batch_bench import bench_batch
+from specbench.bench.batch_bench import bench_batch, format_batch_bench
 from specbench.cost.batch import BatchProfile, batch_speedup_grid, measure_batch_overhead, measure_batch_profile
 from specbench.cost.breakeven import expected_tokens
 
@@ -123,3 +123,15 @@ def test_batch_bench_agrees_with_mlx_lm():
         ("suffix/fixed:3", "plain"),
     }
     assert all(s["identical"] == 1.0 and s["min_first_divergence"] is None for s in summary)
+
+
+def test_batch_bench_prints_each_speedup_beside_its_prediction():
+    model = build_tiny("llama")
+    prompts = [[5, 17, 3, 9, 5, 17, 3, 9][:n] for n in (3, 8)]
+    profile = made_profile()
+    result = bench_batch(model, prompts, 2, ["lookup"], "fixed:3", max_tokens=8, warmup=False, profile=profile)
+    row = next(r for r in result["rows"] if r["engine"] == "lookup/fixed:3")
+    assert row["predicted_vs_plain"] > 0
+    assert row["residual"] == pytest.approx(row["speedup_vs_plain"] / row["predicted_vs_plain"] - 1)
+    assert "residual" not in next(r for r in result["rows"] if r["engine"] == "plain")
+    assert f"predicted {row['predicted_vs_plain']:.2f}x" in format_batch_bench(result)
