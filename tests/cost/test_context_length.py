@@ -107,7 +107,9 @@ def test_a_generation_follows_the_length_of_its_prompt():
     for prompt_len in (24, 600):
         prompt = [(7 * i) % 50 + 3 for i in range(prompt_len)]
         policy = DraftPolicy.auto(measured=False)
-        gen = speculative_generate(model, prompt, options, PromptLookup(), policy, profile=profile, progress=None)
+        gen = speculative_generate(
+            model, prompt, options, drafter=PromptLookup(), policy=policy, profile=profile, progress=None
+        )
         list(gen)
         verifies[prompt_len] = sum(r["kind"] == "verify" for r in gen.log)
     assert verifies[24] > 0 and verifies[600] == 0
