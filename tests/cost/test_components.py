@@ -87,3 +87,13 @@ def test_the_deciding_part_is_the_one_that_grows_most():
     assert part == "attention" and share == pytest.approx(2.0 / 2.2)
     with pytest.raises(ValueError, match="two widths"):
         deciding_part(rows[:2])
+
+
+def test_the_verdict_names_the_deciding_part_and_calls_a_loose_split_rough():
+    from specbench.report.verdicts.components import deciding_parts
+
+    rows = [{"width": w, "part": "linear", "seconds": s, "error": e} for w, s, e in ((1, 1.0, 0.05), (5, 3.0, 0.08))]
+    assert "linear decides: 100%" in deciding_parts({"m": rows}) and "within 8%" in deciding_parts({"m": rows})
+    rows[1]["error"] = -0.5
+    assert "miss the measured step by up to 50%" in deciding_parts({"m": rows})
+    assert deciding_parts({"m": rows[:1]}) == ""
