@@ -105,11 +105,11 @@ def _rank(args: argparse.Namespace) -> None:
     if args.out:
         check_writable(args.out, folder=True, name="--out")
     profile = read_profile(args.profile)
-    source = args.trace or args.prompts
+    source = args.trace or args.recorded
     groups, skipped = load_groups(
         source,
         args.tokenizer,
-        recorded=args.prompts is not None,
+        recorded=args.recorded is not None,
         format=args.trace_format,
         trace_ids=names(args.trace_id) if args.trace_id else None,
         limit=args.limit,

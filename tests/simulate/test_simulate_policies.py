@@ -65,7 +65,7 @@ def test_simulate_cli_ranks_policies_on_a_recorded_fixture(tmp_path, capsys):
     profile.write_text(json.dumps(_profile(0.1).to_dict()))
     assert read_profile(profile).costs == _profile(0.1).costs
     out = tmp_path / "out"
-    args = ["simulate", "--prompts", str(recorded), "--policies", ",".join(POLICIES), "--profile", str(profile)]
+    args = ["simulate", "--recorded", str(recorded), "--policies", ",".join(POLICIES), "--profile", str(profile)]
     assert main([*args, "--drafters", "lookup", "--k", "8", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "2 traces" in printed and all(p in printed for p in POLICIES)
