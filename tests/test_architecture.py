@@ -349,6 +349,17 @@ def test_scripts_run_as_modules():
     assert "per-file-ignores" not in pyproject or '"scripts' not in pyproject.split("per-file-ignores", 1)[1]
 
 
+def test_scripts_with_a_budget_share_one_implementation():
+    """Every script that takes ``--budget`` keeps its time with ``specbench.bench.budget.Budget``."""
+    private = [
+        str(path.relative_to(ROOT))
+        for path in script_files()
+        if '"--budget"' in (text := path.read_text(encoding="utf-8"))
+        and "from specbench.bench.budget import Budget" not in text
+    ]
+    assert not private, "scripts that time --budget themselves (use Budget):\n  " + "\n  ".join(private)
+
+
 # -- a light import ----------------------------------------------------------------------------------------------
 
 # Run in a fresh interpreter: records, for each heavy dependency, the package line that first imported it.
