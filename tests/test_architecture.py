@@ -41,8 +41,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 #: The only modules that may import the root package itself (the public API is for users).
 ROOT_IMPORTERS = {"specbench.cli", "specbench.__main__"}
 MAX_LINES = 500
+#: The report extra (`specbench[report]`): the notebooks' and the report's dependencies, not the library's.
+REPORT_EXTRA = ("matplotlib", "ipywidgets", "jupyterlab", "ipykernel", "papermill", "nbconvert")
 #: Heavy dependencies that `import specbench` (the engine path) must not load.
-HEAVY = ("matplotlib", "polars", "papermill")
+HEAVY = ("polars", *REPORT_EXTRA)
 
 
 @dataclass(frozen=True)
@@ -398,3 +400,18 @@ def test_import_specbench_loads_no_heavy_dependency():
     assert not loaded, "`import specbench` loads " + ", ".join(
         f"{name} (first imported at specbench/{where})" for name, where in loaded.items()
     )
+
+
+def test_the_report_dependencies_are_an_extra_that_setup_installs():
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {req.split(";")[0].split("[")[0].split(">")[0].split("=")[0].strip().lower() for req in requirements}
+
+    assert not names(project["dependencies"]) & set(REPORT_EXTRA), "the library alone must not need the report"
+    assert names(project["optional-dependencies"]["report"]) == set(REPORT_EXTRA)
+    assert ".[report,test]" in (ROOT / "Makefile").read_text(encoding="utf-8"), "make setup installs the report extra"

@@ -61,9 +61,12 @@ CASES = {
         "--log: cannot write to the folder {tmp}/file.txt",
     ),
     "check-exact out is a folder": (["check-exact", "--model", SYNTHETIC, "--out", "{tmp}"], "is a folder"),
-    "check-exact no prompts": (["check-exact", "--model", SYNTHETIC, "--prompts", "0"], "--prompts must be >= 1"),
+    "check-exact no prompts": (
+        ["check-exact", "--model", SYNTHETIC, "--num-prompts", "0"],
+        "--num-prompts must be >= 1",
+    ),
     "check-exact acceptance": (["check-exact", "--acceptance", "1.5"], "--acceptance must be in [0, 1]"),
-    "check-exact draft lengths": (["check-exact", "--draft-lengths", "2,x"], "comma list of integers"),
+    "check-exact draft lengths": (["check-exact", "--k", "2,x"], "--k takes a comma list of integers"),
     "check-exact verify": (["check-exact", "--verify", "exact,slow"], "--verify takes a comma list"),
     "profile verify": (["profile", "--model", SYNTHETIC, "--verify", "slow"], "--verify takes a comma list"),
     "profile widths": (["profile", "--model", SYNTHETIC, "--widths", "1"], "--widths must be in [2, 256]"),
@@ -71,19 +74,19 @@ CASES = {
         ["profile", "--model", SYNTHETIC, "--plot", "{tmp}/file.txt"],
         "is a file, not a folder",
     ),
-    "bench prompts missing": (["bench", "--prompts", "{tmp}/none.jsonl"], "none.jsonl"),
-    "bench trace missing": (["bench", "--trace", "{tmp}/none.jsonl"], "no trace file at {tmp}/none.jsonl"),
-    "bench trace is a folder": (["bench", "--trace", "{tmp}"], "it is a folder"),
-    "bench no turns": (["bench", "--trace", "{tmp}/file.txt", "--turns", "0"], "--turns must be >= 1, got 0"),
-    "bench out is a file": (["bench", "--prompts", "bundled", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
+    "bench prompts missing": (["bench", "prompts", "{tmp}/none.jsonl"], "none.jsonl"),
+    "bench trace missing": (["bench", "trace", "{tmp}/none.jsonl"], "no trace file at {tmp}/none.jsonl"),
+    "bench trace is a folder": (["bench", "trace", "{tmp}"], "it is a folder"),
+    "bench no turns": (["bench", "trace", "{tmp}/file.txt", "--turns", "0"], "--turns must be >= 1, got 0"),
+    "bench out is a file": (["bench", "prompts", "bundled", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
     "bench two verify modes for a trace": (
-        ["bench", "--trace", "{tmp}/file.txt", "--verify", "exact,fast"],
+        ["bench", "trace", "{tmp}/file.txt", "--verify", "exact,fast"],
         "one --verify mode",
     ),
     "train-mtp out is a file": (["train-mtp", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
     "train-mtp no steps": (["train-mtp", "--out", "{tmp}/mtp", "--steps", "0"], "--steps must be > 0, got 0"),
     "train-mtp negative seq-len": (["train-mtp", "--out", "{tmp}/mtp", "--seq-len", "-1"], "--seq-len must be > 0"),
-    "bench no drafters": (["bench", "--prompts", "bundled", "--drafters", ""], "give at least one drafter name"),
+    "bench no drafters": (["bench", "prompts", "bundled", "--drafters", ""], "give at least one drafter name"),
     "profile widths too wide": (
         ["profile", "--model", "synthetic:qwen3-8b-tiny", "--widths", "100000"],
         "--widths must be in [2, 256]",
@@ -94,12 +97,12 @@ CASES = {
         "over the longest draft specbench verifies (128 tokens)",
     ),
     "bench draft length beyond the bound": (
-        ["bench", "--prompts", "bundled", "--policies", "fixed:1000"],
+        ["bench", "prompts", "bundled", "--policies", "fixed:1000"],
         "over the longest draft specbench verifies",
     ),
     "prompt that is not text": (["generate", "--prompt", "caf\udce9"], "--prompt cannot be tokenized: character 3"),
-    "question file not UTF-8": (["bench", "--prompts", "{tmp}/latin1.jsonl"], "latin1.jsonl is not UTF-8 text"),
-    "question with a lone surrogate": (["bench", "--prompts", "{tmp}/surrogate.jsonl"], "surrogate.jsonl:1: a turn"),
+    "question file not UTF-8": (["bench", "prompts", "{tmp}/latin1.jsonl"], "latin1.jsonl is not UTF-8 text"),
+    "question with a lone surrogate": (["bench", "prompts", "{tmp}/surrogate.jsonl"], "surrogate.jsonl:1: a turn"),
 }
 
 
@@ -192,7 +195,7 @@ def test_check_exact_over_a_damaged_stored_calibration(home, capsys):
     path = home / "exact" / f"{exact_calibration.calibration_key(model)}.json"
     path.parent.mkdir(parents=True)
     path.write_bytes(b"\x00\xff garbage")
-    args = ["check-exact", "--model", SYNTHETIC, "--prompts", "1", "--max-tokens", "6", "--verify", "exact"]
+    args = ["check-exact", "--model", SYNTHETIC, "--num-prompts", "1", "--max-tokens", "6", "--verify", "exact"]
     try:
         assert main(args) == 0
     finally:

@@ -13,11 +13,12 @@ import contextlib
 import io
 import re
 import shlex
+import warnings
 from pathlib import Path
 
 import pytest
 
-from specbench.cli.registry import COMMANDS
+from specbench.cli.registry import COMMANDS, NOTICES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -84,7 +85,8 @@ def test_python_examples_run(document: Path):
     namespace: dict = {"__name__": f"docs_{document.stem}"}
     for code, tiny in fenced_blocks(document, "python"):
         source = on_tiny_model(code) if tiny else code
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)  # the examples use today's names, not deprecated ones
             exec(compile(source, f"{document.name} example", "exec"), namespace)
 
 
@@ -124,6 +126,7 @@ def test_command_lines_parse():
     parser = cli_parser()
     for name, line in lines:
         try:
-            parser.parse_args(shlex.split(line))
+            args = parser.parse_args(shlex.split(line))
         except _Rejected as err:
             pytest.fail(f"{name}: `specbench {line}` does not parse: {err}")
+        assert not getattr(args, NOTICES, None), f"{name}: `specbench {line}` uses a deprecated spelling"

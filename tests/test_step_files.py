@@ -41,7 +41,9 @@ def traced_step_files(steps: int = 24) -> set[str]:
         layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
     prompt = [5] + plain_greedy(model, [5], 40)
     options = GenerateOptions(max_tokens=80, ignore_eos=True, verify="exact")
-    gen = iter(speculative_generate(model, prompt, options, PromptLookup(), DraftPolicy.auto(), progress=None))
+    gen = iter(
+        speculative_generate(model, prompt, options, drafter=PromptLookup(), policy=DraftPolicy.auto(), progress=None)
+    )
     for _ in range(12):  # past the prompt and the first decisions: calibration, profiles, first builds
         next(gen)
     root = os.path.dirname(specbench.__file__)

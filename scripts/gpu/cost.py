@@ -186,7 +186,7 @@ class Run:
         out, plist = self.out, list(self.profiles.values())
         write_json(out / "profiles.json", [p.to_dict() for p in plist])
         write_csv(out / "costs.csv", [r for p in plist for r in p.to_polars().to_dicts()])
-        write_csv(out / "break_even.csv", break_even_table(plist, k_max=15))
+        write_csv(out / "break_even.csv", break_even_table(plist, max_k=15))
         write_csv(out / "grid.csv", self.grid)
         write_csv(out / "experts.csv", self.experts)
         self.figures()
@@ -198,7 +198,7 @@ class Run:
             what = "4-bit random weights, " if self.title_device else ""
             title = f"Verify cost c(w), dense vs MoE ({what}{device})"
             figures.save_figure(figures.verify_costs(plist, title=title), out / "costs.png")
-            figures.save_figure(figures.break_even(plist, d=0.0, k_max=15), out / "break_even.png")
+            figures.save_figure(figures.break_even(plist, d=0.0, max_k=15), out / "break_even.png")
         if self.grid:
             figures.save_figure(figures.measured_vs_predicted(self.grid, self.profiles), out / "measured.png")
 

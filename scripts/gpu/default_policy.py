@@ -9,7 +9,7 @@
 Per model, set-up first: exact-mode calibration of every width Auto may verify, Auto's quick cost profiles,
 per-call verify seconds (``specbench.cost.calls.verify_call_rows``; --compile adds compiled linear chunks),
 a warm-up of every method, and the steadier of free and pinned cores (``specbench.common.timing``).
-1. Synthetic shapes (random weights, full depth, 4-bit): an ``OracleDrafter`` at controlled acceptance, Auto
+1. Synthetic shapes (random weights, full depth, 4-bit): an ``Oracle`` at controlled acceptance, Auto
    with exact and fast verify; each repeat runs mlx-lm plain once, then every cell as a (plain, Auto) pair of
    per-token runs next to each other, the order alternating (``specbench.bench.ab_runs``).
 2. The embedded model: every prompt of the bundled categories (first turn) and the first --trace-turns turns of

@@ -22,7 +22,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.cost import profile_for
 from specbench.cost.calls import verify_call_rows
 from specbench.drafters import make_drafter
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.oracle import Oracle
 from specbench.exact import calibrate
 from specbench.inputs.importers import load_traces
 from specbench.inputs.prompts import bundled_questions, render_prompt
@@ -75,7 +75,7 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool,
     out["verify_calls"] += verify_call_rows(model, name, *args)
     done("per-call timings")
     prompt = np.random.default_rng(0).integers(0, vocab_size(model), size=cfg["prompt_len"]).tolist()
-    drafter = OracleDrafter.from_model(model, prompt, cfg["tokens"], 1.0, keep_drafting=True)
+    drafter = Oracle.from_model(model, prompt, cfg["tokens"], 1.0, keep_drafting=True)
     modes = cfg.get("modes", ["exact", "fast"])
     cells = [("plain", "a/a"), *((mode, a) for a in cfg["acceptances"] for mode in modes)]
     for mode in modes:  # warm-up: every width's kernels built before timing
@@ -161,7 +161,9 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Any) -> Non
         drafter = drafters.setdefault((method, repeat), make_drafter(method, model=model))
         auto = DraftPolicy.auto()
         return ab_runs.timed_call(
-            lambda: speculative_generate(model, prompt, options, drafter, auto, tokenizer, profile=profile)
+            lambda: speculative_generate(
+                model, prompt, options, drafter=drafter, policy=auto, tokenizer=tokenizer, profile=profile
+            )
         )
 
     longest = max(prompts, key=lambda p: len(p[2]))[2]

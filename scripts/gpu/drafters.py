@@ -42,7 +42,7 @@ from specbench import load
 from specbench.bench.budget import Budget
 from specbench.common.files import write_json_atomic, write_text_atomic
 from specbench.core.forward import text_model
-from specbench.drafters import MtpDrafter, make_drafter, shipped_draft_model
+from specbench.drafters import MtpHead, make_drafter, shipped_draft_model
 from specbench.models.embedded import shipped_draft_path
 from specbench.models.mtp.attach import load_head, shipped_head
 from specbench.train.draft_training import HELDOUT_KINDS, heldout_split
@@ -177,7 +177,7 @@ def evaluate_shipped(model, tokenizer, split, settings, results, budget: Budget,
     if budget.fits("mtp (shipped)", NEEDS_S["drafter eval"]):
         head = load_head(model, head_path)
         results["evaluation"]["mtp (shipped)"] = evaluate(
-            "mtp (shipped)", model, split, settings["tokens"], lambda: MtpDrafter(model, head=head), log
+            "mtp (shipped)", model, split, settings["tokens"], lambda: MtpHead(model, head=head), log
         )
 
 

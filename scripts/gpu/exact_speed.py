@@ -38,7 +38,7 @@ from specbench.bench.paired import MIN_UNITS, bootstrap
 from specbench.common.files import write_json_atomic
 from specbench.common.identity import device_name, versions
 from specbench.cost.measure import seconds_per_token
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.oracle import Oracle
 from specbench.exact import calibrate
 from specbench.models import synthetic
 
@@ -64,9 +64,9 @@ def timed_cells(model, prompt: list[int], tokens: int, k: int, low: float) -> di
         def run() -> dict:
             # with the model, the oracle re-records the continuation where the output leaves it (fast
             # verification's rounding does): it keeps drafting the true continuation, its seconds left out
-            drafter = OracleDrafter(prompt, reference, acceptance, vocab, seed=0, preferred_k=k, model=model)
+            drafter = Oracle(prompt, reference, acceptance, vocab, seed=0, preferred_k=k, model=model)
             options = GenerateOptions(max_tokens=tokens, ignore_eos=True, verify=mode)
-            gen = speculative_generate(model, prompt, options, drafter, policy(), progress=None)
+            gen = speculative_generate(model, prompt, options, drafter=drafter, policy=policy(), progress=None)
             spt = seconds_per_token(gen, lambda: drafter.follow_s)
             stats = gen.stats()
             return {"spt": spt, "tokens": list(gen.tokens), "verifies": stats["verifies"]}

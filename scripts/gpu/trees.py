@@ -50,8 +50,8 @@ from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import AutoPolicy
 from specbench.cost.trees import NODE_COUNTS, measure_tree_costs, tree_break_even
-from specbench.drafters.mtp import MtpDrafter, mtp_drafter_for
-from specbench.drafters.oracle import OracleDrafter, OracleTree
+from specbench.drafters.mtp import MtpHead, mtp_head_for
+from specbench.drafters.oracle import Oracle, OracleTree
 from specbench.inputs.prompts import bundled_questions, render_prompt, select_questions
 from specbench.inputs.traces import TRACES_DIR, bundled_traces, read_trace_file
 from specbench.models.load import load
@@ -75,23 +75,21 @@ def controlled(args, budget: Budget) -> list[dict]:
         # Warm-up: kernels of every width, exact calibration.
         warm = prompts[0][: args.prompt_len // 2]
         for v in verifiers.values():
-            oracle = OracleDrafter.from_model(model, warm, 16, 0.7)
+            oracle = Oracle.from_model(model, warm, 16, 0.7)
             timed(model, warm, GenerateOptions(max_tokens=16), v, oracle, args.path_k)
         for prompt in prompts:
             if budget.over(f"controlled {name}: prompts left"):
                 break
             runs = [timed(model, prompt, options) for _ in range(2)]  # the faster of two plain runs
             plain, plain_s = runs[0][0], min(r[1] for r in runs)
-            recorded = OracleDrafter.from_model(model, prompt, args.tokens + 16, 1.0).recorded
+            recorded = Oracle.from_model(model, prompt, args.tokens + 16, 1.0).recorded
             for a in args.acceptance:
                 for mode, verifier in verifiers.items():
                     for shape in ("path", "tree"):
                         if shape == "path":
-                            drafter, k = OracleDrafter(prompt, recorded, a, vocab, seed=1), args.path_k
+                            drafter, k = Oracle(prompt, recorded, a, vocab, seed=1), args.path_k
                         else:
-                            oracles = [
-                                OracleDrafter(prompt, recorded, a, vocab, seed=1 + b) for b in range(args.branches)
-                            ]
+                            oracles = [Oracle(prompt, recorded, a, vocab, seed=1 + b) for b in range(args.branches)]
                             drafter, k = OracleTree(oracles, args.tree_depth), args.branches * args.tree_depth
                         tokens, seconds, stats, _ = timed(model, prompt, options, verifier, drafter, k)
                         rows.append(
@@ -173,7 +171,7 @@ def mtp_trees(args, budget: Budget, until: float) -> list[dict]:
     if args.quick:
         model.mtp = build_head(model)  # the tiny twin has no shipped head: a random one
     else:
-        mtp_drafter_for(model, args.trace_model)
+        mtp_head_for(model, args.trace_model)
     questions = select_questions(bundled_questions(), args.mtp_prompts, limit=1)
     prompts = [(q.category, render_prompt(tokenizer, q.turns[0])) for q in questions]
     options = GenerateOptions(max_tokens=args.mtp_tokens)
@@ -187,7 +185,7 @@ def mtp_trees(args, budget: Budget, until: float) -> list[dict]:
             for shape, settings, nodes in MTP_DRAFTS:
                 if budget.over(f"MTP {category} {mode} {shape}", until=until):
                     continue
-                drafter = MtpDrafter(model, **settings)
+                drafter = MtpHead(model, **settings)
                 tokens, seconds, stats, gen = timed(model, prompt, options, verifier, drafter, nodes, tokenizer)
                 verifies = [r for r in gen.log.records if r["kind"] == "verify"]
                 rows.append(

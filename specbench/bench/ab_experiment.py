@@ -46,7 +46,9 @@ class Method:
         if self.drafter is None:
             return timed_call(lambda: generate(model, prompt, options, tokenizer=tokenizer))
         policy = DraftPolicy.parse(self.policy)
-        return timed_call(lambda: speculative_generate(model, prompt, options, drafter, policy, tokenizer))
+        return timed_call(
+            lambda: speculative_generate(model, prompt, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
+        )
 
 
 @dataclass

@@ -81,7 +81,9 @@ def auto_run(
         run.did = {"verifies": 0, "paused": 0, "pauses": 0, "extensions": 0, "shadows": 0, "ks": ""}
         return run
     options = GenerateOptions(max_tokens=tokens, ignore_eos=True, verify=mode)
-    gen = speculative_generate(model, prompt, options, drafter, DraftPolicy.auto(), profile=profile, progress=progress)
+    gen = speculative_generate(
+        model, prompt, options, drafter=drafter, policy=DraftPolicy.auto(), profile=profile, progress=progress
+    )
     spt = seconds_per_token(gen, lambda: getattr(drafter, "follow_s", 0.0))
     stats, records = gen.stats(), gen.log.records
     plain_steps = [r["verify_s"] for r in records if r["kind"] == "plain"]

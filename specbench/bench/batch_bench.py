@@ -9,7 +9,7 @@ its ratios to plain batched decoding and to mlx-lm, its acceptance, and how many
 theirs; per request, the first position where each engine's output leaves each reference's.
 
 Drafters are named (``lookup``, ``suffix``, ... as ``specbench.drafters.make_drafter`` takes them), or
-``oracle:A``: a controlled-acceptance ``OracleDrafter`` per request, drafting the output of this
+``oracle:A``: a controlled-acceptance ``Oracle`` per request, drafting the output of this
 run's plain batched run of the same batch (recorded before the speculative run starts, so nothing
 but decoding runs inside a timed run). Where a speculative output leaves that recording (a fast
 verify that is not bit-exact: GPUs), the oracle keeps drafting its recording at the same position;
@@ -33,7 +33,7 @@ from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.drafters import make_drafter
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.oracle import Oracle
 
 ORACLE = "oracle"
 
@@ -147,11 +147,11 @@ def _oracle_acceptance(name: str) -> float | None:
 
 def oracle_drafters(
     prompts: Sequence[list[int]], recorded: Sequence[list[int]], acceptance: float, vocab: int, seed: int = 0
-) -> list[OracleDrafter]:
-    """One ``OracleDrafter`` per request, drafting its recorded output at ``acceptance``; after a
+) -> list[Oracle]:
+    """One ``Oracle`` per request, drafting its recorded output at ``acceptance``; after a
     divergence it keeps drafting the recording at the same position (it never runs the model)."""
     return [
-        OracleDrafter(p, r, acceptance, vocab, seed=seed + i, keep_drafting=True)
+        Oracle(p, r, acceptance, vocab, seed=seed + i, keep_drafting=True)
         for i, (p, r) in enumerate(zip(prompts, recorded))
     ]
 
@@ -351,7 +351,7 @@ def bench_batch_source(
     out: str | None = None,
     verify: str | None = None,
 ) -> dict[str, Any]:
-    """``specbench bench --batch B``: the first turn of each question in ``prompts`` (a question.jsonl or
+    """``specbench bench batch --batch-size B``: the first turn of each question in ``prompts`` (a question.jsonl or
     "bundled"), or every turn of the traces in ``trace`` (``trace_requests``), decoded by plain
     batched decoding, each drafter x policy and mlx-lm at batch size B; the table printed; with
     ``out``, batch_bench.csv (one row per engine) and batch_divergence.csv (per request) written there.
@@ -365,10 +365,10 @@ def bench_batch_source(
     from specbench.models.load import load
 
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"--batch must be an integer >= 1, got {batch_size!r}")
+        raise ValueError(f"--batch-size must be an integer >= 1, got {batch_size!r}")
     if verify not in (None, "", "fast"):
         raise ValueError(
-            f"--batch verifies in fast mode (one forward over the [B, w] block), got --verify {verify}: "
+            f"bench batch verifies in fast mode (one forward over the [B, w] block), got --verify {verify}: "
             "leave --verify out or set it to fast"
         )
     if (prompts is None) == (trace is None):

@@ -91,7 +91,7 @@ class BatchRun:
         self.say(f"  profile in {time.perf_counter() - t0:.1f} s")
         self.profiles[label] = profile.to_dict()
         self.tables["costs"] += [{"model": label, **r} for r in profile.to_polars().to_dicts()]
-        rows = profile.break_even_rows(cfg["k_max"])
+        rows = profile.break_even_rows(cfg["max_k"])
         self.tables["break_even"] += [{"model": label, **r} for r in rows]
         for b in profile.batch_sizes:
             self.say(f"  a*(k, B={b}): " + " ".join(f"{r['a_star']:.2f}" for r in rows if r["batch_size"] == b))

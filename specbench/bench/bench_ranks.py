@@ -1,4 +1,4 @@
-"""``specbench bench --prompts`` spread over the ranks of ``mlx.launch``: each rank benchmarks its share of
+"""``specbench bench prompts`` spread over the ranks of ``mlx.launch``: each rank benchmarks its share of
 the questions on its own machine (or its own GPU of a host: ``CUDA_VISIBLE_DEVICES`` per rank), and rank 0
 writes the same files as a run on one machine (``prompt_bench_runs.parquet``, the summary, settings and
 table), with the same columns.
@@ -74,13 +74,9 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     rank, size = distributed.rank(), distributed.size()
     if a["draft_model"] is None and "draft-model" in a["drafters"]:
         a["draft_model"] = shipped_draft_model(model, a["model_name"])
-    methods = prompt_methods(
-        a["drafters"], a["policies"], a["verify"], a["draft_model"] is not None, a["num_draft_tokens"]
-    )
+    methods = prompt_methods(a["drafters"], a["policies"], a["verify"], a["draft_model"] is not None, a["k"])
     info = _bench_info(a["model_name"], a["max_tokens"], a["repeats"])
-    config = _prompt_config(
-        a["model_name"], methods, a["max_tokens"], a["repeats"], a["num_draft_tokens"], info["device"]
-    )
+    config = _prompt_config(a["model_name"], methods, a["max_tokens"], a["repeats"], a["k"], info["device"])
     out = Path(a["out"]) if a["out"] is not None else None
     part = out / RANKS_FOLDER / f"rank{rank}of{size}" if out is not None else None
 

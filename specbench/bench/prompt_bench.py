@@ -26,6 +26,7 @@ import polars as pl
 
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, TimedRun, prompt_methods
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
+from specbench.common.deprecation import renamed_arguments
 from specbench.common.files import write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.identity import device_name, versions
 from specbench.core.policies import DraftPolicy
@@ -57,9 +58,9 @@ def _question_key(question: Any) -> str:
 
 
 def _prompt_config(
-    model_name: str, methods: Sequence[Method], max_tokens: int, repeats: int, num_draft_tokens: int, device: str
+    model_name: str, methods: Sequence[Method], max_tokens: int, repeats: int, k: int, device: str
 ) -> str:
-    text = json.dumps([model_name, [m.record() for m in methods], max_tokens, repeats, num_draft_tokens, device])
+    text = json.dumps([model_name, [m.record() for m in methods], max_tokens, repeats, k, device])
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
@@ -118,6 +119,7 @@ def load_prompt_bench(folder: str | os.PathLike) -> PromptBench:
     return PromptBench(read_parquet(runs_path).to_dicts(), methods, meta["info"])
 
 
+@renamed_arguments(num_draft_tokens="k")
 def bench_prompts(
     model: Any,
     tokenizer: Any,
@@ -127,7 +129,7 @@ def bench_prompts(
     max_tokens: int = 128,
     repeats: int = 1,
     draft_model: Any = None,
-    num_draft_tokens: int = 2,
+    k: int = 2,
     verify: Sequence[str | None] = (None,),
     model_name: str = "model",
     out: str | os.PathLike | None = None,
@@ -155,10 +157,10 @@ def bench_prompts(
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if draft_model is None and "draft-model" in drafters:
         draft_model = shipped_draft_model(model, model_name)  # mlx-lm's speculation runs the same pair
-    methods = prompt_methods(drafters, policies, verify, draft_model is not None, num_draft_tokens)
+    methods = prompt_methods(drafters, policies, verify, draft_model is not None, k)
     say = progress or (lambda text: None)
     info = _bench_info(model_name, max_tokens, repeats)
-    config = _prompt_config(model_name, methods, max_tokens, repeats, num_draft_tokens, info["device"])
+    config = _prompt_config(model_name, methods, max_tokens, repeats, k, info["device"])
     runs: list[dict[str, Any]] = []
     done: set[str] = set()
     runs_path = Path(out) / PROMPT_RUNS_FILE if out is not None else None
@@ -175,7 +177,7 @@ def bench_prompts(
         done = {r["question_key"] for r in runs}
         if done:
             say(f"resuming: {len(done)} questions already done in {runs_path}")
-    runner = MethodRunner(model, tokenizer, model_name, draft_model, num_draft_tokens, max_tokens)
+    runner = MethodRunner(model, tokenizer, model_name, draft_model, k, max_tokens)
     stop_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
     todo = [q for q in questions if _question_key(q) not in done]
     start = time.perf_counter()

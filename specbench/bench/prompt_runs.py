@@ -16,6 +16,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm import stream_generate
 
+from specbench.common.deprecation import renamed_arguments
 from specbench.common.timing import quiet
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions, check_verify_mode
@@ -62,15 +63,17 @@ class Method:
         return cls(record["name"], record["engine"], record["drafter"], policy, record["verify"])
 
 
+@renamed_arguments(num_draft_tokens="k")
 def prompt_methods(
     drafters: Sequence[str] = ("lookup", "suffix"),
     policies: Sequence[DraftPolicy] | None = None,
     verify: Sequence[str | None] = (None,),
     draft_model: bool = False,
-    num_draft_tokens: int = 2,
+    k: int = 2,
 ) -> list[Method]:
     """The methods of a prompt benchmark, the mlx-lm baseline first; ``policies`` default to
-    ``DraftPolicy.auto()`` and ``DraftPolicy.fixed(4)``."""
+    ``DraftPolicy.auto()`` and ``DraftPolicy.fixed(4)``; with ``draft_model``, mlx-lm's and specbench's
+    draft-model speculation drafting ``k`` tokens a step."""
     if policies is None:
         policies = [DraftPolicy.auto(), DraftPolicy.fixed(4)]
     unknown = [d for d in drafters if not is_drafter_name(d) or d in ("none", "plain", "")]
@@ -81,10 +84,10 @@ def prompt_methods(
     for mode in verify:
         if mode is not None:
             check_verify_mode(mode)
-    if num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
     methods = [Method(PROMPT_BASELINE, "mlx-lm")]
-    fixed = DraftPolicy.fixed(num_draft_tokens)
+    fixed = DraftPolicy.fixed(k)
     if draft_model:
         methods.append(Method(f"mlx-lm draft/{fixed.name}", "mlx-lm", "draft-model", fixed))
     methods.append(Method("specbench", "specbench"))
@@ -133,16 +136,18 @@ def _count_positions(pos_drafted: list[int], pos_accepted: list[int], drafted: i
         pos_accepted[i] += i < accepted
 
 
+@renamed_arguments(num_draft_tokens="k")
 def run_mlx_lm(
     model: Any,
     tokenizer: Any,
     prompt: Sequence[int],
     max_tokens: int,
     draft_model: Any = None,
-    num_draft_tokens: int = 2,
+    k: int = 2,
 ) -> TimedRun:
-    """mlx-lm's ``stream_generate`` (greedy), or its draft-model speculation, timed."""
-    kwargs = {} if draft_model is None else {"draft_model": draft_model, "num_draft_tokens": num_draft_tokens}
+    """mlx-lm's ``stream_generate`` (greedy), or its draft-model speculation drafting ``k`` tokens a step
+    (mlx-lm's ``num_draft_tokens``), timed."""
+    kwargs = {} if draft_model is None else {"draft_model": draft_model, "num_draft_tokens": k}
     tokens: list[int] = []
     from_draft: list[bool] = []
     finish = None
@@ -166,7 +171,7 @@ def run_mlx_lm(
         for i, drafted_token in enumerate(from_draft):
             group += drafted_token
             if not drafted_token or i == len(from_draft) - 1:
-                drafted = min(max_tokens - done, num_draft_tokens)
+                drafted = min(max_tokens - done, k)
                 run.forwards += 1
                 run.verifies += 1
                 run.drafted += drafted
@@ -194,7 +199,9 @@ def run_specbench(
         if drafter is None:
             gen = generate(model, list(prompt), options, tokenizer=tokenizer)
         else:
-            gen = speculative_generate(model, list(prompt), options, drafter, policy, tokenizer=tokenizer)
+            gen = speculative_generate(
+                model, list(prompt), options, drafter=drafter, policy=policy, tokenizer=tokenizer
+            )
         for _ in gen:
             if first is None:
                 first = time.perf_counter()
@@ -216,6 +223,25 @@ def run_specbench(
     return run
 
 
+#: Plain tokens decoded before a warm-up to time a step, for its announced estimate.
+WARM_UP_PROBE_TOKENS = 4
+#: Exact calibration's cost per unit of width, in plain steps: each tested level runs a width-w forward once
+#: for exactness and 3 times timed, against w serial steps (measured on the CPU: about 12 steps per unit).
+CALIBRATION_STEPS_PER_WIDTH = 12
+
+
+def warm_up_plan(methods: int, max_tokens: int, widths: Sequence[int], step_s: float) -> str:
+    """The line that announces a warm-up: what it runs and about how long it takes, from a plain step's seconds
+    (calibration at most ``CALIBRATION_STEPS_PER_WIDTH`` steps per unit of width; each method's generation as
+    many steps as tokens, an upper bound for methods that speculate)."""
+    calibration = CALIBRATION_STEPS_PER_WIDTH * sum(widths) * step_s
+    runs = methods * max_tokens * step_s
+    what = f"{methods} methods x {max_tokens} tokens on the first prompt"
+    if widths:
+        what = f"exact calibration at widths {widths[0]}-{widths[-1]} (up to ~{calibration:.0f} s), then {what}"
+    return f"warm-up (untimed): {what}; about {calibration + runs:.0f} s at {step_s:.2f} s per plain step"
+
+
 def _longest_draft(policy: DraftPolicy, drafter: Any) -> int:
     """The longest draft ``policy`` asks of ``drafter``."""
     if isinstance(policy, DraftPolicy):
@@ -227,11 +253,9 @@ class MethodRunner:
     """Runs methods on prompts; keeps one drafter per (method, repeat), as a server keeps one
     drafter across requests, so that no repeat sees another repeat's outputs."""
 
-    def __init__(
-        self, model: Any, tokenizer: Any, model_name: str, draft_model: Any, num_draft_tokens: int, max_tokens: int
-    ):
+    def __init__(self, model: Any, tokenizer: Any, model_name: str, draft_model: Any, k: int, max_tokens: int):
         self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
-        self.draft_model, self.num_draft_tokens, self.max_tokens = draft_model, num_draft_tokens, max_tokens
+        self.draft_model, self.k, self.max_tokens = draft_model, k, max_tokens
         self.drafters: dict[tuple[str, int], Any] = {}
 
     def drafter(self, method: Method, repeat: int) -> Any:
@@ -246,7 +270,7 @@ class MethodRunner:
         n = max_tokens or self.max_tokens
         if method.engine == "mlx-lm":
             draft = self.draft_model if method.drafter == "draft-model" else None
-            return run_mlx_lm(self.model, self.tokenizer, prompt, n, draft, self.num_draft_tokens)
+            return run_mlx_lm(self.model, self.tokenizer, prompt, n, draft, self.k)
         if method.drafter == "none":
             return run_specbench(self.model, self.tokenizer, prompt, n, verify=method.verify)
         return run_specbench(
@@ -271,6 +295,9 @@ class MethodRunner:
         (on a GPU the first call at a new shape compiles kernels)."""
         t0 = time.perf_counter()
         widths = self.verify_widths(methods)
+        probe = run_specbench(self.model, self.tokenizer, first, WARM_UP_PROBE_TOKENS)  # also builds the kernels
+        step = (probe.wall_s - probe.first_token_s) / max(len(probe.tokens) - 1, 1)
+        say(warm_up_plan(len(methods), self.max_tokens, widths, step))
         if widths:
             calibrate(self.model, widths, progress=say)
         for method in methods:

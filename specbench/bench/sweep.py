@@ -60,7 +60,7 @@ def policy_family(policy: DraftPolicy) -> str:
 
 def policy_k(policy: DraftPolicy) -> int | None:
     """The draft length of a fixed or adaptive policy (None for one that picks its own)."""
-    return policy.n if isinstance(policy, (FixedPolicy, AdaptivePolicy)) else None
+    return policy.k if isinstance(policy, (FixedPolicy, AdaptivePolicy)) else None
 
 
 def sweep_policies(families: Sequence[str], draft_lengths: Sequence[int]) -> list[DraftPolicy]:
@@ -278,7 +278,13 @@ def _run_cell(
     def run_method(ruled: GenerateOptions, drafter_name: str, policy: DraftPolicy) -> tuple[Any, list[int], float]:
         drafter = factories[drafter_name]()
         gen = speculative_generate(
-            model, prompt.ids, ruled, drafter, policy, tokenizer=tokenizer, prompt_cache=cache_copy(prefix, drafter)
+            model,
+            prompt.ids,
+            ruled,
+            drafter=drafter,
+            policy=policy,
+            tokenizer=tokenizer,
+            prompt_cache=cache_copy(prefix, drafter),
         )
         tokens, seconds = timed(gen)
         bar.update()

@@ -109,6 +109,6 @@ def side_by_side(
     """Decode ``prompt_ids`` plainly and then speculatively (same options), timing both."""
     plain = generate(model, prompt_ids, options, tokenizer=tokenizer)
     _, plain_s = timed(plain)
-    spec = speculative_generate(model, prompt_ids, options, drafter, policy, tokenizer=tokenizer)
+    spec = speculative_generate(model, prompt_ids, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
     _, spec_s = timed(spec)
     return SideBySide(plain, spec, plain_s, spec_s)

@@ -99,7 +99,7 @@ def _run(
         generate(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache)
         if drafter is None
         else speculative_generate(
-            model, prompt, options, drafter, policy, tokenizer=tokenizer, prompt_cache=prompt_cache
+            model, prompt, options, drafter=drafter, policy=policy, tokenizer=tokenizer, prompt_cache=prompt_cache
         )
     )
     with quiet():  # the turn's decode time is read from its log, which this loop fills

@@ -21,6 +21,7 @@ import polars as pl
 
 from specbench.bench.sweep import Sweep, run_sweep, summarize_sweep
 from specbench.checks.lossless import LosslessCheck, losslessness_check
+from specbench.common.deprecation import renamed_arguments
 from specbench.core.accept import SamplingSettings
 from specbench.core.policies import DraftPolicy
 from specbench.core.rules import ACCEPTANCE_RULES, TYPICAL_DELTA, TYPICAL_EPSILON, Acceptance, rule_label
@@ -155,13 +156,14 @@ def exact_match_expectation(steps: pl.DataFrame, level: float = 0.95) -> dict[st
     }
 
 
+@renamed_arguments(draft_length="k")
 def rule_shifts(
     model: Any,
     tokenizer: Any,
     prompt_ids: Sequence[int],
     rules: Sequence[Acceptance],
     drafter: str = "lookup",
-    draft_length: int = 4,
+    k: int = 4,
     temperature: float = 1.0,
     samples: int = 32,
     max_tokens: int = 8,
@@ -177,7 +179,7 @@ def rule_shifts(
             tokenizer,
             prompt_ids,
             drafter=drafter,
-            policy=draft_length,
+            policy=k,
             temperature=temperature,
             samples=samples,
             max_tokens=max_tokens,

@@ -1,7 +1,7 @@
 """Does speculative greedy decoding reproduce plain greedy decoding on this machine?
 
 ``check`` decodes each prompt with mlx-lm's own greedy decoding (``mlx_lm_greedy``, the reference) and
-speculatively in each verify mode, drafting with the controlled-acceptance ``OracleDrafter``
+speculatively in each verify mode, drafting with the controlled-acceptance ``Oracle``
 (the reference continuation, each position corrupted with probability 1 - acceptance, so drafts
 are partly accepted and every acceptance count occurs), and records per prompt and mode whether
 the outputs are equal and where they first differ. ``summarize`` condenses that per mode.
@@ -23,7 +23,7 @@ from specbench.core.engine import Generation
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions, VerifyMode, check_verify_mode
 from specbench.core.policies import DraftPolicy
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.oracle import Oracle
 from specbench.exact.verifier import verifier_for
 
 
@@ -61,8 +61,8 @@ def oracle_generation(
     seed: int = 0,
 ) -> Generation:
     """Speculative greedy decoding of ``prompt`` (not yet run) with drafts of ``k`` tokens from the
-    ``OracleDrafter`` following ``reference`` at ``acceptance``, verified in mode ``verify``."""
-    drafter = OracleDrafter(prompt, reference, acceptance, vocab_size(model), seed=seed)
+    ``Oracle`` following ``reference`` at ``acceptance``, verified in mode ``verify``."""
+    drafter = Oracle(prompt, reference, acceptance, vocab_size(model), seed=seed)
     options = GenerateOptions(max_tokens=max_tokens, verify=verify, ignore_eos=True)
     return Generation(
         model, list(prompt), options, drafter=drafter, policy=DraftPolicy.fixed(k), verifier=verifier_for(model, verify)

@@ -262,7 +262,9 @@ def losslessness_check(
             typical_delta=rule.delta,
         )
         made = factories[drafter]()
-        gen = speculative_generate(model, prompt_ids, options, made, policy, prompt_cache=cache_copy(prefix, made))
+        gen = speculative_generate(
+            model, prompt_ids, options, drafter=made, policy=policy, prompt_cache=cache_copy(prefix, made)
+        )
         spec.append(list(gen))
         stats = gen.stats()
         drafted += stats["drafted"]

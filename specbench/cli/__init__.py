@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 
 from specbench.cli import ab, bench, decode, measure, mtp, report, simulate  # noqa: F401  (each registers its subcommands)
-from specbench.cli.registry import COMMANDS
+from specbench.cli.registry import COMMANDS, NOTICES, upgraded
 
 #: What a user's mistake or the machine's state raises; anything else is a bug and keeps its traceback.
 EXPECTED_ERRORS = (OSError, ValueError, TypeError)
@@ -72,7 +72,25 @@ def error_line(err: BaseException) -> str:
     return " ".join(text.split()) or type(err).__name__
 
 
+def _restart_with_optimized_blas() -> None:
+    """Start this command again with an optimized BLAS preloaded for MLX's CPU matmuls
+    (``specbench.common.blas``), where one is installed and not loaded yet; its children (notebook
+    kernels, ranks) inherit it. ``SPECBENCH_BLAS=reference`` keeps MLX's own."""
+    from specbench.common.blas import preload_environment
+
+    try:
+        env = preload_environment()
+    except FileNotFoundError as err:
+        print(f"specbench: warning: {err}; running on MLX's own BLAS", file=sys.stderr)
+        return
+    if env is not None:
+        sys.stdout.flush()
+        os.execve(sys.executable, sys.orig_argv, env)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command line itself (tests and scripts pass their arguments)
+        _restart_with_optimized_blas()
     parser = _Parser(
         prog="specbench", description="specbench: speculative decoding on MLX, measured", formatter_class=HelpFormatter
     )
@@ -85,11 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         runners[name] = configure(command_parser)
     args = None
     try:
+        argv, notice = upgraded(list(sys.argv[1:] if argv is None else argv))
         args = parser.parse_args(argv)
         prog = f"specbench {args.command}"
         with warnings.catch_warnings():
             if not _debug(args):
                 warnings.showwarning = lambda message, *_, **__: print(f"{prog}: warning: {message}", file=sys.stderr)
+            for text in [notice, *(getattr(args, NOTICES, None) or [])]:
+                if text:  # old spellings kept for one release (specbench.common.deprecation)
+                    warnings.warn(text, FutureWarning, stacklevel=1)
             return int(runners[args.command](args) or 0)
     except UsageError as err:
         if _debug(args):

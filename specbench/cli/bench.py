@@ -5,159 +5,274 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specbench.cli.registry import add_model_argument, command, device_defaults, drafter_names, names, verify_modes
+from specbench.cli.registry import (
+    add_model_argument,
+    command,
+    device_defaults,
+    drafter_names,
+    names,
+    old_form,
+    verify_modes,
+)
+from specbench.common.deprecation import REMOVED_IN
 from specbench.common.files import check_writable
 
+# -- bench ---------------------------------------------------------------------------------------------------------
+MODES = ("prompts", "trace", "batch")
 
-# -- bench -------------------------------------------------------------------------------------
-@command("bench", "benchmark drafters and policies against mlx-lm on prompt sets (--prompts) or traces (--trace)")
-def _bench(parser: argparse.ArgumentParser):
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument(
-        "--prompts", help="a Spec-Bench/MT-bench question.jsonl, or 'bundled' for the project's prompts"
-    )
-    source.add_argument("--trace", help="a trace file to replay turn by turn")
-    add_model_argument(parser)
+
+def _common(parser: argparse.ArgumentParser, shard: bool = True) -> None:
+    """The options every mode takes: the model, drafters, policies, tokens, output folder and verify mode."""
+    add_model_argument(parser, shard=shard)
     parser.add_argument(
         "--drafters",
         "--drafter",
         default="lookup,suffix",
         help="comma list: lookup, suffix, mtp, draft-model, early-exit:L",
     )
-    parser.add_argument("--policies", "--policy", default="auto,fixed:4", help="comma list: auto, fixed:N, adaptive:N")
+    parser.add_argument("--policies", "--policy", default="auto,fixed:4", help="comma list: auto, fixed:K, adaptive:K")
     parser.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per prompt or turn (default: 128; 32 on a CPU)"
     )
-    parser.add_argument("--repeats", type=int, default=1, help="timed runs of every method per prompt")
-    parser.add_argument("--out", default=None, help="folder for parquet, table and figure (resumes there)")
+    parser.add_argument("--out", default=None, help="folder for the results (parquet, table, figure)")
+
+
+def _prompt_selection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--categories",
         default=None,
-        help="prompts: comma list of categories to run (default: all; qa,translation on a CPU with --prompts bundled)",
+        help="comma list of categories to run (default: all; qa,translation on a CPU with the bundled prompts)",
     )
     parser.add_argument(
         "--limit",
         type=int,
         default=None,
-        help="prompts: at most N questions per category; trace: at most N traces (default: all; 1 on a CPU)",
+        help="at most N questions per category, or N traces (default: all; 1 on a CPU)",
     )
-    parser.add_argument(
-        "--draft-model",
-        default=None,
-        help="prompts: a draft model (a name, a folder, a draft .safetensors, or 'shipped'): specbench's "
-        "draft-model and mlx-lm's speculation with it",
-    )
-    parser.add_argument("--num-draft-tokens", type=int, default=2, help="prompts: mlx-lm's draft length")
-    parser.add_argument("--verify", default=None, help="prompts: comma list of exact, fast (default: the engine's)")
-    parser.add_argument("--fresh", action="store_true", help="prompts: start over instead of resuming in --out")
-    parser.add_argument("--turns", type=int, default=None, help="trace: replay only the first N turns of each trace")
-    parser.add_argument(
-        "--batch",
-        type=int,
-        default=None,
-        help="B requests at a time (the prompts, or every turn of the traces) for each drafter and policy, "
-        "vs plain batched decoding and mlx-lm batch_generate",
-    )
+
+
+def _trace_selection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace-format",
         default=None,
-        help="trace: trace, openai, runs, sharegpt, tau-bench, swe-agent or questions (default: detected)",
+        help="trace, openai, runs, sharegpt, tau-bench, swe-agent or questions (default: detected)",
     )
-    parser.add_argument("--trace-id", default=None, help="trace: comma list of the trace ids to replay (default: all)")
+    parser.add_argument("--trace-id", default=None, help="comma list of the trace ids to replay (default: all)")
+    parser.add_argument("--turns", type=int, default=None, help="replay only the first N turns of each trace")
+
+
+def _configure_prompts(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "prompts",
+        nargs="?",
+        default="bundled",
+        help="a Spec-Bench/MT-bench question.jsonl, or 'bundled' for the project's prompts",
+    )
+    _common(parser)
+    _prompt_selection(parser)
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs of every method per prompt")
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        help="a draft model (a name, a folder, a draft .safetensors, or 'shipped'): specbench's draft-model and "
+        "mlx-lm's speculation with it",
+    )
+    parser.add_argument("--k", type=int, default=2, help="the draft length of mlx-lm's speculation with --draft-model")
+    parser.add_argument("--verify", default=None, help="comma list of exact, fast (default: the engine's)")
+    parser.add_argument("--fresh", action="store_true", help="start over instead of resuming in --out")
+
+
+def _configure_trace(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", help="a trace file to replay turn by turn")
+    _common(parser)
+    parser.add_argument("--limit", type=int, default=None, help="at most N traces (default: all; 1 on a CPU)")
+    _trace_selection(parser)
+    parser.add_argument("--verify", default=None, help="exact or fast (default: the engine's)")
     parser.add_argument(
         "--truncate",
         choices=("oldest",),
         default=None,
-        help="trace: drop a turn's oldest messages to fit the model's context (default: an error naming the turn)",
+        help="drop a turn's oldest messages to fit the model's context (default: an error naming the turn)",
     )
     parser.add_argument(
-        "--share-store",
-        action="store_true",
-        help="trace: keep each drafter (SuffixDecoding's store) across the file's traces",
+        "--share-store", action="store_true", help="keep each drafter (SuffixDecoding's store) across the traces"
     )
 
-    def run(args):
+
+def _configure_batch(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--prompts", help="a Spec-Bench/MT-bench question.jsonl, or 'bundled' for the project's prompts"
+    )
+    source.add_argument("--trace", help="a trace file: every turn of its traces is a request")
+    parser.add_argument("--batch-size", type=int, required=True, help="B: requests decoded together")
+    _common(parser, shard=False)
+    _prompt_selection(parser)
+    _trace_selection(parser)
+    parser.add_argument("--verify", default=None, help="fast (batches verify in fast mode)")
+
+
+CONFIGURE = {"prompts": _configure_prompts, "trace": _configure_trace, "batch": _configure_batch}
+HELP = {
+    "prompts": "a prompt set (Spec-Bench/MT-bench questions) against mlx-lm, batch 1",
+    "trace": "conversation traces replayed turn by turn, plain decoding against each drafter",
+    "batch": "B requests at a time (prompts, or every turn of traces) against plain batched decoding and mlx-lm "
+    "batch_generate",
+}
+
+
+@command("bench", "benchmark drafters and policies against mlx-lm: bench prompts | trace | batch")
+def _bench(parser: argparse.ArgumentParser):
+    modes = parser.add_subparsers(dest="mode", required=True, metavar="{prompts,trace,batch}")
+    for mode in MODES:
+        CONFIGURE[mode](
+            modes.add_parser(mode, help=HELP[mode], description=HELP[mode], formatter_class=parser.formatter_class)
+        )
+
+    def run(args: argparse.Namespace) -> int:
+        from specbench.report.progress import Heartbeat
+
+        with Heartbeat("specbench bench"):  # a line every 30 s, so that no stretch of the run is silent
+            return bench(args)
+
+    def bench(args: argparse.Namespace) -> int:
         device_defaults(args)  # on a CPU: a run of minutes unless asked for more
-        if args.batch is not None:
-            from specbench.bench.batch_bench import bench_batch_source
-
-            bench_batch_source(
-                args.model,
-                args.batch,
-                prompts=args.prompts,
-                trace=args.trace,
-                drafters=drafter_names(args.drafters, required=True),
-                policies=names(args.policies),
-                max_tokens=args.max_tokens,
-                categories=names(args.categories) if args.categories else None,
-                limit=args.limit,
-                trace_format=args.trace_format,
-                trace_ids=names(args.trace_id or "") or None,
-                turns=args.turns,
-                out=args.out,
-                verify=args.verify,
-            )
-            return 0
-        if args.trace is not None:
-            return _bench_trace(args)
-        from specbench.bench.bench_ranks import bench_prompts_over_ranks
-        from specbench.common import distributed
-        from specbench.core.policies import DraftPolicy
-        from specbench.drafters.draft_model import resolve_draft_model
-        from specbench.inputs.prompts import questions_from
-        from specbench.models.load import load
-        from specbench.report.figures.bench import save_prompt_figure
-
-        policies = [DraftPolicy.parse(p) for p in names(args.policies)]
-        drafter_names(args.drafters, required=True)
-        verify_modes(args.verify)
-        categories = names(args.categories) if args.categories else None
-        questions = questions_from(args.prompts, categories, args.limit)
-        if args.out:
-            check_writable(args.out, folder=True, name="--out")
-        model, tokenizer = load(args.model, shard=args.shard)
-        draft_model = resolve_draft_model(args.draft_model, model, args.model) if args.draft_model else None
-        result = bench_prompts_over_ranks(  # under mlx.launch: the questions spread over the ranks
-            model,
-            tokenizer,
-            questions,
-            drafters=names(args.drafters),
-            policies=policies,
-            max_tokens=args.max_tokens,
-            repeats=args.repeats,
-            draft_model=draft_model,
-            num_draft_tokens=args.num_draft_tokens,
-            verify=names(args.verify) if args.verify else (None,),
-            model_name=args.model,
-            out=args.out,
-            fresh=args.fresh,
-        )
-        if distributed.rank() != 0:  # rank 0 saves and prints the merged results
-            return 0
-        if args.out and result.runs:
-            save_prompt_figure(result, args.out)
-        print()
-        print(result.table())
-        from specbench.bench.prompt_runs import PROMPT_BASELINE
-        from specbench.cost.bandwidth import describe_speeds
-        from specbench.report import verdicts
-
-        print(f"\nVerdict: {verdicts.bench(result.summary(), PROMPT_BASELINE)}")
-
-        overall = {r["method"]: r["decode_tokens_per_s"] for r in result.summary() if r["category"] == "overall"}
-        print(
-            "\nMemory bandwidth (decode tokens/s x weight bytes per token):",
-            *describe_speeds(model, overall),
-            sep="\n  ",
-        )
-        if args.out:
-            print(f"\nresults: {args.out}")
+        return {"prompts": _bench_prompts, "trace": _bench_trace, "batch": _bench_batch}[args.mode](args)
 
     return run
 
 
-def _bench_trace(args):
-    """``bench --trace``: replay traces turn by turn, plain decoding against each drafter."""
+#: The flat form's options that take no value.
+_FLAT_FLAGS = ("--fresh", "--share-store", "--shard")
+#: The flat form's spellings that today's modes name otherwise.
+_FLAT_RENAMED = {"--num-draft-tokens": "--k", "--batch": "--batch-size"}
+
+
+def _mode_options(mode: str) -> set[str]:
+    parser = argparse.ArgumentParser(add_help=False)
+    CONFIGURE[mode](parser)
+    return set(parser._option_string_actions)
+
+
+@old_form("bench")
+def _flat_bench(args: list[str]) -> tuple[list[str], str | None]:
+    """``bench --prompts P | --trace T [--batch B] ...`` (one command, 21 options) as today's ``bench prompts P``,
+    ``bench trace T`` or ``bench batch --batch-size B``: options the mode does not read are left out (the flat
+    form ignored them too) and named in the notice."""
+    if not args or not args[0].startswith("-") or args[0] in ("-h", "--help"):
+        return args, None
+    tokens = [part for arg in args for part in (arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg])]
+    mode = "batch" if "--batch" in tokens else "trace" if "--trace" in tokens else "prompts"
+    known = _mode_options(mode)
+    flat = {*_FLAT_RENAMED.values(), *(option for m in MODES for option in _mode_options(m))}
+    rewritten, positional, ignored, i = [], [], [], 0
+    while i < len(tokens):
+        option = _FLAT_RENAMED.get(tokens[i], tokens[i])
+        takes_value = option.startswith("--") and option not in _FLAT_FLAGS and i + 1 < len(tokens)
+        value = [tokens[i + 1]] if takes_value else []
+        if mode != "batch" and option == f"--{mode}":
+            positional += value
+        elif option in known or option not in flat:  # an unknown option is left for the parser to refuse
+            rewritten += [option, *value]
+        else:
+            ignored.append(tokens[i])
+        i += 1 + len(value)
+    new = ["bench", mode, *positional, *rewritten]
+    notice = (
+        f"`specbench bench {' '.join(args)}` is deprecated and will be removed in specbench {REMOVED_IN}: "
+        f"use `specbench {' '.join(new)}`"
+    )
+    if ignored:
+        notice += f" ({mode} does not read {', '.join(ignored)})"
+    return [mode, *positional, *rewritten], notice
+
+
+def _bench_batch(args: argparse.Namespace) -> int:
+    """``bench batch``: B requests at a time, each drafter and policy against plain batched decoding and mlx-lm."""
+    from specbench.bench.batch_bench import bench_batch_source
+
+    bench_batch_source(
+        args.model,
+        args.batch_size,
+        prompts=args.prompts,
+        trace=args.trace,
+        drafters=drafter_names(args.drafters, required=True),
+        policies=names(args.policies),
+        max_tokens=args.max_tokens,
+        categories=names(args.categories) if args.categories else None,
+        limit=args.limit,
+        trace_format=args.trace_format,
+        trace_ids=names(args.trace_id or "") or None,
+        turns=args.turns,
+        out=args.out,
+        verify=args.verify,
+    )
+    return 0
+
+
+def _bench_prompts(args: argparse.Namespace) -> int:
+    """``bench prompts``: every method on a prompt set, batch 1, against mlx-lm."""
+    from specbench.bench.bench_ranks import bench_prompts_over_ranks
+    from specbench.common import distributed
+    from specbench.core.policies import DraftPolicy
+    from specbench.drafters.draft_model import resolve_draft_model
+    from specbench.inputs.prompts import questions_from
+    from specbench.models.load import load
+
+    policies = [DraftPolicy.parse(p) for p in names(args.policies)]
+    drafter_names(args.drafters, required=True)
+    verify_modes(args.verify)
+    categories = names(args.categories) if args.categories else None
+    questions = questions_from(args.prompts, categories, args.limit)
+    if args.out:
+        check_writable(args.out, folder=True, name="--out")
+    model, tokenizer = load(args.model, shard=args.shard)
+    draft_model = resolve_draft_model(args.draft_model, model, args.model) if args.draft_model else None
+    result = bench_prompts_over_ranks(  # under mlx.launch: the questions spread over the ranks
+        model,
+        tokenizer,
+        questions,
+        drafters=names(args.drafters),
+        policies=policies,
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        draft_model=draft_model,
+        k=args.k,
+        verify=names(args.verify) if args.verify else (None,),
+        model_name=args.model,
+        out=args.out,
+        fresh=args.fresh,
+    )
+    if distributed.rank() != 0:  # rank 0 saves and prints the merged results
+        return 0
+    if args.out and result.runs:
+        try:
+            from specbench.report.figures.bench import save_prompt_figure
+        except ImportError:  # matplotlib comes with the report extra
+            print("no figure drawn: install the report extra, pip install 'specbench[report]'")
+        else:
+            save_prompt_figure(result, args.out)
+    print()
+    print(result.table())
+    from specbench.bench.prompt_runs import PROMPT_BASELINE
+    from specbench.cost.bandwidth import describe_speeds
+    from specbench.report import verdicts
+
+    print(f"\nVerdict: {verdicts.bench(result.summary(), PROMPT_BASELINE)}")
+
+    overall = {r["method"]: r["decode_tokens_per_s"] for r in result.summary() if r["category"] == "overall"}
+    print(
+        "\nMemory bandwidth (decode tokens/s x weight bytes per token):",
+        *describe_speeds(model, overall),
+        sep="\n  ",
+    )
+    if args.out:
+        print(f"\nresults: {args.out}")
+    return 0
+
+
+def _bench_trace(args: argparse.Namespace) -> int:
+    """``bench trace``: replay traces turn by turn, plain decoding against each drafter."""
     from specbench.bench.trace_bench import run_trace
     from specbench.bench.trace_summary import format_turns
     from specbench.core.options import GenerateOptions
@@ -168,7 +283,7 @@ def _bench_trace(args):
 
     verify = verify_modes(args.verify)
     if len(verify) > 1:
-        raise ValueError("--trace takes one --verify mode (exact or fast)")
+        raise ValueError("bench trace takes one --verify mode (exact or fast)")
     policies = [DraftPolicy.parse(p) for p in names(args.policies)]
     drafter_names(args.drafters, required=True)
     options = GenerateOptions(max_tokens=args.max_tokens, verify=verify[0] if verify else None)

@@ -9,16 +9,28 @@ from specbench.common.files import check_writable, home, write_or_keep
 
 
 # -- setup -------------------------------------------------------------------------------------
-@command("setup", "convert the embedded models into the cache directory (SPECBENCH_HOME)")
+@command("setup", "convert the embedded models the report uses into the cache directory (SPECBENCH_HOME)")
 def _setup(parser: argparse.ArgumentParser):
     parser.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        dest="every",
+        help="also build the embedded models the report does not use (the 1.4 GB MoE twin smollm2-135m-moe), "
+        "which are otherwise built on first load",
+    )
 
     def run(args):
+        import mlx.core as mx
+
+        from specbench.common.blas import status_line
         from specbench.models.load import setup
 
         check_writable(home(), folder=True, name="SPECBENCH_HOME")
-        for path in setup(force=args.force):
+        for path in setup(force=args.force, every=args.every):
             print(f"ready: {path}")
+        if mx.default_device().type == mx.DeviceType.cpu:
+            print(status_line())
 
     return run
 
@@ -29,7 +41,7 @@ def _generate(parser: argparse.ArgumentParser):
     add_model_argument(parser)
     parser.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
     parser.add_argument("--drafter", default="lookup", help="lookup, suffix, mtp or none")
-    parser.add_argument("--policy", default="auto", help="auto, fixed:N or adaptive:N")
+    parser.add_argument("--policy", default="auto", help="auto, fixed:K or adaptive:K")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most")
     parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 keeps every token")
@@ -73,7 +85,9 @@ def _generate(parser: argparse.ArgumentParser):
             raise ValueError(f"generate needs a model with a tokenizer; {args.model} has none")
         drafter = make_drafter(args.drafter, model=model, model_name=args.model)
         prompt = render_prompt(tokenizer, args.prompt, chat=not args.raw, name="--prompt")
-        gen = speculative_generate(model, prompt, options, drafter, policy if drafter else None, tokenizer=tokenizer)
+        gen = speculative_generate(
+            model, prompt, options, drafter=drafter, policy=policy if drafter else None, tokenizer=tokenizer
+        )
         for _ in gen:
             pass
         from specbench.report.render import display_text

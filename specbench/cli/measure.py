@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specbench.cli.registry import add_model_argument, command, drafter_names, names, verify_modes
+from specbench.cli.registry import RenamedOption, add_model_argument, command, drafter_names, names, verify_modes
 from specbench.common.files import check_writable, home
 
 #: The widest verification `specbench profile` measures (each width is timed over several rounds).
@@ -70,7 +70,7 @@ def _profile(parser: argparse.ArgumentParser):
 
             folder = Path(args.plot)
             print(f"figure: {figures.save_figure(figures.verify_costs([profile]), folder / 'costs.png')}")
-            fig = figures.break_even([profile], k_max=args.widths - 1)
+            fig = figures.break_even([profile], max_k=args.widths - 1)
             print(f"figure: {figures.save_figure(fig, folder / 'break_even.png')}")
 
     return run
@@ -111,13 +111,13 @@ def print_profile(profile, model=None) -> None:
         cells = [f"{profile.c(w, m):9.2f}" if w <= max(profile.widths[m]) else " " * 9 for m in profile.costs]
         print(f"  {w:4d}" + "".join(cells))
     for mode in profile.costs:
-        k_max = min(8, max(profile.widths[mode]) - 1)
-        a_star = break_even_acceptance(profile, 0.0, k_max, mode)
+        max_k = min(8, max(profile.widths[mode]) - 1)
+        a_star = break_even_acceptance(profile, 0.0, max_k, mode)
         print(
             f"  a*(k) {mode}: "
             + "  ".join(f"k={k} " + ("never" if a != a else f"{a:.2f}") for k, a in enumerate(a_star, 1))
         )
-        best = [f"a={a} k={best_k(a, profile, 0.0, k_max, mode)[0]}" for a in (0.6, 0.7, 0.8, 0.9)]
+        best = [f"a={a} k={best_k(a, profile, 0.0, max_k, mode)[0]}" for a in (0.6, 0.7, 0.8, 0.9)]
         print(f"  best k {mode}: " + "  ".join(best))
     for name, entry in profile.drafters.items():
         print(f"  drafter {name}: d = {entry['d']:.4f} plain steps per draft token (k={entry['k']})")
@@ -127,14 +127,20 @@ def print_profile(profile, model=None) -> None:
 @command("check-exact", "check that speculative greedy output equals mlx-lm's plain greedy output on this machine")
 def _check_exact(parser: argparse.ArgumentParser):
     add_model_argument(parser, synthetic="random prompts")
-    parser.add_argument("--prompts", type=int, default=8, help="number of prompts (the bundled ones, or random ids)")
+    parser.add_argument(
+        "--num-prompts", type=int, default=8, help="number of prompts (the bundled ones, or random ids)"
+    )
+    parser.add_argument(
+        "--prompts", type=int, dest="num_prompts", action=RenamedOption, new="--num-prompts", help=argparse.SUPPRESS
+    )
     parser.add_argument(
         "--max-tokens",
         type=int,
         default=200,
         help="tokens per run; enough to cross 256 cached tokens, where GPU attention kernels change",
     )
-    parser.add_argument("--draft-lengths", default="2,4,7,15", help="comma list, cycled over the prompts")
+    parser.add_argument("--k", default="2,4,7,15", help="comma list of draft lengths, cycled over the prompts")
+    parser.add_argument("--draft-lengths", dest="k", action=RenamedOption, new="--k", help=argparse.SUPPRESS)
     parser.add_argument("--acceptance", type=float, default=0.8, help="per-position acceptance of the drafts")
     parser.add_argument("--verify", default="exact,fast", help="comma list of verify modes: exact, fast")
     parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
@@ -145,16 +151,16 @@ def _check_exact(parser: argparse.ArgumentParser):
         from specbench.common.files import write_or_keep, write_parquet_atomic
         from specbench.common.identity import device_name
 
-        if args.prompts < 1:
-            raise ValueError(f"--prompts must be >= 1, got {args.prompts}")
+        if args.num_prompts < 1:
+            raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
         if not 0.0 <= args.acceptance <= 1.0:
             raise ValueError(f"--acceptance must be in [0, 1], got {args.acceptance}")
         try:
-            lengths = [int(k) for k in names(args.draft_lengths)]
+            lengths = [int(k) for k in names(args.k)]
         except ValueError:
-            raise ValueError(f"--draft-lengths takes a comma list of integers, got {args.draft_lengths!r}") from None
+            raise ValueError(f"--k takes a comma list of integers, got {args.k!r}") from None
         if not lengths or min(lengths) < 1:
-            raise ValueError(f"--draft-lengths takes a comma list of integers >= 1, got {args.draft_lengths!r}")
+            raise ValueError(f"--k takes a comma list of integers >= 1, got {args.k!r}")
         if args.max_tokens < 1:
             raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
         modes = verify_modes(args.verify)
@@ -162,12 +168,12 @@ def _check_exact(parser: argparse.ArgumentParser):
             check_writable(args.out, name="--out")
         model, tokenizer = _profile_model(args.model, args.layers, args.shard)
         if tokenizer is None:
-            prompts = exactness.random_prompts(model, args.prompts)
+            prompts = exactness.random_prompts(model, args.num_prompts)
         else:
             from specbench.inputs.prompts import bundled_questions, render_prompt
 
             texts = [q.turns[0] for q in bundled_questions()]
-            prompts = [render_prompt(tokenizer, texts[i % len(texts)]) for i in range(args.prompts)]
+            prompts = [render_prompt(tokenizer, texts[i % len(texts)]) for i in range(args.num_prompts)]
         print(
             f"checking {args.model} on {device_name()}: {len(prompts)} prompts x {args.max_tokens} tokens, "
             f"draft lengths {lengths}, acceptance {args.acceptance}"

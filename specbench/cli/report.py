@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 from specbench.cli.registry import command
+
+#: What the report extra (``specbench[report]``) brings that ``specbench report`` runs: notebooks, figures, HTML.
+REPORT_EXTRA = ("papermill", "nbconvert", "matplotlib", "ipykernel")
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -47,6 +51,11 @@ def _report(parser: argparse.ArgumentParser):
         from specbench.common import distributed
         from specbench.report.runner import parse_assignments, run_report
 
+        missing = [name for name in REPORT_EXTRA if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ValueError(
+                f"{', '.join(missing)} not installed: install the report extra, pip install 'specbench[report]'"
+            )
         parameters = parse_assignments(args.param)
         result = run_report(args.profile, args.out, parameters, args.only, args.force, notebooks=args.notebooks)
         if distributed.rank() != 0:  # under mlx.launch: rank 0 prints every rank's results

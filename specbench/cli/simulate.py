@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specbench.cli.registry import command, names
+from specbench.cli.registry import RenamedOption, command, names
 from specbench.common.files import check_writable
 
 
@@ -24,14 +24,15 @@ def _simulate(parser: argparse.ArgumentParser):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--trace",
-        help="a conversation log (any format bench --trace reads) or a folder of them: its recorded assistant "
+        help="a conversation log (any format bench trace reads) or a folder of them: its recorded assistant "
         "messages, tokenized with --tokenizer",
     )
     source.add_argument(
-        "--prompts",
-        help="a model's recorded greedy outputs (parquet with prompt, output, finish_reason: bench --trace's "
+        "--recorded",
+        help="a model's recorded greedy outputs (parquet with prompt, output, finish_reason: bench trace's "
         "*.plain.parquet) or a folder of them",
     )
+    source.add_argument("--prompts", dest="recorded", action=RenamedOption, new="--recorded", help=argparse.SUPPRESS)
     parser.add_argument("--drafters", default="lookup,suffix", help="comma list of model-free drafters: lookup, suffix")
     parser.add_argument("--k", default="2,4,8,16", help="comma list of draft lengths (a fixed:k policy each)")
     parser.add_argument(
@@ -46,8 +47,19 @@ def _simulate(parser: argparse.ArgumentParser):
     parser.add_argument("--trace-id", default=None, help="comma list of trace ids to replay (default: all)")
     parser.add_argument("--limit", type=int, default=None, help="replay at most N traces (in file order)")
     parser.add_argument("--out", default=None, help="folder for the summary (parquet, text) and the step log")
+    parser.add_argument(
+        "--policies",
+        default=None,
+        help="comma list of draft-length policies to replay and rank by predicted speedup instead of fixed k "
+        "(auto, fixed:N, vllm[:B=K,...], sglang[:T,...], ollama[:MAX_K], confidence[:P[:MAX_K]]); needs --profile",
+    )
+    parser.add_argument(
+        "--profile", default=None, help="--policies: a stored cost profile (JSON) pricing the steps each policy took"
+    )
 
     def run(args):
+        if args.policies:
+            return _rank(args)
         from specbench.simulate.simulate_logs import check_settings, save_simulation, simulate_logs
 
         drafters, ks, stores = names(args.drafters), _ints(args.k, "--k"), names(args.store)
@@ -55,12 +67,12 @@ def _simulate(parser: argparse.ArgumentParser):
         if args.out:
             check_writable(args.out, folder=True, name="--out")
         result = simulate_logs(
-            args.trace or args.prompts,
+            args.trace or args.recorded,
             drafters,
             ks,
             stores,
             tokenizer=args.tokenizer,
-            recorded=args.prompts is not None,
+            recorded=args.recorded is not None,
             format=args.trace_format,
             trace_ids=names(args.trace_id) if args.trace_id else None,
             limit=args.limit,
@@ -75,3 +87,41 @@ def _simulate(parser: argparse.ArgumentParser):
             print(f"\nresults: {args.out}")
 
     return run
+
+
+def _rank(args: argparse.Namespace) -> None:
+    """``--policies``: each policy replayed on the recorded outputs, ranked by predicted speedup."""
+    from pathlib import Path
+
+    from specbench.common.files import write_parquet_atomic, write_text_atomic
+    from specbench.simulate.policies import format_ranking, rank_policies, read_profile
+    from specbench.simulate.simulate_logs import load_groups
+
+    if not args.profile:
+        raise ValueError("--policies needs --profile: a stored cost profile (JSON) to price the steps with")
+    drafters, ks = names(args.drafters), _ints(args.k, "--k")
+    if len(drafters) != 1 or len(ks) != 1:
+        raise ValueError("--policies replays one drafter with one longest draft: give one --drafters and one --k")
+    if args.out:
+        check_writable(args.out, folder=True, name="--out")
+    profile = read_profile(args.profile)
+    source = args.trace or args.prompts
+    groups, skipped = load_groups(
+        source,
+        args.tokenizer,
+        recorded=args.prompts is not None,
+        format=args.trace_format,
+        trace_ids=names(args.trace_id) if args.trace_id else None,
+        limit=args.limit,
+    )
+    workload = Path(source).stem.removesuffix(".plain")
+    table, steps = rank_policies({workload: groups}, names(args.policies), profile, drafters[0], ks[0])
+    print(f"{len(groups)} traces; {skipped} turns without a recorded reply skipped; priced by {profile.name}")
+    print(format_ranking(table))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_parquet_atomic(table, out / "policies.parquet")
+        steps.save(out / "policies_steps.parquet")
+        write_text_atomic(out / "policies.txt", format_ranking(table) + "\n")
+        print(f"\nresults: {args.out}")

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import re
-import sys
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm
 from mlx.utils import tree_flatten
 
+from specbench.common.blas import blas_in_use
 from specbench.common.files import safe_name
 
 
@@ -33,30 +30,12 @@ def versions() -> dict[str, str]:
     return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "specbench": specbench}
 
 
-#: Shared libraries that provide BLAS to MLX's CPU kernels (an LD_PRELOADed OpenBLAS, MKL, BLIS, reference BLAS).
-_BLAS_LIBRARY = re.compile(r"^lib(open)?blas|^libmkl|^libblis|^libflexiblas|^libacml|^libessl", re.IGNORECASE)
-
-
-@functools.cache
-def _loaded_blas() -> str:
-    """The BLAS libraries mapped into this process (``/proc/self/maps``), their file names joined by
-    "+"; "Accelerate" on macOS; "unknown" where neither can be read."""
-    if sys.platform == "darwin":
-        return "Accelerate"
-    try:
-        lines = Path("/proc/self/maps").read_text().splitlines()
-    except OSError:
-        return "unknown"
-    names = {Path(line.split(maxsplit=5)[-1]).name for line in lines if len(line.split(maxsplit=5)) == 6}
-    return "+".join(sorted(n for n in names if _BLAS_LIBRARY.search(n))) or "none"
-
-
 def blas_library() -> str | None:
-    """The BLAS library MLX's CPU kernels run on (e.g. ``libblas-bd8a282c.so.3.10.0``, or
-    ``libblas...+libopenblas.so.0`` with an OpenBLAS preloaded over it); None on a GPU."""
+    """The BLAS MLX's CPU kernels run on (``specbench.common.blas.blas_in_use``: e.g. MLX's reference
+    ``libblas-bd8a282c.so.3.10.0``, or "OpenBLAS 0.3.21, 2 threads" preloaded); None on a GPU."""
     if mx.default_device().type == mx.DeviceType.gpu:
         return None
-    return _loaded_blas()
+    return blas_in_use()
 
 
 def kernel_key() -> str:

@@ -24,6 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generation_stream, wired_limit
 
+from specbench.common.deprecation import keyword_only_after
 from specbench.core.accept import accept_greedy
 from specbench.core.batch_hybrid import RowRollback, batch_layer, check_batchable
 from specbench.core.batch_request import BatchRequest
@@ -32,6 +33,7 @@ from specbench.core.experts import ExpertCounter
 from specbench.core.forward import forward, greedy
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy, as_policy
+from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, PolicySpec, Prompt, Tokenizer
 from specbench.core.verify import FAST, Verifier
 
 
@@ -85,12 +87,12 @@ class BatchGeneration:
     def __init__(
         self,
         model: nn.Module,
-        prompts: Sequence[Any],
-        options: GenerateOptions | Sequence[GenerateOptions] | None = None,
-        drafters: Any = None,
-        policy: Any = None,
+        prompts: Sequence[Prompt],
+        options: BatchOptions = None,
+        drafters: BatchDrafters = None,
+        policy: BatchPolicies = None,
         *,
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
         verifier: Verifier = FAST,
         break_even: Callable[[int], float] | None = None,
         max_batch: int | None = None,
@@ -137,7 +139,13 @@ class BatchGeneration:
             self.add(prompt, opts, drafter, pol)
         self._iter = self._run()
 
-    def add(self, prompt: Any, options: GenerateOptions | None = None, drafter: Any = None, policy: Any = None) -> int:
+    def add(
+        self,
+        prompt: Prompt,
+        options: GenerateOptions | None = None,
+        drafter: Drafter | None = None,
+        policy: PolicySpec | None = None,
+    ) -> int:
         """Queue a request (checked now); it joins the batch when a slot is free. Its index."""
         options = checked_options(copy.copy(options) if options is not None else None)
         if drafter is not None and policy is not None:
@@ -432,11 +440,13 @@ class BatchGeneration:
             layer.filter(mx.array(keep))
 
 
+@keyword_only_after(3, "tokenizer", "max_batch")
 def generate_batch(
     model: nn.Module,
-    prompts: Sequence[Any],
-    options: GenerateOptions | Sequence[GenerateOptions] | None = None,
-    tokenizer: Any = None,
+    prompts: Sequence[Prompt],
+    options: BatchOptions = None,
+    *,
+    tokenizer: Tokenizer | None = None,
     max_batch: int | None = None,
 ) -> BatchGeneration:
     """Plain batched decoding with the same options, logs and stats as batched speculative decoding."""

@@ -7,7 +7,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from specbench.core.draft import as_draft, check_draft
+from specbench.core.draft import as_draft, check_draft, cut_unconfident
 from specbench.core.engine import Generation
 from specbench.core.experts import ExpertCounter
 from specbench.core.policies import Decision, Plain, Speculate
@@ -66,6 +66,8 @@ class BatchRequest(Generation):
         t0 = self.clock()
         name = self._drafter_name()
         draft = as_draft(self.drafter.draft(self.prompt + self.tokens, min(k, self._remaining() - 1)), k, name)
+        if isinstance(self.decision, Speculate):
+            draft = cut_unconfident(draft, self.decision.min_confidence)
         if draft.tokens:
             draft = check_draft(draft, name, self.target.vocab, sampling=self.options.temperature > 0)
             if getattr(draft, "parents", None) is not None:

@@ -22,11 +22,14 @@ class Draft:
     tree, siblings carry distinct tokens, and a node's q is the distribution its token was drawn
     from given its earlier siblings (for siblings drawn without replacement: q with the earlier
     siblings' tokens removed, renormalised), which keeps tree sampling lossless.
+    ``confidence`` (optional): the drafter's probability of each drafted token when it drafts greedily
+    (q's row is then not kept); with neither, the drafter gave no probability.
     """
 
     tokens: list[int]
     probs: mx.array | None = None
     parents: list[int] | None = None
+    confidence: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -78,17 +81,35 @@ def as_draft(proposal: Draft | Sequence[int] | None, k: int, drafter: str = "dra
         return Draft([])
     if isinstance(proposal, Draft):
         tokens = _token_list(proposal.tokens, drafter)
-        probs, parents = proposal.probs, proposal.parents
+        probs, parents, confidence = proposal.probs, proposal.parents, proposal.confidence
         if parents is not None:
             parents = _token_list(parents, drafter)
         if len(tokens) <= k:
-            return Draft(tokens, probs, parents)
+            return Draft(tokens, probs, parents, confidence)
         if probs is not None and getattr(probs, "shape", (None,))[:1] == (len(tokens),):
             probs = probs[:k]
         if parents is not None and len(parents) == len(tokens):
             parents = parents[:k]  # parents come first: the first k nodes are a tree
-        return Draft(tokens[:k], probs, parents)
+        return Draft(tokens[:k], probs, parents, confidence[:k] if confidence is not None else None)
     return Draft(_token_list(proposal, drafter)[:k])
+
+
+def cut_unconfident(draft: Draft, threshold: float) -> Draft:
+    """``draft`` up to its first token whose drafter probability (``Draft.confidence``, else q at the token)
+    is under ``threshold``; a draft without probabilities, or a tree, is kept whole."""
+    if threshold <= 0 or not draft.tokens or draft.is_tree:
+        return draft
+    confidence = draft.confidence
+    if confidence is None and draft.probs is not None:
+        rows = mx.take_along_axis(draft.probs, mx.array(draft.tokens, dtype=mx.int32)[:, None], axis=-1)
+        confidence = rows[:, 0].astype(mx.float32).tolist()
+    if confidence is None:
+        return draft
+    n = next((i for i, p in enumerate(confidence) if p < threshold), len(draft.tokens))
+    if n == len(draft.tokens):
+        return draft
+    probs = draft.probs[:n] if draft.probs is not None else None
+    return Draft(draft.tokens[:n], probs, None, list(confidence[:n]))
 
 
 def _token_list(tokens: object, drafter: str) -> list:
@@ -131,7 +152,7 @@ def check_draft(draft: Draft, drafter: str, vocab: int | None, sampling: bool) -
             parents = None
     if sampling and draft.probs is not None and tokens:
         _check_q(draft.probs, tokens, drafter, vocab)
-    return Draft(tokens, draft.probs, parents)
+    return Draft(tokens, draft.probs, parents, draft.confidence)
 
 
 #: How far a row of q may sum from 1 (relative), for 32-bit q; 16-bit q gets a few of its epsilons.

@@ -15,7 +15,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from specbench.core.draft import Draft, Drafter, as_draft, check_draft
+from specbench.common.deprecation import keyword_only_after, renamed_arguments
+from specbench.core.draft import Draft, Drafter, as_draft, check_draft, cut_unconfident
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy, Plain, Speculate
@@ -246,12 +247,14 @@ class Generation:
         if self._remaining() <= 1:
             yield from self._plain_stretch(1, k_requested=decision.k)
         else:
-            yield from self._speculative_step(min(decision.k, self._remaining() - 1), decision.probing)
+            k = min(decision.k, self._remaining() - 1)
+            yield from self._speculative_step(k, decision.probing, decision.min_confidence)
 
-    def _speculative_step(self, k: int, probing: bool) -> Iterator[int]:
-        """Draft, verify (forward, accept, rollback), stop, record, emit."""
+    def _speculative_step(self, k: int, probing: bool, min_confidence: float = 0.0) -> Iterator[int]:
+        """Draft (cut where the drafter's confidence falls under ``min_confidence``), verify (forward,
+        accept, rollback), stop, record, emit."""
         t0 = self.clock()
-        draft = self._draft(k)
+        draft = cut_unconfident(self._draft(k), min_confidence)
         t1 = self.clock()
         if not draft.tokens:  # a plain step instead (2+ tokens remain here), the one after it queued
             yield from self._plain_stretch(1, k_requested=k, draft_s=t1 - t0)
@@ -383,15 +386,19 @@ class Generation:
         return getattr(self.policy, "name", "none") if self.policy is not None else "none"
 
 
+@renamed_arguments(prompt_ids="prompt")
+@keyword_only_after(3, "tokenizer", "prompt_cache")
 def generate(
     model: nn.Module,
-    prompt_ids: Any,
+    prompt: Any,
     options: GenerateOptions | None = None,
+    *,
     tokenizer: Any = None,
     prompt_cache: list[Any] | None = None,
 ) -> Generation:
-    """Plain decoding with the same options, log and stats as speculative decoding."""
-    return Generation(model, prompt_ids, options, tokenizer=tokenizer, prompt_cache=prompt_cache)
+    """Plain decoding of ``prompt`` (text or token ids) with the same options, log and stats as speculative
+    decoding."""
+    return Generation(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache)
 
 
 __all__ = ["Generation", "Step", "generate", "token_ids"]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from specbench.common.deprecation import renamed_arguments, renamed_attribute
 from specbench.core.auto import CostEnvelope, Evidence
 from specbench.core.log import StepLog
 from specbench.core.policy_args import at_least_one, check_break_even, check_k
@@ -45,10 +46,12 @@ LENIENT_AFTER = 4
 @dataclass(frozen=True)
 class Speculate:
     """Draft ``k`` tokens and verify them; ``probing``: a probe whose drafts are expected to be rejected
-    (a pipelined target then queues the plain step after a full rejection while it verifies)."""
+    (a pipelined target then queues the plain step after a full rejection while it verifies);
+    ``min_confidence``: cut the draft before its first token the drafter gave a lower probability."""
 
     k: int
     probing: bool = False
+    min_confidence: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,10 @@ class Plain:
 
 #: What a policy answers once per step.
 Decision = Speculate | Plain
+
+#: Policies of other engines by text name (``NAME`` or ``NAME:ARGS``): name -> a DraftPolicy class with
+#: ``from_text(args)``; filled by ``specbench.core.peer_policies`` (imported with ``specbench.core``).
+PEERS: dict[str, Any] = {}
 
 
 class DraftPolicy:
@@ -101,12 +108,14 @@ class DraftPolicy:
         raise NotImplementedError
 
     @staticmethod
-    def fixed(n: int) -> FixedPolicy:
-        return FixedPolicy(n)
+    @renamed_arguments(n="k")
+    def fixed(k: int) -> FixedPolicy:
+        return FixedPolicy(k)
 
     @staticmethod
-    def adaptive(n: int, max_pause: int = 16) -> AdaptivePolicy:
-        return AdaptivePolicy(n, max_pause)
+    @renamed_arguments(n="k")
+    def adaptive(k: int, max_pause: int = 16) -> AdaptivePolicy:
+        return AdaptivePolicy(k, max_pause)
 
     @staticmethod
     def auto(
@@ -120,16 +129,41 @@ class DraftPolicy:
         return AutoPolicy(max_k, window, pause_tokens, break_even, **measuring)
 
     @staticmethod
+    def vllm_table(table: Any, max_k: int | None = None) -> DraftPolicy:
+        """vLLM's draft length by batch size (``specbench.core.peer_policies.vllm``)."""
+        return PEERS["vllm"](table, max_k)
+
+    @staticmethod
+    def sglang_ema(**settings: Any) -> DraftPolicy:
+        """SGLang's EMA-adaptive tiers (``specbench.core.peer_policies.sglang``)."""
+        return PEERS["sglang"](**settings)
+
+    @staticmethod
+    def ollama_controller(**settings: Any) -> DraftPolicy:
+        """ollama's MLX runner: expected committed tokens per cost (``specbench.core.peer_policies.ollama``)."""
+        return PEERS["ollama"](**settings)
+
+    @staticmethod
+    def confidence(threshold: float = 0.5, max_k: int = 8) -> DraftPolicy:
+        """Stop a draft where the drafter's probability falls under ``threshold``
+        (``specbench.core.peer_policies.threshold``)."""
+        return PEERS["confidence"](threshold, max_k)
+
+    @staticmethod
     def parse(spec: str) -> DraftPolicy:
-        """Build a policy from text: ``auto``, ``fixed:4``, ``adaptive:8``."""
+        """Build a policy from text: ``auto``, ``fixed:4``, ``adaptive:8``, or another engine's policy by name
+        (``PEERS``: ``vllm:1-16=3,64=2``, ``sglang``, ``ollama``, ``confidence:0.6``)."""
+        known = "auto, fixed:K, adaptive:K, " + ", ".join(f"{name}[:...]" for name in PEERS)
         if not isinstance(spec, str):
-            raise TypeError(f"a policy must be text: auto, fixed:N or adaptive:N, got {spec!r} ({type(spec).__name__})")
+            raise TypeError(f"a policy must be text: {known}, got {spec!r} ({type(spec).__name__})")
         name, _, arg = spec.strip().partition(":")
         if name == "auto" and not arg:
             return DraftPolicy.auto()
         if name in ("fixed", "adaptive") and arg.isdigit():
             return getattr(DraftPolicy, name)(int(arg))
-        raise ValueError(f"unknown policy {spec!r}: use auto, fixed:N or adaptive:N (N >= 1)")
+        if name in PEERS:
+            return PEERS[name].from_text(arg)
+        raise ValueError(f"unknown policy {spec!r}: use {known} (K >= 1)")
 
 
 def as_policy(policy: DraftPolicy | str | int) -> DraftPolicy:
@@ -144,26 +178,30 @@ def as_policy(policy: DraftPolicy | str | int) -> DraftPolicy:
 
 
 class FixedPolicy(DraftPolicy):
-    """Up to ``n`` tokens every step."""
+    """Up to ``k`` tokens every step."""
 
-    def __init__(self, n: int):
-        self.n = check_k(n)
-        self.name = f"fixed:{n}"
+    @renamed_arguments(n="k")
+    def __init__(self, k: int):
+        self.k = check_k(k)
+        self.name = f"fixed:{k}"
 
     def _k(self, drafter: Any) -> int:
-        return self.n
+        return self.k
 
     def longest_draft(self, drafter: Any) -> int:
-        return self.n
+        return self.k
+
+    n = renamed_attribute("n", "k")
 
 
 class AdaptivePolicy(DraftPolicy):
-    """Up to ``n`` tokens; after a fully rejected draft, pause 1, 2, 4, ... ``max_pause`` steps."""
+    """Up to ``k`` tokens; after a fully rejected draft, pause 1, 2, 4, ... ``max_pause`` steps."""
 
-    def __init__(self, n: int, max_pause: int = 16):
-        self.n = check_k(n)
+    @renamed_arguments(n="k")
+    def __init__(self, k: int, max_pause: int = 16):
+        self.k = check_k(k)
         self.max_pause = at_least_one("max_pause", max_pause)
-        self.name = f"adaptive:{n}"
+        self.name = f"adaptive:{k}"
 
     def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
         super().start(drafter, break_even)
@@ -181,13 +219,15 @@ class AdaptivePolicy(DraftPolicy):
             self.remaining = max(0, self.remaining - 1)
 
     def _k(self, drafter: Any) -> int:
-        return 0 if self.remaining > 0 else self.n
+        return 0 if self.remaining > 0 else self.k
 
     def _plain_run(self) -> int:
         return max(1, self.remaining)
 
     def longest_draft(self, drafter: Any) -> int:
-        return self.n
+        return self.k
+
+    n = renamed_attribute("n", "k")
 
 
 class AutoSettings(DraftPolicy):

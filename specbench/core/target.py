@@ -6,11 +6,12 @@ tokens the model keeps (``verify``, which also rolls the caches back past the re
 ``ModelTarget`` runs an mlx-lm model; the simulator (``specbench.simulate.simulate``) replays a
 recorded output.
 
-``Pipeline`` wraps a target for the decode loop (what makes plain decoding fast around speculation). Within a stretch of plain steps it
-queues step i + 1 before reading step i's token, as mlx-lm's ``generate_step`` does; past a stretch that more
-tokens follow it queues one more step and keeps it (the next stretch goes on from it, so the pipeline never
-drains between stretches; a draft takes its token first, through ``ready``). A probe (``Speculate.probing``: a
-verification expected to be rejected) has the plain step after a full rejection queued while it verifies.
+``Pipeline`` wraps a target for the decode loop (what makes plain decoding fast around speculation). Within
+a stretch of plain steps it queues step i + 1 before reading step i's token, as mlx-lm's ``generate_step``
+does; past a stretch that more tokens follow it queues one more step and keeps it (the next stretch goes on
+from it, so the pipeline never drains between stretches; a draft takes its token first, through ``ready``).
+A probe (``Speculate.probing``: a verification expected to be rejected) has the plain step after a full
+rejection queued while it verifies.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from specbench.cost.experts import expected_distinct_experts, expert_counts, rou
 from specbench.cost.grid import speedup_grid
 from specbench.cost.measure import QUICK_WIDTHS, measure, measure_drafter, profile_for, quick_profile
 from specbench.cost.profile import Profile, cost_at, load_profile, load_profiles, profile_path, save_profile
+from specbench.cost.reference import Reference, reference_profiles
 
 __all__ = [
     "VERIFY_MODES",
@@ -28,6 +29,8 @@ __all__ = [
     "model_key",
     "display_name",
     "Profile",
+    "Reference",
+    "reference_profiles",
     "profile_path",
     "save_profile",
     "load_profile",

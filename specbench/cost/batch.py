@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from specbench.common.deprecation import renamed_arguments
 from specbench.common.identity import device_name, model_key
 from specbench.core.batch import BatchGeneration, check_batchable, generate_batch
 from specbench.core.batch_hybrid import RowRollback, empty_batch_caches
@@ -32,7 +33,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.cost.breakeven import best_k, break_even_acceptance, expected_tokens
 from specbench.cost.experts import expected_distinct_experts, routing
 from specbench.cost.profile import cost_at
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.oracle import Oracle
 
 
 @dataclass
@@ -74,9 +75,10 @@ class BatchProfile:
         """Tokens a verification of k drafts must yield per request at this batch size: c(k+1, B) + k d."""
         return self.c(k + 1, batch_size) + k * d if k else 1.0
 
-    def break_even_acceptance(self, batch_size: int, d: float = 0.0, k_max: int | None = None) -> np.ndarray:
-        """a*(k, B) for k = 1..k_max (0: pays even when all drafts are rejected; NaN: never pays)."""
-        return break_even_acceptance(self.curve(batch_size), d, k_max)
+    @renamed_arguments(k_max="max_k")
+    def break_even_acceptance(self, batch_size: int, d: float = 0.0, max_k: int | None = None) -> np.ndarray:
+        """a*(k, B) for k = 1..max_k (0: pays even when all drafts are rejected; NaN: never pays)."""
+        return break_even_acceptance(self.curve(batch_size), d, max_k)
 
     def predicted(self, acceptance: float | Sequence[float], k: int, batch_size: int, d: float = 0.0) -> dict:
         """Predicted speedups over plain batched decoding: ``throughput`` (total tokens/s) and
@@ -86,15 +88,16 @@ class BatchProfile:
         gains = [expected_tokens(a, k) / step for a in per_request]
         return {"throughput": float(np.mean(gains)), "latency": gains}
 
-    def best_k(self, acceptance: float, batch_size: int, d: float = 0.0, k_max: int | None = None) -> tuple[int, float]:
+    @renamed_arguments(k_max="max_k")
+    def best_k(self, acceptance: float, batch_size: int, d: float = 0.0, max_k: int | None = None) -> tuple[int, float]:
         """(k, predicted speedup) best at this batch size and acceptance (k = 0: plain decoding pays best)."""
-        return best_k(acceptance, self.curve(batch_size), d, k_max)
+        return best_k(acceptance, self.curve(batch_size), d, max_k)
 
-    def break_even_rows(self, k_max: int) -> list[dict[str, Any]]:
-        """a*(k, B) as rows (batch_size, k, a_star) for k = 1 .. ``k_max`` (fewer where the profile is narrower)."""
+    def break_even_rows(self, max_k: int) -> list[dict[str, Any]]:
+        """a*(k, B) as rows (batch_size, k, a_star) for k = 1 .. ``max_k`` (fewer where the profile is narrower)."""
         rows = []
         for b in self.batch_sizes:
-            a_star = self.break_even_acceptance(b, k_max=min(k_max, len(self.costs[b]) - 1))
+            a_star = self.break_even_acceptance(b, max_k=min(max_k, len(self.costs[b]) - 1))
             rows += [{"batch_size": b, "k": k + 1, "a_star": float(a)} for k, a in enumerate(a_star)]
         return rows
 
@@ -104,9 +107,10 @@ class BatchProfile:
         largest = self.batch_sizes[-1]
         return BatchAutoPolicy(lambda k, b: self.break_even_tokens(k, min(b, largest), d), **kwargs)
 
-    def paying_batch_sizes(self, acceptance: float, d: float = 0.0, k_max: int | None = None) -> list[int]:
+    @renamed_arguments(k_max="max_k")
+    def paying_batch_sizes(self, acceptance: float, d: float = 0.0, max_k: int | None = None) -> list[int]:
         """The measured batch sizes at which some draft length pays at ``acceptance``."""
-        return [b for b in self.batch_sizes if self.best_k(acceptance, b, d, k_max)[0] > 0]
+        return [b for b in self.batch_sizes if self.best_k(acceptance, b, d, max_k)[0] > 0]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -310,7 +314,7 @@ def batch_speedup_grid(
     warmup_tokens: int = 8,
 ) -> list[dict[str, Any]]:
     """Speedups of batched speculative over plain batched decoding, measured end to end at controlled
-    acceptance (``OracleDrafter`` per request, ``DraftPolicy.fixed(k)``), against the profile's
+    acceptance (``Oracle`` per request, ``DraftPolicy.fixed(k)``), against the profile's
     prediction at the nominal a (``predicted``) and for the steps the run took (``predicted_from_log``),
     with relative errors as ``specbench.cost.grid`` reports them. Cells past ``budget_s`` are left out.
 
@@ -337,7 +341,7 @@ def batch_speedup_grid(
         plain_latency = _request_seconds_per_token(plain)
         plain_predicted = _predicted_seconds(plain, profile)
         oracles = [
-            OracleDrafter(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, keep_drafting=True)
+            Oracle(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, keep_drafting=True)
             for i, (p, r) in enumerate(zip(prompts, plain.requests))
         ]
         for a in acceptances:

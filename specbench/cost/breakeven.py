@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from specbench.common.deprecation import renamed_arguments
 from specbench.core.draft import Drafter
 from specbench.cost.profile import Profile, cost_at
 
@@ -65,15 +66,16 @@ def speedup(acceptance: float | Sequence[float], k: int, costs: Costs, d: float 
     return expected_tokens(acceptance, k) / (cost_at(_curve(costs, mode), k + 1) + k * d)
 
 
-def break_even_acceptance(costs: Costs, d: float = 0.0, k_max: int | None = None, mode: str = "fast") -> np.ndarray:
-    """a*(k) for k = 1..k_max: the constant acceptance at which S(k) = 1.
+@renamed_arguments(k_max="max_k")
+def break_even_acceptance(costs: Costs, d: float = 0.0, max_k: int | None = None, mode: str = "fast") -> np.ndarray:
+    """a*(k) for k = 1..max_k: the constant acceptance at which S(k) = 1.
 
     0 where drafting k tokens pays even if all are rejected; NaN where it never pays (even with
     every draft accepted)."""
     c = _curve(costs, mode)
-    k_max = k_max or len(c) - 1
-    out = np.empty(k_max)
-    for k in range(1, k_max + 1):
+    max_k = max_k or len(c) - 1
+    out = np.empty(max_k)
+    for k in range(1, max_k + 1):
         target = cost_at(c, k + 1) + k * d
         if target <= 1.0:
             out[k - 1] = 0.0
@@ -88,16 +90,17 @@ def break_even_acceptance(costs: Costs, d: float = 0.0, k_max: int | None = None
     return out
 
 
+@renamed_arguments(k_max="max_k")
 def best_k(
-    acceptance: float | Sequence[float], costs: Costs, d: float = 0.0, k_max: int | None = None, mode: str = "fast"
+    acceptance: float | Sequence[float], costs: Costs, d: float = 0.0, max_k: int | None = None, mode: str = "fast"
 ) -> tuple[int, float]:
-    """(k, S(k)) maximising the predicted speedup over k = 0..k_max (k = 0: plain decoding)."""
+    """(k, S(k)) maximising the predicted speedup over k = 0..max_k (k = 0: plain decoding)."""
     c = _curve(costs, mode)
-    k_max = k_max or len(c) - 1
+    max_k = max_k or len(c) - 1
     if np.ndim(acceptance) > 0:
-        k_max = min(k_max, len(acceptance))
+        max_k = min(max_k, len(acceptance))
     best = (0, 1.0)
-    for k in range(1, k_max + 1):
+    for k in range(1, max_k + 1):
         s = speedup(acceptance, k, c, d)
         if s > best[1]:
             best = (k, s)
@@ -123,16 +126,17 @@ def break_even_tokens(
     return cost_at(_curve(profile, verify), k + 1) + k * d
 
 
+@renamed_arguments(k_max="max_k")
 def preferred_k(
     profile: Costs,
     acceptance: float | Sequence[float],
     drafter: Drafter | None = None,
-    k_max: int = 8,
+    max_k: int = 8,
     verify: str = "fast",
 ) -> int:
     """The draft length with the best predicted speedup at ``acceptance`` (0: do not draft)."""
     d = drafter_cost(drafter, profile if isinstance(profile, Profile) else None)
-    return best_k(acceptance, _curve(profile, verify), d, k_max)[0]
+    return best_k(acceptance, _curve(profile, verify), d, max_k)[0]
 
 
 def predicted_from_log(records: Iterable[dict[str, Any]], costs: Costs, d: float, mode: str = "fast") -> float:
@@ -149,15 +153,15 @@ def predicted_from_log(records: Iterable[dict[str, Any]], costs: Costs, d: float
 
 
 def break_even_table(
-    profiles: Sequence[Profile], k_max: int = 15, acceptances: Sequence[float] = (0.6, 0.7, 0.8, 0.9)
+    profiles: Sequence[Profile], max_k: int = 15, acceptances: Sequence[float] = (0.6, 0.7, 0.8, 0.9)
 ) -> list[dict[str, Any]]:
     """a*(k) of each profile and verify mode as rows (name, mode, k, c_k1 = c(k + 1) without the engine's
     overhead, overhead, a_star, and best_k_a<x>: the best draft length at each of ``acceptances``), for k up to
-    ``k_max`` (fewer where the profile is narrower)."""
+    ``max_k`` (fewer where the profile is narrower)."""
     rows = []
     for p in profiles:
         for mode in p.costs:
-            top = min(k_max, max(p.widths[mode]) - 1)
+            top = min(max_k, max(p.widths[mode]) - 1)
             best = {f"best_k_a{x:g}": best_k(x, p, 0.0, top, mode)[0] for x in acceptances}
             for k, a in enumerate(break_even_acceptance(p, 0.0, top, mode), 1):
                 row = {"name": p.name, "mode": mode, "k": k, "c_k1": p.c(k + 1, mode, overhead=False)}

@@ -17,7 +17,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.cost.breakeven import predicted_from_log, speedup
 from specbench.cost.measure import seconds_per_token
 from specbench.cost.profile import Profile
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.oracle import Oracle
 from specbench.exact import verifier_for
 
 
@@ -37,7 +37,7 @@ def speedup_grid(
     """Speedups measured end to end with the controlled-acceptance drafter, against prediction.
 
     For each (acceptance a, draft length k): a plain greedy run and a speculative run
-    (``OracleDrafter`` at a, ``DraftPolicy.fixed(k)``) of ``max_tokens`` tokens from one random
+    (``Oracle`` at a, ``DraftPolicy.fixed(k)``) of ``max_tokens`` tokens from one random
     prompt, back to back. Each row holds the measured speedup (plain over speculative seconds
     per token), the prediction at the nominal a (``speedup``), the prediction for the steps the
     run took (``predicted_from_log``) and their relative errors; and the seconds per speculative
@@ -60,7 +60,7 @@ def speedup_grid(
     prompt = rng.integers(0, vocab_size(model), size=prompt_len or profile.offset or 64).tolist()
     plain_options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True)
     spec_options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True, verify=verify)
-    drafter = OracleDrafter.from_model(model, prompt, max_tokens, 1.0, seed=seed, follow=True)
+    drafter = Oracle.from_model(model, prompt, max_tokens, 1.0, seed=seed, follow=True)
 
     def speculative(options: GenerateOptions, k: int) -> Generation:
         return Generation(model, prompt, options, drafter=drafter, policy=DraftPolicy.fixed(k), verifier=verifier)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from specbench.common.deprecation import moved_names
 from specbench.core.draft import Draft, Drafter
 from specbench.drafters.draft_model import DraftModel, has_shipped_draft_model, shipped_draft_model
 from specbench.drafters.early_exit import EarlyExit, best_exit_layer, exit_layer_count, sweep_exit_layers
 from specbench.drafters.lookup import PromptLookup
-from specbench.drafters.mtp import MtpDrafter, mtp_drafter_for
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.mtp import MtpHead, mtp_head_for
+from specbench.drafters.oracle import Oracle
 from specbench.drafters.suffix import SuffixDecoding
 
 DRAFTER_NAMES = ("lookup", "suffix", "mtp", "draft-model", "early-exit", "none")
@@ -43,7 +44,7 @@ def make_drafter(
     if base == "suffix":
         return SuffixDecoding()
     if base == "mtp":
-        return mtp_drafter_for(model, model_name)
+        return mtp_head_for(model, model_name)
     if model is None:
         raise ValueError(f"drafter {name!r} needs the target model: pass model=")
     if base == "early-exit":
@@ -59,8 +60,8 @@ __all__ = [
     "DraftModel",
     "Drafter",
     "EarlyExit",
-    "MtpDrafter",
-    "OracleDrafter",
+    "MtpHead",
+    "Oracle",
     "PromptLookup",
     "SuffixDecoding",
     "best_exit_layer",
@@ -70,3 +71,11 @@ __all__ = [
     "shipped_draft_model",
     "sweep_exit_layers",
 ]
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        "MtpDrafter": ("specbench.MtpHead", lambda: MtpHead),
+        "OracleDrafter": ("specbench.Oracle", lambda: Oracle),
+    },
+)

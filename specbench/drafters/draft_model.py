@@ -205,9 +205,12 @@ class DraftModel(Drafter):
         logits = self._feed(list(context[len(self.cached) :]))
         tokens: list[mx.array] = []
         probs: list[mx.array] = []
+        confidence: list[mx.array] = []  # greedy: the probability of each drafted token
         for j in range(k):
             if self.sampling.greedy:
-                token = greedy(logits.astype(mx.float32))
+                scores = logits.astype(mx.float32)
+                token = greedy(scores)
+                confidence.append(mx.exp(scores.max() - mx.logsumexp(scores)))
             else:
                 q = self.sampling.probs(logits)
                 token = mx.random.categorical(mx.log(q))
@@ -216,10 +219,10 @@ class DraftModel(Drafter):
             if j + 1 < k:
                 logits = self._logits(token.reshape(1, 1).astype(mx.uint32), self.cache)[:, -1, :]
             mx.async_eval(token)
-        mx.eval(tokens, probs)
+        mx.eval(tokens, probs, confidence)
         drafted = [int(t.item()) for t in tokens]
         self.cached.extend(drafted[:-1])
-        return Draft(drafted, mx.stack(probs) if probs else None)
+        return Draft(drafted, mx.stack(probs) if probs else None, confidence=[c.item() for c in confidence] or None)
 
 
 # -- draft models built from the target: its embeddings, norm and output head, fewer layers -----------

@@ -18,19 +18,20 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from specbench.common.deprecation import moved_names
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import logits_from_hidden, text_model, vocab_size
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
 from specbench.core.tree import row_attention
 from specbench.models.mtp.attach import attach_mtp, get_head, shipped_head
-from specbench.models.mtp.head import MtpHead
+from specbench.models.mtp.head import MtpModule
 
 
 def _bytes(tree: Any) -> int:
     return sum(v.nbytes for _, v in tree_flatten(tree))
 
 
-class MtpDrafter(Drafter):
+class MtpHead(Drafter):
     """Drafts with an MTP head attached to the model (``specbench.attach_mtp``).
 
     ``temperature`` 0 drafts greedily (deterministic drafts); above 0 it samples from the head's
@@ -50,7 +51,7 @@ class MtpDrafter(Drafter):
     def __init__(
         self,
         model: nn.Module,
-        head: MtpHead | None = None,
+        head: MtpModule | None = None,
         temperature: float = 0.0,
         preferred_k: int = 3,
         tree_width: int = 1,
@@ -118,7 +119,7 @@ class MtpDrafter(Drafter):
 
     def observe(self, tokens: Sequence[int], hidden: mx.array | None = None) -> None:
         if hidden is None:
-            raise ValueError("MtpDrafter needs the model's hidden states: run it through speculative_generate")
+            raise ValueError("MtpHead needs the model's hidden states: run it through speculative_generate")
         start = len(self.tokens) - 1  # hidden[j] is the state at the position before tokens[j]
         self.tokens.extend(int(t) for t in tokens)
         self._add_hidden(start, hidden[:, : len(tokens)])
@@ -258,8 +259,8 @@ class MtpDrafter(Drafter):
         self._reset([])
 
 
-def mtp_drafter_for(model: nn.Module, model_name: str | None = None, **kwargs: Any) -> MtpDrafter:
-    """An MtpDrafter for ``model``: its attached head, or the head shipped for ``model_name``."""
+def mtp_head_for(model: nn.Module, model_name: str | None = None, **kwargs: Any) -> MtpHead:
+    """An MtpHead for ``model``: its attached head, or the head shipped for ``model_name``."""
     if not (isinstance(model, dict) and "mtp" in model):
         path = shipped_head(model_name) if model_name else None
         if path is None and model_name and (Path(model_name).expanduser() / "mtp.safetensors").is_file():
@@ -270,4 +271,13 @@ def mtp_drafter_for(model: nn.Module, model_name: str | None = None, **kwargs: A
                 f"(the original checkpoint, or a head from `specbench train-mtp`)"
             )
         attach_mtp(model, path)
-    return MtpDrafter(model, **kwargs)
+    return MtpHead(model, **kwargs)
+
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        "MtpDrafter": ("specbench.MtpHead", lambda: MtpHead),
+        "mtp_drafter_for": ("specbench.drafters.mtp.mtp_head_for", lambda: mtp_head_for),
+    },
+)

@@ -1,4 +1,4 @@
-"""Controlled-acceptance drafters for cost studies: ``OracleDrafter`` (a path), ``OracleTree`` (a tree of them).
+"""Controlled-acceptance drafters for cost studies: ``Oracle`` (a path), ``OracleTree`` (a tree of them).
 
 It proposes the model's own greedy continuation (recorded from a plain run) and corrupts each
 draft position independently with probability 1 - a (seeded). Under greedy verification every
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from specbench.common.deprecation import moved_names
 from specbench.core.draft import Draft, Drafter
 from specbench.core.engine import generate
 from specbench.core.forward import vocab_size
@@ -29,7 +30,7 @@ from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
 from specbench.core.tree import breadth_first_tree
 
 
-class OracleDrafter(Drafter):
+class Oracle(Drafter):
     """Draft the known greedy continuation of ``prompt``, each token kept with probability ``acceptance``.
 
     A corrupted position gets a different token id drawn uniformly. ``recorded`` is the plain
@@ -82,7 +83,7 @@ class OracleDrafter(Drafter):
         seed: int = 0,
         follow: bool = False,
         **kwargs: Any,
-    ) -> OracleDrafter:
+    ) -> Oracle:
         """Record ``max_tokens`` of the model's plain greedy continuation of ``prompt``; with
         ``follow``, re-record it whenever the emitted output leaves it."""
         continuation = _greedy_continuation(model, prompt, max_tokens)
@@ -90,7 +91,7 @@ class OracleDrafter(Drafter):
 
     def begin(self, prompt: Sequence[int], hidden: Any = None) -> None:
         if list(prompt) != self.prompt:
-            raise ValueError("OracleDrafter was recorded for another prompt: build one per prompt")
+            raise ValueError("Oracle was recorded for another prompt: build one per prompt")
         self.rng = np.random.default_rng(self.seed)
         self.continuation = list(self.recorded)
         self.position = 0
@@ -138,12 +139,12 @@ def _greedy_continuation(model: Any, prompt: Sequence[int], max_tokens: int) -> 
 
 
 class OracleTree(Drafter):
-    """A tree of ``OracleDrafter`` drafts of the same continuation (independent corruptions, each at most
-    ``depth`` tokens), merged level by level (``breadth_first_tree``) up to the step's node budget."""
+    """A tree of ``Oracle`` drafts of the same continuation (independent corruptions, each at most ``depth``
+    tokens), merged level by level (``breadth_first_tree``) up to the step's node budget."""
 
     name = "oracle-tree"
 
-    def __init__(self, oracles: Sequence[OracleDrafter], depth: int):
+    def __init__(self, oracles: Sequence[Oracle], depth: int):
         self.oracles, self.depth = list(oracles), depth
 
     def begin(self, prompt: Sequence[int], hidden: Any = None) -> None:
@@ -158,3 +159,6 @@ class OracleTree(Drafter):
         paths = [oracle.draft(context, min(self.depth, k)).tokens for oracle in self.oracles]
         tokens, parents = breadth_first_tree([p for p in paths if p], k)
         return Draft(tokens, parents=parents)
+
+
+__getattr__ = moved_names(__name__, {"OracleDrafter": ("specbench.Oracle", lambda: Oracle)})

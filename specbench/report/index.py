@@ -33,7 +33,7 @@ col.nb{width:17%}col.st{width:8%}col.t{width:6%}col.res{width:47%}col.f{width:5%
 .verdicts li{margin:0.4em 0;line-height:1.4}
 """
 #: report.json keys shown at the top of the index, in order.
-_INFO_KEYS = ("profile", "device", "mlx", "mlx_lm", "specbench", "created", "updated", "last_run_s")
+_INFO_KEYS = ("profile", "device", "blas", "mlx", "mlx_lm", "specbench", "created", "updated", "last_run_s")
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

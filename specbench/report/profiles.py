@@ -5,23 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Notebooks run before the others: the explorer shows the sweep's recorded generations.
+#: Notebooks run before the others: the explorer replays the sweep's recorded outputs.
 RUN_FIRST = ("draft_length_sweep",)
 
 _TINY = "tiny:smollm2-135m"
 _EMBEDDED = "smollm2-135m"
 
-
-def _sweep_question(category: str) -> str:
-    """The text of the question the full draft-length sweep takes from ``category`` (its first bundled one)."""
-    from specbench.inputs.prompts import questions_from
-
-    return questions_from("bundled", [category], 1)[0].turns[0]
-
-
-#: The explorer uses a prompt of the sweep (with its drafter, policy and options), so the report shows the sweep's
-#: recorded generations there instead of generating them again.
-_SHARED_PROMPT = _sweep_question("translation")
 
 #: Per-profile parameter overrides, per notebook (notebook defaults fill the rest).
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
@@ -59,7 +48,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "lossless_tokens": 4,
             "permutations": 200,
         },
-        "explorer": {"models": [_TINY], "max_tokens": 8},
+        "explorer": {"model": _TINY, "k": 3, "grid_draft_lengths": [1, 2, 3, 4]},
         "acceptance_rules": {
             "model": _TINY,
             "drafters": ["lookup", "suffix"],
@@ -77,8 +66,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     # figure gets the fewest generations that still draw it with counts and intervals. Greedy verification is
     # the engine's default, exact (its calibration finds the batched forward bit-identical on the CPU in a few
     # seconds per width, kept under SPECBENCH_HOME). The sweep's generations are recorded in the report
-    # folder and the explorer shows them (same prompt, drafter, policy and options)
-    # instead of generating them again.
+    # folder: the explorer replays other drafters, draft lengths and policies over its plain outputs.
     "full": {
         # an edit of a given paragraph (the notebook's prompt): lookup's drafts are accepted; 6 pairs give an interval
         "quickstart": {"model": _EMBEDDED, "max_tokens": 32, "policy": "fixed:3", "pairs": 6},
@@ -134,7 +122,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "lossless_samples": 10,
             "lossless_tokens": 6,
         },
-        "explorer": {"models": [_EMBEDDED], "max_tokens": 32, "prompt": _SHARED_PROMPT, "policy": "fixed", "k": 3},
+        # the sweep's recorded outputs replayed at every k and policy (no model runs)
+        "explorer": {"model": _EMBEDDED, "policy": "fixed", "k": 3},
         "acceptance_rules": {
             # one drafter without q (lookup) and one with (the shipped draft model); the MTP head and suffix are
             # left out for time (add them with -p acceptance_rules.drafters=lookup,suffix,mtp,draft-model)
@@ -175,7 +164,7 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "break_even": 105,
         "agent_traces": 115,
         "sampling": 75,  # its greedy cell is the sweep's
-        "explorer": 7,  # shows the sweep's recorded generation
+        "explorer": 7,  # replays the sweep's recorded outputs: no model runs
         "batch_break_even": 6,  # tiny synthetic shapes in both profiles (the notebook's defaults)
         "simulate_logs": 9,  # the bundled traces, tokenized only: no model runs
         "tree_vs_path": 11,  # the traces' recorded replies (source "replies"): no model runs

@@ -2,9 +2,11 @@
 
 The draft-length sweep records each of its generations (``record_sweep``: its row of ``Sweep.runs`` and its
 step log) under ``OUTPUT_DIR/recorded/``, keyed by model, prompt ids, drafter, policy and options. The
-quickstart (``side_by_side``) and the explorer (``find``) look a generation up there before generating:
+quickstart (``side_by_side``) and the live explorer (``find``) look a generation up there before generating:
 with the same prompt, drafter, policy and options the recorded run is shown, its plain baseline and its
-speedup measured side by side in the sweep; otherwise they generate (and record) it themselves.
+speedup measured side by side in the sweep; otherwise they generate (and record) it themselves. The plain
+greedy outputs, with their prompts' ids, are kept in one table too (``record_outputs``, ``recorded_outputs``):
+what the explorer replays other drafters, draft lengths and policies over without the model.
 """
 
 from __future__ import annotations
@@ -29,6 +31,21 @@ from specbench.core.rules import Acceptance
 
 #: The folder of a report that holds recorded generations.
 FOLDER = "recorded"
+#: The table (in ``FOLDER``) of plain greedy outputs with their prompts' ids, one row per model, prompt and length.
+OUTPUTS_FILE = "outputs.parquet"
+#: Its columns: ``simulate.load_recorded``'s (id, prompt, output, finish_reason) and where each output came from.
+OUTPUTS_SCHEMA = {
+    "id": pl.Utf8,
+    "category": pl.Utf8,
+    "text": pl.Utf8,
+    "prompt": pl.List(pl.Int64),
+    "output": pl.List(pl.Int64),
+    "finish_reason": pl.Utf8,
+    "model": pl.Utf8,
+    "max_tokens": pl.Int64,
+    "verify": pl.Utf8,
+    "source": pl.Utf8,
+}
 #: Columns a sweep adds to each step record (which run, prompt and sampling settings it belongs to).
 _SWEEP_COLUMNS = ("run", "prompt", "category", "temperature", "seed")
 #: A generation's stats (``Generation.stats()`` keys) that a sweep's row holds.
@@ -168,7 +185,81 @@ def record_sweep(
         key = generation_key(model, ids[row["prompt"]], row["drafter"], row["policy"], options)
         record(output_dir, key, row, steps.filter(pl.col("run") == row["run"]), source)
         count += 1
+    record_outputs(output_dir, model, prompts, sweep, max_tokens, verify, source)
     return count
+
+
+def record_outputs(
+    output_dir: str | os.PathLike | None,
+    model: str,
+    prompts: Sequence[Any],
+    sweep: Any,
+    max_tokens: int,
+    verify: str | None = None,
+    source: str = "draft_length_sweep",
+) -> int:
+    """Add the greedy plain outputs of a ``Sweep`` over ``prompts`` (``Prompt`` objects) to the report's table of
+    outputs (``OUTPUTS_FILE``), replacing rows of the same model, prompt, max_tokens and verify mode; returns how
+    many rows were written (nothing without a folder)."""
+    folder = _folder(output_dir)
+    if folder is None or sweep.runs.is_empty():
+        return 0
+    by_id = {p.id: p for p in prompts}
+    plain = sweep.runs.filter(
+        (pl.col("drafter") == "none") & (pl.col("policy") == "none") & (pl.col("temperature") == 0)
+    )
+    rows = []
+    for row in plain.unique("prompt", keep="first", maintain_order=True).to_dicts():
+        prompt = by_id.get(row["prompt"])
+        if prompt is None:
+            continue
+        steps = sweep.steps.filter(pl.col("run") == row["run"]).sort("step")
+        output = [int(t) for tokens in steps["tokens"].to_list() for t in (tokens or [])]
+        rows.append(
+            {
+                "id": str(prompt.id),
+                "category": prompt.category,
+                "text": prompt.text,
+                "prompt": [int(t) for t in prompt.ids],
+                "output": output,
+                "finish_reason": row["finish_reason"],
+                "model": model,
+                "max_tokens": int(max_tokens),
+                "verify": verify or "",
+                "source": source,
+            }
+        )
+    return write_outputs(output_dir, pl.DataFrame(rows, schema=OUTPUTS_SCHEMA))
+
+
+def write_outputs(output_dir: str | os.PathLike | None, outputs: pl.DataFrame) -> int:
+    """Add rows of ``OUTPUTS_SCHEMA`` to the report's table of outputs, replacing those of the same model, prompt,
+    max_tokens and verify mode; returns how many rows were written (nothing without a folder)."""
+    folder = _folder(output_dir)
+    if folder is None or outputs.is_empty():
+        return 0
+    outputs = outputs.select(list(OUTPUTS_SCHEMA)).cast(OUTPUTS_SCHEMA)
+    written = len(outputs)
+    old = recorded_outputs(output_dir)
+    if not old.is_empty():
+        outputs = pl.concat([old.join(outputs, on=["model", "id", "max_tokens", "verify"], how="anti"), outputs])
+    write_parquet_atomic(outputs, folder / OUTPUTS_FILE)
+    return written
+
+
+def recorded_outputs(output_dir: str | os.PathLike | None) -> pl.DataFrame:
+    """The report's table of plain greedy outputs (``record_outputs``); empty when there is none or it is
+    unreadable."""
+    folder = _folder(output_dir)
+    if folder is None or not (folder / OUTPUTS_FILE).is_file():
+        return pl.DataFrame(schema=OUTPUTS_SCHEMA)
+    try:
+        frame = pl.read_parquet(folder / OUTPUTS_FILE)
+    except (OSError, pl.exceptions.PolarsError):
+        return pl.DataFrame(schema=OUTPUTS_SCHEMA)
+    if set(frame.columns) != set(OUTPUTS_SCHEMA):
+        return pl.DataFrame(schema=OUTPUTS_SCHEMA)
+    return frame.select(list(OUTPUTS_SCHEMA))
 
 
 def _row(gen: Any, seconds: float, drafter: str, policy: str) -> dict[str, Any]:

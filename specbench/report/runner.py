@@ -30,8 +30,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from specbench.common.blas import status_line
 from specbench.common.files import PROJECT_ROOT, check_writable, write_text_atomic
-from specbench.common.identity import device_name, versions
+from specbench.common.identity import blas_library, device_name, versions
 from specbench.report.index import (
     read_status,
     read_summary,
@@ -474,7 +475,9 @@ def _report_eta(expected_here: float | None, elapsed: float, later: float | None
 def _report_info(profile: str) -> dict[str, Any]:
     """What report.json says of this run (``write_report_info`` keeps the first run's "created")."""
     now = _now()
-    return {"profile": profile, "created": now, "device": device_name(), **versions(), "updated": now}
+    blas = blas_library()  # the CPU's BLAS (None on a GPU); MLX's reference BLAS says how to get a faster one
+    shown = {} if blas is None else {"blas": status_line().removeprefix("CPU BLAS: ")}
+    return {"profile": profile, "created": now, "device": device_name(), **shown, **versions(), "updated": now}
 
 
 def _record_end(out: Path, name: str, status: dict[str, Any], state: str, error: str, seconds: float) -> None:

@@ -248,7 +248,7 @@ def simulate(
     if cost is None and policy.needs_break_even:
         raise ValueError(
             "DraftPolicy.auto() needs the model's verify cost: pass cost= (a specbench.cost.Profile or the model) "
-            "or use DraftPolicy.auto(break_even=...) / fixed:N / adaptive:N"
+            "or use DraftPolicy.auto(break_even=...) / fixed:K / adaptive:K"
         )
     log = StepLog()
     for index, item in enumerate(requests):

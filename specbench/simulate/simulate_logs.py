@@ -120,6 +120,23 @@ def simulate_logs(
     """
     check_settings(drafters, ks, stores, limit)
     start = time.perf_counter()
+    groups, skipped = load_groups(source, tokenizer, recorded, format, trace_ids, limit)
+    summary, steps = replay_logs(groups, drafters, ks, stores)
+    first = summary.row(0, named=True)
+    seconds = time.perf_counter() - start
+    return SimulatedLogs(summary, steps, len(groups), first["turns"], skipped, first["prompt_tokens"], seconds)
+
+
+def load_groups(
+    source: str | os.PathLike,
+    tokenizer: Any = "smollm2-135m",
+    recorded: bool = False,
+    format: str | None = None,
+    trace_ids: Sequence[str] | None = None,
+    limit: int | None = None,
+) -> tuple[list[Group], int]:
+    """The recorded requests of a log file or folder grouped by trace (``simulate_logs`` says how they are
+    read), and how many turns were left out for lack of a recorded reply."""
     groups: list[Group] = []
     skipped = 0
     if recorded:
@@ -138,10 +155,7 @@ def simulate_logs(
         groups, skipped = trace_groups([t for t in traces if t.id in kept], tokenizer)
     if not groups:
         raise ValueError(f"{source}: no turn with a recorded reply to replay ({skipped} without one)")
-    summary, steps = replay_logs(groups, drafters, ks, stores)
-    first = summary.row(0, named=True)
-    seconds = time.perf_counter() - start
-    return SimulatedLogs(summary, steps, len(groups), first["turns"], skipped, first["prompt_tokens"], seconds)
+    return groups, skipped
 
 
 def format_simulation(summary: pl.DataFrame) -> str:

@@ -19,11 +19,11 @@ from mlx.utils import tree_flatten
 
 from specbench.common.files import write_json_atomic, write_safetensors_atomic
 from specbench.core.forward import text_model
-from specbench.drafters import DraftModel, MtpDrafter
+from specbench.drafters import DraftModel, MtpHead
 from specbench.drafters.draft_model import draft_metadata, draft_own_tensors, load_draft_model
 from specbench.models.load import cast_dtype
 from specbench.models.mtp.attach import save_head
-from specbench.models.mtp.head import MtpHead, model_type
+from specbench.models.mtp.head import MtpModule, model_type
 from specbench.train.draft_training import train_draft
 from specbench.train.drafter_eval import K, evaluate, head_decision
 from specbench.train.mtp_data import WindowSampler
@@ -37,13 +37,13 @@ def head_phase(
     sampler: WindowSampler,
     split: dict[str, Any],
     config: TrainConfig,
-    shipped: MtpHead,
+    shipped: MtpModule,
     tokens: int,
     results: dict[str, Any],
     out: Path,
     name: str,
     say: Say,
-) -> tuple[MtpHead, dict[str, Path]]:
+) -> tuple[MtpModule, dict[str, Path]]:
     """Train a head for ``model`` (named ``name``) within ``config``, score it and the ``shipped`` head on
     ``split`` (``tokens`` per prompt) into ``results["evaluation"]``, decide (``results["mtp"]``); when the new
     head wins, write mtp-``name``.safetensors (bfloat16) and its record mtp-``name``.json into ``out``. Returns the
@@ -56,11 +56,9 @@ def head_phase(
     results["mtp"] = {"recipe": recipe, "training": training}
     write_json_atomic(json_path, results)
     evaluation = results["evaluation"]
-    evaluation["mtp (new)"] = new = evaluate(
-        "mtp (new)", model, split, tokens, lambda: MtpDrafter(model, head=head), say
-    )
+    evaluation["mtp (new)"] = new = evaluate("mtp (new)", model, split, tokens, lambda: MtpHead(model, head=head), say)
     evaluation["mtp (shipped)"] = old = evaluate(
-        "mtp (shipped)", model, split, tokens, lambda: MtpDrafter(model, head=shipped), say
+        "mtp (shipped)", model, split, tokens, lambda: MtpHead(model, head=shipped), say
     )
     results["mtp"].update(head_decision(new, old))
     say(results["mtp"]["decision"])

@@ -16,8 +16,8 @@ from specbench.core.forward import logits_from_hidden, text_model
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.decoding import speculative_generate
-from specbench.drafters.mtp import MtpDrafter
-from specbench.models.mtp.head import MtpHead
+from specbench.drafters.mtp import MtpHead
+from specbench.models.mtp.head import MtpModule
 
 # -- the loss ----------------------------------------------------------------------------------
 
@@ -29,7 +29,7 @@ def teacher(model: nn.Module, tokens: mx.array) -> tuple[mx.array, mx.array]:
     return hidden, logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def head_logits(model: nn.Module, head: MtpHead, tokens: mx.array, hidden: mx.array) -> mx.array:
+def head_logits(model: nn.Module, head: MtpModule, tokens: mx.array, hidden: mx.array) -> mx.array:
     """Head predictions for pairs (hidden at i, token i+1), i = 0 .. L-2: logits [B, L-1, V]."""
     lm = text_model(model)
     dtype = head.norm.weight.dtype
@@ -48,7 +48,7 @@ def soft_cross_entropy(logits: mx.array, target_logprobs: mx.array) -> tuple[mx.
 
 
 def distill_loss(
-    model: nn.Module, head: MtpHead, tokens: mx.array, hidden: mx.array, target_logprobs: mx.array
+    model: nn.Module, head: MtpModule, tokens: mx.array, hidden: mx.array, target_logprobs: mx.array
 ) -> tuple[mx.array, mx.array]:
     """Soft cross-entropy to the model's distribution at i+1, and the argmax agreement rate."""
     return soft_cross_entropy(head_logits(model, head, tokens, hidden), target_logprobs[:, 1:])
@@ -56,7 +56,7 @@ def distill_loss(
 
 def chain_loss(
     model: nn.Module,
-    head: MtpHead,
+    head: MtpModule,
     tokens: mx.array,
     hidden: mx.array,
     target_logprobs: mx.array,
@@ -93,7 +93,7 @@ def chain_loss(
 # -- held-out metrics --------------------------------------------------------------------------
 
 
-def evaluate_windows(model: nn.Module, head: MtpHead, batches: np.ndarray, batch_size: int = 16) -> dict[str, float]:
+def evaluate_windows(model: nn.Module, head: MtpModule, batches: np.ndarray, batch_size: int = 16) -> dict[str, float]:
     """Held-out loss and first-draft acceptance (head argmax == model's greedy next-next token),
     teacher-forced over windows of text."""
     if len(batches) == 0:
@@ -126,7 +126,7 @@ def evaluate_decoding(
     max_tokens: int,
     k: int,
     verify: str = "fast",
-    head: MtpHead | None = None,
+    head: MtpModule | None = None,
     drafter_factory: Callable[[], Drafter] | None = None,
 ) -> dict[str, Any]:
     """Speculative greedy decoding with a fixed draft of ``k``: first-draft acceptance and acceptance length.
@@ -143,13 +143,13 @@ def evaluate_decoding(
     tokens, drafted, draft_s = 0, 0, 0.0
     t0 = time.perf_counter()
     for prompt in prompts:
-        drafter = drafter_factory() if drafter_factory is not None else MtpDrafter(model, head=head)
+        drafter = drafter_factory() if drafter_factory is not None else MtpHead(model, head=head)
         gen = speculative_generate(
             model,
             list(prompt),
             GenerateOptions(max_tokens=max_tokens, verify=verify, ignore_eos=False),
-            drafter,
-            DraftPolicy.fixed(k),
+            drafter=drafter,
+            policy=DraftPolicy.fixed(k),
         )
         for _ in gen:
             pass

@@ -32,7 +32,7 @@ from specbench.core.forward import text_model
 from specbench.inputs.prompts import bundled_questions, render_prompt
 from specbench.models.load import cast_dtype
 from specbench.models.mtp.attach import save_head
-from specbench.models.mtp.head import MtpHead, body_layers, build_head, model_type
+from specbench.models.mtp.head import MtpModule, body_layers, build_head, model_type
 from specbench.train.mtp_data import (
     WindowSampler,
     batched_greedy,
@@ -123,7 +123,7 @@ class TrainConfig:
 # -- training ----------------------------------------------------------------------------------
 
 
-def init_head(model: nn.Module, how: str = "last_layer", seed: int = 0) -> MtpHead:
+def init_head(model: nn.Module, how: str = "last_layer", seed: int = 0) -> MtpModule:
     """A fresh head to train.
 
     ``last_layer`` (the default, which learned fastest in a comparison on the embedded model):
@@ -160,7 +160,7 @@ def train_head(
     sampler: WindowSampler,
     config: TrainConfig,
     log: Callable[[str], None] = print,
-) -> tuple[MtpHead, dict[str, Any]]:
+) -> tuple[MtpModule, dict[str, Any]]:
     """Train a head on windows from ``sampler`` (every draft position up to ``config.depth``, the head
     fed its own states); returns the head (float32) and a training record.
 
@@ -338,7 +338,7 @@ def build_data(
 
 def evaluate(
     model: nn.Module,
-    head: MtpHead,
+    head: MtpModule,
     heldout: dict[str, Any],
     config: TrainConfig,
     decoding: bool = True,

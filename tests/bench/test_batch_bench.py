@@ -13,7 +13,7 @@ from specbench.bench.batch_bench import bench_batch, oracle_drafters
 from specbench.core.batch import BatchGeneration
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.oracle import Oracle
 from specbench.inputs.prompts import questions_from, render_prompt
 
 PROMPTS = [[5, 17, 3], [9, 5, 17, 3, 9, 5, 17], [44, 2, 8, 5, 17]]
@@ -25,7 +25,7 @@ def model_calls(monkeypatch):
     """A tiny model whose forwards are counted: all of them, and those made while an oracle drafts."""
     model = build_tiny("qwen3")
     calls = {"all": 0, "drafting": 0, "in_draft": False}
-    forward, draft = type(model).__call__, OracleDrafter.draft
+    forward, draft = type(model).__call__, Oracle.draft
 
     def counted_forward(self, *args, **kwargs):
         calls["all"] += 1
@@ -40,7 +40,7 @@ def model_calls(monkeypatch):
             calls["in_draft"] = False
 
     monkeypatch.setattr(type(model), "__call__", counted_forward)
-    monkeypatch.setattr(OracleDrafter, "draft", counted_draft)
+    monkeypatch.setattr(Oracle, "draft", counted_draft)
     return model, calls
 
 
@@ -117,7 +117,18 @@ def test_bench_batch_cli_on_traces_and_prompts(tmp_path, capsys):
     trace = tmp_path / "traces.jsonl"
     trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "out"
-    args = ["bench", "--model", str(folder), "--batch", "2", "--drafters", "lookup,suffix", "--policies", "fixed:3"]
+    args = [
+        "bench",
+        "batch",
+        "--model",
+        str(folder),
+        "--batch-size",
+        "2",
+        "--drafters",
+        "lookup,suffix",
+        "--policies",
+        "fixed:3",
+    ]
     assert main([*args, "--trace", str(trace), "--limit", "2", "--max-tokens", "6", "--out", str(out)]) == 0
     assert "3 requests from" in capsys.readouterr().out
     with open(out / "batch_bench.csv") as f:
@@ -132,7 +143,7 @@ def test_bench_batch_cli_on_traces_and_prompts(tmp_path, capsys):
     prompts.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["w5 w6 w7 w5 w6"]}) + "\n")
     assert main([*args, "--prompts", str(prompts), "--max-tokens", "4"]) == 0
     assert "lookup/fixed:3" in capsys.readouterr().out
-    assert main([*args, "--prompts", str(prompts), "--batch", "0"]) == 2
-    assert "--batch must be" in capsys.readouterr().err
+    assert main([*args, "--prompts", str(prompts), "--batch-size", "0"]) == 2
+    assert "--batch-size must be" in capsys.readouterr().err
     assert main([*args, "--prompts", str(prompts), "--verify", "exact"]) == 2
     assert "fast mode" in capsys.readouterr().err

@@ -27,7 +27,7 @@ TINY = {
     "bench_acceptance": 1.0,
     "bench_k": 2,
     "single": 2,
-    "k_max": 2,
+    "max_k": 2,
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 
 import polars as pl
 import pytest
@@ -90,7 +91,7 @@ def test_spec_bench_question_file():
 
 def test_methods_and_bad_names():
     policies = [DraftPolicy.auto(), DraftPolicy.fixed(3)]
-    methods = prompt_methods(["lookup"], policies, draft_model=True, num_draft_tokens=3)
+    methods = prompt_methods(["lookup"], policies, draft_model=True, k=3)
     names = [m.name for m in methods]
     assert names == [
         "mlx-lm",
@@ -120,7 +121,7 @@ def test_mlx_lm_draft_accounting_with_the_model_as_its_own_drafter():
     model, tokenizer = build_tiny("llama", seed=3), word_tokenizer()
     prompt = tokenizer.encode("w5 w9 w20 w31")
     plain = run_mlx_lm(model, tokenizer, prompt, 13)
-    spec = run_mlx_lm(model, tokenizer, prompt, 13, draft_model=model, num_draft_tokens=3)
+    spec = run_mlx_lm(model, tokenizer, prompt, 13, draft_model=model, k=3)
     assert spec.tokens == plain.tokens
     # 13 tokens: verifications of 3 + 3 + 3 + 1 drafts (the last capped by max_tokens, ending before its bonus)
     assert plain.finish_reason == spec.finish_reason == "length" and len(plain.tokens) == 13
@@ -141,12 +142,19 @@ def test_bench_prompts_tiny(tmp_path):
         max_tokens=20,
         repeats=2,
         draft_model=draft,
-        num_draft_tokens=2,
+        k=2,
         model_name="tiny-llama",
         out=tmp_path,
         progress=messages.append,
     )
     result = bench_prompts(model, tokenizer, tiny_questions(), **settings)
+    # the warm-up is announced first, with what it runs and an estimate from a timed plain step
+    announced = next(m for m in messages if "warm-up" in m)
+    assert re.match(
+        r"warm-up \(untimed\): exact calibration at widths 2-\d+ \(up to ~\d+ s\), then 8 methods x 20 "
+        r"tokens on the first prompt; about \d+ s at \d+\.\d\d s per plain step$",
+        announced,
+    ), announced
     names = [m.name for m in result.methods]
     assert names[:4] == ["mlx-lm", "mlx-lm draft/fixed:2", "specbench", "draft-model/fixed:2"] and len(names) == 8
     runs = result.runs
@@ -264,7 +272,7 @@ def test_bench_cli_on_a_saved_tiny_model(tmp_path, capsys):
     code = main(
         [
             "bench",
-            "--prompts",
+            "prompts",
             str(prompts),
             "--model",
             str(folder),
@@ -285,9 +293,9 @@ def test_bench_cli_on_a_saved_tiny_model(tmp_path, capsys):
     assert "| lookup/fixed:3 |" in printed and "repeated_paragraph" in printed
     assert pl.read_parquet(out / PROMPT_RUNS_FILE)["equal"].all()
     assert (out / PROMPT_FIGURE_FILE).exists()
-    assert main(["bench", "--prompts", str(prompts), "--model", str(folder), "--drafters", "eagle"]) == 2
+    assert main(["bench", "prompts", str(prompts), "--model", str(folder), "--drafters", "eagle"]) == 2
     assert "unknown drafters" in capsys.readouterr().err
-    assert main(["bench", "--prompts", str(prompts), "--model", str(folder), "--policies", "sometimes"]) == 2
+    assert main(["bench", "prompts", str(prompts), "--model", str(folder), "--policies", "sometimes"]) == 2
     assert "unknown policy" in capsys.readouterr().err
 
 

@@ -70,7 +70,11 @@ def test_a_real_generations_log_gives_a_speed_and_a_split_that_adds_up():
     assert split["unlogged_ms"] == pytest.approx(0.0, abs=1e-6)
 
     spec = speculative_generate(
-        model, prompt, GenerateOptions(max_tokens=24, ignore_eos=True), PromptLookup(), DraftPolicy.fixed(3)
+        model,
+        prompt,
+        GenerateOptions(max_tokens=24, ignore_eos=True),
+        drafter=PromptLookup(),
+        policy=DraftPolicy.fixed(3),
     )
     emitted = list(spec)
     verifies = [r for r in spec.log.records if r["kind"] == "verify"]

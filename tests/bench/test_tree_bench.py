@@ -10,7 +10,7 @@ from conftest import build_tiny
 from specbench.bench.tree_bench import suffix_real_row, timed, tree_verifiers
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions
-from specbench.drafters.oracle import OracleDrafter, OracleTree
+from specbench.drafters.oracle import Oracle, OracleTree
 from specbench.exact import ExactVerifier
 from specbench.simulate.simulate import Recorded
 
@@ -24,12 +24,12 @@ def test_oracle_tree_merges_its_drafts_and_stays_exact(model):
     prompt = [5, 9, 13, 5, 9, 13, 5, 9]
     options = GenerateOptions(max_tokens=12)
     plain = list(generate(model, prompt, options))
-    recorded = OracleDrafter.from_model(model, prompt, 20, 1.0).recorded
-    sure = OracleTree([OracleDrafter(prompt, recorded, 1.0, 64, seed=s) for s in (1, 2)], depth=3)
+    recorded = Oracle.from_model(model, prompt, 20, 1.0).recorded
+    sure = OracleTree([Oracle(prompt, recorded, 1.0, 64, seed=s) for s in (1, 2)], depth=3)
     sure.begin(prompt)
     draft = sure.draft(prompt, 6)
     assert draft.tokens == recorded[:3] and draft.parents == [-1, 0, 1]  # identical paths merge into one
-    unsure = OracleTree([OracleDrafter(prompt, recorded, 0.3, 64, seed=s) for s in (1, 2, 3)], depth=3)
+    unsure = OracleTree([Oracle(prompt, recorded, 0.3, 64, seed=s) for s in (1, 2, 3)], depth=3)
     unsure.begin(prompt)
     tree = unsure.draft(prompt, 9)
     assert 3 <= len(tree.tokens) <= 9 and tree.parents[0] == -1

@@ -50,11 +50,11 @@ def test_check_rejects_bad_input():
 def test_cli_check_exact(tmp_path, capsys, monkeypatch):
     out = tmp_path / "rows.parquet"
     flags = ["--model", "synthetic:qwen3-8b-tiny"]
-    argv = ["check-exact", *flags, "--prompts", "2", "--max-tokens", "12", "--out", str(out)]
+    argv = ["check-exact", *flags, "--num-prompts", "2", "--max-tokens", "12", "--out", str(out)]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "exact: 2/2 prompts equal to mlx-lm greedy" in text and out.exists()
     # A divergence of the exact mode is the command's failure.
     monkeypatch.setattr(exactness, "mlx_lm_greedy", lambda model, prompt, max_tokens: [0] * max_tokens)
     assert main(argv[:-2]) == 1
-    assert main(["check-exact", "--model", "synthetic:qwen3-8b-tiny", "--draft-lengths", "2,x"]) == 2
+    assert main(["check-exact", "--model", "synthetic:qwen3-8b-tiny", "--k", "2,x"]) == 2

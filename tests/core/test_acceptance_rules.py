@@ -174,7 +174,7 @@ def test_each_rule_is_greedy_at_temperature_zero_and_near_it(model, rule):
         options = GenerateOptions(max_tokens=24, temperature=temperature, seed=3, acceptance=rule, verify="fast")
         assert list(generate(model, PROMPT, options)) == greedy
         for drafter in (PromptLookup(), GreedyOracle(PROMPT, greedy)):
-            gen = speculative_generate(model, PROMPT, options, drafter, DraftPolicy.fixed(3))
+            gen = speculative_generate(model, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(3))
             assert list(gen) == greedy, (rule, temperature, drafter.name)
         stats = gen.stats()
         assert 0 < stats["accepted"] < stats["drafted"]
@@ -212,7 +212,9 @@ def test_each_rule_in_a_batch(draft_pair, rule):
             for i in range(len(prompts))
         ]
         drafters = [PromptLookup(), FixedGuess(), SuffixDecoding()]
-        gen = speculative_generate_batch(target, prompts, options, drafters, DraftPolicy.fixed(3), progress=None)
+        gen = speculative_generate_batch(
+            target, prompts, options, drafters=drafters, policy=DraftPolicy.fixed(3), progress=None
+        )
         return gen.run()
 
     sampled = run(1.0)
@@ -257,12 +259,16 @@ def no_forward(model, monkeypatch):
 )
 def test_bad_acceptance_is_one_clear_error(no_forward, fields, message):
     with pytest.raises(ValueError, match=message):
-        list(speculative_generate(no_forward, PROMPT, GenerateOptions(temperature=1.0, **fields), PromptLookup()))
+        list(
+            speculative_generate(no_forward, PROMPT, GenerateOptions(temperature=1.0, **fields), drafter=PromptLookup())
+        )
 
 
 def test_block_with_a_tree_drafter_is_an_error_before_model_work(no_forward):
     options = GenerateOptions(temperature=0.7, acceptance="block")
     with pytest.raises(ValueError, match="acceptance 'block' verifies path drafts only"):
-        speculative_generate(no_forward, PROMPT, options, SuffixDecoding(tree=True), DraftPolicy.fixed(4))
+        speculative_generate(
+            no_forward, PROMPT, options, drafter=SuffixDecoding(tree=True), policy=DraftPolicy.fixed(4)
+        )
     with pytest.raises(TypeError, match="typical_delta"):
         GenerateOptions(acceptance="typical", typical_delta="0.3").check()

@@ -233,7 +233,9 @@ def test_batch_policies():
 def test_bad_input():
     model = build_tiny("llama")
     with pytest.raises(ValueError, match="fast mode"):
-        speculative_generate_batch(model, PROMPTS[:2], GenerateOptions(verify="exact"), lambda i: PromptLookup())
+        speculative_generate_batch(
+            model, PROMPTS[:2], GenerateOptions(verify="exact"), drafters=lambda i: PromptLookup()
+        )
     with pytest.raises(ValueError, match="one drafter per prompt"):
         BatchGeneration(model, PROMPTS[:2], None, PromptLookup())
     with pytest.raises(ValueError, match="3 entries for 2 prompts"):
@@ -275,7 +277,9 @@ def test_unbatchable_caches_are_refused_before_any_model_work(monkeypatch):
     monkeypatch.setattr(type(model), "__call__", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
     for run in (
         lambda: generate_batch(model, PROMPTS[:2]),
-        lambda: speculative_generate_batch(model, PROMPTS[:2], None, lambda i: PromptLookup(), DraftPolicy.fixed(2)),
+        lambda: speculative_generate_batch(
+            model, PROMPTS[:2], None, drafters=lambda i: PromptLookup(), policy=DraftPolicy.fixed(2)
+        ),
         lambda: measure_batch_profile(model, (1, 2), widths=2),
         lambda: bench_batch(model, PROMPTS[:2], 2, "lookup", "fixed:2"),
     ):

@@ -24,7 +24,9 @@ N = 40
 )
 def test_prompt_lookup_greedy_equals_plain(tiny_model, policy, verify):
     ref = plain_greedy(tiny_model, PROMPT, N)
-    gen = speculative_generate(tiny_model, PROMPT, GenerateOptions(max_tokens=N, verify=verify), PromptLookup(), policy)
+    gen = speculative_generate(
+        tiny_model, PROMPT, GenerateOptions(max_tokens=N, verify=verify), drafter=PromptLookup(), policy=policy
+    )
     assert list(gen) == ref
     assert gen.finish_reason() == "length"
 
@@ -35,7 +37,7 @@ def test_every_acceptance_count(tiny_model, k):
     ref = plain_greedy(tiny_model, PROMPT, N)
     drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: i == step % (k + 1))
     gen = speculative_generate(
-        tiny_model, PROMPT, GenerateOptions(max_tokens=N, verify="fast"), drafter, DraftPolicy.fixed(k)
+        tiny_model, PROMPT, GenerateOptions(max_tokens=N, verify="fast"), drafter=drafter, policy=DraftPolicy.fixed(k)
     )
     assert list(gen) == ref
     verifies = [r for r in gen.log if r["kind"] == "verify"]
@@ -57,7 +59,7 @@ def test_cache_rolled_back_exactly():
     ref = plain_greedy(model, PROMPT, 30)
     drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: i == 1)
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=30, verify="fast"), drafter, DraftPolicy.fixed(5)
+        model, PROMPT, GenerateOptions(max_tokens=30, verify="fast"), drafter=drafter, policy=DraftPolicy.fixed(5)
     )
     for _ in gen:
         pass
@@ -71,7 +73,9 @@ def test_full_drafts_and_drafts_past_max_tokens():
     model = build_tiny("qwen3")
     ref = plain_greedy(model, PROMPT, 23)
     drafter = ScriptedDrafter(ref, len(PROMPT), 97)
-    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=23), drafter, DraftPolicy.fixed(8))
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=23), drafter=drafter, policy=DraftPolicy.fixed(8)
+    )
     assert list(gen) == ref
     assert gen.finish_reason() == "length"
     assert all(r["k_drafted"] <= 23 - r["position"] - 1 for r in gen.log if r["kind"] == "verify")
@@ -84,7 +88,11 @@ def test_stop_token_inside_accepted_draft():
     cut = ref.index(stop)
     drafter = ScriptedDrafter(ref, len(PROMPT), 97)
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=N, stop_token_ids=[stop]), drafter, DraftPolicy.fixed(6)
+        model,
+        PROMPT,
+        GenerateOptions(max_tokens=N, stop_token_ids=[stop]),
+        drafter=drafter,
+        policy=DraftPolicy.fixed(6),
     )
     assert list(gen) == ref[: cut + 1]
     assert gen.finish_reason() == "stop"
@@ -100,7 +108,7 @@ def test_min_tokens_suppresses_eos():
     plain = list(generate(model, PROMPT, opts))
     assert eos not in plain[:10]
     drafter = ScriptedDrafter(plain, len(PROMPT), 97)
-    spec = speculative_generate(model, PROMPT, opts, drafter, DraftPolicy.fixed(4))
+    spec = speculative_generate(model, PROMPT, opts, drafter=drafter, policy=DraftPolicy.fixed(4))
     assert list(spec) == plain
     ignored = list(generate(model, PROMPT, GenerateOptions(max_tokens=N, eos_token_ids=[eos], ignore_eos=True)))
     assert ignored == ref
@@ -117,7 +125,9 @@ def test_adaptive_pauses_after_full_rejection():
     model = build_tiny("llama")
     ref = plain_greedy(model, PROMPT, 60)
     drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: True)
-    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=60), drafter, DraftPolicy.adaptive(3))
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=60), drafter=drafter, policy=DraftPolicy.adaptive(3)
+    )
     assert list(gen) == ref
     kinds = [("V" if r["kind"] == "verify" else "p" if r["paused"] else ".") for r in gen.log.records[1:]]
     # pauses of 1, 2, 4, 8, 16 steps after consecutive fully rejected drafts
@@ -136,7 +146,7 @@ def test_auto_kill_switch_pauses_64_tokens():
     ref = plain_greedy(model, PROMPT, 100)
     drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: True)
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=100), drafter, DraftPolicy.auto(break_even=1.5)
+        model, PROMPT, GenerateOptions(max_tokens=100), drafter=drafter, policy=DraftPolicy.auto(break_even=1.5)
     )
     assert list(gen) == ref
     records = gen.log.records[1:]
@@ -151,7 +161,9 @@ def test_auto_kill_switch_pauses_64_tokens():
 
 def test_log_roundtrip(tmp_path):
     model = build_tiny("llama")
-    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=20), PromptLookup(), DraftPolicy.fixed(3))
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=20), drafter=PromptLookup(), policy=DraftPolicy.fixed(3)
+    )
     list(gen)
     df = gen.log.to_polars()
     assert df.height == len(gen.log) and {"step", "kind", "accepted", "draft_s", "verify_s"} <= set(df.columns)
@@ -171,7 +183,9 @@ def test_log_roundtrip(tmp_path):
         (lambda m: generate(m, [-1], GenerateOptions()), "vocabulary"),
         (lambda m: generate(m, [1] * 2048, GenerateOptions()), "context"),
         (
-            lambda m: speculative_generate(m, [1, 2], GenerateOptions(), PromptLookup(), DraftPolicy.fixed(0)),
+            lambda m: speculative_generate(
+                m, [1, 2], GenerateOptions(), drafter=PromptLookup(), policy=DraftPolicy.fixed(0)
+            ),
             "draft length",
         ),
         (lambda m: generate(m, [1, 2], GenerateOptions(temperature=-1)), "temperature"),
@@ -192,7 +206,7 @@ def test_non_trimmable_cache_is_a_clear_error():
     model = build_tiny("llama")
     with pytest.raises(ValueError, match="cannot roll back"):
         speculative_generate(
-            model, PROMPT, GenerateOptions(), PromptLookup(), prompt_cache=[ArraysCache(2), ArraysCache(2)]
+            model, PROMPT, GenerateOptions(), drafter=PromptLookup(), prompt_cache=[ArraysCache(2), ArraysCache(2)]
         )
 
 
@@ -221,7 +235,7 @@ def test_auto_shortens_drafts_that_cannot_pay():
         drafter = ScriptedDrafter(ref, len(PROMPT), 97)
         profile = _linear_profile(model, slope)
         gen = speculative_generate(
-            model, PROMPT, GenerateOptions(max_tokens=30), drafter, DraftPolicy.auto(), profile=profile
+            model, PROMPT, GenerateOptions(max_tokens=30), drafter=drafter, policy=DraftPolicy.auto(), profile=profile
         )
         assert list(gen) == ref
         return gen
@@ -245,7 +259,11 @@ def test_auto_is_handed_its_break_even_and_never_measures(fresh_calibrations):
         )
     said: list[str] = []
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=12), ScriptedDrafter(ref, len(PROMPT), 97), progress=said.append
+        model,
+        PROMPT,
+        GenerateOptions(max_tokens=12),
+        drafter=ScriptedDrafter(ref, len(PROMPT), 97),
+        progress=said.append,
     )
     assert any("measur" in s for s in said) and len(gen.log) == 0  # measured up front, not inside the run
     before = list(said)
@@ -257,7 +275,7 @@ def test_expert_counts_in_the_log():
     ref = plain_greedy(model, PROMPT, 20)
     drafter = ScriptedDrafter(ref, len(PROMPT), 97)
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=20, count_experts=True), drafter, DraftPolicy.fixed(4)
+        model, PROMPT, GenerateOptions(max_tokens=20, count_experts=True), drafter=drafter, policy=DraftPolicy.fixed(4)
     )
     assert list(gen) == ref
     for r in gen.log:
@@ -268,7 +286,11 @@ def test_expert_counts_in_the_log():
         assert all(min(2, 8) <= c <= min(8, 2 * width) for c in counts)
     assert any(max(r["extra"]["experts"]) > 2 for r in gen.log if r["kind"] == "verify")
     off = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=5), ScriptedDrafter(ref, len(PROMPT), 97), DraftPolicy.fixed(2)
+        model,
+        PROMPT,
+        GenerateOptions(max_tokens=5),
+        drafter=ScriptedDrafter(ref, len(PROMPT), 97),
+        policy=DraftPolicy.fixed(2),
     )
     list(off)
     assert all(not r["extra"] for r in off.log)
@@ -283,7 +305,12 @@ def test_prompt_cache_holding_a_prefix_is_extended():
     cache = make_prompt_cache(model)
     model(mx.array([history]), cache=cache)
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=20), PromptLookup(), DraftPolicy.fixed(3), prompt_cache=cache
+        model,
+        PROMPT,
+        GenerateOptions(max_tokens=20),
+        drafter=PromptLookup(),
+        policy=DraftPolicy.fixed(3),
+        prompt_cache=cache,
     )
     assert list(gen) == plain_greedy(model, PROMPT, 20)
     assert gen.stats()["cached_prompt_tokens"] == 9
@@ -310,7 +337,7 @@ def test_observe_seconds_are_the_drafters_own():
     plain = generate(model, prompt, options)
     list(plain)
     assert plain.stats()["observe_s"] == 0.0
-    gen = speculative_generate(model, prompt, options, SlowObserver(), DraftPolicy.fixed(2))
+    gen = speculative_generate(model, prompt, options, drafter=SlowObserver(), policy=DraftPolicy.fixed(2))
     list(gen)
     calls = sum(1 for r in gen.log.records if r["emitted"])
     assert gen.stats()["observe_s"] >= 0.002 * calls
@@ -361,7 +388,9 @@ def test_pauses_keep_the_plain_pipeline_full(watch):
     model = build_tiny("llama")
     ref = plain_greedy(model, PROMPT, 60)
     drafter = Watching(watch, ref, len(PROMPT), 97, wrong_at=lambda step, i: True)
-    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=60), drafter, DraftPolicy.adaptive(3))
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=60), drafter=drafter, policy=DraftPolicy.adaptive(3)
+    )
     assert list(gen) == ref
     records = gen.log.records
     ends = [
@@ -389,7 +418,9 @@ def test_a_draft_that_does_not_come_keeps_the_plain_pipeline_full(watch):
     model = build_tiny("llama")
     ref = plain_greedy(model, PROMPT, 40)
     drafter = Sometimes(watch, ref, len(PROMPT), 97)
-    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=40), drafter, DraftPolicy.fixed(2))
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=40), drafter=drafter, policy=DraftPolicy.fixed(2)
+    )
     assert list(gen) == ref
     undrafted = [r["position"] for r in gen.log.records if r["kind"] == "plain" and r["k_requested"] and r["draft_s"]]
     assert len(undrafted) >= 5
@@ -407,7 +438,9 @@ def test_a_rejected_probe_leaves_the_next_plain_step_queued(watch, verify):
     drafter = Watching(watch, ref, len(PROMPT), 97, wrong_at=lambda step, i: True)
     ticks = itertools.count()
     policy = DraftPolicy.auto(pause_tokens=8, break_even=1.0, measured=True, clock=lambda: float(next(ticks)))
-    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=80, verify=verify), drafter, policy)
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=80, verify=verify), drafter=drafter, policy=policy
+    )
     assert list(gen) == ref
     probes = [r["position"] for r in gen.log.records if r["kind"] == "verify"]
     assert len(probes) >= 1 and all(r["accepted"] == 0 for r in gen.log.records if r["kind"] == "verify")
@@ -434,7 +467,9 @@ def test_a_probe_accepted_after_all_drops_the_step_it_queued(monkeypatch, verify
     # right on the first draft position only: every verification accepts one token and rejects the rest
     drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: i > 0)
     policy = DraftPolicy.auto(pause_tokens=8, break_even=1.0, measured=True)
-    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=60, verify=verify), drafter, policy)
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=60, verify=verify), drafter=drafter, policy=policy
+    )
     assert list(gen) == ref
     assert outcomes and all(outcomes)
     assert all(r["accepted"] >= 1 for r in gen.log.records if r["kind"] == "verify")
@@ -447,8 +482,7 @@ def test_a_queued_rejection_leaves_the_target_as_the_verification_alone_would(ve
     the tokens, the plain steps after it and the caches' length are those of plain greedy decoding."""
     from specbench.core.draft import Draft
     from specbench.core.options import checked_options
-    from specbench.core.target import Pipeline
-    from specbench.core.target import ModelTarget
+    from specbench.core.target import ModelTarget, Pipeline
     from specbench.exact import verifier_for
 
     model = build_tiny("qwen3")

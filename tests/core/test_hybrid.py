@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import QWEN3_NEXT, QWEN35, QWEN35_MOE, ScriptedDrafter, build, cpu_bitwise, plain_greedy
+from conftest import QWEN3_NEXT, QWEN35, QWEN35_MOE, ScriptedDrafter, build, plain_greedy
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
@@ -29,7 +29,7 @@ def test_every_acceptance_count_equals_plain(hybrid, k):
     model, ref = hybrid
     drafter = ScriptedDrafter(ref, len(PROMPT), VOCAB, wrong_at=lambda step, i: i == step % (k + 1))
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=N, verify="fast"), drafter, DraftPolicy.fixed(k)
+        model, PROMPT, GenerateOptions(max_tokens=N, verify="fast"), drafter=drafter, policy=DraftPolicy.fixed(k)
     )
     assert list(gen) == ref
     seen = {r["accepted"] for r in gen.log if r["kind"] == "verify" and r["k_drafted"] == k}
@@ -40,7 +40,7 @@ def test_exact_verify_equals_plain(hybrid):
     model, ref = hybrid
     drafter = ScriptedDrafter(ref, len(PROMPT), VOCAB, wrong_at=lambda step, i: i == step % 4)
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=N, verify="exact"), drafter, DraftPolicy.fixed(3)
+        model, PROMPT, GenerateOptions(max_tokens=N, verify="exact"), drafter=drafter, policy=DraftPolicy.fixed(3)
     )
     assert list(gen) == ref
 
@@ -63,8 +63,11 @@ def test_recording_is_bounded_and_removed():
     assert offsets == {len(PROMPT) + 6}
 
 
-@cpu_bitwise
 def test_state_after_rewind_equals_serial_steps():
+    """A verification rewound to its accepted rows leaves the recurrent state serial steps leave: the forward runs
+    in exact mode with every op split (each row as a serial step computes it, on any device)."""
+    from specbench.exact import exact_mode
+
     model = build(QWEN35_MOE)
     tokens = [7, 3, 9, 11, 2]
     cache = make_prompt_cache(model)
@@ -75,7 +78,8 @@ def test_state_after_rewind_equals_serial_steps():
         model(mx.array([[t]]), cache=serial)
     rollback = CacheRollback(cache, model)
     rollback.before_verify(len(tokens))
-    model(mx.array([tokens]), cache=cache)
+    with exact_mode(model, "all"):
+        model(mx.array([tokens]), cache=cache)
     rollback.rewind(len(tokens) - 2)
     for c, s in zip(cache, serial):
         if not c.is_trimmable():

@@ -342,13 +342,15 @@ def test_always_wrong_drafter_drives_auto_to_plain_and_output_stays_exact():
     drafter.preferred_k = 4
 
     def slow_draft(context, k, draft=drafter.draft):
-        time.sleep(0.002)  # a drafter that costs something, as real ones do
+        time.sleep(0.01)  # a drafter that costs several plain steps of this tiny model, on any BLAS and load
         return draft(context, k)
 
     drafter.draft = slow_draft
     # the prior says drafting always pays: only the measurement can stop it
     policy = DraftPolicy.auto(pause_tokens=16, break_even=1.0, measured=True)
-    gen = speculative_generate(model, prompt, GenerateOptions(max_tokens=120), drafter, policy, progress=None)
+    gen = speculative_generate(
+        model, prompt, GenerateOptions(max_tokens=120), drafter=drafter, policy=policy, progress=None
+    )
     assert list(gen) == truth
     records = gen.log.records
     verifies = [r for r in records if r["kind"] == "verify"]

@@ -80,7 +80,7 @@ def sample_counts(model, settings, drafter=None, acceptance="token") -> dict[tup
         if drafter is None:
             gen = generate(model, PROMPT, opts)
         else:
-            gen = speculative_generate(model, PROMPT, opts, drafter, DraftPolicy.fixed(2))
+            gen = speculative_generate(model, PROMPT, opts, drafter=drafter, policy=DraftPolicy.fixed(2))
         seq = tuple(gen)
         counts[seq] = counts.get(seq, 0) + 1
     return counts
@@ -148,8 +148,16 @@ def test_plain_sampling_matches_reference(small_vocab_model):
 
 def test_seed_repeats_bit_for_bit(small_vocab_model):
     opts = GenerateOptions(max_tokens=20, temperature=1.0, seed=11)
-    a = list(speculative_generate(small_vocab_model, PROMPT, opts, GuessingDrafter(True), DraftPolicy.fixed(3)))
-    b = list(speculative_generate(small_vocab_model, PROMPT, opts, GuessingDrafter(True), DraftPolicy.fixed(3)))
+    a = list(
+        speculative_generate(
+            small_vocab_model, PROMPT, opts, drafter=GuessingDrafter(True), policy=DraftPolicy.fixed(3)
+        )
+    )
+    b = list(
+        speculative_generate(
+            small_vocab_model, PROMPT, opts, drafter=GuessingDrafter(True), policy=DraftPolicy.fixed(3)
+        )
+    )
     assert a == b
 
 

@@ -8,7 +8,7 @@ import itertools
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import build_tiny, cpu_bitwise
+from conftest import build_tiny
 from mlx_lm.models.cache import make_prompt_cache
 from scipy.stats import chisquare
 
@@ -94,11 +94,13 @@ def test_exact_tree_verification_equals_plain_greedy():
     assert any(r["accepted_path"] and r["accepted_path"][0] > 0 for r in gen.log if r["kind"] == "verify")
 
 
-@cpu_bitwise
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
 def test_compaction_leaves_the_serial_cache(arch):
     """After a tree verification the cache holds exactly what serial decoding of the accepted tokens
-    gives, and the hidden rows are those of the accepted path."""
+    gives, and the hidden rows are those of the accepted path (the tree's forward in exact mode with every op
+    split, so each row is computed as a serial step computes it, on any device)."""
+    from specbench.exact import ExactVerifier
+
     model = build_tiny(arch)
     truth = list(generate(model, PROMPT, GenerateOptions(max_tokens=5)))
 
@@ -108,20 +110,21 @@ def test_compaction_leaves_the_serial_cache(arch):
     # Branch 0 wrong; branch 1 right for three tokens, with a wrong sibling at depth 2.
     tokens = [wrong(truth[1]), wrong(truth[2]), truth[1], wrong(truth[2]), truth[2], truth[3]]
     parents = [-1, 0, -1, 2, 2, 4]
-    target = ModelTarget(model, GenerateOptions(max_tokens=20), needs_hidden=True, speculative=True)
+    target = ModelTarget(
+        model, GenerateOptions(max_tokens=20), ExactVerifier(model, "all"), needs_hidden=True, speculative=True
+    )
     with target.running():
         target.prefill(PROMPT, 0)
         step = target.verify(tokens, None, 1, parents=parents)
     assert step.path == [2, 4, 5] and step.tokens == truth[1:5]
     serial = make_prompt_cache(model)
-    rows = []
-    for t in PROMPT + truth[:4]:
-        rows.append(model.model(mx.array([[t]]), cache=serial))
+    model.model(mx.array([PROMPT]), cache=serial)  # the prompt in one forward, as decoding prefills it
+    rows = [model.model(mx.array([[t]]), cache=serial) for t in truth[:4]]
     for tree_cache, serial_cache in zip(target.cache, serial):
         assert tree_cache.offset == serial_cache.offset == len(PROMPT) + 4
         for a, b in zip(tree_cache.state[:2], serial_cache.state[:2]):
             assert mx.array_equal(a[..., : tree_cache.offset, :], b[..., : serial_cache.offset, :])
-    assert mx.array_equal(step.hidden, mx.concatenate(rows[len(PROMPT) :], axis=1))
+    assert mx.array_equal(step.hidden, mx.concatenate(rows, axis=1))
 
 
 def test_tree_helpers_and_bad_trees():
@@ -279,10 +282,10 @@ def test_tree_sampling_end_to_end_matches_plain_sampling():
     assert chisquare(pooled_o, pooled_e).pvalue > 1e-3
 
 
-@cpu_bitwise
-@pytest.mark.parametrize("arch, level", [("qwen3", "attention"), ("qwen3_moe", "all"), ("llama", "serial")])
-def test_exact_tree_rows_equal_serial_decoding_along_each_path(arch, level):
-    """Exact mode: every node's logits row is bit for bit what serial decoding along its path computes."""
+@pytest.mark.parametrize("arch, level", [("qwen3", "auto"), ("qwen3_moe", "all"), ("llama", "serial")])
+def test_exact_tree_rows_equal_serial_decoding_along_each_path(arch, level, fresh_calibrations):
+    """Exact mode: every node's logits row is bit for bit what serial decoding along its path computes, with the
+    level this device's calibration picks for the tree's width ("auto"), every op split, or serial steps."""
     from specbench.core.forward import forward
     from specbench.core.tree import path_to, tree_attention
     from specbench.exact import ExactVerifier

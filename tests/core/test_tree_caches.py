@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import build_tiny, cpu_bitwise
+from conftest import build_tiny
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 from specbench.core.engine import generate
@@ -23,13 +23,14 @@ def serial_logits(model, cache, tokens) -> list[mx.array]:
     return [model(mx.array([[t]]), cache=cache)[0, -1] for t in tokens]
 
 
-@cpu_bitwise
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_quantized_kv_compaction_leaves_the_serial_quantized_cache(arch):
     """With a QuantizedKVCache (8-bit, groups of 32: heads of 32) every key/value row is quantized on its own, so
-    after a tree verification the compacted cache (data, scales and biases) equals the cache serial
-    decoding of the accepted tokens fills, bit for bit on the CPU, and the emitted tokens are the
+    after a tree verification (in exact mode, every op split) the compacted cache (data, scales and biases) equals
+    the cache serial decoding of the accepted tokens fills, bit for bit, and the emitted tokens are the
     serial greedy ones over the quantized cache."""
+    from specbench.exact import ExactVerifier
+
     model = build_tiny(arch, head_dim=32)
     serial = quantized_cache(model)
     model(mx.array([PROMPT]), cache=serial)
@@ -47,7 +48,9 @@ def test_quantized_kv_compaction_leaves_the_serial_quantized_cache(arch):
     tokens = [wrong(truth[1]), wrong(truth[2]), truth[1], wrong(truth[2]), truth[2], truth[3]]
     parents = [-1, 0, -1, 2, 2, 4]
     cache = quantized_cache(model)
-    target = ModelTarget(model, GenerateOptions(max_tokens=20), prompt_cache=cache, speculative=True)
+    target = ModelTarget(
+        model, GenerateOptions(max_tokens=20), ExactVerifier(model, "all"), prompt_cache=cache, speculative=True
+    )
     with target.running():
         first = target.prefill(PROMPT, 0)[0]
         assert first.tokens == truth[:1]
@@ -61,9 +64,9 @@ def test_quantized_kv_compaction_leaves_the_serial_quantized_cache(arch):
                 assert mx.array_equal(a[..., : tree_cache.offset, :], b[..., : serial_cache.offset, :])
 
 
-@cpu_bitwise
-def test_quantized_kv_tree_decoding_equals_serial_quantized_decoding():
-    """End to end over a 4-bit quantized KV cache: a tree-drafting run emits the serial greedy tokens."""
+def test_quantized_kv_tree_decoding_equals_serial_quantized_decoding(fresh_calibrations):
+    """End to end over a 4-bit quantized KV cache: a tree-drafting run (greedy: exact mode, calibrated on this
+    device) emits the serial greedy tokens."""
     from test_tree import BranchingDrafter
 
     from specbench.core.engine import Generation

@@ -74,12 +74,14 @@ def test_speculative_generate_costs_a_tree_drafter_by_node_count_when_stored():
     model = build_tiny("llama")
     prompt, options = [3, 5, 7, 3, 5, 7, 3, 5], GenerateOptions(max_tokens=3, verify="fast")
     tree_drafter, path_drafter = SuffixDecoding(tree=True), SuffixDecoding()
-    before = speculative_generate(model, prompt, options, tree_drafter, DraftPolicy.auto(), progress=None)
+    before = speculative_generate(
+        model, prompt, options, drafter=tree_drafter, policy=DraftPolicy.auto(), progress=None
+    )
     dear = [50.0, 60.0, 70.0, 80.0]
     stored = TreeCosts(model_key(model), device_name(), versions(), "fast", 0.01, [1, 2, 4, 8], dear, dear, dear, dear)
     save_tree_costs(stored)
-    tree = speculative_generate(model, prompt, options, tree_drafter, DraftPolicy.auto(), progress=None)
-    path = speculative_generate(model, prompt, options, path_drafter, DraftPolicy.auto(), progress=None)
+    tree = speculative_generate(model, prompt, options, drafter=tree_drafter, policy=DraftPolicy.auto(), progress=None)
+    path = speculative_generate(model, prompt, options, drafter=path_drafter, policy=DraftPolicy.auto(), progress=None)
     assert tree.break_even(4) == pytest.approx(tree_break_even(stored, tree_drafter)(4))
     assert tree.break_even(4) >= 70.0 > path.break_even(4)
     assert before.break_even(4) == pytest.approx(path.break_even(4))

@@ -125,7 +125,7 @@ def test_bad_option_is_one_clear_error(fields, error, message):
     [
         lambda m, o: generate(m, PROMPT, o),
         lambda m, o: Generation(m, PROMPT, o, drafter=_Lookalike(), policy=DraftPolicy.fixed(2)),
-        lambda m, o: speculative_generate(m, PROMPT, o, _Lookalike(), DraftPolicy.fixed(2)),
+        lambda m, o: speculative_generate(m, PROMPT, o, drafter=_Lookalike(), policy=DraftPolicy.fixed(2)),
     ],
     ids=["generate", "Generation", "speculative_generate"],
 )
@@ -263,7 +263,7 @@ def test_prompt_forms(model, prompt):
         (lambda: DraftPolicy.auto(break_even=NAN), ValueError, r"break_even must be a number of tokens >= 0, got nan"),
         (lambda: DraftPolicy.auto(break_even=-1.0), ValueError, r"break_even .* got -1\.0"),
         (lambda: DraftPolicy.auto(break_even="2"), TypeError, r"break_even .* got '2' \(str\)"),
-        (lambda: DraftPolicy.parse("fixed:x"), ValueError, r"unknown policy 'fixed:x': use auto, fixed:N"),
+        (lambda: DraftPolicy.parse("fixed:x"), ValueError, r"unknown policy 'fixed:x': use auto, fixed:K"),
         (lambda: DraftPolicy.parse("sometimes"), ValueError, r"unknown policy"),
         (lambda: DraftPolicy.parse(None), TypeError, r"a policy must be text: .* got None \(NoneType\)"),
     ],
@@ -397,7 +397,7 @@ DRAFT_CASES = [
 
 @pytest.mark.parametrize("drafter, error, message", DRAFT_CASES, ids=lambda x: getattr(x, "__name__", None))
 def test_bad_draft_is_a_clear_error_before_its_verification(model, verifications, drafter, error, message):
-    gen = speculative_generate(model, PROMPT, SAMPLING, drafter, DraftPolicy.fixed(3))
+    gen = speculative_generate(model, PROMPT, SAMPLING, drafter=drafter, policy=DraftPolicy.fixed(3))
     with pytest.raises(error, match=message):
         list(gen)
     assert not verifications
@@ -409,8 +409,8 @@ def test_q_is_not_read_when_greedy(model):
         model,
         PROMPT,
         GenerateOptions(max_tokens=6),
-        QDrafter(q=lambda k, t: mx.array(uniform(1))),
-        DraftPolicy.fixed(3),
+        drafter=QDrafter(q=lambda k, t: mx.array(uniform(1))),
+        policy=DraftPolicy.fixed(3),
     )
     assert len(list(gen)) == 6
 
@@ -421,7 +421,7 @@ def test_q_is_not_read_when_greedy(model):
     ids=["float32", "bfloat16", "float16"],
 )
 def test_a_valid_q_samples(model, verifications, q):
-    gen = speculative_generate(model, PROMPT, SAMPLING, QDrafter(q=q), DraftPolicy.fixed(3))
+    gen = speculative_generate(model, PROMPT, SAMPLING, drafter=QDrafter(q=q), policy=DraftPolicy.fixed(3))
     assert len(list(gen)) == SAMPLING.max_tokens
     assert verifications
 

@@ -30,10 +30,10 @@ def test_profile_math():
     assert p.c(3, 8) == pytest.approx(2.5)  # halfway in log B between 4 and 16
     with pytest.raises(ValueError, match="outside"):
         p.curve(32)
-    a_star = p.break_even_acceptance(16, k_max=3)
+    a_star = p.break_even_acceptance(16, max_k=3)
     assert np.isnan(a_star[2]) or expected_tokens(a_star[2], 3) == pytest.approx(4.0, rel=1e-6)
     assert expected_tokens(a_star[0], 1) == pytest.approx(2.0, rel=1e-6)  # c(2, 16) = 2: a* = 1
-    assert p.break_even_acceptance(1, k_max=3)[0] < p.break_even_acceptance(4, k_max=3)[0]
+    assert p.break_even_acceptance(1, max_k=3)[0] < p.break_even_acceptance(4, max_k=3)[0]
     pred = p.predicted([1.0, 0.0], 2, 4)
     assert pred["latency"] == pytest.approx([3 / 2.0, 1 / 2.0])
     assert pred["throughput"] == pytest.approx(1.0)
@@ -111,10 +111,10 @@ def test_batch_bench_agrees_with_mlx_lm():
 
 def test_break_even_rows_and_the_lowest_per_batch_size():
     p = made_profile()
-    rows = p.break_even_rows(k_max=5)  # the profile holds c(1..4): k stops at 3
+    rows = p.break_even_rows(max_k=5)  # the profile holds c(1..4): k stops at 3
     assert {(r["batch_size"], r["k"]) for r in rows} == {(b, k) for b in (1, 4, 16) for k in (1, 2, 3)}
     for r in rows:
-        expected = p.break_even_acceptance(r["batch_size"], k_max=3)[r["k"] - 1]
+        expected = p.break_even_acceptance(r["batch_size"], max_k=3)[r["k"] - 1]
         assert r["a_star"] == pytest.approx(expected, nan_ok=True)
     lowest = lowest_break_even([*rows, {"batch_size": 32, "k": 1, "a_star": math.nan}])
     assert list(lowest) == [1, 4, 16]  # no finite a* at B = 32

@@ -18,7 +18,7 @@ from specbench.common.identity import kernel_key
 from specbench.core.experts import ExpertCounter
 from specbench.cost.caches import CacheRestore, prefill
 from specbench.drafters.lookup import PromptLookup
-from specbench.drafters.oracle import OracleDrafter
+from specbench.drafters.oracle import Oracle
 from specbench.models import synthetic
 
 PROMPT = list(range(20, 52))
@@ -74,7 +74,7 @@ def test_speedup_and_break_even():
     c = [1.05, 1.4, 1.8, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7]
     d = 0.02
     assert cost.speedup(0.8, 3, c, d) == pytest.approx(cost.expected_tokens(0.8, 3) / (2.2 + 3 * d))
-    a_star = cost.break_even_acceptance(c, d, k_max=8)
+    a_star = cost.break_even_acceptance(c, d, max_k=8)
     assert a_star[0] == pytest.approx(1.4 + d - 1.0)  # k = 1: 1 + a = c(2) + d
     for k, a in enumerate(a_star, 1):
         assert cost.speedup(a, k, c, d) == pytest.approx(1.0, abs=1e-9)
@@ -173,11 +173,11 @@ def test_profiles_are_keyed_by_the_blas_library(dense, monkeypatch):
     assert profile.kernels == kernel_key() and profile.key["kernels"] == kernel_key()
     path = cost.save_profile(profile)
     assert cost.load_profile(dense).kernels == kernel_key()
-    monkeypatch.setattr(identity, "_loaded_blas", lambda: "libopenblas.so.0")
+    monkeypatch.setattr(identity, "blas_in_use", lambda: "OtherBLAS 9.9, 3 threads")
     monkeypatch.setattr(identity.mx, "default_device", lambda: mx.Device(mx.cpu))
     assert cost.load_profile(dense) is None  # taken under another BLAS: not reused
     other = make_profile([1.0, 1.9], name=cost.model_key(dense))
-    assert "libopenblas" in other.kernels and cost.save_profile(other) != path
+    assert "OtherBLAS 9.9" in other.kernels and cost.save_profile(other) != path
     assert cost.load_profile(dense).costs == other.costs
     assert set(cost.load_profiles()["kernels"]) == {profile.kernels, other.kernels}
     # A profile stored before the kernels were kept is not taken for this BLAS's.
@@ -230,11 +230,11 @@ def test_profile_for_uses_stored_profile_then_memory(dense):
     assert cost.break_even_tokens(profile, 3, Lookup()) == pytest.approx(1.7 + 0.1 + 3 * 0.05)
     assert cost.break_even_tokens(profile, 3, None) == pytest.approx(1.8)
     assert cost.break_even_tokens(profile, 3, Lookup(), d=0.2) == pytest.approx(1.8 + 3 * 0.2)
-    assert cost.preferred_k(profile, 1.0, k_max=5) == 5
+    assert cost.preferred_k(profile, 1.0, max_k=5) == 5
     # A bare cost curve: the drafter's own cost per token.
     assert cost.break_even_tokens([1.0, 1.2, 1.5], 1, Lookup()) == pytest.approx(1.2 + 0.5)
-    assert cost.preferred_k([1.0, 1.2, 1.5], 1.0, k_max=2) == 2
-    assert cost.preferred_k([1.0, 1.2, 1.5], 0.5, Lookup(), k_max=2) == 0  # d = 0.5: drafting never pays
+    assert cost.preferred_k([1.0, 1.2, 1.5], 1.0, max_k=2) == 2
+    assert cost.preferred_k([1.0, 1.2, 1.5], 0.5, Lookup(), max_k=2) == 0  # d = 0.5: drafting never pays
     with pytest.raises(TypeError, match="profile_for"):
         cost.break_even_tokens(dense, 3)
 
@@ -244,7 +244,12 @@ def test_auto_plans_with_the_stored_profile(dense):
     drafter, policy = PromptLookup(), DraftPolicy.auto()
     said = []
     gen = speculative_generate(
-        dense, PROMPT * 2, GenerateOptions(max_tokens=8, verify="fast"), drafter, policy, progress=said.append
+        dense,
+        PROMPT * 2,
+        GenerateOptions(max_tokens=8, verify="fast"),
+        drafter=drafter,
+        policy=policy,
+        progress=said.append,
     )
     list(gen)
     assert not said  # nothing was measured
@@ -278,11 +283,15 @@ def test_measure_rejects_bad_input(dense):
 @pytest.mark.parametrize("a", [0.0, 0.6, 1.0])
 def test_oracle_greedy_output_and_acceptance(dense, a):
     n = 60
-    drafter = OracleDrafter.from_model(dense, PROMPT, n, a, seed=3)
+    drafter = Oracle.from_model(dense, PROMPT, n, a, seed=3)
     plain = list(generate(dense, PROMPT, GenerateOptions(max_tokens=n, ignore_eos=True)))
     assert drafter.continuation == plain
     gen = speculative_generate(
-        dense, PROMPT, GenerateOptions(max_tokens=n, ignore_eos=True, verify="fast"), drafter, DraftPolicy.fixed(3)
+        dense,
+        PROMPT,
+        GenerateOptions(max_tokens=n, ignore_eos=True, verify="fast"),
+        drafter=drafter,
+        policy=DraftPolicy.fixed(3),
     )
     assert list(gen) == plain and drafter.diverged_at is None
     verifies = [r for r in gen.log if r["kind"] == "verify"]
@@ -296,26 +305,38 @@ def test_oracle_greedy_output_and_acceptance(dense, a):
         assert 0.4 < accepted / (accepted + rejected) < 0.8  # per-position acceptance near a
     # Seeded: the same drafts again.
     again = speculative_generate(
-        dense, PROMPT, GenerateOptions(max_tokens=n, ignore_eos=True, verify="fast"), drafter, DraftPolicy.fixed(3)
+        dense,
+        PROMPT,
+        GenerateOptions(max_tokens=n, ignore_eos=True, verify="fast"),
+        drafter=drafter,
+        policy=DraftPolicy.fixed(3),
     )
     list(again)
     assert [r["draft_tokens"] for r in again.log] == [r["draft_tokens"] for r in gen.log]
 
 
 def test_oracle_follows_a_diverged_output(dense):
-    drafter = OracleDrafter.from_model(dense, PROMPT, 40, 1.0, follow=True)
+    drafter = Oracle.from_model(dense, PROMPT, 40, 1.0, follow=True)
     truth = list(drafter.continuation)
     drafter.recorded = truth[:10] + [(t + 1) % 512 for t in truth[10:]]  # a wrong record from position 10
     gen = speculative_generate(
-        dense, PROMPT, GenerateOptions(max_tokens=40, ignore_eos=True, verify="fast"), drafter, DraftPolicy.fixed(4)
+        dense,
+        PROMPT,
+        GenerateOptions(max_tokens=40, ignore_eos=True, verify="fast"),
+        drafter=drafter,
+        policy=DraftPolicy.fixed(4),
     )
     assert list(gen) == truth
     assert drafter.diverged_at == 10 and drafter.follows >= 1 and drafter.follow_s > 0
     assert gen.stats()["acceptance_rate"] > 0.9
-    still = OracleDrafter(PROMPT, drafter.recorded, 1.0, 512)  # without a model it stops drafting
+    still = Oracle(PROMPT, drafter.recorded, 1.0, 512)  # without a model it stops drafting
     list(
         speculative_generate(
-            dense, PROMPT, GenerateOptions(max_tokens=40, ignore_eos=True, verify="fast"), still, DraftPolicy.fixed(4)
+            dense,
+            PROMPT,
+            GenerateOptions(max_tokens=40, ignore_eos=True, verify="fast"),
+            drafter=still,
+            policy=DraftPolicy.fixed(4),
         )
     )
     assert still.diverged_at == 10 and still.follows == 0
@@ -323,10 +344,10 @@ def test_oracle_follows_a_diverged_output(dense):
 
 def test_oracle_rejects_bad_input():
     with pytest.raises(ValueError, match="acceptance"):
-        OracleDrafter([1], [2], 1.5, 10)
+        Oracle([1], [2], 1.5, 10)
     with pytest.raises(ValueError, match="empty"):
-        OracleDrafter([1], [], 0.5, 10)
-    drafter = OracleDrafter([1, 2], [3], 0.5, 10)
+        Oracle([1], [], 0.5, 10)
+    drafter = Oracle([1, 2], [3], 0.5, 10)
     with pytest.raises(ValueError, match="another prompt"):
         drafter.begin([9])
 
@@ -472,7 +493,7 @@ def test_figures(tmp_path):
     colours = {line.get_label().split(" ")[0]: line.get_color() for line in ax.get_lines()}
     assert colours["qwen3-8b-4bit"] == "tab:blue" and colours["qwen3-30b-a3b-4bit"] == "tab:orange"
     assert figures.save_figure(fig, tmp_path / "c.png").stat().st_size > 10_000
-    fig = figures.break_even([dense_p, moe_p], k_max=7)
+    fig = figures.break_even([dense_p, moe_p], max_k=7)
     line = fig.axes[0].get_lines()[0]
     assert np.allclose(line.get_ydata(), cost.break_even_acceptance(dense_p, 0.0, 7), equal_nan=True)
     figures.save_figure(fig, tmp_path / "a.png")

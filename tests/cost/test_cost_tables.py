@@ -27,7 +27,7 @@ def profile(name: str, fast: list[float], exact: list[float] | None = None) -> P
 
 def test_break_even_table_has_a_row_per_profile_mode_and_k():
     dense, moe = profile("dense", [1.0, 1.05, 1.1, 1.2, 1.3], [1.0, 1.2, 1.4]), profile("moe", [1.0, 1.5, 2.0])
-    rows = break_even_table([dense, moe], k_max=15)
+    rows = break_even_table([dense, moe], max_k=15)
     assert [(r["name"], r["mode"], r["k"]) for r in rows] == [
         *(("dense", "fast", k) for k in (1, 2, 3, 4)),
         *(("dense", "exact", k) for k in (1, 2)),
@@ -47,7 +47,7 @@ def test_break_even_table_has_a_row_per_profile_mode_and_k():
         "a_star",
         *(f"best_k_a{x}" for x in (0.6, 0.7, 0.8, 0.9)),
     }
-    assert len(break_even_table([dense], k_max=2)) == 4  # fast k = 1, 2 and exact k = 1, 2
+    assert len(break_even_table([dense], max_k=2)) == 4  # fast k = 1, 2 and exact k = 1, 2
 
 
 def test_grid_seconds_scale_with_cells_tokens_and_the_plain_step():

@@ -68,13 +68,17 @@ for arch in ("qwen3", "qwen3_moe"):
     for mode, policy in (("exact", "fixed:3"), ("fast", "adaptive:4")):
         drafter = RankNoisyDrafter(plain, len(prompt), vocab)
         options = GenerateOptions(max_tokens=n, verify=mode)
-        out[f"noisy-{mode}"] = run(speculative_generate(model, prompt, options, drafter, DraftPolicy.parse(policy)))
+        out[f"noisy-{mode}"] = run(
+            speculative_generate(model, prompt, options, drafter=drafter, policy=DraftPolicy.parse(policy))
+        )
     if arch == "qwen3":  # Auto plans with a profile all ranks measure together
         options = GenerateOptions(max_tokens=n, verify="fast")
-        out["lookup-auto"] = run(speculative_generate(model, prompt, options, PromptLookup(), DraftPolicy.auto()))
+        out["lookup-auto"] = run(
+            speculative_generate(model, prompt, options, drafter=PromptLookup(), policy=DraftPolicy.auto())
+        )
     sampled = GenerateOptions(max_tokens=n, temperature=0.8, seed=7, verify="fast")
     drafter = RankNoisyDrafter(plain, len(prompt), vocab, with_q=True)
-    out["sampled"] = run(speculative_generate(model, prompt, sampled, drafter, DraftPolicy.fixed(3)))
+    out["sampled"] = run(speculative_generate(model, prompt, sampled, drafter=drafter, policy=DraftPolicy.fixed(3)))
     results[arch] = out
     if arch == "qwen3":  # a sweep of a sharded model: every cell on all ranks, rank 0's cells written
         swept = run_sweep(model, None, [prompt], ("lookup",), ("fixed:2",), max_tokens=8, verify="fast", progress=False)

@@ -1,4 +1,4 @@
-"""``specbench bench --prompts`` on a miniature model, run on 2 ranks by tests/distributed/spread_ranks.py (each
+"""``specbench bench prompts`` on a miniature model, run on 2 ranks by tests/distributed/spread_ranks.py (each
 rank with an ``--out`` of its own, as on two machines, merged into rank 0's; then again after rank 0's results
 lost one question, and once more with a rank that cannot run) and in a world of one by the test itself."""
 
@@ -18,7 +18,7 @@ RUNS = "prompt_bench_runs.parquet"
 def bench(out: Path) -> int:
     """Three questions (one of two turns), plain mlx-lm, specbench and lookup fixed:2, 8 tokens each."""
     return main(
-        ["bench", "--prompts", "bundled", "--model", "tiny:smollm2-135m", "--categories", "qa,translation,multi_turn"]
+        ["bench", "prompts", "bundled", "--model", "tiny:smollm2-135m", "--categories", "qa,translation,multi_turn"]
         + ["--limit", "1", "--max-tokens", "8", "--drafters", "lookup", "--policies", "fixed:2", "--verify", "fast"]
         + ["--out", str(out)]
     )

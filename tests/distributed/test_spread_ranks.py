@@ -1,4 +1,4 @@
-"""``specbench report`` and ``specbench bench --prompts`` spread over 2 local ranks (ring backend), each rank
+"""``specbench report`` and ``specbench bench prompts`` spread over 2 local ranks (ring backend), each rank
 with an output folder of its own as on two machines: rank 0's folder ends with the same files, statuses, runs
 and summaries as a one-rank run (modulo timings), and an interrupted run resumes there."""
 

@@ -9,21 +9,21 @@ from conftest import build_tiny
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
 from specbench.core.policy_args import MAX_DRAFT_LENGTH
 from specbench.decoding import with_estimate
-from specbench.drafters import DraftModel, EarlyExit, MtpDrafter, PromptLookup, SuffixDecoding
-from specbench.drafters.oracle import OracleDrafter as Oracle
+from specbench.drafters import DraftModel, EarlyExit, MtpHead, PromptLookup, SuffixDecoding
+from specbench.drafters.oracle import Oracle
 from specbench.models.mtp import build_head
 
 MODEL = build_tiny("llama", num_hidden_layers=2)  # vocabulary 97
 
 # (what, make, error type, text the error holds)
 CASES = [
-    ("mtp tree_width not an integer", lambda: MtpDrafter(MODEL, tree_width=2.5), TypeError, "tree_width"),
-    ("mtp top_k not an integer", lambda: MtpDrafter(MODEL, top_k=1.5), TypeError, "top_k"),
-    ("mtp top_k over the vocabulary", lambda: MtpDrafter(MODEL, top_k=98), ValueError, "from 0 to 97"),
-    ("mtp tree_width over the vocabulary", lambda: MtpDrafter(MODEL, tree_width=200), ValueError, "from 1 to 97"),
-    ("mtp temperature text", lambda: MtpDrafter(MODEL, temperature="hot"), TypeError, "temperature"),
-    ("mtp temperature NaN", lambda: MtpDrafter(MODEL, temperature=float("nan")), ValueError, "finite"),
-    ("mtp preferred_k huge", lambda: MtpDrafter(MODEL, preferred_k=10**6), ValueError, "preferred_k"),
+    ("mtp tree_width not an integer", lambda: MtpHead(MODEL, tree_width=2.5), TypeError, "tree_width"),
+    ("mtp top_k not an integer", lambda: MtpHead(MODEL, top_k=1.5), TypeError, "top_k"),
+    ("mtp top_k over the vocabulary", lambda: MtpHead(MODEL, top_k=98), ValueError, "from 0 to 97"),
+    ("mtp tree_width over the vocabulary", lambda: MtpHead(MODEL, tree_width=200), ValueError, "from 1 to 97"),
+    ("mtp temperature text", lambda: MtpHead(MODEL, temperature="hot"), TypeError, "temperature"),
+    ("mtp temperature NaN", lambda: MtpHead(MODEL, temperature=float("nan")), ValueError, "finite"),
+    ("mtp preferred_k huge", lambda: MtpHead(MODEL, preferred_k=10**6), ValueError, "preferred_k"),
     ("lookup max_ngram float", lambda: PromptLookup(max_ngram=2.0), TypeError, "max_ngram"),
     ("lookup preferred_k zero", lambda: PromptLookup(preferred_k=0), ValueError, "preferred_k"),
     ("lookup max_candidates bool", lambda: PromptLookup(max_candidates=True), TypeError, "max_candidates"),
@@ -50,16 +50,18 @@ def test_bad_arguments_are_one_clear_error_at_construction(what, make, kind, tex
 
 
 def test_the_bound_itself_is_accepted():
-    assert DraftPolicy.fixed(MAX_DRAFT_LENGTH).n == MAX_DRAFT_LENGTH
+    assert DraftPolicy.fixed(MAX_DRAFT_LENGTH).k == MAX_DRAFT_LENGTH
     with_head = build_tiny("llama", num_hidden_layers=2)
     with_head.mtp = build_head(with_head)
-    assert MtpDrafter(with_head, top_k=97).top_k == 97
+    assert MtpHead(with_head, top_k=97).top_k == 97
 
 
 def test_a_draft_longer_than_the_context_is_an_error_before_any_model_work():
     short = build_tiny("llama", num_hidden_layers=1, max_position_embeddings=16)
     with pytest.raises(ValueError, match="context of 16 tokens"):
-        speculative_generate(short, [1, 2, 3], GenerateOptions(max_tokens=4), PromptLookup(), DraftPolicy.fixed(20))
+        speculative_generate(
+            short, [1, 2, 3], GenerateOptions(max_tokens=4), drafter=PromptLookup(), policy=DraftPolicy.fixed(20)
+        )
 
 
 def test_a_draft_model_without_target_checks_the_vocabulary_before_any_work():
@@ -67,9 +69,11 @@ def test_a_draft_model_without_target_checks_the_vocabulary_before_any_work():
     drafter = DraftModel(MODEL)
     assert drafter.target_checked is False
     with pytest.raises(ValueError, match="vocabulary mismatch.*97.*200"):
-        speculative_generate(wider_target, [1, 2, 3], GenerateOptions(max_tokens=4), drafter, DraftPolicy.fixed(2))
+        speculative_generate(
+            wider_target, [1, 2, 3], GenerateOptions(max_tokens=4), drafter=drafter, policy=DraftPolicy.fixed(2)
+        )
     ok = DraftModel(MODEL)
-    speculative_generate(MODEL, [1, 2, 3], GenerateOptions(max_tokens=2), ok, DraftPolicy.fixed(2))
+    speculative_generate(MODEL, [1, 2, 3], GenerateOptions(max_tokens=2), drafter=ok, policy=DraftPolicy.fixed(2))
     assert ok.target_checked is True
 
 

@@ -11,7 +11,7 @@ from specbench.core.engine import Generation, generate
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.tree import depths
-from specbench.drafters.mtp import MtpDrafter
+from specbench.drafters.mtp import MtpHead
 from specbench.models.mtp import build_head
 
 PROMPT = [5, 17, 3, 9, 5, 17, 3, 9, 5, 17, 44, 2, 8]
@@ -25,7 +25,7 @@ def test_mtp_tree_decoding_equals_plain_greedy():
     model.mtp = head
     options = GenerateOptions(max_tokens=30)
     plain = list(generate(model, PROMPT, options))
-    drafter = MtpDrafter(model, tree_width=3)
+    drafter = MtpHead(model, tree_width=3)
     gen = Generation(model, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(6))
     assert list(gen) == plain
     trees = [r for r in gen.log if r["tree_nodes"]]
@@ -33,7 +33,7 @@ def test_mtp_tree_decoding_equals_plain_greedy():
     # The chain's token is each depth's last node: the runners-up before it share its parent.
     assert trees[0]["draft_parents"] == [-1, -1, -1, 2, 2, 2]
     with pytest.raises(ValueError, match="greedily"):
-        MtpDrafter(model, temperature=0.7, tree_width=2)
+        MtpHead(model, temperature=0.7, tree_width=2)
 
 
 def _model_with_head(arch: str):
@@ -50,7 +50,7 @@ def test_dynamic_mtp_tree_decoding_equals_plain_greedy(arch):
     model = _model_with_head(arch)
     options = GenerateOptions(max_tokens=24)
     plain = list(generate(model, PROMPT, options))
-    drafter = MtpDrafter(model, top_k=3, tree_depth=4)
+    drafter = MtpHead(model, top_k=3, tree_depth=4)
     gen = Generation(model, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(8))
     assert list(gen) == plain
     trees = [r for r in gen.log if r["kind"] == "verify" and r["tree_nodes"]]
@@ -58,7 +58,7 @@ def test_dynamic_mtp_tree_decoding_equals_plain_greedy(arch):
     assert max(r["tree_depth"] for r in trees) > 1  # the dynamic tree grows past the first level
 
 
-def _draft(model, drafter: MtpDrafter, k: int):
+def _draft(model, drafter: MtpHead, k: int):
     """``drafter``'s draft right after the prompt's first generated token (hidden states from the model)."""
     from specbench.core.forward import forward
 
@@ -71,8 +71,8 @@ def _draft(model, drafter: MtpDrafter, k: int):
 
 def test_dynamic_mtp_tree_top_1_is_the_greedy_chain():
     model = _model_with_head("qwen3")
-    chain = _draft(model, MtpDrafter(model), 5)
-    one = _draft(model, MtpDrafter(model, top_k=1, tree_depth=5), 5)
+    chain = _draft(model, MtpHead(model), 5)
+    one = _draft(model, MtpHead(model, top_k=1, tree_depth=5), 5)
     assert one.tokens == chain.tokens and one.parents == [-1, 0, 1, 2, 3]
 
 
@@ -81,7 +81,7 @@ def test_dynamic_mtp_tree_keeps_the_most_probable_nodes():
     before children, distinct siblings, at most the budget; each level's nodes come from one head call,
     and the chain's nodes score what the greedy chain's head probabilities multiply to."""
     model = _model_with_head("llama")
-    drafter = MtpDrafter(model, top_k=3, tree_depth=4)
+    drafter = MtpHead(model, top_k=3, tree_depth=4)
     draft = _draft(model, drafter, 10)
     scores, parents = drafter.last_scores, draft.parents
     assert len(draft.tokens) == len(scores) == len(parents) == 10

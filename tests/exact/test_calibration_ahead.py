@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import ScriptedDrafter, build_tiny, emulate_gpu, plain_greedy
+from conftest import ScriptedDrafter, bitwise_forwards, build_tiny, emulate_gpu, plain_greedy
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench import GenerateOptions, speculative_generate
@@ -43,7 +43,9 @@ def test_exact_generation_calibrates_every_width_before_the_first_token(counted,
     said: list[str] = []
     drafter = ScriptedDrafter(ref, len(PROMPT), 97, wrong_at=lambda step, i: step % 3 == 1 and i == 2)
     policy = DraftPolicy.auto(break_even=1.2, measured=True)
-    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=40), drafter, policy, progress=said.append)
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=40), drafter=drafter, policy=policy, progress=said.append
+    )
     assert sorted(counted) == list(range(2, 10))  # every width Auto may verify (k <= 8)
     assert any("calibrating exact verification" in s for s in said) and any("width 9 runs" in s for s in said)
     before = len(counted)
@@ -52,14 +54,18 @@ def test_exact_generation_calibrates_every_width_before_the_first_token(counted,
     assert {r["verify_width"] for r in gen.log if r["kind"] == "verify"} <= set(range(2, 10))
     # a second generation of the same model finds every width calibrated and says nothing
     said.clear()
-    speculative_generate(model, PROMPT, GenerateOptions(max_tokens=4), drafter, policy, progress=said.append)
+    speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=4), drafter=drafter, policy=policy, progress=said.append
+    )
     assert len(counted) == before and said == []
 
 
 def test_fixed_policy_calibrates_only_its_widths(counted):
     model = build_tiny("llama")
     drafter = ScriptedDrafter(plain_greedy(model, PROMPT, 4), len(PROMPT), 97)
-    speculative_generate(model, PROMPT, GenerateOptions(max_tokens=4), drafter, DraftPolicy.fixed(3), progress=None)
+    speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=4), drafter=drafter, policy=DraftPolicy.fixed(3), progress=None
+    )
     assert sorted(counted) == [2, 3, 4]
 
 
@@ -94,10 +100,12 @@ def test_chunk_sizes_run_widest_first():
     assert chunk_sizes(2) == []
 
 
+@bitwise_forwards
 @pytest.mark.parametrize("rows", [8, 7, 4])
 def test_linear_layers_split_into_the_widest_exact_chunks(fresh_calibrations, monkeypatch, rows):
-    """With kernels row-invariant up to ``rows`` rows (an emulated device), width 9 runs its linear
-    layers in chunks of ``rows`` (two calls at 7, not three at 4), bit-identical to serial steps."""
+    """With kernels row-invariant up to ``rows`` rows (a device emulated over one whose batched forwards are
+    row-invariant), width 9 runs its linear layers in chunks of ``rows`` (two calls at 7, not three at 4),
+    bit-identical to serial steps."""
     emulate_gpu(monkeypatch, attention=True, linear_rows=rows, vector=True)
     model = build_tiny("qwen3", seed=1)
     calibration = calibrate(model, [9], measure=False)

@@ -8,7 +8,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import ScriptedDrafter, build_tiny, cpu_bitwise, emulate_gpu, plain_greedy
+from conftest import ScriptedDrafter, bitwise_forwards, build_tiny, emulate_gpu, plain_greedy
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench import GenerateOptions, speculative_generate
@@ -35,7 +35,31 @@ def test_compiled_levels_parse_and_round_trip():
         ExactPlan.parse("linear/4+compiled/2")
 
 
-@cpu_bitwise
+@pytest.mark.parametrize(
+    "arch, level", [("qwen3", "attention+linear/3+compiled"), ("qwen3_moe", "linear/2+experts/unsorted+compiled")]
+)
+def test_compiled_level_computes_what_its_chunks_compute(arch, level):
+    """ "+compiled" runs the same products as the plain chunks: bit-identical outputs at every width (and so
+    exact wherever the chunks are; the calibration takes it only where its probe finds it exact)."""
+    model = build_tiny(arch)
+    rng = np.random.default_rng(2)
+    cache = make_prompt_cache(model)
+    model(mx.array(rng.integers(0, 97, 19))[None], cache=cache)
+    tokens = mx.array(rng.integers(0, 97, 7))[None]
+    exact_hooks._compiled_products.clear()
+    outputs = {}
+    for run in (level.removesuffix("+compiled"), level):
+        for width in (2, 5, 7):
+            with exact_mode(model, run):
+                outputs[run, width] = np.array(model(tokens[:, :width], cache=cache)[0])
+            for c in cache:
+                c.trim(width)
+        assert bool(exact_hooks._compiled_products) == (run == level)  # only "+compiled" compiles
+    for width in (2, 5, 7):
+        assert np.array_equal(outputs[level, width], outputs[level.removesuffix("+compiled"), width]), width
+
+
+@bitwise_forwards
 @pytest.mark.parametrize(
     "arch, level", [("qwen3", "attention+linear/3+compiled"), ("qwen3_moe", "linear/2+experts/unsorted+compiled")]
 )
@@ -48,15 +72,12 @@ def test_compiled_level_equals_serial_steps(arch, level):
     serial = np.stack([np.array(model(tokens[:, i : i + 1], cache=cache)[0, 0]) for i in range(7)])
     for c in cache:
         c.trim(7)
-    exact_hooks._compiled_products.clear()
-    for run in (level.removesuffix("+compiled"), level):
-        for width in (2, 5, 7):
-            with exact_mode(model, run):
-                out = np.array(model(tokens[:, :width], cache=cache)[0])
-            for c in cache:
-                c.trim(width)
-            assert np.array_equal(out, serial[:width]), (run, width)
-        assert bool(exact_hooks._compiled_products) == (run == level)  # only "+compiled" compiles
+    for width in (2, 5, 7):
+        with exact_mode(model, level):
+            out = np.array(model(tokens[:, :width], cache=cache)[0])
+        for c in cache:
+            c.trim(width)
+        assert np.array_equal(out, serial[:width]), width
 
 
 SECONDS = {"attention+linear/3": 2.0, "serial": 9.0}
@@ -123,7 +144,9 @@ def test_exact_generation_runs_the_calibrated_compiled_chunks(monkeypatch):
     assert [verifier.level_for(w) for w in (2, 3, 4)] == ["attention", *["attention+linear/2+compiled"] * 2]
     exact_hooks._compiled_products.clear()
     drafter = ScriptedDrafter(truth, len(prompt), 97, wrong_at=lambda step, i: step % 3 == 1 and i == 1)
-    gen = speculative_generate(model, prompt, GenerateOptions(max_tokens=16), drafter, DraftPolicy.fixed(3))
+    gen = speculative_generate(
+        model, prompt, GenerateOptions(max_tokens=16), drafter=drafter, policy=DraftPolicy.fixed(3)
+    )
     assert list(gen) == truth
     assert any(r["verify_width"] > 2 for r in gen.log if r["kind"] == "verify")
     assert exact_hooks._compiled_products  # the verifications ran the compiled chunks

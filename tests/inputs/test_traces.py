@@ -479,7 +479,7 @@ def test_bench_trace_replays_turns_with_identical_outputs(tmp_path):
     real = steps.filter(pl.col("method") == "suffix")
     assert real["accepted"].to_list() == [r["accepted"] for r in simulated.records]
     assert real["k_drafted"].to_list() == [r["k_drafted"] for r in simulated.records]
-    # `specbench simulate --prompts FOLDER` reads the plain outputs there and replays lookup as it ran.
+    # `specbench simulate --recorded FOLDER` reads the plain outputs there and replays lookup as it ran.
     from specbench.simulate.simulate_logs import simulate_logs
 
     replay = simulate_logs(tmp_path, ["lookup"], [4], ["per-trace"], recorded=True)
@@ -562,13 +562,13 @@ def test_context_policy_names_trace_and_turn_or_drops_the_oldest_messages(tmp_pa
     # result is left at the front).
     history = trace.history(2, replies)
     assert (prompt, dropped) == (render_messages(tokenizer, [history[0], history[-1]]), 4)
-    # bench --trace reads and checks the trace (and the ids asked for) before loading any model.
+    # bench trace reads and checks the trace (and the ids asked for) before loading any model.
     path = save_traces([trace], tmp_path / "words.jsonl")
-    assert main(["bench", "--trace", str(path), "--trace-id", "nope", "--model", "/no/such/model"]) == 2
+    assert main(["bench", "trace", str(path), "--trace-id", "nope", "--model", "/no/such/model"]) == 2
     assert "no trace 'nope' (its traces: words)" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": [{"type": "img"}]}]}\n')
-    assert main(["bench", "--trace", str(bad), "--model", "/no/such/model"]) == 2
+    assert main(["bench", "trace", str(bad), "--model", "/no/such/model"]) == 2
     assert f"{bad}:1: messages[0]: content[0]: expected a text part" in capsys.readouterr().err
 
 

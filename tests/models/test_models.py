@@ -144,13 +144,26 @@ def test_embedded_model_builds_once(home, tiny_registry):
     assert model(mx.array(tokenizer.encode("hi"))[None]).shape == (1, 2, VOCAB)
 
 
-def test_setup_builds_every_embedded_model(home, tiny_registry, monkeypatch):
-    monkeypatch.setattr(models, "EMBEDDED_MODELS", {"tiny-test": models.EMBEDDED_MODELS["tiny-test"]})
+def test_setup_builds_the_embedded_models_marked_for_it(home, tiny_registry, monkeypatch):
+    tiny = models.EMBEDDED_MODELS["tiny-test"]
+    on_demand = models.EmbeddedModel(tiny.build, version=1, in_setup=False)
+    monkeypatch.setattr(models, "EMBEDDED_MODELS", {"tiny-test": tiny, "tiny-on-demand": on_demand})
     assert models.setup() == [home / "models" / "tiny-test"]
     assert models.setup() == [home / "models" / "tiny-test"]
     assert len(tiny_registry) == 1
     models.setup(force=True)
     assert len(tiny_registry) == 2
+    assert models.setup(every=True) == [home / "models" / "tiny-test", home / "models" / "tiny-on-demand"]
+    assert len(tiny_registry) == 3  # the on-demand model, once asked for
+
+
+def test_the_report_loads_no_embedded_model_that_setup_leaves_out():
+    from specbench.report.profiles import PROFILES
+
+    left_out = {name for name, spec in models.EMBEDDED_MODELS.items() if not spec.in_setup}
+    assert "smollm2-135m-moe" in left_out
+    text = json.dumps(PROFILES)
+    assert not [name for name in left_out if f'"{name}"' in text]
 
 
 def test_new_builder_version_rebuilds(home, tiny_registry, monkeypatch):

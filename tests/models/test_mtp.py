@@ -14,7 +14,7 @@ from conftest import DEEPSEEK, MIMO, QWEN3_NEXT, QWEN35, QWEN35_MOE, build, buil
 from mlx.utils import tree_flatten, tree_map
 
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
-from specbench.drafters.mtp import MtpDrafter
+from specbench.drafters.mtp import MtpHead
 from specbench.models.mtp import attach_mtp, build_head, extract_mtp, save_head
 from specbench.models.mtp.layouts import find_mtp
 
@@ -93,11 +93,11 @@ def assert_same_head(head, reference) -> None:
         np.testing.assert_allclose(np.array(got[k]), np.array(want[k]), rtol=1e-6, atol=1e-6, err_msg=k)
 
 
-def speculative_equals_plain(model, n: int = 24, k: int = 3, verify: str = "fast") -> MtpDrafter:
+def speculative_equals_plain(model, n: int = 24, k: int = 3, verify: str = "fast") -> MtpHead:
     ref = plain_greedy(model, PROMPT, n)
-    drafter = MtpDrafter(model)
+    drafter = MtpHead(model)
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=n, verify=verify), drafter, DraftPolicy.fixed(k)
+        model, PROMPT, GenerateOptions(max_tokens=n, verify=verify), drafter=drafter, policy=DraftPolicy.fixed(k)
     )
     assert list(gen) == ref
     verifies = [r for r in gen.log if r["kind"] == "verify"]
@@ -130,8 +130,10 @@ def test_drafter_feeds_real_hidden_states():
     """Mid-generation, the head's cache holds exactly what the real context gives, no speculative entries."""
     model = build(QWEN35)
     model.mtp = random_head(model)
-    drafter = MtpDrafter(model)
-    gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=40), drafter, DraftPolicy.fixed(4))
+    drafter = MtpHead(model)
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=40), drafter=drafter, policy=DraftPolicy.fixed(4)
+    )
     for i, _ in enumerate(gen):
         if i == 25:
             break
@@ -326,7 +328,7 @@ def test_checkpoint_of_another_family(tmp_path):
 
 def test_drafter_without_head():
     with pytest.raises(ValueError, match="no MTP head"):
-        MtpDrafter(build_tiny("llama"))
+        MtpHead(build_tiny("llama"))
 
 
 def test_find_mtp_layouts():
@@ -428,7 +430,7 @@ def test_moe_twin_computes_the_dense_function(tmp_path):
     runs = {}
     for name, model in (("dense", dense), ("twin", twin)):
         gen = speculative_generate(
-            model, PROMPT, GenerateOptions(max_tokens=16), MtpDrafter(model), DraftPolicy.fixed(2)
+            model, PROMPT, GenerateOptions(max_tokens=16), drafter=MtpHead(model), policy=DraftPolicy.fixed(2)
         )
         runs[name] = (list(gen), [r.get("draft_tokens") for r in gen.log if r["kind"] == "verify"])
     assert runs["dense"] == runs["twin"]
@@ -437,9 +439,13 @@ def test_moe_twin_computes_the_dense_function(tmp_path):
 def test_sampled_drafts_report_their_distribution():
     model = build_tiny("llama")
     model.mtp = random_head(model)
-    drafter = MtpDrafter(model, temperature=0.8)
+    drafter = MtpHead(model, temperature=0.8)
     gen = speculative_generate(
-        model, PROMPT, GenerateOptions(max_tokens=12, temperature=0.8, seed=3), drafter, DraftPolicy.fixed(3)
+        model,
+        PROMPT,
+        GenerateOptions(max_tokens=12, temperature=0.8, seed=3),
+        drafter=drafter,
+        policy=DraftPolicy.fixed(3),
     )
     assert len(list(gen)) == 12
     hidden = model.model(mx.array([PROMPT]))
@@ -470,7 +476,9 @@ def test_embedded_model_mtp_greedy_equals_plain(embedded):
     drafter = make_drafter("mtp", model=model, model_name="smollm2-135m")
     prompt = render_prompt(tokenizer, "Write a Python function that checks whether a number is prime.")
     ref = plain_greedy(model, prompt, 32)
-    gen = speculative_generate(model, prompt, GenerateOptions(max_tokens=32), drafter, DraftPolicy.fixed(3))
+    gen = speculative_generate(
+        model, prompt, GenerateOptions(max_tokens=32), drafter=drafter, policy=DraftPolicy.fixed(3)
+    )
     assert list(gen) == ref
     verifies = [r for r in gen.log if r["kind"] == "verify"]
     first = sum(r["accepted"] >= 1 for r in verifies) / len(verifies)

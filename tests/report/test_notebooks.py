@@ -52,31 +52,34 @@ def test_every_notebook_is_in_the_report():
 
 
 @pytest.mark.skipif(not has("embedded_model"), reason="the quick profile uses the embedded model's tokenizer")
-def test_quick_profile_runs_every_notebook(tmp_path):
-    result = report.run_report("quick", tmp_path / "quick", progress=False)
-    statuses = {r.notebook: (r.status, r.error) for r in result.results}
-    assert all(status == "done" for status, _ in statuses.values()), statuses
-    page = (tmp_path / "quick" / "index.html").read_text()
+@pytest.mark.parametrize("name", list(report.NOTEBOOKS))
+def test_quick_profile_runs_each_notebook(tmp_path, name):
+    """Each notebook of the quick profile in a report of its own (so that a parallel test run spreads them):
+    done, rendered without local paths or escapes, its figures drawn and passing the figure checks, nothing
+    skipped but drafters the miniature lacks, its verdict in words at the top of the index."""
+    out = tmp_path / "quick"
+    result = report.run_report("quick", out, only=[name], progress=False)
+    assert [(r.notebook, r.status, r.error) for r in result.results] == [(name, "done", "")]
+    page = (out / "index.html").read_text()
     local = [str(tmp_path), str(report.PROJECT_ROOT), sys.prefix, str(Path.home())]
-    for name in report.NOTEBOOKS:
-        assert (tmp_path / "quick" / f"{name}.html").stat().st_size > 10_000
-        text = (tmp_path / "quick" / f"{name}.html").read_text()
-        assert not [p for p in local if p in text], f"{name}.html shows a local path"
-        assert "\\x" not in text.split("<body", 1)[1].split("data:image", 1)[0], f"{name}.html escapes characters"
-        assert f'href="{name}.html"' in page
-        summary = json.loads((tmp_path / "quick" / name / "summary.json").read_text())
-        assert summary["figures"], f"{name} drew no figure"
-        for figure in summary["figures"]:
-            assert (tmp_path / "quick" / figure).read_bytes()[:4] == b"\x89PNG"
-            assert (tmp_path / "quick" / figure).with_suffix(".svg").exists()
-        # only drafters the miniature lacks (an MTP head) may be skipped
-        assert all(section.startswith("drafter ") for section in summary["skipped"]), summary["skipped"]
-        # every figure titled, labelled, inside its canvas, no series hidden (figures.checks)
-        assert not summary.get("figure_problems"), (name, summary["figure_problems"])
-        assert len(summary["verdict"]) > 40, f"{name} ends without a verdict"  # in words, from its numbers
-        assert html.escape(summary["verdict"]) in page[: page.index("<table")]  # the index opens with every verdict
-    sweep = json.loads((tmp_path / "quick" / "draft_length_sweep" / "summary.json").read_text())
-    assert sweep["values"]["outputs_equal_to_plain"] is True
-    traces = json.loads((tmp_path / "quick" / "agent_traces" / "summary.json").read_text())
-    assert traces["values"]["identical"] is True
-    assert "agent_traces/tables/overall.parquet" in traces["tables"]  # two traces: each method over both
+    assert (out / f"{name}.html").stat().st_size > 10_000
+    text = (out / f"{name}.html").read_text()
+    assert not [p for p in local if p in text], f"{name}.html shows a local path"
+    assert "\\x" not in text.split("<body", 1)[1].split("data:image", 1)[0], f"{name}.html escapes characters"
+    assert f'href="{name}.html"' in page
+    summary = json.loads((out / name / "summary.json").read_text())
+    assert summary["figures"], f"{name} drew no figure"
+    for figure in summary["figures"]:
+        assert (out / figure).read_bytes()[:4] == b"\x89PNG"
+        assert (out / figure).with_suffix(".svg").exists()
+    # only drafters the miniature lacks (an MTP head) may be skipped
+    assert all(section.startswith("drafter ") for section in summary["skipped"]), summary["skipped"]
+    # every figure titled, labelled, inside its canvas, no series hidden (figures.checks)
+    assert not summary.get("figure_problems"), (name, summary["figure_problems"])
+    assert len(summary["verdict"]) > 40, f"{name} ends without a verdict"  # in words, from its numbers
+    assert html.escape(summary["verdict"]) in page[: page.index("<table")]  # the index opens with the verdict
+    if name == "draft_length_sweep":
+        assert summary["values"]["outputs_equal_to_plain"] is True
+    if name == "agent_traces":
+        assert summary["values"]["identical"] is True
+        assert "agent_traces/tables/overall.parquet" in summary["tables"]  # two traces: each method over both

@@ -3,10 +3,12 @@ report runner (on small notebooks of its own) and the explorer, headless."""
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
 import matplotlib
+import mlx.core as mx
 import nbformat
 import numpy as np
 import polars as pl
@@ -17,6 +19,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
 from specbench.bench import sweep, timing
 from specbench.checks import lossless
+from specbench.common.blas import blas_in_use
 from specbench.inputs import capabilities as caps
 from specbench.inputs.prompts import prompt_table, prompts_from
 from specbench.models.tiny import tiny_config
@@ -94,7 +97,9 @@ def test_token_sources_follow_the_log(text_model):
     prompt = tokenizer.encode("the cat sat on the mat. the cat")
     truth = plain_greedy(model, prompt, 20)
     drafter = WrongAt(truth, len(prompt), 256, bad=2)
-    gen = speculative_generate(model, prompt, GenerateOptions(max_tokens=20), drafter, DraftPolicy.fixed(3))
+    gen = speculative_generate(
+        model, prompt, GenerateOptions(max_tokens=20), drafter=drafter, policy=DraftPolicy.fixed(3)
+    )
     tokens = list(gen)
     assert tokens == truth
     sources = render.token_sources(gen)
@@ -519,7 +524,9 @@ def test_run_report_keeps_failures_and_resumes(tmp_path):
         ),
     )
     _notebook(
-        notebooks / "explorer.ipynb", 'models = ["m"]\nmax_tokens = 12', "raise RuntimeError('broken on purpose')"
+        notebooks / "explorer.ipynb",
+        'model = "m"\nk = 3\ngrid_draft_lengths = [1]',
+        "raise RuntimeError('broken on purpose')",
     )
     out = tmp_path / "report"
     first = report.run_report(
@@ -535,6 +542,9 @@ def test_run_report_keeps_failures_and_resumes(tmp_path):
     assert "decode speedup over plain decoding" in page and ">0.50x<" in page  # key results in words, with units
     verdicts = page[page.index("<h2>Verdicts</h2>") : page.index("<table")]
     assert "7 tokens" in verdicts and "failed: RuntimeError: broken on purpose" in verdicts
+    if mx.default_device().type == mx.DeviceType.cpu:  # the BLAS the CPU measured on, in the page's head
+        head = page[: page.index("<h2>Verdicts</h2>")]
+        assert "blas: " in head and html.escape(blas_in_use()) in head
     second = report.run_report(
         "quick", out, {"quickstart.max_tokens": "7"}, ["quickstart", "explorer"], notebooks=notebooks, progress=False
     )

@@ -37,13 +37,13 @@ def _profile(name: str, costs: list[float], overhead: float = 0.0, device: str =
 def test_break_even_verdict_and_figure_say_when_a_model_never_breaks_even():
     dense = _profile("dense", [1.0, 1.1, 1.2, 1.3, 1.4])
     moe = _profile("moe", [1.0, 2.5, 3.6, 4.7, 5.8], overhead=0.5)  # c(k+1) > k+1 for every k
-    text = verdicts.break_even([dense, moe], k_max=4)
+    text = verdicts.break_even([dense, moe], max_k=4)
     assert text.startswith("On this CPU:")
     assert "dense breaks even from acceptance" in text and "moe never breaks even" in text
     assert "c(2) = 3.00 plain steps" in text  # 2.5 + the 0.5 overhead, counted as the figures count it
     assert "dense breaks even from acceptance 0.10 per position (at its best k = 1; c(2) = 1.10" in text
     assert "grew by" in text and "faster for the second" in text
-    fig = figures.break_even([dense, moe], k_max=4)
+    fig = figures.break_even([dense, moe], max_k=4)
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert any("moe (fast): never breaks even" in t and "c(2) = 3.00" in t for t in legend)
     assert any("never breaks even" in t.get_text() for t in fig.axes[0].texts)  # the marked band
@@ -294,3 +294,27 @@ def test_pages_show_parameters_as_written_and_no_local_paths_or_progress(tmp_pat
     assert "prompt = 'angekündigt'" in nb.cells[0].source and "output_dir = '.'" in nb.cells[0].source
     assert [o["name"] for o in nb.cells[1].outputs] == ["stdout", "stdout"]  # no progress bar, no red box
     assert nb.cells[1].outputs[1]["text"] == "read <specbench>/specbench/assets and ./x.parquet\n"
+
+
+def test_reference_contrast_says_what_this_machine_and_the_reference_show():
+    from specbench.cost.reference import reference_profiles
+
+    reference = reference_profiles()
+    dense = _profile("smollm2-135m", [1.0, 1.1, 1.2, 1.3, 1.4])
+    dense.kernels = "cpu:test|mlx 0|mlx_lm 0|blas OpenBLAS 0.3.21, 2 threads"
+    moe = _profile("synthetic:smollm2-135m-16e-fp32", [1.0, 1.9, 2.8, 3.7, 4.6])
+    text = verdicts.reference_contrast({"dense": dense, "MoE": moe}, reference, "fast", 0.0, 4)
+    mine, theirs = text.split(" On the NVIDIA H200 reference (mlx ")
+    assert mine.startswith("On this CPU (OpenBLAS 0.3.21, 2 threads): c(w) grows 0.10 plain steps per added row")
+    assert "0.90 for the MoE (the MoE's grows faster)" in mine
+    assert "same widths (1-5)" in theirs and "for the MoE (the MoE's grows slower)" in theirs  # the H200's data
+    alike = verdicts.reference_contrast({"dense": dense, "MoE": dense}, reference, "fast", 0.0, 4)
+    assert "(about alike)" in alike.split(" On the ")[0]
+    alone = verdicts.reference_contrast({"dense": dense}, reference, "fast", 0.0, 4)
+    assert alone.startswith("This machine has no dense and MoE fast profiles to compare. On the NVIDIA H200")
+    fig = figures.beside_reference([dense, moe], reference, "fast", 0.0, 4)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[0].startswith("This machine: test (OpenBLAS 0.3.21, 2 threads)")
+    assert titles[1].startswith("NVIDIA H200 reference") and "widths 1-5" in titles[1]
+    assert all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes)
+    assert max(max(line.get_xdata(), default=0) for line in fig.axes[1].get_lines()) <= 5  # cut to this run's widths

@@ -47,7 +47,7 @@ def _real(model, prompts, options, make_drafter, policy):
     records = []
     outputs = []
     for i, prompt in enumerate(prompts):
-        gen = speculative_generate(model, prompt, options, drafter, policy)
+        gen = speculative_generate(model, prompt, options, drafter=drafter, policy=policy)
         outputs.append(list(gen))
         for r in gen.log.records:
             records.append({**r, "request": i})
@@ -170,7 +170,9 @@ def test_drafts_running_past_a_stop(model):
     prompt = [5, 6, 7, 8, 9, 10]
     truth = list(generate(model, prompt, GenerateOptions(max_tokens=30)))
     options = GenerateOptions(max_tokens=30, stop_token_ids=[truth[10]])
-    gen = speculative_generate(model, prompt, options, _Continuation(len(prompt), truth), DraftPolicy.fixed(6))
+    gen = speculative_generate(
+        model, prompt, options, drafter=_Continuation(len(prompt), truth), policy=DraftPolicy.fixed(6)
+    )
     list(gen)
     simulated = simulate(
         record(model, [prompt], options), _Continuation(len(prompt), truth), DraftPolicy.fixed(6), options

@@ -19,7 +19,7 @@ from specbench.core.forward import text_model
 from specbench.models.embedded import model_folder
 from specbench.models.moe_twin import twin_head_file
 from specbench.models.mtp.checkpoint import INDEX, Checkpoint
-from specbench.models.mtp.head import MtpHead, build_head, float_dtype, model_args, model_type, quantize_like_body
+from specbench.models.mtp.head import MtpModule, build_head, float_dtype, model_args, model_type, quantize_like_body
 from specbench.models.mtp.layouts import (
     DEEPSEEK,
     QWEN,
@@ -203,7 +203,7 @@ def _source_name(found: Found, key: str) -> str:
 
 
 def _check_against(
-    head: MtpHead, tensors: dict[str, mx.array], source: dict[str, str], where: str, model: nn.Module, found: Found
+    head: MtpModule, tensors: dict[str, mx.array], source: dict[str, str], where: str, model: nn.Module, found: Found
 ):
     expected = dict(tree_flatten(head.parameters()))
     args = model_args(model)
@@ -233,7 +233,7 @@ def _layer_depth(tensors: dict[str, mx.array]) -> int:
     return max(idx) + 1 if idx else 0
 
 
-def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = None, quantize: bool = True) -> MtpHead:
+def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = None, quantize: bool = True) -> MtpModule:
     """Build the MTP head for ``model`` from the MTP tensors of a checkpoint (not attached)."""
     ckpt = Checkpoint(path)
     where = str(ckpt.path)
@@ -266,7 +266,7 @@ def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = No
     return head
 
 
-def attach_mtp(model: nn.Module, path: str | Path, zero_centred: bool | None = None) -> MtpHead:
+def attach_mtp(model: nn.Module, path: str | Path, zero_centred: bool | None = None) -> MtpModule:
     """Attach the MTP head stored in ``path`` to ``model`` (as ``model.mtp``) and return it.
 
     ``path`` is a ``.safetensors`` file or a checkpoint folder (sharded through
@@ -279,7 +279,7 @@ def attach_mtp(model: nn.Module, path: str | Path, zero_centred: bool | None = N
     return head
 
 
-def attach_random(model: nn.Module, seed: int = 0, depth: int = 1) -> MtpHead:
+def attach_random(model: nn.Module, seed: int = 0, depth: int = 1) -> MtpModule:
     """Attach a random-weight MTP head (for cost studies on synthetic models)."""
     mx.random.seed(seed)
     mtype = model_type(model)
@@ -294,9 +294,9 @@ def attach_random(model: nn.Module, seed: int = 0, depth: int = 1) -> MtpHead:
     return head
 
 
-def get_head(model: nn.Module) -> MtpHead:
+def get_head(model: nn.Module) -> MtpModule:
     head = model.get("mtp") if isinstance(model, dict) else getattr(model, "mtp", None)
-    if not isinstance(head, MtpHead):
+    if not isinstance(head, MtpModule):
         raise ValueError(
             "the model has no MTP head: attach one with specbench.attach_mtp(model, path) "
             "(or train one with `specbench train-mtp`)"
@@ -305,7 +305,7 @@ def get_head(model: nn.Module) -> MtpHead:
 
 
 # -- writing ---------------------------------------------------------------------------------
-def save_head(head: MtpHead, path: str | Path, config: dict[str, Any], extra: dict[str, str] | None = None) -> Path:
+def save_head(head: MtpModule, path: str | Path, config: dict[str, Any], extra: dict[str, str] | None = None) -> Path:
     """Save a float head as ``mtp.*`` tensors (Qwen layout, norms as stored, not zero-centred)."""
     path = Path(path)
     tensors = {f"mtp.{k}": v for k, v in tree_flatten(head.parameters())}

@@ -19,13 +19,14 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
+from specbench.common.deprecation import moved_names
 from specbench.core.forward import text_model
 
 #: Model types whose decoder layers take a boolean mask array rather than "causal".
 _ARRAY_MASK_TYPES = {"deepseek_v3", "deepseek_v32", "kimi_k2"}
 
 
-class MtpHead(nn.Module):
+class MtpModule(nn.Module):
     """fc(concat(norm_e(embed(token)), norm_h(hidden))) -> decoder layers -> norm."""
 
     def __init__(
@@ -119,13 +120,13 @@ def build_head(
     depth: int = 1,
     hidden_first: bool = False,
     chain_normed: bool = True,
-) -> MtpHead:
+) -> MtpModule:
     """An MTP head with random weights shaped for ``model`` (``depth`` decoder layers)."""
     args = model_args(model)
     hidden_size = int(args.hidden_size)
     eps = float(getattr(args, "rms_norm_eps", 1e-6))
     layers = [decoder_layer(model) for _ in range(depth)]
-    return MtpHead(
+    return MtpModule(
         hidden_size,
         eps,
         layers,
@@ -165,7 +166,7 @@ def _quantization(module: nn.Module) -> dict | None:
     return {"bits": int(bits), "group_size": int(module.group_size), "mode": getattr(module, "mode", "affine")}
 
 
-def quantize_like_body(model: nn.Module, head: MtpHead) -> None:
+def quantize_like_body(model: nn.Module, head: MtpModule) -> None:
     """Quantize the head's layers as the body's matching layers are (bits, group size, mode).
 
     Each decoder-layer module copies its counterpart in a body layer of the same structure, so a
@@ -197,3 +198,7 @@ def quantize_like_body(model: nn.Module, head: MtpHead) -> None:
         return dict(q)
 
     nn.quantize(head, class_predicate=predicate)
+
+
+#: ``MtpHead`` named this module before the drafter took the name (``specbench.MtpHead``).
+__getattr__ = moved_names(__name__, {"MtpHead": ("specbench.models.mtp.MtpModule", lambda: MtpModule)})

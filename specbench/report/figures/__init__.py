@@ -12,12 +12,14 @@ Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``
 - ``rules``: ``rules_vs_temperature``, ``rules_by_drafter``, ``rule_positions``, ``rule_shifts`` (acceptance rules);
 - ``cost``: ``verify_costs``, ``break_even``, ``measured_vs_predicted``;
 - ``batch``: ``batch_break_even`` (a*(k, B) and the batch grid's measured against predicted speedups);
+- ``reference``: ``beside_reference`` (this machine's costs beside a shipped reference device's);
 - ``bench``: ``prompt_figure``, ``save_prompt_figure`` (the prompt benchmark's speedups by category).
 """
 
 from specbench.report.figures.batch import batch_break_even
 from specbench.report.figures.bench import prompt_figure, save_prompt_figure
 from specbench.report.figures.cost import break_even, measured_vs_predicted, verify_costs
+from specbench.report.figures.reference import beside_reference
 from specbench.report.figures.rules import rule_positions, rule_shifts, rules_by_drafter, rules_vs_temperature
 from specbench.report.figures.steps import step_timeline
 from specbench.report.figures.style import (
@@ -49,6 +51,7 @@ from specbench.report.figures.traces import cumulative_saved, per_turn
 
 __all__ = [
     "batch_break_even",
+    "beside_reference",
     "rule_positions",
     "rule_shifts",
     "rules_by_drafter",

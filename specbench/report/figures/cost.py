@@ -13,6 +13,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
+from specbench.common.deprecation import renamed_arguments
 from specbench.cost.breakeven import break_even_acceptance, speedup
 from specbench.cost.profile import Profile
 from specbench.report.figures.style import MODE_STYLES, WIDE, model_colours, model_label, new_axes
@@ -79,10 +80,11 @@ def verify_costs(
     return fig
 
 
+@renamed_arguments(k_max="max_k")
 def break_even(
     profiles: Sequence[Profile],
     d: float = 0.0,
-    k_max: int = 15,
+    max_k: int = 15,
     modes: Iterable[str] | None = None,
     ax: Any = None,
     title: str | None = None,
@@ -98,7 +100,7 @@ def break_even(
         for mode in modes or p.costs:
             if mode not in p.costs:
                 continue
-            kk = min(k_max, max(p.widths[mode]) - 1)
+            kk = min(max_k, max(p.widths[mode]) - 1)
             a = break_even_acceptance(p, d, kk, mode)
             k = np.arange(1, kk + 1)
             never = np.isnan(a)

@@ -9,6 +9,7 @@ coloured HTML text.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -64,9 +65,11 @@ def drafter_label(name: str) -> str:
 
 
 def model_family(name: str) -> str:
-    """dense, moe, hybrid or hybrid-moe, from a model name (``-aNb`` marks an MoE, ``qwen3.5``/``next`` a hybrid)."""
+    """dense, moe, hybrid or hybrid-moe, from a model name (``-aNb`` or ``-Ne-`` (N experts) marks an MoE,
+    ``qwen3.5``/``next`` a hybrid)."""
     text = name.lower()
     moe = any(tag in text for tag in ("moe", "-a3b", "-a10b", "-a17b", "-a22b", "-a14b"))
+    moe = moe or re.search(r"-\d+e(-|$| )", text) is not None
     hybrid = any(tag in text for tag in ("qwen3.5", "qwen3_5", "qwen3-next", "qwen3_next"))
     if hybrid:
         return "hybrid-moe" if moe else "hybrid"

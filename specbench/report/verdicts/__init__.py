@@ -46,6 +46,7 @@ from specbench.report.verdicts.notebooks import (
     verify_cost,
     where,
 )
+from specbench.report.verdicts.reference import reference_contrast
 
 __all__ = [
     "sweep_headline",
@@ -79,4 +80,5 @@ __all__ = [
     "explorer",
     "simulated_logs",
     "tree_vs_path",
+    "reference_contrast",
 ]

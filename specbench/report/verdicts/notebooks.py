@@ -11,6 +11,7 @@ import polars as pl
 
 from specbench.bench import paired
 from specbench.checks.lossless import POWER
+from specbench.common.deprecation import renamed_arguments
 from specbench.common.identity import device_name
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
@@ -225,13 +226,13 @@ def sweep(summary: pl.DataFrame, model: str, tokens: int | None = None, by_categ
     return f"{text} {outputs.capitalize()}."
 
 
-def _profile_sentence(profile: Profile, d: float, k_max: int, mode: str) -> str:
-    a_star = break_even_acceptance(profile, d, k_max, mode)
+def _profile_sentence(profile: Profile, d: float, max_k: int, mode: str) -> str:
+    a_star = break_even_acceptance(profile, d, max_k, mode)
     c2 = profile.c(2, mode)
     if np.all(np.isnan(a_star)):
         return (
             f"{profile.name} never breaks even: a verification costs more plain steps than a fully accepted draft "
-            f"yields for every k <= {k_max} (c(2) = {c2:.2f} plain steps, engine overhead included)"
+            f"yields for every k <= {max_k} (c(2) = {c2:.2f} plain steps, engine overhead included)"
         )
     k = int(np.nanargmin(a_star)) + 1
     cost = f"c({k + 1}) = {profile.c(k + 1, mode):.2f} plain steps, engine overhead included"
@@ -249,17 +250,18 @@ def growth_per_row(profile: Profile, mode: str = "fast") -> float:
     return float(np.polyfit(widths, np.asarray(profile.costs[mode], dtype=float), 1)[0])
 
 
+@renamed_arguments(k_max="max_k")
 def break_even(
     profiles: Sequence[Profile],
     d: float = 0.0,
-    k_max: int = 8,
+    max_k: int = 8,
     mode: str = "fast",
     grid: pl.DataFrame | None = None,
 ) -> str:
     """Cost profiles (a*(k) per model) and, when measured, the acceptance grid against its prediction."""
     if not profiles:
         return "No model could be profiled."
-    parts = [_profile_sentence(p, d, min(k_max, max(p.widths[mode]) - 1), mode) for p in profiles if mode in p.costs]
+    parts = [_profile_sentence(p, d, min(max_k, max(p.widths[mode]) - 1), mode) for p in profiles if mode in p.costs]
     text = f"On {where(profiles[0].device)}: " + "; ".join(parts) + "."
     growth = [(p.name, growth_per_row(p, mode)) for p in profiles if mode in p.costs]
     if len(growth) > 1:

@@ -1,0 +1,92 @@
+"""Policies confirmed by real runs: measured speedup over plain decoding beside the speedup the simulator
+predicted for the same requests, and the residual (measured over predicted, minus 1).
+
+For each request the model decodes plainly and then with the policy (greedy, so the tokens are the same and
+the simulator's replay of the recorded output is the run's own steps); a policy's measured speedup is plain
+decode seconds over speculative decode seconds, summed over the requests. Its interval resamples whole
+requests (percentile bootstrap); with fewer than ``MIN_REQUESTS`` requests it is None (inconclusive).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from specbench.core.engine import generate
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy
+from specbench.cost import Profile, drafter_cost, predicted_from_log
+from specbench.decoding import speculative_generate
+from specbench.simulate.policies import policy_copy
+from specbench.simulate.simulate import Recorded, model_free_drafter, simulate
+
+#: Requests needed for a bootstrap interval of the measured speedup.
+MIN_REQUESTS = 3
+
+
+def _decode_seconds(generation: Any) -> float:
+    for _ in generation:
+        pass
+    return float(generation.stats()["decode_s"])
+
+
+def confirm_policies(
+    model: Any,
+    requests: Sequence[Recorded],
+    policies: Sequence[DraftPolicy | str],
+    profile: Profile,
+    drafter: str = "lookup",
+    k: int = 8,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> pl.DataFrame:
+    """One row per policy: measured and predicted speedup, the residual and the measured speedup's 95 %
+    interval over requests (None: too few requests). ``requests``: recorded greedy outputs of ``model``."""
+    rows = []
+    d = drafter_cost(model_free_drafter(drafter, 1), profile)
+    for spec in policies:
+        plain_s, spec_s = [], []
+        for request in requests:
+            options = GenerateOptions(max_tokens=len(request.output))
+            plain_s.append(_decode_seconds(generate(model, request.prompt, options)))
+            run = speculative_generate(
+                model,
+                request.prompt,
+                options,
+                drafter=model_free_drafter(drafter, k),
+                policy=policy_copy(spec),
+                profile=profile,
+            )
+            spec_s.append(_decode_seconds(run))
+            if run.tokens != request.output[: len(run.tokens)]:
+                raise ValueError(f"request {request.id!r}: the run's tokens differ from its recorded output")
+        replay = simulate(list(requests), model_free_drafter(drafter, k), policy_copy(spec), cost=profile)
+        predicted = predicted_from_log(replay.records, profile, d, options.verify_mode)
+        measured = sum(plain_s) / sum(spec_s)
+        low, high = _interval(np.array(plain_s), np.array(spec_s), resamples, seed)
+        name = spec if isinstance(spec, str) else spec.name
+        rows.append(
+            {
+                "policy": name,
+                "requests": len(requests),
+                "measured_speedup": measured,
+                "measured_low": low,
+                "measured_high": high,
+                "predicted_speedup": predicted,
+                "residual": measured / predicted - 1.0,
+            }
+        )
+    return pl.DataFrame(rows)
+
+
+def _interval(plain: np.ndarray, spec: np.ndarray, resamples: int, seed: int) -> tuple[float | None, float | None]:
+    """95 % percentile bootstrap of sum(plain) / sum(spec), resampling requests; None with too few."""
+    if len(plain) < MIN_REQUESTS:
+        return None, None
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(plain), size=(resamples, len(plain)))
+    ratios = plain[picks].sum(axis=1) / spec[picks].sum(axis=1)
+    return float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))

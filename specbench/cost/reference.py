@@ -1,0 +1,97 @@
+"""Reference profiles measured on another device, shipped with the package: what a dense and an MoE model's
+verifications cost on an accelerator, to set beside this machine's.
+
+``reference_profiles()`` reads ``specbench/assets/reference/h200.json``, converted (not re-measured) from the
+H200 results in ``reports/gpu-h200`` by ``scripts/reference_profiles.py``: the Qwen3-8B (dense) and
+Qwen3-30B-A3B (MoE) shapes, 4-bit, full depth, random weights; c(w) in fast and exact mode, c(w, B) for B up
+to 32, distinct experts per block of w tokens, and the measured a x k grid with its predictions.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from specbench.common.files import ASSETS_DIR
+from specbench.cost.batch import BatchProfile
+from specbench.cost.profile import Profile
+
+REFERENCE_DIR = ASSETS_DIR / "reference"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One device's shipped profiles. ``label`` names it in figures and verdicts ("NVIDIA H200 reference");
+    ``kinds``: model name -> "dense" or "MoE"; ``experts``: distinct experts per MoE layer of a block of w tokens
+    (mean over layers) with the uniform-routing expectation; ``grid``: measured speedups per (name, mode, a, k)
+    with the profile's prediction; ``batch``: c(w, B) per model name."""
+
+    device: str
+    versions: dict[str, str]
+    label: str
+    measured: str
+    sources: dict[str, str]
+    kinds: dict[str, str]
+    profiles: tuple[Profile, ...]
+    batch: dict[str, BatchProfile]
+    experts: tuple[dict[str, Any], ...]
+    grid: tuple[dict[str, Any], ...]
+
+    def profile(self, kind: str) -> Profile:
+        """The profile of the model of ``kind`` ("dense" or "MoE")."""
+        for p in self.profiles:
+            if self.kinds.get(p.name) == kind:
+                return p
+        raise KeyError(f"the {self.label} has no {kind} profile (it has {', '.join(self.kinds.values())})")
+
+    def describe(self) -> str:
+        """Where and with what it was measured, in one line: "NVIDIA H200 reference (mlx 0.32.4, mlx-lm 0.32.2,
+        measured 2026-11-30)"."""
+        return (
+            f"{self.label} (mlx {self.versions.get('mlx', '?')}, mlx-lm {self.versions.get('mlx_lm', '?')}, "
+            f"measured {self.measured})"
+        )
+
+
+def available() -> list[str]:
+    """The names of the shipped references (``h200``)."""
+    return sorted(p.stem for p in REFERENCE_DIR.glob("*.json"))
+
+
+@functools.cache
+def reference_profiles(name: str = "h200") -> Reference:
+    """The shipped reference ``name`` (see ``available()``)."""
+    path = REFERENCE_DIR / f"{name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no reference profiles named {name!r} (shipped: {', '.join(available()) or 'none'})")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    profiles = tuple(Profile.from_dict(p) for p in data["profiles"])
+    return Reference(
+        device=data["device"],
+        versions=dict(data["versions"]),
+        label=data["label"],
+        measured=data["measured"],
+        sources=dict(data["sources"]),
+        kinds=dict(data["kinds"]),
+        profiles=profiles,
+        batch=_batch_profiles(data["batch_costs"], data.get("batch_experts", []), data["device"]),
+        experts=tuple(data.get("experts", [])),
+        grid=tuple(data.get("grid", [])),
+    )
+
+
+def _batch_profiles(rows: list[dict[str, Any]], experts: list[dict[str, Any]], device: str) -> dict[str, BatchProfile]:
+    """c(w, B) per model from rows of (model, batch_size, width, c, plain_step_s)."""
+    out: dict[str, BatchProfile] = {}
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = sorted((r for r in rows if r["model"] == model), key=lambda r: (r["batch_size"], r["width"]))
+        costs: dict[int, list[float]] = {}
+        plain_s: dict[int, float] = {}
+        for r in mine:
+            costs.setdefault(int(r["batch_size"]), []).append(float(r["c"]))
+            plain_s[int(r["batch_size"])] = float(r["plain_step_s"])
+        blocks = [e for e in experts if e.get("model") == model]
+        out[model] = BatchProfile(model, device, 256, costs, plain_s, blocks)
+    return out

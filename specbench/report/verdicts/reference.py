@@ -1,0 +1,66 @@
+"""Verdict words for this machine's dense-vs-MoE verify costs beside a shipped reference device's
+(``specbench.cost.reference``): what each shows, over the same widths."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from specbench.cost.breakeven import break_even_acceptance
+from specbench.cost.profile import Profile
+from specbench.cost.reference import Reference
+from specbench.report.verdicts.notebooks import where
+
+
+def _measured_on(profile: Profile) -> str:
+    """ "this CPU (OpenBLAS 0.3.21, 2 threads)" or "the NVIDIA H200": a profile's device, with the CPU's BLAS it
+    recorded."""
+    blas = profile.kernels.partition("|blas ")[2]
+    return where(profile.device) + (f" ({blas})" if blas else "")
+
+
+def _dense_vs_moe(dense: Profile, moe: Profile, mode: str, d: float, k_max: int, w_max: int) -> str:
+    """How fast each model's c(w) grows per added row over widths 1..w_max, and each one's lowest a*(k)."""
+
+    def slope(p: Profile) -> float:
+        widths = [w for w in p.widths[mode] if w <= w_max]
+        costs = [c for w, c in zip(p.widths[mode], p.costs[mode]) if w <= w_max]
+        return float(np.polyfit(widths, costs, 1)[0]) if len(widths) > 1 else float("nan")
+
+    def lowest(p: Profile) -> str:
+        a_star = break_even_acceptance(p, d, min(k_max, max(p.widths[mode]) - 1), mode)
+        if np.all(np.isnan(a_star)):
+            return "never breaks even"
+        k = int(np.nanargmin(a_star)) + 1
+        return f"breaks even from a = {a_star[k - 1]:.2f} (k = {k})"
+
+    g_dense, g_moe = slope(dense), slope(moe)
+    if not (math.isfinite(g_dense) and math.isfinite(g_moe)):
+        return "too few widths to compare"
+    if g_moe > 1.15 * g_dense:
+        shape = "the MoE's grows faster"
+    elif g_moe < g_dense / 1.15:
+        shape = "the MoE's grows slower"
+    else:
+        shape = "about alike"
+    return (
+        f"c(w) grows {g_dense:.2f} plain steps per added row for the dense model and {g_moe:.2f} for the MoE "
+        f"({shape}); dense {lowest(dense)}, MoE {lowest(moe)}"
+    )
+
+
+def reference_contrast(
+    here: dict[str, Profile], reference: Reference, mode: str = "fast", d: float = 0.0, k_max: int = 8
+) -> str:
+    """Dense vs MoE on this machine (``here``: "dense" and "MoE" profiles) beside the shipped reference device's,
+    over the widths this machine measured, in ``mode`` (engine overhead included)."""
+    w_max = min((max(p.widths[mode]) for p in here.values() if mode in p.costs), default=0)
+    if set(here) >= {"dense", "MoE"} and all(mode in p.costs for p in here.values()) and w_max > 1:
+        dense = here["dense"]
+        mine = f"On {_measured_on(dense)}: {_dense_vs_moe(dense, here['MoE'], mode, d, k_max, w_max)}."
+    else:
+        mine = f"This machine has no dense and MoE {mode} profiles to compare."
+        w_max = max(w_max, 5)
+    ref = _dense_vs_moe(reference.profile("dense"), reference.profile("MoE"), mode, d, k_max, w_max)
+    return f"{mine} On the {reference.describe()}, same widths (1-{w_max}): {ref}."
