@@ -28,7 +28,8 @@ from specbench.core.options import GenerateOptions, VerifyMode, checked_options
 from specbench.core.policies import DraftPolicy
 from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, Prompt, PromptCache, Tokenizer
 from specbench.core.verify import FAST
-from specbench.cost import Profile, break_even_tokens, profile_for
+from specbench.cost import Profile, profile_for
+from specbench.cost.breakeven import BreakEven
 from specbench.cost.group import lockstep_profile
 from specbench.cost.trees import stored_tree_costs, tree_break_even
 from specbench.exact import ExactVerifier, verifier_for
@@ -38,9 +39,10 @@ def _say(text: str) -> None:
     print(f"specbench: {text}", file=sys.stderr, flush=True)
 
 
-def break_even_function(profile: Profile, drafter: Drafter, mode: VerifyMode) -> Callable[[int], float]:
-    """k -> tokens a verification of k drafts must yield to match plain decoding, from ``profile``."""
-    return lambda k: break_even_tokens(profile, k, drafter, verify=mode)
+def break_even_function(profile: Profile, drafter: Drafter, mode: VerifyMode) -> BreakEven:
+    """k -> tokens a verification of k drafts must yield to match plain decoding, from ``profile``; its
+    ``at_length(L)`` gives the one at the profile's context length nearest L (Auto follows the context)."""
+    return BreakEven(profile, drafter, mode)
 
 
 @renamed_arguments(prompt_ids="prompt")

@@ -32,6 +32,8 @@ from specbench.core.draft import Drafter
 from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
+from specbench.cost.batch import BatchProfile
+from specbench.cost.predict import predicted_batch_speedup, residual
 from specbench.drafters import make_drafter
 from specbench.drafters.oracle import Oracle
 
@@ -199,11 +201,15 @@ def bench_batch(
     warmup: bool = True,
     single: Sequence[list[int]] | None = None,
     seed: int = 0,
+    profile: BatchProfile | None = None,
 ) -> dict[str, Any]:
     """One run of plain batched, each speculative method (drafter x policy) and mlx-lm on ``prompts``
     at ``batch_size``. ``drafters``: names (``oracle:A`` included) or factories request index ->
     drafter (labelled by their ``label`` attribute). ``single``: single-request greedy outputs of the
-    first prompts, a further reference for the first-divergence statistics.
+    first prompts, a further reference for the first-divergence statistics. ``profile``: a batch cost profile;
+    each speculative row then holds the speedup over plain batched decoding it predicts for the steps taken
+    (``predicted_vs_plain``: ``specbench.cost.predict.predicted_batch_speedup`` over the whole runs) and the
+    ``residual`` of the measured one.
 
     Returns ``rows`` (one per engine: tokens, wall, tokens/s, mean latency; a speculative row adds its
     acceptance and its ratios to plain batched and to mlx-lm, throughput and latency, and the share of
@@ -253,6 +259,8 @@ def bench_batch(
         row.update(kind="speculative", drafter=label.split("/")[0], policy=policy.name)
         row["acceptance_rate"] = accepted / drafted if drafted else 0.0
         row["diverged_from_recording"] = sum(d.diverged_at is not None for d in made) if oracle is not None else None
+        if profile is not None:
+            row["predicted_vs_plain"] = predicted_batch_speedup(gen, plain_gen, profile, whole=True)
         rows.append(row)
         outputs[label] = [r.tokens for r in gen.requests]
     mx.clear_cache()
@@ -271,6 +279,8 @@ def bench_batch(
             row[f"identical_to_{key}"] = sum(a == b for a, b in zip(outputs[row["engine"]], outputs[other])) / len(
                 prompts
             )
+        if "predicted_vs_plain" in row:
+            row["residual"] = residual(row["speedup_vs_plain"], row["predicted_vs_plain"])
     if single is not None:
         outputs["single"] = [list(s) for s in single]
     divergence = [r for ref in ("single", "mlx-lm", "plain") if ref in outputs for r in divergence_rows(outputs, ref)]
@@ -298,10 +308,13 @@ def format_batch_bench(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         accept = f"{r['acceptance_rate']:.2f}" if "acceptance_rate" in r else "-"
         same = f"{r['identical_to_plain']:.0%}" if "identical_to_plain" in r else "-"
+        predicted = (
+            f"  predicted {r['predicted_vs_plain']:.2f}x, residual {r['residual']:+.1%}" if "residual" in r else ""
+        )
         lines.append(
             f"{r['engine']:<24} {r['batch_size']:>3} {r['tokens']:>7} {r['wall_s']:>8.2f} {r['tokens_per_s']:>8.1f} "
             f"{r['mean_latency_s']:>10.2f} {accept:>7} {r.get('speedup_vs_plain', 1.0):>8.2f}x "
-            f"{r.get('speedup_vs_mlx_lm', 1.0):>9.2f}x {r.get('latency_vs_plain', 1.0):>12.2f}x {same:>14}"
+            f"{r.get('speedup_vs_mlx_lm', 1.0):>9.2f}x {r.get('latency_vs_plain', 1.0):>12.2f}x {same:>14}{predicted}"
         )
     if result["divergence_summary"]:
         lines.append("first divergence (fast verify; median counts an identical request at its length):")

@@ -32,6 +32,7 @@ from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows t
 
 from specbench.bench import paired
 from specbench.bench.positions import per_position_acceptance
+from specbench.bench.predictions import with_predictions
 from specbench.bench.sweep_summary import best_per_group, rate, summarize_sweep  # noqa: F401 (the sweep's API)
 from specbench.bench.timing import cache_copy, prefix_cache, timed
 from specbench.common import distributed
@@ -40,6 +41,7 @@ from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions, VerifyMode, check_verify_mode
 from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, FixedPolicy, as_policy
 from specbench.core.rules import Acceptance
+from specbench.cost.profile import Profile
 from specbench.decoding import speculative_generate
 from specbench.exact.calibration import calibrate
 from specbench.inputs.capabilities import usable_drafters
@@ -92,6 +94,11 @@ class Sweep:
 
     def per_position(self, by: Sequence[str] = ("drafter", "policy")) -> pl.DataFrame:
         return per_position_acceptance(self.steps, by)
+
+    def predictions(self, profile: Profile | Callable[[str], Profile]) -> pl.DataFrame:
+        """``runs`` with each speculative run's predicted speedup and residual (``specbench.bench.predictions``);
+        ``profile``: the model's cost profile, or a function verify mode -> profile."""
+        return with_predictions(self.runs, self.steps, profile)
 
     def save(self, folder: str | os.PathLike, name: str = "sweep") -> list[Path]:
         """``NAME-runs.parquet`` and ``NAME-steps.parquet`` in ``folder``, written atomically (by rank 0
@@ -259,6 +266,7 @@ def _run_cell(
         "prompt_tokens": len(prompt.ids),
         "temperature": temperature,
         "seed": seed,
+        "verify_mode": options.verify_mode,
     }
     runs: list[dict[str, Any]] = []
     frames: list[pl.DataFrame] = []

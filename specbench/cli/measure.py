@@ -23,6 +23,16 @@ def _profile(parser: argparse.ArgumentParser):
     parser.add_argument(
         "--drafters", default="", help="comma list of drafters to time: lookup, suffix, mtp, draft-model, early-exit:L"
     )
+    parser.add_argument(
+        "--lengths", default="", help="comma list of further context lengths to time c(w) at, e.g. 2048,8192"
+    )
+    parser.add_argument(
+        "--components",
+        nargs="?",
+        const="1,2,5,9",
+        default="",
+        help="split a speculative step's cost into its parts at these widths (default 1,2,5,9)",
+    )
     parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
     parser.add_argument("--no-save", action="store_true", help="print only; do not store under SPECBENCH_HOME")
     parser.add_argument("--plot", default=None, help="folder for costs.png and break_even.png")
@@ -41,6 +51,8 @@ def _profile(parser: argparse.ArgumentParser):
         if args.repeats < 1 or args.offset < 1:
             raise ValueError(f"--repeats and --offset must be >= 1, got {args.repeats} and {args.offset}")
         drafter_names(args.drafters)
+        lengths = _integers(args.lengths, "--lengths")
+        stack_widths = _integers(args.components, "--components")
         if not args.no_save:
             check_writable(home() / "profiles", folder=True, name="the profiles folder")
         if args.plot:
@@ -61,8 +73,12 @@ def _profile(parser: argparse.ArgumentParser):
             drafters=drafters,
             context=context,
             progress=lambda text: print(f"  {text}"),
+            lengths=lengths,
+            components=stack_widths,
         )
         print_profile(profile, model)
+        if profile.components:
+            print_components(profile.components)
         if not args.no_save:
             print(f"profile: {save_profile(profile)}")
         if args.plot:
@@ -74,6 +90,38 @@ def _profile(parser: argparse.ArgumentParser):
             print(f"figure: {figures.save_figure(fig, folder / 'break_even.png')}")
 
     return run
+
+
+def _integers(text: str, name: str) -> list[int]:
+    """A comma list of integers >= 1 (empty: none); a ValueError naming the option otherwise."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{name} takes a comma list of integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"{name} takes integers >= 1, got {text!r}")
+    return values
+
+
+def print_components(rows: list[dict]) -> None:
+    """The component stack: each part's cost per width in plain steps, their sum against the whole step
+    measured, how far off the sum is, and the part whose growth with the width decides c(w)."""
+    from specbench.cost.components import PARTS, deciding_part
+
+    widths = sorted({r["width"] for r in rows})
+    at = {(r["width"], r["part"]): r for r in rows}
+    print("  verify cost by component, in plain steps (a speculative step of width w, drafts rejected):")
+    print("  " + "part".ljust(11) + "".join(f"{'w=' + str(w):>9s}" for w in widths))
+    for part in PARTS:
+        if any(at[w, part]["seconds"] > 0 for w in widths):
+            print("  " + part.ljust(11) + "".join(f"{at[w, part]['c']:9.3f}" for w in widths))
+    sums = [sum(at[w, p]["c"] for p in PARTS) for w in widths]
+    print("  " + "sum".ljust(11) + "".join(f"{s:9.3f}" for s in sums))
+    print("  " + "measured".ljust(11) + "".join(f"{at[w, PARTS[0]]['c_step']:9.3f}" for w in widths))
+    print("  " + "off by".ljust(11) + "".join(f"{at[w, PARTS[0]]['error']:+9.1%}" for w in widths))
+    if len(widths) > 1:
+        part, share = deciding_part(rows)
+        print(f"  deciding part: {part} ({share:.0%} of the growth from w={widths[0]} to w={widths[-1]})")
 
 
 def _profile_model(name: str, layers: int | None, shard: bool = False):

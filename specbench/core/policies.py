@@ -329,7 +329,20 @@ class AutoPolicy(AutoSettings):
     def _pays(self, speedup: float = 1.0) -> bool:
         return max(self.evidence.speedups(self.costs.lengths))[0] >= speedup
 
+    def _follow_context(self, log: StepLog, drafter: Any) -> None:
+        """Plan with the break-even at the context length the log has reached, when the one handed over gives one
+        per length (``at_length(L)``, e.g. ``specbench.cost.breakeven.BreakEven``); the evidence is kept."""
+        at_length = getattr(self.costs.break_even_of, "at_length", None)
+        if at_length is None or not log.records:
+            return
+        first, last = log.records[0], log.records[-1]
+        prompt = first["verify_width"] if first["kind"] == "prefill" else 0
+        current = at_length(prompt + last["position"] + last["emitted"])
+        if current is not self.costs.break_even_of:
+            self.plan(CostEnvelope(current, self.longest_draft(drafter), self.fixed_break_even), drafter)
+
     def decide(self, log: StepLog, drafter: Any) -> Decision:
+        self._follow_context(log, drafter)
         now = self.clock()
         new = log.records[self._seen :]
         self._seen = len(log.records)

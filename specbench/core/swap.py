@@ -19,11 +19,13 @@ def own_class(module: Any) -> type:
 
 
 def mixed_class(mixin: type, base: type) -> type:
-    """The subclass of ``base`` with ``mixin`` in front, made once."""
+    """The subclass of ``base`` with ``mixin`` in front, made once; ``base`` may be a mixed class itself (a
+    mixin put in front of another for a while), whose own class stays the module's own class."""
     cls = _MIXED.get((mixin, base))
     if cls is None:
         name = f"{mixin.__name__.lstrip('_')}{base.__name__}"
-        cls = _MIXED[(mixin, base)] = type(name, (mixin, base), {"_specbench_own_class": base})
+        own = base.__dict__.get("_specbench_own_class", base)
+        cls = _MIXED[(mixin, base)] = type(name, (mixin, base), {"_specbench_own_class": own})
     return cls
 
 

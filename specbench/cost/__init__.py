@@ -16,6 +16,7 @@ from specbench.cost.breakeven import (
 from specbench.cost.experts import expected_distinct_experts, expert_counts, routing
 from specbench.cost.grid import speedup_grid
 from specbench.cost.measure import QUICK_WIDTHS, measure, measure_drafter, profile_for, quick_profile
+from specbench.cost.predict import acceptance_per_position, predicted_speedup
 from specbench.cost.profile import Profile, cost_at, load_profile, load_profiles, profile_path, save_profile
 from specbench.cost.reference import Reference, reference_profiles
 
@@ -48,6 +49,8 @@ __all__ = [
     "break_even_acceptance",
     "best_k",
     "predicted_from_log",
+    "predicted_speedup",
+    "acceptance_per_position",
     "speedup_grid",
     "expected_distinct_experts",
     "expert_counts",

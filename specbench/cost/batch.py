@@ -32,7 +32,9 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost.breakeven import best_k, break_even_acceptance, expected_tokens
 from specbench.cost.experts import expected_distinct_experts, routing
+from specbench.cost.predict import predicted_batch_speedup
 from specbench.cost.profile import cost_at
+from specbench.cost.timing import RandomDrafter
 from specbench.drafters.oracle import Oracle
 
 
@@ -50,6 +52,34 @@ class BatchProfile:
     plain_s: dict[int, float]
     experts: list[dict[str, float]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    #: str(w) -> str(B) -> seconds a batched engine step of width w spends beyond its forward (c(w, B) times
+    #: the [B, 1] step): masks, per-row acceptance and rollback, bookkeeping; w = 1: a plain batched step's
+    #: (``measure_batch_overhead``). Empty: not measured (predictions price the forwards alone).
+    overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def overhead_terms(self, w: int) -> tuple[float, float]:
+        """(per step, per row) seconds of the engine's own work at width w: a least-squares line through the
+        overheads measured at each batch size, at the measured width nearest w (the wider on a tie); (0, 0)
+        when none is."""
+        if not self.overhead_s:
+            return 0.0, 0.0
+        nearest = min(self.overhead_s, key=lambda m: (abs(int(m) - w), -int(m)))
+        sizes = np.array([int(b) for b in self.overhead_s[nearest]], dtype=float)
+        seconds = np.array(list(self.overhead_s[nearest].values()), dtype=float)
+        if len(sizes) < 2:
+            return float(seconds[0]), 0.0
+        row, step = np.polyfit(sizes, seconds, 1)
+        return float(step), float(row)
+
+    def overhead(self, w: int, batch_size: int) -> float:
+        """Seconds of the engine's own work in a batched step of width w and ``batch_size`` rows."""
+        step, row = self.overhead_terms(w)
+        return max(0.0, step + row * batch_size)
+
+    def plain_step_s(self, batch_size: int) -> float:
+        """Seconds of a [B, 1] forward (interpolated between measured batch sizes)."""
+        sizes = self.batch_sizes
+        return float(np.interp(batch_size, sizes, [self.plain_s[b] for b in sizes]))
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -291,13 +321,39 @@ def _request_seconds_per_token(gen: BatchGeneration) -> float:
     return float(np.mean(values))
 
 
-def _predicted_seconds(gen: BatchGeneration, profile: BatchProfile) -> float:
-    """Seconds the profile predicts for the batch steps a run took: sum of c(W, B) x plain step(B)."""
-    total = 0.0
-    for s in gen.batch_log:
-        plain = float(np.interp(s.batch_size, profile.batch_sizes, [profile.plain_s[b] for b in profile.batch_sizes]))
-        total += profile.c(s.width, s.batch_size) * plain
-    return total
+def measure_batch_overhead(
+    model: nn.Module,
+    profile: BatchProfile,
+    widths: Sequence[int] = (1, 3, 5),
+    steps: int = 6,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> BatchProfile:
+    """The engine's own seconds per batched step beyond the forward, at each of ``profile``'s batch sizes
+    and ``widths`` (1: plain batched decoding; w > 1: every row drafting w - 1 random tokens, all
+    rejected), from ``steps`` steps (the first left out) over prompts of the profile's offset: the median
+    step's decode seconds less c(w, B) times the [B, 1] forward. Kept in ``profile.overhead_s``."""
+    rng = np.random.default_rng(seed)
+    vocab = vocab_size(model)
+    for w in sorted(set(widths)):
+        per_size: dict[str, float] = {}
+        for b in profile.batch_sizes:
+            prompts = rng.integers(0, vocab, size=(b, max(1, profile.offset))).tolist()
+            options = GenerateOptions(max_tokens=steps + w + 1, ignore_eos=True)
+            drafters = [RandomDrafter(vocab, seed + i) for i in range(b)] if w > 1 else None
+            gen = BatchGeneration(model, prompts, options, drafters, DraftPolicy.fixed(w - 1) if w > 1 else None)
+            gen.run()
+            timed = [s for s in gen.batch_log if s.kind != "prefill" and s.batch_size == b and s.width == w][1:]
+            if not timed:
+                continue
+            seconds = statistics.median(s.verify_s + s.other_s for s in timed)
+            per_size[str(b)] = seconds - profile.c(w, b) * profile.plain_s[b]
+            if progress:
+                beyond = 1e3 * per_size[str(b)]
+                progress(f"B={b} w={w}: step {1e3 * seconds:.2f} ms, beyond the forward {beyond:.2f} ms")
+        if per_size:
+            profile.overhead_s[str(w)] = per_size
+    return profile
 
 
 def batch_speedup_grid(
@@ -315,8 +371,10 @@ def batch_speedup_grid(
 ) -> list[dict[str, Any]]:
     """Speedups of batched speculative over plain batched decoding, measured end to end at controlled
     acceptance (``Oracle`` per request, ``DraftPolicy.fixed(k)``), against the profile's
-    prediction at the nominal a (``predicted``) and for the steps the run took (``predicted_from_log``),
-    with relative errors as ``specbench.cost.grid`` reports them. Cells past ``budget_s`` are left out.
+    prediction at the nominal a (``predicted``) and for the steps the run took (``predicted_from_log``:
+    ``specbench.cost.predict.predicted_batch_speedup``, the engine's overheads included when measured),
+    with relative errors as ``specbench.cost.grid`` reports them (``residual`` = ``error_from_log``).
+    Cells past ``budget_s`` are left out.
 
     Each request's oracle drafts the plain batched run's output of the same batch, recorded before any
     timed run; where a speculative run's output leaves it (a fast verify that is not bit-exact), the
@@ -339,7 +397,6 @@ def batch_speedup_grid(
         plain.run()
         plain_s = _decode_seconds(plain) / sum(len(r.tokens) - 1 for r in plain.requests)
         plain_latency = _request_seconds_per_token(plain)
-        plain_predicted = _predicted_seconds(plain, profile)
         oracles = [
             Oracle(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, keep_drafting=True)
             for i, (p, r) in enumerate(zip(prompts, plain.requests))
@@ -357,7 +414,7 @@ def batch_speedup_grid(
                 spec_s = _decode_seconds(gen) / sum(len(r.tokens) - 1 for r in gen.requests)
                 measured = plain_s / spec_s
                 nominal = profile.predicted(a, k, b)["throughput"]
-                from_log = plain_predicted / _predicted_seconds(gen, profile)
+                from_log = predicted_batch_speedup(gen, plain, profile)
                 row = {
                     "batch_size": b,
                     "acceptance": a,
@@ -368,6 +425,7 @@ def batch_speedup_grid(
                     "predicted_from_log": from_log,
                     "error": measured / nominal - 1,
                     "error_from_log": measured / from_log - 1,
+                    "residual": measured / from_log - 1,
                     "acceptance_measured": float(
                         np.mean([r.stats()["acceptance_rate"] for r in gen.requests if r.stats()["drafted"]] or [0])
                     ),
@@ -381,9 +439,6 @@ def batch_speedup_grid(
     return rows
 
 
-__all__ = ["BatchProfile", "batch_speedup_grid", "measure_batch_profile"]
-
-
 def lowest_break_even(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
     """The lowest finite a*(k, B) over k per batch size (capped at 1) from ``break_even_rows``' rows."""
     lowest: dict[int, float] = {}
@@ -391,3 +446,6 @@ def lowest_break_even(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
         if np.isfinite(r["a_star"]):
             lowest[r["batch_size"]] = min(lowest.get(r["batch_size"], 1.0), r["a_star"])
     return dict(sorted(lowest.items()))
+
+
+__all__ = ["BatchProfile", "batch_speedup_grid", "lowest_break_even", "measure_batch_overhead", "measure_batch_profile"]

@@ -126,6 +126,34 @@ def break_even_tokens(
     return cost_at(_curve(profile, verify), k + 1) + k * d
 
 
+class BreakEven:
+    """k -> tokens a verification of k drafts must yield to match plain decoding (``break_even_tokens``)
+    from a profile at one context length: what a policy is handed. ``at_length(L)`` is the break-even at
+    the profile's measured length nearest L (``Profile.at_length``): the same object for the same length,
+    so a policy sees when it changes."""
+
+    def __init__(self, profile: Profile, drafter: Drafter | None = None, mode: str = "fast"):
+        self.profile, self.drafter, self.mode = profile, drafter, mode
+        self.length = profile.offset
+        self._at: dict[int, BreakEven] = {profile.offset: self}
+        self._base = self
+
+    def __call__(self, k: int) -> float:
+        return break_even_tokens(self.profile, k, self.drafter, verify=self.mode)
+
+    def at_length(self, length: int) -> BreakEven:
+        base = self._base
+        nearest = base.profile.nearest_length(length)
+        if nearest not in base._at:
+            at = base.profile.at_length(nearest)
+            if self.mode not in at.costs:  # not measured in this mode at that length: the base's
+                base._at[nearest] = base
+            else:
+                base._at[nearest] = BreakEven(at, self.drafter, self.mode)
+                base._at[nearest]._base = base
+        return base._at[nearest]
+
+
 @renamed_arguments(k_max="max_k")
 def preferred_k(
     profile: Costs,

@@ -14,8 +14,9 @@ from specbench.core.engine import Generation, generate
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions, check_verify_mode
 from specbench.core.policies import DraftPolicy
-from specbench.cost.breakeven import predicted_from_log, speedup
+from specbench.cost.breakeven import speedup
 from specbench.cost.measure import seconds_per_token
+from specbench.cost.predict import predicted_speedup
 from specbench.cost.profile import Profile
 from specbench.drafters.oracle import Oracle
 from specbench.exact import verifier_for
@@ -40,7 +41,8 @@ def speedup_grid(
     (``Oracle`` at a, ``DraftPolicy.fixed(k)``) of ``max_tokens`` tokens from one random
     prompt, back to back. Each row holds the measured speedup (plain over speculative seconds
     per token), the prediction at the nominal a (``speedup``), the prediction for the steps the
-    run took (``predicted_from_log``) and their relative errors; and the seconds per speculative
+    run took (``specbench.cost.predict.predicted_speedup``, column ``predicted_from_log``) and their relative
+    errors; and the seconds per speculative
     token the profile predicts for those steps (``predicted_spec_s_per_token``) with its error
     (``error_time``; ``error_time_nominal`` at the nominal a), which leaves out how far the plain
     run's own speed strays from the profile's plain step (``plain_over_profile``). Where a fast
@@ -90,7 +92,7 @@ def speedup_grid(
         d = draft_s / drafted / plain_s if drafted else 0.0
         measured = plain_s / spec_s
         nominal = speedup(a, k, profile, d, verify)
-        from_log = predicted_from_log(gen.log, profile, d, verify)
+        from_log = predicted_speedup(gen.log.records, profile, d, len(prompt), verify)
         row = {
             "model": profile.model,
             "name": profile.name,

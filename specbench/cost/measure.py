@@ -21,60 +21,22 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.common.identity import device_name, display_name, model_key, versions
 from specbench.common.per_key import per_key
-from specbench.common.timing import quiet
-from specbench.core.draft import Draft, Drafter, as_draft
+from specbench.core.draft import Drafter, as_draft
 from specbench.core.engine import Generation, generate
-from specbench.core.forward import text_model, vocab_size
+from specbench.core.forward import context_length, text_model, vocab_size
 from specbench.core.options import GenerateOptions, check_verify_mode
 from specbench.core.policies import DraftPolicy
 from specbench.core.rollback import CacheRollback
 from specbench.core.verify import Verifier
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
 from specbench.cost.profile import Profile, load_profile
+from specbench.cost.timing import RandomDrafter, seconds_per_token, time_verify
 from specbench.exact import verifier_for
 
 QUICK_WIDTHS = (1, 2, 3, 5, 9)  # what quick_profile times, as time allows
 
 
 # -- timing -------------------------------------------------------------------------------------
-
-
-def seconds_per_token(generation: Iterable[int], excluded: Callable[[], float] = lambda: 0.0) -> float:
-    """Iterate a generation; seconds per token after the first (the prompt pass excluded), less
-    the growth of ``excluded()`` (seconds spent on bookkeeping that is not decoding); the garbage
-    collector paused throughout (``quiet``)."""
-    count, t_first, x_first = 0, 0.0, 0.0
-    with quiet():
-        for _ in generation:
-            count += 1
-            if count == 1:
-                t_first, x_first = time.perf_counter(), excluded()
-        end = time.perf_counter()
-    if count < 2:
-        raise ValueError("a timed generation needs at least 2 tokens: raise max_tokens")
-    return (end - t_first - (excluded() - x_first)) / (count - 1)
-
-
-def _time_verify(
-    verifier: Verifier,
-    model: nn.Module,
-    cache: list[Any],
-    tokens: mx.array,
-    restore: CacheRestore,
-    rollback: CacheRollback | None = None,
-) -> float:
-    """Seconds of one width-w forward with the greedy targets read back, as the engine verifies."""
-    if rollback is not None:
-        rollback.before_verify(tokens.shape[1])
-    mx.synchronize()
-    t0 = time.perf_counter()
-    logits = verifier.forward(model, tokens, cache)
-    verifier.greedy(logits[0])
-    seconds = time.perf_counter() - t0
-    if rollback is not None:
-        rollback.rewind(0)
-    restore()
-    return seconds
 
 
 def _time_plain(model: nn.Module, cache: list[Any], first: int, n: int, restore: CacheRestore) -> float:
@@ -84,20 +46,6 @@ def _time_plain(model: nn.Module, cache: list[Any], first: int, n: int, restore:
     seconds = seconds_per_token(generate(model, [first], options, prompt_cache=cache))
     restore()
     return seconds
-
-
-class _RandomDrafter(Drafter):
-    """Proposes uniformly random tokens: nearly every draft is rejected, so each engine step
-    verifies the full width and emits one token."""
-
-    name = "random"
-
-    def __init__(self, vocab: int, seed: int = 0):
-        self.vocab = vocab
-        self.rng = np.random.default_rng(seed)
-
-    def draft(self, context: Sequence[int], k: int) -> Draft:
-        return Draft(self.rng.integers(0, self.vocab, size=k).tolist())
 
 
 def _time_engine_step(
@@ -116,7 +64,7 @@ def _time_engine_step(
         model,
         [first],
         options,
-        drafter=_RandomDrafter(vocab_size(model)),
+        drafter=RandomDrafter(vocab_size(model)),
         policy=DraftPolicy.fixed(width - 1),
         prompt_cache=cache,
         verifier=verifier,
@@ -127,6 +75,46 @@ def _time_engine_step(
     verifies = [r for r in decode if r["kind"] == "verify"]
     seconds = per_token * (len(gen.tokens) - 1) / len(decode)
     return seconds, statistics.median(r["draft_s"] for r in verifies) if verifies else 0.0
+
+
+class _Rounds:
+    """Timing rounds over one cache: ``plain_tokens`` plain steps, then every width in every verify mode;
+    ``warmup`` rounds discarded, ``repeats`` kept."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        verifiers: dict[str, Verifier],
+        widths: dict[str, list[int]],
+        probe: mx.array,
+        plain_tokens: int,
+        warmup: int,
+        repeats: int,
+        say: Callable[[str], None],
+    ):
+        self.model, self.verifiers, self.widths, self.probe = model, verifiers, widths, probe
+        self.plain_tokens, self.warmup, self.repeats, self.say = plain_tokens, warmup, repeats, say
+
+    def time(
+        self, cache: list[Any], restore: CacheRestore, rollback: CacheRollback | None
+    ) -> tuple[list[float], dict[str, list[float]]]:
+        """(seconds per plain step of each kept round, mode -> median seconds per width)."""
+        first = int(self.probe[0, 0].item())
+        verify_s: dict[str, dict[int, list[float]]] = {m: {w: [] for w in ws} for m, ws in self.widths.items()}
+        plain_s: list[float] = []
+        for round_ in range(self.warmup + self.repeats):
+            keep = round_ >= self.warmup
+            t = _time_plain(self.model, cache, first, self.plain_tokens, restore)
+            if keep:
+                plain_s.append(t)
+            for mode, ws in self.widths.items():
+                for w in ws:
+                    t = time_verify(self.verifiers[mode], self.model, cache, self.probe[:, :w], restore, rollback)
+                    if keep:
+                        verify_s[mode][w].append(t)
+            if keep:
+                self.say(f"round {round_ - self.warmup + 1}/{self.repeats}: plain step {1e3 * plain_s[-1]:.2f} ms")
+        return plain_s, {m: [statistics.median(verify_s[m][w]) for w in ws] for m, ws in self.widths.items()}
 
 
 def _now() -> str:
@@ -178,6 +166,8 @@ def measure(
     context: Sequence[int] | None = None,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    lengths: Sequence[int] = (),
+    components: Sequence[int] = (),
 ) -> Profile:
     """Measure a cost profile: c(w) for each width and verify mode, the engine's overhead per
     speculative step, and each drafter's d.
@@ -189,11 +179,18 @@ def measure(
     The overhead is timed at ``overhead_widths`` (default: 2, the middle and the widest; one
     warm-up run, then medians of ``repeats // 3`` runs of ``plain_tokens`` steps) when the engine
     can decode the model speculatively; it is left out otherwise.
+    ``lengths``: further context lengths at which plain steps and widths are timed the same way (the
+    context repeated to that length), kept in ``Profile.lengths``. ``components``: widths at which the
+    stack of a speculative step is measured (``specbench.cost.components``), kept in ``Profile.components``.
     """
     modes = [check_verify_mode(m) for m in ([verify] if isinstance(verify, str) else verify)]
     ws = per_key(widths, modes, _widths, "widths gives no widths for verify mode(s) {}")
     if repeats < 1 or warmup < 0 or offset < 1 or plain_tokens < 1:
         raise ValueError("repeats, offset and plain_tokens must be >= 1 and warmup >= 0")
+    limit = context_length(model)
+    longest = max([offset, *lengths]) + max(max(w) for w in ws.values())
+    if any(n < 1 for n in lengths) or (limit is not None and longest > limit):
+        raise ValueError(f"context lengths must be >= 1 and, with the widest verification, within {limit} tokens")
     rng = np.random.default_rng(seed)
     vocab = vocab_size(model)
     if context is None:
@@ -212,22 +209,21 @@ def measure(
         cache = prefill(model, context)
         restore = CacheRestore(cache)
         rollback = rollback_for(model, cache)
-        verify_s: dict[str, dict[int, list[float]]] = {m: {w: [] for w in ws[m]} for m in modes}
-        plain_s: list[float] = []
-        for round_ in range(warmup + repeats):
-            keep = round_ >= warmup
-            t = _time_plain(model, cache, first, plain_tokens, restore)
-            if keep:
-                plain_s.append(t)
-            for mode in modes:
-                for w in ws[mode]:
-                    t = _time_verify(verifiers[mode], model, cache, probe[:, :w], restore, rollback)
-                    if keep:
-                        verify_s[mode][w].append(t)
-            if keep:
-                say(f"round {round_ - warmup + 1}/{repeats}: plain step {1e3 * plain_s[-1]:.2f} ms")
+        rounds = _Rounds(model, verifiers, ws, probe, plain_tokens, warmup, repeats, say)
+        plain_s, seconds = rounds.time(cache, restore, rollback)
         plain = statistics.median(plain_s)
-        seconds = {m: [statistics.median(verify_s[m][w]) for w in ws[m]] for m in modes}
+        by_length = {}
+        for length in sorted(set(lengths) - {len(context)}):
+            say(f"context length {length}")
+            long = prefill(model, (context * (length // len(context) + 1))[:length])
+            plain_at, seconds_at = rounds.time(long, CacheRestore(long), rollback_for(model, long))
+            plain_at_s = statistics.median(plain_at)
+            by_length[str(length)] = {
+                "plain_step_s": plain_at_s,
+                "costs": {m: [s / plain_at_s for s in per_width] for m, per_width in seconds_at.items()},
+                "seconds": seconds_at,
+            }
+            del long
         overhead = {}
         for mode in modes if rollback is not None else ():
             default = (2, ws[mode][len(ws[mode]) // 2], ws[mode][-1])
@@ -251,8 +247,22 @@ def measure(
         drafter_costs = {
             d.name: measure_drafter(model, d, context, draft_k, plain, repeats=max(3, len(plain_s))) for d in drafters
         }
+        stack = []
+        if components:
+            from specbench.cost.components import measure_components
+
+            stack = measure_components(model, components, len(context), max(1, repeats // 2), progress=say)
     return _profile(
-        model, plain, ws, seconds, overhead=overhead, drafters=drafter_costs, offset=len(context), repeats=len(plain_s)
+        model,
+        plain,
+        ws,
+        seconds,
+        overhead=overhead,
+        drafters=drafter_costs,
+        offset=len(context),
+        repeats=len(plain_s),
+        lengths=by_length,
+        components=stack,
     )
 
 
@@ -318,7 +328,7 @@ def quick_profile(model: nn.Module, verify: str = "fast", budget_s: float = 2.5,
         rollback = rollback_for(model, cache)
 
         def time_width(w: int) -> float:
-            return _time_verify(verifier, model, cache, probe[:, :w], restore, rollback)
+            return time_verify(verifier, model, cache, probe[:, :w], restore, rollback)
 
         time_width(1)
         for w in (1, 2, 5, 3, 9):

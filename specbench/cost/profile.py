@@ -3,7 +3,11 @@
 A profile holds c(w): the time of a width-w verification (one forward of w tokens, the greedy
 targets read back to the host) divided by the time of one plain decode step, for w = 1..W and
 each verify mode; the engine's own overhead per speculative step (drafting excluded), in plain
-steps; and each drafter's cost per draft token d in plain steps.
+steps; and each drafter's cost per draft token d in plain steps. A profile is measured with ``offset``
+tokens in the cache; ``lengths`` adds the costs measured at other context lengths (c(w, L)), and
+``at_length(L)`` gives the profile at the measured length nearest L. A profile stored without them holds
+one length, its ``offset``. ``components`` holds the stack of a speculative step's parts
+(``specbench.cost.components``) when it was measured.
 
 Profiles are stored under ``$SPECBENCH_HOME/profiles`` (default ``~/.cache/specbench``), keyed by
 model shape (with its dtypes), device, mlx / mlx-lm versions and the BLAS library in use
@@ -17,7 +21,7 @@ import hashlib
 import json
 import re
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +32,10 @@ from specbench.common.files import DamagedFileWarning, home, locked, set_aside, 
 from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.draft import Drafter
 
-#: The parts of a stored profile that hold one entry per verify mode or drafter.
-_MERGED_PARTS = ("widths", "costs", "seconds", "overhead", "drafters")
+#: The parts of a stored profile that hold one entry per verify mode, drafter or context length.
+_MERGED_PARTS = ("widths", "costs", "seconds", "overhead", "drafters", "lengths")
+#: What a profile holds per measured context length besides its ``offset``.
+_LENGTH_PARTS = ("plain_step_s", "costs", "seconds")
 
 
 @dataclass
@@ -58,6 +64,31 @@ class Profile:
     quick: bool = False
     #: What the kernels depended on when measured (``kernel_key``); "" for profiles stored before it was kept.
     kernels: str = field(default_factory=kernel_key)
+    #: context length (as text: a JSON key) -> {"plain_step_s", "costs", "seconds"} measured with that many
+    #: tokens in the cache, for some of the verify modes (widths as ``widths``; the overhead is the one
+    #: measured at ``offset``).
+    lengths: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The component stack (``specbench.cost.components.measure_components`` rows), when measured.
+    components: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def context_lengths(self) -> list[int]:
+        """The context lengths this profile holds costs for (its ``offset`` and ``lengths``)."""
+        return sorted({int(self.offset), *(int(n) for n in self.lengths)})
+
+    def nearest_length(self, length: int) -> int:
+        """The measured context length nearest ``length`` on a log scale (the longer one on a tie)."""
+        return min(self.context_lengths, key=lambda n: (abs(np.log(max(n, 1) / max(length, 1))), -n))
+
+    def at_length(self, length: int) -> Profile:
+        """This profile with the costs measured at the context length nearest ``length`` (itself when that is
+        its ``offset``): what break-even math at ``length`` plans with."""
+        nearest = self.nearest_length(length)
+        if nearest == self.offset:
+            return self
+        entry = self.lengths[str(nearest)]
+        widths = {mode: self.widths[mode] for mode in entry["costs"]}
+        return replace(self, offset=nearest, lengths={}, widths=widths, **{part: entry[part] for part in _LENGTH_PARTS})
 
     def c(self, w: int | float, mode: str = "fast", overhead: bool = True) -> float:
         """Cost of a width-w verification step in plain steps (see ``curve``)."""
@@ -107,6 +138,13 @@ class Profile:
         import polars as pl
 
         rows = []
+        for length in self.context_lengths:
+            rows += self.at_length(length)._rows()
+        return pl.DataFrame(rows)
+
+    def _rows(self) -> list[dict[str, Any]]:
+        """``to_polars``'s rows at this profile's ``offset``."""
+        rows = []
         for mode, costs in self.costs.items():
             for w, c, s in zip(self.widths[mode], costs, self.seconds[mode]):
                 rows.append(
@@ -127,7 +165,7 @@ class Profile:
                         "kernels": self.kernels,
                     }
                 )
-        return pl.DataFrame(rows)
+        return rows
 
 
 def cost_at(costs: Any, w: int | float) -> float:
@@ -196,7 +234,46 @@ def check_profile(data: Any) -> Profile:
     for name, entry in profile.drafters.items():
         if not (isinstance(entry, dict) and _number(entry.get("d")) and entry["d"] >= 0):
             raise ValueError(f"drafter {name!r} has no finite cost per draft token >= 0")
+    _check_lengths(profile)
+    _check_components(profile.components)
     return profile
+
+
+def _check_lengths(profile: Profile) -> None:
+    """Each context length is an integer >= 1 holding a plain step above zero and, for verify modes the
+    profile has, as many costs and seconds as that mode's widths, all finite and above zero."""
+    if not (isinstance(profile.offset, int) and not isinstance(profile.offset, bool) and profile.offset >= 0):
+        raise ValueError(f"offset {profile.offset!r} is not an integer >= 0")
+    if not isinstance(profile.lengths, dict):
+        raise ValueError("'lengths' is not a JSON object")
+    for length, entry in profile.lengths.items():
+        if not (isinstance(length, str) and length.isdigit() and int(length) >= 1 and isinstance(entry, dict)):
+            raise ValueError(f"context length {length!r} is not an integer >= 1 with its costs")
+        if not (_number(entry.get("plain_step_s")) and entry["plain_step_s"] > 0):
+            raise ValueError(f"context length {length}: plain_step_s is not a time above zero")
+        costs, seconds = entry.get("costs"), entry.get("seconds")
+        if not (isinstance(costs, dict) and isinstance(seconds, dict) and costs.keys() == seconds.keys()):
+            raise ValueError(f"context length {length}: its costs and seconds are not for the same verify modes")
+        for part in ("costs", "seconds"):
+            values = entry.get(part)
+            if not isinstance(values, dict) or not values or set(values) - set(profile.costs):
+                raise ValueError(f"context length {length}: {part} are not given for some of {sorted(profile.costs)}")
+            for mode, per_width in values.items():
+                if not (isinstance(per_width, list) and len(per_width) == len(profile.widths[mode])):
+                    raise ValueError(f"context length {length}: the {mode!r} {part} do not match its widths")
+                if not all(_number(x) and x > 0 for x in per_width):
+                    raise ValueError(f"context length {length}: the {mode!r} {part} are not all finite and above 0")
+
+
+def _check_components(rows: Any) -> None:
+    """A component stack: rows with a width >= 1, a part's name and finite seconds >= 0."""
+    if not isinstance(rows, list):
+        raise ValueError("'components' is not a JSON list")
+    for row in rows:
+        ok = isinstance(row, dict) and isinstance(row.get("part"), str)
+        ok = ok and isinstance(row.get("width"), int) and row["width"] >= 1
+        if not (ok and _number(row.get("seconds")) and row["seconds"] >= 0 and _number(row.get("step_s"))):
+            raise ValueError(f"a component row {row!r} lacks a width >= 1, a part, or finite seconds")
 
 
 def _read(path: Path) -> Profile:
@@ -230,7 +307,15 @@ def save_profile(profile: Profile, root: Path | None = None) -> Path:
         if old is not None:
             for part in _MERGED_PARTS:
                 data[part] = {**getattr(old, part), **data[part]}
+            # lengths measured in other modes or widths than those now kept are dropped
+            data["lengths"] = {n: e for n, e in data["lengths"].items() if _fits(e, data["costs"], data["widths"])}
+            data["components"] = data["components"] or old.components
         return write_json_atomic(path, data)
+
+
+def _fits(entry: dict[str, Any], costs: dict[str, list[float]], widths: dict[str, list[int]]) -> bool:
+    """Whether a context length's costs are for some of these modes, at their widths."""
+    return set(entry["costs"]) <= set(costs) and all(len(v) == len(widths[m]) for m, v in entry["costs"].items())
 
 
 def load_profile(model: nn.Module | str, device: str | None = None, root: Path | None = None) -> Profile | None:

@@ -34,6 +34,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "widths": 5,
             "repeats": 2,
             "offset": 32,
+            "context_lengths": [64],
+            "component_widths": [1, 3],
             "acceptances": [0.5, 0.9],
             "draft_lengths": [2],
             "grid_max_tokens": 8,
@@ -95,6 +97,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "repeats": 2,
             "profile_tokens": 8,
             "offset": 64,
+            "context_lengths": [512],  # one more length on the CPU (c(w, L) at 64 and 512)
+            "component_widths": [1, 2, 5],
             "acceptances": [0.5, 0.9],
             "draft_lengths": [2, 4],
             "grid_max_tokens": 16,

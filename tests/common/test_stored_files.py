@@ -148,8 +148,8 @@ def _damaged(kind: str, draw) -> bytes:
     while isinstance(node, (dict, list)) and node:
         key = draw(st.sampled_from(list(node) if isinstance(node, dict) else list(range(len(node)))))
         keys.append(key)
-        if draw(st.booleans()) or not isinstance(node[key], (dict, list)):
-            break
+        if draw(st.booleans()) or not isinstance(node[key], (dict, list)) or not node[key]:
+            break  # an empty list or object is replaced whole
         node = node[key]
     if how == "drop" and isinstance(node, dict) and keys:
         node.pop(keys[-1], None)

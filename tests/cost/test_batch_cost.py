@@ -9,8 +9,14 @@ import numpy as np
 import pytest
 from conftest import build_tiny
 
-from specbench.bench.batch_bench import bench_batch
-from specbench.cost.batch import BatchProfile, batch_speedup_grid, lowest_break_even, measure_batch_profile
+from specbench.bench.batch_bench import bench_batch, format_batch_bench
+from specbench.cost.batch import (
+    BatchProfile,
+    batch_speedup_grid,
+    lowest_break_even,
+    measure_batch_overhead,
+    measure_batch_profile,
+)
 from specbench.cost.breakeven import expected_tokens
 
 
@@ -84,6 +90,22 @@ def test_measured_profile_and_grid_on_moe():
     assert full["acceptance_measured"] == 1.0 and none["acceptance_measured"] == 0.0
     assert full["predicted"] == pytest.approx(3 / profile.c(3, 2))
     assert all(r["measured"] > 0 and r["diverged"] == 0 for r in rows)
+    assert all(r["predicted_from_log"] > 0 and r["residual"] == pytest.approx(r["error_from_log"]) for r in rows)
+
+
+def test_batch_overheads_per_step_and_row_enter_the_prediction():
+    model = build_tiny("qwen3")
+    profile = measure_batch_profile(model, (1, 2, 4), widths=3, offset=8, repeats=1, warmup=1, count_experts=False)
+    measure_batch_overhead(model, profile, widths=(1, 3), steps=3)
+    assert set(profile.overhead_s) == {"1", "3"} and all(len(v) == 3 for v in profile.overhead_s.values())
+    step, row = profile.overhead_terms(3)
+    assert math.isfinite(step) and math.isfinite(row)
+    assert profile.overhead(3, 4) == pytest.approx(max(0.0, step + 4 * row))
+    assert profile.overhead_terms(2) == profile.overhead_terms(3)  # the nearest measured width (the wider on a tie)
+    made = made_profile()
+    made.overhead_s = {"2": {"1": 0.002, "4": 0.005, "16": 0.017}}
+    assert made.overhead_terms(2) == pytest.approx((0.001, 0.001))
+    assert made_profile().overhead(2, 4) == 0.0  # none measured
 
 
 def test_batch_bench_agrees_with_mlx_lm():
@@ -120,3 +142,15 @@ def test_break_even_rows_and_the_lowest_per_batch_size():
     assert list(lowest) == [1, 4, 16]  # no finite a* at B = 32
     assert lowest[1] == min(r["a_star"] for r in rows if r["batch_size"] == 1 and math.isfinite(r["a_star"]))
     assert all(0.0 <= a <= 1.0 for a in lowest.values())
+
+
+def test_batch_bench_prints_each_speedup_beside_its_prediction():
+    model = build_tiny("llama")
+    prompts = [[5, 17, 3, 9, 5, 17, 3, 9][:n] for n in (3, 8)]
+    profile = made_profile()
+    result = bench_batch(model, prompts, 2, ["lookup"], "fixed:3", max_tokens=8, warmup=False, profile=profile)
+    row = next(r for r in result["rows"] if r["engine"] == "lookup/fixed:3")
+    assert row["predicted_vs_plain"] > 0
+    assert row["residual"] == pytest.approx(row["speedup_vs_plain"] / row["predicted_vs_plain"] - 1)
+    assert "residual" not in next(r for r in result["rows"] if r["engine"] == "plain")
+    assert f"predicted {row['predicted_vs_plain']:.2f}x" in format_batch_bench(result)

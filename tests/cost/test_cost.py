@@ -371,15 +371,16 @@ def test_speedup_grid_rows(dense):
         cost.speedup_grid(dense, profile, verify="exact")
 
 
-def test_predicted_from_log():
+def test_predicted_speedup_for_the_steps_a_run_took():
     records = [
-        {"kind": "prefill", "emitted": 1, "verify_width": 10, "k_drafted": 0},
-        {"kind": "verify", "emitted": 3, "verify_width": 3, "k_drafted": 2},
-        {"kind": "verify", "emitted": 1, "verify_width": 3, "k_drafted": 2},
-        {"kind": "plain", "emitted": 1, "verify_width": 1, "k_drafted": 0},
+        {"kind": "prefill", "position": 0, "emitted": 1, "verify_width": 10, "k_drafted": 0},
+        {"kind": "verify", "position": 1, "emitted": 3, "accepted": 2, "verify_width": 3, "k_drafted": 2},
+        {"kind": "verify", "position": 4, "emitted": 1, "accepted": 0, "verify_width": 3, "k_drafted": 2},
+        {"kind": "plain", "position": 5, "emitted": 1, "verify_width": 1, "k_drafted": 0},
     ]
-    c = [1.0, 1.2, 1.5]
-    assert cost.predicted_from_log(records, c, d=0.1) == pytest.approx(5 / (1.5 + 0.2 + 1.5 + 0.2 + 1.0))
+    # a_1 = 1/2, a_2 = 1: E(2) = 2 per verification, as emitted on average
+    profile = make_profile([1.0, 1.2, 1.5])
+    assert cost.predicted_speedup(records, profile, d=0.1) == pytest.approx(5 / (1.5 + 0.2 + 1.5 + 0.2 + 1.0))
 
 
 # -- MoE instrumentation ------------------------------------------------------------------------

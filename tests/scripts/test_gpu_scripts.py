@@ -146,3 +146,18 @@ def test_exact_speed_script(tmp_path):
     assert {"plain", "mlx-lm", "exact k=4", "fast k=4", "auto exact a=1", "auto exact a=0.3"} == set(rows)
     assert all(rows[name]["equals_plain"] for name in rows if "exact" in name)
     assert rows["exact k=4"]["verifies"][0] > 0 and "exact k=4 / fast k=4" in out
+
+
+def test_components_script(tmp_path):
+    run_script("components.py", tmp_path)
+    folder = tmp_path / "components"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert set(summary["components"]) == {"qwen3-8b-tiny", "qwen3-30b-a3b-tiny", "qwen3.5-9b-tiny"}
+    assert set(summary["batch_mean_abs_error"]) == {"qwen3-8b-tiny", "qwen3-30b-a3b-tiny"}
+    rows = json.loads((folder / "components.json").read_text())
+    moe = {r["part"] for r in rows if r["shape"] == "qwen3-30b-a3b-tiny" and r["seconds"] > 0}
+    assert "experts" in moe
+    lengths = json.loads((folder / "lengths.json").read_text())
+    assert all(len(v["by_length"]) == 3 for v in lengths.values())
+    batch = json.loads((folder / "batch.json").read_text())
+    assert all("residual" in r and "predicted_from_log" in r for r in batch["rows"])

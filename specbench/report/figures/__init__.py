@@ -13,11 +13,13 @@ Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``
 - ``cost``: ``verify_costs``, ``break_even``, ``measured_vs_predicted``;
 - ``batch``: ``batch_break_even`` (a*(k, B) and the batch grid's measured against predicted speedups);
 - ``reference``: ``beside_reference`` (this machine's costs beside a shipped reference device's);
+- ``components``: ``component_stack`` (verify cost by part), ``costs_by_length`` (c(w) and a*(k) per context length);
 - ``bench``: ``prompt_figure``, ``save_prompt_figure`` (the prompt benchmark's speedups by category).
 """
 
 from specbench.report.figures.batch import batch_break_even
 from specbench.report.figures.bench import prompt_figure, save_prompt_figure
+from specbench.report.figures.components import component_stack, costs_by_length
 from specbench.report.figures.cost import break_even, measured_vs_predicted, verify_costs
 from specbench.report.figures.reference import beside_reference
 from specbench.report.figures.rules import rule_positions, rule_shifts, rules_by_drafter, rules_vs_temperature
@@ -70,6 +72,8 @@ __all__ = [
     "acceptance_vs_temperature",
     "break_even",
     "category_speedups",
+    "component_stack",
+    "costs_by_length",
     "cumulative_saved",
     "drafter_colour",
     "drafter_label",

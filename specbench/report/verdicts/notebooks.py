@@ -15,6 +15,7 @@ from specbench.common.deprecation import renamed_arguments
 from specbench.common.identity import device_name
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
+from specbench.report.verdicts.components import deciding_parts
 
 # -- verdicts ----------------------------------------------------------------------------------------------------
 
@@ -257,8 +258,10 @@ def break_even(
     max_k: int = 8,
     mode: str = "fast",
     grid: pl.DataFrame | None = None,
+    stacks: dict[str, list[dict[str, Any]]] | None = None,
 ) -> str:
-    """Cost profiles (a*(k) per model) and, when measured, the acceptance grid against its prediction."""
+    """Cost profiles (a*(k) per model), the part deciding each c(w) (``stacks``: component stacks per model)
+    and, when measured, the acceptance grid against its prediction."""
     if not profiles:
         return "No model could be profiled."
     parts = [_profile_sentence(p, d, min(max_k, max(p.widths[mode]) - 1), mode) for p in profiles if mode in p.costs]
@@ -270,6 +273,7 @@ def break_even(
             f" c(w) grew by {g1:.2f} plain steps per added row for {first} and {g2:.2f} for {second}"
             f" ({'faster' if g2 > g1 else 'not faster'} for the second)."
         )
+    text += deciding_parts(stacks or {})
     if grid is not None and not grid.is_empty():
         text += " " + measured_cells(grid, "speedup", "predicted_nominal", "error_nominal")
     return text

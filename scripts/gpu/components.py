@@ -1,0 +1,235 @@
+"""Why speculation pays or not, on synthetic shapes: the verify-cost stack by component, c(w) and the
+break-even along the context length, and batch predictions with their residuals.
+
+    python3 -m scripts.gpu.components           # H200: Qwen3-8B, Qwen3-30B-A3B and Qwen3.5-9B shapes, 4-bit
+    python3 -m scripts.gpu.components --quick   # CPU: tiny float32 shapes
+
+Phases, each written to $OUT (default reports/gpu/components) as soon as it is done; a phase past --budget
+seconds is skipped and named in summary.json:
+1. components: per shape, a speculative step of width w split into attention, dense projections, MoE expert
+   gathers, recurrent layers, output head, readback and the engine's drafting, acceptance, rollback, logging and
+   host time (``specbench.cost.components``), with how far the parts' sum is from the measured step;
+2. lengths: per shape, c(w) at several context lengths and the break-even acceptance a*(k) at each;
+3. batch: dense and MoE, c(w, B), the engine's per-step and per-row overheads, and the controlled-acceptance
+   batch grid with each cell's prediction and residual; the mean absolute error per shape and batch size.
+
+Writes components.json, lengths.json, batch.json and summary.json; prints compact tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from specbench import cost
+from specbench.bench.budget import Budget
+from specbench.common.files import write_json_atomic
+from specbench.common.identity import device_name
+from specbench.core.experts import expert_layers
+from specbench.cost.batch import batch_speedup_grid, measure_batch_overhead, measure_batch_profile
+from specbench.cost.components import PARTS, deciding_part, measure_components
+from specbench.models import synthetic
+
+FULL = {
+    "shapes": ["qwen3-8b-4bit", "qwen3-30b-a3b-4bit", "qwen3.5-9b-4bit"],
+    "batch_shapes": ["qwen3-8b-4bit", "qwen3-30b-a3b-4bit"],
+    "component_widths": [1, 2, 4, 8, 16],
+    "component_repeats": 5,
+    "component_steps": 6,
+    "offset": 512,
+    "widths": [1, 2, 3, 5, 9, 16],
+    "lengths": [2048, 8192, 32768],
+    "repeats": 3,
+    "batch_sizes": [1, 2, 4, 8, 16, 32],
+    "batch_widths": 9,
+    "batch_offset": 256,
+    "overhead_widths": [1, 3, 5, 9],
+    "grid_batch_sizes": [1, 4, 16, 32],
+    "acceptances": [0.6, 0.9],
+    "ks": [2, 4],
+    "max_tokens": 48,
+    "budget": 225.0,
+}
+QUICK = {
+    "shapes": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny", "qwen3.5-9b-tiny"],
+    "batch_shapes": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny"],
+    "component_widths": [1, 3],
+    "component_repeats": 2,
+    "component_steps": 3,
+    "offset": 32,
+    "widths": [1, 2, 3],
+    "lengths": [64, 128],
+    "repeats": 1,
+    "batch_sizes": [1, 2],
+    "batch_widths": 3,
+    "batch_offset": 8,
+    "overhead_widths": [1, 3],
+    "grid_batch_sizes": [1, 2],
+    "acceptances": [0.9],
+    "ks": [2],
+    "max_tokens": 8,
+    "budget": 600.0,
+}
+
+
+class Run:
+    """The phases over one set of shapes, each written out when done."""
+
+    def __init__(self, cfg: dict[str, Any], out: Path, budget: Budget):
+        self.cfg, self.out, self.budget = cfg, out, budget
+        self.models: dict[str, Any] = {}
+        self.summary: dict[str, Any] = {"device": device_name(), "skipped": [], "config": cfg}
+
+    def left(self) -> float:
+        return self.budget.left()
+
+    def fits(self, what: str, need: float) -> bool:
+        """Whether ``what`` fits the budget; if not it is named in summary.json's "skipped"."""
+        if self.budget.fits(what, need):
+            return True
+        self.summary["skipped"] = self.budget.skipped_lines()
+        return False
+
+    def model(self, shape: str) -> Any:
+        if shape not in self.models:
+            t0 = time.perf_counter()
+            self.models[shape] = synthetic.build(shape)
+            print(f"== {shape}: built in {time.perf_counter() - t0:.1f} s", flush=True)
+        return self.models[shape]
+
+    def write(self, name: str, data: Any) -> None:
+        write_json_atomic(self.out / f"{name}.json", data)
+        write_json_atomic(self.out / "summary.json", self.summary)
+
+    def components(self) -> None:
+        cfg, rows = self.cfg, []
+        for shape in cfg["shapes"]:
+            if not self.fits(f"components {shape}", 15):
+                continue
+            stack = measure_components(
+                self.model(shape),
+                cfg["component_widths"],
+                cfg["offset"],
+                cfg["component_repeats"],
+                cfg["component_steps"],
+            )
+            rows += [{"shape": shape, **r} for r in stack]
+            widths = sorted({r["width"] for r in stack})
+            at = {(r["width"], r["part"]): r for r in stack}
+            print(f"\n{shape}: verify cost by component, plain steps")
+            print("  part       " + "".join(f"{'w=' + str(w):>8s}" for w in widths))
+            for part in PARTS:
+                if any(at[w, part]["seconds"] > 0 for w in widths):
+                    print(f"  {part:10s} " + "".join(f"{at[w, part]['c']:8.3f}" for w in widths))
+            print("  measured   " + "".join(f"{at[w, PARTS[0]]['c_step']:8.3f}" for w in widths))
+            print("  off by     " + "".join(f"{at[w, PARTS[0]]['error']:+8.1%}" for w in widths))
+            part, share = deciding_part(stack)
+            self.summary.setdefault("components", {})[shape] = {
+                "max_abs_error": max(abs(r["error"]) for r in stack),
+                "deciding_part": part,
+                "deciding_share": share,
+            }
+            print(f"  deciding part: {part} ({share:.0%} of the growth)", flush=True)
+            self.write("components", rows)
+
+    def lengths(self) -> None:
+        cfg, results = self.cfg, {}
+        for shape in cfg["shapes"]:
+            if not self.fits(f"lengths {shape}", 20):
+                continue
+            profile = cost.measure(
+                self.model(shape),
+                widths=cfg["widths"],
+                verify=("fast",),
+                offset=cfg["offset"],
+                repeats=cfg["repeats"],
+                warmup=1,
+                plain_tokens=8,
+                lengths=cfg["lengths"],
+            )
+            k_max = max(cfg["widths"]) - 1
+            per_length = {}
+            print(f"\n{shape}: c(w) and a*(k) by context length")
+            for length in profile.context_lengths:
+                at = profile.at_length(length)
+                a_star = cost.break_even_acceptance(at, 0.0, k_max, "fast")
+                per_length[length] = {
+                    "plain_step_s": at.plain_step_s,
+                    "widths": at.widths["fast"],
+                    "c": at.curve("fast").tolist(),
+                    "a_star": [None if a != a else float(a) for a in a_star],
+                }
+                cs = " ".join(f"{w}:{c:.2f}" for w, c in zip(at.widths["fast"], at.costs["fast"]))
+                stars = " ".join(f"{k}:{'never' if a != a else f'{a:.2f}'}" for k, a in enumerate(a_star, 1))
+                print(f"  L={length:6d} step {1e3 * at.plain_step_s:7.2f} ms  c(w) {cs}\n           a*(k) {stars}")
+            results[shape] = {"profile": profile.to_dict(), "by_length": per_length}
+            self.write("lengths", results)
+
+    def batch(self) -> None:
+        cfg, rows = self.cfg, []
+        for shape in cfg["batch_shapes"]:
+            if not self.fits(f"batch {shape}", 40):
+                continue
+            model = self.model(shape)
+            profile = measure_batch_profile(
+                model, cfg["batch_sizes"], cfg["batch_widths"], cfg["batch_offset"], repeats=3, count_experts=False
+            )
+            measure_batch_overhead(model, profile, cfg["overhead_widths"])
+            for w in cfg["overhead_widths"]:
+                step, row = profile.overhead_terms(w)
+                print(f"{shape} w={w}: engine overhead {1e3 * step:.3f} ms per step + {1e3 * row:.3f} ms per row")
+            grid = batch_speedup_grid(
+                model,
+                profile,
+                cfg["grid_batch_sizes"],
+                cfg["acceptances"],
+                cfg["ks"],
+                prompt_len=cfg["batch_offset"],
+                max_tokens=cfg["max_tokens"],
+                budget_s=max(10.0, self.left() - 30),
+            )
+            rows += [{"shape": shape, "moe": bool(expert_layers(model)), **r} for r in grid]
+            print(f"\n{shape}: batch grid, measured vs predicted (engine overheads in)")
+            print("     B    a   k  measured  predicted  residual")
+            for r in grid:
+                print(
+                    f"  {r['batch_size']:4d} {r['acceptance']:4.2f} {r['k']:3d} {r['measured']:8.2f}x "
+                    f"{r['predicted_from_log']:9.2f}x {r['residual']:+9.1%}"
+                )
+            errors = self.summary.setdefault("batch_mean_abs_error", {}).setdefault(shape, {})
+            for b in sorted({r["batch_size"] for r in grid}):
+                errors[b] = statistics.mean(abs(r["residual"]) for r in grid if r["batch_size"] == b)
+            errors["all"] = statistics.mean(abs(r["residual"]) for r in grid) if grid else None
+            print("  mean |residual| by B: " + " ".join(f"{b}:{e:.1%}" for b, e in errors.items() if e is not None))
+            self.write("batch", {"rows": rows, "overhead_s": {shape: profile.overhead_s}})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes on a CPU (a smoke run)")
+    parser.add_argument("--budget", type=float, default=None, help="seconds for all phases (default 225; quick 600)")
+    parser.add_argument("--phases", default="components,lengths,batch", help="comma list of phases to run")
+    args = parser.parse_args()
+    cfg = QUICK if args.quick else FULL
+    out = Path(os.environ.get("OUT") or "reports/gpu") / "components"
+    run = Run(cfg, out, Budget(args.budget or cfg["budget"]))
+    phases = [p for p in args.phases.split(",") if p]
+    unknown = set(phases) - {"components", "lengths", "batch"}
+    if unknown:
+        raise SystemExit(f"unknown phases {sorted(unknown)}: use components, lengths, batch")
+    print(f"device {device_name()}; phases {', '.join(phases)}; budget {run.budget.seconds:.0f} s", flush=True)
+    for phase in phases:
+        getattr(run, phase)()
+        gc.collect()
+    run.summary["elapsed_s"] = run.budget.elapsed()
+    run.write("summary", run.summary)
+    print(f"\ndone in {run.summary['elapsed_s']:.0f} s; written to {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The one speedup predictor every benchmark and sweep sets its measurements against.
+
+A run's prediction comes from its acceptance per position and its draft lengths, priced by the measured
+cost model: each verification of k drafts yields E(k) = 1 + sum_j prod_{i<=j} a_i tokens (a_i: the run's
+per-position acceptance, the probability that draft position i is accepted given the earlier ones were)
+and costs c(k + 1, B, L) plain steps at the context length L it ran at (``Profile.at_length``; a batch
+profile's c(w, B) at batch size B), plus the engine's overhead per step (in ``Profile.curve``) and per
+row (a batch profile's), plus k d for drafting; a plain step yields its token for one plain step. The
+predicted speedup is expected tokens over cost, and the residual is measured / predicted - 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from specbench.cost.breakeven import expected_tokens
+from specbench.cost.profile import Profile, cost_at
+
+
+def acceptance_per_position(records: Iterable[dict[str, Any]]) -> list[float]:
+    """a_i for i = 1..K from a run's verifications (paths): drafts accepting position i over those that
+    reached it (drafted i or more tokens and accepted the first i - 1); 1 where no draft reached it."""
+    reached: list[int] = []
+    accepted: list[int] = []
+    for r in records:
+        if r["kind"] != "verify" or r.get("tree_nodes"):
+            continue
+        k = int(r["k_drafted"])
+        while len(reached) < k:
+            reached.append(0)
+            accepted.append(0)
+        for i in range(min(k, int(r["accepted"]) + 1)):
+            reached[i] += 1
+            accepted[i] += int(i < r["accepted"])
+    return [a / n if n else 1.0 for a, n in zip(accepted, reached)]
+
+
+def predicted_speedup(
+    records: Sequence[dict[str, Any]],
+    profile: Profile,
+    d: float = 0.0,
+    prompt_tokens: int = 0,
+    mode: str = "fast",
+    row_overhead: float = 0.0,
+) -> float:
+    """The speedup over plain decoding the cost model predicts for a run's steps (``records``: its step log):
+    expected tokens (E(k) at the run's per-position acceptance for each verification of k drafts, the
+    emitted tokens for plain steps and token trees) over their cost in plain steps (c(k + 1) at the context
+    length each step ran at, the engine's overhead included, plus k d and ``row_overhead`` per verification;
+    1 per plain step; unverified drafts at d per token). 0 for a run without decode steps."""
+    curves: dict[int, np.ndarray] = {}
+    cost = 0.0
+    for r in records:
+        if r["kind"] == "prefill":
+            continue
+        if r["kind"] != "verify":
+            cost += 1.0 + len(r.get("draft_tokens") or ()) * d
+            continue
+        length = profile.nearest_length(prompt_tokens + int(r["position"]))
+        if length not in curves:
+            curves[length] = profile.at_length(length).curve(mode)
+        cost += cost_at(curves[length], int(r["verify_width"])) + int(r["k_drafted"]) * d + row_overhead
+    return expected_run_tokens(records) / cost if cost else 0.0
+
+
+def expected_run_tokens(records: Sequence[dict[str, Any]]) -> float:
+    """Tokens a run's decode steps are expected to yield: E(k) at its per-position acceptance for each
+    verification of k drafts (emitted tokens for token trees), emitted tokens for plain steps."""
+    acceptance = acceptance_per_position(records)
+    tokens = 0.0
+    for r in records:
+        if r["kind"] == "verify" and not r.get("tree_nodes"):
+            tokens += expected_tokens(acceptance, int(r["k_drafted"]))
+        elif r["kind"] != "prefill":
+            tokens += r["emitted"]
+    return tokens
+
+
+def predicted_batch_seconds(batch_log: Iterable[Any], profile: Any, whole: bool = False) -> float:
+    """Seconds a batch profile (``specbench.cost.batch.BatchProfile``) predicts for the batched steps of a
+    run: per step of width W over B rows, c(W, B) times the [B, 1] forward plus the engine's per-step and
+    per-row overhead (``BatchProfile.overhead``). ``whole``: the run's logged prefill and drafting seconds
+    added, which the profile does not model (what a wall clock around the run holds)."""
+    total = 0.0
+    for s in batch_log:
+        if s.kind == "prefill":
+            total += s.draft_s + s.verify_s + s.other_s if whole else 0.0
+            continue
+        total += profile.c(s.width, s.batch_size) * profile.plain_step_s(s.batch_size)
+        total += profile.overhead(s.width, s.batch_size) + (s.draft_s if whole else 0.0)
+    return total
+
+
+def predicted_batch_speedup(spec: Any, plain: Any, profile: Any, whole: bool = False) -> float:
+    """Throughput speedup of a batched speculative run over a plain batched run (``BatchGeneration``s) that
+    a batch profile predicts: each request's expected tokens (``expected_run_tokens``) per predicted second,
+    over the plain run's tokens per predicted second. ``whole``: over the whole runs, their first tokens and
+    logged prefill and drafting seconds included (``predicted_batch_seconds``)."""
+
+    def tokens(gen: Any) -> float:
+        first = sum(r["emitted"] for q in gen.requests for r in q.log.records if r["kind"] == "prefill")
+        return sum(expected_run_tokens(q.log.records) for q in gen.requests) + (first if whole else 0)
+
+    spec_s = predicted_batch_seconds(spec.batch_log, profile, whole)
+    plain_s = predicted_batch_seconds(plain.batch_log, profile, whole)
+    if not (spec_s and plain_s and tokens(plain)):
+        return 0.0
+    return (tokens(spec) / spec_s) / (tokens(plain) / plain_s)
+
+
+def residual(measured: float, predicted: float) -> float:
+    """measured / predicted - 1 (NaN without a prediction)."""
+    return measured / predicted - 1.0 if predicted and np.isfinite(predicted) else float("nan")
+
+
+def mean_absolute_error(residuals: Iterable[float]) -> float:
+    """Mean |residual| over the finite ones (NaN for none)."""
+    values = [abs(r) for r in residuals if r is not None and np.isfinite(r)]
+    return float(np.mean(values)) if values else float("nan")

@@ -1,0 +1,70 @@
+"""Timing helpers shared by the cost measurements: seconds per token of a generation, one timed
+verification forward, and a drafter whose drafts are rejected."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from specbench.common.timing import quiet
+from specbench.core.draft import Draft, Drafter
+from specbench.core.rollback import CacheRollback
+from specbench.core.verify import Verifier
+from specbench.cost.caches import CacheRestore
+
+
+def seconds_per_token(generation: Iterable[int], excluded: Callable[[], float] = lambda: 0.0) -> float:
+    """Iterate a generation; seconds per token after the first (the prompt pass excluded), less
+    the growth of ``excluded()`` (seconds spent on bookkeeping that is not decoding); the garbage
+    collector paused throughout (``quiet``)."""
+    count, t_first, x_first = 0, 0.0, 0.0
+    with quiet():
+        for _ in generation:
+            count += 1
+            if count == 1:
+                t_first, x_first = time.perf_counter(), excluded()
+        end = time.perf_counter()
+    if count < 2:
+        raise ValueError("a timed generation needs at least 2 tokens: raise max_tokens")
+    return (end - t_first - (excluded() - x_first)) / (count - 1)
+
+
+def time_verify(
+    verifier: Verifier,
+    model: nn.Module,
+    cache: list[Any],
+    tokens: mx.array,
+    restore: CacheRestore,
+    rollback: CacheRollback | None = None,
+) -> float:
+    """Seconds of one width-w forward with the greedy targets read back, as the engine verifies."""
+    if rollback is not None:
+        rollback.before_verify(tokens.shape[1])
+    mx.synchronize()
+    t0 = time.perf_counter()
+    logits = verifier.forward(model, tokens, cache)
+    verifier.greedy(logits[0])
+    seconds = time.perf_counter() - t0
+    if rollback is not None:
+        rollback.rewind(0)
+    restore()
+    return seconds
+
+
+class RandomDrafter(Drafter):
+    """Proposes uniformly random tokens: nearly every draft is rejected, so each engine step
+    verifies the full width and emits one token."""
+
+    name = "random"
+
+    def __init__(self, vocab: int, seed: int = 0):
+        self.vocab = vocab
+        self.rng = np.random.default_rng(seed)
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        return Draft(self.rng.integers(0, self.vocab, size=k).tolist())
