@@ -60,6 +60,15 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "shift_tokens": 4,
             "permutations": 200,
         },
+        "policies": {
+            "model": _TINY,
+            "traces": ["chat-revision", "tool-agent"],
+            "max_turns": 2,
+            "categories": ["translation", "qa", "summarization"],
+            "questions_per_category": 1,
+            "max_prompt_tokens": 0,
+            "max_tokens": 12,
+        },
     },
     # The embedded model (SmolLM2-135M), sized for a 2-core CPU, where MLX runs on about one core: a float32
     # decode step takes ~0.17 s, a prompt token ~0.09 s and a width-w verification ~0.13 s per row, so every
@@ -137,6 +146,15 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "shift_samples": 6,
             "shift_tokens": 6,
         },
+        "policies": {
+            # every bundled trace replayed (no model runs); 2 questions of 3 categories recorded and each confirmed
+            # policy run on those 6 against plain decoding (6 requests give the measured speedup an interval)
+            "model": _EMBEDDED,
+            "categories": ["translation", "qa", "summarization"],
+            "questions_per_category": 2,
+            "max_prompt_tokens": 160,
+            "max_tokens": 24,
+        },
     },
 }
 
@@ -157,6 +175,7 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "simulate_logs": 12,
         "tree_vs_path": 12,
         "acceptance_rules": 15,
+        "policies": 20,
     },
     "full": {
         "quickstart": 60,  # estimated, not yet measured: 6 pairs of 32-token runs and a reference plain run
@@ -169,5 +188,6 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "simulate_logs": 9,  # the bundled traces, tokenized only: no model runs
         "tree_vs_path": 11,  # the traces' recorded replies (source "replies"): no model runs
         "acceptance_rules": 170,  # estimated, not yet measured: 27 generations of 16 tokens and 48 short samples
+        "policies": 200,  # estimated, not yet measured: 6 questions recorded, then 2 policies x 6 pairs of runs
     },
 }

@@ -11,11 +11,13 @@ Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``
 - ``traces``: ``per_turn``, ``cumulative_saved``;
 - ``rules``: ``rules_vs_temperature``, ``rules_by_drafter``, ``rule_positions``, ``rule_shifts`` (acceptance rules);
 - ``cost``: ``verify_costs``, ``break_even``, ``measured_vs_predicted``;
+- ``policies``: ``policy_ranking`` (draft-length policies ranked per workload, the confirmed ones measured);
 - ``bench``: ``prompt_figure``, ``save_prompt_figure`` (the prompt benchmark's speedups by category).
 """
 
 from specbench.report.figures.bench import prompt_figure, save_prompt_figure
 from specbench.report.figures.cost import break_even, measured_vs_predicted, verify_costs
+from specbench.report.figures.policies import policy_ranking
 from specbench.report.figures.rules import rule_positions, rule_shifts, rules_by_drafter, rules_vs_temperature
 from specbench.report.figures.steps import step_timeline
 from specbench.report.figures.style import (
@@ -74,6 +76,7 @@ __all__ = [
     "model_label",
     "per_position",
     "per_turn",
+    "policy_ranking",
     "save_figure",
     "speedup_vs_k",
     "step_timeline",

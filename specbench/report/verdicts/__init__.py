@@ -46,6 +46,7 @@ from specbench.report.verdicts.notebooks import (
     verify_cost,
     where,
 )
+from specbench.report.verdicts.policy_verdicts import confirmed_speed, policies
 
 __all__ = [
     "sweep_headline",
@@ -79,4 +80,6 @@ __all__ = [
     "explorer",
     "simulated_logs",
     "tree_vs_path",
+    "policies",
+    "confirmed_speed",
 ]
