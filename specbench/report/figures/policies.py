@@ -54,11 +54,15 @@ def _confirmed_panel(ax, confirmed: pl.DataFrame, colours: dict[str, str]) -> No
     ax.plot([low, high], [low, high], color="0.5", ls="--", lw=0.9, label="measured = predicted")
     for r in rows:
         interval = r["measured_low"] is not None and r["measured_high"] is not None
-        err = [[r["measured_speedup"] - r["measured_low"]], [r["measured_high"] - r["measured_speedup"]]]
+        err = (
+            [[r["measured_speedup"] - r["measured_low"]], [r["measured_high"] - r["measured_speedup"]]]
+            if interval
+            else None
+        )
         ax.errorbar(
             [r["predicted_speedup"]],
             [r["measured_speedup"]],
-            yerr=err if interval else None,
+            yerr=err,
             fmt="o",
             ms=7,
             capsize=4,
