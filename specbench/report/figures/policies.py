@@ -74,7 +74,7 @@ def _confirmed_panel(ax, confirmed: pl.DataFrame, colours: dict[str, str]) -> No
     ax.set_xlabel("predicted speedup (x)")
     ax.set_ylabel("measured speedup (x), 95 % interval over requests")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     requests = int(confirmed["requests"].max())
     ax.set_title(f"Confirmed by real runs: {requests} request(s)", fontsize=10)
 
