@@ -147,12 +147,12 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "shift_tokens": 6,
         },
         "policies": {
-            # every bundled trace replayed (no model runs); 2 questions of 3 categories recorded and each confirmed
-            # policy run on those 6 against plain decoding (6 requests give the measured speedup an interval); the
-            # categories whose first questions are short (40-93 tokens; summarization's and rag's are 660-770)
+            # every bundled trace replayed (no model runs); one short question (40-93 tokens; summarization's and
+            # rag's are 660-770) of 3 categories recorded, and each confirmed policy run on those 3 against plain
+            # decoding (3 requests: the fewest that give the measured speedup an interval)
             "model": _EMBEDDED,
             "categories": ["translation", "qa", "math_reasoning"],
-            "questions_per_category": 2,
+            "questions_per_category": 1,
             "max_prompt_tokens": 160,
             "max_tokens": 24,
         },
@@ -189,6 +189,8 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "simulate_logs": 9,  # the bundled traces, tokenized only: no model runs
         "tree_vs_path": 11,  # the traces' recorded replies (source "replies"): no model runs
         "acceptance_rules": 170,  # estimated, not yet measured: 27 generations of 16 tokens and 48 short samples
-        "policies": 200,  # estimated, not yet measured: 6 questions recorded, then 2 policies x 6 pairs of runs
+        # with 6 questions it ran past 15 min at load 5-7 (a 475 ms plain step), 8 min of it confirming; estimated
+        # for 3 questions at load ~1: 3 recorded, then 2 policies x 3 pairs of 24-token runs
+        "policies": 200,
     },
 }
