@@ -25,6 +25,7 @@ than their break-evens.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -332,12 +333,17 @@ class AutoPolicy(AutoSettings):
     def _follow_context(self, log: StepLog, drafter: Any) -> None:
         """Plan with the break-even at the context length the log has reached, when the one handed over gives one
         per length (``at_length(L)``, e.g. ``specbench.cost.breakeven.BreakEven``); the evidence is kept."""
-        at_length = getattr(self.costs.break_even_of, "at_length", None)
-        if at_length is None or not log.records:
+        boundaries = getattr(self.costs.break_even_of, "boundaries", ())
+        if not boundaries or not log.records:
             return
         first, last = log.records[0], log.records[-1]
         prompt = first["verify_width"] if first["kind"] == "prefill" else 0
-        current = at_length(prompt + last["position"] + last["emitted"])
+        length = prompt + last["position"] + last["emitted"]
+        previous = getattr(self, "_context_length", self.costs.break_even_of.length)
+        if bisect.bisect(boundaries, length) == bisect.bisect(boundaries, previous):
+            return  # the same measured length is nearest: nothing to ask
+        self._context_length = length
+        current = self.costs.break_even_of.at_length(length)
         if current is not self.costs.break_even_of:
             self.plan(CostEnvelope(current, self.longest_draft(drafter), self.fixed_break_even), drafter)
 

@@ -137,6 +137,11 @@ class BreakEven:
         self.length = profile.offset
         self._at: dict[int, BreakEven] = {profile.offset: self}
         self._base = self
+        #: Context lengths at which the nearest measured length changes (geometric means of neighbours, as
+        #: ``Profile.nearest_length`` measures on a log scale): a policy asks ``at_length`` only when its
+        #: context crosses one.
+        measured = sorted(profile.context_lengths)
+        self.boundaries = tuple(float(np.sqrt(a * b)) for a, b in zip(measured, measured[1:]))
 
     def __call__(self, k: int) -> float:
         return break_even_tokens(self.profile, k, self.drafter, verify=self.mode)
@@ -151,6 +156,7 @@ class BreakEven:
             else:
                 base._at[nearest] = BreakEven(at, self.drafter, self.mode)
                 base._at[nearest]._base = base
+                base._at[nearest].boundaries = base.boundaries
         return base._at[nearest]
 
 

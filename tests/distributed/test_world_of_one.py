@@ -103,9 +103,10 @@ class _EmptyLog:
 def test_shard_flag_on_the_commands_that_load_a_target(capsys):
     from specbench.cli import main
 
-    for command, has_flag in (("generate", True), ("profile", True), ("bench", True), ("train-mtp", False)):
+    commands = (("generate",), ("profile",), ("bench", "prompts"), ("bench", "trace"), ("train-mtp",))
+    for command, has_flag in zip(commands, (True, True, True, True, False), strict=True):
         with pytest.raises(SystemExit):
-            main([command, "--help"])
+            main([*command, "--help"])
         assert ("--shard" in capsys.readouterr().out) == has_flag, command
 
 

@@ -58,6 +58,7 @@ def component_stack(stacks: Mapping[str, Sequence[dict[str, Any]]], title: str |
         for i, w in enumerate(widths):
             ax.annotate(f"{at[w, PARTS[0]]['error']:+.0%}", (x[i], max(bottom[i], whole[i])), ha="center", va="bottom")
         ax.set_xticks(x, [f"w={w}" for w in widths])
+        ax.set_xlabel("verify width w (rows)")
         ax.set_ylabel("plain steps")
         ax.set_ylim(0, 1.15 * max(bottom.max(), whole.max()))
         ax.set_title(model_label(name), fontsize=10)
