@@ -196,13 +196,13 @@ def traces(args, deadline: float) -> tuple[list[dict], list[dict], dict, list[di
                         None, model, turn.prompt, options, verifier, drafter, args.suffix_budget, tokenizer
                     )
                     log = simulate([turn], sim, DraftPolicy.fixed(args.suffix_budget), options)
-                    keys = ("kind", "accepted", "accepted_path", "tokens")
-                    agree &= [[r[k] for k in keys] for r in log] == [[r[k] for k in keys] for r in gen.log]
+                    steps = [(r.kind, r.accepted, r.accepted_path, r.tokens) for r in log]
+                    agree &= steps == [(r.kind, r.accepted, r.accepted_path, r.tokens) for r in gen.log]
                     spec_s += s_s
                     identical &= out == turn.output
                     verifies += stats["verifies"]
                     accepted += stats["accepted"]
-                    nodes += sum(r["k_drafted"] for r in gen.log.records if r["kind"] == "verify")
+                    nodes += sum(r.k_drafted for r in gen.log.records if r.kind == "verify")
                 real_rows.append(
                     {
                         "trace": trace,
@@ -263,7 +263,7 @@ def mtp_trees(args, deadline: float) -> list[dict]:
                     continue
                 drafter = MtpHead(model, **settings)
                 tokens, seconds, stats, gen = timed(None, model, prompt, options, verifier, drafter, nodes, tokenizer)
-                verifies = [r for r in gen.log.records if r["kind"] == "verify"]
+                verifies = [r for r in gen.log.records if r.kind == "verify"]
                 rows.append(
                     {
                         "category": category,
@@ -273,7 +273,7 @@ def mtp_trees(args, deadline: float) -> list[dict]:
                         "settings": json.dumps(settings),
                         "tokens": len(tokens),
                         "tokens_per_verify": round(stats["tokens_per_verify"], 3),
-                        "nodes_per_verify": round(sum(r["k_drafted"] for r in verifies) / max(1, len(verifies)), 3),
+                        "nodes_per_verify": round(sum(r.k_drafted for r in verifies) / max(1, len(verifies)), 3),
                         "plain_s": round(plain_s, 4),
                         "seconds": round(seconds, 4),
                         "speedup": round(plain_s / seconds, 3),
