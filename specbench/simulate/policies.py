@@ -14,6 +14,7 @@ import copy
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def replay_policy(
     log = StepLog()
     for trace_id, requests in groups:
         for record in simulate(list(requests()), model_free_drafter(drafter, k), policy, cost=profile).records:
-            log.append({**record, "trace": trace_id})
+            log.append(record.labelled(trace=trace_id))
     return log
 
 
@@ -91,7 +92,9 @@ def rank_policies(
             log = replay_policy(groups, policy, profile, drafter, k)
             name = policy if isinstance(policy, str) else policy.name
             rows.append({"workload": workload, "policy": name, "drafter": drafter, **policy_row(log, profile, drafter)})
-            steps.records.extend({**r, "workload": workload, "policy": name} for r in log.records)
+            steps.records.extend(
+                replace(r, policy=name, labels={**r.labels, "workload": workload}) for r in log.records
+            )
     table = pl.DataFrame(rows).with_columns(
         pl.col("predicted_speedup").rank("ordinal", descending=True).over("workload").cast(pl.Int64).alias("rank")
     )
