@@ -336,8 +336,8 @@ class AutoPolicy(AutoSettings):
         if at_length is None or not log.records:
             return
         first, last = log.records[0], log.records[-1]
-        prompt = first["verify_width"] if first["kind"] == "prefill" else 0
-        current = at_length(prompt + last["position"] + last["emitted"])
+        prompt = first.verify_width if first.kind == "prefill" else 0
+        current = at_length(prompt + last.position + last.emitted)
         if current is not self.costs.break_even_of:
             self.plan(CostEnvelope(current, self.longest_draft(drafter), self.fixed_break_even), drafter)
 
