@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import polars as pl
 import pytest
 
@@ -86,9 +88,11 @@ def test_residuals_and_their_mean():
 
 
 def test_sweep_runs_gain_predictions_residuals_and_a_mean_error():
-    steps = [dict(PREFILL, run=1, step=0)] + [dict(verify(i, 2, 1, draft_s=0.002), run=1, step=i + 1) for i in range(4)]
-    steps += [dict(PREFILL, run=0, step=0)]
-    frame = pl.DataFrame(steps, infer_schema_length=None)
+    steps = [PREFILL.labelled(run=1)] + [
+        replace(verify(i, 2, 1, draft_s=0.002), step=i + 1).labelled(run=1) for i in range(4)
+    ]
+    steps += [PREFILL.labelled(run=0)]
+    frame = StepLog(steps).to_polars()
     runs = pl.DataFrame(
         {
             "run": [0, 1],
