@@ -24,6 +24,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
+from specbench.bench.budget import Budget
 from specbench.common.files import write_csv_atomic, write_json_atomic
 from specbench.common.identity import device_name, versions
 from specbench.core.engine import generate
@@ -78,7 +79,7 @@ def main() -> int:
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu-bandwidth", help="output folder")
     args = parser.parse_args()
-    start = time.perf_counter()
+    budget = Budget(args.budget)
     models = args.models.split(",") if args.models else (QUICK if args.quick else FULL)
     tokens = args.tokens or (16 if args.quick else 128)
     rounds = 2 if args.quick else 3
@@ -87,14 +88,11 @@ def main() -> int:
     for method, value in passes.items():
         print(f"{device_name()}: {method} pass {value / 1e9:.1f} GB/s", flush=True)
     print(f"{device_name()}: measured peak {peak / 1e9:.1f} GB/s ({PEAK_METHOD})", flush=True)
-    rows, skipped = [], []
+    rows = []
     for name in models:
-        spent = time.perf_counter() - start
         longest = max((r["seconds"] for r in rows), default=0.0)  # the next model may be as slow as the slowest
-        if spent + longest > args.budget:
-            skipped.append(name)
-            continue
-        rows.append(measure(name, tokens, rounds, peak))
+        if budget.fits(name, longest):
+            rows.append(measure(name, tokens, rounds, peak))
     out = Path(args.out)
     write_csv_atomic(out / "bandwidth.csv", rows)
     write_json_atomic(
@@ -106,7 +104,7 @@ def main() -> int:
             "peak_passes_bytes_per_s": passes,
             "peak_bytes_per_s": peak,
             "rows": rows,
-            "skipped": skipped,
+            "skipped": budget.skipped_names(),
         },
     )
     print(f"\n{'model':34s} {'MB/token':>9s} {'tok/s':>8s} {'mlx-lm':>8s} {'GB/s':>7s} {'of peak':>8s}")
@@ -115,9 +113,9 @@ def main() -> int:
             f"{r['model']:34s} {r['bytes_per_token'] / 1e6:9.0f} {r['specbench_tokens_per_s']:8.1f} "
             f"{r['mlx_lm_tokens_per_s']:8.1f} {r['achieved_gb_s']:7.2f} {r['fraction_of_peak']:8.0%}"
         )
-    if skipped:
-        print(f"skipped (budget): {', '.join(skipped)}")
-    print(f"results: {out} ({time.perf_counter() - start:.0f} s)")
+    if budget.skipped:
+        print(f"skipped (budget): {', '.join(budget.skipped_names())}")
+    print(f"results: {out} ({budget.elapsed():.0f} s)")
     return 0
 
 

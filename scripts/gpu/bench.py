@@ -22,8 +22,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import time
 from pathlib import Path
+
+from specbench.bench.budget import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +60,7 @@ def main() -> None:
         args.max_tokens, args.engine_tokens, args.engine_rounds = 8, 8, 1
     out = Path(os.environ.get("OUT") or "reports/gpu")
     out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    budget = Budget(args.budget)
 
     from specbench import load
     from specbench.bench.prompt_bench import PROMPT_SUMMARY_FILE, bench_prompts
@@ -70,7 +71,7 @@ def main() -> None:
     from specbench.inputs.prompts import bundled_questions, render_prompt
 
     model, tokenizer = load(args.model)
-    load_s = time.perf_counter() - start
+    load_s = budget.elapsed()
     print(f"{args.model} loaded in {load_s:.1f} s on {device_name()}", flush=True)
 
     # 1. engine speed, before anything else has warmed the model up differently
@@ -105,7 +106,7 @@ def main() -> None:
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
     questions = bundled_questions(categories, args.limit)
     verify = [v.strip() for v in args.verify.split(",")] if args.verify else [None]
-    remaining = args.budget - (time.perf_counter() - start) - 25.0  # saving and the figure
+    remaining = budget.left() - 25.0  # saving and the figure
     result = bench_prompts(
         model,
         tokenizer,
@@ -130,7 +131,7 @@ def main() -> None:
     print(result.table())
     for note in notes:
         print(note)
-    print(f"\ntotal {time.perf_counter() - start:.1f} s; results in {out}")
+    print(f"\ntotal {budget.elapsed():.1f} s; results in {out}")
 
 
 if __name__ == "__main__":

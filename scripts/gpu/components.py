@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench import cost
+from specbench.bench.budget import Budget
 from specbench.common.files import write_json_atomic
 from specbench.common.identity import device_name
 from specbench.core.experts import expert_layers
@@ -79,20 +80,19 @@ QUICK = {
 class Run:
     """The phases over one set of shapes, each written out when done."""
 
-    def __init__(self, cfg: dict[str, Any], out: Path, budget: float):
+    def __init__(self, cfg: dict[str, Any], out: Path, budget: Budget):
         self.cfg, self.out, self.budget = cfg, out, budget
-        self.start = time.perf_counter()
         self.models: dict[str, Any] = {}
         self.summary: dict[str, Any] = {"device": device_name(), "skipped": [], "config": cfg}
 
     def left(self) -> float:
-        return self.budget - (time.perf_counter() - self.start)
+        return self.budget.left()
 
     def fits(self, what: str, need: float) -> bool:
-        if self.left() >= need:
+        """Whether ``what`` fits the budget; if not it is named in summary.json's "skipped"."""
+        if self.budget.fits(what, need):
             return True
-        self.summary["skipped"].append(f"{what} (needs ~{need:.0f} s, {self.left():.0f} s left)")
-        print(f"skip {what}: {self.left():.0f} s left", flush=True)
+        self.summary["skipped"] = self.budget.skipped_lines()
         return False
 
     def model(self, shape: str) -> Any:
@@ -217,16 +217,16 @@ def main() -> None:
     args = parser.parse_args()
     cfg = QUICK if args.quick else FULL
     out = Path(os.environ.get("OUT") or "reports/gpu") / "components"
-    run = Run(cfg, out, args.budget or cfg["budget"])
+    run = Run(cfg, out, Budget(args.budget or cfg["budget"]))
     phases = [p for p in args.phases.split(",") if p]
     unknown = set(phases) - {"components", "lengths", "batch"}
     if unknown:
         raise SystemExit(f"unknown phases {sorted(unknown)}: use components, lengths, batch")
-    print(f"device {device_name()}; phases {', '.join(phases)}; budget {run.budget:.0f} s", flush=True)
+    print(f"device {device_name()}; phases {', '.join(phases)}; budget {run.budget.seconds:.0f} s", flush=True)
     for phase in phases:
         getattr(run, phase)()
         gc.collect()
-    run.summary["elapsed_s"] = time.perf_counter() - run.start
+    run.summary["elapsed_s"] = run.budget.elapsed()
     run.write("summary", run.summary)
     print(f"\ndone in {run.summary['elapsed_s']:.0f} s; written to {out}", flush=True)
 

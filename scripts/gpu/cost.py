@@ -32,11 +32,14 @@ import mlx.core as mx
 import numpy as np
 
 from specbench import cost
+from specbench.bench.budget import Budget
 from specbench.common.files import write_csv_atomic as write_csv
 from specbench.common.files import write_json_atomic as write_json
 from specbench.common.identity import device_name
 from specbench.core.experts import expert_layers
 from specbench.core.forward import text_model
+from specbench.cost.breakeven import break_even_table
+from specbench.cost.grid import grid_lines, grid_seconds, prediction_error_lines
 from specbench.drafters import make_drafter
 from specbench.models import synthetic
 from specbench.report import figures
@@ -78,26 +81,17 @@ QUICK = {
 
 
 class Run:
-    def __init__(self, cfg: dict, out: Path, budget: float, title_device: bool):
+    """The run's profiles, grid rows and expert counts so far, written out after each phase."""
+
+    def __init__(self, cfg: dict, out: Path, budget: Budget, title_device: bool):
         self.cfg, self.out, self.budget = cfg, out, budget
-        self.start = time.perf_counter()
         self.modes = list(cost.VERIFY_MODES)
         self.profiles: dict[str, cost.Profile] = {}
         self.models: dict[str, object] = {}
         self.grid: list[dict] = []
         self.experts: list[dict] = []
-        self.skipped: list[str] = []
+        self.failures: list[str] = []
         self.title_device = title_device
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def fits(self, seconds: float, what: str) -> bool:
-        if self.elapsed() + seconds <= self.budget:
-            return True
-        self.skipped.append(f"{what} (needs ~{seconds:.0f} s, {self.budget - self.elapsed():.0f} s left)")
-        print(f"skip {what}: needs ~{seconds:.0f} s", flush=True)
-        return False
 
     def profile(self, name: str, keep: bool, hybrid: bool = False) -> None:
         cfg, mtp = self.cfg, hybrid
@@ -169,16 +163,8 @@ class Run:
     def run_grid(self, name: str, mode: str) -> None:
         cfg, profile = self.cfg, self.profiles[name]
         cells = len(cfg["acceptances"]) * len(cfg["ks"])
-        estimate = (
-            cells
-            * cfg["grid_repeats"]
-            * 2.4
-            * cfg["max_tokens"]
-            * profile.plain_step_s
-            * (1.6 if mode == "fast" else 1.2)
-            + 5
-        )
-        if not self.fits(estimate, f"grid {name} {mode}"):
+        estimate = grid_seconds(profile, cells, cfg["grid_repeats"], cfg["max_tokens"], mode)
+        if not self.budget.fits(f"grid {name} {mode}", estimate):
             return
         t0 = time.perf_counter()
         rows = cost.speedup_grid(
@@ -193,37 +179,14 @@ class Run:
         )
         self.grid += rows
         print(f"\n== grid {name} {mode}: {time.perf_counter() - t0:.1f} s (estimated {estimate:.0f} s)")
-        print("     a   k  measured  predicted  err%  from-log err%  E_meas  a_meas  diverged follows")
-        for r in rows:
-            print(
-                f"  {r['a']:.2f} {r['k']:3d}  {r['speedup']:7.2f}  {r['predicted_nominal']:8.2f}  "
-                f"{100 * r['error_nominal']:+5.1f}  {100 * r['error_from_log']:+12.1f}  {r['tokens_per_verify']:6.2f}"
-                f"  {r['acceptance_measured']:6.2f}  {r['diverged_at']!s:>8s} {r['follows']:7d}",
-                flush=True,
-            )
+        print("\n".join(grid_lines(rows)), flush=True)
         self.flush()
 
     def flush(self) -> None:
         out, plist = self.out, list(self.profiles.values())
         write_json(out / "profiles.json", [p.to_dict() for p in plist])
         write_csv(out / "costs.csv", [r for p in plist for r in p.to_polars().to_dicts()])
-        be_rows = []
-        for p in plist:
-            for mode in p.costs:
-                kk = min(15, max(p.widths[mode]) - 1)
-                for k, a in enumerate(cost.break_even_acceptance(p, 0.0, kk, mode), 1):
-                    be_rows.append(
-                        {
-                            "name": p.name,
-                            "mode": mode,
-                            "k": k,
-                            "c_k1": p.c(k + 1, mode, overhead=False),
-                            "overhead": p.overhead.get(mode, 0.0),
-                            "a_star": a,
-                            **{f"best_k_a{x:g}": cost.best_k(x, p, 0.0, kk, mode)[0] for x in (0.6, 0.7, 0.8, 0.9)},
-                        }
-                    )
-        write_csv(out / "break_even.csv", be_rows)
+        write_csv(out / "break_even.csv", break_even_table(plist, max_k=15))
         write_csv(out / "grid.csv", self.grid)
         write_csv(out / "experts.csv", self.experts)
         self.figures()
@@ -244,7 +207,7 @@ def replot(folder: Path) -> int:
     """Redraw costs.png, break_even.png and measured.png from a finished run's files."""
     import polars as pl
 
-    run = Run(dict(FULL), folder, 0.0, title_device=True)
+    run = Run(dict(FULL), folder, Budget(0.0), title_device=True)
     run.profiles = {p.name: p for p in map(cost.Profile.from_dict, json.loads((folder / "profiles.json").read_text()))}
     if (folder / "grid.csv").exists():
         run.grid = pl.read_csv(folder / "grid.csv", infer_schema_length=None).to_dicts()
@@ -278,12 +241,12 @@ def main() -> int:
         cfg["hybrids"] = [m for m in args.hybrids.split(",") if m]
     out = Path(os.environ.get("OUT") or "reports/gpu")
     out.mkdir(parents=True, exist_ok=True)
-    run = Run(cfg, out, args.budget, title_device=not args.quick)
+    run = Run(cfg, out, Budget(args.budget), title_device=not args.quick)
     print(f"device {device_name()}  mlx {mx.__version__}  verify modes {run.modes}  out {out}", flush=True)
 
     for name in cfg["models"]:
         # A profile (with exact-mode calibration) took 80-190 s per 4-bit shape on an H200.
-        if run.fits(cfg["profile_need_s"], f"profile {name}"):
+        if run.budget.fits(f"profile {name}", cfg["profile_need_s"]):
             run.profile(name, keep=True)
     names = list(run.models)
     for mode in [m for m in ("exact", "fast") if m in run.modes]:
@@ -293,41 +256,24 @@ def main() -> int:
     gc.collect()
     mx.clear_cache()
     for name in cfg["hybrids"]:
-        if not run.fits(120.0, f"hybrid {name}"):
+        if not run.budget.fits(f"hybrid {name}", 120.0):
             continue
         try:
             run.profile(name, keep=True, hybrid=True)
             for profile_name in list(run.models):
                 run.run_grid(profile_name, run.modes[-1])
         except Exception as err:  # a shape this backend cannot run is reported, not fatal
-            run.skipped.append(f"hybrid {name}: {type(err).__name__}: {err}")
+            run.failures.append(f"hybrid {name}: {type(err).__name__}: {err}")
             print(f"hybrid {name} failed: {type(err).__name__}: {err}", flush=True)
         run.models.clear()
         gc.collect()
         mx.clear_cache()
 
-    if run.grid:
-        for mode in dict.fromkeys(r["mode"] for r in run.grid):
-            rows = [r for r in run.grid if r["mode"] == mode]
-            for label, at_nominal, for_steps in (
-                ("speedup", "error_nominal", "error_from_log"),
-                ("seconds per token", "error_time_nominal", "error_time"),
-            ):
-                nominal = [abs(r[at_nominal]) for r in rows]
-                logged = [abs(r[for_steps]) for r in rows]
-                print(
-                    f"\nprediction error of the {label} |measured / predicted - 1|, {mode} verify, {len(rows)} cells: "
-                    f"at nominal a mean {100 * sum(nominal) / len(rows):.1f}% max {100 * max(nominal):.1f}%; "
-                    f"for the steps taken mean {100 * sum(logged) / len(rows):.1f}% max {100 * max(logged):.1f}%"
-                )
-            ratio = sorted(r["plain_over_profile"] for r in rows)
-            print(
-                f"plain runs' seconds per token / the profile's plain step: median {ratio[len(ratio) // 2]:.2f} "
-                f"({ratio[0]:.2f}-{ratio[-1]:.2f})"
-            )
-    for s in run.skipped:
-        print(f"skipped: {s}")
-    print(f"done in {run.elapsed():.1f} s; files in {out}")
+    for line in prediction_error_lines(run.grid):
+        print(line)
+    for line in run.budget.skipped_lines() + run.failures:
+        print(f"skipped: {line}")
+    print(f"done in {run.budget.elapsed():.1f} s; files in {out}")
     return 0
 
 

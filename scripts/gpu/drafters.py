@@ -5,33 +5,21 @@ measure both, with the shipped head and early exit, on a held-out split of three
     python3 -m scripts.gpu.drafters --evaluate-only   # H200, about 4 minutes (--budget 360 s): what ships, no training
     python3 -m scripts.gpu.drafters --quick           # CPU smoke run: tiny data, 2 steps each, every phase run
 
-Phases (each bounded by the budget; files are written as soon as they exist):
-1. data: the model's own greedy answers to chat prompts the project writes (templates over topics,
-   coding tasks, arithmetic, standard-library names and passages of package documents) and its
-   continuations of code and text snippets, plus standard-library code and docstrings and package
-   documents (``specbench.train.mtp_data``; Spec-Bench is never read for training);
-2. the MTP head, every draft position trained (the head fed its own chained states, positions
-   1..3; ``chain_loss``), initialised from the last body layer;
-3. the new head and the shipped head on the held-out split: both tables are printed, and the new
-   head is written to the output only when it beats the shipped one (higher mean tokens per
-   verification over the three kinds);
-4. a draft model: ``--draft-layers`` decoder layers of SmolLM2's width with a narrower MLP
-   (``--draft-mlp`` channels, those of most weight in the source layers), initialised from layers
-   spread over the depth and distilled on the same windows (soft cross-entropy to the target's
-   next-token distribution at every position); embeddings and output head are the target's,
-   frozen and not stored, so the file holds the draft's own layers (bfloat16, under 8 MB);
-5. evaluation: greedy speculative decoding (fixed k = 3, fast verification) on the held-out split
-   (``specbench.train.draft_training.heldout_split``: Spec-Bench chat first turns with the
-   chat template, Spec-Bench summarization articles as plain text, held-out standard-library code;
-   the rule is fixed in that module) of the draft model; the draft model through specbench and
-   through mlx-lm's speculative_generate_step (same pair, k = 3): tokens/s ratio and acceptance
-   per kind and per bundled prompt category; plain decoding (each drafter's speed ratio, and its
-   measured draft seconds per token over a plain step); early exit: a sweep of exit layers on a
-   sample of the split, and the best L's acceptance on the whole split.
+Phases, each within --budget, every file written as soon as it exists:
+1. data: the model's own greedy answers to chat prompts the project writes and its continuations of code and
+   text, plus standard-library code and package documents (``specbench.train.mtp_data``; Spec-Bench is never
+   read for training);
+2. the MTP head (every draft position, fed its own chained states), scored against the shipped head on the
+   held-out split; written only when it wins (``specbench.train.drafter_training.head_phase``);
+3. a draft model: --draft-layers layers of SmolLM2's width with a --draft-mlp channel MLP, distilled on the
+   same windows; the file holds its own layers only (bfloat16, under 8 MB) (``draft_phase``);
+4. evaluation (``specbench.train.drafter_eval``): greedy speculative decoding (k = 3, fast verify) on the
+   held-out split (``specbench.train.draft_training.heldout_split``: Spec-Bench chat and summarization,
+   held-out standard-library code), the draft model against mlx-lm's speculative_generate_step, plain
+   decoding, and an early-exit sweep.
 
---evaluate-only trains nothing (phases 1, 2 and 4 are skipped): it evaluates what ships, the MTP head
-(specbench/assets/mtp) and the draft model (specbench/assets/draft), as phase 5 does, with the draft
-model against mlx-lm on every bundled prompt category (two prompts each) and the three kinds.
+--evaluate-only trains nothing: it evaluates what ships (specbench/assets/mtp, specbench/assets/draft) as
+phase 4 does, against mlx-lm on every bundled prompt category (two prompts each) and the three kinds.
 
 Spec-Bench's question.jsonl is read from --data (default ../shared/data next to the repository) and
 never copied. Writes into $OUT (default reports/gpu): draft-smollm2-135m.safetensors (the draft),
@@ -49,34 +37,19 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from specbench import load
 from specbench.bench.budget import Budget
-from specbench.common.files import write_json_atomic, write_safetensors_atomic, write_text_atomic
+from specbench.common.files import write_json_atomic, write_text_atomic
 from specbench.core.forward import text_model
-from specbench.drafters import (
-    DraftModel,
-    MtpHead,
-    make_drafter,
-    shipped_draft_model,
-)
-from specbench.drafters.draft_model import draft_metadata, draft_own_tensors, load_draft_model
+from specbench.drafters import MtpHead, make_drafter, shipped_draft_model
 from specbench.models.embedded import shipped_draft_path
-from specbench.models.load import cast_dtype
-from specbench.models.mtp.attach import load_head, save_head, shipped_head
-from specbench.models.mtp.head import model_type
-from specbench.train.draft_training import HELDOUT_KINDS, heldout_split, train_draft
-from specbench.train.drafter_eval import (
-    TARGETS,
-    K,
-    compare_and_sweep,
-    evaluate,
-    head_decision,
-    report,
-)
+from specbench.models.mtp.attach import load_head, shipped_head
+from specbench.train.draft_training import HELDOUT_KINDS, heldout_split
+from specbench.train.drafter_eval import TARGETS, compare_and_sweep, evaluate, report
+from specbench.train.drafter_training import draft_phase, head_phase, parameter_count
 from specbench.train.mtp_data import WindowSampler
-from specbench.train.mtp_training import TrainConfig, build_data, train_head
+from specbench.train.mtp_training import TrainConfig, build_data
 
 START = time.perf_counter()
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,74 +129,23 @@ def train_and_evaluate(
 ) -> dict[str, Path]:
     """Phases 1-5: the data, the new head against the shipped one, the draft model, then the shared
     evaluation (``compare_and_sweep``); returns the files written to ship."""
-    json_path = out / "drafters.json"
-    dtype = text_model(model).model.norm.weight.dtype
-    files: dict[str, Path] = {}
-    # -- data and the head ------------------------------------------------------------------------
-    streams, _, data_info = build_data(model, tokenizer, config, log)
-    results["data"] = data_info
+    streams, _, results["data"] = build_data(model, tokenizer, config, log)
     sampler = WindowSampler(streams, config.mix, config.seq_len, config.seed)
     train_s = budget.left() - settings["head_eval_s"] - settings["draft_eval_s"]
     config.time_budget_s = None if args.quick else max(10.0, args.head_share * train_s)
     log(f"head training budget {config.time_budget_s or 0:.0f}s (training time left {train_s:.0f}s)")
-    head, head_record = train_head(model, sampler, config, log)
-    cast_dtype(head, dtype)
-    results["mtp"] = {
-        "recipe": {"depth": config.depth, "depth_decay": config.depth_decay, "mix": config.mix, "init": config.init},
-        "training": head_record,
-    }
-    write_json_atomic(json_path, results)
-
-    results["evaluation"]["mtp (new)"] = new = evaluate(
-        "mtp (new)", model, split, settings["tokens"], lambda: MtpHead(model, head=head), log
-    )
-    old_head = load_head(model, shipped_head(NAME))
-    results["evaluation"]["mtp (shipped)"] = old = evaluate(
-        "mtp (shipped)", model, split, settings["tokens"], lambda: MtpHead(model, head=old_head), log
-    )
-    results["mtp"].update(head_decision(new, old))
-    wins = results["mtp"]["ships"]
-    log(results["mtp"]["decision"])
-    if wins:
-        args_ = text_model(model).args
-        model_config = {k: getattr(args_, k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")}
-        model_config["model_type"] = model_type(model)
-        cast_dtype(head, mx.bfloat16)
-        files["mtp"] = save_head(head, out / f"mtp-{NAME}.safetensors", model_config, {"model": NAME})
-        record = {"model": NAME, "recipe": results["mtp"]["recipe"], "data": data_info, "training": head_record}
-        record["heldout_split"] = {"sources": split["sources"], "k": K, "tokens": settings["tokens"]}
-        record["metrics"] = {"decoding_heldout": new, "replaced_head_decoding_heldout": old}
-        files["mtp_record"] = write_json_atomic(out / f"mtp-{NAME}.json", record)
-    write_json_atomic(json_path, results)
-
-    # -- the draft model ----------------------------------------------------------------------------
+    shipped = load_head(model, shipped_head(NAME))
+    head, files = head_phase(model, sampler, split, config, shipped, settings["tokens"], results, out, NAME, log)
+    results["parameters"] = {"mtp_head": parameter_count(head)}
     config.time_budget_s = None if args.quick else max(10.0, budget.left() - settings["draft_eval_s"])
     config.learning_rate, config.warmup_steps = 3e-4, min(config.warmup_steps, 50)
     log(f"draft training budget {config.time_budget_s or 0:.0f}s")
-    draft, draft_record = train_draft(model, sampler, config, args.draft_layers, log, args.draft_mlp)
-    own = {k: v.astype(mx.bfloat16) for k, v in draft_own_tensors(draft).items()}
-    meta = draft_metadata(args.draft_layers, NAME, {"source_layers": draft_record["source_layers"]}, args.draft_mlp)
-    files["draft"] = write_safetensors_atomic(out / f"draft-{NAME}.safetensors", own, meta)
-    results["draft_model"] = {
-        "layers": args.draft_layers,
-        "intermediate_size": args.draft_mlp,
-        "training": draft_record,
-    }
+    layers, mlp, tokens = args.draft_layers, args.draft_mlp, settings["tokens"]
+    draft, files["draft"] = draft_phase(model, sampler, split, config, layers, mlp, tokens, results, out, NAME, log)
     results["files"] = {p.name: p.stat().st_size for p in files.values()}
-    results["parameters"] = {
-        "mtp_head": int(sum(v.size for _, v in tree_flatten(head.parameters()))),
-        "draft_own": int(sum(v.size for v in own.values())),
-    }
-    write_json_atomic(json_path, results)
     log(f"files: {results['files']}")
-
-    shipped_draft = load_draft_model(model, files["draft"])  # as shipped: bfloat16 layers, the target's embeddings
-    results["evaluation"]["draft-model"] = evaluate(
-        "draft-model", model, split, settings["tokens"], lambda: DraftModel(shipped_draft, target=model), log
-    )
-    write_json_atomic(json_path, results)
-    compare_and_sweep(model, tokenizer, split, settings, results, budget, shipped_draft, NEEDS_S, args.quick, log)
-    save(results, budget, json_path)
+    compare_and_sweep(model, tokenizer, split, settings, results, budget, draft, NEEDS_S, args.quick, log)
+    save(results, budget, out / "drafters.json")
     return files
 
 

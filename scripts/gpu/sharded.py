@@ -29,7 +29,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 FULL = {
@@ -129,6 +128,7 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def run_rank(args: argparse.Namespace) -> None:
+    from specbench.bench.budget import Budget
     from specbench.checks import exactness
     from specbench.common import distributed
     from specbench.common.files import write_csv_atomic, write_json_atomic
@@ -139,7 +139,6 @@ def run_rank(args: argparse.Namespace) -> None:
 
     cfg = QUICK if args.quick else FULL
     models = [m for m in (args.models or ",".join(cfg["models"])).split(",") if m]
-    started = time.perf_counter()
     size, main = distributed.size(), distributed.is_main()
     out = out_dir(args)
 
@@ -147,12 +146,11 @@ def run_rank(args: argparse.Namespace) -> None:
         if main:
             print(text, flush=True)
 
+    budget = Budget(args.budget, say=say)
+
     def fits(phase: str) -> bool:
-        left = args.budget - (time.perf_counter() - started)
-        go = distributed.broadcast(left >= cfg["need_s"][phase] if main else None)
-        if not go:
-            say(f"  {phase}: skipped ({left:.0f} s of the budget left)")
-        return go
+        """Rank 0 decides from its own clock; every rank follows (the ranks run in lockstep)."""
+        return distributed.broadcast(budget.fits(phase, cfg["need_s"][phase]) if main else None)
 
     say(f"{size} ranks ({distributed.backend()}), {device_name()}, mlx {versions()['mlx']}")
     info = {"ranks": size, "backend": distributed.backend(), "device": device_name(), **versions(), "quick": args.quick}
@@ -217,7 +215,8 @@ def run_rank(args: argparse.Namespace) -> None:
         return
     for name, rows in (("costs", costs), ("exactness", checks), ("grid", grid)):
         write_csv_atomic(out / f"{name}.csv", rows)
-    write_json_atomic(out / "sharded.json", {"info": info, "summary": summary, "costs": costs, "grid": grid})
+    results = {"info": info, "summary": summary, "costs": costs, "grid": grid, "skipped": budget.skipped_lines()}
+    write_json_atomic(out / "sharded.json", results)
     say("\nspeedup at controlled acceptance (exact verify), group size 1 -> N:")
     for shape in models:
         for a in cfg["acceptances"]:
@@ -228,7 +227,7 @@ def run_rank(args: argparse.Namespace) -> None:
                         f"N={g}: {r['speedup']:.2f}x (pred {r['predicted_nominal']:.2f})" for g, r in cells.items()
                     )
                     say(f"  {shape} a={a} k={k}: {text}")
-    say(f"\nwrote {out}; {time.perf_counter() - started:.0f} s")
+    say(f"\nwrote {out}; {budget.elapsed():.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

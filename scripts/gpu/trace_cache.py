@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 
 from specbench import GenerateOptions
+from specbench.bench.budget import Budget
 from specbench.bench.trace_bench import bench_trace, trace_methods
 from specbench.common.files import write_csv_atomic, write_json_atomic
 from specbench.common.identity import device_name
@@ -42,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out or os.environ.get("OUT") or "reports/gpu")
     out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    budget = Budget(args.budget)
 
     from specbench import load
 
@@ -66,10 +66,9 @@ def main() -> None:
     made, chosen = trace_methods(drafters, [policy], model, args.model)
     bench_trace(model, tokenizer, warm, made, chosen, options=GenerateOptions(max_tokens=8), turns=1)
 
-    rows, traces, skipped = [], [], []
+    rows, traces = [], []
     for name in names:
-        if time.perf_counter() - start > args.budget:
-            skipped.append(name)
+        if budget.over(name):
             continue
         (trace,) = load_traces(name)
         runs = {}
@@ -110,8 +109,8 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "turns": args.turns,
         "traces": traces,
-        "skipped_traces": skipped,
-        "total_s": round(time.perf_counter() - start, 1),
+        "skipped_traces": budget.skipped_names(),
+        "total_s": round(budget.elapsed(), 1),
     }
     write_json_atomic(out / "trace_cache.json", info)
     print(f"device {info['device']}, model {info['model']}, {info['total_s']} s; results in {out}")

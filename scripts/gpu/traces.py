@@ -20,6 +20,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from specbench import GenerateOptions
+from specbench.bench.budget import Budget
 from specbench.bench.trace_bench import bench_trace, trace_methods
 from specbench.bench.trace_summary import format_summary
 from specbench.common.files import write_csv_atomic as write_csv
@@ -66,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or "reports/gpu")
     out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    budget = Budget(args.budget)
 
     import polars as pl
 
@@ -81,7 +82,7 @@ def main() -> None:
         args.turns, args.max_tokens, args.model = 2, 16, None
     else:
         model, tokenizer = load(args.model)
-    load_s = time.perf_counter() - start
+    load_s = budget.elapsed()
 
     policy = DraftPolicy.parse(args.policy)
     wanted = [d.strip() for d in args.drafters.split(",") if d.strip()]
@@ -102,12 +103,10 @@ def main() -> None:
         model, tokenizer, warm, made, chosen, options=GenerateOptions(max_tokens=8, verify=args.verify), turns=1
     )
 
-    summaries, turn_rows, skipped, step_frames = [], [], [], []
+    summaries, turn_rows, step_frames = [], [], []
     names = [t.strip() for t in args.traces.split(",")] if args.traces else bundled_traces()
     for name in names:
-        elapsed = time.perf_counter() - start
-        if elapsed > args.budget:
-            skipped.append(name)
+        if budget.over(name):
             continue
         (trace,) = load_traces(name)
         made, chosen = trace_methods(available, [policy], model, args.model)
@@ -132,8 +131,8 @@ def main() -> None:
         "turns": args.turns,
         "verify": args.verify,
         "load_s": round(load_s, 1),
-        "total_s": round(time.perf_counter() - start, 1),
-        "skipped_traces": skipped,
+        "total_s": round(budget.elapsed(), 1),
+        "skipped_traces": budget.skipped_names(),
         "notes": notes,
         "identical": bool(summary["identical"].all()) if summary is not None else None,
     }
@@ -147,8 +146,8 @@ def main() -> None:
         print(format_summary(summary))
     for note in notes:
         print(note)
-    if skipped:
-        print(f"skipped (time budget): {', '.join(skipped)}")
+    if budget.skipped:
+        print(f"skipped (time budget): {', '.join(budget.skipped_names())}")
     print(f"total {info['total_s']} s; outputs identical: {info['identical']}")
 
 

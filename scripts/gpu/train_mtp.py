@@ -28,6 +28,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from specbench import load
+from specbench.bench.budget import Budget
 from specbench.common.files import write_json_atomic
 from specbench.models.mtp import attach_mtp
 from specbench.train.mtp_metrics import evaluate_decoding
@@ -47,9 +48,12 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or "reports/gpu")
     out.mkdir(parents=True, exist_ok=True)
+    budget = Budget(args.budget, start=START)
 
     def log(text: str) -> None:
-        print(f"[{time.perf_counter() - START:6.1f}s] {text}", flush=True)
+        print(f"[{budget.elapsed():6.1f}s] {text}", flush=True)
+
+    budget.say = log
 
     gpu = mx.default_device().type == mx.DeviceType.gpu
     model, tokenizer = load(NAME, dtype="bfloat16" if gpu else "float32")
@@ -67,7 +71,7 @@ def main() -> int:
             eval_prompts=16,
             eval_tokens=96,
         )
-        deadline = START + args.budget
+        deadline = budget.deadline
     result = train_mtp(
         model,
         tokenizer,
@@ -95,10 +99,10 @@ def main() -> int:
         twin_tokens = 64
         if args.quick:
             prompts, twin_tokens = prompts[:1], 12
-        twin_deadline = time.perf_counter() + args.twin_budget
+        twin_budget = Budget(args.twin_budget, say=log)
         rows = {}
         for name, m in (("dense", model), ("moe-twin", twin)):
-            if time.perf_counter() > twin_deadline:
+            if twin_budget.over(f"MoE twin check: {name}"):
                 break
             rows[name] = evaluate_decoding(m, prompts, twin_tokens, config.eval_k, "fast")
             log(f"{name}: first-draft acceptance {rows[name]['first_draft_acceptance']:.3f}")
@@ -113,7 +117,7 @@ def main() -> int:
             f"{'decode chat (' + name + ')':24s} {m['first_draft_acceptance']:8.3f} {m['mean_accepted']:8.3f} "
             f"{m['tokens_per_verify']:12.3f}"
         )
-    print(f"total {time.perf_counter() - START:.0f}s; files in {out}: {NAME}.safetensors, {NAME}.json")
+    print(f"total {budget.elapsed():.0f}s; files in {out}: {NAME}.safetensors, {NAME}.json")
     return 0
 
 

@@ -26,8 +26,8 @@
    tokens per verification, speedup over plain, output identical to plain.
 
 Writes into $OUT (or --out; default reports/gpu-trees): traces_sim.csv, traces_real.csv, mtp_trees.csv,
-tree_costs.csv, controlled.csv, summary.json; prints the tables. Stops starting new work once --budget
-seconds are spent.
+tree_costs.csv, controlled.csv, summary.json (with what the budget left out); prints the tables. Stops
+starting new work once --budget seconds are spent.
 """
 
 from __future__ import annotations
@@ -42,93 +42,45 @@ import mlx.core as mx
 import numpy as np
 import polars as pl
 
+from specbench.bench.budget import Budget
+from specbench.bench.tree_bench import suffix_real_row, timed, tree_verifiers
 from specbench.common.files import write_csv_atomic, write_json_atomic
 from specbench.common.identity import device_name
-from specbench.core.draft import Draft, Drafter
-from specbench.core.engine import Generation, generate
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
-from specbench.core.policies import AutoPolicy, DraftPolicy
-from specbench.core.tree import breadth_first_tree
+from specbench.core.policies import AutoPolicy
 from specbench.cost.trees import NODE_COUNTS, measure_tree_costs, tree_break_even
-from specbench.drafters import SuffixDecoding
 from specbench.drafters.mtp import MtpHead, mtp_head_for
-from specbench.drafters.oracle import Oracle
-from specbench.exact import ExactVerifier, verifier_for
+from specbench.drafters.oracle import Oracle, OracleTree
 from specbench.inputs.prompts import bundled_questions, render_prompt, select_questions
 from specbench.inputs.traces import TRACES_DIR, bundled_traces, read_trace_file
 from specbench.models.load import load
 from specbench.models.mtp import build_head
-from specbench.simulate.simulate import Recorded, simulate, trace_groups
+from specbench.simulate.simulate import Recorded, trace_groups
 from specbench.simulate.trees import ALL_TREE_DRAFTERS, compare_trees, record_groups, tokens_by_budget, tree_gain
 
 
-class OracleTree(Drafter):
-    """``branches`` controlled-acceptance drafts of the same continuation (independent corruptions),
-    merged into one tree level by level."""
-
-    name = "oracle-tree"
-
-    def __init__(self, oracles: list[Oracle], depth: int):
-        self.oracles, self.depth = oracles, depth
-
-    def begin(self, prompt, hidden=None):
-        for o in self.oracles:
-            o.begin(prompt)
-
-    def observe(self, tokens, hidden=None):
-        for o in self.oracles:
-            o.observe(tokens)
-
-    def draft(self, context, k):
-        paths = [o.draft(context, min(self.depth, k)).tokens for o in self.oracles]
-        tokens, parents = breadth_first_tree([p for p in paths if p], k)
-        return Draft(tokens, parents=parents)
-
-
-def timed(make, model, prompt, options, verifier=None, drafter=None, k=0, tokenizer=None):
-    """(tokens, seconds, log stats) of one generation (stopping at the tokenizer's EOS when one is given)."""
-    mx.synchronize()
-    t0 = time.perf_counter()
-    if drafter is None:
-        gen = generate(model, prompt, options, tokenizer=tokenizer)
-    else:
-        gen = Generation(
-            model, prompt, options, drafter=drafter, policy=DraftPolicy.fixed(k), verifier=verifier, tokenizer=tokenizer
-        )
-    tokens = list(gen)
-    mx.synchronize()
-    return tokens, time.perf_counter() - t0, gen.log.stats(), gen
-
-
-def verifiers_of(model, quick: bool, widths: int) -> dict:
-    """Exact (calibrated up front for widths 2..``widths`` on the device; one fixed exact level in a
-    quick CPU run) and fast."""
-    exact = ExactVerifier(model, level="attention") if quick else ExactVerifier(model, widths=range(2, widths + 1))
-    return {"exact": exact, "fast": verifier_for(model, "fast")}
-
-
-def controlled(args, deadline: float) -> list[dict]:
+def controlled(args, budget: Budget) -> list[dict]:
+    """Plain, path and tree decoding of random prompts on each shape at controlled acceptance, exact and fast."""
     rows = []
     for name in args.models:
-        if time.perf_counter() > deadline:
-            print(f"skipped {name}: budget spent", flush=True)
+        if budget.over(f"controlled {name}"):
             continue
         model, _ = load(f"synthetic:{name}", layers=args.layers)
         vocab = vocab_size(model)
         rng = np.random.default_rng(0)
         prompts = [rng.integers(0, vocab, args.prompt_len).tolist() for _ in range(args.prompts)]
         options = GenerateOptions(max_tokens=args.tokens)
-        verifiers = verifiers_of(model, args.quick, max(args.path_k, args.branches * args.tree_depth) + 1)
+        verifiers = tree_verifiers(model, args.quick, max(args.path_k, args.branches * args.tree_depth) + 1)
         # Warm-up: kernels of every width, exact calibration.
         warm = prompts[0][: args.prompt_len // 2]
         for v in verifiers.values():
             oracle = Oracle.from_model(model, warm, 16, 0.7)
-            timed(None, model, warm, GenerateOptions(max_tokens=16), v, oracle, args.path_k)
+            timed(model, warm, GenerateOptions(max_tokens=16), v, oracle, args.path_k)
         for prompt in prompts:
-            if time.perf_counter() > deadline:
+            if budget.over(f"controlled {name}: prompts left"):
                 break
-            runs = [timed(None, model, prompt, options) for _ in range(2)]  # the faster of two plain runs
+            runs = [timed(model, prompt, options) for _ in range(2)]  # the faster of two plain runs
             plain, plain_s = runs[0][0], min(r[1] for r in runs)
             recorded = Oracle.from_model(model, prompt, args.tokens + 16, 1.0).recorded
             for a in args.acceptance:
@@ -139,7 +91,7 @@ def controlled(args, deadline: float) -> list[dict]:
                         else:
                             oracles = [Oracle(prompt, recorded, a, vocab, seed=1 + b) for b in range(args.branches)]
                             drafter, k = OracleTree(oracles, args.tree_depth), args.branches * args.tree_depth
-                        tokens, seconds, stats, _ = timed(None, model, prompt, options, verifier, drafter, k)
+                        tokens, seconds, stats, _ = timed(model, prompt, options, verifier, drafter, k)
                         rows.append(
                             {
                                 "model": name,
@@ -162,7 +114,9 @@ def controlled(args, deadline: float) -> list[dict]:
     return rows
 
 
-def traces(args, deadline: float) -> tuple[list[dict], list[dict], dict, list[dict]]:
+def traces(args, budget: Budget, until: float) -> tuple[list[dict], list[dict], dict, list[dict]]:
+    """The simulator's trees against paths on every trace turn, SuffixDecoding's real runs (path and tree, exact
+    and fast) against it, and Auto's node budget from the embedded model's tree costs."""
     model, tokenizer = load(args.trace_model)
     runs = [t for name in bundled_traces() for t in read_trace_file(TRACES_DIR / f"{name}.jsonl")]
     groups, _ = trace_groups(runs, tokenizer)
@@ -172,52 +126,23 @@ def traces(args, deadline: float) -> tuple[list[dict], list[dict], dict, list[di
     recorded = record_groups(model, tokenizer, groups, args.trace_tokens)
     print(f"recorded {len(recorded)} turns in {time.perf_counter() - t0:.1f} s", flush=True)
     table = compare_trees(recorded, drafters=ALL_TREE_DRAFTERS, budgets=sorted({*args.sim_budgets, args.suffix_budget}))
-    gain = tree_gain(table)
-    print(gain, flush=True)
+    print(tree_gain(table), flush=True)
     real_rows = []
-    verifiers = verifiers_of(model, args.quick, args.suffix_budget + 1)
+    verifiers = tree_verifiers(model, args.quick, args.suffix_budget + 1)
     by_trace: dict[str, list[Recorded]] = {}
     for r in recorded:
         by_trace.setdefault(r.id.rsplit("/", 1)[0], []).append(r)
+    options = GenerateOptions(max_tokens=args.trace_tokens)
     for trace, turns in by_trace.items():
-        options = GenerateOptions(max_tokens=args.trace_tokens)
-        plain_times = [timed(None, model, turn.prompt, options, tokenizer=tokenizer)[1] for turn in turns]
+        plain_s = sum(timed(model, turn.prompt, options, tokenizer=tokenizer)[1] for turn in turns)
         for mode, verifier in verifiers.items():
             for tree in (False, True):
-                if time.perf_counter() > deadline:
+                if budget.over(f"{trace} suffix {mode} {'tree' if tree else 'path'}", until=until):
                     break
-                drafter = SuffixDecoding(max_spec_tokens=args.suffix_budget, tree=tree)
-                sim = SuffixDecoding(max_spec_tokens=args.suffix_budget, tree=tree)
-                plain_s, spec_s = sum(plain_times), 0.0
-                identical = agree = True
-                verifies = accepted = nodes = 0
-                for turn in turns:
-                    out, s_s, stats, gen = timed(
-                        None, model, turn.prompt, options, verifier, drafter, args.suffix_budget, tokenizer
-                    )
-                    log = simulate([turn], sim, DraftPolicy.fixed(args.suffix_budget), options)
-                    steps = [(r.kind, r.accepted, r.accepted_path, r.tokens) for r in log]
-                    agree &= steps == [(r.kind, r.accepted, r.accepted_path, r.tokens) for r in gen.log]
-                    spec_s += s_s
-                    identical &= out == turn.output
-                    verifies += stats["verifies"]
-                    accepted += stats["accepted"]
-                    nodes += sum(r.k_drafted for r in gen.log.records if r.kind == "verify")
-                real_rows.append(
-                    {
-                        "trace": trace,
-                        "verify": mode,
-                        "draft": "tree" if tree else "path",
-                        "turns": len(turns),
-                        "accepted_per_verify": round(accepted / verifies, 3) if verifies else 0.0,
-                        "nodes_per_verify": round(nodes / verifies, 3) if verifies else 0.0,
-                        "plain_s": round(plain_s, 3),
-                        "seconds": round(spec_s, 3),
-                        "speedup": round(plain_s / spec_s, 3) if spec_s else 0.0,
-                        "identical": identical,
-                        "simulator_agrees": agree,
-                    }
+                row = suffix_real_row(
+                    model, tokenizer, turns, verifier, tree, args.suffix_budget, plain_s, args.trace_tokens
                 )
+                real_rows.append({"trace": trace, "verify": mode, **row})
                 print(" ".join(f"{key}={value}" for key, value in real_rows[-1].items()), flush=True)
     # Auto's node budget for the suffix trees: simulated tokens per verification over the tree costs.
     costs = measure_tree_costs(model, nodes=NODE_COUNTS, repeats=3 if args.quick else 5)
@@ -240,7 +165,7 @@ MTP_DRAFTS = (
 )
 
 
-def mtp_trees(args, deadline: float) -> list[dict]:
+def mtp_trees(args, budget: Budget, until: float) -> list[dict]:
     """The embedded model's MTP head drafting a chain, a static tree and dynamic trees."""
     model, tokenizer = load(args.trace_model)
     if args.quick:
@@ -250,19 +175,18 @@ def mtp_trees(args, deadline: float) -> list[dict]:
     questions = select_questions(bundled_questions(), args.mtp_prompts, limit=1)
     prompts = [(q.category, render_prompt(tokenizer, q.turns[0])) for q in questions]
     options = GenerateOptions(max_tokens=args.mtp_tokens)
-    verifiers = verifiers_of(model, args.quick, max(n for *_, n in MTP_DRAFTS) + 1)
+    verifiers = tree_verifiers(model, args.quick, max(n for *_, n in MTP_DRAFTS) + 1)
     rows = []
     for category, prompt in prompts:
         plain, plain_s = min(
-            (timed(None, model, prompt, options, tokenizer=tokenizer)[:2] for _ in range(2)), key=lambda r: r[1]
+            (timed(model, prompt, options, tokenizer=tokenizer)[:2] for _ in range(2)), key=lambda r: r[1]
         )
         for mode, verifier in verifiers.items():
             for shape, settings, nodes in MTP_DRAFTS:
-                if time.perf_counter() > deadline:
-                    print(f"skipped MTP {category} {mode} {shape}: budget spent", flush=True)
+                if budget.over(f"MTP {category} {mode} {shape}", until=until):
                     continue
                 drafter = MtpHead(model, **settings)
-                tokens, seconds, stats, gen = timed(None, model, prompt, options, verifier, drafter, nodes, tokenizer)
+                tokens, seconds, stats, gen = timed(model, prompt, options, verifier, drafter, nodes, tokenizer)
                 verifies = [r for r in gen.log.records if r.kind == "verify"]
                 rows.append(
                     {
@@ -284,16 +208,15 @@ def mtp_trees(args, deadline: float) -> list[dict]:
     return rows
 
 
-def tree_costs(args, deadline: float) -> list[dict]:
+def tree_costs(args, budget: Budget, until: float) -> list[dict]:
     """Verify cost by node count on the controlled shapes (fast; exact up to 8 nodes)."""
     rows = []
     for name in args.models:
         model, _ = load(f"synthetic:{name}", layers=args.layers)
         for mode, nodes in (("fast", NODE_COUNTS), ("exact", (1, 2, 4, 8))):
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                print(f"skipped {name} {mode} tree costs: budget spent", flush=True)
+            if budget.over(f"{name} {mode} tree costs", until=until):
                 continue
+            left = until - time.perf_counter()
             costs = measure_tree_costs(model, nodes=nodes, verify=mode, repeats=5, budget_s=left / 2)
             table = costs.to_polars().with_columns(pl.lit(name).alias("shape"), pl.lit(args.layers).alias("layers"))
             print(table, flush=True)
@@ -334,20 +257,21 @@ def main() -> None:
     args.mtp_prompts = [c.strip() for c in args.mtp_prompts.split(",") if c.strip()]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    sim_rows, real_rows, auto, cost_rows = traces(args, start + 0.4 * args.budget)
+    budget = Budget(args.budget)
+    sim_rows, real_rows, auto, cost_rows = traces(args, budget, budget.until(0.4))
     write_csv_atomic(out / "traces_sim.csv", sim_rows)
     write_csv_atomic(out / "traces_real.csv", real_rows)
-    mtp_rows = mtp_trees(args, start + 0.55 * args.budget)
+    mtp_rows = mtp_trees(args, budget, budget.until(0.55))
     write_csv_atomic(out / "mtp_trees.csv", mtp_rows)
-    cost_rows += tree_costs(args, start + 0.75 * args.budget)
+    cost_rows += tree_costs(args, budget, budget.until(0.75))
     write_csv_atomic(out / "tree_costs.csv", cost_rows)
-    rows = controlled(args, start + args.budget)
+    rows = controlled(args, budget)
     write_csv_atomic(out / "controlled.csv", rows)
     summary = {
         "device": device_name(),
         "args": {k: v for k, v in vars(args).items()},
-        "total_s": round(time.perf_counter() - start, 1),
+        "total_s": round(budget.elapsed(), 1),
+        "skipped": budget.skipped_lines(),
         "controlled_identical_exact": all(r["identical"] for r in rows if r["verify"] == "exact"),
         "traces_identical": all(r["identical"] for r in real_rows),
         "simulator_agrees": all(r["simulator_agrees"] for r in real_rows),

@@ -123,6 +123,14 @@ class BatchProfile:
         """(k, predicted speedup) best at this batch size and acceptance (k = 0: plain decoding pays best)."""
         return best_k(acceptance, self.curve(batch_size), d, max_k)
 
+    def break_even_rows(self, max_k: int) -> list[dict[str, Any]]:
+        """a*(k, B) as rows (batch_size, k, a_star) for k = 1 .. ``max_k`` (fewer where the profile is narrower)."""
+        rows = []
+        for b in self.batch_sizes:
+            a_star = self.break_even_acceptance(b, max_k=min(max_k, len(self.costs[b]) - 1))
+            rows += [{"batch_size": b, "k": k + 1, "a_star": float(a)} for k, a in enumerate(a_star)]
+        return rows
+
     def auto_policy(self, d: float = 0.0, **kwargs: Any) -> BatchAutoPolicy:
         """Auto planning with this profile's break-even at each batch size (``max_k``, ``window``,
         ``pause_tokens`` as for ``DraftPolicy.auto``); sizes past the measured ones use the largest."""
@@ -431,4 +439,13 @@ def batch_speedup_grid(
     return rows
 
 
-__all__ = ["BatchProfile", "batch_speedup_grid", "measure_batch_overhead", "measure_batch_profile"]
+def lowest_break_even(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """The lowest finite a*(k, B) over k per batch size (capped at 1) from ``break_even_rows``' rows."""
+    lowest: dict[int, float] = {}
+    for r in rows:
+        if np.isfinite(r["a_star"]):
+            lowest[r["batch_size"]] = min(lowest.get(r["batch_size"], 1.0), r["a_star"])
+    return dict(sorted(lowest.items()))
+
+
+__all__ = ["BatchProfile", "batch_speedup_grid", "lowest_break_even", "measure_batch_overhead", "measure_batch_profile"]

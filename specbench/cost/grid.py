@@ -129,3 +129,48 @@ def speedup_grid(
     if size > 1:
         rows = sorted((row for part in distributed.gather(rows) for row in part), key=lambda row: row["cell"])
     return [{k: v for k, v in row.items() if k != "cell"} for row in rows]
+
+
+def grid_seconds(profile: Profile, cells: int, repeats: int, max_tokens: int, verify: str) -> float:
+    """The seconds ``speedup_grid`` is expected to take for ``cells`` (acceptance, k) cells: a plain and a
+    speculative run of ``max_tokens`` tokens per cell and repeat, with set-up, at the profile's plain step (an
+    estimate fitted on H200 runs: fast verify follows its recording longer)."""
+    return cells * repeats * 2.4 * max_tokens * profile.plain_step_s * (1.6 if verify == "fast" else 1.2) + 5
+
+
+def grid_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """``speedup_grid``'s rows as a compact table: measured against predicted speedup per cell."""
+    lines = ["     a   k  measured  predicted  err%  from-log err%  E_meas  a_meas  diverged follows"]
+    for r in rows:
+        lines.append(
+            f"  {r['a']:.2f} {r['k']:3d}  {r['speedup']:7.2f}  {r['predicted_nominal']:8.2f}  "
+            f"{100 * r['error_nominal']:+5.1f}  {100 * r['error_from_log']:+12.1f}  {r['tokens_per_verify']:6.2f}"
+            f"  {r['acceptance_measured']:6.2f}  {r['diverged_at']!s:>8s} {r['follows']:7d}"
+        )
+    return lines
+
+
+def prediction_error_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Per verify mode of ``speedup_grid``'s rows: the mean and largest |measured / predicted - 1| of the speedup
+    and of the seconds per token, at the nominal acceptance and for the steps taken, and how the plain runs'
+    seconds per token compare with the profile's plain step."""
+    lines = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        cells = [r for r in rows if r["mode"] == mode]
+        for label, at_nominal, for_steps in (
+            ("speedup", "error_nominal", "error_from_log"),
+            ("seconds per token", "error_time_nominal", "error_time"),
+        ):
+            nominal = [abs(r[at_nominal]) for r in cells]
+            logged = [abs(r[for_steps]) for r in cells]
+            lines.append(
+                f"\nprediction error of the {label} |measured / predicted - 1|, {mode} verify, {len(cells)} cells: "
+                f"at nominal a mean {100 * sum(nominal) / len(cells):.1f}% max {100 * max(nominal):.1f}%; "
+                f"for the steps taken mean {100 * sum(logged) / len(cells):.1f}% max {100 * max(logged):.1f}%"
+            )
+        ratio = sorted(r["plain_over_profile"] for r in cells)
+        lines.append(
+            f"plain runs' seconds per token / the profile's plain step: median {ratio[len(ratio) // 2]:.2f} "
+            f"({ratio[0]:.2f}-{ratio[-1]:.2f})"
+        )
+    return lines

@@ -1,4 +1,4 @@
-"""A controlled-acceptance drafter for cost studies.
+"""Controlled-acceptance drafters for cost studies: ``Oracle`` (a path), ``OracleTree`` (a tree of them).
 
 It proposes the model's own greedy continuation (recorded from a plain run) and corrupts each
 draft position independently with probability 1 - a (seeded). Under greedy verification every
@@ -27,6 +27,7 @@ from specbench.core.engine import generate
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
+from specbench.core.tree import breadth_first_tree
 
 
 class Oracle(Drafter):
@@ -135,6 +136,29 @@ class Oracle(Drafter):
 
 def _greedy_continuation(model: Any, prompt: Sequence[int], max_tokens: int) -> list[int]:
     return list(generate(model, list(prompt), GenerateOptions(max_tokens=max_tokens, ignore_eos=True)))
+
+
+class OracleTree(Drafter):
+    """A tree of ``Oracle`` drafts of the same continuation (independent corruptions, each at most ``depth``
+    tokens), merged level by level (``breadth_first_tree``) up to the step's node budget."""
+
+    name = "oracle-tree"
+
+    def __init__(self, oracles: Sequence[Oracle], depth: int):
+        self.oracles, self.depth = list(oracles), depth
+
+    def begin(self, prompt: Sequence[int], hidden: Any = None) -> None:
+        for oracle in self.oracles:
+            oracle.begin(prompt)
+
+    def observe(self, tokens: Sequence[int], hidden: Any = None) -> None:
+        for oracle in self.oracles:
+            oracle.observe(tokens)
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        paths = [oracle.draft(context, min(self.depth, k)).tokens for oracle in self.oracles]
+        tokens, parents = breadth_first_tree([p for p in paths if p], k)
+        return Draft(tokens, parents=parents)
 
 
 __getattr__ = moved_names(__name__, {"OracleDrafter": ("specbench.Oracle", lambda: Oracle)})

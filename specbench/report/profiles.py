@@ -62,6 +62,15 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "shift_tokens": 4,
             "permutations": 200,
         },
+        "policies": {
+            "model": _TINY,
+            "traces": ["chat-revision", "tool-agent"],
+            "max_turns": 2,
+            "categories": ["translation", "qa", "math_reasoning"],
+            "questions_per_category": 1,
+            "max_prompt_tokens": 0,
+            "max_tokens": 12,
+        },
     },
     # The embedded model (SmolLM2-135M), sized for a 2-core CPU, where MLX runs on about one core: a float32
     # decode step takes ~0.17 s, a prompt token ~0.09 s and a width-w verification ~0.13 s per row, so every
@@ -141,6 +150,16 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "shift_samples": 6,
             "shift_tokens": 6,
         },
+        "policies": {
+            # every bundled trace replayed (no model runs); one short question (40-93 tokens; summarization's and
+            # rag's are 660-770) of 3 categories recorded, and each confirmed policy run on those 3 against plain
+            # decoding (3 requests: the fewest that give the measured speedup an interval)
+            "model": _EMBEDDED,
+            "categories": ["translation", "qa", "math_reasoning"],
+            "questions_per_category": 1,
+            "max_prompt_tokens": 160,
+            "max_tokens": 24,
+        },
     },
 }
 
@@ -161,6 +180,7 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "simulate_logs": 12,
         "tree_vs_path": 12,
         "acceptance_rules": 15,
+        "policies": 20,
     },
     "full": {
         "quickstart": 60,  # estimated, not yet measured: 6 pairs of 32-token runs and a reference plain run
@@ -173,5 +193,8 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "simulate_logs": 9,  # the bundled traces, tokenized only: no model runs
         "tree_vs_path": 11,  # the traces' recorded replies (source "replies"): no model runs
         "acceptance_rules": 170,  # estimated, not yet measured: 27 generations of 16 tokens and 48 short samples
+        # with 6 questions it ran past 15 min at load 5-7 (a 475 ms plain step), 8 min of it confirming; estimated
+        # for 3 questions at load ~1: 3 recorded, then 2 policies x 3 pairs of 24-token runs
+        "policies": 200,
     },
 }

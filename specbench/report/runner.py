@@ -58,6 +58,7 @@ NOTEBOOKS: dict[str, str] = {
     "simulate_logs": "Agent logs simulated: tokens per verification by drafter and store",
     "tree_vs_path": "Draft trees vs paths on agent traces",
     "acceptance_rules": "Acceptance rules at T > 0: token-wise, exact match, block, typical (lossy)",
+    "policies": "Draft-length policies: peers' and Auto ranked on the same traces, the best two confirmed",
 }
 
 #: Parameters the report sets itself (not settable with -p).

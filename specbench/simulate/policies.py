@@ -11,6 +11,7 @@ notebook run.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -20,10 +21,14 @@ from typing import Any
 
 import polars as pl
 
+from specbench.common.files import PROJECT_ROOT
 from specbench.core.log import StepLog
+from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost import Profile, drafter_cost, predicted_from_log
-from specbench.simulate.simulate import Group, model_free_drafter, simulate
+from specbench.inputs.prompts import Prompt, prompts_from
+from specbench.simulate.simulate import Group, Recorded, model_free_drafter, record, simulate
+from specbench.simulate.simulate_logs import load_groups
 
 #: The peers' policies and Auto, as the policies notebook and ``specbench simulate --policies`` name them.
 PEER_POLICIES = ("vllm", "sglang", "ollama", "confidence:0.5", "auto", "fixed:4")
@@ -40,6 +45,54 @@ def read_profile(path: str | os.PathLike) -> Profile:
         raise ValueError(f"{path} is not a cost profile: {err}") from err
 
 
+def trace_workloads(
+    names: Sequence[str], tokenizer: Any, max_turns: int | None = None
+) -> tuple[dict[str, list[Group]], int]:
+    """One workload per bundled trace file (or log path): its traces' recorded replies tokenized with
+    ``tokenizer`` (no model run), at most ``max_turns`` turns per trace; and how many turns had no reply."""
+    workloads, skipped = {}, 0
+    for name in names:
+        groups, left_out = load_groups(name, tokenizer)
+        if max_turns:
+            groups = [(tid, lambda turns=turns: itertools.islice(turns(), max_turns)) for tid, turns in groups]
+        workloads[Path(name).stem] = groups
+        skipped += left_out
+    return workloads, skipped
+
+
+def question_prompts(
+    questions: str | os.PathLike,
+    tokenizer: Any,
+    categories: Sequence[str] | None = None,
+    per_category: int = 2,
+    max_prompt_tokens: int | None = None,
+) -> tuple[list[Prompt], str]:
+    """The first ``per_category`` questions of each category of a Spec-Bench ``question.jsonl`` (a relative
+    path is read from the project root) and the workloads' name, "spec-bench"; where the file is absent, the
+    bundled prompts (Spec-Bench's categories and prompt lookup's workloads) and "bundled", with a message."""
+    path = Path(questions)
+    path = path if path.is_absolute() else PROJECT_ROOT / path
+    source, name = (path, "spec-bench") if path.is_file() else ("bundled", "bundled")
+    if name == "bundled":
+        print(f"no Spec-Bench questions at {questions}: the bundled prompts stand in for them")
+    prompts = prompts_from(source, tokenizer, list(categories or []) or None, per_category, True, max_prompt_tokens)
+    return prompts, name
+
+
+def record_workloads(
+    model: Any, prompts: Sequence[Prompt], options: GenerateOptions, name: str, tokenizer: Any = None
+) -> tuple[dict[str, list[Group]], list[Recorded]]:
+    """The model's plain greedy outputs of ``prompts`` (``record``), one workload per category named
+    "NAME/CATEGORY" (its requests in turn, one drafter), and every recorded request (ids "CATEGORY/ID")."""
+    recorded = record(model, [p.ids for p in prompts], options, tokenizer)
+    requests = [replace(r, id=f"{p.category}/{p.id}") for r, p in zip(recorded, prompts)]
+    by_category: dict[str, list[Recorded]] = {}
+    for request, prompt in zip(requests, prompts):
+        by_category.setdefault(prompt.category, []).append(request)
+    workloads = {f"{name}/{c}": [(c, lambda rs=rs: rs)] for c, rs in by_category.items()}
+    return workloads, requests
+
+
 def policy_copy(policy: DraftPolicy | str) -> DraftPolicy:
     """A fresh policy: text parsed anew, an object deep-copied (its state is its own)."""
     return DraftPolicy.parse(policy) if isinstance(policy, str) else copy.deepcopy(policy)
@@ -52,8 +105,8 @@ def replay_policy(
     policy = policy_copy(policy)
     log = StepLog()
     for trace_id, requests in groups:
-        for record in simulate(list(requests()), model_free_drafter(drafter, k), policy, cost=profile).records:
-            log.append(record.labelled(trace=trace_id))
+        for step in simulate(list(requests()), model_free_drafter(drafter, k), policy, cost=profile).records:
+            log.append({**step, "trace": trace_id})
     return log
 
 
@@ -99,6 +152,14 @@ def rank_policies(
         pl.col("predicted_speedup").rank("ordinal", descending=True).over("workload").cast(pl.Int64).alias("rank")
     )
     return table.sort("workload", "rank"), steps
+
+
+def best_predicted(table: pl.DataFrame, workload: str) -> list[str]:
+    """The policies of ``workload`` with its highest predicted speedup; none where every policy ties."""
+    rows = table.filter(pl.col("workload") == workload)
+    top = rows["predicted_speedup"].max()
+    best = rows.filter(pl.col("predicted_speedup") >= top - 1e-9)["policy"].to_list()
+    return [] if len(best) == len(rows) else best
 
 
 def format_ranking(table: pl.DataFrame) -> str:

@@ -83,3 +83,24 @@ def test_quick_profile_runs_each_notebook(tmp_path, name):
     if name == "agent_traces":
         assert summary["values"]["identical"] is True
         assert "agent_traces/tables/overall.parquet" in summary["tables"]  # two traces: each method over both
+
+
+@pytest.mark.skipif(not has("embedded_model"), reason="the quick profile uses the embedded model's tokenizer")
+def test_quick_profile_runs_the_policies_notebook(tmp_path):
+    import polars as pl
+
+    result = report.run_report("quick", tmp_path / "quick", only=["policies"], progress=False)
+    assert [r.status for r in result.results] == ["done"], [r.error for r in result.results]
+    folder = tmp_path / "quick" / "policies"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["figures"] == ["policies/figures/ranking.png"] and not summary["figure_problems"]
+    ranking = pl.read_parquet(folder / "tables" / "ranking.parquet")
+    assert ranking["policy"].n_unique() == 6  # the notebook's five policies and fixed:4
+    assert {"chat-revision", "tool-agent"} <= set(ranking["workload"])
+    confirmed = pl.read_parquet(folder / "tables" / "confirmed.parquet")
+    assert len(confirmed) == 2 and confirmed["requests"].n_unique() == 1 and confirmed["requests"][0] >= 1
+    assert (
+        confirmed["residual"] - (confirmed["measured_speedup"] / confirmed["predicted_speedup"] - 1)
+    ).abs().max() < 1e-9
+    assert summary["values"]["confirmed"] == ", ".join(confirmed["policy"])
+    assert "not a measurement" in summary["verdict"] and "Real runs on" in summary["verdict"]

@@ -6,10 +6,23 @@ import json
 
 import polars as pl
 import pytest
+from conftest import build_tiny, word_tokenizer
 
+from specbench.core.options import GenerateOptions
 from specbench.cost import Profile, predicted_from_log
-from specbench.simulate.policies import rank_policies, read_profile, replay_policy, top_policies
-from specbench.simulate.simulate import Recorded, save_recorded
+from specbench.inputs.capabilities import has
+from specbench.simulate.policies import (
+    best_predicted,
+    question_prompts,
+    rank_policies,
+    read_profile,
+    record_workloads,
+    replay_policy,
+    top_policies,
+    trace_workloads,
+)
+from specbench.simulate.simulate import Recorded, record, save_recorded
+from specbench.simulate.simulate_logs import load_tokenizer
 
 POLICIES = ["vllm", "sglang", "ollama", "confidence:0.5", "auto", "fixed:4", "fixed:1"]
 
@@ -73,3 +86,64 @@ def test_simulate_cli_ranks_policies_on_a_recorded_fixture(tmp_path, capsys):
     assert saved["workload"].unique().to_list() == ["run"] and saved.height == len(POLICIES)
     assert main([*args[:5], "--drafters", "lookup", "--k", "8"]) == 2  # no --profile
     assert main([*args, "--drafters", "lookup,suffix", "--k", "8"]) == 2
+
+
+def test_best_predicted_names_the_leaders_and_none_on_a_full_tie():
+    table = pl.DataFrame(
+        {
+            "workload": ["a", "a", "a", "b", "b"],
+            "policy": ["x", "y", "z", "x", "y"],
+            "predicted_speedup": [1.2, 1.2, 0.9, 1.0, 1.0],
+        }
+    )
+    assert best_predicted(table, "a") == ["x", "y"]
+    assert best_predicted(table, "b") == []  # nothing drafted: every policy ties
+
+
+@pytest.mark.skipif(not has("embedded_model"), reason="the bundled traces are tokenized with the embedded tokenizer")
+def test_trace_workloads_are_the_bundled_traces_cut_to_max_turns():
+    tokenizer = load_tokenizer("smollm2-135m")
+    every, skipped = trace_workloads(["chat-revision"], tokenizer)
+    cut, _ = trace_workloads(["chat-revision"], tokenizer, max_turns=1)
+    assert list(every) == list(cut) == ["chat-revision"] and skipped >= 0
+    turns = [len(list(requests())) for _, requests in every["chat-revision"]]
+    assert max(turns) > 1
+    assert [len(list(requests())) for _, requests in cut["chat-revision"]] == [1] * len(turns)
+
+
+def _questions(path, categories=("translation", "qa"), per_category=3):
+    lines = [
+        json.dumps({"question_id": f"{c}{i}", "category": c, "turns": [" ".join(f"w{5 + i + j}" for j in range(6))]})
+        for c in categories
+        for i in range(per_category)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_question_prompts_read_spec_bench_and_fall_back_to_the_bundled_prompts(tmp_path, capsys):
+    tokenizer = word_tokenizer()
+    prompts, name = question_prompts(_questions(tmp_path / "question.jsonl"), tokenizer, per_category=2)
+    assert name == "spec-bench"
+    assert [(p.category, p.id) for p in prompts] == [
+        ("translation", "translation0"),
+        ("translation", "translation1"),
+        ("qa", "qa0"),
+        ("qa", "qa1"),
+    ]
+    assert "no Spec-Bench questions" not in capsys.readouterr().out
+    prompts, name = question_prompts(tmp_path / "absent.jsonl", tokenizer, ["qa"], 1)
+    assert name == "bundled" and [p.category for p in prompts] == ["qa"]
+    assert "no Spec-Bench questions at" in capsys.readouterr().out
+
+
+def test_record_workloads_are_the_models_outputs_per_category(tmp_path):
+    model, tokenizer = build_tiny("llama"), word_tokenizer()
+    prompts, _ = question_prompts(_questions(tmp_path / "question.jsonl"), tokenizer, per_category=2)
+    options = GenerateOptions(max_tokens=6)
+    workloads, requests = record_workloads(model, prompts, options, "spec-bench", tokenizer)
+    assert list(workloads) == ["spec-bench/translation", "spec-bench/qa"]
+    assert [r.id for r in requests] == ["translation/translation0", "translation/translation1", "qa/qa0", "qa/qa1"]
+    assert [r.output for r in requests] == [r.output for r in record(model, [p.ids for p in prompts], options)]
+    ((trace_id, requests_of),) = workloads["spec-bench/qa"]
+    assert trace_id == "qa" and [r.id for r in requests_of()] == ["qa/qa0", "qa/qa1"]

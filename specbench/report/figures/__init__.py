@@ -11,14 +11,18 @@ Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``
 - ``traces``: ``per_turn``, ``cumulative_saved``;
 - ``rules``: ``rules_vs_temperature``, ``rules_by_drafter``, ``rule_positions``, ``rule_shifts`` (acceptance rules);
 - ``cost``: ``verify_costs``, ``break_even``, ``measured_vs_predicted``;
+- ``batch``: ``batch_break_even`` (a*(k, B) and the batch grid's measured against predicted speedups);
 - ``reference``: ``beside_reference`` (this machine's costs beside a shipped reference device's);
 - ``components``: ``component_stack`` (verify cost by part), ``costs_by_length`` (c(w) and a*(k) per context length);
+- ``policies``: ``policy_ranking`` (draft-length policies ranked per workload, the confirmed ones measured);
 - ``bench``: ``prompt_figure``, ``save_prompt_figure`` (the prompt benchmark's speedups by category).
 """
 
+from specbench.report.figures.batch import batch_break_even
 from specbench.report.figures.bench import prompt_figure, save_prompt_figure
 from specbench.report.figures.components import component_stack, costs_by_length
 from specbench.report.figures.cost import break_even, measured_vs_predicted, verify_costs
+from specbench.report.figures.policies import policy_ranking
 from specbench.report.figures.reference import beside_reference
 from specbench.report.figures.rules import rule_positions, rule_shifts, rules_by_drafter, rules_vs_temperature
 from specbench.report.figures.steps import step_timeline
@@ -50,6 +54,8 @@ from specbench.report.figures.sweeps import (
 from specbench.report.figures.traces import cumulative_saved, per_turn
 
 __all__ = [
+    "batch_break_even",
+    "beside_reference",
     "rule_positions",
     "rule_shifts",
     "rules_by_drafter",
@@ -80,10 +86,10 @@ __all__ = [
     "model_label",
     "per_position",
     "per_turn",
+    "policy_ranking",
     "save_figure",
     "speedup_vs_k",
     "step_timeline",
     "token_histograms",
     "verify_costs",
-    "beside_reference",
 ]

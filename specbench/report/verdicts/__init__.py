@@ -46,6 +46,7 @@ from specbench.report.verdicts.notebooks import (
     verify_cost,
     where,
 )
+from specbench.report.verdicts.policy_verdicts import confirmed_speed, policies
 from specbench.report.verdicts.reference import reference_contrast
 
 __all__ = [
@@ -81,4 +82,6 @@ __all__ = [
     "simulated_logs",
     "tree_vs_path",
     "reference_contrast",
+    "policies",
+    "confirmed_speed",
 ]

