@@ -15,6 +15,7 @@ pipelined that way.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
