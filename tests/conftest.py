@@ -21,6 +21,7 @@ from mlx.utils import tree_map
 from mlx_lm.models import switch_layers
 
 from specbench.core.draft import Draft, Drafter
+from specbench.core.log import StepRecord
 from specbench.exact import hooks as exact_hooks
 
 
@@ -371,22 +372,24 @@ def emulate_gpu(
 
 def step_record(
     kind: str, seconds: float, draft_s: float = 0.0, draft_tokens=(), emitted: int = 1, k_requested: int = 0
-) -> dict:
-    return {
-        "kind": kind,
-        "verify_s": seconds,
-        "draft_s": draft_s,
-        "draft_tokens": list(draft_tokens),
-        "emitted": emitted,
-        "k_requested": k_requested,
-    }
+) -> StepRecord:
+    return StepRecord(
+        step=0,
+        position=0,
+        kind=kind,
+        verify_s=seconds,
+        draft_s=draft_s,
+        draft_tokens=list(draft_tokens),
+        emitted=emitted,
+        k_requested=k_requested,
+    )
 
 
-def plain_run_log(step: float, n: int = 40) -> list[dict]:
+def plain_run_log(step: float, n: int = 40) -> list[StepRecord]:
     return [step_record("prefill", 5 * step)] + [step_record("plain", step) for _ in range(n)]
 
 
-def auto_run_log(step: float, n: int = 40) -> list[dict]:
+def auto_run_log(step: float, n: int = 40) -> list[StepRecord]:
     """A stretch with a shadow draft, two verifications costing 2.5 steps, then a long plain stretch."""
     head = [step_record("prefill", 5 * step), step_record("plain", step, 0.1 * step, [7, 8])]
     head += [step_record("plain", step) for _ in range(7)]
@@ -394,8 +397,8 @@ def auto_run_log(step: float, n: int = 40) -> list[dict]:
     return head + [step_record("plain", step, 0.1 * step, [9])] + [step_record("plain", step) for _ in range(n)]
 
 
-def log_seconds(records: list[dict]) -> float:
-    return sum(r["verify_s"] + r["draft_s"] for r in records)
+def log_seconds(records: list[StepRecord]) -> float:
+    return sum(r.verify_s + r.draft_s for r in records)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -130,7 +130,7 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
     print("  levels: " + "  ".join(f"{w}:{lv}" for w, lv in chosen.items()), flush=True)
 
     # 2 + 3. exactness and end-to-end on the workload
-    logs: dict[str, list[dict]] = {}
+    logs: dict[str, list[Any]] = {}
     if not full_depth or time.perf_counter() < deadline:
         t0 = time.perf_counter()
         e2e = own["e2e_prompts"] if primary else 0

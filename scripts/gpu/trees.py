@@ -187,7 +187,7 @@ def mtp_trees(args, budget: Budget, until: float) -> list[dict]:
                     continue
                 drafter = MtpHead(model, **settings)
                 tokens, seconds, stats, gen = timed(model, prompt, options, verifier, drafter, nodes, tokenizer)
-                verifies = [r for r in gen.log.records if r["kind"] == "verify"]
+                verifies = [r for r in gen.log.records if r.kind == "verify"]
                 rows.append(
                     {
                         "category": category,
@@ -197,7 +197,7 @@ def mtp_trees(args, budget: Budget, until: float) -> list[dict]:
                         "settings": json.dumps(settings),
                         "tokens": len(tokens),
                         "tokens_per_verify": round(stats["tokens_per_verify"], 3),
-                        "nodes_per_verify": round(sum(r["k_drafted"] for r in verifies) / max(1, len(verifies)), 3),
+                        "nodes_per_verify": round(sum(r.k_drafted for r in verifies) / max(1, len(verifies)), 3),
                         "plain_s": round(plain_s, 4),
                         "seconds": round(seconds, 4),
                         "speedup": round(plain_s / seconds, 3),

@@ -22,6 +22,7 @@ from specbench.bench.ab import speed_in_ms, spread
 from specbench.bench.run_speed import mean_speed, speed_state, time_split, verify_ms_by_width
 from specbench.common.timing import quiet
 from specbench.core.engine import Generation, generate
+from specbench.core.log import StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost.measure import seconds_per_token
@@ -49,7 +50,7 @@ class TimedRun:
 
 def _shadows(gen: Generation) -> int:
     """Plain stretches that started with an unverified draft (Auto's watch on acceptance while paused)."""
-    return sum(1 for r in gen.log if r["kind"] == "plain" and r.get("draft_tokens"))
+    return sum(1 for r in gen.log if r.kind == "plain" and r.draft_tokens)
 
 
 def plain_run(model: Any, prompt: list[int], tokens: int) -> TimedRun:
@@ -86,14 +87,14 @@ def auto_run(
     )
     spt = seconds_per_token(gen, lambda: getattr(drafter, "follow_s", 0.0))
     stats, records = gen.stats(), gen.log.records
-    plain_steps = [r["verify_s"] for r in records if r["kind"] == "plain"]
+    plain_steps = [r.verify_s for r in records if r.kind == "plain"]
     did = {
         "verifies": stats["verifies"],
         "paused": stats["pauses"],
         "pauses": stats.get("policy_pauses"),
         "extensions": stats.get("policy_extensions"),
         "shadows": _shadows(gen),
-        "ks": " ".join(map(str, sorted({r["k_requested"] for r in records if r["kind"] == "verify"}))),
+        "ks": " ".join(map(str, sorted({r.k_requested for r in records if r.kind == "verify"}))),
         "verify_ms": verify_ms_by_width(records),
         "plain_step_ms": 1e3 * statistics.median(plain_steps) if plain_steps else None,
     }
@@ -147,15 +148,15 @@ def step_summary(gen: Generation) -> dict[str, Any]:
     of its prefill, speculative steps (drafting, verifying, bookkeeping) and plain steps; its speeds."""
     log = list(gen.log)
     observe_s = gen.stats()["observe_s"]
-    verifies = [r for r in log if r["kind"] == "verify"]
-    plain = [r for r in log if r["kind"] == "plain"]
+    verifies = [r for r in log if r.kind == "verify"]
+    plain = [r for r in log if r.kind == "plain"]
     return {
         "verifies": len(verifies),
-        "accepted": sum(r["accepted"] for r in verifies),
-        "paused": sum(r["emitted"] for r in plain if r["paused"]),
-        "prefill_ms": 1e3 * sum(r["verify_s"] for r in log if r["kind"] == "prefill"),
-        "speculative_ms": 1e3 * sum(r["draft_s"] + r["verify_s"] + r["other_s"] for r in verifies),
-        "plain_ms": 1e3 * sum(r["draft_s"] + r["verify_s"] for r in plain),
+        "accepted": sum(r.accepted for r in verifies),
+        "paused": sum(r.emitted for r in plain if r.paused),
+        "prefill_ms": 1e3 * sum(r.verify_s for r in log if r.kind == "prefill"),
+        "speculative_ms": 1e3 * sum(r.draft_s + r.verify_s + r.other_s for r in verifies),
+        "plain_ms": 1e3 * sum(r.draft_s + r.verify_s for r in plain),
         "plain_steps": len(plain),
         "state_ms": speed_in_ms(speed_state(log, observe_s)),
         "mean_ms": speed_in_ms(mean_speed(log, observe_s)),
@@ -209,9 +210,9 @@ def trace_pair_rows(model: str, trace_id: str, repeat: int, bench: Any, methods:
     """The pair rows of a trace benchmark (``bench_trace``'s result): per turn and method, its decode seconds
     against plain's in the same turn."""
     rows = {(r["turn"], r["method"]): r for r in bench.turns.to_dicts()}
-    steps: dict[tuple[int, str], list[dict]] = {}
+    steps: dict[tuple[int, str], list[StepRecord]] = {}
     for record in bench.steps.records:
-        steps.setdefault((record["turn"], record["method"]), []).append(record)
+        steps.setdefault((record.labels["turn"], record.labels["method"]), []).append(record)
     state = {key: speed_in_ms(speed_state(steps[key], row["observe_s"])) for key, row in rows.items()}
     mean = {key: speed_in_ms(mean_speed(steps[key], row["observe_s"])) for key, row in rows.items()}
     split = {key: time_split(steps[key], row["decode_s"]) for key, row in rows.items()}

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
+from specbench.core.log import StepLog, StepRecord
 from specbench.cost.predict import predicted_speedup, residual
 from specbench.cost.profile import Profile
 
@@ -20,10 +21,10 @@ from specbench.cost.profile import Profile
 COLUMNS = ("predicted_speedup", "residual", "d")
 
 
-def drafting_cost(steps: Sequence[dict], plain_s_per_token: float) -> float:
+def drafting_cost(steps: Sequence[StepRecord], plain_s_per_token: float) -> float:
     """d in plain steps per drafted token, from a run's logged drafting (verified and unverified drafts)."""
-    drafted = sum(r["k_drafted"] if r["kind"] == "verify" else len(r.get("draft_tokens") or ()) for r in steps)
-    seconds = sum(r["draft_s"] for r in steps if r["kind"] != "prefill")
+    drafted = sum(r.k_drafted if r.kind == "verify" else len(r.draft_tokens or ()) for r in steps)
+    seconds = sum(r.draft_s for r in steps if r.kind != "prefill")
     return seconds / drafted / plain_s_per_token if drafted and plain_s_per_token > 0 else 0.0
 
 
@@ -57,7 +58,7 @@ def with_predictions(
         if row.get("drafter", "none") == "none" or frame is None:
             predicted.append(None), residuals.append(None), ds.append(None)
             continue
-        records = frame.sort("step").to_dicts()
+        records = StepLog.from_rows(frame.sort("step").to_dicts()).records
         plain_s_per_token = row[plain[0]] / row[plain[1]] if row[plain[1]] else 0.0
         mode = row.get("verify_mode") or "fast"
         d = drafting_cost(records, plain_s_per_token)

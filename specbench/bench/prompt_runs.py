@@ -218,8 +218,8 @@ def run_specbench(
         finish_reason=gen.finish_reason(),
     )
     for record in gen.log.records:
-        if record["kind"] == "verify":
-            _count_positions(run.pos_drafted, run.pos_accepted, record["k_drafted"], record["accepted"])
+        if record.kind == "verify":
+            _count_positions(run.pos_drafted, run.pos_accepted, record.k_drafted, record.accepted)
     return run
 
 

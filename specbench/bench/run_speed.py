@@ -14,6 +14,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
+from specbench.core.log import StepRecord
+
 #: Steady plain steps a run needs for a speed (a run that speculated throughout has not).
 MIN_STEADY = 16
 #: ``time_split``'s parts: milliseconds and counts of steady steps, stretch starts and speculative steps
@@ -25,34 +27,34 @@ SLOW = 1.5
 NEAR = 3
 
 
-def is_steady(before: dict, record: dict) -> bool:
+def is_steady(before: StepRecord, record: StepRecord) -> bool:
     """A steady plain step: one of a plain stretch right after another plain step, with no draft of its own.
     Not a step a speculative decision took (``k_requested`` set): the token a pause queued past its end, read
     long after it was computed, or a step whose drafter proposed nothing."""
     return (
-        record["kind"] == "plain"
-        and before["kind"] == "plain"
-        and not record["k_requested"]
-        and not record["draft_s"]
-        and not record.get("draft_tokens")
+        record.kind == "plain"
+        and before.kind == "plain"
+        and not record.k_requested
+        and not record.draft_s
+        and not record.draft_tokens
     )
 
 
 def speed_state(
-    records: Sequence[dict], observe_s: float = 0.0, average: Callable[[list[float]], float] = statistics.median
+    records: Sequence[StepRecord], observe_s: float = 0.0, average: Callable[[list[float]], float] = statistics.median
 ) -> float | None:
     """A run's speed: the ``average`` (median, or ``statistics.fmean`` for ``mean_speed``) seconds of its steady
     plain steps (``is_steady``) less the seconds its drafter's ``observe`` took per call
     (``gen.stats()["observe_s"]``, so the drafter's own per-token work stays charged to the run); None under
     ``MIN_STEADY`` steady steps."""
-    steady = [r["verify_s"] for before, r in zip(records, records[1:]) if is_steady(before, r)]
+    steady = [r.verify_s for before, r in zip(records, records[1:]) if is_steady(before, r)]
     if len(steady) < MIN_STEADY:
         return None
-    calls = sum(1 for r in records if r["emitted"])
+    calls = sum(1 for r in records if r.emitted)
     return average(steady) - (observe_s / calls if calls else 0.0)
 
 
-def mean_speed(records: Sequence[dict], observe_s: float = 0.0) -> float | None:
+def mean_speed(records: Sequence[StepRecord], observe_s: float = 0.0) -> float | None:
     """``speed_state`` with the mean steady step. A run's seconds over it count every steady step as one
     plain step, however its steps scatter (bursts of slow steps, two modes of step time): plain against
     plain comes out at 1 within 0.1 % where the median's estimate scattered by several percent on an H200.
@@ -61,7 +63,7 @@ def mean_speed(records: Sequence[dict], observe_s: float = 0.0) -> float | None:
     return speed_state(records, observe_s, statistics.fmean)
 
 
-def time_split(records: Sequence[dict], wall_s: float) -> dict[str, float]:
+def time_split(records: Sequence[StepRecord], wall_s: float) -> dict[str, float]:
     """Where a run's decode seconds (``wall_s``, after its first token) went, from its log: steady plain
     steps (as ``speed_state`` counts them), the other plain steps (a stretch's first, with any unverified
     draft), speculative steps (with the tokens they emitted), and seconds outside the log. Also the steady
@@ -71,18 +73,18 @@ def time_split(records: Sequence[dict], wall_s: float) -> dict[str, float]:
     steady: list[tuple[float, int]] = []  # (seconds, steps since the last step that was not steady)
     since = 0
     for before, r in zip(records, records[1:]):
-        if r["kind"] != "plain":
-            part, count = "spec", r["emitted"]
+        if r.kind != "plain":
+            part, count = "spec", r.emitted
         elif is_steady(before, r):
             part, count = "steady", 1
         else:
             part, count = "starts", 1
         if part == "steady":
             since += 1
-            steady.append((r["verify_s"], since))
+            steady.append((r.verify_s, since))
         else:
             since = 0
-        split[f"{part}_ms"] += 1e3 * (r["draft_s"] + r["verify_s"] + r.get("other_s", 0.0))
+        split[f"{part}_ms"] += 1e3 * (r.draft_s + r.verify_s + r.other_s)
         split["spec_tokens" if part == "spec" else f"{part}_n"] += count
     logged = split["steady_ms"] + split["starts_ms"] + split["spec_ms"]
     split["unlogged_ms"] = 1e3 * wall_s - logged
@@ -92,10 +94,10 @@ def time_split(records: Sequence[dict], wall_s: float) -> dict[str, float]:
     return split
 
 
-def verify_ms_by_width(records: Sequence[dict]) -> str:
+def verify_ms_by_width(records: Sequence[StepRecord]) -> str:
     """Median in-loop milliseconds of the verify steps of each width, as "width:ms ..." (widths ascending)."""
     by_width: dict[int, list[float]] = {}
     for r in records:
-        if r["kind"] == "verify":
-            by_width.setdefault(r["verify_width"], []).append(r["verify_s"])
+        if r.kind == "verify":
+            by_width.setdefault(r.verify_width, []).append(r.verify_s)
     return " ".join(f"{w}:{1e3 * statistics.median(v):.1f}" for w, v in sorted(by_width.items()))

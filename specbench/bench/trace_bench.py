@@ -203,9 +203,9 @@ def bench_trace(
         for name, gen in runs:
             rows.append({**_row(trace.id, turn, name, gen, plain), "dropped_messages": dropped})
             for record in gen.log.records:
-                cached = gen.cached_prompt_tokens if record["kind"] == "prefill" else 0
+                cached = gen.cached_prompt_tokens if record.kind == "prefill" else 0
                 where = {"trace": trace.id, "turn": turn, "method": name, "cached_prompt_tokens": cached}
-                steps.append({**record, **where})
+                steps.append(record.labelled(**where))
         recorded.append(Recorded(list(prompt), list(plain.tokens), plain.finish_reason(), f"{trace.id}/{turn}"))
         replies.append(_reply_text(tokenizer, plain.tokens, stop_ids))
         if progress:
@@ -256,7 +256,7 @@ def _load_trace_bench(trace_id: str, out_dir: Path) -> TraceBench:
     missing = {"method", "turn", "accepted", "drafted"} - set(turns.columns)
     if missing:
         raise ValueError(f"{turns_path}: not a trace benchmark's per-turn table (missing {sorted(missing)})")
-    steps = StepLog(read_parquet(steps_path, _RESUME_REMEDY).to_dicts())
+    steps = StepLog.from_rows(read_parquet(steps_path, _RESUME_REMEDY).to_dicts())
     try:
         recorded = load_recorded(plain_path)
     except ValueError as err:

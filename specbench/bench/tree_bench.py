@@ -72,12 +72,14 @@ def suffix_real_row(
     for turn in turns:
         out, seconds, stats, gen = timed(model, turn.prompt, options, verifier, drafter, nodes, tokenizer)
         log = simulate([turn], replayed, DraftPolicy.fixed(nodes), options)
-        agree &= [[r[k] for k in STEP_FIELDS] for r in log] == [[r[k] for k in STEP_FIELDS] for r in gen.log]
+        agree &= [[getattr(r, k) for k in STEP_FIELDS] for r in log] == [
+            [getattr(r, k) for k in STEP_FIELDS] for r in gen.log
+        ]
         spec_s += seconds
         identical &= out == turn.output
         verifies += stats["verifies"]
         accepted += stats["accepted"]
-        drafted += sum(r["k_drafted"] for r in gen.log.records if r["kind"] == "verify")
+        drafted += sum(r.k_drafted for r in gen.log.records if r.kind == "verify")
     return {
         "draft": "tree" if tree else "path",
         "turns": len(turns),

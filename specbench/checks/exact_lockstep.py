@@ -17,7 +17,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.checks.exact_layout import Snapshot, bits, same
 from specbench.checks.exactness_workload import timed_oracle
-from specbench.core.log import StepLog
+from specbench.core.log import StepLog, StepRecord
 from specbench.exact import calibration_key, exact_mode, hooks, verifier
 from specbench.exact.calibration import Calibration, _calibrations
 
@@ -136,7 +136,7 @@ def row_report(
 def lockstep(
     model: nn.Module,
     prompt: Sequence[int],
-    log_records: Sequence[dict[str, Any]],
+    log_records: Sequence[StepRecord],
     on: bool,
     calibrations: dict[bool, Calibration],
     analyse: bool,
@@ -156,16 +156,16 @@ def lockstep(
     checked = 0
     with layout(on):
         for rec in log_records:
-            if rec["kind"] == "prefill":
-                y = rec["tokens"][-1]
+            if rec.kind == "prefill":
+                y = rec.tokens[-1]
                 continue
-            if rec["kind"] == "plain":
+            if rec.kind == "plain":
                 for cache in (spec, ser):
                     mx.eval(model(mx.array([[y]], dtype=mx.uint32), cache=cache))
-                y = rec["tokens"][-1] if rec["tokens"] else y
+                y = rec.tokens[-1] if rec.tokens else y
                 continue
-            inputs = [y, *rec["draft_tokens"]]
-            keep = rec["accepted"] + 1
+            inputs = [y, *rec.draft_tokens]
+            keep = rec.accepted + 1
             before_spec, before_ser = Snapshot(spec), Snapshot(ser)
             ref, _ = serial_rows(model, before_ser.cache(), inputs)
             got, _ = verify_rows(model, spec, inputs)
@@ -190,7 +190,7 @@ def lockstep(
             for c in spec_keep:
                 c.trim(len(inputs) - keep)
             serial_rows(model, ser, inputs[:keep])
-            y = rec["tokens"][-1]
+            y = rec.tokens[-1]
     return {"verify": None, "verifies_checked": checked}
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from specbench.checks import exactness
-from specbench.core.log import StepLog
+from specbench.core.log import StepLog, StepRecord
 
 #: The workload's verify modes, exact first.
 MODES = ("exact", "fast")
@@ -84,7 +84,7 @@ class Workload:
     rows: list[dict[str, Any]] = field(default_factory=list)
     summary: list[dict[str, Any]] = field(default_factory=list)
     e2e: list[dict[str, Any]] = field(default_factory=list)
-    logs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    logs: dict[str, list[StepRecord]] = field(default_factory=dict)
 
 
 def exactness_row(
@@ -210,21 +210,21 @@ def run_workload(
     return result
 
 
-def replay_cost(records: Sequence[dict[str, Any]], ratio: dict[int, float]) -> tuple[int, float]:
+def replay_cost(records: Sequence[StepRecord], ratio: dict[int, float]) -> tuple[int, float]:
     """(decode tokens, cost in width-1 forwards) of a run's steps at the given cost ratio per verify width
     (interpolated between measured widths)."""
     widths = sorted(ratio)
     tokens, total = 0, 0.0
     for r in records:
-        if r["kind"] == "prefill":
+        if r.kind == "prefill":
             continue
-        tokens += r["emitted"]
-        total += float(np.interp(r["verify_width"], widths, [ratio[w] for w in widths]))
+        tokens += r.emitted
+        total += float(np.interp(r.verify_width, widths, [ratio[w] for w in widths]))
     return tokens, total
 
 
 def replay_rows(
-    label: str, logs: dict[str, list[dict[str, Any]]], seconds: dict[str, dict[int, float]]
+    label: str, logs: dict[str, list[StepRecord]], seconds: dict[str, dict[int, float]]
 ) -> list[dict[str, Any]]:
     """The exact runs' steps priced at fast and exact mode's measured verify seconds (``seconds[mode][width]``,
     as ``cost.calls.level_seconds`` gives them): the same steps for both, so the ratio is the verify cost's alone.
@@ -233,7 +233,7 @@ def replay_rows(
     ratios = {mode: {w: s / base for w, s in seconds[mode].items()} for mode in ("fast", "exact")}
     rows = []
     for k, records in logs.items():
-        if max(r["verify_width"] for r in records if r["kind"] != "prefill") > max(ratios["fast"]):
+        if max(r.verify_width for r in records if r.kind != "prefill") > max(ratios["fast"]):
             continue
         tokens, fast_cost = replay_cost(records, ratios["fast"])
         _, exact_cost = replay_cost(records, ratios["exact"])

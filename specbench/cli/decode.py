@@ -117,5 +117,5 @@ def print_step_summary(log, rows: int = 12) -> None:
         return
     print(f"  steps (first {min(rows, len(records))} of {len(records)}): kind k_drafted accepted emitted ms")
     for r in records[:rows]:
-        ms = 1000 * (r["draft_s"] + r["verify_s"] + r["other_s"])
-        print(f"    {r['step']:4d} {r['kind']:7s} {r['k_drafted']:3d} {r['accepted']:3d} {r['emitted']:3d} {ms:8.1f}")
+        ms = 1000 * (r.draft_s + r.verify_s + r.other_s)
+        print(f"    {r.step:4d} {r.kind:7s} {r.k_drafted:3d} {r.accepted:3d} {r.emitted:3d} {ms:8.1f}")

@@ -14,8 +14,8 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
+from specbench.core.log import StepRecord
 from specbench.core.policy_args import check_break_even
 
 #: Plain stretches and cost scales kept: the machine's recent speed, not the whole generation's.
@@ -153,49 +153,49 @@ class Evidence:
         a, scale = self.acceptance(), self.measured.cost_scale()
         return [(expected_tokens(a, k) / (self.envelope.break_even(k) * scale), k) for k in ks]
 
-    def file_plain(self, records: list[dict[str, Any]], seconds: float, timed: bool, measured: bool) -> int:
+    def file_plain(self, records: list[StepRecord], seconds: float, timed: bool, measured: bool) -> int:
         """File a plain stretch (its unverified draft's acceptance, its speed); returns the tokens it decoded."""
-        decoded = tokens = sum(r["emitted"] for r in records)
+        decoded = tokens = sum(r.emitted for r in records)
         seconds -= self._file_shadow(records)
         if timed and len(records) > 1:  # steady state: the first step pays for filling the pipeline
-            seconds, tokens = seconds - records[0]["verify_s"], tokens - records[0]["emitted"]
+            seconds, tokens = seconds - records[0].verify_s, tokens - records[0].emitted
         if measured and tokens:
             self.measured.add_plain(seconds if timed else float(tokens), tokens)
         return decoded
 
-    def file_speculative(self, records: list[dict[str, Any]], seconds: float, timed: bool, measured: bool) -> bool:
+    def file_speculative(self, records: list[StepRecord], seconds: float, timed: bool, measured: bool) -> bool:
         """File a speculative decision (its verifications' acceptance, its cost); False when there was
         nothing to file (only plain steps, or no verification where nothing is measured)."""
         # plain steps before this decision's draft (the step a pause queued past its end) are plain decoding's
-        lead = next((i for i, r in enumerate(records) if r["kind"] != "plain" or r["draft_s"]), len(records))
-        seconds -= sum(r["verify_s"] for r in records[:lead])
-        tokens = sum(r["emitted"] for r in records[lead:])
+        lead = next((i for i, r in enumerate(records) if r.kind != "plain" or r.draft_s), len(records))
+        seconds -= sum(r.verify_s for r in records[:lead])
+        tokens = sum(r.emitted for r in records[lead:])
         if not (records := records[lead:]):
             return False
-        verifies = [r for r in records if r["kind"] == "verify"]
+        verifies = [r for r in records if r.kind == "verify"]
         if not measured and not verifies:
             return False  # the break-even rule holds verifications to their break-even
         units = 0.0
-        self.wasted = all(r["accepted"] == 0 for r in verifies)
+        self.wasted = all(r.accepted == 0 for r in verifies)
         for r in records:
-            if r["kind"] == "verify":
-                units += self.envelope.break_even(r["k_drafted"])
-                deepest = r.get("tree_depth") or r["k_drafted"]  # a tree's path is at most its depth long
-                self.accepted += r["accepted"]
-                self.rejected += int(r["accepted"] < deepest)
-                if r["accepted"] == deepest:
-                    self._lengthen(r["accepted"])
+            if r.kind == "verify":
+                units += self.envelope.break_even(r.k_drafted)
+                deepest = r.tree_depth or r.k_drafted  # a tree's path is at most its depth long
+                self.accepted += r.accepted
+                self.rejected += int(r.accepted < deepest)
+                if r.accepted == deepest:
+                    self._lengthen(r.accepted)
             else:
                 units += 1.0
         self.measured.add_speculative((seconds if timed else units) if measured else None, tokens, units)
         return True
 
-    def _file_shadow(self, records: list[dict[str, Any]]) -> float:
+    def _file_shadow(self, records: list[StepRecord]) -> float:
         """Acceptance from the unverified draft a plain stretch started with; its drafting seconds."""
-        drafted = records[0].get("draft_tokens") or []
-        if records[0]["kind"] != "plain" or not drafted:
+        drafted = records[0].draft_tokens or []
+        if records[0].kind != "plain" or not drafted:
             return 0.0
-        decoded = [t for r in records for t in r["tokens"]]
+        decoded = [t for r in records for t in r.tokens]
         n = min(len(drafted), len(decoded))
         hits = next((i for i in range(n) if drafted[i] != decoded[i]), n)
         self.accepted += hits
@@ -203,7 +203,7 @@ class Evidence:
         self.shadows += 1
         if hits == len(drafted):
             self._lengthen(hits)
-        return float(records[0]["draft_s"])
+        return float(records[0].draft_s)
 
     def _lengthen(self, accepted: int) -> None:
         """A whole draft of ``accepted`` tokens was accepted: drafts may be twice as long."""

@@ -1,9 +1,10 @@
-"""The per-step log: one record per decoding step, kept as plain Python during decoding."""
+"""The per-step log: one typed record per decoding step, kept as plain Python during decoding."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ class StepRecord:
     rule's). A token-tree verification records its tree (``draft_parents``,
     ``tree_nodes``, ``tree_depth``: the deepest node's depth) and the accepted nodes root to leaf
     (``accepted_path``; ``accepted`` is its depth); paths leave these empty.
+    ``labels`` are the columns a caller adds to a log of many generations (``request``, ``trace``, ``turn``,
+    ``method``, ...): a row holds them after the record's own columns.
     """
 
     step: int
@@ -50,31 +53,64 @@ class StepRecord:
     tree_depth: int = 0
     accepted_path: list[int] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, Any] = field(default_factory=dict)
+
+    def labelled(self, **labels: Any) -> StepRecord:
+        """This record with ``labels`` added to its own (a new record; the lists are shared)."""
+        clash = sorted(set(labels) & _FIELDS)
+        if clash:
+            raise ValueError(f"labels {clash} are names of a step record's own columns")
+        return dataclasses.replace(self, labels={**self.labels, **labels})
+
+    def row(self) -> dict[str, Any]:
+        """The record as one row: its columns in order, then its labels."""
+        row = dict(self.__dict__)
+        labels = row.pop("labels")
+        if labels:
+            row.update(labels)
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> StepRecord:
+        """A record from a row (``row()``'s, or a stored log's): columns it does not know become labels, and
+        a missing or null list (or ``extra``) is empty."""
+        known: dict[str, Any] = {}
+        labels: dict[str, Any] = {}
+        for key, value in row.items():
+            if key not in _FIELDS:
+                labels[key] = value
+            elif value is not None or key not in _EMPTY:
+                known[key] = value
+        return cls(**known, labels=labels)
 
 
-COLUMNS = [f.name for f in fields(StepRecord)]
+#: A record's own columns, in order (``labels`` are a row's added columns, not one of its own).
+COLUMNS = [f.name for f in fields(StepRecord) if f.name != "labels"]
+_FIELDS = frozenset(COLUMNS)
+_EMPTY = frozenset(f.name for f in fields(StepRecord) if f.default_factory is not dataclasses.MISSING)
 
 
 class StepLog:
-    """Records of one generation (or of many, with a ``request`` column added by callers)."""
+    """Records of one generation (or of many, each labelled by its caller: ``StepRecord.labelled``)."""
 
-    def __init__(self, records: list[dict[str, Any]] | None = None):
-        self.records: list[dict[str, Any]] = records if records is not None else []
+    def __init__(self, records: list[StepRecord] | None = None):
+        self.records: list[StepRecord] = records if records is not None else []
 
-    def append(self, record: StepRecord | dict[str, Any]) -> None:
-        # A shallow copy: a record's lists are its own, and asdict's deep copy costs ~20x more.
-        self.records.append(dict(record.__dict__) if isinstance(record, StepRecord) else record)
+    def append(self, record: StepRecord) -> None:
+        if not isinstance(record, StepRecord):
+            raise TypeError(f"a step log holds StepRecord objects, got {type(record).__name__}")
+        self.records.append(record)
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[StepRecord]:
         return iter(self.records)
 
-    def last(self, kind: str | None = None) -> dict[str, Any] | None:
+    def last(self, kind: str | None = None) -> StepRecord | None:
         """The latest record, or the latest of a given kind."""
         for record in reversed(self.records):
-            if kind is None or record["kind"] == kind:
+            if kind is None or record.kind == kind:
                 return record
         return None
 
@@ -84,42 +120,51 @@ class StepLog:
         ``mean_accepted_tokens`` is Spec-Bench's #MAT: tokens per model forward after the
         prompt (plain decoding gives 1.0); ``tokens_per_verify`` counts verifications only.
         """
-        decode = [r for r in self.records if r["kind"] != "prefill"]
-        verifies = [r for r in decode if r["kind"] == "verify"]
-        drafted = sum(r["k_drafted"] for r in verifies)
-        accepted = sum(r["accepted"] for r in verifies)
-        tokens = sum(r["emitted"] for r in self.records)
-        decode_tokens = sum(r["emitted"] for r in decode)
-        times = {key: sum(r[key] for r in self.records) for key in ("draft_s", "verify_s", "other_s")}
-        prefill_s = sum(r["verify_s"] + r["other_s"] for r in self.records if r["kind"] == "prefill")
-        decode_s = sum(r["draft_s"] + r["verify_s"] + r["other_s"] for r in decode)
+        decode = [r for r in self.records if r.kind != "prefill"]
+        verifies = [r for r in decode if r.kind == "verify"]
+        drafted = sum(r.k_drafted for r in verifies)
+        accepted = sum(r.accepted for r in verifies)
+        decode_tokens = sum(r.emitted for r in decode)
+        prefill = [r for r in self.records if r.kind == "prefill"]
+        decode_s = sum(r.draft_s + r.verify_s + r.other_s for r in decode)
         return {
-            "tokens": tokens,
+            "tokens": sum(r.emitted for r in self.records),
             "steps": len(decode),
             "verifies": len(verifies),
             "drafted": drafted,
             "accepted": accepted,
-            "pauses": sum(1 for r in decode if r["paused"]),
+            "pauses": sum(1 for r in decode if r.paused),
             "acceptance_rate": accepted / drafted if drafted else 0.0,
             "mean_accepted_tokens": decode_tokens / len(decode) if decode else 0.0,
             "tokens_per_verify": (accepted + len(verifies)) / len(verifies) if verifies else 0.0,
-            **times,
-            "prefill_s": prefill_s,
+            "draft_s": sum(r.draft_s for r in self.records),
+            "verify_s": sum(r.verify_s for r in self.records),
+            "other_s": sum(r.other_s for r in self.records),
+            "prefill_s": sum(r.verify_s + r.other_s for r in prefill),
             "decode_s": decode_s,
             "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,
         }
 
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per step: the record's columns, then its labels."""
+        return [record.row() for record in self.records]
+
     def to_polars(self):
-        """One row per step as a polars DataFrame."""
+        """One row per step as a polars DataFrame (``extra`` only where some step has one)."""
         import polars as pl
 
         if not self.records:
             return pl.DataFrame(schema={c: pl.Null for c in COLUMNS})
-        rows = [{**r, "extra": None} if not r.get("extra") else r for r in self.records]
+        rows = [{**r, "extra": None} if not r["extra"] else r for r in self.rows()]
         df = pl.DataFrame(rows, infer_schema_length=None)
         if "extra" in df.columns and df["extra"].dtype == pl.Null:
             df = df.drop("extra")
         return df
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> StepLog:
+        """A log from rows (``rows()``'s, or a stored log's: ``frame.to_dicts()``)."""
+        return cls([StepRecord.from_row(row) for row in rows])
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the log as parquet, atomically."""
@@ -144,4 +189,4 @@ class StepLog:
         missing = [c for c in ("step", "kind", "emitted") if c not in frame.columns]
         if missing:
             raise ValueError(f"{path} is not a step log: it has no {', '.join(missing)} column")
-        return cls(frame.to_dicts())
+        return cls.from_rows(frame.to_dicts())

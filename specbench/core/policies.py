@@ -33,7 +33,7 @@ from typing import Any
 
 from specbench.common.deprecation import renamed_arguments, renamed_attribute
 from specbench.core.auto import CostEnvelope, Evidence
-from specbench.core.log import StepLog
+from specbench.core.log import StepLog, StepRecord
 from specbench.core.policy_args import at_least_one, check_break_even, check_k
 
 #: Auto looks this far for a wider draft that costs less than the drafter's preferred one.
@@ -102,7 +102,7 @@ class DraftPolicy:
         """The longest draft this policy may ask of ``drafter`` (the widths a verifier must be ready for)."""
         return max(1, int(getattr(drafter, "preferred_k", 4)))
 
-    def _observe(self, record: dict[str, Any]) -> None:
+    def _observe(self, record: StepRecord) -> None:
         pass
 
     def _k(self, drafter: Any) -> int:
@@ -209,14 +209,14 @@ class AdaptivePolicy(DraftPolicy):
         self.pause = 1
         self.remaining = 0
 
-    def _observe(self, record: dict[str, Any]) -> None:
-        if record["kind"] == "verify":
-            if record["accepted"] == 0:
+    def _observe(self, record: StepRecord) -> None:
+        if record.kind == "verify":
+            if record.accepted == 0:
                 self.remaining = self.pause
                 self.pause = min(2 * self.pause, self.max_pause)
             else:
                 self.pause = 1
-        elif record["paused"]:
+        elif record.paused:
             self.remaining = max(0, self.remaining - 1)
 
     def _k(self, drafter: Any) -> int:
@@ -337,8 +337,8 @@ class AutoPolicy(AutoSettings):
         if not boundaries or not log.records:
             return
         first, last = log.records[0], log.records[-1]
-        prompt = first["verify_width"] if first["kind"] == "prefill" else 0
-        length = prompt + last["position"] + last["emitted"]
+        prompt = first.verify_width if first.kind == "prefill" else 0
+        length = prompt + last.position + last.emitted
         previous = getattr(self, "_context_length", self.costs.break_even_of.length)
         if bisect.bisect(boundaries, length) == bisect.bisect(boundaries, previous):
             return  # the same measured length is nearest: nothing to ask
@@ -373,13 +373,13 @@ class AutoPolicy(AutoSettings):
             return 0
         return self.evidence.ramp if self._drafting_costs else self.costs.lengths[-1]
 
-    def _file(self, records: list[dict[str, Any]], seconds: float) -> None:
+    def _file(self, records: list[StepRecord], seconds: float) -> None:
         """File the records of the last decision (one speculative step or one plain stretch)."""
-        decoded = [r for r in records if r["kind"] != "prefill"]
+        decoded = [r for r in records if r.kind != "prefill"]
         if not decoded or self._decision is None:
             return
         # Untimed records (a simulated run) are costed by the prior, in plain steps.
-        timed = any(r["draft_s"] + r["verify_s"] + r["other_s"] > 0 for r in decoded)
+        timed = any(r.draft_s + r.verify_s + r.other_s > 0 for r in decoded)
         if self._decision == "plain":
             self.remaining = max(0, self.remaining - self.evidence.file_plain(decoded, seconds, timed, self.measured))
         elif self.evidence.file_speculative(decoded, seconds, timed, self.measured):

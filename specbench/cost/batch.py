@@ -314,10 +314,10 @@ def _request_seconds_per_token(gen: BatchGeneration) -> float:
     """Mean over requests of decode seconds per decode token (the latency each request sees)."""
     values = []
     for request in gen.requests:
-        decode = [r for r in request.log.records if r["kind"] != "prefill"]
-        tokens = sum(r["emitted"] for r in decode)
+        decode = [r for r in request.log.records if r.kind != "prefill"]
+        tokens = sum(r.emitted for r in decode)
         if tokens:
-            values.append(sum(r["verify_s"] for r in decode) / tokens)
+            values.append(sum(r.verify_s for r in decode) / tokens)
     return float(np.mean(values))
 
 

@@ -212,8 +212,8 @@ def engine_steps(model: nn.Module, cache: list[Any], first: int, width: int, ste
     for _ in gen:
         now = time.perf_counter()
         record = gen.log.records[-1]
-        if last is not None and record["kind"] == "verify" and record["verify_width"] == width:
-            rows.append({"step": now - last, "drafting": record["draft_s"], **totals})
+        if last is not None and record.kind == "verify" and record.verify_width == width:
+            rows.append({"step": now - last, "drafting": record.draft_s, **totals})
         totals.update(dict.fromkeys(totals, 0.0))
         last = now
     return rows

@@ -84,11 +84,11 @@ def speedup_grid(
             spec_runs.append(seconds_per_token(gen, lambda: drafter.follow_s))
         plain_s, spec_s = statistics.median(plain_runs), statistics.median(spec_runs)
         stats = gen.stats()
-        verifies = [r for r in gen.log if r["kind"] == "verify"]
-        drafted = sum(r["k_drafted"] for r in verifies)
-        accepted = sum(r["accepted"] for r in verifies)
-        rejections = sum(1 for r in verifies if r["accepted"] < r["k_drafted"])
-        draft_s = max(0.0, sum(r["draft_s"] for r in verifies) - drafter.follow_s)
+        verifies = [r for r in gen.log if r.kind == "verify"]
+        drafted = sum(r.k_drafted for r in verifies)
+        accepted = sum(r.accepted for r in verifies)
+        rejections = sum(1 for r in verifies if r.accepted < r.k_drafted)
+        draft_s = max(0.0, sum(r.draft_s for r in verifies) - drafter.follow_s)
         d = draft_s / drafted / plain_s if drafted else 0.0
         measured = plain_s / spec_s
         nominal = speedup(a, k, profile, d, verify)

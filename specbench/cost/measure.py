@@ -71,10 +71,10 @@ def _time_engine_step(
     )
     per_token = seconds_per_token(gen)
     restore()
-    decode = [r for r in gen.log if r["kind"] != "prefill"]
-    verifies = [r for r in decode if r["kind"] == "verify"]
+    decode = [r for r in gen.log if r.kind != "prefill"]
+    verifies = [r for r in decode if r.kind == "verify"]
     seconds = per_token * (len(gen.tokens) - 1) / len(decode)
-    return seconds, statistics.median(r["draft_s"] for r in verifies) if verifies else 0.0
+    return seconds, statistics.median(r.draft_s for r in verifies) if verifies else 0.0
 
 
 class _Rounds:

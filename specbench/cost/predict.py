@@ -16,30 +16,31 @@ from typing import Any
 
 import numpy as np
 
+from specbench.core.log import StepRecord
 from specbench.cost.breakeven import expected_tokens
 from specbench.cost.profile import Profile, cost_at
 
 
-def acceptance_per_position(records: Iterable[dict[str, Any]]) -> list[float]:
+def acceptance_per_position(records: Iterable[StepRecord]) -> list[float]:
     """a_i for i = 1..K from a run's verifications (paths): drafts accepting position i over those that
     reached it (drafted i or more tokens and accepted the first i - 1); 1 where no draft reached it."""
     reached: list[int] = []
     accepted: list[int] = []
     for r in records:
-        if r["kind"] != "verify" or r.get("tree_nodes"):
+        if r.kind != "verify" or r.tree_nodes:
             continue
-        k = int(r["k_drafted"])
+        k = int(r.k_drafted)
         while len(reached) < k:
             reached.append(0)
             accepted.append(0)
-        for i in range(min(k, int(r["accepted"]) + 1)):
+        for i in range(min(k, int(r.accepted) + 1)):
             reached[i] += 1
-            accepted[i] += int(i < r["accepted"])
+            accepted[i] += int(i < r.accepted)
     return [a / n if n else 1.0 for a, n in zip(accepted, reached)]
 
 
 def predicted_speedup(
-    records: Sequence[dict[str, Any]],
+    records: Sequence[StepRecord],
     profile: Profile,
     d: float = 0.0,
     prompt_tokens: int = 0,
@@ -54,28 +55,28 @@ def predicted_speedup(
     curves: dict[int, np.ndarray] = {}
     cost = 0.0
     for r in records:
-        if r["kind"] == "prefill":
+        if r.kind == "prefill":
             continue
-        if r["kind"] != "verify":
-            cost += 1.0 + len(r.get("draft_tokens") or ()) * d
+        if r.kind != "verify":
+            cost += 1.0 + len(r.draft_tokens or ()) * d
             continue
-        length = profile.nearest_length(prompt_tokens + int(r["position"]))
+        length = profile.nearest_length(prompt_tokens + int(r.position))
         if length not in curves:
             curves[length] = profile.at_length(length).curve(mode)
-        cost += cost_at(curves[length], int(r["verify_width"])) + int(r["k_drafted"]) * d + row_overhead
+        cost += cost_at(curves[length], int(r.verify_width)) + int(r.k_drafted) * d + row_overhead
     return expected_run_tokens(records) / cost if cost else 0.0
 
 
-def expected_run_tokens(records: Sequence[dict[str, Any]]) -> float:
+def expected_run_tokens(records: Sequence[StepRecord]) -> float:
     """Tokens a run's decode steps are expected to yield: E(k) at its per-position acceptance for each
     verification of k drafts (emitted tokens for token trees), emitted tokens for plain steps."""
     acceptance = acceptance_per_position(records)
     tokens = 0.0
     for r in records:
-        if r["kind"] == "verify" and not r.get("tree_nodes"):
-            tokens += expected_tokens(acceptance, int(r["k_drafted"]))
-        elif r["kind"] != "prefill":
-            tokens += r["emitted"]
+        if r.kind == "verify" and not r.tree_nodes:
+            tokens += expected_tokens(acceptance, int(r.k_drafted))
+        elif r.kind != "prefill":
+            tokens += r.emitted
     return tokens
 
 
@@ -101,7 +102,7 @@ def predicted_batch_speedup(spec: Any, plain: Any, profile: Any, whole: bool = F
     logged prefill and drafting seconds included (``predicted_batch_seconds``)."""
 
     def tokens(gen: Any) -> float:
-        first = sum(r["emitted"] for q in gen.requests for r in q.log.records if r["kind"] == "prefill")
+        first = sum(r.emitted for q in gen.requests for r in q.log.records if r.kind == "prefill")
         return sum(expected_run_tokens(q.log.records) for q in gen.requests) + (first if whole else 0)
 
     spec_s = predicted_batch_seconds(spec.batch_log, profile, whole)

@@ -124,13 +124,13 @@ def sweep_exit_layers(
             for _ in gen:
                 pass
             for record in gen.log.records:
-                if record["kind"] != "verify" or not record["k_drafted"]:
+                if record.kind != "verify" or not record.k_drafted:
                     continue
                 verifies += 1
-                accepted += record["accepted"]
-                for i in range(record["k_drafted"]):
+                accepted += record.accepted
+                for i in range(record.k_drafted):
                     drafted_at[i] += 1
-                    accepted_at[i] += i < record["accepted"]
+                    accepted_at[i] += i < record.accepted
         per_position = [a / d if d else float("nan") for a, d in zip(accepted_at, drafted_at)]
         tokens_per_verify = (accepted + verifies) / verifies if verifies else float("nan")
         rows.append(

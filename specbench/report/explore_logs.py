@@ -21,7 +21,7 @@ from typing import Any
 import polars as pl
 
 from specbench.bench.positions import per_position_acceptance
-from specbench.core.log import StepLog
+from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost import Profile, drafter_cost, predicted_from_log, profile_for
@@ -226,9 +226,9 @@ class Replay:
         }
         return {column: values[column] for column in ROW_COLUMNS}
 
-    def records_of(self, prompt: str) -> list[dict[str, Any]]:
+    def records_of(self, prompt: str) -> list[StepRecord]:
         """The step records of one replayed prompt."""
-        return [r for r in self.log.records if r["prompt"] == prompt]
+        return [r for r in self.log.records if r.labels["prompt"] == prompt]
 
 
 def _measured(recordings: Recordings, rows: pl.DataFrame, choice: Choice, policy: DraftPolicy) -> float | None:
@@ -262,7 +262,7 @@ def replay(recordings: Recordings, choice: Choice) -> Replay:
         drafter = model_free_drafter(choice.drafter, choice.k)
         steps = simulate([request], drafter, choice.draft_policy(), options, cost=recordings.profile)
         for r in steps.records:
-            log.append({**r, "prompt": row["id"], "category": row["category"]})
+            log.append(r.labelled(prompt=row["id"], category=row["category"]))
         prompts.append(row["id"])
     frame = log.to_polars()
     positions = per_position_acceptance(frame, ("drafter",), unit="prompt")
@@ -355,7 +355,7 @@ def coloured_outputs(result: Replay, recordings: Recordings, max_height: str | N
     for prompt in result.prompts:
         row = by_id[prompt]
         steps = result.records_of(prompt)
-        verifies = sum(1 for r in steps if r["kind"] == "verify")
+        verifies = sum(1 for r in steps if r.kind == "verify")
         head = f"{prompt} · {row['category']}: {len(row['output'])} tokens, {verifies} verifications"
         parts.append(f"<div style='margin-top:6px;font-size:0.85em'><b>{html.escape(head)}</b></div>")
         parts.append(coloured_html(steps, recordings.tokenizer, legend=False, max_height=max_height))

@@ -26,6 +26,7 @@ from specbench.bench.sweep import AA_POLICY
 from specbench.bench.timing import SideBySide
 from specbench.bench.timing import side_by_side as run_side_by_side
 from specbench.common.files import write_json_atomic, write_parquet_atomic
+from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.rules import Acceptance
 
@@ -82,8 +83,8 @@ class RecordedLog:
         self.frame = frame
 
     @property
-    def records(self) -> list[dict[str, Any]]:
-        return self.frame.to_dicts()
+    def records(self) -> list[StepRecord]:
+        return StepLog.from_rows(self.frame.to_dicts()).records
 
     def to_polars(self) -> pl.DataFrame:
         return self.frame

@@ -7,6 +7,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from specbench.core.log import StepRecord
+
 #: Token sources and their background colours (shared with the per-step figures).
 SOURCES = ("draft", "bonus", "plain")
 SOURCE_COLOURS = {"draft": "#a6dba0", "bonus": "#fdb863", "plain": "#e0e0e0"}
@@ -20,14 +22,13 @@ COUNT_STATS = ("tokens", "finish_reason", "steps", "verifies", "drafted", "accep
 RATE_STATS = ("acceptance_rate", "mean_accepted_tokens", "tokens_per_verify", "decode_tokens_per_s", "prefill_s")
 
 
-def _records(log: Any) -> list[dict[str, Any]]:
+def _records(log: Any) -> list[StepRecord]:
     if hasattr(log, "log"):  # a Generation
         log = log.log
     if hasattr(log, "records"):
         return list(log.records)
-    if hasattr(log, "to_dicts"):
-        return log.to_dicts()
-    return list(log)
+    rows = log.to_dicts() if hasattr(log, "to_dicts") else list(log)
+    return [row if isinstance(row, StepRecord) else StepRecord.from_row(row) for row in rows]
 
 
 def token_sources(log: Any) -> list[tuple[int, str, int]]:
@@ -40,13 +41,13 @@ def token_sources(log: Any) -> list[tuple[int, str, int]]:
     """
     out: list[tuple[int, str, int]] = []
     for record in _records(log):
-        tokens = list(record.get("tokens") or [])
-        if record["kind"] == "verify":
-            accepted = int(record["accepted"])
+        tokens = list(record.tokens or [])
+        if record.kind == "verify":
+            accepted = int(record.accepted)
             for i, t in enumerate(tokens):
-                out.append((int(t), "draft" if i < accepted else "bonus", int(record["step"])))
+                out.append((int(t), "draft" if i < accepted else "bonus", int(record.step)))
         else:
-            out.extend((int(t), "plain", int(record["step"])) for t in tokens)
+            out.extend((int(t), "plain", int(record.step)) for t in tokens)
     return out
 
 

@@ -145,7 +145,9 @@ def rank_policies(
             log = replay_policy(groups, policy, profile, drafter, k)
             name = policy if isinstance(policy, str) else policy.name
             rows.append({"workload": workload, "policy": name, "drafter": drafter, **policy_row(log, profile, drafter)})
-            steps.records.extend({**r, "workload": workload, "policy": name} for r in log.records)
+            steps.records.extend(
+                replace(r, policy=name, labels={**r.labels, "workload": workload}) for r in log.records
+            )
     table = pl.DataFrame(rows).with_columns(
         pl.col("predicted_speedup").rank("ordinal", descending=True).over("workload").cast(pl.Int64).alias("rank")
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -267,9 +267,8 @@ def simulate(
         )
         for _ in generation:
             pass
-        for r in generation.log:
-            r["request"] = index
-            log.append(r)
+        for record in generation.log:
+            log.append(record.labelled(request=index))
     return log
 
 
@@ -361,9 +360,8 @@ def replay_logs(
                 for trace_id, requests in groups:
                     drafter = shared if shared is not None else model_free_drafter(name, k)
                     for record in simulate(requests(), drafter, policy).records:
-                        row = {**record, "drafter": name, "store": store, "k": k, "trace": trace_id}
-                        row["turn"] = row.pop("request")
-                        log.append(row)
+                        labels = {"store": store, "k": k, "trace": trace_id, "turn": record.labels["request"]}
+                        log.append(replace(record, drafter=name, labels=labels))
                 stats = log.stats()
                 verifies = stats["verifies"]
                 rows.append(
@@ -372,8 +370,8 @@ def replay_logs(
                         "store": store,
                         "k": k,
                         "traces": len(groups),
-                        "turns": sum(1 for r in log.records if r["kind"] == "prefill"),
-                        "prompt_tokens": sum(r["verify_width"] for r in log.records if r["kind"] == "prefill"),
+                        "turns": sum(1 for r in log.records if r.kind == "prefill"),
+                        "prompt_tokens": sum(r.verify_width for r in log.records if r.kind == "prefill"),
                         "tokens": stats["tokens"],
                         "verifies": verifies,
                         "drafted": stats["drafted"],

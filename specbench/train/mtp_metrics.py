@@ -156,17 +156,17 @@ def evaluate_decoding(
         tokens += len(gen.tokens)
         steady = False  # the first draft also feeds the prompt to the drafter: left out of its cost
         for r in gen.log:
-            if r["kind"] != "verify" or r["k_drafted"] == 0:
+            if r.kind != "verify" or r.k_drafted == 0:
                 continue
             verifies += 1
             if steady:
-                drafted += r["k_drafted"]
-                draft_s += r["draft_s"]
+                drafted += r.k_drafted
+                draft_s += r.draft_s
             steady = True
-            first += int(r["accepted"] >= 1)
-            accepted += r["accepted"]
-            drafted_at[: r["k_drafted"]] += 1
-            per_position[: r["accepted"]] += 1
+            first += int(r.accepted >= 1)
+            accepted += r.accepted
+            drafted_at[: r.k_drafted] += 1
+            per_position[: r.accepted] += 1
     return {
         "prompts": len(prompts),
         "tokens": tokens,

@@ -86,7 +86,7 @@ def test_where_autos_extra_seconds_went():
     """Two verifications costing 2.5 steps each for 3 tokens, and two stretch starts with a draft: in plain
     steps the split names each, sums to the estimate in plain steps, and a slower Auto run adds slower steps."""
     plain, auto = plain_run_log(0.01, n=52), auto_run_log(0.01)
-    tokens = sum(r["emitted"] for r in auto[1:])
+    tokens = sum(r.emitted for r in auto[1:])
     assert tokens == 52
 
     def row(auto_step: float) -> dict:
@@ -124,9 +124,9 @@ def test_slow_steady_steps_are_counted_with_how_near_a_decision_they_fall():
     from any; the split counts both and names the one near a decision."""
     run = auto_run_log(0.01)
     # run: prefill, a stretch's start, 7 steady, 2 verifications, a start, then 40 steady steps
-    run[12]["verify_s"] = 0.03  # the first steady step after the start that follows the verifications
-    run[40]["verify_s"] = 0.03  # deep in the stretch
-    run[30]["verify_s"] = 0.014  # slower, not over 1.5x
+    run[12].verify_s = 0.03  # the first steady step after the start that follows the verifications
+    run[40].verify_s = 0.03  # deep in the stretch
+    run[30].verify_s = 0.014  # slower, not over 1.5x
     split = time_split(run, log_seconds(run[1:]))
     assert (split["slow_n"], split["slow_near_n"]) == (2.0, 1.0)
     plain = time_split(plain_run_log(0.01), log_seconds(plain_run_log(0.01)[1:]))

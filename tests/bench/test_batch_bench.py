@@ -63,8 +63,8 @@ def test_oracle_drafts_on_after_a_divergence_without_running_the_model(model_cal
     # the prompt passes and one forward per batched step: nothing else ran the model
     assert calls["all"] == prompt_passes + len(gen.batch_log)
     assert drafters[0].diverged_at == 3 and drafters[1].diverged_at is None
-    after = [r for r in gen.requests[0].log.records if r["kind"] == "verify" and r["position"] > 3]
-    assert after and all(r["draft_tokens"] for r in after)  # kept drafting past the divergence
+    after = [r for r in gen.requests[0].log.records if r.kind == "verify" and r.position > 3]
+    assert after and all(r.draft_tokens for r in after)  # kept drafting past the divergence
     stats = [r.stats() for r in gen.requests]
     assert stats[1]["acceptance_rate"] == 1.0 and stats[0]["acceptance_rate"] < 1.0
 

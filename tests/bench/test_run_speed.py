@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import pytest
 from conftest import auto_run_log, log_seconds, plain_run_log, step_record
@@ -12,7 +13,7 @@ from specbench.bench.run_speed import MIN_STEADY, mean_speed, speed_state, time_
 
 def test_speed_is_the_median_steady_plain_step():
     run = plain_run_log(0.01)
-    run[5]["verify_s"] = 0.5  # one hiccup moves a mean, not the median
+    run[5].verify_s = 0.5  # one hiccup moves a mean, not the median
     assert speed_state(run) == pytest.approx(0.01)
     # steps that start a stretch with a draft, verifications and the prefill are not steady steps
     assert speed_state(auto_run_log(0.01)) == pytest.approx(0.01)
@@ -32,16 +33,16 @@ def test_steps_a_speculative_decision_took_are_not_steady():
 
 def test_a_drafters_observe_seconds_stay_charged():
     run = auto_run_log(0.01)
-    calls = sum(1 for r in run if r["emitted"])
+    calls = sum(1 for r in run if r.emitted)
     assert speed_state(run, observe_s=0.001 * calls) == pytest.approx(0.009)
 
 
 def test_in_loop_verify_seconds_by_width():
     """Each width's median verify seconds, ascending widths; plain steps and the prefill left out."""
     run = auto_run_log(0.01)
-    for r, width in zip((r for r in run if r["kind"] == "verify"), (3, 2)):
-        r["verify_width"] = width
-    run.append({**step_record("verify", 0.05), "verify_width": 3})
+    for r, width in zip((r for r in run if r.kind == "verify"), (3, 2)):
+        r.verify_width = width
+    run.append(replace(step_record("verify", 0.05), verify_width=3))
     assert verify_ms_by_width(run) == "2:25.0 3:37.5"
     assert verify_ms_by_width(plain_run_log(0.01)) == ""
 
@@ -61,10 +62,10 @@ def test_a_real_generations_log_gives_a_speed_and_a_split_that_adds_up():
     plain = generate(model, prompt, GenerateOptions(max_tokens=MIN_STEADY + 4, ignore_eos=True))
     list(plain)
     records = plain.log.records
-    assert records[0]["kind"] == "prefill" and all(r["kind"] == "plain" for r in records[1:])
+    assert records[0].kind == "prefill" and all(r.kind == "plain" for r in records[1:])
     # every plain step after the stretch's first is steady
-    assert speed_state(records) == pytest.approx(statistics.median(r["verify_s"] for r in records[2:]))
-    logged_s = sum(r["draft_s"] + r["verify_s"] + r.get("other_s", 0.0) for r in records[1:])
+    assert speed_state(records) == pytest.approx(statistics.median(r.verify_s for r in records[2:]))
+    logged_s = sum(r.draft_s + r.verify_s + r.other_s for r in records[1:])
     split = time_split(records, logged_s)
     assert split["steady_n"] + split["starts_n"] == len(records) - 1 and split["spec_tokens"] == 0
     assert split["unlogged_ms"] == pytest.approx(0.0, abs=1e-6)
@@ -77,9 +78,9 @@ def test_a_real_generations_log_gives_a_speed_and_a_split_that_adds_up():
         policy=DraftPolicy.fixed(3),
     )
     emitted = list(spec)
-    verifies = [r for r in spec.log.records if r["kind"] == "verify"]
+    verifies = [r for r in spec.log.records if r.kind == "verify"]
     assert verifies, "prompt lookup drafts on a repeating prompt"
-    widths = {r["verify_width"] for r in verifies}
+    widths = {r.verify_width for r in verifies}
     assert [int(part.split(":")[0]) for part in verify_ms_by_width(spec.log.records).split()] == sorted(widths)
     split = time_split(spec.log.records, 1.0)
     assert split["spec_tokens"] + split["steady_n"] + split["starts_n"] == len(emitted) - 1
@@ -92,9 +93,9 @@ def test_the_mean_steady_step_counts_a_burst_of_slow_steps_as_steps():
     calm = plain_run_log(0.01, n=60)
     bursty = plain_run_log(0.01, n=60)
     for r in bursty[20:30]:
-        r["verify_s"] = 0.03
+        r.verify_s = 0.03
     for r in bursty[31::2]:
-        r["verify_s"] = 0.012  # every other steady step in a slower mode
+        r.verify_s = 0.012  # every other steady step in a slower mode
     in_mean = [log_seconds(run[1:]) / mean_speed(run) for run in (calm, bursty)]
     in_median = [log_seconds(run[1:]) / speed_state(run) for run in (calm, bursty)]
     assert in_mean[1] == pytest.approx(in_mean[0], rel=0.02)

@@ -7,6 +7,7 @@ from conftest import build_tiny
 
 from specbench.checks import exactness
 from specbench.checks import exactness_workload as workload
+from specbench.core.log import StepRecord
 from specbench.models import synthetic
 
 pytestmark = pytest.mark.usefixtures("fresh_calibrations")
@@ -36,7 +37,7 @@ def test_the_workload_finds_exact_mode_equal_and_times_the_first_prompts():
         (3, "measured-warm"),
     ]
     assert all(r["speedup_exact"] == r["plain_s"] / r["exact_s"] for r in done.e2e)
-    assert set(done.logs) == {"1", "3"} and all(r["kind"] for r in done.logs["3"])
+    assert set(done.logs) == {"1", "3"} and all(r.kind for r in done.logs["3"])
 
 
 def test_a_summary_counts_unequal_prompts_and_their_divergences():
@@ -53,14 +54,14 @@ def test_a_summary_counts_unequal_prompts_and_their_divergences():
 
 def test_replay_prices_the_same_steps_at_each_modes_cost():
     records = [
-        {"kind": "prefill", "emitted": 1, "verify_width": 5},
-        {"kind": "verify", "emitted": 3, "verify_width": 3},
-        {"kind": "verify", "emitted": 2, "verify_width": 2},
+        StepRecord(0, 0, "prefill", emitted=1, verify_width=5),
+        StepRecord(1, 1, "verify", emitted=3, verify_width=3),
+        StepRecord(2, 4, "verify", emitted=2, verify_width=2),
     ]
     assert workload.replay_cost(records, {1: 1.0, 3: 2.0}) == (5, 2.0 + 1.5)  # width 2 interpolated
     seconds = {"fast": {1: 0.01, 3: 0.02}, "exact": {1: 0.01, 3: 0.04}}
     (row,) = workload.replay_rows(
-        "m", {"2": records, "9": [{"kind": "verify", "emitted": 1, "verify_width": 9}]}, seconds
+        "m", {"2": records, "9": [StepRecord(0, 0, "verify", emitted=1, verify_width=9)]}, seconds
     )
     assert row["k"] == 2 and row["tokens"] == 5  # k=9 needs width 9, not measured: left out
     assert row["speedup_fast"] == pytest.approx(5 / 3.5) and row["speedup_exact"] == pytest.approx(5 / 6.5)

@@ -194,9 +194,9 @@ def test_each_rule_runs_with_drafters_with_and_without_q(draft_pair, rule):
         gen = Generation(target, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(3))
         tokens = list(gen)
         assert len(tokens) == 16 and all(0 <= t < 97 for t in tokens)
-        verifies = [r for r in gen.log if r["kind"] == "verify"]
-        assert all(len(r["accept_probs"]) == r["k_drafted"] for r in verifies)
-        assert all(0 <= x <= 1 for r in verifies for x in r["accept_probs"])
+        verifies = [r for r in gen.log if r.kind == "verify"]
+        assert all(len(r.accept_probs) == r.k_drafted for r in verifies)
+        assert all(0 <= x <= 1 for r in verifies for x in r.accept_probs)
     assert gen.stats()["drafted"] > 0
 
 

@@ -49,9 +49,9 @@ def test_batched_speculative_greedy_equals_single_plain(arch):
     assert [r.finish_reason() for r in gen.requests] == ["length", "length", "stop", "length", "length", "length"]
     first = gen.batch_log[0]
     assert first.batch_size == 5 and first.widths == [k + 1] * 5
-    accepted_first = [r.log.records[1]["accepted"] for r in gen.requests[:5]]
+    accepted_first = [r.log.records[1].accepted for r in gen.requests[:5]]
     assert sorted(accepted_first) == list(range(k + 1))
-    assert gen.requests[5].log.records[0]["kind"] == "prefill"
+    assert gen.requests[5].log.records[0].kind == "prefill"
     assert max(s.batch_size for s in gen.batch_log[1:] if 5 in s.requests) <= 5
     assert any(5 in s.requests for s in gen.batch_log)
     stats = gen.requests[0].stats()
@@ -108,7 +108,7 @@ def test_pipelined_plain_batch_keeps_stops_masks_and_joins():
     assert all(s.kind == "plain" for s in gen.batch_log)
     assert sum(s.emitted for s in gen.batch_log) == sum(len(e) - 1 for e in expected)  # the first is the prefill's
     for request, tokens in zip(gen.requests, expected):
-        assert [t for r in request.log for t in r["tokens"]] == tokens
+        assert [t for r in request.log for t in r.tokens] == tokens
 
 
 @pytest.fixture
@@ -138,7 +138,7 @@ def test_paused_rows_decode_pipelined_and_resume_speculating(queued_ahead):
     kinds = [s.kind for s in gen.batch_log]
     assert kinds.count("verify") >= 4  # pauses of 1, 2, 4, 8 ... steps, each followed by a verification
     assert queued_ahead.count(1) >= 10  # steps of the pauses queued before the step before them was read
-    paused = [r for request in gen.requests for r in request.log.records if r["kind"] == "plain" and r["paused"]]
+    paused = [r for request in gen.requests for r in request.log.records if r.kind == "plain" and r.paused]
     assert len(paused) >= 3 * 10
 
 
@@ -177,8 +177,8 @@ def test_steps_where_no_row_drafts_are_pipelined(queued_ahead):
     # about every second step queued before the one before it was read; before, none was
     assert queued_ahead.count(1) >= len(gen.batch_log) // 3
     for request in gen.requests:
-        decoded = [r for r in request.log.records if r["kind"] == "plain"]
-        assert all(r["k_requested"] == 3 for r in decoded)  # each step logged with the draft it asked for
+        decoded = [r for r in request.log.records if r.kind == "plain"]
+        assert all(r.k_requested == 3 for r in decoded)  # each step logged with the draft it asked for
 
 
 def test_min_tokens_and_eos_per_request():
@@ -256,7 +256,7 @@ def test_hybrid_batched_speculative_greedy_equals_single_plain():
     drafters = [ScriptedDrafter(truth[r], len(p), 101, cycling(r, k)) for r, p in enumerate(prompts)]
     gen = BatchGeneration(model, prompts, GenerateOptions(max_tokens=n), drafters, DraftPolicy.fixed(k), max_batch=4)
     assert gen.run() == truth  # the fifth request joins when a slot frees
-    assert sorted(r.log.records[1]["accepted"] for r in gen.requests[:4]) == list(range(k + 1))
+    assert sorted(r.log.records[1].accepted for r in gen.requests[:4]) == list(range(k + 1))
     assert generate_batch(model, prompts, GenerateOptions(max_tokens=n), max_batch=2).run() == truth
     profile = measure_batch_profile(model, (1, 2), widths=3, offset=6, repeats=1, warmup=0)
     assert profile.batch_sizes == [1, 2] and all(np.isfinite(c).all() for c in profile.costs.values())

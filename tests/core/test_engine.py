@@ -8,7 +8,16 @@ import mlx.core as mx
 import pytest
 from conftest import ScriptedDrafter, build_tiny, plain_greedy
 
-from specbench import DraftPolicy, GenerateOptions, Generation, PromptLookup, StepLog, generate, speculative_generate
+from specbench import (
+    DraftPolicy,
+    GenerateOptions,
+    Generation,
+    PromptLookup,
+    StepLog,
+    StepRecord,
+    generate,
+    speculative_generate,
+)
 from specbench.core.draft import Draft
 from specbench.cost import Profile
 
@@ -40,16 +49,16 @@ def test_every_acceptance_count(tiny_model, k):
         tiny_model, PROMPT, GenerateOptions(max_tokens=N, verify="fast"), drafter=drafter, policy=DraftPolicy.fixed(k)
     )
     assert list(gen) == ref
-    verifies = [r for r in gen.log if r["kind"] == "verify"]
-    seen = {r["accepted"] for r in verifies if r["k_drafted"] == k}
+    verifies = [r for r in gen.log if r.kind == "verify"]
+    seen = {r.accepted for r in verifies if r.k_drafted == k}
     assert seen == set(range(k + 1))
     for r in verifies:
-        assert r["accepted_positions"] == list(range(r["accepted"]))
-        assert r["emitted"] == r["accepted"] + 1 or gen.log.records[-1] is r
-        assert r["verify_width"] == r["k_drafted"] + 1
+        assert r.accepted_positions == list(range(r.accepted))
+        assert r.emitted == r.accepted + 1 or gen.log.records[-1] is r
+        assert r.verify_width == r.k_drafted + 1
     stats = gen.stats()
     assert stats["tokens"] == N
-    assert stats["accepted"] == sum(r["accepted"] for r in verifies)
+    assert stats["accepted"] == sum(r.accepted for r in verifies)
     # The cache holds exactly prompt + emitted tokens but the last (pending) one.
     assert gen.cache[0].offset >= len(PROMPT) + N - 1
 
@@ -65,7 +74,7 @@ def test_cache_rolled_back_exactly():
         pass
     last = gen.log.records[-1]
     # After each step the cache holds every token but the newest.
-    if last["kind"] == "verify":
+    if last.kind == "verify":
         assert gen.cache[0].offset == len(PROMPT) + len(gen.tokens) - 1
 
 
@@ -78,7 +87,7 @@ def test_full_drafts_and_drafts_past_max_tokens():
     )
     assert list(gen) == ref
     assert gen.finish_reason() == "length"
-    assert all(r["k_drafted"] <= 23 - r["position"] - 1 for r in gen.log if r["kind"] == "verify")
+    assert all(r.k_drafted <= 23 - r.position - 1 for r in gen.log if r.kind == "verify")
 
 
 def test_stop_token_inside_accepted_draft():
@@ -129,7 +138,7 @@ def test_adaptive_pauses_after_full_rejection():
         model, PROMPT, GenerateOptions(max_tokens=60), drafter=drafter, policy=DraftPolicy.adaptive(3)
     )
     assert list(gen) == ref
-    kinds = [("V" if r["kind"] == "verify" else "p" if r["paused"] else ".") for r in gen.log.records[1:]]
+    kinds = [("V" if r.kind == "verify" else "p" if r.paused else ".") for r in gen.log.records[1:]]
     # pauses of 1, 2, 4, 8, 16 steps after consecutive fully rejected drafts
     runs, count = [], 0
     for kind in kinds:
@@ -150,11 +159,11 @@ def test_auto_kill_switch_pauses_64_tokens():
     )
     assert list(gen) == ref
     records = gen.log.records[1:]
-    assert [r["kind"] for r in records[:16]] == ["verify"] * 16
-    assert all(r["paused"] for r in records[16 : 16 + 64])
+    assert [r.kind for r in records[:16]] == ["verify"] * 16
+    assert all(r.paused for r in records[16 : 16 + 64])
     # the step the pause queued past its end is decoded on the way to the next verification, not paused
-    assert records[80]["kind"] == "plain" and not records[80]["paused"] and records[80]["k_requested"] > 0
-    assert [r["kind"] for r in records[81:97]] == ["verify"] * 16
+    assert records[80].kind == "plain" and not records[80].paused and records[80].k_requested > 0
+    assert [r.kind for r in records[81:97]] == ["verify"] * 16
     # prefill 1 + 16 verifies + 64 paused + 1 + 16 verifies = 98 tokens; the kill switch fires again.
     assert gen.stats()["pauses"] == 64 + 2
 
@@ -169,8 +178,29 @@ def test_log_roundtrip(tmp_path):
     assert df.height == len(gen.log) and {"step", "kind", "accepted", "draft_s", "verify_s"} <= set(df.columns)
     path = gen.log.save(tmp_path / "log.parquet")
     back = StepLog.load(path)
-    assert back.to_polars()["accepted"].to_list() == df["accepted"].to_list()
+    assert back.to_polars().equals(df) and back.rows() == gen.log.rows()
+    assert all(isinstance(r, StepRecord) for r in back) and back.records[1].kind == gen.log.records[1].kind
     assert back.stats()["tokens"] == 20
+
+
+def test_labelled_records_keep_their_columns_through_a_stored_log(tmp_path):
+    """A log of many generations: each record's labels are columns after its own, read back as labels."""
+    model = build_tiny("llama")
+    log = StepLog()
+    for request in range(2):
+        gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=8), PromptLookup(), DraftPolicy.fixed(3))
+        list(gen)
+        for record in gen.log:
+            log.append(record.labelled(request=request, method="lookup"))
+    frame = log.to_polars()
+    assert frame.columns[-2:] == ["request", "method"] and "extra" not in frame.columns
+    back = StepLog.load(log.save(tmp_path / "steps.parquet"))
+    assert back.to_polars().equals(frame)
+    assert [r.labels for r in back] == [r.labels for r in log] and back.records[-1].labels["request"] == 1
+    with pytest.raises(ValueError, match="kind"):
+        log.records[0].labelled(kind="other")
+    with pytest.raises(TypeError, match="StepRecord"):
+        log.append({"step": 0, "kind": "plain"})
 
 
 @pytest.mark.parametrize(
@@ -279,12 +309,12 @@ def test_expert_counts_in_the_log():
     )
     assert list(gen) == ref
     for r in gen.log:
-        counts = r["extra"]["experts"]
+        counts = r.extra["experts"]
         assert len(counts) == 2
         # top-2 of 8 experts: a 1-row step touches exactly 2, a width-w verify 2..min(8, 2w)
-        width = r["verify_width"] if r["kind"] != "prefill" else len(PROMPT)
+        width = r.verify_width if r.kind != "prefill" else len(PROMPT)
         assert all(min(2, 8) <= c <= min(8, 2 * width) for c in counts)
-    assert any(max(r["extra"]["experts"]) > 2 for r in gen.log if r["kind"] == "verify")
+    assert any(max(r.extra["experts"]) > 2 for r in gen.log if r.kind == "verify")
     off = speculative_generate(
         model,
         PROMPT,
@@ -293,7 +323,7 @@ def test_expert_counts_in_the_log():
         policy=DraftPolicy.fixed(2),
     )
     list(off)
-    assert all(not r["extra"] for r in off.log)
+    assert all(not r.extra for r in off.log)
 
 
 def test_prompt_cache_holding_a_prefix_is_extended():
@@ -339,7 +369,7 @@ def test_observe_seconds_are_the_drafters_own():
     assert plain.stats()["observe_s"] == 0.0
     gen = speculative_generate(model, prompt, options, drafter=SlowObserver(), policy=DraftPolicy.fixed(2))
     list(gen)
-    calls = sum(1 for r in gen.log.records if r["emitted"])
+    calls = sum(1 for r in gen.log.records if r.emitted)
     assert gen.stats()["observe_s"] >= 0.002 * calls
 
 
@@ -393,16 +423,12 @@ def test_pauses_keep_the_plain_pipeline_full(watch):
     )
     assert list(gen) == ref
     records = gen.log.records
-    ends = [
-        r["position"]
-        for r, after in zip(records, records[1:])
-        if r["kind"] == "plain" and r["paused"] and not after["paused"]
-    ]
+    ends = [r.position for r, after in zip(records, records[1:]) if r.kind == "plain" and r.paused and not after.paused]
     assert len(ends) >= 4  # pauses of 1, 2, 4, 8 ... steps, each followed by a speculative step
     assert all(watch.ahead_at[p] >= p + 1 for p in ends)
     for r, after in zip(records, records[1:]):
-        if r["position"] in ends:  # the queued step's token, logged on the way to the verification
-            assert after["kind"] == "plain" and not after["paused"] and after["k_requested"] == 3
+        if r.position in ends:  # the queued step's token, logged on the way to the verification
+            assert after.kind == "plain" and not after.paused and after.k_requested == 3
 
 
 def test_a_draft_that_does_not_come_keeps_the_plain_pipeline_full(watch):
@@ -422,7 +448,7 @@ def test_a_draft_that_does_not_come_keeps_the_plain_pipeline_full(watch):
         model, PROMPT, GenerateOptions(max_tokens=40), drafter=drafter, policy=DraftPolicy.fixed(2)
     )
     assert list(gen) == ref
-    undrafted = [r["position"] for r in gen.log.records if r["kind"] == "plain" and r["k_requested"] and r["draft_s"]]
+    undrafted = [r.position for r in gen.log.records if r.kind == "plain" and r.k_requested and r.draft_s]
     assert len(undrafted) >= 5
     assert all(watch.ahead_at[p] >= p + 1 for p in undrafted if p < 39)  # the next step was queued before p was read
 
@@ -442,8 +468,8 @@ def test_a_rejected_probe_leaves_the_next_plain_step_queued(watch, verify):
         model, PROMPT, GenerateOptions(max_tokens=80, verify=verify), drafter=drafter, policy=policy
     )
     assert list(gen) == ref
-    probes = [r["position"] for r in gen.log.records if r["kind"] == "verify"]
-    assert len(probes) >= 1 and all(r["accepted"] == 0 for r in gen.log.records if r["kind"] == "verify")
+    probes = [r.position for r in gen.log.records if r.kind == "verify"]
+    assert len(probes) >= 1 and all(r.accepted == 0 for r in gen.log.records if r.kind == "verify")
     assert all(watch.ahead_at[p] >= p + 1 for p in probes)  # queued before the verification's token was read
 
 
@@ -472,7 +498,7 @@ def test_a_probe_accepted_after_all_drops_the_step_it_queued(monkeypatch, verify
     )
     assert list(gen) == ref
     assert outcomes and all(outcomes)
-    assert all(r["accepted"] >= 1 for r in gen.log.records if r["kind"] == "verify")
+    assert all(r.accepted >= 1 for r in gen.log.records if r.kind == "verify")
 
 
 @pytest.mark.parametrize("verify", ["exact", "fast"])

@@ -32,7 +32,7 @@ def test_every_acceptance_count_equals_plain(hybrid, k):
         model, PROMPT, GenerateOptions(max_tokens=N, verify="fast"), drafter=drafter, policy=DraftPolicy.fixed(k)
     )
     assert list(gen) == ref
-    seen = {r["accepted"] for r in gen.log if r["kind"] == "verify" and r["k_drafted"] == k}
+    seen = {r.accepted for r in gen.log if r.kind == "verify" and r.k_drafted == k}
     assert seen == set(range(k + 1))
 
 

@@ -7,18 +7,18 @@ import itertools
 import pytest
 
 from specbench.core.draft import Draft, Drafter
-from specbench.core.log import StepLog
+from specbench.core.log import StepLog, StepRecord
 from specbench.core.peer_policies import ConfidencePolicy, OllamaControllerPolicy, SglangEmaPolicy, VllmTablePolicy
 from specbench.core.policies import DraftPolicy, Plain, Speculate
 from specbench.simulate.simulate import Recorded, simulate
 
 
-def _verify(k: int, accepted: int) -> dict:
-    return {"kind": "verify", "k_drafted": k, "accepted": accepted, "draft_s": 0.0, "verify_s": 0.0, "paused": False}
+def _verify(k: int, accepted: int) -> StepRecord:
+    return StepRecord(step=0, position=0, kind="verify", k_drafted=k, accepted=accepted)
 
 
-def _plain(paused: bool = True) -> dict:
-    return {"kind": "plain", "k_drafted": 0, "accepted": 0, "draft_s": 0.0, "verify_s": 0.0, "paused": paused}
+def _plain(paused: bool = True) -> StepRecord:
+    return StepRecord(step=0, position=0, kind="plain", paused=paused)
 
 
 def test_vllm_table_looks_up_the_batch_size_with_gaps_inheriting_and_k_clamped():
@@ -134,9 +134,9 @@ def test_confidence_threshold_cuts_the_draft_where_the_drafter_doubts():
     request = Recorded(prompt, output, "length")
     drafter = _Confident(output, len(prompt), [0.95, 0.9, 0.4, 0.99, 0.99, 0.99])
     log = simulate([request], drafter, DraftPolicy.parse("confidence:0.5:6"))
-    verifies = [r for r in log.records if r["kind"] == "verify"]
-    assert verifies and {r["k_drafted"] for r in verifies[:-1]} == {2}
-    assert all(r["accepted"] == r["k_drafted"] for r in verifies)
+    verifies = [r for r in log.records if r.kind == "verify"]
+    assert verifies and {r.k_drafted for r in verifies[:-1]} == {2}
+    assert all(r.accepted == r.k_drafted for r in verifies)
     whole = simulate([request], drafter, DraftPolicy.confidence(0.3, 6))
-    assert max(r["k_drafted"] for r in whole.records if r["kind"] == "verify") == 6
+    assert max(r.k_drafted for r in whole.records if r.kind == "verify") == 6
     assert isinstance(DraftPolicy.parse("confidence"), ConfidencePolicy)

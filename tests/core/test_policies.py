@@ -67,7 +67,7 @@ def run(
                 done += 1
         else:
             k = decision.k
-            if settle and log.records[-1]["kind"] == "plain" and tokens - done > 1:
+            if settle and log.records[-1].kind == "plain" and tokens - done > 1:
                 clock.now += plain_s
                 record = StepRecord(step=len(log), position=done, kind="plain", emitted=1, verify_s=plain_s)
                 record.tokens, record.k_requested = [done], k
@@ -88,7 +88,7 @@ def run(
 
 
 def kinds(log: StepLog) -> list[str]:
-    return [r["kind"] for r in log.records[1:]]
+    return [r.kind for r in log.records[1:]]
 
 
 def prior(k: int) -> float:
@@ -113,13 +113,13 @@ def always(p: int) -> bool:
 
 def probes(log: StepLog) -> list[list[dict]]:
     """The verified probes: each maximal run of verifications after plain steps."""
-    runs = itertools.groupby(log.records[1:], key=lambda r: r["kind"])
+    runs = itertools.groupby(log.records[1:], key=lambda r: r.kind)
     return [list(group) for kind, group in runs if kind == "verify"]
 
 
 def loss_in_plain_steps(log: StepLog, clock: FakeClock, plain_s: float) -> float:
     """Seconds beyond plain decoding of the same tokens, in plain steps."""
-    decoded = sum(r["emitted"] for r in log.records[1:])
+    decoded = sum(r.emitted for r in log.records[1:])
     return (clock.now - 0.1 - decoded * plain_s) / plain_s
 
 
@@ -133,11 +133,11 @@ def test_a_failed_probe_costs_one_verification_at_the_cheapest_length():
     log = run(policy, clock, 3000, 0.004, lambda k: 0.004 * curve(k), never, curve, draft_s=1e-5)
     found = probes(log)
     assert [len(p) for p in found] == [1] * len(found)  # the kill switch acts after one losing verification
-    assert all(r["k_drafted"] == policy.costs.lengths[0] == 1 for p in found for r in p)
+    assert all(r.k_drafted == policy.costs.lengths[0] == 1 for p in found for r in p)
     assert 1 <= len(found) <= 8  # shadow drafts keep it from probing while they see nothing accepted
     loss = loss_in_plain_steps(log, clock, 0.004)
     # each probe: its verification (1.4 steps for 1 token: 0.4 lost); each draft, verified or not: 2.5e-3 steps
-    shadows = sum(1 for r in log.records if r["kind"] == "plain" and r["draft_tokens"])
+    shadows = sum(1 for r in log.records if r.kind == "plain" and r.draft_tokens)
     assert shadows >= 3000 // policy.pause  # one per plain stretch
     assert loss == pytest.approx(len(found) * (curve(1) - 1) + (len(found) + shadows) * 1e-5 / 0.004)
     assert loss / 3000 < 0.002
@@ -207,9 +207,9 @@ def test_auto_probes_speculation_again_after_the_pause():
     policy = DraftPolicy.auto(clock=clock, pause_tokens=16, max_pause_tokens=64)
     # Drafts are wrong for the first 300 tokens, then the workload turns repetitive.
     log = run(policy, clock, 900, 0.004, lambda k: 0.004 * prior(k), lambda p: p >= 300)
-    first = [r for r in log.records if r["kind"] == "verify" and r["position"] >= 300][0]["position"]
+    first = [r for r in log.records if r.kind == "verify" and r.position >= 300][0].position
     assert first < 300 + 64 + 16  # shadow drafts see the change within a pause
-    assert sum(1 for r in log.records if r["kind"] == "verify" and r["position"] < 300) <= 8
+    assert sum(1 for r in log.records if r.kind == "verify" and r.position < 300) <= 8
     tail = kinds(log)[-40:]
     assert tail.count("verify") == len(tail)  # it speculates again once that pays
     assert policy.pause == 16  # a window that paid resets the pause
@@ -222,7 +222,7 @@ def test_failed_verified_probes_double_the_pause():
     log = run(policy, clock, 400, 0.004, lambda k: 0.004 * prior(k), never)
     pauses = [len(list(g)) for kind, g in itertools.groupby(kinds(log)) if kind == "plain"]
     assert pauses[:5] == [8, 16, 32, 64, 64]
-    assert all(len(p) <= 3 and p[0]["k_drafted"] == 1 for p in probes(log))
+    assert all(len(p) <= 3 and p[0].k_drafted == 1 for p in probes(log))
 
 
 def test_auto_takes_a_wider_draft_that_costs_less_on_the_envelope():
@@ -236,7 +236,7 @@ def test_auto_takes_a_wider_draft_that_costs_less_on_the_envelope():
     clock = FakeClock()
     policy = DraftPolicy.auto(clock=clock)
     log = run(policy, clock, 200, 0.004, lambda k: 0.003 * curve[k], always, break_even=curve.__getitem__)
-    ks = [r["k_requested"] for r in log if r["kind"] == "verify"]
+    ks = [r.k_requested for r in log if r.kind == "verify"]
     assert set(ks) <= {1, 2, 3, 8} and policy.k == 8
     # where every wider draft costs more the preferred length stays
     policy = DraftPolicy.auto(measured=False)
@@ -254,12 +254,12 @@ def test_drafts_lengthen_only_as_whole_drafts_are_accepted():
     # without shadow drafts the first verification is the cheapest length, then lengths double
     policy = DraftPolicy.auto(clock=clock, shadow=False)
     log = run(policy, clock, 200, 0.004, lambda k: 0.003 * curve[k], always, break_even=curve.__getitem__)
-    ks = [r["k_requested"] for r in log if r["kind"] == "verify"]
+    ks = [r.k_requested for r in log if r.kind == "verify"]
     assert ks[:3] == [1, 2, 4] and ks[3] > 4 and policy.k == 8
     # an unverified draft accepted whole counts too: the first verification is already long
     policy = DraftPolicy.auto(clock=clock)
     log = run(policy, clock, 200, 0.004, lambda k: 0.003 * curve[k], always, break_even=curve.__getitem__)
-    assert policy.evidence.shadows == 1 and [r["k_requested"] for r in log if r["kind"] == "verify"][0] >= 7
+    assert policy.evidence.shadows == 1 and [r.k_requested for r in log if r.kind == "verify"][0] >= 7
     # every other position wrong: short drafts
     policy = DraftPolicy.auto(clock=clock)
     run(policy, clock, 200, 0.004, lambda k: 0.003 * curve[k], lambda p: p % 2 == 0, break_even=curve.__getitem__)
@@ -279,7 +279,7 @@ def test_a_drafter_that_costs_shadows_only_what_a_probe_would_draft():
     costly.start(Costly(), curve.__getitem__)
     assert free.decide(StepLog(), Drafter()).shadow == 8
     # the first stretch's unverified draft of 1 token is accepted whole: the next one may be twice as long
-    log = StepLog([StepRecord(step=0, position=0, kind="prefill", emitted=1, verify_s=0.1).__dict__])
+    log = StepLog([StepRecord(step=0, position=0, kind="prefill", emitted=1, verify_s=0.1)])
     first = costly.decide(log, Costly())
     assert isinstance(first, Plain) and first.shadow == costly.costs.lengths[0] == 1
     for i in range(first.n):
@@ -353,13 +353,13 @@ def test_always_wrong_drafter_drives_auto_to_plain_and_output_stays_exact():
     )
     assert list(gen) == truth
     records = gen.log.records
-    verifies = [r for r in records if r["kind"] == "verify"]
-    paused = [r for r in records if r["kind"] == "plain" and r["paused"]]
-    shadowed = [r for r in paused if r["draft_tokens"]]
+    verifies = [r for r in records if r.kind == "verify"]
+    paused = [r for r in records if r.kind == "plain" and r.paused]
+    shadowed = [r for r in paused if r.draft_tokens]
     assert policy.pauses >= 1 and len(paused) > 100
     # probes stay at the cheapest length (how many verifications a probe takes depends on this CPU's timings)
-    assert len(verifies) <= 24 and all(r["k_drafted"] == 1 for r in verifies)
-    assert len(shadowed) >= policy.evidence.shadows >= 2 and all(r["draft_s"] > 0 for r in shadowed)
+    assert len(verifies) <= 24 and all(r.k_drafted == 1 for r in verifies)
+    assert len(shadowed) >= policy.evidence.shadows >= 2 and all(r.draft_s > 0 for r in shadowed)
 
 
 @pytest.mark.parametrize(("tree_depth", "rejected"), [(3, 0), (0, 1)])
@@ -391,7 +391,7 @@ def test_the_plain_step_taken_on_the_way_to_a_draft_is_not_counted_as_speculatio
         clock = FakeClock()
         policy = DraftPolicy.auto(clock=clock, pause_tokens=16)
         log = run(policy, clock, 600, 0.004, lambda k: 0.004 * 2.5 * prior(k), right, settle=settle)
-        decisions.append(sum(1 for r in log.records if r["kind"] == "verify"))
+        decisions.append(sum(1 for r in log.records if r.kind == "verify"))
     assert abs(decisions[1] - decisions[0]) <= max(2, decisions[0] // 5)
 
 

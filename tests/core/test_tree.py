@@ -63,14 +63,14 @@ def test_tree_greedy_equals_plain_greedy(arch):
     drafter = BranchingDrafter(truth, 97)
     gen = Generation(model, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(BRANCHES * (DEPTH + 1)))
     assert list(gen) == truth
-    verifies = [r for r in gen.log if r["kind"] == "verify"]
-    assert verifies[0]["tree_nodes"] == BRANCHES * (DEPTH + 1) and verifies[0]["tree_depth"] == DEPTH
+    verifies = [r for r in gen.log if r.kind == "verify"]
+    assert verifies[0].tree_nodes == BRANCHES * (DEPTH + 1) and verifies[0].tree_depth == DEPTH
     # Near the end the policy asks for fewer nodes: a tree cut to a path is verified as a path.
-    assert all(r["tree_nodes"] == r["k_drafted"] == len(r["draft_parents"]) for r in verifies if r["tree_nodes"])
+    assert all(r.tree_nodes == r.k_drafted == len(r.draft_parents) for r in verifies if r.tree_nodes)
     ends = set()
-    for r in (r for r in verifies if r["tree_nodes"]):
-        path = r["accepted_path"]
-        assert r["accepted"] == len(path) and r["accepted_positions"] == list(range(len(path)))
+    for r in (r for r in verifies if r.tree_nodes):
+        path = r.accepted_path
+        assert r.accepted == len(path) and r.accepted_positions == list(range(len(path)))
         ends.add((path[0] // (DEPTH + 1) if path else None, len(path)))
     every = {(None, 0)} | {(b, d) for b in range(BRANCHES) for d in range(1, DEPTH + 1)}
     assert every <= ends
@@ -91,7 +91,7 @@ def test_exact_tree_verification_equals_plain_greedy():
         verifier=ExactVerifier(model, level="attention"),
     )
     assert list(gen) == truth
-    assert any(r["accepted_path"] and r["accepted_path"][0] > 0 for r in gen.log if r["kind"] == "verify")
+    assert any(r.accepted_path and r.accepted_path[0] > 0 for r in gen.log if r.kind == "verify")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])

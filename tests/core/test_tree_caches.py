@@ -84,7 +84,7 @@ def test_quantized_kv_tree_decoding_equals_serial_quantized_decoding(fresh_calib
         prompt_cache=quantized_cache(model, 4),
     )
     assert list(gen) == plain
-    assert max(r["accepted"] for r in gen.log if r["kind"] == "verify") >= 2
+    assert max(r.accepted for r in gen.log if r.kind == "verify") >= 2
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])

@@ -111,7 +111,7 @@ def test_a_generation_follows_the_length_of_its_prompt():
             model, prompt, options, drafter=PromptLookup(), policy=policy, profile=profile, progress=None
         )
         list(gen)
-        verifies[prompt_len] = sum(r["kind"] == "verify" for r in gen.log)
+        verifies[prompt_len] = sum(r.kind == "verify" for r in gen.log)
     assert verifies[24] > 0 and verifies[600] == 0
 
 

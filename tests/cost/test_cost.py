@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 import specbench.cost as cost
-from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
+from specbench import DraftPolicy, GenerateOptions, StepRecord, generate, speculative_generate
 from specbench.cli import main
 from specbench.common import identity
 from specbench.common.files import DamagedFileWarning
@@ -294,9 +294,9 @@ def test_oracle_greedy_output_and_acceptance(dense, a):
         policy=DraftPolicy.fixed(3),
     )
     assert list(gen) == plain and drafter.diverged_at is None
-    verifies = [r for r in gen.log if r["kind"] == "verify"]
-    accepted = sum(r["accepted"] for r in verifies)
-    rejected = sum(r["accepted"] < r["k_drafted"] for r in verifies)
+    verifies = [r for r in gen.log if r.kind == "verify"]
+    accepted = sum(r.accepted for r in verifies)
+    rejected = sum(r.accepted < r.k_drafted for r in verifies)
     if a == 1.0:
         assert rejected == 0
     elif a == 0.0:
@@ -312,7 +312,7 @@ def test_oracle_greedy_output_and_acceptance(dense, a):
         policy=DraftPolicy.fixed(3),
     )
     list(again)
-    assert [r["draft_tokens"] for r in again.log] == [r["draft_tokens"] for r in gen.log]
+    assert [r.draft_tokens for r in again.log] == [r.draft_tokens for r in gen.log]
 
 
 def test_oracle_follows_a_diverged_output(dense):
@@ -373,10 +373,10 @@ def test_speedup_grid_rows(dense):
 
 def test_predicted_speedup_for_the_steps_a_run_took():
     records = [
-        {"kind": "prefill", "position": 0, "emitted": 1, "verify_width": 10, "k_drafted": 0},
-        {"kind": "verify", "position": 1, "emitted": 3, "accepted": 2, "verify_width": 3, "k_drafted": 2},
-        {"kind": "verify", "position": 4, "emitted": 1, "accepted": 0, "verify_width": 3, "k_drafted": 2},
-        {"kind": "plain", "position": 5, "emitted": 1, "verify_width": 1, "k_drafted": 0},
+        StepRecord(0, 0, "prefill", emitted=1, verify_width=10, k_drafted=0),
+        StepRecord(1, 1, "verify", emitted=3, accepted=2, verify_width=3, k_drafted=2),
+        StepRecord(2, 4, "verify", emitted=1, accepted=0, verify_width=3, k_drafted=2),
+        StepRecord(3, 5, "plain", emitted=1, verify_width=1, k_drafted=0),
     ]
     # a_1 = 1/2, a_2 = 1: E(2) = 2 per verification, as emitted on average
     profile = make_profile([1.0, 1.2, 1.5])

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import polars as pl
 import pytest
 
 import specbench.cost as cost
 from specbench.bench.predictions import drafting_cost, prediction_error, prediction_lines, with_predictions
+from specbench.core.log import StepLog, StepRecord
 from specbench.cost.predict import acceptance_per_position, mean_absolute_error, predicted_speedup, residual
 
 COSTS = [1.2, 1.4, 1.6, 1.8, 2.0]
@@ -29,20 +32,20 @@ def profile(costs=COSTS, overhead=0.0, lengths=None, offset=64) -> cost.Profile:
     )
 
 
-def verify(position: int, k: int, accepted: int, **extra) -> dict:
-    return {
-        "kind": "verify",
-        "position": position,
-        "k_drafted": k,
-        "accepted": accepted,
-        "emitted": accepted + 1,
-        "verify_width": k + 1,
-        "draft_s": 0.0,
+def verify(position: int, k: int, accepted: int, **extra) -> StepRecord:
+    return StepRecord(
+        step=0,
+        position=position,
+        kind="verify",
+        k_drafted=k,
+        accepted=accepted,
+        emitted=accepted + 1,
+        verify_width=k + 1,
         **extra,
-    }
+    )
 
 
-PREFILL = {"kind": "prefill", "position": 0, "emitted": 1, "verify_width": 10, "draft_s": 0.0}
+PREFILL = StepRecord(step=0, position=0, kind="prefill", emitted=1, verify_width=10)
 
 
 def test_acceptance_per_position_is_conditional_on_reaching_the_position():
@@ -59,7 +62,7 @@ def test_a_fixed_length_run_is_predicted_as_expected_tokens_over_its_step_cost()
     expected = cost.expected_tokens(a, 4) / (COSTS[4] + 0.3 + 4 * d)
     assert predicted_speedup(records, profile(overhead=0.3), d) == pytest.approx(expected)
     # E(k) at the run's per-position acceptance is its mean tokens per verification
-    assert cost.expected_tokens(a, 4) == pytest.approx(sum(r["emitted"] for r in records[1:]) / 5)
+    assert cost.expected_tokens(a, 4) == pytest.approx(sum(r.emitted for r in records[1:]) / 5)
 
 
 def test_each_step_is_priced_at_the_context_length_it_ran_at():
@@ -73,7 +76,7 @@ def test_each_step_is_priced_at_the_context_length_it_ran_at():
 
 
 def test_plain_steps_cost_one_and_unverified_drafts_cost_d():
-    records = [PREFILL, {"kind": "plain", "position": 0, "emitted": 1, "draft_tokens": [1, 2], "draft_s": 0.0}]
+    records = [PREFILL, StepRecord(step=1, position=0, kind="plain", emitted=1, draft_tokens=[1, 2])]
     assert predicted_speedup(records, profile(), d=0.25) == pytest.approx(1 / 1.5)
     assert predicted_speedup([PREFILL], profile()) == 0.0
 
@@ -85,9 +88,11 @@ def test_residuals_and_their_mean():
 
 
 def test_sweep_runs_gain_predictions_residuals_and_a_mean_error():
-    steps = [dict(PREFILL, run=1, step=0)] + [dict(verify(i, 2, 1, draft_s=0.002), run=1, step=i + 1) for i in range(4)]
-    steps += [dict(PREFILL, run=0, step=0)]
-    frame = pl.DataFrame(steps, infer_schema_length=None)
+    steps = [PREFILL.labelled(run=1)] + [
+        replace(verify(i, 2, 1, draft_s=0.002), step=i + 1).labelled(run=1) for i in range(4)
+    ]
+    steps += [PREFILL.labelled(run=0)]
+    frame = StepLog(steps).to_polars()
     runs = pl.DataFrame(
         {
             "run": [0, 1],
@@ -102,7 +107,7 @@ def test_sweep_runs_gain_predictions_residuals_and_a_mean_error():
         }
     )
     out = with_predictions(runs, frame, profile())
-    d = drafting_cost(frame.filter(pl.col("run") == 1).to_dicts(), 0.01)
+    d = drafting_cost(StepLog.from_rows(frame.filter(pl.col("run") == 1).to_dicts()).records, 0.01)
     assert d == pytest.approx(0.002 / 2 / 0.01)
     expected = 2.0 / (COSTS[2] + 2 * d)
     assert out["predicted_speedup"][0] is None

@@ -60,7 +60,7 @@ def _samples(target, drafter_factory, n: int, seed: int, temperature: float = 1.
         sequences.append(list(gen))
         stats = gen.stats()
         drafted, accepted = drafted + stats["drafted"], accepted + stats["accepted"]
-        probs_seen += sum(1 for r in gen.log if r["kind"] == "verify" and 0 < min(r["accept_probs"] or [1]) < 1)
+        probs_seen += sum(1 for r in gen.log if r.kind == "verify" and 0 < min(r.accept_probs or [1]) < 1)
     return sequences, drafted, accepted, probs_seen
 
 

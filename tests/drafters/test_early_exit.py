@@ -47,7 +47,7 @@ def test_sampling_is_lossless_with_its_q():
         )
         spec.append(list(gen))
         accepted += gen.stats()["accepted"]
-        assert all(r["accept_probs"] for r in gen.log if r["kind"] == "verify")
+        assert all(r.accept_probs for r in gen.log if r.kind == "verify")
     _, p, _ = histogram_test(plain, spec, permutations=400)
     verdict, reason = lossless_verdict(p, accepted, well_filled_share(plain, spec))
     assert verdict == "pass", reason

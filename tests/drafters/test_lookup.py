@@ -34,4 +34,4 @@ def test_lookup_tree_decoding_equals_plain_greedy():
     plain = list(generate(model, prompt, options))
     gen = Generation(model, prompt, options, drafter=PromptLookup(tree=True), policy=DraftPolicy.fixed(6))
     assert list(gen) == plain
-    assert any(r["tree_nodes"] for r in gen.log)
+    assert any(r.tree_nodes for r in gen.log)

@@ -28,10 +28,10 @@ def test_mtp_tree_decoding_equals_plain_greedy():
     drafter = MtpHead(model, tree_width=3)
     gen = Generation(model, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(6))
     assert list(gen) == plain
-    trees = [r for r in gen.log if r["tree_nodes"]]
-    assert trees[0]["tree_nodes"] == 6 and trees[0]["tree_depth"] == 2
+    trees = [r for r in gen.log if r.tree_nodes]
+    assert trees[0].tree_nodes == 6 and trees[0].tree_depth == 2
     # The chain's token is each depth's last node: the runners-up before it share its parent.
-    assert trees[0]["draft_parents"] == [-1, -1, -1, 2, 2, 2]
+    assert trees[0].draft_parents == [-1, -1, -1, 2, 2, 2]
     with pytest.raises(ValueError, match="greedily"):
         MtpHead(model, temperature=0.7, tree_width=2)
 
@@ -53,9 +53,9 @@ def test_dynamic_mtp_tree_decoding_equals_plain_greedy(arch):
     drafter = MtpHead(model, top_k=3, tree_depth=4)
     gen = Generation(model, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(8))
     assert list(gen) == plain
-    trees = [r for r in gen.log if r["kind"] == "verify" and r["tree_nodes"]]
-    assert trees and all(r["tree_nodes"] <= 8 for r in trees)
-    assert max(r["tree_depth"] for r in trees) > 1  # the dynamic tree grows past the first level
+    trees = [r for r in gen.log if r.kind == "verify" and r.tree_nodes]
+    assert trees and all(r.tree_nodes <= 8 for r in trees)
+    assert max(r.tree_depth for r in trees) > 1  # the dynamic tree grows past the first level
 
 
 def _draft(model, drafter: MtpHead, k: int):

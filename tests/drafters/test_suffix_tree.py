@@ -133,5 +133,5 @@ def test_tree_decoding_equals_plain_and_the_simulator_agrees_step_by_step():
     assert list(real) == recorded.output
     simulated = simulate([recorded], SuffixDecoding(tree=True, **settings), DraftPolicy.fixed(8), options)
     keys = ("kind", "accepted", "emitted", "tree_nodes", "accepted_path", "tokens", "draft_parents")
-    assert [[r[k] for k in keys] for r in simulated] == [[r[k] for k in keys] for r in real.log]
-    assert any(r["tree_nodes"] > 0 for r in real.log)
+    assert [[getattr(r, k) for k in keys] for r in simulated] == [[getattr(r, k) for k in keys] for r in real.log]
+    assert any(r.tree_nodes > 0 for r in real.log)

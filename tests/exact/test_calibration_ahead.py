@@ -51,7 +51,7 @@ def test_exact_generation_calibrates_every_width_before_the_first_token(counted,
     before = len(counted)
     assert list(gen) == ref
     assert len(counted) == before  # nothing calibrated inside the timed generation
-    assert {r["verify_width"] for r in gen.log if r["kind"] == "verify"} <= set(range(2, 10))
+    assert {r.verify_width for r in gen.log if r.kind == "verify"} <= set(range(2, 10))
     # a second generation of the same model finds every width calibrated and says nothing
     said.clear()
     speculative_generate(

@@ -148,7 +148,7 @@ def test_exact_generation_runs_the_calibrated_compiled_chunks(monkeypatch):
         model, prompt, GenerateOptions(max_tokens=16), drafter=drafter, policy=DraftPolicy.fixed(3)
     )
     assert list(gen) == truth
-    assert any(r["verify_width"] > 2 for r in gen.log if r["kind"] == "verify")
+    assert any(r.verify_width > 2 for r in gen.log if r.kind == "verify")
     assert exact_hooks._compiled_products  # the verifications ran the compiled chunks
 
 

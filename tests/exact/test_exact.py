@@ -413,7 +413,7 @@ def test_engine_exact_mode_matches_plain_greedy_on_emulated_gpu(monkeypatch):
     assert tokens != truth
     tokens, log = run("exact")
     assert tokens == truth
-    assert sum(r["accepted"] for r in log.records if r["kind"] == "verify") > 10  # drafts partly accepted
+    assert sum(r.accepted for r in log.records if r.kind == "verify") > 10  # drafts partly accepted
     assert sorted(load_calibration(model).widths)  # calibrated the widths it verified
 
 

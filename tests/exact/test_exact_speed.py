@@ -85,7 +85,7 @@ def test_plain_steps_lay_the_buffers_out_once_after_each_verification(monkeypatc
         verifier=Checked(model, widths=range(2, 6)),
     )
     assert list(gen) == truth
-    verifies = sum(1 for r in gen.log.records if r["kind"] == "verify")
+    verifies = sum(1 for r in gen.log.records if r.kind == "verify")
     assert len(checked) > 10 and len(layouts) <= verifies + 1 < len(checked)
 
 
@@ -116,7 +116,7 @@ def test_exact_mode_reads_its_calibration_once_per_generation(monkeypatch):
             verifier=verifier,
         )
         assert list(gen) == truth
-        verifies = [r for r in gen.log.records if r["kind"] == "verify"]
-        widths |= {r["verify_width"] for r in verifies}
+        verifies = [r for r in gen.log.records if r.kind == "verify"]
+        widths |= {r.verify_width for r in verifies}
         assert len(verifies) >= 5 and len(reads) == generation + 1
     assert len(widths) >= 2

@@ -477,8 +477,8 @@ def test_bench_trace_replays_turns_with_identical_outputs(tmp_path):
         recorded, SuffixDecoding(max_spec_tokens=6), DraftPolicy.fixed(4), GenerateOptions(max_tokens=24)
     )
     real = steps.filter(pl.col("method") == "suffix")
-    assert real["accepted"].to_list() == [r["accepted"] for r in simulated.records]
-    assert real["k_drafted"].to_list() == [r["k_drafted"] for r in simulated.records]
+    assert real["accepted"].to_list() == [r.accepted for r in simulated.records]
+    assert real["k_drafted"].to_list() == [r.k_drafted for r in simulated.records]
     # `specbench simulate --recorded FOLDER` reads the plain outputs there and replays lookup as it ran.
     from specbench.simulate.simulate_logs import simulate_logs
 

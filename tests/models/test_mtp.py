@@ -100,8 +100,8 @@ def speculative_equals_plain(model, n: int = 24, k: int = 3, verify: str = "fast
         model, PROMPT, GenerateOptions(max_tokens=n, verify=verify), drafter=drafter, policy=DraftPolicy.fixed(k)
     )
     assert list(gen) == ref
-    verifies = [r for r in gen.log if r["kind"] == "verify"]
-    assert verifies and all(r["k_drafted"] >= 1 for r in verifies)
+    verifies = [r for r in gen.log if r.kind == "verify"]
+    assert verifies and all(r.k_drafted >= 1 for r in verifies)
     return gen
 
 
@@ -137,7 +137,7 @@ def test_drafter_feeds_real_hidden_states():
     for i, _ in enumerate(gen):
         if i == 25:
             break
-    assert any(r["accepted"] < r["k_drafted"] for r in gen.log if r["kind"] == "verify")
+    assert any(r.accepted < r.k_drafted for r in gen.log if r.kind == "verify")
     tokens = PROMPT + gen.tokens
     drafter._drop_speculative()
     fed = drafter.fed
@@ -432,7 +432,7 @@ def test_moe_twin_computes_the_dense_function(tmp_path):
         gen = speculative_generate(
             model, PROMPT, GenerateOptions(max_tokens=16), drafter=MtpHead(model), policy=DraftPolicy.fixed(2)
         )
-        runs[name] = (list(gen), [r.get("draft_tokens") for r in gen.log if r["kind"] == "verify"])
+        runs[name] = (list(gen), [r.draft_tokens for r in gen.log if r.kind == "verify"])
     assert runs["dense"] == runs["twin"]
 
 
@@ -480,8 +480,8 @@ def test_embedded_model_mtp_greedy_equals_plain(embedded):
         model, prompt, GenerateOptions(max_tokens=32), drafter=drafter, policy=DraftPolicy.fixed(3)
     )
     assert list(gen) == ref
-    verifies = [r for r in gen.log if r["kind"] == "verify"]
-    first = sum(r["accepted"] >= 1 for r in verifies) / len(verifies)
+    verifies = [r for r in gen.log if r.kind == "verify"]
+    first = sum(r.accepted >= 1 for r in verifies) / len(verifies)
     assert first > 0.3  # a trained head: a random one is almost never right
 
 

@@ -67,7 +67,7 @@ def test_a_choice_gives_the_numbers_worked_out_by_hand(recordings):
     result = replay(recordings, Choice("lookup", 4, "fixed", "copy"))
     # prefill emits 10; lookup drafts 11-14 (all accepted, 15 the bonus: width 5); with 4 tokens left it drafts
     # 16, 17, 10 and the output goes on 20 (2 accepted, width 4); the last token is a plain step
-    steps = [(r["kind"], r["k_drafted"], r["accepted"], r["verify_width"]) for r in result.log.records[1:]]
+    steps = [(r.kind, r.k_drafted, r.accepted, r.verify_width) for r in result.log.records[1:]]
     assert steps == [("verify", 4, 4, 5), ("verify", 3, 2, 4), ("plain", 0, 0, 1)]
     row = result.row()
     assert list(row) == list(ROW_COLUMNS)
@@ -173,7 +173,7 @@ def test_the_widgets_replay_each_choice(recordings):
     app.prompt.value = EVERY_PROMPT
     assert app.replay.prompts == ["copy", "novel"]
     app.drafter.value = "suffix"
-    assert app.replay.log.records[1]["drafter"] == "suffix"
+    assert app.replay.log.records[1].drafter == "suffix"
     assert [v for _, v in app.prompt.options] == ["", "copy", "novel"]
     with pytest.raises(ValueError, match="neither a recorded prompt's id nor a category"):
         LogExplorer(recordings, Choice(prompt="nothing"))

@@ -16,7 +16,7 @@ import pytest
 from conftest import ScriptedDrafter, build_tiny, plain_greedy
 from nbformat.v4 import new_code_cell, new_notebook
 
-from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
+from specbench import DraftPolicy, GenerateOptions, StepRecord, generate, speculative_generate
 from specbench.bench import sweep, timing
 from specbench.checks import lossless
 from specbench.common.blas import blas_in_use
@@ -106,15 +106,15 @@ def test_token_sources_follow_the_log(text_model):
     assert [t for t, _, _ in sources] == tokens
     expected = []
     for r in gen.log.records:
-        if r["kind"] == "verify":
-            expected += ["draft"] * r["accepted"] + ["bonus"] * (r["emitted"] - r["accepted"])
+        if r.kind == "verify":
+            expected += ["draft"] * r.accepted + ["bonus"] * (r.emitted - r.accepted)
         else:
-            expected += ["plain"] * r["emitted"]
+            expected += ["plain"] * r.emitted
     assert [s for _, s, _ in sources] == expected
     # every full verify accepts the first two draft tokens and corrects the third
-    full = [r for r in gen.log.records if r["kind"] == "verify" and r["k_drafted"] == 3]
-    assert full and all(r["accepted"] == 2 for r in full)
-    assert render.source_counts(gen)["draft"] == sum(r["accepted"] for r in gen.log.records if r["kind"] == "verify")
+    full = [r for r in gen.log.records if r.kind == "verify" and r.k_drafted == 3]
+    assert full and all(r.accepted == 2 for r in full)
+    assert render.source_counts(gen)["draft"] == sum(r.accepted for r in gen.log.records if r.kind == "verify")
     page = render.coloured_html(gen, Letters())
     counts = render.source_counts(gen)
     for source in render.SOURCES:  # one span per token, plus one in the legend
@@ -135,7 +135,7 @@ def test_token_pieces_join_to_the_decoded_text():
     pieces = render.token_pieces(tokenizer, ids)
     assert "".join(pieces) == tokenizer.decode(ids)
     assert pieces.count("") == 2  # é and ö take two byte tokens each: shown on the second
-    page = render.coloured_html([{"kind": "plain", "step": 0, "tokens": ids, "accepted": 0}], tokenizer)
+    page = render.coloured_html([StepRecord(step=0, position=0, kind="plain", tokens=ids)], tokenizer)
     assert ">&lt;<" in page and ">&amp;<" in page and "<b>" not in page
 
 
@@ -614,7 +614,7 @@ def test_explorer_builds_and_a_run_updates_it(text_model):
     app.chat.value = False
     gen = app.button.click() or app.generation
     assert gen is not None and len(gen.tokens) == 12
-    assert gen.log.records[1]["policy"] == "fixed:3"
+    assert gen.log.records[1].policy == "fixed:3"
     assert "<span" in app.text.value and "tokens" in app.stats.value and "done: 12 tokens" in app.status.value
     assert app.figure is not None and app.figure.axes[0].has_data()
     app.drafter.value = "mtp"

@@ -50,15 +50,16 @@ def _real(model, prompts, options, make_drafter, policy):
         gen = speculative_generate(model, prompt, options, drafter=drafter, policy=policy)
         outputs.append(list(gen))
         for r in gen.log.records:
-            records.append({**r, "request": i})
+            records.append(r.labelled(request=i))
     return records, outputs
 
 
 def _compare(real, simulated):
     assert len(real) == len(simulated)
     for a, b in zip(real, simulated):
-        assert {f: a[f] for f in FIELDS + ("request",)} == {f: b[f] for f in FIELDS + ("request",)}
-        assert b["draft_s"] == b["verify_s"] == b["other_s"] == 0.0
+        assert {f: getattr(a, f) for f in FIELDS} == {f: getattr(b, f) for f in FIELDS}
+        assert a.labels == b.labels == {"request": a.labels["request"]}
+        assert b.draft_s == b.verify_s == b.other_s == 0.0
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +88,8 @@ def test_simulation_matches_real_runs_step_by_step(model, drafter, policy):
     assert outputs == [r.output for r in recorded]
     simulated = simulate(recorded, DRAFTERS[drafter](), POLICIES[policy](), options)
     _compare(real, simulated.records)
-    verifies = [r for r in simulated.records if r["kind"] == "verify"]
-    assert verifies and sum(r["accepted"] for r in verifies) > 0  # the comparison covered acceptances
+    verifies = [r for r in simulated.records if r.kind == "verify"]
+    assert verifies and sum(r.accepted for r in verifies) > 0  # the comparison covered acceptances
 
 
 def test_simulation_with_stop_tokens_and_short_max_tokens(model):
@@ -149,7 +150,7 @@ def test_simulation_matches_the_embedded_model():
     real, outputs = _real(model, [prompt], options, DRAFTERS["suffix"], DraftPolicy.fixed(4))
     assert outputs[0] == recorded[0].output
     _compare(real, simulate(recorded, DRAFTERS["suffix"](), DraftPolicy.fixed(4), options).records)
-    assert any(r["accepted"] > 0 for r in real)
+    assert any(r.accepted > 0 for r in real)
 
 
 class _Continuation(PromptLookup):
@@ -177,7 +178,7 @@ def test_drafts_running_past_a_stop(model):
     simulated = simulate(
         record(model, [prompt], options), _Continuation(len(prompt), truth), DraftPolicy.fixed(6), options
     )
-    _compare([{**r, "request": 0} for r in gen.log.records], simulated.records)
+    _compare([r.labelled(request=0) for r in gen.log.records], simulated.records)
 
 
 # -- logs: recorded assistant messages replayed by `specbench simulate` -------------------------------------
@@ -266,8 +267,8 @@ def test_simulate_command_on_a_log_of_200_runs_matches_the_library(tmp_path, cap
             runs = (reference[i : i + 2] for i in range(0, 400, 2))
             expected = [r for run in runs for r in simulate(run, SuffixDecoding(), "fixed:4").records]
         got = steps.filter(pl.col("store") == store)
-        assert got["accepted"].to_list() == [r["accepted"] for r in expected]
-        assert got["tokens"].to_list() == [r["tokens"] for r in expected]
+        assert got["accepted"].to_list() == [r.accepted for r in expected]
+        assert got["tokens"].to_list() == [r.tokens for r in expected]
     # A store shared across the runs of the same tasks accepts more than one per trace.
     rate = {r["store"]: r["accepted_per_verify"] for r in summary.iter_rows(named=True)}
     assert rate["shared"] > rate["per-trace"]

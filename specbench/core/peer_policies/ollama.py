@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from specbench.core.log import StepRecord
 from specbench.core.policies import DraftPolicy
 from specbench.core.policy_args import at_least_one, check_k, real
 
@@ -82,14 +83,14 @@ class OllamaControllerPolicy(DraftPolicy):
         self.plain_s: list[float] = []
         self.backed_off = False
 
-    def _observe(self, record: dict[str, Any]) -> None:
-        seconds = record["draft_s"] + record["verify_s"]
-        if record["kind"] == "verify" and not record.get("tree_nodes"):
-            self.acceptance.add(record["k_drafted"], record["accepted"])
+    def _observe(self, record: StepRecord) -> None:
+        seconds = record.draft_s + record.verify_s
+        if record.kind == "verify" and not record.tree_nodes:
+            self.acceptance.add(record.k_drafted, record.accepted)
             if seconds > 0 and self.plain_s:
                 plain = statistics.median(self.plain_s[-16:])
-                self.scales.append(seconds / (plain * self.break_even(record["k_drafted"])))
-        elif record["kind"] == "plain" and seconds > 0:
+                self.scales.append(seconds / (plain * self.break_even(record.k_drafted)))
+        elif record.kind == "plain" and seconds > 0:
             self.plain_s.append(seconds)
 
     def cost(self, k: int) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from specbench.core.log import StepRecord
 from specbench.core.policies import DraftPolicy
 from specbench.core.policy_args import at_least_one, real, whole
 
@@ -107,10 +108,10 @@ class SglangEmaPolicy(DraftPolicy):
     def slot(self) -> SglangTier:
         return self.slots[max(b for b in self.slots if b <= self.batch_size)]
 
-    def _observe(self, record: dict[str, Any]) -> None:
-        if record["kind"] == "prefill":
+    def _observe(self, record: StepRecord) -> None:
+        if record.kind == "prefill":
             return
-        accepted = record["accepted"] if record["kind"] == "verify" else None
+        accepted = record.accepted if record.kind == "verify" else None
         self.slot.update(accepted, self.alpha, self.warmup, self.interval)
 
     def _k(self, drafter: Any) -> int:

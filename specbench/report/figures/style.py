@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from specbench.common.files import write_figure_atomic
+from specbench.core.log import StepLog, StepRecord
 
 DRAFTERS = ("none", "plain", "lookup", "suffix", "mtp", "draft-model", "oracle")
 MODEL_FAMILIES = ("dense", "moe", "hybrid", "hybrid-moe")
@@ -134,7 +135,10 @@ def step_frame(data: Any) -> pl.DataFrame:
         data = data.log
     if hasattr(data, "to_polars"):
         return data.to_polars()
-    return pl.DataFrame(list(data))
+    rows = list(data)
+    if rows and isinstance(rows[0], StepRecord):
+        return StepLog(rows).to_polars()
+    return pl.DataFrame(rows)
 
 
 def line_pair(
