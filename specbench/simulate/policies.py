@@ -106,7 +106,7 @@ def replay_policy(
     log = StepLog()
     for trace_id, requests in groups:
         for step in simulate(list(requests()), model_free_drafter(drafter, k), policy, cost=profile).records:
-            log.append({**step, "trace": trace_id})
+            log.append(step.labelled(trace=trace_id))
     return log
 
 
