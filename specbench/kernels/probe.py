@@ -76,16 +76,27 @@ def qmv_variant(dtype: mx.Dtype, bits: int, group_size: int) -> str | None:
     (None: none does, or the kernel cannot run here; the reason is warned once)."""
     if not cuda_available():
         return None
-    for dequant in qmv.DEQUANT:
-        try:
-            if qmv_matches(dtype, bits, group_size, dequant)["exact"]:
-                return dequant
-        except Exception as err:  # a kernel that does not compile or run is a fallback, not an error
-            warn_fallback("qmv_rows", f"{type(err).__name__}: {err}")
-            return None
-    warn_fallback(
-        "qmv_rows", f"no variant reproduces MLX's one-row product for {dtype}, {bits} bits, group {group_size}"
+    return _first_exact(
+        "qmv_rows",
+        qmv.DEQUANT,
+        lambda dequant: qmv_matches(dtype, bits, group_size, dequant),
+        f"no variant reproduces MLX's one-row product for {dtype}, {bits} bits, group {group_size}",
     )
+
+
+def _first_exact(
+    kernel: str, variants: Sequence[str], matches: Callable[[str], dict[str, Any]], none: str
+) -> str | None:
+    """The first of ``variants`` whose ``matches(variant)`` is exact; None with one warning naming ``kernel``
+    when a variant fails to compile or run, or when none is exact (``none`` says what was looked for)."""
+    for variant in variants:
+        try:
+            if matches(variant)["exact"]:
+                return variant
+        except Exception as err:  # a kernel that does not compile or run is a fallback, not an error
+            warn_fallback(kernel, f"{type(err).__name__}: {err}")
+            return None
+    warn_fallback(kernel, none)
     return None
 
 
@@ -128,15 +139,12 @@ def gemv_variant(dtype: mx.Dtype) -> str | None:
     does, or the kernel cannot run here; the reason is warned once)."""
     if not cuda_available():
         return None
-    for accumulate in gemv.ACCUMULATE:
-        try:
-            if gemv_matches(dtype, accumulate)["exact"]:
-                return accumulate
-        except Exception as err:  # a kernel that does not compile or run is a fallback, not an error
-            warn_fallback("gemv_rows", f"{type(err).__name__}: {err}")
-            return None
-    warn_fallback("gemv_rows", f"no accumulation reproduces MLX's one-row product for {dtype}")
-    return None
+    return _first_exact(
+        "gemv_rows",
+        gemv.ACCUMULATE,
+        lambda accumulate: gemv_matches(dtype, accumulate),
+        f"no accumulation reproduces MLX's one-row product for {dtype}",
+    )
 
 
 def probe_kernels(
@@ -224,17 +232,12 @@ def attention_variant(dtype: mx.Dtype, head_dim: int) -> str | None:
     (None: none does, the shape is not computed, or the kernel cannot run here; the reason is warned once)."""
     if not cuda_available() or head_dim not in attention.HEAD_DIMS or dtype not in attention.DTYPES:
         return None
-    for variant in attention.VARIANTS:
-        try:
-            if attention_matches(dtype, head_dim, variant)["exact"]:
-                return variant
-        except Exception as err:  # a kernel that does not compile or run is a fallback, not an error
-            warn_fallback("attention_rows", f"{type(err).__name__}: {err}")
-            return None
-    warn_fallback(
-        "attention_rows", f"no variant reproduces MLX's one-query attention for {dtype}, head dimension {head_dim}"
+    return _first_exact(
+        "attention_rows",
+        attention.VARIANTS,
+        lambda variant: attention_matches(dtype, head_dim, variant),
+        f"no variant reproduces MLX's one-query attention for {dtype}, head dimension {head_dim}",
     )
-    return None
 
 
 def probe_attention(
