@@ -164,3 +164,19 @@ def test_cli_profile_prints_the_stack_and_stores_the_lengths(capsys, home):
     assert sorted(stored["lengths"]) == ["32"] and {r["width"] for r in stored["components"]} == {1, 3}
     assert main([*args, "--lengths", "32,x"]) == 2
     assert "--lengths takes" in capsys.readouterr().err
+
+
+def test_the_length_figure_names_curves_that_coincide():
+    """Two lengths at which every draft length pays even when every draft is rejected draw the same a*(k) = 0
+    curve: the figure says so in its legend instead of hiding one (the report's figure checks pass)."""
+    from specbench.report.figures import costs_by_length
+    from specbench.report.figures.checks import figure_problems
+
+    cheaper = [1.0] + [0.9] * 8  # a verify cheaper than a plain step: a*(k) = 0
+    profile = flipping_profile()
+    profile.costs = {"fast": cheaper}
+    profile.lengths = {"1024": {"plain_step_s": 0.02, "costs": {"fast": [0.95] * 9}, "seconds": {}}}
+    fig = costs_by_length([profile])
+    labels = [line.get_label() for line in fig.axes[1].lines]
+    assert any("same points as" in label for label in labels), labels
+    assert figure_problems(fig) == []

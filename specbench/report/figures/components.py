@@ -17,6 +17,7 @@ import numpy as np
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.components import PARTS
 from specbench.cost.profile import Profile
+from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import model_label
 
 #: One colour per part: the forward's in blues and greens, the engine's in warm tones.
@@ -96,6 +97,7 @@ def costs_by_length(profiles: Sequence[Profile], mode: str = "fast", d: float = 
     right.set_ylim(0, 1)
     for ax in (left, right):
         ax.grid(alpha=0.3)
+        mark_coinciding(ax)  # e.g. a*(k) = 0 at every length: pays even when every draft is rejected
     right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(title or f"Verify cost and break-even by context length ({mode})", fontsize=11)
     fig.tight_layout()
