@@ -18,7 +18,7 @@ import polars as pl
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.cost import Profile, drafter_cost, predicted_from_log
+from specbench.cost import Profile, drafter_cost, predicted_speedup
 from specbench.decoding import speculative_generate
 from specbench.simulate.policies import policy_copy
 from specbench.simulate.simulate import Recorded, model_free_drafter, simulate
@@ -64,7 +64,7 @@ def confirm_policies(
             if run.tokens != request.output[: len(run.tokens)]:
                 raise ValueError(f"request {request.id!r}: the run's tokens differ from its recorded output")
         replay = simulate(list(requests), model_free_drafter(drafter, k), policy_copy(spec), cost=profile)
-        predicted = predicted_from_log(replay.records, profile, d, options.verify_mode)
+        predicted = predicted_speedup(replay.records, profile, d, mode=options.verify_mode, tokens="emitted")
         measured = sum(plain_s) / sum(spec_s)
         low, high = _interval(np.array(plain_s), np.array(spec_s), resamples, seed)
         name = spec if isinstance(spec, str) else spec.name

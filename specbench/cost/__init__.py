@@ -9,7 +9,6 @@ from specbench.cost.breakeven import (
     break_even_tokens,
     drafter_cost,
     expected_tokens,
-    predicted_from_log,
     preferred_k,
     speedup,
 )
@@ -48,7 +47,6 @@ __all__ = [
     "speedup",
     "break_even_acceptance",
     "best_k",
-    "predicted_from_log",
     "predicted_speedup",
     "acceptance_per_position",
     "speedup_grid",

@@ -14,14 +14,13 @@ pipelined that way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from specbench.common.deprecation import renamed_arguments
 from specbench.core.draft import Drafter
-from specbench.core.log import StepRecord
 from specbench.cost.profile import Profile, cost_at
 
 #: A profile, or a cost curve c(1..W) (index w-1).
@@ -172,19 +171,6 @@ def preferred_k(
     """The draft length with the best predicted speedup at ``acceptance`` (0: do not draft)."""
     d = drafter_cost(drafter, profile if isinstance(profile, Profile) else None)
     return best_k(acceptance, _curve(profile, verify), d, max_k)[0]
-
-
-def predicted_from_log(records: Iterable[StepRecord], costs: Costs, d: float, mode: str = "fast") -> float:
-    """Speedup the cost model predicts for the steps a run actually took: decode tokens divided by
-    the sum over steps of c(width) + drafted * d (plain steps cost c(1))."""
-    c = _curve(costs, mode)
-    tokens, steps = 0, 0.0
-    for r in records:
-        if r.kind == "prefill":
-            continue
-        tokens += r.emitted
-        steps += cost_at(c, r.verify_width) + r.k_drafted * d
-    return tokens / steps if steps else 0.0
 
 
 def break_even_table(

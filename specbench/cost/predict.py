@@ -46,12 +46,17 @@ def predicted_speedup(
     prompt_tokens: int = 0,
     mode: str = "fast",
     row_overhead: float = 0.0,
+    tokens: str = "expected",
 ) -> float:
     """The speedup over plain decoding the cost model predicts for a run's steps (``records``: its step log):
     expected tokens (E(k) at the run's per-position acceptance for each verification of k drafts, the
     emitted tokens for plain steps and token trees) over their cost in plain steps (c(k + 1) at the context
     length each step ran at, the engine's overhead included, plus k d and ``row_overhead`` per verification;
-    1 per plain step; unverified drafts at d per token). 0 for a run without decode steps."""
+    1 per plain step; unverified drafts at d per token). ``tokens="emitted"`` counts the tokens the steps
+    emitted instead of their expectation: for replays, whose outcome on their trace is the policy's own.
+    0 for a run without decode steps."""
+    if tokens not in ("expected", "emitted"):
+        raise ValueError(f"tokens must be 'expected' or 'emitted', got {tokens!r}")
     curves: dict[int, np.ndarray] = {}
     cost = 0.0
     for r in records:
@@ -64,7 +69,11 @@ def predicted_speedup(
         if length not in curves:
             curves[length] = profile.at_length(length).curve(mode)
         cost += cost_at(curves[length], int(r.verify_width)) + int(r.k_drafted) * d + row_overhead
-    return expected_run_tokens(records) / cost if cost else 0.0
+    if not cost:
+        return 0.0
+    if tokens == "emitted":
+        return sum(r.emitted for r in records if r.kind != "prefill") / cost
+    return expected_run_tokens(records) / cost
 
 
 def expected_run_tokens(records: Sequence[StepRecord]) -> float:

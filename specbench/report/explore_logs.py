@@ -24,7 +24,7 @@ from specbench.bench.positions import per_position_acceptance
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.cost import Profile, drafter_cost, predicted_from_log, profile_for
+from specbench.cost import Profile, drafter_cost, predicted_speedup, profile_for
 from specbench.report import recorded
 from specbench.report.render import coloured_html, legend_html
 from specbench.simulate.simulate import MODEL_FREE_DRAFTERS, Recorded, model_free_drafter, record, simulate
@@ -269,7 +269,7 @@ def replay(recordings: Recordings, choice: Choice) -> Replay:
     d = drafter_cost(model_free_drafter(choice.drafter, choice.k), recordings.profile)
     predicted = None
     if recordings.profile is not None:
-        predicted = predicted_from_log(log.records, recordings.profile, d, recordings.verify)
+        predicted = predicted_speedup(log.records, recordings.profile, d, mode=recordings.verify, tokens="emitted")
     return Replay(
         choice,
         log,

@@ -3,9 +3,9 @@
 Each (workload, policy) runs the real decode loop over a workload's recorded plain greedy outputs
 (``simulate``, no model run), with a fresh model-free drafter per trace and a fresh policy per workload (a
 policy's state carries over a workload's requests, as a server's would). The predicted speedup prices the
-steps the policy took with a stored cost profile: decode tokens over the sum of c(width) + drafted x d, in
-plain steps (``specbench.cost.predicted_from_log``). What ``specbench simulate --policies`` and the policies
-notebook run.
+steps the policy took with a stored cost profile: the tokens the replay emitted over the sum of c(width) +
+drafted x d, in plain steps (``specbench.cost.predicted_speedup``, ``tokens="emitted"``). What ``specbench
+simulate --policies`` and the policies notebook run.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from specbench.common.files import PROJECT_ROOT
 from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.cost import Profile, drafter_cost, predicted_from_log
+from specbench.cost import Profile, drafter_cost, predicted_speedup
 from specbench.inputs.prompts import Prompt, prompts_from
 from specbench.simulate.simulate import Group, Recorded, model_free_drafter, record, simulate
 from specbench.simulate.simulate_logs import load_groups
@@ -122,7 +122,7 @@ def policy_row(log: StepLog, profile: Profile, drafter: str, mode: str = "exact"
         "accepted": stats["accepted"],
         "acceptance_rate": stats["acceptance_rate"],
         "tokens_per_verify": stats["tokens_per_verify"],
-        "predicted_speedup": predicted_from_log(log.records, profile, d, mode),
+        "predicted_speedup": predicted_speedup(log.records, profile, d, mode=mode, tokens="emitted"),
     }
 
 

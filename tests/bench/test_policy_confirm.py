@@ -7,7 +7,7 @@ from conftest import build_tiny
 
 from specbench.bench.policy_confirm import confirm_policies
 from specbench.core.options import GenerateOptions
-from specbench.cost import Profile, predicted_from_log
+from specbench.cost import Profile, predicted_speedup
 from specbench.simulate.policies import policy_copy
 from specbench.simulate.simulate import model_free_drafter, record, simulate
 
@@ -30,7 +30,9 @@ def test_confirmed_policies_carry_measured_predicted_and_residual():
     assert table["policy"].to_list() == ["fixed:2", "ollama:3"]
     for row in table.iter_rows(named=True):
         replay = simulate(requests, model_free_drafter("lookup", 4), policy_copy(row["policy"]), cost=profile)
-        assert row["predicted_speedup"] == pytest.approx(predicted_from_log(replay.records, profile, 0.0, "exact"))
+        assert row["predicted_speedup"] == pytest.approx(
+            predicted_speedup(replay.records, profile, 0.0, mode="exact", tokens="emitted")
+        )
         assert row["residual"] == pytest.approx(row["measured_speedup"] / row["predicted_speedup"] - 1)
         assert 0 < row["measured_low"] <= row["measured_high"]
     short = confirm_policies(model, requests[:2], ["fixed:2"], profile, "lookup", 4)

@@ -9,7 +9,7 @@ import pytest
 from conftest import build_tiny, word_tokenizer
 
 from specbench.core.options import GenerateOptions
-from specbench.cost import Profile, predicted_from_log
+from specbench.cost import Profile, predicted_speedup
 from specbench.inputs.capabilities import has
 from specbench.simulate.policies import (
     best_predicted,
@@ -54,7 +54,9 @@ def test_rank_prices_each_policy_by_the_steps_it_took():
     assert sorted(table["rank"].to_list()) == list(range(1, len(POLICIES) + 1))
     for row in table.iter_rows(named=True):  # the prediction is the cost model's on the steps replayed
         log = replay_policy(groups, row["policy"], profile, "lookup", 8)
-        assert row["predicted_speedup"] == pytest.approx(predicted_from_log(log.records, profile, 0.0, "exact"))
+        assert row["predicted_speedup"] == pytest.approx(
+            predicted_speedup(log.records, profile, 0.0, mode="exact", tokens="emitted")
+        )
         assert row["tokens"] == sum(len(r.output) for r in _recorded())
     assert set(steps.to_polars()["policy"].unique()) == set(POLICIES)
     fixed1 = table.filter(pl.col("policy") == "fixed:1").row(0, named=True)
