@@ -318,3 +318,27 @@ def test_reference_contrast_says_what_this_machine_and_the_reference_show():
     assert titles[1].startswith("NVIDIA H200 reference") and "widths 1-5" in titles[1]
     assert all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes)
     assert max(max(line.get_xdata(), default=0) for line in fig.axes[1].get_lines()) <= 5  # cut to this run's widths
+
+
+def test_batch_reference_contrast_reads_the_shipped_batch_profiles():
+    """The H200's shipped c(w, B): the dense shape's a*(4, B) falls along the batch and the MoE's rises; the
+    figure draws this machine's a*(k, B) beside them and passes the report's figure checks."""
+    from specbench.cost.batch import BatchProfile
+    from specbench.cost.reference import reference_profiles
+    from specbench.report.figures.checks import figure_problems
+
+    reference = reference_profiles()
+    text = verdicts.batch_reference_contrast(reference, 0.0, 4)
+    assert "dense falls from a*(4, 1) = 0.62 to a*(4, 32) = 0.03" in text
+    assert "MoE rises from a*(4, 1) = 0.09 to a*(4, 32) = 0.65" in text
+    assert "no batch profile 17 rows wide" in verdicts.batch_reference_contrast(reference, 0.0, 16)
+    here = BatchProfile(
+        model="tiny",
+        device="cpu:test",
+        offset=16,
+        costs={1: [1.0, 1.5, 2.0], 2: [1.0, 1.2, 1.4]},
+        plain_s={1: 0.01, 2: 0.015},
+    )
+    fig = figures.batch_beside_reference({"tiny": here}, reference, 0.0, [1, 2, 4])
+    assert [line.get_label() for line in fig.axes[0].lines] == ["tiny, k = 1", "tiny, k = 2"]  # k = 4 too wide
+    assert len(fig.axes[1].lines) == 6 and figure_problems(fig) == []  # dense and MoE at k = 1, 2, 4

@@ -12,13 +12,14 @@ Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``
 - ``rules``: ``rules_vs_temperature``, ``rules_by_drafter``, ``rule_positions``, ``rule_shifts`` (acceptance rules);
 - ``cost``: ``verify_costs``, ``break_even``, ``measured_vs_predicted``;
 - ``batch``: ``batch_break_even`` (a*(k, B) and the batch grid's measured against predicted speedups);
-- ``reference``: ``beside_reference`` (this machine's costs beside a shipped reference device's);
+- ``reference``: ``beside_reference`` (this machine's costs beside a shipped reference device's;
+  ``batch_beside_reference`` for a*(k, B), in ``batch``);
 - ``components``: ``component_stack`` (verify cost by part), ``costs_by_length`` (c(w) and a*(k) per context length);
 - ``policies``: ``policy_ranking`` (draft-length policies ranked per workload, the confirmed ones measured);
 - ``bench``: ``prompt_figure``, ``save_prompt_figure`` (the prompt benchmark's speedups by category).
 """
 
-from specbench.report.figures.batch import batch_break_even
+from specbench.report.figures.batch import batch_beside_reference, batch_break_even
 from specbench.report.figures.bench import prompt_figure, save_prompt_figure
 from specbench.report.figures.components import component_stack, costs_by_length
 from specbench.report.figures.cost import break_even, measured_vs_predicted, verify_costs
@@ -54,6 +55,7 @@ from specbench.report.figures.sweeps import (
 from specbench.report.figures.traces import cumulative_saved, per_turn
 
 __all__ = [
+    "batch_beside_reference",
     "batch_break_even",
     "beside_reference",
     "rule_positions",

@@ -1,15 +1,18 @@
 """The batch axis: break-even acceptance a*(k, B) against batch size, and the measured grid's throughput speedups
 against the profile's prediction (rows as ``specbench.bench.batch_run`` writes them: batch_break_even.csv and
-batch_grid.csv)."""
+batch_grid.csv), and this machine's a*(k, B) beside a shipped reference device's (``batch_beside_reference``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
 
+from specbench.cost.batch import BatchProfile
+from specbench.cost.reference import Reference
 from specbench.report.figures.checks import mark_coinciding
+from specbench.report.figures.style import model_label, no_data
 
 #: The draft lengths whose a*(k, B) the left panel draws.
 SHOWN_K = (1, 2, 4)
@@ -44,4 +47,36 @@ def batch_break_even(break_even: Sequence[dict[str, Any]], grid: Sequence[dict[s
         mark_coinciding(ax)
         if ax.lines or ax.collections:
             ax.legend(fontsize=6)
+    return fig
+
+
+def batch_beside_reference(
+    here: Mapping[str, BatchProfile], reference: Reference, d: float = 0.0, ks: Sequence[int] = (1, 4)
+) -> plt.Figure:
+    """a*(k, B) against batch size for the draft lengths ``ks``: this machine's batch profiles (left) beside the
+    shipped reference device's dense and MoE ones (right), on a shared y axis; a k a profile is too narrow
+    for is left out, and a break-even of NaN (no acceptance pays) leaves a gap."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True, constrained_layout=True)
+    panels = [(axes[0], here, "This machine"), (axes[1], reference.batch, reference.describe().replace(" (", "\n("))]
+    for ax, profiles, title in panels:
+        for (name, profile), style in zip(profiles.items(), ["-", "--", "-.", ":"]):
+            kind = reference.kinds.get(name)
+            label = model_label(name) + (f" ({kind})" if kind else "")
+            top = min(len(profile.costs[b]) for b in profile.batch_sizes) - 1
+            for k in [k for k in ks if k <= top]:
+                a_star = [float(profile.break_even_acceptance(b, d, top)[k - 1]) for b in profile.batch_sizes]
+                ax.plot(profile.batch_sizes, a_star, style, marker="o", ms=4, label=f"{label}, k = {k}")
+        ax.set(xscale="log", xlabel="batch size B", title=f"{title}\nbreak-even acceptance a*(k, B)")
+        sizes = sorted({b for profile in profiles.values() for b in profile.batch_sizes})
+        ax.set_xticks(sizes, [str(b) for b in sizes], minor=False)
+        ax.set_xticks([], minor=True)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        mark_coinciding(ax)
+        if ax.lines:
+            ax.legend(fontsize=7)
+        else:
+            no_data(ax, "no batch profile measured")
+        ax.set_ylabel("a*(k, B): acceptance needed to pay")
+        ax.tick_params(labelleft=True)
     return fig

@@ -47,7 +47,7 @@ from specbench.report.verdicts.notebooks import (
     where,
 )
 from specbench.report.verdicts.policy_verdicts import confirmed_speed, policies
-from specbench.report.verdicts.reference import reference_contrast
+from specbench.report.verdicts.reference import batch_reference_contrast, reference_contrast
 
 __all__ = [
     "sweep_headline",
@@ -81,6 +81,7 @@ __all__ = [
     "explorer",
     "simulated_logs",
     "tree_vs_path",
+    "batch_reference_contrast",
     "reference_contrast",
     "policies",
     "confirmed_speed",

@@ -64,3 +64,25 @@ def reference_contrast(
         w_max = max(w_max, 5)
     ref = _dense_vs_moe(reference.profile("dense"), reference.profile("MoE"), mode, d, k_max, w_max)
     return f"{mine} On the {reference.describe()}, same widths (1-{w_max}): {ref}."
+
+
+def batch_reference_contrast(reference: Reference, d: float = 0.0, k: int = 4) -> str:
+    """How the reference device's dense and MoE break-even at draft length ``k`` moves from the smallest to the
+    largest batch size it measured (a*(k, B), from its shipped c(w, B)): the batch-axis contrast, read on any
+    machine."""
+    parts = []
+    for name, profile in reference.batch.items():
+        top = min(len(profile.costs[b]) for b in profile.batch_sizes) - 1
+        if top < k:
+            continue
+        first, last = profile.batch_sizes[0], profile.batch_sizes[-1]
+        low, high = (float(profile.break_even_acceptance(b, d, top)[k - 1]) for b in (first, last))
+        trend = "falls" if high < low - 0.05 else "rises" if high > low + 0.05 else "moves"
+        low_words, high_words = ("never pays" if math.isnan(a) else f"{a:.2f}" for a in (low, high))
+        parts.append(
+            f"{reference.kinds.get(name, name)} {trend} from a*({k}, {first}) = {low_words} to a*({k}, {last}) = "
+            f"{high_words}"
+        )
+    if not parts:
+        return f"The {reference.describe()} has no batch profile {k + 1} rows wide."
+    return f"On the {reference.describe()}, along the batch: " + "; ".join(parts) + "."
