@@ -227,6 +227,8 @@ def losslessness_check(
     progress: bool = True,
     alpha: float = 0.05,
     acceptance: Acceptance | str = "token",
+    max_samples: int | None = None,
+    detect: float = 0.1,
 ) -> LosslessCheck:
     """Sample ``samples`` continuations plainly and ``samples`` speculatively (other seeds) and
     compare their token histograms. A lossless sampler gives a large p-value (uniform on [0, 1]
@@ -234,7 +236,11 @@ def losslessness_check(
     object, its text ("fixed:4") or a draft length. The verdict (``LosslessCheck.verdict``) is
     "inconclusive" when the run had too little power to call a large p-value a pass. ``acceptance``: the
     speculative runs' acceptance rule (a lossy one, "typical", is expected to fail: its TVD with its
-    interval measures the shift)."""
+    interval measures the shift).
+
+    ``max_samples``: grow the sample until the test can conclude: while the verdict is inconclusive or the
+    smallest shift it could detect is above ``detect`` (a TVD), sample as many again (each sampler its own
+    new seeds), up to ``max_samples`` per sampler; ``samples`` says how many it took."""
     policy = as_policy(policy)
     if not temperature > 0:
         raise ValueError("the losslessness check samples: give a temperature > 0")
@@ -243,19 +249,28 @@ def losslessness_check(
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if samples < 2:
         raise ValueError(f"samples must be >= 2, got {samples}")
+    if max_samples is not None and max_samples < samples:
+        raise ValueError(f"max_samples ({max_samples}) must be at least samples ({samples}), or None not to grow")
+    if not 0 < detect <= 1:
+        raise ValueError(f"detect is a total-variation distance in (0, 1], got {detect}")
     factories, skipped = usable_drafters([drafter], model, model_name or getattr(model, "specbench_name", None))
     if drafter in skipped:
         raise ValueError(f"drafter {drafter!r} is not usable here: {skipped[drafter]}")
-    plain, spec = [], []
+    plain: list[list[int]] = []
+    spec: list[list[int]] = []
     drafted = accepted = 0
     prefix = prefix_cache(model, prompt_ids)
-    for i in tqdm(range(samples), desc="sampling", disable=not progress, leave=False):
-        options = GenerateOptions(max_tokens=max_tokens, temperature=temperature, seed=seed + i, ignore_eos=True)
+
+    def sample(i: int) -> None:
+        nonlocal drafted, accepted
+        # the first ``samples`` as always (plain seed + i, speculative seed + samples + i); grown ones after both
+        seeds = (seed + i, seed + samples + i) if i < samples else (seed + 2 * i, seed + 2 * i + 1)
+        options = GenerateOptions(max_tokens=max_tokens, temperature=temperature, seed=seeds[0], ignore_eos=True)
         plain.append(list(generate(model, prompt_ids, options, prompt_cache=cache_copy(prefix))))
         options = GenerateOptions(
             max_tokens=max_tokens,
             temperature=temperature,
-            seed=seed + samples + i,
+            seed=seeds[1],
             ignore_eos=True,
             acceptance=rule.name,
             typical_epsilon=rule.epsilon,
@@ -269,7 +284,19 @@ def losslessness_check(
         stats = gen.stats()
         drafted += stats["drafted"]
         accepted += stats["accepted"]
-    stat, p, tvd = histogram_test(plain, spec, permutations, seed)
+
+    target = samples
+    while True:
+        for i in tqdm(range(len(plain), target), desc="sampling", disable=not progress, leave=False):
+            sample(i)
+        stat, p, tvd = histogram_test(plain, spec, permutations, seed)
+        verdict, _ = lossless_verdict(p, accepted, well_filled_share(plain, spec), alpha)
+        detectable = min_detectable_tvd(sum(map(len, plain)), sum(map(len, spec)), alpha)
+        concluded = verdict == "fail" or (verdict == "pass" and detectable <= detect)
+        if max_samples is None or concluded or target >= max_samples:
+            break
+        target = min(max_samples, 2 * target)
+    samples = len(plain)
     tvd_low, tvd_high, tvd_null = tvd_interval(plain, spec, permutations, seed)
     counts_plain = np.bincount([t for s in plain for t in s], minlength=1)
     counts_spec = np.bincount([t for s in spec for t in s], minlength=1)

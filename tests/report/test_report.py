@@ -706,3 +706,26 @@ def test_per_position_draws_rates_of_zero_and_one():
     ).with_columns((pl.col("accepted") / pl.col("reached")).alias("rate"))
     fig = figures.per_position(frame)
     assert fig.axes[0].lines  # drawn
+
+
+def test_losslessness_check_grows_its_sample_until_it_can_conclude(text_model):
+    """``max_samples``: an inconclusive check samples as many again (new seeds for both samplers, the first
+    samples unchanged) until it concludes or reaches the cap; bad caps are refused before any sampling."""
+    model, tokenizer = text_model
+    prompt = tokenizer.encode("ab ab ab ab ab")
+    settings = dict(temperature=1.0, max_tokens=4, top=5, permutations=50, progress=False)
+    small = lossless.losslessness_check(model, tokenizer, prompt, "lookup", "fixed:3", samples=3, **settings)
+    assert small.verdict == "inconclusive"  # 3 x 4 tokens: too few accepted drafts
+    grown = lossless.losslessness_check(
+        model, tokenizer, prompt, "lookup", "fixed:3", samples=3, max_samples=10, detect=0.01, **settings
+    )
+    # 3 -> 6 -> 10: a shift of 0.01 is not detectable with 40 tokens, so it grows to the cap
+    assert grown.samples == 10 and len(grown.plain_sequences) == len(grown.speculative_sequences) == 10
+    assert grown.plain_sequences[:3] == small.plain_sequences
+    assert grown.speculative_sequences[:3] == small.speculative_sequences
+    assert grown.min_detectable_tvd == pytest.approx(lossless.min_detectable_tvd(40, 40))
+    assert len({tuple(s) for s in grown.plain_sequences}) > 3  # new seeds, new samples
+    with pytest.raises(ValueError, match="max_samples"):
+        lossless.losslessness_check(model, tokenizer, prompt, samples=5, max_samples=4, progress=False)
+    with pytest.raises(ValueError, match="detect"):
+        lossless.losslessness_check(model, tokenizer, prompt, samples=5, max_samples=8, detect=0, progress=False)
