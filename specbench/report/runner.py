@@ -20,6 +20,7 @@ import ast
 import datetime as _dt
 import json
 import os
+import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -392,7 +393,7 @@ def run_report(
         if summary.exists():
             summary.unlink()
         write_index(out, NOTEBOOKS)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _cpu_seconds()
         error = ""
         console = Prefixed(sys.stderr, f"[{name}] ")
         later = _expected_after(name, names, expected, to_run)
@@ -428,7 +429,9 @@ def run_report(
                     export_html(ipynb, html_path)
                 except Exception as err:
                     error = error or f"HTML export failed: {_error_text(err)}"
+            cpu = _cpu_seconds() - cpu0
             status.update(status="failed" if error else "done", finished=_now(), seconds=round(seconds, 1), error=error)
+            status["cpu_s"] = round(cpu, 1)
             if not error:
                 status["outputs"] = output_files(out, name)
             write_status(out, name, status)
@@ -437,7 +440,8 @@ def run_report(
             _record_end(out, name, status, state, _error_text(err) or state, time.perf_counter() - t0)
             raise
         result.results.append(NotebookResult(name, status["status"], seconds, error))
-        bar.write(f"{name}: {status['status']} in {seconds:.0f} s" + (f" ({error})" if error else ""))
+        cpu_note = f" ({status['cpu_s']:.0f} CPU s)" if status.get("cpu_s") else ""
+        bar.write(f"{name}: {status['status']} in {seconds:.0f} s{cpu_note}" + (f" ({error})" if error else ""))
         write_index(out, NOTEBOOKS)
     bar.close()
     result.results = merge_ranks(out, result.results, list(NOTEBOOKS))  # under mlx.launch: every rank's, on rank 0
@@ -479,6 +483,13 @@ def _report_info(profile: str) -> dict[str, Any]:
     blas = blas_library()  # the CPU's BLAS (None on a GPU); MLX's reference BLAS says how to get a faster one
     shown = {} if blas is None else {"blas": status_line().removeprefix("CPU BLAS: ")}
     return {"profile": profile, "created": now, "device": device_name(), **shown, **versions(), "updated": now}
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its finished children (a notebook's kernel is one): a
+    notebook's cost that does not grow with the machine's load, as its wall time does."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _record_end(out: Path, name: str, status: dict[str, Any], state: str, error: str, seconds: float) -> None:

@@ -67,6 +67,7 @@ def test_quick_profile_runs_each_notebook(tmp_path, name):
     assert not [p for p in local if p in text], f"{name}.html shows a local path"
     assert "\\x" not in text.split("<body", 1)[1].split("data:image", 1)[0], f"{name}.html escapes characters"
     assert f'href="{name}.html"' in page
+    assert json.loads((out / name / "status.json").read_text())["cpu_s"] > 0  # its kernel's CPU time counted
     summary = json.loads((out / name / "summary.json").read_text())
     assert summary["figures"], f"{name} drew no figure"
     for figure in summary["figures"]:
