@@ -7,6 +7,9 @@ from typing import Any
 
 #: Notebooks run before the others: the explorer replays the sweep's recorded outputs.
 RUN_FIRST = ("draft_length_sweep",)
+#: Notebooks that read what another one records in the report folder: spread over ranks, each runs on its
+#: source's rank, after it.
+READS_FROM = {"sampling": "draft_length_sweep", "explorer": "draft_length_sweep"}
 
 _TINY = "tiny:smollm2-135m"
 _EMBEDDED = "smollm2-135m"

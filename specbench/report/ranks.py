@@ -23,6 +23,7 @@ from typing import Any
 
 from specbench.common import distributed
 from specbench.common.files import inside, write_bytes_atomic
+from specbench.report.profiles import READS_FROM
 
 #: Weight of a notebook without an expected time: the mean of those known (this when none is).
 _UNKNOWN_SECONDS = 60.0
@@ -32,7 +33,7 @@ def notebooks_here(expected: dict[str, float | None], to_run: dict[str, Any]) ->
     """This rank's notebooks with their expected seconds, in report order (``expected`` itself in a world of
     one). Rank 0's ``expected`` and ``to_run`` (truthy: the notebook runs) decide for every rank: the
     notebooks not to run stay on rank 0 (it reports them done), the others are split so that each rank's
-    expected seconds are about equal."""
+    expected seconds are about equal, a notebook that reads another's records (``READS_FROM``) on that one's rank."""
     if distributed.size() == 1:
         return dict(expected)
     expected, to_run = distributed.broadcast((dict(expected), {n: bool(v) for n, v in to_run.items()}))
@@ -40,10 +41,22 @@ def notebooks_here(expected: dict[str, float | None], to_run: dict[str, Any]) ->
     known = [float(v) for v in expected.values() if v]
     default = sum(known) / len(known) if known else _UNKNOWN_SECONDS
     running = [n for n in expected if to_run.get(n, True)]
-    mine = {running[i] for i in distributed.my_share([float(expected[n] or default) for n in running])}
+    groups = run_together(running)
+    weights = [sum(float(expected[n] or default) for n in group) for group in groups]
+    mine = {n for i in distributed.my_share(weights) for n in groups[i]}
     if distributed.is_main():
         mine |= {n for n in expected if n not in running}
     return {n: v for n, v in expected.items() if n in mine}
+
+
+def run_together(names: Sequence[str]) -> list[list[str]]:
+    """``names`` in groups that must run on one rank, in order: a notebook that reads another's records
+    (``READS_FROM``) joins that one's group when both run."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        source = READS_FROM.get(name)
+        groups.setdefault(source if source in names else name, []).append(name)
+    return list(groups.values())
 
 
 def _notebook_files(out: Path, name: str) -> list[str]:

@@ -15,7 +15,7 @@ from report_ranks import NOTEBOOKS, report, write_notebooks
 from specbench.report import runner
 
 #: Status keys that differ from run to run (clocks, process).
-STATUS_TIMED = {"started", "finished", "seconds", "pid", "host"}
+STATUS_TIMED = {"started", "finished", "seconds", "cpu_s", "pid", "host"}
 #: Bench columns that hold clocks (and the configuration, which holds the device's name).
 TIMED = {"config", "wall_s", "first_token_s", "tokens_per_s"}
 SUMMARY_TIMED = {"seconds", "tokens_per_s", "decode_tokens_per_s", "speedup", "decode_speedup"}

@@ -139,3 +139,17 @@ def test_gather_outcomes_and_detach_children_in_a_world_of_one(monkeypatch):
     distributed.detach_children()
     assert distributed.launched_backend() is None and os.environ["CUDA_VISIBLE_DEVICES"] == "1"
     assert "MLX_RANK" not in os.environ and "NCCL_PORT" not in os.environ
+
+
+def test_notebooks_reading_the_sweeps_records_run_on_its_rank():
+    """Spread over ranks, the sampling and explorer notebooks (which read the sweep's recorded outputs) go in
+    the sweep's group, after it; without the sweep running they stand alone."""
+    from specbench.common.distributed import split
+    from specbench.report.ranks import run_together
+
+    names = ["draft_length_sweep", "quickstart", "sampling", "explorer", "policies"]
+    groups = run_together(names)
+    assert groups == [["draft_length_sweep", "sampling", "explorer"], ["quickstart"], ["policies"]]
+    assert run_together(["quickstart", "explorer"]) == [["quickstart"], ["explorer"]]
+    weights = [250 + 75 + 7, 60, 200]  # the sweep's group against the rest: two shares of about equal seconds
+    assert split(weights, 2) == [[0], [1, 2]]
