@@ -41,6 +41,14 @@ def _report(parser: argparse.ArgumentParser):
     )
     parser.add_argument("--force", action="store_true", help="run notebooks again even if they finished")
     parser.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        help="run the notebooks on this many local processes (ranks of MLX's ring backend, started directly: "
+        "mlx.launch's own loop would take a core), the cores' BLAS threads shared among them; rank 0 writes "
+        "the index from every rank's notebooks (default 1)",
+    )
+    parser.add_argument(
         "--notebooks",
         default=None,
         metavar="DIR",
@@ -57,6 +65,10 @@ def _report(parser: argparse.ArgumentParser):
                 f"{', '.join(missing)} not installed: install the report extra, pip install 'specbench[report]'"
             )
         parameters = parse_assignments(args.param)
+        if args.ranks < 1:
+            raise ValueError(f"--ranks must be at least 1, got {args.ranks}")
+        if args.ranks > 1 and distributed.launched_backend() is None:
+            return _start_ranks(args)
         result = run_report(args.profile, args.out, parameters, args.only, args.force, notebooks=args.notebooks)
         if distributed.rank() != 0:  # under mlx.launch: rank 0 prints every rank's results
             return 1 if result.failed else 0
@@ -66,3 +78,27 @@ def _report(parser: argparse.ArgumentParser):
         return 1 if result.failed else 0
 
     return run
+
+
+def _start_ranks(args: argparse.Namespace) -> int:
+    """``specbench report`` again on ``args.ranks`` local ranks into one folder: rank 0 on this console, the
+    others into ``rank<R>.log`` there; each rank's BLAS gets an equal share of the cores."""
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from specbench.common import distributed
+
+    out = Path(args.out or Path("reports") / args.profile).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "specbench", "report", "--profile", args.profile, "--out", str(out)]
+    command += [f"--param={p}" for p in args.param] + [f"--only={n}" for n in args.only or []]
+    command += ["--force"] * args.force + ([f"--notebooks={args.notebooks}"] if args.notebooks else [])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = str(max(1, cores // args.ranks))
+    envs = distributed.local_ring_env(args.ranks, distributed.free_ports(args.ranks), tempfile.mkdtemp())
+    envs = [{"OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", threads), **env} for env in envs]
+    logs = [None] + [str(out / f"rank{r}.log") for r in range(1, args.ranks)]
+    print(f"report on {args.ranks} ranks, {threads} BLAS thread(s) each; ranks 1+ write {out}/rank<R>.log", flush=True)
+    return distributed.run_ranks(command, envs, logs)

@@ -61,6 +61,54 @@ def local_ring_env(ranks: int, port: int, folder: str | os.PathLike) -> list[dic
     return [{"MLX_RANK": str(r), "MLX_HOSTFILE": hostfile} for r in range(ranks)]
 
 
+def free_ports(count: int) -> int:
+    """A port p with p .. p + count - 1 free on localhost (the ring backend listens on consecutive ports)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            start = probe.getsockname()[1]
+        if start + count > 65535:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for port in range(start, start + count):
+                held.append(socket.socket())
+                held[-1].bind(("127.0.0.1", port))
+            return start
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise RuntimeError("no free consecutive ports on localhost for the ring backend")
+
+
+def run_ranks(command: Sequence[str], rank_envs: Sequence[dict[str, str]], logs: Sequence[str | None]) -> int:
+    """Start ``command`` once per rank with this process's environment plus that rank's variables (as a
+    launcher would: ``local_ring_env``), each rank's output into its log file (None: this console), and
+    wait for them all; the highest exit code. Interrupted, it stops every rank."""
+    import subprocess
+
+    procs, files = [], []
+    try:
+        for env, log in zip(rank_envs, logs):
+            out = open(log, "w") if log else None  # noqa: SIM115 (closed below, after the rank ends)
+            files.append(out)
+            stderr = subprocess.STDOUT if out else None
+            procs.append(subprocess.Popen(list(command), env={**os.environ, **env}, stdout=out, stderr=stderr))
+        return max(proc.wait() for proc in procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+        for f in files:
+            if f:
+                f.close()
+
+
 def group() -> mx.distributed.Group:
     """The global group: the launched backend's (initialised on first use), or a world of one."""
     if _state["group"] is None:

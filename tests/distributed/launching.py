@@ -5,45 +5,22 @@ skip saying why they cannot start."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from specbench.common.distributed import local_ring_env
+from specbench.common.distributed import free_ports, local_ring_env
 
 HERE = Path(__file__).resolve().parent
-
-
-def _free_ports(count: int) -> int:
-    """A port p with p .. p + count - 1 free on localhost (the ring backend listens on consecutive ports)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            start = probe.getsockname()[1]
-        if start + count > 65535:
-            continue
-        held = []
-        try:
-            for port in range(start, start + count):
-                held.append(socket.socket())
-                held[-1].bind(("127.0.0.1", port))
-            return start
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-    raise RuntimeError("no free ports for the ring backend")
 
 
 def launch_ranks(script: Path, out: Path, *args: str, ranks: int = 2, timeout: float = 300) -> None:
     """Run ``script OUT ARGS`` on ``ranks`` local ring ranks; each rank's script writes ``OUT/started<R>``
     first. Skips the test when the ranks cannot start here; fails when a started rank fails."""
     out.mkdir(parents=True, exist_ok=True)
-    envs = local_ring_env(ranks, _free_ports(ranks), out)
+    envs = local_ring_env(ranks, free_ports(ranks), out)
     procs = []
     for r, rank_env in enumerate(envs):
         env = {**os.environ, **rank_env, "PYTHONUNBUFFERED": "1"}

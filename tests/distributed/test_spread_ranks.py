@@ -98,3 +98,27 @@ def test_two_rank_bench_equals_one_rank_and_resumes(ranks, tmp_path):
     assert "error: rank 1 failed: ValueError:" in logs[0] and "another benchmark configuration" in logs[0]
     assert "holds results of another benchmark configuration" in logs[1]
     assert _untimed(pl.read_parquet(merged / RUNS), TIMED, KEY).equals(_untimed(first, TIMED, KEY))
+
+
+def test_report_starts_its_own_local_ranks(tmp_path):
+    """``specbench report --ranks 2`` starts two ring ranks itself (no launcher): one notebook on each, rank 0
+    prints every result, rank 1's console goes to rank1.log in the report folder; a rank count below 1 is
+    refused before anything runs."""
+    import os
+    import subprocess
+    import sys
+
+    notebooks, out = write_notebooks(tmp_path / "notebooks"), tmp_path / "out"
+    command = [sys.executable, "-m", "specbench", "report", "--profile", "quick", "--notebooks", str(notebooks)]
+    command += ["--out", str(out), "-p", "value=5", *(f"--only={name}" for name in NOTEBOOKS)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run([*command, "--ranks", "2"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert [runner.read_status(out, name)["status"] for name in NOTEBOOKS] == ["done", "done"]
+    assert "report on 2 ranks" in done.stdout and all(f"  {name}" in done.stdout for name in NOTEBOOKS)
+    ran = {name: f"{name}: done in" for name in NOTEBOOKS}
+    rank0, rank1 = done.stdout + done.stderr, (out / "rank1.log").read_text()
+    assert [name for name in NOTEBOOKS if ran[name] in rank0] == ["tree_vs_path"]  # each rank ran one of them
+    assert [name for name in NOTEBOOKS if ran[name] in rank1] == ["batch_break_even"]
+    refused = subprocess.run([*command, "--ranks", "0"], capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode != 0 and "--ranks must be at least 1, got 0" in refused.stderr
