@@ -24,10 +24,10 @@ from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
 from specbench.core.forward import context_length
 from specbench.core.lockstep import in_lockstep
-from specbench.core.options import GenerateOptions, VerifyMode, checked_options
+from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy
 from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, Prompt, PromptCache, Tokenizer
-from specbench.core.verify import FAST
+from specbench.core.verify import FAST, VerifyMode
 from specbench.cost import Profile, profile_for
 from specbench.cost.breakeven import BreakEven
 from specbench.cost.group import lockstep_profile

@@ -19,8 +19,9 @@ from mlx_lm import stream_generate
 from specbench.common.deprecation import renamed_arguments
 from specbench.common.timing import quiet
 from specbench.core.engine import generate
-from specbench.core.options import GenerateOptions, check_verify_mode
+from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
+from specbench.core.verify import check_verify_mode
 from specbench.decoding import speculative_generate
 from specbench.drafters import DRAFTER_NAMES, is_drafter_name, make_drafter
 from specbench.exact.calibration import calibrate

@@ -38,9 +38,10 @@ from specbench.bench.timing import cache_copy, prefix_cache, timed
 from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic
 from specbench.core.engine import generate
-from specbench.core.options import GenerateOptions, VerifyMode, check_verify_mode
+from specbench.core.options import GenerateOptions
 from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, FixedPolicy, as_policy
 from specbench.core.rules import Acceptance
+from specbench.core.verify import VerifyMode, check_verify_mode
 from specbench.cost.profile import Profile
 from specbench.decoding import speculative_generate
 from specbench.exact.calibration import calibrate

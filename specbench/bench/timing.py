@@ -14,9 +14,9 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.common.timing import quiet
 from specbench.core.engine import generate
-from specbench.core.forward import forward
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.verify import forward
 from specbench.decoding import speculative_generate
 
 

@@ -18,7 +18,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from specbench.checks.exact_layout import Snapshot, bits, same
 from specbench.checks.exactness_workload import timed_oracle
 from specbench.core.log import StepLog, StepRecord
-from specbench.exact import calibration_key, exact_mode, hooks, verifier
+from specbench.exact import calibration_key, exact_mode, hooks
 from specbench.exact.calibration import Calibration, _calibrations
 
 #: The serial KV layout's two hooks, and the first GPU run's stand-ins (no layout, rows sliced).
@@ -29,14 +29,13 @@ NO_LAYOUT = (lambda cache, width=1: None), (lambda k, v, n: (k[..., :n, :], v[..
 @contextlib.contextmanager
 def layout(on: bool) -> Iterator[None]:
     """Exact mode with (on) or without (off: the first GPU run's code) the serial KV layout: in
-    the split forwards (``hooks``) and before the engine's plain steps (``ExactVerifier``)."""
-    saved = hooks.serial_kv_layout, hooks._serial_kv_row, verifier.serial_kv_layout
-    kv_layout, kv_row = SERIAL_LAYOUT if on else NO_LAYOUT
-    hooks.serial_kv_layout, hooks._serial_kv_row, verifier.serial_kv_layout = kv_layout, kv_row, kv_layout
+    the split forwards and before the engine's plain steps (``hooks.SplitVerifier``)."""
+    saved = hooks.serial_kv_layout, hooks._serial_kv_row
+    hooks.serial_kv_layout, hooks._serial_kv_row = SERIAL_LAYOUT if on else NO_LAYOUT
     try:
         yield
     finally:
-        hooks.serial_kv_layout, hooks._serial_kv_row, verifier.serial_kv_layout = saved
+        hooks.serial_kv_layout, hooks._serial_kv_row = saved
 
 
 def run_exact(

@@ -21,8 +21,9 @@ from mlx_lm.generate import generate_step
 
 from specbench.core.engine import Generation
 from specbench.core.forward import vocab_size
-from specbench.core.options import GenerateOptions, VerifyMode, check_verify_mode
+from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.verify import VerifyMode, check_verify_mode
 from specbench.drafters.oracle import Oracle
 from specbench.exact.verifier import verifier_for
 

@@ -81,7 +81,7 @@ def drafter_names(text: str, option: str = "--drafters", required: bool = False)
 
 def verify_modes(text: str | None, option: str = "--verify") -> list[str]:
     """The verify modes of a comma list (none for None), checked before any model is loaded."""
-    from specbench.core.options import VERIFY_MODES
+    from specbench.core.verify import VERIFY_MODES
 
     modes = names(text) if text is not None else []
     unknown = [m for m in modes if m not in VERIFY_MODES]

@@ -1,4 +1,5 @@
-"""Acceptance rules: greedy, and lossless speculative sampling (min(1, p/q), residual), for paths and trees."""
+"""Lossless speculative sampling (min(1, p/q), residual), for paths and trees, and the sampler's settings (the greedy
+rule is ``specbench.core.verify.accept_greedy``)."""
 
 from __future__ import annotations
 
@@ -45,18 +46,6 @@ class SamplingSettings:
         return mx.softmax(logprobs * (1.0 / self.temperature), axis=-1)
 
 
-def accept_greedy(draft: list[int], targets: list[int]) -> tuple[int, list[int]]:
-    """Greedy rule: accept the longest prefix of ``draft`` equal to the model's argmax.
-
-    ``targets`` has one more entry than ``draft`` (the bonus position). Returns the number of
-    accepted draft tokens and the emitted tokens (accepted drafts, then the model's own token).
-    """
-    n = 0
-    while n < len(draft) and draft[n] == targets[n]:
-        n += 1
-    return n, list(draft[:n]) + [targets[n]]
-
-
 def accept_sampled(p: mx.array, draft: list[int], q: mx.array | None) -> tuple[int, list[int], list[float]]:
     """Lossless speculative sampling (Leviathan et al.; Chen et al.).
 
@@ -90,25 +79,6 @@ def accept_sampled(p: mx.array, draft: list[int], q: mx.array | None) -> tuple[i
         n += 1
     last = int(bonus_token.item()) if n == k else int(replacements[n].item())
     return n, list(draft[:n]) + [last], [float(x) for x in ratio.tolist()]
-
-
-def accept_tree_greedy(tokens: list[int], parents: list[int], targets: list[int]) -> tuple[list[int], list[int]]:
-    """Greedy rule for a token tree: from the root, follow the child whose token is the model's
-    argmax while there is one (the longest accepted root-to-leaf path).
-
-    ``targets``: the argmax of each row (row 0 the root, row i + 1 node i). Returns the accepted
-    nodes (root to leaf) and the emitted tokens (their tokens, then the model's own token).
-    """
-    kids = children(parents)
-    path: list[int] = []
-    node = -1
-    while True:
-        want = targets[node + 1]
-        follow = next((c for c in kids[node] if tokens[c] == want), None)
-        if follow is None:
-            return path, [tokens[i] for i in path] + [want]
-        path.append(follow)
-        node = follow
 
 
 def accept_tree_sampled(

@@ -1,14 +1,13 @@
 """Batched decoding: several requests decode together, each drafting its own length.
 
-Each step every active request asks its policy for a draft length k_i (0 allowed) and its drafter
-for up to k_i tokens; one forward verifies the padded [B, max(w_i)] block (w_i = k_i + 1: the
-request's last token, then its draft); each row is accepted by its own rule
-(``specbench.core.accept``) and rolled back on its own: mlx-lm's ``BatchKVCache`` keeps per-row
-left padding, so the rejected tail of row r becomes left padding (``prepare(right_padding=...)``
-then ``finalize()``); a hybrid model's recurrent layers take each row's recorded state
-(``specbench.core.batch_hybrid``). Requests finish on their own stops and lengths (each request is a
-``Generation`` of the single-request engine, whose prefill, stop rules and step log it reuses);
-a waiting request takes a finished request's slot (continuous batching).
+Each step every active request asks its policy for a draft length k_i (0 allowed) and its drafter for up to k_i
+tokens; one forward verifies the padded [B, max(w_i)] block (w_i = k_i + 1: the request's last token, then its
+draft); each row is accepted by its own rule (``specbench.core.rules``; greedy: ``specbench.core.verify``) and
+rolled back on its own: mlx-lm's ``BatchKVCache`` keeps per-row left padding, so the rejected tail of row r becomes
+left padding (``prepare(right_padding=...)`` then ``finalize()``); a hybrid model's recurrent layers take each row's
+recorded state (``specbench.core.batch_hybrid``). Requests finish on their own stops and lengths (each request is a
+``Generation`` of the single-request engine, whose prefill, stop rules and step log it reuses); a waiting request
+takes a finished request's slot (continuous batching).
 """
 
 from __future__ import annotations
@@ -25,16 +24,14 @@ import mlx.nn as nn
 from mlx_lm.generate import generation_stream, wired_limit
 
 from specbench.common.deprecation import keyword_only_after
-from specbench.core.accept import accept_greedy
 from specbench.core.batch_hybrid import RowRollback, batch_layer, check_batchable
 from specbench.core.batch_request import BatchRequest
 from specbench.core.draft import Drafter
 from specbench.core.experts import ExpertCounter
-from specbench.core.forward import forward, greedy
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, PolicySpec, Prompt, Tokenizer
-from specbench.core.verify import FAST, Verifier
+from specbench.core.verify import FAST, Verifier, accept_greedy, forward, greedy
 
 
 @dataclass

@@ -7,11 +7,11 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from specbench.core.draft import as_draft, check_draft, cut_unconfident
 from specbench.core.engine import Generation
 from specbench.core.experts import ExpertCounter
 from specbench.core.policies import Decision, Plain, Speculate
 from specbench.core.target import Step
+from specbench.core.verify import as_draft, check_draft, cut_unconfident
 
 
 class BatchRequest(Generation):

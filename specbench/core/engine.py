@@ -1,8 +1,10 @@
 """The decode loop: plain and speculative generation, stops and finish reasons.
 
-Data flows one way: prompt -> drafter.draft -> one verify forward -> accept rule -> cache
-rollback -> drafter.observe -> step log -> emitted tokens. The loop runs against a target
-(``specbench.core.target``): a model, or a recorded output when simulating.
+Data flows one way: prompt -> drafter.draft -> one verify forward -> accept rule -> cache rollback ->
+drafter.observe -> step log -> emitted tokens. The loop runs against a target (``specbench.core.target``): a model,
+or a recorded output when simulating. The policy decides each step (``specbench.core.auto`` for the default), and
+one verification's mechanics (the draft checked, the forward, the accept rule, the rollback) are in
+``specbench.core.verify``.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from specbench.common.deprecation import keyword_only_after, renamed_arguments
-from specbench.core.draft import Draft, Drafter, as_draft, check_draft, cut_unconfident
+from specbench.core.draft import Draft, Drafter
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy, Plain, Speculate
 from specbench.core.target import ModelTarget, Pipeline, Step, Target
 from specbench.core.tree import depths
-from specbench.core.verify import FAST, Verifier
+from specbench.core.verify import FAST, Verifier, as_draft, check_draft, cut_unconfident
 
 
 def token_ids(prompt: Any, tokenizer: Any = None) -> list[int]:
@@ -293,7 +295,7 @@ class Generation:
                 "tree_depth": max(depths(draft.parents)),
                 "accepted_path": step.path[:accepted],
             }
-            if draft.is_tree
+            if draft.parents is not None  # a tree (a checked path has none)
             else {}
         )
         self._record(
@@ -308,7 +310,7 @@ class Generation:
             verify_s=verify_s,
             accept_probs=step.accept_probs,
             draft_tokens=list(draft.tokens),
-            draft_parents=list(draft.parents) if draft.is_tree else [],
+            draft_parents=list(draft.parents) if draft.parents is not None else [],
             extra=step.extra,
             other_since=since,
             **tree,

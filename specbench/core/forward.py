@@ -1,8 +1,8 @@
-"""Model forward passes: logits, and the hidden states drafters such as MTP heads read."""
+"""What specbench reads of an mlx-lm model: its language model, its output head (logits from the hidden states
+drafters such as MTP heads read), its vocabulary size and its context length. The forward itself and the greedy
+choice are ``specbench.core.verify.forward`` and ``greedy``."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -22,21 +22,6 @@ def logits_from_hidden(model: nn.Module, hidden: mx.array) -> mx.array:
     return lm.model.embed_tokens.as_linear(hidden)
 
 
-def forward(
-    model: nn.Module, inputs: mx.array, cache: list[Any], return_hidden: bool = False
-) -> mx.array | tuple[mx.array, mx.array]:
-    """Run ``inputs`` ([1, w] token ids) through the model, extending ``cache``.
-
-    Returns logits [1, w, vocab], or ``(logits, hidden)`` with ``hidden`` the post-final-norm
-    states [1, w, hidden] when ``return_hidden`` is set.
-    """
-    if not return_hidden:
-        return model(inputs, cache=cache)
-    lm = text_model(model)
-    hidden = lm.model(inputs, cache=cache)
-    return logits_from_hidden(model, hidden), hidden
-
-
 def vocab_size(model: nn.Module) -> int:
     """The size of the model's vocabulary (its config's, else its embedding's rows)."""
     lm = text_model(model)
@@ -48,9 +33,3 @@ def context_length(model: nn.Module) -> int | None:
     """The model's context length (``max_position_embeddings``), or None when its config has none."""
     value = getattr(getattr(text_model(model), "args", None), "max_position_embeddings", None)
     return int(value) if value else None
-
-
-def greedy(logits: mx.array) -> mx.array:
-    """Argmax of log-probabilities over the last axis, as mlx-lm's greedy sampler computes it."""
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    return mx.argmax(logprobs, axis=-1)

@@ -17,9 +17,10 @@ from typing import Any
 import mlx.core as mx
 
 from specbench.common import distributed
-from specbench.core.draft import Draft, Drafter, as_draft
+from specbench.core.draft import Draft, Drafter
 from specbench.core.log import StepLog
 from specbench.core.policies import Decision, DraftPolicy
+from specbench.core.verify import as_draft
 
 
 class RankZeroDrafter(Drafter):

@@ -6,21 +6,10 @@ import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Literal, get_args
 
 from specbench.core.accept import SamplingSettings
 from specbench.core.rules import TYPICAL_DELTA, TYPICAL_EPSILON, Acceptance, AcceptanceRule
-
-#: "exact": every verified row computed as serial decoding computes it; "fast": one batched forward.
-VerifyMode = Literal["exact", "fast"]
-VERIFY_MODES: tuple[VerifyMode, ...] = get_args(VerifyMode)
-
-
-def check_verify_mode(mode: object) -> VerifyMode:
-    """``mode`` if it is a verify mode, else one clear ValueError."""
-    if not isinstance(mode, str) or mode not in VERIFY_MODES:
-        raise ValueError(f"verify mode must be one of {', '.join(VERIFY_MODES)}, got {mode!r}")
-    return mode  # type: ignore[return-value]
+from specbench.core.verify import VerifyMode, check_verify_mode
 
 
 @dataclass

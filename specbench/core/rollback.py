@@ -1,10 +1,10 @@
-"""Cache rollback: after a partial acceptance, caches hold exactly the accepted tokens' state.
+"""The rollback of recurrent state: after a partial acceptance, caches hold exactly the accepted tokens' state.
 
-Key-value caches are trimmed. Hybrid models (Qwen3.5, Qwen3-Next) also hold the recurrent
-state of their Gated DeltaNet layers in mlx-lm's ``ArraysCache``, which cannot be trimmed: during
-a verification those layers run their recurrence one step at a time (the computation serial
-decoding makes) and keep each step's recurrent and convolution state, so a rewind restores the
-state of the last accepted position. The extra memory is one state per verified position.
+Key-value caches are trimmed (``specbench.core.verify.CacheRollback``). Hybrid models (Qwen3.5, Qwen3-Next) also
+hold the recurrent state of their Gated DeltaNet layers in mlx-lm's ``ArraysCache``, which cannot be trimmed: during
+a verification those layers run their recurrence one step at a time (the computation serial decoding makes) and keep
+each step's recurrent and convolution state, so a rewind restores the state of the last accepted position. The
+extra memory is one state per verified position.
 """
 
 from __future__ import annotations
@@ -14,68 +14,8 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache
 
 from specbench.core.swap import own_class, restore_class, swap_class
-
-
-class CacheRollback:
-    """Rewinds a model's caches by the rejected tail of a verification.
-
-    ``model`` is needed only for hybrid models (caches that cannot be trimmed): their
-    recurrent layers are recorded during each verification.
-    """
-
-    def __init__(self, cache: list[Any], model: nn.Module | None = None):
-        self.cache = cache
-        recurrent = [i for i, c in enumerate(cache) if not c.is_trimmable()]
-        self.recorder: RecurrentRecorder | None = None
-        if recurrent:
-            unsupported = sorted({type(cache[i]).__name__ for i in recurrent if not isinstance(cache[i], ArraysCache)})
-            if unsupported:
-                raise ValueError(
-                    f"speculative decoding needs caches that can roll back, but this model uses "
-                    f"{', '.join(unsupported)}; use plain generation (no drafter) for this model"
-                )
-            if model is None:
-                raise ValueError(
-                    "this model keeps recurrent state (ArraysCache): pass the model, "
-                    "CacheRollback(cache, model), so its recurrent layers can be recorded"
-                )
-            self.recorder = RecurrentRecorder(model, cache, recurrent)
-
-    def before_verify(self, width: int) -> None:
-        """Called before a verification of ``width`` tokens extends the caches."""
-        if self.recorder is not None:
-            self.recorder.arm(width)
-
-    def compact(self, width: int, keep: list[int]) -> None:
-        """After a verification of ``width`` rows (a token tree), keep only rows ``keep`` (increasing
-        indices into those rows: the root and the accepted path) in that order, and drop the rest.
-        A prefix is a plain rewind."""
-        if keep == list(range(len(keep))):
-            self.rewind(width - len(keep))
-            return
-        if self.recorder is not None:
-            raise ValueError("a model with recurrent state cannot keep a branch of a token tree: draft paths")
-        for c in self.cache:
-            base = c.offset - width
-            rows = mx.array([base + r for r in keep], dtype=mx.int32)
-            end = base + len(keep)
-            for name in ("keys", "values"):
-                buffers = getattr(c, name)
-                for b in buffers if isinstance(buffers, tuple) else (buffers,):
-                    b[..., base:end, :] = b[..., rows, :]
-            c.offset = end
-
-    def rewind(self, num_rejected: int) -> None:
-        """Drop the state of the last ``num_rejected`` verified positions."""
-        if self.recorder is not None:
-            self.recorder.restore(num_rejected)
-        if num_rejected > 0:
-            for c in self.cache:
-                if c.is_trimmable():
-                    c.trim(num_rejected)
 
 
 def _gated_deltanet(layer: nn.Module) -> nn.Module | None:

@@ -26,8 +26,9 @@ from typing import Literal, get_args
 import mlx.core as mx
 import numpy as np
 
-from specbench.core.accept import accept_greedy, accept_sampled, accept_tree_greedy, accept_tree_sampled
+from specbench.core.accept import accept_sampled, accept_tree_sampled
 from specbench.core.tree import children, is_path
+from specbench.core.verify import accept_greedy, accept_tree_greedy
 
 AcceptanceRule = Literal["token", "exact-match", "block", "typical"]
 ACCEPTANCE_RULES: tuple[AcceptanceRule, ...] = get_args(AcceptanceRule)

@@ -26,14 +26,12 @@ import mlx.nn as nn
 from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from specbench.core.accept import accept_greedy, accept_tree_greedy
 from specbench.core.draft import Draft
 from specbench.core.experts import ExpertCounter
-from specbench.core.forward import context_length, forward, greedy, vocab_size
+from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
-from specbench.core.rollback import CacheRollback
 from specbench.core.tree import depths, tree_attention
-from specbench.core.verify import FAST, Verifier
+from specbench.core.verify import FAST, CacheRollback, Verifier, accept_greedy, accept_tree_greedy, forward, greedy
 
 
 @dataclass
@@ -345,7 +343,7 @@ class Pipeline:
         """The target's verification of ``draft`` (a path or a token tree) after output ``position``; a probe's
         full rejection leaves the plain step after it queued."""
         self._check_taken()
-        if draft.is_tree:
+        if draft.parents is not None:  # a token tree
             return self.inner.verify(draft.tokens, draft.probs, position, parents=draft.parents)
         step = self.inner.verify(draft.tokens, draft.probs, position, queue_rejected=probing)
         if step.queued is not None:

@@ -2,7 +2,7 @@
 
 from specbench.common.files import home
 from specbench.common.identity import device_name, display_name, kernel_key, model_key, versions
-from specbench.core.options import VERIFY_MODES
+from specbench.core.verify import VERIFY_MODES
 from specbench.cost.breakeven import (
     best_k,
     break_even_acceptance,

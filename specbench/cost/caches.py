@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from specbench.core.rollback import CacheRollback
+from specbench.core.verify import CacheRollback
 
 
 def prefill(model: nn.Module, tokens: Sequence[int], chunk: int = 512) -> list[Any]:

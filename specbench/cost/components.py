@@ -37,13 +37,12 @@ from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 
 from specbench.common.identity import device_name, display_name
-from specbench.core.accept import accept_greedy
 from specbench.core.engine import Generation, generate
-from specbench.core.forward import greedy, text_model, vocab_size
+from specbench.core.forward import text_model, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.swap import mixed_class
-from specbench.core.verify import FAST
+from specbench.core.verify import FAST, accept_greedy, greedy
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
 from specbench.cost.timing import RandomDrafter, seconds_per_token, time_verify
 

@@ -12,8 +12,9 @@ import numpy as np
 from specbench.common import distributed
 from specbench.core.engine import Generation, generate
 from specbench.core.forward import vocab_size
-from specbench.core.options import GenerateOptions, check_verify_mode
+from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.verify import check_verify_mode
 from specbench.cost.breakeven import speedup
 from specbench.cost.measure import seconds_per_token
 from specbench.cost.predict import predicted_speedup

@@ -16,7 +16,7 @@ import mlx.nn as nn
 
 from specbench.common import distributed
 from specbench.common.identity import display_name
-from specbench.core.options import check_verify_mode
+from specbench.core.verify import check_verify_mode
 from specbench.cost.measure import QUICK_WIDTHS, measure
 from specbench.cost.profile import Profile, load_profile
 

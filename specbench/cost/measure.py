@@ -21,13 +21,12 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.common.identity import device_name, display_name, model_key, versions
 from specbench.common.per_key import per_key
-from specbench.core.draft import Drafter, as_draft
+from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
 from specbench.core.forward import context_length, text_model, vocab_size
-from specbench.core.options import GenerateOptions, check_verify_mode
+from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.core.rollback import CacheRollback
-from specbench.core.verify import Verifier
+from specbench.core.verify import CacheRollback, Verifier, as_draft, check_verify_mode
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
 from specbench.cost.profile import Profile, load_profile
 from specbench.cost.timing import RandomDrafter, seconds_per_token, time_verify

@@ -13,8 +13,7 @@ import numpy as np
 
 from specbench.common.timing import quiet
 from specbench.core.draft import Draft, Drafter
-from specbench.core.rollback import CacheRollback
-from specbench.core.verify import Verifier
+from specbench.core.verify import CacheRollback, Verifier
 from specbench.cost.caches import CacheRestore
 
 

@@ -30,8 +30,8 @@ from specbench.common.files import home, locked, set_aside, write_json_atomic
 from specbench.common.identity import device_name, model_key, versions
 from specbench.core.draft import Drafter
 from specbench.core.forward import vocab_size
-from specbench.core.options import check_verify_mode
 from specbench.core.tree import tree_attention
+from specbench.core.verify import check_verify_mode
 from specbench.cost.breakeven import drafter_cost
 from specbench.cost.caches import CacheRestore, prefill
 from specbench.cost.measure import _time_plain

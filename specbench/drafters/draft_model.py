@@ -28,9 +28,10 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 
 from specbench.core.accept import SamplingSettings
 from specbench.core.draft import Draft, Drafter
-from specbench.core.forward import greedy, text_model, vocab_size
+from specbench.core.forward import text_model, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
+from specbench.core.verify import greedy
 from specbench.models.embedded import shipped_draft_path
 
 #: Tokens fed to the draft model per forward when it catches up on a long context.

@@ -1,17 +1,17 @@
 """The split: a width-w forward whose layers run row by row through a decode step's calls.
 
-On a GPU a forward over w tokens is not bit-identical to w single-token steps: matrix products
-over w rows and attention over w queries run other kernels (other reduction orders) than the
-1-row products and the single-query attention of a decode step. Inside ``split_mode(model,
-plans)`` the layers that differ are run row by row through the very calls a decode step makes,
-as the plan for the forward's width says (``specbench.exact.plan``). Every other op of the
-mlx-lm models (embedding, RMSNorm, RoPE at an offset, elementwise ops, softmax and top-k
-routing, residual sums) computes each row on its own: ``probe_ops`` checks that on the current
-device. The KV caches get the layout serial decoding gives them (``specbench.exact.layout``).
+On a GPU a forward over w tokens is not bit-identical to w single-token steps: matrix products over w rows and
+attention over w queries run other kernels (other reduction orders) than the 1-row products and the single-query
+attention of a decode step. Inside ``split_mode(model, plans)`` the layers that differ are run row by row through
+the very calls a decode step makes, as the plan for the forward's width says (``specbench.exact.plan``). Every other
+op of the mlx-lm models (embedding, RMSNorm, RoPE at an offset, elementwise ops, softmax and top-k routing, residual
+sums) computes each row on its own: ``probe_ops`` checks that on the current device. The KV caches get the layout
+serial decoding gives them (``specbench.exact.layout``); row-invariant kernels compute a layer's rows in one call
+where the device's probe proved them (``specbench.exact.kernel_calls``).
 
-The split is installed by swapping the ``__call__`` of those classes (and the attention
-function) while the context is open: no model file is copied, and every mlx-lm model that
-builds on these layers is covered.
+The split is installed by swapping the ``__call__`` of those classes (and the attention function) while the context
+is open: no model file is copied, and every mlx-lm model that builds on these layers is covered. ``SplitVerifier``
+runs the decode loop's verifications through it.
 """
 
 from __future__ import annotations
@@ -26,14 +26,17 @@ import mlx.nn as nn
 from mlx_lm.models import base as mlx_base
 from mlx_lm.models import switch_layers
 
-from specbench import kernels
 from specbench.core.tree import open_trees, tree_forward, visible_rows
+from specbench.core.verify import Verifier, VerifyMode, forward, greedy
+from specbench.exact.kernel_calls import kernel_attention, kernel_product
 from specbench.exact.layout import (
     CUDNN_ATTENTION_ENV,
+    clear_rejected,
     cudnn_attention,
     layout_sensitive_attention,
     serial_kv_layout,
     serial_kv_rows,
+    tree_attention,
 )
 from specbench.exact.plan import ExactPlan
 
@@ -167,7 +170,7 @@ def _linear_call(original: Callable, vector: Callable | None) -> Callable:
             if out is not None:
                 return out
         if plan.linear == "kernel":
-            out = _kernel_product(self, x)
+            out = kernel_product(self, x)
             if out is not None:
                 return out
             return _in_chunks(lambda part: original(self, part, *args, **kwargs), x, 1)
@@ -181,33 +184,6 @@ def _linear_call(original: Callable, vector: Callable | None) -> Callable:
 
     call.__wrapped__ = original
     return call
-
-
-def _kernel_product(layer: nn.Module, x: mx.array) -> mx.array | None:
-    """``layer(x)`` through a row-invariant kernel, every row as MLX's one-row product: a
-    ``QuantizedLinear`` (or a ``QuantizedEmbedding``'s ``as_linear``) through ``kernels.qmv_rows``, a
-    ``Linear`` (or an ``Embedding``'s ``as_linear``) through ``kernels.gemv_rows``. None where no kernel
-    computes this layer or the device's probe found none exact."""
-    if type(layer) in (nn.Linear, nn.Embedding):
-        weight = layer["weight"]
-        if not kernels.gemv_supports(x, weight):
-            return None
-        variant = kernels.gemv_variant(x.dtype)
-        if variant is None:
-            return None
-        out = kernels.gemv_rows(x, weight, variant)
-        return out + layer["bias"] if "bias" in layer else out
-    if type(layer) not in (nn.QuantizedLinear, nn.QuantizedEmbedding):
-        return None
-    params = {name: layer[name] for name in ("weight", "scales", "biases") if name in layer}
-    bits, group_size, mode = layer.bits, layer.group_size, getattr(layer, "mode", "affine")
-    if not kernels.supports(x, bits, group_size, mode, params.get("biases")):
-        return None
-    variant = kernels.qmv_variant(x.dtype, bits, group_size)
-    if variant is None:
-        return None
-    out = kernels.qmv_rows(x, params["weight"], params["scales"], params["biases"], group_size, bits, variant)
-    return out + layer["bias"] if "bias" in layer else out
 
 
 def _linear_vector(self: nn.Linear, x: mx.array) -> mx.array:
@@ -251,35 +227,18 @@ def _is_causal(mask: Any) -> bool:
     return isinstance(mask, str) and mask == "causal" or isinstance(mask, mx.array)
 
 
-def _tree_attention(original: Callable, queries, keys, values, visible: list[list[int]], scale: float, *args, **kwargs):
-    """A token tree's attention row by row: each row attends the cache and its ancestors' keys, gathered
-    into the contiguous buffer serial decoding along that row's path attends."""
-    rows = queries.shape[-2]
-    prefix = keys.shape[-2] - rows
-    layout_sensitive = _contexts[-1].layout_sensitive if _contexts else False
-    outs = []
-    for i in range(rows):
-        at = mx.array([prefix + j for j in visible[i]], dtype=mx.int32)
-        row_keys = mx.concatenate([keys[..., :prefix, :], keys[..., at, :]], axis=-2)
-        row_values = mx.concatenate([values[..., :prefix, :], values[..., at, :]], axis=-2)
-        n = row_keys.shape[-2]
-        row_keys, row_values = serial_kv_rows(row_keys, row_values, n, n, layout_sensitive)
-        outs.append(
-            original(mx.contiguous(queries[..., i : i + 1, :]), row_keys, row_values, *args, scale=scale, **kwargs)
-        )
-    return mx.concatenate(outs, axis=-2)
-
-
 def _attention_call(original: Callable) -> Callable:
     def sdpa(queries, keys, values, *args, scale: float, mask: Any = None, **kwargs):
         rows = queries.shape[-2]
         plan = _plan(rows)
         visible = visible_rows(rows) if plan is not None and open_trees else None
         if visible is not None:  # a token tree: always row by row (its mask is no causal one)
-            return _tree_attention(original, queries, keys, values, visible, scale, *args, **kwargs)
+            sensitive = _contexts[-1].layout_sensitive
+            return tree_attention(original, queries, keys, values, visible, scale, sensitive, *args, **kwargs)
         if plan is None or not plan.attention or not _is_causal(mask):
             return original(queries, keys, values, *args, scale=scale, mask=mask, **kwargs)
-        if (out := _kernel_attention(plan, queries, keys, values, scale, mask, args, kwargs)) is not None:
+        sensitive = _contexts[-1].layout_sensitive
+        if (out := kernel_attention(plan, queries, keys, values, scale, mask, args, kwargs, sensitive)) is not None:
             return out
         prefix = keys.shape[-2] - rows
         outs = []
@@ -301,14 +260,6 @@ def _attention_call(original: Callable) -> Callable:
 
     sdpa.__wrapped__ = original
     return sdpa
-
-
-def _kernel_attention(plan: ExactPlan, queries, keys, values, scale: float, mask: Any, args, kwargs) -> mx.array | None:
-    """A causal block in one ``attention_rows`` call, rows as the split computes them (None where it does not apply)."""
-    plain = not args and all(v is None for v in kwargs.values()) and not _contexts[-1].layout_sensitive
-    usable = plan.attention == "kernel" and plain and kernels.attention.supports(queries, keys, values, mask)
-    variant = kernels.attention_variant(queries.dtype, queries.shape[-1]) if usable else None
-    return None if variant is None else kernels.attention_rows(queries, keys, values, scale, mask, variant)
 
 
 def _quantized_attention_call(original: Callable) -> Callable:
@@ -442,15 +393,6 @@ def _owner_of_call(cls: type) -> type:
     raise ValueError(f"{cls.__name__} has no __call__")
 
 
-def _fixed(level: str | ExactPlan) -> Callable[[int], ExactPlan]:
-    plan = ExactPlan.parse(level)
-
-    def resolve(width: int) -> ExactPlan:
-        return plan
-
-    return resolve
-
-
 @contextlib.contextmanager
 def split_mode(model: nn.Module, plans: Plans, compiled: bool = False) -> Iterator[None]:
     """Inside, a forward of ``model`` of width w runs the layers ``plans(w)`` names row by row.
@@ -462,7 +404,8 @@ def split_mode(model: nn.Module, plans: Plans, compiled: bool = False) -> Iterat
     they do at every width whose plan says so (a level's ``+compiled`` part).
     """
     _warn_if_cudnn_attention()
-    resolve = plans if callable(plans) else _fixed(plans)
+    fixed = None if callable(plans) else ExactPlan.parse(plans)
+    resolve = plans if fixed is None else (lambda width: fixed)
     hooked = _hooked_modules(model)
     patches = _op_patches() + [(_owner_of_call(type(m)), "__call__", _model_call) for m in hooked]
     done: list[tuple[Any, str]] = []
@@ -498,3 +441,59 @@ def _warn_if_cudnn_attention() -> None:
         "is set: leave it unset, or import specbench before MLX first runs attention, for bit-identical output",
         stacklevel=4,
     )
+
+
+# -- the verifier through the split -----------------------------------------------------------------------------------
+
+
+class SplitVerifier(Verifier):
+    """The decode loop's verifier through the split: a verification of ``model`` runs inside ``split_mode`` with the
+    plans of ``level`` (``plans_of``, once per generation), each row's greedy choice made on its own as a serial step
+    makes it. Where attention depends on the KV buffer's layout (``layout_sensitive_attention``), plain steps get serial
+    decoding's buffer and rejected rows are zeroed. ``specbench.exact.ExactVerifier`` adds the calibrated "auto"."""
+
+    mode: VerifyMode = "exact"
+
+    def __init__(self, model: nn.Module, level: str | ExactPlan):
+        self.model = model
+        self.level = level
+        self.clears_rejected = layout_sensitive_attention()
+        self._laid_out: list[Any] | None = None  # the cache last given serial decoding's layout
+        self._plans: Plans | None = None  # the generation's, while one runs
+
+    def plans_of(self, model: nn.Module) -> Plans:
+        """The plans a verification of ``model`` runs with: ``level`` for every width."""
+        return self.level
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """One generation: its plans prepared once (a calibration read once), used by every verification in it."""
+        self._plans = self.plans_of(self.model)
+        try:
+            yield
+        finally:
+            self._plans = None
+
+    def forward(
+        self, model: nn.Module, inputs: mx.array, cache: list[Any], return_hidden: bool = False
+    ) -> mx.array | tuple[mx.array, mx.array]:
+        self._laid_out = None
+        # The split's class patches go in around each verification: in and out they cost ~0.2 ms, while left in for a
+        # generation their wrappers add ~0.9 ms to every plain step (SmolLM2-135M on a CPU, building its graph).
+        plans = self._plans if self._plans is not None and model is self.model else self.plans_of(model)
+        with split_mode(model, plans):
+            return forward(model, inputs, cache, return_hidden)
+
+    def greedy(self, logits: mx.array) -> list[int]:
+        return mx.concatenate([greedy(logits[i : i + 1]) for i in range(logits.shape[0])]).tolist()
+
+    def before_plain_step(self, cache: list[Any]) -> None:
+        # Once laid out, plain steps grow the buffers as serial decoding does: only a verification moves them.
+        if self._laid_out is not cache:
+            serial_kv_layout(cache, 1)
+            self._laid_out = cache
+
+    def after_rewind(self, cache: list[Any], rejected: int) -> None:
+        self._laid_out = None
+        if self.clears_rejected:
+            clear_rejected(cache, rejected)

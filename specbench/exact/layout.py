@@ -9,13 +9,14 @@ grows it to ``offset + 256``, writes w rows at once, and a rollback leaves rejec
 Exact mode therefore gives the caches the buffer serial decoding would have
 (``serial_kv_layout``), each split attention row but the last attends to a copy of its keys in
 a buffer of its serial length with zeros after them (``serial_kv_rows``), and exact
-verification zeros rejected rows (``clear_rejected``).
+verification zeros rejected rows (``clear_rejected``). A token tree's split attention gives each row its keys
+in the contiguous buffer serial decoding along the row's path attends (``tree_attention``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -114,3 +115,31 @@ def clear_rejected(cache: Sequence[Any], count: int) -> None:
             if stop > start:
                 c.keys[..., start:stop, :] = 0
                 c.values[..., start:stop, :] = 0
+
+
+def tree_attention(
+    original: Callable,
+    queries,
+    keys,
+    values,
+    visible: list[list[int]],
+    scale: float,
+    layout_sensitive: bool,
+    *args,
+    **kwargs,
+):
+    """A token tree's attention (``original``: the attention op) row by row: row i (its ``visible`` nodes) attends
+    the cache and its ancestors' keys, gathered into the contiguous buffer serial decoding along its path attends."""
+    rows = queries.shape[-2]
+    prefix = keys.shape[-2] - rows
+    outs = []
+    for i in range(rows):
+        at = mx.array([prefix + j for j in visible[i]], dtype=mx.int32)
+        row_keys = mx.concatenate([keys[..., :prefix, :], keys[..., at, :]], axis=-2)
+        row_values = mx.concatenate([values[..., :prefix, :], values[..., at, :]], axis=-2)
+        n = row_keys.shape[-2]
+        row_keys, row_values = serial_kv_rows(row_keys, row_values, n, n, layout_sensitive)
+        outs.append(
+            original(mx.contiguous(queries[..., i : i + 1, :]), row_keys, row_values, *args, scale=scale, **kwargs)
+        )
+    return mx.concatenate(outs, axis=-2)

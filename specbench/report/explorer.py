@@ -20,8 +20,9 @@ from html import escape as esc
 from typing import Any
 
 from specbench.bench.timing import clock_stats
-from specbench.core.options import VERIFY_MODES, GenerateOptions
+from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.verify import VERIFY_MODES
 from specbench.decoding import speculative_generate
 from specbench.drafters import DRAFTER_NAMES
 from specbench.inputs.capabilities import usable_drafters

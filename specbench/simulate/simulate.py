@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from specbench.common.files import write_parquet_atomic
-from specbench.core.accept import accept_tree_greedy
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, generate
 from specbench.core.log import StepLog
@@ -31,6 +30,7 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.target import Step
 from specbench.core.tree import depths
+from specbench.core.verify import accept_tree_greedy
 from specbench.cost import Profile, profile_for
 from specbench.decoding import break_even_function
 from specbench.inputs.stored import read_parquet

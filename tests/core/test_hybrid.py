@@ -8,7 +8,7 @@ from conftest import QWEN3_NEXT, QWEN35, QWEN35_MOE, ScriptedDrafter, build, pla
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
-from specbench.core.rollback import CacheRollback
+from specbench.core.verify import CacheRollback
 
 PROMPT = [5, 17, 3, 9, 5, 17, 3, 9, 5, 17, 44, 2, 8]
 N = 30

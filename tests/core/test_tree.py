@@ -13,12 +13,13 @@ from mlx_lm.models.cache import make_prompt_cache
 from scipy.stats import chisquare
 
 from specbench.core.accept import accept_tree_sampled
-from specbench.core.draft import Draft, Drafter, as_draft, check_draft
+from specbench.core.draft import Draft, Drafter
 from specbench.core.engine import Generation, generate
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.target import ModelTarget
 from specbench.core.tree import breadth_first_tree, children, tree_mask
+from specbench.core.verify import as_draft, check_draft
 
 PROMPT = [5, 9, 13, 2, 7]
 BRANCHES, DEPTH = 3, 3
@@ -286,8 +287,8 @@ def test_tree_sampling_end_to_end_matches_plain_sampling():
 def test_exact_tree_rows_equal_serial_decoding_along_each_path(arch, level, fresh_calibrations):
     """Exact mode: every node's logits row is bit for bit what serial decoding along its path computes, with the
     level this device's calibration picks for the tree's width ("auto"), every op split, or serial steps."""
-    from specbench.core.forward import forward
     from specbench.core.tree import path_to, tree_attention
+    from specbench.core.verify import forward
     from specbench.exact import ExactVerifier
 
     model = build_tiny(arch)

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specbench import Draft, Drafter, DraftPolicy, GenerateOptions, Generation, generate, speculative_generate
-from specbench.core.draft import as_draft, check_draft
 from specbench.core.target import ModelTarget
+from specbench.core.verify import as_draft, check_draft
 
 PROMPT = [5, 17, 3, 9, 5, 17, 3, 9]
 VOCAB = 97  # the tiny models' vocabulary

@@ -60,7 +60,7 @@ def test_dynamic_mtp_tree_decoding_equals_plain_greedy(arch):
 
 def _draft(model, drafter: MtpHead, k: int):
     """``drafter``'s draft right after the prompt's first generated token (hidden states from the model)."""
-    from specbench.core.forward import forward
+    from specbench.core.verify import forward
 
     logits, hidden = forward(model, mx.array([PROMPT]), None, return_hidden=True)
     first = int(mx.argmax(logits[0, -1]).item())
