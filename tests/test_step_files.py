@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 from conftest import build_tiny, plain_greedy
@@ -20,13 +21,15 @@ import specbench
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
 from specbench.drafters import PromptLookup
 
-#: The step in one line, naming every file of specbench it runs code in (README.md's "How one step runs").
-DEFAULT_STEP = (
-    "core/engine.py (the loop: draft, verify, stop, record, emit) → core/auto.py (the decision and its evidence) → "
-    "drafters/lookup.py (the draft) → core/target.py (the pipelined target) → core/verify.py (the draft checked; "
-    "forward, accept, rollback) → exact/hooks.py + exact/layout.py (exact verification: the split, in serial "
-    "decoding's KV layout) → core/log.py (the record)"
-)
+#: The step in one line, naming every file of specbench it runs code in: README.md's "How one step runs".
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_step() -> str:
+    """The README's paragraph that starts "How one step runs", after its first line, up to the blank line."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index("\n", text.index("How one step runs"))
+    return text[start : text.index("\n\n", start)]
 
 
 #: The most files the step may cross (gpt-fast's and mlx-lm's speculative steps cross 2).
@@ -67,7 +70,7 @@ def traced_step_files(steps: int = 24) -> set[str]:
 
 
 def test_one_default_step_crosses_only_the_files_its_description_names():
-    named = named_files(DEFAULT_STEP)
+    named = named_files(readme_step())
     assert len(named) <= MAX_STEP_FILES, f"the step's description names {len(named)} files: {sorted(named)}"
     traced = traced_step_files()
     assert traced, "the trace saw no specbench code"

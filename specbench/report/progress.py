@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import resource
 import signal
 import sys
 import threading
@@ -170,3 +171,10 @@ def stopped_by_signals(signals: tuple[str, ...] = ("SIGTERM", "SIGHUP")) -> Iter
     finally:
         for name, handler in before.items():
             signal.signal(getattr(signal, name), handler)
+
+
+def cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its finished children (a notebook's kernel is one): a
+    notebook's cost that does not grow with the machine's load, as its wall time does."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime

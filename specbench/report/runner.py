@@ -20,7 +20,6 @@ import ast
 import datetime as _dt
 import json
 import os
-import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -44,7 +43,7 @@ from specbench.report.index import (
     write_status,
 )
 from specbench.report.profiles import EXPECTED_SECONDS, PROFILES, RUN_FIRST
-from specbench.report.progress import Heartbeat, Prefixed, running_cell, stopped_by_signals
+from specbench.report.progress import Heartbeat, Prefixed, cpu_seconds, running_cell, stopped_by_signals
 from specbench.report.ranks import merge_ranks, notebooks_here
 
 #: Notebooks in report order, with their titles.
@@ -393,7 +392,7 @@ def run_report(
         if summary.exists():
             summary.unlink()
         write_index(out, NOTEBOOKS)
-        t0, cpu0 = time.perf_counter(), _cpu_seconds()
+        t0, cpu0 = time.perf_counter(), cpu_seconds()
         error = ""
         console = Prefixed(sys.stderr, f"[{name}] ")
         later = _expected_after(name, names, expected, to_run)
@@ -429,7 +428,7 @@ def run_report(
                     export_html(ipynb, html_path)
                 except Exception as err:
                     error = error or f"HTML export failed: {_error_text(err)}"
-            cpu = _cpu_seconds() - cpu0
+            cpu = cpu_seconds() - cpu0
             status.update(status="failed" if error else "done", finished=_now(), seconds=round(seconds, 1), error=error)
             status["cpu_s"] = round(cpu, 1)
             if not error:
@@ -483,13 +482,6 @@ def _report_info(profile: str) -> dict[str, Any]:
     blas = blas_library()  # the CPU's BLAS (None on a GPU); MLX's reference BLAS says how to get a faster one
     shown = {} if blas is None else {"blas": status_line().removeprefix("CPU BLAS: ")}
     return {"profile": profile, "created": now, "device": device_name(), **shown, **versions(), "updated": now}
-
-
-def _cpu_seconds() -> float:
-    """CPU seconds used so far by this process and its finished children (a notebook's kernel is one): a
-    notebook's cost that does not grow with the machine's load, as its wall time does."""
-    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _record_end(out: Path, name: str, status: dict[str, Any], state: str, error: str, seconds: float) -> None:
