@@ -26,8 +26,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# the report's notebooks on as many local ranks as the test run has workers (one core and BLAS thread each)
 report: $(STAMP)
-	$(BIN)/specbench report --profile full
+	$(BIN)/specbench report --profile full --ranks $(TEST_WORKERS)
 
 test: $(STAMP)
 	blas="$$($(FIND_BLAS))"; LD_PRELOAD="$${blas:+$$blas }$${LD_PRELOAD:-}" \

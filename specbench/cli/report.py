@@ -20,7 +20,8 @@ def _report(parser: argparse.ArgumentParser):
         "--profile",
         choices=list(PROFILES),
         default="full",
-        help="quick: a few minutes, tiny models (CI); full: the embedded model, about 8.5 min on 2 idle CPU cores",
+        help="quick: a few minutes, tiny models (CI); full: the embedded model, about 13 CPU minutes "
+        "(`make report` spreads them over 2 ranks)",
     )
     parser.add_argument("--out", default=None, help="output folder (default reports/PROFILE)")
     parser.add_argument(

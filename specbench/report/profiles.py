@@ -146,7 +146,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "model": _EMBEDDED,
             "drafters": ["lookup", "draft-model"],
             "draft_lengths": [3],
-            "temperatures": [0.3, 0.7, 1.0],
+            "temperatures": [0.5, 1.0],  # two ends of the usual range (three took 191 of its 246 s at load 6)
             "categories": ["translation"],
             "max_prompt_tokens": 160,
             "max_tokens": 16,
@@ -167,10 +167,9 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-#: Seconds each notebook is expected to take (the ETA until a report folder holds its own timings), measured on
-#: the shared 2-core CPU on 2026-12-01 (kernel start and HTML export included): quick at load ~3; full in one
-#: `specbench report --profile full` of 8 min 25 s on a fresh SPECBENCH_HOME at load 1-2.5 (its CPU seconds, 519,
-#: match its wall time: MLX's CPU work runs on about one core). The run's own timings replace them.
+#: Seconds each notebook is expected to take (the ETA until a report folder holds its own timings), kernel start
+#: and HTML export included: quick measured on the shared 2-core CPU on 2026-12-01 at load ~3; full below. The
+#: run's own timings replace them.
 EXPECTED_SECONDS: dict[str, dict[str, float]] = {
     "quick": {
         "quickstart": 8,
@@ -186,18 +185,18 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "policies": 20,
     },
     "full": {
-        "quickstart": 60,  # estimated, not yet measured: 6 pairs of 32-token runs and a reference plain run
-        "draft_length_sweep": 250,  # estimated, not yet measured: each method paired with a plain run
-        "break_even": 105,
-        "agent_traces": 115,
-        "sampling": 75,  # its greedy cell is the sweep's
-        "explorer": 7,  # replays the sweep's recorded outputs: no model runs
-        "batch_break_even": 6,  # tiny synthetic shapes in both profiles (the notebook's defaults)
-        "simulate_logs": 9,  # the bundled traces, tokenized only: no model runs
-        "tree_vs_path": 11,  # the traces' recorded replies (source "replies"): no model runs
-        "acceptance_rules": 170,  # estimated, not yet measured: 27 generations of 16 tokens and 48 short samples
-        # with 6 questions it ran past 15 min at load 5-7 (a 475 ms plain step), 8 min of it confirming; estimated
-        # for 3 questions at load ~1: 3 recorded, then 2 policies x 3 pairs of 24-token runs
-        "policies": 200,
+        # CPU seconds (its process and kernel) in one `specbench report --profile full` on 2026-12-03 at load 5-8
+        # with 2 BLAS threads: about the wall time of a rank with one core and one BLAS thread (--ranks 2)
+        "quickstart": 95,
+        "draft_length_sweep": 178,
+        "break_even": 124,
+        "agent_traces": 41,
+        "sampling": 48,  # its greedy cell is the sweep's
+        "explorer": 10,  # replays the sweep's recorded outputs: no model runs
+        "batch_break_even": 10,  # tiny synthetic shapes in both profiles (the notebook's defaults)
+        "simulate_logs": 12,  # the bundled traces, tokenized only: no model runs
+        "tree_vs_path": 12,  # the traces' recorded replies (source "replies"): no model runs
+        "acceptance_rules": 140,  # 207 with three temperatures: two thirds of its rule sweep left
+        "policies": 103,
     },
 }
