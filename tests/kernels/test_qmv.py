@@ -59,6 +59,14 @@ def test_the_kernel_refuses_what_it_does_not_compute():
         kernels.qmv_rows(x, mx.zeros((8, 8), dtype=mx.uint32), mx.zeros((8, 1)), mx.zeros((8, 1)), 64, 3)
     with pytest.raises(ValueError, match="unknown dequant variant"):
         kernels.qmv_rows(x, mx.zeros((8, 8), dtype=mx.uint32), mx.zeros((8, 1)), mx.zeros((8, 1)), 64, 4, "fast")
+    with pytest.raises(ValueError, match="unknown schedule"):
+        kernels.qmv_rows(
+            x, mx.zeros((8, 8), dtype=mx.uint32), mx.zeros((8, 1)), mx.zeros((8, 1)), 64, 4, "fma", "tiled"
+        )
+    with pytest.raises(ValueError, match="features_per_block must be 1 to 32"):
+        kernels.qmv_rows(
+            x, mx.zeros((8, 8), dtype=mx.uint32), mx.zeros((8, 1)), mx.zeros((8, 1)), 64, 4, "fma", "loop", 0
+        )
 
 
 def test_off_cuda_the_probe_finds_no_kernel_and_calibration_does_not_try_it():
