@@ -280,12 +280,12 @@ def qmv_rows(
     if not 1 <= features_per_block <= 32:
         raise ValueError(f"features_per_block must be 1 to 32 (warps of a block), got {features_per_block}")
     k, n = x.shape[-1], w.shape[0]
-    flat = x.reshape(-1, k)
+    flat = x if x.ndim == 2 else x.reshape(-1, k)
     rows = flat.shape[0]
     per_warp = WARP * (16 if bits <= 4 else 8)
     parts = []
     for start in range(0, rows, MAX_ROWS):
-        chunk = flat[start : start + MAX_ROWS]
+        chunk = flat if rows <= MAX_ROWS else flat[start : start + MAX_ROWS]  # no slice op for one launch
         m = chunk.shape[0]
         blocks = -(-n // features_per_block)
         (out,) = _kernel()(
@@ -306,7 +306,7 @@ def qmv_rows(
         )
         parts.append(out)
     out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
-    return out.reshape(*x.shape[:-1], n)
+    return out if x.ndim == 2 else out.reshape(*x.shape[:-1], n)
 
 
 def qmv_rows_reference(
