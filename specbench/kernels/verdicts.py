@@ -3,7 +3,7 @@
 A probe (``specbench.kernels.probe``) compiles one kernel per row count and variant, which on an H200 takes
 most of a model's exact calibration. Its verdict (the variant proved bit-identical to MLX, or none, and why)
 is kept in memory for the process and in ``kernel-probes.json`` beside exact mode's calibrations
-(``$SPECBENCH_HOME/exact``), keyed by the device, the MLX and specbench versions, the probe's arguments
+(``$SPECBENCH_HOME/exact``), keyed by the device, its driver, the MLX and specbench versions, the probe's arguments
 (dtype, bits, group size, head dimension, the variants, rows and shapes it runs) and a digest of the source
 files the verdict rests on (the kernel's CUDA source and launch code, and the probe): a changed kernel is
 probed anew. Only conclusive verdicts are stored; a kernel that failed to compile or run is probed again by
@@ -25,6 +25,8 @@ from specbench.common.identity import device_name, versions
 
 #: The store's file name inside ``$SPECBENCH_HOME/exact`` (exact mode's calibrations are ``<model key>.json``).
 STORE_NAME = "kernel-probes.json"
+#: Where Linux tells the NVIDIA driver's version.
+DRIVER_VERSION = Path("/proc/driver/nvidia/version")
 #: The modules each kernel's verdict rests on: its own (CUDA source and launch), those it takes constants
 #: from, and the probe that compares it with MLX.
 SOURCES: dict[str, tuple[str, ...]] = {
@@ -63,11 +65,20 @@ def _arguments(args: dict[str, Any]) -> str:
     return json.dumps(args, sort_keys=True, default=str)
 
 
+def driver_version() -> str:
+    """The NVIDIA driver's version line ("" where there is none): where MLX hands the driver PTX, the driver's
+    assembler makes the machine code, and may contract a multiply and an add differently in another version."""
+    try:
+        return DRIVER_VERSION.read_text(encoding="utf-8", errors="replace").splitlines()[0].strip()
+    except (OSError, IndexError):
+        return ""
+
+
 def verdict_key(kernel: str, args: dict[str, Any]) -> str:
-    """The stored verdict's key: device, MLX and specbench versions, kernel, arguments and source digest."""
+    """The stored verdict's key: device, driver, MLX and specbench versions, kernel, arguments and source digest."""
     vers = versions()
-    text = f"{device_name()}|mlx {vers['mlx']}|specbench {vers['specbench']}|{kernel}|{_arguments(args)}"
-    return hashlib.sha1(f"{text}|source {source_digest(kernel)}".encode()).hexdigest()[:20]
+    text = f"{device_name()}|{driver_version()}|mlx {vers['mlx']}|specbench {vers['specbench']}|{kernel}"
+    return hashlib.sha1(f"{text}|{_arguments(args)}|source {source_digest(kernel)}".encode()).hexdigest()[:20]
 
 
 def _read(path: Path) -> dict[str, dict[str, Any]]:
@@ -108,7 +119,8 @@ def keep(kernel: str, args: dict[str, Any], verdict: Verdict, store: bool = True
         return
     vers = versions()
     entry = {"kernel": kernel, "args": json.loads(_arguments(args)), "variant": verdict.variant}
-    entry |= {"reason": verdict.reason, "device": device_name(), "mlx": vers["mlx"], "specbench": vers["specbench"]}
+    entry |= {"reason": verdict.reason, "device": device_name(), "driver": driver_version()}
+    entry |= {"mlx": vers["mlx"], "specbench": vers["specbench"]}
     entry |= {"source": source_digest(kernel), "probed": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     path = store_path()
     with locked(path):

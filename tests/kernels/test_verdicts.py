@@ -151,3 +151,17 @@ def test_off_cuda_nothing_is_probed_or_stored(probed, monkeypatch):
     monkeypatch.setattr(kernel_probe, "cuda_available", lambda: False)
     assert _variants() == (None, None, None)
     assert probed["calls"] == [] and not verdicts.store_path().exists()
+
+
+def test_another_driver_is_probed_again(probed, tmp_path, monkeypatch):
+    version = tmp_path / "version"
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\nGCC version: 12\n")
+    monkeypatch.setattr(verdicts, "DRIVER_VERSION", version)
+    assert verdicts.driver_version().endswith("550.54.15")
+    kernel_probe.qmv_variant(mx.bfloat16, 4, 64)
+    verdicts.forget()
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.10\n")
+    kernel_probe.qmv_variant(mx.bfloat16, 4, 64)
+    assert len(probed["calls"]) == 2
+    monkeypatch.setattr(verdicts, "DRIVER_VERSION", tmp_path / "absent")
+    assert verdicts.driver_version() == ""
