@@ -49,11 +49,13 @@ def _chunks(x: mx.array, rows: int, product: Callable[[mx.array], mx.array]) -> 
     return mx.concatenate([product(x[i : i + rows]) for i in range(0, x.shape[0], rows)])
 
 
-#: The kernel's launches ``bench_qmv`` times: label -> (schedule, features per block). Today's launch, the
-#: prefetching schedule, and the same with 2 features (warps) per block: a block's warps share one SM's
-#: registers, so narrower blocks keep more warps resident where a row count needs many registers.
+#: The kernel's launches ``bench_qmv`` times: label -> (schedule, features per block). Each schedule with
+#: today's 8 features (warps) per block and with 2: a block's warps are resident together or not at all, so
+#: narrower blocks keep more warps per SM where a row count needs many registers (9 rows about 128 per
+#: thread, 16 rows about 176, sm_90). The launch shape is not a template constant: no extra compile.
 KERNEL_LAUNCHES: dict[str, tuple[str, int]] = {
     "loop": ("loop", FEATURES_PER_BLOCK),
+    "loop/2": ("loop", 2),
     "prefetch": ("prefetch", FEATURES_PER_BLOCK),
     "prefetch/2": ("prefetch", 2),
 }
