@@ -32,6 +32,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from specbench.kernels.jit import kernel_name
+
 #: Rows one launch computes; more rows run in launches of this many (each row is on its own anyway).
 MAX_ROWS = 16
 WARP = 32
@@ -245,7 +247,7 @@ def supports(x: mx.array, bits: int, group_size: int, mode: str = "affine", bias
 @functools.cache
 def _kernel() -> Any:
     return mx.fast.cuda_kernel(
-        name="specbench_qmv_rows",
+        name=kernel_name("specbench_qmv_rows", _HEADER, _SOURCE),
         input_names=["x", "w", "scales", "biases"],
         output_names=["out"],
         source=_SOURCE,

@@ -19,7 +19,9 @@ from specbench import kernels
 from specbench.exact import calibrate, exact_mode
 from specbench.exact import calibration as exact_calibration
 from specbench.kernels import probe as kernel_probe
+from specbench.kernels import qmv as qmv_module
 from specbench.kernels import qmv_rows_reference
+from specbench.kernels.jit import kernel_name
 
 
 def _host(a: mx.array) -> np.ndarray:
@@ -140,3 +142,10 @@ def test_a_kernel_that_is_not_bit_identical_is_rejected(monkeypatch):
     calibration = calibrate(model, [4], measure=False, boundary=False, save=False)
     assert calibration.level_for(4) != "attention+linear/kernel"
     assert any(t["level"] == "attention+linear/kernel" and not t["exact"] for t in calibration.rows())
+
+
+def test_a_kernel_is_named_by_its_source():
+    """MLX caches a compiled kernel on disk by name: a changed source must not load the old machine code."""
+    name = kernel_name("specbench_qmv_rows", qmv_module._HEADER, qmv_module._SOURCE)
+    assert name.startswith("specbench_qmv_rows_")
+    assert kernel_name("specbench_qmv_rows", qmv_module._HEADER, qmv_module._SOURCE + " ") != name
