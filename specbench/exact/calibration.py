@@ -93,14 +93,14 @@ _keys: dict[tuple[int, Any], tuple[weakref.ref, str]] = {}  # by model and its s
 
 
 def calibration_key(model: nn.Module) -> str:
-    """Model shape (every parameter's name, shape and dtype) and what the kernels depend on: device,
-    MLX / mlx-lm versions, the BLAS library on the CPU (``kernel_key``) and cuDNN's attention."""
+    """Model shape (every parameter's name, shape and dtype) and what the kernels depend on: device, MLX / mlx-lm
+    versions, the BLAS on the CPU (``kernel_key``), cuDNN's attention and, on CUDA, specbench's kernel sources."""
     memo = _keys.get((id(model), distributed.shard_group(model)))
     if memo is not None and memo[0]() is model:
         return memo[1]
     shape = model_key(model)
-    attention = "|cudnn attention" if cudnn_attention() else ""
-    text = f"{shape}|{kernel_key()}{attention}|method {CALIBRATION_METHOD}"
+    own = f"|kernels {kernels.source_digest()}" if kernels.cuda_available() else ""  # on CUDA: their sources
+    text = f"{shape}|{kernel_key()}{'|cudnn attention' if cudnn_attention() else ''}{own}|method {CALIBRATION_METHOD}"
     key = f"{shape}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
     _keys[(id(model), distributed.shard_group(model))] = (weakref.ref(model), key)
     return key

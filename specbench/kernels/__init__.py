@@ -31,6 +31,7 @@ from specbench.kernels.probe import (
     warn_fallback,
 )
 from specbench.kernels.qmv import MAX_ROWS, qmv_rows, qmv_rows_reference, supports
+from specbench.kernels.verdicts import source_digest
 
 __all__ = [
     "MAX_ROWS",
@@ -52,4 +53,5 @@ __all__ = [
     "attention_matches",
     "attention_variant",
     "probe_attention",
+    "source_digest",
 ]

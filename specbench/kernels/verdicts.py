@@ -53,10 +53,12 @@ def store_path() -> Path:
     return home() / "exact" / STORE_NAME
 
 
-def source_digest(kernel: str) -> str:
-    """A digest of the text of the modules ``kernel``'s verdict rests on (``SOURCES``)."""
+def source_digest(kernel: str | None = None) -> str:
+    """A digest of the text of the modules ``kernel``'s verdict rests on (``SOURCES``); None: of every kernel's
+    (what exact mode's calibration, which times the kernels, is keyed by on CUDA)."""
+    names = SOURCES[kernel] if kernel is not None else sorted({n for modules in SOURCES.values() for n in modules})
     digest = hashlib.sha1()
-    for name in SOURCES[kernel]:
+    for name in names:
         digest.update(Path(sys.modules[name].__file__).read_bytes())
     return digest.hexdigest()[:16]
 

@@ -165,3 +165,20 @@ def test_another_driver_is_probed_again(probed, tmp_path, monkeypatch):
     assert len(probed["calls"]) == 2
     monkeypatch.setattr(verdicts, "DRIVER_VERSION", tmp_path / "absent")
     assert verdicts.driver_version() == ""
+
+
+def test_on_cuda_exact_calibrations_are_keyed_by_the_kernels_source(monkeypatch):
+    from conftest import build_tiny
+
+    from specbench import kernels
+    from specbench.exact import calibration as exact_calibration
+
+    model = build_tiny("qwen3")
+    monkeypatch.setattr(exact_calibration, "_keys", {})
+    cpu_key = exact_calibration.calibration_key(model)
+    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
+    monkeypatch.setattr(exact_calibration, "_keys", {})
+    cuda_key = exact_calibration.calibration_key(model)
+    monkeypatch.setattr(kernels, "source_digest", lambda kernel=None: "another source")
+    monkeypatch.setattr(exact_calibration, "_keys", {})
+    assert len({cpu_key, cuda_key, exact_calibration.calibration_key(model)}) == 3
