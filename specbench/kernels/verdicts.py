@@ -1,13 +1,14 @@
 """The kernels' probe verdicts, stored: a probe runs once per device, MLX version and kernel source, not per process.
 
-A probe (``specbench.kernels.probe``) compiles one kernel per row count and variant, which on an H200 takes
-most of a model's exact calibration. Its verdict (the variant proved bit-identical to MLX, or none, and why)
-is kept in memory for the process and in ``kernel-probes.json`` beside exact mode's calibrations
-(``$SPECBENCH_HOME/exact``), keyed by the device, its driver, the MLX and specbench versions, the probe's arguments
-(dtype, bits, group size, head dimension, the variants, rows and shapes it runs) and a digest of the source
-files the verdict rests on (the kernel's CUDA source and launch code, and the probe): a changed kernel is
-probed anew. Only conclusive verdicts are stored; a kernel that failed to compile or run is probed again by
-the next process. A damaged store is moved aside with one warning and written anew.
+A probe (``specbench.kernels.probe``) builds one kernel per row count and variant and runs it against MLX's
+own products (MLX keeps compiled kernels on the machine's disk, so on a fresh machine each is a compile). Its
+verdict (the variant proved bit-identical to MLX, or none, and why) is kept in memory for the process and in
+``kernel-probes.json`` beside exact mode's calibrations (``$SPECBENCH_HOME/exact``), keyed by the device, its
+driver, the MLX and specbench versions, the probe's arguments (dtype, bits, group size, head dimension, the
+variants, rows and shapes it runs) and a digest of the source files the verdict rests on (the kernel's CUDA
+source and launch code, and the probe): a changed kernel is probed anew. Only conclusive verdicts are stored;
+a kernel that failed to compile or run is probed again by the next process. A damaged store is moved aside
+with one warning and written anew.
 """
 
 from __future__ import annotations
