@@ -93,7 +93,7 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
         for t in mx.random.randint(0, min(1000, model.args.vocab_size), (args.prompt_tokens,), key=mx.random.key(1))
     ]
     t0 = time.perf_counter()
-    calibration = calibrate(model, args.k + 1, progress=None)
+    calibration = calibrate(model, args.k + 1, progress=say)  # seconds per width
     levels = {w: calibration.level_for(w) for w in sorted(calibration.widths)}
     say(f"calibration 2..{args.k + 1} ({time.perf_counter() - t0:.0f} s): {levels}")
     cells, reference = timed_cells(model, prompt, args.tokens, args.k, args.low_acceptance)

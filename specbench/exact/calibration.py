@@ -93,14 +93,14 @@ _keys: dict[tuple[int, Any], tuple[weakref.ref, str]] = {}  # by model and its s
 
 
 def calibration_key(model: nn.Module) -> str:
-    """Model shape (every parameter's name, shape and dtype) and what the kernels depend on: device,
-    MLX / mlx-lm versions, the BLAS library on the CPU (``kernel_key``) and cuDNN's attention."""
+    """Model shape (every parameter's name, shape and dtype) and what the kernels depend on: device, MLX / mlx-lm
+    versions, the BLAS on the CPU (``kernel_key``), cuDNN's attention and, on CUDA, specbench's kernel sources."""
     memo = _keys.get((id(model), distributed.shard_group(model)))
     if memo is not None and memo[0]() is model:
         return memo[1]
     shape = model_key(model)
-    attention = "|cudnn attention" if cudnn_attention() else ""
-    text = f"{shape}|{kernel_key()}{attention}|method {CALIBRATION_METHOD}"
+    own = f"|kernels {kernels.source_digest()}" if kernels.cuda_available() else ""  # on CUDA: their sources
+    text = f"{shape}|{kernel_key()}{'|cudnn attention' if cudnn_attention() else ''}{own}|method {CALIBRATION_METHOD}"
     key = f"{shape}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
     _keys[(id(model), distributed.shard_group(model))] = (weakref.ref(model), key)
     return key
@@ -205,9 +205,9 @@ def calibrate(
     checked; "serial" (exact by construction) is the fallback and is also timed. Linear layers in
     chunks are tried widest first (``chunk_sizes``), down to the first exact chunk; a pick with
     chunks is then tested "+compiled" (``mx.compile``d chunks) and taken where that is exact and,
-    measured, cheaper (unmeasured, the plain chunks are kept). Results are
-    merged into the model's stored calibration (memory, and disk unless ``save`` is False);
-    widths it already holds are kept unless ``force``.
+    measured, cheaper (unmeasured, the plain chunks are kept). Results are merged into the model's
+    stored calibration (memory, and disk after each width unless ``save`` is False); widths it
+    already holds are kept unless ``force``.
     """
     ws = list(range(2, widths + 1)) if isinstance(widths, int) else sorted({int(w) for w in widths})
     if not ws or ws[0] < 1:
@@ -235,14 +235,14 @@ def calibrate(
     for i, w in enumerate(ws, 1):
         t0 = time.perf_counter()
         calibration.widths[w] = _calibrate_width(probe, w, moe, measure, repeats, kernel, attention_kernel)
+        if save:  # width by width: a run stopped midway keeps the widths it finished (rank 0 writes, its own levels)
+            _save(calibration)
         if progress is not None:
             level, seconds = calibration.widths[w].level, time.perf_counter() - t0
             progress(f"exact calibration {i}/{len(ws)}: width {w} runs {level} ({seconds:.1f} s)")
     # The ranks of a sharded model run rank 0's levels (picked by its clock): the same forwards and collectives.
     calibration.widths.update(distributed.agreed({w: calibration.widths[w] for w in ws}, model))
     _calibrations[key] = calibration
-    if save:
-        _save(calibration)
     return calibration
 
 

@@ -5,6 +5,8 @@ one-row ``qmv`` per row while reading the weights once, ``gemv_rows`` the same f
 weights (MLX's one-row ``gemv``); each ``*_reference`` is its kernel's arithmetic in MLX ops.
 ``qmv_variant`` and ``gemv_variant`` are the device probes that decide whether (and in which variant)
 a kernel is used; exact verification (``specbench.exact``) uses it only where the probe proves it exact.
+A probe's verdict is stored per device, MLX version and kernel source (``specbench.kernels.verdicts``),
+so it runs once, not in every process.
 
 ``attention_rows`` (CUDA) is attention of up to 16 query rows of a causal block over the KV cache whose
 every row is MLX's one-query attention over the keys it attends, with each K/V load shared by the rows
@@ -29,6 +31,7 @@ from specbench.kernels.probe import (
     warn_fallback,
 )
 from specbench.kernels.qmv import MAX_ROWS, qmv_rows, qmv_rows_reference, supports
+from specbench.kernels.verdicts import source_digest
 
 __all__ = [
     "MAX_ROWS",
@@ -50,4 +53,5 @@ __all__ = [
     "attention_matches",
     "attention_variant",
     "probe_attention",
+    "source_digest",
 ]

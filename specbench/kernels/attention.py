@@ -35,6 +35,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from specbench.kernels.jit import kernel_name
+
 #: Query rows one call computes (the probe proves 1..MAX_ROWS).
 MAX_ROWS = 16
 HEAD_DIMS = (64, 128)
@@ -336,7 +338,7 @@ def _passes(rows: int, n_keys: int, causal: bool) -> list[tuple[int, int, bool]]
 @functools.cache
 def _kernels() -> tuple[Any, Any]:
     scan = mx.fast.cuda_kernel(
-        name="specbench_attention_scan",
+        name=kernel_name("specbench_attention_scan", _HEADER, _SCAN),
         input_names=["queries", "keys", "values", "scale"],
         output_names=["partials", "maxs", "sums"],
         source=_SCAN,
@@ -344,7 +346,7 @@ def _kernels() -> tuple[Any, Any]:
         ensure_row_contiguous=False,
     )
     merge = mx.fast.cuda_kernel(
-        name="specbench_attention_merge",
+        name=kernel_name("specbench_attention_merge", _HEADER, _MERGE),
         input_names=["partials", "maxs", "sums"],
         output_names=["out"],
         source=_MERGE,

@@ -4,10 +4,12 @@
 
 ``bench_qmv`` times, for one layer shape, MLX's quantized matmul at 1 row, at w rows in one call
 (MLX's fast, not row-invariant family from 8 rows), at w rows in row-invariant chunks of at most
-7 rows (what exact verification runs without the kernels), and ``qmv_rows`` at 1 and w rows.
-Each figure is the median over ``repeats`` evaluations of ``calls`` independent calls, divided by
-``calls`` (launch overhead is amortized as in a model's forward); bandwidth counts the bytes a call
-must read (weights, scales, biases, inputs) and write.
+7 rows (what exact verification runs without the kernels), and ``qmv_rows`` at 1 and w rows in each
+launch of ``KERNEL_LAUNCHES`` (schedule, features per block), each checked bit for bit against MLX's
+one-row products. Each figure is the median over ``repeats`` evaluations of ``calls`` independent
+calls, divided by ``calls`` (launch overhead is amortized as in a model's forward), once with the
+Python that builds the calls' graphs inside the clock (as a model's forward pays it) and once
+without; bandwidth counts the bytes a call must read (weights, scales, biases, inputs) and write.
 """
 
 from __future__ import annotations
@@ -18,22 +20,26 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from specbench.kernels.attention import attention_rows, default_vectors_per_warp
-from specbench.kernels.qmv import qmv_rows
+from specbench.kernels.qmv import FEATURES_PER_BLOCK, qmv_rows
 
 #: MLX's quantized matmul is row-invariant for fewer than this many rows (its ``qmv`` family).
 MLX_INVARIANT_ROWS = 7
 
 
-def per_call_seconds(call: Callable[[], mx.array], calls: int = 32, repeats: int = 7) -> float:
-    """Median seconds of one call, each evaluation running ``calls`` independent calls."""
+def per_call_seconds(call: Callable[[], mx.array], calls: int = 32, repeats: int = 7, built: bool = False) -> float:
+    """Median seconds of one call, each evaluation running ``calls`` independent calls; ``built``: the calls'
+    graphs are built before the clock starts, so only their evaluation is timed (launches and device time,
+    without the Python that builds them)."""
     mx.eval(call())
     times = []
     for _ in range(repeats):
         mx.synchronize()
+        outputs = [call() for _ in range(calls)] if built else None
         t0 = time.perf_counter()
-        mx.eval([call() for _ in range(calls)])
+        mx.eval(outputs if built else [call() for _ in range(calls)])
         mx.synchronize()
         times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
@@ -41,6 +47,18 @@ def per_call_seconds(call: Callable[[], mx.array], calls: int = 32, repeats: int
 
 def _chunks(x: mx.array, rows: int, product: Callable[[mx.array], mx.array]) -> mx.array:
     return mx.concatenate([product(x[i : i + rows]) for i in range(0, x.shape[0], rows)])
+
+
+#: The kernel's launches ``bench_qmv`` times: label -> (schedule, features per block). Each schedule with
+#: today's 8 features (warps) per block and with 2: a block's warps are resident together or not at all, so
+#: narrower blocks keep more warps per SM where a row count needs many registers (9 rows about 128 per
+#: thread, 16 rows about 176, sm_90). The launch shape is not a template constant: no extra compile.
+KERNEL_LAUNCHES: dict[str, tuple[str, int]] = {
+    "loop": ("loop", FEATURES_PER_BLOCK),
+    "loop/2": ("loop", 2),
+    "prefetch": ("prefetch", FEATURES_PER_BLOCK),
+    "prefetch/2": ("prefetch", 2),
+}
 
 
 def bench_qmv(
@@ -53,8 +71,13 @@ def bench_qmv(
     dequant: str = "mul-add",
     peak_gbs: float | None = None,
     calls: int = 32,
+    repeats: int = 7,
+    launches: dict[str, tuple[str, int]] | None = KERNEL_LAUNCHES,
 ) -> dict[str, Any]:
-    """Microseconds per call of each product of an N x K layer (see the module docstring)."""
+    """Per-call microseconds and GB/s of each product of an N x K layer (see the module docstring), each also
+    with its graphs built before the clock (``*_eval_us``); per kernel launch (None: MLX's products only, e.g.
+    off CUDA), whether its rows at 1 and ``rows`` rows are bit-identical to MLX's one-row products
+    (``identical_<label>``)."""
     weight = (mx.random.normal((n, k)) / k**0.5).astype(dtype)
     w, scales, biases = mx.quantize(weight, group_size=group_size, bits=bits)
     x = mx.random.normal((rows, k)).astype(dtype)
@@ -63,27 +86,34 @@ def bench_qmv(
     def mlx(a: mx.array) -> mx.array:
         return mx.quantized_matmul(a, w, scales, biases, True, group_size, bits)
 
-    def kernel(a: mx.array) -> mx.array:
-        return qmv_rows(a, w, scales, biases, group_size, bits, dequant)
+    def kernel(schedule: str, per_block: int) -> Callable[[mx.array], mx.array]:
+        return lambda a: qmv_rows(a, w, scales, biases, group_size, bits, dequant, schedule, per_block)
 
-    timed = {
+    timed: dict[str, Callable[[], mx.array]] = {
         "mlx_1": lambda: mlx(x[:1]),
         f"mlx_fast_{rows}": lambda: mlx(x),
         f"mlx_invariant_{rows}": lambda: _chunks(x, MLX_INVARIANT_ROWS, mlx),
-        "kernel_1": lambda: kernel(x[:1]),
-        f"kernel_{rows}": lambda: kernel(x),
     }
     row: dict[str, Any] = {"n": n, "k": k, "rows": rows, "bits": bits, "group_size": group_size}
-    row["dtype"] = str(dtype).split(".")[-1]
+    row |= {"dtype": str(dtype).split(".")[-1], "dequant": dequant}
+    if launches:
+        alone = np.array(mx.concatenate([mlx(x[i : i + 1]) for i in range(rows)]).astype(mx.float32))
+        for label, (schedule, per_block) in launches.items():
+            product = kernel(schedule, per_block)
+            got = [np.array(product(x[:m]).astype(mx.float32)) for m in (1, rows)]
+            row[f"identical_{label}"] = bool(np.array_equal(got[0], alone[:1]) and np.array_equal(got[1], alone))
+            timed[f"kernel_{label}_1"] = lambda p=product: p(x[:1])
+            timed[f"kernel_{label}_{rows}"] = lambda p=product: p(x)
     weight_bytes = w.nbytes + scales.nbytes + biases.nbytes
     for name, call in timed.items():
-        seconds = per_call_seconds(call, calls)
-        row[f"{name}_us"] = seconds * 1e6
         m = 1 if name.endswith("_1") else rows
-        gbs = (weight_bytes + m * (k + n) * x.itemsize) / seconds / 1e9
-        row[f"{name}_gbs"] = gbs
-        if peak_gbs:
-            row[f"{name}_of_peak"] = gbs / peak_gbs
+        moved = weight_bytes + m * (k + n) * x.itemsize
+        for suffix, built in (("", False), ("_eval", True)):
+            seconds = per_call_seconds(call, calls, repeats, built)
+            row[f"{name}{suffix}_us"] = seconds * 1e6
+            row[f"{name}{suffix}_gbs"] = moved / seconds / 1e9
+            if peak_gbs:
+                row[f"{name}{suffix}_of_peak"] = row[f"{name}{suffix}_gbs"] / peak_gbs
     return row
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from specbench.kernels.jit import kernel_name
 from specbench.kernels.qmv import FEATURES_PER_BLOCK, MAX_ROWS, WARP
 
 DTYPES = (mx.bfloat16, mx.float16, mx.float32)
@@ -91,7 +92,7 @@ def supports(x: mx.array, weight: mx.array) -> bool:
 @functools.cache
 def _kernel() -> Any:
     return mx.fast.cuda_kernel(
-        name="specbench_gemv_rows",
+        name=kernel_name("specbench_gemv_rows", _HEADER, _SOURCE),
         input_names=["x", "w"],
         output_names=["out"],
         source=_SOURCE,

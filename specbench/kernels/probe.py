@@ -4,8 +4,9 @@
 
 A kernel is used only where this probe proves it: random inputs of a few shapes and the row counts
 of ``PROBE_ROWS`` (1 to ``MAX_ROWS``), each row of the kernel's result compared bit for bit with MLX's own
-product of that row alone. Results are kept per process, by (dtype, bits, group size). A kernel that
-fails to compile or run is a recorded fallback with one warning (never an error for the user).
+product of that row alone. Verdicts are kept per process and stored per device, MLX version and kernel
+source (``specbench.kernels.verdicts``), so later processes do not probe again. A kernel that fails to
+compile or run is a recorded fallback with one warning (never an error for the user).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from specbench.kernels import attention, gemv, qmv
+from specbench.kernels import attention, gemv, qmv, verdicts
 
 #: Row counts the survey of every configuration runs (``probe_kernels``).
 SURVEY_ROWS = (1, 2, 9, 16)
@@ -47,9 +48,10 @@ def qmv_matches(
     dequant: str,
     rows: Sequence[int] = PROBE_ROWS,
     seed: int = 0,
+    schedule: str = qmv.DEFAULT_SCHEDULE,
 ) -> dict[str, Any]:
-    """Whether ``qmv_rows`` with ``dequant`` equals MLX's one-row quantized matmul on every row, for
-    every shape of ``PROBE_SHAPES`` and every row count in ``rows``; with the rows that differed."""
+    """Whether ``qmv_rows`` with ``dequant`` (and ``schedule``) equals MLX's one-row quantized matmul on every
+    row, for every shape of ``PROBE_SHAPES`` and every row count in ``rows``; with the rows that differed."""
     mx.random.seed(seed)
     mismatches = []
     for n, k in PROBE_SHAPES:
@@ -63,41 +65,67 @@ def qmv_matches(
         )
         expected = _host(alone)
         for m in rows:
-            got = _host(qmv.qmv_rows(x[:m], w, scales, biases, group_size, bits, dequant))
+            got = _host(qmv.qmv_rows(x[:m], w, scales, biases, group_size, bits, dequant, schedule))
             bad = [i for i in range(m) if not np.array_equal(got[i], expected[i])]
             if bad:
                 mismatches.append({"shape": (n, k), "rows": m, "rows_differing": bad})
     return {"exact": not mismatches, "mismatches": mismatches[:4]}
 
 
-@functools.cache
 def qmv_variant(dtype: mx.Dtype, bits: int, group_size: int) -> str | None:
     """The dequant variant of ``qmv_rows`` that reproduces MLX's one-row product on this device
     (None: none does, or the kernel cannot run here; the reason is warned once)."""
     if not cuda_available():
         return None
-    return _first_exact(
+    args = {"dtype": _name(dtype), "bits": bits, "group_size": group_size, "variants": qmv.DEQUANT}
+    args |= {"schedule": qmv.DEFAULT_SCHEDULE, "rows": PROBE_ROWS, "shapes": PROBE_SHAPES}
+    return _proved(
         "qmv_rows",
+        args,
         qmv.DEQUANT,
         lambda dequant: qmv_matches(dtype, bits, group_size, dequant),
         f"no variant reproduces MLX's one-row product for {dtype}, {bits} bits, group {group_size}",
     )
 
 
-def _first_exact(
-    kernel: str, variants: Sequence[str], matches: Callable[[str], dict[str, Any]], none: str
+def _name(dtype: mx.Dtype) -> str:
+    return str(dtype).split(".")[-1]
+
+
+def _proved(
+    kernel: str,
+    args: dict[str, Any],
+    variants: Sequence[str],
+    matches: Callable[[str], dict[str, Any]],
+    none: str,
 ) -> str | None:
-    """The first of ``variants`` whose ``matches(variant)`` is exact; None with one warning naming ``kernel``
-    when a variant fails to compile or run, or when none is exact (``none`` says what was looked for)."""
+    """The variant of ``kernel`` that its probe with ``args`` proved exact here: the stored verdict where there
+    is one (``specbench.kernels.verdicts``), else the first of ``variants`` whose ``matches(variant)`` is exact,
+    then stored; None with one warning naming ``kernel`` when none is (``none`` says what was looked for) or
+    when a variant fails to compile or run (a verdict kept for this process only)."""
+    verdict = verdicts.load(kernel, args)
+    probed = verdict is None
+    if verdict is None:
+        verdict, conclusive = _first_exact(variants, matches, none)
+        verdicts.keep(kernel, args, verdict, store=conclusive)
+    if verdict.variant is None:
+        stored = "" if probed else f"; the verdict stored in {verdicts.store_path()}"
+        warn_fallback(kernel, (verdict.reason or none) + stored)
+    return verdict.variant
+
+
+def _first_exact(
+    variants: Sequence[str], matches: Callable[[str], dict[str, Any]], none: str
+) -> tuple[verdicts.Verdict, bool]:
+    """The first of ``variants`` whose ``matches(variant)`` is exact (a verdict of None, with ``none`` as its
+    reason, when none is); and whether the verdict is conclusive: not when a variant failed to compile or run."""
     for variant in variants:
         try:
             if matches(variant)["exact"]:
-                return variant
+                return verdicts.Verdict(variant), True
         except Exception as err:  # a kernel that does not compile or run is a fallback, not an error
-            warn_fallback(kernel, f"{type(err).__name__}: {err}")
-            return None
-    warn_fallback(kernel, none)
-    return None
+            return verdicts.Verdict(None, f"{type(err).__name__}: {err}"), False
+    return verdicts.Verdict(None, none), True
 
 
 _warned: set[str] = set()
@@ -133,14 +161,15 @@ def gemv_matches(dtype: mx.Dtype, accumulate: str, rows: Sequence[int] = PROBE_R
     return {"exact": not mismatches, "mismatches": mismatches[:4]}
 
 
-@functools.cache
 def gemv_variant(dtype: mx.Dtype) -> str | None:
     """The accumulation of ``gemv_rows`` that reproduces MLX's one-row product on this device (None: none
     does, or the kernel cannot run here; the reason is warned once)."""
     if not cuda_available():
         return None
-    return _first_exact(
+    args = {"dtype": _name(dtype), "variants": gemv.ACCUMULATE, "rows": PROBE_ROWS, "shapes": PROBE_SHAPES}
+    return _proved(
         "gemv_rows",
+        args,
         gemv.ACCUMULATE,
         lambda accumulate: gemv_matches(dtype, accumulate),
         f"no accumulation reproduces MLX's one-row product for {dtype}",
@@ -157,13 +186,13 @@ def probe_kernels(
     trials: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
     for dtype, b, g in configs:
         for dequant in qmv.DEQUANT:
-            what = {"kernel": "qmv_rows", "dtype": str(dtype).split(".")[-1], "bits": b, "group_size": g}
+            what = {"kernel": "qmv_rows", "dtype": _name(dtype), "bits": b, "group_size": g}
             trials.append(
                 (what | {"variant": dequant}, functools.partial(qmv_matches, dtype, b, g, dequant, SURVEY_ROWS))
             )
     for dtype in dtypes:
         for accumulate in gemv.ACCUMULATE:
-            what = {"kernel": "gemv_rows", "dtype": str(dtype).split(".")[-1], "variant": accumulate}
+            what = {"kernel": "gemv_rows", "dtype": _name(dtype), "variant": accumulate}
             trials.append((what, functools.partial(gemv_matches, dtype, accumulate, SURVEY_ROWS)))
     rows = []
     for what, trial in trials:
@@ -226,14 +255,16 @@ def attention_matches(
     return {"exact": not mismatches, "mismatches": mismatches[:4]}
 
 
-@functools.cache
 def attention_variant(dtype: mx.Dtype, head_dim: int) -> str | None:
     """The variant of ``attention_rows`` that reproduces MLX's one-query attention on this device
     (None: none does, the shape is not computed, or the kernel cannot run here; the reason is warned once)."""
     if not cuda_available() or head_dim not in attention.HEAD_DIMS or dtype not in attention.DTYPES:
         return None
-    return _first_exact(
+    args = {"dtype": _name(dtype), "head_dim": head_dim, "variants": attention.VARIANTS, "rows": PROBE_ROWS}
+    args["prefixes"] = ATTENTION_PREFIXES
+    return _proved(
         "attention_rows",
+        args,
         attention.VARIANTS,
         lambda variant: attention_matches(dtype, head_dim, variant),
         f"no variant reproduces MLX's one-query attention for {dtype}, head dimension {head_dim}",
@@ -254,7 +285,7 @@ def probe_attention(
             except Exception as err:
                 found = {"exact": False, "error": f"{type(err).__name__}: {err}"}
             found_rows.append(
-                {"kernel": "attention_rows", "dtype": str(dtype).split(".")[-1], "head_dim": head_dim}
+                {"kernel": "attention_rows", "dtype": _name(dtype), "head_dim": head_dim}
                 | {"variant": variant, **found}
             )
             if progress is not None:

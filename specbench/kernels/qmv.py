@@ -15,6 +15,11 @@ one-row product wherever the dequantization rounds as MLX's build does; which ``
 that is (the two roundings of ``mul`` then ``add``, or one fused multiply-add) is for the device's
 probe to find, not for this file to assume (``specbench.kernels.probe``).
 
+A lane's passes over K are walked by one of ``SCHEDULES``, both calling one ``compute`` (dequantize,
+then each row's FMAs) in qmv's pass order: the schedule moves the reads, not the arithmetic. Which is
+faster is for the device's benchmark to say (``scripts/gpu/kernels.py``), which also checks both
+against MLX bit for bit (a compiler contracts each instance of ``mul`` then ``add`` on its own).
+
 ``qmv_rows_reference`` is the same arithmetic in MLX ops (it runs on any device); it differs from
 the kernel only in that its multiply-adds round twice (a product, then a sum) where the kernel's
 round once, so it is row-invariant by construction and close to, not equal to, the kernel.
@@ -27,6 +32,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from specbench.kernels.jit import kernel_name
+
 #: Rows one launch computes; more rows run in launches of this many (each row is on its own anyway).
 MAX_ROWS = 16
 WARP = 32
@@ -38,6 +45,13 @@ DTYPES = (mx.bfloat16, mx.float16)
 #: How the weights are dequantized: "mul-add" as MLX's source writes it (``__hmul`` then ``__hadd``,
 #: which the compiler may fuse), "fma" (one rounding), "mul-add-rn" (two roundings, never fused).
 DEQUANT = ("mul-add", "fma", "mul-add-rn")
+#: How a lane walks its passes over K (the arithmetic is the same in each, so are the results): "loop"
+#: reads a pass's packed weights, scale and bias and then computes it; "prefetch" reads the next pass's
+#: (its packed words in one 8-byte load) before computing the current one, so that the reads of one
+#: pass overlap the arithmetic of the other.
+SCHEDULES = ("loop", "prefetch")
+#: The schedule ``qmv_rows`` runs unless told (and the one its probe proves).
+DEFAULT_SCHEDULE = "loop"
 
 _HEADER = r"""
 #include <cooperative_groups/reduce.h>
@@ -79,13 +93,14 @@ template <> struct ops<__half> {
 }  // namespace specbench_qmv
 """
 
-# The body of ``qmv_rows``: template constants T, BITS, GROUP, ROWS, RESIDUE, MODE; inputs x [ROWS, K],
+# The body of ``qmv_rows``: template constants T, BITS, GROUP, ROWS, RESIDUE, MODE, SCHEDULE; inputs x [ROWS, K],
 # w [N, K * BITS / 32] (uint32), scales and biases [N, K / GROUP]; output out [ROWS, N].
 _SOURCE = r"""
   using O = specbench_qmv::ops<T>;
   using T2 = typename O::T2;
   constexpr int EPT = BITS <= 4 ? 16 : 8;         // elements per lane and pass, as qmv
   constexpr int PER_WARP = 32 * EPT;
+  constexpr int WORDS = EPT * BITS / 32;           // packed words per lane and pass
   constexpr bool FLOAT_SUMS = BITS >= 8;
   auto warp = cg::tiled_partition<32>(cg::this_thread_block());
   const int lane = warp.thread_rank();
@@ -111,19 +126,37 @@ _SOURCE = r"""
     }
   }
 
-  auto tile = [&](int idx) {
-    const T s = srow[idx / GROUP];
-    const T b = brow[idx / GROUP];
-    uint32_t packed[EPT * BITS / 32];
-    #pragma unroll
-    for (int i = 0; i < EPT * BITS / 32; ++i) {
-      packed[i] = wrow[idx * BITS / 32 + i];
+  // One pass's weights for this lane, as read from memory: the packed words of its EPT inputs
+  // (a lane's chunk lies inside one group: GROUP is a multiple of EPT) and that group's scale and bias.
+  struct Chunk {
+    uint32_t packed[WORDS];
+    T s;
+    T b;
+  };
+  auto load = [&](int idx) {
+    Chunk c;
+    c.s = srow[idx / GROUP];
+    c.b = brow[idx / GROUP];
+    if constexpr (SCHEDULE == 1 && WORDS == 2) {
+      // one 8-byte load: idx * BITS / 32 and the row's start (k * BITS / 32 words, k % 16 == 0) are even
+      const uint2 v = *reinterpret_cast<const uint2*>(wrow + idx * BITS / 32);
+      c.packed[0] = v.x;
+      c.packed[1] = v.y;
+    } else {
+      #pragma unroll
+      for (int i = 0; i < WORDS; ++i) {
+        c.packed[i] = wrow[idx * BITS / 32 + i];
+      }
     }
+    return c;
+  };
+  // The arithmetic of one pass, the same in every schedule: dequantize once, then each row's FMAs.
+  auto compute = [&](int idx, const Chunk& c) {
     T wq[EPT];
     #pragma unroll
     for (int j = 0; j < EPT; ++j) {
-      const int q = (packed[(j * BITS) / 32] >> ((j * BITS) % 32)) & ((1u << BITS) - 1u);
-      wq[j] = O::template dequant<MODE>(O::from_int(q), s, b);
+      const int q = (c.packed[(j * BITS) / 32] >> ((j * BITS) % 32)) & ((1u << BITS) - 1u);
+      wq[j] = O::template dequant<MODE>(O::from_int(q), c.s, c.b);
     }
     #pragma unroll
     for (int m = 0; m < ROWS; ++m) {
@@ -145,14 +178,33 @@ _SOURCE = r"""
     }
   };
 
-  for (int r = 0; r < k / PER_WARP; ++r) {
-    tile(lane * EPT + r * PER_WARP);
-  }
-  if constexpr (RESIDUE) {
-    const int rest = k % PER_WARP;
-    const int idx = lane * EPT + k - rest;
-    if (idx < k) {
-      tile(idx);
+  // This lane's passes over K in qmv's order: pass r at lane * EPT + r * PER_WARP, then (RESIDUE) the
+  // partial pass at k - k % PER_WARP = passes * PER_WARP, for the lanes whose chunk lies inside K.
+  const int passes = k / PER_WARP;
+  if constexpr (SCHEDULE == 0) {
+    for (int r = 0; r < passes; ++r) {
+      const int idx = lane * EPT + r * PER_WARP;
+      compute(idx, load(idx));
+    }
+    if constexpr (RESIDUE) {
+      const int idx = lane * EPT + passes * PER_WARP;
+      if (idx < k) {
+        compute(idx, load(idx));
+      }
+    }
+  } else {
+    // prefetch: the next pass's words, scale and bias are read before this pass is computed
+    const int count = passes + ((RESIDUE && lane * EPT + passes * PER_WARP < k) ? 1 : 0);
+    if (count > 0) {
+      Chunk next = load(lane * EPT);
+      for (int r = 0; r < count; ++r) {
+        const Chunk current = next;
+        const int idx = lane * EPT + r * PER_WARP;
+        if (r + 1 < count) {
+          next = load(idx + PER_WARP);
+        }
+        compute(idx, current);
+      }
     }
   }
 
@@ -195,7 +247,7 @@ def supports(x: mx.array, bits: int, group_size: int, mode: str = "affine", bias
 @functools.cache
 def _kernel() -> Any:
     return mx.fast.cuda_kernel(
-        name="specbench_qmv_rows",
+        name=kernel_name("specbench_qmv_rows", _HEADER, _SOURCE),
         input_names=["x", "w", "scales", "biases"],
         output_names=["out"],
         source=_SOURCE,
@@ -211,9 +263,13 @@ def qmv_rows(
     group_size: int,
     bits: int,
     dequant: str = "mul-add",
+    schedule: str = DEFAULT_SCHEDULE,
+    features_per_block: int = FEATURES_PER_BLOCK,
 ) -> mx.array:
     """``mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size, bits)`` with every row
-    computed as MLX's one-row ``qmv`` computes it (CUDA; see the module docstring)."""
+    computed as MLX's one-row ``qmv`` computes it (CUDA; see the module docstring). How the work is laid
+    out changes when reads happen, not the arithmetic: ``schedule`` walks the passes over K
+    (``SCHEDULES``), ``features_per_block`` is the warps (one per output feature) of a thread block."""
     if not supports(x, bits, group_size, biases=biases):
         raise ValueError(
             f"qmv_rows computes affine {BITS}-bit products with group size {GROUP_SIZES} and "
@@ -221,15 +277,19 @@ def qmv_rows(
         )
     if dequant not in DEQUANT:
         raise ValueError(f"unknown dequant variant {dequant!r}: use one of {DEQUANT}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {SCHEDULES}")
+    if not 1 <= features_per_block <= 32:
+        raise ValueError(f"features_per_block must be 1 to 32 (warps of a block), got {features_per_block}")
     k, n = x.shape[-1], w.shape[0]
-    flat = x.reshape(-1, k)
+    flat = x if x.ndim == 2 else x.reshape(-1, k)
     rows = flat.shape[0]
     per_warp = WARP * (16 if bits <= 4 else 8)
     parts = []
     for start in range(0, rows, MAX_ROWS):
-        chunk = flat[start : start + MAX_ROWS]
+        chunk = flat if rows <= MAX_ROWS else flat[start : start + MAX_ROWS]  # no slice op for one launch
         m = chunk.shape[0]
-        blocks = -(-n // FEATURES_PER_BLOCK)
+        blocks = -(-n // features_per_block)
         (out,) = _kernel()(
             inputs=[chunk, w, scales.astype(x.dtype), biases.astype(x.dtype)],
             template=[
@@ -239,15 +299,16 @@ def qmv_rows(
                 ("ROWS", m),
                 ("RESIDUE", k % per_warp != 0),
                 ("MODE", DEQUANT.index(dequant)),
+                ("SCHEDULE", SCHEDULES.index(schedule)),
             ],
-            grid=(WARP * blocks, FEATURES_PER_BLOCK, 1),
-            threadgroup=(WARP, FEATURES_PER_BLOCK, 1),
+            grid=(WARP * blocks, features_per_block, 1),
+            threadgroup=(WARP, features_per_block, 1),
             output_shapes=[(m, n)],
             output_dtypes=[x.dtype],
         )
         parts.append(out)
     out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
-    return out.reshape(*x.shape[:-1], n)
+    return out if x.ndim == 2 else out.reshape(*x.shape[:-1], n)
 
 
 def qmv_rows_reference(

@@ -95,6 +95,26 @@ def test_concurrent_writers_merge_their_widths(fresh_calibrations, monkeypatch):
     assert sorted(load_calibration(model).widths) == list(range(2, 8))
 
 
+def test_a_calibration_stopped_midway_keeps_the_widths_it_finished(counted, monkeypatch):
+    model = build_tiny("llama")
+    finished = exact_calibration._calibrate_width
+
+    def stopped_at_four(probe, width, *args, **kwargs):
+        if width == 4:
+            raise KeyboardInterrupt  # a run's time limit, say
+        return finished(probe, width, *args, **kwargs)
+
+    monkeypatch.setattr(exact_calibration, "_calibrate_width", stopped_at_four)
+    with pytest.raises(KeyboardInterrupt):
+        calibrate(model, 5, measure=False)
+    exact_calibration._calibrations.clear()  # a later process
+    assert sorted(load_calibration(model).widths) == [2, 3]
+    monkeypatch.setattr(exact_calibration, "_calibrate_width", finished)
+    calibrate(model, 5, measure=False)
+    assert sorted(load_calibration(model).widths) == [2, 3, 4, 5]
+    assert counted == [2, 3, 4, 5]  # the second run calibrated only the widths the first left
+
+
 def test_chunk_sizes_run_widest_first():
     assert chunk_sizes(9) == [8, 7, 6, 5, 4, 3, 2]
     assert chunk_sizes(2) == []

@@ -7,9 +7,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from specbench.kernels import gemv_rows, gemv_variant, qmv_rows, qmv_variant
+from specbench.kernels import gemv_rows, gemv_variant, qmv_matches, qmv_rows, qmv_variant
 from specbench.kernels.bench import MLX_INVARIANT_ROWS, per_call_seconds
 from specbench.kernels.probe import cuda_available
+from specbench.kernels.qmv import SCHEDULES
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,6 +36,16 @@ def test_every_row_is_mlx_one_row_product(dtype, bits, group_size):
     for rows in (1, 2, 7, 8, 9, 16):
         got = np.array(qmv_rows(x[:rows], w, scales, biases, group_size, bits, variant).astype(mx.float32))
         assert np.array_equal(got, expected[:rows]), f"{rows} rows differ from MLX's one-row products"
+
+
+@pytest.mark.parametrize("dtype,bits,group_size", [(mx.bfloat16, 4, 64), (mx.bfloat16, 8, 64), (mx.float16, 4, 32)])
+def test_every_schedule_reproduces_mlx_one_row_products(dtype, bits, group_size):
+    """Each schedule on the probe's shapes (one whose K ends in a partial pass) at 1, 9 and 16 rows."""
+    variant = qmv_variant(dtype, bits, group_size)
+    assert variant is not None, "the probe found no variant of qmv_rows equal to MLX's one-row product"
+    for schedule in SCHEDULES:
+        found = qmv_matches(dtype, bits, group_size, variant, rows=(1, 9, 16), schedule=schedule)
+        assert found["exact"], f"{schedule}: {found['mismatches']}"
 
 
 @pytest.mark.parametrize("n,k", [(12288, 4096), (4096, 12288), (4096, 4096)])

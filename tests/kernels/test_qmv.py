@@ -19,7 +19,9 @@ from specbench import kernels
 from specbench.exact import calibrate, exact_mode
 from specbench.exact import calibration as exact_calibration
 from specbench.kernels import probe as kernel_probe
+from specbench.kernels import qmv as qmv_module
 from specbench.kernels import qmv_rows_reference
+from specbench.kernels.jit import kernel_name
 
 
 def _host(a: mx.array) -> np.ndarray:
@@ -59,6 +61,14 @@ def test_the_kernel_refuses_what_it_does_not_compute():
         kernels.qmv_rows(x, mx.zeros((8, 8), dtype=mx.uint32), mx.zeros((8, 1)), mx.zeros((8, 1)), 64, 3)
     with pytest.raises(ValueError, match="unknown dequant variant"):
         kernels.qmv_rows(x, mx.zeros((8, 8), dtype=mx.uint32), mx.zeros((8, 1)), mx.zeros((8, 1)), 64, 4, "fast")
+    with pytest.raises(ValueError, match="unknown schedule"):
+        kernels.qmv_rows(
+            x, mx.zeros((8, 8), dtype=mx.uint32), mx.zeros((8, 1)), mx.zeros((8, 1)), 64, 4, "fma", "tiled"
+        )
+    with pytest.raises(ValueError, match="features_per_block must be 1 to 32"):
+        kernels.qmv_rows(
+            x, mx.zeros((8, 8), dtype=mx.uint32), mx.zeros((8, 1)), mx.zeros((8, 1)), 64, 4, "fma", "loop", 0
+        )
 
 
 def test_off_cuda_the_probe_finds_no_kernel_and_calibration_does_not_try_it():
@@ -132,3 +142,10 @@ def test_a_kernel_that_is_not_bit_identical_is_rejected(monkeypatch):
     calibration = calibrate(model, [4], measure=False, boundary=False, save=False)
     assert calibration.level_for(4) != "attention+linear/kernel"
     assert any(t["level"] == "attention+linear/kernel" and not t["exact"] for t in calibration.rows())
+
+
+def test_a_kernel_is_named_by_its_source():
+    """MLX caches a compiled kernel on disk by name: a changed source must not load the old machine code."""
+    name = kernel_name("specbench_qmv_rows", qmv_module._HEADER, qmv_module._SOURCE)
+    assert name.startswith("specbench_qmv_rows_")
+    assert kernel_name("specbench_qmv_rows", qmv_module._HEADER, qmv_module._SOURCE + " ") != name

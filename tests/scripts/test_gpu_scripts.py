@@ -161,3 +161,14 @@ def test_components_script(tmp_path):
     assert all(len(v["by_length"]) == 3 for v in lengths.values())
     batch = json.loads((folder / "batch.json").read_text())
     assert all("residual" in r and "predicted_from_log" in r for r in batch["rows"])
+
+
+def test_kernels_script(tmp_path):
+    out = run_script("kernels.py", tmp_path)
+    result = json.loads((tmp_path / "qmv_schedules.json").read_text())
+    assert [r["layer"] for r in result["layers"]] == ["small", "residue"]
+    assert all(r["mlx_1_us"] > 0 and r["mlx_fast_9_eval_us"] > 0 for r in result["layers"])
+    if result["dequant"] is None:  # no CUDA: MLX's products only
+        assert "CUDA kernels: False" in out and not result["launches"]
+    else:
+        assert all(r["identical_loop"] and r["identical_prefetch"] for r in result["layers"])
