@@ -136,6 +136,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "categories": ["translation"],
             "max_tokens": 32,
             "lossless_samples": 10,
+            "lossless_max_samples": 20,  # doubled when 10 cannot conclude (too few accepted drafts)
             "lossless_tokens": 6,
         },
         # the sweep's recorded outputs replayed at every k and policy (no model runs)
@@ -191,7 +192,7 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "draft_length_sweep": 178,
         "break_even": 124,
         "agent_traces": 41,
-        "sampling": 48,  # its greedy cell is the sweep's
+        "sampling": 65,  # its greedy cell is the sweep's; 48 before its losslessness sample could double
         "explorer": 10,  # replays the sweep's recorded outputs: no model runs
         "batch_break_even": 10,  # tiny synthetic shapes in both profiles (the notebook's defaults)
         "simulate_logs": 12,  # the bundled traces, tokenized only: no model runs
