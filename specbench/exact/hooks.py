@@ -237,8 +237,8 @@ def _attention_call(original: Callable) -> Callable:
             return tree_attention(original, queries, keys, values, visible, scale, sensitive, *args, **kwargs)
         if plan is None or not plan.attention or not _is_causal(mask):
             return original(queries, keys, values, *args, scale=scale, mask=mask, **kwargs)
-        sensitive = _contexts[-1].layout_sensitive
-        if (out := kernel_attention(plan, queries, keys, values, scale, mask, args, kwargs, sensitive)) is not None:
+        call = (plan, queries, keys, values, scale, mask, args, kwargs, _contexts[-1].layout_sensitive)
+        if plan.attention == "kernel" and (out := kernel_attention(*call)) is not None:  # else no kernel code runs
             return out
         prefix = keys.shape[-2] - rows
         outs = []
