@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import replace
 
 import polars as pl
 import pytest
-from conftest import build_tiny, tokenizer_words, word_tokenizer
+from conftest import TINY_CONFIGS, build_tiny, tokenizer_words, word_tokenizer
 
 import specbench.cost as cost
 from specbench.bench.predictions import drafting_cost
@@ -149,3 +151,53 @@ def test_without_a_stored_profile_the_predictions_are_null_and_it_says_so_once(t
     assert saved["predicted_speedup"].is_null().all() and saved["residual"].is_null().all()
     # the runs kept their steps all the same: a profile given later predicts from them
     assert load_prompt_bench(tmp_path / "out", fake_profile(model)).summary()[-1]["predicted_speedup"] > 0
+
+
+def test_bench_cli_profile_first_stores_a_profile_and_prints_predictions(tmp_path, monkeypatch, capsys):
+    from mlx_lm.utils import save_config, save_model
+
+    from specbench.cli import main
+
+    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "tiny"
+    model = build_tiny("llama", seed=5)
+    save_model(folder, model)
+    save_config(dict(TINY_CONFIGS["llama"]), folder / "config.json")
+    word_tokenizer().save_pretrained(str(folder))
+    prompts = tmp_path / "question.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"question_id": q.question_id, "category": q.category, "turns": list(q.turns)}) + "\n"
+            for q in questions()
+        )
+    )
+    command = [
+        "bench",
+        "prompts",
+        str(prompts),
+        "--model",
+        str(folder),
+        "--drafters",
+        "lookup",
+        "--policies",
+        "fixed:3",
+    ]
+    command += [
+        "--max-tokens",
+        "10",
+        "--verify",
+        "fast",
+        "--categories",
+        "repeated_paragraph",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    assert main(command + ["--profile-first"]) == 0
+    printed = capsys.readouterr().out
+    assert "--profile-first: measuring the fast verify costs" in printed and "profile: " in printed
+    assert cost.load_profile(model) is not None
+    assert "Decode speedup over specbench plain, measured and predicted (cost profile of" in printed
+    assert re.search(rf"\| {re.escape(METHOD)} \| \d+\.\d\dx \| \d+\.\d\dx \| [+-]\d+\.\d% \| \d+\.\d% \|", printed)
+    # stored now: a second run measures nothing
+    assert main(command + ["--profile-first", "--fresh"]) == 0
+    assert "--profile-first" not in capsys.readouterr().out
