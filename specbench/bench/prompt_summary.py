@@ -249,7 +249,7 @@ def _prediction_lines(
         by_category = [_fmt((cell.get((name, g)) or {}).get("residual"), "+.1%") for g in categories]
         lines.append(
             f"| {name} | {_fmt(r['plain_speedup'])}x | {_fmt(r['predicted_speedup'])}x | "
-            f"{_fmt(r['residual'], '+.1%')} | {_fmt(r['mean_abs_residual'], '.1%')} | {_fmt(r['d'], '.3f')} | "
+            f"{_fmt(r['residual'], '+.1%')} | {_fmt(r['mean_abs_residual'], '.1%')} | {_fmt(r['d'], '.2g')} | "
             + " | ".join(by_category)
             + " |"
         )
