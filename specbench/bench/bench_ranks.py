@@ -26,6 +26,7 @@ from specbench.bench.prompt_bench import (
     _prompt_config,
     _question_key,
     bench_prompts,
+    stored_cost_profile,
 )
 from specbench.bench.prompt_runs import prompt_methods
 from specbench.common import distributed
@@ -99,12 +100,14 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     say = a["progress"]
     if say and done and rank == 0:
         say(f"resuming: {len(done)} questions already done in {out / PROMPT_RUNS_FILE}")
+    # each rank predicts from its own device's profile; the merged results from rank 0's
+    profile = stored_cost_profile(model, a["model_name"], a["profile"], say if say and rank == 0 else lambda _: None)
 
     def run_share() -> tuple[list[dict[str, Any]], int]:
         if not mine:
             return [], 0
         progress = (lambda text: say(f"rank {rank}/{size}: {text}")) if say else None
-        result = bench_prompts(**{**a, "questions": mine, "out": part, "progress": progress})
+        result = bench_prompts(**{**a, "questions": mine, "out": part, "progress": progress, "profile": profile})
         keys = {_question_key(q) for q in mine}
         return [r for r in result.runs if r["question_key"] in keys], result.info.get("unfinished_questions", 0)
 
@@ -124,7 +127,7 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     unfinished = sum(n for _, n in shares)
     if unfinished:
         info["unfinished_questions"] = unfinished
-    result = SpreadPromptBench(runs, methods, info)
+    result = SpreadPromptBench(runs, methods, info, profile)
     if out is not None:
         distributed.gather_outcomes(lambda: result.save(out) if rank == 0 and runs else None)
         shutil.rmtree(part, ignore_errors=True)

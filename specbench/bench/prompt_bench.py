@@ -8,7 +8,9 @@ mlx-lm's ``stream_generate`` (the baseline), mlx-lm's draft-model speculation wh
 given, specbench's plain ``generate`` and specbench with each drafter and policy (with a draft model,
 specbench's ``DraftModel`` with the same pair and draft length as mlx-lm's, side by side). Methods are warmed
 up first and interleaved per prompt (a rotating order) so that drift of the machine's speed spreads
-evenly. The figure of the results is drawn by ``specbench.report.figures.bench``.
+evenly. specbench's runs keep their steps, from which the model's stored cost profile predicts each
+speculative method's speedup over specbench plain (``specbench.bench.prompt_predictions``), shown beside the
+measured one with the residual. The figure of the results is drawn by ``specbench.report.figures.bench``.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from typing import Any
 
 import polars as pl
 
+from specbench.bench.prompt_predictions import is_speculative_specbench, no_profile_note
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, TimedRun, prompt_methods
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
 from specbench.common.deprecation import renamed_arguments
 from specbench.common.files import write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.identity import device_name, versions
 from specbench.core.policies import DraftPolicy
+from specbench.cost.profile import Profile, load_profile
 from specbench.drafters.draft_model import shipped_draft_model
 from specbench.inputs.prompts import render_prompt
 from specbench.inputs.stored import read_json, read_parquet
@@ -77,20 +81,41 @@ def _strip_stops(tokens: Sequence[int], stop_ids: set[int]) -> list[int]:
 
 @dataclass
 class PromptBench:
-    """A prompt benchmark's results: one row per timed run, and per-category summaries."""
+    """A prompt benchmark's results: one row per timed run, and per-category summaries; with the model's cost
+    ``profile``, each speculative method's measured speedup beside its prediction."""
 
     runs: list[dict[str, Any]]
     methods: list[Method]
     info: dict[str, Any]
+    profile: Profile | None = None
 
     def categories(self) -> list[str]:
         return list(dict.fromkeys(r["category"] for r in self.runs))
 
     def summary(self) -> list[dict[str, Any]]:
-        return summarize_prompt_runs(self.runs, self.methods, self.info)
+        return summarize_prompt_runs(self.runs, self.methods, self.info, self.profile)
 
     def table(self) -> str:
-        return prompt_table(self.summary(), self.methods, self.categories(), self.info)
+        return prompt_table(self.summary(), self.methods, self.categories(), self.info, self.prediction_source())
+
+    def prediction_source(self) -> str:
+        """Where the predictions come from (the cost profile), or why there are none."""
+        if self.profile is None:
+            return no_profile_note(self.info.get("model", "model"), self.info.get("device", ""))
+        speculative = [r for r in self.runs if is_speculative_specbench(r)]
+        if speculative and not any(r.get("steps") for r in speculative):
+            return "these runs kept no step records (saved by an older specbench): run again with --fresh to see them"
+        p = self.profile
+        text = (
+            f"cost profile of {p.name} on {p.device}{', quick' if p.quick else ''} {p.created}: acceptance per "
+            "position x k x c(w) with the engine's overhead, d from each run's drafting; residual = measured / "
+            "predicted - 1"
+        )
+        missing = ",".join(sorted({r["verify"] for r in speculative} - set(p.costs)))
+        if missing:
+            model = self.info.get("model", "MODEL")
+            text += f"; it has no {missing} verify costs: `specbench profile {model} --verify {missing}`"
+        return text
 
     def save(self, out: str | os.PathLike) -> dict[str, Path]:
         """Write runs and summary (parquet), settings (JSON) and the table (markdown), atomically."""
@@ -104,8 +129,9 @@ class PromptBench:
         }
 
 
-def load_prompt_bench(folder: str | os.PathLike) -> PromptBench:
-    """The results ``bench_prompts`` saved in ``folder`` (e.g. to draw the figure elsewhere)."""
+def load_prompt_bench(folder: str | os.PathLike, profile: Profile | None = None) -> PromptBench:
+    """The results ``bench_prompts`` saved in ``folder`` (e.g. to draw the figure elsewhere); with the model's
+    cost ``profile``, the speculative methods' predictions."""
     folder = Path(folder)
     runs_path, info_path = folder / PROMPT_RUNS_FILE, folder / PROMPT_INFO_FILE
     if not runs_path.exists() or not info_path.exists():
@@ -116,7 +142,20 @@ def load_prompt_bench(folder: str | os.PathLike) -> PromptBench:
     if not isinstance(meta, dict) or not {"methods", "info"} <= set(meta):
         raise ValueError(f"{info_path}: not a prompt benchmark's settings (needs 'methods' and 'info')")
     methods = [Method.from_record(m) for m in meta["methods"]]
-    return PromptBench(read_parquet(runs_path).to_dicts(), methods, meta["info"])
+    return PromptBench(read_parquet(runs_path).to_dicts(), methods, meta["info"], profile)
+
+
+def stored_cost_profile(
+    model: Any, model_name: str, profile: Profile | str | None, say: Callable[[str], None]
+) -> Profile | None:
+    """``profile``, or for "stored" the model's stored cost profile on this device, saying once when there is
+    none (the benchmark measures none itself: ``specbench profile`` does)."""
+    if profile != "stored":
+        return profile
+    stored = load_profile(model)
+    if stored is None:
+        say(no_profile_note(model_name, device_name()))
+    return stored
 
 
 @renamed_arguments(num_draft_tokens="k")
@@ -137,6 +176,7 @@ def bench_prompts(
     warmup: bool = True,
     time_budget_s: float | None = None,
     progress: Callable[[str], None] | None = _say,
+    profile: Profile | str | None = "stored",
 ) -> PromptBench:
     """Benchmark every method on ``questions`` (``specbench.inputs.prompts.Question``), greedy, batch 1.
 
@@ -148,6 +188,9 @@ def bench_prompts(
     there (``fresh`` starts over); the summary and table are written at the end
     (``specbench.report.figures.bench.save_prompt_figure`` draws the figure).
     ``time_budget_s`` stops starting new questions once that many seconds (warm-up included) have passed.
+    ``profile``: the model's cost profile, which predicts each speculative method's speedup over specbench
+    plain from the steps its runs kept ("stored": the one stored for the model on this device, if any;
+    None: no predictions).
     """
     if not questions:
         raise ValueError("no questions to benchmark: check the prompt file and --categories")
@@ -177,6 +220,7 @@ def bench_prompts(
         done = {r["question_key"] for r in runs}
         if done:
             say(f"resuming: {len(done)} questions already done in {runs_path}")
+    profile = stored_cost_profile(model, model_name, profile, say)
     runner = MethodRunner(model, tokenizer, model_name, draft_model, k, max_tokens)
     stop_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
     todo = [q for q in questions if _question_key(q) not in done]
@@ -220,7 +264,7 @@ def bench_prompts(
         )
         if runs_path is not None:
             _write_parquet(runs, runs_path)
-    result = PromptBench(runs, methods, info)
+    result = PromptBench(runs, methods, info, profile)
     if out is not None and runs:
         result.save(out)
     return result
@@ -267,6 +311,7 @@ def _run_row(
         "pos_accepted": run.pos_accepted,
         "finish_reason": run.finish_reason,
         "tokens": run.tokens,
+        "steps": run.steps,
         "equal": False,
         "first_mismatch": 0,
     }

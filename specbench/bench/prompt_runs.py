@@ -28,6 +28,21 @@ from specbench.exact.calibration import calibrate
 
 PROMPT_BASELINE = "mlx-lm"
 
+#: What a specbench run keeps of each step: what the speedup predictor (``specbench.cost.predict``) and the
+#: drafting cost (``specbench.bench.predictions.drafting_cost``) read.
+STEP_COLUMNS = (
+    "step",
+    "position",
+    "kind",
+    "k_drafted",
+    "accepted",
+    "emitted",
+    "verify_width",
+    "tree_nodes",
+    "draft_s",
+    "draft_tokens",
+)
+
 
 @dataclass(frozen=True)
 class Method:
@@ -113,7 +128,8 @@ class TimedRun:
     """One timed generation: its tokens, seconds, and what its target forwards did.
 
     ``forwards``: target forwards after the prompt pass (plain steps and verifications);
-    ``pos_drafted[i]``/``pos_accepted[i]``: verifications that drafted / accepted position i.
+    ``pos_drafted[i]``/``pos_accepted[i]``: verifications that drafted / accepted position i;
+    ``steps``: a specbench run's step records, the columns ``STEP_COLUMNS`` of each (empty for mlx-lm's).
     """
 
     tokens: list[int]
@@ -126,6 +142,7 @@ class TimedRun:
     pos_drafted: list[int] = field(default_factory=list)
     pos_accepted: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _count_positions(pos_drafted: list[int], pos_accepted: list[int], drafted: int, accepted: int) -> None:
@@ -217,6 +234,7 @@ def run_specbench(
         stats["drafted"],
         stats["accepted"],
         finish_reason=gen.finish_reason(),
+        steps=[{c: getattr(record, c) for c in STEP_COLUMNS} for record in gen.log.records],
     )
     for record in gen.log.records:
         if record.kind == "verify":

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from specbench.bench.paired import ratio_interval
+from specbench.bench.prompt_predictions import add_predictions, is_speculative_specbench
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method
+from specbench.cost.profile import Profile
 
 
 def _decode_tokens(row: dict[str, Any]) -> int:
@@ -57,10 +59,15 @@ def _per_question(
 
 
 def summarize_prompt_runs(
-    runs: Sequence[dict[str, Any]], methods: Sequence[Method], info: dict[str, Any] | None = None
+    runs: Sequence[dict[str, Any]],
+    methods: Sequence[Method],
+    info: dict[str, Any] | None = None,
+    profile: Profile | None = None,
 ) -> list[dict[str, Any]]:
     """Per method and category (and "overall"): throughput, speedup over mlx-lm plain, #MAT,
-    acceptance, per-position acceptance and output equality.
+    acceptance, per-position acceptance and output equality; and for specbench's methods the decode speedup
+    over specbench plain beside the one ``profile`` predicts, with the residual
+    (``specbench.bench.prompt_predictions.SUMMARY_COLUMNS``; None without a profile).
 
     Seconds per prompt are the median over repeats; throughput is total tokens / total seconds
     (Spec-Bench's overall speedup), end to end (``tokens_per_s``, ``speedup``) and after the first
@@ -143,7 +150,7 @@ def summarize_prompt_runs(
                 total=len(by_prompt),
             )
             out.append(row)
-    return out
+    return add_predictions(out, runs, profile)
 
 
 def _fmt(value: Any, spec: str = ".2f", missing: str = "-") -> str:
@@ -161,9 +168,15 @@ def _speedup_cell(row: dict[str, Any]) -> str:
 
 
 def prompt_table(
-    summary: Sequence[dict[str, Any]], methods: Sequence[Method], categories: Sequence[str], info: dict[str, Any]
+    summary: Sequence[dict[str, Any]],
+    methods: Sequence[Method],
+    categories: Sequence[str],
+    info: dict[str, Any],
+    prediction: str = "",
 ) -> str:
-    """Two markdown tables: speedup over mlx-lm plain by category, and the overall metrics per method."""
+    """Markdown tables: speedup over mlx-lm plain by category, the overall metrics per method, and each
+    speculative method's measured decode speedup over specbench plain beside its prediction (``prediction``:
+    where it comes from, or why there is none)."""
     groups = list(categories) + ["overall"]
     cell = {(r["method"], r["category"]): r for r in summary}
     names = [m.name for m in methods if (m.name, "overall") in cell]
@@ -210,9 +223,37 @@ def prompt_table(
             f"{r['equal']}/{r['total']} |"
         )
     lines += _draft_model_lines(cell, methods, groups)
+    lines += _prediction_lines(cell, names, groups, prediction)
     if info.get("unfinished_questions"):
         lines += ["", f"(time budget reached: {info['unfinished_questions']} questions not run)"]
     return "\n".join(lines)
+
+
+def _prediction_lines(
+    cell: dict[tuple[str, str], dict[str, Any]], names: Sequence[str], groups: list[str], prediction: str
+) -> list[str]:
+    """Each speculative specbench method's decode speedup over specbench plain, measured and predicted, the
+    residual overall and by category, and the mean absolute residual of its runs."""
+    ours = [n for n in names if is_speculative_specbench(cell[(n, "overall")])]
+    if not ours:
+        return []
+    lines = ["", f"Decode speedup over specbench plain, measured and predicted ({prediction}):", ""]
+    if not any(cell[(n, "overall")].get("predicted_speedup") is not None for n in ours):
+        return ["", f"Predictions: {prediction}"]
+    categories = groups[:-1]
+    cols = ["method", "measured", "predicted", "residual", "mean abs residual (runs)", "d"]
+    lines.append("| " + " | ".join(cols + [f"residual {g}" for g in categories]) + " |")
+    lines.append("|---" * (len(cols) + len(categories)) + "|")
+    for name in ours:
+        r = cell[(name, "overall")]
+        by_category = [_fmt((cell.get((name, g)) or {}).get("residual"), "+.1%") for g in categories]
+        lines.append(
+            f"| {name} | {_fmt(r['plain_speedup'])}x | {_fmt(r['predicted_speedup'])}x | "
+            f"{_fmt(r['residual'], '+.1%')} | {_fmt(r['mean_abs_residual'], '.1%')} | {_fmt(r['d'], '.2g')} | "
+            + " | ".join(by_category)
+            + " |"
+        )
+    return lines
 
 
 def _draft_model_lines(

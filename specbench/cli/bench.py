@@ -80,6 +80,12 @@ def _configure_prompts(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=2, help="the draft length of mlx-lm's speculation with --draft-model")
     parser.add_argument("--verify", default=None, help="comma list of exact, fast (default: the engine's)")
     parser.add_argument("--fresh", action="store_true", help="start over instead of resuming in --out")
+    parser.add_argument(
+        "--profile-first",
+        action="store_true",
+        help="measure and store the model's cost profile first when none is stored for the verify modes in use "
+        "(as `specbench profile` does; minutes on a CPU), so that each speculative method gets a prediction",
+    )
 
 
 def _configure_trace(parser: argparse.ArgumentParser) -> None:
@@ -228,6 +234,8 @@ def _bench_prompts(args: argparse.Namespace) -> int:
         check_writable(args.out, folder=True, name="--out")
     model, tokenizer = load(args.model, shard=args.shard)
     draft_model = resolve_draft_model(args.draft_model, model, args.model) if args.draft_model else None
+    if args.profile_first:  # on every rank: each its own device's profile (a sharded model's ranks together)
+        _profile_first(model, args.model, names(args.verify) if args.verify else [], policies)
     result = bench_prompts_over_ranks(  # under mlx.launch: the questions spread over the ranks
         model,
         tokenizer,
@@ -269,6 +277,22 @@ def _bench_prompts(args: argparse.Namespace) -> int:
     if args.out:
         print(f"\nresults: {args.out}")
     return 0
+
+
+def _profile_first(model, name: str, modes: list[str], policies: list) -> None:
+    """``--profile-first``: measure and store ``model``'s cost profile in ``modes`` (default: greedy's) at widths
+    up to the longest draft the policies ask for plus one (at least 9), unless one is stored with those modes."""
+    from specbench.core.options import GenerateOptions
+    from specbench.cost import load_profile, measure, save_profile
+
+    modes = modes or [GenerateOptions().verify_mode]
+    stored = load_profile(model)
+    if stored is not None and set(modes) <= set(stored.costs):
+        return
+    widths = max([9] + [p.longest_draft(None) + 1 for p in policies])
+    print(f"--profile-first: measuring the {', '.join(modes)} verify costs of {name} at widths 1..{widths}")
+    profile = measure(model, widths=widths, verify=modes, progress=lambda text: print(f"  {text}"))
+    print(f"profile: {save_profile(profile)}")
 
 
 def _bench_trace(args: argparse.Namespace) -> int:

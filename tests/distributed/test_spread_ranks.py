@@ -16,10 +16,11 @@ from specbench.report import runner
 
 #: Status keys that differ from run to run (clocks, process).
 STATUS_TIMED = {"started", "finished", "seconds", "cpu_s", "pid", "host"}
-#: Bench columns that hold clocks (and the configuration, which holds the device's name).
-TIMED = {"config", "wall_s", "first_token_s", "tokens_per_s"}
+#: Bench columns that hold clocks (and the configuration, which holds the device's name; the steps, drafting seconds).
+TIMED = {"config", "wall_s", "first_token_s", "tokens_per_s", "steps"}
 SUMMARY_TIMED = {"seconds", "tokens_per_s", "decode_tokens_per_s", "speedup", "decode_speedup"}
 SUMMARY_TIMED |= {"speedup_min", "speedup_max", "speedup_low", "speedup_high"}
+SUMMARY_TIMED |= {"plain_speedup", "predicted_speedup", "residual", "mean_abs_residual", "d"}
 #: One bench row per question, turn, repeat and method (each rank rotates the methods' order on its own).
 KEY = ["question_key", "turn", "repeat", "method"]
 
