@@ -1,8 +1,13 @@
 """The GPU scripts' CPU smoke runs (--quick): device time is scarce, so a script that breaks
-should break here first."""
+should break here first.
+
+The runs share one SPECBENCH_HOME (``script_home``), apart from the user's: the embedded model is linked in as the
+test session's home links it, and what one run calibrates the later runs find stored, as on a GPU machine where the
+scripts run one after another."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -10,7 +15,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from conftest import SESSION_HOME
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def script_home(tmp_path_factory) -> Path:
+    """A SPECBENCH_HOME for this module's script runs, with the session's embedded models linked in (not converted
+    again by each run); calibrations stored by one run serve the later ones."""
+    home = tmp_path_factory.mktemp("script-home")
+    (home / "models").mkdir()
+    for model in (SESSION_HOME / "models").glob("*"):
+        (home / "models" / model.name).symlink_to(model.resolve(), target_is_directory=True)
+    return home
 
 
 def module(name: str) -> list[str]:
@@ -18,8 +37,9 @@ def module(name: str) -> list[str]:
     return [sys.executable, "-m", f"scripts.gpu.{name.removesuffix('.py')}"]
 
 
-def run_script(name: str, tmp_path: Path, *args: str) -> str:
-    env = {**os.environ, "OUT": str(tmp_path), "SPECBENCH_HOME": str(tmp_path / "home")}
+def run_script(name: str, tmp_path: Path, home: Path, *args: str) -> str:
+    """stdout of scripts/gpu/``name`` run with --quick and ``args``, writing into ``tmp_path`` ($OUT)."""
+    env = {**os.environ, "OUT": str(tmp_path), "SPECBENCH_HOME": str(home)}
     done = subprocess.run(
         [*module(name), "--quick", *args],
         cwd=ROOT,
@@ -32,24 +52,24 @@ def run_script(name: str, tmp_path: Path, *args: str) -> str:
     return done.stdout
 
 
-def test_exactness_script(tmp_path):
-    out = run_script("exactness.py", tmp_path, "--models", "qwen3-8b-tiny,qwen3-30b-a3b-tiny")
+def test_exactness_script(tmp_path, script_home):
+    out = run_script("exactness.py", tmp_path, script_home, "--models", "qwen3-8b-tiny,qwen3-30b-a3b-tiny")
     assert "bit-identical to plain greedy on every prompt: True" in out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {r["model"] for r in summary["exactness"]} == {"qwen3-8b-tiny", "qwen3-30b-a3b-tiny"}
     assert (tmp_path / "exactness.csv").exists() and (tmp_path / "cost.csv").exists()
 
 
-def test_exact_diagnose_script(tmp_path):
-    out = run_script("exact_diagnose.py", tmp_path)
+def test_exact_diagnose_script(tmp_path, script_home):
+    out = run_script("exact_diagnose.py", tmp_path, script_home)
     report = json.loads((tmp_path / "diagnose.json").read_text())
     assert len(report["crossing"]) == 4 and all(c["first_mismatch"] is None for c in report["crossing"])
     assert all(c["copy_equal"] and c["after_other_calls_equal"] for c in report["copied_cache"])
     assert "lockstep" in out
 
 
-def test_cost_script_and_replot(tmp_path):
-    out = run_script("cost.py", tmp_path, "--models", "qwen3-8b-tiny", "--hybrids", "")
+def test_cost_script_and_replot(tmp_path, script_home):
+    out = run_script("cost.py", tmp_path, script_home, "--models", "qwen3-8b-tiny", "--hybrids", "")
     assert "prediction error of the seconds per token" in out
     for name in ("profiles.json", "grid.csv", "costs.png", "break_even.png", "measured.png"):
         assert (tmp_path / name).exists(), name
@@ -65,14 +85,14 @@ def test_cost_script_and_replot(tmp_path):
     assert (tmp_path / "measured.png").exists()
 
 
-def test_traces_script(tmp_path):
-    out = run_script("traces.py", tmp_path, "--drafters", "lookup,suffix")
+def test_traces_script(tmp_path, script_home):
+    out = run_script("traces.py", tmp_path, script_home, "--drafters", "lookup,suffix")
     assert "outputs identical: True" in out
     assert (tmp_path / "traces_summary.csv").exists()
 
 
-def test_default_policy_script(tmp_path):
-    out = run_script("default_policy.py", tmp_path)
+def test_default_policy_script(tmp_path, script_home):
+    out = run_script("default_policy.py", tmp_path, script_home)
     assert "in plain steps" in out and "A/A, in plain steps" in out
     assert "outputs equal to plain greedy on every checked run: True" in out
     summary = json.loads((tmp_path / "default_policy.json").read_text())
@@ -87,9 +107,9 @@ def test_default_policy_script(tmp_path):
     assert "set-up by stage: build" in out
 
 
-def test_default_policy_script_stopped_keeps_what_finished(tmp_path):
+def test_default_policy_script_stopped_keeps_what_finished(tmp_path, script_home):
     """SIGTERM (what `timeout` sends) mid-run: the repeats that finished are saved and summarized."""
-    env = {**os.environ, "OUT": str(tmp_path), "SPECBENCH_HOME": str(tmp_path / "home")}
+    env = {**os.environ, "OUT": str(tmp_path), "SPECBENCH_HOME": str(script_home)}
     args = ["--quick", "--shapes", "qwen3-8b-tiny", "--no-embedded"]
     with subprocess.Popen(
         [*module("default_policy"), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
@@ -106,18 +126,24 @@ def test_default_policy_script_stopped_keeps_what_finished(tmp_path):
     assert "stopped by SIGTERM" in saved["reduced"][-1]
 
 
-def test_default_policy_embedded_runs_split_over_calls_are_summarized_together(tmp_path):
+def test_default_policy_embedded_runs_split_over_calls_are_summarized_together(tmp_path, script_home):
     """The embedded phase by category at a fixed length, in two calls, then one summary of both."""
     for category in ("qa", "rag"):
         args = ["--shapes", "", "--categories", category, "--traces", "", "--embedded-tokens", "12"]
-        run_script("default_policy.py", tmp_path, *args, "--out", str(tmp_path / category))
+        run_script("default_policy.py", tmp_path, script_home, *args, "--out", str(tmp_path / category))
         runs = json.loads((tmp_path / category / "default_policy.json").read_text())["runs"]
         assert {r["what"] for r in runs} == {f"category {category}"} and {r["tokens"] for r in runs} == {12}
-    out = run_script("default_policy.py", tmp_path, "--resummarize", str(tmp_path / "qa"), str(tmp_path / "rag"))
+    out = run_script(
+        "default_policy.py", tmp_path, script_home, "--resummarize", str(tmp_path / "qa"), str(tmp_path / "rag")
+    )
     assert "category qa" in out and "category rag" in out and "verdicts of 4 cells" in out
 
 
-def test_default_policy_bad_options_fail_before_model_work(tmp_path):
+def test_default_policy_bad_options_fail_before_model_work(tmp_path, monkeypatch, capsys):
+    """Each bad option ends the script's ``main`` with argparse's exit status 2 and a message naming what is
+    wrong, before any model work (run in this process: a subprocess per case would only add its start-up)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    default_policy = importlib.import_module("scripts.gpu.default_policy")
     for args, named in (
         (["--categories", "qa,poetry"], "translation"),  # names the bundled categories
         (["--traces", "nope"], "coding-agent"),
@@ -126,21 +152,23 @@ def test_default_policy_bad_options_fail_before_model_work(tmp_path):
         (["--acceptances", "0.5,1.5"], "[0, 1]"),
         (["--repeats", "1"], "at least 2"),
     ):
-        done = subprocess.run([*module("default_policy"), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr
+        monkeypatch.setattr(sys, "argv", ["default_policy.py", *args])
+        with pytest.raises(SystemExit) as stopped:  # any other exception (a traceback) fails the test
+            default_policy.main()
+        assert stopped.value.code == 2 and named in capsys.readouterr().err
 
 
-def test_default_policy_runs_only_the_cells_asked_for(tmp_path):
+def test_default_policy_runs_only_the_cells_asked_for(tmp_path, script_home):
     """A rerun of chosen cells with more repeats: only those cells (and the A/A cell) are timed."""
     args = ["--shapes", "qwen3-8b-tiny", "--no-embedded", "--modes", "fast", "--acceptances", "0.5", "--repeats", "3"]
-    run_script("default_policy.py", tmp_path, *args)
+    run_script("default_policy.py", tmp_path, script_home, *args)
     runs = json.loads((tmp_path / "default_policy.json").read_text())["runs"]
     assert {r["what"] for r in runs} == {"plain a/a", "fast a=0.5"}
     assert {r["repeat"] for r in runs} == {0, 1, 2}
 
 
-def test_exact_speed_script(tmp_path):
-    out = run_script("exact_speed.py", tmp_path)
+def test_exact_speed_script(tmp_path, script_home):
+    out = run_script("exact_speed.py", tmp_path, script_home)
     result = json.loads((tmp_path / "exact_speed.json").read_text())
     rows = result["shapes"]["qwen3-8b-tiny"]["rows"]
     assert {"plain", "mlx-lm", "exact k=4", "fast k=4", "auto exact a=1", "auto exact a=0.3"} == set(rows)
@@ -148,8 +176,8 @@ def test_exact_speed_script(tmp_path):
     assert rows["exact k=4"]["verifies"][0] > 0 and "exact k=4 / fast k=4" in out
 
 
-def test_components_script(tmp_path):
-    run_script("components.py", tmp_path)
+def test_components_script(tmp_path, script_home):
+    run_script("components.py", tmp_path, script_home)
     folder = tmp_path / "components"
     summary = json.loads((folder / "summary.json").read_text())
     assert set(summary["components"]) == {"qwen3-8b-tiny", "qwen3-30b-a3b-tiny", "qwen3.5-9b-tiny"}
@@ -163,8 +191,8 @@ def test_components_script(tmp_path):
     assert all("residual" in r and "predicted_from_log" in r for r in batch["rows"])
 
 
-def test_kernels_script(tmp_path):
-    out = run_script("kernels.py", tmp_path)
+def test_kernels_script(tmp_path, script_home):
+    out = run_script("kernels.py", tmp_path, script_home)
     result = json.loads((tmp_path / "qmv_schedules.json").read_text())
     assert [r["layer"] for r in result["layers"]] == ["small", "residue"]
     assert all(r["mlx_1_us"] > 0 and r["mlx_fast_9_eval_us"] > 0 for r in result["layers"])
