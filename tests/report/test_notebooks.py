@@ -56,7 +56,9 @@ def test_every_notebook_is_in_the_report():
 def test_quick_profile_runs_each_notebook(tmp_path, name):
     """Each notebook of the quick profile in a report of its own (so that a parallel test run spreads them):
     done, rendered without local paths or escapes, its figures drawn and passing the figure checks, nothing
-    skipped but drafters the miniature lacks, its verdict in words at the top of the index."""
+    skipped but drafters the miniature lacks, its verdict in words at the top of the index. The policies
+    notebook's run also checks its ranking and confirmed policies (formerly
+    test_quick_profile_runs_the_policies_notebook, which ran that notebook a second time)."""
     out = tmp_path / "quick"
     result = report.run_report("quick", out, only=[name], progress=False)
     assert [(r.notebook, r.status, r.error) for r in result.results] == [(name, "done", "")]
@@ -84,16 +86,15 @@ def test_quick_profile_runs_each_notebook(tmp_path, name):
     if name == "agent_traces":
         assert summary["values"]["identical"] is True
         assert "agent_traces/tables/overall.parquet" in summary["tables"]  # two traces: each method over both
+    if name == "policies":
+        _check_policies_outputs(out / "policies", summary)
 
 
-@pytest.mark.skipif(not has("embedded_model"), reason="the quick profile uses the embedded model's tokenizer")
-def test_quick_profile_runs_the_policies_notebook(tmp_path):
+def _check_policies_outputs(folder: Path, summary: dict) -> None:
+    """The quick policies notebook's ranking (six policies on both traces), its confirmed policies with measured,
+    predicted and residual speedups, and a verdict that says the ranking is simulated."""
     import polars as pl
 
-    result = report.run_report("quick", tmp_path / "quick", only=["policies"], progress=False)
-    assert [r.status for r in result.results] == ["done"], [r.error for r in result.results]
-    folder = tmp_path / "quick" / "policies"
-    summary = json.loads((folder / "summary.json").read_text())
     assert summary["figures"] == ["policies/figures/ranking.png"] and not summary["figure_problems"]
     ranking = pl.read_parquet(folder / "tables" / "ranking.parquet")
     assert ranking["policy"].n_unique() == 6  # the notebook's five policies and fixed:4
