@@ -52,6 +52,18 @@ def test_break_even_verdict_and_figure_say_when_a_model_never_breaks_even():
     assert any("engine overhead" in t.get_text() for t in costs.axes[0].get_legend().get_texts())
 
 
+def test_the_break_even_figure_names_curves_that_coincide():
+    """Two models that pay at every draft length even when every draft is rejected draw the same a*(k) = 0 curve:
+    the figure says so in its legend instead of hiding one (the report's figure checks pass)."""
+    from specbench.report.figures.checks import figure_problems
+
+    cheaper = [1.0, 0.9, 0.9, 0.9, 0.9]  # a verify cheaper than a plain step: a*(k) = 0
+    fig = figures.break_even([_profile("dense", cheaper), _profile("moe", [1.0, 0.8, 0.85, 0.9, 0.95])], max_k=4)
+    labels = [line.get_label() for line in fig.axes[0].lines]
+    assert any("moe (fast), same points as dense (fast)" in label for label in labels), labels
+    assert figure_problems(fig) == []
+
+
 def _summary(**columns) -> pl.DataFrame:
     base = {
         "drafter": ["none", "none", "lookup", "suffix"],

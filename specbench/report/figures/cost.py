@@ -16,6 +16,7 @@ import numpy as np
 from specbench.common.deprecation import renamed_arguments
 from specbench.cost.breakeven import break_even_acceptance, speedup
 from specbench.cost.profile import Profile
+from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import MODE_STYLES, WIDE, model_colours, model_label, new_axes
 
 
@@ -144,6 +145,7 @@ def break_even(
     cost = f"drafter cost d = {d:g} steps/token" if d else "free drafter"
     ax.set_title(title or f"Break-even acceptance a*(k) ({cost}; c with engine overhead)")
     ax.grid(alpha=0.3)
+    mark_coinciding(ax)  # e.g. a*(k) = 0 for two models: both pay even when every draft is rejected
     # under the axes: the plot keeps the figure's width, and the legend's long entries hide no curve
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     return fig
