@@ -1,25 +1,31 @@
 """Verify cost by component: where the time of a width-w speculative step goes.
 
 A speculative step of width w (one token and w - 1 drafts) is timed whole through the engine, its drafts
-rejected (random tokens), and split into parts, each timed on its own:
+rejected (random tokens), and split into parts:
 
-- the forward's components, from one forward of the same width over the same cache in which every module
-  call of the model waits for its inputs and for its outputs (``mx.eval``), so that each module's own time is
-  known: ``attention`` (the attention modules' own work: rotary embedding, cache update, scaled dot-product
+- the forward's components, by subtraction: one forward of the same width over the same cache is recorded
+  (every component call's inputs and output), then the forward is timed as the engine runs it
+  (unsynchronised) whole and with one component's modules stood in for by their recorded outputs; the
+  component costs the difference. The rest of the graph computes the same values (the logits are equal bit
+  for bit), the stood-in calls' inputs are still computed, and component calls made inside a stood-in one
+  (a projection inside attention) are made again on their recorded inputs. The components:
+  ``attention`` (the attention modules' own work: rotary embedding, cache update, scaled dot-product
   attention), ``linear`` (dense projections: every ``Linear`` outside the experts and the output head),
   ``experts`` (MoE expert gathers ``SwitchGLU`` / ``SwitchMLP`` and the MoE block's own routing work: top-k,
   softmax, combining; its router projection is a ``Linear``), ``recurrent``
   (Gated DeltaNet layers' own work: convolution and the recurrence), ``lm_head`` (the output projection,
-  tied or not), ``other`` (embedding, norms, residual additions, masks) and ``readback`` (the greedy
-  targets computed and read back to the host);
+  tied or not); ``other`` is the skeleton timed with every component stood in for (embedding, norms,
+  residual additions, masks, activations) and ``readback`` the greedy targets computed and read back to the
+  host. ``closure`` = (components + skeleton) / whole forward - 1 says how far the components, each
+  subtracted alone, are from adding up (work that overlaps, or that two components share, shows there);
 - the engine's own work, timed inside the real steps: ``drafting``, ``rollback`` (the caches' rewind,
   recording recurrent state), ``logging`` (the step record), ``host`` (the loop's remaining Python around
   the verification: settling, the policy, emitting), and ``acceptance`` (the greedy rule, timed alone on
   lists of the step's length).
 
 The parts' sum is set against the whole step's seconds: ``error`` = sum / whole - 1 says how far the
-parts, each timed apart, are from the step as the engine runs it (a synchronised forward cannot overlap
-graph building with computation; on a CPU that costs little, on a GPU more).
+parts, each timed apart, are from the step as the engine runs it (the forward's medians against the fastest
+step; the engine's work overlapping the forward's on a GPU).
 """
 
 from __future__ import annotations
@@ -55,8 +61,8 @@ PARTS = FORWARD_PARTS + ENGINE_PARTS
 
 
 def component_of(module: nn.Module) -> tuple[str, bool] | None:
-    """(component, leaf) for a module whose calls are timed: ``leaf`` modules are timed whole (their
-    children are not instrumented); None for a container whose own time counts as ``other``."""
+    """(component, leaf) for a module whose calls are stood in for: a ``leaf`` module is stood in for whole (its
+    children are not sites of their own); None for a container whose own time counts as ``other``."""
     name = type(module).__name__
     if isinstance(module, (SwitchGLU, SwitchMLP)):
         return "experts", True
