@@ -130,3 +130,7 @@ def test_the_verdict_names_the_deciding_part_and_calls_a_loose_split_rough():
     rows[1]["error"] = -0.5
     assert "miss the measured step by up to 50%" in deciding_parts({"m": rows})
     assert deciding_parts({"m": rows[:1]}) == ""
+    for r, closure in zip(rows, (0.03, -0.06)):
+        r["closure"] = closure
+    text = deciding_parts({"m": rows})
+    assert "subtracted from the whole forward, add up to it within 6%" in text and "by up to 50%" in text
