@@ -24,8 +24,8 @@ rejected (random tokens), and split into parts:
   lists of the step's length).
 
 The parts' sum is set against the whole step's seconds: ``error`` = sum / whole - 1 says how far the
-parts, each timed apart, are from the step as the engine runs it (the forward's medians against the fastest
-step; the engine's work overlapping the forward's on a GPU).
+parts, each timed apart, are from the step as the engine runs it (medians throughout, as the profile's c(w);
+on a GPU the engine's work overlaps the forward's).
 """
 
 from __future__ import annotations
@@ -385,7 +385,7 @@ def _acceptance_seconds(width: int, vocab: int, repeats: int = 200) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def _engine_round(
+def _engine_steps(
     model: nn.Module,
     cache: list[Any],
     restore: CacheRestore,
@@ -393,20 +393,21 @@ def _engine_round(
     tokens: mx.array,
     first: int,
     steps: int,
-) -> dict[str, float]:
-    """One timing round of the whole step at width w = tokens.shape[1] (the fastest engine step of ``steps``,
-    the first left out; at width 1 a serial forward) and the engine parts timed inside it."""
+) -> list[dict[str, float]]:
+    """One timing round of the whole step at width w = tokens.shape[1]: per engine step of ``steps`` (the first
+    left out; at width 1 as many serial forwards) its seconds (``whole``) and the engine parts timed inside it."""
     width = tokens.shape[1]
-    parts = dict.fromkeys(ENGINE_PARTS, 0.0)
+    none = dict.fromkeys(ENGINE_PARTS, 0.0)
     if width == 1:
-        return parts | {"whole": time_verify(FAST, model, cache, tokens, restore, rollback)}
+        return [none | {"whole": time_verify(FAST, model, cache, tokens, restore, rollback)} for _ in range(steps - 1)]
     timed = engine_steps(model, cache, first, width, steps)[1:]
     restore()
-    fastest = min(timed, key=lambda s: s["step"])
-    for part in ("drafting", "rollback", "logging"):
-        parts[part] = fastest[part]
-    parts["host"] = fastest["step"] - fastest["drafting"] - fastest["verify"] - fastest["logging"]
-    return parts | {"whole": fastest["step"]}
+    return [
+        none
+        | {part: step[part] for part in ("drafting", "rollback", "logging")}
+        | {"host": step["step"] - step["drafting"] - step["verify"] - step["logging"], "whole": step["step"]}
+        for step in timed
+    ]
 
 
 def measure_components(
@@ -421,8 +422,8 @@ def measure_components(
 ) -> list[dict[str, Any]]:
     """The component stack of a speculative step at each width (fast verification): one row per (width,
     part) with its ``seconds`` (the forward's parts by subtraction, medians of ``forward_repeats``:
-    ``forward_components``; the engine's from the fastest engine step of ``repeats`` rounds), ``c`` (in plain
-    steps), the whole step's ``step_s`` and ``c_step`` (the fastest step), ``error`` (sum of parts / whole - 1),
+    ``forward_components``; the engine's medians over the engine steps of ``repeats`` rounds), ``c`` (in plain
+    steps), the whole step's ``step_s`` and ``c_step`` (the median step), ``error`` (sum of parts / whole - 1),
     the unsynchronised forward's ``forward_s`` and the forward split's ``closure`` (its components and skeleton
     against that forward).
     Width 1 (no draft: no engine step) holds the forward's components against a serial width-1 forward,
@@ -446,13 +447,16 @@ def measure_components(
         for w in sorted(set(widths)):
             tokens = mx.array(rng.integers(0, vocab, size=w).tolist(), dtype=mx.uint32)[None]
             split = forward_components(model, cache, tokens, restore, forward_repeats)
-            rounds = [_engine_round(model, cache, restore, rollback, tokens, first, steps) for _ in range(1 + repeats)]
-            # the fastest step of the rounds after the first, as timeit takes the fastest repeat: on a busy machine
-            # contention only adds time
-            fastest_step = min(rounds[1:], key=lambda r: r["whole"])
-            parts = split.parts | {p: fastest_step[p] for p in ENGINE_PARTS}
+            timed = [
+                step
+                for r in range(1 + repeats)
+                for step in _engine_steps(model, cache, restore, rollback, tokens, first, steps)
+                if r > 0  # the first round warms up
+            ]
+            # medians, as the profile's c(w) and the forward's parts are timed
+            parts = split.parts | {p: statistics.median(step[p] for step in timed) for p in ENGINE_PARTS}
+            whole = statistics.median(step["whole"] for step in timed)
             parts["acceptance"] = _acceptance_seconds(w, vocab) if w > 1 else 0.0
-            whole = fastest_step["whole"]
             total = sum(parts.values())
             error = total / whole - 1.0
             if progress is not None:
