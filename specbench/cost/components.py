@@ -78,24 +78,24 @@ def component_of(module: nn.Module) -> tuple[str, bool] | None:
 
 
 @dataclass(eq=False)
-class _Call:
+class RecordedCall:
     """One recorded call of a component module: its inputs, its output and the component calls made inside it."""
 
-    site: _Site
+    site: ComponentSite
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     output: Any = None
-    inner: list[_Call] = field(default_factory=list)
+    inner: list[RecordedCall] = field(default_factory=list)
 
 
 @dataclass(eq=False)
-class _Site:
+class ComponentSite:
     """A component module (or a tied output head, ``owner.as_linear``) whose calls are recorded and stood in for."""
 
     component: str
     module: nn.Module | None
     owner: nn.Module | None = None  # the embedding of a tied output head
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[RecordedCall] = field(default_factory=list)
 
     def invoke(self, *args: Any, **kwargs: Any) -> Any:
         """Call the module (or the tied head) as the model would."""
@@ -108,10 +108,12 @@ class _Recorder:
     """Records the component calls of one forward as a tree (a call made inside another is its ``inner``)."""
 
     def __init__(self) -> None:
-        self.stack: list[_Call] = []
+        self.stack: list[RecordedCall] = []
 
-    def call(self, site: _Site, inner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        record = _Call(site, args, kwargs)
+    def call(
+        self, site: ComponentSite, inner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        record = RecordedCall(site, args, kwargs)
         if self.stack:
             self.stack[-1].inner.append(record)
         site.calls.append(record)
@@ -134,7 +136,7 @@ class _StandIns:
         self.side: list[Any] = []
         self.answered: dict[int, int] = {}
 
-    def answer(self, site: _Site, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def answer(self, site: ComponentSite, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # the call's own inputs are evaluated with the logits: the recorded output cuts the graph, and without
         # them lazy evaluation would skip everything upstream of the stood-in call
         self.side += [x for x in (*args, *kwargs.values()) if isinstance(x, mx.array)]
@@ -144,7 +146,7 @@ class _StandIns:
         self._keep(record.inner)
         return record.output
 
-    def _keep(self, calls: list[_Call]) -> None:
+    def _keep(self, calls: list[RecordedCall]) -> None:
         for call in calls:
             if call.site.component in self.components:
                 self._keep(call.inner)
@@ -168,33 +170,33 @@ class _StandIn:
         return state["_specbench_stand_ins"].answer(state["_specbench_site"], args, kwargs)
 
 
-def component_sites(model: nn.Module) -> list[_Site]:
+def component_sites(model: nn.Module) -> list[ComponentSite]:
     """The component modules of ``model`` (``component_of``; the output head, tied or not, as ``lm_head``);
     the children of a leaf component are not sites of their own."""
     lm = text_model(model)
     head = getattr(lm, "lm_head", None)
-    sites: list[_Site] = []
+    sites: list[ComponentSite] = []
     skip: set[int] = set()
     if head is not None:
-        sites.append(_Site("lm_head", head))
+        sites.append(ComponentSite("lm_head", head))
         skip.add(id(head))
     else:
         embed = lm.model.embed_tokens
         if hasattr(embed, "as_linear"):
-            sites.append(_Site("lm_head", None, owner=embed))
+            sites.append(ComponentSite("lm_head", None, owner=embed))
     for _, module in lm.named_modules():
         if id(module) in skip:
             continue
         found = component_of(module)
         if found is not None:
-            sites.append(_Site(found[0], module))
+            sites.append(ComponentSite(found[0], module))
             if found[1]:
                 skip.update(id(m) for _, m in module.named_modules())
     return sites
 
 
 @contextlib.contextmanager
-def _mixed_in(sites: Sequence[_Site], mixin: type, **state: Any) -> Iterator[None]:
+def _mixed_in(sites: Sequence[ComponentSite], mixin: type, **state: Any) -> Iterator[None]:
     """While inside, each site's module has ``mixin`` in front of the class it has now (a recurrent layer may be
     recording already) and ``state`` plus its site in its ``__dict__``; a tied head's ``as_linear`` is wrapped
     alike. Classes and methods are put back after."""
@@ -220,14 +222,16 @@ def _mixed_in(sites: Sequence[_Site], mixin: type, **state: Any) -> Iterator[Non
             owner.__dict__.pop("as_linear", None)
 
 
-def _tied_head(mixin: type, site: _Site, as_linear: Callable[..., Any], state: dict[str, Any]) -> Callable[..., Any]:
+def _tied_head(
+    mixin: type, site: ComponentSite, as_linear: Callable[..., Any], state: dict[str, Any]
+) -> Callable[..., Any]:
     """A tied output head's ``as_linear`` recorded (``_Recording``) or stood in for (``_StandIn``)."""
     if mixin is _Recording:
         return lambda *args, **kwargs: state["_specbench_recorder"].call(site, as_linear, args, kwargs)
     return lambda *args, **kwargs: state["_specbench_stand_ins"].answer(site, args, kwargs)
 
 
-def _arrays(calls: list[_Call]) -> list[Any]:
+def _arrays(calls: list[RecordedCall]) -> list[Any]:
     """Every array a recorded call tree took or gave (to be evaluated once, before any timing)."""
     out: list[Any] = []
     for call in calls:
@@ -238,7 +242,7 @@ def _arrays(calls: list[_Call]) -> list[Any]:
 
 def record_forward(
     model: nn.Module, cache: list[Any], tokens: mx.array, restore: CacheRestore, rollback: Any = None
-) -> tuple[list[_Site], mx.array]:
+) -> tuple[list[ComponentSite], mx.array]:
     """The component sites of ``model`` with the calls of one verification forward of ``tokens`` recorded
     (inputs and outputs evaluated), and its logits; the cache restored."""
     sites = component_sites(model)
@@ -258,7 +262,7 @@ def forward_with_stand_ins(
     cache: list[Any],
     tokens: mx.array,
     restore: CacheRestore,
-    sites: Sequence[_Site],
+    sites: Sequence[ComponentSite],
     components: Collection[str] = (),
     rollback: Any = None,
 ) -> tuple[float, mx.array]:
