@@ -11,13 +11,11 @@ from specbench.cost.components import (
     ENGINE_PARTS,
     FORWARD_PARTS,
     PARTS,
-    component_of,
     deciding_part,
     forward_components,
-    forward_with_stand_ins,
     measure_components,
-    record_forward,
 )
+from specbench.cost.stand_ins import component_of, forward_with_stand_ins, record_forward
 from specbench.models import synthetic
 
 CONTEXT = list(range(3, 40))
