@@ -70,14 +70,20 @@ class ForwardSplit:
 
 
 def forward_components(
-    model: nn.Module, cache: list[Any], tokens: mx.array, restore: CacheRestore, repeats: int = 15
+    model: nn.Module,
+    cache: list[Any],
+    tokens: mx.array,
+    restore: CacheRestore,
+    repeats: int = 15,
+    between: Callable[[int], None] | None = None,
 ) -> ForwardSplit:
     """The forward's components at width w = tokens.shape[1], by subtraction: a component's seconds are the
     whole forward's less the same forward with that component's modules stood in for (``forward_with_stand_ins``),
     ``other`` is the skeleton left with every component stood in for (embedding, norms, residuals, masks,
     activations), ``readback`` the greedy targets computed from the logits and read back. Medians over
     ``repeats``, the variants' order reversed every other repeat so that drift favours none; a component
-    whose subtraction comes out below zero (noise) counts 0. The cache is restored."""
+    whose subtraction comes out below zero (noise) counts 0. ``between(r)``, if given, runs after round r
+    (0: the warm-up) and must leave the cache as it found it. The cache is restored."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     rollback = rollback_for(model, cache)
@@ -97,6 +103,8 @@ def forward_components(
                 start = time.perf_counter()
                 FAST.greedy(logits[0])
                 readback.append(time.perf_counter() - start)
+        if between is not None:
+            between(r)
     whole = statistics.median(seconds["forward"])
     parts = dict.fromkeys(FORWARD_PARTS, 0.0)
     for c in present:
@@ -186,6 +194,24 @@ def _engine_steps(
     ]
 
 
+class _EngineRounds:
+    """Runs ``count`` engine rounds at every ``every``-th call (given the forward's round), the rest when asked
+    for their steps; the first round warms up and is left out."""
+
+    def __init__(self, run: Callable[[], list[dict[str, float]]], count: int, every: int) -> None:
+        self.run, self.count, self.every = run, count, every
+        self.rounds: list[list[dict[str, float]]] = []
+
+    def __call__(self, r: int) -> None:
+        if r % self.every == 0 and len(self.rounds) < self.count:
+            self.rounds.append(self.run())
+
+    def steps(self) -> list[dict[str, float]]:
+        while len(self.rounds) < self.count:
+            self.rounds.append(self.run())
+        return [step for steps in self.rounds[1:] for step in steps]
+
+
 def measure_components(
     model: nn.Module,
     widths: Sequence[int] = (1, 2, 5),
@@ -198,7 +224,8 @@ def measure_components(
 ) -> list[dict[str, Any]]:
     """The component stack of a speculative step at each width (fast verification): one row per (width,
     part) with its ``seconds`` (the forward's parts by subtraction, medians of ``forward_repeats``:
-    ``forward_components``; the engine's medians over the engine steps of ``repeats`` rounds), ``c`` (in plain
+    ``forward_components``; the engine's medians over the engine steps of ``repeats`` rounds, run between the
+    forward's rounds), ``c`` (in plain
     steps), the whole step's ``step_s`` and ``c_step`` (the median step), ``error`` (sum of parts / whole - 1),
     the unsynchronised forward's ``forward_s`` and the forward split's ``closure`` (its components and skeleton
     against that forward).
@@ -222,13 +249,15 @@ def measure_components(
         rollback = rollback_for(model, cache)
         for w in sorted(set(widths)):
             tokens = mx.array(rng.integers(0, vocab, size=w).tolist(), dtype=mx.uint32)[None]
-            split = forward_components(model, cache, tokens, restore, forward_repeats)
-            timed = [
-                step
-                for r in range(1 + repeats)
-                for step in _engine_steps(model, cache, restore, rollback, tokens, first, steps)
-                if r > 0  # the first round warms up
-            ]
+            # the engine's rounds interleaved with the forward's, spread over the same span of time, so that a
+            # machine whose speed drifts (a busy one) times both alike
+            rounds = _EngineRounds(
+                lambda tokens=tokens: _engine_steps(model, cache, restore, rollback, tokens, first, steps),
+                count=1 + repeats,
+                every=max(1, (1 + forward_repeats) // (1 + repeats)),
+            )
+            split = forward_components(model, cache, tokens, restore, forward_repeats, rounds)
+            timed = rounds.steps()
             # medians, as the profile's c(w) and the forward's parts are timed
             parts = split.parts | {p: statistics.median(step[p] for step in timed) for p in ENGINE_PARTS}
             whole = statistics.median(step["whole"] for step in timed)
