@@ -225,10 +225,9 @@ def measure_components(
     """The component stack of a speculative step at each width (fast verification): one row per (width,
     part) with its ``seconds`` (the forward's parts by subtraction, medians of ``forward_repeats``:
     ``forward_components``; the engine's medians over the engine steps of ``repeats`` rounds, run between the
-    forward's rounds), ``c`` (in plain
-    steps), the whole step's ``step_s`` and ``c_step`` (the median step), ``error`` (sum of parts / whole - 1),
-    the unsynchronised forward's ``forward_s`` and the forward split's ``closure`` (its components and skeleton
-    against that forward).
+    forward's rounds), ``c`` (in plain steps), the whole step's ``step_s`` and ``c_step`` (the median step),
+    ``error`` (sum of parts / whole - 1), the unsynchronised forward's ``forward_s`` and the forward split's
+    ``closure`` (its components and skeleton against that forward).
     Width 1 (no draft: no engine step) holds the forward's components against a serial width-1 forward,
     as the profile's c(1) is timed. ``c`` is in plain steps (pipelined, as the profile's plain step). The
     cache holds ``offset`` random tokens."""
