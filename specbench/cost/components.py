@@ -220,7 +220,7 @@ def measure_components(
     steps: int = 6,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
-    forward_repeats: int = 15,
+    forward_repeats: int = 31,
 ) -> list[dict[str, Any]]:
     """The component stack of a speculative step at each width (fast verification): one row per (width,
     part) with its ``seconds`` (the forward's parts by subtraction, medians of ``forward_repeats``:
