@@ -1,49 +1,54 @@
 """Verify cost by component: where the time of a width-w speculative step goes.
 
 A speculative step of width w (one token and w - 1 drafts) is timed whole through the engine, its drafts
-rejected (random tokens), and split into parts, each timed on its own:
+rejected (random tokens), and split into parts:
 
-- the forward's components, from one forward of the same width over the same cache in which every module
-  call of the model waits for its inputs and for its outputs (``mx.eval``), so that each module's own time is
-  known: ``attention`` (the attention modules' own work: rotary embedding, cache update, scaled dot-product
+- the forward's components, by subtraction (``specbench.cost.stand_ins``): one forward of the same width over
+  the same cache is recorded (every component call's inputs and output), then the forward is timed as the
+  engine runs it (unsynchronised) whole and with one component's modules stood in for by their recorded
+  outputs; the component costs the difference. The rest of the graph computes the same values (the logits are equal bit
+  for bit), the stood-in calls' inputs are still computed, and component calls made inside a stood-in one
+  (a projection inside attention) are made again on their recorded inputs. The components:
+  ``attention`` (the attention modules' own work: rotary embedding, cache update, scaled dot-product
   attention), ``linear`` (dense projections: every ``Linear`` outside the experts and the output head),
   ``experts`` (MoE expert gathers ``SwitchGLU`` / ``SwitchMLP`` and the MoE block's own routing work: top-k,
   softmax, combining; its router projection is a ``Linear``), ``recurrent``
   (Gated DeltaNet layers' own work: convolution and the recurrence), ``lm_head`` (the output projection,
-  tied or not), ``other`` (embedding, norms, residual additions, masks) and ``readback`` (the greedy
-  targets computed and read back to the host);
+  tied or not); ``other`` is the skeleton timed with every component stood in for (embedding, norms,
+  residual additions, masks, activations) and ``readback`` the greedy targets computed and read back to the
+  host. ``closure`` = (components + skeleton) / whole forward - 1 says how far the components, each
+  subtracted alone, are from adding up (work that overlaps, or that two components share, shows there);
 - the engine's own work, timed inside the real steps: ``drafting``, ``rollback`` (the caches' rewind,
   recording recurrent state), ``logging`` (the step record), ``host`` (the loop's remaining Python around
   the verification: settling, the policy, emitting), and ``acceptance`` (the greedy rule, timed alone on
   lists of the step's length).
 
 The parts' sum is set against the whole step's seconds: ``error`` = sum / whole - 1 says how far the
-parts, each timed apart, are from the step as the engine runs it (a synchronised forward cannot overlap
-graph building with computation; on a CPU that costs little, on a GPU more).
+parts, each timed apart, are from the step as the engine runs it (medians throughout, as the profile's c(w);
+on a GPU the engine's work overlaps the forward's).
 """
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
-from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 
 from specbench.common.identity import device_name, display_name
 from specbench.core.engine import Generation, generate
-from specbench.core.forward import text_model, vocab_size
+from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.core.swap import mixed_class
-from specbench.core.verify import FAST, accept_greedy, greedy
+from specbench.core.verify import FAST, accept_greedy
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
+from specbench.cost.stand_ins import forward_with_stand_ins, record_forward
 from specbench.cost.timing import RandomDrafter, seconds_per_token, time_verify
 
 #: The forward's components, in the order a stack draws them.
@@ -53,125 +58,61 @@ ENGINE_PARTS = ("drafting", "acceptance", "rollback", "logging", "host")
 PARTS = FORWARD_PARTS + ENGINE_PARTS
 
 
-def component_of(module: nn.Module) -> tuple[str, bool] | None:
-    """(component, leaf) for a module whose calls are timed: ``leaf`` modules are timed whole (their
-    children are not instrumented); None for a container whose own time counts as ``other``."""
-    name = type(module).__name__
-    if isinstance(module, (SwitchGLU, SwitchMLP)):
-        return "experts", True
-    if "Linear" in name and "Switch" not in name:
-        return "linear", True
-    if hasattr(module, "A_log") and hasattr(module, "conv1d"):
-        return "recurrent", False
-    if name.endswith("Attention"):
-        return "attention", False
-    if name.endswith(("MoeBlock", "MoE")):  # the sparse MoE block (not a decoder layer or model named Moe)
-        return "experts", False
-    return None
+@dataclass(frozen=True)
+class ForwardSplit:
+    """A verification forward split by subtraction: ``parts`` (``FORWARD_PARTS``, seconds), the whole forward's
+    seconds (``forward_s``, unsynchronised, readback apart) and ``closure`` = (sum of the components and the
+    skeleton) / forward_s - 1, how far the components, each subtracted alone, are from adding up."""
+
+    parts: dict[str, float]
+    forward_s: float
+    closure: float
 
 
-class _Clock:
-    """Exclusive seconds per component: each timed call's time less its timed children's."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = dict.fromkeys(FORWARD_PARTS, 0.0)
-        self._children: list[float] = []
-
-    @contextlib.contextmanager
-    def part(self, component: str, inputs: Sequence[Any]) -> Iterator[list[Any]]:
-        """Time the body as ``component``: its array inputs are evaluated first (charged to the caller), its
-        outputs (appended to the yielded list) before the clock stops."""
-        mx.eval([x for x in inputs if isinstance(x, mx.array)])
-        self._children.append(0.0)
-        outputs: list[Any] = []
-        start = time.perf_counter()
-        try:
-            yield outputs
-            mx.eval(outputs)
-        finally:
-            inclusive = time.perf_counter() - start
-            children = self._children.pop()
-            self.seconds[component] += inclusive - children
-            if self._children:
-                self._children[-1] += inclusive
-
-
-class _TimedCall:
-    """Mixed in front of a component module's class while instrumented: its calls timed as its component."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        state = self.__dict__
-        with state["_specbench_clock"].part(state["_specbench_component"], [*args, *kwargs.values()]) as outputs:
-            out = super().__call__(*args, **kwargs)
-            outputs.append(out)
-        return out
-
-
-@contextlib.contextmanager
-def instrumented(model: nn.Module) -> Iterator[_Clock]:
-    """While inside, every component module of ``model`` (``component_of``), its output head and the model
-    itself run synchronised and timed on the yielded clock; classes and methods are put back after."""
-    clock = _Clock()
-    lm = text_model(model)
-    head = getattr(lm, "lm_head", None)
-    swapped: list[tuple[nn.Module, type]] = []
-    skip: set[int] = set()
-
-    def swap(module: nn.Module, component: str) -> None:
-        # in front of the class it has now (a recurrent layer may be recording already), given back after
-        swapped.append((module, type(module)))
-        module.__dict__.update(_specbench_clock=clock, _specbench_component=component)
-        module.__class__ = mixed_class(_TimedCall, type(module))
-
-    if head is not None:
-        swap(head, "lm_head")
-        skip.add(id(head))
-    for _, module in lm.named_modules():
-        if id(module) in skip:
-            continue
-        found = component_of(module)
-        if found is not None:
-            swap(module, found[0])
-            if found[1]:
-                skip.update(id(m) for _, m in module.named_modules())
-    embed = lm.model.embed_tokens
-    tied = head is None and hasattr(embed, "as_linear")
-    if tied:
-        as_linear = embed.as_linear
-
-        def timed_as_linear(x: mx.array) -> mx.array:
-            with clock.part("lm_head", [x]) as outputs:
-                outputs.append(out := as_linear(x))
-            return out
-
-        embed.__dict__["as_linear"] = timed_as_linear
-    swap(model, "other")
-    try:
-        yield clock
-    finally:
-        for module, cls in reversed(swapped):
-            module.__class__ = cls
-            module.__dict__.pop("_specbench_clock", None)
-            module.__dict__.pop("_specbench_component", None)
-        if tied:
-            embed.__dict__.pop("as_linear", None)
-
-
-def forward_components(model: nn.Module, cache: list[Any], tokens: mx.array, restore: CacheRestore) -> dict[str, float]:
-    """Seconds per forward component of one verification forward of ``tokens`` ([1, w]) over ``cache``,
-    every module synchronised (``instrumented``), the greedy targets read back; the cache restored."""
+def forward_components(
+    model: nn.Module,
+    cache: list[Any],
+    tokens: mx.array,
+    restore: CacheRestore,
+    repeats: int = 15,
+    between: Callable[[int], None] | None = None,
+) -> ForwardSplit:
+    """The forward's components at width w = tokens.shape[1], by subtraction: a component's seconds are the
+    whole forward's less the same forward with that component's modules stood in for (``forward_with_stand_ins``),
+    ``other`` is the skeleton left with every component stood in for (embedding, norms, residuals, masks,
+    activations), ``readback`` the greedy targets computed from the logits and read back. Medians over
+    ``repeats``, the variants' order reversed every other repeat so that drift favours none; a component
+    whose subtraction comes out below zero (noise) counts 0. ``between(r)``, if given, runs after round r
+    (0: the warm-up) and must leave the cache as it found it. The cache is restored."""
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
     rollback = rollback_for(model, cache)
-    if rollback is not None:  # a hybrid model's verify records its recurrent states: armed before timing, kept timed
-        rollback.before_verify(tokens.shape[1])
-    with instrumented(model) as clock:
-        logits = model(tokens, cache=cache)
-        start = time.perf_counter()
-        greedy(logits[0]).tolist()
-        clock.seconds["readback"] = time.perf_counter() - start
-    if rollback is not None:
-        rollback.rewind(0)
-    restore()
-    return clock.seconds
+    sites, _ = record_forward(model, cache, tokens, restore, rollback)
+    present = [c for c in FORWARD_PARTS if any(s.component == c for s in sites)]
+    variants: list[tuple[str, tuple[str, ...]]] = [("forward", ()), *((c, (c,)) for c in present)]
+    variants.append(("skeleton", tuple(present)))
+    seconds: dict[str, list[float]] = {name: [] for name, _ in variants}
+    readback: list[float] = []
+    for r in range(1 + repeats):  # the first round warms every variant up and is left out
+        for name, stood in variants if r % 2 else variants[::-1]:
+            took, logits = forward_with_stand_ins(model, cache, tokens, restore, sites, stood, rollback)
+            if r == 0:
+                continue
+            seconds[name].append(took)
+            if name == "forward":
+                start = time.perf_counter()
+                FAST.greedy(logits[0])
+                readback.append(time.perf_counter() - start)
+        if between is not None:
+            between(r)
+    whole = statistics.median(seconds["forward"])
+    parts = dict.fromkeys(FORWARD_PARTS, 0.0)
+    for c in present:
+        parts[c] = max(0.0, statistics.median(f - t for f, t in zip(seconds["forward"], seconds[c])))
+    parts["other"] = statistics.median(seconds["skeleton"])
+    parts["readback"] = statistics.median(readback)
+    closure = (sum(parts.values()) - parts["readback"]) / whole - 1.0
+    return ForwardSplit(parts, whole, closure)
 
 
 def _wrap(owner: Any, name: str, totals: dict[str, float], part: str) -> None:
@@ -228,7 +169,7 @@ def _acceptance_seconds(width: int, vocab: int, repeats: int = 200) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def _round(
+def _engine_steps(
     model: nn.Module,
     cache: list[Any],
     restore: CacheRestore,
@@ -236,20 +177,39 @@ def _round(
     tokens: mx.array,
     first: int,
     steps: int,
-) -> dict[str, float]:
-    """One timing round at width w = tokens.shape[1]: the forward's components, then the whole (the fastest
-    engine step of ``steps``, the first left out; at width 1 a serial forward) and the engine parts in it."""
-    parts = dict.fromkeys(PARTS, 0.0) | forward_components(model, cache, tokens, restore)
+) -> list[dict[str, float]]:
+    """One timing round of the whole step at width w = tokens.shape[1]: per engine step of ``steps`` (the first
+    left out; at width 1 as many serial forwards) its seconds (``whole``) and the engine parts timed inside it."""
     width = tokens.shape[1]
+    none = dict.fromkeys(ENGINE_PARTS, 0.0)
     if width == 1:
-        return parts | {"whole": time_verify(FAST, model, cache, tokens, restore, rollback)}
+        return [none | {"whole": time_verify(FAST, model, cache, tokens, restore, rollback)} for _ in range(steps - 1)]
     timed = engine_steps(model, cache, first, width, steps)[1:]
     restore()
-    fastest = min(timed, key=lambda s: s["step"])
-    for part in ("drafting", "rollback", "logging"):
-        parts[part] = fastest[part]
-    parts["host"] = fastest["step"] - fastest["drafting"] - fastest["verify"] - fastest["logging"]
-    return parts | {"whole": fastest["step"]}
+    return [
+        none
+        | {part: step[part] for part in ("drafting", "rollback", "logging")}
+        | {"host": step["step"] - step["drafting"] - step["verify"] - step["logging"], "whole": step["step"]}
+        for step in timed
+    ]
+
+
+class _EngineRounds:
+    """Runs ``count`` engine rounds at every ``every``-th call (given the forward's round), the rest when asked
+    for their steps; the first round warms up and is left out."""
+
+    def __init__(self, run: Callable[[], list[dict[str, float]]], count: int, every: int) -> None:
+        self.run, self.count, self.every = run, count, every
+        self.rounds: list[list[dict[str, float]]] = []
+
+    def __call__(self, r: int) -> None:
+        if r % self.every == 0 and len(self.rounds) < self.count:
+            self.rounds.append(self.run())
+
+    def steps(self) -> list[dict[str, float]]:
+        while len(self.rounds) < self.count:
+            self.rounds.append(self.run())
+        return [step for steps in self.rounds[1:] for step in steps]
 
 
 def measure_components(
@@ -260,16 +220,19 @@ def measure_components(
     steps: int = 6,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    forward_repeats: int = 31,
 ) -> list[dict[str, Any]]:
     """The component stack of a speculative step at each width (fast verification): one row per (width,
-    part) with its ``seconds`` (the forward's parts from the fastest of ``repeats`` synchronised forwards, the
-    engine's from the fastest engine step), ``c`` (in plain steps), the whole step's ``step_s`` and ``c_step``
-    (the fastest step), and ``error`` (sum of parts / whole - 1).
+    part) with its ``seconds`` (the forward's parts by subtraction, medians of ``forward_repeats``:
+    ``forward_components``; the engine's medians over the engine steps of ``repeats`` rounds, run between the
+    forward's rounds), ``c`` (in plain steps), the whole step's ``step_s`` and ``c_step`` (the median step),
+    ``error`` (sum of parts / whole - 1), the unsynchronised forward's ``forward_s`` and the forward split's
+    ``closure`` (its components and skeleton against that forward).
     Width 1 (no draft: no engine step) holds the forward's components against a serial width-1 forward,
     as the profile's c(1) is timed. ``c`` is in plain steps (pipelined, as the profile's plain step). The
     cache holds ``offset`` random tokens."""
-    if not widths or min(widths) < 1 or repeats < 1 or steps < 2 or offset < 1:
-        raise ValueError("widths must be >= 1, repeats >= 1, steps >= 2 and offset >= 1")
+    if not widths or min(widths) < 1 or repeats < 1 or steps < 2 or offset < 1 or forward_repeats < 1:
+        raise ValueError("widths must be >= 1, repeats and forward_repeats >= 1, steps >= 2 and offset >= 1")
     rng = np.random.default_rng(seed)
     vocab = vocab_size(model)
     rows: list[dict[str, Any]] = []
@@ -285,18 +248,26 @@ def measure_components(
         rollback = rollback_for(model, cache)
         for w in sorted(set(widths)):
             tokens = mx.array(rng.integers(0, vocab, size=w).tolist(), dtype=mx.uint32)[None]
-            rounds = [_round(model, cache, restore, rollback, tokens, first, steps) for _ in range(1 + repeats)][1:]
-            # the fastest round of each, as timeit takes the fastest repeat: on a busy machine contention only
-            # adds time, and a synchronised forward pays it at every module boundary
-            fastest_forward = min(rounds, key=lambda r: sum(r[p] for p in FORWARD_PARTS))
-            fastest_step = min(rounds, key=lambda r: r["whole"])
-            parts = {p: (fastest_forward if p in FORWARD_PARTS else fastest_step)[p] for p in PARTS}
+            # the engine's rounds interleaved with the forward's, spread over the same span of time, so that a
+            # machine whose speed drifts (a busy one) times both alike
+            rounds = _EngineRounds(
+                lambda tokens=tokens: _engine_steps(model, cache, restore, rollback, tokens, first, steps),
+                count=1 + repeats,
+                every=max(1, (1 + forward_repeats) // (1 + repeats)),
+            )
+            split = forward_components(model, cache, tokens, restore, forward_repeats, rounds)
+            timed = rounds.steps()
+            # medians, as the profile's c(w) and the forward's parts are timed
+            parts = split.parts | {p: statistics.median(step[p] for step in timed) for p in ENGINE_PARTS}
+            whole = statistics.median(step["whole"] for step in timed)
             parts["acceptance"] = _acceptance_seconds(w, vocab) if w > 1 else 0.0
-            whole = fastest_step["whole"]
-            error = sum(parts.values()) / whole - 1.0
             total = sum(parts.values())
+            error = total / whole - 1.0
             if progress is not None:
-                progress(f"width {w}: parts {1e3 * total:.1f} ms, measured {1e3 * whole:.1f} ms")
+                progress(
+                    f"width {w}: parts {1e3 * total:.1f} ms, measured {1e3 * whole:.1f} ms;"
+                    f" forward components {split.closure:+.1%} off the forward's {1e3 * split.forward_s:.1f} ms"
+                )
             for part in PARTS:
                 rows.append(
                     {
@@ -312,6 +283,8 @@ def measure_components(
                         "c_step": whole / plain,
                         "plain_step_s": plain,
                         "error": error,
+                        "forward_s": split.forward_s,
+                        "closure": split.closure,
                     }
                 )
     return rows

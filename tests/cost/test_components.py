@@ -1,4 +1,4 @@
-"""Verify cost by component: the instrumented forward and the stack of a speculative step."""
+"""Verify cost by component: the forward split by subtraction and the stack of a speculative step."""
 
 from __future__ import annotations
 
@@ -6,17 +6,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from specbench.cost.caches import CacheRestore, prefill
+from specbench.cost.caches import CacheRestore, prefill, rollback_for
 from specbench.cost.components import (
     ENGINE_PARTS,
     FORWARD_PARTS,
     PARTS,
-    component_of,
     deciding_part,
     forward_components,
-    instrumented,
     measure_components,
 )
+from specbench.cost.stand_ins import component_of, forward_with_stand_ins, record_forward
 from specbench.models import synthetic
 
 CONTEXT = list(range(3, 40))
@@ -27,21 +26,63 @@ def shape(request):
     return request.param, synthetic.build(request.param)
 
 
-def test_instrumented_forward_equals_the_plain_one_and_puts_every_class_back(shape):
-    _, model = shape
-    classes = {id(m): type(m) for _, m in model.named_modules()}
+def _classes(model):
+    return {id(m): type(m) for _, m in model.named_modules()}
+
+
+def test_a_forward_with_any_component_stood_in_for_gives_the_same_logits_and_puts_every_class_back(shape):
+    name, model = shape
+    classes = _classes(model)
     tokens = mx.array([[5, 6, 7]], dtype=mx.uint32)
     cache = prefill(model, CONTEXT)
-    restore = CacheRestore(cache)
+    restore, rollback = CacheRestore(cache), rollback_for(model, cache)
     expected = model(tokens, cache=cache)
     mx.eval(expected)
     restore()
-    with instrumented(model) as clock:
-        got = model(tokens, cache=cache)
-    restore()
-    assert mx.array_equal(expected, got)
-    assert {id(m): type(m) for _, m in model.named_modules()} == classes
-    assert sum(clock.seconds.values()) > 0
+    sites, recorded = record_forward(model, cache, tokens, restore, rollback)
+    components = {s.component for s in sites}
+    assert components == {"attention", "linear", "lm_head"} | ({"experts"} if "a3b" in name else set()) | (
+        {"recurrent"} if "3.5" in name else set()
+    )
+    assert mx.array_equal(expected, recorded)
+    for stood in [(), *((c,) for c in sorted(components)), tuple(components)]:
+        seconds, logits = forward_with_stand_ins(model, cache, tokens, restore, sites, stood, rollback)
+        assert seconds > 0 and mx.array_equal(expected, logits), stood
+        assert _classes(model) == classes and all(c.offset == len(CONTEXT) for c in cache if c.is_trimmable())
+    assert "as_linear" not in model.model.embed_tokens.__dict__
+
+
+def _head_heavy_model():
+    """A tiny model whose output head (tied, over a large vocabulary) costs more than the rest of it."""
+    cfg = synthetic.config("qwen3-8b-tiny") | {"vocab_size": 1 << 16, "hidden_size": 256, "tie_word_embeddings": True}
+    return synthetic.build_from_config(cfg, dtype=mx.float32)
+
+
+def test_a_stood_in_tied_head_gives_the_same_logits():
+    model = _head_heavy_model()
+    tokens = mx.array([[5, 6]], dtype=mx.uint32)
+    cache = prefill(model, CONTEXT)
+    restore = CacheRestore(cache)
+    sites, expected = record_forward(model, cache, tokens, restore)
+    assert [s.component for s in sites if s.module is None] == ["lm_head"]  # the embedding's as_linear
+    _, logits = forward_with_stand_ins(model, cache, tokens, restore, sites, ("lm_head",))
+    assert mx.array_equal(expected, logits)
+    assert "as_linear" not in model.model.embed_tokens.__dict__
+
+
+def test_the_subtracted_components_add_up_to_the_forward_and_the_dominant_one_is_largest():
+    model = _head_heavy_model()
+    cache = prefill(model, CONTEXT)
+    split = forward_components(model, cache, mx.array([[5, 6, 7, 8]], dtype=mx.uint32), CacheRestore(cache), 9)
+    assert set(split.parts) == set(FORWARD_PARTS) and all(s >= 0 for s in split.parts.values())
+    assert max(split.parts, key=split.parts.__getitem__) == "lm_head"
+    assert split.parts["experts"] == split.parts["recurrent"] == 0
+    assert split.parts["attention"] + split.parts["linear"] > 0 and split.parts["other"] > 0
+    assert split.forward_s > split.parts["lm_head"]
+    forward = sum(split.parts.values()) - split.parts["readback"]
+    assert split.closure == pytest.approx(forward / split.forward_s - 1)
+    assert abs(split.closure) < 0.5  # loose: the machine may be busy
+    assert all(c.offset == len(CONTEXT) for c in cache if c.is_trimmable())  # put back
 
 
 def test_only_the_moe_block_and_its_expert_gathers_count_as_experts():
@@ -52,29 +93,19 @@ def test_only_the_moe_block_and_its_expert_gathers_count_as_experts():
     assert kinds["Attention"] == ("attention", False) and kinds["Linear"] == ("linear", True)
 
 
-def test_each_shape_spends_time_in_its_own_components(shape):
-    name, model = shape
-    cache = prefill(model, CONTEXT)
-    seconds = forward_components(model, cache, mx.array([[5, 6, 7, 8]], dtype=mx.uint32), CacheRestore(cache))
-    assert set(seconds) == set(FORWARD_PARTS)
-    assert all(s >= 0 for s in seconds.values())
-    assert seconds["linear"] > 0 and seconds["lm_head"] > 0 and seconds["attention"] > 0
-    assert (seconds["experts"] > 0) == ("a3b" in name)
-    assert (seconds["recurrent"] > 0) == ("3.5" in name)
-    assert all(c.offset == len(CONTEXT) for c in cache if c.is_trimmable())  # put back
-
-
 def test_the_stack_of_a_speculative_step_holds_every_part_and_says_how_far_off_it_is():
     model = synthetic.build("qwen3-30b-a3b-tiny")
-    rows = measure_components(model, widths=(1, 3), offset=16, repeats=2, steps=3)
+    rows = measure_components(model, widths=(1, 3), offset=16, repeats=2, steps=3, forward_repeats=5)
     assert [r["part"] for r in rows] == list(PARTS) * 2
     wide = [r for r in rows if r["width"] == 3]
     assert all(r["seconds"] >= 0 for r in wide)
-    assert all(r["seconds"] > 0 for r in wide if r["part"] in ("linear", "experts", "drafting", "logging"))
+    assert all(r["seconds"] > 0 for r in wide if r["part"] in ("other", "readback", "drafting", "logging"))
+    assert sum(r["seconds"] for r in wide if r["part"] in ("attention", "linear", "experts", "lm_head")) > 0
     assert all(r["seconds"] == 0 for r in rows if r["width"] == 1 and r["part"] in ENGINE_PARTS)
     for r in rows:
         assert np.isfinite(r["error"]) and r["error"] > -1
         assert r["c"] == pytest.approx(r["seconds"] / r["plain_step_s"])
+        assert r["forward_s"] > 0 and np.isfinite(r["closure"]) and r["closure"] > -1
 
 
 def test_the_deciding_part_is_the_one_that_grows_most():
@@ -97,3 +128,7 @@ def test_the_verdict_names_the_deciding_part_and_calls_a_loose_split_rough():
     rows[1]["error"] = -0.5
     assert "miss the measured step by up to 50%" in deciding_parts({"m": rows})
     assert deciding_parts({"m": rows[:1]}) == ""
+    for r, closure in zip(rows, (0.03, -0.06)):
+        r["closure"] = closure
+    text = deciding_parts({"m": rows})
+    assert "subtracted from the whole forward, add up to it within 6%" in text and "by up to 50%" in text

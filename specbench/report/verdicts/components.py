@@ -10,18 +10,29 @@ from specbench.cost.components import deciding_part
 
 def deciding_parts(stacks: Mapping[str, Sequence[dict[str, Any]]]) -> str:
     """Per model with stacks at two widths or more: the part whose growth decides c(w), its share of what a wider
-    verification adds, and how far the parts, timed apart, are from the measured step ("" without stacks)."""
+    verification adds, how far the forward's components (by subtraction) are from adding up to the forward
+    (their ``closure``, when the rows hold it) and how far the whole stack is from the measured step ("" without
+    stacks)."""
     text = ""
     for name, rows in stacks.items():
         if len({r["width"] for r in rows}) > 1:
             part, share = deciding_part(rows)
             off = max(abs(r["error"]) for r in rows)
+            closures = [abs(r["closure"]) for r in rows if r.get("closure") is not None]
             text += f" For {name}, {part} decides: {share:.0%} of what a wider verification adds"
-            text += (
-                f" (the parts, timed apart, add up to the measured step within {off:.0%})."
-                if off <= 0.1
-                else f", but the parts, timed apart, miss the measured step by up to {off:.0%}: each module waits"
-                " for its inputs and outputs, which costs more than small modules or a busy machine leave room"
-                " for, so this split is rough."
+            closure = (
+                f"the forward's components, each subtracted from the whole forward, add up to it within"
+                f" {max(closures):.0%}"
+                if closures
+                else ""
             )
+            if off <= 0.1:
+                step = f"the parts add up to the measured step within {off:.0%}"
+                text += f" ({closure}; {step})." if closure else f" ({step})."
+            else:
+                text += f" ({closure})," if closure else ","
+                text += (
+                    f" but the parts miss the measured step by up to {off:.0%}: the step overlaps work the parts"
+                    " count apart, or the machine was busy while they were timed, so this split is rough."
+                )
     return text

@@ -1,0 +1,252 @@
+"""Standing in for a model's components: one forward recorded, then timed with some components' modules
+answering from the record (``specbench.cost.components`` splits a verify's cost by subtraction with it).
+
+A component's modules (``component_of``: attention, dense projections, MoE blocks and expert gathers,
+Gated DeltaNet layers, the output head) are sites (``component_sites``). ``record_forward`` records every
+site call's inputs and output, as a tree of calls; ``forward_with_stand_ins`` times the forward, unsynchronised
+as the engine runs it, with the named components' sites returning their recorded outputs at once, so that the
+rest of the graph computes the same values (the logits are equal bit for bit) without the stood-in work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
+
+from specbench.core.forward import text_model
+from specbench.core.swap import mixed_class
+from specbench.core.verify import FAST
+from specbench.cost.caches import CacheRestore
+
+
+def component_of(module: nn.Module) -> tuple[str, bool] | None:
+    """(component, leaf) for a module whose calls are stood in for: a ``leaf`` module is stood in for whole (its
+    children are not sites of their own); None for a container whose own time counts as ``other``."""
+    name = type(module).__name__
+    if isinstance(module, (SwitchGLU, SwitchMLP)):
+        return "experts", True
+    if "Linear" in name and "Switch" not in name:
+        return "linear", True
+    if hasattr(module, "A_log") and hasattr(module, "conv1d"):
+        return "recurrent", False
+    if name.endswith("Attention"):
+        return "attention", False
+    if name.endswith(("MoeBlock", "MoE")):  # the sparse MoE block (not a decoder layer or model named Moe)
+        return "experts", False
+    return None
+
+
+@dataclass(eq=False)
+class RecordedCall:
+    """One recorded call of a component module: its inputs, its output and the component calls made inside it."""
+
+    site: ComponentSite
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    output: Any = None
+    inner: list[RecordedCall] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class ComponentSite:
+    """A component module (or a tied output head, ``owner.as_linear``) whose calls are recorded and stood in for."""
+
+    component: str
+    module: nn.Module | None
+    owner: nn.Module | None = None  # the embedding of a tied output head
+    calls: list[RecordedCall] = field(default_factory=list)
+
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the module (or the tied head) as the model would."""
+        if self.module is not None:
+            return self.module(*args, **kwargs)
+        return self.owner.as_linear(*args, **kwargs)  # type: ignore[union-attr]
+
+
+class _Recorder:
+    """Records the component calls of one forward as a tree (a call made inside another is its ``inner``)."""
+
+    def __init__(self) -> None:
+        self.stack: list[RecordedCall] = []
+
+    def call(
+        self, site: ComponentSite, inner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        record = RecordedCall(site, args, kwargs)
+        if self.stack:
+            self.stack[-1].inner.append(record)
+        site.calls.append(record)
+        self.stack.append(record)
+        try:
+            record.output = inner(*args, **kwargs)
+        finally:
+            self.stack.pop()
+        return record.output
+
+
+class _StandIns:
+    """Answers the calls of the stood-in components with their recorded outputs, in call order. Kept in ``side``
+    (evaluated with the logits): each stood-in call's inputs (so the work upstream of it still runs), and the
+    outputs of the component calls recorded inside it that belong to components still running, made again on
+    their recorded inputs (so their work stays in the forward while the stood-in component's own work leaves)."""
+
+    def __init__(self, components: Collection[str]) -> None:
+        self.components = frozenset(components)
+        self.side: list[Any] = []
+        self.answered: dict[int, int] = {}
+
+    def answer(self, site: ComponentSite, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # the call's own inputs are evaluated with the logits: the recorded output cuts the graph, and without
+        # them lazy evaluation would skip everything upstream of the stood-in call
+        self.side += [x for x in (*args, *kwargs.values()) if isinstance(x, mx.array)]
+        index = self.answered.get(id(site), 0)
+        self.answered[id(site)] = index + 1
+        record = site.calls[index]
+        self._keep(record.inner)
+        return record.output
+
+    def _keep(self, calls: list[RecordedCall]) -> None:
+        for call in calls:
+            if call.site.component in self.components:
+                self._keep(call.inner)
+            else:
+                self.side.append(call.site.invoke(*call.args, **call.kwargs))
+
+
+class _Recording:
+    """Mixed in front of a component module's class while a forward is recorded."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        state = self.__dict__
+        return state["_specbench_recorder"].call(state["_specbench_site"], super().__call__, args, kwargs)
+
+
+class _StandIn:
+    """Mixed in front of a stood-in component module's class: its calls return the recorded outputs at once."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        state = self.__dict__
+        return state["_specbench_stand_ins"].answer(state["_specbench_site"], args, kwargs)
+
+
+def component_sites(model: nn.Module) -> list[ComponentSite]:
+    """The component modules of ``model`` (``component_of``; the output head, tied or not, as ``lm_head``);
+    the children of a leaf component are not sites of their own."""
+    lm = text_model(model)
+    head = getattr(lm, "lm_head", None)
+    sites: list[ComponentSite] = []
+    skip: set[int] = set()
+    if head is not None:
+        sites.append(ComponentSite("lm_head", head))
+        skip.add(id(head))
+    else:
+        embed = lm.model.embed_tokens
+        if hasattr(embed, "as_linear"):
+            sites.append(ComponentSite("lm_head", None, owner=embed))
+    for _, module in lm.named_modules():
+        if id(module) in skip:
+            continue
+        found = component_of(module)
+        if found is not None:
+            sites.append(ComponentSite(found[0], module))
+            if found[1]:
+                skip.update(id(m) for _, m in module.named_modules())
+    return sites
+
+
+@contextlib.contextmanager
+def _mixed_in(sites: Sequence[ComponentSite], mixin: type, **state: Any) -> Iterator[None]:
+    """While inside, each site's module has ``mixin`` in front of the class it has now (a recurrent layer may be
+    recording already) and ``state`` plus its site in its ``__dict__``; a tied head's ``as_linear`` is wrapped
+    alike. Classes and methods are put back after."""
+    swapped: list[tuple[nn.Module, type]] = []
+    wrapped: list[nn.Module] = []
+    try:
+        for site in sites:
+            if site.module is None:
+                wrapped.append(owner := site.owner)  # type: ignore[arg-type]
+                owner.__dict__["as_linear"] = _tied_head(mixin, site, owner.as_linear, state)  # type: ignore[union-attr]
+                continue
+            module = site.module
+            swapped.append((module, type(module)))
+            module.__dict__.update(state, _specbench_site=site)
+            module.__class__ = mixed_class(mixin, type(module))
+        yield
+    finally:
+        for module, cls in reversed(swapped):
+            module.__class__ = cls
+            for name in (*state, "_specbench_site"):
+                module.__dict__.pop(name, None)
+        for owner in wrapped:
+            owner.__dict__.pop("as_linear", None)
+
+
+def _tied_head(
+    mixin: type, site: ComponentSite, as_linear: Callable[..., Any], state: dict[str, Any]
+) -> Callable[..., Any]:
+    """A tied output head's ``as_linear`` recorded (``_Recording``) or stood in for (``_StandIn``)."""
+    if mixin is _Recording:
+        return lambda *args, **kwargs: state["_specbench_recorder"].call(site, as_linear, args, kwargs)
+    return lambda *args, **kwargs: state["_specbench_stand_ins"].answer(site, args, kwargs)
+
+
+def _arrays(calls: list[RecordedCall]) -> list[Any]:
+    """Every array a recorded call tree took or gave (to be evaluated once, before any timing)."""
+    out: list[Any] = []
+    for call in calls:
+        out += [x for x in (*call.args, *call.kwargs.values(), call.output) if isinstance(x, mx.array)]
+        out += _arrays(call.inner)
+    return out
+
+
+def record_forward(
+    model: nn.Module, cache: list[Any], tokens: mx.array, restore: CacheRestore, rollback: Any = None
+) -> tuple[list[ComponentSite], mx.array]:
+    """The component sites of ``model`` with the calls of one verification forward of ``tokens`` recorded
+    (inputs and outputs evaluated), and its logits; the cache restored."""
+    sites = component_sites(model)
+    if rollback is not None:
+        rollback.before_verify(tokens.shape[1])
+    with _mixed_in(sites, _Recording, _specbench_recorder=_Recorder()):
+        logits = FAST.forward(model, tokens, cache)
+    mx.eval(logits, _arrays([c for s in sites for c in s.calls]))
+    if rollback is not None:
+        rollback.rewind(0)
+    restore()
+    return sites, logits
+
+
+def forward_with_stand_ins(
+    model: nn.Module,
+    cache: list[Any],
+    tokens: mx.array,
+    restore: CacheRestore,
+    sites: Sequence[ComponentSite],
+    components: Collection[str] = (),
+    rollback: Any = None,
+) -> tuple[float, mx.array]:
+    """Seconds of one verification forward of ``tokens`` over ``cache``, unsynchronised inside (as the engine
+    runs it), with the modules of ``components`` stood in for by their recorded outputs (``record_forward``);
+    and its logits. A stood-in attention writes nothing to the cache and a stood-in recurrent layer keeps its
+    state: no later layer reads another's cache within a forward, and the cache is restored after."""
+    if rollback is not None:  # a hybrid model's verify records its recurrent states: armed as the engine arms it
+        rollback.before_verify(tokens.shape[1])
+    stand_ins = _StandIns(components)
+    stood = [s for s in sites if s.component in stand_ins.components]
+    with _mixed_in(stood, _StandIn, _specbench_stand_ins=stand_ins):
+        mx.synchronize()
+        start = time.perf_counter()
+        logits = FAST.forward(model, tokens, cache)
+        mx.eval(logits, stand_ins.side)
+        seconds = time.perf_counter() - start
+    if rollback is not None:
+        rollback.rewind(0)
+    restore()
+    return seconds, logits
