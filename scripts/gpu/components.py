@@ -128,9 +128,11 @@ class Run:
                     print(f"  {part:10s} " + "".join(f"{at[w, part]['c']:8.3f}" for w in widths))
             print("  measured   " + "".join(f"{at[w, PARTS[0]]['c_step']:8.3f}" for w in widths))
             print("  off by     " + "".join(f"{at[w, PARTS[0]]['error']:+8.1%}" for w in widths))
+            print("  closure    " + "".join(f"{at[w, PARTS[0]]['closure']:+8.1%}" for w in widths))
             part, share = deciding_part(stack)
             self.summary.setdefault("components", {})[shape] = {
                 "max_abs_error": max(abs(r["error"]) for r in stack),
+                "max_abs_closure": max(abs(r["closure"]) for r in stack),
                 "deciding_part": part,
                 "deciding_share": share,
             }

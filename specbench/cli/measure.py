@@ -119,6 +119,8 @@ def print_components(rows: list[dict]) -> None:
     print("  " + "sum".ljust(11) + "".join(f"{s:9.3f}" for s in sums))
     print("  " + "measured".ljust(11) + "".join(f"{at[w, PARTS[0]]['c_step']:9.3f}" for w in widths))
     print("  " + "off by".ljust(11) + "".join(f"{at[w, PARTS[0]]['error']:+9.1%}" for w in widths))
+    if all("closure" in at[w, PARTS[0]] for w in widths):  # the forward's parts against the forward itself
+        print("  " + "closure".ljust(11) + "".join(f"{at[w, PARTS[0]]['closure']:+9.1%}" for w in widths))
     if len(widths) > 1:
         part, share = deciding_part(rows)
         print(f"  deciding part: {part} ({share:.0%} of the growth from w={widths[0]} to w={widths[-1]})")

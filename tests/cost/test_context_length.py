@@ -160,6 +160,7 @@ def test_cli_profile_prints_the_stack_and_stores_the_lengths(capsys, home):
     assert main([*args, "--verify", "fast", "--lengths", "32", "--components", "1,3"]) == 0
     out = capsys.readouterr().out
     assert "verify cost by component" in out and "experts" in out and "deciding part:" in out and "off by" in out
+    assert "closure" in out
     stored = json.loads(next(p for p in (home / "profiles").glob("*.json") if "bandwidth" not in p.name).read_text())
     assert sorted(stored["lengths"]) == ["32"] and {r["width"] for r in stored["components"]} == {1, 3}
     assert main([*args, "--lengths", "32,x"]) == 2
