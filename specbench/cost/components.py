@@ -42,14 +42,13 @@ import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 
 from specbench.common.identity import device_name, display_name
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import generate
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
-from specbench.core.policies import DraftPolicy
 from specbench.core.verify import FAST, accept_greedy
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
 from specbench.cost.stand_ins import forward_with_stand_ins, record_forward
-from specbench.cost.timing import RandomDrafter, seconds_per_token, time_verify
+from specbench.cost.timing import rejected_drafts, seconds_per_token, time_verify
 
 #: The forward's components, in the order a stack draws them.
 FORWARD_PARTS = ("attention", "linear", "experts", "recurrent", "lm_head", "other", "readback")
@@ -133,15 +132,7 @@ def engine_steps(model: nn.Module, cache: list[Any], first: int, width: int, ste
     """Per speculative step of ``width`` (drafts rejected): its seconds (``step``), the seconds inside the
     target's verification (``verify``) and the engine parts timed inside it. The cache is left extended."""
     # steps + width tokens: ``steps`` verifications at full width, then narrower ones near the end (left out)
-    options = GenerateOptions(max_tokens=steps + width, ignore_eos=True, verify="fast")
-    gen = Generation(
-        model,
-        [first],
-        options,
-        drafter=RandomDrafter(vocab_size(model)),
-        policy=DraftPolicy.fixed(width - 1),
-        prompt_cache=cache,
-    )
+    gen = rejected_drafts(model, cache, first, width, steps + width)
     totals = dict.fromkeys(("verify", "rollback", "logging"), 0.0)
     _wrap(gen.target, "verify", totals, "verify")
     rollback = gen.target.inner.rollback  # the model target's, inside the pipeline

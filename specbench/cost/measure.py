@@ -22,14 +22,13 @@ from mlx_lm.models.cache import make_prompt_cache
 from specbench.common.identity import device_name, display_name, model_key, versions
 from specbench.common.per_key import per_key
 from specbench.core.draft import Drafter
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import generate
 from specbench.core.forward import context_length, text_model, vocab_size
 from specbench.core.options import GenerateOptions
-from specbench.core.policies import DraftPolicy
 from specbench.core.verify import CacheRollback, Verifier, as_draft, check_verify_mode
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
 from specbench.cost.profile import Profile, load_profile
-from specbench.cost.timing import RandomDrafter, seconds_per_token, time_verify
+from specbench.cost.timing import rejected_drafts, seconds_per_token, time_verify
 from specbench.exact import verifier_for
 
 QUICK_WIDTHS = (1, 2, 3, 5, 9)  # what quick_profile times, as time allows
@@ -58,16 +57,7 @@ def _time_engine_step(
 ) -> tuple[float, float]:
     """(seconds per speculative engine step of ``width``, of which drafting), from ``steps``
     steps whose random drafts are rejected."""
-    options = GenerateOptions(max_tokens=steps + 1, ignore_eos=True, verify=verifier.mode)
-    gen = Generation(
-        model,
-        [first],
-        options,
-        drafter=RandomDrafter(vocab_size(model)),
-        policy=DraftPolicy.fixed(width - 1),
-        prompt_cache=cache,
-        verifier=verifier,
-    )
+    gen = rejected_drafts(model, cache, first, width, steps + 1, verifier)
     per_token = seconds_per_token(gen)
     restore()
     decode = [r for r in gen.log if r.kind != "prefill"]

@@ -13,7 +13,11 @@ import numpy as np
 
 from specbench.common.timing import quiet
 from specbench.core.draft import Draft, Drafter
-from specbench.core.verify import CacheRollback, Verifier
+from specbench.core.engine import Generation
+from specbench.core.forward import vocab_size
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy
+from specbench.core.verify import FAST, CacheRollback, Verifier
 from specbench.cost.caches import CacheRestore
 
 
@@ -67,3 +71,21 @@ class RandomDrafter(Drafter):
 
     def draft(self, context: Sequence[int], k: int) -> Draft:
         return Draft(self.rng.integers(0, self.vocab, size=k).tolist())
+
+
+def rejected_drafts(
+    model: nn.Module, cache: list[Any], first: int, width: int, max_tokens: int, verifier: Verifier = FAST
+) -> Generation:
+    """A generation of ``max_tokens`` from token ``first`` over ``cache`` whose steps verify ``width`` rows:
+    random drafts of ``width - 1`` tokens (``RandomDrafter``, ``DraftPolicy.fixed``), nearly all rejected,
+    verified by ``verifier``."""
+    options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True, verify=verifier.mode)
+    return Generation(
+        model,
+        [first],
+        options,
+        drafter=RandomDrafter(vocab_size(model)),
+        policy=DraftPolicy.fixed(width - 1),
+        prompt_cache=cache,
+        verifier=verifier,
+    )
