@@ -8,7 +8,11 @@
    levels where the device's probe proves the kernel: which levels were exact and what each cost;
 2. cost: a width-w verify forward at a cache of --offset tokens, median of --repeats synchronous
    forwards, at the batched (fast) level, the calibrated exact level and the best exact level
-   without the kernel; and a plain one-token step; ratios measured in this run.
+   without the kernel; and a plain one-token step; ratios measured in this run;
+3. with --levels, where the difference goes: each named level (exact or not) timed the same way, and
+   also with its graph built before the clock (device time and launches only), so that host time
+   (building the graph: the hooks, the kernel calls' set-up) and device time are told apart.
+   --no-calibrate skips 1-2 and times --levels only.
 
 Writes kernel_verify.json into $OUT (or --out).
 """
@@ -32,8 +36,9 @@ from specbench.exact.hooks import split_mode
 from specbench.models import synthetic
 
 
-def forward_seconds(model, level: str, width: int, offset: int, repeats: int) -> float:
-    """Median seconds of a width-``width`` forward at ``level`` after ``offset`` cached tokens."""
+def forward_seconds(model, level: str, width: int, offset: int, repeats: int, graph_outside: bool = False) -> float:
+    """Median seconds of a width-``width`` forward at ``level`` after ``offset`` cached tokens; with
+    ``graph_outside``, the graph is built before the clock starts (device time and launches only)."""
     cache = make_prompt_cache(model)
     model(mx.arange(offset)[None] % 1000, cache=cache)
     mx.eval([c.state for c in cache])
@@ -43,11 +48,29 @@ def forward_seconds(model, level: str, width: int, offset: int, repeats: int) ->
         with split_mode(model, level):
             mx.synchronize()
             t0 = time.perf_counter()
-            mx.eval(model(tokens, cache=cache))
+            out = model(tokens, cache=cache)
+            if graph_outside:
+                mx.synchronize()
+                t0 = time.perf_counter()
+            mx.eval(out)
             times.append(time.perf_counter() - t0)
         for c in cache:
             c.trim(width)
     return statistics.median(times[2:])
+
+
+def level_breakdown(model, levels: list[str], width: int, offset: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Per level: whole forward and eval-only (graph built before the clock) milliseconds, and their
+    difference (host time spent building the graph)."""
+    out = {}
+    print(f"\nper level, width {width} at {offset} cached tokens (median of {repeats}):")
+    print(f"  {'level':42s} {'whole ms':>9s} {'eval ms':>9s} {'host ms':>9s}")
+    for level in levels:
+        whole = forward_seconds(model, level, width, offset, repeats)
+        device = forward_seconds(model, level, width, offset, repeats, graph_outside=True)
+        out[level] = {"whole_ms": whole * 1e3, "eval_ms": device * 1e3, "host_ms": (whole - device) * 1e3}
+        print(f"  {level:42s} {whole * 1e3:9.2f} {device * 1e3:9.2f} {(whole - device) * 1e3:9.2f}", flush=True)
+    return out
 
 
 def main() -> int:
@@ -58,6 +81,8 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=9)
     parser.add_argument("--offset", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--levels", default="", help="comma list of levels to time whole and eval-only")
+    parser.add_argument("--no-calibrate", action="store_true", help="time --levels only")
     parser.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu-kernels")
     args = parser.parse_args()
     start = time.perf_counter()
@@ -66,6 +91,15 @@ def main() -> int:
         f"device {device_name()}  {args.shape} {args.bits}-bit  built in {time.perf_counter() - start:.0f} s",
         flush=True,
     )
+    levels = [level for level in args.levels.split(",") if level]
+    if args.no_calibrate:
+        breakdown = level_breakdown(model, levels, args.width, args.offset, args.repeats)
+        write_json_atomic(
+            Path(args.out) / f"kernel_levels-{args.shape}-{args.bits}bit.json",
+            {"device": device_name(), **versions(), **vars(args), "levels": breakdown},
+        )
+        print(f"({time.perf_counter() - start:.0f} s)")
+        return 0
     t0 = time.perf_counter()
     calibration = calibrate(model, [args.width], save=False)
     chosen = calibration.level_for(args.width)
@@ -89,10 +123,11 @@ def main() -> int:
         f"  exact ({chosen}) / fast = {costs['exact'] / costs['fast']:.2f};  "
         f"without the kernel ({without}) / fast = {costs['exact_without_kernel'] / costs['fast']:.2f}"
     )
+    breakdown = level_breakdown(model, levels, args.width, args.offset, args.repeats) if levels else {}
     write_json_atomic(
         Path(args.out) / f"kernel_verify-{args.shape}-{args.bits}bit.json",
         {"device": device_name(), **versions(), **vars(args), "chosen": chosen, "without_kernel": without}
-        | {"tests": tests, "seconds": costs},
+        | {"tests": tests, "seconds": costs, "levels": breakdown},
     )
     print(f"({time.perf_counter() - start:.0f} s)")
     return 0

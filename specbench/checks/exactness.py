@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-import polars as pl
 from mlx_lm.generate import generate_step
 
 from specbench.core.engine import Generation
@@ -26,6 +25,9 @@ from specbench.core.policies import DraftPolicy
 from specbench.core.verify import VerifyMode, check_verify_mode
 from specbench.drafters.oracle import Oracle
 from specbench.exact.verifier import verifier_for
+
+if TYPE_CHECKING:  # polars loads only where tables are made (the GPU scripts run without it)
+    import polars as pl
 
 
 def mlx_lm_greedy(model: nn.Module, prompt: Sequence[int], max_tokens: int) -> list[int]:
@@ -114,12 +116,16 @@ def check(
             rows.append(row)
             if progress is not None:
                 progress(row)
+    import polars as pl
+
     return pl.DataFrame(rows, schema_overrides={"first_divergence": pl.Int64})
 
 
 def summarize(rows: pl.DataFrame) -> pl.DataFrame:
     """Per verify mode: prompts equal to plain greedy, first divergence min / median / max, and
     accepted drafts per verification."""
+    import polars as pl
+
     out = []
     for mode in rows["mode"].unique(maintain_order=True).to_list():
         mine = rows.filter(pl.col("mode") == mode)

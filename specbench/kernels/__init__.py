@@ -30,7 +30,7 @@ from specbench.kernels.probe import (
     qmv_variant,
     warn_fallback,
 )
-from specbench.kernels.qmv import MAX_ROWS, qmv_rows, qmv_rows_reference, supports
+from specbench.kernels.qmv import MAX_ROWS, QmvLauncher, qmv_rows, qmv_rows_reference, supports
 from specbench.kernels.verdicts import source_digest
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "gemv_matches",
     "gemv_variant",
     "qmv_rows",
+    "QmvLauncher",
     "qmv_rows_reference",
     "supports",
     "cuda_available",

@@ -75,6 +75,13 @@ def qmv_matches(
 def qmv_variant(dtype: mx.Dtype, bits: int, group_size: int) -> str | None:
     """The dequant variant of ``qmv_rows`` that reproduces MLX's one-row product on this device
     (None: none does, or the kernel cannot run here; the reason is warned once)."""
+    key = ("qmv_rows", dtype, bits, group_size, qmv.DEFAULT_SCHEDULE)
+    if key not in verdicts.variants_seen:
+        verdicts.variants_seen[key] = _qmv_variant(dtype, bits, group_size)
+    return verdicts.variants_seen[key]
+
+
+def _qmv_variant(dtype: mx.Dtype, bits: int, group_size: int) -> str | None:
     if not cuda_available():
         return None
     args = {"dtype": _name(dtype), "bits": bits, "group_size": group_size, "variants": qmv.DEQUANT}
@@ -164,6 +171,13 @@ def gemv_matches(dtype: mx.Dtype, accumulate: str, rows: Sequence[int] = PROBE_R
 def gemv_variant(dtype: mx.Dtype) -> str | None:
     """The accumulation of ``gemv_rows`` that reproduces MLX's one-row product on this device (None: none
     does, or the kernel cannot run here; the reason is warned once)."""
+    key = ("gemv_rows", dtype)
+    if key not in verdicts.variants_seen:
+        verdicts.variants_seen[key] = _gemv_variant(dtype)
+    return verdicts.variants_seen[key]
+
+
+def _gemv_variant(dtype: mx.Dtype) -> str | None:
     if not cuda_available():
         return None
     args = {"dtype": _name(dtype), "variants": gemv.ACCUMULATE, "rows": PROBE_ROWS, "shapes": PROBE_SHAPES}
@@ -258,6 +272,13 @@ def attention_matches(
 def attention_variant(dtype: mx.Dtype, head_dim: int) -> str | None:
     """The variant of ``attention_rows`` that reproduces MLX's one-query attention on this device
     (None: none does, the shape is not computed, or the kernel cannot run here; the reason is warned once)."""
+    key = ("attention_rows", dtype, head_dim)
+    if key not in verdicts.variants_seen:
+        verdicts.variants_seen[key] = _attention_variant(dtype, head_dim)
+    return verdicts.variants_seen[key]
+
+
+def _attention_variant(dtype: mx.Dtype, head_dim: int) -> str | None:
     if not cuda_available() or head_dim not in attention.HEAD_DIMS or dtype not in attention.DTYPES:
         return None
     args = {"dtype": _name(dtype), "head_dim": head_dim, "variants": attention.VARIANTS, "rows": PROBE_ROWS}

@@ -275,40 +275,74 @@ def qmv_rows(
             f"qmv_rows computes affine {BITS}-bit products with group size {GROUP_SIZES} and "
             f"{[str(d) for d in DTYPES]} inputs, got {bits} bits, group size {group_size}, {x.dtype}, K={x.shape[-1]}"
         )
-    if dequant not in DEQUANT:
-        raise ValueError(f"unknown dequant variant {dequant!r}: use one of {DEQUANT}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}: use one of {SCHEDULES}")
-    if not 1 <= features_per_block <= 32:
-        raise ValueError(f"features_per_block must be 1 to 32 (warps of a block), got {features_per_block}")
-    k, n = x.shape[-1], w.shape[0]
-    flat = x if x.ndim == 2 else x.reshape(-1, k)
-    rows = flat.shape[0]
-    per_warp = WARP * (16 if bits <= 4 else 8)
-    parts = []
-    for start in range(0, rows, MAX_ROWS):
-        chunk = flat if rows <= MAX_ROWS else flat[start : start + MAX_ROWS]  # no slice op for one launch
-        m = chunk.shape[0]
-        blocks = -(-n // features_per_block)
-        (out,) = _kernel()(
-            inputs=[chunk, w, scales.astype(x.dtype), biases.astype(x.dtype)],
-            template=[
-                ("T", x.dtype),
-                ("BITS", bits),
-                ("GROUP", group_size),
-                ("ROWS", m),
-                ("RESIDUE", k % per_warp != 0),
-                ("MODE", DEQUANT.index(dequant)),
-                ("SCHEDULE", SCHEDULES.index(schedule)),
-            ],
-            grid=(WARP * blocks, features_per_block, 1),
-            threadgroup=(WARP, features_per_block, 1),
-            output_shapes=[(m, n)],
-            output_dtypes=[x.dtype],
-        )
-        parts.append(out)
-    out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
-    return out if x.ndim == 2 else out.reshape(*x.shape[:-1], n)
+    launch = QmvLauncher(w, scales, biases, group_size, bits, x.dtype, x.shape[-1], dequant, schedule, features_per_block)
+    return launch(x)
+
+
+class QmvLauncher:
+    """``qmv_rows`` for one layer and activation type, with everything that does not depend on ``x`` settled
+    once: the weights' scales and biases in the activation type, the template and the grid. Calling it builds
+    one kernel call per ``MAX_ROWS`` rows and nothing else, so that a verify forward's many calls cost little on
+    the host (exact mode keeps one per layer: ``specbench.exact.kernel_calls``)."""
+
+    __slots__ = ("w", "scales", "biases", "n", "k", "dtype", "template", "grid", "threadgroup")
+
+    def __init__(
+        self,
+        w: mx.array,
+        scales: mx.array,
+        biases: mx.array,
+        group_size: int,
+        bits: int,
+        dtype: mx.Dtype,
+        k: int,
+        dequant: str = "mul-add",
+        schedule: str = DEFAULT_SCHEDULE,
+        features_per_block: int = FEATURES_PER_BLOCK,
+    ) -> None:
+        if dequant not in DEQUANT:
+            raise ValueError(f"unknown dequant variant {dequant!r}: use one of {DEQUANT}")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r}: use one of {SCHEDULES}")
+        if not 1 <= features_per_block <= 32:
+            raise ValueError(f"features_per_block must be 1 to 32 (warps of a block), got {features_per_block}")
+        self.w = w
+        self.scales = scales if scales.dtype == dtype else scales.astype(dtype)
+        self.biases = biases if biases.dtype == dtype else biases.astype(dtype)
+        self.n, self.k, self.dtype = w.shape[0], k, dtype
+        per_warp = WARP * (16 if bits <= 4 else 8)
+        self.template = [
+            ("T", dtype),
+            ("BITS", bits),
+            ("GROUP", group_size),
+            ("RESIDUE", k % per_warp != 0),
+            ("MODE", DEQUANT.index(dequant)),
+            ("SCHEDULE", SCHEDULES.index(schedule)),
+        ]
+        blocks = -(-self.n // features_per_block)
+        self.grid = (WARP * blocks, features_per_block, 1)
+        self.threadgroup = (WARP, features_per_block, 1)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        k, n = self.k, self.n
+        flat = x if x.ndim == 2 else x.reshape(-1, k)
+        rows = flat.shape[0]
+        kernel = _kernel()
+        parts = []
+        for start in range(0, rows, MAX_ROWS):
+            chunk = flat if rows <= MAX_ROWS else flat[start : start + MAX_ROWS]  # no slice op for one launch
+            m = chunk.shape[0]
+            (out,) = kernel(
+                inputs=[chunk, self.w, self.scales, self.biases],
+                template=[*self.template, ("ROWS", m)],
+                grid=self.grid,
+                threadgroup=self.threadgroup,
+                output_shapes=[(m, n)],
+                output_dtypes=[self.dtype],
+            )
+            parts.append(out)
+        out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+        return out if x.ndim == 2 else out.reshape(*x.shape[:-1], n)
 
 
 def qmv_rows_reference(

@@ -47,6 +47,9 @@ class Verdict:
 
 #: Verdicts of this process, by (kernel, arguments as JSON).
 _memory: dict[tuple[str, str], Verdict] = {}
+#: The variants looked up in this process, by the lookup's own arguments (``specbench.kernels.probe``): exact
+#: verification asks for them on every kernel call, and this answers without building the verdict's key.
+variants_seen: dict[tuple[Any, ...], str | None] = {}
 
 
 def store_path() -> Path:
@@ -135,3 +138,4 @@ def keep(kernel: str, args: dict[str, Any], verdict: Verdict, store: bool = True
 def forget() -> None:
     """Drop this process's verdicts (the store keeps them): the next lookup reads the store, as a new process does."""
     _memory.clear()
+    variants_seen.clear()

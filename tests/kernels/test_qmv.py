@@ -94,10 +94,15 @@ def _row_by_row(x, w, scales, biases, group_size, bits, dequant="mul-add"):
 
 
 def _on_cuda(monkeypatch, kernel) -> None:
-    """Pretend the kernel runs here: the probe proved variant "mul-add", and ``kernel`` is the kernel."""
+    """Pretend the kernel runs here: the probe proved variant "mul-add", and ``kernel`` (with ``qmv_rows``'s
+    arguments) is the kernel that exact mode's per-layer launcher runs."""
+
+    def launcher(w, scales, biases, group_size, bits, dtype, k, dequant):
+        return lambda x: kernel(x, w, scales, biases, group_size, bits, dequant)
+
     monkeypatch.setattr(kernels, "cuda_available", lambda: True)
     monkeypatch.setattr(kernels, "qmv_variant", lambda dtype, bits, group_size: "mul-add")
-    monkeypatch.setattr(kernels, "qmv_rows", kernel)
+    monkeypatch.setattr(kernels, "QmvLauncher", launcher)
     monkeypatch.setattr(kernel_probe, "_warned", set())
     exact_calibration._calibrations.clear()
 
@@ -149,3 +154,32 @@ def test_a_kernel_is_named_by_its_source():
     name = kernel_name("specbench_qmv_rows", qmv_module._HEADER, qmv_module._SOURCE)
     assert name.startswith("specbench_qmv_rows_")
     assert kernel_name("specbench_qmv_rows", qmv_module._HEADER, qmv_module._SOURCE + " ") != name
+
+
+def test_a_layers_kernel_call_is_settled_once_and_again_when_its_weights_change(monkeypatch):
+    """Exact mode settles a layer's kernel call on its first use (host time per call is part of the verify's
+    cost) and settles it again when the layer's weights are replaced."""
+    from specbench.exact.kernel_calls import kernel_product
+
+    made = []
+
+    def launcher(w, scales, biases, group_size, bits, dtype, k, dequant):
+        made.append(w)
+        return lambda x: _row_by_row(x, w, scales, biases, group_size, bits)
+
+    monkeypatch.setattr(kernels, "cuda_available", lambda: True)
+    monkeypatch.setattr(kernels, "qmv_variant", lambda dtype, bits, group_size: "mul-add")
+    monkeypatch.setattr(kernels, "QmvLauncher", launcher)
+    first, second = (nn.QuantizedLinear(64, 32, group_size=32, bits=4) for _ in range(2))
+    for layer in (first, second):
+        layer.set_dtype(mx.bfloat16)
+    x = mx.random.normal((3, 64)).astype(mx.bfloat16)
+    rows = [_host(kernel_product(first, x)) for _ in range(3)]
+    assert len(made) == 1
+    assert all(np.array_equal(r, _host(_row_by_row(x, first.weight, first.scales, first.biases, 32, 4))) for r in rows)
+    first.update(second.parameters())
+    replaced = _host(kernel_product(first, x))
+    assert len(made) == 2
+    assert np.array_equal(replaced, _host(_row_by_row(x, second.weight, second.scales, second.biases, 32, 4)))
+    kernel_product(first, x.astype(mx.float16))  # another activation type: settled again
+    assert len(made) == 3
