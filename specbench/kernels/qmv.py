@@ -275,8 +275,8 @@ def qmv_rows(
             f"qmv_rows computes affine {BITS}-bit products with group size {GROUP_SIZES} and "
             f"{[str(d) for d in DTYPES]} inputs, got {bits} bits, group size {group_size}, {x.dtype}, K={x.shape[-1]}"
         )
-    launch = QmvLauncher(w, scales, biases, group_size, bits, x.dtype, x.shape[-1], dequant, schedule, features_per_block)
-    return launch(x)
+    k = x.shape[-1]
+    return QmvLauncher(w, scales, biases, group_size, bits, x.dtype, k, dequant, schedule, features_per_block)(x)
 
 
 class QmvLauncher:
