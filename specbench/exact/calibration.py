@@ -199,10 +199,12 @@ def calibrate(
     verification leaves it, on a GPU (the CPU's attention reads exactly the keys it attends);
     a level counts as exact only if it is exact on both. Levels are tested per op family:
     "none" first; then, with the other families split row by row, each family's cheaper schemes
-    (attention batched; linear batched, vector, in chunks; experts batched, unsorted). The
-    cheapest exact scheme of each family (by median seconds of ``repeats`` forwards when
-    ``measure``, else the first exact one in that order) are combined and the combination
-    checked; "serial" (exact by construction) is the fallback and is also timed. Linear layers in
+    (attention batched; linear batched, vector, in chunks; experts batched, unsorted); where a
+    family's batched call is exact, its other schemes other than kernels are skipped (MLX's calls
+    in smaller pieces cost no less). The cheapest exact scheme of each family (by median seconds
+    of ``repeats`` forwards when ``measure``, else the first exact one in that order) are combined
+    and the combination checked; "serial" (exact by construction) is the fallback and is also
+    timed, except against a pick that splits attention alone (never dearer). Linear layers in
     chunks are tried widest first (``chunk_sizes``), down to the first exact chunk; a pick with
     chunks is then tested "+compiled" (``mx.compile``d chunks) and taken where that is exact and,
     measured, cheaper (unmeasured, the plain chunks are kept). Results are merged into the model's
@@ -274,6 +276,16 @@ def chunk_sizes(width: int) -> list[int]:
     """Rows per linear call to try at ``width``, most first: fewer, wider calls cost less, and the
     first that is exact is the widest the device's kernels keep row-invariant at this width."""
     return list(range(width - 1, 1, -1))
+
+
+def _uses_kernel(level: str) -> bool:
+    plan = ExactPlan.parse(level)
+    return plan.linear == "kernel" or plan.attention == "kernel"
+
+
+def _splits_attention_only(level: str) -> bool:
+    plan = ExactPlan.parse(level)
+    return plan.attention is True and plan.linear is None and plan.experts is None and not plan.serial
 
 
 def _is_chunked(level: str) -> bool:
@@ -363,6 +375,8 @@ def _calibrate_width(
         for order, level in enumerate(group):
             if chunked and _is_chunked(level):
                 continue
+            if best is not None and best[1] == "batched" and not _uses_kernel(level):
+                continue  # MLX's own calls in smaller pieces cost no less than the batched call that is exact
             if test(level):
                 chunked = chunked or _is_chunked(level)
                 cost = tests[-1]["seconds"] if measure else float(order)
@@ -383,7 +397,9 @@ def _calibrate_width(
         if exact:
             options.append((seconds or 0.0, level))
             break
-    if measure or not options:
+    if not options or (measure and not _splits_attention_only(options[0][1])):
+        # serial steps: the fallback, and timed against a pick that splits more than attention (a pick that splits
+        # only attention runs each row's attention as a serial step does and everything else batched: never dearer)
         seconds = probe.time("serial", width, repeats) if measure else None
         tests.append({"level": "serial", "exact": True, "seconds": seconds})
         options.append((seconds if seconds is not None else float("inf"), "serial"))

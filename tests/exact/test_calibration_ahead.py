@@ -149,3 +149,35 @@ def test_linear_layers_split_into_the_widest_exact_chunks(fresh_calibrations, mo
     chunks = [rows] * (9 // rows) + [9 % rows] * (9 % rows > 0)  # 7: [7, 2], two calls a layer
     assert calls == chunks * (len(calls) // len(chunks))
     assert np.array_equal(np.array(out[0]), np.stack(serial))
+
+
+
+class _ScriptedProbe:
+    """A calibration probe whose levels are exact where ``exact(level)`` says, each costing ``seconds``."""
+
+    def __init__(self, exact):
+        self.exact, self.timed = exact, []
+
+    def run(self, level, width):
+        return self.exact(level), 0.0
+
+    def time(self, level, width, repeats):
+        self.timed.append(level)
+        return 1.0 + level.count("+") + (5.0 if level == "serial" else 0.0)
+
+
+def test_an_exact_batched_family_ends_its_search_and_an_attention_only_pick_needs_no_serial_timing():
+    """Where only attention differs across rows, the linear layers' batched call is exact: their split schemes
+    (MLX's calls in smaller pieces, never cheaper) are not tested, and serial steps are not timed against a pick
+    that splits attention alone (each row's attention as a serial step runs it, the rest batched)."""
+    probe = _ScriptedProbe(lambda level: level not in ("none", "linear"))
+    picked = exact_calibration._calibrate_width(probe, 5, moe=False, measure=True, repeats=1)
+    assert picked.level == "attention"
+    assert [t["level"] for t in picked.tests] == ["none", "linear", "attention"]
+    assert "serial" not in probe.timed
+    # where the linear layers must be split too, their schemes are searched and serial steps timed against the pick
+    probe = _ScriptedProbe(lambda level: level not in ("none", "linear", "attention"))
+    picked = exact_calibration._calibrate_width(probe, 5, moe=False, measure=True, repeats=1)
+    assert picked.level == "attention+linear/vector"  # the first of the schemes that cost the same
+    assert {"attention+linear/vector", "attention+linear/4"} <= {t["level"] for t in picked.tests}
+    assert "serial" in probe.timed
