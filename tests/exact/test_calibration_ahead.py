@@ -151,7 +151,6 @@ def test_linear_layers_split_into_the_widest_exact_chunks(fresh_calibrations, mo
     assert np.array_equal(np.array(out[0]), np.stack(serial))
 
 
-
 class _ScriptedProbe:
     """A calibration probe whose levels are exact where ``exact(level)`` says, each costing ``seconds``."""
 
