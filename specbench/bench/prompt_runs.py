@@ -95,7 +95,7 @@ def prompt_methods(
     unknown = [d for d in drafters if not is_drafter_name(d) or d in ("none", "plain", "")]
     if unknown:
         known = ", ".join(n for n in DRAFTER_NAMES if n != "none")
-        raise ValueError(f"unknown drafters {unknown}: choose from {known} (or early-exit:L)")
+        raise ValueError(f"unknown drafters {unknown}: choose from {known} (or early-exit:L, suffix:K)")
     policies = [as_policy(p) for p in policies]
     for mode in verify:
         if mode is not None:

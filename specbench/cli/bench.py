@@ -28,7 +28,7 @@ def _common(parser: argparse.ArgumentParser, shard: bool = True) -> None:
         "--drafters",
         "--drafter",
         default="lookup,suffix",
-        help="comma list: lookup, suffix, mtp, draft-model, early-exit:L",
+        help="comma list: lookup, suffix, suffix:K, mtp, draft-model, early-exit:L",
     )
     parser.add_argument("--policies", "--policy", default="auto,fixed:4", help="comma list: auto, fixed:K, adaptive:K")
     parser.add_argument(

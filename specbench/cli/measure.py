@@ -21,7 +21,9 @@ def _profile(parser: argparse.ArgumentParser):
     parser.add_argument("--offset", type=int, default=512, help="tokens in the cache while timing")
     parser.add_argument("--repeats", type=int, default=10, help="timed rounds (medians kept)")
     parser.add_argument(
-        "--drafters", default="", help="comma list of drafters to time: lookup, suffix, mtp, draft-model, early-exit:L"
+        "--drafters",
+        default="",
+        help="comma list of drafters to time: lookup, suffix, suffix:K, mtp, draft-model, early-exit:L",
     )
     parser.add_argument(
         "--lengths", default="", help="comma list of further context lengths to time c(w) at, e.g. 2048,8192"

@@ -14,16 +14,17 @@ from specbench.drafters.oracle import Oracle
 from specbench.drafters.suffix import SuffixDecoding
 
 DRAFTER_NAMES = ("lookup", "suffix", "mtp", "draft-model", "early-exit", "none")
-#: Drafters that take a parameter after a colon: ``early-exit:L`` (exit after L layers).
-PARAMETRIZED_DRAFTERS = ("early-exit",)
+#: Drafters that take a parameter after a colon: ``early-exit:L`` (exit after L layers), ``suffix:K`` (drafts of up
+#: to K tokens; ``suffix`` alone: SuffixDecoding's default, 16).
+PARAMETRIZED_DRAFTERS = ("early-exit", "suffix")
 
 
 def is_drafter_name(name: str) -> bool:
-    """Whether ``name`` names a drafter (``early-exit:L`` included, L an integer)."""
+    """Whether ``name`` names a drafter (``early-exit:L`` and ``suffix:K`` included, L and K positive integers)."""
     key = name.strip().lower()
     base, colon, value = key.partition(":")
     if colon:
-        return base in PARAMETRIZED_DRAFTERS and value.isdigit()
+        return base in PARAMETRIZED_DRAFTERS and value.isdigit() and int(value) >= 1
     return key in (*DRAFTER_NAMES, "plain", "")
 
 
@@ -32,17 +33,25 @@ def make_drafter(
 ) -> Drafter | None:
     """A drafter by name: ``lookup``, ``suffix``, ``mtp`` (the model's MTP head), ``draft-model``
     (``draft_model``, else the draft model shipped for ``model_name``), ``early-exit`` (half the
-    layers) or ``early-exit:L`` (the first L layers), or ``none``."""
+    layers) or ``early-exit:L`` (the first L layers), ``suffix:K`` (SuffixDecoding's drafts capped at K tokens:
+    Auto then verifies, and exact mode calibrates, widths up to K + 1 only), or ``none``."""
     key = name.strip().lower()
     if not is_drafter_name(key):
-        raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)} (or early-exit:L)")
+        raise ValueError(
+            f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)} (or early-exit:L, suffix:K with L and "
+            "K positive integers)"
+        )
     base, _, value = key.partition(":")
     if base in ("none", "plain", ""):
         return None
     if base == "lookup":
         return PromptLookup()
     if base == "suffix":
-        return SuffixDecoding()
+        if not value:
+            return SuffixDecoding()
+        drafter = SuffixDecoding(max_spec_tokens=int(value))
+        drafter.name = key
+        return drafter
     if base == "mtp":
         return mtp_head_for(model, model_name)
     if model is None:

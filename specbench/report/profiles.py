@@ -78,9 +78,12 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     # The embedded model (SmolLM2-135M), sized for a 2-core CPU, where MLX runs on about one core: a float32
     # decode step takes ~0.17 s, a prompt token ~0.09 s and a width-w verification ~0.13 s per row, so every
     # figure gets the fewest generations that still draw it with counts and intervals. Greedy verification is
-    # the engine's default, exact (its calibration finds the batched forward bit-identical on the CPU in a few
-    # seconds per width, kept under SPECBENCH_HOME). The sweep's generations are recorded in the report
-    # folder: the explorer replays other drafters, draft lengths and policies over its plain outputs.
+    # the engine's default, exact: its calibration (kept under SPECBENCH_HOME) tests each width the notebooks
+    # verify against serial steps, a few seconds per width on a reference BLAS and up to ~20 s on OpenBLAS, whose
+    # products are row-invariant only up to a few rows; so SuffixDecoding drafts at most 8 tokens here
+    # (``suffix:8``, widths up to 9, as the policies notebook's k = 8) instead of its 16. The sweep's generations are
+    # recorded in the report folder: the explorer replays other drafters, draft lengths and policies over its plain
+    # outputs.
     "full": {
         # an edit of a given paragraph (the notebook's prompt): lookup's drafts are accepted; 6 pairs give an interval
         "quickstart": {"model": _EMBEDDED, "max_tokens": 32, "policy": "fixed:3", "pairs": 6},
@@ -89,7 +92,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             # prefilled again for its hidden states; with it the sweep took 2.5 times as long (add it back with
             # -p draft_length_sweep.drafters=lookup,suffix,mtp)
             "model": _EMBEDDED,
-            "drafters": ["lookup", "suffix"],
+            "drafters": ["lookup", "suffix:8"],
             "draft_lengths": [1, 3],
             "policies": ["fixed", "auto"],
             "categories": ["translation", "qa"],
@@ -109,7 +112,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "repeats": 2,
             "profile_tokens": 8,
             "offset": 64,
-            "context_lengths": [512],  # one more length on the CPU (c(w, L) at 64 and 512)
+            "context_lengths": [256, 1024],  # c(w, L) at three lengths: 64 (the offset), 256 and 1024
             "component_widths": [1, 2, 5],
             "acceptances": [0.5, 0.9],
             "draft_lengths": [2, 4],
@@ -130,7 +133,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "sampling": {
             # its greedy cell is the sweep's (same prompt, drafters, policy and tokens): recorded, not run again
             "model": _EMBEDDED,
-            "drafters": ["lookup", "suffix"],
+            "drafters": ["lookup", "suffix:8"],
             "policy": "fixed:3",
             "temperatures": [0.0, 1.0],
             "categories": ["translation"],
@@ -186,18 +189,18 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "policies": 20,
     },
     "full": {
-        # CPU seconds (its process and kernel) in one `specbench report --profile full` on 2026-12-03 at load 5-8
-        # with 2 BLAS threads: about the wall time of a rank with one core and one BLAS thread (--ranks 2)
-        "quickstart": 95,
-        "draft_length_sweep": 178,
-        "break_even": 124,
-        "agent_traces": 41,
-        "sampling": 65,  # its greedy cell is the sweep's; 48 before its losslessness sample could double
-        "explorer": 10,  # replays the sweep's recorded outputs: no model runs
-        "batch_break_even": 10,  # tiny synthetic shapes in both profiles (the notebook's defaults)
-        "simulate_logs": 12,  # the bundled traces, tokenized only: no model runs
-        "tree_vs_path": 12,  # the traces' recorded replies (source "replies"): no model runs
-        "acceptance_rules": 140,  # 207 with three temperatures: two thirds of its rule sweep left
-        "policies": 103,
+        # CPU seconds (its process and kernel) in one `specbench report --profile full --ranks 2` on 2026-12-03 at
+        # load 1-2, one BLAS thread per rank: about the wall time of a rank
+        "quickstart": 69,
+        "draft_length_sweep": 175,  # 345 when SuffixDecoding drafted up to 16 tokens (exact calibration to width 17)
+        "break_even": 175,  # 157 with two context lengths
+        "agent_traces": 31,
+        "sampling": 48,  # its greedy cell is the sweep's
+        "explorer": 9,  # replays the sweep's recorded outputs: no model runs
+        "batch_break_even": 13,  # tiny synthetic shapes in both profiles (the notebook's defaults)
+        "simulate_logs": 16,  # the bundled traces, tokenized only: no model runs
+        "tree_vs_path": 17,  # the traces' recorded replies (source "replies"): no model runs
+        "acceptance_rules": 97,
+        "policies": 70,
     },
 }

@@ -227,3 +227,20 @@ def test_bad_arguments():
         SuffixDecoding(remember_at_end="all")
     with pytest.raises(ValueError, match="token id"):
         SuffixDecoding().remember([1 << 21])
+
+
+def test_suffix_k_names_a_drafter_whose_drafts_stop_at_k_tokens():
+    from specbench.drafters import is_drafter_name, make_drafter
+
+    drafter = make_drafter("suffix:8")
+    assert drafter.name == "suffix:8" and drafter.preferred_k == 8
+    answer = list(range(100, 160))
+    drafter.begin([1, 2, 3])
+    drafter.observe(answer)
+    drafter.end()
+    drafter.begin([5, 6, 7] + answer[:20])
+    assert drafter.draft([5, 6, 7] + answer[:20], 16).tokens == answer[20:28]  # 16 asked, 8 drafted
+    assert make_drafter("suffix").preferred_k == 16
+    assert is_drafter_name("suffix:8") and not is_drafter_name("suffix:0") and not is_drafter_name("suffix:x")
+    with pytest.raises(ValueError, match="suffix:K"):
+        make_drafter("suffix:0")
