@@ -203,8 +203,8 @@ def calibrate(
     family's batched call is exact, its other schemes other than kernels are skipped (MLX's calls
     in smaller pieces cost no less). The cheapest exact scheme of each family (by median seconds
     of ``repeats`` forwards when ``measure``, else the first exact one in that order) are combined
-    and the combination checked; "serial" (exact by construction) is the fallback and is also
-    timed, except against a pick that splits attention alone (never dearer). Linear layers in
+    and the combination checked; "serial" (exact by construction) is the fallback, timed against a
+    pick through the kernels (a split through MLX's own calls is never dearer). Linear layers in
     chunks are tried widest first (``chunk_sizes``), down to the first exact chunk; a pick with
     chunks is then tested "+compiled" (``mx.compile``d chunks) and taken where that is exact and,
     measured, cheaper (unmeasured, the plain chunks are kept). Results are merged into the model's
@@ -281,11 +281,6 @@ def chunk_sizes(width: int) -> list[int]:
 def _uses_kernel(level: str) -> bool:
     plan = ExactPlan.parse(level)
     return plan.linear == "kernel" or plan.attention == "kernel"
-
-
-def _splits_attention_only(level: str) -> bool:
-    plan = ExactPlan.parse(level)
-    return plan.attention is True and plan.linear is None and plan.experts is None and not plan.serial
 
 
 def _is_chunked(level: str) -> bool:
@@ -397,9 +392,10 @@ def _calibrate_width(
         if exact:
             options.append((seconds or 0.0, level))
             break
-    if not options or (measure and not _splits_attention_only(options[0][1])):
-        # serial steps: the fallback, and timed against a pick that splits more than attention (a pick that splits
-        # only attention runs each row's attention as a serial step does and everything else batched: never dearer)
+    if not options or (measure and _uses_kernel(options[0][1])):
+        # serial steps: the fallback, and timed against a pick through the kernels (a split through MLX's own calls
+        # runs each op batched or in pieces of at least one row, where serial steps run every op one row at a time:
+        # never dearer, as MLX's calls in smaller pieces cost no less)
         seconds = probe.time("serial", width, repeats) if measure else None
         tests.append({"level": "serial", "exact": True, "seconds": seconds})
         options.append((seconds if seconds is not None else float("inf"), "serial"))

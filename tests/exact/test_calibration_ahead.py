@@ -165,18 +165,23 @@ class _ScriptedProbe:
         return 1.0 + level.count("+") + (5.0 if level == "serial" else 0.0)
 
 
-def test_an_exact_batched_family_ends_its_search_and_an_attention_only_pick_needs_no_serial_timing():
+def test_an_exact_batched_family_ends_its_search_and_serial_steps_are_timed_only_against_kernels():
     """Where only attention differs across rows, the linear layers' batched call is exact: their split schemes
-    (MLX's calls in smaller pieces, never cheaper) are not tested, and serial steps are not timed against a pick
-    that splits attention alone (each row's attention as a serial step runs it, the rest batched)."""
+    (MLX's calls in smaller pieces, never cheaper) are not tested. Serial steps are timed against a pick through
+    the kernels only: a split through MLX's own calls runs no op in smaller pieces than serial steps do."""
     probe = _ScriptedProbe(lambda level: level not in ("none", "linear"))
     picked = exact_calibration._calibrate_width(probe, 5, moe=False, measure=True, repeats=1)
     assert picked.level == "attention"
     assert [t["level"] for t in picked.tests] == ["none", "linear", "attention"]
     assert "serial" not in probe.timed
-    # where the linear layers must be split too, their schemes are searched and serial steps timed against the pick
+    # where the linear layers must be split too, their schemes are searched
     probe = _ScriptedProbe(lambda level: level not in ("none", "linear", "attention"))
     picked = exact_calibration._calibrate_width(probe, 5, moe=False, measure=True, repeats=1)
     assert picked.level == "attention+linear/vector"  # the first of the schemes that cost the same
     assert {"attention+linear/vector", "attention+linear/4"} <= {t["level"] for t in picked.tests}
-    assert "serial" in probe.timed
+    assert "serial" not in probe.timed
+    # a pick through the kernels is timed against serial steps, and loses to them where they are cheaper
+    probe = _ScriptedProbe(lambda level: "kernel" in level or level == "serial")
+    probe.time = lambda level, width, repeats: {"serial": 2.0}.get(level, 9.0)
+    picked = exact_calibration._calibrate_width(probe, 5, moe=False, measure=True, repeats=1, kernel=True)
+    assert picked.level == "serial"

@@ -264,13 +264,15 @@ def test_calibrations_of_two_processes_are_merged_on_disk(tmp_path):
 
 
 def test_measured_calibration_times_every_exact_candidate(monkeypatch):
+    """Every exact candidate is timed and the cheapest chosen; serial steps are not timed against a split through
+    MLX's own calls (never cheaper than it)."""
     emulate_gpu(monkeypatch, attention=True, linear_rows=1)
     model = build_tiny("qwen3")
     calibration = calibrate(model, [5], repeats=1)
     rows = [r for r in calibration.rows() if r["width"] == 5]
     exact_rows = [r for r in rows if r["exact"]]
     assert all(r["seconds"] is not None and r["seconds"] > 0 for r in exact_rows)
-    assert any(r["level"] == "serial" for r in exact_rows)
+    assert exact_rows and not any(r["level"] == "serial" for r in rows)
     chosen = calibration.level_for(5)
     assert chosen == min(exact_rows, key=lambda r: r["seconds"])["level"]
 
