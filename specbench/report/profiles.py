@@ -113,7 +113,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "profile_tokens": 8,
             "offset": 64,
             "context_lengths": [256, 1024],  # c(w, L) at three lengths: 64 (the offset), 256 and 1024
-            "component_widths": [1, 2, 5],
+            "component_widths": [1, 5],  # the stack at one row and at five: how each part grows (~12 s a width)
             "acceptances": [0.5, 0.9],
             "draft_lengths": [2, 4],
             "grid_max_tokens": 16,
@@ -154,7 +154,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "categories": ["translation"],
             "max_prompt_tokens": 160,
             "max_tokens": 16,
-            "shift_samples": 6,
+            "shift_samples": 5,
             "shift_tokens": 6,
         },
         "policies": {
