@@ -329,6 +329,17 @@ def _reason_to_run(out: Path, name: str, params: dict[str, Any], previous: dict[
     return f"outputs missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})" if missing else ""
 
 
+#: The shortest time a notebook cell may run before it counts as stopped (``cell_timeout``).
+MIN_CELL_TIMEOUT_S = 180.0
+
+
+def cell_timeout(expected_s: float | None) -> int:
+    """Seconds one cell may run: four times its notebook's expected seconds, at least ``MIN_CELL_TIMEOUT_S``.
+    A kernel can stop answering with its cell done (its reply lost between kernel and client, seen once in a
+    widget's cell); past this the run stops the kernel and runs the notebook once more."""
+    return int(max(MIN_CELL_TIMEOUT_S, 4.0 * float(expected_s or 0.0)))
+
+
 def run_report(
     profile: str = "full",
     out: str | os.PathLike | None = None,
@@ -342,6 +353,7 @@ def run_report(
 ) -> ReportResult:
     """Execute the notebooks into ``out`` (default ``reports/PROFILE``) and write its index.html."""
     import papermill
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     folder = Path(notebooks) if notebooks else notebooks_dir()
     names = list(only) if only else list(NOTEBOOKS)
@@ -406,19 +418,27 @@ def run_report(
         try:
             try:
                 with heartbeat, stopped_by_signals():
-                    papermill.execute_notebook(
-                        str(folder / f"{name}.ipynb"),
-                        str(ipynb),
-                        parameters={**params, "output_dir": str(out), "progress": progress},
-                        kernel_name=kernel_name,
-                        progress_bar=False,
-                        # what the notebook prints (its progress bars and lines, warnings, results) goes to the
-                        # console as it comes, each line marked with the notebook's name
-                        stdout_file=console if progress else None,
-                        stderr_file=console if progress else None,
-                        cwd=str(folder.parent),
-                        start_timeout=start_timeout,
-                    )
+                    for attempt in (1, 2):
+                        try:
+                            papermill.execute_notebook(
+                                str(folder / f"{name}.ipynb"),
+                                str(ipynb),
+                                parameters={**params, "output_dir": str(out), "progress": progress},
+                                kernel_name=kernel_name,
+                                progress_bar=False,
+                                # what the notebook prints (its progress bars and lines, warnings, results) goes
+                                # to the console as it comes, each line marked with the notebook's name
+                                stdout_file=console if progress else None,
+                                stderr_file=console if progress else None,
+                                cwd=str(folder.parent),
+                                start_timeout=start_timeout,
+                                execution_timeout=cell_timeout(expected[name]),
+                            )
+                            break
+                        except (CellTimeoutError, DeadKernelError) as err:
+                            if attempt == 2:
+                                raise
+                            console.write(f"{_error_text(err)}: running it once more in a new kernel\n")
             except Exception as err:  # a failed notebook is recorded; the others still run
                 error = _error_text(err)
             seconds = time.perf_counter() - t0

@@ -61,3 +61,21 @@ def test_a_result_that_cannot_be_recorded_marks_the_notebook_failed(tmp_path, mo
     assert status["status"] == "failed" and "No space left" in status["error"]
     assert 'class="failed"' in (out / "index.html").read_text()
     assert "the next run of this report resumes here" in capsys.readouterr().err
+
+
+def test_a_cell_that_stops_answering_is_stopped_and_its_notebook_run_once_more(tmp_path, monkeypatch, capsys):
+    notebooks = tmp_path / "nb"
+    notebooks.mkdir()
+    marker = tmp_path / "hung-once"
+    _notebook(
+        notebooks / "quickstart.ipynb",
+        f"import time\nfrom pathlib import Path\nmarker = Path({str(marker)!r})\n"
+        "if not marker.exists():\n    marker.write_text('')\n    time.sleep(120)",
+    )
+    timeout = report.cell_timeout
+    assert timeout(None) == report.MIN_CELL_TIMEOUT_S and timeout(100) == 400
+    monkeypatch.setattr(report, "cell_timeout", lambda expected_s: 4)
+    out = tmp_path / "report"
+    result = report.run_report("quick", out, only=["quickstart"], notebooks=notebooks, progress=True)
+    assert result.results[0].status == "done" and result.results[0].seconds < 60
+    assert "running it once more in a new kernel" in capsys.readouterr().err
