@@ -330,14 +330,15 @@ def _reason_to_run(out: Path, name: str, params: dict[str, Any], previous: dict[
 
 
 #: The shortest time a notebook cell may run before it counts as stopped (``cell_timeout``).
-MIN_CELL_TIMEOUT_S = 180.0
+MIN_CELL_TIMEOUT_S = 300.0
 
 
 def cell_timeout(expected_s: float | None) -> int:
-    """Seconds one cell may run: four times its notebook's expected seconds, at least ``MIN_CELL_TIMEOUT_S``.
+    """Seconds one cell may run: ten times its notebook's expected seconds (a slower machine's whole notebook fits),
+    at least ``MIN_CELL_TIMEOUT_S``.
     A kernel can stop answering with its cell done (its reply lost between kernel and client, seen once in a
     widget's cell); past this the run stops the kernel and runs the notebook once more."""
-    return int(max(MIN_CELL_TIMEOUT_S, 4.0 * float(expected_s or 0.0)))
+    return int(max(MIN_CELL_TIMEOUT_S, 10.0 * float(expected_s or 0.0)))
 
 
 def run_report(

@@ -73,7 +73,7 @@ def test_a_cell_that_stops_answering_is_stopped_and_its_notebook_run_once_more(t
         "if not marker.exists():\n    marker.write_text('')\n    time.sleep(120)",
     )
     timeout = report.cell_timeout
-    assert timeout(None) == report.MIN_CELL_TIMEOUT_S and timeout(100) == 400
+    assert timeout(None) == report.MIN_CELL_TIMEOUT_S and timeout(100) == 1000
     monkeypatch.setattr(report, "cell_timeout", lambda expected_s: 4)
     out = tmp_path / "report"
     result = report.run_report("quick", out, only=["quickstart"], notebooks=notebooks, progress=True)
