@@ -278,16 +278,6 @@ def chunk_sizes(width: int) -> list[int]:
     return list(range(width - 1, 1, -1))
 
 
-def _uses_kernel(level: str) -> bool:
-    plan = ExactPlan.parse(level)
-    return plan.linear == "kernel" or plan.attention == "kernel"
-
-
-def _is_chunked(level: str) -> bool:
-    rows = ExactPlan.parse(level).linear
-    return isinstance(rows, int) and rows > 1
-
-
 def _candidates(width: int, moe: bool, kernel: bool = False, attention_kernel: bool = False) -> list[list[str]]:
     """Levels to test at ``width``, in groups: each group relaxes one op family of the full
     split to cheaper schemes (the other families stay split row by row); ``kernel``: the linear
@@ -319,16 +309,6 @@ def _combine(picks: dict[str, str], moe: bool) -> str:
     if moe and picks.get("experts") != "batched":
         parts.append(picks.get("experts", "experts"))
     return ExactPlan.parse("+".join(parts) or "none").name
-
-
-def _family_scheme(level: str, family: str) -> str:
-    plan = ExactPlan.parse(level)
-    if family == "attention":
-        return "kernel" if plan.attention == "kernel" else "split" if plan.attention else "batched"
-    value = getattr(plan, family)
-    if value is None:
-        return "batched"
-    return family if value == 1 else f"{family}/{value}"
 
 
 def _calibrate_width(
@@ -368,15 +348,15 @@ def _calibrate_width(
         best: tuple[float, str] | None = None
         chunked = False  # the widest exact chunk found: narrower ones only add calls
         for order, level in enumerate(group):
-            if chunked and _is_chunked(level):
+            if chunked and ExactPlan.parse(level).chunked:
                 continue
-            if best is not None and best[1] == "batched" and not _uses_kernel(level):
+            if best is not None and best[1] == "batched" and not ExactPlan.parse(level).uses_kernel:
                 continue  # MLX's own calls in smaller pieces cost no less than the batched call that is exact
             if test(level):
-                chunked = chunked or _is_chunked(level)
+                chunked = chunked or ExactPlan.parse(level).chunked
                 cost = tests[-1]["seconds"] if measure else float(order)
                 if best is None or cost < best[0]:
-                    best = (cost, _family_scheme(level, family))
+                    best = (cost, ExactPlan.parse(level).scheme(family))
                 if not measure:
                     break
         if best is not None:
@@ -392,7 +372,7 @@ def _calibrate_width(
         if exact:
             options.append((seconds or 0.0, level))
             break
-    if not options or (measure and _uses_kernel(options[0][1])):
+    if not options or (measure and ExactPlan.parse(options[0][1]).uses_kernel):
         # serial steps: the fallback, and timed against a pick through the kernels (a split through MLX's own calls
         # runs each op batched or in pieces of at least one row, where serial steps run every op one row at a time:
         # never dearer, as MLX's calls in smaller pieces cost no less)
@@ -400,7 +380,7 @@ def _calibrate_width(
         tests.append({"level": "serial", "exact": True, "seconds": seconds})
         options.append((seconds if seconds is not None else float("inf"), "serial"))
     cost, level = min(options) if measure else options[0]
-    if _is_chunked(level):  # the same chunks through mx.compile: taken where exact and measured cheaper
+    if ExactPlan.parse(level).chunked:  # the same chunks through mx.compile: taken where exact and measured cheaper
         compiled = replace(ExactPlan.parse(level), compiled=True).name
         if test(compiled) and measure and tests[-1]["seconds"] < cost:
             level = compiled

@@ -82,6 +82,24 @@ class ExactPlan:
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def uses_kernel(self) -> bool:
+        """Whether a part runs through ``specbench.kernels`` (``linear/kernel``, ``attention/kernel``)."""
+        return self.linear == "kernel" or self.attention == "kernel"
+
+    @property
+    def chunked(self) -> bool:
+        """Whether linear layers run in chunks of c >= 2 rows (``linear/c``)."""
+        return isinstance(self.linear, int) and self.linear > 1
+
+    def scheme(self, family: str) -> str:
+        """How this plan runs one op family ("attention", "linear", "experts"): "batched", "split" or "kernel"
+        (attention), or the family's part as the level writes it (``linear/4``, ``experts/unsorted``)."""
+        if family == "attention":
+            return "kernel" if self.attention == "kernel" else "split" if self.attention else "batched"
+        value = getattr(self, family)
+        return "batched" if value is None else family if value == 1 else f"{family}/{value}"
+
 
 @functools.lru_cache(maxsize=256)
 def _parse_text(level: str) -> ExactPlan:

@@ -9,6 +9,7 @@ every ``every_s`` seconds, how long it has run and how long it is expected to ta
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import json
 import re
 import resource
@@ -178,3 +179,41 @@ def cpu_seconds() -> float:
     notebook's cost that does not grow with the machine's load, as its wall time does."""
     me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+#: The shortest time a notebook cell may run before it counts as stopped (``cell_timeout``).
+MIN_CELL_TIMEOUT_S = 300.0
+
+
+def cell_timeout(expected_s: float | None) -> int:
+    """Seconds one cell may run: ten times its notebook's expected seconds (a slower machine's whole notebook fits),
+    at least ``MIN_CELL_TIMEOUT_S``. A kernel can stop answering with its cell done (its reply lost between kernel
+    and client, seen in a widget's cell); past this the cell is stopped (``run_once_more_if_stopped``)."""
+    return int(max(MIN_CELL_TIMEOUT_S, 10.0 * float(expected_s or 0.0)))
+
+
+def run_once_more_if_stopped(execute: Callable[[], Any], say: Callable[[str], Any]) -> None:
+    """``execute()`` (a notebook's run), once more in a new kernel when a cell ran past its timeout or the kernel
+    died; a second stop is raised."""
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    try:
+        execute()
+    except (CellTimeoutError, DeadKernelError) as err:
+        say(f"{type(err).__name__}: {err}: running it once more in a new kernel\n")
+        execute()
+
+
+def heartbeat_tail(ipynb: Path, expected_here: float | None, start: float, later: float | None) -> str:
+    """What a heartbeat line adds: the running cell and the report's ETA."""
+    return running_cell(ipynb) + report_eta(expected_here, time.perf_counter() - start, later)
+
+
+def report_eta(expected_here: float | None, elapsed: float, later: float | None) -> str:
+    """ "; report: about M:SS left (done ~HH:MM)" from expected costs: this notebook's rest (at least a
+    tenth of its expected time while it runs over) and the notebooks after it; "" when a cost is unknown."""
+    if not expected_here or later is None:
+        return ""
+    left = max(expected_here - elapsed, 0.1 * expected_here) + later
+    done = _dt.datetime.now() + _dt.timedelta(seconds=left)
+    return f"; report: about {int(left) // 60}:{int(left) % 60:02d} left (done ~{done:%H:%M})"

@@ -43,7 +43,15 @@ from specbench.report.index import (
     write_status,
 )
 from specbench.report.profiles import EXPECTED_SECONDS, PROFILES, RUN_FIRST
-from specbench.report.progress import Heartbeat, Prefixed, cpu_seconds, running_cell, stopped_by_signals
+from specbench.report.progress import (
+    Heartbeat,
+    Prefixed,
+    cell_timeout,
+    cpu_seconds,
+    heartbeat_tail,
+    run_once_more_if_stopped,
+    stopped_by_signals,
+)
 from specbench.report.ranks import merge_ranks, notebooks_here
 
 #: Notebooks in report order, with their titles.
@@ -329,18 +337,6 @@ def _reason_to_run(out: Path, name: str, params: dict[str, Any], previous: dict[
     return f"outputs missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})" if missing else ""
 
 
-#: The shortest time a notebook cell may run before it counts as stopped (``cell_timeout``).
-MIN_CELL_TIMEOUT_S = 300.0
-
-
-def cell_timeout(expected_s: float | None) -> int:
-    """Seconds one cell may run: ten times its notebook's expected seconds (a slower machine's whole notebook fits),
-    at least ``MIN_CELL_TIMEOUT_S``.
-    A kernel can stop answering with its cell done (its reply lost between kernel and client, seen once in a
-    widget's cell); past this the run stops the kernel and runs the notebook once more."""
-    return int(max(MIN_CELL_TIMEOUT_S, 10.0 * float(expected_s or 0.0)))
-
-
 def run_report(
     profile: str = "full",
     out: str | os.PathLike | None = None,
@@ -354,7 +350,6 @@ def run_report(
 ) -> ReportResult:
     """Execute the notebooks into ``out`` (default ``reports/PROFILE``) and write its index.html."""
     import papermill
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     folder = Path(notebooks) if notebooks else notebooks_dir()
     names = list(only) if only else list(NOTEBOOKS)
@@ -413,33 +408,28 @@ def run_report(
             name,
             expected[name],
             every_s=30.0 if progress else None,
-            after=partial(_heartbeat_tail, ipynb, expected[name], t0, later),
+            after=partial(heartbeat_tail, ipynb, expected[name], t0, later),
             before=console.end_line,
         )
         try:
             try:
                 with heartbeat, stopped_by_signals():
-                    for attempt in (1, 2):
-                        try:
-                            papermill.execute_notebook(
-                                str(folder / f"{name}.ipynb"),
-                                str(ipynb),
-                                parameters={**params, "output_dir": str(out), "progress": progress},
-                                kernel_name=kernel_name,
-                                progress_bar=False,
-                                # what the notebook prints (its progress bars and lines, warnings, results) goes
-                                # to the console as it comes, each line marked with the notebook's name
-                                stdout_file=console if progress else None,
-                                stderr_file=console if progress else None,
-                                cwd=str(folder.parent),
-                                start_timeout=start_timeout,
-                                execution_timeout=cell_timeout(expected[name]),
-                            )
-                            break
-                        except (CellTimeoutError, DeadKernelError) as err:
-                            if attempt == 2:
-                                raise
-                            console.write(f"{_error_text(err)}: running it once more in a new kernel\n")
+                    execute = partial(
+                        papermill.execute_notebook,
+                        str(folder / f"{name}.ipynb"),
+                        str(ipynb),
+                        parameters={**params, "output_dir": str(out), "progress": progress},
+                        kernel_name=kernel_name,
+                        progress_bar=False,
+                        # what the notebook prints (its progress bars and lines, warnings, results) goes to the
+                        # console as it comes, each line marked with the notebook's name
+                        stdout_file=console if progress else None,
+                        stderr_file=console if progress else None,
+                        cwd=str(folder.parent),
+                        start_timeout=start_timeout,
+                        execution_timeout=cell_timeout(expected[name]),
+                    )
+                    run_once_more_if_stopped(execute, console.write)
             except Exception as err:  # a failed notebook is recorded; the others still run
                 error = _error_text(err)
             seconds = time.perf_counter() - t0
@@ -480,21 +470,6 @@ def _expected_after(
     if any(not expected.get(n) for n in later):
         return None
     return float(sum(expected[n] for n in later))
-
-
-def _heartbeat_tail(ipynb: Path, expected_here: float | None, start: float, later: float | None) -> str:
-    """What a heartbeat line adds: the running cell and the report's ETA."""
-    return running_cell(ipynb) + _report_eta(expected_here, time.perf_counter() - start, later)
-
-
-def _report_eta(expected_here: float | None, elapsed: float, later: float | None) -> str:
-    """ "; report: about M:SS left (done ~HH:MM)" from expected costs: this notebook's rest (at least a
-    tenth of its expected time while it runs over) and the notebooks after it; "" when a cost is unknown."""
-    if not expected_here or later is None:
-        return ""
-    left = max(expected_here - elapsed, 0.1 * expected_here) + later
-    done = _dt.datetime.now() + _dt.timedelta(seconds=left)
-    return f"; report: about {int(left) // 60}:{int(left) % 60:02d} left (done ~{done:%H:%M})"
 
 
 def _report_info(profile: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
+from specbench.report import progress
 from specbench.report import runner as report
 from specbench.report.progress import Interrupted
 
@@ -72,8 +73,7 @@ def test_a_cell_that_stops_answering_is_stopped_and_its_notebook_run_once_more(t
         f"import time\nfrom pathlib import Path\nmarker = Path({str(marker)!r})\n"
         "if not marker.exists():\n    marker.write_text('')\n    time.sleep(120)",
     )
-    timeout = report.cell_timeout
-    assert timeout(None) == report.MIN_CELL_TIMEOUT_S and timeout(100) == 1000
+    assert progress.cell_timeout(None) == progress.MIN_CELL_TIMEOUT_S and progress.cell_timeout(100) == 1000
     monkeypatch.setattr(report, "cell_timeout", lambda expected_s: 4)
     out = tmp_path / "report"
     result = report.run_report("quick", out, only=["quickstart"], notebooks=notebooks, progress=True)
