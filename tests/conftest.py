@@ -9,6 +9,7 @@ built in the temporary home.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
@@ -169,6 +170,23 @@ def word_tokenizer(roles: tuple[str, ...] = ("user", "assistant")):
         "{% if add_generation_prompt %}<assistant>{% endif %}"
     )
     return TokenizerWrapper(hf)
+
+
+def save_tiny_model(folder: Path, model: nn.Module | None = None) -> Path:
+    """``model`` (default: ``build_tiny("llama", seed=5)``) saved as an mlx-lm model folder with the word tokenizer."""
+    from mlx_lm.utils import save_config, save_model
+
+    save_model(folder, model if model is not None else build_tiny("llama", seed=5))
+    save_config(dict(TINY_CONFIGS["llama"]), folder / "config.json")
+    word_tokenizer().save_pretrained(str(folder))
+    return folder
+
+
+def write_questions(path: Path, questions) -> Path:
+    """``questions`` (``specbench.inputs.prompts.Question``) written as a Spec-Bench-format question.jsonl."""
+    records = [{"question_id": q.question_id, "category": q.category, "turns": list(q.turns)} for q in questions]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
 
 
 def tokenizer_words(roles: tuple[str, ...] = ("user", "assistant")) -> list[str]:

@@ -7,7 +7,7 @@ import csv
 import json
 
 import pytest
-from conftest import SHARED_DATA, TINY_CONFIGS, build_tiny, word_tokenizer
+from conftest import SHARED_DATA, build_tiny, save_tiny_model, word_tokenizer
 
 from specbench.bench.batch_bench import bench_batch, oracle_drafters
 from specbench.core.batch import BatchGeneration
@@ -94,19 +94,10 @@ def test_bench_batch_on_spec_bench_questions():
     assert speculative["engine"] == "lookup/fixed:3" and speculative["identical_to_plain"] == 1.0
 
 
-def saved_tiny_model(folder):
-    from mlx_lm.utils import save_config, save_model
-
-    save_model(folder, build_tiny("llama", seed=5))
-    save_config(dict(TINY_CONFIGS["llama"]), folder / "config.json")
-    word_tokenizer().save_pretrained(str(folder))
-    return folder
-
-
 def test_bench_batch_cli_on_traces_and_prompts(tmp_path, capsys):
     from specbench.cli import main
 
-    folder = saved_tiny_model(tmp_path / "tiny")
+    folder = save_tiny_model(tmp_path / "tiny")
     lines = [
         {"trace": "t1", "turn": 0, "messages": [{"role": "user", "content": "w5 w6 w7 w5 w6 w7"}]},
         {"trace": "t1", "turn": 1, "messages": [{"role": "user", "content": "w8 w9 w5 w6"}]},

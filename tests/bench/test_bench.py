@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 
 import polars as pl
 import pytest
-from conftest import SHARED_DATA, TINY_CONFIGS, build_tiny, tokenizer_words, word_tokenizer
+from conftest import (
+    SHARED_DATA,
+    build_tiny,
+    save_tiny_model,
+    tokenizer_words,
+    word_tokenizer,
+    write_questions,
+)
 
 from specbench.bench.prompt_bench import (
     PROMPT_INFO_FILE,
@@ -257,17 +263,10 @@ def test_a_damaged_folder_being_resumed_names_its_file(tmp_path):
 
 
 def test_bench_cli_on_a_saved_tiny_model(tmp_path, capsys):
-    from mlx_lm.utils import save_config, save_model
-
     from specbench.cli import main
 
-    folder = tmp_path / "tiny"
-    save_model(folder, build_tiny("llama", seed=5))
-    save_config(dict(TINY_CONFIGS["llama"]), folder / "config.json")
-    word_tokenizer().save_pretrained(str(folder))
-    prompts = tmp_path / "question.jsonl"
-    records = [{"question_id": q.question_id, "category": q.category, "turns": list(q.turns)} for q in tiny_questions()]
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    folder = save_tiny_model(tmp_path / "tiny")
+    prompts = write_questions(tmp_path / "question.jsonl", tiny_questions())
     out = tmp_path / "out"
     code = main(
         [

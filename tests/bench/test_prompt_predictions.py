@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import replace
 
 import polars as pl
 import pytest
-from conftest import TINY_CONFIGS, build_tiny, tokenizer_words, word_tokenizer
+from conftest import build_tiny, save_tiny_model, tokenizer_words, word_tokenizer, write_questions
 
 import specbench.cost as cost
 from specbench.bench.predictions import drafting_cost
@@ -154,23 +153,12 @@ def test_without_a_stored_profile_the_predictions_are_null_and_it_says_so_once(t
 
 
 def test_bench_cli_profile_first_stores_a_profile_and_prints_predictions(tmp_path, monkeypatch, capsys):
-    from mlx_lm.utils import save_config, save_model
-
     from specbench.cli import main
 
     monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path / "home"))
-    folder = tmp_path / "tiny"
     model = build_tiny("llama", seed=5)
-    save_model(folder, model)
-    save_config(dict(TINY_CONFIGS["llama"]), folder / "config.json")
-    word_tokenizer().save_pretrained(str(folder))
-    prompts = tmp_path / "question.jsonl"
-    prompts.write_text(
-        "".join(
-            json.dumps({"question_id": q.question_id, "category": q.category, "turns": list(q.turns)}) + "\n"
-            for q in questions()
-        )
-    )
+    folder = save_tiny_model(tmp_path / "tiny", model)
+    prompts = write_questions(tmp_path / "question.jsonl", questions())
     command = [
         "bench",
         "prompts",
