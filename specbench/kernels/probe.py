@@ -76,9 +76,7 @@ def qmv_variant(dtype: mx.Dtype, bits: int, group_size: int) -> str | None:
     """The dequant variant of ``qmv_rows`` that reproduces MLX's one-row product on this device
     (None: none does, or the kernel cannot run here; the reason is warned once)."""
     key = ("qmv_rows", dtype, bits, group_size, qmv.DEFAULT_SCHEDULE)
-    if key not in verdicts.variants_seen:
-        verdicts.variants_seen[key] = _qmv_variant(dtype, bits, group_size)
-    return verdicts.variants_seen[key]
+    return _remembered(key, lambda: _qmv_variant(dtype, bits, group_size))
 
 
 def _qmv_variant(dtype: mx.Dtype, bits: int, group_size: int) -> str | None:
@@ -93,6 +91,13 @@ def _qmv_variant(dtype: mx.Dtype, bits: int, group_size: int) -> str | None:
         lambda dequant: qmv_matches(dtype, bits, group_size, dequant),
         f"no variant reproduces MLX's one-row product for {dtype}, {bits} bits, group {group_size}",
     )
+
+
+def _remembered(key: tuple[Any, ...], look_up: Callable[[], str | None]) -> str | None:
+    """The variant looked up under ``key`` in this process (``verdicts.variants_seen``), else ``look_up()``'s."""
+    if key not in verdicts.variants_seen:
+        verdicts.variants_seen[key] = look_up()
+    return verdicts.variants_seen[key]
 
 
 def _name(dtype: mx.Dtype) -> str:
@@ -171,10 +176,7 @@ def gemv_matches(dtype: mx.Dtype, accumulate: str, rows: Sequence[int] = PROBE_R
 def gemv_variant(dtype: mx.Dtype) -> str | None:
     """The accumulation of ``gemv_rows`` that reproduces MLX's one-row product on this device (None: none
     does, or the kernel cannot run here; the reason is warned once)."""
-    key = ("gemv_rows", dtype)
-    if key not in verdicts.variants_seen:
-        verdicts.variants_seen[key] = _gemv_variant(dtype)
-    return verdicts.variants_seen[key]
+    return _remembered(("gemv_rows", dtype), lambda: _gemv_variant(dtype))
 
 
 def _gemv_variant(dtype: mx.Dtype) -> str | None:
@@ -272,10 +274,7 @@ def attention_matches(
 def attention_variant(dtype: mx.Dtype, head_dim: int) -> str | None:
     """The variant of ``attention_rows`` that reproduces MLX's one-query attention on this device
     (None: none does, the shape is not computed, or the kernel cannot run here; the reason is warned once)."""
-    key = ("attention_rows", dtype, head_dim)
-    if key not in verdicts.variants_seen:
-        verdicts.variants_seen[key] = _attention_variant(dtype, head_dim)
-    return verdicts.variants_seen[key]
+    return _remembered(("attention_rows", dtype, head_dim), lambda: _attention_variant(dtype, head_dim))
 
 
 def _attention_variant(dtype: mx.Dtype, head_dim: int) -> str | None:
