@@ -10,11 +10,11 @@ os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "0")
 
 from specbench.core.batch import BatchGeneration
 from specbench.core.draft import Draft, Drafter
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import Generation
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.decoding import generate_batch, speculative_generate, speculative_generate_batch
+from specbench.decoding import generate, generate_batch, speculative_generate, speculative_generate_batch
 from specbench.drafters import DraftModel, EarlyExit, MtpHead, Oracle, PromptLookup, SuffixDecoding
 from specbench.inputs.prompts import render_prompt
 from specbench.models.load import load

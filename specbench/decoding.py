@@ -21,7 +21,8 @@ from specbench.common.distributed import is_sharded
 from specbench.common.identity import display_name
 from specbench.core.batch import BatchGeneration, generate_batch
 from specbench.core.draft import Drafter
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import Generation
+from specbench.core.engine import generate as plain_generate
 from specbench.core.forward import context_length
 from specbench.core.lockstep import in_lockstep
 from specbench.core.options import GenerateOptions, checked_options
@@ -43,6 +44,25 @@ def break_even_function(profile: Profile, drafter: Drafter, mode: VerifyMode) ->
     """k -> tokens a verification of k drafts must yield to match plain decoding, from ``profile``; its
     ``at_length(L)`` gives the one at the profile's context length nearest L (Auto follows the context)."""
     return BreakEven(profile, drafter, mode)
+
+
+@renamed_arguments(prompt_ids="prompt")
+@keyword_only_after(3, "tokenizer", "prompt_cache")
+def generate(
+    model: nn.Module,
+    prompt: Prompt,
+    options: GenerateOptions | None = None,
+    *,
+    tokenizer: Tokenizer | None = None,
+    prompt_cache: PromptCache | None = None,
+) -> Generation:
+    """Plain decoding of ``prompt`` (text or token ids) with the same options, log and stats as speculative
+    decoding. Greedy decoding (exact mode) runs one-row products through specbench's row-invariant kernels
+    where this device measured them faster (``specbench.exact.one_row``: on CUDA; bit-identical to the model's
+    own products, so the output is the model's greedy output)."""
+    options = checked_options(options)
+    verifier = verifier_for(model, options.verify_mode)
+    return plain_generate(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache, verifier=verifier)
 
 
 @renamed_arguments(prompt_ids="prompt")

@@ -10,7 +10,9 @@ or --low-acceptance. Every exact width a cell may verify is calibrated before an
 runs every cell once, specbench plain first and last, the order of the others reversed on odd repeats,
 so drift in the machine's speed falls on all cells alike. Cells:
 
-- ``mlx-lm``: mlx-lm's ``generate_step`` (plain greedy);
+- ``plain``: specbench's plain greedy decoding (exact mode: one-row products through the row-invariant kernels
+  where ``one_row_choice`` timed them faster, printed first);
+- ``mlx-lm``: mlx-lm's ``generate_step`` (plain greedy; its output checked against plain's too);
 - ``exact k=K`` / ``fast k=K``: fixed draft length K at acceptance 1.0, each verify mode;
 - ``auto exact a=1`` and ``auto exact a=LOW``: the default policy in the default (exact) mode.
 
@@ -40,6 +42,7 @@ from specbench.common.identity import device_name, versions
 from specbench.cost.measure import seconds_per_token
 from specbench.drafters.oracle import Oracle
 from specbench.exact import calibrate
+from specbench.exact.one_row import one_row_choice
 from specbench.models import synthetic
 
 
@@ -58,7 +61,9 @@ def timed_cells(model, prompt: list[int], tokens: int, k: int, low: float) -> di
 
     def mlx_lm() -> dict:
         steps = generate_step(mx.array(prompt), model, max_tokens=tokens)
-        return {"spt": seconds_per_token(token for token, _ in steps), "tokens": None}
+        out: list[int] = []
+        spt = seconds_per_token(out.append(int(token)) or token for token, _ in steps)
+        return {"spt": spt, "tokens": out}
 
     def speculative(mode: str, policy: Callable[[], DraftPolicy], acceptance: float) -> Callable[[], dict]:
         def run() -> dict:
@@ -96,6 +101,13 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
     calibration = calibrate(model, args.k + 1, progress=say)  # seconds per width
     levels = {w: calibration.level_for(w) for w in sorted(calibration.widths)}
     say(f"calibration 2..{args.k + 1} ({time.perf_counter() - t0:.0f} s): {levels}")
+    choice = one_row_choice(model)
+    for t in choice:
+        kernel = f"{1e6 * t.kernel_s:8.1f} us" if t.kernel_s is not None else "    none"
+        say(
+            f"one row {t.signature[:5]} x{t.layers}: MLX {1e6 * t.mlx_s:8.1f} us, kernel {kernel} -> "
+            f"{'kernel' if t.uses_kernel else 'MLX'}"
+        )
     cells, reference = timed_cells(model, prompt, args.tokens, args.k, args.low_acceptance)
     names = [n for n in cells if n != "plain"]
     for name in names:  # warm-up: kernels compiled, caches sized, Auto's quick profile measured
@@ -140,7 +152,17 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
         f"exact k={args.k} / fast k={args.k} = {exact_k['speedup'] / fast_k['speedup']:.2f};  "
         f"plain / mlx-lm = {rows['mlx-lm']['ms_per_token'] / rows['plain']['ms_per_token']:.2f} (tokens/s)"
     )
-    return {"shape": shape, "levels": levels, "rows": rows, "seconds": time.perf_counter() - start}
+    one_row = [
+        {
+            "layer": list(map(str, t.signature)),
+            "layers": t.layers,
+            "mlx_us": 1e6 * t.mlx_s,
+            "kernel_us": None if t.kernel_s is None else 1e6 * t.kernel_s,
+            "kernel": t.uses_kernel,
+        }
+        for t in choice
+    ]
+    return {"shape": shape, "levels": levels, "one_row": one_row, "rows": rows, "seconds": time.perf_counter() - start}
 
 
 def main() -> int:

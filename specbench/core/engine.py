@@ -397,10 +397,12 @@ def generate(
     *,
     tokenizer: Any = None,
     prompt_cache: list[Any] | None = None,
+    verifier: Verifier = FAST,
 ) -> Generation:
     """Plain decoding of ``prompt`` (text or token ids) with the same options, log and stats as speculative
-    decoding."""
-    return Generation(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache)
+    decoding. ``verifier``: the verify mode's, whose ``decoding()`` says how plain steps run (the exact verifier's
+    one-row kernels, ``specbench.decoding.generate``); by default the model's own calls."""
+    return Generation(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache, verifier=verifier)
 
 
 __all__ = ["Generation", "Step", "generate", "token_ids"]

@@ -121,6 +121,7 @@ class ModelTarget:
         with contextlib.ExitStack() as stack:
             stack.enter_context(wired_limit(self.model, [generation_stream]))
             stack.enter_context(mx.stream(generation_stream))
+            stack.enter_context(self.verifier.decoding())
             if self.speculative:
                 stack.enter_context(self.verifier.running())
             if self.options.count_experts:

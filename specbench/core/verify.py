@@ -190,7 +190,11 @@ class Verifier:
     mode: VerifyMode = "fast"
 
     def running(self) -> contextlib.AbstractContextManager[None]:
-        """Around one generation (what the verifier prepares once per generation)."""
+        """Around one speculative generation (what the verifier prepares once per generation)."""
+        return contextlib.nullcontext()
+
+    def decoding(self) -> contextlib.AbstractContextManager[None]:
+        """Around every generation, plain or speculative: how its plain steps run (the model's own calls here)."""
         return contextlib.nullcontext()
 
     def forward(

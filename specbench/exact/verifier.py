@@ -1,5 +1,8 @@
 """Exact verification: every row of a verify forward computed as serial decoding computes it.
 
+Its plain steps run one-row products through the row-invariant kernels where the device measured them faster
+(``specbench.exact.one_row``).
+
 ``exact_mode(model)`` runs forwards with the calibrated cheapest exact split per width;
 ``ExactVerifier`` is the decode loop's verifier in exact mode, and ``verifier_for`` picks the
 verifier of a verify mode.
@@ -15,6 +18,7 @@ import mlx.nn as nn
 from specbench.core.verify import FAST, Verifier, check_verify_mode
 from specbench.exact.calibration import calibrate, calibrated_plans, load_calibration
 from specbench.exact.hooks import Plans, SplitVerifier, split_mode
+from specbench.exact.one_row import one_row_kernels
 from specbench.exact.plan import ExactPlan
 
 
@@ -53,9 +57,9 @@ class ExactVerifier(SplitVerifier):
     def prepare(self, widths: Sequence[int], progress: Callable[[str], None] | None = None) -> list[int]:
         """Calibrate the ``widths`` not calibrated yet (at level "auto"), reporting through
         ``progress``; returns those it calibrated."""
-        if self.level != "auto":
-            return []
         wanted = sorted({int(w) for w in widths if w > 1})
+        if self.level != "auto" or not wanted:
+            return []
         stored = load_calibration(self.model)
         missing = [w for w in wanted if stored is None or w not in stored.widths]
         if missing:
@@ -66,6 +70,11 @@ class ExactVerifier(SplitVerifier):
                 )
             calibrate(self.model, missing, progress=progress)
         return missing
+
+    def decoding(self) -> contextlib.AbstractContextManager[list[str]]:
+        """Around every generation: one-row products through the row-invariant kernels where they are faster on
+        this device (``specbench.exact.one_row``; bit-identical to the model's own, so plain greedy is unchanged)."""
+        return one_row_kernels(self.model)
 
     def level_for(self, width: int) -> str:
         """The level a verification of ``width`` tokens runs at."""

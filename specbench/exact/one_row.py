@@ -1,0 +1,153 @@
+"""Plain decoding through the row-invariant kernels where they are faster at one row.
+
+``qmv_rows`` and ``gemv_rows`` at one row compute MLX's own one-row product bit for bit (the device's
+probe proves it before they are used at all), and on a GPU they can be faster than MLX's: on an H200,
+a 12288 x 4096 4-bit layer took 27.0 us against MLX's 36.7, the 151936 x 4096 LM head 188 us against
+349, while a 1024 x 4096 k/v projection took 13.4 against 9.5. So which layers gain is a property of the
+layer's shape and the device: ``one_row_choice`` times each distinct layer shape of a model both ways,
+once per process, and ``one_row_kernels`` runs the layers whose kernel was faster through it for one-row
+calls. The output is the model's own greedy output either way: only the time changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+from specbench import kernels
+from specbench.exact.kernel_calls import kernel_product
+from specbench.kernels.bench import per_call_seconds
+
+#: The kernel is chosen for a layer shape only where it takes at most this share of MLX's time at one row
+#: (a margin over the timing's noise: a near tie keeps MLX's product).
+FASTER_BY = 0.97
+
+#: The layer classes whose one-row product a kernel computes (a tied embedding's ``as_linear`` included).
+_LINEAR = (nn.Linear, nn.QuantizedLinear)
+_EMBEDDING = (nn.Embedding, nn.QuantizedEmbedding)
+
+
+@dataclass(frozen=True)
+class ShapeTiming:
+    """One layer shape's one-row product, timed both ways (seconds per call, the graph's Python included)."""
+
+    signature: tuple
+    layers: int
+    mlx_s: float
+    kernel_s: float | None
+
+    @property
+    def uses_kernel(self) -> bool:
+        return self.kernel_s is not None and self.kernel_s <= FASTER_BY * self.mlx_s
+
+
+def signature(layer: nn.Module) -> tuple:
+    """What a layer's one-row product cost depends on: its class, output and input features, quantization."""
+    weight = layer["weight"]
+    bits = getattr(layer, "bits", None)
+    features = weight.shape[-1] * 32 // bits if bits else weight.shape[-1]
+    scales = layer["scales"] if "scales" in layer else weight
+    return (type(layer).__name__, weight.shape[0], features, bits, getattr(layer, "group_size", None), scales.dtype)
+
+
+def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(path, layer) of every layer a one-row kernel could compute; embeddings only where tied as the output head."""
+    lm = getattr(model, "language_model", model)
+    tied = getattr(lm, "lm_head", None) is None
+    found = []
+    for path, module in model.named_modules():
+        if type(module) in _LINEAR or (tied and type(module) in _EMBEDDING and path.endswith("embed_tokens")):
+            found.append((path, module))
+    return found
+
+
+def _one_row_call(layer: nn.Module) -> Callable[[mx.array], mx.array]:
+    return layer.as_linear if type(layer) in _EMBEDDING else layer
+
+
+#: Timings per (device, signature), measured once per process.
+_timings: dict[tuple[str, tuple], ShapeTiming] = {}
+
+
+def time_one_row(layer: nn.Module, layers: int = 1, calls: int = 32, repeats: int = 7) -> ShapeTiming:
+    """Seconds per one-row call of ``layer`` through MLX's product and through the kernel (None where no kernel
+    computes it or the device's probe found none exact)."""
+    features = signature(layer)[2]
+    dtype = signature(layer)[5]
+    x = mx.random.normal((1, 1, features)).astype(dtype)
+    mx.eval(x)
+    mlx_s = per_call_seconds(lambda: _one_row_call(layer)(x), calls, repeats)
+    kernel_s = None
+    if kernel_product(layer, x) is not None:
+        kernel_s = per_call_seconds(lambda: kernel_product(layer, x), calls, repeats)
+    return ShapeTiming(signature(layer), layers, mlx_s, kernel_s)
+
+
+def one_row_choice(model: nn.Module, timer: Callable[..., ShapeTiming] = time_one_row) -> list[ShapeTiming]:
+    """Each distinct layer shape of ``model``, timed at one row both ways (once per process and device).
+    Off CUDA no kernel runs, so nothing is timed and every layer keeps MLX's product."""
+    if not kernels.cuda_available():
+        return []
+    groups: dict[tuple, list[nn.Module]] = {}
+    for _, layer in _candidates(model):
+        groups.setdefault(signature(layer), []).append(layer)
+    device = str(mx.default_device())
+    out = []
+    for sig, layers in groups.items():
+        key = (device, sig)
+        if key not in _timings:
+            _timings[key] = timer(layers[0], len(layers))
+        out.append(ShapeTiming(sig, len(layers), _timings[key].mlx_s, _timings[key].kernel_s))
+    return out
+
+
+class OneRowKernel(nn.Module):
+    """A linear layer (or a tied output embedding) whose one-row products run through the row-invariant kernel;
+    every other call is the layer's own."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        if type(self.layer) in _EMBEDDING:
+            return self.layer(x, *args, **kwargs)
+        return self._product(x) if not args and not kwargs and x.size == x.shape[-1] else self.layer(x, *args, **kwargs)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self._product(x) if x.size == x.shape[-1] else self.layer.as_linear(x)
+
+    def _product(self, x: mx.array) -> mx.array:
+        out = kernel_product(self.layer, x)
+        return out if out is not None else _one_row_call(self.layer)(x)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if "layer" not in self:
+                raise
+            return getattr(self["layer"], name)
+
+
+@contextlib.contextmanager
+def one_row_kernels(model: nn.Module, choice: list[ShapeTiming] | None = None) -> Iterator[list[str]]:
+    """Inside, the layers of ``model`` whose shape's one-row kernel was faster (``one_row_choice``, or ``choice``)
+    run their one-row calls through it; yields the paths of those layers. The model is given its own layers back
+    on leaving."""
+    faster = {t.signature for t in (one_row_choice(model) if choice is None else choice) if t.uses_kernel}
+    swapped = [(path, layer) for path, layer in _candidates(model) if signature(layer) in faster]
+    if not swapped:
+        yield []
+        return
+    model.update_modules(tree_unflatten([(path, OneRowKernel(layer)) for path, layer in swapped]))
+    try:
+        yield [path for path, _ in swapped]
+    finally:
+        model.update_modules(tree_unflatten(swapped))

@@ -1,0 +1,103 @@
+"""Plain steps through the one-row kernels where the device measured them faster: which layer shapes are chosen,
+that one-row calls (and only those) reach the kernel, that greedy output is unchanged, and that the model gets its
+own layers back."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from conftest import ScriptedDrafter, build_tiny, plain_greedy
+
+import specbench
+from specbench import DraftPolicy, GenerateOptions
+from specbench.exact import one_row
+from specbench.exact.one_row import ShapeTiming, one_row_choice, one_row_kernels, signature
+
+
+def quantized_tiny() -> nn.Module:
+    model = build_tiny("qwen3", num_hidden_layers=2)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    return model
+
+
+def test_choice_times_each_shape_once_and_keeps_mlx_on_a_near_tie(monkeypatch):
+    model = quantized_tiny()
+    monkeypatch.setattr(one_row.kernels, "cuda_available", lambda: True)
+    monkeypatch.setattr(one_row, "_timings", {})
+    timed = []
+
+    def timer(layer, layers):
+        timed.append(signature(layer))
+        n = signature(layer)[1]
+        # the LM head (97 outputs) gains a lot, the 128-wide MLP a near tie, the rest has no kernel
+        kernel = 0.5 if n == 97 else 0.99 if n == 128 else None
+        return ShapeTiming(signature(layer), layers, 1.0, kernel)
+
+    choice = one_row_choice(model, timer)
+    assert len(timed) == len(set(timed)) == len(choice)
+    assert sum(t.layers for t in choice) == len(one_row._candidates(model))
+    assert {t.signature[1] for t in choice if t.uses_kernel} == {97}
+    one_row_choice(model, timer)
+    assert len(timed) == len(choice)  # measured once per process
+
+
+def test_off_cuda_nothing_is_timed_or_swapped():
+    model = quantized_tiny()
+    assert one_row_choice(model, lambda *a: pytest.fail("timed off CUDA")) == []
+    with one_row_kernels(model) as swapped:
+        assert swapped == []
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The kernel replaced by the layer's own product, recording the shape of every input it gets."""
+    seen: list[tuple[int, ...]] = []
+
+    def fake_kernel(layer, x):
+        seen.append(tuple(x.shape))
+        return layer(x)
+
+    monkeypatch.setattr(one_row, "kernel_product", fake_kernel)
+    return seen
+
+
+def faster_head(model) -> list[ShapeTiming]:
+    return [ShapeTiming(signature(model.lm_head), 1, 1.0, 0.5)]
+
+
+def test_plain_greedy_runs_one_row_products_through_the_kernel_and_is_unchanged(monkeypatch, kernel_calls):
+    model = quantized_tiny()
+    prompt = [3, 14, 15, 92, 65, 35]
+    expected = plain_greedy(model, prompt, 12)
+    monkeypatch.setattr(one_row, "one_row_choice", faster_head)
+    gen = specbench.generate(model, prompt, GenerateOptions(max_tokens=12, ignore_eos=True))
+    assert list(gen) == expected
+    assert kernel_calls and all(shape[:-1] == (1, 1) for shape in kernel_calls)
+    assert len(kernel_calls) >= 11  # every plain step's head (the prompt's wider pass keeps MLX's product)
+    assert type(model.lm_head) is nn.QuantizedLinear  # its own layer back
+
+
+def test_sampling_and_fast_mode_keep_the_models_own_calls(monkeypatch, kernel_calls):
+    model = quantized_tiny()
+    monkeypatch.setattr(one_row, "one_row_choice", faster_head)
+    list(specbench.generate(model, [3, 14, 15], GenerateOptions(max_tokens=4, verify="fast", ignore_eos=True)))
+    list(specbench.generate(model, [3, 14, 15], GenerateOptions(max_tokens=4, temperature=0.7, ignore_eos=True)))
+    assert kernel_calls == []
+
+
+def test_speculative_exact_with_one_row_kernels_equals_plain_greedy(monkeypatch, kernel_calls, fresh_calibrations):
+    model = quantized_tiny()
+    prompt = [3, 14, 15, 92, 65, 35]
+    expected = plain_greedy(model, prompt, 16)
+    monkeypatch.setattr(one_row, "one_row_choice", faster_head)
+    drafter = ScriptedDrafter(expected, len(prompt), 97, wrong_at=lambda step, i: step % 2 == 1 and i == 1)
+    options = GenerateOptions(max_tokens=16, ignore_eos=True)
+    gen = specbench.speculative_generate(
+        model, prompt, options, drafter=drafter, policy=DraftPolicy.fixed(3), progress=None
+    )
+    assert list(gen) == expected
+    assert gen.stats()["verifies"] > 0
+    assert kernel_calls and all(shape[:-1] == (1, 1) for shape in kernel_calls)
+    assert type(model.lm_head) is nn.QuantizedLinear
