@@ -85,3 +85,54 @@ def test_nine_gemv_rows_cost_less_than_nine_one_row_calls():
     rows = per_call_seconds(lambda: mx.concatenate([x[i : i + 1] @ weight.T for i in range(9)]))
     print(f"12288x4096 bf16, 9 rows: gemv_rows {kernel * 1e6:.1f} us, 9 one-row MLX calls {rows * 1e6:.1f} us")
     assert kernel < rows
+
+
+def test_plain_greedy_through_one_row_kernels_equals_mlx_lm():
+    """Every layer forced through its one-row kernel: a one-token forward's logits are bit-identical to the
+    model's own, greedy output equals mlx-lm's, and the timed choice takes the kernel for a large LM head."""
+    import mlx.nn as nn
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models import qwen3
+    from mlx_lm.models.cache import make_prompt_cache
+
+    import specbench
+    from specbench.exact.one_row import ShapeTiming, _candidates, one_row_choice, one_row_kernels, signature
+
+    args = qwen3.ModelArgs.from_dict(
+        {
+            "model_type": "qwen3",
+            "hidden_size": 1024,
+            "num_hidden_layers": 2,
+            "intermediate_size": 3072,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": 151936,
+            "max_position_embeddings": 4096,
+            "rope_theta": 1e6,
+            "tie_word_embeddings": False,
+        }
+    )
+    mx.random.seed(0)
+    model = qwen3.Model(args)
+    model.set_dtype(mx.bfloat16)
+    nn.quantize(model, group_size=64, bits=4)
+    mx.eval(model.parameters())
+    forced = [ShapeTiming(signature(layer), 1, 1.0, 0.0) for _, layer in _candidates(model)]
+    prompt = [5, 17, 99, 1234, 42, 7]
+
+    def one_token_logits() -> np.ndarray:
+        cache = make_prompt_cache(model)
+        model(mx.array(prompt[:-1])[None], cache=cache)
+        return np.array(model(mx.array(prompt[-1:])[None], cache=cache).astype(mx.float32))
+
+    expected = one_token_logits()
+    with one_row_kernels(model, forced) as swapped:
+        assert len(swapped) == len(_candidates(model))
+        assert np.array_equal(one_token_logits(), expected)
+    reference = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=24)]
+    gen = specbench.generate(model, prompt, specbench.GenerateOptions(max_tokens=24, ignore_eos=True))
+    assert list(gen) == reference
+    head = next(t for t in one_row_choice(model) if t.signature[1] == 151936)
+    assert head.kernel_s is not None and head.uses_kernel, f"LM head: MLX {head.mlx_s}, kernel {head.kernel_s}"
