@@ -61,7 +61,7 @@ def generate(
     where this device measured them faster (``specbench.exact.one_row``: on CUDA; bit-identical to the model's
     own products, so the output is the model's greedy output)."""
     options = checked_options(options)
-    verifier = verifier_for(model, options.verify_mode)
+    verifier = verifier_for(model, options.verify_mode)  # the exact verifier chooses its one-row kernels now
     return plain_generate(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache, verifier=verifier)
 
 

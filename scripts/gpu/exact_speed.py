@@ -11,7 +11,7 @@ runs every cell once, specbench plain first and last, the order of the others re
 so drift in the machine's speed falls on all cells alike. Cells:
 
 - ``plain``: specbench's plain greedy decoding (exact mode: one-row products through the row-invariant kernels
-  where ``one_row_choice`` timed them faster, printed first);
+  where ``one_row_choice`` found them faster, on the device and for whole plain steps; printed first);
 - ``mlx-lm``: mlx-lm's ``generate_step`` (plain greedy; its output checked against plain's too);
 - ``exact k=K`` / ``fast k=K``: fixed draft length K at acceptance 1.0, each verify mode;
 - ``auto exact a=1`` and ``auto exact a=LOW``: the default policy in the default (exact) mode.
@@ -102,11 +102,13 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
     levels = {w: calibration.level_for(w) for w in sorted(calibration.widths)}
     say(f"calibration 2..{args.k + 1} ({time.perf_counter() - t0:.0f} s): {levels}")
     choice = one_row_choice(model)
-    for t in choice:
+    for t in choice.shapes:
         kernel = f"{1e6 * t.kernel_s:8.1f} us" if t.kernel_s is not None else "    none"
+        say(f"one row {t.signature[:5]} x{t.layers}: device MLX {1e6 * t.mlx_s:8.1f} us, kernel {kernel}")
+    if choice.step_s is not None:
         say(
-            f"one row {t.signature[:5]} x{t.layers}: MLX {1e6 * t.mlx_s:8.1f} us, kernel {kernel} -> "
-            f"{'kernel' if t.uses_kernel else 'MLX'}"
+            f"plain step {1e3 * choice.step_s:.2f} ms, with the faster kernels {1e3 * choice.kernel_step_s:.2f} ms -> "
+            f"{'kernels' if choice.confirmed else 'MLX'}"
         )
     cells, reference = timed_cells(model, prompt, args.tokens, args.k, args.low_acceptance)
     names = [n for n in cells if n != "plain"]
@@ -152,16 +154,21 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
         f"exact k={args.k} / fast k={args.k} = {exact_k['speedup'] / fast_k['speedup']:.2f};  "
         f"plain / mlx-lm = {rows['mlx-lm']['ms_per_token'] / rows['plain']['ms_per_token']:.2f} (tokens/s)"
     )
-    one_row = [
-        {
-            "layer": list(map(str, t.signature)),
-            "layers": t.layers,
-            "mlx_us": 1e6 * t.mlx_s,
-            "kernel_us": None if t.kernel_s is None else 1e6 * t.kernel_s,
-            "kernel": t.uses_kernel,
-        }
-        for t in choice
-    ]
+    one_row = {
+        "shapes": [
+            {
+                "layer": list(map(str, t.signature)),
+                "layers": t.layers,
+                "mlx_us": 1e6 * t.mlx_s,
+                "kernel_us": None if t.kernel_s is None else 1e6 * t.kernel_s,
+                "faster": t.uses_kernel,
+            }
+            for t in choice.shapes
+        ],
+        "step_s": choice.step_s,
+        "kernel_step_s": choice.kernel_step_s,
+        "used": choice.confirmed,
+    }
     return {"shape": shape, "levels": levels, "one_row": one_row, "rows": rows, "seconds": time.perf_counter() - start}
 
 

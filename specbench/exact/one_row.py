@@ -4,14 +4,20 @@
 probe proves it before they are used at all), and on a GPU they can be faster than MLX's: on an H200,
 a 12288 x 4096 4-bit layer took 27.0 us against MLX's 36.7, the 151936 x 4096 LM head 188 us against
 349, while a 1024 x 4096 k/v projection took 13.4 against 9.5. So which layers gain is a property of the
-layer's shape and the device: ``one_row_choice`` times each distinct layer shape of a model both ways,
-once per process, and ``one_row_kernels`` runs the layers whose kernel was faster through it for one-row
-calls. The output is the model's own greedy output either way: only the time changes.
+layer's shape and the device, and whether it pays at all depends on what sets a decoding step's pace: a kernel
+call costs more host time than MLX's product, and on a host-bound machine (an H200 decoding a 4-bit 8B model,
+where building and launching a step's graph takes longer than running it) that loses more than the device
+saves. So ``one_row_choice`` times each distinct layer shape of a model both ways on the device, then plain steps
+with the faster kernels against plain steps without, and keeps the kernels only where the steps were faster
+(once per process); ``one_row_kernels`` runs the chosen layers' one-row calls through the kernel. The output is
+the model's own greedy output either way: only the time changes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +25,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
+from mlx_lm.models.cache import make_prompt_cache
 
 from specbench import kernels
 from specbench.exact.kernel_calls import kernel_product
@@ -35,7 +42,7 @@ _EMBEDDING = (nn.Embedding, nn.QuantizedEmbedding)
 
 @dataclass(frozen=True)
 class ShapeTiming:
-    """One layer shape's one-row product, timed both ways (seconds per call, the graph's Python included)."""
+    """One layer shape's one-row product, timed both ways (device seconds per call)."""
 
     signature: tuple
     layers: int
@@ -76,35 +83,97 @@ _timings: dict[tuple[str, tuple], ShapeTiming] = {}
 
 
 def time_one_row(layer: nn.Module, layers: int = 1, calls: int = 32, repeats: int = 7) -> ShapeTiming:
-    """Seconds per one-row call of ``layer`` through MLX's product and through the kernel (None where no kernel
-    computes it or the device's probe found none exact)."""
+    """Device seconds per one-row call of ``layer`` (graphs built before the clock) through MLX's product and
+    through the kernel (None where no kernel computes it or the device's probe found none exact)."""
     features = signature(layer)[2]
     dtype = signature(layer)[5]
     x = mx.random.normal((1, 1, features)).astype(dtype)
     mx.eval(x)
-    mlx_s = per_call_seconds(lambda: _one_row_call(layer)(x), calls, repeats)
+    mlx_s = per_call_seconds(lambda: _one_row_call(layer)(x), calls, repeats, built=True)
     kernel_s = None
     if kernel_product(layer, x) is not None:
-        kernel_s = per_call_seconds(lambda: kernel_product(layer, x), calls, repeats)
+        kernel_s = per_call_seconds(lambda: kernel_product(layer, x), calls, repeats, built=True)
     return ShapeTiming(signature(layer), layers, mlx_s, kernel_s)
 
 
-def one_row_choice(model: nn.Module, timer: Callable[..., ShapeTiming] = time_one_row) -> list[ShapeTiming]:
-    """Each distinct layer shape of ``model``, timed at one row both ways (once per process and device).
-    Off CUDA no kernel runs, so nothing is timed and every layer keeps MLX's product."""
+def plain_step_seconds(model: nn.Module, steps: int = 16) -> float:
+    """Seconds per greedy plain step of ``model``, pipelined as decoding runs them (each step queued before the
+    token before it is read): host time and device time overlap, so a kernel that saves device time but costs
+    host time gains only where the device, not the host, sets the pace."""
+    cache = make_prompt_cache(model)
+    y = mx.argmax(model(mx.array([[1, 2, 3, 4]]), cache=cache)[:, -1], axis=-1)
+    mx.async_eval(y)
+    start = 0.0
+    for i in range(steps + 2):
+        if i == 2:
+            start = time.perf_counter()
+        following = mx.argmax(model(y[:, None], cache=cache)[:, -1], axis=-1)
+        mx.async_eval(following)
+        y.item()
+        y = following
+    y.item()
+    return (time.perf_counter() - start) / (steps + 1)
+
+
+@dataclass(frozen=True)
+class OneRowChoice:
+    """Which layer shapes run one-row products through the kernel: the shapes whose kernel was faster on the
+    device (``ShapeTiming.uses_kernel``), kept only where plain steps with them were faster as a whole."""
+
+    shapes: list[ShapeTiming]
+    step_s: float | None = None
+    kernel_step_s: float | None = None
+
+    @property
+    def confirmed(self) -> bool:
+        return (
+            self.kernel_step_s is not None and self.step_s is not None and self.kernel_step_s <= FASTER_BY * self.step_s
+        )
+
+    @property
+    def signatures(self) -> set[tuple]:
+        return {t.signature for t in self.shapes if t.uses_kernel} if self.confirmed else set()
+
+
+#: Choices per (device, the model's layer signatures), made once per process.
+_choices: dict[tuple, OneRowChoice] = {}
+
+
+def one_row_choice(
+    model: nn.Module,
+    timer: Callable[..., ShapeTiming] = time_one_row,
+    step_timer: Callable[[nn.Module], float] = plain_step_seconds,
+    rounds: int = 3,
+) -> OneRowChoice:
+    """Each distinct layer shape of ``model`` timed at one row both ways, then plain steps with the faster kernels
+    against plain steps without, ``rounds`` times alternating (medians); once per process and device. Off CUDA no
+    kernel runs, so nothing is timed and every layer keeps MLX's product."""
     if not kernels.cuda_available():
-        return []
+        return OneRowChoice([])
     groups: dict[tuple, list[nn.Module]] = {}
     for _, layer in _candidates(model):
         groups.setdefault(signature(layer), []).append(layer)
     device = str(mx.default_device())
-    out = []
+    key = (device, tuple(sorted(map(str, groups))))
+    if key in _choices:
+        return _choices[key]
+    shapes = []
     for sig, layers in groups.items():
-        key = (device, sig)
-        if key not in _timings:
-            _timings[key] = timer(layers[0], len(layers))
-        out.append(ShapeTiming(sig, len(layers), _timings[key].mlx_s, _timings[key].kernel_s))
-    return out
+        if (device, sig) not in _timings:
+            _timings[(device, sig)] = timer(layers[0], len(layers))
+        timing = _timings[(device, sig)]
+        shapes.append(ShapeTiming(sig, len(layers), timing.mlx_s, timing.kernel_s))
+    choice = OneRowChoice(shapes)
+    if any(t.uses_kernel for t in shapes):
+        tentative = OneRowChoice(shapes, 0.0, 0.0)
+        plain, through_kernels = [], []
+        for _ in range(rounds):
+            plain.append(step_timer(model))
+            with one_row_kernels(model, tentative):
+                through_kernels.append(step_timer(model))
+        choice = OneRowChoice(shapes, statistics.median(plain), statistics.median(through_kernels))
+    _choices[key] = choice
+    return choice
 
 
 class OneRowKernel(nn.Module):
@@ -137,12 +206,12 @@ class OneRowKernel(nn.Module):
 
 
 @contextlib.contextmanager
-def one_row_kernels(model: nn.Module, choice: list[ShapeTiming] | None = None) -> Iterator[list[str]]:
-    """Inside, the layers of ``model`` whose shape's one-row kernel was faster (``one_row_choice``, or ``choice``)
-    run their one-row calls through it; yields the paths of those layers. The model is given its own layers back
+def one_row_kernels(model: nn.Module, choice: OneRowChoice | None = None) -> Iterator[list[str]]:
+    """Inside, the layers of ``model`` whose shapes ``choice`` (default: ``one_row_choice(model)``) runs through the
+    kernel take their one-row calls there; yields the paths of those layers. The model is given its own layers back
     on leaving."""
-    faster = {t.signature for t in (one_row_choice(model) if choice is None else choice) if t.uses_kernel}
-    swapped = [(path, layer) for path, layer in _candidates(model) if signature(layer) in faster]
+    chosen = (one_row_choice(model) if choice is None else choice).signatures
+    swapped = [(path, layer) for path, layer in _candidates(model) if signature(layer) in chosen]
     if not swapped:
         yield []
         return

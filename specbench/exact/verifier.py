@@ -18,7 +18,7 @@ import mlx.nn as nn
 from specbench.core.verify import FAST, Verifier, check_verify_mode
 from specbench.exact.calibration import calibrate, calibrated_plans, load_calibration
 from specbench.exact.hooks import Plans, SplitVerifier, split_mode
-from specbench.exact.one_row import one_row_kernels
+from specbench.exact.one_row import one_row_choice, one_row_kernels
 from specbench.exact.plan import ExactPlan
 
 
@@ -56,7 +56,9 @@ class ExactVerifier(SplitVerifier):
 
     def prepare(self, widths: Sequence[int], progress: Callable[[str], None] | None = None) -> list[int]:
         """Calibrate the ``widths`` not calibrated yet (at level "auto"), reporting through
-        ``progress``; returns those it calibrated."""
+        ``progress``, and choose the plain steps' one-row kernels (``one_row_choice``); returns the widths it
+        calibrated."""
+        one_row_choice(self.model)  # plain steps' kernels chosen now (timed once per process, on CUDA only)
         wanted = sorted({int(w) for w in widths if w > 1})
         if self.level != "auto" or not wanted:
             return []

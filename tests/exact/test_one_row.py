@@ -12,7 +12,7 @@ from conftest import ScriptedDrafter, build_tiny, plain_greedy
 import specbench
 from specbench import DraftPolicy, GenerateOptions
 from specbench.exact import one_row
-from specbench.exact.one_row import ShapeTiming, one_row_choice, one_row_kernels, signature
+from specbench.exact.one_row import OneRowChoice, ShapeTiming, one_row_choice, one_row_kernels, signature
 
 
 def quantized_tiny() -> nn.Module:
@@ -22,30 +22,48 @@ def quantized_tiny() -> nn.Module:
     return model
 
 
-def test_choice_times_each_shape_once_and_keeps_mlx_on_a_near_tie(monkeypatch):
+def scripted_choice(monkeypatch, kernel_step: float):
+    """``one_row_choice`` on CUDA (pretended) with scripted timings: the LM head (97 outputs) gains a lot on the
+    device, the 128-wide MLP ties, the rest has no kernel; plain steps take 1.0 s, ``kernel_step`` with kernels."""
     model = quantized_tiny()
     monkeypatch.setattr(one_row.kernels, "cuda_available", lambda: True)
     monkeypatch.setattr(one_row, "_timings", {})
-    timed = []
+    monkeypatch.setattr(one_row, "_choices", {})
+    timed, steps = [], []
 
     def timer(layer, layers):
         timed.append(signature(layer))
         n = signature(layer)[1]
-        # the LM head (97 outputs) gains a lot, the 128-wide MLP a near tie, the rest has no kernel
-        kernel = 0.5 if n == 97 else 0.99 if n == 128 else None
-        return ShapeTiming(signature(layer), layers, 1.0, kernel)
+        return ShapeTiming(signature(layer), layers, 1.0, 0.5 if n == 97 else 0.99 if n == 128 else None)
 
-    choice = one_row_choice(model, timer)
-    assert len(timed) == len(set(timed)) == len(choice)
-    assert sum(t.layers for t in choice) == len(one_row._candidates(model))
-    assert {t.signature[1] for t in choice if t.uses_kernel} == {97}
-    one_row_choice(model, timer)
-    assert len(timed) == len(choice)  # measured once per process
+    def step_timer(m):
+        steps.append(type(m.lm_head).__name__)
+        return kernel_step if type(m.lm_head) is one_row.OneRowKernel else 1.0
+
+    return model, one_row_choice(model, timer, step_timer), timed, steps
+
+
+def test_choice_times_each_shape_once_and_keeps_kernels_that_make_plain_steps_faster(monkeypatch):
+    model, choice, timed, steps = scripted_choice(monkeypatch, kernel_step=0.8)
+    assert len(timed) == len(set(timed)) == len(choice.shapes)
+    assert sum(t.layers for t in choice.shapes) == len(one_row._candidates(model))
+    assert {sig[1] for sig in choice.signatures} == {97}  # the near tie keeps MLX's product
+    assert steps == ["QuantizedLinear", "OneRowKernel"] * 3  # alternating rounds, the model's own layers after
+    assert choice.step_s == 1.0 and choice.kernel_step_s == 0.8
+    assert one_row_choice(model, lambda *a: pytest.fail("timed twice")) is choice  # once per process
+
+
+def test_kernels_faster_per_call_but_not_per_step_are_not_used(monkeypatch):
+    model, choice, _, _ = scripted_choice(monkeypatch, kernel_step=0.99)  # host-bound: the device's gain is lost
+    assert not choice.confirmed and choice.signatures == set()
+    with one_row_kernels(model, choice) as swapped:
+        assert swapped == []
 
 
 def test_off_cuda_nothing_is_timed_or_swapped():
     model = quantized_tiny()
-    assert one_row_choice(model, lambda *a: pytest.fail("timed off CUDA")) == []
+    choice = one_row_choice(model, lambda *a: pytest.fail("timed off CUDA"))
+    assert choice.shapes == [] and choice.signatures == set()
     with one_row_kernels(model) as swapped:
         assert swapped == []
 
@@ -63,8 +81,8 @@ def kernel_calls(monkeypatch):
     return seen
 
 
-def faster_head(model) -> list[ShapeTiming]:
-    return [ShapeTiming(signature(model.lm_head), 1, 1.0, 0.5)]
+def faster_head(model) -> OneRowChoice:
+    return OneRowChoice([ShapeTiming(signature(model.lm_head), 1, 1.0, 0.5)], step_s=1.0, kernel_step_s=0.5)
 
 
 def test_plain_greedy_runs_one_row_products_through_the_kernel_and_is_unchanged(monkeypatch, kernel_calls):
@@ -101,3 +119,9 @@ def test_speculative_exact_with_one_row_kernels_equals_plain_greedy(monkeypatch,
     assert gen.stats()["verifies"] > 0
     assert kernel_calls and all(shape[:-1] == (1, 1) for shape in kernel_calls)
     assert type(model.lm_head) is nn.QuantizedLinear
+
+
+def test_plain_step_seconds_times_pipelined_greedy_steps():
+    model = quantized_tiny()
+    seconds = one_row.plain_step_seconds(model, steps=4)
+    assert 0 < seconds < 5
