@@ -129,6 +129,8 @@ def _fitting_draft_length(model: nn.Module, policy: DraftPolicy, drafter: Drafte
     """The longest draft ``policy`` may ask of ``drafter``; a ValueError before any model work when a
     verification of it (the draft and the last token) cannot fit in the model's context."""
     longest = int(policy.longest_draft(drafter))
+    if getattr(drafter, "max_draft", None):  # the drafter never drafts more, whatever the policy asks
+        longest = min(longest, int(drafter.max_draft))
     context = context_length(model)
     if context is not None and longest + 1 > context:
         raise ValueError(

@@ -262,10 +262,10 @@ def warm_up_plan(methods: int, max_tokens: int, widths: Sequence[int], step_s: f
 
 
 def _longest_draft(policy: DraftPolicy, drafter: Any) -> int:
-    """The longest draft ``policy`` asks of ``drafter``."""
-    if isinstance(policy, DraftPolicy):
-        return policy.longest_draft(drafter)
-    return max(1, int(getattr(drafter, "preferred_k", 4)))
+    """The longest draft ``policy`` asks of ``drafter``, within the most the drafter ever drafts."""
+    asked = policy.longest_draft(drafter) if isinstance(policy, DraftPolicy) else getattr(drafter, "preferred_k", 4)
+    cap = getattr(drafter, "max_draft", None)
+    return max(1, min(int(asked), int(cap)) if cap else int(asked))
 
 
 class MethodRunner:

@@ -52,6 +52,9 @@ class Drafter:
     needs_hidden: bool = False
     #: Draft length the drafter suggests to ``DraftPolicy.auto()``.
     preferred_k: int = 4
+    #: The most tokens one draft of this drafter holds, whatever a policy asks (None: as many as asked). A
+    #: verification is never wider than this plus one, so exact mode calibrates no wider.
+    max_draft: int | None = None
     #: Cost of drafting one token relative to one plain decode step, when known.
     cost_per_token: float = 0.0
 

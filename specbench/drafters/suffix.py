@@ -111,6 +111,7 @@ class SuffixDecoding(Drafter):
         # The drafter's own budget limits each draft (by match length and probabilities), so the
         # policy may ask for its full budget.
         self.preferred_k = max_spec_tokens
+        self.max_draft = max_spec_tokens  # a tree holds at most this many nodes, a path this many tokens
         self._limits: dict[int, DraftLimits] = {}
         self.global_index = SuffixIndex(max_depth)
         self._sequences: deque[tuple[int, int]] = deque()  # (start, end) in the global store

@@ -311,7 +311,7 @@ def model_free_drafter(name: str, k: int) -> Drafter:
     if name == "lookup":
         return PromptLookup()
     if name == "suffix":
-        return SuffixDecoding(max_spec_tokens=max(16, k))
+        return SuffixDecoding(max_spec_tokens=k)
     raise ValueError(
         f"drafter {name!r} needs the model: the simulator replays model-free drafters "
         f"({', '.join(MODEL_FREE_DRAFTERS)})"

@@ -36,6 +36,20 @@ def counted(monkeypatch, fresh_calibrations):
     return calls
 
 
+def test_calibration_stops_at_the_drafters_longest_draft(counted, monkeypatch):
+    """A policy that may ask for 16 tokens of a drafter that never drafts more than 3: widths 2..4 only."""
+    emulate_gpu(monkeypatch, attention=True, linear_rows=3)
+    model = build_tiny("qwen3", seed=2)
+    ref = plain_greedy(model, PROMPT, 12)
+    drafter = ScriptedDrafter(ref, len(PROMPT), 97)
+    drafter.max_draft = 3
+    gen = speculative_generate(
+        model, PROMPT, GenerateOptions(max_tokens=12), drafter=drafter, policy=DraftPolicy.fixed(16), progress=None
+    )
+    assert sorted(counted) == [2, 3, 4]
+    assert list(gen) == ref
+
+
 def test_exact_generation_calibrates_every_width_before_the_first_token(counted, monkeypatch):
     emulate_gpu(monkeypatch, attention=True, linear_rows=3)
     model = build_tiny("qwen3", seed=2)
