@@ -28,6 +28,7 @@ from mlx.utils import tree_unflatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench import kernels
+from specbench.common.distributed import is_sharded
 from specbench.exact.kernel_calls import kernel_product
 from specbench.kernels.bench import per_call_seconds
 
@@ -147,8 +148,9 @@ def one_row_choice(
 ) -> OneRowChoice:
     """Each distinct layer shape of ``model`` timed at one row both ways, then plain steps with the faster kernels
     against plain steps without, ``rounds`` times alternating (medians); once per process and device. Off CUDA no
-    kernel runs, so nothing is timed and every layer keeps MLX's product."""
-    if not kernels.cuda_available():
+    kernel runs, so nothing is timed and every layer keeps MLX's product; a sharded model keeps them too (its
+    ranks would time apart and might not run the same forwards)."""
+    if not kernels.cuda_available() or is_sharded(model):  # ranks timing apart could disagree on collective forwards
         return OneRowChoice([])
     groups: dict[tuple, list[nn.Module]] = {}
     for _, layer in _candidates(model):

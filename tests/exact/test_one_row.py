@@ -60,6 +60,15 @@ def test_kernels_faster_per_call_but_not_per_step_are_not_used(monkeypatch):
         assert swapped == []
 
 
+def test_a_sharded_model_keeps_mlx_products(monkeypatch):
+    """Ranks timing apart could choose differently and run different forwards: a sharded model is not timed."""
+    model = quantized_tiny()
+    model.specbench_group = (2, "ring")
+    monkeypatch.setattr(one_row.kernels, "cuda_available", lambda: True)
+    choice = one_row_choice(model, lambda *a: pytest.fail("timed a sharded model"))
+    assert choice.shapes == [] and choice.signatures == set()
+
+
 def test_off_cuda_nothing_is_timed_or_swapped():
     model = quantized_tiny()
     choice = one_row_choice(model, lambda *a: pytest.fail("timed off CUDA"))
