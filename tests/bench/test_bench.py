@@ -143,7 +143,7 @@ def test_bench_prompts_tiny(tmp_path):
     model, draft, tokenizer = build_tiny("llama", seed=0), build_tiny("llama", seed=1), word_tokenizer()
     messages = []
     settings = dict(
-        drafters=("lookup", "suffix"),
+        drafters=("lookup", "suffix:4"),  # suffix capped: exact mode calibrates widths 2-5, not 2-17
         policies=[DraftPolicy.auto(), DraftPolicy.fixed(3)],
         max_tokens=20,
         repeats=2,
