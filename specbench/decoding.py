@@ -20,7 +20,7 @@ from specbench.common.deprecation import keyword_only_after, renamed_arguments
 from specbench.common.distributed import is_sharded
 from specbench.common.identity import display_name
 from specbench.core.batch import BatchGeneration, generate_batch
-from specbench.core.draft import Drafter
+from specbench.core.draft import Drafter, within_max_draft
 from specbench.core.engine import Generation
 from specbench.core.engine import generate as plain_generate
 from specbench.core.forward import context_length
@@ -128,9 +128,7 @@ def _check_target(drafter: Drafter | None, model: nn.Module, tokenizer: Tokenize
 def _fitting_draft_length(model: nn.Module, policy: DraftPolicy, drafter: Drafter) -> int:
     """The longest draft ``policy`` may ask of ``drafter``; a ValueError before any model work when a
     verification of it (the draft and the last token) cannot fit in the model's context."""
-    longest = int(policy.longest_draft(drafter))
-    if getattr(drafter, "max_draft", None):  # the drafter never drafts more, whatever the policy asks
-        longest = min(longest, int(drafter.max_draft))
+    longest = within_max_draft(policy.longest_draft(drafter), drafter)  # the drafter never drafts more
     context = context_length(model)
     if context is not None and longest + 1 > context:
         raise ValueError(

@@ -18,6 +18,7 @@ from mlx_lm import stream_generate
 
 from specbench.common.deprecation import renamed_arguments
 from specbench.common.timing import quiet
+from specbench.core.draft import within_max_draft
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
@@ -264,8 +265,7 @@ def warm_up_plan(methods: int, max_tokens: int, widths: Sequence[int], step_s: f
 def _longest_draft(policy: DraftPolicy, drafter: Any) -> int:
     """The longest draft ``policy`` asks of ``drafter``, within the most the drafter ever drafts."""
     asked = policy.longest_draft(drafter) if isinstance(policy, DraftPolicy) else getattr(drafter, "preferred_k", 4)
-    cap = getattr(drafter, "max_draft", None)
-    return max(1, min(int(asked), int(cap)) if cap else int(asked))
+    return max(1, within_max_draft(asked, drafter))
 
 
 class MethodRunner:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 
@@ -35,6 +36,12 @@ class Draft:
     @property
     def is_tree(self) -> bool:
         return self.parents is not None
+
+
+def within_max_draft(longest: int, drafter: Any) -> int:
+    """``longest`` draft tokens, or fewer where ``drafter`` never drafts more (``Drafter.max_draft``)."""
+    cap = getattr(drafter, "max_draft", None)
+    return min(int(longest), int(cap)) if cap else int(longest)
 
 
 class Drafter:

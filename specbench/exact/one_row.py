@@ -19,7 +19,7 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
@@ -86,15 +86,14 @@ _timings: dict[tuple[str, tuple], ShapeTiming] = {}
 def time_one_row(layer: nn.Module, layers: int = 1, calls: int = 32, repeats: int = 7) -> ShapeTiming:
     """Device seconds per one-row call of ``layer`` (graphs built before the clock) through MLX's product and
     through the kernel (None where no kernel computes it or the device's probe found none exact)."""
-    features = signature(layer)[2]
-    dtype = signature(layer)[5]
-    x = mx.random.normal((1, 1, features)).astype(dtype)
+    sig = signature(layer)
+    x = mx.random.normal((1, 1, sig[2])).astype(sig[5])  # one row of its input features, in its activation type
     mx.eval(x)
     mlx_s = per_call_seconds(lambda: _one_row_call(layer)(x), calls, repeats, built=True)
     kernel_s = None
     if kernel_product(layer, x) is not None:
         kernel_s = per_call_seconds(lambda: kernel_product(layer, x), calls, repeats, built=True)
-    return ShapeTiming(signature(layer), layers, mlx_s, kernel_s)
+    return ShapeTiming(sig, layers, mlx_s, kernel_s)
 
 
 def plain_step_seconds(model: nn.Module, steps: int = 16) -> float:
@@ -163,8 +162,7 @@ def one_row_choice(
     for sig, layers in groups.items():
         if (device, sig) not in _timings:
             _timings[(device, sig)] = timer(layers[0], len(layers))
-        timing = _timings[(device, sig)]
-        shapes.append(ShapeTiming(sig, len(layers), timing.mlx_s, timing.kernel_s))
+        shapes.append(replace(_timings[(device, sig)], layers=len(layers)))
     choice = OneRowChoice(shapes)
     if any(t.uses_kernel for t in shapes):
         tentative = OneRowChoice(shapes, 0.0, 0.0)
