@@ -20,6 +20,11 @@ A cell's speedup is plain's seconds per token over the cell's, per repeat (plain
 repeat's two plain runs); printed as the median over repeats with a 95 % expanded bootstrap interval
 over repeats (``paired.bootstrap``, from 6 repeats). Every exact cell's output is checked against plain
 greedy. Writes exact_speed-SHAPE.json into $OUT (or --out).
+
+Plain against mlx-lm (tokens/s, the inverse of the mlx-lm cell's speedup per repeat), decided by a rule fixed
+before the runs: "faster" when the 95 % interval lies above 1.0, "slower" when below it, "inconclusive"
+otherwise; the 1.15x aim is met when the interval lies above 1.15. ``--cells mlx-lm --repeats 12`` runs only
+that comparison (no calibration: plain decoding verifies nothing).
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ def timed_cells(model, prompt: list[int], tokens: int, k: int, low: float) -> di
 
         return run
 
-    cells = {
+    cells: dict[str, Callable[[], dict]] = {
         "plain": plain,
         "mlx-lm": mlx_lm,
         f"exact k={k}": speculative("exact", lambda: DraftPolicy.fixed(k), 1.0),
@@ -97,10 +102,12 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
         int(t)
         for t in mx.random.randint(0, min(1000, model.args.vocab_size), (args.prompt_tokens,), key=mx.random.key(1))
     ]
-    t0 = time.perf_counter()
-    calibration = calibrate(model, args.k + 1, progress=say)  # seconds per width
-    levels = {w: calibration.level_for(w) for w in sorted(calibration.widths)}
-    say(f"calibration 2..{args.k + 1} ({time.perf_counter() - t0:.0f} s): {levels}")
+    levels = {}
+    if any(" k=" in name or name.startswith("auto") for name in args.cells):  # exact cells verify widths 2..k+1
+        t0 = time.perf_counter()
+        calibration = calibrate(model, args.k + 1, progress=say)  # seconds per width
+        levels = {w: calibration.level_for(w) for w in sorted(calibration.widths)}
+        say(f"calibration 2..{args.k + 1} ({time.perf_counter() - t0:.0f} s): {levels}")
     choice = one_row_choice(model)
     for t in choice.shapes:
         kernel = f"{1e6 * t.kernel_s:8.1f} us" if t.kernel_s is not None else "    none"
@@ -111,6 +118,10 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
             f"{'kernels' if choice.confirmed else 'MLX'}"
         )
     cells, reference = timed_cells(model, prompt, args.tokens, args.k, args.low_acceptance)
+    unknown = sorted(set(args.cells) - set(cells))
+    if unknown:
+        raise SystemExit(f"--cells: no cell named {unknown}; the cells are {list(cells)}")
+    cells = {n: f for n, f in cells.items() if n == "plain" or n in args.cells}
     names = [n for n in cells if n != "plain"]
     for name in names:  # warm-up: kernels compiled, caches sized, Auto's quick profile measured
         cells[name]()
@@ -149,11 +160,10 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
             f"{name:20s} {rows[name]['ms_per_token']:9.2f} {rows[name]['speedup']:8.2f}x {shown:15s} "
             f"{exact!s:6s} {rows[name]['verifies'][0] or ''}"
         )
-    exact_k, fast_k = rows[f"exact k={args.k}"], rows[f"fast k={args.k}"]
-    say(
-        f"exact k={args.k} / fast k={args.k} = {exact_k['speedup'] / fast_k['speedup']:.2f};  "
-        f"plain / mlx-lm = {rows['mlx-lm']['ms_per_token'] / rows['plain']['ms_per_token']:.2f} (tokens/s)"
-    )
+    if f"exact k={args.k}" in rows and f"fast k={args.k}" in rows:
+        exact_k, fast_k = rows[f"exact k={args.k}"], rows[f"fast k={args.k}"]
+        say(f"exact k={args.k} / fast k={args.k} = {exact_k['speedup'] / fast_k['speedup']:.2f}")
+    versus = plain_over_mlx_lm(rows["mlx-lm"]["ratios"]) if "mlx-lm" in rows else None
     one_row = {
         "shapes": [
             {
@@ -169,7 +179,27 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
         "kernel_step_s": choice.kernel_step_s,
         "used": choice.confirmed,
     }
-    return {"shape": shape, "levels": levels, "one_row": one_row, "rows": rows, "seconds": time.perf_counter() - start}
+    return {
+        **{"shape": shape, "levels": levels, "one_row": one_row, "rows": rows, "plain_over_mlx_lm": versus},
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def plain_over_mlx_lm(mlx_lm_speedups: list[float]) -> dict:
+    """specbench's plain decoding against mlx-lm's in tokens/s, per repeat (the inverse of the mlx-lm cell's
+    speedups), with the pre-registered verdict: "faster" when the 95 % interval lies above 1.0, "slower" when
+    below, else "inconclusive"; the 1.15x aim is met when the interval lies above 1.15."""
+    ratios = [1 / r for r in mlx_lm_speedups]
+    median = statistics.median(ratios)
+    interval = bootstrap(ratios, statistics.median) if len(ratios) >= MIN_UNITS else None
+    if interval is None:
+        verdict = "too few repeats"
+    else:
+        verdict = "faster" if interval[0] > 1.0 else "slower" if interval[1] < 1.0 else "inconclusive"
+    aim = interval is not None and interval[0] > 1.15
+    shown = f"[{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""
+    say(f"plain / mlx-lm (tokens/s) = {median:.2f} {shown} over {len(ratios)} repeats: {verdict}; 1.15x aim met: {aim}")
+    return {"ratio": median, "interval": interval, "repeats": len(ratios), "verdict": verdict, "aim_met": aim}
 
 
 def main() -> int:
@@ -182,11 +212,14 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--low-acceptance", type=float, default=0.3)
+    parser.add_argument("--cells", default=None, help="comma list of the cells to run besides plain (default all)")
     parser.add_argument("--quick", action="store_true", help="CPU smoke run: a tiny float32 shape")
     parser.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu-kernels")
     args = parser.parse_args()
     if args.quick:
         args.shapes, args.layers, args.bits, args.tokens, args.repeats, args.k = "qwen3-8b-tiny", 2, 0, 24, 2, 4
+    everything = ["mlx-lm", f"exact k={args.k}", f"fast k={args.k}", "auto exact a=1"]
+    args.cells = args.cells.split(",") if args.cells else [*everything, f"auto exact a={args.low_acceptance}"]
     result = {"device": device_name(), **versions(), **vars(args), "shapes": {}}
     for shape in args.shapes.split(","):
         result["shapes"][shape] = run_shape(shape, args)

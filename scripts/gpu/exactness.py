@@ -12,8 +12,9 @@ the full-depth Qwen3-8B shape in 4-bit for costs. Per model:
    the KV buffer's 256-row step), and the cheapest (specbench.exact.calibrate);
 2. exactness (``specbench.checks.exactness_workload``): P prompts x T tokens, mlx-lm's plain greedy decoding against
    speculative greedy (``verify="exact"`` and ``"fast"``) with an oracle drafter that proposes the plain
-   continuation with random corruptions (drafts partly accepted), draft lengths cycling through --ks; prompts
-   equal / total and first divergence positions;
+   continuation with random corruptions (drafts partly accepted), draft lengths cycling through --ks; then the
+   same as token trees (modes exact-tree, fast-tree: --tree-branches such drafts of k tokens merged where they
+   agree, at most 15 nodes); prompts equal / total and first divergence positions;
 3. end-to-end (primary models, first --e2e-prompts prompts): wall time of plain, exact and fast (fast drafting from
    its own output, so its acceptance is not cut by its divergences); "cold" is the first run of a prompt, "warm"
    an identical second run (on CUDA a verify of w > 1 queries builds a cuDNN attention graph per key length the
@@ -60,6 +61,7 @@ from specbench.models import synthetic
 FULL = {
     "models": ["qwen3-8b-bf16", "qwen3-30b-a3b-4bit", "smollm2-135m", "qwen3-8b-4bit", "qwen3-30b-a3b-bf16"],
     **{"full_depth": ["qwen3-8b-4bit"], "layers": 4, "prompts": 20, "tokens": 128, "ks": [2, 4, 7, 15]},
+    "tree_branches": 2,
     "acceptance": 0.8,
     # Fewer prompts for the models after the primary dense and MoE ones; e2e and cost for the primaries.
     "secondary_prompts": {"smollm2-135m": 8, "qwen3-8b-4bit": 6, "qwen3-30b-a3b-bf16": 6},
@@ -72,7 +74,7 @@ FULL = {
 }
 QUICK = {
     **{"models": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny", "smollm2-135m"], "full_depth": [], "layers": None},
-    **{"prompts": 3, "tokens": 16, "ks": [1, 3], "acceptance": 0.8, "secondary_prompts": {}},
+    **{"prompts": 3, "tokens": 16, "ks": [1, 3], "acceptance": 0.8, "secondary_prompts": {}, "tree_branches": 2},
     **{"primary": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny"], "e2e_prompts": 2},
     **{"widths": 4, "offset": 32, "repeats": 2, "warmup": 1, "calibration_repeats": 1},
     **{"cost_widths": [1, 2, 3, 4], "full_depth_prompts": 1, "full_depth_widths": [1, 2], "full_depth_repeats": 1},
@@ -118,8 +120,13 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
         prompts = exactness.random_prompts(model, own["prompts"], lengths=(8, 24) if quick else (96, 224))
     prompts = prompts[: own["prompts"]]
     widths = cfg["full_depth_widths"] if full_depth else own["cost_widths"]
-    # The widths the workload verifies (k + 1) and the cost table measures.
-    needed = sorted({w for w in widths if w > 1} | {k + 1 for k in own["ks"]})
+    if not cfg["cost"]:
+        widths = [1]
+    # The widths the workload verifies (k + 1; a tree's nodes + 1) and the cost table measures.
+    trees = (
+        {exactness.tree_nodes(k, own["tree_branches"]) + 1 for k in own["ks"]} if own["tree_branches"] > 1 else set()
+    )
+    needed = sorted({w for w in widths if w > 1} | {k + 1 for k in own["ks"]} | trees)
 
     # 1. calibration
     t0 = time.perf_counter()
@@ -134,7 +141,9 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
     if not full_depth or time.perf_counter() < deadline:
         t0 = time.perf_counter()
         e2e = own["e2e_prompts"] if primary else 0
-        done = workload.run_workload(model, label, dtype, prompts, own["tokens"], own["ks"], own["acceptance"], e2e)
+        done = workload.run_workload(
+            model, label, dtype, prompts, own["tokens"], own["ks"], own["acceptance"], e2e, own["tree_branches"]
+        )
         print(f"[{label}] workload {len(prompts)} prompts x {own['tokens']} tokens in {time.perf_counter() - t0:.1f}s")
         results["exactness"] += done.rows
         results["exactness_summary"] += done.summary
@@ -145,7 +154,7 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
         workload.print_table(done.e2e, keys)
 
     # 4. verify cost
-    if not primary:
+    if not primary or not cfg["cost"]:
         pass
     elif time.perf_counter() > deadline:
         print(f"[{label}] verify cost skipped: past the time budget", flush=True)
@@ -217,6 +226,10 @@ def main() -> int:
     add("--layers", type=int, default=None, help="depth of the synthetic models (default 4)")
     add("--prompts", type=int, default=None)
     add("--tokens", type=int, default=None)
+    add("--ks", default=None, help="comma-separated draft lengths (prompt i drafts the i-th, cyclically)")
+    add("--tree-branches", type=int, default=None, help="token trees of this many drafts per k too (0: paths only)")
+    add("--no-cost", action="store_true", help="skip the verify-cost tables (exactness and end to end only)")
+    add("--e2e-prompts", type=int, default=None, help="prompts of each primary model also timed end to end")
     add("--ops", action="store_true", help="also run the op probe (slow on CUDA)")
     sdpa_help = "MLX_CUDA_USE_CUDNN_SDPA=1 (cuDNN attention) for the whole run, reference included"
     add("--cudnn-sdpa", action="store_true", help=sdpa_help)
@@ -224,9 +237,12 @@ def main() -> int:
     add("--budget", type=float, default=360.0, help=budget_help)
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
-    for key in ("layers", "prompts", "tokens"):
+    for key in ("layers", "prompts", "tokens", "tree_branches", "e2e_prompts"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
+    if args.ks is not None:
+        cfg["ks"] = [int(k) for k in args.ks.split(",") if k]
+    cfg["cost"] = not args.no_cost
     if args.prompts is not None:  # every model runs the number asked for
         cfg["secondary_prompts"] = {}
     if args.models is not None:

@@ -18,12 +18,13 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import generate_step
 
+from specbench.core.draft import Drafter
 from specbench.core.engine import Generation
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import VerifyMode, check_verify_mode
-from specbench.drafters.oracle import Oracle
+from specbench.drafters.oracle import Oracle, OracleTree
 from specbench.exact.verifier import verifier_for
 
 if TYPE_CHECKING:  # polars loads only where tables are made (the GPU scripts run without it)
@@ -62,14 +63,33 @@ def oracle_generation(
     verify: VerifyMode,
     acceptance: float,
     seed: int = 0,
+    branches: int = 1,
 ) -> Generation:
     """Speculative greedy decoding of ``prompt`` (not yet run) with drafts of ``k`` tokens from the
-    ``Oracle`` following ``reference`` at ``acceptance``, verified in mode ``verify``."""
-    drafter = Oracle(prompt, reference, acceptance, vocab_size(model), seed=seed)
+    ``Oracle`` following ``reference`` at ``acceptance``, verified in mode ``verify``. With ``branches`` > 1
+    the drafts are token trees (``OracleTree``: that many independently corrupted drafts, merged where they
+    agree) of ``tree_nodes(k, branches)`` nodes."""
+    oracles = [Oracle(prompt, reference, acceptance, vocab_size(model), seed=seed + b) for b in range(branches)]
+    drafter: Drafter = oracles[0] if branches == 1 else OracleTree(oracles, k)
+    length = k if branches == 1 else tree_nodes(k, branches)
     options = GenerateOptions(max_tokens=max_tokens, verify=verify, ignore_eos=True)
     return Generation(
-        model, list(prompt), options, drafter=drafter, policy=DraftPolicy.fixed(k), verifier=verifier_for(model, verify)
+        model,
+        list(prompt),
+        options,
+        drafter=drafter,
+        policy=DraftPolicy.fixed(length),
+        verifier=verifier_for(model, verify),
     )
+
+
+#: The most nodes a tree check drafts: its verify width (nodes + 1) stays within the widths paths calibrate.
+MAX_TREE_NODES = 15
+
+
+def tree_nodes(depth: int, branches: int) -> int:
+    """Nodes of the tree check's drafts of ``branches`` paths of ``depth`` tokens (at most ``MAX_TREE_NODES``)."""
+    return min(depth * branches, MAX_TREE_NODES)
 
 
 def check(

@@ -23,6 +23,8 @@ from specbench.core.log import StepLog, StepRecord
 
 #: The workload's verify modes, exact first.
 MODES = ("exact", "fast")
+#: The same modes verifying token trees (``run_workload(tree_branches=...)``).
+TREE_MODES = ("exact-tree", "fast-tree")
 #: The columns of the per-mode summary table, in print order.
 SUMMARY_KEYS = ["model", "dtype", "mode", "equal", "first_div_min", "first_div_median", "first_div_max"]
 
@@ -68,10 +70,14 @@ def timed_oracle(
     verify: str,
     acceptance: float,
     seed: int,
+    branches: int = 1,
 ) -> tuple[list[int], float, StepLog]:
-    """Speculative greedy decoding drafted by the oracle following ``continuation``: tokens, wall seconds, log."""
+    """Speculative greedy decoding drafted by the oracle following ``continuation`` (token trees of ``branches``
+    drafts when more than one): tokens, wall seconds, log."""
     t0 = time.perf_counter()
-    generation = exactness.oracle_generation(model, prompt, continuation, tokens, k, verify, acceptance, seed=seed)
+    generation = exactness.oracle_generation(
+        model, prompt, continuation, tokens, k, verify, acceptance, seed=seed, branches=branches
+    )
     out = list(generation)
     return out, time.perf_counter() - t0, generation.log
 
@@ -112,8 +118,10 @@ def exactness_row(
 def mode_summary(rows: list[dict[str, Any]], label: str, dtype: str) -> list[dict[str, Any]]:
     """Per mode: prompts equal ("3/4"), first divergence min / median / max, accepted drafts per verification."""
     summary = []
-    for mode in MODES:
+    for mode in MODES + TREE_MODES:
         mine = [r for r in rows if r["model"] == label and r["mode"] == mode]
+        if not mine and mode in TREE_MODES:
+            continue
         divs = [r["first_divergence"] for r in mine if r["first_divergence"] is not None]
         summary.append(
             {
@@ -133,8 +141,8 @@ def mode_summary(rows: list[dict[str, Any]], label: str, dtype: str) -> list[dic
 
 
 def all_equal(summary: list[dict[str, Any]]) -> bool:
-    """Whether exact mode equalled plain greedy on every prompt of every summarized model."""
-    return all(r["equal"].split("/")[0] == r["equal"].split("/")[1] for r in summary if r["mode"] == "exact")
+    """Whether exact mode (paths and trees) equalled plain greedy on every prompt of every summarized model."""
+    return all(r["equal"].split("/")[0] == r["equal"].split("/")[1] for r in summary if r["mode"].startswith("exact"))
 
 
 def _timed_rows(per_k: dict[int, dict[str, Any]], label: str, dtype: str) -> list[dict[str, Any]]:
@@ -163,16 +171,20 @@ def run_workload(
     ks: Sequence[int],
     acceptance: float,
     e2e_prompts: int = 0,
+    tree_branches: int = 0,
 ) -> Workload:
     """Every prompt decoded plain and speculatively in both modes (prompt i drafts ``ks[i % len(ks)]``), after a
-    warm-up of every kernel the runs use; the first ``e2e_prompts`` prompts also timed end to end, each mode cold
-    (its first run) then warm (an identical second run), fast drafting from its own output (so its acceptance is
-    not cut by its divergences)."""
+    warm-up of every kernel the runs use; with ``tree_branches`` also drafted as token trees of that many oracle
+    drafts of ``k`` tokens (``exactness.tree_nodes`` nodes; modes "exact-tree" and "fast-tree"). The first
+    ``e2e_prompts`` prompts are also timed end to end, each mode cold (its first run) then warm (an identical
+    second run), fast drafting from its own output (so its acceptance is not cut by its divergences)."""
     warm = prompts[0]
     truth, _ = timed_greedy(model, warm, 8)
+    shapes = [1] + ([tree_branches] if tree_branches > 1 else [])
     for k in ks:
         for verify in MODES:
-            timed_oracle(model, warm, truth, 8, k, verify, acceptance, seed=0)
+            for branches in shapes:
+                timed_oracle(model, warm, truth, 8, k, verify, acceptance, seed=0, branches=branches)
     result = Workload()
     per_k: dict[int, dict[str, Any]] = {}
     for i, prompt in enumerate(prompts):
@@ -183,6 +195,11 @@ def run_workload(
         for mode, out, log in (("exact", exact_out, exact_log), ("fast", fast_out, fast_log)):
             result.rows.append(exactness_row(label, dtype, mode, i, k, prompt, out, truth, log))
         result.logs.setdefault(str(k), []).extend(exact_log.records)
+        if tree_branches > 1:
+            nodes = exactness.tree_nodes(k, tree_branches)
+            for verify in MODES:
+                out, _, log = timed_oracle(model, prompt, truth, tokens, k, verify, acceptance, i, tree_branches)
+                result.rows.append(exactness_row(label, dtype, f"{verify}-tree", i, nodes, prompt, out, truth, log))
         if i >= e2e_prompts:
             continue
         _, fast_cold_s, _ = timed_oracle(model, prompt, fast_out, tokens, k, "fast", acceptance, seed=i)

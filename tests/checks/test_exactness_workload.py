@@ -100,3 +100,17 @@ def test_text_tables_align_columns():
     text = workload.text_table([{"a": 1.23456, "b": None}, {"a": 12345.6, "b": "x"}], ["a", "b"])
     assert text.splitlines() == ["a      b", "1.23    ", "12346  x"]
     assert workload.text_table([], ["a"]) == ""
+
+
+def test_tree_drafts_are_checked_in_both_modes_and_counted_in_the_verdict():
+    model = build_tiny("qwen3")
+    prompts = exactness.random_prompts(model, 2, lengths=(6, 10))
+    done = workload.run_workload(model, "tiny", "float32", prompts, 12, [3], 0.8, tree_branches=2)
+    trees = [r for r in done.rows if r["mode"].endswith("-tree")]
+    assert sorted(r["mode"] for r in trees) == ["exact-tree", "exact-tree", "fast-tree", "fast-tree"]
+    assert all(r["k"] == exactness.tree_nodes(3, 2) == 6 and r["verifies"] > 0 for r in trees)
+    assert all(r["equal"] for r in trees if r["mode"] == "exact-tree")
+    assert {r["mode"] for r in done.summary} == {"exact", "fast", "exact-tree", "fast-tree"}
+    broken = [dict(r, equal="1/2") if r["mode"] == "exact-tree" else r for r in done.summary]
+    assert workload.all_equal(done.summary) and not workload.all_equal(broken)
+    assert exactness.tree_nodes(15, 2) == exactness.MAX_TREE_NODES

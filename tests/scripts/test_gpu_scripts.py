@@ -57,6 +57,7 @@ def test_exactness_script(tmp_path, script_home):
     assert "bit-identical to plain greedy on every prompt: True" in out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {r["model"] for r in summary["exactness"]} == {"qwen3-8b-tiny", "qwen3-30b-a3b-tiny"}
+    assert {r["mode"] for r in summary["exactness"]} == {"exact", "fast", "exact-tree", "fast-tree"}
     assert (tmp_path / "exactness.csv").exists() and (tmp_path / "cost.csv").exists()
 
 
@@ -176,6 +177,21 @@ def test_exact_speed_script(tmp_path, script_home):
     assert {"plain", "mlx-lm", "exact k=4", "fast k=4", "auto exact a=1", "auto exact a=0.3"} == set(rows)
     assert all(rows[name]["equals_plain"] for name in rows if "exact" in name)
     assert rows["exact k=4"]["verifies"][0] > 0 and "exact k=4 / fast k=4" in out
+    versus = result["shapes"]["qwen3-8b-tiny"]["plain_over_mlx_lm"]
+    assert versus["repeats"] == 2 and versus["verdict"] == "too few repeats" and "plain / mlx-lm" in out
+
+
+def test_plain_against_mlx_lm_is_decided_by_the_interval():
+    from scripts.gpu.exact_speed import plain_over_mlx_lm
+
+    def verdict(tokens_per_s_ratios):
+        return plain_over_mlx_lm([1 / r for r in tokens_per_s_ratios])
+
+    faster = verdict([1.2, 1.22, 1.19, 1.21, 1.18, 1.2, 1.23, 1.2])
+    assert faster["verdict"] == "faster" and faster["aim_met"] and abs(faster["ratio"] - 1.2) < 1e-9
+    assert verdict([1.05, 1.06, 1.04, 1.05, 1.07, 1.05])["aim_met"] is False
+    assert verdict([0.9, 1.1, 0.95, 1.08, 1.0, 0.97, 1.03, 0.92])["verdict"] == "inconclusive"
+    assert verdict([0.8, 0.82, 0.79, 0.81, 0.8, 0.83])["verdict"] == "slower"
 
 
 def test_components_script(tmp_path, script_home):
