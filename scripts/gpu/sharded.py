@@ -184,16 +184,17 @@ def run_rank(args: argparse.Namespace) -> None:
         say(f"\n{shape}")
         model = load(f"synthetic:{shape}", layers=args.layers)[0]
         row = {"shape": shape, "ranks": size}
+        alone = None
         if fits("profile"):  # group size 1: every rank its own whole copy, at the same time
             alone = profile(model, 1, ("fast", "exact"))
             row["plain_ms_1"] = 1e3 * alone.plain_step_s
-        if fits("grid"):
+        if alone is not None and fits("grid"):  # the grid is predicted from the profile: none without it
             controlled(model, alone, 1)
         shard_model(model, shape)
         if fits("profile"):
             sharded = profile(model, size, ("fast", "exact"))
             row["plain_ms_n"] = 1e3 * sharded.plain_step_s
-            if "plain_ms_1" in row:
+            if alone is not None:
                 row["plain_n_over_1"] = row["plain_ms_n"] / row["plain_ms_1"]
                 for w in (2, 4, 8):
                     if w <= max(cfg["widths"]):

@@ -13,6 +13,7 @@ the output arrive coloured by token source, then read the stats and the per-step
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from collections.abc import Sequence
@@ -39,13 +40,22 @@ from specbench.report.explore_logs import (
 )
 from specbench.report.explore_logs import positions_figure as draw_positions
 from specbench.report.explore_logs import replay as explore_replay
-from specbench.report.outputs import in_ipython
 from specbench.report.render import coloured_html, stats_html
 from specbench.simulate.simulate import MODEL_FREE_DRAFTERS
 
 POLICY_KINDS = ("auto", "fixed", "adaptive")
 VERIFY_CHOICES = (("default", ""), *((mode, mode) for mode in VERIFY_MODES))
 DEFAULT_PROMPT = "Write a Python function that adds two numbers, then call it three times."
+
+
+def figure_png(figure: Any) -> bytes:
+    """``figure`` as PNG bytes, for an ``ipywidgets.Image``. The explorers draw into images rather than ``Output``
+    widgets: a headless run (papermill, nbconvert) answers an ``Output`` widget's messages on the kernel's shell
+    channel while it waits on that channel for the cell's reply, and that race can hang the cell for good
+    (jupyter/nbclient#312)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    return buffer.getvalue()
 
 
 class Explorer:
@@ -103,7 +113,7 @@ class Explorer:
         self.status = w.HTML(value="")
         self.text = w.HTML(value="")
         self.stats = w.HTML(value="")
-        self.plot = w.Output()
+        self.plot = w.Image(format="png")  # an image, not an Output widget: see ``figure_png``
         self.button.on_click(self.run)
         controls = w.VBox(
             [
@@ -205,12 +215,7 @@ class Explorer:
         if self.figure is not None:
             plt.close(self.figure)
         self.figure = step_timeline(gen.log, title=f"{gen.stats()['tokens']} tokens: per-step view")
-        self.plot.clear_output(wait=True)
-        with self.plot:
-            if in_ipython():
-                from IPython.display import display
-
-                display(self.figure)
+        self.plot.value = figure_png(self.figure)
         plt.close(self.figure)
 
 
@@ -244,7 +249,7 @@ class LogExplorer:
         self.status = w.HTML(value="")
         self.table = w.HTML(value="")
         self.text = w.HTML(value="")
-        self.plot = w.Output()
+        self.plot = w.Image(format="png")
         for control in (self.drafter, self.k, self.policy, self.prompt):
             control.observe(self.update, names="value")
         controls = w.VBox([w.HBox([self.drafter, self.k, self.policy]), self.prompt, self.status])
@@ -269,12 +274,7 @@ class LogExplorer:
         self.table.value = choice_html(result, self.recordings)
         self.text.value = coloured_outputs(result, self.recordings)
         figure = draw_positions(result)
-        self.plot.clear_output(wait=True)
-        with self.plot:
-            if in_ipython():
-                from IPython.display import display
-
-                display(figure)
+        self.plot.value = figure_png(figure)
         plt.close(figure)
         return result
 

@@ -167,9 +167,13 @@ def test_the_widgets_replay_each_choice(recordings):
 
     app = LogExplorer(recordings, Choice("lookup", 4, "fixed", "copy"))
     assert isinstance(app.widget, ipywidgets.VBox)
+    drawn = bytes(app.plot.value)
+    assert drawn.startswith(b"\x89PNG")
+    assert not any(isinstance(c, ipywidgets.Output) for c in _widgets(app.widget))  # see explorer.figure_png
     assert app.replay.row()["verifies"] == 2 and "fixed:4" in app.table.value and "<span" in app.text.value
     app.k.value = 2
     assert app.replay.choice == Choice("lookup", 2, "fixed", "copy") and app.replay.row()["verifies"] == 3
+    assert bytes(app.plot.value).startswith(b"\x89PNG") and bytes(app.plot.value) != drawn  # redrawn for the new choice
     app.prompt.value = EVERY_PROMPT
     assert app.replay.prompts == ["copy", "novel"]
     app.drafter.value = "suffix"
@@ -193,3 +197,10 @@ def test_load_recordings_takes_this_models_longest_outputs_from_the_report(tmp_p
     assert recordings.verify == "exact" and recordings.profile is not None
     assert "2 plain greedy outputs of m (6 tokens, recorded by test)" in recordings.describe()
     assert replay(recordings, Choice("lookup", 2, "fixed")).prompts == ["a", "b"]
+
+
+def _widgets(widget):
+    """``widget`` and every widget inside it."""
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _widgets(child)

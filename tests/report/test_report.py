@@ -617,6 +617,7 @@ def test_explorer_builds_and_a_run_updates_it(text_model):
     assert gen.log.records[1].policy == "fixed:3"
     assert "<span" in app.text.value and "tokens" in app.stats.value and "done: 12 tokens" in app.status.value
     assert app.figure is not None and app.figure.axes[0].has_data()
+    assert bytes(app.plot.value).startswith(b"\x89PNG")  # drawn into an image widget, not an Output widget
     app.drafter.value = "mtp"
     assert app.run() is None and "not available" in app.status.value
     app.drafter.value, app.temperature.value = "none", 0.7
