@@ -69,6 +69,8 @@ def test_quick_profile_runs_each_notebook(tmp_path, name):
     assert not [p for p in local if p in text], f"{name}.html shows a local path"
     assert "\\x" not in text.split("<body", 1)[1].split("data:image", 1)[0], f"{name}.html escapes characters"
     assert f'href="{name}.html"' in page
+    # no Output widget: a headless run answering one can hang its cell (specbench.report.explorer.figure_png)
+    assert "OutputModel" not in (out / f"{name}.ipynb").read_text()
     assert json.loads((out / name / "status.json").read_text())["cpu_s"] > 0  # its kernel's CPU time counted
     summary = json.loads((out / name / "summary.json").read_text())
     assert summary["figures"], f"{name} drew no figure"
