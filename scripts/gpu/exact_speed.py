@@ -102,8 +102,14 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
         int(t)
         for t in mx.random.randint(0, min(1000, model.args.vocab_size), (args.prompt_tokens,), key=mx.random.key(1))
     ]
+    cells, reference = timed_cells(model, prompt, args.tokens, args.k, args.low_acceptance)
+    unknown = sorted(set(args.cells or ()) - set(cells))
+    if unknown:
+        raise SystemExit(f"--cells: no cell named {unknown}; the cells are {list(cells)}")
+    if args.cells is not None:
+        cells = {n: f for n, f in cells.items() if n == "plain" or n in args.cells}
     levels = {}
-    if any(" k=" in name or name.startswith("auto") for name in args.cells):  # exact cells verify widths 2..k+1
+    if set(cells) - {"plain", "mlx-lm"}:  # speculative cells: exact ones verify widths 2..k+1
         t0 = time.perf_counter()
         calibration = calibrate(model, args.k + 1, progress=say)  # seconds per width
         levels = {w: calibration.level_for(w) for w in sorted(calibration.widths)}
@@ -117,11 +123,6 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
             f"plain step {1e3 * choice.step_s:.2f} ms, with the faster kernels {1e3 * choice.kernel_step_s:.2f} ms -> "
             f"{'kernels' if choice.confirmed else 'MLX'}"
         )
-    cells, reference = timed_cells(model, prompt, args.tokens, args.k, args.low_acceptance)
-    unknown = sorted(set(args.cells) - set(cells))
-    if unknown:
-        raise SystemExit(f"--cells: no cell named {unknown}; the cells are {list(cells)}")
-    cells = {n: f for n, f in cells.items() if n == "plain" or n in args.cells}
     names = [n for n in cells if n != "plain"]
     for name in names:  # warm-up: kernels compiled, caches sized, Auto's quick profile measured
         cells[name]()
@@ -218,8 +219,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.shapes, args.layers, args.bits, args.tokens, args.repeats, args.k = "qwen3-8b-tiny", 2, 0, 24, 2, 4
-    everything = ["mlx-lm", f"exact k={args.k}", f"fast k={args.k}", "auto exact a=1"]
-    args.cells = args.cells.split(",") if args.cells else [*everything, f"auto exact a={args.low_acceptance}"]
+    args.cells = args.cells.split(",") if args.cells else None  # None: every cell
     result = {"device": device_name(), **versions(), **vars(args), "shapes": {}}
     for shape in args.shapes.split(","):
         result["shapes"][shape] = run_shape(shape, args)

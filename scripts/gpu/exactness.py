@@ -121,7 +121,7 @@ def run_model(name: str, cfg: dict, quick: bool, deadline: float, results: dict,
     prompts = prompts[: own["prompts"]]
     widths = cfg["full_depth_widths"] if full_depth else own["cost_widths"]
     if not cfg["cost"]:
-        widths = [1]
+        widths = []  # no cost table: only the widths the workload verifies are calibrated
     # The widths the workload verifies (k + 1; a tree's nodes + 1) and the cost table measures.
     trees = (
         {exactness.tree_nodes(k, own["tree_branches"]) + 1 for k in own["ks"]} if own["tree_branches"] > 1 else set()
