@@ -173,7 +173,7 @@ class Run:
             self.write("lengths", results)
 
     def batch(self) -> None:
-        cfg, rows = self.cfg, []
+        cfg, rows, profiles = self.cfg, [], {}
         for shape in cfg["batch_shapes"]:
             if not self.fits(f"batch {shape}", 40):
                 continue
@@ -208,7 +208,8 @@ class Run:
                 errors[b] = statistics.mean(abs(r["residual"]) for r in grid if r["batch_size"] == b)
             errors["all"] = statistics.mean(abs(r["residual"]) for r in grid) if grid else None
             print("  mean |residual| by B: " + " ".join(f"{b}:{e:.1%}" for b, e in errors.items() if e is not None))
-            self.write("batch", {"rows": rows, "overhead_s": {shape: profile.overhead_s}})
+            profiles[shape] = profile.to_dict()  # c(w, B), [B, 1] seconds and overheads: predictions can be redone
+            self.write("batch", {"rows": rows, "profiles": profiles})
 
 
 def main() -> None:

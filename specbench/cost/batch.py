@@ -52,15 +52,16 @@ class BatchProfile:
     plain_s: dict[int, float]
     experts: list[dict[str, float]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
-    #: str(w) -> str(B) -> seconds a batched engine step of width w spends beyond its forward (c(w, B) times
-    #: the [B, 1] step): masks, per-row acceptance and rollback, bookkeeping; w = 1: a plain batched step's
-    #: (``measure_batch_overhead``). Empty: not measured (predictions price the forwards alone).
+    #: str(w) -> str(B) -> seconds a batched engine step of width w really takes beyond c(w, B) times the
+    #: profile's [B, 1] forward: masks, per-row acceptance and rollback, bookkeeping, less what the engine's
+    #: pipelining hides of the profile's synchronous forward (so it can be negative); w = 1: a plain batched
+    #: step's (``measure_batch_overhead``). Empty: not measured (predictions price the forwards alone).
     overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def overhead_terms(self, w: int) -> tuple[float, float]:
         """(per step, per row) seconds of the engine's own work at width w: a least-squares line through the
         overheads measured at each batch size, at the measured width nearest w (the wider on a tie); (0, 0)
-        when none is."""
+        when none is. A summary for reading; predictions use ``overhead``."""
         if not self.overhead_s:
             return 0.0, 0.0
         nearest = min(self.overhead_s, key=lambda m: (abs(int(m) - w), -int(m)))
@@ -72,9 +73,15 @@ class BatchProfile:
         return float(step), float(row)
 
     def overhead(self, w: int, batch_size: int) -> float:
-        """Seconds of the engine's own work in a batched step of width w and ``batch_size`` rows."""
-        step, row = self.overhead_terms(w)
-        return max(0.0, step + row * batch_size)
+        """Seconds a batched step of width w over ``batch_size`` rows takes beyond c(w, B) times the [B, 1]
+        forward, as measured: interpolated linearly in log B between the measured batch sizes and linearly in
+        w between the measured widths (the nearest beyond either range); 0 when none was measured. Not
+        clamped: a negative value is time the engine's pipelining saves on the profile's forward."""
+        if not self.overhead_s:
+            return 0.0
+        widths = sorted(int(m) for m in self.overhead_s)
+        at_width = [_interpolate_log(batch_size, self.overhead_s[str(m)]) for m in widths]
+        return float(np.interp(w, widths, at_width))
 
     def plain_step_s(self, batch_size: int) -> float:
         """Seconds of a [B, 1] forward (interpolated between measured batch sizes)."""
@@ -170,6 +177,13 @@ class BatchProfile:
 #: (``cuGraphAddKernelNode ... invalid argument``, with or without CUDA graphs). Chunks of at most
 #: 2048 tokens keep every such axis far below the limit.
 PREFILL_TOKENS = 2048
+
+
+def _interpolate_log(batch_size: int, per_size: dict[str, float]) -> float:
+    """``per_size`` (str(B) -> value) at ``batch_size``: linear in log B between measured sizes, the nearest
+    beyond them."""
+    sizes = sorted(int(b) for b in per_size)
+    return float(np.interp(np.log(batch_size), np.log(sizes), [per_size[str(b)] for b in sizes]))
 
 
 def _batch_cache(model: nn.Module, batch_size: int, offset: int, rng: np.random.Generator) -> list[Any]:
@@ -381,7 +395,8 @@ def batch_speedup_grid(
     oracle keeps drafting its recording at the same position and never runs the model, so the timing
     holds nothing but decoding: ``diverged`` counts such requests, ``acceptance_measured`` is what the
     run accepted. Every timed run follows an untimed one of ``warmup_tokens`` with the same batch and k, so
-    no timing holds a kernel's first-use build."""
+    no timing holds a kernel's first-use build. Each cell is timed against its own plain run, right before it
+    (adjacent pairs: one slow plain run cannot skew every cell of its batch size)."""
     rng = np.random.default_rng(seed)
     options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True)
     warm = GenerateOptions(max_tokens=max(2, min(warmup_tokens, max_tokens)), ignore_eos=True)
@@ -393,13 +408,11 @@ def batch_speedup_grid(
         prompts = rng.integers(0, vocab_size(model), size=(b, prompt_len)).tolist()
         if warmup_tokens > 0:
             generate_batch(model, prompts, warm).run()
-        plain = generate_batch(model, prompts, options)
-        plain.run()
-        plain_s = _decode_seconds(plain) / sum(len(r.tokens) - 1 for r in plain.requests)
-        plain_latency = _request_seconds_per_token(plain)
+        recording = generate_batch(model, prompts, options)
+        recording.run()
         oracles = [
             Oracle(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, keep_drafting=True)
-            for i, (p, r) in enumerate(zip(prompts, plain.requests))
+            for i, (p, r) in enumerate(zip(prompts, recording.requests))
         ]
         for a in acceptances:
             for k in ks:
@@ -409,6 +422,10 @@ def batch_speedup_grid(
                     o.acceptance, o.seed = a, seed + 1000 * k + i
                 if warmup_tokens > 0:
                     BatchGeneration(model, prompts, warm, list(oracles), DraftPolicy.fixed(k)).run()
+                plain = generate_batch(model, prompts, options)  # this cell's own plain run, right before it
+                plain.run()
+                plain_s = _decode_seconds(plain) / sum(len(r.tokens) - 1 for r in plain.requests)
+                plain_latency = _request_seconds_per_token(plain)
                 gen = BatchGeneration(model, prompts, options, list(oracles), DraftPolicy.fixed(k))
                 gen.run()
                 spec_s = _decode_seconds(gen) / sum(len(r.tokens) - 1 for r in gen.requests)

@@ -91,16 +91,17 @@ def expected_run_tokens(records: Sequence[StepRecord]) -> float:
 
 def predicted_batch_seconds(batch_log: Iterable[Any], profile: Any, whole: bool = False) -> float:
     """Seconds a batch profile (``specbench.cost.batch.BatchProfile``) predicts for the batched steps of a
-    run: per step of width W over B rows, c(W, B) times the [B, 1] forward plus the engine's per-step and
-    per-row overhead (``BatchProfile.overhead``). ``whole``: the run's logged prefill and drafting seconds
-    added, which the profile does not model (what a wall clock around the run holds)."""
+    run: per step of width W over B rows, c(W, B) times the [B, 1] forward plus the engine's measured overhead
+    at that width and batch size (``BatchProfile.overhead``; a step never below 0 s). ``whole``: the run's
+    logged prefill and drafting seconds added, which the profile does not model (what a wall clock around the
+    run holds)."""
     total = 0.0
     for s in batch_log:
         if s.kind == "prefill":
             total += s.draft_s + s.verify_s + s.other_s if whole else 0.0
             continue
-        total += profile.c(s.width, s.batch_size) * profile.plain_step_s(s.batch_size)
-        total += profile.overhead(s.width, s.batch_size) + (s.draft_s if whole else 0.0)
+        step = profile.c(s.width, s.batch_size) * profile.plain_step_s(s.batch_size)
+        total += max(0.0, step + profile.overhead(s.width, s.batch_size)) + (s.draft_s if whole else 0.0)
     return total
 
 

@@ -4,6 +4,7 @@ batch benchmark against mlx-lm."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from specbench.cost.batch import (
     measure_batch_profile,
 )
 from specbench.cost.breakeven import expected_tokens
+from specbench.cost.predict import predicted_batch_seconds
 
 
 def made_profile() -> BatchProfile:
@@ -100,12 +102,28 @@ def test_batch_overheads_per_step_and_row_enter_the_prediction():
     assert set(profile.overhead_s) == {"1", "3"} and all(len(v) == 3 for v in profile.overhead_s.values())
     step, row = profile.overhead_terms(3)
     assert math.isfinite(step) and math.isfinite(row)
-    assert profile.overhead(3, 4) == pytest.approx(max(0.0, step + 4 * row))
+    assert profile.overhead(3, 4) == pytest.approx(profile.overhead_s["3"]["4"])  # measured there: taken as is
+    halfway = (profile.overhead_s["1"]["4"] + profile.overhead_s["3"]["4"]) / 2
+    assert profile.overhead(2, 4) == pytest.approx(halfway)  # linear in w between measured widths
     assert profile.overhead_terms(2) == profile.overhead_terms(3)  # the nearest measured width (the wider on a tie)
     made = made_profile()
     made.overhead_s = {"2": {"1": 0.002, "4": 0.005, "16": 0.017}}
     assert made.overhead_terms(2) == pytest.approx((0.001, 0.001))
+    assert made.overhead(2, 2) == pytest.approx(0.0035)  # linear in log B between 1 and 4
+    assert made.overhead(5, 64) == pytest.approx(0.017)  # the nearest beyond the measured range
+    made.overhead_s = {"1": {"1": -0.004, "4": -0.004}}  # pipelining hides part of the profile's forward
+    assert made.overhead(1, 2) == pytest.approx(-0.004)  # not clamped: the measured step is what it is
     assert made_profile().overhead(2, 4) == 0.0  # none measured
+
+
+def test_predicted_batch_seconds_adds_the_measured_overhead_and_never_goes_below_zero():
+    profile = made_profile()
+    step = SimpleNamespace(kind="verify", width=1, batch_size=2, draft_s=0.0, verify_s=0.0, other_s=0.0)
+    forward = profile.c(1, 2) * profile.plain_step_s(2)
+    profile.overhead_s = {"1": {"1": -0.25 * forward, "4": -0.25 * forward}}
+    assert predicted_batch_seconds([step], profile) == pytest.approx(0.75 * forward)
+    profile.overhead_s = {"1": {"1": -2 * forward, "4": -2 * forward}}
+    assert predicted_batch_seconds([step], profile) == 0.0
 
 
 def test_batch_bench_agrees_with_mlx_lm():

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import SESSION_HOME
 
+from specbench.cost.batch import BatchProfile
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -207,6 +209,9 @@ def test_components_script(tmp_path, script_home):
     assert all(len(v["by_length"]) == 3 for v in lengths.values())
     batch = json.loads((folder / "batch.json").read_text())
     assert all("residual" in r and "predicted_from_log" in r for r in batch["rows"])
+    profiles = {shape: BatchProfile.from_dict(p) for shape, p in batch["profiles"].items()}
+    assert set(profiles) == {"qwen3-8b-tiny", "qwen3-30b-a3b-tiny"}  # every shape's profile kept, not the last
+    assert all(p.overhead_s and p.c(2, 1) > 0 for p in profiles.values())
 
 
 def test_kernels_script(tmp_path, script_home):
