@@ -99,7 +99,8 @@ def calibration_key(model: nn.Module) -> str:
     if memo is not None and memo[0]() is model:
         return memo[1]
     shape = model_key(model)
-    own = f"|kernels {kernels.source_digest()}" if kernels.cuda_available() else ""  # on CUDA: their sources
+    on_gpu = kernels.cuda_available() or kernels.metal_available()
+    own = f"|kernels {kernels.source_digest()}" if on_gpu else ""  # where kernels can run: their sources
     text = f"{shape}|{kernel_key()}{'|cudnn attention' if cudnn_attention() else ''}{own}|method {CALIBRATION_METHOD}"
     key = f"{shape}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
     _keys[(id(model), distributed.shard_group(model))] = (weakref.ref(model), key)
@@ -250,10 +251,11 @@ def calibrate(
 
 def uses_kernel(model: nn.Module) -> bool:
     """Whether calibration tries ``linear/kernel`` for ``model``: on CUDA, for a model with linear layers,
-    quantized (``qmv_rows``) or not (``gemv_rows``); a kernel is then used only where the probe finds it
-    bit-identical."""
-    layers = (nn.QuantizedLinear, nn.QuantizedEmbedding, nn.Linear)
-    return kernels.cuda_available() and any(isinstance(m, layers) for _, m in model.named_modules())
+    quantized (``qmv_rows``) or not (``gemv_rows``); on Metal, with quantized ones (``qmv_rows`` only); a kernel
+    is then used only where the probe finds it bit-identical."""
+    quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+    layers = (*quantized, nn.Linear) if kernels.cuda_available() else quantized if kernels.metal_available() else ()
+    return bool(layers) and any(isinstance(m, layers) for _, m in model.named_modules())
 
 
 def uses_attention_kernel(model: nn.Module) -> bool:

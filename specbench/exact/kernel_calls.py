@@ -55,12 +55,12 @@ def _bind(layer: nn.Module, x: mx.array) -> Callable[[mx.array], mx.array] | Non
     elif type(layer) in (nn.QuantizedLinear, nn.QuantizedEmbedding):
         params = {name: layer[name] for name in ("weight", "scales", "biases") if name in layer}
         bits, group_size, mode = layer.bits, layer.group_size, getattr(layer, "mode", "affine")
-        if not kernels.supports(x, bits, group_size, mode, params.get("biases")):
+        if not kernels.supports(x, bits, group_size, mode, params.get("biases"), n=params["weight"].shape[0]):
             return None
         variant = kernels.qmv_variant(x.dtype, bits, group_size)
         if variant is None:
             return None
-        product = kernels.QmvLauncher(
+        product = kernels.launcher(
             params["weight"], params["scales"], params["biases"], group_size, bits, x.dtype, x.shape[-1], variant
         )
     else:

@@ -1,7 +1,8 @@
 """Row-invariant kernels: products whose every row is computed as MLX computes that row alone.
 
-``qmv_rows`` (CUDA, ``mx.fast.cuda_kernel``) is a w-row quantized matmul that reproduces MLX's
-one-row ``qmv`` per row while reading the weights once, ``gemv_rows`` the same for unquantized
+``qmv_rows`` (CUDA, ``mx.fast.cuda_kernel``; on Metal ``specbench.kernels.qmv_metal`` through
+``mx.fast.metal_kernel``) is a w-row quantized matmul that reproduces MLX's one-row ``qmv`` per row while
+reading the weights once, ``gemv_rows`` the same for unquantized
 weights (MLX's one-row ``gemv``); each ``*_reference`` is its kernel's arithmetic in MLX ops.
 ``qmv_variant`` and ``gemv_variant`` are the device probes that decide whether (and in which variant)
 a kernel is used; exact verification (``specbench.exact``) uses it only where the probe proves it exact.
@@ -30,7 +31,8 @@ from specbench.kernels.probe import (
     qmv_variant,
     warn_fallback,
 )
-from specbench.kernels.qmv import MAX_ROWS, QmvLauncher, qmv_rows, qmv_rows_reference, supports
+from specbench.kernels.qmv import MAX_ROWS, QmvLauncher, launcher, qmv_rows, qmv_rows_reference, supports
+from specbench.kernels.qmv_metal import MetalQmvLauncher, metal_available, qmv_rows_metal_reference
 from specbench.kernels.verdicts import source_digest
 
 __all__ = [
@@ -42,6 +44,10 @@ __all__ = [
     "gemv_variant",
     "qmv_rows",
     "QmvLauncher",
+    "launcher",
+    "MetalQmvLauncher",
+    "metal_available",
+    "qmv_rows_metal_reference",
     "qmv_rows_reference",
     "supports",
     "cuda_available",

@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from specbench.kernels import attention, gemv, qmv, verdicts
+from specbench.kernels import attention, gemv, qmv, qmv_metal, verdicts
 
 #: Row counts the survey of every configuration runs (``probe_kernels``).
 SURVEY_ROWS = (1, 2, 9, 16)
@@ -55,11 +55,11 @@ def qmv_matches(
     mx.random.seed(seed)
     mismatches = []
     for n, k in PROBE_SHAPES:
-        if k % group_size:
+        x = mx.random.normal((max(rows), k)).astype(dtype)
+        if k % group_size or not qmv.supports(x, bits, group_size, n=n):
             continue
         weight = (mx.random.normal((n, k)) / k**0.5).astype(dtype)
         w, scales, biases = mx.quantize(weight, group_size=group_size, bits=bits)
-        x = mx.random.normal((max(rows), k)).astype(dtype)
         alone = mx.concatenate(
             [mx.quantized_matmul(x[i : i + 1], w, scales, biases, True, group_size, bits) for i in range(max(rows))]
         )
@@ -80,14 +80,16 @@ def qmv_variant(dtype: mx.Dtype, bits: int, group_size: int) -> str | None:
 
 
 def _qmv_variant(dtype: mx.Dtype, bits: int, group_size: int) -> str | None:
-    if not cuda_available():
+    metal = qmv_metal.metal_available()
+    if not (cuda_available() or metal):
         return None
-    args = {"dtype": _name(dtype), "bits": bits, "group_size": group_size, "variants": qmv.DEQUANT}
+    variants = (qmv_metal.VARIANT,) if metal else qmv.DEQUANT
+    args = {"dtype": _name(dtype), "bits": bits, "group_size": group_size, "variants": variants}
     args |= {"schedule": qmv.DEFAULT_SCHEDULE, "rows": PROBE_ROWS, "shapes": PROBE_SHAPES}
     return _proved(
-        "qmv_rows",
+        "qmv_rows_metal" if metal else "qmv_rows",
         args,
-        qmv.DEQUANT,
+        variants,
         lambda dequant: qmv_matches(dtype, bits, group_size, dequant),
         f"no variant reproduces MLX's one-row product for {dtype}, {bits} bits, group {group_size}",
     )

@@ -32,6 +32,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from specbench.kernels import qmv_metal
 from specbench.kernels.jit import kernel_name
 
 #: Rows one launch computes; more rows run in launches of this many (each row is on its own anyway).
@@ -229,9 +230,14 @@ _SOURCE = r"""
 """
 
 
-def supports(x: mx.array, bits: int, group_size: int, mode: str = "affine", biases: Any = True) -> bool:
+def supports(
+    x: mx.array, bits: int, group_size: int, mode: str = "affine", biases: Any = True, n: int | None = None
+) -> bool:
     """Whether ``qmv_rows`` computes this product: affine weights with biases, 4 or 8 bits, group
-    size 32/64/128, bfloat16 or float16 activations whose last axis is a multiple of the group size."""
+    size 32/64/128, bfloat16 or float16 activations whose last axis is a multiple of the group size; on Metal
+    (``n``: the output features) only the shapes MLX's one-row ``qmv_fast`` takes (``specbench.kernels.qmv_metal``)."""
+    if qmv_metal.metal_available():
+        return n is not None and qmv_metal.supports(x, n, bits, group_size, mode, biases)
     k = x.shape[-1]
     return (
         mode == "affine"
@@ -242,6 +248,15 @@ def supports(x: mx.array, bits: int, group_size: int, mode: str = "affine", bias
         and k % group_size == 0
         and k % 16 == 0
     )
+
+
+def launcher(
+    w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int, dtype: mx.Dtype, k: int, variant: str
+) -> QmvLauncher | qmv_metal.MetalQmvLauncher:
+    """The launcher of the probe's ``variant`` for one layer: Metal's (``qmv_metal.VARIANT``) or CUDA's."""
+    if variant == qmv_metal.VARIANT:
+        return qmv_metal.MetalQmvLauncher(w, scales, biases, group_size, bits, dtype, k)
+    return QmvLauncher(w, scales, biases, group_size, bits, dtype, k, variant)
 
 
 @functools.cache
@@ -267,15 +282,19 @@ def qmv_rows(
     features_per_block: int = FEATURES_PER_BLOCK,
 ) -> mx.array:
     """``mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size, bits)`` with every row
-    computed as MLX's one-row ``qmv`` computes it (CUDA; see the module docstring). How the work is laid
+    computed as MLX's one-row ``qmv`` computes it (CUDA; see the module docstring; ``dequant="metal"``: on
+    Metal, ``specbench.kernels.qmv_metal``). How the work is laid
     out changes when reads happen, not the arithmetic: ``schedule`` walks the passes over K
     (``SCHEDULES``), ``features_per_block`` is the warps (one per output feature) of a thread block."""
-    if not supports(x, bits, group_size, biases=biases):
+    if not supports(x, bits, group_size, biases=biases, n=w.shape[0]):
         raise ValueError(
             f"qmv_rows computes affine {BITS}-bit products with group size {GROUP_SIZES} and "
             f"{[str(d) for d in DTYPES]} inputs, got {bits} bits, group size {group_size}, {x.dtype}, K={x.shape[-1]}"
+            + (" (on Metal: N a multiple of 8, K of the pass length)" if qmv_metal.metal_available() else "")
         )
     k = x.shape[-1]
+    if dequant == qmv_metal.VARIANT:
+        return qmv_metal.MetalQmvLauncher(w, scales, biases, group_size, bits, x.dtype, k)(x)
     return QmvLauncher(w, scales, biases, group_size, bits, x.dtype, k, dequant, schedule, features_per_block)(x)
 
 

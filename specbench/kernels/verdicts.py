@@ -32,6 +32,7 @@ DRIVER_VERSION = Path("/proc/driver/nvidia/version")
 #: from, and the probe that compares it with MLX.
 SOURCES: dict[str, tuple[str, ...]] = {
     "qmv_rows": ("specbench.kernels.qmv", "specbench.kernels.probe"),
+    "qmv_rows_metal": ("specbench.kernels.qmv_metal", "specbench.kernels.qmv", "specbench.kernels.probe"),
     "gemv_rows": ("specbench.kernels.gemv", "specbench.kernels.qmv", "specbench.kernels.probe"),
     "attention_rows": ("specbench.kernels.attention", "specbench.kernels.probe"),
 }

@@ -102,7 +102,7 @@ def _on_cuda(monkeypatch, kernel) -> None:
 
     monkeypatch.setattr(kernels, "cuda_available", lambda: True)
     monkeypatch.setattr(kernels, "qmv_variant", lambda dtype, bits, group_size: "mul-add")
-    monkeypatch.setattr(kernels, "QmvLauncher", launcher)
+    monkeypatch.setattr(kernels, "launcher", launcher)
     monkeypatch.setattr(kernel_probe, "_warned", set())
     exact_calibration._calibrations.clear()
 
@@ -169,7 +169,7 @@ def test_a_layers_kernel_call_is_settled_once_and_again_when_its_weights_change(
 
     monkeypatch.setattr(kernels, "cuda_available", lambda: True)
     monkeypatch.setattr(kernels, "qmv_variant", lambda dtype, bits, group_size: "mul-add")
-    monkeypatch.setattr(kernels, "QmvLauncher", launcher)
+    monkeypatch.setattr(kernels, "launcher", launcher)
     first, second = (nn.QuantizedLinear(64, 32, group_size=32, bits=4) for _ in range(2))
     for layer in (first, second):
         layer.set_dtype(mx.bfloat16)
