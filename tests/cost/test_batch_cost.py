@@ -116,6 +116,31 @@ def test_batch_overheads_per_step_and_row_enter_the_prediction():
     assert made_profile().overhead(2, 4) == 0.0  # none measured
 
 
+def test_batch_overheads_are_measured_with_rows_out_of_step(monkeypatch):
+    """The speculative steps the overhead is measured on accept some drafts and reject others, differently per row
+    (as served rows do), after an untimed run of the same batch and width."""
+    import specbench.cost.batch as batch_cost
+
+    runs = []
+
+    class Recorded(batch_cost.BatchGeneration):
+        def run(self):
+            result = super().run()
+            runs.append(self)
+            return result
+
+    monkeypatch.setattr(batch_cost, "BatchGeneration", Recorded)
+    model = build_tiny("qwen3")
+    profile = measure_batch_profile(model, (4,), widths=3, offset=8, repeats=1, warmup=1, count_experts=False)
+    measure_batch_overhead(model, profile, widths=(3,), steps=4)
+    warm, timed = runs
+    assert len(warm.batch_log) < len(timed.batch_log)  # the untimed run first
+    stats = [r.stats() for r in timed.requests]
+    assert all(st["drafted"] > 0 for st in stats)
+    accepted = [st["accepted"] for st in stats]
+    assert sum(accepted) > 0 and any(st["accepted"] < st["drafted"] for st in stats)
+
+
 def test_predicted_batch_seconds_adds_the_measured_overhead_and_never_goes_below_zero():
     profile = made_profile()
     step = SimpleNamespace(kind="verify", width=1, batch_size=2, draft_s=0.0, verify_s=0.0, other_s=0.0)
