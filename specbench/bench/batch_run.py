@@ -31,7 +31,13 @@ from specbench.common.identity import device_name
 from specbench.core.engine import generate
 from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
-from specbench.cost.batch import BatchProfile, batch_speedup_grid, lowest_break_even, measure_batch_profile
+from specbench.cost.batch import (
+    BatchProfile,
+    batch_speedup_grid,
+    lowest_break_even,
+    measure_batch_overhead,
+    measure_batch_profile,
+)
 from specbench.models import synthetic
 
 #: The run's tables, each written as batch_<name>.csv.
@@ -96,6 +102,11 @@ class BatchRun:
         for b in profile.batch_sizes:
             self.say(f"  a*(k, B={b}): " + " ".join(f"{r['a_star']:.2f}" for r in rows if r["batch_size"] == b))
         self.tables["experts"] += [{"model": label, **r} for r in profile.experts]
+        try:  # the engine's own per-step work, which the grid's predictions price in
+            measure_batch_overhead(model, profile, sorted({1, *(k + 1 for k in cfg["ks"])}))
+            self.profiles[label] = profile.to_dict()
+        except RuntimeError as err:
+            self.failed(f"{label} engine overhead", err)
         self.save()
         self.grid(model, label, profile, until)
         if bench:

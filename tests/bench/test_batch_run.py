@@ -50,6 +50,7 @@ def test_a_tiny_shape_fills_every_table_and_writes_as_it_goes(tmp_path):
     assert {(s["engine"], s["reference"]) for s in run.divergence_summary} >= {("plain", "single"), ("plain", "mlx-lm")}
     summary = json.loads((tmp_path / "batch_summary.json").read_text())
     assert summary["skipped"] == run.budget.skipped_lines() and label in summary["profiles"]
+    assert set(summary["profiles"][label]["overhead_s"]) == {"1", "3"}  # the engine's own work, priced in the grid
     for name in ("costs", "break_even", "grid", "bench", "divergence"):
         assert (tmp_path / f"batch_{name}.csv").exists(), name
     run.conclude()
