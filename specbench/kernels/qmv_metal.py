@@ -54,13 +54,15 @@ def values_per_thread(bits: int) -> int:
 
 
 def supports(x: mx.array, n: int, bits: int, group_size: int, mode: str = "affine", biases: Any = True) -> bool:
-    """Whether the Metal kernel computes this product as MLX's ``qmv_fast`` does: affine weights with biases, 4 or
-    8 bits, group size 32/64/128, bfloat16 or float16 inputs, N a multiple of 8 and K of the pass length (MLX runs
-    other kernels for other shapes, and for K of 64 or 128)."""
+    """Whether the Metal kernel computes this product as MLX's ``qmv_fast`` does: affine weights with biases (in the
+    inputs' type: MLX computes in the promoted type of the two), 4 or 8 bits, group size 32/64/128, bfloat16 or
+    float16 inputs, N a multiple of 8 and K of the pass length (MLX runs other kernels for other shapes, and for K
+    of 64 or 128)."""
     k = x.shape[-1]
     return (
         mode == "affine"
         and biases is not None
+        and getattr(biases, "dtype", x.dtype) == x.dtype
         and bits in BITS
         and group_size in GROUP_SIZES
         and x.dtype in DTYPES
@@ -97,13 +99,13 @@ inline float sb_qdot(thread const uint32_t* packs, thread const float* x_thread,
   thread const uint8_t* w = (thread const uint8_t*)packs;
   float accum = 0;
   if (BITS == 4) {
-    thread const uint16_t* ws = (thread const uint16_t*)packs;
     for (int i = 0; i < (VPT / 4); i++) {
+      uint16_t ws = as_type<ushort2>(packs[i >> 1])[i & 1];  // the i-th 16 bits, as MLX's uint16_t view reads them
       accum +=
-          (x_thread[4 * i] * (ws[i] & 0x000f) +
-           x_thread[4 * i + 1] * (ws[i] & 0x00f0) +
-           x_thread[4 * i + 2] * (ws[i] & 0x0f00) +
-           x_thread[4 * i + 3] * (ws[i] & 0xf000));
+          (x_thread[4 * i] * (ws & 0x000f) +
+           x_thread[4 * i + 1] * (ws & 0x00f0) +
+           x_thread[4 * i + 2] * (ws & 0x0f00) +
+           x_thread[4 * i + 3] * (ws & 0xf000));
     }
   } else {
     for (int i = 0; i < VPT; i++) {

@@ -53,6 +53,9 @@ def test_the_shapes_it_takes_are_those_of_mlx_one_row_qmv_fast():
     assert not qmv_metal.supports(mx.zeros((2, 128), dtype=mx.bfloat16), 24, 8, 64)  # K 128: MLX's qmv_quad
     assert not qmv_metal.supports(x.astype(mx.float32), 24, 4, 64) and not qmv_metal.supports(x, 24, 3, 64)
     assert not qmv_metal.supports(x, 24, 4, 64, biases=None) and not qmv_metal.supports(x, 24, 4, 64, "mxfp4")
+    float32_biases = mx.zeros((24, 16), dtype=mx.float32)  # MLX would compute in float32: not qmv_fast's T
+    assert not qmv_metal.supports(x, 24, 4, 64, biases=float32_biases)
+    assert qmv_metal.supports(x, 24, 4, 64, biases=float32_biases.astype(mx.bfloat16))
 
 
 @pytest.fixture
