@@ -18,6 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 
 from specbench.core.forward import text_model
@@ -223,6 +224,11 @@ def record_forward(
     return sites, logits
 
 
+def _cache_state(cache: list[Any]) -> list[mx.array]:
+    """The arrays a forward leaves in ``cache`` (key-value slices, recurrent and convolution states)."""
+    return [a for _, a in tree_flatten([entry.state for entry in cache]) if isinstance(a, mx.array)]
+
+
 def forward_with_stand_ins(
     model: nn.Module,
     cache: list[Any],
@@ -244,7 +250,7 @@ def forward_with_stand_ins(
         mx.synchronize()
         start = time.perf_counter()
         logits = FAST.forward(model, tokens, cache)
-        mx.eval(logits, stand_ins.side)
+        mx.eval(logits, stand_ins.side, _cache_state(cache))  # the cache's new state too, as the next step needs it
         seconds = time.perf_counter() - start
     if rollback is not None:
         rollback.rewind(0)

@@ -15,7 +15,7 @@ from specbench.cost.components import (
     forward_components,
     measure_components,
 )
-from specbench.cost.stand_ins import component_of, forward_with_stand_ins, record_forward
+from specbench.cost.stand_ins import _cache_state, component_of, forward_with_stand_ins, record_forward
 from specbench.models import synthetic
 
 CONTEXT = list(range(3, 40))
@@ -50,6 +50,18 @@ def test_a_forward_with_any_component_stood_in_for_gives_the_same_logits_and_put
         assert seconds > 0 and mx.array_equal(expected, logits), stood
         assert _classes(model) == classes and all(c.offset == len(CONTEXT) for c in cache if c.is_trimmable())
     assert "as_linear" not in model.model.embed_tokens.__dict__
+
+
+def test_the_timed_forward_counts_the_state_it_leaves_in_the_cache(shape):
+    """The next step reads what a forward leaves in the cache, recurrent states included (which the logits do not
+    need): the timed forward evaluates them, as the engine's step does."""
+    name, model = shape
+    cache = prefill(model, CONTEXT)
+    leaves = _cache_state(cache)
+    recurrent = [e for e in cache if not e.is_trimmable()]
+    assert len(leaves) == 2 * len(cache)  # keys and values, or convolution and recurrent states
+    assert bool(recurrent) == ("3.5" in name)
+    assert all(any(leaf is a for leaf in leaves) for e in recurrent for a in e.cache)
 
 
 def _head_heavy_model():
