@@ -7,10 +7,11 @@ a 12288 x 4096 4-bit layer took 27.0 us against MLX's 36.7, the 151936 x 4096 LM
 layer's shape and the device, and whether it pays at all depends on what sets a decoding step's pace: a kernel
 call costs more host time than MLX's product, and on a host-bound machine (an H200 decoding a 4-bit 8B model,
 where building and launching a step's graph takes longer than running it) that loses more than the device
-saves. So ``one_row_choice`` times each distinct layer shape of a model both ways on the device, then plain steps
-with the faster kernels against plain steps without, and keeps the kernels only where the steps were faster
-(once per process); ``one_row_kernels`` runs the chosen layers' one-row calls through the kernel. The output is
-the model's own greedy output either way: only the time changes.
+saves. So ``one_row_choice`` times each distinct layer shape of a model both ways on the device (and checks that
+the kernel's one-row results on that shape equal MLX's bit for bit: the probe proves the kernel on small shapes),
+then plain steps with the faster kernels against plain steps without, and keeps the kernels only where the steps
+were faster (once per process); ``one_row_kernels`` runs the chosen layers' one-row calls through the kernel. The
+output is the model's own greedy output either way: only the time changes.
 """
 
 from __future__ import annotations
@@ -43,16 +44,19 @@ _EMBEDDING = (nn.Embedding, nn.QuantizedEmbedding)
 
 @dataclass(frozen=True)
 class ShapeTiming:
-    """One layer shape's one-row product, timed both ways (device seconds per call)."""
+    """One layer shape's one-row product, timed both ways (device seconds per call); ``identical``: whether the
+    kernel's one-row results on this very shape equal MLX's bit for bit (None: not checked)."""
 
     signature: tuple
     layers: int
     mlx_s: float
     kernel_s: float | None
+    identical: bool | None = None
 
     @property
     def uses_kernel(self) -> bool:
-        return self.kernel_s is not None and self.kernel_s <= FASTER_BY * self.mlx_s
+        faster = self.kernel_s is not None and self.kernel_s <= FASTER_BY * self.mlx_s
+        return faster and self.identical is not False
 
 
 def signature(layer: nn.Module) -> tuple:
@@ -83,17 +87,25 @@ def _one_row_call(layer: nn.Module) -> Callable[[mx.array], mx.array]:
 _timings: dict[tuple[str, tuple], ShapeTiming] = {}
 
 
+#: One-row inputs on which a layer shape's kernel result is compared with MLX's before the kernel is chosen.
+IDENTITY_ROWS = 4
+
+
 def time_one_row(layer: nn.Module, layers: int = 1, calls: int = 32, repeats: int = 7) -> ShapeTiming:
     """Device seconds per one-row call of ``layer`` (graphs built before the clock) through MLX's product and
-    through the kernel (None where no kernel computes it or the device's probe found none exact)."""
+    through the kernel (None where no kernel computes it or the device's probe found none exact), and whether the
+    kernel's result equals MLX's on ``IDENTITY_ROWS`` random rows of this shape (the probe runs small shapes; the
+    layer's own is checked before its plain steps may use the kernel)."""
     sig = signature(layer)
     x = mx.random.normal((1, 1, sig[2])).astype(sig[5])  # one row of its input features, in its activation type
     mx.eval(x)
     mlx_s = per_call_seconds(lambda: _one_row_call(layer)(x), calls, repeats, built=True)
-    kernel_s = None
+    kernel_s, identical = None, None
     if kernel_product(layer, x) is not None:
         kernel_s = per_call_seconds(lambda: kernel_product(layer, x), calls, repeats, built=True)
-    return ShapeTiming(sig, layers, mlx_s, kernel_s)
+        rows = [mx.random.normal((1, 1, sig[2])).astype(sig[5]) for _ in range(IDENTITY_ROWS)]
+        identical = all(bool(mx.array_equal(_one_row_call(layer)(r), kernel_product(layer, r))) for r in rows)
+    return ShapeTiming(sig, layers, mlx_s, kernel_s, identical)
 
 
 def plain_step_seconds(model: nn.Module, steps: int = 16) -> float:

@@ -4,6 +4,8 @@ own layers back."""
 
 from __future__ import annotations
 
+import itertools
+
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
@@ -58,6 +60,38 @@ def test_kernels_faster_per_call_but_not_per_step_are_not_used(monkeypatch):
     assert not choice.confirmed and choice.signatures == set()
     with one_row_kernels(model, choice) as swapped:
         assert swapped == []
+
+
+def test_a_kernel_whose_result_differs_on_the_layers_own_shape_is_not_chosen(monkeypatch):
+    """The probe proves the kernel on small shapes; a layer shape whose kernel result differs from MLX's keeps MLX's
+    product however fast the kernel is."""
+    model = quantized_tiny()
+    monkeypatch.setattr(one_row.kernels, "cuda_available", lambda: True)
+    monkeypatch.setattr(one_row, "_timings", {})
+    monkeypatch.setattr(one_row, "_choices", {})
+    clock = itertools.cycle([1.0, 0.5])  # time_one_row times MLX's product, then the kernel: the kernel is faster
+    monkeypatch.setattr(one_row, "per_call_seconds", lambda *a, **k: next(clock))
+    head = signature(model.lm_head)
+
+    def kernel(layer, x):  # fast, and one ulp off on the head's shape only
+        out = layer(x)
+        return out + mx.finfo(out.dtype).eps * mx.abs(out) if signature(layer) == head else out
+
+    monkeypatch.setattr(one_row, "kernel_product", kernel)
+    timings = {t.signature: t for t in one_row_choice(model, step_timer=lambda m: 1.0).shapes}
+    assert timings[head].identical is False and not timings[head].uses_kernel
+    assert all(t.identical and t.uses_kernel for sig, t in timings.items() if sig != head)
+
+
+def test_the_identity_check_compares_the_kernel_with_mlx_on_the_layer_itself(monkeypatch):
+    layer = quantized_tiny().lm_head
+    monkeypatch.setattr(one_row, "per_call_seconds", lambda *a, **k: 1.0)
+    monkeypatch.setattr(one_row, "kernel_product", lambda lay, x: lay(x))
+    assert one_row.time_one_row(layer).identical is True
+    monkeypatch.setattr(one_row, "kernel_product", lambda lay, x: lay(x) * 1.5)
+    assert one_row.time_one_row(layer).identical is False
+    monkeypatch.setattr(one_row, "kernel_product", lambda lay, x: None)
+    assert one_row.time_one_row(layer).identical is None
 
 
 def test_a_sharded_model_keeps_mlx_products(monkeypatch):
