@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from specbench.kernels.jit import kernel_name
+from specbench.kernels.jit import kernel_name, launch_in_row_blocks
 from specbench.kernels.qmv import FEATURES_PER_BLOCK, MAX_ROWS, WARP
 
 DTYPES = (mx.bfloat16, mx.float16, mx.float32)
@@ -110,27 +110,9 @@ def gemv_rows(x: mx.array, weight: mx.array, accumulate: str = "fma") -> mx.arra
     if accumulate not in ACCUMULATE:
         raise ValueError(f"unknown accumulation {accumulate!r}: use one of {ACCUMULATE}")
     k, n = x.shape[-1], weight.shape[0]
-    flat = x.reshape(-1, k)
-    parts = []
-    for start in range(0, flat.shape[0], MAX_ROWS):
-        chunk = flat[start : start + MAX_ROWS]
-        m = chunk.shape[0]
-        (out,) = _kernel()(
-            inputs=[chunk, weight],
-            template=[
-                ("T", x.dtype),
-                ("ROWS", m),
-                ("NPT", elements_per_lane(k)),
-                ("MODE", ACCUMULATE.index(accumulate)),
-            ],
-            grid=(WARP * -(-n // FEATURES_PER_BLOCK), FEATURES_PER_BLOCK, 1),
-            threadgroup=(WARP, FEATURES_PER_BLOCK, 1),
-            output_shapes=[(m, n)],
-            output_dtypes=[x.dtype],
-        )
-        parts.append(out)
-    out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
-    return out.reshape(*x.shape[:-1], n)
+    template = [("T", x.dtype), ("NPT", elements_per_lane(k)), ("MODE", ACCUMULATE.index(accumulate))]
+    grid = (WARP * -(-n // FEATURES_PER_BLOCK), FEATURES_PER_BLOCK, 1)
+    return launch_in_row_blocks(_kernel(), x, n, [weight], template, grid, (WARP, FEATURES_PER_BLOCK, 1), MAX_ROWS)
 
 
 def gemv_rows_reference(x: mx.array, weight: mx.array) -> mx.array:

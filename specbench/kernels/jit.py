@@ -1,8 +1,11 @@
-"""What the CUDA kernels share about MLX's compilation of ``mx.fast.cuda_kernel`` sources."""
+"""What the kernels share: their names (MLX keeps compiled custom kernels by name) and their launch in row blocks."""
 
 from __future__ import annotations
 
 import hashlib
+from typing import Any
+
+import mlx.core as mx
 
 
 def kernel_name(base: str, *sources: str) -> str:
@@ -13,3 +16,35 @@ def kernel_name(base: str, *sources: str) -> str:
     in later processes, so a kernel whose source changed under the same name would run its old machine code.
     """
     return f"{base}_{hashlib.sha1(''.join(sources).encode()).hexdigest()[:10]}"
+
+
+def launch_in_row_blocks(
+    kernel: Any,
+    x: mx.array,
+    n: int,
+    operands: list[mx.array],
+    template: list[tuple[str, Any]],
+    grid: tuple[int, int, int],
+    threadgroup: tuple[int, int, int],
+    max_rows: int,
+) -> mx.array:
+    """``kernel`` over the rows of ``x`` (any leading axes, K last) in launches of at most ``max_rows`` rows (its
+    template gets ``ROWS``), ``operands`` after the rows; the [..., n] result in ``x``'s dtype."""
+    k = x.shape[-1]
+    flat = x if x.ndim == 2 else x.reshape(-1, k)
+    rows = flat.shape[0]
+    parts = []
+    for start in range(0, rows, max_rows):
+        chunk = flat if rows <= max_rows else flat[start : start + max_rows]  # no slice op for one launch
+        m = chunk.shape[0]
+        (out,) = kernel(
+            inputs=[chunk, *operands],
+            template=[*template, ("ROWS", m)],
+            grid=grid,
+            threadgroup=threadgroup,
+            output_shapes=[(m, n)],
+            output_dtypes=[x.dtype],
+        )
+        parts.append(out)
+    out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+    return out if x.ndim == 2 else out.reshape(*x.shape[:-1], n)

@@ -33,7 +33,7 @@ from typing import Any
 import mlx.core as mx
 
 from specbench.kernels import qmv_metal
-from specbench.kernels.jit import kernel_name
+from specbench.kernels.jit import kernel_name, launch_in_row_blocks
 
 #: Rows one launch computes; more rows run in launches of this many (each row is on its own anyway).
 MAX_ROWS = 16
@@ -343,25 +343,10 @@ class QmvLauncher:
         self.threadgroup = (WARP, features_per_block, 1)
 
     def __call__(self, x: mx.array) -> mx.array:
-        k, n = self.k, self.n
-        flat = x if x.ndim == 2 else x.reshape(-1, k)
-        rows = flat.shape[0]
-        kernel = _kernel()
-        parts = []
-        for start in range(0, rows, MAX_ROWS):
-            chunk = flat if rows <= MAX_ROWS else flat[start : start + MAX_ROWS]  # no slice op for one launch
-            m = chunk.shape[0]
-            (out,) = kernel(
-                inputs=[chunk, self.w, self.scales, self.biases],
-                template=[*self.template, ("ROWS", m)],
-                grid=self.grid,
-                threadgroup=self.threadgroup,
-                output_shapes=[(m, n)],
-                output_dtypes=[self.dtype],
-            )
-            parts.append(out)
-        out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
-        return out if x.ndim == 2 else out.reshape(*x.shape[:-1], n)
+        operands = [self.w, self.scales, self.biases]
+        return launch_in_row_blocks(
+            _kernel(), x, self.n, operands, self.template, self.grid, self.threadgroup, MAX_ROWS
+        )
 
 
 def qmv_rows_reference(

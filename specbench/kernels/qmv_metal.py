@@ -28,7 +28,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from specbench.kernels.jit import kernel_name
+from specbench.kernels.jit import kernel_name, launch_in_row_blocks
 
 MAX_ROWS = 16
 SIMD = 32
@@ -207,24 +207,10 @@ class MetalQmvLauncher:
         self.threadgroup = (SIMD, SIMDGROUPS, 1)
 
     def __call__(self, x: mx.array) -> mx.array:
-        k, n = self.k, self.n
-        flat = x if x.ndim == 2 else x.reshape(-1, k)
-        rows = flat.shape[0]
-        parts = []
-        for start in range(0, rows, MAX_ROWS):
-            chunk = flat if rows <= MAX_ROWS else flat[start : start + MAX_ROWS]
-            m = chunk.shape[0]
-            (out,) = _kernel()(
-                inputs=[chunk, self.w, self.scales, self.biases],
-                template=[*self.template, ("ROWS", m)],
-                grid=self.grid,
-                threadgroup=self.threadgroup,
-                output_shapes=[(m, n)],
-                output_dtypes=[self.dtype],
-            )
-            parts.append(out)
-        out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
-        return out if x.ndim == 2 else out.reshape(*x.shape[:-1], n)
+        operands = [self.w, self.scales, self.biases]
+        return launch_in_row_blocks(
+            _kernel(), x, self.n, operands, self.template, self.grid, self.threadgroup, MAX_ROWS
+        )
 
 
 def qmv_rows_metal_reference(
