@@ -357,10 +357,9 @@ def measure_batch_overhead(
     rng = np.random.default_rng(seed)
     vocab = vocab_size(model)
     widths = sorted(set(widths))
-    options = GenerateOptions(max_tokens=steps * max(widths) + 1, ignore_eos=True)  # at least `steps` steps each
     for b in profile.batch_sizes:
         prompts = rng.integers(0, vocab, size=(b, max(1, profile.offset))).tolist()
-        recording = generate_batch(model, prompts, options)
+        recording = generate_batch(model, prompts, GenerateOptions(max_tokens=steps * max(widths) + 1, ignore_eos=True))
         recording.run()
         oracles = [
             Oracle(p, r.tokens, RAGGED_ACCEPTANCE, vocab, seed=seed + i, keep_drafting=True)
@@ -370,6 +369,7 @@ def measure_batch_overhead(
             policy, drafters = (DraftPolicy.fixed(w - 1), oracles) if w > 1 else (None, None)
             warm = GenerateOptions(max_tokens=2 * w + 1, ignore_eos=True)  # two steps of this width
             BatchGeneration(model, prompts, warm, drafters and list(drafters), policy).run()
+            options = GenerateOptions(max_tokens=steps * w + 1, ignore_eos=True)  # a step emits at most w tokens
             gen = BatchGeneration(model, prompts, options, drafters and list(drafters), policy)
             gen.run()
             timed = [s for s in gen.batch_log if s.kind != "prefill" and s.batch_size == b and s.width == w][1:]

@@ -48,3 +48,27 @@ def launch_in_row_blocks(
         parts.append(out)
     out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
     return out if x.ndim == 2 else out.reshape(*x.shape[:-1], n)
+
+
+class QuantizedRowsLauncher:
+    """A row-invariant quantized product for one layer and activation type, with what does not depend on ``x``
+    settled once: the weights' scales and biases in the activation type (``settle``), and the template and the grid
+    (set by the backend's subclass, with its ``kernel``). Calling it builds one kernel call per ``max_rows`` rows
+    and nothing else, so that a verify forward's many calls cost little on the host."""
+
+    __slots__ = ("w", "scales", "biases", "n", "k", "dtype", "template", "grid", "threadgroup")
+    max_rows = 16
+
+    def settle(self, w: mx.array, scales: mx.array, biases: mx.array, dtype: mx.Dtype, k: int) -> None:
+        self.w = w
+        self.scales = scales if scales.dtype == dtype else scales.astype(dtype)
+        self.biases = biases if biases.dtype == dtype else biases.astype(dtype)
+        self.n, self.k, self.dtype = w.shape[0], k, dtype
+
+    def kernel(self) -> Any:
+        raise NotImplementedError
+
+    def __call__(self, x: mx.array) -> mx.array:
+        operands = [self.w, self.scales, self.biases]
+        geometry = (self.template, self.grid, self.threadgroup)
+        return launch_in_row_blocks(self.kernel(), x, self.n, operands, *geometry, self.max_rows)

@@ -33,7 +33,7 @@ from typing import Any
 import mlx.core as mx
 
 from specbench.kernels import qmv_metal
-from specbench.kernels.jit import kernel_name, launch_in_row_blocks
+from specbench.kernels.jit import QuantizedRowsLauncher, kernel_name
 
 #: Rows one launch computes; more rows run in launches of this many (each row is on its own anyway).
 MAX_ROWS = 16
@@ -251,12 +251,21 @@ def supports(
 
 
 def launcher(
-    w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int, dtype: mx.Dtype, k: int, variant: str
-) -> QmvLauncher | qmv_metal.MetalQmvLauncher:
-    """The launcher of the probe's ``variant`` for one layer: Metal's (``qmv_metal.VARIANT``) or CUDA's."""
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    group_size: int,
+    bits: int,
+    dtype: mx.Dtype,
+    k: int,
+    variant: str,
+    **layout: Any,
+) -> QuantizedRowsLauncher:
+    """The launcher of the probe's ``variant`` for one layer: Metal's (``qmv_metal.VARIANT``) or CUDA's (with its
+    ``layout``: ``schedule``, ``features_per_block``)."""
     if variant == qmv_metal.VARIANT:
         return qmv_metal.MetalQmvLauncher(w, scales, biases, group_size, bits, dtype, k)
-    return QmvLauncher(w, scales, biases, group_size, bits, dtype, k, variant)
+    return QmvLauncher(w, scales, biases, group_size, bits, dtype, k, variant, **layout)
 
 
 @functools.cache
@@ -292,19 +301,16 @@ def qmv_rows(
             f"{[str(d) for d in DTYPES]} inputs, got {bits} bits, group size {group_size}, {x.dtype}, K={x.shape[-1]}"
             + (" (on Metal: N a multiple of 8, K of the pass length)" if qmv_metal.metal_available() else "")
         )
-    k = x.shape[-1]
-    if dequant == qmv_metal.VARIANT:
-        return qmv_metal.MetalQmvLauncher(w, scales, biases, group_size, bits, x.dtype, k)(x)
-    return QmvLauncher(w, scales, biases, group_size, bits, x.dtype, k, dequant, schedule, features_per_block)(x)
+    layout = {"schedule": schedule, "features_per_block": features_per_block}
+    return launcher(w, scales, biases, group_size, bits, x.dtype, x.shape[-1], dequant, **layout)(x)
 
 
-class QmvLauncher:
-    """``qmv_rows`` for one layer and activation type, with everything that does not depend on ``x`` settled
-    once: the weights' scales and biases in the activation type, the template and the grid. Calling it builds
-    one kernel call per ``MAX_ROWS`` rows and nothing else, so that a verify forward's many calls cost little on
-    the host (exact mode keeps one per layer: ``specbench.exact.kernel_calls``)."""
+class QmvLauncher(QuantizedRowsLauncher):
+    """``qmv_rows`` on CUDA for one layer and activation type (``QuantizedRowsLauncher``; exact mode keeps one per
+    layer: ``specbench.exact.kernel_calls``)."""
 
-    __slots__ = ("w", "scales", "biases", "n", "k", "dtype", "template", "grid", "threadgroup")
+    __slots__ = ()
+    max_rows = MAX_ROWS
 
     def __init__(
         self,
@@ -325,10 +331,7 @@ class QmvLauncher:
             raise ValueError(f"unknown schedule {schedule!r}: use one of {SCHEDULES}")
         if not 1 <= features_per_block <= 32:
             raise ValueError(f"features_per_block must be 1 to 32 (warps of a block), got {features_per_block}")
-        self.w = w
-        self.scales = scales if scales.dtype == dtype else scales.astype(dtype)
-        self.biases = biases if biases.dtype == dtype else biases.astype(dtype)
-        self.n, self.k, self.dtype = w.shape[0], k, dtype
+        self.settle(w, scales, biases, dtype, k)
         per_warp = WARP * (16 if bits <= 4 else 8)
         self.template = [
             ("T", dtype),
@@ -342,11 +345,8 @@ class QmvLauncher:
         self.grid = (WARP * blocks, features_per_block, 1)
         self.threadgroup = (WARP, features_per_block, 1)
 
-    def __call__(self, x: mx.array) -> mx.array:
-        operands = [self.w, self.scales, self.biases]
-        return launch_in_row_blocks(
-            _kernel(), x, self.n, operands, self.template, self.grid, self.threadgroup, MAX_ROWS
-        )
+    def kernel(self) -> Any:
+        return _kernel()
 
 
 def qmv_rows_reference(

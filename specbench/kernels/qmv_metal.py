@@ -28,7 +28,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from specbench.kernels.jit import kernel_name, launch_in_row_blocks
+from specbench.kernels.jit import QuantizedRowsLauncher, kernel_name
 
 MAX_ROWS = 16
 SIMD = 32
@@ -187,30 +187,23 @@ def _kernel() -> Any:
     )
 
 
-class MetalQmvLauncher:
-    """The Metal kernel for one layer and activation type, with what does not depend on ``x`` settled once (the
-    scales and biases in the activation type, the template and the grid): a call builds one kernel call per
-    ``MAX_ROWS`` rows."""
+class MetalQmvLauncher(QuantizedRowsLauncher):
+    """The Metal kernel for one layer and activation type (``QuantizedRowsLauncher``)."""
 
-    __slots__ = ("w", "scales", "biases", "n", "k", "dtype", "template", "grid", "threadgroup")
+    __slots__ = ()
+    max_rows = MAX_ROWS
 
     def __init__(
         self, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int, dtype: mx.Dtype, k: int
     ) -> None:
-        self.w = w
-        self.scales = scales if scales.dtype == dtype else scales.astype(dtype)
-        self.biases = biases if biases.dtype == dtype else biases.astype(dtype)
-        self.n, self.k, self.dtype = w.shape[0], k, dtype
+        self.settle(w, scales, biases, dtype, k)
         self.template = [("T", dtype), ("BITS", bits), ("GROUP", group_size), ("K", k), ("N", self.n)]
         per_group = FEATURES_PER_SIMDGROUP * SIMDGROUPS
         self.grid = (SIMD, SIMDGROUPS * (self.n // per_group), 1)  # threads: one threadgroup per 8 features
         self.threadgroup = (SIMD, SIMDGROUPS, 1)
 
-    def __call__(self, x: mx.array) -> mx.array:
-        operands = [self.w, self.scales, self.biases]
-        return launch_in_row_blocks(
-            _kernel(), x, self.n, operands, self.template, self.grid, self.threadgroup, MAX_ROWS
-        )
+    def kernel(self) -> Any:
+        return _kernel()
 
 
 def qmv_rows_metal_reference(
