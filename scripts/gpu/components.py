@@ -45,10 +45,10 @@ FULL = {
     "widths": [1, 2, 3, 5, 9, 16],
     "lengths": [2048, 8192, 32768],
     "repeats": 3,
-    "batch_sizes": [1, 2, 4, 8, 16, 32],
-    "batch_widths": 9,
+    "batch_sizes": [1, 4, 16, 32],  # the grid's: c(w, B) measured where it is predicted, not interpolated
+    "batch_widths": 5,
     "batch_offset": 256,
-    "overhead_widths": [1, 3, 5, 9],
+    "overhead_widths": [1, 3, 5],
     "grid_batch_sizes": [1, 4, 16, 32],
     "acceptances": [0.6, 0.9],
     "ks": [2, 4],
@@ -174,14 +174,18 @@ class Run:
 
     def batch(self) -> None:
         cfg, rows, profiles = self.cfg, [], {}
-        for shape in cfg["batch_shapes"]:
+        shapes = cfg["batch_shapes"]
+        for i, shape in enumerate(shapes):
             if not self.fits(f"batch {shape}", 40):
                 continue
+            started, share = time.perf_counter(), self.left() / (len(shapes) - i)  # the shapes left share the budget
             model = self.model(shape)
             profile = measure_batch_profile(
                 model, cfg["batch_sizes"], cfg["batch_widths"], cfg["batch_offset"], repeats=3, count_experts=False
             )
-            measure_batch_overhead(model, profile, cfg["overhead_widths"])
+            print(f"{shape}: c(w, B) in {time.perf_counter() - started:.0f} s", flush=True)
+            measure_batch_overhead(model, profile, cfg["overhead_widths"], cfg["max_tokens"])
+            print(f"{shape}: overheads by then {time.perf_counter() - started:.0f} s", flush=True)
             for w in cfg["overhead_widths"]:
                 step, row = profile.overhead_terms(w)
                 print(f"{shape} w={w}: engine overhead {1e3 * step:.3f} ms per step + {1e3 * row:.3f} ms per row")
@@ -193,7 +197,7 @@ class Run:
                 cfg["ks"],
                 prompt_len=cfg["batch_offset"],
                 max_tokens=cfg["max_tokens"],
-                budget_s=max(10.0, self.left() - 30),
+                budget_s=max(10.0, share - (time.perf_counter() - started) - 10),
             )
             rows += [{"shape": shape, "moe": bool(expert_layers(model)), **r} for r in grid]
             print(f"\n{shape}: batch grid, measured vs predicted (engine overheads in)")

@@ -103,7 +103,7 @@ class BatchRun:
             self.say(f"  a*(k, B={b}): " + " ".join(f"{r['a_star']:.2f}" for r in rows if r["batch_size"] == b))
         self.tables["experts"] += [{"model": label, **r} for r in profile.experts]
         try:  # the engine's own per-step work, which the grid's predictions price in
-            measure_batch_overhead(model, profile, sorted({1, *(k + 1 for k in cfg["ks"])}))
+            measure_batch_overhead(model, profile, sorted({1, *(k + 1 for k in cfg["ks"])}), cfg["max_tokens"])
             self.profiles[label] = profile.to_dict()
         except RuntimeError as err:
             self.failed(f"{label} engine overhead", err)

@@ -343,7 +343,7 @@ def measure_batch_overhead(
     model: nn.Module,
     profile: BatchProfile,
     widths: Sequence[int] = (1, 3, 5),
-    steps: int = 6,
+    tokens: int = 48,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> BatchProfile:
@@ -351,15 +351,20 @@ def measure_batch_overhead(
     and ``widths`` (1: plain batched decoding; w > 1: every row drafting w - 1 tokens of its own plain
     continuation at acceptance ``RAGGED_ACCEPTANCE``, so that rows accept different numbers and their caches
     roll back by different lengths: measured with drafts all rejected, a batch of 4 or more rows steps about 30 %
-    faster than one whose rows fall out of step), from ``steps`` steps (the first left out) over prompts of the
-    profile's offset, after an untimed run of the same batch and width (no timing holds a first use): the median
-    step's decode seconds less c(w, B) times the [B, 1] forward. Kept in ``profile.overhead_s``."""
+    faster than one whose rows fall out of step), over runs of ``tokens`` tokens per row from prompts of the
+    profile's offset, after an untimed run of the same batch and width (no timing holds a first use): the mean
+    step's decode seconds over the whole run, as a run of that length pays them (plain steps are pipelined: a
+    stretch's first step holds two steps' graph building and its last almost none, so the median step of a short
+    run says less), less c(w, B) times the [B, 1] forward. Kept in ``profile.overhead_s``; measure at the run
+    length the predictions are for (``batch_speedup_grid``'s ``max_tokens``)."""
+    if tokens < 2:
+        raise ValueError(f"tokens must be >= 2 (a prefill token and a decode step), got {tokens}")
     rng = np.random.default_rng(seed)
     vocab = vocab_size(model)
     widths = sorted(set(widths))
     for b in profile.batch_sizes:
         prompts = rng.integers(0, vocab, size=(b, max(1, profile.offset))).tolist()
-        recording = generate_batch(model, prompts, GenerateOptions(max_tokens=steps * max(widths) + 1, ignore_eos=True))
+        recording = generate_batch(model, prompts, GenerateOptions(max_tokens=tokens + max(widths), ignore_eos=True))
         recording.run()
         oracles = [
             Oracle(p, r.tokens, RAGGED_ACCEPTANCE, vocab, seed=seed + i, keep_drafting=True)
@@ -369,13 +374,13 @@ def measure_batch_overhead(
             policy, drafters = (DraftPolicy.fixed(w - 1), oracles) if w > 1 else (None, None)
             warm = GenerateOptions(max_tokens=2 * w + 1, ignore_eos=True)  # two steps of this width
             BatchGeneration(model, prompts, warm, drafters and list(drafters), policy).run()
-            options = GenerateOptions(max_tokens=steps * w + 1, ignore_eos=True)  # a step emits at most w tokens
+            options = GenerateOptions(max_tokens=tokens, ignore_eos=True)
             gen = BatchGeneration(model, prompts, options, drafters and list(drafters), policy)
             gen.run()
-            timed = [s for s in gen.batch_log if s.kind != "prefill" and s.batch_size == b and s.width == w][1:]
+            timed = [s for s in gen.batch_log if s.kind != "prefill" and s.batch_size == b and s.width == w]
             if not timed:
                 continue
-            seconds = statistics.median(s.verify_s + s.other_s for s in timed)
+            seconds = sum(s.verify_s + s.other_s for s in timed) / len(timed)
             profile.overhead_s.setdefault(str(w), {})[str(b)] = seconds - profile.c(w, b) * profile.plain_s[b]
             if progress:
                 beyond = 1e3 * profile.overhead_s[str(w)][str(b)]

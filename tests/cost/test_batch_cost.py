@@ -98,7 +98,7 @@ def test_measured_profile_and_grid_on_moe():
 def test_batch_overheads_per_step_and_row_enter_the_prediction():
     model = build_tiny("qwen3")
     profile = measure_batch_profile(model, (1, 2, 4), widths=3, offset=8, repeats=1, warmup=1, count_experts=False)
-    measure_batch_overhead(model, profile, widths=(1, 3), steps=3)
+    measure_batch_overhead(model, profile, widths=(1, 3), tokens=6)
     assert set(profile.overhead_s) == {"1", "3"} and all(len(v) == 3 for v in profile.overhead_s.values())
     step, row = profile.overhead_terms(3)
     assert math.isfinite(step) and math.isfinite(row)
@@ -132,13 +132,17 @@ def test_batch_overheads_are_measured_with_rows_out_of_step(monkeypatch):
     monkeypatch.setattr(batch_cost, "BatchGeneration", Recorded)
     model = build_tiny("qwen3")
     profile = measure_batch_profile(model, (4,), widths=3, offset=8, repeats=1, warmup=1, count_experts=False)
-    measure_batch_overhead(model, profile, widths=(3,), steps=4)
+    measure_batch_overhead(model, profile, widths=(3,), tokens=8)
     warm, timed = runs
     assert len(warm.batch_log) < len(timed.batch_log)  # the untimed run first
     stats = [r.stats() for r in timed.requests]
     assert all(st["drafted"] > 0 for st in stats)
     accepted = [st["accepted"] for st in stats]
     assert sum(accepted) > 0 and any(st["accepted"] < st["drafted"] for st in stats)
+    assert all(len(r.tokens) == 8 for r in timed.requests)  # as long as the runs it prices
+    steps = [s.verify_s + s.other_s for s in timed.batch_log if s.width == 3 and s.batch_size == 4]
+    beyond = sum(steps) / len(steps) - profile.c(3, 4) * profile.plain_s[4]  # the mean over the run's w = 3 steps
+    assert profile.overhead_s["3"]["4"] == pytest.approx(beyond)
 
 
 def test_predicted_batch_seconds_adds_the_measured_overhead_and_never_goes_below_zero():
