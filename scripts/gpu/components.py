@@ -221,8 +221,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny shapes on a CPU (a smoke run)")
     parser.add_argument("--budget", type=float, default=None, help="seconds for all phases (default 225; quick 600)")
     parser.add_argument("--phases", default="components,lengths,batch", help="comma list of phases to run")
+    parser.add_argument("--batch-shapes", default=None, help="comma list of the batch phase's shapes (default: all)")
     args = parser.parse_args()
-    cfg = QUICK if args.quick else FULL
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.batch_shapes:
+        wanted = [s for s in args.batch_shapes.split(",") if s]
+        unknown = sorted(set(wanted) - set(cfg["batch_shapes"]))
+        if unknown:
+            raise SystemExit(f"unknown batch shapes {unknown}: use {', '.join(cfg['batch_shapes'])}")
+        cfg["batch_shapes"] = wanted
     out = Path(os.environ.get("OUT") or "reports/gpu") / "components"
     run = Run(cfg, out, Budget(args.budget or cfg["budget"]))
     phases = [p for p in args.phases.split(",") if p]

@@ -33,6 +33,7 @@ from specbench.common.identity import device_name, kernel_key, model_key, versio
 from specbench.core.forward import context_length, vocab_size
 from specbench.exact.hooks import split_mode
 from specbench.exact.layout import cudnn_attention, layout_sensitive_attention, serial_extent, with_extent
+from specbench.exact.one_row import own_layers
 from specbench.exact.plan import ExactPlan
 
 
@@ -226,23 +227,25 @@ def calibrate(
     kernel = uses_kernel(model)
     attention_kernel = uses_attention_kernel(model)
     rng = np.random.default_rng(seed)
-    with split_mode(model, "none"):  # plain forwards, even inside an open exact mode
-        probes = [_Probe(model, offset, max(ws), rng)]
-        # The CPU's kernels read exactly the keys they attend; a GPU's may not (cuDNN's do not).
-        on_gpu = mx.default_device().type == mx.DeviceType.gpu
-        crossing = _boundary_offset(model, max(ws)) if boundary and (on_gpu or layout_sensitive_attention()) else None
-        if crossing is not None:
-            # The layout a verification that crossed the step two tokens earlier leaves.
-            probes.append(_Probe(model, crossing, max(ws), rng, extent=crossing - 2 + KVCache.step))
-    probe = _Probes(probes)
-    for i, w in enumerate(ws, 1):
-        t0 = time.perf_counter()
-        calibration.widths[w] = _calibrate_width(probe, w, moe, measure, repeats, kernel, attention_kernel)
-        if save:  # width by width: a run stopped midway keeps the widths it finished (rank 0 writes, its own levels)
-            _save(calibration)
-        if progress is not None:
-            level, seconds = calibration.widths[w].level, time.perf_counter() - t0
-            progress(f"exact calibration {i}/{len(ws)}: width {w} runs {level} ({seconds:.1f} s)")
+    with own_layers(model):  # against MLX's own products, also where a generation's one-row kernels are in place
+        with split_mode(model, "none"):  # plain forwards, even inside an open exact mode
+            probes = [_Probe(model, offset, max(ws), rng)]
+            # The CPU's kernels read exactly the keys they attend; a GPU's may not (cuDNN's do not).
+            on_gpu = mx.default_device().type == mx.DeviceType.gpu
+            layout = boundary and (on_gpu or layout_sensitive_attention())
+            crossing = _boundary_offset(model, max(ws)) if layout else None
+            if crossing is not None:
+                # The layout a verification that crossed the step two tokens earlier leaves.
+                probes.append(_Probe(model, crossing, max(ws), rng, extent=crossing - 2 + KVCache.step))
+        probe = _Probes(probes)
+        for i, w in enumerate(ws, 1):
+            t0 = time.perf_counter()
+            calibration.widths[w] = _calibrate_width(probe, w, moe, measure, repeats, kernel, attention_kernel)
+            if save:  # width by width: a run stopped midway keeps the widths it finished (rank 0 writes its levels)
+                _save(calibration)
+            if progress is not None:
+                level, seconds = calibration.widths[w].level, time.perf_counter() - t0
+                progress(f"exact calibration {i}/{len(ws)}: width {w} runs {level} ({seconds:.1f} s)")
     # The ranks of a sharded model run rank 0's levels (picked by its clock): the same forwards and collectives.
     calibration.widths.update(distributed.agreed({w: calibration.widths[w] for w in ws}, model))
     _calibrations[key] = calibration

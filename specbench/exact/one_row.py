@@ -10,7 +10,8 @@ where building and launching a step's graph takes longer than running it) that l
 saves. So ``one_row_choice`` times each distinct layer shape of a model both ways on the device (and checks that
 the kernel's one-row results on that shape equal MLX's bit for bit: the probe proves the kernel on small shapes),
 then plain steps with the faster kernels against plain steps without, and keeps the kernels only where the steps
-were faster (once per process); ``one_row_kernels`` runs the chosen layers' one-row calls through the kernel. The
+were faster and their logits bit-identical (the model's real activations, which random rows may not reach; once per
+process); ``one_row_kernels`` runs the chosen layers' one-row calls through the kernel. The
 output is the model's own greedy output either way: only the time changes.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -127,20 +129,36 @@ def plain_step_seconds(model: nn.Module, steps: int = 16) -> float:
     return (time.perf_counter() - start) / (steps + 1)
 
 
+def plain_logits(model: nn.Module, steps: int = 8) -> list[mx.array]:
+    """The logits of ``steps`` greedy plain steps of ``model`` from a fixed prompt (the model's real activations,
+    which random rows may not reach: a kernel is kept only where these are bit-identical with and without it)."""
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([[1, 2, 3, 4]]), cache=cache)[:, -1]
+    found = []
+    for _ in range(steps):
+        mx.eval(logits)
+        found.append(logits)
+        logits = model(mx.argmax(logits, axis=-1)[:, None], cache=cache)[:, -1]
+    return found
+
+
 @dataclass(frozen=True)
 class OneRowChoice:
     """Which layer shapes run one-row products through the kernel: the shapes whose kernel was faster on the
-    device (``ShapeTiming.uses_kernel``), kept only where plain steps with them were faster as a whole."""
+    device (``ShapeTiming.uses_kernel``), kept only where plain steps with them were faster as a whole and their
+    logits bit-identical to the steps without them (``identical``; None: not checked)."""
 
     shapes: list[ShapeTiming]
     step_s: float | None = None
     kernel_step_s: float | None = None
+    identical: bool | None = None
 
     @property
     def confirmed(self) -> bool:
-        return (
+        faster = (
             self.kernel_step_s is not None and self.step_s is not None and self.kernel_step_s <= FASTER_BY * self.step_s
         )
+        return faster and self.identical is not False
 
     @property
     def signatures(self) -> set[tuple]:
@@ -158,7 +176,8 @@ def one_row_choice(
     rounds: int = 3,
 ) -> OneRowChoice:
     """Each distinct layer shape of ``model`` timed at one row both ways, then plain steps with the faster kernels
-    against plain steps without, ``rounds`` times alternating (medians); once per process and device. Off CUDA no
+    against plain steps without, ``rounds`` times alternating (medians), and their logits compared bit for bit;
+    once per process and device. Off CUDA no
     kernel runs, so nothing is timed and every layer keeps MLX's product; a sharded model keeps them too (its
     ranks would time apart and might not run the same forwards)."""
     if not kernels.cuda_available() or is_sharded(model):  # ranks timing apart could disagree on collective forwards
@@ -183,7 +202,16 @@ def one_row_choice(
             plain.append(step_timer(model))
             with one_row_kernels(model, tentative):
                 through_kernels.append(step_timer(model))
-        choice = OneRowChoice(shapes, statistics.median(plain), statistics.median(through_kernels))
+        reference = plain_logits(model)
+        with one_row_kernels(model, tentative):
+            identical = all(bool(mx.array_equal(a, b)) for a, b in zip(reference, plain_logits(model)))
+        if not identical:
+            warnings.warn(
+                "specbench: plain steps keep MLX's own one-row products on this device: through the one-row kernels "
+                "their logits were not bit-identical to MLX's (exact verification is unaffected)",
+                stacklevel=2,
+            )
+        choice = OneRowChoice(shapes, statistics.median(plain), statistics.median(through_kernels), identical)
     _choices[key] = choice
     return choice
 
@@ -230,5 +258,21 @@ def one_row_kernels(model: nn.Module, choice: OneRowChoice | None = None) -> Ite
     model.update_modules(tree_unflatten([(path, OneRowKernel(layer)) for path, layer in swapped]))
     try:
         yield [path for path, _ in swapped]
+    finally:
+        model.update_modules(tree_unflatten(swapped))
+
+
+@contextlib.contextmanager
+def own_layers(model: nn.Module) -> Iterator[None]:
+    """Inside, the layers ``one_row_kernels`` swapped (if it is open) give way to the model's own, and come back on
+    leaving: calibration holds exact levels against serial steps through MLX's own products, wherever it runs (a
+    width first used during generation is calibrated inside ``one_row_kernels``)."""
+    swapped = [(path, m) for path, m in model.named_modules() if isinstance(m, OneRowKernel)]
+    if not swapped:
+        yield
+        return
+    model.update_modules(tree_unflatten([(path, m.layer) for path, m in swapped]))
+    try:
+        yield
     finally:
         model.update_modules(tree_unflatten(swapped))

@@ -201,3 +201,27 @@ def test_batch_bench_prints_each_speedup_beside_its_prediction():
     assert row["residual"] == pytest.approx(row["speedup_vs_plain"] / row["predicted_vs_plain"] - 1)
     assert "residual" not in next(r for r in result["rows"] if r["engine"] == "plain")
     assert f"predicted {row['predicted_vs_plain']:.2f}x" in format_batch_bench(result)
+
+
+def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch):
+    """A plain run after speculative steps of another width ran slower on the H200: every timed run (plain and
+    speculative) comes right after a short untimed one of the same kind."""
+    import specbench.cost.batch as batch_cost
+
+    runs = []
+
+    class Recorded(batch_cost.BatchGeneration):
+        def run(self):
+            kind = "spec" if any(r.drafter is not None for r in self.requests) else "plain"
+            runs.append((kind, self.requests[0].options.max_tokens))
+            return super().run()
+
+    monkeypatch.setattr(batch_cost, "BatchGeneration", Recorded)
+    monkeypatch.setattr(batch_cost, "generate_batch", lambda model, prompts, options: Recorded(model, prompts, options))
+    model = build_tiny("qwen3")
+    profile = measure_batch_profile(model, (2,), widths=3, offset=6, repeats=1, warmup=1, count_experts=False)
+    rows = batch_speedup_grid(model, profile, (2,), (1.0,), (1, 2), prompt_len=6, max_tokens=10, warmup_tokens=3)
+    assert len(rows) == 2
+    assert runs[0] == ("plain", 10)  # the untimed recording the oracles draft from
+    cells = runs[1:]
+    assert cells == [("plain", 3), ("plain", 10), ("spec", 3), ("spec", 10)] * 2

@@ -168,3 +168,39 @@ def test_plain_step_seconds_times_pipelined_greedy_steps():
     model = quantized_tiny()
     seconds = one_row.plain_step_seconds(model, steps=4)
     assert 0 < seconds < 5
+
+
+def test_calibration_inside_the_one_row_kernels_holds_levels_against_mlxs_own_products(monkeypatch, fresh_calibrations):
+    """A width first used during generation is calibrated inside ``one_row_kernels``: its serial reference must be
+    MLX's own one-row products, not the kernel's (a kernel off by one ulp there would fail every level)."""
+    from specbench.exact import calibrate
+
+    model = quantized_tiny()
+    outside = calibrate(model, [3], save=False, measure=False).level_for(3)
+    off_by_an_ulp = []
+
+    def kernel(layer, x):
+        off_by_an_ulp.append(tuple(x.shape))
+        out = layer(x)
+        return out + mx.abs(out) * 2**-20
+
+    monkeypatch.setattr(one_row, "kernel_product", kernel)
+    with one_row_kernels(model, faster_head(model)) as swapped:
+        assert swapped == ["lm_head"]
+        inside = calibrate(model, [3], force=True, save=False, measure=False).level_for(3)
+        assert type(model.lm_head) is one_row.OneRowKernel  # the generation's layers back after calibrating
+    assert inside == outside != "serial"
+    assert off_by_an_ulp == []  # no serial reference step went through the kernel
+
+
+def test_kernels_whose_plain_logits_differ_from_mlxs_are_not_used(monkeypatch):
+    """Random rows may not reach what the model's real activations do: the choice also compares whole plain steps'
+    logits with and without the kernels, bit for bit, and keeps MLX's products where they differ."""
+    model, choice, _, _ = scripted_choice(monkeypatch, kernel_step=0.5)
+    assert choice.identical is True and choice.signatures  # the stand-in kernel is the layer's own product
+    monkeypatch.setattr(one_row, "kernel_product", lambda layer, x: layer(x) * (1 + 2**-7))
+    monkeypatch.setattr(one_row, "_choices", {})
+    with pytest.warns(UserWarning, match="not bit-identical"):
+        again = one_row_choice(model, step_timer=lambda m: 0.5 if type(m.lm_head) is one_row.OneRowKernel else 1.0)
+    assert again.kernel_step_s < again.step_s  # faster, and still not used
+    assert again.identical is False and not again.confirmed and again.signatures == set()

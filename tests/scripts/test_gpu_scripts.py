@@ -223,3 +223,11 @@ def test_kernels_script(tmp_path, script_home):
         assert "CUDA kernels: False" in out and not result["launches"]
     else:
         assert all(r["identical_loop"] and r["identical_prefetch"] for r in result["layers"])
+
+
+def test_one_row_diagnose_script(tmp_path, script_home):
+    out = run_script("one_row_diagnose.py", tmp_path, script_home, "--width", "3")
+    report = json.loads((tmp_path / "one_row_diagnose.json").read_text())
+    assert report["plain_logits_identical"] and all(report["plain_logits_identical"])
+    assert report["calibrated_inside"]["level"] == report["calibrated_outside"]["level"] != "serial"
+    assert "on_first_use" in out and "elapsed_s" in report
