@@ -212,6 +212,15 @@ class Run:
                 errors[b] = statistics.mean(abs(r["residual"]) for r in grid if r["batch_size"] == b)
             errors["all"] = statistics.mean(abs(r["residual"]) for r in grid) if grid else None
             print("  mean |residual| by B: " + " ".join(f"{b}:{e:.1%}" for b, e in errors.items() if e is not None))
+            # The machine's own noise beside it: how far this batch size's plain runs (one per cell) spread
+            spread = self.summary.setdefault("batch_plain_spread", {}).setdefault(shape, {})
+            for b in sorted({r["batch_size"] for r in grid}):
+                steps = [1 / r["plain_tokens_per_s"] for r in grid if r["batch_size"] == b]
+                spread[b] = (max(steps) - min(steps)) / statistics.median(steps)
+            print(
+                "  plain runs' spread by B (max - min over median): "
+                + " ".join(f"{b}:{e:.1%}" for b, e in spread.items())
+            )
             profiles[shape] = profile.to_dict()  # c(w, B), [B, 1] seconds and overheads: predictions can be redone
             self.write("batch", {"rows": rows, "profiles": profiles})
 
@@ -221,15 +230,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny shapes on a CPU (a smoke run)")
     parser.add_argument("--budget", type=float, default=None, help="seconds for all phases (default 225; quick 600)")
     parser.add_argument("--phases", default="components,lengths,batch", help="comma list of phases to run")
+    parser.add_argument("--shapes", default=None, help="comma list of the components and lengths phases' shapes")
     parser.add_argument("--batch-shapes", default=None, help="comma list of the batch phase's shapes (default: all)")
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
-    if args.batch_shapes:
-        wanted = [s for s in args.batch_shapes.split(",") if s]
-        unknown = sorted(set(wanted) - set(cfg["batch_shapes"]))
-        if unknown:
-            raise SystemExit(f"unknown batch shapes {unknown}: use {', '.join(cfg['batch_shapes'])}")
-        cfg["batch_shapes"] = wanted
+    for key, given in (("shapes", args.shapes), ("batch_shapes", args.batch_shapes)):
+        if given:
+            wanted = [s for s in given.split(",") if s]
+            unknown = sorted(set(wanted) - set(cfg[key]))
+            if unknown:
+                raise SystemExit(f"unknown --{key.replace('_', '-')} {unknown}: use {', '.join(cfg[key])}")
+            cfg[key] = wanted
     out = Path(os.environ.get("OUT") or "reports/gpu") / "components"
     run = Run(cfg, out, Budget(args.budget or cfg["budget"]))
     phases = [p for p in args.phases.split(",") if p]

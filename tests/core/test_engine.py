@@ -188,7 +188,9 @@ def test_labelled_records_keep_their_columns_through_a_stored_log(tmp_path):
     model = build_tiny("llama")
     log = StepLog()
     for request in range(2):
-        gen = speculative_generate(model, PROMPT, GenerateOptions(max_tokens=8), PromptLookup(), DraftPolicy.fixed(3))
+        gen = speculative_generate(
+            model, PROMPT, GenerateOptions(max_tokens=8), drafter=PromptLookup(), policy=DraftPolicy.fixed(3)
+        )
         list(gen)
         for record in gen.log:
             log.append(record.labelled(request=request, method="lookup"))

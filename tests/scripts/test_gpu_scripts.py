@@ -202,6 +202,9 @@ def test_components_script(tmp_path, script_home):
     summary = json.loads((folder / "summary.json").read_text())
     assert set(summary["components"]) == {"qwen3-8b-tiny", "qwen3-30b-a3b-tiny", "qwen3.5-9b-tiny"}
     assert set(summary["batch_mean_abs_error"]) == {"qwen3-8b-tiny", "qwen3-30b-a3b-tiny"}
+    spread = summary["batch_plain_spread"]  # the plain runs' own noise per batch size, beside the residuals
+    assert all(set(spread[s]) == set(summary["batch_mean_abs_error"][s]) - {"all"} for s in spread)
+    assert all(v >= 0 for by_b in spread.values() for v in by_b.values())
     rows = json.loads((folder / "components.json").read_text())
     moe = {r["part"] for r in rows if r["shape"] == "qwen3-30b-a3b-tiny" and r["seconds"] > 0}
     assert "experts" in moe
