@@ -147,8 +147,9 @@ def test_no_verdict_rests_on_a_prediction_alone():
             "acceptance": [0.9, 0.9],
             "k": [4, 4],
             "measured": [1.2, 0.7],
-            "predicted": [1.5, 1.3],
-            "error": [1.2 / 1.5 - 1, 0.7 / 1.3 - 1],
+            "predicted": [9.0, 9.0],  # at the nominal acceptance: not the one the verdict quotes
+            "predicted_from_log": [1.5, 1.3],  # for the steps each run took
+            "residual": [1.2 / 1.5 - 1, 0.7 / 1.3 - 1],
         }
     )
     text = verdicts.batch_break_even({"dense": object()}, grid, [0.9])

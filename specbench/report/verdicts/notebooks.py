@@ -303,7 +303,8 @@ def measured_cells(grid: pl.DataFrame, measured: str, predicted: str, residual: 
 
 
 def batch_break_even(profiles: dict[str, Any], grid: pl.DataFrame | None, acceptances: Sequence[float]) -> str:
-    """Break-even by batch size: what the measured cells show, with the c(w, B) profile's predictions and their
+    """Break-even by batch size: what the measured cells show, with the one predictor's predictions for the steps
+    each run took (``predicted_from_log``: its acceptance per position, the engine's overheads in) and their
     residuals beside them; predictions alone give no verdict."""
     if not profiles:
         return "No batch profile was measured."
@@ -319,9 +320,10 @@ def batch_break_even(profiles: dict[str, Any], grid: pl.DataFrame | None, accept
             parts.append(f"{name}: no cell measured (predictions untested)")
             continue
         sizes = ", ".join(str(b) for b in mine["batch_size"].unique().sort().to_list())
+        cells = measured_cells(mine, "measured", "predicted_from_log", "residual", "model")
         parts.append(
             f"{name} at B = {sizes} (acceptances {', '.join(f'{a:g}' for a in acceptances)}): "
-            + measured_cells(mine, "measured", "predicted", "error", "model").removeprefix("Measured cells ")
+            + cells.removeprefix("Measured cells ")
         )
     return f"On {where()}: " + " ".join(parts)
 
