@@ -303,9 +303,8 @@ def measured_cells(grid: pl.DataFrame, measured: str, predicted: str, residual: 
 
 
 def batch_break_even(profiles: dict[str, Any], grid: pl.DataFrame | None, acceptances: Sequence[float]) -> str:
-    """Break-even by batch size: what the measured cells show, with the one predictor's predictions for the steps
-    each run took (``predicted_from_log``: its acceptance per position, the engine's overheads in) and their
-    residuals beside them; predictions alone give no verdict."""
+    """Break-even by batch size: what the measured cells show, the one predictor's predictions for the steps each run
+    took (``predicted_from_log``, overheads in) and residuals beside them; predictions alone give no verdict."""
     if not profiles:
         return "No batch profile was measured."
     if grid is None or grid.is_empty():
