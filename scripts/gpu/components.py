@@ -31,7 +31,8 @@ from specbench.bench.budget import Budget
 from specbench.common.files import write_json_atomic
 from specbench.common.identity import device_name
 from specbench.core.experts import expert_layers
-from specbench.cost.batch import batch_speedup_grid, measure_batch_overhead, measure_batch_profile
+from specbench.cost.batch import measure_batch_overhead, measure_batch_profile
+from specbench.cost.batch_grid import batch_speedup_grid
 from specbench.cost.components import PARTS, deciding_part, measure_components
 from specbench.models import synthetic
 
@@ -53,6 +54,7 @@ FULL = {
     "acceptances": [0.6, 0.9],
     "ks": [2, 4],
     "max_tokens": 48,
+    "grid_repeats": 2,  # adjacent plain/speculative pairs per cell, medians
     "budget": 225.0,
 }
 QUICK = {
@@ -73,6 +75,7 @@ QUICK = {
     "acceptances": [0.9],
     "ks": [2],
     "max_tokens": 8,
+    "grid_repeats": 1,
     "budget": 600.0,
 }
 
@@ -198,14 +201,16 @@ class Run:
                 prompt_len=cfg["batch_offset"],
                 max_tokens=cfg["max_tokens"],
                 budget_s=max(10.0, share - (time.perf_counter() - started) - 10),
+                repeats=cfg["grid_repeats"],
             )
             rows += [{"shape": shape, "moe": bool(expert_layers(model)), **r} for r in grid]
             print(f"\n{shape}: batch grid, measured vs predicted (engine overheads in)")
-            print("     B    a   k  measured  predicted  residual")
+            print("     B    a   k  measured  predicted  residual  pairs")
             for r in grid:
                 print(
                     f"  {r['batch_size']:4d} {r['acceptance']:4.2f} {r['k']:3d} {r['measured']:8.2f}x "
-                    f"{r['predicted_from_log']:9.2f}x {r['residual']:+9.1%}"
+                    f"{r['predicted_from_log']:9.2f}x {r['residual']:+9.1%}  "
+                    + " ".join(f"{m:.2f}x" for m in r["measured_runs"])
                 )
             errors = self.summary.setdefault("batch_mean_abs_error", {}).setdefault(shape, {})
             for b in sorted({r["batch_size"] for r in grid}):

@@ -31,13 +31,8 @@ from specbench.common.identity import device_name
 from specbench.core.engine import generate
 from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
-from specbench.cost.batch import (
-    BatchProfile,
-    batch_speedup_grid,
-    lowest_break_even,
-    measure_batch_overhead,
-    measure_batch_profile,
-)
+from specbench.cost.batch import BatchProfile, lowest_break_even, measure_batch_overhead, measure_batch_profile
+from specbench.cost.batch_grid import batch_speedup_grid
 from specbench.models import synthetic
 
 #: The run's tables, each written as batch_<name>.csv.

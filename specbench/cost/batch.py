@@ -32,7 +32,6 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost.breakeven import best_k, break_even_acceptance, expected_tokens
 from specbench.cost.experts import expected_distinct_experts, routing
-from specbench.cost.predict import predicted_batch_speedup
 from specbench.cost.profile import cost_at
 from specbench.drafters.oracle import Oracle
 
@@ -317,23 +316,6 @@ def _block_experts(model: nn.Module, cache: list[Any], b: int, widths: list[int]
     return rows
 
 
-def _decode_seconds(gen: BatchGeneration) -> float:
-    """Decode seconds of a batch run (verify and bookkeeping; drafting left out: the oracle drafter's
-    bookkeeping is no drafter's cost)."""
-    return sum(s.verify_s + s.other_s for s in gen.batch_log)
-
-
-def _request_seconds_per_token(gen: BatchGeneration) -> float:
-    """Mean over requests of decode seconds per decode token (the latency each request sees)."""
-    values = []
-    for request in gen.requests:
-        decode = [r for r in request.log.records if r.kind != "prefill"]
-        tokens = sum(r.emitted for r in decode)
-        if tokens:
-            values.append(sum(r.verify_s for r in decode) / tokens)
-    return float(np.mean(values))
-
-
 #: Acceptance of the drafts in ``measure_batch_overhead``'s speculative steps: rows accept different numbers of
 #: them, so they fall out of step as served rows do.
 RAGGED_ACCEPTANCE = 0.5
@@ -388,94 +370,6 @@ def measure_batch_overhead(
     return profile
 
 
-def batch_speedup_grid(
-    model: nn.Module,
-    profile: BatchProfile,
-    batch_sizes: Sequence[int] = (1, 4, 16, 32),
-    acceptances: Sequence[float] = (0.5, 0.8, 1.0),
-    ks: Sequence[int] = (1, 2, 4),
-    prompt_len: int = 32,
-    max_tokens: int = 64,
-    seed: int = 0,
-    budget_s: float | None = None,
-    progress: Callable[[dict[str, Any]], None] | None = None,
-    warmup_tokens: int = 8,
-) -> list[dict[str, Any]]:
-    """Speedups of batched speculative over plain batched decoding, measured end to end at controlled
-    acceptance (``Oracle`` per request, ``DraftPolicy.fixed(k)``), against the profile's
-    prediction at the nominal a (``predicted``) and for the steps the run took (``predicted_from_log``:
-    ``specbench.cost.predict.predicted_batch_speedup``, the engine's overheads included when measured),
-    with relative errors as ``specbench.cost.grid`` reports them (``residual`` = ``error_from_log``).
-    Cells past ``budget_s`` are left out.
-
-    Each request's oracle drafts the plain batched run's output of the same batch, recorded before any
-    timed run; where a speculative run's output leaves it (a fast verify that is not bit-exact), the
-    oracle keeps drafting its recording at the same position and never runs the model, so the timing
-    holds nothing but decoding: ``diverged`` counts such requests, ``acceptance_measured`` is what the
-    run accepted. Every timed run follows an untimed one of ``warmup_tokens`` of its own kind (plain, or
-    speculative with the same batch and k), so no timing holds a kernel's first-use build: on the H200 a plain
-    B = 1 run right after speculative steps of width 5 ran 30-40 % slower per step than one after width 3. Each
-    cell is timed against its own plain run, right before it (adjacent pairs: one slow plain run cannot skew every
-    cell of its batch size)."""
-    rng = np.random.default_rng(seed)
-    options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True)
-    warm = GenerateOptions(max_tokens=max(2, min(warmup_tokens, max_tokens)), ignore_eos=True)
-    rows: list[dict[str, Any]] = []
-    start = time.perf_counter()
-    for b in batch_sizes:
-        if budget_s is not None and rows and time.perf_counter() - start > budget_s:
-            break
-        prompts = rng.integers(0, vocab_size(model), size=(b, prompt_len)).tolist()
-        recording = generate_batch(model, prompts, options)  # untimed
-        recording.run()
-        oracles = [
-            Oracle(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, keep_drafting=True)
-            for i, (p, r) in enumerate(zip(prompts, recording.requests))
-        ]
-        for a in acceptances:
-            for k in ks:
-                if budget_s is not None and rows and time.perf_counter() - start > budget_s:
-                    return rows
-                for i, o in enumerate(oracles):
-                    o.acceptance, o.seed = a, seed + 1000 * k + i
-                if warmup_tokens > 0:  # each timed run right after an untimed one of its own kind
-                    generate_batch(model, prompts, warm).run()
-                plain = generate_batch(model, prompts, options)  # this cell's own plain run, right before it
-                plain.run()
-                plain_s = _decode_seconds(plain) / sum(len(r.tokens) - 1 for r in plain.requests)
-                plain_latency = _request_seconds_per_token(plain)
-                if warmup_tokens > 0:
-                    BatchGeneration(model, prompts, warm, list(oracles), DraftPolicy.fixed(k)).run()
-                gen = BatchGeneration(model, prompts, options, list(oracles), DraftPolicy.fixed(k))
-                gen.run()
-                spec_s = _decode_seconds(gen) / sum(len(r.tokens) - 1 for r in gen.requests)
-                measured = plain_s / spec_s
-                nominal = profile.predicted(a, k, b)["throughput"]
-                from_log = predicted_batch_speedup(gen, plain, profile)
-                row = {
-                    "batch_size": b,
-                    "acceptance": a,
-                    "k": k,
-                    "measured": measured,
-                    "measured_latency": plain_latency / _request_seconds_per_token(gen),
-                    "predicted": nominal,
-                    "predicted_from_log": from_log,
-                    "error": measured / nominal - 1,
-                    "error_from_log": measured / from_log - 1,
-                    "residual": measured / from_log - 1,
-                    "acceptance_measured": float(
-                        np.mean([r.stats()["acceptance_rate"] for r in gen.requests if r.stats()["drafted"]] or [0])
-                    ),
-                    "plain_tokens_per_s": 1 / plain_s,
-                    "spec_tokens_per_s": 1 / spec_s,
-                    "diverged": sum(o.diverged_at is not None for o in oracles),
-                }
-                rows.append(row)
-                if progress:
-                    progress(row)
-    return rows
-
-
 def lowest_break_even(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
     """The lowest finite a*(k, B) over k per batch size (capped at 1) from ``break_even_rows``' rows."""
     lowest: dict[int, float] = {}
@@ -485,4 +379,4 @@ def lowest_break_even(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
     return dict(sorted(lowest.items()))
 
 
-__all__ = ["BatchProfile", "batch_speedup_grid", "lowest_break_even", "measure_batch_overhead", "measure_batch_profile"]
+__all__ = ["BatchProfile", "lowest_break_even", "measure_batch_overhead", "measure_batch_profile"]

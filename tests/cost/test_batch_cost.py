@@ -3,7 +3,9 @@ batch benchmark against mlx-lm."""
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,13 +13,8 @@ import pytest
 from conftest import build_tiny
 
 from specbench.bench.batch_bench import bench_batch, format_batch_bench
-from specbench.cost.batch import (
-    BatchProfile,
-    batch_speedup_grid,
-    lowest_break_even,
-    measure_batch_overhead,
-    measure_batch_profile,
-)
+from specbench.cost.batch import BatchProfile, lowest_break_even, measure_batch_overhead, measure_batch_profile
+from specbench.cost.batch_grid import batch_speedup_grid
 from specbench.cost.breakeven import expected_tokens
 from specbench.cost.predict import predicted_batch_seconds
 
@@ -205,8 +202,9 @@ def test_batch_bench_prints_each_speedup_beside_its_prediction():
 
 def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch):
     """A plain run after speculative steps of another width ran slower on the H200: every timed run (plain and
-    speculative) comes right after a short untimed one of the same kind."""
-    import specbench.cost.batch as batch_cost
+    speculative) comes right after a short untimed one of the same kind; a cell's repeats are adjacent pairs whose
+    medians it reports."""
+    import specbench.cost.batch_grid as batch_cost
 
     runs = []
 
@@ -220,8 +218,16 @@ def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch)
     monkeypatch.setattr(batch_cost, "generate_batch", lambda model, prompts, options: Recorded(model, prompts, options))
     model = build_tiny("qwen3")
     profile = measure_batch_profile(model, (2,), widths=3, offset=6, repeats=1, warmup=1, count_experts=False)
-    rows = batch_speedup_grid(model, profile, (2,), (1.0,), (1, 2), prompt_len=6, max_tokens=10, warmup_tokens=3)
+    grid = functools.partial(batch_speedup_grid, model, profile, (2,), (1.0,), prompt_len=6, max_tokens=10)
+    rows = grid((1, 2), warmup_tokens=3)
     assert len(rows) == 2
     assert runs[0] == ("plain", 10)  # the untimed recording the oracles draft from
     cells = runs[1:]
     assert cells == [("plain", 3), ("plain", 10), ("spec", 3), ("spec", 10)] * 2
+    runs.clear()
+    (row,) = grid((2,), warmup_tokens=3, repeats=3)
+    assert runs[1:] == [("plain", 3), ("plain", 10), ("spec", 3), ("spec", 10)] * 3
+    assert row["repeats"] == 3 and len(row["measured_runs"]) == 3
+    assert row["measured"] == pytest.approx(statistics.median(row["measured_runs"]))
+    with pytest.raises(ValueError, match="repeats"):
+        grid((2,), repeats=0)

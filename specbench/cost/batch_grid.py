@@ -1,0 +1,161 @@
+"""The measured batch grid: batched speculative against plain batched decoding at controlled acceptance, each cell
+beside the one predictor's prediction for the steps its runs took (``specbench.cost.predict``) and the residual."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.nn as nn
+import numpy as np
+
+from specbench.core.batch import BatchGeneration, generate_batch
+from specbench.core.forward import vocab_size
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy
+from specbench.cost.batch import BatchProfile
+from specbench.cost.predict import predicted_batch_speedup
+from specbench.drafters.oracle import Oracle
+
+
+def _decode_seconds(gen: BatchGeneration) -> float:
+    """Decode seconds of a batch run (verify and bookkeeping; drafting left out: the oracle drafter's
+    bookkeeping is no drafter's cost)."""
+    return sum(s.verify_s + s.other_s for s in gen.batch_log)
+
+
+def _request_seconds_per_token(gen: BatchGeneration) -> float:
+    """Mean over requests of decode seconds per decode token (the latency each request sees)."""
+    values = []
+    for request in gen.requests:
+        decode = [r for r in request.log.records if r.kind != "prefill"]
+        tokens = sum(r.emitted for r in decode)
+        if tokens:
+            values.append(sum(r.verify_s for r in decode) / tokens)
+    return float(np.mean(values))
+
+
+def _seconds_per_token(gen: BatchGeneration) -> float:
+    return _decode_seconds(gen) / sum(len(r.tokens) - 1 for r in gen.requests)
+
+
+def _timed_pair(
+    model: nn.Module,
+    prompts: list[list[int]],
+    oracles: list[Oracle],
+    k: int,
+    options: GenerateOptions,
+    warm: GenerateOptions | None,
+    profile: BatchProfile,
+) -> dict[str, float]:
+    """One plain run and one speculative run of the same batch, each right after an untimed one of its kind."""
+    if warm is not None:
+        generate_batch(model, prompts, warm).run()
+    plain = generate_batch(model, prompts, options)
+    plain.run()
+    if warm is not None:
+        BatchGeneration(model, prompts, warm, list(oracles), DraftPolicy.fixed(k)).run()
+    gen = BatchGeneration(model, prompts, options, list(oracles), DraftPolicy.fixed(k))
+    gen.run()
+    plain_s, spec_s = _seconds_per_token(plain), _seconds_per_token(gen)
+    drafted = [r.stats()["acceptance_rate"] for r in gen.requests if r.stats()["drafted"]]
+    return {
+        "measured": plain_s / spec_s,
+        "measured_latency": _request_seconds_per_token(plain) / _request_seconds_per_token(gen),
+        "predicted_from_log": predicted_batch_speedup(gen, plain, profile),
+        "acceptance_measured": float(np.mean(drafted or [0])),
+        "plain_s": plain_s,
+        "spec_s": spec_s,
+        "diverged": sum(o.diverged_at is not None for o in oracles),
+    }
+
+
+def batch_speedup_grid(
+    model: nn.Module,
+    profile: BatchProfile,
+    batch_sizes: Sequence[int] = (1, 4, 16, 32),
+    acceptances: Sequence[float] = (0.5, 0.8, 1.0),
+    ks: Sequence[int] = (1, 2, 4),
+    prompt_len: int = 32,
+    max_tokens: int = 64,
+    seed: int = 0,
+    budget_s: float | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    warmup_tokens: int = 8,
+    repeats: int = 1,
+) -> list[dict[str, Any]]:
+    """Speedups of batched speculative over plain batched decoding, measured end to end at controlled
+    acceptance (``Oracle`` per request, ``DraftPolicy.fixed(k)``), against the profile's
+    prediction at the nominal a (``predicted``) and for the steps the runs took (``predicted_from_log``:
+    ``specbench.cost.predict.predicted_batch_speedup``, the engine's overheads included when measured),
+    with relative errors as ``specbench.cost.grid`` reports them (``residual`` = ``error_from_log``).
+    Cells past ``budget_s`` are left out.
+
+    Each request's oracle drafts the plain batched run's output of the same batch, recorded before any
+    timed run; where a speculative run's output leaves it (a fast verify that is not bit-exact), the
+    oracle keeps drafting its recording at the same position and never runs the model, so the timing
+    holds nothing but decoding: ``diverged`` counts such requests, ``acceptance_measured`` is what the
+    run accepted. Every timed run follows an untimed one of ``warmup_tokens`` of its own kind (plain, or
+    speculative with the same batch and k), so no timing holds a kernel's first-use build: on the H200 a plain
+    B = 1 run right after speculative steps of width 5 ran 30-40 % slower per step than one after width 3. Each
+    cell is timed as ``repeats`` adjacent pairs (its own plain run right before its speculative one: one slow
+    plain run cannot skew every cell of its batch size); its measured speedup, prediction and the other figures
+    are the medians over the pairs, ``measured_runs`` each pair's speedup (the machine's noise at this cell)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    rng = np.random.default_rng(seed)
+    options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True)
+    warm = GenerateOptions(max_tokens=max(2, min(warmup_tokens, max_tokens)), ignore_eos=True)
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    for b in batch_sizes:
+        if budget_s is not None and rows and time.perf_counter() - start > budget_s:
+            break
+        prompts = rng.integers(0, vocab_size(model), size=(b, prompt_len)).tolist()
+        recording = generate_batch(model, prompts, options)  # untimed
+        recording.run()
+        oracles = [
+            Oracle(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, keep_drafting=True)
+            for i, (p, r) in enumerate(zip(prompts, recording.requests))
+        ]
+        for a in acceptances:
+            for k in ks:
+                if budget_s is not None and rows and time.perf_counter() - start > budget_s:
+                    return rows
+                pairs = []
+                for _ in range(repeats):
+                    for i, o in enumerate(oracles):
+                        o.acceptance, o.seed = a, seed + 1000 * k + i
+                    pairs.append(
+                        _timed_pair(model, prompts, oracles, k, options, warm if warmup_tokens > 0 else None, profile)
+                    )
+                cell = {key: statistics.median(p[key] for p in pairs) for key in pairs[0]}
+                measured, from_log = cell["measured"], cell["predicted_from_log"]
+                nominal = profile.predicted(a, k, b)["throughput"]
+                row = {
+                    "batch_size": b,
+                    "acceptance": a,
+                    "k": k,
+                    "measured": measured,
+                    "measured_latency": cell["measured_latency"],
+                    "predicted": nominal,
+                    "predicted_from_log": from_log,
+                    "error": measured / nominal - 1,
+                    "error_from_log": measured / from_log - 1,
+                    "residual": measured / from_log - 1,
+                    "acceptance_measured": cell["acceptance_measured"],
+                    "plain_tokens_per_s": 1 / cell["plain_s"],
+                    "spec_tokens_per_s": 1 / cell["spec_s"],
+                    "diverged": int(max(p["diverged"] for p in pairs)),
+                    "repeats": repeats,
+                    "measured_runs": [p["measured"] for p in pairs],
+                }
+                rows.append(row)
+                if progress:
+                    progress(row)
+    return rows
+
+
+__all__ = ["batch_speedup_grid"]
