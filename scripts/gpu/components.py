@@ -132,10 +132,12 @@ class Run:
             print("  measured   " + "".join(f"{at[w, PARTS[0]]['c_step']:8.3f}" for w in widths))
             print("  off by     " + "".join(f"{at[w, PARTS[0]]['error']:+8.1%}" for w in widths))
             print("  closure    " + "".join(f"{at[w, PARTS[0]]['closure']:+8.1%}" for w in widths))
+            print("  step IQR   " + "".join(f"{at[w, PARTS[0]]['step_spread']:8.1%}" for w in widths))
             part, share = deciding_part(stack)
             self.summary.setdefault("components", {})[shape] = {
                 "max_abs_error": max(abs(r["error"]) for r in stack),
                 "max_abs_closure": max(abs(r["closure"]) for r in stack),
+                "step_spread": {r["width"]: r["step_spread"] for r in stack if r["part"] == PARTS[0]},
                 "deciding_part": part,
                 "deciding_share": share,
             }

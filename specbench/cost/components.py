@@ -217,8 +217,9 @@ def measure_components(
     part) with its ``seconds`` (the forward's parts by subtraction, medians of ``forward_repeats``:
     ``forward_components``; the engine's medians over the engine steps of ``repeats`` rounds, run between the
     forward's rounds), ``c`` (in plain steps), the whole step's ``step_s`` and ``c_step`` (the median step),
-    ``error`` (sum of parts / whole - 1), the unsynchronised forward's ``forward_s`` and the forward split's
-    ``closure`` (its components and skeleton against that forward).
+    ``error`` (sum of parts / whole - 1), ``step_spread`` (the whole steps' interquartile range over their median:
+    the machine's noise, against which ``error`` is read), the unsynchronised forward's ``forward_s`` and the forward
+    split's ``closure`` (its components and skeleton against that forward).
     Width 1 (no draft: no engine step) holds the forward's components against a serial width-1 forward,
     as the profile's c(1) is timed. ``c`` is in plain steps (pipelined, as the profile's plain step). The
     cache holds ``offset`` random tokens."""
@@ -251,6 +252,7 @@ def measure_components(
             # medians, as the profile's c(w) and the forward's parts are timed
             parts = split.parts | {p: statistics.median(step[p] for step in timed) for p in ENGINE_PARTS}
             whole = statistics.median(step["whole"] for step in timed)
+            low, high = np.percentile([step["whole"] for step in timed], [25, 75])
             parts["acceptance"] = _acceptance_seconds(w, vocab) if w > 1 else 0.0
             total = sum(parts.values())
             error = total / whole - 1.0
@@ -274,6 +276,7 @@ def measure_components(
                         "c_step": whole / plain,
                         "plain_step_s": plain,
                         "error": error,
+                        "step_spread": float(high - low) / whole,
                         "forward_s": split.forward_s,
                         "closure": split.closure,
                     }

@@ -118,6 +118,7 @@ def test_the_stack_of_a_speculative_step_holds_every_part_and_says_how_far_off_i
         assert np.isfinite(r["error"]) and r["error"] > -1
         assert r["c"] == pytest.approx(r["seconds"] / r["plain_step_s"])
         assert r["forward_s"] > 0 and np.isfinite(r["closure"]) and r["closure"] > -1
+        assert 0 <= r["step_spread"] < 10  # the whole steps' interquartile range over their median
 
 
 def test_the_deciding_part_is_the_one_that_grows_most():
@@ -144,3 +145,15 @@ def test_the_verdict_names_the_deciding_part_and_calls_a_loose_split_rough():
         r["closure"] = closure
     text = deciding_parts({"m": rows})
     assert "subtracted from the whole forward, add up to it within 6%" in text and "by up to 50%" in text
+
+
+def test_a_miss_within_the_steps_own_spread_is_called_inconclusive():
+    from specbench.report.verdicts.components import deciding_parts
+
+    rows = [{"width": w, "part": "linear", "seconds": s, "error": e} for w, s, e in ((1, 1.0, 0.05), (5, 3.0, -0.16))]
+    for r in rows:
+        r["step_spread"] = 0.08
+    assert "rough" in deciding_parts({"m": rows}) and "inconclusive" not in deciding_parts({"m": rows})
+    rows[1]["step_spread"] = 0.2  # the measured step itself spread wider than the miss
+    text = deciding_parts({"m": rows})
+    assert "by up to 16%, within the measured step's own spread (20%" in text and "inconclusive at this noise" in text

@@ -31,8 +31,16 @@ def deciding_parts(stacks: Mapping[str, Sequence[dict[str, Any]]]) -> str:
                 text += f" ({closure}; {step})." if closure else f" ({step})."
             else:
                 text += f" ({closure})," if closure else ","
-                text += (
-                    f" but the parts miss the measured step by up to {off:.0%}: the step overlaps work the parts"
-                    " count apart, or the machine was busy while they were timed, so this split is rough."
-                )
+                text += f" but the parts miss the measured step by up to {off:.0%}"
+                spread = max((r["step_spread"] for r in rows if r.get("step_spread") is not None), default=None)
+                if spread is not None and spread >= off:
+                    text += (
+                        f", within the measured step's own spread ({spread:.0%} interquartile range over its median):"
+                        " inconclusive at this noise."
+                    )
+                else:
+                    text += (
+                        ": the step overlaps work the parts count apart, or the machine was busy while they were"
+                        " timed, so this split is rough."
+                    )
     return text
