@@ -33,7 +33,7 @@ from specbench.common.identity import device_name
 from specbench.core.experts import expert_layers
 from specbench.cost.batch import measure_batch_overhead, measure_batch_profile
 from specbench.cost.batch_grid import batch_speedup_grid
-from specbench.cost.components import PARTS, deciding_part, measure_components
+from specbench.cost.components import PARTS, PHASES, deciding_part, measure_components
 from specbench.models import synthetic
 
 FULL = {
@@ -133,6 +133,15 @@ class Run:
             print("  off by     " + "".join(f"{at[w, PARTS[0]]['error']:+8.1%}" for w in widths))
             print("  closure    " + "".join(f"{at[w, PARTS[0]]['closure']:+8.1%}" for w in widths))
             print("  step IQR   " + "".join(f"{at[w, PARTS[0]]['step_spread']:8.1%}" for w in widths))
+            # where the forward's parts stop adding up: building the graph, dispatching it, waiting for the device
+            for phase in PHASES:
+                print(
+                    f"  {phase:9s}  "
+                    + "".join(f"{1e3 * at[w, PARTS[0]][f'forward_{phase}_s']:5.1f}ms" for w in widths)
+                    + "   closure "
+                    + " ".join(f"{at[w, PARTS[0]][f'{phase}_closure']:+.0%}" for w in widths)
+                )
+            print("  gc/forward " + "".join(f"{at[w, PARTS[0]]['collections']:8.1f}" for w in widths))
             part, share = deciding_part(stack)
             self.summary.setdefault("components", {})[shape] = {
                 "max_abs_error": max(abs(r["error"]) for r in stack),

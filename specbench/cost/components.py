@@ -33,7 +33,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -55,17 +55,26 @@ FORWARD_PARTS = ("attention", "linear", "experts", "recurrent", "lm_head", "othe
 #: The engine's own per-step work.
 ENGINE_PARTS = ("drafting", "acceptance", "rollback", "logging", "host")
 PARTS = FORWARD_PARTS + ENGINE_PARTS
+#: Where a forward's seconds go: the Python building the graph, its dispatch to the device, the wait after.
+PHASES = ("build", "dispatch", "wait")
 
 
 @dataclass(frozen=True)
 class ForwardSplit:
     """A verification forward split by subtraction: ``parts`` (``FORWARD_PARTS``, seconds), the whole forward's
     seconds (``forward_s``, unsynchronised, readback apart) and ``closure`` = (sum of the components and the
-    skeleton) / forward_s - 1, how far the components, each subtracted alone, are from adding up."""
+    skeleton) / forward_s - 1, how far the components, each subtracted alone, are from adding up. ``phases``:
+    the whole forward's median seconds per phase (``PHASES``: building the graph, dispatching it, waiting for
+    the device) and ``phase_closure`` the same closure within each phase: where the parts stop adding up (work
+    that overlaps shows in the dispatch and wait phases, not in the build), ``collections`` the garbage
+    collections per whole forward (mean)."""
 
     parts: dict[str, float]
     forward_s: float
     closure: float
+    phases: dict[str, float] = field(default_factory=dict)
+    phase_closure: dict[str, float] = field(default_factory=dict)
+    collections: float = 0.0
 
 
 def forward_components(
@@ -91,13 +100,16 @@ def forward_components(
     variants: list[tuple[str, tuple[str, ...]]] = [("forward", ()), *((c, (c,)) for c in present)]
     variants.append(("skeleton", tuple(present)))
     seconds: dict[str, list[float]] = {name: [] for name, _ in variants}
+    phases: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
     readback: list[float] = []
     for r in range(1 + repeats):  # the first round warms every variant up and is left out
         for name, stood in variants if r % 2 else variants[::-1]:
-            took, logits = forward_with_stand_ins(model, cache, tokens, restore, sites, stood, rollback)
+            phase: dict[str, float] = {}
+            took, logits = forward_with_stand_ins(model, cache, tokens, restore, sites, stood, rollback, phase)
             if r == 0:
                 continue
             seconds[name].append(took)
+            phases[name].append(phase)
             if name == "forward":
                 start = time.perf_counter()
                 FAST.greedy(logits[0])
@@ -111,7 +123,16 @@ def forward_components(
     parts["other"] = statistics.median(seconds["skeleton"])
     parts["readback"] = statistics.median(readback)
     closure = (sum(parts.values()) - parts["readback"]) / whole - 1.0
-    return ForwardSplit(parts, whole, closure)
+    by_phase, phase_closure = {}, {}
+    for p in PHASES:
+        at = {name: [phase[p] for phase in runs] for name, runs in phases.items()}
+        by_phase[p] = statistics.median(at["forward"])
+        # unclamped: a phase whose parts' subtractions come out negative shows it
+        subtracted = sum(statistics.median(f - t for f, t in zip(at["forward"], at[c])) for c in present)
+        total = subtracted + statistics.median(at["skeleton"])
+        phase_closure[p] = total / by_phase[p] - 1.0 if by_phase[p] > 0 else 0.0
+    collections = statistics.mean(phase["collections"] for phase in phases["forward"])
+    return ForwardSplit(parts, whole, closure, by_phase, phase_closure, collections)
 
 
 def _wrap(owner: Any, name: str, totals: dict[str, float], part: str) -> None:
@@ -219,10 +240,11 @@ def measure_components(
     forward's rounds), ``c`` (in plain steps), the whole step's ``step_s`` and ``c_step`` (the median step),
     ``error`` (sum of parts / whole - 1), ``step_spread`` (the whole steps' interquartile range over their median:
     the machine's noise, against which ``error`` is read), the unsynchronised forward's ``forward_s`` and the forward
-    split's ``closure`` (its components and skeleton against that forward).
-    Width 1 (no draft: no engine step) holds the forward's components against a serial width-1 forward,
-    as the profile's c(1) is timed. ``c`` is in plain steps (pipelined, as the profile's plain step). The
-    cache holds ``offset`` random tokens."""
+    split's ``closure`` (its components and skeleton against that forward), that forward's seconds per phase
+    (``forward_build_s``, ``forward_dispatch_s``, ``forward_wait_s``), the closure within each (``build_closure``,
+    ...) and its garbage ``collections``. Width 1 (no draft: no engine step) holds the forward's components
+    against a serial width-1 forward, as the profile's c(1) is timed. ``c`` is in plain steps (pipelined, as the
+    profile's plain step). The cache holds ``offset`` random tokens."""
     if not widths or min(widths) < 1 or repeats < 1 or steps < 2 or offset < 1 or forward_repeats < 1:
         raise ValueError("widths must be >= 1, repeats and forward_repeats >= 1, steps >= 2 and offset >= 1")
     rng = np.random.default_rng(seed)
@@ -279,6 +301,9 @@ def measure_components(
                         "step_spread": float(high - low) / whole,
                         "forward_s": split.forward_s,
                         "closure": split.closure,
+                        **{f"forward_{p}_s": split.phases[p] for p in PHASES},
+                        **{f"{p}_closure": split.phase_closure[p] for p in PHASES},
+                        "collections": split.collections,
                     }
                 )
     return rows

@@ -11,6 +11,7 @@ rest of the graph computes the same values (the logits are equal bit for bit) wi
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -229,6 +230,11 @@ def _cache_state(cache: list[Any]) -> list[mx.array]:
     return [a for _, a in tree_flatten([entry.state for entry in cache]) if isinstance(a, mx.array)]
 
 
+def _collections() -> int:
+    """Garbage collections run so far, every generation."""
+    return sum(generation["collections"] for generation in gc.get_stats())
+
+
 def forward_with_stand_ins(
     model: nn.Module,
     cache: list[Any],
@@ -237,21 +243,38 @@ def forward_with_stand_ins(
     sites: Sequence[ComponentSite],
     components: Collection[str] = (),
     rollback: Any = None,
+    phases: dict[str, float] | None = None,
 ) -> tuple[float, mx.array]:
     """Seconds of one verification forward of ``tokens`` over ``cache``, unsynchronised inside (as the engine
     runs it), with the modules of ``components`` stood in for by their recorded outputs (``record_forward``);
     and its logits. A stood-in attention writes nothing to the cache and a stood-in recurrent layer keeps its
-    state: no later layer reads another's cache within a forward, and the cache is restored after."""
+    state: no later layer reads another's cache within a forward, and the cache is restored after.
+    ``phases``, if given, receives where the seconds went: ``build`` (the Python forward building the graph),
+    ``dispatch`` (handing its work to the device: until ``mx.async_eval`` returns), ``wait`` (the rest: waiting
+    for the device) and ``collections`` (garbage collections that ran meanwhile)."""
     if rollback is not None:  # a hybrid model's verify records its recurrent states: armed as the engine arms it
         rollback.before_verify(tokens.shape[1])
     stand_ins = _StandIns(components)
     stood = [s for s in sites if s.component in stand_ins.components]
     with _mixed_in(stood, _StandIn, _specbench_stand_ins=stand_ins):
         mx.synchronize()
+        collected = _collections()
         start = time.perf_counter()
         logits = FAST.forward(model, tokens, cache)
-        mx.eval(logits, stand_ins.side, _cache_state(cache))  # the cache's new state too, as the next step needs it
-        seconds = time.perf_counter() - start
+        built = time.perf_counter()
+        outputs = (logits, stand_ins.side, _cache_state(cache))  # the cache's new state too, as the next step needs it
+        mx.async_eval(*outputs)
+        dispatched = time.perf_counter()
+        mx.eval(*outputs)
+        end = time.perf_counter()
+        seconds = end - start
+    if phases is not None:
+        phases |= {
+            "build": built - start,
+            "dispatch": dispatched - built,
+            "wait": end - dispatched,
+            "collections": float(_collections() - collected),
+        }
     if rollback is not None:
         rollback.rewind(0)
     restore()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from specbench.cost.components import (
     ENGINE_PARTS,
     FORWARD_PARTS,
     PARTS,
+    PHASES,
     deciding_part,
     forward_components,
     measure_components,
@@ -95,6 +98,31 @@ def test_the_subtracted_components_add_up_to_the_forward_and_the_dominant_one_is
     assert split.closure == pytest.approx(forward / split.forward_s - 1)
     assert abs(split.closure) < 0.5  # loose: the machine may be busy
     assert all(c.offset == len(CONTEXT) for c in cache if c.is_trimmable())  # put back
+    # the phases: the head-heavy forward's time is mostly the device's (here the CPU's) work, not the build
+    assert set(split.phases) == set(PHASES) and set(split.phase_closure) == set(PHASES)
+    assert all(s >= 0 for s in split.phases.values())
+    assert sum(split.phases.values()) == pytest.approx(split.forward_s, rel=0.5)
+    assert split.phases["dispatch"] + split.phases["wait"] > split.phases["build"]
+    assert split.collections >= 0
+
+
+def test_a_timed_forward_reports_its_phases_and_the_garbage_collections_inside():
+    model = _head_heavy_model()
+    cache = prefill(model, CONTEXT)
+    restore = CacheRestore(cache)
+    tokens = mx.array([[5, 6, 7]], dtype=mx.uint32)
+    sites, _ = record_forward(model, cache, tokens, restore)
+    phases: dict[str, float] = {}
+    gc.collect()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1)  # a collection at every allocation: the timed forward must count some
+    try:
+        seconds, _ = forward_with_stand_ins(model, cache, tokens, restore, sites, (), None, phases)
+    finally:
+        gc.set_threshold(*thresholds)
+    assert set(phases) == {*PHASES, "collections"}
+    assert sum(phases[p] for p in PHASES) == pytest.approx(seconds)
+    assert phases["collections"] > 0
 
 
 def test_only_the_moe_block_and_its_expert_gathers_count_as_experts():
@@ -119,6 +147,7 @@ def test_the_stack_of_a_speculative_step_holds_every_part_and_says_how_far_off_i
         assert r["c"] == pytest.approx(r["seconds"] / r["plain_step_s"])
         assert r["forward_s"] > 0 and np.isfinite(r["closure"]) and r["closure"] > -1
         assert 0 <= r["step_spread"] < 10  # the whole steps' interquartile range over their median
+        assert all(r[f"forward_{p}_s"] >= 0 and np.isfinite(r[f"{p}_closure"]) for p in PHASES)
 
 
 def test_the_deciding_part_is_the_one_that_grows_most():
