@@ -309,6 +309,26 @@ def measure_components(
     return rows
 
 
+def phase_reading(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]] | None:
+    """Per width, from ``measure_components`` rows that hold the forward's phases: ``wait_share``, the share of
+    the whole forward spent waiting for the device after the host handed over its last work (near 0: host-bound,
+    the Python building and dispatching the graph sets the pace; large: device-bound), and ``host_closure``, how
+    far the components' subtractions add up within the host's phases (build and dispatch) alone. None without
+    phases (rows of an older run)."""
+    first = [r for r in rows if r["part"] == PARTS[0] and r.get("forward_wait_s") is not None]
+    if not first:
+        return None
+    reading = {}
+    for r in first:
+        build, dispatch = r["forward_build_s"], r["forward_dispatch_s"]
+        host = build * (1 + r["build_closure"]) + dispatch * (1 + r["dispatch_closure"])
+        reading[r["width"]] = {
+            "wait_share": r["forward_wait_s"] / r["forward_s"],
+            "host_closure": host / (build + dispatch) - 1.0 if build + dispatch > 0 else 0.0,
+        }
+    return reading
+
+
 def deciding_part(rows: Sequence[dict[str, Any]]) -> tuple[str, float]:
     """The part whose seconds grow most from the narrowest to the widest width measured, and its share of
     that growth: what decides how fast c(w) rises (a verification's extra cost)."""

@@ -186,3 +186,43 @@ def test_a_miss_within_the_steps_own_spread_is_called_inconclusive():
     rows[1]["step_spread"] = 0.2  # the measured step itself spread wider than the miss
     text = deciding_parts({"m": rows})
     assert "by up to 16%, within the measured step's own spread (20%" in text and "inconclusive at this noise" in text
+
+
+def _phased(width, error, build, dispatch, wait, build_closure, dispatch_closure):
+    return {
+        "width": width,
+        "part": PARTS[0],
+        "seconds": width * 1e-3,
+        "error": error,
+        "forward_s": build + dispatch + wait,
+        "forward_build_s": build,
+        "forward_dispatch_s": dispatch,
+        "forward_wait_s": wait,
+        "build_closure": build_closure,
+        "dispatch_closure": dispatch_closure,
+    }
+
+
+def test_the_phases_say_what_sets_the_pace_and_where_a_miss_lies():
+    from specbench.cost.components import phase_reading
+    from specbench.report.verdicts.components import deciding_parts
+
+    # as measured on the H200 for the hybrid shape: the host builds and dispatches, the device hardly waits
+    host_bound = [_phased(1, -0.18, 4.0, 8.4, 1.2, -0.15, -0.06), _phased(16, -0.34, 22.5, 59.5, 1.3, -0.03, -0.07)]
+    reading = phase_reading(host_bound)
+    assert reading[1]["wait_share"] == pytest.approx(1.2 / 13.6)
+    assert reading[1]["host_closure"] == pytest.approx((4.0 * 0.85 + 8.4 * 0.94) / 12.4 - 1)
+    text = deciding_parts({"m": host_bound})
+    assert "wait 2%-9% of their time for the device (host-bound" in text
+    assert "host's phases alone add up within 9%" in text and "moving the bottleneck" in text
+    # the host's phases missing too: no such claim
+    host_bound[1]["build_closure"] = -0.4
+    assert "moving the bottleneck" not in deciding_parts({"m": host_bound})
+    # a device that waits most of the time
+    device_bound = [_phased(1, 0.02, 1.0, 1.0, 8.0, 0, 0), _phased(4, 0.03, 1.0, 1.0, 20.0, 0, 0)]
+    assert "(device-bound" in deciding_parts({"m": device_bound})
+    turns = [_phased(1, 0.02, 1.7, 3.2, 4.0, 0, 0), _phased(4, 0.03, 3.8, 9.8, 1.0, 0, 0)]
+    assert "take turns" in deciding_parts({"m": turns})
+    for r in turns:  # rows of a run before the phases were timed
+        del r["forward_wait_s"]
+    assert phase_reading(turns) is None and "for the device" not in deciding_parts({"m": turns})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specbench.cost.components import deciding_part
+from specbench.cost.components import deciding_part, phase_reading
 
 
 def deciding_parts(stacks: Mapping[str, Sequence[dict[str, Any]]]) -> str:
@@ -43,4 +43,30 @@ def deciding_parts(stacks: Mapping[str, Sequence[dict[str, Any]]]) -> str:
                         ": the step overlaps work the parts count apart, or the machine was busy while they were"
                         " timed, so this split is rough."
                     )
+            text += _bound(rows, off)
+    return text
+
+
+def _bound(rows: Sequence[dict[str, Any]], off: float) -> str:
+    """What sets a model's pace (host or device, from the forward's phases) and, where the parts miss the step,
+    whether the host's own phases still add up: a part's removal then moved the bottleneck ("" without phases)."""
+    reading = phase_reading(rows)
+    if reading is None:
+        return ""
+    waits = [r["wait_share"] for r in reading.values()]
+    low, high = min(waits), max(waits)
+    pace = (
+        "host-bound: building and dispatching the graph set the pace, not the device's work"
+        if high < 0.2
+        else "device-bound: the device's work sets the pace"
+        if low > 0.5
+        else "host and device take turns setting the pace"
+    )
+    text = f" Its forwards wait {low:.0%}-{high:.0%} of their time for the device ({pace})."
+    host = max(abs(r["host_closure"]) for r in reading.values())
+    if off > 0.1 and host <= 0.1:
+        text += (
+            f" The host's phases alone add up within {host:.0%}: the miss lies in the device's wait, which a part's"
+            " removal changes by moving the bottleneck between host and device, so parts are exact as host time only."
+        )
     return text
