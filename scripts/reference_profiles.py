@@ -7,7 +7,9 @@ Sources (their commands: reports/gpu-h200/README.md):
 - ``cost-grid-dense-moe/``: c(w) in fast and exact mode of the Qwen3-8B (dense) and Qwen3-30B-A3B (MoE) shapes,
   4-bit, full depth; distinct experts per block; the measured a x k grid with its predictions;
 - ``batch/`` (the dense shape) and ``batch/moe-b32/`` (the MoE shape alone, B up to 32): c(w, B) and distinct
-  experts per [B, w] block.
+  experts per [B, w] block;
+- ``components/stack-run3/``: the verify-cost stack by component of the dense, MoE and hybrid (Qwen3.5-9B)
+  shapes, with each forward's phases.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ REPORTS = ROOT / "reports" / "gpu-h200"
 OUT = ROOT / "specbench" / "assets" / "reference" / "h200.json"
 DENSE, MOE = "synthetic:qwen3-8b-4bit", "synthetic:qwen3-30b-a3b-4bit"
 GRID_COLUMNS = ("name", "mode", "a", "k", "speedup", "predicted_nominal", "error_nominal", "tokens")
+STACK = Path("components") / "stack-run3" / "components.json"
+#: What a stack's figure and verdict read (``specbench.report``): the rest of a row is in the report folder.
+STACK_COLUMNS = (
+    "name", "width", "part", "group", "seconds", "c", "step_s", "c_step", "plain_step_s", "error", "step_spread",
+    "forward_s", "closure", "forward_build_s", "forward_dispatch_s", "forward_wait_s", "build_closure",
+    "dispatch_closure", "wait_closure",
+)  # fmt: skip
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -59,6 +68,7 @@ def convert(reports: Path) -> dict[str, Any]:
         "sources": {
             "profiles": "reports/gpu-h200/cost-grid-dense-moe (scripts/gpu/cost.py, cuDNN attention off)",
             "batch": "reports/gpu-h200/batch (dense) and batch/moe-b32 (MoE) (scripts/gpu/batch.py)",
+            "components": f"reports/gpu-h200/{STACK.parent.as_posix()} (scripts/gpu/components.py --phases components)",
         },
         "kinds": {DENSE: "dense", MOE: "MoE"},
         "profiles": profiles,
@@ -66,6 +76,7 @@ def convert(reports: Path) -> dict[str, Any]:
         "grid": [{k: r[k] for k in GRID_COLUMNS} for r in _rows(grid_dir / "grid.csv")],
         "batch_costs": batch,
         "batch_experts": [r for r in _rows(batch_dir / "moe-b32" / "batch_experts.csv") if r["model"] == MOE],
+        "components": [{k: r[k] for k in STACK_COLUMNS} for r in json.loads((reports / STACK).read_text())],
     }
 
 

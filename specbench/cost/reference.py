@@ -4,14 +4,15 @@ verifications cost on an accelerator, to set beside this machine's.
 ``reference_profiles()`` reads ``specbench/assets/reference/h200.json``, converted (not re-measured) from the
 H200 results in ``reports/gpu-h200`` by ``scripts/reference_profiles.py``: the Qwen3-8B (dense) and
 Qwen3-30B-A3B (MoE) shapes, 4-bit, full depth, random weights; c(w) in fast and exact mode, c(w, B) for B up
-to 32, distinct experts per block of w tokens, and the measured a x k grid with its predictions.
+to 32, distinct experts per block of w tokens, and the measured a x k grid with its predictions; and the
+verify-cost stack by component of those two shapes and a hybrid one (Qwen3.5-9B, Gated DeltaNet layers).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specbench.common.files import ASSETS_DIR
@@ -26,7 +27,8 @@ class Reference:
     """One device's shipped profiles. ``label`` names it in figures and verdicts ("NVIDIA H200 reference");
     ``kinds``: model name -> "dense" or "MoE"; ``experts``: distinct experts per MoE layer of a block of w tokens
     (mean over layers) with the uniform-routing expectation; ``grid``: measured speedups per (name, mode, a, k)
-    with the profile's prediction; ``batch``: c(w, B) per model name."""
+    with the profile's prediction; ``batch``: c(w, B) per model name; ``components``: the verify-cost stack by
+    component per model name (``specbench.cost.components.measure_components`` rows)."""
 
     device: str
     versions: dict[str, str]
@@ -38,6 +40,7 @@ class Reference:
     batch: dict[str, BatchProfile]
     experts: tuple[dict[str, Any], ...]
     grid: tuple[dict[str, Any], ...]
+    components: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def profile(self, kind: str) -> Profile:
         """The profile of the model of ``kind`` ("dense" or "MoE")."""
@@ -79,7 +82,16 @@ def reference_profiles(name: str = "h200") -> Reference:
         batch=_batch_profiles(data["batch_costs"], data.get("batch_experts", []), data["device"]),
         experts=tuple(data.get("experts", [])),
         grid=tuple(data.get("grid", [])),
+        components=_by_name(data.get("components", [])),
     )
+
+
+def _by_name(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows grouped by their model's name, in first-seen order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(r["name"], []).append(r)
+    return out
 
 
 def _batch_profiles(rows: list[dict[str, Any]], experts: list[dict[str, Any]], device: str) -> dict[str, BatchProfile]:

@@ -355,3 +355,27 @@ def test_batch_reference_contrast_reads_the_shipped_batch_profiles():
     fig = figures.batch_beside_reference({"tiny": here}, reference, 0.0, [1, 2, 4])
     assert [line.get_label() for line in fig.axes[0].lines] == ["tiny, k = 1", "tiny, k = 2"]  # k = 4 too wide
     assert len(fig.axes[1].lines) == 6 and figure_problems(fig) == []  # dense and MoE at k = 1, 2, 4
+
+
+def test_the_reference_ships_its_stacks_by_component_and_the_verdict_reads_them():
+    """The H200's stacks (dense, MoE, hybrid) ship with the package: the verdict names each shape's deciding part
+    and what set the pace there, and the figure draws all three with one legend that holds every part drawn."""
+    from specbench.cost.components import PARTS
+    from specbench.cost.reference import reference_profiles
+    from specbench.report.figures.checks import figure_problems
+
+    reference = reference_profiles()
+    assert sorted(reference.components) == [
+        "synthetic:qwen3-30b-a3b-4bit",
+        "synthetic:qwen3-8b-4bit",
+        "synthetic:qwen3.5-9b-4bit",
+    ]
+    assert all({r["part"] for r in rows} == set(PARTS) for rows in reference.components.values())
+    text = verdicts.reference_stacks(reference)
+    assert text.startswith("On the NVIDIA H200 reference, verify cost by component: For synthetic:qwen3-8b-4bit")
+    assert "synthetic:qwen3-30b-a3b-4bit, experts decides" in text
+    assert "synthetic:qwen3.5-9b-4bit, recurrent decides" in text and "(host-bound" in text
+    fig = figures.component_stack(reference.components, title="reference")
+    assert not figure_problems(fig)
+    legend = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
+    assert {"experts", "recurrent", "attention", "measured step"} <= set(legend)

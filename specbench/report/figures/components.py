@@ -64,9 +64,10 @@ def component_stack(stacks: Mapping[str, Sequence[dict[str, Any]]], title: str |
         ax.set_ylim(0, 1.15 * max(bottom.max(), whole.max()))
         ax.set_title(model_label(name), fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    if names:
-        handles, labels = axes[0][-1].get_legend_handles_labels()
-        axes[0][-1].legend(handles[::-1], labels[::-1], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if names:  # every panel's parts in one legend (a MoE's experts, a hybrid's recurrent layers), stack order
+        drawn = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+        labels = [p for p in (*PARTS, "measured step") if p in drawn][::-1]
+        axes[0][-1].legend([drawn[p] for p in labels], labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(title or "Verify cost by component: a speculative step of width w (drafts rejected)", fontsize=11)
     fig.tight_layout()
     return fig

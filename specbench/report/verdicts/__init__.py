@@ -47,7 +47,7 @@ from specbench.report.verdicts.notebooks import (
     where,
 )
 from specbench.report.verdicts.policy_verdicts import confirmed_speed, policies
-from specbench.report.verdicts.reference import batch_reference_contrast, reference_contrast
+from specbench.report.verdicts.reference import batch_reference_contrast, reference_contrast, reference_stacks
 
 __all__ = [
     "sweep_headline",
@@ -83,6 +83,7 @@ __all__ = [
     "tree_vs_path",
     "batch_reference_contrast",
     "reference_contrast",
+    "reference_stacks",
     "policies",
     "confirmed_speed",
 ]

@@ -10,6 +10,7 @@ import numpy as np
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
 from specbench.cost.reference import Reference
+from specbench.report.verdicts.components import deciding_parts
 from specbench.report.verdicts.notebooks import where
 
 
@@ -86,3 +87,11 @@ def batch_reference_contrast(reference: Reference, d: float = 0.0, k: int = 4) -
     if not parts:
         return f"The {reference.describe()} has no batch profile {k + 1} rows wide."
     return f"On the {reference.describe()}, along the batch: " + "; ".join(parts) + "."
+
+
+def reference_stacks(reference: Reference) -> str:
+    """What decides c(w) on the reference device, per shape it split by component (dense, MoE, hybrid), with how
+    far its parts are from its measured steps and what set the pace there ("" when it ships no stacks)."""
+    if not reference.components:
+        return ""
+    return f"On the {reference.label}, verify cost by component:" + deciding_parts(reference.components)
