@@ -34,6 +34,7 @@ from specbench.core.experts import expert_layers
 from specbench.cost.batch import measure_batch_overhead, measure_batch_profile
 from specbench.cost.batch_grid import batch_speedup_grid
 from specbench.cost.components import PARTS, PHASES, deciding_part, measure_components
+from specbench.cost.predict import mean_absolute_error
 from specbench.models import synthetic
 
 FULL = {
@@ -228,6 +229,12 @@ class Run:
                 errors[b] = statistics.mean(abs(r["residual"]) for r in grid if r["batch_size"] == b)
             errors["all"] = statistics.mean(abs(r["residual"]) for r in grid) if grid else None
             print("  mean |residual| by B: " + " ".join(f"{b}:{e:.1%}" for b, e in errors.items() if e is not None))
+            # what a perfect predictor would still miss by, from each cell's pairs' scatter
+            floors = self.summary.setdefault("batch_noise_floor", {}).setdefault(shape, {})
+            for b in sorted({r["batch_size"] for r in grid}):
+                floors[b] = mean_absolute_error(r["noise_floor"] for r in grid if r["batch_size"] == b)
+            floors["all"] = mean_absolute_error(r["noise_floor"] for r in grid)
+            print("  noise floor by B:      " + " ".join(f"{b}:{e:.1%}" for b, e in floors.items()))
             # The machine's own noise beside it: how far this batch size's plain runs (one per cell) spread
             spread = self.summary.setdefault("batch_plain_spread", {}).setdefault(shape, {})
             for b in sorted({r["batch_size"] for r in grid}):

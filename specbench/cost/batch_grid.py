@@ -16,7 +16,7 @@ from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost.batch import BatchProfile
-from specbench.cost.predict import predicted_batch_speedup
+from specbench.cost.predict import noise_floor, predicted_batch_speedup
 from specbench.drafters.oracle import Oracle
 
 
@@ -102,7 +102,8 @@ def batch_speedup_grid(
     B = 1 run right after speculative steps of width 5 ran 30-40 % slower per step than one after width 3. Each
     cell is timed as ``repeats`` adjacent pairs (its own plain run right before its speculative one: one slow
     plain run cannot skew every cell of its batch size); its measured speedup, prediction and the other figures
-    are the medians over the pairs, ``measured_runs`` each pair's speedup (the machine's noise at this cell)."""
+    are the medians over the pairs, ``measured_runs`` each pair's speedup (the machine's noise at this cell) and
+    ``noise_floor`` the |residual| a perfect predictor would show from that scatter (``predict.noise_floor``)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     rng = np.random.default_rng(seed)
@@ -151,6 +152,7 @@ def batch_speedup_grid(
                     "diverged": int(max(p["diverged"] for p in pairs)),
                     "repeats": repeats,
                     "measured_runs": [p["measured"] for p in pairs],
+                    "noise_floor": noise_floor([p["measured"] for p in pairs]),
                 }
                 rows.append(row)
                 if progress:

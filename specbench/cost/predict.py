@@ -131,3 +131,15 @@ def mean_absolute_error(residuals: Iterable[float]) -> float:
     """Mean |residual| over the finite ones (NaN for none)."""
     values = [abs(r) for r in residuals if r is not None and np.isfinite(r)]
     return float(np.mean(values)) if values else float("nan")
+
+
+def noise_floor(runs: Sequence[float]) -> float:
+    """The |residual| a perfect predictor would still show against the median of one cell's repeated measurements
+    ``runs`` (speedups of adjacent pairs), from their scatter: E|error| of a mean of n draws, sqrt(2 / pi) s /
+    sqrt(n), over the median (s: the sample standard deviation; for two runs the median is their mean). NaN for
+    fewer than 2 runs. Set a grid's mean
+    |residual| against the mean floor: a miss near it is the machine's noise, one well beyond it the predictor's."""
+    values = [float(r) for r in runs if r is not None and np.isfinite(r)]
+    if len(values) < 2:
+        return float("nan")
+    return float(np.sqrt(2 / np.pi) * np.std(values, ddof=1) / np.sqrt(len(values)) / np.median(values))

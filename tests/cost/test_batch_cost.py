@@ -16,7 +16,7 @@ from specbench.bench.batch_bench import bench_batch, format_batch_bench
 from specbench.cost.batch import BatchProfile, lowest_break_even, measure_batch_overhead, measure_batch_profile
 from specbench.cost.batch_grid import batch_speedup_grid
 from specbench.cost.breakeven import expected_tokens
-from specbench.cost.predict import predicted_batch_seconds
+from specbench.cost.predict import noise_floor, predicted_batch_seconds
 
 
 def made_profile() -> BatchProfile:
@@ -229,5 +229,7 @@ def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch)
     assert runs[1:] == [("plain", 3), ("plain", 10), ("spec", 3), ("spec", 10)] * 3
     assert row["repeats"] == 3 and len(row["measured_runs"]) == 3
     assert row["measured"] == pytest.approx(statistics.median(row["measured_runs"]))
+    assert row["noise_floor"] == pytest.approx(noise_floor(row["measured_runs"]))  # the cell's own scatter
+    assert all(math.isnan(r["noise_floor"]) for r in rows)  # one pair: no scatter to read
     with pytest.raises(ValueError, match="repeats"):
         grid((2,), repeats=0)

@@ -10,7 +10,13 @@ import pytest
 import specbench.cost as cost
 from specbench.bench.predictions import drafting_cost, prediction_error, prediction_lines, with_predictions
 from specbench.core.log import StepLog, StepRecord
-from specbench.cost.predict import acceptance_per_position, mean_absolute_error, predicted_speedup, residual
+from specbench.cost.predict import (
+    acceptance_per_position,
+    mean_absolute_error,
+    noise_floor,
+    predicted_speedup,
+    residual,
+)
 
 COSTS = [1.2, 1.4, 1.6, 1.8, 2.0]
 
@@ -117,3 +123,17 @@ def test_sweep_runs_gain_predictions_residuals_and_a_mean_error():
     assert prediction_error(out, ["policy"])["policy"].to_list() == ["fixed:2"]
     lines = prediction_lines(out)
     assert "1.30x" in lines[1] and lines[-1].startswith("mean absolute prediction error")
+
+
+def test_the_noise_floor_is_a_perfect_predictors_expected_miss_from_the_runs_scatter():
+    import numpy as np
+
+    assert np.isnan(noise_floor([1.2])) and np.isnan(noise_floor([]))
+    assert noise_floor([1.0, 1.0, 1.0]) == 0
+    assert noise_floor([0.8, 1.2]) == pytest.approx(np.sqrt(2 / np.pi) * np.std([0.8, 1.2], ddof=1) / np.sqrt(2))
+    # checked by simulation: the mean of n draws around 1 misses 1 by about the floor on average
+    rng = np.random.default_rng(0)
+    draws = 1 + 0.1 * rng.standard_normal((4000, 3))
+    misses = np.abs(draws.mean(axis=1) - 1)
+    floors = [noise_floor(d) for d in draws]
+    assert np.mean(floors) == pytest.approx(np.mean(misses), rel=0.15)

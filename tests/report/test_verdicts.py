@@ -158,6 +158,36 @@ def test_no_verdict_rests_on_a_prediction_alone():
     assert "Predicted above 1 but measured below: dense a = 0.9, k = 4, B = 4." in text
 
 
+def test_a_grid_of_repeated_pairs_sets_its_residuals_against_the_noise_floor():
+    from specbench.cost.predict import noise_floor
+
+    def grid(residuals, runs):
+        n = len(residuals)
+        return pl.DataFrame(
+            {
+                "model": ["moe"] * n,
+                "batch_size": [4] * n,
+                "acceptance": [0.9] * n,
+                "k": [2] * n,
+                "measured": [1.0 + r for r in residuals],
+                "predicted_from_log": [1.0] * n,
+                "residual": residuals,
+                "measured_runs": runs,
+                "noise_floor": [noise_floor(r) for r in runs],
+            }
+        )
+
+    scattered = [[0.8, 1.2]] * 8  # floor sqrt(2 / pi) 0.283 / sqrt(2) = 16 % per cell
+    within = verdicts.batch_break_even({"moe": object()}, grid([0.15, -0.2] * 4, scattered), [0.9])
+    assert "the median of 2 adjacent pairs each" in within
+    assert "Mean |residual| 17.5% against 16.0%" in within and "within the noise" in within
+    tight = [[0.99, 1.01]] * 8
+    beyond = verdicts.batch_break_even({"moe": object()}, grid([0.15, -0.2] * 4, tight), [0.9])
+    assert "beyond the noise: the predictor misses" in beyond
+    single = verdicts.batch_break_even({"moe": object()}, grid([0.1, -0.1], [[1.1], [0.9]]), [0.9])
+    assert "one plain and one speculative run each" in single and "noise" not in single  # no scatter: no floor
+
+
 def test_key_results_carry_words_and_units():
     assert verdicts.describe("smollm2-135m-moe a*(4)", None) == (
         "smollm2-135m-moe: break-even acceptance a*(4) for a draft of 4",

@@ -11,6 +11,7 @@ results it records (headlines) and the labels and units the index shows them wit
 Nothing here measures: every function reads the frames, profiles and stats the library returned.
 """
 
+from specbench.report.verdicts.cells import measured_cells
 from specbench.report.verdicts.labels import (
     LABELS,
     PATTERNS,
@@ -33,7 +34,6 @@ from specbench.report.verdicts.notebooks import (
     fell_back,
     growth_per_row,
     losslessness,
-    measured_cells,
     quickstart,
     sample,
     sampling,

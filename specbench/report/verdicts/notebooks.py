@@ -15,6 +15,7 @@ from specbench.common.deprecation import renamed_arguments
 from specbench.common.identity import device_name
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
+from specbench.report.verdicts.cells import measured_cells
 from specbench.report.verdicts.components import deciding_parts
 
 # -- verdicts ----------------------------------------------------------------------------------------------------
@@ -276,29 +277,6 @@ def break_even(
     text += deciding_parts(stacks or {})
     if grid is not None and not grid.is_empty():
         text += " " + measured_cells(grid, "speedup", "predicted_nominal", "error_nominal")
-    return text
-
-
-def measured_cells(grid: pl.DataFrame, measured: str, predicted: str, residual: str, label: str = "name") -> str:
-    """Measured speedups of a grid of cells (one plain and one speculative run each) beside the profile's
-    predictions and their residuals (measured / predicted - 1): a test of the predictions, not a speed verdict
-    (single runs have no interval)."""
-    residuals = grid[residual].abs()
-    below = int((grid[measured] < 1).sum())
-    predicted_above = grid.filter((pl.col(predicted) > 1) & (pl.col(measured) < 1))
-    text = (
-        f"Measured cells (one plain and one speculative run each, no interval, so no speed verdict): "
-        f"{grid[measured].min():.2f}-{grid[measured].max():.2f}x, below 1 in {below} of {len(grid)}, against "
-        f"predictions of {grid[predicted].min():.2f}-{grid[predicted].max():.2f}x; residual "
-        f"(measured / predicted - 1) {grid[residual].mean():+.0%} on average, |residual| up to {residuals.max():.0%}."
-    )
-    if len(predicted_above):
-        where_cells = ", ".join(
-            f"{r[label]} a = {r.get('a', r.get('acceptance'))}, k = {r['k']}"
-            + (f", B = {r['batch_size']}" if "batch_size" in r else "")
-            for r in predicted_above.head(4).iter_rows(named=True)
-        )
-        text += f" Predicted above 1 but measured below: {where_cells}{' ...' if len(predicted_above) > 4 else ''}."
     return text
 
 
