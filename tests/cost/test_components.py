@@ -92,7 +92,8 @@ def test_the_subtracted_components_add_up_to_the_forward_and_the_dominant_one_is
     assert set(split.parts) == set(FORWARD_PARTS) and all(s >= 0 for s in split.parts.values())
     assert max(split.parts, key=split.parts.__getitem__) == "lm_head"
     assert split.parts["experts"] == split.parts["recurrent"] == 0
-    assert split.parts["attention"] + split.parts["linear"] > 0 and split.parts["other"] > 0
+    # the small parts (attention, linear) may read 0 on a busy machine: subtractions below zero count 0
+    assert split.parts["other"] > 0 and split.parts["attention"] + split.parts["linear"] < split.parts["lm_head"]
     assert split.forward_s > split.parts["lm_head"]
     forward = sum(split.parts.values()) - split.parts["readback"]
     assert split.closure == pytest.approx(forward / split.forward_s - 1)
