@@ -28,8 +28,8 @@ GRID_COLUMNS = ("name", "mode", "a", "k", "speedup", "predicted_nominal", "error
 STACK = Path("components") / "stack-run3" / "components.json"
 #: What a stack's figure and verdict read (``specbench.report``): the rest of a row is in the report folder.
 STACK_COLUMNS = (
-    "name", "width", "part", "group", "seconds", "c", "step_s", "c_step", "plain_step_s", "error", "step_spread",
-    "forward_s", "closure", "forward_build_s", "forward_dispatch_s", "forward_wait_s", "build_closure",
+    "name", "device", "width", "part", "group", "seconds", "c", "step_s", "c_step", "plain_step_s", "error",
+    "step_spread", "forward_s", "closure", "forward_build_s", "forward_dispatch_s", "forward_wait_s", "build_closure",
     "dispatch_closure", "wait_closure",
 )  # fmt: skip
 

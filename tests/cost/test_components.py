@@ -193,6 +193,7 @@ def _phased(width, error, build, dispatch, wait, build_closure, dispatch_closure
     return {
         "width": width,
         "part": PARTS[0],
+        "device": "gpu:test",
         "seconds": width * 1e-3,
         "error": error,
         "forward_s": build + dispatch + wait,
@@ -224,6 +225,9 @@ def test_the_phases_say_what_sets_the_pace_and_where_a_miss_lies():
     assert "(device-bound" in deciding_parts({"m": device_bound})
     turns = [_phased(1, 0.02, 1.7, 3.2, 4.0, 0, 0), _phased(4, 0.03, 3.8, 9.8, 1.0, 0, 0)]
     assert "take turns" in deciding_parts({"m": turns})
+    for r in turns:  # a CPU's: its host does the device's work too
+        r["device"] = "cpu:test"
+    assert "for the device" not in deciding_parts({"m": turns}) and phase_reading(turns) is not None
     for r in turns:  # rows of a run before the phases were timed
         del r["forward_wait_s"]
     assert phase_reading(turns) is None and "for the device" not in deciding_parts({"m": turns})

@@ -402,7 +402,7 @@ def test_the_reference_ships_its_stacks_by_component_and_the_verdict_reads_them(
     ]
     assert all({r["part"] for r in rows} == set(PARTS) for rows in reference.components.values())
     text = verdicts.reference_stacks(reference)
-    assert text.startswith("On the NVIDIA H200 reference, verify cost by component: For synthetic:qwen3-8b-4bit")
+    assert text.startswith(" On the NVIDIA H200 reference, verify cost by component: For synthetic:qwen3-8b-4bit")
     assert "synthetic:qwen3-30b-a3b-4bit, experts decides" in text
     assert "synthetic:qwen3.5-9b-4bit, recurrent decides" in text and "(host-bound" in text
     fig = figures.component_stack(reference.components, title="reference")

@@ -48,13 +48,15 @@ def deciding_parts(stacks: Mapping[str, Sequence[dict[str, Any]]]) -> str:
 
 
 def _bound(rows: Sequence[dict[str, Any]], off: float) -> str:
-    """What sets a model's pace (host or device, from the forward's phases) and, where the parts miss the step,
-    whether the host's own phases still add up: a part's removal then moved the bottleneck ("" without phases)."""
+    """What sets a model's pace on a GPU (host or device, from the forward's phases) and, where the parts miss the
+    step, whether the host's own phases still add up: a part's removal then moved the bottleneck ("" without
+    phases, and on a CPU)."""
     reading = phase_reading(rows)
-    if reading is None:
-        return ""
+    if reading is None or any(str(r.get("device", "")).startswith("cpu") for r in rows):
+        return ""  # on a CPU the host does the device's work too (MLX's CPU stream blocks its dispatch when busy)
     waits = [r["wait_share"] for r in reading.values()]
     low, high = min(waits), max(waits)
+    share = f"{low:.0%}" if f"{low:.0%}" == f"{high:.0%}" else f"{low:.0%}-{high:.0%}"
     pace = (
         "host-bound: building and dispatching the graph set the pace, not the device's work"
         if high < 0.2
@@ -62,7 +64,7 @@ def _bound(rows: Sequence[dict[str, Any]], off: float) -> str:
         if low > 0.5
         else "host and device take turns setting the pace"
     )
-    text = f" Its forwards wait {low:.0%}-{high:.0%} of their time for the device ({pace})."
+    text = f" Its forwards wait {share} of their time for the device ({pace})."
     host = max(abs(r["host_closure"]) for r in reading.values())
     if off > 0.1 and host <= 0.1:
         text += (

@@ -91,7 +91,8 @@ def batch_reference_contrast(reference: Reference, d: float = 0.0, k: int = 4) -
 
 def reference_stacks(reference: Reference) -> str:
     """What decides c(w) on the reference device, per shape it split by component (dense, MoE, hybrid), with how
-    far its parts are from its measured steps and what set the pace there ("" when it ships no stacks)."""
+    far its parts are from its measured steps and what set the pace there, with a leading space to follow another
+    sentence ("" when it ships no stacks)."""
     if not reference.components:
         return ""
-    return f"On the {reference.label}, verify cost by component:" + deciding_parts(reference.components)
+    return f" On the {reference.label}, verify cost by component:" + deciding_parts(reference.components)
