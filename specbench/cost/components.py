@@ -8,8 +8,9 @@ rejected (random tokens), and split into parts:
   engine runs it (unsynchronised) whole and with one component's modules stood in for by their recorded
   outputs; the component costs the difference. The rest of the graph computes the same values (the logits are equal bit
   for bit), the stood-in calls' inputs are still computed, and component calls made inside a stood-in one
-  (a projection inside attention) are made again on their recorded inputs. The components:
-  ``attention`` (the attention modules' own work: rotary embedding, cache update, scaled dot-product
+  (a projection inside attention) are made again on their recorded inputs, or answered when they stand in too
+  (every variant pays the same stand-in calls); the stand-ins' own bookkeeping is left out of the timings. The
+  components: ``attention`` (the attention modules' own work: rotary embedding, cache update, scaled dot-product
   attention), ``linear`` (dense projections: every ``Linear`` outside the experts and the output head),
   ``experts`` (MoE expert gathers ``SwitchGLU`` / ``SwitchMLP`` and the MoE block's own routing work: top-k,
   softmax, combining; its router projection is a ``Linear``), ``recurrent``

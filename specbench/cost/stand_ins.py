@@ -97,29 +97,58 @@ class _StandIns:
     """Answers the calls of the stood-in components with their recorded outputs, in call order. Kept in ``side``
     (evaluated with the logits): each stood-in call's inputs (so the work upstream of it still runs), and the
     outputs of the component calls recorded inside it that belong to components still running, made again on
-    their recorded inputs (so their work stays in the forward while the stood-in component's own work leaves)."""
+    their recorded inputs (so their work stays in the forward while the stood-in component's own work leaves).
+    Stood-in calls recorded inside a stood-in one are answered too, as they are when only they stand in, so that
+    every variant pays the same stand-in calls. ``bookkeeping_s``: the seconds spent answering (the calls made
+    again left out), the measurement's own work."""
 
     def __init__(self, components: Collection[str]) -> None:
         self.components = frozenset(components)
         self.side: list[Any] = []
         self.answered: dict[int, int] = {}
+        self.spent = {"answering": 0.0, "calling": 0.0, "again": 0.0}
+        self.stack: list[str] = []
+        self.mark = 0.0
+
+    @property
+    def bookkeeping_s(self) -> float:
+        return self.spent["answering"]
+
+    def _enter(self, what: str) -> None:
+        now = time.perf_counter()
+        if self.stack:
+            self.spent[self.stack[-1]] += now - self.mark
+        self.stack.append(what)
+        self.mark = now
+
+    def _leave(self) -> None:
+        now = time.perf_counter()
+        self.spent[self.stack.pop()] += now - self.mark
+        self.mark = now
 
     def answer(self, site: ComponentSite, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        # the call's own inputs are evaluated with the logits: the recorded output cuts the graph, and without
-        # them lazy evaluation would skip everything upstream of the stood-in call
-        self.side += [x for x in (*args, *kwargs.values()) if isinstance(x, mx.array)]
-        index = self.answered.get(id(site), 0)
-        self.answered[id(site)] = index + 1
-        record = site.calls[index]
-        self._keep(record.inner)
-        return record.output
+        self._enter("answering")
+        try:
+            # the call's own inputs are evaluated with the logits: the recorded output cuts the graph, and without
+            # them lazy evaluation would skip everything upstream of the stood-in call
+            self.side += [x for x in (*args, *kwargs.values()) if isinstance(x, mx.array)]
+            index = self.answered.get(id(site), 0)
+            self.answered[id(site)] = index + 1
+            record = site.calls[index]
+            self._keep(record.inner)
+            return record.output
+        finally:
+            self._leave()
 
     def _keep(self, calls: list[RecordedCall]) -> None:
         for call in calls:
-            if call.site.component in self.components:
-                self._keep(call.inner)
-            else:
+            # stood in too: answered from the record, its call's own cost left in the forward, as when the call's
+            # caller runs and only it stands in
+            self._enter("calling" if call.site.component in self.components else "again")
+            try:
                 self.side.append(call.site.invoke(*call.args, **call.kwargs))
+            finally:
+                self._leave()
 
 
 class _Recording:
@@ -249,9 +278,11 @@ def forward_with_stand_ins(
     runs it), with the modules of ``components`` stood in for by their recorded outputs (``record_forward``);
     and its logits. A stood-in attention writes nothing to the cache and a stood-in recurrent layer keeps its
     state: no later layer reads another's cache within a forward, and the cache is restored after.
+    The stand-ins' own bookkeeping (answering from the record) is left out of the seconds.
     ``phases``, if given, receives where the seconds went: ``build`` (the Python forward building the graph),
     ``dispatch`` (handing its work to the device: until ``mx.async_eval`` returns), ``wait`` (the rest: waiting
-    for the device) and ``collections`` (garbage collections that ran meanwhile)."""
+    for the device), ``collections`` (garbage collections that ran meanwhile) and ``answered`` (stood-in calls
+    answered from the record, those nested in another stood-in call included)."""
     if rollback is not None:  # a hybrid model's verify records its recurrent states: armed as the engine arms it
         rollback.before_verify(tokens.shape[1])
     stand_ins = _StandIns(components)
@@ -267,13 +298,17 @@ def forward_with_stand_ins(
         dispatched = time.perf_counter()
         mx.eval(*outputs)
         end = time.perf_counter()
-        seconds = end - start
+        # the stand-ins' own bookkeeping is the measurement's, not the forward's: a stood-in projection's answer
+        # costs about what building the projection does, and the skeleton never answers those nested in a
+        # stood-in attention, so left in, it would count against every component and not against the skeleton
+        seconds = end - start - stand_ins.bookkeeping_s
     if phases is not None:
         phases |= {
-            "build": built - start,
+            "build": built - start - stand_ins.bookkeeping_s,
             "dispatch": dispatched - built,
             "wait": end - dispatched,
             "collections": float(_collections() - collected),
+            "answered": float(sum(stand_ins.answered.values())),
         }
     if rollback is not None:
         rollback.rewind(0)

@@ -121,9 +121,25 @@ def test_a_timed_forward_reports_its_phases_and_the_garbage_collections_inside()
         seconds, _ = forward_with_stand_ins(model, cache, tokens, restore, sites, (), None, phases)
     finally:
         gc.set_threshold(*thresholds)
-    assert set(phases) == {*PHASES, "collections"}
+    assert set(phases) == {*PHASES, "collections", "answered"}
     assert sum(phases[p] for p in PHASES) == pytest.approx(seconds)
-    assert phases["collections"] > 0
+    assert phases["collections"] > 0 and phases["answered"] == 0
+
+
+def test_every_variant_answers_the_same_stood_in_calls_nested_ones_included(shape):
+    """A projection nested in an attention is answered whether the attention runs (only projections stand in) or
+    stands in too (the skeleton): each variant pays the same stand-in calls, so the subtractions add up."""
+    _, model = shape
+    cache = prefill(model, CONTEXT)
+    restore, rollback = CacheRestore(cache), rollback_for(model, cache)
+    tokens = mx.array([[5, 6, 7]], dtype=mx.uint32)
+    sites, _ = record_forward(model, cache, tokens, restore, rollback)
+    present = sorted({s.component for s in sites})
+    calls = {c: sum(len(s.calls) for s in sites if s.component == c) for c in present}
+    for stood in [(c,) for c in present] + [tuple(present)]:
+        phases: dict[str, float] = {}
+        forward_with_stand_ins(model, cache, tokens, restore, sites, stood, rollback, phases)
+        assert phases["answered"] == sum(calls[c] for c in stood), stood
 
 
 def test_only_the_moe_block_and_its_expert_gathers_count_as_experts():
