@@ -177,9 +177,8 @@ def one_row_choice(
 ) -> OneRowChoice:
     """Each distinct layer shape of ``model`` timed at one row both ways, then plain steps with the faster kernels
     against plain steps without, ``rounds`` times alternating (medians), and their logits compared bit for bit;
-    once per process and device. Off CUDA no
-    kernel runs, so nothing is timed and every layer keeps MLX's product; a sharded model keeps them too (its
-    ranks would time apart and might not run the same forwards)."""
+    once per process and device. Off CUDA no kernel runs, so nothing is timed and every layer keeps MLX's
+    product; a sharded model keeps them too (its ranks would time apart and might not run the same forwards)."""
     if not kernels.cuda_available() or is_sharded(model):  # ranks timing apart could disagree on collective forwards
         return OneRowChoice([])
     groups: dict[tuple, list[nn.Module]] = {}
