@@ -100,16 +100,14 @@ def forward_components(
     present = [c for c in FORWARD_PARTS if any(s.component == c for s in sites)]
     variants: list[tuple[str, tuple[str, ...]]] = [("forward", ()), *((c, (c,)) for c in present)]
     variants.append(("skeleton", tuple(present)))
-    seconds: dict[str, list[float]] = {name: [] for name, _ in variants}
     phases: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
     readback: list[float] = []
     for r in range(1 + repeats):  # the first round warms every variant up and is left out
         for name, stood in variants if r % 2 else variants[::-1]:
             phase: dict[str, float] = {}
-            took, logits = forward_with_stand_ins(model, cache, tokens, restore, sites, stood, rollback, phase)
+            _, logits = forward_with_stand_ins(model, cache, tokens, restore, sites, stood, rollback, phase)
             if r == 0:
                 continue
-            seconds[name].append(took)
             phases[name].append(phase)
             if name == "forward":
                 start = time.perf_counter()
@@ -117,10 +115,17 @@ def forward_components(
                 readback.append(time.perf_counter() - start)
         if between is not None:
             between(r)
+
+    def saving(runs: dict[str, list[float]], component: str) -> float:
+        """The median over rounds of the whole forward's seconds less the variant's (paired within a round)."""
+        return statistics.median(f - t for f, t in zip(runs["forward"], runs[component]))
+
+    # a forward's seconds are its phases' sum
+    seconds = {name: [sum(phase[p] for p in PHASES) for phase in runs] for name, runs in phases.items()}
     whole = statistics.median(seconds["forward"])
     parts = dict.fromkeys(FORWARD_PARTS, 0.0)
     for c in present:
-        parts[c] = max(0.0, statistics.median(f - t for f, t in zip(seconds["forward"], seconds[c])))
+        parts[c] = max(0.0, saving(seconds, c))
     parts["other"] = statistics.median(seconds["skeleton"])
     parts["readback"] = statistics.median(readback)
     closure = (sum(parts.values()) - parts["readback"]) / whole - 1.0
@@ -129,8 +134,7 @@ def forward_components(
         at = {name: [phase[p] for phase in runs] for name, runs in phases.items()}
         by_phase[p] = statistics.median(at["forward"])
         # unclamped: a phase whose parts' subtractions come out negative shows it
-        subtracted = sum(statistics.median(f - t for f, t in zip(at["forward"], at[c])) for c in present)
-        total = subtracted + statistics.median(at["skeleton"])
+        total = sum(saving(at, c) for c in present) + statistics.median(at["skeleton"])
         phase_closure[p] = total / by_phase[p] - 1.0 if by_phase[p] > 0 else 0.0
     collections = statistics.mean(phase["collections"] for phase in phases["forward"])
     return ForwardSplit(parts, whole, closure, by_phase, phase_closure, collections)

@@ -106,28 +106,24 @@ class _StandIns:
         self.components = frozenset(components)
         self.side: list[Any] = []
         self.answered: dict[int, int] = {}
-        self.spent = {"answering": 0.0, "calling": 0.0, "again": 0.0}
-        self.stack: list[str] = []
+        self.bookkeeping_s = 0.0
+        self.stack: list[str] = []  # what runs now: "answering", or "calling" (a call made from an answer)
         self.mark = 0.0
 
-    @property
-    def bookkeeping_s(self) -> float:
-        return self.spent["answering"]
-
-    def _enter(self, what: str) -> None:
+    def _switch(self, push: str | None) -> None:
+        """Charge the seconds since the last switch to answering if that is what ran, then enter ``push`` (or
+        leave what runs now)."""
         now = time.perf_counter()
-        if self.stack:
-            self.spent[self.stack[-1]] += now - self.mark
-        self.stack.append(what)
-        self.mark = now
-
-    def _leave(self) -> None:
-        now = time.perf_counter()
-        self.spent[self.stack.pop()] += now - self.mark
+        if self.stack and self.stack[-1] == "answering":
+            self.bookkeeping_s += now - self.mark
+        if push is None:
+            self.stack.pop()
+        else:
+            self.stack.append(push)
         self.mark = now
 
     def answer(self, site: ComponentSite, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        self._enter("answering")
+        self._switch("answering")
         try:
             # the call's own inputs are evaluated with the logits: the recorded output cuts the graph, and without
             # them lazy evaluation would skip everything upstream of the stood-in call
@@ -138,17 +134,17 @@ class _StandIns:
             self._keep(record.inner)
             return record.output
         finally:
-            self._leave()
+            self._switch(None)
 
     def _keep(self, calls: list[RecordedCall]) -> None:
         for call in calls:
-            # stood in too: answered from the record, its call's own cost left in the forward, as when the call's
-            # caller runs and only it stands in
-            self._enter("calling" if call.site.component in self.components else "again")
+            # made again, or (stood in too) answered from the record with its call's own cost left in the forward,
+            # as when the call's caller runs and only it stands in
+            self._switch("calling")
             try:
                 self.side.append(call.site.invoke(*call.args, **call.kwargs))
             finally:
-                self._leave()
+                self._switch(None)
 
 
 class _Recording:
