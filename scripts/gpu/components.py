@@ -13,13 +13,16 @@ seconds is skipped and named in summary.json:
 3. batch: dense and MoE, c(w, B), the engine's per-step and per-row overheads, and the controlled-acceptance
    batch grid with each cell's prediction and residual; the mean absolute error per shape and batch size.
 
-Writes components.json, lengths.json, batch.json and summary.json; prints compact tables.
+Writes components.json, lengths.json, batch.json and summary.json; prints compact tables. A batch grid too long for
+one call is split by ``--grid-batch-sizes``, the later calls reading the first one's profiles (``--batch-profiles
+batch.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import time
@@ -31,7 +34,7 @@ from specbench.bench.budget import Budget
 from specbench.common.files import write_json_atomic
 from specbench.common.identity import device_name
 from specbench.core.experts import expert_layers
-from specbench.cost.batch import measure_batch_overhead, measure_batch_profile
+from specbench.cost.batch import BatchProfile, measure_batch_overhead, measure_batch_profile
 from specbench.cost.batch_grid import batch_speedup_grid
 from specbench.cost.components import PARTS, PHASES, deciding_part, measure_components
 from specbench.cost.predict import mean_absolute_error
@@ -84,8 +87,9 @@ QUICK = {
 class Run:
     """The phases over one set of shapes, each written out when done."""
 
-    def __init__(self, cfg: dict[str, Any], out: Path, budget: Budget):
+    def __init__(self, cfg: dict[str, Any], out: Path, budget: Budget, batch_profiles: dict[str, Any] | None = None):
         self.cfg, self.out, self.budget = cfg, out, budget
+        self.batch_profiles = batch_profiles or {}
         self.models: dict[str, Any] = {}
         self.summary: dict[str, Any] = {"device": device_name(), "skipped": [], "config": cfg}
 
@@ -195,12 +199,16 @@ class Run:
                 continue
             started, share = time.perf_counter(), self.left() / (len(shapes) - i)  # the shapes left share the budget
             model = self.model(shape)
-            profile = measure_batch_profile(
-                model, cfg["batch_sizes"], cfg["batch_widths"], cfg["batch_offset"], repeats=3, count_experts=False
-            )
-            print(f"{shape}: c(w, B) in {time.perf_counter() - started:.0f} s", flush=True)
-            measure_batch_overhead(model, profile, cfg["overhead_widths"], cfg["max_tokens"])
-            print(f"{shape}: overheads by then {time.perf_counter() - started:.0f} s", flush=True)
+            if shape in self.batch_profiles:  # measured by an earlier call: the grid goes on from it
+                profile = BatchProfile.from_dict(self.batch_profiles[shape])
+                print(f"{shape}: c(w, B) and overheads read from --batch-profiles", flush=True)
+            else:
+                profile = measure_batch_profile(
+                    model, cfg["batch_sizes"], cfg["batch_widths"], cfg["batch_offset"], repeats=3, count_experts=False
+                )
+                print(f"{shape}: c(w, B) in {time.perf_counter() - started:.0f} s", flush=True)
+                measure_batch_overhead(model, profile, cfg["overhead_widths"], cfg["max_tokens"], progress=print)
+                print(f"{shape}: overheads by then {time.perf_counter() - started:.0f} s", flush=True)
             for w in cfg["overhead_widths"]:
                 step, row = profile.overhead_terms(w)
                 print(f"{shape} w={w}: engine overhead {1e3 * step:.3f} ms per step + {1e3 * row:.3f} ms per row")
@@ -255,8 +263,18 @@ def main() -> None:
     parser.add_argument("--phases", default="components,lengths,batch", help="comma list of phases to run")
     parser.add_argument("--shapes", default=None, help="comma list of the components and lengths phases' shapes")
     parser.add_argument("--batch-shapes", default=None, help="comma list of the batch phase's shapes (default: all)")
+    parser.add_argument("--grid-batch-sizes", default=None, help="comma list of the grid's batch sizes (default: all)")
+    parser.add_argument(
+        "--batch-profiles", default=None, help="an earlier batch.json: its shapes' profiles are used, not measured"
+    )
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
+    batch_profiles = json.loads(Path(args.batch_profiles).read_text())["profiles"] if args.batch_profiles else {}
+    if args.grid_batch_sizes:
+        sizes = [int(b) for b in args.grid_batch_sizes.split(",") if b]
+        if not set(sizes) <= set(cfg["grid_batch_sizes"]):
+            raise SystemExit(f"--grid-batch-sizes {sizes}: use some of {cfg['grid_batch_sizes']}")
+        cfg["grid_batch_sizes"] = sizes
     for key, given in (("shapes", args.shapes), ("batch_shapes", args.batch_shapes)):
         if given:
             wanted = [s for s in given.split(",") if s]
@@ -265,7 +283,7 @@ def main() -> None:
                 raise SystemExit(f"unknown --{key.replace('_', '-')} {unknown}: use {', '.join(cfg[key])}")
             cfg[key] = wanted
     out = Path(os.environ.get("OUT") or "reports/gpu") / "components"
-    run = Run(cfg, out, Budget(args.budget or cfg["budget"]))
+    run = Run(cfg, out, Budget(args.budget or cfg["budget"]), batch_profiles)
     phases = [p for p in args.phases.split(",") if p]
     unknown = set(phases) - {"components", "lengths", "batch"}
     if unknown:

@@ -328,19 +328,23 @@ def measure_batch_overhead(
     tokens: int = 48,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    repeats: int = 2,
 ) -> BatchProfile:
     """The engine's own seconds per batched step beyond the forward, at each of ``profile``'s batch sizes
     and ``widths`` (1: plain batched decoding; w > 1: every row drafting w - 1 tokens of its own plain
     continuation at acceptance ``RAGGED_ACCEPTANCE``, so that rows accept different numbers and their caches
     roll back by different lengths: measured with drafts all rejected, a batch of 4 or more rows steps about 30 %
     faster than one whose rows fall out of step), over runs of ``tokens`` tokens per row from prompts of the
-    profile's offset, after an untimed run of the same batch and width (no timing holds a first use): the mean
-    step's decode seconds over the whole run, as a run of that length pays them (plain steps are pipelined: a
-    stretch's first step holds two steps' graph building and its last almost none, so the median step of a short
-    run says less), less c(w, B) times the [B, 1] forward. Kept in ``profile.overhead_s``; measure at the run
+    profile's offset, after an untimed run identical to the timed ones (no timing holds a first use: rows finish
+    at different steps, so a run's tail holds blocks of fewer rows than its start): the mean step's decode seconds
+    over the whole run, as a run of that length pays them (plain steps are pipelined: a stretch's first step holds
+    two steps' graph building and its last almost none, so the median step of a short run says less), median over
+    ``repeats`` runs, less c(w, B) times the [B, 1] forward. Kept in ``profile.overhead_s``; measure at the run
     length the predictions are for (``batch_speedup_grid``'s ``max_tokens``)."""
     if tokens < 2:
         raise ValueError(f"tokens must be >= 2 (a prefill token and a decode step), got {tokens}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     rng = np.random.default_rng(seed)
     vocab = vocab_size(model)
     widths = sorted(set(widths))
@@ -352,21 +356,24 @@ def measure_batch_overhead(
             Oracle(p, r.tokens, RAGGED_ACCEPTANCE, vocab, seed=seed + i, keep_drafting=True)
             for i, (p, r) in enumerate(zip(prompts, recording.requests))
         ]
+        options = GenerateOptions(max_tokens=tokens, ignore_eos=True)
         for w in widths:
             policy, drafters = (DraftPolicy.fixed(w - 1), oracles) if w > 1 else (None, None)
-            warm = GenerateOptions(max_tokens=2 * w + 1, ignore_eos=True)  # two steps of this width
-            BatchGeneration(model, prompts, warm, drafters and list(drafters), policy).run()
-            options = GenerateOptions(max_tokens=tokens, ignore_eos=True)
-            gen = BatchGeneration(model, prompts, options, drafters and list(drafters), policy)
-            gen.run()
-            timed = [s for s in gen.batch_log if s.kind != "prefill" and s.batch_size == b and s.width == w]
-            if not timed:
+            runs = []
+            for i in range(repeats + 1):  # the first untimed
+                gen = BatchGeneration(model, prompts, options, drafters and list(drafters), policy)
+                gen.run()
+                timed = [s for s in gen.batch_log if s.kind != "prefill" and s.batch_size == b and s.width == w]
+                if i and timed:
+                    runs.append(sum(s.verify_s + s.other_s for s in timed) / len(timed))
+            if not runs:
                 continue
-            seconds = sum(s.verify_s + s.other_s for s in timed) / len(timed)
+            seconds = statistics.median(runs)
             profile.overhead_s.setdefault(str(w), {})[str(b)] = seconds - profile.c(w, b) * profile.plain_s[b]
             if progress:
                 beyond = 1e3 * profile.overhead_s[str(w)][str(b)]
-                progress(f"B={b} w={w}: step {1e3 * seconds:.2f} ms, beyond the forward {beyond:.2f} ms")
+                spread = (max(runs) - min(runs)) / seconds
+                progress(f"B={b} w={w}: step {1e3 * seconds:.2f} ms ({spread:.0%} spread), beyond the forward {beyond:.2f} ms")
     return profile
 
 

@@ -99,7 +99,10 @@ def batch_speedup_grid(
     holds nothing but decoding: ``diverged`` counts such requests, ``acceptance_measured`` is what the
     run accepted. Every timed run follows an untimed one of ``warmup_tokens`` of its own kind (plain, or
     speculative with the same batch and k), so no timing holds a kernel's first-use build: on the H200 a plain
-    B = 1 run right after speculative steps of width 5 ran 30-40 % slower per step than one after width 3. Each
+    B = 1 run right after speculative steps of width 5 ran 30-40 % slower per step than one after width 3. Before
+    its pairs each cell also runs once untimed at full length: rows finish at different steps, so a speculative
+    run's tail holds blocks of fewer rows and narrower widths than a short warm-up reaches (on the H200's MoE shape
+    a cell's first pair read slower than its second in 7 of 9 cells at B <= 4, up to 1.9x, without it). Each
     cell is timed as ``repeats`` adjacent pairs (its own plain run right before its speculative one: one slow
     plain run cannot skew every cell of its batch size); its measured speedup, prediction and the other figures
     are the medians over the pairs, ``measured_runs`` each pair's speedup (the machine's noise at this cell) and
@@ -125,10 +128,12 @@ def batch_speedup_grid(
             for k in ks:
                 if budget_s is not None and rows and time.perf_counter() - start > budget_s:
                     return rows
+                for i, o in enumerate(oracles):
+                    o.acceptance, o.seed = a, seed + 1000 * k + i
+                if warmup_tokens > 0:  # every [B', w'] block the cell's runs reach, used once untimed
+                    BatchGeneration(model, prompts, options, list(oracles), DraftPolicy.fixed(k)).run()
                 pairs = []
                 for _ in range(repeats):
-                    for i, o in enumerate(oracles):
-                        o.acceptance, o.seed = a, seed + 1000 * k + i
                     pairs.append(
                         _timed_pair(model, prompts, oracles, k, options, warm if warmup_tokens > 0 else None, profile)
                     )

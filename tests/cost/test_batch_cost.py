@@ -129,17 +129,22 @@ def test_batch_overheads_are_measured_with_rows_out_of_step(monkeypatch):
     monkeypatch.setattr(batch_cost, "BatchGeneration", Recorded)
     model = build_tiny("qwen3")
     profile = measure_batch_profile(model, (4,), widths=3, offset=8, repeats=1, warmup=1, count_experts=False)
-    measure_batch_overhead(model, profile, widths=(3,), tokens=8)
-    warm, timed = runs
-    assert len(warm.batch_log) < len(timed.batch_log)  # the untimed run first
+    measure_batch_overhead(model, profile, widths=(3,), tokens=8, repeats=2)
+    warm, timed, again = runs  # an untimed run identical to the timed ones first: its tail's shapes used once
+    assert [r.requests[0].options.max_tokens for r in runs] == [8, 8, 8]
     stats = [r.stats() for r in timed.requests]
     assert all(st["drafted"] > 0 for st in stats)
     accepted = [st["accepted"] for st in stats]
     assert sum(accepted) > 0 and any(st["accepted"] < st["drafted"] for st in stats)
     assert all(len(r.tokens) == 8 for r in timed.requests)  # as long as the runs it prices
-    steps = [s.verify_s + s.other_s for s in timed.batch_log if s.width == 3 and s.batch_size == 4]
-    beyond = sum(steps) / len(steps) - profile.c(3, 4) * profile.plain_s[4]  # the mean over the run's w = 3 steps
+    means = []
+    for gen in (timed, again):
+        steps = [s.verify_s + s.other_s for s in gen.batch_log if s.width == 3 and s.batch_size == 4]
+        means.append(sum(steps) / len(steps))  # the mean over the run's w = 3 steps
+    beyond = statistics.median(means) - profile.c(3, 4) * profile.plain_s[4]  # the median over the timed runs
     assert profile.overhead_s["3"]["4"] == pytest.approx(beyond)
+    with pytest.raises(ValueError, match="repeats"):
+        measure_batch_overhead(model, profile, widths=(3,), tokens=8, repeats=0)
 
 
 def test_predicted_batch_seconds_adds_the_measured_overhead_and_never_goes_below_zero():
@@ -223,10 +228,11 @@ def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch)
     assert len(rows) == 2
     assert runs[0] == ("plain", 10)  # the untimed recording the oracles draft from
     cells = runs[1:]
-    assert cells == [("plain", 3), ("plain", 10), ("spec", 3), ("spec", 10)] * 2
+    pair = [("plain", 3), ("plain", 10), ("spec", 3), ("spec", 10)]
+    assert cells == [("spec", 10), *pair] * 2  # a full-length untimed run first: every shape of its tail used once
     runs.clear()
     (row,) = grid((2,), warmup_tokens=3, repeats=3)
-    assert runs[1:] == [("plain", 3), ("plain", 10), ("spec", 3), ("spec", 10)] * 3
+    assert runs[1:] == [("spec", 10), *pair * 3]
     assert row["repeats"] == 3 and len(row["measured_runs"]) == 3
     assert row["measured"] == pytest.approx(statistics.median(row["measured_runs"]))
     assert row["noise_floor"] == pytest.approx(noise_floor(row["measured_runs"]))  # the cell's own scatter
