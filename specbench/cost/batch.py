@@ -373,7 +373,8 @@ def measure_batch_overhead(
             if progress:
                 beyond = 1e3 * profile.overhead_s[str(w)][str(b)]
                 spread = (max(runs) - min(runs)) / seconds
-                progress(f"B={b} w={w}: step {1e3 * seconds:.2f} ms ({spread:.0%} spread), beyond the forward {beyond:.2f} ms")
+                step = f"step {1e3 * seconds:.2f} ms ({spread:.0%} spread)"
+                progress(f"B={b} w={w}: {step}, beyond the forward {beyond:.2f} ms")
     return profile
 
 
