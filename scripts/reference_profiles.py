@@ -8,7 +8,7 @@ Sources (their commands: reports/gpu-h200/README.md):
   4-bit, full depth; distinct experts per block; the measured a x k grid with its predictions;
 - ``batch/`` (the dense shape) and ``batch/moe-b32/`` (the MoE shape alone, B up to 32): c(w, B) and distinct
   experts per [B, w] block;
-- ``components/stack-run3/``: the verify-cost stack by component of the dense, MoE and hybrid (Qwen3.5-9B)
+- ``components/stack-run4/``: the verify-cost stack by component of the dense, MoE and hybrid (Qwen3.5-9B)
   shapes, with each forward's phases.
 """
 
@@ -25,7 +25,7 @@ REPORTS = ROOT / "reports" / "gpu-h200"
 OUT = ROOT / "specbench" / "assets" / "reference" / "h200.json"
 DENSE, MOE = "synthetic:qwen3-8b-4bit", "synthetic:qwen3-30b-a3b-4bit"
 GRID_COLUMNS = ("name", "mode", "a", "k", "speedup", "predicted_nominal", "error_nominal", "tokens")
-STACK = Path("components") / "stack-run3" / "components.json"
+STACK = Path("components") / "stack-run4" / "components.json"
 #: What a stack's figure and verdict read (``specbench.report``): the rest of a row is in the report folder.
 STACK_COLUMNS = (
     "name", "device", "width", "part", "group", "seconds", "c", "step_s", "c_step", "plain_step_s", "error",
