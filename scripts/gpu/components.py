@@ -36,7 +36,7 @@ from specbench.common.identity import device_name
 from specbench.core.experts import expert_layers
 from specbench.cost.batch import BatchProfile, measure_batch_overhead, measure_batch_profile
 from specbench.cost.batch_grid import batch_speedup_grid
-from specbench.cost.components import PARTS, PHASES, deciding_part, measure_components
+from specbench.cost.components import PARTS, PHASES, deciding_part, measure_components, phase_reading
 from specbench.cost.predict import mean_absolute_error
 from specbench.models import synthetic
 
@@ -147,9 +147,13 @@ class Run:
                     + " ".join(f"{at[w, PARTS[0]][f'{phase}_closure']:+.0%}" for w in widths)
                 )
             print("  gc/forward " + "".join(f"{at[w, PARTS[0]]['collections']:8.1f}" for w in widths))
+            # the parts counted by phase: each component's host work, the device wait whole (phase_reading)
+            by_phase = phase_reading(stack)
+            print("  by phase   " + "".join(f"{by_phase[w]['phase_error']:+8.1%}" for w in widths))
             part, share = deciding_part(stack)
             self.summary.setdefault("components", {})[shape] = {
                 "max_abs_error": max(abs(r["error"]) for r in stack),
+                "max_abs_phase_error": max(abs(r["phase_error"]) for r in by_phase.values()),
                 "max_abs_closure": max(abs(r["closure"]) for r in stack),
                 "step_spread": {r["width"]: r["step_spread"] for r in stack if r["part"] == PARTS[0]},
                 "deciding_part": part,

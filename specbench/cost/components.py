@@ -317,9 +317,13 @@ def measure_components(
 def phase_reading(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]] | None:
     """Per width, from ``measure_components`` rows that hold the forward's phases: ``wait_share``, the share of
     the whole forward spent waiting for the device after the host handed over its last work (near 0: host-bound,
-    the Python building and dispatching the graph sets the pace; large: device-bound), and ``host_closure``, how
-    far the components' subtractions add up within the host's phases (build and dispatch) alone. None without
-    phases (rows of an older run)."""
+    the Python building and dispatching the graph sets the pace; large: device-bound); ``host_closure``, how
+    far the components' subtractions add up within the host's phases (build and dispatch) alone; and
+    ``phase_error``, how far the step's parts counted by phase are from the measured step: each component's host
+    work (its subtraction within build and dispatch), the forward's wait for the device whole, readback and the
+    engine's parts (sum / step - 1). A part's removal shifts work between host and device, so subtraction
+    under-counts the wait; counted by phase the wait is nobody's part but its own. None without phases (rows of an
+    older run)."""
     first = [r for r in rows if r["part"] == PARTS[0] and r.get("forward_wait_s") is not None]
     if not first:
         return None
@@ -327,9 +331,11 @@ def phase_reading(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]]
     for r in first:
         build, dispatch = r["forward_build_s"], r["forward_dispatch_s"]
         host = build * (1 + r["build_closure"]) + dispatch * (1 + r["dispatch_closure"])
+        rest = sum(q["seconds"] for q in rows if q["width"] == r["width"] and q["part"] in ("readback", *ENGINE_PARTS))
         reading[r["width"]] = {
             "wait_share": r["forward_wait_s"] / r["forward_s"],
             "host_closure": host / (build + dispatch) - 1.0 if build + dispatch > 0 else 0.0,
+            "phase_error": (host + r["forward_wait_s"] + rest) / r["step_s"] - 1.0,
         }
     return reading
 

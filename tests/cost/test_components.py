@@ -213,6 +213,7 @@ def _phased(width, error, build, dispatch, wait, build_closure, dispatch_closure
         "seconds": width * 1e-3,
         "error": error,
         "forward_s": build + dispatch + wait,
+        "step_s": build + dispatch + wait,
         "forward_build_s": build,
         "forward_dispatch_s": dispatch,
         "forward_wait_s": wait,
@@ -233,9 +234,22 @@ def test_the_phases_say_what_sets_the_pace_and_where_a_miss_lies():
     text = deciding_parts({"m": host_bound})
     assert "wait 2%-9% of their time for the device (host-bound" in text
     assert "host's phases alone add up within 9%" in text and "moving the bottleneck" in text
-    # the host's phases missing too: no such claim
+    # counted by phase: each part's host work, the wait whole, readback and the engine's parts, against the step
+    assert reading[1]["phase_error"] == pytest.approx((4.0 * 0.85 + 8.4 * 0.94 + 1.2) / 13.6 - 1)
+    assert "Counted by phase" in text and "the step's parts add up to the measured step within 8%" in text
+    engine = {"width": 16, "part": "rollback", "seconds": 6.0, "device": "gpu:test"}
+    host_bound[1]["step_s"] += 6.0  # the engine's rollback is in the measured step: counted, it closes as before
+    assert phase_reading([*host_bound, engine])[16]["phase_error"] == pytest.approx(
+        (22.5 * 0.97 + 59.5 * 0.93 + 1.3 + 6.0) / 89.3 - 1
+    )
+    assert phase_reading(host_bound)[16]["phase_error"] == pytest.approx((22.5 * 0.97 + 59.5 * 0.93 + 1.3) / 89.3 - 1)
+    # the host's phases missing too: no such claim, the count by phase still given
     host_bound[1]["build_closure"] = -0.4
     assert "moving the bottleneck" not in deciding_parts({"m": host_bound})
+    assert "Counted by phase" in deciding_parts({"m": host_bound})
+    for r in host_bound:  # parts within 10 % of the step: nothing to explain
+        r["error"] = 0.05
+    assert "Counted by phase" not in deciding_parts({"m": host_bound})
     # a device that waits most of the time
     device_bound = [_phased(1, 0.02, 1.0, 1.0, 8.0, 0, 0), _phased(4, 0.03, 1.0, 1.0, 20.0, 0, 0)]
     assert "(device-bound" in deciding_parts({"m": device_bound})

@@ -65,10 +65,16 @@ def _bound(rows: Sequence[dict[str, Any]], off: float) -> str:
         else "host and device take turns setting the pace"
     )
     text = f" Its forwards wait {share} of their time for the device ({pace})."
+    if off <= 0.1:
+        return text
     host = max(abs(r["host_closure"]) for r in reading.values())
-    if off > 0.1 and host <= 0.1:
+    if host <= 0.1:
         text += (
             f" The host's phases alone add up within {host:.0%}: the miss lies in the device's wait, which a part's"
             " removal changes by moving the bottleneck between host and device, so parts are exact as host time only."
         )
-    return text
+    by_phase = max(abs(r["phase_error"]) for r in reading.values())
+    return text + (
+        " Counted by phase (each part's host work, the wait for the device a part of its own), the step's parts"
+        f" add up to the measured step within {by_phase:.0%}."
+    )
