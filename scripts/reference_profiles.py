@@ -30,7 +30,7 @@ STACK = Path("components") / "stack-run4" / "components.json"
 STACK_COLUMNS = (
     "name", "device", "width", "part", "group", "seconds", "c", "step_s", "c_step", "plain_step_s", "error",
     "step_spread", "forward_s", "closure", "forward_build_s", "forward_dispatch_s", "forward_wait_s", "build_closure",
-    "dispatch_closure", "wait_closure",
+    "dispatch_closure", "wait_closure", "host_s",
 )  # fmt: skip
 
 
@@ -76,7 +76,8 @@ def convert(reports: Path) -> dict[str, Any]:
         "grid": [{k: r[k] for k in GRID_COLUMNS} for r in _rows(grid_dir / "grid.csv")],
         "batch_costs": batch,
         "batch_experts": [r for r in _rows(batch_dir / "moe-b32" / "batch_experts.csv") if r["model"] == MOE],
-        "components": [{k: r[k] for k in STACK_COLUMNS} for r in json.loads((reports / STACK).read_text())],
+        # host_s (the parts counted by phase) only from runs that measured it
+        "components": [{k: r[k] for k in STACK_COLUMNS if k in r} for r in json.loads((reports / STACK).read_text())],
     }
 
 

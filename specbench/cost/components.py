@@ -26,7 +26,9 @@ rejected (random tokens), and split into parts:
 
 The parts' sum is set against the whole step's seconds: ``error`` = sum / whole - 1 says how far the
 parts, each timed apart, are from the step as the engine runs it (medians throughout, as the profile's c(w);
-on a GPU the engine's work overlaps the forward's).
+on a GPU the engine's work overlaps the forward's). On a GPU a part's removal also shifts work between host and
+device, so subtraction under-counts the forward's wait for the device; ``phase_stack`` counts the parts by phase
+instead (each component's host work, the wait a part of its own), and ``phase_reading`` says how far that is off.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class ForwardSplit:
     skeleton) / forward_s - 1, how far the components, each subtracted alone, are from adding up. ``phases``:
     the whole forward's median seconds per phase (``PHASES``: building the graph, dispatching it, waiting for
     the device) and ``phase_closure`` the same closure within each phase: where the parts stop adding up (work
-    that overlaps shows in the dispatch and wait phases, not in the build), ``collections`` the garbage
+    that overlaps shows in the dispatch and wait phases, not in the build), ``part_phases`` each component's
+    subtraction (and the skeleton's seconds, as ``other``) within each phase, ``collections`` the garbage
     collections per whole forward (mean)."""
 
     parts: dict[str, float]
@@ -76,6 +79,7 @@ class ForwardSplit:
     phases: dict[str, float] = field(default_factory=dict)
     phase_closure: dict[str, float] = field(default_factory=dict)
     collections: float = 0.0
+    part_phases: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def forward_components(
@@ -130,14 +134,17 @@ def forward_components(
     parts["readback"] = statistics.median(readback)
     closure = (sum(parts.values()) - parts["readback"]) / whole - 1.0
     by_phase, phase_closure = {}, {}
+    part_phases: dict[str, dict[str, float]] = {c: {} for c in (*present, "other")}
     for p in PHASES:
         at = {name: [phase[p] for phase in runs] for name, runs in phases.items()}
         by_phase[p] = statistics.median(at["forward"])
-        # unclamped: a phase whose parts' subtractions come out negative shows it
-        total = sum(saving(at, c) for c in present) + statistics.median(at["skeleton"])
+        for c in present:  # unclamped: a phase whose parts' subtractions come out negative shows it
+            part_phases[c][p] = saving(at, c)
+        part_phases["other"][p] = statistics.median(at["skeleton"])
+        total = sum(part_phases[c][p] for c in part_phases)
         phase_closure[p] = total / by_phase[p] - 1.0 if by_phase[p] > 0 else 0.0
     collections = statistics.mean(phase["collections"] for phase in phases["forward"])
-    return ForwardSplit(parts, whole, closure, by_phase, phase_closure, collections)
+    return ForwardSplit(parts, whole, closure, by_phase, phase_closure, collections, part_phases)
 
 
 def _wrap(owner: Any, name: str, totals: dict[str, float], part: str) -> None:
@@ -309,9 +316,18 @@ def measure_components(
                         **{f"forward_{p}_s": split.phases[p] for p in PHASES},
                         **{f"{p}_closure": split.phase_closure[p] for p in PHASES},
                         "collections": split.collections,
+                        "host_s": _host_seconds(split, part, parts[part]),
                     }
                 )
     return rows
+
+
+def _host_seconds(split: ForwardSplit, part: str, seconds: float) -> float:
+    """A part's seconds counted by phase: a forward component's host work (its subtraction within building and
+    dispatching the graph, 0 where noise makes it negative); readback and the engine's parts as timed."""
+    if part in split.part_phases:
+        return max(0.0, split.part_phases[part]["build"] + split.part_phases[part]["dispatch"])
+    return 0.0 if part in FORWARD_PARTS and part != "readback" else seconds
 
 
 def phase_reading(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]] | None:
@@ -338,6 +354,30 @@ def phase_reading(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]]
             "phase_error": (host + r["forward_wait_s"] + rest) / r["step_s"] - 1.0,
         }
     return reading
+
+
+#: The part a stack counted by phase adds: the forward's wait for the device after the host's last work.
+WAIT = "wait"
+
+
+def phase_stack(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``measure_components`` rows counted by phase: each part's ``seconds`` and ``c`` its host work (``host_s``),
+    a ``WAIT`` row per width holding the forward's wait for the device, and ``error`` the drawn parts' sum against
+    the measured step. None for rows without the parts' phases (a CPU's stack is drawn as measured: its host does
+    the device's work; or rows of an older run)."""
+    if not rows or any(r.get("host_s") is None for r in rows) or phase_reading(rows) is None:
+        return None
+    if any(str(r.get("device", "")).startswith("cpu") for r in rows):
+        return None
+    counted = []
+    for w in sorted({r["width"] for r in rows}):
+        at_w = [r for r in rows if r["width"] == w]
+        first = at_w[0]
+        wait = {**first, "part": WAIT, "group": "forward", "seconds": first["forward_wait_s"]}
+        parts = [{**r, "seconds": r["host_s"]} for r in at_w] + [wait]
+        error = sum(r["seconds"] for r in parts) / first["step_s"] - 1.0
+        counted += [{**r, "c": r["seconds"] / r["plain_step_s"], "error": error} for r in parts]
+    return counted
 
 
 def deciding_part(rows: Sequence[dict[str, Any]]) -> tuple[str, float]:

@@ -14,9 +14,11 @@ from specbench.cost.components import (
     FORWARD_PARTS,
     PARTS,
     PHASES,
+    WAIT,
     deciding_part,
     forward_components,
     measure_components,
+    phase_stack,
 )
 from specbench.cost.stand_ins import _cache_state, component_of, forward_with_stand_ins, record_forward
 from specbench.models import synthetic
@@ -105,6 +107,11 @@ def test_the_subtracted_components_add_up_to_the_forward_and_the_dominant_one_is
     assert sum(split.phases.values()) == pytest.approx(split.forward_s, rel=0.5)
     assert split.phases["dispatch"] + split.phases["wait"] > split.phases["build"]
     assert split.collections >= 0
+    # each component's subtraction within each phase, the skeleton as "other": they make up the phase closures
+    assert set(split.part_phases) == {"attention", "linear", "lm_head", "other"}
+    for phase in PHASES:
+        total = sum(split.part_phases[c][phase] for c in split.part_phases)
+        assert split.phase_closure[phase] == pytest.approx(total / split.phases[phase] - 1)
 
 
 def test_a_timed_forward_reports_its_phases_and_the_garbage_collections_inside():
@@ -165,6 +172,12 @@ def test_the_stack_of_a_speculative_step_holds_every_part_and_says_how_far_off_i
         assert r["forward_s"] > 0 and np.isfinite(r["closure"]) and r["closure"] > -1
         assert 0 <= r["step_spread"] < 10  # the whole steps' interquartile range over their median
         assert all(r[f"forward_{p}_s"] >= 0 and np.isfinite(r[f"{p}_closure"]) for p in PHASES)
+        # counted by phase: a forward component's host work; readback and the engine's parts as timed
+        assert r["host_s"] >= 0
+        if r["part"] in ("readback", *ENGINE_PARTS):
+            assert r["host_s"] == r["seconds"]
+    assert all(r["host_s"] == 0 for r in rows if r["part"] == "recurrent")  # none in this shape
+    assert phase_stack(rows) is None  # a CPU's host does the device's work: its stack is drawn as measured
 
 
 def test_the_deciding_part_is_the_one_that_grows_most():
@@ -255,6 +268,16 @@ def test_the_phases_say_what_sets_the_pace_and_where_a_miss_lies():
     assert "(device-bound" in deciding_parts({"m": device_bound})
     turns = [_phased(1, 0.02, 1.7, 3.2, 4.0, 0, 0), _phased(4, 0.03, 3.8, 9.8, 1.0, 0, 0)]
     assert "take turns" in deciding_parts({"m": turns})
+    # the stack counted by phase: each part's host work and the wait apart, with the drawn sum against the step
+    for r in turns:
+        r.update(host_s=0.8 * r["forward_build_s"] + r["forward_dispatch_s"], plain_step_s=2.0)
+    engine = [{**turns[i], "part": "rollback", "seconds": 0.5, "host_s": 0.5} for i in (0, 1)]
+    counted = phase_stack([*turns, *engine])
+    assert [(r["width"], r["part"]) for r in counted] == [(w, p) for w in (1, 4) for p in (PARTS[0], "rollback", WAIT)]
+    wait = {r["width"]: r for r in counted if r["part"] == WAIT}
+    assert wait[4]["seconds"] == 1.0 and wait[4]["c"] == 0.5
+    assert wait[1]["error"] == pytest.approx((0.8 * 1.7 + 3.2 + 0.5 + 4.0) / 8.9 - 1)
+    assert phase_stack(turns[:1] + [{k: v for k, v in turns[1].items() if k != "host_s"}]) is None  # an older run
     for r in turns:  # a CPU's: its host does the device's work too
         r["device"] = "cpu:test"
     assert "for the device" not in deciding_parts({"m": turns}) and phase_reading(turns) is not None

@@ -390,7 +390,7 @@ def test_batch_reference_contrast_reads_the_shipped_batch_profiles():
 def test_the_reference_ships_its_stacks_by_component_and_the_verdict_reads_them():
     """The H200's stacks (dense, MoE, hybrid) ship with the package: the verdict names each shape's deciding part
     and what set the pace there, and the figure draws all three with one legend that holds every part drawn."""
-    from specbench.cost.components import PARTS
+    from specbench.cost.components import PARTS, phase_stack
     from specbench.cost.reference import reference_profiles
     from specbench.report.figures.checks import figure_problems
 
@@ -409,3 +409,9 @@ def test_the_reference_ships_its_stacks_by_component_and_the_verdict_reads_them(
     assert not figure_problems(fig)
     legend = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
     assert {"experts", "recurrent", "attention", "measured step"} <= set(legend)
+    # counted by phase: drawn only from rows that hold each part's host work
+    assert not any(phase_stack(rows) for rows in reference.components.values())  # the shipped run predates them
+    with_phases = {n: [{**r, "host_s": r["seconds"]} for r in rows] for n, rows in reference.components.items()}
+    fig = figures.component_stack(with_phases, by_phase=True)
+    assert not figure_problems(fig) and len(fig.axes) == 3 and "wait for the device apart" in fig._suptitle.get_text()
+    assert {"wait", "experts", "measured step"} <= {t.get_text() for t in fig.axes[-1].get_legend().get_texts()}

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from specbench.cost.breakeven import break_even_acceptance
-from specbench.cost.components import PARTS
+from specbench.cost.components import PARTS, WAIT, phase_stack
 from specbench.cost.profile import Profile
 from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import model_label
@@ -34,12 +34,17 @@ PART_COLOURS = {
     "rollback": "#d62728",
     "logging": "#ff9896",
     "host": "#7f7f7f",
+    WAIT: "#e0e0e0",
 }
 
 
-def component_stack(stacks: Mapping[str, Sequence[dict[str, Any]]], title: str | None = None):
+def component_stack(stacks: Mapping[str, Sequence[dict[str, Any]]], title: str | None = None, by_phase: bool = False):
     """A panel per model: per width, the parts of a speculative step stacked in plain steps, the measured
-    whole step as a black marker, and the sum's error above each bar."""
+    whole step as a black marker, and the sum's error above each bar. ``by_phase``: the parts counted by phase
+    (``specbench.cost.components.phase_stack``: each part's host work, the wait for the device a part of its own);
+    models whose rows lack the phases are left out."""
+    if by_phase:
+        stacks = {name: phase_stack(rows) for name, rows in stacks.items()}
     names = [n for n, rows in stacks.items() if rows]
     fig, axes = plt.subplots(1, max(1, len(names)), figsize=(5.2 * max(1, len(names)), 4.2), squeeze=False)
     for ax, name in zip(axes[0], names):
@@ -48,7 +53,9 @@ def component_stack(stacks: Mapping[str, Sequence[dict[str, Any]]], title: str |
         at = {(r["width"], r["part"]): r for r in rows}
         x = np.arange(len(widths))
         bottom = np.zeros(len(widths))
-        for part in PARTS:
+        for part in (*PARTS, WAIT):
+            if (widths[0], part) not in at:
+                continue
             values = np.array([at[w, part]["c"] for w in widths])
             if values.max() <= 0:
                 continue
@@ -66,9 +73,10 @@ def component_stack(stacks: Mapping[str, Sequence[dict[str, Any]]], title: str |
         ax.grid(axis="y", alpha=0.3)
     if names:  # every panel's parts in one legend (a MoE's experts, a hybrid's recurrent layers), stack order
         drawn = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
-        labels = [p for p in (*PARTS, "measured step") if p in drawn][::-1]
+        labels = [p for p in (*PARTS, WAIT, "measured step") if p in drawn][::-1]
         axes[0][-1].legend([drawn[p] for p in labels], labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle(title or "Verify cost by component: a speculative step of width w (drafts rejected)", fontsize=11)
+    what = "host work by part, the wait for the device apart" if by_phase else "a speculative step of width w"
+    fig.suptitle(title or f"Verify cost by component: {what} (drafts rejected)", fontsize=11)
     fig.tight_layout()
     return fig
 
