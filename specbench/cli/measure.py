@@ -108,7 +108,7 @@ def _integers(text: str, name: str) -> list[int]:
 def print_components(rows: list[dict]) -> None:
     """The component stack: each part's cost per width in plain steps, their sum against the whole step
     measured, how far off the sum is, and the part whose growth with the width decides c(w)."""
-    from specbench.cost.components import PARTS, deciding_part
+    from specbench.cost.components import PARTS, deciding_part, phase_stack
 
     widths = sorted({r["width"] for r in rows})
     at = {(r["width"], r["part"]): r for r in rows}
@@ -123,6 +123,11 @@ def print_components(rows: list[dict]) -> None:
     print("  " + "off by".ljust(11) + "".join(f"{at[w, PARTS[0]]['error']:+9.1%}" for w in widths))
     if all("closure" in at[w, PARTS[0]] for w in widths):  # the forward's parts against the forward itself
         print("  " + "closure".ljust(11) + "".join(f"{at[w, PARTS[0]]['closure']:+9.1%}" for w in widths))
+    counted = phase_stack(rows)  # on a GPU: each part's host work, the wait for the device a part of its own
+    if counted is not None:
+        by_phase = {(r["width"], r["part"]): r for r in counted}
+        print("  " + "wait".ljust(11) + "".join(f"{by_phase[w, 'wait']['c']:9.3f}" for w in widths))
+        print("  " + "by phase".ljust(11) + "".join(f"{by_phase[w, PARTS[0]]['error']:+9.1%}" for w in widths))
     if len(widths) > 1:
         part, share = deciding_part(rows)
         print(f"  deciding part: {part} ({share:.0%} of the growth from w={widths[0]} to w={widths[-1]})")

@@ -160,11 +160,35 @@ def test_cli_profile_prints_the_stack_and_stores_the_lengths(capsys, home):
     assert main([*args, "--verify", "fast", "--lengths", "32", "--components", "1,3"]) == 0
     out = capsys.readouterr().out
     assert "verify cost by component" in out and "experts" in out and "deciding part:" in out and "off by" in out
-    assert "closure" in out
+    assert "closure" in out and "by phase" not in out  # a CPU's stack: its host does the device's work
     stored = json.loads(next(p for p in (home / "profiles").glob("*.json") if "bandwidth" not in p.name).read_text())
     assert sorted(stored["lengths"]) == ["32"] and {r["width"] for r in stored["components"]} == {1, 3}
     assert main([*args, "--lengths", "32,x"]) == 2
     assert "--lengths takes" in capsys.readouterr().err
+
+
+def test_a_gpu_stack_is_also_printed_counted_by_phase(capsys):
+    from specbench.cli.measure import print_components
+    from specbench.cost.components import PARTS
+
+    rows = []
+    for w, wait in ((1, 0.004), (3, 0.002)):
+        phases = {"forward_s": 0.012, "forward_build_s": 0.003, "forward_dispatch_s": 0.012 - 0.003 - wait}
+        phases |= {"forward_wait_s": wait, "build_closure": 0.0, "dispatch_closure": 0.0, "closure": -0.2}
+        for part in PARTS:
+            seconds = 0.006 if part == "linear" else 0.0
+            rows.append(
+                {"width": w, "part": part, "device": "gpu:test", "seconds": seconds, "c": seconds / 0.01}
+                | {"step_s": 0.012, "c_step": 1.2, "plain_step_s": 0.01, "error": -0.5}
+                | {"host_s": 0.008 if part == "linear" else 0.0}
+                | phases
+            )
+    print_components(rows)
+    out = capsys.readouterr().out
+    wait_line = next(line for line in out.splitlines() if line.strip().startswith("wait"))
+    assert wait_line.split()[1:] == ["0.400", "0.200"]  # the wait for the device in plain steps
+    by_phase = next(line for line in out.splitlines() if "by phase" in line)
+    assert by_phase.split()[2:] == [f"{(0.008 + w) / 0.012 - 1:+.1%}" for w in (0.004, 0.002)]
 
 
 def test_the_length_figure_names_curves_that_coincide():
