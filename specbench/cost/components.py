@@ -362,21 +362,20 @@ WAIT = "wait"
 
 def phase_stack(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
     """``measure_components`` rows counted by phase: each part's ``seconds`` and ``c`` its host work (``host_s``),
-    a ``WAIT`` row per width holding the forward's wait for the device, and ``error`` the drawn parts' sum against
-    the measured step. None for rows without the parts' phases (a CPU's stack is drawn as measured: its host does
-    the device's work; or rows of an older run)."""
-    if not rows or any(r.get("host_s") is None for r in rows) or phase_reading(rows) is None:
-        return None
-    if any(str(r.get("device", "")).startswith("cpu") for r in rows):
+    a ``WAIT`` row per width holding the forward's wait for the device, and ``error`` the count's miss against the
+    measured step (``phase_reading``'s ``phase_error``; a part whose host work comes out below zero is drawn as 0).
+    None for rows without the parts' phases (a CPU's stack is drawn as measured: its host does the device's work; or
+    rows of an older run)."""
+    reading = phase_reading(rows) if rows and all(r.get("host_s") is not None for r in rows) else None
+    if reading is None or any(str(r.get("device", "")).startswith("cpu") for r in rows):
         return None
     counted = []
-    for w in sorted({r["width"] for r in rows}):
+    for w in sorted(reading):
         at_w = [r for r in rows if r["width"] == w]
-        first = at_w[0]
-        wait = {**first, "part": WAIT, "group": "forward", "seconds": first["forward_wait_s"]}
-        parts = [{**r, "seconds": r["host_s"]} for r in at_w] + [wait]
-        error = sum(r["seconds"] for r in parts) / first["step_s"] - 1.0
-        counted += [{**r, "c": r["seconds"] / r["plain_step_s"], "error": error} for r in parts]
+        wait = {**at_w[0], "part": WAIT, "group": "forward", "seconds": at_w[0]["forward_wait_s"]}
+        error = reading[w]["phase_error"]
+        counted += [{**r, "seconds": r["host_s"], "c": r["host_s"] / r["plain_step_s"], "error": error} for r in at_w]
+        counted.append({**wait, "c": wait["seconds"] / wait["plain_step_s"], "error": error})
     return counted
 
 

@@ -270,13 +270,13 @@ def test_the_phases_say_what_sets_the_pace_and_where_a_miss_lies():
     assert "take turns" in deciding_parts({"m": turns})
     # the stack counted by phase: each part's host work and the wait apart, with the drawn sum against the step
     for r in turns:
-        r.update(host_s=0.8 * r["forward_build_s"] + r["forward_dispatch_s"], plain_step_s=2.0)
+        r.update(host_s=r["forward_build_s"] + r["forward_dispatch_s"], plain_step_s=2.0)  # its closures are 0
     engine = [{**turns[i], "part": "rollback", "seconds": 0.5, "host_s": 0.5} for i in (0, 1)]
     counted = phase_stack([*turns, *engine])
     assert [(r["width"], r["part"]) for r in counted] == [(w, p) for w in (1, 4) for p in (PARTS[0], "rollback", WAIT)]
     wait = {r["width"]: r for r in counted if r["part"] == WAIT}
     assert wait[4]["seconds"] == 1.0 and wait[4]["c"] == 0.5
-    assert wait[1]["error"] == pytest.approx((0.8 * 1.7 + 3.2 + 0.5 + 4.0) / 8.9 - 1)
+    assert wait[1]["error"] == pytest.approx((1.7 + 3.2 + 0.5 + 4.0) / 8.9 - 1)  # phase_reading's phase_error
     assert phase_stack(turns[:1] + [{k: v for k, v in turns[1].items() if k != "host_s"}]) is None  # an older run
     for r in turns:  # a CPU's: its host does the device's work too
         r["device"] = "cpu:test"
