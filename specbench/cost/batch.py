@@ -360,11 +360,13 @@ def measure_batch_overhead(
         for w in widths:
             policy, drafters = (DraftPolicy.fixed(w - 1), oracles) if w > 1 else (None, None)
             runs = []
-            for i in range(repeats + 1):  # the first untimed
+            for i in range(repeats + 1):
                 gen = BatchGeneration(model, prompts, options, drafters and list(drafters), policy)
                 gen.run()
+                if i == 0:  # untimed: every shape of its tail used once
+                    continue
                 timed = [s for s in gen.batch_log if s.kind != "prefill" and s.batch_size == b and s.width == w]
-                if i and timed:
+                if timed:
                     runs.append(sum(s.verify_s + s.other_s for s in timed) / len(timed))
             if not runs:
                 continue
