@@ -8,8 +8,8 @@ Sources (their commands: reports/gpu-h200/README.md):
   4-bit, full depth; distinct experts per block; the measured a x k grid with its predictions;
 - ``batch/`` (the dense shape) and ``batch/moe-b32/`` (the MoE shape alone, B up to 32): c(w, B) and distinct
   experts per [B, w] block;
-- ``components/stack-run4/``: the verify-cost stack by component of the dense, MoE and hybrid (Qwen3.5-9B)
-  shapes, with each forward's phases.
+- ``components/stack-run5/``: the verify-cost stack by component of the dense and MoE shapes (one call) and the
+  hybrid (Qwen3.5-9B) shape (a second call), with each forward's phases and each part's host work.
 """
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specbench.common.files import write_text_atomic
+
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "reports" / "gpu-h200"
 OUT = ROOT / "specbench" / "assets" / "reference" / "h200.json"
 DENSE, MOE = "synthetic:qwen3-8b-4bit", "synthetic:qwen3-30b-a3b-4bit"
 GRID_COLUMNS = ("name", "mode", "a", "k", "speedup", "predicted_nominal", "error_nominal", "tokens")
-STACK = Path("components") / "stack-run4" / "components.json"
+STACK = Path("components") / "stack-run5"
+STACK_FILES = ("components_dense_moe.json", "components_hybrid.json")
 #: What a stack's figure and verdict read (``specbench.report``): the rest of a row is in the report folder.
 STACK_COLUMNS = (
     "name", "device", "width", "part", "group", "seconds", "c", "step_s", "c_step", "plain_step_s", "error",
@@ -68,7 +71,7 @@ def convert(reports: Path) -> dict[str, Any]:
         "sources": {
             "profiles": "reports/gpu-h200/cost-grid-dense-moe (scripts/gpu/cost.py, cuDNN attention off)",
             "batch": "reports/gpu-h200/batch (dense) and batch/moe-b32 (MoE) (scripts/gpu/batch.py)",
-            "components": f"reports/gpu-h200/{STACK.parent.as_posix()} (scripts/gpu/components.py --phases components)",
+            "components": f"reports/gpu-h200/{STACK.as_posix()} (scripts/gpu/components.py --phases components)",
         },
         "kinds": {DENSE: "dense", MOE: "MoE"},
         "profiles": profiles,
@@ -77,7 +80,11 @@ def convert(reports: Path) -> dict[str, Any]:
         "batch_costs": batch,
         "batch_experts": [r for r in _rows(batch_dir / "moe-b32" / "batch_experts.csv") if r["model"] == MOE],
         # host_s (the parts counted by phase) only from runs that measured it
-        "components": [{k: r[k] for k in STACK_COLUMNS if k in r} for r in json.loads((reports / STACK).read_text())],
+        "components": [
+            {k: r[k] for k in STACK_COLUMNS if k in r}
+            for name in STACK_FILES
+            for r in json.loads((reports / STACK / name).read_text())
+        ],
     }
 
 
@@ -87,7 +94,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT, help="the JSON file to write")
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(convert(args.reports), indent=1) + "\n")
+    write_text_atomic(args.out, json.dumps(convert(args.reports), indent=1) + "\n")
     print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB)")
 
 
