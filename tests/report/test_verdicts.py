@@ -414,7 +414,8 @@ def test_the_reference_ships_its_stacks_by_component_and_the_verdict_reads_them(
     counted = {n: phase_stack(rows) for n, rows in reference.components.items()}
     assert all(rows and max(abs(r["error"]) for r in rows) <= 0.10 for rows in counted.values())
     assert "Counted by phase" in text
-    assert phase_stack([{k: v for k, v in r.items() if k != "host_s"} for r in reference.components["synthetic:qwen3-8b-4bit"]]) is None
+    dense = reference.components["synthetic:qwen3-8b-4bit"]
+    assert phase_stack([{k: v for k, v in r.items() if k != "host_s"} for r in dense]) is None
     fig = figures.component_stack(reference.components, by_phase=True)
     assert not figure_problems(fig) and len(fig.axes) == 3 and "wait for the device apart" in fig._suptitle.get_text()
     assert {"wait", "experts", "measured step"} <= {t.get_text() for t in fig.axes[-1].get_legend().get_texts()}
