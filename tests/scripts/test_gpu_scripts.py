@@ -3,17 +3,22 @@ should break here first.
 
 The runs share one SPECBENCH_HOME (``script_home``), apart from the user's: the embedded model is linked in as the
 test session's home links it, and what one run calibrates the later runs find stored, as on a GPU machine where the
-scripts run one after another."""
+scripts run one after another. Each run is a script's ``__main__`` run in this process (a subprocess would add about
+2 s of start-up per run), but the run stopped by a signal, which needs a process of its own."""
 
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
+from contextlib import redirect_stdout
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from conftest import SESSION_HOME
@@ -39,19 +44,27 @@ def module(name: str) -> list[str]:
     return [sys.executable, "-m", f"scripts.gpu.{name.removesuffix('.py')}"]
 
 
-def run_script(name: str, tmp_path: Path, home: Path, *args: str) -> str:
-    """stdout of scripts/gpu/``name`` run with --quick and ``args``, writing into ``tmp_path`` ($OUT)."""
-    env = {**os.environ, "OUT": str(tmp_path), "SPECBENCH_HOME": str(home)}
-    done = subprocess.run(
-        [*module(name), "--quick", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return done.stdout
+def run_script(name: str, tmp_path: Path, home: Path, *args: str, quick: bool = True) -> str:
+    """stdout of scripts/gpu/``name`` run with --quick (unless ``quick`` is False) and ``args``, writing into
+    ``tmp_path`` ($OUT): run as ``python -m`` runs it from the repository's root, in this process, whose working
+    folder, environment, arguments and signal handlers are put back afterwards. A non-zero exit fails the test."""
+    script = f"scripts.gpu.{name.removesuffix('.py')}"
+    stdout, folder = io.StringIO(), os.getcwd()
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    env = {"OUT": str(tmp_path), "SPECBENCH_HOME": str(home)}
+    argv = [script, *(["--quick"] if quick else []), *args]
+    with mock.patch.dict(os.environ, env), mock.patch.object(sys, "argv", argv), redirect_stdout(stdout):
+        try:
+            os.chdir(ROOT)
+            sys.modules.pop(script, None)  # imported by another test: runpy runs a fresh copy as __main__
+            runpy.run_module(script, run_name="__main__", alter_sys=True)
+        except SystemExit as stopped:
+            assert stopped.code in (0, None), f"exit status {stopped.code}: {stdout.getvalue()[-2000:]}"
+        finally:
+            os.chdir(folder)
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
+    return stdout.getvalue()
 
 
 def test_exactness_script(tmp_path, script_home):
@@ -77,14 +90,7 @@ def test_cost_script_and_replot(tmp_path, script_home):
     for name in ("profiles.json", "grid.csv", "costs.png", "break_even.png", "measured.png"):
         assert (tmp_path / name).exists(), name
     (tmp_path / "measured.png").unlink()
-    done = subprocess.run(
-        [*module("cost"), "--replot", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_script("cost.py", tmp_path, script_home, "--replot", str(tmp_path), quick=False)
     assert (tmp_path / "measured.png").exists()
 
 
