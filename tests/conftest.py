@@ -12,6 +12,7 @@ import atexit
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -107,6 +108,14 @@ def build_tiny(arch: str, seed: int = 0, scale: float = 4.0, **overrides):
     model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
     mx.eval(model.parameters())
     return model
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Figures a test (or a script it runs) leaves open are closed after it: pyplot keeps every open figure."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
 
 
 @pytest.fixture(params=list(TINY_CONFIGS))
