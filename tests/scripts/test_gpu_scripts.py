@@ -39,16 +39,16 @@ def script_home(tmp_path_factory) -> Path:
     return home
 
 
-def module(name: str) -> list[str]:
-    """The command that runs scripts/gpu/``name`` as a module from the repository's root."""
-    return [sys.executable, "-m", f"scripts.gpu.{name.removesuffix('.py')}"]
+def script_module(name: str) -> str:
+    """The module of scripts/gpu/``name``, as ``python -m`` runs it from the repository's root."""
+    return f"scripts.gpu.{name.removesuffix('.py')}"
 
 
 def run_script(name: str, tmp_path: Path, home: Path, *args: str, quick: bool = True) -> str:
     """stdout of scripts/gpu/``name`` run with --quick (unless ``quick`` is False) and ``args``, writing into
     ``tmp_path`` ($OUT): run as ``python -m`` runs it from the repository's root, in this process, whose working
     folder, environment, arguments and signal handlers are put back afterwards. A non-zero exit fails the test."""
-    script = f"scripts.gpu.{name.removesuffix('.py')}"
+    script = script_module(name)
     stdout, folder = io.StringIO(), os.getcwd()
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     env = {"OUT": str(tmp_path), "SPECBENCH_HOME": str(home)}
@@ -123,7 +123,11 @@ def test_default_policy_script_stopped_keeps_what_finished(tmp_path, script_home
     env = {**os.environ, "OUT": str(tmp_path), "SPECBENCH_HOME": str(script_home)}
     args = ["--quick", "--shapes", "qwen3-8b-tiny", "--no-embedded"]
     with subprocess.Popen(
-        [*module("default_policy"), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", script_module("default_policy"), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     ) as run:
         for line in run.stdout:
             if line.startswith("  repeat 1/"):  # the first repeat is saved: stop the run
