@@ -58,11 +58,17 @@ def _batched_forwards_row_invariant() -> bool:
 #: Tests whose premise is a device whose batched forwards are row-invariant (the CPU on MLX's reference BLAS):
 #: a level that splits nothing is exact there. Elsewhere exactness is checked through exact mode.
 BATCHED_FORWARDS_ROW_INVARIANT = _batched_forwards_row_invariant()
-bitwise_forwards = pytest.mark.skipif(
+_needs_bitwise = pytest.mark.skipif(
     not BATCHED_FORWARDS_ROW_INVARIANT,
     reason="needs batched forwards bit-identical to single-row steps (the CPU on MLX's reference BLAS); "
-    "this device's are not, and exact mode is tested for it",
+    "this device's are not, and exact mode is tested for it (make test runs it again on the reference BLAS)",
 )
+
+
+def bitwise_forwards(test):
+    """Skipped where batched forwards are not row-invariant, and marked ``reference_blas``: ``make test``
+    runs the tests so marked a second time on MLX's reference BLAS, where they run."""
+    return pytest.mark.reference_blas(_needs_bitwise(test))
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

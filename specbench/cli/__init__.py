@@ -11,8 +11,10 @@ import argparse
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
+from typing import Any
 
 from specbench.cli import ab, bench, decode, measure, mtp, report, simulate  # noqa: F401  (each registers its subcommands)
 from specbench.cli.registry import COMMANDS, NOTICES, upgraded
@@ -88,9 +90,8 @@ def _restart_with_optimized_blas() -> None:
         os.execve(sys.executable, sys.orig_argv, env)
 
 
-def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the command line itself (tests and scripts pass their arguments)
-        _restart_with_optimized_blas()
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], Any]]]:
+    """The command line's parser, and each command's runner by name."""
     parser = _Parser(
         prog="specbench", description="specbench: speculative decoding on MLX, measured", formatter_class=HelpFormatter
     )
@@ -99,8 +100,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     runners = {}
     for name, (help_text, configure) in COMMANDS.items():
-        command_parser = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
+        # (argparse formats a subcommand's help with "%": a "95 %" in it is text, not a format)
+        listed = help_text.replace("%", "%%")
+        command_parser = sub.add_parser(name, help=listed, description=help_text, formatter_class=HelpFormatter)
         runners[name] = configure(command_parser)
+    return parser, runners
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command line itself (tests and scripts pass their arguments)
+        _restart_with_optimized_blas()
+    parser, runners = build_parser()
     args = None
     try:
         argv, notice = upgraded(list(sys.argv[1:] if argv is None else argv))
@@ -121,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     except EXPECTED_ERRORS as err:
         if _debug(args):
             raise
-        print(f"specbench {args.command}: error: {error_line(err)}", file=sys.stderr)
+        prog = f"specbench {args.command}" if args is not None else "specbench"
+        print(f"{prog}: error: {error_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if _debug(args):

@@ -237,7 +237,7 @@ def calibrate(
             if crossing is not None:
                 # The layout a verification that crossed the step two tokens earlier leaves.
                 probes.append(_Probe(model, crossing, max(ws), rng, extent=crossing - 2 + KVCache.step))
-        probe = _Probes(probes)
+        probe = _Probes(probes, distributed.is_sharded(model))
         for i, w in enumerate(ws, 1):
             t0 = time.perf_counter()
             calibration.widths[w] = _calibrate_width(probe, w, moe, measure, repeats, kernel, attention_kernel)
@@ -463,19 +463,30 @@ class _Probe:
 
 class _Probes:
     """Calibration probes: the first (serial layout) is timed; a level is exact when it
-    reproduces the serial logits on all of them."""
+    reproduces the serial logits on all of them. On a sharded model every outcome is agreed by
+    the ranks (exact only where exact on every rank; the slowest rank's seconds; a failure on any
+    rank raised on all), so that every rank takes the same decisions and runs the same forwards,
+    whose collectives then meet, however the ranks' clocks differ."""
 
-    def __init__(self, probes: list[_Probe]):
+    def __init__(self, probes: list[_Probe], sharded: bool = False):
         self.probes = probes
+        self.sharded = sharded
 
     def run(self, level: str, width: int) -> tuple[bool, float]:
-        exact, seconds = self.probes[0].run(level, width)
-        for probe in self.probes[1:]:
-            exact = exact and probe.run(level, width)[0]
-        return exact, seconds
+        def work() -> tuple[bool, float]:
+            exact, seconds = self.probes[0].run(level, width)
+            for probe in self.probes[1:]:
+                exact = probe.run(level, width)[0] and exact
+            return exact, seconds
+
+        if not self.sharded:
+            return work()
+        outcomes = distributed.gather_outcomes(work)
+        return all(exact for exact, _ in outcomes), max(seconds for _, seconds in outcomes)
 
     def time(self, level: str, width: int, repeats: int) -> float:
-        return statistics.median(self.probes[0].run(level, width)[1] for _ in range(repeats))
+        seconds = statistics.median(self.probes[0].run(level, width)[1] for _ in range(repeats))
+        return max(distributed.gather(seconds)) if self.sharded else seconds
 
 
 def _boundary_offset(model: nn.Module, width: int) -> int | None:

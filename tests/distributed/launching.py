@@ -32,8 +32,15 @@ def launch_ranks(script: Path, out: Path, *args: str, ranks: int = 2, timeout: f
     except subprocess.TimeoutExpired as err:
         for proc in procs:
             proc.kill()
-        raise AssertionError(f"{script.name} on {ranks} ranks took over {timeout:.0f} s") from err
+        where = "; ".join(f"rank {r} {_stopped_at(out / f'rank{r}.log')}" for r in range(ranks))
+        raise AssertionError(f"{script.name} on {ranks} ranks took over {timeout:.0f} s (a deadlock?): {where}") from err
     logs = "\n".join((out / f"rank{r}.log").read_text()[-3000:] for r in range(ranks))
     if any(codes) and not all((out / f"started{r}").exists() for r in range(ranks)):
         pytest.skip(f"{ranks} local ring ranks could not start here: {logs[-500:]}")
     assert not any(codes), logs
+
+
+def _stopped_at(log: Path) -> str:
+    """Where a rank's log stops: its last line, or that it wrote none."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.exists() else []
+    return f"stopped after {lines[-1].strip()[:200]!r}" if lines else "wrote nothing"

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from launching import HERE, launch_ranks
 
+#: Deadlock-free and exact on either BLAS: make test runs it on the optimized BLAS and again on the reference one.
+pytestmark = pytest.mark.reference_blas
+
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
@@ -40,6 +43,15 @@ def test_every_rank_produces_the_same_tokens(ranks, arch):
     first, second = (r[arch] for r in ranks)
     assert first == second
     assert first["sampled"]["verifies"] > 0
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_ranks_whose_probes_disagree_calibrate_alike(ranks, arch):
+    """Rank 1 finds the batched forward inexact and every level's cost reversed (lockstep_ranks.py): the ranks
+    still calibrated every width the exact run needs, to one level each, and none runs the batched forward."""
+    first, second = (r[arch]["calibration"] for r in ranks)
+    assert first == second and sorted(first) == ["2", "3", "4"]
+    assert "none" not in first.values()
 
 
 def test_a_sweep_of_a_sharded_model_runs_in_lockstep(ranks):

@@ -132,6 +132,7 @@ def test_batched_levels_equal_serial_steps_where_forwards_are_row_invariant(name
     assert_levels_equal_serial_steps(name, BATCHED_LEVELS)
 
 
+@pytest.mark.reference_blas
 @pytest.mark.parametrize("name", list(MODELS))
 def test_calibrated_levels_equal_serial_steps(name):
     """What exact mode runs on this device (its calibration's pick per width) is bit for bit serial decoding; on a
@@ -228,6 +229,7 @@ def test_calibration_falls_back_to_serial_when_nothing_split_is_exact(monkeypatc
     assert np.array_equal(verify_logits(model, cache, tokens[:, :3], "auto"), reference[:3])
 
 
+@pytest.mark.reference_blas
 def test_calibration_is_exact_and_stored(tmp_path):
     """Measured calibration on this device: where batched forwards are row-invariant it keeps the batched forward
     (nothing else tested), elsewhere it picks a split level; either way each pick is exact, and stored."""
@@ -448,6 +450,23 @@ def test_op_probe_on_cpu_finds_every_op_but_the_blas_ones_row_invariant():
     assert all(r["row_invariant"] for r in rows if r["op"] not in blas_ops), rows
     if is_reference(blas_in_use()):
         assert all(r["row_invariant"] for r in rows), [r for r in rows if not r["row_invariant"]]
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"dim": 0}, "dim must be a positive multiple of 64"),
+        ({"dim": 96}, "dim must be a positive multiple of 64"),
+        ({"dim": -64}, "dim must be a positive multiple of 64"),
+        ({"widths": ()}, "widths must be a non-empty list of integers >= 1"),
+        ({"widths": (2, 0)}, "widths must be a non-empty list of integers >= 1"),
+        ({"dtype": mx.int32}, "dtype must be a floating type"),
+    ],
+)
+def test_op_probe_refuses_sizes_it_cannot_run(kwargs, named):
+    """A zero or odd hidden size (a division by zero inside MLX: SIGFPE) or no widths: a ValueError first."""
+    with pytest.raises(ValueError, match=named):
+        probe_ops(**kwargs)
 
 
 def test_calibrate_keeps_calibrated_widths_unless_forced(monkeypatch):
