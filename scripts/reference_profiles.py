@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.common.files import write_text_atomic
+from specbench.common.identity import result_data
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "reports" / "gpu-h200"
@@ -54,7 +55,7 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 def convert(reports: Path) -> dict[str, Any]:
     grid_dir, batch_dir = reports / "cost-grid-dense-moe", reports / "batch"
-    profiles = json.loads((grid_dir / "profiles.json").read_text())
+    profiles = result_data(json.loads((grid_dir / "profiles.json").read_text()))
     if sorted(p["name"] for p in profiles) != sorted([DENSE, MOE]):
         raise SystemExit(f"{grid_dir}/profiles.json: expected profiles of {DENSE} and {MOE}")
     devices = {p["device"] for p in profiles}
@@ -83,7 +84,7 @@ def convert(reports: Path) -> dict[str, Any]:
         "components": [
             {k: r[k] for k in STACK_COLUMNS if k in r}
             for name in STACK_FILES
-            for r in json.loads((reports / STACK / name).read_text())
+            for r in result_data(json.loads((reports / STACK / name).read_text()))
         ],
     }
 

@@ -20,13 +20,14 @@ from specbench.common.deprecation import keyword_only_after, renamed_arguments
 from specbench.common.distributed import is_sharded
 from specbench.common.identity import display_name
 from specbench.core.batch import BatchGeneration, generate_batch
-from specbench.core.draft import Drafter, within_max_draft
+from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
 from specbench.core.engine import Generation
 from specbench.core.engine import generate as plain_generate
 from specbench.core.forward import context_length
 from specbench.core.lockstep import in_lockstep
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy
+from specbench.core.policy_args import MAX_DRAFT_LENGTH
 from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, Prompt, PromptCache, Tokenizer
 from specbench.core.verify import FAST, VerifyMode
 from specbench.cost import Profile, profile_for
@@ -106,8 +107,9 @@ def speculative_generate(
     _check_target(drafter, model, tokenizer)
     longest = _fitting_draft_length(model, generation.policy, drafter) if drafter is not None else 1
     if isinstance(verifier, ExactVerifier):
-        # Every width the policy may verify, calibrated now: never inside the timed generation.
-        verifier.prepare(range(2, longest + 2), with_estimate(progress))
+        # Every width the policy may verify, calibrated now: never inside the timed generation. A generation of
+        # max_tokens tokens drafts at most max_tokens - 1 of them (the engine caps k at the tokens left but one).
+        verifier.prepare(range(2, within_max_tokens(longest, options.max_tokens) + 2), with_estimate(progress))
     if drafter is not None and generation.policy.needs_break_even:
         profile = profile or (lockstep_profile if sharded else profile_for)(model, mode, progress=progress)
         generation.break_even = break_even_function(profile, drafter, mode)
@@ -126,9 +128,15 @@ def _check_target(drafter: Drafter | None, model: nn.Module, tokenizer: Tokenize
 
 
 def _fitting_draft_length(model: nn.Module, policy: DraftPolicy, drafter: Drafter) -> int:
-    """The longest draft ``policy`` may ask of ``drafter``; a ValueError before any model work when a
-    verification of it (the draft and the last token) cannot fit in the model's context."""
+    """The longest draft ``policy`` may ask of ``drafter``; a ValueError before any model work when it is over
+    ``MAX_DRAFT_LENGTH`` or a verification of it (the draft and the last token) cannot fit in the model's context."""
     longest = within_max_draft(policy.longest_draft(drafter), drafter)  # the drafter never drafts more
+    if longest > MAX_DRAFT_LENGTH:
+        raise ValueError(
+            f"policy {policy.name} may draft {longest} tokens with drafter {getattr(drafter, 'name', drafter)}, over "
+            f"the longest draft specbench verifies ({MAX_DRAFT_LENGTH} tokens): choose a draft length of at most "
+            f"{MAX_DRAFT_LENGTH}"
+        )
     context = context_length(model)
     if context is not None and longest + 1 > context:
         raise ValueError(

@@ -70,6 +70,7 @@ def bitwise_forwards(test):
     runs the tests so marked a second time on MLX's reference BLAS, where they run."""
     return pytest.mark.reference_blas(_needs_bitwise(test))
 
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 _TINY_LAYERS = dict(

@@ -44,7 +44,7 @@ def one_error_line(err: str, command: str) -> str:
     return lines[0]
 
 
-COMMANDS = {"generate", "check-exact", "profile", "bench", "train-mtp", "report"}
+COMMANDS = {"generate", "check-exact", "profile", "bench", "train-mtp", "report", "ab"}
 
 # (arguments, with {tmp} the test's folder) -> (exit code, text the error line holds)
 CASES = {
@@ -87,6 +87,10 @@ CASES = {
     "train-mtp no steps": (["train-mtp", "--out", "{tmp}/mtp", "--steps", "0"], "--steps must be > 0, got 0"),
     "train-mtp negative seq-len": (["train-mtp", "--out", "{tmp}/mtp", "--seq-len", "-1"], "--seq-len must be > 0"),
     "bench no drafters": (["bench", "prompts", "bundled", "--drafters", ""], "give at least one drafter name"),
+    "profile components too wide": (
+        ["profile", "--model", SYNTHETIC, "--components", "1,100000"],
+        "--components takes widths up to 256",
+    ),
     "profile widths too wide": (
         ["profile", "--model", "synthetic:qwen3-8b-tiny", "--widths", "100000"],
         "--widths must be in [2, 256]",
@@ -100,6 +104,17 @@ CASES = {
         ["bench", "prompts", "bundled", "--policies", "fixed:1000"],
         "over the longest draft specbench verifies",
     ),
+    "vllm draft length beyond the bound": (
+        ["generate", "--prompt", "x", "--policy", "vllm:1=1000"],
+        "draft length 1000 is over the longest draft specbench verifies (128 tokens)",
+    ),
+    "sglang tier beyond the bound": (
+        ["generate", "--prompt", "x", "--policy", "sglang:1,3,1000"],
+        "an SGLang tier must be an integer from 0 to 128, got 1000",
+    ),
+    "ab plain under a policy": (["ab", "--b", "plain/fixed:4"], "--b 'plain/fixed:4': plain decoding takes no policy"),
+    "ab policy without a drafter": (["ab", "--b", "/auto"], "--b '/auto' names no drafter: give plain, a drafter"),
+    "ab drafter past the bound": (["ab", "--a", "lookup/fixed:1000"], "--a 'lookup/fixed:1000': draft length 1000"),
     "prompt that is not text": (["generate", "--prompt", "caf\udce9"], "--prompt cannot be tokenized: character 3"),
     "question file not UTF-8": (["bench", "prompts", "{tmp}/latin1.jsonl"], "latin1.jsonl is not UTF-8 text"),
     "question with a lone surrogate": (["bench", "prompts", "{tmp}/surrogate.jsonl"], "surrogate.jsonl:1: a turn"),
@@ -220,3 +235,34 @@ def test_a_damaged_step_log_names_the_file(tmp_path):
     with pytest.raises(ValueError, match="is not a step log: it has no step, kind, emitted column"):
         StepLog.load(tmp_path / "other.parquet")
     assert Path(path).read_text() == "not parquet"  # left as it was
+
+
+def _command_paths(parser, path=()):
+    """Every parser path of the command line: (), ("bench",), ("bench", "prompts"), ..."""
+    import argparse
+
+    yield path
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _command_paths(sub, (*path, name))
+
+
+def test_help_of_every_command_exits_zero(capsys):
+    from specbench.cli import build_parser
+
+    paths = list(_command_paths(build_parser()[0]))
+    assert len(paths) > 10 and ("ab",) in paths
+    for path in paths:
+        for flag in ("--help", "-h"):
+            with pytest.raises(SystemExit) as done:
+                main([*path, flag])
+            assert done.value.code == 0, path
+            out = capsys.readouterr().out
+            assert out.startswith("usage: specbench"), (path, out[:200])
+
+
+def test_a_bare_command_line_is_one_error_line(capsys):
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert one_error_line(err, "").endswith("(see specbench --help)")

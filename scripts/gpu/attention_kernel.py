@@ -25,8 +25,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from specbench.common.files import write_json_atomic
-from specbench.common.identity import device_name, versions
+from specbench.common.identity import device_name, versions, write_result
 from specbench.kernels import attention_variant, probe_attention
 from specbench.kernels.attention import VARIANTS
 from specbench.kernels.bench import bench_attention
@@ -75,7 +74,7 @@ def main() -> int:
                 flush=True,
             )
     out = Path(args.out)
-    write_json_atomic(
+    write_result(
         out / "attention_kernel.json",
         {"device": device_name(), **versions(), "variant": variant, "probe": probe, "speed": speed},
     )

@@ -25,8 +25,8 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from specbench.bench.budget import Budget
-from specbench.common.files import write_csv_atomic, write_json_atomic
-from specbench.common.identity import device_name, versions
+from specbench.common.files import write_csv_atomic
+from specbench.common.identity import device_name, versions, write_result
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions
 from specbench.cost.bandwidth import PEAK_METHOD, Bandwidth, bytes_per_token, peak_passes
@@ -95,7 +95,7 @@ def main() -> int:
             rows.append(measure(name, tokens, rounds, peak))
     out = Path(args.out)
     write_csv_atomic(out / "bandwidth.csv", rows)
-    write_json_atomic(
+    write_result(
         out / "bandwidth.json",
         {
             "device": device_name(),

@@ -64,8 +64,8 @@ def main() -> None:
 
     from specbench import load
     from specbench.bench.prompt_bench import PROMPT_SUMMARY_FILE, bench_prompts
-    from specbench.common.files import write_csv_atomic, write_json_atomic
-    from specbench.common.identity import device_name, versions
+    from specbench.common.files import write_csv_atomic
+    from specbench.common.identity import device_name, versions, write_result
     from specbench.core.policies import DraftPolicy
     from specbench.drafters import make_drafter
     from specbench.inputs.prompts import bundled_questions, render_prompt
@@ -83,7 +83,7 @@ def main() -> None:
     speed = eng.speed_ratio(model, tokenizer, prompt, args.engine_tokens, args.engine_rounds)
     logging = eng.logging_overhead(model, tokenizer, prompt, args.engine_tokens, max(2, args.engine_rounds // 2), False)
     engine = {"model": args.model, "device": device_name(), **versions(), "speed": speed, "logging_plain": logging}
-    write_json_atomic(out / "engine_speed.json", engine)
+    write_result(out / "engine_speed.json", engine)
     print(
         f"engine: specbench/mlx-lm decode tokens/s {speed['decode_ratio']['median']:.3f} "
         f"({speed['decode_ratio']['min']:.3f}-{speed['decode_ratio']['max']:.3f}), end to end "

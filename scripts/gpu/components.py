@@ -31,8 +31,7 @@ from typing import Any
 
 from specbench import cost
 from specbench.bench.budget import Budget
-from specbench.common.files import write_json_atomic
-from specbench.common.identity import device_name
+from specbench.common.identity import device_name, write_result
 from specbench.core.experts import expert_layers
 from specbench.cost.batch import BatchProfile, measure_batch_overhead, measure_batch_profile
 from specbench.cost.batch_grid import batch_speedup_grid
@@ -111,8 +110,8 @@ class Run:
         return self.models[shape]
 
     def write(self, name: str, data: Any) -> None:
-        write_json_atomic(self.out / f"{name}.json", data)
-        write_json_atomic(self.out / "summary.json", self.summary)
+        write_result(self.out / f"{name}.json", data)
+        write_result(self.out / "summary.json", self.summary)
 
     def components(self) -> None:
         cfg, rows = self.cfg, []

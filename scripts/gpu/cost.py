@@ -34,12 +34,13 @@ import numpy as np
 from specbench import cost
 from specbench.bench.budget import Budget
 from specbench.common.files import write_csv_atomic as write_csv
-from specbench.common.files import write_json_atomic as write_json
-from specbench.common.identity import device_name
+from specbench.common.identity import device_name, result_data
+from specbench.common.identity import write_result as write_json
 from specbench.core.experts import expert_layers
 from specbench.core.forward import text_model
 from specbench.cost.breakeven import break_even_table
 from specbench.cost.grid import grid_lines, grid_seconds, prediction_error_lines
+from specbench.cost.profile import check_profile
 from specbench.drafters import make_drafter
 from specbench.models import synthetic
 from specbench.report import figures
@@ -208,7 +209,8 @@ def replot(folder: Path) -> int:
     import polars as pl
 
     run = Run(dict(FULL), folder, Budget(0.0), title_device=True)
-    run.profiles = {p.name: p for p in map(cost.Profile.from_dict, json.loads((folder / "profiles.json").read_text()))}
+    stored = result_data(json.loads((folder / "profiles.json").read_text()))
+    run.profiles = {p.name: p for p in map(check_profile, stored)}
     if (folder / "grid.csv").exists():
         run.grid = pl.read_csv(folder / "grid.csv", infer_schema_length=None).to_dicts()
         for r in run.grid:  # runs from before these columns existed

@@ -37,8 +37,8 @@ from scripts.gpu.default_policy_phases import embedded_phase, say, shape_phase, 
 from specbench.bench import ab
 from specbench.bench.ab_text import summary_lines
 from specbench.bench.budget import Budget
-from specbench.common.files import write_csv_atomic, write_json_atomic
-from specbench.common.identity import device_name, versions
+from specbench.common.files import write_csv_atomic
+from specbench.common.identity import device_name, versions, write_result
 from specbench.inputs.prompts import BUNDLED_CATEGORIES
 
 FULL = {
@@ -164,7 +164,7 @@ def main() -> int:
             write_csv_atomic(out_dir / f"{name}.csv", out.get(name, []))
         settings = {k: v for k, v in cfg.items() if k != "phases"}  # the phases follow from the settings
         info = {"device": device_name(), **versions(), "settings": settings, "reduced": budget.cuts}
-        write_json_atomic(out_dir / "default_policy.json", {**info, **out})
+        write_result(out_dir / "default_policy.json", {**info, **out})
 
     def stop(signum: int, frame: Any) -> None:
         raise Interrupted(signal.Signals(signum).name)

@@ -40,7 +40,8 @@ import mlx.core as mx
 
 from specbench import load
 from specbench.bench.budget import Budget
-from specbench.common.files import write_json_atomic, write_text_atomic
+from specbench.common.files import write_text_atomic
+from specbench.common.identity import write_result
 from specbench.core.forward import text_model
 from specbench.drafters import MtpHead, make_drafter, shipped_draft_model
 from specbench.models.embedded import shipped_draft_path
@@ -121,7 +122,7 @@ def warm_up(model) -> None:
 def save(results: dict, budget: Budget, path: Path) -> None:
     """Write the results so far, with what the budget left out."""
     results["skipped"] = budget.skipped_names()
-    write_json_atomic(path, results)
+    write_result(path, results)
 
 
 def train_and_evaluate(

@@ -46,8 +46,7 @@ from specbench.checks import exactness
 from specbench.checks.exact_layout import copied_cache_steps, crossing_calls, kernel_checks
 from specbench.checks.exact_lockstep import layout, lockstep, run_exact
 from specbench.checks.exactness_workload import print_table, timed_greedy
-from specbench.common.files import write_json_atomic
-from specbench.common.identity import device_name
+from specbench.common.identity import device_name, write_result
 from specbench.exact import calibrate
 from specbench.exact.calibration import _calibrations
 from specbench.exact.layout import CUDNN_ATTENTION_ENV
@@ -220,7 +219,7 @@ def main() -> int:
         diagnose_model("qwen3-8b-bf16", 4, prompt_ids, 128, [2, 4, 7, 15], False, budget, report)
         if not args.no_4bit and budget.fits("[qwen3-8b-4bit]", 60.0):
             diagnose_model("qwen3-8b-4bit", 4, [7, 15], 128, [2, 4, 7, 15], False, budget, report)
-    write_json_atomic(out / "diagnose.json", report)
+    write_result(out / "diagnose.json", report)
     print(f"done in {budget.elapsed():.0f}s", flush=True)
     return 0
 

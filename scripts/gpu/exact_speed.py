@@ -42,8 +42,7 @@ from mlx_lm.generate import generate_step
 
 from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
 from specbench.bench.paired import MIN_UNITS, bootstrap
-from specbench.common.files import write_json_atomic
-from specbench.common.identity import device_name, versions
+from specbench.common.identity import device_name, versions, write_result
 from specbench.cost.measure import seconds_per_token
 from specbench.drafters.oracle import Oracle
 from specbench.exact import calibrate
@@ -223,7 +222,7 @@ def main() -> int:
     result = {"device": device_name(), **versions(), **vars(args), "shapes": {}}
     for shape in args.shapes.split(","):
         result["shapes"][shape] = run_shape(shape, args)
-        write_json_atomic(Path(args.out) / "exact_speed.json", result)
+        write_result(Path(args.out) / "exact_speed.json", result)
     return 0
 
 

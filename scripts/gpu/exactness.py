@@ -51,8 +51,8 @@ from specbench.checks import exactness
 from specbench.checks import exactness_workload as workload
 from specbench.common.files import write_csv_atomic as write_csv
 from specbench.common.files import write_figure_atomic
-from specbench.common.files import write_json_atomic as write_json
 from specbench.common.identity import device_name
+from specbench.common.identity import write_result as write_json
 from specbench.cost import calls
 from specbench.exact import calibrate, probe_ops
 from specbench.models import load as models

@@ -29,8 +29,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from specbench.common.files import write_json_atomic
-from specbench.common.identity import device_name, versions
+from specbench.common.identity import device_name, versions, write_result
 from specbench.exact import calibrate
 from specbench.exact.hooks import split_mode
 from specbench.models import synthetic
@@ -94,7 +93,7 @@ def main() -> int:
     levels = [level for level in args.levels.split(",") if level]
     if args.no_calibrate:
         breakdown = level_breakdown(model, levels, args.width, args.offset, args.repeats)
-        write_json_atomic(
+        write_result(
             Path(args.out) / f"kernel_levels-{args.shape}-{args.bits}bit.json",
             {"device": device_name(), **versions(), **vars(args), "levels": breakdown},
         )
@@ -124,7 +123,7 @@ def main() -> int:
         f"without the kernel ({without}) / fast = {costs['exact_without_kernel'] / costs['fast']:.2f}"
     )
     breakdown = level_breakdown(model, levels, args.width, args.offset, args.repeats) if levels else {}
-    write_json_atomic(
+    write_result(
         Path(args.out) / f"kernel_verify-{args.shape}-{args.bits}bit.json",
         {"device": device_name(), **versions(), **vars(args), "chosen": chosen, "without_kernel": without}
         | {"tests": tests, "seconds": costs, "levels": breakdown},

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from specbench.common.files import write_json_atomic
-from specbench.common.identity import device_name, versions
+from specbench.common.identity import device_name, versions, write_result
 from specbench.cost.bandwidth import peak_passes
 from specbench.kernels import cuda_available, probe_kernels, qmv_variant
 from specbench.kernels.bench import KERNEL_LAUNCHES, bench_qmv
@@ -117,7 +116,7 @@ def main() -> int:
         )
         result["layers"].append({"layer": layer} | row)
         show(layer, row, labels)
-        write_json_atomic(Path(args.out) / "qmv_schedules.json", result)
+        write_result(Path(args.out) / "qmv_schedules.json", result)
     if labels:
         say("\nkernel / MLX per call (graph built inside the clock):")
         for r in result["layers"]:

@@ -24,8 +24,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from specbench.common.files import write_json_atomic
-from specbench.common.identity import device_name
+from specbench.common.identity import device_name, write_result
 from specbench.core.forward import vocab_size
 from specbench.exact import calibrate, exact_mode, load_calibration
 from specbench.exact import calibration as exact_calibration
@@ -75,7 +74,7 @@ def main() -> None:
 
     def say(key: str, value: Any) -> None:
         report[key] = value
-        write_json_atomic(out / "one_row_diagnose.json", report)
+        write_result(out / "one_row_diagnose.json", report)
         print(f"[{time.perf_counter() - t0:5.0f} s] {key}: {value}", flush=True)
 
     timing = time_one_row(model.lm_head)

@@ -131,8 +131,8 @@ def run_rank(args: argparse.Namespace) -> None:
     from specbench.bench.budget import Budget
     from specbench.checks import exactness
     from specbench.common import distributed
-    from specbench.common.files import write_csv_atomic, write_json_atomic
-    from specbench.common.identity import device_name, versions
+    from specbench.common.files import write_csv_atomic
+    from specbench.common.identity import device_name, versions, write_result
     from specbench.cost.grid import speedup_grid
     from specbench.cost.measure import measure
     from specbench.models.load import load, shard_model
@@ -211,13 +211,13 @@ def run_rank(args: argparse.Namespace) -> None:
         say("  " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
         del model
         if main:  # each shape's results as soon as they are measured
-            write_json_atomic(out / "sharded.json", {"info": info, "summary": summary, "costs": costs})
+            write_result(out / "sharded.json", {"info": info, "summary": summary, "costs": costs})
     if not main:
         return
     for name, rows in (("costs", costs), ("exactness", checks), ("grid", grid)):
         write_csv_atomic(out / f"{name}.csv", rows)
     results = {"info": info, "summary": summary, "costs": costs, "grid": grid, "skipped": budget.skipped_lines()}
-    write_json_atomic(out / "sharded.json", results)
+    write_result(out / "sharded.json", results)
     say("\nspeedup at controlled acceptance (exact verify), group size 1 -> N:")
     for shape in models:
         for a in cfg["acceptances"]:

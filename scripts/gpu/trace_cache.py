@@ -22,8 +22,8 @@ from pathlib import Path
 from specbench import GenerateOptions
 from specbench.bench.budget import Budget
 from specbench.bench.trace_bench import bench_trace, trace_methods
-from specbench.common.files import write_csv_atomic, write_json_atomic
-from specbench.common.identity import device_name
+from specbench.common.files import write_csv_atomic
+from specbench.common.identity import device_name, write_result
 from specbench.core.policies import DraftPolicy
 from specbench.inputs.importers import load_traces
 from specbench.inputs.traces import bundled_traces
@@ -112,7 +112,7 @@ def main() -> None:
         "skipped_traces": budget.skipped_names(),
         "total_s": round(budget.elapsed(), 1),
     }
-    write_json_atomic(out / "trace_cache.json", info)
+    write_result(out / "trace_cache.json", info)
     print(f"device {info['device']}, model {info['model']}, {info['total_s']} s; results in {out}")
 
 

@@ -24,8 +24,7 @@ from specbench.bench.budget import Budget
 from specbench.bench.trace_bench import bench_trace, trace_methods
 from specbench.bench.trace_summary import format_summary
 from specbench.common.files import write_csv_atomic as write_csv
-from specbench.common.files import write_json_atomic
-from specbench.common.identity import device_name
+from specbench.common.identity import device_name, write_result
 from specbench.core.policies import DraftPolicy
 from specbench.inputs.importers import load_traces
 from specbench.inputs.traces import bundled_traces
@@ -136,7 +135,7 @@ def main() -> None:
         "notes": notes,
         "identical": bool(summary["identical"].all()) if summary is not None else None,
     }
-    write_json_atomic(out / "traces.json", info)
+    write_result(out / "traces.json", info)
     print()
     print(
         f"device {info['device']}, model {info['model']}, policy {args.policy}, max_tokens {args.max_tokens}, "

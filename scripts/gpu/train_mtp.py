@@ -29,7 +29,7 @@ import mlx.core as mx
 
 from specbench import load
 from specbench.bench.budget import Budget
-from specbench.common.files import write_json_atomic
+from specbench.common.identity import write_result
 from specbench.models.mtp import attach_mtp
 from specbench.train.mtp_metrics import evaluate_decoding
 from specbench.train.mtp_training import TrainConfig, summary_lines, train_mtp
@@ -108,7 +108,7 @@ def main() -> int:
             log(f"{name}: first-draft acceptance {rows[name]['first_draft_acceptance']:.3f}")
         result["moe_twin"] = rows
         path = out / f"{NAME}.json"
-        write_json_atomic(path, result)
+        write_result(path, result)
 
     print()
     print("\n".join(summary_lines(result)))

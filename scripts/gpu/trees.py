@@ -44,8 +44,8 @@ import polars as pl
 
 from specbench.bench.budget import Budget
 from specbench.bench.tree_bench import suffix_real_row, timed, tree_verifiers
-from specbench.common.files import write_csv_atomic, write_json_atomic
-from specbench.common.identity import device_name
+from specbench.common.files import write_csv_atomic
+from specbench.common.identity import device_name, write_result
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import AutoPolicy
@@ -278,7 +278,7 @@ def main() -> None:
         "mtp_identical": all(r["identical"] for r in mtp_rows),
         "auto_node_budget": auto,
     }
-    write_json_atomic(out / "summary.json", summary)
+    write_result(out / "summary.json", summary)
     print(json.dumps(summary, indent=1))
 
 

@@ -193,8 +193,14 @@ def ab_verdict(ratio: float, interval: tuple[float, float] | None) -> str:
 
 
 def seconds_ratio(pairs: Sequence[tuple[float, float]]) -> float:
-    """Baseline seconds over the method's, summed over (baseline, method) pairs."""
-    return sum(p for p, _ in pairs) / sum(a for _, a in pairs)
+    """Baseline seconds over the method's, summed over (baseline, method) pairs; a ValueError when there are
+    no pairs or the method's runs took no time (there is no ratio to give)."""
+    if not pairs:
+        raise ValueError("no pairs of runs to take a ratio of seconds over")
+    method = sum(a for _, a in pairs)
+    if not method > 0:
+        raise ValueError(f"the method's runs took {method} s over {len(pairs)} pairs: no ratio of seconds")
+    return sum(p for p, _ in pairs) / method
 
 
 def in_plain_steps(pairs: Sequence[Pair], average: str = "state") -> list[tuple[float, float]]:

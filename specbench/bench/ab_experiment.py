@@ -28,14 +28,26 @@ class Method:
     policy: str = "auto"
 
     @classmethod
-    def parse(cls, text: str) -> Method:
-        """ "plain", "DRAFTER" (under Auto) or "DRAFTER/POLICY" (a policy ``DraftPolicy.parse`` reads)."""
-        name, _, policy = text.strip().partition("/")
-        if name == "plain" and not policy:
+    def parse(cls, text: str, argument: str = "method") -> Method:
+        """ "plain", "DRAFTER" (under Auto) or "DRAFTER/POLICY" (a policy ``DraftPolicy.parse`` reads); anything
+        else, plain decoding under a policy included, is one ValueError naming ``argument``."""
+        forms = "give plain, a drafter name (under Auto) or DRAFTER/POLICY (e.g. lookup/fixed:4)"
+        name, slash, policy = text.strip().partition("/")
+        name, policy = name.strip(), policy.strip()
+        if name.lower() in ("plain", "none") and not slash:
             return cls()
+        if not name:
+            raise ValueError(f"{argument} {text!r} names no drafter: {forms}")
+        if name.lower() in ("plain", "none"):
+            raise ValueError(f"{argument} {text!r}: plain decoding takes no policy: {forms}")
         if not is_drafter_name(name):
-            raise ValueError(f"unknown method {text!r}: give plain, a drafter name, or DRAFTER/POLICY")
-        DraftPolicy.parse(policy or "auto")  # a bad policy fails here, before any model work
+            raise ValueError(f"{argument}: unknown method {text!r}: {forms}")
+        if slash and not policy:
+            raise ValueError(f"{argument} {text!r} names no policy after the '/': {forms}")
+        try:
+            DraftPolicy.parse(policy or "auto")  # a bad policy fails here, before any model work
+        except ValueError as err:
+            raise ValueError(f"{argument} {text!r}: {err}") from None
         return cls(name, policy or "auto")
 
     def __str__(self) -> str:
@@ -63,8 +75,8 @@ class ABResult:
 
     @property
     def ratio(self) -> float:
-        """B's speed over A's: A's seconds over B's, summed over the pairs."""
-        return seconds_ratio(self.pairs)
+        """B's speed over A's: A's seconds over B's, summed over the pairs (NaN with no pairs)."""
+        return seconds_ratio(self.pairs) if self.pairs else float("nan")
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -74,11 +86,13 @@ class ABResult:
 
     @property
     def verdict(self) -> str:
-        """ "pays", "loses" or "inconclusive" (``ab_verdict``)."""
-        return ab_verdict(self.ratio, self.interval)
+        """ "pays", "loses" or "inconclusive" (``ab_verdict``); "no pairs" when none ran."""
+        return ab_verdict(self.ratio, self.interval) if self.pairs else "no pairs"
 
     def lines(self) -> list[str]:
         """The result in words: the ratio, its interval, the verdict, outputs equal (greedy)."""
+        if not self.pairs:
+            return [f"{self.b} over {self.a}: no pairs ran (no prompts or no repeats), so there is no ratio"]
         interval = self.interval
         shown = f"[{interval[0]:.3f}-{interval[1]:.3f}]" if interval else "[too few pairs for an interval]"
         aa = self.a == self.b
@@ -106,6 +120,10 @@ def run_ab(
     """``repeats`` rounds over ``prompts``, each prompt decoded by A and by B next to each other (the order
     alternating by prompt and repeat), after one warm-up call of each; each method keeps one drafter per
     repeat across prompts (as a server would)."""
+    if not prompts:
+        raise ValueError("run_ab needs at least one prompt")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     result = ABResult(str(a), str(b), tokens=options.max_tokens)
     longest = max(prompts, key=len)
     for method in (a, b):  # warm-up: kernels built, calibrations made, before any timed call

@@ -18,7 +18,7 @@ from mlx_lm import stream_generate
 
 from specbench.common.deprecation import renamed_arguments
 from specbench.common.timing import quiet
-from specbench.core.draft import within_max_draft
+from specbench.core.draft import within_max_draft, within_max_tokens
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
@@ -297,12 +297,14 @@ class MethodRunner:
         )
 
     def verify_widths(self, methods: Sequence[Method]) -> list[int]:
-        """Verification widths the methods can use (for calibrating exact verification up front)."""
+        """Verification widths the methods can use (for calibrating exact verification up front): up to the longest
+        draft and the last token, within what a run of ``max_tokens`` tokens drafts."""
         widest = 1
         for m in methods:
             if m.engine != "specbench" or m.drafter == "none" or m.verify == "fast":
                 continue
-            widest = max(widest, _longest_draft(m.policy, self.drafter(m, -1)) + 1)
+            longest = within_max_tokens(_longest_draft(m.policy, self.drafter(m, -1)), self.max_tokens)
+            widest = max(widest, longest + 1)
         return list(range(2, widest + 1))
 
     def warm_up(

@@ -37,6 +37,7 @@ from specbench.bench.sweep_summary import best_per_group, rate, summarize_sweep 
 from specbench.bench.timing import cache_copy, prefix_cache, timed
 from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic
+from specbench.core.draft import within_max_tokens
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, FixedPolicy, as_policy
@@ -207,7 +208,7 @@ def run_sweep(
         list(generate(model, items[0].ids, GenerateOptions(max_tokens=warmup_tokens, ignore_eos=True)))
         modes = {GenerateOptions(temperature=float(t), verify=verify).verify_mode for t in temperatures}
         if factories and "exact" in modes:
-            _calibrate_exact(model, policies, factories)
+            _calibrate_exact(model, policies, factories, max_tokens)
     if pairs < 0:
         raise ValueError(f"pairs must be >= 0, got {pairs}")
     total = len(todo) * (1 + len(acceptances) * len(factories) * len(policies) * max(1, 2 * pairs))
@@ -368,14 +369,18 @@ class _CellStore:
         write_parquet_atomic(pl.DataFrame(runs, infer_schema_length=None), self._path(cell, "runs"))
 
 
-def _calibrate_exact(model: Any, policies: Sequence[DraftPolicy], factories: dict[str, Callable[[], Any]]) -> None:
+def _calibrate_exact(
+    model: Any, policies: Sequence[DraftPolicy], factories: dict[str, Callable[[], Any]], max_tokens: int
+) -> None:
     """Calibrate exact verification for every width the sweep can use, before anything is timed
-    (the first verification at a new width would otherwise carry the calibration)."""
+    (the first verification at a new width would otherwise carry the calibration); a run of ``max_tokens``
+    tokens drafts at most ``max_tokens - 1``."""
     ks = [k for k in (policy_k(p) for p in policies) if k]
     if any(policy_k(p) is None for p in policies):
         ks += [int(getattr(make(), "preferred_k", 4)) for make in factories.values()]
-    if ks:
-        calibrate(model, list(range(2, max(ks) + 2)))
+    longest = within_max_tokens(max(ks), max_tokens) if ks else 0
+    if longest:
+        calibrate(model, list(range(2, longest + 2)))
 
 
 def _row(
@@ -418,6 +423,7 @@ def _row(
         "tokens_per_verify": stats["tokens_per_verify"],
         "draft_s": stats["draft_s"],
         "verify_s": stats["verify_s"],
+        "verification_s": stats["verification_s"],
         "decode_tokens_per_s": tps,
         **baseline,
         "speedup": tps / plain_tps if plain_tps > 0 else float("nan"),

@@ -41,7 +41,7 @@ def summarize_sweep(runs: pl.DataFrame, by: Sequence[str] = ("drafter", "policy"
                 "drafted",
                 "accepted",
             ).sum(),
-            *[pl.col("verify_s").sum()] * ("verify_s" in runs.columns),
+            *[pl.col(c).sum() for c in ("verify_s", "verification_s") if c in runs.columns],
             pl.col("equal_to_plain").drop_nulls().all().alias("all_equal_to_plain"),
             pl.col("equal_to_plain").drop_nulls().len().alias("checked"),
             *[pl.col(c).first() for c in ("policy_family", "k") if c in runs.columns and c not in by],

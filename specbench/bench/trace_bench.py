@@ -13,10 +13,12 @@ offline.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,8 +228,13 @@ def bench_trace(
 
 
 def _file_stem(trace_id: str) -> str:
-    """A trace's file name in its folder, whatever its id holds (``../``, separators)."""
-    return safe_name(trace_id.replace("/", "_"))
+    """A trace's file name in its folder, whatever its id holds (``../``, separators), and one per id: an id
+    written otherwise (``a/b`` as ``a_b``, ``A`` beside ``a`` on a file system that ignores case) gets a digest
+    of the exact id, so that no two traces share files."""
+    name = safe_name(trace_id)
+    if name == trace_id and name != name.lower():
+        name = f"{name}-{hashlib.sha1(trace_id.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+    return name
 
 
 def save_trace_bench(result: TraceBench, out_dir: str | os.PathLike) -> list[Path]:
@@ -253,9 +260,12 @@ _RESUME_REMEDY = "delete it (its trace then runs again), or choose another --out
 def _load_trace_bench(trace_id: str, out_dir: Path) -> TraceBench:
     turns_path, steps_path, plain_path = _trace_files(trace_id, out_dir)
     turns = read_parquet(turns_path, _RESUME_REMEDY)
-    missing = {"method", "turn", "accepted", "drafted"} - set(turns.columns)
+    missing = {"trace", "method", "turn", "accepted", "drafted"} - set(turns.columns)
     if missing:
         raise ValueError(f"{turns_path}: not a trace benchmark's per-turn table (missing {sorted(missing)})")
+    held = sorted(set(turns["trace"].to_list()))
+    if held != [trace_id]:  # e.g. written for another id of the same file name, before names were one per id
+        raise ValueError(f"{turns_path}: holds trace {', '.join(map(repr, held))}, not {trace_id!r}; {_RESUME_REMEDY}")
     steps = StepLog.from_rows(read_parquet(steps_path, _RESUME_REMEDY).to_dicts())
     try:
         recorded = load_recorded(plain_path)
@@ -386,12 +396,31 @@ def run_trace(
         made, chosen = shared if shared is not None else trace_methods(drafters, policies, model, model_name)
         if progress:
             print(f"{trace.id}: {len(trace.turns)} turns, methods: plain, {', '.join(made)}", flush=True)
-        results.append(
-            bench_trace(model, tokenizer, trace, made, chosen, max_tokens, options, turns, out_dir, progress, truncate)
+        result = bench_trace(
+            model, tokenizer, trace, made, chosen, max_tokens, options, turns, None, progress, truncate
         )
+        if out_dir is not None:
+            with _finished_kept(out_dir, len(results)):
+                save_trace_bench(result, out_dir)
+        results.append(result)
     run = TraceRun(results, independent=not share_store)
     if out_dir is not None:
-        write_parquet_atomic(run.summary, out_dir / TRACE_SUMMARY_FILE)
-        write_parquet_atomic(run.overall(), out_dir / TRACE_OVERALL_FILE)
-        write_text_atomic(out_dir / TRACE_TABLE_FILE, run.table() + "\n")
+        with _finished_kept(out_dir, len(results)):
+            write_parquet_atomic(run.summary, out_dir / TRACE_SUMMARY_FILE)
+            write_parquet_atomic(run.overall(), out_dir / TRACE_OVERALL_FILE)
+            write_text_atomic(out_dir / TRACE_TABLE_FILE, run.table() + "\n")
     return run
+
+
+@contextlib.contextmanager
+def _finished_kept(out_dir: Path, finished: int) -> Iterator[None]:
+    """An OSError while writing a run's files (a full disk) as one that names the file and says what is kept: the
+    ``finished`` traces' files, each written whole, from which the same command resumes."""
+    try:
+        yield
+    except OSError as err:
+        where = err.filename or out_dir
+        raise OSError(
+            f"cannot write {where} ({err.strerror or err}): the {finished} traces finished before are kept in "
+            f"{out_dir}; free space and run the same command again to resume after them"
+        ) from err

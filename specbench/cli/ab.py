@@ -34,8 +34,8 @@ def _ab(parser: argparse.ArgumentParser):
         from specbench.inputs.prompts import BUNDLED_CATEGORIES, bundled_questions, render_prompt
         from specbench.models.load import load
 
-        a = Method.parse(args.a)
-        b = a if args.aa else Method.parse(args.b)
+        a = Method.parse(args.a, "--a")
+        b = a if args.aa else Method.parse(args.b, "--b")
         categories = names(args.categories)
         if unknown := sorted(set(categories) - set(BUNDLED_CATEGORIES)):
             raise ValueError(f"--categories: unknown {unknown}; bundled: {', '.join(BUNDLED_CATEGORIES)}")

@@ -33,7 +33,7 @@ def _profile(parser: argparse.ArgumentParser):
         nargs="?",
         const="1,2,5,9",
         default="",
-        help="split a speculative step's cost into its parts at these widths (default 1,2,5,9)",
+        help=f"split a speculative step's cost into parts at these widths (default 1,2,5,9; up to {MAX_PROFILE_WIDTH})",
     )
     parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
     parser.add_argument("--no-save", action="store_true", help="print only; do not store under SPECBENCH_HOME")
@@ -54,7 +54,7 @@ def _profile(parser: argparse.ArgumentParser):
             raise ValueError(f"--repeats and --offset must be >= 1, got {args.repeats} and {args.offset}")
         drafter_names(args.drafters)
         lengths = _integers(args.lengths, "--lengths")
-        stack_widths = _integers(args.components, "--components")
+        stack_widths = _integers(args.components, "--components", MAX_PROFILE_WIDTH)
         if not args.no_save:
             check_writable(home() / "profiles", folder=True, name="the profiles folder")
         if args.plot:
@@ -94,14 +94,18 @@ def _profile(parser: argparse.ArgumentParser):
     return run
 
 
-def _integers(text: str, name: str) -> list[int]:
-    """A comma list of integers >= 1 (empty: none); a ValueError naming the option otherwise."""
+def _integers(text: str, name: str, maximum: int | None = None) -> list[int]:
+    """A comma list of integers >= 1 (and <= ``maximum``; empty: none); a ValueError naming the option otherwise."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise ValueError(f"{name} takes a comma list of integers, got {text!r}") from None
     if any(v < 1 for v in values):
         raise ValueError(f"{name} takes integers >= 1, got {text!r}")
+    if maximum is not None and any(v > maximum for v in values):
+        raise ValueError(
+            f"{name} takes widths up to {maximum} (the widest verification specbench profile measures), got {text!r}"
+        )
     return values
 
 

@@ -160,3 +160,44 @@ def status_line() -> str:
             f"elsewhere start Python with LD_PRELOAD={library}"
         )
     return f"CPU BLAS: MLX's reference BLAS ({blas}): {how_to_get()}"
+
+
+@functools.cache
+def unloaded_warning() -> str | None:
+    """Where MLX's CPU runs on its reference BLAS although an optimized one is installed (this process was not started
+    by ``specbench``, ``make`` or the "specbench" Jupyter kernel, which preload it): one line saying so and how to
+    load it, for a warning given once; None elsewhere (a GPU, macOS, a preloaded BLAS, ``SPECBENCH_BLAS=reference``)."""
+    import mlx.core as mx
+
+    if not sys.platform.startswith("linux") or mx.default_device().type == mx.DeviceType.gpu:
+        return None
+    if os.environ.get(BLAS_ENV, "").strip().lower() == "reference" or not is_reference(blas_in_use()):
+        return None
+    try:
+        library = optimized_blas()
+    except FileNotFoundError:
+        return None
+    if library is None:
+        return None
+    return (
+        f"MLX runs on its reference BLAS here although {library} is installed: timings differ from the report's "
+        f"and the command line's; start Python with LD_PRELOAD={library}, choose the Jupyter kernel "
+        f"'Python (specbench)', or set {BLAS_ENV}=reference to keep MLX's own"
+    )
+
+
+def warn_if_unloaded() -> None:
+    """Warn once per process where ``unloaded_warning`` has something to say."""
+    import warnings
+
+    text = unloaded_warning()
+    if text and not _WARNED:
+        _WARNED.append(True)
+        warnings.warn(text, BlasWarning, stacklevel=3)
+
+
+class BlasWarning(UserWarning):
+    """MLX runs on its reference BLAS while an optimized one is installed."""
+
+
+_WARNED: list[bool] = []

@@ -56,17 +56,30 @@ def _write_atomic(path: str | os.PathLike, write: Callable[[str], Any], suffix: 
     path = Path(path)
     if not distributed.writes_here():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
-    os.close(fd)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+        os.close(fd)
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
+    except OSError as err:
+        raise _naming(err, path, tmp) from err
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _naming(err: OSError, path: Path, tmp: str | None) -> OSError:
+    """``err`` naming ``path`` (the file being written) where it names no file or only the temporary one:
+    a full disk says "No space left on device: PATH", not just "No space left on device"."""
+    if err.filename is not None and err.filename != tmp:
+        return err
+    if err.errno is None:
+        return OSError(f"{err}: {path}")
+    return OSError(err.errno, err.strerror or os.strerror(err.errno), str(path))
 
 
 _LOCK = threading.RLock()
@@ -196,8 +209,12 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
 
 
 def write_parquet_atomic(frame, path: str | os.PathLike) -> Path:
-    """Write a polars DataFrame as parquet atomically (creating its folder); return the path."""
-    return _write_atomic(path, frame.write_parquet)
+    """Write a polars DataFrame as parquet atomically (creating its folder); return the path. The parquet is
+    built in memory and then written, so that a full disk is an OSError naming the file (polars would raise
+    its own error naming none)."""
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer)
+    return write_bytes_atomic(path, buffer.getvalue())
 
 
 def write_csv_atomic(path: str | os.PathLike, rows: list[dict]) -> Path | None:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 import hashlib
+import os
+import subprocess
+import sys
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -11,7 +17,11 @@ import mlx_lm
 from mlx.utils import tree_flatten
 
 from specbench.common.blas import blas_in_use
-from specbench.common.files import safe_name
+from specbench.common.files import PROJECT_ROOT, safe_name, write_json_atomic
+
+#: The commit a copy of the source without its git history runs (a GPU machine's), set by whoever copied it:
+#: "SHA" or "SHA-dirty".
+COMMIT_ENV = "SPECBENCH_COMMIT"
 
 
 def device_name() -> str:
@@ -22,12 +32,48 @@ def device_name() -> str:
 
 
 def versions() -> dict[str, str]:
-    """The versions of MLX, mlx-lm and specbench."""
+    """The versions of MLX, mlx-lm and specbench, and the commit of specbench's source (``commit``)."""
     try:
         specbench = version("specbench")
     except PackageNotFoundError:
         specbench = "unknown"
-    return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "specbench": specbench}
+    return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "specbench": specbench, "commit": commit()}
+
+
+@functools.cache
+def commit() -> str:
+    """The commit of the source this process runs: its git checkout's HEAD, with "-dirty" where tracked files differ
+    from it (``SPECBENCH_COMMIT`` where the source was copied without its history); "unknown" where neither tells."""
+    given = os.environ.get(COMMIT_ENV, "").strip()
+    if given:
+        return given
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return "unknown"
+        changed = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no", "--", "specbench"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if changed.stdout.strip() else "")
+
+
+def provenance(command: list[str] | None = None) -> dict[str, Any]:
+    """What a result file names of the code and machine that made it: the commit (``commit``), the versions, the
+    device, the CPU's BLAS, the date and the command line."""
+    return {
+        **versions(),
+        "device": device_name(),
+        "blas": blas_library(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(command if command is not None else sys.argv),
+    }
 
 
 def blas_library() -> str | None:
@@ -64,3 +110,18 @@ def model_key(model: nn.Module) -> str:
 def display_name(model: nn.Module) -> str:
     """The name a model was loaded under, when known (else its key)."""
     return getattr(model, "specbench_name", None) or model_key(model)
+
+
+def write_result(path: str | os.PathLike, data: Any) -> Any:
+    """Write a result file (JSON, atomically) that names the code and machine that made it: ``data`` (a dict, else
+    under "data") with the ``provenance`` of this run first."""
+    body = data if isinstance(data, dict) else {"data": data}
+    return write_json_atomic(path, {"provenance": provenance(), **{k: v for k, v in body.items() if k != "provenance"}})
+
+
+def result_data(data: Any) -> Any:
+    """What ``write_result`` wrote, without its provenance: the data a non-dict result was written as (files from
+    before results named their code are returned as they are)."""
+    if isinstance(data, dict) and "provenance" in data and set(data) == {"provenance", "data"}:
+        return data["data"]
+    return data

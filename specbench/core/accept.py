@@ -4,6 +4,7 @@ rule is ``specbench.core.verify.accept_greedy``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -46,6 +47,23 @@ class SamplingSettings:
         return mx.softmax(logprobs * (1.0 / self.temperature), axis=-1)
 
 
+def check_tables(p: Any, drafted: int, q: Any = None, rule: str = "token") -> None:
+    """One clear ValueError unless ``p`` holds a row per drafted token and the bonus row ([drafted + 1, vocab]) and
+    ``q``, when given, a row per drafted token of p's vocabulary ([drafted, vocab]); a row short would be read
+    past its end."""
+    shape = tuple(getattr(p, "shape", ()))
+    if len(shape) != 2 or shape[0] != drafted + 1:
+        raise ValueError(
+            f"acceptance rule {rule!r}: the target's probabilities p have shape {shape}, but a draft of {drafted} "
+            f"tokens needs ({drafted + 1}, vocab): one row per drafted token and the bonus row"
+        )
+    if q is not None and tuple(getattr(q, "shape", ())) != (drafted, shape[1]):
+        raise ValueError(
+            f"acceptance rule {rule!r}: the drafter's probabilities q have shape {tuple(getattr(q, 'shape', ()))}, "
+            f"but a draft of {drafted} tokens needs ({drafted}, {shape[1]}): one row per drafted token"
+        )
+
+
 def accept_sampled(p: mx.array, draft: list[int], q: mx.array | None) -> tuple[int, list[int], list[float]]:
     """Lossless speculative sampling (Leviathan et al.; Chen et al.).
 
@@ -56,6 +74,7 @@ def accept_sampled(p: mx.array, draft: list[int], q: mx.array | None) -> tuple[i
     token is sampled from p_k. Returns (accepted count, emitted tokens, acceptance probabilities).
     """
     k = len(draft)
+    check_tables(p, k, q)
     d = mx.array(draft, dtype=mx.int32)
     p_draft = mx.take_along_axis(p[:k], d[:, None], axis=-1)[:, 0]
     if q is None:
@@ -96,6 +115,7 @@ def accept_tree_sampled(
     without children, from p). Returns (accepted nodes, emitted tokens, min(1, r/q) of each
     child tried).
     """
+    check_tables(p, len(tokens), q)
     kids = children(parents)
     path: list[int] = []
     ratios: list[float] = []

@@ -15,6 +15,7 @@ from typing import Any
 
 from specbench.core.auto import CostEnvelope
 from specbench.core.policies import AutoPolicy, DraftPolicy
+from specbench.core.policy_args import MAX_DRAFT_LENGTH
 
 
 def _table(table: Mapping[int, int]) -> dict[int, int]:
@@ -25,6 +26,11 @@ def _table(table: Mapping[int, int]) -> dict[int, int]:
         for name, value, low in (("batch size", b, 1), ("draft length", k, 0)):
             if not isinstance(value, Integral) or isinstance(value, bool) or value < low:
                 raise ValueError(f"batch table {table!r}: each {name} must be an integer >= {low}, got {value!r}")
+        if k > MAX_DRAFT_LENGTH:
+            raise ValueError(
+                f"batch table {table!r}: draft length {k} is over the longest draft specbench verifies "
+                f"({MAX_DRAFT_LENGTH} tokens)"
+            )
         out[int(b)] = int(k)
     if 1 not in out:
         raise ValueError(f"batch table {table!r} has no entry for batch size 1: start it at 1")
@@ -47,6 +53,9 @@ class BatchTablePolicy(DraftPolicy):
 
     def _k(self, drafter: Any) -> int:
         return self.k_at(self.batch_size)
+
+    def longest_draft(self, drafter: Any) -> int:
+        return max(1, max(self.table.values()))
 
     @classmethod
     def parse(cls, spec: str) -> BatchTablePolicy:

@@ -44,6 +44,12 @@ def within_max_draft(longest: int, drafter: Any) -> int:
     return min(int(longest), int(cap)) if cap else int(longest)
 
 
+def within_max_tokens(longest: int, max_tokens: int) -> int:
+    """``longest`` draft tokens, or fewer where a generation of ``max_tokens`` tokens never drafts more: the engine
+    drafts at most the tokens left but one (the verification emits one of its own), so at most ``max_tokens - 1``."""
+    return max(0, min(int(longest), int(max_tokens) - 1))
+
+
 class Drafter:
     """Base class of drafters.
 

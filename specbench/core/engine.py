@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from specbench.common.deprecation import keyword_only_after, renamed_arguments
+from specbench.common.text import check_text
 from specbench.core.draft import Draft, Drafter
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions, checked_options
@@ -32,7 +33,7 @@ def token_ids(prompt: Any, tokenizer: Any = None) -> list[int]:
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("the prompt is text but no tokenizer was given: pass token ids or tokenizer=")
-        return list(tokenizer.encode(prompt))
+        return list(tokenizer.encode(check_text(prompt)))
     if isinstance(prompt, mx.array):
         if not mx.issubdtype(prompt.dtype, mx.integer):
             raise TypeError(f"the prompt is an mx.array of {prompt.dtype}: token ids must be integers")

@@ -119,6 +119,8 @@ class StepLog:
 
         ``mean_accepted_tokens`` is Spec-Bench's #MAT: tokens per model forward after the
         prompt (plain decoding gives 1.0); ``tokens_per_verify`` counts verifications only.
+        ``verify_s`` is the seconds of every forward (the prompt's and plain steps' too);
+        ``verification_s`` those of the verifications alone.
         """
         decode = [r for r in self.records if r.kind != "prefill"]
         verifies = [r for r in decode if r.kind == "verify"]
@@ -139,6 +141,7 @@ class StepLog:
             "tokens_per_verify": (accepted + len(verifies)) / len(verifies) if verifies else 0.0,
             "draft_s": sum(r.draft_s for r in self.records),
             "verify_s": sum(r.verify_s for r in self.records),
+            "verification_s": sum(r.verify_s for r in verifies),
             "other_s": sum(r.other_s for r in self.records),
             "prefill_s": sum(r.verify_s + r.other_s for r in prefill),
             "decode_s": decode_s,

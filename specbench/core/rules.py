@@ -26,7 +26,7 @@ from typing import Literal, get_args
 import mlx.core as mx
 import numpy as np
 
-from specbench.core.accept import accept_sampled, accept_tree_sampled
+from specbench.core.accept import accept_sampled, accept_tree_sampled, check_tables
 from specbench.core.tree import children, is_path
 from specbench.core.verify import accept_greedy, accept_tree_greedy
 
@@ -108,6 +108,7 @@ class Acceptance:
             return list(range(n)), emitted, probs
         self.check_tree()
         if self.name == "exact-match":
+            check_tables(p, len(tokens), None, self.name)
             targets = mx.random.categorical(mx.log(p))
             path, emitted = accept_tree_greedy(tokens, parents, targets.tolist())
             drafted = p[mx.array([parent + 1 for parent in parents]), mx.array(tokens)]
@@ -120,6 +121,7 @@ def accept_exact_match(p: mx.array, draft: list[int]) -> tuple[int, list[int], l
     iff it equals y_i (while all before it were accepted); emit y at the first mismatch, or the bonus
     y_k. Acceptance probability at a reached position: p_i(d_i)."""
     k = len(draft)
+    check_tables(p, k, None, "exact-match")
     samples = mx.random.categorical(mx.log(p))
     drafted = mx.take_along_axis(p[:k], mx.array(draft, dtype=mx.int32)[:, None], axis=-1)[:, 0]
     mx.eval(samples, drafted)
@@ -137,6 +139,7 @@ def block_weights(p: np.ndarray, q: np.ndarray, draft: list[int]) -> tuple[np.nd
     tried: residual_mass[i] / (residual_mass[i] + 1 - w[i]) for i < k (1 where w[i] = 1), h[k] = w[k].
     h[0] is 1 (the empty prefix is always accepted)."""
     k = len(draft)
+    check_tables(p, k, q, "block")
     rows = np.arange(k)
     ratio = p[rows, draft] / np.maximum(q[rows, draft], 1e-300)
     w = np.ones(k + 1)
@@ -175,6 +178,7 @@ def accept_block(p: mx.array, draft: list[int], q: mx.array | None) -> tuple[int
     probability that the first i tokens are accepted, given them, is w_i >= the token-wise rule's
     prod_j min(1, p_j/q_j). Returns (tau, emitted tokens, the prefix weights w_1..w_k)."""
     k = len(draft)
+    check_tables(p, k, q, "block")
     draws = mx.random.uniform(shape=(k + 1,))
     mx.eval(p, draws)
     p_rows = np.array(p.astype(mx.float32), dtype=np.float64)
@@ -207,6 +211,7 @@ def accept_typical(
     p_i(d_i) > min(epsilon, delta * exp(-H(p_i))); the next token is sampled from p at the first
     token below its threshold (or the bonus row). Returns (accepted, emitted, 1/0 per position)."""
     k = len(draft)
+    check_tables(p, k, None, "typical")
     drafted = mx.take_along_axis(p[:k], mx.array(draft, dtype=mx.int32)[:, None], axis=-1)[:, 0]
     passes = drafted > typical_thresholds(p[:k], epsilon, delta)
     samples = mx.random.categorical(mx.log(p))
@@ -224,6 +229,7 @@ def accept_tree_typical(
     """Typical acceptance over a token tree, as Medusa's: of the root-to-node paths whose every node passes
     its parent row's threshold, the longest (the first in node order among equals); the next token is
     sampled from p at its last node. Lossy."""
+    check_tables(p, len(tokens), None, "typical")
     rows = mx.array([parent + 1 for parent in parents], dtype=mx.int32)
     drafted = p[rows, mx.array(tokens, dtype=mx.int32)]
     passes = drafted > typical_thresholds(p, epsilon, delta)[rows]

@@ -42,13 +42,16 @@ def as_draft(proposal: Draft | Sequence[int] | None, k: int, drafter: str = "dra
     """Normalise what ``Drafter.draft`` returned into a ``Draft`` of at most ``k`` tokens.
 
     q's rows stay paired with their tokens: truncation cuts both; a q whose row count does not
-    match the tokens is kept whole, for ``check_draft`` to reject.
+    match the tokens is kept whole, for ``check_draft`` to reject. ``Draft.confidence`` must hold one
+    probability in [0, 1] per drafted token (a confidence threshold cuts the draft by it), else one clear error.
     """
     if proposal is None:
         return Draft([])
     if isinstance(proposal, Draft):
         tokens = _token_list(proposal.tokens, drafter)
         probs, parents, confidence = proposal.probs, proposal.parents, proposal.confidence
+        if confidence is not None:
+            confidence = _confidence(confidence, len(tokens), drafter)
         if parents is not None:
             parents = _token_list(parents, drafter)
         if len(tokens) <= k:
@@ -77,6 +80,37 @@ def cut_unconfident(draft: Draft, threshold: float) -> Draft:
         return draft
     probs = draft.probs[:n] if draft.probs is not None else None
     return Draft(draft.tokens[:n], probs, None, list(confidence[:n]))
+
+
+def _confidence(values: object, drafted: int, drafter: str) -> list[float]:
+    """``Draft.confidence`` as floats: one probability in [0, 1] per drafted token, else one clear error naming
+    ``drafter`` (a NaN, a value out of range or a missing one would let an unconfident token through)."""
+    what = f"drafter {drafter} gave confidence (Draft.confidence)"
+    if isinstance(values, mx.array):
+        values = values.tolist() if values.ndim else [values.item()]
+    if isinstance(values, (str, bytes, Mapping, Set)) or not isinstance(values, Iterable):
+        raise TypeError(
+            f"{what} as {type(values).__name__}: it must be a sequence of one probability per drafted token"
+        )
+    values = list(values)
+    if len(values) != drafted:
+        raise ValueError(
+            f"{what} of {len(values)} values for {drafted} drafted tokens: it must hold one probability per token"
+        )
+    out = []
+    for i, value in enumerate(values):
+        try:
+            if isinstance(value, (bool, str, bytes)):
+                raise TypeError
+            p = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{what} with {value!r} ({type(value).__name__}) at token {i}: it must be a number"
+            ) from None
+        if not 0.0 <= p <= 1.0:  # NaN fails too
+            raise ValueError(f"{what} with {value!r} at token {i}: it must be a probability in [0, 1]")
+        out.append(p)
+    return out
 
 
 def _token_list(tokens: object, drafter: str) -> list:
@@ -227,6 +261,11 @@ def accept_greedy(draft: list[int], targets: list[int]) -> tuple[int, list[int]]
     ``targets`` has one more entry than ``draft`` (the bonus position). Returns the number of
     accepted draft tokens and the emitted tokens (accepted drafts, then the model's own token).
     """
+    if len(targets) != len(draft) + 1:
+        raise ValueError(
+            f"the greedy rule takes one target per drafted token and the bonus one: {len(draft) + 1} for a draft of "
+            f"{len(draft)}, got {len(targets)}"
+        )
     n = 0
     while n < len(draft) and draft[n] == targets[n]:
         n += 1
@@ -240,6 +279,11 @@ def accept_tree_greedy(tokens: list[int], parents: list[int], targets: list[int]
     ``targets``: the argmax of each row (row 0 the root, row i + 1 node i). Returns the accepted
     nodes (root to leaf) and the emitted tokens (their tokens, then the model's own token).
     """
+    if len(targets) != len(tokens) + 1:
+        raise ValueError(
+            f"the greedy rule takes one target per tree row: {len(tokens) + 1} for a tree of {len(tokens)} nodes "
+            f"and its root, got {len(targets)}"
+        )
     kids = children(parents)
     path: list[int] = []
     node = -1

@@ -15,6 +15,7 @@ from specbench.cost.breakeven import (
 from specbench.cost.experts import expected_distinct_experts, expert_counts, routing
 from specbench.cost.grid import speedup_grid
 from specbench.cost.measure import QUICK_WIDTHS, measure, measure_drafter, profile_for, quick_profile
+from specbench.cost.model import Protocol, cost_model, describe
 from specbench.cost.predict import acceptance_per_position, predicted_speedup
 from specbench.cost.profile import Profile, cost_at, load_profile, load_profiles, profile_path, save_profile
 from specbench.cost.reference import Reference, reference_profiles
@@ -38,6 +39,9 @@ __all__ = [
     "measure",
     "measure_drafter",
     "profile_for",
+    "cost_model",
+    "Protocol",
+    "describe",
     "quick_profile",
     "drafter_cost",
     "break_even_tokens",

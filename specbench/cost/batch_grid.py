@@ -16,6 +16,7 @@ from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost.batch import BatchProfile
+from specbench.cost.grid import grid_cells
 from specbench.cost.predict import noise_floor, predicted_batch_speedup
 from specbench.drafters.oracle import Oracle
 
@@ -109,6 +110,7 @@ def batch_speedup_grid(
     ``noise_floor`` the |residual| a perfect predictor would show from that scatter (``predict.noise_floor``)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    acceptances, ks = grid_cells(acceptances, ks)
     rng = np.random.default_rng(seed)
     options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True)
     warm = GenerateOptions(max_tokens=max(2, min(warmup_tokens, max_tokens)), ignore_eos=True)

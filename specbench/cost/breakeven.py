@@ -90,6 +90,24 @@ def break_even_acceptance(costs: Costs, d: float = 0.0, max_k: int | None = None
     return out
 
 
+def break_even_band(
+    profile: Profile, d: float = 0.0, max_k: int | None = None, mode: str = "fast"
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """a*(k) for k = 1..max_k at the low and at the high end of c(w)'s interval over the timing rounds
+    (``Profile.intervals``; the engine's overhead added to both): the band the break-even lies in as far as the
+    cost model's noise allows. None for a profile without intervals in ``mode``."""
+    bounds = profile.intervals.get(mode)
+    if not bounds or len(bounds) != len(profile.widths.get(mode, [])):
+        return None
+    widths = profile.widths[mode]
+    grid = np.arange(1, max(widths) + 1)
+    overhead = profile.overhead.get(mode, 0.0)
+    low = np.interp(grid, widths, [b[0] for b in bounds]) + overhead
+    high = np.interp(grid, widths, [b[1] for b in bounds]) + overhead
+    max_k = max_k or len(grid) - 1
+    return break_even_acceptance(low, d, max_k), break_even_acceptance(high, d, max_k)
+
+
 @renamed_arguments(k_max="max_k")
 def best_k(
     acceptance: float | Sequence[float], costs: Costs, d: float = 0.0, max_k: int | None = None, mode: str = "fast"

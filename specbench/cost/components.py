@@ -46,7 +46,7 @@ from mlx_lm.generate import generation_stream, wired_limit
 
 from specbench.common.identity import device_name, display_name
 from specbench.core.engine import generate
-from specbench.core.forward import vocab_size
+from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.verify import FAST, accept_greedy
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
@@ -259,6 +259,9 @@ def measure_components(
     profile's plain step). The cache holds ``offset`` random tokens."""
     if not widths or min(widths) < 1 or repeats < 1 or steps < 2 or offset < 1 or forward_repeats < 1:
         raise ValueError("widths must be >= 1, repeats and forward_repeats >= 1, steps >= 2 and offset >= 1")
+    limit = context_length(model)
+    if limit is not None and offset + max(widths) > limit:
+        raise ValueError(f"component widths up to {max(widths)} with {offset} cached tokens exceed the context {limit}")
     rng = np.random.default_rng(seed)
     vocab = vocab_size(model)
     rows: list[dict[str, Any]] = []

@@ -14,6 +14,7 @@ from specbench.core.engine import Generation, generate
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.policy_args import check_k, real
 from specbench.core.verify import check_verify_mode
 from specbench.cost.breakeven import speedup
 from specbench.cost.measure import seconds_per_token
@@ -58,6 +59,7 @@ def speedup_grid(
     verify = check_verify_mode(verify)
     if verify not in profile.costs:
         raise ValueError(f"the profile has no {verify!r} verify costs: measure it with verify=({verify!r},)")
+    acceptances, ks = grid_cells(acceptances, ks)
     verifier = verifier_for(model, verify)
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, vocab_size(model), size=prompt_len or profile.offset or 64).tolist()
@@ -130,6 +132,13 @@ def speedup_grid(
     if size > 1:
         rows = sorted((row for part in distributed.gather(rows) for row in part), key=lambda row: row["cell"])
     return [{k: v for k, v in row.items() if k != "cell"} for row in rows]
+
+
+def grid_cells(acceptances: Sequence[float], ks: Sequence[int]) -> tuple[list[float], list[int]]:
+    """A grid's acceptances (each a finite number in [0, 1]) and draft lengths (each from 1 to
+    ``MAX_DRAFT_LENGTH``), or one clear error before any model work."""
+    checked = [real("a grid acceptance", a, 0.0, 1.0) for a in acceptances]
+    return checked, [check_k(k, "a grid draft length") for k in ks]
 
 
 def grid_seconds(profile: Profile, cells: int, repeats: int, max_tokens: int, verify: str) -> float:

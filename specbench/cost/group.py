@@ -35,7 +35,8 @@ def lockstep_profile(
     if key in _MEMORY:
         return _MEMORY[key]
     stored = load_profile(model) if distributed.is_main() else None
-    data = distributed.broadcast(stored.to_dict() if stored is not None and verify in stored.costs else None)
+    usable = stored is not None and verify in stored.costs
+    data = distributed.broadcast({**stored.to_dict(), "source": stored.source} if usable else None)
     if data is None:
         if progress is not None and distributed.is_main():
             progress(

@@ -26,7 +26,9 @@ from specbench.core.engine import generate
 from specbench.core.forward import context_length, text_model, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.verify import CacheRollback, Verifier, as_draft, check_verify_mode
+from specbench.cost import noise
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
+from specbench.cost.noise import median_interval
 from specbench.cost.profile import Profile, load_profile
 from specbench.cost.timing import rejected_drafts, seconds_per_token, time_verify
 from specbench.exact import verifier_for
@@ -86,8 +88,8 @@ class _Rounds:
 
     def time(
         self, cache: list[Any], restore: CacheRestore, rollback: CacheRollback | None
-    ) -> tuple[list[float], dict[str, list[float]]]:
-        """(seconds per plain step of each kept round, mode -> median seconds per width)."""
+    ) -> tuple[list[float], dict[str, list[list[float]]]]:
+        """(seconds per plain step of each kept round, mode -> per width, its seconds in each kept round)."""
         first = int(self.probe[0, 0].item())
         verify_s: dict[str, dict[int, list[float]]] = {m: {w: [] for w in ws} for m, ws in self.widths.items()}
         plain_s: list[float] = []
@@ -103,18 +105,39 @@ class _Rounds:
                         verify_s[mode][w].append(t)
             if keep:
                 self.say(f"round {round_ - self.warmup + 1}/{self.repeats}: plain step {1e3 * plain_s[-1]:.2f} ms")
-        return plain_s, {m: [statistics.median(verify_s[m][w]) for w in ws] for m, ws in self.widths.items()}
+        return plain_s, {m: [verify_s[m][w] for w in ws] for m, ws in self.widths.items()}
 
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def from_rounds(
+    plain_s: Sequence[float], seconds: dict[str, list[list[float]]]
+) -> tuple[float, dict[str, list[float]], dict[str, list[float]], dict[str, list[list[float]]]]:
+    """From timing rounds (each round's plain step, and each width's seconds in each round): the median plain step,
+    per mode c(w) (each width's median seconds over the median plain step), the median seconds, and c(w)'s
+    interval over the rounds' own ratios (``specbench.cost.noise.median_interval``)."""
+    plain = statistics.median(plain_s)
+    medians = {m: [statistics.median(per_round) for per_round in per_width] for m, per_width in seconds.items()}
+    costs = {m: [s / plain for s in per_width] for m, per_width in medians.items()}
+    intervals = {
+        m: [list(median_interval([s / p for s, p in zip(per_round, plain_s)])) for per_round in per_width]
+        for m, per_width in seconds.items()
+    }
+    return plain, costs, medians, intervals
+
+
 def _profile(
-    model: nn.Module, plain: float, widths: dict[str, list[int]], seconds: dict[str, list[float]], **fields: Any
+    model: nn.Module,
+    plain_s: Sequence[float],
+    widths: dict[str, list[int]],
+    rounds: dict[str, list[list[float]]],
+    **fields: Any,
 ) -> Profile:
-    """The profile of ``model`` on this device and library versions, made now: c(w) is each width's
-    seconds over the plain step's."""
+    """The profile of ``model`` on this device and library versions, made now from its timing rounds
+    (``from_rounds``), with the checks of ``specbench.cost.noise``."""
+    plain, costs, seconds, intervals = from_rounds(plain_s, rounds)
     return Profile(
         model=model_key(model),
         name=display_name(model),
@@ -122,9 +145,15 @@ def _profile(
         versions=versions(),
         plain_step_s=plain,
         widths=widths,
-        costs={mode: [s / plain for s in per_width] for mode, per_width in seconds.items()},
+        costs=costs,
         seconds=seconds,
         created=_now(),
+        rounds={"plain": list(plain_s), **rounds},
+        intervals=intervals,
+        interval_level=noise.level(len(plain_s)),
+        noise={
+            m: noise.noise(widths[m], costs[m], intervals[m], fields.get("overhead", {}).get(m, 0.0)) for m in costs
+        },
         **fields,
     )
 
@@ -177,7 +206,7 @@ def measure(
     if repeats < 1 or warmup < 0 or offset < 1 or plain_tokens < 1:
         raise ValueError("repeats, offset and plain_tokens must be >= 1 and warmup >= 0")
     limit = context_length(model)
-    longest = max([offset, *lengths]) + max(max(w) for w in ws.values())
+    longest = max([offset, *lengths]) + max([*(max(w) for w in ws.values()), *components])
     if any(n < 1 for n in lengths) or (limit is not None and longest > limit):
         raise ValueError(f"context lengths must be >= 1 and, with the widest verification, within {limit} tokens")
     rng = np.random.default_rng(seed)
@@ -199,19 +228,15 @@ def measure(
         restore = CacheRestore(cache)
         rollback = rollback_for(model, cache)
         rounds = _Rounds(model, verifiers, ws, probe, plain_tokens, warmup, repeats, say)
-        plain_s, seconds = rounds.time(cache, restore, rollback)
-        plain = statistics.median(plain_s)
+        plain_s, raw = rounds.time(cache, restore, rollback)
+        plain, _, seconds, _ = from_rounds(plain_s, raw)
         by_length = {}
         for length in sorted(set(lengths) - {len(context)}):
             say(f"context length {length}")
             long = prefill(model, (context * (length // len(context) + 1))[:length])
-            plain_at, seconds_at = rounds.time(long, CacheRestore(long), rollback_for(model, long))
-            plain_at_s = statistics.median(plain_at)
-            by_length[str(length)] = {
-                "plain_step_s": plain_at_s,
-                "costs": {m: [s / plain_at_s for s in per_width] for m, per_width in seconds_at.items()},
-                "seconds": seconds_at,
-            }
+            plain_at, raw_at = rounds.time(long, CacheRestore(long), rollback_for(model, long))
+            plain_at_s, costs_at, seconds_at, _ = from_rounds(plain_at, raw_at)
+            by_length[str(length)] = {"plain_step_s": plain_at_s, "costs": costs_at, "seconds": seconds_at}
             del long
         overhead = {}
         for mode in modes if rollback is not None else ():
@@ -243,9 +268,9 @@ def measure(
             stack = measure_components(model, components, len(context), max(1, repeats // 2), progress=say)
     return _profile(
         model,
-        plain,
+        plain_s,
         ws,
-        seconds,
+        raw,
         overhead=overhead,
         drafters=drafter_costs,
         offset=len(context),
@@ -346,9 +371,9 @@ def quick_profile(model: nn.Module, verify: str = "fast", budget_s: float = 2.5,
     ws = sorted(seconds)
     return _profile(
         model,
-        plain,
+        timed[1],  # the plain step: a serial width-1 step, timed in every round
         {verify: ws},
-        {verify: [seconds[w] for w in ws]},
+        {verify: [timed[w] for w in ws]},
         overhead=overhead,
         offset=offset,
         repeats=1,
@@ -364,6 +389,12 @@ def _remember(model: nn.Module, verify: str, profile: Profile) -> None:
     if key not in _MEMORY:
         weakref.finalize(model, _MEMORY.pop, key, None)
     _MEMORY[key] = profile
+
+
+def forget(model: nn.Module) -> None:
+    """Drop the profiles ``profile_for`` keeps in memory for ``model``: its next call reads the store again."""
+    for key in [k for k in _MEMORY if k[0] == id(model)]:
+        _MEMORY.pop(key, None)
 
 
 def profile_for(

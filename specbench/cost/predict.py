@@ -66,8 +66,9 @@ def predicted_speedup(
             cost += 1.0 + len(r.draft_tokens or ()) * d
             continue
         length = profile.nearest_length(prompt_tokens + int(r.position))
-        if length not in curves:
-            curves[length] = profile.at_length(length).curve(mode)
+        if length not in curves:  # a length measured in other modes only: the profile's own curve, as BreakEven
+            at = profile.at_length(length)
+            curves[length] = (at if mode in at.costs else profile).curve(mode)
         cost += cost_at(curves[length], int(r.verify_width)) + int(r.k_drafted) * d + row_overhead
     if not cost:
         return 0.0

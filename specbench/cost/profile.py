@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import warnings
 from dataclasses import asdict, dataclass, field, replace
@@ -33,7 +34,7 @@ from specbench.common.identity import device_name, kernel_key, model_key, versio
 from specbench.core.draft import Drafter
 
 #: The parts of a stored profile that hold one entry per verify mode, drafter or context length.
-_MERGED_PARTS = ("widths", "costs", "seconds", "overhead", "drafters", "lengths")
+_MERGED_PARTS = ("widths", "costs", "seconds", "overhead", "drafters", "lengths", "intervals", "noise")
 #: What a profile holds per measured context length besides its ``offset``.
 _LENGTH_PARTS = ("plain_step_s", "costs", "seconds")
 
@@ -70,6 +71,32 @@ class Profile:
     lengths: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: The component stack (``specbench.cost.components.measure_components`` rows), when measured.
     components: list[dict[str, Any]] = field(default_factory=list)
+    #: The file this profile was read from ("" when measured or built in memory): errors of planning with it
+    #: name it. Not stored.
+    source: str = field(default="", compare=False, repr=False)
+    #: The timing rounds c(w) comes from, at ``offset``: "plain" -> seconds per plain step of each round; mode ->
+    #: per width, that width's seconds in each round (empty for profiles stored before rounds were kept).
+    rounds: dict[str, list[Any]] = field(default_factory=dict)
+    #: mode -> per width, the interval [low, high] of c(w) over the rounds (``specbench.cost.noise``), at
+    #: ``interval_level``.
+    intervals: dict[str, list[list[float]]] = field(default_factory=dict)
+    interval_level: float = 0.0
+    #: Why c(w) cannot be taken at face value (``specbench.cost.noise.noise``), per mode; empty: no sign of noise.
+    noise: dict[str, list[str]] = field(default_factory=dict)
+    #: How it was measured: seconds it took, the load average before and after, the protocol, how many
+    #: measurements were pooled (``specbench.cost.model``).
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def noisy(self) -> bool:
+        return any(self.noise.values())
+
+    def interval(self, w: int, mode: str = "fast") -> tuple[float, float] | None:
+        """The interval of c(w) over the timing rounds at a measured width (None where none was kept)."""
+        if mode not in self.intervals or w not in self.widths.get(mode, []):
+            return None
+        low, high = self.intervals[mode][self.widths[mode].index(w)]
+        return float(low), float(high)
 
     @property
     def context_lengths(self) -> list[int]:
@@ -98,8 +125,9 @@ class Profile:
         """c(1..W) as an array (index w-1), unmeasured widths interpolated; with ``overhead`` the
         engine's per-step overhead is added (what a speculative step costs end to end)."""
         if mode not in self.costs:
+            stored = f" stored in {self.source}" if self.source else ""
             raise ValueError(
-                f"the profile of {self.name} on {self.device} has no {mode!r} verify costs "
+                f"the profile of {self.name} on {self.device}{stored} has no {mode!r} verify costs "
                 f"(it has {', '.join(self.costs) or 'none'}): measure it with verify=({mode!r},)"
             )
         widths = self.widths[mode]
@@ -126,7 +154,9 @@ class Profile:
         return profile_path(self.model, self.device, self.versions, root, self.kernels)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        del data["source"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
@@ -191,10 +221,15 @@ def profile_path(
     """Where the profile of ``model`` (a ``model_key``) on ``device`` with these versions is stored;
     ``kernels`` (default: this process's ``kernel_key()``) adds a digest of what else the kernels
     depend on (the BLAS library), so that a profile taken under another one is not reused."""
-    root = (root or home()) / "profiles"
+    name = f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}{kernels_tag(kernels)}"
+    return (root or home()) / "profiles" / f"{name}.json"
+
+
+def kernels_tag(kernels: str | None = None) -> str:
+    """The part of a stored file's name that keys it by what the kernels depend on (``kernel_key``, by default
+    this process's): ``--k`` and a digest of it; "" for files stored before it was kept."""
     kernels = kernel_key() if kernels is None else kernels
-    digest = f"--k{hashlib.sha1(kernels.encode()).hexdigest()[:8]}" if kernels else ""
-    return root / f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}{digest}.json"
+    return f"--k{hashlib.sha1(kernels.encode()).hexdigest()[:8]}" if kernels else ""
 
 
 def _number(x: Any) -> bool:
@@ -209,7 +244,7 @@ def check_profile(data: Any) -> Profile:
     if not isinstance(data, dict):
         raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
     try:
-        profile = Profile.from_dict(data)
+        profile = Profile.from_dict({k: v for k, v in data.items() if k != "source"})  # where it was read: not its own
     except TypeError as err:
         raise ValueError(str(err)) from None
     for part in ("widths", "costs", "seconds", "overhead", "drafters", "versions"):
@@ -231,6 +266,9 @@ def check_profile(data: Any) -> Profile:
         raise ValueError(f"plain_step_s is {profile.plain_step_s!r}, not a time above zero")
     if not all(_number(v) for v in profile.overhead.values()):
         raise ValueError(f"the overheads {profile.overhead} are not all finite numbers")
+    for mode, overhead in profile.overhead.items():
+        if mode in profile.costs and min(profile.costs[mode]) + overhead <= 0:
+            raise ValueError(f"the {mode!r} overhead {overhead} makes a verification cost nothing or less")
     for name, entry in profile.drafters.items():
         if not (isinstance(entry, dict) and _number(entry.get("d")) and entry["d"] >= 0):
             raise ValueError(f"drafter {name!r} has no finite cost per draft token >= 0")
@@ -263,6 +301,8 @@ def _check_lengths(profile: Profile) -> None:
                     raise ValueError(f"context length {length}: the {mode!r} {part} do not match its widths")
                 if not all(_number(x) and x > 0 for x in per_width):
                     raise ValueError(f"context length {length}: the {mode!r} {part} are not all finite and above 0")
+                if part == "costs" and min(per_width) + profile.overhead.get(mode, 0.0) <= 0:
+                    raise ValueError(f"context length {length}: the {mode!r} overhead makes a verification cost <= 0")
 
 
 def _check_components(rows: Any) -> None:
@@ -277,11 +317,22 @@ def _check_components(rows: Any) -> None:
 
 
 def _read(path: Path) -> Profile:
-    """The profile stored at ``path``; a ValueError naming the file when it is damaged."""
+    """The profile stored at ``path`` (its ``source``); a ValueError naming the file when it is damaged."""
     try:
-        return check_profile(json.loads(path.read_text(encoding="utf-8")))
+        profile = check_profile(json.loads(path.read_text(encoding="utf-8")))
     except (ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"the stored cost profile {path} is damaged ({err})") from err
+    profile.source = str(path)
+    return profile
+
+
+def read_profile(path: str | os.PathLike) -> Profile:
+    """A cost profile from a JSON file the user names (as ``save_profile`` stores it), with the checks every
+    reader applies (``check_profile``): a FileNotFoundError or a ValueError naming the file otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no cost profile at {path}: give a profile's JSON (under $SPECBENCH_HOME/profiles)")
+    return _read(path)
 
 
 def _read_or_set_aside(path: Path) -> Profile | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from specbench.common.files import ASSETS_DIR
 from specbench.cost.batch import BatchProfile
-from specbench.cost.profile import Profile
+from specbench.cost.profile import Profile, check_profile
 
 REFERENCE_DIR = ASSETS_DIR / "reference"
 
@@ -70,7 +70,10 @@ def reference_profiles(name: str = "h200") -> Reference:
     if not path.is_file():
         raise FileNotFoundError(f"no reference profiles named {name!r} (shipped: {', '.join(available()) or 'none'})")
     data = json.loads(path.read_text(encoding="utf-8"))
-    profiles = tuple(Profile.from_dict(p) for p in data["profiles"])
+    try:
+        profiles = tuple(check_profile(p) for p in data["profiles"])
+    except ValueError as err:
+        raise ValueError(f"the shipped reference {path} is damaged ({err})") from err
     return Reference(
         device=data["device"],
         versions=dict(data["versions"]),

@@ -7,7 +7,9 @@ mode's verifier, as ``specbench.cost.measure`` times paths, on a binary tree (no
 (i - 1) // 2: every depth branches, the deepest tree shape costs no fewer rows). ``tree_break_even``
 turns the costs into Auto's break-even of a node budget (``AutoPolicy.choose_node_budget``), and
 ``best_node_budget`` is the break-even math for measured tokens per verification. Stored per model,
-device, versions and verify mode next to the cost profiles.
+device, versions, BLAS library (``kernel_key``, as profiles) and verify mode next to the cost profiles; a
+stored file is checked on read (``check_tree_costs``, and that it holds what it is stored for) and a damaged
+one moved aside with a warning.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +29,15 @@ import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 
 from specbench.common.files import home, locked, set_aside, write_json_atomic
-from specbench.common.identity import device_name, model_key, versions
+from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.draft import Drafter
 from specbench.core.forward import vocab_size
 from specbench.core.tree import tree_attention
-from specbench.core.verify import check_verify_mode
+from specbench.core.verify import VERIFY_MODES, check_verify_mode
 from specbench.cost.breakeven import drafter_cost
 from specbench.cost.caches import CacheRestore, prefill
 from specbench.cost.measure import _time_plain
-from specbench.cost.profile import _number, _slug
+from specbench.cost.profile import _number, _slug, kernels_tag
 from specbench.exact import verifier_for
 
 NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -58,6 +60,8 @@ class TreeCosts:
     offset: int = 0
     repeats: int = 0
     created: str = ""
+    #: What the kernels depended on when measured (``kernel_key``); "" for files stored before it was kept.
+    kernels: str = field(default_factory=kernel_key)
 
     def c(self, n: int | float, shape: str = "tree") -> float:
         """Cost of verifying ``n`` nodes as ``shape`` ("tree" or "path") in plain steps: linear between
@@ -188,17 +192,18 @@ def measure_tree_costs(
     )
 
 
-def tree_costs_path(model: str, device: str, mode: str, root: Path | None = None) -> Path:
-    """Where the tree costs of ``model`` (a ``model_key``) on ``device`` in ``mode`` are stored."""
+def tree_costs_path(model: str, device: str, mode: str, root: Path | None = None, kernels: str | None = None) -> Path:
+    """Where the tree costs of ``model`` (a ``model_key``) on ``device`` in ``mode`` are stored; ``kernels``
+    (default: this process's ``kernel_key()``) keys them by the BLAS library, as profiles are."""
     vers = versions()
-    name = f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}--{mode}.json"
-    return (root or home()) / "profiles" / "trees" / name
+    name = f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}{kernels_tag(kernels)}"
+    return (root or home()) / "profiles" / "trees" / f"{name}--{mode}.json"
 
 
 def save_tree_costs(costs: TreeCosts, root: Path | None = None) -> Path:
     """Write tree costs atomically, keeping the node counts a stored file of the same key has and these
     lack (a damaged one is moved aside): read, merged and written under the file's lock."""
-    path = tree_costs_path(costs.model, costs.device, costs.mode, root)
+    path = tree_costs_path(costs.model, costs.device, costs.mode, root, costs.kernels)
     with locked(path):
         stored = _read_or_set_aside(path)
         data = costs.to_dict()
@@ -222,9 +227,15 @@ def check_tree_costs(data: Any) -> TreeCosts:
         raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
     names = set(TreeCosts.__dataclass_fields__)
     try:
-        costs = TreeCosts(**{k: v for k, v in data.items() if k in names})
+        costs = TreeCosts(**{"kernels": "", **{k: v for k, v in data.items() if k in names}})
     except TypeError as err:
         raise ValueError(str(err)) from None
+    if not all(isinstance(getattr(costs, name), str) for name in ("model", "device", "kernels")):
+        raise ValueError("'model', 'device' and 'kernels' must be text")
+    if costs.mode not in VERIFY_MODES:
+        raise ValueError(f"mode {costs.mode!r} is not a verify mode ({', '.join(VERIFY_MODES)})")
+    if not isinstance(costs.versions, dict):
+        raise ValueError("'versions' is not a JSON object")
     nodes = costs.nodes
     if not (isinstance(nodes, list) and nodes and all(isinstance(n, int) and not isinstance(n, bool) for n in nodes)):
         raise ValueError(f"the node counts {nodes!r} are not a non-empty list of integers")
@@ -250,22 +261,33 @@ def load_tree_costs(path: str | Path) -> TreeCosts:
         raise ValueError(f"the stored tree costs {path} are damaged or unreadable ({err})") from err
 
 
-def _read_or_set_aside(path: Path) -> TreeCosts | None:
-    """The tree costs at ``path``; None when there are none, or when they are damaged (then the file is
+def _read_or_set_aside(path: Path, key: dict[str, Any] | None = None) -> TreeCosts | None:
+    """The tree costs at ``path``; None when there are none, or when they are damaged or, with ``key`` (field ->
+    value), hold another model's, device's, mode's or BLAS's costs than they are stored for (then the file is
     moved aside with a warning naming it, to be measured again)."""
     if not path.exists():
         return None
     try:
-        return load_tree_costs(path)
+        costs = load_tree_costs(path)
     except ValueError as err:
         set_aside(path, "tree costs", err.__cause__ or err)
         return None
+    found = {**asdict(costs), **{f"versions.{k}": v for k, v in costs.versions.items()}}
+    wrong = sorted(name for name, value in (key or {}).items() if found.get(name) != value)
+    if wrong:
+        set_aside(path, "tree costs", f"its {', '.join(wrong)} are not those it is stored for")
+        return None
+    return costs
 
 
 def stored_tree_costs(model: nn.Module, verify: str = "fast") -> TreeCosts | None:
-    """The stored tree costs of ``model`` on this device in ``verify`` mode; None when there are none or
-    they are damaged (the file is then moved aside with a warning naming it)."""
-    return _read_or_set_aside(tree_costs_path(model_key(model), device_name(), check_verify_mode(verify)))
+    """The stored tree costs of ``model`` on this device, these versions and this BLAS library in ``verify``
+    mode; None when there are none, or when they are damaged or not this key's (the file is then moved aside
+    with a warning naming it)."""
+    vers = versions()
+    key = {"model": model_key(model), "device": device_name(), "mode": check_verify_mode(verify)}
+    key |= {"kernels": kernel_key(), "versions.mlx": vers.get("mlx"), "versions.mlx_lm": vers.get("mlx_lm")}
+    return _read_or_set_aside(tree_costs_path(key["model"], key["device"], key["mode"]), key)
 
 
 def tree_costs_for(model: nn.Module, verify: str = "fast", **measure: Any) -> TreeCosts:

@@ -34,8 +34,11 @@ def make_drafter(
     """A drafter by name: ``lookup``, ``suffix``, ``mtp`` (the model's MTP head), ``draft-model``
     (``draft_model``, else the draft model shipped for ``model_name``), ``early-exit`` (half the
     layers) or ``early-exit:L`` (the first L layers), ``suffix:K`` (SuffixDecoding's drafts capped at K tokens:
-    Auto then verifies, and exact mode calibrates, widths up to K + 1 only), or ``none``."""
+    Auto then verifies, and exact mode calibrates, widths up to K + 1 only), or ``none``. ``model_name``
+    defaults to the name the model was loaded by (``specbench.models.load``), so that an embedded model's
+    shipped MTP head and draft model are found wherever it is passed without its name."""
     key = name.strip().lower()
+    model_name = model_name or getattr(model, "specbench_name", None)
     if not is_drafter_name(key):
         raise ValueError(
             f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)} (or early-exit:L, suffix:K with L and "

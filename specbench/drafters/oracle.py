@@ -53,18 +53,15 @@ class Oracle(Drafter):
         model: Any = None,
         keep_drafting: bool = False,
     ):
-        real("acceptance", acceptance, 0.0, 1.0)
+        self.acceptance = acceptance
         whole("vocab_size", vocab_size, 2)
         whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
-        if not 0.0 <= acceptance <= 1.0:
-            raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
         if vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
         if not continuation:
             raise ValueError("the continuation is empty: record at least one token from a plain run")
         self.prompt = [int(t) for t in prompt]
         self.continuation = [int(t) for t in continuation]
-        self.acceptance = float(acceptance)
         self.vocab_size = int(vocab_size)
         self.seed = seed
         self.preferred_k = preferred_k
@@ -72,6 +69,15 @@ class Oracle(Drafter):
         self.keep_drafting = keep_drafting
         self.recorded = list(self.continuation)
         self.begin(self.prompt)
+
+    @property
+    def acceptance(self) -> float:
+        """The probability that each draft position is kept; set again between runs (a grid's cells), checked."""
+        return self._acceptance
+
+    @acceptance.setter
+    def acceptance(self, value: float) -> None:
+        self._acceptance = real("acceptance", value, 0.0, 1.0)
 
     @classmethod
     def from_model(

@@ -9,6 +9,7 @@ does for one row. ``probe_ops`` checks that.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from numbers import Integral
 from typing import Any
 
 import mlx.core as mx
@@ -26,7 +27,17 @@ def probe_ops(
     the split ones (embedding, RMSNorm, RoPE at an offset, SwiGLU, residual add, router
     softmax and top-k, the weighted sum over experts, logsumexp and argmax over the vocabulary),
     plus the split ones for contrast (matmul, quantized matmul, attention).
+
+    ``dim`` (the hidden size) is a positive multiple of 64 (the quantized matmul's group size) and ``widths``
+    are integers >= 1; a ValueError naming them otherwise, before any op runs.
     """
+    if isinstance(dim, bool) or not isinstance(dim, Integral) or dim < 64 or dim % 64:
+        raise ValueError(f"dim must be a positive multiple of 64 (the quantization group size), got {dim!r}")
+    widths = list(widths)
+    if not widths or not all(isinstance(w, Integral) and not isinstance(w, bool) and w >= 1 for w in widths):
+        raise ValueError(f"widths must be a non-empty list of integers >= 1, got {widths!r}")
+    if not mx.issubdtype(dtype, mx.floating):
+        raise ValueError(f"dtype must be a floating type (bfloat16, float16, float32), got {dtype}")
     mx.random.seed(seed)
     heads, head_dim, vocab, experts, top_k, offset = 8, 64, 4096, 64, 8, 100
     rows: list[dict[str, Any]] = []

@@ -9,24 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbench.common.files import ASSETS_DIR
+from specbench.common.text import check_strings, check_text
 
 if TYPE_CHECKING:
     import polars as pl
 
 PROMPTS_DIR = ASSETS_DIR / "prompts"
-
-
-def check_text(text: str, name: str = "the prompt") -> str:
-    """``text`` when a tokenizer can encode it; one ValueError naming ``name`` where it holds what is not text
-    (a lone surrogate: bytes that were not UTF-8, as a command line or a file passes them on)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise ValueError(
-            f"{name} cannot be tokenized: character {err.start} ({text[err.start]!r}) is not text "
-            "(input that was not UTF-8?); give UTF-8 text"
-        ) from None
-    return text
 
 
 def render_prompt(
@@ -37,9 +25,7 @@ def render_prompt(
     messages = (
         [{"role": "user", "content": text_or_messages}] if isinstance(text_or_messages, str) else text_or_messages
     )
-    for message in messages:
-        if isinstance(message, dict) and isinstance(message.get("content"), str):
-            check_text(message["content"], name)
+    check_strings(messages, name)
     if chat and getattr(tokenizer, "chat_template", None):
         return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
     if not isinstance(text_or_messages, str):

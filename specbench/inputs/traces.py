@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.common.files import PROJECT_ROOT, write_text_atomic
+from specbench.common.text import check_strings, check_text
 
 ROLES = ("system", "user", "assistant", "tool")
 TRACES_DIR = PROJECT_ROOT / "data" / "traces"
@@ -120,7 +121,7 @@ def check_message(message: Any, where: str) -> dict[str, Any]:
             raise ValueError(f"{where}: tool_calls must be a list of objects with a 'name' and 'arguments'")
     if content is None and not calls and role != "assistant":
         raise ValueError(f"{where}: a {role} message needs content")
-    return message
+    return check_strings(message, f"{where}: the message")
 
 
 def _turn_from_record(record: Any, where: str) -> tuple[str, int, Turn, dict[str, Any]]:
@@ -172,7 +173,7 @@ def parse_tools(value: Any, where: str) -> list[dict[str, Any]]:
                 f"({{'name', 'description', 'parameters'}} or {{'type': 'function', 'function': {{...}}}}), "
                 f"got {tool!r:.60}"
             )
-        tools.append(tool)
+        tools.append(check_strings(tool, f"{where}: tools[{i}]"))
     return tools
 
 
@@ -342,7 +343,9 @@ def render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Seque
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of rendered prompt text (special tokens are in the text; none are added)."""
+    """Token ids of rendered prompt text (special tokens are in the text; none are added); text that is not
+    (a lone surrogate in a trace built in code) is one ValueError."""
+    check_text(text, "the rendered trace prompt")
     if not getattr(tokenizer, "chat_template", None):
         return list(tokenizer.encode(text))
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -117,7 +117,7 @@ def _proved(
     is one (``specbench.kernels.verdicts``), else the first of ``variants`` whose ``matches(variant)`` is exact,
     then stored; None with one warning naming ``kernel`` when none is (``none`` says what was looked for) or
     when a variant fails to compile or run (a verdict kept for this process only)."""
-    verdict = verdicts.load(kernel, args)
+    verdict = verdicts.load(kernel, args, variants)
     probed = verdict is None
     if verdict is None:
         verdict, conclusive = _first_exact(variants, matches, none)

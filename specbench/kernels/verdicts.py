@@ -7,8 +7,9 @@ verdict (the variant proved bit-identical to MLX, or none, and why) is kept in m
 driver, the MLX and specbench versions, the probe's arguments (dtype, bits, group size, head dimension, the
 variants, rows and shapes it runs) and a digest of the source files the verdict rests on (the kernel's CUDA
 source and launch code, and the probe): a changed kernel is probed anew. Only conclusive verdicts are stored;
-a kernel that failed to compile or run is probed again by the next process. A damaged store is moved aside
-with one warning and written anew.
+a kernel that failed to compile or run is probed again by the next process. A damaged store, or one whose
+verdict is not for what it is stored under (another device, driver, version, argument or source, or a variant
+the kernel has not), is moved aside with one warning and the kernel probed anew.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import datetime as dt
 import hashlib
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,13 +108,49 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
         return {}
 
 
-def load(kernel: str, args: dict[str, Any]) -> Verdict | None:
-    """The verdict of ``kernel``'s probe with ``args`` on this device, from memory or the store (None: never probed)."""
+def _expected(kernel: str, args: dict[str, Any]) -> dict[str, Any]:
+    """What a stored verdict of ``kernel`` with ``args`` must hold besides its variant: its key's parts."""
+    vers = versions()
+    return {
+        "kernel": kernel,
+        "args": json.loads(_arguments(args)),
+        "device": device_name(),
+        "driver": driver_version(),
+        "mlx": vers["mlx"],
+        "specbench": vers["specbench"],
+        "source": source_digest(kernel),
+    }
+
+
+def _wrong(entry: dict[str, Any], kernel: str, args: dict[str, Any], variants: Sequence[str] | None) -> str:
+    """What is wrong with a stored verdict for ``kernel`` with ``args`` ("" when nothing is): parts of its key
+    that are not those it is stored under, a variant the kernel has not, a reason that is not text."""
+    wrong = [part for part, value in _expected(kernel, args).items() if entry.get(part) != value]
+    if wrong:
+        return f"its {', '.join(wrong)} are not those it is stored for"
+    variant = entry.get("variant")
+    if variant is not None and variants is not None and variant not in variants:
+        return f"its variant {variant!r} is none of {kernel}'s ({', '.join(variants)})"
+    if not isinstance(entry.get("reason"), (str, type(None))):
+        return "its reason is not text"
+    return ""
+
+
+def load(kernel: str, args: dict[str, Any], variants: Sequence[str] | None = None) -> Verdict | None:
+    """The verdict of ``kernel``'s probe with ``args`` on this device, from memory or the store (None: never probed).
+    A stored verdict that is not for this key, or names none of ``variants``, is not trusted: the store is moved
+    aside with a warning naming it, and None returned (the kernel is probed anew)."""
     memo = (kernel, _arguments(args))
     if memo in _memory:
         return _memory[memo]
-    entry = _read(store_path()).get(verdict_key(kernel, args))
+    path = store_path()
+    key = verdict_key(kernel, args)
+    entry = _read(path).get(key)
     if entry is None:
+        return None
+    wrong = _wrong(entry, kernel, args, variants)
+    if wrong:
+        set_aside(path, "store of kernel probe verdicts", f"the verdict stored under {key}: {wrong}")
         return None
     verdict = _memory[memo] = Verdict(entry["variant"], entry.get("reason"))
     return verdict
@@ -124,11 +162,8 @@ def keep(kernel: str, args: dict[str, Any], verdict: Verdict, store: bool = True
     _memory[(kernel, _arguments(args))] = verdict
     if not store:
         return
-    vers = versions()
-    entry = {"kernel": kernel, "args": json.loads(_arguments(args)), "variant": verdict.variant}
-    entry |= {"reason": verdict.reason, "device": device_name(), "driver": driver_version()}
-    entry |= {"mlx": vers["mlx"], "specbench": vers["specbench"]}
-    entry |= {"source": source_digest(kernel), "probed": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    entry = {**_expected(kernel, args), "variant": verdict.variant, "reason": verdict.reason}
+    entry["probed"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     path = store_path()
     with locked(path):
         stored = _read(path)

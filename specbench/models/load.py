@@ -19,6 +19,7 @@ import mlx_lm
 from mlx.utils import tree_map_with_path
 
 from specbench.common import distributed
+from specbench.common.blas import warn_if_unloaded
 from specbench.models import embedded, moe_twin, synthetic, tiny
 
 
@@ -91,6 +92,7 @@ def load(
     """
     target = _as_dtype(dtype)
     name = str(name_or_path)
+    warn_if_unloaded()  # the README's route and a plain Jupyter kernel run on MLX's reference BLAS: said once
     if layers is not None and not name.startswith(synthetic.PREFIX):
         raise ValueError(f"layers= applies to synthetic:SHAPE models only, not {name!r}")
     if name.startswith(synthetic.PREFIX):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.common.files import locked, set_aside, write_json_atomic, write_text_atomic
+from specbench.report.answer import answer_html
 from specbench.report.verdicts import describe
 
 _STYLE = """
@@ -31,6 +32,8 @@ col.nb{width:17%}col.st{width:8%}col.t{width:6%}col.res{width:47%}col.f{width:5%
 .err{font-family:monospace;white-space:pre-wrap;color:#cf222e}.skip{color:#9a6700}
 .kv{margin:0 0 2px 0}.kv .v{font-weight:600}
 .verdicts li{margin:0.4em 0;line-height:1.4}
+.answer td.pays{color:#1a7f37;font-weight:600}.answer td.loses{color:#cf222e;font-weight:600}
+.cost{color:#555;font-size:0.9em}img.map{max-width:720px;width:100%;border:1px solid #ddd}
 """
 #: report.json keys shown at the top of the index, in order.
 _INFO_KEYS = ("profile", "device", "blas", "mlx", "mlx_lm", "specbench", "created", "updated", "last_run_s")
@@ -196,10 +199,12 @@ def _write_index(out: Path, titles: dict[str, str]) -> Path:
         if summary.get("figures"):
             galleries.append(_gallery(name, title, summary["figures"]))
     meta = " · ".join(html.escape(f"{k}: {info[k]}") for k in _INFO_KEYS if k in info)
+    sweep = read_status(out, "draft_length_sweep") or {}
+    answer = answer_html(out, (sweep.get("parameters") or {}).get("model"))
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>specbench report</title>"
         f"<style>{_STYLE}</style></head>"
-        f"<body><h1>specbench report</h1><p>{meta}</p>"
+        f"<body><h1>specbench report</h1><p>{meta}</p>{answer}"
         f"<h2>Verdicts</h2><ul class='verdicts'>{''.join(verdicts) or '<li>no notebook has run yet</li>'}</ul>"
         "<table><colgroup><col class='nb'><col class='st'><col class='t'><col class='res'><col class='f'>"
         "<col class='logs'></colgroup>"

@@ -30,6 +30,21 @@ def in_ipython() -> bool:
     return get_ipython() is not None
 
 
+def reference_blas_note() -> str:
+    """The sentence every verdict of a run on MLX's reference BLAS ends with ("" elsewhere): its matmuls are slow, so
+    verification looks dearer than with an optimized BLAS, and its numbers are not comparable with such a run's."""
+    from specbench.common.blas import is_reference
+    from specbench.common.identity import blas_library
+
+    blas = blas_library()
+    if blas is None or not is_reference(blas):
+        return ""
+    return (
+        " (Measured on MLX's reference BLAS, whose matmuls run 20-50x slower than an optimized one's: not comparable "
+        "with a run on OpenBLAS.)"
+    )
+
+
 class Outputs:
     """Where one notebook's figures, logs, tables and summary go.
 
@@ -112,7 +127,7 @@ class Outputs:
     def verdict(self, text: str) -> None:
         """The notebook's conclusion in words (from ``specbench.report.verdicts``): shown here once, stored for the
         index, which opens with one verdict per notebook."""
-        self.verdict_text = " ".join(str(text).split())
+        self.verdict_text = " ".join(str(text).split()) + reference_blas_note()
         self._save_summary()
         if in_ipython():
             from IPython.display import Markdown, display

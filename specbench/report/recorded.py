@@ -62,6 +62,7 @@ _STATS = (
     "tokens_per_verify",
     "draft_s",
     "verify_s",
+    "verification_s",
     "prefill_s",
     "finish_reason",
 )

@@ -30,9 +30,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from specbench.common import distributed
 from specbench.common.blas import status_line
 from specbench.common.files import PROJECT_ROOT, check_writable, write_text_atomic
 from specbench.common.identity import blas_library, device_name, versions
+from specbench.report import answer, cost_models
 from specbench.report.index import (
     read_status,
     read_summary,
@@ -363,6 +365,7 @@ def run_report(
             f"notebooks {missing} not found in {folder}: the notebooks live in a source checkout of specbench "
             "(install it editable from there, as `make report` does), or pass their folder (--notebooks DIR)"
         )
+    started = time.perf_counter()
     resolved = resolve_parameters(profile, dict(parameters or {}), names, folder)
     out = Path(out) if out else Path("reports") / profile
     out = check_writable(out, folder=True, name="--out").resolve()
@@ -371,6 +374,13 @@ def run_report(
     previous_status = {name: read_status(out, name) for name in names}
     expected = {name: expected_seconds(profile, name, previous_status[name]) for name in names}
     to_run = {n: force or not s or bool(_reason_to_run(out, n, resolved[n], s)) for n, s in previous_status.items()}
+    if distributed.broadcast(any(to_run.values())):  # one cost model for every page, measured before them all
+        source_name = cost_models.SOURCE  # the break-even page's parameters fix the protocol: defaults, then the run's
+        page = folder / f"{source_name}.ipynb"
+        source = {**(notebook_parameters(page) if page.is_file() else {}), **PROFILES[profile].get(source_name, {})}
+        source.update(resolved.get(source_name, {}))
+        say = (lambda line: print(f"[cost model] {line}", file=sys.stderr, flush=True)) if progress else None
+        cost_models.prepare(out, cost_models.models_of(resolved), cost_models.protocol_of(source), say)
     expected = notebooks_here(expected, to_run)  # under mlx.launch: this rank's share (rank 0's folder decides)
     names = list(expected)
     if progress:
@@ -456,7 +466,10 @@ def run_report(
     bar.close()
     result.results = merge_ranks(out, result.results, list(NOTEBOOKS))  # under mlx.launch: every rank's, on rank 0
     info = _report_info(profile)
-    info["last_run_s"] = round(sum(r.seconds for r in result.results if r.status != "skipped"), 1)
+    info["last_run_s"] = round(time.perf_counter() - started, 1)  # the run's wall clock, not the ranks' sum
+    if distributed.is_main():
+        sweep = read_status(out, "draft_length_sweep") or {}
+        answer.write_map(out, (sweep.get("parameters") or {}).get("model"))
     write_report_info(out, info)
     write_index(out, NOTEBOOKS)
     return result

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -26,23 +25,13 @@ from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost import Profile, drafter_cost, predicted_speedup
+from specbench.cost.profile import read_profile  # noqa: F401  (the simulator reads profiles as every reader does)
 from specbench.inputs.prompts import Prompt, prompts_from
 from specbench.simulate.simulate import Group, Recorded, model_free_drafter, record, simulate
 from specbench.simulate.simulate_logs import load_groups
 
 #: The peers' policies and Auto, as the policies notebook and ``specbench simulate --policies`` name them.
 PEER_POLICIES = ("vllm", "sglang", "ollama", "confidence:0.5", "auto", "fixed:4")
-
-
-def read_profile(path: str | os.PathLike) -> Profile:
-    """A cost profile from its JSON file (as ``specbench.cost.save_profile`` stores it)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no cost profile at {path}: give a profile's JSON (under $SPECBENCH_HOME/profiles)")
-    try:
-        return Profile.from_dict(json.loads(path.read_text()))
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{path} is not a cost profile: {err}") from err
 
 
 def trace_workloads(
@@ -110,7 +99,24 @@ def replay_policy(
     return log
 
 
-def policy_row(log: StepLog, profile: Profile, drafter: str, mode: str = "exact") -> dict[str, Any]:
+#: The verify mode the replays run in (greedy) and are priced in.
+MODE = "exact"
+
+
+def check_widths(log: StepLog, profile: Profile, policy: str, mode: str = MODE) -> None:
+    """A ValueError naming the profile's file when a replayed verification is wider than the widths the profile
+    measured: its cost would be extrapolated, not measured."""
+    widest = max((int(r.verify_width) for r in log.records if r.kind == "verify"), default=0)
+    measured = max(profile.widths[mode])
+    if widest > measured:
+        where = profile.source or profile.name
+        raise ValueError(
+            f"policy {policy} verified {widest} tokens at once, but the cost profile {where} measured {mode} "
+            f"widths up to {measured} only: measure wider (specbench profile --widths {widest}) or draft fewer tokens"
+        )
+
+
+def policy_row(log: StepLog, profile: Profile, drafter: str, mode: str = MODE) -> dict[str, Any]:
     """A replayed policy's totals and its predicted speedup on ``profile`` (in the simulator's verify mode)."""
     stats = log.stats()
     d = drafter_cost(model_free_drafter(drafter, 1), profile)
@@ -139,11 +145,13 @@ def rank_policies(
         raise ValueError(f"give at least one policy (e.g. {', '.join(PEER_POLICIES)})")
     for policy in policies:
         policy_copy(policy)  # a bad name fails here, before any replay
+    profile.curve(MODE)  # a profile without the replays' verify mode fails here, naming its file
     rows, steps = [], StepLog()
     for workload, groups in workloads.items():
         for policy in policies:
             log = replay_policy(groups, policy, profile, drafter, k)
             name = policy if isinstance(policy, str) else policy.name
+            check_widths(log, profile, name)
             rows.append({"workload": workload, "policy": name, "drafter": drafter, **policy_row(log, profile, drafter)})
             steps.records.extend(
                 replace(r, policy=name, labels={**r.labels, "workload": workload}) for r in log.records

@@ -19,6 +19,19 @@ def test_methods_read_plain_a_drafter_or_a_drafter_under_a_policy():
         Method.parse("nope")
     with pytest.raises(ValueError):
         Method.parse("lookup/sometimes")
+    assert Method.parse("none") == Method() and Method.parse(" plain ") == Method()
+
+
+@pytest.mark.parametrize("text", ["/auto", "plain/fixed:4", "none/auto", "", "/", "lookup/", " /fixed:4"])
+def test_plain_under_a_policy_or_a_missing_part_is_an_error_naming_the_argument(text):
+    """Plain decoding takes no policy: "plain/fixed:4" or "/auto" never runs plain decoding labelled as a method."""
+    with pytest.raises(ValueError, match=r"^--b .*give plain, a drafter name \(under Auto\) or DRAFTER/POLICY"):
+        Method.parse(text, "--b")
+
+
+def test_a_bad_policy_names_the_argument():
+    with pytest.raises(ValueError, match=r"^--a 'lookup/fixed:1000': .*over the longest draft"):
+        Method.parse("lookup/fixed:1000", "--a")
 
 
 def test_verdicts_need_the_whole_interval_on_one_side_of_one():
@@ -39,6 +52,23 @@ def test_result_lines_say_the_ratio_interval_and_verdict():
     )
     few = ABResult("plain", "plain", [(1.0, 1.0)] * 2)
     assert few.interval is None and "A/A" in few.lines()[0] and "too few pairs" in few.lines()[0]
+
+
+def test_no_pairs_is_a_result_that_says_so_and_a_run_of_none_is_refused():
+    from specbench.bench.ab import seconds_ratio
+
+    empty = ABResult("plain", "lookup/auto")
+    assert empty.interval is None and empty.verdict == "no pairs" and empty.ratio != empty.ratio  # NaN
+    assert empty.lines() == ["lookup/auto over plain: no pairs ran (no prompts or no repeats), so there is no ratio"]
+    with pytest.raises(ValueError, match="no pairs of runs"):
+        seconds_ratio([])
+    with pytest.raises(ValueError, match="took 0.0 s over 2 pairs"):
+        seconds_ratio([(1.0, 0.0), (1.0, 0.0)])
+    options = GenerateOptions(max_tokens=4)
+    with pytest.raises(ValueError, match="at least one prompt"):
+        run_ab(None, None, [], Method(), Method(), options, repeats=2)
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1, got 0"):
+        run_ab(None, None, [[5, 6]], Method(), Method(), options, repeats=0)
 
 
 def test_a_run_pairs_every_prompt_in_every_repeat_and_outputs_match():

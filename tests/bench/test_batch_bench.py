@@ -94,6 +94,45 @@ def test_bench_batch_on_spec_bench_questions():
     assert speculative["engine"] == "lookup/fixed:3" and speculative["identical_to_plain"] == 1.0
 
 
+def test_a_loaded_models_shipped_draft_model_is_found_without_its_name(monkeypatch):
+    """``bench batch`` builds drafters from the model alone: the name it was loaded by finds what is shipped
+    for it (it said "no draft model is shipped" for a model that has one)."""
+    import specbench.drafters as drafters
+
+    model, draft = build_tiny("llama"), build_tiny("llama", seed=3)
+    model.specbench_name = "tiny-with-a-draft"
+    shipped = drafters.shipped_draft_model
+
+    def shipped_for_tiny(target, model_name):
+        return draft if model_name == "tiny-with-a-draft" else shipped(target, model_name)
+
+    monkeypatch.setattr(drafters, "shipped_draft_model", shipped_for_tiny)
+    result = bench_batch(model, PROMPTS, 2, ["draft-model"], "fixed:2", max_tokens=4, warmup=False)
+    assert [r["engine"] for r in result["rows"]][:2] == ["plain", "draft-model/fixed:2"]
+    assert result["rows"][1]["identical_to_plain"] == 1.0
+
+
+def _embedded_model():
+    from specbench.models.load import embedded_model_path, load
+
+    if not (embedded_model_path("smollm2-135m") / "config.json").is_file():
+        pytest.skip("the embedded model is not set up (specbench setup)")
+    return load("smollm2-135m")[0]
+
+
+def test_the_embedded_models_mtp_head_and_draft_model_are_found_by_the_batch_benchmark():
+    from specbench.bench.batch_bench import _methods
+    from specbench.drafters import DraftModel, MtpHead, make_drafter
+
+    model = _embedded_model()
+    assert [m[0] for m in _methods(["mtp", "draft-model"], ["fixed:2"], model)] == [
+        "mtp/fixed:2",
+        "draft-model/fixed:2",
+    ]
+    assert isinstance(make_drafter("mtp", model=model), MtpHead)
+    assert isinstance(make_drafter("draft-model", model=model), DraftModel)
+
+
 def test_bench_batch_cli_on_traces_and_prompts(tmp_path, capsys):
     from specbench.cli import main
 

@@ -24,7 +24,7 @@ from specbench.bench.prompt_bench import (
     bench_prompts,
     load_prompt_bench,
 )
-from specbench.bench.prompt_runs import prompt_methods, run_mlx_lm
+from specbench.bench.prompt_runs import MethodRunner, prompt_methods, run_mlx_lm
 from specbench.core.policies import DraftPolicy
 from specbench.inputs.prompts import (
     BUNDLED_CATEGORIES,
@@ -120,6 +120,14 @@ def test_methods_and_bad_names():
         prompt_methods(["lookup"], [DraftPolicy.auto(), DraftPolicy.auto(max_k=2)])
     with pytest.raises(ValueError, match="verify mode must be"):
         prompt_methods(["lookup"], [DraftPolicy.auto()], verify=["maybe"])
+
+
+@pytest.mark.parametrize("max_tokens, widest", [(1, None), (4, 4), (200, 129)])
+def test_warm_up_calibrates_only_the_widths_a_run_of_max_tokens_can_verify(max_tokens, widest):
+    """fixed:128 over 4 tokens verifies widths up to 4 (a draft of 3 and the last token): no more calibrated."""
+    methods = prompt_methods(["lookup"], [DraftPolicy.fixed(128), DraftPolicy.fixed(2)], verify=["exact", "fast"])
+    runner = MethodRunner(None, None, "tiny", None, 2, max_tokens)
+    assert runner.verify_widths(methods) == (list(range(2, widest + 1)) if widest else [])
 
 
 def test_mlx_lm_draft_accounting_with_the_model_as_its_own_drafter():

@@ -89,3 +89,26 @@ def test_a_preloaded_openblas_runs_mlx_matmuls():
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.startswith("OpenBLAS "), out.stdout + out.stderr
+
+
+@pytest.mark.skipif(not any(p.is_file() for p in blas.candidates()), reason="no OpenBLAS installed here")
+def test_a_process_on_the_reference_blas_says_so_once_where_openblas_is_installed():
+    """The README's route (plain Python, no preload): loading a model warns once that MLX runs on its reference BLAS
+    and how to load the installed one, and a verdict written there says it was measured on it; with the BLAS
+    preloaded, or SPECBENCH_BLAS=reference, nothing is said."""
+    code = (
+        "import warnings; warnings.simplefilter('always')\n"
+        "import specbench\n"
+        "from specbench.report.outputs import reference_blas_note\n"
+        "for _ in range(2): specbench.load('synthetic:qwen3-8b-tiny')\n"
+        "print('NOTE' + reference_blas_note())"
+    )
+    plain = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", blas.BLAS_ENV)}
+    for env, warned, noted in [
+        (plain, True, True),
+        (blas.preload_environment(plain), False, False),
+        ({**plain, blas.BLAS_ENV: "reference"}, False, True),  # chosen: not warned, but its verdicts say so
+    ]:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stderr.count("MLX runs on its reference BLAS here although") == int(warned), out.stderr
+        assert ("reference BLAS" in out.stdout) == noted, out.stdout

@@ -46,13 +46,43 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
 
     class Broken:
         def write_parquet(self, target):
-            open(target, "w").write("half")
+            target.write(b"half")
             raise OSError("disk full")
 
     with pytest.raises(OSError):
         write_parquet_atomic(Broken(), path)
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["t.txt"]
+
+
+def test_a_full_disk_names_the_file_being_written(tmp_path, monkeypatch):
+    """ENOSPC while writing: an OSError whose filename is the target (the CLI prints "No space left on device:
+    PATH"), the old file kept and no temporary file left; polars' parquet writer included."""
+    import errno
+    from pathlib import Path
+
+    from specbench.cli import error_line
+
+    old = {"t.json": write_json_atomic(tmp_path / "t.json", {"old": 1}).read_text()}
+    old["t.parquet"] = write_parquet_atomic(pl.DataFrame({"x": [1]}), tmp_path / "t.parquet").read_bytes()
+
+    def full(self, data, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    monkeypatch.setattr(Path, "write_bytes", full)
+    for name, write in (
+        ("t.json", lambda path: write_json_atomic(path, {"new": 2})),
+        ("t.parquet", lambda path: write_parquet_atomic(pl.DataFrame({"x": [2]}), path)),
+    ):
+        with pytest.raises(OSError) as caught:
+            write(tmp_path / name)
+        assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / name)
+        assert error_line(caught.value) == f"No space left on device: {tmp_path / name}"
+    monkeypatch.undo()
+    assert (tmp_path / "t.json").read_text() == old["t.json"]
+    assert (tmp_path / "t.parquet").read_bytes() == old["t.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.parquet"]
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from specbench import Draft, Drafter, DraftPolicy, GenerateOptions, Generation, generate, speculative_generate
 from specbench.core.rules import ACCEPTANCE_RULES, Acceptance, block_residual, block_weights
+from specbench.core.verify import accept_greedy, accept_tree_greedy
 from specbench.decoding import speculative_generate_batch
 from specbench.drafters import DraftModel, PromptLookup, SuffixDecoding
 from specbench.drafters.draft_model import draft_from_target
@@ -272,3 +273,45 @@ def test_block_with_a_tree_drafter_is_an_error_before_model_work(no_forward):
         )
     with pytest.raises(TypeError, match="typical_delta"):
         GenerateOptions(acceptance="typical", typical_delta="0.3").check()
+
+
+def _rows(n: int, vocab: int = 5) -> mx.array:
+    return mx.full((n, vocab), 1.0 / vocab)
+
+
+TABLE_CASES = {
+    "p a row short": (3, None, r"p have shape \(3, 5\), but a draft of 3 tokens needs \(4, vocab\)"),
+    "p a row long": (5, None, r"p have shape \(5, 5\), but a draft of 3 tokens needs \(4, vocab\)"),
+    "q a row short": (4, 2, r"q have shape \(2, 5\), but a draft of 3 tokens needs \(3, 5\)"),
+}
+#: (rule, case): every rule with a p that does not fit; the rules that read q (token, block) with a q that does not.
+TABLE_FITS = [(r, c) for r in ACCEPTANCE_RULES for c in TABLE_CASES if r in ("token", "block") or c[0] == "p"]
+
+
+@pytest.mark.parametrize("rule, case", TABLE_FITS, ids=[f"{r}-{c}" for r, c in TABLE_FITS])
+def test_each_rule_refuses_probability_tables_that_do_not_fit_the_draft(rule, case):
+    """A table a row short would be read past its end: one clear error instead, for paths and trees."""
+    p_rows, q_rows, message = TABLE_CASES[case]
+    acceptance = Acceptance(rule)
+    draft, q = [1, 2, 3], _rows(q_rows) if q_rows else None
+    with pytest.raises(ValueError, match=rf"acceptance rule '{rule}': .*{message}"):
+        acceptance.path(_rows(p_rows), draft, q)
+    if rule != "block":
+        with pytest.raises(ValueError, match=message):
+            acceptance.tree(_rows(p_rows), draft, [-1, 0, 0], q)
+
+
+def test_block_weights_refuse_a_target_table_a_row_short():
+    p, q = np.full((2, 4), 0.25), np.full((2, 4), 0.25)
+    with pytest.raises(ValueError, match=r"acceptance rule 'block': .*shape \(2, 4\).*needs \(3, vocab\)"):
+        block_weights(p, q, [1, 2])
+    assert block_weights(np.full((3, 4), 0.25), q, [1, 2])[0].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_the_greedy_rule_refuses_targets_that_do_not_fit_the_draft():
+    assert accept_greedy([1, 2], [1, 2, 3]) == (2, [1, 2, 3])
+    with pytest.raises(ValueError, match=r"one target per drafted token and the bonus one: 3 for a draft of 2, got 2"):
+        accept_greedy([1, 2], [1, 2])
+    assert accept_tree_greedy([1, 2], [-1, 0], [1, 2, 4]) == ([0, 1], [1, 2, 4])
+    with pytest.raises(ValueError, match=r"one target per tree row: 3 for a tree of 2 nodes and its root, got 2"):
+        accept_tree_greedy([1, 2], [-1, 0], [1, 2])

@@ -10,6 +10,7 @@ from specbench.core.draft import Draft, Drafter
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.peer_policies import ConfidencePolicy, OllamaControllerPolicy, SglangEmaPolicy, VllmTablePolicy
 from specbench.core.policies import DraftPolicy, Plain, Speculate
+from specbench.core.policy_args import MAX_DRAFT_LENGTH
 from specbench.simulate.simulate import Recorded, simulate
 
 
@@ -74,6 +75,32 @@ def test_sglang_slots_follow_the_batch_size():
     assert policy.decide(StepLog(), Drafter()) == Speculate(5)  # the middle of 1, 3, 5, 7
     policy.set_batch_size(64)
     assert isinstance(policy.decide(StepLog(), Drafter()), Plain)
+
+
+PAST_THE_BOUND = [
+    ("vllm text", lambda: DraftPolicy.parse("vllm:1=1000")),
+    ("vllm text, a later range", lambda: DraftPolicy.parse("vllm:1-16=3,64=129")),
+    ("vllm table", lambda: DraftPolicy.vllm_table({"1-8": MAX_DRAFT_LENGTH + 1})),
+    ("vllm max_k", lambda: DraftPolicy.vllm_table({1: 3}, max_k=MAX_DRAFT_LENGTH + 1)),
+    ("sglang text", lambda: DraftPolicy.parse("sglang:1,3,1000")),
+    ("sglang tiers", lambda: SglangEmaPolicy({1: (1, 3), 8: (0, MAX_DRAFT_LENGTH + 1)})),
+    ("ollama text", lambda: DraftPolicy.parse(f"ollama:{MAX_DRAFT_LENGTH + 1}")),
+    ("confidence text", lambda: DraftPolicy.parse(f"confidence:0.5:{MAX_DRAFT_LENGTH + 1}")),
+]
+
+
+@pytest.mark.parametrize("make", [c[1] for c in PAST_THE_BOUND], ids=[c[0] for c in PAST_THE_BOUND])
+def test_peer_policies_refuse_a_draft_past_the_engines_bound_when_made(make):
+    with pytest.raises(ValueError, match=rf"{MAX_DRAFT_LENGTH}"):
+        make()
+
+
+def test_peer_policies_at_the_bound_say_so_as_their_longest_draft():
+    drafter = Drafter()
+    assert DraftPolicy.parse(f"vllm:1={MAX_DRAFT_LENGTH},64=2").longest_draft(drafter) == MAX_DRAFT_LENGTH
+    assert DraftPolicy.parse(f"sglang:0,{MAX_DRAFT_LENGTH}").longest_draft(drafter) == MAX_DRAFT_LENGTH
+    assert DraftPolicy.parse(f"ollama:{MAX_DRAFT_LENGTH}").longest_draft(drafter) == MAX_DRAFT_LENGTH
+    assert DraftPolicy.parse(f"confidence:0.5:{MAX_DRAFT_LENGTH}").longest_draft(drafter) == MAX_DRAFT_LENGTH
 
 
 def _brute_force_best(rates: list[float], costs: dict[int, float], max_k: int) -> int:

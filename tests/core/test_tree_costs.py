@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
+import mlx.core as mx
 import pytest
 from conftest import build_tiny
 
+from specbench.common import identity
+from specbench.common.files import DamagedFileWarning
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost.trees import (
@@ -14,8 +19,10 @@ from specbench.cost.trees import (
     load_tree_costs,
     measure_tree_costs,
     save_tree_costs,
+    stored_tree_costs,
     tree_break_even,
     tree_costs_for,
+    tree_costs_path,
 )
 
 
@@ -86,3 +93,30 @@ def test_speculative_generate_costs_a_tree_drafter_by_node_count_when_stored():
     assert tree.break_even(4) >= 70.0 > path.break_even(4)
     assert before.break_even(4) == pytest.approx(path.break_even(4))
     assert len(list(tree)) == 3
+
+
+def test_tree_costs_are_keyed_by_the_blas_library_and_hold_what_they_are_stored_for(tmp_path, monkeypatch):
+    """As profiles: a file measured under another BLAS is not reused; a file at this key's path holding another
+    model's or mode's costs is moved aside with a warning naming it (and measured anew)."""
+    from specbench.common.identity import device_name, kernel_key, model_key, versions
+
+    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path))
+    model = build_tiny("llama")
+    dear = [50.0, 60.0, 70.0, 80.0]
+    stored = TreeCosts(model_key(model), device_name(), versions(), "fast", 0.01, [1, 2, 4, 8], dear, dear, dear, dear)
+    path = save_tree_costs(stored)
+    assert stored.kernels == kernel_key() and "--k" in path.name
+    assert stored_tree_costs(model) == stored
+    with monkeypatch.context() as other:
+        other.setattr(identity, "blas_in_use", lambda: "OtherBLAS 9.9, 3 threads")
+        other.setattr(identity.mx, "default_device", lambda: mx.Device(mx.cpu))
+        assert tree_costs_path(stored.model, stored.device, "fast") != path
+        assert stored_tree_costs(model) is None and path.exists()  # another BLAS's file: not read, not touched
+    for wrong, named in (({"model": "another"}, "model"), ({"kernels": "OtherBLAS"}, "kernels")):
+        path.write_text(json.dumps({**stored.to_dict(), **wrong}))
+        with pytest.warns(DamagedFileWarning, match=f"{path}.*its {named} are not those it is stored for"):
+            assert stored_tree_costs(model) is None
+        assert not path.exists()
+    path.write_text(json.dumps({**stored.to_dict(), "mode": "psychic"}))
+    with pytest.warns(DamagedFileWarning, match="'psychic' is not a verify mode"):
+        assert stored_tree_costs(model) is None

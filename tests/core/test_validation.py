@@ -444,6 +444,50 @@ def test_as_draft_keeps_q_rows_with_their_tokens():
     assert as_draft(Draft(mx.array([4, 5])), 3).tokens == [4, 5] and as_draft(Draft(None), 3).tokens == []
 
 
+class ConfidentDrafter(Drafter):
+    """Drafts ``5, 6, ...`` with ``confidence(k)`` as its probabilities."""
+
+    name = "confident"
+
+    def __init__(self, confidence):
+        self.confidence = confidence
+
+    def draft(self, context, k):
+        return Draft([5 + i for i in range(k)], confidence=self.confidence(k))
+
+
+@pytest.mark.parametrize(
+    "confidence, error, message",
+    [
+        (lambda k: [0.9, NAN, 0.9][:k], ValueError, r"drafter confident gave confidence .* nan at token 1: .*\[0, 1\]"),
+        (lambda k: [0.9, 1.5, 0.9][:k], ValueError, r"with 1\.5 at token 1: it must be a probability in \[0, 1\]"),
+        (lambda k: [-0.1] * k, ValueError, r"with -0\.1 at token 0"),
+        (lambda k: [INF] * k, ValueError, r"with inf at token 0"),
+        (lambda k: [0.9] * (k - 1), ValueError, r"confidence \(Draft.confidence\) of 2 values for 3 drafted tokens"),
+        (lambda k: [0.9] * (k + 1), ValueError, r"of 4 values for 3 drafted tokens"),
+        (lambda k: ["0.9"] * k, TypeError, r"with '0\.9' \(str\) at token 0: it must be a number"),
+        (lambda k: 0.9, TypeError, r"gave confidence \(Draft.confidence\) as float"),
+    ],
+    ids=["nan", "above 1", "below 0", "inf", "short", "long", "text", "not a sequence"],
+)
+def test_bad_confidence_is_a_clear_error_before_its_verification(model, verifications, confidence, error, message):
+    """A NaN, out-of-range or missing confidence would let tokens past a confidence threshold: refused instead."""
+    options = GenerateOptions(max_tokens=6)
+    gen = speculative_generate(
+        model, PROMPT, options, drafter=ConfidentDrafter(confidence), policy=DraftPolicy.confidence(0.5, 3)
+    )
+    with pytest.raises(error, match=message):
+        list(gen)
+    assert not verifications
+
+
+def test_a_valid_confidence_is_kept_with_its_tokens():
+    draft = as_draft(Draft([1, 2, 3], confidence=[1, 0.5, 0.0]), 2, "d")
+    assert draft.tokens == [1, 2] and draft.confidence == [1.0, 0.5]
+    assert as_draft(Draft([1, 2], confidence=mx.array([0.25, 0.75])), 4).confidence == [0.25, 0.75]
+    assert as_draft(Draft([], confidence=[]), 2).confidence == []
+
+
 @settings(max_examples=200, deadline=None, database=None)
 @given(
     vocab=st.integers(2, 6),

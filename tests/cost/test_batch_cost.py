@@ -92,6 +92,18 @@ def test_measured_profile_and_grid_on_moe():
     assert all(r["predicted_from_log"] > 0 and r["residual"] == pytest.approx(r["error_from_log"]) for r in rows)
 
 
+@pytest.mark.parametrize("acceptances", [(float("nan"),), (1.0, 2.0), (-1e-9,)])
+def test_batch_grid_refuses_an_acceptance_outside_0_1_before_any_model_work(acceptances, monkeypatch):
+    import specbench.cost.batch_grid as batch_grid
+
+    def fail(*args, **kwargs):
+        pytest.fail("the batch grid ran the model before checking its acceptances")
+
+    monkeypatch.setattr(batch_grid, "generate_batch", fail)
+    with pytest.raises(ValueError, match="a grid acceptance must be a finite number in"):
+        batch_speedup_grid(build_tiny("qwen3"), made_profile(), (2,), acceptances, (2,), prompt_len=6, max_tokens=8)
+
+
 def test_batch_overheads_per_step_and_row_enter_the_prediction():
     model = build_tiny("qwen3")
     profile = measure_batch_profile(model, (1, 2, 4), widths=3, offset=8, repeats=1, warmup=1, count_experts=False)

@@ -153,6 +153,13 @@ def test_measure_times_every_length_and_the_component_stack():
     assert check_profile(json.loads(json.dumps(profile.to_dict()))).components == profile.components
     with pytest.raises(ValueError, match="context lengths"):
         cost.measure(model, widths=3, offset=16, lengths=(10**7,))
+    # a component width past the context: refused before any allocation (it crashed inside the BLAS)
+    with pytest.raises(ValueError, match="context lengths"):
+        cost.measure(model, widths=3, offset=16, components=(10**7,))
+    from specbench.cost.components import measure_components
+
+    with pytest.raises(ValueError, match=r"component widths up to 10000000 with 16 cached tokens exceed the context"):
+        measure_components(model, widths=(1, 10**7), offset=16)
 
 
 def test_cli_profile_prints_the_stack_and_stores_the_lengths(capsys, home):

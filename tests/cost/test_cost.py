@@ -10,13 +10,16 @@ import polars as pl
 import pytest
 
 import specbench.cost as cost
+import specbench.cost.grid as grid_module
 from specbench import DraftPolicy, GenerateOptions, StepRecord, generate, speculative_generate
 from specbench.cli import main
 from specbench.common import identity
 from specbench.common.files import DamagedFileWarning
 from specbench.common.identity import kernel_key
 from specbench.core.experts import ExpertCounter
+from specbench.cost.breakeven import BreakEven
 from specbench.cost.caches import CacheRestore, prefill
+from specbench.cost.profile import check_profile
 from specbench.drafters.lookup import PromptLookup
 from specbench.drafters.oracle import Oracle
 from specbench.models import synthetic
@@ -371,6 +374,38 @@ def test_speedup_grid_rows(dense):
         cost.speedup_grid(dense, profile, verify="exact")
 
 
+@pytest.mark.parametrize(
+    "acceptances, ks, message",
+    [
+        ((0.5, float("nan")), (2,), r"a grid acceptance must be a finite number in \[0.0, 1.0\], got nan"),
+        ((float("inf"),), (2,), "a grid acceptance"),
+        ((1.5,), (2,), r"a grid acceptance .* got 1.5"),
+        ((-0.1,), (2,), "a grid acceptance"),
+        ((0.5,), (0,), "a grid draft length"),
+        ((0.5,), (1000,), "a grid draft length 1000 is over the longest draft"),
+    ],
+    ids=["nan", "inf", "above 1", "below 0", "k zero", "k past the bound"],
+)
+def test_speedup_grid_refuses_a_bad_cell_before_any_model_work(dense, acceptances, ks, message, monkeypatch):
+    def fail(*args, **kwargs):
+        pytest.fail("the grid began model work before checking its cells")
+
+    monkeypatch.setattr(grid_module, "verifier_for", fail)
+    profile = make_profile([1.0, 1.1, 1.2], name=cost.model_key(dense))
+    with pytest.raises(ValueError, match=message):
+        cost.speedup_grid(dense, profile, acceptances=acceptances, ks=ks, prompt_len=8, max_tokens=8)
+
+
+def test_an_oracles_acceptance_set_again_is_checked():
+    oracle = Oracle([1], [2, 3], 0.5, 97)
+    oracle.acceptance = 1
+    assert oracle.acceptance == 1.0
+    for bad in (float("nan"), 1.5, -0.5):
+        with pytest.raises(ValueError, match="acceptance must be a finite number in"):
+            oracle.acceptance = bad
+    assert oracle.acceptance == 1.0
+
+
 def test_predicted_speedup_for_the_steps_a_run_took():
     records = [
         StepRecord(0, 0, "prefill", emitted=1, verify_width=10, k_drafted=0),
@@ -381,6 +416,38 @@ def test_predicted_speedup_for_the_steps_a_run_took():
     # a_1 = 1/2, a_2 = 1: E(2) = 2 per verification, as emitted on average
     profile = make_profile([1.0, 1.2, 1.5])
     assert cost.predicted_speedup(records, profile, d=0.1) == pytest.approx(5 / (1.5 + 0.2 + 1.5 + 0.2 + 1.0))
+
+
+def test_planning_on_a_stored_profile_names_its_file(dense):
+    """A profile that passes the checks but lacks a verify mode: the planning error names the stored file."""
+    path = cost.save_profile(make_profile([1.0, 1.2, 1.5], name=cost.model_key(dense)))
+    profile = cost.load_profile(dense)
+    assert profile.source == str(path) and "source" not in profile.to_dict()
+    with pytest.raises(ValueError, match=f"stored in {path} has no 'exact' verify costs"):
+        cost.break_even_tokens(profile, 2, verify="exact")
+    with pytest.raises(ValueError, match=f"stored in {path} has no 'exact' verify costs"):
+        BreakEven(profile, None, "exact")(2)
+
+
+def test_a_length_measured_in_another_mode_only_is_priced_at_the_profiles_own_length():
+    profile = make_profile([1.0, 1.2, 1.5])
+    profile.offset = 64
+    for part in ("widths", "costs", "seconds"):
+        getattr(profile, part)["exact"] = list(getattr(profile, part)["fast"])
+    profile.lengths = {"1024": {"plain_step_s": 0.02, "costs": {"fast": [2.0] * 3}, "seconds": {"fast": [0.04] * 3}}}
+    check_profile(json.loads(json.dumps(profile.to_dict())))
+    records = [StepRecord(1, 1000, "verify", emitted=2, accepted=1, verify_width=3, k_drafted=2)]
+    exact = cost.predicted_speedup(records, profile, mode="exact", tokens="emitted")
+    assert exact == pytest.approx(2 / 1.5)  # c(3) at the offset: no exact costs at length 1024
+    assert cost.predicted_speedup(records, profile, mode="fast", tokens="emitted") == pytest.approx(2 / 2.0)
+
+
+def test_an_overhead_that_makes_a_verification_free_is_refused():
+    data = make_profile([1.0, 1.2, 1.5], overhead=-1.0).to_dict()
+    with pytest.raises(ValueError, match="'fast' overhead -1.0 makes a verification cost nothing or less"):
+        check_profile(data)
+    data["overhead"] = {"fast": -0.5}
+    assert check_profile(data).c(1, "fast") == pytest.approx(0.5)
 
 
 # -- MoE instrumentation ------------------------------------------------------------------------

@@ -33,7 +33,8 @@ def launch_ranks(script: Path, out: Path, *args: str, ranks: int = 2, timeout: f
         for proc in procs:
             proc.kill()
         where = "; ".join(f"rank {r} {_stopped_at(out / f'rank{r}.log')}" for r in range(ranks))
-        raise AssertionError(f"{script.name} on {ranks} ranks took over {timeout:.0f} s (a deadlock?): {where}") from err
+        stopped = f"{script.name} on {ranks} ranks took over {timeout:.0f} s (a deadlock?): {where}"
+        raise AssertionError(stopped) from err
     logs = "\n".join((out / f"rank{r}.log").read_text()[-3000:] for r in range(ranks))
     if any(codes) and not all((out / f"started{r}").exists() for r in range(ranks)):
         pytest.skip(f"{ranks} local ring ranks could not start here: {logs[-500:]}")

@@ -4,13 +4,15 @@ bounded before any calibration; a draft model made without its target checks the
 from __future__ import annotations
 
 import pytest
-from conftest import build_tiny
+from conftest import ScriptedDrafter, build_tiny, plain_greedy
 
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
 from specbench.core.policy_args import MAX_DRAFT_LENGTH
 from specbench.decoding import with_estimate
 from specbench.drafters import DraftModel, EarlyExit, MtpHead, PromptLookup, SuffixDecoding
 from specbench.drafters.oracle import Oracle
+from specbench.exact import ExactVerifier
+from specbench.exact import verifier as exact_verifier
 from specbench.models.mtp import build_head
 
 MODEL = build_tiny("llama", num_hidden_layers=2)  # vocabulary 97
@@ -61,6 +63,57 @@ def test_a_draft_longer_than_the_context_is_an_error_before_any_model_work():
     with pytest.raises(ValueError, match="context of 16 tokens"):
         speculative_generate(
             short, [1, 2, 3], GenerateOptions(max_tokens=4), drafter=PromptLookup(), policy=DraftPolicy.fixed(20)
+        )
+
+
+@pytest.mark.parametrize("max_tokens, widest", [(1, None), (2, 2), (4, 4), (9, 9)])
+def test_exact_calibration_covers_only_the_widths_a_generation_of_max_tokens_can_verify(
+    max_tokens, widest, fresh_calibrations, monkeypatch
+):
+    """fixed:128 for a few tokens calibrates widths up to max_tokens (a draft of max_tokens - 1 and the last
+    token), not 127 widths; the engine never verifies a width it did not calibrate ahead."""
+    prompt = [1, 2, 3]
+    truth = plain_greedy(MODEL, prompt, max_tokens)
+    prepared: list[int] = []
+    monkeypatch.setattr(ExactVerifier, "prepare", _recording(ExactVerifier.prepare, prepared))
+    options = GenerateOptions(max_tokens=max_tokens, verify="exact")
+    drafter = ScriptedDrafter(truth, len(prompt), 97)
+    gen = speculative_generate(MODEL, prompt, options, drafter=drafter, policy=DraftPolicy.fixed(MAX_DRAFT_LENGTH))
+    assert prepared == (list(range(2, widest + 1)) if widest else [])
+    assert list(gen) == truth
+    widths = [r.verify_width for r in gen.log.records if r.kind == "verify"]
+    assert all(w <= (widest or 1) for w in widths)
+    assert max_tokens < 4 or widths  # a long enough generation does verify
+
+
+def _recording(prepare, prepared):
+    def record(self, widths, progress=None):
+        prepared.extend(widths)
+        return prepare(self, widths, progress)
+
+    return record
+
+
+class _Boundless(DraftPolicy):
+    """A user's policy that says it may draft more than the engine verifies."""
+
+    name = "boundless"
+
+    def longest_draft(self, drafter):
+        return MAX_DRAFT_LENGTH + 1
+
+    def _k(self, drafter):
+        return 2
+
+
+def test_a_policy_past_the_longest_draft_is_an_error_before_any_calibration(fresh_calibrations, monkeypatch):
+    def fail(*args, **kwargs):
+        pytest.fail("calibrated for a policy past the bound")
+
+    monkeypatch.setattr(exact_verifier, "calibrate", fail)
+    with pytest.raises(ValueError, match=r"policy boundless may draft 129 tokens .*over the longest draft"):
+        speculative_generate(
+            MODEL, [1, 2, 3], GenerateOptions(max_tokens=4, verify="exact"), drafter=PromptLookup(), policy=_Boundless()
         )
 
 

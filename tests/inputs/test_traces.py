@@ -265,6 +265,36 @@ def test_non_utf8_files_name_file_and_line(tmp_path):
     assert len(load_traces(bom)) == 1
 
 
+def test_text_that_is_not_text_is_refused_where_prompts_enter(tmp_path):
+    """A lone surrogate (a JSON escape of bytes that were not UTF-8) in a trace file, a tool description, a
+    trace built in code, a message list or a text prompt given to the engine: one ValueError saying so, never
+    the tokenizer's TypeError."""
+    from specbench.core.engine import token_ids
+    from specbench.inputs.prompts import render_prompt
+    from specbench.inputs.traces import render_messages
+
+    tokenizer = word_tokenizer(ROLES)
+    not_text = "w5 \ud800"
+    chat = {"messages": [{"role": "user", "content": not_text}, {"role": "assistant", "content": "w6"}]}
+    (tmp_path / "chat.jsonl").write_text(json.dumps(chat) + "\n")
+    with pytest.raises(ValueError, match="chat.jsonl:1.*cannot be tokenized: character 3"):
+        load_traces(tmp_path / "chat.jsonl")
+    tools = {**CHAT, "tools": [{"name": "find", "description": not_text}]}
+    (tmp_path / "tools.jsonl").write_text(json.dumps(tools) + "\n")
+    with pytest.raises(ValueError, match=r"tools.jsonl:1.*tools\[0\] cannot be tokenized"):
+        load_traces(tmp_path / "tools.jsonl")
+    with pytest.raises(ValueError, match="the rendered trace prompt cannot be tokenized"):
+        render_turn(tokenizer, Trace("made", [Turn([{"role": "user", "content": not_text}])]), 0)
+    with pytest.raises(ValueError, match="cannot be tokenized"):
+        render_messages(tokenizer, [{"role": "user", "content": not_text}])
+    parts = [{"role": "user", "content": [{"type": "text", "text": not_text}]}]
+    with pytest.raises(ValueError, match="the prompt cannot be tokenized: character 3"):
+        render_prompt(tokenizer, parts)
+    with pytest.raises(ValueError, match="the prompt cannot be tokenized: character 3"):
+        token_ids(not_text, tokenizer)
+    assert token_ids("w5 w6", tokenizer) == list(tokenizer.encode("w5 w6"))
+
+
 # -- importers ------------------------------------------------------------------------------------------
 
 
@@ -516,6 +546,77 @@ def test_run_trace_from_a_file_resumes(tmp_path, capsys):
         trace_methods(["suffix"], [3.5])
     with pytest.raises(ValueError, match="distinct names"):
         trace_methods(["suffix"], [DraftPolicy.fixed(3), DraftPolicy.fixed(3)])
+
+
+def _run_two(ids, out, **kwargs):
+    """``run_trace`` over two copies of the word trace named ``ids``, one turn each, into ``out``."""
+    from dataclasses import replace
+
+    model, tokenizer = build_tiny("llama", seed=4), word_tokenizer(ROLES)
+    traces = [replace(_word_trace(), id=i) for i in ids]
+    return run_trace(
+        model, tokenizer, traces, ["lookup"], [DraftPolicy.fixed(2)], max_tokens=6, turns=1, out=out, **kwargs
+    )
+
+
+def test_trace_ids_that_differ_only_in_spelling_get_files_of_their_own(tmp_path, capsys):
+    """``a/b`` and ``a_b`` (and ``A`` beside ``a``, for a file system that ignores case) write distinct files:
+    a resumed run reads each trace's own results, once."""
+    from specbench.bench.trace_bench import _file_stem
+
+    assert len({_file_stem(i).lower() for i in ("a/b", "a_b", "A", "a", "a:b")}) == 5
+    out = tmp_path / "out"
+    first = _run_two(["a/b", "a_b"], out)
+    assert len(list(out.glob("*.turns.parquet"))) == 2
+    capsys.readouterr()
+    again = _run_two(["a/b", "a_b"], out)
+    said = capsys.readouterr().out
+    assert said.count("finished earlier") == 2 and "a/b: finished" in said and "a_b: finished" in said
+    assert [set(r.turns["trace"]) for r in again.results] == [{"a/b"}, {"a_b"}]
+    assert again.summary.drop("decode_s", "tokens_per_s", "speedup").equals(
+        first.summary.drop("decode_s", "tokens_per_s", "speedup")
+    )
+    # A file of another trace under a trace's name (as runs before names were one per id left): refused.
+    mine = out / f"{_file_stem('a/b')}.turns.parquet"
+    mine.write_bytes((out / "a_b.turns.parquet").read_bytes())
+    with pytest.raises(ValueError, match=f"{mine}: holds trace 'a_b', not 'a/b'; delete it"):
+        _run_two(["a/b", "a_b"], out)
+
+
+def test_a_full_disk_ends_a_trace_run_with_one_line_and_keeps_the_finished_traces(tmp_path, monkeypatch, capsys):
+    """ENOSPC while the second trace is saved: one OSError naming the file and what is kept, nothing written in
+    half (no temporary file left), the first trace kept; the same run again resumes after it."""
+    import errno
+    from pathlib import Path
+
+    from specbench.cli import error_line
+
+    out = tmp_path / "out"
+    write_bytes = Path.write_bytes
+
+    def full_for_the_second(self, data):
+        if "second" in self.name:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_bytes(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full_for_the_second)
+    with pytest.raises(OSError) as caught:
+        _run_two(["first", "second"], out, progress=False)
+    line = error_line(caught.value)
+    assert f"cannot write {out / 'second.steps.parquet'} (No space left on device)" in line
+    assert f"the 1 traces finished before are kept in {out}" in line and "\n" not in line
+    assert sorted(p.name for p in out.iterdir()) == [
+        "first.plain.parquet",
+        "first.steps.parquet",
+        "first.turns.parquet",
+        "trace_bench_config.json",
+    ]
+    monkeypatch.undo()
+    capsys.readouterr()
+    run = _run_two(["first", "second"], out)
+    said = capsys.readouterr().out
+    assert "first: finished earlier" in said and "second: finished earlier" not in said
+    assert [r.trace for r in run.results] == ["first", "second"] and (out / "second.turns.parquet").exists()
 
 
 def test_damaged_recorded_outputs_name_the_file(tmp_path):

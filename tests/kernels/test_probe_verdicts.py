@@ -124,6 +124,39 @@ def test_a_damaged_store_is_ignored_with_one_warning_and_written_anew(probed):
     assert len(probed["calls"]) == 2
 
 
+@pytest.mark.parametrize(
+    "forge, reason",
+    [
+        (lambda e: e.update(variant="fast-and-wrong"), "its variant 'fast-and-wrong' is none of qmv_rows's"),
+        (lambda e: e.update(device="gpu:another card"), "its device are not those it is stored for"),
+        (lambda e: e.update(source="0" * 16), "its source are not those it is stored for"),
+        (lambda e: e.update(mlx="0.0.1", specbench="0.0.1"), "its mlx, specbench are not those it is stored for"),
+        (lambda e: e["args"].update(bits=8), "its args are not those it is stored for"),
+        (lambda e: e.update(reason=["not", "text"]), "its reason is not text"),
+    ],
+)
+def test_a_forged_verdict_is_set_aside_with_a_warning_and_probed_anew(probed, forge, reason):
+    """A stored verdict is trusted only when it holds what its key is made of and a variant the kernel has:
+    otherwise the store is moved aside with one warning naming it, and the kernel is probed again."""
+    probed["exact"] = {"fma"}
+    assert kernel_probe.qmv_variant(mx.bfloat16, 4, 64) == "fma"
+    path = verdicts.store_path()
+    data = json.loads(path.read_text())
+    ((key, entry),) = data["verdicts"].items()
+    forge(entry)
+    path.write_text(json.dumps(data))
+    verdicts.forget()
+    probed["calls"].clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert kernel_probe.qmv_variant(mx.bfloat16, 4, 64) == "fma"
+    assert [type(w.message) for w in caught] == [DamagedFileWarning]
+    assert str(path) in str(caught[0].message) and reason in str(caught[0].message)
+    assert probed["calls"] == [("qmv_rows", "mul-add"), ("qmv_rows", "fma")]  # probed anew
+    assert list(path.parent.glob(f"{path.name}.damaged-*"))
+    assert json.loads(path.read_text())["verdicts"][key]["variant"] == "fma"
+
+
 def test_no_exact_variant_is_stored_and_warned_in_each_process(probed):
     probed["exact"] = set()
     with pytest.warns(UserWarning, match="no variant reproduces"):

@@ -249,6 +249,19 @@ def test_run_sweep_skips_unusable_drafters_and_checks_policies(text_model):
     assert sampled["equal_to_plain"].null_count() == 2  # not compared when sampling (nor plain with itself)
 
 
+def test_a_sweep_calibrates_only_the_widths_its_runs_can_verify(text_model, fresh_calibrations, monkeypatch):
+    """fixed:128 over 4 tokens calibrates exact widths 2..4 up front (a draft of at most 3), not 2..129."""
+    model, tokenizer = text_model
+    calibrated: list[list[int]] = []
+    monkeypatch.setattr(sweep, "calibrate", lambda model, widths, **kwargs: calibrated.append(list(widths)))
+    prompt = tokenizer.encode("abc abc abc")
+    result = sweep.run_sweep(
+        model, tokenizer, [prompt], ["lookup"], ["fixed:128"], max_tokens=4, progress=False, warmup_tokens=1
+    )
+    assert calibrated == [[2, 3, 4]]
+    assert result.runs["equal_to_plain"].drop_nulls().to_list() == [True]
+
+
 def test_summarize_sweep_is_a_ratio_of_sums():
     runs = pl.DataFrame(
         {

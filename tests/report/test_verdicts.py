@@ -419,3 +419,18 @@ def test_the_reference_ships_its_stacks_by_component_and_the_verdict_reads_them(
     fig = figures.component_stack(reference.components, by_phase=True)
     assert not figure_problems(fig) and len(fig.axes) == 3 and "wait for the device apart" in fig._suptitle.get_text()
     assert {"wait", "experts", "measured step"} <= {t.get_text() for t in fig.axes[-1].get_legend().get_texts()}
+
+
+def test_a_verification_costs_its_own_forward_not_the_whole_run():
+    """verify_cost divides the verifications' own seconds by their count: a run of a 10 s prompt, 20 plain steps of
+    1 s and one 3.7 s verification cost 3.7 plain steps a verification (not the run's 33.7 s of forwards)."""
+    from specbench.core.log import StepLog, StepRecord
+
+    records = [StepRecord(0, 0, "prefill", verify_s=10.0, emitted=1)]
+    records += [StepRecord(i, i, "plain", verify_s=1.0, emitted=1) for i in range(1, 21)]
+    records.append(StepRecord(21, 21, "verify", k_drafted=3, accepted=2, emitted=3, verify_width=4, verify_s=3.7))
+    stats = StepLog(records).stats()
+    assert stats["verify_s"] == 33.7 and stats["verification_s"] == 3.7
+    row = {**stats, "plain_decode_s": 23.0, "plain_decode_tokens": 23}
+    assert abs(verdicts.verify_cost(row) - 3.7) < 1e-9
+    assert verdicts.verify_cost({**row, "verification_s": None}) is None  # a record from before the column

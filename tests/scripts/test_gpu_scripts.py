@@ -23,6 +23,7 @@ from unittest import mock
 import pytest
 from conftest import SESSION_HOME
 
+from specbench.common.identity import result_data
 from specbench.cost.batch import BatchProfile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +73,8 @@ def test_exactness_script(tmp_path, script_home):
     assert "bit-identical to plain greedy on every prompt: True" in out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {r["model"] for r in summary["exactness"]} == {"qwen3-8b-tiny", "qwen3-30b-a3b-tiny"}
+    named = summary["provenance"]  # every result file names the code and machine that made it
+    assert named["commit"] != "unknown" and named["device"].startswith("cpu:") and "exactness" in named["command"]
     assert {r["mode"] for r in summary["exactness"]} == {"exact", "fast", "exact-tree", "fast-tree"}
     assert (tmp_path / "exactness.csv").exists() and (tmp_path / "cost.csv").exists()
 
@@ -215,11 +218,11 @@ def test_components_script(tmp_path, script_home):
     spread = summary["batch_plain_spread"]  # the plain runs' own noise per batch size, beside the residuals
     assert all(set(spread[s]) == set(summary["batch_mean_abs_error"][s]) - {"all"} for s in spread)
     assert all(v >= 0 for by_b in spread.values() for v in by_b.values())
-    rows = json.loads((folder / "components.json").read_text())
+    rows = result_data(json.loads((folder / "components.json").read_text()))
     moe = {r["part"] for r in rows if r["shape"] == "qwen3-30b-a3b-tiny" and r["seconds"] > 0}
     assert "experts" in moe
     lengths = json.loads((folder / "lengths.json").read_text())
-    assert all(len(v["by_length"]) == 3 for v in lengths.values())
+    assert all(len(v["by_length"]) == 3 for k, v in lengths.items() if k != "provenance")
     batch = json.loads((folder / "batch.json").read_text())
     assert all("residual" in r and "predicted_from_log" in r for r in batch["rows"])
     profiles = {shape: BatchProfile.from_dict(p) for shape, p in batch["profiles"].items()}
@@ -244,3 +247,13 @@ def test_one_row_diagnose_script(tmp_path, script_home):
     assert report["plain_logits_identical"] and all(report["plain_logits_identical"])
     assert report["calibrated_inside"]["level"] == report["calibrated_outside"]["level"] != "serial"
     assert "on_first_use" in out and "elapsed_s" in report
+
+
+def test_long_context_script(tmp_path, script_home):
+    out = run_script("long_context.py", tmp_path, script_home)
+    assert "exact output equal to mlx-lm's greedy: 4/4" in out
+    report = json.loads((tmp_path / "long_context.json").read_text())
+    assert {(r["shape"], r["length"]) for r in report["rows"]} == {
+        (s, n) for s in ("qwen3-8b-tiny", "qwen3-30b-a3b-tiny") for n in (300, 600)
+    }
+    assert report["provenance"]["commit"] != "unknown"

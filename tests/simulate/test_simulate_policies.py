@@ -90,6 +90,44 @@ def test_simulate_cli_ranks_policies_on_a_recorded_fixture(tmp_path, capsys):
     assert main([*args, "--drafters", "lookup,suffix", "--k", "8"]) == 2
 
 
+def _damaged_profiles() -> dict[str, tuple[object, str]]:
+    """Profiles the simulator must refuse: (JSON, what the error line says)."""
+    good = _profile(0.1).to_dict()
+    modes = ("fast", "exact")
+    narrow = {**good, **{part: {m: good[part][m][:3] for m in modes} for part in ("widths", "costs", "seconds")}}
+    fast_only = {**good, **{part: {"fast": good[part]["fast"]} for part in ("widths", "costs", "seconds")}}
+    return {
+        "all-zero costs": ({**good, "costs": {m: [0.0] * 9 for m in modes}}, "not all finite numbers above zero"),
+        "widths reversed": (
+            {**good, "widths": {m: good["widths"][m][::-1] for m in modes}},
+            "are not in increasing order",
+        ),
+        "a list": ([good], "a JSON object was expected, not list"),
+        "widths 1..3 only": (narrow, "measured exact widths up to 3 only: measure wider"),
+        "no exact costs": (fast_only, "has no 'exact' verify costs"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_damaged_profiles()))
+def test_simulate_policies_refuses_a_profile_every_reader_refuses(case, tmp_path, capsys):
+    """The profile passed to --profile goes through the checks of every stored profile's reader, and a policy
+    verifying wider than the profile measured is refused: one error line naming the file, nothing written."""
+    from specbench.cli import main
+
+    data, expected = _damaged_profiles()[case]
+    recorded = save_recorded(_recorded(), tmp_path / "run.plain.parquet")
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    args = ["simulate", "--recorded", str(recorded), "--policies", "fixed:4,fixed:1", "--profile", str(profile)]
+    assert main([*args, "--drafters", "lookup", "--k", "8", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specbench simulate: error: ") and "Traceback" not in err
+    assert str(profile) in lines[0] and expected in lines[0]
+    assert not list(out.glob("*.parquet"))
+
+
 def test_best_predicted_names_the_leaders_and_none_on_a_full_tie():
     table = pl.DataFrame(
         {

@@ -13,12 +13,12 @@ configured size at most it (SGLang pads to a CUDA-graph size and takes the close
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from specbench.core.log import StepRecord
 from specbench.core.policies import DraftPolicy
-from specbench.core.policy_args import at_least_one, real, whole
+from specbench.core.policy_args import MAX_DRAFT_LENGTH, at_least_one, real, whole
 
 #: SGLang's default tiers per batch size (``DEFAULT_ADAPTIVE_CONFIG``).
 DEFAULT_TIERS: dict[int, tuple[int, ...]] = {1: (1, 3, 5, 7), 8: (0, 1, 3), 32: (0, 1), 64: (0,)}
@@ -26,13 +26,21 @@ DEFAULT_TIERS: dict[int, tuple[int, ...]] = {1: (1, 3, 5, 7), 8: (0, 1, 3), 32: 
 DEFAULT_DOWN = {1: -0.25}
 
 
+def check_tiers(tiers: Iterable[int]) -> tuple[int, ...]:
+    """A slot's tiers if each is a draft length from 0 (no drafting) to ``MAX_DRAFT_LENGTH``, else one clear error."""
+    if isinstance(tiers, (str, bytes)) or not isinstance(tiers, Iterable):
+        raise TypeError(f"an SGLang slot's tiers are a sequence of draft lengths, e.g. (1, 3, 5, 7), got {tiers!r}")
+    checked = tuple(whole("an SGLang tier", t, 0, MAX_DRAFT_LENGTH) for t in tiers)
+    if not checked:
+        raise ValueError("an SGLang slot needs at least one tier (draft steps, 0 = no drafting)")
+    return checked
+
+
 class SglangTier:
     """One batch-size slot: its tiers, the EMA of accepted drafts and the current tier."""
 
     def __init__(self, tiers: Sequence[int], initial: int | None, down: float, up: float):
-        self.tiers = sorted({whole("a tier", t, 0) for t in tiers})
-        if not self.tiers:
-            raise ValueError("an SGLang slot needs at least one tier (draft steps, 0 = no drafting)")
+        self.tiers = sorted(set(check_tiers(tiers)))
         self.down, self.up = down, up
         self.steps = initial if initial in self.tiers else self.tiers[len(self.tiers) // 2]
         self.ema = float(self.steps - 1)
@@ -81,7 +89,7 @@ class SglangEmaPolicy(DraftPolicy):
         up_hysteresis: float = 0.0,
         down_hysteresis: Mapping[int, float] | float | None = None,
     ):
-        self.tiers = {at_least_one("a batch size", b): tuple(t) for b, t in (tiers or DEFAULT_TIERS).items()}
+        self.tiers = {at_least_one("a batch size", b): check_tiers(t) for b, t in (tiers or DEFAULT_TIERS).items()}
         if 1 not in self.tiers:
             raise ValueError(f"SGLang tiers {self.tiers} have no slot for batch size 1: start them at 1")
         self.initial = initial

@@ -22,7 +22,7 @@ Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``
 from specbench.report.figures.batch import batch_beside_reference, batch_break_even
 from specbench.report.figures.bench import prompt_figure, save_prompt_figure
 from specbench.report.figures.components import component_stack, costs_by_length
-from specbench.report.figures.cost import break_even, measured_vs_predicted, verify_costs
+from specbench.report.figures.cost import break_even, break_even_map, measured_vs_predicted, verify_costs
 from specbench.report.figures.policies import policy_ranking
 from specbench.report.figures.reference import beside_reference
 from specbench.report.figures.rules import rule_positions, rule_shifts, rules_by_drafter, rules_vs_temperature
@@ -56,6 +56,7 @@ from specbench.report.figures.traces import cumulative_saved, per_turn
 
 __all__ = [
     "batch_beside_reference",
+    "break_even_map",
     "batch_break_even",
     "beside_reference",
     "rule_positions",

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from specbench.common.deprecation import renamed_arguments
-from specbench.cost.breakeven import break_even_acceptance, speedup
+from specbench.cost.breakeven import break_even_acceptance, break_even_band, speedup
 from specbench.cost.profile import Profile
 from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import MODE_STYLES, WIDE, model_colours, model_label, new_axes
@@ -147,6 +147,47 @@ def break_even(
     ax.grid(alpha=0.3)
     mark_coinciding(ax)  # e.g. a*(k) = 0 for two models: both pay even when every draft is rejected
     # under the axes: the plot keeps the figure's width, and the legend's long entries hide no curve
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    return fig
+
+
+def break_even_map(
+    profiles: Sequence[Profile],
+    cells: Sequence[Any],
+    mode: str,
+    d: float = 0.0,
+    max_k: int = 8,
+    title: str | None = None,
+):
+    """The answer's figure: acceptance against draft length. Each cost model's break-even a*(k) (``break_even``)
+    with its band over c(w)'s interval shaded, and each measured cell (``specbench.report.answer.Cell``) at its
+    realized acceptance and mean draft length, marked by its verdict: above its model's curve a draft pays."""
+    fig = break_even(profiles, d, max_k, [mode], title=title or f"Break-even map ({mode} verification)")
+    ax = fig.axes[0]
+    palette = model_colours(p.name for p in profiles)
+    for p in profiles:
+        bounds = break_even_band(p, d, min(max_k, max(p.widths.get(mode, [1])) - 1), mode)
+        if bounds is not None:
+            k = np.arange(1, len(bounds[0]) + 1)
+            low, high = np.fmin(bounds[0], bounds[1]), np.fmax(bounds[0], bounds[1])
+            ax.fill_between(
+                k, np.nan_to_num(low, nan=1.0), np.nan_to_num(high, nan=1.0), color=palette[p.name], alpha=0.15
+            )
+    markers = {"pays": ("^", "tab:green"), "loses": ("v", "tab:red")}
+    for cell in cells:
+        if cell.k is None or cell.acceptance is None:
+            continue
+        marker, colour = markers.get(cell.verdict, ("o", "0.45"))
+        ax.plot(cell.k, cell.acceptance, marker=marker, color=colour, ms=7, ls="", alpha=0.85)
+        ax.annotate(
+            f"{cell.drafter}/{cell.kind}",
+            (cell.k, cell.acceptance),
+            fontsize=7,
+            xytext=(4, 2),
+            textcoords="offset points",
+        )
+    for verdict, (marker, colour) in {**markers, "no difference resolvable": ("o", "0.45")}.items():
+        ax.plot([], [], marker=marker, color=colour, ls="", label=f"measured: {verdict}")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     return fig
 

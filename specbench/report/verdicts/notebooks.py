@@ -146,11 +146,14 @@ def _row_speed(row: dict[str, Any], aa: dict[str, Any] | None) -> str:
 
 
 def verify_cost(row: dict[str, Any]) -> float | None:
-    """A method's measured cost of one verification in plain steps: its verification seconds per verification over
-    its plain baseline's seconds per token (None without a verification)."""
+    """A method's measured cost of one verification in plain steps: its verifications' own forward seconds
+    (``verification_s``: not its prompt's nor its plain steps') per verification over its plain baseline's seconds
+    per token (None without a verification, or for records that predate ``verification_s``)."""
     if not row.get("verifies") or not row.get("plain_decode_s") or not row.get("plain_decode_tokens"):
         return None
-    return (row["verify_s"] / row["verifies"]) / (row["plain_decode_s"] / row["plain_decode_tokens"])
+    if row.get("verification_s") is None:
+        return None
+    return (row["verification_s"] / row["verifies"]) / (row["plain_decode_s"] / row["plain_decode_tokens"])
 
 
 def cannot_pay(row: dict[str, Any]) -> str:

@@ -1,0 +1,101 @@
+"""Exact output against mlx-lm's greedy decoding at long prompts, on the GPU.
+
+    python3 -m scripts.gpu.long_context              # Qwen3-8B and Qwen3-30B-A3B shapes, 4-bit, full depth
+    python3 -m scripts.gpu.long_context --quick      # CPU smoke run, tiny float32 shapes
+
+Calibration probes its levels at short caches (32 and 255 keys); a generation runs at whatever length its prompt
+has. For each shape and prompt length (4k, 16k and 32k random tokens by default): mlx-lm's greedy decoding of
+--tokens tokens, then specbench's speculative decoding in exact and in fast mode with drafts of --k tokens from a
+drafter that follows the greedy continuation at acceptance --acceptance (``specbench.checks.exactness``). Exact
+output must equal mlx-lm's; fast output may not. Each length's rows are written as they finish (long_context.json
+in $OUT, default reports/gpu, naming the commit, versions and device); --budget stops before a length that would
+not fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from specbench.bench.budget import Budget
+from specbench.checks.exactness import first_divergence, mlx_lm_greedy, oracle_generation
+from specbench.common.identity import write_result
+from specbench.core.forward import vocab_size
+from specbench.models import synthetic
+
+
+def check_length(model, length: int, tokens: int, k: int, acceptance: float, seed: int) -> list[dict]:
+    """mlx-lm's greedy decoding after a random prompt of ``length`` tokens, then exact and fast speculative decoding."""
+    prompt = np.random.default_rng(seed).integers(0, vocab_size(model), size=length).tolist()
+    t0 = time.perf_counter()
+    reference = mlx_lm_greedy(model, prompt, tokens)
+    rows = [{"length": length, "mode": "mlx-lm", "seconds": round(time.perf_counter() - t0, 2)}]
+    for mode in ("exact", "fast"):
+        t0 = time.perf_counter()
+        generation = oracle_generation(model, prompt, reference, tokens, k, mode, acceptance, seed=seed)
+        output = list(generation)
+        stats = generation.stats()
+        rows.append(
+            {
+                "length": length,
+                "mode": mode,
+                "equal": output == reference,
+                "first_divergence": first_divergence(output, reference),
+                "verifies": stats["verifies"],
+                "accepted": stats["accepted"],
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+        )
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--shapes", default="qwen3-8b-4bit,qwen3-30b-a3b-4bit", help="synthetic shapes, comma-separated")
+    add("--lengths", default="4096,16384,32768", help="prompt lengths in tokens, comma-separated")
+    add("--tokens", type=int, default=32, help="tokens generated after each prompt")
+    add("--k", type=int, default=4, help="draft length")
+    add("--acceptance", type=float, default=0.8, help="the drafter's per-position acceptance")
+    add("--budget", type=float, default=480.0, help="seconds: no length is started that would not fit")
+    add("--quick", action="store_true", help="CPU smoke run: tiny shapes, short prompts")
+    add("--out", default=os.environ.get("OUT", "reports/gpu"), help="output folder")
+    args = parser.parse_args()
+    shapes = ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny"] if args.quick else args.shapes.split(",")
+    lengths = [300, 600] if args.quick else [int(n) for n in args.lengths.split(",")]
+    tokens = 6 if args.quick else args.tokens
+    if args.quick:
+        mx.set_default_device(mx.cpu)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    budget = Budget(args.budget)
+    report: dict = {"config": vars(args) | {"shapes": shapes, "lengths": lengths, "tokens": tokens}, "rows": []}
+    for shape in shapes:
+        model = synthetic.build(shape)
+        for i, length in enumerate(lengths):
+            if report["rows"] and not budget.fits(f"[{shape} {length}]", 3.0 * report["rows"][-1]["seconds"]):
+                continue
+            rows = check_length(model, length, tokens, args.k, args.acceptance, seed=i)
+            report["rows"] += [{"shape": shape, **row} for row in rows]
+            for row in rows[1:]:
+                print(
+                    f"{shape} {length} tokens, {row['mode']}: equal to mlx-lm {row['equal']} "
+                    f"(first divergence {row['first_divergence']}; {row['verifies']} verifications, "
+                    f"{row['accepted']} accepted; {row['seconds']} s)",
+                    flush=True,
+                )
+            write_result(out / "long_context.json", report)
+        del model
+    exact = [r for r in report["rows"] if r["mode"] == "exact"]
+    print(f"exact output equal to mlx-lm's greedy: {sum(r['equal'] for r in exact)}/{len(exact)}", flush=True)
+    return 0 if all(r["equal"] for r in exact) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

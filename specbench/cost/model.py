@@ -1,0 +1,186 @@
+"""The cost model: one measured profile per (model, device, BLAS, verify mode), the one every page, policy and
+prediction plans with.
+
+``cost_model(model, protocol)`` returns the stored profile while it is current for the protocol (same key: model
+shape, device, versions, BLAS; not quick; every mode and width the protocol asks for, with intervals; not noisy), and
+otherwise measures it by the protocol and stores it, so that ``profile_for`` (what Auto and every page reads) finds
+it. A measurement marked noisy (``specbench.cost.noise``) is measured once more and the two are pooled: every round of
+both kept, none replaced; what is still noisy then stays marked, and the pages that use it say so. The stored profile
+records when it was measured, how long it took and the load average before and after (``Profile.measured``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.nn as nn
+
+from specbench.common.identity import display_name
+from specbench.core.verify import check_verify_mode
+from specbench.cost import noise
+from specbench.cost.measure import forget, from_rounds, measure
+from specbench.cost.profile import Profile, load_profile, save_profile
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How the cost model is measured, fixed before the run: widths 1..``widths`` in each of ``verify``'s modes,
+    ``offset`` tokens in the cache, ``repeats`` timing rounds after ``warmup`` discarded ones, ``plain_tokens`` plain
+    steps per round, and the further context ``lengths``."""
+
+    widths: int = 9
+    verify: tuple[str, ...] = ("fast", "exact")
+    offset: int = 64
+    repeats: int = 5
+    warmup: int = 1
+    plain_tokens: int = 8
+    lengths: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verify", tuple(check_verify_mode(m) for m in self.verify))
+        object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))
+        numbers = {
+            "widths": self.widths,
+            "offset": self.offset,
+            "repeats": self.repeats,
+            "plain_tokens": self.plain_tokens,
+        }
+        for name, value in numbers.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"the cost model's {name} must be a whole number >= 1, got {value!r}")
+        if not 2 <= self.widths <= 129:
+            raise ValueError(f"the cost model's widths must be 2 to 129 (drafts of 1 to 128 tokens), got {self.widths}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"the cost model's warmup must be a whole number >= 0, got {self.warmup!r}")
+        if not self.verify:
+            raise ValueError("the cost model needs at least one verify mode")
+        if any(n < 1 for n in self.lengths):
+            raise ValueError(f"the cost model's context lengths must be >= 1, got {list(self.lengths)}")
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "verify": list(self.verify), "lengths": list(self.lengths)}
+
+
+def current(profile: Profile | None, protocol: Protocol) -> bool:
+    """Whether a stored ``profile`` serves as the cost model for ``protocol``: measured in full (not quick), with
+    intervals for every mode and width 1..``protocol.widths``, at every context length asked, and not noisy unless
+    already measured again (a noisy single measurement is measured again and pooled; what stays noisy after that is
+    kept, marked, rather than measured on every run)."""
+    if profile is None or profile.quick or (profile.noisy and profile.measured.get("measurements", 1) < 2):
+        return False
+    wanted = list(range(1, protocol.widths + 1))
+    for mode in protocol.verify:
+        widths = profile.widths.get(mode, [])
+        if not set(wanted) <= set(widths) or len(profile.intervals.get(mode, [])) != len(widths):
+            return False
+    return set(protocol.lengths) <= set(profile.context_lengths)
+
+
+def cost_model(
+    model: nn.Module, protocol: Protocol | None = None, progress: Callable[[str], None] | None = None
+) -> Profile:
+    """The cost model of ``model`` on this device: the stored profile while ``current`` for ``protocol``, else
+    measured by it (once more and pooled where the first measurement is noisy) and stored for every page to read."""
+    protocol = protocol or Protocol()
+    stored = load_profile(model)
+    if current(stored, protocol):
+        return stored
+    say = progress or (lambda _: None)
+    say(
+        f"measuring the cost model of {display_name(model)}: widths 1-{protocol.widths}, "
+        f"{'/'.join(protocol.verify)}, {protocol.repeats} rounds"
+    )
+    profile = _measured(model, protocol, progress)
+    if profile.noisy:
+        for mode, reasons in profile.noise.items():
+            for reason in reasons:
+                say(f"{mode}: {reason}; measuring again (both measurements pooled)")
+        profile = pooled(profile, _measured(model, protocol, progress))
+        for mode, reasons in profile.noise.items():
+            for reason in reasons:
+                say(f"{mode}: still noisy after pooling two measurements: {reason}")
+    save_profile(profile)
+    forget(model)  # the pages of this process read the stored cost model, not a profile kept in memory
+    return profile
+
+
+def _measured(model: nn.Module, protocol: Protocol, progress: Callable[[str], None] | None) -> Profile:
+    load_before, started = _load(), time.perf_counter()
+    profile = measure(
+        model,
+        widths=protocol.widths,
+        verify=protocol.verify,
+        offset=protocol.offset,
+        repeats=protocol.repeats,
+        warmup=protocol.warmup,
+        plain_tokens=protocol.plain_tokens,
+        lengths=protocol.lengths,
+        progress=progress,
+    )
+    profile.measured = {
+        "seconds": round(time.perf_counter() - started, 1),
+        "load_before": load_before,
+        "load_after": _load(),
+        "protocol": protocol.to_dict(),
+        "measurements": 1,
+    }
+    return profile
+
+
+def pooled(first: Profile, second: Profile) -> Profile:
+    """Two measurements of one protocol as one: every timing round of both (at the protocol's offset; the other
+    context lengths, the overhead and drafters are the second's), c(w), intervals and the noise checks recomputed."""
+    plain_s = [*first.rounds["plain"], *second.rounds["plain"]]
+    rounds = {m: [[*a, *b] for a, b in zip(first.rounds[m], second.rounds[m])] for m in second.costs}
+    plain, costs, seconds, intervals = from_rounds(plain_s, rounds)
+    measured = {
+        "seconds": round(first.measured.get("seconds", 0.0) + second.measured.get("seconds", 0.0), 1),
+        "load_before": first.measured.get("load_before"),
+        "load_after": second.measured.get("load_after"),
+        "protocol": second.measured.get("protocol"),
+        "measurements": first.measured.get("measurements", 1) + second.measured.get("measurements", 1),
+    }
+    return dataclasses.replace(
+        second,
+        plain_step_s=plain,
+        costs=costs,
+        seconds=seconds,
+        rounds={"plain": plain_s, **rounds},
+        intervals=intervals,
+        interval_level=noise.level(len(plain_s)),
+        noise={m: noise.noise(second.widths[m], costs[m], intervals[m], second.overhead.get(m, 0.0)) for m in costs},
+        repeats=len(plain_s),
+        measured=measured,
+    )
+
+
+def describe(profile: Profile) -> str:
+    """One line naming the cost model a page plans with: when, how long, under what load, how many rounds."""
+    m = profile.measured
+    if not m:
+        kind = "a quick profile" if profile.quick else "a stored profile"
+        return f"cost model: {kind} of {profile.name}, measured {profile.created or 'at an unknown time'}"
+    load = ""
+    if m.get("load_before") is not None and m.get("load_after") is not None:
+        load = f" at load {m['load_before']:.1f}-{m['load_after']:.1f}"
+    pooled_note = f", {m['measurements']} measurements pooled" if m.get("measurements", 1) > 1 else ""
+    noisy = "; noisy: " + "; ".join(r for rs in profile.noise.values() for r in rs) if profile.noisy else ""
+    return (
+        f"cost model: {profile.name}, measured {profile.created}{load} in {m.get('seconds', 0):.0f} s, "
+        f"{profile.repeats} rounds{pooled_note}, intervals at {profile.interval_level:.0%}{noisy}"
+    )
+
+
+def _load() -> float | None:
+    """The machine's 1-minute load average (None where the system has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+__all__ = ["Protocol", "cost_model", "current", "describe", "pooled"]

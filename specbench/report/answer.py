@@ -1,0 +1,208 @@
+"""The report's answer: does speculation pay for this model on this machine, per drafter and prompt kind, and why.
+
+One function (``answer_cells``) computes every number the index opens with from the stored records: the sweep's
+timed pairs (``draft_length_sweep/tables/runs.parquet``) and the report's cost model (``cost_model.json``). Each cell
+is a drafter x prompt kind x policy: its speedup over plain decoding with the 95 % interval over its adjacent pairs
+and its sample size, a verdict from the interval alone (pays: above 1; loses: below 1; else no difference
+resolvable), tokens per verification (accepted + 1), the realized acceptance, and the break-even acceptance a* at
+the cell's draft length from the cost model, with its band over c(w)'s interval.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from specbench.bench.sweep_summary import summarize_sweep
+from specbench.cost.breakeven import break_even_acceptance, break_even_band
+from specbench.cost.profile import Profile, check_profile
+from specbench.report import cost_models
+
+#: Where the sweep keeps its runs in a report folder.
+SWEEP_RUNS = Path("draft_length_sweep") / "tables" / "runs.parquet"
+#: The answer's figure in a report folder.
+MAP = Path("answer") / "break_even_map.png"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One drafter x prompt kind x policy of the answer."""
+
+    drafter: str
+    kind: str
+    policy: str
+    speedup: float
+    low: float | None
+    high: float | None
+    pairs: int
+    prompts: int
+    tokens_per_verify: float | None
+    acceptance: float | None
+    k: int | None
+    break_even: float | None
+    band: tuple[float, float] | None
+    verdict: str
+    #: True where the cost model says no acceptance pays at this k (then ``break_even`` is None).
+    never_pays: bool = False
+
+    @property
+    def why(self) -> str:
+        """One sentence: the realized acceptance against what the cost model says the draft length needs."""
+        if self.acceptance is None or self.k is None:
+            return "no draft was verified: the policy decoded plainly"
+        if self.never_pays:
+            return f"acceptance {_n(self.acceptance)} at k = {self.k}, where the cost model says no acceptance pays"
+        if self.break_even is None:
+            return f"acceptance {_n(self.acceptance)} at k = {self.k} (no cost model to compare it with)"
+        side = "over" if self.acceptance >= self.break_even else "under"
+        band = f" [{_n(self.band[0])}-{_n(self.band[1])}]" if self.band else ""
+        return f"acceptance {_n(self.acceptance)} {side} the break-even {_n(self.break_even)}{band} at k = {self.k}"
+
+
+def _n(x: float) -> str:
+    """A number to 3 significant digits."""
+    return f"{x:.3g}"
+
+
+def verdict_of(low: float | None, high: float | None, pairs: int) -> str:
+    """The verdict a speedup's interval allows (none without an interval)."""
+    if low is None or high is None:
+        return f"no interval ({pairs} pairs; 6 needed)"
+    if low > 1.0:
+        return "pays"
+    if high < 1.0:
+        return "loses"
+    return "no difference resolvable"
+
+
+def answer_cells(
+    runs: pl.DataFrame, profile: Profile | None, drafter_costs: dict[str, float] | None = None
+) -> list[Cell]:
+    """The answer's cells from a sweep's runs (``run_sweep(pairs=N)``'s) and the cost model the pages planned with
+    (None: no break-even). An interval that misses its own estimate (a bootstrap of few units can) is widened to it."""
+    drafted = runs.filter(pl.col("drafter") != "none")
+    if drafted.is_empty():
+        return []
+    summary = summarize_sweep(drafted, ["drafter", "category", "policy"])
+    modes = drafted["verify_mode"].unique().to_list() if "verify_mode" in drafted.columns else []
+    mode = modes[0] if len(modes) == 1 else "exact"
+    cells = []
+    for row in summary.iter_rows(named=True):
+        low, high, speedup = row.get("speedup_low"), row.get("speedup_high"), float(row["speedup"])
+        if low is not None and high is not None and math.isfinite(speedup):
+            low, high = min(low, speedup), max(high, speedup)
+        verifies = row.get("verifies") or 0
+        k = round(row["drafted"] / verifies) if verifies else None
+        acceptance = row["accepted"] / row["drafted"] if row.get("drafted") else None
+        a_star, band, never = None, None, False
+        if profile is not None and k and mode in profile.costs:
+            d = (drafter_costs or {}).get(row["drafter"], 0.0)
+            value = float(break_even_acceptance(profile, d, k, mode)[k - 1])
+            a_star, never = (None, True) if math.isnan(value) else (value, False)
+            bounds = break_even_band(profile, d, k, mode)
+            if bounds is not None and a_star is not None:
+                ends = [float(b[k - 1]) for b in bounds]
+                band = None if any(math.isnan(e) for e in ends) else (min(ends), max(ends))
+        cells.append(
+            Cell(
+                drafter=row["drafter"],
+                kind=row["category"],
+                policy=row["policy"],
+                speedup=speedup,
+                low=low,
+                high=high,
+                pairs=int(row.get("pairs") or 0),
+                prompts=int(row.get("prompts") or 0),
+                tokens_per_verify=row.get("tokens_per_verify"),
+                acceptance=acceptance,
+                k=k,
+                break_even=a_star,
+                band=band,
+                verdict=verdict_of(low, high, int(row.get("pairs") or 0)),
+                never_pays=never,
+            )
+        )
+    return cells
+
+
+def read_answer(out: str | Path, model: str | None) -> tuple[list[Cell], dict[str, Any] | None]:
+    """The answer's cells from a report folder's stored records (the sweep's runs of ``model``), and the entry of
+    ``model``'s cost model (None without one)."""
+    out = Path(out)
+    path = out / SWEEP_RUNS
+    models = cost_models.read(out)
+    if not path.is_file():
+        return [], None
+    try:
+        runs = pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError):
+        return [], None
+    entry = (models or {}).get("models", {}).get(model) if model else None
+    profile = None
+    if entry is not None:
+        try:
+            profile = check_profile(entry["profile"])
+        except (KeyError, ValueError):
+            profile, entry = None, None
+    return answer_cells(runs, profile), entry
+
+
+def _profiles(out: Path) -> list[Profile]:
+    """Every cost model the report recorded (its pages' model, the break-even page's MoE), named as recorded."""
+    profiles = []
+    for name, entry in ((cost_models.read(out) or {}).get("models") or {}).items():
+        try:
+            profile = check_profile(entry["profile"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        profile.name = name
+        profiles.append(profile)
+    return profiles
+
+
+def write_map(out: str | Path, model: str | None) -> Path | None:
+    """Draw the answer's break-even map (``figures.break_even_map``) into ``out/answer/``: every recorded cost
+    model's a*(k) with its band, and the sweep's cells at their realized acceptance (None before the sweep ran)."""
+    from specbench.report import figures
+
+    out = Path(out)
+    cells, _ = read_answer(out, model)
+    profiles = _profiles(out)
+    mode = "exact" if any("exact" in p.costs for p in profiles) else "fast"
+    with_mode = [p for p in profiles if mode in p.costs]
+    if not cells or not with_mode:
+        return None
+    max_k = max([8, *(c.k for c in cells if c.k)])
+    return figures.save_figure(figures.break_even_map(with_mode, cells, mode, max_k=max_k), out / MAP)
+
+
+def answer_html(out: str | Path, model: str | None) -> str:
+    """The index's opening: the answer table for ``model`` and the line naming the cost model it used ("" before
+    the sweep ran)."""
+    cells, entry = read_answer(out, model)
+    if not cells:
+        return ""
+    esc = html.escape
+    rows = []
+    for c in cells:
+        interval = f" [{_n(c.low)}-{_n(c.high)}]" if c.low is not None and c.high is not None else ""
+        per_verify = "" if c.tokens_per_verify is None else _n(c.tokens_per_verify)
+        rows.append(
+            f"<tr><td>{esc(c.drafter)}</td><td>{esc(c.kind)}</td><td>{esc(c.policy)}</td>"
+            f"<td>{_n(c.speedup)}x{interval}</td><td class='{esc(c.verdict.split()[0])}'>{esc(c.verdict)}</td>"
+            f"<td>{c.pairs} pairs, {c.prompts} prompts</td><td>{per_verify}</td><td>{esc(c.why)}</td></tr>"
+        )
+    line = f"<p class='cost'>{esc(entry['line'])}</p>" if entry else "<p class='cost'>no cost model recorded</p>"
+    if (Path(out) / MAP).is_file():
+        line += f"<p><a href='{MAP}'><img class='map' src='{MAP}' alt='break-even map'></a></p>"
+    return (
+        "<h2>Does speculation pay here?</h2>"
+        "<table class='answer'><tr><th>drafter</th><th>prompt kind</th><th>policy</th><th>speedup [95 %]</th>"
+        "<th>verdict</th><th>sample</th><th>tokens per verification (accepted + 1)</th><th>why</th></tr>"
+        f"{''.join(rows)}</table>{line}"
+    )

@@ -1,0 +1,102 @@
+"""The report's cost models: measured once, before its notebooks, so that every page plans with the same c(w).
+
+Each model a page plans with (every notebook's ``model`` and the break-even page's ``dense_model``) gets its cost
+model (``specbench.cost.cost_model``) by the protocol the break-even page's parameters give (``protocol_of``): read
+from the store while current, else measured, on rank 0 alone under ``mlx.launch`` and stored on every rank. The
+pages then read it through ``profile_for`` (what Auto, the predictions and the policy rankings use) or measure by the
+same protocol, which reads the same stored profile. ``cost_model.json`` in the report folder names each one: when it
+was measured, how long it took, under what load, and whether it is noisy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specbench.common import distributed
+from specbench.common.files import locked, write_json_atomic
+from specbench.cost.model import Protocol, cost_model, current, describe
+from specbench.cost.profile import Profile, check_profile, load_profile, save_profile
+
+#: The file in a report folder that names the cost models its pages planned with.
+FILE = "cost_model.json"
+#: The notebook whose parameters fix the protocol (its own measurement reads the same stored profile).
+SOURCE = "break_even"
+
+
+def protocol_of(parameters: dict[str, Any]) -> Protocol:
+    """The protocol the break-even page's ``parameters`` measure by (``Protocol``'s defaults where one is unset)."""
+    names = {"widths": "widths", "verify_modes": "verify", "offset": "offset", "repeats": "repeats"}
+    names |= {"profile_tokens": "plain_tokens", "context_lengths": "lengths"}
+    given = {field: parameters[key] for key, field in names.items() if key in parameters}
+    for field in ("verify", "lengths"):
+        if field in given:
+            given[field] = tuple(given[field] or ())
+    return Protocol(**given)
+
+
+def models_of(resolved: dict[str, dict[str, Any]]) -> list[str]:
+    """The models the report's pages plan with, in notebook order: each ``model`` and the break-even page's
+    ``dense_model`` (its MoE is measured by that page alone)."""
+    names = [p.get("model") for p in resolved.values()] + [resolved.get(SOURCE, {}).get("dense_model")]
+    return list(dict.fromkeys(n for n in names if isinstance(n, str) and n))
+
+
+def prepare(
+    out: Path, models: list[str], protocol: Protocol, progress: Callable[[str], None] | None = None
+) -> dict[str, Profile]:
+    """The cost model of each of ``models`` by ``protocol``, measured or read on rank 0 and stored on every rank,
+    and named in ``out/cost_model.json``. A model that cannot be loaded is left out (its pages say why)."""
+    from specbench.models.load import load
+
+    found: dict[str, dict[str, Any]] = {}
+    if distributed.is_main():
+        for name in models:
+            try:
+                model, _ = load(name)
+            except (FileNotFoundError, ValueError) as err:
+                if progress is not None:
+                    progress(f"cost model of {name}: not measured ({err})")
+                continue
+            found[name] = cost_model(model, protocol, progress).to_dict()
+    found = distributed.broadcast(found)
+    profiles = {name: check_profile(data) for name, data in found.items()}
+    for profile in profiles.values():  # ranks on other hosts: each reads its own store
+        if not current(load_profile(profile.model, profile.device), protocol):
+            save_profile(profile)
+    if distributed.is_main():
+        with locked(out / FILE):
+            data = {"protocol": protocol.to_dict(), "models": {name: _entry(p) for name, p in profiles.items()}}
+            write_json_atomic(out / FILE, data)
+    return profiles
+
+
+def _entry(profile: Profile) -> dict[str, Any]:
+    return {"line": describe(profile), "noisy": profile.noisy, "profile": profile.to_dict()}
+
+
+def record(out: str | Path | None, name: str, profile: Profile) -> None:
+    """Add the cost model of ``name`` that a page measured by the report's protocol (the break-even page's MoE) to
+    ``out/cost_model.json``, for the answer's break-even map (nothing outside a report: ``out`` empty)."""
+    if not out:
+        return
+    path = Path(out) / FILE
+    with locked(path):
+        data = read(Path(out)) or {"protocol": None, "models": {}}
+        data["models"][name] = _entry(profile)
+        write_json_atomic(path, data)
+
+
+def read(out: Path) -> dict[str, Any] | None:
+    """What ``prepare`` wrote into the report folder ``out`` (None when it wrote nothing)."""
+    import json
+
+    path = Path(out) / FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("models"), dict) else None

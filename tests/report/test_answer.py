@@ -1,0 +1,89 @@
+"""The report's answer: every number computed from the stored records (the sweep's pairs, the cost model), verdicts
+from intervals alone, estimates inside their intervals, and one line naming the cost model."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import pytest
+
+from specbench.cost.breakeven import break_even_acceptance
+from specbench.cost.profile import Profile
+from specbench.report.answer import answer_cells, verdict_of
+
+
+def _runs(cells: dict[tuple[str, str], float], pairs: int = 6, drafted: int = 30, accepted: int = 21) -> pl.DataFrame:
+    """Timed pairs: per (drafter, kind) a method ``ratio`` times as fast as its plain run, the ratio wobbling by
+    +-2 % from pair to pair; 10 verifications of 3 drafted tokens each."""
+    rows = []
+    for (drafter, kind), ratio in cells.items():
+        for pair in range(pairs):
+            wobble = 1 + 0.02 * (-1) ** pair
+            rows.append(
+                {
+                    "drafter": drafter,
+                    "category": kind,
+                    "policy": "fixed:3",
+                    "prompt": f"{kind}-{pair % 3}",
+                    "temperature": 0.0,
+                    "seed": 0,
+                    "pair": pair,
+                    "verify_mode": "exact",
+                    "decode_tokens": 32,
+                    "decode_s": 1.0 / (ratio * wobble),
+                    "plain_decode_tokens": 32,
+                    "plain_decode_s": 1.0,
+                    "steps": 10,
+                    "verifies": 10,
+                    "drafted": drafted,
+                    "accepted": accepted,
+                    "equal_to_plain": True,
+                }
+            )
+    return pl.DataFrame(rows)
+
+
+def _profile() -> Profile:
+    widths = [1, 2, 3, 4, 5]
+    costs = [1.0, 1.2, 1.4, 1.6, 1.8]
+    return Profile(
+        model="m",
+        name="m",
+        device="cpu:test",
+        versions={},
+        plain_step_s=0.1,
+        widths={"exact": widths},
+        costs={"exact": costs},
+        seconds={"exact": [0.1 * c for c in costs]},
+        intervals={"exact": [[c - 0.1, c + 0.2] for c in costs]},
+    )
+
+
+def test_verdicts_come_from_the_interval_alone():
+    assert verdict_of(1.1, 1.4, 6) == "pays" and verdict_of(0.7, 0.9, 6) == "loses"
+    assert verdict_of(0.9, 1.2, 6) == "no difference resolvable"
+    assert verdict_of(None, None, 3).startswith("no interval (3 pairs")
+
+
+def test_each_cell_states_its_speedup_interval_sample_and_break_even():
+    runs = _runs({("lookup", "copy"): 1.5, ("suffix", "copy"): 0.8, ("lookup", "qa"): 1.0})
+    cells = {(c.drafter, c.kind): c for c in answer_cells(runs, _profile())}
+    assert cells["lookup", "copy"].verdict == "pays" and cells["suffix", "copy"].verdict == "loses"
+    assert cells["lookup", "qa"].verdict == "no difference resolvable"
+    for cell in cells.values():
+        assert cell.low <= cell.speedup <= cell.high  # an estimate inside its interval
+        assert cell.pairs == 6 and cell.prompts == 3 and cell.k == 3
+        assert cell.tokens_per_verify == pytest.approx((21 + 10) / 10)  # accepted + 1 per verification
+        assert cell.acceptance == pytest.approx(0.7)
+        # the break-even is the cost model's, its band from c(w)'s interval
+        assert cell.break_even == pytest.approx(float(break_even_acceptance(_profile(), 0.0, 3, "exact")[2]))
+        assert cell.band[0] < cell.break_even < cell.band[1]
+        assert f"over the break-even {cell.break_even:.3g}" in cell.why
+    assert math.isclose(cells["lookup", "copy"].speedup, 1.5, rel_tol=0.01)
+
+
+def test_a_cell_without_enough_pairs_has_no_verdict_and_no_cost_model_no_break_even():
+    cells = answer_cells(_runs({("lookup", "copy"): 1.5}, pairs=3), None)
+    assert cells[0].low is None and cells[0].verdict.startswith("no interval")
+    assert cells[0].break_even is None and "no cost model" in cells[0].why
