@@ -32,9 +32,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# the report's notebooks on as many local ranks as the test run has workers (one core and BLAS thread each)
+# the report's notebooks on as many local ranks as the test run has workers (one core and BLAS thread each);
+# MODEL=<mlx-lm folder or hub id> runs every page on that model instead of the embedded one
 report: $(STAMP)
-	$(BIN)/specbench report --profile full --ranks $(TEST_WORKERS)
+	$(BIN)/specbench report --profile full --ranks $(TEST_WORKERS) $(if $(MODEL),--model "$(MODEL)")
 
 # the suite on the optimized BLAS where one is installed; then, on MLX's reference BLAS, the tests whose premise is
 # its row-invariant forwards or that must hold on either BLAS (marked reference_blas), which the first pass skips

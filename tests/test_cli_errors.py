@@ -118,6 +118,22 @@ CASES = {
     "prompt that is not text": (["generate", "--prompt", "caf\udce9"], "--prompt cannot be tokenized: character 3"),
     "question file not UTF-8": (["bench", "prompts", "{tmp}/latin1.jsonl"], "latin1.jsonl is not UTF-8 text"),
     "question with a lone surrogate": (["bench", "prompts", "{tmp}/surrogate.jsonl"], "surrogate.jsonl:1: a turn"),
+    "report of an unknown model": (
+        ["report", "--model", "synthetic:nope", "--out", "{tmp}/r"],
+        "unknown synthetic model 'synthetic:nope'",
+    ),
+    "report of a folder without weights": (
+        ["report", "--model", "{tmp}/noweights", "--out", "{tmp}/r"],
+        "noweights has config.json but no weights (*.safetensors)",
+    ),
+    "report parameter of the wrong type": (
+        ["report", "--profile", "quick", "-p", "break_even.widths=many", "--out", "{tmp}/r"],
+        "widths",
+    ),
+    "report model parameter unknown": (
+        ["report", "--profile", "quick", "-p", "quickstart.model=/nowhere/model", "--out", "{tmp}/r"],
+        "Model '/nowhere/model' not found",
+    ),
 }
 
 
@@ -126,6 +142,8 @@ def test_a_bad_command_line_is_one_error_line_before_any_model_work(args, expect
     (tmp_path / "file.txt").write_text("x")
     (tmp_path / "latin1.jsonl").write_bytes('{"question_id": 1, "category": "qa", "turns": ["café"]}'.encode("latin-1"))
     (tmp_path / "surrogate.jsonl").write_text('{"question_id": 1, "category": "qa", "turns": ["caf\\udce9"]}')
+    (tmp_path / "noweights").mkdir()
+    (tmp_path / "noweights" / "config.json").write_text('{"model_type": "llama"}')
     argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
     assert main(argv) == 2
     captured = capsys.readouterr()
@@ -133,6 +151,7 @@ def test_a_bad_command_line_is_one_error_line_before_any_model_work(args, expect
     line = one_error_line(captured.err, command)
     assert expected.replace("{tmp}", str(tmp_path)) in line
     assert captured.out == ""
+    assert not (tmp_path / "r").exists()  # nothing written half
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")

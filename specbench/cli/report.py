@@ -23,6 +23,12 @@ def _report(parser: argparse.ArgumentParser):
         help="quick: a few minutes, tiny models (CI); full: the embedded model, about 13 CPU minutes "
         "(`make report` spreads them over 2 ranks)",
     )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="run every page on this model (an embedded short name, an mlx-lm folder or a Hugging Face id) instead "
+        "of the profile's; the time it will take is printed from its cost model before the notebooks start",
+    )
     parser.add_argument("--out", default=None, help="output folder (default reports/PROFILE)")
     parser.add_argument(
         "-p",
@@ -58,7 +64,7 @@ def _report(parser: argparse.ArgumentParser):
 
     def run(args):
         from specbench.common import distributed
-        from specbench.report.runner import parse_assignments, run_report
+        from specbench.report.runner import NOTEBOOKS, parse_assignments, run_report
 
         missing = [name for name in REPORT_EXTRA if importlib.util.find_spec(name) is None]
         if missing:
@@ -66,6 +72,13 @@ def _report(parser: argparse.ArgumentParser):
                 f"{', '.join(missing)} not installed: install the report extra, pip install 'specbench[report]'"
             )
         parameters = parse_assignments(args.param)
+        if args.model is not None:
+            from specbench.models.load import check_model
+
+            check_model(args.model)  # one line before any model work
+            pages = set(args.only or NOTEBOOKS)
+            dense = {"dense_model": args.model} if pages & {"break_even", "batch_break_even"} else {}
+            parameters = {"model": args.model, **dense, **parameters}
         if args.ranks < 1:
             raise ValueError(f"--ranks must be at least 1, got {args.ranks}")
         if args.ranks > 1 and distributed.launched_backend() is None:
@@ -95,6 +108,7 @@ def _start_ranks(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "specbench", "report", "--profile", args.profile, "--out", str(out)]
     command += [f"--param={p}" for p in args.param] + [f"--only={n}" for n in args.only or []]
+    command += [f"--model={args.model}"] * (args.model is not None)
     command += ["--force"] * args.force + ([f"--notebooks={args.notebooks}"] if args.notebooks else [])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = str(max(1, cores // args.ranks))

@@ -123,8 +123,21 @@ def select_questions(
             if taken.get(q.category, 0) < limit:
                 taken[q.category] = taken.get(q.category, 0) + 1
                 kept.append(q)
+        _say_left_out(len(questions) - len(kept), len(questions), f"limit={limit} keeps {limit} per category")
         questions = kept
     return list(questions)
+
+
+def _say_left_out(left_out: int, total: int, why: str) -> None:
+    """Warn that ``left_out`` of ``total`` prompts were left out, and why (nothing when none was)."""
+    if left_out > 0:
+        import warnings
+
+        warnings.warn(f"{left_out} of {total} prompts left out: {why}", PromptsLeftOut, stacklevel=3)
+
+
+class PromptsLeftOut(UserWarning):
+    """An option left some of the given prompts out of a run."""
 
 
 def _question(line: str, where: str) -> Question:
@@ -179,12 +192,15 @@ def prompts_from(
         if not texts:
             raise ValueError("the prompt list is empty")
         if limit is not None:
+            _say_left_out(len(texts) - limit, len(texts), f"limit={limit} keeps the first {limit}")
             texts = texts[:limit]
     else:
         texts = [(q.category, str(q.question_id), q.turns[0]) for q in questions_from(source, categories, limit)]
     prompts = [Prompt(pid, category, text, render_prompt(tokenizer, text, chat=chat)) for category, pid, text in texts]
     if max_prompt_tokens is not None:
-        prompts = [p for p in prompts if len(p.ids) <= max_prompt_tokens]
+        kept = [p for p in prompts if len(p.ids) <= max_prompt_tokens]
+        _say_left_out(len(prompts) - len(kept), len(prompts), f"longer than max_prompt_tokens={max_prompt_tokens}")
+        prompts = kept
         if not prompts:
             raise ValueError(f"no prompt has at most max_prompt_tokens={max_prompt_tokens} tokens: raise the limit")
     return prompts

@@ -133,6 +133,28 @@ def load(
     return model, tokenizer
 
 
+def check_model(name: str) -> None:
+    """Refuse, before any model work, a model name ``load`` could not load: an unknown synthetic shape, a miniature
+    of no known source, a path that is no mlx-lm folder, or a folder without weights (one FileNotFoundError or
+    ValueError naming it and what to do). A Hugging Face id passes: only loading it tells whether it can be had."""
+    name = str(name)
+    if not name.strip():
+        raise ValueError("no model named: give an embedded short name, an mlx-lm folder or a Hugging Face id")
+    if name.startswith(synthetic.PREFIX):
+        synthetic.parse(name)
+        return
+    if name.startswith(tiny.PREFIX):
+        source = name[len(tiny.PREFIX) :]
+        if source not in EMBEDDED_MODELS:
+            _tiny_source(source)
+        return
+    if name in EMBEDDED_MODELS:
+        return
+    path = _resolve(name)
+    if isinstance(path, Path) and not any(path.glob("*.safetensors")):
+        raise FileNotFoundError(f"the model folder {path} has config.json but no weights (*.safetensors)")
+
+
 def shard_model(model: nn.Module, name: str = "the model") -> nn.Module:
     """Split ``model`` in place over the global group with mlx-lm's tensor parallelism (``model.shard``):
     attention heads and MLP (or expert) columns are divided between the ranks, and the sharded layers sum

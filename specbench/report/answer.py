@@ -61,7 +61,10 @@ class Cell:
             return f"acceptance {_n(self.acceptance)} at k = {self.k} (no cost model to compare it with)"
         side = "over" if self.acceptance >= self.break_even else "under"
         band = f" [{_n(self.band[0])}-{_n(self.band[1])}]" if self.band else ""
-        return f"acceptance {_n(self.acceptance)} {side} the break-even {_n(self.break_even)}{band} at k = {self.k}"
+        return (
+            f"acceptance {_n(self.acceptance)} {side} the break-even {_n(self.break_even)}{band} "
+            f"at its mean draft of k = {self.k}"
+        )
 
 
 def _n(x: float) -> str:

@@ -18,6 +18,7 @@ from specbench.common import distributed
 from specbench.common.files import locked, write_json_atomic
 from specbench.cost.model import Protocol, cost_model, current, describe
 from specbench.cost.profile import Profile, check_profile, load_profile, save_profile
+from specbench.report.profiles import EMBEDDED, EMBEDDED_PLAIN_STEP_S
 
 #: The file in a report folder that names the cost models its pages planned with.
 FILE = "cost_model.json"
@@ -86,6 +87,31 @@ def record(out: str | Path | None, name: str, profile: Profile) -> None:
         data = read(Path(out)) or {"protocol": None, "models": {}}
         data["models"][name] = _entry(profile)
         write_json_atomic(path, data)
+
+
+def scaled(
+    expected: dict[str, float | None],
+    resolved: dict[str, dict[str, Any]],
+    models: dict[str, Profile],
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, float | None]:
+    """Each notebook's expected seconds for the model it runs: ``EXPECTED_SECONDS`` were measured on the embedded
+    model, so a notebook of another model is scaled by its cost model's plain step over the embedded model's then
+    (``EMBEDDED_PLAIN_STEP_S``); the total is said through ``progress`` before the notebooks start."""
+    out = dict(expected)
+    for name, seconds in expected.items():
+        model = resolved.get(name, {}).get("model") or resolved.get(name, {}).get("dense_model")
+        if seconds and model in models and model != EMBEDDED:
+            out[name] = seconds * models[model].plain_step_s / EMBEDDED_PLAIN_STEP_S
+    known = [v for v in out.values() if v]
+    others = sorted({m for m in models if m != EMBEDDED})
+    if progress is not None and others and len(known) == len(out):
+        steps = ", ".join(f"{m} {1e3 * models[m].plain_step_s:.0f} ms" for m in others)
+        progress(
+            f"about {sum(known) / 60:.0f} min for the notebooks, from the cost model: a plain step of {steps}, "
+            f"the embedded model's {1e3 * EMBEDDED_PLAIN_STEP_S:.0f} ms when the expected times were measured"
+        )
+    return out
 
 
 def read(out: Path) -> dict[str, Any] | None:

@@ -12,7 +12,12 @@ RUN_FIRST = ("draft_length_sweep",)
 READS_FROM = {"sampling": "draft_length_sweep", "explorer": "draft_length_sweep"}
 
 _TINY = "tiny:smollm2-135m"
-_EMBEDDED = "smollm2-135m"
+_EMBEDDED = EMBEDDED = "smollm2-135m"
+#: The embedded model's plain step on the 2-core CPU the expected times (``EXPECTED_SECONDS["full"]``) come from
+#: (float32, OpenBLAS, one BLAS thread; its cost model in a fresh-clone report of 2026-12-07, at load 0.6-2): a report
+#: of another model is expected to take its cost model's plain step over this times as long
+#: (``specbench.report.cost_models.scaled``).
+EMBEDDED_PLAIN_STEP_S = 0.093
 
 
 #: Per-profile parameter overrides, per notebook (notebook defaults fill the rest).
@@ -91,15 +96,18 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             # the MTP head is left out: on this CPU it is accepted ~5% of the time, and it needs every prompt
             # prefilled again for its hidden states; with it the sweep took 2.5 times as long (add it back with
             # -p draft_length_sweep.drafters=lookup,suffix,mtp)
+            # The answer's sample: the copy-like kinds where drafting from the context should pay (a repeated
+            # paragraph; questions over given passages), every prompt of each (3 each), each cell (drafter x kind x
+            # policy) timed in 6 adjacent pairs (2 per prompt), the fewest that give an interval.
             "model": _EMBEDDED,
             "drafters": ["lookup", "suffix:8"],
-            "draft_lengths": [1, 3],
+            "draft_lengths": [3],
             "policies": ["fixed", "auto"],
-            "categories": ["translation", "qa"],
-            "prompts_per_category": 1,
+            "categories": ["repeated_paragraph", "rag"],
+            "prompts_per_category": 3,
             "max_tokens": 32,
-            "max_prompt_tokens": 160,
-            "pairs": 1,  # each method next to a plain run of its own; consecutive plain runs: the A/A cell
+            "max_prompt_tokens": 450,
+            "pairs": 2,  # each method next to a plain run of its own; consecutive plain runs: the A/A cell
         },
         "break_even": {
             # the MoE: SmolLM2's layers with 16 experts, top-4 (random weights), 8 of its 30 layers (the CPU's
@@ -138,7 +146,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "drafters": ["lookup", "suffix:8"],
             "policy": "fixed:3",
             "temperatures": [0.0, 1.0],
-            "categories": ["translation"],
+            "categories": ["rag"],
             "max_tokens": 32,
             "lossless_samples": 10,
             "lossless_max_samples": 20,  # doubled when 10 cannot conclude (too few accepted drafts)

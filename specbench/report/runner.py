@@ -34,6 +34,7 @@ from specbench.common import distributed
 from specbench.common.blas import status_line
 from specbench.common.files import PROJECT_ROOT, check_writable, write_text_atomic
 from specbench.common.identity import blas_library, device_name, versions
+from specbench.models.load import check_model
 from specbench.report import answer, cost_models
 from specbench.report.index import (
     read_status,
@@ -367,6 +368,8 @@ def run_report(
         )
     started = time.perf_counter()
     resolved = resolve_parameters(profile, dict(parameters or {}), names, folder)
+    for model in cost_models.models_of(resolved):  # a model that cannot be loaded: one line before any model work
+        check_model(model)
     out = Path(out) if out else Path("reports") / profile
     out = check_writable(out, folder=True, name="--out").resolve()
     write_report_info(out, _report_info(profile))
@@ -380,7 +383,8 @@ def run_report(
         source = {**(notebook_parameters(page) if page.is_file() else {}), **PROFILES[profile].get(source_name, {})}
         source.update(resolved.get(source_name, {}))
         say = (lambda line: print(f"[cost model] {line}", file=sys.stderr, flush=True)) if progress else None
-        cost_models.prepare(out, cost_models.models_of(resolved), cost_models.protocol_of(source), say)
+        models = cost_models.prepare(out, cost_models.models_of(resolved), cost_models.protocol_of(source), say)
+        expected = cost_models.scaled(expected, resolved, models, say)
     expected = notebooks_here(expected, to_run)  # under mlx.launch: this rank's share (rank 0's folder decides)
     names = list(expected)
     if progress:

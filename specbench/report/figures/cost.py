@@ -173,21 +173,20 @@ def break_even_map(
             ax.fill_between(
                 k, np.nan_to_num(low, nan=1.0), np.nan_to_num(high, nan=1.0), color=palette[p.name], alpha=0.15
             )
-    markers = {"pays": ("^", "tab:green"), "loses": ("v", "tab:red")}
+    markers = {"pays": ("^", "tab:green"), "loses": ("v", "tab:red"), "no difference resolvable": ("o", "0.45")}
+    hollow = ("o", "0.45")  # no interval yet: too few pairs
     for cell in cells:
         if cell.k is None or cell.acceptance is None:
             continue
-        marker, colour = markers.get(cell.verdict, ("o", "0.45"))
-        ax.plot(cell.k, cell.acceptance, marker=marker, color=colour, ms=7, ls="", alpha=0.85)
-        ax.annotate(
-            f"{cell.drafter}/{cell.kind}",
-            (cell.k, cell.acceptance),
-            fontsize=7,
-            xytext=(4, 2),
-            textcoords="offset points",
-        )
-    for verdict, (marker, colour) in {**markers, "no difference resolvable": ("o", "0.45")}.items():
+        marker, colour = markers.get(cell.verdict, hollow)
+        face = colour if cell.verdict in markers else "none"
+        ax.plot(cell.k, cell.acceptance, marker=marker, color=colour, mfc=face, ms=7, ls="", alpha=0.85)
+        label = f"{cell.drafter}/{cell.kind}/{cell.policy}"
+        ax.annotate(label, (cell.k, cell.acceptance), fontsize=6.5, xytext=(4, 2), textcoords="offset points")
+    for verdict, (marker, colour) in markers.items():
         ax.plot([], [], marker=marker, color=colour, ls="", label=f"measured: {verdict}")
+    ax.plot([], [], marker=hollow[0], color=hollow[1], mfc="none", ls="", label="measured: too few pairs for a verdict")
+    ax.set_xlabel("draft length k (tokens; a measured run at its mean draft per verification)")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     return fig
 

@@ -1,0 +1,58 @@
+"""The report's cost models: the protocol the break-even page fixes, the models the pages plan with, one measurement
+stored for every page and named in the report folder, and the report's time scaled by a model's plain step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specbench.cost import Protocol
+from specbench.cost.profile import Profile, load_profile
+from specbench.report import cost_models
+from specbench.report.profiles import EMBEDDED, EMBEDDED_PLAIN_STEP_S
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path / "home"))
+
+
+def test_the_break_even_pages_parameters_fix_the_protocol():
+    parameters = {"widths": 9, "verify_modes": ["exact", "fast"], "offset": 64, "repeats": 5, "profile_tokens": 8}
+    protocol = cost_models.protocol_of({**parameters, "context_lengths": [1024]})
+    assert protocol == Protocol(9, ("exact", "fast"), 64, 5, 1, 8, (1024,))
+    assert cost_models.protocol_of({}) == Protocol()  # no break-even page: the defaults
+
+
+def test_the_models_the_pages_plan_with_in_order_and_once():
+    resolved = {"quickstart": {"model": "a"}, "sweep": {"model": "a"}, "break_even": {"dense_model": "b"}, "x": {}}
+    assert cost_models.models_of(resolved) == ["a", "b"]
+
+
+def test_one_measurement_stored_for_every_page_and_named_in_the_report(tmp_path):
+    protocol = Protocol(widths=3, verify=("fast",), offset=16, repeats=2, plain_tokens=2)
+    said = []
+    profiles = cost_models.prepare(tmp_path, ["synthetic:qwen3-8b-tiny"], protocol, said.append)
+    profile = profiles["synthetic:qwen3-8b-tiny"]
+    stored = load_profile(profile.model)
+    assert stored is not None and stored.costs == profile.costs  # what profile_for gives every page
+    data = cost_models.read(tmp_path)
+    assert data["protocol"]["widths"] == 3
+    entry = data["models"]["synthetic:qwen3-8b-tiny"]
+    assert entry["line"].startswith("cost model: ") and "rounds" in entry["line"]
+    assert json.dumps(entry["profile"]["costs"]) == json.dumps(profile.costs)
+    assert any("measuring the cost model" in line for line in said)
+
+
+def _profile(plain_step_s: float) -> Profile:
+    return Profile("m", "m", "cpu:test", {}, plain_step_s, {"fast": [1]}, {"fast": [1.0]}, {"fast": [plain_step_s]})
+
+
+def test_a_report_of_another_model_is_expected_to_take_its_plain_step_over_the_embedded_models():
+    expected = {"quickstart": 60.0, "explorer": 10.0}
+    resolved = {"quickstart": {"model": "big"}, "explorer": {"model": EMBEDDED}}
+    said = []
+    out = cost_models.scaled(expected, resolved, {"big": _profile(3 * EMBEDDED_PLAIN_STEP_S)}, said.append)
+    assert out == {"quickstart": pytest.approx(180.0), "explorer": 10.0}
+    assert said and said[0].startswith("about 3 min for the notebooks, from the cost model")
