@@ -39,6 +39,7 @@ from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic
 from specbench.core.draft import within_max_tokens
 from specbench.core.engine import generate
+from specbench.core.log import main_reason
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, FixedPolicy, as_policy
 from specbench.core.rules import Acceptance
@@ -424,6 +425,7 @@ def _row(
         "draft_s": stats["draft_s"],
         "verify_s": stats["verify_s"],
         "verification_s": stats["verification_s"],
+        "main_reason": main_reason(r for r in gen.log.records if r.kind != "prefill"),
         "decode_tokens_per_s": tps,
         **baseline,
         "speedup": tps / plain_tps if plain_tps > 0 else float("nan"),

@@ -108,6 +108,8 @@ def print_stats(stats: dict) -> None:
     for key in [*COUNT_STATS, "pauses", *RATE_STATS, "draft_s", "verify_s"]:
         value = stats.get(key)
         print(f"  {key:22s} {value:.3f}" if isinstance(value, float) else f"  {key:22s} {value}")
+    if stats.get("reasons"):  # why plain steps were taken and drafts were shorter than the policy's longest
+        print(f"  {'reasons':22s} " + ", ".join(f"{code} {n}" for code, n in stats["reasons"].items()))
 
 
 def print_step_summary(log, rows: int = 12) -> None:

@@ -14,6 +14,8 @@ class Speculate:
     k: int
     probing: bool = False
     min_confidence: float = 0.0
+    #: Why this length (``specbench.core.reasons``): "" where it is the policy's longest.
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,8 @@ class Plain:
 
     n: int
     shadow: int = 0
+    #: Why no draft now (``specbench.core.reasons``).
+    reason: str = ""
 
 
 #: What a policy answers once per step.

@@ -19,6 +19,7 @@ import mlx.nn as nn
 
 from specbench.common.deprecation import keyword_only_after, renamed_arguments
 from specbench.common.text import check_text
+from specbench.core import reasons
 from specbench.core.draft import Draft, Drafter
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions, checked_options
@@ -173,17 +174,20 @@ class Generation:
             mx.random.seed(self.options.seed)
         if drafter is not None:
             policy.start(drafter, self.break_even)
+        self._longest = policy.longest_draft(drafter) if drafter is not None else 0  # a shorter draft says why
         try:
             with self.target.running():
                 yield from self._prefill()
                 while self._finish is None:
                     if drafter is None:
-                        yield from self._plain_stretch(self._remaining())
+                        yield from self._plain_stretch(self._remaining(), reason=reasons.NO_DRAFTER)
                         continue
                     decision = policy.decide(self.log, drafter)
                     if isinstance(decision, Plain):
                         n = min(decision.n, self._remaining())
-                        yield from self._plain_stretch(n, paused=True, shadow=decision.shadow if n > 1 else 0)
+                        why = decision.reason or reasons.reason(reasons.POLICY, f"{policy.name} decoded plainly")
+                        shadow = decision.shadow if n > 1 else 0
+                        yield from self._plain_stretch(n, paused=True, shadow=shadow, reason=why)
                     else:
                         yield from self._speculate(decision)
         finally:
@@ -201,10 +205,17 @@ class Generation:
         yield from self._emit(emitted, step.hidden)
 
     def _plain_stretch(
-        self, n: int, paused: bool = False, k_requested: int = 0, draft_s: float = 0.0, shadow: int = 0
+        self,
+        n: int,
+        paused: bool = False,
+        k_requested: int = 0,
+        draft_s: float = 0.0,
+        shadow: int = 0,
+        reason: str = "",
     ) -> Iterator[int]:
         """``n`` plain steps (the target pipelines them); ``shadow``: tokens drafted first and not
-        verified, logged on the first step for the policy to compare with the tokens decoded."""
+        verified, logged on the first step for the policy to compare with the tokens decoded; ``reason``: why
+        plain (``specbench.core.reasons``), on every step of the stretch."""
         position = len(self.tokens)
         shadow_tokens: list[int] = []
         if shadow > 0:
@@ -225,6 +236,7 @@ class Generation:
                 draft_s=draft_s if i == 0 else 0.0,
                 verify_s=now - tick,
                 paused=paused,
+                reason=reason,
                 draft_tokens=shadow_tokens if i == 0 else [],
                 extra=step.extra,
             )
@@ -241,32 +253,49 @@ class Generation:
         if step is not None:
             emitted = self._stop_at(step.tokens)
             verify_s = self.clock() - t0
+            why = reasons.reason(reasons.PIPELINED, "the plain step queued ahead of the draft")
             self._record(
-                "plain", len(self.tokens), emitted, k_requested=decision.k, verify_s=verify_s, extra=step.extra
+                "plain",
+                len(self.tokens),
+                emitted,
+                k_requested=decision.k,
+                verify_s=verify_s,
+                reason=why,
+                extra=step.extra,
             )
             yield from self._emit(emitted, step.hidden)
         if self._finish is not None:
             return
         if self._remaining() <= 1:
-            yield from self._plain_stretch(1, k_requested=decision.k)
+            yield from self._plain_stretch(1, k_requested=decision.k, reason=reasons.LAST_TOKEN)
         else:
             k = min(decision.k, self._remaining() - 1)
-            yield from self._speculative_step(k, decision.probing, decision.min_confidence)
+            why = decision.reason
+            if k < decision.k:
+                why = reasons.reason(reasons.TOKENS_LEFT, f"{self._remaining()} tokens left, k = {k} of {decision.k}")
+            elif not why and decision.k < self._longest:
+                why = reasons.reason(reasons.POLICY, f"{self.policy.name} asked k = {k} of its longest {self._longest}")
+            yield from self._speculative_step(k, decision.probing, decision.min_confidence, why)
 
-    def _speculative_step(self, k: int, probing: bool, min_confidence: float = 0.0) -> Iterator[int]:
+    def _speculative_step(self, k: int, probing: bool, min_confidence: float = 0.0, reason: str = "") -> Iterator[int]:
         """Draft (cut where the drafter's confidence falls under ``min_confidence``), verify (forward,
-        accept, rollback), stop, record, emit."""
+        accept, rollback), stop, record, emit; ``reason``: why fewer than the policy's longest."""
         t0 = self.clock()
-        draft = cut_unconfident(self._draft(k), min_confidence)
+        proposed = self._draft(k)
+        draft = cut_unconfident(proposed, min_confidence)
         t1 = self.clock()
+        if len(draft.tokens) < len(proposed.tokens):
+            reason = reasons.reason(reasons.CONFIDENCE_CUT, f"{len(draft.tokens)} of {len(proposed.tokens)} kept")
+        elif len(draft.tokens) < k:
+            reason = reasons.reason(reasons.DRAFTER_SHORT, f"{len(draft.tokens)} of {k} drafted")
         if not draft.tokens:  # a plain step instead (2+ tokens remain here), the one after it queued
-            yield from self._plain_stretch(1, k_requested=k, draft_s=t1 - t0)
+            yield from self._plain_stretch(1, k_requested=k, draft_s=t1 - t0, reason=reason)
             return
         draft = self._checked(draft)  # timed with the verification, as the target's own checks are
         step = self.target.verify(draft, len(self.tokens), probing)
         t2 = self.clock()
         emitted = self._stop_at(step.tokens)
-        self._record_verify(k, draft, step, emitted, draft_s=t1 - t0, verify_s=t2 - t1, since=t2)
+        self._record_verify(k, draft, step, emitted, draft_s=t1 - t0, verify_s=t2 - t1, since=t2, reason=reason)
         yield from self._emit(emitted, step.hidden[:, : len(emitted)] if step.hidden is not None else None)
 
     def _draft(self, k: int) -> Draft:
@@ -286,6 +315,7 @@ class Generation:
         draft_s: float,
         verify_s: float,
         since: float | None = None,
+        reason: str = "",
     ) -> None:
         """Log the verification of ``draft`` (asked for ``k`` tokens) that gave ``step``; accepted tokens past a
         stop are never emitted, so never counted; ``since``: when the step's bookkeeping began."""
@@ -314,6 +344,7 @@ class Generation:
             draft_parents=list(draft.parents) if draft.parents is not None else [],
             extra=step.extra,
             other_since=since,
+            reason=reason,
             **tree,
         )
 

@@ -45,6 +45,8 @@ class StepRecord:
     verify_s: float = 0.0
     other_s: float = 0.0
     paused: bool = False
+    #: Why a plain step, or a draft shorter than the policy's longest: "code: detail" (``specbench.core.reasons``).
+    reason: str = ""
     accept_probs: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     draft_tokens: list[int] = field(default_factory=list)
@@ -88,6 +90,27 @@ class StepRecord:
 COLUMNS = [f.name for f in fields(StepRecord) if f.name != "labels"]
 _FIELDS = frozenset(COLUMNS)
 _EMPTY = frozenset(f.name for f in fields(StepRecord) if f.default_factory is not dataclasses.MISSING)
+
+
+def reason_counts(records: Iterable[StepRecord]) -> dict[str, int]:
+    """Steps per reason code (the text before a reason's ":"), most frequent first: why plain steps were taken and
+    drafts were shorter than the policy's longest."""
+    counts: dict[str, int] = {}
+    for record in records:
+        if record.reason:
+            code = record.reason.split(":", 1)[0]
+            counts[code] = counts.get(code, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def main_reason(records: Iterable[StepRecord]) -> str:
+    """The most frequent reason of ``records`` in full (its latest wording), "" where none has one."""
+    records = [r for r in records if r.reason]
+    counts = reason_counts(records)
+    if not counts:
+        return ""
+    code = next(iter(counts))
+    return next(r.reason for r in reversed(records) if r.reason.split(":", 1)[0] == code)
 
 
 class StepLog:
@@ -141,6 +164,7 @@ class StepLog:
             "tokens_per_verify": (accepted + len(verifies)) / len(verifies) if verifies else 0.0,
             "draft_s": sum(r.draft_s for r in self.records),
             "verify_s": sum(r.verify_s for r in self.records),
+            "reasons": reason_counts(decode),
             "verification_s": sum(r.verify_s for r in verifies),
             "other_s": sum(r.other_s for r in self.records),
             "prefill_s": sum(r.verify_s + r.other_s for r in prefill),

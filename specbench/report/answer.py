@@ -49,10 +49,17 @@ class Cell:
     verdict: str
     #: True where the cost model says no acceptance pays at this k (then ``break_even`` is None).
     never_pays: bool = False
+    #: The most frequent reason its runs gave for plain steps and short drafts (``specbench.core.reasons``).
+    reason: str = ""
 
     @property
     def why(self) -> str:
-        """One sentence: the realized acceptance against what the cost model says the draft length needs."""
+        """One sentence: the realized acceptance against what the cost model says the draft length needs, and the
+        main reason its runs gave for plain steps or shorter drafts."""
+        text = self._acceptance_against_break_even()
+        return f"{text}; mostly {self.reason}" if self.reason else text
+
+    def _acceptance_against_break_even(self) -> str:
         if self.acceptance is None or self.k is None:
             return "no draft was verified: the policy decoded plainly"
         if self.never_pays:
@@ -111,6 +118,12 @@ def answer_cells(
             if bounds is not None and a_star is not None:
                 ends = [float(b[k - 1]) for b in bounds]
                 band = None if any(math.isnan(e) for e in ends) else (min(ends), max(ends))
+        mine = drafted.filter(
+            (pl.col("drafter") == row["drafter"])
+            & (pl.col("category") == row["category"])
+            & (pl.col("policy") == row["policy"])
+        )
+        reasons = [r for r in (mine["main_reason"] if "main_reason" in mine.columns else []) if r]
         cells.append(
             Cell(
                 drafter=row["drafter"],
@@ -128,6 +141,7 @@ def answer_cells(
                 band=band,
                 verdict=verdict_of(low, high, int(row.get("pairs") or 0)),
                 never_pays=never,
+                reason=min(set(reasons), key=lambda r: (-reasons.count(r), r)) if reasons else "",
             )
         )
     return cells

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -157,11 +158,26 @@ def _row(out: Path, name: str, title: str, status: dict[str, Any], summary: dict
     )
 
 
+#: The most words of a page's verdict on the index (at most two sentences; the page has the rest).
+BRIEF_WORDS = 60
+
+
+def brief(text: str, words: int = BRIEF_WORDS) -> str:
+    """A verdict taken in at a glance: its first two sentences, cut to ``words`` words ("..." where cut)."""
+    sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z(])", " ".join(str(text).split()))
+    shown = " ".join(sentences[:2])
+    parts = shown.split()
+    more = len(sentences) > 2
+    if len(parts) + more > words:
+        return " ".join(parts[: words - 1]) + " ..."
+    return shown + (" ..." if more else "")
+
+
 def _verdict(name: str, title: str, status: dict[str, Any], summary: dict[str, Any]) -> str:
-    """One line per notebook: its verdict, or why there is none."""
+    """One line per notebook: its verdict at a glance (``brief``; the page holds it whole), or why there is none."""
     esc = html.escape
     state = state_of(status)
-    text = summary.get("verdict") or ""
+    text = brief(summary.get("verdict") or "")
     if not text:
         text = {"done": "finished without a verdict", "failed": f"failed: {status.get('error', '')}"}.get(state, state)
     return f'<li><a href="#{esc(name)}"><b>{esc(title)}</b></a>: {esc(text)}</li>'

@@ -245,7 +245,9 @@ def test_auto_takes_a_wider_draft_that_costs_less_on_the_envelope():
     # a length even a full acceptance cannot pay for is left out; none at all: plain throughout
     policy = DraftPolicy.auto(clock=clock)
     policy.start(Drafter(), lambda k: k + 1.5)
-    assert policy.k == 0 and policy.decide(StepLog(), Drafter()) == Plain(1 << 30, 0)
+    decision = policy.decide(StepLog(), Drafter())
+    assert policy.k == 0 and (decision.n, decision.shadow) == (1 << 30, 0)
+    assert decision.reason.startswith("auto-never-pays: no draft length pays")
 
 
 def test_drafts_lengthen_only_as_whole_drafts_are_accepted():

@@ -39,6 +39,7 @@ def _runs(cells: dict[tuple[str, str], float], pairs: int = 6, drafted: int = 30
                     "drafted": drafted,
                     "accepted": accepted,
                     "equal_to_plain": True,
+                    "main_reason": "drafter-short: 2 of 3 drafted" if pair % 3 else "pipelined",
                 }
             )
     return pl.DataFrame(rows)
@@ -80,6 +81,7 @@ def test_each_cell_states_its_speedup_interval_sample_and_break_even():
         assert cell.break_even == pytest.approx(float(break_even_acceptance(_profile(), 0.0, 3, "exact")[2]))
         assert cell.band[0] < cell.break_even < cell.band[1]
         assert f"over the break-even {cell.break_even:.3g}" in cell.why
+        assert cell.why.endswith("; mostly drafter-short: 2 of 3 drafted")  # its runs' most frequent reason
     assert math.isclose(cells["lookup", "copy"].speedup, 1.5, rel_tol=0.01)
 
 
@@ -87,3 +89,15 @@ def test_a_cell_without_enough_pairs_has_no_verdict_and_no_cost_model_no_break_e
     cells = answer_cells(_runs({("lookup", "copy"): 1.5}, pairs=3), None)
     assert cells[0].low is None and cells[0].verdict.startswith("no interval")
     assert cells[0].break_even is None and "no cost model" in cells[0].why
+
+
+def test_a_verdict_on_the_index_is_at_most_two_sentences_and_60_words():
+    from specbench.report.index import brief
+
+    long = "First sentence here. Second one (with 1.5x). Third sentence never shown."
+    assert brief(long) == "First sentence here. Second one (with 1.5x). ..."
+    wall = " ".join(["word"] * 200) + "."
+    assert len(brief(wall).split()) == 60 and brief(wall).endswith("...")
+    assert brief("Short.") == "Short."
+    exactly = " ".join(["w"] * 59) + ". Next."  # the "..." of a third sentence counts too
+    assert len(brief(exactly + " Third.").split()) <= 60

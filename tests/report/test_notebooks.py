@@ -14,6 +14,7 @@ import pytest
 
 from specbench.inputs.capabilities import has
 from specbench.report import runner as report
+from specbench.report.index import brief
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -82,8 +83,17 @@ def test_quick_profile_runs_each_notebook(tmp_path, name):
     # every figure titled, labelled, inside its canvas, no series hidden (figures.checks)
     assert not summary.get("figure_problems"), (name, summary["figure_problems"])
     assert len(summary["verdict"]) > 40, f"{name} ends without a verdict"  # in words, from its numbers
+    # on the index: each verdict at a glance (at most 60 words), key results in words, no float past 3 digits
+    verdicts_html = page[page.index("<h2>Verdicts</h2>") : page.index("<table><colgroup>")]
+    for item in re.findall(r"<li>(.*?)</li>", verdicts_html):
+        assert len(item.split("</a>: ", 1)[-1].split()) <= 60, item
+    results = page[page.index("<table><colgroup>") :]
+    for label, value in re.findall(r'<div class="kv">([^:<]*): <span class="v">([^<]*)</span>', results):
+        assert "_" not in label, label
+        for number in re.findall(r"\d+\.\d+", value):
+            assert len(number.replace(".", "").lstrip("0")) <= 3, (label, value)
     # the index opens with the answer (once the sweep ran), then one verdict per notebook, before the notebooks' table
-    assert html.escape(summary["verdict"]) in page[: page.index("<table><colgroup>")]
+    assert html.escape(brief(summary["verdict"])) in page[: page.index("<table><colgroup>")]
     if name == "draft_length_sweep":
         assert summary["values"]["outputs_equal_to_plain"] is True
         assert page.index("Does speculation pay here?") < page.index("<h2>Verdicts</h2>")

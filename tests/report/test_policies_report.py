@@ -75,7 +75,7 @@ def test_policy_ranking_says_when_nothing_was_replayed_or_confirmed():
 
 def test_verdict_words_each_confirmed_policy_by_its_interval():
     text = verdicts.policies(_ranking(), _confirmed(1.1, 1.3), "m", "suffix", "6 prompt(s) x 24 tokens, greedy")
-    assert "auto on 1, ollama on 1 of 3 workload(s); every policy tied on 1" in text
+    assert "auto on 1, ollama on 1, every policy tied on 1 of 3 workload(s)" in text  # each workload counted once
     assert "not a measurement" in text and "6 prompt(s) x 24 tokens, greedy" in text
     assert f"ollama {PAYS} (1.20x, 95 % interval over requests 1.10-1.30 of 6), predicted 1.25x (residual -4%)" in text
     assert f"auto {LOSES} (0.70x, 95 % interval over requests 0.60-0.80 of 6), predicted 1.30x (residual -46%)" in text

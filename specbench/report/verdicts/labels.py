@@ -96,6 +96,35 @@ def _yes_no(value: Any) -> str:
     return {True: "yes", False: "NO", None: "not compared"}.get(value, str(value))
 
 
+def _short(value: Any) -> str:
+    """A number to 3 significant digits."""
+    return _number(value, ".3g")
+
+
+def _rules(value: Any) -> str:
+    """``best_lossless``'s rows in a line: "T=0.5 block 1.39, 0.922x; ..."."""
+    if not isinstance(value, list):
+        return _plain(value)
+    parts = []
+    for row in value:
+        if not isinstance(row, dict):
+            return _plain(value)
+        parts.append(
+            f"T={_short(row.get('temperature'))} {row.get('acceptance')} {_short(row.get('tokens_per_verify'))}, "
+            f"{_short(row.get('speedup'))}x"
+        )
+    return "; ".join(parts)
+
+
+def _plain(value: Any) -> str:
+    """Any value in words: numbers to 3 significant digits, lists and mappings item by item."""
+    if isinstance(value, dict):
+        return ", ".join(f"{str(k).replace('_', ' ')} {_plain(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return "; ".join(_plain(v) for v in value)
+    return _number(value, ".3g")
+
+
 def _plain_steps(value: Any) -> str:
     return _number(value, ".2f", " plain steps")
 
@@ -137,6 +166,30 @@ LABELS: dict[str, tuple[str, _Formatter]] = {
     ),
     "lossless_accepted_drafts": ("losslessness: accepted draft tokens tested", _number),
     "lossless_acceptance": ("losslessness: draft tokens accepted / drafted", _percent),
+    "lossless_samples": ("losslessness: samples drawn on each side", _number),
+    "exact_match_measured": ("exact-match rule: accepted draft tokens measured", _number),
+    "exact_match_expected": ("exact-match rule: accepted draft tokens expected from the model's own p", _short),
+    "exact_match_low": ("exact-match rule: expected, 95 % interval low", _short),
+    "exact_match_high": ("exact-match rule: expected, 95 % interval high", _short),
+    "exact_match_reached_positions": ("exact-match rule: draft positions reached", _number),
+    "best_lossless": ("best lossless rule per temperature (tokens per verification, speedup)", lambda v: _rules(v)),
+    "component_stack_max_error": ("component stack: largest miss of the measured step", _percent),
+    "component_stack_max_closure": ("component stack: largest miss of the measured forward", _percent),
+    "mean_abs_prediction_error_from_log": (
+        "speedup prediction error from each run's own log, mean |measured / predicted - 1|",
+        _percent,
+    ),
+    "predicted_speedup": ("predicted decode speedup (cost model x replayed acceptance)", _times),
+    "measured_speedup": ("measured decode speedup of the same method", _times),
+    "best_predicted": ("best predicted method", str),
+    "workloads": ("workloads ranked", _number),
+    "confirmed": ("policies confirmed by a measured run", str),
+    "mean_abs_residual": ("policy ranking: mean |measured / predicted - 1| of the confirmed", _percent),
+    "turns": ("turns replayed", _number),
+    "skipped_turns": ("turns left out (no text to replay)", _number),
+    "best_accepted_per_verify": ("best tokens per verification", _short),
+    "seconds": ("seconds the replay took", _short),
+    "source": ("replies replayed from", str),
 }
 
 #: (pattern, label template, formatter): keys that carry a model or method name.
@@ -163,4 +216,4 @@ def describe(key: str, value: Any) -> tuple[str, str]:
         match = pattern.match(key)
         if match:
             return template.format(**match.groupdict()), fmt(value)
-    return key, _number(value, ".3g")
+    return key.replace("_", " "), _plain(value)  # a key no label names yet: in words, numbers to 3 digits

@@ -34,16 +34,21 @@ def policies(table: pl.DataFrame, confirmed: pl.DataFrame | None, model: str, dr
         return "No policy was replayed: no workload had a recorded output."
     workloads = table["workload"].unique(maintain_order=True).to_list()
     firsts: dict[str, int] = {}
+    shared, ties = 0, 0  # workloads where several policies share the top; where every policy ties
     for workload in workloads:
-        for policy in best_predicted(table, workload):
-            firsts[policy] = firsts.get(policy, 0) + 1
-    leaders = ", ".join(f"{p} on {n}" for p, n in sorted(firsts.items(), key=lambda item: (-item[1], item[0])))
-    ties = sum(1 for w in workloads if not best_predicted(table, w))
-    text = (
+        best = best_predicted(table, workload)
+        if len(best) == 1:
+            firsts[best[0]] = firsts.get(best[0], 0) + 1
+        elif best:
+            shared += 1
+        else:
+            ties += 1
+    counts = [f"{p} on {n}" for p, n in sorted(firsts.items(), key=lambda item: (-item[1], item[0]))]
+    counts += [f"two or more policies tied at the top on {shared}"] * bool(shared)
+    counts += [f"every policy tied on {ties}"] * bool(ties)
+    text = (  # each workload counted once: the counts add up to the workloads
         f"{model}, {drafter} drafts: best predicted speedup (a prediction from the cost profile, not a "
-        f"measurement) {leaders or 'none'} of {len(workloads)} workload(s)"
-        + (f"; every policy tied on {ties}" if ties else "")
-        + "."
+        f"measurement) {', '.join(counts) or 'none'} of {len(workloads)} workload(s)."
     )
     if confirmed is None or confirmed.is_empty():
         return text + " No policy was confirmed by real runs, so there is no speed verdict."
