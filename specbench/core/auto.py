@@ -43,7 +43,6 @@ from typing import Any
 from specbench.core.decision import Decision, Plain, Speculate
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.policy_args import at_least_one, check_break_even, check_k
-from specbench.core.reasons import reason
 
 #: Auto looks this far for a wider draft that costs less than the drafter's preferred one.
 ENVELOPE_K = 8
@@ -184,8 +183,7 @@ class AutoDecisions(AutoSettings):
         if k > 0:
             self._why = ""  # a pause's reason ends with it
             longest = self.costs.lengths[-1] if self.costs.lengths else k
-            best = reason("auto-best-k", f"k = {k}, the best predicted at acceptance {self._a()}")
-            why = "" if k >= longest else best
+            why = "" if k >= longest else f"auto-best-k: k = {k}, the best predicted at acceptance {self._a()}"
             decision: Decision = Speculate(k, self._probing(), reason=why)
         else:
             decision = Plain(self._plain_run(), self._shadow_k(), reason=self._plain_reason())
@@ -198,10 +196,10 @@ class AutoDecisions(AutoSettings):
     def _plain_reason(self) -> str:
         """Why Auto decodes plainly now, in the step log's words (``specbench.core.reasons``)."""
         if not self.costs.lengths:
-            return reason("auto-never-pays", "no draft length pays at this cost model, even fully accepted")
+            return "auto-never-pays: no draft length pays at this cost model, even fully accepted"
         if self._why:
             return self._why
-        return reason("auto-measuring", "timing plain decoding before drafting")
+        return "auto-measuring: timing plain decoding before drafting"
 
     def _probing(self) -> bool:
         """A measured probe (speculation starting, or resuming after a pause) while the acceptance measured so
@@ -242,20 +240,18 @@ class AutoDecisions(AutoSettings):
             if losing and len(seen.speculative) < 2 and not self.evidence.wasted:
                 return  # one timing alone (a first call's kernel build, say) pauses no accepted draft
             if losing and not self._pays():
-                self._why = reason(
-                    "auto-slower",
-                    f"{1e3 * seen.speculative_seconds_per_token():.3g} ms a token speculating against "
-                    f"{1e3 * seen.plain_seconds_per_token():.3g} plain over the last {len(seen.speculative)} drafts",
+                self._why = (
+                    f"auto-slower: {1e3 * seen.speculative_seconds_per_token():.3g} ms a token speculating against "
+                    f"{1e3 * seen.plain_seconds_per_token():.3g} plain over the last {len(seen.speculative)} drafts"
                 )
                 self._pause(self.pause)
                 self.pause = min(2 * self.pause, self.max_pause_tokens)
             elif not losing and seen.full():
                 self.pause = self.pause_tokens
         elif seen.full() and seen.below_break_even():
-            self._why = reason(
-                "auto-below-break-even",
-                f"acceptance {self._a()} yielded fewer tokens than the break-even over the last "
-                f"{len(seen.speculative)} verifications",
+            self._why = (
+                f"auto-below-break-even: acceptance {self._a()} yielded fewer tokens than the break-even over the last "
+                f"{len(seen.speculative)} verifications"
             )
             self._pause(self.pause_tokens)
 
@@ -272,7 +268,7 @@ class AutoDecisions(AutoSettings):
             if not self.evidence.measured.speculative:  # a probe: only where what was measured says a draft pays
                 lenient = not self.evidence.measured.scales or self._waited >= LENIENT_AFTER
                 if not self._pays(LENIENT_SPEEDUP if lenient else 1.0):
-                    self._why = reason("auto-waiting", f"acceptance {self._a()} predicts no gain at any draft length")
+                    self._why = f"auto-waiting: acceptance {self._a()} predicts no gain at any draft length"
                     self.remaining = self.pause_tokens  # plain on, the next unverified draft watching acceptance
                     self.extensions += 1
                     self._waited += 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -14,8 +14,8 @@ class Speculate:
     k: int
     probing: bool = False
     min_confidence: float = 0.0
-    #: Why this length (``specbench.core.reasons``): "" where it is the policy's longest.
-    reason: str = ""
+    #: Why this length (``specbench.core.reasons``): "" where it is the policy's longest. Not part of the decision.
+    reason: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ class Plain:
 
     n: int
     shadow: int = 0
-    #: Why no draft now (``specbench.core.reasons``).
-    reason: str = ""
+    #: Why no draft now (``specbench.core.reasons``). Not part of the decision.
+    reason: str = field(default="", compare=False)
 
 
 #: What a policy answers once per step.

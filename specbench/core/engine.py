@@ -185,7 +185,7 @@ class Generation:
                     decision = policy.decide(self.log, drafter)
                     if isinstance(decision, Plain):
                         n = min(decision.n, self._remaining())
-                        why = decision.reason or reasons.reason(reasons.POLICY, f"{policy.name} decoded plainly")
+                        why = decision.reason or f"{reasons.POLICY}: {policy.name} decoded plainly"
                         shadow = decision.shadow if n > 1 else 0
                         yield from self._plain_stretch(n, paused=True, shadow=shadow, reason=why)
                     else:
@@ -253,7 +253,7 @@ class Generation:
         if step is not None:
             emitted = self._stop_at(step.tokens)
             verify_s = self.clock() - t0
-            why = reasons.reason(reasons.PIPELINED, "the plain step queued ahead of the draft")
+            why = f"{reasons.PIPELINED}: the plain step queued ahead of the draft"
             self._record(
                 "plain",
                 len(self.tokens),
@@ -272,9 +272,9 @@ class Generation:
             k = min(decision.k, self._remaining() - 1)
             why = decision.reason
             if k < decision.k:
-                why = reasons.reason(reasons.TOKENS_LEFT, f"{self._remaining()} tokens left, k = {k} of {decision.k}")
+                why = f"{reasons.TOKENS_LEFT}: {self._remaining()} tokens left, k = {k} of {decision.k}"
             elif not why and decision.k < self._longest:
-                why = reasons.reason(reasons.POLICY, f"{self.policy.name} asked k = {k} of its longest {self._longest}")
+                why = f"{reasons.POLICY}: {self.policy.name} asked k = {k} of its longest {self._longest}"
             yield from self._speculative_step(k, decision.probing, decision.min_confidence, why)
 
     def _speculative_step(self, k: int, probing: bool, min_confidence: float = 0.0, reason: str = "") -> Iterator[int]:
@@ -285,9 +285,9 @@ class Generation:
         draft = cut_unconfident(proposed, min_confidence)
         t1 = self.clock()
         if len(draft.tokens) < len(proposed.tokens):
-            reason = reasons.reason(reasons.CONFIDENCE_CUT, f"{len(draft.tokens)} of {len(proposed.tokens)} kept")
+            reason = f"{reasons.CONFIDENCE_CUT}: {len(draft.tokens)} of {len(proposed.tokens)} kept"
         elif len(draft.tokens) < k:
-            reason = reasons.reason(reasons.DRAFTER_SHORT, f"{len(draft.tokens)} of {k} drafted")
+            reason = f"{reasons.DRAFTER_SHORT}: {len(draft.tokens)} of {k} drafted"
         if not draft.tokens:  # a plain step instead (2+ tokens remain here), the one after it queued
             yield from self._plain_stretch(1, k_requested=k, draft_s=t1 - t0, reason=reason)
             return

@@ -1,6 +1,7 @@
 """Why a step decoded plainly or drafted fewer tokens than its policy's longest: the reason codes of the step log.
 
-A reason is "code: detail" (``StepRecord.reason``); ``StepLog.stats()["reasons"]`` counts steps per code. The
+A reason is "code: detail" or "code" (``StepRecord.reason``), written inline where it is decided (a step calls no
+function for it); ``StepLog.stats()["reasons"]`` counts steps per code. The
 engine's own codes are below; a policy gives its own (its name first, e.g. "auto-paused: ...") in the decision it
 answers (``Speculate.reason``, ``Plain.reason``).
 """
@@ -23,11 +24,6 @@ CONFIDENCE_CUT = "confidence-cut"
 POLICY = "policy"
 
 
-def reason(code: str, detail: str = "") -> str:
-    """A reason as the step log holds it: "code" or "code: detail"."""
-    return f"{code}: {detail}" if detail else code
-
-
 __all__ = [
     "CONFIDENCE_CUT",
     "DRAFTER_SHORT",
@@ -36,5 +32,4 @@ __all__ = [
     "PIPELINED",
     "POLICY",
     "TOKENS_LEFT",
-    "reason",
 ]

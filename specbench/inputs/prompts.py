@@ -98,10 +98,14 @@ def bundled_questions(categories: Sequence[str] | None = None, limit: int | None
 def questions_from(
     source: str | Path, categories: Sequence[str] | None = None, limit: int | None = None
 ) -> list[Question]:
-    """``"bundled"`` for the project's prompts, else a question.jsonl path."""
+    """``"bundled"`` for the project's prompts, else a question.jsonl path (whose questions a ``limit`` leaves out
+    are said: ``PromptsLeftOut``)."""
     if str(source) == "bundled":
         return bundled_questions(categories, limit)
-    return load_questions(source, categories, limit)
+    chosen = load_questions(source, categories, None)
+    kept = select_questions(chosen, None, limit)
+    _say_left_out(len(chosen) - len(kept), len(chosen), f"limit={limit} keeps {limit} per category")
+    return kept
 
 
 def select_questions(
@@ -123,7 +127,6 @@ def select_questions(
             if taken.get(q.category, 0) < limit:
                 taken[q.category] = taken.get(q.category, 0) + 1
                 kept.append(q)
-        _say_left_out(len(questions) - len(kept), len(questions), f"limit={limit} keeps {limit} per category")
         questions = kept
     return list(questions)
 
