@@ -579,7 +579,7 @@ def test_figures(tmp_path):
         for k in (1, 4)
     ]
     fig = figures.measured_vs_predicted(rows, {dense_p.name: dense_p})
-    assert "error" in fig.axes[0].get_title() and len(fig.axes[0].collections) == 2  # one point set per k
+    assert "error" in fig.axes[0].get_title() and len(fig.axes[0].collections) == 4  # per k: realized, nominal
     figures.save_figure(fig, tmp_path / "m.png")
     for r in rows:
         r["spec_s_per_token"], r["predicted_spec_s_per_token"] = 0.011, 0.010
