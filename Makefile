@@ -45,9 +45,11 @@ test: $(STAMP)
 	if [ -n "$$blas" ]; then SPECBENCH_BLAS=reference $(BIN)/python -m pytest tests -m reference_blas \
 		-n $(TEST_WORKERS) --durations=5; fi
 
+# ruff, then the type checker at its baseline of errors, which only goes down (scripts/typecheck.py)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m scripts.typecheck
 
 # fixes first (they can leave lines to reformat), then the formatter, then what is left to fix by hand
 format: $(STAMP)
