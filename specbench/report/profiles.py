@@ -202,7 +202,7 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         # CPU seconds (its process and kernel) in one `specbench report --profile full --ranks 2` on 2026-12-03 at
         # load 1-2, one BLAS thread per rank: about the wall time of a rank
         "quickstart": 69,
-        # 290 s in a fresh-clone `make report` of 2026-12-07 (2 ranks, load 1.8-2.6): the answer's sample, 6 pairs a cell
+        # 290 s in a fresh-clone `make report` of 2026-12-07 (2 ranks, load 1.8-2.6): the answer's 6 pairs a cell
         "draft_length_sweep": 290,
         "break_even": 175,  # 157 with two context lengths
         "agent_traces": 31,
