@@ -106,11 +106,12 @@ def add_model_argument(parser: argparse.ArgumentParser, synthetic: str | None = 
 
 
 #: ``bench``'s defaults for what is left unset, by device: a GPU runs every bundled question at 128 tokens; a CPU,
-#: where a float32 step of the embedded model takes ~0.2 s and a prompt token ~0.1 s, runs the two shortest
-#: categories' first questions at 32 tokens, a few minutes.
+#: where a float32 step of the embedded model takes ~0.1-0.2 s, runs the two shortest categories' first 3 questions
+#: at 32 tokens: 6 prompts, the fewest an interval over prompts is computed from. A user's own question file is run
+#: whole (the limit and categories apply to the bundled prompts alone).
 BENCH_DEFAULTS = {
     "gpu": {"max_tokens": 128, "limit": None, "categories": None},
-    "cpu": {"max_tokens": 32, "limit": 1, "categories": "qa,translation"},
+    "cpu": {"max_tokens": 32, "limit": 3, "categories": "qa,translation"},
 }
 
 
@@ -124,7 +125,8 @@ def device_defaults(args: argparse.Namespace, defaults: dict[str, dict[str, obje
     for name, value in defaults[device].items():
         if getattr(args, name, None) is not None or value is None:
             continue
-        if name == "categories" and getattr(args, "prompts", None) != "bundled":
+        own = hasattr(args, "prompts") and getattr(args, "prompts", None) != "bundled"  # a user's question file
+        if (name == "categories" and getattr(args, "prompts", None) != "bundled") or (name == "limit" and own):
             continue
         setattr(args, name, value)
         chosen[name] = value

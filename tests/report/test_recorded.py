@@ -100,12 +100,12 @@ def test_bench_defaults_depend_on_the_device(monkeypatch, capsys):
 
     monkeypatch.setattr(identity, "device_name", lambda: "cpu:test")
     args = SimpleNamespace(max_tokens=None, limit=None, categories=None, prompts="bundled")
-    assert registry.device_defaults(args) == {"max_tokens": 32, "limit": 1, "categories": "qa,translation"}
-    assert (args.max_tokens, args.limit, args.categories) == (32, 1, "qa,translation")
+    assert registry.device_defaults(args) == {"max_tokens": 32, "limit": 3, "categories": "qa,translation"}
+    assert (args.max_tokens, args.limit, args.categories) == (32, 3, "qa,translation")  # 6 prompts: an interval
     assert capsys.readouterr().out == ""  # nothing printed before the command line is checked
     mine = SimpleNamespace(max_tokens=64, limit=None, categories=None, prompts="my.jsonl")
     registry.device_defaults(mine)
-    assert (mine.max_tokens, mine.limit, mine.categories) == (64, 1, None)  # given values kept; own categories
+    assert (mine.max_tokens, mine.limit, mine.categories) == (64, None, None)  # given values kept; a user's file whole
     monkeypatch.setattr(identity, "device_name", lambda: "gpu:test")
     gpu = SimpleNamespace(max_tokens=None, limit=None, categories=None, prompts="bundled")
     registry.device_defaults(gpu)
