@@ -116,15 +116,14 @@ def from_rounds(
     plain_s: Sequence[float], seconds: dict[str, list[list[float]]]
 ) -> tuple[float, dict[str, list[float]], dict[str, list[float]], dict[str, list[list[float]]]]:
     """From timing rounds (each round's plain step, and each width's seconds in each round): the median plain step,
-    per mode c(w) (each width's median seconds over the median plain step), the median seconds, and c(w)'s
-    interval over the rounds' own ratios (``specbench.cost.noise.median_interval``)."""
+    per mode c(w) (the median over the rounds of each round's width seconds over its plain step: paired, so a drift
+    between rounds cancels), the median seconds, and c(w)'s interval over the same ratios
+    (``specbench.cost.noise.median_interval``), which always holds c(w)."""
     plain = statistics.median(plain_s)
     medians = {m: [statistics.median(per_round) for per_round in per_width] for m, per_width in seconds.items()}
-    costs = {m: [s / plain for s in per_width] for m, per_width in medians.items()}
-    intervals = {
-        m: [list(median_interval([s / p for s, p in zip(per_round, plain_s)])) for per_round in per_width]
-        for m, per_width in seconds.items()
-    }
+    ratios = {m: [[s / p for s, p in zip(rounds, plain_s)] for rounds in per_width] for m, per_width in seconds.items()}
+    costs = {m: [statistics.median(r) for r in per_width] for m, per_width in ratios.items()}
+    intervals = {m: [list(median_interval(r)) for r in per_width] for m, per_width in ratios.items()}
     return plain, costs, medians, intervals
 
 

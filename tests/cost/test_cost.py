@@ -111,7 +111,9 @@ def test_measure_save_load(dense, home):
     assert profile.widths == {"fast": [1, 2, 3, 4], "exact": [1, 2, 3, 4]}
     for mode in ("fast", "exact"):
         assert all(c > 0 for c in profile.costs[mode])
-        assert profile.costs[mode][2] == pytest.approx(profile.seconds[mode][2] / profile.plain_step_s)
+        # c(w): the median over the rounds of each round's width seconds over its own plain step
+        paired = [s / p for s, p in zip(profile.rounds[mode][2], profile.rounds["plain"])]
+        assert profile.costs[mode][2] == pytest.approx(float(np.median(paired)))
         assert mode in profile.overhead
     assert profile.name == "synthetic:qwen3-8b-tiny-fp32" and profile.offset == 16 and profile.repeats == 2
     path = cost.save_profile(profile)

@@ -52,7 +52,7 @@ def test_a_measured_profile_keeps_its_rounds_intervals_and_checks(dense):
     assert len(profile.rounds["plain"]) == 3 and all(len(r) == 3 for r in profile.rounds["fast"])
     for w in (1, 2, 3):
         low, high = profile.interval(w, "fast")
-        assert low <= profile.c(w, overhead=False) * (1 + 1e-9) and profile.c(w, overhead=False) <= high * (1 + 1e-9)
+        assert low <= profile.c(w, overhead=False) <= high  # the paired median lies in its own interval
     assert profile.interval_level == pytest.approx(0.75) and isinstance(profile.noise["fast"], list)
     assert check_profile(profile.to_dict()).intervals == profile.intervals  # stored and read back whole
 
