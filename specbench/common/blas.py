@@ -186,18 +186,15 @@ def unloaded_warning() -> str | None:
     )
 
 
+@functools.cache
 def warn_if_unloaded() -> None:
-    """Warn once per process where ``unloaded_warning`` has something to say."""
+    """Warn once per process (the call is cached) where ``unloaded_warning`` has something to say."""
     import warnings
 
     text = unloaded_warning()
-    if text and not _WARNED:
-        _WARNED.append(True)
+    if text:
         warnings.warn(text, BlasWarning, stacklevel=3)
 
 
 class BlasWarning(UserWarning):
     """MLX runs on its reference BLAS while an optimized one is installed."""
-
-
-_WARNED: list[bool] = []

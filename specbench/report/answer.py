@@ -14,13 +14,12 @@ import html
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
 from specbench.bench.sweep_summary import summarize_sweep
 from specbench.cost.breakeven import break_even_acceptance, break_even_band
-from specbench.cost.profile import Profile, check_profile
+from specbench.cost.profile import Profile
 from specbench.report import cost_models
 
 #: Where the sweep keeps its runs in a report folder.
@@ -147,39 +146,22 @@ def answer_cells(
     return cells
 
 
-def read_answer(out: str | Path, model: str | None) -> tuple[list[Cell], dict[str, Any] | None]:
-    """The answer's cells from a report folder's stored records (the sweep's runs of ``model``), and the entry of
-    ``model``'s cost model (None without one)."""
+def read_answer(
+    out: str | Path, model: str | None, recorded: dict[str, tuple[Profile, str]] | None = None
+) -> tuple[list[Cell], str]:
+    """The answer's cells from a report folder's stored records (the sweep's runs of ``model``) and the line naming
+    ``model``'s cost model ("" without one); ``recorded``: the folder's cost models, when already read."""
     out = Path(out)
     path = out / SWEEP_RUNS
-    models = cost_models.read(out)
     if not path.is_file():
-        return [], None
+        return [], ""
     try:
         runs = pl.read_parquet(path)
     except (OSError, pl.exceptions.PolarsError):
-        return [], None
-    entry = (models or {}).get("models", {}).get(model) if model else None
-    profile = None
-    if entry is not None:
-        try:
-            profile = check_profile(entry["profile"])
-        except (KeyError, ValueError):
-            profile, entry = None, None
-    return answer_cells(runs, profile), entry
-
-
-def _profiles(out: Path) -> list[Profile]:
-    """Every cost model the report recorded (its pages' model, the break-even page's MoE), named as recorded."""
-    profiles = []
-    for name, entry in ((cost_models.read(out) or {}).get("models") or {}).items():
-        try:
-            profile = check_profile(entry["profile"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        profile.name = name
-        profiles.append(profile)
-    return profiles
+        return [], ""
+    recorded = cost_models.recorded(out) if recorded is None else recorded
+    profile, line = recorded.get(model, (None, "")) if model else (None, "")
+    return answer_cells(runs, profile), line
 
 
 def write_map(out: str | Path, model: str | None) -> Path | None:
@@ -188,8 +170,9 @@ def write_map(out: str | Path, model: str | None) -> Path | None:
     from specbench.report import figures
 
     out = Path(out)
-    cells, _ = read_answer(out, model)
-    profiles = _profiles(out)
+    recorded = cost_models.recorded(out)
+    cells, _ = read_answer(out, model, recorded)
+    profiles = [profile for profile, _ in recorded.values()]
     mode = "exact" if any("exact" in p.costs for p in profiles) else "fast"
     with_mode = [p for p in profiles if mode in p.costs]
     if not cells or not with_mode:
@@ -201,7 +184,7 @@ def write_map(out: str | Path, model: str | None) -> Path | None:
 def answer_html(out: str | Path, model: str | None) -> str:
     """The index's opening: the answer table for ``model`` and the line naming the cost model it used ("" before
     the sweep ran)."""
-    cells, entry = read_answer(out, model)
+    cells, named = read_answer(out, model)
     if not cells:
         return ""
     esc = html.escape
@@ -214,7 +197,7 @@ def answer_html(out: str | Path, model: str | None) -> str:
             f"<td>{_n(c.speedup)}x{interval}</td><td class='{esc(c.verdict.split()[0])}'>{esc(c.verdict)}</td>"
             f"<td>{c.pairs} pairs, {c.prompts} prompts</td><td>{per_verify}</td><td>{esc(c.why)}</td></tr>"
         )
-    line = f"<p class='cost'>{esc(entry['line'])}</p>" if entry else "<p class='cost'>no cost model recorded</p>"
+    line = f"<p class='cost'>{esc(named or 'no cost model recorded')}</p>"
     if (Path(out) / MAP).is_file():
         line += f"<p><a href='{MAP}'><img class='map' src='{MAP}' alt='break-even map'></a></p>"
     return (

@@ -126,3 +126,17 @@ def read(out: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("models"), dict) else None
+
+
+def recorded(out: Path) -> dict[str, tuple[Profile, str]]:
+    """Each cost model ``out/cost_model.json`` names, checked (``check_profile``; an entry that fails is left out) and
+    named as recorded, with the line that describes it."""
+    found = {}
+    for name, entry in ((read(out) or {}).get("models") or {}).items():
+        try:
+            profile = check_profile(entry["profile"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        profile.name = name
+        found[name] = (profile, str(entry.get("line", "")))
+    return found
