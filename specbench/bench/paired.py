@@ -60,10 +60,14 @@ def _resampled_sums(units: np.ndarray, draws: int, seed: int) -> np.ndarray:
 
 
 def ratio_interval(
-    base: Sequence[tuple[float, float]], mine: Sequence[tuple[float, float]], draws: int = 5000, seed: int = 0
+    base: Sequence[tuple[float, float]],
+    mine: Sequence[tuple[float, float]],
+    draws: int = 5000,
+    seed: int = 0,
+    level: float = 0.95,
 ) -> tuple[float, float] | None:
-    """95 % expanded percentile bootstrap interval (``expanded_tail``) of a throughput ratio over paired units
-    (a prompt, a turn, a trace): each unit's (tokens, seconds) for the baseline and for the method, resampled
+    """``level`` (95 %) expanded percentile bootstrap interval (``expanded_tail``) of a throughput ratio over paired
+    units (a prompt, a turn, a trace): each unit's (tokens, seconds) for the baseline and for the method, resampled
     together; the ratio is (tokens / seconds of the method) over (tokens / seconds of the baseline), summed
     over units. None under ``MIN_UNITS`` units."""
     if len(base) != len(mine):
@@ -72,7 +76,7 @@ def ratio_interval(
         return None
     sums = _resampled_sums(np.hstack([np.asarray(base, dtype=float), np.asarray(mine, dtype=float)]), draws, seed)
     ratios = np.sort((sums[:, 2] / sums[:, 3]) / (sums[:, 0] / sums[:, 1]))  # columns: tokens, seconds; base first
-    return _cut(ratios, expanded_tail(len(base)))
+    return _cut(ratios, expanded_tail(len(base), level))
 
 
 def rate_interval(
@@ -146,6 +150,15 @@ def holm(p_values: Sequence[float]) -> list[float]:
 # -- paired runs -------------------------------------------------------------------------------------------------
 
 
+def sequential_level(looks: int, level: float = 0.95) -> float:
+    """The level of each look's interval in a sequential rule that looks at most ``looks`` times (adding pairs
+    until the interval excludes 1 or the looks run out) so that the whole rule errs at most 1 - ``level``
+    (Bonferroni over the looks: conservative, valid whatever the looks' correlation)."""
+    if looks < 1:
+        raise ValueError(f"a sequential rule looks at least once, got {looks}")
+    return 1.0 - (1.0 - level) / looks
+
+
 def baseline_first(index: int) -> bool:
     """Whether the baseline runs first in pair ``index`` of a sequence of adjacent (baseline, method) pairs: the
     order alternates, so a machine whose speed drifts one way favours neither side."""
@@ -177,9 +190,12 @@ class PairedRatio:
         return self.has_interval and (self.low > 1.0 or self.high < 1.0)
 
 
-def paired_ratio(pairs: Sequence[tuple[Any, float, float, float, float]], unit: str = "prompt") -> PairedRatio:
+def paired_ratio(
+    pairs: Sequence[tuple[Any, float, float, float, float]], unit: str = "prompt", level: float = 0.95
+) -> PairedRatio:
     """``PairedRatio`` of ``pairs``: (unit key, baseline tokens, baseline seconds, method tokens, method seconds)
-    per pair of adjacent runs; ``unit`` names what a key is ("prompt", "trace", "turn")."""
+    per pair of adjacent runs; ``unit`` names what a key is ("prompt", "trace", "turn"); ``level``: the interval's
+    (``sequential_level`` where pairs were added until it decided)."""
     if not pairs:
         raise ValueError("paired_ratio needs at least one pair of runs")
     by_unit: dict[Any, list[float]] = {}
@@ -195,6 +211,6 @@ def paired_ratio(pairs: Sequence[tuple[Any, float, float, float, float]], unit: 
         units, resampled = [list(map(float, p[1:])) for p in pairs], "pair"
     else:
         return PairedRatio(float(ratio), None, None, len(pairs), len(by_unit), "")
-    interval = ratio_interval([(u[0], u[1]) for u in units], [(u[2], u[3]) for u in units])
+    interval = ratio_interval([(u[0], u[1]) for u in units], [(u[2], u[3]) for u in units], level=level)
     assert interval is not None  # MIN_UNITS units or pairs
     return PairedRatio(float(ratio), interval[0], interval[1], len(pairs), len(by_unit), resampled)

@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows t
 from specbench.bench import paired
 from specbench.bench.positions import per_position_acceptance
 from specbench.bench.predictions import with_predictions
-from specbench.bench.sweep_summary import best_per_group, rate, summarize_sweep  # noqa: F401 (the sweep's API)
+from specbench.bench.sweep_summary import best_per_group, paired_intervals, rate, summarize_sweep  # noqa: F401 (the sweep's API)
 from specbench.bench.timing import cache_copy, prefix_cache, timed
 from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic
@@ -135,6 +136,8 @@ def run_sweep(
     spread: bool | None = None,
     acceptances: Sequence[Acceptance] = (Acceptance(),),
     pairs: int = 0,
+    max_pairs: int | None = None,
+    time_budget_s: float | None = None,
 ) -> Sweep:
     """Decode every prompt plainly, then with each drafter x policy, per temperature and seed.
 
@@ -157,6 +160,14 @@ def run_sweep(
     ``AA_POLICY``: plain against plain, the machine's own noise, at no extra run). Step logs are kept for the
     first pair; ``summarize_sweep`` gives each group its paired interval.
 
+    ``max_pairs`` (> ``pairs``) makes the sample sequential, by a rule fixed before the run: after the first
+    ``pairs`` pairs of every prompt, a group (prompt kind x temperature x rule x drafter x policy) whose speedup
+    interval does not yet exclude 1 gets one more pair on each of its prompts, round after round, until every
+    group has decided, a prompt has ``max_pairs`` pairs, or the next round would not fit in ``time_budget_s``
+    seconds (counted from the end of the first stage; None: no limit). The rule looks at most ``max_pairs -
+    pairs + 1`` times, so every interval of the sweep is at ``paired.sequential_level`` of that many looks (the
+    rows' ``looks`` column): the rule as a whole errs at most 5 % of the time.
+
     A cell is one prompt at one temperature and seed: its plain run and every drafter x policy.
     With ``out`` each finished cell is written there (``cells/``, atomically) and a sweep started
     again with the same settings resumes: finished cells are read back, not run. Under
@@ -167,6 +178,13 @@ def run_sweep(
     """
     if not prompts:
         raise ValueError("no prompts to sweep")
+    if pairs < 0:
+        raise ValueError(f"pairs must be >= 0, got {pairs}")
+    if max_pairs is not None and (pairs < 1 or max_pairs < pairs):
+        raise ValueError(f"max_pairs ({max_pairs}) needs pairs >= 1 and max_pairs >= pairs (got pairs={pairs})")
+    if time_budget_s is not None and not time_budget_s > 0:
+        raise ValueError(f"time_budget_s must be > 0 seconds, got {time_budget_s}")
+    looks = max_pairs - pairs + 1 if max_pairs is not None else 1
     policies = [as_policy(p) for p in policies]
     if verify is not None:
         check_verify_mode(verify)
@@ -193,6 +211,7 @@ def run_sweep(
         "ignore_eos": ignore_eos,
         "reuse_prefill": reuse_prefill,
         **({"pairs": pairs} if pairs else {}),
+        **({"max_pairs": max_pairs} if looks > 1 else {}),
         **(
             {"acceptances": [dataclasses.astuple(a) for a in acceptances]}
             if list(acceptances) != [Acceptance()]
@@ -210,36 +229,101 @@ def run_sweep(
         modes = {GenerateOptions(temperature=float(t), verify=verify).verify_mode for t in temperatures}
         if factories and "exact" in modes:
             _calibrate_exact(model, policies, factories, max_tokens)
-    if pairs < 0:
-        raise ValueError(f"pairs must be >= 0, got {pairs}")
     total = len(todo) * (1 + len(acceptances) * len(factories) * len(policies) * max(1, 2 * pairs))
     shown = progress and distributed.is_main()
     bar = tqdm(total=total, desc="sweep", disable=not shown, leave=False)
     results: dict[int, tuple[list[dict[str, Any]], pl.DataFrame]] = dict(done)
+    shared = size > 1 or distributed.is_sharded(model)
     prefix, prefix_of = None, None
+
+    def run(key: int, cell_index: int, first_pair: int, count: int, only: set[tuple] | None) -> None:
+        nonlocal prefix, prefix_of
+        prompt, temperature, seed = cells[cell_index]
+        tag = f"pair{first_pair}-" + ",".join(sorted(map(str, only))) if only is not None else ""
+        if store is not None and store.has(cells[cell_index], tag):
+            results[key] = store.read(cells[cell_index], tag)
+            return
+        if reuse_prefill and prefix_of is not prompt:
+            prefix, prefix_of = prefix_cache(model, prompt.ids), prompt
+        cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify)
+        results[key] = _run_cell(
+            model, tokenizer, cell, factories, policies, prefix, bar, acceptances, count, first_pair, only
+        )
+        if store is not None:
+            store.write(cells[cell_index], *results[key], tag=tag)
+
+    def merged() -> dict[int, tuple[list[dict[str, Any]], pl.DataFrame]]:
+        if not shared:
+            return results
+        parts = distributed.gather(results if spread or distributed.is_main() else {})
+        return {i: cell for part in parts for i, cell in part.items()}
+
     try:
+        started = time.perf_counter()
         for i in todo:
-            prompt, temperature, seed = cells[i]
-            if reuse_prefill and prefix_of is not prompt:
-                prefix, prefix_of = prefix_cache(model, prompt.ids), prompt
-            cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify)
-            results[i] = _run_cell(model, tokenizer, cell, factories, policies, prefix, bar, acceptances, pairs)
-            if store is not None:
-                store.write(cells[i], *results[i])
+            run(i, i, 0, pairs, None)
+        per_generation_s = (time.perf_counter() - started) / max(1, total)
+        results = merged()
+        sequential_s = 0.0
+        for pair in range(pairs, max_pairs or pairs):
+            undecided = _undecided(_frames(results, looks)[0])
+            tasks = [
+                (c, methods)
+                for c, (prompt, temperature, _) in enumerate(cells)
+                if (methods := {m for m in undecided if m[:2] == (prompt.category, temperature)})
+            ]
+            planned = 2 * per_generation_s * sum(len(m) for _, m in tasks) / size
+            go = bool(tasks) and (time_budget_s is None or sequential_s + planned <= time_budget_s)
+            if shared:  # the ranks' clocks differ: rank 0's decides
+                go = distributed.broadcast(go if distributed.is_main() else None)
+            if not go:
+                break
+            round_started = time.perf_counter()
+            bar.reset(total=2 * sum(len(m) for j, (_, m) in enumerate(tasks) if j % size == rank))
+            for j, (c, methods) in enumerate(tasks):
+                if j % size == rank:
+                    run(pair * len(cells) + c, c, pair, 1, {m[2:] for m in methods})
+            results = merged()
+            sequential_s += time.perf_counter() - round_started
     finally:
         bar.close()
-    if size > 1 or distributed.is_sharded(model):
-        parts = distributed.gather(results if spread or distributed.is_main() else {})
-        results = {i: cell for part in parts for i, cell in part.items()}
+    runs, steps = _frames(results, looks)
+    return Sweep(runs, steps, skipped)
+
+
+def _frames(
+    results: dict[int, tuple[list[dict[str, Any]], pl.DataFrame]], looks: int
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """A sweep's runs and steps from its cells' results (run ids in key order: cells first, then each sequential
+    round's), every run with the sequential rule's ``looks`` where it has more than one."""
     runs: list[dict[str, Any]] = []
     frames: list[pl.DataFrame] = []
     for i in sorted(results):  # run ids in cell order, whoever ran the cell
         rows, steps = results[i]
         offset = len(runs)
-        runs += [{**row, "run": row["run"] + offset} for row in rows]
-        frames.append(steps.with_columns(pl.col("run") + offset))
+        runs += [{**row, "run": row["run"] + offset, **({"looks": looks} if looks > 1 else {})} for row in rows]
+        if steps.height:
+            frames.append(steps.with_columns(pl.col("run") + offset))
     steps = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
-    return Sweep(pl.DataFrame(runs, infer_schema_length=None), steps, skipped)
+    return pl.DataFrame(runs, infer_schema_length=None), steps
+
+
+#: A sweep group, the unit of its sequential rule: (prompt kind, temperature, rule label, drafter, policy name).
+_GROUP = ("category", "temperature", "acceptance", "drafter", "policy")
+
+
+def _undecided(runs: pl.DataFrame) -> set[tuple]:
+    """The groups (``_GROUP``) whose paired speedup interval does not exclude 1 yet (or that have none)."""
+    timed = (
+        runs.filter((pl.col("drafter") != "none") & pl.col("pair").is_not_null()) if "pair" in runs.columns else None
+    )
+    if timed is None or not timed.height:
+        return set()
+    intervals = paired_intervals(timed, _GROUP)
+    open_ = intervals.filter(
+        pl.col("speedup_low").is_null() | ((pl.col("speedup_low") <= 1.0) & (pl.col("speedup_high") >= 1.0))
+    )
+    return {tuple(row) for row in open_.select(_GROUP).iter_rows()}
 
 
 #: The policy name of a sweep's A/A rows: plain decoding against the plain run before it.
@@ -256,9 +340,15 @@ def _run_cell(
     bar: Any,
     acceptances: Sequence[Acceptance] = (Acceptance(),),
     pairs: int = 0,
+    first_pair: int = 0,
+    only: set[tuple] | None = None,
 ) -> tuple[list[dict[str, Any]], pl.DataFrame]:
     """One prompt at one temperature and seed: the plain run, then every rule x drafter x policy (run ids from 0),
-    once against that plain run, or ``pairs`` times each in an adjacent pair with a plain run of its own."""
+    once against that plain run, or ``pairs`` times each in an adjacent pair with a plain run of its own.
+
+    A sequential round (``first_pair`` > 0) runs pairs ``first_pair`` on of the methods in ``only`` ((rule label,
+    drafter, policy name) each) alone: no plain run of its own, no step logs, A/A rows between its own plain
+    runs."""
     prompt, temperature, seed, ignore_eos, max_tokens, verify = cell
     options = GenerateOptions(
         max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos, verify=verify
@@ -281,10 +371,14 @@ def _run_cell(
         bar.update()
         return gen, tokens, seconds
 
-    plain, plain_tokens, plain_s = run_plain()
-    reference = {"plain_decode_tokens": len(plain_tokens) - 1, "plain_decode_s": plain_s}
-    runs.append(_row(len(runs), {**base, "acceptance": "none"}, "none", None, plain, plain_s, reference, None))
-    frames.append(_steps(plain.log, len(runs) - 1, base))
+    previous_plain: tuple[Any, float] | None = None
+    plain_tokens: list[int] | None = None
+    if not first_pair:
+        plain, plain_tokens, plain_s = run_plain()
+        reference = {"plain_decode_tokens": len(plain_tokens) - 1, "plain_decode_s": plain_s}
+        runs.append(_row(len(runs), {**base, "acceptance": "none"}, "none", None, plain, plain_s, reference, None))
+        frames.append(_steps(plain.log, len(runs) - 1, base))
+        previous_plain = (plain, plain_s)
 
     def run_method(ruled: GenerateOptions, drafter_name: str, policy: DraftPolicy) -> tuple[Any, list[int], float]:
         drafter = factories[drafter_name]()
@@ -301,9 +395,14 @@ def _run_cell(
         bar.update()
         return gen, tokens, seconds
 
-    methods = [(r, d, p) for r in acceptances for d in factories for p in policies]
-    previous_plain = (plain, plain_s)
-    for pair in range(max(1, pairs)):
+    methods = [
+        (r, d, p)
+        for r in acceptances
+        for d in factories
+        for p in policies
+        if only is None or (r.label, d, p.name) in only
+    ]
+    for pair in range(first_pair, first_pair + max(1, pairs)):
         for index, (rule, drafter_name, policy) in enumerate(methods):
             bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
             ruled = dataclasses.replace(
@@ -322,15 +421,20 @@ def _run_cell(
                     gen, tokens, seconds = run_method(ruled, drafter_name, policy)
                     mine = run_plain()
                 baseline = {"plain_decode_tokens": len(mine[1]) - 1, "plain_decode_s": mine[2]}
-                aa = {"plain_decode_tokens": len(previous_plain[0].tokens) - 1, "plain_decode_s": previous_plain[1]}
-                runs.append(
-                    {
-                        **_row(len(runs), {**base, "acceptance": "none"}, "none", None, mine[0], mine[2], aa, None),
-                        "policy": AA_POLICY,
-                        "pair": pair,
+                if previous_plain is not None:
+                    aa = {
+                        "plain_decode_tokens": len(previous_plain[0].tokens) - 1,
+                        "plain_decode_s": previous_plain[1],
                     }
-                )
+                    runs.append(
+                        {
+                            **_row(len(runs), {**base, "acceptance": "none"}, "none", None, mine[0], mine[2], aa, None),
+                            "policy": AA_POLICY,
+                            "pair": pair,
+                        }
+                    )
                 previous_plain = (mine[0], mine[2])
+                plain_tokens = plain_tokens or mine[1]
             same = tokens == plain_tokens if temperature == 0 else None
             runs.append(
                 {
@@ -340,7 +444,7 @@ def _run_cell(
             )
             if pair == 0:
                 frames.append(_steps(gen.log, len(runs) - 1, labelled))
-    return runs, pl.concat(frames, how="diagonal_relaxed")
+    return runs, pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
 
 class _CellStore:
@@ -351,23 +455,26 @@ class _CellStore:
         self.folder = check_writable(Path(out) / "cells", folder=True, name="out")
         self.settings = settings
 
-    def _path(self, cell: tuple[Prompt, float, int], part: str) -> Path:
+    def _path(self, cell: tuple[Prompt, float, int], part: str, tag: str = "") -> Path:
         prompt, temperature, seed = cell
         text = json.dumps([self.settings, prompt.id, prompt.ids, temperature, seed], sort_keys=True, default=str)
+        text += tag  # a sequential round's pair and methods
         return self.folder / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}-{part}.parquet"
 
-    def has(self, cell: tuple[Prompt, float, int]) -> bool:
-        return self._path(cell, "runs").is_file() and self._path(cell, "steps").is_file()
+    def has(self, cell: tuple[Prompt, float, int], tag: str = "") -> bool:
+        return self._path(cell, "runs", tag).is_file() and self._path(cell, "steps", tag).is_file()
 
-    def read(self, cell: tuple[Prompt, float, int]) -> tuple[list[dict[str, Any]], pl.DataFrame]:
+    def read(self, cell: tuple[Prompt, float, int], tag: str = "") -> tuple[list[dict[str, Any]], pl.DataFrame]:
         remedy = "delete it to run the cell again"
-        return read_parquet(self._path(cell, "runs"), remedy).to_dicts(), read_parquet(
-            self._path(cell, "steps"), remedy
+        return read_parquet(self._path(cell, "runs", tag), remedy).to_dicts(), read_parquet(
+            self._path(cell, "steps", tag), remedy
         )
 
-    def write(self, cell: tuple[Prompt, float, int], runs: list[dict[str, Any]], steps: pl.DataFrame) -> None:
-        write_parquet_atomic(steps, self._path(cell, "steps"))
-        write_parquet_atomic(pl.DataFrame(runs, infer_schema_length=None), self._path(cell, "runs"))
+    def write(
+        self, cell: tuple[Prompt, float, int], runs: list[dict[str, Any]], steps: pl.DataFrame, tag: str = ""
+    ) -> None:
+        write_parquet_atomic(steps, self._path(cell, "steps", tag))
+        write_parquet_atomic(pl.DataFrame(runs, infer_schema_length=None), self._path(cell, "runs", tag))
 
 
 def _calibrate_exact(

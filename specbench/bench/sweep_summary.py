@@ -71,13 +71,15 @@ PAIRED_COLUMNS = {
     "speedup_low": pl.Float64,
     "speedup_high": pl.Float64,
     "resampled": pl.String,
+    "level": pl.Float64,
 }
 
 
 def paired_intervals(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
     """Per group: its prompts, and over the rows timed in adjacent pairs (``run_sweep(pairs=N)``) their number and
     the speedup's 95 % interval (``paired.paired_ratio``: over prompts from 6 prompts on, else over pairs from 6
-    pairs, else none; ``resampled`` says which)."""
+    pairs, else none; ``resampled`` says which). Rows of a sweep that added pairs until each group decided
+    (``run_sweep(max_pairs=M)``) carry the rule's ``looks``: their intervals are at ``paired.sequential_level``."""
     by = list(by)
     rows = []
     for key, group in runs.group_by(by, maintain_order=True):
@@ -85,6 +87,7 @@ def paired_intervals(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
         prompts = group["prompt"].n_unique() if "prompt" in group.columns else None
         row = {**dict(zip(by, key)), "prompts": prompts, "pairs": timed_pairs.height}
         if timed_pairs.height:
+            looks = int(timed_pairs["looks"].max() or 1) if "looks" in timed_pairs.columns else 1
             ratio = paired.paired_ratio(
                 list(
                     zip(
@@ -94,9 +97,15 @@ def paired_intervals(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
                         timed_pairs["decode_tokens"],
                         timed_pairs["decode_s"],
                     )
-                )
+                ),
+                level=paired.sequential_level(looks),
             )
-            row.update(speedup_low=ratio.low, speedup_high=ratio.high, resampled=ratio.resampled)
+            row.update(
+                speedup_low=ratio.low,
+                speedup_high=ratio.high,
+                resampled=ratio.resampled,
+                level=paired.sequential_level(looks),
+            )
         rows.append(row)
     schema = {c: runs.schema[c] for c in by} | PAIRED_COLUMNS
     return pl.DataFrame(rows, schema=schema)

@@ -2,10 +2,11 @@
 
 One function (``answer_cells``) computes every number the index opens with from the stored records: the sweep's
 timed pairs (``draft_length_sweep/tables/runs.parquet``) and the report's cost model (``cost_model.json``). Each cell
-is a drafter x prompt kind x policy: its speedup over plain decoding with the 95 % interval over its adjacent pairs
-and its sample size, a verdict from the interval alone (pays: above 1; loses: below 1; else no difference
-resolvable), tokens per verification (accepted + 1), the realized acceptance, and the break-even acceptance a* at
-the cell's draft length from the cost model, with its band over c(w)'s interval.
+is a drafter x prompt kind x policy: its speedup over plain decoding with the interval over its adjacent pairs (95 %,
+or the sequential rule's level where the sweep added pairs until each cell decided) and its sample size, a verdict
+from the interval alone (pays: above 1; loses: below 1; else no difference resolvable), tokens per verification
+(accepted + 1), the realized acceptance, and the break-even acceptance a* at the cell's draft length from the cost
+model, with its band over c(w)'s interval.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class Cell:
     never_pays: bool = False
     #: The most frequent reason its runs gave for plain steps and short drafts (``specbench.core.reasons``).
     reason: str = ""
+    #: The interval's level (``bench.paired.sequential_level`` of the sweep's looks).
+    level: float = 0.95
 
     @property
     def why(self) -> str:
@@ -141,6 +144,7 @@ def answer_cells(
                 verdict=verdict_of(low, high, int(row.get("pairs") or 0)),
                 never_pays=never,
                 reason=min(set(reasons), key=lambda r: (-reasons.count(r), r)) if reasons else "",
+                level=float(row.get("level") or 0.95),
             )
         )
     return cells
@@ -195,14 +199,15 @@ def answer_html(out: str | Path, model: str | None) -> str:
         rows.append(
             f"<tr><td>{esc(c.drafter)}</td><td>{esc(c.kind)}</td><td>{esc(c.policy)}</td>"
             f"<td>{_n(c.speedup)}x{interval}</td><td class='{esc(c.verdict.split()[0])}'>{esc(c.verdict)}</td>"
-            f"<td>{c.pairs} pairs, {c.prompts} prompts</td><td>{per_verify}</td><td>{esc(c.why)}</td></tr>"
+            f"<td>{c.pairs} pairs, {c.prompts} prompts, {_n(100 * c.level)} % interval</td><td>{per_verify}</td>"
+            f"<td>{esc(c.why)}</td></tr>"
         )
     line = f"<p class='cost'>{esc(named or 'no cost model recorded')}</p>"
     if (Path(out) / MAP).is_file():
         line += f"<p><a href='{MAP}'><img class='map' src='{MAP}' alt='break-even map'></a></p>"
     return (
         "<h2>Does speculation pay here?</h2>"
-        "<table class='answer'><tr><th>drafter</th><th>prompt kind</th><th>policy</th><th>speedup [95 %]</th>"
+        "<table class='answer'><tr><th>drafter</th><th>prompt kind</th><th>policy</th><th>speedup [interval]</th>"
         "<th>verdict</th><th>sample</th><th>tokens per verification (accepted + 1)</th><th>why</th></tr>"
         f"{''.join(rows)}</table>{line}"
     )

@@ -108,6 +108,10 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "max_tokens": 32,
             "max_prompt_tokens": 450,
             "pairs": 2,  # each method next to a plain run of its own; consecutive plain runs: the A/A cell
+            # then, by a rule fixed here, a pair more per prompt for each cell whose interval still covers 1, up to
+            # 4 pairs a prompt (3 looks: intervals at 98.3 %) or until the next round would pass 120 s
+            "max_pairs": 4,
+            "time_budget_s": 120,
         },
         "break_even": {
             # the MoE: SmolLM2's layers with 16 experts, top-4 (random weights), 8 of its 30 layers (the CPU's
@@ -202,8 +206,9 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         # CPU seconds (its process and kernel) in one `specbench report --profile full --ranks 2` on 2026-12-03 at
         # load 1-2, one BLAS thread per rank: about the wall time of a rank
         "quickstart": 69,
-        # 290 s in a fresh-clone `make report` of 2026-12-07 (2 ranks, load 1.8-2.6): the answer's 6 pairs a cell
-        "draft_length_sweep": 290,
+        # 290 s in a fresh-clone `make report` of 2026-12-07 (2 ranks, load 1.8-2.6): the answer's 6 pairs a cell;
+        # then at most the sequential rule's 120 s
+        "draft_length_sweep": 410,
         "break_even": 175,  # 157 with two context lengths
         "agent_traces": 31,
         "sampling": 48,  # its greedy cell is the sweep's

@@ -214,6 +214,82 @@ def test_paired_sweep_alternates_the_order_and_records_an_aa_cell(text_model, mo
     assert row["pairs"] == 3 and row["prompts"] == 1 and row["speedup_low"] is None  # 3 pairs: no interval
 
 
+def _sequential_sweep(text_model, monkeypatch, **options):
+    """A sweep whose clock is scripted: drafter "good" always takes half a plain run's time, "even" alternately 0.8
+    and 1.25 of it (a ratio whose interval keeps covering 1)."""
+    model, tokenizer = text_model
+    prompt = tokenizer.encode("one two three, one two three, one two")
+    truth = plain_greedy(model, prompt, 8)
+    spec_run = sweep.speculative_generate
+    tags: dict[int, str] = {}
+    calls = {"even": 0}
+
+    def tagged(*a, **k):
+        gen = spec_run(*a, **k)
+        tags[id(gen)] = k["drafter"].name
+        return gen
+
+    def clock(gen):
+        tokens = list(gen)
+        name = tags.get(id(gen))
+        if name == "even":
+            calls["even"] += 1
+        return tokens, {None: 1.0, "good": 0.5, "even": (0.8, 1.25)[calls["even"] % 2]}[name]
+
+    class Named(WrongAt):
+        def __init__(self, name):
+            super().__init__(truth, len(prompt), 256, bad=2)
+            self.name = name
+
+    monkeypatch.setattr(sweep, "speculative_generate", tagged)
+    monkeypatch.setattr(sweep, "timed", clock)
+    return sweep.run_sweep(
+        model,
+        tokenizer,
+        [prompt],
+        drafters=[],
+        policies=["fixed:2"],
+        max_tokens=8,
+        progress=False,
+        drafter_factories={"good": lambda: Named("good"), "even": lambda: Named("even")},
+        warmup_tokens=0,
+        **options,
+    )
+
+
+def test_sequential_sweep_adds_pairs_to_undecided_groups_only(text_model, monkeypatch):
+    result = _sequential_sweep(text_model, monkeypatch, pairs=6, max_pairs=9)
+    runs = result.runs
+    pairs = {d: runs.filter(pl.col("drafter") == d)["pair"].to_list() for d in ("good", "even")}
+    assert pairs == {"good": list(range(6)), "even": list(range(9))}  # good decided at the first look
+    assert runs["looks"].unique().to_list() == [4]  # 9 - 6 + 1 looks, fixed before the run
+    summary = result.summary().filter(pl.col("drafter") != "none")
+    good, even = (summary.filter(pl.col("drafter") == d).row(0, named=True) for d in ("good", "even"))
+    assert good["level"] == even["level"] == pytest.approx(1 - 0.05 / 4)
+    assert good["speedup_low"] == pytest.approx(2.0) and even["speedup_low"] < 1.0 < even["speedup_high"]
+    # A/A rows chain consecutive plain runs: 6 pairs x 2 methods in the first stage; a round of one method has none
+    assert even["pairs"] == 9 and runs.filter(pl.col("policy") == sweep.AA_POLICY).height == 6 * 2
+
+
+def test_sequential_sweep_stops_at_its_time_budget(text_model, monkeypatch):
+    runs = _sequential_sweep(text_model, monkeypatch, pairs=6, max_pairs=9, time_budget_s=1e-9).runs
+    assert runs.filter(pl.col("drafter") == "even")["pair"].max() == 5  # no round fits: the first stage only
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"pairs": 0, "max_pairs": 4}, "max_pairs"),
+        ({"pairs": 3, "max_pairs": 2}, "max_pairs"),
+        ({"pairs": 2, "max_pairs": 4, "time_budget_s": 0}, "time_budget_s"),
+    ],
+)
+def test_sequential_sweep_refuses_a_rule_it_cannot_run(text_model, options, message):
+    model, tokenizer = text_model
+    with pytest.raises(ValueError, match=message):
+        sweep.run_sweep(model, tokenizer, [[1, 2, 3]], drafters=["lookup"], progress=False, **options)
+
+
 def test_prefix_cache_copies_are_independent(text_model):
     model, tokenizer = text_model
     prompt = tokenizer.encode("a prompt to prefill once")
