@@ -363,12 +363,13 @@ def bench_batch_source(
     turns: int | None = None,
     out: str | None = None,
     verify: str | None = None,
+    reasoning: str = "keep",
 ) -> dict[str, Any]:
     """``specbench bench batch --batch-size B``: the first turn of each question in ``prompts`` (a question.jsonl or
     "bundled"), or every turn of the traces in ``trace`` (``trace_requests``), decoded by plain
     batched decoding, each drafter x policy and mlx-lm at batch size B; the table printed; with
     ``out``, batch_bench.csv (one row per engine) and batch_divergence.csv (per request) written there.
-    Every input is checked before the model loads."""
+    ``reasoning`` ("keep" or "drop") is ``load_traces``'. Every input is checked before the model loads."""
     from pathlib import Path
 
     from specbench.common.files import check_writable, write_csv_atomic
@@ -392,7 +393,7 @@ def bench_batch_source(
     for policy in policies:
         as_policy(policy)
     if trace is not None:
-        traces = load_traces(trace, trace_format)
+        traces = load_traces(trace, trace_format, reasoning)
         kept = set(pick_ids([t.id for t in traces], trace_ids, limit, str(trace)))
         traces = [t for t in traces if t.id in kept]
     else:

@@ -347,6 +347,7 @@ def run_trace(
     trace_ids: Sequence[str] | None = None,
     limit: int | None = None,
     truncate: str = "error",
+    reasoning: str = "keep",
 ) -> TraceRun:
     """Replay the traces of a file (or bundled trace name, or ``Trace`` objects) with drafters by name.
 
@@ -355,13 +356,13 @@ def run_trace(
     With ``out``, every trace's tables are written there, with a summary; a rerun with the same
     settings skips traces already finished there (not with ``share_store``, whose results depend on
     the traces before). ``trace_ids`` and ``limit`` pick traces (in file order); ``truncate`` is
-    ``bench_trace``'s context policy.
+    ``bench_trace``'s context policy; ``reasoning`` ("keep" or "drop") is ``load_traces``' for a file.
     """
     policies = [DraftPolicy.auto()] if policies is None else [as_policy(p) for p in policies]
     if isinstance(source, Trace):
         traces = [source]
     elif isinstance(source, (str, os.PathLike)):
-        traces = load_traces(source, format)
+        traces = load_traces(source, format, reasoning)
     else:
         traces = list(source)
     if trace_ids or limit is not None:

@@ -12,6 +12,7 @@ from specbench.cli.registry import (
     drafter_names,
     names,
     old_form,
+    reasoning_argument,
     verify_modes,
 )
 from specbench.common.deprecation import REMOVED_IN
@@ -59,6 +60,7 @@ def _trace_selection(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trace-id", default=None, help="comma list of the trace ids to replay (default: all)")
     parser.add_argument("--turns", type=int, default=None, help="replay only the first N turns of each trace")
+    reasoning_argument(parser)
 
 
 def _configure_prompts(parser: argparse.ArgumentParser) -> None:
@@ -212,6 +214,7 @@ def _bench_batch(args: argparse.Namespace) -> int:
         turns=args.turns,
         out=args.out,
         verify=args.verify,
+        reasoning=args.reasoning,
     )
     return 0
 
@@ -318,7 +321,7 @@ def _bench_trace(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no trace file at {trace}" + (" (it is a folder)" if trace.is_dir() else ""))
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
-    traces = load_traces(trace, args.trace_format)  # read and checked before the model loads
+    traces = load_traces(trace, args.trace_format, args.reasoning)  # read and checked before the model loads
     kept = set(pick_ids([t.id for t in traces], names(args.trace_id or ""), args.limit, str(trace)))
     if args.out:
         check_writable(args.out, folder=True, name="--out")

@@ -105,6 +105,19 @@ def add_model_argument(parser: argparse.ArgumentParser, synthetic: str | None = 
         )
 
 
+def reasoning_argument(parser: argparse.ArgumentParser) -> None:
+    """``--reasoning keep|drop``: the logs' reasoning replayed as the model's text, or left out."""
+    from specbench.inputs.importers import REASONING
+
+    parser.add_argument(
+        "--reasoning",
+        choices=REASONING,
+        default="keep",
+        help="a log's reasoning (thinking models): keep it as the model's generated text, in the chat template's "
+        "form, or drop it (default: keep)",
+    )
+
+
 #: ``bench``'s defaults for what is left unset, by device: a GPU runs every bundled question at 128 tokens; a CPU,
 #: where a float32 step of the embedded model takes ~0.1-0.2 s, runs the two shortest categories' first 3 questions
 #: at 32 tokens: 6 prompts, the fewest an interval over prompts is computed from. A user's own question file is run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specbench.cli.registry import RenamedOption, command, names
+from specbench.cli.registry import RenamedOption, command, names, reasoning_argument
 from specbench.common.files import check_writable
 
 
@@ -44,6 +44,7 @@ def _simulate(parser: argparse.ArgumentParser):
         "--tokenizer", default="smollm2-135m", help="--trace: the tokenizer of an embedded model or a local folder"
     )
     parser.add_argument("--trace-format", default=None, help="--trace: the log's format (default: detected)")
+    reasoning_argument(parser)
     parser.add_argument("--trace-id", default=None, help="comma list of trace ids to replay (default: all)")
     parser.add_argument("--limit", type=int, default=None, help="replay at most N traces (in file order)")
     parser.add_argument("--out", default=None, help="folder for the summary (parquet, text) and the step log")
@@ -76,6 +77,7 @@ def _simulate(parser: argparse.ArgumentParser):
             format=args.trace_format,
             trace_ids=names(args.trace_id) if args.trace_id else None,
             limit=args.limit,
+            reasoning=args.reasoning,
         )
         print(
             f"{result.traces} traces, {result.turns} turns, {result.prompt_tokens} prompt tokens; "
@@ -113,6 +115,7 @@ def _rank(args: argparse.Namespace) -> None:
         format=args.trace_format,
         trace_ids=names(args.trace_id) if args.trace_id else None,
         limit=args.limit,
+        reasoning=args.reasoning,
     )
     workload = Path(source).stem.removesuffix(".plain")
     table, steps = rank_policies({workload: groups}, names(args.policies), profile, drafters[0], ks[0])

@@ -12,14 +12,24 @@ or in the project's schema, picking the importer from the content of every recor
 from its name) or from ``format=`` (``--trace-format`` on the command line): a file that mixes
 formats, a record that could be several, or a record of another format than the one asked for is an
 error naming the file and line (JSON lines) or item (JSON arrays).
+
+Reasoning (what a thinking model writes before its answer) is read from a message's
+``reasoning_content``, ``reasoning`` or ``thinking`` field, from its ``reasoning``/``thinking`` content
+parts (Anthropic's ``{"type": "thinking", "thinking": ...}``, LLaMA-Factory's ``{"type": "reasoning",
+"value": ...}``, whose ``{"type": "tool_call", "value": "<json>"}`` parts are read as tool calls) and from
+``<think>...</think>`` at the start of its text; it becomes the message's ``reasoning``, which rendering
+writes in the chat template's own form (``specbench.inputs.traces.render_text``, ``reply_text``), or is
+left out with ``reasoning="drop"`` (``--reasoning drop``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +39,20 @@ from specbench.inputs.traces import (
     Turn,
     bundled_traces,
     check_message,
+    joined_reasoning,
     parse_tools,
     read_json_lines,
     read_text,
     traces_from_records,
+    without_reasoning,
 )
 
 FORMATS = ("trace", "openai", "runs", "sharegpt", "tau-bench", "swe-agent", "questions")
 #: How a user names the format on the command line.
 FORMAT_FLAG = "--trace-format"
+#: What becomes of the replies' reasoning: kept (replayed as the model's generated text, in the chat
+#: template's form) or left out (only the answers and tool calls replayed); ``--reasoning`` on the command line.
+REASONING = ("keep", "drop")
 
 #: A record read from a file: where it is ("file:line" or "file: item i"), its line or item number, its value.
 Record = tuple[str, int, Any]
@@ -80,29 +95,93 @@ def read_records(path: str | os.PathLike) -> list[Record]:
 
 
 TEXT_PARTS = ("text", "input_text", "output_text")
+#: Content parts holding a model's reasoning, and the keys their text is under (Anthropic's
+#: ``{"type": "thinking", "thinking": ...}``, LLaMA-Factory's ``{"type": "reasoning", "value": ...}``).
+REASONING_PARTS = {"reasoning": ("reasoning", "text", "value"), "thinking": ("thinking", "text", "value")}
+#: Message fields holding a model's reasoning: DeepSeek's and vLLM's ``reasoning_content``,
+#: OpenRouter's and vLLM's ``reasoning``, Ollama's ``thinking``.
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
+_PARTS = "text, reasoning/thinking and tool_call parts"
 
 
-def _text(content: Any, where: str) -> str | None:
-    """Message content as text: strings as they are, text parts (``{"type": "text", "text"|"value"}``)
-    joined, structured values (a tool's JSON result) as JSON; other parts are an error."""
+@dataclass
+class Content:
+    """A message's content read from a string or a list of parts: its text, reasoning and tool calls."""
+
+    text: str | None
+    reasoning: list[str] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _part_text(part: dict[str, Any], keys: Sequence[str], where: str) -> str:
+    key = next((k for k in keys if k in part), keys[-1])
+    text = part.get(key)
+    if not isinstance(text, str):
+        got = "nothing" if key not in part else type(text).__name__
+        raise ValueError(
+            f"{where}: a {part.get('type', 'text')!r} part needs its text as a string in "
+            f"{' or '.join(repr(k) for k in keys)}, got {got}"
+        )
+    return text
+
+
+def _call_part(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``{"type": "tool_call", "value": {"name", "arguments"}}`` part (the object or its JSON text) as a call."""
+    value = part.get("value", part.get("tool_call"))
+    if isinstance(value, str):
+        with contextlib.suppress(json.JSONDecodeError):
+            value = json.loads(value)
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        raise ValueError(
+            f"{where}: a 'tool_call' part needs 'value': an object with 'name' and 'arguments' (or it as JSON text)"
+        )
+    return _tool_call(value)
+
+
+def _content(content: Any, where: str) -> Content:
+    """Message content: strings as they are; a list of parts read by kind (text joined, reasoning parts
+    kept apart, tool_call parts as calls); structured values (a tool's JSON result) as JSON; other
+    parts are an error naming the part and the kinds that can be replayed."""
     if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for i, part in enumerate(content):
-            if isinstance(part, str):
-                parts.append(part)
-                continue
-            kind = part.get("type", "text") if isinstance(part, dict) else type(part).__name__
-            text = part.get("text", part.get("value")) if isinstance(part, dict) else None
-            if kind not in TEXT_PARTS or not isinstance(text, str):
-                raise ValueError(
-                    f"{where}: content[{i}]: expected a text part ({{'type': 'text', 'text' or 'value': string}}), "
-                    f"got {'a ' + repr(kind) + ' part' if isinstance(part, dict) else kind}: only text can be replayed"
-                )
-            parts.append(text)
-        return "".join(parts)
-    return json.dumps(content, ensure_ascii=False)
+        return Content(content)
+    if not isinstance(content, list):
+        return Content(json.dumps(content, ensure_ascii=False))
+    out = Content("")
+    for i, part in enumerate(content):
+        at = f"{where}: content[{i}]"
+        if isinstance(part, str):
+            out.text = f"{out.text}{part}"
+            continue
+        if not isinstance(part, dict):
+            what = type(part).__name__
+            raise ValueError(f"{at}: expected a part (an object with 'type'), got {what}: {_PARTS} are read")
+        kind = part.get("type", "text")
+        if kind in TEXT_PARTS:
+            out.text = f"{out.text}{_part_text(part, ('text', 'value'), at)}"
+        elif kind in REASONING_PARTS:
+            out.reasoning.append(_part_text(part, REASONING_PARTS[kind], at))
+        elif kind == "tool_call":
+            out.calls.append(_call_part(part, at))
+        else:
+            raise ValueError(
+                f"{at}: a {kind!r} part cannot be replayed: only {_PARTS} are read; remove it from the log"
+            )
+    return out
+
+
+def _reasoning_fields(message: dict[str, Any], where: str) -> list[str]:
+    pieces = []
+    for key in REASONING_FIELDS:
+        value = message.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise ValueError(
+                f"{where}: {key!r} must be a string (the model's reasoning text), got {type(value).__name__}; "
+                "write the reasoning as text"
+            )
+        pieces.append(value)
+    return pieces
 
 
 def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
@@ -129,11 +208,19 @@ def normalize_message(message: dict[str, Any], where: str) -> dict[str, Any]:
         role = "tool"
     if role == "developer":
         role = "system"
-    out: dict[str, Any] = {"role": role, "content": _text(message.get("content"), where)}
+    content = _content(message.get("content"), where)
+    out: dict[str, Any] = {"role": role, "content": content.text}
+    calls = content.calls
     if message.get("tool_calls"):
-        out["tool_calls"] = [_tool_call(c) for c in message["tool_calls"]]
+        calls = [_tool_call(c) for c in message["tool_calls"]] + calls
     elif message.get("function_call"):
-        out["tool_calls"] = [_tool_call(message["function_call"])]
+        calls = [_tool_call(message["function_call"])] + calls
+    if calls:
+        out["tool_calls"] = calls
+        out["content"] = out["content"] or None
+    reasoning = joined_reasoning(_reasoning_fields(message, where) + content.reasoning)
+    if reasoning is not None:
+        out["reasoning"] = reasoning
     for key in ("name", "tool_call_id"):
         if message.get(key) and role == "tool":
             out[key] = message[key]
@@ -250,12 +337,18 @@ def import_sharegpt(path: str | os.PathLike, records: Sequence[Record] | None = 
         messages = []
         for i, entry in enumerate(turns):
             speaker = entry.get("from") if isinstance(entry, dict) else None
-            value = _text(entry.get("value"), f"{where}: conversations[{i}]") if speaker else None
+            content = _content(entry.get("value"), f"{where}: conversations[{i}]") if speaker else None
+            value = content.text if content is not None else None
             if speaker not in _SHAREGPT_ROLES or not isinstance(value, str):
                 raise ValueError(
                     f"{where}: conversations[{i}] needs 'from' (one of {sorted(_SHAREGPT_ROLES)}) and a text 'value'"
                 )
             message: dict[str, Any] = {"role": _SHAREGPT_ROLES[speaker], "content": value}
+            reasoning = joined_reasoning(content.reasoning) if content is not None else None
+            if reasoning is not None:
+                message["reasoning"] = reasoning
+            if content is not None and content.calls:
+                message["tool_calls"] = content.calls
             if speaker == "function_call":
                 try:
                     call = json.loads(value)
@@ -297,8 +390,7 @@ def import_tau_bench(path: str | os.PathLike, records: Sequence[Record] | None =
                 raise ValueError(
                     f"{where}: messages_display must start with 'user: ', 'assistant: ', 'tool: ' or 'system: '"
                 )
-        for message in messages:
-            check_message(message, where)
+        messages = [check_message(message, where) for message in messages]
         meta = {"source": str(path), "line": line}
         traces.append(from_messages(messages, f"{path.stem}-{index}", None, meta, where))
     return traces
@@ -336,7 +428,8 @@ def import_swe_agent(path: str | os.PathLike, records: Sequence[Record] | None =
     for i, step in enumerate(steps):
         if not isinstance(step, dict) or not isinstance(step.get("response", step.get("action")), str):
             raise ValueError(f"{path}: trajectory[{i}] needs a 'response' (or 'action') string")
-        messages.append({"role": "assistant", "content": step.get("response") or step["action"]})
+        reply = {"role": "assistant", "content": step.get("response") or step["action"]}
+        messages.append(check_message(reply, f"{path}: trajectory[{i}]"))
         if isinstance(step.get("observation"), str):
             messages.append({"role": "user", "content": step["observation"]})
     return [from_messages(messages, trace_id, None, meta, str(path))]
@@ -470,11 +563,14 @@ def detect_format(path: str | os.PathLike, records: Sequence[Record] | None = No
     return _detect(path, read_records(path) if records is None else records)
 
 
-def load_traces(path: str | os.PathLike, format: str | None = None) -> list[Trace]:
-    """Traces from ``path`` in any supported format (``format`` None: detected from every record).
+def load_traces(path: str | os.PathLike, format: str | None = None, reasoning: str = "keep") -> list[Trace]:
+    """Traces from ``path`` in any supported format (``format`` None: detected from every record);
+    the replies' reasoning kept or, with ``reasoning="drop"``, left out.
 
     A bare name (no such file) is looked up in the project's ``data/traces`` folder.
     """
+    if reasoning not in REASONING:
+        raise ValueError(f"reasoning: {' or '.join(REASONING)}, got {reasoning!r}")
     path = Path(path)
     if not path.exists() and not path.is_absolute() and (TRACES_DIR / path).exists():
         path = TRACES_DIR / path
@@ -492,4 +588,4 @@ def load_traces(path: str | os.PathLike, format: str | None = None) -> list[Trac
     traces = IMPORTERS[format](path, records)
     if not traces:
         raise ValueError(f"{path}: no conversations found (read as {format!r})")
-    return traces
+    return without_reasoning(traces) if reasoning == "drop" else traces

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specbench.inputs.traces import Trace, as_text_messages, encode_text, render_text
+from specbench.inputs.traces import Trace, encode_text, render_text, reply_text
 
 
 @dataclass
@@ -71,9 +71,10 @@ def _split_tokens(tokenizer: Any) -> re.Pattern | None:
 
 
 def reply_ids(tokenizer: Any, reply: dict[str, Any]) -> list[int]:
-    """A recorded reply as the model would have written it: its text (tool calls written out as
-    ``as_text_messages`` writes them), then the first EOS id when the tokenizer has one."""
-    text = as_text_messages([reply])[0]["content"]
+    """A recorded reply as the model would have written it: its text (``reply_text``: reasoning in the
+    chat template's form, the answer, tool calls written out), then the first EOS id when the tokenizer
+    has one."""
+    text = reply_text(tokenizer, reply)
     eos = sorted(getattr(tokenizer, "eos_token_ids", None) or [])
     return list(tokenizer.encode(text, add_special_tokens=False)) + eos[:1]
 

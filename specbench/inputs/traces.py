@@ -18,8 +18,11 @@ Schema (JSONL, one turn per line; the lines of a trace are consecutive, turns nu
   an assistant message that only calls tools). Tool results are ``{"role": "tool", "content": ...,
   "name": ..., "tool_call_id": ...}`` (name and id optional).
 - ``assistant``: the recorded reply (content and/or ``tool_calls``, each ``{"id"?, "name",
-  "arguments"}`` with arguments a JSON object or a string), or null when none was recorded (the
-  model's reply is then needed before the next turn's prompt can be rendered).
+  "arguments"}`` with arguments a JSON object or a string; ``reasoning``, the text a thinking model
+  wrote before its answer), or null when none was recorded (the model's reply is then needed before
+  the next turn's prompt can be rendered). Reasoning written inline at the start of the content
+  (``<think>...</think>``, or text ending in ``</think>`` without an opening tag, as models whose
+  generation prompt opens the block write it) is moved to ``reasoning`` when a trace is read.
 - ``tools`` (JSON-schema function descriptions) and ``meta`` appear on a trace's first line only.
 
 Importers of other formats (OpenAI, ShareGPT, tau-bench, SWE-agent, question files) and
@@ -28,8 +31,10 @@ Importers of other formats (OpenAI, ShareGPT, tau-bench, SWE-agent, question fil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +44,8 @@ from specbench.common.files import PROJECT_ROOT, write_text_atomic
 from specbench.common.text import check_strings, check_text
 
 ROLES = ("system", "user", "assistant", "tool")
+#: The thinking tags of reasoning written inline in a reply's content, and where none other is known.
+THINK_TAGS = ("<think>", "</think>")
 TRACES_DIR = PROJECT_ROOT / "data" / "traces"
 
 
@@ -121,7 +128,52 @@ def check_message(message: Any, where: str) -> dict[str, Any]:
             raise ValueError(f"{where}: tool_calls must be a list of objects with a 'name' and 'arguments'")
     if content is None and not calls and role != "assistant":
         raise ValueError(f"{where}: a {role} message needs content")
+    reasoning = message.get("reasoning")
+    if reasoning is not None:
+        if role != "assistant":
+            raise ValueError(f"{where}: only assistant messages carry reasoning, not {role!r}; drop it from the log")
+        if not isinstance(reasoning, str):
+            raise ValueError(
+                f"{where}: reasoning must be a string (the model's reasoning text), got {type(reasoning).__name__}"
+            )
+    if role == "assistant" and isinstance(content, str):
+        inline, rest = split_inline_reasoning(content)
+        if inline is not None:
+            message = {**message, "content": rest, "reasoning": joined_reasoning([reasoning, inline])}
     return check_strings(message, f"{where}: the message")
+
+
+def split_inline_reasoning(content: str) -> tuple[str | None, str]:
+    """(reasoning, answer) of content that starts with ``<think>...</think>``, or that holds ``</think>`` without
+    an opening tag (the block opened by the generation prompt); (None, content) for any other content."""
+    start, end = THINK_TAGS
+    stripped = content.lstrip()
+    opened = stripped.startswith(start)
+    if end not in content or (not opened and start in content):
+        return None, content
+    head, _, answer = (stripped[len(start) :] if opened else content).partition(end)
+    return head.strip("\n"), answer.lstrip("\n")
+
+
+def joined_reasoning(pieces: Sequence[str | None]) -> str | None:
+    """A message's reasoning from its pieces (fields, parts, inline text), in order, repeats left out."""
+    kept: list[str] = []
+    for piece in pieces:
+        if piece and piece.strip() and piece not in kept:
+            kept.append(piece)
+    return "\n\n".join(kept) if kept else None
+
+
+def without_reasoning(traces: Sequence[Trace]) -> list[Trace]:
+    """The traces with every message's reasoning left out (the answers and tool calls kept)."""
+
+    def bare(message: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in message.items() if k != "reasoning"}
+
+    def turn(t: Turn) -> Turn:
+        return Turn([bare(m) for m in t.messages], None if t.assistant is None else bare(t.assistant))
+
+    return [Trace(t.id, [turn(x) for x in t.turns], t.tools, t.meta) for t in traces]
 
 
 def _turn_from_record(record: Any, where: str) -> tuple[str, int, Turn, dict[str, Any]]:
@@ -140,7 +192,7 @@ def _turn_from_record(record: Any, where: str) -> tuple[str, int, Turn, dict[str
     messages = [check_message(m, f"{where}: messages[{i}]") for i, m in enumerate(messages)]
     assistant = record.get("assistant")
     if assistant is not None:
-        check_message(assistant, f"{where}: assistant")
+        assistant = check_message(assistant, f"{where}: assistant")
         if assistant["role"] != "assistant":
             raise ValueError(f"{where}: 'assistant' must have role 'assistant'")
     extra = {key: record[key] for key in ("tools", "meta") if key in record}
@@ -260,11 +312,106 @@ def bundled_traces() -> list[str]:
 
 
 # -- rendering -----------------------------------------------------------------------------------
-def _template_speaks_tools(tokenizer: Any) -> bool:
+def _template_text(tokenizer: Any) -> str:
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):
         template = " ".join(template.values())
-    return isinstance(template, str) and "tool_calls" in template
+    return template if isinstance(template, str) else ""
+
+
+def _template_speaks_tools(tokenizer: Any) -> bool:
+    return "tool_calls" in _template_text(tokenizer)
+
+
+def _template_speaks_reasoning(tokenizer: Any) -> bool:
+    """Whether the chat template renders a message's ``reasoning_content`` itself (as Qwen3's does)."""
+    return "reasoning_content" in _template_text(tokenizer)
+
+
+_THINK_TAG = re.compile(r"</([A-Za-z_]*think[A-Za-z_]*)>")
+
+
+def thinking_tags(tokenizer: Any) -> tuple[str, str]:
+    """The model's thinking tags: the first closing tag naming "think" that its chat template spells
+    (``</think>``, ``</thinking>``), else one of its added tokens, else ``THINK_TAGS``."""
+    added = getattr(tokenizer, "added_tokens_decoder", None)
+    tokens = [getattr(t, "content", "") for t in added.values()] if isinstance(added, dict) else []
+    for text in (_template_text(tokenizer), *tokens):
+        match = _THINK_TAG.search(text)
+        if match:
+            return f"<{match[1]}>", f"</{match[1]}>"
+    return THINK_TAGS
+
+
+def _inline(reasoning: str, answer: str, tags: tuple[str, str]) -> str:
+    return f"{tags[0]}\n{reasoning.strip(chr(10))}\n{tags[1]}\n\n{answer.lstrip(chr(10))}"
+
+
+def _reasoning_in_template_form(tokenizer: Any, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages whose reasoning is in the form the chat template takes: ``reasoning_content`` for a template
+    that renders it, else written before the answer in the model's thinking tags (``_inline``)."""
+    if not any(m.get("reasoning") is not None for m in messages):
+        return list(messages)
+    speaks, calls_native = _template_speaks_reasoning(tokenizer), _template_speaks_tools(tokenizer)
+    tags = thinking_tags(tokenizer)
+    out = []
+    for message in messages:
+        reasoning = message.get("reasoning")
+        if reasoning is not None:
+            message = {k: v for k, v in message.items() if k != "reasoning"}
+            if speaks:
+                message["reasoning_content"] = reasoning
+            else:  # tool calls the template writes as text follow the answer, inside the reply's text
+                answer = message.get("content") or ""
+                if message.get("tool_calls") and not calls_native:
+                    answer = as_text_messages([message])[0]["content"]
+                    del message["tool_calls"]
+                message["content"] = _inline(reasoning, answer, tags)
+        out.append(message)
+    return out
+
+
+def _eos_texts(tokenizer: Any) -> list[str]:
+    texts = [getattr(tokenizer, "eos_token", None)]
+    for token in getattr(tokenizer, "eos_token_ids", None) or []:
+        with contextlib.suppress(Exception):
+            texts.append(tokenizer.convert_ids_to_tokens(token))
+    return [t for t in texts if isinstance(t, str) and t]
+
+
+def reply_text(tokenizer: Any, reply: dict[str, Any]) -> str:
+    """A recorded reply's text as the model generates it after the generation prompt (no EOS): its answer, tool
+    calls written out as ``as_text_messages`` writes them, and its reasoning before them in the chat template's
+    own form. That form is what the template renders for the reply after a user message, up to its EOS text
+    (Qwen3's template: ``<think>\\n...\\n</think>\\n\\n`` from ``reasoning_content``); for a template that
+    leaves the reasoning out of what it renders (DeepSeek-R1's, QwQ's) or no template, the reasoning goes in the
+    model's thinking tags (``thinking_tags``) as ``<think>\\n...\\n</think>\\n\\n`` before the answer, without the
+    opening tag when the generation prompt ends in it."""
+    answer = as_text_messages([{k: v for k, v in reply.items() if k != "reasoning"}])[0]["content"]
+    reasoning = reply.get("reasoning")
+    if reasoning is None:
+        return answer
+    tags = thinking_tags(tokenizer)
+    if not getattr(tokenizer, "chat_template", None):
+        return _inline(reasoning, answer, tags)
+    asked = [{"role": "user", "content": "?"}]
+    message = {"role": "assistant", "content": answer, "reasoning": reasoning}
+    try:
+        prompt = tokenizer.apply_chat_template(asked, add_generation_prompt=True, tokenize=False)
+        rendered = tokenizer.apply_chat_template(
+            _reasoning_in_template_form(tokenizer, [*asked, message]), add_generation_prompt=False, tokenize=False
+        )
+    except Exception:  # a template that refuses the short exchange: the thinking tags
+        prompt = rendered = ""
+    generated = rendered[len(prompt) :] if prompt and rendered.startswith(prompt) else ""
+    shown = reasoning.strip()
+    if shown in generated and answer.strip() in generated[generated.index(shown) + len(shown) :]:
+        after = generated.index(shown) + len(shown)
+        ends = [i for i in (generated.find(e, after) for e in _eos_texts(tokenizer)) if i >= 0]
+        return generated[: min(ends)] if ends else generated.rstrip()
+    text = _inline(reasoning, answer, tags)
+    opened = prompt.rstrip(" \n").endswith(tags[0])
+    return text[len(tags[0]) :].lstrip("\n") if opened else text
 
 
 def _call_text(call: dict[str, Any]) -> str:
@@ -283,6 +430,8 @@ def as_text_messages(messages: Sequence[dict[str, Any]], tools: Sequence[dict[st
             calls = "\n".join(_call_text(c) for c in message["tool_calls"])
             content = f"{content}\n{calls}" if content else calls
         out.append({"role": message["role"], "content": content})
+        if message.get("reasoning_content") is not None:
+            out[-1]["reasoning_content"] = message["reasoning_content"]
     if tools:
         listing = 'You can call these tools; reply with <tool_call>{"name": ..., "arguments": ...}</tool_call>:\n'
         listing += "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
@@ -318,8 +467,11 @@ def render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Seque
 
     Templates that know tool calls get them natively; others get them as text (``as_text_messages``);
     a template that rejects the "tool" role gets tool results as user messages. Without a chat
-    template: "role: content" paragraphs ending with "assistant:".
+    template: "role: content" paragraphs ending with "assistant:". Reasoning goes in the template's
+    form (``_reasoning_in_template_form``: ``reasoning_content`` for a template that renders it, else
+    in thinking tags before the answer, which a template may then leave out of earlier turns).
     """
+    messages = _reasoning_in_template_form(tokenizer, messages)
     if not getattr(tokenizer, "chat_template", None):
         return "".join(f"{m['role']}: {m['content']}\n\n" for m in as_text_messages(messages, tools)) + "assistant:"
     if _template_speaks_tools(tokenizer):

@@ -82,8 +82,8 @@ def record(model: Any, prompts: Iterable[Any], options: GenerateOptions, tokeniz
 
 def from_trace(trace: Any, tokenizer: Any, turns: int | None = None) -> list[Recorded]:
     """A trace's recorded replies as if a model had written them (no model run): each turn's prompt
-    rendered from the recorded history, its output the reply's text (tool calls written out as
-    ``as_text_messages`` writes them) and an EOS. For studying drafters on the trace's own text;
+    rendered from the recorded history, its output the reply's text (``reply_text``: reasoning in the
+    chat template's form, the answer, tool calls written out) and an EOS. For studying drafters on the trace's own text;
     acceptance against a real model needs ``record`` or the trace benchmark's plain outputs. Turns
     from the first without a recorded reply on are left out (``trace_prompts`` counts them)."""
     prompts = trace_prompts(tokenizer, trace)

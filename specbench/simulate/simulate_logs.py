@@ -108,6 +108,7 @@ def simulate_logs(
     format: str | None = None,
     trace_ids: Sequence[str] | None = None,
     limit: int | None = None,
+    reasoning: str = "keep",
 ) -> SimulatedLogs:
     """Replay ``drafters`` at each k and store scope over a log file or a folder of logs.
 
@@ -116,11 +117,11 @@ def simulate_logs(
     with ``recorded``, ``source`` holds recorded greedy outputs (``save_recorded``'s parquet, such as
     the trace benchmark's ``*.plain.parquet``, which alone are read from a folder that has them),
     whose ids are replayed as they are. ``trace_ids`` and
-    ``limit`` pick traces (in file order).
+    ``limit`` pick traces (in file order); ``reasoning`` ("keep" or "drop") is ``load_traces``'.
     """
     check_settings(drafters, ks, stores, limit)
     start = time.perf_counter()
-    groups, skipped = load_groups(source, tokenizer, recorded, format, trace_ids, limit)
+    groups, skipped = load_groups(source, tokenizer, recorded, format, trace_ids, limit, reasoning)
     summary, steps = replay_logs(groups, drafters, ks, stores)
     first = summary.row(0, named=True)
     seconds = time.perf_counter() - start
@@ -134,6 +135,7 @@ def load_groups(
     format: str | None = None,
     trace_ids: Sequence[str] | None = None,
     limit: int | None = None,
+    reasoning: str = "keep",
 ) -> tuple[list[Group], int]:
     """The recorded requests of a log file or folder grouped by trace (``simulate_logs`` says how they are
     read), and how many turns were left out for lack of a recorded reply."""
@@ -148,7 +150,7 @@ def load_groups(
         groups = [(name, lambda rs=rs: rs) for name, rs in by_trace if name in kept]
     else:
         paths = log_files(source) if Path(source).exists() else [source]  # else a bundled trace's name
-        traces = [t for path in paths for t in load_traces(path, format)]
+        traces = [t for path in paths for t in load_traces(path, format, reasoning)]
         kept = set(pick_ids([t.id for t in traces], trace_ids, limit, str(source)))
         if isinstance(tokenizer, str):
             tokenizer = load_tokenizer(tokenizer)

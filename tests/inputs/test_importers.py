@@ -78,7 +78,7 @@ def test_ambiguous_records_list_the_candidates_and_the_flag():
                 {"traj": [{"role": "user", "content": [{"type": "img"}]}]},
             ],
             "item 1: traj\\[0\\]: content\\[0\\]",
-            "expected a text part .*got a 'img' part: only text can be replayed",
+            "a 'img' part cannot be replayed: only text, reasoning/thinking and tool_call parts are read; remove it",
         ),
         ([{"messages": [{"role": "user", "content": "x"}], "tools": "[{"}], "item 0", "tools: not valid JSON"),
         (
@@ -103,7 +103,7 @@ def test_json_lines_errors_name_the_line_and_non_utf8_files_are_named(tmp_path):
     good = json.dumps({"messages": [{"role": "user", "content": "hi"}]})
     path = tmp_path / "chat.jsonl"
     path.write_text(good + "\n" + json.dumps({"messages": [{"role": "user", "content": [{"type": "text"}]}]}) + "\n")
-    with pytest.raises(ValueError, match=f"{path}:2: messages\\[0\\]: content\\[0\\]: expected a text part"):
+    with pytest.raises(ValueError, match=f"{path}:2: messages\\[0\\]: content\\[0\\]: a 'text' part needs its text"):
         load_traces(path)
     latin = tmp_path / "latin.json"
     latin.write_bytes(b'[{"role": "user", "content": "caf\xe9"}]')

@@ -670,7 +670,7 @@ def test_context_policy_names_trace_and_turn_or_drops_the_oldest_messages(tmp_pa
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": [{"type": "img"}]}]}\n')
     assert main(["bench", "trace", str(bad), "--model", "/no/such/model"]) == 2
-    assert f"{bad}:1: messages[0]: content[0]: expected a text part" in capsys.readouterr().err
+    assert f"{bad}:1: messages[0]: content[0]: a 'img' part cannot be replayed" in capsys.readouterr().err
 
 
 class _CharTokenizer:
