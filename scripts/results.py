@@ -268,7 +268,11 @@ class Line:
 
 
 def git(*args: str, root: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
+    """git's answer in ``root``; without git (or a repository) a failed answer: commits read as not in history."""
+    try:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        return subprocess.CompletedProcess(args, 1, "", str(err))
 
 
 @functools.cache
