@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from scripts import results
-from scripts.results import BEGIN, END, Claim, Csv, Json, Text
+from scripts import results as script
 from specbench.bench.paired import AACheck
+from specbench.report import results
+from specbench.report.claims import CLAIMS
+from specbench.report.results import BEGIN, END, Claim, Csv, Json, Text
 
 
 def git(root: Path, *args: str) -> str:
@@ -124,37 +126,37 @@ def test_check_mode_passes_on_its_own_output_and_names_a_difference(repo, capsys
     head = git(repo, "rev-parse", "HEAD")
     result(repo, "a.json", head)
     claims = [claim("a.json", headline="X, B over A")]
-    assert results.main([], root=repo, claims=claims) == 0
+    assert script.main([], root=repo, claims=claims) == 0
     text = (repo / "reports" / "RESULTS.md").read_text()
     assert "| a.json | the a.json claim | B / A tokens/s | 1.50x | 1.40x–1.60x | 6 | gpu:X |" in text
     assert text.rstrip().endswith("| current |")
     assert "- X, B over A: 1.50x [1.40x–1.60x], n = 6 (current)" in (repo / "README.md").read_text()
-    assert results.main(["--check"], root=repo, claims=claims) == 0
+    assert script.main(["--check"], root=repo, claims=claims) == 0
     commit_all(repo, "results")
-    assert results.main(["--check"], root=repo, claims=claims) == 0  # committing RESULTS.md changes nothing
+    assert script.main(["--check"], root=repo, claims=claims) == 0  # committing RESULTS.md changes nothing
 
     (repo / "reports" / "RESULTS.md").write_text(text.replace("1.50x |", "1.55x |"))  # edited by hand
-    assert results.main(["--check"], root=repo, claims=claims) == 1
+    assert script.main(["--check"], root=repo, claims=claims) == 1
     assert "RESULTS.md:" in capsys.readouterr().err
     (repo / "reports" / "RESULTS.md").write_text(text)
 
     (repo / "specbench" / "core" / "engine.py").write_text("x = 3\n")
     commit_all(repo, "engine changed")  # RESULTS.md now claims a stale number current
-    assert results.main(["--check"], root=repo, claims=claims) == 1
+    assert script.main(["--check"], root=repo, claims=claims) == 1
     assert "says 'current'" in capsys.readouterr().err
-    assert results.main([], root=repo, claims=claims) == 0  # regenerated: marked stale
+    assert script.main([], root=repo, claims=claims) == 0  # regenerated: marked stale
     assert "| stale: the code it measures changed since" in (repo / "reports" / "RESULTS.md").read_text()
     commit_all(repo, "results regenerated")
     (repo / "specbench" / "core" / "engine.py").write_text("x = 4\n")
     commit_all(repo, "engine changed again")  # a stale line stays acceptable, whatever its reason now
-    assert results.main(["--check"], root=repo, claims=claims) == 0
+    assert script.main(["--check"], root=repo, claims=claims) == 0
 
 
 def test_the_project_claims_read_their_files():
     """Every declared claim names a file under reports/ and reads it (or says why it no longer can)."""
-    keys = [c.key for c in results.CLAIMS]
+    keys = [c.key for c in CLAIMS]
     assert len(keys) == len(set(keys))
-    lines = [results.read_line(c, results.ROOT) for c in results.CLAIMS]
+    lines = [results.read_line(c, script.ROOT) for c in CLAIMS]
     assert not [line.claim.key for line in lines if line.status.startswith("missing")]
     assert not [line.claim.key for line in lines if line.reading is None and not line.status.startswith("unsupported")]
 
