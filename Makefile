@@ -50,6 +50,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m scripts.typecheck
+	$(BIN)/python -m scripts.results --check
 
 # fixes first (they can leave lines to reformat), then the formatter, then what is left to fix by hand
 format: $(STAMP)

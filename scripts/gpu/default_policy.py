@@ -75,8 +75,12 @@ def summarize(out: dict, cuts: list[str]) -> None:
     """Each cell judged, the pooled rows, and every summary printed."""
     out["grid"], out["embedded"] = ab.summarize(out["runs"])
     out["pooled"] = ab.pooled(out["runs"])
+    checks = ab.aa_checks(out["pooled"])
+    out["a_a"] = {model: check.as_record() for model, check in checks.items()}
     for line in summary_lines(out, cuts):
         say(line)
+    for model, check in checks.items():
+        say(f"{model}: {check.verdict()}" + ("" if check.passed else ": this run is reported as failed"))
 
 
 def arguments() -> tuple[argparse.Namespace, dict]:

@@ -14,7 +14,9 @@ so drift in the machine's speed falls on all cells alike. Cells:
   where ``one_row_choice`` found them faster, on the device and for whole plain steps; printed first);
 - ``mlx-lm``: mlx-lm's ``generate_step`` (plain greedy; its output checked against plain's too);
 - ``exact k=K`` / ``fast k=K``: fixed draft length K at acceptance 1.0, each verify mode;
-- ``auto exact a=1`` and ``auto exact a=LOW``: the default policy in the default (exact) mode.
+- ``auto exact a=1`` and ``auto exact a=LOW``: the default policy in the default (exact) mode;
+- ``plain (A/A)``: specbench plain again, timed as the other cells are: its interval must cover 1.0
+  (``paired.AACheck``), else the run is reported as failed (printed, and under "a_a" in the file).
 
 A cell's speedup is plain's seconds per token over the cell's, per repeat (plain: the mean of the
 repeat's two plain runs); printed as the median over repeats with a 95 % expanded bootstrap interval
@@ -41,13 +43,16 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
-from specbench.bench.paired import MIN_UNITS, bootstrap
+from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap
 from specbench.common.identity import device_name, versions, write_result
 from specbench.cost.measure import seconds_per_token
 from specbench.drafters.oracle import Oracle
 from specbench.exact import calibrate
 from specbench.exact.one_row import one_row_choice
 from specbench.models import synthetic
+
+#: The A/A arm: plain decoding timed as a cell, against the repeat's plain runs.
+AA = "plain (A/A)"
 
 
 def say(text: str) -> None:
@@ -89,6 +94,7 @@ def timed_cells(model, prompt: list[int], tokens: int, k: int, low: float) -> di
         f"fast k={k}": speculative("fast", lambda: DraftPolicy.fixed(k), 1.0),
         "auto exact a=1": speculative("exact", DraftPolicy.auto, 1.0),
         f"auto exact a={low}": speculative("exact", DraftPolicy.auto, low),
+        AA: plain,
     }
     return cells, reference
 
@@ -106,9 +112,9 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
     if unknown:
         raise SystemExit(f"--cells: no cell named {unknown}; the cells are {list(cells)}")
     if args.cells is not None:
-        cells = {n: f for n, f in cells.items() if n == "plain" or n in args.cells}
+        cells = {n: f for n, f in cells.items() if n in ("plain", AA) or n in args.cells}
     levels = {}
-    if set(cells) - {"plain", "mlx-lm"}:  # speculative cells: exact ones verify widths 2..k+1
+    if set(cells) - {"plain", "mlx-lm", AA}:  # speculative cells: exact ones verify widths 2..k+1
         t0 = time.perf_counter()
         calibration = calibrate(model, args.k + 1, progress=say)  # seconds per width
         levels = {w: calibration.level_for(w) for w in sorted(calibration.widths)}
@@ -164,6 +170,8 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
         exact_k, fast_k = rows[f"exact k={args.k}"], rows[f"fast k={args.k}"]
         say(f"exact k={args.k} / fast k={args.k} = {exact_k['speedup'] / fast_k['speedup']:.2f}")
     versus = plain_over_mlx_lm(rows["mlx-lm"]["ratios"]) if "mlx-lm" in rows else None
+    a_a = AACheck.of_ratios(rows[AA]["ratios"])
+    say(a_a.verdict() + ("" if a_a.passed else ": this run is reported as failed"))
     one_row = {
         "shapes": [
             {
@@ -181,6 +189,7 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
     }
     return {
         **{"shape": shape, "levels": levels, "one_row": one_row, "rows": rows, "plain_over_mlx_lm": versus},
+        "a_a": a_a.as_record(),
         "seconds": time.perf_counter() - start,
     }
 

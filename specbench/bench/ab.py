@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specbench.bench import paired
-from specbench.bench.paired import MIN_UNITS, bootstrap, holm
+from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap, holm
 from specbench.bench.run_speed import MIN_STEADY
 
 #: The ratio (method over baseline, in speed) a default must keep: 3 % slower at most.
@@ -354,6 +354,15 @@ def pooled(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             ):
                 rows += pooled_row(model, what, units, seconds_ratio, lambda pair: pair[0] / pair[1])
     return rows
+
+
+#: The pooled rows of the A/A arms, in seconds: a shape's, and a whole-call model's.
+AA_POOLED = ("A/A (plain against plain)", "plain (A/A), every prompt and trace")
+
+
+def aa_checks(pooled_rows: Sequence[Mapping[str, Any]]) -> dict[str, AACheck]:
+    """Per model, its A/A arm's check (``paired.AACheck``) from its pooled row in seconds (``pooled``)."""
+    return {r["model"]: AACheck(r["ratio"], r["low"], r["high"], r["n"]) for r in pooled_rows if r["what"] in AA_POOLED}
 
 
 def cell_means(

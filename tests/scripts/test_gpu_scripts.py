@@ -116,6 +116,9 @@ def test_default_policy_script(tmp_path, script_home):
     # every run records both speeds, shapes and the embedded model alike
     assert all({"plain_mean_ms", "auto_mean_ms"} <= set(r) for r in summary["runs"])
     assert any(r["what"] == "plain a/a" for r in summary["grid"])
+    # each model's A/A arm judged (``paired.AACheck``): the shape's and the embedded model's
+    assert len(summary["a_a"]) == 2 and all({"passed", "verdict"} <= set(r) for r in summary["a_a"].values())
+    assert "qwen3-8b-tiny: " + summary["a_a"]["qwen3-8b-tiny"]["verdict"] in out
     stages = next(iter(summary["setup"].values()))  # where a shape's set-up went, stage by stage
     assert list(stages)[:3] == ["build", "calibration", "profiles"] and all(s >= 0 for s in stages.values())
     assert "set-up by stage: build" in out
@@ -189,7 +192,12 @@ def test_exact_speed_script(tmp_path, script_home):
     out = run_script("exact_speed.py", tmp_path, script_home)
     result = json.loads((tmp_path / "exact_speed.json").read_text())
     rows = result["shapes"]["qwen3-8b-tiny"]["rows"]
-    assert {"plain", "mlx-lm", "exact k=4", "fast k=4", "auto exact a=1", "auto exact a=0.3"} == set(rows)
+    assert {"plain", "mlx-lm", "exact k=4", "fast k=4", "auto exact a=1", "auto exact a=0.3", "plain (A/A)"} == set(
+        rows
+    )
+    # the A/A arm: 2 repeats give no interval, so the run is reported as failed, in the file and on stdout
+    a_a = result["shapes"]["qwen3-8b-tiny"]["a_a"]
+    assert a_a["n"] == 2 and a_a["interval"] is None and not a_a["passed"] and "reported as failed" in out
     assert all(rows[name]["equals_plain"] for name in rows if "exact" in name)
     assert rows["exact k=4"]["verifies"][0] > 0 and "exact k=4 / fast k=4" in out
     versus = result["shapes"]["qwen3-8b-tiny"]["plain_over_mlx_lm"]
