@@ -33,9 +33,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from scripts.result_claims import CLAIMS
+from scripts.result_lines import README, RESULTS, Claim, first_difference, generate, readme_status, shallow_clone
 from specbench.common.files import write_text_atomic
-from specbench.report.claims import CLAIMS
-from specbench.report.results import README, RESULTS, Claim, first_difference, generate, readme_status, shallow_clone
 
 ROOT = Path(__file__).resolve().parents[1]
 

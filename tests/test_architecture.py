@@ -308,26 +308,11 @@ def test_no_import_cycles():
     assert not messages, "\n  ".join(messages)
 
 
-# -- the scripts: thin drivers, run as modules --------------------------------------------------------------------
-
-#: The most lines a file in scripts/ may hold: a driver (configuration, phases, arguments, output folder); its
-#: logic belongs in the package, where it is tested directly.
-MAX_SCRIPT_LINES = 400
+# -- the scripts: run as modules ----------------------------------------------------------------------------------
 
 
 def script_files() -> list[Path]:
     return sorted(p for p in (ROOT / "scripts").rglob("*.py") if "__pycache__" not in p.parts)
-
-
-def test_scripts_are_thin_drivers():
-    large = []
-    for path in script_files():
-        name, lines = str(path.relative_to(ROOT)), len(path.read_text(encoding="utf-8").splitlines())
-        if lines > MAX_SCRIPT_LINES:
-            large.append(f"{name}: {lines} lines")
-    assert not large, f"scripts over {MAX_SCRIPT_LINES} lines (move their logic into the package):\n  " + "\n  ".join(
-        large
-    )
 
 
 def test_scripts_run_as_modules():

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from scripts import result_lines as results
 from scripts import results as script
+from scripts.result_claims import CLAIMS
+from scripts.result_lines import BEGIN, END, Claim, Csv, Json, Text
 from specbench.bench.paired import AACheck
-from specbench.report import results
-from specbench.report.claims import CLAIMS
-from specbench.report.results import BEGIN, END, Claim, Csv, Json, Text
 
 
 def git(root: Path, *args: str) -> str:

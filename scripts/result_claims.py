@@ -1,12 +1,12 @@
 """The project's claims: each result under reports/ that RESULTS.md and the README state, its one metric, where it
-is read and what code it measures (``specbench.report.results.Claim``). A new run adds its claim here before it
+is read and what code it measures (``scripts.result_lines.Claim``). A new run adds its claim here before it
 runs; a run that replaces a file marks the claim it overwrote (``overwritten``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from specbench.report.results import CODE, Claim, Csv, Json, Text
+from scripts.result_lines import CODE, Claim, Csv, Json, Text
 
 H200 = "NVIDIA H200, MLX CUDA (mlx 0.32.4, mlx-lm 0.32.2)"
 CPU = "This CPU (2 cores, mlx[cpu], SmolLM2-135M in float32)"
