@@ -19,6 +19,7 @@ from typing import Any
 
 from specbench.common.files import locked, set_aside, write_json_atomic, write_text_atomic
 from specbench.report.answer import answer_html
+from specbench.report.consistency import conflicts
 from specbench.report.verdicts import describe
 
 _STYLE = """
@@ -35,6 +36,7 @@ col.nb{width:17%}col.st{width:8%}col.t{width:6%}col.res{width:47%}col.f{width:5%
 .verdicts li{margin:0.4em 0;line-height:1.4}
 .answer td.pays{color:#1a7f37;font-weight:600}.answer td.loses{color:#cf222e;font-weight:600}
 .cost{color:#555;font-size:0.9em}img.map{max-width:720px;width:100%;border:1px solid #ddd}
+.conflict{color:#cf222e}
 """
 #: report.json keys shown at the top of the index, in order.
 _INFO_KEYS = ("profile", "device", "blas", "mlx", "mlx_lm", "specbench", "created", "updated", "last_run_s")
@@ -217,6 +219,10 @@ def _write_index(out: Path, titles: dict[str, str]) -> Path:
     meta = " · ".join(html.escape(f"{k}: {info[k]}") for k in _INFO_KEYS if k in info)
     sweep = read_status(out, "draft_length_sweep") or {}
     answer = answer_html(out, (sweep.get("parameters") or {}).get("model"))
+    disagreements = conflicts(out)
+    if disagreements:  # two answers where there must be one: said before either
+        items = "".join(f"<li>{html.escape(text)}</li>" for text in disagreements)
+        answer += f"<p class='conflict'>The pages disagree:</p><ul class='conflict'>{items}</ul>"
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>specbench report</title>"
         f"<style>{_STYLE}</style></head>"

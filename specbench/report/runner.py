@@ -35,7 +35,7 @@ from specbench.common.blas import status_line
 from specbench.common.files import PROJECT_ROOT, check_writable, write_text_atomic
 from specbench.common.identity import blas_library, device_name, versions
 from specbench.models.load import check_model
-from specbench.report import answer, cost_models
+from specbench.report import answer, consistency, cost_models
 from specbench.report.index import (
     read_status,
     read_summary,
@@ -476,6 +476,9 @@ def run_report(
         answer.write_map(out, (sweep.get("parameters") or {}).get("model"))
     write_report_info(out, info)
     write_index(out, NOTEBOOKS)
+    if distributed.is_main():
+        for text in consistency.conflicts(out):
+            print(f"the report's pages disagree: {text}")
     return result
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from specbench.inputs.capabilities import has
 from specbench.report import runner as report
+from specbench.report.consistency import conflicts
 from specbench.report.index import brief
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +75,7 @@ def test_quick_profile_runs_each_notebook(tmp_path, name):
     assert "OutputModel" not in (out / f"{name}.ipynb").read_text()
     assert json.loads((out / name / "status.json").read_text())["cpu_s"] > 0  # its kernel's CPU time counted
     summary = json.loads((out / name / "summary.json").read_text())
+    assert conflicts(out) == [], f"{name} states a c(w) or a*(k) other than the report's cost model's"
     assert summary["figures"], f"{name} drew no figure"
     for figure in summary["figures"]:
         assert (out / figure).read_bytes()[:4] == b"\x89PNG"
