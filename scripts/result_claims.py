@@ -9,6 +9,7 @@ from typing import Any
 from scripts.result_lines import CODE, Claim, Csv, Json, Text
 
 H200 = "NVIDIA H200, MLX CUDA (mlx 0.32.4, mlx-lm 0.32.2)"
+H100 = "NVIDIA H100, MLX CUDA (mlx 0.32.4, mlx-lm 0.32.2)"
 CPU = "This CPU (2 cores, mlx[cpu], SmolLM2-135M in float32)"
 
 G = "gpu-h200/"
@@ -57,14 +58,16 @@ def _exact_speed(key: str, file: str, shape: str, cell: str, what: str, **more: 
     )
 
 
-def _exactness(key: str, file: str, model: str, what: str, mode: str = "exact", **more: Any) -> Claim:
+def _exactness(
+    key: str, file: str, model: str, what: str, mode: str = "exact", folder: str = G, machine: str = H200, **more: Any
+) -> Claim:
     """A row of scripts/gpu/exactness.py's summary: prompts whose output equals mlx-lm greedy."""
     return Claim(
         key=key,
-        machine=H200,
+        machine=machine,
         what=what,
         metric=f"prompts whose {mode} output equals mlx-lm greedy",
-        file=G + file,
+        file=folder + file,
         read=Json(("exactness", {"model": model, "mode": mode}, "equal")),
         fmt="{:.0f}",
         n_what="prompts",
@@ -349,6 +352,33 @@ CLAIMS: list[Claim] = [
         )
     ),
     # -- exactness (scripts/gpu/exactness.py)
+    *(
+        _exactness(
+            f"exactness-h100-{model}-{mode}",
+            "exactness/summary.json",
+            model,
+            f"exact verification ({'token trees' if 'tree' in mode else 'paths'}), {shape}, 4 layers, oracle drafts "
+            "partly accepted, k 2/4/7/15",
+            mode=mode,
+            folder="gpu-h100/",
+            machine=H100,
+            **(
+                {"headline": "H100 Qwen3-8B shape bf16 (4 layers), prompts where exact output = mlx-lm greedy"}
+                if not i
+                else {}
+            ),
+        )
+        for i, (model, shape, mode) in enumerate(
+            (m, shape, mode)
+            for m, shape in (
+                ("qwen3-8b-bf16-4l", "Qwen3-8B shape bf16"),
+                ("qwen3-30b-a3b-4bit-4l", "Qwen3-30B-A3B shape 4-bit"),
+                ("qwen3-8b-4bit-4l", "Qwen3-8B shape 4-bit"),
+                ("qwen3-30b-a3b-bf16-4l", "Qwen3-30B-A3B shape bf16"),
+            )
+            for mode in ("exact", "exact-tree")
+        )
+    ),
     _exactness(
         "exactness-kernels-moe",
         "exactness-kernels/exactness_summary.json",
