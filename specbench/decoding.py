@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 
 import mlx.nn as nn
 
-from specbench.common.deprecation import keyword_only_after, renamed_arguments
 from specbench.common.distributed import is_sharded
 from specbench.common.identity import display_name
 from specbench.core.batch import BatchGeneration, generate_batch
@@ -47,8 +46,6 @@ def break_even_function(profile: Profile, drafter: Drafter, mode: VerifyMode) ->
     return BreakEven(profile, drafter, mode)
 
 
-@renamed_arguments(prompt_ids="prompt")
-@keyword_only_after(3, "tokenizer", "prompt_cache")
 def generate(
     model: nn.Module,
     prompt: Prompt,
@@ -66,8 +63,6 @@ def generate(
     return plain_generate(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache, verifier=verifier)
 
 
-@renamed_arguments(prompt_ids="prompt")
-@keyword_only_after(3, "drafter", "policy", "tokenizer", "prompt_cache", "profile", "progress")
 def speculative_generate(
     model: nn.Module,
     prompt: Prompt,
@@ -163,7 +158,6 @@ def with_estimate(progress: Callable[[str], None] | None) -> Callable[[str], Non
     return say
 
 
-@keyword_only_after(3, "drafters", "policy", "tokenizer", "max_batch", "profile", "progress")
 def speculative_generate_batch(
     model: nn.Module,
     prompts: Sequence[Prompt],

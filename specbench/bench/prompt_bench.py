@@ -29,7 +29,6 @@ import polars as pl
 from specbench.bench.prompt_predictions import is_speculative_specbench, no_profile_note
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, TimedRun, prompt_methods
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
-from specbench.common.deprecation import renamed_arguments
 from specbench.common.files import write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.identity import device_name, versions
 from specbench.core.policies import DraftPolicy
@@ -158,7 +157,6 @@ def stored_cost_profile(
     return stored
 
 
-@renamed_arguments(num_draft_tokens="k")
 def bench_prompts(
     model: Any,
     tokenizer: Any,

@@ -16,7 +16,6 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm import stream_generate
 
-from specbench.common.deprecation import renamed_arguments
 from specbench.common.timing import quiet
 from specbench.core.draft import within_max_draft, within_max_tokens
 from specbench.core.engine import generate
@@ -80,7 +79,6 @@ class Method:
         return cls(record["name"], record["engine"], record["drafter"], policy, record["verify"])
 
 
-@renamed_arguments(num_draft_tokens="k")
 def prompt_methods(
     drafters: Sequence[str] = ("lookup", "suffix"),
     policies: Sequence[DraftPolicy] | None = None,
@@ -155,7 +153,6 @@ def _count_positions(pos_drafted: list[int], pos_accepted: list[int], drafted: i
         pos_accepted[i] += i < accepted
 
 
-@renamed_arguments(num_draft_tokens="k")
 def run_mlx_lm(
     model: Any,
     tokenizer: Any,

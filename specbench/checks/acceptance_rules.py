@@ -21,7 +21,6 @@ import polars as pl
 
 from specbench.bench.sweep import Sweep, run_sweep, summarize_sweep
 from specbench.checks.lossless import LosslessCheck, losslessness_check
-from specbench.common.deprecation import renamed_arguments
 from specbench.core.accept import SamplingSettings
 from specbench.core.policies import DraftPolicy
 from specbench.core.rules import ACCEPTANCE_RULES, TYPICAL_DELTA, TYPICAL_EPSILON, Acceptance, rule_label
@@ -156,7 +155,6 @@ def exact_match_expectation(steps: pl.DataFrame, level: float = 0.95) -> dict[st
     }
 
 
-@renamed_arguments(draft_length="k")
 def rule_shifts(
     model: Any,
     tokenizer: Any,

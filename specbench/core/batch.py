@@ -23,7 +23,6 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generation_stream, wired_limit
 
-from specbench.common.deprecation import keyword_only_after
 from specbench.core.batch_hybrid import RowRollback, batch_layer, check_batchable
 from specbench.core.batch_request import BatchRequest
 from specbench.core.draft import Drafter
@@ -437,7 +436,6 @@ class BatchGeneration:
             layer.filter(mx.array(keep))
 
 
-@keyword_only_after(3, "tokenizer", "max_batch")
 def generate_batch(
     model: nn.Module,
     prompts: Sequence[Prompt],

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from specbench.common.deprecation import renamed_arguments, renamed_attribute
 from specbench.core.auto import AutoDecisions
 from specbench.core.decision import Decision, Plain, Speculate
 from specbench.core.log import StepLog, StepRecord
@@ -58,12 +57,10 @@ class DraftPolicy:
         raise NotImplementedError
 
     @staticmethod
-    @renamed_arguments(n="k")
     def fixed(k: int) -> FixedPolicy:
         return FixedPolicy(k)
 
     @staticmethod
-    @renamed_arguments(n="k")
     def adaptive(k: int, max_pause: int = 16) -> AdaptivePolicy:
         return AdaptivePolicy(k, max_pause)
 
@@ -130,7 +127,6 @@ def as_policy(policy: DraftPolicy | str | int) -> DraftPolicy:
 class FixedPolicy(DraftPolicy):
     """Up to ``k`` tokens every step."""
 
-    @renamed_arguments(n="k")
     def __init__(self, k: int):
         self.k = check_k(k)
         self.name = f"fixed:{k}"
@@ -141,13 +137,10 @@ class FixedPolicy(DraftPolicy):
     def longest_draft(self, drafter: Any) -> int:
         return self.k
 
-    n = renamed_attribute("n", "k")
-
 
 class AdaptivePolicy(DraftPolicy):
     """Up to ``k`` tokens; after a fully rejected draft, pause 1, 2, 4, ... ``max_pause`` steps."""
 
-    @renamed_arguments(n="k")
     def __init__(self, k: int, max_pause: int = 16):
         self.k = check_k(k)
         self.max_pause = at_least_one("max_pause", max_pause)
@@ -176,8 +169,6 @@ class AdaptivePolicy(DraftPolicy):
 
     def longest_draft(self, drafter: Any) -> int:
         return self.k
-
-    n = renamed_attribute("n", "k")
 
 
 class AutoPolicy(AutoDecisions, DraftPolicy):

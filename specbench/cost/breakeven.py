@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from specbench.common.deprecation import renamed_arguments
 from specbench.core.draft import Drafter
 from specbench.cost.profile import Profile, cost_at
 
@@ -66,7 +65,6 @@ def speedup(acceptance: float | Sequence[float], k: int, costs: Costs, d: float 
     return expected_tokens(acceptance, k) / (cost_at(_curve(costs, mode), k + 1) + k * d)
 
 
-@renamed_arguments(k_max="max_k")
 def break_even_acceptance(costs: Costs, d: float = 0.0, max_k: int | None = None, mode: str = "fast") -> np.ndarray:
     """a*(k) for k = 1..max_k: the constant acceptance at which S(k) = 1.
 
@@ -108,7 +106,6 @@ def break_even_band(
     return break_even_acceptance(low, d, max_k), break_even_acceptance(high, d, max_k)
 
 
-@renamed_arguments(k_max="max_k")
 def best_k(
     acceptance: float | Sequence[float], costs: Costs, d: float = 0.0, max_k: int | None = None, mode: str = "fast"
 ) -> tuple[int, float]:
@@ -178,7 +175,6 @@ class BreakEven:
         return base._at[nearest]
 
 
-@renamed_arguments(k_max="max_k")
 def preferred_k(
     profile: Costs,
     acceptance: float | Sequence[float],

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from specbench.common.deprecation import moved_names
 from specbench.core.draft import Draft, Drafter
 from specbench.core.engine import generate
 from specbench.core.forward import vocab_size
@@ -165,6 +164,3 @@ class OracleTree(Drafter):
         paths = [oracle.draft(context, min(self.depth, k)).tokens for oracle in self.oracles]
         tokens, parents = breadth_first_tree([p for p in paths if p], k)
         return Draft(tokens, parents=parents)
-
-
-__getattr__ = moved_names(__name__, {"OracleDrafter": ("specbench.Oracle", lambda: Oracle)})
