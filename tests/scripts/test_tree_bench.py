@@ -1,4 +1,4 @@
-"""specbench.bench.tree_bench and the oracle tree drafter: timed runs, the verifiers a tree study compares, and
+"""scripts.gpu.tree_bench and the oracle tree drafter: timed runs, the verifiers a tree study compares, and
 SuffixDecoding's real runs against the simulator's replay."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import build_tiny
 
-from specbench.bench.tree_bench import suffix_real_row, timed, tree_verifiers
+from scripts.gpu.tree_bench import suffix_real_row, timed, tree_verifiers
 from specbench.core.engine import generate
 from specbench.core.options import GenerateOptions
 from specbench.drafters.oracle import Oracle, OracleTree
