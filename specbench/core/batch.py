@@ -193,12 +193,6 @@ class BatchGeneration:
             "tokens_per_s": tokens / self._wall_s if self._wall_s > 0 else 0.0,
         }
 
-    def batch_log_frame(self):
-        """The batch-step log as a polars DataFrame (one row per step)."""
-        import polars as pl
-
-        return pl.DataFrame([{**s.__dict__, "width": s.width} for s in self.batch_log], infer_schema_length=None)
-
     # -- the loop ---------------------------------------------------------------------------
     @contextlib.contextmanager
     def _running(self) -> Iterator[ExpertCounter | None]:

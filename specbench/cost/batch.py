@@ -139,10 +139,6 @@ class BatchProfile:
         largest = self.batch_sizes[-1]
         return BatchAutoPolicy(lambda k, b: self.break_even_tokens(k, min(b, largest), d), **kwargs)
 
-    def paying_batch_sizes(self, acceptance: float, d: float = 0.0, max_k: int | None = None) -> list[int]:
-        """The measured batch sizes at which some draft length pays at ``acceptance``."""
-        return [b for b in self.batch_sizes if self.best_k(acceptance, b, d, max_k)[0] > 0]
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
