@@ -20,8 +20,7 @@ from specbench.common.distributed import is_sharded
 from specbench.common.identity import display_name
 from specbench.core.batch import BatchGeneration, generate_batch
 from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
-from specbench.core.engine import Generation
-from specbench.core.engine import generate as plain_generate
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.forward import context_length
 from specbench.core.lockstep import in_lockstep
 from specbench.core.options import GenerateOptions, checked_options
@@ -60,7 +59,7 @@ def generate(
     own products, so the output is the model's greedy output)."""
     options = checked_options(options)
     verifier = verifier_for(model, options.verify_mode)  # the exact verifier chooses its one-row kernels now
-    return plain_generate(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache, verifier=verifier)
+    return plain_generation(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache, verifier=verifier)
 
 
 def speculative_generate(

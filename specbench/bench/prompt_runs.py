@@ -18,7 +18,7 @@ from mlx_lm import stream_generate
 
 from specbench.common.timing import quiet
 from specbench.core.draft import within_max_draft, within_max_tokens
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.verify import check_verify_mode
@@ -207,13 +207,13 @@ def run_specbench(
     policy: DraftPolicy | None = None,
     verify: str | None = None,
 ) -> TimedRun:
-    """specbench's plain ``generate`` (no drafter) or ``speculative_generate``, greedy, timed."""
+    """specbench's ``plain_generation`` (no drafter) or ``speculative_generate``, greedy, timed."""
     options = GenerateOptions(max_tokens=max_tokens, verify=verify)
     with quiet():
         start = time.perf_counter()
         first = None
         if drafter is None:
-            gen = generate(model, list(prompt), options, tokenizer=tokenizer)
+            gen = plain_generation(model, list(prompt), options, tokenizer=tokenizer)
         else:
             gen = speculative_generate(
                 model, list(prompt), options, drafter=drafter, policy=policy, tokenizer=tokenizer

@@ -39,7 +39,7 @@ from specbench.bench.timing import cache_copy, prefix_cache, timed
 from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic
 from specbench.core.draft import within_max_tokens
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.log import main_reason
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, FixedPolicy, as_policy
@@ -225,7 +225,7 @@ def run_sweep(
         done = distributed.broadcast(done if distributed.is_main() else None)
     todo = [i for i in mine if i not in done]
     if warmup_tokens and todo:
-        list(generate(model, items[0].ids, GenerateOptions(max_tokens=warmup_tokens, ignore_eos=True)))
+        list(plain_generation(model, items[0].ids, GenerateOptions(max_tokens=warmup_tokens, ignore_eos=True)))
         modes = {GenerateOptions(temperature=float(t), verify=verify).verify_mode for t in temperatures}
         if factories and "exact" in modes:
             _calibrate_exact(model, policies, factories, max_tokens)
@@ -366,7 +366,7 @@ def _run_cell(
 
     def run_plain() -> tuple[Any, list[int], float]:
         bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
-        gen = generate(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
+        gen = plain_generation(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
         tokens, seconds = timed(gen)
         bar.update()
         return gen, tokens, seconds

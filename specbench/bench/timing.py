@@ -13,7 +13,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.common.timing import quiet
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import forward
@@ -107,7 +107,7 @@ def side_by_side(
     policy: DraftPolicy,
 ) -> SideBySide:
     """Decode ``prompt_ids`` plainly and then speculatively (same options), timing both."""
-    plain = generate(model, prompt_ids, options, tokenizer=tokenizer)
+    plain = plain_generation(model, prompt_ids, options, tokenizer=tokenizer)
     _, plain_s = timed(plain)
     spec = speculative_generate(model, prompt_ids, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
     _, spec_s = timed(spec)

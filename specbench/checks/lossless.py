@@ -18,7 +18,7 @@ import polars as pl
 from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows them on the console
 
 from specbench.bench.timing import cache_copy, prefix_cache
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.rules import Acceptance
@@ -272,7 +272,7 @@ def losslessness_check(
         # the first ``samples`` as always (plain seed + i, speculative seed + samples + i); grown ones after both
         seeds = (seed + i, seed + samples + i) if i < samples else (seed + 2 * i, seed + 2 * i + 1)
         options = GenerateOptions(max_tokens=max_tokens, temperature=temperature, seed=seeds[0], ignore_eos=True)
-        plain.append(list(generate(model, prompt_ids, options, prompt_cache=cache_copy(prefix))))
+        plain.append(list(plain_generation(model, prompt_ids, options, prompt_cache=cache_copy(prefix))))
         options = GenerateOptions(
             max_tokens=max_tokens,
             temperature=temperature,

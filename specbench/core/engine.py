@@ -419,7 +419,7 @@ class Generation:
         return getattr(self.policy, "name", "none") if self.policy is not None else "none"
 
 
-def generate(
+def plain_generation(
     model: nn.Module,
     prompt: Any,
     options: GenerateOptions | None = None,
@@ -434,4 +434,4 @@ def generate(
     return Generation(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache, verifier=verifier)
 
 
-__all__ = ["Generation", "Step", "generate", "token_ids"]
+__all__ = ["Generation", "Step", "plain_generation", "token_ids"]

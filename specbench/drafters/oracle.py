@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from specbench.core.draft import Draft, Drafter
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
@@ -140,7 +140,7 @@ class Oracle(Drafter):
 
 
 def _greedy_continuation(model: Any, prompt: Sequence[int], max_tokens: int) -> list[int]:
-    return list(generate(model, list(prompt), GenerateOptions(max_tokens=max_tokens, ignore_eos=True)))
+    return list(plain_generation(model, list(prompt), GenerateOptions(max_tokens=max_tokens, ignore_eos=True)))
 
 
 class OracleTree(Drafter):
