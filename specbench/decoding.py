@@ -39,10 +39,10 @@ def _say(text: str) -> None:
     print(f"specbench: {text}", file=sys.stderr, flush=True)
 
 
-def break_even_function(profile: Profile, drafter: Drafter, mode: VerifyMode) -> BreakEven:
+def break_even_function(profile: Profile, drafter: Drafter, verify: VerifyMode) -> BreakEven:
     """k -> tokens a verification of k drafts must yield to match plain decoding, from ``profile``; its
     ``at_length(L)`` gives the one at the profile's context length nearest L (Auto follows the context)."""
-    return BreakEven(profile, drafter, mode)
+    return BreakEven(profile, drafter, verify)
 
 
 def generate(
@@ -83,11 +83,11 @@ def speculative_generate(
     token (reported through ``progress``), so that no timed step pays for calibration.
     """
     options = checked_options(options)
-    mode = options.verify_mode
+    verify = options.verify_mode
     sharded = is_sharded(model)
     if sharded:  # every rank runs this loop: rank 0 drafts and picks draft lengths for all
         drafter, policy = in_lockstep(drafter, policy)
-    verifier = verifier_for(model, mode) if drafter is not None else FAST
+    verifier = verifier_for(model, verify) if drafter is not None else FAST
     generation = Generation(
         model,
         prompt,
@@ -105,10 +105,10 @@ def speculative_generate(
         # max_tokens tokens drafts at most max_tokens - 1 of them (the engine caps k at the tokens left but one).
         verifier.prepare(range(2, within_max_tokens(longest, options.max_tokens) + 2), with_estimate(progress))
     if drafter is not None and generation.policy.needs_break_even:
-        profile = profile or (lockstep_profile if sharded else profile_for)(model, mode, progress=progress)
-        generation.break_even = break_even_function(profile, drafter, mode)
+        profile = profile or (lockstep_profile if sharded else profile_for)(model, verify, progress=progress)
+        generation.break_even = break_even_function(profile, drafter, verify)
         if getattr(drafter, "tree", False) is True:  # a tree's k is its node count: costed by node count when stored
-            stored = stored_tree_costs(model, mode)
+            stored = stored_tree_costs(model, verify)
             if stored is not None:
                 generation.break_even = tree_break_even(stored, drafter)
     return generation

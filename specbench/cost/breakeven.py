@@ -147,8 +147,8 @@ class BreakEven:
     the profile's measured length nearest L (``Profile.at_length``): the same object for the same length,
     so a policy sees when it changes."""
 
-    def __init__(self, profile: Profile, drafter: Drafter | None = None, mode: str = "fast"):
-        self.profile, self.drafter, self.mode = profile, drafter, mode
+    def __init__(self, profile: Profile, drafter: Drafter | None = None, verify: str = "fast"):
+        self.profile, self.drafter, self.verify = profile, drafter, verify
         self.length = profile.offset
         self._at: dict[int, BreakEven] = {profile.offset: self}
         self._base = self
@@ -159,17 +159,17 @@ class BreakEven:
         self.boundaries = tuple(float(np.sqrt(a * b)) for a, b in zip(measured, measured[1:]))
 
     def __call__(self, k: int) -> float:
-        return break_even_tokens(self.profile, k, self.drafter, verify=self.mode)
+        return break_even_tokens(self.profile, k, self.drafter, verify=self.verify)
 
     def at_length(self, length: int) -> BreakEven:
         base = self._base
         nearest = base.profile.nearest_length(length)
         if nearest not in base._at:
             at = base.profile.at_length(nearest)
-            if self.mode not in at.costs:  # not measured in this mode at that length: the base's
+            if self.verify not in at.costs:  # not measured in this mode at that length: the base's
                 base._at[nearest] = base
             else:
-                base._at[nearest] = BreakEven(at, self.drafter, self.mode)
+                base._at[nearest] = BreakEven(at, self.drafter, self.verify)
                 base._at[nearest]._base = base
                 base._at[nearest].boundaries = base.boundaries
         return base._at[nearest]
