@@ -28,7 +28,7 @@ from specbench.bench.timing import side_by_side as run_side_by_side
 from specbench.common.files import write_json_atomic, write_parquet_atomic
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
-from specbench.core.rules import Acceptance
+from specbench.core.rules import AcceptanceRule
 
 #: The folder of a report that holds recorded generations.
 FOLDER = "recorded"
@@ -71,7 +71,7 @@ _STATS = (
 def generation_key(model: str, prompt_ids: Sequence[int], drafter: str, policy: str, options: GenerateOptions) -> str:
     """What makes two generations the same: model, prompt ids, drafter ("none": plain), policy and options."""
     settings = [options.max_tokens, float(options.temperature), options.seed, options.verify, options.ignore_eos]
-    if options.rule != Acceptance():  # the default rule keeps the keys recorded before rules were options
+    if options.rule != AcceptanceRule():  # the default rule keeps the keys recorded before rules were options
         settings.append(dataclasses.astuple(options.rule))
     text = json.dumps([model, [int(t) for t in prompt_ids], drafter, policy, settings], default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
