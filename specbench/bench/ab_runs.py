@@ -21,6 +21,7 @@ from mlx_lm.generate import generate_step
 from specbench.bench.ab import speed_in_ms, spread
 from specbench.bench.run_speed import mean_speed, speed_state, time_split, verify_ms_by_width
 from specbench.common.timing import quiet
+from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, plain_generation
 from specbench.core.log import StepRecord
 from specbench.core.options import GenerateOptions
@@ -71,7 +72,7 @@ def auto_run(
     prompt: list[int],
     tokens: int,
     mode: str,
-    drafter: Any,
+    drafter: Drafter,
     profile: Any,
     progress: Callable[[str], None] | None = None,
 ) -> TimedRun:

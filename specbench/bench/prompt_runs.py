@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx_lm import stream_generate
 
 from specbench.common.timing import quiet
-from specbench.core.draft import within_max_draft, within_max_tokens
+from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
 from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
@@ -203,7 +203,7 @@ def run_specbench(
     tokenizer: Any,
     prompt: Sequence[int],
     max_tokens: int,
-    drafter: Any = None,
+    drafter: Drafter | None = None,
     policy: DraftPolicy | None = None,
     verify: str | None = None,
 ) -> TimedRun:
@@ -259,7 +259,7 @@ def warm_up_plan(methods: int, max_tokens: int, widths: Sequence[int], step_s: f
     return f"warm-up (untimed): {what}; about {calibration + runs:.0f} s at {step_s:.2f} s per plain step"
 
 
-def _longest_draft(policy: DraftPolicy, drafter: Any) -> int:
+def _longest_draft(policy: DraftPolicy, drafter: Drafter) -> int:
     """The longest draft ``policy`` asks of ``drafter``, within the most the drafter ever drafts."""
     asked = policy.longest_draft(drafter) if isinstance(policy, DraftPolicy) else getattr(drafter, "preferred_k", 4)
     return max(1, within_max_draft(asked, drafter))

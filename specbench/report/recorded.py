@@ -26,6 +26,7 @@ from specbench.bench.sweep import AA_POLICY
 from specbench.bench.timing import SideBySide
 from specbench.bench.timing import side_by_side as run_side_by_side
 from specbench.common.files import write_json_atomic, write_parquet_atomic
+from specbench.core.draft import Drafter
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.rules import AcceptanceRule
@@ -286,7 +287,7 @@ def side_by_side(
     prompt_ids: Sequence[int],
     options: GenerateOptions,
     drafter_name: str,
-    drafter: Any,
+    drafter: Drafter,
     policy: Any,
 ) -> SideBySide:
     """``bench.timing.side_by_side``, or the pair recorded in ``output_dir`` with the same model, prompt,
