@@ -16,13 +16,11 @@ from collections.abc import Callable, Sequence
 
 import mlx.nn as nn
 
-from specbench.common.deprecation import keyword_only_after, renamed_arguments
 from specbench.common.distributed import is_sharded
 from specbench.common.identity import display_name
 from specbench.core.batch import BatchGeneration, generate_batch
 from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
-from specbench.core.engine import Generation
-from specbench.core.engine import generate as plain_generate
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.forward import context_length
 from specbench.core.lockstep import in_lockstep
 from specbench.core.options import GenerateOptions, checked_options
@@ -41,14 +39,12 @@ def _say(text: str) -> None:
     print(f"specbench: {text}", file=sys.stderr, flush=True)
 
 
-def break_even_function(profile: Profile, drafter: Drafter, mode: VerifyMode) -> BreakEven:
+def break_even_function(profile: Profile, drafter: Drafter, verify: VerifyMode) -> BreakEven:
     """k -> tokens a verification of k drafts must yield to match plain decoding, from ``profile``; its
     ``at_length(L)`` gives the one at the profile's context length nearest L (Auto follows the context)."""
-    return BreakEven(profile, drafter, mode)
+    return BreakEven(profile, drafter, verify)
 
 
-@renamed_arguments(prompt_ids="prompt")
-@keyword_only_after(3, "tokenizer", "prompt_cache")
 def generate(
     model: nn.Module,
     prompt: Prompt,
@@ -63,11 +59,9 @@ def generate(
     own products, so the output is the model's greedy output)."""
     options = checked_options(options)
     verifier = verifier_for(model, options.verify_mode)  # the exact verifier chooses its one-row kernels now
-    return plain_generate(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache, verifier=verifier)
+    return plain_generation(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache, verifier=verifier)
 
 
-@renamed_arguments(prompt_ids="prompt")
-@keyword_only_after(3, "drafter", "policy", "tokenizer", "prompt_cache", "profile", "progress")
 def speculative_generate(
     model: nn.Module,
     prompt: Prompt,
@@ -89,11 +83,11 @@ def speculative_generate(
     token (reported through ``progress``), so that no timed step pays for calibration.
     """
     options = checked_options(options)
-    mode = options.verify_mode
+    verify = options.verify_mode
     sharded = is_sharded(model)
     if sharded:  # every rank runs this loop: rank 0 drafts and picks draft lengths for all
         drafter, policy = in_lockstep(drafter, policy)
-    verifier = verifier_for(model, mode) if drafter is not None else FAST
+    verifier = verifier_for(model, verify) if drafter is not None else FAST
     generation = Generation(
         model,
         prompt,
@@ -111,10 +105,10 @@ def speculative_generate(
         # max_tokens tokens drafts at most max_tokens - 1 of them (the engine caps k at the tokens left but one).
         verifier.prepare(range(2, within_max_tokens(longest, options.max_tokens) + 2), with_estimate(progress))
     if drafter is not None and generation.policy.needs_break_even:
-        profile = profile or (lockstep_profile if sharded else profile_for)(model, mode, progress=progress)
-        generation.break_even = break_even_function(profile, drafter, mode)
+        profile = profile or (lockstep_profile if sharded else profile_for)(model, verify, progress=progress)
+        generation.break_even = break_even_function(profile, drafter, verify)
         if getattr(drafter, "tree", False) is True:  # a tree's k is its node count: costed by node count when stored
-            stored = stored_tree_costs(model, mode)
+            stored = stored_tree_costs(model, verify)
             if stored is not None:
                 generation.break_even = tree_break_even(stored, drafter)
     return generation
@@ -163,7 +157,6 @@ def with_estimate(progress: Callable[[str], None] | None) -> Callable[[str], Non
     return say
 
 
-@keyword_only_after(3, "drafters", "policy", "tokenizer", "max_batch", "profile", "progress")
 def speculative_generate_batch(
     model: nn.Module,
     prompts: Sequence[Prompt],

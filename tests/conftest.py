@@ -22,6 +22,8 @@ import pytest
 from mlx.utils import tree_map
 from mlx_lm.models import switch_layers
 
+# mlx-lm's own greedy decoding, the reference for exactness (the package's one implementation)
+from specbench.checks.exactness import mlx_lm_greedy as plain_greedy  # noqa: F401
 from specbench.core.draft import Draft, Drafter
 from specbench.core.log import StepRecord
 from specbench.exact import hooks as exact_hooks
@@ -128,16 +130,6 @@ def _close_figures():
 @pytest.fixture(params=list(TINY_CONFIGS))
 def tiny_model(request):
     return build_tiny(request.param)
-
-
-def plain_greedy(model, prompt: list[int], n: int) -> list[int]:
-    """mlx-lm's own greedy decoding, the reference for exactness."""
-    from mlx_lm.generate import generate_step
-
-    out = []
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=n):
-        out.append(int(token))
-    return out
 
 
 class ScriptedDrafter(Drafter):

@@ -27,7 +27,7 @@ from mlx_lm.generate import generate_step
 from specbench.bench.budget import Budget
 from specbench.common.files import write_csv_atomic
 from specbench.common.identity import device_name, versions, write_result
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.cost.bandwidth import PEAK_METHOD, Bandwidth, bytes_per_token, peak_passes
 from specbench.cost.measure import seconds_per_token
@@ -47,8 +47,8 @@ def measure(name: str, tokens: int, rounds: int, peak: float) -> dict:
     model, _ = load(name)
     prompt = list(range(1, 33))
     options = GenerateOptions(max_tokens=tokens, ignore_eos=True)
-    seconds_per_token(generate(model, prompt, GenerateOptions(max_tokens=8, ignore_eos=True)))  # warm-up
-    best = min(seconds_per_token(generate(model, prompt, options)) for _ in range(rounds))
+    seconds_per_token(plain_generation(model, prompt, GenerateOptions(max_tokens=8, ignore_eos=True)))  # warm-up
+    best = min(seconds_per_token(plain_generation(model, prompt, options)) for _ in range(rounds))
     engine = Bandwidth(1.0 / best, bytes_per_token(model), peak)
     reference = _mlx_lm_tokens_per_s(model, prompt, tokens)
     row = {

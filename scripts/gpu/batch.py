@@ -19,7 +19,7 @@ Then the hybrid Qwen3.5-9B 4-bit shape (Gated DeltaNet layers rolled back per ro
 grid. Then, budget permitting, the embedded SmolLM2-135M with real drafters (prompt lookup,
 SuffixDecoding) on two bundled prompts per category and the chat-revision trace's turns at B in
 {1, 4, 16}; and the verdict: at which batch sizes speculation pays for each shape. The phases and the
-verdict are ``specbench.bench.batch_run``'s, the figure ``specbench.report.figures.batch``'s.
+verdict are ``scripts.gpu.batch_run``'s, the figure ``specbench.report.figures.batch``'s.
 
 Writes into $OUT (or --out, default reports/gpu-batch): batch_summary.json (profiles, a*, divergence
 summary, verdict, failures, skipped), batch_costs.csv, batch_break_even.csv, batch_experts.csv,
@@ -32,7 +32,7 @@ import argparse
 import os
 from pathlib import Path
 
-from specbench.bench.batch_run import BatchRun
+from scripts.gpu.batch_run import BatchRun
 from specbench.bench.budget import Budget
 from specbench.inputs.traces import TRACES_DIR
 from specbench.models import synthetic

@@ -176,12 +176,12 @@ class Run:
                 plain_tokens=8,
                 lengths=cfg["lengths"],
             )
-            k_max = max(cfg["widths"]) - 1
+            max_k = max(cfg["widths"]) - 1
             per_length = {}
             print(f"\n{shape}: c(w) and a*(k) by context length")
             for length in profile.context_lengths:
                 at = profile.at_length(length)
-                a_star = cost.break_even_acceptance(at, 0.0, k_max, "fast")
+                a_star = cost.break_even_acceptance(at, 0.0, max_k, "fast")
                 per_length[length] = {
                     "plain_step_s": at.plain_step_s,
                     "widths": at.widths["fast"],

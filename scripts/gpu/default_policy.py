@@ -17,7 +17,7 @@ a warm-up of every method, and the steadier of free and pinned cores (``specbenc
    rotating per prompt; one drafter per method and repeat, kept across prompts.
 Each model also gets an A/A cell (plain timed as an Auto cell is). Per cell the ratio, its intervals in seconds
 and in plain steps, and a verdict against 0.97 (``specbench.bench.ab``); pooled rows; the summaries
-(``specbench.bench.ab_text``). Sizes shrink to fit --budget (what was cut is printed and kept). Writes into
+(``scripts.gpu.ab_text``). Sizes shrink to fit --budget (what was cut is printed and kept). Writes into
 $OUT (or --out): grid.csv, embedded.csv, pooled.csv, runs.csv, verify_calls.csv, default_policy.json; the runs
 after every repeat (SIGTERM summarizes what finished; --resummarize recovers a run killed outright).
 """
@@ -33,9 +33,9 @@ from typing import Any
 
 import mlx.core as mx
 
+from scripts.gpu.ab_text import summary_lines
 from scripts.gpu.default_policy_phases import embedded_phase, say, shape_phase, trace_files
 from specbench.bench import ab
-from specbench.bench.ab_text import summary_lines
 from specbench.bench.budget import Budget
 from specbench.common.files import write_csv_atomic
 from specbench.common.identity import device_name, versions, write_result

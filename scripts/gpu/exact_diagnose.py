@@ -25,7 +25,7 @@
    call recomputed on fresh arrays tells which side depended on more than the values; and
    serial steps on a prefilled cache against the same steps on copies of it.
 
-The probes live in ``specbench.checks.exact_layout`` (1, 4) and ``specbench.checks.exact_lockstep`` (2, 3).
+The probes live in ``scripts.gpu.exact_layout`` (1, 4) and ``scripts.gpu.exact_lockstep`` (2, 3).
 Writes diagnose.json into $OUT (default reports/gpu); prints a compact report.
 """
 
@@ -41,11 +41,12 @@ from typing import Any
 
 import mlx.core as mx
 
+from scripts.gpu.exact_layout import copied_cache_steps, crossing_calls, kernel_checks
+from scripts.gpu.exact_lockstep import layout, lockstep, run_exact
+from scripts.gpu.exactness_workload import print_table, timed_greedy
+from specbench.bench.batch_bench import first_divergence
 from specbench.bench.budget import Budget
 from specbench.checks import exactness
-from specbench.checks.exact_layout import copied_cache_steps, crossing_calls, kernel_checks
-from specbench.checks.exact_lockstep import layout, lockstep, run_exact
-from specbench.checks.exactness_workload import print_table, timed_greedy
 from specbench.common.identity import device_name, write_result
 from specbench.exact import calibrate
 from specbench.exact.calibration import _calibrations
@@ -91,12 +92,12 @@ def diagnose_model(
             "prompt_tokens": len(prompt),
             "k": k,
             "plain_reproducible": truth == again,
-            "plain_first_diff": exactness.first_divergence(again, truth),
+            "plain_first_diff": first_divergence(again, truth),
         }
         logs = {}
         for on in (False, True):
             out, log = run_exact(model, prompt, truth, n, k, i, on, calibrations)
-            div = exactness.first_divergence(out, truth)
+            div = first_divergence(out, truth)
             verdict = "equal" if div is None else f"div@{div} (pos {len(prompt) + div})"
             row["layout_on" if on else "layout_off"] = verdict
             logs[on] = log.records

@@ -10,7 +10,7 @@ the full-depth Qwen3-8B shape in 4-bit for costs. Per model:
 
 1. calibration: for widths 2..16, which exact levels are bit-identical to serial steps (at a short cache and across
    the KV buffer's 256-row step), and the cheapest (specbench.exact.calibrate);
-2. exactness (``specbench.checks.exactness_workload``): P prompts x T tokens, mlx-lm's plain greedy decoding against
+2. exactness (``scripts.gpu.exactness_workload``): P prompts x T tokens, mlx-lm's plain greedy decoding against
    speculative greedy (``verify="exact"`` and ``"fast"``) with an oracle drafter that proposes the plain
    continuation with random corruptions (drafts partly accepted), draft lengths cycling through --ks; then the
    same as token trees (modes exact-tree, fast-tree: --tree-branches such drafts of k tokens merged where they
@@ -46,9 +46,9 @@ if __name__ == "__main__" and "--cudnn-sdpa" in sys.argv:
 
 import mlx.core as mx
 
+from scripts.gpu import exactness_workload as workload
 from specbench.bench.budget import Budget
 from specbench.checks import exactness
-from specbench.checks import exactness_workload as workload
 from specbench.common.files import write_csv_atomic as write_csv
 from specbench.common.files import write_figure_atomic
 from specbench.common.identity import device_name

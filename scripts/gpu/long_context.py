@@ -23,8 +23,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from specbench.bench.batch_bench import first_divergence
 from specbench.bench.budget import Budget
-from specbench.checks.exactness import first_divergence, mlx_lm_greedy, oracle_generation
+from specbench.checks.exactness import mlx_lm_greedy, oracle_generation
 from specbench.common.identity import write_result
 from specbench.core.forward import vocab_size
 from specbench.models import synthetic

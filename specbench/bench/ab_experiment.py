@@ -13,7 +13,8 @@ from typing import Any
 
 from specbench.bench.ab import ab_verdict, interval_and_p, seconds_ratio
 from specbench.bench.ab_runs import CallRun, timed_call
-from specbench.core.engine import generate
+from specbench.core.draft import Drafter
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.decoding import speculative_generate
@@ -53,10 +54,10 @@ class Method:
     def __str__(self) -> str:
         return "plain" if self.drafter is None else f"{self.drafter}/{self.policy}"
 
-    def run(self, model: Any, tokenizer: Any, prompt: list[int], options: GenerateOptions, drafter: Any) -> CallRun:
+    def run(self, model: Any, tokenizer: Any, prompt: list[int], options: GenerateOptions, drafter: Drafter) -> CallRun:
         """One timed call of this method (``drafter``: this method's drafter, None for plain)."""
         if self.drafter is None:
-            return timed_call(lambda: generate(model, prompt, options, tokenizer=tokenizer))
+            return timed_call(lambda: plain_generation(model, prompt, options, tokenizer=tokenizer))
         policy = DraftPolicy.parse(self.policy)
         return timed_call(
             lambda: speculative_generate(model, prompt, options, drafter=drafter, policy=policy, tokenizer=tokenizer)

@@ -21,7 +21,8 @@ from mlx_lm.generate import generate_step
 from specbench.bench.ab import speed_in_ms, spread
 from specbench.bench.run_speed import mean_speed, speed_state, time_split, verify_ms_by_width
 from specbench.common.timing import quiet
-from specbench.core.engine import Generation, generate
+from specbench.core.draft import Drafter
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.log import StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
@@ -55,7 +56,7 @@ def _shadows(gen: Generation) -> int:
 
 def plain_run(model: Any, prompt: list[int], tokens: int) -> TimedRun:
     """specbench plain decoding of ``tokens`` tokens (end of sequence ignored), timed."""
-    gen = generate(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True))
+    gen = plain_generation(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True))
     spt = seconds_per_token(gen)
     records = gen.log.records
     return TimedRun(spt, speed_state(records), mean_speed(records), time_split(records, spt * (len(gen.tokens) - 1)))
@@ -71,7 +72,7 @@ def auto_run(
     prompt: list[int],
     tokens: int,
     mode: str,
-    drafter: Any,
+    drafter: Drafter,
     profile: Any,
     progress: Callable[[str], None] | None = None,
 ) -> TimedRun:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost import Profile, drafter_cost, predicted_speedup
@@ -51,7 +51,7 @@ def confirm_policies(
         plain_s, spec_s = [], []
         for request in requests:
             options = GenerateOptions(max_tokens=len(request.output))
-            plain_s.append(_decode_seconds(generate(model, request.prompt, options)))
+            plain_s.append(_decode_seconds(plain_generation(model, request.prompt, options)))
             run = speculative_generate(
                 model,
                 request.prompt,

@@ -26,10 +26,10 @@ from typing import Any
 
 import polars as pl
 
+from specbench.bench.batch_bench import first_divergence
 from specbench.bench.prompt_predictions import is_speculative_specbench, no_profile_note
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, TimedRun, prompt_methods
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
-from specbench.common.deprecation import renamed_arguments
 from specbench.common.files import write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.identity import device_name, versions
 from specbench.core.policies import DraftPolicy
@@ -46,14 +46,6 @@ PROMPT_INFO_FILE = "prompt_bench.json"
 
 def _say(text: str) -> None:
     print(text, flush=True)
-
-
-def _first_mismatch(tokens: Sequence[int], reference: Sequence[int]) -> int:
-    """Index of the first differing token (-1 when equal)."""
-    for i, (a, b) in enumerate(zip(tokens, reference)):
-        if a != b:
-            return i
-    return -1 if len(tokens) == len(reference) else min(len(tokens), len(reference))
 
 
 def _question_key(question: Any) -> str:
@@ -158,7 +150,6 @@ def stored_cost_profile(
     return stored
 
 
-@renamed_arguments(num_draft_tokens="k")
 def bench_prompts(
     model: Any,
     tokenizer: Any,
@@ -250,8 +241,9 @@ def bench_prompts(
                     rows.append(_run_row(config, key, question, turn, repeat, method, prompt, run))
             for row in rows:
                 if row["turn"] == turn:
-                    row["first_mismatch"] = _first_mismatch(row["tokens"], reference)
-                    row["equal"] = row["first_mismatch"] == -1
+                    divergence = first_divergence(row["tokens"], reference)
+                    row["first_mismatch"] = -1 if divergence is None else divergence
+                    row["equal"] = divergence is None
             messages.append({"role": "assistant", "content": tokenizer.decode(_strip_stops(reference, stop_ids))})
         runs += rows
         base = [r for r in rows if r["method"] == PROMPT_BASELINE]

@@ -16,10 +16,9 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm import stream_generate
 
-from specbench.common.deprecation import renamed_arguments
 from specbench.common.timing import quiet
-from specbench.core.draft import within_max_draft, within_max_tokens
-from specbench.core.engine import generate
+from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.verify import check_verify_mode
@@ -80,7 +79,6 @@ class Method:
         return cls(record["name"], record["engine"], record["drafter"], policy, record["verify"])
 
 
-@renamed_arguments(num_draft_tokens="k")
 def prompt_methods(
     drafters: Sequence[str] = ("lookup", "suffix"),
     policies: Sequence[DraftPolicy] | None = None,
@@ -155,7 +153,6 @@ def _count_positions(pos_drafted: list[int], pos_accepted: list[int], drafted: i
         pos_accepted[i] += i < accepted
 
 
-@renamed_arguments(num_draft_tokens="k")
 def run_mlx_lm(
     model: Any,
     tokenizer: Any,
@@ -206,17 +203,17 @@ def run_specbench(
     tokenizer: Any,
     prompt: Sequence[int],
     max_tokens: int,
-    drafter: Any = None,
+    drafter: Drafter | None = None,
     policy: DraftPolicy | None = None,
     verify: str | None = None,
 ) -> TimedRun:
-    """specbench's plain ``generate`` (no drafter) or ``speculative_generate``, greedy, timed."""
+    """specbench's ``plain_generation`` (no drafter) or ``speculative_generate``, greedy, timed."""
     options = GenerateOptions(max_tokens=max_tokens, verify=verify)
     with quiet():
         start = time.perf_counter()
         first = None
         if drafter is None:
-            gen = generate(model, list(prompt), options, tokenizer=tokenizer)
+            gen = plain_generation(model, list(prompt), options, tokenizer=tokenizer)
         else:
             gen = speculative_generate(
                 model, list(prompt), options, drafter=drafter, policy=policy, tokenizer=tokenizer
@@ -262,7 +259,7 @@ def warm_up_plan(methods: int, max_tokens: int, widths: Sequence[int], step_s: f
     return f"warm-up (untimed): {what}; about {calibration + runs:.0f} s at {step_s:.2f} s per plain step"
 
 
-def _longest_draft(policy: DraftPolicy, drafter: Any) -> int:
+def _longest_draft(policy: DraftPolicy, drafter: Drafter) -> int:
     """The longest draft ``policy`` asks of ``drafter``, within the most the drafter ever drafts."""
     asked = policy.longest_draft(drafter) if isinstance(policy, DraftPolicy) else getattr(drafter, "preferred_k", 4)
     return max(1, within_max_draft(asked, drafter))

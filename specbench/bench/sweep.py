@@ -39,11 +39,11 @@ from specbench.bench.timing import cache_copy, prefix_cache, timed
 from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic
 from specbench.core.draft import within_max_tokens
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.log import main_reason
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, FixedPolicy, as_policy
-from specbench.core.rules import Acceptance
+from specbench.core.rules import AcceptanceRule
 from specbench.core.verify import VerifyMode, check_verify_mode
 from specbench.cost.profile import Profile
 from specbench.decoding import speculative_generate
@@ -134,7 +134,7 @@ def run_sweep(
     reuse_prefill: bool = True,
     out: str | os.PathLike | None = None,
     spread: bool | None = None,
-    acceptances: Sequence[Acceptance] = (Acceptance(),),
+    rules: Sequence[AcceptanceRule] = (AcceptanceRule(),),
     pairs: int = 0,
     max_pairs: int | None = None,
     time_budget_s: float | None = None,
@@ -149,7 +149,7 @@ def run_sweep(
     between runs of one prompt). Drafters the model cannot use (such as mtp without an MTP head)
     are left out and listed in ``Sweep.skipped``. ``drafter_factories`` adds or replaces drafters
     (name -> a function building a fresh one), e.g. a user-written drafter. ``reuse_prefill``
-    starts every generation of a prompt from one prefill of its prefix. ``acceptances``: the acceptance
+    starts every generation of a prompt from one prefill of its prefix. ``rules``: the acceptance
     rules every speculative generation runs with (the ``acceptance`` column holds each one's label;
     "none" for plain runs).
 
@@ -212,11 +212,7 @@ def run_sweep(
         "reuse_prefill": reuse_prefill,
         **({"pairs": pairs} if pairs else {}),
         **({"max_pairs": max_pairs} if looks > 1 else {}),
-        **(
-            {"acceptances": [dataclasses.astuple(a) for a in acceptances]}
-            if list(acceptances) != [Acceptance()]
-            else {}
-        ),
+        **({"acceptances": [dataclasses.astuple(a) for a in rules]} if list(rules) != [AcceptanceRule()] else {}),
     }
     store = _CellStore(out, settings) if out is not None else None
     mine = [i for i in range(len(cells)) if i % size == rank]
@@ -225,11 +221,11 @@ def run_sweep(
         done = distributed.broadcast(done if distributed.is_main() else None)
     todo = [i for i in mine if i not in done]
     if warmup_tokens and todo:
-        list(generate(model, items[0].ids, GenerateOptions(max_tokens=warmup_tokens, ignore_eos=True)))
+        list(plain_generation(model, items[0].ids, GenerateOptions(max_tokens=warmup_tokens, ignore_eos=True)))
         modes = {GenerateOptions(temperature=float(t), verify=verify).verify_mode for t in temperatures}
         if factories and "exact" in modes:
             _calibrate_exact(model, policies, factories, max_tokens)
-    total = len(todo) * (1 + len(acceptances) * len(factories) * len(policies) * max(1, 2 * pairs))
+    total = len(todo) * (1 + len(rules) * len(factories) * len(policies) * max(1, 2 * pairs))
     shown = progress and distributed.is_main()
     bar = tqdm(total=total, desc="sweep", disable=not shown, leave=False)
     results: dict[int, tuple[list[dict[str, Any]], pl.DataFrame]] = dict(done)
@@ -247,7 +243,7 @@ def run_sweep(
             prefix, prefix_of = prefix_cache(model, prompt.ids), prompt
         cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify)
         results[key] = _run_cell(
-            model, tokenizer, cell, factories, policies, prefix, bar, acceptances, count, first_pair, only
+            model, tokenizer, cell, factories, policies, prefix, bar, rules, count, first_pair, only
         )
         if store is not None:
             store.write(cells[cell_index], *results[key], tag=tag)
@@ -338,7 +334,7 @@ def _run_cell(
     policies: Sequence[DraftPolicy],
     prefix: Any,
     bar: Any,
-    acceptances: Sequence[Acceptance] = (Acceptance(),),
+    rules: Sequence[AcceptanceRule] = (AcceptanceRule(),),
     pairs: int = 0,
     first_pair: int = 0,
     only: set[tuple] | None = None,
@@ -366,7 +362,7 @@ def _run_cell(
 
     def run_plain() -> tuple[Any, list[int], float]:
         bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
-        gen = generate(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
+        gen = plain_generation(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
         tokens, seconds = timed(gen)
         bar.update()
         return gen, tokens, seconds
@@ -396,17 +392,13 @@ def _run_cell(
         return gen, tokens, seconds
 
     methods = [
-        (r, d, p)
-        for r in acceptances
-        for d in factories
-        for p in policies
-        if only is None or (r.label, d, p.name) in only
+        (r, d, p) for r in rules for d in factories for p in policies if only is None or (r.label, d, p.name) in only
     ]
     for pair in range(first_pair, first_pair + max(1, pairs)):
         for index, (rule, drafter_name, policy) in enumerate(methods):
             bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
             ruled = dataclasses.replace(
-                options, acceptance=rule.name, typical_epsilon=rule.epsilon, typical_delta=rule.delta
+                options, acceptance_rule=rule.name, typical_epsilon=rule.epsilon, typical_delta=rule.delta
             )
             labelled = {**base, "acceptance": rule.label}
             if not pairs:

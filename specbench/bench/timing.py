@@ -13,7 +13,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.common.timing import quiet
-from specbench.core.engine import generate
+from specbench.core.draft import Drafter
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import forward
@@ -33,7 +34,7 @@ def prefix_cache(model: Any, prompt_ids: Sequence[int], step: int = 2048) -> lis
     return cache
 
 
-def cache_copy(cache: list[Any] | None, drafter: Any = None) -> list[Any] | None:
+def cache_copy(cache: list[Any] | None, drafter: Drafter | None = None) -> list[Any] | None:
     """A copy of a prefix cache for one generation (None where the drafter needs the prompt's
     hidden states, which only a full prefill yields)."""
     if cache is None or (drafter is not None and getattr(drafter, "needs_hidden", False)):
@@ -103,11 +104,11 @@ def side_by_side(
     tokenizer: Any,
     prompt_ids: Sequence[int],
     options: GenerateOptions,
-    drafter: Any,
+    drafter: Drafter,
     policy: DraftPolicy,
 ) -> SideBySide:
     """Decode ``prompt_ids`` plainly and then speculatively (same options), timing both."""
-    plain = generate(model, prompt_ids, options, tokenizer=tokenizer)
+    plain = plain_generation(model, prompt_ids, options, tokenizer=tokenizer)
     _, plain_s = timed(plain)
     spec = speculative_generate(model, prompt_ids, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
     _, spec_s = timed(spec)

@@ -38,7 +38,7 @@ from specbench.common.files import safe_name, write_parquet_atomic, write_text_a
 from specbench.common.per_key import per_key
 from specbench.common.timing import quiet
 from specbench.core.draft import Drafter
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.forward import context_length
 from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
@@ -98,7 +98,7 @@ def _run(
     """One method's reply to ``prompt``, prefilling only what ``cache`` does not hold; the cache is kept."""
     prompt_cache = cache.take(prompt)
     gen = (
-        generate(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache)
+        plain_generation(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache)
         if drafter is None
         else speculative_generate(
             model, prompt, options, drafter=drafter, policy=policy, tokenizer=tokenizer, prompt_cache=prompt_cache

@@ -21,10 +21,9 @@ import polars as pl
 
 from specbench.bench.sweep import Sweep, run_sweep, summarize_sweep
 from specbench.checks.lossless import LosslessCheck, losslessness_check
-from specbench.common.deprecation import renamed_arguments
 from specbench.core.accept import SamplingSettings
 from specbench.core.policies import DraftPolicy
-from specbench.core.rules import ACCEPTANCE_RULES, TYPICAL_DELTA, TYPICAL_EPSILON, Acceptance, rule_label
+from specbench.core.rules import ACCEPTANCE_RULES, TYPICAL_DELTA, TYPICAL_EPSILON, AcceptanceRule, rule_label
 from specbench.drafters import DraftModel, shipped_draft_model
 from specbench.inputs.capabilities import usable_drafters
 from specbench.inputs.prompts import Prompt
@@ -32,18 +31,18 @@ from specbench.inputs.prompts import Prompt
 
 def rule_list(
     names: Sequence[str] = ACCEPTANCE_RULES, epsilon: float = TYPICAL_EPSILON, delta: float = TYPICAL_DELTA
-) -> list[Acceptance]:
+) -> list[AcceptanceRule]:
     """The rules named, each checked (an unknown name is one clear error), typical with its thresholds."""
     if not names:
         raise ValueError(f"no acceptance rules given: name some of {', '.join(ACCEPTANCE_RULES)}")
-    return [Acceptance(name, epsilon, delta) for name in names]
+    return [AcceptanceRule(name, epsilon, delta) for name in names]
 
 
 def run_rule_sweep(
     model: Any,
     tokenizer: Any,
     prompts: Sequence[Prompt],
-    rules: Sequence[Acceptance],
+    rules: Sequence[AcceptanceRule],
     drafters: Sequence[str] = ("lookup", "suffix", "mtp", "draft-model"),
     draft_lengths: Sequence[int] = (2, 4),
     temperatures: Sequence[float] = (0.3, 0.7, 1.0),
@@ -82,7 +81,7 @@ def run_rule_sweep(
                 ignore_eos=True,
                 progress=progress,
                 drafter_factories=own,
-                acceptances=rules,
+                rules=rules,
             )
         )
     return _merged(parts)
@@ -156,12 +155,11 @@ def exact_match_expectation(steps: pl.DataFrame, level: float = 0.95) -> dict[st
     }
 
 
-@renamed_arguments(draft_length="k")
 def rule_shifts(
     model: Any,
     tokenizer: Any,
     prompt_ids: Sequence[int],
-    rules: Sequence[Acceptance],
+    rules: Sequence[AcceptanceRule],
     drafter: str = "lookup",
     k: int = 4,
     temperature: float = 1.0,
@@ -186,7 +184,7 @@ def rule_shifts(
             permutations=permutations,
             model_name=model_name,
             progress=progress,
-            acceptance=rule,
+            rule=rule,
         )
         for rule in rules
     ]
@@ -199,7 +197,7 @@ def shift_table(checks: Sequence[LosslessCheck], summary: pl.DataFrame | None = 
     tokens per verification at the checks' temperature beside its shift."""
     table = pl.DataFrame(
         {
-            "acceptance": [c.acceptance for c in checks],
+            "acceptance": [c.rule for c in checks],
             "temperature": [float(c.temperature) for c in checks],
             "verdict": [c.verdict for c in checks],
             "p_value": [c.p_value for c in checks],

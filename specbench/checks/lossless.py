@@ -18,10 +18,10 @@ import polars as pl
 from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows them on the console
 
 from specbench.bench.timing import cache_copy, prefix_cache
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
-from specbench.core.rules import Acceptance
+from specbench.core.rules import AcceptanceRule
 from specbench.decoding import speculative_generate
 from specbench.inputs.capabilities import usable_drafters
 
@@ -72,7 +72,7 @@ class LosslessCheck:
     alpha: float = 0.05
     verdict: str = "inconclusive"
     reason: str = ""
-    acceptance: str = "token"
+    rule: str = "token"
     tvd_low: float = float("nan")
     tvd_high: float = float("nan")
     tvd_null: float = float("nan")
@@ -232,7 +232,7 @@ def losslessness_check(
     model_name: str | None = None,
     progress: bool = True,
     alpha: float = 0.05,
-    acceptance: Acceptance | str = "token",
+    rule: AcceptanceRule | str = "token",
     max_samples: int | None = None,
     detect: float = 0.1,
 ) -> LosslessCheck:
@@ -240,7 +240,7 @@ def losslessness_check(
     compare their token histograms. A lossless sampler gives a large p-value (uniform on [0, 1]
     over repeated checks); a biased one drives it towards 0 as samples grow. ``policy``: a policy
     object, its text ("fixed:4") or a draft length. The verdict (``LosslessCheck.verdict``) is
-    "inconclusive" when the run had too little power to call a large p-value a pass. ``acceptance``: the
+    "inconclusive" when the run had too little power to call a large p-value a pass. ``rule``: the
     speculative runs' acceptance rule (a lossy one, "typical", is expected to fail: its TVD with its
     interval measures the shift).
 
@@ -250,7 +250,7 @@ def losslessness_check(
     policy = as_policy(policy)
     if not temperature > 0:
         raise ValueError("the losslessness check samples: give a temperature > 0")
-    rule = acceptance if isinstance(acceptance, Acceptance) else Acceptance(acceptance)
+    rule = rule if isinstance(rule, AcceptanceRule) else AcceptanceRule(rule)
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if samples < 2:
@@ -272,13 +272,13 @@ def losslessness_check(
         # the first ``samples`` as always (plain seed + i, speculative seed + samples + i); grown ones after both
         seeds = (seed + i, seed + samples + i) if i < samples else (seed + 2 * i, seed + 2 * i + 1)
         options = GenerateOptions(max_tokens=max_tokens, temperature=temperature, seed=seeds[0], ignore_eos=True)
-        plain.append(list(generate(model, prompt_ids, options, prompt_cache=cache_copy(prefix))))
+        plain.append(list(plain_generation(model, prompt_ids, options, prompt_cache=cache_copy(prefix))))
         options = GenerateOptions(
             max_tokens=max_tokens,
             temperature=temperature,
             seed=seeds[1],
             ignore_eos=True,
-            acceptance=rule.name,
+            acceptance_rule=rule.name,
             typical_epsilon=rule.epsilon,
             typical_delta=rule.delta,
         )
@@ -345,7 +345,7 @@ def losslessness_check(
         alpha=alpha,
         verdict=verdict,
         reason=reason,
-        acceptance=rule.label,
+        rule=rule.label,
         tvd_low=tvd_low,
         tvd_high=tvd_high,
         tvd_null=tvd_null,

@@ -17,7 +17,7 @@ from importlib.metadata import version as package_version
 from typing import Any
 
 from specbench.cli import ab, bench, decode, measure, mtp, report, simulate  # noqa: F401  (each registers its subcommands)
-from specbench.cli.registry import COMMANDS, NOTICES, upgraded
+from specbench.cli.registry import COMMANDS
 
 #: What a user's mistake or the machine's state raises; anything else is a bug and keeps its traceback.
 EXPECTED_ERRORS = (OSError, ValueError, TypeError)
@@ -113,15 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     parser, runners = build_parser()
     args = None
     try:
-        argv, notice = upgraded(list(sys.argv[1:] if argv is None else argv))
-        args = parser.parse_args(argv)
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
         prog = f"specbench {args.command}"
         with warnings.catch_warnings():
             if not _debug(args):
                 warnings.showwarning = lambda message, *_, **__: print(f"{prog}: warning: {message}", file=sys.stderr)
-            for text in [notice, *(getattr(args, NOTICES, None) or [])]:
-                if text:  # old spellings kept for one release (specbench.common.deprecation)
-                    warnings.warn(text, FutureWarning, stacklevel=1)
             return int(runners[args.command](args) or 0)
     except UsageError as err:
         if _debug(args):

@@ -29,7 +29,7 @@ def _ab(parser: argparse.ArgumentParser):
         from specbench.bench.ab_runs import timed_call
         from specbench.cli.registry import verify_modes
         from specbench.common.timing import steadier_affinity
-        from specbench.core.engine import generate
+        from specbench.core.engine import plain_generation
         from specbench.core.options import GenerateOptions
         from specbench.inputs.prompts import BUNDLED_CATEGORIES, bundled_questions, render_prompt
         from specbench.models.load import load
@@ -48,7 +48,10 @@ def _ab(parser: argparse.ArgumentParser):
         options = GenerateOptions(max_tokens=args.max_tokens, verify=verify)
         print(f"{args.model}: {len(prompts)} prompts x {args.repeats} repeats, {b} against {a}", flush=True)
         if args.pin:
-            plain = lambda: timed_call(lambda: generate(model, prompts[0], options, tokenizer=tokenizer)).seconds  # noqa: E731
+
+            def plain() -> float:
+                return timed_call(lambda: plain_generation(model, prompts[0], options, tokenizer=tokenizer)).seconds
+
             print(f"timed runs {steadier_affinity(plain, say=print).chosen}")
         result = run_ab(model, tokenizer, prompts, a, b, options, args.repeats, say=lambda t: print(t, flush=True))
         for line in result.lines():

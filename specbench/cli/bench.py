@@ -11,11 +11,9 @@ from specbench.cli.registry import (
     device_defaults,
     drafter_names,
     names,
-    old_form,
     reasoning_argument,
     verify_modes,
 )
-from specbench.common.deprecation import REMOVED_IN
 from specbench.common.files import check_writable
 
 # -- bench ---------------------------------------------------------------------------------------------------------
@@ -148,51 +146,6 @@ def _bench(parser: argparse.ArgumentParser):
         return {"prompts": _bench_prompts, "trace": _bench_trace, "batch": _bench_batch}[args.mode](args)
 
     return run
-
-
-#: The flat form's options that take no value.
-_FLAT_FLAGS = ("--fresh", "--share-store", "--shard")
-#: The flat form's spellings that today's modes name otherwise.
-_FLAT_RENAMED = {"--num-draft-tokens": "--k", "--batch": "--batch-size"}
-
-
-def _mode_options(mode: str) -> set[str]:
-    parser = argparse.ArgumentParser(add_help=False)
-    CONFIGURE[mode](parser)
-    return set(parser._option_string_actions)
-
-
-@old_form("bench")
-def _flat_bench(args: list[str]) -> tuple[list[str], str | None]:
-    """``bench --prompts P | --trace T [--batch B] ...`` (one command, 21 options) as today's ``bench prompts P``,
-    ``bench trace T`` or ``bench batch --batch-size B``: options the mode does not read are left out (the flat
-    form ignored them too) and named in the notice."""
-    if not args or not args[0].startswith("-") or args[0] in ("-h", "--help"):
-        return args, None
-    tokens = [part for arg in args for part in (arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg])]
-    mode = "batch" if "--batch" in tokens else "trace" if "--trace" in tokens else "prompts"
-    known = _mode_options(mode)
-    flat = {*_FLAT_RENAMED.values(), *(option for m in MODES for option in _mode_options(m))}
-    rewritten, positional, ignored, i = [], [], [], 0
-    while i < len(tokens):
-        option = _FLAT_RENAMED.get(tokens[i], tokens[i])
-        takes_value = option.startswith("--") and option not in _FLAT_FLAGS and i + 1 < len(tokens)
-        value = [tokens[i + 1]] if takes_value else []
-        if mode != "batch" and option == f"--{mode}":
-            positional += value
-        elif option in known or option not in flat:  # an unknown option is left for the parser to refuse
-            rewritten += [option, *value]
-        else:
-            ignored.append(tokens[i])
-        i += 1 + len(value)
-    new = ["bench", mode, *positional, *rewritten]
-    notice = (
-        f"`specbench bench {' '.join(args)}` is deprecated and will be removed in specbench {REMOVED_IN}: "
-        f"use `specbench {' '.join(new)}`"
-    )
-    if ignored:
-        notice += f" ({mode} does not read {', '.join(ignored)})"
-    return [mode, *positional, *rewritten], notice
 
 
 def _bench_batch(args: argparse.Namespace) -> int:

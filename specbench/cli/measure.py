@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specbench.cli.registry import RenamedOption, add_model_argument, command, drafter_names, names, verify_modes
+from specbench.cli.registry import add_model_argument, command, drafter_names, names, verify_modes
 from specbench.common.files import check_writable, home
 
 #: The widest verification `specbench profile` measures (each width is timed over several rounds).
@@ -192,16 +192,12 @@ def _check_exact(parser: argparse.ArgumentParser):
         "--num-prompts", type=int, default=8, help="number of prompts (the bundled ones, or random ids)"
     )
     parser.add_argument(
-        "--prompts", type=int, dest="num_prompts", action=RenamedOption, new="--num-prompts", help=argparse.SUPPRESS
-    )
-    parser.add_argument(
         "--max-tokens",
         type=int,
         default=200,
         help="tokens per run; enough to cross 256 cached tokens, where GPU attention kernels change",
     )
     parser.add_argument("--k", default="2,4,7,15", help="comma list of draft lengths, cycled over the prompts")
-    parser.add_argument("--draft-lengths", dest="k", action=RenamedOption, new="--k", help=argparse.SUPPRESS)
     parser.add_argument("--acceptance", type=float, default=0.8, help="per-position acceptance of the drafts")
     parser.add_argument("--verify", default="exact,fast", help="comma list of verify modes: exact, fast")
     parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")

@@ -5,14 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from specbench.common.deprecation import REMOVED_IN
-
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], Callable]]] = {}
-#: Old command lines kept for one release, by command: the arguments after the command's name -> the arguments
-#: of today's form and the deprecation notice to show (None when the arguments are already today's form).
-OLD_FORMS: dict[str, Callable[[list[str]], tuple[list[str], str | None]]] = {}
-#: Where parsing leaves the deprecation notices of old option spellings (``RenamedOption``) for ``main`` to show.
-NOTICES = "deprecation_notices"
 
 
 def command(name: str, help: str):
@@ -23,39 +16,6 @@ def command(name: str, help: str):
         return configure
 
     return wrap
-
-
-def old_form(name: str):
-    """Register ``rewrite(arguments) -> (arguments, notice)`` for command ``name``'s old command lines."""
-
-    def wrap(rewrite: Callable[[list[str]], tuple[list[str], str | None]]):
-        OLD_FORMS[name] = rewrite
-        return rewrite
-
-    return wrap
-
-
-def upgraded(argv: list[str]) -> tuple[list[str], str | None]:
-    """``argv`` in today's form: the command's old form (``OLD_FORMS``) rewritten, with its notice."""
-    at = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), None)
-    if at is None or argv[at] not in OLD_FORMS:
-        return argv, None
-    rest, notice = OLD_FORMS[argv[at]](argv[at + 1 :])
-    return [*argv[: at + 1], *rest], notice
-
-
-class RenamedOption(argparse.Action):
-    """An option's old spelling, kept for one release: it stores its value under the new option's ``dest`` and
-    leaves a deprecation notice naming ``new`` in the namespace (``NOTICES``)."""
-
-    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs):
-        super().__init__(option_strings, dest, **kwargs)
-        self.new = new
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
-        notice = f"{option_string} is deprecated and will be removed in specbench {REMOVED_IN}: use {self.new}"
-        setattr(namespace, NOTICES, [*(getattr(namespace, NOTICES, None) or []), notice])
 
 
 def names(text: str) -> list[str]:

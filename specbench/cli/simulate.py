@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specbench.cli.registry import RenamedOption, command, names, reasoning_argument
+from specbench.cli.registry import command, names, reasoning_argument
 from specbench.common.files import check_writable
 
 
@@ -32,7 +32,6 @@ def _simulate(parser: argparse.ArgumentParser):
         help="a model's recorded greedy outputs (parquet with prompt, output, finish_reason: bench trace's "
         "*.plain.parquet) or a folder of them",
     )
-    source.add_argument("--prompts", dest="recorded", action=RenamedOption, new="--recorded", help=argparse.SUPPRESS)
     parser.add_argument("--drafters", default="lookup,suffix", help="comma list of model-free drafters: lookup, suffix")
     parser.add_argument("--k", default="2,4,8,16", help="comma list of draft lengths (a fixed:k policy each)")
     parser.add_argument(

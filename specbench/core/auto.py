@@ -38,9 +38,9 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from specbench.core.decision import Decision, Plain, Speculate
+from specbench.core.draft import Drafter
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.policy_args import at_least_one, check_break_even, check_k
 
@@ -91,11 +91,11 @@ class AutoSettings:
     def needs_break_even(self) -> bool:
         return self.fixed_break_even is None
 
-    def preferred_k(self, drafter: Any) -> int:
+    def preferred_k(self, drafter: Drafter | None) -> int:
         k = max(1, int(getattr(drafter, "preferred_k", 4)))
         return min(k, self.max_k) if self.max_k else k
 
-    def longest_draft(self, drafter: Any) -> int:
+    def longest_draft(self, drafter: Drafter | None) -> int:
         """The longest draft this policy may ask of ``drafter``."""
         return self.max_k or max(self.preferred_k(drafter), ENVELOPE_K)
 
@@ -116,7 +116,7 @@ class AutoDecisions(AutoSettings):
     ``measured=False`` (the default with a fixed ``break_even``) times and shadows nothing.
     """
 
-    def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
+    def start(self, drafter: Drafter, break_even: Callable[[int], float] | None = None) -> None:
         self._seen = 0  # records of the log filed so far
         if break_even is not None and not callable(break_even):
             raise TypeError(f"break_even must be a function k -> tokens, got {break_even!r}")
@@ -133,7 +133,7 @@ class AutoDecisions(AutoSettings):
         self._drafting_costs = float(getattr(drafter, "cost_per_token", 0.0) or 0.0) > 0.0
         self.plan(CostEnvelope(break_even, self.longest_draft(drafter), self.fixed_break_even), drafter, True)
 
-    def plan(self, costs: CostEnvelope, drafter: Any, starting: bool = False) -> None:
+    def plan(self, costs: CostEnvelope, drafter: Drafter, starting: bool = False) -> None:
         """Decide from ``costs`` (a new generation's, or a batch's new size); ``starting``: with fresh evidence."""
         self.costs = costs
         if starting:
@@ -155,7 +155,7 @@ class AutoDecisions(AutoSettings):
     def _pays(self, speedup: float = 1.0) -> bool:
         return max(self.evidence.speedups(self.costs.lengths))[0] >= speedup
 
-    def _follow_context(self, log: StepLog, drafter: Any) -> None:
+    def _follow_context(self, log: StepLog, drafter: Drafter) -> None:
         """Plan with the break-even at the context length the log has reached, when the one handed over gives one
         per length (``at_length(L)``, e.g. ``specbench.cost.breakeven.BreakEven``); the evidence is kept."""
         boundaries = getattr(self.costs.break_even_of, "boundaries", ())
@@ -172,7 +172,7 @@ class AutoDecisions(AutoSettings):
         if current is not self.costs.break_even_of:
             self.plan(CostEnvelope(current, self.longest_draft(drafter), self.fixed_break_even), drafter)
 
-    def decide(self, log: StepLog, drafter: Any) -> Decision:
+    def decide(self, log: StepLog, drafter: Drafter) -> Decision:
         self._follow_context(log, drafter)
         now = self.clock()
         new = log.records[self._seen :]
@@ -261,7 +261,7 @@ class AutoDecisions(AutoSettings):
         self.evidence.measured.forget_speculative()
         self.evidence.fade()
 
-    def _k(self, drafter: Any) -> int:
+    def _k(self, drafter: Drafter) -> int:
         if self.remaining > 0 or self.k == 0:
             return 0
         if self.measured:

@@ -23,7 +23,6 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generation_stream, wired_limit
 
-from specbench.common.deprecation import keyword_only_after
 from specbench.core.batch_hybrid import RowRollback, batch_layer, check_batchable
 from specbench.core.batch_request import BatchRequest
 from specbench.core.draft import Drafter
@@ -193,12 +192,6 @@ class BatchGeneration:
             "wall_s": self._wall_s,
             "tokens_per_s": tokens / self._wall_s if self._wall_s > 0 else 0.0,
         }
-
-    def batch_log_frame(self):
-        """The batch-step log as a polars DataFrame (one row per step)."""
-        import polars as pl
-
-        return pl.DataFrame([{**s.__dict__, "width": s.width} for s in self.batch_log], infer_schema_length=None)
 
     # -- the loop ---------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -437,7 +430,6 @@ class BatchGeneration:
             layer.filter(mx.array(keep))
 
 
-@keyword_only_after(3, "tokenizer", "max_batch")
 def generate_batch(
     model: nn.Module,
     prompts: Sequence[Prompt],

@@ -14,6 +14,7 @@ from numbers import Integral
 from typing import Any
 
 from specbench.core.auto import CostEnvelope
+from specbench.core.draft import Drafter
 from specbench.core.policies import AutoPolicy, DraftPolicy
 from specbench.core.policy_args import MAX_DRAFT_LENGTH
 
@@ -51,10 +52,10 @@ class BatchTablePolicy(DraftPolicy):
     def k_at(self, batch_size: int) -> int:
         return next(k for b, k in reversed(self.table.items()) if b <= batch_size)
 
-    def _k(self, drafter: Any) -> int:
+    def _k(self, drafter: Drafter) -> int:
         return self.k_at(self.batch_size)
 
-    def longest_draft(self, drafter: Any) -> int:
+    def longest_draft(self, drafter: Drafter | None) -> int:
         return max(1, max(self.table.values()))
 
     @classmethod
@@ -97,7 +98,7 @@ class BatchAutoPolicy(AutoPolicy):
     def needs_break_even(self) -> bool:
         return False
 
-    def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
+    def start(self, drafter: Drafter, break_even: Callable[[int], float] | None = None) -> None:
         self.drafter = drafter
         self.batch_size = 1
         super().start(drafter, self._at(1))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import mlx.core as mx
 
@@ -38,7 +37,7 @@ class Draft:
         return self.parents is not None
 
 
-def within_max_draft(longest: int, drafter: Any) -> int:
+def within_max_draft(longest: int, drafter: Drafter) -> int:
     """``longest`` draft tokens, or fewer where ``drafter`` never drafts more (``Drafter.max_draft``)."""
     cap = getattr(drafter, "max_draft", None)
     return min(int(longest), int(cap)) if cap else int(longest)

@@ -17,7 +17,6 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from specbench.common.deprecation import keyword_only_after, renamed_arguments
 from specbench.common.text import check_text
 from specbench.core import reasons
 from specbench.core.draft import Draft, Drafter
@@ -420,9 +419,7 @@ class Generation:
         return getattr(self.policy, "name", "none") if self.policy is not None else "none"
 
 
-@renamed_arguments(prompt_ids="prompt")
-@keyword_only_after(3, "tokenizer", "prompt_cache")
-def generate(
+def plain_generation(
     model: nn.Module,
     prompt: Any,
     options: GenerateOptions | None = None,
@@ -437,4 +434,4 @@ def generate(
     return Generation(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache, verifier=verifier)
 
 
-__all__ = ["Generation", "Step", "generate", "token_ids"]
+__all__ = ["Generation", "Step", "plain_generation", "token_ids"]

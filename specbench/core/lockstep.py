@@ -80,14 +80,14 @@ class RankZeroPolicy(DraftPolicy):
     def needs_break_even(self) -> bool:
         return self.inner.needs_break_even
 
-    def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
+    def start(self, drafter: Drafter, break_even: Callable[[int], float] | None = None) -> None:
         if distributed.is_main():
             self.inner.start(drafter, break_even)
 
-    def decide(self, log: StepLog, drafter: Any) -> Decision:
+    def decide(self, log: StepLog, drafter: Drafter) -> Decision:
         return _decided_on_rank_zero(lambda: self.inner.decide(log, drafter), f"policy {self.name}")
 
-    def longest_draft(self, drafter: Any) -> int:
+    def longest_draft(self, drafter: Drafter | None) -> int:
         return self.inner.longest_draft(drafter)
 
 

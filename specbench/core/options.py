@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 from specbench.core.accept import SamplingSettings
-from specbench.core.rules import TYPICAL_DELTA, TYPICAL_EPSILON, Acceptance, AcceptanceRule
+from specbench.core.rules import TYPICAL_DELTA, TYPICAL_EPSILON, AcceptanceRule, RuleName
 from specbench.core.verify import VerifyMode, check_verify_mode
 
 
@@ -20,7 +20,7 @@ class GenerateOptions:
     default for greedy decoding), "fast" runs one batched forward (the default when sampling).
     ``count_experts``: record the distinct experts each MoE layer touches per step (in the log
     record's ``extra["experts"]``); off by default, and free when off.
-    ``acceptance``: the rule that accepts draft tokens when sampling (``specbench.core.rules``):
+    ``acceptance_rule``: the rule that accepts draft tokens when sampling (``specbench.core.rules``):
     "token" (min(1, p/q), the default), "exact-match", "block" (paths only) or "typical" (lossy;
     ``typical_epsilon`` and ``typical_delta`` are its thresholds). At temperature 0 every rule is greedy.
     """
@@ -39,7 +39,7 @@ class GenerateOptions:
     verify: VerifyMode | None = None
     prefill_step_size: int = 2048
     count_experts: bool = False
-    acceptance: AcceptanceRule = "token"
+    acceptance_rule: RuleName = "token"
     typical_epsilon: float = TYPICAL_EPSILON
     typical_delta: float = TYPICAL_DELTA
 
@@ -60,7 +60,9 @@ class GenerateOptions:
             _integer("seed", self.seed, 0, "or None", maximum=2**64 - 1)
         if self.verify is not None:
             check_verify_mode(self.verify)
-        Acceptance(self.acceptance, self.typical_epsilon, self.typical_delta)  # checks the rule and its parameters
+        AcceptanceRule(
+            self.acceptance_rule, self.typical_epsilon, self.typical_delta
+        )  # checks the rule and its parameters
         _flag("ignore_eos", self.ignore_eos)
         _flag("count_experts", self.count_experts)
         _token_ids("stop_token_ids", self.stop_token_ids)
@@ -72,9 +74,9 @@ class GenerateOptions:
         return SamplingSettings(self.temperature, self.top_p, self.min_p, self.top_k)
 
     @property
-    def rule(self) -> Acceptance:
+    def rule(self) -> AcceptanceRule:
         """The acceptance rule with its parameters."""
-        return Acceptance(self.acceptance, self.typical_epsilon, self.typical_delta)
+        return AcceptanceRule(self.acceptance_rule, self.typical_epsilon, self.typical_delta)
 
     @property
     def verify_mode(self) -> VerifyMode:

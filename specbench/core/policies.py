@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from specbench.common.deprecation import renamed_arguments, renamed_attribute
 from specbench.core.auto import AutoDecisions
 from specbench.core.decision import Decision, Plain, Speculate
+from specbench.core.draft import Drafter
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.policy_args import at_least_one, check_k
 
@@ -31,11 +31,11 @@ class DraftPolicy:
     #: Whether ``start`` needs the break-even function (tokens a verification of k drafts must yield).
     needs_break_even = False
 
-    def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
+    def start(self, drafter: Drafter, break_even: Callable[[int], float] | None = None) -> None:
         """Reset for a new generation; ``break_even(k)``: tokens a verification of k drafts must yield."""
         self._seen = 0
 
-    def decide(self, log: StepLog, drafter: Any) -> Decision:
+    def decide(self, log: StepLog, drafter: Drafter) -> Decision:
         """The next step, from the records logged since the last decision."""
         for record in log.records[self._seen :]:
             self._observe(record)
@@ -47,23 +47,21 @@ class DraftPolicy:
         """How many plain steps to take when ``_k`` returned 0."""
         return 1
 
-    def longest_draft(self, drafter: Any) -> int:
+    def longest_draft(self, drafter: Drafter | None) -> int:
         """The longest draft this policy may ask of ``drafter`` (the widths a verifier must be ready for)."""
         return max(1, int(getattr(drafter, "preferred_k", 4)))
 
     def _observe(self, record: StepRecord) -> None:
         pass
 
-    def _k(self, drafter: Any) -> int:
+    def _k(self, drafter: Drafter) -> int:
         raise NotImplementedError
 
     @staticmethod
-    @renamed_arguments(n="k")
     def fixed(k: int) -> FixedPolicy:
         return FixedPolicy(k)
 
     @staticmethod
-    @renamed_arguments(n="k")
     def adaptive(k: int, max_pause: int = 16) -> AdaptivePolicy:
         return AdaptivePolicy(k, max_pause)
 
@@ -130,30 +128,26 @@ def as_policy(policy: DraftPolicy | str | int) -> DraftPolicy:
 class FixedPolicy(DraftPolicy):
     """Up to ``k`` tokens every step."""
 
-    @renamed_arguments(n="k")
     def __init__(self, k: int):
         self.k = check_k(k)
         self.name = f"fixed:{k}"
 
-    def _k(self, drafter: Any) -> int:
+    def _k(self, drafter: Drafter) -> int:
         return self.k
 
-    def longest_draft(self, drafter: Any) -> int:
+    def longest_draft(self, drafter: Drafter | None) -> int:
         return self.k
-
-    n = renamed_attribute("n", "k")
 
 
 class AdaptivePolicy(DraftPolicy):
     """Up to ``k`` tokens; after a fully rejected draft, pause 1, 2, 4, ... ``max_pause`` steps."""
 
-    @renamed_arguments(n="k")
     def __init__(self, k: int, max_pause: int = 16):
         self.k = check_k(k)
         self.max_pause = at_least_one("max_pause", max_pause)
         self.name = f"adaptive:{k}"
 
-    def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
+    def start(self, drafter: Drafter, break_even: Callable[[int], float] | None = None) -> None:
         super().start(drafter, break_even)
         self.pause = 1
         self.remaining = 0
@@ -168,16 +162,14 @@ class AdaptivePolicy(DraftPolicy):
         elif record.paused:
             self.remaining = max(0, self.remaining - 1)
 
-    def _k(self, drafter: Any) -> int:
+    def _k(self, drafter: Drafter) -> int:
         return 0 if self.remaining > 0 else self.k
 
     def _plain_run(self) -> int:
         return max(1, self.remaining)
 
-    def longest_draft(self, drafter: Any) -> int:
+    def longest_draft(self, drafter: Drafter | None) -> int:
         return self.k
-
-    n = renamed_attribute("n", "k")
 
 
 class AutoPolicy(AutoDecisions, DraftPolicy):

@@ -1,4 +1,4 @@
-"""Acceptance rules when sampling (temperature > 0), one name each, chosen by ``GenerateOptions.acceptance``.
+"""Acceptance rules when sampling (temperature > 0), one name each, chosen by ``GenerateOptions.acceptance_rule``.
 
 - ``"token"`` (the default): token-wise min(1, p/q) with residual resampling (Leviathan et al.; Chen
   et al.; SpecInfer's recursive form for trees), ``specbench.core.accept``. Lossless.
@@ -30,19 +30,21 @@ from specbench.core.accept import accept_sampled, accept_tree_sampled, check_tab
 from specbench.core.tree import children, is_path
 from specbench.core.verify import accept_greedy, accept_tree_greedy
 
-AcceptanceRule = Literal["token", "exact-match", "block", "typical"]
-ACCEPTANCE_RULES: tuple[AcceptanceRule, ...] = get_args(AcceptanceRule)
+RuleName = Literal["token", "exact-match", "block", "typical"]
+ACCEPTANCE_RULES: tuple[RuleName, ...] = get_args(RuleName)
 #: Rules whose tokens are distributed exactly as plain sampling's.
-LOSSLESS_RULES: tuple[AcceptanceRule, ...] = ("token", "exact-match", "block")
+LOSSLESS_RULES: tuple[RuleName, ...] = ("token", "exact-match", "block")
 #: Medusa's defaults: the posterior threshold epsilon and delta (Medusa's posterior_alpha, sqrt(epsilon)).
 TYPICAL_EPSILON = 0.09
 TYPICAL_DELTA = 0.3
 
 
-def check_rule(name: object) -> AcceptanceRule:
+def check_rule(name: object) -> RuleName:
     """``name`` if it names an acceptance rule, else one clear ValueError."""
     if not isinstance(name, str) or name not in ACCEPTANCE_RULES:
-        raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)} ('typical' is lossy), got {name!r}")
+        raise ValueError(
+            f"acceptance_rule must be one of {', '.join(ACCEPTANCE_RULES)} ('typical' is lossy), got {name!r}"
+        )
     return name  # type: ignore[return-value]
 
 
@@ -52,10 +54,10 @@ def rule_label(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class Acceptance:
+class AcceptanceRule:
     """An acceptance rule with its parameters (``epsilon``, ``delta``: the typical rule's thresholds)."""
 
-    name: AcceptanceRule = "token"
+    name: RuleName = "token"
     epsilon: float = TYPICAL_EPSILON
     delta: float = TYPICAL_DELTA
 
@@ -82,8 +84,8 @@ class Acceptance:
         """One clear error where the rule has no tree form."""
         if self.name == "block":
             raise ValueError(
-                "acceptance 'block' verifies path drafts only: use a path drafter (e.g. SuffixDecoding() "
-                "without tree=True) or acceptance 'token', whose recursive rule verifies trees"
+                "acceptance_rule 'block' verifies path drafts only: use a path drafter (e.g. SuffixDecoding() "
+                "without tree=True) or acceptance_rule 'token', whose recursive rule verifies trees"
             )
 
     def path(self, p: mx.array, draft: list[int], q: mx.array | None) -> tuple[int, list[int], list[float]]:

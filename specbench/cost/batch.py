@@ -21,7 +21,6 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from specbench.common.deprecation import renamed_arguments
 from specbench.common.identity import device_name, model_key
 from specbench.core.batch import BatchGeneration, check_batchable, generate_batch
 from specbench.core.batch_hybrid import RowRollback, empty_batch_caches
@@ -110,7 +109,6 @@ class BatchProfile:
         """Tokens a verification of k drafts must yield per request at this batch size: c(k+1, B) + k d."""
         return self.c(k + 1, batch_size) + k * d if k else 1.0
 
-    @renamed_arguments(k_max="max_k")
     def break_even_acceptance(self, batch_size: int, d: float = 0.0, max_k: int | None = None) -> np.ndarray:
         """a*(k, B) for k = 1..max_k (0: pays even when all drafts are rejected; NaN: never pays)."""
         return break_even_acceptance(self.curve(batch_size), d, max_k)
@@ -123,7 +121,6 @@ class BatchProfile:
         gains = [expected_tokens(a, k) / step for a in per_request]
         return {"throughput": float(np.mean(gains)), "latency": gains}
 
-    @renamed_arguments(k_max="max_k")
     def best_k(self, acceptance: float, batch_size: int, d: float = 0.0, max_k: int | None = None) -> tuple[int, float]:
         """(k, predicted speedup) best at this batch size and acceptance (k = 0: plain decoding pays best)."""
         return best_k(acceptance, self.curve(batch_size), d, max_k)
@@ -141,11 +138,6 @@ class BatchProfile:
         ``pause_tokens`` as for ``DraftPolicy.auto``); sizes past the measured ones use the largest."""
         largest = self.batch_sizes[-1]
         return BatchAutoPolicy(lambda k, b: self.break_even_tokens(k, min(b, largest), d), **kwargs)
-
-    @renamed_arguments(k_max="max_k")
-    def paying_batch_sizes(self, acceptance: float, d: float = 0.0, max_k: int | None = None) -> list[int]:
-        """The measured batch sizes at which some draft length pays at ``acceptance``."""
-        return [b for b in self.batch_sizes if self.best_k(acceptance, b, d, max_k)[0] > 0]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

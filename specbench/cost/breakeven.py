@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from specbench.common.deprecation import renamed_arguments
 from specbench.core.draft import Drafter
 from specbench.cost.profile import Profile, cost_at
 
@@ -66,7 +65,6 @@ def speedup(acceptance: float | Sequence[float], k: int, costs: Costs, d: float 
     return expected_tokens(acceptance, k) / (cost_at(_curve(costs, mode), k + 1) + k * d)
 
 
-@renamed_arguments(k_max="max_k")
 def break_even_acceptance(costs: Costs, d: float = 0.0, max_k: int | None = None, mode: str = "fast") -> np.ndarray:
     """a*(k) for k = 1..max_k: the constant acceptance at which S(k) = 1.
 
@@ -108,7 +106,6 @@ def break_even_band(
     return break_even_acceptance(low, d, max_k), break_even_acceptance(high, d, max_k)
 
 
-@renamed_arguments(k_max="max_k")
 def best_k(
     acceptance: float | Sequence[float], costs: Costs, d: float = 0.0, max_k: int | None = None, mode: str = "fast"
 ) -> tuple[int, float]:
@@ -150,8 +147,8 @@ class BreakEven:
     the profile's measured length nearest L (``Profile.at_length``): the same object for the same length,
     so a policy sees when it changes."""
 
-    def __init__(self, profile: Profile, drafter: Drafter | None = None, mode: str = "fast"):
-        self.profile, self.drafter, self.mode = profile, drafter, mode
+    def __init__(self, profile: Profile, drafter: Drafter | None = None, verify: str = "fast"):
+        self.profile, self.drafter, self.verify = profile, drafter, verify
         self.length = profile.offset
         self._at: dict[int, BreakEven] = {profile.offset: self}
         self._base = self
@@ -162,23 +159,22 @@ class BreakEven:
         self.boundaries = tuple(float(np.sqrt(a * b)) for a, b in zip(measured, measured[1:]))
 
     def __call__(self, k: int) -> float:
-        return break_even_tokens(self.profile, k, self.drafter, verify=self.mode)
+        return break_even_tokens(self.profile, k, self.drafter, verify=self.verify)
 
     def at_length(self, length: int) -> BreakEven:
         base = self._base
         nearest = base.profile.nearest_length(length)
         if nearest not in base._at:
             at = base.profile.at_length(nearest)
-            if self.mode not in at.costs:  # not measured in this mode at that length: the base's
+            if self.verify not in at.costs:  # not measured in this mode at that length: the base's
                 base._at[nearest] = base
             else:
-                base._at[nearest] = BreakEven(at, self.drafter, self.mode)
+                base._at[nearest] = BreakEven(at, self.drafter, self.verify)
                 base._at[nearest]._base = base
                 base._at[nearest].boundaries = base.boundaries
         return base._at[nearest]
 
 
-@renamed_arguments(k_max="max_k")
 def preferred_k(
     profile: Costs,
     acceptance: float | Sequence[float],

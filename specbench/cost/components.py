@@ -45,7 +45,7 @@ import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 
 from specbench.common.identity import device_name, display_name
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.verify import FAST, accept_greedy
@@ -271,7 +271,7 @@ def measure_components(
         first = int(rng.integers(0, vocab))
         plain_options = GenerateOptions(max_tokens=steps + 1, ignore_eos=True)
         plain = statistics.median(
-            [seconds_per_token(generate(model, [first], plain_options, prompt_cache=cache)) for _ in range(2)]
+            [seconds_per_token(plain_generation(model, [first], plain_options, prompt_cache=cache)) for _ in range(2)]
         )
         restore()
         rollback = rollback_for(model, cache)

@@ -10,7 +10,7 @@ import mlx.nn as nn
 import numpy as np
 
 from specbench.common import distributed
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
@@ -82,7 +82,7 @@ def speedup_grid(
         drafter.acceptance, drafter.seed = float(a), seed + cell
         plain_runs, spec_runs = [], []
         for _ in range(max(1, repeats)):
-            plain_runs.append(seconds_per_token(generate(model, prompt, plain_options)))
+            plain_runs.append(seconds_per_token(plain_generation(model, prompt, plain_options)))
             gen = speculative(spec_options, k)
             spec_runs.append(seconds_per_token(gen, lambda: drafter.follow_s))
         plain_s, spec_s = statistics.median(plain_runs), statistics.median(spec_runs)

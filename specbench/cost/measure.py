@@ -22,7 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from specbench.common.identity import device_name, display_name, model_key, versions
 from specbench.common.per_key import per_key
 from specbench.core.draft import Drafter
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.forward import context_length, text_model, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.verify import CacheRollback, Verifier, as_draft, check_verify_mode
@@ -43,7 +43,7 @@ def _time_plain(model: nn.Module, cache: list[Any], first: int, n: int, restore:
     """Seconds per token of ``n`` plain greedy steps through the engine (pipelined as mlx-lm
     decodes) after the cached context."""
     options = GenerateOptions(max_tokens=n + 1, ignore_eos=True)
-    seconds = seconds_per_token(generate(model, [first], options, prompt_cache=cache))
+    seconds = seconds_per_token(plain_generation(model, [first], options, prompt_cache=cache))
     restore()
     return seconds
 

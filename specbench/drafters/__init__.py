@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbench.common.deprecation import moved_names
 from specbench.core.draft import Draft, Drafter
 from specbench.drafters.draft_model import DraftModel, has_shipped_draft_model, shipped_draft_model
 from specbench.drafters.early_exit import EarlyExit, best_exit_layer, exit_layer_count, sweep_exit_layers
@@ -83,11 +82,3 @@ __all__ = [
     "shipped_draft_model",
     "sweep_exit_layers",
 ]
-
-__getattr__ = moved_names(
-    __name__,
-    {
-        "MtpDrafter": ("specbench.MtpHead", lambda: MtpHead),
-        "OracleDrafter": ("specbench.Oracle", lambda: Oracle),
-    },
-)

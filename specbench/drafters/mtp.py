@@ -18,7 +18,6 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from specbench.common.deprecation import moved_names
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import logits_from_hidden, text_model, vocab_size
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
@@ -272,12 +271,3 @@ def mtp_head_for(model: nn.Module, model_name: str | None = None, **kwargs: Any)
             )
         attach_mtp(model, path)
     return MtpHead(model, **kwargs)
-
-
-__getattr__ = moved_names(
-    __name__,
-    {
-        "MtpDrafter": ("specbench.MtpHead", lambda: MtpHead),
-        "mtp_drafter_for": ("specbench.drafters.mtp.mtp_head_for", lambda: mtp_head_for),
-    },
-)

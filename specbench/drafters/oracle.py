@@ -21,9 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from specbench.common.deprecation import moved_names
 from specbench.core.draft import Draft, Drafter
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
@@ -141,7 +140,7 @@ class Oracle(Drafter):
 
 
 def _greedy_continuation(model: Any, prompt: Sequence[int], max_tokens: int) -> list[int]:
-    return list(generate(model, list(prompt), GenerateOptions(max_tokens=max_tokens, ignore_eos=True)))
+    return list(plain_generation(model, list(prompt), GenerateOptions(max_tokens=max_tokens, ignore_eos=True)))
 
 
 class OracleTree(Drafter):
@@ -165,6 +164,3 @@ class OracleTree(Drafter):
         paths = [oracle.draft(context, min(self.depth, k)).tokens for oracle in self.oracles]
         tokens, parents = breadth_first_tree([p for p in paths if p], k)
         return Draft(tokens, parents=parents)
-
-
-__getattr__ = moved_names(__name__, {"OracleDrafter": ("specbench.Oracle", lambda: Oracle)})

@@ -90,10 +90,10 @@ class ExactVerifier(SplitVerifier):
 
 
 def verifier_for(
-    model: nn.Module, mode: str, widths: Sequence[int] = (), progress: Callable[[str], None] | None = None
+    model: nn.Module, verify: str, widths: Sequence[int] = (), progress: Callable[[str], None] | None = None
 ) -> Verifier:
-    """The verifier of verify mode ``mode`` ("fast" or "exact") for ``model``; in exact mode with
+    """The verifier of verify mode ``verify`` ("fast" or "exact") for ``model``; in exact mode with
     ``widths`` calibrated up front (see ``ExactVerifier.prepare``)."""
-    if check_verify_mode(mode) == "exact":
+    if check_verify_mode(verify) == "exact":
         return ExactVerifier(model, widths=widths, progress=progress)
     return FAST

@@ -26,9 +26,10 @@ from specbench.bench.sweep import AA_POLICY
 from specbench.bench.timing import SideBySide
 from specbench.bench.timing import side_by_side as run_side_by_side
 from specbench.common.files import write_json_atomic, write_parquet_atomic
+from specbench.core.draft import Drafter
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
-from specbench.core.rules import Acceptance
+from specbench.core.rules import AcceptanceRule
 
 #: The folder of a report that holds recorded generations.
 FOLDER = "recorded"
@@ -71,7 +72,7 @@ _STATS = (
 def generation_key(model: str, prompt_ids: Sequence[int], drafter: str, policy: str, options: GenerateOptions) -> str:
     """What makes two generations the same: model, prompt ids, drafter ("none": plain), policy and options."""
     settings = [options.max_tokens, float(options.temperature), options.seed, options.verify, options.ignore_eos]
-    if options.rule != Acceptance():  # the default rule keeps the keys recorded before rules were options
+    if options.rule != AcceptanceRule():  # the default rule keeps the keys recorded before rules were options
         settings.append(dataclasses.astuple(options.rule))
     text = json.dumps([model, [int(t) for t in prompt_ids], drafter, policy, settings], default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
@@ -286,7 +287,7 @@ def side_by_side(
     prompt_ids: Sequence[int],
     options: GenerateOptions,
     drafter_name: str,
-    drafter: Any,
+    drafter: Drafter,
     policy: Any,
 ) -> SideBySide:
     """``bench.timing.side_by_side``, or the pair recorded in ``output_dir`` with the same model, prompt,

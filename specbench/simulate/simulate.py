@@ -24,7 +24,7 @@ from typing import Any
 
 from specbench.common.files import write_parquet_atomic
 from specbench.core.draft import Drafter
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
@@ -73,7 +73,7 @@ def record(model: Any, prompts: Iterable[Any], options: GenerateOptions, tokeniz
         raise ValueError("the simulator replays greedy decoding: record with temperature=0")
     out = []
     for i, prompt in enumerate(prompts):
-        gen = generate(model, prompt, options, tokenizer=tokenizer)
+        gen = plain_generation(model, prompt, options, tokenizer=tokenizer)
         for _ in gen:
             pass
         out.append(Recorded.from_generation(gen, str(i)))

@@ -375,7 +375,7 @@ def batched_greedy(
     until ``deadline`` (a ``time.perf_counter()`` value).
 
     Training data wants thousands of continuations, so this runs mlx-lm's batched generation
-    (hundreds of sequences per forward pass) rather than ``specbench.core.engine.generate``, which
+    (hundreds of sequences per forward pass) rather than ``specbench.core.engine.plain_generation``, which
     decodes one sequence at a time.
     """
     stop = [[t] for t in (getattr(tokenizer, "eos_token_ids", None) or [eos_id(tokenizer)])] if stop_at_eos else None

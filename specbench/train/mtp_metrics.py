@@ -47,13 +47,6 @@ def soft_cross_entropy(logits: mx.array, target_logprobs: mx.array) -> tuple[mx.
     return loss, agree
 
 
-def distill_loss(
-    model: nn.Module, head: MtpModule, tokens: mx.array, hidden: mx.array, target_logprobs: mx.array
-) -> tuple[mx.array, mx.array]:
-    """Soft cross-entropy to the model's distribution at i+1, and the argmax agreement rate."""
-    return soft_cross_entropy(head_logits(model, head, tokens, hidden), target_logprobs[:, 1:])
-
-
 def chain_loss(
     model: nn.Module,
     head: MtpModule,

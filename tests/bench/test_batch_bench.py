@@ -9,7 +9,7 @@ import json
 import pytest
 from conftest import SHARED_DATA, build_tiny, save_tiny_model, word_tokenizer
 
-from specbench.bench.batch_bench import bench_batch, oracle_drafters
+from specbench.bench.batch_bench import bench_batch, first_divergence, oracle_drafters
 from specbench.core.batch import BatchGeneration
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
@@ -177,3 +177,9 @@ def test_bench_batch_cli_on_traces_and_prompts(tmp_path, capsys):
     assert "--batch-size must be" in capsys.readouterr().err
     assert main([*args, "--prompts", str(prompts), "--verify", "exact"]) == 2
     assert "fast mode" in capsys.readouterr().err
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 5, 3], [1, 2, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2

@@ -11,12 +11,6 @@ from specbench.cli import main
 pytestmark = pytest.mark.usefixtures("fresh_calibrations")
 
 
-def test_first_divergence():
-    assert exactness.first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert exactness.first_divergence([1, 5, 3], [1, 2, 3]) == 1
-    assert exactness.first_divergence([1, 2], [1, 2, 3]) == 2
-
-
 def test_check_on_the_cpu_finds_both_modes_equal():
     model = build_tiny("qwen3")
     prompts = [[5, 17, 42, 8], [61, 3, 29, 77, 12, 50]]

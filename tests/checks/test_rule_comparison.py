@@ -19,7 +19,7 @@ from specbench.checks.acceptance_rules import (
     shift_table,
 )
 from specbench.core.draft import Draft, Drafter
-from specbench.core.rules import Acceptance
+from specbench.core.rules import AcceptanceRule
 from specbench.inputs.prompts import Prompt
 from specbench.report import verdicts
 
@@ -60,7 +60,7 @@ def test_exact_match_accepts_with_the_target_probability_of_each_drafted_token(s
         ignore_eos=True,
         progress=False,
         drafter_factories={"model-greedy": lambda: ModelGreedy(small_vocab_model)},
-        acceptances=[Acceptance("exact-match")],
+        rules=[AcceptanceRule("exact-match")],
         warmup_tokens=0,
     )
     check = exact_match_expectation(sweep.steps)
@@ -125,7 +125,7 @@ def test_rule_sweep_summary_and_verdict():
     assert "T = 0.7" in text and "T = 1" in text and "tokens per verification" in text
     with pytest.raises(ValueError, match="temperatures > 0"):
         run_rule_sweep(model, None, prompts, rule_list(), temperatures=[0.0])
-    with pytest.raises(ValueError, match="acceptance must be one of"):
+    with pytest.raises(ValueError, match="acceptance_rule must be one of"):
         rule_list(["tokenwise"])
 
 

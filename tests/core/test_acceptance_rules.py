@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specbench import Draft, Drafter, DraftPolicy, GenerateOptions, Generation, generate, speculative_generate
-from specbench.core.rules import ACCEPTANCE_RULES, Acceptance, block_residual, block_weights
+from specbench.core.rules import ACCEPTANCE_RULES, AcceptanceRule, block_residual, block_weights
 from specbench.core.verify import accept_greedy, accept_tree_greedy
 from specbench.decoding import speculative_generate_batch
 from specbench.drafters import DraftModel, PromptLookup, SuffixDecoding
@@ -172,7 +172,7 @@ def test_each_rule_is_greedy_at_temperature_zero_and_near_it(model, rule):
     """At T = 0 every rule is the greedy rule; as T -> 0 each rule's output tends to greedy decoding's."""
     greedy = plain_greedy(model, PROMPT, 24)
     for temperature in (0.0, 1e-6):
-        options = GenerateOptions(max_tokens=24, temperature=temperature, seed=3, acceptance=rule, verify="fast")
+        options = GenerateOptions(max_tokens=24, temperature=temperature, seed=3, acceptance_rule=rule, verify="fast")
         assert list(generate(model, PROMPT, options)) == greedy
         for drafter in (PromptLookup(), GreedyOracle(PROMPT, greedy)):
             gen = speculative_generate(model, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(3))
@@ -190,7 +190,7 @@ def draft_pair():
 @pytest.mark.parametrize("rule", ACCEPTANCE_RULES)
 def test_each_rule_runs_with_drafters_with_and_without_q(draft_pair, rule):
     target, small = draft_pair
-    options = GenerateOptions(max_tokens=16, temperature=1.0, seed=5, acceptance=rule, ignore_eos=True)
+    options = GenerateOptions(max_tokens=16, temperature=1.0, seed=5, acceptance_rule=rule, ignore_eos=True)
     for drafter in (PromptLookup(), SuffixDecoding(), DraftModel(small, target=target, sampling=options)):
         gen = Generation(target, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(3))
         tokens = list(gen)
@@ -209,7 +209,7 @@ def test_each_rule_in_a_batch(draft_pair, rule):
 
     def run(temperature):
         options = [
-            GenerateOptions(max_tokens=12, temperature=temperature, seed=i, acceptance=rule, ignore_eos=True)
+            GenerateOptions(max_tokens=12, temperature=temperature, seed=i, acceptance_rule=rule, ignore_eos=True)
             for i in range(len(prompts))
         ]
         drafters = [PromptLookup(), FixedGuess(), SuffixDecoding()]
@@ -229,9 +229,11 @@ def test_typical_on_a_tree_follows_the_longest_passing_path():
     p = mx.array([[0.6, 0.3, 0.1], [0.05, 0.05, 0.9], [0.5, 0.5, 0.0], [0.2, 0.2, 0.6]])
     mx.random.seed(0)
     # root children: node 0 (token 0, passes), node 1 (token 1, passes); node 2 (token 2) under node 0 passes
-    path, emitted, passed = Acceptance("typical", 0.09, 0.3).tree(p, [0, 1, 2], [-1, -1, 0], None)
+    path, emitted, passed = AcceptanceRule("typical", 0.09, 0.3).tree(p, [0, 1, 2], [-1, -1, 0], None)
     assert path == [0, 2] and emitted[:2] == [0, 2] and passed == [1.0, 1.0, 1.0]
-    path, emitted, _ = Acceptance("exact-match").tree(mx.array(np.eye(3)[[1, 2, 0, 1]]), [0, 1, 2], [-1, -1, 0], None)
+    path, emitted, _ = AcceptanceRule("exact-match").tree(
+        mx.array(np.eye(3)[[1, 2, 0, 1]]), [0, 1, 2], [-1, -1, 0], None
+    )
     assert path == [1] and emitted == [1, 0]
 
 
@@ -251,10 +253,13 @@ def no_forward(model, monkeypatch):
 @pytest.mark.parametrize(
     "fields, message",
     [
-        (dict(acceptance="greedy"), r"acceptance must be one of token, exact-match, block, typical.*got 'greedy'"),
-        (dict(acceptance=None), r"acceptance must be one of .*got None"),
-        (dict(acceptance="typical", typical_epsilon=0.0), r"typical_epsilon must be in \(0, 1\].*got 0\.0"),
-        (dict(acceptance="typical", typical_delta=1.5), r"typical_delta must be in \(0, 1\].*got 1\.5"),
+        (
+            dict(acceptance_rule="greedy"),
+            r"acceptance_rule must be one of token, exact-match, block, typical.*got 'greedy'",
+        ),
+        (dict(acceptance_rule=None), r"acceptance_rule must be one of .*got None"),
+        (dict(acceptance_rule="typical", typical_epsilon=0.0), r"typical_epsilon must be in \(0, 1\].*got 0\.0"),
+        (dict(acceptance_rule="typical", typical_delta=1.5), r"typical_delta must be in \(0, 1\].*got 1\.5"),
         (dict(typical_epsilon=float("nan")), r"typical_epsilon must be in \(0, 1\].*got nan"),
     ],
 )
@@ -266,13 +271,13 @@ def test_bad_acceptance_is_one_clear_error(no_forward, fields, message):
 
 
 def test_block_with_a_tree_drafter_is_an_error_before_model_work(no_forward):
-    options = GenerateOptions(temperature=0.7, acceptance="block")
-    with pytest.raises(ValueError, match="acceptance 'block' verifies path drafts only"):
+    options = GenerateOptions(temperature=0.7, acceptance_rule="block")
+    with pytest.raises(ValueError, match="acceptance_rule 'block' verifies path drafts only"):
         speculative_generate(
             no_forward, PROMPT, options, drafter=SuffixDecoding(tree=True), policy=DraftPolicy.fixed(4)
         )
     with pytest.raises(TypeError, match="typical_delta"):
-        GenerateOptions(acceptance="typical", typical_delta="0.3").check()
+        GenerateOptions(acceptance_rule="typical", typical_delta="0.3").check()
 
 
 def _rows(n: int, vocab: int = 5) -> mx.array:
@@ -292,7 +297,7 @@ TABLE_FITS = [(r, c) for r in ACCEPTANCE_RULES for c in TABLE_CASES if r in ("to
 def test_each_rule_refuses_probability_tables_that_do_not_fit_the_draft(rule, case):
     """A table a row short would be read past its end: one clear error instead, for paths and trees."""
     p_rows, q_rows, message = TABLE_CASES[case]
-    acceptance = Acceptance(rule)
+    acceptance = AcceptanceRule(rule)
     draft, q = [1, 2, 3], _rows(q_rows) if q_rows else None
     with pytest.raises(ValueError, match=rf"acceptance rule '{rule}': .*{message}"):
         acceptance.path(_rows(p_rows), draft, q)

@@ -75,7 +75,7 @@ def sample_counts(model, settings, drafter=None, acceptance="token") -> dict[tup
     counts: dict[tuple[int, ...], int] = {}
     for seed in range(RUNS):
         opts = GenerateOptions(
-            max_tokens=TOKENS, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, acceptance=acceptance
+            max_tokens=TOKENS, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, acceptance_rule=acceptance
         )
         if drafter is None:
             gen = generate(model, PROMPT, opts)

@@ -14,7 +14,7 @@ from scipy.stats import chisquare
 
 from specbench.core.accept import accept_tree_sampled
 from specbench.core.draft import Draft, Drafter
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.target import ModelTarget
@@ -60,7 +60,7 @@ class BranchingDrafter(Drafter):
 def test_tree_greedy_equals_plain_greedy(arch):
     model = build_tiny(arch)
     options = GenerateOptions(max_tokens=40)
-    truth = list(generate(model, PROMPT, options))
+    truth = list(plain_generation(model, PROMPT, options))
     drafter = BranchingDrafter(truth, 97)
     gen = Generation(model, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(BRANCHES * (DEPTH + 1)))
     assert list(gen) == truth
@@ -82,7 +82,7 @@ def test_exact_tree_verification_equals_plain_greedy():
 
     model = build_tiny("qwen3_moe")
     options = GenerateOptions(max_tokens=24)
-    truth = list(generate(model, PROMPT, options))
+    truth = list(plain_generation(model, PROMPT, options))
     gen = Generation(
         model,
         PROMPT,
@@ -103,7 +103,7 @@ def test_compaction_leaves_the_serial_cache(arch):
     from specbench.exact import ExactVerifier
 
     model = build_tiny(arch)
-    truth = list(generate(model, PROMPT, GenerateOptions(max_tokens=5)))
+    truth = list(plain_generation(model, PROMPT, GenerateOptions(max_tokens=5)))
 
     def wrong(t):
         return (t + 1) % 97

@@ -7,7 +7,7 @@ import pytest
 from conftest import build_tiny
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.target import ModelTarget
 from specbench.core.tree import row_attention, tree_mask
@@ -74,7 +74,7 @@ def test_quantized_kv_tree_decoding_equals_serial_quantized_decoding(fresh_calib
 
     model = build_tiny("llama", head_dim=32)
     options = GenerateOptions(max_tokens=24)
-    plain = list(generate(model, PROMPT, options, prompt_cache=quantized_cache(model, 4)))
+    plain = list(plain_generation(model, PROMPT, options, prompt_cache=quantized_cache(model, 4)))
     gen = Generation(
         model,
         PROMPT,

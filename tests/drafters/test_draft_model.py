@@ -9,7 +9,7 @@ from conftest import build_tiny, plain_greedy, word_tokenizer
 
 from specbench.checks.lossless import histogram_test, lossless_verdict, well_filled_share
 from specbench.core.accept import SamplingSettings
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import DraftModel, make_drafter
@@ -38,7 +38,7 @@ def test_greedy_equals_plain_decoding_and_the_cache_follows_rollback(arch):
     drafter = Recording(draft_model, target=target)
     options = GenerateOptions(max_tokens=40)
     gen = Generation(target, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(3))
-    assert list(gen) == list(generate(target, PROMPT, options)) == plain_greedy(target, PROMPT, 40)
+    assert list(gen) == list(plain_generation(target, PROMPT, options)) == plain_greedy(target, PROMPT, 40)
     stats = gen.stats()
     assert 0 < stats["accepted"] < stats["drafted"], "both accepted and rejected drafts are needed"
     # Every draft is the draft model's own greedy continuation of the context: its cache held
@@ -54,7 +54,7 @@ def _samples(target, drafter_factory, n: int, seed: int, temperature: float = 1.
         options = GenerateOptions(max_tokens=6, temperature=temperature, seed=seed + i, ignore_eos=True)
         drafter = drafter_factory() if drafter_factory is not None else None
         if drafter is None:
-            sequences.append(list(generate(target, PROMPT, options)))
+            sequences.append(list(plain_generation(target, PROMPT, options)))
             continue
         gen = Generation(target, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(3))
         sequences.append(list(gen))

@@ -9,7 +9,7 @@ from conftest import MIMO, build, build_tiny
 
 from specbench.checks.lossless import histogram_test, lossless_verdict, well_filled_share
 from specbench.core.accept import SamplingSettings
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import EarlyExit, best_exit_layer, is_drafter_name, make_drafter, sweep_exit_layers
@@ -28,7 +28,7 @@ def test_greedy_equals_plain_decoding(arch):
     assert mx.allclose(drafter._logits(tokens, drafter._new_cache()), draft_from_target(target, [0, 1])(tokens))
     options = GenerateOptions(max_tokens=30)
     gen = Generation(target, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(3))
-    assert list(gen) == list(generate(target, PROMPT, options))
+    assert list(gen) == list(plain_generation(target, PROMPT, options))
     assert gen.stats()["drafted"] > 0
     assert 0 < drafter.cost_per_token < 1
 
@@ -40,7 +40,7 @@ def test_sampling_is_lossless_with_its_q():
     accepted = 0
     for i in range(40):
         options = GenerateOptions(max_tokens=6, temperature=1.0, seed=i, ignore_eos=True)
-        plain.append(list(generate(target, PROMPT, options)))
+        plain.append(list(plain_generation(target, PROMPT, options)))
         options = GenerateOptions(max_tokens=6, temperature=1.0, seed=1000 + i, ignore_eos=True)
         gen = Generation(
             target, PROMPT, options, drafter=EarlyExit(target, 2, sampling=settings), policy=DraftPolicy.fixed(3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import build_tiny
 
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import PromptLookup
@@ -31,7 +31,7 @@ def test_lookup_tree_decoding_equals_plain_greedy():
     model = build_tiny("qwen3")
     prompt = [3, 4, 5, 6, 3, 4, 7, 8, 3, 4, 5, 9, 3, 4]
     options = GenerateOptions(max_tokens=24)
-    plain = list(generate(model, prompt, options))
+    plain = list(plain_generation(model, prompt, options))
     gen = Generation(model, prompt, options, drafter=PromptLookup(tree=True), policy=DraftPolicy.fixed(6))
     assert list(gen) == plain
     assert any(r.tree_nodes for r in gen.log)

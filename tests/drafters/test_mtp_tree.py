@@ -7,7 +7,7 @@ import pytest
 from conftest import build_tiny
 from mlx.utils import tree_map
 
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.tree import depths
@@ -24,7 +24,7 @@ def test_mtp_tree_decoding_equals_plain_greedy():
     head.update(tree_map(lambda p: p * 3 if p.ndim > 1 else p, head.parameters()))
     model.mtp = head
     options = GenerateOptions(max_tokens=30)
-    plain = list(generate(model, PROMPT, options))
+    plain = list(plain_generation(model, PROMPT, options))
     drafter = MtpHead(model, tree_width=3)
     gen = Generation(model, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(6))
     assert list(gen) == plain
@@ -49,7 +49,7 @@ def _model_with_head(arch: str):
 def test_dynamic_mtp_tree_decoding_equals_plain_greedy(arch):
     model = _model_with_head(arch)
     options = GenerateOptions(max_tokens=24)
-    plain = list(generate(model, PROMPT, options))
+    plain = list(plain_generation(model, PROMPT, options))
     drafter = MtpHead(model, top_k=3, tree_depth=4)
     gen = Generation(model, PROMPT, options, drafter=drafter, policy=DraftPolicy.fixed(8))
     assert list(gen) == plain

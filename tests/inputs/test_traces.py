@@ -9,7 +9,7 @@ import pytest
 from conftest import SHARED_DATA, build_tiny, tokenizer_words, word_tokenizer
 
 from specbench.bench.trace_bench import bench_trace, run_trace, trace_methods
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import PromptLookup, SuffixDecoding
@@ -494,7 +494,7 @@ def test_bench_trace_replays_turns_with_identical_outputs(tmp_path):
     assert prefills["cached_prompt_tokens"].to_list() == [n for p in [[]] + prompts[:-1] for n in [len(p)] * 3]
     # ... and every turn's output equals plain decoding from an empty cache.
     for rec in result.recorded:
-        assert rec.output == list(generate(model, rec.prompt, GenerateOptions(max_tokens=24)))
+        assert rec.output == list(plain_generation(model, rec.prompt, GenerateOptions(max_tokens=24)))
     assert suffix.stored_sequences == 3  # the store kept every turn's reply
     summary = result.summary
     assert summary.height == 3 and summary.filter(pl.col("method") == "suffix")["tokens_per_verify"][0] > 1.0

@@ -183,8 +183,8 @@ def test_paired_sweep_alternates_the_order_and_records_an_aa_cell(text_model, mo
     prompt = tokenizer.encode("one two three, one two three, one two")
     truth = plain_greedy(model, prompt, 8)
     order = []
-    plain_run, spec_run = sweep.generate, sweep.speculative_generate
-    monkeypatch.setattr(sweep, "generate", lambda *a, **k: order.append("P") or plain_run(*a, **k))
+    plain_run, spec_run = sweep.plain_generation, sweep.speculative_generate
+    monkeypatch.setattr(sweep, "plain_generation", lambda *a, **k: order.append("P") or plain_run(*a, **k))
     monkeypatch.setattr(sweep, "speculative_generate", lambda *a, **k: order.append("M") or spec_run(*a, **k))
     result = sweep.run_sweep(
         model,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from typing import Any
 
+from specbench.core.draft import Drafter
 from specbench.core.log import StepRecord
 from specbench.core.policies import DraftPolicy
 from specbench.core.policy_args import at_least_one, check_k, real
@@ -73,7 +73,7 @@ class OllamaControllerPolicy(DraftPolicy):
     def needs_break_even(self) -> bool:
         return True
 
-    def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
+    def start(self, drafter: Drafter, break_even: Callable[[int], float] | None = None) -> None:
         super().start(drafter, break_even)
         if break_even is None:
             raise ValueError("the ollama controller needs the verify cost: run it with a cost profile")
@@ -107,7 +107,7 @@ class OllamaControllerPolicy(DraftPolicy):
         lengths = range(shortest, self.max_k + 1)
         return max(((k, expected_committed(rates, k) / self.cost(k)) for k in lengths), key=_rate)
 
-    def _k(self, drafter: Any) -> int:
+    def _k(self, drafter: Drafter) -> int:
         if self.backed_off:  # after a plain stretch: probe the best draft, to measure acceptance again
             self.backed_off = False
             return self.best(1)[0]
@@ -118,7 +118,7 @@ class OllamaControllerPolicy(DraftPolicy):
     def _plain_run(self) -> int:
         return self.backoff
 
-    def longest_draft(self, drafter: Any) -> int:
+    def longest_draft(self, drafter: Drafter | None) -> int:
         return self.max_k
 
     @classmethod

@@ -14,8 +14,8 @@ configured size at most it (SGLang pads to a CUDA-graph size and takes the close
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
+from specbench.core.draft import Drafter
 from specbench.core.log import StepRecord
 from specbench.core.policies import DraftPolicy
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, at_least_one, real, whole
@@ -105,7 +105,7 @@ class SglangEmaPolicy(DraftPolicy):
         self.name = "sglang:" + ",".join(map(str, self.tiers[1])) if custom else "sglang"
         self.batch_size = 1
 
-    def start(self, drafter: Any, break_even: Callable[[int], float] | None = None) -> None:
+    def start(self, drafter: Drafter, break_even: Callable[[int], float] | None = None) -> None:
         super().start(drafter, break_even)
         self.slots = {b: SglangTier(t, self.initial, self.down(b), self.up) for b, t in self.tiers.items()}
 
@@ -122,13 +122,13 @@ class SglangEmaPolicy(DraftPolicy):
         accepted = record.accepted if record.kind == "verify" else None
         self.slot.update(accepted, self.alpha, self.warmup, self.interval)
 
-    def _k(self, drafter: Any) -> int:
+    def _k(self, drafter: Drafter) -> int:
         return self.slot.steps
 
     def _plain_run(self) -> int:
         return self.slot.plain_until_update(self.warmup, self.interval)
 
-    def longest_draft(self, drafter: Any) -> int:
+    def longest_draft(self, drafter: Drafter | None) -> int:
         return max(1, max(max(t) for t in self.tiers.values()))
 
     @classmethod

@@ -15,8 +15,7 @@ the drafting of cut tokens is still paid (drafters know nothing of policies).
 
 from __future__ import annotations
 
-from typing import Any
-
+from specbench.core.draft import Drafter
 from specbench.core.log import StepLog
 from specbench.core.policies import Decision, DraftPolicy, Speculate
 from specbench.core.policy_args import check_k, real
@@ -30,10 +29,10 @@ class ConfidencePolicy(DraftPolicy):
         self.max_k = check_k(max_k, "max_k")
         self.name = f"confidence:{self.threshold:g}:{self.max_k}"
 
-    def decide(self, log: StepLog, drafter: Any) -> Decision:
+    def decide(self, log: StepLog, drafter: Drafter) -> Decision:
         return Speculate(self.max_k, min_confidence=self.threshold)
 
-    def longest_draft(self, drafter: Any) -> int:
+    def longest_draft(self, drafter: Drafter | None) -> int:
         return self.max_k
 
     @classmethod

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specbench.core.batch_policies import BatchTablePolicy
+from specbench.core.draft import Drafter
 from specbench.core.policy_args import check_k
 
 
@@ -29,7 +30,7 @@ class VllmTablePolicy(BatchTablePolicy):
     def k_at(self, batch_size: int) -> int:
         return min(super().k_at(batch_size), self.max_k)
 
-    def longest_draft(self, drafter: Any) -> int:
+    def longest_draft(self, drafter: Drafter | None) -> int:
         return self.max_k
 
     @classmethod

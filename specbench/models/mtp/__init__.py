@@ -1,7 +1,6 @@
 """Multi-token-prediction heads: build, attach from a checkpoint, save, extract (training lives in
 ``specbench.train.mtp_training``)."""
 
-from specbench.common.deprecation import moved_names
 from specbench.models.mtp.attach import attach_mtp, attach_random, extract_mtp, get_head, load_head, save_head
 from specbench.models.mtp.head import MtpModule, build_head
 
@@ -15,5 +14,3 @@ __all__ = [
     "load_head",
     "save_head",
 ]
-
-__getattr__ = moved_names(__name__, {"MtpHead": ("specbench.models.mtp.MtpModule", lambda: MtpModule)})

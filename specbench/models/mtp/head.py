@@ -19,7 +19,6 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from specbench.common.deprecation import moved_names
 from specbench.core.forward import text_model
 
 #: Model types whose decoder layers take a boolean mask array rather than "causal".
@@ -198,7 +197,3 @@ def quantize_like_body(model: nn.Module, head: MtpModule) -> None:
         return dict(q)
 
     nn.quantize(head, class_predicate=predicate)
-
-
-#: ``MtpHead`` named this module before the drafter took the name (``specbench.MtpHead``).
-__getattr__ = moved_names(__name__, {"MtpHead": ("specbench.models.mtp.MtpModule", lambda: MtpModule)})

@@ -1,5 +1,5 @@
 """The batch axis: break-even acceptance a*(k, B) against batch size, and the measured grid's throughput speedups
-against the profile's prediction (rows as ``specbench.bench.batch_run`` writes them: batch_break_even.csv and
+against the profile's prediction (rows as ``scripts.gpu.batch_run`` writes them: batch_break_even.csv and
 batch_grid.csv), and this machine's a*(k, B) beside a shipped reference device's (``batch_beside_reference``)."""
 
 from __future__ import annotations

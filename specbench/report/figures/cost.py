@@ -13,7 +13,6 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from specbench.common.deprecation import renamed_arguments
 from specbench.cost.breakeven import break_even_acceptance, break_even_band, speedup
 from specbench.cost.profile import Profile
 from specbench.report.figures.checks import mark_coinciding
@@ -81,7 +80,6 @@ def verify_costs(
     return fig
 
 
-@renamed_arguments(k_max="max_k")
 def break_even(
     profiles: Sequence[Profile],
     d: float = 0.0,

@@ -13,11 +13,11 @@ from specbench.report.figures.cost import break_even, verify_costs
 
 
 def beside_reference(
-    here: Sequence[Profile], reference: Reference, mode: str = "fast", d: float = 0.0, k_max: int = 8
+    here: Sequence[Profile], reference: Reference, mode: str = "fast", d: float = 0.0, max_k: int = 8
 ) -> plt.Figure:
     """Top: c(w) on this machine (left) and on the reference device (right), over the widths this machine
-    measured; bottom: a*(k) for k up to ``k_max``. Each row shares its y axis; each panel's legend sits under it."""
-    widths = max((max(p.widths[mode]) for p in here if mode in p.costs), default=k_max + 1)
+    measured; bottom: a*(k) for k up to ``max_k``. Each row shares its y axis; each panel's legend sits under it."""
+    widths = max((max(p.widths[mode]) for p in here if mode in p.costs), default=max_k + 1)
     shown = [_first_widths(p, widths) for p in reference.profiles]
     fig, axes = plt.subplots(2, 2, figsize=(13, 12.5), sharey="row")
     blas = next((p.kernels.partition("|blas ")[2] for p in here if "|blas " in p.kernels), "")
@@ -26,8 +26,8 @@ def beside_reference(
     theirs = reference.describe()
     verify_costs(here, [mode], ax=axes[0, 0], title=f"{mine}\nverify cost c(w), {mode}")
     verify_costs(shown, [mode], ax=axes[0, 1], title=f"{theirs}\nverify cost c(w), {mode}, widths 1-{widths}")
-    break_even(here, d, k_max, [mode], ax=axes[1, 0], title=f"{mine}\nbreak-even acceptance a*(k)")
-    break_even(shown, d, k_max, [mode], ax=axes[1, 1], title=f"{theirs}\nbreak-even acceptance a*(k)")
+    break_even(here, d, max_k, [mode], ax=axes[1, 0], title=f"{mine}\nbreak-even acceptance a*(k)")
+    break_even(shown, d, max_k, [mode], ax=axes[1, 1], title=f"{theirs}\nbreak-even acceptance a*(k)")
     for ax in axes.flat:
         ax.tick_params(labelleft=True)
         ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False)

@@ -11,7 +11,6 @@ import polars as pl
 
 from specbench.bench import paired
 from specbench.checks.lossless import POWER
-from specbench.common.deprecation import renamed_arguments
 from specbench.common.identity import device_name
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
@@ -255,7 +254,6 @@ def growth_per_row(profile: Profile, mode: str = "fast") -> float:
     return float(np.polyfit(widths, np.asarray(profile.costs[mode], dtype=float), 1)[0])
 
 
-@renamed_arguments(k_max="max_k")
 def break_even(
     profiles: Sequence[Profile],
     d: float = 0.0,

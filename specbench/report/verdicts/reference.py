@@ -21,7 +21,7 @@ def _measured_on(profile: Profile) -> str:
     return where(profile.device) + (f" ({blas})" if blas else "")
 
 
-def _dense_vs_moe(dense: Profile, moe: Profile, mode: str, d: float, k_max: int, w_max: int) -> str:
+def _dense_vs_moe(dense: Profile, moe: Profile, mode: str, d: float, max_k: int, w_max: int) -> str:
     """How fast each model's c(w) grows per added row over widths 1..w_max, and each one's lowest a*(k)."""
 
     def slope(p: Profile) -> float:
@@ -30,7 +30,7 @@ def _dense_vs_moe(dense: Profile, moe: Profile, mode: str, d: float, k_max: int,
         return float(np.polyfit(widths, costs, 1)[0]) if len(widths) > 1 else float("nan")
 
     def lowest(p: Profile) -> str:
-        a_star = break_even_acceptance(p, d, min(k_max, max(p.widths[mode]) - 1), mode)
+        a_star = break_even_acceptance(p, d, min(max_k, max(p.widths[mode]) - 1), mode)
         if np.all(np.isnan(a_star)):
             return "never breaks even"
         k = int(np.nanargmin(a_star)) + 1
@@ -52,18 +52,18 @@ def _dense_vs_moe(dense: Profile, moe: Profile, mode: str, d: float, k_max: int,
 
 
 def reference_contrast(
-    here: dict[str, Profile], reference: Reference, mode: str = "fast", d: float = 0.0, k_max: int = 8
+    here: dict[str, Profile], reference: Reference, mode: str = "fast", d: float = 0.0, max_k: int = 8
 ) -> str:
     """Dense vs MoE on this machine (``here``: "dense" and "MoE" profiles) beside the shipped reference device's,
     over the widths this machine measured, in ``mode`` (engine overhead included)."""
     w_max = min((max(p.widths[mode]) for p in here.values() if mode in p.costs), default=0)
     if set(here) >= {"dense", "MoE"} and all(mode in p.costs for p in here.values()) and w_max > 1:
         dense = here["dense"]
-        mine = f"On {_measured_on(dense)}: {_dense_vs_moe(dense, here['MoE'], mode, d, k_max, w_max)}."
+        mine = f"On {_measured_on(dense)}: {_dense_vs_moe(dense, here['MoE'], mode, d, max_k, w_max)}."
     else:
         mine = f"This machine has no dense and MoE {mode} profiles to compare."
         w_max = max(w_max, 5)
-    ref = _dense_vs_moe(reference.profile("dense"), reference.profile("MoE"), mode, d, k_max, w_max)
+    ref = _dense_vs_moe(reference.profile("dense"), reference.profile("MoE"), mode, d, max_k, w_max)
     return f"{mine} On the {reference.describe()}, same widths (1-{w_max}): {ref}."
 
 

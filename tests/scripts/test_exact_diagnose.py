@@ -1,4 +1,4 @@
-"""specbench.checks.exact_layout and exact_lockstep: the probes behind scripts/gpu/exact_diagnose.py."""
+"""scripts.gpu.exact_layout and exact_lockstep: the probes behind scripts/gpu/exact_diagnose.py."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from conftest import build_tiny
 
-from specbench.checks import exact_layout, exact_lockstep, exactness
+from scripts.gpu import exact_layout, exact_lockstep
+from specbench.checks import exactness
 from specbench.exact import calibrate, hooks
 
 pytestmark = pytest.mark.usefixtures("fresh_calibrations")

@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from specbench.core.draft import Drafter
-from specbench.core.engine import Generation, generate
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import SuffixDecoding
@@ -36,7 +36,7 @@ def timed(
     mx.synchronize()
     t0 = time.perf_counter()
     if drafter is None:
-        gen = generate(model, prompt, options, tokenizer=tokenizer)
+        gen = plain_generation(model, prompt, options, tokenizer=tokenizer)
     else:
         policy = DraftPolicy.fixed(k)
         gen = Generation(model, prompt, options, drafter=drafter, policy=policy, verifier=verifier, tokenizer=tokenizer)

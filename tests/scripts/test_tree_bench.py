@@ -1,4 +1,4 @@
-"""specbench.bench.tree_bench and the oracle tree drafter: timed runs, the verifiers a tree study compares, and
+"""scripts.gpu.tree_bench and the oracle tree drafter: timed runs, the verifiers a tree study compares, and
 SuffixDecoding's real runs against the simulator's replay."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from conftest import build_tiny
 
-from specbench.bench.tree_bench import suffix_real_row, timed, tree_verifiers
-from specbench.core.engine import generate
+from scripts.gpu.tree_bench import suffix_real_row, timed, tree_verifiers
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.drafters.oracle import Oracle, OracleTree
 from specbench.exact import ExactVerifier
@@ -23,7 +23,7 @@ def model():
 def test_oracle_tree_merges_its_drafts_and_stays_exact(model):
     prompt = [5, 9, 13, 5, 9, 13, 5, 9]
     options = GenerateOptions(max_tokens=12)
-    plain = list(generate(model, prompt, options))
+    plain = list(plain_generation(model, prompt, options))
     recorded = Oracle.from_model(model, prompt, 20, 1.0).recorded
     sure = OracleTree([Oracle(prompt, recorded, 1.0, 64, seed=s) for s in (1, 2)], depth=3)
     sure.begin(prompt)
@@ -50,7 +50,7 @@ def test_suffix_real_runs_agree_with_the_simulator(model):
     turns = []
     for i in range(2):
         prompt = base * 3 + [i + 1]
-        output = list(generate(model, prompt, GenerateOptions(max_tokens=8)))
+        output = list(plain_generation(model, prompt, GenerateOptions(max_tokens=8)))
         turns.append(Recorded(prompt, output, "length", id=f"t/{i}"))
     verifier = tree_verifiers(model, quick=True, widths=9)["exact"]
     for tree in (False, True):

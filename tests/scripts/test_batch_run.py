@@ -1,4 +1,4 @@
-"""The batch experiment's phases (``specbench.bench.batch_run``): a tiny shape end to end within a budget, what
+"""The batch experiment's phases (``scripts.gpu.batch_run``): a tiny shape end to end within a budget, what
 a spent budget leaves out, the verdict and the divergence table from rows, and its figure."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from specbench.bench.batch_run import TABLES, BatchRun, batch_verdict, divergence_table
+from scripts.gpu.batch_run import TABLES, BatchRun, batch_verdict, divergence_table
 from specbench.bench.budget import Budget
 
 TINY = {
@@ -71,7 +71,7 @@ def test_a_failing_forward_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch
     def broken(*args, **kwargs):
         raise RuntimeError("kernel did not launch")
 
-    monkeypatch.setattr("specbench.bench.batch_run.measure_batch_profile", broken)
+    monkeypatch.setattr("scripts.gpu.batch_run.measure_batch_profile", broken)
     run, _ = quiet_run(tmp_path, None)
     run.shape("qwen3-8b-tiny", share=30.0)
     assert run.failures == [

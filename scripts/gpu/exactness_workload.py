@@ -18,6 +18,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
+from specbench.bench.batch_bench import first_divergence
 from specbench.checks import exactness
 from specbench.core.log import StepLog, StepRecord
 
@@ -105,7 +106,7 @@ def exactness_row(
     log: StepLog,
 ) -> dict[str, Any]:
     """One (prompt, mode) row: equal to plain greedy, the first divergence, verifications and acceptance."""
-    div = exactness.first_divergence(out, truth)
+    div = first_divergence(out, truth)
     stats = log.stats()
     return {
         **{"model": label, "dtype": dtype, "mode": mode, "prompt": i, "k": k},

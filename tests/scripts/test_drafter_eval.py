@@ -1,11 +1,11 @@
-"""specbench.train.drafter_eval: scoring drafters on a held-out split, the head's decision and the report."""
+"""scripts.gpu.drafter_eval: scoring drafters on a held-out split, the head's decision and the report."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import build_tiny
 
-from specbench.train import drafter_eval
+from scripts.gpu import drafter_eval
 from specbench.train.draft_training import HELDOUT_KINDS
 
 

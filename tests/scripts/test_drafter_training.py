@@ -1,4 +1,4 @@
-"""specbench.train.drafter_training: the drafters experiment's head and draft-model phases on a tiny model."""
+"""scripts.gpu.drafter_training: the drafters experiment's head and draft-model phases on a tiny model."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from conftest import build_tiny
 
+from scripts.gpu import drafter_training
 from specbench.drafters.draft_model import load_draft_model
 from specbench.models.mtp.attach import load_head
-from specbench.train import drafter_training
 from specbench.train.draft_training import HELDOUT_KINDS
 from specbench.train.mtp_data import WindowSampler
 from specbench.train.mtp_training import TrainConfig, init_head

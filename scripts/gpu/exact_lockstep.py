@@ -15,8 +15,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from specbench.checks.exact_layout import Snapshot, bits, same
-from specbench.checks.exactness_workload import timed_oracle
+from scripts.gpu.exact_layout import Snapshot, bits, same
+from scripts.gpu.exactness_workload import timed_oracle
 from specbench.core.log import StepLog, StepRecord
 from specbench.exact import calibration_key, exact_mode, hooks
 from specbench.exact.calibration import Calibration, _calibrations

@@ -14,7 +14,7 @@ import numpy as np
 
 from specbench.bench.budget import Budget
 from specbench.bench.prompt_runs import run_mlx_lm, run_specbench
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import DraftModel, EarlyExit, best_exit_layer, sweep_exit_layers
@@ -89,7 +89,7 @@ def plain_seconds(
     for kind in HELDOUT_KINDS:
         t0, emitted = time.perf_counter(), 0
         for prompt in split["prompts"][kind]:
-            emitted += sum(1 for _ in generate(model, list(prompt), options))
+            emitted += sum(1 for _ in plain_generation(model, list(prompt), options))
         out[kind] = {"seconds": round(time.perf_counter() - t0, 3), "tokens": emitted}
     say("plain: " + ", ".join(f"{k} {v['seconds']:.1f}s" for k, v in out.items()))
     return out

@@ -28,7 +28,7 @@ from specbench.bench.batch_bench import bench_batch, format_batch_bench, trace_r
 from specbench.bench.budget import Budget
 from specbench.common.files import write_csv_atomic, write_json_atomic
 from specbench.common.identity import device_name
-from specbench.core.engine import generate
+from specbench.core.engine import plain_generation
 from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.cost.batch import BatchProfile, lowest_break_even, measure_batch_overhead, measure_batch_profile
@@ -158,7 +158,7 @@ class BatchRun:
         single = None
         if self.budget.fits(f"{label} single-request greedy", 5.0):
             t0 = time.perf_counter()
-            single = [list(generate(model, p, GenerateOptions(max_tokens=n))) for p in pool[: cfg["single"]]]
+            single = [list(plain_generation(model, p, GenerateOptions(max_tokens=n))) for p in pool[: cfg["single"]]]
             self.say(f"  single-request greedy of {len(single)} prompts in {time.perf_counter() - t0:.1f} s")
         for b in cfg["bench_batch_sizes"]:
             if b > 1 and self.budget.over(f"{label} bench B={b}: past this shape's share", until=until):

@@ -1,12 +1,12 @@
-"""specbench.checks.exactness_workload: the device check's workload, its summaries, replay and cost rows."""
+"""scripts.gpu.exactness_workload: the device check's workload, its summaries, replay and cost rows."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import build_tiny
 
+from scripts.gpu import exactness_workload as workload
 from specbench.checks import exactness
-from specbench.checks import exactness_workload as workload
 from specbench.core.log import StepRecord
 from specbench.models import synthetic
 
