@@ -421,7 +421,8 @@ class BatchGeneration:
                 continue
             masked = request.target._mask_eos(logits[i, : len(row)], position)
             p = request.options.sampling.probs(masked)
-            accepted, tokens, probs = request.options.rule.path(p, draft, plan[2].probs)
+            draws = request.target.draws(p, range(position, position + len(row)))
+            accepted, tokens, probs = request.options.rule.path(p, draft, plan[2].probs, draws)
             outcomes.append((tokens, accepted, probs))
         return outcomes
 
