@@ -19,7 +19,7 @@ from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows t
 from specbench.bench.timing import cache_copy, prefix_cache
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
-from specbench.core.rules import Acceptance
+from specbench.core.rules import Acceptance, check_rule
 from specbench.core.verify import VerifyMode
 from specbench.decoding import generate, speculative_generate
 from specbench.inputs.capabilities import usable_drafters
@@ -112,7 +112,7 @@ def same_tokens_check(
         raise ValueError("the same-tokens check samples: give a temperature > 0 (greedy output is compared elsewhere)")
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
-    rule = acceptance if isinstance(acceptance, Acceptance) else Acceptance(acceptance)
+    rule = acceptance if isinstance(acceptance, Acceptance) else Acceptance(check_rule(acceptance))
     base = GenerateOptions(
         max_tokens=max_tokens,
         temperature=temperature,

@@ -118,22 +118,23 @@ def accept_sampled(
         q_rows = q.astype(p.dtype)
     q_draft = mx.take_along_axis(q_rows, d[:, None], axis=-1)[:, 0]
     ratio = mx.minimum(1.0, p_draft / mx.maximum(q_draft, 1e-30))
-    if draws is not None:
+    if draws is not None:  # the rule's decisions coupled to the target's own draws
         n = next((i for i in range(k) if draft[i] != draws[i]), k)
-        return n, list(draft[:n]) + [int(draws[n])], [float(x) for x in ratio.tolist()]
-    uniform = mx.random.uniform(shape=(k,))
-    residual = mx.maximum(p[:k] - q_rows, 0.0)
-    # A row whose residual is all zeros has p == q there: its draft token is always accepted,
-    # so that row's replacement sample is never used.
-    replacements = mx.random.categorical(mx.log(residual))
-    bonus_token = mx.random.categorical(mx.log(p[k]))
-    accepted = uniform < ratio
-    mx.eval(accepted, replacements, bonus_token, ratio)
-    accepted = accepted.tolist()
-    n = 0
-    while n < k and accepted[n]:
-        n += 1
-    last = int(bonus_token.item()) if n == k else int(replacements[n].item())
+        last = int(draws[n])
+    else:
+        uniform = mx.random.uniform(shape=(k,))
+        residual = mx.maximum(p[:k] - q_rows, 0.0)
+        # A row whose residual is all zeros has p == q there: its draft token is always accepted,
+        # so that row's replacement sample is never used.
+        replacements = mx.random.categorical(mx.log(residual))
+        bonus_token = mx.random.categorical(mx.log(p[k]))
+        accepted = uniform < ratio
+        mx.eval(accepted, replacements, bonus_token, ratio)
+        accepted = accepted.tolist()
+        n = 0
+        while n < k and accepted[n]:
+            n += 1
+        last = int(bonus_token.item()) if n == k else int(replacements[n].item())
     return n, list(draft[:n]) + [last], [float(x) for x in ratio.tolist()]
 
 

@@ -90,7 +90,7 @@ class Generation:
         if getattr(drafter, "tree", False) is True and options.temperature > 0:
             options.rule.check_tree()
         if options.sample_by_position and options.temperature > 0 and getattr(drafter, "sampled_drafts", False):
-            options.rule.check_by_position(True, f"drafter {drafter.name}")
+            options.rule.check_by_position(True, f"drafter {getattr(drafter, 'name', 'drafter')}")
         self.drafter = drafter
         self.policy = (policy or DraftPolicy.auto()) if drafter is not None else None
         self.needs_hidden = bool(drafter is not None and drafter.needs_hidden)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -166,17 +166,19 @@ class ModelTarget:
         logits = self._mask_eos(logits[:, -1, :], position)
         if self.options.temperature == 0:
             return greedy(logits)[0]
-        if self.options.sample_by_position:
-            return draw_by_position(self.options.sampling.probs(logits), self.options.seed, [position])[0]
+        seed = self.options.seed
+        if self.options.sample_by_position and seed is not None:  # checked: sampling by position has a seed
+            return draw_by_position(self.options.sampling.probs(logits), seed, [position])[0]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return self.sampler(logprobs)[0]
 
     def draws(self, p: mx.array, positions: Sequence[int]) -> list[int] | None:
         """The target's token at each row of ``p`` (at output ``positions``) when sampling by position, else None
         (the rule draws its own)."""
-        if not self.options.sample_by_position:
+        seed = self.options.seed
+        if not self.options.sample_by_position or seed is None:
             return None
-        return draw_by_position(p, self.options.seed, positions).tolist()
+        return cast(list[int], draw_by_position(p, seed, positions).tolist())
 
     def prefill(self, prompt: list[int], cached: int) -> tuple[Step, mx.array | None]:
         """The prompt pass (in chunks of ``prefill_step_size``): the first token, and the prompt's

@@ -70,7 +70,13 @@ _STATS = (
 
 def generation_key(model: str, prompt_ids: Sequence[int], drafter: str, policy: str, options: GenerateOptions) -> str:
     """What makes two generations the same: model, prompt ids, drafter ("none": plain), policy and options."""
-    settings = [options.max_tokens, float(options.temperature), options.seed, options.verify, options.ignore_eos]
+    settings: list[Any] = [
+        options.max_tokens,
+        float(options.temperature),
+        options.seed,
+        options.verify,
+        options.ignore_eos,
+    ]
     if options.rule != Acceptance():  # the default rule keeps the keys recorded before rules were options
         settings.append(dataclasses.astuple(options.rule))
     if options.sample_by_position:  # likewise: keys recorded before it was an option stay as they were

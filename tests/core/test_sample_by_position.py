@@ -62,13 +62,12 @@ def test_plain_sampling_by_position_repeats_and_differs_from_the_stream(model):
 def test_speculative_paths_give_plain_sampling_tokens(model, acceptance):
     """Lookup drafts (deterministic), exact verification by default: every run the same; one random stream per run
     instead differs on most runs (what the check would see if the draws were not keyed by position)."""
-    check = same_tokens_check(model, PROMPT, "lookup", "fixed:4", runs=RUNS, max_tokens=24, acceptance=acceptance)
+    run = dict(runs=RUNS, max_tokens=24, acceptance=acceptance, progress=False)
+    check = same_tokens_check(model, PROMPT, "lookup", "fixed:4", **run)
     assert check.verify == "exact"
     assert check.same == RUNS, check.frame().filter(~check.frame()["same"])
     assert check.accepted_drafts >= 8 and check.accepted_drafts < check.drafted  # accepted and rejected drafts
-    stream = same_tokens_check(
-        model, PROMPT, "lookup", "fixed:4", runs=RUNS, max_tokens=24, acceptance=acceptance, sample_by_position=False
-    )
+    stream = same_tokens_check(model, PROMPT, "lookup", "fixed:4", sample_by_position=False, **run)
     assert stream.same < RUNS // 2
 
 
@@ -233,26 +232,27 @@ def test_first_difference():
 @pytest.mark.skipif(not cuda_available(), reason="run on a CUDA device (pytest -m gpu)")
 @pytest.mark.parametrize("acceptance", ["token", "exact-match", "block"])
 def test_on_the_gpu_speculative_sampling_gives_plain_sampling_tokens(acceptance):
-    """Paths (exact verification), trees and batches on the GPU, with one seed each run."""
-    gpu_model = build_tiny("qwen3", seed=3, scale=1.5)
-    check = same_tokens_check(gpu_model, PROMPT, "lookup", "fixed:4", runs=RUNS, max_tokens=32, acceptance=acceptance)
+    """Paths and trees (exact verification, the default when sampling by position) and batches (fast verification
+    of the [B, w] block) on the GPU, through the public calls, with one seed each run."""
+    from specbench.decoding import generate as plain_generate
+    from specbench.decoding import speculative_generate
+
+    gpu_model = build_tiny("llama", seed=3, scale=1.5)
+    check = same_tokens_check(
+        gpu_model, PROMPT, "lookup", "fixed:4", runs=RUNS, max_tokens=32, acceptance=acceptance, progress=False
+    )
     assert check.same == RUNS and check.accepted_drafts > 0, check.describe()
-    verifier = ExactVerifier(gpu_model)
     prompts = [PROMPT, [3, 8, 3, 8, 3, 8, 3]]
     options = [by_position(20 + i, max_tokens=16, acceptance=acceptance) for i in range(len(prompts))]
-    truth = [list(generate(gpu_model, p, o)) for p, o in zip(prompts, options)]
+    truth = [list(plain_generate(gpu_model, p, o)) for p, o in zip(prompts, options)]
     if acceptance != "block":  # block verifies paths only
-        gen = Generation(
-            gpu_model,
-            PROMPT,
-            options[0],
-            drafter=TruthTree(truth[0], len(PROMPT)),
-            policy=DraftPolicy.fixed(8),
-            verifier=verifier,
+        tree = TruthTree(truth[0], len(PROMPT))
+        gen = speculative_generate(
+            gpu_model, PROMPT, options[0], drafter=tree, policy=DraftPolicy.fixed(8), progress=None
         )
         assert list(gen) == truth[0]
     drafters = [
         ScriptedDrafter(t, len(p), 97, wrong_at=lambda step, i: (step + i) % 3 == 2) for p, t in zip(prompts, truth)
     ]
     batch = BatchGeneration(gpu_model, prompts, options, drafters, DraftPolicy.fixed(4))
-    assert batch.run() == truth  # fast verification of the [B, w] block: equal wherever its logits are plain's
+    assert batch.run() == truth  # equal wherever the block's logits draw as plain decoding's do
