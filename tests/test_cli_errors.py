@@ -55,6 +55,10 @@ CASES = {
     "bad choice": (["generate", "--prompt", "x", "--verify", "slow"], "invalid choice: 'slow'"),
     "unknown policy": (["generate", "--prompt", "x", "--policy", "sometimes"], "unknown policy 'sometimes'"),
     "unknown drafter": (["generate", "--prompt", "x", "--drafter", "psychic"], "unknown drafter 'psychic'"),
+    "sampling by position without a seed": (
+        ["generate", "--prompt", "x", "--temp", "1", "--sample-by-position"],
+        "sample_by_position keys each token's draw by (seed, position): give a seed",
+    ),
     "log is a folder": (["generate", "--prompt", "x", "--log", "{tmp}"], "--log: {tmp} is a folder"),
     "log under a file": (
         ["generate", "--prompt", "x", "--log", "{tmp}/file.txt/log.parquet"],

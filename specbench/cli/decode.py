@@ -49,6 +49,12 @@ def _generate(parser: argparse.ArgumentParser):
     parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, a fresh one)")
     parser.add_argument(
+        "--sample-by-position",
+        action="store_true",
+        help="draw each position's token with a key of (seed, position), so that speculative sampling gives plain "
+        "sampling's tokens for one seed (needs --seed)",
+    )
+    parser.add_argument(
         "--verify",
         choices=["exact", "fast"],
         default=None,
@@ -76,8 +82,10 @@ def _generate(parser: argparse.ArgumentParser):
             top_k=args.top_k,
             min_p=args.min_p,
             seed=args.seed,
+            sample_by_position=args.sample_by_position,
             verify=args.verify,
         )
+        options.check()  # before the model loads
         if args.log:
             check_writable(args.log, name="--log")
         model, tokenizer = load(args.model, shard=args.shard)

@@ -17,7 +17,7 @@ import copy
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -29,6 +29,7 @@ from specbench.core.draft import Drafter
 from specbench.core.experts import ExpertCounter
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy, as_policy
+from specbench.core.target import ModelTarget
 from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, PolicySpec, Prompt, Tokenizer
 from specbench.core.verify import FAST, Verifier, accept_greedy, forward, greedy
 
@@ -408,13 +409,14 @@ class BatchGeneration:
                 continue
             request.sample_seed()
             position = len(request.tokens)
+            target = cast(ModelTarget, request.target)  # a batched request's own model target (``BatchRequest``)
             if not draft:
-                token = request.target._pick(logits[i : i + 1, :1], position)
+                token = target._pick(logits[i : i + 1, :1], position)
                 outcomes.append(([int(token.item())], 0, []))
                 continue
-            masked = request.target._mask_eos(logits[i, : len(row)], position)
-            p = request.options.sampling.probs(masked)
-            accepted, tokens, probs = request.options.rule.path(p, draft, plan[2].probs)
+            p = request.options.sampling.probs(target._mask_eos(logits[i, : len(row)], position))
+            draws = target.draws(p, range(position, position + len(row)))
+            accepted, tokens, probs = request.options.rule.path(p, draft, plan[2].probs, draws)
             outcomes.append((tokens, accepted, probs))
         return outcomes
 

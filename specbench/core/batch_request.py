@@ -11,7 +11,7 @@ from specbench.core.engine import Generation
 from specbench.core.experts import ExpertCounter
 from specbench.core.policies import Decision, Plain, Speculate
 from specbench.core.target import Step
-from specbench.core.verify import as_draft, check_draft, cut_unconfident
+from specbench.core.verify import as_draft, cut_unconfident
 
 
 class BatchRequest(Generation):
@@ -69,7 +69,7 @@ class BatchRequest(Generation):
         if isinstance(self.decision, Speculate):
             draft = cut_unconfident(draft, self.decision.min_confidence)
         if draft.tokens:
-            draft = check_draft(draft, name, self.target.vocab, sampling=self.options.temperature > 0)
+            draft = self._checked(draft)
             if getattr(draft, "parents", None) is not None:
                 raise ValueError(f"drafter {name} proposed a token tree: batched decoding verifies paths only")
         return k, False, (draft if draft.tokens else None), self.clock() - t0

@@ -69,6 +69,9 @@ class Drafter:
     max_draft: int | None = None
     #: Cost of drafting one token relative to one plain decode step, when known.
     cost_per_token: float = 0.0
+    #: Whether its drafts carry q (``Draft.probs``: tokens sampled from it), which the acceptance rules "token" and
+    #: "block" cannot verify into plain sampling's tokens when sampling by position: checked before any model work.
+    sampled_drafts: bool = False
 
     def begin(self, prompt: Sequence[int], hidden: mx.array | None = None) -> None:
         """Start a request with its prompt token ids."""

@@ -88,6 +88,8 @@ class Generation:
             )
         if getattr(drafter, "tree", False) is True and options.temperature > 0:
             options.rule.check_tree()
+        if options.sample_by_position and options.temperature > 0 and getattr(drafter, "sampled_drafts", False):
+            options.rule.check_by_position(True, f"drafter {getattr(drafter, 'name', 'drafter')}")
         self.drafter = drafter
         self.policy = (policy or DraftPolicy.auto()) if drafter is not None else None
         self.needs_hidden = bool(drafter is not None and drafter.needs_hidden)
@@ -302,7 +304,13 @@ class Generation:
         return as_draft(self.drafter.draft(self.prompt + self.tokens, k), k, self._drafter_name())
 
     def _checked(self, draft: Draft) -> Draft:
-        return check_draft(draft, self._drafter_name(), self.target.vocab, sampling=self.options.temperature > 0)
+        """``draft`` checked (``check_draft``); sampling by position, drafts sampled from q (``Draft.probs``) only
+        where the rule can give plain sampling's tokens with them (before the verification's forward)."""
+        sampling = self.options.temperature > 0
+        checked = check_draft(draft, self._drafter_name(), self.target.vocab, sampling=sampling)
+        if sampling and self.options.sample_by_position and checked.probs is not None:
+            self.options.rule.check_by_position(True, f"drafter {self._drafter_name()}")
+        return checked
 
     def _record_verify(
         self,

@@ -23,6 +23,12 @@ class GenerateOptions:
     ``acceptance_rule``: the rule that accepts draft tokens when sampling (``specbench.core.rules``):
     "token" (min(1, p/q), the default), "exact-match", "block" (paths only) or "typical" (lossy;
     ``typical_epsilon`` and ``typical_delta`` are its thresholds). At temperature 0 every rule is greedy.
+    ``sample_by_position``: each output position's token drawn with a key of (``seed``, position), in plain
+    decoding and in verification alike (``specbench.core.accept.draw_by_position``), so that speculative sampling
+    gives plain sampling's tokens for the same seed: with "exact-match" always, with "token" and "block" for
+    deterministic drafts; "typical" cannot (``specbench.core.rules`` says why). It needs a seed, and makes
+    "exact" the default verify mode (equal tokens need the logits plain decoding computes). Off: one random
+    stream seeded once (mlx-lm's sampler), as before.
     """
 
     max_tokens: int = 256
@@ -42,6 +48,7 @@ class GenerateOptions:
     acceptance_rule: RuleName = "token"
     typical_epsilon: float = TYPICAL_EPSILON
     typical_delta: float = TYPICAL_DELTA
+    sample_by_position: bool = False
 
     def check(self) -> None:
         """Raise one clear ValueError (a bad value) or TypeError (a bad type) for the first invalid option."""
@@ -60,9 +67,14 @@ class GenerateOptions:
             _integer("seed", self.seed, 0, "or None", maximum=2**64 - 1)
         if self.verify is not None:
             check_verify_mode(self.verify)
-        AcceptanceRule(
+        rule = AcceptanceRule(
             self.acceptance_rule, self.typical_epsilon, self.typical_delta
-        )  # checks the rule and its parameters
+        )  # checks the rule's parameters
+        _flag("sample_by_position", self.sample_by_position)
+        if self.sample_by_position:
+            if self.seed is None:
+                raise ValueError("sample_by_position keys each token's draw by (seed, position): give a seed")
+            rule.check_by_position()
         _flag("ignore_eos", self.ignore_eos)
         _flag("count_experts", self.count_experts)
         _token_ids("stop_token_ids", self.stop_token_ids)
@@ -82,7 +94,7 @@ class GenerateOptions:
     def verify_mode(self) -> VerifyMode:
         if self.verify is not None:
             return self.verify
-        return "exact" if self.temperature == 0 else "fast"
+        return "exact" if self.temperature == 0 or self.sample_by_position else "fast"
 
 
 def _integer(name: str, value: object, minimum: int, note: str = "", maximum: int | None = None) -> int:

@@ -10,6 +10,25 @@
 - ``"typical"``: Medusa's typical acceptance: a draft token x is accepted iff
   p(x) > min(epsilon, delta * exp(-H(p))). **Lossy**: the output distribution shifts.
 
+Sampling by position (``GenerateOptions.sample_by_position``; ``specbench.core.accept.draw_by_position``): the
+target's token at each output position is drawn with a key of (seed, position), in plain decoding and in
+verification alike. Plain sampling's token at a position is then a function of the key and p alone, so a rule can
+yield plain sampling's tokens only if it accepts a drafted token x exactly when x is that draw y. Given the draft,
+the key is independent of it, so the rule's chance of accepting x must be P(y = x) = p(x). Per rule:
+
+- ``"exact-match"``: always (any drafter, paths, trees, batches): it accepts x iff x = y by definition.
+- ``"token"``: with deterministic drafts (q one-hot, ``Draft.probs`` None) only. There min(1, p(x)/q(x)) = p(x),
+  and the residual normalize(max(0, p - q)) is p without x, the law of y given y != x: accepting iff x = y and
+  emitting y is the rule itself, coupled to the draw (SpecInfer's recursion over siblings likewise). With drafts
+  sampled from q it accepts x with probability min(1, p(x)/q(x)) > p(x) wherever 0 < p(x) < 1 and q(x) < 1,
+  so it keeps tokens plain sampling with this key would not draw: refused.
+- ``"block"``: with deterministic drafts only (paths). There the prefix weights are w_i = prod_j p_j(d_j), the
+  chance that the draws equal the draft's first i tokens, and the residual after a prefix is p without the next
+  draft token, so accepting the longest prefix equal to the draws is the block rule coupled to them. With q,
+  w_i can exceed that product (the rule accepts more than the draws allow): refused.
+- ``"typical"``: never. It accepts x whenever p(x) passes its threshold, whatever the draw (its output is not
+  even distributed as plain sampling's): refused.
+
 Every rule's greedy limit (temperature 0) is the greedy rule. Each returns, besides what it accepted and
 emitted, one acceptance probability per draft position (the log's ``accept_probs``): min(1, p/q) for
 ``"token"``, p(x) for ``"exact-match"``, the prefix weight p_i for ``"block"`` (the probability that the
@@ -26,7 +45,7 @@ from typing import Literal, get_args
 import mlx.core as mx
 import numpy as np
 
-from specbench.core.accept import accept_sampled, accept_tree_sampled, check_tables
+from specbench.core.accept import accept_sampled, accept_tree_sampled, check_draws, check_tables
 from specbench.core.tree import children, is_path
 from specbench.core.verify import accept_greedy, accept_tree_greedy
 
@@ -34,6 +53,9 @@ RuleName = Literal["token", "exact-match", "block", "typical"]
 ACCEPTANCE_RULES: tuple[RuleName, ...] = get_args(RuleName)
 #: Rules whose tokens are distributed exactly as plain sampling's.
 LOSSLESS_RULES: tuple[RuleName, ...] = ("token", "exact-match", "block")
+#: Rules whose tokens equal plain sampling's when sampled by position: with any drafts ("exact-match"), with
+#: deterministic drafts only ("token", "block"). "typical" never does (see the module's notes).
+BY_POSITION_RULES: tuple[RuleName, ...] = ("exact-match", "token", "block")
 #: Medusa's defaults: the posterior threshold epsilon and delta (Medusa's posterior_alpha, sqrt(epsilon)).
 TYPICAL_EPSILON = 0.09
 TYPICAL_DELTA = 0.3
@@ -80,6 +102,21 @@ class AcceptanceRule:
     def label(self) -> str:
         return rule_label(self.name)
 
+    def check_by_position(self, sampled_drafts: bool = False, drafter: str = "the drafter") -> None:
+        """One clear error where the rule cannot give plain sampling's tokens when sampling by position:
+        "typical" never can, "token" and "block" not with drafts sampled from q (``sampled_drafts``)."""
+        if self.name not in BY_POSITION_RULES:
+            raise ValueError(
+                f"acceptance {self.name!r} cannot give plain sampling's tokens (sample_by_position): it accepts a "
+                "drafted token whenever p passes its threshold, whatever the target draws; use 'exact-match'"
+            )
+        if sampled_drafts and self.name != "exact-match":
+            raise ValueError(
+                f"acceptance {self.name!r} cannot give plain sampling's tokens (sample_by_position) with {drafter}'s "
+                "drafts sampled from q: it accepts x with probability above p(x); use acceptance 'exact-match' or "
+                "greedy drafts"
+            )
+
     def check_tree(self) -> None:
         """One clear error where the rule has no tree form."""
         if self.name == "block":
@@ -88,46 +125,62 @@ class AcceptanceRule:
                 "without tree=True) or acceptance_rule 'token', whose recursive rule verifies trees"
             )
 
-    def path(self, p: mx.array, draft: list[int], q: mx.array | None) -> tuple[int, list[int], list[float]]:
+    def path(
+        self, p: mx.array, draft: list[int], q: mx.array | None, draws: list[int] | None = None
+    ) -> tuple[int, list[int], list[float]]:
         """Sampled acceptance of a path draft: (accepted count, emitted tokens, acceptance probabilities).
-        ``p``: target distributions [k + 1, vocab]; ``q``: the drafter's [k, vocab] or None (one-hot)."""
+        ``p``: target distributions [k + 1, vocab]; ``q``: the drafter's [k, vocab] or None (one-hot);
+        ``draws``: the target's token at each row sampled by position (the rule's decisions coupled to them)."""
+        if draws is not None:
+            self.check_by_position(q is not None)
         if self.name == "token":
-            return accept_sampled(p, draft, q)
+            return accept_sampled(p, draft, q, draws)
         if self.name == "exact-match":
-            return accept_exact_match(p, draft)
+            return accept_exact_match(p, draft, draws)
         if self.name == "block":
-            return accept_block(p, draft, q)
+            return accept_block(p, draft, q, draws)
         return accept_typical(p, draft, self.epsilon, self.delta)
 
     def tree(
-        self, p: mx.array, tokens: list[int], parents: list[int], q: mx.array | None
+        self,
+        p: mx.array,
+        tokens: list[int],
+        parents: list[int],
+        q: mx.array | None,
+        draws: list[int] | None = None,
     ) -> tuple[list[int], list[int], list[float]]:
-        """Sampled acceptance of a token tree: (accepted nodes root to leaf, emitted tokens, probabilities)."""
+        """Sampled acceptance of a token tree: (accepted nodes root to leaf, emitted tokens, probabilities);
+        ``draws``: the target's token at each tree row sampled by position."""
+        if draws is not None:
+            self.check_by_position(q is not None)
         if self.name == "token":
-            return accept_tree_sampled(p, tokens, parents, q)
+            return accept_tree_sampled(p, tokens, parents, q, draws)
         if self.name == "block" and is_path(parents):
-            n, emitted, probs = accept_block(p, tokens, q)
+            n, emitted, probs = accept_block(p, tokens, q, draws)
             return list(range(n)), emitted, probs
         self.check_tree()
         if self.name == "exact-match":
             check_tables(p, len(tokens), None, self.name)
-            targets = mx.random.categorical(mx.log(p))
-            path, emitted = accept_tree_greedy(tokens, parents, targets.tolist())
+            targets = draws if draws is not None else mx.random.categorical(mx.log(p)).tolist()
+            path, emitted = accept_tree_greedy(tokens, parents, targets)
             drafted = p[mx.array([parent + 1 for parent in parents]), mx.array(tokens)]
             return path, emitted, [float(x) for x in drafted.tolist()]
         return accept_tree_typical(p, tokens, parents, self.epsilon, self.delta)
 
 
-def accept_exact_match(p: mx.array, draft: list[int]) -> tuple[int, list[int], list[float]]:
-    """mlx-lm's rule: sample the target's token y_i from p_i at every position; accept draft token i
-    iff it equals y_i (while all before it were accepted); emit y at the first mismatch, or the bonus
-    y_k. Acceptance probability at a reached position: p_i(d_i)."""
+def accept_exact_match(
+    p: mx.array, draft: list[int], draws: list[int] | None = None
+) -> tuple[int, list[int], list[float]]:
+    """mlx-lm's rule: sample the target's token y_i from p_i at every position (``draws`` when sampled by
+    position); accept draft token i iff it equals y_i (while all before it were accepted); emit y at the first
+    mismatch, or the bonus y_k. Acceptance probability at a reached position: p_i(d_i)."""
     k = len(draft)
     check_tables(p, k, None, "exact-match")
-    samples = mx.random.categorical(mx.log(p))
+    if draws is not None:
+        check_draws(draws, k + 1, None, "exact-match")
     drafted = mx.take_along_axis(p[:k], mx.array(draft, dtype=mx.int32)[:, None], axis=-1)[:, 0]
-    mx.eval(samples, drafted)
-    n, emitted = accept_greedy(draft, samples.tolist())
+    samples = list(draws) if draws is not None else mx.random.categorical(mx.log(p)).tolist()
+    n, emitted = accept_greedy(draft, samples)
     return n, emitted, [float(x) for x in drafted.tolist()]
 
 
@@ -173,20 +226,31 @@ def draft_rows(q: mx.array | None, draft: list[int], vocab: int) -> np.ndarray:
     return rows
 
 
-def accept_block(p: mx.array, draft: list[int], q: mx.array | None) -> tuple[int, list[int], list[float]]:
+def accept_block(
+    p: mx.array, draft: list[int], q: mx.array | None, draws: list[int] | None = None
+) -> tuple[int, list[int], list[float]]:
     """Block verification (Sun et al., Algorithm 2): with eta_i uniform, accept the longest prefix
     tau = max{i : eta_i <= h_i} (0 if none), then sample the next token from p_k when tau = k, else from
     normalize(max(w_tau p_tau - q_tau, 0)). The output is distributed as plain sampling's, and the
     probability that the first i tokens are accepted, given them, is w_i >= the token-wise rule's
-    prod_j min(1, p_j/q_j). Returns (tau, emitted tokens, the prefix weights w_1..w_k)."""
+    prod_j min(1, p_j/q_j). Returns (tau, emitted tokens, the prefix weights w_1..w_k).
+
+    ``draws`` (sampling by position; deterministic drafts only): tau is the longest prefix equal to the draws and
+    the draw after it is emitted. With q one-hot, w_i = prod_j p_j(d_j) is the chance of that prefix and the
+    residual is p without the next draft token, the law of the draw given it differs: the rule, coupled."""
     k = len(draft)
     check_tables(p, k, q, "block")
-    draws = mx.random.uniform(shape=(k + 1,))
-    mx.eval(p, draws)
+    if draws is not None:
+        check_draws(draws, k + 1, q, "block")
+    coins = mx.random.uniform(shape=(k + 1,)) if draws is None else mx.zeros((k + 1,))
+    mx.eval(p, coins)
     p_rows = np.array(p.astype(mx.float32), dtype=np.float64)
     q_rows = draft_rows(q, draft, p_rows.shape[-1])
     w, h, _ = block_weights(p_rows, q_rows, draft)
-    uniform = np.array(draws, dtype=np.float64)
+    if draws is not None:
+        tau = next((i for i in range(k) if draft[i] != draws[i]), k)
+        return tau, list(draft[:tau]) + [int(draws[tau])], [float(x) for x in w[1:]]
+    uniform = np.array(coins, dtype=np.float64)
     tau = max((i for i in range(1, k + 1) if uniform[i - 1] <= h[i]), default=0)
     if tau == k:
         row = p_rows[k] / p_rows[k].sum()

@@ -19,13 +19,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from specbench.core.accept import draw_by_position
 from specbench.core.draft import Draft
 from specbench.core.experts import ExpertCounter
 from specbench.core.forward import context_length, vocab_size
@@ -160,12 +161,24 @@ class ModelTarget:
         return mx.where(row & column, mx.array(-float("inf"), logits.dtype), logits)
 
     def _pick(self, logits: mx.array, position: int) -> mx.array:
-        """One token from the last row of ``logits`` [1, w, vocab], as mlx-lm picks it."""
+        """One token from the last row of ``logits`` [1, w, vocab], as mlx-lm picks it; sampled by position, the
+        draw of output ``position`` (as a verification draws it)."""
         logits = self._mask_eos(logits[:, -1, :], position)
         if self.options.temperature == 0:
             return greedy(logits)[0]
+        seed = self.options.seed
+        if self.options.sample_by_position and seed is not None:  # checked: sampling by position has a seed
+            return draw_by_position(self.options.sampling.probs(logits), seed, [position])[0]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return self.sampler(logprobs)[0]
+
+    def draws(self, p: mx.array, positions: Sequence[int]) -> list[int] | None:
+        """The target's token at each row of ``p`` (at output ``positions``) when sampling by position, else None
+        (the rule draws its own)."""
+        seed = self.options.seed
+        if not self.options.sample_by_position or seed is None:
+            return None
+        return cast(list[int], draw_by_position(p, seed, positions).tolist())
 
     def prefill(self, prompt: list[int], cached: int) -> tuple[Step, mx.array | None]:
         """The prompt pass (in chunks of ``prefill_step_size``): the first token, and the prompt's
@@ -233,9 +246,9 @@ class ModelTarget:
             accepted, tokens = accept_greedy(draft_tokens, self.verifier.greedy(logits))
             probs: list[float] = []
         else:
-            accepted, tokens, probs = self.options.rule.path(
-                self.options.sampling.probs(logits), draft_tokens, draft_probs
-            )
+            p = self.options.sampling.probs(logits)
+            draws = self.draws(p, range(position, position + len(draft_tokens) + 1))
+            accepted, tokens, probs = self.options.rule.path(p, draft_tokens, draft_probs, draws)
         rejected = len(draft_tokens) - accepted
         if queued is not None and accepted == 0:  # the caches are rolled back already, the next step on its way
             self.last = queued[1][0]
@@ -287,7 +300,9 @@ class ModelTarget:
             path, emitted = accept_tree_greedy(tokens, parents, self.verifier.greedy(logits))
             ratios: list[float] = []
         else:
-            path, emitted, ratios = self.options.rule.tree(self.options.sampling.probs(logits), tokens, parents, probs)
+            p = self.options.sampling.probs(logits)
+            draws = self.draws(p, [position + d for d in [0, *depths(parents)]])
+            path, emitted, ratios = self.options.rule.tree(p, tokens, parents, probs, draws)
         keep = [0] + [node + 1 for node in path]
         self.rollback.compact(width, keep)
         if width > len(keep):

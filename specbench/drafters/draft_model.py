@@ -115,6 +115,7 @@ class DraftModel(Drafter):
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = sampling_settings(sampling)
+        self.sampled_drafts = not self.sampling.greedy
         self.preferred_k = preferred_k
         self.vocab = self._vocab()
         if not can_trim_prompt_cache(self._new_cache()):

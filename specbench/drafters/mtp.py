@@ -85,6 +85,7 @@ class MtpHead(Drafter):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         self.temperature = float(temperature)
+        self.sampled_drafts = self.temperature > 0
         self.preferred_k = preferred_k
         lm = text_model(model)
         self.embed = lm.model.embed_tokens

@@ -57,6 +57,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "lossless_samples": 4,
             "lossless_tokens": 4,
             "permutations": 200,
+            "same_runs": 2,
+            "same_tokens": 6,
         },
         "explorer": {"model": _TINY, "k": 3, "grid_draft_lengths": [1, 2, 3, 4]},
         "acceptance_rules": {
@@ -155,6 +157,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "lossless_samples": 10,
             "lossless_max_samples": 20,  # doubled when 10 cannot conclude (too few accepted drafts)
             "lossless_tokens": 6,
+            "same_runs": 4,
+            "same_tokens": 16,
         },
         # the sweep's recorded outputs replayed at every k and policy (no model runs)
         "explorer": {"model": _EMBEDDED, "policy": "fixed", "k": 3},

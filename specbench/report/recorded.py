@@ -71,9 +71,17 @@ _STATS = (
 
 def generation_key(model: str, prompt_ids: Sequence[int], drafter: str, policy: str, options: GenerateOptions) -> str:
     """What makes two generations the same: model, prompt ids, drafter ("none": plain), policy and options."""
-    settings = [options.max_tokens, float(options.temperature), options.seed, options.verify, options.ignore_eos]
+    settings: list[Any] = [
+        options.max_tokens,
+        float(options.temperature),
+        options.seed,
+        options.verify,
+        options.ignore_eos,
+    ]
     if options.rule != AcceptanceRule():  # the default rule keeps the keys recorded before rules were options
         settings.append(dataclasses.astuple(options.rule))
+    if options.sample_by_position:  # likewise: keys recorded before it was an option stay as they were
+        settings.append("sample_by_position")
     text = json.dumps([model, [int(t) for t in prompt_ids], drafter, policy, settings], default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 

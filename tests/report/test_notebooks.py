@@ -103,6 +103,8 @@ def test_quick_profile_runs_each_notebook(tmp_path, name):
     if name == "agent_traces":
         assert summary["values"]["identical"] is True
         assert "agent_traces/tables/overall.parquet" in summary["tables"]  # two traces: each method over both
+    if name == "sampling":  # sampled by position with one seed, the speculative tokens were plain sampling's
+        assert summary["values"]["same_tokens_same"] == summary["values"]["same_tokens_runs"] > 0
     if name == "policies":
         _check_policies_outputs(out / "policies", summary)
 

@@ -167,6 +167,8 @@ LABELS: dict[str, tuple[str, _Formatter]] = {
     "lossless_accepted_drafts": ("losslessness: accepted draft tokens tested", _number),
     "lossless_acceptance": ("losslessness: draft tokens accepted / drafted", _percent),
     "lossless_samples": ("losslessness: samples drawn on each side", _number),
+    "same_tokens_runs": ("sampled by position: runs with one seed, plain and speculative", _number),
+    "same_tokens_same": ("sampled by position: runs whose speculative tokens were plain sampling's", _number),
     "exact_match_measured": ("exact-match rule: accepted draft tokens measured", _number),
     "exact_match_expected": ("exact-match rule: accepted draft tokens expected from the model's own p", _short),
     "exact_match_low": ("exact-match rule: expected, 95 % interval low", _short),

@@ -385,8 +385,9 @@ def losslessness(check: Any) -> str:
     )
 
 
-def sampling(summary: pl.DataFrame, check: Any = None) -> str:
-    """Acceptance against temperature (counts, not speeds), and the losslessness test."""
+def sampling(summary: pl.DataFrame, check: Any = None, same: Any = None) -> str:
+    """Acceptance against temperature (counts, not speeds), the losslessness test, and the same-tokens check
+    (``specbench.checks.same_tokens``) when it ran."""
     rows = summary.filter(pl.col("drafter") != "none")
     parts = []
     temperatures = rows["temperature"].unique().sort().to_list() if len(rows) else []
@@ -406,6 +407,11 @@ def sampling(summary: pl.DataFrame, check: Any = None) -> str:
     text = f"Draft tokens accepted{over}: " + "; ".join(parts) + "." if parts else "No sampled run finished."
     if check is not None:
         text += " " + losslessness(check)
+    if same is not None:
+        text += (
+            f" Sampled by position with one seed, speculative tokens were plain sampling's on {same.same} of "
+            f"{same.runs} runs ({same.accepted_drafts} draft tokens accepted)."
+        )
     return text
 
 

@@ -1,0 +1,162 @@
+"""Does speculative sampling give plain sampling's tokens? With one seed per run, sampled plainly and speculatively,
+each position's token drawn by position (``GenerateOptions.sample_by_position``): the runs whose tokens are the same.
+
+Where the rule can (``specbench.core.rules``: "exact-match" always, "token" and "block" with deterministic drafts)
+and the verification's logits are plain decoding's (exact verification, the default when sampling by position),
+every run is the same; a run that is not says where it first differs. Without sampling by position (one random
+stream per run) the same seed gives different tokens as soon as a verification draws differently from plain steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows them on the console
+
+from specbench.bench.timing import cache_copy, prefix_cache
+from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy, as_policy
+from specbench.core.rules import AcceptanceRule, check_rule
+from specbench.core.verify import VerifyMode
+from specbench.decoding import generate, speculative_generate
+from specbench.inputs.capabilities import usable_drafters
+
+
+@dataclass
+class SameTokensCheck:
+    """Plain and speculative sampling with one seed per run, compared token for token.
+
+    ``seeds``: each run's seed; ``first_difference``: per run, the index of the first token where the two differ
+    (None: the same tokens); ``plain`` / ``speculative``: each run's tokens; ``accepted_drafts`` / ``drafted``: draft
+    tokens accepted / proposed over the speculative runs (a check whose drafts were never accepted says little);
+    ``acceptance``: the rule's label; ``sample_by_position``: whether each draw was keyed by position."""
+
+    seeds: list[int]
+    first_difference: list[int | None]
+    plain: list[list[int]]
+    speculative: list[list[int]]
+    drafter: str
+    policy: str
+    acceptance: str
+    temperature: float
+    max_tokens: int
+    sample_by_position: bool
+    verify: VerifyMode
+    accepted_drafts: int = 0
+    drafted: int = 0
+
+    @property
+    def runs(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def same(self) -> int:
+        """Runs whose speculative tokens are plain sampling's."""
+        return sum(d is None for d in self.first_difference)
+
+    def describe(self) -> str:
+        """The count of identical runs, with what was compared and how much the drafts were used."""
+        keyed = "each draw keyed by (seed, position)" if self.sample_by_position else "one random stream per run"
+        return (
+            f"same tokens on {self.same} of {self.runs} runs ({self.same / self.runs:.0%}): {self.max_tokens} tokens "
+            f"at temperature {self.temperature:g}, {keyed}, {self.verify} verification; drafter {self.drafter}, "
+            f"policy {self.policy}, acceptance {self.acceptance}; {self.accepted_drafts} of {self.drafted} drafted "
+            "tokens accepted"
+        )
+
+    def frame(self) -> pl.DataFrame:
+        """One row per run: its seed, whether the tokens are the same, where they first differ."""
+        return pl.DataFrame(
+            {
+                "seed": self.seeds,
+                "same": [d is None for d in self.first_difference],
+                "first_difference": self.first_difference,
+            },
+            schema={"seed": pl.Int64, "same": pl.Boolean, "first_difference": pl.Int64},
+        )
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The index of the first token where ``a`` and ``b`` differ (one ending first differs there); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def same_tokens_check(
+    model: Any,
+    prompt_ids: Sequence[int],
+    drafter: str = "lookup",
+    policy: DraftPolicy | str | int = 4,
+    temperature: float = 1.0,
+    runs: int = 20,
+    max_tokens: int = 16,
+    seed: int = 0,
+    rule: AcceptanceRule | str = "token",
+    verify: VerifyMode | None = None,
+    sample_by_position: bool = True,
+    model_name: str | None = None,
+    progress: bool = True,
+) -> SameTokensCheck:
+    """Sample ``runs`` continuations of ``prompt_ids`` plainly and speculatively (``drafter``, ``policy``,
+    ``rule``), run i with seed ``seed + i`` for both, and compare them token for token. ``verify``: the
+    speculative runs' verify mode (default: exact when sampling by position); ``sample_by_position`` False shows
+    what one random stream per run gives instead. A rule that cannot give plain sampling's tokens by position is one
+    clear error before any model work."""
+    policy = as_policy(policy)
+    if not temperature > 0:
+        raise ValueError("the same-tokens check samples: give a temperature > 0 (greedy output is compared elsewhere)")
+    if runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs}")
+    rule = rule if isinstance(rule, AcceptanceRule) else AcceptanceRule(check_rule(rule))
+    base = GenerateOptions(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        seed=seed,
+        ignore_eos=True,
+        acceptance_rule=rule.name,
+        typical_epsilon=rule.epsilon,
+        typical_delta=rule.delta,
+        sample_by_position=sample_by_position,
+        verify=verify,
+    )
+    base.check()
+    factories, skipped = usable_drafters([drafter], model, model_name or getattr(model, "specbench_name", None))
+    if drafter in skipped:
+        raise ValueError(f"drafter {drafter!r} is not usable here: {skipped[drafter]}")
+    prefix = prefix_cache(model, prompt_ids)
+    seeds = [seed + i for i in range(runs)]
+    plain: list[list[int]] = []
+    spec: list[list[int]] = []
+    drafted = accepted = 0
+    for run_seed in tqdm(seeds, desc="same tokens", disable=not progress, leave=False):
+        options = GenerateOptions(**{**base.__dict__, "seed": run_seed})
+        plain.append(list(generate(model, prompt_ids, options, prompt_cache=cache_copy(prefix))))
+        made = factories[drafter]()
+        quiet = {} if progress else {"progress": None}  # exact mode's calibration, reported unless quiet
+        gen = speculative_generate(
+            model, prompt_ids, options, drafter=made, policy=policy, prompt_cache=cache_copy(prefix, made), **quiet
+        )
+        spec.append(list(gen))
+        stats = gen.stats()
+        drafted += stats["drafted"]
+        accepted += stats["accepted"]
+    return SameTokensCheck(
+        seeds,
+        [first_difference(a, b) for a, b in zip(plain, spec)],
+        plain,
+        spec,
+        drafter,
+        policy.name,
+        rule.label,
+        temperature,
+        max_tokens,
+        sample_by_position,
+        base.verify_mode,
+        accepted_drafts=accepted,
+        drafted=drafted,
+    )
