@@ -141,10 +141,10 @@ def lab(tmp_path):
 @pytest.fixture
 def browser():
     """Headless Chromium driven through Selenium."""
+    chromium, driver = _browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    chromium, driver = _browser()
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for arg in (
