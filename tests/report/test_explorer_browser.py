@@ -25,7 +25,7 @@ pytestmark = pytest.mark.browser
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "explorer.ipynb"
 TOKEN = "specbench-browser-test"
-WAIT_S = 120  # each wait's limit; the whole test takes ~25 s on 2 cores
+WAIT_S = 120  # each wait's limit; the whole test took 30-40 s on 2 cores at load 8-11
 RUN_ALL = ".lm-Menu-item[data-command='runmenu:run-all']"
 EXPLORER = ".jp-OutputArea .widget-vbox:has(.widget-slider)"
 STDERR = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
