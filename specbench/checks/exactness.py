@@ -18,6 +18,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import generate_step
 
+from specbench.bench.turn_cache import first_divergence
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation
 from specbench.core.forward import vocab_size
@@ -35,14 +36,6 @@ def mlx_lm_greedy(model: nn.Module, prompt: Sequence[int], max_tokens: int) -> l
     """mlx-lm's own greedy decoding of ``max_tokens`` tokens after ``prompt`` (EOS not checked): the
     reference that speculative greedy output must equal."""
     return [int(t) for t, _ in generate_step(mx.array(list(prompt)), model, max_tokens=max_tokens)]
-
-
-def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int | None:
-    """The first position where ``output`` differs from ``reference`` (None if equal)."""
-    for i, (a, b) in enumerate(zip(output, reference)):
-        if a != b:
-            return i
-    return None if len(output) == len(reference) else min(len(output), len(reference))
 
 
 def random_prompts(
