@@ -107,6 +107,10 @@ class Comparison:
     def section(self, name: str) -> list[Difference]:
         return [d for d in self.differences if d.section == name]
 
+    def get(self, measure: str) -> Difference | None:
+        """The difference of ``measure`` (e.g. "acceptance", "acceptance at 2"), None where it was not compared."""
+        return next((d for d in self.differences if d.measure == measure), None)
+
     def rows(self) -> list[dict[str, Any]]:
         return [d.row() for d in self.differences]
 
@@ -130,11 +134,39 @@ class Comparison:
             f"{same} identical"
         )
 
+    def divergence_table(self, tokenizer: Any = None, tokens: int = 12):
+        """One row per prompt (first turn): where A's plain greedy output first differs from B's (null: identical)
+        and each output's next ``tokens`` tokens from there, as text when a ``tokenizer`` is given."""
+        import polars as pl
+
+        def text(ids: list[int]) -> str:
+            return tokenizer.decode(ids) if tokenizer is not None else " ".join(map(str, ids))
+
+        rows = []
+        for d in self.divergences:
+            at = d.at if d.at is not None else len(d.a_tokens)
+            rows.append(
+                {
+                    "question": d.question_id,
+                    "kind": d.category,
+                    "first_difference": d.at,
+                    "common": text(d.a_tokens[:at])[-60:],
+                    "A_then": text(d.a_tokens[at : at + tokens]),
+                    "B_then": text(d.b_tokens[at : at + tokens]),
+                }
+            )
+        return pl.DataFrame(rows, schema_overrides={"first_difference": pl.Int64})
+
     def verdict(self) -> str:
         """The comparison in words: which measures differ beyond their intervals, or that none does."""
         resolved = [d for d in self.differences if d.verdict in (A_HIGHER, B_HIGHER)]
         if not resolved:
             with_interval = sum(d.low is not None for d in self.differences)
+            if not with_interval:
+                return (
+                    f"{self.a} against {self.b} ({self.method}, {self.prompts} prompts): no measure has an interval "
+                    f"(an interval needs {MIN_UNITS} prompts that drafted). {self.divergence_line()}."
+                )
             return (
                 f"{self.a} against {self.b} ({self.method}, {self.prompts} prompts): no difference resolvable in any "
                 f"of the {with_interval} measures with an interval. {self.divergence_line()}."
@@ -317,7 +349,7 @@ def _difference(
 
     def of(sums: np.ndarray, offset: int) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
-            return statistic(lambda name: sums[:, offset + names.index(name)])
+            return statistic(lambda name: sums[:, offset + names.index(name)] if name in names else np.zeros(len(sums)))
 
     totals = units.sum(axis=0, keepdims=True)
     interval = sums_interval(units, lambda sums: of(sums, 0) - of(sums, width))
@@ -431,6 +463,10 @@ def compare(
     for kind in dict.fromkeys(kinds.values()):
         rows = np.array([i for i, k in enumerate(ua["_keys"]) if kinds[k] == kind])
         diffs.append(_difference("kind", f"acceptance, {kind}", ua, ub, rows, *rate("accepted", "drafted")))
+    empty = [d.measure for d in diffs if d.units == 0]
+    if empty:
+        notes.append(f"{', '.join(empty)}: no prompt drafted anything under A or B, so there is nothing to compare")
+        diffs = [d for d in diffs if d.units > 0]
     mode = next(
         (r["verify"] for r in a.runs if r["method"] == method and r.get("verify") not in (None, "none")), "exact"
     )
@@ -516,18 +552,17 @@ def run_models(
 ) -> list[PromptBench]:
     """Run the prompt benchmark of ``models`` one after the other on the same ``questions`` with the same
     ``drafter`` and ``policy`` (each against mlx-lm and specbench plain, ``bench_prompts``), each recorded in
-    ``out/<model>`` when ``out`` is given (a finished one is read back, not run again). Tokenizers are checked
+    ``out/<n>-<model>`` when ``out`` is given (a finished one is read back, not run again). Tokenizers are checked
     first (``check_same_tokenizer``)."""
     from specbench.core.policies import DraftPolicy
     from specbench.models.load import load
 
-    if len(set(models)) != len(models):
-        raise ValueError(f"compare distinct models, got {list(models)}")
     parsed = DraftPolicy.parse(policy)
     check_same_tokenizer(models)
     results = []
-    for name in models:
-        folder = Path(out) / safe_name(name) if out is not None else None
+    for index, name in enumerate(models):
+        # a model named twice (A against A: what the machine's noise alone gives) is run twice
+        folder = Path(out) / f"{index + 1}-{safe_name(name)}" if out is not None else None
         if progress:
             progress(f"{name}: {len(questions)} questions, {drafter}/{parsed.name}, {max_tokens} tokens each")
         model, tokenizer = load(name)

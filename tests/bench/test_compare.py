@@ -205,3 +205,10 @@ def test_a_difference_row_holds_its_verdict():
     run = _run([[1, 2, 3]] * 6)
     row = compare(run, run).differences[0].row()
     assert row["verdict"] == UNRESOLVED and row["difference"] == 0 and dataclasses.is_dataclass(compare(run, run))
+
+
+def test_runs_that_drafted_nothing_compare_their_speed_and_say_why_acceptance_is_missing():
+    idle = _run([[]] * 6)
+    comparison = compare(idle, idle)
+    assert [d.measure for d in comparison.differences] == ["speedup over mlx-lm"]
+    assert "acceptance, tokens per verification" in comparison.notes[0] and "drafted anything" in comparison.notes[0]

@@ -39,6 +39,7 @@ def _forest(ax: Any, differences: list[Difference], title: str, xlabel: str) -> 
     ax.set_yticklabels([f"{d.measure} (n={d.units})" for d in reversed(differences)], fontsize=8)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
+    ax.set_ylabel("measure (n: prompts or rounds)")
 
 
 def compare_figure(comparison: Comparison, title: str | None = None):
