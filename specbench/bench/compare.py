@@ -174,8 +174,10 @@ class Comparison:
         said = "; ".join(
             f"{d.measure} {d.a:.3g} vs {d.b:.3g}: {self.a if d.verdict == A_HIGHER else self.b} higher by "
             f"{abs(d.difference):.3g} [{d.low:+.3g}, {d.high:+.3g}]"
-            for d in resolved
+            for d in resolved[:4]
         )
+        if len(resolved) > 4:
+            said += f"; and {len(resolved) - 4} more measures (the table has them)"
         return f"{self.a} against {self.b} ({self.method}, {self.prompts} prompts): {said}. {self.divergence_line()}."
 
     def table(self) -> str:
