@@ -171,11 +171,15 @@ class Comparison:
                 f"{self.a} against {self.b} ({self.method}, {self.prompts} prompts): no difference resolvable in any "
                 f"of the {with_interval} measures with an interval. {self.divergence_line()}."
             )
-        said = "; ".join(
-            f"{d.measure} {d.a:.3g} vs {d.b:.3g}: {self.a if d.verdict == A_HIGHER else self.b} higher by "
-            f"{abs(d.difference):.3g} [{d.low:+.3g}, {d.high:+.3g}]"
-            for d in resolved[:4]
-        )
+
+        def higher(d: Difference) -> str:  # the higher side, by how much, and the interval of that difference
+            low, high = (d.low, d.high) if d.verdict == A_HIGHER else (-d.high, -d.low)
+            who = self.a if d.verdict == A_HIGHER else self.b
+            return (
+                f"{d.measure} {d.a:.3g} vs {d.b:.3g}: {who} higher by {abs(d.difference):.3g} [{low:.3g}, {high:.3g}]"
+            )
+
+        said = "; ".join(higher(d) for d in resolved[:4])
         if len(resolved) > 4:
             said += f"; and {len(resolved) - 4} more measures (the table has them)"
         return f"{self.a} against {self.b} ({self.method}, {self.prompts} prompts): {said}. {self.divergence_line()}."

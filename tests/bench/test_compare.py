@@ -101,7 +101,9 @@ def test_a_run_that_accepts_more_is_resolved_either_way_round():
     assert positions[1].a == 1.0 and positions[1].b == 0.0  # reached in 8 of 24 verifications
     # per prompt kind: 4 questions each, too few for an interval, and said so
     assert [d.verdict for d in ab.section("kind")] == ["no interval (4 prompts; 6 needed)"] * 2
-    assert "high higher by" in ab.verdict() and "high" in ba.verdict()
+    assert "acceptance 0.889 vs 0.111: high higher by 0.778 [" in ab.verdict()
+    assert "acceptance 0.111 vs 0.889: high higher by 0.778 [" in ba.verdict()  # the same interval, either way round
+    assert ab.verdict().split("high higher by 0.778 ")[1][:20] == ba.verdict().split("high higher by 0.778 ")[1][:20]
     table = ab.table()
     assert "A - B [95 % interval]" in table and "outputs: identical on all 8 prompts" in table
     # the same run twice: every difference 0, nothing resolvable
