@@ -43,11 +43,11 @@ COMPARE_INFO_FILE = "compare.json"
 A_HIGHER, B_HIGHER, UNRESOLVED = "A higher", "B higher", "no difference resolvable"
 
 
-def verdict(low: float | None, high: float | None, units: int, unit: str = "prompts") -> str:
+def verdict(low: float | None, high: float | None, units: int) -> str:
     """The verdict on a difference A - B with its interval [low, high]: "A higher" (the interval lies above 0),
     "B higher" (below 0), "no difference resolvable" (it covers 0), or, without an interval, why there is none."""
     if (low is None or high is None) and units < MIN_UNITS:
-        return f"no interval ({units} {unit}; {MIN_UNITS} needed)"
+        return f"no interval ({units} prompts; {MIN_UNITS} needed)"
     if low is None or high is None:
         return "no interval (some resamples hold no verification that reached it)"
     return A_HIGHER if low > 0 else B_HIGHER if high < 0 else UNRESOLVED
@@ -73,7 +73,9 @@ class Difference:
 
     @property
     def verdict(self) -> str:
-        return verdict(self.low, self.high, self.units, "rounds" if self.section == "cost" else "prompts")
+        if self.section == "cost" and self.low is None:
+            return "no interval (a profile stored without its timing rounds)"
+        return verdict(self.low, self.high, self.units)
 
     def row(self) -> dict[str, Any]:
         return {**asdict(self), "difference": self.difference, "verdict": self.verdict}
@@ -374,7 +376,7 @@ def _difference(
 
 def _cost_differences(a: PromptBench, b: PromptBench, mode: str, widths: int) -> tuple[list[Difference], list[str]]:
     """c(w) of A and B at each width 2..``widths`` both models' stored profiles hold in verify ``mode``, with the
-    interval joined from both profiles' intervals; or a note saying whose profile is missing."""
+    interval joined from both profiles' intervals, and notes on them; or a note saying whose profile is missing."""
     profiles: list[Profile | None] = []
     for run in (a, b):
         key = run.info.get("model_key")
@@ -382,11 +384,13 @@ def _cost_differences(a: PromptBench, b: PromptBench, mode: str, widths: int) ->
     missing = [run.info.get("model", "?") for run, p in zip((a, b), profiles) if p is None or mode not in p.costs]
     if missing:
         return [], [
-            f"c(w): no stored {mode} cost profile of {' and '.join(missing)} on this device and library versions "
-            f"(`specbench profile MODEL --verify {mode}` stores one)"
+            f"c(w): no stored {mode} cost profile of {' and '.join(missing)} for this device, library versions and "
+            f"BLAS (`specbench profile MODEL --verify {mode}` stores one)"
         ]
     pa, pb = profiles
     assert pa is not None and pb is not None
+    level = 1.0 - (1.0 - pa.interval_level) - (1.0 - pb.interval_level)
+    rounds = min(len(pa.rounds.get("plain", [])), len(pb.rounds.get("plain", [])))
     out = []
     for w in range(2, widths + 1):
         ia, ib = pa.interval(w, mode), pb.interval(w, mode)
@@ -394,21 +398,20 @@ def _cost_differences(a: PromptBench, b: PromptBench, mode: str, widths: int) ->
             continue
         low = ia[0] - ib[1] if ia and ib else None
         high = ia[1] - ib[0] if ia and ib else None
-        rounds = min(len(pa.rounds.get("plain", [])), len(pb.rounds.get("plain", [])))
-        level = 1.0 - (1.0 - pa.interval_level) - (1.0 - pb.interval_level)
-        out.append(
-            Difference(
-                "cost",
-                f"c({w}) {mode}",
-                pa.c(w, mode, overhead=False),
-                pb.c(w, mode, overhead=False),
-                low,
-                high,
-                rounds,
-                f"both profiles' intervals (at least {level:.0%})",
-            )  # fmt: skip
+        ca, cb = pa.c(w, mode, overhead=False), pb.c(w, mode, overhead=False)
+        joined = f"both profiles' intervals (at least {level:.0%})"
+        out.append(Difference("cost", f"c({w}) {mode}", ca, cb, low, high, rounds, joined))
+    notes = [
+        f"c(w): {run.info.get('model', '?')}'s profile is marked noisy: measure it again at a quieter time"
+        for run, p in zip((a, b), (pa, pb))
+        if p.noise.get(mode)
+    ]
+    if out:
+        notes.append(
+            "c(w) intervals join both profiles' intervals over their timing rounds: they cover the difference at "
+            f"least {level:.0%} of the time, not 95 %"
         )
-    return out, []
+    return out, notes
 
 
 def compare(

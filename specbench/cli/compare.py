@@ -64,7 +64,7 @@ def _compare(parser: argparse.ArgumentParser):
             check_writable(args.out, folder=True, name="--out")
         if all(recorded):
             runs = [load_run(args.a), load_run(args.b)]
-            labels = _labels(args.a, args.b)
+            labels = _labels(args.a, args.b, [str(run.info.get("model", "")) for run in runs])
         else:
             from specbench.core.policies import DraftPolicy
             from specbench.inputs.prompts import questions_from
@@ -108,9 +108,12 @@ def _compare(parser: argparse.ArgumentParser):
     return run
 
 
-def _labels(a: str, b: str) -> tuple[str, str]:
-    """Short names of two recorded runs: their folders' names, or their paths where those are the same."""
+def _labels(a: str, b: str, models: list[str]) -> tuple[str, str]:
+    """Short names of two recorded runs: their models' names where those differ, else their folders' names, else
+    their paths."""
     from pathlib import Path
 
-    names_ = Path(a).resolve().name, Path(b).resolve().name
-    return names_ if names_[0] != names_[1] else (a, b)
+    if models[0] and models[1] and models[0] != models[1]:
+        return models[0], models[1]
+    folders = Path(a).resolve().name, Path(b).resolve().name
+    return folders if folders[0] != folders[1] else (a, b)

@@ -24,7 +24,9 @@ from specbench.bench.compare import (
 from specbench.bench.prompt_bench import PromptBench
 from specbench.bench.prompt_runs import prompt_methods
 from specbench.cli import main
+from specbench.common.identity import device_name, versions
 from specbench.core.policies import DraftPolicy
+from specbench.cost.profile import Profile, save_profile
 from specbench.inputs.prompts import Question
 
 WORDS = tokenizer_words()
@@ -214,3 +216,34 @@ def test_runs_that_drafted_nothing_compare_their_speed_and_say_why_acceptance_is
     comparison = compare(idle, idle)
     assert [d.measure for d in comparison.differences] == ["speedup over mlx-lm"]
     assert "acceptance, tokens per verification" in comparison.notes[0] and "drafted anything" in comparison.notes[0]
+
+
+def _profile(key: str, costs: list[float], half_width: float) -> Profile:
+    widths = list(range(1, len(costs) + 1))
+    return Profile(
+        model=key,
+        name=key,
+        device=device_name(),
+        versions=versions(),
+        plain_step_s=0.01,
+        widths={"exact": widths},
+        costs={"exact": costs},
+        seconds={"exact": [0.01 * c for c in costs]},
+        rounds={"plain": [0.01] * 5},
+        intervals={"exact": [[c - half_width, c + half_width] for c in costs]},
+        interval_level=0.9375,
+    )
+
+
+def test_c_of_w_is_compared_where_both_models_have_a_stored_profile(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path))
+    a, b = _run([[1, 2, 3]] * 6, model_key="cheap"), _run([[1, 2, 3]] * 6, model_key="dear", model="n")
+    assert compare(a, b).section("cost") == [] and "no stored exact cost profile of m and n" in compare(a, b).notes[0]
+    save_profile(_profile("cheap", [1.0, 1.1, 1.2, 1.3], 0.05))
+    save_profile(_profile("dear", [1.0, 1.1, 2.0, 1.35], 0.1))
+    costs = {d.measure: d for d in compare(a, b).section("cost")}
+    assert list(costs) == ["c(2) exact", "c(3) exact", "c(4) exact"]  # up to the longest draft + 1
+    assert costs["c(3) exact"].difference == pytest.approx(-0.8) and costs["c(3) exact"].verdict == B_HIGHER
+    assert (costs["c(3) exact"].low, costs["c(3) exact"].high) == pytest.approx((-0.95, -0.65))
+    assert costs["c(2) exact"].verdict == UNRESOLVED and costs["c(4) exact"].units == 5
+    assert "at least 88% of the time" in compare(a, b).notes[-1]
