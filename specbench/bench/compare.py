@@ -175,6 +175,7 @@ class Comparison:
             )
 
         def higher(d: Difference) -> str:  # the higher side, by how much, and the interval of that difference
+            assert d.low is not None and d.high is not None  # a resolved difference has its interval
             low, high = (d.low, d.high) if d.verdict == A_HIGHER else (-d.high, -d.low)
             who = self.a if d.verdict == A_HIGHER else self.b
             return (
