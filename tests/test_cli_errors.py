@@ -44,7 +44,7 @@ def one_error_line(err: str, command: str) -> str:
     return lines[0]
 
 
-COMMANDS = {"generate", "check-exact", "profile", "bench", "train-mtp", "report", "ab"}
+COMMANDS = {"generate", "check-exact", "profile", "bench", "train-mtp", "report", "ab", "compare"}
 
 # (arguments, with {tmp} the test's folder) -> (exit code, text the error line holds)
 CASES = {
@@ -122,6 +122,9 @@ CASES = {
     "prompt that is not text": (["generate", "--prompt", "caf\udce9"], "--prompt cannot be tokenized: character 3"),
     "question file not UTF-8": (["bench", "prompts", "{tmp}/latin1.jsonl"], "latin1.jsonl is not UTF-8 text"),
     "question with a lone surrogate": (["bench", "prompts", "{tmp}/surrogate.jsonl"], "surrogate.jsonl:1: a turn"),
+    "compare an unknown drafter": (["compare", "smollm2-135m", "{tmp}/noweights", "--drafter", "psychic"], "psychic"),
+    "compare a folder without weights": (["compare", "smollm2-135m", "{tmp}/noweights"], "noweights has config.json"),
+    "compare two drafters": (["compare", "a", "b", "--drafter", "lookup,suffix"], "--drafter takes one drafter"),
     "report of an unknown model": (
         ["report", "--model", "synthetic:nope", "--out", "{tmp}/r"],
         "unknown synthetic model 'synthetic:nope'",

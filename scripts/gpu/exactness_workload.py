@@ -18,7 +18,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from specbench.bench.batch_bench import first_divergence
+from specbench.bench.turn_cache import first_divergence
 from specbench.checks import exactness
 from specbench.core.log import StepLog, StepRecord
 

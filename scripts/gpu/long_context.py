@@ -23,8 +23,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from specbench.bench.batch_bench import first_divergence
 from specbench.bench.budget import Budget
+from specbench.bench.turn_cache import first_divergence
 from specbench.checks.exactness import mlx_lm_greedy, oracle_generation
 from specbench.common.identity import write_result
 from specbench.core.forward import vocab_size

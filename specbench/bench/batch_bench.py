@@ -27,6 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator
 
+from specbench.bench.turn_cache import first_divergence
 from specbench.core.batch import BatchGeneration, check_batchable, generate_batch
 from specbench.core.draft import Drafter
 from specbench.core.forward import context_length, vocab_size
@@ -69,14 +70,6 @@ def mlx_lm_batch(
         "wall_s": wall,
         "latencies": [done.get(u, wall) for u in uids],
     }
-
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """The first output position where two token sequences differ (None: equal)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def divergence_rows(outputs: dict[str, list[list[int]]], reference: str) -> list[dict[str, Any]]:

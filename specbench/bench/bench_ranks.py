@@ -26,6 +26,7 @@ from specbench.bench.prompt_bench import (
     _prompt_config,
     _question_key,
     bench_prompts,
+    model_identity,
     stored_cost_profile,
 )
 from specbench.bench.prompt_runs import prompt_methods
@@ -116,6 +117,7 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     runs = previous + sorted((r for rows, _ in shares for r in rows), key=lambda r: order[r["question_key"]])
     devices = [device for _, device, _, _ in ranks]
     info.update(
+        **model_identity(model, tokenizer),
         device=" + ".join(dict.fromkeys(devices)),
         ranks=size,
         rank_devices=devices,

@@ -52,11 +52,22 @@ def bootstrap(values: Sequence[Any], statistic: Callable, draws: int = 5000, see
     return _cut(stats, expanded_tail(len(values)))
 
 
-def _resampled_sums(units: np.ndarray, draws: int, seed: int) -> np.ndarray:
-    """Column sums of ``draws`` bootstrap resamples of ``units`` (one row per unit, resampled whole):
-    [draws, columns]."""
+def sums_interval(
+    units: Sequence[Sequence[float]] | np.ndarray,
+    statistic: Callable[[np.ndarray], np.ndarray],
+    draws: int = 5000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float] | None:
+    """``level`` (95 %) expanded percentile bootstrap interval (``expanded_tail``) of a statistic of column sums over
+    units (a prompt, a turn, a trace), each unit's row resampled whole: ``statistic`` maps the column sums of every
+    draw, [draws, columns], to one value per draw (a rate, a ratio of throughputs, a difference of two such between two
+    runs over the same units). None under ``MIN_UNITS`` units."""
+    units = np.asarray(units, dtype=float)
+    if len(units) < MIN_UNITS:
+        return None
     picks = np.random.default_rng(seed).integers(0, len(units), (draws, len(units)))
-    return units[picks].sum(axis=1)
+    return _cut(np.sort(statistic(units[picks].sum(axis=1))), expanded_tail(len(units), level))
 
 
 def ratio_interval(
@@ -74,9 +85,9 @@ def ratio_interval(
         raise ValueError(f"ratio_interval needs the same units on both sides, got {len(base)} and {len(mine)}")
     if len(base) < MIN_UNITS:
         return None
-    sums = _resampled_sums(np.hstack([np.asarray(base, dtype=float), np.asarray(mine, dtype=float)]), draws, seed)
-    ratios = np.sort((sums[:, 2] / sums[:, 3]) / (sums[:, 0] / sums[:, 1]))  # columns: tokens, seconds; base first
-    return _cut(ratios, expanded_tail(len(base), level))
+    units = np.hstack([np.asarray(base, dtype=float), np.asarray(mine, dtype=float)])
+    # columns: tokens, seconds; base first
+    return sums_interval(units, lambda sums: (sums[:, 2] / sums[:, 3]) / (sums[:, 0] / sums[:, 1]), draws, seed, level)
 
 
 def rate_interval(
@@ -90,8 +101,8 @@ def rate_interval(
         raise ValueError(f"rate_interval needs one trial count per unit, got {len(successes)} and {len(trials)}")
     if len(trials) < MIN_UNITS:
         return None
-    sums = _resampled_sums(np.column_stack([successes, trials]).astype(float), draws, seed)
-    return _cut(np.sort(sums[:, 0] / np.maximum(sums[:, 1], 1.0)), expanded_tail(len(trials)))
+    units = np.column_stack([successes, trials])
+    return sums_interval(units, lambda sums: sums[:, 0] / np.maximum(sums[:, 1], 1.0), draws, seed)
 
 
 def wilson_interval(successes: np.ndarray, trials: np.ndarray, z: float = 1.96) -> tuple[np.ndarray, np.ndarray]:

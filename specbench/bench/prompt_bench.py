@@ -26,12 +26,13 @@ from typing import Any
 
 import polars as pl
 
-from specbench.bench.batch_bench import first_divergence
 from specbench.bench.prompt_predictions import is_speculative_specbench, no_profile_note
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, TimedRun, prompt_methods
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
+from specbench.bench.turn_cache import first_divergence
 from specbench.common.files import write_json_atomic, write_parquet_atomic, write_text_atomic
-from specbench.common.identity import device_name, versions
+from specbench.common.identity import device_name, model_key, tokenizer_key, versions
+from specbench.core.forward import vocab_size
 from specbench.core.policies import DraftPolicy
 from specbench.cost.profile import Profile, load_profile
 from specbench.drafters.draft_model import shipped_draft_model
@@ -212,6 +213,7 @@ def bench_prompts(
         if done:
             say(f"resuming: {len(done)} questions already done in {runs_path}")
     profile = stored_cost_profile(model, model_name, profile, say)
+    info.update(model_identity(model, tokenizer))
     runner = MethodRunner(model, tokenizer, model_name, draft_model, k, max_tokens)
     stop_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
     todo = [q for q in questions if _question_key(q) not in done]
@@ -260,6 +262,13 @@ def bench_prompts(
     if out is not None and runs:
         result.save(out)
     return result
+
+
+def model_identity(model: Any, tokenizer: Any) -> dict[str, Any]:
+    """What a run's info keeps of its model so that two runs can be compared (``specbench.bench.compare``): its
+    ``model_key`` (shape and dtypes: a 4-bit and a bf16 version differ), its tokenizer's vocabulary
+    (``tokenizer_key``) and the ids its output layer predicts (``vocab``)."""
+    return {"model_key": model_key(model), "tokenizer": tokenizer_key(tokenizer), "vocab": vocab_size(model)}
 
 
 def _bench_info(model_name: str, max_tokens: int, repeats: int) -> dict[str, Any]:

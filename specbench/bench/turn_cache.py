@@ -32,6 +32,12 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where two token sequences differ (None: equal; a prefix of the other differs at its
+    end)."""
+    return None if list(a) == list(b) else common_prefix(a, b)
+
+
 class TurnCache:
     """One method's prompt cache across turns: ``take(prompt)`` before a turn (the cache to pass as
     ``prompt_cache``, or None for a full prefill), ``keep(prompt, cache)`` after it."""

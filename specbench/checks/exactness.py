@@ -18,7 +18,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import generate_step
 
-from specbench.bench.batch_bench import first_divergence
+from specbench.bench.turn_cache import first_divergence
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation
 from specbench.core.forward import vocab_size

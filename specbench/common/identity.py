@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -105,6 +106,25 @@ def model_key(model: nn.Module) -> str:
         digest.update(f"{name}:{tuple(value.shape)}:{value.dtype};".encode())
     group = getattr(model, "specbench_group", None)  # (size, backend) of a model sharded over ranks
     return f"{safe_name(model_type)}-{digest.hexdigest()[:12]}" + (f"-tp{group[0]}-{group[1]}" if group else "")
+
+
+def token_map(tokenizer: Any) -> dict[str, int] | None:
+    """A tokenizer's map of token text to id (its ``get_vocab``, or its wrapped tokenizer's), None where it has none."""
+    for owner in (tokenizer, getattr(tokenizer, "_tokenizer", None)):
+        get = getattr(owner, "get_vocab", None)
+        if callable(get):
+            return dict(get())
+    return None
+
+
+def tokenizer_key(tokenizer: Any) -> str:
+    """An id of a tokenizer's vocabulary: a digest of its token-to-id map ("" where it has none). Two runs whose
+    tokenizers share it read the same token ids as the same text."""
+    vocab = token_map(tokenizer)
+    if vocab is None:
+        return ""
+    text = json.dumps(sorted(vocab.items()), ensure_ascii=False)
+    return f"{len(vocab)}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
 
 
 def display_name(model: nn.Module) -> str:

@@ -26,6 +26,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
+from specbench.common.identity import token_map
 from specbench.core.accept import SamplingSettings
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import text_model, vocab_size
@@ -57,14 +58,6 @@ def sampling_settings(sampling: SamplingSettings | GenerateOptions | None) -> Sa
     )
 
 
-def _token_map(tokenizer: Any) -> dict[str, int] | None:
-    for owner in (tokenizer, getattr(tokenizer, "_tokenizer", None)):
-        get = getattr(owner, "get_vocab", None)
-        if callable(get):
-            return dict(get())
-    return None
-
-
 def check_same_vocabulary(
     draft_vocab: int, target: nn.Module, draft_tokenizer: Any = None, target_tokenizer: Any = None
 ) -> None:
@@ -78,7 +71,7 @@ def check_same_vocabulary(
         )
     if draft_tokenizer is None or target_tokenizer is None:
         return
-    a, b = _token_map(draft_tokenizer), _token_map(target_tokenizer)
+    a, b = token_map(draft_tokenizer), token_map(target_tokenizer)
     if a is not None and b is not None and a != b:
         differing = sorted(t for t in set(a) | set(b) if a.get(t) != b.get(t))
         raise ValueError(

@@ -8,7 +8,9 @@ folder atomically, so an interrupted set-up leaves nothing half-written at the f
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -267,6 +269,21 @@ def build_smollm2_135m(out_dir: Path) -> dict[str, Any]:
     gguf = smollm2_gguf_path()
     convert_gguf(gguf, out_dir)
     return {"source": str(gguf), "source_bytes": gguf.stat().st_size, "dtype": dtype_name(STORED_DTYPE)}
+
+
+def build_variant(source: Path, out_dir: Path, dtype: str = "bfloat16", bits: int | None = None) -> dict[str, Any]:
+    """Write into the existing directory ``out_dir`` the mlx-lm folder ``source`` converted by mlx-lm's own
+    ``convert``: its floating-point weights cast to ``dtype`` and, with ``bits``, its layers quantized to that
+    many bits (mlx-lm's affine quantization, its default group size)."""
+    from mlx_lm import convert
+
+    staged = out_dir / "converted"  # convert writes a folder of its own, which must not exist yet
+    with contextlib.redirect_stdout(io.StringIO()):  # its [INFO] lines
+        convert(str(source), str(staged), quantize=bits is not None, q_bits=bits, dtype=dtype)
+    for path in staged.iterdir():
+        os.replace(path, out_dir / path.name)
+    staged.rmdir()
+    return {"source": str(source), "dtype": dtype, "bits": bits}
 
 
 # ------------------------------------------------------------------------------------------- atomic install

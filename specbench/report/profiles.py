@@ -7,6 +7,9 @@ from typing import Any
 
 #: Notebooks run before the others: the explorer replays the sweep's recorded outputs.
 RUN_FIRST = ("draft_length_sweep",)
+#: Notebooks a report runs only when named (``specbench report --only NAME``): ``compare`` builds and runs three
+#: quantizations of the embedded model, minutes a CPU's full report has no room for.
+ON_REQUEST = ("compare",)
 #: Notebooks that read what another one records in the report folder: spread over ranks, each runs on its
 #: source's rank, after it.
 READS_FROM = {"sampling": "draft_length_sweep", "explorer": "draft_length_sweep"}
@@ -71,6 +74,13 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "shift_samples": 4,
             "shift_tokens": 4,
             "permutations": 200,
+        },
+        # A against A: the miniature twice (the same prompts, drafter and policy)
+        "compare": {
+            "models": [_TINY, _TINY],
+            "categories": ["translation"],
+            "limit": 2,
+            "max_tokens": 8,
         },
         "policies": {
             "model": _TINY,
@@ -205,6 +215,7 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "tree_vs_path": 12,
         "acceptance_rules": 15,
         "policies": 20,
+        "compare": 15,
     },
     "full": {
         # CPU seconds (its process and kernel) in one `specbench report --profile full --ranks 2` on 2026-12-03 at
@@ -222,5 +233,8 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "tree_vs_path": 17,  # the traces' recorded replies (source "replies"): no model runs
         "acceptance_rules": 97,
         "policies": 70,
+        # on request only (ON_REQUEST): its notebook's defaults, the three quantizations, 2,390 s on 2026-12-07 at
+        # load 10 (others' jobs on the 2 cores); a report folder that holds its runs shows them again in seconds
+        "compare": 2400,
     },
 }

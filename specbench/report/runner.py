@@ -45,7 +45,7 @@ from specbench.report.index import (
     write_report_info,
     write_status,
 )
-from specbench.report.profiles import EXPECTED_SECONDS, PROFILES, RUN_FIRST
+from specbench.report.profiles import EXPECTED_SECONDS, ON_REQUEST, PROFILES, RUN_FIRST
 from specbench.report.progress import (
     Heartbeat,
     Prefixed,
@@ -57,7 +57,7 @@ from specbench.report.progress import (
 )
 from specbench.report.ranks import merge_ranks, notebooks_here
 
-#: Notebooks in report order, with their titles.
+#: Notebooks in report order, with their titles (a report runs those of ``ON_REQUEST`` only when named).
 NOTEBOOKS: dict[str, str] = {
     "quickstart": "Quickstart: one speculative generation",
     "draft_length_sweep": "Draft length sweep",
@@ -70,6 +70,7 @@ NOTEBOOKS: dict[str, str] = {
     "tree_vs_path": "Draft trees vs paths on agent traces",
     "acceptance_rules": "Acceptance rules at T > 0: token-wise, exact match, block, typical (lossy)",
     "policies": "Draft-length policies: peers' and Auto ranked on the same traces, the best two confirmed",
+    "compare": "Two runs side by side: what quantization does to acceptance (on request: --only compare)",
 }
 
 #: Parameters the report sets itself (not settable with -p).
@@ -355,7 +356,7 @@ def run_report(
     import papermill
 
     folder = Path(notebooks) if notebooks else notebooks_dir()
-    names = list(only) if only else list(NOTEBOOKS)
+    names = list(only) if only else [n for n in NOTEBOOKS if n not in ON_REQUEST]  # the others when named
     names.sort(key=lambda n: n not in RUN_FIRST)  # run first what later notebooks show (the index keeps its order)
     unknown = [n for n in names if n not in NOTEBOOKS]
     if unknown:

@@ -819,3 +819,14 @@ def test_losslessness_check_grows_its_sample_until_it_can_conclude(text_model):
         lossless.losslessness_check(model, tokenizer, prompt, samples=5, max_samples=4, progress=False)
     with pytest.raises(ValueError, match="detect"):
         lossless.losslessness_check(model, tokenizer, prompt, samples=5, max_samples=8, detect=0, progress=False)
+
+
+def test_a_report_runs_the_on_request_notebooks_only_when_named(tmp_path):
+    from specbench.report.profiles import ON_REQUEST
+
+    assert ON_REQUEST and set(ON_REQUEST) <= set(report.NOTEBOOKS)
+    with pytest.raises(FileNotFoundError) as default:
+        report.run_report("quick", tmp_path / "out", notebooks=tmp_path, progress=False)
+    assert "quickstart" in str(default.value) and not any(f"'{name}'" in str(default.value) for name in ON_REQUEST)
+    with pytest.raises(FileNotFoundError, match="notebooks \\['compare'\\] not found"):
+        report.run_report("quick", tmp_path / "out", only=["compare"], notebooks=tmp_path, progress=False)

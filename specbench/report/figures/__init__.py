@@ -16,11 +16,13 @@ Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``
   ``batch_beside_reference`` for a*(k, B), in ``batch``);
 - ``components``: ``component_stack`` (verify cost by part), ``costs_by_length`` (c(w) and a*(k) per context length);
 - ``policies``: ``policy_ranking`` (draft-length policies ranked per workload, the confirmed ones measured);
-- ``bench``: ``prompt_figure``, ``save_prompt_figure`` (the prompt benchmark's speedups by category).
+- ``bench``: ``prompt_figure``, ``save_prompt_figure`` (the prompt benchmark's speedups by category);
+- ``compare``: ``compare_figure``, ``save_compare_figure`` (two runs side by side, each difference with its interval).
 """
 
 from specbench.report.figures.batch import batch_beside_reference, batch_break_even
 from specbench.report.figures.bench import prompt_figure, save_prompt_figure
+from specbench.report.figures.compare import compare_figure, save_compare_figure
 from specbench.report.figures.components import component_stack, costs_by_length
 from specbench.report.figures.cost import break_even, break_even_map, measured_vs_predicted, verify_costs
 from specbench.report.figures.policies import policy_ranking
@@ -65,6 +67,8 @@ __all__ = [
     "rules_vs_temperature",
     "prompt_figure",
     "save_prompt_figure",
+    "compare_figure",
+    "save_compare_figure",
     "COLOURS",
     "DRAFTERS",
     "DRAFTER_COLOURS",

@@ -1,0 +1,119 @@
+"""`specbench compare A B`: two recorded runs, or two models on the same prompts, side by side."""
+
+from __future__ import annotations
+
+import argparse
+
+from specbench.cli.registry import command, device_defaults, drafter_names, names
+
+
+@command(
+    "compare",
+    "set two runs side by side (recorded prompt benchmarks, or two models run here on the same prompts): acceptance "
+    "per position and per prompt kind, tokens per verification, speedup, c(w), each A - B with a 95 % interval "
+    "and a verdict; where the outputs first differ",
+)
+def _compare(parser: argparse.ArgumentParser):
+    parser.add_argument(
+        "a", help="run A: a folder of `specbench bench prompts --out`, or a model (short name, folder or mlx-lm id)"
+    )
+    parser.add_argument("b", help="run B, as A (both folders of recorded runs, or both models)")
+    parser.add_argument(
+        "--prompts",
+        default="bundled",
+        help="for two models: a Spec-Bench/MT-bench question.jsonl, or 'bundled' for the project's prompts",
+    )
+    parser.add_argument(
+        "--categories",
+        default=None,
+        help="for two models: comma list of categories (default: all; qa,translation on a CPU, bundled prompts)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="for two models: at most N questions per category (default: all; 3 on a CPU)",
+    )
+    parser.add_argument("--drafter", default="lookup", help="for two models: the drafter both run")
+    parser.add_argument("--policy", default="fixed:3", help="for two models: the draft policy both run")
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="for two models: tokens per prompt (default: 128; 32 on a CPU)"
+    )
+    parser.add_argument("--verify", default=None, help="for two models: exact or fast (default: the engine's)")
+    parser.add_argument(
+        "--method", default=None, help="the method to compare, e.g. lookup/fixed:3 (default: the first both ran)"
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="folder for the comparison (table, parquet, figure) and, for two models, their recorded runs",
+    )
+
+    def run(args: argparse.Namespace) -> int:
+        from specbench.bench.compare import compare, is_recorded_run, load_run, run_models
+        from specbench.common.files import check_writable
+
+        recorded = [is_recorded_run(args.a), is_recorded_run(args.b)]
+        if recorded[0] != recorded[1]:
+            one, other = (args.a, args.b) if recorded[0] else (args.b, args.a)
+            raise ValueError(
+                f"{one} is a recorded run and {other} is not: compare two folders of `specbench bench prompts --out`, "
+                "or two models"
+            )
+        if args.out:
+            check_writable(args.out, folder=True, name="--out")
+        if all(recorded):
+            runs = [load_run(args.a), load_run(args.b)]
+            labels = _labels(args.a, args.b, [str(run.info.get("model", "")) for run in runs])
+        else:
+            from specbench.core.policies import DraftPolicy
+            from specbench.inputs.prompts import questions_from
+            from specbench.models.load import check_model
+
+            device_defaults(args)
+            drafter_names(args.drafter, option="--drafter", required=True)
+            if len(names(args.drafter)) != 1:
+                raise ValueError(f"--drafter takes one drafter, got {args.drafter!r}")
+            DraftPolicy.parse(args.policy)
+            if args.verify not in (None, "exact", "fast"):
+                raise ValueError(f"--verify takes exact or fast, got {args.verify!r}")
+            for model in (args.a, args.b):
+                check_model(model)
+            questions = questions_from(args.prompts, names(args.categories) if args.categories else None, args.limit)
+            runs = run_models(
+                [args.a, args.b],
+                questions,
+                drafter=args.drafter,
+                policy=args.policy,
+                max_tokens=args.max_tokens,
+                verify=args.verify,
+                out=args.out,
+            )
+            labels = (args.a, args.b)
+        comparison = compare(runs[0], runs[1], args.method, *labels)
+        print()
+        print(comparison.table())
+        print(f"\nVerdict: {comparison.verdict()}")
+        if args.out:
+            comparison.save(args.out)
+            try:
+                from specbench.report.figures.compare import save_compare_figure
+            except ImportError:  # matplotlib comes with the report extra
+                print("no figure drawn: install the report extra, pip install 'specbench[report]'")
+            else:
+                save_compare_figure(comparison, args.out)
+            print(f"\nresults: {args.out}")
+        return 0
+
+    return run
+
+
+def _labels(a: str, b: str, models: list[str]) -> tuple[str, str]:
+    """Short names of two recorded runs: their models' names where those differ, else their folders' names, else
+    their paths."""
+    from pathlib import Path
+
+    if models[0] and models[1] and models[0] != models[1]:
+        return models[0], models[1]
+    folders = Path(a).resolve().name, Path(b).resolve().name
+    return folders if folders[0] != folders[1] else (a, b)
