@@ -5,7 +5,9 @@
     python3 -m scripts.gpu.bench --render reports/gpu   # redraw table and figure from saved results (no model)
 
 1. Engine speed (``scripts.bench_engine``): specbench plain ``generate`` over mlx-lm ``stream_generate``
-   tokens/s, and the step log's share of generation time, in one run.
+   tokens/s, and the step log's share of generation time, in one run; with its A/A arm (mlx-lm against itself,
+   at least 6 alternating rounds, ``paired.AACheck``): a run whose A/A fails is reported as failed ("A/A failed"
+   printed, and under "a_a" in engine_speed.json).
 2. ``specbench.bench.bench_prompts`` on the bundled prompts (--limit per category): mlx-lm plain,
    specbench plain, and prompt lookup, SuffixDecoding and MTP (when the model has a head) under each
    policy; greedy, batch 1, every output checked against mlx-lm's plain output. Questions that would
@@ -81,8 +83,10 @@ def main() -> None:
     eng.run_mlx_lm(model, tokenizer, prompt, 8)
     eng.run_specbench(model, tokenizer, prompt, 8)
     speed = eng.speed_ratio(model, tokenizer, prompt, args.engine_tokens, args.engine_rounds)
+    a_a = eng.aa_check(model, tokenizer, prompt, args.engine_tokens, args.engine_rounds)
     logging = eng.logging_overhead(model, tokenizer, prompt, args.engine_tokens, max(2, args.engine_rounds // 2), False)
-    engine = {"model": args.model, "device": device_name(), **versions(), "speed": speed, "logging_plain": logging}
+    engine = {"model": args.model, "device": device_name(), **versions(), "speed": speed, "a_a": a_a.as_record()}
+    engine |= {"logging_plain": logging}
     write_result(out / "engine_speed.json", engine)
     print(
         f"engine: specbench/mlx-lm decode tokens/s {speed['decode_ratio']['median']:.3f} "
@@ -92,6 +96,7 @@ def main() -> None:
         f"({logging['per_record_us']:.1f} us/record, {logging['step_ms']:.2f} ms/step)",
         flush=True,
     )
+    print(f"A/A {a_a.verdict()} (engine: mlx-lm against itself)" + ("" if a_a.passed else ": reported as failed"))
 
     # 2. the prompt benchmark
     drafters, notes = [], []

@@ -265,3 +265,16 @@ def test_long_context_script(tmp_path, script_home):
         (s, n) for s in ("qwen3-8b-tiny", "qwen3-30b-a3b-tiny") for n in (300, 600)
     }
     assert report["provenance"]["commit"] != "unknown"
+    # the summary: exact rows equal to mlx-lm's of all exact rows, and fast likewise (fast may differ)
+    assert report["exact_equal"] == "4/4" and report["fast_equal"].endswith("/4")
+    assert f"fast output equal to mlx-lm's greedy: {report['fast_equal']}" in out
+
+
+def test_bench_script(tmp_path, script_home):
+    out = run_script("bench.py", tmp_path, script_home, "--budget", "26")  # the engine check; no time left for prompts
+    engine = json.loads((tmp_path / "engine_speed.json").read_text())
+    # the engine's A/A arm (mlx-lm against itself): 6 alternating rounds even where the real arm has 1, so an interval
+    a_a = engine["a_a"]
+    assert a_a["n"] >= 6 and a_a["interval"] is not None and {"ratio", "passed", "verdict"} <= set(a_a)
+    assert f"A/A {a_a['verdict']}" in out and ("reported as failed" in out) != a_a["passed"]
+    assert "time budget reached: 2 questions not run" in out
