@@ -2,13 +2,16 @@
 
     python3 -m scripts.gpu.kernel_verify                      # H200: Qwen3-8B shape, 4-bit, full depth
     python3 -m scripts.gpu.kernel_verify --shape qwen3-30b-a3b --width 9
+    python3 -m scripts.gpu.kernel_verify --quick              # CPU smoke run: a tiny float32 shape
 
 1. calibration at --width (specbench.exact.calibrate: every level tested bit for bit against
    serial steps at a short cache and across the KV buffer's step), with ``linear/kernel`` among the
    levels where the device's probe proves the kernel: which levels were exact and what each cost;
 2. cost: a width-w verify forward at a cache of --offset tokens, median of --repeats synchronous
    forwards, at the batched (fast) level, the calibrated exact level and the best exact level
-   without the kernel; and a plain one-token step; ratios measured in this run;
+   without the kernel; and a plain one-token step; ratios measured in this run; with the A/A arm: the fast
+   level's cost timed against itself in 6 pairs of alternating order (``paired.AACheck``): a run whose A/A
+   fails is reported as failed ("A/A failed" printed, and under "a_a" in the file);
 3. with --levels, where the difference goes: each named level (exact or not) timed the same way, and
    also with its graph built before the clock (device time and launches only), so that host time
    (building the graph: the hooks, the kernel calls' set-up) and device time are told apart.
@@ -29,6 +32,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from specbench.bench.paired import MIN_UNITS, AACheck
 from specbench.common.identity import device_name, versions, write_result
 from specbench.exact import calibrate
 from specbench.exact.hooks import split_mode
@@ -58,6 +62,16 @@ def forward_seconds(model, level: str, width: int, offset: int, repeats: int, gr
     return statistics.median(times[2:])
 
 
+def aa_check(model, width: int, offset: int, repeats: int) -> AACheck:
+    """The A/A arm: the fast level's width-``width`` forward (``forward_seconds``) timed against itself in
+    ``MIN_UNITS`` adjacent pairs, the order alternating, so its ratio shows the machine's own noise."""
+    ratios = []
+    for pair in range(MIN_UNITS):
+        first, second = (forward_seconds(model, "none", width, offset, repeats) for _ in range(2))
+        ratios.append(first / second if pair % 2 == 0 else second / first)
+    return AACheck.of_ratios(ratios)
+
+
 def level_breakdown(model, levels: list[str], width: int, offset: int, repeats: int) -> dict[str, dict[str, float]]:
     """Per level: whole forward and eval-only (graph built before the clock) milliseconds, and their
     difference (host time spent building the graph)."""
@@ -82,8 +96,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--levels", default="", help="comma list of levels to time whole and eval-only")
     parser.add_argument("--no-calibrate", action="store_true", help="time --levels only")
+    parser.add_argument("--quick", action="store_true", help="CPU smoke run: a tiny float32 shape, 2 layers")
     parser.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu-kernels")
     args = parser.parse_args()
+    if args.quick:
+        args.shape, args.bits, args.layers, args.width, args.offset, args.repeats = "qwen3-8b-tiny", 0, 2, 5, 32, 3
     start = time.perf_counter()
     model = synthetic.build(args.shape, layers=args.layers, bits=args.bits)
     print(
@@ -122,11 +139,13 @@ def main() -> int:
         f"  exact ({chosen}) / fast = {costs['exact'] / costs['fast']:.2f};  "
         f"without the kernel ({without}) / fast = {costs['exact_without_kernel'] / costs['fast']:.2f}"
     )
+    a_a = aa_check(model, args.width, args.offset, args.repeats)
+    print(f"  A/A {a_a.verdict()} (fast against fast)" + ("" if a_a.passed else ": reported as failed"))
     breakdown = level_breakdown(model, levels, args.width, args.offset, args.repeats) if levels else {}
     write_result(
         Path(args.out) / f"kernel_verify-{args.shape}-{args.bits}bit.json",
         {"device": device_name(), **versions(), **vars(args), "chosen": chosen, "without_kernel": without}
-        | {"tests": tests, "seconds": costs, "levels": breakdown},
+        | {"tests": tests, "seconds": costs, "a_a": a_a.as_record(), "levels": breakdown},
     )
     print(f"({time.perf_counter() - start:.0f} s)")
     return 0

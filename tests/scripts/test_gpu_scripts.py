@@ -278,3 +278,12 @@ def test_bench_script(tmp_path, script_home):
     assert a_a["n"] >= 6 and a_a["interval"] is not None and {"ratio", "passed", "verdict"} <= set(a_a)
     assert f"A/A {a_a['verdict']}" in out and ("reported as failed" in out) != a_a["passed"]
     assert "time budget reached: 2 questions not run" in out
+
+
+def test_kernel_verify_script(tmp_path, script_home):
+    out = run_script("kernel_verify.py", tmp_path, script_home)
+    result = json.loads((tmp_path / "kernel_verify-qwen3-8b-tiny-0bit.json").read_text())
+    assert result["chosen"] and set(result["seconds"]) == {"plain_step", "fast", "exact", "exact_without_kernel"}
+    a_a = result["a_a"]  # the fast level timed against itself, 6 pairs: an interval, passed or failed
+    assert a_a["n"] == 6 and a_a["interval"] is not None and f"A/A {a_a['verdict']}" in out
+    assert ("reported as failed" in out) != a_a["passed"]
