@@ -10,7 +10,9 @@ product, MLX's row-invariant 7 + 2-row calls, and ``qmv_rows`` in each launch of
 ``specbench.kernels.bench.KERNEL_LAUNCHES`` (today's ``loop`` schedule and ``prefetch``, each with 8 and
 with 2 warps per block); each figure also with the calls' graphs built before the clock (``eval``: launches and
 device time only); and whether each launch's rows at 1 and w rows are bit-identical to MLX's one-row
-products. The dequant variant is the device probe's (``qmv_variant``, stored after its first run).
+products. The dequant variant is the device probe's (``qmv_variant``, stored after its first run). The A/A arm:
+MLX's one-row product of the first layer timed against itself in 6 pairs of alternating order (``paired.AACheck``);
+a run whose A/A fails is reported as failed ("A/A failed" printed, and under "a_a" in the file).
 
 Writes qmv_schedules.json into $OUT (or --out) and prints one table.
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from specbench.bench.paired import MIN_UNITS, AACheck
 from specbench.common.identity import device_name, versions, write_result
 from specbench.cost.bandwidth import peak_passes
 from specbench.kernels import cuda_available, probe_kernels, qmv_variant
@@ -74,6 +77,18 @@ def show(layer: str, row: dict, labels: list[str]) -> None:
     if labels:
         identical = {label: row[f"identical_{label}"] for label in labels}
         say(f"{'':12s}       bit-identical to MLX's one-row products: {identical}")
+
+
+def aa_check(n: int, k: int, rows: int, calls: int, repeats: int) -> AACheck:
+    """The A/A arm: MLX's one-row product of an N x K layer (``bench_qmv``'s "mlx_1") timed against itself in
+    ``MIN_UNITS`` adjacent pairs, the order alternating, so its ratio shows the machine's own noise."""
+    ratios = []
+    for pair in range(MIN_UNITS):
+        first, second = (
+            bench_qmv(n, k, rows=rows, calls=calls, repeats=repeats, launches=None)["mlx_1_us"] for _ in range(2)
+        )
+        ratios.append(first / second if pair % 2 == 0 else second / first)
+    return AACheck.of_ratios(ratios)
 
 
 def main() -> int:
@@ -127,6 +142,11 @@ def main() -> int:
                 for label in labels
             )
             say(f"  {r['layer']:12s} {ratios}")
+    _, n, k = shapes[0]
+    a_a = aa_check(n, k, args.rows, calls, repeats)
+    result["a_a"] = a_a.as_record()
+    write_result(Path(args.out) / "qmv_schedules.json", result)
+    say(f"A/A {a_a.verdict()} (MLX one row, {shapes[0][0]})" + ("" if a_a.passed else ": reported as failed"))
     say(f"results: {Path(args.out) / 'qmv_schedules.json'} ({time.perf_counter() - start:.0f} s)")
     return 0
 

@@ -243,6 +243,9 @@ def test_kernels_script(tmp_path, script_home):
     result = json.loads((tmp_path / "qmv_schedules.json").read_text())
     assert [r["layer"] for r in result["layers"]] == ["small", "residue"]
     assert all(r["mlx_1_us"] > 0 and r["mlx_fast_9_eval_us"] > 0 for r in result["layers"])
+    a_a = result["a_a"]  # MLX's one-row product timed against itself, 6 pairs: an interval, passed or failed
+    assert a_a["n"] == 6 and a_a["interval"] is not None and f"A/A {a_a['verdict']}" in out
+    assert ("reported as failed" in out) != a_a["passed"]
     if result["dequant"] is None:  # no CUDA: MLX's products only
         assert "CUDA kernels: False" in out and not result["launches"]
     else:
