@@ -23,6 +23,9 @@ class GenerateOptions:
     ``acceptance``: the rule that accepts draft tokens when sampling (``specbench.core.rules``):
     "token" (min(1, p/q), the default), "exact-match", "block" (paths only) or "typical" (lossy;
     ``typical_epsilon`` and ``typical_delta`` are its thresholds). At temperature 0 every rule is greedy.
+    ``audit``: the share of exact verifications compared with serial steps during generation (0: none; 1: all);
+    on a mismatch the generation verifies serially from then on and names the first diverging operation
+    (``specbench.exact.audit``; ``stats()["exact_audit"]``).
     """
 
     max_tokens: int = 256
@@ -42,6 +45,7 @@ class GenerateOptions:
     acceptance: AcceptanceRule = "token"
     typical_epsilon: float = TYPICAL_EPSILON
     typical_delta: float = TYPICAL_DELTA
+    audit: float = 0.0
 
     def check(self) -> None:
         """Raise one clear ValueError (a bad value) or TypeError (a bad type) for the first invalid option."""
@@ -61,6 +65,17 @@ class GenerateOptions:
         if self.verify is not None:
             check_verify_mode(self.verify)
         Acceptance(self.acceptance, self.typical_epsilon, self.typical_delta)  # checks the rule and its parameters
+        audit = _real("audit", self.audit, "a rate in [0, 1]")
+        if not 0 <= audit <= 1:
+            raise ValueError(
+                f"audit must be a rate in [0, 1] (the share of exact verifications compared with serial steps; "
+                f"0: none), got {self.audit!r}"
+            )
+        if audit > 0 and self.verify_mode == "fast":
+            raise ValueError(
+                "audit compares exact verifications with serial steps, but verification is fast here (by design it "
+                "differs from serial steps): set verify='exact' or audit=0"
+            )
         _flag("ignore_eos", self.ignore_eos)
         _flag("count_experts", self.count_experts)
         _token_ids("stop_token_ids", self.stop_token_ids)
