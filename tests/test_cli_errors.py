@@ -55,6 +55,12 @@ CASES = {
     "bad choice": (["generate", "--prompt", "x", "--verify", "slow"], "invalid choice: 'slow'"),
     "unknown policy": (["generate", "--prompt", "x", "--policy", "sometimes"], "unknown policy 'sometimes'"),
     "unknown drafter": (["generate", "--prompt", "x", "--drafter", "psychic"], "unknown drafter 'psychic'"),
+    "audit below 0": (["generate", "--prompt", "x", "--audit", "-0.1"], "audit must be a rate in [0, 1]"),
+    "audit above 1": (["generate", "--prompt", "x", "--audit", "1.5"], "audit must be a rate in [0, 1]"),
+    "audit of fast verification": (
+        ["generate", "--prompt", "x", "--audit", "0.5", "--verify", "fast"],
+        "set verify='exact' or audit=0",
+    ),
     "log is a folder": (["generate", "--prompt", "x", "--log", "{tmp}"], "--log: {tmp} is a folder"),
     "log under a file": (
         ["generate", "--prompt", "x", "--log", "{tmp}/file.txt/log.parquet"],

@@ -135,6 +135,7 @@ def run_sweep(
     spread: bool | None = None,
     acceptances: Sequence[Acceptance] = (Acceptance(),),
     pairs: int = 0,
+    audit: float = 0.0,
 ) -> Sweep:
     """Decode every prompt plainly, then with each drafter x policy, per temperature and seed.
 
@@ -155,7 +156,9 @@ def run_sweep(
     the order alternating from pair to pair (``paired.baseline_first``), and each row's baseline is its pair's
     plain run (``pair``: 0..N-1); consecutive plain runs of a cell form the A/A cell (drafter "none", policy
     ``AA_POLICY``: plain against plain, the machine's own noise, at no extra run). Step logs are kept for the
-    first pair; ``summarize_sweep`` gives each group its paired interval.
+    first pair; ``summarize_sweep`` gives each group its paired interval. ``audit``: the share of exact
+    verifications compared with serial steps (``GenerateOptions.audit``; runs verified fast are not audited); a
+    run's ``exact_divergence`` names the first diverging operation where one differed.
 
     A cell is one prompt at one temperature and seed: its plain run and every drafter x policy.
     With ``out`` each finished cell is written there (``cells/``, atomically) and a sweep started
@@ -170,6 +173,7 @@ def run_sweep(
     policies = [as_policy(p) for p in policies]
     if verify is not None:
         check_verify_mode(verify)
+    GenerateOptions(audit=audit, verify="exact").check()  # the rate, before any model work
     name = model_name or getattr(model, "specbench_name", None)
     listed = [d for d in drafters if d not in (drafter_factories or {})]
     factories, skipped = usable_drafters(listed, model, name)
@@ -193,6 +197,7 @@ def run_sweep(
         "ignore_eos": ignore_eos,
         "reuse_prefill": reuse_prefill,
         **({"pairs": pairs} if pairs else {}),
+        **({"audit": audit} if audit else {}),
         **(
             {"acceptances": [dataclasses.astuple(a) for a in acceptances]}
             if list(acceptances) != [Acceptance()]
@@ -222,7 +227,7 @@ def run_sweep(
             prompt, temperature, seed = cells[i]
             if reuse_prefill and prefix_of is not prompt:
                 prefix, prefix_of = prefix_cache(model, prompt.ids), prompt
-            cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify)
+            cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify, audit)
             results[i] = _run_cell(model, tokenizer, cell, factories, policies, prefix, bar, acceptances, pairs)
             if store is not None:
                 store.write(cells[i], *results[i])
@@ -259,10 +264,11 @@ def _run_cell(
 ) -> tuple[list[dict[str, Any]], pl.DataFrame]:
     """One prompt at one temperature and seed: the plain run, then every rule x drafter x policy (run ids from 0),
     once against that plain run, or ``pairs`` times each in an adjacent pair with a plain run of its own."""
-    prompt, temperature, seed, ignore_eos, max_tokens, verify = cell
+    prompt, temperature, seed, ignore_eos, max_tokens, verify, audit = cell
     options = GenerateOptions(
         max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos, verify=verify
     )
+    options.audit = audit if options.verify_mode == "exact" else 0.0
     base = {
         "prompt": prompt.id,
         "category": prompt.category,
@@ -431,6 +437,7 @@ def _row(
         "speedup": tps / plain_tps if plain_tps > 0 else float("nan"),
         "equal_to_plain": same,
         "finish_reason": stats["finish_reason"],
+        "exact_divergence": str(audit.divergence) if (audit := stats.get("exact_audit")) and audit.divergence else None,
     }
 
 

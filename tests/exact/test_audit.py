@@ -12,6 +12,7 @@ import warnings
 
 import mlx.core as mx
 import numpy as np
+import polars as pl
 import pytest
 from conftest import BUMP, ScriptedDrafter, build_tiny, emulate_gpu, plain_greedy
 
@@ -241,3 +242,40 @@ def test_calibration_key_names_the_cuda_libraries_as_mlx_reports_them(monkeypatc
     assert keys[0] != keys[1]  # another driver: another calibration
     monkeypatch.undo()
     assert identity.cuda_libraries() == {}  # on the CPU: none
+
+
+def test_a_sweep_records_the_diverging_operation_and_the_verdict_names_it(monkeypatch, model, prompt):
+    """What the report's quickstart and sweep verdicts print: the audited sweep's runs carry the first diverging
+    operation (``exact_divergence``), the summary keeps it, and the verdict names it."""
+    from specbench.bench import sweep
+    from specbench.report import verdicts
+
+    _forget_stored(model)
+    emulate_gpu(monkeypatch, attention=True, linear_rows=None, beyond_keys=4 * PROMPT)
+    calibrate(model, range(2, K + 2), lengths=lengths_for(PROMPT + TOKENS), measure=False)
+    monkeypatch.setitem(BUMP, "beyond_keys", BEYOND)
+    truth = plain_greedy(model, prompt, TOKENS)
+    with pytest.raises(ValueError, match=r"audit must be a rate in \[0, 1\]"):
+        sweep.run_sweep(model, None, [prompt], drafters=[], audit=2.0, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExactAuditWarning)
+        result = sweep.run_sweep(
+            model,
+            None,
+            [prompt],
+            drafters=[],
+            policies=[f"fixed:{K}"],
+            max_tokens=TOKENS,
+            progress=False,
+            drafter_factories={"scripted": lambda: ScriptedDrafter(truth, len(prompt), 97)},
+            warmup_tokens=0,
+            audit=1.0,
+        )
+    runs = result.runs.filter(pl.col("drafter") == "scripted")
+    assert runs["equal_to_plain"].to_list() == [True]
+    named = runs["exact_divergence"][0]
+    assert named.startswith(f"layer 0 self_attn.scaled_dot_product_attention at width {K + 1}, cache length {PROMPT}")
+    summary = result.summary()
+    assert summary.filter(pl.col("drafter") == "scripted")["exact_divergence"][0] == named
+    text = verdicts.quickstart("tiny", summary, TOKENS, True)
+    assert f"first diverging operation {named}" in text and "output equal to plain decoding's" in text
