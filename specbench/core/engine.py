@@ -149,7 +149,7 @@ class Generation:
     def stats(self) -> dict[str, Any]:
         """The log's totals, the prompt, the finish reason, the wall and observe seconds and, where exact
         verification was audited (or ran serially past its calibration), ``exact_audit``: its ``AuditResult``."""
-        verifier = getattr(self.target.inner, "verifier", None)
+        verifier = getattr(getattr(self.target, "inner", self.target), "verifier", None)  # a batch's: its target
         audit = verifier.audit_result() if verifier is not None else None
         return {
             **self.log.stats(),
