@@ -68,13 +68,14 @@ class Divergence:
 class AuditResult:
     """One generation's audit: ``rate``, verifications ``audited`` and ``mismatches`` among them, the first one's
     ``divergence``, ``fell_back_at`` (the verification, counted from 1, after which every verification ran
-    serially) and ``beyond_reach`` (verifications run serially because their cache was longer than the width's
-    calibration reached)."""
+    serially), ``calibrated`` (times a width was calibrated further, its cache longer than its calibration
+    reached) and ``beyond_reach`` (verifications run serially where the model's context left no room to)."""
 
     rate: float
     verifications: int = 0
     audited: int = 0
     mismatches: int = 0
+    calibrated: int = 0
     beyond_reach: int = 0
     divergence: Divergence | None = None
     fell_back_at: int | None = None
@@ -89,6 +90,8 @@ class AuditResult:
             )
         elif self.audited:
             text += "; all bit-identical"
+        if self.calibrated:
+            text += f"; {self.calibrated} width(s) calibrated further during generation (cache past the calibration)"
         if self.beyond_reach:
             text += f"; {self.beyond_reach} ran serially past the calibrated cache lengths"
         return text

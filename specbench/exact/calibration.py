@@ -211,12 +211,14 @@ def _save(calibration: Calibration) -> None:
 
 class CalibratedPlans(dict):
     """Plans by width, parsed up front; a width missing is calibrated on its first use (at ``DEFAULT_CONTEXT``).
-    Called with a width, the plan; ``reach(width)``: the longest cache length that width's level was probed at."""
+    Called with a width, the plan; ``covers(width, length)``: whether that width's level holds at a cache of
+    ``length`` tokens (calibrated that far first where it was not)."""
 
     def __init__(self, model: nn.Module, stored: Calibration | None):
         super().__init__({w: ExactPlan.parse(c.level) for w, c in stored.widths.items()} if stored else {})
         self.reaches = {w: c.reach for w, c in stored.widths.items()} if stored else {}
         self.model = weakref.ref(model)
+        self.calibrated = 0  # widths calibrated further by ``covers``
 
     def __missing__(self, width: int) -> ExactPlan:
         model = self.model()
@@ -230,9 +232,20 @@ class CalibratedPlans(dict):
     def __call__(self, width: int) -> ExactPlan:
         return self[width]
 
-    def reach(self, width: int) -> int:
+    def covers(self, width: int, length: int) -> bool:
+        """Whether ``width``'s level was probed at a cache of ``length`` tokens or longer, calibrating it as far
+        first where not (``lengths_for(length + 1)``: once per model, device and range, stored); False where the
+        model's context leaves no room to probe that far."""
         self[width]  # calibrated first where missing
-        return self.reaches[width]
+        if self.reaches[width] >= length:
+            return True
+        model = self.model()
+        if model is None:
+            raise ValueError("the model of this exact_mode was freed")
+        found = calibrate(model, [width], lengths=lengths_for(length + 1, context_length(model))).widths[width]
+        self[width], self.reaches[width] = ExactPlan.parse(found.level), found.reach
+        self.calibrated += 1
+        return found.reach >= length
 
 
 def calibrated_plans(model: nn.Module) -> CalibratedPlans:

@@ -64,9 +64,10 @@ class ExactVerifier(SplitVerifier):
     ``exact_mode(model, level)``, each row's greedy choice made on its own, as a serial step makes it) at a fixed
     level, or at the calibrated cheapest exact level per width ("auto").
 
-    ``widths`` calibrates those widths up front (so no verification pays for it later). At "auto" a verification
-    whose cache is longer than its width's calibration reached (``WidthCalibration.reach``; ``prepare`` with the
-    generation's context calibrates that far) runs as serial steps: exact where nothing was calibrated.
+    ``widths`` calibrates those widths up front (so no verification pays for it later), at the cache lengths a
+    generation of ``context`` tokens reaches. At "auto" a verification whose cache is longer than its width's
+    calibration reached (``WidthCalibration.reach``) calibrates that width that far first (stored: once per model
+    and device), or runs as serial steps where the model's context leaves no room to probe it.
     ``audit``: the share of verifications compared with serial steps during a generation
     (``specbench.exact.audit``): on a mismatch the generation goes on from the serial steps and verifies serially
     from then on, warns once and names the first diverging operation (``audit_result()``); ``seed`` picks which.
@@ -80,13 +81,14 @@ class ExactVerifier(SplitVerifier):
         progress: Callable[[str], None] | None = None,
         audit: float = 0.0,
         seed: int | None = None,
+        context: int | None = None,
     ):
         super().__init__(model, level if level == "auto" else ExactPlan.parse(level))
         self.audit_rate = check_audit_rate(audit)
         self.seed = seed
         self.audit = AuditResult(self.audit_rate)
         self._sampler = random.Random(seed)
-        self.prepare(widths, progress)
+        self.prepare(widths, progress, context)
 
     def prepare(
         self, widths: Sequence[int], progress: Callable[[str], None] | None = None, context: int | None = None
@@ -129,9 +131,12 @@ class ExactVerifier(SplitVerifier):
         audit = self.audit
         audit.verifications += 1
         serial = audit.fell_back_at is not None
-        if not serial and isinstance(plans, CalibratedPlans) and width > 1 and length > plans.reach(width):
-            serial = True  # past what calibration probed: serial steps, exact by construction
-            audit.beyond_reach += 1
+        if not serial and isinstance(plans, CalibratedPlans) and width > 1:
+            before = plans.calibrated
+            if not plans.covers(width, length):  # calibrated that far first; where it cannot be, serial steps
+                serial = True
+                audit.beyond_reach += 1
+            audit.calibrated += plans.calibrated - before
         audited = (
             not serial
             and width > 1
@@ -179,9 +184,9 @@ class ExactVerifier(SplitVerifier):
         return reference
 
     def audit_result(self) -> AuditResult | None:
-        """This generation's audit (None when nothing was audited or run serially past the calibration)."""
+        """This generation's audit (None when nothing was audited, calibrated further or run serially)."""
         audit = self.audit
-        return audit if audit.rate > 0 or audit.beyond_reach else None
+        return audit if audit.rate > 0 or audit.beyond_reach or audit.calibrated else None
 
     def decoding(self) -> contextlib.AbstractContextManager[list[str]]:
         """Around every generation: one-row products through the row-invariant kernels where they are faster on
@@ -210,12 +215,13 @@ def verifier_for(
     progress: Callable[[str], None] | None = None,
     audit: float = 0.0,
     seed: int | None = None,
+    context: int | None = None,
 ) -> Verifier:
     """The verifier of verify mode ``mode`` ("fast" or "exact") for ``model``; in exact mode with
-    ``widths`` calibrated up front (see ``ExactVerifier.prepare``) and ``audit`` of its verifications compared
-    with serial steps."""
+    ``widths`` calibrated up front for caches of up to ``context`` tokens (see ``ExactVerifier.prepare``) and
+    ``audit`` of its verifications compared with serial steps."""
     if check_verify_mode(mode) == "exact":
-        return ExactVerifier(model, widths=widths, progress=progress, audit=audit, seed=seed)
+        return ExactVerifier(model, widths=widths, progress=progress, audit=audit, seed=seed, context=context)
     if check_audit_rate(audit) > 0:
         raise ValueError(
             "audit compares exact verifications with serial steps: it needs verify='exact' (a fast verification "

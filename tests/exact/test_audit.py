@@ -108,7 +108,7 @@ def test_calibration_at_short_caches_misses_a_switch_that_the_generation_context
     assert "exact_audit" not in gen.stats()  # nothing audited, nothing past the calibration
 
 
-def test_verifications_past_the_calibrated_lengths_run_serially(monkeypatch, model, prompt):
+def test_a_verification_past_the_calibrated_lengths_calibrates_them_first(monkeypatch, model, prompt):
     _forget_stored(model)
     emulate_gpu(monkeypatch, attention=True, linear_rows=None, beyond_keys=BEYOND)
     calibrate(model, range(2, K + 2), lengths=[32], measure=False)
@@ -119,8 +119,21 @@ def test_verifications_past_the_calibrated_lengths_run_serially(monkeypatch, mod
     gen = Generation(model, prompt, options, drafter=drafter, policy=DraftPolicy.fixed(K), verifier=verifier)
     assert list(gen) == truth
     audit = gen.stats()["exact_audit"]
+    assert audit.calibrated >= 1 and audit.beyond_reach == 0 and audit.audited == 0
+    assert verifier.audit_result() is audit and "calibrated further during generation" in audit.summary()
+    assert load_calibration(model).widths[K + 1].reach >= PROMPT  # stored: the next run starts calibrated
+
+
+def test_where_the_context_leaves_no_room_to_calibrate_verifications_run_serially(monkeypatch, prompt):
+    short = build_tiny("qwen3", max_position_embeddings=PROMPT + TOKENS + 8)  # no room for a probe at 511
+    _forget_stored(short)  # (its key is the other tiny qwen3's: the same shapes run the same kernels)
+    emulate_gpu(monkeypatch, attention=True, linear_rows=None, beyond_keys=BEYOND)
+    truth = plain_greedy(short, prompt, TOKENS)
+    out, gen = _generate(short, prompt, truth, progress=None)
+    assert out == truth
+    assert load_calibration(short).widths[K + 1].reach == 255  # the longest probe that fits
+    audit = gen.stats()["exact_audit"]
     assert audit.beyond_reach == audit.verifications > 0 and audit.audited == 0
-    assert verifier.audit_result() is audit
 
 
 @pytest.mark.reference_blas  # must hold on either BLAS
