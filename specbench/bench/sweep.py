@@ -254,7 +254,7 @@ AA_POLICY = "A/A"
 def _run_cell(
     model: Any,
     tokenizer: Any,
-    cell: tuple[Prompt, float, int, bool, int, VerifyMode | None],
+    cell: tuple[Prompt, float, int, bool, int, VerifyMode | None, float],
     factories: dict[str, Callable[[], Any]],
     policies: Sequence[DraftPolicy],
     prefix: Any,

@@ -117,14 +117,15 @@ def serial_forward(
 ) -> mx.array | tuple[mx.array, mx.array]:
     """``inputs`` ([1, w]) as w single-token steps, the caches laid out as serial decoding lays them out: the
     logits (and hidden states) of the w rows joined."""
-    outs = []
+    logits, hidden = [], []
     for i in range(inputs.shape[1]):
         serial_kv_layout(cache, 1)
-        outs.append(forward(model, inputs[:, i : i + 1], cache, return_hidden))
-        mx.eval(outs[-1])
-    if return_hidden:
-        return mx.concatenate([o[0] for o in outs], axis=1), mx.concatenate([o[1] for o in outs], axis=1)
-    return mx.concatenate(outs, axis=1)
+        out = forward(model, inputs[:, i : i + 1], cache, return_hidden)
+        mx.eval(out)
+        logits.append(out[0] if isinstance(out, tuple) else out)
+        hidden += [out[1]] if isinstance(out, tuple) else []
+    joined = mx.concatenate(logits, axis=1)
+    return (joined, mx.concatenate(hidden, axis=1)) if return_hidden else joined
 
 
 # -- naming the first diverging operation -------------------------------------------------------------------------
@@ -229,8 +230,8 @@ def compare_traces(
     differs from the serial steps' outputs of the same op joined; None when every op agrees."""
     serial = [dict(_keyed(step)) for step in steps]
     for key, got in _keyed(verify):
-        parts = [step.get(key) for step in serial]
-        if any(p is None for p in parts):
+        parts = [step[key] for step in serial if key in step]
+        if len(parts) != len(serial):
             continue
         axis = _row_axis(tuple(got.shape), tuple(parts[0].shape), width)
         if axis is None:

@@ -167,7 +167,8 @@ class ExactVerifier(SplitVerifier):
         rewind(cache, width)
         reference = serial_forward(model, inputs, cache, return_hidden)
         self.audit.audited += 1
-        got, want = (out[0], reference[0]) if return_hidden else (out, reference)
+        got = out[0] if isinstance(out, tuple) else out
+        want = reference[0] if isinstance(reference, tuple) else reference
         if np.array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32))):
             return reference
         self.audit.mismatches += 1
