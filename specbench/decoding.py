@@ -79,15 +79,17 @@ def speculative_generate(
 
     ``profile``: the cost profile Auto plans with (default: the stored one for this model and
     device, else a quick one measured before the first token, reported through ``progress``).
-    In exact mode every verify width the policy may use is calibrated here too, before the first
-    token (reported through ``progress``), so that no timed step pays for calibration.
+    In exact mode every verify width the policy may use is calibrated here too, at the cache lengths the
+    generation reaches (prompt and ``max_tokens``), before the first token (reported through ``progress``), so
+    that no timed step pays for calibration; ``options.audit`` compares a share of the verifications with
+    serial steps (``stats()["exact_audit"]``).
     """
     options = checked_options(options)
     verify = options.verify_mode
     sharded = is_sharded(model)
     if sharded:  # every rank runs this loop: rank 0 drafts and picks draft lengths for all
         drafter, policy = in_lockstep(drafter, policy)
-    verifier = verifier_for(model, verify) if drafter is not None else FAST
+    verifier = verifier_for(model, verify, audit=options.audit, seed=options.seed) if drafter is not None else FAST
     generation = Generation(
         model,
         prompt,
@@ -103,7 +105,12 @@ def speculative_generate(
     if isinstance(verifier, ExactVerifier):
         # Every width the policy may verify, calibrated now: never inside the timed generation. A generation of
         # max_tokens tokens drafts at most max_tokens - 1 of them (the engine caps k at the tokens left but one).
-        verifier.prepare(range(2, within_max_tokens(longest, options.max_tokens) + 2), with_estimate(progress))
+        # At the cache lengths this generation reaches: past them a verification would run serially.
+        limit = context_length(model)
+        held = getattr(generation.target.inner, "held", 0)
+        reach = max(len(generation.prompt), held) + options.max_tokens
+        widths = range(2, within_max_tokens(longest, options.max_tokens) + 2)
+        verifier.prepare(widths, with_estimate(progress), context=reach if limit is None else min(reach, limit))
     if drafter is not None and generation.policy.needs_break_even:
         profile = profile or (lockstep_profile if sharded else profile_for)(model, verify, progress=progress)
         generation.break_even = break_even_function(profile, drafter, verify)

@@ -355,18 +355,33 @@ def emulate_gpu(
     vector: bool = False,
     experts: bool = False,
     size: float = 1e-3,
+    beyond_keys: int | None = None,
 ):
     """Make multi-row calls differ from single-row ones (by ``size``): attention over more than
     one query, linear layers over more than ``linear_rows`` rows (None: never), the
     batched-vector linear scheme when ``vector``, and expert products whenever mlx-lm sorts the
-    routed tokens."""
+    routed tokens. ``beyond_keys``: a device whose attention kernels switch past that many keys: attention over
+    more than one query computes each row as a one-query call does (row-invariant, whatever the CPU's own kernel
+    does) up to ``BUMP["beyond_keys"]`` keys, and differs past them (a test may move the threshold later)."""
     monkeypatch.setitem(BUMP, "size", size)
+    monkeypatch.setitem(BUMP, "beyond_keys", beyond_keys)
     if attention:
         sdpa = mx.fast.scaled_dot_product_attention
 
-        def variant_sdpa(q, k, v, *args, **kwargs):
-            out = sdpa(q, k, v, *args, **kwargs)
-            return bump(out) if q.shape[-2] > 1 else out
+        def variant_sdpa(q, k, v, *args, scale, mask=None, **kwargs):
+            rows = q.shape[-2]
+            if rows == 1 or BUMP["beyond_keys"] is None:
+                out = sdpa(q, k, v, *args, scale=scale, mask=mask, **kwargs)
+                return bump(out) if rows > 1 else out
+            prefix = k.shape[-2] - rows
+            parts = []
+            for i in range(rows):
+                n = prefix + i + 1 if isinstance(mask, str) else k.shape[-2]
+                row_mask = mask[..., i : i + 1, :n] if isinstance(mask, mx.array) else None
+                one = mx.contiguous(q[..., i : i + 1, :])
+                parts.append(sdpa(one, k[..., :n, :], v[..., :n, :], *args, scale=scale, mask=row_mask, **kwargs))
+            out = mx.concatenate(parts, axis=-2)
+            return bump(out) if k.shape[-2] > BUMP["beyond_keys"] else out
 
         monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", variant_sdpa)
     if linear_rows is not None:

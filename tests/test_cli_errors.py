@@ -59,6 +59,12 @@ CASES = {
         ["generate", "--prompt", "x", "--temp", "1", "--sample-by-position"],
         "sample_by_position keys each token's draw by (seed, position): give a seed",
     ),
+    "audit below 0": (["generate", "--prompt", "x", "--audit", "-0.1"], "audit must be a rate in [0, 1]"),
+    "audit above 1": (["generate", "--prompt", "x", "--audit", "1.5"], "audit must be a rate in [0, 1]"),
+    "audit of fast verification": (
+        ["generate", "--prompt", "x", "--audit", "0.5", "--verify", "fast"],
+        "set verify='exact' or audit=0",
+    ),
     "log is a folder": (["generate", "--prompt", "x", "--log", "{tmp}"], "--log: {tmp} is a folder"),
     "log under a file": (
         ["generate", "--prompt", "x", "--log", "{tmp}/file.txt/log.parquet"],

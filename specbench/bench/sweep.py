@@ -138,6 +138,7 @@ def run_sweep(
     pairs: int = 0,
     max_pairs: int | None = None,
     time_budget_s: float | None = None,
+    audit: float = 0.0,
 ) -> Sweep:
     """Decode every prompt plainly, then with each drafter x policy, per temperature and seed.
 
@@ -158,7 +159,9 @@ def run_sweep(
     the order alternating from pair to pair (``paired.baseline_first``), and each row's baseline is its pair's
     plain run (``pair``: 0..N-1); consecutive plain runs of a cell form the A/A cell (drafter "none", policy
     ``AA_POLICY``: plain against plain, the machine's own noise, at no extra run). Step logs are kept for the
-    first pair; ``summarize_sweep`` gives each group its paired interval.
+    first pair; ``summarize_sweep`` gives each group its paired interval. ``audit``: the share of exact
+    verifications compared with serial steps (``GenerateOptions.audit``; runs verified fast are not audited); a
+    run's ``exact_divergence`` names the first diverging operation where one differed.
 
     ``max_pairs`` (> ``pairs``) makes the sample sequential, by a rule fixed before the run: after the first
     ``pairs`` pairs of every prompt, a group (prompt kind x temperature x rule x drafter x policy) whose speedup
@@ -188,6 +191,7 @@ def run_sweep(
     policies = [as_policy(p) for p in policies]
     if verify is not None:
         check_verify_mode(verify)
+    GenerateOptions(audit=audit, verify="exact").check()  # the rate, before any model work
     name = model_name or getattr(model, "specbench_name", None)
     listed = [d for d in drafters if d not in (drafter_factories or {})]
     factories, skipped = usable_drafters(listed, model, name)
@@ -212,6 +216,7 @@ def run_sweep(
         "reuse_prefill": reuse_prefill,
         **({"pairs": pairs} if pairs else {}),
         **({"max_pairs": max_pairs} if looks > 1 else {}),
+        **({"audit": audit} if audit else {}),
         **({"acceptances": [dataclasses.astuple(a) for a in rules]} if list(rules) != [AcceptanceRule()] else {}),
     }
     store = _CellStore(out, settings) if out is not None else None
@@ -241,7 +246,7 @@ def run_sweep(
             return
         if reuse_prefill and prefix_of is not prompt:
             prefix, prefix_of = prefix_cache(model, prompt.ids), prompt
-        cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify)
+        cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify, audit)
         results[key] = _run_cell(
             model, tokenizer, cell, factories, policies, prefix, bar, rules, count, first_pair, only
         )
@@ -329,7 +334,7 @@ AA_POLICY = "A/A"
 def _run_cell(
     model: Any,
     tokenizer: Any,
-    cell: tuple[Prompt, float, int, bool, int, VerifyMode | None],
+    cell: tuple[Prompt, float, int, bool, int, VerifyMode | None, float],
     factories: dict[str, Callable[[], Any]],
     policies: Sequence[DraftPolicy],
     prefix: Any,
@@ -345,10 +350,11 @@ def _run_cell(
     A sequential round (``first_pair`` > 0) runs pairs ``first_pair`` on of the methods in ``only`` ((rule label,
     drafter, policy name) each) alone: no plain run of its own, no step logs, A/A rows between its own plain
     runs."""
-    prompt, temperature, seed, ignore_eos, max_tokens, verify = cell
+    prompt, temperature, seed, ignore_eos, max_tokens, verify, audit = cell
     options = GenerateOptions(
         max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos, verify=verify
     )
+    options.audit = audit if options.verify_mode == "exact" else 0.0
     base = {
         "prompt": prompt.id,
         "category": prompt.category,
@@ -530,6 +536,7 @@ def _row(
         "speedup": tps / plain_tps if plain_tps > 0 else float("nan"),
         "equal_to_plain": same,
         "finish_reason": stats["finish_reason"],
+        "exact_divergence": str(audit.divergence) if (audit := stats.get("exact_audit")) and audit.divergence else None,
     }
 
 

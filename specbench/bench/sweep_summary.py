@@ -45,6 +45,7 @@ def summarize_sweep(runs: pl.DataFrame, by: Sequence[str] = ("drafter", "policy"
             pl.col("equal_to_plain").drop_nulls().all().alias("all_equal_to_plain"),
             pl.col("equal_to_plain").drop_nulls().len().alias("checked"),
             *[pl.col(c).first() for c in ("policy_family", "k") if c in runs.columns and c not in by],
+            *[pl.col(c).drop_nulls().first() for c in ("exact_divergence",) if c in runs.columns],
         )
         .with_columns(
             (pl.col("decode_tokens") / pl.col("decode_s")).alias("decode_tokens_per_s"),

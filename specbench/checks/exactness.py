@@ -72,7 +72,7 @@ def oracle_generation(
         options,
         drafter=drafter,
         policy=DraftPolicy.fixed(length),
-        verifier=verifier_for(model, verify),
+        verifier=verifier_for(model, verify, widths=range(2, length + 2), context=len(prompt) + max_tokens),
     )
 
 

@@ -61,6 +61,14 @@ def _generate(parser: argparse.ArgumentParser):
         help="exact: each verified row as serial decoding computes it; fast: one batched forward "
         "(default: exact when greedy, fast when sampling)",
     )
+    parser.add_argument(
+        "--audit",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="share of exact verifications compared with serial steps (0-1); on a mismatch the rest runs "
+        "serially and the first diverging operation is printed",
+    )
     parser.add_argument("--raw", action="store_true", help="do not apply the chat template")
     parser.add_argument("--log", default=None, help="write the per-step log here (parquet)")
 
@@ -84,6 +92,7 @@ def _generate(parser: argparse.ArgumentParser):
             seed=args.seed,
             sample_by_position=args.sample_by_position,
             verify=args.verify,
+            audit=args.audit,
         )
         options.check()  # before the model loads
         if args.log:
@@ -118,6 +127,8 @@ def print_stats(stats: dict) -> None:
         print(f"  {key:22s} {value:.3f}" if isinstance(value, float) else f"  {key:22s} {value}")
     if stats.get("reasons"):  # why plain steps were taken and drafts were shorter than the policy's longest
         print(f"  {'reasons':22s} " + ", ".join(f"{code} {n}" for code, n in stats["reasons"].items()))
+    if stats.get("exact_audit") is not None:  # exact verification audited, or run serially past its calibration
+        print(f"  {'exact audit':22s} {stats['exact_audit'].summary()}")
 
 
 def print_step_summary(log, rows: int = 12) -> None:

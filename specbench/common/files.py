@@ -169,9 +169,10 @@ class DamagedFileWarning(UserWarning):
     """A stored file could not be read: it was moved aside (and is rebuilt where that applies)."""
 
 
-def set_aside(path: str | os.PathLike, what: str, reason: BaseException | str) -> Path | None:
+def set_aside(path: str | os.PathLike, what: str, reason: BaseException | str, problem: str = "damaged") -> Path | None:
     """Move a damaged ``path`` aside to ``<name>.damaged-<timestamp>`` with a warning naming both
-    files; returns the new path (None if the file was gone already, e.g. moved by another process)."""
+    files (``problem``: what is wrong with it, "damaged" or e.g. "foreign"); returns the new path (None if the
+    file was gone already, e.g. moved by another process)."""
     path = Path(path)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     target = path.with_name(f"{path.name}.damaged-{stamp}")
@@ -185,13 +186,13 @@ def set_aside(path: str | os.PathLike, what: str, reason: BaseException | str) -
         return None
     except OSError as err:
         warnings.warn(
-            f"the {what} {path} is damaged ({reason}) and could not be moved aside ({err})",
+            f"the {what} {path} is {problem} ({reason}) and could not be moved aside ({err})",
             DamagedFileWarning,
             stacklevel=2,
         )
         return None
     warnings.warn(
-        f"the {what} {path} is damaged ({reason}): moved aside to {target.name}, to be made anew",
+        f"the {what} {path} is {problem} ({reason}): moved aside to {target.name}, to be made anew",
         DamagedFileWarning,
         stacklevel=2,
     )

@@ -85,6 +85,61 @@ def blas_library() -> str | None:
     return blas_in_use()
 
 
+#: Per CUDA library: the shared objects MLX's CUDA backend loads, the function that reports the version of the one
+#: loaded, and its pip packages (MLX's CUDA wheels install them).
+_CUDA_LIBRARIES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
+    "driver": (("libcuda.so.1",), "cuDriverGetVersion", ()),
+    "cuda": (
+        ("libcudart.so.13", "libcudart.so.12"),
+        "cudaRuntimeGetVersion",
+        ("nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12"),
+    ),
+    "cudnn": (("libcudnn.so.9",), "cudnnGetVersion", ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12")),
+}
+
+
+def cuda_libraries() -> dict[str, str]:
+    """On MLX's CUDA backend, what its kernels run on: the device's architecture and the driver, CUDA runtime and
+    cuDNN versions, as MLX reports them (``mx.device_info()``: ``architecture``, and ``driver_version``,
+    ``cuda_version``, ``cudnn_version`` where an MLX reports them), else as the library this process loaded reports
+    its own (``cuDriverGetVersion``, ``cudaRuntimeGetVersion``, ``cudnnGetVersion``), else its pip package's
+    version ("unknown" where none tells); {} elsewhere."""
+    cuda = getattr(mx, "cuda", None)
+    if mx.default_device().type != mx.DeviceType.gpu or cuda is None or not cuda.is_available():
+        return {}
+    info = mx.device_info()
+    found = {"architecture": str(info.get("architecture") or "unknown")}
+    for name, (libraries, function, packages) in _CUDA_LIBRARIES.items():
+        reported = info.get(f"{name}_version")
+        found[name] = str(reported) if reported not in (None, "") else _loaded_version(libraries, function, packages)
+    return found
+
+
+@functools.cache
+def _loaded_version(libraries: tuple[str, ...], function: str, packages: tuple[str, ...]) -> str:
+    """The version a loaded shared library reports (``function``: an int out-parameter, or cuDNN's return value),
+    else the first installed pip package's version, else "unknown"."""
+    import ctypes
+
+    for name in libraries:
+        try:  # only a library this process loaded already (RTLD_NOLOAD): the one MLX runs
+            lib = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            if function == "cudnnGetVersion":
+                lib.cudnnGetVersion.restype = ctypes.c_size_t
+                return str(lib.cudnnGetVersion())
+            out = ctypes.c_int(0)
+            if getattr(lib, function)(ctypes.byref(out)) == 0:
+                return str(out.value)
+        except (OSError, AttributeError):
+            continue
+    for package in packages:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
 def kernel_key() -> str:
     """What the kernels a measurement ran on depend on, as text: the device, the MLX and mlx-lm
     versions and, on the CPU, the BLAS library in use. (Exact verification adds the cuDNN

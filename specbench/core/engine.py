@@ -148,6 +148,10 @@ class Generation:
         return self._finish
 
     def stats(self) -> dict[str, Any]:
+        """The log's totals, the prompt, the finish reason, the wall and observe seconds and, where exact
+        verification was audited (or ran serially past its calibration), ``exact_audit``: its ``AuditResult``."""
+        verifier = getattr(getattr(self.target, "inner", self.target), "verifier", None)  # a batch's: its target
+        audit = verifier.audit_result() if verifier is not None else None
         return {
             **self.log.stats(),
             "prompt_tokens": len(self.prompt),
@@ -155,6 +159,7 @@ class Generation:
             "finish_reason": self._finish,
             "wall_s": self._wall_s,
             "observe_s": self._observe_s,
+            **({"exact_audit": audit} if audit is not None else {}),
         }
 
     @property

@@ -29,6 +29,9 @@ class GenerateOptions:
     deterministic drafts; "typical" cannot (``specbench.core.rules`` says why). It needs a seed, and makes
     "exact" the default verify mode (equal tokens need the logits plain decoding computes). Off: one random
     stream seeded once (mlx-lm's sampler), as before.
+    ``audit``: the share of exact verifications compared with serial steps during generation (0: none; 1: all);
+    on a mismatch the generation verifies serially from then on and names the first diverging operation
+    (``specbench.exact.audit``; ``stats()["exact_audit"]``).
     """
 
     max_tokens: int = 256
@@ -49,6 +52,7 @@ class GenerateOptions:
     typical_epsilon: float = TYPICAL_EPSILON
     typical_delta: float = TYPICAL_DELTA
     sample_by_position: bool = False
+    audit: float = 0.0
 
     def check(self) -> None:
         """Raise one clear ValueError (a bad value) or TypeError (a bad type) for the first invalid option."""
@@ -75,6 +79,17 @@ class GenerateOptions:
             if self.seed is None:
                 raise ValueError("sample_by_position keys each token's draw by (seed, position): give a seed")
             rule.check_by_position()
+        audit = _real("audit", self.audit, "a rate in [0, 1]")
+        if not 0 <= audit <= 1:
+            raise ValueError(
+                f"audit must be a rate in [0, 1] (the share of exact verifications compared with serial steps; "
+                f"0: none), got {self.audit!r}"
+            )
+        if audit > 0 and self.verify_mode == "fast":
+            raise ValueError(
+                "audit compares exact verifications with serial steps, but verification is fast here (by design it "
+                "differs from serial steps): set verify='exact' or audit=0"
+            )
         _flag("ignore_eos", self.ignore_eos)
         _flag("count_experts", self.count_experts)
         _token_ids("stop_token_ids", self.stop_token_ids)

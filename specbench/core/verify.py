@@ -247,6 +247,10 @@ class Verifier:
     def after_rewind(self, cache: list[Any], rejected: int) -> None:
         """Called after the caches dropped the ``rejected`` tokens of a verification."""
 
+    def audit_result(self) -> Any:
+        """What the last generation's audit found (``specbench.exact.audit.AuditResult``), None where none ran."""
+        return None
+
 
 #: The fast verifier (stateless: one instance serves every generation).
 FAST = Verifier()

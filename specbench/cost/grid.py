@@ -60,9 +60,9 @@ def speedup_grid(
     if verify not in profile.costs:
         raise ValueError(f"the profile has no {verify!r} verify costs: measure it with verify=({verify!r},)")
     acceptances, ks = grid_cells(acceptances, ks)
-    verifier = verifier_for(model, verify)
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, vocab_size(model), size=prompt_len or profile.offset or 64).tolist()
+    verifier = verifier_for(model, verify, widths=range(2, max(ks) + 2), context=len(prompt) + max_tokens)
     plain_options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True)
     spec_options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True, verify=verify)
     drafter = Oracle.from_model(model, prompt, max_tokens, 1.0, seed=seed, follow=True)

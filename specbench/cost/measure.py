@@ -216,7 +216,7 @@ def measure(
     probe = mx.array(rng.integers(0, vocab, size=max(max(w) for w in ws.values())).tolist(), dtype=mx.uint32)[None]
     first = int(probe[0, 0].item())
     # exact mode: every width calibrated before anything is timed
-    verifiers = {m: verifier_for(model, m, widths=ws[m], progress=progress) for m in modes}
+    verifiers = {m: verifier_for(model, m, widths=ws[m], progress=progress, context=longest) for m in modes}
 
     def say(text: str) -> None:
         if progress is not None:

@@ -145,7 +145,9 @@ def measure_tree_costs(
     vocab = vocab_size(model)
     context = rng.integers(0, vocab, size=offset).tolist()
     probe = mx.array([rng.integers(0, vocab, size=counts[-1] + 1).tolist()], dtype=mx.uint32)
-    verifier = verifier_for(model, mode, widths=range(2, counts[-1] + 2), progress=progress)
+    verifier = verifier_for(
+        model, mode, widths=range(2, counts[-1] + 2), progress=progress, context=offset + counts[-1] + 1
+    )
     started = time.perf_counter()
     tree_s: dict[int, list[float]] = {n: [] for n in counts}
     path_s: dict[int, list[float]] = {n: [] for n in counts}

@@ -1,12 +1,15 @@
 """Exact verification: every row of a verify forward computed as serial decoding computes it."""
 
+from specbench.exact.audit import AuditResult, Divergence
 from specbench.exact.calibration import (
+    CACHE_LENGTHS,
     CALIBRATION_METHOD,
     Calibration,
     WidthCalibration,
     calibrate,
     calibration_dir,
     calibration_key,
+    lengths_for,
     load_calibration,
 )
 from specbench.exact.layout import (
@@ -18,7 +21,7 @@ from specbench.exact.layout import (
 )
 from specbench.exact.plan import LEVELS, ExactPlan
 from specbench.exact.probe import probe_ops
-from specbench.exact.verifier import ExactVerifier, exact_mode, verifier_for
+from specbench.exact.verifier import ExactAuditWarning, ExactVerifier, exact_mode, verifier_for
 
 __all__ = [
     "LEVELS",
@@ -30,11 +33,16 @@ __all__ = [
     "clear_rejected",
     "exact_mode",
     "ExactVerifier",
+    "ExactAuditWarning",
+    "AuditResult",
+    "Divergence",
     "verifier_for",
     "WidthCalibration",
     "Calibration",
     "CALIBRATION_METHOD",
     "calibration_key",
+    "CACHE_LENGTHS",
+    "lengths_for",
     "calibration_dir",
     "load_calibration",
     "calibrate",

@@ -4,8 +4,13 @@ Which split is needed depends on dtype, width and device, so ``calibrate`` tests
 against serial steps on the device and keeps, per width, the cheapest that is bit-identical;
 ``calibrated_plans(model)`` (what ``exact_mode(model)`` uses) looks the table up, calibrating a
 width the first time it is asked for, and the table is stored under ``$SPECBENCH_HOME/exact``,
-keyed by everything the kernels depend on (``calibration_key``); a damaged stored table is moved
-aside with a warning naming it and calibrated anew.
+keyed by everything the kernels depend on (``calibration_key``: on CUDA the driver, CUDA runtime and cuDNN
+this process runs too); a damaged stored table is moved aside with a warning naming it and calibrated anew.
+
+Which kernel a device runs can change with the number of keys attended (cuDNN's decoding attention from 256
+keys on a buffer of 256-row steps, MLX's vector kernels' passes over longer rows), so a width's level holds
+only up to the longest cache length it was probed at (``WidthCalibration.reach``): a generation calibrates the
+lengths its context reaches first (``lengths_for``), and a verification past a width's reach runs serially.
 """
 
 from __future__ import annotations
@@ -29,21 +34,54 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from specbench import kernels
 from specbench.common import distributed
 from specbench.common.files import home, locked, set_aside, write_json_atomic
-from specbench.common.identity import device_name, kernel_key, model_key, versions
+from specbench.common.identity import cuda_libraries, device_name, kernel_key, model_key, versions
 from specbench.core.forward import context_length, vocab_size
 from specbench.exact.hooks import split_mode
 from specbench.exact.layout import cudnn_attention, layout_sensitive_attention, serial_extent, with_extent
 from specbench.exact.one_row import own_layers
 from specbench.exact.plan import ExactPlan
 
+#: Cache lengths calibration probes, up to the context a generation reaches: short; crossing mlx-lm's first KV
+#: buffer step (256 keys, where cuDNN's decoding attention starts); then the lengths where attention kernels
+#: switch to more passes or blocks over the keys, up to 32k.
+CACHE_LENGTHS = (32, 255, 1024, 4096, 8192, 16384, 32768)
+#: The context ``calibrate`` covers when not told another (a ``KVCache`` step).
+DEFAULT_CONTEXT = 256
+
+
+def lengths_for(context: int, limit: int | None = None, lengths: Sequence[int] = CACHE_LENGTHS) -> list[int]:
+    """The cache lengths a generation reaching ``context`` tokens is calibrated at: every one of ``lengths`` below
+    it, and the last length before the KV step at or past it (``context`` rounded up to mlx-lm's 256-row buffer
+    step, less one: a verification there crosses the step, as one at 255 does); none at or past the model's
+    ``limit`` (its context length)."""
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise ValueError(f"a context to calibrate for is an integer >= 1 (tokens), got {context!r}")
+    step = KVCache.step
+    top = step * -(-context // step) - 1
+    found = sorted({*(n for n in lengths if n < context), top})
+    if limit is not None:
+        found = [n for n in found if n < limit] or [min(found[0], max(limit - 1, 1))]
+    return found
+
 
 @dataclass
 class WidthCalibration:
-    """What was tested at one width: each level's exactness (and seconds), and the pick."""
+    """What was tested at one width: each level's exactness (and seconds), the pick, and the cache lengths it was
+    probed at (the pick is exact at every one of them)."""
 
     width: int
     level: str
     tests: list[dict[str, Any]] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+    @property
+    def reach(self) -> int:
+        """The longest cache length probed: a verification at a longer cache is past what was calibrated."""
+        return max(self.lengths, default=0)
+
+    def covers(self, lengths: Sequence[int]) -> bool:
+        """Whether every one of ``lengths`` was probed."""
+        return set(lengths) <= set(self.lengths)
 
 
 @dataclass
@@ -70,13 +108,18 @@ class Calibration:
             "key": self.key,
             "device": self.device,
             "versions": self.versions,
-            "widths": {str(w): {"level": c.level, "tests": c.tests} for w, c in sorted(self.widths.items())},
+            "widths": {
+                str(w): {"level": c.level, "tests": c.tests, "lengths": c.lengths}
+                for w, c in sorted(self.widths.items())
+            },
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Calibration:
         widths = {
-            int(w): WidthCalibration(int(w), c["level"], list(c.get("tests", [])))
+            int(w): WidthCalibration(
+                int(w), c["level"], list(c.get("tests", [])), [int(n) for n in c.get("lengths", [])]
+            )
             for w, c in data.get("widths", {}).items()
         }
         return cls(data["key"], data["device"], dict(data.get("versions", {})), widths)
@@ -87,7 +130,8 @@ class Calibration:
 #: 6: quantized linear layers also tried through the row-invariant kernel (``linear/kernel``).
 #: 7: unquantized linear layers through the kernel too (``gemv_rows``).
 #: 8: attention also tried through the row-invariant attention kernel (``attention/kernel``).
-CALIBRATION_METHOD = 8
+#: 9: probed at several cache lengths (``lengths_for``), each width's lengths stored; keyed by CUDA's libraries.
+CALIBRATION_METHOD = 9
 #: Calibrations of this process, by key.
 _calibrations: dict[str, Calibration] = {}
 _keys: dict[tuple[int, Any], tuple[weakref.ref, str]] = {}  # by model and its shard group
@@ -95,14 +139,17 @@ _keys: dict[tuple[int, Any], tuple[weakref.ref, str]] = {}  # by model and its s
 
 def calibration_key(model: nn.Module) -> str:
     """Model shape (every parameter's name, shape and dtype) and what the kernels depend on: device, MLX / mlx-lm
-    versions, the BLAS on the CPU (``kernel_key``), cuDNN's attention and, on CUDA, specbench's kernel sources."""
+    versions, the BLAS on the CPU (``kernel_key``), on CUDA the driver, runtime and cuDNN this process runs
+    (``cuda_libraries``), cuDNN's attention and, on a GPU, specbench's kernel sources."""
     memo = _keys.get((id(model), distributed.shard_group(model)))
     if memo is not None and memo[0]() is model:
         return memo[1]
     shape = model_key(model)
     on_gpu = kernels.cuda_available() or kernels.metal_available()
     own = f"|kernels {kernels.source_digest()}" if on_gpu else ""  # where kernels can run: their sources
-    text = f"{shape}|{kernel_key()}{'|cudnn attention' if cudnn_attention() else ''}{own}|method {CALIBRATION_METHOD}"
+    cuda = "".join(f"|{name} {value}" for name, value in sorted(cuda_libraries().items()))
+    attention = "|cudnn attention" if cudnn_attention() else ""
+    text = f"{shape}|{kernel_key()}{cuda}{attention}{own}|method {CALIBRATION_METHOD}"
     key = f"{shape}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
     _keys[(id(model), distributed.shard_group(model))] = (weakref.ref(model), key)
     return key
@@ -116,9 +163,10 @@ def _calibration_path(key: str) -> Path:
     return calibration_dir() / f"{key}.json"
 
 
-def _read(path: Path) -> Calibration | None:
-    """The calibration stored at ``path``: None when there is none, or when it cannot be read (then
-    it is moved aside with a warning naming it, and calibrated anew)."""
+def _read(path: Path, key: str) -> Calibration | None:
+    """The calibration stored at ``path`` for ``key``: None when there is none, or when it cannot be read or was
+    made for another key (another model shape, device, driver or library: a foreign file copied in); then it is
+    moved aside with one warning naming it, and calibrated anew."""
     if not path.exists():
         return None
     try:
@@ -128,10 +176,14 @@ def _read(path: Path) -> Calibration | None:
         calibration = Calibration.from_json(data)
         for width in calibration.widths.values():
             ExactPlan.parse(width.level)
-        return calibration
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         set_aside(path, "exact-mode calibration", f"{type(err).__name__}: {err}")
         return None
+    if calibration.key != key:
+        made = f"made for {calibration.key} on {calibration.device}, not for {key} on {device_name()}"
+        set_aside(path, "exact-mode calibration", made, problem="foreign")
+        return None
+    return calibration
 
 
 def load_calibration(model: nn.Module) -> Calibration | None:
@@ -139,7 +191,7 @@ def load_calibration(model: nn.Module) -> Calibration | None:
     key = calibration_key(model)
     if key in _calibrations:
         return _calibrations[key]
-    calibration = distributed.agreed(_read(_calibration_path(key)), model)  # a sharded model: rank 0's
+    calibration = distributed.agreed(_read(_calibration_path(key), key), model)  # a sharded model: rank 0's
     if calibration is not None:
         _calibrations[key] = calibration
     return calibration
@@ -150,31 +202,55 @@ def _save(calibration: Calibration) -> None:
     meanwhile: the read, merge and write happen under a lock file, so no writer loses another's widths."""
     path = _calibration_path(calibration.key)
     with locked(path):
-        stored = _read(path)
+        stored = _read(path, calibration.key)
         if stored is not None:
             for width, found in stored.widths.items():
                 calibration.widths.setdefault(width, found)
         write_json_atomic(path, calibration.to_json())
 
 
-class _Plans(dict):
-    """Plans by width, parsed up front; a width missing is calibrated on its first use."""
+class CalibratedPlans(dict):
+    """Plans by width, parsed up front; a width missing is calibrated on its first use (at ``DEFAULT_CONTEXT``).
+    Called with a width, the plan; ``covers(width, length)``: whether that width's level holds at a cache of
+    ``length`` tokens (calibrated that far first where it was not)."""
 
     def __init__(self, model: nn.Module, stored: Calibration | None):
         super().__init__({w: ExactPlan.parse(c.level) for w, c in stored.widths.items()} if stored else {})
+        self.reaches = {w: c.reach for w, c in stored.widths.items()} if stored else {}
         self.model = weakref.ref(model)
+        self.calibrated = 0  # widths calibrated further by ``covers``
 
     def __missing__(self, width: int) -> ExactPlan:
         model = self.model()
         if model is None:
             raise ValueError("the model of this exact_mode was freed")
-        plan = self[width] = ExactPlan.parse(calibrate(model, [width]).level_for(width))
+        found = calibrate(model, [width]).widths[width]
+        self.reaches[width] = found.reach
+        plan = self[width] = ExactPlan.parse(found.level)
         return plan
 
+    def __call__(self, width: int) -> ExactPlan:
+        return self[width]
 
-def calibrated_plans(model: nn.Module) -> Callable[[int], ExactPlan]:
+    def covers(self, width: int, length: int) -> bool:
+        """Whether ``width``'s level was probed at a cache of ``length`` tokens or longer, calibrating it as far
+        first where not (``lengths_for(length + 1)``: once per model, device and range, stored); False where the
+        model's context leaves no room to probe that far."""
+        self[width]  # calibrated first where missing
+        if self.reaches[width] >= length:
+            return True
+        model = self.model()
+        if model is None:
+            raise ValueError("the model of this exact_mode was freed")
+        found = calibrate(model, [width], lengths=lengths_for(length + 1, context_length(model))).widths[width]
+        self[width], self.reaches[width] = ExactPlan.parse(found.level), found.reach
+        self.calibrated += 1
+        return found.reach >= length
+
+
+def calibrated_plans(model: nn.Module) -> CalibratedPlans:
     """The plan per width from ``model``'s calibration, read once; a width it lacks is calibrated when first used."""
-    return _Plans(model, load_calibration(model)).__getitem__
+    return CalibratedPlans(model, load_calibration(model))
 
 
 # -- calibrating -----------------------------------------------------------------------------
@@ -183,7 +259,7 @@ def calibrated_plans(model: nn.Module) -> Callable[[int], ExactPlan]:
 def calibrate(
     model: nn.Module,
     widths: int | Sequence[int] = 16,
-    offset: int = 32,
+    lengths: Sequence[int] | None = None,
     measure: bool = True,
     repeats: int = 3,
     seed: int = 0,
@@ -194,9 +270,12 @@ def calibrate(
 ) -> Calibration:
     """Find, per width, the cheapest level whose forward is bit-identical to serial steps.
 
-    For each width w (an int W means 2..W) a cache holding ``offset`` random tokens is extended
-    by w random tokens, once with w single-token steps (the reference) and once per tested
-    level (logits compared bit for bit). With ``boundary`` the same is checked at a cache whose
+    For each width w (an int W means 2..W) a cache holding random tokens, one per cache length of ``lengths``
+    (default ``lengths_for(DEFAULT_CONTEXT)``; lengths a width's verification would carry past the model's
+    context are left out), is extended by w random tokens, once with w single-token steps (the reference) and
+    once per tested level (logits compared bit for bit); a level counts as exact only if it is exact at every
+    length. A width calibrated before is calibrated again at the lengths it had and these where it lacks one
+    of these (its ``lengths``). With ``boundary`` the same is checked at a cache whose
     verification crosses the first KV buffer step (256 keys), laid out as a speculative
     verification leaves it, on a GPU (the CPU's attention reads exactly the keys it attends);
     a level counts as exact only if it is exact on both. Levels are tested per op family:
@@ -211,25 +290,27 @@ def calibrate(
     chunks is then tested "+compiled" (``mx.compile``d chunks) and taken where that is exact and,
     measured, cheaper (unmeasured, the plain chunks are kept). Results are merged into the model's
     stored calibration (memory, and disk after each width unless ``save`` is False); widths it
-    already holds are kept unless ``force``.
+    already holds at these lengths are kept unless ``force``.
     """
     ws = list(range(2, widths + 1)) if isinstance(widths, int) else sorted({int(w) for w in widths})
     if not ws or ws[0] < 1:
         raise ValueError(f"widths must be an int W >= 2 (for 2..W) or widths >= 1, got {widths!r}")
-    if offset < 1:
-        raise ValueError(f"offset must be >= 1, got {offset}")
+    wanted = _fitting(model, lengths, max(ws))
     key = calibration_key(model)
-    calibration = load_calibration(model) or Calibration(key, device_name(), versions())
-    ws = [w for w in ws if w > 1 and (force or w not in calibration.widths)]
+    calibration = load_calibration(model) or Calibration(key, device_name(), {**versions(), **cuda_libraries()})
+    old = calibration.widths
+    ws = [w for w in ws if w > 1 and (force or w not in old or not old[w].covers(wanted))]
     if not ws:
         return calibration
+    # a width calibrated before keeps its lengths: its new level holds at all of them
+    probed = sorted({*wanted, *(n for w in ws if w in old and not force for n in old[w].lengths)})
     moe = _has_experts(model)
     kernel = uses_kernel(model)
     attention_kernel = uses_attention_kernel(model)
     rng = np.random.default_rng(seed)
     with own_layers(model):  # against MLX's own products, also where a generation's one-row kernels are in place
         with split_mode(model, "none"):  # plain forwards, even inside an open exact mode
-            probes = [_Probe(model, offset, max(ws), rng)]
+            probes = [_Probe(model, n, max(ws), rng) for n in probed]
             # The CPU's kernels read exactly the keys they attend; a GPU's may not (cuDNN's do not).
             on_gpu = mx.default_device().type == mx.DeviceType.gpu
             layout = boundary and (on_gpu or layout_sensitive_attention())
@@ -241,6 +322,7 @@ def calibrate(
         for i, w in enumerate(ws, 1):
             t0 = time.perf_counter()
             calibration.widths[w] = _calibrate_width(probe, w, moe, measure, repeats, kernel, attention_kernel)
+            calibration.widths[w].lengths = list(probed)
             if save:  # width by width: a run stopped midway keeps the widths it finished (rank 0 writes its levels)
                 _save(calibration)
             if progress is not None:
@@ -250,6 +332,27 @@ def calibrate(
     calibration.widths.update(distributed.agreed({w: calibration.widths[w] for w in ws}, model))
     _calibrations[key] = calibration
     return calibration
+
+
+def _fitting(model: nn.Module, lengths: Sequence[int] | None, widest: int) -> list[int]:
+    """``lengths`` (default ``lengths_for(DEFAULT_CONTEXT)``) checked, sorted, without those whose verification of
+    ``widest`` rows would not fit in the model's context (the shortest kept where none would)."""
+    limit = context_length(model)
+    wanted = lengths_for(DEFAULT_CONTEXT, limit) if lengths is None else sorted({*lengths})
+    if not wanted or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in wanted):
+        raise ValueError(f"lengths must be cache lengths (integers >= 1), got {lengths!r}")
+    return [n for n in wanted if limit is None or n + widest <= limit] or [min(wanted)]
+
+
+def uncovered(model: nn.Module, widths: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
+    """The ``widths`` (>= 2) ``calibrate(model, widths, lengths)`` would calibrate: not calibrated yet, or not at
+    every one of ``lengths``."""
+    ws = sorted({int(w) for w in widths if w > 1})
+    if not ws:
+        return []
+    wanted = _fitting(model, lengths, max(ws))
+    stored = load_calibration(model)
+    return [w for w in ws if stored is None or w not in stored.widths or not stored.widths[w].covers(wanted)]
 
 
 def uses_kernel(model: nn.Module) -> bool:

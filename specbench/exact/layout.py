@@ -30,14 +30,13 @@ CUDNN_ATTENTION_ENV = "MLX_CUDA_USE_CUDNN_SDPA"
 def cudnn_attention() -> bool:
     """Whether decoding attention may run through cuDNN: MLX's CUDA backend on the default
     device, with ``MLX_CUDA_USE_CUDNN_SDPA`` not set to "0" (MLX reads it when it first runs
-    attention, so set it before that)."""
+    attention, so set it before that), on a device MLX runs cuDNN's attention on (compute capability 8 or
+    later, as ``mx.device_info()`` reports it)."""
     cuda = getattr(mx, "cuda", None)
-    return (
-        mx.default_device().type == mx.DeviceType.gpu
-        and cuda is not None
-        and cuda.is_available()
-        and os.environ.get(CUDNN_ATTENTION_ENV, "1") != "0"
-    )
+    if mx.default_device().type != mx.DeviceType.gpu or cuda is None or not cuda.is_available():
+        return False
+    major = mx.device_info().get("compute_capability_major")
+    return os.environ.get(CUDNN_ATTENTION_ENV, "1") != "0" and not (isinstance(major, int) and major < 8)
 
 
 def layout_sensitive_attention() -> bool:

@@ -11,12 +11,35 @@ verifier of a verify mode.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+import random
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
+import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
-from specbench.core.verify import FAST, Verifier, check_verify_mode
-from specbench.exact.calibration import calibrate, calibrated_plans, load_calibration
+from specbench.core.forward import context_length
+from specbench.core.tree import tree_forward
+from specbench.core.verify import FAST, Verifier, check_verify_mode, forward
+from specbench.exact.audit import (
+    AuditResult,
+    cache_length,
+    can_audit,
+    check_audit_rate,
+    first_divergence,
+    rewind,
+    serial_forward,
+)
+from specbench.exact.calibration import (
+    DEFAULT_CONTEXT,
+    CalibratedPlans,
+    calibrate,
+    calibrated_plans,
+    lengths_for,
+    uncovered,
+)
 from specbench.exact.hooks import Plans, SplitVerifier, split_mode
 from specbench.exact.one_row import one_row_choice, one_row_kernels
 from specbench.exact.plan import ExactPlan
@@ -41,7 +64,13 @@ class ExactVerifier(SplitVerifier):
     ``exact_mode(model, level)``, each row's greedy choice made on its own, as a serial step makes it) at a fixed
     level, or at the calibrated cheapest exact level per width ("auto").
 
-    ``widths`` calibrates those widths up front (so no verification pays for it later).
+    ``widths`` calibrates those widths up front (so no verification pays for it later), at the cache lengths a
+    generation of ``context`` tokens reaches. At "auto" a verification whose cache is longer than its width's
+    calibration reached (``WidthCalibration.reach``) calibrates that width that far first (stored: once per model
+    and device), or runs as serial steps where the model's context leaves no room to probe it.
+    ``audit``: the share of verifications compared with serial steps during a generation
+    (``specbench.exact.audit``): on a mismatch the generation goes on from the serial steps and verifies serially
+    from then on, warns once and names the first diverging operation (``audit_result()``); ``seed`` picks which.
     """
 
     def __init__(
@@ -50,28 +79,115 @@ class ExactVerifier(SplitVerifier):
         level: str | ExactPlan = "auto",
         widths: Sequence[int] = (),
         progress: Callable[[str], None] | None = None,
+        audit: float = 0.0,
+        seed: int | None = None,
+        context: int | None = None,
     ):
         super().__init__(model, level if level == "auto" else ExactPlan.parse(level))
-        self.prepare(widths, progress)
+        self.audit_rate = check_audit_rate(audit)
+        self.seed = seed
+        self.audit = AuditResult(self.audit_rate)
+        self._sampler = random.Random(seed)
+        self.prepare(widths, progress, context)
 
-    def prepare(self, widths: Sequence[int], progress: Callable[[str], None] | None = None) -> list[int]:
-        """Calibrate the ``widths`` not calibrated yet (at level "auto"), reporting through
+    def prepare(
+        self, widths: Sequence[int], progress: Callable[[str], None] | None = None, context: int | None = None
+    ) -> list[int]:
+        """Calibrate the ``widths`` not calibrated yet (at level "auto") at the cache lengths a generation of
+        ``context`` tokens reaches (``lengths_for``; default ``DEFAULT_CONTEXT``), reporting through
         ``progress``, and choose the plain steps' one-row kernels (``one_row_choice``); returns the widths it
         calibrated."""
         one_row_choice(self.model)  # plain steps' kernels chosen now (timed once per process, on CUDA only)
         wanted = sorted({int(w) for w in widths if w > 1})
         if self.level != "auto" or not wanted:
             return []
-        stored = load_calibration(self.model)
-        missing = [w for w in wanted if stored is None or w not in stored.widths]
+        lengths = lengths_for(context or DEFAULT_CONTEXT, context_length(self.model))
+        missing = uncovered(self.model, wanted, lengths)
         if missing:
             if progress is not None:
                 progress(
-                    f"calibrating exact verification for widths {missing[0]}..{missing[-1]} "
-                    "(once per model and device; stored for later runs)"
+                    f"calibrating exact verification for widths {missing[0]}..{missing[-1]} at cache lengths "
+                    f"{', '.join(map(str, lengths))} (once per model and device; stored for later runs)"
                 )
-            calibrate(self.model, missing, progress=progress)
+            calibrate(self.model, missing, lengths=lengths, progress=progress)
         return missing
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """One generation: its plans prepared once, and a fresh audit (the same verifications sampled for a seed)."""
+        self.audit = AuditResult(self.audit_rate)
+        self._sampler = random.Random(self.seed)
+        with super().running():
+            yield
+
+    def forward(
+        self, model: nn.Module, inputs: mx.array, cache: list[Any], return_hidden: bool = False
+    ) -> mx.array | tuple[mx.array, mx.array]:
+        if model is not self.model:
+            return super().forward(model, inputs, cache, return_hidden)
+        self._laid_out = None
+        width, length = inputs.shape[1], cache_length(cache)
+        plans = self._plans if self._plans is not None else self.plans_of(model)
+        audit = self.audit
+        audit.verifications += 1
+        serial = audit.fell_back_at is not None
+        if not serial and isinstance(plans, CalibratedPlans) and width > 1:
+            before = plans.calibrated
+            if not plans.covers(width, length):  # calibrated that far first; where it cannot be, serial steps
+                serial = True
+                audit.beyond_reach += 1
+            audit.calibrated += plans.calibrated - before
+        audited = (
+            not serial
+            and width > 1
+            and audit.rate > 0
+            and not tree_forward(width)
+            and can_audit(cache)
+            and self._sampler.random() < audit.rate
+        )
+        with split_mode(model, "serial" if serial else plans):
+            out = forward(model, inputs, cache, return_hidden)
+        if not audited:
+            return out
+        return self._audited(model, inputs, cache, out, plans, return_hidden)
+
+    def _audited(
+        self,
+        model: nn.Module,
+        inputs: mx.array,
+        cache: list[Any],
+        out: mx.array | tuple[mx.array, mx.array],
+        plans: Plans,
+        return_hidden: bool,
+    ) -> mx.array | tuple[mx.array, mx.array]:
+        """The verification's output ``out`` checked against serial steps from the same cache: the serial steps'
+        output (the caches as they leave them); on a mismatch, the fallback, the warning and the diverging op."""
+        width = inputs.shape[1]
+        mx.eval(out)
+        rewind(cache, width)
+        reference = serial_forward(model, inputs, cache, return_hidden)
+        self.audit.audited += 1
+        got = out[0] if isinstance(out, tuple) else out
+        want = reference[0] if isinstance(reference, tuple) else reference
+        if np.array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32))):
+            return reference
+        self.audit.mismatches += 1
+        rewind(cache, width)
+        level = plans(width).name if callable(plans) else ExactPlan.parse(plans).name
+        self.audit.divergence = first_divergence(model, inputs, cache, plans, level)
+        self.audit.fell_back_at = self.audit.verifications
+        warnings.warn(
+            f"exact verification differed from serial steps ({self.audit.divergence}); this generation verifies "
+            "by serial steps from here on (its output stays exact; calibrate this context or report the device)",
+            ExactAuditWarning,
+            stacklevel=2,
+        )
+        return reference
+
+    def audit_result(self) -> AuditResult | None:
+        """This generation's audit (None when nothing was audited, calibrated further or run serially)."""
+        audit = self.audit
+        return audit if audit.rate > 0 or audit.beyond_reach or audit.calibrated else None
 
     def decoding(self) -> contextlib.AbstractContextManager[list[str]]:
         """Around every generation: one-row products through the row-invariant kernels where they are faster on
@@ -89,11 +205,27 @@ class ExactVerifier(SplitVerifier):
         return calibrated_plans(model) if self.level == "auto" else self.level
 
 
+class ExactAuditWarning(UserWarning):
+    """An audited exact verification differed from serial steps (once per generation)."""
+
+
 def verifier_for(
-    model: nn.Module, verify: str, widths: Sequence[int] = (), progress: Callable[[str], None] | None = None
+    model: nn.Module,
+    verify: str,
+    widths: Sequence[int] = (),
+    progress: Callable[[str], None] | None = None,
+    audit: float = 0.0,
+    seed: int | None = None,
+    context: int | None = None,
 ) -> Verifier:
     """The verifier of verify mode ``verify`` ("fast" or "exact") for ``model``; in exact mode with
-    ``widths`` calibrated up front (see ``ExactVerifier.prepare``)."""
+    ``widths`` calibrated up front for caches of up to ``context`` tokens (see ``ExactVerifier.prepare``) and
+    ``audit`` of its verifications compared with serial steps."""
     if check_verify_mode(verify) == "exact":
-        return ExactVerifier(model, widths=widths, progress=progress)
+        return ExactVerifier(model, widths=widths, progress=progress, audit=audit, seed=seed, context=context)
+    if check_audit_rate(audit) > 0:
+        raise ValueError(
+            "audit compares exact verifications with serial steps: it needs verify='exact' (a fast verification "
+            "differs from serial steps by design); set verify='exact' or audit=0"
+        )
     return FAST

@@ -161,7 +161,7 @@ def test_calibration_stored_with_older_level_names_loads_unchanged():
         "device": "cpu",
         "versions": {"mlx": "0.0"},
         "widths": {
-            str(w): {"level": level, "tests": [{"level": level, "exact": True, "seconds": 0.01}]}
+            str(w): {"level": level, "tests": [{"level": level, "exact": True, "seconds": 0.01}], "lengths": [32]}
             for w, level in levels.items()
         },
     }

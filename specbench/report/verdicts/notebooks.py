@@ -185,7 +185,19 @@ def quickstart(model: str, summary: pl.DataFrame, tokens: int, equal: bool | Non
         )
     return (
         f"On {where()} speculation {_row_speed(row, _aa_row(summary))} for {model} with {row['drafter']}, "
-        f"{row['policy']} on this prompt ({on}; {_verified(row)}); output {outputs} to plain decoding's."
+        f"{row['policy']} on this prompt ({on}; {_verified(row)}); output {outputs} to plain decoding's." + audited(row)
+    )
+
+
+def audited(row: dict[str, Any]) -> str:
+    """Where the audit of exact verification found a verification that differed from serial steps (a run's
+    ``exact_divergence``): a sentence naming the first diverging operation; else nothing."""
+    found = row.get("exact_divergence")
+    if not found:
+        return ""
+    return (
+        f" Exact verification differed from serial steps (audit): first diverging operation {found}; those runs "
+        "verified by serial steps from there, so their output stayed exact, at a cost."
     )
 
 
@@ -227,7 +239,10 @@ def sweep(summary: pl.DataFrame, model: str, tokens: int | None = None, by_categ
             why = cannot_pay(row)
             if why:
                 text += f" On {row['category']} ({row['drafter']}, {row['policy']}) {why}."
-    return f"{text} {outputs.capitalize()}."
+    found = speculative.drop_nulls("exact_divergence") if "exact_divergence" in speculative.columns else None
+    return f"{text} {outputs.capitalize()}." + (
+        audited(found.row(0, named=True)) if found is not None and len(found) else ""
+    )
 
 
 def _profile_sentence(profile: Profile, d: float, max_k: int, mode: str) -> str:
