@@ -25,7 +25,6 @@ from specbench.core.tree import tree_forward
 from specbench.core.verify import FAST, Verifier, check_verify_mode, forward
 from specbench.exact.audit import (
     AuditResult,
-    cache_length,
     can_audit,
     check_audit_rate,
     first_divergence,
@@ -126,17 +125,19 @@ class ExactVerifier(SplitVerifier):
         if model is not self.model:
             return super().forward(model, inputs, cache, return_hidden)
         self._laid_out = None
-        width, length = inputs.shape[1], cache_length(cache)
+        width = inputs.shape[1]
         plans = self._plans if self._plans is not None else self.plans_of(model)
         audit = self.audit
         audit.verifications += 1
         serial = audit.fell_back_at is not None
         if not serial and isinstance(plans, CalibratedPlans) and width > 1:
-            before = plans.calibrated
-            if not plans.covers(width, length):  # calibrated that far first; where it cannot be, serial steps
-                serial = True
-                audit.beyond_reach += 1
-            audit.calibrated += plans.calibrated - before
+            length = next((int(c.offset) for c in cache if hasattr(c, "offset")), 0)  # the tokens cached
+            if plans.reaches.get(width, -1) < length:  # past what was probed: calibrated that far first
+                before = plans.calibrated
+                if not plans.covers(width, length):  # where it cannot be: serial steps
+                    serial = True
+                    audit.beyond_reach += 1
+                audit.calibrated += plans.calibrated - before
         audited = (
             not serial
             and width > 1
@@ -145,7 +146,9 @@ class ExactVerifier(SplitVerifier):
             and can_audit(cache)
             and self._sampler.random() < audit.rate
         )
-        with split_mode(model, "serial" if serial else plans):
+        # a calibrated width's plan is a dict lookup (CalibratedPlans.__missing__ calibrates one not seen yet)
+        resolve = plans.__getitem__ if isinstance(plans, CalibratedPlans) else plans
+        with split_mode(model, "serial" if serial else resolve):
             out = forward(model, inputs, cache, return_hidden)
         if not audited:
             return out

@@ -87,9 +87,9 @@ def test_exact_calibration_covers_only_the_widths_a_generation_of_max_tokens_can
 
 
 def _recording(prepare, prepared):
-    def record(self, widths, progress=None):
+    def record(self, widths, progress=None, context=None):
         prepared.extend(widths)
-        return prepare(self, widths, progress)
+        return prepare(self, widths, progress, context)
 
     return record
 
