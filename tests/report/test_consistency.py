@@ -7,23 +7,34 @@ import json
 
 import pytest
 
-from specbench.cost import Protocol
 from specbench.cost.breakeven import break_even_acceptance
+from specbench.cost.profile import Profile
 from specbench.report import cost_models
 from specbench.report.consistency import conflicts, statements
 from specbench.report.index import write_index
 
-MODEL = "synthetic:qwen3-8b-tiny"
+MODEL = "m"
 
 
 @pytest.fixture
-def report(tmp_path, monkeypatch):
-    """A report folder with the tiny model's cost model recorded (3 widths, fast mode, 2 rounds)."""
-    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path / "home"))
+def report(tmp_path):
+    """A report folder with a recorded cost model (widths 1-5, fast mode) whose a*(2) breaks even."""
     out = tmp_path / "report"
-    protocol = Protocol(widths=3, verify=("fast",), offset=16, repeats=2, plain_tokens=2)
-    profile = cost_models.prepare(out, [MODEL], protocol, lambda _: None)[MODEL]
-    return out, profile
+    out.mkdir()
+    costs = [1.0, 1.2, 1.4, 1.6, 1.8]
+    profile = Profile(
+        model=MODEL,
+        name=MODEL,
+        device="cpu:test",
+        versions={},
+        plain_step_s=0.1,
+        widths={"fast": [1, 2, 3, 4, 5]},
+        costs={"fast": costs},
+        seconds={"fast": [0.1 * c for c in costs]},
+        intervals={"fast": [[c - 0.1, c + 0.1] for c in costs]},
+    )
+    cost_models.record(out, MODEL, profile)
+    return out, cost_models.recorded(out)[MODEL][0]
 
 
 def _page(out, name, values=None, verdict=""):
@@ -36,6 +47,7 @@ def _page(out, name, values=None, verdict=""):
 def test_pages_that_state_the_cost_models_values_agree(report):
     out, profile = report
     c2, a2 = profile.c(2, "fast"), float(break_even_acceptance(profile, 0.0, 2, "fast")[1])
+    assert 0 < a2 < 1  # a value to state
     _page(out, "break_even", {f"{MODEL} c(2)": c2, f"{MODEL} a*(2)": a2, "prompts": 3})
     _page(out, "policies", verdict=f"Drafting pays at these rates (c(2) = {c2:.2f} plain steps, overhead included).")
     assert len(statements(out)) == 3
