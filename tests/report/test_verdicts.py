@@ -434,3 +434,11 @@ def test_a_verification_costs_its_own_forward_not_the_whole_run():
     row = {**stats, "plain_decode_s": 23.0, "plain_decode_tokens": 23}
     assert abs(verdicts.verify_cost(row) - 3.7) < 1e-9
     assert verdicts.verify_cost({**row, "verification_s": None}) is None  # a record from before the column
+
+
+def test_a_speed_verdict_states_its_intervals_level():
+    from specbench.report.verdicts.notebooks import speed
+
+    assert "95 % interval over pairs 1.20-1.80 of 9 pairs" in speed(1.5, 1.2, 1.8, 9, "pair")
+    sequential = speed(1.5, 1.2, 1.8, 9, "pair", level=1 - 0.05 / 3)  # a sequential rule of 3 looks
+    assert "98.3 % interval over pairs" in sequential and "95 %" not in sequential

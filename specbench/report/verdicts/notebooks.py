@@ -49,9 +49,9 @@ def _x(value: float | None) -> str:
     return "n/a" if not _finite(value) else f"{value:.2f}x"
 
 
-def _interval(low: float | None, high: float | None, resampled: str = "") -> str:
+def _interval(low: float | None, high: float | None, resampled: str = "", level: float = 0.95) -> str:
     over = {"pair": " over pairs", "": ""}.get(resampled, f" over {resampled}s")
-    return f"95 % interval{over} {low:.2f}-{high:.2f}"
+    return f"{100 * level:.3g} % interval{over} {low:.2f}-{high:.2f}"
 
 
 def speed(
@@ -61,9 +61,10 @@ def speed(
     pairs: int = 0,
     resampled: str = "",
     aa: dict[str, Any] | None = None,
+    level: float = 0.95,
 ) -> str:
-    """A measured speedup in words: "pays"/"loses" with its interval only when the interval excludes 1, else
-    "inconclusive at this sample (...)" saying why; with the A/A cell (``aa``: a summary row of plain against
+    """A measured speedup in words: "pays"/"loses" with its interval (at ``level``) only when the interval excludes
+    1, else "inconclusive at this sample (...)" saying why; with the A/A cell (``aa``: a summary row of plain against
     plain with ``speedup``, ``speedup_low``, ``speedup_high``) beside it."""
     aa_bounds = (aa.get("speedup_low"), aa.get("speedup_high")) if aa else None
     word = speed_word(low, high, aa_bounds)
@@ -79,7 +80,7 @@ def speed(
             f"{INCONCLUSIVE} ({_x(ratio)} over {pairs} pair(s) of runs; an interval needs {paired.MIN_UNITS} "
             f"pairs or prompts){noise}"
         )
-    text = f"{word} ({_x(ratio)}, {_interval(low, high, resampled)} of {pairs} pairs){noise}"
+    text = f"{word} ({_x(ratio)}, {_interval(low, high, resampled, level)} of {pairs} pairs){noise}"
     if word == INCONCLUSIVE and aa_bounds and speed_word(*aa_bounds) != INCONCLUSIVE:
         text += ": plain against plain is not 1 here, so the machine's speed drifted more than pairing removes"
     return text
@@ -141,6 +142,7 @@ def _row_speed(row: dict[str, Any], aa: dict[str, Any] | None) -> str:
         int(row.get("pairs") or 0),
         row.get("resampled") or "",
         aa,
+        float(row.get("level") or 0.95),
     )
 
 
