@@ -53,6 +53,25 @@ CASES = {
     "missing argument": (["generate"], "required: --prompt"),
     "not a number": (["generate", "--prompt", "x", "--max-tokens", "many"], "invalid int value: 'many'"),
     "bad choice": (["generate", "--prompt", "x", "--verify", "slow"], "invalid choice: 'slow'"),
+    "unknown acceptance rule": (
+        ["generate", "--prompt", "x", "--acceptance-rule", "lenient"],
+        "invalid choice: 'lenient'",
+    ),
+    "a rule that cannot sample by position": (
+        [
+            "generate",
+            "--prompt",
+            "x",
+            "--temp",
+            "1",
+            "--seed",
+            "0",
+            "--sample-by-position",
+            "--acceptance-rule",
+            "typical",
+        ],
+        "acceptance 'typical' cannot give plain sampling's tokens",
+    ),
     "unknown policy": (["generate", "--prompt", "x", "--policy", "sometimes"], "unknown policy 'sometimes'"),
     "unknown drafter": (["generate", "--prompt", "x", "--drafter", "psychic"], "unknown drafter 'psychic'"),
     "sampling by position without a seed": (

@@ -6,6 +6,8 @@ import argparse
 
 from specbench.cli.registry import add_model_argument, command, drafter_names
 from specbench.common.files import check_writable, home, write_or_keep
+from specbench.core.rules import ACCEPTANCE_RULES
+from specbench.drafters import DRAFTER_NAMES
 
 
 # -- setup -------------------------------------------------------------------------------------
@@ -40,7 +42,9 @@ def _setup(parser: argparse.ArgumentParser):
 def _generate(parser: argparse.ArgumentParser):
     add_model_argument(parser)
     parser.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
-    parser.add_argument("--drafter", default="lookup", help="lookup, suffix, mtp or none")
+    parser.add_argument(
+        "--drafter", default="lookup", help=f"one of {', '.join(DRAFTER_NAMES)} (or suffix:K, early-exit:L)"
+    )
     parser.add_argument("--policy", default="auto", help="auto, fixed:K or adaptive:K")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most")
     parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy")
@@ -48,6 +52,13 @@ def _generate(parser: argparse.ArgumentParser):
     parser.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens; 0: no limit")
     parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, a fresh one)")
+    parser.add_argument(
+        "--acceptance-rule",
+        choices=ACCEPTANCE_RULES,
+        default="token",
+        help="how sampled drafts are accepted: token (min(1, p/q), lossless), exact-match, block (lossless), "
+        "typical (lossy); greedy decoding ignores it",
+    )
     parser.add_argument(
         "--sample-by-position",
         action="store_true",
@@ -90,6 +101,7 @@ def _generate(parser: argparse.ArgumentParser):
             top_k=args.top_k,
             min_p=args.min_p,
             seed=args.seed,
+            acceptance_rule=args.acceptance_rule,
             sample_by_position=args.sample_by_position,
             verify=args.verify,
             audit=args.audit,
