@@ -447,3 +447,15 @@ def pytest_terminal_summary(terminalreporter) -> None:
     from specbench.common.identity import kernel_key
 
     terminalreporter.write_line(f"specbench kernels: {kernel_key()}")
+
+
+@pytest.fixture
+def no_forward(model, monkeypatch):
+    """The test module's ``model`` fails if it runs: an error raised with this fixture came before any model work."""
+
+    def forward(self, *args, **kwargs):
+        raise AssertionError("the model ran before the bad input was reported")
+
+    monkeypatch.setattr(type(model), "__call__", forward)
+    monkeypatch.setattr(type(model.model), "__call__", forward)
+    return model

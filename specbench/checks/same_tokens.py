@@ -17,6 +17,7 @@ import polars as pl
 from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows them on the console
 
 from specbench.bench.timing import cache_copy, prefix_cache
+from specbench.bench.turn_cache import first_divergence
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.rules import AcceptanceRule, check_rule
@@ -79,14 +80,6 @@ class SameTokensCheck:
         )
 
 
-def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """The index of the first token where ``a`` and ``b`` differ (one ending first differs there); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def same_tokens_check(
     model: Any,
     prompt_ids: Sequence[int],
@@ -147,7 +140,7 @@ def same_tokens_check(
         accepted += stats["accepted"]
     return SameTokensCheck(
         seeds,
-        [first_difference(a, b) for a, b in zip(plain, spec)],
+        [first_divergence(a, b) for a, b in zip(plain, spec)],
         plain,
         spec,
         drafter,

@@ -240,16 +240,6 @@ def test_typical_on_a_tree_follows_the_longest_passing_path():
 # -- bad input: one clear error before any model work -------------------------------------------
 
 
-@pytest.fixture
-def no_forward(model, monkeypatch):
-    def forward(self, *args, **kwargs):
-        raise AssertionError("the model ran before the bad input was reported")
-
-    monkeypatch.setattr(type(model), "__call__", forward)
-    monkeypatch.setattr(type(model.model), "__call__", forward)
-    return model
-
-
 @pytest.mark.parametrize(
     "fields, message",
     [

@@ -11,7 +11,8 @@ from conftest import ScriptedDrafter, build_tiny
 from scipy.stats import chisquare
 
 from specbench import Draft, Drafter, DraftPolicy, GenerateOptions, speculative_generate_batch
-from specbench.checks.same_tokens import first_difference, same_tokens_check
+from specbench.bench.turn_cache import first_divergence
+from specbench.checks.same_tokens import same_tokens_check
 from specbench.core.accept import SamplingSettings, draw_by_position
 from specbench.core.batch import BatchGeneration, generate_batch
 from specbench.core.engine import Generation, plain_generation
@@ -174,16 +175,6 @@ def test_batched_sampling_gives_each_request_its_plain_sampling_tokens(model, ac
     assert all(0 < r.stats()["accepted"] < r.stats()["drafted"] for r in gen.requests)
 
 
-@pytest.fixture
-def no_forward(model, monkeypatch):
-    def forward(self, *args, **kwargs):
-        raise AssertionError("the model ran before the bad input was reported")
-
-    monkeypatch.setattr(type(model), "__call__", forward)
-    monkeypatch.setattr(type(model.model), "__call__", forward)
-    return model
-
-
 @pytest.mark.parametrize(
     "fields, message",
     [
@@ -226,10 +217,10 @@ def test_drafts_with_q_under_token_or_block_are_refused_before_their_verificatio
     assert not verified
 
 
-def test_first_difference():
-    assert first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
-    assert first_difference([1, 2], [1, 2, 3]) == 2
+def test_first_divergence_counts_a_prefix_as_differing_at_its_end():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
 
 
 @pytest.mark.gpu

@@ -26,18 +26,6 @@ def model():
 
 
 @pytest.fixture
-def no_forward(model, monkeypatch):
-    """The model fails if it runs: an error raised with this fixture came before any model work."""
-
-    def forward(self, *args, **kwargs):
-        raise AssertionError("the model ran before the bad input was reported")
-
-    monkeypatch.setattr(type(model), "__call__", forward)
-    monkeypatch.setattr(type(model.model), "__call__", forward)
-    return model
-
-
-@pytest.fixture
 def verifications(monkeypatch):
     """Counts verification forwards: a bad draft must be reported before its verification."""
     calls = []
