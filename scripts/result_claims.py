@@ -75,14 +75,14 @@ def _exactness(
     )
 
 
-def _passed(key: str, file: str, what: str, **more: Any) -> Claim:
+def _passed(key: str, file: str, what: str, folder: str = G, machine: str = H200, **more: Any) -> Claim:
     """A GPU test log: the tests that passed."""
     return Claim(
         key=key,
-        machine=H200,
+        machine=machine,
         what=what,
         metric="tests passed",
-        file=G + file,
+        file=folder + file,
         read=Text(r"^=*\s*(?P<value>\d+) passed"),
         fmt="{:.0f}",
         **more,
@@ -119,7 +119,125 @@ def _stack(key: str, file: str, model: str, what: str, **more: Any) -> Claim:
     )
 
 
+#: The headline re-measured on one machine by one protocol fixed before the run (scripts/gpu/exact_speed.py's
+#: docstring: one random prompt per shape, 128 tokens, 6 repeats, every repeat kept; the Auto verdict rule
+#: ``auto_verdict``), with the long-context check and its audit (scripts/gpu/long_context.py --audit 1). Commands:
+#: ``python3 -m scripts.gpu.exact_speed --shapes qwen3-8b --out $OUT/dense`` (then qwen3-30b-a3b into moe; the
+#: defaults: 4-bit, full depth, k = 8, acceptances 1, 0.7 and 0.3), ``python3 -m scripts.gpu.long_context --audit 1``
+#: and ``pytest -m gpu tests/kernels tests/core``.
+HEADLINE = "gpu-h100/headline/"
+SHAPES = {"dense": ("qwen3-8b", "Qwen3-8B"), "moe": ("qwen3-30b-a3b", "Qwen3-30B-A3B")}
+
+
+def _headline_cell(name: str, cell: str, what: str, headline: str = "") -> Claim:
+    shape, label = SHAPES[name]
+    rows = ("shapes", shape, "rows", cell)
+    return Claim(
+        key=f"headline-{name}-{cell.replace(' ', '-').replace('=', '')}",
+        machine=H100,
+        what=f"{what}, full-depth {label} shape 4-bit, 128 tokens, 6 repeats",
+        metric=f"{cell} / plain tokens/s, median over repeats",
+        file=f"{HEADLINE}{name}/exact_speed.json",
+        read=Json((*rows, "speedup"), interval=(*rows, "interval"), n=(*rows, "ratios")),
+        aa=Json(
+            ("shapes", shape, "a_a", "ratio"), ("shapes", shape, "a_a", "interval"), n=("shapes", shape, "a_a", "n")
+        ),
+        fmt="{:.2f}x",
+        n_what="repeats",
+        headline=headline,
+        pending=True,
+    )
+
+
+def _headline(name: str) -> list[Claim]:
+    shape, label = SHAPES[name]
+    file = f"{HEADLINE}{name}/exact_speed.json"
+    aa = Json(("shapes", shape, "a_a", "ratio"), ("shapes", shape, "a_a", "interval"), n=("shapes", shape, "a_a", "n"))
+    return [
+        *(
+            _headline_cell(
+                name,
+                f"auto exact a={a}",
+                f"the default (Auto, exact verification) against plain decoding, oracle drafter at acceptance {a}",
+                headline=f"H100 {label} 4-bit, Auto (exact) over plain at acceptance {a}",
+            )
+            for a in ("1", "0.7", "0.3")
+        ),
+        _headline_cell(name, "exact k=8", "exact verification, fixed k = 8, perfect drafter"),
+        _headline_cell(name, "fast k=8", "fast verification, fixed k = 8, perfect drafter"),
+        Claim(
+            f"headline-{name}-exact-over-fast",
+            H100,
+            f"exact against fast verification end to end, fixed k = 8, perfect drafter, full-depth {label} 4-bit",
+            "exact / fast seconds per token, median over repeats",
+            file,
+            Json(
+                ("shapes", shape, "exact_over_fast", "ratio"),
+                interval=("shapes", shape, "exact_over_fast", "interval"),
+                n=("shapes", shape, "exact_over_fast", "ratios"),
+            ),
+            aa=aa,
+            n_what="repeats",
+            pending=True,
+            headline=f"H100 {label} 4-bit, exact / fast verification, seconds per token (k = 8)",
+        ),
+        Claim(
+            f"headline-{name}-plain-vs-mlx-lm",
+            H100,
+            f"specbench plain against mlx-lm generate_step, full-depth {label} 4-bit, 128 tokens",
+            "specbench / mlx-lm tokens/s, median over repeats",
+            file,
+            Json(
+                ("shapes", shape, "plain_over_mlx_lm", "ratio"),
+                interval=("shapes", shape, "plain_over_mlx_lm", "interval"),
+                n=("shapes", shape, "plain_over_mlx_lm", "repeats"),
+            ),
+            aa=aa,
+            n_what="repeats",
+            pending=True,
+            headline=f"H100 {label} 4-bit, specbench plain / mlx-lm tokens/s",
+        ),
+    ]
+
+
 CLAIMS: list[Claim] = [
+    # -- the headline (HEADLINE): Auto, exact against fast and plain against mlx-lm, then long contexts
+    *_headline("dense"),
+    *_headline("moe"),
+    Claim(
+        "headline-long-context",
+        H100,
+        "exact output against mlx-lm greedy after 4k, 16k and 32k-token random prompts, Qwen3-8B and Qwen3-30B-A3B "
+        "shapes 4-bit, full depth, 32 tokens, k = 4, acceptance 0.8",
+        "exact generations equal to mlx-lm greedy",
+        HEADLINE + "long_context.json",
+        Json(("exact_equal",)),
+        fmt="{:.0f}",
+        n_what="generations",
+        pending=True,
+        headline="H100 4k-32k-token prompts, dense and MoE 4-bit: exact generations equal to mlx-lm greedy",
+    ),
+    Claim(
+        "headline-long-context-audit",
+        H100,
+        "the same generations, every exact verification compared with serial steps (--audit 1)",
+        "audited verifications that differ from serial steps",
+        HEADLINE + "long_context.json",
+        Json(("audit_mismatches",)),
+        fmt="{:.0f}",
+        n_what="audited verifications",
+        pending=True,
+        headline="H100 4k-32k-token prompts: audited exact verifications differing from serial steps",
+    ),
+    _passed(
+        "headline-pytest-gpu",
+        "pytest-gpu.txt",
+        "GPU tests: kernels against their references, sampling by position, batched exact verification",
+        folder=HEADLINE,
+        machine=H100,
+        provenance=HEADLINE + "pytest-gpu.json",
+        pending=True,
+    ),
     # -- the default policy (scripts/gpu/default_policy.py), 128 tokens or more per run
     _default_policy(
         "auto-dense-128",
@@ -128,7 +246,6 @@ CLAIMS: list[Claim] = [
         "Auto (exact when greedy) against plain where Auto fell back, dense Qwen3-8B shape 4-bit, 6 pairs x 128 tokens",
         "Auto fell back",
         "A/A (plain against plain)",
-        headline="H200 dense Qwen3-8B 4-bit, Auto over plain where it falls back",
     ),
     _default_policy(
         "auto-dense-a05-a09",
@@ -146,7 +263,6 @@ CLAIMS: list[Claim] = [
             f"the same, MoE Qwen3-30B-A3B shape 4-bit ({what})",
             "Auto fell back",
             "A/A (plain against plain)",
-            headline="H200 MoE Qwen3-30B-A3B 4-bit, Auto over plain where it falls back" if call == "call-2" else "",
         )
         for call, what in (
             ("call-1", "first call, 4 pairs x 128 tokens"),
@@ -269,7 +385,6 @@ CLAIMS: list[Claim] = [
         "qwen3-8b",
         "exact k=8",
         "exact k = 8, perfect drafter, full-depth Qwen3-8B 4-bit, 128 tokens, after the host-time fix",
-        headline="H200 dense Qwen3-8B 4-bit, exact k = 8 over plain, perfect drafter",
     ),
     _exact_speed(
         "exact-speed-dense-2-fast",
@@ -312,7 +427,6 @@ CLAIMS: list[Claim] = [
         "qwen3-30b-a3b",
         "exact k=8",
         "exact k = 8, perfect drafter, full-depth Qwen3-30B-A3B 4-bit, 96 tokens",
-        headline="H200 MoE Qwen3-30B-A3B 4-bit, exact k = 8 over plain, perfect drafter",
     ),
     _exact_speed(
         "exact-speed-moe-fast",
@@ -344,7 +458,6 @@ CLAIMS: list[Claim] = [
             ),
             fmt="{:.2f}",
             n_what="repeats",
-            headline=f"H200 {shape} 4-bit, specbench plain / mlx-lm tokens/s",
         )
         for name, shape, file, key in (
             ("dense", "Qwen3-8B", "exact_speed.json", "qwen3-8b"),
@@ -362,11 +475,6 @@ CLAIMS: list[Claim] = [
             mode=mode,
             folder="gpu-h100/",
             machine=H100,
-            **(
-                {"headline": "H100 Qwen3-8B shape bf16 (4 layers), prompts where exact output = mlx-lm greedy"}
-                if not i
-                else {}
-            ),
         )
         for i, (model, shape, mode) in enumerate(
             (m, shape, mode)
@@ -384,7 +492,6 @@ CLAIMS: list[Claim] = [
         "exactness-kernels/exactness_summary.json",
         "qwen3-30b-a3b-4bit-4l",
         "exact verification with the kernel levels, Qwen3-30B-A3B shape 4-bit, 4 layers, 128 tokens, k 2/4/7/15",
-        headline="H200 MoE 4-bit (4 layers), prompts where exact output = mlx-lm greedy",
     ),
     _exactness(
         "exactness-kernels-dense-bf16",
@@ -529,7 +636,6 @@ CLAIMS: list[Claim] = [
             "c(8): seconds of an 8-row verify / a plain step",
             G + "cost/costs.csv",
             Csv({"name": f"synthetic:{model}", "mode": "fast", "width": "8"}, "c"),
-            headline=f"H200 {shape} 4-bit, verify cost c(8) in plain steps" if name == "dense" else "",
         )
         for name, shape, model in (
             ("dense", "Qwen3-8B", "qwen3-8b-4bit"),
@@ -578,7 +684,6 @@ CLAIMS: list[Claim] = [
         "components/batch-run5/summary_dense.json",
         "qwen3-8b-4bit",
         "after each timed run got a warm-up of its own kind, dense, B in {1, 4, 16, 32} (rule: <= 10 %)",
-        headline="H200 dense 4-bit batches B = 1-32, speedup prediction error",
     ),
     _batch("batch-grid-5-moe", "components/batch-run5/summary_moe.json", "qwen3-30b-a3b-4bit", "the same, MoE"),
     *(
@@ -694,6 +799,5 @@ CLAIMS: list[Claim] = [
         n_what="questions",
         measures=DRAFTERS,
         provenance="cpu/draft-model-vs-mlx-lm/prompt_bench.json",
-        headline="CPU, shipped draft model: specbench / mlx-lm speculative tokens/s",
     ),
 ]

@@ -189,7 +189,7 @@ class Claim:
     itself: ``AACheck``'s record, or an older run's A/A row) from ``file``: its interval must cover 1.0;
     ``overwritten`` says which later run replaced the file's contents (the claim's own numbers are in git history
     only); ``measured`` is the date the run was made where the file records none; ``headline`` is the claim's
-    line in the README, if it has one."""
+    line in the README, if it has one; ``pending``: registered before its run, its file missing until the run."""
 
     key: str
     machine: str
@@ -205,6 +205,7 @@ class Claim:
     overwritten: str = ""
     measured: str = ""
     headline: str = ""
+    pending: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@
 
 Per shape (random weights, full depth): the greedy continuation of a random prompt is recorded by
 specbench's plain decoding; an oracle drafter then drafts it with acceptance 1.0 (the true continuation)
-or --low-acceptance. Every exact width a cell may verify is calibrated before any timed run. Each repeat
+or each of --acceptances. Every exact width a cell may verify is calibrated before any timed run. Each repeat
 runs every cell once, specbench plain first and last, the order of the others reversed on odd repeats,
 so drift in the machine's speed falls on all cells alike. Cells:
 
@@ -14,14 +14,21 @@ so drift in the machine's speed falls on all cells alike. Cells:
   where ``one_row_choice`` found them faster, on the device and for whole plain steps; printed first);
 - ``mlx-lm``: mlx-lm's ``generate_step`` (plain greedy; its output checked against plain's too);
 - ``exact k=K`` / ``fast k=K``: fixed draft length K at acceptance 1.0, each verify mode;
-- ``auto exact a=1`` and ``auto exact a=LOW``: the default policy in the default (exact) mode;
+- ``auto exact a=1`` and ``auto exact a=A`` for each A of --acceptances (default 0.3 and 0.7): the default policy
+  in the default (exact) mode;
 - ``plain (A/A)``: specbench plain again, timed as the other cells are: its interval must cover 1.0
   (``paired.AACheck``), else the run is reported as failed (printed, and under "a_a" in the file).
 
 A cell's speedup is plain's seconds per token over the cell's, per repeat (plain: the mean of the
 repeat's two plain runs); printed as the median over repeats with a 95 % expanded bootstrap interval
 over repeats (``paired.bootstrap``, from 6 repeats). Every exact cell's output is checked against plain
-greedy. Writes exact_speed-SHAPE.json into $OUT (or --out).
+greedy. Writes exact_speed.json into $OUT (or --out), naming the commit, versions and device.
+
+The protocol, fixed before the runs: one random 64-token prompt per shape (seed 1), 128 tokens, 6 repeats, no
+stopping rule but the repeat count; every repeat is kept. An Auto cell's verdict against plain decoding
+(``auto_verdict``): "pays" when its interval lies above 1.0, "loses" when below 1.0, "no loss beyond 3 %" when
+it covers 1.0 and lies above 0.97, "inconclusive" otherwise. Exact against fast end to end: exact k=K's seconds
+per token over fast k=K's, per repeat, with its interval (``exact_over_fast``).
 
 Plain against mlx-lm (tokens/s, the inverse of the mlx-lm cell's speedup per repeat), decided by a rule fixed
 before the runs: "faster" when the 95 % interval lies above 1.0, "slower" when below it, "inconclusive"
@@ -59,7 +66,9 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def timed_cells(model, prompt: list[int], tokens: int, k: int, low: float) -> dict[str, Callable[[], dict]]:
+def timed_cells(
+    model, prompt: list[int], tokens: int, k: int, acceptances: list[float]
+) -> tuple[dict[str, Callable[[], dict]], list[int]]:
     """Each cell: a function running it once, returning its seconds per token and its output."""
     vocab = model.args.vocab_size
     reference = list(generate(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True)))
@@ -93,7 +102,7 @@ def timed_cells(model, prompt: list[int], tokens: int, k: int, low: float) -> di
         f"exact k={k}": speculative("exact", lambda: DraftPolicy.fixed(k), 1.0),
         f"fast k={k}": speculative("fast", lambda: DraftPolicy.fixed(k), 1.0),
         "auto exact a=1": speculative("exact", DraftPolicy.auto, 1.0),
-        f"auto exact a={low}": speculative("exact", DraftPolicy.auto, low),
+        **{f"auto exact a={a:g}": speculative("exact", DraftPolicy.auto, a) for a in acceptances},
         AA: plain,
     }
     return cells, reference
@@ -107,7 +116,7 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
         int(t)
         for t in mx.random.randint(0, min(1000, model.args.vocab_size), (args.prompt_tokens,), key=mx.random.key(1))
     ]
-    cells, reference = timed_cells(model, prompt, args.tokens, args.k, args.low_acceptance)
+    cells, reference = timed_cells(model, prompt, args.tokens, args.k, args.acceptances)
     unknown = sorted(set(args.cells or ()) - set(cells))
     if unknown:
         raise SystemExit(f"--cells: no cell named {unknown}; the cells are {list(cells)}")
@@ -160,15 +169,18 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
             "ratios": ratios,
             "equals_plain": exact,
             "verifies": [r.get("verifies") for r in results],
+            **({"verdict": auto_verdict(interval)} if name.startswith("auto") else {}),
         }
         shown = f"[{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "(too few)"
         say(
             f"{name:20s} {rows[name]['ms_per_token']:9.2f} {rows[name]['speedup']:8.2f}x {shown:15s} "
             f"{exact!s:6s} {rows[name]['verifies'][0] or ''}"
         )
-    if f"exact k={args.k}" in rows and f"fast k={args.k}" in rows:
-        exact_k, fast_k = rows[f"exact k={args.k}"], rows[f"fast k={args.k}"]
-        say(f"exact k={args.k} / fast k={args.k} = {exact_k['speedup'] / fast_k['speedup']:.2f}")
+    versus_fast = None
+    if f"exact k={args.k}" in runs and f"fast k={args.k}" in runs:
+        versus_fast = exact_over_fast(runs[f"exact k={args.k}"], runs[f"fast k={args.k}"])
+        shown = versus_fast["interval"] and "[{:.2f}, {:.2f}]".format(*versus_fast["interval"])
+        say(f"exact k={args.k} / fast k={args.k} (seconds per token) = {versus_fast['ratio']:.2f} {shown or ''}")
     versus = plain_over_mlx_lm(rows["mlx-lm"]["ratios"]) if "mlx-lm" in rows else None
     a_a = AACheck.of_ratios(rows[AA]["ratios"])
     say(a_a.verdict() + ("" if a_a.passed else ": this run is reported as failed"))
@@ -189,9 +201,30 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict:
     }
     return {
         **{"shape": shape, "levels": levels, "one_row": one_row, "rows": rows, "plain_over_mlx_lm": versus},
+        "exact_over_fast": versus_fast,
         "a_a": a_a.as_record(),
         "seconds": time.perf_counter() - start,
     }
+
+
+def auto_verdict(interval: tuple[float, float] | None) -> str:
+    """An Auto cell's verdict against plain decoding, by the rule fixed before the runs (module docstring)."""
+    if interval is None:
+        return "too few repeats"
+    low, high = interval
+    if low > 1.0:
+        return "pays"
+    if high < 1.0:
+        return "loses"
+    return "no loss beyond 3 %" if low >= 0.97 else "inconclusive"
+
+
+def exact_over_fast(exact: list[dict], fast: list[dict]) -> dict:
+    """Exact verification's seconds per token over fast verification's at the same fixed k, per repeat (the two
+    cells ran in the same repeat), with its 95 % interval: the exactness tax end to end."""
+    ratios = [e["spt"] / f["spt"] for e, f in zip(exact, fast, strict=True)]
+    interval = bootstrap(ratios, statistics.median) if len(ratios) >= MIN_UNITS else None
+    return {"ratio": statistics.median(ratios), "interval": interval, "ratios": ratios}
 
 
 def plain_over_mlx_lm(mlx_lm_speedups: list[float]) -> dict:
@@ -220,7 +253,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=6)
-    parser.add_argument("--low-acceptance", type=float, default=0.3)
+    parser.add_argument("--acceptances", default="0.3,0.7", help="the Auto cells' acceptances besides 1.0")
     parser.add_argument("--cells", default=None, help="comma list of the cells to run besides plain (default all)")
     parser.add_argument("--quick", action="store_true", help="CPU smoke run: a tiny float32 shape")
     parser.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu-kernels")
@@ -228,6 +261,7 @@ def main() -> int:
     if args.quick:
         args.shapes, args.layers, args.bits, args.tokens, args.repeats, args.k = "qwen3-8b-tiny", 2, 0, 24, 2, 4
     args.cells = args.cells.split(",") if args.cells else None  # None: every cell
+    args.acceptances = [float(a) for a in args.acceptances.split(",") if a]
     result = {"device": device_name(), **versions(), **vars(args), "shapes": {}}
     for shape in args.shapes.split(","):
         result["shapes"][shape] = run_shape(shape, args)

@@ -28,10 +28,13 @@ from specbench.bench.turn_cache import first_divergence
 from specbench.checks.exactness import mlx_lm_greedy, oracle_generation
 from specbench.common.identity import write_result
 from specbench.core.forward import vocab_size
+from specbench.exact import AuditResult
 from specbench.models import synthetic
 
 
-def check_length(model, length: int, tokens: int, k: int, acceptance: float, seed: int) -> list[dict]:
+def check_length(
+    model, length: int, tokens: int, k: int, acceptance: float, seed: int, audit: float = 0.0
+) -> list[dict]:
     """mlx-lm's greedy decoding after a random prompt of ``length`` tokens, then exact and fast speculative decoding."""
     prompt = np.random.default_rng(seed).integers(0, vocab_size(model), size=length).tolist()
     t0 = time.perf_counter()
@@ -39,9 +42,11 @@ def check_length(model, length: int, tokens: int, k: int, acceptance: float, see
     rows = [{"length": length, "mode": "mlx-lm", "seconds": round(time.perf_counter() - t0, 2)}]
     for mode in ("exact", "fast"):
         t0 = time.perf_counter()
-        generation = oracle_generation(model, prompt, reference, tokens, k, mode, acceptance, seed=seed)
+        rate = audit if mode == "exact" else 0.0
+        generation = oracle_generation(model, prompt, reference, tokens, k, mode, acceptance, seed=seed, audit=rate)
         output = list(generation)
         stats = generation.stats()
+        result = stats.get("exact_audit")
         rows.append(
             {
                 "length": length,
@@ -51,9 +56,23 @@ def check_length(model, length: int, tokens: int, k: int, acceptance: float, see
                 "verifies": stats["verifies"],
                 "accepted": stats["accepted"],
                 "seconds": round(time.perf_counter() - t0, 2),
+                **({} if result is None else {"audit": audit_record(result)}),
             }
         )
     return rows
+
+
+def audit_record(result: AuditResult) -> dict:
+    """What the audit of one exact generation found: verifications compared with serial steps, mismatches, the
+    first diverging operation (None when every audited verification was bit-identical)."""
+    return {
+        "rate": result.rate,
+        "verifications": result.verifications,
+        "audited": result.audited,
+        "mismatches": result.mismatches,
+        "divergence": None if result.divergence is None else str(result.divergence),
+        "summary": result.summary(),
+    }
 
 
 def equal_counts(rows: list[dict]) -> dict[str, str]:
@@ -62,6 +81,11 @@ def equal_counts(rows: list[dict]) -> dict[str, str]:
     for mode in ("exact", "fast"):
         equal = [r["equal"] for r in rows if r["mode"] == mode]
         counts[f"{mode}_equal"] = f"{sum(equal)}/{len(equal)}"
+    audits = [r["audit"] for r in rows if "audit" in r]
+    if audits:  # the audit's totals over every exact row: verifications compared with serial steps, mismatches
+        audited, mismatches = sum(a["audited"] for a in audits), sum(a["mismatches"] for a in audits)
+        counts["audit"] = f"{mismatches} mismatches in {audited} audited verifications"
+        counts["audit_mismatches"] = f"{mismatches}/{audited}"
     return counts
 
 
@@ -73,6 +97,7 @@ def main() -> int:
     add("--tokens", type=int, default=32, help="tokens generated after each prompt")
     add("--k", type=int, default=4, help="draft length")
     add("--acceptance", type=float, default=0.8, help="the drafter's per-position acceptance")
+    add("--audit", type=float, default=0.0, help="share of exact verifications compared with serial steps (0 to 1)")
     add("--budget", type=float, default=480.0, help="seconds: no length is started that would not fit")
     add("--quick", action="store_true", help="CPU smoke run: tiny shapes, short prompts")
     add("--out", default=os.environ.get("OUT", "reports/gpu"), help="output folder")
@@ -91,13 +116,14 @@ def main() -> int:
         for i, length in enumerate(lengths):
             if report["rows"] and not budget.fits(f"[{shape} {length}]", 3.0 * report["rows"][-1]["seconds"]):
                 continue
-            rows = check_length(model, length, tokens, args.k, args.acceptance, seed=i)
+            rows = check_length(model, length, tokens, args.k, args.acceptance, seed=i, audit=args.audit)
             report["rows"] += [{"shape": shape, **row} for row in rows]
             for row in rows[1:]:
                 print(
                     f"{shape} {length} tokens, {row['mode']}: equal to mlx-lm {row['equal']} "
                     f"(first divergence {row['first_divergence']}; {row['verifies']} verifications, "
-                    f"{row['accepted']} accepted; {row['seconds']} s)",
+                    f"{row['accepted']} accepted; {row['seconds']} s)"
+                    + (f"; audit: {row['audit']['summary']}" if "audit" in row else ""),
                     flush=True,
                 )
             report |= equal_counts(report["rows"])
@@ -105,6 +131,8 @@ def main() -> int:
         del model
     print(f"exact output equal to mlx-lm's greedy: {report.get('exact_equal', '0/0')}", flush=True)
     print(f"fast output equal to mlx-lm's greedy: {report.get('fast_equal', '0/0')}", flush=True)
+    if "audit" in report:
+        print(f"audit of exact verifications: {report['audit']}", flush=True)
     return 0 if all(r["equal"] for r in report["rows"] if r["mode"] == "exact") else 1
 
 

@@ -57,11 +57,13 @@ def oracle_generation(
     acceptance: float,
     seed: int = 0,
     branches: int = 1,
+    audit: float = 0.0,
 ) -> Generation:
     """Speculative greedy decoding of ``prompt`` (not yet run) with drafts of ``k`` tokens from the
     ``Oracle`` following ``reference`` at ``acceptance``, verified in mode ``verify``. With ``branches`` > 1
     the drafts are token trees (``OracleTree``: that many independently corrupted drafts, merged where they
-    agree) of ``tree_nodes(k, branches)`` nodes."""
+    agree) of ``tree_nodes(k, branches)`` nodes. ``audit``: the share of exact verifications compared with serial
+    steps (``stats()["exact_audit"]``)."""
     oracles = [Oracle(prompt, reference, acceptance, vocab_size(model), seed=seed + b) for b in range(branches)]
     drafter: Drafter = oracles[0] if branches == 1 else OracleTree(oracles, k)
     length = k if branches == 1 else tree_nodes(k, branches)
@@ -72,7 +74,9 @@ def oracle_generation(
         options,
         drafter=drafter,
         policy=DraftPolicy.fixed(length),
-        verifier=verifier_for(model, verify, widths=range(2, length + 2), context=len(prompt) + max_tokens),
+        verifier=verifier_for(
+            model, verify, widths=range(2, length + 2), audit=audit, seed=seed, context=len(prompt) + max_tokens
+        ),
     )
 
 

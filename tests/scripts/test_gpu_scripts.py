@@ -192,14 +192,17 @@ def test_exact_speed_script(tmp_path, script_home):
     out = run_script("exact_speed.py", tmp_path, script_home)
     result = json.loads((tmp_path / "exact_speed.json").read_text())
     rows = result["shapes"]["qwen3-8b-tiny"]["rows"]
-    assert {"plain", "mlx-lm", "exact k=4", "fast k=4", "auto exact a=1", "auto exact a=0.3", "plain (A/A)"} == set(
-        rows
-    )
+    assert set(rows) == {"plain", "mlx-lm", "exact k=4", "fast k=4", "plain (A/A)"} | {
+        f"auto exact a={a}" for a in ("1", "0.3", "0.7")
+    }
+    assert all(rows[name]["verdict"] == "too few repeats" for name in rows if name.startswith("auto"))
     # the A/A arm: 2 repeats give no interval, so the run is reported as failed, in the file and on stdout
     a_a = result["shapes"]["qwen3-8b-tiny"]["a_a"]
     assert a_a["n"] == 2 and a_a["interval"] is None and not a_a["passed"] and "reported as failed" in out
     assert all(rows[name]["equals_plain"] for name in rows if "exact" in name)
     assert rows["exact k=4"]["verifies"][0] > 0 and "exact k=4 / fast k=4" in out
+    versus_fast = result["shapes"]["qwen3-8b-tiny"]["exact_over_fast"]
+    assert len(versus_fast["ratios"]) == 2 and versus_fast["interval"] is None and versus_fast["ratio"] > 0
     versus = result["shapes"]["qwen3-8b-tiny"]["plain_over_mlx_lm"]
     assert versus["repeats"] == 2 and versus["verdict"] == "too few repeats" and "plain / mlx-lm" in out
 
@@ -215,6 +218,14 @@ def test_plain_against_mlx_lm_is_decided_by_the_interval():
     assert verdict([1.05, 1.06, 1.04, 1.05, 1.07, 1.05])["aim_met"] is False
     assert verdict([0.9, 1.1, 0.95, 1.08, 1.0, 0.97, 1.03, 0.92])["verdict"] == "inconclusive"
     assert verdict([0.8, 0.82, 0.79, 0.81, 0.8, 0.83])["verdict"] == "slower"
+
+
+def test_auto_verdict_is_decided_by_the_interval():
+    from scripts.gpu.exact_speed import auto_verdict
+
+    assert auto_verdict((1.02, 1.3)) == "pays" and auto_verdict((0.8, 0.99)) == "loses"
+    assert auto_verdict((0.975, 1.04)) == "no loss beyond 3 %" and auto_verdict((0.9, 1.1)) == "inconclusive"
+    assert auto_verdict(None) == "too few repeats"
 
 
 def test_components_script(tmp_path, script_home):
@@ -261,7 +272,7 @@ def test_one_row_diagnose_script(tmp_path, script_home):
 
 
 def test_long_context_script(tmp_path, script_home):
-    out = run_script("long_context.py", tmp_path, script_home)
+    out = run_script("long_context.py", tmp_path, script_home, "--audit", "1")
     assert "exact output equal to mlx-lm's greedy: 4/4" in out
     report = json.loads((tmp_path / "long_context.json").read_text())
     assert {(r["shape"], r["length"]) for r in report["rows"]} == {
@@ -271,6 +282,12 @@ def test_long_context_script(tmp_path, script_home):
     # the summary: exact rows equal to mlx-lm's of all exact rows, and fast likewise (fast may differ)
     assert report["exact_equal"] == "4/4" and report["fast_equal"].endswith("/4")
     assert f"fast output equal to mlx-lm's greedy: {report['fast_equal']}" in out
+    # --audit 1: every exact verification compared with serial steps; on the CPU they are bit-identical
+    audits = [r["audit"] for r in report["rows"] if r["mode"] == "exact"]
+    assert len(audits) == 4 and all(a["audited"] == a["verifications"] > 0 and a["mismatches"] == 0 for a in audits)
+    audited = sum(a["audited"] for a in audits)
+    assert report["audit"] == f"0 mismatches in {audited} audited verifications" in out
+    assert report["audit_mismatches"] == f"0/{audited}"
 
 
 def test_bench_script(tmp_path, script_home):
