@@ -3,7 +3,7 @@
     python3 -m scripts.gpu.bandwidth --budget 90   # H200: SmolLM2-135M, Qwen3-8B and Qwen3-30B-A3B shapes (4-bit, bf16)
     python3 -m scripts.gpu.bandwidth --quick       # CPU: tiny float32 shapes, seconds
 
-For each model: the weight bytes one decode step reads (``specbench.cost.bandwidth.bytes_per_token``:
+For each model: the weight bytes one decode step reads (``specbench.cost.bandwidth.bytes_per_forward``:
 every weight once, of routed experts only the share a token uses), the plain decode speed through
 specbench's engine (and mlx-lm's ``stream_generate`` for reference), and their product against the
 peak: the fastest of the passes over a large array that ``specbench.cost.bandwidth.peak_passes`` times
@@ -29,7 +29,7 @@ from specbench.common.files import write_csv_atomic
 from specbench.common.identity import device_name, versions, write_result
 from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
-from specbench.cost.bandwidth import PEAK_METHOD, Bandwidth, bytes_per_token, peak_passes
+from specbench.cost.bandwidth import PEAK_METHOD, Bandwidth, bytes_per_forward, peak_passes
 from specbench.cost.measure import seconds_per_token
 from specbench.models.load import load
 
@@ -49,7 +49,7 @@ def measure(name: str, tokens: int, rounds: int, peak: float) -> dict:
     options = GenerateOptions(max_tokens=tokens, ignore_eos=True)
     seconds_per_token(plain_generation(model, prompt, GenerateOptions(max_tokens=8, ignore_eos=True)))  # warm-up
     best = min(seconds_per_token(plain_generation(model, prompt, options)) for _ in range(rounds))
-    engine = Bandwidth(1.0 / best, bytes_per_token(model), peak)
+    engine = Bandwidth(1.0 / best, bytes_per_forward(model), peak)
     reference = _mlx_lm_tokens_per_s(model, prompt, tokens)
     row = {
         "model": name,

@@ -15,7 +15,12 @@
 3. with --levels, where the difference goes: each named level (exact or not) timed the same way, and
    also with its graph built before the clock (device time and launches only), so that host time
    (building the graph: the hooks, the kernel calls' set-up) and device time are told apart.
-   --no-calibrate skips 1-2 and times --levels only.
+   --no-calibrate skips 1-2 and times --levels only;
+4. with --widths (e.g. 1-9,12,16) instead: per width, the fast and the calibrated exact forward at --offset cached
+   tokens, their cost in plain steps (c(w): over the width-1 fast forward, a plain step), and how far each is from
+   the memory bound: the weight bytes the forward reads (``specbench.cost.bandwidth.bytes_per_forward``: every
+   weight once, the experts its rows are expected to touch) over its seconds, against the device's measured peak
+   (``peak_bandwidth``); written to kernel_widths-SHAPE-BITSbit.json.
 
 Writes kernel_verify.json into $OUT (or --out).
 """
@@ -34,6 +39,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.bench.paired import MIN_UNITS, AACheck
 from specbench.common.identity import device_name, versions, write_result
+from specbench.cost.bandwidth import bytes_per_forward, peak_bandwidth
 from specbench.exact import calibrate
 from specbench.exact.hooks import split_mode
 from specbench.models import synthetic
@@ -86,6 +92,50 @@ def level_breakdown(model, levels: list[str], width: int, offset: int, repeats: 
     return out
 
 
+def width_profile(model, widths: list[int], offset: int, repeats: int) -> list[dict]:
+    """Per width: fast and calibrated exact forward milliseconds, c(w) of each over the width-1 fast forward, and
+    the weight bytes per second each achieves against the device's measured peak."""
+    calibration = calibrate(model, [w for w in widths if w > 1], save=False)
+    peak = peak_bandwidth()
+    plain = forward_seconds(model, "none", 1, offset, repeats)
+    print(f"\nper width at {offset} cached tokens (median of {repeats}); peak {peak / 1e9:.0f} GB/s:")
+    head = ("w", 3), ("fast ms", 8), ("c fast", 7), ("exact ms", 9), ("c exact", 8), ("GB/s", 6), ("peak", 5)
+    print(" ".join(f"{name:>{size}s}" for name, size in head) + "  level")
+    rows = []
+    for width in widths:
+        level = "none" if width == 1 else calibration.level_for(width)
+        fast = plain if width == 1 else forward_seconds(model, "none", width, offset, repeats)
+        exact = fast if level == "none" else forward_seconds(model, level, width, offset, repeats)
+        nbytes = bytes_per_forward(model, width)
+        row = {
+            "width": width,
+            "level": level,
+            "fast_ms": fast * 1e3,
+            "exact_ms": exact * 1e3,
+            "c_fast": fast / plain,
+            "c_exact": exact / plain,
+            "bytes": nbytes,
+            "fast_peak_fraction": nbytes / fast / peak,
+            "exact_peak_fraction": nbytes / exact / peak,
+        }
+        rows.append(row)
+        print(
+            f"  {width:3d} {row['fast_ms']:8.2f} {row['c_fast']:7.2f} {row['exact_ms']:9.2f} {row['c_exact']:8.2f} "
+            f"{nbytes / exact / 1e9:6.0f} {row['exact_peak_fraction']:5.0%}  {level}",
+            flush=True,
+        )
+    return rows
+
+
+def widths_of(text: str) -> list[int]:
+    """The widths of a list of widths and ranges: "1-9,12,16" gives 1 to 9, 12 and 16."""
+    widths: set[int] = set()
+    for part in filter(None, text.split(",")):
+        low, _, high = part.partition("-")
+        widths.update(range(int(low), int(high or low) + 1))
+    return sorted(widths)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="qwen3-8b")
@@ -96,6 +146,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--levels", default="", help="comma list of levels to time whole and eval-only")
     parser.add_argument("--no-calibrate", action="store_true", help="time --levels only")
+    parser.add_argument("--widths", default="", help="per-width profile instead (e.g. 1-9,12,16): see 4. above")
     parser.add_argument("--quick", action="store_true", help="CPU smoke run: a tiny float32 shape, 2 layers")
     parser.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu-kernels")
     args = parser.parse_args()
@@ -107,6 +158,14 @@ def main() -> int:
         f"device {device_name()}  {args.shape} {args.bits}-bit  built in {time.perf_counter() - start:.0f} s",
         flush=True,
     )
+    if args.widths:
+        rows = width_profile(model, widths_of(args.widths), args.offset, args.repeats)
+        write_result(
+            Path(args.out) / f"kernel_widths-{args.shape}-{args.bits}bit.json",
+            {"device": device_name(), **versions(), **vars(args), "peak_bytes_per_s": peak_bandwidth(), "widths": rows},
+        )
+        print(f"({time.perf_counter() - start:.0f} s)")
+        return 0
     levels = [level for level in args.levels.split(",") if level]
     if args.no_calibrate:
         breakdown = level_breakdown(model, levels, args.width, args.offset, args.repeats)

@@ -1,6 +1,6 @@
 """Memory bandwidth: the device's measured peak, and what a decoding speed achieves against it.
 
-Decoding one token reads (at least) the model's weights once, so ``bytes_per_token(model)`` x tokens/s
+Decoding one token reads (at least) the model's weights once, so ``bytes_per_forward(model)`` x tokens/s
 is the bandwidth a run achieves; ``peak_bandwidth()`` times a pass over a large array on the default device
 (once per device and MLX version, kept under ``$SPECBENCH_HOME/profiles`` beside the cost profiles).
 Every speed can then be read against its limit: ``achieved(model, tokens_per_s)``.
@@ -26,11 +26,12 @@ from specbench.common.identity import device_name, kernel_key, versions
 COPY_BYTES = 256 * 2**20
 
 
-def bytes_per_token(model: nn.Module) -> int:
-    """Weight bytes one decode step reads: every parameter, but of routed experts (mlx-lm's SwitchGLU and
-    friends, whose weights stack the experts) only the ``num_experts_per_tok / num_experts`` a token uses,
-    and of an untied embedding table none (one row is gathered; a tied one is read whole as the output
-    layer)."""
+def bytes_per_forward(model: nn.Module, rows: int = 1) -> int:
+    """Weight bytes a forward of ``rows`` tokens reads (one decode step: ``rows`` = 1): every parameter once, but of
+    routed experts (mlx-lm's SwitchGLU and friends, whose weights stack the experts) only the share the rows are
+    expected to touch, ``1 - (1 - num_experts_per_tok / num_experts) ** rows`` (each token's choice taken as
+    uniform and independent: one token reads ``num_experts_per_tok / num_experts``), and of an untied embedding
+    table none (one row is gathered; a tied one is read whole as the output layer)."""
     args = getattr(model, "args", None)
     experts = getattr(args, "num_experts", None) or getattr(args, "num_local_experts", None)
     experts = experts or getattr(args, "n_routed_experts", None)
@@ -42,7 +43,7 @@ def bytes_per_token(model: nn.Module) -> int:
             continue
         share = 1.0
         if experts and per_token and value.ndim >= 3 and value.shape[0] == experts:
-            share = per_token / experts
+            share = 1.0 - (1.0 - per_token / experts) ** rows
         total += value.nbytes * share
     return int(total)
 
@@ -183,7 +184,7 @@ class Bandwidth:
 
 def achieved(model: nn.Module, tokens_per_s: float, root: Path | None = None) -> Bandwidth:
     """``tokens_per_s`` of ``model`` against the device's measured memory bandwidth."""
-    return Bandwidth(float(tokens_per_s), bytes_per_token(model), peak_bandwidth(root))
+    return Bandwidth(float(tokens_per_s), bytes_per_forward(model), peak_bandwidth(root))
 
 
 def describe_speeds(model: nn.Module, speeds: dict[str, float], root: Path | None = None) -> list[str]:

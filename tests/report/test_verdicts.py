@@ -240,14 +240,18 @@ def test_progress_lines_and_heartbeat():
 def test_bandwidth_counts_only_the_experts_a_token_uses_and_caches_the_peak(tmp_path, monkeypatch):
     dense = build_tiny("qwen3")
     moe = build_tiny("qwen3_moe")  # 8 experts, top-2
-    dense_bytes = bandwidth.bytes_per_token(dense)  # untied: the embedding table is gathered, not read whole
+    dense_bytes = bandwidth.bytes_per_forward(dense)  # untied: the embedding table is gathered, not read whole
     assert dense_bytes == sum(v.nbytes for v in _leaves(dense.parameters())) - dense.model.embed_tokens.weight.nbytes
     args = moe.args
     experts = sum(layer.mlp.switch_mlp.gate_proj.weight.nbytes * 3 for layer in moe.model.layers)  # gate, up, down
     everything = sum(v.nbytes for v in _leaves(moe.parameters()))
     embed = moe.model.embed_tokens.weight.nbytes
     expected = everything - embed - experts + experts * args.num_experts_per_tok / args.num_experts
-    assert abs(bandwidth.bytes_per_token(moe) - expected) <= 8
+    assert abs(bandwidth.bytes_per_forward(moe) - expected) <= 8
+    # a forward of w rows reads every dense weight once, and the experts its w tokens are expected to touch
+    assert bandwidth.bytes_per_forward(dense, rows=9) == dense_bytes
+    share = 1 - (1 - args.num_experts_per_tok / args.num_experts) ** 4
+    assert abs(bandwidth.bytes_per_forward(moe, rows=4) - (expected - experts / 4 + experts * share)) <= 8
     calls = []
     monkeypatch.setattr(bandwidth, "_measure_peak", lambda: calls.append(1) or 2e9)
     bandwidth._peaks.clear()

@@ -307,3 +307,21 @@ def test_kernel_verify_script(tmp_path, script_home):
     a_a = result["a_a"]  # the fast level timed against itself, 6 pairs: an interval, passed or failed
     assert a_a["n"] == 6 and a_a["interval"] is not None and f"A/A {a_a['verdict']}" in out
     assert ("reported as failed" in out) != a_a["passed"]
+
+
+def test_kernel_verify_width_profile(tmp_path, script_home):
+    out = run_script("kernel_verify.py", tmp_path, script_home, "--widths", "1-3,5")
+    result = json.loads((tmp_path / "kernel_widths-qwen3-8b-tiny-0bit.json").read_text())
+    rows = result["widths"]
+    assert [r["width"] for r in rows] == [1, 2, 3, 5] and rows[0]["c_fast"] == 1.0 and rows[0]["level"] == "none"
+    peak = result["peak_bytes_per_s"]
+    for r in rows:  # bytes read over seconds, against the measured peak: the two columns agree
+        assert r["exact_peak_fraction"] == pytest.approx(r["bytes"] / (r["exact_ms"] / 1e3) / peak)
+        assert r["c_exact"] == pytest.approx(r["exact_ms"] / rows[0]["fast_ms"]) and r["level"]
+    assert "per width at 32 cached tokens" in out and result["provenance"]["commit"] != "unknown"
+
+
+def test_widths_are_parsed_from_ranges_and_lists():
+    from scripts.gpu.kernel_verify import widths_of
+
+    assert widths_of("1-4,9,16") == [1, 2, 3, 4, 9, 16] and widths_of("3,2-3") == [2, 3]
