@@ -13,6 +13,10 @@ seconds is skipped and named in summary.json:
 3. batch: dense and MoE, c(w, B), the engine's per-step and per-row overheads, and the controlled-acceptance
    batch grid with each cell's prediction and residual; the mean absolute error per shape and batch size.
 
+Each shape also gets an A/A arm: its plain (one-token) forward timed against itself in 6 pairs of alternating order
+(``scripts.gpu.kernel_verify.aa_check``), under "a_a" in summary.json: a shape whose A/A fails is reported as
+failed (printed), its figures cannot be told from the machine's noise.
+
 Writes components.json, lengths.json, batch.json and summary.json; prints compact tables. A batch grid too long for
 one call is split by ``--grid-batch-sizes``, the later calls reading the first one's profiles (``--batch-profiles
 batch.json``).
@@ -29,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scripts.gpu.kernel_verify import aa_check
 from specbench import cost
 from specbench.bench.budget import Budget
 from specbench.common.identity import device_name, write_result
@@ -107,6 +112,9 @@ class Run:
             t0 = time.perf_counter()
             self.models[shape] = synthetic.build(shape)
             print(f"== {shape}: built in {time.perf_counter() - t0:.1f} s", flush=True)
+            a_a = aa_check(self.models[shape], 1, self.cfg["offset"], self.cfg["component_repeats"])
+            self.summary.setdefault("a_a", {})[shape] = a_a.as_record()
+            print(f"  A/A {a_a.verdict()} (plain forward)" + ("" if a_a.passed else ": reported as failed"))
         return self.models[shape]
 
     def write(self, name: str, data: Any) -> None:

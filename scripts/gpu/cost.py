@@ -14,7 +14,11 @@ the measured grid in exact verify mode (the engine's greedy default), then in fa
 the hybrid shapes (with a random MTP head, its drafter timed too): profile, then the grid in
 exact mode. A phase that would not fit in --budget seconds is skipped.
 
-Writes into $OUT (default reports/gpu): profiles.json, costs.csv, break_even.csv, grid.csv,
+Each profiled model also gets an A/A arm: its plain (one-token) forward timed against itself in 6 pairs of
+alternating order (``scripts.gpu.kernel_verify.aa_check``), in a_a.json: a model whose A/A fails is reported as
+failed (printed), its profile cannot be told from the machine's noise.
+
+Writes into $OUT (default reports/gpu): profiles.json, a_a.json, costs.csv, break_even.csv, grid.csv,
 experts.csv, costs.png, break_even.png, measured.png; prints compact tables.
 """
 
@@ -31,6 +35,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from scripts.gpu.kernel_verify import aa_check
 from specbench import cost
 from specbench.bench.budget import Budget
 from specbench.common.files import write_csv_atomic as write_csv
@@ -92,6 +97,7 @@ class Run:
         self.grid: list[dict] = []
         self.experts: list[dict] = []
         self.failures: list[str] = []
+        self.a_a: dict[str, dict] = {}
         self.title_device = title_device
 
     def profile(self, name: str, keep: bool, hybrid: bool = False) -> None:
@@ -134,6 +140,9 @@ class Run:
         )
         cost.save_profile(profile)
         self.profiles[profile.name] = profile
+        a_a = aa_check(model, 1, cfg["offset"], cfg["repeats"])
+        self.a_a[profile.name] = a_a.as_record()
+        print(f"A/A {a_a.verdict()} (plain forward)" + ("" if a_a.passed else ": reported as failed"))
         overhead = ", ".join(f"{m} {v:.3f}" for m, v in profile.overhead.items()) or "not measured"
         print(
             f"profile in {time.perf_counter() - t0:.1f} s: plain step {1e3 * profile.plain_step_s:.2f} ms; "
@@ -186,6 +195,7 @@ class Run:
     def flush(self) -> None:
         out, plist = self.out, list(self.profiles.values())
         write_json(out / "profiles.json", [p.to_dict() for p in plist])
+        write_json(out / "a_a.json", {"a_a": self.a_a})
         write_csv(out / "costs.csv", [r for p in plist for r in p.to_polars().to_dicts()])
         write_csv(out / "break_even.csv", break_even_table(plist, max_k=15))
         write_csv(out / "grid.csv", self.grid)

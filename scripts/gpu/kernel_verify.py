@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from specbench.bench.paired import MIN_UNITS, AACheck
 from specbench.common.identity import device_name, versions, write_result
@@ -48,12 +48,19 @@ from specbench.models import synthetic
 def forward_seconds(model, level: str, width: int, offset: int, repeats: int, graph_outside: bool = False) -> float:
     """Median seconds of a width-``width`` forward at ``level`` after ``offset`` cached tokens; with
     ``graph_outside``, the graph is built before the clock starts (device time and launches only)."""
-    cache = make_prompt_cache(model)
-    model(mx.arange(offset)[None] % 1000, cache=cache)
-    mx.eval([c.state for c in cache])
+
+    def prefilled() -> list:
+        cache = make_prompt_cache(model)
+        model(mx.arange(offset)[None] % 1000, cache=cache)
+        mx.eval([c.state for c in cache])
+        return cache
+
+    cache = prefilled()
+    trimmable = can_trim_prompt_cache(cache)  # a recurrent layer's cache is not: such a model prefills each time
     tokens = (mx.arange(width)[None] + 7) % 1000
     times = []
     for _ in range(repeats + 2):
+        cache = cache if trimmable else prefilled()
         with split_mode(model, level):
             mx.synchronize()
             t0 = time.perf_counter()
@@ -63,8 +70,8 @@ def forward_seconds(model, level: str, width: int, offset: int, repeats: int, gr
                 t0 = time.perf_counter()
             mx.eval(out)
             times.append(time.perf_counter() - t0)
-        for c in cache:
-            c.trim(width)
+        if trimmable:
+            trim_prompt_cache(cache, width)
     return statistics.median(times[2:])
 
 

@@ -92,6 +92,9 @@ def test_cost_script_and_replot(tmp_path, script_home):
     assert "prediction error of the seconds per token" in out
     for name in ("profiles.json", "grid.csv", "costs.png", "break_even.png", "measured.png"):
         assert (tmp_path / name).exists(), name
+    a_a = json.loads((tmp_path / "a_a.json").read_text())["a_a"]  # the plain forward against itself, per model
+    assert len(a_a) == 1 and all(r["n"] == 6 and r["interval"] is not None for r in a_a.values())
+    assert all(f"A/A {r['verdict']}" in out for r in a_a.values())
     (tmp_path / "measured.png").unlink()
     run_script("cost.py", tmp_path, script_home, "--replot", str(tmp_path), quick=False)
     assert (tmp_path / "measured.png").exists()
@@ -234,6 +237,11 @@ def test_components_script(tmp_path, script_home):
     summary = json.loads((folder / "summary.json").read_text())
     assert set(summary["components"]) == {"qwen3-8b-tiny", "qwen3-30b-a3b-tiny", "qwen3.5-9b-tiny"}
     assert set(summary["batch_mean_abs_error"]) == {"qwen3-8b-tiny", "qwen3-30b-a3b-tiny"}
+    # an A/A arm per shape built: its plain forward against itself, 6 pairs, an interval, passed or failed
+    assert set(summary["a_a"]) >= set(summary["components"])
+    assert all(
+        r["n"] == 6 and r["interval"] is not None and isinstance(r["passed"], bool) for r in summary["a_a"].values()
+    )
     spread = summary["batch_plain_spread"]  # the plain runs' own noise per batch size, beside the residuals
     assert all(set(spread[s]) == set(summary["batch_mean_abs_error"][s]) - {"all"} for s in spread)
     assert all(v >= 0 for by_b in spread.values() for v in by_b.values())
