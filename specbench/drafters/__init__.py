@@ -6,9 +6,9 @@ from typing import Any
 
 from specbench.core.draft import Draft, Drafter
 from specbench.drafters.draft_model import DraftModel, has_shipped_draft_model, shipped_draft_model
-from specbench.drafters.early_exit import EarlyExit, best_exit_layer, sweep_exit_layers
+from specbench.drafters.early_exit import EarlyExit, best_exit_layer, exit_layer_count, sweep_exit_layers
 from specbench.drafters.lookup import PromptLookup
-from specbench.drafters.mtp import MtpHead
+from specbench.drafters.mtp import MtpHead, mtp_head_for
 from specbench.drafters.oracle import Oracle
 from specbench.drafters.registry import (
     DRAFTERS,
@@ -65,9 +65,11 @@ __all__ = [
     "best_exit_layer",
     "drafter_choices",
     "drafter_kinds",
+    "exit_layer_count",
     "has_shipped_draft_model",
     "is_drafter_name",
     "make_drafter",
+    "mtp_head_for",
     "register_drafter",
     "shipped_draft_model",
     "sweep_exit_layers",

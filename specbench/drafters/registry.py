@@ -98,7 +98,8 @@ def split_drafter_name(name: str) -> tuple[DrafterKind | None, int | None]:
     if kind.parameter is None:
         raise ValueError(f"drafter {base!r} takes no parameter after a colon, got {name!r}")
     if not (value.isdigit() and int(value) >= 1):
-        raise ValueError(f"drafter {name!r}: {kind.parameter} must be a positive integer")
+        letter = kind.parameter.split(":")[0]
+        raise ValueError(f"drafter {name!r}: write {base}:{letter} with {letter} a positive integer ({kind.parameter})")
     return kind, int(value)
 
 

@@ -2,7 +2,7 @@
 (a name, or an ``AcceptanceRule`` object carrying its parameters, such as ``Typical(epsilon=0.05)``).
 
 The rules are registered (``RULES``, ``register_rule``): every module of this package is imported before the registry
-is first read, so a new rule is one module here defining an ``AcceptanceRule`` subclass (see ``top_k_match``); the
+is first read, so a new rule is one module here defining an ``AcceptanceRule`` subclass (docs/extending.md); the
 command line's ``--acceptance-rule`` choices, the rule comparison and the checks read the registry.
 
 - ``"token"`` (the default): token-wise min(1, p/q) with residual resampling (Leviathan et al.; Chen
