@@ -1,9 +1,11 @@
 """One registry per extension point: a drafter or an acceptance rule registered anywhere is a choice everywhere (the
-command line's choices and help, the benches' and the simulator's checks, the rule comparison) with no other edit."""
+command line's choices and help, the benches' and the simulator's checks, the rule comparison) with no other edit;
+and the two examples of docs/extending.md are named only in their module, their test and that page."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import mlx.core as mx
@@ -21,6 +23,7 @@ from specbench.inputs.capabilities import usable_drafters
 from specbench.report.explore_logs import Choice
 from specbench.simulate.simulate import model_free_drafter
 
+ROOT = Path(__file__).resolve().parents[1]
 GENERATE = ["generate", "--model", "tiny:smollm2-135m", "--prompt", "Repeat: a b c d a b c d", "--max-tokens", "6"]
 
 
@@ -90,3 +93,32 @@ def test_a_registered_rule_is_a_choice_everywhere_with_its_parameters_in_the_obj
         GenerateOptions(temperature=1.0, seed=0, acceptance_rule=lenient_rule(), sample_by_position=True).check()
     assert main([*GENERATE, "--temp", "1", "--seed", "0", "--acceptance-rule", "lenient-test"]) == 0
     assert "accepted" in capsys.readouterr().out
+
+
+#: The examples of docs/extending.md, each with the three files allowed to name it.
+EXAMPLES = {
+    ("ngram-cache", "NgramCache", "ngram_cache"): (
+        "specbench/drafters/ngram_cache.py",
+        "tests/drafters/test_ngram_cache.py",
+        "docs/extending.md",
+    ),
+    ("top-k-match", "TopKMatch", "top_k_match"): (
+        "specbench/core/rules/top_k_match.py",
+        "tests/core/test_top_k_match.py",
+        "docs/extending.md",
+    ),
+}
+
+
+def test_each_example_is_named_in_its_module_its_test_and_one_doc_page_alone():
+    files = [
+        p
+        for folder in ("specbench", "scripts", "notebooks", "tests", "docs")
+        for p in (ROOT / folder).rglob("*")
+        if p.is_file()
+        and p.suffix in (".py", ".ipynb", ".md", ".json", ".toml", ".yaml")
+        and p.name != Path(__file__).name
+    ] + [ROOT / "README.md"]
+    for spellings, allowed in EXAMPLES.items():
+        naming = {str(p.relative_to(ROOT)) for p in files if any(s in p.read_text(encoding="utf-8") for s in spellings)}
+        assert naming == set(allowed), f"{spellings[0]} is named outside its own files: {sorted(naming - set(allowed))}"
