@@ -28,14 +28,18 @@ def names(text: str) -> list[str]:
 
 def drafter_names(text: str, option: str = "--drafters", required: bool = False) -> list[str]:
     """The drafter names of a comma list, checked before any model is loaded (``required``: at least one)."""
-    from specbench.drafters import drafter_choices, split_drafter_name
+    from specbench.drafters import DRAFTERS, NO_DRAFTER, drafter_choices, split_drafter_name
 
     chosen = names(text)
     if required and not chosen:
         raise ValueError(f"{option}: give at least one drafter name ({drafter_choices()})")
+    unknown = [n for n in chosen if n.strip().lower().partition(":")[0] not in (*DRAFTERS.names(), *NO_DRAFTER)]
+    if unknown:
+        what = "drafters" if option.endswith("s") else "drafter"
+        raise ValueError(f"{option}: unknown {what} {', '.join(map(repr, unknown))}: choose from {drafter_choices()}")
     for name in chosen:
         try:
-            split_drafter_name(name)
+            split_drafter_name(name)  # a parameter where none is taken, or not a positive integer
         except ValueError as err:
             raise ValueError(f"{option}: {err}") from None
     return chosen
