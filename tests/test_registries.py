@@ -1,6 +1,7 @@
-"""One registry per extension point: a drafter or an acceptance rule registered anywhere is a choice everywhere (the
-command line's choices and help, the benches' and the simulator's checks, the rule comparison) with no other edit;
-and the two examples of docs/extending.md are named only in their module, their test and that page."""
+"""One registry per extension point: a drafter, an acceptance rule or a policy registered anywhere is a choice
+everywhere (the command line's choices and help, the benches' and the simulator's checks, the rule comparison,
+``DraftPolicy.parse``) with no other edit; and the two examples of docs/extending.md are named only in their module,
+their test and that page."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from specbench.cli import main
 from specbench.cli.registry import drafter_names
 from specbench.core.draft import Draft, Drafter
 from specbench.core.options import GenerateOptions
+from specbench.core.policies import PEERS, DraftPolicy, FixedPolicy
 from specbench.core.rules import RULES, PassingRule, register_rule, rule_for
 from specbench.drafters import DRAFTERS, make_drafter, register_drafter
 from specbench.inputs.capabilities import usable_drafters
@@ -93,6 +95,26 @@ def test_a_registered_rule_is_a_choice_everywhere_with_its_parameters_in_the_obj
         GenerateOptions(temperature=1.0, seed=0, acceptance_rule=lenient_rule(), sample_by_position=True).check()
     assert main([*GENERATE, "--temp", "1", "--seed", "0", "--acceptance-rule", "lenient-test"]) == 0
     assert "accepted" in capsys.readouterr().out
+
+
+def test_a_registered_policy_is_parsed_by_name():
+    class Twice(FixedPolicy):
+        @classmethod
+        def from_text(cls, text):
+            return cls(2 * int(text or 1))
+
+    PEERS.add("twice-test", Twice)
+    try:
+        assert DraftPolicy.parse("twice-test:3").k == 6 and "twice-test[:...]" in str(_unknown_policy())
+    finally:
+        PEERS.remove("twice-test")
+    assert "twice-test" not in str(_unknown_policy())
+
+
+def _unknown_policy() -> ValueError:
+    with pytest.raises(ValueError) as raised:
+        DraftPolicy.parse("sometimes")
+    return raised.value
 
 
 #: The examples of docs/extending.md, each with the three files allowed to name it.
