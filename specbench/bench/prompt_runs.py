@@ -23,7 +23,7 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.verify import check_verify_mode
 from specbench.decoding import speculative_generate
-from specbench.drafters import DRAFTER_NAMES, is_drafter_name, make_drafter
+from specbench.drafters import NO_DRAFTER, drafter_kinds, is_drafter_name, make_drafter
 from specbench.exact.calibration import calibrate
 
 PROMPT_BASELINE = "mlx-lm"
@@ -91,10 +91,10 @@ def prompt_methods(
     draft-model speculation drafting ``k`` tokens a step."""
     if policies is None:
         policies = [DraftPolicy.auto(), DraftPolicy.fixed(4)]
-    unknown = [d for d in drafters if not is_drafter_name(d) or d in ("none", "plain", "")]
+    unknown = [d for d in drafters if not is_drafter_name(d) or d.strip().lower() in (*NO_DRAFTER, "")]
     if unknown:
-        known = ", ".join(n for n in DRAFTER_NAMES if n != "none")
-        raise ValueError(f"unknown drafters {unknown}: choose from {known} (or early-exit:L, suffix:K)")
+        known = ", ".join(kind.spelling for kind in drafter_kinds())
+        raise ValueError(f"unknown drafters {unknown}: choose from {known}")
     policies = [as_policy(p) for p in policies]
     for mode in verify:
         if mode is not None:

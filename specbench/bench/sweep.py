@@ -43,7 +43,7 @@ from specbench.core.engine import plain_generation
 from specbench.core.log import main_reason
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, FixedPolicy, as_policy
-from specbench.core.rules import AcceptanceRule
+from specbench.core.rules import AcceptanceRule, TokenRule
 from specbench.core.verify import VerifyMode, check_verify_mode
 from specbench.cost.profile import Profile
 from specbench.decoding import speculative_generate
@@ -134,7 +134,7 @@ def run_sweep(
     reuse_prefill: bool = True,
     out: str | os.PathLike | None = None,
     spread: bool | None = None,
-    rules: Sequence[AcceptanceRule] = (AcceptanceRule(),),
+    rules: Sequence[AcceptanceRule] = (TokenRule(),),
     pairs: int = 0,
     max_pairs: int | None = None,
     time_budget_s: float | None = None,
@@ -217,7 +217,7 @@ def run_sweep(
         **({"pairs": pairs} if pairs else {}),
         **({"max_pairs": max_pairs} if looks > 1 else {}),
         **({"audit": audit} if audit else {}),
-        **({"acceptances": [dataclasses.astuple(a) for a in rules]} if list(rules) != [AcceptanceRule()] else {}),
+        **({"acceptances": [rule.key for rule in rules]} if list(rules) != [TokenRule()] else {}),
     }
     store = _CellStore(out, settings) if out is not None else None
     mine = [i for i in range(len(cells)) if i % size == rank]
@@ -339,7 +339,7 @@ def _run_cell(
     policies: Sequence[DraftPolicy],
     prefix: Any,
     bar: Any,
-    rules: Sequence[AcceptanceRule] = (AcceptanceRule(),),
+    rules: Sequence[AcceptanceRule] = (TokenRule(),),
     pairs: int = 0,
     first_pair: int = 0,
     only: set[tuple] | None = None,
@@ -403,9 +403,7 @@ def _run_cell(
     for pair in range(first_pair, first_pair + max(1, pairs)):
         for index, (rule, drafter_name, policy) in enumerate(methods):
             bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
-            ruled = dataclasses.replace(
-                options, acceptance_rule=rule.name, typical_epsilon=rule.epsilon, typical_delta=rule.delta
-            )
+            ruled = dataclasses.replace(options, acceptance_rule=rule)
             labelled = {**base, "acceptance": rule.label}
             if not pairs:
                 gen, tokens, seconds = run_method(ruled, drafter_name, policy)

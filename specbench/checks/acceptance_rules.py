@@ -1,7 +1,8 @@
 """Acceptance rules compared on the same model, drafters, prompts and draft lengths when sampling.
 
 ``run_rule_sweep`` decodes every prompt plainly and then with every rule x drafter x draft length, per
-temperature (``specbench.core.rules``: "token", "exact-match", "block", lossless; "typical", lossy). The
+temperature (``specbench.core.rules``: "token", "exact-match", "block", lossless; "typical", lossy; any
+registered rule). The
 draft model drafts with its own distribution q at each temperature; lookup, suffix and the MTP head
 draft their argmax (q one-hot). ``rule_summary`` aggregates accepted tokens per verification, acceptance
 and speedup per rule; ``best_lossless`` names each temperature's best lossless rule. ``rule_shifts``
@@ -23,19 +24,22 @@ from specbench.bench.sweep import Sweep, run_sweep, summarize_sweep
 from specbench.checks.lossless import LosslessCheck, losslessness_check
 from specbench.core.accept import SamplingSettings
 from specbench.core.policies import DraftPolicy
-from specbench.core.rules import ACCEPTANCE_RULES, TYPICAL_DELTA, TYPICAL_EPSILON, AcceptanceRule, rule_label
+from specbench.core.rules import AcceptanceRule, rule_for, rule_names
 from specbench.drafters import DraftModel, shipped_draft_model
 from specbench.inputs.capabilities import usable_drafters
 from specbench.inputs.prompts import Prompt
 
 
-def rule_list(
-    names: Sequence[str] = ACCEPTANCE_RULES, epsilon: float = TYPICAL_EPSILON, delta: float = TYPICAL_DELTA
-) -> list[AcceptanceRule]:
-    """The rules named, each checked (an unknown name is one clear error), typical with its thresholds."""
+def rule_list(names: Sequence[str] | None = None, parameters: dict[str, dict] | None = None) -> list[AcceptanceRule]:
+    """The rules named (default: every registered one), each checked (an unknown name is one clear error), with
+    ``parameters`` by rule name (``{"typical": {"epsilon": 0.09, "delta": 0.3}}``; defaults for the rest)."""
+    names = rule_names() if names is None else names
     if not names:
-        raise ValueError(f"no acceptance rules given: name some of {', '.join(ACCEPTANCE_RULES)}")
-    return [AcceptanceRule(name, epsilon, delta) for name in names]
+        raise ValueError(f"no acceptance rules given: name some of {', '.join(rule_names())}")
+    unused = sorted(set(parameters or {}) - set(names))
+    if unused:
+        raise ValueError(f"parameters given for rules not chosen: {', '.join(unused)}")
+    return [rule_for(name, **(parameters or {}).get(name, {})) for name in names]
 
 
 def run_rule_sweep(
@@ -104,7 +108,7 @@ def rule_summary(sweep: Sweep, by: Sequence[str] = ("temperature", "acceptance")
     runs = sweep.runs.filter(pl.col("drafter") != "none")
     if runs.is_empty():
         raise ValueError("the sweep has no speculative runs (every drafter skipped?)")
-    lossless = {rule_label(name): rule_label(name) == name for name in ACCEPTANCE_RULES}
+    lossless = {rule.label: rule.lossless for rule in rule_list()}
     return (
         summarize_sweep(runs, by)
         .with_columns(pl.col("acceptance").replace_strict(lossless, return_dtype=pl.Boolean).alias("lossless"))
@@ -116,7 +120,7 @@ def best_lossless(summary: pl.DataFrame) -> pl.DataFrame:
     """Per temperature, the lossless rule with the most tokens per verification (the rules share the
     verification forward, so this is what a rule changes), with its speedup; ties keep rule order."""
     rows = summary.filter(pl.col("lossless") & pl.col("tokens_per_verify").is_not_null())
-    order = {rule_label(name): i for i, name in enumerate(ACCEPTANCE_RULES)}
+    order = {rule.label: i for i, rule in enumerate(rule_list())}
     return (
         rows.with_columns(pl.col("acceptance").replace_strict(order, return_dtype=pl.Int64).alias("_order"))
         .sort(["temperature", "tokens_per_verify", "_order"], descending=[False, True, False])

@@ -21,7 +21,7 @@ from specbench.bench.timing import cache_copy, prefix_cache
 from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
-from specbench.core.rules import AcceptanceRule
+from specbench.core.rules import AcceptanceRule, rule_for
 from specbench.decoding import speculative_generate
 from specbench.inputs.capabilities import usable_drafters
 
@@ -250,7 +250,7 @@ def losslessness_check(
     policy = as_policy(policy)
     if not temperature > 0:
         raise ValueError("the losslessness check samples: give a temperature > 0")
-    rule = rule if isinstance(rule, AcceptanceRule) else AcceptanceRule(rule)
+    rule = rule_for(rule)
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if samples < 2:
@@ -278,9 +278,7 @@ def losslessness_check(
             temperature=temperature,
             seed=seeds[1],
             ignore_eos=True,
-            acceptance_rule=rule.name,
-            typical_epsilon=rule.epsilon,
-            typical_delta=rule.delta,
+            acceptance_rule=rule,
         )
         made = factories[drafter]()
         gen = speculative_generate(

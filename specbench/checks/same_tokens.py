@@ -20,7 +20,7 @@ from specbench.bench.timing import cache_copy, prefix_cache
 from specbench.bench.turn_cache import first_divergence
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
-from specbench.core.rules import AcceptanceRule, check_rule
+from specbench.core.rules import AcceptanceRule, rule_for
 from specbench.core.verify import VerifyMode
 from specbench.decoding import generate, speculative_generate
 from specbench.inputs.capabilities import usable_drafters
@@ -105,15 +105,13 @@ def same_tokens_check(
         raise ValueError("the same-tokens check samples: give a temperature > 0 (greedy output is compared elsewhere)")
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
-    rule = rule if isinstance(rule, AcceptanceRule) else AcceptanceRule(check_rule(rule))
+    rule = rule_for(rule)
     base = GenerateOptions(
         max_tokens=max_tokens,
         temperature=temperature,
         seed=seed,
         ignore_eos=True,
-        acceptance_rule=rule.name,
-        typical_epsilon=rule.epsilon,
-        typical_delta=rule.delta,
+        acceptance_rule=rule,
         sample_by_position=sample_by_position,
         verify=verify,
     )

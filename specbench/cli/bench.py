@@ -15,6 +15,7 @@ from specbench.cli.registry import (
     verify_modes,
 )
 from specbench.common.files import check_writable
+from specbench.drafters import drafter_choices
 
 # -- bench ---------------------------------------------------------------------------------------------------------
 MODES = ("prompts", "trace", "batch")
@@ -27,7 +28,7 @@ def _common(parser: argparse.ArgumentParser, shard: bool = True) -> None:
         "--drafters",
         "--drafter",
         default="lookup,suffix",
-        help="comma list: lookup, suffix, suffix:K, mtp, draft-model, early-exit:L",
+        help=f"comma list of {drafter_choices()}",
     )
     parser.add_argument("--policies", "--policy", default="auto,fixed:4", help="comma list: auto, fixed:K, adaptive:K")
     parser.add_argument(

@@ -6,8 +6,8 @@ import argparse
 
 from specbench.cli.registry import add_model_argument, command, drafter_names
 from specbench.common.files import check_writable, home, write_or_keep
-from specbench.core.rules import ACCEPTANCE_RULES
-from specbench.drafters import DRAFTER_NAMES
+from specbench.core.rules import RULES, rule_names
+from specbench.drafters import drafter_choices
 
 
 # -- setup -------------------------------------------------------------------------------------
@@ -42,9 +42,7 @@ def _setup(parser: argparse.ArgumentParser):
 def _generate(parser: argparse.ArgumentParser):
     add_model_argument(parser)
     parser.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
-    parser.add_argument(
-        "--drafter", default="lookup", help=f"one of {', '.join(DRAFTER_NAMES)} (or suffix:K, early-exit:L)"
-    )
+    parser.add_argument("--drafter", default="lookup", help=f"one of {drafter_choices()}")
     parser.add_argument("--policy", default="auto", help="auto, fixed:K or adaptive:K")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most")
     parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy")
@@ -54,10 +52,10 @@ def _generate(parser: argparse.ArgumentParser):
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, a fresh one)")
     parser.add_argument(
         "--acceptance-rule",
-        choices=ACCEPTANCE_RULES,
+        choices=rule_names(),
         default="token",
-        help="how sampled drafts are accepted: token (min(1, p/q), lossless), exact-match, block (lossless), "
-        "typical (lossy); greedy decoding ignores it",
+        help="how sampled drafts are accepted (greedy decoding ignores it): "
+        + "; ".join(f"{name}: {kind.description}" for name, kind in RULES.items()),
     )
     parser.add_argument(
         "--sample-by-position",

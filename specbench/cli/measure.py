@@ -7,6 +7,7 @@ from pathlib import Path
 
 from specbench.cli.registry import add_model_argument, command, drafter_names, names, verify_modes
 from specbench.common.files import check_writable, home
+from specbench.drafters import drafter_choices
 
 #: The widest verification `specbench profile` measures (each width is timed over several rounds).
 MAX_PROFILE_WIDTH = 256
@@ -23,7 +24,7 @@ def _profile(parser: argparse.ArgumentParser):
     parser.add_argument(
         "--drafters",
         default="",
-        help="comma list of drafters to time: lookup, suffix, suffix:K, mtp, draft-model, early-exit:L",
+        help=f"comma list of drafters to time: {drafter_choices()}",
     )
     parser.add_argument(
         "--lengths", default="", help="comma list of further context lengths to time c(w) at, e.g. 2048,8192"

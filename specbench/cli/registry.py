@@ -1,18 +1,21 @@
-"""The subcommand registry: each module of ``specbench.cli`` registers its subcommands here."""
+"""The subcommand registry: each module of ``specbench.cli`` registers its subcommands here; and the command line's
+checks of drafter names and verify modes, read from their registries."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], Callable]]] = {}
+from specbench.common.registry import Registry
+
+COMMANDS: Registry[tuple[str, Callable[[argparse.ArgumentParser], Callable]]] = Registry("subcommand")
 
 
 def command(name: str, help: str):
     """Register ``configure(parser)`` as subcommand ``name``: it adds its arguments and returns ``run(args)``."""
 
     def wrap(configure: Callable[[argparse.ArgumentParser], Callable]):
-        COMMANDS[name] = (help, configure)
+        COMMANDS.add(name, (help, configure))
         return configure
 
     return wrap
@@ -25,17 +28,20 @@ def names(text: str) -> list[str]:
 
 def drafter_names(text: str, option: str = "--drafters", required: bool = False) -> list[str]:
     """The drafter names of a comma list, checked before any model is loaded (``required``: at least one)."""
-    from specbench.drafters import DRAFTER_NAMES, is_drafter_name
+    from specbench.drafters import DRAFTERS, NO_DRAFTER, drafter_choices, split_drafter_name
 
     chosen = names(text)
     if required and not chosen:
-        raise ValueError(f"{option}: give at least one drafter name ({', '.join(DRAFTER_NAMES)})")
-    unknown = [n for n in chosen if not is_drafter_name(n)]
+        raise ValueError(f"{option}: give at least one drafter name ({drafter_choices()})")
+    unknown = [n for n in chosen if n.strip().lower().partition(":")[0] not in (*DRAFTERS.names(), *NO_DRAFTER)]
     if unknown:
         what = "drafters" if option.endswith("s") else "drafter"
-        raise ValueError(
-            f"{option}: unknown {what} {', '.join(map(repr, unknown))}: choose from {', '.join(DRAFTER_NAMES)}"
-        )
+        raise ValueError(f"{option}: unknown {what} {', '.join(map(repr, unknown))}: choose from {drafter_choices()}")
+    for name in chosen:
+        try:
+            split_drafter_name(name)  # a parameter where none is taken, or not a positive integer
+        except ValueError as err:
+            raise ValueError(f"{option}: {err}") from None
     return chosen
 
 

@@ -32,7 +32,10 @@ def _simulate(parser: argparse.ArgumentParser):
         help="a model's recorded greedy outputs (parquet with prompt, output, finish_reason: bench trace's "
         "*.plain.parquet) or a folder of them",
     )
-    parser.add_argument("--drafters", default="lookup,suffix", help="comma list of model-free drafters: lookup, suffix")
+    from specbench.simulate.simulate import model_free_drafters
+
+    free = ", ".join(model_free_drafters())
+    parser.add_argument("--drafters", default="lookup,suffix", help=f"comma list of model-free drafters: {free}")
     parser.add_argument("--k", default="2,4,8,16", help="comma list of draft lengths (a fixed:k policy each)")
     parser.add_argument(
         "--store",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 from specbench.core.accept import SamplingSettings
-from specbench.core.rules import TYPICAL_DELTA, TYPICAL_EPSILON, AcceptanceRule, RuleName
+from specbench.core.rules import AcceptanceRule, rule_for
 from specbench.core.verify import VerifyMode, check_verify_mode
 
 
@@ -20,9 +20,10 @@ class GenerateOptions:
     default for greedy decoding), "fast" runs one batched forward (the default when sampling).
     ``count_experts``: record the distinct experts each MoE layer touches per step (in the log
     record's ``extra["experts"]``); off by default, and free when off.
-    ``acceptance_rule``: the rule that accepts draft tokens when sampling (``specbench.core.rules``):
-    "token" (min(1, p/q), the default), "exact-match", "block" (paths only) or "typical" (lossy;
-    ``typical_epsilon`` and ``typical_delta`` are its thresholds). At temperature 0 every rule is greedy.
+    ``acceptance_rule``: the rule that accepts draft tokens when sampling (``specbench.core.rules``), by name
+    with its default parameters ("token", min(1, p/q), the default; "exact-match", "block" (paths only),
+    "typical" (lossy), or any registered rule) or as an ``AcceptanceRule`` carrying its parameters
+    (``Typical(epsilon=0.05, delta=0.2)``). At temperature 0 every rule is greedy.
     ``sample_by_position``: each output position's token drawn with a key of (``seed``, position), in plain
     decoding and in verification alike (``specbench.core.accept.draw_by_position``), so that speculative sampling
     gives plain sampling's tokens for the same seed: with "exact-match" always, with "token" and "block" for
@@ -48,9 +49,7 @@ class GenerateOptions:
     verify: VerifyMode | None = None
     prefill_step_size: int = 2048
     count_experts: bool = False
-    acceptance_rule: RuleName = "token"
-    typical_epsilon: float = TYPICAL_EPSILON
-    typical_delta: float = TYPICAL_DELTA
+    acceptance_rule: AcceptanceRule | str = "token"
     sample_by_position: bool = False
     audit: float = 0.0
 
@@ -71,9 +70,7 @@ class GenerateOptions:
             _integer("seed", self.seed, 0, "or None", maximum=2**64 - 1)
         if self.verify is not None:
             check_verify_mode(self.verify)
-        rule = AcceptanceRule(
-            self.acceptance_rule, self.typical_epsilon, self.typical_delta
-        )  # checks the rule's parameters
+        rule = self.rule  # an unknown name is one clear error
         _flag("sample_by_position", self.sample_by_position)
         if self.sample_by_position:
             if self.seed is None:
@@ -103,7 +100,7 @@ class GenerateOptions:
     @property
     def rule(self) -> AcceptanceRule:
         """The acceptance rule with its parameters."""
-        return AcceptanceRule(self.acceptance_rule, self.typical_epsilon, self.typical_delta)
+        return rule_for(self.acceptance_rule)
 
     @property
     def verify_mode(self) -> VerifyMode:

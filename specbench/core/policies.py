@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from specbench.common.registry import Registry
 from specbench.core.auto import AutoDecisions
 from specbench.core.decision import Decision, Plain, Speculate
 from specbench.core.draft import Drafter
@@ -17,8 +18,8 @@ from specbench.core.log import StepLog, StepRecord
 from specbench.core.policy_args import at_least_one, check_k
 
 #: Policies of other engines by text name (``NAME`` or ``NAME:ARGS``): name -> a DraftPolicy class with
-#: ``from_text(args)``; filled by ``specbench.core.peer_policies`` (imported with ``specbench.core``).
-PEERS: dict[str, Any] = {}
+#: ``from_text(args)``; each module of ``specbench.core.peer_policies`` registers its own.
+PEERS: Registry[Any] = Registry("policy", package="specbench.core.peer_policies")
 
 
 class DraftPolicy:

@@ -33,6 +33,7 @@ from specbench.core.forward import text_model, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
 from specbench.core.verify import greedy
+from specbench.drafters.registry import DrafterInputs, register_drafter
 from specbench.models.embedded import shipped_draft_path
 
 #: Tokens fed to the draft model per forward when it catches up on a long context.
@@ -373,3 +374,15 @@ def resolve_draft_model(spec: str | Path, target: nn.Module, model_name: str | N
     from specbench.models.load import load
 
     return load(text)[0]
+
+
+@register_drafter(
+    "draft-model",
+    "a small model sharing the target's tokenizer (the one shipped for it by default)",
+    needs=("model", "draft model"),
+)
+def _draft_model(inputs: DrafterInputs) -> DraftModel:
+    draft = inputs.draft_model
+    if draft is None:
+        draft = shipped_draft_model(inputs.model, inputs.model_name)
+    return DraftModel(draft, target=inputs.model)

@@ -26,6 +26,7 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
 from specbench.drafters.draft_model import DraftModel, parameter_bytes
+from specbench.drafters.registry import DrafterInputs, register_drafter
 
 #: Families whose body is embed -> decoder layers (one causal mask) -> final norm, as this drafter runs it.
 EARLY_EXIT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
@@ -155,3 +156,13 @@ def best_exit_layer(rows: Sequence[dict[str, Any]]) -> int:
     if not rows:
         raise ValueError("no sweep rows")
     return max(rows, key=lambda r: r["modeled_speedup"] if r["verifies"] else -1.0)["layers"]
+
+
+@register_drafter(
+    "early-exit",
+    "the target's first layers and its head (self-speculation)",
+    needs=("model",),
+    parameter="L: exit after L layers (default: half of them)",
+)
+def _early_exit(inputs: DrafterInputs) -> EarlyExit:
+    return EarlyExit(inputs.model, inputs.value or max(1, exit_layer_count(inputs.model) // 2))

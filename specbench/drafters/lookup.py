@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from specbench.core.draft import Draft, Drafter
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
 from specbench.core.tree import breadth_first_tree
+from specbench.drafters.registry import DrafterInputs, register_drafter
 
 
 class PromptLookup(Drafter):
@@ -108,3 +109,8 @@ class PromptLookup(Drafter):
                     break
         tokens, parents = breadth_first_tree(paths, k)
         return Draft(tokens, parents=parents)
+
+
+@register_drafter("lookup", "prompt lookup: the continuation of the context's tail's latest earlier occurrence")
+def _lookup(inputs: DrafterInputs) -> PromptLookup:
+    return PromptLookup()

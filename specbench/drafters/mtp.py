@@ -22,6 +22,7 @@ from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import logits_from_hidden, text_model, vocab_size
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
 from specbench.core.tree import row_attention
+from specbench.drafters.registry import DrafterInputs, register_drafter
 from specbench.models.mtp.attach import attach_mtp, get_head, shipped_head
 from specbench.models.mtp.head import MtpModule
 
@@ -272,3 +273,10 @@ def mtp_head_for(model: nn.Module, model_name: str | None = None, **kwargs: Any)
             )
         attach_mtp(model, path)
     return MtpHead(model, **kwargs)
+
+
+@register_drafter(
+    "mtp", "the model's multi-token-prediction head (attached, or shipped for it)", needs=("model", "head")
+)
+def _mtp(inputs: DrafterInputs) -> MtpHead:
+    return mtp_head_for(inputs.model, inputs.model_name)

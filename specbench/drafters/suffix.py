@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from specbench.core.draft import Draft, Drafter
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
 from specbench.core.tree import is_path
+from specbench.drafters.registry import DrafterInputs, register_drafter
 from specbench.drafters.suffix_backoff import backoff_tree
 from specbench.drafters.suffix_index import DraftLimits, SuffixIndex
 
@@ -275,3 +276,14 @@ class SuffixDecoding(Drafter):
                 parents = None
         self.last_draft = {"source": source, "match": match, "score": score}
         return Draft(list(tokens), parents=list(parents) if parents else None)
+
+
+@register_drafter(
+    "suffix",
+    "SuffixDecoding: suffix matches in this request and in earlier ones (a global index)",
+    parameter="K: drafts of up to K tokens (default 16; Auto then verifies, and exact mode calibrates, widths up to "
+    "K + 1 only)",
+)
+def _suffix(inputs: DrafterInputs) -> SuffixDecoding:
+    longest = inputs.value or inputs.max_draft
+    return SuffixDecoding(max_spec_tokens=longest) if longest else SuffixDecoding()

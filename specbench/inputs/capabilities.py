@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specbench.drafters import make_drafter
+from specbench.drafters import make_drafter, split_drafter_name
 from specbench.inputs.prompts import BUNDLED_CATEGORIES, PROMPTS_DIR
 from specbench.inputs.traces import bundled_traces
 from specbench.models.embedded import smollm2_gguf_path
@@ -99,17 +99,12 @@ def usable_drafters(
     skipped: dict[str, str] = {}
     for name in names:
         key = name.strip().lower()
-        if key in ("none", "plain"):
+        if split_drafter_name(key)[0] is None:  # plain decoding; an unknown name raises
             factories[key] = lambda: None
             continue
         try:
             make_drafter(key, model=model, model_name=model_name)
-        except FileNotFoundError as err:
-            skipped[key] = str(err)
-            continue
-        except ValueError as err:
-            if key.partition(":")[0] not in ("lookup", "suffix", "mtp", "draft-model", "early-exit"):
-                raise
+        except (FileNotFoundError, ValueError) as err:
             skipped[key] = str(err)
             continue
         factories[key] = lambda key=key: make_drafter(key, model=model, model_name=model_name)

@@ -27,7 +27,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.cost import Profile, drafter_cost, predicted_speedup, profile_for
 from specbench.report import recorded
 from specbench.report.render import coloured_html, legend_html
-from specbench.simulate.simulate import MODEL_FREE_DRAFTERS, Recorded, model_free_drafter, record, simulate
+from specbench.simulate.simulate import Recorded, model_free_drafter, model_free_drafters, record, simulate
 
 #: Policy families a choice picks from; auto drafts at most k tokens.
 POLICIES = ("fixed", "adaptive", "auto")
@@ -62,10 +62,10 @@ class Choice:
 
     def check(self) -> None:
         """A ValueError for a drafter, k or policy the replay cannot use."""
-        if self.drafter not in MODEL_FREE_DRAFTERS:
+        if self.drafter not in model_free_drafters():
             raise ValueError(
                 f"drafter {self.drafter!r}: the replay runs without the model, so only model-free drafters "
-                f"({', '.join(MODEL_FREE_DRAFTERS)}) can be chosen"
+                f"({', '.join(model_free_drafters())}) can be chosen"
             )
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise ValueError(f"k: a draft length is an integer >= 1, got {self.k!r}")

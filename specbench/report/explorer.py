@@ -25,7 +25,7 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import VERIFY_MODES
 from specbench.decoding import speculative_generate
-from specbench.drafters import DRAFTER_NAMES
+from specbench.drafters import DRAFTERS
 from specbench.inputs.capabilities import usable_drafters
 from specbench.inputs.prompts import render_prompt
 from specbench.models.load import load
@@ -41,7 +41,7 @@ from specbench.report.explore_logs import (
 from specbench.report.explore_logs import positions_figure as draw_positions
 from specbench.report.explore_logs import replay as explore_replay
 from specbench.report.render import coloured_html, stats_html
-from specbench.simulate.simulate import MODEL_FREE_DRAFTERS
+from specbench.simulate.simulate import model_free_drafters
 
 POLICY_KINDS = ("auto", "fixed", "adaptive")
 VERIFY_CHOICES = (("default", ""), *((mode, mode) for mode in VERIFY_MODES))
@@ -70,7 +70,7 @@ class Explorer:
     def __init__(
         self,
         models: Sequence[str] | dict[str, tuple[Any, Any]] = ("smollm2-135m",),
-        drafters: Sequence[str] = DRAFTER_NAMES,
+        drafters: Sequence[str] | None = None,
         prompt: str = DEFAULT_PROMPT,
         drafter: str = "lookup",
         policy: str = "auto",
@@ -90,6 +90,7 @@ class Explorer:
             raise ValueError(f"policy must be one of {POLICY_KINDS}, got {policy!r}")
         if verify not in dict(VERIFY_CHOICES).values():
             raise ValueError(f"verify must be 'exact', 'fast' or '' (the engine's default), got {verify!r}")
+        drafters = list(drafters) if drafters is not None else [*DRAFTERS.names(), "none"]
         if drafter not in drafters:
             raise ValueError(f"drafter {drafter!r} is not among the choices {list(drafters)}")
         self.refresh_s = refresh_s
@@ -235,7 +236,7 @@ class LogExplorer:
         label = {"description_width": "70px"}
         policies = [p for p in POLICIES if p != "auto" or recordings.profile is not None]
         self.drafter = w.Dropdown(
-            options=list(MODEL_FREE_DRAFTERS), value=choice.drafter, description="drafter", style=label
+            options=list(model_free_drafters()), value=choice.drafter, description="drafter", style=label
         )
         self.k = w.IntSlider(value=choice.k, min=1, max=16, description="k", style=label, continuous_update=False)
         self.policy = w.Dropdown(options=policies, value=choice.policy, description="policy", style=label)

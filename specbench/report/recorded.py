@@ -11,7 +11,6 @@ what the explorer replays other drafters, draft lengths and policies over withou
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -29,7 +28,7 @@ from specbench.common.files import write_json_atomic, write_parquet_atomic
 from specbench.core.draft import Drafter
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
-from specbench.core.rules import AcceptanceRule
+from specbench.core.rules import TokenRule
 
 #: The folder of a report that holds recorded generations.
 FOLDER = "recorded"
@@ -78,8 +77,8 @@ def generation_key(model: str, prompt_ids: Sequence[int], drafter: str, policy: 
         options.verify,
         options.ignore_eos,
     ]
-    if options.rule != AcceptanceRule():  # the default rule keeps the keys recorded before rules were options
-        settings.append(dataclasses.astuple(options.rule))
+    if options.rule != TokenRule():  # the default rule keeps the keys recorded before rules were options
+        settings.append(options.rule.key)
     if options.sample_by_position:  # likewise: keys recorded before it was an option stay as they were
         settings.append("sample_by_position")
     text = json.dumps([model, [int(t) for t in prompt_ids], drafter, policy, settings], default=str)

@@ -300,22 +300,29 @@ STORES = ("shared", "per-trace")
 Group = tuple[str, Callable[[], Iterable[Recorded]]]
 
 
-#: Drafters the simulator replays: those that need no model.
-MODEL_FREE_DRAFTERS = ("lookup", "suffix")
+#: The drafters a replay runs unless told otherwise (``model_free_drafters()`` lists every one it can run).
+DEFAULT_DRAFTERS = ("lookup", "suffix")
+
+
+def model_free_drafters() -> tuple[str, ...]:
+    """The drafters the simulator can replay: the registered ones that need no model."""
+    from specbench.drafters import drafter_kinds
+
+    return tuple(kind.name for kind in drafter_kinds() if kind.model_free)
 
 
 def model_free_drafter(name: str, k: int) -> Drafter:
     """A fresh model-free drafter by name, able to draft ``k`` tokens."""
-    from specbench.drafters import PromptLookup, SuffixDecoding
+    from specbench.drafters import make_drafter, split_drafter_name
 
-    if name == "lookup":
-        return PromptLookup()
-    if name == "suffix":
-        return SuffixDecoding(max_spec_tokens=k)
-    raise ValueError(
-        f"drafter {name!r} needs the model: the simulator replays model-free drafters "
-        f"({', '.join(MODEL_FREE_DRAFTERS)})"
-    )
+    kind, _ = split_drafter_name(name)
+    drafter = make_drafter(name, max_draft=k) if kind is not None and kind.model_free else None
+    if drafter is None:
+        raise ValueError(
+            f"drafter {name!r} needs the model: the simulator replays model-free drafters "
+            f"({', '.join(model_free_drafters())})"
+        )
+    return drafter
 
 
 def group_by_trace(requests: Iterable[Recorded]) -> list[tuple[str, list[Recorded]]]:
@@ -328,7 +335,7 @@ def group_by_trace(requests: Iterable[Recorded]) -> list[tuple[str, list[Recorde
 
 def replay_logs(
     groups: Sequence[Group],
-    drafters: Sequence[str] = MODEL_FREE_DRAFTERS,
+    drafters: Sequence[str] = DEFAULT_DRAFTERS,
     ks: Sequence[int] = (4, 8, 16),
     stores: Sequence[str] = STORES,
 ):

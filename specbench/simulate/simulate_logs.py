@@ -20,12 +20,13 @@ from specbench.core.log import StepLog
 from specbench.inputs.importers import load_traces
 from specbench.inputs.traces import pick_ids
 from specbench.simulate.simulate import (
-    MODEL_FREE_DRAFTERS,
+    DEFAULT_DRAFTERS,
     STORES,
     Group,
     group_by_trace,
     load_recorded,
     model_free_drafter,
+    model_free_drafters,
     replay_logs,
     trace_groups,
 )
@@ -87,7 +88,7 @@ def load_tokenizer(name: str) -> Any:
 def check_settings(drafters: Sequence[str], ks: Sequence[int], stores: Sequence[str], limit: int | None) -> None:
     """A ValueError for a drafter, k, store scope or limit the simulator cannot use (before any work)."""
     if not drafters:
-        raise ValueError(f"give at least one drafter ({', '.join(MODEL_FREE_DRAFTERS)})")
+        raise ValueError(f"give at least one drafter ({', '.join(model_free_drafters())})")
     for name in drafters:
         model_free_drafter(name, 1)
     if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
@@ -100,7 +101,7 @@ def check_settings(drafters: Sequence[str], ks: Sequence[int], stores: Sequence[
 
 def simulate_logs(
     source: str | os.PathLike,
-    drafters: Sequence[str] = MODEL_FREE_DRAFTERS,
+    drafters: Sequence[str] = DEFAULT_DRAFTERS,
     ks: Sequence[int] = (2, 4, 8, 16),
     stores: Sequence[str] = STORES,
     tokenizer: Any = "smollm2-135m",

@@ -19,7 +19,7 @@ from specbench.checks.acceptance_rules import (
     shift_table,
 )
 from specbench.core.draft import Draft, Drafter
-from specbench.core.rules import AcceptanceRule
+from specbench.core.rules import ExactMatch
 from specbench.inputs.prompts import Prompt
 from specbench.report import verdicts
 
@@ -60,7 +60,7 @@ def test_exact_match_accepts_with_the_target_probability_of_each_drafted_token(s
         ignore_eos=True,
         progress=False,
         drafter_factories={"model-greedy": lambda: ModelGreedy(small_vocab_model)},
-        rules=[AcceptanceRule("exact-match")],
+        rules=[ExactMatch()],
         warmup_tokens=0,
     )
     check = exact_match_expectation(sweep.steps)

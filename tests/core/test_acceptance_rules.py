@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specbench import Draft, Drafter, DraftPolicy, GenerateOptions, Generation, generate, speculative_generate
-from specbench.core.rules import ACCEPTANCE_RULES, AcceptanceRule, block_residual, block_weights
+from specbench.core.rules import ExactMatch, Typical, block_residual, block_weights, rule_for, rule_names
 from specbench.core.verify import accept_greedy, accept_tree_greedy
 from specbench.decoding import speculative_generate_batch
 from specbench.drafters import DraftModel, PromptLookup, SuffixDecoding
@@ -167,7 +167,7 @@ def model():
     return build_tiny("llama", seed=1)
 
 
-@pytest.mark.parametrize("rule", ACCEPTANCE_RULES)
+@pytest.mark.parametrize("rule", rule_names())
 def test_each_rule_is_greedy_at_temperature_zero_and_near_it(model, rule):
     """At T = 0 every rule is the greedy rule; as T -> 0 each rule's output tends to greedy decoding's."""
     greedy = plain_greedy(model, PROMPT, 24)
@@ -187,7 +187,7 @@ def draft_pair():
     return target, draft_from_target(target, [0, 2])
 
 
-@pytest.mark.parametrize("rule", ACCEPTANCE_RULES)
+@pytest.mark.parametrize("rule", rule_names())
 def test_each_rule_runs_with_drafters_with_and_without_q(draft_pair, rule):
     target, small = draft_pair
     options = GenerateOptions(max_tokens=16, temperature=1.0, seed=5, acceptance_rule=rule, ignore_eos=True)
@@ -201,7 +201,7 @@ def test_each_rule_runs_with_drafters_with_and_without_q(draft_pair, rule):
     assert gen.stats()["drafted"] > 0
 
 
-@pytest.mark.parametrize("rule", ACCEPTANCE_RULES)
+@pytest.mark.parametrize("rule", rule_names())
 def test_each_rule_in_a_batch(draft_pair, rule):
     """Batches sample by the request's rule: seeded rows repeat, greedy rows equal single-request greedy."""
     target, _ = draft_pair
@@ -229,11 +229,9 @@ def test_typical_on_a_tree_follows_the_longest_passing_path():
     p = mx.array([[0.6, 0.3, 0.1], [0.05, 0.05, 0.9], [0.5, 0.5, 0.0], [0.2, 0.2, 0.6]])
     mx.random.seed(0)
     # root children: node 0 (token 0, passes), node 1 (token 1, passes); node 2 (token 2) under node 0 passes
-    path, emitted, passed = AcceptanceRule("typical", 0.09, 0.3).tree(p, [0, 1, 2], [-1, -1, 0], None)
+    path, emitted, passed = Typical(0.09, 0.3).tree(p, [0, 1, 2], [-1, -1, 0], None)
     assert path == [0, 2] and emitted[:2] == [0, 2] and passed == [1.0, 1.0, 1.0]
-    path, emitted, _ = AcceptanceRule("exact-match").tree(
-        mx.array(np.eye(3)[[1, 2, 0, 1]]), [0, 1, 2], [-1, -1, 0], None
-    )
+    path, emitted, _ = ExactMatch().tree(mx.array(np.eye(3)[[1, 2, 0, 1]]), [0, 1, 2], [-1, -1, 0], None)
     assert path == [1] and emitted == [1, 0]
 
 
@@ -248,9 +246,7 @@ def test_typical_on_a_tree_follows_the_longest_passing_path():
             r"acceptance_rule must be one of token, exact-match, block, typical.*got 'greedy'",
         ),
         (dict(acceptance_rule=None), r"acceptance_rule must be one of .*got None"),
-        (dict(acceptance_rule="typical", typical_epsilon=0.0), r"typical_epsilon must be in \(0, 1\].*got 0\.0"),
-        (dict(acceptance_rule="typical", typical_delta=1.5), r"typical_delta must be in \(0, 1\].*got 1\.5"),
-        (dict(typical_epsilon=float("nan")), r"typical_epsilon must be in \(0, 1\].*got nan"),
+        (dict(acceptance_rule=3), r"acceptance_rule must be one of .*or an AcceptanceRule, got 3"),
     ],
 )
 def test_bad_acceptance_is_one_clear_error(no_forward, fields, message):
@@ -260,14 +256,29 @@ def test_bad_acceptance_is_one_clear_error(no_forward, fields, message):
         )
 
 
+@pytest.mark.parametrize(
+    "parameters, message",
+    [
+        (dict(epsilon=0.0), r"typical epsilon must be in \(0, 1\].*got 0\.0"),
+        (dict(delta=1.5), r"typical delta must be in \(0, 1\].*got 1\.5"),
+        (dict(epsilon=float("nan")), r"typical epsilon must be in \(0, 1\].*got nan"),
+        (dict(alpha=0.5), r"acceptance rule 'typical' takes epsilon, delta, got alpha"),
+    ],
+)
+def test_a_rule_checks_its_own_parameters(parameters, message):
+    """A rule carries its parameters and checks them where it is made, before any options or model."""
+    with pytest.raises(ValueError, match=message):
+        rule_for("typical", **parameters)
+
+
 def test_block_with_a_tree_drafter_is_an_error_before_model_work(no_forward):
     options = GenerateOptions(temperature=0.7, acceptance_rule="block")
     with pytest.raises(ValueError, match="acceptance_rule 'block' verifies path drafts only"):
         speculative_generate(
             no_forward, PROMPT, options, drafter=SuffixDecoding(tree=True), policy=DraftPolicy.fixed(4)
         )
-    with pytest.raises(TypeError, match="typical_delta"):
-        GenerateOptions(acceptance_rule="typical", typical_delta="0.3").check()
+    with pytest.raises(TypeError, match="typical delta"):
+        GenerateOptions(acceptance_rule=Typical(delta="0.3")).check()
 
 
 def _rows(n: int, vocab: int = 5) -> mx.array:
@@ -280,20 +291,20 @@ TABLE_CASES = {
     "q a row short": (4, 2, r"q have shape \(2, 5\), but a draft of 3 tokens needs \(3, 5\)"),
 }
 #: (rule, case): every rule with a p that does not fit; the rules that read q (token, block) with a q that does not.
-TABLE_FITS = [(r, c) for r in ACCEPTANCE_RULES for c in TABLE_CASES if r in ("token", "block") or c[0] == "p"]
+TABLE_FITS = [(r, c) for r in rule_names() for c in TABLE_CASES if r in ("token", "block") or c[0] == "p"]
 
 
 @pytest.mark.parametrize("rule, case", TABLE_FITS, ids=[f"{r}-{c}" for r, c in TABLE_FITS])
 def test_each_rule_refuses_probability_tables_that_do_not_fit_the_draft(rule, case):
     """A table a row short would be read past its end: one clear error instead, for paths and trees."""
     p_rows, q_rows, message = TABLE_CASES[case]
-    acceptance = AcceptanceRule(rule)
+    chosen = rule_for(rule)
     draft, q = [1, 2, 3], _rows(q_rows) if q_rows else None
     with pytest.raises(ValueError, match=rf"acceptance rule '{rule}': .*{message}"):
-        acceptance.path(_rows(p_rows), draft, q)
-    if rule != "block":
+        chosen.path(_rows(p_rows), draft, q)
+    if not chosen.paths_only:
         with pytest.raises(ValueError, match=message):
-            acceptance.tree(_rows(p_rows), draft, [-1, 0, 0], q)
+            chosen.tree(_rows(p_rows), draft, [-1, 0, 0], q)
 
 
 def test_block_weights_refuse_a_target_table_a_row_short():

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from specbench.core.draft import Drafter
 from specbench.core.log import StepRecord
-from specbench.core.policies import DraftPolicy
+from specbench.core.policies import PEERS, DraftPolicy
 from specbench.core.policy_args import at_least_one, check_k, real
 
 
@@ -131,3 +131,6 @@ class OllamaControllerPolicy(DraftPolicy):
 
 def _rate(entry: tuple[int, float]) -> float:
     return entry[1]
+
+
+PEERS.add("ollama", OllamaControllerPolicy)

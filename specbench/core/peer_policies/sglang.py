@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from specbench.core.draft import Drafter
 from specbench.core.log import StepRecord
-from specbench.core.policies import DraftPolicy
+from specbench.core.policies import PEERS, DraftPolicy
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, at_least_one, real, whole
 
 #: SGLang's default tiers per batch size (``DEFAULT_ADAPTIVE_CONFIG``).
@@ -141,3 +141,6 @@ class SglangEmaPolicy(DraftPolicy):
         except ValueError:
             raise ValueError(f"sglang:{text}: use sglang or sglang:T1,T2,... (draft lengths, 0 = none)") from None
         return cls({1: tiers})
+
+
+PEERS.add("sglang", SglangEmaPolicy)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from specbench.core.draft import Drafter
 from specbench.core.log import StepLog
-from specbench.core.policies import Decision, DraftPolicy, Speculate
+from specbench.core.policies import PEERS, Decision, DraftPolicy, Speculate
 from specbench.core.policy_args import check_k, real
 
 
@@ -47,3 +47,6 @@ class ConfidencePolicy(DraftPolicy):
         if len(parts) > 2:
             raise ValueError(f"confidence:{text}: use confidence[:THRESHOLD[:MAX_K]]")
         return cls(threshold, max_k)
+
+
+PEERS.add("confidence", ConfidencePolicy)

@@ -16,6 +16,7 @@ from typing import Any
 
 from specbench.core.batch_policies import BatchTablePolicy
 from specbench.core.draft import Drafter
+from specbench.core.policies import PEERS
 from specbench.core.policy_args import check_k
 
 
@@ -56,3 +57,6 @@ def _start(batch_sizes: Any) -> int:
         return int(text.split("-", 1)[0])
     except ValueError:
         raise ValueError(f"a vLLM batch-size key is N or N-M, got {batch_sizes!r}") from None
+
+
+PEERS.add("vllm", VllmTablePolicy)
