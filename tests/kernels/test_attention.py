@@ -145,7 +145,7 @@ def _tiny() -> nn.Module:
     return model
 
 
-def _one_query_rows(queries, keys, values, scale, mask=None, variant="source", vectors_per_warp=None):
+def _one_query_rows(queries, keys, values, scale, mask=None, variant="source", vectors_per_warp=None, starts=None):
     """A stand-in kernel exact by construction: MLX's one-query attention per row, over the keys it attends."""
     rows, n = queries.shape[2], keys.shape[2]
     outs = [
@@ -163,7 +163,7 @@ def _on_cuda(monkeypatch, kernel) -> None:
     monkeypatch.setattr(kernels, "cuda_available", lambda: True)
     monkeypatch.setattr(kernels, "attention_variant", lambda dtype, head_dim: "source")
     monkeypatch.setattr(kernels, "attention_rows", kernel)
-    monkeypatch.setattr(kernel_attention, "supports", lambda queries, keys, values, mask=None: True)
+    monkeypatch.setattr(kernel_attention, "supports", lambda queries, keys, values, mask=None, starts=None: True)
     monkeypatch.setattr(kernel_probe, "_warned", set())
     exact_calibration._calibrations.clear()
 
@@ -187,7 +187,7 @@ def test_an_attention_kernel_that_is_not_bit_identical_is_rejected(monkeypatch):
     emulate_gpu(monkeypatch, attention=True, linear_rows=None)
     sdpa = mx.fast.scaled_dot_product_attention  # the emulated one: its multi-query rows are off
 
-    def multi_query(queries, keys, values, scale, mask=None, variant="source", vectors_per_warp=None):
+    def multi_query(queries, keys, values, scale, mask=None, variant="source", vectors_per_warp=None, starts=None):
         return sdpa(queries, keys, values, scale=scale, mask=mask)
 
     _on_cuda(monkeypatch, multi_query)
