@@ -90,6 +90,9 @@ def test_measured_profile_and_grid_on_moe():
     assert full["predicted"] == pytest.approx(3 / profile.c(3, 2))
     assert all(r["measured"] > 0 and r["diverged"] == 0 for r in rows)
     assert all(r["predicted_from_log"] > 0 and r["residual"] == pytest.approx(r["error_from_log"]) for r in rows)
+    assert {r["verify"] for r in rows} == {"fast"}
+    (exact,) = batch_speedup_grid(model, profile, (2,), (0.5,), (2,), prompt_len=6, max_tokens=8, verify="exact")
+    assert exact["verify"] == "exact" and exact["diverged"] == 0 and exact["measured"] > 0
 
 
 @pytest.mark.parametrize("acceptances", [(float("nan"),), (1.0, 2.0), (-1e-9,)])
