@@ -390,7 +390,7 @@ def divergence_table(summary: Sequence[dict], tokens: int) -> list[str]:
     """The first divergence of each engine's greedy output from each reference, per shape and batch size, as
     text: identical share / median position (identical outputs counted at their length) / earliest position."""
     lines = [
-        f"\n== first divergence of greedy outputs ({tokens} tokens; fast verify, the batch engine's only mode): "
+        f"\n== first divergence of greedy outputs ({tokens} tokens; fast verify): "
         "identical share / median position (identical counted at their length) / earliest position"
     ]
     sizes = sorted({s["batch_size"] for s in summary})

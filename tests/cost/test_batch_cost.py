@@ -82,7 +82,7 @@ def test_measured_profile_and_grid_on_moe():
     assert set(experts) == {(b, w) for b in (1, 2) for w in (1, 2, 3)}
     assert all(2 <= e <= 8 for e in experts.values())  # top-2 of 8 experts
     assert experts[(2, 3)] >= experts[(1, 1)]
-    with pytest.raises(ValueError, match="fast mode only"):
+    with pytest.raises(ValueError, match="measures fast forwards only"):
         measure_batch_profile(model, (1,), verify="exact")
     rows = batch_speedup_grid(model, profile, (2,), (1.0, 0.0), (2,), prompt_len=6, max_tokens=8)
     full, none = rows
