@@ -292,7 +292,7 @@ class BatchGeneration:
         inputs = mx.array([row + [0] * (width - len(row)) for row in rows], dtype=mx.uint32)
         needs_hidden = any(r.needs_hidden for r in active)
         self.rollback.arm(width)
-        out = self.verifier.forward(self.model, inputs, self.cache, needs_hidden)
+        out = self.verifier.forward(self.model, inputs, cast(list, self.cache), needs_hidden)
         logits, hidden = out if needs_hidden else (out, None)
         experts = self.counter.take() if self.counter is not None else []
         outcomes = self._accept(logits, rows, plans)
@@ -348,7 +348,7 @@ class BatchGeneration:
     def _queue_plain(self, last: mx.array, ahead: int) -> mx.array:
         """Queue one plain greedy step of every active row after ``last`` ([B, 1]); its tokens, lazy. ``ahead``:
         steps queued before it whose tokens are not read yet (each row's EOS mask goes by position)."""
-        logits = cast(mx.array, self.verifier.forward(self.model, last, self.cache, False))[:, -1]
+        logits = cast(mx.array, self.verifier.forward(self.model, last, cast(list, self.cache), False))[:, -1]
         active = self.active
         if any(r.options.min_tokens > len(r.tokens) + ahead for r in active):
             logits = mx.concatenate(

@@ -93,7 +93,7 @@ def batch_starts(cache: Sequence[Any] | None) -> list[int] | None:
     None for a single request's caches."""
     for c in cache or ():
         if isinstance(c, BatchKVCache):
-            return c.left_padding.tolist()
+            return [int(s) for s in c.left_padding.tolist()]  # type: ignore[union-attr]
     return None
 
 

@@ -94,11 +94,11 @@ def attention_rows_reference(
     if reason is not None:
         raise ValueError(f"attention_rows_reference: {reason}")
     if starts is not None:
-        rows = [
+        per_row = [
             attention_rows_reference(queries[i : i + 1], keys[i : i + 1, :, s:], values[i : i + 1, :, s:], scale, mask)
             for i, s in enumerate(starts)
         ]
-        return mx.concatenate(rows, axis=0)
+        return mx.concatenate(per_row, axis=0)
     b, heads, rows, d = queries.shape
     kv_heads, n_keys = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
