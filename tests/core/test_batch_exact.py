@@ -14,7 +14,7 @@ from specbench import DraftPolicy, GenerateOptions, generate_batch, speculative_
 from specbench import kernels as specbench_kernels
 from specbench.core.batch import BatchGeneration
 from specbench.exact import batch_verifier
-from specbench.kernels import attention_rows_reference
+from specbench.kernels import attention_rows_reference, cuda_available, gemv_rows_reference
 
 #: Six prompts of different lengths (so each row's left padding differs).
 PROMPTS = [[5, 17, 3], [9, 5, 17, 3, 9, 5, 17, 2, 2, 8, 40], [44, 2, 8, 5, 17], [3, 9], [8, 8, 5, 17, 44, 2], [17, 3]]
@@ -85,6 +85,8 @@ def proved_kernels(monkeypatch) -> dict[str, list]:
         calls["gemv_rows"].append(x.size // x.shape[-1])
         flat = x.reshape(-1, x.shape[-1])
         out = mx.concatenate([flat[i : i + 1] @ weight.T for i in range(flat.shape[0])])
+        reference = gemv_rows_reference(flat, weight)  # the kernel's arithmetic
+        assert np.allclose(np.array(reference.astype(mx.float32)), np.array(out.astype(mx.float32)), 0.02, 0.05)
         return out.reshape(*x.shape[:-1], weight.shape[0])
 
     def attention_rows(q, k, v, scale, mask=None, variant="source", starts=None):
@@ -143,6 +145,18 @@ def test_exact_batches_go_through_the_proved_kernels_and_count_what_they_do_not_
         assert wide and fallbacks == {"attention: 17 query rows: 1 to 16 are computed": 2 * wide}  # 2 layers
     else:
         assert fallbacks == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="the kernels are CUDA sources: run on a CUDA device")
+def test_exact_batches_through_the_real_kernels_equal_mlx_lm_greedy_on_the_gpu():
+    model = bf16_model()
+    truth = [plain_greedy(model, p, TOKENS) for p in PROMPTS]
+    gen = speculative(model, PROMPTS, truth, "exact", 4)
+    assert gen.run() == truth
+    fast = speculative(model, PROMPTS, truth, "fast", 4).run()
+    print(f"\nfast batches equal to mlx-lm greedy: {sum(f == t for f, t in zip(fast, truth))} of {len(truth)}")
+    assert gen.stats()["kernel_fallbacks"] == {}, "a proved kernel did not take a call"
 
 
 # -- bad input -------------------------------------------------------------------------------------------------------

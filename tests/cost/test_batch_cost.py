@@ -235,7 +235,9 @@ def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch)
             return super().run()
 
     monkeypatch.setattr(batch_cost, "BatchGeneration", Recorded)
-    monkeypatch.setattr(batch_cost, "generate_batch", lambda model, prompts, options: Recorded(model, prompts, options))
+    monkeypatch.setattr(
+        batch_cost, "generate_batch", lambda model, prompts, options, **kw: Recorded(model, prompts, options, **kw)
+    )
     model = build_tiny("qwen3")
     profile = measure_batch_profile(model, (2,), widths=3, offset=6, repeats=1, warmup=1, count_experts=False)
     grid = functools.partial(batch_speedup_grid, model, profile, (2,), (1.0,), prompt_len=6, max_tokens=10)
