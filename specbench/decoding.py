@@ -18,7 +18,8 @@ import mlx.nn as nn
 
 from specbench.common.distributed import is_sharded
 from specbench.common.identity import display_name
-from specbench.core.batch import BatchGeneration, generate_batch
+from specbench.core.batch import BatchGeneration, requested_verify_mode
+from specbench.core.batch import generate_batch as plain_batch
 from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
 from specbench.core.engine import Generation, plain_generation
 from specbench.core.forward import context_length
@@ -32,7 +33,7 @@ from specbench.cost import Profile, profile_for
 from specbench.cost.breakeven import BreakEven
 from specbench.cost.group import lockstep_profile
 from specbench.cost.trees import stored_tree_costs, tree_break_even
-from specbench.exact import ExactVerifier, verifier_for
+from specbench.exact import ExactVerifier, batch_verifier, verifier_for
 
 
 def _say(text: str) -> None:
@@ -164,6 +165,21 @@ def with_estimate(progress: Callable[[str], None] | None) -> Callable[[str], Non
     return say
 
 
+def generate_batch(
+    model: nn.Module,
+    prompts: Sequence[Prompt],
+    options: BatchOptions = None,
+    *,
+    tokenizer: Tokenizer | None = None,
+    max_batch: int | None = None,
+) -> BatchGeneration:
+    """Plain batched decoding with the same options, logs and stats as batched speculative decoding; with
+    ``verify="exact"`` every request's tokens equal its own ``generate`` greedy output, whatever else is batched."""
+    verify = requested_verify_mode(options, len(prompts)) or "fast"
+    verifier = batch_verifier(model, verify)
+    return plain_batch(model, prompts, options, tokenizer=tokenizer, max_batch=max_batch, verifier=verifier)
+
+
 def speculative_generate_batch(
     model: nn.Module,
     prompts: Sequence[Prompt],
@@ -177,21 +193,24 @@ def speculative_generate_batch(
     progress: Callable[[str], None] | None = _say,
 ) -> BatchGeneration:
     """Batched speculative decoding: each request drafts its own length (``drafters``: one per
-    prompt, or a factory i -> drafter), one forward verifies the [B, w] block; greedy output per
-    request equals ``generate``'s. Verification is fast mode (``options.verify="exact"`` is an
-    error: exact verification is per request). A policy needing a break-even gets the profile's
-    batch-1 break-even (``specbench.core.batch_policies.BatchAutoPolicy`` takes one per batch size).
+    prompt, or a factory i -> drafter), one forward verifies the [B, w] block. Verification is fast mode
+    unless the options ask for ``verify="exact"`` (every request's, or none's): then every batched forward
+    computes each request's rows as its own single-request steps do (``specbench.exact.batch_verifier``), so
+    each request's greedy output equals ``generate``'s whatever else is in the batch. A policy needing a
+    break-even gets the profile's batch-1 break-even (``specbench.core.batch_policies.BatchAutoPolicy`` takes
+    one per batch size).
     """
-    for opts in options if isinstance(options, (list, tuple)) else [options]:
-        if opts is not None and checked_options(opts).verify == "exact":
-            raise ValueError("batched decoding verifies in fast mode: leave options.verify unset or set it to 'fast'")
-    generation = BatchGeneration(model, prompts, options, drafters, policy, tokenizer=tokenizer, max_batch=max_batch)
+    verify = requested_verify_mode(options, len(prompts)) or "fast"
+    verifier = batch_verifier(model, verify)
+    generation = BatchGeneration(
+        model, prompts, options, drafters, policy, tokenizer=tokenizer, max_batch=max_batch, verifier=verifier
+    )
     for request in generation.requests:
         _check_target(request.drafter, model, tokenizer)
     if any(r.drafter is not None and r.policy.needs_break_even for r in generation.requests):
-        profile = profile or profile_for(model, "fast", progress=progress)
+        profile = profile or profile_for(model, verify, progress=progress)
         drafter = next(r.drafter for r in generation.requests if r.drafter is not None)
-        generation.set_break_even(break_even_function(profile, drafter, "fast"))
+        generation.set_break_even(break_even_function(profile, drafter, verify))
     return generation
 
 

@@ -358,7 +358,8 @@ def emulate_gpu(
     beyond_keys: int | None = None,
 ):
     """Make multi-row calls differ from single-row ones (by ``size``): attention over more than
-    one query, linear layers over more than ``linear_rows`` rows (None: never), the
+    one query (several query rows, or one row of each of several batched requests), linear layers over more
+    than ``linear_rows`` rows (all leading axes: a batch's B x w rows; None: never), the
     batched-vector linear scheme when ``vector``, and expert products whenever mlx-lm sorts the
     routed tokens. ``beyond_keys``: a device whose attention kernels switch past that many keys: attention over
     more than one query computes each row as a one-query call does (row-invariant, whatever the CPU's own kernel
@@ -370,9 +371,10 @@ def emulate_gpu(
 
         def variant_sdpa(q, k, v, *args, scale, mask=None, **kwargs):
             rows = q.shape[-2]
-            if rows == 1 or BUMP["beyond_keys"] is None:
+            many = rows > 1 or q.shape[0] > 1
+            if not many or BUMP["beyond_keys"] is None:
                 out = sdpa(q, k, v, *args, scale=scale, mask=mask, **kwargs)
-                return bump(out) if rows > 1 else out
+                return bump(out) if many else out
             prefix = k.shape[-2] - rows
             parts = []
             for i in range(rows):

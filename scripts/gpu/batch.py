@@ -3,6 +3,7 @@ throughput against mlx-lm's BatchGenerator, first-divergence statistics, and a v
 
     python3 -m scripts.gpu.batch --budget 420   # H200: Qwen3-8B, Qwen3-30B-A3B, Qwen3.5-9B, 4-bit, B <= 32
     python3 -m scripts.gpu.batch --quick        # CPU: tiny float32 shapes, < 60 s
+    python3 -m scripts.gpu.batch --exact --budget 480   # exact batches only (dense and MoE shapes)
 
 Per shape, each phase written out as soon as it is done (an interrupted run keeps what it finished),
 skipped when it would not fit in --budget, and a batch size whose forward fails (an MLX kernel that
@@ -14,7 +15,7 @@ does not launch) recorded in "failures" while the run goes on:
      batched vs mlx-lm, ratios in one run; the oracles draft the plain batched output of the same batch,
      recorded before the speculative run (no model work inside a timed run);
   4. first divergence per request of each engine's greedy output from mlx-lm's and from single-request
-     greedy decoding (fast verification: the batch engine's only mode).
+     greedy decoding (fast verification).
 Then the hybrid Qwen3.5-9B 4-bit shape (Gated DeltaNet layers rolled back per row): its profile and
 grid. Then, budget permitting, the embedded SmolLM2-135M with real drafters (prompt lookup,
 SuffixDecoding) on two bundled prompts per category and the chat-revision trace's turns at B in
@@ -24,6 +25,12 @@ verdict are ``scripts.gpu.batch_run``'s, the figure ``specbench.report.figures.b
 Writes into $OUT (or --out, default reports/gpu-batch): batch_summary.json (profiles, a*, divergence
 summary, verdict, failures, skipped), batch_costs.csv, batch_break_even.csv, batch_experts.csv,
 batch_grid.csv, batch_bench.csv, batch_divergence.csv, batch_break_even.png.
+
+With --exact, only the exact phase runs (``BatchRun.exact``), per synthetic shape (dense and MoE) at B in
+{1, 4, 16, 32}, acceptance 0.8, k = 3: whether every request's exact batched output (``verify="exact"``) equals
+its own single-request mlx-lm greedy output, and exact vs fast batched seconds per step, their ratio measured in
+one run with an A/A arm (the fast batch timed again, ``specbench.bench.paired.AACheck``). It writes
+batch_exact.json (with the run's provenance: commit, versions, device) and batch_exact.csv.
 """
 
 from __future__ import annotations
@@ -61,6 +68,9 @@ FULL = {
     "embedded_tokens": 64,
     "embedded_prompts": 16,
     "embedded_turns": None,
+    "exact_batch_sizes": [1, 4, 16, 32],
+    "exact_tokens": 32,
+    "exact_repeats": 6,
 }
 QUICK = {
     "models": ["qwen3-8b-tiny", "qwen3-30b-a3b-tiny"],
@@ -86,6 +96,9 @@ QUICK = {
     "embedded_tokens": 8,
     "embedded_prompts": 4,
     "embedded_turns": 2,
+    "exact_batch_sizes": [1, 4],
+    "exact_tokens": 8,
+    "exact_repeats": 6,
 }
 
 
@@ -112,6 +125,9 @@ def main() -> None:
     parser.add_argument("--no-hybrid", action="store_true", help="leave out the hybrid (Gated DeltaNet) shape")
     parser.add_argument("--models", default=None, help="comma list of synthetic shapes (default: dense and MoE)")
     parser.add_argument("--profile-share", type=float, default=0.25, help="share of a shape's time for c(w, B)")
+    parser.add_argument(
+        "--exact", action="store_true", help="only exact batches against single-request greedy, and their cost"
+    )
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
     cfg["profile_share"] = args.profile_share
@@ -124,6 +140,12 @@ def main() -> None:
                 parser.error(str(err))
     budget = Budget(args.budget, say=say)
     run = BatchRun(cfg, Path(args.out), budget, say=say)
+    if args.exact:
+        for i, name in enumerate(cfg["models"]):
+            run.exact(name, budget.until((i + 1) / len(cfg["models"])))
+        run.save_exact()
+        say(f"\ndone in {budget.elapsed():.0f} s; failures: {len(run.failures)}; results in {run.out}")
+        return
     embedded_s = 0.0 if args.no_embedded else 0.15 * args.budget
     reserve = embedded_s + (0.0 if args.no_hybrid else 0.15 * args.budget)
     for i, name in enumerate(cfg["models"]):

@@ -7,13 +7,17 @@ a*(k, B), the measured grid at controlled acceptance (``batch_speedup_grid``), t
 output from mlx-lm's and from single-request decoding (``specbench.bench.batch_bench``). ``BatchRun.embedded``
 runs real drafters (prompt lookup, SuffixDecoding) on the embedded model's bundled prompts and a trace's turns. A
 forward that fails (an MLX kernel that does not launch) is recorded in ``failures`` and the run goes on.
+``BatchRun.exact`` checks exact batches (``verify="exact"``) against each request's single-request mlx-lm greedy
+output and times them against fast batches, paired per repeat with an A/A arm.
 
-Files (``BatchRun.save``): batch_summary.json and batch_{costs,break_even,experts,grid,bench,divergence}.csv.
+Files (``BatchRun.save``): batch_summary.json and batch_{costs,break_even,experts,grid,bench,divergence}.csv;
+``BatchRun.save_exact``: batch_exact.json (with the run's provenance: its commit) and batch_exact.csv.
 """
 
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,19 +28,27 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from specbench.bench.batch_bench import bench_batch, format_batch_bench, trace_requests
+from specbench.bench.batch_bench import bench_batch, format_batch_bench, oracle_drafters, trace_requests
 from specbench.bench.budget import Budget
+from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap
+from specbench.checks.exactness import mlx_lm_greedy
 from specbench.common.files import write_csv_atomic, write_json_atomic
-from specbench.common.identity import device_name
+from specbench.common.identity import device_name, write_result
+from specbench.core.batch import BatchGeneration
 from specbench.core.engine import plain_generation
 from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
+from specbench.core.policies import DraftPolicy
+from specbench.core.verify import FAST
 from specbench.cost.batch import BatchProfile, lowest_break_even, measure_batch_overhead, measure_batch_profile
 from specbench.cost.batch_grid import batch_speedup_grid
+from specbench.exact import batch_verifier
 from specbench.models import synthetic
 
 #: The run's tables, each written as batch_<name>.csv.
-TABLES = ("costs", "break_even", "experts", "grid", "bench", "divergence")
+TABLES = ("costs", "break_even", "experts", "grid", "bench", "divergence", "exact")
+#: The exact phase's arms: the fast batch (the baseline), the exact batch, and the fast batch again (A/A).
+ARMS = ("fast", "exact", "fast (A/A)")
 
 
 def _say(text: str) -> None:
@@ -182,6 +194,96 @@ class BatchRun:
             self.divergence_summary += [{"model": label, **s} for s in result["divergence_summary"]]
             self.save()
 
+    def exact(self, name: str, until: float) -> None:
+        """Exact batches of the synthetic shape ``name`` at each exact batch size (oracle drafters at the bench's
+        acceptance and k, drafting each request's single-request mlx-lm greedy output): whether every request's
+        exact output equals that output, and the exact batch's seconds per batched step over the fast batch's,
+        per repeat (arms in alternating order), with the fast batch timed again as the A/A arm."""
+        cfg = self.cfg
+        model = synthetic.build(name)
+        label, n, sizes = model.specbench_name, cfg["exact_tokens"], cfg["exact_batch_sizes"]
+        rng = np.random.default_rng(11)
+        pool = rng.integers(0, vocab_size(model), size=(max(sizes), cfg["prompt_len"])).tolist()
+        if not self.budget.fits(f"{label} exact: single-request greedy", 5.0, until):
+            return
+        t0 = time.perf_counter()
+        truth = [mlx_lm_greedy(model, p, n) for p in pool]
+        self.say(
+            f"\n== {label} exact batches: mlx-lm greedy of {len(pool)} prompts in {time.perf_counter() - t0:.1f} s"
+        )
+        verifiers = {"fast": FAST, "exact": batch_verifier(model, "exact")}
+        k, acceptance = cfg["bench_k"], cfg["bench_acceptance"]
+
+        def run(verify: str, prompts: list[list[int]]) -> tuple[list[list[int]], float]:
+            b = len(prompts)
+            drafters = oracle_drafters(prompts, truth[:b], acceptance, vocab_size(model), seed=b)
+            options = GenerateOptions(max_tokens=n, verify=verify)
+            gen = BatchGeneration(
+                model, prompts, options, drafters, DraftPolicy.fixed(k), max_batch=b, verifier=verifiers[verify]
+            )
+            mx.clear_cache()
+            outputs = gen.run()
+            # per batched step, drafting left out (the oracle's bookkeeping is no drafter's cost), as the grid times
+            return outputs, sum(s.verify_s + s.other_s for s in gen.batch_log) / len(gen.batch_log)
+
+        for b in sizes:
+            if b > 1 and self.budget.over(f"{label} exact B={b}: past this shape's share", until=until):
+                continue
+            if not self.budget.fits(f"{label} exact B={b}", 3.0 + 0.5 * b, until):
+                continue
+            t0 = time.perf_counter()
+            seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
+            equal: dict[str, list[int]] = {arm: [] for arm in ARMS}
+            try:
+                run("fast", pool[:b]), run("exact", pool[:b])  # warm-up: kernels compiled, caches sized
+                for repeat in range(cfg["exact_repeats"]):
+                    for arm in ARMS if repeat % 2 == 0 else ARMS[::-1]:
+                        outputs, step_s = run(arm.split()[0], pool[:b])
+                        seconds[arm].append(step_s)
+                        equal[arm].append(sum(o == t for o, t in zip(outputs, truth)))
+            except RuntimeError as err:
+                self.failed(f"{label} exact B={b}", err)
+                continue
+            ratios = [e / f for e, f in zip(seconds["exact"], seconds["fast"])]
+            a_a = AACheck.of_ratios([a / f for a, f in zip(seconds["fast (A/A)"], seconds["fast"])])
+            interval = bootstrap(ratios, statistics.median) if len(ratios) >= MIN_UNITS else None
+            row = {
+                "model": label,
+                "batch_size": b,
+                "acceptance": acceptance,
+                "k": k,
+                "tokens": n,
+                "exact_equal": min(equal["exact"]),
+                "fast_equal": min(equal["fast"]),
+                "all_exact": min(equal["exact"]) == b,
+                "exact_step_ms": 1e3 * statistics.median(seconds["exact"]),
+                "fast_step_ms": 1e3 * statistics.median(seconds["fast"]),
+                "exact_over_fast": statistics.median(ratios),
+                "interval": interval,
+                "repeats": len(ratios),
+                "a_a": a_a.as_record(),
+            }
+            self.tables["exact"].append(row)
+            shown = f"[{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "(too few repeats)"
+            self.say(
+                f"  exact B={b}: {row['exact_equal']}/{b} requests equal mlx-lm greedy "
+                f"(fast: {row['fast_equal']}/{b}); "
+                f"per step exact {row['exact_step_ms']:.2f} ms, fast {row['fast_step_ms']:.2f} ms, exact/fast "
+                f"{row['exact_over_fast']:.2f} {shown}; {a_a.verdict()}; {time.perf_counter() - t0:.1f} s"
+            )
+            self.save_exact(verifiers["exact"])
+        mx.clear_cache()  # the shape's model is freed on return
+
+    def save_exact(self, verifier: Any = None) -> None:
+        """Write batch_exact.json (with the run's provenance, which names its commit) and batch_exact.csv."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        fallbacks = dict(getattr(verifier, "fallbacks", {}))
+        rows = self.tables["exact"]
+        body = {"device": device_name(), "config": self.cfg, "rows": rows, "kernel_fallbacks": fallbacks}
+        write_result(self.out / "batch_exact.json", body | {"failures": self.failures})
+        if rows:
+            write_csv_atomic(self.out / "batch_exact.csv", [{**r, "a_a": r["a_a"]["verdict"]} for r in rows])
+
     def embedded(self, trace: Path) -> None:
         """Real drafters (prompt lookup, SuffixDecoding) on the embedded model: the bundled prompts' first turns
         and ``trace``'s turns as requests, at each embedded batch size."""
@@ -251,7 +353,7 @@ class BatchRun:
         self.out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.out / "batch_summary.json", self.summary())
         for name, rows in self.tables.items():
-            if rows:
+            if rows and name != "exact":  # the exact phase's own files (save_exact)
                 write_csv_atomic(self.out / f"batch_{name}.csv", rows)
 
 
@@ -289,7 +391,7 @@ def divergence_table(summary: Sequence[dict], tokens: int) -> list[str]:
     """The first divergence of each engine's greedy output from each reference, per shape and batch size, as
     text: identical share / median position (identical outputs counted at their length) / earliest position."""
     lines = [
-        f"\n== first divergence of greedy outputs ({tokens} tokens; fast verify, the batch engine's only mode): "
+        f"\n== first divergence of greedy outputs ({tokens} tokens; fast verify): "
         "identical share / median position (identical counted at their length) / earliest position"
     ]
     sizes = sorted({s["batch_size"] for s in summary})

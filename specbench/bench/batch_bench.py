@@ -14,6 +14,9 @@ run's plain batched run of the same batch (recorded before the speculative run s
 but decoding runs inside a timed run). Where a speculative output leaves that recording (a fast
 verify that is not bit-exact: GPUs), the oracle keeps drafting its recording at the same position;
 the acceptance drops, and the measured acceptance is reported.
+
+``verify="exact"`` runs plain batched and every speculative method through the exact batch verifier
+(``specbench.exact.batch_verifier``): each request's output then equals its single-request greedy output.
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ from specbench.core.draft import Drafter
 from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
+from specbench.core.verify import Verifier, check_verify_mode
 from specbench.cost.batch import BatchProfile
 from specbench.cost.predict import predicted_batch_speedup, residual
 from specbench.drafters import make_drafter
 from specbench.drafters.oracle import Oracle
+from specbench.exact import batch_verifier
 
 ORACLE = "oracle"
 
@@ -174,12 +179,13 @@ def _methods(drafters: Any, policies: Any, model: nn.Module) -> list[tuple[str, 
     return methods
 
 
-def _warm_up(model: nn.Module, prompts: list[list[int]], batch_size: int, k: int) -> None:
+def _warm_up(model: nn.Module, prompts: list[list[int]], batch_size: int, k: int, verifier: Verifier) -> None:
     """Run each engine's kernels once at this batch size (plain steps and [B, k + 1] verifies)."""
     few = prompts[:batch_size]
-    recorded = generate_batch(model, few, GenerateOptions(max_tokens=k + 6, ignore_eos=True)).run()
+    options = GenerateOptions(max_tokens=k + 6, ignore_eos=True)
+    recorded = generate_batch(model, few, options, verifier=verifier).run()
     drafters = oracle_drafters(few, recorded, 0.5, vocab_size(model))
-    BatchGeneration(model, few, GenerateOptions(max_tokens=k + 6, ignore_eos=True), drafters, k).run()
+    BatchGeneration(model, few, options, drafters, k, verifier=verifier).run()
     mlx_lm_batch(model, few, batch_size, 4)
 
 
@@ -195,6 +201,7 @@ def bench_batch(
     single: Sequence[list[int]] | None = None,
     seed: int = 0,
     profile: BatchProfile | None = None,
+    verify: str = "fast",
 ) -> dict[str, Any]:
     """One run of plain batched, each speculative method (drafter x policy) and mlx-lm on ``prompts``
     at ``batch_size``. ``drafters``: names (``oracle:A`` included) or factories request index ->
@@ -207,18 +214,21 @@ def bench_batch(
     Returns ``rows`` (one per engine: tokens, wall, tokens/s, mean latency; a speculative row adds its
     acceptance and its ratios to plain batched and to mlx-lm, throughput and latency, and the share of
     its outputs equal to theirs), ``outputs`` per engine, ``divergence`` (per request and reference)
-    and ``divergence_summary``. Verification is fast mode (the batch engine's only one)."""
+    and ``divergence_summary``. ``verify``: the batch engine's verify mode, "fast" or "exact" (every request's
+    rows as its own single-request steps compute them)."""
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
     prompts = [list(p) for p in prompts]
     if not prompts:
         raise ValueError("no prompts to benchmark")
     check_batchable(model)
+    verify = check_verify_mode(verify)
     methods = _methods(drafters, policies, model)
+    verifier = batch_verifier(model, verify)
     eos = sorted(getattr(tokenizer, "eos_token_ids", None) or [])
     options = GenerateOptions(max_tokens=max_tokens, eos_token_ids=eos)
     if warmup:
-        _warm_up(model, prompts, batch_size, min(8, max(m[2].longest_draft(None) for m in methods)))
+        _warm_up(model, prompts, batch_size, min(8, max(m[2].longest_draft(None) for m in methods)), verifier)
 
     def timed(engine: str, gen: BatchGeneration) -> dict[str, Any]:
         mx.clear_cache()
@@ -226,7 +236,7 @@ def bench_batch(
         latencies = [r.stats()["wall_s"] for r in gen.requests]
         return _row(engine, batch_size, [r.tokens for r in gen.requests], gen.stats()["wall_s"], latencies)
 
-    plain_gen = generate_batch(model, prompts, options, max_batch=batch_size)
+    plain_gen = generate_batch(model, prompts, options, max_batch=batch_size, verifier=verifier)
     rows = [timed("plain", plain_gen)]
     outputs = {"plain": [r.tokens for r in plain_gen.requests]}
     break_even = None
@@ -238,13 +248,13 @@ def bench_batch(
             made = [
                 drafter(i) if callable(drafter) else make_drafter(drafter, model=model) for i in range(len(prompts))
             ]
-        gen = BatchGeneration(model, prompts, options, made, policy, max_batch=batch_size)
+        gen = BatchGeneration(model, prompts, options, made, policy, max_batch=batch_size, verifier=verifier)
         if policy.needs_break_even:
             if break_even is None:
                 from specbench.cost import profile_for
                 from specbench.decoding import break_even_function
 
-                break_even = break_even_function(profile_for(model, "fast"), made[0], "fast")
+                break_even = break_even_function(profile_for(model, verify), made[0], verify)
             gen.set_break_even(break_even)
         row = timed(label, gen)
         drafted = sum(r.stats()["drafted"] for r in gen.requests)
@@ -263,6 +273,7 @@ def bench_batch(
     by = {r["engine"]: r for r in rows}
     for row in rows:
         row.setdefault("kind", row["engine"])
+        row["verify"] = verify if row["engine"] != "mlx-lm" else None
         for other in ("plain", "mlx-lm"):
             if row["engine"] == other:
                 continue
@@ -281,13 +292,13 @@ def bench_batch(
         r for r in divergence if r["engine"] != "single" and not (r["reference"] == "plain" and r["engine"] == "mlx-lm")
     ]
     for r in divergence:
-        r.update(batch_size=batch_size, verify="fast")
+        r.update(batch_size=batch_size, verify=verify)
     return {
         "rows": rows,
         "outputs": outputs,
         "divergence": divergence,
         "divergence_summary": [
-            {"batch_size": batch_size, "verify": "fast", **s} for s in divergence_summary(divergence)
+            {"batch_size": batch_size, "verify": verify, **s} for s in divergence_summary(divergence)
         ],
     }
 
@@ -310,7 +321,8 @@ def format_batch_bench(result: dict[str, Any]) -> str:
             f"{r.get('speedup_vs_mlx_lm', 1.0):>9.2f}x {r.get('latency_vs_plain', 1.0):>12.2f}x {same:>14}{predicted}"
         )
     if result["divergence_summary"]:
-        lines.append("first divergence (fast verify; median counts an identical request at its length):")
+        verify = result["divergence_summary"][0]["verify"]
+        lines.append(f"first divergence ({verify} verify; median counts an identical request at its length):")
         for s in result["divergence_summary"]:
             low = "-" if s["min_first_divergence"] is None else s["min_first_divergence"]
             lines.append(
@@ -373,11 +385,8 @@ def bench_batch_source(
 
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"--batch-size must be an integer >= 1, got {batch_size!r}")
-    if verify not in (None, "", "fast"):
-        raise ValueError(
-            f"bench batch verifies in fast mode (one forward over the [B, w] block), got --verify {verify}: "
-            "leave --verify out or set it to fast"
-        )
+    if verify not in (None, "", "fast", "exact"):
+        raise ValueError(f"bench batch verifies in fast or exact mode, got --verify {verify}: use fast or exact")
     if (prompts is None) == (trace is None):
         raise ValueError("the batch benchmark takes prompts (a question.jsonl or 'bundled') or a trace file")
     for value, name in ((limit, "--limit"), (turns, "--turns")):
@@ -407,7 +416,9 @@ def bench_batch_source(
         labels = [f"{q.category}/{q.question_id}" for q in questions]
         source = str(prompts)
     print(f"{len(requests)} requests from {source}, batch size {batch_size}", flush=True)
-    result = bench_batch(model, requests, batch_size, list(drafters), list(policies), max_tokens, tokenizer)
+    result = bench_batch(
+        model, requests, batch_size, list(drafters), list(policies), max_tokens, tokenizer, verify=verify or "fast"
+    )
     print(format_batch_bench(result))
     if out:
         rows = [{"model": model_name, "source": source, **r} for r in result["rows"]]

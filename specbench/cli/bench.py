@@ -116,7 +116,13 @@ def _configure_batch(parser: argparse.ArgumentParser) -> None:
     _common(parser, shard=False)
     _prompt_selection(parser)
     _trace_selection(parser)
-    parser.add_argument("--verify", default=None, help="fast (batches verify in fast mode)")
+    parser.add_argument(
+        "--verify",
+        default=None,
+        choices=("fast", "exact"),
+        help="fast (default; one forward over the [B, w] block) or exact (every request's output equals its own "
+        "single-request greedy output)",
+    )
 
 
 CONFIGURE = {"prompts": _configure_prompts, "trace": _configure_trace, "batch": _configure_batch}

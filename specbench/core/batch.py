@@ -8,6 +8,11 @@ left padding (``prepare(right_padding=...)`` then ``finalize()``); a hybrid mode
 recorded state (``specbench.core.batch_hybrid``). Requests finish on their own stops and lengths (each request is a
 ``Generation`` of the single-request engine, whose prefill, stop rules and step log it reuses); a waiting request
 takes a finished request's slot (continuous batching).
+
+Every batched forward (verify blocks and plain steps) runs through the batch's verifier: fast mode, one forward
+over the block; exact mode (the options' ``verify="exact"``; ``specbench.exact.batch_verifier``), the same forward
+with every row (request b, position i) computed as request b's own single-request step computes it, so each
+request's greedy tokens equal its own plain greedy decoding whatever else is in the batch and whenever it joined.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generation_stream, wired_limit
+from mlx_lm.models.cache import make_prompt_cache
 
-from specbench.core.batch_hybrid import RowRollback, batch_layer, check_batchable
+from specbench.core.batch_hybrid import RowRollback, batch_layer, check_batchable, recurrent_layers
 from specbench.core.batch_request import BatchRequest
 from specbench.core.draft import Drafter
 from specbench.core.experts import ExpertCounter
@@ -31,7 +37,7 @@ from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.target import ModelTarget
 from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, PolicySpec, Prompt, Tokenizer
-from specbench.core.verify import FAST, Verifier, accept_greedy, forward, greedy
+from specbench.core.verify import FAST, Verifier, VerifyMode, accept_greedy, greedy
 
 
 @dataclass
@@ -58,6 +64,19 @@ class BatchStepRecord:
         return max(self.widths)
 
 
+def requested_verify_mode(options: BatchOptions, n: int) -> VerifyMode | None:
+    """The verify mode the ``n`` requests' options ask for (None: none sets one); one clear ValueError, before any
+    model work, when they ask for different ones (a batch verifies all its rows one way)."""
+    asked: dict[str, list[int]] = {}
+    for i, opts in enumerate(_per_request(options, n, "options")):
+        if opts is not None and checked_options(opts).verify is not None:
+            asked.setdefault(opts.verify, []).append(i)
+    if len(asked) > 1:
+        which = "; ".join(f"{mode} for requests {', '.join(map(str, rows))}" for mode, rows in sorted(asked.items()))
+        raise ValueError(f"the requests ask for different verify modes ({which}): give every request the same verify")
+    return cast(VerifyMode, next(iter(asked))) if asked else None
+
+
 def _per_request(value: Any, n: int, name: str) -> list[Any]:
     """One value per request: a list of n, or one value (or a factory i -> value) for all."""
     if isinstance(value, (list, tuple)):
@@ -77,8 +96,10 @@ class BatchGeneration:
     ``drafters``: None (plain batched decoding), one drafter per prompt, or a factory i -> drafter.
     ``policy``: one policy (copied per request) or one per prompt. ``max_batch``: at most this many
     requests decode together; the rest wait and join as slots free (default: all at once).
-    ``add`` queues a further request while running. Verification is fast mode only (one batched
-    forward): exact verification computes one request's rows serially and is not batched.
+    ``add`` queues a further request while running. ``verifier``: how every batched forward runs, fast
+    (``FAST``) or exact (``specbench.exact.batch_verifier``); a request whose options set another verify mode
+    is refused before any model work (``specbench.speculative_generate_batch`` picks the verifier the
+    options ask for).
     """
 
     def __init__(
@@ -101,14 +122,17 @@ class BatchGeneration:
             raise TypeError("prompts must be a list of prompts (each text or token ids)")
         if not prompts:
             raise ValueError("no prompts: give at least one")
-        if getattr(verifier, "mode", None) != "fast":
-            raise ValueError(
-                "batched decoding verifies in fast mode only (one forward over the [B, w] block); exact "
-                "verification is per request: use speculative_generate for exact mode"
-            )
+        if not isinstance(verifier, Verifier):
+            raise TypeError(f"verifier must be a Verifier (FAST, or specbench.exact.batch_verifier), got {verifier!r}")
+        requested_verify_mode(options, len(prompts))
         if max_batch is not None and (not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1):
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         check_batchable(model)
+        if verifier.mode == "exact" and recurrent_layers(make_prompt_cache(model)):
+            raise ValueError(
+                "exact batched verification covers attention-only models (KV caches); this model has recurrent "
+                "layers: verify its batch in fast mode, or decode its requests one at a time (speculative_generate)"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.verifier = verifier
@@ -145,6 +169,12 @@ class BatchGeneration:
     ) -> int:
         """Queue a request (checked now); it joins the batch when a slot is free. Its index."""
         options = checked_options(copy.copy(options) if options is not None else None)
+        if options.verify not in (None, self.verifier.mode):
+            raise ValueError(
+                f"request {len(self.requests)} asks for {options.verify} verification, but this batch verifies in "
+                f"{self.verifier.mode} mode: give every request the same verify (speculative_generate_batch picks "
+                "the batch's verifier from it)"
+            )
         if drafter is not None and policy is not None:
             policy = copy.deepcopy(as_policy(policy))
         request = BatchRequest(
@@ -192,6 +222,8 @@ class BatchGeneration:
             "mean_batch_size": sum(s.batch_size for s in self.batch_log) / steps if steps else 0.0,
             "wall_s": self._wall_s,
             "tokens_per_s": tokens / self._wall_s if self._wall_s > 0 else 0.0,
+            "verify": self.verifier.mode,
+            "kernel_fallbacks": dict(getattr(self.verifier, "fallbacks", {})),
         }
 
     # -- the loop ---------------------------------------------------------------------------
@@ -201,6 +233,8 @@ class BatchGeneration:
         with contextlib.ExitStack() as stack:
             stack.enter_context(wired_limit(self.model, [generation_stream]))
             stack.enter_context(mx.stream(generation_stream))
+            stack.enter_context(self.verifier.decoding())
+            stack.enter_context(self.verifier.running())
             yield stack.enter_context(ExpertCounter(self.model)) if counting else None
 
     def _run(self) -> Iterator[tuple[int, list[int]]]:
@@ -258,7 +292,7 @@ class BatchGeneration:
         inputs = mx.array([row + [0] * (width - len(row)) for row in rows], dtype=mx.uint32)
         needs_hidden = any(r.needs_hidden for r in active)
         self.rollback.arm(width)
-        out = forward(self.model, inputs, self.cache, needs_hidden)
+        out = self.verifier.forward(self.model, inputs, cast(list, self.cache), needs_hidden)
         logits, hidden = out if needs_hidden else (out, None)
         experts = self.counter.take() if self.counter is not None else []
         outcomes = self._accept(logits, rows, plans)
@@ -314,7 +348,7 @@ class BatchGeneration:
     def _queue_plain(self, last: mx.array, ahead: int) -> mx.array:
         """Queue one plain greedy step of every active row after ``last`` ([B, 1]); its tokens, lazy. ``ahead``:
         steps queued before it whose tokens are not read yet (each row's EOS mask goes by position)."""
-        logits = forward(self.model, last, self.cache, False)[:, -1]
+        logits = cast(mx.array, self.verifier.forward(self.model, last, cast(list, self.cache), False))[:, -1]
         active = self.active
         if any(r.options.min_tokens > len(r.tokens) + ahead for r in active):
             logits = mx.concatenate(
@@ -439,9 +473,18 @@ def generate_batch(
     *,
     tokenizer: Tokenizer | None = None,
     max_batch: int | None = None,
+    verifier: Verifier = FAST,
 ) -> BatchGeneration:
-    """Plain batched decoding with the same options, logs and stats as batched speculative decoding."""
-    return BatchGeneration(model, prompts, options, tokenizer=tokenizer, max_batch=max_batch)
+    """Plain batched decoding with the same options, logs and stats as batched speculative decoding; every
+    batched step through ``verifier`` (``specbench.generate_batch`` picks it from the options' verify mode)."""
+    return BatchGeneration(model, prompts, options, tokenizer=tokenizer, max_batch=max_batch, verifier=verifier)
 
 
-__all__ = ["BatchGeneration", "BatchRequest", "BatchStepRecord", "check_batchable", "generate_batch"]
+__all__ = [
+    "BatchGeneration",
+    "BatchRequest",
+    "BatchStepRecord",
+    "check_batchable",
+    "generate_batch",
+    "requested_verify_mode",
+]

@@ -245,8 +245,8 @@ def measure_batch_profile(
     also the distinct experts a [B, w] block touches. Batch sizes past ``budget_s`` are left out."""
     if verify != "fast":
         raise ValueError(
-            "batched verification is fast mode only: exact verification computes one request's rows serially; "
-            "measure its batch-1 cost with specbench.cost.measure(verify=('exact',))"
+            "the batch cost profile c(w, B) measures fast forwards only; time exact batches end to end "
+            "(specbench.cost.batch_grid.batch_speedup_grid(verify='exact'), or scripts.gpu.batch --exact)"
         )
     check_batchable(model)
     widths = list(range(1, widths + 1)) if isinstance(widths, int) else sorted({1, *widths})

@@ -15,10 +15,12 @@ from specbench.core.batch import BatchGeneration, generate_batch
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.verify import Verifier, check_verify_mode
 from specbench.cost.batch import BatchProfile
 from specbench.cost.grid import grid_cells
 from specbench.cost.predict import noise_floor, predicted_batch_speedup
 from specbench.drafters.oracle import Oracle
+from specbench.exact import batch_verifier
 
 
 def _decode_seconds(gen: BatchGeneration) -> float:
@@ -50,15 +52,16 @@ def _timed_pair(
     options: GenerateOptions,
     warm: GenerateOptions | None,
     profile: BatchProfile,
+    verifier: Verifier,
 ) -> dict[str, float]:
     """One plain run and one speculative run of the same batch, each right after an untimed one of its kind."""
     if warm is not None:
-        generate_batch(model, prompts, warm).run()
-    plain = generate_batch(model, prompts, options)
+        generate_batch(model, prompts, warm, verifier=verifier).run()
+    plain = generate_batch(model, prompts, options, verifier=verifier)
     plain.run()
     if warm is not None:
-        BatchGeneration(model, prompts, warm, list(oracles), DraftPolicy.fixed(k)).run()
-    gen = BatchGeneration(model, prompts, options, list(oracles), DraftPolicy.fixed(k))
+        BatchGeneration(model, prompts, warm, list(oracles), DraftPolicy.fixed(k), verifier=verifier).run()
+    gen = BatchGeneration(model, prompts, options, list(oracles), DraftPolicy.fixed(k), verifier=verifier)
     gen.run()
     plain_s, spec_s = _seconds_per_token(plain), _seconds_per_token(gen)
     drafted = [r.stats()["acceptance_rate"] for r in gen.requests if r.stats()["drafted"]]
@@ -86,6 +89,7 @@ def batch_speedup_grid(
     progress: Callable[[dict[str, Any]], None] | None = None,
     warmup_tokens: int = 8,
     repeats: int = 1,
+    verify: str = "fast",
 ) -> list[dict[str, Any]]:
     """Speedups of batched speculative over plain batched decoding, measured end to end at controlled
     acceptance (``Oracle`` per request, ``DraftPolicy.fixed(k)``), against the profile's
@@ -107,9 +111,12 @@ def batch_speedup_grid(
     cell is timed as ``repeats`` adjacent pairs (its own plain run right before its speculative one: one slow
     plain run cannot skew every cell of its batch size); its measured speedup, prediction and the other figures
     are the medians over the pairs, ``measured_runs`` each pair's speedup (the machine's noise at this cell) and
-    ``noise_floor`` the |residual| a perfect predictor would show from that scatter (``predict.noise_floor``)."""
+    ``noise_floor`` the |residual| a perfect predictor would show from that scatter (``predict.noise_floor``).
+    ``verify``: the batch engine's verify mode, plain and speculative runs alike ("exact": each request's rows as
+    its own serial steps compute them; the profile's costs are fast mode's, so the residual shows exact's extra)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    verifier = batch_verifier(model, check_verify_mode(verify))
     acceptances, ks = grid_cells(acceptances, ks)
     rng = np.random.default_rng(seed)
     options = GenerateOptions(max_tokens=max_tokens, ignore_eos=True)
@@ -120,7 +127,7 @@ def batch_speedup_grid(
         if budget_s is not None and rows and time.perf_counter() - start > budget_s:
             break
         prompts = rng.integers(0, vocab_size(model), size=(b, prompt_len)).tolist()
-        recording = generate_batch(model, prompts, options)  # untimed
+        recording = generate_batch(model, prompts, options, verifier=verifier)  # untimed
         recording.run()
         oracles = [
             Oracle(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, keep_drafting=True)
@@ -133,11 +140,15 @@ def batch_speedup_grid(
                 for i, o in enumerate(oracles):
                     o.acceptance, o.seed = a, seed + 1000 * k + i
                 if warmup_tokens > 0:  # every [B', w'] block the cell's runs reach, used once untimed
-                    BatchGeneration(model, prompts, options, list(oracles), DraftPolicy.fixed(k)).run()
+                    BatchGeneration(
+                        model, prompts, options, list(oracles), DraftPolicy.fixed(k), verifier=verifier
+                    ).run()
                 pairs = []
                 for _ in range(repeats):
                     pairs.append(
-                        _timed_pair(model, prompts, oracles, k, options, warm if warmup_tokens > 0 else None, profile)
+                        _timed_pair(
+                            model, prompts, oracles, k, options, warm if warmup_tokens > 0 else None, profile, verifier
+                        )
                     )
                 cell = {key: statistics.median(p[key] for p in pairs) for key in pairs[0]}
                 measured, from_log = cell["measured"], cell["predicted_from_log"]
@@ -160,6 +171,7 @@ def batch_speedup_grid(
                     "repeats": repeats,
                     "measured_runs": [p["measured"] for p in pairs],
                     "noise_floor": noise_floor([p["measured"] for p in pairs]),
+                    "verify": verify,
                 }
                 rows.append(row)
                 if progress:

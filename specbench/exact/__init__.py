@@ -21,7 +21,14 @@ from specbench.exact.layout import (
 )
 from specbench.exact.plan import LEVELS, ExactPlan
 from specbench.exact.probe import probe_ops
-from specbench.exact.verifier import ExactAuditWarning, ExactVerifier, exact_mode, verifier_for
+from specbench.exact.verifier import (
+    BATCH_LEVEL,
+    ExactAuditWarning,
+    ExactVerifier,
+    batch_verifier,
+    exact_mode,
+    verifier_for,
+)
 
 __all__ = [
     "LEVELS",
@@ -37,6 +44,8 @@ __all__ = [
     "AuditResult",
     "Divergence",
     "verifier_for",
+    "BATCH_LEVEL",
+    "batch_verifier",
     "WidthCalibration",
     "Calibration",
     "CALIBRATION_METHOD",

@@ -12,12 +12,19 @@ where the device's probe proved them (``specbench.exact.kernel_calls``).
 The split is installed by swapping the ``__call__`` of those classes (and the attention function) while the context
 is open: no model file is copied, and every mlx-lm model that builds on these layers is covered. ``SplitVerifier``
 runs the decode loop's verifications through it.
+
+A forward over mlx-lm's ``BatchKVCache`` (a batch of requests, ``specbench.core.batch``) is split the same way, its
+B x w rows as one request's w rows are, 1-row steps of B requests included: linear layers and experts take all
+B·w rows, and attention row (b, i) attends exactly the keys request b's own serial step attends (from its left
+padding ``starts[b]`` on, no mask). Where a kernel does not take a call (its shape, dtype or probe), the rows run
+through the layer's own calls, and the reason is counted in the context's ``fallbacks``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,9 +35,10 @@ from mlx_lm.models import switch_layers
 
 from specbench.core.tree import open_trees, tree_forward, visible_rows
 from specbench.core.verify import Verifier, VerifyMode, forward, greedy
-from specbench.exact.kernel_calls import kernel_attention, kernel_product
+from specbench.exact.kernel_calls import kernel_attention, kernel_product, why_no_kernel
 from specbench.exact.layout import (
     CUDNN_ATTENTION_ENV,
+    batch_starts,
     clear_rejected,
     cudnn_attention,
     layout_sensitive_attention,
@@ -48,28 +56,45 @@ Plans = Callable[[int], ExactPlan] | str | ExactPlan
 
 
 class _Context:
-    """One open ``split_mode``: its models, how it picks a plan for a width, and the length of the
-    KV buffers of the forward that runs (None when unknown or not uniform)."""
+    """One open ``split_mode``: its models, how it picks a plan for a width, the length of the KV buffers of the
+    forward that runs (None when unknown or not uniform), each batch row's first key while a forward over a batch
+    cache runs (``starts``), and the kernel fallbacks counted by reason (``fallbacks``)."""
 
-    def __init__(self, models: set[int], resolve: Callable[[int], ExactPlan], compiled: bool = False):
+    def __init__(
+        self,
+        models: set[int],
+        resolve: Callable[[int], ExactPlan],
+        compiled: bool = False,
+        fallbacks: Counter[str] | None = None,
+    ):
         self.models = models
         self.resolve = resolve
         self.compiled = compiled
         self.plan: ExactPlan | None = None
         self.kv_extent: int | None = None
+        self.starts: list[int] | None = None
+        self.fallbacks = fallbacks if fallbacks is not None else Counter()
         self.layout_sensitive = layout_sensitive_attention()
 
-    def plan_for(self, rows: int) -> ExactPlan | None:
-        if rows <= 1:
+    def plan_for(self, rows: int, batched: bool = False) -> ExactPlan | None:
+        """The plan for a call over ``rows`` rows (None: one call); ``batched``: attention over a batch cache, split
+        whatever its rows (a single row still must not see its left padding)."""
+        if rows <= 1 and not (batched and self.starts is not None):
             return None
-        return self.plan if self.plan is not None else self.resolve(rows)
+        return self.plan if self.plan is not None else self.resolve(max(rows, 2))
 
 
 _contexts: list[_Context] = []
 
 
-def _plan(rows: int) -> ExactPlan | None:
-    return _contexts[-1].plan_for(rows) if _contexts else None
+def _plan(rows: int, batched: bool = False) -> ExactPlan | None:
+    return _contexts[-1].plan_for(rows, batched) if _contexts else None
+
+
+def _fallback(family: str, reason: str) -> None:
+    """Count a call of ``family`` that a kernel its level names did not take, by ``reason``."""
+    if _contexts:
+        _contexts[-1].fallbacks[f"{family}: {reason}"] += 1
 
 
 def _serial_kv_row(keys: mx.array, values: mx.array, n: int) -> tuple[mx.array, mx.array]:
@@ -173,6 +198,7 @@ def _linear_call(original: Callable, vector: Callable | None) -> Callable:
             out = kernel_product(self, x)
             if out is not None:
                 return out
+            _fallback("linear", why_no_kernel(self, x))
             return _in_chunks(lambda part: original(self, part, *args, **kwargs), x, 1)
         if plan.linear == "vector":
             if vector is not None:
@@ -230,7 +256,10 @@ def _is_causal(mask: Any) -> bool:
 def _attention_call(original: Callable) -> Callable:
     def sdpa(queries, keys, values, *args, scale: float, mask: Any = None, **kwargs):
         rows = queries.shape[-2]
-        plan = _plan(rows)
+        starts = _contexts[-1].starts if _contexts else None
+        plan = _plan(rows * queries.shape[0], batched=True)
+        if starts is not None and plan is not None and plan.attention:
+            return _batch_attention(original, plan, queries, keys, values, scale, starts, args, kwargs)
         visible = visible_rows(rows) if plan is not None and open_trees else None
         if visible is not None:  # a token tree: always row by row (its mask is no causal one)
             sensitive = _contexts[-1].layout_sensitive
@@ -238,8 +267,11 @@ def _attention_call(original: Callable) -> Callable:
         if plan is None or not plan.attention or not _is_causal(mask):
             return original(queries, keys, values, *args, scale=scale, mask=mask, **kwargs)
         call = (plan, queries, keys, values, scale, mask, args, kwargs, _contexts[-1].layout_sensitive)
-        if plan.attention == "kernel" and (out := kernel_attention(*call)) is not None:  # else no kernel code runs
-            return out
+        if plan.attention == "kernel":  # else no kernel code runs
+            out = kernel_attention(*call)
+            if not isinstance(out, str):
+                return out
+            _fallback("attention", out)
         prefix = keys.shape[-2] - rows
         outs = []
         for i in range(rows):
@@ -260,6 +292,36 @@ def _attention_call(original: Callable) -> Callable:
 
     sdpa.__wrapped__ = original
     return sdpa
+
+
+def _batch_attention(original: Callable, plan: ExactPlan, queries, keys, values, scale: float, starts, args, kwargs):
+    """A batch cache's [B, w] block: row (b, i) over keys ``[starts[b] : N - w + i + 1]`` with no mask, as request
+    b's own serial step attends them (mlx-lm's ``BatchKVCache`` keeps each row's left padding); through one
+    ``attention_rows`` call where the level and the device's probe allow it, else row by row."""
+    rows = queries.shape[-2]
+    if plan.attention == "kernel":
+        mask = "causal" if rows > 1 else None
+        out = kernel_attention(plan, queries, keys, values, scale, mask, args, kwargs, False, starts)
+        if not isinstance(out, str):
+            return out
+        _fallback("attention", out)
+    prefix = keys.shape[-2] - rows
+    batch = []
+    for b, start in enumerate(starts):
+        outs = [
+            original(
+                mx.contiguous(queries[b : b + 1, :, i : i + 1]),
+                keys[b : b + 1, :, start : prefix + i + 1],
+                values[b : b + 1, :, start : prefix + i + 1],
+                *args,
+                scale=scale,
+                mask=None,
+                **kwargs,
+            )
+            for i in range(rows)
+        ]
+        batch.append(mx.concatenate(outs, axis=-2))
+    return mx.concatenate(batch, axis=0)
 
 
 def _quantized_attention_call(original: Callable) -> Callable:
@@ -294,13 +356,14 @@ def _model_call(original: Callable) -> Callable:
         if plan is not None and plan.serial and tree_forward(width):
             plan = ExactPlan.parse("all")  # a token tree runs as one forward: every layer row by row
         if plan is None or not plan.serial:
-            saved = ctx.kv_extent
+            saved = ctx.kv_extent, ctx.starts
             ctx.kv_extent = serial_kv_layout(cache, max(width, 1))
+            ctx.starts = batch_starts(cache)
             ctx.plan = plan if plan is not None else ctx.plan
             try:
                 return original(self, inputs, *args, **kwargs)
             finally:
-                ctx.kv_extent = saved
+                ctx.kv_extent, ctx.starts = saved
         ctx.plan = plan
         outs = []
         for i in range(width):
@@ -394,14 +457,17 @@ def _owner_of_call(cls: type) -> type:
 
 
 @contextlib.contextmanager
-def split_mode(model: nn.Module, plans: Plans, compiled: bool = False) -> Iterator[None]:
+def split_mode(
+    model: nn.Module, plans: Plans, compiled: bool = False, fallbacks: Counter[str] | None = None
+) -> Iterator[None]:
     """Inside, a forward of ``model`` of width w runs the layers ``plans(w)`` names row by row.
 
     ``plans``: a function of the width, or one level for every width (see ``ExactPlan.parse``).
     Entering is cheap (a few attribute swaps). ``specbench.exact.exact_mode`` opens it with the
     calibrated cheapest exact level per width. ``compiled``: linear layers split in chunks run each
     layer's chunks through one ``mx.compile``d function (the same products, fewer graph nodes), as
-    they do at every width whose plan says so (a level's ``+compiled`` part).
+    they do at every width whose plan says so (a level's ``+compiled`` part). ``fallbacks``: where the calls a
+    kernel of the level did not take are counted, by reason.
     """
     _warn_if_cudnn_attention()
     fixed = None if callable(plans) else ExactPlan.parse(plans)
@@ -416,7 +482,7 @@ def split_mode(model: nn.Module, plans: Plans, compiled: bool = False) -> Iterat
                 continue
             _install(owner, attribute, factory)
             done.append((owner, attribute))
-        ctx = _Context({id(m) for m in hooked}, resolve, compiled)
+        ctx = _Context({id(m) for m in hooked}, resolve, compiled, fallbacks)
         _contexts.append(ctx)
         yield
     finally:
@@ -458,6 +524,8 @@ class SplitVerifier(Verifier):
         self.model = model
         self.level = level
         self.clears_rejected = layout_sensitive_attention()
+        #: Calls a kernel of the level did not take (they ran through the layer's own calls), by reason.
+        self.fallbacks: Counter[str] = Counter()
         self._laid_out: list[Any] | None = None  # the cache last given serial decoding's layout
         self._plans: Plans | None = None  # the generation's, while one runs
 
@@ -481,7 +549,7 @@ class SplitVerifier(Verifier):
         # The split's class patches go in around each verification: in and out they cost ~0.2 ms, while left in for a
         # generation their wrappers add ~0.9 ms to every plain step (SmolLM2-135M on a CPU, building its graph).
         plans = self._plans if self._plans is not None and model is self.model else self.plans_of(model)
-        with split_mode(model, plans):
+        with split_mode(model, plans, fallbacks=self.fallbacks):
             return forward(model, inputs, cache, return_hidden)
 
     def greedy(self, logits: mx.array) -> list[int]:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, QuantizedKVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
 
 #: The environment variable with which MLX's CUDA backend turns cuDNN's attention off ("0").
 #: Importing specbench sets it to "0" unless it is set (specbench/__init__.py).
@@ -86,6 +86,15 @@ def serial_kv_layout(cache: Sequence[Any] | None, width: int = 1) -> int | None:
             c.values = with_extent(c.values, c.offset, target)
         extents.add(target)
     return extents.pop() if len(extents) == 1 and not others else None
+
+
+def batch_starts(cache: Sequence[Any] | None) -> list[int] | None:
+    """Each batch row's first key in mlx-lm ``BatchKVCache`` layers (their left padding, the same in every layer);
+    None for a single request's caches."""
+    for c in cache or ():
+        if isinstance(c, BatchKVCache):
+            return [int(s) for s in c.left_padding.tolist()]  # type: ignore[union-attr]
+    return None
 
 
 def serial_kv_rows(

@@ -40,6 +40,7 @@ from specbench.exact.calibration import (
     uncovered,
 )
 from specbench.exact.hooks import Plans, SplitVerifier, split_mode
+from specbench.exact.layout import CUDNN_ATTENTION_ENV, layout_sensitive_attention
 from specbench.exact.one_row import one_row_choice, one_row_kernels
 from specbench.exact.plan import ExactPlan
 
@@ -148,7 +149,7 @@ class ExactVerifier(SplitVerifier):
         )
         # a calibrated width's plan is a dict lookup (CalibratedPlans.__missing__ calibrates one not seen yet)
         resolve = plans.__getitem__ if isinstance(plans, CalibratedPlans) else plans
-        with split_mode(model, "serial" if serial else resolve):
+        with split_mode(model, "serial" if serial else resolve, fallbacks=self.fallbacks):
             out = forward(model, inputs, cache, return_hidden)
         if not audited:
             return out
@@ -210,6 +211,25 @@ class ExactVerifier(SplitVerifier):
 
 class ExactAuditWarning(UserWarning):
     """An audited exact verification differed from serial steps (once per generation)."""
+
+
+#: The level of a batch's exact forwards (``batch_verifier``): linear layers over all B·w rows through the row-invariant
+#: kernels where the device's probe proved them, attention row (b, i) over request b's own keys in one
+#: ``attention_rows`` call where proved, each else row by row (a counted fallback); experts one token per call.
+BATCH_LEVEL = "attention/kernel+linear/kernel+experts"
+
+
+def batch_verifier(model: nn.Module, verify: str) -> Verifier:
+    """The verifier of a batch (``specbench.core.batch``) in verify mode ``verify``: fast, or exact at
+    ``BATCH_LEVEL`` (each request's rows as its own serial steps compute them, whatever else is in the batch)."""
+    if check_verify_mode(verify) == "fast":
+        return FAST
+    if layout_sensitive_attention():
+        raise ValueError(
+            f"exact batched verification needs attention that reads only the keys it attends, but cuDNN's is on: "
+            f"unset {CUDNN_ATTENTION_ENV} (specbench sets it to 0) or verify the batch in fast mode"
+        )
+    return ExactVerifier(model, BATCH_LEVEL)
 
 
 def verifier_for(

@@ -84,9 +84,10 @@ __device__ __forceinline__ float rescale_out(float o, float factor, float e, flo
 
 # The scan: template constants T, D, TWO_PASS, QV (query vectors per warp), VARIANT. Inputs queries
 # [B, H, L, D], keys and values [B, Hkv, N, D] (any strides), scale [1] (scale * log2 e as the kernel
-# rounds it). Outputs per query vector q = (b * H + h) * L + row and slot: partials [Q, 32, D], maxs and
-# sums [Q, 32]. Block (blockIdx.x, chunk of query vectors, b * Hkv + kv head), 8 warps; warp v = blockIdx.x
-# * 8 + warp owns keys v, v + STRIDE, ... for every query vector of the chunk (t = row * group + g).
+# rounds it), starts [B] (batch row b attends keys from starts[b] on: mlx-lm's left padding). Outputs per query
+# vector q = (b * H + h) * L + row and slot: partials [Q, 32, D], maxs and sums [Q, 32]. Block (blockIdx.x,
+# chunk of query vectors, b * Hkv + kv head), 8 warps; warp v = blockIdx.x * 8 + warp owns keys v, v + STRIDE,
+# ... (after the row's start) for every query vector of the chunk (t = row * group + g).
 _SCAN = r"""
   namespace sa = specbench_attention;
   constexpr int VPT = D / 32;
@@ -107,6 +108,7 @@ _SCAN = r"""
   const int first = blockIdx.y * QV;
   const int count = rows * group;
   const float scale_log2 = scale[0];
+  const int start = starts[batch];  // the batch row's first key (its left padding)
 
   float q[QV][VPT];
   float o[QV][VPT];
@@ -119,7 +121,7 @@ _SCAN = r"""
     const int t = first + c;
     const int row = t / group;
     const int head = kv_head * group + t % group;
-    n[c] = t < count ? (CAUSAL ? n_keys - rows + row + 1 : n_keys) : 0;
+    n[c] = t < count ? (CAUSAL ? n_keys - rows + row + 1 : n_keys) - start : 0;
     n_max = n[c] > n_max ? n[c] : n_max;
     #pragma unroll
     for (int j = 0; j < VPT; ++j) {
@@ -135,8 +137,10 @@ _SCAN = r"""
     s[c] = 0.0f;
   }
 
-  const T* kp = keys + batch * keys_strides[0] + kv_head * keys_strides[1] + (VPT * lane) * keys_strides[3];
-  const T* vp = values + batch * values_strides[0] + kv_head * values_strides[1] + (VPT * lane) * values_strides[3];
+  const T* kp = keys + batch * keys_strides[0] + kv_head * keys_strides[1] + (int64_t)start * keys_strides[2] +
+               (VPT * lane) * keys_strides[3];
+  const T* vp = values + batch * values_strides[0] + kv_head * values_strides[1] +
+               (int64_t)start * values_strides[2] + (VPT * lane) * values_strides[3];
   for (int i = vw; i < n_max; i += STRIDE) {
     float k[VPT];
     float v[VPT];
@@ -280,7 +284,9 @@ def _dtype_name(dtype: mx.Dtype) -> str:
     return str(dtype).split(".")[-1]
 
 
-def check_inputs(queries: mx.array, keys: mx.array, values: mx.array, mask: Any = None) -> str | None:
+def check_inputs(
+    queries: mx.array, keys: mx.array, values: mx.array, mask: Any = None, starts: list[int] | None = None
+) -> str | None:
     """Why ``attention_rows`` does not compute this attention (None: it does)."""
     if queries.ndim != 4 or keys.ndim != 4 or values.ndim != 4:
         return f"queries, keys and values are [B, heads, rows, D]; got {queries.shape}, {keys.shape}, {values.shape}"
@@ -303,14 +309,23 @@ def check_inputs(queries: mx.array, keys: mx.array, values: mx.array, mask: Any 
         return "the mask must be None or 'causal' (array masks are not computed)"
     if keys.shape[2] < rows:
         return f"{rows} query rows need at least as many keys, got {keys.shape[2]}"
+    if starts is not None:
+        if len(starts) != b or not all(0 <= s <= keys.shape[2] - rows for s in starts):
+            return f"starts {starts} must give each of the {b} batch rows a first key leaving {rows} keys or more"
+        causal = rows == 1 or mask == "causal"
+        if len({tuple(_passes(rows, keys.shape[2] - s, causal)) for s in starts}) > 1:
+            return "the batch rows' key counts straddle the two-pass threshold (one launch runs one pass plan)"
     return None
 
 
-def supports(queries: mx.array, keys: mx.array, values: mx.array, mask: Any = None) -> bool:
+def supports(
+    queries: mx.array, keys: mx.array, values: mx.array, mask: Any = None, starts: list[int] | None = None
+) -> bool:
     """Whether ``attention_rows`` computes this attention: [B, H, rows, D] queries with rows <= MAX_ROWS
     over [B, Hkv, N, D] keys and values (Hkv dividing H), D in HEAD_DIMS, bfloat16 or float16, mask None
-    or "causal"."""
-    return check_inputs(queries, keys, values, mask) is None
+    or "causal"; ``starts`` (one first key per batch row) with every row's key count on one side of the
+    two-pass threshold."""
+    return check_inputs(queries, keys, values, mask, starts) is None
 
 
 def scale_log2(scale: float, two_pass: bool) -> float:
@@ -339,7 +354,7 @@ def _passes(rows: int, n_keys: int, causal: bool) -> list[tuple[int, int, bool]]
 def _kernels() -> tuple[Any, Any]:
     scan = mx.fast.cuda_kernel(
         name=kernel_name("specbench_attention_scan", _HEADER, _SCAN),
-        input_names=["queries", "keys", "values", "scale"],
+        input_names=["queries", "keys", "values", "scale", "starts"],
         output_names=["partials", "maxs", "sums"],
         source=_SCAN,
         header=_HEADER,
@@ -374,13 +389,16 @@ def attention_rows(
     mask: str | None = None,
     variant: str = "source",
     vectors_per_warp: int | None = None,
+    starts: list[int] | None = None,
 ) -> mx.array:
     """``mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)`` with every
     row computed as MLX's one-query attention over the keys that row attends (CUDA; see the module
     docstring). ``mask``: None (every row attends every key; what mlx-lm passes for one query) or
     "causal" (row i of w attends the first ``N - w + i + 1`` keys). ``vectors_per_warp``: (row, head)
-    pairs per warp (``default_vectors_per_warp``); it changes the speed, never a row's arithmetic."""
-    reason = check_inputs(queries, keys, values, mask)
+    pairs per warp (``default_vectors_per_warp``); it changes the speed, never a row's arithmetic.
+    ``starts``: batch row b attends keys from ``starts[b]`` on (mlx-lm's ``BatchKVCache`` left padding), as
+    its own one-query call over ``keys[b, :, starts[b]:n]`` (no mask) computes it; default 0 for every row."""
+    reason = check_inputs(queries, keys, values, mask, starts)
     if reason is not None:
         raise ValueError(f"attention_rows: {reason}")
     if variant not in VARIANTS:
@@ -391,8 +409,9 @@ def attention_rows(
     group = heads // kv_heads
     qv_per_warp = vectors_per_warp or default_vectors_per_warp(d)
     scan, merge = _kernels()
+    first = mx.array(starts or [0] * b, dtype=mx.int32)
     parts = []
-    for start, stop, two_pass in _passes(rows, n_keys, causal):
+    for start, stop, two_pass in _passes(rows, n_keys - (starts[0] if starts else 0), causal):
         q = queries if (start, stop) == (0, rows) else queries[:, :, start:stop]
         n = n_keys - (rows - stop) if causal else n_keys
         k, v = (keys, values) if n == n_keys else (keys[:, :, :n], values[:, :, :n])
@@ -400,7 +419,7 @@ def attention_rows(
         vectors = b * heads * m
         chunks = -(-(m * group) // qv_per_warp)
         partials, maxs, sums = scan(
-            inputs=[q, k, v, _scale_array(float(scale), two_pass)],
+            inputs=[q, k, v, _scale_array(float(scale), two_pass), first],
             template=[
                 ("T", queries.dtype),
                 ("D", d),

@@ -80,13 +80,25 @@ def _merge_reference(m: mx.array, s: mx.array, o: mx.array) -> mx.array:
 
 
 def attention_rows_reference(
-    queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: str | None = None
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    scale: float,
+    mask: str | None = None,
+    starts: list[int] | None = None,
 ) -> mx.array:
     """``attention_rows``'s arithmetic in MLX ops: per row, its key count's pass plan, lane chains and
-    butterfly sums, online softmax per warp, the first pass's block merge and the 32-slot merge."""
-    reason = check_inputs(queries, keys, values, mask)
+    butterfly sums, online softmax per warp, the first pass's block merge and the 32-slot merge.
+    ``starts``: batch row b attends keys from ``starts[b]`` on (each batch row then runs on its own)."""
+    reason = check_inputs(queries, keys, values, mask, starts)
     if reason is not None:
         raise ValueError(f"attention_rows_reference: {reason}")
+    if starts is not None:
+        per_row = [
+            attention_rows_reference(queries[i : i + 1], keys[i : i + 1, :, s:], values[i : i + 1, :, s:], scale, mask)
+            for i, s in enumerate(starts)
+        ]
+        return mx.concatenate(per_row, axis=0)
     b, heads, rows, d = queries.shape
     kv_heads, n_keys = keys.shape[1], keys.shape[2]
     group = heads // kv_heads

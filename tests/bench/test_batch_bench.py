@@ -7,7 +7,7 @@ import csv
 import json
 
 import pytest
-from conftest import SHARED_DATA, build_tiny, save_tiny_model, word_tokenizer
+from conftest import SHARED_DATA, build_tiny, emulate_gpu, plain_greedy, save_tiny_model, word_tokenizer
 
 from specbench.bench.batch_bench import bench_batch, first_divergence, oracle_drafters
 from specbench.core.batch import BatchGeneration
@@ -82,6 +82,21 @@ def test_bench_oracle_is_recorded_from_the_plain_batched_run(model_calls):
         bench_batch(model, PROMPTS, 2, ["oracle:often"], "fixed:3", warmup=False)
     with pytest.raises(ValueError, match="at least one drafter"):
         bench_batch(model, PROMPTS, 2, ["none"], "fixed:3", warmup=False)
+
+
+def test_bench_batch_in_exact_mode_equals_single_request_greedy_on_an_emulated_gpu(monkeypatch):
+    model = build_tiny("llama")
+    emulate_gpu(monkeypatch, size=0.05)  # multi-row products (B requests x 1 row included) round otherwise
+    single = [plain_greedy(model, p, 8) for p in PROMPTS]
+    summaries = {}
+    for verify in ("fast", "exact"):
+        result = bench_batch(
+            model, PROMPTS, 2, ["oracle:0.8"], "fixed:3", 8, single=single, warmup=False, verify=verify
+        )
+        summaries[verify] = {(s["engine"], s["reference"]): s["identical"] for s in result["divergence_summary"]}
+        assert {r["verify"] for r in result["rows"] if r["engine"] != "mlx-lm"} == {verify}
+    assert summaries["exact"][("plain", "single")] == summaries["exact"][("oracle:0.8/fixed:3", "single")] == 1.0
+    assert summaries["fast"][("plain", "single")] < 1.0  # the emulated GPU has teeth
 
 
 @pytest.mark.skipif(not SPEC_BENCH.exists(), reason="Spec-Bench question.jsonl not present")
@@ -175,8 +190,10 @@ def test_bench_batch_cli_on_traces_and_prompts(tmp_path, capsys):
     assert "lookup/fixed:3" in capsys.readouterr().out
     assert main([*args, "--prompts", str(prompts), "--batch-size", "0"]) == 2
     assert "--batch-size must be" in capsys.readouterr().err
-    assert main([*args, "--prompts", str(prompts), "--verify", "exact"]) == 2
-    assert "fast mode" in capsys.readouterr().err
+    assert main([*args, "--prompts", str(prompts), "--max-tokens", "4", "--verify", "exact"]) == 0
+    assert "exact verify" in capsys.readouterr().out
+    assert main([*args, "--prompts", str(prompts), "--verify", "sloppy"]) == 2
+    assert "invalid choice: 'sloppy'" in capsys.readouterr().err
 
 
 def test_first_divergence():

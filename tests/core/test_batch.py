@@ -236,9 +236,12 @@ def test_batch_policies():
 
 def test_bad_input():
     model = build_tiny("llama")
-    with pytest.raises(ValueError, match="fast mode"):
+    with pytest.raises(ValueError, match="different verify modes .exact for requests 1; fast for requests 0"):
         speculative_generate_batch(
-            model, PROMPTS[:2], GenerateOptions(verify="exact"), drafters=lambda i: PromptLookup()
+            model,
+            PROMPTS[:2],
+            [GenerateOptions(verify="fast"), GenerateOptions(verify="exact")],
+            drafters=lambda i: PromptLookup(),
         )
     with pytest.raises(ValueError, match="one drafter per prompt"):
         BatchGeneration(model, PROMPTS[:2], None, PromptLookup())

@@ -82,7 +82,7 @@ def test_measured_profile_and_grid_on_moe():
     assert set(experts) == {(b, w) for b in (1, 2) for w in (1, 2, 3)}
     assert all(2 <= e <= 8 for e in experts.values())  # top-2 of 8 experts
     assert experts[(2, 3)] >= experts[(1, 1)]
-    with pytest.raises(ValueError, match="fast mode only"):
+    with pytest.raises(ValueError, match="measures fast forwards only"):
         measure_batch_profile(model, (1,), verify="exact")
     rows = batch_speedup_grid(model, profile, (2,), (1.0, 0.0), (2,), prompt_len=6, max_tokens=8)
     full, none = rows
@@ -90,6 +90,9 @@ def test_measured_profile_and_grid_on_moe():
     assert full["predicted"] == pytest.approx(3 / profile.c(3, 2))
     assert all(r["measured"] > 0 and r["diverged"] == 0 for r in rows)
     assert all(r["predicted_from_log"] > 0 and r["residual"] == pytest.approx(r["error_from_log"]) for r in rows)
+    assert {r["verify"] for r in rows} == {"fast"}
+    (exact,) = batch_speedup_grid(model, profile, (2,), (0.5,), (2,), prompt_len=6, max_tokens=8, verify="exact")
+    assert exact["verify"] == "exact" and exact["diverged"] == 0 and exact["measured"] > 0
 
 
 @pytest.mark.parametrize("acceptances", [(float("nan"),), (1.0, 2.0), (-1e-9,)])
@@ -232,7 +235,9 @@ def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch)
             return super().run()
 
     monkeypatch.setattr(batch_cost, "BatchGeneration", Recorded)
-    monkeypatch.setattr(batch_cost, "generate_batch", lambda model, prompts, options: Recorded(model, prompts, options))
+    monkeypatch.setattr(
+        batch_cost, "generate_batch", lambda model, prompts, options, **kw: Recorded(model, prompts, options, **kw)
+    )
     model = build_tiny("qwen3")
     profile = measure_batch_profile(model, (2,), widths=3, offset=6, repeats=1, warmup=1, count_experts=False)
     grid = functools.partial(batch_speedup_grid, model, profile, (2,), (1.0,), prompt_len=6, max_tokens=10)

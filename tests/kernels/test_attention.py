@@ -60,6 +60,46 @@ def test_reference_rows_do_not_depend_on_other_rows_and_match_attention(dtype, h
     assert np.abs(together - mlx).max() <= 2 * ulp * np.abs(mlx).max()
 
 
+def _batch_block(dtype, head_dim: int, starts: list[int], prefix: int, rows: int, seed: int = 2):
+    """A batched causal block as mlx-lm's BatchKVCache holds it: batch row b's keys start at ``starts[b]``
+    (left padding of random garbage, which no row may see)."""
+    mx.random.seed(seed)
+    n = prefix + rows
+    q = mx.random.normal((len(starts), 4, rows, head_dim)).astype(dtype)
+    k = mx.random.normal((len(starts), 2, n, head_dim)).astype(dtype)
+    v = mx.random.normal((len(starts), 2, n, head_dim)).astype(dtype)
+    return q, k, v
+
+
+def test_reference_with_starts_computes_each_batch_row_over_its_own_keys():
+    starts, prefix, rows = [0, 5, 17], 40, 3
+    q, k, v = _batch_block(mx.bfloat16, 64, starts, prefix, rows)
+    scale = 64**-0.5
+    together = _host(attention_rows_reference(q, k, v, scale, "causal", starts=starts))
+    for b, s in enumerate(starts):
+        alone = _host(attention_rows_reference(q[b : b + 1], k[b : b + 1, :, s:], v[b : b + 1, :, s:], scale, "causal"))
+        assert np.array_equal(together[b : b + 1], alone)
+        mlx = _host(
+            mx.fast.scaled_dot_product_attention(
+                q[b : b + 1], k[b : b + 1, :, s:], v[b : b + 1, :, s:], scale=scale, mask="causal"
+            )
+        )
+        assert np.abs(alone - mlx).max() <= 2 * 2**-7 * np.abs(mlx).max()
+    # the padding changes nothing: garbage in it leaves every row as it was
+    padding = mx.arange(k.shape[2])[None, None, :, None] < mx.array(starts)[:, None, None, None]
+    garbage = mx.where(padding, k * 7, k)
+    again = _host(attention_rows_reference(q, garbage, mx.where(padding, -v, v), scale, "causal", starts=starts))
+    assert np.array_equal(again, together)
+    for bad, message in (([0, 5], "each of the 3 batch rows"), ([0, 0, prefix + 1], "each of the 3 batch rows")):
+        assert not kernel_attention.supports(q, k, v, "causal", bad)
+        with pytest.raises(ValueError, match=message):
+            attention_rows_reference(q, k, v, scale, "causal", starts=bad)
+    q2, k2, v2 = _batch_block(mx.bfloat16, 64, [0, 10], 1020, 1)  # 1021 keys (one pass) and 1011
+    assert kernel_attention.supports(q2, k2, v2, None, [0, 10])
+    q3, k3, v3 = _batch_block(mx.bfloat16, 64, [0, 10], 1030, 1)  # 1031 keys (two passes) and 1021 (one)
+    assert "two-pass threshold" in kernel_attention.check_inputs(q3, k3, v3, None, [0, 10])
+
+
 def test_the_scale_is_rounded_as_each_pass_rounds_it():
     for head_dim in (64, 128):
         s = np.float32(head_dim**-0.5)
@@ -105,7 +145,7 @@ def _tiny() -> nn.Module:
     return model
 
 
-def _one_query_rows(queries, keys, values, scale, mask=None, variant="source", vectors_per_warp=None):
+def _one_query_rows(queries, keys, values, scale, mask=None, variant="source", vectors_per_warp=None, starts=None):
     """A stand-in kernel exact by construction: MLX's one-query attention per row, over the keys it attends."""
     rows, n = queries.shape[2], keys.shape[2]
     outs = [
@@ -123,7 +163,7 @@ def _on_cuda(monkeypatch, kernel) -> None:
     monkeypatch.setattr(kernels, "cuda_available", lambda: True)
     monkeypatch.setattr(kernels, "attention_variant", lambda dtype, head_dim: "source")
     monkeypatch.setattr(kernels, "attention_rows", kernel)
-    monkeypatch.setattr(kernel_attention, "supports", lambda queries, keys, values, mask=None: True)
+    monkeypatch.setattr(kernel_attention, "supports", lambda queries, keys, values, mask=None, starts=None: True)
     monkeypatch.setattr(kernel_probe, "_warned", set())
     exact_calibration._calibrations.clear()
 
@@ -147,7 +187,7 @@ def test_an_attention_kernel_that_is_not_bit_identical_is_rejected(monkeypatch):
     emulate_gpu(monkeypatch, attention=True, linear_rows=None)
     sdpa = mx.fast.scaled_dot_product_attention  # the emulated one: its multi-query rows are off
 
-    def multi_query(queries, keys, values, scale, mask=None, variant="source", vectors_per_warp=None):
+    def multi_query(queries, keys, values, scale, mask=None, variant="source", vectors_per_warp=None, starts=None):
         return sdpa(queries, keys, values, scale=scale, mask=mask)
 
     _on_cuda(monkeypatch, multi_query)
@@ -197,6 +237,33 @@ def test_every_row_equals_mlx_one_query_attention_on_the_gpu(dtype, head_dim):
     print(f"\n{dtype} D={head_dim}: variant {variant}; " + ", ".join(f"{v} {r['exact']}" for v, r in found.items()))
     assert variant is not None, found
     assert found[variant]["exact"]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype,head_dim", [(mx.bfloat16, 128), (mx.float16, 64)])
+@pytest.mark.parametrize("prefix,rows", [(40, 1), (300, 4), (1500, 3)])  # one pass; two passes
+def test_with_starts_every_batch_row_equals_mlx_one_query_attention_over_its_keys_on_the_gpu(
+    dtype, head_dim, prefix, rows
+):
+    variant = kernels.attention_variant(dtype, head_dim)
+    assert variant is not None
+    starts = [0, 3, 31, 130]
+    q, k, v = _batch_block(dtype, head_dim, starts, prefix, rows)
+    scale = head_dim**-0.5
+    mask = "causal" if rows > 1 else None
+    got = _host(kernels.attention_rows(q, k, v, scale, mask, variant, starts=starts))
+    reference = _host(attention_rows_reference(q, k, v, scale, mask, starts=starts))
+    ulp = 2**-7 if dtype == mx.bfloat16 else 2**-10
+    assert np.abs(got - reference).max() <= 2 * ulp * np.abs(reference).max()
+    n = prefix + rows
+    for b, s in enumerate(starts):
+        for i in range(rows):
+            end = n - rows + i + 1
+            one = mx.fast.scaled_dot_product_attention(
+                mx.contiguous(q[b : b + 1, :, i : i + 1]), k[b : b + 1, :, s:end], v[b : b + 1, :, s:end], scale=scale
+            )
+            assert np.array_equal(got[b : b + 1, :, i : i + 1], _host(one)), (b, i)
 
 
 @pytest.mark.gpu

@@ -35,7 +35,7 @@ template <typename U> struct Limits {
   static __device__ U finite_min() { return cuda::std::numeric_limits<U>::lowest(); }
 };
 """
-CUDA_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "f32": "float", "u32": "uint32_t"}
+CUDA_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "f32": "float", "u32": "uint32_t", "i32": "int32_t"}
 
 
 def wrapped(name: str, source: str, inputs: dict[str, str], outputs: dict[str, str], template: dict) -> str:
@@ -105,7 +105,7 @@ def test_gemv_and_attention_rows_compile(tmp_path):
     scan = wrapped(
         "scan",
         attention._SCAN,
-        {"queries": "bf16", "keys": "bf16", "values": "bf16", "scale": "f32"},
+        {"queries": "bf16", "keys": "bf16", "values": "bf16", "scale": "f32", "starts": "i32"},
         {"partials": "f32", "maxs": "f32", "sums": "f32"},
         {"T": "bf16", "D": 128, "TWO_PASS": True, "CAUSAL": True, "QV": 4, "VARIANT": 0},
     )

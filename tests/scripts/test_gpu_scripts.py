@@ -79,6 +79,20 @@ def test_exactness_script(tmp_path, script_home):
     assert (tmp_path / "exactness.csv").exists() and (tmp_path / "cost.csv").exists()
 
 
+def test_batch_script_exact_phase(tmp_path, script_home):
+    out = run_script("batch.py", tmp_path, script_home, "--exact", "--budget", "300")
+    result = json.loads((tmp_path / "batch_exact.json").read_text())
+    assert result["provenance"]["commit"] != "unknown" and "--exact" in result["provenance"]["command"]
+    rows = result["rows"]
+    assert {(r["model"].split(":")[1], r["batch_size"]) for r in rows} == {
+        (shape, b) for shape in ("qwen3-8b-tiny-fp32", "qwen3-30b-a3b-tiny-fp32") for b in (1, 4)
+    }
+    assert all(r["all_exact"] and r["exact_equal"] == r["batch_size"] for r in rows)  # every request, every repeat
+    assert all(r["repeats"] == 6 and r["interval"] is not None and "verdict" in r["a_a"] for r in rows)
+    assert "requests equal mlx-lm greedy" in out and (tmp_path / "batch_exact.csv").exists()
+    assert not (tmp_path / "batch_summary.json").exists()  # only the exact phase ran
+
+
 def test_exact_diagnose_script(tmp_path, script_home):
     out = run_script("exact_diagnose.py", tmp_path, script_home)
     report = json.loads((tmp_path / "diagnose.json").read_text())
