@@ -101,7 +101,7 @@ def test_rule_sweep_summary_and_verdict():
         model,
         None,
         prompts,
-        rule_list(),
+        rule_list(["token", "exact-match", "block", "typical"]),
         drafters=["lookup", "draft-model"],
         draft_lengths=[2],
         temperatures=[0.7, 1.0],
