@@ -112,7 +112,7 @@ def test_bench_batch_on_spec_bench_questions():
 def test_a_loaded_models_shipped_draft_model_is_found_without_its_name(monkeypatch):
     """``bench batch`` builds drafters from the model alone: the name it was loaded by finds what is shipped
     for it (it said "no draft model is shipped" for a model that has one)."""
-    import specbench.drafters as drafters
+    import specbench.drafters.draft_model as drafters
 
     model, draft = build_tiny("llama"), build_tiny("llama", seed=3)
     model.specbench_name = "tiny-with-a-draft"
