@@ -27,12 +27,12 @@ from specbench.bench.prompt_bench import (
     _question_key,
     bench_prompts,
     model_identity,
+    read_runs,
     stored_cost_profile,
 )
-from specbench.bench.prompt_runs import prompt_methods
+from specbench.bench.prompt_runs import PromptRun, prompt_methods
 from specbench.common import distributed
 from specbench.drafters.draft_model import shipped_draft_model
-from specbench.inputs.stored import read_parquet
 
 #: Where each rank keeps its share's progress inside ``--out``.
 RANKS_FOLDER = ".ranks"
@@ -45,14 +45,10 @@ class SpreadPromptBench(PromptBench):
         return super().table() + "\n\n" + self.info["timings"]
 
 
-def _configs_in(path: Path) -> tuple[list[dict[str, Any]], set[str]]:
+def _configs_in(path: Path) -> tuple[list[PromptRun], set[str]]:
     """The runs saved at ``path`` and the configurations they hold (none when there is no file)."""
-    if not path.exists():
-        return [], set()
-    rows = read_parquet(path, "delete it, choose another --out, or pass --fresh to start over").to_dicts()
-    if rows and not {"config", "question_key"} <= set(rows[0]):
-        raise ValueError(f"{path}: not a prompt benchmark's runs table; choose another --out or pass --fresh")
-    return rows, {r["config"] for r in rows}
+    rows = read_runs(path) if path.exists() else []
+    return rows, {r.config for r in rows}
 
 
 def _other_configuration(path: Path) -> ValueError:
@@ -82,11 +78,12 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     out = Path(a["out"]) if a["out"] is not None else None
     part = out / RANKS_FOLDER / f"rank{rank}of{size}" if out is not None else None
 
-    def check() -> tuple[str, str, list[dict[str, Any]], set[str]]:
+    def check() -> tuple[str, str, list[PromptRun], set[str]]:
         """This rank's configuration and device; on rank 0 the runs already in ``out`` and their configurations."""
         if part is not None and not a["fresh"] and _configs_in(part / PROMPT_RUNS_FILE)[1] - {config}:
             raise _other_configuration(part / PROMPT_RUNS_FILE)
-        previous, configs = [], set()
+        previous: list[PromptRun] = []
+        configs: set[str] = set()
         if rank == 0 and out is not None and not a["fresh"]:
             previous, configs = _configs_in(out / PROMPT_RUNS_FILE)
         return config, info["device"], previous, configs
@@ -95,7 +92,7 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     previous, previous_configs = ranks[0][2], ranks[0][3]
     if previous_configs - {c for c, _, _, _ in ranks}:
         raise _other_configuration(out / PROMPT_RUNS_FILE)
-    done = {r["question_key"] for r in previous}
+    done = {r.question_key for r in previous}
     remaining = [q for q in questions if _question_key(q) not in done]
     mine = [remaining[i] for i in distributed.my_share([len(q.turns) for q in remaining])]
     say = a["progress"]
@@ -104,17 +101,17 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     # each rank predicts from its own device's profile; the merged results from rank 0's
     profile = stored_cost_profile(model, a["model_name"], a["profile"], say if say and rank == 0 else lambda _: None)
 
-    def run_share() -> tuple[list[dict[str, Any]], int]:
+    def run_share() -> tuple[list[PromptRun], int]:
         if not mine:
             return [], 0
         progress = (lambda text: say(f"rank {rank}/{size}: {text}")) if say else None
         result = bench_prompts(**{**a, "questions": mine, "out": part, "progress": progress, "profile": profile})
         keys = {_question_key(q) for q in mine}
-        return [r for r in result.runs if r["question_key"] in keys], result.info.get("unfinished_questions", 0)
+        return [r for r in result.runs if r.question_key in keys], result.info.get("unfinished_questions", 0)
 
     shares = distributed.gather_outcomes(run_share)
     order = {_question_key(q): i for i, q in enumerate(remaining)}
-    runs = previous + sorted((r for rows, _ in shares for r in rows), key=lambda r: order[r["question_key"]])
+    runs = previous + sorted((r for rows, _ in shares for r in rows), key=lambda r: order[r.question_key])
     devices = [device for _, device, _, _ in ranks]
     info.update(
         **model_identity(model, tokenizer),

@@ -22,7 +22,7 @@ from specbench.bench.compare import (
     verdict,
 )
 from specbench.bench.prompt_bench import PromptBench
-from specbench.bench.prompt_runs import prompt_methods
+from specbench.bench.prompt_runs import PromptRun, prompt_methods
 from specbench.cli import main
 from specbench.common.identity import device_name, versions
 from specbench.core.policies import DraftPolicy
@@ -69,7 +69,11 @@ def _run(accepted_by_question: list[list[int]], seconds: float = 1.0, **info) ->
         category = "qa" if q % 2 else "translation"
         rows.append(_row(q, "mlx-lm", [], 2.0, category))
         rows.append(_row(q, "lookup/fixed:3", accepted, seconds, category))
-    return PromptBench(rows, METHODS, {"model": "m", "max_tokens": 12, "tokenizer": "t1", "vocab": 97, **info})
+    return PromptBench(
+        [PromptRun.from_row(r) for r in rows],
+        METHODS,
+        {"model": "m", "max_tokens": 12, "tokenizer": "t1", "vocab": 97, **info},
+    )
 
 
 def test_verdicts_are_symmetric_and_say_when_there_is_no_interval():
@@ -127,7 +131,7 @@ def test_mismatched_runs_are_one_line_naming_the_mismatch():
         compare(base, other_vocab, a_name="A", b_name="B")
     # runs recorded without a tokenizer's id: the same prompt's token count tells
     older = _run([[1, 2, 3]] * 6, tokenizer="")
-    older.runs[0] = {**older.runs[0], "prompt_tokens": 25}
+    older.runs[0] = dataclasses.replace(older.runs[0], prompt_tokens=25)
     with pytest.raises(ValueError, match="tokenize the same prompt differently \\(question 0: 20 and 25 tokens\\)"):
         compare(base, older, a_name="A", b_name="B")
     longer = _run([[1, 2, 3]] * 6, max_tokens=64)
