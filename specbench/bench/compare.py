@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from specbench.bench.paired import MIN_UNITS, sums_interval
-from specbench.bench.prompt_bench import PromptBench, bench_prompts, load_prompt_bench
+from specbench.bench.prompt_bench import PromptBench, bench_prompts
 from specbench.bench.prompt_runs import PROMPT_BASELINE, PromptRun
 from specbench.bench.turn_cache import first_divergence
 from specbench.common.files import safe_name, write_json_atomic, write_parquet_atomic, write_text_atomic
@@ -508,11 +508,6 @@ def is_recorded_run(path: str | os.PathLike) -> bool:
 
     folder = Path(path)
     return folder.is_dir() and (folder / PROMPT_RUNS_FILE).is_file() and (folder / PROMPT_INFO_FILE).is_file()
-
-
-def load_run(path: str | os.PathLike) -> PromptBench:
-    """A recorded prompt benchmark (``specbench bench prompts --out FOLDER``)."""
-    return load_prompt_bench(path)
 
 
 def check_same_tokenizer(models: Sequence[str]) -> None:

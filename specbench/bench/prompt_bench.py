@@ -294,9 +294,9 @@ def _run_row(
     run: TimedRun,
     reference: Sequence[int],
 ) -> PromptRun:
-    new = len(run.tokens)
     divergence = first_divergence(run.tokens, reference)
     return PromptRun(
+        **vars(run),
         config=config,
         question_key=key,
         question_id=str(question.question_id),
@@ -310,19 +310,8 @@ def _run_row(
         policy=method.policy_name,
         verify=method.verify or ("none" if method.engine == "mlx-lm" or method.drafter == "none" else "exact"),
         prompt_tokens=len(prompt),
-        new_tokens=new,
-        wall_s=run.wall_s,
-        first_token_s=run.first_token_s,
-        tokens_per_s=new / run.wall_s if run.wall_s > 0 else 0.0,
-        forwards=run.forwards,
-        verifies=run.verifies,
-        drafted=run.drafted,
-        accepted=run.accepted,
-        pos_drafted=run.pos_drafted,
-        pos_accepted=run.pos_accepted,
-        finish_reason=run.finish_reason,
-        tokens=run.tokens,
-        steps=run.steps,
+        new_tokens=len(run.tokens),
+        tokens_per_s=len(run.tokens) / run.wall_s if run.wall_s > 0 else 0.0,
         equal=divergence is None,
         first_mismatch=-1 if divergence is None else divergence,
     )

@@ -17,11 +17,10 @@ from specbench.bench.compare import (
     UNRESOLVED,
     check_same_tokenizer,
     compare,
-    load_run,
     run_models,
     verdict,
 )
-from specbench.bench.prompt_bench import PromptBench
+from specbench.bench.prompt_bench import PromptBench, load_prompt_bench
 from specbench.bench.prompt_runs import PromptRun, prompt_methods
 from specbench.cli import main
 from specbench.common.identity import device_name, versions
@@ -181,7 +180,7 @@ def test_two_tiny_models_run_and_compared_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "acceptance at 1" in printed and "Verdict:" in printed and "tokens per verification" in printed
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG" and (out / "compare.md").is_file()
-    assert load_run(recorded[0]).info["model_key"] == runs[0].info["model_key"]
+    assert load_prompt_bench(recorded[0]).info["model_key"] == runs[0].info["model_key"]
 
 
 def test_the_cli_refuses_a_run_against_a_model_and_different_tokenizers_in_one_line(tmp_path, capsys):
