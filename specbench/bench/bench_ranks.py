@@ -28,6 +28,7 @@ from specbench.bench.prompt_bench import (
     bench_prompts,
     model_identity,
     read_runs,
+    resumed_runs,
     stored_cost_profile,
 )
 from specbench.bench.prompt_runs import PromptRun, prompt_methods
@@ -43,19 +44,6 @@ class SpreadPromptBench(PromptBench):
 
     def table(self) -> str:
         return super().table() + "\n\n" + self.info["timings"]
-
-
-def _configs_in(path: Path) -> tuple[list[PromptRun], set[str]]:
-    """The runs saved at ``path`` and the configurations they hold (none when there is no file)."""
-    rows = read_runs(path) if path.exists() else []
-    return rows, {r.config for r in rows}
-
-
-def _other_configuration(path: Path) -> ValueError:
-    return ValueError(
-        f"{path} holds results of another benchmark configuration: choose another --out, "
-        f"or pass --fresh to overwrite it"
-    )
 
 
 def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **settings: Any) -> PromptBench:
@@ -78,20 +66,18 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     out = Path(a["out"]) if a["out"] is not None else None
     part = out / RANKS_FOLDER / f"rank{rank}of{size}" if out is not None else None
 
-    def check() -> tuple[str, str, list[PromptRun], set[str]]:
-        """This rank's configuration and device; on rank 0 the runs already in ``out`` and their configurations."""
-        if part is not None and not a["fresh"] and _configs_in(part / PROMPT_RUNS_FILE)[1] - {config}:
-            raise _other_configuration(part / PROMPT_RUNS_FILE)
-        previous: list[PromptRun] = []
-        configs: set[str] = set()
-        if rank == 0 and out is not None and not a["fresh"]:
-            previous, configs = _configs_in(out / PROMPT_RUNS_FILE)
-        return config, info["device"], previous, configs
+    def saved(folder: Path | None) -> list[PromptRun]:
+        path = folder / PROMPT_RUNS_FILE if folder is not None else None
+        return read_runs(path) if path is not None and path.exists() and not a["fresh"] else []
+
+    def check() -> tuple[str, str, list[PromptRun]]:
+        """This rank's configuration and device; on rank 0 the runs already in ``out``."""
+        if part is not None:
+            resumed_runs(part / PROMPT_RUNS_FILE, saved(part), {config})
+        return config, info["device"], saved(out) if rank == 0 else []
 
     ranks = distributed.gather_outcomes(check)
-    previous, previous_configs = ranks[0][2], ranks[0][3]
-    if previous_configs - {c for c, _, _, _ in ranks}:
-        raise _other_configuration(out / PROMPT_RUNS_FILE)
+    previous = resumed_runs(out / PROMPT_RUNS_FILE, ranks[0][2], {c for c, _, _ in ranks}) if out else []
     done = {r.question_key for r in previous}
     remaining = [q for q in questions if _question_key(q) not in done]
     mine = [remaining[i] for i in distributed.my_share([len(q.turns) for q in remaining])]
@@ -112,7 +98,7 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     shares = distributed.gather_outcomes(run_share)
     order = {_question_key(q): i for i, q in enumerate(remaining)}
     runs = previous + sorted((r for rows, _ in shares for r in rows), key=lambda r: order[r.question_key])
-    devices = [device for _, device, _, _ in ranks]
+    devices = [device for _, device, _ in ranks]
     info.update(
         **model_identity(model, tokenizer),
         device=" + ".join(dict.fromkeys(devices)),

@@ -74,6 +74,16 @@ def read_runs(path: Path) -> list[PromptRun]:
     return [PromptRun.from_row(r) for r in rows]
 
 
+def resumed_runs(path: Path, runs: Sequence[PromptRun], configs: set[str]) -> list[PromptRun]:
+    """``runs`` (read from ``path``) to resume, or a ValueError when they hold a configuration not in ``configs``."""
+    if {r.config for r in runs} - configs:
+        raise ValueError(
+            f"{path} holds results of another benchmark configuration: choose another --out, "
+            f"or pass --fresh to overwrite it"
+        )
+    return list(runs)
+
+
 def _strip_stops(tokens: Sequence[int], stop_ids: set[int]) -> list[int]:
     out = list(tokens)
     while out and out[-1] in stop_ids:
@@ -205,20 +215,12 @@ def bench_prompts(
     say = progress or (lambda text: None)
     info = _bench_info(model_name, max_tokens, repeats)
     config = _prompt_config(model_name, methods, max_tokens, repeats, k, info["device"])
-    runs: list[PromptRun] = []
-    done: set[str] = set()
     runs_path = Path(out) / PROMPT_RUNS_FILE if out is not None else None
-    if runs_path is not None and runs_path.exists() and not fresh:
-        previous = read_runs(runs_path)
-        if previous and previous[0].config != config:
-            raise ValueError(
-                f"{runs_path} holds results of another benchmark configuration: choose another --out, "
-                f"or pass --fresh to overwrite it"
-            )
-        runs = previous
-        done = {r.question_key for r in runs}
-        if done:
-            say(f"resuming: {len(done)} questions already done in {runs_path}")
+    resume = runs_path is not None and runs_path.exists() and not fresh
+    runs = resumed_runs(runs_path, read_runs(runs_path), {config}) if resume else []
+    done = {r.question_key for r in runs}
+    if done:
+        say(f"resuming: {len(done)} questions already done in {runs_path}")
     profile = stored_cost_profile(model, model_name, profile, say)
     info.update(model_identity(model, tokenizer))
     runner = MethodRunner(model, tokenizer, model_name, draft_model, k, max_tokens)
