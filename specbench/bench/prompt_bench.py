@@ -29,7 +29,7 @@ import polars as pl
 from specbench.bench.prompt_predictions import no_profile_note
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, PromptRun, TimedRun, prompt_methods
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
-from specbench.bench.turn_cache import first_divergence
+from specbench.bench.turn_cache import first_divergence, reply_text
 from specbench.common.files import write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.identity import device_name, model_key, tokenizer_key, versions
 from specbench.core.forward import vocab_size
@@ -82,13 +82,6 @@ def resumed_runs(path: Path, runs: Sequence[PromptRun], configs: set[str]) -> li
             f"or pass --fresh to overwrite it"
         )
     return list(runs)
-
-
-def _strip_stops(tokens: Sequence[int], stop_ids: set[int]) -> list[int]:
-    out = list(tokens)
-    while out and out[-1] in stop_ids:
-        out.pop()
-    return out
 
 
 @dataclass
@@ -250,7 +243,7 @@ def bench_prompts(
                     timed.append((repeat, method, run))
             reference = next(run.tokens for repeat, m, run in timed if m.name == PROMPT_BASELINE and repeat == 0)
             rows += [_run_row(config, key, question, turn, r, m, prompt, run, reference) for r, m, run in timed]
-            messages.append({"role": "assistant", "content": tokenizer.decode(_strip_stops(reference, stop_ids))})
+            messages.append({"role": "assistant", "content": reply_text(tokenizer, reference, stop_ids)})
         runs += rows
         base = [r for r in rows if r.method == PROMPT_BASELINE]
         say(
