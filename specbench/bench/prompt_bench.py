@@ -209,8 +209,9 @@ def bench_prompts(
     info = _bench_info(model_name, max_tokens, repeats)
     config = _prompt_config(model_name, methods, max_tokens, repeats, k, info["device"])
     runs_path = Path(out) / PROMPT_RUNS_FILE if out is not None else None
-    resume = runs_path is not None and runs_path.exists() and not fresh
-    runs = resumed_runs(runs_path, read_runs(runs_path), {config}) if resume else []
+    runs: list[PromptRun] = []
+    if runs_path is not None and runs_path.exists() and not fresh:
+        runs = resumed_runs(runs_path, read_runs(runs_path), {config})
     done = {r.question_key for r in runs}
     if done:
         say(f"resuming: {len(done)} questions already done in {runs_path}")
