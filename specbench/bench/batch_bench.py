@@ -74,7 +74,7 @@ class EngineRow:
 
 
 @dataclass(frozen=True)
-class Divergence:
+class RequestDivergence:
     """Where one request's output from ``engine`` first leaves ``reference``'s (None: equal)."""
 
     engine: str
@@ -108,7 +108,7 @@ class BatchBench:
 
     rows: list[EngineRow]
     outputs: dict[str, list[list[int]]]
-    divergence: list[Divergence]
+    divergence: list[RequestDivergence]
     divergence_summary: list[DivergenceSummary]
 
 
@@ -139,20 +139,22 @@ def mlx_lm_batch(
     return [outputs[u] for u in uids], wall, [done.get(u, wall) for u in uids]
 
 
-def divergence_rows(outputs: dict[str, list[list[int]]], reference: str, batch_size: int = 0) -> list[Divergence]:
+def divergence_rows(
+    outputs: dict[str, list[list[int]]], reference: str, batch_size: int = 0
+) -> list[RequestDivergence]:
     """Per engine and request: the first position where its output leaves ``reference``'s (None: equal).
     A reference may hold fewer requests than the engines (the first ones)."""
     return [
-        Divergence(name, reference, i, first_divergence(out, ref), len(out), batch_size)
+        RequestDivergence(name, reference, i, first_divergence(out, ref), len(out), batch_size)
         for name, outs in outputs.items()
         if name != reference
         for i, (out, ref) in enumerate(zip(outs, outputs[reference]))
     ]
 
 
-def divergence_summary(rows: Sequence[Divergence]) -> list[DivergenceSummary]:
+def divergence_summary(rows: Sequence[RequestDivergence]) -> list[DivergenceSummary]:
     """Per (engine, reference, batch size) of ``divergence_rows``: ``DivergenceSummary``."""
-    groups: dict[tuple[str, str, int, str], list[Divergence]] = {}
+    groups: dict[tuple[str, str, int, str], list[RequestDivergence]] = {}
     for r in rows:
         groups.setdefault((r.engine, r.reference, r.batch_size, r.verify), []).append(r)
     summary = []
@@ -475,7 +477,7 @@ def bench_batch_source(
 
 __all__ = [
     "BatchBench",
-    "Divergence",
+    "RequestDivergence",
     "DivergenceSummary",
     "EngineRow",
     "bench_batch",
