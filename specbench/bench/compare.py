@@ -288,7 +288,7 @@ def pick_method(a: PromptBench, b: PromptBench, method: str | None, a_name: str 
 # -- per question ------------------------------------------------------------------------------------------------
 
 
-def _unit_columns(run: PromptBench, method: str, positions: int) -> dict[str, np.ndarray]:
+def _unit_columns(run: PromptBench, method: str, positions: int) -> tuple[list[str], dict[str, np.ndarray]]:
     """Per question (all its turns), the sums each measure is a ratio of: for ``method``'s first repeat, each draft
     position's (accepted, reached), the accepted and drafted tokens and the verifications; for timing, the
     baseline's and the method's (tokens, seconds), each turn's seconds the median over repeats."""
@@ -319,9 +319,7 @@ def _unit_columns(run: PromptBench, method: str, positions: int) -> dict[str, np
                     add(key, f"reached{i}", 1)
                     add(key, f"hit{i}", step["accepted"] > i)
     keys = list(dict.fromkeys(r.question_key for r in run.runs))
-    return {name: np.array([values.get(k, 0.0) for k in keys]) for name, values in columns.items()} | {
-        "_keys": np.array(keys, dtype=object)
-    }
+    return keys, {name: np.array([values.get(k, 0.0) for k in keys]) for name, values in columns.items()}
 
 
 def _longest_draft(run: PromptBench, method: str) -> int:
@@ -340,8 +338,8 @@ def _difference(
     """A measure that is a ratio of column sums (``denominator``'s sum below), under A and B over the questions
     ``rows`` selects that have a denominator under A or B (a prompt that drafted nothing holds no acceptance), with
     the interval of A - B resampling those questions of both runs together."""
-    names = sorted(set(a) - {"_keys"} | set(b) - {"_keys"})
-    zero = np.zeros(len(a["_keys"]))
+    names = sorted(set(a) | set(b))
+    zero = np.zeros(len(next(iter(a.values()))))
     rows = np.array([i for i in rows if a.get(denominator, zero)[i] > 0 or b.get(denominator, zero)[i] > 0], dtype=int)
     zero = np.zeros(len(rows))
 
@@ -426,10 +424,10 @@ def compare(
     check_comparable(a, b, a_name, b_name)
     method = pick_method(a, b, method, a_name, b_name)
     positions = max(_longest_draft(a, method), _longest_draft(b, method))
-    ua, ub = _unit_columns(a, method, positions), _unit_columns(b, method, positions)
-    order = {k: i for i, k in enumerate(ub["_keys"])}
-    ub = {n: (v[[order[k] for k in ua["_keys"]]] if n != "_keys" else ua["_keys"]) for n, v in ub.items()}
-    everything = np.arange(len(ua["_keys"]))
+    (keys, ua), (keys_b, ub) = _unit_columns(a, method, positions), _unit_columns(b, method, positions)
+    order = {k: i for i, k in enumerate(keys_b)}
+    ub = {n: v[[order[k] for k in keys]] for n, v in ub.items()}
+    everything = np.arange(len(keys))
 
     def rate(hits: str, tries: str) -> tuple[Callable[[Callable[[str], np.ndarray]], np.ndarray], str]:
         return (lambda col: col(hits) / col(tries)), tries
@@ -466,7 +464,7 @@ def compare(
         diffs.append(_difference("position", measure, ua, ub, everything, *rate(f"hit{i}", f"reached{i}")))
     kinds = {r.question_key: r.category for r in a.runs}
     for kind in dict.fromkeys(kinds.values()):
-        rows = np.array([i for i, k in enumerate(ua["_keys"]) if kinds[k] == kind])
+        rows = np.array([i for i, k in enumerate(keys) if kinds[k] == kind])
         diffs.append(_difference("kind", f"acceptance, {kind}", ua, ub, rows, *rate("accepted", "drafted")))
     empty = [d.measure for d in diffs if d.units == 0]
     if empty:
