@@ -201,7 +201,11 @@ def oracle_drafters(
     ]
 
 
-def _methods(drafters: Any, policies: Any, model: nn.Module) -> list[tuple[str, Any, DraftPolicy]]:
+def _methods(
+    drafters: str | Callable[[int], Drafter] | Sequence[Any],
+    policies: DraftPolicy | str | int | Sequence[Any],
+    model: nn.Module,
+) -> list[tuple[str, Any, DraftPolicy]]:
     """(label, drafter name or factory, policy) per speculative method, checked before any model work."""
     drafters = [drafters] if isinstance(drafters, str) or callable(drafters) else list(drafters)
     # plain batched decoding is always the baseline

@@ -332,9 +332,9 @@ class MethodRunner:
     def __init__(self, model: Any, tokenizer: Any, model_name: str, draft_model: Any, k: int, max_tokens: int):
         self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
         self.draft_model, self.k, self.max_tokens = draft_model, k, max_tokens
-        self.drafters: dict[tuple[str, int], Any] = {}
+        self.drafters: dict[tuple[str, int], Drafter | None] = {}
 
-    def drafter(self, method: Method, repeat: int) -> Any:
+    def drafter(self, method: Method, repeat: int) -> Drafter | None:
         key = (method.name, repeat)
         if key not in self.drafters:
             self.drafters[key] = make_drafter(
@@ -358,9 +358,9 @@ class MethodRunner:
         draft and the last token, within what a run of ``max_tokens`` tokens drafts."""
         widest = 1
         for m in methods:
-            if m.engine != "specbench" or m.drafter == "none" or m.verify == "fast":
+            if m.engine != "specbench" or m.verify == "fast" or (drafter := self.drafter(m, -1)) is None:
                 continue
-            longest = within_max_tokens(_longest_draft(m.policy, self.drafter(m, -1)), self.max_tokens)
+            longest = within_max_tokens(_longest_draft(m.policy, drafter), self.max_tokens)
             widest = max(widest, longest + 1)
         return list(range(2, widest + 1))
 
