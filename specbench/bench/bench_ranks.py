@@ -82,7 +82,7 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     remaining = [q for q in questions if _question_key(q) not in done]
     mine = [remaining[i] for i in distributed.my_share([len(q.turns) for q in remaining])]
     say = a["progress"]
-    if say and done and rank == 0:
+    if say and done and rank == 0 and out is not None:
         say(f"resuming: {len(done)} questions already done in {out / PROMPT_RUNS_FILE}")
     # each rank predicts from its own device's profile; the merged results from rank 0's
     profile = stored_cost_profile(model, a["model_name"], a["profile"], say if say and rank == 0 else lambda _: None)
@@ -113,7 +113,7 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     if unfinished:
         info["unfinished_questions"] = unfinished
     result = SpreadPromptBench(runs, methods, info, profile)
-    if out is not None:
+    if out is not None and part is not None:
         distributed.gather_outcomes(lambda: result.save(out) if rank == 0 and runs else None)
         shutil.rmtree(part, ignore_errors=True)
         distributed.barrier()

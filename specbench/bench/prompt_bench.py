@@ -155,7 +155,7 @@ def stored_cost_profile(
 ) -> Profile | None:
     """``profile``, or for "stored" the model's stored cost profile on this device, saying once when there is
     none (the benchmark measures none itself: ``specbench profile`` does)."""
-    if profile != "stored":
+    if not isinstance(profile, str):
         return profile
     stored = load_profile(model)
     if stored is None:
