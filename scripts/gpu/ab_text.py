@@ -24,7 +24,7 @@ def cell_line(row: Mapping[str, Any]) -> str:
     """One cell's line: ratio [interval], in plain steps, in mean steps, pairs, verdicts, what Auto did."""
     extra = (
         f"; vs mlx-lm {row['vs_mlx_lm']:.2f}x; verifies {row['verifies']:.0f}, paused {row['paused']:.0f} tokens"
-        if "ks" in row
+        if row.get("ks") is not None
         else ""
     )
     same = "" if row["equal_plain"] is None else f"; equal to plain: {row['equal_plain']}"

@@ -20,7 +20,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -189,9 +189,9 @@ class BatchRun:
             self.say(format_batch_bench(result))
             self.say(f"  bench B={b} in {time.perf_counter() - t0:.1f} s")
             extra = {"model": label, "acceptance": cfg["bench_acceptance"], "k": cfg["bench_k"]}
-            self.tables["bench"] += [{**extra, **row} for row in result["rows"]]
-            self.tables["divergence"] += [{"model": label, **r} for r in result["divergence"]]
-            self.divergence_summary += [{"model": label, **s} for s in result["divergence_summary"]]
+            self.tables["bench"] += [{**extra, **asdict(row)} for row in result.rows]
+            self.tables["divergence"] += [{"model": label, **asdict(r)} for r in result.divergence]
+            self.divergence_summary += [{"model": label, **asdict(s)} for s in result.divergence_summary]
             self.save()
 
     def exact(self, name: str, until: float) -> None:
@@ -320,7 +320,9 @@ class BatchRun:
                 self.say(f"-- {source}, B={b} ({len(requests)} requests)")
                 self.say(format_batch_bench(result))
                 self.say(f"  in {time.perf_counter() - t0:.1f} s")
-                self.tables["bench"] += [{"model": cfg["embedded"], "source": source, **row} for row in result["rows"]]
+                self.tables["bench"] += [
+                    {"model": cfg["embedded"], "source": source, **asdict(row)} for row in result.rows
+                ]
                 self.save()
 
     def conclude(self) -> None:

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import signal
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +74,10 @@ class Interrupted(Exception):
 
 def summarize(out: dict, cuts: list[str]) -> None:
     """Each cell judged, the pooled rows, and every summary printed."""
-    out["grid"], out["embedded"] = ab.summarize(out["runs"])
-    out["pooled"] = ab.pooled(out["runs"])
-    checks = ab.aa_checks(out["pooled"])
+    grid, embedded = ab.summarize(out["runs"])
+    pooled = ab.pooled(out["runs"])
+    out["grid"], out["embedded"], out["pooled"] = ([asdict(r) for r in rows] for rows in (grid, embedded, pooled))
+    checks = ab.aa_checks(pooled)
     out["a_a"] = {model: check.as_record() for model, check in checks.items()}
     for line in summary_lines(out, cuts):
         say(line)

@@ -14,6 +14,7 @@ results files (``plain_s``, ``auto_state_ms``, ``auto_steady_ms``, ...).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -161,10 +162,6 @@ class Pair:
         return counts if all(isinstance(c, (int, float)) for c in counts.values()) else None
 
 
-def pairs_of(rows: Sequence[Mapping[str, Any]]) -> list[Pair]:
-    return [Pair.of(r) for r in rows]
-
-
 def spread(values: Sequence[float]) -> float:
     """Relative spread (max / min - 1) of positive values."""
     return max(values) / min(values) - 1.0 if values and min(values) > 0 else 0.0
@@ -229,9 +226,49 @@ def estimate(pairs: Sequence[tuple[float, float]]) -> tuple[float | None, float,
     return (seconds_ratio(pairs) if len(pairs) >= MIN_UNITS else None), low, high, p
 
 
-def cell_row(cell: tuple[str, str, str], pairs: Sequence[Pair]) -> dict[str, Any]:
-    """A cell's summary row: the seconds ratio over every pair with its interval, the same in plain steps and
-    in mean steps, the median over repeats and its range, the baseline's own noise, outputs equal."""
+@dataclass(frozen=True, kw_only=True)
+class CellSummary:
+    """A cell's summary (``cell_row``): the seconds ratio (baseline over method) over every pair with its interval
+    and one-sided p-value of a loss, the same in plain steps and in mean steps, the median over repeats
+    (``auto_over_plain``) and its range, the baseline's own noise, and whether the outputs equal plain's.
+    ``judge`` adds the Holm-corrected p-values and the verdicts; a shape's cell adds the draft lengths Auto asked
+    for (``ks``), its median verifications and paused tokens, and its speed over mlx-lm's."""
+
+    model: str = ""
+    what: str = ""
+    method: str
+    repeats: int = 0
+    pairs: int = 0
+    ratio: float
+    low: float
+    high: float
+    auto_over_plain: float = math.nan
+    lowest: float = math.nan
+    highest: float = math.nan
+    plain_noise: float = 0.0
+    in_steps: float | None = None
+    steps_low: float = 0.0
+    steps_high: float = math.inf
+    steps_pairs: int = 0
+    steps_in_seconds: int = 0
+    in_mean_steps: float | None = None
+    mean_steps_low: float = 0.0
+    mean_steps_high: float = math.inf
+    p_loses: float
+    steps_p_loses: float = 1.0
+    equal_plain: bool | None = None
+    p_loses_holm: float | None = None
+    steps_p_loses_holm: float | None = None
+    verdict: str | None = None
+    verdict_in_steps: str | None = None
+    ks: str | None = None
+    verifies: float | None = None
+    paused: float | None = None
+    vs_mlx_lm: float | None = None
+
+
+def cell_row(cell: tuple[str, str, str], pairs: Sequence[Pair]) -> CellSummary:
+    """A cell's summary (``CellSummary``), not yet judged; a shape's cell with what Auto did."""
     by_repeat: dict[int, list[Pair]] = {}
     for pair in pairs:
         by_repeat.setdefault(pair.repeat, []).append(pair)
@@ -250,32 +287,41 @@ def cell_row(cell: tuple[str, str, str], pairs: Sequence[Pair]) -> dict[str, Any
     in_steps, steps_low, steps_high, steps_p = estimate(steps)
     in_mean, mean_low, mean_high, _ = estimate(in_plain_steps(pairs, "mean"))
     equal = [p.equal_plain for p in pairs if p.equal_plain is not None]
+    shape = {}
+    if "ks" in pairs[0].row:
+        shape = {
+            "ks": " | ".join(p.row["ks"] or "-" for p in pairs),
+            "verifies": statistics.median(p.row["verifies"] for p in pairs),
+            "paused": statistics.median(p.row["paused"] for p in pairs),
+            "vs_mlx_lm": statistics.median(p.row["mlx_lm_s_per_token"] / p.auto.seconds for p in pairs),
+        }
     model, what, method = cell
-    return {
-        "model": model,
-        "what": what,
-        "method": method,
-        "repeats": len(ratios),
-        "pairs": len(pairs),
-        "ratio": seconds_ratio(seconds),
-        "low": low,
-        "high": high,
-        "auto_over_plain": statistics.median(ratios),
-        "lowest": min(ratios),
-        "highest": max(ratios),
-        "plain_noise": noise,
-        "in_steps": in_steps,
-        "steps_low": steps_low,
-        "steps_high": steps_high,
-        "steps_pairs": len(steps),
-        "steps_in_seconds": at_one_speed(pairs),
-        "in_mean_steps": in_mean,
-        "mean_steps_low": mean_low,
-        "mean_steps_high": mean_high,
-        "p_loses": p_loses,
-        "steps_p_loses": steps_p,
-        "equal_plain": all(equal) if equal else None,
-    }
+    return CellSummary(
+        model=model,
+        what=what,
+        method=method,
+        repeats=len(ratios),
+        pairs=len(pairs),
+        ratio=seconds_ratio(seconds),
+        low=low,
+        high=high,
+        auto_over_plain=statistics.median(ratios),
+        lowest=min(ratios),
+        highest=max(ratios),
+        plain_noise=noise,
+        in_steps=in_steps,
+        steps_low=steps_low,
+        steps_high=steps_high,
+        steps_pairs=len(steps),
+        steps_in_seconds=at_one_speed(pairs),
+        in_mean_steps=in_mean,
+        mean_steps_low=mean_low,
+        mean_steps_high=mean_high,
+        p_loses=p_loses,
+        steps_p_loses=steps_p,
+        equal_plain=all(equal) if equal else None,
+        **shape,
+    )
 
 
 def cells(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], list[Pair]]:
@@ -289,45 +335,63 @@ def cells(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], list[
     return found
 
 
-def judge(rows: list[dict[str, Any]]) -> None:
-    """Each cell's verdicts, on seconds and in plain steps (``verdict``, ``verdict_in_steps``). A run judges many
-    cells at once: "LOSES" needs the cell's p-value under ``ALPHA`` after Holm's correction over the run's
+def judge(rows: Sequence[CellSummary]) -> list[CellSummary]:
+    """Each cell with its verdicts, on seconds and in plain steps (``verdict``, ``verdict_in_steps``). A run judges
+    many cells at once: "LOSES" needs the cell's p-value under ``ALPHA`` after Holm's correction over the run's
     cells (A/A cells aside), so that a run of cells that all hold has under 2.5 % chance of showing any."""
-    judged = [r for r in rows if r["method"] not in AA_METHODS]
-    for key, value in (("", "ratio"), ("steps_", "in_steps")):
-        mine = [r for r in judged if r[value] is not None]
-        for r, p_adjusted in zip(mine, holm([r[f"{key}p_loses"] for r in mine])):
-            r[f"{key}p_loses_holm"] = p_adjusted
+    judged = [r for r in rows if r.method not in AA_METHODS]
+    on_seconds = dict(zip(map(id, judged), holm([r.p_loses for r in judged])))
+    in_steps = [r for r in judged if r.in_steps is not None]
+    on_steps = dict(zip(map(id, in_steps), holm([r.steps_p_loses for r in in_steps])))
+    out = []
     for r in rows:
-        if r["method"] in AA_METHODS:
-            r["verdict"], r["verdict_in_steps"] = "a/a", None
+        if r.method in AA_METHODS:
+            out.append(dataclasses.replace(r, verdict="a/a", verdict_in_steps=None))
             continue
-        r["verdict"] = verdict(r["ratio"], r["low"], r["high"], r["p_loses_holm"])
-        r["verdict_in_steps"] = (
-            None
-            if r["in_steps"] is None
-            else verdict(r["in_steps"], r["steps_low"], r["steps_high"], r["steps_p_loses_holm"])
+        p, steps_p = on_seconds[id(r)], on_steps.get(id(r))
+        out.append(
+            dataclasses.replace(
+                r,
+                p_loses_holm=p,
+                steps_p_loses_holm=steps_p,
+                verdict=verdict(r.ratio, r.low, r.high, p),
+                verdict_in_steps=None
+                if r.in_steps is None
+                else verdict(r.in_steps, r.steps_low, r.steps_high, steps_p),
+            )
         )
+    return out
 
 
-def pooled_row(model: str, what: str, items: list, statistic: Callable, ratio: Callable) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class PooledRow:
+    """A statistic pooled over ``n`` items (runs or pairs) with its 95 % bootstrap interval, and the lowest
+    single item's ratio."""
+
+    model: str
+    what: str
+    n: int
+    ratio: float
+    low: float
+    high: float
+    lowest: float
+
+
+def pooled_row(model: str, what: str, items: list, statistic: Callable, ratio: Callable) -> list[PooledRow]:
     """The pooled row of ``items`` (none under 2): ``statistic`` with its 95 % bootstrap interval, and the
     lowest single ``ratio(item)``."""
     if len(items) < 2:
         return []
     low, high = bootstrap(items, statistic)
-    return [
-        {"model": model, "what": what, "n": len(items), "ratio": statistic(items)}
-        | {"low": low, "high": high, "lowest": min(map(ratio, items))}
-    ]
+    return [PooledRow(model, what, len(items), statistic(items), low, high, min(map(ratio, items)))]
 
 
-def pooled(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def pooled(runs: Sequence[Mapping[str, Any]]) -> list[PooledRow]:
     """Pooled over cells, with 95 % bootstrap intervals: per shape, the runs in which Auto fell back (paused
     for >= 90 % of the tokens), those in which it speculated, and the A/A runs (mean Auto / plain); for
     whole-call models, each method's seconds summed over every prompt and trace turn (plain / method,
     resampling prompts). A pooled interval is what a per-cell verdict of "inconclusive" lacks: power."""
-    rows: list[dict[str, Any]] = []
+    rows: list[PooledRow] = []
     for model in dict.fromkeys(r["model"] for r in runs):
         pairs = [Pair.of(r) for r in runs if r["model"] == model]
         if not pairs[0].whole_calls:  # a shape
@@ -360,9 +424,9 @@ def pooled(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 AA_POOLED = ("A/A (plain against plain)", "plain (A/A), every prompt and trace")
 
 
-def aa_checks(pooled_rows: Sequence[Mapping[str, Any]]) -> dict[str, AACheck]:
+def aa_checks(pooled_rows: Sequence[PooledRow]) -> dict[str, AACheck]:
     """Per model, its A/A arm's check (``paired.AACheck``) from its pooled row in seconds (``pooled``)."""
-    return {r["model"]: AACheck(r["ratio"], r["low"], r["high"], r["n"]) for r in pooled_rows if r["what"] in AA_POOLED}
+    return {r.model: AACheck(r.ratio, r.low, r.high, r.n) for r in pooled_rows if r.what in AA_POOLED}
 
 
 def cell_means(
@@ -392,19 +456,8 @@ def merged(saved: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def summarize(runs: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """One judged row per cell (``cell_row``, ``judge``): the cells of per-token runs (synthetic shapes, with
-    the draft lengths Auto asked for, its median verifications and paused tokens, and its speed over
-    mlx-lm's) and those of whole-call runs (prompts and trace turns)."""
-    grid: list[dict[str, Any]] = []
-    whole: list[dict[str, Any]] = []
-    for cell, pairs in cells(runs).items():
-        row, first = cell_row(cell, pairs), pairs[0].row
-        if "ks" in first:
-            row["ks"] = " | ".join(p.row["ks"] or "-" for p in pairs)
-            row["verifies"] = statistics.median(p.row["verifies"] for p in pairs)
-            row["paused"] = statistics.median(p.row["paused"] for p in pairs)
-            row["vs_mlx_lm"] = statistics.median(p.row["mlx_lm_s_per_token"] / p.auto.seconds for p in pairs)
-        (grid if "ks" in first else whole).append(row)
-    judge(grid + whole)
-    return grid, whole
+def summarize(runs: Sequence[Mapping[str, Any]]) -> tuple[list[CellSummary], list[CellSummary]]:
+    """One judged row per cell (``cell_row``, ``judge``): the cells of per-token runs (synthetic shapes) and those
+    of whole-call runs (prompts and trace turns)."""
+    judged = judge([cell_row(cell, pairs) for cell, pairs in cells(runs).items()])
+    return [r for r in judged if r.ks is not None], [r for r in judged if r.ks is None]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -36,6 +36,22 @@ def mlx_lm_seconds_per_token(model: Any, prompt: list[int], tokens: int) -> floa
         return seconds_per_token(token for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens))
 
 
+@dataclass(frozen=True)
+class AutoActivity:
+    """What Auto did in a run: verifications, paused tokens, its policy's pauses and extensions, plain stretches
+    started with an unverified draft (``shadows``), the draft lengths it asked for (``ks``), and the median
+    seconds of a verify step by width and of a plain step (None for an A/A run)."""
+
+    verifies: int = 0
+    paused: int = 0
+    pauses: int | None = 0
+    extensions: int | None = 0
+    shadows: int = 0
+    ks: str = ""
+    verify_ms: str | None = None
+    plain_step_ms: float | None = None
+
+
 @dataclass
 class TimedRun:
     """One per-token run: seconds per token, its speeds (seconds of a steady plain step; None without one),
@@ -46,7 +62,7 @@ class TimedRun:
     mean: float | None
     split: dict[str, float]
     tokens: list[int] | None = None
-    did: dict[str, Any] | None = None
+    did: AutoActivity = AutoActivity()
 
 
 def _shadows(gen: Generation) -> int:
@@ -79,9 +95,7 @@ def auto_run(
     """Auto with ``drafter`` at verify ``mode``; "plain" times plain decoding as an Auto cell is (an A/A cell).
     The drafter's ``follow_s`` (an oracle's bookkeeping) is taken out of the seconds."""
     if mode == "plain":
-        run = plain_run(model, prompt, tokens)
-        run.did = {"verifies": 0, "paused": 0, "pauses": 0, "extensions": 0, "shadows": 0, "ks": ""}
-        return run
+        return plain_run(model, prompt, tokens)
     options = GenerateOptions(max_tokens=tokens, ignore_eos=True, verify=mode)
     gen = speculative_generate(
         model, prompt, options, drafter=drafter, policy=DraftPolicy.auto(), profile=profile, progress=progress
@@ -89,16 +103,16 @@ def auto_run(
     spt = seconds_per_token(gen, lambda: getattr(drafter, "follow_s", 0.0))
     stats, records = gen.stats(), gen.log.records
     plain_steps = [r.verify_s for r in records if r.kind == "plain"]
-    did = {
-        "verifies": stats["verifies"],
-        "paused": stats["pauses"],
-        "pauses": stats.get("policy_pauses"),
-        "extensions": stats.get("policy_extensions"),
-        "shadows": _shadows(gen),
-        "ks": " ".join(map(str, sorted({r.k_requested for r in records if r.kind == "verify"}))),
-        "verify_ms": verify_ms_by_width(records),
-        "plain_step_ms": 1e3 * statistics.median(plain_steps) if plain_steps else None,
-    }
+    did = AutoActivity(
+        verifies=stats["verifies"],
+        paused=stats["pauses"],
+        pauses=stats.get("policy_pauses"),
+        extensions=stats.get("policy_extensions"),
+        shadows=_shadows(gen),
+        ks=" ".join(map(str, sorted({r.k_requested for r in records if r.kind == "verify"}))),
+        verify_ms=verify_ms_by_width(records),
+        plain_step_ms=1e3 * statistics.median(plain_steps) if plain_steps else None,
+    )
     return TimedRun(
         spt,
         speed_state(records, stats["observe_s"]),
@@ -124,7 +138,6 @@ def shape_pair_row(
 ) -> dict[str, Any]:
     """A per-token pair's results row (``base``: model, what, repeat, tokens, order; ``checked``: equal_plain,
     method)."""
-    did = method.did or {}
     return {
         **base,
         "plain_s_per_token": plain.spt,
@@ -137,32 +150,48 @@ def shape_pair_row(
         "auto_mean_ms": _ms(method.mean),
         "plain_spread": spread([previous_plain, plain.spt]) if previous_plain else 0.0,
         **checked,
-        **{k: did[k] for k in ("verifies", "paused", "pauses", "extensions", "shadows", "ks")},
-        **{k: did.get(k) for k in ("verify_ms", "plain_step_ms")},
+        **asdict(method.did),
         **{f"plain_{k}": v for k, v in plain.split.items()},
         **{f"auto_{k}": v for k, v in method.split.items()},
     }
 
 
-def step_summary(gen: Generation) -> dict[str, Any]:
-    """What one generation did, from its log: verifications, accepted drafts, paused tokens, and the seconds
-    of its prefill, speculative steps (drafting, verifying, bookkeeping) and plain steps; its speeds."""
+@dataclass(frozen=True)
+class StepSummary:
+    """What one generation did, from its log (``step_summary``): verifications, accepted drafts, paused tokens,
+    the milliseconds of its prefill, speculative steps (drafting, verifying, bookkeeping) and plain steps, and its
+    speeds (``state_ms``, ``mean_ms``: NaN without one) and verify steps by width."""
+
+    verifies: int
+    accepted: int
+    paused: int
+    prefill_ms: float
+    speculative_ms: float
+    plain_ms: float
+    plain_steps: int
+    state_ms: float
+    mean_ms: float
+    verify_ms: str
+
+
+def step_summary(gen: Generation) -> StepSummary:
+    """``StepSummary`` of a finished generation."""
     log = list(gen.log)
     observe_s = gen.stats()["observe_s"]
     verifies = [r for r in log if r.kind == "verify"]
     plain = [r for r in log if r.kind == "plain"]
-    return {
-        "verifies": len(verifies),
-        "accepted": sum(r.accepted for r in verifies),
-        "paused": sum(r.emitted for r in plain if r.paused),
-        "prefill_ms": 1e3 * sum(r.verify_s for r in log if r.kind == "prefill"),
-        "speculative_ms": 1e3 * sum(r.draft_s + r.verify_s + r.other_s for r in verifies),
-        "plain_ms": 1e3 * sum(r.draft_s + r.verify_s for r in plain),
-        "plain_steps": len(plain),
-        "state_ms": speed_in_ms(speed_state(log, observe_s)),
-        "mean_ms": speed_in_ms(mean_speed(log, observe_s)),
-        "verify_ms": verify_ms_by_width(log),
-    }
+    return StepSummary(
+        verifies=len(verifies),
+        accepted=sum(r.accepted for r in verifies),
+        paused=sum(r.emitted for r in plain if r.paused),
+        prefill_ms=1e3 * sum(r.verify_s for r in log if r.kind == "prefill"),
+        speculative_ms=1e3 * sum(r.draft_s + r.verify_s + r.other_s for r in verifies),
+        plain_ms=1e3 * sum(r.draft_s + r.verify_s for r in plain),
+        plain_steps=len(plain),
+        state_ms=speed_in_ms(speed_state(log, observe_s)),
+        mean_ms=speed_in_ms(mean_speed(log, observe_s)),
+        verify_ms=verify_ms_by_width(log),
+    )
 
 
 @dataclass
@@ -172,7 +201,7 @@ class CallRun:
 
     seconds: float
     tokens: list[int]
-    summary: dict[str, Any]
+    summary: StepSummary
     split: dict[str, float]
 
 
@@ -195,13 +224,13 @@ def call_pair_row(base: dict[str, Any], plain: CallRun, method: CallRun) -> dict
         "auto_s": method.seconds,
         "vs_plain": plain.seconds / method.seconds,
         "equal_plain": method.tokens == plain.tokens,
-        **method.summary,
-        "plain_prefill_ms": plain.summary["prefill_ms"],
-        "plain_steps_ms": plain.summary["plain_ms"],
-        "plain_state_ms": plain.summary["state_ms"],
-        "auto_state_ms": method.summary["state_ms"],
-        "plain_mean_ms": plain.summary["mean_ms"],
-        "auto_mean_ms": method.summary["mean_ms"],
+        **asdict(method.summary),
+        "plain_prefill_ms": plain.summary.prefill_ms,
+        "plain_steps_ms": plain.summary.plain_ms,
+        "plain_state_ms": plain.summary.state_ms,
+        "auto_state_ms": method.summary.state_ms,
+        "plain_mean_ms": plain.summary.mean_ms,
+        "auto_mean_ms": method.summary.mean_ms,
         **{f"plain_{k}": v for k, v in plain.split.items()},
         **{f"auto_{k}": v for k, v in method.split.items()},
     }

@@ -21,9 +21,11 @@ the acceptance drops, and the measured acceptance is reported.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -46,11 +48,82 @@ from specbench.exact import batch_verifier
 ORACLE = "oracle"
 
 
+@dataclass(frozen=True)
+class EngineRow:
+    """One engine's run: tokens, wall seconds, tokens/s and mean request latency. A speculative row
+    (``kind`` "speculative"; the others' kind is their engine) adds its drafter, policy and acceptance, and
+    each row its ratios to plain batched decoding and to mlx-lm (throughput, latency, the share of outputs
+    equal to theirs; None against itself); ``verify``: the batch engine's verify mode (None for mlx-lm).
+    ``diverged_from_recording``: oracle requests whose output left the
+    recording; ``predicted_vs_plain`` and ``residual``: with a cost profile."""
+
+    engine: str
+    kind: str
+    batch_size: int
+    requests: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float
+    mean_latency_s: float
+    drafter: str | None = None
+    policy: str | None = None
+    acceptance_rate: float | None = None
+    diverged_from_recording: int | None = None
+    predicted_vs_plain: float | None = None
+    speedup_vs_plain: float | None = None
+    latency_vs_plain: float | None = None
+    identical_to_plain: float | None = None
+    speedup_vs_mlx_lm: float | None = None
+    latency_vs_mlx_lm: float | None = None
+    identical_to_mlx_lm: float | None = None
+    residual: float | None = None
+    verify: str | None = None
+
+
+@dataclass(frozen=True)
+class RequestDivergence:
+    """Where one request's output from ``engine`` first leaves ``reference``'s (None: equal)."""
+
+    engine: str
+    reference: str
+    request: int
+    first_divergence: int | None
+    tokens: int
+    batch_size: int = 0
+    verify: str = "fast"
+
+
+@dataclass(frozen=True)
+class DivergenceSummary:
+    """Per (engine, reference): requests, the share identical, the median first divergence (an identical request
+    counted at its length) and the minimum over diverging requests (None when every one is identical)."""
+
+    batch_size: int
+    verify: str
+    engine: str
+    reference: str
+    requests: int
+    identical: float
+    median_first_divergence: float
+    min_first_divergence: int | None
+
+
+@dataclass(frozen=True)
+class BatchBench:
+    """``bench_batch``'s result: a row per engine, the outputs per engine, the first divergence per request and
+    reference, and its summary."""
+
+    rows: list[EngineRow]
+    outputs: dict[str, list[list[int]]]
+    divergence: list[RequestDivergence]
+    divergence_summary: list[DivergenceSummary]
+
+
 def mlx_lm_batch(
     model: nn.Module, prompts: Sequence[list[int]], batch_size: int, max_tokens: int, eos: Sequence[int] = ()
-) -> dict[str, Any]:
-    """mlx-lm's continuous batching (``BatchGenerator``, greedy) over ``prompts``: tokens, wall seconds,
-    per-request latencies, and the outputs."""
+) -> tuple[list[list[int]], float, list[float]]:
+    """mlx-lm's continuous batching (``BatchGenerator``, greedy) over ``prompts``: the outputs, wall seconds and
+    per-request latencies."""
     gen = BatchGenerator(
         model,
         stop_tokens=[[t] for t in eos] or None,
@@ -70,65 +143,44 @@ def mlx_lm_batch(
     finally:
         gen.close()
     wall = time.perf_counter() - start
-    return {
-        "outputs": [outputs[u] for u in uids],
-        "wall_s": wall,
-        "latencies": [done.get(u, wall) for u in uids],
-    }
+    return [outputs[u] for u in uids], wall, [done.get(u, wall) for u in uids]
 
 
-def divergence_rows(outputs: dict[str, list[list[int]]], reference: str) -> list[dict[str, Any]]:
+def divergence_rows(
+    outputs: dict[str, list[list[int]]], reference: str, batch_size: int = 0
+) -> list[RequestDivergence]:
     """Per engine and request: the first position where its output leaves ``reference``'s (None: equal).
     A reference may hold fewer requests than the engines (the first ones)."""
     return [
-        {
-            "engine": name,
-            "reference": reference,
-            "request": i,
-            "first_divergence": first_divergence(out, ref),
-            "tokens": len(out),
-        }
+        RequestDivergence(name, reference, i, first_divergence(out, ref), len(out), batch_size)
         for name, outs in outputs.items()
         if name != reference
         for i, (out, ref) in enumerate(zip(outs, outputs[reference]))
     ]
 
 
-def divergence_summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (engine, reference) of ``divergence_rows``: requests, the share identical, and the median and
-    minimum first divergence (an identical request counts at its length in the median; the minimum is
-    over diverging requests, None when every one is identical)."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+def divergence_summary(rows: Sequence[RequestDivergence]) -> list[DivergenceSummary]:
+    """Per (engine, reference, batch size) of ``divergence_rows``: ``DivergenceSummary``."""
+    groups: dict[tuple[str, str, int, str], list[RequestDivergence]] = {}
     for r in rows:
-        groups.setdefault((r["engine"], r["reference"]), []).append(r)
+        groups.setdefault((r.engine, r.reference, r.batch_size, r.verify), []).append(r)
     summary = []
-    for (engine, reference), group in groups.items():
-        diverged = [r["first_divergence"] for r in group if r["first_divergence"] is not None]
-        censored = [r["tokens"] if r["first_divergence"] is None else r["first_divergence"] for r in group]
-        summary.append(
-            {
-                "engine": engine,
-                "reference": reference,
-                "requests": len(group),
-                "identical": 1 - len(diverged) / len(group),
-                "median_first_divergence": float(statistics.median(censored)),
-                "min_first_divergence": min(diverged) if diverged else None,
-            }
-        )
+    for (engine, reference, batch_size, verify), group in groups.items():
+        diverged = [r.first_divergence for r in group if r.first_divergence is not None]
+        censored = [r.tokens if r.first_divergence is None else r.first_divergence for r in group]
+        identical = 1 - len(diverged) / len(group)
+        median = float(statistics.median(censored))
+        low = min(diverged) if diverged else None
+        summary.append(DivergenceSummary(batch_size, verify, engine, reference, len(group), identical, median, low))
     return summary
 
 
-def _row(engine: str, batch_size: int, outputs: list[list[int]], wall: float, latencies: list[float]) -> dict:
+def _row(engine: str, batch_size: int, outputs: list[list[int]], wall: float, latencies: list[float]) -> EngineRow:
     tokens = sum(len(o) for o in outputs)
-    return {
-        "engine": engine,
-        "batch_size": batch_size,
-        "requests": len(outputs),
-        "tokens": tokens,
-        "wall_s": wall,
-        "tokens_per_s": tokens / wall if wall > 0 else 0.0,
-        "mean_latency_s": sum(latencies) / len(latencies),
-    }
+    tokens_per_s = tokens / wall if wall > 0 else 0.0
+    return EngineRow(
+        engine, engine, batch_size, len(outputs), tokens, wall, tokens_per_s, sum(latencies) / len(latencies)
+    )
 
 
 def _oracle_acceptance(name: str) -> float | None:
@@ -156,7 +208,11 @@ def oracle_drafters(
     ]
 
 
-def _methods(drafters: Any, policies: Any, model: nn.Module) -> list[tuple[str, Any, DraftPolicy]]:
+def _methods(
+    drafters: str | Callable[[int], Drafter] | Sequence[Any],
+    policies: DraftPolicy | str | int | Sequence[Any],
+    model: nn.Module,
+) -> list[tuple[str, Any, DraftPolicy]]:
     """(label, drafter name or factory, policy) per speculative method, checked before any model work."""
     drafters = [drafters] if isinstance(drafters, str) or callable(drafters) else list(drafters)
     # plain batched decoding is always the baseline
@@ -202,7 +258,7 @@ def bench_batch(
     seed: int = 0,
     profile: BatchProfile | None = None,
     verify: str = "fast",
-) -> dict[str, Any]:
+) -> BatchBench:
     """One run of plain batched, each speculative method (drafter x policy) and mlx-lm on ``prompts``
     at ``batch_size``. ``drafters``: names (``oracle:A`` included) or factories request index ->
     drafter (labelled by their ``label`` attribute). ``single``: single-request greedy outputs of the
@@ -211,11 +267,9 @@ def bench_batch(
     (``predicted_vs_plain``: ``specbench.cost.predict.predicted_batch_speedup`` over the whole runs) and the
     ``residual`` of the measured one.
 
-    Returns ``rows`` (one per engine: tokens, wall, tokens/s, mean latency; a speculative row adds its
-    acceptance and its ratios to plain batched and to mlx-lm, throughput and latency, and the share of
-    its outputs equal to theirs), ``outputs`` per engine, ``divergence`` (per request and reference)
-    and ``divergence_summary``. ``verify``: the batch engine's verify mode, "fast" or "exact" (every request's
-    rows as its own single-request steps compute them)."""
+    Returns a ``BatchBench``: an ``EngineRow`` per engine, the outputs per engine, the first divergence per
+    request and reference, and its summary. ``verify``: the batch engine's verify mode, "fast" or "exact" (every
+    request's rows as its own single-request steps compute them)."""
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
     prompts = [list(p) for p in prompts]
@@ -230,7 +284,7 @@ def bench_batch(
     if warmup:
         _warm_up(model, prompts, batch_size, min(8, max(m[2].longest_draft(None) for m in methods)), verifier)
 
-    def timed(engine: str, gen: BatchGeneration) -> dict[str, Any]:
+    def timed(engine: str, gen: BatchGeneration) -> EngineRow:
         mx.clear_cache()
         gen.run()
         latencies = [r.stats()["wall_s"] for r in gen.requests]
@@ -259,75 +313,83 @@ def bench_batch(
         row = timed(label, gen)
         drafted = sum(r.stats()["drafted"] for r in gen.requests)
         accepted = sum(r.stats()["accepted"] for r in gen.requests)
-        row.update(kind="speculative", drafter=label.split("/")[0], policy=policy.name)
-        row["acceptance_rate"] = accepted / drafted if drafted else 0.0
-        row["diverged_from_recording"] = sum(d.diverged_at is not None for d in made) if oracle is not None else None
-        if profile is not None:
-            row["predicted_vs_plain"] = predicted_batch_speedup(gen, plain_gen, profile, whole=True)
+        row = dataclasses.replace(
+            row,
+            kind="speculative",
+            drafter=label.split("/")[0],
+            policy=policy.name,
+            acceptance_rate=accepted / drafted if drafted else 0.0,
+            diverged_from_recording=sum(d.diverged_at is not None for d in made) if oracle is not None else None,
+            predicted_vs_plain=None
+            if profile is None
+            else predicted_batch_speedup(gen, plain_gen, profile, whole=True),
+        )
         rows.append(row)
         outputs[label] = [r.tokens for r in gen.requests]
     mx.clear_cache()
-    reference = mlx_lm_batch(model, prompts, batch_size, max_tokens, eos)
-    rows.append(_row("mlx-lm", batch_size, reference["outputs"], reference["wall_s"], reference["latencies"]))
-    outputs["mlx-lm"] = reference["outputs"]
-    by = {r["engine"]: r for r in rows}
-    for row in rows:
-        row.setdefault("kind", row["engine"])
-        row["verify"] = verify if row["engine"] != "mlx-lm" else None
-        for other in ("plain", "mlx-lm"):
-            if row["engine"] == other:
-                continue
-            key = other.replace("-", "_")
-            row[f"speedup_vs_{key}"] = row["tokens_per_s"] / by[other]["tokens_per_s"]
-            row[f"latency_vs_{key}"] = by[other]["mean_latency_s"] / row["mean_latency_s"]
-            row[f"identical_to_{key}"] = sum(a == b for a, b in zip(outputs[row["engine"]], outputs[other])) / len(
-                prompts
-            )
-        if "predicted_vs_plain" in row:
-            row["residual"] = residual(row["speedup_vs_plain"], row["predicted_vs_plain"])
+    outputs["mlx-lm"], wall, latencies = mlx_lm_batch(model, prompts, batch_size, max_tokens, eos)
+    rows.append(_row("mlx-lm", batch_size, outputs["mlx-lm"], wall, latencies))
+    rows = [_with_ratios(row, rows, outputs) for row in rows]
+    rows = [r if r.engine == "mlx-lm" else dataclasses.replace(r, verify=verify) for r in rows]
     if single is not None:
         outputs["single"] = [list(s) for s in single]
-    divergence = [r for ref in ("single", "mlx-lm", "plain") if ref in outputs for r in divergence_rows(outputs, ref)]
     divergence = [
-        r for r in divergence if r["engine"] != "single" and not (r["reference"] == "plain" and r["engine"] == "mlx-lm")
+        r
+        for ref in ("single", "mlx-lm", "plain")
+        if ref in outputs
+        for r in divergence_rows(outputs, ref, batch_size)
+        if r.engine != "single" and not (r.reference == "plain" and r.engine == "mlx-lm")
     ]
-    for r in divergence:
-        r.update(batch_size=batch_size, verify=verify)
-    return {
-        "rows": rows,
-        "outputs": outputs,
-        "divergence": divergence,
-        "divergence_summary": [
-            {"batch_size": batch_size, "verify": verify, **s} for s in divergence_summary(divergence)
-        ],
-    }
+    divergence = [dataclasses.replace(r, verify=verify) for r in divergence]
+    return BatchBench(rows, outputs, divergence, divergence_summary(divergence))
 
 
-def format_batch_bench(result: dict[str, Any]) -> str:
+def _with_ratios(row: EngineRow, rows: list[EngineRow], outputs: dict[str, list[list[int]]]) -> EngineRow:
+    """``row`` with its ratios to plain batched decoding and to mlx-lm, and the residual of its prediction."""
+    ratios: dict[str, float] = {}
+    for other in (r for r in rows if r.engine in ("plain", "mlx-lm") and r.engine != row.engine):
+        key = other.engine.replace("-", "_")
+        ratios[f"speedup_vs_{key}"] = row.tokens_per_s / other.tokens_per_s
+        ratios[f"latency_vs_{key}"] = other.mean_latency_s / row.mean_latency_s
+        same = sum(a == b for a, b in zip(outputs[row.engine], outputs[other.engine]))
+        ratios[f"identical_to_{key}"] = same / len(outputs[row.engine])
+    row = dataclasses.replace(row, **ratios)
+    if row.predicted_vs_plain is not None and row.speedup_vs_plain is not None:
+        row = dataclasses.replace(row, residual=residual(row.speedup_vs_plain, row.predicted_vs_plain))
+    return row
+
+
+def _ratio(value: float | None) -> float:
+    return 1.0 if value is None else value
+
+
+def format_batch_bench(result: BatchBench) -> str:
     """The rows, ratios and first-divergence summary as text."""
     lines = [
         f"{'engine':<24} {'B':>3} {'tokens':>7} {'wall s':>8} {'tok/s':>8} {'latency s':>10} {'accept':>7} "
         f"{'vs plain':>9} {'vs mlx-lm':>10} {'lat vs plain':>13} {'same as plain':>14}"
     ]
-    for r in result["rows"]:
-        accept = f"{r['acceptance_rate']:.2f}" if "acceptance_rate" in r else "-"
-        same = f"{r['identical_to_plain']:.0%}" if "identical_to_plain" in r else "-"
+    for r in result.rows:
+        accept = "-" if r.acceptance_rate is None else f"{r.acceptance_rate:.2f}"
+        same = "-" if r.identical_to_plain is None else f"{r.identical_to_plain:.0%}"
         predicted = (
-            f"  predicted {r['predicted_vs_plain']:.2f}x, residual {r['residual']:+.1%}" if "residual" in r else ""
+            f"  predicted {r.predicted_vs_plain:.2f}x, residual {r.residual:+.1%}"
+            if r.residual is not None and r.predicted_vs_plain is not None
+            else ""
         )
         lines.append(
-            f"{r['engine']:<24} {r['batch_size']:>3} {r['tokens']:>7} {r['wall_s']:>8.2f} {r['tokens_per_s']:>8.1f} "
-            f"{r['mean_latency_s']:>10.2f} {accept:>7} {r.get('speedup_vs_plain', 1.0):>8.2f}x "
-            f"{r.get('speedup_vs_mlx_lm', 1.0):>9.2f}x {r.get('latency_vs_plain', 1.0):>12.2f}x {same:>14}{predicted}"
+            f"{r.engine:<24} {r.batch_size:>3} {r.tokens:>7} {r.wall_s:>8.2f} {r.tokens_per_s:>8.1f} "
+            f"{r.mean_latency_s:>10.2f} {accept:>7} {_ratio(r.speedup_vs_plain):>8.2f}x "
+            f"{_ratio(r.speedup_vs_mlx_lm):>9.2f}x {_ratio(r.latency_vs_plain):>12.2f}x {same:>14}{predicted}"
         )
-    if result["divergence_summary"]:
-        verify = result["divergence_summary"][0]["verify"]
+    if result.divergence_summary:
+        verify = result.divergence_summary[0].verify
         lines.append(f"first divergence ({verify} verify; median counts an identical request at its length):")
-        for s in result["divergence_summary"]:
-            low = "-" if s["min_first_divergence"] is None else s["min_first_divergence"]
+        for s in result.divergence_summary:
+            low = "-" if s.min_first_divergence is None else s.min_first_divergence
             lines.append(
-                f"  {s['engine']:<24} vs {s['reference']:<7} identical {s['identical']:>4.0%} of {s['requests']}, "
-                f"median {s['median_first_divergence']:.0f}, min {low}"
+                f"  {s.engine:<24} vs {s.reference:<7} identical {s.identical:>4.0%} of {s.requests}, "
+                f"median {s.median_first_divergence:.0f}, min {low}"
             )
     return "\n".join(lines)
 
@@ -369,7 +431,7 @@ def bench_batch_source(
     out: str | None = None,
     verify: str | None = None,
     reasoning: str = "keep",
-) -> dict[str, Any]:
+) -> BatchBench:
     """``specbench bench batch --batch-size B``: the first turn of each question in ``prompts`` (a question.jsonl or
     "bundled"), or every turn of the traces in ``trace`` (``trace_requests``), decoded by plain
     batched decoding, each drafter x policy and mlx-lm at batch size B; the table printed; with
@@ -421,15 +483,21 @@ def bench_batch_source(
     )
     print(format_batch_bench(result))
     if out:
-        rows = [{"model": model_name, "source": source, **r} for r in result["rows"]]
+        rows = [{"model": model_name, "source": source, **dataclasses.asdict(r)} for r in result.rows]
         path = write_csv_atomic(Path(out) / "batch_bench.csv", rows)
-        divergence = [{"model": model_name, **r, "label": labels[r["request"]]} for r in result["divergence"]]
+        divergence = [
+            {"model": model_name, **dataclasses.asdict(r), "label": labels[r.request]} for r in result.divergence
+        ]
         write_csv_atomic(Path(out) / "batch_divergence.csv", divergence)
         print(f"\nresults: {path.parent}")
     return result
 
 
 __all__ = [
+    "BatchBench",
+    "RequestDivergence",
+    "DivergenceSummary",
+    "EngineRow",
     "bench_batch",
     "bench_batch_source",
     "divergence_rows",

@@ -27,12 +27,13 @@ from specbench.bench.prompt_bench import (
     _question_key,
     bench_prompts,
     model_identity,
+    read_runs,
+    resumed_runs,
     stored_cost_profile,
 )
-from specbench.bench.prompt_runs import prompt_methods
+from specbench.bench.prompt_runs import PromptRun, prompt_methods
 from specbench.common import distributed
 from specbench.drafters.draft_model import shipped_draft_model
-from specbench.inputs.stored import read_parquet
 
 #: Where each rank keeps its share's progress inside ``--out``.
 RANKS_FOLDER = ".ranks"
@@ -43,23 +44,6 @@ class SpreadPromptBench(PromptBench):
 
     def table(self) -> str:
         return super().table() + "\n\n" + self.info["timings"]
-
-
-def _configs_in(path: Path) -> tuple[list[dict[str, Any]], set[str]]:
-    """The runs saved at ``path`` and the configurations they hold (none when there is no file)."""
-    if not path.exists():
-        return [], set()
-    rows = read_parquet(path, "delete it, choose another --out, or pass --fresh to start over").to_dicts()
-    if rows and not {"config", "question_key"} <= set(rows[0]):
-        raise ValueError(f"{path}: not a prompt benchmark's runs table; choose another --out or pass --fresh")
-    return rows, {r["config"] for r in rows}
-
-
-def _other_configuration(path: Path) -> ValueError:
-    return ValueError(
-        f"{path} holds results of another benchmark configuration: choose another --out, "
-        f"or pass --fresh to overwrite it"
-    )
 
 
 def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **settings: Any) -> PromptBench:
@@ -82,40 +66,39 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     out = Path(a["out"]) if a["out"] is not None else None
     part = out / RANKS_FOLDER / f"rank{rank}of{size}" if out is not None else None
 
-    def check() -> tuple[str, str, list[dict[str, Any]], set[str]]:
-        """This rank's configuration and device; on rank 0 the runs already in ``out`` and their configurations."""
-        if part is not None and not a["fresh"] and _configs_in(part / PROMPT_RUNS_FILE)[1] - {config}:
-            raise _other_configuration(part / PROMPT_RUNS_FILE)
-        previous, configs = [], set()
-        if rank == 0 and out is not None and not a["fresh"]:
-            previous, configs = _configs_in(out / PROMPT_RUNS_FILE)
-        return config, info["device"], previous, configs
+    def saved(folder: Path | None) -> list[PromptRun]:
+        path = folder / PROMPT_RUNS_FILE if folder is not None else None
+        return read_runs(path) if path is not None and path.exists() and not a["fresh"] else []
+
+    def check() -> tuple[str, str, list[PromptRun]]:
+        """This rank's configuration and device; on rank 0 the runs already in ``out``."""
+        if part is not None:
+            resumed_runs(part / PROMPT_RUNS_FILE, saved(part), {config})
+        return config, info["device"], saved(out) if rank == 0 else []
 
     ranks = distributed.gather_outcomes(check)
-    previous, previous_configs = ranks[0][2], ranks[0][3]
-    if previous_configs - {c for c, _, _, _ in ranks}:
-        raise _other_configuration(out / PROMPT_RUNS_FILE)
-    done = {r["question_key"] for r in previous}
+    previous = resumed_runs(out / PROMPT_RUNS_FILE, ranks[0][2], {c for c, _, _ in ranks}) if out else []
+    done = {r.question_key for r in previous}
     remaining = [q for q in questions if _question_key(q) not in done]
     mine = [remaining[i] for i in distributed.my_share([len(q.turns) for q in remaining])]
     say = a["progress"]
-    if say and done and rank == 0:
+    if say and done and rank == 0 and out is not None:
         say(f"resuming: {len(done)} questions already done in {out / PROMPT_RUNS_FILE}")
     # each rank predicts from its own device's profile; the merged results from rank 0's
     profile = stored_cost_profile(model, a["model_name"], a["profile"], say if say and rank == 0 else lambda _: None)
 
-    def run_share() -> tuple[list[dict[str, Any]], int]:
+    def run_share() -> tuple[list[PromptRun], int]:
         if not mine:
             return [], 0
         progress = (lambda text: say(f"rank {rank}/{size}: {text}")) if say else None
         result = bench_prompts(**{**a, "questions": mine, "out": part, "progress": progress, "profile": profile})
         keys = {_question_key(q) for q in mine}
-        return [r for r in result.runs if r["question_key"] in keys], result.info.get("unfinished_questions", 0)
+        return [r for r in result.runs if r.question_key in keys], result.info.get("unfinished_questions", 0)
 
     shares = distributed.gather_outcomes(run_share)
     order = {_question_key(q): i for i, q in enumerate(remaining)}
-    runs = previous + sorted((r for rows, _ in shares for r in rows), key=lambda r: order[r["question_key"]])
-    devices = [device for _, device, _, _ in ranks]
+    runs = previous + sorted((r for rows, _ in shares for r in rows), key=lambda r: order[r.question_key])
+    devices = [device for _, device, _ in ranks]
     info.update(
         **model_identity(model, tokenizer),
         device=" + ".join(dict.fromkeys(devices)),
@@ -130,7 +113,7 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     if unfinished:
         info["unfinished_questions"] = unfinished
     result = SpreadPromptBench(runs, methods, info, profile)
-    if out is not None:
+    if out is not None and part is not None:
         distributed.gather_outcomes(lambda: result.save(out) if rank == 0 and runs else None)
         shutil.rmtree(part, ignore_errors=True)
         distributed.barrier()

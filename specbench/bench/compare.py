@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from specbench.bench.paired import MIN_UNITS, sums_interval
-from specbench.bench.prompt_bench import PromptBench, bench_prompts, load_prompt_bench
-from specbench.bench.prompt_runs import PROMPT_BASELINE
+from specbench.bench.prompt_bench import PromptBench, bench_prompts
+from specbench.bench.prompt_runs import PROMPT_BASELINE, PromptRun
 from specbench.bench.turn_cache import first_divergence
 from specbench.common.files import safe_name, write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.cost.profile import Profile, load_profile
@@ -222,20 +222,18 @@ class Comparison:
 # -- checks ------------------------------------------------------------------------------------------------------
 
 
-def _first_turn_rows(run: PromptBench) -> dict[str, dict[str, Any]]:
+def _first_turn_rows(run: PromptBench) -> dict[str, PromptRun]:
     """The baseline's first run of each question's first turn, by question key."""
-    return {
-        r["question_key"]: r for r in run.runs if r["method"] == PROMPT_BASELINE and r["turn"] == 0 and r["repeat"] == 0
-    }
+    return {r.question_key: r for r in run.runs if r.method == PROMPT_BASELINE and r.turn == 0 and r.repeat == 0}
 
 
 def check_comparable(a: PromptBench, b: PromptBench, a_name: str = "A", b_name: str = "B") -> None:
     """One ValueError naming the mismatch when two runs cannot be set side by side: different prompts, a different
     tokenizer or vocabulary, or a different number of tokens generated per prompt."""
-    keys_a = {r["question_key"]: r for r in a.runs}
-    keys_b = {r["question_key"]: r for r in b.runs}
-    only_a = [str(keys_a[k]["question_id"]) for k in keys_a if k not in keys_b]
-    only_b = [str(keys_b[k]["question_id"]) for k in keys_b if k not in keys_a]
+    keys_a = {r.question_key: r for r in a.runs}
+    keys_b = {r.question_key: r for r in b.runs}
+    only_a = [str(keys_a[k].question_id) for k in keys_a if k not in keys_b]
+    only_b = [str(keys_b[k].question_id) for k in keys_b if k not in keys_a]
     if only_a or only_b:
         raise ValueError(
             f"{a_name} and {b_name} ran different prompts ({len(only_a)} questions only in {a_name}"
@@ -253,10 +251,10 @@ def check_comparable(a: PromptBench, b: PromptBench, a_name: str = "A", b_name: 
     first_a, first_b = _first_turn_rows(a), _first_turn_rows(b)
     for key, row in first_a.items():
         other = first_b.get(key)
-        if other is not None and other["prompt_tokens"] != row["prompt_tokens"]:
+        if other is not None and other.prompt_tokens != row.prompt_tokens:
             raise ValueError(
-                f"{a_name} and {b_name} tokenize the same prompt differently (question {row['question_id']}: "
-                f"{row['prompt_tokens']} and {other['prompt_tokens']} tokens): different tokenizers cannot be "
+                f"{a_name} and {b_name} tokenize the same prompt differently (question {row.question_id}: "
+                f"{row.prompt_tokens} and {other.prompt_tokens} tokens): different tokenizers cannot be "
                 "compared token by token; compare models that share a tokenizer"
             )
     if a.info.get("max_tokens") != b.info.get("max_tokens"):
@@ -290,7 +288,7 @@ def pick_method(a: PromptBench, b: PromptBench, method: str | None, a_name: str 
 # -- per question ------------------------------------------------------------------------------------------------
 
 
-def _unit_columns(run: PromptBench, method: str, positions: int) -> dict[str, np.ndarray]:
+def _unit_columns(run: PromptBench, method: str, positions: int) -> tuple[list[str], dict[str, np.ndarray]]:
     """Per question (all its turns), the sums each measure is a ratio of: for ``method``'s first repeat, each draft
     position's (accepted, reached), the accepted and drafted tokens and the verifications; for timing, the
     baseline's and the method's (tokens, seconds), each turn's seconds the median over repeats."""
@@ -300,18 +298,17 @@ def _unit_columns(run: PromptBench, method: str, positions: int) -> dict[str, np
         columns.setdefault(name, {})
         columns[name][key] = columns[name].get(key, 0.0) + float(value)
 
-    timed: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    timed: dict[tuple[str, str, int], list[PromptRun]] = {}
     for r in run.runs:
-        if r["method"] in (PROMPT_BASELINE, method):
-            timed.setdefault((r["method"], r["question_key"], r["turn"]), []).append(r)
+        if r.method in (PROMPT_BASELINE, method):
+            timed.setdefault((r.method, r.question_key, r.turn), []).append(r)
     for (name, key, _), rows in timed.items():
         side = "base" if name == PROMPT_BASELINE else "mine"
-        add(key, f"{side}_tokens", rows[0]["new_tokens"])
-        add(key, f"{side}_s", statistics.median(r["wall_s"] for r in rows))
+        add(key, f"{side}_tokens", rows[0].new_tokens)
+        add(key, f"{side}_s", statistics.median(r.wall_s for r in rows))
         if name != method:
             continue
-        first = next(r for r in rows if r["repeat"] == min(x["repeat"] for x in rows))
-        for step in first.get("steps") or []:
+        for step in min(rows, key=lambda r: r.repeat).steps:
             if step["kind"] != "verify":
                 continue
             add(key, "verifies", 1)
@@ -321,16 +318,12 @@ def _unit_columns(run: PromptBench, method: str, positions: int) -> dict[str, np
                 if step["accepted"] >= i:
                     add(key, f"reached{i}", 1)
                     add(key, f"hit{i}", step["accepted"] > i)
-    keys = list(dict.fromkeys(r["question_key"] for r in run.runs))
-    return {name: np.array([values.get(k, 0.0) for k in keys]) for name, values in columns.items()} | {
-        "_keys": np.array(keys, dtype=object)
-    }
+    keys = list(dict.fromkeys(r.question_key for r in run.runs))
+    return keys, {name: np.array([values.get(k, 0.0) for k in keys]) for name, values in columns.items()}
 
 
 def _longest_draft(run: PromptBench, method: str) -> int:
-    return max(
-        (int(s["k_drafted"]) for r in run.runs if r["method"] == method for s in (r.get("steps") or [])), default=0
-    )
+    return max((int(s["k_drafted"]) for r in run.runs if r.method == method for s in r.steps), default=0)
 
 
 def _difference(
@@ -345,8 +338,8 @@ def _difference(
     """A measure that is a ratio of column sums (``denominator``'s sum below), under A and B over the questions
     ``rows`` selects that have a denominator under A or B (a prompt that drafted nothing holds no acceptance), with
     the interval of A - B resampling those questions of both runs together."""
-    names = sorted(set(a) - {"_keys"} | set(b) - {"_keys"})
-    zero = np.zeros(len(a["_keys"]))
+    names = sorted(set(a) | set(b))
+    zero = np.zeros(len(next(iter(a.values()))))
     rows = np.array([i for i in rows if a.get(denominator, zero)[i] > 0 or b.get(denominator, zero)[i] > 0], dtype=int)
     zero = np.zeros(len(rows))
 
@@ -431,10 +424,10 @@ def compare(
     check_comparable(a, b, a_name, b_name)
     method = pick_method(a, b, method, a_name, b_name)
     positions = max(_longest_draft(a, method), _longest_draft(b, method))
-    ua, ub = _unit_columns(a, method, positions), _unit_columns(b, method, positions)
-    order = {k: i for i, k in enumerate(ub["_keys"])}
-    ub = {n: (v[[order[k] for k in ua["_keys"]]] if n != "_keys" else ua["_keys"]) for n, v in ub.items()}
-    everything = np.arange(len(ua["_keys"]))
+    (keys, ua), (keys_b, ub) = _unit_columns(a, method, positions), _unit_columns(b, method, positions)
+    order = {k: i for i, k in enumerate(keys_b)}
+    ub = {n: v[[order[k] for k in keys]] for n, v in ub.items()}
+    everything = np.arange(len(keys))
 
     def rate(hits: str, tries: str) -> tuple[Callable[[Callable[[str], np.ndarray]], np.ndarray], str]:
         return (lambda col: col(hits) / col(tries)), tries
@@ -469,28 +462,26 @@ def compare(
             continue
         measure = f"acceptance at {i + 1}"
         diffs.append(_difference("position", measure, ua, ub, everything, *rate(f"hit{i}", f"reached{i}")))
-    kinds = {r["question_key"]: r["category"] for r in a.runs}
+    kinds = {r.question_key: r.category for r in a.runs}
     for kind in dict.fromkeys(kinds.values()):
-        rows = np.array([i for i, k in enumerate(ua["_keys"]) if kinds[k] == kind])
+        rows = np.array([i for i, k in enumerate(keys) if kinds[k] == kind])
         diffs.append(_difference("kind", f"acceptance, {kind}", ua, ub, rows, *rate("accepted", "drafted")))
     empty = [d.measure for d in diffs if d.units == 0]
     if empty:
         notes.append(f"{', '.join(empty)}: no prompt drafted anything under A or B, so there is nothing to compare")
         diffs = [d for d in diffs if d.units > 0]
-    mode = next(
-        (r["verify"] for r in a.runs if r["method"] == method and r.get("verify") not in (None, "none")), "exact"
-    )
+    mode = next((r.verify for r in a.runs if r.method == method and r.verify not in (None, "none")), "exact")
     costs, cost_notes = _cost_differences(a, b, mode, positions + 1)
     diffs += costs
     notes += cost_notes
     first_a, first_b = _first_turn_rows(a), _first_turn_rows(b)
     divergences = [
         Divergence(
-            str(r["question_id"]),
-            r["category"],
-            first_divergence(r["tokens"], first_b[k]["tokens"]),
-            list(r["tokens"]),
-            list(first_b[k]["tokens"]),
+            str(r.question_id),
+            r.category,
+            first_divergence(r.tokens, first_b[k].tokens),
+            list(r.tokens),
+            list(first_b[k].tokens),
         )  # fmt: skip
         for k, r in first_a.items()
         if k in first_b
@@ -515,11 +506,6 @@ def is_recorded_run(path: str | os.PathLike) -> bool:
 
     folder = Path(path)
     return folder.is_dir() and (folder / PROMPT_RUNS_FILE).is_file() and (folder / PROMPT_INFO_FILE).is_file()
-
-
-def load_run(path: str | os.PathLike) -> PromptBench:
-    """A recorded prompt benchmark (``specbench bench prompts --out FOLDER``)."""
-    return load_prompt_bench(path)
 
 
 def check_same_tokenizer(models: Sequence[str]) -> None:

@@ -248,10 +248,6 @@ class AACheck:
         interval = bootstrap(list(ratios), statistics.median) if len(ratios) >= MIN_UNITS else (None, None)
         return cls(float(statistics.median(ratios)), interval[0], interval[1], len(ratios))
 
-    @classmethod
-    def of_paired(cls, paired: PairedRatio) -> AACheck:
-        return cls(paired.ratio, paired.low, paired.high, paired.pairs)
-
     @property
     def has_interval(self) -> bool:
         return self.low is not None and self.high is not None and self.n >= MIN_UNITS

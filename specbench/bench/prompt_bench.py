@@ -26,10 +26,10 @@ from typing import Any
 
 import polars as pl
 
-from specbench.bench.prompt_predictions import is_speculative_specbench, no_profile_note
-from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, TimedRun, prompt_methods
+from specbench.bench.prompt_predictions import no_profile_note
+from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, PromptRun, TimedRun, prompt_methods
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
-from specbench.bench.turn_cache import first_divergence
+from specbench.bench.turn_cache import first_divergence, reply_text
 from specbench.common.files import write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.identity import device_name, model_key, tokenizer_key, versions
 from specbench.core.forward import vocab_size
@@ -61,15 +61,27 @@ def _prompt_config(
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def _write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
+def _write_parquet(rows: Sequence[dict[str, Any] | PromptRun], path: Path) -> Path:
+    rows = [r.row() if isinstance(r, PromptRun) else r for r in rows]
     return write_parquet_atomic(pl.DataFrame(rows, infer_schema_length=None), path)
 
 
-def _strip_stops(tokens: Sequence[int], stop_ids: set[int]) -> list[int]:
-    out = list(tokens)
-    while out and out[-1] in stop_ids:
-        out.pop()
-    return out
+def read_runs(path: Path) -> list[PromptRun]:
+    """The runs stored at ``path`` (a ValueError naming it when it is not a runs table)."""
+    rows = read_parquet(path, "delete it, choose another --out, or pass --fresh to start over").to_dicts()
+    if rows and not {"config", "question_key"} <= set(rows[0]):
+        raise ValueError(f"{path}: not a prompt benchmark's runs table; choose another --out or pass --fresh")
+    return [PromptRun.from_row(r) for r in rows]
+
+
+def resumed_runs(path: Path, runs: Sequence[PromptRun], configs: set[str]) -> list[PromptRun]:
+    """``runs`` (read from ``path``) to resume, or a ValueError when they hold a configuration not in ``configs``."""
+    if {r.config for r in runs} - configs:
+        raise ValueError(
+            f"{path} holds results of another benchmark configuration: choose another --out, "
+            f"or pass --fresh to overwrite it"
+        )
+    return list(runs)
 
 
 @dataclass
@@ -77,13 +89,13 @@ class PromptBench:
     """A prompt benchmark's results: one row per timed run, and per-category summaries; with the model's cost
     ``profile``, each speculative method's measured speedup beside its prediction."""
 
-    runs: list[dict[str, Any]]
+    runs: list[PromptRun]
     methods: list[Method]
     info: dict[str, Any]
     profile: Profile | None = None
 
     def categories(self) -> list[str]:
-        return list(dict.fromkeys(r["category"] for r in self.runs))
+        return list(dict.fromkeys(r.category for r in self.runs))
 
     def summary(self) -> list[dict[str, Any]]:
         return summarize_prompt_runs(self.runs, self.methods, self.info, self.profile)
@@ -95,8 +107,8 @@ class PromptBench:
         """Where the predictions come from (the cost profile), or why there are none."""
         if self.profile is None:
             return no_profile_note(self.info.get("model", "model"), self.info.get("device", ""))
-        speculative = [r for r in self.runs if is_speculative_specbench(r)]
-        if speculative and not any(r.get("steps") for r in speculative):
+        speculative = [r for r in self.runs if r.speculative_specbench]
+        if speculative and not any(r.steps for r in speculative):
             return "these runs kept no step records (saved by an older specbench): run again with --fresh to see them"
         p = self.profile
         text = (
@@ -104,7 +116,7 @@ class PromptBench:
             "position x k x c(w) with the engine's overhead, d from each run's drafting; residual = measured / "
             "predicted - 1"
         )
-        missing = ",".join(sorted({r["verify"] for r in speculative} - set(p.costs)))
+        missing = ",".join(sorted({r.verify for r in speculative} - set(p.costs)))
         if missing:
             model = self.info.get("model", "MODEL")
             text += f"; it has no {missing} verify costs: `specbench profile {model} --verify {missing}`"
@@ -135,7 +147,7 @@ def load_prompt_bench(folder: str | os.PathLike, profile: Profile | None = None)
     if not isinstance(meta, dict) or not {"methods", "info"} <= set(meta):
         raise ValueError(f"{info_path}: not a prompt benchmark's settings (needs 'methods' and 'info')")
     methods = [Method.from_record(m) for m in meta["methods"]]
-    return PromptBench(read_parquet(runs_path).to_dicts(), methods, meta["info"], profile)
+    return PromptBench(read_runs(runs_path), methods, meta["info"], profile)
 
 
 def stored_cost_profile(
@@ -143,7 +155,7 @@ def stored_cost_profile(
 ) -> Profile | None:
     """``profile``, or for "stored" the model's stored cost profile on this device, saying once when there is
     none (the benchmark measures none itself: ``specbench profile`` does)."""
-    if profile != "stored":
+    if not isinstance(profile, str):
         return profile
     stored = load_profile(model)
     if stored is None:
@@ -196,22 +208,13 @@ def bench_prompts(
     say = progress or (lambda text: None)
     info = _bench_info(model_name, max_tokens, repeats)
     config = _prompt_config(model_name, methods, max_tokens, repeats, k, info["device"])
-    runs: list[dict[str, Any]] = []
-    done: set[str] = set()
     runs_path = Path(out) / PROMPT_RUNS_FILE if out is not None else None
+    runs: list[PromptRun] = []
     if runs_path is not None and runs_path.exists() and not fresh:
-        previous = read_parquet(runs_path, "delete it, choose another --out, or pass --fresh to start over").to_dicts()
-        if previous and not {"config", "question_key"} <= set(previous[0]):
-            raise ValueError(f"{runs_path}: not a prompt benchmark's runs table; choose another --out or pass --fresh")
-        if previous and previous[0].get("config") != config:
-            raise ValueError(
-                f"{runs_path} holds results of another benchmark configuration: choose another --out, "
-                f"or pass --fresh to overwrite it"
-            )
-        runs = previous
-        done = {r["question_key"] for r in runs}
-        if done:
-            say(f"resuming: {len(done)} questions already done in {runs_path}")
+        runs = resumed_runs(runs_path, read_runs(runs_path), {config})
+    done = {r.question_key for r in runs}
+    if done:
+        say(f"resuming: {len(done)} questions already done in {runs_path}")
     profile = stored_cost_profile(model, model_name, profile, say)
     info.update(model_identity(model, tokenizer))
     runner = MethodRunner(model, tokenizer, model_name, draft_model, k, max_tokens)
@@ -228,32 +231,26 @@ def bench_prompts(
             break
         key = _question_key(question)
         messages: list[dict[str, str]] = []
-        rows = []
+        rows: list[PromptRun] = []
         for turn, text in enumerate(question.turns):
             messages.append({"role": "user", "content": text})
             prompt = render_prompt(tokenizer, messages)
-            reference: list[int] | None = None
+            timed: list[tuple[int, Method, TimedRun]] = []
             for repeat in range(repeats):
                 shift = (len(done) + index + turn + repeat) % len(methods)
                 for method in methods[shift:] + methods[:shift]:
                     run = runner.run(method, prompt, repeat)
                     say(f"  {question.category} {question.question_id}: {method.name} {run.wall_s:.1f} s")
-                    if method.name == PROMPT_BASELINE and repeat == 0:
-                        reference = run.tokens
-                    rows.append(_run_row(config, key, question, turn, repeat, method, prompt, run))
-            for row in rows:
-                if row["turn"] == turn:
-                    divergence = first_divergence(row["tokens"], reference)
-                    row["first_mismatch"] = -1 if divergence is None else divergence
-                    row["equal"] = divergence is None
-            messages.append({"role": "assistant", "content": tokenizer.decode(_strip_stops(reference, stop_ids))})
+                    timed.append((repeat, method, run))
+            reference = next(run.tokens for repeat, m, run in timed if m.name == PROMPT_BASELINE and repeat == 0)
+            rows += [_run_row(config, key, question, turn, r, m, prompt, run, reference) for r, m, run in timed]
+            messages.append({"role": "assistant", "content": reply_text(tokenizer, reference, stop_ids)})
         runs += rows
-        base = [r for r in rows if r["method"] == PROMPT_BASELINE]
+        base = [r for r in rows if r.method == PROMPT_BASELINE]
         say(
             f"[{len(done) + index + 1}/{len(done) + len(todo)}] {question.category} {question.question_id}: "
             + ", ".join(
-                f"{m.name} {throughput_ratio(base, [r for r in rows if r['method'] == m.name]):.2f}x"
-                for m in methods[1:]
+                f"{m.name} {throughput_ratio(base, [r for r in rows if r.method == m.name]):.2f}x" for m in methods[1:]
             )
         )
         if runs_path is not None:
@@ -283,36 +280,34 @@ def _bench_info(model_name: str, max_tokens: int, repeats: int) -> dict[str, Any
 
 
 def _run_row(
-    config: str, key: str, question: Any, turn: int, repeat: int, method: Method, prompt: Sequence[int], run: TimedRun
-) -> dict[str, Any]:
-    new = len(run.tokens)
-    return {
-        "config": config,
-        "question_key": key,
-        "question_id": str(question.question_id),
-        "category": question.category,
-        "subcategory": question.subcategory,
-        "turn": turn,
-        "repeat": repeat,
-        "method": method.name,
-        "engine": method.engine,
-        "drafter": method.drafter,
-        "policy": method.policy_name,
-        "verify": method.verify or ("none" if method.engine == "mlx-lm" or method.drafter == "none" else "exact"),
-        "prompt_tokens": len(prompt),
-        "new_tokens": new,
-        "wall_s": run.wall_s,
-        "first_token_s": run.first_token_s,
-        "tokens_per_s": new / run.wall_s if run.wall_s > 0 else 0.0,
-        "forwards": run.forwards,
-        "verifies": run.verifies,
-        "drafted": run.drafted,
-        "accepted": run.accepted,
-        "pos_drafted": run.pos_drafted,
-        "pos_accepted": run.pos_accepted,
-        "finish_reason": run.finish_reason,
-        "tokens": run.tokens,
-        "steps": run.steps,
-        "equal": False,
-        "first_mismatch": 0,
-    }
+    config: str,
+    key: str,
+    question: Any,
+    turn: int,
+    repeat: int,
+    method: Method,
+    prompt: Sequence[int],
+    run: TimedRun,
+    reference: Sequence[int],
+) -> PromptRun:
+    divergence = first_divergence(run.tokens, reference)
+    return PromptRun(
+        **vars(run),
+        config=config,
+        question_key=key,
+        question_id=str(question.question_id),
+        category=question.category,
+        subcategory=question.subcategory,
+        turn=turn,
+        repeat=repeat,
+        method=method.name,
+        engine=method.engine,
+        drafter=method.drafter,
+        policy=method.policy_name,
+        verify=method.verify or ("none" if method.engine == "mlx-lm" or method.drafter == "none" else "exact"),
+        prompt_tokens=len(prompt),
+        new_tokens=len(run.tokens),
+        tokens_per_s=len(run.tokens) / run.wall_s if run.wall_s > 0 else 0.0,
+        equal=divergence is None,
+        first_mismatch=-1 if divergence is None else divergence,
+    )

@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from specbench.bench.predictions import prediction_error, with_predictions
+from specbench.bench.prompt_runs import PromptRun
 from specbench.cost.predict import residual
 from specbench.cost.profile import Profile
 
@@ -31,51 +32,46 @@ def no_profile_note(model_name: str, device: str) -> str:
     )
 
 
-def is_plain_specbench(row: dict[str, Any]) -> bool:
-    """Whether a run (or summary row) is specbench's plain decoding, the baseline predictions are made against."""
-    return row["engine"] == "specbench" and row["drafter"] == "none"
-
-
 def is_speculative_specbench(row: dict[str, Any]) -> bool:
-    """Whether a run (or summary row) is specbench with a drafter: one that gets a prediction."""
+    """Whether a summary row is specbench with a drafter: one that gets a prediction."""
     return row["engine"] == "specbench" and row["drafter"] != "none"
 
 
-def _decode(row: dict[str, Any]) -> tuple[float, int]:
+def _decode(run: PromptRun) -> tuple[float, int]:
     """A specbench run's seconds and tokens after its first token."""
-    return row["wall_s"] - row["first_token_s"], max(0, row["new_tokens"] - 1)
+    return run.wall_s - run.first_token_s, max(0, run.new_tokens - 1)
 
 
-def run_predictions(runs: Sequence[dict[str, Any]], profile: Profile) -> pl.DataFrame:
+def run_predictions(runs: Sequence[PromptRun], profile: Profile) -> pl.DataFrame:
     """One row per specbench speculative run in a verify mode ``profile`` has: ``method``, ``category``,
     ``decode_tokens``, ``plain_speedup`` (its decode tokens per second over those of the specbench plain run of
     the same prompt and repeat), ``predicted_speedup``, ``residual`` and ``d``, null for a run that kept no
     steps (one saved before runs kept them) or has no plain run beside it (an empty frame for no runs)."""
-    plain = {(r["question_key"], r["turn"], r["repeat"]): r for r in runs if is_plain_specbench(r)}
+    plain = {(r.question_key, r.turn, r.repeat): r for r in runs if r.plain_specbench}
     rows, steps = [], []
     for r in runs:
-        if not is_speculative_specbench(r) or r["verify"] not in profile.costs:
+        if not r.speculative_specbench or r.verify not in profile.costs:
             continue
-        base = plain.get((r["question_key"], r["turn"], r["repeat"]))
+        base = plain.get((r.question_key, r.turn, r.repeat))
         (seconds, tokens), (plain_s, plain_tokens) = _decode(r), _decode(base) if base else (0.0, 0)
         measured = (plain_s / plain_tokens) / (seconds / tokens) if tokens and plain_tokens and seconds > 0 else None
         run = len(rows)
         rows.append(
             {
                 "run": run,
-                "method": r["method"],
-                "category": r["category"],
-                "drafter": r["drafter"],
-                "verify_mode": r["verify"],
-                "prompt_tokens": r["prompt_tokens"],
+                "method": r.method,
+                "category": r.category,
+                "drafter": r.drafter,
+                "verify_mode": r.verify,
+                "prompt_tokens": r.prompt_tokens,
                 "decode_tokens": tokens,
                 "plain_speedup": measured if measured is not None else float("nan"),
                 "plain_decode_s": plain_s,
                 "plain_decode_tokens": plain_tokens,
             }
         )
-        if base and r.get("steps"):
-            steps += [{**step, "run": run} for step in r["steps"]]
+        if base and r.steps:
+            steps += [{**step, "run": run} for step in r.steps]
     if not rows:
         return pl.DataFrame()
     frame = pl.DataFrame(rows, infer_schema_length=None)
@@ -107,12 +103,12 @@ def group_prediction(predictions: pl.DataFrame, method: str, category: str | Non
 
 
 def add_predictions(
-    summary: list[dict[str, Any]], runs: Sequence[dict[str, Any]], profile: Profile | None
+    summary: list[dict[str, Any]], runs: Sequence[PromptRun], profile: Profile | None
 ) -> list[dict[str, Any]]:
     """``summary``'s rows (``summarize_prompt_runs``) with ``SUMMARY_COLUMNS``: each method's decode speedup over
     specbench plain in its category, and for speculative methods with ``profile`` the prediction and residual
     (None without a profile, for a verify mode it lacks, or for runs that kept no steps)."""
-    plain = {r["category"]: r for r in summary if is_plain_specbench(r)}
+    plain = {r["category"]: r for r in summary if r["engine"] == "specbench" and r["drafter"] == "none"}
     predictions = run_predictions(runs, profile) if profile is not None else pl.DataFrame()
     for row in summary:
         base = plain.get(row["category"])

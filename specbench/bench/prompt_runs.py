@@ -9,8 +9,8 @@ forwards did; ``MethodRunner`` runs methods on prompts for ``specbench.bench.pro
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import mlx.core as mx
@@ -144,6 +144,66 @@ class TimedRun:
     steps: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass(frozen=True, kw_only=True)
+class PromptRun:
+    """One timed run of the prompt benchmark, as ``prompt_bench_runs.parquet`` keeps it (``row``; ``from_row``
+    reads a stored one): the question and turn, the method, the ``TimedRun``'s counts, and whether its output
+    equals the mlx-lm baseline's first repeat (``first_mismatch``: where it leaves it, -1 where equal). ``steps``:
+    ``STEP_COLUMNS`` of each step of a specbench run (empty for mlx-lm's, and in files of older runs)."""
+
+    config: str = ""
+    question_key: str
+    question_id: str = ""
+    category: str
+    subcategory: str | None = None
+    turn: int = 0
+    repeat: int = 0
+    method: str
+    engine: str
+    drafter: str = "none"
+    policy: str = "none"
+    verify: str = "none"
+    prompt_tokens: int = 0
+    new_tokens: int
+    wall_s: float
+    first_token_s: float = 0.0
+    tokens_per_s: float = 0.0
+    forwards: int = 0
+    verifies: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    pos_drafted: list[int] = field(default_factory=list)
+    pos_accepted: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    tokens: list[int] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    equal: bool = False
+    first_mismatch: int = 0
+
+    @property
+    def speculative_specbench(self) -> bool:
+        """Whether specbench ran it with a drafter (a run that gets a prediction)."""
+        return self.engine == "specbench" and self.drafter != "none"
+
+    @property
+    def plain_specbench(self) -> bool:
+        """Whether it is specbench's plain decoding, the baseline predictions are made against."""
+        return self.engine == "specbench" and self.drafter == "none"
+
+    def row(self) -> dict[str, Any]:
+        """The run as a row of ``prompt_bench_runs.parquet``, in the stored column order."""
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> PromptRun:
+        """A run from a stored row: columns it does not know are left out; a missing or null list is empty."""
+        return cls(**{k: v for k, v in row.items() if k in _COLUMNS and (v is not None or k not in _LISTS)})
+
+
+_COLUMNS = frozenset(f.name for f in fields(PromptRun))
+_LISTS = frozenset(f.name for f in fields(PromptRun) if f.default_factory is not MISSING)
+
+
 def _count_positions(pos_drafted: list[int], pos_accepted: list[int], drafted: int, accepted: int) -> None:
     for i in range(drafted):
         if i == len(pos_drafted):
@@ -272,9 +332,9 @@ class MethodRunner:
     def __init__(self, model: Any, tokenizer: Any, model_name: str, draft_model: Any, k: int, max_tokens: int):
         self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
         self.draft_model, self.k, self.max_tokens = draft_model, k, max_tokens
-        self.drafters: dict[tuple[str, int], Any] = {}
+        self.drafters: dict[tuple[str, int], Drafter | None] = {}
 
-    def drafter(self, method: Method, repeat: int) -> Any:
+    def drafter(self, method: Method, repeat: int) -> Drafter | None:
         key = (method.name, repeat)
         if key not in self.drafters:
             self.drafters[key] = make_drafter(
@@ -298,9 +358,9 @@ class MethodRunner:
         draft and the last token, within what a run of ``max_tokens`` tokens drafts."""
         widest = 1
         for m in methods:
-            if m.engine != "specbench" or m.drafter == "none" or m.verify == "fast":
+            if m.engine != "specbench" or m.verify == "fast" or (drafter := self.drafter(m, -1)) is None:
                 continue
-            longest = within_max_tokens(_longest_draft(m.policy, self.drafter(m, -1)), self.max_tokens)
+            longest = within_max_tokens(_longest_draft(m.policy, drafter), self.max_tokens)
             widest = max(widest, longest + 1)
         return list(range(2, widest + 1))
 

@@ -14,23 +14,23 @@ from typing import Any
 
 from specbench.bench.paired import ratio_interval
 from specbench.bench.prompt_predictions import add_predictions, is_speculative_specbench
-from specbench.bench.prompt_runs import PROMPT_BASELINE, Method
+from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, PromptRun
 from specbench.cost.profile import Profile
 
 
-def _decode_tokens(row: dict[str, Any]) -> int:
+def _decode_tokens(run: PromptRun) -> int:
     """Tokens produced by the forwards counted in ``forwards`` (mlx-lm's draft-model speculation
     produces its first token in a verification too)."""
-    mlx_lm_draft = row["drafter"] == "draft-model" and row.get("engine") == "mlx-lm"
-    return row["new_tokens"] if mlx_lm_draft else max(0, row["new_tokens"] - 1)
+    mlx_lm_draft = run.drafter == "draft-model" and run.engine == "mlx-lm"
+    return run.new_tokens if mlx_lm_draft else max(0, run.new_tokens - 1)
 
 
-def throughput_ratio(base_rows: list[dict[str, Any]], rows: list[dict[str, Any]]) -> float:
+def throughput_ratio(base_rows: Sequence[PromptRun], rows: Sequence[PromptRun]) -> float:
     """Throughput of ``rows`` over that of ``base_rows`` (total tokens / total seconds each)."""
 
-    def rate(rs):
-        seconds = sum(r["wall_s"] for r in rs)
-        return sum(r["new_tokens"] for r in rs) / seconds if seconds > 0 else 0.0
+    def rate(rs: Sequence[PromptRun]) -> float:
+        seconds = sum(r.wall_s for r in rs)
+        return sum(r.new_tokens for r in rs) / seconds if seconds > 0 else 0.0
 
     base = rate(base_rows)
     return rate(rows) / base if base > 0 else float("nan")
@@ -40,9 +40,9 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def _tokens_and_seconds(runs: list[dict[str, Any]]) -> tuple[int, float]:
+def _tokens_and_seconds(runs: list[PromptRun]) -> tuple[int, float]:
     """One prompt's (turn's) tokens and its median seconds over repeats, as the summary counts them."""
-    return runs[0]["new_tokens"], _median([r["wall_s"] for r in runs])
+    return runs[0].new_tokens, _median([r.wall_s for r in runs])
 
 
 def _per_question(
@@ -59,7 +59,7 @@ def _per_question(
 
 
 def summarize_prompt_runs(
-    runs: Sequence[dict[str, Any]],
+    runs: Sequence[PromptRun],
     methods: Sequence[Method],
     info: dict[str, Any] | None = None,
     profile: Profile | None = None,
@@ -78,21 +78,21 @@ def summarize_prompt_runs(
     (vLLM's per-position acceptance rate); ``mean_accepted_tokens``: #MAT.
     """
     info = info or {}
-    categories = list(dict.fromkeys(r["category"] for r in runs))
-    repeats = sorted({r["repeat"] for r in runs})
+    categories = list(dict.fromkeys(r.category for r in runs))
+    repeats = sorted({r.repeat for r in runs})
     out = []
     for group in categories + ["overall"]:
-        in_group = [r for r in runs if group == "overall" or r["category"] == group]
+        in_group = [r for r in runs if group == "overall" or r.category == group]
         timing = {}
         for m in methods:
-            mine = [r for r in in_group if r["method"] == m.name]
-            by_prompt: dict[tuple[str, int], list[dict[str, Any]]] = {}
+            mine = [r for r in in_group if r.method == m.name]
+            by_prompt: dict[tuple[str, int], list[PromptRun]] = {}
             for r in mine:
-                by_prompt.setdefault((r["question_key"], r["turn"]), []).append(r)
+                by_prompt.setdefault((r.question_key, r.turn), []).append(r)
             units = {key: _tokens_and_seconds(rs) for key, rs in by_prompt.items()}
             tokens, wall = sum(t for t, _ in units.values()), sum(s for _, s in units.values())
-            first = sum(_median([r["first_token_s"] for r in rs]) for rs in by_prompt.values())
-            per_repeat = {rep: ([r for r in mine if r["repeat"] == rep]) for rep in repeats}
+            first = sum(_median([r.first_token_s for r in rs]) for rs in by_prompt.values())
+            per_repeat = {rep: ([r for r in mine if r.repeat == rep]) for rep in repeats}
             timing[m.name] = (mine, by_prompt, units, tokens, wall, first, per_repeat)
         base = timing.get(PROMPT_BASELINE)
         for m in methods:
@@ -109,7 +109,7 @@ def summarize_prompt_runs(
                 "engine": m.engine,
                 "drafter": m.drafter,
                 "policy": m.policy_name,
-                "verify": mine[0]["verify"],
+                "verify": mine[0].verify,
                 "category": group,
                 "prompts": len(by_prompt),
                 "new_tokens": tokens,
@@ -136,17 +136,17 @@ def summarize_prompt_runs(
                     speedup_low=interval[0] if interval else None,
                     speedup_high=interval[1] if interval else None,
                 )
-            forwards = sum(r["forwards"] for r in mine)
-            drafted = sum(r["drafted"] for r in mine)
-            accepted = sum(r["accepted"] for r in mine)
-            verifies = sum(r["verifies"] for r in mine)
-            width = max((len(r["pos_drafted"]) for r in mine), default=0)
-            pos_a = [sum(r["pos_accepted"][i] for r in mine if i < len(r["pos_accepted"])) for i in range(width)]
+            forwards = sum(r.forwards for r in mine)
+            drafted = sum(r.drafted for r in mine)
+            accepted = sum(r.accepted for r in mine)
+            verifies = sum(r.verifies for r in mine)
+            width = max((len(r.pos_drafted) for r in mine), default=0)
+            pos_a = [sum(r.pos_accepted[i] for r in mine if i < len(r.pos_accepted)) for i in range(width)]
             row.update(
                 mean_accepted_tokens=sum(_decode_tokens(r) for r in mine) / forwards if forwards else float("nan"),
                 acceptance_rate=accepted / drafted if drafted else float("nan"),
                 position_acceptance=[a / verifies for a in pos_a] if verifies else [],
-                equal=sum(all(r["equal"] for r in rs) for rs in by_prompt.values()),
+                equal=sum(all(r.equal for r in rs) for rs in by_prompt.values()),
                 total=len(by_prompt),
             )
             out.append(row)

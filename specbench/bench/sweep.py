@@ -487,6 +487,13 @@ def _calibrate_exact(
         calibrate(model, list(range(2, longest + 2)))
 
 
+#: What a run's row copies of its generation's ``stats()``, after its tokens and clock.
+_STATS = (
+    "prefill_s steps verifies drafted accepted pauses acceptance_rate mean_accepted_tokens tokens_per_verify "
+    "draft_s verify_s verification_s"
+).split()
+
+
 def _row(
     run: int,
     base: dict[str, Any],
@@ -516,18 +523,7 @@ def _row(
         "tokens": stats["tokens"],
         "decode_tokens": tokens,
         "decode_s": seconds,
-        "prefill_s": stats["prefill_s"],
-        "steps": stats["steps"],
-        "verifies": stats["verifies"],
-        "drafted": stats["drafted"],
-        "accepted": stats["accepted"],
-        "pauses": stats["pauses"],
-        "acceptance_rate": stats["acceptance_rate"],
-        "mean_accepted_tokens": stats["mean_accepted_tokens"],
-        "tokens_per_verify": stats["tokens_per_verify"],
-        "draft_s": stats["draft_s"],
-        "verify_s": stats["verify_s"],
-        "verification_s": stats["verification_s"],
+        **{name: stats[name] for name in _STATS},
         "main_reason": main_reason(r for r in gen.log.records if r.kind != "prefill"),
         "decode_tokens_per_s": tps,
         **baseline,

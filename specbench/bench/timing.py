@@ -9,29 +9,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
-
 from specbench.common.timing import quiet
 from specbench.core.draft import Drafter
 from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.core.verify import forward
+from specbench.cost.caches import prefill
 from specbench.decoding import speculative_generate
 
 
 def prefix_cache(model: Any, prompt_ids: Sequence[int], step: int = 2048) -> list[Any] | None:
     """A prompt cache holding all but the last token of ``prompt_ids`` (None for a 1-token
     prompt): generations of that prompt start from a copy (``cache_copy``) instead of a prefill."""
-    if len(prompt_ids) < 2:
-        return None
-    cache = make_prompt_cache(model)
-    prefix = mx.array(list(prompt_ids[:-1]), dtype=mx.uint32)[None]
-    for start in range(0, prefix.shape[1], step):
-        forward(model, prefix[:, start : start + step], cache)
-        mx.eval([c.state for c in cache])
-    return cache
+    return prefill(model, list(prompt_ids[:-1]), step) if len(prompt_ids) > 1 else None
 
 
 def cache_copy(cache: list[Any] | None, drafter: Drafter | None = None) -> list[Any] | None:

@@ -33,7 +33,7 @@ from specbench.bench.trace_summary import (
     summarize_trace_bench,
     with_cumulative,
 )
-from specbench.bench.turn_cache import TurnCache
+from specbench.bench.turn_cache import TurnCache, reply_text
 from specbench.common.files import safe_name, write_parquet_atomic, write_text_atomic
 from specbench.common.per_key import per_key
 from specbench.common.timing import quiet
@@ -78,14 +78,6 @@ class TraceBench:
         return format_summary(self.summary)
 
 
-def _reply_text(tokenizer: Any, tokens: Sequence[int], stop_ids: set[int]) -> str:
-    """The reply as text, without its trailing stop tokens."""
-    tokens = list(tokens)
-    while tokens and tokens[-1] in stop_ids:
-        tokens.pop()
-    return tokenizer.decode(tokens)
-
-
 def _run(
     model: Any,
     prompt: list[int],
@@ -111,30 +103,25 @@ def _run(
     return gen
 
 
+#: What a turn's row copies of its generation's ``stats()``.
+_STATS = (
+    "prompt_tokens cached_prompt_tokens tokens finish_reason steps verifies drafted accepted tokens_per_verify "
+    "mean_accepted_tokens"
+).split()
+
+
 def _row(trace_id: str, turn: int, method: str, gen: Generation, plain: Generation) -> dict[str, Any]:
     stats = gen.stats()
-    plain_stats = plain.stats()
-    decode_tokens = stats["tokens"] - 1  # the first token comes from the prompt pass
+    decode_s = stats["decode_s"]
     return {
         "trace": trace_id,
         "turn": turn,
         "method": method,
-        "prompt_tokens": stats["prompt_tokens"],
-        "cached_prompt_tokens": stats["cached_prompt_tokens"],
-        "tokens": stats["tokens"],
-        "finish_reason": stats["finish_reason"],
-        "steps": stats["steps"],
-        "verifies": stats["verifies"],
-        "drafted": stats["drafted"],
-        "accepted": stats["accepted"],
-        "tokens_per_verify": stats["tokens_per_verify"],
-        "mean_accepted_tokens": stats["mean_accepted_tokens"],
-        "decode_tokens": decode_tokens,
-        "decode_s": stats["decode_s"],
-        "prefill_s": stats["prefill_s"],
-        "observe_s": stats["observe_s"],
+        **{name: stats[name] for name in _STATS},
+        "decode_tokens": stats["tokens"] - 1,  # the first token comes from the prompt pass
+        **{name: stats[name] for name in ("decode_s", "prefill_s", "observe_s")},
         "tokens_per_s": stats["decode_tokens_per_s"],
-        "speedup": plain_stats["decode_s"] / stats["decode_s"] if stats["decode_s"] > 0 else 0.0,
+        "speedup": plain.stats()["decode_s"] / decode_s if decode_s > 0 else 0.0,
         "identical": list(gen.tokens) == list(plain.tokens),
     }
 
@@ -209,7 +196,7 @@ def bench_trace(
                 where = {"trace": trace.id, "turn": turn, "method": name, "cached_prompt_tokens": cached}
                 steps.append(record.labelled(**where))
         recorded.append(Recorded(list(prompt), list(plain.tokens), plain.finish_reason(), f"{trace.id}/{turn}"))
-        replies.append(_reply_text(tokenizer, plain.tokens, stop_ids))
+        replies.append(reply_text(tokenizer, plain.tokens, stop_ids))
         if progress:
             same = all(r["identical"] for r in rows[-len(runs) :])
             rates = ", ".join(f"{r['method']} {r['tokens_per_s']:.1f} tok/s" for r in rows[-len(runs) :])

@@ -38,6 +38,14 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if list(a) == list(b) else common_prefix(a, b)
 
 
+def reply_text(tokenizer: Any, tokens: Sequence[int], stop_ids: set[int]) -> str:
+    """A reply as the next turn's history holds it: its text without its trailing stop tokens."""
+    tokens = list(tokens)
+    while tokens and tokens[-1] in stop_ids:
+        tokens.pop()
+    return tokenizer.decode(tokens)
+
+
 class TurnCache:
     """One method's prompt cache across turns: ``take(prompt)`` before a turn (the cache to pass as
     ``prompt_cache``, or None for a full prefill), ``keep(prompt, cache)`` after it."""

@@ -50,7 +50,8 @@ def _compare(parser: argparse.ArgumentParser):
     )
 
     def run(args: argparse.Namespace) -> int:
-        from specbench.bench.compare import compare, is_recorded_run, load_run, run_models
+        from specbench.bench.compare import compare, is_recorded_run, run_models
+        from specbench.bench.prompt_bench import load_prompt_bench
         from specbench.common.files import check_writable
 
         recorded = [is_recorded_run(args.a), is_recorded_run(args.b)]
@@ -63,7 +64,7 @@ def _compare(parser: argparse.ArgumentParser):
         if args.out:
             check_writable(args.out, folder=True, name="--out")
         if all(recorded):
-            runs = [load_run(args.a), load_run(args.b)]
+            runs = [load_prompt_bench(args.a), load_prompt_bench(args.b)]
             labels = _labels(args.a, args.b, [str(run.info.get("model", "")) for run in runs])
         else:
             from specbench.core.policies import DraftPolicy

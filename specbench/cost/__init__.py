@@ -1,7 +1,5 @@
 """Verify cost: profiles c(w), break-even math, and measuring them."""
 
-from specbench.common.files import home
-from specbench.common.identity import device_name, display_name, kernel_key, model_key, versions
 from specbench.core.verify import VERIFY_MODES
 from specbench.cost.breakeven import (
     best_k,
@@ -23,12 +21,6 @@ from specbench.cost.reference import Reference, reference_profiles
 __all__ = [
     "VERIFY_MODES",
     "QUICK_WIDTHS",
-    "home",
-    "device_name",
-    "versions",
-    "kernel_key",
-    "model_key",
-    "display_name",
     "Profile",
     "Reference",
     "reference_profiles",

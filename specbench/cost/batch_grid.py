@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import mlx.nn as nn
@@ -44,6 +45,26 @@ def _seconds_per_token(gen: BatchGeneration) -> float:
     return _decode_seconds(gen) / sum(len(r.tokens) - 1 for r in gen.requests)
 
 
+@dataclass(frozen=True)
+class _Pair:
+    """One plain and one speculative run of the same batch: the speedup (throughput and each request's latency),
+    the one predicted for the steps taken, the acceptance measured, seconds per token of each, and the requests
+    whose output left the oracles' recording."""
+
+    measured: float
+    measured_latency: float
+    predicted_from_log: float
+    acceptance_measured: float
+    plain_s: float
+    spec_s: float
+    diverged: int
+
+    @classmethod
+    def median(cls, pairs: list[_Pair]) -> _Pair:
+        """Each figure's median over ``pairs``."""
+        return cls(*(statistics.median(getattr(p, f.name) for p in pairs) for f in fields(cls)))
+
+
 def _timed_pair(
     model: nn.Module,
     prompts: list[list[int]],
@@ -53,7 +74,7 @@ def _timed_pair(
     warm: GenerateOptions | None,
     profile: BatchProfile,
     verifier: Verifier,
-) -> dict[str, float]:
+) -> _Pair:
     """One plain run and one speculative run of the same batch, each right after an untimed one of its kind."""
     if warm is not None:
         generate_batch(model, prompts, warm, verifier=verifier).run()
@@ -65,15 +86,15 @@ def _timed_pair(
     gen.run()
     plain_s, spec_s = _seconds_per_token(plain), _seconds_per_token(gen)
     drafted = [r.stats()["acceptance_rate"] for r in gen.requests if r.stats()["drafted"]]
-    return {
-        "measured": plain_s / spec_s,
-        "measured_latency": _request_seconds_per_token(plain) / _request_seconds_per_token(gen),
-        "predicted_from_log": predicted_batch_speedup(gen, plain, profile),
-        "acceptance_measured": float(np.mean(drafted or [0])),
-        "plain_s": plain_s,
-        "spec_s": spec_s,
-        "diverged": sum(o.diverged_at is not None for o in oracles),
-    }
+    return _Pair(
+        plain_s / spec_s,
+        _request_seconds_per_token(plain) / _request_seconds_per_token(gen),
+        predicted_batch_speedup(gen, plain, profile),
+        float(np.mean(drafted or [0])),
+        plain_s,
+        spec_s,
+        sum(o.diverged_at is not None for o in oracles),
+    )
 
 
 def batch_speedup_grid(
@@ -150,27 +171,27 @@ def batch_speedup_grid(
                             model, prompts, oracles, k, options, warm if warmup_tokens > 0 else None, profile, verifier
                         )
                     )
-                cell = {key: statistics.median(p[key] for p in pairs) for key in pairs[0]}
-                measured, from_log = cell["measured"], cell["predicted_from_log"]
+                cell = _Pair.median(pairs)
+                measured, from_log = cell.measured, cell.predicted_from_log
                 nominal = profile.predicted(a, k, b)["throughput"]
                 row = {
                     "batch_size": b,
                     "acceptance": a,
                     "k": k,
                     "measured": measured,
-                    "measured_latency": cell["measured_latency"],
+                    "measured_latency": cell.measured_latency,
                     "predicted": nominal,
                     "predicted_from_log": from_log,
                     "error": measured / nominal - 1,
                     "error_from_log": measured / from_log - 1,
                     "residual": measured / from_log - 1,
-                    "acceptance_measured": cell["acceptance_measured"],
-                    "plain_tokens_per_s": 1 / cell["plain_s"],
-                    "spec_tokens_per_s": 1 / cell["spec_s"],
-                    "diverged": int(max(p["diverged"] for p in pairs)),
+                    "acceptance_measured": cell.acceptance_measured,
+                    "plain_tokens_per_s": 1 / cell.plain_s,
+                    "spec_tokens_per_s": 1 / cell.spec_s,
+                    "diverged": max(p.diverged for p in pairs),
                     "repeats": repeats,
-                    "measured_runs": [p["measured"] for p in pairs],
-                    "noise_floor": noise_floor([p["measured"] for p in pairs]),
+                    "measured_runs": [p.measured for p in pairs],
+                    "noise_floor": noise_floor([p.measured for p in pairs]),
                     "verify": verify,
                 }
                 rows.append(row)

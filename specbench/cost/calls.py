@@ -106,24 +106,24 @@ def verify_call_rows(
     rows = []
     for w in widths:
         tokens, level = probe[:, :w], level_for(w)
-        row: dict[str, Any] = {"shape": label, "width": w, "exact_level": level}
-        row["fast_s"] = time_call(model, cache, tokens, None, repeats)
-        row["exact_s"] = time_call(model, cache, tokens, "auto", repeats)
-        line = f"  {w} rows: fast {1e3 * row['fast_s']:.1f} ms, exact {1e3 * row['exact_s']:.1f} ms ({level})"
+        fast = time_call(model, cache, tokens, None, repeats)
+        exact = time_call(model, cache, tokens, "auto", repeats)
+        row: dict[str, Any] = {"shape": label, "width": w, "exact_level": level, "fast_s": fast, "exact_s": exact}
+        line = f"  {w} rows: fast {1e3 * fast:.1f} ms, exact {1e3 * exact:.1f} ms ({level})"
         if w > 1:
             rows_per_call = ExactPlan.parse(level).linear
             chunk = rows_per_call if isinstance(rows_per_call, int) else 1
-            row["attention_split_s"] = time_call(model, cache, tokens, "attention", repeats)
-            row["linear_chunks"] = chunk
-            row["linear_split_s"] = time_call(model, cache, tokens, f"linear/{chunk}", repeats)
+            attention = time_call(model, cache, tokens, "attention", repeats)
+            linear = time_call(model, cache, tokens, f"linear/{chunk}", repeats)
+            row.update(attention_split_s=attention, linear_chunks=chunk, linear_split_s=linear)
             line += (
-                f"; attention split alone {1e3 * row['attention_split_s']:.1f} ms, linear in chunks of {chunk} "
-                f"alone {1e3 * row['linear_split_s']:.1f} ms"
+                f"; attention split alone {1e3 * attention:.1f} ms, linear in chunks of {chunk} "
+                f"alone {1e3 * linear:.1f} ms"
             )
             if compiled:
                 row["exact_compiled_s"] = time_call(model, cache, tokens, "auto", repeats, compiled=True)
                 line += f"; exact with compiled linear chunks {1e3 * row['exact_compiled_s']:.1f} ms"
-        row["exact_over_fast"] = row["exact_s"] / row["fast_s"]
+        row["exact_over_fast"] = exact / fast
         rows.append(row)
-        say(line + f" -> exact/fast {row['exact_over_fast']:.2f}")
+        say(line + f" -> exact/fast {exact / fast:.2f}")
     return rows

@@ -21,7 +21,7 @@ def test_plain_steps_cancel_the_machines_speed_and_keep_autos_costs():
         "plain_state_ms": 1e3 * speed_state(fast_plain),
         "auto_state_ms": 1e3 * speed_state(slow_auto),
     }
-    ((plain_steps, auto_steps),) = ab.in_plain_steps(ab.pairs_of([row]))
+    ((plain_steps, auto_steps),) = ab.in_plain_steps([ab.Pair.of(r) for r in [row]])
     assert log_seconds(fast_plain) / log_seconds(slow_auto) < 0.8  # in seconds Auto looks 20 %+ slower
     same_speed = log_seconds(plain_run_log(0.01)) / log_seconds(auto_run_log(0.01))
     assert plain_steps / auto_steps == pytest.approx(same_speed)  # in plain steps: as at equal speed
@@ -38,10 +38,10 @@ def test_an_auto_run_that_speculated_throughout_counts_its_seconds_ratio():
         {"plain_s": 0.1, "auto_s": 0.1, "plain_state_ms": float("nan"), "auto_state_ms": float("nan")},
         {"plain_s": 1.2, "auto_s": 1.0, "plain_state_ms": 12.0, "auto_state_ms": 10.0},
     ]
-    (first, second, third) = ab.in_plain_steps(ab.pairs_of(rows))
+    (first, second, third) = ab.in_plain_steps([ab.Pair.of(r) for r in rows])
     assert first == pytest.approx((100.0, 80.0)) and second == pytest.approx((110.0, 100.0))
     assert third == pytest.approx((100.0, 100.0))  # each run over its own speed
-    assert ab.at_one_speed(ab.pairs_of(rows)) == 2
+    assert ab.at_one_speed([ab.Pair.of(r) for r in rows]) == 2
 
 
 def test_verdicts_against_097():
@@ -68,18 +68,15 @@ def test_one_run_of_many_noisy_cells_that_all_hold_rarely_shows_a_loss():
         pairs = [(1.0, math.exp(rng.gauss(0.0, 0.2))) for _ in range(6)]
         low, high, p = ab.interval_and_p(pairs)
         ratio = ab.seconds_ratio(pairs)
-        rows.append({"method": "auto", "ratio": ratio, "low": low, "high": high, "p_loses": p, "in_steps": None})
-    uncorrected = sum(ab.verdict(r["ratio"], r["low"], r["high"]) == "LOSES" for r in rows)
-    ab.judge(rows)
+        rows.append(ab.CellSummary(method="auto", ratio=ratio, low=low, high=high, p_loses=p))
+    uncorrected = sum(ab.verdict(r.ratio, r.low, r.high) == "LOSES" for r in rows)
     assert uncorrected >= 1  # this seed's chance loss
-    assert all(r["verdict"] != "LOSES" for r in rows)
+    assert all(r.verdict != "LOSES" for r in ab.judge(rows))
     # a real loss, every pair 10 % slower, still shows after the correction
     pairs = [(1.0, 1.1 * math.exp(rng.gauss(0.0, 0.01))) for _ in range(6)]
     low, high, p = ab.interval_and_p(pairs)
-    rows.append({"method": "auto", "ratio": ab.seconds_ratio(pairs), "low": low, "high": high, "p_loses": p})
-    rows[-1]["in_steps"] = None
-    ab.judge(rows)
-    assert rows[-1]["verdict"] == "LOSES"
+    rows.append(ab.CellSummary(method="auto", ratio=ab.seconds_ratio(pairs), low=low, high=high, p_loses=p))
+    assert ab.judge(rows)[-1].verdict == "LOSES"
 
 
 def test_where_autos_extra_seconds_went():
@@ -162,7 +159,7 @@ def test_mean_steps_read_recorded_speeds_and_old_rows():
     assert ab.Pair.of(recorded).speeds("mean") == pytest.approx((0.010, 0.011))
     assert ab.Pair.of(old).speeds("mean") == pytest.approx((0.010, 0.0125))
     assert ab.Pair.of(short).speeds("mean")[1] is None
-    (first, second, third) = ab.in_plain_steps(ab.pairs_of([recorded, old, short]), "mean")
+    (first, second, third) = ab.in_plain_steps([ab.Pair.of(r) for r in [recorded, old, short]], "mean")
     assert first == pytest.approx((100.0, 100.0)) and second == pytest.approx((100.0, 80.0))
     assert third == pytest.approx((100.0, 100.0))  # one speed for both: the seconds ratio
-    assert ab.at_one_speed(ab.pairs_of([recorded, old, short]), "mean") == 1
+    assert ab.at_one_speed([ab.Pair.of(r) for r in [recorded, old, short]], "mean") == 1

@@ -72,12 +72,12 @@ def test_oracle_drafts_on_after_a_divergence_without_running_the_model(model_cal
 def test_bench_oracle_is_recorded_from_the_plain_batched_run(model_calls):
     model, calls = model_calls
     result = bench_batch(model, PROMPTS, 2, ["oracle:1.0", "oracle:0.0"], "fixed:3", max_tokens=8, warmup=False)
-    rows = {r["engine"]: r for r in result["rows"]}
+    rows = {r.engine: r for r in result.rows}
     assert calls["drafting"] == 0
     full, none = rows["oracle:1.0/fixed:3"], rows["oracle:0.0/fixed:3"]
-    assert full["acceptance_rate"] == 1.0 and full["diverged_from_recording"] == 0
-    assert none["acceptance_rate"] == 0.0
-    assert full["identical_to_plain"] == none["identical_to_plain"] == 1.0
+    assert full.acceptance_rate == 1.0 and full.diverged_from_recording == 0
+    assert none.acceptance_rate == 0.0
+    assert full.identical_to_plain == none.identical_to_plain == 1.0
     with pytest.raises(ValueError, match="oracle:A"):
         bench_batch(model, PROMPTS, 2, ["oracle:often"], "fixed:3", warmup=False)
     with pytest.raises(ValueError, match="at least one drafter"):
@@ -93,8 +93,8 @@ def test_bench_batch_in_exact_mode_equals_single_request_greedy_on_an_emulated_g
         result = bench_batch(
             model, PROMPTS, 2, ["oracle:0.8"], "fixed:3", 8, single=single, warmup=False, verify=verify
         )
-        summaries[verify] = {(s["engine"], s["reference"]): s["identical"] for s in result["divergence_summary"]}
-        assert {r["verify"] for r in result["rows"] if r["engine"] != "mlx-lm"} == {verify}
+        summaries[verify] = {(s.engine, s.reference): s.identical for s in result.divergence_summary}
+        assert {r.verify for r in result.rows if r.engine != "mlx-lm"} == {verify}
     assert summaries["exact"][("plain", "single")] == summaries["exact"][("oracle:0.8/fixed:3", "single")] == 1.0
     assert summaries["fast"][("plain", "single")] < 1.0  # the emulated GPU has teeth
 
@@ -105,8 +105,8 @@ def test_bench_batch_on_spec_bench_questions():
     questions = questions_from(SPEC_BENCH, None, 1)[:3]
     prompts = [render_prompt(tokenizer, q.turns[0])[:48] for q in questions]
     result = bench_batch(model, prompts, 2, ["lookup"], "fixed:3", max_tokens=6, tokenizer=tokenizer, warmup=False)
-    speculative = result["rows"][1]
-    assert speculative["engine"] == "lookup/fixed:3" and speculative["identical_to_plain"] == 1.0
+    speculative = result.rows[1]
+    assert speculative.engine == "lookup/fixed:3" and speculative.identical_to_plain == 1.0
 
 
 def test_a_loaded_models_shipped_draft_model_is_found_without_its_name(monkeypatch):
@@ -123,8 +123,8 @@ def test_a_loaded_models_shipped_draft_model_is_found_without_its_name(monkeypat
 
     monkeypatch.setattr(drafters, "shipped_draft_model", shipped_for_tiny)
     result = bench_batch(model, PROMPTS, 2, ["draft-model"], "fixed:2", max_tokens=4, warmup=False)
-    assert [r["engine"] for r in result["rows"]][:2] == ["plain", "draft-model/fixed:2"]
-    assert result["rows"][1]["identical_to_plain"] == 1.0
+    assert [r.engine for r in result.rows][:2] == ["plain", "draft-model/fixed:2"]
+    assert result.rows[1].identical_to_plain == 1.0
 
 
 def _embedded_model():

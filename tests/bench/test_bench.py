@@ -173,12 +173,12 @@ def test_bench_prompts_tiny(tmp_path):
     assert names[:4] == ["mlx-lm", "mlx-lm draft/fixed:2", "specbench", "draft-model/fixed:2"] and len(names) == 8
     runs = result.runs
     # 3 prompts (a two-turn question and a one-turn one) x 8 methods x 2 repeats, all equal to plain greedy
-    assert len(runs) == 3 * 8 * 2 and all(r["equal"] for r in runs)
-    reference = {(r["question_key"], r["turn"]): r["tokens"] for r in runs if r["method"] == "mlx-lm"}
+    assert len(runs) == 3 * 8 * 2 and all(r.equal for r in runs)
+    reference = {(r.question_key, r.turn): r.tokens for r in runs if r.method == "mlx-lm"}
     assert len(reference) == 3
     # turn 2's prompt is the chat history with mlx-lm's own answer to turn 1
-    turn1 = next(r for r in runs if r["method"] == "mlx-lm" and r["category"] == "multi_turn" and r["turn"] == 0)
-    answer = [t for t in turn1["tokens"] if t != 1]
+    turn1 = next(r for r in runs if r.method == "mlx-lm" and r.category == "multi_turn" and r.turn == 0)
+    answer = [t for t in turn1.tokens if t != 1]
     expected = render_prompt(
         tokenizer,
         [
@@ -187,14 +187,14 @@ def test_bench_prompts_tiny(tmp_path):
             {"role": "user", "content": "w10 w11 w12"},
         ],
     )
-    turn2 = next(r for r in runs if r["method"] == "specbench" and r["turn"] == 1)
-    assert turn2["prompt_tokens"] == len(expected) > turn1["prompt_tokens"] + len(answer)
+    turn2 = next(r for r in runs if r.method == "specbench" and r.turn == 1)
+    assert turn2.prompt_tokens == len(expected) > turn1.prompt_tokens + len(answer)
     for r in runs:
-        assert sum(r["pos_accepted"]) == r["accepted"] and sum(r["pos_drafted"]) == r["drafted"]
-        assert all(a >= b for a, b in zip(r["pos_accepted"], r["pos_accepted"][1:]))
+        assert sum(r.pos_accepted) == r.accepted and sum(r.pos_drafted) == r.drafted
+        assert all(a >= b for a, b in zip(r.pos_accepted, r.pos_accepted[1:]))
     # the repeated paragraph is found by lookup (every draft it makes is a real match)
-    lookup = [r for r in runs if r["drafter"] == "lookup"]
-    assert sum(r["drafted"] for r in lookup) > 0
+    lookup = [r for r in runs if r.drafter == "lookup"]
+    assert sum(r.drafted for r in lookup) > 0
 
     summary = {(r["method"], r["category"]): r for r in result.summary()}
     assert set(c for _, c in summary) == {"multi_turn", "repeated_paragraph", "overall"}
@@ -205,18 +205,18 @@ def test_bench_prompts_tiny(tmp_path):
         prompts = {"overall": 3, "repeated_paragraph": 1}.get(category, 2)
         assert row["equal"] == row["total"] == prompts
         assert row["speedup_min"] <= row["speedup_max"]
-        mine = [r for r in runs if r["method"] == name and category in ("overall", r["category"])]
-        drafted, accepted = sum(r["drafted"] for r in mine), sum(r["accepted"] for r in mine)
+        mine = [r for r in runs if r.method == name and category in ("overall", r.category)]
+        drafted, accepted = sum(r.drafted for r in mine), sum(r.accepted for r in mine)
         if drafted:
             assert row["acceptance_rate"] == pytest.approx(accepted / drafted)
-            decode = sum(r["new_tokens"] - (r["drafter"] != "draft-model" or r["engine"] != "mlx-lm") for r in mine)
-            assert row["mean_accepted_tokens"] == pytest.approx(decode / sum(r["forwards"] for r in mine))
+            decode = sum(r.new_tokens - (r.drafter != "draft-model" or r.engine != "mlx-lm") for r in mine)
+            assert row["mean_accepted_tokens"] == pytest.approx(decode / sum(r.forwards for r in mine))
             assert row["position_acceptance"][0] == pytest.approx(
-                sum(r["pos_accepted"][0] for r in mine if r["pos_accepted"]) / sum(r["verifies"] for r in mine)
+                sum(r.pos_accepted[0] for r in mine if r.pos_accepted) / sum(r.verifies for r in mine)
             )
 
     saved = pl.read_parquet(tmp_path / PROMPT_RUNS_FILE)
-    assert saved.height == len(runs) and saved["tokens"].to_list() == [r["tokens"] for r in runs]
+    assert saved.height == len(runs) and saved["tokens"].to_list() == [r.tokens for r in runs]
     assert pl.read_parquet(tmp_path / PROMPT_SUMMARY_FILE).height == len(summary)
     table = (tmp_path / PROMPT_TABLE_FILE).read_text()
     assert "| lookup/fixed:3 |" in table and "tiny-llama" in table
@@ -229,7 +229,7 @@ def test_bench_prompts_tiny(tmp_path):
     # a second run in the same folder resumes: nothing left to run
     again = bench_prompts(model, tokenizer, tiny_questions(), **settings)
     assert "resuming: 2 questions already done" in "\n".join(messages)
-    assert again.runs == pl.read_parquet(tmp_path / PROMPT_RUNS_FILE).to_dicts()
+    assert [r.row() for r in again.runs] == pl.read_parquet(tmp_path / PROMPT_RUNS_FILE).to_dicts()
     with pytest.raises(ValueError, match="another benchmark configuration"):
         bench_prompts(
             model, tokenizer, tiny_questions(), drafters=("lookup",), max_tokens=20, out=tmp_path, progress=None
@@ -248,11 +248,11 @@ def test_bench_prompts_interrupted_run_resumes(tmp_path):
         progress=None,
     )
     first = bench_prompts(model, tokenizer, questions[:1], **kwargs)
-    done = {r["question_key"] for r in first.runs}
+    done = {r.question_key for r in first.runs}
     full = bench_prompts(model, tokenizer, questions, **kwargs)
-    assert {r["question_key"] for r in full.runs} > done
+    assert {r.question_key for r in full.runs} > done
     assert full.runs[: len(first.runs)] == first.runs
-    assert len(full.runs) == 3 * 3 and all(r["equal"] for r in full.runs)
+    assert len(full.runs) == 3 * 3 and all(r.equal for r in full.runs)
 
 
 def test_a_damaged_folder_being_resumed_names_its_file(tmp_path):
@@ -331,7 +331,7 @@ def test_bench_prompts_on_the_embedded_model(tmp_path):
         progress=None,
     )
     summary = {(r["method"], r["category"]): r for r in result.summary()}
-    assert all(r["equal"] for r in result.runs)
+    assert all(r.equal for r in result.runs)
     assert summary[("lookup/fixed:4/fast", "overall")]["equal"] == 1
     assert summary[("specbench", "overall")]["equal"] == 1
     # the model repeats the paragraph: prompt lookup drafts it and most drafts are accepted

@@ -17,12 +17,11 @@ from specbench.bench.compare import (
     UNRESOLVED,
     check_same_tokenizer,
     compare,
-    load_run,
     run_models,
     verdict,
 )
-from specbench.bench.prompt_bench import PromptBench
-from specbench.bench.prompt_runs import prompt_methods
+from specbench.bench.prompt_bench import PromptBench, load_prompt_bench
+from specbench.bench.prompt_runs import PromptRun, prompt_methods
 from specbench.cli import main
 from specbench.common.identity import device_name, versions
 from specbench.core.policies import DraftPolicy
@@ -69,7 +68,11 @@ def _run(accepted_by_question: list[list[int]], seconds: float = 1.0, **info) ->
         category = "qa" if q % 2 else "translation"
         rows.append(_row(q, "mlx-lm", [], 2.0, category))
         rows.append(_row(q, "lookup/fixed:3", accepted, seconds, category))
-    return PromptBench(rows, METHODS, {"model": "m", "max_tokens": 12, "tokenizer": "t1", "vocab": 97, **info})
+    return PromptBench(
+        [PromptRun.from_row(r) for r in rows],
+        METHODS,
+        {"model": "m", "max_tokens": 12, "tokenizer": "t1", "vocab": 97, **info},
+    )
 
 
 def test_verdicts_are_symmetric_and_say_when_there_is_no_interval():
@@ -127,7 +130,7 @@ def test_mismatched_runs_are_one_line_naming_the_mismatch():
         compare(base, other_vocab, a_name="A", b_name="B")
     # runs recorded without a tokenizer's id: the same prompt's token count tells
     older = _run([[1, 2, 3]] * 6, tokenizer="")
-    older.runs[0] = {**older.runs[0], "prompt_tokens": 25}
+    older.runs[0] = dataclasses.replace(older.runs[0], prompt_tokens=25)
     with pytest.raises(ValueError, match="tokenize the same prompt differently \\(question 0: 20 and 25 tokens\\)"):
         compare(base, older, a_name="A", b_name="B")
     longer = _run([[1, 2, 3]] * 6, max_tokens=64)
@@ -177,7 +180,7 @@ def test_two_tiny_models_run_and_compared_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "acceptance at 1" in printed and "Verdict:" in printed and "tokens per verification" in printed
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG" and (out / "compare.md").is_file()
-    assert load_run(recorded[0]).info["model_key"] == runs[0].info["model_key"]
+    assert load_prompt_bench(recorded[0]).info["model_key"] == runs[0].info["model_key"]
 
 
 def test_the_cli_refuses_a_run_against_a_model_and_different_tokenizers_in_one_line(tmp_path, capsys):

@@ -3,11 +3,13 @@ ratio over prompts."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from specbench.bench import paired
-from specbench.bench.prompt_runs import Method
+from specbench.bench.prompt_runs import Method, PromptRun
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs
 
 
@@ -38,28 +40,21 @@ def test_ratio_interval_over_prompts():
         paired.ratio_interval(base, same[:-1])
 
 
-def _run(method: str, prompt: int, seconds: float) -> dict:
+def _run(method: str, prompt: int, seconds: float) -> PromptRun:
     """One prompt-bench run row as the summary reads it (greedy, nothing drafted)."""
-    return {
-        "method": method,
-        "category": "qa",
-        "question_key": f"q{prompt}",
-        "turn": 0,
-        "repeat": 0,
-        "new_tokens": 100,
-        "wall_s": seconds,
-        "first_token_s": 0.01,
-        "verify": "exact",
-        "drafter": "none" if method == "mlx-lm" else "lookup",
-        "engine": "mlx-lm" if method == "mlx-lm" else "specbench",
-        "forwards": 99,
-        "drafted": 0,
-        "accepted": 0,
-        "verifies": 0,
-        "pos_drafted": [],
-        "pos_accepted": [],
-        "equal": True,
-    }
+    return PromptRun(
+        method=method,
+        category="qa",
+        question_key=f"q{prompt}",
+        new_tokens=100,
+        wall_s=seconds,
+        first_token_s=0.01,
+        verify="exact",
+        drafter="none" if method == "mlx-lm" else "lookup",
+        engine="mlx-lm" if method == "mlx-lm" else "specbench",
+        forwards=99,
+        equal=True,
+    )
 
 
 def test_bench_summary_gives_each_speedup_its_interval_over_prompts():
@@ -170,13 +165,13 @@ def test_bench_interval_resamples_whole_conversations():
     questions give none."""
     methods = [Method("mlx-lm", "mlx-lm"), Method("lookup", "specbench", "lookup")]
 
-    def runs(questions: int, turns: int) -> list[dict]:
+    def runs(questions: int, turns: int) -> list[PromptRun]:
         out = []
         for q in range(questions):
             for t in range(turns):
                 factor = 1.2 if q % 2 else 1.6
-                out.append({**_run("mlx-lm", q, 1.0), "turn": t, "question_key": f"q{q}"})
-                out.append({**_run("lookup", q, 1.0 / factor), "turn": t, "question_key": f"q{q}"})
+                out.append(replace(_run("mlx-lm", q, 1.0), turn=t))
+                out.append(replace(_run("lookup", q, 1.0 / factor), turn=t))
         return out
 
     def row(questions: int, turns: int) -> dict:

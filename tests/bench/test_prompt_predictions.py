@@ -13,6 +13,7 @@ from conftest import build_tiny, save_tiny_model, tokenizer_words, word_tokenize
 import specbench.cost as cost
 from specbench.bench.predictions import drafting_cost
 from specbench.bench.prompt_bench import PROMPT_RUNS_FILE, PROMPT_SUMMARY_FILE, bench_prompts, load_prompt_bench
+from specbench.bench.prompt_runs import PromptRun
 from specbench.common.identity import device_name, model_key, versions
 from specbench.core.log import StepLog
 from specbench.core.policies import DraftPolicy
@@ -84,19 +85,19 @@ def test_speculative_methods_are_predicted_from_the_stored_profile_and_resume_ke
 
     # the one-prompt category: the predictor on that run's kept steps, d from its drafting over the plain run's
     # seconds per decoded token, and the measured decode speedup over that plain run
-    def run(method: str) -> dict:
-        return next(r for r in result.runs if r["method"] == method and r["category"] == "repeated_paragraph")
+    def run(method: str) -> PromptRun:
+        return next(r for r in result.runs if r.method == method and r.category == "repeated_paragraph")
 
     spec, plain = run(METHOD), run("specbench")
-    records = StepLog.from_rows(spec["steps"]).records
+    records = StepLog.from_rows(spec.steps).records
     assert [r.kind for r in records][0] == "prefill" and any(r.kind == "verify" for r in records)
-    plain_s, plain_tokens = plain["wall_s"] - plain["first_token_s"], plain["new_tokens"] - 1
+    plain_s, plain_tokens = plain.wall_s - plain.first_token_s, plain.new_tokens - 1
     d = drafting_cost(records, plain_s / plain_tokens)
-    expected = predicted_speedup(records, profile, d, spec["prompt_tokens"], "fast")
+    expected = predicted_speedup(records, profile, d, spec.prompt_tokens, "fast")
     row = summary[(METHOD, "repeated_paragraph")]
     assert row["predicted_speedup"] == pytest.approx(expected)
     assert row["d"] == pytest.approx(d)
-    measured = (plain_s / plain_tokens) / ((spec["wall_s"] - spec["first_token_s"]) / (spec["new_tokens"] - 1))
+    measured = (plain_s / plain_tokens) / ((spec.wall_s - spec.first_token_s) / (spec.new_tokens - 1))
     assert row["plain_speedup"] == pytest.approx(measured)
     assert row["mean_abs_residual"] == pytest.approx(abs(measured / expected - 1))
 

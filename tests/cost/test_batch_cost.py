@@ -176,23 +176,23 @@ def test_batch_bench_agrees_with_mlx_lm():
     model = build_tiny("llama")
     prompts = [[5, 17, 3, 9, 5, 17, 3, 9][:n] for n in (3, 8, 5)]
     result = bench_batch(model, prompts, 2, ["lookup", "suffix"], "fixed:3", max_tokens=8, warmup=False)
-    rows = {r["engine"]: r for r in result["rows"]}
+    rows = {r.engine: r for r in result.rows}
     assert list(rows) == ["plain", "lookup/fixed:3", "suffix/fixed:3", "mlx-lm"]
-    assert all(r["tokens"] == 24 for r in rows.values())
+    assert all(r.tokens == 24 for r in rows.values())
     for name in ("lookup/fixed:3", "suffix/fixed:3"):
         row = rows[name]
-        assert row["identical_to_plain"] == 1.0 and row["identical_to_mlx_lm"] == 1.0
-        assert row["speedup_vs_plain"] > 0 and row["kind"] == "speculative"
-    assert rows["plain"]["identical_to_mlx_lm"] == 1.0
-    summary = result["divergence_summary"]
-    assert {(s["engine"], s["reference"]) for s in summary} == {
+        assert row.identical_to_plain == 1.0 and row.identical_to_mlx_lm == 1.0
+        assert row.speedup_vs_plain > 0 and row.kind == "speculative"
+    assert rows["plain"].identical_to_mlx_lm == 1.0
+    summary = result.divergence_summary
+    assert {(s.engine, s.reference) for s in summary} == {
         ("plain", "mlx-lm"),
         ("lookup/fixed:3", "mlx-lm"),
         ("suffix/fixed:3", "mlx-lm"),
         ("lookup/fixed:3", "plain"),
         ("suffix/fixed:3", "plain"),
     }
-    assert all(s["identical"] == 1.0 and s["min_first_divergence"] is None for s in summary)
+    assert all(s.identical == 1.0 and s.min_first_divergence is None for s in summary)
 
 
 def test_break_even_rows_and_the_lowest_per_batch_size():
@@ -213,11 +213,11 @@ def test_batch_bench_prints_each_speedup_beside_its_prediction():
     prompts = [[5, 17, 3, 9, 5, 17, 3, 9][:n] for n in (3, 8)]
     profile = made_profile()
     result = bench_batch(model, prompts, 2, ["lookup"], "fixed:3", max_tokens=8, warmup=False, profile=profile)
-    row = next(r for r in result["rows"] if r["engine"] == "lookup/fixed:3")
-    assert row["predicted_vs_plain"] > 0
-    assert row["residual"] == pytest.approx(row["speedup_vs_plain"] / row["predicted_vs_plain"] - 1)
-    assert "residual" not in next(r for r in result["rows"] if r["engine"] == "plain")
-    assert f"predicted {row['predicted_vs_plain']:.2f}x" in format_batch_bench(result)
+    row = next(r for r in result.rows if r.engine == "lookup/fixed:3")
+    assert row.predicted_vs_plain > 0
+    assert row.residual == pytest.approx(row.speedup_vs_plain / row.predicted_vs_plain - 1)
+    assert next(r for r in result.rows if r.engine == "plain").residual is None
+    assert f"predicted {row.predicted_vs_plain:.2f}x" in format_batch_bench(result)
 
 
 def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 import specbench.cost as cost
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
 from specbench.cli import main
+from specbench.common.identity import device_name, versions
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.policies import Plain, Speculate
 from specbench.cost.breakeven import BreakEven
@@ -33,8 +34,8 @@ def flipping_profile(short: int = 64, long: int = 1024) -> cost.Profile:
     return cost.Profile(
         model="m",
         name="m",
-        device=cost.device_name(),
-        versions=cost.versions(),
+        device=device_name(),
+        versions=versions(),
         plain_step_s=0.01,
         widths={"fast": widths},
         costs={"fast": CHEAP},

@@ -15,7 +15,7 @@ from specbench import DraftPolicy, GenerateOptions, StepRecord, generate, specul
 from specbench.cli import main
 from specbench.common import identity
 from specbench.common.files import DamagedFileWarning
-from specbench.common.identity import kernel_key
+from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.experts import ExpertCounter
 from specbench.cost.breakeven import BreakEven
 from specbench.cost.caches import CacheRestore, prefill
@@ -48,8 +48,8 @@ def make_profile(costs, overhead=0.0, name="m", drafters=None) -> cost.Profile:
     return cost.Profile(
         model=name,
         name=name,
-        device=cost.device_name(),
-        versions=cost.versions(),
+        device=device_name(),
+        versions=versions(),
         plain_step_s=0.01,
         widths={"fast": widths},
         costs={"fast": list(costs)},
@@ -117,7 +117,7 @@ def test_measure_save_load(dense, home):
         assert mode in profile.overhead
     assert profile.name == "synthetic:qwen3-8b-tiny-fp32" and profile.offset == 16 and profile.repeats == 2
     path = cost.save_profile(profile)
-    assert path.parent == home / "profiles" and json.loads(path.read_text())["model"] == cost.model_key(dense)
+    assert path.parent == home / "profiles" and json.loads(path.read_text())["model"] == model_key(dense)
     loaded = cost.load_profile(dense)
     assert loaded.costs == profile.costs and loaded.overhead == profile.overhead
     frame = cost.load_profiles()
@@ -163,7 +163,7 @@ def test_damaged_profile_file(home):
 
 def test_profile_for_measures_anew_over_a_damaged_profile(home):
     model = synthetic.build("qwen3-8b-tiny", seed=5)  # a fresh object: nothing in memory for it
-    path = cost.profile_path(cost.model_key(model), cost.device_name(), cost.versions())
+    path = cost.profile_path(model_key(model), device_name(), versions())
     path.parent.mkdir(parents=True)
     path.write_text('{"model": "x", ')
     said = []
@@ -174,14 +174,14 @@ def test_profile_for_measures_anew_over_a_damaged_profile(home):
 
 
 def test_profiles_are_keyed_by_the_blas_library(dense, monkeypatch):
-    profile = make_profile([1.0, 1.5], name=cost.model_key(dense))
+    profile = make_profile([1.0, 1.5], name=model_key(dense))
     assert profile.kernels == kernel_key() and profile.key["kernels"] == kernel_key()
     path = cost.save_profile(profile)
     assert cost.load_profile(dense).kernels == kernel_key()
     monkeypatch.setattr(identity, "blas_in_use", lambda: "OtherBLAS 9.9, 3 threads")
     monkeypatch.setattr(identity.mx, "default_device", lambda: mx.Device(mx.cpu))
     assert cost.load_profile(dense) is None  # taken under another BLAS: not reused
-    other = make_profile([1.0, 1.9], name=cost.model_key(dense))
+    other = make_profile([1.0, 1.9], name=model_key(dense))
     assert "OtherBLAS 9.9" in other.kernels and cost.save_profile(other) != path
     assert cost.load_profile(dense).costs == other.costs
     assert set(cost.load_profiles()["kernels"]) == {profile.kernels, other.kernels}
@@ -206,8 +206,8 @@ def test_measure_hybrid_restores_recurrent_cache():
 
 def test_model_key_follows_shapes_not_values():
     a, b = synthetic.build("qwen3-8b-tiny", seed=0), synthetic.build("qwen3-8b-tiny", seed=1)
-    assert cost.model_key(a) == cost.model_key(b)
-    assert cost.model_key(a) != cost.model_key(synthetic.build("qwen3-8b-tiny", bits=4, dtype="float32"))
+    assert model_key(a) == model_key(b)
+    assert model_key(a) != model_key(synthetic.build("qwen3-8b-tiny", bits=4, dtype="float32"))
 
 
 def _store_profile(dense):
@@ -215,7 +215,7 @@ def _store_profile(dense):
     stored = make_profile(
         [1.0, 1.2, 1.5, 1.7, 1.9, 2.0],
         overhead=0.1,
-        name=cost.model_key(dense),
+        name=model_key(dense),
         drafters={"lookup": {"k": 4, "d": 0.05, "draft_s": 0.0005}},
     )
     cost.save_profile(stored)
@@ -358,7 +358,7 @@ def test_oracle_rejects_bad_input():
 
 
 def test_speedup_grid_rows(dense):
-    profile = make_profile([1.0, 1.1, 1.2, 1.3, 1.4], name=cost.model_key(dense))
+    profile = make_profile([1.0, 1.1, 1.2, 1.3, 1.4], name=model_key(dense))
     rows = cost.speedup_grid(dense, profile, acceptances=(0.0, 1.0), ks=(1, 3), prompt_len=16, max_tokens=20)
     assert [(r["a"], r["k"]) for r in rows] == [(0.0, 1), (1.0, 1), (0.0, 3), (1.0, 3)]
     for r in rows:
@@ -393,7 +393,7 @@ def test_speedup_grid_refuses_a_bad_cell_before_any_model_work(dense, acceptance
         pytest.fail("the grid began model work before checking its cells")
 
     monkeypatch.setattr(grid_module, "verifier_for", fail)
-    profile = make_profile([1.0, 1.1, 1.2], name=cost.model_key(dense))
+    profile = make_profile([1.0, 1.1, 1.2], name=model_key(dense))
     with pytest.raises(ValueError, match=message):
         cost.speedup_grid(dense, profile, acceptances=acceptances, ks=ks, prompt_len=8, max_tokens=8)
 
@@ -422,7 +422,7 @@ def test_predicted_speedup_for_the_steps_a_run_took():
 
 def test_planning_on_a_stored_profile_names_its_file(dense):
     """A profile that passes the checks but lacks a verify mode: the planning error names the stored file."""
-    path = cost.save_profile(make_profile([1.0, 1.2, 1.5], name=cost.model_key(dense)))
+    path = cost.save_profile(make_profile([1.0, 1.2, 1.5], name=model_key(dense)))
     profile = cost.load_profile(dense)
     assert profile.source == str(path) and "source" not in profile.to_dict()
     with pytest.raises(ValueError, match=f"stored in {path} has no 'exact' verify costs"):
