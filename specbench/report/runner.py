@@ -384,7 +384,8 @@ def run_report(
         source = {**(notebook_parameters(page) if page.is_file() else {}), **PROFILES[profile].get(source_name, {})}
         source.update(resolved.get(source_name, {}))
         say = (lambda line: print(f"[cost model] {line}", file=sys.stderr, flush=True)) if progress else None
-        models = cost_models.prepare(out, cost_models.models_of(resolved), cost_models.protocol_of(source), say)
+        protocol, contexts = cost_models.protocol_of(source), cost_models.contexts_of(resolved)
+        models = cost_models.prepare(out, cost_models.models_of(resolved), protocol, say, contexts)
         expected = cost_models.scaled(expected, resolved, models, say)
     expected = notebooks_here(expected, to_run)  # under mlx.launch: this rank's share (rank 0's folder decides)
     names = list(expected)
