@@ -348,8 +348,8 @@ def calibrate_over_ranks(
         return calibrate(model, list(widths), lengths=lengths, progress=progress)
     ws = distributed.broadcast(uncovered(model, widths, lengths))
     mine = [ws[i] for i in distributed.my_share([float(w) for w in ws])]
-    found = calibrate(model, mine, lengths=lengths, progress=progress) if mine else None
-    shares = distributed.gather_outcomes(lambda: {str(w): found.to_json()["widths"][str(w)] for w in mine})
+    found = calibrate(model, mine, lengths=lengths, progress=progress).to_json()["widths"] if mine else {}
+    shares = distributed.gather_outcomes(lambda: {str(w): found[str(w)] for w in mine})
     if not ws:
         return load_calibration(model) or calibrate(model, list(widths), lengths=lengths, progress=progress)
     key = calibration_key(model)

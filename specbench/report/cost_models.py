@@ -51,7 +51,7 @@ def contexts_of(resolved: dict[str, dict[str, Any]]) -> list[int]:
     found = set()
     for parameters in resolved.values():
         prompt, tokens = parameters.get("max_prompt_tokens"), parameters.get("max_tokens")
-        if all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (prompt, tokens)):
+        if type(prompt) is int and type(tokens) is int and min(prompt, tokens) > 0:  # a bool is no length
             found.add(prompt + tokens)
     return sorted(found, reverse=True)
 
