@@ -334,6 +334,33 @@ def calibrate(
     return calibration
 
 
+def calibrate_over_ranks(
+    model: nn.Module,
+    widths: Sequence[int],
+    lengths: Sequence[int],
+    progress: Callable[[str], None] | None = None,
+) -> Calibration:
+    """``calibrate(model, widths, lengths)`` with the widths still uncovered (rank 0's store decides) spread over the
+    ranks of a launch (each a share of about equal cost: a width costs about its width), every rank then holding
+    every rank's levels, in memory and in its store; ``calibrate`` itself in a world of one or for a sharded model
+    (whose ranks calibrate together)."""
+    if distributed.size() == 1 or distributed.is_sharded(model):
+        return calibrate(model, list(widths), lengths=lengths, progress=progress)
+    ws = distributed.broadcast(uncovered(model, widths, lengths))
+    mine = [ws[i] for i in distributed.my_share([float(w) for w in ws])]
+    found = calibrate(model, mine, lengths=lengths, progress=progress).to_json()["widths"] if mine else {}
+    shares = distributed.gather_outcomes(lambda: {str(w): found[str(w)] for w in mine})
+    if not ws:
+        return load_calibration(model) or calibrate(model, list(widths), lengths=lengths, progress=progress)
+    key = calibration_key(model)
+    calibration = load_calibration(model) or Calibration(key, device_name(), {**versions(), **cuda_libraries()})
+    for share in shares:
+        calibration.widths.update(Calibration.from_json({"key": key, "device": "", "widths": share}).widths)
+    _calibrations[key] = calibration
+    _save(calibration)
+    return calibration
+
+
 def _fitting(model: nn.Module, lengths: Sequence[int] | None, widest: int) -> list[int]:
     """``lengths`` (default ``lengths_for(DEFAULT_CONTEXT)``) checked, sorted, without those whose verification of
     ``widest`` rows would not fit in the model's context (the shortest kept where none would)."""

@@ -10,7 +10,7 @@ was measured, how long it took, under what load, and whether it is noisy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,23 +44,61 @@ def models_of(resolved: dict[str, dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(n for n in names if isinstance(n, str) and n))
 
 
+def contexts_of(resolved: dict[str, dict[str, Any]]) -> list[int]:
+    """The longest contexts the report's pages' generations reach where their parameters bound them (a prompt of at
+    most ``max_prompt_tokens`` and ``max_tokens`` more), longest first: exact verification is calibrated up to them
+    once, before the pages (``prepare``), not by the page that first reaches them."""
+    found = set()
+    for parameters in resolved.values():
+        prompt, tokens = parameters.get("max_prompt_tokens"), parameters.get("max_tokens")
+        if type(prompt) is int and type(tokens) is int and min(prompt, tokens) > 0:  # a bool is no length
+            found.add(prompt + tokens)
+    return sorted(found, reverse=True)
+
+
+def calibration_lengths(model: Any, protocol: Protocol, contexts: Sequence[int] = ()) -> list[int]:
+    """The cache lengths exact verification is calibrated at for the report: those the cost model's own measurement
+    reaches (``protocol``: its longest context and widest verification) and those of every page's ``contexts``."""
+    from specbench.core.forward import context_length
+    from specbench.exact.calibration import lengths_for
+
+    limit = context_length(model)
+    longest = max([protocol.offset, *protocol.lengths]) + protocol.widths
+    return sorted({n for c in [longest, *contexts] for n in lengths_for(c, limit)})
+
+
 def prepare(
-    out: Path, models: list[str], protocol: Protocol, progress: Callable[[str], None] | None = None
+    out: Path,
+    models: list[str],
+    protocol: Protocol,
+    progress: Callable[[str], None] | None = None,
+    contexts: Sequence[int] = (),
 ) -> dict[str, Profile]:
     """The cost model of each of ``models`` by ``protocol``, measured or read on rank 0 and stored on every rank,
-    and named in ``out/cost_model.json``. A model that cannot be loaded is left out (its pages say why)."""
+    and named in ``out/cost_model.json``. A model that cannot be loaded is left out (its pages say why). Before it,
+    in exact mode, the widths it verifies are calibrated once for every page (``calibration_lengths`` of
+    ``contexts``), spread over the ranks (``calibrate_over_ranks``): no page calibrates them again mid-run, and the
+    cost model is measured with the levels the pages run."""
+    from specbench.exact.calibration import calibrate_over_ranks
     from specbench.models.load import load
 
-    found: dict[str, dict[str, Any]] = {}
+    loaded: dict[str, Any] = {}
     if distributed.is_main():
         for name in models:
             try:
-                model, _ = load(name)
+                loaded[name], _ = load(name)
             except (FileNotFoundError, ValueError) as err:
                 if progress is not None:
                     progress(f"cost model of {name}: not measured ({err})")
-                continue
+    found: dict[str, dict[str, Any]] = {}
+    for name in distributed.broadcast(list(loaded)):  # the models rank 0 could load, on every rank
+        model = loaded.pop(name) if name in loaded else load(name)[0]
+        if "exact" in protocol.verify:
+            lengths = calibration_lengths(model, protocol, contexts)
+            calibrate_over_ranks(model, range(2, protocol.widths + 1), lengths, progress)
+        if distributed.is_main():
             found[name] = cost_model(model, protocol, progress).to_dict()
+        del model
     found = distributed.broadcast(found)
     profiles = {name: check_profile(data) for name, data in found.items()}
     for profile in profiles.values():  # ranks on other hosts: each reads its own store

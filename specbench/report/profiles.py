@@ -127,7 +127,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         },
         "break_even": {
             # the MoE: SmolLM2's layers with 16 experts, top-4 (random weights), 8 of its 30 layers (the CPU's
-            # gather_mm makes its steps slow); its grid is left out
+            # gather_mm makes its steps slow); its grid measured too (the dense-vs-MoE contrast on this machine)
             "dense_model": _EMBEDDED,
             "moe_model": "synthetic:smollm2-135m-16e-fp32",
             "moe_layers": 8,
@@ -144,7 +144,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "draft_lengths": [2, 4],
             "grid_max_tokens": 16,
             "grid_prompt_tokens": 16,
-            "grid_moe": False,
+            "grid_moe": True,
         },
         "agent_traces": {
             # a fixed draft length: on this CPU auto finds that drafting does not pay and never drafts; the MTP
@@ -218,21 +218,23 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         "compare": 15,
     },
     "full": {
-        # CPU seconds (its process and kernel) in one `specbench report --profile full --ranks 2` on 2026-12-03 at
-        # load 1-2, one BLAS thread per rank: about the wall time of a rank
-        "quickstart": 69,
-        # 460 s in a fresh-clone `make report` of 2026-12-07 at 151de2d (2 ranks, load 0.8-2.3): the answer's 6
-        # pairs a cell, exact calibration of the prompts' cache lengths, then the sequential rule's rounds (120 s)
-        "draft_length_sweep": 460,
-        "break_even": 175,  # 157 with two context lengths
-        "agent_traces": 31,
-        "sampling": 48,  # its greedy cell is the sweep's
-        "explorer": 9,  # replays the sweep's recorded outputs: no model runs
-        "batch_break_even": 13,  # tiny synthetic shapes in both profiles (the notebook's defaults)
-        "simulate_logs": 16,  # the bundled traces, tokenized only: no model runs
-        "tree_vs_path": 17,  # the traces' recorded replies (source "replies"): no model runs
-        "acceptance_rules": 97,
-        "policies": 70,
+        # CPU seconds (its process and kernel) in one `specbench report --profile full --ranks 2` on 2026-12-07 (load
+        # 5.5-6.3: others' jobs on the 2 cores, so the walls were about twice these; at load <= 2 a rank's wall is
+        # about its CPU seconds), one BLAS thread per rank, exact verification calibrated once before the pages
+        "quickstart": 36,
+        # the answer's 6 pairs a cell, then the sequential rule's rounds (120 s of wall at most): 314 CPU s with the
+        # one round (18 runs) that load 6 left room for, ~31 more for the second round (12 runs) load <= 2 fits; no
+        # calibration of its own any more (453 CPU s at 151de2d, ~130 of them calibrating widths 2-9 again at 511)
+        "draft_length_sweep": 345,
+        "break_even": 142,  # the MoE's cost model (its calibration ~60 s) and both grids
+        "agent_traces": 20,
+        "sampling": 42,  # its greedy cell is the sweep's
+        "explorer": 4,  # replays the sweep's recorded outputs: no model runs
+        "batch_break_even": 10,  # tiny synthetic shapes in both profiles (the notebook's defaults)
+        "simulate_logs": 7,  # the bundled traces, tokenized only: no model runs
+        "tree_vs_path": 7,  # the traces' recorded replies (source "replies"): no model runs
+        "acceptance_rules": 52,
+        "policies": 40,
         # on request only (ON_REQUEST): its notebook's defaults, the three quantizations, 2,390 s on 2026-12-07 at
         # load 10 (others' jobs on the 2 cores); a report folder that holds its runs shows them again in seconds
         "compare": 2400,

@@ -1,7 +1,7 @@
 """Reports: the notebooks executed with papermill into reports/NAME/, with an index page.
 
 ``run_report`` executes each notebook of ``NOTEBOOKS`` with a profile's parameters (``quick``:
-tiny settings for CI; ``full``: the embedded model, about 13 CPU minutes, spread over local ranks
+tiny settings for CI; ``full``: the embedded model, about 11 CPU minutes, spread over local ranks
 by ``specbench report --ranks``) and writes, per notebook: the executed ``.ipynb``, its HTML (nbconvert), figures
 (PNG and SVG), per-step logs and tables (parquet), and ``status.json`` (written atomically when
 the notebook finishes or fails). A finished notebook is not run again unless forced, its
@@ -384,7 +384,8 @@ def run_report(
         source = {**(notebook_parameters(page) if page.is_file() else {}), **PROFILES[profile].get(source_name, {})}
         source.update(resolved.get(source_name, {}))
         say = (lambda line: print(f"[cost model] {line}", file=sys.stderr, flush=True)) if progress else None
-        models = cost_models.prepare(out, cost_models.models_of(resolved), cost_models.protocol_of(source), say)
+        protocol, contexts = cost_models.protocol_of(source), cost_models.contexts_of(resolved)
+        models = cost_models.prepare(out, cost_models.models_of(resolved), protocol, say, contexts)
         expected = cost_models.scaled(expected, resolved, models, say)
     expected = notebooks_here(expected, to_run)  # under mlx.launch: this rank's share (rank 0's folder decides)
     names = list(expected)

@@ -45,6 +45,33 @@ def test_one_measurement_stored_for_every_page_and_named_in_the_report(tmp_path)
     assert any("measuring the cost model" in line for line in said)
 
 
+def test_the_contexts_the_pages_reach_where_their_parameters_bound_them():
+    resolved = {
+        "sweep": {"max_prompt_tokens": 450, "max_tokens": 32},
+        "policies": {"max_prompt_tokens": 160, "max_tokens": 24},
+        "unbounded": {"max_prompt_tokens": 0, "max_tokens": 64},
+        "no_prompt": {"max_tokens": 16},
+    }
+    assert cost_models.contexts_of(resolved) == [482, 184]
+
+
+def test_exact_verification_calibrated_once_for_every_pages_context_before_the_cost_model(tmp_path, fresh_calibrations):
+    from specbench.exact.calibration import load_calibration, uncovered
+    from specbench.models.load import load
+
+    protocol = Protocol(widths=3, verify=("exact",), offset=16, repeats=2, plain_tokens=2)
+    said = []
+    cost_models.prepare(tmp_path, ["synthetic:qwen3-8b-tiny"], protocol, said.append, contexts=[300])
+    model, _ = load("synthetic:qwen3-8b-tiny")
+    lengths = cost_models.calibration_lengths(model, protocol, [300])
+    assert lengths == [32, 255, 511]  # the cost model's own context (16 + 3 rows: 255) and the page's (300 tokens)
+    stored = load_calibration(model)
+    assert sorted(stored.widths) == [2, 3] and all(stored.widths[w].lengths == lengths for w in (2, 3))
+    assert uncovered(model, [2, 3], [32, 255, 511]) == []  # a page reaching 300 tokens calibrates nothing more
+    assert sum(line.startswith("exact calibration ") for line in said) == 2  # widths 2 and 3, once
+    assert not any("calibrating exact verification" in line for line in said)  # the cost model's own: covered
+
+
 def _profile(plain_step_s: float) -> Profile:
     return Profile("m", "m", "cpu:test", {}, plain_step_s, {"fast": [1]}, {"fast": [1.0]}, {"fast": [plain_step_s]})
 
