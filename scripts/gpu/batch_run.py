@@ -40,7 +40,7 @@ from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import FAST
-from specbench.cost.batch import BatchProfile, lowest_break_even, measure_batch_overhead, measure_batch_profile
+from specbench.cost.batch import BatchProfile, measure_batch_overhead, measure_batch_profile
 from specbench.cost.batch_grid import batch_speedup_grid
 from specbench.exact import batch_verifier
 from specbench.models import synthetic
@@ -387,6 +387,15 @@ def batch_verdict(labels: Sequence[str], tables: dict[str, list[dict]], acceptan
         parts.append("lowest a*(k, B) over k: " + ", ".join(f"B={b} {a:.2f}" for b, a in lowest.items()))
         lines.append(f"{label}: " + "; ".join(parts))
     return lines
+
+
+def lowest_break_even(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """The lowest finite a*(k, B) over k per batch size (capped at 1) from ``break_even_rows``' rows."""
+    lowest: dict[int, float] = {}
+    for r in rows:
+        if np.isfinite(r["a_star"]):
+            lowest[r["batch_size"]] = min(lowest.get(r["batch_size"], 1.0), r["a_star"])
+    return dict(sorted(lowest.items()))
 
 
 def divergence_table(summary: Sequence[dict], tokens: int) -> list[str]:

@@ -372,13 +372,4 @@ def measure_batch_overhead(
     return profile
 
 
-def lowest_break_even(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
-    """The lowest finite a*(k, B) over k per batch size (capped at 1) from ``break_even_rows``' rows."""
-    lowest: dict[int, float] = {}
-    for r in rows:
-        if np.isfinite(r["a_star"]):
-            lowest[r["batch_size"]] = min(lowest.get(r["batch_size"], 1.0), r["a_star"])
-    return dict(sorted(lowest.items()))
-
-
-__all__ = ["BatchProfile", "lowest_break_even", "measure_batch_overhead", "measure_batch_profile"]
+__all__ = ["BatchProfile", "measure_batch_overhead", "measure_batch_profile"]

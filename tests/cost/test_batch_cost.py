@@ -13,7 +13,7 @@ import pytest
 from conftest import build_tiny
 
 from specbench.bench.batch_bench import bench_batch, format_batch_bench
-from specbench.cost.batch import BatchProfile, lowest_break_even, measure_batch_overhead, measure_batch_profile
+from specbench.cost.batch import BatchProfile, measure_batch_overhead, measure_batch_profile
 from specbench.cost.batch_grid import batch_speedup_grid
 from specbench.cost.breakeven import expected_tokens
 from specbench.cost.predict import noise_floor, predicted_batch_seconds
@@ -195,17 +195,13 @@ def test_batch_bench_agrees_with_mlx_lm():
     assert all(s.identical == 1.0 and s.min_first_divergence is None for s in summary)
 
 
-def test_break_even_rows_and_the_lowest_per_batch_size():
+def test_break_even_rows():
     p = made_profile()
     rows = p.break_even_rows(max_k=5)  # the profile holds c(1..4): k stops at 3
     assert {(r["batch_size"], r["k"]) for r in rows} == {(b, k) for b in (1, 4, 16) for k in (1, 2, 3)}
     for r in rows:
         expected = p.break_even_acceptance(r["batch_size"], max_k=3)[r["k"] - 1]
         assert r["a_star"] == pytest.approx(expected, nan_ok=True)
-    lowest = lowest_break_even([*rows, {"batch_size": 32, "k": 1, "a_star": math.nan}])
-    assert list(lowest) == [1, 4, 16]  # no finite a* at B = 32
-    assert lowest[1] == min(r["a_star"] for r in rows if r["batch_size"] == 1 and math.isfinite(r["a_star"]))
-    assert all(0.0 <= a <= 1.0 for a in lowest.values())
 
 
 def test_batch_bench_prints_each_speedup_beside_its_prediction():
