@@ -50,7 +50,7 @@ from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.verify import FAST, accept_greedy
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
-from specbench.cost.stand_ins import forward_with_stand_ins, record_forward
+from specbench.cost.stand_ins import ForwardTiming, forward_with_stand_ins, record_forward
 from specbench.cost.timing import rejected_drafts, seconds_per_token, time_verify
 
 #: The forward's components, in the order a stack draws them.
@@ -102,53 +102,72 @@ def forward_components(
     rollback = rollback_for(model, cache)
     sites, _ = record_forward(model, cache, tokens, restore, rollback)
     present = [c for c in FORWARD_PARTS if any(s.component == c for s in sites)]
-    variants: list[tuple[str, tuple[str, ...]]] = [("forward", ()), *((c, (c,)) for c in present)]
-    variants.append(("skeleton", tuple(present)))
-    phases: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
+    variants = {"forward": (), **{c: (c,) for c in present}, "skeleton": tuple(present)}
+    timings: dict[str, list[ForwardTiming]] = {name: [] for name in variants}
     readback: list[float] = []
     for r in range(1 + repeats):  # the first round warms every variant up and is left out
-        for name, stood in variants if r % 2 else variants[::-1]:
-            phase: dict[str, float] = {}
-            _, logits = forward_with_stand_ins(model, cache, tokens, restore, sites, stood, rollback, phase)
+        for name in list(variants) if r % 2 else list(variants)[::-1]:
+            timing, logits = forward_with_stand_ins(model, cache, tokens, restore, sites, variants[name], rollback)
             if r == 0:
                 continue
-            phases[name].append(phase)
+            timings[name].append(timing)
             if name == "forward":
                 start = time.perf_counter()
                 FAST.greedy(logits[0])
                 readback.append(time.perf_counter() - start)
         if between is not None:
             between(r)
+    whole, skeleton = timings.pop("forward"), timings.pop("skeleton")
 
-    def saving(runs: dict[str, list[float]], component: str) -> float:
+    def median(runs: list[ForwardTiming], phase: str | None) -> float:
+        return statistics.median(t.seconds if phase is None else getattr(t, phase) for t in runs)
+
+    def saving(component: str, phase: str | None = None) -> float:
         """The median over rounds of the whole forward's seconds less the variant's (paired within a round)."""
-        return statistics.median(f - t for f, t in zip(runs["forward"], runs[component]))
+        return statistics.median(
+            f.seconds - t.seconds if phase is None else getattr(f, phase) - getattr(t, phase)
+            for f, t in zip(whole, timings[component])
+        )
 
-    # a forward's seconds are its phases' sum
-    seconds = {name: [sum(phase[p] for p in PHASES) for phase in runs] for name, runs in phases.items()}
-    whole = statistics.median(seconds["forward"])
-    parts = dict.fromkeys(FORWARD_PARTS, 0.0)
-    for c in present:
-        parts[c] = max(0.0, saving(seconds, c))
-    parts["other"] = statistics.median(seconds["skeleton"])
-    parts["readback"] = statistics.median(readback)
-    closure = (sum(parts.values()) - parts["readback"]) / whole - 1.0
-    by_phase, phase_closure = {}, {}
-    part_phases: dict[str, dict[str, float]] = {c: {} for c in (*present, "other")}
-    for p in PHASES:
-        at = {name: [phase[p] for phase in runs] for name, runs in phases.items()}
-        by_phase[p] = statistics.median(at["forward"])
-        for c in present:  # unclamped: a phase whose parts' subtractions come out negative shows it
-            part_phases[c][p] = saving(at, c)
-        part_phases["other"][p] = statistics.median(at["skeleton"])
-        total = sum(part_phases[c][p] for c in part_phases)
-        phase_closure[p] = total / by_phase[p] - 1.0 if by_phase[p] > 0 else 0.0
-    collections = statistics.mean(phase["collections"] for phase in phases["forward"])
-    return ForwardSplit(parts, whole, closure, by_phase, phase_closure, collections, part_phases)
+    forward_s, read_s = median(whole, None), statistics.median(readback)
+    parts = {c: max(0.0, saving(c)) if c in present else 0.0 for c in FORWARD_PARTS}
+    parts |= {"other": median(skeleton, None), "readback": read_s}
+    closure = (sum(parts.values()) - read_s) / forward_s - 1.0
+    by_phase = {p: median(whole, p) for p in PHASES}
+    # unclamped: a phase whose parts' subtractions come out negative shows it
+    part_phases = {c: {p: saving(c, p) for p in PHASES} for c in present} | {
+        "other": {p: median(skeleton, p) for p in PHASES}
+    }
+    phase_closure = {
+        p: sum(c[p] for c in part_phases.values()) / by_phase[p] - 1.0 if by_phase[p] > 0 else 0.0 for p in PHASES
+    }
+    collections = statistics.mean(t.collections for t in whole)
+    return ForwardSplit(parts, forward_s, closure, by_phase, phase_closure, collections, part_phases)
 
 
-def _wrap(owner: Any, name: str, totals: dict[str, float], part: str) -> None:
-    """Time every call of ``owner.name`` (an instance attribute from now on) into ``totals[part]``."""
+@dataclass(frozen=True)
+class _Step:
+    """One engine step: its seconds (``whole``) and the engine parts (``ENGINE_PARTS``) timed inside it."""
+
+    whole: float
+    drafting: float = 0.0
+    acceptance: float = 0.0
+    rollback: float = 0.0
+    logging: float = 0.0
+    host: float = 0.0
+
+
+@dataclass
+class _Totals:
+    """Seconds spent inside the wrapped calls since the last step."""
+
+    verify: float = 0.0
+    rollback: float = 0.0
+    logging: float = 0.0
+
+
+def _wrap(owner: Any, name: str, totals: _Totals, part: str) -> None:
+    """Time every call of ``owner.name`` (an instance attribute from now on) into ``totals.<part>``."""
     inner = getattr(owner, name)
 
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -156,17 +175,18 @@ def _wrap(owner: Any, name: str, totals: dict[str, float], part: str) -> None:
         try:
             return inner(*args, **kwargs)
         finally:
-            totals[part] += time.perf_counter() - start
+            setattr(totals, part, getattr(totals, part) + time.perf_counter() - start)
 
     setattr(owner, name, timed)
 
 
-def engine_steps(model: nn.Module, cache: list[Any], first: int, width: int, steps: int) -> list[dict[str, float]]:
-    """Per speculative step of ``width`` (drafts rejected): its seconds (``step``), the seconds inside the
-    target's verification (``verify``) and the engine parts timed inside it. The cache is left extended."""
+def engine_steps(model: nn.Module, cache: list[Any], first: int, width: int, steps: int) -> list[_Step]:
+    """Per speculative step of ``width`` (drafts rejected): its seconds and the engine parts timed inside it
+    (``host``: the loop's Python outside drafting, the target's verification and logging). The cache is left
+    extended."""
     # steps + width tokens: ``steps`` verifications at full width, then narrower ones near the end (left out)
     gen = rejected_drafts(model, cache, first, width, steps + width)
-    totals = dict.fromkeys(("verify", "rollback", "logging"), 0.0)
+    totals = _Totals()
     _wrap(gen.target, "verify", totals, "verify")
     rollback = gen.target.inner.rollback  # the model target's, inside the pipeline
     _wrap(rollback, "before_verify", totals, "rollback")
@@ -177,8 +197,10 @@ def engine_steps(model: nn.Module, cache: list[Any], first: int, width: int, ste
         now = time.perf_counter()
         record = gen.log.records[-1]
         if last is not None and record.kind == "verify" and record.verify_width == width:
-            rows.append({"step": now - last, "drafting": record.draft_s, **totals})
-        totals.update(dict.fromkeys(totals, 0.0))
+            step, draft = now - last, record.draft_s
+            host = step - draft - totals.verify - totals.logging
+            rows.append(_Step(step, draft, 0.0, totals.rollback, totals.logging, host))
+        totals.verify = totals.rollback = totals.logging = 0.0
         last = now
     return rows
 
@@ -201,36 +223,29 @@ def _engine_steps(
     tokens: mx.array,
     first: int,
     steps: int,
-) -> list[dict[str, float]]:
-    """One timing round of the whole step at width w = tokens.shape[1]: per engine step of ``steps`` (the first
-    left out; at width 1 as many serial forwards) its seconds (``whole``) and the engine parts timed inside it."""
-    width = tokens.shape[1]
-    none = dict.fromkeys(ENGINE_PARTS, 0.0)
-    if width == 1:
-        return [none | {"whole": time_verify(FAST, model, cache, tokens, restore, rollback)} for _ in range(steps - 1)]
-    timed = engine_steps(model, cache, first, width, steps)[1:]
+) -> list[_Step]:
+    """One timing round of the whole step at width w = tokens.shape[1]: engine steps of ``steps`` (the first left
+    out; at width 1 as many serial forwards, no engine parts)."""
+    if tokens.shape[1] == 1:
+        return [_Step(time_verify(FAST, model, cache, tokens, restore, rollback)) for _ in range(steps - 1)]
+    timed = engine_steps(model, cache, first, tokens.shape[1], steps)[1:]
     restore()
-    return [
-        none
-        | {part: step[part] for part in ("drafting", "rollback", "logging")}
-        | {"host": step["step"] - step["drafting"] - step["verify"] - step["logging"], "whole": step["step"]}
-        for step in timed
-    ]
+    return timed
 
 
 class _EngineRounds:
     """Runs ``count`` engine rounds at every ``every``-th call (given the forward's round), the rest when asked
     for their steps; the first round warms up and is left out."""
 
-    def __init__(self, run: Callable[[], list[dict[str, float]]], count: int, every: int) -> None:
+    def __init__(self, run: Callable[[], list[_Step]], count: int, every: int) -> None:
         self.run, self.count, self.every = run, count, every
-        self.rounds: list[list[dict[str, float]]] = []
+        self.rounds: list[list[_Step]] = []
 
     def __call__(self, r: int) -> None:
         if r % self.every == 0 and len(self.rounds) < self.count:
             self.rounds.append(self.run())
 
-    def steps(self) -> list[dict[str, float]]:
+    def steps(self) -> list[_Step]:
         while len(self.rounds) < self.count:
             self.rounds.append(self.run())
         return [step for steps in self.rounds[1:] for step in steps]
@@ -287,10 +302,10 @@ def measure_components(
             split = forward_components(model, cache, tokens, restore, forward_repeats, rounds)
             timed = rounds.steps()
             # medians, as the profile's c(w) and the forward's parts are timed
-            parts = split.parts | {p: statistics.median(step[p] for step in timed) for p in ENGINE_PARTS}
-            whole = statistics.median(step["whole"] for step in timed)
-            low, high = np.percentile([step["whole"] for step in timed], [25, 75])
-            parts["acceptance"] = _acceptance_seconds(w, vocab) if w > 1 else 0.0
+            parts = split.parts | {p: statistics.median(getattr(step, p) for step in timed) for p in ENGINE_PARTS}
+            parts |= {"acceptance": _acceptance_seconds(w, vocab) if w > 1 else 0.0}
+            whole = statistics.median(step.whole for step in timed)
+            low, high = np.percentile([step.whole for step in timed], [25, 75])
             total = sum(parts.values())
             error = total / whole - 1.0
             if progress is not None:

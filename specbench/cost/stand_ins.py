@@ -260,6 +260,25 @@ def _collections() -> int:
     return sum(generation["collections"] for generation in gc.get_stats())
 
 
+@dataclass(frozen=True)
+class ForwardTiming:
+    """Where a timed forward's seconds went: ``build`` (the Python forward building the graph), ``dispatch``
+    (handing its work to the device: until ``mx.async_eval`` returns), ``wait`` (the rest: waiting for the
+    device); the garbage ``collections`` that ran meanwhile and the stood-in calls ``answered`` from the record
+    (those nested in another stood-in call included)."""
+
+    build: float
+    dispatch: float
+    wait: float
+    collections: float
+    answered: float
+
+    @property
+    def seconds(self) -> float:
+        """The forward's seconds, the stand-ins' own bookkeeping left out."""
+        return self.build + self.dispatch + self.wait
+
+
 def forward_with_stand_ins(
     model: nn.Module,
     cache: list[Any],
@@ -268,17 +287,12 @@ def forward_with_stand_ins(
     sites: Sequence[ComponentSite],
     components: Collection[str] = (),
     rollback: Any = None,
-    phases: dict[str, float] | None = None,
-) -> tuple[float, mx.array]:
-    """Seconds of one verification forward of ``tokens`` over ``cache``, unsynchronised inside (as the engine
+) -> tuple[ForwardTiming, mx.array]:
+    """The timing of one verification forward of ``tokens`` over ``cache``, unsynchronised inside (as the engine
     runs it), with the modules of ``components`` stood in for by their recorded outputs (``record_forward``);
     and its logits. A stood-in attention writes nothing to the cache and a stood-in recurrent layer keeps its
     state: no later layer reads another's cache within a forward, and the cache is restored after.
-    The stand-ins' own bookkeeping (answering from the record) is left out of the seconds.
-    ``phases``, if given, receives where the seconds went: ``build`` (the Python forward building the graph),
-    ``dispatch`` (handing its work to the device: until ``mx.async_eval`` returns), ``wait`` (the rest: waiting
-    for the device), ``collections`` (garbage collections that ran meanwhile) and ``answered`` (stood-in calls
-    answered from the record, those nested in another stood-in call included)."""
+    The stand-ins' own bookkeeping (answering from the record) is left out of the seconds."""
     if rollback is not None:  # a hybrid model's verify records its recurrent states: armed as the engine arms it
         rollback.before_verify(tokens.shape[1])
     stand_ins = _StandIns(components)
@@ -297,16 +311,10 @@ def forward_with_stand_ins(
         # the stand-ins' own bookkeeping is the measurement's, not the forward's: a stood-in projection's answer
         # costs about what building the projection does, and the skeleton never answers those nested in a
         # stood-in attention, so left in, it would count against every component and not against the skeleton
-        seconds = end - start - stand_ins.bookkeeping_s
-    if phases is not None:
-        phases |= {
-            "build": built - start - stand_ins.bookkeeping_s,
-            "dispatch": dispatched - built,
-            "wait": end - dispatched,
-            "collections": float(_collections() - collected),
-            "answered": float(sum(stand_ins.answered.values())),
-        }
+        build = built - start - stand_ins.bookkeeping_s
+    answered = float(sum(stand_ins.answered.values()))
+    timing = ForwardTiming(build, dispatched - built, end - dispatched, float(_collections() - collected), answered)
     if rollback is not None:
         rollback.rewind(0)
     restore()
-    return seconds, logits
+    return timing, logits
