@@ -150,17 +150,21 @@ class _StandIns:
 class _Recording:
     """Mixed in front of a component module's class while a forward is recorded."""
 
+    _specbench_handler: _Recorder
+    _specbench_site: ComponentSite
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        state = self.__dict__
-        return state["_specbench_recorder"].call(state["_specbench_site"], super().__call__, args, kwargs)
+        return self._specbench_handler.call(self._specbench_site, super().__call__, args, kwargs)
 
 
 class _StandIn:
     """Mixed in front of a stood-in component module's class: its calls return the recorded outputs at once."""
 
+    _specbench_handler: _StandIns
+    _specbench_site: ComponentSite
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        state = self.__dict__
-        return state["_specbench_stand_ins"].answer(state["_specbench_site"], args, kwargs)
+        return self._specbench_handler.answer(self._specbench_site, args, kwargs)
 
 
 def component_sites(model: nn.Module) -> list[ComponentSite]:
@@ -189,9 +193,9 @@ def component_sites(model: nn.Module) -> list[ComponentSite]:
 
 
 @contextlib.contextmanager
-def _mixed_in(sites: Sequence[ComponentSite], mixin: type, **state: Any) -> Iterator[None]:
+def _mixed_in(sites: Sequence[ComponentSite], mixin: type, handler: _Recorder | _StandIns) -> Iterator[None]:
     """While inside, each site's module has ``mixin`` in front of the class it has now (a recurrent layer may be
-    recording already) and ``state`` plus its site in its ``__dict__``; a tied head's ``as_linear`` is wrapped
+    recording already) and ``handler`` and its site in its ``__dict__``; a tied head's ``as_linear`` is wrapped
     alike. Classes and methods are put back after."""
     swapped: list[tuple[nn.Module, type]] = []
     wrapped: list[nn.Module] = []
@@ -199,29 +203,29 @@ def _mixed_in(sites: Sequence[ComponentSite], mixin: type, **state: Any) -> Iter
         for site in sites:
             if site.module is None:
                 wrapped.append(owner := site.owner)  # type: ignore[arg-type]
-                owner.__dict__["as_linear"] = _tied_head(mixin, site, owner.as_linear, state)  # type: ignore[union-attr]
+                owner.__dict__["as_linear"] = _tied_head(site, owner.as_linear, handler)  # type: ignore[union-attr]
                 continue
             module = site.module
             swapped.append((module, type(module)))
-            module.__dict__.update(state, _specbench_site=site)
+            module.__dict__.update(_specbench_handler=handler, _specbench_site=site)
             module.__class__ = mixed_class(mixin, type(module))
         yield
     finally:
         for module, cls in reversed(swapped):
             module.__class__ = cls
-            for name in (*state, "_specbench_site"):
+            for name in ("_specbench_handler", "_specbench_site"):
                 module.__dict__.pop(name, None)
         for owner in wrapped:
             owner.__dict__.pop("as_linear", None)
 
 
 def _tied_head(
-    mixin: type, site: ComponentSite, as_linear: Callable[..., Any], state: dict[str, Any]
+    site: ComponentSite, as_linear: Callable[..., Any], handler: _Recorder | _StandIns
 ) -> Callable[..., Any]:
-    """A tied output head's ``as_linear`` recorded (``_Recording``) or stood in for (``_StandIn``)."""
-    if mixin is _Recording:
-        return lambda *args, **kwargs: state["_specbench_recorder"].call(site, as_linear, args, kwargs)
-    return lambda *args, **kwargs: state["_specbench_stand_ins"].answer(site, args, kwargs)
+    """A tied output head's ``as_linear`` recorded (by a ``_Recorder``) or stood in for (by ``_StandIns``)."""
+    if isinstance(handler, _Recorder):
+        return lambda *args, **kwargs: handler.call(site, as_linear, args, kwargs)
+    return lambda *args, **kwargs: handler.answer(site, args, kwargs)
 
 
 def _arrays(calls: list[RecordedCall]) -> list[Any]:
@@ -241,7 +245,7 @@ def record_forward(
     sites = component_sites(model)
     if rollback is not None:
         rollback.before_verify(tokens.shape[1])
-    with _mixed_in(sites, _Recording, _specbench_recorder=_Recorder()):
+    with _mixed_in(sites, _Recording, _Recorder()):
         logits = FAST.forward(model, tokens, cache)
     mx.eval(logits, _arrays([c for s in sites for c in s.calls]))
     if rollback is not None:
@@ -297,7 +301,7 @@ def forward_with_stand_ins(
         rollback.before_verify(tokens.shape[1])
     stand_ins = _StandIns(components)
     stood = [s for s in sites if s.component in stand_ins.components]
-    with _mixed_in(stood, _StandIn, _specbench_stand_ins=stand_ins):
+    with _mixed_in(stood, _StandIn, stand_ins):
         mx.synchronize()
         collected = _collections()
         start = time.perf_counter()
