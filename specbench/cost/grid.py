@@ -77,7 +77,7 @@ def speedup_grid(
     for k in dict.fromkeys(k for _, k, _ in cells):  # warm-up: compile each width's kernels before timing
         warm = GenerateOptions(max_tokens=min(max_tokens, 2 * k + 4), ignore_eos=True, verify=verify)
         seconds_per_token(speculative(warm, k))
-    rows = []
+    rows: list[tuple[int, dict[str, Any]]] = []
     for cell, k, a in cells:
         drafter.acceptance, drafter.seed = float(a), seed + cell
         plain_runs, spec_runs = [], []
@@ -126,12 +126,12 @@ def speedup_grid(
             "diverged_at": drafter.diverged_at,
             "follows": drafter.follows,
         }
-        rows.append({"cell": cell, **row})
+        rows.append((cell, row))
         if progress is not None:
             progress(row)
     if size > 1:
-        rows = sorted((row for part in distributed.gather(rows) for row in part), key=lambda row: row["cell"])
-    return [{k: v for k, v in row.items() if k != "cell"} for row in rows]
+        rows = sorted((pair for part in distributed.gather(rows) for pair in part), key=lambda pair: pair[0])
+    return [row for _, row in rows]
 
 
 def grid_cells(acceptances: Sequence[float], ks: Sequence[int]) -> tuple[list[float], list[int]]:

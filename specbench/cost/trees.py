@@ -286,10 +286,10 @@ def stored_tree_costs(model: nn.Module, verify: str = "fast") -> TreeCosts | Non
     """The stored tree costs of ``model`` on this device, these versions and this BLAS library in ``verify``
     mode; None when there are none, or when they are damaged or not this key's (the file is then moved aside
     with a warning naming it)."""
-    vers = versions()
-    key = {"model": model_key(model), "device": device_name(), "mode": check_verify_mode(verify)}
-    key |= {"kernels": kernel_key(), "versions.mlx": vers.get("mlx"), "versions.mlx_lm": vers.get("mlx_lm")}
-    return _read_or_set_aside(tree_costs_path(key["model"], key["device"], key["mode"]), key)
+    vers, shape, device, mode = versions(), model_key(model), device_name(), check_verify_mode(verify)
+    key = {"model": shape, "device": device, "mode": mode, "kernels": kernel_key()}
+    key |= {"versions.mlx": vers.get("mlx"), "versions.mlx_lm": vers.get("mlx_lm")}
+    return _read_or_set_aside(tree_costs_path(shape, device, mode), key)
 
 
 def tree_costs_for(model: nn.Module, verify: str = "fast", **measure: Any) -> TreeCosts:
