@@ -77,11 +77,6 @@ class TreeCosts:
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         return float(ys[-1] + slope * (n - xs[-1]))
 
-    def path_nodes_at_cost(self, n: int) -> int:
-        """The longest path whose verification costs no more than a tree of ``n`` nodes (among measured counts)."""
-        limit = self.c(n, "tree")
-        return max([m for m, c in zip(self.nodes, self.path) if c <= limit], default=0)
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -80,18 +80,9 @@ def record(model: Any, prompts: Iterable[Any], options: GenerateOptions, tokeniz
     return out
 
 
-def from_trace(trace: Any, tokenizer: Any, turns: int | None = None) -> list[Recorded]:
-    """A trace's recorded replies as if a model had written them (no model run): each turn's prompt
-    rendered from the recorded history, its output the reply's text (``reply_text``: reasoning in the
-    chat template's form, the answer, tool calls written out) and an EOS. For studying drafters on the trace's own text;
-    acceptance against a real model needs ``record`` or the trace benchmark's plain outputs. Turns
-    from the first without a recorded reply on are left out (``trace_prompts`` counts them)."""
-    prompts = trace_prompts(tokenizer, trace)
-    return list(recorded_turns(prompts, tokenizer))[:turns]
-
-
 def recorded_turns(prompts: TracePrompts, tokenizer: Any) -> Iterator[Recorded]:
-    """``trace_prompts``' turns as recorded requests (made one at a time: memory stays linear)."""
+    """``trace_prompts``' turns as recorded requests, as if a model had written the replies (no model run): each
+    output the reply's text (``reply_text``) and an EOS; made one at a time, so memory stays linear."""
     reason = "stop" if getattr(tokenizer, "eos_token_ids", None) else "length"
     for turn, prompt, output in prompts:
         yield Recorded(prompt, output, reason, f"{prompts.trace_id}/{turn}")

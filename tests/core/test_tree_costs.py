@@ -53,7 +53,6 @@ def test_cost_by_node_count_interpolates_and_extends():
     assert c.c(0) == 1.0 and c.c(2) == 1.4 and c.c(3) == pytest.approx(1.6)
     assert c.c(12) == pytest.approx(2.6 + 0.2 * 4)  # past 8 nodes at the last slope
     assert c.c(4, "path") == 2.0
-    assert c.path_nodes_at_cost(8) == 4  # a path of 8 costs 3.0 > a tree of 8 (2.6)
     assert tree_break_even(c, d=0.1)(4) == pytest.approx(1.8 + 0.4)
     with pytest.raises(ValueError, match="shape"):
         c.c(2, "star")
