@@ -322,17 +322,12 @@ def measure_batch_overhead(
     progress: Callable[[str], None] | None = None,
     repeats: int = 2,
 ) -> BatchProfile:
-    """The engine's own seconds per batched step beyond the forward, at each of ``profile``'s batch sizes
-    and ``widths`` (1: plain batched decoding; w > 1: every row drafting w - 1 tokens of its own plain
-    continuation at acceptance ``RAGGED_ACCEPTANCE``, so that rows accept different numbers and their caches
-    roll back by different lengths: measured with drafts all rejected, a batch of 4 or more rows steps about 30 %
-    faster than one whose rows fall out of step), over runs of ``tokens`` tokens per row from prompts of the
-    profile's offset, after an untimed run identical to the timed ones (no timing holds a first use: rows finish
-    at different steps, so a run's tail holds blocks of fewer rows than its start): the mean step's decode seconds
-    over the whole run, as a run of that length pays them (plain steps are pipelined: a stretch's first step holds
-    two steps' graph building and its last almost none, so the median step of a short run says less), median over
-    ``repeats`` runs, less c(w, B) times the [B, 1] forward. Kept in ``profile.overhead_s``; measure at the run
-    length the predictions are for (``batch_speedup_grid``'s ``max_tokens``)."""
+    """The engine's own seconds per batched step beyond the forward, at each of ``profile``'s batch sizes and
+    ``widths`` (1: plain batched decoding; w > 1: every row drafting w - 1 tokens of its own continuation at
+    acceptance ``RAGGED_ACCEPTANCE``, so that rows fall out of step as served rows do): over runs of ``tokens``
+    tokens per row after an untimed identical run, the mean step's decode seconds over the whole run (pipelined
+    plain steps make a short run's median step say less), median over ``repeats`` runs, less c(w, B) times the
+    [B, 1] forward. Kept in ``profile.overhead_s``; measure at the run length the predictions are for."""
     if tokens < 2:
         raise ValueError(f"tokens must be >= 2 (a prefill token and a decode step), got {tokens}")
     if repeats < 1:

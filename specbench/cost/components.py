@@ -1,34 +1,19 @@
 """Verify cost by component: where the time of a width-w speculative step goes.
 
-A speculative step of width w (one token and w - 1 drafts) is timed whole through the engine, its drafts
-rejected (random tokens), and split into parts:
+A step of width w (one token and w - 1 drafts, rejected) is timed whole through the engine and split into parts:
 
-- the forward's components, by subtraction (``specbench.cost.stand_ins``): one forward of the same width over
-  the same cache is recorded (every component call's inputs and output), then the forward is timed as the
-  engine runs it (unsynchronised) whole and with one component's modules stood in for by their recorded
-  outputs; the component costs the difference. The rest of the graph computes the same values (the logits are equal bit
-  for bit), the stood-in calls' inputs are still computed, and component calls made inside a stood-in one
-  (a projection inside attention) are made again on their recorded inputs, or answered when they stand in too
-  (every variant pays the same stand-in calls); the stand-ins' own bookkeeping is left out of the timings. The
-  components: ``attention`` (the attention modules' own work: rotary embedding, cache update, scaled dot-product
-  attention), ``linear`` (dense projections: every ``Linear`` outside the experts and the output head),
-  ``experts`` (MoE expert gathers ``SwitchGLU`` / ``SwitchMLP`` and the MoE block's own routing work: top-k,
-  softmax, combining; its router projection is a ``Linear``), ``recurrent``
-  (Gated DeltaNet layers' own work: convolution and the recurrence), ``lm_head`` (the output projection,
-  tied or not); ``other`` is the skeleton timed with every component stood in for (embedding, norms,
-  residual additions, masks, activations) and ``readback`` the greedy targets computed and read back to the
-  host. ``closure`` = (components + skeleton) / whole forward - 1 says how far the components, each
-  subtracted alone, are from adding up (work that overlaps, or that two components share, shows there);
-- the engine's own work, timed inside the real steps: ``drafting``, ``rollback`` (the caches' rewind,
-  recording recurrent state), ``logging`` (the step record), ``host`` (the loop's remaining Python around
-  the verification: settling, the policy, emitting), and ``acceptance`` (the greedy rule, timed alone on
-  lists of the step's length).
+- the forward's components, by subtraction (``specbench.cost.stand_ins``): the forward timed as the engine runs it,
+  whole and with one component's modules answering from a recorded forward; the component costs the difference.
+  ``attention`` (rotary embedding, cache update, attention), ``linear`` (dense projections outside the experts
+  and the head), ``experts`` (MoE gathers and routing), ``recurrent`` (Gated DeltaNet layers), ``lm_head``;
+  ``other`` is the skeleton with every component stood in for, ``readback`` the greedy targets read back.
+  ``closure`` = (components + skeleton) / whole forward - 1 says how far they are from adding up;
+- the engine's own work, timed inside the real steps: ``drafting``, ``rollback``, ``logging``, ``host`` (the
+  loop's remaining Python) and ``acceptance`` (the greedy rule, timed alone).
 
-The parts' sum is set against the whole step's seconds: ``error`` = sum / whole - 1 says how far the
-parts, each timed apart, are from the step as the engine runs it (medians throughout, as the profile's c(w);
-on a GPU the engine's work overlaps the forward's). On a GPU a part's removal also shifts work between host and
-device, so subtraction under-counts the forward's wait for the device; ``phase_stack`` counts the parts by phase
-instead (each component's host work, the wait a part of its own), and ``phase_reading`` says how far that is off.
+``error`` = sum of the parts / whole step - 1 (medians throughout, as the profile's c(w)). On a GPU a part's
+removal also shifts work between host and device, so subtraction under-counts the forward's wait for the device;
+``phase_stack`` counts the parts by phase instead, and ``phase_reading`` says how far that is off.
 """
 
 from __future__ import annotations
@@ -65,13 +50,9 @@ PHASES = ("build", "dispatch", "wait")
 @dataclass(frozen=True)
 class ForwardSplit:
     """A verification forward split by subtraction: ``parts`` (``FORWARD_PARTS``, seconds), the whole forward's
-    seconds (``forward_s``, unsynchronised, readback apart) and ``closure`` = (sum of the components and the
-    skeleton) / forward_s - 1, how far the components, each subtracted alone, are from adding up. ``phases``:
-    the whole forward's median seconds per phase (``PHASES``: building the graph, dispatching it, waiting for
-    the device) and ``phase_closure`` the same closure within each phase: where the parts stop adding up (work
-    that overlaps shows in the dispatch and wait phases, not in the build), ``part_phases`` each component's
-    subtraction (and the skeleton's seconds, as ``other``) within each phase, ``collections`` the garbage
-    collections per whole forward (mean)."""
+    seconds (unsynchronised, readback apart) and its ``closure``; per phase (``PHASES``) the whole forward's
+    seconds, the closure within it, and each component's subtraction (the skeleton's seconds as ``other``);
+    ``collections``: garbage collections per whole forward (mean)."""
 
     parts: dict[str, float]
     forward_s: float
@@ -261,17 +242,13 @@ def measure_components(
     progress: Callable[[str], None] | None = None,
     forward_repeats: int = 31,
 ) -> list[dict[str, Any]]:
-    """The component stack of a speculative step at each width (fast verification): one row per (width,
-    part) with its ``seconds`` (the forward's parts by subtraction, medians of ``forward_repeats``:
-    ``forward_components``; the engine's medians over the engine steps of ``repeats`` rounds, run between the
-    forward's rounds), ``c`` (in plain steps), the whole step's ``step_s`` and ``c_step`` (the median step),
-    ``error`` (sum of parts / whole - 1), ``step_spread`` (the whole steps' interquartile range over their median:
-    the machine's noise, against which ``error`` is read), the unsynchronised forward's ``forward_s`` and the forward
-    split's ``closure`` (its components and skeleton against that forward), that forward's seconds per phase
-    (``forward_build_s``, ``forward_dispatch_s``, ``forward_wait_s``), the closure within each (``build_closure``,
-    ...) and its garbage ``collections``. Width 1 (no draft: no engine step) holds the forward's components
-    against a serial width-1 forward, as the profile's c(1) is timed. ``c`` is in plain steps (pipelined, as the
-    profile's plain step). The cache holds ``offset`` random tokens."""
+    """The component stack of a speculative step at each width (fast verification), one row per (width, part):
+    its ``seconds`` (the forward's parts from ``forward_components`` over ``forward_repeats``; the engine's parts
+    medians over ``repeats`` rounds run between the forward's) and ``c`` in plain steps; the whole step's
+    ``step_s``, ``c_step``, ``error`` and ``step_spread`` (its interquartile range over its median: the noise
+    ``error`` is read against); the forward split's ``forward_s``, ``closure``, seconds and closure per phase and
+    ``collections``; ``host_s``, the part counted by phase. Width 1 (no draft) holds the forward's components
+    against a serial width-1 forward, as the profile's c(1) is timed. The cache holds ``offset`` random tokens."""
     if not widths or min(widths) < 1 or repeats < 1 or steps < 2 or offset < 1 or forward_repeats < 1:
         raise ValueError("widths must be >= 1, repeats and forward_repeats >= 1, steps >= 2 and offset >= 1")
     limit = context_length(model)
@@ -349,15 +326,11 @@ def _host_seconds(split: ForwardSplit, part: str, seconds: float) -> float:
 
 
 def phase_reading(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]] | None:
-    """Per width, from ``measure_components`` rows that hold the forward's phases: ``wait_share``, the share of
-    the whole forward spent waiting for the device after the host handed over its last work (near 0: host-bound,
-    the Python building and dispatching the graph sets the pace; large: device-bound); ``host_closure``, how
-    far the components' subtractions add up within the host's phases (build and dispatch) alone; and
-    ``phase_error``, how far the step's parts counted by phase are from the measured step: each component's host
-    work (its subtraction within build and dispatch), the forward's wait for the device whole, readback and the
-    engine's parts (sum / step - 1). A part's removal shifts work between host and device, so subtraction
-    under-counts the wait; counted by phase the wait is nobody's part but its own. None without phases (rows of an
-    older run)."""
+    """Per width, from ``measure_components`` rows: ``wait_share``, the share of the forward spent waiting for the
+    device after the host's last work (near 0: host-bound; large: device-bound); ``host_closure``, how far the
+    components' subtractions add up within build and dispatch alone; ``phase_error``, how far the parts counted by
+    phase (each component's host work, the wait whole, readback and the engine's parts) are from the measured
+    step. None for rows without phases (an older run)."""
     first = [r for r in rows if r["part"] == PARTS[0] and r.get("forward_wait_s") is not None]
     if not first:
         return None

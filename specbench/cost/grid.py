@@ -39,22 +39,14 @@ def speedup_grid(
 ) -> list[dict[str, Any]]:
     """Speedups measured end to end with the controlled-acceptance drafter, against prediction.
 
-    For each (acceptance a, draft length k): a plain greedy run and a speculative run
-    (``Oracle`` at a, ``DraftPolicy.fixed(k)``) of ``max_tokens`` tokens from one random
-    prompt, back to back. Each row holds the measured speedup (plain over speculative seconds
-    per token), the prediction at the nominal a (``speedup``), the prediction for the steps the
-    run took (``specbench.cost.predict.predicted_speedup``, column ``predicted_from_log``) and their relative
-    errors; and the seconds per speculative
-    token the profile predicts for those steps (``predicted_spec_s_per_token``) with its error
-    (``error_time``; ``error_time_nominal`` at the nominal a), which leaves out how far the plain
-    run's own speed strays from the profile's plain step (``plain_over_profile``). Where a fast
-    verify leaves the plain greedy output (``diverged_at``), the drafter follows the new output
-    (``follows`` times); that bookkeeping is left out of the timings.
-
-    Under ``mlx.launch`` (``spread``, the default when the group has several ranks and the model is
-    not sharded) rank r measures the cells (k, a) whose index is r modulo the group size, each rank on
-    its own device, and every rank returns all rows in cell order, as one rank would. A sharded model
-    measures every cell on all ranks in lockstep.
+    For each (acceptance a, draft length k): a plain greedy run and a speculative run (``Oracle`` at a,
+    ``DraftPolicy.fixed(k)``) of ``max_tokens`` tokens from one random prompt, back to back. Each row holds the
+    measured speedup, the prediction at the nominal a and for the steps the run took (``predicted_from_log``)
+    with their errors, and the seconds per speculative token predicted for those steps with their error
+    (``error_time``: free of the plain run's own drift from the profile's plain step, ``plain_over_profile``).
+    Where a fast verify leaves the plain greedy output (``diverged_at``) the drafter follows the new output,
+    untimed. Under ``mlx.launch`` (``spread``: by default with several ranks and a model not sharded) each rank
+    measures every size-th cell on its own device and every rank returns all rows in cell order.
     """
     verify = check_verify_mode(verify)
     if verify not in profile.costs:

@@ -189,16 +189,12 @@ def measure(
     """Measure a cost profile: c(w) for each width and verify mode, the engine's overhead per
     speculative step, and each drafter's d.
 
-    ``widths``: W (for 1..W), a list of widths, or a dict of either per verify mode. The cache
-    holds ``offset`` tokens (``context`` when given, else random ids) for every timed forward and
-    is restored after each. Widths are timed round-robin with ``plain_tokens`` plain steps per
-    round; ``warmup`` rounds are discarded and medians of ``repeats`` rounds kept.
-    The overhead is timed at ``overhead_widths`` (default: 2, the middle and the widest; one
-    warm-up run, then medians of ``repeats // 3`` runs of ``plain_tokens`` steps) when the engine
-    can decode the model speculatively; it is left out otherwise.
-    ``lengths``: further context lengths at which plain steps and widths are timed the same way (the
-    context repeated to that length), kept in ``Profile.lengths``. ``components``: widths at which the
-    stack of a speculative step is measured (``specbench.cost.components``), kept in ``Profile.components``.
+    ``widths``: W (for 1..W), a list of widths, or a dict of either per verify mode. The cache holds ``offset``
+    tokens (``context``, else random ids), restored after every timed forward; widths are timed round-robin after
+    ``plain_tokens`` plain steps per round, medians of ``repeats`` rounds after ``warmup``. The overhead is timed
+    at ``overhead_widths`` (default: 2, the middle and the widest) where the engine decodes the model
+    speculatively. ``lengths``: further context lengths timed alike (``Profile.lengths``); ``components``:
+    widths whose step is split into parts (``Profile.components``).
     """
     modes = [check_verify_mode(m) for m in ([verify] if isinstance(verify, str) else verify)]
     ws = per_key(widths, modes, _widths, "widths gives no widths for verify mode(s) {}")

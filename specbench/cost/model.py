@@ -1,12 +1,10 @@
 """The cost model: one measured profile per (model, device, BLAS, verify mode), the one every page, policy and
 prediction plans with.
 
-``cost_model(model, protocol)`` returns the stored profile while it is current for the protocol (same key: model
-shape, device, versions, BLAS; not quick; every mode and width the protocol asks for, with intervals; not noisy), and
-otherwise measures it by the protocol and stores it, so that ``profile_for`` (what Auto and every page reads) finds
-it. A measurement marked noisy (``specbench.cost.noise``) is measured once more and the two are pooled: every round of
-both kept, none replaced; what is still noisy then stays marked, and the pages that use it say so. The stored profile
-records when it was measured, how long it took and the load average before and after (``Profile.measured``).
+``cost_model(model, protocol)`` returns the stored profile while it is ``current`` for the protocol, else measures
+it by the protocol and stores it where ``profile_for`` finds it. A noisy measurement (``specbench.cost.noise``) is
+measured once more and the two pooled; what stays noisy stays marked. ``Profile.measured`` records when, how long
+and under what load.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Verify-cost profiles: what a model's verifications cost on one device, stored as JSON.
 
-A profile holds c(w): the time of a width-w verification (one forward of w tokens, the greedy
-targets read back to the host) divided by the time of one plain decode step, for w = 1..W and
-each verify mode; the engine's own overhead per speculative step (drafting excluded), in plain
-steps; and each drafter's cost per draft token d in plain steps. A profile is measured with ``offset``
-tokens in the cache; ``lengths`` adds the costs measured at other context lengths (c(w, L)), and
-``at_length(L)`` gives the profile at the measured length nearest L. A profile stored without them holds
-one length, its ``offset``. ``components`` holds the stack of a speculative step's parts
-(``specbench.cost.components``) when it was measured.
-
-Profiles are stored under ``$SPECBENCH_HOME/profiles`` (default ``~/.cache/specbench``), keyed by
-model shape (with its dtypes), device, mlx / mlx-lm versions and the BLAS library in use
-(``specbench.common.identity.kernel_key``). A damaged stored profile is moved aside with a warning
-and measured anew.
+A profile holds c(w), a width-w verification's time (the greedy targets read back) over one plain decode step's,
+per verify mode; the engine's overhead per speculative step and each drafter's cost per draft token d, in plain
+steps; optionally the costs at other context lengths (``lengths``: c(w, L), ``at_length``) and the stack of a
+step's parts (``components``). Stored under ``$SPECBENCH_HOME/profiles``, keyed by model shape, device, mlx /
+mlx-lm versions and BLAS library (``kernel_key``); a damaged stored profile is moved aside with a warning and
+measured anew.
 """
 
 from __future__ import annotations

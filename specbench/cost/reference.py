@@ -1,11 +1,9 @@
 """Reference profiles measured on another device, shipped with the package: what a dense and an MoE model's
 verifications cost on an accelerator, to set beside this machine's.
 
-``reference_profiles()`` reads ``specbench/assets/reference/h200.json``, converted (not re-measured) from the
-H200 results in ``reports/gpu-h200`` by ``scripts/reference_profiles.py``: the Qwen3-8B (dense) and
-Qwen3-30B-A3B (MoE) shapes, 4-bit, full depth, random weights; c(w) in fast and exact mode, c(w, B) for B up
-to 32, distinct experts per block of w tokens, and the measured a x k grid with its predictions; and the
-verify-cost stack by component of those two shapes and a hybrid one (Qwen3.5-9B, Gated DeltaNet layers).
+``reference_profiles()`` reads ``specbench/assets/reference/h200.json``, converted (not re-measured) from the H200
+results by ``scripts/reference_profiles.py``: c(w), c(w, B), experts per block, the measured grid and the stacks
+by component of the Qwen3-8B, Qwen3-30B-A3B and Qwen3.5-9B shapes (4-bit, random weights).
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Verify cost by node count: a token tree of n nodes against a path of n tokens, in plain steps.
 
-A tree verification is one forward of n + 1 rows (the last emitted token and the nodes) under the
-tree mask and per-depth positions (``specbench.core.tree``); a path verification of n tokens is the
-same number of rows under the causal mask. ``measure_tree_costs`` times both through the verify
-mode's verifier, as ``specbench.cost.measure`` times paths, on a binary tree (node i's parent is
-(i - 1) // 2: every depth branches, the deepest tree shape costs no fewer rows). ``tree_break_even``
-turns the costs into Auto's break-even of a node budget (``AutoPolicy.choose_node_budget``), and
-``best_node_budget`` is the break-even math for measured tokens per verification. Stored per model,
-device, versions, BLAS library (``kernel_key``, as profiles) and verify mode next to the cost profiles; a
-stored file is checked on read (``check_tree_costs``, and that it holds what it is stored for) and a damaged
-one moved aside with a warning.
+``measure_tree_costs`` times both through the verify mode's verifier, n + 1 rows under the tree mask
+(``specbench.core.tree``) or the causal one, on a binary tree (every depth branches). ``tree_break_even`` turns the
+costs into Auto's break-even of a node budget, ``best_node_budget`` picks one from measured tokens per
+verification. Stored beside the cost profiles per model, device, versions, BLAS library and verify mode, checked
+on read; a damaged file is moved aside with a warning.
 """
 
 from __future__ import annotations
