@@ -13,10 +13,10 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.common.timing import quiet
 from specbench.core.forward import vocab_size
+from specbench.cost.caches import prefill
 from specbench.exact import ExactPlan, exact_mode
 
 #: Calls timed and dropped before the timed ones (first-use kernel builds, caches warming).
@@ -25,13 +25,7 @@ WARMUP_CALLS = 2
 
 def filled_cache(model: Any, length: int, seed: int = 3, chunk: int = 512) -> list[Any]:
     """A prompt cache holding ``length`` random tokens (prefilled ``chunk`` at a time)."""
-    rng = np.random.default_rng(seed)
-    vocab = vocab_size(model)
-    cache = make_prompt_cache(model)
-    for start in range(0, length, chunk):
-        model(mx.array(rng.integers(0, vocab, size=min(chunk, length - start)).tolist())[None], cache=cache)
-        mx.eval([c.state for c in cache])
-    return cache
+    return prefill(model, np.random.default_rng(seed).integers(0, vocab_size(model), size=length).tolist(), chunk)
 
 
 def random_rows(model: Any, width: int, seed: int = 3) -> mx.array:

@@ -23,7 +23,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 
-from specbench.common.files import home, locked, set_aside, write_json_atomic
+from specbench.common.files import locked, set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.draft import Drafter
 from specbench.core.forward import vocab_size
@@ -32,7 +32,7 @@ from specbench.core.verify import VERIFY_MODES, check_verify_mode
 from specbench.cost.breakeven import drafter_cost
 from specbench.cost.caches import CacheRestore, prefill
 from specbench.cost.measure import _time_plain
-from specbench.cost.profile import _number, _slug, kernels_tag
+from specbench.cost.profile import _number, profile_path
 from specbench.exact import verifier_for
 
 NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -187,9 +187,8 @@ def measure_tree_costs(
 def tree_costs_path(model: str, device: str, mode: str, root: Path | None = None, kernels: str | None = None) -> Path:
     """Where the tree costs of ``model`` (a ``model_key``) on ``device`` in ``mode`` are stored; ``kernels``
     (default: this process's ``kernel_key()``) keys them by the BLAS library, as profiles are."""
-    vers = versions()
-    name = f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}{kernels_tag(kernels)}"
-    return (root or home()) / "profiles" / "trees" / f"{name}--{mode}.json"
+    profile = profile_path(model, device, versions(), root, kernels)
+    return profile.parent / "trees" / f"{profile.stem}--{mode}.json"
 
 
 def save_tree_costs(costs: TreeCosts, root: Path | None = None) -> Path:
