@@ -99,6 +99,8 @@ def replay_policy(
     return log
 
 
+#: The step log's totals a replayed policy's row carries, before its predicted speedup.
+POLICY_STATS = ("tokens", "steps", "verifies", "drafted", "accepted", "acceptance_rate", "tokens_per_verify")
 #: The verify mode the replays run in (greedy) and are priced in.
 MODE = "exact"
 
@@ -120,16 +122,8 @@ def policy_row(log: StepLog, profile: Profile, drafter: str, mode: str = MODE) -
     """A replayed policy's totals and its predicted speedup on ``profile`` (in the simulator's verify mode)."""
     stats = log.stats()
     d = drafter_cost(model_free_drafter(drafter, 1), profile)
-    return {
-        "tokens": stats["tokens"],
-        "steps": stats["steps"],
-        "verifies": stats["verifies"],
-        "drafted": stats["drafted"],
-        "accepted": stats["accepted"],
-        "acceptance_rate": stats["acceptance_rate"],
-        "tokens_per_verify": stats["tokens_per_verify"],
-        "predicted_speedup": predicted_speedup(log.records, profile, d, mode=mode, tokens="emitted"),
-    }
+    predicted = predicted_speedup(log.records, profile, d, mode=mode, tokens="emitted")
+    return {key: stats[key] for key in POLICY_STATS} | {"predicted_speedup": predicted}
 
 
 def rank_policies(

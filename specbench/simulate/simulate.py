@@ -291,6 +291,8 @@ STORES = ("shared", "per-trace")
 Group = tuple[str, Callable[[], Iterable[Recorded]]]
 
 
+#: The step log's totals a replay's summary row carries after its accepted tokens per verification.
+_REPLAY_STATS = ("tokens_per_verify", "acceptance_rate", "mean_accepted_tokens")
 #: The drafters a replay runs unless told otherwise (``model_free_drafters()`` lists every one it can run).
 DEFAULT_DRAFTERS = ("lookup", "suffix")
 
@@ -314,6 +316,20 @@ def model_free_drafter(name: str, k: int) -> Drafter:
             f"({', '.join(model_free_drafters())})"
         )
     return drafter
+
+
+def check_settings(drafters: Sequence[str], ks: Sequence[int], stores: Sequence[str], limit: int | None) -> None:
+    """A ValueError for a drafter, k, store scope or limit the simulator cannot use (before any work)."""
+    if not drafters:
+        raise ValueError(f"give at least one drafter ({', '.join(model_free_drafters())})")
+    for name in drafters:
+        model_free_drafter(name, 1)
+    if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
+        raise ValueError(f"k: draft lengths are integers >= 1, got {list(ks)}")
+    if not stores or any(s not in STORES for s in stores):
+        raise ValueError(f"store: the scopes are {', '.join(STORES)}, got {list(stores)}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit: at least 1 trace, got {limit}")
 
 
 def group_by_trace(requests: Iterable[Recorded]) -> list[tuple[str, list[Recorded]]]:
@@ -340,13 +356,7 @@ def replay_logs(
     """
     import polars as pl
 
-    unknown = [s for s in stores if s not in STORES]
-    if unknown or not stores:
-        raise ValueError(f"store scopes must be among {', '.join(STORES)}, got {list(stores)}")
-    if not ks or any(not isinstance(k, int) or k < 1 for k in ks):
-        raise ValueError(f"draft lengths k must be integers >= 1, got {list(ks)}")
-    for name in drafters:
-        model_free_drafter(name, 1)
+    check_settings(drafters, ks, stores, None)
     steps = StepLog()
     rows = []
     for store in stores:
@@ -361,25 +371,12 @@ def replay_logs(
                         labels = {"store": store, "k": k, "trace": trace_id, "turn": record.labels["request"]}
                         log.append(replace(record, drafter=name, labels=labels))
                 stats = log.stats()
-                verifies = stats["verifies"]
-                rows.append(
-                    {
-                        "drafter": name,
-                        "store": store,
-                        "k": k,
-                        "traces": len(groups),
-                        "turns": sum(1 for r in log.records if r.kind == "prefill"),
-                        "prompt_tokens": sum(r.verify_width for r in log.records if r.kind == "prefill"),
-                        "tokens": stats["tokens"],
-                        "verifies": verifies,
-                        "drafted": stats["drafted"],
-                        "accepted": stats["accepted"],
-                        "accepted_per_verify": stats["accepted"] / verifies if verifies else 0.0,
-                        "tokens_per_verify": stats["tokens_per_verify"],
-                        "acceptance_rate": stats["acceptance_rate"],
-                        "mean_accepted_tokens": stats["mean_accepted_tokens"],
-                    }
-                )
+                prefills = [r for r in log.records if r.kind == "prefill"]
+                row = {"drafter": name, "store": store, "k": k, "traces": len(groups), "turns": len(prefills)}
+                row |= {"prompt_tokens": sum(r.verify_width for r in prefills)}
+                row |= {key: stats[key] for key in ("tokens", "verifies", "drafted", "accepted")}
+                row |= {"accepted_per_verify": stats["accepted"] / stats["verifies"] if stats["verifies"] else 0.0}
+                rows.append(row | {key: stats[key] for key in _REPLAY_STATS})
                 steps.records.extend(log.records)
     return pl.DataFrame(rows), steps
 

@@ -23,10 +23,9 @@ from specbench.simulate.simulate import (
     DEFAULT_DRAFTERS,
     STORES,
     Group,
+    check_settings,
     group_by_trace,
     load_recorded,
-    model_free_drafter,
-    model_free_drafters,
     replay_logs,
     trace_groups,
 )
@@ -83,20 +82,6 @@ def load_tokenizer(name: str) -> Any:
             "with tokenizer.json or tokenizer_config.json"
         )
     return mlx_load_tokenizer(path)
-
-
-def check_settings(drafters: Sequence[str], ks: Sequence[int], stores: Sequence[str], limit: int | None) -> None:
-    """A ValueError for a drafter, k, store scope or limit the simulator cannot use (before any work)."""
-    if not drafters:
-        raise ValueError(f"give at least one drafter ({', '.join(model_free_drafters())})")
-    for name in drafters:
-        model_free_drafter(name, 1)
-    if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
-        raise ValueError(f"k: draft lengths are integers >= 1, got {list(ks)}")
-    if not stores or any(s not in STORES for s in stores):
-        raise ValueError(f"store: the scopes are {', '.join(STORES)}, got {list(stores)}")
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit: at least 1 trace, got {limit}")
 
 
 def simulate_logs(
