@@ -1,25 +1,14 @@
 """Importers: other conversation formats as traces (``specbench.inputs.traces``).
 
-OpenAI message lists (``{"messages": [...], "tools": ...}`` or a bare list of messages, JSON or
-JSONL; contents as text or as lists of ``{"type": "text", "text"|"value"}`` parts; ``tools`` as a
-list or as that list in a JSON string), a benchmark's published runs (a JSON list of ``{"task_id",
-"reward", "traj": [OpenAI messages], "trial"}``, as tau-bench publishes them), ShareGPT
-(``{"conversations": [{"from", "value"}]}``), tau-bench few-shot conversations
-(``{"messages_display": "user: ...\\nassistant: ..."}``), SWE-agent trajectories (``history``
-messages, else ``trajectory`` steps) and Spec-Bench / MT-bench ``question.jsonl`` (``turns``: one
-user message per turn, no recorded replies). ``load_traces`` reads a file in any of these formats
-or in the project's schema, picking the importer from the content of every record of the file (never
-from its name) or from ``format=`` (``--trace-format`` on the command line): a file that mixes
-formats, a record that could be several, or a record of another format than the one asked for is an
-error naming the file and line (JSON lines) or item (JSON arrays).
+OpenAI message lists, a benchmark's published runs (tau-bench's results), ShareGPT, tau-bench few-shot
+conversations, SWE-agent trajectories and Spec-Bench / MT-bench ``question.jsonl`` (each importer says what it
+reads). ``load_traces`` reads a file in any of them or in the project's schema, the format detected from every
+record's content (never the file's name) or given (``format=``, ``--trace-format``): a file that mixes formats,
+a record that could be several, or one of another format than asked is an error naming its line or item.
 
-Reasoning (what a thinking model writes before its answer) is read from a message's
-``reasoning_content``, ``reasoning`` or ``thinking`` field, from its ``reasoning``/``thinking`` content
-parts (Anthropic's ``{"type": "thinking", "thinking": ...}``, LLaMA-Factory's ``{"type": "reasoning",
-"value": ...}``, whose ``{"type": "tool_call", "value": "<json>"}`` parts are read as tool calls) and from
-``<think>...</think>`` at the start of its text; it becomes the message's ``reasoning``, which rendering
-writes in the chat template's own form (``specbench.inputs.traces.render_text``, ``reply_text``), or is
-left out with ``reasoning="drop"`` (``--reasoning drop``).
+Reasoning is read from a message's ``reasoning_content``, ``reasoning`` or ``thinking`` field, its
+reasoning/thinking content parts and ``<think>...</think>`` at the start of its text; it becomes the message's
+``reasoning`` (rendered in the chat template's form), or is left out with ``reasoning="drop"``.
 """
 
 from __future__ import annotations

@@ -98,12 +98,10 @@ def simulate_logs(
 ) -> SimulatedLogs:
     """Replay ``drafters`` at each k and store scope over a log file or a folder of logs.
 
-    Conversation logs (any format ``load_traces`` reads) are replayed on their recorded assistant
-    messages, tokenized with ``tokenizer`` (a tokenizer, or a model name for ``load_tokenizer``);
-    with ``recorded``, ``source`` holds recorded greedy outputs (``save_recorded``'s parquet, such as
-    the trace benchmark's ``*.plain.parquet``, which alone are read from a folder that has them),
-    whose ids are replayed as they are. ``trace_ids`` and
-    ``limit`` pick traces (in file order); ``reasoning`` ("keep" or "drop") is ``load_traces``'.
+    Conversation logs (any format ``load_traces`` reads) are replayed on their recorded assistant messages,
+    tokenized with ``tokenizer`` (or a model name for ``load_tokenizer``); with ``recorded``, ``source`` holds
+    recorded greedy outputs (``save_recorded``'s parquet; a folder's ``*.plain.parquet`` where it has them),
+    replayed as they are. ``trace_ids`` and ``limit`` pick traces; ``reasoning`` is ``load_traces``'.
     """
     check_settings(drafters, ks, stores, limit)
     start = time.perf_counter()
