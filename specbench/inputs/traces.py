@@ -255,12 +255,6 @@ def read_json_lines(path: Path, text: str | None = None) -> Iterable[tuple[int, 
             raise ValueError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
 
 
-def read_trace_file(path: str | os.PathLike) -> list[Trace]:
-    """Traces from a file in the project's schema."""
-    path = Path(path)
-    return traces_from_records(path, ((f"{path}:{number}", record) for number, record in read_json_lines(path)))
-
-
 def traces_from_records(path: Path, records: Iterable[tuple[str, Any]]) -> list[Trace]:
     """Traces from schema records, each with where it was read ("file:line")."""
     traces: dict[str, Trace] = {}
