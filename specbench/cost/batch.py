@@ -1,12 +1,9 @@
 """Cost along the batch axis: c(w, B), break-even a*(k, B), predictions, and a measured grid.
 
-c(w, B) = seconds of a [B, w] verification forward / seconds of a [B, 1] plain batched step, both
-over B rows holding the same context length (mlx-lm ``BatchKVCache``). With every request drafting
-k tokens at acceptance a, one batched step costs c(k+1, B) plain batched steps and yields E(k) tokens
-per request, so total throughput and each request's latency improve by E(k) / (c(k+1, B) + k d); with
-per-request acceptances a_r, request r's latency speedup is E(a_r, k) / c and the throughput speedup
-is mean_r E(a_r, k) / c. Verification here is fast mode: exact verification computes one request's
-rows serially and is not batched (``specbench.core.batch``).
+c(w, B) = seconds of a [B, w] verification forward / seconds of a [B, 1] plain batched step (mlx-lm
+``BatchKVCache``, every row at the same context length). Every request drafting k tokens at acceptance a_r,
+request r's latency speedup is E(a_r, k) / (c(k+1, B) + k d) and the throughput speedup their mean. Fast mode:
+exact verification runs each request's rows serially (``specbench.core.batch``).
 """
 
 from __future__ import annotations

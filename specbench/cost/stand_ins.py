@@ -1,11 +1,9 @@
 """Standing in for a model's components: one forward recorded, then timed with some components' modules
 answering from the record (``specbench.cost.components`` splits a verify's cost by subtraction with it).
 
-A component's modules (``component_of``: attention, dense projections, MoE blocks and expert gathers,
-Gated DeltaNet layers, the output head) are sites (``component_sites``). ``record_forward`` records every
-site call's inputs and output, as a tree of calls; ``forward_with_stand_ins`` times the forward, unsynchronised
-as the engine runs it, with the named components' sites returning their recorded outputs at once, so that the
-rest of the graph computes the same values (the logits are equal bit for bit) without the stood-in work.
+``record_forward`` records every component call's inputs and output (``component_sites``); ``forward_with_stand_ins``
+times the forward as the engine runs it, the named components answering at once, so that the rest of the graph
+computes the same values (the logits equal bit for bit) without the stood-in work.
 """
 
 from __future__ import annotations

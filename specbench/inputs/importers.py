@@ -386,13 +386,9 @@ def import_tau_bench(path: str | os.PathLike, records: Sequence[Record] | None =
 
 
 def import_swe_agent(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
-    """A SWE-agent trajectory (``.traj``, JSON).
-
-    Uses ``history`` (the messages the model saw and wrote: system prompt, demonstrations, the issue,
-    thought/action replies, observations; SWE-agent's tool-call messages included) when present;
-    otherwise the ``trajectory`` steps (``query`` of the first step when recorded, then each step's
-    ``response`` as a reply and its ``observation`` as the next user message). mini-SWE-agent's
-    ``{"messages": [...]}`` files are read as OpenAI message lists.
+    """A SWE-agent trajectory (``.traj``, JSON): its ``history`` messages when present, else its ``trajectory``
+    steps (the first step's ``query``, then each ``response`` as a reply and ``observation`` as the next user
+    message); mini-SWE-agent's ``{"messages": [...]}`` as an OpenAI message list.
     """
     path = Path(path)
     records = read_records(path) if records is None else records

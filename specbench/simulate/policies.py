@@ -1,11 +1,8 @@
 """Draft-length policies replayed on the same recorded outputs, ranked per workload by predicted speedup.
 
-Each (workload, policy) runs the real decode loop over a workload's recorded plain greedy outputs
-(``simulate``, no model run), with a fresh model-free drafter per trace and a fresh policy per workload (a
-policy's state carries over a workload's requests, as a server's would). The predicted speedup prices the
-steps the policy took with a stored cost profile: the tokens the replay emitted over the sum of c(width) +
-drafted x d, in plain steps (``specbench.cost.predicted_speedup``, ``tokens="emitted"``). What ``specbench
-simulate --policies`` and the policies notebook run.
+Each (workload, policy) runs the real decode loop over a workload's recorded greedy outputs (``simulate``),
+with a fresh drafter per trace and a fresh policy per workload; its steps are priced with a stored cost profile
+(``predicted_speedup``, ``tokens="emitted"``). What ``specbench simulate --policies`` and the policies notebook run.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Offline acceptance simulator: what a model-free drafter would do, without running the model.
 
-Under greedy verification the accepted tokens of every step are fixed by the draft and the model's
-own greedy output, so a recorded plain run (prompt and output ids per request) is enough to replay
-speculative decoding with any model-free drafter, draft length and policy. ``simulate`` runs the
-engine's decode loop (``specbench.core.engine.Generation``) step for step, with the recorded output
-(``RecordedOutput``) in place of the model, and returns the ``StepLog`` the real run would write,
-timing columns excepted (they are 0). Policies are the real policy objects; ``DraftPolicy.auto()``
-needs the model's cost profile (``cost=``) or a fixed ``break_even``.
-
-One boundary: when a draft runs past the recorded output's stop token, the model's predictions after
-the stop are unknown; the simulator counts accepted tokens up to the stop (the tokens that can be
-emitted).
+Under greedy verification every step's accepted tokens are fixed by the draft and the model's own greedy output,
+so a recorded plain run (prompt and output ids) is enough to replay speculative decoding with any model-free
+drafter, draft length and policy. ``simulate`` runs the engine's decode loop with the recorded output
+(``RecordedOutput``) in place of the model and returns the ``StepLog`` the real run would write (timings 0).
+Past a recorded stop token the model's predictions are unknown: drafts count as accepted up to the stop.
 """
 
 from __future__ import annotations
@@ -216,15 +210,11 @@ def simulate(
     cost: Any = None,
     context_limit: int | None = None,
 ) -> StepLog:
-    """Replay speculative decoding with ``drafter`` over recorded plain greedy outputs.
-
-    ``requests``: ``Recorded`` (or mappings with prompt, output, finish_reason), replayed in order
-    with one drafter (so SuffixDecoding's global store carries over). ``policy``: a policy or its
-    text form (default ``auto``); ``options``: the decoding options of the real run (max_tokens;
-    defaults to each output's length); ``cost``: the verify cost ``auto`` plans with (a
-    ``cost.Profile``, or the model, whose profile is then loaded or measured);
-    ``context_limit``: the model's context length, when it binds. Returns one log, with a
-    ``request`` column (the request's index).
+    """Replay speculative decoding with ``drafter`` over recorded plain greedy outputs, in order, with one drafter
+    (SuffixDecoding's store carries over); one log with a ``request`` column. ``requests``: ``Recorded`` or
+    mappings with prompt, output, finish_reason. ``policy``: a policy or its text (default ``auto``, which plans
+    with ``cost``: a ``cost.Profile`` or the model); ``options``: the real run's (default: each output's length);
+    ``context_limit``: the model's context length, where it binds.
     """
     if drafter is None:
         raise ValueError("simulate needs a drafter (plain decoding needs no simulation)")
@@ -346,13 +336,10 @@ def replay_logs(
     ks: Sequence[int] = (4, 8, 16),
     stores: Sequence[str] = STORES,
 ):
-    """Every (store, drafter, k) over recorded requests grouped by trace, with a fixed draft length k.
-
-    ``groups``: (trace id, a function giving that trace's requests afresh, in order). With store
-    "shared" one drafter replays every trace in turn (SuffixDecoding's store then holds the earlier
-    traces); with "per-trace" each trace starts a fresh drafter. Returns (summary, steps): one row per
-    (drafter, store, k) with the totals and accepted tokens per verification, and every step's record
-    with drafter, store, k, trace and turn (the request's index in its trace) columns.
+    """Every (store, drafter, k) over recorded requests grouped by trace (``groups``: trace id and a function
+    giving its requests afresh), at a fixed draft length k: one drafter for every trace in turn (store "shared")
+    or a fresh one per trace ("per-trace"). Returns (summary, steps): one row per (drafter, store, k), and every
+    step with drafter, store, k, trace and turn columns.
     """
     import polars as pl
 
