@@ -104,7 +104,7 @@ class BatchRun:
         self.say(f"  profile in {time.perf_counter() - t0:.1f} s")
         self.profiles[label] = profile.to_dict()
         self.tables["costs"] += [{"model": label, **r} for r in profile.to_polars().to_dicts()]
-        rows = profile.break_even_rows(cfg["max_k"])
+        rows = break_even_rows(profile, cfg["max_k"])
         self.tables["break_even"] += [{"model": label, **r} for r in rows]
         for b in profile.batch_sizes:
             self.say(f"  a*(k, B={b}): " + " ".join(f"{r['a_star']:.2f}" for r in rows if r["batch_size"] == b))
@@ -389,8 +389,17 @@ def batch_verdict(labels: Sequence[str], tables: dict[str, list[dict]], acceptan
     return lines
 
 
+def break_even_rows(profile: BatchProfile, max_k: int) -> list[dict[str, Any]]:
+    """a*(k, B) as rows (batch_size, k, a_star) for k = 1 .. ``max_k`` (fewer where the profile is narrower)."""
+    rows = []
+    for b in profile.batch_sizes:
+        a_star = profile.break_even_acceptance(b, max_k=min(max_k, len(profile.costs[b]) - 1))
+        rows += [{"batch_size": b, "k": k + 1, "a_star": float(a)} for k, a in enumerate(a_star)]
+    return rows
+
+
 def lowest_break_even(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
-    """The lowest finite a*(k, B) over k per batch size (capped at 1) from ``break_even_rows``' rows."""
+    """The lowest finite a*(k, B) over k per batch size (capped at 1) from ``break_even_rows``."""
     lowest: dict[int, float] = {}
     for r in rows:
         if np.isfinite(r["a_star"]):

@@ -52,20 +52,6 @@ class BatchProfile:
     #: step's (``measure_batch_overhead``). Empty: not measured (predictions price the forwards alone).
     overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    def overhead_terms(self, w: int) -> tuple[float, float]:
-        """(per step, per row) seconds of the engine's own work at width w: a least-squares line through the
-        overheads measured at each batch size, at the measured width nearest w (the wider on a tie); (0, 0)
-        when none is. A summary for reading; predictions use ``overhead``."""
-        if not self.overhead_s:
-            return 0.0, 0.0
-        nearest = min(self.overhead_s, key=lambda m: (abs(int(m) - w), -int(m)))
-        sizes = np.array([int(b) for b in self.overhead_s[nearest]], dtype=float)
-        seconds = np.array(list(self.overhead_s[nearest].values()), dtype=float)
-        if len(sizes) < 2:
-            return float(seconds[0]), 0.0
-        row, step = np.polyfit(sizes, seconds, 1)
-        return float(step), float(row)
-
     def overhead(self, w: int, batch_size: int) -> float:
         """Seconds a batched step of width w over ``batch_size`` rows takes beyond c(w, B) times the [B, 1]
         forward, as measured: interpolated linearly in log B between the measured batch sizes and linearly in
@@ -121,14 +107,6 @@ class BatchProfile:
     def best_k(self, acceptance: float, batch_size: int, d: float = 0.0, max_k: int | None = None) -> tuple[int, float]:
         """(k, predicted speedup) best at this batch size and acceptance (k = 0: plain decoding pays best)."""
         return best_k(acceptance, self.curve(batch_size), d, max_k)
-
-    def break_even_rows(self, max_k: int) -> list[dict[str, Any]]:
-        """a*(k, B) as rows (batch_size, k, a_star) for k = 1 .. ``max_k`` (fewer where the profile is narrower)."""
-        rows = []
-        for b in self.batch_sizes:
-            a_star = self.break_even_acceptance(b, max_k=min(max_k, len(self.costs[b]) - 1))
-            rows += [{"batch_size": b, "k": k + 1, "a_star": float(a)} for k, a in enumerate(a_star)]
-        return rows
 
     def auto_policy(self, d: float = 0.0, **kwargs: Any) -> BatchAutoPolicy:
         """Auto planning with this profile's break-even at each batch size (``max_k``, ``window``,

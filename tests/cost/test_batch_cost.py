@@ -112,15 +112,11 @@ def test_batch_overheads_per_step_and_row_enter_the_prediction():
     profile = measure_batch_profile(model, (1, 2, 4), widths=3, offset=8, repeats=1, warmup=1, count_experts=False)
     measure_batch_overhead(model, profile, widths=(1, 3), tokens=6)
     assert set(profile.overhead_s) == {"1", "3"} and all(len(v) == 3 for v in profile.overhead_s.values())
-    step, row = profile.overhead_terms(3)
-    assert math.isfinite(step) and math.isfinite(row)
     assert profile.overhead(3, 4) == pytest.approx(profile.overhead_s["3"]["4"])  # measured there: taken as is
     halfway = (profile.overhead_s["1"]["4"] + profile.overhead_s["3"]["4"]) / 2
     assert profile.overhead(2, 4) == pytest.approx(halfway)  # linear in w between measured widths
-    assert profile.overhead_terms(2) == profile.overhead_terms(3)  # the nearest measured width (the wider on a tie)
     made = made_profile()
     made.overhead_s = {"2": {"1": 0.002, "4": 0.005, "16": 0.017}}
-    assert made.overhead_terms(2) == pytest.approx((0.001, 0.001))
     assert made.overhead(2, 2) == pytest.approx(0.0035)  # linear in log B between 1 and 4
     assert made.overhead(5, 64) == pytest.approx(0.017)  # the nearest beyond the measured range
     made.overhead_s = {"1": {"1": -0.004, "4": -0.004}}  # pipelining hides part of the profile's forward
@@ -193,15 +189,6 @@ def test_batch_bench_agrees_with_mlx_lm():
         ("suffix/fixed:3", "plain"),
     }
     assert all(s.identical == 1.0 and s.min_first_divergence is None for s in summary)
-
-
-def test_break_even_rows():
-    p = made_profile()
-    rows = p.break_even_rows(max_k=5)  # the profile holds c(1..4): k stops at 3
-    assert {(r["batch_size"], r["k"]) for r in rows} == {(b, k) for b in (1, 4, 16) for k in (1, 2, 3)}
-    for r in rows:
-        expected = p.break_even_acceptance(r["batch_size"], max_k=3)[r["k"] - 1]
-        assert r["a_star"] == pytest.approx(expected, nan_ok=True)
 
 
 def test_batch_bench_prints_each_speedup_beside_its_prediction():
