@@ -11,6 +11,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -127,6 +128,22 @@ def from_rounds(
     return plain, costs, medians, intervals
 
 
+def with_rounds(profile: Profile, plain_s: Sequence[float], rounds: dict[str, list[list[float]]]) -> Profile:
+    """``profile`` with c(w), its seconds and intervals made from these timing rounds (``from_rounds``), and the
+    checks of ``specbench.cost.noise``."""
+    plain, costs, seconds, intervals = from_rounds(plain_s, rounds)
+    return replace(
+        profile,
+        plain_step_s=plain,
+        costs=costs,
+        seconds=seconds,
+        rounds={"plain": list(plain_s), **rounds},
+        intervals=intervals,
+        interval_level=noise.level(len(plain_s)),
+        noise={m: noise.noise(profile.widths[m], costs[m], intervals[m], profile.overhead.get(m, 0.0)) for m in costs},
+    )
+
+
 def _profile(
     model: nn.Module,
     plain_s: Sequence[float],
@@ -134,27 +151,10 @@ def _profile(
     rounds: dict[str, list[list[float]]],
     **fields: Any,
 ) -> Profile:
-    """The profile of ``model`` on this device and library versions, made now from its timing rounds
-    (``from_rounds``), with the checks of ``specbench.cost.noise``."""
-    plain, costs, seconds, intervals = from_rounds(plain_s, rounds)
-    return Profile(
-        model=model_key(model),
-        name=display_name(model),
-        device=device_name(),
-        versions=versions(),
-        plain_step_s=plain,
-        widths=widths,
-        costs=costs,
-        seconds=seconds,
-        created=_now(),
-        rounds={"plain": list(plain_s), **rounds},
-        intervals=intervals,
-        interval_level=noise.level(len(plain_s)),
-        noise={
-            m: noise.noise(widths[m], costs[m], intervals[m], fields.get("overhead", {}).get(m, 0.0)) for m in costs
-        },
-        **fields,
-    )
+    """The profile of ``model`` on this device and library versions, made now from its timing rounds."""
+    key = {"model": model_key(model), "name": display_name(model), "device": device_name(), "versions": versions()}
+    made = Profile(**key, plain_step_s=0.0, widths=widths, costs={}, seconds={}, created=_now(), **fields)
+    return with_rounds(made, plain_s, rounds)
 
 
 # -- full profiles ------------------------------------------------------------------------------

@@ -19,8 +19,7 @@ import mlx.nn as nn
 
 from specbench.common.identity import display_name
 from specbench.core.verify import check_verify_mode
-from specbench.cost import noise
-from specbench.cost.measure import forget, from_rounds, measure
+from specbench.cost.measure import forget, measure, with_rounds
 from specbench.cost.profile import Profile, load_profile, save_profile
 
 
@@ -134,7 +133,6 @@ def pooled(first: Profile, second: Profile) -> Profile:
     context lengths, the overhead and drafters are the second's), c(w), intervals and the noise checks recomputed."""
     plain_s = [*first.rounds["plain"], *second.rounds["plain"]]
     rounds = {m: [[*a, *b] for a, b in zip(first.rounds[m], second.rounds[m])] for m in second.costs}
-    plain, costs, seconds, intervals = from_rounds(plain_s, rounds)
     measured = {
         "seconds": round(first.measured.get("seconds", 0.0) + second.measured.get("seconds", 0.0), 1),
         "load_before": first.measured.get("load_before"),
@@ -142,18 +140,7 @@ def pooled(first: Profile, second: Profile) -> Profile:
         "protocol": second.measured.get("protocol"),
         "measurements": first.measured.get("measurements", 1) + second.measured.get("measurements", 1),
     }
-    return dataclasses.replace(
-        second,
-        plain_step_s=plain,
-        costs=costs,
-        seconds=seconds,
-        rounds={"plain": plain_s, **rounds},
-        intervals=intervals,
-        interval_level=noise.level(len(plain_s)),
-        noise={m: noise.noise(second.widths[m], costs[m], intervals[m], second.overhead.get(m, 0.0)) for m in costs},
-        repeats=len(plain_s),
-        measured=measured,
-    )
+    return dataclasses.replace(with_rounds(second, plain_s, rounds), repeats=len(plain_s), measured=measured)
 
 
 def describe(profile: Profile) -> str:
