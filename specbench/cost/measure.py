@@ -152,8 +152,18 @@ def _profile(
     **fields: Any,
 ) -> Profile:
     """The profile of ``model`` on this device and library versions, made now from its timing rounds."""
-    key = {"model": model_key(model), "name": display_name(model), "device": device_name(), "versions": versions()}
-    made = Profile(**key, plain_step_s=0.0, widths=widths, costs={}, seconds={}, created=_now(), **fields)
+    made = Profile(
+        model=model_key(model),
+        name=display_name(model),
+        device=device_name(),
+        versions=versions(),
+        plain_step_s=0.0,
+        widths=widths,
+        costs={},
+        seconds={},
+        created=_now(),
+        **fields,
+    )
     return with_rounds(made, plain_s, rounds)
 
 
