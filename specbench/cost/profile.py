@@ -133,16 +133,6 @@ class Profile:
         entry = self.drafters.get(name) if name else None
         return None if entry is None else float(entry["d"])
 
-    @property
-    def key(self) -> dict[str, str]:
-        return {
-            "model": self.model,
-            "device": self.device,
-            "mlx": self.versions.get("mlx", ""),
-            "mlx_lm": self.versions.get("mlx_lm", ""),
-            "kernels": self.kernels,
-        }
-
     def path(self, root: Path | None = None) -> Path:
         return profile_path(self.model, self.device, self.versions, root, self.kernels)
 
@@ -212,17 +202,13 @@ def profile_path(
     model: str, device: str, vers: dict[str, str], root: Path | None = None, kernels: str | None = None
 ) -> Path:
     """Where the profile of ``model`` (a ``model_key``) on ``device`` with these versions is stored;
-    ``kernels`` (default: this process's ``kernel_key()``) adds a digest of what else the kernels
-    depend on (the BLAS library), so that a profile taken under another one is not reused."""
-    name = f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}{kernels_tag(kernels)}"
-    return (root or home()) / "profiles" / f"{name}.json"
-
-
-def kernels_tag(kernels: str | None = None) -> str:
-    """The part of a stored file's name that keys it by what the kernels depend on (``kernel_key``, by default
-    this process's): ``--k`` and a digest of it; "" for files stored before it was kept."""
+    ``kernels`` (default: this process's ``kernel_key()``) adds ``--k`` and a digest of what else the kernels
+    depend on (the BLAS library), so that a profile taken under another one is not reused ("": none, as
+    profiles stored before it was kept)."""
     kernels = kernel_key() if kernels is None else kernels
-    return f"--k{hashlib.sha1(kernels.encode()).hexdigest()[:8]}" if kernels else ""
+    tag = f"--k{hashlib.sha1(kernels.encode()).hexdigest()[:8]}" if kernels else ""
+    name = f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}{tag}"
+    return (root or home()) / "profiles" / f"{name}.json"
 
 
 def _number(x: Any) -> bool:
