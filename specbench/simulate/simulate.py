@@ -253,28 +253,6 @@ def simulate(
     return log
 
 
-def sweep(
-    requests: Sequence[Recorded | Mapping[str, Any]],
-    drafters: Mapping[str, Callable[[], Drafter]],
-    policies: Sequence[DraftPolicy | str],
-    options: GenerateOptions | None = None,
-    cost: Any = None,
-):
-    """Simulate every (drafter, policy) pair; one row of ``StepLog.stats()`` each, as a polars DataFrame.
-
-    ``drafters`` maps a label to a factory, so every run starts from a fresh drafter.
-    """
-    import polars as pl
-
-    rows = []
-    for label, make in drafters.items():
-        for spec in policies:
-            policy = DraftPolicy.parse(spec) if isinstance(spec, str) else spec
-            stats = simulate(requests, make(), policy, options, cost).stats()
-            rows.append({"drafter": label, "policy": getattr(policy, "name", str(spec)), **stats})
-    return pl.DataFrame(rows)
-
-
 #: Where a drafter's store lives when replaying a log: one drafter for all its traces, or a fresh one per trace.
 STORES = ("shared", "per-trace")
 #: A trace's id and a function giving its recorded requests afresh.
