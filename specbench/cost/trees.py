@@ -2,9 +2,9 @@
 
 ``measure_tree_costs`` times both through the verify mode's verifier, n + 1 rows under the tree mask
 (``specbench.core.tree``) or the causal one, on a binary tree (every depth branches). ``tree_break_even`` turns the
-costs into Auto's break-even of a node budget, ``best_node_budget`` picks one from measured tokens per
-verification. Stored beside the cost profiles per model, device, versions, BLAS library and verify mode, checked
-on read; a damaged file is moved aside with a warning.
+costs into Auto's break-even of a node budget (``AutoPolicy.choose_node_budget`` picks one). Stored beside the
+cost profiles per model, device, versions, BLAS library and verify mode, checked on read; a damaged file is moved
+aside with a warning.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import datetime as dt
 import json
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,17 +296,3 @@ def tree_break_even(costs: TreeCosts, drafter: Drafter | None = None, d: float |
     """n -> tokens a verification of an n-node tree must yield to match plain decoding: c_tree(n) + n d."""
     d = drafter_cost(drafter) if d is None else d
     return lambda n: costs.c(n, "tree") + n * d
-
-
-def best_node_budget(
-    costs: TreeCosts | Callable[[int], float], tokens_per_verify: Mapping[int, float], d: float = 0.0
-) -> tuple[int, float]:
-    """(n, predicted speedup) of the node budget whose measured tokens per verification (including the
-    token every verification emits) best beat its cost; (0, 1.0) when none beats plain decoding."""
-    break_even = tree_break_even(costs, d=d) if isinstance(costs, TreeCosts) else costs
-    best = (0, 1.0)
-    for n, tokens in sorted(tokens_per_verify.items()):
-        speedup = float(tokens) / break_even(int(n))
-        if speedup > best[1]:
-            best = (int(n), speedup)
-    return best

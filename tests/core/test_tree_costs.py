@@ -14,7 +14,6 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost.trees import (
     TreeCosts,
-    best_node_budget,
     binary_tree,
     load_tree_costs,
     measure_tree_costs,
@@ -62,8 +61,6 @@ def test_cost_by_node_count_interpolates_and_extends():
 def test_break_even_and_auto_choose_the_node_budget():
     c = costs([1.2, 1.4, 1.8, 4.0])
     tokens = {1: 1.3, 2: 1.9, 4: 2.3, 8: 3.0}  # 8 nodes yield most but cost too much
-    assert best_node_budget(c, tokens) == (2, pytest.approx(1.9 / 1.4))
-    assert best_node_budget(c, {4: 1.5})[0] == 0  # none beats plain decoding
     auto = DraftPolicy.auto()
     assert auto.choose_node_budget(tokens, tree_break_even(c)) == 2
     assert auto.max_k == 2 and auto.longest_draft(None) == 2
