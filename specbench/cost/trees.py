@@ -9,6 +9,7 @@ aside with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import statistics
@@ -33,6 +34,7 @@ from specbench.cost.breakeven import drafter_cost
 from specbench.cost.caches import CacheRestore, prefill
 from specbench.cost.measure import _time_plain
 from specbench.cost.profile import _number, profile_path
+from specbench.cost.timing import time_verify
 from specbench.exact import verifier_for
 
 NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -97,17 +99,9 @@ def binary_tree(n: int) -> list[int]:
 
 
 def _time_rows(verifier: Any, model: nn.Module, cache: list[Any], rows: mx.array, restore: CacheRestore, parents):
-    mx.synchronize()
-    t0 = time.perf_counter()
-    if parents is None:
-        logits = verifier.forward(model, rows, cache)
-    else:
-        with tree_attention(model, cache, parents):
-            logits = verifier.forward(model, rows, cache)
-    verifier.greedy(logits[0])
-    seconds = time.perf_counter() - t0
-    restore()
-    return seconds
+    """Seconds of one verification of ``rows``: a tree under ``parents``' mask, or (None) a path."""
+    with contextlib.nullcontext() if parents is None else tree_attention(model, cache, parents):
+        return time_verify(verifier, model, cache, rows, restore)
 
 
 def measure_tree_costs(
