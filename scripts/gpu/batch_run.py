@@ -40,7 +40,7 @@ from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import FAST
-from specbench.cost.batch import BatchProfile, lowest_break_even, measure_batch_overhead, measure_batch_profile
+from specbench.cost.batch import BatchProfile, measure_batch_overhead, measure_batch_profile
 from specbench.cost.batch_grid import batch_speedup_grid
 from specbench.exact import batch_verifier
 from specbench.models import synthetic
@@ -104,7 +104,7 @@ class BatchRun:
         self.say(f"  profile in {time.perf_counter() - t0:.1f} s")
         self.profiles[label] = profile.to_dict()
         self.tables["costs"] += [{"model": label, **r} for r in profile.to_polars().to_dicts()]
-        rows = profile.break_even_rows(cfg["max_k"])
+        rows = break_even_rows(profile, cfg["max_k"])
         self.tables["break_even"] += [{"model": label, **r} for r in rows]
         for b in profile.batch_sizes:
             self.say(f"  a*(k, B={b}): " + " ".join(f"{r['a_star']:.2f}" for r in rows if r["batch_size"] == b))
@@ -387,6 +387,24 @@ def batch_verdict(labels: Sequence[str], tables: dict[str, list[dict]], acceptan
         parts.append("lowest a*(k, B) over k: " + ", ".join(f"B={b} {a:.2f}" for b, a in lowest.items()))
         lines.append(f"{label}: " + "; ".join(parts))
     return lines
+
+
+def break_even_rows(profile: BatchProfile, max_k: int) -> list[dict[str, Any]]:
+    """a*(k, B) as rows (batch_size, k, a_star) for k = 1 .. ``max_k`` (fewer where the profile is narrower)."""
+    rows = []
+    for b in profile.batch_sizes:
+        a_star = profile.break_even_acceptance(b, max_k=min(max_k, len(profile.costs[b]) - 1))
+        rows += [{"batch_size": b, "k": k + 1, "a_star": float(a)} for k, a in enumerate(a_star)]
+    return rows
+
+
+def lowest_break_even(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """The lowest finite a*(k, B) over k per batch size (capped at 1) from ``break_even_rows``."""
+    lowest: dict[int, float] = {}
+    for r in rows:
+        if np.isfinite(r["a_star"]):
+            lowest[r["batch_size"]] = min(lowest.get(r["batch_size"], 1.0), r["a_star"])
+    return dict(sorted(lowest.items()))
 
 
 def divergence_table(summary: Sequence[dict], tokens: int) -> list[str]:

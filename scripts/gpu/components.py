@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from scripts.gpu.kernel_verify import aa_check
 from specbench import cost
 from specbench.bench.budget import Budget
@@ -221,7 +223,7 @@ class Run:
                 measure_batch_overhead(model, profile, cfg["overhead_widths"], cfg["max_tokens"], progress=print)
                 print(f"{shape}: overheads by then {time.perf_counter() - started:.0f} s", flush=True)
             for w in cfg["overhead_widths"]:
-                step, row = profile.overhead_terms(w)
+                step, row = overhead_terms(profile, w)
                 print(f"{shape} w={w}: engine overhead {1e3 * step:.3f} ms per step + {1e3 * row:.3f} ms per row")
             grid = batch_speedup_grid(
                 model,
@@ -265,6 +267,20 @@ class Run:
             )
             profiles[shape] = profile.to_dict()  # c(w, B), [B, 1] seconds and overheads: predictions can be redone
             self.write("batch", {"rows": rows, "profiles": profiles})
+
+
+def overhead_terms(profile: BatchProfile, w: int) -> tuple[float, float]:
+    """(per step, per row) seconds of the engine's own work at width w: a least-squares line through the overheads
+    measured at each batch size, at the measured width nearest w (the wider on a tie); (0, 0) when none is."""
+    if not profile.overhead_s:
+        return 0.0, 0.0
+    nearest = min(profile.overhead_s, key=lambda m: (abs(int(m) - w), -int(m)))
+    sizes = np.array([int(b) for b in profile.overhead_s[nearest]], dtype=float)
+    seconds = np.array(list(profile.overhead_s[nearest].values()), dtype=float)
+    if len(sizes) < 2:
+        return float(seconds[0]), 0.0
+    row, step = np.polyfit(sizes, seconds, 1)
+    return float(step), float(row)
 
 
 def main() -> None:

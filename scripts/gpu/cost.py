@@ -30,7 +30,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -43,9 +45,8 @@ from specbench.common.identity import device_name, result_data
 from specbench.common.identity import write_result as write_json
 from specbench.core.experts import expert_layers
 from specbench.core.forward import text_model
-from specbench.cost.breakeven import break_even_table
-from specbench.cost.grid import grid_lines, grid_seconds, prediction_error_lines
-from specbench.cost.profile import check_profile
+from specbench.cost.breakeven import best_k, break_even_acceptance
+from specbench.cost.profile import Profile, check_profile
 from specbench.drafters import make_drafter
 from specbench.models import synthetic
 from specbench.report import figures
@@ -212,6 +213,68 @@ class Run:
             figures.save_figure(figures.break_even(plist, d=0.0, max_k=15), out / "break_even.png")
         if self.grid:
             figures.save_figure(figures.measured_vs_predicted(self.grid, self.profiles), out / "measured.png")
+
+
+def break_even_table(
+    profiles: Sequence[Profile], max_k: int = 15, acceptances: Sequence[float] = (0.6, 0.7, 0.8, 0.9)
+) -> list[dict[str, Any]]:
+    """a*(k) of each profile and verify mode as rows (name, mode, k, c_k1 = c(k + 1) without the engine's
+    overhead, overhead, a_star, and best_k_a<x>: the best draft length at each of ``acceptances``), for k up to
+    ``max_k`` (fewer where the profile is narrower)."""
+    rows = []
+    for p in profiles:
+        for mode in p.costs:
+            top = min(max_k, max(p.widths[mode]) - 1)
+            best = {f"best_k_a{x:g}": best_k(x, p, 0.0, top, mode)[0] for x in acceptances}
+            for k, a in enumerate(break_even_acceptance(p, 0.0, top, mode), 1):
+                row = {"name": p.name, "mode": mode, "k": k, "c_k1": p.c(k + 1, mode, overhead=False)}
+                rows.append({**row, "overhead": p.overhead.get(mode, 0.0), "a_star": a, **best})
+    return rows
+
+
+def grid_seconds(profile: Profile, cells: int, repeats: int, max_tokens: int, verify: str) -> float:
+    """The seconds ``speedup_grid`` is expected to take for ``cells`` (acceptance, k) cells: a plain and a
+    speculative run of ``max_tokens`` tokens per cell and repeat, with set-up, at the profile's plain step (an
+    estimate fitted on H200 runs: fast verify follows its recording longer)."""
+    return cells * repeats * 2.4 * max_tokens * profile.plain_step_s * (1.6 if verify == "fast" else 1.2) + 5
+
+
+def grid_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """``speedup_grid``'s rows as a compact table: measured against predicted speedup per cell."""
+    lines = ["     a   k  measured  predicted  err%  from-log err%  E_meas  a_meas  diverged follows"]
+    for r in rows:
+        lines.append(
+            f"  {r['a']:.2f} {r['k']:3d}  {r['speedup']:7.2f}  {r['predicted_nominal']:8.2f}  "
+            f"{100 * r['error_nominal']:+5.1f}  {100 * r['error_from_log']:+12.1f}  {r['tokens_per_verify']:6.2f}"
+            f"  {r['acceptance_measured']:6.2f}  {r['diverged_at']!s:>8s} {r['follows']:7d}"
+        )
+    return lines
+
+
+def prediction_error_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Per verify mode of ``speedup_grid``'s rows: the mean and largest |measured / predicted - 1| of the speedup
+    and of the seconds per token, at the nominal acceptance and for the steps taken, and how the plain runs'
+    seconds per token compare with the profile's plain step."""
+    lines = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        cells = [r for r in rows if r["mode"] == mode]
+        for label, at_nominal, for_steps in (
+            ("speedup", "error_nominal", "error_from_log"),
+            ("seconds per token", "error_time_nominal", "error_time"),
+        ):
+            nominal = [abs(r[at_nominal]) for r in cells]
+            logged = [abs(r[for_steps]) for r in cells]
+            lines.append(
+                f"\nprediction error of the {label} |measured / predicted - 1|, {mode} verify, {len(cells)} cells: "
+                f"at nominal a mean {100 * sum(nominal) / len(cells):.1f}% max {100 * max(nominal):.1f}%; "
+                f"for the steps taken mean {100 * sum(logged) / len(cells):.1f}% max {100 * max(logged):.1f}%"
+            )
+        ratio = sorted(r["plain_over_profile"] for r in cells)
+        lines.append(
+            f"plain runs' seconds per token / the profile's plain step: median {ratio[len(ratio) // 2]:.2f} "
+            f"({ratio[0]:.2f}-{ratio[-1]:.2f})"
+        )
+    return lines
 
 
 def replot(folder: Path) -> int:

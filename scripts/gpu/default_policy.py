@@ -7,7 +7,7 @@
     python3 -m scripts.gpu.default_policy --resummarize FOLDER1 FOLDER2   # runs split over calls, summarized together
 
 Per model, set-up first: exact-mode calibration of every width Auto may verify, Auto's quick cost profiles,
-per-call verify seconds (``specbench.cost.calls.verify_call_rows``; --compile adds compiled linear chunks),
+per-call verify seconds (``scripts.gpu.verify_calls.verify_call_rows``; --compile adds compiled linear chunks),
 a warm-up of every method, and the steadier of free and pinned cores (``specbench.common.timing``).
 1. Synthetic shapes (random weights, full depth, 4-bit): an ``Oracle`` at controlled acceptance, Auto
    with exact and fast verify; each repeat runs mlx-lm plain once, then every cell as a (plain, Auto) pair of

@@ -12,6 +12,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from scripts.gpu.verify_calls import verify_call_rows
 from specbench import GenerateOptions, generate, load, speculative_generate
 from specbench.bench import ab, ab_runs
 from specbench.bench.budget import Budget, fitted_sizes
@@ -20,7 +21,6 @@ from specbench.common.timing import steadier_affinity
 from specbench.core.forward import vocab_size
 from specbench.core.policies import DraftPolicy
 from specbench.cost import profile_for
-from specbench.cost.calls import verify_call_rows
 from specbench.drafters import make_drafter
 from specbench.drafters.oracle import Oracle
 from specbench.exact import calibrate

@@ -21,7 +21,7 @@ the full-depth Qwen3-8B shape in 4-bit for costs. Per model:
    first time it sees it, which dominates cold fast-mode times); and a replay of the exact run's steps at each
    mode's measured verify costs;
 4. verify cost: width 1..16 forwards per level at a cache offset of --offset tokens, median of --repeats after
-   warm-up, relative to a width-1 forward (``specbench.cost.calls.level_seconds``).
+   warm-up, relative to a width-1 forward (``scripts.gpu.verify_calls.level_seconds``).
 
 --ops also runs the op probe (which row-wise ops are row-invariant; specbench.exact.probe_ops; slow on CUDA, where
 each new shape compiles kernels). specbench runs with MLX_CUDA_USE_CUDNN_SDPA=0 unless it is set; --cudnn-sdpa sets
@@ -47,13 +47,13 @@ if __name__ == "__main__" and "--cudnn-sdpa" in sys.argv:
 import mlx.core as mx
 
 from scripts.gpu import exactness_workload as workload
+from scripts.gpu import verify_calls as calls
 from specbench.bench.budget import Budget
 from specbench.checks import exactness
 from specbench.common.files import write_csv_atomic as write_csv
 from specbench.common.files import write_figure_atomic
 from specbench.common.identity import device_name
 from specbench.common.identity import write_result as write_json
-from specbench.cost import calls
 from specbench.exact import calibrate, probe_ops
 from specbench.models import load as models
 from specbench.models import synthetic

@@ -245,8 +245,8 @@ def replay_rows(
     label: str, logs: dict[str, list[StepRecord]], seconds: dict[str, dict[int, float]]
 ) -> list[dict[str, Any]]:
     """The exact runs' steps priced at fast and exact mode's measured verify seconds (``seconds[mode][width]``,
-    as ``cost.calls.level_seconds`` gives them): the same steps for both, so the ratio is the verify cost's alone.
-    A draft length whose widest step was not measured is left out."""
+    as ``scripts.gpu.verify_calls.level_seconds`` gives them): the same steps for both, so the ratio is the verify
+    cost's alone. A draft length whose widest step was not measured is left out."""
     base = seconds["fast"][1]
     ratios = {mode: {w: s / base for w, s in seconds[mode].items()} for mode in ("fast", "exact")}
     rows = []

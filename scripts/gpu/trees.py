@@ -52,8 +52,9 @@ from specbench.core.policies import AutoPolicy
 from specbench.cost.trees import NODE_COUNTS, measure_tree_costs, tree_break_even
 from specbench.drafters.mtp import MtpHead, mtp_head_for
 from specbench.drafters.oracle import Oracle, OracleTree
+from specbench.inputs.importers import load_traces
 from specbench.inputs.prompts import bundled_questions, render_prompt, select_questions
-from specbench.inputs.traces import TRACES_DIR, bundled_traces, read_trace_file
+from specbench.inputs.traces import bundled_traces
 from specbench.models.load import load
 from specbench.models.mtp import build_head
 from specbench.simulate.simulate import Recorded, trace_groups
@@ -118,7 +119,7 @@ def traces(args, budget: Budget, until: float) -> tuple[list[dict], list[dict], 
     """The simulator's trees against paths on every trace turn, SuffixDecoding's real runs (path and tree, exact
     and fast) against it, and Auto's node budget from the embedded model's tree costs."""
     model, tokenizer = load(args.trace_model)
-    runs = [t for name in bundled_traces() for t in read_trace_file(TRACES_DIR / f"{name}.jsonl")]
+    runs = [t for name in bundled_traces() for t in load_traces(name)]
     groups, _ = trace_groups(runs, tokenizer)
     if args.quick:
         groups = [(trace, lambda g=g: list(g())[:2]) for trace, g in groups[:2]]

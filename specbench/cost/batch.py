@@ -1,12 +1,9 @@
 """Cost along the batch axis: c(w, B), break-even a*(k, B), predictions, and a measured grid.
 
-c(w, B) = seconds of a [B, w] verification forward / seconds of a [B, 1] plain batched step, both
-over B rows holding the same context length (mlx-lm ``BatchKVCache``). With every request drafting
-k tokens at acceptance a, one batched step costs c(k+1, B) plain batched steps and yields E(k) tokens
-per request, so total throughput and each request's latency improve by E(k) / (c(k+1, B) + k d); with
-per-request acceptances a_r, request r's latency speedup is E(a_r, k) / c and the throughput speedup
-is mean_r E(a_r, k) / c. Verification here is fast mode: exact verification computes one request's
-rows serially and is not batched (``specbench.core.batch``).
+c(w, B) = seconds of a [B, w] verification forward / seconds of a [B, 1] plain batched step (mlx-lm
+``BatchKVCache``, every row at the same context length). Every request drafting k tokens at acceptance a_r,
+request r's latency speedup is E(a_r, k) / (c(k+1, B) + k d) and the throughput speedup their mean. Fast mode:
+exact verification runs each request's rows serially (``specbench.core.batch``).
 """
 
 from __future__ import annotations
@@ -54,20 +51,6 @@ class BatchProfile:
     #: pipelining hides of the profile's synchronous forward (so it can be negative); w = 1: a plain batched
     #: step's (``measure_batch_overhead``). Empty: not measured (predictions price the forwards alone).
     overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    def overhead_terms(self, w: int) -> tuple[float, float]:
-        """(per step, per row) seconds of the engine's own work at width w: a least-squares line through the
-        overheads measured at each batch size, at the measured width nearest w (the wider on a tie); (0, 0)
-        when none is. A summary for reading; predictions use ``overhead``."""
-        if not self.overhead_s:
-            return 0.0, 0.0
-        nearest = min(self.overhead_s, key=lambda m: (abs(int(m) - w), -int(m)))
-        sizes = np.array([int(b) for b in self.overhead_s[nearest]], dtype=float)
-        seconds = np.array(list(self.overhead_s[nearest].values()), dtype=float)
-        if len(sizes) < 2:
-            return float(seconds[0]), 0.0
-        row, step = np.polyfit(sizes, seconds, 1)
-        return float(step), float(row)
 
     def overhead(self, w: int, batch_size: int) -> float:
         """Seconds a batched step of width w over ``batch_size`` rows takes beyond c(w, B) times the [B, 1]
@@ -124,14 +107,6 @@ class BatchProfile:
     def best_k(self, acceptance: float, batch_size: int, d: float = 0.0, max_k: int | None = None) -> tuple[int, float]:
         """(k, predicted speedup) best at this batch size and acceptance (k = 0: plain decoding pays best)."""
         return best_k(acceptance, self.curve(batch_size), d, max_k)
-
-    def break_even_rows(self, max_k: int) -> list[dict[str, Any]]:
-        """a*(k, B) as rows (batch_size, k, a_star) for k = 1 .. ``max_k`` (fewer where the profile is narrower)."""
-        rows = []
-        for b in self.batch_sizes:
-            a_star = self.break_even_acceptance(b, max_k=min(max_k, len(self.costs[b]) - 1))
-            rows += [{"batch_size": b, "k": k + 1, "a_star": float(a)} for k, a in enumerate(a_star)]
-        return rows
 
     def auto_policy(self, d: float = 0.0, **kwargs: Any) -> BatchAutoPolicy:
         """Auto planning with this profile's break-even at each batch size (``max_k``, ``window``,
@@ -322,17 +297,12 @@ def measure_batch_overhead(
     progress: Callable[[str], None] | None = None,
     repeats: int = 2,
 ) -> BatchProfile:
-    """The engine's own seconds per batched step beyond the forward, at each of ``profile``'s batch sizes
-    and ``widths`` (1: plain batched decoding; w > 1: every row drafting w - 1 tokens of its own plain
-    continuation at acceptance ``RAGGED_ACCEPTANCE``, so that rows accept different numbers and their caches
-    roll back by different lengths: measured with drafts all rejected, a batch of 4 or more rows steps about 30 %
-    faster than one whose rows fall out of step), over runs of ``tokens`` tokens per row from prompts of the
-    profile's offset, after an untimed run identical to the timed ones (no timing holds a first use: rows finish
-    at different steps, so a run's tail holds blocks of fewer rows than its start): the mean step's decode seconds
-    over the whole run, as a run of that length pays them (plain steps are pipelined: a stretch's first step holds
-    two steps' graph building and its last almost none, so the median step of a short run says less), median over
-    ``repeats`` runs, less c(w, B) times the [B, 1] forward. Kept in ``profile.overhead_s``; measure at the run
-    length the predictions are for (``batch_speedup_grid``'s ``max_tokens``)."""
+    """The engine's own seconds per batched step beyond the forward, at each of ``profile``'s batch sizes and
+    ``widths`` (1: plain batched decoding; w > 1: every row drafting w - 1 tokens of its own continuation at
+    acceptance ``RAGGED_ACCEPTANCE``, so that rows fall out of step as served rows do): over runs of ``tokens``
+    tokens per row after an untimed identical run, the mean step's decode seconds over the whole run (pipelined
+    plain steps make a short run's median step say less), median over ``repeats`` runs, less c(w, B) times the
+    [B, 1] forward. Kept in ``profile.overhead_s``; measure at the run length the predictions are for."""
     if tokens < 2:
         raise ValueError(f"tokens must be >= 2 (a prefill token and a decode step), got {tokens}")
     if repeats < 1:
@@ -372,13 +342,4 @@ def measure_batch_overhead(
     return profile
 
 
-def lowest_break_even(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
-    """The lowest finite a*(k, B) over k per batch size (capped at 1) from ``break_even_rows``' rows."""
-    lowest: dict[int, float] = {}
-    for r in rows:
-        if np.isfinite(r["a_star"]):
-            lowest[r["batch_size"]] = min(lowest.get(r["batch_size"], 1.0), r["a_star"])
-    return dict(sorted(lowest.items()))
-
-
-__all__ = ["BatchProfile", "lowest_break_even", "measure_batch_overhead", "measure_batch_profile"]
+__all__ = ["BatchProfile", "measure_batch_overhead", "measure_batch_profile"]

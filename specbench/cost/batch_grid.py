@@ -113,28 +113,18 @@ def batch_speedup_grid(
     verify: str = "fast",
 ) -> list[dict[str, Any]]:
     """Speedups of batched speculative over plain batched decoding, measured end to end at controlled
-    acceptance (``Oracle`` per request, ``DraftPolicy.fixed(k)``), against the profile's
-    prediction at the nominal a (``predicted``) and for the steps the runs took (``predicted_from_log``:
-    ``specbench.cost.predict.predicted_batch_speedup``, the engine's overheads included when measured),
-    with relative errors as ``specbench.cost.grid`` reports them (``residual`` = ``error_from_log``).
-    Cells past ``budget_s`` are left out.
+    acceptance (an ``Oracle`` per request, ``DraftPolicy.fixed(k)``), against the profile's prediction at the
+    nominal a (``predicted``) and for the steps the runs took (``predicted_from_log``, the engine's overheads
+    included when measured; ``residual`` = ``error_from_log``). Cells past ``budget_s`` are left out.
 
-    Each request's oracle drafts the plain batched run's output of the same batch, recorded before any
-    timed run; where a speculative run's output leaves it (a fast verify that is not bit-exact), the
-    oracle keeps drafting its recording at the same position and never runs the model, so the timing
-    holds nothing but decoding: ``diverged`` counts such requests, ``acceptance_measured`` is what the
-    run accepted. Every timed run follows an untimed one of ``warmup_tokens`` of its own kind (plain, or
-    speculative with the same batch and k), so no timing holds a kernel's first-use build: on the H200 a plain
-    B = 1 run right after speculative steps of width 5 ran 30-40 % slower per step than one after width 3. Before
-    its pairs each cell also runs once untimed at full length: rows finish at different steps, so a speculative
-    run's tail holds blocks of fewer rows and narrower widths than a short warm-up reaches (on the H200's MoE shape
-    a cell's first pair read slower than its second in 7 of 9 cells at B <= 4, up to 1.9x, without it). Each
-    cell is timed as ``repeats`` adjacent pairs (its own plain run right before its speculative one: one slow
-    plain run cannot skew every cell of its batch size); its measured speedup, prediction and the other figures
-    are the medians over the pairs, ``measured_runs`` each pair's speedup (the machine's noise at this cell) and
-    ``noise_floor`` the |residual| a perfect predictor would show from that scatter (``predict.noise_floor``).
-    ``verify``: the batch engine's verify mode, plain and speculative runs alike ("exact": each request's rows as
-    its own serial steps compute them; the profile's costs are fast mode's, so the residual shows exact's extra)."""
+    The oracles draft the plain batched run's output, recorded untimed; where a speculative run leaves it (a fast
+    verify that is not bit-exact) they keep drafting the recording without running the model (``diverged``
+    counts such requests). Every timed run follows an untimed one of ``warmup_tokens`` of its kind, and each cell
+    first runs once untimed at full length, so that no timing holds a kernel's first-use build (a run's tail
+    holds narrower blocks than a short warm-up reaches). A cell is ``repeats`` adjacent (plain, speculative)
+    pairs: its figures are their medians, ``measured_runs`` each pair's speedup and ``noise_floor`` the |residual|
+    a perfect predictor would show from that scatter. ``verify``: the batch engine's verify mode for both runs
+    (the profile's costs are fast mode's, so in "exact" the residual shows exact's extra)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     verifier = batch_verifier(model, check_verify_mode(verify))

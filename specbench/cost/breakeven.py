@@ -15,7 +15,6 @@ pipelined that way.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -185,20 +184,3 @@ def preferred_k(
     """The draft length with the best predicted speedup at ``acceptance`` (0: do not draft)."""
     d = drafter_cost(drafter, profile if isinstance(profile, Profile) else None)
     return best_k(acceptance, _curve(profile, verify), d, max_k)[0]
-
-
-def break_even_table(
-    profiles: Sequence[Profile], max_k: int = 15, acceptances: Sequence[float] = (0.6, 0.7, 0.8, 0.9)
-) -> list[dict[str, Any]]:
-    """a*(k) of each profile and verify mode as rows (name, mode, k, c_k1 = c(k + 1) without the engine's
-    overhead, overhead, a_star, and best_k_a<x>: the best draft length at each of ``acceptances``), for k up to
-    ``max_k`` (fewer where the profile is narrower)."""
-    rows = []
-    for p in profiles:
-        for mode in p.costs:
-            top = min(max_k, max(p.widths[mode]) - 1)
-            best = {f"best_k_a{x:g}": best_k(x, p, 0.0, top, mode)[0] for x in acceptances}
-            for k, a in enumerate(break_even_acceptance(p, 0.0, top, mode), 1):
-                row = {"name": p.name, "mode": mode, "k": k, "c_k1": p.c(k + 1, mode, overhead=False)}
-                rows.append({**row, "overhead": p.overhead.get(mode, 0.0), "a_star": a, **best})
-    return rows

@@ -1,34 +1,19 @@
 """Verify cost by component: where the time of a width-w speculative step goes.
 
-A speculative step of width w (one token and w - 1 drafts) is timed whole through the engine, its drafts
-rejected (random tokens), and split into parts:
+A step of width w (one token and w - 1 drafts, rejected) is timed whole through the engine and split into parts:
 
-- the forward's components, by subtraction (``specbench.cost.stand_ins``): one forward of the same width over
-  the same cache is recorded (every component call's inputs and output), then the forward is timed as the
-  engine runs it (unsynchronised) whole and with one component's modules stood in for by their recorded
-  outputs; the component costs the difference. The rest of the graph computes the same values (the logits are equal bit
-  for bit), the stood-in calls' inputs are still computed, and component calls made inside a stood-in one
-  (a projection inside attention) are made again on their recorded inputs, or answered when they stand in too
-  (every variant pays the same stand-in calls); the stand-ins' own bookkeeping is left out of the timings. The
-  components: ``attention`` (the attention modules' own work: rotary embedding, cache update, scaled dot-product
-  attention), ``linear`` (dense projections: every ``Linear`` outside the experts and the output head),
-  ``experts`` (MoE expert gathers ``SwitchGLU`` / ``SwitchMLP`` and the MoE block's own routing work: top-k,
-  softmax, combining; its router projection is a ``Linear``), ``recurrent``
-  (Gated DeltaNet layers' own work: convolution and the recurrence), ``lm_head`` (the output projection,
-  tied or not); ``other`` is the skeleton timed with every component stood in for (embedding, norms,
-  residual additions, masks, activations) and ``readback`` the greedy targets computed and read back to the
-  host. ``closure`` = (components + skeleton) / whole forward - 1 says how far the components, each
-  subtracted alone, are from adding up (work that overlaps, or that two components share, shows there);
-- the engine's own work, timed inside the real steps: ``drafting``, ``rollback`` (the caches' rewind,
-  recording recurrent state), ``logging`` (the step record), ``host`` (the loop's remaining Python around
-  the verification: settling, the policy, emitting), and ``acceptance`` (the greedy rule, timed alone on
-  lists of the step's length).
+- the forward's components, by subtraction (``specbench.cost.stand_ins``): the forward timed as the engine runs it,
+  whole and with one component's modules answering from a recorded forward; the component costs the difference.
+  ``attention`` (rotary embedding, cache update, attention), ``linear`` (dense projections outside the experts
+  and the head), ``experts`` (MoE gathers and routing), ``recurrent`` (Gated DeltaNet layers), ``lm_head``;
+  ``other`` is the skeleton with every component stood in for, ``readback`` the greedy targets read back.
+  ``closure`` = (components + skeleton) / whole forward - 1 says how far they are from adding up;
+- the engine's own work, timed inside the real steps: ``drafting``, ``rollback``, ``logging``, ``host`` (the
+  loop's remaining Python) and ``acceptance`` (the greedy rule, timed alone).
 
-The parts' sum is set against the whole step's seconds: ``error`` = sum / whole - 1 says how far the
-parts, each timed apart, are from the step as the engine runs it (medians throughout, as the profile's c(w);
-on a GPU the engine's work overlaps the forward's). On a GPU a part's removal also shifts work between host and
-device, so subtraction under-counts the forward's wait for the device; ``phase_stack`` counts the parts by phase
-instead (each component's host work, the wait a part of its own), and ``phase_reading`` says how far that is off.
+``error`` = sum of the parts / whole step - 1 (medians throughout, as the profile's c(w)). On a GPU a part's
+removal also shifts work between host and device, so subtraction under-counts the forward's wait for the device;
+``phase_stack`` counts the parts by phase instead, and ``phase_reading`` says how far that is off.
 """
 
 from __future__ import annotations
@@ -50,7 +35,7 @@ from specbench.core.forward import context_length, vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.verify import FAST, accept_greedy
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
-from specbench.cost.stand_ins import forward_with_stand_ins, record_forward
+from specbench.cost.stand_ins import ForwardTiming, forward_with_stand_ins, record_forward
 from specbench.cost.timing import rejected_drafts, seconds_per_token, time_verify
 
 #: The forward's components, in the order a stack draws them.
@@ -65,13 +50,9 @@ PHASES = ("build", "dispatch", "wait")
 @dataclass(frozen=True)
 class ForwardSplit:
     """A verification forward split by subtraction: ``parts`` (``FORWARD_PARTS``, seconds), the whole forward's
-    seconds (``forward_s``, unsynchronised, readback apart) and ``closure`` = (sum of the components and the
-    skeleton) / forward_s - 1, how far the components, each subtracted alone, are from adding up. ``phases``:
-    the whole forward's median seconds per phase (``PHASES``: building the graph, dispatching it, waiting for
-    the device) and ``phase_closure`` the same closure within each phase: where the parts stop adding up (work
-    that overlaps shows in the dispatch and wait phases, not in the build), ``part_phases`` each component's
-    subtraction (and the skeleton's seconds, as ``other``) within each phase, ``collections`` the garbage
-    collections per whole forward (mean)."""
+    seconds (unsynchronised, readback apart) and its ``closure``; per phase (``PHASES``) the whole forward's
+    seconds, the closure within it, and each component's subtraction (the skeleton's seconds as ``other``);
+    ``collections``: garbage collections per whole forward (mean)."""
 
     parts: dict[str, float]
     forward_s: float
@@ -102,53 +83,72 @@ def forward_components(
     rollback = rollback_for(model, cache)
     sites, _ = record_forward(model, cache, tokens, restore, rollback)
     present = [c for c in FORWARD_PARTS if any(s.component == c for s in sites)]
-    variants: list[tuple[str, tuple[str, ...]]] = [("forward", ()), *((c, (c,)) for c in present)]
-    variants.append(("skeleton", tuple(present)))
-    phases: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
+    variants = {"forward": (), **{c: (c,) for c in present}, "skeleton": tuple(present)}
+    timings: dict[str, list[ForwardTiming]] = {name: [] for name in variants}
     readback: list[float] = []
     for r in range(1 + repeats):  # the first round warms every variant up and is left out
-        for name, stood in variants if r % 2 else variants[::-1]:
-            phase: dict[str, float] = {}
-            _, logits = forward_with_stand_ins(model, cache, tokens, restore, sites, stood, rollback, phase)
+        for name in list(variants) if r % 2 else list(variants)[::-1]:
+            timing, logits = forward_with_stand_ins(model, cache, tokens, restore, sites, variants[name], rollback)
             if r == 0:
                 continue
-            phases[name].append(phase)
+            timings[name].append(timing)
             if name == "forward":
                 start = time.perf_counter()
                 FAST.greedy(logits[0])
                 readback.append(time.perf_counter() - start)
         if between is not None:
             between(r)
+    whole, skeleton = timings.pop("forward"), timings.pop("skeleton")
 
-    def saving(runs: dict[str, list[float]], component: str) -> float:
+    def median(runs: list[ForwardTiming], phase: str | None) -> float:
+        return statistics.median(t.seconds if phase is None else getattr(t, phase) for t in runs)
+
+    def saving(component: str, phase: str | None = None) -> float:
         """The median over rounds of the whole forward's seconds less the variant's (paired within a round)."""
-        return statistics.median(f - t for f, t in zip(runs["forward"], runs[component]))
+        return statistics.median(
+            f.seconds - t.seconds if phase is None else getattr(f, phase) - getattr(t, phase)
+            for f, t in zip(whole, timings[component])
+        )
 
-    # a forward's seconds are its phases' sum
-    seconds = {name: [sum(phase[p] for p in PHASES) for phase in runs] for name, runs in phases.items()}
-    whole = statistics.median(seconds["forward"])
-    parts = dict.fromkeys(FORWARD_PARTS, 0.0)
-    for c in present:
-        parts[c] = max(0.0, saving(seconds, c))
-    parts["other"] = statistics.median(seconds["skeleton"])
-    parts["readback"] = statistics.median(readback)
-    closure = (sum(parts.values()) - parts["readback"]) / whole - 1.0
-    by_phase, phase_closure = {}, {}
-    part_phases: dict[str, dict[str, float]] = {c: {} for c in (*present, "other")}
-    for p in PHASES:
-        at = {name: [phase[p] for phase in runs] for name, runs in phases.items()}
-        by_phase[p] = statistics.median(at["forward"])
-        for c in present:  # unclamped: a phase whose parts' subtractions come out negative shows it
-            part_phases[c][p] = saving(at, c)
-        part_phases["other"][p] = statistics.median(at["skeleton"])
-        total = sum(part_phases[c][p] for c in part_phases)
-        phase_closure[p] = total / by_phase[p] - 1.0 if by_phase[p] > 0 else 0.0
-    collections = statistics.mean(phase["collections"] for phase in phases["forward"])
-    return ForwardSplit(parts, whole, closure, by_phase, phase_closure, collections, part_phases)
+    forward_s, read_s = median(whole, None), statistics.median(readback)
+    parts = {c: max(0.0, saving(c)) if c in present else 0.0 for c in FORWARD_PARTS}
+    parts |= {"other": median(skeleton, None), "readback": read_s}
+    closure = (sum(parts.values()) - read_s) / forward_s - 1.0
+    by_phase = {p: median(whole, p) for p in PHASES}
+    # unclamped: a phase whose parts' subtractions come out negative shows it
+    part_phases = {c: {p: saving(c, p) for p in PHASES} for c in present} | {
+        "other": {p: median(skeleton, p) for p in PHASES}
+    }
+    phase_closure = {
+        p: sum(c[p] for c in part_phases.values()) / by_phase[p] - 1.0 if by_phase[p] > 0 else 0.0 for p in PHASES
+    }
+    collections = statistics.mean(t.collections for t in whole)
+    return ForwardSplit(parts, forward_s, closure, by_phase, phase_closure, collections, part_phases)
 
 
-def _wrap(owner: Any, name: str, totals: dict[str, float], part: str) -> None:
-    """Time every call of ``owner.name`` (an instance attribute from now on) into ``totals[part]``."""
+@dataclass(frozen=True)
+class _Step:
+    """One engine step: its seconds (``whole``) and the engine parts (``ENGINE_PARTS``) timed inside it."""
+
+    whole: float
+    drafting: float = 0.0
+    acceptance: float = 0.0
+    rollback: float = 0.0
+    logging: float = 0.0
+    host: float = 0.0
+
+
+@dataclass
+class _Totals:
+    """Seconds spent inside the wrapped calls since the last step."""
+
+    verify: float = 0.0
+    rollback: float = 0.0
+    logging: float = 0.0
+
+
+def _wrap(owner: Any, name: str, totals: _Totals, part: str) -> None:
+    """Time every call of ``owner.name`` (an instance attribute from now on) into ``totals.<part>``."""
     inner = getattr(owner, name)
 
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -156,17 +156,18 @@ def _wrap(owner: Any, name: str, totals: dict[str, float], part: str) -> None:
         try:
             return inner(*args, **kwargs)
         finally:
-            totals[part] += time.perf_counter() - start
+            setattr(totals, part, getattr(totals, part) + time.perf_counter() - start)
 
     setattr(owner, name, timed)
 
 
-def engine_steps(model: nn.Module, cache: list[Any], first: int, width: int, steps: int) -> list[dict[str, float]]:
-    """Per speculative step of ``width`` (drafts rejected): its seconds (``step``), the seconds inside the
-    target's verification (``verify``) and the engine parts timed inside it. The cache is left extended."""
+def engine_steps(model: nn.Module, cache: list[Any], first: int, width: int, steps: int) -> list[_Step]:
+    """Per speculative step of ``width`` (drafts rejected): its seconds and the engine parts timed inside it
+    (``host``: the loop's Python outside drafting, the target's verification and logging). The cache is left
+    extended."""
     # steps + width tokens: ``steps`` verifications at full width, then narrower ones near the end (left out)
     gen = rejected_drafts(model, cache, first, width, steps + width)
-    totals = dict.fromkeys(("verify", "rollback", "logging"), 0.0)
+    totals = _Totals()
     _wrap(gen.target, "verify", totals, "verify")
     rollback = gen.target.inner.rollback  # the model target's, inside the pipeline
     _wrap(rollback, "before_verify", totals, "rollback")
@@ -177,8 +178,10 @@ def engine_steps(model: nn.Module, cache: list[Any], first: int, width: int, ste
         now = time.perf_counter()
         record = gen.log.records[-1]
         if last is not None and record.kind == "verify" and record.verify_width == width:
-            rows.append({"step": now - last, "drafting": record.draft_s, **totals})
-        totals.update(dict.fromkeys(totals, 0.0))
+            step, draft = now - last, record.draft_s
+            host = step - draft - totals.verify - totals.logging
+            rows.append(_Step(step, draft, 0.0, totals.rollback, totals.logging, host))
+        totals.verify = totals.rollback = totals.logging = 0.0
         last = now
     return rows
 
@@ -201,36 +204,29 @@ def _engine_steps(
     tokens: mx.array,
     first: int,
     steps: int,
-) -> list[dict[str, float]]:
-    """One timing round of the whole step at width w = tokens.shape[1]: per engine step of ``steps`` (the first
-    left out; at width 1 as many serial forwards) its seconds (``whole``) and the engine parts timed inside it."""
-    width = tokens.shape[1]
-    none = dict.fromkeys(ENGINE_PARTS, 0.0)
-    if width == 1:
-        return [none | {"whole": time_verify(FAST, model, cache, tokens, restore, rollback)} for _ in range(steps - 1)]
-    timed = engine_steps(model, cache, first, width, steps)[1:]
+) -> list[_Step]:
+    """One timing round of the whole step at width w = tokens.shape[1]: engine steps of ``steps`` (the first left
+    out; at width 1 as many serial forwards, no engine parts)."""
+    if tokens.shape[1] == 1:
+        return [_Step(time_verify(FAST, model, cache, tokens, restore, rollback)) for _ in range(steps - 1)]
+    timed = engine_steps(model, cache, first, tokens.shape[1], steps)[1:]
     restore()
-    return [
-        none
-        | {part: step[part] for part in ("drafting", "rollback", "logging")}
-        | {"host": step["step"] - step["drafting"] - step["verify"] - step["logging"], "whole": step["step"]}
-        for step in timed
-    ]
+    return timed
 
 
 class _EngineRounds:
     """Runs ``count`` engine rounds at every ``every``-th call (given the forward's round), the rest when asked
     for their steps; the first round warms up and is left out."""
 
-    def __init__(self, run: Callable[[], list[dict[str, float]]], count: int, every: int) -> None:
+    def __init__(self, run: Callable[[], list[_Step]], count: int, every: int) -> None:
         self.run, self.count, self.every = run, count, every
-        self.rounds: list[list[dict[str, float]]] = []
+        self.rounds: list[list[_Step]] = []
 
     def __call__(self, r: int) -> None:
         if r % self.every == 0 and len(self.rounds) < self.count:
             self.rounds.append(self.run())
 
-    def steps(self) -> list[dict[str, float]]:
+    def steps(self) -> list[_Step]:
         while len(self.rounds) < self.count:
             self.rounds.append(self.run())
         return [step for steps in self.rounds[1:] for step in steps]
@@ -246,17 +242,13 @@ def measure_components(
     progress: Callable[[str], None] | None = None,
     forward_repeats: int = 31,
 ) -> list[dict[str, Any]]:
-    """The component stack of a speculative step at each width (fast verification): one row per (width,
-    part) with its ``seconds`` (the forward's parts by subtraction, medians of ``forward_repeats``:
-    ``forward_components``; the engine's medians over the engine steps of ``repeats`` rounds, run between the
-    forward's rounds), ``c`` (in plain steps), the whole step's ``step_s`` and ``c_step`` (the median step),
-    ``error`` (sum of parts / whole - 1), ``step_spread`` (the whole steps' interquartile range over their median:
-    the machine's noise, against which ``error`` is read), the unsynchronised forward's ``forward_s`` and the forward
-    split's ``closure`` (its components and skeleton against that forward), that forward's seconds per phase
-    (``forward_build_s``, ``forward_dispatch_s``, ``forward_wait_s``), the closure within each (``build_closure``,
-    ...) and its garbage ``collections``. Width 1 (no draft: no engine step) holds the forward's components
-    against a serial width-1 forward, as the profile's c(1) is timed. ``c`` is in plain steps (pipelined, as the
-    profile's plain step). The cache holds ``offset`` random tokens."""
+    """The component stack of a speculative step at each width (fast verification), one row per (width, part):
+    its ``seconds`` (the forward's parts from ``forward_components`` over ``forward_repeats``; the engine's parts
+    medians over ``repeats`` rounds run between the forward's) and ``c`` in plain steps; the whole step's
+    ``step_s``, ``c_step``, ``error`` and ``step_spread`` (its interquartile range over its median: the noise
+    ``error`` is read against); the forward split's ``forward_s``, ``closure``, seconds and closure per phase and
+    ``collections``; ``host_s``, the part counted by phase. Width 1 (no draft) holds the forward's components
+    against a serial width-1 forward, as the profile's c(1) is timed. The cache holds ``offset`` random tokens."""
     if not widths or min(widths) < 1 or repeats < 1 or steps < 2 or offset < 1 or forward_repeats < 1:
         raise ValueError("widths must be >= 1, repeats and forward_repeats >= 1, steps >= 2 and offset >= 1")
     limit = context_length(model)
@@ -287,10 +279,10 @@ def measure_components(
             split = forward_components(model, cache, tokens, restore, forward_repeats, rounds)
             timed = rounds.steps()
             # medians, as the profile's c(w) and the forward's parts are timed
-            parts = split.parts | {p: statistics.median(step[p] for step in timed) for p in ENGINE_PARTS}
-            whole = statistics.median(step["whole"] for step in timed)
-            low, high = np.percentile([step["whole"] for step in timed], [25, 75])
-            parts["acceptance"] = _acceptance_seconds(w, vocab) if w > 1 else 0.0
+            parts = split.parts | {p: statistics.median(getattr(step, p) for step in timed) for p in ENGINE_PARTS}
+            parts |= {"acceptance": _acceptance_seconds(w, vocab) if w > 1 else 0.0}
+            whole = statistics.median(step.whole for step in timed)
+            low, high = np.percentile([step.whole for step in timed], [25, 75])
             total = sum(parts.values())
             error = total / whole - 1.0
             if progress is not None:
@@ -334,15 +326,11 @@ def _host_seconds(split: ForwardSplit, part: str, seconds: float) -> float:
 
 
 def phase_reading(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]] | None:
-    """Per width, from ``measure_components`` rows that hold the forward's phases: ``wait_share``, the share of
-    the whole forward spent waiting for the device after the host handed over its last work (near 0: host-bound,
-    the Python building and dispatching the graph sets the pace; large: device-bound); ``host_closure``, how
-    far the components' subtractions add up within the host's phases (build and dispatch) alone; and
-    ``phase_error``, how far the step's parts counted by phase are from the measured step: each component's host
-    work (its subtraction within build and dispatch), the forward's wait for the device whole, readback and the
-    engine's parts (sum / step - 1). A part's removal shifts work between host and device, so subtraction
-    under-counts the wait; counted by phase the wait is nobody's part but its own. None without phases (rows of an
-    older run)."""
+    """Per width, from ``measure_components`` rows: ``wait_share``, the share of the forward spent waiting for the
+    device after the host's last work (near 0: host-bound; large: device-bound); ``host_closure``, how far the
+    components' subtractions add up within build and dispatch alone; ``phase_error``, how far the parts counted by
+    phase (each component's host work, the wait whole, readback and the engine's parts) are from the measured
+    step. None for rows without phases (an older run)."""
     first = [r for r in rows if r["part"] == PARTS[0] and r.get("forward_wait_s") is not None]
     if not first:
         return None

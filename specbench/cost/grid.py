@@ -39,22 +39,14 @@ def speedup_grid(
 ) -> list[dict[str, Any]]:
     """Speedups measured end to end with the controlled-acceptance drafter, against prediction.
 
-    For each (acceptance a, draft length k): a plain greedy run and a speculative run
-    (``Oracle`` at a, ``DraftPolicy.fixed(k)``) of ``max_tokens`` tokens from one random
-    prompt, back to back. Each row holds the measured speedup (plain over speculative seconds
-    per token), the prediction at the nominal a (``speedup``), the prediction for the steps the
-    run took (``specbench.cost.predict.predicted_speedup``, column ``predicted_from_log``) and their relative
-    errors; and the seconds per speculative
-    token the profile predicts for those steps (``predicted_spec_s_per_token``) with its error
-    (``error_time``; ``error_time_nominal`` at the nominal a), which leaves out how far the plain
-    run's own speed strays from the profile's plain step (``plain_over_profile``). Where a fast
-    verify leaves the plain greedy output (``diverged_at``), the drafter follows the new output
-    (``follows`` times); that bookkeeping is left out of the timings.
-
-    Under ``mlx.launch`` (``spread``, the default when the group has several ranks and the model is
-    not sharded) rank r measures the cells (k, a) whose index is r modulo the group size, each rank on
-    its own device, and every rank returns all rows in cell order, as one rank would. A sharded model
-    measures every cell on all ranks in lockstep.
+    For each (acceptance a, draft length k): a plain greedy run and a speculative run (``Oracle`` at a,
+    ``DraftPolicy.fixed(k)``) of ``max_tokens`` tokens from one random prompt, back to back. Each row holds the
+    measured speedup, the prediction at the nominal a and for the steps the run took (``predicted_from_log``)
+    with their errors, and the seconds per speculative token predicted for those steps with their error
+    (``error_time``: free of the plain run's own drift from the profile's plain step, ``plain_over_profile``).
+    Where a fast verify leaves the plain greedy output (``diverged_at``) the drafter follows the new output,
+    untimed. Under ``mlx.launch`` (``spread``: by default with several ranks and a model not sharded) each rank
+    measures every size-th cell on its own device and every rank returns all rows in cell order.
     """
     verify = check_verify_mode(verify)
     if verify not in profile.costs:
@@ -77,7 +69,7 @@ def speedup_grid(
     for k in dict.fromkeys(k for _, k, _ in cells):  # warm-up: compile each width's kernels before timing
         warm = GenerateOptions(max_tokens=min(max_tokens, 2 * k + 4), ignore_eos=True, verify=verify)
         seconds_per_token(speculative(warm, k))
-    rows = []
+    rows: list[tuple[int, dict[str, Any]]] = []
     for cell, k, a in cells:
         drafter.acceptance, drafter.seed = float(a), seed + cell
         plain_runs, spec_runs = [], []
@@ -126,12 +118,12 @@ def speedup_grid(
             "diverged_at": drafter.diverged_at,
             "follows": drafter.follows,
         }
-        rows.append({"cell": cell, **row})
+        rows.append((cell, row))
         if progress is not None:
             progress(row)
     if size > 1:
-        rows = sorted((row for part in distributed.gather(rows) for row in part), key=lambda row: row["cell"])
-    return [{k: v for k, v in row.items() if k != "cell"} for row in rows]
+        rows = sorted((pair for part in distributed.gather(rows) for pair in part), key=lambda pair: pair[0])
+    return [row for _, row in rows]
 
 
 def grid_cells(acceptances: Sequence[float], ks: Sequence[int]) -> tuple[list[float], list[int]]:
@@ -139,48 +131,3 @@ def grid_cells(acceptances: Sequence[float], ks: Sequence[int]) -> tuple[list[fl
     ``MAX_DRAFT_LENGTH``), or one clear error before any model work."""
     checked = [real("a grid acceptance", a, 0.0, 1.0) for a in acceptances]
     return checked, [check_k(k, "a grid draft length") for k in ks]
-
-
-def grid_seconds(profile: Profile, cells: int, repeats: int, max_tokens: int, verify: str) -> float:
-    """The seconds ``speedup_grid`` is expected to take for ``cells`` (acceptance, k) cells: a plain and a
-    speculative run of ``max_tokens`` tokens per cell and repeat, with set-up, at the profile's plain step (an
-    estimate fitted on H200 runs: fast verify follows its recording longer)."""
-    return cells * repeats * 2.4 * max_tokens * profile.plain_step_s * (1.6 if verify == "fast" else 1.2) + 5
-
-
-def grid_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """``speedup_grid``'s rows as a compact table: measured against predicted speedup per cell."""
-    lines = ["     a   k  measured  predicted  err%  from-log err%  E_meas  a_meas  diverged follows"]
-    for r in rows:
-        lines.append(
-            f"  {r['a']:.2f} {r['k']:3d}  {r['speedup']:7.2f}  {r['predicted_nominal']:8.2f}  "
-            f"{100 * r['error_nominal']:+5.1f}  {100 * r['error_from_log']:+12.1f}  {r['tokens_per_verify']:6.2f}"
-            f"  {r['acceptance_measured']:6.2f}  {r['diverged_at']!s:>8s} {r['follows']:7d}"
-        )
-    return lines
-
-
-def prediction_error_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Per verify mode of ``speedup_grid``'s rows: the mean and largest |measured / predicted - 1| of the speedup
-    and of the seconds per token, at the nominal acceptance and for the steps taken, and how the plain runs'
-    seconds per token compare with the profile's plain step."""
-    lines = []
-    for mode in dict.fromkeys(r["mode"] for r in rows):
-        cells = [r for r in rows if r["mode"] == mode]
-        for label, at_nominal, for_steps in (
-            ("speedup", "error_nominal", "error_from_log"),
-            ("seconds per token", "error_time_nominal", "error_time"),
-        ):
-            nominal = [abs(r[at_nominal]) for r in cells]
-            logged = [abs(r[for_steps]) for r in cells]
-            lines.append(
-                f"\nprediction error of the {label} |measured / predicted - 1|, {mode} verify, {len(cells)} cells: "
-                f"at nominal a mean {100 * sum(nominal) / len(cells):.1f}% max {100 * max(nominal):.1f}%; "
-                f"for the steps taken mean {100 * sum(logged) / len(cells):.1f}% max {100 * max(logged):.1f}%"
-            )
-        ratio = sorted(r["plain_over_profile"] for r in cells)
-        lines.append(
-            f"plain runs' seconds per token / the profile's plain step: median {ratio[len(ratio) // 2]:.2f} "
-            f"({ratio[0]:.2f}-{ratio[-1]:.2f})"
-        )
-    return lines

@@ -11,6 +11,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -127,6 +128,22 @@ def from_rounds(
     return plain, costs, medians, intervals
 
 
+def with_rounds(profile: Profile, plain_s: Sequence[float], rounds: dict[str, list[list[float]]]) -> Profile:
+    """``profile`` with c(w), its seconds and intervals made from these timing rounds (``from_rounds``), and the
+    checks of ``specbench.cost.noise``."""
+    plain, costs, seconds, intervals = from_rounds(plain_s, rounds)
+    return replace(
+        profile,
+        plain_step_s=plain,
+        costs=costs,
+        seconds=seconds,
+        rounds={"plain": list(plain_s), **rounds},
+        intervals=intervals,
+        interval_level=noise.level(len(plain_s)),
+        noise={m: noise.noise(profile.widths[m], costs[m], intervals[m], profile.overhead.get(m, 0.0)) for m in costs},
+    )
+
+
 def _profile(
     model: nn.Module,
     plain_s: Sequence[float],
@@ -134,27 +151,20 @@ def _profile(
     rounds: dict[str, list[list[float]]],
     **fields: Any,
 ) -> Profile:
-    """The profile of ``model`` on this device and library versions, made now from its timing rounds
-    (``from_rounds``), with the checks of ``specbench.cost.noise``."""
-    plain, costs, seconds, intervals = from_rounds(plain_s, rounds)
-    return Profile(
+    """The profile of ``model`` on this device and library versions, made now from its timing rounds."""
+    made = Profile(
         model=model_key(model),
         name=display_name(model),
         device=device_name(),
         versions=versions(),
-        plain_step_s=plain,
+        plain_step_s=0.0,
         widths=widths,
-        costs=costs,
-        seconds=seconds,
+        costs={},
+        seconds={},
         created=_now(),
-        rounds={"plain": list(plain_s), **rounds},
-        intervals=intervals,
-        interval_level=noise.level(len(plain_s)),
-        noise={
-            m: noise.noise(widths[m], costs[m], intervals[m], fields.get("overhead", {}).get(m, 0.0)) for m in costs
-        },
         **fields,
     )
+    return with_rounds(made, plain_s, rounds)
 
 
 # -- full profiles ------------------------------------------------------------------------------
@@ -189,16 +199,12 @@ def measure(
     """Measure a cost profile: c(w) for each width and verify mode, the engine's overhead per
     speculative step, and each drafter's d.
 
-    ``widths``: W (for 1..W), a list of widths, or a dict of either per verify mode. The cache
-    holds ``offset`` tokens (``context`` when given, else random ids) for every timed forward and
-    is restored after each. Widths are timed round-robin with ``plain_tokens`` plain steps per
-    round; ``warmup`` rounds are discarded and medians of ``repeats`` rounds kept.
-    The overhead is timed at ``overhead_widths`` (default: 2, the middle and the widest; one
-    warm-up run, then medians of ``repeats // 3`` runs of ``plain_tokens`` steps) when the engine
-    can decode the model speculatively; it is left out otherwise.
-    ``lengths``: further context lengths at which plain steps and widths are timed the same way (the
-    context repeated to that length), kept in ``Profile.lengths``. ``components``: widths at which the
-    stack of a speculative step is measured (``specbench.cost.components``), kept in ``Profile.components``.
+    ``widths``: W (for 1..W), a list of widths, or a dict of either per verify mode. The cache holds ``offset``
+    tokens (``context``, else random ids), restored after every timed forward; widths are timed round-robin after
+    ``plain_tokens`` plain steps per round, medians of ``repeats`` rounds after ``warmup``. The overhead is timed
+    at ``overhead_widths`` (default: 2, the middle and the widest) where the engine decodes the model
+    speculatively. ``lengths``: further context lengths timed alike (``Profile.lengths``); ``components``:
+    widths whose step is split into parts (``Profile.components``).
     """
     modes = [check_verify_mode(m) for m in ([verify] if isinstance(verify, str) else verify)]
     ws = per_key(widths, modes, _widths, "widths gives no widths for verify mode(s) {}")

@@ -1,12 +1,10 @@
 """The cost model: one measured profile per (model, device, BLAS, verify mode), the one every page, policy and
 prediction plans with.
 
-``cost_model(model, protocol)`` returns the stored profile while it is current for the protocol (same key: model
-shape, device, versions, BLAS; not quick; every mode and width the protocol asks for, with intervals; not noisy), and
-otherwise measures it by the protocol and stores it, so that ``profile_for`` (what Auto and every page reads) finds
-it. A measurement marked noisy (``specbench.cost.noise``) is measured once more and the two are pooled: every round of
-both kept, none replaced; what is still noisy then stays marked, and the pages that use it say so. The stored profile
-records when it was measured, how long it took and the load average before and after (``Profile.measured``).
+``cost_model(model, protocol)`` returns the stored profile while it is ``current`` for the protocol, else measures
+it by the protocol and stores it where ``profile_for`` finds it. A noisy measurement (``specbench.cost.noise``) is
+measured once more and the two pooled; what stays noisy stays marked. ``Profile.measured`` records when, how long
+and under what load.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ import mlx.nn as nn
 
 from specbench.common.identity import display_name
 from specbench.core.verify import check_verify_mode
-from specbench.cost import noise
-from specbench.cost.measure import forget, from_rounds, measure
+from specbench.cost.measure import forget, measure, with_rounds
 from specbench.cost.profile import Profile, load_profile, save_profile
 
 
@@ -136,7 +133,6 @@ def pooled(first: Profile, second: Profile) -> Profile:
     context lengths, the overhead and drafters are the second's), c(w), intervals and the noise checks recomputed."""
     plain_s = [*first.rounds["plain"], *second.rounds["plain"]]
     rounds = {m: [[*a, *b] for a, b in zip(first.rounds[m], second.rounds[m])] for m in second.costs}
-    plain, costs, seconds, intervals = from_rounds(plain_s, rounds)
     measured = {
         "seconds": round(first.measured.get("seconds", 0.0) + second.measured.get("seconds", 0.0), 1),
         "load_before": first.measured.get("load_before"),
@@ -144,18 +140,7 @@ def pooled(first: Profile, second: Profile) -> Profile:
         "protocol": second.measured.get("protocol"),
         "measurements": first.measured.get("measurements", 1) + second.measured.get("measurements", 1),
     }
-    return dataclasses.replace(
-        second,
-        plain_step_s=plain,
-        costs=costs,
-        seconds=seconds,
-        rounds={"plain": plain_s, **rounds},
-        intervals=intervals,
-        interval_level=noise.level(len(plain_s)),
-        noise={m: noise.noise(second.widths[m], costs[m], intervals[m], second.overhead.get(m, 0.0)) for m in costs},
-        repeats=len(plain_s),
-        measured=measured,
-    )
+    return dataclasses.replace(with_rounds(second, plain_s, rounds), repeats=len(plain_s), measured=measured)
 
 
 def describe(profile: Profile) -> str:

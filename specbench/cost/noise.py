@@ -1,13 +1,10 @@
 """How far a measured c(w) can be trusted: its interval over timing rounds, and the checks that mark a profile noisy.
 
-A profile is timed in rounds (``specbench.cost.measure``): each round times plain steps and every width once, so each
-round gives one ratio per width, its width's seconds over its plain step's. c(w) is the median of the widths' seconds
-over the median plain step; its interval is the distribution-free interval of the median of the rounds' ratios
-(order statistics: no assumption about the machine's noise), at the level the number of rounds allows
-(``median_interval``). A profile whose speculative step (c(w) and the engine's overhead) falls below 1 at a width
-above 1, or whose c(w) steps down from one width to the next by more than the two intervals allow, is *noisy*
-(``noise``): a page that plans with it says so, and the report's cost model measures it again, pooled with the first
-rounds (``specbench.cost.model``).
+Each timing round (``specbench.cost.measure``) gives one ratio per width, its seconds over the round's plain step;
+c(w)'s interval is the distribution-free interval of the median of those ratios, at the level the number of rounds
+allows (``median_interval``). A profile whose speculative step costs below 1 at a width above 1, or whose c(w) steps
+down between widths by more than the two intervals allow, is *noisy* (``noise``): pages that plan with it say so,
+and the report's cost model measures it again, pooled (``specbench.cost.model``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The one speedup predictor every benchmark and sweep sets its measurements against.
 
-A run's prediction comes from its acceptance per position and its draft lengths, priced by the measured
-cost model: each verification of k drafts yields E(k) = 1 + sum_j prod_{i<=j} a_i tokens (a_i: the run's
-per-position acceptance, the probability that draft position i is accepted given the earlier ones were)
-and costs c(k + 1, B, L) plain steps at the context length L it ran at (``Profile.at_length``; a batch
-profile's c(w, B) at batch size B), plus the engine's overhead per step (in ``Profile.curve``) and per
-row (a batch profile's), plus k d for drafting; a plain step yields its token for one plain step. The
-predicted speedup is expected tokens over cost, and the residual is measured / predicted - 1.
+A verification of k drafts yields E(k) = 1 + sum_j prod_{i<=j} a_i tokens (a_i: the run's acceptance per
+position) and costs c(k + 1, B, L) plain steps at the context length it ran at (a batch profile's at batch size
+B), the engine's overheads and k d for drafting; a plain step yields a token for one step. The predicted speedup
+is expected tokens over cost; the residual is measured / predicted - 1.
 """
 
 from __future__ import annotations

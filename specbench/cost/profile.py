@@ -1,18 +1,11 @@
 """Verify-cost profiles: what a model's verifications cost on one device, stored as JSON.
 
-A profile holds c(w): the time of a width-w verification (one forward of w tokens, the greedy
-targets read back to the host) divided by the time of one plain decode step, for w = 1..W and
-each verify mode; the engine's own overhead per speculative step (drafting excluded), in plain
-steps; and each drafter's cost per draft token d in plain steps. A profile is measured with ``offset``
-tokens in the cache; ``lengths`` adds the costs measured at other context lengths (c(w, L)), and
-``at_length(L)`` gives the profile at the measured length nearest L. A profile stored without them holds
-one length, its ``offset``. ``components`` holds the stack of a speculative step's parts
-(``specbench.cost.components``) when it was measured.
-
-Profiles are stored under ``$SPECBENCH_HOME/profiles`` (default ``~/.cache/specbench``), keyed by
-model shape (with its dtypes), device, mlx / mlx-lm versions and the BLAS library in use
-(``specbench.common.identity.kernel_key``). A damaged stored profile is moved aside with a warning
-and measured anew.
+A profile holds c(w), a width-w verification's time (the greedy targets read back) over one plain decode step's,
+per verify mode; the engine's overhead per speculative step and each drafter's cost per draft token d, in plain
+steps; optionally the costs at other context lengths (``lengths``: c(w, L), ``at_length``) and the stack of a
+step's parts (``components``). Stored under ``$SPECBENCH_HOME/profiles``, keyed by model shape, device, mlx /
+mlx-lm versions and BLAS library (``kernel_key``); a damaged stored profile is moved aside with a warning and
+measured anew.
 """
 
 from __future__ import annotations
@@ -140,16 +133,6 @@ class Profile:
         entry = self.drafters.get(name) if name else None
         return None if entry is None else float(entry["d"])
 
-    @property
-    def key(self) -> dict[str, str]:
-        return {
-            "model": self.model,
-            "device": self.device,
-            "mlx": self.versions.get("mlx", ""),
-            "mlx_lm": self.versions.get("mlx_lm", ""),
-            "kernels": self.kernels,
-        }
-
     def path(self, root: Path | None = None) -> Path:
         return profile_path(self.model, self.device, self.versions, root, self.kernels)
 
@@ -219,17 +202,13 @@ def profile_path(
     model: str, device: str, vers: dict[str, str], root: Path | None = None, kernels: str | None = None
 ) -> Path:
     """Where the profile of ``model`` (a ``model_key``) on ``device`` with these versions is stored;
-    ``kernels`` (default: this process's ``kernel_key()``) adds a digest of what else the kernels
-    depend on (the BLAS library), so that a profile taken under another one is not reused."""
-    name = f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}{kernels_tag(kernels)}"
-    return (root or home()) / "profiles" / f"{name}.json"
-
-
-def kernels_tag(kernels: str | None = None) -> str:
-    """The part of a stored file's name that keys it by what the kernels depend on (``kernel_key``, by default
-    this process's): ``--k`` and a digest of it; "" for files stored before it was kept."""
+    ``kernels`` (default: this process's ``kernel_key()``) adds ``--k`` and a digest of what else the kernels
+    depend on (the BLAS library), so that a profile taken under another one is not reused ("": none, as
+    profiles stored before it was kept)."""
     kernels = kernel_key() if kernels is None else kernels
-    return f"--k{hashlib.sha1(kernels.encode()).hexdigest()[:8]}" if kernels else ""
+    tag = f"--k{hashlib.sha1(kernels.encode()).hexdigest()[:8]}" if kernels else ""
+    name = f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}{tag}"
+    return (root or home()) / "profiles" / f"{name}.json"
 
 
 def _number(x: Any) -> bool:

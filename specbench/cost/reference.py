@@ -1,11 +1,9 @@
 """Reference profiles measured on another device, shipped with the package: what a dense and an MoE model's
 verifications cost on an accelerator, to set beside this machine's.
 
-``reference_profiles()`` reads ``specbench/assets/reference/h200.json``, converted (not re-measured) from the
-H200 results in ``reports/gpu-h200`` by ``scripts/reference_profiles.py``: the Qwen3-8B (dense) and
-Qwen3-30B-A3B (MoE) shapes, 4-bit, full depth, random weights; c(w) in fast and exact mode, c(w, B) for B up
-to 32, distinct experts per block of w tokens, and the measured a x k grid with its predictions; and the
-verify-cost stack by component of those two shapes and a hybrid one (Qwen3.5-9B, Gated DeltaNet layers).
+``reference_profiles()`` reads ``specbench/assets/reference/h200.json``, converted (not re-measured) from the H200
+results by ``scripts/reference_profiles.py``: c(w), c(w, B), experts per block, the measured grid and the stacks
+by component of the Qwen3-8B, Qwen3-30B-A3B and Qwen3.5-9B shapes (4-bit, random weights).
 """
 
 from __future__ import annotations
@@ -71,42 +69,39 @@ def reference_profiles(name: str = "h200") -> Reference:
         raise FileNotFoundError(f"no reference profiles named {name!r} (shipped: {', '.join(available()) or 'none'})")
     data = json.loads(path.read_text(encoding="utf-8"))
     try:
-        profiles = tuple(check_profile(p) for p in data["profiles"])
+        profiles = tuple(check_profile(p) for p in data.pop("profiles"))
     except ValueError as err:
         raise ValueError(f"the shipped reference {path} is damaged ({err})") from err
-    return Reference(
-        device=data["device"],
-        versions=dict(data["versions"]),
-        label=data["label"],
-        measured=data["measured"],
-        sources=dict(data["sources"]),
-        kinds=dict(data["kinds"]),
-        profiles=profiles,
-        batch=_batch_profiles(data["batch_costs"], data.get("batch_experts", []), data["device"]),
-        experts=tuple(data.get("experts", [])),
-        grid=tuple(data.get("grid", [])),
-        components=_by_name(data.get("components", [])),
-    )
+    costs = [_BatchCost(**r) for r in data.pop("batch_costs")]
+    batch = _batch_profiles(costs, data.pop("batch_experts", []), data.get("device"))
+    components: dict[str, list[dict[str, Any]]] = {}
+    for row in data.pop("components", []):
+        components.setdefault(row.get("name"), []).append(row)
+    experts, grid = tuple(data.pop("experts", [])), tuple(data.pop("grid", []))
+    return Reference(**data, profiles=profiles, batch=batch, experts=experts, grid=grid, components=components)
 
 
-def _by_name(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Rows grouped by their model's name, in first-seen order."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        out.setdefault(r["name"], []).append(r)
-    return out
+@dataclass(frozen=True)
+class _BatchCost:
+    """One stored c(w, B): a model's [B, w] verification over its [B, 1] plain step."""
+
+    model: str
+    batch_size: int
+    width: int
+    c: float
+    seconds: float
+    plain_step_s: float
 
 
-def _batch_profiles(rows: list[dict[str, Any]], experts: list[dict[str, Any]], device: str) -> dict[str, BatchProfile]:
-    """c(w, B) per model from rows of (model, batch_size, width, c, plain_step_s)."""
+def _batch_profiles(rows: list[_BatchCost], experts: list[dict[str, Any]], device: str) -> dict[str, BatchProfile]:
+    """c(w, B) per model, in first-seen order."""
     out: dict[str, BatchProfile] = {}
-    for model in dict.fromkeys(r["model"] for r in rows):
-        mine = sorted((r for r in rows if r["model"] == model), key=lambda r: (r["batch_size"], r["width"]))
+    for model in dict.fromkeys(r.model for r in rows):
         costs: dict[int, list[float]] = {}
         plain_s: dict[int, float] = {}
-        for r in mine:
-            costs.setdefault(int(r["batch_size"]), []).append(float(r["c"]))
-            plain_s[int(r["batch_size"])] = float(r["plain_step_s"])
+        for r in sorted((r for r in rows if r.model == model), key=lambda r: (r.batch_size, r.width)):
+            costs.setdefault(int(r.batch_size), []).append(float(r.c))
+            plain_s[int(r.batch_size)] = float(r.plain_step_s)
         blocks = [e for e in experts if e.get("model") == model]
         out[model] = BatchProfile(model, device, 256, costs, plain_s, blocks)
     return out

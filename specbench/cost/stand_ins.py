@@ -1,11 +1,9 @@
 """Standing in for a model's components: one forward recorded, then timed with some components' modules
 answering from the record (``specbench.cost.components`` splits a verify's cost by subtraction with it).
 
-A component's modules (``component_of``: attention, dense projections, MoE blocks and expert gathers,
-Gated DeltaNet layers, the output head) are sites (``component_sites``). ``record_forward`` records every
-site call's inputs and output, as a tree of calls; ``forward_with_stand_ins`` times the forward, unsynchronised
-as the engine runs it, with the named components' sites returning their recorded outputs at once, so that the
-rest of the graph computes the same values (the logits are equal bit for bit) without the stood-in work.
+``record_forward`` records every component call's inputs and output (``component_sites``); ``forward_with_stand_ins``
+times the forward as the engine runs it, the named components answering at once, so that the rest of the graph
+computes the same values (the logits equal bit for bit) without the stood-in work.
 """
 
 from __future__ import annotations
@@ -150,17 +148,21 @@ class _StandIns:
 class _Recording:
     """Mixed in front of a component module's class while a forward is recorded."""
 
+    _specbench_handler: _Recorder
+    _specbench_site: ComponentSite
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        state = self.__dict__
-        return state["_specbench_recorder"].call(state["_specbench_site"], super().__call__, args, kwargs)
+        return self._specbench_handler.call(self._specbench_site, super().__call__, args, kwargs)
 
 
 class _StandIn:
     """Mixed in front of a stood-in component module's class: its calls return the recorded outputs at once."""
 
+    _specbench_handler: _StandIns
+    _specbench_site: ComponentSite
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        state = self.__dict__
-        return state["_specbench_stand_ins"].answer(state["_specbench_site"], args, kwargs)
+        return self._specbench_handler.answer(self._specbench_site, args, kwargs)
 
 
 def component_sites(model: nn.Module) -> list[ComponentSite]:
@@ -189,9 +191,9 @@ def component_sites(model: nn.Module) -> list[ComponentSite]:
 
 
 @contextlib.contextmanager
-def _mixed_in(sites: Sequence[ComponentSite], mixin: type, **state: Any) -> Iterator[None]:
+def _mixed_in(sites: Sequence[ComponentSite], mixin: type, handler: _Recorder | _StandIns) -> Iterator[None]:
     """While inside, each site's module has ``mixin`` in front of the class it has now (a recurrent layer may be
-    recording already) and ``state`` plus its site in its ``__dict__``; a tied head's ``as_linear`` is wrapped
+    recording already) and ``handler`` and its site in its ``__dict__``; a tied head's ``as_linear`` is wrapped
     alike. Classes and methods are put back after."""
     swapped: list[tuple[nn.Module, type]] = []
     wrapped: list[nn.Module] = []
@@ -199,29 +201,29 @@ def _mixed_in(sites: Sequence[ComponentSite], mixin: type, **state: Any) -> Iter
         for site in sites:
             if site.module is None:
                 wrapped.append(owner := site.owner)  # type: ignore[arg-type]
-                owner.__dict__["as_linear"] = _tied_head(mixin, site, owner.as_linear, state)  # type: ignore[union-attr]
+                owner.__dict__["as_linear"] = _tied_head(site, owner.as_linear, handler)  # type: ignore[union-attr]
                 continue
             module = site.module
             swapped.append((module, type(module)))
-            module.__dict__.update(state, _specbench_site=site)
+            module.__dict__.update(_specbench_handler=handler, _specbench_site=site)
             module.__class__ = mixed_class(mixin, type(module))
         yield
     finally:
         for module, cls in reversed(swapped):
             module.__class__ = cls
-            for name in (*state, "_specbench_site"):
+            for name in ("_specbench_handler", "_specbench_site"):
                 module.__dict__.pop(name, None)
         for owner in wrapped:
             owner.__dict__.pop("as_linear", None)
 
 
 def _tied_head(
-    mixin: type, site: ComponentSite, as_linear: Callable[..., Any], state: dict[str, Any]
+    site: ComponentSite, as_linear: Callable[..., Any], handler: _Recorder | _StandIns
 ) -> Callable[..., Any]:
-    """A tied output head's ``as_linear`` recorded (``_Recording``) or stood in for (``_StandIn``)."""
-    if mixin is _Recording:
-        return lambda *args, **kwargs: state["_specbench_recorder"].call(site, as_linear, args, kwargs)
-    return lambda *args, **kwargs: state["_specbench_stand_ins"].answer(site, args, kwargs)
+    """A tied output head's ``as_linear`` recorded (by a ``_Recorder``) or stood in for (by ``_StandIns``)."""
+    if isinstance(handler, _Recorder):
+        return lambda *args, **kwargs: handler.call(site, as_linear, args, kwargs)
+    return lambda *args, **kwargs: handler.answer(site, args, kwargs)
 
 
 def _arrays(calls: list[RecordedCall]) -> list[Any]:
@@ -241,7 +243,7 @@ def record_forward(
     sites = component_sites(model)
     if rollback is not None:
         rollback.before_verify(tokens.shape[1])
-    with _mixed_in(sites, _Recording, _specbench_recorder=_Recorder()):
+    with _mixed_in(sites, _Recording, _Recorder()):
         logits = FAST.forward(model, tokens, cache)
     mx.eval(logits, _arrays([c for s in sites for c in s.calls]))
     if rollback is not None:
@@ -260,6 +262,25 @@ def _collections() -> int:
     return sum(generation["collections"] for generation in gc.get_stats())
 
 
+@dataclass(frozen=True)
+class ForwardTiming:
+    """Where a timed forward's seconds went: ``build`` (the Python forward building the graph), ``dispatch``
+    (handing its work to the device: until ``mx.async_eval`` returns), ``wait`` (the rest: waiting for the
+    device); the garbage ``collections`` that ran meanwhile and the stood-in calls ``answered`` from the record
+    (those nested in another stood-in call included)."""
+
+    build: float
+    dispatch: float
+    wait: float
+    collections: float
+    answered: float
+
+    @property
+    def seconds(self) -> float:
+        """The forward's seconds, the stand-ins' own bookkeeping left out."""
+        return self.build + self.dispatch + self.wait
+
+
 def forward_with_stand_ins(
     model: nn.Module,
     cache: list[Any],
@@ -268,22 +289,17 @@ def forward_with_stand_ins(
     sites: Sequence[ComponentSite],
     components: Collection[str] = (),
     rollback: Any = None,
-    phases: dict[str, float] | None = None,
-) -> tuple[float, mx.array]:
-    """Seconds of one verification forward of ``tokens`` over ``cache``, unsynchronised inside (as the engine
+) -> tuple[ForwardTiming, mx.array]:
+    """The timing of one verification forward of ``tokens`` over ``cache``, unsynchronised inside (as the engine
     runs it), with the modules of ``components`` stood in for by their recorded outputs (``record_forward``);
     and its logits. A stood-in attention writes nothing to the cache and a stood-in recurrent layer keeps its
     state: no later layer reads another's cache within a forward, and the cache is restored after.
-    The stand-ins' own bookkeeping (answering from the record) is left out of the seconds.
-    ``phases``, if given, receives where the seconds went: ``build`` (the Python forward building the graph),
-    ``dispatch`` (handing its work to the device: until ``mx.async_eval`` returns), ``wait`` (the rest: waiting
-    for the device), ``collections`` (garbage collections that ran meanwhile) and ``answered`` (stood-in calls
-    answered from the record, those nested in another stood-in call included)."""
+    The stand-ins' own bookkeeping (answering from the record) is left out of the seconds."""
     if rollback is not None:  # a hybrid model's verify records its recurrent states: armed as the engine arms it
         rollback.before_verify(tokens.shape[1])
     stand_ins = _StandIns(components)
     stood = [s for s in sites if s.component in stand_ins.components]
-    with _mixed_in(stood, _StandIn, _specbench_stand_ins=stand_ins):
+    with _mixed_in(stood, _StandIn, stand_ins):
         mx.synchronize()
         collected = _collections()
         start = time.perf_counter()
@@ -297,16 +313,10 @@ def forward_with_stand_ins(
         # the stand-ins' own bookkeeping is the measurement's, not the forward's: a stood-in projection's answer
         # costs about what building the projection does, and the skeleton never answers those nested in a
         # stood-in attention, so left in, it would count against every component and not against the skeleton
-        seconds = end - start - stand_ins.bookkeeping_s
-    if phases is not None:
-        phases |= {
-            "build": built - start - stand_ins.bookkeeping_s,
-            "dispatch": dispatched - built,
-            "wait": end - dispatched,
-            "collections": float(_collections() - collected),
-            "answered": float(sum(stand_ins.answered.values())),
-        }
+        build = built - start - stand_ins.bookkeeping_s
+    answered = float(sum(stand_ins.answered.values()))
+    timing = ForwardTiming(build, dispatched - built, end - dispatched, float(_collections() - collected), answered)
     if rollback is not None:
         rollback.rewind(0)
     restore()
-    return seconds, logits
+    return timing, logits

@@ -1,24 +1,20 @@
 """Verify cost by node count: a token tree of n nodes against a path of n tokens, in plain steps.
 
-A tree verification is one forward of n + 1 rows (the last emitted token and the nodes) under the
-tree mask and per-depth positions (``specbench.core.tree``); a path verification of n tokens is the
-same number of rows under the causal mask. ``measure_tree_costs`` times both through the verify
-mode's verifier, as ``specbench.cost.measure`` times paths, on a binary tree (node i's parent is
-(i - 1) // 2: every depth branches, the deepest tree shape costs no fewer rows). ``tree_break_even``
-turns the costs into Auto's break-even of a node budget (``AutoPolicy.choose_node_budget``), and
-``best_node_budget`` is the break-even math for measured tokens per verification. Stored per model,
-device, versions, BLAS library (``kernel_key``, as profiles) and verify mode next to the cost profiles; a
-stored file is checked on read (``check_tree_costs``, and that it holds what it is stored for) and a damaged
-one moved aside with a warning.
+``measure_tree_costs`` times both through the verify mode's verifier, n + 1 rows under the tree mask
+(``specbench.core.tree``) or the causal one, on a binary tree (every depth branches). ``tree_break_even`` turns the
+costs into Auto's break-even of a node budget (``AutoPolicy.choose_node_budget`` picks one). Stored beside the
+cost profiles per model, device, versions, BLAS library and verify mode, checked on read; a damaged file is moved
+aside with a warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +24,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 
-from specbench.common.files import home, locked, set_aside, write_json_atomic
+from specbench.common.files import locked, set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.draft import Drafter
 from specbench.core.forward import vocab_size
@@ -37,7 +33,8 @@ from specbench.core.verify import VERIFY_MODES, check_verify_mode
 from specbench.cost.breakeven import drafter_cost
 from specbench.cost.caches import CacheRestore, prefill
 from specbench.cost.measure import _time_plain
-from specbench.cost.profile import _number, _slug, kernels_tag
+from specbench.cost.profile import _number, profile_path
+from specbench.cost.timing import time_verify
 from specbench.exact import verifier_for
 
 NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -77,11 +74,6 @@ class TreeCosts:
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         return float(ys[-1] + slope * (n - xs[-1]))
 
-    def path_nodes_at_cost(self, n: int) -> int:
-        """The longest path whose verification costs no more than a tree of ``n`` nodes (among measured counts)."""
-        limit = self.c(n, "tree")
-        return max([m for m, c in zip(self.nodes, self.path) if c <= limit], default=0)
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -107,17 +99,9 @@ def binary_tree(n: int) -> list[int]:
 
 
 def _time_rows(verifier: Any, model: nn.Module, cache: list[Any], rows: mx.array, restore: CacheRestore, parents):
-    mx.synchronize()
-    t0 = time.perf_counter()
-    if parents is None:
-        logits = verifier.forward(model, rows, cache)
-    else:
-        with tree_attention(model, cache, parents):
-            logits = verifier.forward(model, rows, cache)
-    verifier.greedy(logits[0])
-    seconds = time.perf_counter() - t0
-    restore()
-    return seconds
+    """Seconds of one verification of ``rows``: a tree under ``parents``' mask, or (None) a path."""
+    with contextlib.nullcontext() if parents is None else tree_attention(model, cache, parents):
+        return time_verify(verifier, model, cache, rows, restore)
 
 
 def measure_tree_costs(
@@ -197,9 +181,8 @@ def measure_tree_costs(
 def tree_costs_path(model: str, device: str, mode: str, root: Path | None = None, kernels: str | None = None) -> Path:
     """Where the tree costs of ``model`` (a ``model_key``) on ``device`` in ``mode`` are stored; ``kernels``
     (default: this process's ``kernel_key()``) keys them by the BLAS library, as profiles are."""
-    vers = versions()
-    name = f"{_slug(model)}--{_slug(device)}--mlx{vers.get('mlx')}--mlxlm{vers.get('mlx_lm')}{kernels_tag(kernels)}"
-    return (root or home()) / "profiles" / "trees" / f"{name}--{mode}.json"
+    profile = profile_path(model, device, versions(), root, kernels)
+    return profile.parent / "trees" / f"{profile.stem}--{mode}.json"
 
 
 def save_tree_costs(costs: TreeCosts, root: Path | None = None) -> Path:
@@ -286,10 +269,10 @@ def stored_tree_costs(model: nn.Module, verify: str = "fast") -> TreeCosts | Non
     """The stored tree costs of ``model`` on this device, these versions and this BLAS library in ``verify``
     mode; None when there are none, or when they are damaged or not this key's (the file is then moved aside
     with a warning naming it)."""
-    vers = versions()
-    key = {"model": model_key(model), "device": device_name(), "mode": check_verify_mode(verify)}
-    key |= {"kernels": kernel_key(), "versions.mlx": vers.get("mlx"), "versions.mlx_lm": vers.get("mlx_lm")}
-    return _read_or_set_aside(tree_costs_path(key["model"], key["device"], key["mode"]), key)
+    vers, shape, device, mode = versions(), model_key(model), device_name(), check_verify_mode(verify)
+    key = {"model": shape, "device": device, "mode": mode, "kernels": kernel_key()}
+    key |= {"versions.mlx": vers.get("mlx"), "versions.mlx_lm": vers.get("mlx_lm")}
+    return _read_or_set_aside(tree_costs_path(shape, device, mode), key)
 
 
 def tree_costs_for(model: nn.Module, verify: str = "fast", **measure: Any) -> TreeCosts:
@@ -307,17 +290,3 @@ def tree_break_even(costs: TreeCosts, drafter: Drafter | None = None, d: float |
     """n -> tokens a verification of an n-node tree must yield to match plain decoding: c_tree(n) + n d."""
     d = drafter_cost(drafter) if d is None else d
     return lambda n: costs.c(n, "tree") + n * d
-
-
-def best_node_budget(
-    costs: TreeCosts | Callable[[int], float], tokens_per_verify: Mapping[int, float], d: float = 0.0
-) -> tuple[int, float]:
-    """(n, predicted speedup) of the node budget whose measured tokens per verification (including the
-    token every verification emits) best beat its cost; (0, 1.0) when none beats plain decoding."""
-    break_even = tree_break_even(costs, d=d) if isinstance(costs, TreeCosts) else costs
-    best = (0, 1.0)
-    for n, tokens in sorted(tokens_per_verify.items()):
-        speedup = float(tokens) / break_even(int(n))
-        if speedup > best[1]:
-            best = (int(n), speedup)
-    return best

@@ -270,27 +270,16 @@ def calibrate(
 ) -> Calibration:
     """Find, per width, the cheapest level whose forward is bit-identical to serial steps.
 
-    For each width w (an int W means 2..W) a cache holding random tokens, one per cache length of ``lengths``
-    (default ``lengths_for(DEFAULT_CONTEXT)``; lengths a width's verification would carry past the model's
-    context are left out), is extended by w random tokens, once with w single-token steps (the reference) and
-    once per tested level (logits compared bit for bit); a level counts as exact only if it is exact at every
-    length. A width calibrated before is calibrated again at the lengths it had and these where it lacks one
-    of these (its ``lengths``). With ``boundary`` the same is checked at a cache whose
-    verification crosses the first KV buffer step (256 keys), laid out as a speculative
-    verification leaves it, on a GPU (the CPU's attention reads exactly the keys it attends);
-    a level counts as exact only if it is exact on both. Levels are tested per op family:
-    "none" first; then, with the other families split row by row, each family's cheaper schemes
-    (attention batched; linear batched, vector, in chunks; experts batched, unsorted); where a
-    family's batched call is exact, its other schemes other than kernels are skipped (MLX's calls
-    in smaller pieces cost no less). The cheapest exact scheme of each family (by median seconds
-    of ``repeats`` forwards when ``measure``, else the first exact one in that order) are combined
-    and the combination checked; "serial" (exact by construction) is the fallback, timed against a
-    pick through the kernels (a split through MLX's own calls is never dearer). Linear layers in
-    chunks are tried widest first (``chunk_sizes``), down to the first exact chunk; a pick with
-    chunks is then tested "+compiled" (``mx.compile``d chunks) and taken where that is exact and,
-    measured, cheaper (unmeasured, the plain chunks are kept). Results are merged into the model's
-    stored calibration (memory, and disk after each width unless ``save`` is False); widths it
-    already holds at these lengths are kept unless ``force``.
+    For each width w (an int W means 2..W) a cache of random tokens at each of ``lengths`` (default
+    ``lengths_for(DEFAULT_CONTEXT)``; lengths past the model's context for w more rows left out) is extended by w
+    random tokens, once by w single-token steps (the reference) and once per tested level, logits compared bit for
+    bit; with ``boundary``, also at a cache whose verification crosses the first KV buffer step, laid out as a
+    speculative verification leaves it (on a GPU). A level is exact only where exact on every probe. Each op family
+    is relaxed alone (the others split row by row), the cheapest exact scheme of each (by median seconds of
+    ``repeats`` forwards when ``measure``, else the first exact one) combined and checked; "serial" is the
+    fallback, and timed against a pick through the kernels; a pick in chunks is also tried ``mx.compile``d.
+    Results merge into the model's stored calibration (on disk after each width unless ``save`` is False); widths
+    it already holds at these lengths are kept unless ``force``.
     """
     ws = list(range(2, widths + 1)) if isinstance(widths, int) else sorted({int(w) for w in widths})
     if not ws or ws[0] < 1:

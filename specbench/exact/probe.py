@@ -20,13 +20,9 @@ import numpy as np
 def probe_ops(
     dtype: mx.Dtype = mx.bfloat16, widths: Sequence[int] = (2, 4, 8, 16), dim: int = 512, seed: int = 0
 ) -> list[dict[str, Any]]:
-    """Which ops compute each row as they do for one row, on the current device.
-
-    Each op is applied to w rows at once and to each row alone (a decode step's call), and
-    the results compared bit for bit. The ops are those every mlx-lm transformer runs besides
-    the split ones (embedding, RMSNorm, RoPE at an offset, SwiGLU, residual add, router
-    softmax and top-k, the weighted sum over experts, logsumexp and argmax over the vocabulary),
-    plus the split ones for contrast (matmul, quantized matmul, attention).
+    """Which ops compute each row as they do for one row, on the current device: each op applied to w rows at
+    once and to each row alone (a decode step's call), compared bit for bit. The ops every mlx-lm transformer
+    runs besides the split ones, and the split ones (matmul, quantized matmul, attention) for contrast.
 
     ``dim`` (the hidden size) is a positive multiple of 64 (the quantized matmul's group size) and ``widths``
     are integers >= 1; a ValueError naming them otherwise, before any op runs.

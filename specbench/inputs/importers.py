@@ -1,25 +1,14 @@
 """Importers: other conversation formats as traces (``specbench.inputs.traces``).
 
-OpenAI message lists (``{"messages": [...], "tools": ...}`` or a bare list of messages, JSON or
-JSONL; contents as text or as lists of ``{"type": "text", "text"|"value"}`` parts; ``tools`` as a
-list or as that list in a JSON string), a benchmark's published runs (a JSON list of ``{"task_id",
-"reward", "traj": [OpenAI messages], "trial"}``, as tau-bench publishes them), ShareGPT
-(``{"conversations": [{"from", "value"}]}``), tau-bench few-shot conversations
-(``{"messages_display": "user: ...\\nassistant: ..."}``), SWE-agent trajectories (``history``
-messages, else ``trajectory`` steps) and Spec-Bench / MT-bench ``question.jsonl`` (``turns``: one
-user message per turn, no recorded replies). ``load_traces`` reads a file in any of these formats
-or in the project's schema, picking the importer from the content of every record of the file (never
-from its name) or from ``format=`` (``--trace-format`` on the command line): a file that mixes
-formats, a record that could be several, or a record of another format than the one asked for is an
-error naming the file and line (JSON lines) or item (JSON arrays).
+OpenAI message lists, a benchmark's published runs (tau-bench's results), ShareGPT, tau-bench few-shot
+conversations, SWE-agent trajectories and Spec-Bench / MT-bench ``question.jsonl`` (each importer says what it
+reads). ``load_traces`` reads a file in any of them or in the project's schema, the format detected from every
+record's content (never the file's name) or given (``format=``, ``--trace-format``): a file that mixes formats,
+a record that could be several, or one of another format than asked is an error naming its line or item.
 
-Reasoning (what a thinking model writes before its answer) is read from a message's
-``reasoning_content``, ``reasoning`` or ``thinking`` field, from its ``reasoning``/``thinking`` content
-parts (Anthropic's ``{"type": "thinking", "thinking": ...}``, LLaMA-Factory's ``{"type": "reasoning",
-"value": ...}``, whose ``{"type": "tool_call", "value": "<json>"}`` parts are read as tool calls) and from
-``<think>...</think>`` at the start of its text; it becomes the message's ``reasoning``, which rendering
-writes in the chat template's own form (``specbench.inputs.traces.render_text``, ``reply_text``), or is
-left out with ``reasoning="drop"`` (``--reasoning drop``).
+Reasoning is read from a message's ``reasoning_content``, ``reasoning`` or ``thinking`` field, its
+reasoning/thinking content parts and ``<think>...</think>`` at the start of its text; it becomes the message's
+``reasoning`` (rendered in the chat template's form), or is left out with ``reasoning="drop"``.
 """
 
 from __future__ import annotations
@@ -263,12 +252,11 @@ def _messages(item: Any, key: str, where: str) -> list[dict[str, Any]]:
     return [normalize_message(m, f"{where}: {key}[{i}]") for i, m in enumerate(item)]
 
 
-def import_openai(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
+def import_openai(path: Path, records: Sequence[Record]) -> list[Trace]:
     """OpenAI chat message lists: a JSON list of messages, an object with "messages" (and "tools"),
     a JSON list of such objects, or JSONL with one conversation per line."""
-    path = Path(path)
     traces = []
-    for index, (where, _, item) in enumerate(read_records(path) if records is None else records):
+    for index, (where, _, item) in enumerate(records):
         if isinstance(item, list):
             messages, tools = _messages(item, "messages", where), []
         elif isinstance(item, dict) and isinstance(item.get("messages"), list):
@@ -280,15 +268,14 @@ def import_openai(path: str | os.PathLike, records: Sequence[Record] | None = No
     return traces
 
 
-def import_runs(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
+def import_runs(path: Path, records: Sequence[Record]) -> list[Trace]:
     """A benchmark's published runs (tau-bench's results files): a JSON list (or JSON lines) of
     ``{"task_id", "reward", "traj": [OpenAI messages with tool_calls], "trial"}``; one trace per run,
     named ``task<task_id>-trial<trial>``, with task_id, reward and trial in its meta."""
-    path = Path(path)
     traces = []
     seen: set[str] = set()
     needs = "a run needs 'traj', a list of OpenAI messages"
-    for index, where, _, item, traj in _records_with(path, records, "traj", list, needs):
+    for index, where, _, item, traj in _records_with(records, "traj", list, needs):
         trace_id = f"task{item.get('task_id', index)}" + (f"-trial{item['trial']}" if "trial" in item else "")
         if trace_id in seen:
             trace_id = f"{trace_id}-{index}"
@@ -317,23 +304,22 @@ _SHAREGPT_ROLES = {
 
 
 def _records_with(
-    path: Path, records: Sequence[Record] | None, key: str, kind: type, needs: str
+    records: Sequence[Record], key: str, kind: type, needs: str
 ) -> Iterator[tuple[int, str, int, dict[str, Any], Any]]:
-    """(index, where, line, record, record[key]) for each record of ``path`` (or the ``records`` read
-    from it); a record without a ``kind`` value at ``key`` is an error naming it (``needs`` says what)."""
-    for index, (where, line, item) in enumerate(read_records(path) if records is None else records):
+    """(index, where, line, record, record[key]) for each of ``records``; a record without a ``kind`` value at
+    ``key`` is an error naming it (``needs`` says what)."""
+    for index, (where, line, item) in enumerate(records):
         value = item.get(key) if isinstance(item, dict) else None
         if not isinstance(value, kind):
             raise ValueError(f"{where}: {needs}")
         yield index, where, line, item, value
 
 
-def import_sharegpt(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
+def import_sharegpt(path: Path, records: Sequence[Record]) -> list[Trace]:
     """ShareGPT conversations: objects with "conversations": [{"from": "human"|"gpt"|..., "value": ...}]."""
-    path = Path(path)
     traces = []
     needs = "a ShareGPT conversation needs a 'conversations' list"
-    for index, where, _, item, turns in _records_with(path, records, "conversations", list, needs):
+    for index, where, _, item, turns in _records_with(records, "conversations", list, needs):
         messages = []
         for i, entry in enumerate(turns):
             speaker = entry.get("from") if isinstance(entry, dict) else None
@@ -365,17 +351,16 @@ def import_sharegpt(path: str | os.PathLike, records: Sequence[Record] | None = 
 _TAU_LINE = re.compile(r"^(user|assistant|tool|system): ?(.*)$")
 
 
-def import_tau_bench(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
+def import_tau_bench(path: Path, records: Sequence[Record]) -> list[Trace]:
     """tau-bench few-shot conversations: JSONL of {"messages_display": "user: ...\\nassistant: ..."}.
 
     The display hides tool calls: an "assistant: None" line is an assistant message that called a
     tool (kept with null content); "tool: ..." lines are tool results. Lines without a role prefix
     continue the previous message.
     """
-    path = Path(path)
     traces = []
     needs = "a tau-bench line needs a 'messages_display' string"
-    for index, where, line, _, display in _records_with(path, records, "messages_display", str, needs):
+    for index, where, line, _, display in _records_with(records, "messages_display", str, needs):
         messages: list[dict[str, Any]] = []
         for text_line in display.split("\n"):
             match = _TAU_LINE.match(text_line)
@@ -396,17 +381,11 @@ def import_tau_bench(path: str | os.PathLike, records: Sequence[Record] | None =
     return traces
 
 
-def import_swe_agent(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
-    """A SWE-agent trajectory (``.traj``, JSON).
-
-    Uses ``history`` (the messages the model saw and wrote: system prompt, demonstrations, the issue,
-    thought/action replies, observations; SWE-agent's tool-call messages included) when present;
-    otherwise the ``trajectory`` steps (``query`` of the first step when recorded, then each step's
-    ``response`` as a reply and its ``observation`` as the next user message). mini-SWE-agent's
-    ``{"messages": [...]}`` files are read as OpenAI message lists.
+def import_swe_agent(path: Path, records: Sequence[Record]) -> list[Trace]:
+    """A SWE-agent trajectory (``.traj``, JSON): its ``history`` messages when present, else its ``trajectory``
+    steps (the first step's ``query``, then each ``response`` as a reply and ``observation`` as the next user
+    message); mini-SWE-agent's ``{"messages": [...]}`` as an OpenAI message list.
     """
-    path = Path(path)
-    records = read_records(path) if records is None else records
     data = records[0][2] if len(records) == 1 else None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a SWE-agent trajectory is a JSON object with 'history' or 'trajectory'")
@@ -435,13 +414,12 @@ def import_swe_agent(path: str | os.PathLike, records: Sequence[Record] | None =
     return [from_messages(messages, trace_id, None, meta, str(path))]
 
 
-def import_questions(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
+def import_questions(path: Path, records: Sequence[Record]) -> list[Trace]:
     """Spec-Bench / MT-bench ``question.jsonl``: {"question_id", "category", "turns": [str, ...]}.
 
     Each question is a trace with one user message per turn and no recorded replies."""
-    path = Path(path)
     traces = []
-    for where, line, item in read_records(path) if records is None else records:
+    for where, line, item in records:
         turns = item.get("turns") if isinstance(item, dict) else None
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise ValueError(f"{where}: a question needs 'turns', a non-empty list of strings")
@@ -452,10 +430,8 @@ def import_questions(path: str | os.PathLike, records: Sequence[Record] | None =
     return traces
 
 
-def import_trace_schema(path: str | os.PathLike, records: Sequence[Record] | None = None) -> list[Trace]:
+def import_trace_schema(path: Path, records: Sequence[Record]) -> list[Trace]:
     """Traces in the project's schema (``specbench.inputs.traces``), from JSON lines or a JSON array."""
-    path = Path(path)
-    records = read_records(path) if records is None else records
     return traces_from_records(path, ((where, item) for where, _, item in records))
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specbench.inputs.traces import Trace, encode_text, render_text, reply_text
+from specbench.inputs.traces import Trace, encode_text, render_messages, render_text, render_turn, reply_text
 
 
 @dataclass
@@ -131,8 +131,7 @@ def trace_prompts(tokenizer: Any, trace: Trace) -> TracePrompts:
     # The template or tokenizer does not compose: every turn in full.
     out.ids, out.turns, out.full_renders = [], [], turns
     for t in range(turns):
-        prompt = encode_text(tokenizer, render_text(tokenizer, trace.history(t), trace.tools))
-        out.turns.append(TurnPrompt(t, 0, prompt, outputs[t]))
+        out.turns.append(TurnPrompt(t, 0, render_turn(tokenizer, trace, t), outputs[t]))
     return out
 
 
@@ -165,7 +164,7 @@ def fitted_turn(
     if truncate not in TRUNCATE:
         raise ValueError(f"truncate must be one of {TRUNCATE}, got {truncate!r}")
     messages = trace.history(turn, replies)
-    prompt = encode_text(tokenizer, render_text(tokenizer, messages, trace.tools))
+    prompt = render_messages(tokenizer, messages, trace.tools)
     if context is None or (len(prompt) < context and (truncate == "error" or len(prompt) + reply_tokens <= context)):
         return prompt, 0
     if truncate == "error":
@@ -181,7 +180,7 @@ def fitted_turn(
         while len(messages) - keep > 1 and messages[keep]["role"] in ("tool", "assistant"):
             del messages[keep]
             dropped += 1
-        prompt = encode_text(tokenizer, render_text(tokenizer, messages, trace.tools))
+        prompt = render_messages(tokenizer, messages, trace.tools)
     if len(prompt) >= context:
         raise ValueError(
             f"trace {trace.id!r} turn {turn}: even its last message alone makes a prompt of {len(prompt)} tokens, "

@@ -255,12 +255,6 @@ def read_json_lines(path: Path, text: str | None = None) -> Iterable[tuple[int, 
             raise ValueError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
 
 
-def read_trace_file(path: str | os.PathLike) -> list[Trace]:
-    """Traces from a file in the project's schema."""
-    path = Path(path)
-    return traces_from_records(path, ((f"{path}:{number}", record) for number, record in read_json_lines(path)))
-
-
 def traces_from_records(path: Path, records: Iterable[tuple[str, Any]]) -> list[Trace]:
     """Traces from schema records, each with where it was read ("file:line")."""
     traces: dict[str, Trace] = {}
@@ -463,13 +457,10 @@ def _as_template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, 
 
 
 def render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()) -> str:
-    """The text of a prompt ending with the assistant's turn, through the tokenizer's chat template.
-
-    Templates that know tool calls get them natively; others get them as text (``as_text_messages``);
-    a template that rejects the "tool" role gets tool results as user messages. Without a chat
-    template: "role: content" paragraphs ending with "assistant:". Reasoning goes in the template's
-    form (``_reasoning_in_template_form``: ``reasoning_content`` for a template that renders it, else
-    in thinking tags before the answer, which a template may then leave out of earlier turns).
+    """The text of a prompt ending with the assistant's turn, through the tokenizer's chat template: tool calls
+    natively where it knows them, else as text (``as_text_messages``; tool results as user messages where it
+    rejects the "tool" role); reasoning in its form (``_reasoning_in_template_form``). Without a template:
+    "role: content" paragraphs ending with "assistant:".
     """
     messages = _reasoning_in_template_form(tokenizer, messages)
     if not getattr(tokenizer, "chat_template", None):

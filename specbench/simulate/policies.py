@@ -1,11 +1,8 @@
 """Draft-length policies replayed on the same recorded outputs, ranked per workload by predicted speedup.
 
-Each (workload, policy) runs the real decode loop over a workload's recorded plain greedy outputs
-(``simulate``, no model run), with a fresh model-free drafter per trace and a fresh policy per workload (a
-policy's state carries over a workload's requests, as a server's would). The predicted speedup prices the
-steps the policy took with a stored cost profile: the tokens the replay emitted over the sum of c(width) +
-drafted x d, in plain steps (``specbench.cost.predicted_speedup``, ``tokens="emitted"``). What ``specbench
-simulate --policies`` and the policies notebook run.
+Each (workload, policy) runs the real decode loop over a workload's recorded greedy outputs (``simulate``),
+with a fresh drafter per trace and a fresh policy per workload; its steps are priced with a stored cost profile
+(``predicted_speedup``, ``tokens="emitted"``). What ``specbench simulate --policies`` and the policies notebook run.
 """
 
 from __future__ import annotations
@@ -99,6 +96,8 @@ def replay_policy(
     return log
 
 
+#: The step log's totals a replayed policy's row carries, before its predicted speedup.
+POLICY_STATS = ("tokens", "steps", "verifies", "drafted", "accepted", "acceptance_rate", "tokens_per_verify")
 #: The verify mode the replays run in (greedy) and are priced in.
 MODE = "exact"
 
@@ -120,16 +119,8 @@ def policy_row(log: StepLog, profile: Profile, drafter: str, mode: str = MODE) -
     """A replayed policy's totals and its predicted speedup on ``profile`` (in the simulator's verify mode)."""
     stats = log.stats()
     d = drafter_cost(model_free_drafter(drafter, 1), profile)
-    return {
-        "tokens": stats["tokens"],
-        "steps": stats["steps"],
-        "verifies": stats["verifies"],
-        "drafted": stats["drafted"],
-        "accepted": stats["accepted"],
-        "acceptance_rate": stats["acceptance_rate"],
-        "tokens_per_verify": stats["tokens_per_verify"],
-        "predicted_speedup": predicted_speedup(log.records, profile, d, mode=mode, tokens="emitted"),
-    }
+    predicted = predicted_speedup(log.records, profile, d, mode=mode, tokens="emitted")
+    return {key: stats[key] for key in POLICY_STATS} | {"predicted_speedup": predicted}
 
 
 def rank_policies(

@@ -1,16 +1,10 @@
 """Offline acceptance simulator: what a model-free drafter would do, without running the model.
 
-Under greedy verification the accepted tokens of every step are fixed by the draft and the model's
-own greedy output, so a recorded plain run (prompt and output ids per request) is enough to replay
-speculative decoding with any model-free drafter, draft length and policy. ``simulate`` runs the
-engine's decode loop (``specbench.core.engine.Generation``) step for step, with the recorded output
-(``RecordedOutput``) in place of the model, and returns the ``StepLog`` the real run would write,
-timing columns excepted (they are 0). Policies are the real policy objects; ``DraftPolicy.auto()``
-needs the model's cost profile (``cost=``) or a fixed ``break_even``.
-
-One boundary: when a draft runs past the recorded output's stop token, the model's predictions after
-the stop are unknown; the simulator counts accepted tokens up to the stop (the tokens that can be
-emitted).
+Under greedy verification every step's accepted tokens are fixed by the draft and the model's own greedy output,
+so a recorded plain run (prompt and output ids) is enough to replay speculative decoding with any model-free
+drafter, draft length and policy. ``simulate`` runs the engine's decode loop with the recorded output
+(``RecordedOutput``) in place of the model and returns the ``StepLog`` the real run would write (timings 0).
+Past a recorded stop token the model's predictions are unknown: drafts count as accepted up to the stop.
 """
 
 from __future__ import annotations
@@ -80,18 +74,9 @@ def record(model: Any, prompts: Iterable[Any], options: GenerateOptions, tokeniz
     return out
 
 
-def from_trace(trace: Any, tokenizer: Any, turns: int | None = None) -> list[Recorded]:
-    """A trace's recorded replies as if a model had written them (no model run): each turn's prompt
-    rendered from the recorded history, its output the reply's text (``reply_text``: reasoning in the
-    chat template's form, the answer, tool calls written out) and an EOS. For studying drafters on the trace's own text;
-    acceptance against a real model needs ``record`` or the trace benchmark's plain outputs. Turns
-    from the first without a recorded reply on are left out (``trace_prompts`` counts them)."""
-    prompts = trace_prompts(tokenizer, trace)
-    return list(recorded_turns(prompts, tokenizer))[:turns]
-
-
 def recorded_turns(prompts: TracePrompts, tokenizer: Any) -> Iterator[Recorded]:
-    """``trace_prompts``' turns as recorded requests (made one at a time: memory stays linear)."""
+    """``trace_prompts``' turns as recorded requests, as if a model had written the replies (no model run): each
+    output the reply's text (``reply_text``) and an EOS; made one at a time, so memory stays linear."""
     reason = "stop" if getattr(tokenizer, "eos_token_ids", None) else "length"
     for turn, prompt, output in prompts:
         yield Recorded(prompt, output, reason, f"{prompts.trace_id}/{turn}")
@@ -225,15 +210,11 @@ def simulate(
     cost: Any = None,
     context_limit: int | None = None,
 ) -> StepLog:
-    """Replay speculative decoding with ``drafter`` over recorded plain greedy outputs.
-
-    ``requests``: ``Recorded`` (or mappings with prompt, output, finish_reason), replayed in order
-    with one drafter (so SuffixDecoding's global store carries over). ``policy``: a policy or its
-    text form (default ``auto``); ``options``: the decoding options of the real run (max_tokens;
-    defaults to each output's length); ``cost``: the verify cost ``auto`` plans with (a
-    ``cost.Profile``, or the model, whose profile is then loaded or measured);
-    ``context_limit``: the model's context length, when it binds. Returns one log, with a
-    ``request`` column (the request's index).
+    """Replay speculative decoding with ``drafter`` over recorded plain greedy outputs, in order, with one drafter
+    (SuffixDecoding's store carries over); one log with a ``request`` column. ``requests``: ``Recorded`` or
+    mappings with prompt, output, finish_reason. ``policy``: a policy or its text (default ``auto``, which plans
+    with ``cost``: a ``cost.Profile`` or the model); ``options``: the real run's (default: each output's length);
+    ``context_limit``: the model's context length, where it binds.
     """
     if drafter is None:
         raise ValueError("simulate needs a drafter (plain decoding needs no simulation)")
@@ -272,34 +253,14 @@ def simulate(
     return log
 
 
-def sweep(
-    requests: Sequence[Recorded | Mapping[str, Any]],
-    drafters: Mapping[str, Callable[[], Drafter]],
-    policies: Sequence[DraftPolicy | str],
-    options: GenerateOptions | None = None,
-    cost: Any = None,
-):
-    """Simulate every (drafter, policy) pair; one row of ``StepLog.stats()`` each, as a polars DataFrame.
-
-    ``drafters`` maps a label to a factory, so every run starts from a fresh drafter.
-    """
-    import polars as pl
-
-    rows = []
-    for label, make in drafters.items():
-        for spec in policies:
-            policy = DraftPolicy.parse(spec) if isinstance(spec, str) else spec
-            stats = simulate(requests, make(), policy, options, cost).stats()
-            rows.append({"drafter": label, "policy": getattr(policy, "name", str(spec)), **stats})
-    return pl.DataFrame(rows)
-
-
 #: Where a drafter's store lives when replaying a log: one drafter for all its traces, or a fresh one per trace.
 STORES = ("shared", "per-trace")
 #: A trace's id and a function giving its recorded requests afresh.
 Group = tuple[str, Callable[[], Iterable[Recorded]]]
 
 
+#: The step log's totals a replay's summary row carries after its accepted tokens per verification.
+_REPLAY_STATS = ("tokens_per_verify", "acceptance_rate", "mean_accepted_tokens")
 #: The drafters a replay runs unless told otherwise (``model_free_drafters()`` lists every one it can run).
 DEFAULT_DRAFTERS = ("lookup", "suffix")
 
@@ -325,6 +286,20 @@ def model_free_drafter(name: str, k: int) -> Drafter:
     return drafter
 
 
+def check_settings(drafters: Sequence[str], ks: Sequence[int], stores: Sequence[str], limit: int | None) -> None:
+    """A ValueError for a drafter, k, store scope or limit the simulator cannot use (before any work)."""
+    if not drafters:
+        raise ValueError(f"give at least one drafter ({', '.join(model_free_drafters())})")
+    for name in drafters:
+        model_free_drafter(name, 1)
+    if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
+        raise ValueError(f"k: draft lengths are integers >= 1, got {list(ks)}")
+    if not stores or any(s not in STORES for s in stores):
+        raise ValueError(f"store: the scopes are {', '.join(STORES)}, got {list(stores)}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit: at least 1 trace, got {limit}")
+
+
 def group_by_trace(requests: Iterable[Recorded]) -> list[tuple[str, list[Recorded]]]:
     """Recorded requests grouped by trace: the id before its last "/" (``trace/turn``), in order."""
     groups: dict[str, list[Recorded]] = {}
@@ -339,23 +314,14 @@ def replay_logs(
     ks: Sequence[int] = (4, 8, 16),
     stores: Sequence[str] = STORES,
 ):
-    """Every (store, drafter, k) over recorded requests grouped by trace, with a fixed draft length k.
-
-    ``groups``: (trace id, a function giving that trace's requests afresh, in order). With store
-    "shared" one drafter replays every trace in turn (SuffixDecoding's store then holds the earlier
-    traces); with "per-trace" each trace starts a fresh drafter. Returns (summary, steps): one row per
-    (drafter, store, k) with the totals and accepted tokens per verification, and every step's record
-    with drafter, store, k, trace and turn (the request's index in its trace) columns.
+    """Every (store, drafter, k) over recorded requests grouped by trace (``groups``: trace id and a function
+    giving its requests afresh), at a fixed draft length k: one drafter for every trace in turn (store "shared")
+    or a fresh one per trace ("per-trace"). Returns (summary, steps): one row per (drafter, store, k), and every
+    step with drafter, store, k, trace and turn columns.
     """
     import polars as pl
 
-    unknown = [s for s in stores if s not in STORES]
-    if unknown or not stores:
-        raise ValueError(f"store scopes must be among {', '.join(STORES)}, got {list(stores)}")
-    if not ks or any(not isinstance(k, int) or k < 1 for k in ks):
-        raise ValueError(f"draft lengths k must be integers >= 1, got {list(ks)}")
-    for name in drafters:
-        model_free_drafter(name, 1)
+    check_settings(drafters, ks, stores, None)
     steps = StepLog()
     rows = []
     for store in stores:
@@ -370,25 +336,12 @@ def replay_logs(
                         labels = {"store": store, "k": k, "trace": trace_id, "turn": record.labels["request"]}
                         log.append(replace(record, drafter=name, labels=labels))
                 stats = log.stats()
-                verifies = stats["verifies"]
-                rows.append(
-                    {
-                        "drafter": name,
-                        "store": store,
-                        "k": k,
-                        "traces": len(groups),
-                        "turns": sum(1 for r in log.records if r.kind == "prefill"),
-                        "prompt_tokens": sum(r.verify_width for r in log.records if r.kind == "prefill"),
-                        "tokens": stats["tokens"],
-                        "verifies": verifies,
-                        "drafted": stats["drafted"],
-                        "accepted": stats["accepted"],
-                        "accepted_per_verify": stats["accepted"] / verifies if verifies else 0.0,
-                        "tokens_per_verify": stats["tokens_per_verify"],
-                        "acceptance_rate": stats["acceptance_rate"],
-                        "mean_accepted_tokens": stats["mean_accepted_tokens"],
-                    }
-                )
+                prefills = [r for r in log.records if r.kind == "prefill"]
+                row = {"drafter": name, "store": store, "k": k, "traces": len(groups), "turns": len(prefills)}
+                row |= {"prompt_tokens": sum(r.verify_width for r in prefills)}
+                row |= {key: stats[key] for key in ("tokens", "verifies", "drafted", "accepted")}
+                row |= {"accepted_per_verify": stats["accepted"] / stats["verifies"] if stats["verifies"] else 0.0}
+                rows.append(row | {key: stats[key] for key in _REPLAY_STATS})
                 steps.records.extend(log.records)
     return pl.DataFrame(rows), steps
 

@@ -23,10 +23,9 @@ from specbench.simulate.simulate import (
     DEFAULT_DRAFTERS,
     STORES,
     Group,
+    check_settings,
     group_by_trace,
     load_recorded,
-    model_free_drafter,
-    model_free_drafters,
     replay_logs,
     trace_groups,
 )
@@ -85,20 +84,6 @@ def load_tokenizer(name: str) -> Any:
     return mlx_load_tokenizer(path)
 
 
-def check_settings(drafters: Sequence[str], ks: Sequence[int], stores: Sequence[str], limit: int | None) -> None:
-    """A ValueError for a drafter, k, store scope or limit the simulator cannot use (before any work)."""
-    if not drafters:
-        raise ValueError(f"give at least one drafter ({', '.join(model_free_drafters())})")
-    for name in drafters:
-        model_free_drafter(name, 1)
-    if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
-        raise ValueError(f"k: draft lengths are integers >= 1, got {list(ks)}")
-    if not stores or any(s not in STORES for s in stores):
-        raise ValueError(f"store: the scopes are {', '.join(STORES)}, got {list(stores)}")
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit: at least 1 trace, got {limit}")
-
-
 def simulate_logs(
     source: str | os.PathLike,
     drafters: Sequence[str] = DEFAULT_DRAFTERS,
@@ -113,12 +98,10 @@ def simulate_logs(
 ) -> SimulatedLogs:
     """Replay ``drafters`` at each k and store scope over a log file or a folder of logs.
 
-    Conversation logs (any format ``load_traces`` reads) are replayed on their recorded assistant
-    messages, tokenized with ``tokenizer`` (a tokenizer, or a model name for ``load_tokenizer``);
-    with ``recorded``, ``source`` holds recorded greedy outputs (``save_recorded``'s parquet, such as
-    the trace benchmark's ``*.plain.parquet``, which alone are read from a folder that has them),
-    whose ids are replayed as they are. ``trace_ids`` and
-    ``limit`` pick traces (in file order); ``reasoning`` ("keep" or "drop") is ``load_traces``'.
+    Conversation logs (any format ``load_traces`` reads) are replayed on their recorded assistant messages,
+    tokenized with ``tokenizer`` (or a model name for ``load_tokenizer``); with ``recorded``, ``source`` holds
+    recorded greedy outputs (``save_recorded``'s parquet; a folder's ``*.plain.parquet`` where it has them),
+    replayed as they are. ``trace_ids`` and ``limit`` pick traces; ``reasoning`` is ``load_traces``'.
     """
     check_settings(drafters, ks, stores, limit)
     start = time.perf_counter()

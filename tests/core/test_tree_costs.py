@@ -14,7 +14,6 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost.trees import (
     TreeCosts,
-    best_node_budget,
     binary_tree,
     load_tree_costs,
     measure_tree_costs,
@@ -53,7 +52,6 @@ def test_cost_by_node_count_interpolates_and_extends():
     assert c.c(0) == 1.0 and c.c(2) == 1.4 and c.c(3) == pytest.approx(1.6)
     assert c.c(12) == pytest.approx(2.6 + 0.2 * 4)  # past 8 nodes at the last slope
     assert c.c(4, "path") == 2.0
-    assert c.path_nodes_at_cost(8) == 4  # a path of 8 costs 3.0 > a tree of 8 (2.6)
     assert tree_break_even(c, d=0.1)(4) == pytest.approx(1.8 + 0.4)
     with pytest.raises(ValueError, match="shape"):
         c.c(2, "star")
@@ -63,8 +61,6 @@ def test_cost_by_node_count_interpolates_and_extends():
 def test_break_even_and_auto_choose_the_node_budget():
     c = costs([1.2, 1.4, 1.8, 4.0])
     tokens = {1: 1.3, 2: 1.9, 4: 2.3, 8: 3.0}  # 8 nodes yield most but cost too much
-    assert best_node_budget(c, tokens) == (2, pytest.approx(1.9 / 1.4))
-    assert best_node_budget(c, {4: 1.5})[0] == 0  # none beats plain decoding
     auto = DraftPolicy.auto()
     assert auto.choose_node_budget(tokens, tree_break_even(c)) == 2
     assert auto.max_k == 2 and auto.longest_draft(None) == 2

@@ -13,7 +13,7 @@ import pytest
 from conftest import build_tiny
 
 from specbench.bench.batch_bench import bench_batch, format_batch_bench
-from specbench.cost.batch import BatchProfile, lowest_break_even, measure_batch_overhead, measure_batch_profile
+from specbench.cost.batch import BatchProfile, measure_batch_overhead, measure_batch_profile
 from specbench.cost.batch_grid import batch_speedup_grid
 from specbench.cost.breakeven import expected_tokens
 from specbench.cost.predict import noise_floor, predicted_batch_seconds
@@ -112,15 +112,11 @@ def test_batch_overheads_per_step_and_row_enter_the_prediction():
     profile = measure_batch_profile(model, (1, 2, 4), widths=3, offset=8, repeats=1, warmup=1, count_experts=False)
     measure_batch_overhead(model, profile, widths=(1, 3), tokens=6)
     assert set(profile.overhead_s) == {"1", "3"} and all(len(v) == 3 for v in profile.overhead_s.values())
-    step, row = profile.overhead_terms(3)
-    assert math.isfinite(step) and math.isfinite(row)
     assert profile.overhead(3, 4) == pytest.approx(profile.overhead_s["3"]["4"])  # measured there: taken as is
     halfway = (profile.overhead_s["1"]["4"] + profile.overhead_s["3"]["4"]) / 2
     assert profile.overhead(2, 4) == pytest.approx(halfway)  # linear in w between measured widths
-    assert profile.overhead_terms(2) == profile.overhead_terms(3)  # the nearest measured width (the wider on a tie)
     made = made_profile()
     made.overhead_s = {"2": {"1": 0.002, "4": 0.005, "16": 0.017}}
-    assert made.overhead_terms(2) == pytest.approx((0.001, 0.001))
     assert made.overhead(2, 2) == pytest.approx(0.0035)  # linear in log B between 1 and 4
     assert made.overhead(5, 64) == pytest.approx(0.017)  # the nearest beyond the measured range
     made.overhead_s = {"1": {"1": -0.004, "4": -0.004}}  # pipelining hides part of the profile's forward
@@ -193,19 +189,6 @@ def test_batch_bench_agrees_with_mlx_lm():
         ("suffix/fixed:3", "plain"),
     }
     assert all(s.identical == 1.0 and s.min_first_divergence is None for s in summary)
-
-
-def test_break_even_rows_and_the_lowest_per_batch_size():
-    p = made_profile()
-    rows = p.break_even_rows(max_k=5)  # the profile holds c(1..4): k stops at 3
-    assert {(r["batch_size"], r["k"]) for r in rows} == {(b, k) for b in (1, 4, 16) for k in (1, 2, 3)}
-    for r in rows:
-        expected = p.break_even_acceptance(r["batch_size"], max_k=3)[r["k"] - 1]
-        assert r["a_star"] == pytest.approx(expected, nan_ok=True)
-    lowest = lowest_break_even([*rows, {"batch_size": 32, "k": 1, "a_star": math.nan}])
-    assert list(lowest) == [1, 4, 16]  # no finite a* at B = 32
-    assert lowest[1] == min(r["a_star"] for r in rows if r["batch_size"] == 1 and math.isfinite(r["a_star"]))
-    assert all(0.0 <= a <= 1.0 for a in lowest.values())
 
 
 def test_batch_bench_prints_each_speedup_beside_its_prediction():

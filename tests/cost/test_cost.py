@@ -175,7 +175,7 @@ def test_profile_for_measures_anew_over_a_damaged_profile(home):
 
 def test_profiles_are_keyed_by_the_blas_library(dense, monkeypatch):
     profile = make_profile([1.0, 1.5], name=model_key(dense))
-    assert profile.kernels == kernel_key() and profile.key["kernels"] == kernel_key()
+    assert profile.kernels == kernel_key()
     path = cost.save_profile(profile)
     assert cost.load_profile(dense).kernels == kernel_key()
     monkeypatch.setattr(identity, "blas_in_use", lambda: "OtherBLAS 9.9, 3 threads")

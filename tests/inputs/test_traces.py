@@ -630,11 +630,12 @@ def test_damaged_recorded_outputs_name_the_file(tmp_path):
 
 
 def test_recorded_replies_simulate_drafters_on_a_trace():
-    from specbench.simulate.simulate import from_trace
+    from specbench.inputs.trace_prompts import trace_prompts
+    from specbench.simulate.simulate import recorded_turns
 
     tokenizer = embedded_tokenizer()
     (trace,) = load_traces("chat-revision")
-    recorded = from_trace(trace, tokenizer)
+    recorded = list(recorded_turns(trace_prompts(tokenizer, trace), tokenizer))
     assert len(recorded) == len(trace.turns)
     eos = min(tokenizer.eos_token_ids)
     assert all(r.output[-1] == eos and r.finish_reason == "stop" for r in recorded)

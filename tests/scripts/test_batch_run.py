@@ -8,8 +8,9 @@ import math
 
 import pytest
 
-from scripts.gpu.batch_run import TABLES, BatchRun, batch_verdict, divergence_table
+from scripts.gpu.batch_run import TABLES, BatchRun, batch_verdict, break_even_rows, divergence_table, lowest_break_even
 from specbench.bench.budget import Budget
+from specbench.cost.batch import BatchProfile
 
 TINY = {
     "batch_sizes": [1, 2],
@@ -152,3 +153,17 @@ def test_batch_figure_passes_the_report_checks():
         f"{m} k={k}" for m in ("dense", "moe") for k in (1, 2, 4)
     }
     plt.close(fig)
+
+
+def test_break_even_rows_and_the_lowest_per_batch_size():
+    costs = {1: [1.0, 1.1, 1.2, 1.3], 4: [1.0, 1.5, 2.0, 2.5], 16: [1.0, 2.0, 3.0, 4.0]}
+    p = BatchProfile("m", "cpu", 64, costs, {1: 0.01, 4: 0.012, 16: 0.02})
+    rows = break_even_rows(p, max_k=5)  # the profile holds c(1..4): k stops at 3
+    assert {(r["batch_size"], r["k"]) for r in rows} == {(b, k) for b in (1, 4, 16) for k in (1, 2, 3)}
+    for r in rows:
+        expected = p.break_even_acceptance(r["batch_size"], max_k=3)[r["k"] - 1]
+        assert r["a_star"] == pytest.approx(expected, nan_ok=True)
+    lowest = lowest_break_even([*rows, {"batch_size": 32, "k": 1, "a_star": math.nan}])
+    assert list(lowest) == [1, 4, 16]  # no finite a* at B = 32
+    assert lowest[1] == min(r["a_star"] for r in rows if r["batch_size"] == 1 and math.isfinite(r["a_star"]))
+    assert all(0.0 <= a <= 1.0 for a in lowest.values())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import build_tiny
 
-from specbench.cost import calls
+from scripts.gpu import verify_calls as calls
 
 
 def test_a_timed_call_leaves_the_cache_as_it_found_it():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specbench.cost.breakeven import best_k, break_even_acceptance, break_even_table
-from specbench.cost.grid import grid_lines, grid_seconds, prediction_error_lines
+from scripts.gpu.cost import break_even_table, grid_lines, grid_seconds, prediction_error_lines
+from specbench.cost.breakeven import best_k, break_even_acceptance
 from specbench.cost.profile import Profile
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.common.timing import quiet
 from specbench.core.forward import vocab_size
+from specbench.cost.caches import prefill
 from specbench.exact import ExactPlan, exact_mode
 
 #: Calls timed and dropped before the timed ones (first-use kernel builds, caches warming).
@@ -25,13 +25,7 @@ WARMUP_CALLS = 2
 
 def filled_cache(model: Any, length: int, seed: int = 3, chunk: int = 512) -> list[Any]:
     """A prompt cache holding ``length`` random tokens (prefilled ``chunk`` at a time)."""
-    rng = np.random.default_rng(seed)
-    vocab = vocab_size(model)
-    cache = make_prompt_cache(model)
-    for start in range(0, length, chunk):
-        model(mx.array(rng.integers(0, vocab, size=min(chunk, length - start)).tolist())[None], cache=cache)
-        mx.eval([c.state for c in cache])
-    return cache
+    return prefill(model, np.random.default_rng(seed).integers(0, vocab_size(model), size=length).tolist(), chunk)
 
 
 def random_rows(model: Any, width: int, seed: int = 3) -> mx.array:
@@ -121,9 +115,9 @@ def verify_call_rows(
                 f"alone {1e3 * linear:.1f} ms"
             )
             if compiled:
-                row["exact_compiled_s"] = time_call(model, cache, tokens, "auto", repeats, compiled=True)
-                line += f"; exact with compiled linear chunks {1e3 * row['exact_compiled_s']:.1f} ms"
-        row["exact_over_fast"] = exact / fast
-        rows.append(row)
+                compiled_s = time_call(model, cache, tokens, "auto", repeats, compiled=True)
+                row.update(exact_compiled_s=compiled_s)
+                line += f"; exact with compiled linear chunks {1e3 * compiled_s:.1f} ms"
+        rows.append(row | {"exact_over_fast": exact / fast})
         say(line + f" -> exact/fast {exact / fast:.2f}")
     return rows
