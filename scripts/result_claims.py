@@ -127,6 +127,8 @@ def _stack(key: str, file: str, model: str, what: str, **more: Any) -> Claim:
 #: and ``pytest -m gpu tests/kernels tests/core``.
 HEADLINE = "gpu-h100/headline/"
 SHAPES = {"dense": ("qwen3-8b", "Qwen3-8B"), "moe": ("qwen3-30b-a3b", "Qwen3-30B-A3B")}
+#: The shapes whose headline run has not been made yet (the dense one ran at 46613ac).
+PENDING = {"moe"}
 
 
 def _headline_cell(name: str, cell: str, what: str, headline: str = "") -> Claim:
@@ -145,7 +147,7 @@ def _headline_cell(name: str, cell: str, what: str, headline: str = "") -> Claim
         fmt="{:.2f}x",
         n_what="repeats",
         headline=headline,
-        pending=True,
+        pending=name in PENDING,
     )
 
 
@@ -178,7 +180,7 @@ def _headline(name: str) -> list[Claim]:
             ),
             aa=aa,
             n_what="repeats",
-            pending=True,
+            pending=name in PENDING,
             headline=f"H100 {label} 4-bit, exact / fast verification, seconds per token (k = 8)",
         ),
         Claim(
@@ -194,7 +196,7 @@ def _headline(name: str) -> list[Claim]:
             ),
             aa=aa,
             n_what="repeats",
-            pending=True,
+            pending=name in PENDING,
             headline=f"H100 {label} 4-bit, specbench plain / mlx-lm tokens/s",
         ),
     ]
