@@ -98,10 +98,12 @@ class PromptBench:
         return list(dict.fromkeys(r.category for r in self.runs))
 
     def summary(self) -> list[dict[str, Any]]:
-        return summarize_prompt_runs(self.runs, self.methods, self.info, self.profile)
+        """The rows of ``prompt_bench_summary.parquet`` (``summarize_prompt_runs``)."""
+        return [r.row() for r in summarize_prompt_runs(self.runs, self.methods, self.info, self.profile)]
 
     def table(self) -> str:
-        return prompt_table(self.summary(), self.methods, self.categories(), self.info, self.prediction_source())
+        summary = summarize_prompt_runs(self.runs, self.methods, self.info, self.profile)
+        return prompt_table(summary, self.methods, self.categories(), self.info, self.prediction_source())
 
     def prediction_source(self) -> str:
         """Where the predictions come from (the cost profile), or why there are none."""
