@@ -54,11 +54,27 @@ def _question_key(question: Any) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def _prompt_config(
-    model_name: str, methods: Sequence[Method], max_tokens: int, repeats: int, k: int, device: str
-) -> str:
+def _plan(
+    model: Any,
+    model_name: str,
+    drafters: Sequence[str],
+    policies: Any,
+    verify: Any,
+    draft_model: Any,
+    k: int,
+    max_tokens: int,
+    repeats: int,
+) -> tuple[Any, list[Method], dict[str, Any], str]:
+    """A run's draft model (the shipped pair's, for the draft-model drafter when none is given: mlx-lm's
+    speculation runs the same pair), its methods, its info and the digest of its configuration."""
+    if draft_model is None and "draft-model" in drafters:
+        draft_model = shipped_draft_model(model, model_name)
+    methods = prompt_methods(drafters, policies, verify, draft_model is not None, k)
+    device = device_name()
+    info = {"model": model_name, "device": device, **versions(), "max_tokens": max_tokens, "repeats": repeats}
     text = json.dumps([model_name, [m.record() for m in methods], max_tokens, repeats, k, device])
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
+    info["date"] = time.strftime("%Y-%m-%d")
+    return draft_model, methods, info, hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def _write_parquet(rows: Sequence[dict[str, Any] | PromptRun], path: Path) -> Path:
@@ -204,12 +220,10 @@ def bench_prompts(
         raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if draft_model is None and "draft-model" in drafters:
-        draft_model = shipped_draft_model(model, model_name)  # mlx-lm's speculation runs the same pair
-    methods = prompt_methods(drafters, policies, verify, draft_model is not None, k)
+    draft_model, methods, info, config = _plan(
+        model, model_name, drafters, policies, verify, draft_model, k, max_tokens, repeats
+    )
     say = progress or (lambda text: None)
-    info = _bench_info(model_name, max_tokens, repeats)
-    config = _prompt_config(model_name, methods, max_tokens, repeats, k, info["device"])
     runs_path = Path(out) / PROMPT_RUNS_FILE if out is not None else None
     runs: list[PromptRun] = []
     if runs_path is not None and runs_path.exists() and not fresh:
@@ -268,17 +282,6 @@ def model_identity(model: Any, tokenizer: Any) -> dict[str, Any]:
     ``model_key`` (shape and dtypes: a 4-bit and a bf16 version differ), its tokenizer's vocabulary
     (``tokenizer_key``) and the ids its output layer predicts (``vocab``)."""
     return {"model_key": model_key(model), "tokenizer": tokenizer_key(tokenizer), "vocab": vocab_size(model)}
-
-
-def _bench_info(model_name: str, max_tokens: int, repeats: int) -> dict[str, Any]:
-    return {
-        "model": model_name,
-        "device": device_name(),
-        **versions(),
-        "max_tokens": max_tokens,
-        "repeats": repeats,
-        "date": time.strftime("%Y-%m-%d"),
-    }
 
 
 def _run_row(
