@@ -308,22 +308,22 @@ def _unit_columns(run: PromptBench, method: str, positions: int) -> tuple[list[s
         add(key, f"{side}_s", statistics.median(r.wall_s for r in rows))
         if name != method:
             continue
-        for step in min(rows, key=lambda r: r.repeat).steps:
-            if step["kind"] != "verify":
+        for step in min(rows, key=lambda r: r.repeat).step_records():
+            if step.kind != "verify":
                 continue
             add(key, "verifies", 1)
-            add(key, "accepted", step["accepted"])
-            add(key, "drafted", step["k_drafted"])
-            for i in range(min(int(step["k_drafted"]), positions)):
-                if step["accepted"] >= i:
+            add(key, "accepted", step.accepted)
+            add(key, "drafted", step.k_drafted)
+            for i in range(min(step.k_drafted, positions)):
+                if step.accepted >= i:
                     add(key, f"reached{i}", 1)
-                    add(key, f"hit{i}", step["accepted"] > i)
+                    add(key, f"hit{i}", step.accepted > i)
     keys = list(dict.fromkeys(r.question_key for r in run.runs))
     return keys, {name: np.array([values.get(k, 0.0) for k in keys]) for name, values in columns.items()}
 
 
 def _longest_draft(run: PromptBench, method: str) -> int:
-    return max((int(s["k_drafted"]) for r in run.runs if r.method == method for s in r.steps), default=0)
+    return max((s.k_drafted for r in run.runs if r.method == method for s in r.step_records()), default=0)
 
 
 def _difference(

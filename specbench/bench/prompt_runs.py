@@ -19,6 +19,7 @@ from mlx_lm import stream_generate
 from specbench.common.timing import quiet
 from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
 from specbench.core.engine import plain_generation
+from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.verify import check_verify_mode
@@ -189,6 +190,10 @@ class PromptRun:
     def plain_specbench(self) -> bool:
         """Whether it is specbench's plain decoding, the baseline predictions are made against."""
         return self.engine == "specbench" and self.drafter == "none"
+
+    def step_records(self) -> list[StepRecord]:
+        """``steps`` as the engine's step records."""
+        return StepLog.from_rows(self.steps).records
 
     def row(self) -> dict[str, Any]:
         """The run as a row of ``prompt_bench_runs.parquet``, in the stored column order."""

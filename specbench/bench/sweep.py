@@ -377,7 +377,7 @@ def _run_cell(
     plain_tokens: list[int] | None = None
     if not first_pair:
         plain, plain_tokens, plain_s = run_plain()
-        reference = {"plain_decode_tokens": len(plain_tokens) - 1, "plain_decode_s": plain_s}
+        reference = (len(plain_tokens) - 1, plain_s)
         runs.append(_row(len(runs), {**base, "acceptance": "none"}, "none", None, plain, plain_s, reference, None))
         frames.append(_steps(plain.log, len(runs) - 1, base))
         previous_plain = (plain, plain_s)
@@ -416,12 +416,9 @@ def _run_cell(
                 else:
                     gen, tokens, seconds = run_method(ruled, drafter_name, policy)
                     mine = run_plain()
-                baseline = {"plain_decode_tokens": len(mine[1]) - 1, "plain_decode_s": mine[2]}
+                baseline = (len(mine[1]) - 1, mine[2])
                 if previous_plain is not None:
-                    aa = {
-                        "plain_decode_tokens": len(previous_plain[0].tokens) - 1,
-                        "plain_decode_s": previous_plain[1],
-                    }
+                    aa = (len(previous_plain[0].tokens) - 1, previous_plain[1])
                     runs.append(
                         {
                             **_row(len(runs), {**base, "acceptance": "none"}, "none", None, mine[0], mine[2], aa, None),
@@ -501,10 +498,11 @@ def _row(
     policy: DraftPolicy | None,
     gen: Any,
     seconds: float,
-    baseline: dict[str, Any],
+    baseline: tuple[int, float],
     same: bool | None,
 ) -> dict[str, Any]:
-    """One row of ``Sweep.runs``: a generation's stats, its clock, and its plain baseline (``policy`` None: plain)."""
+    """One row of ``Sweep.runs``: a generation's stats, its clock, and its plain baseline's decode tokens and
+    seconds (``policy`` None: plain)."""
     stats = gen.stats()
     tokens = len(gen.tokens) - 1
     if policy is None:
@@ -512,7 +510,8 @@ def _row(
     else:
         name, family, k = policy.name, policy_family(policy), policy_k(policy)
     tps = tokens / seconds if seconds > 0 else 0.0
-    plain_tps = baseline["plain_decode_tokens"] / baseline["plain_decode_s"] if baseline["plain_decode_s"] > 0 else 0.0
+    plain_tokens, plain_s = baseline
+    plain_tps = plain_tokens / plain_s if plain_s > 0 else 0.0
     return {
         "run": run,
         **base,
@@ -526,7 +525,8 @@ def _row(
         **{name: stats[name] for name in _STATS},
         "main_reason": main_reason(r for r in gen.log.records if r.kind != "prefill"),
         "decode_tokens_per_s": tps,
-        **baseline,
+        "plain_decode_tokens": plain_tokens,
+        "plain_decode_s": plain_s,
         "speedup": tps / plain_tps if plain_tps > 0 else float("nan"),
         "equal_to_plain": same,
         "finish_reason": stats["finish_reason"],
@@ -539,14 +539,9 @@ def _steps(log: Any, run: int, base: dict[str, Any]) -> pl.DataFrame:
     df = log.to_polars()
     if "extra" in df.columns:
         df = df.drop("extra")
-    return df.with_columns(
-        pl.lit(run).alias("run"),
-        pl.lit(base["prompt"]).alias("prompt"),
-        pl.lit(base["category"]).alias("category"),
-        pl.lit(base["temperature"]).alias("temperature"),
-        pl.lit(base["seed"]).alias("seed"),
-        pl.lit(base.get("acceptance", "none")).alias("acceptance"),
-    )
+    labels = {"run": run, **{c: base[c] for c in ("prompt", "category", "temperature", "seed")}}
+    labels["acceptance"] = base.get("acceptance", "none")
+    return df.with_columns(pl.lit(value).alias(column) for column, value in labels.items())
 
 
 # -- agent traces ------------------------------------------------------------------------------
