@@ -1,22 +1,10 @@
 """Batched decoding benchmark: speculative batched vs plain batched vs mlx-lm's ``BatchGenerator``
-(what ``batch_generate`` runs) on the same prompts at the same batch size, in one run.
+(what ``batch_generate`` runs) on the same prompts at the same batch size, in one run (``bench_batch``).
 
 Each engine decodes every prompt greedily with at most ``batch_size`` requests decoding together
-(continuous batching: a waiting prompt joins when one finishes). Reported per engine: total tokens,
-wall seconds, total tokens/s, and each request's mean latency (seconds from joining to its last
-token; for mlx-lm, from the start of the run to the request's last token); per speculative method,
-its ratios to plain batched decoding and to mlx-lm, its acceptance, and how many outputs equal
-theirs; per request, the first position where each engine's output leaves each reference's.
-
-Drafters are named (``lookup``, ``suffix``, ... as ``specbench.drafters.make_drafter`` takes them), or
-``oracle:A``: a controlled-acceptance ``Oracle`` per request, drafting the output of this
-run's plain batched run of the same batch (recorded before the speculative run starts, so nothing
-but decoding runs inside a timed run). Where a speculative output leaves that recording (a fast
-verify that is not bit-exact: GPUs), the oracle keeps drafting its recording at the same position;
-the acceptance drops, and the measured acceptance is reported.
-
-``verify="exact"`` runs plain batched and every speculative method through the exact batch verifier
-(``specbench.exact.batch_verifier``): each request's output then equals its single-request greedy output.
+(continuous batching). A drafter ``oracle:A`` drafts, per request, the output of this run's plain batched
+run at acceptance A (recorded before the speculative run starts; after a divergence, as on a GPU's fast
+verify, it keeps drafting its recording at the same position, and the measured acceptance is reported).
 """
 
 from __future__ import annotations

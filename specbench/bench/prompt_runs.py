@@ -102,21 +102,18 @@ def prompt_methods(
             check_verify_mode(mode)
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    methods = [Method(PROMPT_BASELINE, "mlx-lm")]
     fixed = DraftPolicy.fixed(k)
+    pairs = [(drafter, policy) for drafter in drafters for policy in policies]
+    if draft_model and ("draft-model", fixed.name) not in [(d, p.name) for d, p in pairs]:
+        pairs.insert(0, ("draft-model", fixed))  # the same pair and draft length as mlx-lm's speculation
+    methods = [Method(PROMPT_BASELINE, "mlx-lm")]
     if draft_model:
         methods.append(Method(f"mlx-lm draft/{fixed.name}", "mlx-lm", "draft-model", fixed))
     methods.append(Method("specbench", "specbench"))
-    if draft_model and not ("draft-model" in drafters and fixed.name in [p.name for p in policies]):
-        # The same pair and draft length as mlx-lm's speculation, side by side.
+    for drafter, policy in pairs:
         for mode in verify:
             suffix = f"/{mode}" if mode is not None else ""
-            methods.append(Method(f"draft-model/{fixed.name}{suffix}", "specbench", "draft-model", fixed, mode))
-    for drafter in drafters:
-        for policy in policies:
-            for mode in verify:
-                suffix = f"/{mode}" if mode is not None else ""
-                methods.append(Method(f"{drafter}/{policy.name}{suffix}", "specbench", drafter, policy, mode))
+            methods.append(Method(f"{drafter}/{policy.name}{suffix}", "specbench", drafter, policy, mode))
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"methods need distinct names (give policies distinct names), got {names}")

@@ -1,19 +1,10 @@
-"""Sweeps: generations over prompts x drafters x policies x temperatures, with plain baselines.
+"""Sweeps: generations over prompts x drafters x policies x temperatures, with plain baselines (``run_sweep``).
 
-Every prompt (at every temperature and seed) is first decoded plainly, then speculatively with
-each drafter and policy, in the same process, so speedups are ratios measured in one run:
-speedup = speculative decode tokens/s / plain decode tokens/s, by the clock from the first token
-to the last (prefill excluded: it is the same forward pass either way). Greedy runs are checked
-token for token against the plain output.
-
-A prompt's prefix (all but its last token) is prefilled once and every generation of that prompt
-starts from a copy of that cache (except for drafters that need the prompt's hidden states), so
-the prompt is not prefilled again for every drafter and policy (``specbench.bench.timing``).
-
-``Sweep.runs`` has one row per generation, ``Sweep.steps`` every step log; ``summary`` and
-``per_position`` aggregate them as Spec-Bench reports (mean accepted tokens, acceptance rate,
-per-position acceptance). Prompts come from ``specbench.inputs.prompts.prompts_from``; the
-losslessness check of sampling is ``specbench.checks.lossless``.
+Every prompt (at every temperature and seed) is decoded plainly, then speculatively with each drafter and
+policy, in the same process: speedup = speculative decode tokens/s / plain decode tokens/s, by the clock from
+the first token to the last (the prefill is the same either way); greedy runs are checked token for token
+against the plain output. ``Sweep.runs`` has one row per generation, ``Sweep.steps`` every step log;
+``summary`` and ``per_position`` aggregate them as Spec-Bench reports.
 """
 
 from __future__ import annotations
@@ -140,44 +131,27 @@ def run_sweep(
     time_budget_s: float | None = None,
     audit: float = 0.0,
 ) -> Sweep:
-    """Decode every prompt plainly, then with each drafter x policy, per temperature and seed.
+    """Decode every prompt plainly, then with each rule x drafter x policy, per temperature and seed.
 
-    ``policies``: policy objects, their text ("fixed:4", "auto", parsed here) or draft lengths
-    (ints, fixed policies); the ``policy`` column holds each policy's name. ``verify``: "exact",
-    "fast" or None (the engine's default: exact when greedy).
+    ``policies``: policy objects, their text ("fixed:4", "auto") or draft lengths (fixed policies). ``verify``:
+    "exact", "fast" or None (exact when greedy). Drafters are built fresh for every generation; those the model
+    cannot use are listed in ``Sweep.skipped``; ``drafter_factories`` adds or replaces drafters (name -> a
+    function building one). ``reuse_prefill`` starts every generation of a prompt from one prefill of its
+    prefix. ``rules``: the acceptance rules of every speculative generation (column ``acceptance``).
 
-    Drafters are built fresh for every generation (a SuffixDecoding store does not carry over
-    between runs of one prompt). Drafters the model cannot use (such as mtp without an MTP head)
-    are left out and listed in ``Sweep.skipped``. ``drafter_factories`` adds or replaces drafters
-    (name -> a function building a fresh one), e.g. a user-written drafter. ``reuse_prefill``
-    starts every generation of a prompt from one prefill of its prefix. ``rules``: the acceptance
-    rules every speculative generation runs with (the ``acceptance`` column holds each one's label;
-    "none" for plain runs).
+    ``pairs`` 0 compares every generation of a cell with the cell's one plain run (one timing each, no
+    interval); N >= 1 times each method N times in a pair with a plain run beside it, in alternating order
+    (``paired.baseline_first``), consecutive plain runs forming the A/A rows (policy ``AA_POLICY``); step logs
+    are kept for the first pair. ``max_pairs`` (> ``pairs``) adds a pair on every prompt of each group (prompt
+    kind x temperature x rule x drafter x policy) whose interval does not yet exclude 1, round after round,
+    until all decide, ``max_pairs`` is reached or the next round would not fit ``time_budget_s``; its
+    intervals are at ``paired.sequential_level`` of its looks (column ``looks``). ``audit``: the share of exact
+    verifications compared with serial steps (column ``exact_divergence``).
 
-    ``pairs``: 0 compares every generation of a cell with the cell's one plain run (a screen: one timing each,
-    no interval). N >= 1 times every drafter x policy N times, each time in a pair with a plain run next to it,
-    the order alternating from pair to pair (``paired.baseline_first``), and each row's baseline is its pair's
-    plain run (``pair``: 0..N-1); consecutive plain runs of a cell form the A/A cell (drafter "none", policy
-    ``AA_POLICY``: plain against plain, the machine's own noise, at no extra run). Step logs are kept for the
-    first pair; ``summarize_sweep`` gives each group its paired interval. ``audit``: the share of exact
-    verifications compared with serial steps (``GenerateOptions.audit``; runs verified fast are not audited); a
-    run's ``exact_divergence`` names the first diverging operation where one differed.
-
-    ``max_pairs`` (> ``pairs``) makes the sample sequential, by a rule fixed before the run: after the first
-    ``pairs`` pairs of every prompt, a group (prompt kind x temperature x rule x drafter x policy) whose speedup
-    interval does not yet exclude 1 gets one more pair on each of its prompts, round after round, until every
-    group has decided, a prompt has ``max_pairs`` pairs, or the next round would not fit in ``time_budget_s``
-    seconds (counted from the end of the first stage; None: no limit). The rule looks at most ``max_pairs -
-    pairs + 1`` times, so every interval of the sweep is at ``paired.sequential_level`` of that many looks (the
-    rows' ``looks`` column): the rule as a whole errs at most 5 % of the time.
-
-    A cell is one prompt at one temperature and seed: its plain run and every drafter x policy.
-    With ``out`` each finished cell is written there (``cells/``, atomically) and a sweep started
-    again with the same settings resumes: finished cells are read back, not run. Under
-    ``mlx.launch`` (``spread``, the default when the group has several ranks and the model is not
-    sharded) rank r runs the cells whose index is r modulo the group size, each rank on its own
-    device, and every rank gets the merged result, the same as one rank's; a sharded model runs
-    every cell on all ranks in lockstep and rank 0 writes.
+    A cell is one prompt at one temperature and seed. With ``out`` each finished cell is written to ``cells/``
+    and a sweep run again with the same settings reads it back. Under ``mlx.launch`` (``spread``, the default
+    for several ranks and a model not sharded) rank r runs the cells r modulo the group size and every rank gets
+    the merged result; a sharded model runs every cell on all ranks in lockstep and rank 0 writes.
     """
     if not prompts:
         raise ValueError("no prompts to sweep")

@@ -198,9 +198,9 @@ def test_paired_ratio_resamples_prompts_from_six_else_pairs_else_none():
     within = paired.paired_ratio(two_prompts)
     assert within.resampled == "pair" and within.pairs == 6 and within.units == 2
     assert within.ratio == pytest.approx(6.0 / sum(s for *_, s in two_prompts))  # 60 tokens each side
-    assert within.low > 1 and within.excludes_one()
+    assert within.has_interval and within.low > 1
     eight = paired.paired_ratio([(f"p{i}", 10, 1.0, 10, 1.0 + (0.3 if i % 2 else -0.3)) for i in range(8)])
-    assert eight.resampled == "prompt" and eight.units == 8 and not eight.excludes_one()
+    assert eight.resampled == "prompt" and eight.units == 8 and eight.low <= 1.0 <= eight.high
     few = paired.paired_ratio([("a", 10, 1.0, 10, 0.5)] * 3)
     assert few.resampled == "" and few.low is None and not few.has_interval and few.ratio == pytest.approx(2.0)
     with pytest.raises(ValueError):
