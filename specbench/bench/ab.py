@@ -299,7 +299,7 @@ def cell_row(cell: tuple[str, str, str], pairs: Sequence[Pair]) -> CellSummary:
     in_steps, steps_low, steps_high, steps_p = estimate(steps)
     in_mean, mean_low, mean_high, _ = estimate(in_plain_steps(pairs, "mean"))
     equal = [p.equal_plain for p in pairs if p.equal_plain is not None]
-    shape = {}
+    shape: dict[str, Any] = {}
     if pairs[0].ks is not None:  # a shape's cell
         shape = {
             "ks": " | ".join(p.ks or "-" for p in pairs),
