@@ -1,11 +1,6 @@
-"""Every measured speedup beside its prediction and the residual (``specbench.cost.predict``).
-
-Benchmarks and sweeps keep one row per run and the step logs; here each speculative run gets the speedup
-the cost model predicts for its steps (``predicted_speedup``), with the drafter's cost per token d taken
-from the run itself (its drafting seconds over the tokens it drafted, in the run's plain seconds per
-token), and the residual measured / predicted - 1. ``prediction_error`` is the mean absolute residual per
-group: the figure a grid reports per shape and batch size.
-"""
+"""Every measured speedup beside its prediction and the residual (``specbench.cost.predict``): each speculative
+run of a benchmark or sweep gets the speedup the cost model predicts for its steps (``with_predictions``), and
+``prediction_error`` is the mean absolute residual per group."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
-"""Prompt benchmark: Spec-Bench's protocol, side by side with mlx-lm.
+"""Prompt benchmark: Spec-Bench's protocol (Xia et al., arXiv 2401.07851), side by side with mlx-lm.
 
-Spec-Bench (Xia et al., arXiv 2401.07851): prompts by category, greedy decoding, batch 1;
-speedup over plain decoding, #MAT (tokens per target forward, the bonus token included, so
-plain decoding gives 1.00) and a check that every output equals plain greedy decoding.
-Every method (``specbench.bench.prompt_runs``) runs in one process on the same prompts:
-mlx-lm's ``stream_generate`` (the baseline), mlx-lm's draft-model speculation when a draft model is
-given, specbench's plain ``generate`` and specbench with each drafter and policy (with a draft model,
-specbench's ``DraftModel`` with the same pair and draft length as mlx-lm's, side by side). Methods are warmed
-up first and interleaved per prompt (a rotating order) so that drift of the machine's speed spreads
-evenly. specbench's runs keep their steps, from which the model's stored cost profile predicts each
-speculative method's speedup over specbench plain (``specbench.bench.prompt_predictions``), shown beside the
-measured one with the residual. The figure of the results is drawn by ``specbench.report.figures.bench``.
+Prompts by category, greedy decoding, batch 1: speedup over plain decoding, #MAT (tokens per target forward,
+the bonus token included, so plain decoding gives 1.00) and a check that every output equals plain greedy
+decoding. Every method (``specbench.bench.prompt_runs``) runs in one process on the same prompts, warmed up
+first and interleaved per prompt in a rotating order, so that drift of the machine's speed spreads evenly.
 """
 
 from __future__ import annotations

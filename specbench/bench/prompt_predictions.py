@@ -1,12 +1,6 @@
-"""The prompt benchmark's speculative methods beside the speedup the cost model predicts for them.
-
-Each specbench speculative run kept its steps (``prompt_runs.STEP_COLUMNS``); ``run_predictions`` sets it
-against the specbench plain run of the same prompt and repeat: its measured decode speedup over that run,
-and the speedup ``specbench.bench.predictions.with_predictions`` predicts for its steps from the stored cost
-profile (d from the run's own drafting seconds, in the plain run's seconds per token). ``group_prediction``
-pools a method's runs as the summary pools their tokens and seconds: each run's predicted seconds are its
-decode tokens over its predicted speedup, in plain steps.
-"""
+"""The prompt benchmark's speculative methods beside the speedup the cost model predicts for them: each run
+against the specbench plain run of its prompt and repeat (``run_predictions``), pooled per method and category
+as the summary pools tokens and seconds (``group_prediction``)."""
 
 from __future__ import annotations
 
