@@ -220,9 +220,12 @@ def run_sweep(
             return
         if reuse_prefill and prefix_of is not prompt:
             prefix, prefix_of = prefix_cache(model, prompt.ids), prompt
-        cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify, audit)
+        options = GenerateOptions(
+            max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos, verify=verify
+        )
+        options.audit = audit if options.verify_mode == "exact" else 0.0
         results[key] = _run_cell(
-            model, tokenizer, cell, factories, policies, prefix, bar, rules, count, first_pair, only
+            model, tokenizer, prompt, options, factories, policies, prefix, bar, rules, count, first_pair, only
         )
         if store is not None:
             store.write(cells[cell_index], *results[key], tag=tag)
@@ -308,7 +311,8 @@ AA_POLICY = "A/A"
 def _run_cell(
     model: Any,
     tokenizer: Any,
-    cell: tuple[Prompt, float, int, bool, int, VerifyMode | None, float],
+    prompt: Prompt,
+    options: GenerateOptions,
     factories: dict[str, Callable[[], Any]],
     policies: Sequence[DraftPolicy],
     prefix: Any,
@@ -318,34 +322,35 @@ def _run_cell(
     first_pair: int = 0,
     only: set[tuple] | None = None,
 ) -> tuple[list[dict[str, Any]], pl.DataFrame]:
-    """One prompt at one temperature and seed: the plain run, then every rule x drafter x policy (run ids from 0),
+    """One prompt at the temperature and seed of ``options``: the plain run, then every rule x drafter x policy (run
+    ids from 0),
     once against that plain run, or ``pairs`` times each in an adjacent pair with a plain run of its own.
 
     A sequential round (``first_pair`` > 0) runs pairs ``first_pair`` on of the methods in ``only`` ((rule label,
     drafter, policy name) each) alone: no plain run of its own, no step logs, A/A rows between its own plain
     runs."""
-    prompt, temperature, seed, ignore_eos, max_tokens, verify, audit = cell
-    options = GenerateOptions(
-        max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos, verify=verify
-    )
-    options.audit = audit if options.verify_mode == "exact" else 0.0
+    temperature = options.temperature
     base = {
         "prompt": prompt.id,
         "category": prompt.category,
         "prompt_tokens": len(prompt.ids),
         "temperature": temperature,
-        "seed": seed,
+        "seed": options.seed,
         "verify_mode": options.verify_mode,
     }
     runs: list[dict[str, Any]] = []
     frames: list[pl.DataFrame] = []
 
-    def run_plain() -> tuple[Any, list[int], float]:
-        bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
-        gen = plain_generation(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
+    def timed_run(gen: Any) -> tuple[Any, list[int], float]:
         tokens, seconds = timed(gen)
         bar.update()
         return gen, tokens, seconds
+
+    def run_plain() -> tuple[Any, list[int], float]:
+        bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
+        return timed_run(
+            plain_generation(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
+        )
 
     previous_plain: tuple[Any, float] | None = None
     plain_tokens: list[int] | None = None
@@ -358,18 +363,12 @@ def _run_cell(
 
     def run_method(ruled: GenerateOptions, drafter_name: str, policy: DraftPolicy) -> tuple[Any, list[int], float]:
         drafter = factories[drafter_name]()
-        gen = speculative_generate(
-            model,
-            prompt.ids,
-            ruled,
-            drafter=drafter,
-            policy=policy,
-            tokenizer=tokenizer,
-            prompt_cache=cache_copy(prefix, drafter),
+        cache = cache_copy(prefix, drafter)
+        return timed_run(
+            speculative_generate(
+                model, prompt.ids, ruled, drafter=drafter, policy=policy, tokenizer=tokenizer, prompt_cache=cache
+            )
         )
-        tokens, seconds = timed(gen)
-        bar.update()
-        return gen, tokens, seconds
 
     methods = [
         (r, d, p) for r in rules for d in factories for p in policies if only is None or (r.label, d, p.name) in only
