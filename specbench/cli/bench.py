@@ -271,9 +271,9 @@ def _bench_prompts(args: argparse.Namespace) -> int:
     from specbench.cost.bandwidth import describe_speeds
     from specbench.report import verdicts
 
-    print(f"\nVerdict: {verdicts.bench(result.summary(), PROMPT_BASELINE)}")
-
-    overall = {r["method"]: r["decode_tokens_per_s"] for r in result.summary() if r["category"] == "overall"}
+    summary = result.summary()
+    print(f"\nVerdict: {verdicts.bench(summary, PROMPT_BASELINE)}")
+    overall = {r["method"]: r["decode_tokens_per_s"] for r in summary if r["category"] == "overall"}
     print(
         "\nMemory bandwidth (decode tokens/s x weight bytes per token):",
         *describe_speeds(model, overall),
