@@ -65,13 +65,7 @@ class Method:
 
     def record(self) -> dict[str, Any]:
         """The method as JSON-ready values (the policy by its name)."""
-        return {
-            "name": self.name,
-            "engine": self.engine,
-            "drafter": self.drafter,
-            "policy": self.policy_name,
-            "verify": self.verify,
-        }
+        return {**vars(self), "policy": self.policy_name}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Method:
