@@ -78,7 +78,10 @@ def _legacy_mean(split: Mapping[str, float]) -> float | None:
 
 @dataclass(frozen=True)
 class Pair:
-    """A results row as a pair of runs: the cell it belongs to, both runs, and the row for its other columns."""
+    """A results row as a pair of runs: the cell it belongs to, both runs, whether the seconds are whole calls
+    (category and trace runs) rather than per token (synthetic shapes), and the columns a cell's summary reads: a
+    whole call's prompt; a shape's ratio and the spread of its baseline, the draft lengths Auto asked for, its
+    verifications and paused tokens and mlx-lm's seconds per token."""
 
     model: str
     what: str
@@ -88,7 +91,14 @@ class Pair:
     plain: Side
     auto: Side
     equal_plain: bool | None
-    row: Mapping[str, Any]
+    whole_calls: bool
+    prompt: str = ""
+    vs_plain: float = math.nan
+    plain_spread: float = 0.0
+    ks: str | None = None  # a shape's row alone has it
+    verifies: float = 0.0
+    paused: float = 0.0
+    mlx_lm_s: float = math.nan
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> Pair:
@@ -101,7 +111,14 @@ class Pair:
             Side.of(row, "plain"),
             Side.of(row, "auto"),
             row.get("equal_plain"),
-            row,
+            "plain_s" in row,
+            row.get("prompt", ""),
+            row.get("vs_plain", math.nan),
+            row.get("plain_spread", 0.0),
+            row.get("ks"),
+            row.get("verifies", 0.0),
+            row.get("paused", 0.0),
+            row.get("mlx_lm_s_per_token", math.nan),
         )
 
     @property
@@ -112,11 +129,6 @@ class Pair:
     def seconds(self) -> tuple[float, float]:
         """(baseline, method) seconds."""
         return self.plain.seconds, self.auto.seconds
-
-    @property
-    def whole_calls(self) -> bool:
-        """Whether the seconds are whole calls (category and trace runs) rather than per token (shapes)."""
-        return "plain_s" in self.row
 
     def speeds(self, average: str = "state") -> tuple[float | None, float | None]:
         return self.plain.speed(average), self.auto.speed(average)
@@ -276,24 +288,24 @@ def cell_row(cell: tuple[str, str, str], pairs: Sequence[Pair]) -> CellSummary:
         ratios = [seconds_ratio([p.seconds for p in ps]) for ps in by_repeat.values()]
         plain_by_prompt: dict[str, list[float]] = {}
         for pair in pairs:
-            plain_by_prompt.setdefault(pair.row["prompt"], []).append(pair.plain.seconds)
+            plain_by_prompt.setdefault(pair.prompt, []).append(pair.plain.seconds)
         noise = statistics.median(spread(v) for v in plain_by_prompt.values())
     else:
-        ratios = [statistics.mean(p.row["vs_plain"] for p in ps) for ps in by_repeat.values()]
-        noise = statistics.median(p.row["plain_spread"] for p in pairs)
+        ratios = [statistics.mean(p.vs_plain for p in ps) for ps in by_repeat.values()]
+        noise = statistics.median(p.plain_spread for p in pairs)
     seconds = [p.seconds for p in pairs]
     low, high, p_loses = interval_and_p(seconds)
     steps = in_plain_steps(pairs)
     in_steps, steps_low, steps_high, steps_p = estimate(steps)
     in_mean, mean_low, mean_high, _ = estimate(in_plain_steps(pairs, "mean"))
     equal = [p.equal_plain for p in pairs if p.equal_plain is not None]
-    shape = {}
-    if "ks" in pairs[0].row:
+    shape: dict[str, Any] = {}
+    if pairs[0].ks is not None:  # a shape's cell
         shape = {
-            "ks": " | ".join(p.row["ks"] or "-" for p in pairs),
-            "verifies": statistics.median(p.row["verifies"] for p in pairs),
-            "paused": statistics.median(p.row["paused"] for p in pairs),
-            "vs_mlx_lm": statistics.median(p.row["mlx_lm_s_per_token"] / p.auto.seconds for p in pairs),
+            "ks": " | ".join(p.ks or "-" for p in pairs),
+            "verifies": statistics.median(p.verifies for p in pairs),
+            "paused": statistics.median(p.paused for p in pairs),
+            "vs_mlx_lm": statistics.median(p.mlx_lm_s / p.auto.seconds for p in pairs),
         }
     model, what, method = cell
     return CellSummary(
@@ -392,18 +404,19 @@ def pooled(runs: Sequence[Mapping[str, Any]]) -> list[PooledRow]:
     whole-call models, each method's seconds summed over every prompt and trace turn (plain / method,
     resampling prompts). A pooled interval is what a per-cell verdict of "inconclusive" lacks: power."""
     rows: list[PooledRow] = []
-    for model in dict.fromkeys(r["model"] for r in runs):
-        pairs = [Pair.of(r) for r in runs if r["model"] == model]
+    every = [Pair.of(r) for r in runs]
+    for model in dict.fromkeys(p.model for p in every):
+        pairs = [p for p in every if p.model == model]
         if not pairs[0].whole_calls:  # a shape
             a_a = [p for p in pairs if p.method == "plain"]
-            fell_back = [p for p in pairs if p.method == "auto" and p.row["paused"] >= 0.9 * p.tokens]
-            speculated = [p for p in pairs if p.method == "auto" and p.row["paused"] < 0.9 * p.tokens]
+            fell_back = [p for p in pairs if p.method == "auto" and p.paused >= 0.9 * p.tokens]
+            speculated = [p for p in pairs if p.method == "auto" and p.paused < 0.9 * p.tokens]
             for what, group in (
                 ("A/A (plain against plain)", a_a),
                 ("Auto fell back", fell_back),
                 ("Auto speculated", speculated),
             ):
-                rows += pooled_row(model, what, [p.row["vs_plain"] for p in group], statistics.mean, float)
+                rows += pooled_row(model, what, [p.vs_plain for p in group], statistics.mean, float)
             for average, label in (("state", "plain"), ("mean", "mean")):
                 for what, group in ((f"A/A, in {label} steps", a_a), (f"Auto fell back, in {label} steps", fell_back)):
                     ratios = [b / a for b, a in in_plain_steps(group, average)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import mlx.core as mx
@@ -236,16 +236,31 @@ def call_pair_row(base: dict[str, Any], plain: CallRun, method: CallRun) -> dict
     }
 
 
+@dataclass(frozen=True)
+class _Turn:
+    """What a trace pair row reads of a trace benchmark's turn row (``TraceBench.turns``)."""
+
+    turn: int
+    method: str
+    tokens: int
+    decode_s: float
+    observe_s: float
+    identical: bool
+    verifies: int
+    accepted: int
+
+
 def trace_pair_rows(model: str, trace_id: str, repeat: int, bench: Any, methods: Sequence[str]) -> list[dict[str, Any]]:
     """The pair rows of a trace benchmark (``bench_trace``'s result): per turn and method, its decode seconds
     against plain's in the same turn."""
-    rows = {(r["turn"], r["method"]): r for r in bench.turns.to_dicts()}
+    columns = [f.name for f in fields(_Turn)]
+    rows = {(t.turn, t.method): t for t in (_Turn(*r) for r in bench.turns.select(columns).iter_rows())}
     steps: dict[tuple[int, str], list[StepRecord]] = {}
     for record in bench.steps.records:
         steps.setdefault((record.labels["turn"], record.labels["method"]), []).append(record)
-    state = {key: speed_in_ms(speed_state(steps[key], row["observe_s"])) for key, row in rows.items()}
-    mean = {key: speed_in_ms(mean_speed(steps[key], row["observe_s"])) for key, row in rows.items()}
-    split = {key: time_split(steps[key], row["decode_s"]) for key, row in rows.items()}
+    state = {key: speed_in_ms(speed_state(steps[key], row.observe_s)) for key, row in rows.items()}
+    mean = {key: speed_in_ms(mean_speed(steps[key], row.observe_s)) for key, row in rows.items()}
+    split = {key: time_split(steps[key], row.decode_s) for key, row in rows.items()}
     out = []
     for turn, method in sorted(key for key in rows if key[1] in methods):
         mine, plain = rows[turn, method], rows[turn, "plain"]
@@ -256,13 +271,13 @@ def trace_pair_rows(model: str, trace_id: str, repeat: int, bench: Any, methods:
                 "prompt": f"{trace_id}/{turn}",
                 "method": f"{method}/auto",
                 "repeat": repeat,
-                "tokens": mine["tokens"],
-                "plain_s": plain["decode_s"],
-                "auto_s": mine["decode_s"],
-                "vs_plain": plain["decode_s"] / mine["decode_s"] if mine["decode_s"] else 0.0,
-                "equal_plain": mine["identical"],
-                "verifies": mine["verifies"],
-                "accepted": mine["accepted"],
+                "tokens": mine.tokens,
+                "plain_s": plain.decode_s,
+                "auto_s": mine.decode_s,
+                "vs_plain": plain.decode_s / mine.decode_s if mine.decode_s else 0.0,
+                "equal_plain": mine.identical,
+                "verifies": mine.verifies,
+                "accepted": mine.accepted,
                 "verify_ms": verify_ms_by_width(steps[turn, method]),
                 "plain_state_ms": state[turn, "plain"],
                 "auto_state_ms": state[turn, method],

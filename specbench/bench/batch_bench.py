@@ -1,22 +1,10 @@
 """Batched decoding benchmark: speculative batched vs plain batched vs mlx-lm's ``BatchGenerator``
-(what ``batch_generate`` runs) on the same prompts at the same batch size, in one run.
+(what ``batch_generate`` runs) on the same prompts at the same batch size, in one run (``bench_batch``).
 
 Each engine decodes every prompt greedily with at most ``batch_size`` requests decoding together
-(continuous batching: a waiting prompt joins when one finishes). Reported per engine: total tokens,
-wall seconds, total tokens/s, and each request's mean latency (seconds from joining to its last
-token; for mlx-lm, from the start of the run to the request's last token); per speculative method,
-its ratios to plain batched decoding and to mlx-lm, its acceptance, and how many outputs equal
-theirs; per request, the first position where each engine's output leaves each reference's.
-
-Drafters are named (``lookup``, ``suffix``, ... as ``specbench.drafters.make_drafter`` takes them), or
-``oracle:A``: a controlled-acceptance ``Oracle`` per request, drafting the output of this
-run's plain batched run of the same batch (recorded before the speculative run starts, so nothing
-but decoding runs inside a timed run). Where a speculative output leaves that recording (a fast
-verify that is not bit-exact: GPUs), the oracle keeps drafting its recording at the same position;
-the acceptance drops, and the measured acceptance is reported.
-
-``verify="exact"`` runs plain batched and every speculative method through the exact batch verifier
-(``specbench.exact.batch_verifier``): each request's output then equals its single-request greedy output.
+(continuous batching). A drafter ``oracle:A`` drafts, per request, the output of this run's plain batched
+run at acceptance A (recorded before the speculative run starts; after a divergence, as on a GPU's fast
+verify, it keeps drafting its recording at the same position, and the measured acceptance is reported).
 """
 
 from __future__ import annotations
@@ -35,7 +23,7 @@ from mlx_lm.generate import BatchGenerator
 from specbench.bench.turn_cache import first_divergence
 from specbench.core.batch import BatchGeneration, check_batchable, generate_batch
 from specbench.core.draft import Drafter
-from specbench.core.forward import context_length, vocab_size
+from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.verify import Verifier, check_verify_mode
@@ -413,98 +401,3 @@ def trace_requests(
             prompts.append(prompt)
             labels.append(f"{trace.id}/{turn}")
     return prompts, labels, too_long
-
-
-def bench_batch_source(
-    model_name: str,
-    batch_size: int,
-    prompts: str | None = None,
-    trace: str | None = None,
-    drafters: Sequence[str] = ("lookup", "suffix"),
-    policies: Sequence[str] = ("fixed:4",),
-    max_tokens: int = 128,
-    categories: Sequence[str] | None = None,
-    limit: int | None = None,
-    trace_format: str | None = None,
-    trace_ids: Sequence[str] | None = None,
-    turns: int | None = None,
-    out: str | None = None,
-    verify: str | None = None,
-    reasoning: str = "keep",
-) -> BatchBench:
-    """``specbench bench batch --batch-size B``: the first turn of each question in ``prompts`` (a question.jsonl or
-    "bundled"), or every turn of the traces in ``trace`` (``trace_requests``), decoded by plain
-    batched decoding, each drafter x policy and mlx-lm at batch size B; the table printed; with
-    ``out``, batch_bench.csv (one row per engine) and batch_divergence.csv (per request) written there.
-    ``reasoning`` ("keep" or "drop") is ``load_traces``'. Every input is checked before the model loads."""
-    from pathlib import Path
-
-    from specbench.common.files import check_writable, write_csv_atomic
-    from specbench.inputs.importers import load_traces
-    from specbench.inputs.prompts import questions_from, render_prompt
-    from specbench.inputs.traces import pick_ids
-    from specbench.models.load import load
-
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"--batch-size must be an integer >= 1, got {batch_size!r}")
-    if verify not in (None, "", "fast", "exact"):
-        raise ValueError(f"bench batch verifies in fast or exact mode, got --verify {verify}: use fast or exact")
-    if (prompts is None) == (trace is None):
-        raise ValueError("the batch benchmark takes prompts (a question.jsonl or 'bundled') or a trace file")
-    for value, name in ((limit, "--limit"), (turns, "--turns")):
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    for policy in policies:
-        as_policy(policy)
-    if trace is not None:
-        traces = load_traces(trace, trace_format, reasoning)
-        kept = set(pick_ids([t.id for t in traces], trace_ids, limit, str(trace)))
-        traces = [t for t in traces if t.id in kept]
-    else:
-        questions = questions_from(prompts, categories, limit)
-    if out:
-        check_writable(out, folder=True, name="--out")
-    model, tokenizer = load(model_name)
-    _methods(drafters, policies, model)
-    if trace is not None:
-        requests, labels, too_long = trace_requests(tokenizer, traces, turns, context_length(model), max_tokens)
-        if too_long:
-            print(f"{too_long} turns left out: prompt + {max_tokens} tokens exceed the model's context")
-        if not requests:
-            raise ValueError(f"no turn of {trace} fits the model's context with --max-tokens {max_tokens}")
-        source = str(trace)
-    else:
-        requests = [render_prompt(tokenizer, q.turns[0]) for q in questions]
-        labels = [f"{q.category}/{q.question_id}" for q in questions]
-        source = str(prompts)
-    print(f"{len(requests)} requests from {source}, batch size {batch_size}", flush=True)
-    result = bench_batch(
-        model, requests, batch_size, list(drafters), list(policies), max_tokens, tokenizer, verify=verify or "fast"
-    )
-    print(format_batch_bench(result))
-    if out:
-        rows = [{"model": model_name, "source": source, **dataclasses.asdict(r)} for r in result.rows]
-        path = write_csv_atomic(Path(out) / "batch_bench.csv", rows)
-        divergence = [
-            {"model": model_name, **dataclasses.asdict(r), "label": labels[r.request]} for r in result.divergence
-        ]
-        write_csv_atomic(Path(out) / "batch_divergence.csv", divergence)
-        print(f"\nresults: {path.parent}")
-    return result
-
-
-__all__ = [
-    "BatchBench",
-    "RequestDivergence",
-    "DivergenceSummary",
-    "EngineRow",
-    "bench_batch",
-    "bench_batch_source",
-    "divergence_rows",
-    "divergence_summary",
-    "first_divergence",
-    "format_batch_bench",
-    "mlx_lm_batch",
-    "oracle_drafters",
-    "trace_requests",
-]

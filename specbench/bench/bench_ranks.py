@@ -17,13 +17,13 @@ import contextlib
 import inspect
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from specbench.bench.prompt_bench import (
     PROMPT_RUNS_FILE,
     PromptBench,
-    _bench_info,
-    _prompt_config,
+    _plan,
     _question_key,
     bench_prompts,
     model_identity,
@@ -31,9 +31,8 @@ from specbench.bench.prompt_bench import (
     resumed_runs,
     stored_cost_profile,
 )
-from specbench.bench.prompt_runs import PromptRun, prompt_methods
+from specbench.bench.prompt_runs import PromptRun
 from specbench.common import distributed
-from specbench.drafters.draft_model import shipped_draft_model
 
 #: Where each rank keeps its share's progress inside ``--out``.
 RANKS_FOLDER = ".ranks"
@@ -52,23 +51,20 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     merged results, which rank 0 alone saves in ``out``."""
     bound = inspect.signature(bench_prompts).bind(model, tokenizer, questions, **settings)
     bound.apply_defaults()
-    a = bound.arguments
+    a = SimpleNamespace(**bound.arguments)
     if distributed.size() == 1 or distributed.is_sharded(model):
-        return bench_prompts(**a)
+        return bench_prompts(**vars(a))
     if not questions:
         raise ValueError("no questions to benchmark: check the prompt file and --categories")
     rank, size = distributed.rank(), distributed.size()
-    if a["draft_model"] is None and "draft-model" in a["drafters"]:
-        a["draft_model"] = shipped_draft_model(model, a["model_name"])
-    methods = prompt_methods(a["drafters"], a["policies"], a["verify"], a["draft_model"] is not None, a["k"])
-    info = _bench_info(a["model_name"], a["max_tokens"], a["repeats"])
-    config = _prompt_config(a["model_name"], methods, a["max_tokens"], a["repeats"], a["k"], info["device"])
-    out = Path(a["out"]) if a["out"] is not None else None
+    plan = _plan(model, a.model_name, a.drafters, a.policies, a.verify, a.draft_model, a.k, a.max_tokens, a.repeats)
+    a.draft_model, methods, info, config = plan
+    out = Path(a.out) if a.out is not None else None
     part = out / RANKS_FOLDER / f"rank{rank}of{size}" if out is not None else None
 
     def saved(folder: Path | None) -> list[PromptRun]:
         path = folder / PROMPT_RUNS_FILE if folder is not None else None
-        return read_runs(path) if path is not None and path.exists() and not a["fresh"] else []
+        return read_runs(path) if path is not None and path.exists() and not a.fresh else []
 
     def check() -> tuple[str, str, list[PromptRun]]:
         """This rank's configuration and device; on rank 0 the runs already in ``out``."""
@@ -81,17 +77,17 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
     done = {r.question_key for r in previous}
     remaining = [q for q in questions if _question_key(q) not in done]
     mine = [remaining[i] for i in distributed.my_share([len(q.turns) for q in remaining])]
-    say = a["progress"]
+    say = a.progress
     if say and done and rank == 0 and out is not None:
         say(f"resuming: {len(done)} questions already done in {out / PROMPT_RUNS_FILE}")
     # each rank predicts from its own device's profile; the merged results from rank 0's
-    profile = stored_cost_profile(model, a["model_name"], a["profile"], say if say and rank == 0 else lambda _: None)
+    profile = stored_cost_profile(model, a.model_name, a.profile, say if say and rank == 0 else lambda _: None)
 
     def run_share() -> tuple[list[PromptRun], int]:
         if not mine:
             return [], 0
         progress = (lambda text: say(f"rank {rank}/{size}: {text}")) if say else None
-        result = bench_prompts(**{**a, "questions": mine, "out": part, "progress": progress, "profile": profile})
+        result = bench_prompts(**{**vars(a), "questions": mine, "out": part, "progress": progress, "profile": profile})
         keys = {_question_key(q) for q in mine}
         return [r for r in result.runs if r.question_key in keys], result.info.get("unfinished_questions", 0)
 

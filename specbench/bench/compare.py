@@ -1,19 +1,14 @@
-"""Two prompt benchmarks side by side: did acceptance change, and where?
+"""Two prompt benchmarks side by side: did acceptance change, and where (``compare``)?
 
 A researcher changes one thing (a quantization, a model version, an MLX upgrade) and runs the same prompts with the
-same drafter and policy again (``run_models`` runs them; ``specbench bench prompts`` records them). ``compare``
-sets two such runs side by side for one speculative method: acceptance per draft position (the conditional rate,
-as ``specbench.bench.positions``) and per prompt kind, tokens per verification (accepted + 1), speedup over mlx-lm,
-and c(w) where both models have a stored cost profile; each as the difference A - B with its 95 % interval and a
+same drafter and policy again (``run_models``). Each measure is the difference A - B with its 95 % interval and a
 verdict that reads the same either way round ("A higher", "B higher", "no difference resolvable").
 
 The runs share their prompts, so the intervals resample whole questions of both runs together (paired: a
 question's turns and both runs' generations of it move as one; ``specbench.bench.paired.sums_interval``); under
 ``MIN_UNITS`` questions there is none. c(w)'s interval joins the two profiles' own intervals over their timing
 rounds (``specbench.cost.noise``): [low A - high B, high A - low B], which covers the difference at least as often
-as both cover their own. Outputs are compared too: where each prompt's plain greedy output (mlx-lm's) under A
-first differs from B's. Runs on different prompts, tokenizers or vocabularies are refused with one line naming
-the mismatch (``check_comparable``).
+as both cover their own.
 """
 
 from __future__ import annotations
@@ -308,22 +303,22 @@ def _unit_columns(run: PromptBench, method: str, positions: int) -> tuple[list[s
         add(key, f"{side}_s", statistics.median(r.wall_s for r in rows))
         if name != method:
             continue
-        for step in min(rows, key=lambda r: r.repeat).steps:
-            if step["kind"] != "verify":
+        for step in min(rows, key=lambda r: r.repeat).step_records():
+            if step.kind != "verify":
                 continue
             add(key, "verifies", 1)
-            add(key, "accepted", step["accepted"])
-            add(key, "drafted", step["k_drafted"])
-            for i in range(min(int(step["k_drafted"]), positions)):
-                if step["accepted"] >= i:
+            add(key, "accepted", step.accepted)
+            add(key, "drafted", step.k_drafted)
+            for i in range(min(step.k_drafted, positions)):
+                if step.accepted >= i:
                     add(key, f"reached{i}", 1)
-                    add(key, f"hit{i}", step["accepted"] > i)
+                    add(key, f"hit{i}", step.accepted > i)
     keys = list(dict.fromkeys(r.question_key for r in run.runs))
     return keys, {name: np.array([values.get(k, 0.0) for k in keys]) for name, values in columns.items()}
 
 
 def _longest_draft(run: PromptBench, method: str) -> int:
-    return max((int(s["k_drafted"]) for r in run.runs if r.method == method for s in r.steps), default=0)
+    return max((s.k_drafted for r in run.runs if r.method == method for s in r.step_records()), default=0)
 
 
 def _difference(

@@ -196,10 +196,6 @@ class PairedRatio:
     def has_interval(self) -> bool:
         return self.low is not None and self.high is not None
 
-    def excludes_one(self) -> bool:
-        """True when the interval lies wholly above or wholly below 1."""
-        return self.has_interval and (self.low > 1.0 or self.high < 1.0)
-
 
 def paired_ratio(
     pairs: Sequence[tuple[Any, float, float, float, float]], unit: str = "prompt", level: float = 0.95

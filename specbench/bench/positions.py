@@ -9,6 +9,18 @@ import polars as pl
 
 from specbench.bench.paired import rate_interval, wilson_interval
 
+#: The columns of ``per_position_acceptance`` after its groups'.
+COLUMNS = {
+    "position": pl.Int64,
+    "reached": pl.Int64,
+    "accepted": pl.Int64,
+    "rate": pl.Float64,
+    "units": pl.Int64,
+    "low": pl.Float64,
+    "high": pl.Float64,
+    "interval": pl.Utf8,
+}
+
 
 def per_position_acceptance(
     steps: pl.DataFrame, by: Sequence[str] = ("drafter", "policy"), unit: str = "prompt"
@@ -23,19 +35,7 @@ def per_position_acceptance(
     by = list(by)
     verifies = steps.filter(pl.col("kind") == "verify")
     if verifies.is_empty():
-        return pl.DataFrame(
-            schema={
-                **{c: steps.schema.get(c, pl.Utf8) for c in by},
-                "position": pl.Int64,
-                "reached": pl.Int64,
-                "accepted": pl.Int64,
-                "rate": pl.Float64,
-                "units": pl.Int64,
-                "low": pl.Float64,
-                "high": pl.Float64,
-                "interval": pl.Utf8,
-            }
-        )
+        return pl.DataFrame(schema={**{c: steps.schema.get(c, pl.Utf8) for c in by}, **COLUMNS})
     if unit not in verifies.columns:
         verifies = verifies.with_columns(pl.lit(0).alias(unit))
     longest = int(verifies["k_drafted"].max())
@@ -69,6 +69,6 @@ def per_position_acceptance(
             pl.Series("high", highs, dtype=pl.Float64),
             pl.Series("interval", kinds, dtype=pl.Utf8),
         )
-        .select(*by, "position", "reached", "accepted", "rate", "units", "low", "high", "interval")
+        .select(*by, *COLUMNS)
         .sort([*by, "position"])
     )

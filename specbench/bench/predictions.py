@@ -1,14 +1,10 @@
-"""Every measured speedup beside its prediction and the residual (``specbench.cost.predict``).
-
-Benchmarks and sweeps keep one row per run and the step logs; here each speculative run gets the speedup
-the cost model predicts for its steps (``predicted_speedup``), with the drafter's cost per token d taken
-from the run itself (its drafting seconds over the tokens it drafted, in the run's plain seconds per
-token), and the residual measured / predicted - 1. ``prediction_error`` is the mean absolute residual per
-group: the figure a grid reports per shape and batch size.
-"""
+"""Every measured speedup beside its prediction and the residual (``specbench.cost.predict``): each speculative
+run of a benchmark or sweep gets the speedup the cost model predicts for its steps (``with_predictions``), and
+``prediction_error`` is the mean absolute residual per group."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
@@ -40,17 +36,12 @@ def with_predictions(
     mode, or a function mode -> profile (runs name theirs in ``verify_mode``, else "fast"); ``measured``: the
     column of measured speedups; ``plain``: the columns of the run's plain baseline seconds and tokens."""
     by_run = steps.partition_by("run", as_dict=True) if len(steps) else {}
-    profiles: dict[str, Profile] = {}
 
+    @functools.cache
     def profile_of(mode: str) -> Profile:
-        if mode not in profiles:
-            if isinstance(profile, Profile):
-                profiles[mode] = profile
-            elif isinstance(profile, Mapping):
-                profiles[mode] = profile[mode]
-            else:
-                profiles[mode] = profile(mode)
-        return profiles[mode]
+        if isinstance(profile, Profile):
+            return profile
+        return profile[mode] if isinstance(profile, Mapping) else profile(mode)
 
     predicted, residuals, ds = [], [], []
     for row in runs.iter_rows(named=True):

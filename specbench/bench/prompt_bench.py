@@ -1,16 +1,9 @@
-"""Prompt benchmark: Spec-Bench's protocol, side by side with mlx-lm.
+"""Prompt benchmark: Spec-Bench's protocol (Xia et al., arXiv 2401.07851), side by side with mlx-lm.
 
-Spec-Bench (Xia et al., arXiv 2401.07851): prompts by category, greedy decoding, batch 1;
-speedup over plain decoding, #MAT (tokens per target forward, the bonus token included, so
-plain decoding gives 1.00) and a check that every output equals plain greedy decoding.
-Every method (``specbench.bench.prompt_runs``) runs in one process on the same prompts:
-mlx-lm's ``stream_generate`` (the baseline), mlx-lm's draft-model speculation when a draft model is
-given, specbench's plain ``generate`` and specbench with each drafter and policy (with a draft model,
-specbench's ``DraftModel`` with the same pair and draft length as mlx-lm's, side by side). Methods are warmed
-up first and interleaved per prompt (a rotating order) so that drift of the machine's speed spreads
-evenly. specbench's runs keep their steps, from which the model's stored cost profile predicts each
-speculative method's speedup over specbench plain (``specbench.bench.prompt_predictions``), shown beside the
-measured one with the residual. The figure of the results is drawn by ``specbench.report.figures.bench``.
+Prompts by category, greedy decoding, batch 1: speedup over plain decoding, #MAT (tokens per target forward,
+the bonus token included, so plain decoding gives 1.00) and a check that every output equals plain greedy
+decoding. Every method (``specbench.bench.prompt_runs``) runs in one process on the same prompts, warmed up
+first and interleaved per prompt in a rotating order, so that drift of the machine's speed spreads evenly.
 """
 
 from __future__ import annotations
@@ -54,11 +47,27 @@ def _question_key(question: Any) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def _prompt_config(
-    model_name: str, methods: Sequence[Method], max_tokens: int, repeats: int, k: int, device: str
-) -> str:
+def _plan(
+    model: Any,
+    model_name: str,
+    drafters: Sequence[str],
+    policies: Any,
+    verify: Any,
+    draft_model: Any,
+    k: int,
+    max_tokens: int,
+    repeats: int,
+) -> tuple[Any, list[Method], dict[str, Any], str]:
+    """A run's draft model (the shipped pair's, for the draft-model drafter when none is given: mlx-lm's
+    speculation runs the same pair), its methods, its info and the digest of its configuration."""
+    if draft_model is None and "draft-model" in drafters:
+        draft_model = shipped_draft_model(model, model_name)
+    methods = prompt_methods(drafters, policies, verify, draft_model is not None, k)
+    device = device_name()
+    info = {"model": model_name, "device": device, **versions(), "max_tokens": max_tokens, "repeats": repeats}
     text = json.dumps([model_name, [m.record() for m in methods], max_tokens, repeats, k, device])
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
+    info["date"] = time.strftime("%Y-%m-%d")
+    return draft_model, methods, info, hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def _write_parquet(rows: Sequence[dict[str, Any] | PromptRun], path: Path) -> Path:
@@ -98,10 +107,12 @@ class PromptBench:
         return list(dict.fromkeys(r.category for r in self.runs))
 
     def summary(self) -> list[dict[str, Any]]:
-        return summarize_prompt_runs(self.runs, self.methods, self.info, self.profile)
+        """The rows of ``prompt_bench_summary.parquet`` (``summarize_prompt_runs``)."""
+        return [r.row() for r in summarize_prompt_runs(self.runs, self.methods, self.info, self.profile)]
 
     def table(self) -> str:
-        return prompt_table(self.summary(), self.methods, self.categories(), self.info, self.prediction_source())
+        summary = summarize_prompt_runs(self.runs, self.methods, self.info, self.profile)
+        return prompt_table(summary, self.methods, self.categories(), self.info, self.prediction_source())
 
     def prediction_source(self) -> str:
         """Where the predictions come from (the cost profile), or why there are none."""
@@ -202,12 +213,10 @@ def bench_prompts(
         raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if draft_model is None and "draft-model" in drafters:
-        draft_model = shipped_draft_model(model, model_name)  # mlx-lm's speculation runs the same pair
-    methods = prompt_methods(drafters, policies, verify, draft_model is not None, k)
+    draft_model, methods, info, config = _plan(
+        model, model_name, drafters, policies, verify, draft_model, k, max_tokens, repeats
+    )
     say = progress or (lambda text: None)
-    info = _bench_info(model_name, max_tokens, repeats)
-    config = _prompt_config(model_name, methods, max_tokens, repeats, k, info["device"])
     runs_path = Path(out) / PROMPT_RUNS_FILE if out is not None else None
     runs: list[PromptRun] = []
     if runs_path is not None and runs_path.exists() and not fresh:
@@ -266,17 +275,6 @@ def model_identity(model: Any, tokenizer: Any) -> dict[str, Any]:
     ``model_key`` (shape and dtypes: a 4-bit and a bf16 version differ), its tokenizer's vocabulary
     (``tokenizer_key``) and the ids its output layer predicts (``vocab``)."""
     return {"model_key": model_key(model), "tokenizer": tokenizer_key(tokenizer), "vocab": vocab_size(model)}
-
-
-def _bench_info(model_name: str, max_tokens: int, repeats: int) -> dict[str, Any]:
-    return {
-        "model": model_name,
-        "device": device_name(),
-        **versions(),
-        "max_tokens": max_tokens,
-        "repeats": repeats,
-        "date": time.strftime("%Y-%m-%d"),
-    }
 
 
 def _run_row(

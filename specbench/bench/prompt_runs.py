@@ -19,6 +19,7 @@ from mlx_lm import stream_generate
 from specbench.common.timing import quiet
 from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
 from specbench.core.engine import plain_generation
+from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.verify import check_verify_mode
@@ -64,13 +65,7 @@ class Method:
 
     def record(self) -> dict[str, Any]:
         """The method as JSON-ready values (the policy by its name)."""
-        return {
-            "name": self.name,
-            "engine": self.engine,
-            "drafter": self.drafter,
-            "policy": self.policy_name,
-            "verify": self.verify,
-        }
+        return {**vars(self), "policy": self.policy_name}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Method:
@@ -101,21 +96,18 @@ def prompt_methods(
             check_verify_mode(mode)
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    methods = [Method(PROMPT_BASELINE, "mlx-lm")]
     fixed = DraftPolicy.fixed(k)
+    pairs = [(drafter, policy) for drafter in drafters for policy in policies]
+    if draft_model and ("draft-model", fixed.name) not in [(d, p.name) for d, p in pairs]:
+        pairs.insert(0, ("draft-model", fixed))  # the same pair and draft length as mlx-lm's speculation
+    methods = [Method(PROMPT_BASELINE, "mlx-lm")]
     if draft_model:
         methods.append(Method(f"mlx-lm draft/{fixed.name}", "mlx-lm", "draft-model", fixed))
     methods.append(Method("specbench", "specbench"))
-    if draft_model and not ("draft-model" in drafters and fixed.name in [p.name for p in policies]):
-        # The same pair and draft length as mlx-lm's speculation, side by side.
+    for drafter, policy in pairs:
         for mode in verify:
             suffix = f"/{mode}" if mode is not None else ""
-            methods.append(Method(f"draft-model/{fixed.name}{suffix}", "specbench", "draft-model", fixed, mode))
-    for drafter in drafters:
-        for policy in policies:
-            for mode in verify:
-                suffix = f"/{mode}" if mode is not None else ""
-                methods.append(Method(f"{drafter}/{policy.name}{suffix}", "specbench", drafter, policy, mode))
+            methods.append(Method(f"{drafter}/{policy.name}{suffix}", "specbench", drafter, policy, mode))
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"methods need distinct names (give policies distinct names), got {names}")
@@ -189,6 +181,10 @@ class PromptRun:
     def plain_specbench(self) -> bool:
         """Whether it is specbench's plain decoding, the baseline predictions are made against."""
         return self.engine == "specbench" and self.drafter == "none"
+
+    def step_records(self) -> list[StepRecord]:
+        """``steps`` as the engine's step records."""
+        return StepLog.from_rows(self.steps).records
 
     def row(self) -> dict[str, Any]:
         """The run as a row of ``prompt_bench_runs.parquet``, in the stored column order."""

@@ -10,11 +10,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import polars as pl
+
 from specbench.bench.paired import ratio_interval
-from specbench.bench.prompt_predictions import add_predictions, is_speculative_specbench
+from specbench.bench.prompt_predictions import NO_PREDICTION, group_prediction, run_predictions
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, PromptRun
+from specbench.cost.predict import residual
 from specbench.cost.profile import Profile
 
 
@@ -40,22 +44,98 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def _tokens_and_seconds(runs: list[PromptRun]) -> tuple[int, float]:
-    """One prompt's (turn's) tokens and its median seconds over repeats, as the summary counts them."""
-    return runs[0].new_tokens, _median([r.wall_s for r in runs])
+@dataclass(frozen=True, kw_only=True)
+class MethodSummary:
+    """One method in one category (or "overall") of ``summarize_prompt_runs``, a row of
+    ``prompt_bench_summary.parquet`` (``row``). The speedups over mlx-lm plain are None without a baseline;
+    ``add_predictions`` sets the decode speedup over specbench plain, the predicted one, the residual (measured /
+    predicted - 1), the mean absolute residual of the runs and their mean d (None where there is none)."""
+
+    model: str
+    device: str
+    method: str
+    engine: str
+    drafter: str
+    policy: str
+    verify: str
+    category: str
+    prompts: int
+    new_tokens: int
+    seconds: float
+    tokens_per_s: float
+    decode_tokens_per_s: float
+    speedup: float | None = None
+    decode_speedup: float | None = None
+    speedup_min: float | None = None
+    speedup_max: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    mean_accepted_tokens: float
+    acceptance_rate: float
+    position_acceptance: list[float]
+    equal: int
+    total: int
+    plain_speedup: float | None = None
+    predicted_speedup: float | None = None
+    residual: float | None = None
+    mean_abs_residual: float | None = None
+    d: float | None = None
+
+    @property
+    def speculative_specbench(self) -> bool:
+        """Whether it is specbench with a drafter: a method that gets a prediction."""
+        return self.engine == "specbench" and self.drafter != "none"
+
+    def row(self) -> dict[str, Any]:
+        """The row of ``prompt_bench_summary.parquet``, in the stored column order."""
+        return dict(self.__dict__)
 
 
-def _per_question(
-    units: dict[tuple[str, int], tuple[int, float]], keys: Sequence[tuple[str, int]]
-) -> list[tuple[int, float]]:
-    """(tokens, seconds) per question over its turns among ``keys``: a conversation's turns depend on each
-    other (each turn's prompt holds the replies before it, and a method's caches carry over), so an interval
-    resamples whole questions."""
-    questions: dict[str, tuple[int, float]] = {}
-    for key in keys:
-        tokens, seconds = questions.get(key[0], (0, 0.0))
-        questions[key[0]] = (tokens + units[key][0], seconds + units[key][1])
-    return list(questions.values())
+@dataclass(frozen=True)
+class _Timing:
+    """One method's runs in one category: by prompt (question and turn), each prompt's tokens and median seconds
+    over repeats, their sums, and the runs of each repeat."""
+
+    runs: list[PromptRun]
+    by_prompt: dict[tuple[str, int], list[PromptRun]]
+    tokens: int
+    seconds: float
+    first_s: float
+    per_repeat: dict[int, list[PromptRun]]
+
+    @classmethod
+    def of(cls, runs: list[PromptRun], repeats: Sequence[int]) -> _Timing:
+        by_prompt: dict[tuple[str, int], list[PromptRun]] = {}
+        for r in runs:
+            by_prompt.setdefault((r.question_key, r.turn), []).append(r)
+        return cls(
+            runs,
+            by_prompt,
+            sum(rs[0].new_tokens for rs in by_prompt.values()),
+            sum(_median([r.wall_s for r in rs]) for rs in by_prompt.values()),
+            sum(_median([r.first_token_s for r in rs]) for rs in by_prompt.values()),
+            {rep: [r for r in runs if r.repeat == rep] for rep in repeats},
+        )
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        decode_s = self.seconds - self.first_s
+        return max(0, self.tokens - len(self.by_prompt)) / decode_s if decode_s > 0 else 0.0
+
+    def per_question(self, keys: Sequence[tuple[str, int]]) -> list[tuple[int, float]]:
+        """(tokens, seconds) per question over its turns among ``keys``: a conversation's turns depend on each
+        other (each turn's prompt holds the replies before it, and a method's caches carry over), so an interval
+        resamples whole questions."""
+        questions: dict[str, tuple[int, float]] = {}
+        for key in keys:
+            tokens, seconds = questions.get(key[0], (0, 0.0))
+            rs = self.by_prompt[key]
+            questions[key[0]] = (tokens + rs[0].new_tokens, seconds + _median([r.wall_s for r in rs]))
+        return list(questions.values())
 
 
 def summarize_prompt_runs(
@@ -63,11 +143,10 @@ def summarize_prompt_runs(
     methods: Sequence[Method],
     info: dict[str, Any] | None = None,
     profile: Profile | None = None,
-) -> list[dict[str, Any]]:
+) -> list[MethodSummary]:
     """Per method and category (and "overall"): throughput, speedup over mlx-lm plain, #MAT,
     acceptance, per-position acceptance and output equality; and for specbench's methods the decode speedup
-    over specbench plain beside the one ``profile`` predicts, with the residual
-    (``specbench.bench.prompt_predictions.SUMMARY_COLUMNS``; None without a profile).
+    over specbench plain beside the one ``profile`` predicts, with the residual (``add_predictions``).
 
     Seconds per prompt are the median over repeats; throughput is total tokens / total seconds
     (Spec-Bench's overall speedup), end to end (``tokens_per_s``, ``speedup``) and after the first
@@ -83,74 +162,92 @@ def summarize_prompt_runs(
     out = []
     for group in categories + ["overall"]:
         in_group = [r for r in runs if group == "overall" or r.category == group]
-        timing = {}
-        for m in methods:
-            mine = [r for r in in_group if r.method == m.name]
-            by_prompt: dict[tuple[str, int], list[PromptRun]] = {}
-            for r in mine:
-                by_prompt.setdefault((r.question_key, r.turn), []).append(r)
-            units = {key: _tokens_and_seconds(rs) for key, rs in by_prompt.items()}
-            tokens, wall = sum(t for t, _ in units.values()), sum(s for _, s in units.values())
-            first = sum(_median([r.first_token_s for r in rs]) for rs in by_prompt.values())
-            per_repeat = {rep: ([r for r in mine if r.repeat == rep]) for rep in repeats}
-            timing[m.name] = (mine, by_prompt, units, tokens, wall, first, per_repeat)
+        timing = {m.name: _Timing.of([r for r in in_group if r.method == m.name], repeats) for m in methods}
         base = timing.get(PROMPT_BASELINE)
         for m in methods:
-            mine, by_prompt, units, tokens, wall, first, per_repeat = timing[m.name]
-            if not mine:
+            mine = timing[m.name]
+            if not mine.runs:
                 continue
-            decode_s = wall - first
-            tps = tokens / wall if wall > 0 else 0.0
-            decode_tps = max(0, tokens - len(by_prompt)) / decode_s if decode_s > 0 else 0.0
-            row = {
-                "model": info.get("model", ""),
-                "device": info.get("device", ""),
-                "method": m.name,
-                "engine": m.engine,
-                "drafter": m.drafter,
-                "policy": m.policy_name,
-                "verify": mine[0].verify,
-                "category": group,
-                "prompts": len(by_prompt),
-                "new_tokens": tokens,
-                "seconds": wall,
-                "tokens_per_s": tps,
-                "decode_tokens_per_s": decode_tps,
-            }
-            if base is not None and base[3] > 0:
-                _, _, base_units, btokens, bwall, bfirst, bper_repeat = base
-                btps = btokens / bwall
-                bdecode = max(0, btokens - len(base_units)) / (bwall - bfirst) if bwall > bfirst else 0.0
-                spread = [throughput_ratio(bper_repeat[rep], per_repeat[rep]) for rep in repeats if per_repeat[rep]]
-                shared = [key for key in units if key in base_units]
+            speedups: dict[str, Any] = {}
+            if base is not None and base.tokens > 0:
+                spread = [
+                    throughput_ratio(base.per_repeat[r], mine.per_repeat[r]) for r in repeats if mine.per_repeat[r]
+                ]
+                shared = [key for key in mine.by_prompt if key in base.by_prompt]
                 interval = (
-                    ratio_interval(_per_question(base_units, shared), _per_question(units, shared))
+                    ratio_interval(base.per_question(shared), mine.per_question(shared))
                     if m.name != PROMPT_BASELINE
                     else None  # the baseline against itself: 1 exactly
                 )
-                row.update(
-                    speedup=tps / btps,
-                    decode_speedup=decode_tps / bdecode if bdecode > 0 else float("nan"),
-                    speedup_min=min(spread),
-                    speedup_max=max(spread),
-                    speedup_low=interval[0] if interval else None,
-                    speedup_high=interval[1] if interval else None,
+                bdecode = base.decode_tokens_per_s
+                speedups = {
+                    "speedup": mine.tokens_per_s / base.tokens_per_s,
+                    "decode_speedup": mine.decode_tokens_per_s / bdecode if bdecode > 0 else float("nan"),
+                    "speedup_min": min(spread),
+                    "speedup_max": max(spread),
+                    "speedup_low": interval[0] if interval else None,
+                    "speedup_high": interval[1] if interval else None,
+                }
+            forwards = sum(r.forwards for r in mine.runs)
+            drafted = sum(r.drafted for r in mine.runs)
+            verifies = sum(r.verifies for r in mine.runs)
+            width = max((len(r.pos_drafted) for r in mine.runs), default=0)
+            pos_a = [sum(r.pos_accepted[i] for r in mine.runs if i < len(r.pos_accepted)) for i in range(width)]
+            decode_tokens = sum(_decode_tokens(r) for r in mine.runs)
+            out.append(
+                MethodSummary(
+                    model=info.get("model", ""),
+                    device=info.get("device", ""),
+                    method=m.name,
+                    engine=m.engine,
+                    drafter=m.drafter,
+                    policy=m.policy_name,
+                    verify=mine.runs[0].verify,
+                    category=group,
+                    prompts=len(mine.by_prompt),
+                    new_tokens=mine.tokens,
+                    seconds=mine.seconds,
+                    tokens_per_s=mine.tokens_per_s,
+                    decode_tokens_per_s=mine.decode_tokens_per_s,
+                    **speedups,
+                    mean_accepted_tokens=decode_tokens / forwards if forwards else float("nan"),
+                    acceptance_rate=sum(r.accepted for r in mine.runs) / drafted if drafted else float("nan"),
+                    position_acceptance=[a / verifies for a in pos_a] if verifies else [],
+                    equal=sum(all(r.equal for r in rs) for rs in mine.by_prompt.values()),
+                    total=len(mine.by_prompt),
                 )
-            forwards = sum(r.forwards for r in mine)
-            drafted = sum(r.drafted for r in mine)
-            accepted = sum(r.accepted for r in mine)
-            verifies = sum(r.verifies for r in mine)
-            width = max((len(r.pos_drafted) for r in mine), default=0)
-            pos_a = [sum(r.pos_accepted[i] for r in mine if i < len(r.pos_accepted)) for i in range(width)]
-            row.update(
-                mean_accepted_tokens=sum(_decode_tokens(r) for r in mine) / forwards if forwards else float("nan"),
-                acceptance_rate=accepted / drafted if drafted else float("nan"),
-                position_acceptance=[a / verifies for a in pos_a] if verifies else [],
-                equal=sum(all(r.equal for r in rs) for rs in by_prompt.values()),
-                total=len(by_prompt),
             )
-            out.append(row)
     return add_predictions(out, runs, profile)
+
+
+def add_predictions(
+    summary: list[MethodSummary], runs: Sequence[PromptRun], profile: Profile | None
+) -> list[MethodSummary]:
+    """``summary``'s rows (``summarize_prompt_runs``) with the predictions: each method's decode speedup over
+    specbench plain in its category, and for speculative methods with ``profile`` the prediction and residual
+    (None without a profile, for a verify mode it lacks, or for runs that kept no steps)."""
+    plain = {r.category: r for r in summary if r.engine == "specbench" and r.drafter == "none"}
+    predictions = run_predictions(runs, profile) if profile is not None else pl.DataFrame()
+    out = []
+    for row in summary:
+        base = plain.get(row.category)
+        measured = (
+            row.decode_tokens_per_s / base.decode_tokens_per_s
+            if base is not None and base.decode_tokens_per_s > 0 and row.engine == "specbench"
+            else None
+        )
+        category = None if row.category == "overall" else row.category
+        predicted = group_prediction(predictions, row.method, category) if row.speculative_specbench else NO_PREDICTION
+        p = predicted.predicted_speedup
+        out.append(
+            replace(
+                row,
+                plain_speedup=measured,
+                residual=residual(measured, p) if measured is not None and p is not None else None,
+                **asdict(predicted),
+            )
+        )
+    return out
 
 
 def _fmt(value: Any, spec: str = ".2f", missing: str = "-") -> str:
@@ -159,16 +256,18 @@ def _fmt(value: Any, spec: str = ".2f", missing: str = "-") -> str:
     return format(value, spec)
 
 
-def _speedup_cell(row: dict[str, Any]) -> str:
+def _speedup_cell(row: MethodSummary | None) -> str:
     """A speedup with its interval over prompts where it has one: ``1.12x [1.03-1.21]``."""
-    text = _fmt(row.get("speedup"), ".2f") + "x"
-    if row.get("speedup_low") is not None:
-        text += f" [{row['speedup_low']:.2f}-{row['speedup_high']:.2f}]"
+    if row is None:
+        return "-x"
+    text = _fmt(row.speedup, ".2f") + "x"
+    if row.speedup_low is not None:
+        text += f" [{row.speedup_low:.2f}-{row.speedup_high:.2f}]"
     return text
 
 
 def prompt_table(
-    summary: Sequence[dict[str, Any]],
+    summary: Sequence[MethodSummary],
     methods: Sequence[Method],
     categories: Sequence[str],
     info: dict[str, Any],
@@ -178,7 +277,7 @@ def prompt_table(
     speculative method's measured decode speedup over specbench plain beside its prediction (``prediction``:
     where it comes from, or why there is none)."""
     groups = list(categories) + ["overall"]
-    cell = {(r["method"], r["category"]): r for r in summary}
+    cell = {(r.method, r.category): r for r in summary}
     names = [m.name for m in methods if (m.name, "overall") in cell]
     head = (
         f"Prompt benchmark: {info.get('model', '')} on {info.get('device', '')}, greedy, batch 1, "
@@ -195,7 +294,7 @@ def prompt_table(
     lines.append("| method | " + " | ".join(groups) + " |")
     lines.append("|---" * (len(groups) + 1) + "|")
     for name in names:
-        speedups = [_speedup_cell(cell.get((name, g), {})) for g in groups]
+        speedups = [_speedup_cell(cell.get((name, g))) for g in groups]
         lines.append(f"| {name} | " + " | ".join(speedups) + " |")
     lines += ["", "Overall:", ""]
     cols = [
@@ -214,13 +313,11 @@ def prompt_table(
     lines.append("|---" * len(cols) + "|")
     for name in names:
         r = cell[(name, "overall")]
-        spread = f"{_fmt(r.get('speedup_min'))}-{_fmt(r.get('speedup_max'))}"
-        positions = " ".join(f"{a:.2f}" for a in r["position_acceptance"][:8]) or "-"
+        positions = " ".join(f"{a:.2f}" for a in r.position_acceptance[:8]) or "-"
         lines.append(
-            f"| {name} | {_fmt(r['tokens_per_s'], '.1f')} | {_fmt(r['decode_tokens_per_s'], '.1f')} | "
-            f"{_fmt(r.get('speedup'))}x | {_fmt(r.get('decode_speedup'))}x | {spread} | "
-            f"{_fmt(r['mean_accepted_tokens'])} | {_fmt(r['acceptance_rate'])} | {positions} | "
-            f"{r['equal']}/{r['total']} |"
+            f"| {name} | {_fmt(r.tokens_per_s, '.1f')} | {_fmt(r.decode_tokens_per_s, '.1f')} | "
+            f"{_fmt(r.speedup)}x | {_fmt(r.decode_speedup)}x | {_fmt(r.speedup_min)}-{_fmt(r.speedup_max)} | "
+            f"{_fmt(r.mean_accepted_tokens)} | {_fmt(r.acceptance_rate)} | {positions} | {r.equal}/{r.total} |"
         )
     lines += _draft_model_lines(cell, methods, groups)
     lines += _prediction_lines(cell, names, groups, prediction)
@@ -230,15 +327,15 @@ def prompt_table(
 
 
 def _prediction_lines(
-    cell: dict[tuple[str, str], dict[str, Any]], names: Sequence[str], groups: list[str], prediction: str
+    cell: dict[tuple[str, str], MethodSummary], names: Sequence[str], groups: list[str], prediction: str
 ) -> list[str]:
     """Each speculative specbench method's decode speedup over specbench plain, measured and predicted, the
     residual overall and by category, and the mean absolute residual of its runs."""
-    ours = [n for n in names if is_speculative_specbench(cell[(n, "overall")])]
+    ours = [n for n in names if cell[(n, "overall")].speculative_specbench]
     if not ours:
         return []
     lines = ["", f"Decode speedup over specbench plain, measured and predicted ({prediction}):", ""]
-    if not any(cell[(n, "overall")].get("predicted_speedup") is not None for n in ours):
+    if not any(cell[(n, "overall")].predicted_speedup is not None for n in ours):
         return ["", f"Predictions: {prediction}"]
     categories = groups[:-1]
     cols = ["method", "measured", "predicted", "residual", "mean abs residual (runs)", "d"]
@@ -246,10 +343,10 @@ def _prediction_lines(
     lines.append("|---" * (len(cols) + len(categories)) + "|")
     for name in ours:
         r = cell[(name, "overall")]
-        by_category = [_fmt((cell.get((name, g)) or {}).get("residual"), "+.1%") for g in categories]
+        by_category = [_fmt(c.residual if (c := cell.get((name, g))) else None, "+.1%") for g in categories]
         lines.append(
-            f"| {name} | {_fmt(r['plain_speedup'])}x | {_fmt(r['predicted_speedup'])}x | "
-            f"{_fmt(r['residual'], '+.1%')} | {_fmt(r['mean_abs_residual'], '.1%')} | {_fmt(r['d'], '.2g')} | "
+            f"| {name} | {_fmt(r.plain_speedup)}x | {_fmt(r.predicted_speedup)}x | "
+            f"{_fmt(r.residual, '+.1%')} | {_fmt(r.mean_abs_residual, '.1%')} | {_fmt(r.d, '.2g')} | "
             + " | ".join(by_category)
             + " |"
         )
@@ -257,7 +354,7 @@ def _prediction_lines(
 
 
 def _draft_model_lines(
-    cell: dict[tuple[str, str], dict[str, Any]], methods: Sequence[Method], groups: list[str]
+    cell: dict[tuple[str, str], MethodSummary], methods: Sequence[Method], groups: list[str]
 ) -> list[str]:
     """specbench's draft-model methods against mlx-lm's speculation with the same pair: tokens/s ratio
     and acceptance (specbench's / mlx-lm's) per category."""
@@ -277,10 +374,10 @@ def _draft_model_lines(
         cells = []
         for g in groups:
             a, b = cell.get((name, g)), cell.get((theirs[0], g))
-            if not a or not b or not b["tokens_per_s"]:
+            if not a or not b or not b.tokens_per_s:
                 cells.append("-")
                 continue
-            ratio = a["tokens_per_s"] / b["tokens_per_s"]
-            cells.append(f"{ratio:.2f}x ({_fmt(a['acceptance_rate'])} / {_fmt(b['acceptance_rate'])})")
+            ratio = a.tokens_per_s / b.tokens_per_s
+            cells.append(f"{ratio:.2f}x ({_fmt(a.acceptance_rate)} / {_fmt(b.acceptance_rate)})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines

@@ -1,19 +1,10 @@
-"""Sweeps: generations over prompts x drafters x policies x temperatures, with plain baselines.
+"""Sweeps: generations over prompts x drafters x policies x temperatures, with plain baselines (``run_sweep``).
 
-Every prompt (at every temperature and seed) is first decoded plainly, then speculatively with
-each drafter and policy, in the same process, so speedups are ratios measured in one run:
-speedup = speculative decode tokens/s / plain decode tokens/s, by the clock from the first token
-to the last (prefill excluded: it is the same forward pass either way). Greedy runs are checked
-token for token against the plain output.
-
-A prompt's prefix (all but its last token) is prefilled once and every generation of that prompt
-starts from a copy of that cache (except for drafters that need the prompt's hidden states), so
-the prompt is not prefilled again for every drafter and policy (``specbench.bench.timing``).
-
-``Sweep.runs`` has one row per generation, ``Sweep.steps`` every step log; ``summary`` and
-``per_position`` aggregate them as Spec-Bench reports (mean accepted tokens, acceptance rate,
-per-position acceptance). Prompts come from ``specbench.inputs.prompts.prompts_from``; the
-losslessness check of sampling is ``specbench.checks.lossless``.
+Every prompt (at every temperature and seed) is decoded plainly, then speculatively with each drafter and
+policy, in the same process: speedup = speculative decode tokens/s / plain decode tokens/s, by the clock from
+the first token to the last (the prefill is the same either way); greedy runs are checked token for token
+against the plain output. ``Sweep.runs`` has one row per generation, ``Sweep.steps`` every step log;
+``summary`` and ``per_position`` aggregate them as Spec-Bench reports.
 """
 
 from __future__ import annotations
@@ -140,44 +131,27 @@ def run_sweep(
     time_budget_s: float | None = None,
     audit: float = 0.0,
 ) -> Sweep:
-    """Decode every prompt plainly, then with each drafter x policy, per temperature and seed.
+    """Decode every prompt plainly, then with each rule x drafter x policy, per temperature and seed.
 
-    ``policies``: policy objects, their text ("fixed:4", "auto", parsed here) or draft lengths
-    (ints, fixed policies); the ``policy`` column holds each policy's name. ``verify``: "exact",
-    "fast" or None (the engine's default: exact when greedy).
+    ``policies``: policy objects, their text ("fixed:4", "auto") or draft lengths (fixed policies). ``verify``:
+    "exact", "fast" or None (exact when greedy). Drafters are built fresh for every generation; those the model
+    cannot use are listed in ``Sweep.skipped``; ``drafter_factories`` adds or replaces drafters (name -> a
+    function building one). ``reuse_prefill`` starts every generation of a prompt from one prefill of its
+    prefix. ``rules``: the acceptance rules of every speculative generation (column ``acceptance``).
 
-    Drafters are built fresh for every generation (a SuffixDecoding store does not carry over
-    between runs of one prompt). Drafters the model cannot use (such as mtp without an MTP head)
-    are left out and listed in ``Sweep.skipped``. ``drafter_factories`` adds or replaces drafters
-    (name -> a function building a fresh one), e.g. a user-written drafter. ``reuse_prefill``
-    starts every generation of a prompt from one prefill of its prefix. ``rules``: the acceptance
-    rules every speculative generation runs with (the ``acceptance`` column holds each one's label;
-    "none" for plain runs).
+    ``pairs`` 0 compares every generation of a cell with the cell's one plain run (one timing each, no
+    interval); N >= 1 times each method N times in a pair with a plain run beside it, in alternating order
+    (``paired.baseline_first``), consecutive plain runs forming the A/A rows (policy ``AA_POLICY``); step logs
+    are kept for the first pair. ``max_pairs`` (> ``pairs``) adds a pair on every prompt of each group (prompt
+    kind x temperature x rule x drafter x policy) whose interval does not yet exclude 1, round after round,
+    until all decide, ``max_pairs`` is reached or the next round would not fit ``time_budget_s``; its
+    intervals are at ``paired.sequential_level`` of its looks (column ``looks``). ``audit``: the share of exact
+    verifications compared with serial steps (column ``exact_divergence``).
 
-    ``pairs``: 0 compares every generation of a cell with the cell's one plain run (a screen: one timing each,
-    no interval). N >= 1 times every drafter x policy N times, each time in a pair with a plain run next to it,
-    the order alternating from pair to pair (``paired.baseline_first``), and each row's baseline is its pair's
-    plain run (``pair``: 0..N-1); consecutive plain runs of a cell form the A/A cell (drafter "none", policy
-    ``AA_POLICY``: plain against plain, the machine's own noise, at no extra run). Step logs are kept for the
-    first pair; ``summarize_sweep`` gives each group its paired interval. ``audit``: the share of exact
-    verifications compared with serial steps (``GenerateOptions.audit``; runs verified fast are not audited); a
-    run's ``exact_divergence`` names the first diverging operation where one differed.
-
-    ``max_pairs`` (> ``pairs``) makes the sample sequential, by a rule fixed before the run: after the first
-    ``pairs`` pairs of every prompt, a group (prompt kind x temperature x rule x drafter x policy) whose speedup
-    interval does not yet exclude 1 gets one more pair on each of its prompts, round after round, until every
-    group has decided, a prompt has ``max_pairs`` pairs, or the next round would not fit in ``time_budget_s``
-    seconds (counted from the end of the first stage; None: no limit). The rule looks at most ``max_pairs -
-    pairs + 1`` times, so every interval of the sweep is at ``paired.sequential_level`` of that many looks (the
-    rows' ``looks`` column): the rule as a whole errs at most 5 % of the time.
-
-    A cell is one prompt at one temperature and seed: its plain run and every drafter x policy.
-    With ``out`` each finished cell is written there (``cells/``, atomically) and a sweep started
-    again with the same settings resumes: finished cells are read back, not run. Under
-    ``mlx.launch`` (``spread``, the default when the group has several ranks and the model is not
-    sharded) rank r runs the cells whose index is r modulo the group size, each rank on its own
-    device, and every rank gets the merged result, the same as one rank's; a sharded model runs
-    every cell on all ranks in lockstep and rank 0 writes.
+    A cell is one prompt at one temperature and seed. With ``out`` each finished cell is written to ``cells/``
+    and a sweep run again with the same settings reads it back. Under ``mlx.launch`` (``spread``, the default
+    for several ranks and a model not sharded) rank r runs the cells r modulo the group size and every rank gets
+    the merged result; a sharded model runs every cell on all ranks in lockstep and rank 0 writes.
     """
     if not prompts:
         raise ValueError("no prompts to sweep")
@@ -246,9 +220,12 @@ def run_sweep(
             return
         if reuse_prefill and prefix_of is not prompt:
             prefix, prefix_of = prefix_cache(model, prompt.ids), prompt
-        cell = (prompt, temperature, seed, ignore_eos, max_tokens, verify, audit)
+        options = GenerateOptions(
+            max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos, verify=verify
+        )
+        options.audit = audit if options.verify_mode == "exact" else 0.0
         results[key] = _run_cell(
-            model, tokenizer, cell, factories, policies, prefix, bar, rules, count, first_pair, only
+            model, tokenizer, prompt, options, factories, policies, prefix, bar, rules, count, first_pair, only
         )
         if store is not None:
             store.write(cells[cell_index], *results[key], tag=tag)
@@ -334,7 +311,8 @@ AA_POLICY = "A/A"
 def _run_cell(
     model: Any,
     tokenizer: Any,
-    cell: tuple[Prompt, float, int, bool, int, VerifyMode | None, float],
+    prompt: Prompt,
+    options: GenerateOptions,
     factories: dict[str, Callable[[], Any]],
     policies: Sequence[DraftPolicy],
     prefix: Any,
@@ -344,58 +322,53 @@ def _run_cell(
     first_pair: int = 0,
     only: set[tuple] | None = None,
 ) -> tuple[list[dict[str, Any]], pl.DataFrame]:
-    """One prompt at one temperature and seed: the plain run, then every rule x drafter x policy (run ids from 0),
+    """One prompt at the temperature and seed of ``options``: the plain run, then every rule x drafter x policy (run
+    ids from 0),
     once against that plain run, or ``pairs`` times each in an adjacent pair with a plain run of its own.
 
     A sequential round (``first_pair`` > 0) runs pairs ``first_pair`` on of the methods in ``only`` ((rule label,
     drafter, policy name) each) alone: no plain run of its own, no step logs, A/A rows between its own plain
     runs."""
-    prompt, temperature, seed, ignore_eos, max_tokens, verify, audit = cell
-    options = GenerateOptions(
-        max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos, verify=verify
-    )
-    options.audit = audit if options.verify_mode == "exact" else 0.0
+    temperature = options.temperature
     base = {
         "prompt": prompt.id,
         "category": prompt.category,
         "prompt_tokens": len(prompt.ids),
         "temperature": temperature,
-        "seed": seed,
+        "seed": options.seed,
         "verify_mode": options.verify_mode,
     }
     runs: list[dict[str, Any]] = []
     frames: list[pl.DataFrame] = []
 
-    def run_plain() -> tuple[Any, list[int], float]:
-        bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
-        gen = plain_generation(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
+    def timed_run(gen: Any) -> tuple[Any, list[int], float]:
         tokens, seconds = timed(gen)
         bar.update()
         return gen, tokens, seconds
+
+    def run_plain() -> tuple[Any, list[int], float]:
+        bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
+        return timed_run(
+            plain_generation(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
+        )
 
     previous_plain: tuple[Any, float] | None = None
     plain_tokens: list[int] | None = None
     if not first_pair:
         plain, plain_tokens, plain_s = run_plain()
-        reference = {"plain_decode_tokens": len(plain_tokens) - 1, "plain_decode_s": plain_s}
+        reference = (len(plain_tokens) - 1, plain_s)
         runs.append(_row(len(runs), {**base, "acceptance": "none"}, "none", None, plain, plain_s, reference, None))
         frames.append(_steps(plain.log, len(runs) - 1, base))
         previous_plain = (plain, plain_s)
 
     def run_method(ruled: GenerateOptions, drafter_name: str, policy: DraftPolicy) -> tuple[Any, list[int], float]:
         drafter = factories[drafter_name]()
-        gen = speculative_generate(
-            model,
-            prompt.ids,
-            ruled,
-            drafter=drafter,
-            policy=policy,
-            tokenizer=tokenizer,
-            prompt_cache=cache_copy(prefix, drafter),
+        cache = cache_copy(prefix, drafter)
+        return timed_run(
+            speculative_generate(
+                model, prompt.ids, ruled, drafter=drafter, policy=policy, tokenizer=tokenizer, prompt_cache=cache
+            )
         )
-        tokens, seconds = timed(gen)
-        bar.update()
-        return gen, tokens, seconds
 
     methods = [
         (r, d, p) for r in rules for d in factories for p in policies if only is None or (r.label, d, p.name) in only
@@ -416,12 +389,9 @@ def _run_cell(
                 else:
                     gen, tokens, seconds = run_method(ruled, drafter_name, policy)
                     mine = run_plain()
-                baseline = {"plain_decode_tokens": len(mine[1]) - 1, "plain_decode_s": mine[2]}
+                baseline = (len(mine[1]) - 1, mine[2])
                 if previous_plain is not None:
-                    aa = {
-                        "plain_decode_tokens": len(previous_plain[0].tokens) - 1,
-                        "plain_decode_s": previous_plain[1],
-                    }
+                    aa = (len(previous_plain[0].tokens) - 1, previous_plain[1])
                     runs.append(
                         {
                             **_row(len(runs), {**base, "acceptance": "none"}, "none", None, mine[0], mine[2], aa, None),
@@ -501,10 +471,11 @@ def _row(
     policy: DraftPolicy | None,
     gen: Any,
     seconds: float,
-    baseline: dict[str, Any],
+    baseline: tuple[int, float],
     same: bool | None,
 ) -> dict[str, Any]:
-    """One row of ``Sweep.runs``: a generation's stats, its clock, and its plain baseline (``policy`` None: plain)."""
+    """One row of ``Sweep.runs``: a generation's stats, its clock, and its plain baseline's decode tokens and
+    seconds (``policy`` None: plain)."""
     stats = gen.stats()
     tokens = len(gen.tokens) - 1
     if policy is None:
@@ -512,7 +483,8 @@ def _row(
     else:
         name, family, k = policy.name, policy_family(policy), policy_k(policy)
     tps = tokens / seconds if seconds > 0 else 0.0
-    plain_tps = baseline["plain_decode_tokens"] / baseline["plain_decode_s"] if baseline["plain_decode_s"] > 0 else 0.0
+    plain_tokens, plain_s = baseline
+    plain_tps = plain_tokens / plain_s if plain_s > 0 else 0.0
     return {
         "run": run,
         **base,
@@ -526,7 +498,8 @@ def _row(
         **{name: stats[name] for name in _STATS},
         "main_reason": main_reason(r for r in gen.log.records if r.kind != "prefill"),
         "decode_tokens_per_s": tps,
-        **baseline,
+        "plain_decode_tokens": plain_tokens,
+        "plain_decode_s": plain_s,
         "speedup": tps / plain_tps if plain_tps > 0 else float("nan"),
         "equal_to_plain": same,
         "finish_reason": stats["finish_reason"],
@@ -539,14 +512,9 @@ def _steps(log: Any, run: int, base: dict[str, Any]) -> pl.DataFrame:
     df = log.to_polars()
     if "extra" in df.columns:
         df = df.drop("extra")
-    return df.with_columns(
-        pl.lit(run).alias("run"),
-        pl.lit(base["prompt"]).alias("prompt"),
-        pl.lit(base["category"]).alias("category"),
-        pl.lit(base["temperature"]).alias("temperature"),
-        pl.lit(base["seed"]).alias("seed"),
-        pl.lit(base.get("acceptance", "none")).alias("acceptance"),
-    )
+    labels = {"run": run, **{c: base[c] for c in ("prompt", "category", "temperature", "seed")}}
+    labels["acceptance"] = base.get("acceptance", "none")
+    return df.with_columns(pl.lit(value).alias(column) for column, value in labels.items())
 
 
 # -- agent traces ------------------------------------------------------------------------------

@@ -88,19 +88,10 @@ def paired_intervals(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
         prompts = group["prompt"].n_unique() if "prompt" in group.columns else None
         row = {**dict(zip(by, key)), "prompts": prompts, "pairs": timed_pairs.height}
         if timed_pairs.height:
-            looks = int(timed_pairs["looks"].max() or 1) if "looks" in timed_pairs.columns else 1
-            ratio = paired.paired_ratio(
-                list(
-                    zip(
-                        zip(timed_pairs["prompt"], timed_pairs["temperature"], timed_pairs["seed"]),
-                        timed_pairs["plain_decode_tokens"],
-                        timed_pairs["plain_decode_s"],
-                        timed_pairs["decode_tokens"],
-                        timed_pairs["decode_s"],
-                    )
-                ),
-                level=paired.sequential_level(looks),
-            )
+            looks = int(timed_pairs.select(pl.col("looks").max()).item() or 1) if "looks" in timed_pairs.columns else 1
+            columns = ("prompt", "temperature", "seed", "plain_decode_tokens", "plain_decode_s", "decode_tokens")
+            pairs = [((p, t, s), *sums) for p, t, s, *sums in timed_pairs.select(*columns, "decode_s").iter_rows()]
+            ratio = paired.paired_ratio(pairs, level=paired.sequential_level(looks))
             row.update(
                 speedup_low=ratio.low,
                 speedup_high=ratio.high,

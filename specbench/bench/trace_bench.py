@@ -1,14 +1,9 @@
-"""Trace benchmark: conversations replayed turn by turn, plain decoding against each drafter.
+"""Trace benchmark: conversations replayed turn by turn, plain decoding against each drafter (``bench_trace``;
+``run_trace`` for a file of traces).
 
-``bench_trace`` replays a trace (``specbench.inputs.traces``) turn by turn. The model writes
-every reply (greedy): plain decoding and each drafter on the same prompt, in an order that rotates
-from turn to turn; the next turn's prompt holds plain decoding's reply (which every drafter must
-reproduce token for token; checked on every turn).
-Drafter objects live across turns (SuffixDecoding keeps its store; pass the same objects to several
-calls to keep it across traces). Results: one row per (turn, method) with per-turn and cumulative
-drafted, accepted, tokens per verification, decode tokens/s and the ratio to plain decoding in the
-same run; per-step logs; plain decoding's outputs, which ``specbench.simulate.simulate`` replays
-offline.
+The next turn's prompt holds plain decoding's reply, which every drafter must reproduce token for token
+(checked on every turn); drafter objects live across turns. Plain decoding's outputs are kept for
+``specbench.simulate.simulate`` to replay offline.
 """
 
 from __future__ import annotations

@@ -109,10 +109,9 @@ def overall_by_method(summary: pl.DataFrame, independent: bool = True) -> pl.Dat
         ).alias("speedup"),
     ).drop("decode_tokens_plain", "decode_s_plain")
     intervals = []
-    for method in frame["method"]:
-        mine = paired.filter(pl.col("method") == method)
-        units = list(zip(mine["decode_tokens"], mine["decode_s"]))
-        base = list(zip(mine["decode_tokens_plain"], mine["decode_s_plain"]))
+    for (method,), mine in paired.group_by("method", maintain_order=True):
+        units = mine.select("decode_tokens", "decode_s").rows()
+        base = mine.select("decode_tokens_plain", "decode_s_plain").rows()
         usable = independent and method != PLAIN and all(s > 0 for _, s in units + base)
         intervals.append(ratio_interval(base, units) if usable else None)
     return frame.with_columns(
@@ -123,14 +122,15 @@ def overall_by_method(summary: pl.DataFrame, independent: bool = True) -> pl.Dat
 
 def format_overall(overall: pl.DataFrame) -> str:
     """``overall_by_method``'s rows as text: speedup over plain with its interval over traces where it has one."""
-    traces = overall["traces"].max() if overall.height else 0
+    traces = overall.select(pl.col("traces").max()).item() if overall.height else 0
     lines = [f"overall, {traces} traces: method, decode tokens, tok/s, speedup [95 % over traces]"]
-    for r in overall.iter_rows(named=True):
-        speedup = "" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-        if r["speedup_low"] is not None:
-            speedup += f" [{r['speedup_low']:.2f}-{r['speedup_high']:.2f}]"
-        rate_text = "" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:8.1f}"
-        lines.append(f"  {r['method']:18.18s} {r['decode_tokens']:8d} {rate_text:>8s} {speedup}")
+    columns = ("method", "decode_tokens", "tokens_per_s", "speedup", "speedup_low", "speedup_high")
+    for method, tokens, tokens_per_s, speedup, low, high in overall.select(columns).iter_rows():
+        shown = "" if speedup is None else f"{speedup:.2f}x"
+        if low is not None:
+            shown += f" [{low:.2f}-{high:.2f}]"
+        rate_text = "" if tokens_per_s is None else f"{tokens_per_s:8.1f}"
+        lines.append(f"  {method:18.18s} {tokens:8d} {rate_text:>8s} {shown}")
     return "\n".join(lines)
 
 

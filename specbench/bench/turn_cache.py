@@ -13,23 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """The length of the longest common prefix of two id lists."""
     n = min(len(a), len(b))
-    i = 0
-    step = 1024
-    while i < n:  # compare slices (fast), then narrow down inside the first one that differs
-        j = min(n, i + step)
-        if a[i:j] == b[i:j]:
-            i = j
-            continue
-        while a[i] == b[i]:
-            i += 1
-        return i
-    return n
+    differ = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(differ[0]) if len(differ) else n
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -150,32 +150,74 @@ def _bench(parser: argparse.ArgumentParser):
 
     def bench(args: argparse.Namespace) -> int:
         device_defaults(args)  # on a CPU: a run of minutes unless asked for more
+        for name in ("limit", "turns"):
+            if (value := getattr(args, name, None)) is not None and value < 1:
+                raise ValueError(f"--{name} must be >= 1, got {value}")
         return {"prompts": _bench_prompts, "trace": _bench_trace, "batch": _bench_batch}[args.mode](args)
 
     return run
 
 
-def _bench_batch(args: argparse.Namespace) -> int:
-    """``bench batch``: B requests at a time, each drafter and policy against plain batched decoding and mlx-lm."""
-    from specbench.bench.batch_bench import bench_batch_source
+def _traces(args: argparse.Namespace) -> list:
+    """The traces of --trace that --trace-id and --limit pick, read and checked before the model loads."""
+    from specbench.inputs.importers import load_traces
+    from specbench.inputs.traces import pick_ids
 
-    bench_batch_source(
-        args.model,
-        args.batch_size,
-        prompts=args.prompts,
-        trace=args.trace,
-        drafters=drafter_names(args.drafters, required=True),
-        policies=names(args.policies),
-        max_tokens=args.max_tokens,
-        categories=names(args.categories) if args.categories else None,
-        limit=args.limit,
-        trace_format=args.trace_format,
-        trace_ids=names(args.trace_id or "") or None,
-        turns=args.turns,
-        out=args.out,
-        verify=args.verify,
-        reasoning=args.reasoning,
+    path = Path(args.trace)
+    if not path.is_file():
+        raise FileNotFoundError(f"no trace file at {path}" + (" (it is a folder)" if path.is_dir() else ""))
+    traces = load_traces(path, args.trace_format, args.reasoning)
+    kept = set(pick_ids([t.id for t in traces], names(args.trace_id or ""), args.limit, str(path)))
+    return [t for t in traces if t.id in kept]
+
+
+def _bench_batch(args: argparse.Namespace) -> int:
+    """``bench batch``: B requests at a time (each question's first turn, or every turn of the traces), each drafter
+    and policy against plain batched decoding and mlx-lm; with --out, batch_bench.csv (a row per engine) and
+    batch_divergence.csv (a row per request) there."""
+    from dataclasses import asdict
+
+    from specbench.bench.batch_bench import bench_batch, format_batch_bench, trace_requests
+    from specbench.common.files import write_csv_atomic
+    from specbench.core.forward import context_length
+    from specbench.core.policies import as_policy
+    from specbench.inputs.prompts import questions_from, render_prompt
+    from specbench.models.load import load
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be an integer >= 1, got {args.batch_size!r}")
+    drafters, policies = drafter_names(args.drafters, required=True), names(args.policies)
+    for policy in policies:
+        as_policy(policy)
+    if args.trace is not None:
+        traces = _traces(args)
+    else:
+        questions = questions_from(args.prompts, names(args.categories) if args.categories else None, args.limit)
+    if args.out:
+        check_writable(args.out, folder=True, name="--out")
+    model, tokenizer = load(args.model)
+    if args.trace is not None:
+        context = context_length(model)
+        requests, labels, too_long = trace_requests(tokenizer, traces, args.turns, context, args.max_tokens)
+        if too_long:
+            print(f"{too_long} turns left out: prompt + {args.max_tokens} tokens exceed the model's context")
+        if not requests:
+            raise ValueError(f"no turn of {args.trace} fits the model's context with --max-tokens {args.max_tokens}")
+    else:
+        requests = [render_prompt(tokenizer, q.turns[0]) for q in questions]
+        labels = [f"{q.category}/{q.question_id}" for q in questions]
+    source = str(args.trace or args.prompts)
+    print(f"{len(requests)} requests from {source}, batch size {args.batch_size}", flush=True)
+    result = bench_batch(
+        model, requests, args.batch_size, drafters, policies, args.max_tokens, tokenizer, verify=args.verify or "fast"
     )
+    print(format_batch_bench(result))
+    if args.out:
+        rows = [{"model": args.model, "source": source, **asdict(r)} for r in result.rows]
+        write_csv_atomic(Path(args.out) / "batch_bench.csv", rows)
+        divergence = [{"model": args.model, **asdict(r), "label": labels[r.request]} for r in result.divergence]
+        write_csv_atomic(Path(args.out) / "batch_divergence.csv", divergence)
+        print(f"\nresults: {args.out}")
     return 0
 
 
@@ -229,9 +271,9 @@ def _bench_prompts(args: argparse.Namespace) -> int:
     from specbench.cost.bandwidth import describe_speeds
     from specbench.report import verdicts
 
-    print(f"\nVerdict: {verdicts.bench(result.summary(), PROMPT_BASELINE)}")
-
-    overall = {r["method"]: r["decode_tokens_per_s"] for r in result.summary() if r["category"] == "overall"}
+    summary = result.summary()
+    print(f"\nVerdict: {verdicts.bench(summary, PROMPT_BASELINE)}")
+    overall = {r["method"]: r["decode_tokens_per_s"] for r in summary if r["category"] == "overall"}
     print(
         "\nMemory bandwidth (decode tokens/s x weight bytes per token):",
         *describe_speeds(model, overall),
@@ -264,8 +306,6 @@ def _bench_trace(args: argparse.Namespace) -> int:
     from specbench.bench.trace_summary import format_turns
     from specbench.core.options import GenerateOptions
     from specbench.core.policies import DraftPolicy
-    from specbench.inputs.importers import load_traces
-    from specbench.inputs.traces import pick_ids
     from specbench.models.load import load
 
     verify = verify_modes(args.verify)
@@ -274,22 +314,14 @@ def _bench_trace(args: argparse.Namespace) -> int:
     policies = [DraftPolicy.parse(p) for p in names(args.policies)]
     drafter_names(args.drafters, required=True)
     options = GenerateOptions(max_tokens=args.max_tokens, verify=verify[0] if verify else None)
-    if args.turns is not None and args.turns < 1:
-        raise ValueError(f"--turns must be >= 1, got {args.turns}")
-    trace = Path(args.trace)
-    if not trace.is_file():
-        raise FileNotFoundError(f"no trace file at {trace}" + (" (it is a folder)" if trace.is_dir() else ""))
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {args.limit}")
-    traces = load_traces(trace, args.trace_format, args.reasoning)  # read and checked before the model loads
-    kept = set(pick_ids([t.id for t in traces], names(args.trace_id or ""), args.limit, str(trace)))
+    traces = _traces(args)
     if args.out:
         check_writable(args.out, folder=True, name="--out")
     model, tokenizer = load(args.model, shard=args.shard)
     result = run_trace(
         model,
         tokenizer,
-        [t for t in traces if t.id in kept],
+        traces,
         drafters=names(args.drafters),
         policies=policies,
         max_tokens=args.max_tokens,

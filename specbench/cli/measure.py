@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specbench.cli.registry import add_model_argument, command, drafter_names, names, verify_modes
+from specbench.cli.registry import add_model_argument, command, drafter_names, integers, names, verify_modes
 from specbench.common.files import check_writable, home
 from specbench.drafters import drafter_choices
 
@@ -44,6 +44,7 @@ def _profile(parser: argparse.ArgumentParser):
         from specbench.common.identity import device_name, display_name
         from specbench.cost import measure, save_profile
         from specbench.drafters import make_drafter
+        from specbench.models.load import load
 
         modes = verify_modes(args.verify)
         if not 2 <= args.widths <= MAX_PROFILE_WIDTH:
@@ -60,7 +61,7 @@ def _profile(parser: argparse.ArgumentParser):
             check_writable(home() / "profiles", folder=True, name="the profiles folder")
         if args.plot:
             check_writable(args.plot, folder=True, name="--plot")
-        model, tokenizer = _profile_model(args.model, args.layers, args.shard)
+        model, tokenizer = load(args.model, layers=args.layers, shard=args.shard)
         drafters = [d for d in (make_drafter(n, model=model, model_name=args.model) for n in names(args.drafters)) if d]
         context = _profile_context(tokenizer, args.offset)
         print(
@@ -97,10 +98,7 @@ def _profile(parser: argparse.ArgumentParser):
 
 def _integers(text: str, name: str, maximum: int | None = None) -> list[int]:
     """A comma list of integers >= 1 (and <= ``maximum``; empty: none); a ValueError naming the option otherwise."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"{name} takes a comma list of integers, got {text!r}") from None
+    values = integers(text, name)
     if any(v < 1 for v in values):
         raise ValueError(f"{name} takes integers >= 1, got {text!r}")
     if maximum is not None and any(v > maximum for v in values):
@@ -136,12 +134,6 @@ def print_components(rows: list[dict]) -> None:
     if len(widths) > 1:
         part, share = deciding_part(rows)
         print(f"  deciding part: {part} ({share:.0%} of the growth from w={widths[0]} to w={widths[-1]})")
-
-
-def _profile_model(name: str, layers: int | None, shard: bool = False):
-    from specbench.models.load import load
-
-    return load(name, layers=layers, shard=shard)
 
 
 def _profile_context(tokenizer, offset: int) -> list[int] | None:
@@ -208,15 +200,13 @@ def _check_exact(parser: argparse.ArgumentParser):
         from specbench.checks import exactness
         from specbench.common.files import write_or_keep, write_parquet_atomic
         from specbench.common.identity import device_name
+        from specbench.models.load import load
 
         if args.num_prompts < 1:
             raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
         if not 0.0 <= args.acceptance <= 1.0:
             raise ValueError(f"--acceptance must be in [0, 1], got {args.acceptance}")
-        try:
-            lengths = [int(k) for k in names(args.k)]
-        except ValueError:
-            raise ValueError(f"--k takes a comma list of integers, got {args.k!r}") from None
+        lengths = integers(args.k, "--k")
         if not lengths or min(lengths) < 1:
             raise ValueError(f"--k takes a comma list of integers >= 1, got {args.k!r}")
         if args.max_tokens < 1:
@@ -224,7 +214,7 @@ def _check_exact(parser: argparse.ArgumentParser):
         modes = verify_modes(args.verify)
         if args.out:
             check_writable(args.out, name="--out")
-        model, tokenizer = _profile_model(args.model, args.layers, args.shard)
+        model, tokenizer = load(args.model, layers=args.layers, shard=args.shard)
         if tokenizer is None:
             prompts = exactness.random_prompts(model, args.num_prompts)
         else:

@@ -26,6 +26,14 @@ def names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def integers(text: str, option: str) -> list[int]:
+    """The integers of a comma list (none for an empty one); a ValueError naming ``option`` otherwise."""
+    try:
+        return [int(part) for part in names(text)]
+    except ValueError:
+        raise ValueError(f"{option} takes a comma list of integers, got {text!r}") from None
+
+
 def drafter_names(text: str, option: str = "--drafters", required: bool = False) -> list[str]:
     """The drafter names of a comma list, checked before any model is loaded (``required``: at least one)."""
     from specbench.drafters import DRAFTERS, NO_DRAFTER, drafter_choices, split_drafter_name

@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from specbench.cli.registry import command, names, reasoning_argument
+from specbench.cli.registry import command, integers, names, reasoning_argument
 from specbench.common.files import check_writable
-
-
-def _ints(text: str, option: str) -> list[int]:
-    try:
-        return [int(part) for part in names(text)]
-    except ValueError:
-        raise ValueError(f"{option} takes a comma list of integers, got {text!r}") from None
 
 
 @command(
@@ -65,7 +58,7 @@ def _simulate(parser: argparse.ArgumentParser):
             return _rank(args)
         from specbench.simulate.simulate_logs import check_settings, save_simulation, simulate_logs
 
-        drafters, ks, stores = names(args.drafters), _ints(args.k, "--k"), names(args.store)
+        drafters, ks, stores = names(args.drafters), integers(args.k, "--k"), names(args.store)
         check_settings(drafters, ks, stores, args.limit)
         if args.out:
             check_writable(args.out, folder=True, name="--out")
@@ -103,7 +96,7 @@ def _rank(args: argparse.Namespace) -> None:
 
     if not args.profile:
         raise ValueError("--policies needs --profile: a stored cost profile (JSON) to price the steps with")
-    drafters, ks = names(args.drafters), _ints(args.k, "--k")
+    drafters, ks = names(args.drafters), integers(args.k, "--k")
     if len(drafters) != 1 or len(ks) != 1:
         raise ValueError("--policies replays one drafter with one longest draft: give one --drafters and one --k")
     if args.out:

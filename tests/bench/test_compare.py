@@ -34,7 +34,9 @@ METHODS = prompt_methods(["lookup"], [DraftPolicy.fixed(3)])
 
 def _row(question: int, method: str, accepted: list[int], seconds: float = 1.0, category: str = "qa", **extra):
     """A run row as ``bench_prompts`` writes it: ``accepted`` per verification of 3 drafted tokens."""
-    steps = [{"kind": "verify", "k_drafted": 3, "accepted": a} for a in accepted]
+    steps = [
+        {"step": i, "position": i, "kind": "verify", "k_drafted": 3, "accepted": a} for i, a in enumerate(accepted)
+    ]
     return {
         "question_key": f"k{question}",
         "question_id": str(question),

@@ -10,7 +10,7 @@ import pytest
 
 from specbench.bench import paired
 from specbench.bench.prompt_runs import Method, PromptRun
-from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs
+from specbench.bench.prompt_summary import MethodSummary, prompt_table, summarize_prompt_runs
 
 
 @pytest.mark.parametrize("dof", [1, 2, 3, 5, 6, 9, 40])
@@ -64,13 +64,13 @@ def test_bench_summary_gives_each_speedup_its_interval_over_prompts():
     for prompts, has_interval in ((8, True), (3, False)):
         runs = [_run("mlx-lm", i, 1.0) for i in range(prompts)]
         runs += [_run("lookup", i, 1.0 / (1.2 if i % 2 else 1.6)) for i in range(prompts)]
-        row = next(r for r in summarize_prompt_runs(runs, methods) if r["method"] == "lookup" and r["category"] == "qa")
+        row = next(r for r in summarize_prompt_runs(runs, methods) if r.method == "lookup" and r.category == "qa")
         table = prompt_table(summarize_prompt_runs(runs, methods), methods, ["qa"], {})
         if has_interval:
-            assert 1.2 < row["speedup_low"] < row["speedup"] < row["speedup_high"] < 1.6
-            assert f"{row['speedup']:.2f}x [{row['speedup_low']:.2f}-{row['speedup_high']:.2f}]" in table
+            assert 1.2 < row.speedup_low < row.speedup < row.speedup_high < 1.6
+            assert f"{row.speedup:.2f}x [{row.speedup_low:.2f}-{row.speedup_high:.2f}]" in table
         else:
-            assert row["speedup_low"] is None and row["speedup_high"] is None and "x [" not in table
+            assert row.speedup_low is None and row.speedup_high is None and "x [" not in table
 
 
 def test_bench_figure_whiskers_show_the_interval_over_prompts_else_the_range_over_repeats():
@@ -84,7 +84,7 @@ def test_bench_figure_whiskers_show_the_interval_over_prompts_else_the_range_ove
     runs = [_run("mlx-lm", i, 1.0) for i in range(8)] + [
         _run("lookup", i, 1 / (1.2 if i % 2 else 1.6)) for i in range(8)
     ]
-    rows = {r["category"]: r for r in summarize_prompt_runs(runs, methods) if r["method"] == "lookup"}
+    rows = {r.category: r.row() for r in summarize_prompt_runs(runs, methods) if r.method == "lookup"}
     low, high, kind = speedup_whisker(rows["qa"], repeats=1)
     assert kind == "interval" and (low, high) == (rows["qa"]["speedup_low"], rows["qa"]["speedup_high"])
     few = dict(rows["qa"], speedup_low=None, speedup_high=None, speedup_min=1.1, speedup_max=1.3)
@@ -174,22 +174,22 @@ def test_bench_interval_resamples_whole_conversations():
                 out.append(replace(_run("lookup", q, 1.0 / factor), turn=t))
         return out
 
-    def row(questions: int, turns: int) -> dict:
+    def row(questions: int, turns: int) -> MethodSummary:
         summary = summarize_prompt_runs(runs(questions, turns), methods)
-        return next(r for r in summary if r["method"] == "lookup" and r["category"] == "qa")
+        return next(r for r in summary if r.method == "lookup" and r.category == "qa")
 
     conversations = row(6, 2)
-    assert conversations["prompts"] == 12 and conversations["speedup_low"] is not None
+    assert conversations.prompts == 12 and conversations.speedup_low is not None
     six_single_turns = row(6, 1)
     # the same six questions each answered once: the same units, so the same interval
-    assert (conversations["speedup_low"], conversations["speedup_high"]) == pytest.approx(
-        (six_single_turns["speedup_low"], six_single_turns["speedup_high"])
+    assert (conversations.speedup_low, conversations.speedup_high) == pytest.approx(
+        (six_single_turns.speedup_low, six_single_turns.speedup_high)
     )
     twelve_questions = row(12, 1)
-    assert twelve_questions["speedup_high"] - twelve_questions["speedup_low"] < (
-        conversations["speedup_high"] - conversations["speedup_low"]
+    assert twelve_questions.speedup_high - twelve_questions.speedup_low < (
+        conversations.speedup_high - conversations.speedup_low
     )
-    assert row(5, 2)["speedup_low"] is None
+    assert row(5, 2).speedup_low is None
 
 
 def test_paired_ratio_resamples_prompts_from_six_else_pairs_else_none():
@@ -198,9 +198,9 @@ def test_paired_ratio_resamples_prompts_from_six_else_pairs_else_none():
     within = paired.paired_ratio(two_prompts)
     assert within.resampled == "pair" and within.pairs == 6 and within.units == 2
     assert within.ratio == pytest.approx(6.0 / sum(s for *_, s in two_prompts))  # 60 tokens each side
-    assert within.low > 1 and within.excludes_one()
+    assert within.has_interval and within.low > 1
     eight = paired.paired_ratio([(f"p{i}", 10, 1.0, 10, 1.0 + (0.3 if i % 2 else -0.3)) for i in range(8)])
-    assert eight.resampled == "prompt" and eight.units == 8 and not eight.excludes_one()
+    assert eight.resampled == "prompt" and eight.units == 8 and eight.low <= 1.0 <= eight.high
     few = paired.paired_ratio([("a", 10, 1.0, 10, 0.5)] * 3)
     assert few.resampled == "" and few.low is None and not few.has_interval and few.ratio == pytest.approx(2.0)
     with pytest.raises(ValueError):

@@ -221,17 +221,17 @@ def _sequential_sweep(text_model, monkeypatch, **options):
     prompt = tokenizer.encode("one two three, one two three, one two")
     truth = plain_greedy(model, prompt, 8)
     spec_run = sweep.speculative_generate
-    tags: dict[int, str] = {}
+    tags: dict[int, tuple[object, str]] = {}  # each generation kept, so that no later one reuses its id
     calls = {"even": 0}
 
     def tagged(*a, **k):
         gen = spec_run(*a, **k)
-        tags[id(gen)] = k["drafter"].name
+        tags[id(gen)] = (gen, k["drafter"].name)
         return gen
 
     def clock(gen):
         tokens = list(gen)
-        name = tags.get(id(gen))
+        name = tags.get(id(gen), (None, None))[1]
         if name == "even":
             calls["even"] += 1
         return tokens, {None: 1.0, "good": 0.5, "even": (0.8, 1.25)[calls["even"] % 2]}[name]
