@@ -17,6 +17,7 @@ from specbench.cost import bandwidth
 from specbench.cost.profile import Profile
 from specbench.report import figures, verdicts
 from specbench.report.progress import Heartbeat, console
+from specbench.report.verdicts.notebooks import SummaryRow
 
 
 def _profile(name: str, costs: list[float], overhead: float = 0.0, device: str = "cpu:test") -> Profile:
@@ -436,8 +437,8 @@ def test_a_verification_costs_its_own_forward_not_the_whole_run():
     stats = StepLog(records).stats()
     assert stats["verify_s"] == 33.7 and stats["verification_s"] == 3.7
     row = {**stats, "plain_decode_s": 23.0, "plain_decode_tokens": 23}
-    assert abs(verdicts.verify_cost(row) - 3.7) < 1e-9
-    assert verdicts.verify_cost({**row, "verification_s": None}) is None  # a record from before the column
+    assert abs(verdicts.verify_cost(SummaryRow.of(row)) - 3.7) < 1e-9
+    assert verdicts.verify_cost(SummaryRow.of({**row, "verification_s": None})) is None  # from before the column
 
 
 def test_a_speed_verdict_states_its_intervals_level():

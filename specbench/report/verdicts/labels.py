@@ -15,6 +15,7 @@ from specbench.bench.sweep import best_per_group
 from specbench.cost.bandwidth import achieved
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
+from specbench.report.verdicts.notebooks import SummaryRow
 
 # -- headlines ---------------------------------------------------------------------------------------------------
 
@@ -22,11 +23,11 @@ from specbench.cost.profile import Profile
 def sweep_headline(summary: pl.DataFrame) -> dict[str, Any]:
     """A sweep summary's best speculative drafter and policy, its speedup, and whether every greedy
     output equalled plain decoding's (None when no output was compared)."""
-    best = best_per_group(summary.filter(pl.col("drafter") != "none"), [])
+    best = SummaryRow.rows(best_per_group(summary.filter(pl.col("drafter") != "none"), []))
     equal = summary["all_equal_to_plain"].drop_nulls()
     return {
-        "best": f"{best['drafter'][0]} {best['policy'][0]}" if len(best) else "none",
-        "best_speedup": best["speedup"][0] if len(best) else None,
+        "best": f"{best[0].drafter} {best[0].policy}" if best else "none",
+        "best_speedup": best[0].speedup if best else None,
         "outputs_equal_to_plain": bool(equal.all()) if len(equal) else None,
     }
 
