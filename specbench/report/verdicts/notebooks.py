@@ -268,28 +268,36 @@ def sweep(summary: pl.DataFrame, model: str, tokens: int | None = None, by_categ
     return f"{text} {outputs.capitalize()}." + (audited(found[0]) if found else "")
 
 
-def _profile_sentence(profile: Profile, d: float, max_k: int, mode: str) -> str:
+def lowest_break_even(profile: Profile, d: float, max_k: int, mode: str) -> tuple[int, float] | None:
+    """(k, a*(k)) at the draft length k <= ``max_k`` whose break-even acceptance is lowest (None: none breaks even)."""
     a_star = break_even_acceptance(profile, d, max_k, mode)
-    c2 = profile.c(2, mode)
     if np.all(np.isnan(a_star)):
+        return None
+    k = int(np.nanargmin(a_star)) + 1
+    return k, float(a_star[k - 1])
+
+
+def _profile_sentence(profile: Profile, d: float, max_k: int, mode: str) -> str:
+    lowest = lowest_break_even(profile, d, max_k, mode)
+    if lowest is None:
         return (
             f"{profile.name} never breaks even: a verification costs more plain steps than a fully accepted draft "
-            f"yields for every k <= {max_k} (c(2) = {c2:.2f} plain steps, engine overhead included)"
+            f"yields for every k <= {max_k} (c(2) = {profile.c(2, mode):.2f} plain steps, engine overhead included)"
         )
-    k = int(np.nanargmin(a_star)) + 1
+    k, a_star = lowest
     cost = f"c({k + 1}) = {profile.c(k + 1, mode):.2f} plain steps, engine overhead included"
-    if a_star[k - 1] == 0:
+    if a_star == 0:
         return f"{profile.name} pays at k = {k} even with every draft rejected ({cost}: no more than a plain step)"
-    return f"{profile.name} breaks even from acceptance {a_star[k - 1]:.2f} per position (at its best k = {k}; {cost})"
+    return f"{profile.name} breaks even from acceptance {a_star:.2f} per position (at its best k = {k}; {cost})"
 
 
-def growth_per_row(profile: Profile, mode: str = "fast") -> float:
+def growth_per_row(profile: Profile, mode: str = "fast", w_max: int | None = None) -> float:
     """How much a verification's cost grows per added row, in plain steps: the slope of c(w) over the widths
-    measured (least squares)."""
-    widths = np.asarray(profile.widths[mode], dtype=float)
-    if len(widths) < 2:
+    measured (up to ``w_max``; least squares)."""
+    pairs = [(w, c) for w, c in zip(profile.widths[mode], profile.costs[mode]) if w_max is None or w <= w_max]
+    if len(pairs) < 2:
         return float("nan")
-    return float(np.polyfit(widths, np.asarray(profile.costs[mode], dtype=float), 1)[0])
+    return float(np.polyfit(*np.asarray(pairs, dtype=float).T, 1)[0])
 
 
 def break_even(
