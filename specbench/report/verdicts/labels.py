@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -85,8 +86,9 @@ def _number(value: Any, spec: str = ".2f", unit: str = "") -> str:
     return str(value)
 
 
-def _times(value: Any) -> str:
-    return _number(value, ".2f", "x")
+_times = partial(_number, spec=".2f", unit="x")
+_short = partial(_number, spec=".3g")  # a number to 3 significant digits
+_plain_steps = partial(_number, spec=".2f", unit=" plain steps")
 
 
 def _percent(value: Any) -> str:
@@ -95,11 +97,6 @@ def _percent(value: Any) -> str:
 
 def _yes_no(value: Any) -> str:
     return {True: "yes", False: "NO", None: "not compared"}.get(value, str(value))
-
-
-def _short(value: Any) -> str:
-    """A number to 3 significant digits."""
-    return _number(value, ".3g")
 
 
 def _rules(value: Any) -> str:
@@ -124,10 +121,6 @@ def _plain(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "; ".join(_plain(v) for v in value)
     return _number(value, ".3g")
-
-
-def _plain_steps(value: Any) -> str:
-    return _number(value, ".2f", " plain steps")
 
 
 def _a_star(value: Any) -> str:
