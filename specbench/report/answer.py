@@ -114,7 +114,7 @@ def answer_cells(
         acceptance = (row.accepted or 0) / row.drafted if row.drafted else None
         a_star, band, never = None, None, False
         if profile is not None and k and mode in profile.costs:
-            d = (drafter_costs or {}).get(row.drafter, 0.0)
+            d = (drafter_costs or {}).get(str(row.drafter), 0.0)
             value = float(break_even_acceptance(profile, d, k, mode)[k - 1])
             a_star, never = (None, True) if math.isnan(value) else (value, False)
             bounds = break_even_band(profile, d, k, mode)

@@ -24,6 +24,7 @@ from specbench.bench.positions import per_position_acceptance
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.verify import check_verify_mode
 from specbench.cost import Profile, drafter_cost, predicted_speedup, profile_for
 from specbench.report import recorded
 from specbench.report.render import coloured_html, legend_html
@@ -205,17 +206,11 @@ class Replay:
 
     def row(self) -> ReplayRow:
         """The choice's numbers as one row."""
-        stats, verified = self.stats, bool(self.stats["verifies"])
-        return ReplayRow(
-            self.choice.drafter,
-            self.choice.policy,
-            self.choice.k,
-            len(self.prompts),
-            *(stats[c] for c in ("tokens", "verifies", "drafted", "accepted")),
-            *(stats[c] if verified else None for c in ("tokens_per_verify", "acceptance_rate")),
-            self.predicted_speedup,
-            self.measured_speedup,
-        )
+        verified = bool(self.stats["verifies"])
+        values: dict[str, Any] = {c: self.stats[c] for c in ("tokens", "verifies", "drafted", "accepted")}
+        values |= {c: self.stats[c] if verified else None for c in ("tokens_per_verify", "acceptance_rate")}
+        values |= {"predicted_speedup": self.predicted_speedup, "measured_speedup": self.measured_speedup}
+        return ReplayRow(self.choice.drafter, self.choice.policy, self.choice.k, len(self.prompts), **values)
 
     def records_of(self, prompt: str) -> list[StepRecord]:
         """The step records of one replayed prompt."""
@@ -232,7 +227,8 @@ def _measured(
         return None
     speedups = []
     for row in rows:
-        options = GenerateOptions(max_tokens=row.max_tokens, seed=0, verify=row.verify or None)
+        verify = check_verify_mode(row.verify) if row.verify else None
+        options = GenerateOptions(max_tokens=row.max_tokens, seed=0, verify=verify)
         key = recorded.generation_key(recordings.model, row.prompt, choice.drafter, policy.name, options)
         found = recorded.find(recordings.output_dir, key)
         if found is None or found.row.get("speedup") is None:

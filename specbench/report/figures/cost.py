@@ -207,7 +207,7 @@ class _GridRun:
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> _GridRun:
-        return cls(**{f.name: row.get(f.name) for f in fields(cls) if f.name in row})
+        return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in row})
 
 
 def measured_vs_predicted(

@@ -29,7 +29,7 @@ def step_timeline(log: Any, title: str = "Per-step view of one generation") -> A
     bonus = np.where(kind == "verify", emitted - accepted, 0)
     plain = np.where(kind == "verify", 0, emitted)
     drafted = df["k_drafted"].to_numpy()
-    looks = ({}, {"bottom": accepted}, {"edgecolor": "0.5", "lw": 0.5})
+    looks: tuple[dict[str, Any], ...] = ({}, {"bottom": accepted}, {"edgecolor": "0.5", "lw": 0.5})
     for source, tokens, look in zip(SOURCES, (accepted, bonus, plain), looks):
         top.bar(x, tokens, color=SOURCE_COLOURS[source], label=SOURCE_LABELS[source], width=0.85, **look)
     rejected = np.clip(drafted - df["accepted"].to_numpy(), 0, None)

@@ -297,7 +297,8 @@ def growth_per_row(profile: Profile, mode: str = "fast", w_max: int | None = Non
     pairs = [(w, c) for w, c in zip(profile.widths[mode], profile.costs[mode]) if w_max is None or w <= w_max]
     if len(pairs) < 2:
         return float("nan")
-    return float(np.polyfit(*np.asarray(pairs, dtype=float).T, 1)[0])
+    widths, costs = np.asarray(pairs, dtype=float).T
+    return float(np.polyfit(widths, costs, 1)[0])
 
 
 def break_even(
