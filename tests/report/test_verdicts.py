@@ -447,3 +447,25 @@ def test_a_speed_verdict_states_its_intervals_level():
     assert "95 % interval over pairs 1.20-1.80 of 9 pairs" in speed(1.5, 1.2, 1.8, 9, "pair")
     sequential = speed(1.5, 1.2, 1.8, 9, "pair", level=1 - 0.05 / 3)  # a sequential rule of 3 looks
     assert "98.3 % interval over pairs" in sequential and "95 %" not in sequential
+
+
+def test_replayed_logs_and_trees_are_said_per_drafter_in_order_of_appearance():
+    from types import SimpleNamespace
+
+    summary = pl.DataFrame(
+        {
+            "drafter": ["suffix", "lookup", "suffix", "lookup"],
+            "store": ["a", "b", "c", "d"],
+            "k": [4, 8, 2, 3],
+            "accepted_per_verify": [1.5, 2.0, 1.7, None],
+        }
+    )
+    text = verdicts.simulated_logs(SimpleNamespace(summary=summary, turns=5, traces=2))
+    assert "suffix 1.70 accepted tokens per verification (store c, k = 2); lookup 2.00 " in text
+    gain = pl.DataFrame(
+        {"drafter": ["b", "a", "b"], "ratio": [1.2, 0.9, 0.8], "tree": [2.0, 1.0, 3.0], "path": [1.5, 1.1, 3.5]}
+    )
+    assert verdicts.tree_vs_path(gain).endswith(
+        "b: the tree accepted more per verification in 1 of 2 cases (mean 2.50 vs 2.50 tokens for the path); "
+        "a: the tree accepted more per verification in 0 of 1 cases (mean 1.00 vs 1.10 tokens for the path)."
+    )

@@ -499,15 +499,13 @@ def simulated_logs(result: Any) -> str:
     summary = result.summary.drop_nulls("accepted_per_verify")
     if summary.is_empty():
         return f"No verification was simulated over {result.turns} recorded turns."
-    parts = []
-    for drafter in summary["drafter"].unique(maintain_order=True).to_list():
-        best = (
-            summary.filter(pl.col("drafter") == drafter).sort("accepted_per_verify", descending=True).row(0, named=True)
-        )
-        parts.append(
-            f"{drafter} {best['accepted_per_verify']:.2f} accepted tokens per verification (store {best['store']}, "
-            f"k = {best['k']})"
-        )
+    best = summary.group_by("drafter", maintain_order=True).agg(
+        pl.col("accepted_per_verify", "store", "k").sort_by("accepted_per_verify", descending=True).first()
+    )
+    parts = [
+        f"{drafter} {per_verify:.2f} accepted tokens per verification (store {store}, k = {k})"
+        for drafter, per_verify, store, k in best.iter_rows()
+    ]
     return (
         f"Replaying {result.turns} recorded turns of {result.traces} traces without a model: " + "; ".join(parts) + ". "
         "Whether that pays depends on the model's verify cost c(k+1) (see the break-even notebook)."
@@ -518,12 +516,12 @@ def tree_vs_path(gain: pl.DataFrame) -> str:
     """Trees against paths of the same node budget: accepted tokens per verification, per drafter."""
     if gain.is_empty():
         return "No trace was compared."
-    parts = []
-    for drafter in gain["drafter"].unique(maintain_order=True).to_list():
-        mine = gain.filter(pl.col("drafter") == drafter)
-        better = int((mine["ratio"] > 1).sum())
-        parts.append(
-            f"{drafter}: the tree accepted more per verification in {better} of {len(mine)} cases "
-            f"(mean {mine['tree'].mean():.2f} vs {mine['path'].mean():.2f} tokens for the path)"
-        )
+    per_drafter = gain.group_by("drafter", maintain_order=True).agg(
+        (pl.col("ratio") > 1).sum(), pl.len(), pl.col("tree").mean(), pl.col("path").mean()
+    )
+    parts = [
+        f"{drafter}: the tree accepted more per verification in {better} of {cases} cases "
+        f"(mean {tree:.2f} vs {path:.2f} tokens for the path)"
+        for drafter, better, cases, tree, path in per_drafter.iter_rows()
+    ]
     return "Trees vs paths of the same node budget, accepted tokens per verification: " + "; ".join(parts) + "."
