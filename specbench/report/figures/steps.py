@@ -8,13 +8,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from specbench.report.figures.style import COLOURS, no_data, step_frame
-from specbench.report.render import SOURCE_COLOURS, SOURCE_LABELS, SOURCES
+from specbench.core.log import StepLog
+from specbench.report.figures.style import COLOURS, no_data
+from specbench.report.render import SOURCE_COLOURS, SOURCE_LABELS, SOURCES, step_records
 
 
 def step_timeline(log: Any, title: str = "Per-step view of one generation") -> Any:
     """Tokens emitted per decoding step, split by source, over the drafted tokens; step times below."""
-    df = step_frame(log).filter(pl.col("kind") != "prefill")
+    df = log if isinstance(log, pl.DataFrame) else StepLog(step_records(log)).to_polars()
+    df = df.filter(pl.col("kind") != "prefill")
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(7.6, 4.8), sharex=True, height_ratios=(2, 1), constrained_layout=True
     )
