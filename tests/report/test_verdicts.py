@@ -469,3 +469,28 @@ def test_replayed_logs_and_trees_are_said_per_drafter_in_order_of_appearance():
         "b: the tree accepted more per verification in 1 of 2 cases (mean 2.50 vs 2.50 tokens for the path); "
         "a: the tree accepted more per verification in 0 of 1 cases (mean 1.00 vs 1.10 tokens for the path)."
     )
+
+
+def test_the_rules_verdict_names_the_best_lossless_rule_and_the_lossy_rules_shift():
+    summary = pl.DataFrame(
+        {
+            "temperature": [0.7, 0.7, 0.7, 1.0, 1.0],
+            "acceptance": ["token", "block", "typical (lossy)", "token", "block"],
+            "lossless": [True, True, False, True, True],
+            "tokens_per_verify": [1.5, 1.7, None, 1.2, 1.3],
+        }
+    )
+    shifts = pl.DataFrame(
+        {
+            "acceptance": ["token", "typical (lossy)"],
+            "temperature": [0.7, 0.7],
+            **{"tvd": [0.1, 0.3], "tvd_low": [0.05, 0.2], "tvd_high": [0.2, 0.4], "tvd_noise": [0.15, 0.15]},
+            "verdict": ["pass", "fail"],
+        }
+    )
+    text = verdicts.acceptance_rules(summary, summary.filter(pl.col("acceptance") == "block"), shifts)
+    assert "T = 0.7: block, 1.70 tokens per verification (token 1.50, typical (lossy) 0.00); T = 1: block" in text
+    assert text.endswith(
+        "typical (lossy) at T = 0.7 moves the token distribution by TVD 0.30 [0.20-0.40] (two samples of one "
+        "distribution differ by up to 0.15 here; the histogram test says fail)."
+    )

@@ -465,13 +465,11 @@ def acceptance_rules(summary: pl.DataFrame, best: pl.DataFrame, shifts: pl.DataF
     if best.is_empty():
         return "No lossless rule verified a draft: nothing to compare."
     parts = []
-    for row in best.iter_rows(named=True):
-        t = row["temperature"]
-        others = summary.filter((pl.col("temperature") == t) & (pl.col("acceptance") != row["acceptance"]))
-        beside = ", ".join(f"{o['acceptance']} {o['tokens_per_verify'] or 0:.2f}" for o in others.iter_rows(named=True))
+    for t, rule, per_verify in best.select("temperature", "acceptance", "tokens_per_verify").iter_rows():
+        others = summary.filter((pl.col("temperature") == t) & (pl.col("acceptance") != rule))
+        beside = ", ".join(f"{o} {v or 0:.2f}" for o, v in others.select("acceptance", "tokens_per_verify").iter_rows())
         parts.append(
-            f"T = {t:g}: {row['acceptance']}, {row['tokens_per_verify']:.2f} tokens per verification"
-            + (f" ({beside})" if beside else "")
+            f"T = {t:g}: {rule}, {per_verify:.2f} tokens per verification" + (f" ({beside})" if beside else "")
         )
     text = (
         "Best lossless rule per temperature, by tokens per verification (its speeds come from single unpaired runs: "
@@ -480,11 +478,12 @@ def acceptance_rules(summary: pl.DataFrame, best: pl.DataFrame, shifts: pl.DataF
     if shifts is None:
         return text
     lossless = summary.filter(pl.col("lossless"))["acceptance"].unique().to_list()
-    for row in shifts.filter(~pl.col("acceptance").is_in(lossless)).iter_rows(named=True):
+    lossy = shifts.filter(~pl.col("acceptance").is_in(lossless))
+    columns = ("acceptance", "temperature", "tvd", "tvd_low", "tvd_high", "tvd_noise", "verdict")
+    for rule, t, tvd, low, high, noise, verdict in lossy.select(columns).iter_rows():
         text += (
-            f" {row['acceptance']} at T = {row['temperature']:g} moves the token distribution by "
-            f"TVD {row['tvd']:.2f} [{row['tvd_low']:.2f}-{row['tvd_high']:.2f}] (two samples of one distribution "
-            f"differ by up to {row['tvd_noise']:.2f} here; the histogram test says {row['verdict']})."
+            f" {rule} at T = {t:g} moves the token distribution by TVD {tvd:.2f} [{low:.2f}-{high:.2f}] (two samples "
+            f"of one distribution differ by up to {noise:.2f} here; the histogram test says {verdict})."
         )
     return text
 
