@@ -484,7 +484,10 @@ def test_the_rules_verdict_names_the_best_lossless_rule_and_the_lossy_rules_shif
         {
             "acceptance": ["token", "typical (lossy)"],
             "temperature": [0.7, 0.7],
-            **{"tvd": [0.1, 0.3], "tvd_low": [0.05, 0.2], "tvd_high": [0.2, 0.4], "tvd_noise": [0.15, 0.15]},
+            "tvd": [0.1, 0.3],
+            "tvd_low": [0.05, 0.2],
+            "tvd_high": [0.2, 0.4],
+            "tvd_noise": [0.15, 0.15],
             "verdict": ["pass", "fail"],
         }
     )
