@@ -3,7 +3,8 @@
 A drafter keeps one colour in every figure and a model its family's (``COLOURS``); a policy
 family keeps one line style, a verify mode another. Each figure function takes polars frames
 (from ``specbench.bench.sweep``, a step log, trace results) or cost profiles and returns a
-Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``:
+Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``; the command line and scripts
+import ``batch_break_even``, ``bench`` and ``save_compare_figure`` from their modules:
 
 - ``steps``: ``step_timeline`` (one generation, step by step);
 - ``sweeps``: ``speedup_vs_k``, ``accepted_vs_k``, ``per_position``, ``category_speedups``,
