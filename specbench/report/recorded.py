@@ -330,16 +330,6 @@ def side_by_side(
     return both
 
 
-def _cell_keys(
-    model_name: str, prompt: Any, drafters: Sequence[str], policies: Sequence[Any], options: GenerateOptions
-):
-    """(drafter, policy, key) of a sweep cell's generations in run order: plain, then drafter x policy."""
-    keys = [("none", "none", generation_key(model_name, prompt.ids, "none", "none", options))]
-    for drafter in drafters:
-        keys += [(drafter, p.name, generation_key(model_name, prompt.ids, drafter, p.name, options)) for p in policies]
-    return keys
-
-
 def run_sweep(
     output_dir: str | os.PathLike | None,
     model_name: str,
@@ -371,9 +361,8 @@ def run_sweep(
         for t in temperatures:
             for seed in seeds:
                 options = GenerateOptions(max_tokens=max_tokens, temperature=float(t), seed=seed, verify=verify)
-                found = [
-                    find(output_dir, key) for _, _, key in _cell_keys(model_name, prompt, names, policies, options)
-                ]
+                order = [("none", "none"), *((d, p.name) for d in names for p in policies)]  # the sweep's run order
+                found = [find(output_dir, generation_key(model_name, prompt.ids, d, p, options)) for d, p in order]
                 whole = all(f is not None for f in found)
                 cells[prompt.id, float(t), seed] = [(f.row, f.log.frame) for f in found] if whole else None
     missing = {(t, seed) for (_, t, seed), cell in cells.items() if cell is None}
