@@ -16,12 +16,6 @@ from specbench.report.verdicts.policy_verdicts import Confirmed
 from specbench.simulate.policies import best_predicted
 
 
-def _policy_colours(policies: list[str]) -> dict[str, str]:
-    """One colour per policy, in the order given (tab10's)."""
-    cmap = plt.get_cmap("tab10")
-    return {name: cmap(i % 10) for i, name in enumerate(policies)}
-
-
 def _ranking_panel(ax, table: pl.DataFrame, colours: dict[str, str]) -> None:
     """Grouped bars: per workload, each policy's predicted speedup; the best outlined in black (none where every
     policy ties)."""
@@ -94,7 +88,8 @@ def policy_ranking(table: pl.DataFrame, confirmed: pl.DataFrame | None = None, t
     if table.is_empty():
         no_data(axes[0][0], "no policy was replayed")
         return fig
-    colours = _policy_colours(table["policy"].unique(maintain_order=True).to_list())
+    cmap = plt.get_cmap("tab10")  # one colour per policy, in order of appearance
+    colours = {name: cmap(i % 10) for i, name in enumerate(table["policy"].unique(maintain_order=True).to_list())}
     _ranking_panel(axes[0][0], table, colours)
     if confirmed is not None:
         if confirmed.is_empty():
