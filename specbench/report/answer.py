@@ -22,6 +22,7 @@ from specbench.bench.sweep_summary import summarize_sweep
 from specbench.cost.breakeven import break_even_acceptance, break_even_band
 from specbench.cost.profile import Profile
 from specbench.report import cost_models
+from specbench.report.verdicts.notebooks import SummaryRow
 
 #: Where the sweep keeps its runs in a report folder.
 SWEEP_RUNS = Path("draft_length_sweep") / "tables" / "runs.parquet"
@@ -104,16 +105,16 @@ def answer_cells(
     modes = drafted["verify_mode"].unique().to_list() if "verify_mode" in drafted.columns else []
     mode = modes[0] if len(modes) == 1 else "exact"
     cells = []
-    for row in summary.iter_rows(named=True):
-        low, high, speedup = row.get("speedup_low"), row.get("speedup_high"), float(row["speedup"])
+    for row in SummaryRow.rows(summary):
+        low, high = row.speedup_low, row.speedup_high
+        speedup = math.nan if row.speedup is None else float(row.speedup)
         if low is not None and high is not None and math.isfinite(speedup):
             low, high = min(low, speedup), max(high, speedup)
-        verifies = row.get("verifies") or 0
-        k = round(row["drafted"] / verifies) if verifies else None
-        acceptance = row["accepted"] / row["drafted"] if row.get("drafted") else None
+        k = round((row.drafted or 0) / row.verifies) if row.verifies else None
+        acceptance = (row.accepted or 0) / row.drafted if row.drafted else None
         a_star, band, never = None, None, False
         if profile is not None and k and mode in profile.costs:
-            d = (drafter_costs or {}).get(row["drafter"], 0.0)
+            d = (drafter_costs or {}).get(str(row.drafter), 0.0)
             value = float(break_even_acceptance(profile, d, k, mode)[k - 1])
             a_star, never = (None, True) if math.isnan(value) else (value, False)
             bounds = break_even_band(profile, d, k, mode)
@@ -121,30 +122,28 @@ def answer_cells(
                 ends = [float(b[k - 1]) for b in bounds]
                 band = None if any(math.isnan(e) for e in ends) else (min(ends), max(ends))
         mine = drafted.filter(
-            (pl.col("drafter") == row["drafter"])
-            & (pl.col("category") == row["category"])
-            & (pl.col("policy") == row["policy"])
+            (pl.col("drafter") == row.drafter) & (pl.col("category") == row.category) & (pl.col("policy") == row.policy)
         )
         reasons = [r for r in (mine["main_reason"] if "main_reason" in mine.columns else []) if r]
         cells.append(
             Cell(
-                drafter=row["drafter"],
-                kind=row["category"],
-                policy=row["policy"],
+                drafter=str(row.drafter),
+                kind=str(row.category),
+                policy=str(row.policy),
                 speedup=speedup,
                 low=low,
                 high=high,
-                pairs=int(row.get("pairs") or 0),
-                prompts=int(row.get("prompts") or 0),
-                tokens_per_verify=row.get("tokens_per_verify"),
+                pairs=int(row.pairs or 0),
+                prompts=int(row.prompts or 0),
+                tokens_per_verify=row.tokens_per_verify,
                 acceptance=acceptance,
                 k=k,
                 break_even=a_star,
                 band=band,
-                verdict=verdict_of(low, high, int(row.get("pairs") or 0)),
+                verdict=verdict_of(low, high, int(row.pairs or 0)),
                 never_pays=never,
                 reason=min(set(reasons), key=lambda r: (-reasons.count(r), r)) if reasons else "",
-                level=float(row.get("level") or 0.95),
+                level=float(row.level or 0.95),
             )
         )
     return cells

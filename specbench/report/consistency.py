@@ -54,12 +54,12 @@ def statements(out: str | Path) -> list[Statement]:
         for key, value in (summary.get("values") or {}).items():
             match = _KEY.match(str(key))
             if match and isinstance(value, (int, float)) and math.isfinite(value):
-                quantity = f"{match['quantity']}({match['w']})"
-                found.append(Statement(page, match["model"], quantity, float(value)))
+                model, quantity, w = match.group("model", "quantity", "w")
+                found.append(Statement(page, model, f"{quantity}({w})", float(value)))
         for match in _VERDICT.finditer(str(summary.get("verdict") or "")):
-            text = match["value"]
+            quantity, w, text = match.group("quantity", "w", "value")
             rounding = 0.5 * 10.0 ** -len(text.partition(".")[2])
-            found.append(Statement(page, "", f"{match['quantity']}({match['w']})", float(text), rounding))
+            found.append(Statement(page, "", f"{quantity}({w})", float(text), rounding))
     return found
 
 

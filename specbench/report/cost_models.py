@@ -1,11 +1,8 @@
 """The report's cost models: measured once, before its notebooks, so that every page plans with the same c(w).
 
-Each model a page plans with (every notebook's ``model`` and the break-even page's ``dense_model``) gets its cost
-model (``specbench.cost.cost_model``) by the protocol the break-even page's parameters give (``protocol_of``): read
-from the store while current, else measured, on rank 0 alone under ``mlx.launch`` and stored on every rank. The
-pages then read it through ``profile_for`` (what Auto, the predictions and the policy rankings use) or measure by the
-same protocol, which reads the same stored profile. ``cost_model.json`` in the report folder names each one: when it
-was measured, how long it took, under what load, and whether it is noisy.
+``prepare`` measures (or reads from the store) the cost model of each model a page plans with, by the protocol the
+break-even page's parameters give (``protocol_of``); the pages read it through ``profile_for``. ``cost_model.json``
+in the report folder names each one: when it was measured, how long it took, under what load, and whether it is noisy.
 """
 
 from __future__ import annotations

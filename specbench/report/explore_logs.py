@@ -7,7 +7,7 @@ sweep measured where it ran the same choice, and the output coloured by token so
 
     recordings = load_recordings("smollm2-135m", model, tokenizer, output_dir)
     result = replay(recordings, Choice("lookup", k=4, policy="fixed"))
-    result.row()["predicted_speedup"]; positions_figure(result); grid(recordings, "lookup", "", [1, 2, 4])
+    result.row().predicted_speedup; positions_figure(result); grid(recordings, "lookup", "", [1, 2, 4])
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import polars as pl
@@ -24,6 +24,7 @@ from specbench.bench.positions import per_position_acceptance
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.verify import check_verify_mode
 from specbench.cost import Profile, drafter_cost, predicted_speedup, profile_for
 from specbench.report import recorded
 from specbench.report.render import coloured_html, legend_html
@@ -33,21 +34,29 @@ from specbench.simulate.simulate import Recorded, model_free_drafter, model_free
 POLICIES = ("fixed", "adaptive", "auto")
 #: The prompt choice that stands for every recorded prompt.
 EVERY_PROMPT = ""
-#: Columns of a choice's row (``Replay.row``) in the order tables show them.
-ROW_COLUMNS = (
-    "drafter",
-    "policy",
-    "k",
-    "prompts",
-    "tokens",
-    "verifies",
-    "drafted",
-    "accepted",
-    "tokens_per_verify",
-    "acceptance_rate",
-    "predicted_speedup",
-    "measured_speedup",
-)
+
+
+@dataclass(frozen=True)
+class ReplayRow:
+    """A replayed choice's numbers (``Replay.row``), a row of ``grid``'s table; the rates are None where nothing
+    was verified."""
+
+    drafter: str
+    policy: str
+    k: int
+    prompts: int
+    tokens: int
+    verifies: int
+    drafted: int
+    accepted: int
+    tokens_per_verify: float | None
+    acceptance_rate: float | None
+    predicted_speedup: float | None
+    measured_speedup: float | None
+
+
+#: Columns of ``grid``'s table, in the order it shows them.
+ROW_COLUMNS = tuple(f.name for f in fields(ReplayRow))
 
 
 @dataclass(frozen=True)
@@ -104,24 +113,24 @@ class Recordings:
 
     def prompt_choices(self) -> list[tuple[str, str]]:
         """(label, value) of every prompt choice: every prompt, each category of several, each prompt."""
-        rows = self.outputs.to_dicts()
+        rows = recorded.output_rows(self.outputs)
         choices = [(f"every recorded prompt ({len(rows)})", EVERY_PROMPT)]
         counts = self.outputs.group_by("category", maintain_order=True).len()
         choices += [(f"category {c} ({n} prompts)", c) for c, n in counts.iter_rows() if n > 1]
         for row in rows:
-            text = " ".join(str(row["text"]).split())
+            text = " ".join(row.text.split())
             short = text if len(text) <= 48 else text[:47] + "…"
-            choices.append((f"{row['id']} · {row['category']}: {short}", row["id"]))
+            choices.append((f"{row.id} · {row.category}: {short}", row.id))
         return choices
 
-    def select(self, prompt: str) -> pl.DataFrame:
+    def select(self, prompt: str) -> list[recorded.RecordedOutput]:
         """The recorded outputs a prompt choice stands for: every one, the prompt of that id, or a category's."""
         if prompt == EVERY_PROMPT:
-            return self.outputs
+            return recorded.output_rows(self.outputs)
         for column in ("id", "category"):
             rows = self.outputs.filter(pl.col(column) == prompt)
             if not rows.is_empty():
-                return rows
+                return recorded.output_rows(rows)
         known = ", ".join(repr(v) for _, v in self.prompt_choices()[1:])
         raise ValueError(f"prompt {prompt!r} is neither a recorded prompt's id nor a category: pick one of {known}")
 
@@ -143,25 +152,6 @@ class Recordings:
             else "the stored profile"
         )
         return f"{text}; priced by {kind} of {self.profile.device} ({shown})"
-
-
-def _outputs_frame(prompts: list[Any], requests: list[Recorded], model: str, max_tokens: int, verify: str):
-    rows = [
-        {
-            "id": str(p.id),
-            "category": p.category,
-            "text": p.text,
-            "prompt": list(r.prompt),
-            "output": list(r.output),
-            "finish_reason": r.finish_reason,
-            "model": model,
-            "max_tokens": max_tokens,
-            "verify": verify,
-            "source": "explorer",
-        }
-        for p, r in zip(prompts, requests)
-    ]
-    return pl.DataFrame(rows, schema=recorded.OUTPUTS_SCHEMA)
 
 
 def load_recordings(
@@ -188,7 +178,11 @@ def load_recordings(
         prompts = prompts_from("bundled", tokenizer, list(categories or []) or None, 1)
         options = GenerateOptions(max_tokens=max_tokens, verify=verify or None)
         requests = record(model, [p.ids for p in prompts], options, tokenizer)
-        outputs = _outputs_frame(prompts, requests, model_name, max_tokens, verify or "")
+        found = [
+            recorded.RecordedOutput.of(p, r.output, r.finish_reason, model_name, max_tokens, verify or "", "explorer")
+            for p, r in zip(prompts, requests)
+        ]
+        outputs = recorded.outputs_frame(found)
         recorded.write_outputs(output_dir, outputs)
     outputs = outputs.sort("max_tokens", descending=True).unique("id", keep="first").sort("category", "id")
     profile = profile_for(model, mode)
@@ -210,37 +204,32 @@ class Replay:
     measured_speedup: float | None
     drafter_cost: float = 0.0
 
-    def row(self) -> dict[str, Any]:
-        """The choice's numbers as one row (``ROW_COLUMNS``); the rates are None where nothing was verified."""
+    def row(self) -> ReplayRow:
+        """The choice's numbers as one row."""
         verified = bool(self.stats["verifies"])
-        values = {
-            "drafter": self.choice.drafter,
-            "policy": self.choice.policy,
-            "k": self.choice.k,
-            "prompts": len(self.prompts),
-            "predicted_speedup": self.predicted_speedup,
-            "measured_speedup": self.measured_speedup,
-            **self.stats,
-            "tokens_per_verify": self.stats["tokens_per_verify"] if verified else None,
-            "acceptance_rate": self.stats["acceptance_rate"] if verified else None,
-        }
-        return {column: values[column] for column in ROW_COLUMNS}
+        values: dict[str, Any] = {c: self.stats[c] for c in ("tokens", "verifies", "drafted", "accepted")}
+        values |= {c: self.stats[c] if verified else None for c in ("tokens_per_verify", "acceptance_rate")}
+        values |= {"predicted_speedup": self.predicted_speedup, "measured_speedup": self.measured_speedup}
+        return ReplayRow(self.choice.drafter, self.choice.policy, self.choice.k, len(self.prompts), **values)
 
     def records_of(self, prompt: str) -> list[StepRecord]:
         """The step records of one replayed prompt."""
         return [r for r in self.log.records if r.labels["prompt"] == prompt]
 
 
-def _measured(recordings: Recordings, rows: pl.DataFrame, choice: Choice, policy: DraftPolicy) -> float | None:
+def _measured(
+    recordings: Recordings, rows: list[recorded.RecordedOutput], choice: Choice, policy: DraftPolicy
+) -> float | None:
     """The mean speedup the report's sweep measured for this drafter and policy over these prompts (the run
     recorded with the same model, prompt ids and options: greedy, seed 0, as the sweep runs them), or None unless it
     ran every one of them."""
     if choice.policy == "auto":  # the sweep's auto chose its own longest draft; this one drafts at most k
         return None
     speedups = []
-    for row in rows.iter_rows(named=True):
-        options = GenerateOptions(max_tokens=int(row["max_tokens"]), seed=0, verify=row["verify"] or None)
-        key = recorded.generation_key(recordings.model, row["prompt"], choice.drafter, policy.name, options)
+    for row in rows:
+        verify = check_verify_mode(row.verify) if row.verify else None
+        options = GenerateOptions(max_tokens=row.max_tokens, seed=0, verify=verify)
+        key = recorded.generation_key(recordings.model, row.prompt, choice.drafter, policy.name, options)
         found = recorded.find(recordings.output_dir, key)
         if found is None or found.row.get("speedup") is None:
             return None
@@ -256,14 +245,14 @@ def replay(recordings: Recordings, choice: Choice) -> Replay:
     rows = recordings.select(choice.prompt)
     log = StepLog()
     prompts = []
-    for row in rows.iter_rows(named=True):
-        request = Recorded(list(row["prompt"]), list(row["output"]), row["finish_reason"], row["id"])
+    for row in rows:
+        request = Recorded(row.prompt, row.output, row.finish_reason, row.id)
         options = GenerateOptions(max_tokens=len(request.output), verify=recordings.verify)
         drafter = model_free_drafter(choice.drafter, choice.k)
         steps = simulate([request], drafter, choice.draft_policy(), options, cost=recordings.profile)
         for r in steps.records:
-            log.append(r.labelled(prompt=row["id"], category=row["category"]))
-        prompts.append(row["id"])
+            log.append(r.labelled(prompt=row.id, category=row.category))
+        prompts.append(row.id)
     frame = log.to_polars()
     positions = per_position_acceptance(frame, ("drafter",), unit="prompt")
     d = drafter_cost(model_free_drafter(choice.drafter, choice.k), recordings.profile)
@@ -294,7 +283,7 @@ def grid(
         if policy == "auto" and recordings.profile is None:
             continue
         for k in sorted(set(ks)):
-            rows.append(replay(recordings, Choice(drafter, k, policy, prompt)).row())
+            rows.append(asdict(replay(recordings, Choice(drafter, k, policy, prompt)).row()))
     schema = {c: pl.Float64 for c in ("tokens_per_verify", "acceptance_rate", "predicted_speedup", "measured_speedup")}
     return pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None)
 
@@ -305,8 +294,8 @@ def best_predicted(table: pl.DataFrame) -> str:
     drafted = table.filter((pl.col("verifies") > 0) & pl.col("predicted_speedup").is_not_null())
     if drafted.is_empty():
         return "none (no choice verified a draft)"
-    best = drafted.sort("predicted_speedup", descending=True, maintain_order=True).row(0, named=True)
-    return f"{best['policy']} k={best['k']}: {best['predicted_speedup']:.2f}x"
+    best = ReplayRow(**drafted.sort("predicted_speedup", descending=True, maintain_order=True).row(0, named=True))
+    return f"{best.policy} k={best.k}: {best.predicted_speedup:.2f}x"
 
 
 # -- what the explorer shows -----------------------------------------------------------------------------------------
@@ -315,16 +304,15 @@ def best_predicted(table: pl.DataFrame) -> str:
 def choice_html(result: Replay, recordings: Recordings) -> str:
     """The choice's numbers as a small HTML table, with what the predicted speedup rests on."""
     row = result.row()
-    stats = result.stats
     cells = [
-        ("choice", f"{row['drafter']}, {result.choice.policy_name}"),
-        ("prompts replayed", str(row["prompts"])),
-        ("tokens", str(row["tokens"])),
-        ("verifications", str(row["verifies"])),
-        ("tokens per verification", f"{row['tokens_per_verify']:.2f}" if row["verifies"] else "no verification"),
-        ("drafted tokens accepted", f"{row['acceptance_rate']:.0%} of {row['drafted']}" if row["drafted"] else "none"),
-        ("#MAT (tokens per forward)", f"{stats['mean_accepted_tokens']:.2f}"),
-        ("pauses (plain steps the policy chose)", str(stats["pauses"])),
+        ("choice", f"{row.drafter}, {result.choice.policy_name}"),
+        ("prompts replayed", str(row.prompts)),
+        ("tokens", str(row.tokens)),
+        ("verifications", str(row.verifies)),
+        ("tokens per verification", f"{row.tokens_per_verify:.2f}" if row.verifies else "no verification"),
+        ("drafted tokens accepted", f"{row.acceptance_rate:.0%} of {row.drafted}" if row.drafted else "none"),
+        ("#MAT (tokens per forward)", f"{result.stats['mean_accepted_tokens']:.2f}"),
+        ("pauses (plain steps the policy chose)", str(result.stats["pauses"])),
     ]
     if result.predicted_speedup is not None and recordings.profile is not None:
         cells.append(
@@ -339,7 +327,7 @@ def choice_html(result: Replay, recordings: Recordings) -> str:
     if measured is None:
         cells.append(("measured by the sweep", "not run by the sweep"))
     else:
-        cells.append((f"measured by the sweep (mean of {row['prompts']} paired runs)", f"{measured:.2f}x"))
+        cells.append((f"measured by the sweep (mean of {row.prompts} paired runs)", f"{measured:.2f}x"))
     body = "".join(
         f"<tr><td style='text-align:left;padding-right:1em'>{html.escape(k)}</td>"
         f"<td style='text-align:right'>{html.escape(v)}</td></tr>"
@@ -350,13 +338,13 @@ def choice_html(result: Replay, recordings: Recordings) -> str:
 
 def coloured_outputs(result: Replay, recordings: Recordings, max_height: str | None = "12em") -> str:
     """Each replayed prompt's output, every token on the background of its source (one legend above all)."""
-    by_id = {row["id"]: row for row in recordings.outputs.iter_rows(named=True)}
+    by_id = {row.id: row for row in recorded.output_rows(recordings.outputs)}
     parts = [legend_html()]
     for prompt in result.prompts:
         row = by_id[prompt]
         steps = result.records_of(prompt)
         verifies = sum(1 for r in steps if r.kind == "verify")
-        head = f"{prompt} · {row['category']}: {len(row['output'])} tokens, {verifies} verifications"
+        head = f"{prompt} · {row.category}: {len(row.output)} tokens, {verifies} verifications"
         parts.append(f"<div style='margin-top:6px;font-size:0.85em'><b>{html.escape(head)}</b></div>")
         parts.append(coloured_html(steps, recordings.tokenizer, legend=False, max_height=max_height))
     return "".join(parts)

@@ -58,7 +58,21 @@ def figure_png(figure: Any) -> bytes:
     return buffer.getvalue()
 
 
-class Explorer:
+class _Widget:
+    """Shown in a notebook as its ``widget``."""
+
+    widget: Any
+
+    def show(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    def _ipython_display_(self) -> None:
+        self.show()
+
+
+class Explorer(_Widget):
     """ipywidgets controls with live coloured output, generation stats and a per-step plot.
 
     ``models``: names for ``specbench.models.load.load`` (loaded on first use and kept), or a
@@ -125,14 +139,6 @@ class Explorer:
             ]
         )
         self.widget = w.VBox([controls, self.text, w.HBox([self.stats, self.plot])])
-
-    def show(self):
-        from IPython.display import display
-
-        display(self.widget)
-
-    def _ipython_display_(self):
-        self.show()
 
     def _load(self, name: str) -> tuple[Any, Any]:
         if name not in self.loaded:
@@ -220,7 +226,7 @@ class Explorer:
         plt.close(self.figure)
 
 
-class LogExplorer:
+class LogExplorer(_Widget):
     """ipywidgets controls (drafter, k, policy, prompt) over recorded outputs: every change replays the choice
     (``explore_logs.replay``, milliseconds: no model runs) and shows its numbers, its acceptance per draft position
     and its output coloured by token source. ``replay`` holds the choice shown."""
@@ -278,11 +284,3 @@ class LogExplorer:
         self.plot.value = figure_png(figure)
         plt.close(figure)
         return result
-
-    def show(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
-
-    def _ipython_display_(self) -> None:
-        self.show()

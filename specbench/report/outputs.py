@@ -59,19 +59,27 @@ class Outputs:
         self.values: dict[str, Any] = {}
         self.verdict_text = ""
         self.skipped: dict[str, str] = {}
-        self.files: dict[str, list[str]] = {"figures": [], "logs": [], "tables": []}
+        #: The files written so far (paths relative to the report folder).
+        self.figures: list[str] = []
+        self.logs: list[str] = []
+        self.tables: list[str] = []
         #: Per figure name, what it breaks of the report's rules (``figures.checks.figure_problems``).
         self.figure_problems: dict[str, list[str]] = {}
 
     def _relative(self, path: Path) -> str:
         return str(path.relative_to(self.folder.parent)) if self.folder else str(path)
 
+    def _keep(self, files: list[str], path: Path) -> Path:
+        files.append(self._relative(path))
+        self._save_summary()
+        return path
+
     def _save_summary(self) -> None:
         if self.folder is None:
             return
         data = {"notebook": self.notebook, "verdict": self.verdict_text, "values": self.values, "skipped": self.skipped}
-        data["figure_problems"] = self.figure_problems
-        data.update(self.files)
+        data |= {"figure_problems": self.figure_problems, "figures": self.figures, "logs": self.logs}
+        data |= {"tables": self.tables}
         write_text_atomic(self.folder / "summary.json", json.dumps(data, indent=1, default=str))
 
     def figure(self, fig: Any, name: str, show: bool = True) -> None:
@@ -89,8 +97,7 @@ class Outputs:
         if self.folder is not None:
             path = self.folder / "figures" / f"{safe_name(name)}.png"
             png = save_figure(fig, path, dpi=FIGURE_DPI, svg=True, close=False)
-            self.files["figures"].append(self._relative(png))
-            self._save_summary()
+            self._keep(self.figures, png)
         if show and in_ipython():
             from IPython.display import display
 
@@ -106,18 +113,14 @@ class Outputs:
             log.save(path)
         else:
             write_parquet_atomic(log, path)
-        self.files["logs"].append(self._relative(path))
-        self._save_summary()
-        return path
+        return self._keep(self.logs, path)
 
     def table(self, frame: Any, name: str) -> Path | None:
         """Save a polars frame as tables/NAME.parquet."""
         if self.folder is None:
             return None
         path = write_parquet_atomic(frame, self.folder / "tables" / f"{safe_name(name)}.parquet")
-        self.files["tables"].append(self._relative(path))
-        self._save_summary()
-        return path
+        return self._keep(self.tables, path)
 
     def summary(self, **values: Any) -> None:
         """Key results shown in the report's index (numbers, short strings; NaN is stored as null)."""

@@ -1,17 +1,7 @@
-"""``specbench report`` spread over the ranks of ``mlx.launch``: each rank runs its share of the notebooks,
-and rank 0 ends with the report folder a single run writes.
-
-Rank 0's folder decides: the notebooks it finds finished stay with it (they are not run again), and the
-rest are split over the ranks by their expected seconds (``notebooks_here``). Every rank runs its share
-into its own ``--out`` (the same folder on one host, a folder per machine across machines), each notebook
-written atomically as in a local run, so an interrupted run resumes. At the end (``merge_ranks``) rank 0
-receives, through ``mx.distributed``, the files of every other rank's notebooks that its folder lacks or
-holds otherwise (none when the ranks share the folder), and every rank gets all the results; rank 0 then
-writes the index from all of them.
-
-Papermill's kernels run in a world of one (``distributed.detach_children``); on a host with several
-GPUs each rank's kernels use the rank's GPU, the one ``CUDA_VISIBLE_DEVICES`` names (``mlx.launch
---backend nccl`` sets it per rank).
+"""``specbench report`` spread over the ranks of ``mlx.launch``: each rank runs its share of the notebooks
+(``notebooks_here``) into its own ``--out``, and rank 0 ends with the report folder a single run writes
+(``merge_ranks``). Papermill's kernels run in a world of one (``distributed.detach_children``), each on its rank's
+GPU where there are several (``CUDA_VISIBLE_DEVICES``, set per rank by ``mlx.launch --backend nccl``).
 """
 
 from __future__ import annotations

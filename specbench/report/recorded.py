@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +34,47 @@ from specbench.core.rules import TokenRule
 FOLDER = "recorded"
 #: The table (in ``FOLDER``) of plain greedy outputs with their prompts' ids, one row per model, prompt and length.
 OUTPUTS_FILE = "outputs.parquet"
-#: Its columns: ``simulate.load_recorded``'s (id, prompt, output, finish_reason) and where each output came from.
-OUTPUTS_SCHEMA = {
-    "id": pl.Utf8,
-    "category": pl.Utf8,
-    "text": pl.Utf8,
-    "prompt": pl.List(pl.Int64),
-    "output": pl.List(pl.Int64),
-    "finish_reason": pl.Utf8,
-    "model": pl.Utf8,
-    "max_tokens": pl.Int64,
-    "verify": pl.Utf8,
-    "source": pl.Utf8,
-}
+
+
+@dataclass(frozen=True)
+class RecordedOutput:
+    """A row of ``OUTPUTS_FILE``: ``simulate.load_recorded``'s (id, prompt, output, finish_reason) and where the
+    output came from."""
+
+    id: str
+    category: str
+    text: str
+    prompt: list[int]
+    output: list[int]
+    finish_reason: str
+    model: str
+    max_tokens: int
+    verify: str
+    source: str
+
+    @classmethod
+    def of(cls, prompt: Any, output: Sequence[int], *rest: Any) -> RecordedOutput:
+        """The output of a ``Prompt``; ``rest``: the fields after ``output``."""
+        return cls(
+            str(prompt.id), prompt.category, prompt.text, [int(t) for t in prompt.ids], [int(t) for t in output], *rest
+        )
+
+
+_POLARS = {"str": pl.Utf8, "int": pl.Int64, "list[int]": pl.List(pl.Int64)}
+#: The columns of ``OUTPUTS_FILE``.
+OUTPUTS_SCHEMA = {f.name: _POLARS[str(f.type)] for f in fields(RecordedOutput)}
+
+
+def outputs_frame(outputs: Sequence[RecordedOutput]) -> pl.DataFrame:
+    """``outputs`` as rows of ``OUTPUTS_SCHEMA``."""
+    return pl.DataFrame([asdict(o) for o in outputs], schema=OUTPUTS_SCHEMA)
+
+
+def output_rows(frame: pl.DataFrame) -> list[RecordedOutput]:
+    """The rows of a frame of ``OUTPUTS_SCHEMA``."""
+    return [RecordedOutput(**row) for row in frame.select(list(OUTPUTS_SCHEMA)).iter_rows(named=True)]
+
+
 #: Columns a sweep adds to each step record (which run, prompt and sampling settings it belongs to).
 _SWEEP_COLUMNS = ("run", "prompt", "category", "temperature", "seed")
 #: A generation's stats (``Generation.stats()`` keys) that a sweep's row holds.
@@ -224,22 +252,11 @@ def record_outputs(
         if prompt is None:
             continue
         steps = sweep.steps.filter(pl.col("run") == row["run"]).sort("step")
-        output = [int(t) for tokens in steps["tokens"].to_list() for t in (tokens or [])]
+        output = [t for tokens in steps["tokens"].to_list() for t in (tokens or [])]
         rows.append(
-            {
-                "id": str(prompt.id),
-                "category": prompt.category,
-                "text": prompt.text,
-                "prompt": [int(t) for t in prompt.ids],
-                "output": output,
-                "finish_reason": row["finish_reason"],
-                "model": model,
-                "max_tokens": int(max_tokens),
-                "verify": verify or "",
-                "source": source,
-            }
+            RecordedOutput.of(prompt, output, row["finish_reason"], model, int(max_tokens), verify or "", source)
         )
-    return write_outputs(output_dir, pl.DataFrame(rows, schema=OUTPUTS_SCHEMA))
+    return write_outputs(output_dir, outputs_frame(rows))
 
 
 def write_outputs(output_dir: str | os.PathLike | None, outputs: pl.DataFrame) -> int:
@@ -313,16 +330,6 @@ def side_by_side(
     return both
 
 
-def _cell_keys(
-    model_name: str, prompt: Any, drafters: Sequence[str], policies: Sequence[Any], options: GenerateOptions
-):
-    """(drafter, policy, key) of a sweep cell's generations in run order: plain, then drafter x policy."""
-    keys = [("none", "none", generation_key(model_name, prompt.ids, "none", "none", options))]
-    for drafter in drafters:
-        keys += [(drafter, p.name, generation_key(model_name, prompt.ids, drafter, p.name, options)) for p in policies]
-    return keys
-
-
 def run_sweep(
     output_dir: str | os.PathLike | None,
     model_name: str,
@@ -354,9 +361,8 @@ def run_sweep(
         for t in temperatures:
             for seed in seeds:
                 options = GenerateOptions(max_tokens=max_tokens, temperature=float(t), seed=seed, verify=verify)
-                found = [
-                    find(output_dir, key) for _, _, key in _cell_keys(model_name, prompt, names, policies, options)
-                ]
+                order = [("none", "none"), *((d, p.name) for d in names for p in policies)]  # the sweep's run order
+                found = [find(output_dir, generation_key(model_name, prompt.ids, d, p, options)) for d, p in order]
                 whole = all(f is not None for f in found)
                 cells[prompt.id, float(t), seed] = [(f.row, f.log.frame) for f in found] if whole else None
     missing = {(t, seed) for (_, t, seed), cell in cells.items() if cell is None}

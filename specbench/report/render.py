@@ -22,7 +22,8 @@ COUNT_STATS = ("tokens", "finish_reason", "steps", "verifies", "drafted", "accep
 RATE_STATS = ("acceptance_rate", "mean_accepted_tokens", "tokens_per_verify", "decode_tokens_per_s", "prefill_s")
 
 
-def _records(log: Any) -> list[StepRecord]:
+def step_records(log: Any) -> list[StepRecord]:
+    """The step records of a Generation, a StepLog, a polars frame of steps or a list of records."""
     if hasattr(log, "log"):  # a Generation
         log = log.log
     if hasattr(log, "records"):
@@ -40,7 +41,7 @@ def token_sources(log: Any) -> list[tuple[int, str, int]]:
     tokens it emitted.
     """
     out: list[tuple[int, str, int]] = []
-    for record in _records(log):
+    for record in step_records(log):
         tokens = list(record.tokens or [])
         if record.kind == "verify":
             accepted = int(record.accepted)

@@ -85,11 +85,6 @@ def expected_seconds(profile: str, name: str, previous: dict[str, Any] | None = 
     return EXPECTED_SECONDS.get(profile, {}).get(name)
 
 
-def notebooks_dir() -> Path:
-    """The notebooks/ folder of the source tree."""
-    return PROJECT_ROOT / "notebooks"
-
-
 # -- parameters --------------------------------------------------------------------------------
 
 
@@ -355,7 +350,7 @@ def run_report(
     """Execute the notebooks into ``out`` (default ``reports/PROFILE``) and write its index.html."""
     import papermill
 
-    folder = Path(notebooks) if notebooks else notebooks_dir()
+    folder = Path(notebooks) if notebooks else PROJECT_ROOT / "notebooks"  # the source tree's
     names = list(only) if only else [n for n in NOTEBOOKS if n not in ON_REQUEST]  # the others when named
     names.sort(key=lambda n: n not in RUN_FIRST)  # run first what later notebooks show (the index keeps its order)
     unknown = [n for n in names if n not in NOTEBOOKS]

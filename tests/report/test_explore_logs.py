@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import polars as pl
 import pytest
 from conftest import build_tiny
@@ -70,12 +72,12 @@ def test_a_choice_gives_the_numbers_worked_out_by_hand(recordings):
     steps = [(r.kind, r.k_drafted, r.accepted, r.verify_width) for r in result.log.records[1:]]
     assert steps == [("verify", 4, 4, 5), ("verify", 3, 2, 4), ("plain", 0, 0, 1)]
     row = result.row()
-    assert list(row) == list(ROW_COLUMNS)
-    assert (row["tokens"], row["verifies"], row["drafted"], row["accepted"]) == (10, 2, 7, 6)
-    assert row["tokens_per_verify"] == pytest.approx(4.0)
-    assert row["acceptance_rate"] == pytest.approx(6 / 7)
-    assert row["predicted_speedup"] == pytest.approx(9 / (3.0 + 2.5 + 1.0))  # decode tokens / c(5) + c(4) + c(1)
-    assert row["measured_speedup"] is None
+    assert list(asdict(row)) == list(ROW_COLUMNS) == grid(recordings, "lookup", "copy", [4]).columns
+    assert (row.tokens, row.verifies, row.drafted, row.accepted) == (10, 2, 7, 6)
+    assert row.tokens_per_verify == pytest.approx(4.0)
+    assert row.acceptance_rate == pytest.approx(6 / 7)
+    assert row.predicted_speedup == pytest.approx(9 / (3.0 + 2.5 + 1.0))  # decode tokens / c(5) + c(4) + c(1)
+    assert row.measured_speedup is None
     positions = result.positions.sort("position")
     assert positions["reached"].to_list() == [2, 2, 2, 1]
     assert positions["accepted"].to_list() == [2, 2, 1, 1]
@@ -83,14 +85,14 @@ def test_a_choice_gives_the_numbers_worked_out_by_hand(recordings):
 
 def test_the_draft_length_and_the_prompt_change_the_result(recordings):
     short = replay(recordings, Choice("lookup", 2, "fixed", "copy")).row()
-    assert (short["verifies"], short["accepted"]) == (3, 5)
-    assert short["predicted_speedup"] == pytest.approx(9 / (3 * 2.0 + 1.0))  # three of c(3) = 2, one of c(1)
+    assert (short.verifies, short.accepted) == (3, 5)
+    assert short.predicted_speedup == pytest.approx(9 / (3 * 2.0 + 1.0))  # three of c(3) = 2, one of c(1)
     novel = replay(recordings, Choice("lookup", 4, "fixed", "qa")).row()  # a category: its one prompt
-    assert novel["verifies"] == 0 and novel["tokens_per_verify"] is None and novel["acceptance_rate"] is None
-    assert novel["predicted_speedup"] == pytest.approx(1.0)
+    assert novel.verifies == 0 and novel.tokens_per_verify is None and novel.acceptance_rate is None
+    assert novel.predicted_speedup == pytest.approx(1.0)
     both = replay(recordings, Choice("lookup", 4, "fixed", EVERY_PROMPT))
-    assert both.prompts == ["copy", "novel"] and both.row()["tokens"] == 14
-    assert both.row()["predicted_speedup"] == pytest.approx(12 / (6.5 + 3.0))
+    assert both.prompts == ["copy", "novel"] and both.row().tokens == 14
+    assert both.row().predicted_speedup == pytest.approx(12 / (6.5 + 3.0))
 
 
 def test_a_grid_covers_every_policy_and_k_and_its_figures_pass_the_checks(recordings):
@@ -146,8 +148,8 @@ def test_the_sweep_records_its_outputs_and_the_replay_matches_its_runs(tmp_path)
     recordings = Recordings(outputs, "tiny", "exact", PROFILE, output_dir=tmp_path)
     spec = result.runs.filter(pl.col("drafter") == "lookup").sort("prompt")
     for row in spec.iter_rows(named=True):
-        replayed = replay(recordings, Choice("lookup", 3, "fixed", row["prompt"]))
-        assert (replayed.stats["verifies"], replayed.stats["accepted"]) == (row["verifies"], row["accepted"])
+        replayed = replay(recordings, Choice("lookup", 3, "fixed", row["prompt"])).row()
+        assert (replayed.verifies, replayed.accepted) == (row["verifies"], row["accepted"])
         assert replayed.measured_speedup == pytest.approx(row["speedup"])
     every = replay(recordings, Choice("lookup", 3, "fixed"))
     assert every.measured_speedup == pytest.approx(spec["speedup"].mean())
@@ -170,9 +172,9 @@ def test_the_widgets_replay_each_choice(recordings):
     drawn = bytes(app.plot.value)
     assert drawn.startswith(b"\x89PNG")
     assert not any(isinstance(c, ipywidgets.Output) for c in _widgets(app.widget))  # see explorer.figure_png
-    assert app.replay.row()["verifies"] == 2 and "fixed:4" in app.table.value and "<span" in app.text.value
+    assert app.replay.row().verifies == 2 and "fixed:4" in app.table.value and "<span" in app.text.value
     app.k.value = 2
-    assert app.replay.choice == Choice("lookup", 2, "fixed", "copy") and app.replay.row()["verifies"] == 3
+    assert app.replay.choice == Choice("lookup", 2, "fixed", "copy") and app.replay.row().verifies == 3
     assert bytes(app.plot.value).startswith(b"\x89PNG") and bytes(app.plot.value) != drawn  # redrawn for the new choice
     app.prompt.value = EVERY_PROMPT
     assert app.replay.prompts == ["copy", "novel"]

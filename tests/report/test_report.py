@@ -563,7 +563,7 @@ def test_outputs_write_figures_logs_tables_and_summary(tmp_path, text_model, mon
     assert pl.read_parquet(tmp_path / data["logs"][0])["kind"].to_list()[0] == "prefill"
     silent = Outputs("", "demo")
     silent.figure(figures.step_timeline(gen), "steps")
-    assert silent.files["figures"] == [] and silent.log(gen.log, "x") is None
+    assert silent.figures == [] and silent.log(gen.log, "x") is None
 
 
 # -- parameters and the runner -------------------------------------------------------------------

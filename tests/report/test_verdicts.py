@@ -17,6 +17,7 @@ from specbench.cost import bandwidth
 from specbench.cost.profile import Profile
 from specbench.report import figures, verdicts
 from specbench.report.progress import Heartbeat, console
+from specbench.report.verdicts.notebooks import SummaryRow
 
 
 def _profile(name: str, costs: list[float], overhead: float = 0.0, device: str = "cpu:test") -> Profile:
@@ -436,8 +437,8 @@ def test_a_verification_costs_its_own_forward_not_the_whole_run():
     stats = StepLog(records).stats()
     assert stats["verify_s"] == 33.7 and stats["verification_s"] == 3.7
     row = {**stats, "plain_decode_s": 23.0, "plain_decode_tokens": 23}
-    assert abs(verdicts.verify_cost(row) - 3.7) < 1e-9
-    assert verdicts.verify_cost({**row, "verification_s": None}) is None  # a record from before the column
+    assert abs(verdicts.verify_cost(SummaryRow.of(row)) - 3.7) < 1e-9
+    assert verdicts.verify_cost(SummaryRow.of({**row, "verification_s": None})) is None  # from before the column
 
 
 def test_a_speed_verdict_states_its_intervals_level():
@@ -446,3 +447,53 @@ def test_a_speed_verdict_states_its_intervals_level():
     assert "95 % interval over pairs 1.20-1.80 of 9 pairs" in speed(1.5, 1.2, 1.8, 9, "pair")
     sequential = speed(1.5, 1.2, 1.8, 9, "pair", level=1 - 0.05 / 3)  # a sequential rule of 3 looks
     assert "98.3 % interval over pairs" in sequential and "95 %" not in sequential
+
+
+def test_replayed_logs_and_trees_are_said_per_drafter_in_order_of_appearance():
+    from types import SimpleNamespace
+
+    summary = pl.DataFrame(
+        {
+            "drafter": ["suffix", "lookup", "suffix", "lookup"],
+            "store": ["a", "b", "c", "d"],
+            "k": [4, 8, 2, 3],
+            "accepted_per_verify": [1.5, 2.0, 1.7, None],
+        }
+    )
+    text = verdicts.simulated_logs(SimpleNamespace(summary=summary, turns=5, traces=2))
+    assert "suffix 1.70 accepted tokens per verification (store c, k = 2); lookup 2.00 " in text
+    gain = pl.DataFrame(
+        {"drafter": ["b", "a", "b"], "ratio": [1.2, 0.9, 0.8], "tree": [2.0, 1.0, 3.0], "path": [1.5, 1.1, 3.5]}
+    )
+    assert verdicts.tree_vs_path(gain).endswith(
+        "b: the tree accepted more per verification in 1 of 2 cases (mean 2.50 vs 2.50 tokens for the path); "
+        "a: the tree accepted more per verification in 0 of 1 cases (mean 1.00 vs 1.10 tokens for the path)."
+    )
+
+
+def test_the_rules_verdict_names_the_best_lossless_rule_and_the_lossy_rules_shift():
+    summary = pl.DataFrame(
+        {
+            "temperature": [0.7, 0.7, 0.7, 1.0, 1.0],
+            "acceptance": ["token", "block", "typical (lossy)", "token", "block"],
+            "lossless": [True, True, False, True, True],
+            "tokens_per_verify": [1.5, 1.7, None, 1.2, 1.3],
+        }
+    )
+    shifts = pl.DataFrame(
+        {
+            "acceptance": ["token", "typical (lossy)"],
+            "temperature": [0.7, 0.7],
+            "tvd": [0.1, 0.3],
+            "tvd_low": [0.05, 0.2],
+            "tvd_high": [0.2, 0.4],
+            "tvd_noise": [0.15, 0.15],
+            "verdict": ["pass", "fail"],
+        }
+    )
+    text = verdicts.acceptance_rules(summary, summary.filter(pl.col("acceptance") == "block"), shifts)
+    assert "T = 0.7: block, 1.70 tokens per verification (token 1.50, typical (lossy) 0.00); T = 1: block" in text
+    assert text.endswith(
+        "typical (lossy) at T = 0.7 moves the token distribution by TVD 0.30 [0.20-0.40] (two samples of one "
+        "distribution differ by up to 0.15 here; the histogram test says fail)."
+    )

@@ -3,7 +3,8 @@
 A drafter keeps one colour in every figure and a model its family's (``COLOURS``); a policy
 family keeps one line style, a verify mode another. Each figure function takes polars frames
 (from ``specbench.bench.sweep``, a step log, trace results) or cost profiles and returns a
-Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``:
+Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``; the command line and scripts
+import ``batch_break_even``, ``bench`` and ``save_compare_figure`` from their modules:
 
 - ``steps``: ``step_timeline`` (one generation, step by step);
 - ``sweeps``: ``speedup_vs_k``, ``accepted_vs_k``, ``per_position``, ``category_speedups``,
@@ -20,9 +21,8 @@ Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``
 - ``compare``: ``compare_figure``, ``save_compare_figure`` (two runs side by side, each difference with its interval).
 """
 
-from specbench.report.figures.batch import batch_beside_reference, batch_break_even
-from specbench.report.figures.bench import prompt_figure, save_prompt_figure
-from specbench.report.figures.compare import compare_figure, save_compare_figure
+from specbench.report.figures.batch import batch_beside_reference
+from specbench.report.figures.compare import compare_figure
 from specbench.report.figures.components import component_stack, costs_by_length
 from specbench.report.figures.cost import break_even, break_even_map, measured_vs_predicted, verify_costs
 from specbench.report.figures.policies import policy_ranking
@@ -32,18 +32,10 @@ from specbench.report.figures.steps import step_timeline
 from specbench.report.figures.style import (
     COLOURS,
     DRAFTER_COLOURS,
-    DRAFTERS,
-    FAMILY_COLOURS,
-    MODE_STYLES,
-    MODEL_FAMILIES,
-    POLICY_MARKERS,
-    POLICY_STYLES,
     drafter_colour,
-    drafter_label,
     drafter_order,
     model_colours,
     model_family,
-    model_label,
     save_figure,
 )
 from specbench.report.figures.sweeps import (
@@ -59,24 +51,14 @@ from specbench.report.figures.traces import cumulative_saved, per_turn
 __all__ = [
     "batch_beside_reference",
     "break_even_map",
-    "batch_break_even",
     "beside_reference",
     "rule_positions",
     "rule_shifts",
     "rules_by_drafter",
     "rules_vs_temperature",
-    "prompt_figure",
-    "save_prompt_figure",
     "compare_figure",
-    "save_compare_figure",
     "COLOURS",
-    "DRAFTERS",
     "DRAFTER_COLOURS",
-    "FAMILY_COLOURS",
-    "MODEL_FAMILIES",
-    "MODE_STYLES",
-    "POLICY_MARKERS",
-    "POLICY_STYLES",
     "accepted_vs_k",
     "acceptance_vs_temperature",
     "break_even",
@@ -85,12 +67,10 @@ __all__ = [
     "costs_by_length",
     "cumulative_saved",
     "drafter_colour",
-    "drafter_label",
     "drafter_order",
     "measured_vs_predicted",
     "model_colours",
     "model_family",
-    "model_label",
     "per_position",
     "per_turn",
     "policy_ranking",

@@ -60,18 +60,8 @@ def prompt_figure(
     for i, m in enumerate(shown):
         rows = [cell.get((m.name, g), {}) for g in groups]
         values = np.array([r.get("speedup", np.nan) for r in rows], dtype=float)
-        style = method_style(m)
         centres = x - 0.4 + width * (i + 0.5)
-        ax.bar(
-            centres,
-            values,
-            width,
-            label=m.name,
-            color=style["color"],
-            hatch=style["hatch"],
-            edgecolor="0.2",
-            linewidth=0.5,
-        )
+        ax.bar(centres, values, width, label=m.name, edgecolor="0.2", linewidth=0.5, **method_style(m))
         bounds = [speedup_whisker(r, info.get("repeats", 1)) for r in rows]
         for kind, colour in (("interval", "0.1"), ("range", "0.55")):
             at = [j for j, b in enumerate(bounds) if b is not None and b[2] == kind and np.isfinite(values[j])]

@@ -7,7 +7,8 @@ family's colour (``model_colours``), a verify mode its line style.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -189,6 +190,26 @@ def break_even_map(
     return fig
 
 
+@dataclass(frozen=True)
+class _GridRun:
+    """A run of ``cost.speedup_grid`` as ``measured_vs_predicted`` reads it."""
+
+    name: str
+    mode: str
+    k: int
+    a: float
+    d: float
+    speedup: float
+    error_nominal: float
+    acceptance_measured: float | None = None
+    spec_s_per_token: float | None = None
+    predicted_spec_s_per_token: float | None = None
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> _GridRun:
+        return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in row})
+
+
 def measured_vs_predicted(
     rows: Sequence[dict[str, Any]],
     profiles: dict[str, Profile],
@@ -202,42 +223,42 @@ def measured_vs_predicted(
 
     ``rows`` are ``cost.speedup_grid`` records; ``profiles`` maps each row's ``name`` to its profile.
     """
-    modes = list(modes or dict.fromkeys(r["mode"] for r in rows))
-    rows = [r for r in rows if r["mode"] in modes]
-    names = list(dict.fromkeys(r["name"] for r in rows))
+    runs = [_GridRun.of(r) for r in rows]
+    modes = list(modes or dict.fromkeys(r.mode for r in runs))
+    runs = [r for r in runs if r.mode in modes]
+    names = list(dict.fromkeys(r.name for r in runs))
     if not names:
         raise ValueError(f"no grid rows in verify mode(s) {modes} to plot")
-    timed = all(r.get("predicted_spec_s_per_token") for r in rows)
+    timed = all(r.predicted_spec_s_per_token for r in runs)
     columns = len(names) + int(timed)
     fig, axes = plt.subplots(
         len(modes), columns, figsize=(5.4 * columns, 4.2 * len(modes)), squeeze=False, constrained_layout=True
     )
-    ks = sorted({r["k"] for r in rows})
+    ks = sorted({r.k for r in runs})
     cmap = plt.get_cmap("viridis")
     k_colour = {k: cmap(i / max(1, len(ks) - 1) * 0.9) for i, k in enumerate(ks)}
     a = np.linspace(0.0, 1.0, 101)
     for row_axes, mode in zip(axes, modes):
         for ax, name in zip(row_axes, names):
             p = profiles[name]
-            mine = [r for r in rows if r["name"] == name and r["mode"] == mode]
+            mine = [r for r in runs if r.name == name and r.mode == mode]
             if not mine:
                 ax.set_axis_off()
                 continue
             for k in ks:
-                cell = [r for r in mine if r["k"] == k]
+                cell = [r for r in mine if r.k == k]
                 if not cell:
                     continue
-                d = float(np.mean([r["d"] for r in cell]))
+                d = float(np.mean([r.d for r in cell]))
                 ax.plot(a, [speedup(x, k, p, d, mode) for x in a], color=k_colour[k], lw=1.2, label=f"k = {k}")
                 # each run at the acceptance it realized (the drafter's nominal one in grey: a drafter corrupting
                 # positions at 1 - a realizes more than a where a corrupted token happens to be the model's)
-                realized = [r.get("acceptance_measured", r["a"]) for r in cell]
-                ax.scatter([r["a"] for r in cell], [r["speedup"] for r in cell], color="0.7", marker="|", s=30)
-                ax.scatter(
-                    realized, [r["speedup"] for r in cell], color=k_colour[k], edgecolor="k", lw=0.5, s=28, zorder=3
-                )
+                realized = [r.a if r.acceptance_measured is None else r.acceptance_measured for r in cell]
+                measured = [r.speedup for r in cell]
+                ax.scatter([r.a for r in cell], measured, color="0.7", marker="|", s=30)
+                ax.scatter(realized, measured, color=k_colour[k], edgecolor="k", lw=0.5, s=28, zorder=3)
             ax.axhline(1.0, color="0.4", lw=0.8)
-            err = np.abs([r["error_nominal"] for r in mine])
+            err = np.abs([r.error_nominal for r in mine])
             error = f"|error| mean {100 * err.mean():.1f}%, max {100 * err.max():.1f}%"
             ax.set_title(f"{model_label(name)}, {mode} verify\n{error}", fontsize=10)
             ax.set_xlabel("per-position acceptance a, as each run realized it (grey ticks: the nominal a)")
@@ -250,18 +271,18 @@ def measured_vs_predicted(
             labels.append("measured")
             ax.legend(handles, labels, fontsize=8, loc="upper left", title="predicted S(k)", title_fontsize=8)
         if timed:
-            _time_panel(row_axes[-1], [r for r in rows if r["mode"] == mode], names, mode)
+            _time_panel(row_axes[-1], [r for r in runs if r.mode == mode], names, mode)
     fig.suptitle(title or "Measured speedup (points) vs break-even model (lines)")
     return fig
 
 
-def _time_panel(ax, rows: Sequence[dict[str, Any]], names: Sequence[str], mode: str) -> None:
+def _time_panel(ax, runs: Sequence[_GridRun], names: Sequence[str], mode: str) -> None:
     """Measured against predicted milliseconds per speculative token, a marker per model."""
     markers = "osD^v"
-    predicted = np.array([1e3 * r["predicted_spec_s_per_token"] for r in rows])
-    measured = np.array([1e3 * r["spec_s_per_token"] for r in rows])
+    predicted = 1e3 * np.array([r.predicted_spec_s_per_token for r in runs], dtype=float)
+    measured = 1e3 * np.array([r.spec_s_per_token for r in runs], dtype=float)
     for i, name in enumerate(names):
-        mine = [j for j, r in enumerate(rows) if r["name"] == name]
+        mine = [j for j, r in enumerate(runs) if r.name == name]
         ax.scatter(
             predicted[mine],
             measured[mine],

@@ -12,13 +12,8 @@ import numpy as np
 import polars as pl
 
 from specbench.report.figures.style import no_data
+from specbench.report.verdicts.policy_verdicts import Confirmed
 from specbench.simulate.policies import best_predicted
-
-
-def _policy_colours(policies: list[str]) -> dict[str, str]:
-    """One colour per policy, in the order given (tab10's)."""
-    cmap = plt.get_cmap("tab10")
-    return {name: cmap(i % 10) for i, name in enumerate(policies)}
 
 
 def _ranking_panel(ax, table: pl.DataFrame, colours: dict[str, str]) -> None:
@@ -48,26 +43,23 @@ def _ranking_panel(ax, table: pl.DataFrame, colours: dict[str, str]) -> None:
 
 def _confirmed_panel(ax, confirmed: pl.DataFrame, colours: dict[str, str]) -> None:
     """Measured against predicted speedup per confirmed policy, with the measured 95 % interval, y = x dashed."""
-    rows = confirmed.to_dicts()
-    values = [v for r in rows for v in (r["predicted_speedup"], r["measured_speedup"], r["measured_high"]) if v]
+    rows = Confirmed.rows(confirmed)
+    values = [v for r in rows for v in (r.predicted_speedup, r.measured_speedup, r.measured_high) if v]
     low, high = 0.0, 1.15 * max([1.0, *values])
     ax.plot([low, high], [low, high], color="0.5", ls="--", lw=0.9, label="measured = predicted")
     for r in rows:
-        interval = r["measured_low"] is not None and r["measured_high"] is not None
-        err = (
-            [[r["measured_speedup"] - r["measured_low"]], [r["measured_high"] - r["measured_speedup"]]]
-            if interval
-            else None
-        )
+        err = None
+        if r.measured_low is not None and r.measured_high is not None:
+            err = [[r.measured_speedup - r.measured_low], [r.measured_high - r.measured_speedup]]
         ax.errorbar(
-            [r["predicted_speedup"]],
-            [r["measured_speedup"]],
+            [r.predicted_speedup],
+            [r.measured_speedup],
             yerr=err,
             fmt="o",
             ms=7,
             capsize=4,
-            color=colours.get(r["policy"], "0.3"),
-            label=f"{r['policy']}: residual {r['residual']:+.0%}" + ("" if interval else " (no interval)"),
+            color=colours.get(r.policy, "0.3"),
+            label=f"{r.policy}: residual {r.residual:+.0%}" + ("" if err else " (no interval)"),
         )
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
@@ -75,7 +67,7 @@ def _confirmed_panel(ax, confirmed: pl.DataFrame, colours: dict[str, str]) -> No
     ax.set_ylabel("measured speedup (x), 95 % interval over requests")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    requests = int(confirmed["requests"].max())
+    requests = max(r.requests for r in rows)
     ax.set_title(f"Confirmed by real runs: {requests} request(s)", fontsize=10)
 
 
@@ -96,7 +88,8 @@ def policy_ranking(table: pl.DataFrame, confirmed: pl.DataFrame | None = None, t
     if table.is_empty():
         no_data(axes[0][0], "no policy was replayed")
         return fig
-    colours = _policy_colours(table["policy"].unique(maintain_order=True).to_list())
+    cmap = plt.get_cmap("tab10")  # one colour per policy, in order of appearance
+    colours = {name: cmap(i % 10) for i, name in enumerate(table["policy"].unique(maintain_order=True).to_list())}
     _ranking_panel(axes[0][0], table, colours)
     if confirmed is not None:
         if confirmed.is_empty():

@@ -8,13 +8,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from specbench.report.figures.style import COLOURS, no_data, step_frame
-from specbench.report.render import SOURCE_COLOURS, SOURCE_LABELS
+from specbench.core.log import StepLog
+from specbench.report.figures.style import COLOURS, no_data
+from specbench.report.render import SOURCE_COLOURS, SOURCE_LABELS, SOURCES, step_records
 
 
 def step_timeline(log: Any, title: str = "Per-step view of one generation") -> Any:
     """Tokens emitted per decoding step, split by source, over the drafted tokens; step times below."""
-    df = step_frame(log).filter(pl.col("kind") != "prefill")
+    df = log if isinstance(log, pl.DataFrame) else StepLog(step_records(log)).to_polars()
+    df = df.filter(pl.col("kind") != "prefill")
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(7.6, 4.8), sharex=True, height_ratios=(2, 1), constrained_layout=True
     )
@@ -29,9 +31,9 @@ def step_timeline(log: Any, title: str = "Per-step view of one generation") -> A
     bonus = np.where(kind == "verify", emitted - accepted, 0)
     plain = np.where(kind == "verify", 0, emitted)
     drafted = df["k_drafted"].to_numpy()
-    top.bar(x, accepted, color=SOURCE_COLOURS["draft"], label=SOURCE_LABELS["draft"], width=0.85)
-    top.bar(x, bonus, bottom=accepted, color=SOURCE_COLOURS["bonus"], label=SOURCE_LABELS["bonus"], width=0.85)
-    top.bar(x, plain, color=SOURCE_COLOURS["plain"], edgecolor="0.5", lw=0.5, label=SOURCE_LABELS["plain"], width=0.85)
+    looks: tuple[dict[str, Any], ...] = ({}, {"bottom": accepted}, {"edgecolor": "0.5", "lw": 0.5})
+    for source, tokens, look in zip(SOURCES, (accepted, bonus, plain), looks):
+        top.bar(x, tokens, color=SOURCE_COLOURS[source], label=SOURCE_LABELS[source], width=0.85, **look)
     rejected = np.clip(drafted - df["accepted"].to_numpy(), 0, None)
     if rejected.any():
         top.bar(

@@ -18,7 +18,6 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from specbench.common.files import write_figure_atomic
-from specbench.core.log import StepLog, StepRecord
 
 DRAFTERS = ("none", "plain", "lookup", "suffix", "mtp", "draft-model", "oracle")
 MODEL_FAMILIES = ("dense", "moe", "hybrid", "hybrid-moe")
@@ -125,20 +124,6 @@ def no_data(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
     ax.set_xticks([])
     ax.set_yticks([])
-
-
-def step_frame(data: Any) -> pl.DataFrame:
-    """A frame of step records from a Generation, a StepLog, a polars frame or records."""
-    if isinstance(data, pl.DataFrame):
-        return data
-    if hasattr(data, "log"):  # a Generation
-        data = data.log
-    if hasattr(data, "to_polars"):
-        return data.to_polars()
-    rows = list(data)
-    if rows and isinstance(rows[0], StepRecord):
-        return StepLog(rows).to_polars()
-    return pl.DataFrame(rows)
 
 
 def line_pair(

@@ -23,6 +23,7 @@ from specbench.report.figures.style import (
     no_data,
     sample_note,
 )
+from specbench.report.verdicts.notebooks import SummaryRow
 
 
 def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, reference: float | None, ax: Any = None):
@@ -38,8 +39,8 @@ def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, re
             cell = mine.filter(pl.col("policy_family") == family)
             colour = drafter_colour(drafter)
             if cell["k"].null_count() == len(cell):  # auto: it picks k itself; placed at its mean k
-                for row in cell.iter_rows(named=True):
-                    if not row.get("mean_k"):  # it never drafted: said in the legend, no point to place
+                for row in SummaryRow.rows(cell):
+                    if not row.mean_k:  # it never drafted: said in the legend, no point to place
                         ax.plot(
                             [],
                             [],
@@ -49,18 +50,18 @@ def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, re
                             label=f"{drafter_label(drafter)}, {family}: drafted nothing",
                         )
                         continue
-                    if row[metric] is None:
+                    if getattr(row, metric) is None:
                         continue
                     ax.plot(
-                        [row["mean_k"]],
-                        [row[metric]],
+                        [row.mean_k],
+                        [getattr(row, metric)],
                         ls="",
                         marker=POLICY_MARKERS.get(family, "D"),
                         ms=8,
                         mfc="white",
                         mec=colour,
                         mew=2,
-                        label=f"{drafter_label(drafter)}, {family} (mean k {row['mean_k']:.1f})",
+                        label=f"{drafter_label(drafter)}, {family} (mean k {row.mean_k:.1f})",
                     )
                 continue
             cell = cell.sort("k")

@@ -11,10 +11,7 @@ results it records (headlines) and the labels and units the index shows them wit
 Nothing here measures: every function reads the frames, profiles and stats the library returned.
 """
 
-from specbench.report.verdicts.cells import measured_cells
 from specbench.report.verdicts.labels import (
-    LABELS,
-    PATTERNS,
     describe,
     describe_profile,
     profile_headline,
@@ -29,11 +26,7 @@ from specbench.report.verdicts.notebooks import (
     batch_break_even,
     bench,
     break_even,
-    cannot_pay,
     explorer,
-    fell_back,
-    growth_per_row,
-    losslessness,
     quickstart,
     sample,
     sampling,
@@ -44,9 +37,8 @@ from specbench.report.verdicts.notebooks import (
     traces,
     tree_vs_path,
     verify_cost,
-    where,
 )
-from specbench.report.verdicts.policy_verdicts import confirmed_speed, policies
+from specbench.report.verdicts.policy_verdicts import policies
 from specbench.report.verdicts.reference import batch_reference_contrast, reference_contrast, reference_stacks
 
 __all__ = [
@@ -54,28 +46,20 @@ __all__ = [
     "trace_headline",
     "profile_headline",
     "describe_profile",
-    "LABELS",
-    "PATTERNS",
     "describe",
     "PAYS",
     "LOSES",
     "INCONCLUSIVE",
-    "where",
     "speed_word",
     "speed",
     "sample",
-    "fell_back",
     "verify_cost",
-    "cannot_pay",
     "quickstart",
     "sweep",
-    "growth_per_row",
     "break_even",
-    "measured_cells",
     "batch_break_even",
     "traces",
     "bench",
-    "losslessness",
     "sampling",
     "acceptance_rules",
     "explorer",
@@ -85,5 +69,4 @@ __all__ = [
     "reference_contrast",
     "reference_stacks",
     "policies",
-    "confirmed_speed",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from specbench.bench.sweep import best_per_group
 from specbench.cost.bandwidth import achieved
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
+from specbench.report.verdicts.notebooks import SummaryRow
 
 # -- headlines ---------------------------------------------------------------------------------------------------
 
@@ -22,11 +24,11 @@ from specbench.cost.profile import Profile
 def sweep_headline(summary: pl.DataFrame) -> dict[str, Any]:
     """A sweep summary's best speculative drafter and policy, its speedup, and whether every greedy
     output equalled plain decoding's (None when no output was compared)."""
-    best = best_per_group(summary.filter(pl.col("drafter") != "none"), [])
+    best = SummaryRow.rows(best_per_group(summary.filter(pl.col("drafter") != "none"), []))
     equal = summary["all_equal_to_plain"].drop_nulls()
     return {
-        "best": f"{best['drafter'][0]} {best['policy'][0]}" if len(best) else "none",
-        "best_speedup": best["speedup"][0] if len(best) else None,
+        "best": f"{best[0].drafter} {best[0].policy}" if best else "none",
+        "best_speedup": best[0].speedup if best else None,
         "outputs_equal_to_plain": bool(equal.all()) if len(equal) else None,
     }
 
@@ -84,8 +86,9 @@ def _number(value: Any, spec: str = ".2f", unit: str = "") -> str:
     return str(value)
 
 
-def _times(value: Any) -> str:
-    return _number(value, ".2f", "x")
+_times = partial(_number, spec=".2f", unit="x")
+_short = partial(_number, spec=".3g")  # a number to 3 significant digits
+_plain_steps = partial(_number, spec=".2f", unit=" plain steps")
 
 
 def _percent(value: Any) -> str:
@@ -94,11 +97,6 @@ def _percent(value: Any) -> str:
 
 def _yes_no(value: Any) -> str:
     return {True: "yes", False: "NO", None: "not compared"}.get(value, str(value))
-
-
-def _short(value: Any) -> str:
-    """A number to 3 significant digits."""
-    return _number(value, ".3g")
 
 
 def _rules(value: Any) -> str:
@@ -123,10 +121,6 @@ def _plain(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "; ".join(_plain(v) for v in value)
     return _number(value, ".3g")
-
-
-def _plain_steps(value: Any) -> str:
-    return _number(value, ".2f", " plain steps")
 
 
 def _a_star(value: Any) -> str:

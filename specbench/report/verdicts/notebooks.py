@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,44 @@ from specbench.report.verdicts.components import deciding_parts
 
 #: The word of a speed verdict whose interval lies above 1, below 1, or holds 1 (or is missing).
 PAYS, LOSES, INCONCLUSIVE = "pays", "loses", "inconclusive at this sample"
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """A row of a summary as the report reads it (a sweep's, ``bench.sweep_summary.summarize_sweep``; a trace run's,
+    ``TraceRun.overall``; a prompt benchmark's, ``summarize_prompt_runs``): a column the summary lacks reads as None."""
+
+    drafter: str | None = None
+    method: str | None = None
+    policy: str | None = None
+    category: str | None = None
+    speedup: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    pairs: int | None = None
+    prompts: int | None = None
+    resampled: str | None = None
+    level: float | None = None
+    k: float | None = None
+    mean_k: float | None = None
+    verifies: int | None = None
+    drafted: int | None = None
+    accepted: int | None = None
+    tokens_per_verify: float | None = None
+    acceptance_rate: float | None = None
+    verification_s: float | None = None
+    plain_decode_s: float | None = None
+    plain_decode_tokens: int | None = None
+    exact_divergence: str | None = None
+    mean_accepted_tokens: float | None = None
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> SummaryRow:
+        return cls(**{f.name: row.get(f.name) for f in fields(cls) if f.name in row})
+
+    @classmethod
+    def rows(cls, summary: pl.DataFrame) -> list[SummaryRow]:
+        return [cls.of(row) for row in summary.iter_rows(named=True)]
 
 
 def where(device: str | None = None) -> str:
@@ -60,17 +99,17 @@ def speed(
     high: float | None,
     pairs: int = 0,
     resampled: str = "",
-    aa: dict[str, Any] | None = None,
+    aa: SummaryRow | None = None,
     level: float = 0.95,
 ) -> str:
     """A measured speedup in words: "pays"/"loses" with its interval (at ``level``) only when the interval excludes
-    1, else "inconclusive at this sample (...)" saying why; with the A/A cell (``aa``: a summary row of plain against
-    plain with ``speedup``, ``speedup_low``, ``speedup_high``) beside it."""
-    aa_bounds = (aa.get("speedup_low"), aa.get("speedup_high")) if aa else None
+    1, else "inconclusive at this sample (...)" saying why; with the A/A cell (``aa``: plain against plain) beside
+    it."""
+    aa_bounds = (aa.speedup_low, aa.speedup_high) if aa else None
     word = speed_word(low, high, aa_bounds)
     noise = ""
     if aa:
-        noise = f"; plain against plain (A/A) {_x(aa.get('speedup'))}"
+        noise = f"; plain against plain (A/A) {_x(aa.speedup)}"
         if _finite(aa_bounds[0]) and _finite(aa_bounds[1]):
             noise += f" [{aa_bounds[0]:.2f}-{aa_bounds[1]:.2f}]"
     if not pairs:
@@ -107,65 +146,50 @@ def sample(
     return ", ".join(parts)
 
 
-def _method(drafter: str, policy: str, k: Any = None) -> str:
+def _method(drafter: str | None, policy: str | None, k: Any = None) -> str:
     text = f"{drafter}, {policy}"
     if k is None or f":{k}" in str(policy):
         return text
     return f"{text} (k = {k})" if float(k).is_integer() else f"{text} (mean k = {k})"
 
 
-def _verified(stats: dict[str, Any]) -> str:
+def _verified(row: SummaryRow) -> str:
     """What the verifications of one generation came to, in words."""
-    if not stats.get("verifies"):
+    if not row.verifies:
         return "the drafter proposed nothing to verify, so every token came from a plain step"
-    rate = stats.get("acceptance_rate") or 0.0
-    return f"{stats.get('tokens_per_verify') or 0:.2f} tokens per verification, {rate:.0%} of drafted tokens accepted"
+    rate = row.acceptance_rate or 0.0
+    return f"{row.tokens_per_verify or 0:.2f} tokens per verification, {rate:.0%} of drafted tokens accepted"
 
 
-def fell_back(row: dict[str, Any]) -> bool:
-    """True for a speculative method that never verified a draft (it ran plain steps throughout)."""
-    return not row.get("verifies")
-
-
-def _aa_row(summary: pl.DataFrame) -> dict[str, Any] | None:
+def _aa_row(summary: pl.DataFrame) -> SummaryRow | None:
     from specbench.bench.sweep import AA_POLICY
 
-    rows = summary.filter((pl.col("drafter") == "none") & (pl.col("policy") == AA_POLICY))
-    return rows.row(0, named=True) if len(rows) else None
+    rows = SummaryRow.rows(summary.filter((pl.col("drafter") == "none") & (pl.col("policy") == AA_POLICY)))
+    return rows[0] if rows else None
 
 
-def _row_speed(row: dict[str, Any], aa: dict[str, Any] | None) -> str:
-    return speed(
-        row.get("speedup"),
-        row.get("speedup_low"),
-        row.get("speedup_high"),
-        int(row.get("pairs") or 0),
-        row.get("resampled") or "",
-        aa,
-        float(row.get("level") or 0.95),
-    )
+def _row_speed(row: SummaryRow, aa: SummaryRow | None) -> str:
+    pairs, level = int(row.pairs or 0), float(row.level or 0.95)
+    return speed(row.speedup, row.speedup_low, row.speedup_high, pairs, row.resampled or "", aa, level)
 
 
-def verify_cost(row: dict[str, Any]) -> float | None:
+def verify_cost(row: SummaryRow) -> float | None:
     """A method's measured cost of one verification in plain steps: its verifications' own forward seconds
     (``verification_s``: not its prompt's nor its plain steps') per verification over its plain baseline's seconds
     per token (None without a verification, or for records that predate ``verification_s``)."""
-    if not row.get("verifies") or not row.get("plain_decode_s") or not row.get("plain_decode_tokens"):
+    if not row.verifies or not row.plain_decode_s or not row.plain_decode_tokens or row.verification_s is None:
         return None
-    if row.get("verification_s") is None:
-        return None
-    return (row["verification_s"] / row["verifies"]) / (row["plain_decode_s"] / row["plain_decode_tokens"])
+    return (row.verification_s / row.verifies) / (row.plain_decode_s / row.plain_decode_tokens)
 
 
-def cannot_pay(row: dict[str, Any]) -> str:
+def cannot_pay(row: SummaryRow) -> str:
     """Why a drafted method cannot pay, from its own log: a verification yields ``tokens_per_verify`` tokens and
     costs ``verify_cost`` plain steps ("" when it yields more than it costs)."""
-    cost = verify_cost(row)
-    per_verify = row.get("tokens_per_verify")
-    if cost is None or not _finite(per_verify) or per_verify > cost:
+    cost, per_verify = verify_cost(row), row.tokens_per_verify
+    if cost is None or per_verify is None or not _finite(per_verify) or per_verify > cost:
         return ""
     return (
-        f"a verification yielded {per_verify:.2f} tokens ({row.get('acceptance_rate') or 0:.0%} of drafted tokens "
+        f"a verification yielded {per_verify:.2f} tokens ({row.acceptance_rate or 0:.0%} of drafted tokens "
         f"accepted) and cost {cost:.2f} plain steps, so speculation cannot pay there"
     )
 
@@ -173,28 +197,28 @@ def cannot_pay(row: dict[str, Any]) -> str:
 def quickstart(model: str, summary: pl.DataFrame, tokens: int, equal: bool | None) -> str:
     """One drafter and policy against plain decoding on one prompt, over paired runs (``run_sweep(pairs=N)``'s
     summary by drafter and policy)."""
-    rows = summary.filter(pl.col("drafter") != "none")
-    if rows.is_empty():
+    rows = SummaryRow.rows(summary.filter(pl.col("drafter") != "none"))
+    if not rows:
         return f"No speculative run finished for {model}."
-    row = rows.row(0, named=True)
-    on = f"{sample(1, tokens, row['policy'])}, {row.get('pairs') or 0} pairs of runs"
+    row = rows[0]
+    on = f"{sample(1, tokens, row.policy)}, {row.pairs or 0} pairs of runs"
     outputs = {True: "equal", False: "NOT equal", None: "not compared"}[equal]
-    if fell_back(row):
+    if not row.verifies:
         return (
-            f"On {where()} {row['drafter']}, {row['policy']} fell back to plain decoding for {model} on this prompt "
+            f"On {where()} {row.drafter}, {row.policy} fell back to plain decoding for {model} on this prompt "
             f"(never drafted: 0 verifications), so there is no speedup to judge ({on}); output {outputs} to plain "
             "decoding's."
         )
     return (
-        f"On {where()} speculation {_row_speed(row, _aa_row(summary))} for {model} with {row['drafter']}, "
-        f"{row['policy']} on this prompt ({on}; {_verified(row)}); output {outputs} to plain decoding's." + audited(row)
+        f"On {where()} speculation {_row_speed(row, _aa_row(summary))} for {model} with {row.drafter}, "
+        f"{row.policy} on this prompt ({on}; {_verified(row)}); output {outputs} to plain decoding's." + audited(row)
     )
 
 
-def audited(row: dict[str, Any]) -> str:
+def audited(row: SummaryRow) -> str:
     """Where the audit of exact verification found a verification that differed from serial steps (a run's
     ``exact_divergence``): a sentence naming the first diverging operation; else nothing."""
-    found = row.get("exact_divergence")
+    found = row.exact_divergence
     if not found:
         return ""
     return (
@@ -211,7 +235,7 @@ def sweep(summary: pl.DataFrame, model: str, tokens: int | None = None, by_categ
     if speculative.is_empty():
         return f"No speculative run finished for {model}."
     drafted = speculative.filter(pl.col("verifies").fill_null(0) > 0)
-    plain_only = [f"{r['drafter']}, {r['policy']}" for r in speculative.iter_rows(named=True) if fell_back(r)]
+    plain_only = [f"{r.drafter}, {r.policy}" for r in SummaryRow.rows(speculative) if not r.verifies]
     equal = summary["all_equal_to_plain"].drop_nulls()
     outputs = (
         "every greedy output equal to plain decoding's"
@@ -223,11 +247,11 @@ def sweep(summary: pl.DataFrame, model: str, tokens: int | None = None, by_categ
     fallback = f" Fell back to plain (never drafted): {'; '.join(plain_only)}." if plain_only else ""
     if drafted.is_empty():
         return f"On {where()} no method drafted anything for {model} ({on}).{fallback} {outputs.capitalize()}."
-    best = drafted.sort("speedup", descending=True).row(0, named=True)
-    k = best.get("k") if best.get("k") else best.get("mean_k")
+    best = SummaryRow.rows(drafted.sort("speedup", descending=True).head(1))[0]
+    k = best.k or best.mean_k
     k = None if k is None else (int(k) if float(k).is_integer() else round(float(k), 1))
     text = (
-        f"On {where()} the fastest method that drafted, {_method(best['drafter'], best['policy'], k)}, "
+        f"On {where()} the fastest method that drafted, {_method(best.drafter, best.policy, k)}, "
         f"{_row_speed(best, _aa_row(summary))} for {model} ({on}; {_verified(best)}).{fallback}"
     )
     if by_category is not None and not by_category.is_empty():
@@ -236,39 +260,45 @@ def sweep(summary: pl.DataFrame, model: str, tokens: int | None = None, by_categ
             .sort("tokens_per_verify")
             .head(1)
         )
-        if len(worst):
-            row = worst.row(0, named=True)
+        for row in SummaryRow.rows(worst):
             why = cannot_pay(row)
             if why:
-                text += f" On {row['category']} ({row['drafter']}, {row['policy']}) {why}."
-    found = speculative.drop_nulls("exact_divergence") if "exact_divergence" in speculative.columns else None
-    return f"{text} {outputs.capitalize()}." + (
-        audited(found.row(0, named=True)) if found is not None and len(found) else ""
-    )
+                text += f" On {row.category} ({row.drafter}, {row.policy}) {why}."
+    found = [r for r in SummaryRow.rows(speculative) if r.exact_divergence]
+    return f"{text} {outputs.capitalize()}." + (audited(found[0]) if found else "")
+
+
+def lowest_break_even(profile: Profile, d: float, max_k: int, mode: str) -> tuple[int, float] | None:
+    """(k, a*(k)) at the draft length k <= ``max_k`` whose break-even acceptance is lowest (None: none breaks even)."""
+    a_star = break_even_acceptance(profile, d, max_k, mode)
+    if np.all(np.isnan(a_star)):
+        return None
+    k = int(np.nanargmin(a_star)) + 1
+    return k, float(a_star[k - 1])
 
 
 def _profile_sentence(profile: Profile, d: float, max_k: int, mode: str) -> str:
-    a_star = break_even_acceptance(profile, d, max_k, mode)
-    c2 = profile.c(2, mode)
-    if np.all(np.isnan(a_star)):
+    lowest = lowest_break_even(profile, d, max_k, mode)
+    if lowest is None:
         return (
             f"{profile.name} never breaks even: a verification costs more plain steps than a fully accepted draft "
-            f"yields for every k <= {max_k} (c(2) = {c2:.2f} plain steps, engine overhead included)"
+            f"yields for every k <= {max_k} (c(2) = {profile.c(2, mode):.2f} plain steps, engine overhead included)"
         )
-    k = int(np.nanargmin(a_star)) + 1
+    k, a_star = lowest
     cost = f"c({k + 1}) = {profile.c(k + 1, mode):.2f} plain steps, engine overhead included"
-    if a_star[k - 1] == 0:
+    if a_star == 0:
         return f"{profile.name} pays at k = {k} even with every draft rejected ({cost}: no more than a plain step)"
-    return f"{profile.name} breaks even from acceptance {a_star[k - 1]:.2f} per position (at its best k = {k}; {cost})"
+    return f"{profile.name} breaks even from acceptance {a_star:.2f} per position (at its best k = {k}; {cost})"
 
 
-def growth_per_row(profile: Profile, mode: str = "fast") -> float:
+def growth_per_row(profile: Profile, mode: str = "fast", w_max: int | None = None) -> float:
     """How much a verification's cost grows per added row, in plain steps: the slope of c(w) over the widths
-    measured (least squares)."""
-    widths = np.asarray(profile.widths[mode], dtype=float)
-    if len(widths) < 2:
+    measured (up to ``w_max``; least squares)."""
+    pairs = [(w, c) for w, c in zip(profile.widths[mode], profile.costs[mode]) if w_max is None or w <= w_max]
+    if len(pairs) < 2:
         return float("nan")
-    return float(np.polyfit(widths, np.asarray(profile.costs[mode], dtype=float), 1)[0])
+    widths, costs = np.asarray(pairs, dtype=float).T
+    return float(np.polyfit(widths, costs, 1)[0])
 
 
 def break_even(
@@ -341,17 +371,16 @@ def traces(
             f"On {where()} replaying agent traces, every drafter fell back to plain decoding for {model} (never "
             f"drafted), so there is no speedup to judge ({on}); {identical} to plain decoding."
         )
-    best = drafted.sort("speedup", descending=True).row(0, named=True)
-    low, high = best.get("speedup_low"), best.get("speedup_high")
+    best = SummaryRow.rows(drafted.sort("speedup", descending=True).head(1))[0]
     verdict = (
-        speed(best["speedup"], low, high, trace_count, "trace")
-        if _finite(low)
-        else f"{INCONCLUSIVE} ({_x(best['speedup'])}: {trace_count} trace(s), an interval over traces needs "
+        speed(best.speedup, best.speedup_low, best.speedup_high, trace_count, "trace")
+        if _finite(best.speedup_low)
+        else f"{INCONCLUSIVE} ({_x(best.speedup)}: {trace_count} trace(s), an interval over traces needs "
         f"{paired.MIN_UNITS})"
     )
     return (
-        f"On {where()} replaying agent traces, the fastest drafter, {best['method']}, {verdict} for {model} "
-        f"({on}; {best['tokens_per_verify']:.2f} tokens per verification); {identical} to plain decoding."
+        f"On {where()} replaying agent traces, the fastest drafter, {best.method}, {verdict} for {model} "
+        f"({on}; {best.tokens_per_verify or 0:.2f} tokens per verification); {identical} to plain decoding."
     )
 
 
@@ -359,23 +388,21 @@ def bench(summary: Sequence[dict[str, Any]], baseline: str) -> str:
     """``specbench bench``'s verdict over its prompts (``summarize_prompt_runs``'s "overall" rows, every method run
     next to the others on each prompt in a rotating order): the fastest method that drafted with its interval over
     prompts, and the methods that fell back to plain (never drafted)."""
-    rows = [r for r in summary if r.get("category") == "overall" and r.get("method") != baseline]
-    plain_only = [r for r in rows if r.get("drafter") != "none" and not _finite(r.get("acceptance_rate"))]
-    drafted = [r for r in rows if r.get("drafter") != "none" and r not in plain_only and _finite(r.get("speedup"))]
-    text = ""
+    rows = [SummaryRow.of(r) for r in summary if r.get("category") == "overall" and r.get("method") != baseline]
+    plain_only = [r for r in rows if r.drafter != "none" and not _finite(r.acceptance_rate)]
+    drafted = [r for r in rows if r.drafter != "none" and r not in plain_only and _finite(r.speedup)]
+    text = "No method drafted anything."
     if drafted:
-        best = max(drafted, key=lambda r: r["speedup"])
-        on = sample(best.get("prompts"), policy=best.get("policy"))
-        prompts = int(best.get("prompts") or 0)
-        verdict = speed(best["speedup"], best.get("speedup_low"), best.get("speedup_high"), prompts, "prompt")
+        best = max(drafted, key=lambda r: r.speedup or 0.0)
+        prompts = int(best.prompts or 0)
+        verdict = speed(best.speedup, best.speedup_low, best.speedup_high, prompts, "prompt")
+        mat = best.mean_accepted_tokens
         text = (
-            f"Fastest method that drafted, {best['method']}: {verdict}"
-            f" against {baseline} ({on}; #MAT {best.get('mean_accepted_tokens', float('nan')):.2f})."
+            f"Fastest method that drafted, {best.method}: {verdict} against {baseline} "
+            f"({sample(best.prompts, policy=best.policy)}; #MAT {float('nan') if mat is None else mat:.2f})."
         )
-    else:
-        text = "No method drafted anything."
     if plain_only:
-        text += " Fell back to plain (never drafted): " + ", ".join(r["method"] for r in plain_only) + "."
+        text += " Fell back to plain (never drafted): " + ", ".join(str(r.method) for r in plain_only) + "."
     return text
 
 
@@ -438,13 +465,11 @@ def acceptance_rules(summary: pl.DataFrame, best: pl.DataFrame, shifts: pl.DataF
     if best.is_empty():
         return "No lossless rule verified a draft: nothing to compare."
     parts = []
-    for row in best.iter_rows(named=True):
-        t = row["temperature"]
-        others = summary.filter((pl.col("temperature") == t) & (pl.col("acceptance") != row["acceptance"]))
-        beside = ", ".join(f"{o['acceptance']} {o['tokens_per_verify'] or 0:.2f}" for o in others.iter_rows(named=True))
+    for t, rule, per_verify in best.select("temperature", "acceptance", "tokens_per_verify").iter_rows():
+        others = summary.filter((pl.col("temperature") == t) & (pl.col("acceptance") != rule))
+        beside = ", ".join(f"{o} {v or 0:.2f}" for o, v in others.select("acceptance", "tokens_per_verify").iter_rows())
         parts.append(
-            f"T = {t:g}: {row['acceptance']}, {row['tokens_per_verify']:.2f} tokens per verification"
-            + (f" ({beside})" if beside else "")
+            f"T = {t:g}: {rule}, {per_verify:.2f} tokens per verification" + (f" ({beside})" if beside else "")
         )
     text = (
         "Best lossless rule per temperature, by tokens per verification (its speeds come from single unpaired runs: "
@@ -453,18 +478,19 @@ def acceptance_rules(summary: pl.DataFrame, best: pl.DataFrame, shifts: pl.DataF
     if shifts is None:
         return text
     lossless = summary.filter(pl.col("lossless"))["acceptance"].unique().to_list()
-    for row in shifts.filter(~pl.col("acceptance").is_in(lossless)).iter_rows(named=True):
+    lossy = shifts.filter(~pl.col("acceptance").is_in(lossless))
+    columns = ("acceptance", "temperature", "tvd", "tvd_low", "tvd_high", "tvd_noise", "verdict")
+    for rule, t, tvd, low, high, noise, verdict in lossy.select(columns).iter_rows():
         text += (
-            f" {row['acceptance']} at T = {row['temperature']:g} moves the token distribution by "
-            f"TVD {row['tvd']:.2f} [{row['tvd_low']:.2f}-{row['tvd_high']:.2f}] (two samples of one distribution "
-            f"differ by up to {row['tvd_noise']:.2f} here; the histogram test says {row['verdict']})."
+            f" {rule} at T = {t:g} moves the token distribution by TVD {tvd:.2f} [{low:.2f}-{high:.2f}] (two samples "
+            f"of one distribution differ by up to {noise:.2f} here; the histogram test says {verdict})."
         )
     return text
 
 
 def explorer(model: str, drafter: str, policy: str, stats: dict[str, Any]) -> str:
     """The explorer's stand-in run."""
-    return f"{model}, {drafter}, {policy}: {stats.get('tokens', 0)} tokens; {_verified(stats)}."
+    return f"{model}, {drafter}, {policy}: {stats.get('tokens', 0)} tokens; {_verified(SummaryRow.of(stats))}."
 
 
 def simulated_logs(result: Any) -> str:
@@ -472,15 +498,13 @@ def simulated_logs(result: Any) -> str:
     summary = result.summary.drop_nulls("accepted_per_verify")
     if summary.is_empty():
         return f"No verification was simulated over {result.turns} recorded turns."
-    parts = []
-    for drafter in summary["drafter"].unique(maintain_order=True).to_list():
-        best = (
-            summary.filter(pl.col("drafter") == drafter).sort("accepted_per_verify", descending=True).row(0, named=True)
-        )
-        parts.append(
-            f"{drafter} {best['accepted_per_verify']:.2f} accepted tokens per verification (store {best['store']}, "
-            f"k = {best['k']})"
-        )
+    best = summary.group_by("drafter", maintain_order=True).agg(
+        pl.col("accepted_per_verify", "store", "k").sort_by("accepted_per_verify", descending=True).first()
+    )
+    parts = [
+        f"{drafter} {per_verify:.2f} accepted tokens per verification (store {store}, k = {k})"
+        for drafter, per_verify, store, k in best.iter_rows()
+    ]
     return (
         f"Replaying {result.turns} recorded turns of {result.traces} traces without a model: " + "; ".join(parts) + ". "
         "Whether that pays depends on the model's verify cost c(k+1) (see the break-even notebook)."
@@ -491,12 +515,12 @@ def tree_vs_path(gain: pl.DataFrame) -> str:
     """Trees against paths of the same node budget: accepted tokens per verification, per drafter."""
     if gain.is_empty():
         return "No trace was compared."
-    parts = []
-    for drafter in gain["drafter"].unique(maintain_order=True).to_list():
-        mine = gain.filter(pl.col("drafter") == drafter)
-        better = int((mine["ratio"] > 1).sum())
-        parts.append(
-            f"{drafter}: the tree accepted more per verification in {better} of {len(mine)} cases "
-            f"(mean {mine['tree'].mean():.2f} vs {mine['path'].mean():.2f} tokens for the path)"
-        )
+    per_drafter = gain.group_by("drafter", maintain_order=True).agg(
+        (pl.col("ratio") > 1).sum(), pl.len(), pl.col("tree").mean(), pl.col("path").mean()
+    )
+    parts = [
+        f"{drafter}: the tree accepted more per verification in {better} of {cases} cases "
+        f"(mean {tree:.2f} vs {path:.2f} tokens for the path)"
+        for drafter, better, cases, tree, path in per_drafter.iter_rows()
+    ]
     return "Trees vs paths of the same node budget, accepted tokens per verification: " + "; ".join(parts) + "."

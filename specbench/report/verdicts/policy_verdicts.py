@@ -3,6 +3,8 @@ and each confirmed policy's measured speedup, "pays"/"loses" only where its inte
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import polars as pl
 
 from specbench.bench.policy_confirm import MIN_REQUESTS
@@ -10,21 +12,39 @@ from specbench.report.verdicts.notebooks import INCONCLUSIVE, speed_word, where
 from specbench.simulate.policies import best_predicted
 
 
-def confirmed_speed(row: dict) -> str:
+@dataclass(frozen=True)
+class Confirmed:
+    """A row of ``bench.policy_confirm.confirm_policies``: a policy's measured speedup with its 95 % interval over
+    requests (None: too few requests), its predicted speedup and the residual."""
+
+    policy: str
+    requests: int
+    measured_speedup: float
+    measured_low: float | None
+    measured_high: float | None
+    predicted_speedup: float
+    residual: float
+
+    @classmethod
+    def rows(cls, confirmed: pl.DataFrame) -> list[Confirmed]:
+        return [cls(**row) for row in confirmed.iter_rows(named=True)]
+
+
+def confirmed_speed(row: Confirmed) -> str:
     """One confirmed policy in words: its word with the measured speedup and interval (or why there is none),
     then its prediction and the residual."""
-    measured, low, high, requests = row["measured_speedup"], row["measured_low"], row["measured_high"], row["requests"]
+    measured, low, high, requests = row.measured_speedup, row.measured_low, row.measured_high, row.requests
     if low is None or high is None:
         text = (
-            f"{row['policy']} {INCONCLUSIVE} ({measured:.2f}x over {requests} request(s); an interval needs "
+            f"{row.policy} {INCONCLUSIVE} ({measured:.2f}x over {requests} request(s); an interval needs "
             f"{MIN_REQUESTS} requests)"
         )
     else:
         text = (
-            f"{row['policy']} {speed_word(low, high)} ({measured:.2f}x, 95 % interval over requests "
+            f"{row.policy} {speed_word(low, high)} ({measured:.2f}x, 95 % interval over requests "
             f"{low:.2f}-{high:.2f} of {requests})"
         )
-    return f"{text}, predicted {row['predicted_speedup']:.2f}x (residual {row['residual']:+.0%})"
+    return f"{text}, predicted {row.predicted_speedup:.2f}x (residual {row.residual:+.0%})"
 
 
 def policies(table: pl.DataFrame, confirmed: pl.DataFrame | None, model: str, drafter: str, sample: str) -> str:
@@ -52,5 +72,5 @@ def policies(table: pl.DataFrame, confirmed: pl.DataFrame | None, model: str, dr
     )
     if confirmed is None or confirmed.is_empty():
         return text + " No policy was confirmed by real runs, so there is no speed verdict."
-    parts = "; ".join(confirmed_speed(r) for r in confirmed.iter_rows(named=True))
+    parts = "; ".join(confirmed_speed(r) for r in Confirmed.rows(confirmed))
     return f"{text} Real runs on {where()} ({sample}): {parts}."

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
 from specbench.cost.reference import Reference
 from specbench.report.verdicts.components import deciding_parts
-from specbench.report.verdicts.notebooks import where
+from specbench.report.verdicts.notebooks import growth_per_row, lowest_break_even, where
 
 
 def _measured_on(profile: Profile) -> str:
@@ -24,19 +21,11 @@ def _measured_on(profile: Profile) -> str:
 def _dense_vs_moe(dense: Profile, moe: Profile, mode: str, d: float, max_k: int, w_max: int) -> str:
     """How fast each model's c(w) grows per added row over widths 1..w_max, and each one's lowest a*(k)."""
 
-    def slope(p: Profile) -> float:
-        widths = [w for w in p.widths[mode] if w <= w_max]
-        costs = [c for w, c in zip(p.widths[mode], p.costs[mode]) if w <= w_max]
-        return float(np.polyfit(widths, costs, 1)[0]) if len(widths) > 1 else float("nan")
-
     def lowest(p: Profile) -> str:
-        a_star = break_even_acceptance(p, d, min(max_k, max(p.widths[mode]) - 1), mode)
-        if np.all(np.isnan(a_star)):
-            return "never breaks even"
-        k = int(np.nanargmin(a_star)) + 1
-        return f"breaks even from a = {a_star[k - 1]:.2f} (k = {k})"
+        found = lowest_break_even(p, d, min(max_k, max(p.widths[mode]) - 1), mode)
+        return "never breaks even" if found is None else f"breaks even from a = {found[1]:.2f} (k = {found[0]})"
 
-    g_dense, g_moe = slope(dense), slope(moe)
+    g_dense, g_moe = growth_per_row(dense, mode, w_max), growth_per_row(moe, mode, w_max)
     if not (math.isfinite(g_dense) and math.isfinite(g_moe)):
         return "too few widths to compare"
     if g_moe > 1.15 * g_dense:
