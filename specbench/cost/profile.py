@@ -183,7 +183,7 @@ class Profile:
 
 def cost_at(costs: Any, w: int | float) -> float:
     """c(w) from c(1..W) (index w-1): linear between widths; past W, extended at the mean slope
-    of c over 1..W."""
+    of c over 1..W, or flat where noise made that slope negative (a wider verification costs no less)."""
     c = np.asarray(costs, dtype=float)
     if w < 1:
         raise ValueError(f"width must be >= 1, got {w}")
@@ -191,7 +191,7 @@ def cost_at(costs: Any, w: int | float) -> float:
         return float(np.interp(w, np.arange(1, len(c) + 1), c))
     if len(c) == 1:
         return float(c[0] * w)
-    return float(c[-1] + (c[-1] - c[0]) / (len(c) - 1) * (w - len(c)))
+    return float(c[-1] + max(0.0, (c[-1] - c[0]) / (len(c) - 1)) * (w - len(c)))
 
 
 def _slug(text: str) -> str:

@@ -103,6 +103,18 @@ def test_cost_at():
         cost.cost_at(c, 0)
 
 
+def test_a_noisy_falling_curve_is_extended_flat_and_auto_starts_on_it():
+    """A quick profile timed under load can fall from c(1) to c(W); extended at that negative slope it went below
+    zero past W, and Auto refused its negative break-even ("the break-even of k = 8 must be ... >= 0")."""
+    falling = [1.6, 1.2, 0.9]
+    assert [cost.cost_at(falling, w) for w in (4, 9)] == [0.9, 0.9]
+    from specbench.core.auto import CostEnvelope
+
+    envelope = CostEnvelope(lambda k: cost.break_even_tokens(falling, k), longest=8)
+    assert [envelope.break_even(k) for k in (1, 2, 8)] == [1.2, 0.9, 0.9]
+    assert envelope.lengths == list(range(2, 9))  # k = 1 costs more than every wider length
+
+
 # -- profiles -----------------------------------------------------------------------------------
 
 
