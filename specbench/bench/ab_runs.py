@@ -20,7 +20,6 @@ from mlx_lm.generate import generate_step
 from specbench.bench.ab import speed_in_ms, spread
 from specbench.bench.run_speed import mean_speed, speed_state, time_split, verify_ms_by_width
 from specbench.bench.timing import clocked
-from specbench.common.timing import quiet
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, plain_generation
 from specbench.core.log import StepRecord
@@ -32,8 +31,7 @@ from specbench.decoding import speculative_generate
 
 def mlx_lm_seconds_per_token(model: Any, prompt: list[int], tokens: int) -> float:
     """mlx-lm's own plain decoding, seconds per token after the first."""
-    with quiet():
-        return seconds_per_token(token for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens))
+    return seconds_per_token(token for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens))
 
 
 @dataclass(frozen=True)

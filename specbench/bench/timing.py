@@ -39,9 +39,13 @@ class Clocked(Generic[G]):
     """A generation run to the end by ``clocked``: ``run`` (what ``make`` returned), the ``items`` it yielded, and
     its seconds by the clock from the call that made it: to its first item (``first_token_s``) and to its end
     (``wall_s``: set-up and prompt pass included, what a caller waits); ``decode_s`` from its first item to its
-    last (decoding alone: the prompt pass gives the first token). Another measure is the engine's
-    ``stats()["decode_s"]`` (trace benchmark, policy confirmation): its logged steps' seconds summed, without the
-    work between steps that is in no step."""
+    last (decoding alone: the prompt pass gives the first token; ``wall_s - first_token_s``, the prompt bench's
+    decode seconds, also counts what follows the last item).
+
+    The benchmarks' other clocks: the engine's ``stats()["decode_s"]`` (trace benchmark, policy confirmation), its
+    logged decode steps' seconds summed, without the work between steps that is in no step; a batch's
+    ``stats()["wall_s"]``, its engine's own clock over the batch; ``specbench.cost.timing.seconds_per_token``
+    (per-token A/B runs), from the first token to the end per token, less a drafter's bookkeeping."""
 
     run: G
     items: list[Any]
