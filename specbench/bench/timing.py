@@ -42,10 +42,10 @@ class Clocked(Generic[G]):
     last (decoding alone: the prompt pass gives the first token; ``wall_s - first_token_s``, the prompt bench's
     decode seconds, also counts what follows the last item).
 
-    The benchmarks' other clocks: the engine's ``stats()["decode_s"]`` (trace benchmark, policy confirmation), its
-    logged decode steps' seconds summed, without the work between steps that is in no step; a batch's
-    ``stats()["wall_s"]``, its engine's own clock over the batch; ``specbench.cost.timing.seconds_per_token``
-    (per-token A/B runs), from the first token to the end per token, less a drafter's bookkeeping."""
+    The benchmarks' other clocks: a generation's ``decode_s`` stat (trace benchmark, policy confirmation), its
+    logged decode steps' seconds summed, without the work between steps that is in no step; a batch's ``wall_s``
+    stat, its engine's own clock over the batch; ``specbench.cost.timing.seconds_per_token`` (per-token A/B
+    runs), from the first token to the end per token, less a drafter's bookkeeping."""
 
     run: G
     items: list[Any]
