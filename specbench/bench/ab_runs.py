@@ -10,7 +10,6 @@ Every timed run has the garbage collector paused (``specbench.common.timing.quie
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -20,7 +19,7 @@ from mlx_lm.generate import generate_step
 
 from specbench.bench.ab import speed_in_ms, spread
 from specbench.bench.run_speed import mean_speed, speed_state, time_split, verify_ms_by_width
-from specbench.common.timing import quiet
+from specbench.bench.timing import clocked
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, plain_generation
 from specbench.core.log import StepRecord
@@ -32,8 +31,7 @@ from specbench.decoding import speculative_generate
 
 def mlx_lm_seconds_per_token(model: Any, prompt: list[int], tokens: int) -> float:
     """mlx-lm's own plain decoding, seconds per token after the first."""
-    with quiet():
-        return seconds_per_token(token for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens))
+    return seconds_per_token(token for token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens))
 
 
 @dataclass(frozen=True)
@@ -207,12 +205,8 @@ class CallRun:
 
 def timed_call(make: Callable[[], Generation]) -> CallRun:
     """Run the generation ``make()`` starts, timed from the call to the last token."""
-    with quiet():
-        t0 = time.perf_counter()
-        gen = make()
-        tokens = list(gen)
-        seconds = time.perf_counter() - t0
-    return CallRun(seconds, tokens, step_summary(gen), time_split(gen.log.records, seconds))
+    call = clocked(make)
+    return CallRun(call.wall_s, call.items, step_summary(call.run), time_split(call.run.log.records, call.wall_s))
 
 
 def call_pair_row(base: dict[str, Any], plain: CallRun, method: CallRun) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm import stream_generate
 
-from specbench.common.timing import quiet
+from specbench.bench.timing import clocked
 from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
 from specbench.core.engine import plain_generation
 from specbench.core.log import StepLog, StepRecord
@@ -220,20 +220,16 @@ def run_mlx_lm(
     """mlx-lm's ``stream_generate`` (greedy), or its draft-model speculation drafting ``k`` tokens a step
     (mlx-lm's ``num_draft_tokens``), timed."""
     kwargs = {} if draft_model is None else {"draft_model": draft_model, "num_draft_tokens": k}
-    tokens: list[int] = []
-    from_draft: list[bool] = []
-    finish = None
-    with quiet():
-        start = time.perf_counter()
-        first = None
-        for response in stream_generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens, **kwargs):
-            if first is None:
-                first = time.perf_counter()
-            tokens.append(int(response.token))
-            from_draft.append(bool(response.from_draft))
-            finish = response.finish_reason
-        wall = time.perf_counter() - start
-    run = TimedRun(tokens, wall, (first or start) - start, max(0, len(tokens) - 1), finish_reason=finish)
+    clock = clocked(
+        lambda: (
+            (int(r.token), bool(r.from_draft), r.finish_reason)
+            for r in stream_generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens, **kwargs)
+        )
+    )
+    tokens = [token for token, _, _ in clock.items]
+    from_draft = [drafted for _, drafted, _ in clock.items]
+    finish = clock.items[-1][2] if clock.items else None
+    run = TimedRun(tokens, clock.wall_s, clock.first_token_s, max(0, len(tokens) - 1), finish_reason=finish)
     if draft_model is not None:
         # Each verification emits its accepted draft tokens, then one token of the target's own;
         # the first verification also consumes the prompt's last token.
@@ -265,24 +261,19 @@ def run_specbench(
 ) -> TimedRun:
     """specbench's ``plain_generation`` (no drafter) or ``speculative_generate``, greedy, timed."""
     options = GenerateOptions(max_tokens=max_tokens, verify=verify)
-    with quiet():
-        start = time.perf_counter()
-        first = None
-        if drafter is None:
-            gen = plain_generation(model, list(prompt), options, tokenizer=tokenizer)
-        else:
-            gen = speculative_generate(
-                model, list(prompt), options, drafter=drafter, policy=policy, tokenizer=tokenizer
-            )
-        for _ in gen:
-            if first is None:
-                first = time.perf_counter()
-        wall = time.perf_counter() - start
+    clock = clocked(
+        lambda: (
+            plain_generation(model, list(prompt), options, tokenizer=tokenizer)
+            if drafter is None
+            else speculative_generate(model, list(prompt), options, drafter=drafter, policy=policy, tokenizer=tokenizer)
+        )
+    )
+    gen = clock.run
     stats = gen.stats()
     run = TimedRun(
         list(gen.tokens),
-        wall,
-        (first or start) - start,
+        clock.wall_s,
+        clock.first_token_s,
         stats["steps"],
         stats["verifies"],
         stats["drafted"],

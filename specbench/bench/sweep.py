@@ -26,11 +26,11 @@ from specbench.bench import paired
 from specbench.bench.positions import per_position_acceptance
 from specbench.bench.predictions import with_predictions
 from specbench.bench.sweep_summary import best_per_group, paired_intervals, rate, summarize_sweep  # noqa: F401 (the sweep's API)
-from specbench.bench.timing import cache_copy, prefix_cache, timed
+from specbench.bench.timing import Clocked, cache_copy, clocked, prefix_cache
 from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic
 from specbench.core.draft import within_max_tokens
-from specbench.core.engine import plain_generation
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.log import main_reason
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, FixedPolicy, as_policy
@@ -341,31 +341,29 @@ def _run_cell(
     runs: list[dict[str, Any]] = []
     frames: list[pl.DataFrame] = []
 
-    def timed_run(gen: Any) -> tuple[Any, list[int], float]:
-        tokens, seconds = timed(gen)
+    def timed_run(make: Callable[[], Generation]) -> Clocked[Generation]:
+        clock = clocked(make)
         bar.update()
-        return gen, tokens, seconds
+        return clock
 
-    def run_plain() -> tuple[Any, list[int], float]:
+    def run_plain() -> Clocked[Generation]:
         bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
-        return timed_run(
-            plain_generation(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
-        )
+        cache = cache_copy(prefix)
+        return timed_run(lambda: plain_generation(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache))
 
-    previous_plain: tuple[Any, float] | None = None
+    previous_plain: Clocked[Generation] | None = None
     plain_tokens: list[int] | None = None
     if not first_pair:
-        plain, plain_tokens, plain_s = run_plain()
-        reference = (len(plain_tokens) - 1, plain_s)
-        runs.append(_row(len(runs), {**base, "acceptance": "none"}, "none", None, plain, plain_s, reference, None))
-        frames.append(_steps(plain.log, len(runs) - 1, base))
-        previous_plain = (plain, plain_s)
+        reference = previous_plain = run_plain()
+        plain_tokens = reference.items
+        runs.append(_row(len(runs), {**base, "acceptance": "none"}, "none", None, reference, reference))
+        frames.append(_steps(reference.run.log, len(runs) - 1, base))
 
-    def run_method(ruled: GenerateOptions, drafter_name: str, policy: DraftPolicy) -> tuple[Any, list[int], float]:
+    def run_method(ruled: GenerateOptions, drafter_name: str, policy: DraftPolicy) -> Clocked[Generation]:
         drafter = factories[drafter_name]()
         cache = cache_copy(prefix, drafter)
         return timed_run(
-            speculative_generate(
+            lambda: speculative_generate(
                 model, prompt.ids, ruled, drafter=drafter, policy=policy, tokenizer=tokenizer, prompt_cache=cache
             )
         )
@@ -379,37 +377,35 @@ def _run_cell(
             ruled = dataclasses.replace(options, acceptance_rule=rule)
             labelled = {**base, "acceptance": rule.label}
             if not pairs:
-                gen, tokens, seconds = run_method(ruled, drafter_name, policy)
+                timed = run_method(ruled, drafter_name, policy)
                 baseline = reference
             else:
                 # adjacent to a plain run of its own, the order alternating from one pair to the next
                 if paired.baseline_first(pair * len(methods) + index):
-                    mine = run_plain()
-                    gen, tokens, seconds = run_method(ruled, drafter_name, policy)
+                    baseline = run_plain()
+                    timed = run_method(ruled, drafter_name, policy)
                 else:
-                    gen, tokens, seconds = run_method(ruled, drafter_name, policy)
-                    mine = run_plain()
-                baseline = (len(mine[1]) - 1, mine[2])
+                    timed = run_method(ruled, drafter_name, policy)
+                    baseline = run_plain()
                 if previous_plain is not None:
-                    aa = (len(previous_plain[0].tokens) - 1, previous_plain[1])
                     runs.append(
                         {
-                            **_row(len(runs), {**base, "acceptance": "none"}, "none", None, mine[0], mine[2], aa, None),
+                            **_row(len(runs), {**base, "acceptance": "none"}, "none", None, baseline, previous_plain),
                             "policy": AA_POLICY,
                             "pair": pair,
                         }
                     )
-                previous_plain = (mine[0], mine[2])
-                plain_tokens = plain_tokens or mine[1]
-            same = tokens == plain_tokens if temperature == 0 else None
+                previous_plain = baseline
+                plain_tokens = plain_tokens or baseline.items
+            same = timed.items == plain_tokens if temperature == 0 else None
             runs.append(
                 {
-                    **_row(len(runs), labelled, drafter_name, policy, gen, seconds, baseline, same),
+                    **_row(len(runs), labelled, drafter_name, policy, timed, baseline, same),
                     **({"pair": pair} if pairs else {}),
                 }
             )
             if pair == 0:
-                frames.append(_steps(gen.log, len(runs) - 1, labelled))
+                frames.append(_steps(timed.run.log, len(runs) - 1, labelled))
     return runs, pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
 
@@ -469,21 +465,21 @@ def _row(
     base: dict[str, Any],
     drafter: str,
     policy: DraftPolicy | None,
-    gen: Any,
-    seconds: float,
-    baseline: tuple[int, float],
-    same: bool | None,
+    timed: Clocked[Generation],
+    baseline: Clocked[Generation],
+    same: bool | None = None,
 ) -> dict[str, Any]:
-    """One row of ``Sweep.runs``: a generation's stats, its clock, and its plain baseline's decode tokens and
+    """One row of ``Sweep.runs``: a generation's stats, its decode clock, and its plain baseline's decode tokens and
     seconds (``policy`` None: plain)."""
+    gen, seconds = timed.run, timed.decode_s
     stats = gen.stats()
-    tokens = len(gen.tokens) - 1
+    tokens = len(timed.items) - 1
     if policy is None:
         name, family, k = "none", "none", 0
     else:
         name, family, k = policy.name, policy_family(policy), policy_k(policy)
     tps = tokens / seconds if seconds > 0 else 0.0
-    plain_tokens, plain_s = baseline
+    plain_tokens, plain_s = len(baseline.items) - 1, baseline.decode_s
     plain_tps = plain_tokens / plain_s if plain_s > 0 else 0.0
     return {
         "run": run,

@@ -1,13 +1,13 @@
-"""Timed generations: one prefill of a prompt's prefix shared by its generations, decode time by
-the clock (first token to last), and a prompt decoded plainly and speculatively side by side."""
+"""Timed generations: one prefill of a prompt's prefix shared by its generations, the one clock every benchmark
+times a generation by (``clocked``), and a prompt decoded plainly and speculatively side by side."""
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from specbench.common.timing import quiet
 from specbench.core.draft import Drafter
@@ -16,6 +16,8 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost.caches import prefill
 from specbench.decoding import speculative_generate
+
+G = TypeVar("G", bound=Iterable[Any])
 
 
 def prefix_cache(model: Any, prompt_ids: Sequence[int], step: int = 2048) -> list[Any] | None:
@@ -32,26 +34,44 @@ def cache_copy(cache: list[Any] | None, drafter: Drafter | None = None) -> list[
     return copy.deepcopy(cache)
 
 
-def timed(generation: Any) -> tuple[list[int], float]:
-    """Run a Generation to the end: (its tokens, wall seconds from the first token to the last).
+@dataclass(frozen=True)
+class Clocked(Generic[G]):
+    """A generation run to the end by ``clocked``: ``run`` (what ``make`` returned), the ``items`` it yielded, and
+    its seconds by the clock from the call that made it: to its first item (``first_token_s``) and to its end
+    (``wall_s``: set-up and prompt pass included, what a caller waits); ``decode_s`` from its first item to its
+    last (decoding alone: the prompt pass gives the first token; ``wall_s - first_token_s``, the prompt bench's
+    decode seconds, also counts what follows the last item).
 
-    The first token comes from the prompt pass, so the seconds cover decoding alone, measured
-    by the clock rather than summed from the step log (some work between steps is in no step). The
-    garbage collector is collected before and paused during the run (``quiet``).
-    """
-    tokens: list[int] = []
-    first = end = 0.0
+    The benchmarks' other clocks: a generation's ``decode_s`` stat (trace benchmark, policy confirmation), its
+    logged decode steps' seconds summed, without the work between steps that is in no step; a batch's ``wall_s``
+    stat, its engine's own clock over the batch; ``specbench.cost.timing.seconds_per_token`` (per-token A/B
+    runs), from the first token to the end per token, less a drafter's bookkeeping."""
+
+    run: G
+    items: list[Any]
+    first_token_s: float
+    decode_s: float
+    wall_s: float
+
+
+def clocked(make: Callable[[], G]) -> Clocked[G]:
+    """``make()`` run to the end and timed (``Clocked``), the garbage collector collected before and paused during."""
     with quiet():
-        for token in generation:
-            end = time.perf_counter()
-            if not tokens:
-                first = end
-            tokens.append(token)
-    return tokens, end - first
+        start = time.perf_counter()
+        run = make()
+        items: list[Any] = []
+        first = last = start
+        for item in run:
+            last = time.perf_counter()
+            if not items:
+                first = last
+            items.append(item)
+        end = time.perf_counter()
+    return Clocked(run, items, first - start, last - first, end - start)
 
 
 def clock_stats(generation: Any, seconds: float) -> dict[str, Any]:
-    """``generation.stats()`` with ``decode_s`` and ``decode_tokens_per_s`` from ``timed``'s clock."""
+    """``generation.stats()`` with ``decode_s`` and ``decode_tokens_per_s`` by the clock (``seconds``)."""
     decode = len(generation.tokens) - 1
     return {**generation.stats(), "decode_s": seconds, "decode_tokens_per_s": decode / seconds if seconds > 0 else 0.0}
 
@@ -98,8 +118,8 @@ def side_by_side(
     policy: DraftPolicy,
 ) -> SideBySide:
     """Decode ``prompt_ids`` plainly and then speculatively (same options), timing both."""
-    plain = plain_generation(model, prompt_ids, options, tokenizer=tokenizer)
-    _, plain_s = timed(plain)
-    spec = speculative_generate(model, prompt_ids, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
-    _, spec_s = timed(spec)
-    return SideBySide(plain, spec, plain_s, spec_s)
+    plain = clocked(lambda: plain_generation(model, prompt_ids, options, tokenizer=tokenizer))
+    spec = clocked(
+        lambda: speculative_generate(model, prompt_ids, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
+    )
+    return SideBySide(plain.run, spec.run, plain.decode_s, spec.decode_s)

@@ -229,12 +229,14 @@ def _sequential_sweep(text_model, monkeypatch, **options):
         tags[id(gen)] = (gen, k["drafter"].name)
         return gen
 
-    def clock(gen):
+    def clock(make):
+        gen = make()
         tokens = list(gen)
         name = tags.get(id(gen), (None, None))[1]
         if name == "even":
             calls["even"] += 1
-        return tokens, {None: 1.0, "good": 0.5, "even": (0.8, 1.25)[calls["even"] % 2]}[name]
+        seconds = {None: 1.0, "good": 0.5, "even": (0.8, 1.25)[calls["even"] % 2]}[name]
+        return timing.Clocked(gen, tokens, 0.0, seconds, seconds)
 
     class Named(WrongAt):
         def __init__(self, name):
@@ -242,7 +244,7 @@ def _sequential_sweep(text_model, monkeypatch, **options):
             self.name = name
 
     monkeypatch.setattr(sweep, "speculative_generate", tagged)
-    monkeypatch.setattr(sweep, "timed", clock)
+    monkeypatch.setattr(sweep, "clocked", clock)
     return sweep.run_sweep(
         model,
         tokenizer,
