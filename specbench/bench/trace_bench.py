@@ -230,10 +230,14 @@ def save_trace_bench(result: TraceBench, out_dir: str | os.PathLike) -> list[Pat
     return paths
 
 
+#: A trace's files in a run's folder: its per-turn table, step log and plain outputs.
+_TRACE_FILE_PATTERNS = ("*.turns.parquet", "*.steps.parquet", "*.plain.parquet")
+
+
 def _trace_files(trace_id: str, out_dir: Path) -> list[Path]:
     """A trace's per-turn table, step log and plain outputs in ``out_dir``."""
     name = _file_stem(trace_id)
-    return [out_dir / f"{name}.turns.parquet", out_dir / f"{name}.steps.parquet", out_dir / f"{name}.plain.parquet"]
+    return [out_dir / pattern.replace("*", name, 1) for pattern in _TRACE_FILE_PATTERNS]
 
 
 _RESUME_REMEDY = "delete it (its trace then runs again), or choose another --out"
@@ -367,6 +371,13 @@ def run_trace(
         config_path = out_dir / TRACE_CONFIG_FILE
         resumable = not share_store and config_path.exists() and read_json(config_path, _RESUME_REMEDY) == config
         if not resumable:
+            # the traces finished under other settings go before the new settings are written: a run interrupted
+            # after this must not take them for finished under these
+            stale = [p for pattern in _TRACE_FILE_PATTERNS for p in out_dir.glob(pattern)]
+            for path in stale:
+                path.unlink()
+            if stale and progress:
+                print(f"{out_dir}: other settings than its earlier run's: its traces run again", flush=True)
             write_text_atomic(config_path, json.dumps(config, indent=1))
     results: list[TraceBench] = []
     shared = trace_methods(drafters, policies, model, model_name) if share_store else None

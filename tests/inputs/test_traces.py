@@ -559,6 +559,30 @@ def _run_two(ids, out, **kwargs):
     )
 
 
+def test_a_run_under_new_settings_interrupted_after_its_first_trace_reruns_the_second(tmp_path, monkeypatch, capsys):
+    """New settings rewrite the run's settings file; the traces finished under the old ones must not pass for
+    finished under the new when that run is interrupted before reaching them."""
+    import specbench.bench.trace_bench as trace_bench
+
+    out = tmp_path / "out"
+    _run_two(["a", "b"], out)
+    real = trace_bench.bench_trace
+
+    def interrupted_at_b(model, tokenizer, trace, *args, **kwargs):
+        if trace.id == "b":
+            raise KeyboardInterrupt
+        return real(model, tokenizer, trace, *args, **kwargs)
+
+    monkeypatch.setattr(trace_bench, "bench_trace", interrupted_at_b)
+    with pytest.raises(KeyboardInterrupt):
+        _run_two(["a", "b"], out, options=GenerateOptions(max_tokens=5))
+    monkeypatch.setattr(trace_bench, "bench_trace", real)
+    capsys.readouterr()
+    _run_two(["a", "b"], out, options=GenerateOptions(max_tokens=5))
+    said = capsys.readouterr().out
+    assert "a: finished earlier" in said and "b: finished earlier" not in said
+
+
 def test_trace_ids_that_differ_only_in_spelling_get_files_of_their_own(tmp_path, capsys):
     """``a/b`` and ``a_b`` (and ``A`` beside ``a``, for a file system that ignores case) write distinct files:
     a resumed run reads each trace's own results, once."""
