@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import nbformat
 import polars as pl
 import pytest
+from nbformat.v4 import new_code_cell, new_notebook
 
 from specbench.bench.sweep_summary import summarize_sweep
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
-from specbench.report import Outputs, cost_models, verdicts
+from specbench.report import Outputs, cost_models, runner, verdicts
 from specbench.report.answer import SWEEP_RUNS
 from specbench.report.consistency import conflicts, speed_statements, statements
 from specbench.report.index import write_index
@@ -150,3 +152,27 @@ def test_a_stored_speed_verdict_reads_back_and_a_damaged_one_is_left_out(report)
     summary["speeds"] = [stated.to_json(), {"model": MODEL}]
     (out / "quickstart" / "summary.json").write_text(json.dumps(summary))
     assert speed_statements(out) == [("quickstart", stated)]
+
+
+def test_specbench_report_prints_opposite_verdicts(report, tmp_path, capsys):
+    out, _ = report
+    _sweep(out, 1.5)  # the answer: lookup, fixed:3 pays on copy prompts
+    stated = SpeedVerdict(MODEL, "lookup", "fixed:3", "copy", 0.0, "exact", LOSES)
+    notebooks = tmp_path / "nb"
+    notebooks.mkdir()
+    cell = new_code_cell('model = "m"\nmax_tokens = 12\npairs = 2\noutput_dir = ""\nprogress = True')
+    cell.metadata["tags"] = ["parameters"]
+    summary = {"notebook": "quickstart", "verdict": "It loses.", "speeds": [stated.to_json()]}
+    body = (  # what Outputs.verdict stores (the kernel may import another checkout of specbench)
+        f"import json, pathlib\npath = pathlib.Path(output_dir, 'quickstart', 'summary.json')\n"
+        f"path.parent.mkdir(parents=True, exist_ok=True)\npath.write_text(json.dumps({summary!r}))"
+    )
+    kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    nbformat.write(
+        new_notebook(cells=[cell, new_code_cell(body)], metadata=kernel), str(notebooks / "quickstart.ipynb")
+    )
+    result = runner.run_report("quick", out, only=["quickstart"], notebooks=notebooks, progress=False)
+    assert [r.status for r in result.results] == ["done"]
+    quantity = f"{MODEL} with lookup, fixed:3 on copy prompts, greedy, exact verification"
+    printed = capsys.readouterr().out
+    assert f"the report's pages disagree: {quantity}: answer says it pays, quickstart says it loses" in printed
