@@ -98,8 +98,8 @@ class Outputs:
     def _save_summary(self) -> None:
         if self.folder is None:
             return
-        data = {"notebook": self.notebook, "verdict": self.verdict_text, "values": self.values, "skipped": self.skipped}
-        data |= {"speeds": [s.to_json() for s in self.speeds]}
+        data: dict[str, Any] = {"notebook": self.notebook, "verdict": self.verdict_text, "values": self.values}
+        data |= {"skipped": self.skipped, "speeds": [s.to_json() for s in self.speeds]}
         data |= {"figure_problems": self.figure_problems, "figures": self.figures, "logs": self.logs}
         data |= {"tables": self.tables}
         write_text_atomic(self.folder / "summary.json", json.dumps(data, indent=1, default=str))

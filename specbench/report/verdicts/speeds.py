@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import polars as pl
 
@@ -67,12 +67,14 @@ class SpeedVerdict:
         if not all(isinstance(data.get(k), str) for k in text) or data["word"] not in (PAYS, LOSES, INCONCLUSIVE):
             return None
         temperature, speedup = data.get("temperature"), data.get("speedup")
-        if not _number(temperature) or not (speedup is None or _number(speedup)):
+        if not _number(temperature):
+            return None
+        if speedup is not None and not _number(speedup):
             return None
         return cls(**{k: data[k] for k in text}, temperature=float(temperature), speedup=speedup)
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
