@@ -26,8 +26,8 @@ from specbench.report.verdicts.notebooks import (
 )
 from specbench.report.verdicts.policy_verdicts import Confirmed
 
-#: The prompt kind of a page that decodes a prompt of its own (the quickstart's), not a kind of the prompt set.
-OWN_PROMPT = "its own prompt"
+#: The prompt kind of the quickstart's prompt: one of its own (a parameter of that page), no kind of the prompt set.
+OWN_PROMPT = "quickstart"
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def trace_speeds(
     if best is None:
         return []
     word = speed_word(best.speedup_low, best.speedup_high)
-    kind = "+".join(sorted(f"trace {t}" for t in traces))
+    kind = "traces " + "+".join(sorted(traces))
     return [SpeedVerdict(model, str(best.method), policy, kind, 0.0, verify, word, best.speedup)]
 
 
