@@ -22,10 +22,14 @@ from specbench.bench.sweep_summary import summarize_sweep
 from specbench.cost.breakeven import break_even_acceptance, break_even_band
 from specbench.cost.profile import Profile
 from specbench.report import cost_models
-from specbench.report.verdicts.notebooks import SummaryRow
+from specbench.report.outputs import read_json
+from specbench.report.verdicts.notebooks import INCONCLUSIVE, LOSES, PAYS, SummaryRow
+from specbench.report.verdicts.speeds import SpeedVerdict, one
 
 #: Where the sweep keeps its runs in a report folder.
 SWEEP_RUNS = Path("draft_length_sweep") / "tables" / "runs.parquet"
+#: The name its statements go by (``answer_speeds``): the index's opening, not a notebook's page.
+PAGE = "answer"
 #: The answer's figure in a report folder.
 MAP = Path("answer") / "break_even_map.png"
 
@@ -149,18 +153,55 @@ def answer_cells(
     return cells
 
 
+def sweep_runs(out: str | Path) -> pl.DataFrame | None:
+    """The sweep's runs in report folder ``out`` (None before it ran)."""
+    path = Path(out) / SWEEP_RUNS
+    if not path.is_file():
+        return None
+    try:
+        return pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError):
+        return None
+
+
+def sweep_model(out: str | Path) -> str | None:
+    """The model the sweep in report folder ``out`` ran (its status's parameters; None before it ran)."""
+    status = read_json(Path(out) / "draft_length_sweep" / "status.json") or {}
+    parameters = status.get("parameters")
+    model = parameters.get("model") if isinstance(parameters, dict) else None
+    return model if isinstance(model, str) else None
+
+
+def answer_speeds(out: str | Path) -> list[SpeedVerdict]:
+    """What the answer's table says of speed, cell by cell ("no difference resolvable", "no interval": inconclusive)."""
+    runs, model = sweep_runs(out), sweep_model(out)
+    if runs is None or model is None:
+        return []
+    drafted = runs.filter(pl.col("drafter") != "none")
+    temperature, verify = float(one(drafted, "temperature", 0.0)), str(one(drafted, "verify_mode"))
+    return [
+        SpeedVerdict(
+            model,
+            c.drafter,
+            c.policy,
+            c.kind,
+            temperature,
+            verify,
+            c.verdict if c.verdict in (PAYS, LOSES) else INCONCLUSIVE,
+            c.speedup,
+        )
+        for c in answer_cells(runs, None)
+    ]
+
+
 def read_answer(
     out: str | Path, model: str | None, recorded: dict[str, tuple[Profile, str]] | None = None
 ) -> tuple[list[Cell], str]:
     """The answer's cells from a report folder's stored records (the sweep's runs of ``model``) and the line naming
     ``model``'s cost model ("" without one); ``recorded``: the folder's cost models, when already read."""
     out = Path(out)
-    path = out / SWEEP_RUNS
-    if not path.is_file():
-        return [], ""
-    try:
-        runs = pl.read_parquet(path)
-    except (OSError, pl.exceptions.PolarsError):
+    runs = sweep_runs(out)
+    if runs is None:
         return [], ""
     recorded = cost_models.recorded(out) if recorded is None else recorded
     profile, line = recorded.get(model, (None, "")) if model else (None, "")

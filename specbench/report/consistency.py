@@ -1,15 +1,18 @@
-"""One report, one answer: where two pages of a report folder state different values of one quantity.
+"""One report, one answer: where two pages of a report folder state different values of one quantity, or opposite
+speed verdicts.
 
 Every page plans with the report's cost model (``cost_models``), so the verify cost c(w) and the break-even
 acceptance a*(k) a page states for a model must be that model's, and two pages must not state different ones. The
 pages state them as key results (``"<model> c(<w>)"``, ``"<model> a*(<k>)"``: ``verdicts.labels.profile_headline``)
-and in their verdicts ("c(2) = 1.38 plain steps"). ``conflicts`` lists every disagreement in words: the index opens
-with them, and a report whose pages disagree says so instead of giving two answers.
+and in their verdicts ("c(2) = 1.38 plain steps"). A page's speed verdicts are stored as typed statements
+(``verdicts.speeds.SpeedVerdict``) beside its words, and the answer's table states one per cell: two that say "pays"
+and "loses" of one quantity (model, drafter, policy, prompt kind, temperature, verify mode) disagree; "inconclusive"
+agrees with either. ``conflicts`` lists every disagreement in words: the index opens with them, ``specbench report``
+prints them, and a report whose pages disagree says so instead of giving two answers.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -17,7 +20,10 @@ from pathlib import Path
 
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
-from specbench.report import cost_models
+from specbench.report import answer, cost_models
+from specbench.report.outputs import read_summary
+from specbench.report.verdicts.notebooks import LOSES, PAYS
+from specbench.report.verdicts.speeds import SpeedVerdict
 
 #: Values stored as key results agree to this relative difference (they come from one profile, computed alike).
 RELATIVE = 1e-6
@@ -45,12 +51,8 @@ class Statement:
 def statements(out: str | Path) -> list[Statement]:
     """What every page of the report folder ``out`` states of c(w) and a*(k), from its stored summary."""
     found = []
-    for path in sorted(Path(out).glob("*/summary.json")):
-        try:
-            summary = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        page = path.parent.name
+    for page in _pages(out):
+        summary = read_summary(out, page)
         for key, value in (summary.get("values") or {}).items():
             match = _KEY.match(str(key))
             if match and isinstance(value, (int, float)) and math.isfinite(value):
@@ -61,6 +63,40 @@ def statements(out: str | Path) -> list[Statement]:
             rounding = 0.5 * 10.0 ** -len(text.partition(".")[2])
             found.append(Statement(page, "", f"{quantity}({w})", float(text), rounding))
     return found
+
+
+def _pages(out: str | Path) -> list[str]:
+    """The pages of report folder ``out`` that stored a summary."""
+    return [path.parent.name for path in sorted(Path(out).glob("*/summary.json"))]
+
+
+def speed_statements(out: str | Path) -> list[tuple[str, SpeedVerdict]]:
+    """(page, verdict) for every speed verdict the pages of report folder ``out`` state, the answer's table's
+    (``answer.PAGE``) among them."""
+    found = []
+    for page in _pages(out):
+        for data in read_summary(out, page).get("speeds") or []:
+            verdict = SpeedVerdict.of_json(data)
+            if verdict is not None:
+                found.append((page, verdict))
+    return found + [(answer.PAGE, verdict) for verdict in answer.answer_speeds(out)]
+
+
+def opposite_verdicts(said: list[tuple[str, SpeedVerdict]]) -> list[str]:
+    """Every quantity of which one page says "pays" and another "loses", in words naming both pages."""
+    by_quantity: dict[tuple[str, str, str, str, float, str], list[tuple[str, SpeedVerdict]]] = {}
+    for page, verdict in said:
+        by_quantity.setdefault(verdict.quantity, []).append((page, verdict))
+    problems = []
+    for group in by_quantity.values():
+        pays = sorted({page for page, v in group if v.word == PAYS})
+        loses = sorted({page for page, v in group if v.word == LOSES})
+        if pays and loses:
+            problems.append(
+                f"{group[0][1].names()}: {' and '.join(pays)} say{'s' * (len(pays) == 1)} it pays, "
+                f"{' and '.join(loses)} say{'s' * (len(loses) == 1)} it loses"
+            )
+    return problems
 
 
 def _of_profile(profile: Profile, quantity: str) -> list[float]:
@@ -80,8 +116,8 @@ def _of_profile(profile: Profile, quantity: str) -> list[float]:
 def conflicts(out: str | Path) -> list[str]:
     """Every disagreement between the pages of the report in ``out`` and its recorded cost models, in words: a
     model's c(w) or a*(k) stated with two values, or with one its cost model does not have (a page that measured
-    or planned with a profile of its own). Verdict statements that do not name their model are checked against
-    every recorded model's values."""
+    or planned with a profile of its own), and opposite speed verdicts of one quantity (``opposite_verdicts``).
+    Verdict statements that do not name their model are checked against every recorded model's values."""
     recorded = cost_models.recorded(Path(out))
     names: dict[str, Profile] = {}
     for key, (profile, _) in recorded.items():
@@ -104,4 +140,4 @@ def conflicts(out: str | Path) -> list[str]:
             model = s.model or "the report's model"
             shown = " or ".join(f"{v:.3g}" for v in expected)
             problems.append(f"{s.page} states {model} {s.quantity} = {s.value:.3g}; the cost model: {shown}")
-    return problems
+    return problems + opposite_verdicts(speed_statements(out))

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from specbench.common.files import locked, set_aside, write_json_atomic, write_text_atomic
-from specbench.report.answer import answer_html
+from specbench.report.answer import answer_html, sweep_model
 from specbench.report.consistency import conflicts
+from specbench.report.outputs import read_json, read_summary
 from specbench.report.verdicts import describe
 
 _STYLE = """
@@ -40,13 +41,6 @@ col.nb{width:17%}col.st{width:8%}col.t{width:6%}col.res{width:47%}col.f{width:5%
 """
 #: report.json keys shown at the top of the index, in order.
 _INFO_KEYS = ("profile", "device", "blas", "mlx", "mlx_lm", "specbench", "created", "updated", "last_run_s")
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 #: The states a status file records.
@@ -95,16 +89,9 @@ def write_report_info(out: Path, info: dict[str, Any]) -> Path:
     kept), under the file's lock."""
     path = Path(out) / "report.json"
     with locked(path):
-        stored = _read_json(path)
-        stored = stored if isinstance(stored, dict) else {}
+        stored = read_json(path) or {}
         created = stored.get("created") if isinstance(stored.get("created"), str) else None
         return write_json_atomic(path, {**stored, **info, **({"created": created} if created else {})})
-
-
-def read_summary(out: Path, notebook: str) -> dict[str, Any]:
-    """A notebook's ``summary.json`` (``Outputs``: values, skipped sections, figures, logs, tables); {} if none."""
-    summary = _read_json(Path(out) / notebook / "summary.json")
-    return summary if isinstance(summary, dict) else {}
 
 
 def running_here() -> dict[str, Any]:
@@ -204,8 +191,7 @@ def write_index(out: str | os.PathLike, titles: dict[str, str]) -> Path:
 
 
 def _write_index(out: Path, titles: dict[str, str]) -> Path:
-    info = _read_json(out / "report.json")
-    info = info if isinstance(info, dict) else {}
+    info = read_json(out / "report.json") or {}
     rows, galleries, verdicts = [], [], []
     for name, title in titles.items():
         status = read_status(out, name)
@@ -217,8 +203,7 @@ def _write_index(out: Path, titles: dict[str, str]) -> Path:
         if summary.get("figures"):
             galleries.append(_gallery(name, title, summary["figures"]))
     meta = " · ".join(html.escape(f"{k}: {info[k]}") for k in _INFO_KEYS if k in info)
-    sweep = read_status(out, "draft_length_sweep") or {}
-    answer = answer_html(out, (sweep.get("parameters") or {}).get("model"))
+    answer = answer_html(out, sweep_model(out))
     disagreements = conflicts(out)
     if disagreements:  # two answers where there must be one: said before either
         items = "".join(f"<li>{html.escape(text)}</li>" for text in disagreements)

@@ -11,14 +11,33 @@ import html
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specbench.common.files import safe_name, write_parquet_atomic, write_text_atomic
 from specbench.inputs.capabilities import check
 
+if TYPE_CHECKING:
+    from specbench.report.verdicts.speeds import SpeedVerdict
+
 #: Resolution of the figures a report writes.
 FIGURE_DPI = 110
+
+
+def read_json(path: str | os.PathLike) -> dict[str, Any] | None:
+    """A JSON object stored at ``path``; None where it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_summary(out: str | os.PathLike, notebook: str) -> dict[str, Any]:
+    """A notebook's ``summary.json`` in report folder ``out`` (what ``Outputs`` wrote: verdict, its speed verdicts,
+    values, skipped sections, figures, logs, tables); {} if none."""
+    return read_json(Path(out) / notebook / "summary.json") or {}
 
 
 def in_ipython() -> bool:
@@ -58,6 +77,8 @@ class Outputs:
         self.folder = Path(output_dir) / notebook if output_dir else None
         self.values: dict[str, Any] = {}
         self.verdict_text = ""
+        #: What the verdict says of speed, as typed statements (``verdicts.speeds``).
+        self.speeds: list[SpeedVerdict] = []
         self.skipped: dict[str, str] = {}
         #: The files written so far (paths relative to the report folder).
         self.figures: list[str] = []
@@ -77,7 +98,8 @@ class Outputs:
     def _save_summary(self) -> None:
         if self.folder is None:
             return
-        data = {"notebook": self.notebook, "verdict": self.verdict_text, "values": self.values, "skipped": self.skipped}
+        data: dict[str, Any] = {"notebook": self.notebook, "verdict": self.verdict_text, "values": self.values}
+        data |= {"skipped": self.skipped, "speeds": [s.to_json() for s in self.speeds]}
         data |= {"figure_problems": self.figure_problems, "figures": self.figures, "logs": self.logs}
         data |= {"tables": self.tables}
         write_text_atomic(self.folder / "summary.json", json.dumps(data, indent=1, default=str))
@@ -127,10 +149,12 @@ class Outputs:
         self.values.update({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()})
         self._save_summary()
 
-    def verdict(self, text: str) -> None:
+    def verdict(self, text: str, speeds: Sequence[SpeedVerdict] = ()) -> None:
         """The notebook's conclusion in words (from ``specbench.report.verdicts``): shown here once, stored for the
-        index, which opens with one verdict per notebook."""
+        index, which opens with one verdict per notebook; ``speeds``: what the words say of speed, as statements
+        (``verdicts.speeds``) that ``report.consistency`` sets against the other pages'."""
         self.verdict_text = " ".join(str(text).split()) + reference_blas_note()
+        self.speeds = list(speeds)
         self._save_summary()
         if in_ipython():
             from IPython.display import Markdown, display

@@ -469,8 +469,7 @@ def run_report(
     info = _report_info(profile)
     info["last_run_s"] = round(time.perf_counter() - started, 1)  # the run's wall clock, not the ranks' sum
     if distributed.is_main():
-        sweep = read_status(out, "draft_length_sweep") or {}
-        answer.write_map(out, (sweep.get("parameters") or {}).get("model"))
+        answer.write_map(out, answer.sweep_model(out))
     write_report_info(out, info)
     write_index(out, NOTEBOOKS)
     if distributed.is_main():

@@ -14,7 +14,7 @@ import pytest
 
 from specbench.inputs.capabilities import has
 from specbench.report import runner as report
-from specbench.report.consistency import conflicts
+from specbench.report.consistency import conflicts, speed_statements
 from specbench.report.index import brief
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +75,8 @@ def test_quick_profile_runs_each_notebook(tmp_path, name):
     assert "OutputModel" not in (out / f"{name}.ipynb").read_text()
     assert json.loads((out / name / "status.json").read_text())["cpu_s"] > 0  # its kernel's CPU time counted
     summary = json.loads((out / name / "summary.json").read_text())
-    assert conflicts(out) == [], f"{name} states a c(w) or a*(k) other than the report's cost model's"
+    # no c(w) or a*(k) other than the report's cost model's, and no "pays" where another page says "loses"
+    assert conflicts(out) == [], f"{name} disagrees with the report's cost model or another page"
     assert summary["figures"], f"{name} drew no figure"
     for figure in summary["figures"]:
         assert (out / figure).read_bytes()[:4] == b"\x89PNG"
@@ -98,6 +99,12 @@ def test_quick_profile_runs_each_notebook(tmp_path, name):
     assert html.escape(brief(summary["verdict"])) in page[: page.index("<table><colgroup>")]
     if name == "draft_length_sweep":
         assert summary["values"]["outputs_equal_to_plain"] is True
+        # the verdict check is not vacuous here: the page's "cannot pay" on its worst kind (a verification yields
+        # fewer tokens than it costs, by a wide margin on the miniature) and the answer's cell state one quantity
+        said = speed_statements(out)
+        assert "cannot pay" in summary["verdict"] and {page for page, _ in said} == {"draft_length_sweep", "answer"}
+        pages = {v.quantity: {p for p, w in said if w.quantity == v.quantity} for _, v in said}
+        assert {"draft_length_sweep", "answer"} in pages.values(), said
         assert page.index("Does speculation pay here?") < page.index("<h2>Verdicts</h2>")
         assert "cost model: tiny:smollm2-135m, measured" in page  # the one cost model its pages planned with
     if name == "agent_traces":

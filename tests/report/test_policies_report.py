@@ -81,6 +81,15 @@ def test_verdict_words_each_confirmed_policy_by_its_interval():
     assert f"auto {LOSES} (0.70x, 95 % interval over requests 0.60-0.80 of 6), predicted 1.30x (residual -46%)" in text
     straddles = verdicts.policies(_ranking(), _confirmed(0.9, 1.4), "m", "suffix", "6 prompt(s)")
     assert f"ollama {INCONCLUSIVE} (1.20x, 95 % interval over requests 0.90-1.40 of 6)" in straddles
+    # the statements stored beside the words say the same of each confirmed policy
+    for confirmed, words in (
+        (_confirmed(1.1, 1.3), [PAYS, LOSES]),
+        (_confirmed(None, None, requests=2), [INCONCLUSIVE] * 2),
+    ):
+        said = verdicts.policy_speeds(confirmed, "m", "suffix", "spec-bench question", "exact")
+        assert [(v.policy, v.word, v.kind) for v in said] == list(
+            zip(["ollama", "auto"], words, ["spec-bench question"] * 2)
+        )
 
 
 def test_a_prediction_alone_is_never_a_verdict():

@@ -17,7 +17,9 @@ from specbench.cost import bandwidth
 from specbench.cost.profile import Profile
 from specbench.report import figures, verdicts
 from specbench.report.progress import Heartbeat, console
+from specbench.report.verdicts import INCONCLUSIVE
 from specbench.report.verdicts.notebooks import SummaryRow
+from specbench.report.verdicts.speeds import OWN_PROMPT
 
 
 def _profile(name: str, costs: list[float], overhead: float = 0.0, device: str = "cpu:test") -> Profile:
@@ -102,6 +104,44 @@ def test_noisy_cells_are_inconclusive_and_only_a_clear_interval_pays_or_loses():
     assert "inconclusive at this sample (1.80x over 2 pair(s) of runs; an interval needs 6" in verdicts.sweep(few, "m")
     assert verdicts.speed(2.0, None, None).startswith("inconclusive at this sample (2.00x from single unpaired runs")
     assert verdicts.speed_word(0.5, 3.0) == verdicts.INCONCLUSIVE
+
+
+def test_the_speed_statements_say_what_the_words_say():
+    """``verdicts.speeds``: each page's statement carries the word its verdict text gives, for the quantity it names."""
+    runs = pl.DataFrame({"drafter": ["lookup", "none"], "category": ["qa", "qa"], "temperature": [0.0] * 2})
+    runs = runs.with_columns(verify_mode=pl.lit("exact"))
+    clear = _summary(speedup_low=[None, 0.9, 1.1, 0.9], speedup_high=[None, 1.1, 1.5, 1.6])
+    slow = _summary(speedup=[1.0, 1.0, 0.7, 1.4], speedup_low=[None, 0.9, 0.6, 0.9], speedup_high=[None, 1.1, 0.8, 1.6])
+    drifted = _summary(speedup_low=[None, 1.05, 1.1, 0.9], speedup_high=[None, 1.2, 1.5, 1.6])
+    few = _summary(pairs=[0, 2, 2, 2], speedup_low=[None] * 4, speedup_high=[None] * 4, speedup=[1.0, 1.0, 1.8, 1.0])
+    for summary, word in ((clear, verdicts.PAYS), (slow, verdicts.LOSES), (drifted, INCONCLUSIVE), (few, INCONCLUSIVE)):
+        (stated,) = verdicts.sweep_speeds(summary, runs, "m")
+        assert f"lookup, fixed:3, {word} (" in verdicts.sweep(summary, "m")
+        assert stated == verdicts.SpeedVerdict("m", "lookup", "fixed:3", "qa", 0.0, "exact", word, stated.speedup)
+        (quick,) = verdicts.quickstart_speeds(summary, runs, "m")
+        assert f"speculation {word} (" in verdicts.quickstart("m", summary, 32, True)
+        assert (quick.kind, quick.word) == (OWN_PROMPT, word)
+    # the kind a sweep's verdict says cannot pay is stated to lose there
+    by_category = _summary(category=["qa"] * 4, verification_s=[None, None, 12.0, None])
+    by_category = by_category.with_columns(plain_decode_s=pl.lit(1.0), plain_decode_tokens=pl.lit(4))
+    assert "On qa (lookup, fixed:3) a verification yielded 2.50 tokens" in verdicts.sweep(clear, "m", 32, by_category)
+    cannot = verdicts.sweep_speeds(clear, runs, "m", by_category)[1]
+    assert (cannot.drafter, cannot.policy, cannot.kind, cannot.word) == ("lookup", "fixed:3", "qa", verdicts.LOSES)
+    # a trace replay: the fastest drafter over the traces replayed
+    overall = pl.DataFrame(
+        {
+            "method": ["plain", "suffix", "lookup"],
+            "traces": [8, 8, 8],
+            "speedup": [1.0, 1.31, 1.1],
+            "speedup_low": [None, 1.12, 0.95],
+            "speedup_high": [None, 1.52, 1.2],
+            "tokens_per_verify": [0.0, 2.5, 1.4],
+            "identical": [True] * 3,
+        }
+    )
+    (traced,) = verdicts.trace_speeds(overall, "m", ["tool", "chat"], "auto", "exact")
+    assert "suffix, pays (" in verdicts.traces(overall, "m", 16, 24, "auto")
+    assert traced == verdicts.SpeedVerdict("m", "suffix", "auto", "traces chat+tool", 0.0, "exact", verdicts.PAYS, 1.31)
 
 
 def test_a_method_that_fell_back_to_plain_is_never_best():

@@ -4,6 +4,8 @@ results it records (headlines) and the labels and units the index shows them wit
 - Verdicts: one or two sentences per notebook. A notebook ends with ``out.verdict(verdicts.<notebook>(...))``;
   the index shows one verdict per notebook at the top.
 - Headlines: the key results a notebook records for the index (``out.summary(**verdicts.sweep_headline(...))``).
+- Speeds: what a verdict says of speed, as typed statements (``SpeedVerdict``), stored beside its words
+  (``out.verdict(verdicts.sweep(...), verdicts.sweep_speeds(...))``) and checked across pages (``report.consistency``).
 - Labels: ``describe(key, value)`` gives a label that says what a key result is and the value with its unit,
   e.g. ``("SmolLM2-135M-MoE: verify cost c(2), engine overhead included", "3.04 plain steps")``; keys without
   an entry are shown as they are.
@@ -40,6 +42,13 @@ from specbench.report.verdicts.notebooks import (
 )
 from specbench.report.verdicts.policy_verdicts import policies
 from specbench.report.verdicts.reference import batch_reference_contrast, reference_contrast, reference_stacks
+from specbench.report.verdicts.speeds import (
+    SpeedVerdict,
+    policy_speeds,
+    quickstart_speeds,
+    sweep_speeds,
+    trace_speeds,
+)
 
 __all__ = [
     "sweep_headline",
@@ -69,4 +78,9 @@ __all__ = [
     "reference_contrast",
     "reference_stacks",
     "policies",
+    "SpeedVerdict",
+    "sweep_speeds",
+    "quickstart_speeds",
+    "trace_speeds",
+    "policy_speeds",
 ]

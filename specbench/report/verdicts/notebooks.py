@@ -161,11 +161,32 @@ def _verified(row: SummaryRow) -> str:
     return f"{row.tokens_per_verify or 0:.2f} tokens per verification, {rate:.0%} of drafted tokens accepted"
 
 
-def _aa_row(summary: pl.DataFrame) -> SummaryRow | None:
+def aa_row(summary: pl.DataFrame) -> SummaryRow | None:
     from specbench.bench.sweep import AA_POLICY
 
     rows = SummaryRow.rows(summary.filter((pl.col("drafter") == "none") & (pl.col("policy") == AA_POLICY)))
     return rows[0] if rows else None
+
+
+def fastest(rows: pl.DataFrame) -> SummaryRow | None:
+    """The row of ``rows`` with the highest measured speedup (None where none was measured)."""
+    found = SummaryRow.rows(rows.drop_nulls("speedup").sort("speedup", descending=True).head(1))
+    return found[0] if found else None
+
+
+def drafted_methods(summary: pl.DataFrame) -> pl.DataFrame:
+    """A sweep summary's methods that drafted (verified at least one draft) and have a measured speedup."""
+    speculative = summary.filter(pl.col("drafter") != "none").drop_nulls("speedup")
+    return speculative.filter(pl.col("verifies").fill_null(0) > 0)
+
+
+def fewest_per_verify(by_category: pl.DataFrame | None) -> list[SummaryRow]:
+    """The drafted cell of a summary by category with the fewest tokens per verification (none without one): the
+    one a sweep's verdict says cannot pay, where its log says so (``cannot_pay``)."""
+    if by_category is None or by_category.is_empty():
+        return []
+    drafted = by_category.filter((pl.col("drafter") != "none") & (pl.col("verifies").fill_null(0) > 0))
+    return SummaryRow.rows(drafted.sort("tokens_per_verify").head(1))
 
 
 def _row_speed(row: SummaryRow, aa: SummaryRow | None) -> str:
@@ -210,7 +231,7 @@ def quickstart(model: str, summary: pl.DataFrame, tokens: int, equal: bool | Non
             "decoding's."
         )
     return (
-        f"On {where()} speculation {_row_speed(row, _aa_row(summary))} for {model} with {row.drafter}, "
+        f"On {where()} speculation {_row_speed(row, aa_row(summary))} for {model} with {row.drafter}, "
         f"{row.policy} on this prompt ({on}; {_verified(row)}); output {outputs} to plain decoding's." + audited(row)
     )
 
@@ -234,7 +255,7 @@ def sweep(summary: pl.DataFrame, model: str, tokens: int | None = None, by_categ
     speculative = summary.filter(pl.col("drafter") != "none").drop_nulls("speedup")
     if speculative.is_empty():
         return f"No speculative run finished for {model}."
-    drafted = speculative.filter(pl.col("verifies").fill_null(0) > 0)
+    drafted = drafted_methods(summary)
     plain_only = [f"{r.drafter}, {r.policy}" for r in SummaryRow.rows(speculative) if not r.verifies]
     equal = summary["all_equal_to_plain"].drop_nulls()
     outputs = (
@@ -247,23 +268,18 @@ def sweep(summary: pl.DataFrame, model: str, tokens: int | None = None, by_categ
     fallback = f" Fell back to plain (never drafted): {'; '.join(plain_only)}." if plain_only else ""
     if drafted.is_empty():
         return f"On {where()} no method drafted anything for {model} ({on}).{fallback} {outputs.capitalize()}."
-    best = SummaryRow.rows(drafted.sort("speedup", descending=True).head(1))[0]
+    best = fastest(drafted)
+    assert best is not None
     k = best.k or best.mean_k
     k = None if k is None else (int(k) if float(k).is_integer() else round(float(k), 1))
     text = (
         f"On {where()} the fastest method that drafted, {_method(best.drafter, best.policy, k)}, "
-        f"{_row_speed(best, _aa_row(summary))} for {model} ({on}; {_verified(best)}).{fallback}"
+        f"{_row_speed(best, aa_row(summary))} for {model} ({on}; {_verified(best)}).{fallback}"
     )
-    if by_category is not None and not by_category.is_empty():
-        worst = (
-            by_category.filter((pl.col("drafter") != "none") & (pl.col("verifies").fill_null(0) > 0))
-            .sort("tokens_per_verify")
-            .head(1)
-        )
-        for row in SummaryRow.rows(worst):
-            why = cannot_pay(row)
-            if why:
-                text += f" On {row.category} ({row.drafter}, {row.policy}) {why}."
+    for row in fewest_per_verify(by_category):
+        why = cannot_pay(row)
+        if why:
+            text += f" On {row.category} ({row.drafter}, {row.policy}) {why}."
     found = [r for r in SummaryRow.rows(speculative) if r.exact_divergence]
     return f"{text} {outputs.capitalize()}." + (audited(found[0]) if found else "")
 
@@ -371,7 +387,8 @@ def traces(
             f"On {where()} replaying agent traces, every drafter fell back to plain decoding for {model} (never "
             f"drafted), so there is no speedup to judge ({on}); {identical} to plain decoding."
         )
-    best = SummaryRow.rows(drafted.sort("speedup", descending=True).head(1))[0]
+    best = fastest(drafted)
+    assert best is not None
     verdict = (
         speed(best.speedup, best.speedup_low, best.speedup_high, trace_count, "trace")
         if _finite(best.speedup_low)
