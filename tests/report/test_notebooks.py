@@ -99,12 +99,14 @@ def test_quick_profile_runs_each_notebook(tmp_path, name):
     assert html.escape(brief(summary["verdict"])) in page[: page.index("<table><colgroup>")]
     if name == "draft_length_sweep":
         assert summary["values"]["outputs_equal_to_plain"] is True
-        # the verdict check is not vacuous here: the page's "cannot pay" on its worst kind (a verification yields
-        # fewer tokens than it costs, by a wide margin on the miniature) and the answer's cell state one quantity
+        # both the page and the answer's table state speed verdicts; where the page says a kind "cannot pay" (a
+        # verification yields fewer tokens than it costs: most runs of the miniature, as the quick profile's timing
+        # under load allows), it and the answer's cell state one quantity, which the conflict check above compared
         said = speed_statements(out)
-        assert "cannot pay" in summary["verdict"] and {page for page, _ in said} == {"draft_length_sweep", "answer"}
-        pages = {v.quantity: {p for p, w in said if w.quantity == v.quantity} for _, v in said}
-        assert {"draft_length_sweep", "answer"} in pages.values(), said
+        assert {page for page, _ in said} == {"draft_length_sweep", "answer"}, said
+        if "cannot pay" in summary["verdict"]:
+            pages = {v.quantity: {p for p, w in said if w.quantity == v.quantity} for _, v in said}
+            assert {"draft_length_sweep", "answer"} in pages.values(), said
         assert page.index("Does speculation pay here?") < page.index("<h2>Verdicts</h2>")
         assert "cost model: tiny:smollm2-135m, measured" in page  # the one cost model its pages planned with
     if name == "agent_traces":
