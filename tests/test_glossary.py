@@ -99,3 +99,14 @@ def test_the_glossary_names_what_the_package_spells():
     missing = sorted(word for word in code if word.split(".")[-1] not in names)
     assert not missing, f"docs/glossary.md names what specbench/ does not spell: {missing}"
     assert not set(BANNED) & code
+
+
+def test_no_two_classes_of_the_package_share_a_name():
+    """One name per concept: two classes of one name (an A/B arm and a prompt bench's method; an output divergence
+    and an audited operation's) read as one concept wherever either is imported."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(Path(specbench.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(str(path))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

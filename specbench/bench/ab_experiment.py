@@ -22,14 +22,14 @@ from specbench.drafters import is_drafter_name, make_drafter
 
 
 @dataclass(frozen=True)
-class Method:
+class Arm:
     """Plain decoding (``drafter`` None) or a drafter under a policy ("lookup", "suffix/fixed:4")."""
 
     drafter: str | None = None
     policy: str = "auto"
 
     @classmethod
-    def parse(cls, text: str, argument: str = "method") -> Method:
+    def parse(cls, text: str, argument: str = "method") -> Arm:
         """ "plain", "DRAFTER" (under Auto) or "DRAFTER/POLICY" (a policy ``DraftPolicy.parse`` reads); anything
         else, plain decoding under a policy included, is one ValueError naming ``argument``."""
         forms = "give plain, a drafter name (under Auto) or DRAFTER/POLICY (e.g. lookup/fixed:4)"
@@ -112,8 +112,8 @@ def run_ab(
     model: Any,
     tokenizer: Any,
     prompts: Sequence[list[int]],
-    a: Method,
-    b: Method,
+    a: Arm,
+    b: Arm,
     options: GenerateOptions,
     repeats: int,
     say: Callable[[str], None] = lambda text: None,
@@ -144,5 +144,5 @@ def run_ab(
     return result
 
 
-def _drafter(method: Method, model: Any) -> Any:
+def _drafter(method: Arm, model: Any) -> Any:
     return None if method.drafter is None else make_drafter(method.drafter, model=model)

@@ -51,7 +51,7 @@ class AutoActivity:
 
 
 @dataclass
-class TimedRun:
+class PerTokenRun:
     """One per-token run: seconds per token, its speeds (seconds of a steady plain step; None without one),
     where its seconds went, and (a method's run) its tokens and what it did."""
 
@@ -68,12 +68,12 @@ def _shadows(gen: Generation) -> int:
     return sum(1 for r in gen.log if r.kind == "plain" and r.draft_tokens)
 
 
-def plain_run(model: Any, prompt: list[int], tokens: int) -> TimedRun:
+def plain_run(model: Any, prompt: list[int], tokens: int) -> PerTokenRun:
     """specbench plain decoding of ``tokens`` tokens (end of sequence ignored), timed."""
     gen = plain_generation(model, prompt, GenerateOptions(max_tokens=tokens, ignore_eos=True))
     spt = seconds_per_token(gen)
     records = gen.log.records
-    return TimedRun(spt, speed_state(records), mean_speed(records), time_split(records, spt * (len(gen.tokens) - 1)))
+    return PerTokenRun(spt, speed_state(records), mean_speed(records), time_split(records, spt * (len(gen.tokens) - 1)))
 
 
 def plain_seconds(model: Any, prompt: list[int], tokens: int) -> float:
@@ -89,7 +89,7 @@ def auto_run(
     drafter: Drafter,
     profile: Any,
     progress: Callable[[str], None] | None = None,
-) -> TimedRun:
+) -> PerTokenRun:
     """Auto with ``drafter`` at verify ``mode``; "plain" times plain decoding as an Auto cell is (an A/A cell).
     The drafter's ``follow_s`` (an oracle's bookkeeping) is taken out of the seconds."""
     if mode == "plain":
@@ -111,7 +111,7 @@ def auto_run(
         verify_ms=verify_ms_by_width(records),
         plain_step_ms=1e3 * statistics.median(plain_steps) if plain_steps else None,
     )
-    return TimedRun(
+    return PerTokenRun(
         spt,
         speed_state(records, stats["observe_s"]),
         mean_speed(records, stats["observe_s"]),
@@ -128,8 +128,8 @@ def _ms(seconds: float | None) -> float | None:
 
 def shape_pair_row(
     base: dict[str, Any],
-    plain: TimedRun,
-    method: TimedRun,
+    plain: PerTokenRun,
+    method: PerTokenRun,
     mlx_lm: float,
     previous_plain: float | None,
     checked: dict[str, Any],

@@ -77,7 +77,7 @@ class Difference:
 
 
 @dataclass(frozen=True)
-class Divergence:
+class PromptDivergence:
     """Where one prompt's plain greedy output under A first differs from B's (``at``: the token index; None when
     they are identical), with both outputs."""
 
@@ -97,7 +97,7 @@ class Comparison:
     method: str
     prompts: int
     differences: list[Difference]
-    divergences: list[Divergence]
+    divergences: list[PromptDivergence]
     notes: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -471,7 +471,7 @@ def compare(
     notes += cost_notes
     first_a, first_b = _first_turn_rows(a), _first_turn_rows(b)
     divergences = [
-        Divergence(
+        PromptDivergence(
             str(r.question_id),
             r.category,
             first_divergence(r.tokens, first_b[k].tokens),

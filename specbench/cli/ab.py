@@ -25,7 +25,7 @@ def _ab(parser: argparse.ArgumentParser):
     parser.add_argument("--pin", action="store_true", help="first keep the steadier of free and pinned cores")
 
     def run(args):
-        from specbench.bench.ab_experiment import Method, run_ab
+        from specbench.bench.ab_experiment import Arm, run_ab
         from specbench.bench.ab_runs import timed_call
         from specbench.cli.registry import verify_modes
         from specbench.common.timing import steadier_affinity
@@ -34,8 +34,8 @@ def _ab(parser: argparse.ArgumentParser):
         from specbench.inputs.prompts import BUNDLED_CATEGORIES, bundled_questions, render_prompt
         from specbench.models.load import load
 
-        a = Method.parse(args.a, "--a")
-        b = a if args.aa else Method.parse(args.b, "--b")
+        a = Arm.parse(args.a, "--a")
+        b = a if args.aa else Arm.parse(args.b, "--b")
         categories = names(args.categories)
         if unknown := sorted(set(categories) - set(BUNDLED_CATEGORIES)):
             raise ValueError(f"--categories: unknown {unknown}; bundled: {', '.join(BUNDLED_CATEGORIES)}")

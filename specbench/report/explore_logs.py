@@ -123,7 +123,7 @@ class Recordings:
             choices.append((f"{row.id} · {row.category}: {short}", row.id))
         return choices
 
-    def select(self, prompt: str) -> list[recorded.RecordedOutput]:
+    def select(self, prompt: str) -> list[recorded.OutputRow]:
         """The recorded outputs a prompt choice stands for: every one, the prompt of that id, or a category's."""
         if prompt == EVERY_PROMPT:
             return recorded.output_rows(self.outputs)
@@ -179,7 +179,7 @@ def load_recordings(
         options = GenerateOptions(max_tokens=max_tokens, verify=verify or None)
         requests = record(model, [p.ids for p in prompts], options, tokenizer)
         found = [
-            recorded.RecordedOutput.of(p, r.output, r.finish_reason, model_name, max_tokens, verify or "", "explorer")
+            recorded.OutputRow.of(p, r.output, r.finish_reason, model_name, max_tokens, verify or "", "explorer")
             for p, r in zip(prompts, requests)
         ]
         outputs = recorded.outputs_frame(found)
@@ -218,7 +218,7 @@ class Replay:
 
 
 def _measured(
-    recordings: Recordings, rows: list[recorded.RecordedOutput], choice: Choice, policy: DraftPolicy
+    recordings: Recordings, rows: list[recorded.OutputRow], choice: Choice, policy: DraftPolicy
 ) -> float | None:
     """The mean speedup the report's sweep measured for this drafter and policy over these prompts (the run
     recorded with the same model, prompt ids and options: greedy, seed 0, as the sweep runs them), or None unless it

@@ -37,7 +37,7 @@ OUTPUTS_FILE = "outputs.parquet"
 
 
 @dataclass(frozen=True)
-class RecordedOutput:
+class OutputRow:
     """A row of ``OUTPUTS_FILE``: ``simulate.load_recorded``'s (id, prompt, output, finish_reason) and where the
     output came from."""
 
@@ -53,7 +53,7 @@ class RecordedOutput:
     source: str
 
     @classmethod
-    def of(cls, prompt: Any, output: Sequence[int], *rest: Any) -> RecordedOutput:
+    def of(cls, prompt: Any, output: Sequence[int], *rest: Any) -> OutputRow:
         """The output of a ``Prompt``; ``rest``: the fields after ``output``."""
         return cls(
             str(prompt.id), prompt.category, prompt.text, [int(t) for t in prompt.ids], [int(t) for t in output], *rest
@@ -62,17 +62,17 @@ class RecordedOutput:
 
 _POLARS = {"str": pl.Utf8, "int": pl.Int64, "list[int]": pl.List(pl.Int64)}
 #: The columns of ``OUTPUTS_FILE``.
-OUTPUTS_SCHEMA = {f.name: _POLARS[str(f.type)] for f in fields(RecordedOutput)}
+OUTPUTS_SCHEMA = {f.name: _POLARS[str(f.type)] for f in fields(OutputRow)}
 
 
-def outputs_frame(outputs: Sequence[RecordedOutput]) -> pl.DataFrame:
+def outputs_frame(outputs: Sequence[OutputRow]) -> pl.DataFrame:
     """``outputs`` as rows of ``OUTPUTS_SCHEMA``."""
     return pl.DataFrame([asdict(o) for o in outputs], schema=OUTPUTS_SCHEMA)
 
 
-def output_rows(frame: pl.DataFrame) -> list[RecordedOutput]:
+def output_rows(frame: pl.DataFrame) -> list[OutputRow]:
     """The rows of a frame of ``OUTPUTS_SCHEMA``."""
-    return [RecordedOutput(**row) for row in frame.select(list(OUTPUTS_SCHEMA)).iter_rows(named=True)]
+    return [OutputRow(**row) for row in frame.select(list(OUTPUTS_SCHEMA)).iter_rows(named=True)]
 
 
 #: Columns a sweep adds to each step record (which run, prompt and sampling settings it belongs to).
@@ -253,9 +253,7 @@ def record_outputs(
             continue
         steps = sweep.steps.filter(pl.col("run") == row["run"]).sort("step")
         output = [t for tokens in steps["tokens"].to_list() for t in (tokens or [])]
-        rows.append(
-            RecordedOutput.of(prompt, output, row["finish_reason"], model, int(max_tokens), verify or "", source)
-        )
+        rows.append(OutputRow.of(prompt, output, row["finish_reason"], model, int(max_tokens), verify or "", source))
     return write_outputs(output_dir, outputs_frame(rows))
 
 

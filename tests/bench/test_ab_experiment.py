@@ -7,31 +7,31 @@ import pytest
 from conftest import build_tiny, word_tokenizer
 
 from specbench.bench.ab import ab_verdict
-from specbench.bench.ab_experiment import ABResult, Method, run_ab
+from specbench.bench.ab_experiment import ABResult, Arm, run_ab
 from specbench.core.options import GenerateOptions
 
 
 def test_methods_read_plain_a_drafter_or_a_drafter_under_a_policy():
-    assert str(Method.parse("plain")) == "plain" and Method.parse("plain").drafter is None
-    assert str(Method.parse("lookup")) == "lookup/auto"
-    assert Method.parse("suffix/fixed:4") == Method("suffix", "fixed:4")
+    assert str(Arm.parse("plain")) == "plain" and Arm.parse("plain").drafter is None
+    assert str(Arm.parse("lookup")) == "lookup/auto"
+    assert Arm.parse("suffix/fixed:4") == Arm("suffix", "fixed:4")
     with pytest.raises(ValueError, match="unknown method"):
-        Method.parse("nope")
+        Arm.parse("nope")
     with pytest.raises(ValueError):
-        Method.parse("lookup/sometimes")
-    assert Method.parse("none") == Method() and Method.parse(" plain ") == Method()
+        Arm.parse("lookup/sometimes")
+    assert Arm.parse("none") == Arm() and Arm.parse(" plain ") == Arm()
 
 
 @pytest.mark.parametrize("text", ["/auto", "plain/fixed:4", "none/auto", "", "/", "lookup/", " /fixed:4"])
 def test_plain_under_a_policy_or_a_missing_part_is_an_error_naming_the_argument(text):
     """Plain decoding takes no policy: "plain/fixed:4" or "/auto" never runs plain decoding labelled as a method."""
     with pytest.raises(ValueError, match=r"^--b .*give plain, a drafter name \(under Auto\) or DRAFTER/POLICY"):
-        Method.parse(text, "--b")
+        Arm.parse(text, "--b")
 
 
 def test_a_bad_policy_names_the_argument():
     with pytest.raises(ValueError, match=r"^--a 'lookup/fixed:1000': .*over the longest draft"):
-        Method.parse("lookup/fixed:1000", "--a")
+        Arm.parse("lookup/fixed:1000", "--a")
 
 
 def test_verdicts_need_the_whole_interval_on_one_side_of_one():
@@ -66,16 +66,16 @@ def test_no_pairs_is_a_result_that_says_so_and_a_run_of_none_is_refused():
         seconds_ratio([(1.0, 0.0), (1.0, 0.0)])
     options = GenerateOptions(max_tokens=4)
     with pytest.raises(ValueError, match="at least one prompt"):
-        run_ab(None, None, [], Method(), Method(), options, repeats=2)
+        run_ab(None, None, [], Arm(), Arm(), options, repeats=2)
     with pytest.raises(ValueError, match="repeats must be an integer >= 1, got 0"):
-        run_ab(None, None, [[5, 6]], Method(), Method(), options, repeats=0)
+        run_ab(None, None, [[5, 6]], Arm(), Arm(), options, repeats=0)
 
 
 def test_a_run_pairs_every_prompt_in_every_repeat_and_outputs_match():
     model, tokenizer = build_tiny("llama"), word_tokenizer()
     prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 9, 10, 11]]
     options = GenerateOptions(max_tokens=6)
-    result = run_ab(model, tokenizer, prompts, Method(), Method.parse("lookup/fixed:2"), options, repeats=3)
+    result = run_ab(model, tokenizer, prompts, Arm(), Arm.parse("lookup/fixed:2"), options, repeats=3)
     assert len(result.pairs) == 6 and all(a > 0 and b > 0 for a, b in result.pairs)
     assert result.equal == [True] * 6  # greedy: speculation changes no token
     assert result.verdict in ("pays", "loses", "inconclusive")
