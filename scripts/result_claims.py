@@ -131,6 +131,12 @@ SHAPES = {"dense": ("qwen3-8b", "Qwen3-8B"), "moe": ("qwen3-30b-a3b", "Qwen3-30B
 PENDING = {"moe"}
 
 
+def _headline_aa(shape: str) -> Json:
+    """The run's A/A arm (plain against plain), which every headline claim of the shape carries."""
+    at = ("shapes", shape, "a_a")
+    return Json((*at, "ratio"), (*at, "interval"), n=(*at, "n"))
+
+
 def _headline_cell(name: str, cell: str, what: str, headline: str = "") -> Claim:
     shape, label = SHAPES[name]
     rows = ("shapes", shape, "rows", cell)
@@ -141,9 +147,7 @@ def _headline_cell(name: str, cell: str, what: str, headline: str = "") -> Claim
         metric=f"{cell} / plain tokens/s, median over repeats",
         file=f"{HEADLINE}{name}/exact_speed.json",
         read=Json((*rows, "speedup"), interval=(*rows, "interval"), n=(*rows, "ratios")),
-        aa=Json(
-            ("shapes", shape, "a_a", "ratio"), ("shapes", shape, "a_a", "interval"), n=("shapes", shape, "a_a", "n")
-        ),
+        aa=_headline_aa(shape),
         fmt="{:.2f}x",
         n_what="repeats",
         headline=headline,
@@ -151,10 +155,26 @@ def _headline_cell(name: str, cell: str, what: str, headline: str = "") -> Claim
     )
 
 
-def _headline(name: str) -> list[Claim]:
+def _headline_ratio(name: str, ratio: str, n: str, key: str, what: str, metric: str, headline: str) -> Claim:
+    """A ratio the run states beside its cells (``exact_over_fast``, ``plain_over_mlx_lm``), ``n`` its repeats."""
     shape, label = SHAPES[name]
-    file = f"{HEADLINE}{name}/exact_speed.json"
-    aa = Json(("shapes", shape, "a_a", "ratio"), ("shapes", shape, "a_a", "interval"), n=("shapes", shape, "a_a", "n"))
+    at = ("shapes", shape, ratio)
+    return Claim(
+        f"headline-{name}-{key}",
+        H100,
+        what.format(label=label),
+        metric,
+        f"{HEADLINE}{name}/exact_speed.json",
+        Json((*at, "ratio"), interval=(*at, "interval"), n=(*at, n)),
+        aa=_headline_aa(shape),
+        n_what="repeats",
+        pending=name in PENDING,
+        headline=headline.format(label=label),
+    )
+
+
+def _headline(name: str) -> list[Claim]:
+    label = SHAPES[name][1]
     return [
         *(
             _headline_cell(
@@ -167,37 +187,23 @@ def _headline(name: str) -> list[Claim]:
         ),
         _headline_cell(name, "exact k=8", "exact verification, fixed k = 8, perfect drafter"),
         _headline_cell(name, "fast k=8", "fast verification, fixed k = 8, perfect drafter"),
-        Claim(
-            f"headline-{name}-exact-over-fast",
-            H100,
-            f"exact against fast verification end to end, fixed k = 8, perfect drafter, full-depth {label} 4-bit",
+        _headline_ratio(
+            name,
+            "exact_over_fast",
+            "ratios",
+            "exact-over-fast",
+            "exact against fast verification end to end, fixed k = 8, perfect drafter, full-depth {label} 4-bit",
             "exact / fast seconds per token, median over repeats",
-            file,
-            Json(
-                ("shapes", shape, "exact_over_fast", "ratio"),
-                interval=("shapes", shape, "exact_over_fast", "interval"),
-                n=("shapes", shape, "exact_over_fast", "ratios"),
-            ),
-            aa=aa,
-            n_what="repeats",
-            pending=name in PENDING,
-            headline=f"H100 {label} 4-bit, exact / fast verification, seconds per token (k = 8)",
+            "H100 {label} 4-bit, exact / fast verification, seconds per token (k = 8)",
         ),
-        Claim(
-            f"headline-{name}-plain-vs-mlx-lm",
-            H100,
-            f"specbench plain against mlx-lm generate_step, full-depth {label} 4-bit, 128 tokens",
+        _headline_ratio(
+            name,
+            "plain_over_mlx_lm",
+            "repeats",
+            "plain-vs-mlx-lm",
+            "specbench plain against mlx-lm generate_step, full-depth {label} 4-bit, 128 tokens",
             "specbench / mlx-lm tokens/s, median over repeats",
-            file,
-            Json(
-                ("shapes", shape, "plain_over_mlx_lm", "ratio"),
-                interval=("shapes", shape, "plain_over_mlx_lm", "interval"),
-                n=("shapes", shape, "plain_over_mlx_lm", "repeats"),
-            ),
-            aa=aa,
-            n_what="repeats",
-            pending=name in PENDING,
-            headline=f"H100 {label} 4-bit, specbench plain / mlx-lm tokens/s",
+            "H100 {label} 4-bit, specbench plain / mlx-lm tokens/s",
         ),
     ]
 
