@@ -30,13 +30,11 @@ import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 
 from specbench.common.identity import device_name, display_name
-from specbench.core.engine import plain_generation
 from specbench.core.forward import context_length, vocab_size
-from specbench.core.options import GenerateOptions
 from specbench.core.verify import FAST, accept_greedy
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
 from specbench.cost.stand_ins import ForwardTiming, forward_with_stand_ins, record_forward
-from specbench.cost.timing import rejected_drafts, seconds_per_token, time_verify
+from specbench.cost.timing import rejected_drafts, time_plain, time_verify
 
 #: The forward's components, in the order a stack draws them.
 FORWARD_PARTS = ("attention", "linear", "experts", "recurrent", "lm_head", "other", "readback")
@@ -261,11 +259,7 @@ def measure_components(
         cache = prefill(model, rng.integers(0, vocab, size=offset).tolist())
         restore = CacheRestore(cache)
         first = int(rng.integers(0, vocab))
-        plain_options = GenerateOptions(max_tokens=steps + 1, ignore_eos=True)
-        plain = statistics.median(
-            [seconds_per_token(plain_generation(model, [first], plain_options, prompt_cache=cache)) for _ in range(2)]
-        )
-        restore()
+        plain = statistics.median(time_plain(model, cache, first, steps, restore) for _ in range(2))
         rollback = rollback_for(model, cache)
         for w in sorted(set(widths)):
             tokens = mx.array(rng.integers(0, vocab, size=w).tolist(), dtype=mx.uint32)[None]

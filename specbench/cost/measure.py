@@ -23,30 +23,19 @@ from mlx_lm.models.cache import make_prompt_cache
 from specbench.common.identity import device_name, display_name, model_key, versions
 from specbench.common.per_key import per_key
 from specbench.core.draft import Drafter
-from specbench.core.engine import plain_generation
 from specbench.core.forward import context_length, text_model, vocab_size
-from specbench.core.options import GenerateOptions
 from specbench.core.verify import CacheRollback, Verifier, as_draft, check_verify_mode
 from specbench.cost import noise
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
 from specbench.cost.noise import median_interval
 from specbench.cost.profile import Profile, load_profile
-from specbench.cost.timing import rejected_drafts, seconds_per_token, time_verify
+from specbench.cost.timing import rejected_drafts, seconds_per_token, time_plain, time_verify
 from specbench.exact import verifier_for
 
 QUICK_WIDTHS = (1, 2, 3, 5, 9)  # what quick_profile times, as time allows
 
 
 # -- timing -------------------------------------------------------------------------------------
-
-
-def _time_plain(model: nn.Module, cache: list[Any], first: int, n: int, restore: CacheRestore) -> float:
-    """Seconds per token of ``n`` plain greedy steps through the engine (pipelined as mlx-lm
-    decodes) after the cached context."""
-    options = GenerateOptions(max_tokens=n + 1, ignore_eos=True)
-    seconds = seconds_per_token(plain_generation(model, [first], options, prompt_cache=cache))
-    restore()
-    return seconds
 
 
 def _time_engine_step(
@@ -96,7 +85,7 @@ class _Rounds:
         plain_s: list[float] = []
         for round_ in range(self.warmup + self.repeats):
             keep = round_ >= self.warmup
-            t = _time_plain(self.model, cache, first, self.plain_tokens, restore)
+            t = time_plain(self.model, cache, first, self.plain_tokens, restore)
             if keep:
                 plain_s.append(t)
             for mode, ws in self.widths.items():

@@ -13,7 +13,7 @@ import numpy as np
 
 from specbench.common.timing import quiet
 from specbench.core.draft import Draft, Drafter
-from specbench.core.engine import Generation
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
@@ -35,6 +35,15 @@ def seconds_per_token(generation: Iterable[int], excluded: Callable[[], float] =
     if count < 2:
         raise ValueError("a timed generation needs at least 2 tokens: raise max_tokens")
     return (end - t_first - (excluded() - x_first)) / (count - 1)
+
+
+def time_plain(model: nn.Module, cache: list[Any], first: int, n: int, restore: CacheRestore) -> float:
+    """Seconds per token of ``n`` plain greedy steps through the engine (pipelined as mlx-lm
+    decodes) after the cached context."""
+    options = GenerateOptions(max_tokens=n + 1, ignore_eos=True)
+    seconds = seconds_per_token(plain_generation(model, [first], options, prompt_cache=cache))
+    restore()
+    return seconds
 
 
 def time_verify(

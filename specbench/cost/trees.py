@@ -32,9 +32,8 @@ from specbench.core.tree import tree_attention
 from specbench.core.verify import VERIFY_MODES, check_verify_mode
 from specbench.cost.breakeven import drafter_cost
 from specbench.cost.caches import CacheRestore, prefill
-from specbench.cost.measure import _time_plain
 from specbench.cost.profile import _number, profile_path
-from specbench.cost.timing import time_verify
+from specbench.cost.timing import time_plain, time_verify
 from specbench.exact import verifier_for
 
 NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -141,7 +140,7 @@ def measure_tree_costs(
         restore = CacheRestore(cache)
         for round_ in range(warmup + repeats):
             keep = round_ >= warmup
-            t = _time_plain(model, cache, int(probe[0, 0].item()), plain_tokens, restore)
+            t = time_plain(model, cache, int(probe[0, 0].item()), plain_tokens, restore)
             timed = {
                 n: (
                     _time_rows(verifier, model, cache, probe[:, : n + 1], restore, binary_tree(n)),
