@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specbench.bench.ab import Pair, cell_means
+from scripts.gpu.default_policy_cells import Pair, cell_means
 from specbench.bench.paired import MIN_UNITS
 from specbench.bench.run_speed import NEAR, SLOW
 
