@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from scripts.gpu.run_speed import MIN_STEADY
 from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap, holm, interval_and_p, seconds_ratio
-from specbench.bench.run_speed import MIN_STEADY
 
 #: The ratio (method over baseline, in speed) a default must keep: 3 % slower at most.
 OK = 0.97

@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from scripts.gpu.default_policy_cells import speed_in_ms, spread
-from specbench.bench.run_speed import mean_speed, speed_state, time_split, verify_ms_by_width
+from scripts.gpu.run_speed import mean_speed, speed_state, time_split, verify_ms_by_width
 from specbench.bench.timing import clocked
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, plain_generation

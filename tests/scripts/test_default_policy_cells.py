@@ -9,8 +9,8 @@ import pytest
 from conftest import auto_run_log, log_seconds, plain_run_log
 
 from scripts.gpu import default_policy_cells as cells
+from scripts.gpu.run_speed import MIN_STEADY, speed_state, time_split
 from specbench.bench import paired
-from specbench.bench.run_speed import MIN_STEADY, speed_state, time_split
 
 
 def test_plain_steps_cancel_the_machines_speed_and_keep_autos_costs():
