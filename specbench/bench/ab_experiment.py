@@ -142,16 +142,15 @@ def run_ab(
     for method in (a, b):  # warm-up: kernels built, calibrations made, before any timed call
         method.run(model, tokenizer, list(longest), options, _drafter(method, model))
     for repeat in range(repeats):
-        drafters = {"a": _drafter(a, model), "b": _drafter(b, model)}
+        drafters = (_drafter(a, model), _drafter(b, model))
         for i, prompt in enumerate(prompts):
-            order = ("a", "b") if (i + repeat) % 2 == 0 else ("b", "a")
             done = {}
-            for side in order:
-                method = a if side == "a" else b
-                done[side] = method.run(model, tokenizer, list(prompt), options, drafters[side])
-            result.pairs.append((done["a"].wall_s, done["b"].wall_s))
+            for side in (0, 1) if (i + repeat) % 2 == 0 else (1, 0):
+                done[side] = (a, b)[side].run(model, tokenizer, list(prompt), options, drafters[side])
+            run_a, run_b = done[0], done[1]
+            result.pairs.append((run_a.wall_s, run_b.wall_s))
             if options.temperature == 0:
-                result.equal.append(done["a"].items == done["b"].items)
+                result.equal.append(run_a.items == run_b.items)
         say(f"  repeat {repeat + 1}/{repeats}: {b} over {a} {seconds_ratio(result.pairs[-len(prompts) :]):.3f}x")
     return result
 

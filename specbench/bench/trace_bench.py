@@ -193,8 +193,8 @@ def bench_trace(
         recorded.append(Recorded(list(prompt), list(plain.tokens), plain.finish_reason(), f"{trace.id}/{turn}"))
         replies.append(reply_text(tokenizer, plain.tokens, stop_ids))
         if progress:
-            same = all(r["identical"] for r in rows[-len(runs) :])
-            rates = ", ".join(f"{r['method']} {r['tokens_per_s']:.1f} tok/s" for r in rows[-len(runs) :])
+            same = all(list(gen.tokens) == list(plain.tokens) for _, gen in runs)
+            rates = ", ".join(f"{name} {gen.stats()['decode_tokens_per_s']:.1f} tok/s" for name, gen in runs)
             print(
                 f"  {trace.id} turn {turn}: prompt {len(prompt)} ({plain.cached_prompt_tokens} from cache), "
                 f"{len(plain.tokens)} tokens; {rates}; "
