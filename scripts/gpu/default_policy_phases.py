@@ -15,7 +15,7 @@ import numpy as np
 from scripts.gpu import default_policy_runs
 from scripts.gpu.verify_calls import verify_call_rows
 from specbench import GenerateOptions, generate, load, speculative_generate
-from specbench.bench.budget import Budget, fitted_sizes
+from specbench.bench.budget import Budget
 from specbench.bench.paired import seconds_ratio
 from specbench.bench.trace_bench import bench_trace
 from specbench.common.timing import steadier_affinity
@@ -42,6 +42,21 @@ def allot(budget: Budget, cfg: dict, phase: str) -> float:
     later = cfg["phases"][cfg["phases"].index(phase) + 1 :]
     share = cfg["shares"].get(phase, 0.3) / sum(cfg["shares"].get(p, 0.3) for p in [phase, *later])
     return budget.allot(share, sum(cfg["setup_s"].get(p, 30.0) for p in later) + 10.0)
+
+
+def fitted_sizes(
+    seconds: float, per_token_run_s: float, runs_per_repeat: float, tokens: tuple[int, int], repeats: tuple[int, int]
+) -> tuple[int, int]:
+    """(tokens per run, repeats) that fit ``seconds``, each run costing ``per_token_run_s`` per token and a repeat
+    ``runs_per_repeat`` runs: the most tokens at the most repeats, then fewer tokens (down to the least of
+    ``tokens`` = (most, least)), then fewer repeats (down to the least of ``repeats``); the least of both when
+    nothing fits."""
+    (most_tokens, least_tokens), (most_repeats, least_repeats) = tokens, repeats
+    for count in range(most_repeats, least_repeats - 1, -1):
+        fit = int(seconds / (per_token_run_s * runs_per_repeat * count))
+        if fit >= least_tokens:
+            return min(most_tokens, fit), count
+    return least_tokens, least_repeats
 
 
 def sizes(budget: Budget, cfg: dict, name: str, seconds: float, per_token_s: float, runs: float, key: str) -> tuple:
