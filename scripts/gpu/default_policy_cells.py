@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scripts.gpu.run_speed import MIN_STEADY
-from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap, holm, interval_and_p, seconds_ratio
+from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap, interval_and_p, seconds_ratio
 
 #: The ratio (method over baseline, in speed) a default must keep: 3 % slower at most.
 OK = 0.97
@@ -315,6 +315,17 @@ def cells(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], list[
             pair = Pair.of(row)
             found.setdefault(pair.cell, []).append(pair)
     return found
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of ``p_values`` (same order): the family-wise error stays under alpha when
+    each adjusted p-value is compared with alpha, however many cells a run has."""
+    order = sorted(range(len(p_values)), key=p_values.__getitem__)
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
 
 
 def judge(rows: Sequence[CellSummary]) -> list[CellSummary]:

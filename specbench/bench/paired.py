@@ -1,5 +1,5 @@
 """Paired timing statistics: ratios over adjacent pairs of runs in alternating order (``paired_ratio``), bootstrap
-intervals (expanded percentile), a one-sided t-test of paired log ratios, Holm's correction over many cells.
+intervals (expanded percentile), a one-sided t-test of paired log ratios.
 
 A speedup measured on a machine whose speed drifts between runs needs an interval, not a point: these are
 the pieces the benchmarks share (``specbench bench``'s intervals over prompts, the GPU default-policy
@@ -166,17 +166,6 @@ def interval_and_p(pairs: Sequence[tuple[float, float]], threshold: float) -> tu
         return 0.0, float("inf"), 1.0
     low, high = bootstrap(list(pairs), seconds_ratio)
     return low, high, p_below(pairs, threshold)
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjustment of ``p_values`` (same order): the family-wise error stays under alpha when
-    each adjusted p-value is compared with alpha, however many cells a run has."""
-    order = sorted(range(len(p_values)), key=p_values.__getitem__)
-    adjusted, running = [0.0] * len(p_values), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted
 
 
 # -- paired runs -------------------------------------------------------------------------------------------------

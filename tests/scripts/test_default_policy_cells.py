@@ -164,3 +164,8 @@ def test_mean_steps_read_recorded_speeds_and_old_rows():
     assert first == pytest.approx((100.0, 100.0)) and second == pytest.approx((100.0, 80.0))
     assert third == pytest.approx((100.0, 100.0))  # one speed for both: the seconds ratio
     assert cells.at_one_speed([cells.Pair.of(r) for r in [recorded, old, short]], "mean") == 1
+
+
+def test_holm_multiplies_the_smallest_p_by_the_cells_and_never_decreases():
+    assert cells.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert cells.holm([]) == []
