@@ -135,12 +135,12 @@ def mlx_lm_batch(
 
 
 def divergence_rows(
-    outputs: dict[str, list[list[int]]], reference: str, batch_size: int = 0
+    outputs: dict[str, list[list[int]]], reference: str, batch_size: int = 0, verify: str = "fast"
 ) -> list[RequestDivergence]:
     """Per engine and request: the first position where its output leaves ``reference``'s (None: equal).
     A reference may hold fewer requests than the engines (the first ones)."""
     return [
-        RequestDivergence(name, reference, i, first_divergence(out, ref), len(out), batch_size)
+        RequestDivergence(name, reference, i, first_divergence(out, ref), len(out), batch_size, verify)
         for name, outs in outputs.items()
         if name != reference
         for i, (out, ref) in enumerate(zip(outs, outputs[reference]))
@@ -327,10 +327,9 @@ def bench_batch(
         r
         for ref in ("single", "mlx-lm", "plain")
         if ref in outputs
-        for r in divergence_rows(outputs, ref, batch_size)
+        for r in divergence_rows(outputs, ref, batch_size, verify)
         if r.engine != "single" and not (r.reference == "plain" and r.engine == "mlx-lm")
     ]
-    divergence = [dataclasses.replace(r, verify=verify) for r in divergence]
     return BatchBench(rows, outputs, divergence, divergence_summary(divergence))
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,7 +28,7 @@ from specbench.bench.trace_summary import (
     with_cumulative,
 )
 from specbench.bench.turn_cache import TurnCache, reply_text
-from specbench.common.files import safe_name, write_parquet_atomic, write_text_atomic
+from specbench.common.files import safe_name, write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.per_key import per_key
 from specbench.common.timing import quiet
 from specbench.core.draft import Drafter
@@ -378,7 +377,7 @@ def run_trace(
                 path.unlink()
             if stale and progress:
                 print(f"{out_dir}: other settings than its earlier run's: its traces run again", flush=True)
-            write_text_atomic(config_path, json.dumps(config, indent=1))
+            write_json_atomic(config_path, config)
     results: list[TraceBench] = []
     shared = trace_methods(drafters, policies, model, model_name) if share_store else None
     for trace in traces:
