@@ -8,9 +8,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specbench.bench.ab import Pair, cell_means
+from scripts.gpu.default_policy_cells import Pair, cell_means
+from scripts.gpu.run_speed import NEAR, SLOW
 from specbench.bench.paired import MIN_UNITS
-from specbench.bench.run_speed import NEAR, SLOW
 
 HEADER = (
     "\n== Auto / specbench plain per cell: seconds ratio over every (plain, Auto) pair [95 % bootstrap interval]; "

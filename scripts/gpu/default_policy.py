@@ -11,12 +11,12 @@ per-call verify seconds (``scripts.gpu.verify_calls.verify_call_rows``; --compil
 a warm-up of every method, and the steadier of free and pinned cores (``specbench.common.timing``).
 1. Synthetic shapes (random weights, full depth, 4-bit): an ``Oracle`` at controlled acceptance, Auto
    with exact and fast verify; each repeat runs mlx-lm plain once, then every cell as a (plain, Auto) pair of
-   per-token runs next to each other, the order alternating (``specbench.bench.ab_runs``).
+   per-token runs next to each other, the order alternating (``scripts.gpu.default_policy_runs``).
 2. The embedded model: every prompt of the bundled categories (first turn) and the first --trace-turns turns of
    each trace in data/traces; plain, Auto with prompt lookup and with SuffixDecoding, whole calls, the order
    rotating per prompt; one drafter per method and repeat, kept across prompts.
 Each model also gets an A/A cell (plain timed as an Auto cell is). Per cell the ratio, its intervals in seconds
-and in plain steps, and a verdict against 0.97 (``specbench.bench.ab``); pooled rows; the summaries
+and in plain steps, and a verdict against 0.97 (``scripts.gpu.default_policy_cells``); pooled rows; the summaries
 (``scripts.gpu.ab_text``). Sizes shrink to fit --budget (what was cut is printed and kept). Writes into
 $OUT (or --out): grid.csv, embedded.csv, pooled.csv, runs.csv, verify_calls.csv, default_policy.json; the runs
 after every repeat (SIGTERM summarizes what finished; --resummarize recovers a run killed outright).
@@ -34,9 +34,9 @@ from typing import Any
 
 import mlx.core as mx
 
+from scripts.gpu import default_policy_cells
 from scripts.gpu.ab_text import summary_lines
 from scripts.gpu.default_policy_phases import embedded_phase, say, shape_phase, trace_files
-from specbench.bench import ab
 from specbench.bench.budget import Budget
 from specbench.common.files import write_csv_atomic
 from specbench.common.identity import device_name, versions, write_result
@@ -74,10 +74,10 @@ class Interrupted(Exception):
 
 def summarize(out: dict, cuts: list[str]) -> None:
     """Each cell judged, the pooled rows, and every summary printed."""
-    grid, embedded = ab.summarize(out["runs"])
-    pooled = ab.pooled(out["runs"])
+    grid, embedded = default_policy_cells.summarize(out["runs"])
+    pooled = default_policy_cells.pooled(out["runs"])
     out["grid"], out["embedded"], out["pooled"] = ([asdict(r) for r in rows] for rows in (grid, embedded, pooled))
-    checks = ab.aa_checks(pooled)
+    checks = default_policy_cells.aa_checks(pooled)
     out["a_a"] = {model: check.as_record() for model, check in checks.items()}
     for line in summary_lines(out, cuts):
         say(line)
@@ -154,7 +154,9 @@ def main() -> int:
     args, cfg = arguments()
     if args.resummarize:
         folders = [Path(f) for f in args.resummarize]
-        out = ab.merged([json.loads((folder / "default_policy.json").read_text()) for folder in folders])
+        out = default_policy_cells.merged(
+            [json.loads((folder / "default_policy.json").read_text()) for folder in folders]
+        )
         summarize(out, [])
         if len(folders) == 1:
             write_csv_atomic(folders[0] / "pooled.csv", out["pooled"])

@@ -12,10 +12,11 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from scripts.gpu import default_policy_runs
 from scripts.gpu.verify_calls import verify_call_rows
 from specbench import GenerateOptions, generate, load, speculative_generate
-from specbench.bench import ab, ab_runs
-from specbench.bench.budget import Budget, fitted_sizes
+from specbench.bench.budget import Budget
+from specbench.bench.paired import seconds_ratio
 from specbench.bench.trace_bench import bench_trace
 from specbench.common.timing import steadier_affinity
 from specbench.core.forward import vocab_size
@@ -41,6 +42,21 @@ def allot(budget: Budget, cfg: dict, phase: str) -> float:
     later = cfg["phases"][cfg["phases"].index(phase) + 1 :]
     share = cfg["shares"].get(phase, 0.3) / sum(cfg["shares"].get(p, 0.3) for p in [phase, *later])
     return budget.allot(share, sum(cfg["setup_s"].get(p, 30.0) for p in later) + 10.0)
+
+
+def fitted_sizes(
+    seconds: float, per_token_run_s: float, runs_per_repeat: float, tokens: tuple[int, int], repeats: tuple[int, int]
+) -> tuple[int, int]:
+    """(tokens per run, repeats) that fit ``seconds``, each run costing ``per_token_run_s`` per token and a repeat
+    ``runs_per_repeat`` runs: the most tokens at the most repeats, then fewer tokens (down to the least of
+    ``tokens`` = (most, least)), then fewer repeats (down to the least of ``repeats``); the least of both when
+    nothing fits."""
+    (most_tokens, least_tokens), (most_repeats, least_repeats) = tokens, repeats
+    for count in range(most_repeats, least_repeats - 1, -1):
+        fit = int(seconds / (per_token_run_s * runs_per_repeat * count))
+        if fit >= least_tokens:
+            return min(most_tokens, fit), count
+    return least_tokens, least_repeats
 
 
 def sizes(budget: Budget, cfg: dict, name: str, seconds: float, per_token_s: float, runs: float, key: str) -> tuple:
@@ -81,13 +97,13 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool,
     for mode in modes:  # warm-up: every width's kernels built before timing
         for a in (1.0, 0.3):
             drafter.acceptance = a
-            ab_runs.auto_run(model, prompt, cfg["warmup_tokens"], mode, drafter, profiles[mode], say)
-    ab_runs.mlx_lm_seconds_per_token(model, prompt, 16)
+            default_policy_runs.auto_run(model, prompt, cfg["warmup_tokens"], mode, drafter, profiles[mode], say)
+    default_policy_runs.mlx_lm_seconds_per_token(model, prompt, 16)
     done("warm-up")
     if "affinity" not in out:
-        probe = lambda m=model: ab_runs.plain_seconds(m, prompt, cfg["warmup_tokens"])  # noqa: E731
+        probe = lambda m=model: default_policy_runs.plain_seconds(m, prompt, cfg["warmup_tokens"])  # noqa: E731
         out["affinity"] = steadier_affinity(probe, say=say).as_dict()
-    plain_s = ab_runs.plain_seconds(model, prompt, cfg["warmup_tokens"])
+    plain_s = default_policy_runs.plain_seconds(model, prompt, cfg["warmup_tokens"])
     done("affinity and plain speed")
     out.setdefault("setup", {})[name] = stages
     say("  set-up by stage: " + ", ".join(f"{stage} {s:.0f} s" for stage, s in stages.items()))
@@ -103,21 +119,24 @@ def shape_phase(name: str, cfg: dict, budget: Budget, out: dict, compiled: bool,
         if repeat >= cfg["min_repeats"] and time.perf_counter() > deadline or budget.left() < repeat_s + 10:
             budget.cut(f"{name}: repeat {repeat + 1} not run (time)")
             break
-        repeat_started, mlx_lm = time.perf_counter(), ab_runs.mlx_lm_seconds_per_token(model, prompt, tokens)
+        repeat_started, mlx_lm = (
+            time.perf_counter(),
+            default_policy_runs.mlx_lm_seconds_per_token(model, prompt, tokens),
+        )
         previous = None
         for cell, (mode, a) in enumerate(cells):
             # each cell's Auto run is paired with a plain run next to it, the order alternating
             drafter.acceptance, drafter.seed = (1.0 if mode == "plain" else float(a)), 1000 * repeat + cell
             plain_first = (repeat + cell) % 2 == 0
-            plain = ab_runs.plain_run(model, prompt, tokens) if plain_first else None
-            mine = ab_runs.auto_run(model, prompt, tokens, mode, drafter, profiles.get(mode), say)
-            plain = plain or ab_runs.plain_run(model, prompt, tokens)
+            plain = default_policy_runs.plain_run(model, prompt, tokens) if plain_first else None
+            mine = default_policy_runs.auto_run(model, prompt, tokens, mode, drafter, profiles.get(mode), say)
+            plain = plain or default_policy_runs.plain_run(model, prompt, tokens)
             what = "plain a/a" if mode == "plain" else f"{mode} a={a}"
             base = {"model": name, "what": what, "repeat": repeat, "tokens": tokens}
             base["order"] = "plain first" if plain_first else "Auto first"
             checked = {"equal_plain": mine.tokens == truth if mode == "exact" else None}
             checked["method"] = "plain" if mode == "plain" else "auto"
-            out["runs"].append(ab_runs.shape_pair_row(base, plain, mine, mlx_lm, previous, checked))
+            out["runs"].append(default_policy_runs.shape_pair_row(base, plain, mine, mlx_lm, previous, checked))
             previous = plain.spt
         mine_now = [r for r in out["runs"] if r["model"] == name and r["repeat"] == repeat]
         say(
@@ -154,13 +173,13 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Any) -> Non
     methods = ["plain", "lookup", "suffix", AA]  # AA: plain again, timed as the drafters are
     drafters: dict[tuple[str, int], Any] = {}
 
-    def run(method: str, prompt: list[int], tokens: int, repeat: int) -> ab_runs.CallRun:
+    def run(method: str, prompt: list[int], tokens: int, repeat: int) -> default_policy_runs.CallRun:
         options = GenerateOptions(max_tokens=tokens)
         if method in ("plain", AA):
-            return ab_runs.timed_call(lambda: generate(model, prompt, options, tokenizer=tokenizer))
+            return default_policy_runs.timed_call(lambda: generate(model, prompt, options, tokenizer=tokenizer))
         drafter = drafters.setdefault((method, repeat), make_drafter(method, model=model))
         auto = DraftPolicy.auto()
-        return ab_runs.timed_call(
+        return default_policy_runs.timed_call(
             lambda: speculative_generate(
                 model, prompt, options, drafter=drafter, policy=auto, tokenizer=tokenizer, profile=profile
             )
@@ -190,7 +209,7 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Any) -> Non
             for method in methods[1:]:
                 base = {"model": cfg["embedded"], "what": f"category {category}", "prompt": qid}
                 base |= {"method": AA if method == AA else f"{method}/auto", "repeat": repeat}
-                out["runs"].append(ab_runs.call_pair_row(base, done["plain"], done[method]))
+                out["runs"].append(default_policy_runs.call_pair_row(base, done["plain"], done[method]))
         for path in trace_paths:
             if budget.left() < 5:
                 budget.cut(f"embedded: repeat {repeat + 1} stopped before trace {path.stem} (time)")
@@ -199,11 +218,13 @@ def embedded_phase(cfg: dict, budget: Budget, out: dict, checkpoint: Any) -> Non
                 fresh = {m: make_drafter(m, model=model) for m in methods[1:3]}
                 auto = DraftPolicy.auto()
                 bench = bench_trace(model, tokenizer, trace, fresh, auto, tokens, turns=cfg["trace_turns"])
-                out["runs"] += ab_runs.trace_pair_rows(cfg["embedded"], trace.id, repeat, bench, methods[1:3])
+                out["runs"] += default_policy_runs.trace_pair_rows(
+                    cfg["embedded"], trace.id, repeat, bench, methods[1:3]
+                )
         mine = [r for r in out["runs"] if r["model"] == cfg["embedded"] and r["repeat"] == repeat]
         for method in methods[1:]:
             label = AA if method == AA else f"{method}/auto"
             if rs := [r for r in mine if r["method"] == label and r["auto_s"] > 0]:
-                ratio = ab.seconds_ratio([(r["plain_s"], r["auto_s"]) for r in rs])
+                ratio = seconds_ratio([(r["plain_s"], r["auto_s"]) for r in rs])
                 say(f"  repeat {repeat + 1}/{repeats}: {label} over plain, all prompts and traces: {ratio:.2f}x")
         checkpoint()

@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specbench.bench.ab import ab_verdict, interval_and_p, seconds_ratio
-from specbench.bench.ab_runs import CallRun, timed_call
+from specbench.bench.paired import interval_and_p, seconds_ratio
+from specbench.bench.timing import Clocked, clocked
 from specbench.core.draft import Drafter
-from specbench.core.engine import plain_generation
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.decoding import speculative_generate
@@ -54,14 +54,26 @@ class Arm:
     def __str__(self) -> str:
         return "plain" if self.drafter is None else f"{self.drafter}/{self.policy}"
 
-    def run(self, model: Any, tokenizer: Any, prompt: list[int], options: GenerateOptions, drafter: Drafter) -> CallRun:
-        """One timed call of this method (``drafter``: this method's drafter, None for plain)."""
+    def run(
+        self, model: Any, tokenizer: Any, prompt: list[int], options: GenerateOptions, drafter: Drafter
+    ) -> Clocked[Generation]:
+        """One call of this method timed from the call to its last token (``drafter``: this method's drafter, None
+        for plain)."""
         if self.drafter is None:
-            return timed_call(lambda: plain_generation(model, prompt, options, tokenizer=tokenizer))
+            return clocked(lambda: plain_generation(model, prompt, options, tokenizer=tokenizer))
         policy = DraftPolicy.parse(self.policy)
-        return timed_call(
+        return clocked(
             lambda: speculative_generate(model, prompt, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
         )
+
+
+def ab_verdict(ratio: float, interval: tuple[float, float] | None) -> str:
+    """B against A at a ``ratio`` of B's speed over A's with its 95 % interval: "pays" (the interval is above 1),
+    "loses" (below 1), "inconclusive" (it holds 1, or there is no interval)."""
+    if interval is None:
+        return "inconclusive"
+    low, high = interval
+    return "pays" if low > 1.0 else "loses" if high < 1.0 else "inconclusive"
 
 
 @dataclass
@@ -130,16 +142,15 @@ def run_ab(
     for method in (a, b):  # warm-up: kernels built, calibrations made, before any timed call
         method.run(model, tokenizer, list(longest), options, _drafter(method, model))
     for repeat in range(repeats):
-        drafters = {"a": _drafter(a, model), "b": _drafter(b, model)}
+        drafters = (_drafter(a, model), _drafter(b, model))
         for i, prompt in enumerate(prompts):
-            order = ("a", "b") if (i + repeat) % 2 == 0 else ("b", "a")
             done = {}
-            for side in order:
-                method = a if side == "a" else b
-                done[side] = method.run(model, tokenizer, list(prompt), options, drafters[side])
-            result.pairs.append((done["a"].seconds, done["b"].seconds))
+            for side in (0, 1) if (i + repeat) % 2 == 0 else (1, 0):
+                done[side] = (a, b)[side].run(model, tokenizer, list(prompt), options, drafters[side])
+            run_a, run_b = done[0], done[1]
+            result.pairs.append((run_a.wall_s, run_b.wall_s))
             if options.temperature == 0:
-                result.equal.append(done["a"].tokens == done["b"].tokens)
+                result.equal.append(run_a.items == run_b.items)
         say(f"  repeat {repeat + 1}/{repeats}: {b} over {a} {seconds_ratio(result.pairs[-len(prompts) :]):.3f}x")
     return result
 

@@ -135,12 +135,12 @@ def mlx_lm_batch(
 
 
 def divergence_rows(
-    outputs: dict[str, list[list[int]]], reference: str, batch_size: int = 0
+    outputs: dict[str, list[list[int]]], reference: str, batch_size: int = 0, verify: str = "fast"
 ) -> list[RequestDivergence]:
     """Per engine and request: the first position where its output leaves ``reference``'s (None: equal).
     A reference may hold fewer requests than the engines (the first ones)."""
     return [
-        RequestDivergence(name, reference, i, first_divergence(out, ref), len(out), batch_size)
+        RequestDivergence(name, reference, i, first_divergence(out, ref), len(out), batch_size, verify)
         for name, outs in outputs.items()
         if name != reference
         for i, (out, ref) in enumerate(zip(outs, outputs[reference]))
@@ -280,12 +280,13 @@ def bench_batch(
 
     plain_gen = generate_batch(model, prompts, options, max_batch=batch_size, verifier=verifier)
     rows = [timed("plain", plain_gen)]
-    outputs = {"plain": [r.tokens for r in plain_gen.requests]}
+    plain_outputs = [r.tokens for r in plain_gen.requests]
+    outputs = {"plain": plain_outputs}
     break_even = None
     for label, drafter, policy in methods:
         oracle = _oracle_acceptance(drafter) if isinstance(drafter, str) else None
         if oracle is not None:  # recorded from this run's plain batched output, before the timed run
-            made = oracle_drafters(prompts, outputs["plain"], oracle, vocab_size(model), seed)
+            made = oracle_drafters(prompts, plain_outputs, oracle, vocab_size(model), seed)
         else:
             made = [
                 drafter(i) if callable(drafter) else make_drafter(drafter, model=model) for i in range(len(prompts))
@@ -315,8 +316,9 @@ def bench_batch(
         rows.append(row)
         outputs[label] = [r.tokens for r in gen.requests]
     mx.clear_cache()
-    outputs["mlx-lm"], wall, latencies = mlx_lm_batch(model, prompts, batch_size, max_tokens, eos)
-    rows.append(_row("mlx-lm", batch_size, outputs["mlx-lm"], wall, latencies))
+    mlx_lm_outputs, wall, latencies = mlx_lm_batch(model, prompts, batch_size, max_tokens, eos)
+    outputs["mlx-lm"] = mlx_lm_outputs
+    rows.append(_row("mlx-lm", batch_size, mlx_lm_outputs, wall, latencies))
     rows = [_with_ratios(row, rows, outputs) for row in rows]
     rows = [r if r.engine == "mlx-lm" else dataclasses.replace(r, verify=verify) for r in rows]
     if single is not None:
@@ -325,10 +327,9 @@ def bench_batch(
         r
         for ref in ("single", "mlx-lm", "plain")
         if ref in outputs
-        for r in divergence_rows(outputs, ref, batch_size)
+        for r in divergence_rows(outputs, ref, batch_size, verify)
         if r.engine != "single" and not (r.reference == "plain" and r.engine == "mlx-lm")
     ]
-    divergence = [dataclasses.replace(r, verify=verify) for r in divergence]
     return BatchBench(rows, outputs, divergence, divergence_summary(divergence))
 
 

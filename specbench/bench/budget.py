@@ -95,18 +95,3 @@ class Budget:
     def allot(self, share: float, reserve_s: float = 0.0) -> float:
         """``share`` of the seconds left once ``reserve_s`` (later phases' set-up, saving) is kept back."""
         return max(0.0, self.left() - reserve_s) * share
-
-
-def fitted_sizes(
-    seconds: float, per_token_run_s: float, runs_per_repeat: float, tokens: tuple[int, int], repeats: tuple[int, int]
-) -> tuple[int, int]:
-    """(tokens per run, repeats) that fit ``seconds``, each run costing ``per_token_run_s`` per token and a repeat
-    ``runs_per_repeat`` runs: the most tokens at the most repeats, then fewer tokens (down to the least of
-    ``tokens`` = (most, least)), then fewer repeats (down to the least of ``repeats``); the least of both when
-    nothing fits."""
-    (most_tokens, least_tokens), (most_repeats, least_repeats) = tokens, repeats
-    for count in range(most_repeats, least_repeats - 1, -1):
-        fit = int(seconds / (per_token_run_s * runs_per_repeat * count))
-        if fit >= least_tokens:
-            return min(most_tokens, fit), count
-    return least_tokens, least_repeats

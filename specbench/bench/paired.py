@@ -1,5 +1,5 @@
 """Paired timing statistics: ratios over adjacent pairs of runs in alternating order (``paired_ratio``), bootstrap
-intervals (expanded percentile), a one-sided t-test of paired log ratios, Holm's correction over many cells.
+intervals (expanded percentile), a one-sided t-test of paired log ratios.
 
 A speedup measured on a machine whose speed drifts between runs needs an interval, not a point: these are
 the pieces the benchmarks share (``specbench bench``'s intervals over prompts, the GPU default-policy
@@ -147,15 +147,25 @@ def p_below(pairs: Sequence[tuple[float, float]], threshold: float) -> float:
     return 1.0 - student_t_above(t, len(logs) - 1)
 
 
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjustment of ``p_values`` (same order): the family-wise error stays under alpha when
-    each adjusted p-value is compared with alpha, however many cells a run has."""
-    order = sorted(range(len(p_values)), key=p_values.__getitem__)
-    adjusted, running = [0.0] * len(p_values), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted
+def seconds_ratio(pairs: Sequence[tuple[float, float]]) -> float:
+    """Baseline seconds over the method's, summed over (baseline, method) pairs; a ValueError when there are
+    no pairs or the method's runs took no time (there is no ratio to give)."""
+    if not pairs:
+        raise ValueError("no pairs of runs to take a ratio of seconds over")
+    method = sum(a for _, a in pairs)
+    if not method > 0:
+        raise ValueError(f"the method's runs took {method} s over {len(pairs)} pairs: no ratio of seconds")
+    return sum(p for p, _ in pairs) / method
+
+
+def interval_and_p(pairs: Sequence[tuple[float, float]], threshold: float) -> tuple[float, float, float]:
+    """(low, high, p): ``seconds_ratio``'s 95 % expanded percentile bootstrap interval over ``pairs`` and the
+    one-sided p-value of "below ``threshold``" (``p_below``); no interval (0, inf, p = 1) under
+    ``MIN_UNITS`` pairs."""
+    if len(pairs) < MIN_UNITS:
+        return 0.0, float("inf"), 1.0
+    low, high = bootstrap(list(pairs), seconds_ratio)
+    return low, high, p_below(pairs, threshold)
 
 
 # -- paired runs -------------------------------------------------------------------------------------------------

@@ -80,11 +80,11 @@ def prediction_lines(
     absolute error."""
     scored = runs.filter(pl.col("residual").is_not_null())
     lines = [f"{'run':40s} {'measured':>9s} {'predicted':>10s} {'residual':>9s}"]
-    for r in scored.iter_rows(named=True):
-        name = " ".join(str(r[c]) for c in label if c in r)
-        lines.append(f"{name[:40]:40s} {r[measured]:8.2f}x {r['predicted_speedup']:9.2f}x {r['residual']:+9.1%}")
-    error = prediction_error(runs)
-    if len(error) and error["predicted_runs"][0]:
-        mae, n = error["mean_abs_error"][0], error["predicted_runs"][0]
+    labels = [c for c in label if c in scored.columns]
+    for *names, value, predicted, off in scored.select(*labels, measured, "predicted_speedup", "residual").iter_rows():
+        name = " ".join(map(str, names))
+        lines.append(f"{name[:40]:40s} {value:8.2f}x {predicted:9.2f}x {off:+9.1%}")
+    mae, n = prediction_error(runs).row(0)
+    if n:
         lines.append(f"mean absolute prediction error: {mae:.1%} over {n} runs")
     return lines

@@ -70,8 +70,8 @@ class Method:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Method:
         """A method saved by ``record`` (its policy read back from the name)."""
-        policy = None if record["policy"] == "none" else DraftPolicy.parse(record["policy"])
-        return cls(record["name"], record["engine"], record["drafter"], policy, record["verify"])
+        policy = record["policy"]
+        return cls(**{**record, "policy": None if policy == "none" else DraftPolicy.parse(policy)})
 
 
 def prompt_methods(

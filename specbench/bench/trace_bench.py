@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,7 +28,7 @@ from specbench.bench.trace_summary import (
     with_cumulative,
 )
 from specbench.bench.turn_cache import TurnCache, reply_text
-from specbench.common.files import safe_name, write_parquet_atomic, write_text_atomic
+from specbench.common.files import safe_name, write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.per_key import per_key
 from specbench.common.timing import quiet
 from specbench.core.draft import Drafter
@@ -193,8 +192,8 @@ def bench_trace(
         recorded.append(Recorded(list(prompt), list(plain.tokens), plain.finish_reason(), f"{trace.id}/{turn}"))
         replies.append(reply_text(tokenizer, plain.tokens, stop_ids))
         if progress:
-            same = all(r["identical"] for r in rows[-len(runs) :])
-            rates = ", ".join(f"{r['method']} {r['tokens_per_s']:.1f} tok/s" for r in rows[-len(runs) :])
+            same = all(list(gen.tokens) == list(plain.tokens) for _, gen in runs)
+            rates = ", ".join(f"{name} {gen.stats()['decode_tokens_per_s']:.1f} tok/s" for name, gen in runs)
             print(
                 f"  {trace.id} turn {turn}: prompt {len(prompt)} ({plain.cached_prompt_tokens} from cache), "
                 f"{len(plain.tokens)} tokens; {rates}; "
@@ -378,7 +377,7 @@ def run_trace(
                 path.unlink()
             if stale and progress:
                 print(f"{out_dir}: other settings than its earlier run's: its traces run again", flush=True)
-            write_text_atomic(config_path, json.dumps(config, indent=1))
+            write_json_atomic(config_path, config)
     results: list[TraceBench] = []
     shared = trace_methods(drafters, policies, model, model_name) if share_store else None
     for trace in traces:

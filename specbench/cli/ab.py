@@ -26,7 +26,7 @@ def _ab(parser: argparse.ArgumentParser):
 
     def run(args):
         from specbench.bench.ab_experiment import Arm, run_ab
-        from specbench.bench.ab_runs import timed_call
+        from specbench.bench.timing import clocked
         from specbench.cli.registry import verify_modes
         from specbench.common.timing import steadier_affinity
         from specbench.core.engine import plain_generation
@@ -50,7 +50,7 @@ def _ab(parser: argparse.ArgumentParser):
         if args.pin:
 
             def plain() -> float:
-                return timed_call(lambda: plain_generation(model, prompts[0], options, tokenizer=tokenizer)).seconds
+                return clocked(lambda: plain_generation(model, prompts[0], options, tokenizer=tokenizer)).wall_s
 
             print(f"timed runs {steadier_affinity(plain, say=print).chosen}")
         result = run_ab(model, tokenizer, prompts, a, b, options, args.repeats, say=lambda t: print(t, flush=True))

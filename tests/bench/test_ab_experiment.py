@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import build_tiny, word_tokenizer
 
-from specbench.bench.ab import ab_verdict
-from specbench.bench.ab_experiment import ABResult, Arm, run_ab
+from specbench.bench.ab_experiment import ABResult, Arm, ab_verdict, run_ab
 from specbench.core.options import GenerateOptions
 
 
@@ -55,7 +54,7 @@ def test_result_lines_say_the_ratio_interval_and_verdict():
 
 
 def test_no_pairs_is_a_result_that_says_so_and_a_run_of_none_is_refused():
-    from specbench.bench.ab import seconds_ratio
+    from specbench.bench.paired import seconds_ratio
 
     empty = ABResult("plain", "lookup/auto")
     assert empty.interval is None and empty.verdict == "no pairs" and empty.ratio != empty.ratio  # NaN

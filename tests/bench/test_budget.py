@@ -1,10 +1,10 @@
-"""The one time budget of the GPU drivers: what is left, what fits, what was skipped or cut, sizes that fit."""
+"""The one time budget of the GPU drivers: what is left, what fits, what was skipped or cut."""
 
 from __future__ import annotations
 
 import math
 
-from specbench.bench.budget import Budget, fitted_sizes
+from specbench.bench.budget import Budget
 
 
 def silent(seconds: float | None, start: float = 0.0) -> tuple[Budget, list[str]]:
@@ -36,11 +36,3 @@ def test_allot_keeps_back_a_reserve_and_cuts_are_kept(monkeypatch):
     assert budget.allot(1.0, reserve_s=200.0) == 0.0
     budget.cut("2 repeats instead of 8")
     assert budget.cuts == ["2 repeats instead of 8"] and said == ["  reduced: 2 repeats instead of 8"]
-
-
-def test_sizes_shrink_tokens_before_repeats():
-    # 0.01 s a token, 10 runs a repeat: 8 repeats x 256 tokens need 204.8 s
-    assert fitted_sizes(300.0, 0.01, 10, (256, 128), (8, 6)) == (256, 8)
-    assert fitted_sizes(120.0, 0.01, 10, (256, 128), (8, 6)) == (150, 8)  # fewer tokens first
-    assert fitted_sizes(80.0, 0.01, 10, (256, 128), (8, 6)) == (133, 6)  # then fewer repeats
-    assert fitted_sizes(1.0, 0.01, 10, (256, 128), (8, 6)) == (128, 6)  # the least of both when nothing fits

@@ -20,11 +20,6 @@ def test_students_t_tail_matches_scipy(dof):
         assert paired.student_t_above(t, dof) == pytest.approx(stats.t.sf(t, dof), abs=1e-12)
 
 
-def test_holm_multiplies_the_smallest_p_by_the_cells_and_never_decreases():
-    assert paired.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
-    assert paired.holm([]) == []
-
-
 def test_ratio_interval_over_prompts():
     """Prompts twice as fast for the method: the interval is 2 when every prompt agrees, spans the spread of
     per-prompt ratios when they differ, and is missing under MIN_UNITS prompts."""

@@ -196,6 +196,16 @@ def test_default_policy_bad_options_fail_before_model_work(tmp_path, monkeypatch
         assert stopped.value.code == 2 and named in capsys.readouterr().err
 
 
+def test_default_policy_sizes_shrink_tokens_before_repeats():
+    from scripts.gpu.default_policy_phases import fitted_sizes
+
+    # 0.01 s a token, 10 runs a repeat: 8 repeats x 256 tokens need 204.8 s
+    assert fitted_sizes(300.0, 0.01, 10, (256, 128), (8, 6)) == (256, 8)
+    assert fitted_sizes(120.0, 0.01, 10, (256, 128), (8, 6)) == (150, 8)  # fewer tokens first
+    assert fitted_sizes(80.0, 0.01, 10, (256, 128), (8, 6)) == (133, 6)  # then fewer repeats
+    assert fitted_sizes(1.0, 0.01, 10, (256, 128), (8, 6)) == (128, 6)  # the least of both when nothing fits
+
+
 def test_default_policy_runs_only_the_cells_asked_for(tmp_path, script_home):
     """A rerun of chosen cells with more repeats: only those cells (and the A/A cell) are timed."""
     args = ["--shapes", "qwen3-8b-tiny", "--no-embedded", "--modes", "fast", "--acceptances", "0.5", "--repeats", "3"]

@@ -1,6 +1,6 @@
 """Paired A/B runs: a baseline (plain decoding) and a method (Auto with a drafter) timed next to each other, each
 run recorded with its speed (``run_speed.speed_state``, ``mean_speed``) and where its seconds went
-(``time_split``), as the rows ``specbench.bench.ab`` summarizes.
+(``time_split``), as the rows ``scripts.gpu.default_policy_cells`` summarizes.
 
 Per-token runs (synthetic shapes, ``shape_pair_row``) time decoding after the first token; whole-call runs
 (prompts, ``call_pair_row``; trace turns, ``trace_pair_rows``) time the call from start to last token.
@@ -17,8 +17,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from specbench.bench.ab import speed_in_ms, spread
-from specbench.bench.run_speed import mean_speed, speed_state, time_split, verify_ms_by_width
+from scripts.gpu.default_policy_cells import speed_in_ms, spread
+from scripts.gpu.run_speed import mean_speed, speed_state, time_split, verify_ms_by_width
 from specbench.bench.timing import clocked
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, plain_generation

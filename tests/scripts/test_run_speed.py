@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from conftest import auto_run_log, log_seconds, plain_run_log, step_record
 
-from specbench.bench.run_speed import MIN_STEADY, mean_speed, speed_state, time_split, verify_ms_by_width
+from scripts.gpu.run_speed import MIN_STEADY, mean_speed, speed_state, time_split, verify_ms_by_width
 
 
 def test_speed_is_the_median_steady_plain_step():

@@ -1,5 +1,6 @@
-"""Paired A/B statistics: each pair is a baseline run (plain decoding, "A") and a method's run ("B", Auto) timed
-next to each other; a cell (a model, a setting, a method) gathers its pairs over repeats and prompts.
+"""The default-policy benchmark's paired A/B statistics (``scripts.gpu.default_policy``): each pair is a baseline
+run (plain decoding, "A") and a method's run ("B", Auto) timed next to each other;
+a cell (a model, a setting, a method) gathers its pairs over repeats and prompts.
 
 Per cell: the baseline's seconds over the method's summed over every pair, with a 95 % expanded percentile
 bootstrap interval (resampling pairs; none under ``MIN_UNITS`` pairs), and the same ratio *in plain steps*:
@@ -21,9 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specbench.bench import paired
-from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap, holm
-from specbench.bench.run_speed import MIN_STEADY
+from scripts.gpu.run_speed import MIN_STEADY
+from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap, interval_and_p, seconds_ratio
 
 #: The ratio (method over baseline, in speed) a default must keep: 3 % slower at most.
 OK = 0.97
@@ -192,26 +192,6 @@ def verdict(ratio: float, low: float, high: float, p_adjusted: float | None = No
     return "LOSES" if loses else "inconclusive"
 
 
-def ab_verdict(ratio: float, interval: tuple[float, float] | None) -> str:
-    """B against A at a ``ratio`` of B's speed over A's with its 95 % interval: "pays" (the interval is above 1),
-    "loses" (below 1), "inconclusive" (it holds 1, or there is no interval)."""
-    if interval is None:
-        return "inconclusive"
-    low, high = interval
-    return "pays" if low > 1.0 else "loses" if high < 1.0 else "inconclusive"
-
-
-def seconds_ratio(pairs: Sequence[tuple[float, float]]) -> float:
-    """Baseline seconds over the method's, summed over (baseline, method) pairs; a ValueError when there are
-    no pairs or the method's runs took no time (there is no ratio to give)."""
-    if not pairs:
-        raise ValueError("no pairs of runs to take a ratio of seconds over")
-    method = sum(a for _, a in pairs)
-    if not method > 0:
-        raise ValueError(f"the method's runs took {method} s over {len(pairs)} pairs: no ratio of seconds")
-    return sum(p for p, _ in pairs) / method
-
-
 def in_plain_steps(pairs: Sequence[Pair], average: str = "state") -> list[tuple[float, float]]:
     """``Pair.in_steps`` of each pair that has it."""
     return [steps for pair in pairs if (steps := pair.in_steps(average)) is not None]
@@ -222,19 +202,9 @@ def at_one_speed(pairs: Sequence[Pair], average: str = "state") -> int:
     return sum(1 for pair in pairs if sum(bool(speed) for speed in pair.speeds(average)) == 1)
 
 
-def interval_and_p(pairs: Sequence[tuple[float, float]], threshold: float = OK) -> tuple[float, float, float]:
-    """(low, high, p): ``seconds_ratio``'s 95 % expanded percentile bootstrap interval over ``pairs`` and the
-    one-sided p-value of "below ``threshold``" (``paired.p_below``); no interval (0, inf, p = 1) under
-    ``MIN_UNITS`` pairs."""
-    if len(pairs) < MIN_UNITS:
-        return 0.0, float("inf"), 1.0
-    low, high = bootstrap(list(pairs), seconds_ratio)
-    return low, high, paired.p_below(pairs, threshold)
-
-
 def estimate(pairs: Sequence[tuple[float, float]]) -> tuple[float | None, float, float, float]:
     """(ratio, low, high, p) of ``interval_and_p``, the ratio None under ``MIN_UNITS`` pairs."""
-    low, high, p = interval_and_p(pairs)
+    low, high, p = interval_and_p(pairs, OK)
     return (seconds_ratio(pairs) if len(pairs) >= MIN_UNITS else None), low, high, p
 
 
@@ -294,7 +264,7 @@ def cell_row(cell: tuple[str, str, str], pairs: Sequence[Pair]) -> CellSummary:
         ratios = [statistics.mean(p.vs_plain for p in ps) for ps in by_repeat.values()]
         noise = statistics.median(p.plain_spread for p in pairs)
     seconds = [p.seconds for p in pairs]
-    low, high, p_loses = interval_and_p(seconds)
+    low, high, p_loses = interval_and_p(seconds, OK)
     steps = in_plain_steps(pairs)
     in_steps, steps_low, steps_high, steps_p = estimate(steps)
     in_mean, mean_low, mean_high, _ = estimate(in_plain_steps(pairs, "mean"))
@@ -345,6 +315,17 @@ def cells(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], list[
             pair = Pair.of(row)
             found.setdefault(pair.cell, []).append(pair)
     return found
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of ``p_values`` (same order): the family-wise error stays under alpha when
+    each adjusted p-value is compared with alpha, however many cells a run has."""
+    order = sorted(range(len(p_values)), key=p_values.__getitem__)
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
 
 
 def judge(rows: Sequence[CellSummary]) -> list[CellSummary]:
