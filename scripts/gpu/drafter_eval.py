@@ -12,6 +12,7 @@ from typing import Any
 import mlx.nn as nn
 import numpy as np
 
+from scripts.gpu.draft_training import HELDOUT_KINDS
 from specbench.bench.budget import Budget
 from specbench.bench.prompt_runs import run_mlx_lm, run_specbench
 from specbench.core.engine import plain_generation
@@ -19,7 +20,6 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import DraftModel, EarlyExit, best_exit_layer, sweep_exit_layers
 from specbench.inputs.prompts import bundled_questions, render_prompt
-from specbench.train.draft_training import HELDOUT_KINDS
 from specbench.train.mtp_metrics import evaluate_decoding
 
 #: Draft length of every evaluation (fixed; fast verification).

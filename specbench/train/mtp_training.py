@@ -5,7 +5,7 @@ model's embeddings and lm_head) reads pairs (hidden state at i, token i+1) and l
 own distribution at position i+1, i.e. its next-next token: the soft cross-entropy to the frozen
 model's softmax there. Draft positions past the first are trained too: the head reads its own
 chained state, as it does while drafting (``chain_loss``). ``fit`` is the loop, also used to
-distill draft models (``specbench.train.draft_training``). The data
+distill draft models (``scripts.gpu.draft_training``). The data
 (``specbench.train.mtp_data``) is all offline: standard-library code and docstrings, package
 documents and the model's own greedy generations. Evaluation uses held-out slices of each source
 and the project's bundled prompts, which training never sees.
