@@ -25,8 +25,9 @@ from specbench.core.forward import logits_from_hidden, text_model
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
-from specbench.drafters.draft_model import DraftModel, parameter_bytes
+from specbench.drafters.draft_model import DraftModel
 from specbench.drafters.registry import DrafterInputs, register_drafter
+from specbench.models.synthetic import parameter_bytes
 
 #: Families whose body is embed -> decoder layers (one causal mask) -> final norm, as this drafter runs it.
 EARLY_EXIT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")

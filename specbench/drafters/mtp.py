@@ -64,10 +64,6 @@ class MtpHead(Drafter):
         whole("tree_width", tree_width, 1, vocab)
         whole("top_k", top_k, 0, vocab)
         whole("tree_depth", tree_depth, 1, MAX_DRAFT_LENGTH)
-        if tree_width < 1:
-            raise ValueError(f"tree_width must be >= 1, got {tree_width}")
-        if top_k < 0 or tree_depth < 1:
-            raise ValueError(f"top_k must be >= 0 and tree_depth >= 1, got {top_k} and {tree_depth}")
         if top_k and tree_width > 1:
             raise ValueError("choose one MTP tree: the static one (tree_width > 1) or the dynamic one (top_k > 0)")
         if (tree_width > 1 or top_k) and temperature > 0:
@@ -83,8 +79,6 @@ class MtpHead(Drafter):
             self.name = "mtp-dynamic-tree"
         self.model = model
         self.head = head if head is not None else get_head(model)
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
         self.temperature = float(temperature)
         self.sampled_drafts = self.temperature > 0
         self.preferred_k = preferred_k
