@@ -33,6 +33,7 @@ from specbench.inputs.prompts import bundled_questions, render_prompt
 from specbench.models.load import cast_dtype
 from specbench.models.mtp.attach import save_head
 from specbench.models.mtp.head import MtpModule, body_layers, build_head, model_type
+from specbench.models.synthetic import as_dtype
 from specbench.train.mtp_data import (
     WindowSampler,
     batched_greedy,
@@ -144,15 +145,6 @@ def init_head(model: nn.Module, how: str = "last_layer", seed: int = 0) -> MtpMo
     elif how != "random":
         raise ValueError(f"init must be 'last_layer' or 'random', got {how!r}")
     return head
-
-
-def _dtype(name: str | None) -> mx.Dtype:
-    if name is None:
-        return mx.float32 if mx.default_device().type == mx.DeviceType.cpu else mx.bfloat16
-    table = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
-    if name not in table:
-        raise ValueError(f"dtype must be one of {', '.join(table)}, got {name!r}")
-    return table[name]
 
 
 def train_head(
@@ -387,7 +379,7 @@ def train_mtp(
         config.time_budget_s = max(10.0, min(left, config.time_budget_s or left))
         log(f"training budget: {config.time_budget_s:.0f}s")
     head, record = train_head(model, sampler, config, log)
-    cast_dtype(head, _dtype(config.save_dtype))
+    cast_dtype(head, as_dtype(config.save_dtype))
     args = text_model(model).args
     model_config = {k: getattr(args, k) for k in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")}
     model_config["model_type"] = model_type(model)
