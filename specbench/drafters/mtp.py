@@ -16,7 +16,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import logits_from_hidden, text_model, vocab_size
@@ -25,10 +24,7 @@ from specbench.core.tree import row_attention
 from specbench.drafters.registry import DrafterInputs, register_drafter
 from specbench.models.mtp.attach import attach_mtp, get_head, shipped_head
 from specbench.models.mtp.head import MtpModule
-
-
-def _bytes(tree: Any) -> int:
-    return sum(v.nbytes for _, v in tree_flatten(tree))
+from specbench.models.synthetic import parameter_bytes
 
 
 class MtpHead(Drafter):
@@ -86,8 +82,8 @@ class MtpHead(Drafter):
         self.embed = lm.model.embed_tokens
         # Drafting reads the head's weights and the output head, a decode step reads everything.
         out_head = getattr(lm, "lm_head", None) or self.embed
-        total = _bytes(model.parameters()) - _bytes(self.head.parameters())
-        self.cost_per_token = (_bytes(self.head.parameters()) + _bytes(out_head.parameters())) / max(total, 1)
+        total = parameter_bytes(model) - parameter_bytes(self.head)
+        self.cost_per_token = (parameter_bytes(self.head) + parameter_bytes(out_head)) / max(total, 1)
         self._reset([])
 
     def _reset(self, prompt: Sequence[int]) -> None:
