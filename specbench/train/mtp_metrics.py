@@ -98,13 +98,12 @@ def evaluate_windows(model: nn.Module, head: MtpModule, batches: np.ndarray, bat
         tokens = mx.array(batches[i : i + batch_size])
         hidden, logprobs = teacher(model, tokens)
         logits = head_logits(model, head, tokens, hidden)
-        target = logprobs[:, 1:]
-        logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        hit = mx.argmax(logits, axis=-1) == mx.argmax(target, axis=-1)
+        loss, agree = soft_cross_entropy(logits, logprobs[:, 1:])
+        hit = mx.argmax(logits, axis=-1) == mx.argmax(logprobs[:, 1:], axis=-1)
         # Positions where token i+1 is the model's own greedy choice: what drafting sees.
         greedy_next = mx.argmax(logprobs[:, :-1], axis=-1) == tokens[:, 1:]
-        losses.append(float((-(mx.exp(target) * logq).sum(axis=-1).mean()).item()))
-        agrees.append(float(hit.astype(mx.float32).mean().item()))
+        losses.append(float(loss.item()))
+        agrees.append(float(agree.item()))
         greedy_agree += float((hit & greedy_next).sum().item())
         greedy_n += float(greedy_next.sum().item())
     return {
