@@ -15,7 +15,7 @@ CPU = "This CPU (2 cores, mlx[cpu], SmolLM2-135M in float32)"
 G = "gpu-h200/"
 KERNELS = (*CODE,)
 BENCH = (*CODE, "specbench/bench", "specbench/drafters")
-DRAFTERS = (*CODE, "specbench/drafters", "specbench/train")
+DRAFTERS = (*CODE, "specbench/drafters", "specbench/train", "scripts/gpu/draft_training.py")
 OVERWRITTEN_8B = "the second run's numbers (claim exact-speed-dense-2)"
 
 

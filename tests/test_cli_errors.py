@@ -145,7 +145,7 @@ CASES = {
     "ab policy without a drafter": (["ab", "--b", "/auto"], "--b '/auto' names no drafter: give plain, a drafter"),
     "ab drafter past the bound": (["ab", "--a", "lookup/fixed:1000"], "--a 'lookup/fixed:1000': draft length 1000"),
     "prompt that is not text": (["generate", "--prompt", "caf\udce9"], "--prompt cannot be tokenized: character 3"),
-    "question file not UTF-8": (["bench", "prompts", "{tmp}/latin1.jsonl"], "latin1.jsonl is not UTF-8 text"),
+    "question file not UTF-8": (["bench", "prompts", "{tmp}/latin1.jsonl"], "latin1.jsonl:1: not UTF-8 text"),
     "question with a lone surrogate": (["bench", "prompts", "{tmp}/surrogate.jsonl"], "surrogate.jsonl:1: a turn"),
     "compare an unknown drafter": (["compare", "smollm2-135m", "{tmp}/noweights", "--drafter", "psychic"], "psychic"),
     "compare a folder without weights": (["compare", "smollm2-135m", "{tmp}/noweights"], "noweights has config.json"),

@@ -12,15 +12,15 @@ from typing import Any
 import mlx.nn as nn
 import numpy as np
 
+from scripts.gpu.draft_training import HELDOUT_KINDS
 from specbench.bench.budget import Budget
 from specbench.bench.prompt_runs import run_mlx_lm, run_specbench
 from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.drafters import DraftModel, EarlyExit, best_exit_layer, sweep_exit_layers
+from specbench.drafters import DraftModel, EarlyExit
 from specbench.inputs.prompts import bundled_questions, render_prompt
-from specbench.train.draft_training import HELDOUT_KINDS
-from specbench.train.mtp_metrics import evaluate_decoding
+from specbench.train.mtp_metrics import best_exit_layer, evaluate_decoding, sweep_exit_layers
 
 #: Draft length of every evaluation (fixed; fast verification).
 K = 3

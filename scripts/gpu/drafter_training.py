@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from scripts.gpu.draft_training import train_draft
 from scripts.gpu.drafter_eval import K, evaluate, head_decision
 from specbench.common.files import write_json_atomic, write_safetensors_atomic
 from specbench.core.forward import text_model
@@ -25,7 +26,6 @@ from specbench.drafters.draft_model import draft_metadata, draft_own_tensors, lo
 from specbench.models.load import cast_dtype
 from specbench.models.mtp.attach import save_head
 from specbench.models.mtp.head import MtpModule, model_type
-from specbench.train.draft_training import train_draft
 from specbench.train.mtp_data import WindowSampler
 from specbench.train.mtp_training import TrainConfig, train_head
 

@@ -14,7 +14,7 @@ Phases, each within --budget, every file written as soon as it exists:
 3. a draft model: --draft-layers layers of SmolLM2's width with a --draft-mlp channel MLP, distilled on the
    same windows; the file holds its own layers only (bfloat16, under 8 MB) (``draft_phase``);
 4. evaluation (``scripts.gpu.drafter_eval``): greedy speculative decoding (k = 3, fast verify) on the
-   held-out split (``specbench.train.draft_training.heldout_split``: Spec-Bench chat and summarization,
+   held-out split (``scripts.gpu.draft_training.heldout_split``: Spec-Bench chat and summarization,
    held-out standard-library code), the draft model against mlx-lm's speculative_generate_step, plain
    decoding, and an early-exit sweep.
 
@@ -38,6 +38,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from scripts.gpu.draft_training import HELDOUT_KINDS, heldout_split
 from scripts.gpu.drafter_eval import TARGETS, compare_and_sweep, evaluate, report
 from scripts.gpu.drafter_training import draft_phase, head_phase, parameter_count
 from specbench import load
@@ -48,7 +49,6 @@ from specbench.core.forward import text_model
 from specbench.drafters import MtpHead, make_drafter, shipped_draft_model
 from specbench.models.embedded import shipped_draft_path
 from specbench.models.mtp.attach import load_head, shipped_head
-from specbench.train.draft_training import HELDOUT_KINDS, heldout_split
 from specbench.train.mtp_data import WindowSampler
 from specbench.train.mtp_training import TrainConfig, build_data
 

@@ -105,13 +105,20 @@ def min_detectable_tvd(n_plain: int, n_speculative: int, alpha: float = 0.05, po
     return min(1.0, z * float(np.sqrt(1 / n_plain + 1 / n_speculative)) / 2)
 
 
+def _pooled_counts(
+    plain: Sequence[Sequence[int]], speculative: Sequence[Sequence[int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each set's pooled count per token id, over one range of ids."""
+    a = np.bincount([t for s in plain for t in s], minlength=1)
+    b = np.bincount([t for s in speculative for t in s], minlength=1)
+    size = max(len(a), len(b))
+    return np.pad(a, (0, size - len(a))), np.pad(b, (0, size - len(b)))
+
+
 def well_filled_share(plain: Sequence[Sequence[int]], speculative: Sequence[Sequence[int]]) -> float:
     """Share of the pooled sampled tokens whose token's expected count is >= ``MIN_EXPECTED`` in both
     histograms (the chi-square statistic's usual validity rule, per token)."""
-    a = np.bincount([t for s in plain for t in s], minlength=1).astype(float)
-    b = np.bincount([t for s in speculative for t in s], minlength=1).astype(float)
-    size = max(len(a), len(b))
-    a, b = np.pad(a, (0, size - len(a))), np.pad(b, (0, size - len(b)))
+    a, b = (counts.astype(float) for counts in _pooled_counts(plain, speculative))
     total = a + b
     if total.sum() == 0:
         return 0.0
@@ -302,11 +309,7 @@ def losslessness_check(
         target = min(max_samples, 2 * target)
     samples = len(plain)
     tvd_low, tvd_high, tvd_null = tvd_interval(plain, spec, permutations, seed)
-    counts_plain = np.bincount([t for s in plain for t in s], minlength=1)
-    counts_spec = np.bincount([t for s in spec for t in s], minlength=1)
-    size = max(len(counts_plain), len(counts_spec))
-    counts_plain = np.pad(counts_plain, (0, size - len(counts_plain)))
-    counts_spec = np.pad(counts_spec, (0, size - len(counts_spec)))
+    counts_plain, counts_spec = _pooled_counts(plain, spec)
     order = np.argsort(-(counts_plain + counts_spec), kind="stable")[:top]
     order = [int(t) for t in order if counts_plain[t] + counts_spec[t] > 0]
     texts = [repr(tokenizer.decode([t]))[1:-1] if tokenizer is not None else str(t) for t in order]

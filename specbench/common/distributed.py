@@ -173,42 +173,25 @@ def broadcast_array(x: mx.array | None, shape: tuple[int, ...], dtype: mx.Dtype)
     return _sum(mx.zeros(shape, dtype=dtype))
 
 
-def _bytes_of(value: Any) -> bytes:
-    """A value as bytes to send: JSON, with arrays and frames carried as data (``specbench.common.wire``)."""
-    return wire.dumps(value)
-
-
-def _words(data: bytes, length: int) -> np.ndarray:
-    """``data`` zero-padded to ``length`` bytes (a multiple of 4) as int32 words: every backend sums int32."""
-    padded = np.zeros(length, dtype=np.uint8)
-    padded[: len(data)] = np.frombuffer(data, dtype=np.uint8)
-    return padded.view(np.int32)
-
-
-def _summed_bytes(words: np.ndarray) -> bytes:
-    return np.array(_sum(mx.array(words)), copy=False).astype(np.int32).tobytes()
-
-
 def broadcast(value: Any = None) -> Any:
     """Rank 0's ``value`` on every rank (data: JSON's types, tuples, sets, bytes, arrays, polars frames,
     specbench's dataclasses; ``specbench.common.wire``);
-    other ranks' ``value`` is ignored. Two sums over the group: the length, then the bytes.
+    other ranks' ``value`` is ignored. Rank 0's bytes gathered, the others sending none.
     Returns ``value`` itself in a world of one."""
     if size() == 1:
         return value
     data, error = b"", None
     if is_main():
         try:
-            data = _bytes_of(value)
+            data = wire.dumps(value)
         except ValueError as err:  # the other ranks wait for this broadcast: they raise it too
-            data, error = _bytes_of(_Unsent(str(err))), err
-    length = int(_sum(mx.array([len(data)], dtype=mx.int32)).item())
-    received = _summed_bytes(_words(data, -(-length // 4) * 4))
+            data, error = wire.dumps(_Unsent(str(err))), err
+    received = _gathered_bytes(data)[0]
     if error is not None:
         raise error
     if is_main():
         return value
-    value = wire.loads(received[:length])
+    value = wire.loads(received)
     if isinstance(value, _Unsent):
         raise ValueError(f"rank 0 could not broadcast its value: {value.reason}")
     return value
@@ -226,7 +209,7 @@ def gather(value: Any) -> list[Any]:
     rank places its bytes at its own offset and the group sums them."""
     if size() == 1:
         return [value]
-    return [wire.loads(data) for data in _gathered_bytes(_bytes_of(value))]
+    return [wire.loads(data) for data in _gathered_bytes(wire.dumps(value))]
 
 
 def _gathered_bytes(data: bytes) -> list[bytes]:
@@ -237,7 +220,8 @@ def _gathered_bytes(data: bytes) -> list[bytes]:
     offsets = np.concatenate([[0], np.cumsum(-(-lengths // 4) * 4)])
     buffer = np.zeros(int(offsets[-1]), dtype=np.uint8)
     buffer[offsets[rank()] : offsets[rank()] + len(data)] = np.frombuffer(data, dtype=np.uint8)
-    received = _summed_bytes(buffer.view(np.int32))
+    # every backend sums int32 words
+    received = np.array(_sum(mx.array(buffer.view(np.int32))), copy=False).astype(np.int32).tobytes()
     return [received[offsets[r] : offsets[r] + lengths[r]] for r in range(size())]
 
 
@@ -291,11 +275,11 @@ def gather_outcomes(work: Callable[[], T]) -> list[T]:
     others one naming each failed rank's error, of the first one's type when that is a built-in exception."""
     try:
         value = work()
-        data = _bytes_of((True, value)) if size() > 1 else b""
+        data = wire.dumps((True, value)) if size() > 1 else b""
         error = None
     except Exception as err:
         builtin = type(err).__name__ if type(err).__module__ == "builtins" else "RuntimeError"
-        data, error = _bytes_of((False, (builtin, f"{type(err).__name__}: {err}"))), err
+        data, error = wire.dumps((False, (builtin, f"{type(err).__name__}: {err}"))), err
     if size() == 1:
         if error is not None:
             raise error

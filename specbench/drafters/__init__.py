@@ -6,7 +6,7 @@ from typing import Any
 
 from specbench.core.draft import Draft, Drafter
 from specbench.drafters.draft_model import DraftModel, has_shipped_draft_model, shipped_draft_model
-from specbench.drafters.early_exit import EarlyExit, best_exit_layer, exit_layer_count, sweep_exit_layers
+from specbench.drafters.early_exit import EarlyExit, exit_layer_count
 from specbench.drafters.lookup import PromptLookup
 from specbench.drafters.mtp import MtpHead, mtp_head_for
 from specbench.drafters.oracle import Oracle
@@ -62,7 +62,6 @@ __all__ = [
     "Oracle",
     "PromptLookup",
     "SuffixDecoding",
-    "best_exit_layer",
     "drafter_choices",
     "drafter_kinds",
     "exit_layer_count",
@@ -72,5 +71,4 @@ __all__ = [
     "mtp_head_for",
     "register_drafter",
     "shipped_draft_model",
-    "sweep_exit_layers",
 ]

@@ -35,14 +35,10 @@ from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
 from specbench.core.verify import greedy
 from specbench.drafters.registry import DrafterInputs, register_drafter
 from specbench.models.embedded import shipped_draft_path
+from specbench.models.synthetic import parameter_bytes
 
 #: Tokens fed to the draft model per forward when it catches up on a long context.
 PREFILL_CHUNK = 512
-
-
-def parameter_bytes(module: nn.Module) -> int:
-    """Bytes of a module's parameters (what one forward reads)."""
-    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
 
 
 def sampling_settings(sampling: SamplingSettings | GenerateOptions | None) -> SamplingSettings:

@@ -5,13 +5,12 @@ The drafter shares the target's weights (the same modules, not copies) but keeps
 for those L layers: the engine's target owns its cache and rolls it back itself, and the drafter
 is never handed it, so the first L layers' keys and values are computed twice (once while
 drafting, once in the verify pass). The drafter's cache follows the target's through
-``DraftModel``'s rollback. ``sweep_exit_layers`` measures acceptance per L on given prompts and
-``best_exit_layer`` picks L.
+``DraftModel``'s rollback. ``specbench.train.mtp_metrics.sweep_exit_layers`` measures acceptance per L on given
+prompts and ``best_exit_layer`` picks L.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -20,13 +19,12 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.core.accept import SamplingSettings
-from specbench.core.engine import Generation
 from specbench.core.forward import logits_from_hidden, text_model
 from specbench.core.options import GenerateOptions
-from specbench.core.policies import DraftPolicy
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
-from specbench.drafters.draft_model import DraftModel, parameter_bytes
+from specbench.drafters.draft_model import DraftModel
 from specbench.drafters.registry import DrafterInputs, register_drafter
+from specbench.models.synthetic import parameter_bytes
 
 #: Families whose body is embed -> decoder layers (one causal mask) -> final norm, as this drafter runs it.
 EARLY_EXIT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
@@ -88,74 +86,6 @@ class EarlyExit(DraftModel):
         lm = text_model(self.model)
         head = getattr(lm, "lm_head", None) or lm.model.embed_tokens
         return sum(parameter_bytes(layer) for layer in lm.model.layers[: self.layers]) + parameter_bytes(head)
-
-
-def sweep_exit_layers(
-    model: nn.Module,
-    prompts: Sequence[Sequence[int]],
-    layers: Iterable[int] | None = None,
-    k: int = 3,
-    max_tokens: int = 32,
-) -> list[dict[str, Any]]:
-    """Greedy speculative decoding of every prompt with ``EarlyExit(model, L)`` for each L in
-    ``layers`` (default: every quarter of the depth and the halves between), a fixed draft of ``k``.
-
-    One row per L: verifications, acceptance per draft position (accepted / drafted there),
-    first-draft acceptance, tokens per verification, ``cost_per_token`` and ``modeled_speedup``,
-    tokens per verification over the cost of a verification counted as one plain step plus k
-    drafted tokens (a floor on what drafting costs: it assumes a verify pass costs one step).
-    """
-    if not prompts:
-        raise ValueError("the sweep needs at least one prompt")
-    total = exit_layer_count(model)
-    chosen = sorted(set(layers)) if layers is not None else sorted({max(1, total * i // 8) for i in range(1, 8)})
-    rows = []
-    for n in chosen:
-        drafter = EarlyExit(model, n)
-        drafted_at, accepted_at = [0] * k, [0] * k
-        verifies = accepted = 0
-        for prompt in prompts:
-            gen = Generation(
-                model,
-                list(prompt),
-                GenerateOptions(max_tokens=max_tokens),
-                drafter=drafter,
-                policy=DraftPolicy.fixed(k),
-            )
-            for _ in gen:
-                pass
-            for record in gen.log.records:
-                if record.kind != "verify" or not record.k_drafted:
-                    continue
-                verifies += 1
-                accepted += record.accepted
-                for i in range(record.k_drafted):
-                    drafted_at[i] += 1
-                    accepted_at[i] += i < record.accepted
-        per_position = [a / d if d else float("nan") for a, d in zip(accepted_at, drafted_at)]
-        tokens_per_verify = (accepted + verifies) / verifies if verifies else float("nan")
-        rows.append(
-            {
-                "layers": n,
-                "of_layers": total,
-                "k": k,
-                "verifies": verifies,
-                "first_draft_acceptance": per_position[0],
-                "per_position_acceptance": per_position,
-                "tokens_per_verify": tokens_per_verify,
-                "cost_per_token": drafter.cost_per_token,
-                "modeled_speedup": tokens_per_verify / (1 + k * drafter.cost_per_token),
-            }
-        )
-    return rows
-
-
-def best_exit_layer(rows: Sequence[dict[str, Any]]) -> int:
-    """The L of a sweep's rows with the highest modeled speedup (below 1 at every L: early exit does not
-    pay for this model, whichever L)."""
-    if not rows:
-        raise ValueError("no sweep rows")
-    return max(rows, key=lambda r: r["modeled_speedup"] if r["verifies"] else -1.0)["layers"]
 
 
 @register_drafter(

@@ -41,10 +41,8 @@ class PromptLookup(Drafter):
         ):
             whole(arg, value, low)
         whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
-        if min_ngram < 1 or max_ngram < min_ngram:
+        if max_ngram < min_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
-        if max_candidates < 1:
-            raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.preferred_k = preferred_k

@@ -16,7 +16,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import logits_from_hidden, text_model, vocab_size
@@ -25,10 +24,7 @@ from specbench.core.tree import row_attention
 from specbench.drafters.registry import DrafterInputs, register_drafter
 from specbench.models.mtp.attach import attach_mtp, get_head, shipped_head
 from specbench.models.mtp.head import MtpModule
-
-
-def _bytes(tree: Any) -> int:
-    return sum(v.nbytes for _, v in tree_flatten(tree))
+from specbench.models.synthetic import parameter_bytes
 
 
 class MtpHead(Drafter):
@@ -64,10 +60,6 @@ class MtpHead(Drafter):
         whole("tree_width", tree_width, 1, vocab)
         whole("top_k", top_k, 0, vocab)
         whole("tree_depth", tree_depth, 1, MAX_DRAFT_LENGTH)
-        if tree_width < 1:
-            raise ValueError(f"tree_width must be >= 1, got {tree_width}")
-        if top_k < 0 or tree_depth < 1:
-            raise ValueError(f"top_k must be >= 0 and tree_depth >= 1, got {top_k} and {tree_depth}")
         if top_k and tree_width > 1:
             raise ValueError("choose one MTP tree: the static one (tree_width > 1) or the dynamic one (top_k > 0)")
         if (tree_width > 1 or top_k) and temperature > 0:
@@ -83,8 +75,6 @@ class MtpHead(Drafter):
             self.name = "mtp-dynamic-tree"
         self.model = model
         self.head = head if head is not None else get_head(model)
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
         self.temperature = float(temperature)
         self.sampled_drafts = self.temperature > 0
         self.preferred_k = preferred_k
@@ -92,8 +82,8 @@ class MtpHead(Drafter):
         self.embed = lm.model.embed_tokens
         # Drafting reads the head's weights and the output head, a decode step reads everything.
         out_head = getattr(lm, "lm_head", None) or self.embed
-        total = _bytes(model.parameters()) - _bytes(self.head.parameters())
-        self.cost_per_token = (_bytes(self.head.parameters()) + _bytes(out_head.parameters())) / max(total, 1)
+        total = parameter_bytes(model) - parameter_bytes(self.head)
+        self.cost_per_token = (parameter_bytes(self.head) + parameter_bytes(out_head)) / max(total, 1)
         self._reset([])
 
     def _reset(self, prompt: Sequence[int]) -> None:

@@ -55,8 +55,6 @@ class Oracle(Drafter):
         self.acceptance = acceptance
         whole("vocab_size", vocab_size, 2)
         whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
-        if vocab_size < 2:
-            raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
         if not continuation:
             raise ValueError("the continuation is empty: record at least one token from a plain run")
         self.prompt = [int(t) for t in prompt]

@@ -80,19 +80,8 @@ class SuffixDecoding(Drafter):
         for arg, bound in (("max_sequences", max_sequences), ("max_tokens", max_tokens)):
             if bound is not None:
                 whole(arg, bound, 1)
-        if max_depth < 2:
-            raise ValueError(f"max_depth must be >= 2, got {max_depth}")
-        if max_spec_tokens < 1:
-            raise ValueError(f"max_spec_tokens must be >= 1, got {max_spec_tokens}")
-        if max_spec_factor < 0:
-            raise ValueError(f"max_spec_factor must be >= 0, got {max_spec_factor}")
-        if not 0 <= min_token_prob <= 1:
-            raise ValueError(f"min_token_prob must be in [0, 1], got {min_token_prob}")
         if remember_at_end not in ("response", "sequence", None):
             raise ValueError(f"remember_at_end must be 'response', 'sequence' or None, got {remember_at_end!r}")
-        for name, bound in (("max_sequences", max_sequences), ("max_tokens", max_tokens)):
-            if bound is not None and bound < 1:
-                raise ValueError(f"{name} must be >= 1 or None (no bound), got {bound}")
         self.max_depth = max_depth
         self.max_spec_tokens = max_spec_tokens
         self.max_spec_factor = max_spec_factor

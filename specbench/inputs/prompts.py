@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from specbench.common.files import ASSETS_DIR
 from specbench.common.text import check_strings, check_text
+from specbench.inputs.traces import read_text
 
 if TYPE_CHECKING:
     import polars as pl
@@ -74,11 +75,7 @@ def load_questions(
     if not path.is_file():
         raise FileNotFoundError(f"no question file at {path}: give a question.jsonl path or 'bundled'")
     questions = []
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x})") from None
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(read_text(path).splitlines(), 1):
         if line.strip():
             questions.append(_question(line, f"{path}:{number}"))
     if not questions:

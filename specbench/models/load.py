@@ -62,8 +62,6 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     ),
 }
 
-_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-
 
 def embedded_model_path(name: str) -> Path:
     """Folder of embedded model `name` in the cache (it may not be built yet)."""
@@ -104,7 +102,7 @@ def load(
     then runs the same loop (lockstep) and rank 0 alone writes files. A no-op in a world of one, but a
     model family without ``shard()`` is an error there too.
     """
-    target = _as_dtype(dtype)
+    target = synthetic.as_dtype(dtype)
     name = str(name_or_path)
     warn_if_unloaded()  # the README's route and a plain Jupyter kernel run on MLX's reference BLAS: said once
     if layers is not None and not name.startswith(synthetic.PREFIX):
@@ -222,15 +220,6 @@ def _embedded(name: str) -> EmbeddedModel:
     if name not in EMBEDDED_MODELS:
         raise ValueError(f"Unknown embedded model {name!r}: embedded models are {', '.join(EMBEDDED_MODELS)}.")
     return EMBEDDED_MODELS[name]
-
-
-def _as_dtype(dtype: mx.Dtype | str | None) -> mx.Dtype | None:
-    if dtype is None or isinstance(dtype, mx.Dtype):
-        return dtype
-    name = str(dtype).removeprefix("mlx.core.")
-    if name not in _DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)} (or an mx.Dtype), got {dtype!r}")
-    return _DTYPES[name]
 
 
 def _looks_like_path(name: str) -> bool:

@@ -217,12 +217,14 @@ def config(name: str, layers: int | None = None) -> dict:
     return cfg
 
 
-def _as_dtype(dtype: mx.Dtype | str | None) -> mx.Dtype | None:
+def as_dtype(dtype: mx.Dtype | str | None) -> mx.Dtype | None:
+    """An mx.Dtype (None as it is) from one or its name: bfloat16, float16, float32 (or bf16, fp16, fp32)."""
     if dtype is None or isinstance(dtype, mx.Dtype):
         return dtype
-    key = _DTYPE_NAMES.get(str(dtype), str(dtype))
+    name = str(dtype).removeprefix("mlx.core.")
+    key = _DTYPE_NAMES.get(name, name)
     if key not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"dtype must be bfloat16, float16 or float32, got {dtype!r}")
+        raise ValueError(f"dtype must be bfloat16, float16 or float32 (or an mx.Dtype), got {dtype!r}")
     return _PRECISIONS[key][0]
 
 
@@ -245,7 +247,7 @@ def build(
     name_dtype, name_bits = (
         _PRECISIONS[precision] if precision else ((mx.float32, None) if tiny else (mx.bfloat16, None))
     )
-    dtype = _as_dtype(dtype) or name_dtype
+    dtype = as_dtype(dtype) or name_dtype
     bits = name_bits if bits is None else (bits or None)
     cfg = config(name, layers)
     model = build_from_config(cfg, dtype=dtype, bits=bits, group_size=group_size, seed=seed)

@@ -355,10 +355,7 @@ def eos_id(tokenizer: Any) -> int:
 
 def stream(docs: Sequence[Sequence[int]], eos: int) -> np.ndarray:
     """Documents joined into one token stream, each followed by EOS."""
-    parts = []
-    for d in docs:
-        parts.append(np.asarray(d, dtype=np.int32))
-        parts.append(np.asarray([eos], dtype=np.int32))
+    parts = [np.append(np.asarray(d, dtype=np.int32), np.int32(eos)) for d in docs]
     return np.concatenate(parts) if parts else np.zeros((0,), dtype=np.int32)
 
 

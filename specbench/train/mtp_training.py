@@ -5,7 +5,7 @@ model's embeddings and lm_head) reads pairs (hidden state at i, token i+1) and l
 own distribution at position i+1, i.e. its next-next token: the soft cross-entropy to the frozen
 model's softmax there. Draft positions past the first are trained too: the head reads its own
 chained state, as it does while drafting (``chain_loss``). ``fit`` is the loop, also used to
-distill draft models (``specbench.train.draft_training``). The data
+distill draft models (``scripts.gpu.draft_training``). The data
 (``specbench.train.mtp_data``) is all offline: standard-library code and docstrings, package
 documents and the model's own greedy generations. Evaluation uses held-out slices of each source
 and the project's bundled prompts, which training never sees.
@@ -33,6 +33,7 @@ from specbench.inputs.prompts import bundled_questions, render_prompt
 from specbench.models.load import cast_dtype
 from specbench.models.mtp.attach import save_head
 from specbench.models.mtp.head import MtpModule, body_layers, build_head, model_type
+from specbench.models.synthetic import as_dtype
 from specbench.train.mtp_data import (
     WindowSampler,
     batched_greedy,
@@ -144,15 +145,6 @@ def init_head(model: nn.Module, how: str = "last_layer", seed: int = 0) -> MtpMo
     elif how != "random":
         raise ValueError(f"init must be 'last_layer' or 'random', got {how!r}")
     return head
-
-
-def _dtype(name: str | None) -> mx.Dtype:
-    if name is None:
-        return mx.float32 if mx.default_device().type == mx.DeviceType.cpu else mx.bfloat16
-    table = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
-    if name not in table:
-        raise ValueError(f"dtype must be one of {', '.join(table)}, got {name!r}")
-    return table[name]
 
 
 def train_head(
@@ -387,7 +379,7 @@ def train_mtp(
         config.time_budget_s = max(10.0, min(left, config.time_budget_s or left))
         log(f"training budget: {config.time_budget_s:.0f}s")
     head, record = train_head(model, sampler, config, log)
-    cast_dtype(head, _dtype(config.save_dtype))
+    cast_dtype(head, as_dtype(config.save_dtype))
     args = text_model(model).args
     model_config = {k: getattr(args, k) for k in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")}
     model_config["model_type"] = model_type(model)

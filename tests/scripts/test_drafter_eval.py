@@ -6,7 +6,7 @@ import pytest
 from conftest import build_tiny
 
 from scripts.gpu import drafter_eval
-from specbench.train.draft_training import HELDOUT_KINDS
+from scripts.gpu.draft_training import HELDOUT_KINDS
 
 
 def rows(per_position: list[float], tokens_per_verify: float) -> dict:

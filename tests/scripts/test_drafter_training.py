@@ -9,9 +9,9 @@ import pytest
 from conftest import build_tiny
 
 from scripts.gpu import drafter_training
+from scripts.gpu.draft_training import HELDOUT_KINDS
 from specbench.drafters.draft_model import load_draft_model
 from specbench.models.mtp.attach import load_head
-from specbench.train.draft_training import HELDOUT_KINDS
 from specbench.train.mtp_data import WindowSampler
 from specbench.train.mtp_training import TrainConfig, init_head
 
