@@ -1,13 +1,10 @@
 """The explorer's logic: a drafter, draft length k and policy replayed over the plain greedy outputs a report
-recorded (``recorded.recorded_outputs``), through the engine's decode loop with the recorded output in place of the
-model (``specbench.simulate.simulate``). Under greedy verification that replay is exact: a draft is accepted up to
-its first token that differs from the model's own output. Per choice: tokens per verification, acceptance per
-draft position, the speedup the cost profile predicts for the steps the choice took, the speedup the report's
-sweep measured where it ran the same choice, and the output coloured by token source.
+recorded, with the recorded output in place of the model (``specbench.simulate.simulate``; exact under greedy
+verification). Per choice: tokens per verification, acceptance per position, the predicted speedup, the sweep's
+measured one where it ran the same choice, and the output coloured by token source.
 
     recordings = load_recordings("smollm2-135m", model, tokenizer, output_dir)
     result = replay(recordings, Choice("lookup", k=4, policy="fixed"))
-    result.row().predicted_speedup; positions_figure(result); grid(recordings, "lookup", "", [1, 2, 4])
 """
 
 from __future__ import annotations

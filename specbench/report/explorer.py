@@ -1,12 +1,7 @@
-"""Interactive explorers for JupyterLab.
+"""Interactive explorers for JupyterLab: ``LogExplorer`` replays a chosen drafter, k, policy and prompt over a
+report's recorded outputs without the model (``explore_logs``); ``Explorer`` generates with a model and shows the
+output coloured by token source, its stats and per-step plot.
 
-``LogExplorer`` picks a drafter, draft length k, policy and recorded prompt and replays the choice over the plain
-greedy outputs a report recorded, without the model (``specbench.report.explore_logs``): tokens per verification,
-acceptance per position, the predicted speedup and the output coloured by token source, at once for every choice.
-``Explorer`` generates with a model instead: pick a model, drafter, policy, k, temperature and any prompt, watch
-the output arrive coloured by token source, then read the stats and the per-step plot.
-
-    from specbench.report.explorer import Explorer, LogExplorer
     LogExplorer(recordings).show()          # recordings: explore_logs.load_recordings(...)
     Explorer(models=["smollm2-135m"]).show()
 """

@@ -1,12 +1,8 @@
 """Generations recorded in a report folder, so one notebook shows what another already generated.
 
-The draft-length sweep records each of its generations (``record_sweep``: its row of ``Sweep.runs`` and its
-step log) under ``OUTPUT_DIR/recorded/``, keyed by model, prompt ids, drafter, policy and options. The
-quickstart (``side_by_side``) and the live explorer (``find``) look a generation up there before generating:
-with the same prompt, drafter, policy and options the recorded run is shown, its plain baseline and its
-speedup measured side by side in the sweep; otherwise they generate (and record) it themselves. The plain
-greedy outputs, with their prompts' ids, are kept in one table too (``record_outputs``, ``recorded_outputs``):
-what the explorer replays other drafters, draft lengths and policies over without the model.
+The draft-length sweep records each generation (``record_sweep``) under ``OUTPUT_DIR/recorded/``, keyed by
+``generation_key``; the quickstart (``side_by_side``) and the explorer (``find``) look one up before generating.
+The plain greedy outputs are kept in one table too (``record_outputs``, ``recorded_outputs``), for the replays.
 """
 
 from __future__ import annotations
