@@ -24,7 +24,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.core.verify import check_verify_mode
 from specbench.cost import Profile, drafter_cost, predicted_speedup, profile_for
 from specbench.report import recorded
-from specbench.report.render import coloured_html, legend_html
+from specbench.report.render import coloured_html, legend_html, table_html
 from specbench.simulate.simulate import Recorded, model_free_drafter, model_free_drafters, record, simulate
 
 #: Policy families a choice picks from; auto drafts at most k tokens.
@@ -325,12 +325,7 @@ def choice_html(result: Replay, recordings: Recordings) -> str:
         cells.append(("measured by the sweep", "not run by the sweep"))
     else:
         cells.append((f"measured by the sweep (mean of {row.prompts} paired runs)", f"{measured:.2f}x"))
-    body = "".join(
-        f"<tr><td style='text-align:left;padding-right:1em'>{html.escape(k)}</td>"
-        f"<td style='text-align:right'>{html.escape(v)}</td></tr>"
-        for k, v in cells
-    )
-    return f"<table style='font-size:0.9em'>{body}</table>"
+    return table_html(cells, "0.9em")
 
 
 def coloured_outputs(result: Replay, recordings: Recordings, max_height: str | None = "12em") -> str:

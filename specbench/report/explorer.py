@@ -17,7 +17,7 @@ from typing import Any
 
 from specbench.bench.timing import clock_stats
 from specbench.core.options import GenerateOptions
-from specbench.core.policies import DraftPolicy
+from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.verify import VERIFY_MODES
 from specbench.decoding import speculative_generate
 from specbench.drafters import DRAFTERS
@@ -143,9 +143,7 @@ class Explorer(_Widget):
 
     def draft_policy(self) -> DraftPolicy:
         """The policy the controls select (auto picks its own draft length; the others draft k)."""
-        if self.policy.value == "auto":
-            return DraftPolicy.auto()
-        return getattr(DraftPolicy, self.policy.value)(self.k.value)
+        return as_policy("auto" if self.policy.value == "auto" else f"{self.policy.value}:{self.k.value}")
 
     def run(self, _button: Any = None, recorded_in: str | os.PathLike | None = None):
         """Generate with the current settings; returns the Generation (None if it could not start).

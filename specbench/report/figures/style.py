@@ -92,6 +92,15 @@ def model_label(name: str) -> str:
     return name.removeprefix("synthetic:")
 
 
+def headless_pyplot() -> Any:
+    """``matplotlib.pyplot`` drawing off screen (Agg), for the figures the command line writes."""
+    import matplotlib
+
+    if matplotlib.get_backend().lower() != "agg":
+        matplotlib.use("Agg")
+    return plt
+
+
 def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 130, svg: bool = False, close: bool = True) -> Path:
     """Write ``fig`` as a PNG at ``path`` (and, with ``svg``, an SVG beside it), each atomically;
     close it unless ``close`` is False. Returns the PNG's path."""
