@@ -22,7 +22,7 @@ from specbench.bench.timing import SideBySide
 from specbench.bench.timing import side_by_side as run_side_by_side
 from specbench.common.files import write_json_atomic, write_parquet_atomic
 from specbench.core.draft import Drafter
-from specbench.core.log import StepLog, StepRecord
+from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.rules import TokenRule
 
@@ -109,34 +109,21 @@ def generation_key(model: str, prompt_ids: Sequence[int], drafter: str, policy: 
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-class RecordedLog:
-    """A recorded step log, read like a ``StepLog``: ``records``, ``to_polars()``, ``save(path)``."""
-
-    def __init__(self, frame: pl.DataFrame):
-        self.frame = frame
-
-    @property
-    def records(self) -> list[StepRecord]:
-        return StepLog.from_rows(self.frame.to_dicts()).records
-
-    def to_polars(self) -> pl.DataFrame:
-        return self.frame
-
-    def save(self, path: str | os.PathLike) -> Path:
-        return write_parquet_atomic(self.frame, Path(path))
-
-
 @dataclass
 class RecordedGeneration:
-    """A generation as it was recorded: its stats and clock (``row``) and its step log."""
+    """A generation as it was recorded: its stats and clock (``row``) and its steps."""
 
     row: dict[str, Any]
-    log: RecordedLog
+    steps: pl.DataFrame
     temperature: float
 
     @property
+    def log(self) -> StepLog:
+        return StepLog.from_rows(self.steps.to_dicts())
+
+    @property
     def tokens(self) -> list[int]:
-        return [int(t) for tokens in self.log.frame["tokens"].to_list() for t in (tokens or [])]
+        return [int(t) for tokens in self.steps["tokens"].to_list() for t in (tokens or [])]
 
     def stats(self) -> dict[str, Any]:
         return {k: self.row[k] for k in _STATS if k in self.row}
@@ -186,7 +173,7 @@ def find(output_dir: str | os.PathLike | None, key: str) -> RecordedGeneration |
         steps = pl.read_parquet(folder / f"{key}-steps.parquet")
     except (OSError, ValueError, pl.exceptions.PolarsError):
         return None  # unreadable: generated again
-    return RecordedGeneration(row, RecordedLog(steps), float(row.get("temperature", 0.0)))
+    return RecordedGeneration(row, steps, float(row.get("temperature", 0.0)))
 
 
 def record_sweep(
@@ -358,7 +345,7 @@ def run_sweep(
                 order = [("none", "none"), *((d, p.name) for d in names for p in policies)]  # the sweep's run order
                 found = [find(output_dir, generation_key(model_name, prompt.ids, d, p, options)) for d, p in order]
                 whole = all(f is not None for f in found)
-                cells[prompt.id, float(t), seed] = [(f.row, f.log.frame) for f in found] if whole else None
+                cells[prompt.id, float(t), seed] = [(f.row, f.steps) for f in found] if whole else None
     missing = {(t, seed) for (_, t, seed), cell in cells.items() if cell is None}
     ran: dict[tuple[str, float, int], list[tuple[dict[str, Any], pl.DataFrame]]] = {}
     for t, seed in sorted(missing):
