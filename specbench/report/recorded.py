@@ -18,7 +18,7 @@ from typing import Any
 import polars as pl
 
 from specbench.bench.sweep import AA_POLICY
-from specbench.bench.timing import SideBySide
+from specbench.bench.timing import SideBySide, clock_stats
 from specbench.bench.timing import side_by_side as run_side_by_side
 from specbench.common.files import write_json_atomic, write_parquet_atomic
 from specbench.core.draft import Drafter
@@ -271,17 +271,10 @@ def recorded_outputs(output_dir: str | os.PathLike | None) -> pl.DataFrame:
 
 
 def _row(gen: Any, seconds: float, drafter: str, policy: str) -> dict[str, Any]:
-    stats = gen.stats()
-    decode = len(gen.tokens) - 1
-    return {
-        **{k: stats[k] for k in _STATS if k in stats},
-        "drafter": drafter,
-        "policy": policy,
-        "temperature": float(gen.options.temperature),
-        "decode_tokens": decode,
-        "decode_s": seconds,
-        "decode_tokens_per_s": decode / seconds if seconds > 0 else 0.0,
-    }
+    stats = clock_stats(gen, seconds)
+    row = {k: stats[k] for k in (*_STATS, "decode_s", "decode_tokens_per_s") if k in stats}
+    decode, temperature = len(gen.tokens) - 1, float(gen.options.temperature)
+    return row | {"drafter": drafter, "policy": policy, "temperature": temperature, "decode_tokens": decode}
 
 
 def side_by_side(

@@ -9,8 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from specbench.report.figures.checks import mark_coinciding
-from specbench.report.figures.style import WIDE, new_axes, no_data
+from specbench.report.figures.style import WIDE, label_pair, new_axes, no_data
 
 RULE_COLOURS = {"token": "tab:blue", "exact-match": "tab:orange", "block": "tab:green", "typical (lossy)": "tab:red"}
 _TEMPERATURE_STYLES = ("-", "--", ":", "-.")
@@ -34,18 +33,8 @@ def rules_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance rules v
         line = dict(color=_colour(rule), ls="--" if _lossy(rule) else "-", marker="o", ms=4, label=rule)
         left.plot(rows["temperature"].to_numpy(), rows["tokens_per_verify"].to_numpy(), **line)
         right.plot(rows["temperature"].to_numpy(), rows["speedup"].to_numpy(), **line)
-    left.set_ylabel("tokens per verification (accepted + 1)")
-    left.set_title("Tokens per verification")
-    right.axhline(1.0, color="0.3", lw=0.9)
-    right.set_ylabel("speedup over plain sampling (x)")
-    right.set_title("Speedup")
-    for ax in (left, right):
-        ax.set_xlabel("temperature")
-        ax.grid(alpha=0.3)
-    mark_coinciding(left)
-    mark_coinciding(right)
-    left.legend(fontsize=8)
-    fig.suptitle(title)
+    tokens = (left, "tokens per verification (accepted + 1)", "Tokens per verification")
+    label_pair(fig, "temperature", tokens, (right, "speedup over plain sampling (x)", "Speedup"), title)
     return fig
 
 

@@ -18,6 +18,7 @@ from specbench.report.figures.style import (
     drafter_colour,
     drafter_label,
     drafter_order,
+    label_pair,
     line_pair,
     new_axes,
     no_data,
@@ -253,21 +254,15 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
     for ax in (left, right):
         ax.set_xlim(temps[0] - pad, temps[-1] + pad)
     left.set_ylim(0, 1.02)
-    left.set_ylabel(
-        "draft tokens accepted / drafted\n(bars: 95% Wilson interval,\ndrafts as independent;\nnumbers: tokens drafted)"
+    rates = (
+        left,
+        "draft tokens accepted / drafted\n(bars: 95% Wilson interval,\ndrafts as independent;\n"
+        "numbers: tokens drafted)",
+        "Acceptance rate",
     )
-    left.set_title("Acceptance rate")
-    right.axhline(1.0, color="0.3", lw=0.9)
-    right.set_ylabel("speedup over plain sampling (x)")
-    right.set_title("Speedup")
-    for ax in (left, right):
-        ax.set_xlabel("temperature (0 = greedy)")
-        ax.grid(alpha=0.3)
-    mark_coinciding(left)
-    mark_coinciding(right)
-    left.legend()
     note = sample_note(rows, what="runs (prompts x seeds)")
-    fig.suptitle(f"{title} ({note})" if note else title)
+    speed = (right, "speedup over plain sampling (x)", "Speedup")
+    label_pair(fig, "temperature (0 = greedy)", rates, speed, f"{title} ({note})" if note else title)
     return fig
 
 
