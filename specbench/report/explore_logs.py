@@ -344,33 +344,11 @@ def coloured_outputs(result: Replay, recordings: Recordings, max_height: str | N
 
 def positions_figure(result: Replay, title: str | None = None):
     """Acceptance of each draft position given the earlier ones were accepted, with its 95 % interval and how many
-    drafts reached it."""
-    import matplotlib.pyplot as plt
+    drafts reached it (``figures.per_position``)."""
+    from specbench.report.figures import per_position
 
-    from specbench.report.figures import drafter_colour
-    from specbench.report.figures.style import no_data
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), constrained_layout=True)
     title = title or f"{result.choice.drafter}, {result.choice.policy_name}: acceptance per draft position"
-    ax.set_title(title)
-    positions = result.positions.sort("position")
-    if positions.is_empty():
-        no_data(ax, "no draft was verified")
-        return fig
-    x = positions["position"].to_numpy()
-    rate = positions["rate"].to_numpy()
-    low, high = positions["low"].to_numpy(), positions["high"].to_numpy()
-    ax.bar(x, rate, width=0.6, color=drafter_colour(result.choice.drafter), alpha=0.8)
-    ax.errorbar(x, rate, yerr=[rate - low, high - rate], fmt="none", ecolor="0.25", capsize=3)
-    for xi, reached in zip(x, positions["reached"].to_list()):
-        ax.annotate(f"n={reached}", (xi, 1.02), ha="center", va="bottom", fontsize=8, color="0.3")
-    ax.set_ylim(0, 1.12)
-    ax.set_xlim(0.4, max(x.max(), 4) + 0.6)
-    ax.set_xticks(x)
-    ax.set_xlabel("draft position i (n: drafts that reached it)")
-    ax.set_ylabel("P(i accepted | 1..i-1 accepted)")
-    ax.grid(axis="y", alpha=0.3)
-    return fig
+    return per_position(result.positions, title, min_reached=1, unconditional=False)
 
 
 def grid_figure(table: pl.DataFrame, title: str = "Replayed over the recorded outputs"):

@@ -175,7 +175,7 @@ def per_position(
     bars = " and ".join(
         sorted("over prompts" if k.startswith("over") else "Wilson, drafts as independent" for k in kinds)
     )
-    ax.set_ylabel(f"a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval, {bars})")
+    ax.set_ylabel(f"a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval,\n{bars})")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_title(title)
     ax.grid(alpha=0.3)
