@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 
 from specbench.report.figures.style import WIDE, label_pair, new_axes, no_data
+from specbench.report.figures.sweeps import per_position
 
 RULE_COLOURS = {"token": "tab:blue", "exact-match": "tab:orange", "block": "tab:green", "typical (lossy)": "tab:red"}
 _TEMPERATURE_STYLES = ("-", "--", ":", "-.")
@@ -76,30 +77,15 @@ def rules_by_drafter(summary: pl.DataFrame, title: str = "Tokens per verificatio
 
 def rule_positions(positions: pl.DataFrame, title: str = "Per-position acceptance by rule", min_reached: int = 3):
     """a_i = P(draft token i accepted | 1..i-1 accepted) per rule (colour) and temperature (line style), with
-    the 95% intervals of ``per_position_acceptance``. For block verification a_i is the conditional rate of
-    its accepted prefix lengths (it accepts a prefix jointly, not token by token)."""
-    fig, ax = new_axes(None)
-    rows = positions.filter(pl.col("reached") >= min_reached) if not positions.is_empty() else positions
-    if rows.is_empty():
-        no_data(ax, "no verifications")
-        return fig
-    temperatures = rows["temperature"].unique().sort().to_list()
-    for (rule, t), cell in rows.sort("position").group_by(["acceptance", "temperature"], maintain_order=True):
-        rate = cell["rate"].to_numpy()
-        yerr = [np.clip(rate - cell["low"].to_numpy(), 0, None), np.clip(cell["high"].to_numpy() - rate, 0, None)]
-        style = _TEMPERATURE_STYLES[temperatures.index(t) % len(_TEMPERATURE_STYLES)]
-        ax.errorbar(
-            cell["position"].to_numpy(), rate, yerr=yerr, color=_colour(rule), ls=style, marker="o", ms=4, capsize=2
-        )
-        ax.plot([], [], color=_colour(rule), ls=style, label=f"{rule}, T={t:g}")
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel(f"draft position i (positions reached >= {min_reached} times)")
-    ax.set_ylabel("a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval)")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    ax.set_title(title)
-    return fig
+    the 95% intervals of ``per_position_acceptance`` (``sweeps.per_position``). For block verification a_i is the
+    conditional rate of its accepted prefix lengths (it accepts a prefix jointly, not token by token)."""
+    return per_position(
+        positions,
+        title,
+        min_reached=min_reached,
+        unconditional=False,
+        colour_of=lambda info: _colour(info["acceptance"]),
+    )
 
 
 def rule_shifts(table: pl.DataFrame, title: str = "Distribution shift against plain sampling", ax: Any = None):

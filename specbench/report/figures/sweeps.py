@@ -4,6 +4,7 @@ losslessness check's token histograms."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -119,16 +120,18 @@ def per_position(
     ax: Any = None,
     min_reached: int = 3,
     unconditional: bool = True,
+    colour_of: Callable[[dict[str, Any]], str] | None = None,
 ):
     """Per-position acceptance a_i = P(draft token i accepted | tokens 1..i-1 accepted), the break-even
     model's definition, a line per drafter/policy with its 95% interval (``per_position_acceptance``'s: over
     prompts where 6 or more reached the position, else Wilson's) and the number of drafts that reached each
     position; with ``unconditional``, also (thin, dashed) verifications accepting token i / all
     verifications, the rate ``specbench bench`` prints. Positions reached fewer than ``min_reached`` times
-    are left out: too few to estimate."""
+    are left out: too few to estimate. A line per group of the frame's keys (drafter, acceptance rule, policy,
+    temperature), coloured by its drafter unless ``colour_of`` (its keys -> a colour) says otherwise."""
     fig, ax = new_axes(ax)
     if not positions.is_empty():
-        keys = [c for c in ("drafter", "policy", "temperature") if c in positions.columns]
+        keys = [c for c in ("drafter", "acceptance", "policy", "temperature") if c in positions.columns]
         # verifications of each group: those that reached position 1
         first = positions.filter(pl.col("position") == 1).select(*keys, pl.col("reached").alias("verifications"))
         positions = positions.join(first, on=keys, how="left").filter(pl.col("reached") >= min_reached)
@@ -139,7 +142,6 @@ def per_position(
     by_temperature = ["-", "--", ":", "-."]
     for group, rows in positions.group_by(keys, maintain_order=True):
         info = dict(zip(keys, group))
-        drafter = info.get("drafter", "?")
         family = str(info.get("policy", "fixed")).split(":")[0]
         label = ", ".join(str(info[k]) if k != "temperature" else f"T={info[k]:g}" for k in keys)
         if temperatures:  # line style tells temperatures apart
@@ -152,7 +154,7 @@ def per_position(
             low, high = rows["low"].to_numpy(), rows["high"].to_numpy()
         else:
             low, high = wilson_interval(rows["accepted"].to_numpy(), reached)
-        colour = drafter_colour(drafter)
+        colour = colour_of(info) if colour_of else drafter_colour(info.get("drafter", "?"))
         # rounding can put a Wilson bound a hair past the rate at 0 or 1 (matplotlib rejects negative errors)
         yerr = [np.clip(rate - low, 0.0, None), np.clip(high - rate, 0.0, None)]
         ax.errorbar(x, rate, yerr=yerr, marker="o", ms=4, capsize=2, color=colour, ls=style, label=label)
