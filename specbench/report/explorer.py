@@ -198,6 +198,10 @@ class Explorer(_Widget):
 
     def _finish(self, gen: Any, tokenizer: Any, seconds: float, how: str) -> None:
         """Show a finished generation: its coloured text, stats (decode time ``seconds``) and per-step plot."""
+        import matplotlib.pyplot as plt
+
+        from specbench.report.figures import step_timeline
+
         self.text.value = coloured_html(gen.log, tokenizer)
         stats = clock_stats(gen, seconds)
         self.stats.value = stats_html(stats)
@@ -205,15 +209,9 @@ class Explorer(_Widget):
             f"{esc(how)}: {stats['tokens']} tokens, {stats['decode_tokens_per_s']:.1f} tok/s, "
             f"{esc(stats['finish_reason'])}"
         )
-        self._draw(gen)
-
-    def _draw(self, gen: Any) -> None:
-        import matplotlib.pyplot as plt
-
-        from specbench.report.figures import step_timeline
-
-        if self.figure is not None:
-            plt.close(self.figure)
+        self.figure = step_timeline(gen.log, title=f"{stats['tokens']} tokens: per-step view")
+        self.plot.value = figure_png(self.figure)
+        plt.close(self.figure)
         self.figure = step_timeline(gen.log, title=f"{gen.stats()['tokens']} tokens: per-step view")
         self.plot.value = figure_png(self.figure)
         plt.close(self.figure)
