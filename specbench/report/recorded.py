@@ -25,6 +25,7 @@ from specbench.core.draft import Drafter
 from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.rules import TokenRule
+from specbench.report.outputs import read_json
 
 #: The folder of a report that holds recorded generations.
 FOLDER = "recorded"
@@ -166,14 +167,19 @@ def record(
 def find(output_dir: str | os.PathLike | None, key: str) -> RecordedGeneration | None:
     """The generation recorded under ``key`` (None when there is none)."""
     folder = _folder(output_dir)
-    if folder is None or not (folder / f"{key}.json").is_file() or not (folder / f"{key}-steps.parquet").is_file():
+    row = read_json(folder / f"{key}.json") if folder else None
+    steps = _parquet(folder / f"{key}-steps.parquet") if folder and row is not None else None
+    if row is None or steps is None:  # none, or unreadable: generated again
         return None
-    try:
-        row = json.loads((folder / f"{key}.json").read_text())
-        steps = pl.read_parquet(folder / f"{key}-steps.parquet")
-    except (OSError, ValueError, pl.exceptions.PolarsError):
-        return None  # unreadable: generated again
     return RecordedGeneration(row, steps, float(row.get("temperature", 0.0)))
+
+
+def _parquet(path: Path) -> pl.DataFrame | None:
+    """The frame stored at ``path``; None where it is missing or unreadable."""
+    try:
+        return pl.read_parquet(path) if path.is_file() else None
+    except (OSError, pl.exceptions.PolarsError):
+        return None
 
 
 def record_sweep(
@@ -259,13 +265,8 @@ def recorded_outputs(output_dir: str | os.PathLike | None) -> pl.DataFrame:
     """The report's table of plain greedy outputs (``record_outputs``); empty when there is none or it is
     unreadable."""
     folder = _folder(output_dir)
-    if folder is None or not (folder / OUTPUTS_FILE).is_file():
-        return pl.DataFrame(schema=OUTPUTS_SCHEMA)
-    try:
-        frame = pl.read_parquet(folder / OUTPUTS_FILE)
-    except (OSError, pl.exceptions.PolarsError):
-        return pl.DataFrame(schema=OUTPUTS_SCHEMA)
-    if set(frame.columns) != set(OUTPUTS_SCHEMA):
+    frame = _parquet(folder / OUTPUTS_FILE) if folder else None
+    if frame is None or set(frame.columns) != set(OUTPUTS_SCHEMA):
         return pl.DataFrame(schema=OUTPUTS_SCHEMA)
     return frame.select(list(OUTPUTS_SCHEMA))
 
