@@ -355,16 +355,13 @@ def grid_figure(table: pl.DataFrame, title: str = "Replayed over the recorded ou
     """Tokens per verification (left) and predicted speedup (right) against draft length, a line per policy."""
     import matplotlib.pyplot as plt
 
-    from specbench.report.figures.checks import mark_coinciding
-    from specbench.report.figures.style import POLICY_MARKERS, POLICY_STYLES, no_data
+    from specbench.report.figures.style import POLICY_MARKERS, POLICY_STYLES, label_pair, no_data
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 4.0), constrained_layout=True)
-    fig.suptitle(title)
-    left.set_title("tokens per verification")
-    right.set_title("predicted speedup (cost profile)")
     if table.is_empty():
         no_data(left, "no choice replayed")
         no_data(right, "no choice replayed")
+        fig.suptitle(title)
         return fig
     for (policy,), rows in table.sort("k").group_by("policy", maintain_order=True):
         style = {"linestyle": POLICY_STYLES[policy], "marker": POLICY_MARKERS[policy], "label": policy}
@@ -374,13 +371,11 @@ def grid_figure(table: pl.DataFrame, title: str = "Replayed over the recorded ou
         predicted = rows.drop_nulls("predicted_speedup")
         if not predicted.is_empty():
             right.plot(predicted["k"].to_numpy(), predicted["predicted_speedup"].to_numpy(), **style)
-    right.axhline(1.0, color="0.5", linewidth=0.8, label="plain decoding")
-    ks = sorted(table["k"].unique().to_list())
-    for ax, ylabel in ((left, "tokens per verification"), (right, "speedup over plain (predicted)")):
-        ax.set_xticks(ks)
-        ax.set_xlabel("draft length k (auto: at most k)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        mark_coinciding(ax)
-        ax.legend(fontsize=8)
+    for ax in (left, right):
+        ax.set_xticks(sorted(table["k"].unique().to_list()))
+    tokens = (left, "tokens per verification", "tokens per verification")
+    speed = (right, "speedup over plain (predicted)", "predicted speedup (cost profile)")
+    label_pair(fig, "draft length k (auto: at most k)", tokens, speed, title)
+    if right.get_legend_handles_labels()[0]:
+        right.legend(fontsize=8)
     return fig
