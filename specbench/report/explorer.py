@@ -38,7 +38,6 @@ from specbench.report.explore_logs import replay as explore_replay
 from specbench.report.render import coloured_html, stats_html
 from specbench.simulate.simulate import model_free_drafters
 
-POLICY_KINDS = ("auto", "fixed", "adaptive")
 VERIFY_CHOICES = (("default", ""), *((mode, mode) for mode in VERIFY_MODES))
 DEFAULT_PROMPT = "Write a Python function that adds two numbers, then call it three times."
 
@@ -95,8 +94,8 @@ class Explorer(_Widget):
         names = list(models)
         if not names:
             raise ValueError("give at least one model")
-        if policy not in POLICY_KINDS:
-            raise ValueError(f"policy must be one of {POLICY_KINDS}, got {policy!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if verify not in dict(VERIFY_CHOICES).values():
             raise ValueError(f"verify must be 'exact', 'fast' or '' (the engine's default), got {verify!r}")
         drafters = list(drafters) if drafters is not None else [*DRAFTERS.names(), "none"]
@@ -108,7 +107,7 @@ class Explorer(_Widget):
         label = {"description_width": "90px"}
         self.model = w.Dropdown(options=names, value=names[0], description="model", style=label)
         self.drafter = w.Dropdown(options=list(drafters), value=drafter, description="drafter", style=label)
-        self.policy = w.Dropdown(options=list(POLICY_KINDS), value=policy, description="policy", style=label)
+        self.policy = w.Dropdown(options=list(POLICIES), value=policy, description="policy", style=label)
         self.k = w.IntSlider(value=k, min=1, max=16, description="k", style=label)
         self.temperature = w.FloatSlider(
             value=temperature, min=0.0, max=1.5, step=0.05, description="temperature", style=label
