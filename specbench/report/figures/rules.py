@@ -13,7 +13,6 @@ from specbench.report.figures.style import WIDE, label_pair, new_axes, no_data
 from specbench.report.figures.sweeps import per_position
 
 RULE_COLOURS = {"token": "tab:blue", "exact-match": "tab:orange", "block": "tab:green", "typical (lossy)": "tab:red"}
-_TEMPERATURE_STYLES = ("-", "--", ":", "-.")
 
 
 def _colour(rule: str) -> str:

@@ -44,7 +44,7 @@ SPARE_COLOURS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "#e6ab02")
 POLICY_STYLES = {"fixed": "-", "adaptive": "--", "auto": ":", "none": "-"}
 POLICY_MARKERS = {"fixed": "o", "adaptive": "s", "auto": "D", "none": "x"}
 MODE_STYLES = {"fast": "-", "exact": "--"}
-TRACE_STYLES = ("-", "--", ":", "-.")  # one line style per trace, in order of appearance
+LINE_STYLES = ("-", "--", ":", "-.")  # one line style per trace or temperature, in order of appearance
 SIZE = (7.2, 4.2)
 WIDE = (9.0, 4.6)
 

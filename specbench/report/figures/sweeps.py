@@ -14,6 +14,7 @@ import polars as pl
 from specbench.bench.paired import wilson_interval
 from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import (
+    LINE_STYLES,
     POLICY_MARKERS,
     POLICY_STYLES,
     drafter_colour,
@@ -139,13 +140,12 @@ def per_position(
         no_data(ax, "no verifications")
         return fig
     temperatures = positions["temperature"].unique().sort().to_list() if "temperature" in keys else []
-    by_temperature = ["-", "--", ":", "-."]
     for group, rows in positions.group_by(keys, maintain_order=True):
         info = dict(zip(keys, group))
         family = str(info.get("policy", "fixed")).split(":")[0]
         label = ", ".join(str(info[k]) if k != "temperature" else f"T={info[k]:g}" for k in keys)
         if temperatures:  # line style tells temperatures apart
-            style = by_temperature[temperatures.index(info["temperature"]) % len(by_temperature)]
+            style = LINE_STYLES[temperatures.index(info["temperature"]) % len(LINE_STYLES)]
         else:
             style = POLICY_STYLES.get(family, "-")
         x = rows["position"].to_numpy()

@@ -9,7 +9,7 @@ import polars as pl
 
 from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import (
-    TRACE_STYLES,
+    LINE_STYLES,
     drafter_colour,
     drafter_label,
     label_pair,
@@ -48,7 +48,7 @@ def _trace_style(key: tuple[str, str], rows: pl.DataFrame) -> dict[str, Any]:
     traces = rows["trace"].unique(maintain_order=True).to_list()
     return dict(
         color=drafter_colour(drafter),
-        ls=TRACE_STYLES[traces.index(trace) % len(TRACE_STYLES)],
+        ls=LINE_STYLES[traces.index(trace) % len(LINE_STYLES)],
         marker="o",
         ms=4,
         label=f"{drafter_label(drafter)}" + (f" ({trace})" if len(traces) > 1 else ""),
