@@ -1,14 +1,7 @@
-"""One report, one answer: where two pages of a report folder state different values of one quantity, or opposite
-speed verdicts.
-
-Every page plans with the report's cost model (``cost_models``), so the verify cost c(w) and the break-even
-acceptance a*(k) a page states for a model must be that model's, and two pages must not state different ones. The
-pages state them as key results (``"<model> c(<w>)"``, ``"<model> a*(<k>)"``: ``verdicts.labels.profile_headline``)
-and in their verdicts ("c(2) = 1.38 plain steps"). A page's speed verdicts are stored as typed statements
-(``verdicts.speeds.SpeedVerdict``) beside its words, and the answer's table states one per cell: two that say "pays"
-and "loses" of one quantity (model, drafter, policy, prompt kind, temperature, verify mode) disagree; "inconclusive"
-agrees with either. ``conflicts`` lists every disagreement in words: the index opens with them, ``specbench report``
-prints them, and a report whose pages disagree says so instead of giving two answers.
+"""One report, one answer: where two pages of a report folder state different values of one quantity (c(w),
+a*(k): key results ``"<model> c(<w>)"`` or verdict text "c(2) = 1.38"), values their cost model does not have, or
+opposite speed verdicts (``SpeedVerdict``: "pays" against "loses"; "inconclusive" agrees with either).
+``conflicts`` lists them in words: the index opens with them and ``specbench report`` prints them.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from specbench.common import distributed
 from specbench.common.files import locked, write_json_atomic
 from specbench.cost.model import Protocol, cost_model, current, describe
 from specbench.cost.profile import Profile, check_profile, load_profile, save_profile
+from specbench.report.outputs import read_json
 from specbench.report.profiles import EMBEDDED, EMBEDDED_PLAIN_STEP_S
 
 #: The file in a report folder that names the cost models its pages planned with.
@@ -151,16 +152,8 @@ def scaled(
 
 def read(out: Path) -> dict[str, Any] | None:
     """What ``prepare`` wrote into the report folder ``out`` (None when it wrote nothing)."""
-    import json
-
-    path = Path(out) / FILE
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("models"), dict) else None
+    data = read_json(Path(out) / FILE)
+    return data if data is not None and isinstance(data.get("models"), dict) else None
 
 
 def recorded(out: Path) -> dict[str, tuple[Profile, str]]:

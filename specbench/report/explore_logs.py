@@ -1,13 +1,10 @@
 """The explorer's logic: a drafter, draft length k and policy replayed over the plain greedy outputs a report
-recorded (``recorded.recorded_outputs``), through the engine's decode loop with the recorded output in place of the
-model (``specbench.simulate.simulate``). Under greedy verification that replay is exact: a draft is accepted up to
-its first token that differs from the model's own output. Per choice: tokens per verification, acceptance per
-draft position, the speedup the cost profile predicts for the steps the choice took, the speedup the report's
-sweep measured where it ran the same choice, and the output coloured by token source.
+recorded, with the recorded output in place of the model (``specbench.simulate.simulate``; exact under greedy
+verification). Per choice: tokens per verification, acceptance per position, the predicted speedup, the sweep's
+measured one where it ran the same choice, and the output coloured by token source.
 
     recordings = load_recordings("smollm2-135m", model, tokenizer, output_dir)
     result = replay(recordings, Choice("lookup", k=4, policy="fixed"))
-    result.row().predicted_speedup; positions_figure(result); grid(recordings, "lookup", "", [1, 2, 4])
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.core.verify import check_verify_mode
 from specbench.cost import Profile, drafter_cost, predicted_speedup, profile_for
 from specbench.report import recorded
-from specbench.report.render import coloured_html, legend_html
+from specbench.report.render import coloured_html, legend_html, table_html
 from specbench.simulate.simulate import Recorded, model_free_drafter, model_free_drafters, record, simulate
 
 #: Policy families a choice picks from; auto drafts at most k tokens.
@@ -328,12 +325,7 @@ def choice_html(result: Replay, recordings: Recordings) -> str:
         cells.append(("measured by the sweep", "not run by the sweep"))
     else:
         cells.append((f"measured by the sweep (mean of {row.prompts} paired runs)", f"{measured:.2f}x"))
-    body = "".join(
-        f"<tr><td style='text-align:left;padding-right:1em'>{html.escape(k)}</td>"
-        f"<td style='text-align:right'>{html.escape(v)}</td></tr>"
-        for k, v in cells
-    )
-    return f"<table style='font-size:0.9em'>{body}</table>"
+    return table_html(cells, "0.9em")
 
 
 def coloured_outputs(result: Replay, recordings: Recordings, max_height: str | None = "12em") -> str:
@@ -352,49 +344,24 @@ def coloured_outputs(result: Replay, recordings: Recordings, max_height: str | N
 
 def positions_figure(result: Replay, title: str | None = None):
     """Acceptance of each draft position given the earlier ones were accepted, with its 95 % interval and how many
-    drafts reached it."""
-    import matplotlib.pyplot as plt
+    drafts reached it (``figures.per_position``)."""
+    from specbench.report.figures import per_position
 
-    from specbench.report.figures import drafter_colour
-    from specbench.report.figures.style import no_data
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), constrained_layout=True)
     title = title or f"{result.choice.drafter}, {result.choice.policy_name}: acceptance per draft position"
-    ax.set_title(title)
-    positions = result.positions.sort("position")
-    if positions.is_empty():
-        no_data(ax, "no draft was verified")
-        return fig
-    x = positions["position"].to_numpy()
-    rate = positions["rate"].to_numpy()
-    low, high = positions["low"].to_numpy(), positions["high"].to_numpy()
-    ax.bar(x, rate, width=0.6, color=drafter_colour(result.choice.drafter), alpha=0.8)
-    ax.errorbar(x, rate, yerr=[rate - low, high - rate], fmt="none", ecolor="0.25", capsize=3)
-    for xi, reached in zip(x, positions["reached"].to_list()):
-        ax.annotate(f"n={reached}", (xi, 1.02), ha="center", va="bottom", fontsize=8, color="0.3")
-    ax.set_ylim(0, 1.12)
-    ax.set_xlim(0.4, max(x.max(), 4) + 0.6)
-    ax.set_xticks(x)
-    ax.set_xlabel("draft position i (n: drafts that reached it)")
-    ax.set_ylabel("P(i accepted | 1..i-1 accepted)")
-    ax.grid(axis="y", alpha=0.3)
-    return fig
+    return per_position(result.positions, title, min_reached=1, unconditional=False)
 
 
 def grid_figure(table: pl.DataFrame, title: str = "Replayed over the recorded outputs"):
     """Tokens per verification (left) and predicted speedup (right) against draft length, a line per policy."""
     import matplotlib.pyplot as plt
 
-    from specbench.report.figures.checks import mark_coinciding
-    from specbench.report.figures.style import POLICY_MARKERS, POLICY_STYLES, no_data
+    from specbench.report.figures.style import POLICY_MARKERS, POLICY_STYLES, label_pair, no_data
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 4.0), constrained_layout=True)
-    fig.suptitle(title)
-    left.set_title("tokens per verification")
-    right.set_title("predicted speedup (cost profile)")
     if table.is_empty():
         no_data(left, "no choice replayed")
         no_data(right, "no choice replayed")
+        fig.suptitle(title)
         return fig
     for (policy,), rows in table.sort("k").group_by("policy", maintain_order=True):
         style = {"linestyle": POLICY_STYLES[policy], "marker": POLICY_MARKERS[policy], "label": policy}
@@ -404,13 +371,11 @@ def grid_figure(table: pl.DataFrame, title: str = "Replayed over the recorded ou
         predicted = rows.drop_nulls("predicted_speedup")
         if not predicted.is_empty():
             right.plot(predicted["k"].to_numpy(), predicted["predicted_speedup"].to_numpy(), **style)
-    right.axhline(1.0, color="0.5", linewidth=0.8, label="plain decoding")
-    ks = sorted(table["k"].unique().to_list())
-    for ax, ylabel in ((left, "tokens per verification"), (right, "speedup over plain (predicted)")):
-        ax.set_xticks(ks)
-        ax.set_xlabel("draft length k (auto: at most k)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        mark_coinciding(ax)
-        ax.legend(fontsize=8)
+    for ax in (left, right):
+        ax.set_xticks(sorted(table["k"].unique().to_list()))
+    tokens = (left, "tokens per verification", "tokens per verification")
+    speed = (right, "speedup over plain (predicted)", "predicted speedup (cost profile)")
+    label_pair(fig, "draft length k (auto: at most k)", tokens, speed, title)
+    if right.get_legend_handles_labels()[0]:
+        right.legend(fontsize=8)
     return fig

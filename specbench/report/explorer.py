@@ -1,12 +1,7 @@
-"""Interactive explorers for JupyterLab.
+"""Interactive explorers for JupyterLab: ``LogExplorer`` replays a chosen drafter, k, policy and prompt over a
+report's recorded outputs without the model (``explore_logs``); ``Explorer`` generates with a model and shows the
+output coloured by token source, its stats and per-step plot.
 
-``LogExplorer`` picks a drafter, draft length k, policy and recorded prompt and replays the choice over the plain
-greedy outputs a report recorded, without the model (``specbench.report.explore_logs``): tokens per verification,
-acceptance per position, the predicted speedup and the output coloured by token source, at once for every choice.
-``Explorer`` generates with a model instead: pick a model, drafter, policy, k, temperature and any prompt, watch
-the output arrive coloured by token source, then read the stats and the per-step plot.
-
-    from specbench.report.explorer import Explorer, LogExplorer
     LogExplorer(recordings).show()          # recordings: explore_logs.load_recordings(...)
     Explorer(models=["smollm2-135m"]).show()
 """
@@ -22,7 +17,7 @@ from typing import Any
 
 from specbench.bench.timing import clock_stats
 from specbench.core.options import GenerateOptions
-from specbench.core.policies import DraftPolicy
+from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.verify import VERIFY_MODES
 from specbench.decoding import speculative_generate
 from specbench.drafters import DRAFTERS
@@ -43,7 +38,6 @@ from specbench.report.explore_logs import replay as explore_replay
 from specbench.report.render import coloured_html, stats_html
 from specbench.simulate.simulate import model_free_drafters
 
-POLICY_KINDS = ("auto", "fixed", "adaptive")
 VERIFY_CHOICES = (("default", ""), *((mode, mode) for mode in VERIFY_MODES))
 DEFAULT_PROMPT = "Write a Python function that adds two numbers, then call it three times."
 
@@ -100,8 +94,8 @@ class Explorer(_Widget):
         names = list(models)
         if not names:
             raise ValueError("give at least one model")
-        if policy not in POLICY_KINDS:
-            raise ValueError(f"policy must be one of {POLICY_KINDS}, got {policy!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if verify not in dict(VERIFY_CHOICES).values():
             raise ValueError(f"verify must be 'exact', 'fast' or '' (the engine's default), got {verify!r}")
         drafters = list(drafters) if drafters is not None else [*DRAFTERS.names(), "none"]
@@ -113,7 +107,7 @@ class Explorer(_Widget):
         label = {"description_width": "90px"}
         self.model = w.Dropdown(options=names, value=names[0], description="model", style=label)
         self.drafter = w.Dropdown(options=list(drafters), value=drafter, description="drafter", style=label)
-        self.policy = w.Dropdown(options=list(POLICY_KINDS), value=policy, description="policy", style=label)
+        self.policy = w.Dropdown(options=list(POLICIES), value=policy, description="policy", style=label)
         self.k = w.IntSlider(value=k, min=1, max=16, description="k", style=label)
         self.temperature = w.FloatSlider(
             value=temperature, min=0.0, max=1.5, step=0.05, description="temperature", style=label
@@ -148,9 +142,7 @@ class Explorer(_Widget):
 
     def draft_policy(self) -> DraftPolicy:
         """The policy the controls select (auto picks its own draft length; the others draft k)."""
-        if self.policy.value == "auto":
-            return DraftPolicy.auto()
-        return getattr(DraftPolicy, self.policy.value)(self.k.value)
+        return as_policy("auto" if self.policy.value == "auto" else f"{self.policy.value}:{self.k.value}")
 
     def run(self, _button: Any = None, recorded_in: str | os.PathLike | None = None):
         """Generate with the current settings; returns the Generation (None if it could not start).
@@ -205,6 +197,10 @@ class Explorer(_Widget):
 
     def _finish(self, gen: Any, tokenizer: Any, seconds: float, how: str) -> None:
         """Show a finished generation: its coloured text, stats (decode time ``seconds``) and per-step plot."""
+        import matplotlib.pyplot as plt
+
+        from specbench.report.figures import step_timeline
+
         self.text.value = coloured_html(gen.log, tokenizer)
         stats = clock_stats(gen, seconds)
         self.stats.value = stats_html(stats)
@@ -212,15 +208,9 @@ class Explorer(_Widget):
             f"{esc(how)}: {stats['tokens']} tokens, {stats['decode_tokens_per_s']:.1f} tok/s, "
             f"{esc(stats['finish_reason'])}"
         )
-        self._draw(gen)
-
-    def _draw(self, gen: Any) -> None:
-        import matplotlib.pyplot as plt
-
-        from specbench.report.figures import step_timeline
-
-        if self.figure is not None:
-            plt.close(self.figure)
+        self.figure = step_timeline(gen.log, title=f"{stats['tokens']} tokens: per-step view")
+        self.plot.value = figure_png(self.figure)
+        plt.close(self.figure)
         self.figure = step_timeline(gen.log, title=f"{gen.stats()['tokens']} tokens: per-step view")
         self.plot.value = figure_png(self.figure)
         plt.close(self.figure)

@@ -9,11 +9,11 @@ moved aside with a warning and the notebook runs again.
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import re
 import socket
+from html import escape as esc
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,6 @@ def state_of(status: dict[str, Any] | None) -> str:
 
 
 def _row(out: Path, name: str, title: str, status: dict[str, Any], summary: dict[str, Any]) -> str:
-    esc = html.escape
     state = state_of(status)
     links = [f'<a href="{esc(name)}.html">HTML</a>'] if (out / f"{name}.html").exists() else []
     if (out / f"{name}.ipynb").exists():
@@ -164,7 +163,6 @@ def brief(text: str, words: int = BRIEF_WORDS) -> str:
 
 def _verdict(name: str, title: str, status: dict[str, Any], summary: dict[str, Any]) -> str:
     """One line per notebook: its verdict at a glance (``brief``; the page holds it whole), or why there is none."""
-    esc = html.escape
     state = state_of(status)
     text = brief(summary.get("verdict") or "")
     if not text:
@@ -173,7 +171,6 @@ def _verdict(name: str, title: str, status: dict[str, Any], summary: dict[str, A
 
 
 def _gallery(name: str, title: str, figures: list[str]) -> str:
-    esc = html.escape
     thumbs = "".join(
         f'<a href="{esc(p)}"><img src="{esc(p)}" alt="{esc(Path(p).stem)}" title="{esc(Path(p).stem)}"></a>'
         for p in figures
@@ -202,11 +199,11 @@ def _write_index(out: Path, titles: dict[str, str]) -> Path:
         verdicts.append(_verdict(name, title, status, summary))
         if summary.get("figures"):
             galleries.append(_gallery(name, title, summary["figures"]))
-    meta = " · ".join(html.escape(f"{k}: {info[k]}") for k in _INFO_KEYS if k in info)
+    meta = " · ".join(esc(f"{k}: {info[k]}") for k in _INFO_KEYS if k in info)
     answer = answer_html(out, sweep_model(out))
     disagreements = conflicts(out)
     if disagreements:  # two answers where there must be one: said before either
-        items = "".join(f"<li>{html.escape(text)}</li>" for text in disagreements)
+        items = "".join(f"<li>{esc(text)}</li>" for text in disagreements)
         answer += f"<p class='conflict'>The pages disagree:</p><ul class='conflict'>{items}</ul>"
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>specbench report</title>"

@@ -205,15 +205,11 @@ def run_once_more_if_stopped(execute: Callable[[], Any], say: Callable[[str], An
 
 
 def heartbeat_tail(ipynb: Path, expected_here: float | None, start: float, later: float | None) -> str:
-    """What a heartbeat line adds: the running cell and the report's ETA."""
-    return running_cell(ipynb) + report_eta(expected_here, time.perf_counter() - start, later)
-
-
-def report_eta(expected_here: float | None, elapsed: float, later: float | None) -> str:
-    """ "; report: about M:SS left (done ~HH:MM)" from expected costs: this notebook's rest (at least a
-    tenth of its expected time while it runs over) and the notebooks after it; "" when a cost is unknown."""
+    """What a heartbeat line adds: the running cell and "; report: about M:SS left (done ~HH:MM)" from expected
+    costs: this notebook's rest (at least a tenth of its expected time while it runs over) and the notebooks after
+    it (``later``), where every cost is known."""
     if not expected_here or later is None:
-        return ""
-    left = max(expected_here - elapsed, 0.1 * expected_here) + later
+        return running_cell(ipynb)
+    left = max(expected_here - (time.perf_counter() - start), 0.1 * expected_here) + later
     done = _dt.datetime.now() + _dt.timedelta(seconds=left)
-    return f"; report: about {int(left) // 60}:{int(left) % 60:02d} left (done ~{done:%H:%M})"
+    return running_cell(ipynb) + f"; report: about {int(left) // 60}:{int(left) % 60:02d} left (done ~{done:%H:%M})"

@@ -1,12 +1,8 @@
 """Generations recorded in a report folder, so one notebook shows what another already generated.
 
-The draft-length sweep records each of its generations (``record_sweep``: its row of ``Sweep.runs`` and its
-step log) under ``OUTPUT_DIR/recorded/``, keyed by model, prompt ids, drafter, policy and options. The
-quickstart (``side_by_side``) and the live explorer (``find``) look a generation up there before generating:
-with the same prompt, drafter, policy and options the recorded run is shown, its plain baseline and its
-speedup measured side by side in the sweep; otherwise they generate (and record) it themselves. The plain
-greedy outputs, with their prompts' ids, are kept in one table too (``record_outputs``, ``recorded_outputs``):
-what the explorer replays other drafters, draft lengths and policies over without the model.
+The draft-length sweep records each generation (``record_sweep``) under ``OUTPUT_DIR/recorded/``, keyed by
+``generation_key``; the quickstart (``side_by_side``) and the explorer (``find``) look one up before generating.
+The plain greedy outputs are kept in one table too (``record_outputs``, ``recorded_outputs``), for the replays.
 """
 
 from __future__ import annotations
@@ -22,13 +18,14 @@ from typing import Any
 import polars as pl
 
 from specbench.bench.sweep import AA_POLICY
-from specbench.bench.timing import SideBySide
+from specbench.bench.timing import SideBySide, clock_stats
 from specbench.bench.timing import side_by_side as run_side_by_side
 from specbench.common.files import write_json_atomic, write_parquet_atomic
 from specbench.core.draft import Drafter
-from specbench.core.log import StepLog, StepRecord
+from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.rules import TokenRule
+from specbench.report.outputs import read_json
 
 #: The folder of a report that holds recorded generations.
 FOLDER = "recorded"
@@ -113,34 +110,21 @@ def generation_key(model: str, prompt_ids: Sequence[int], drafter: str, policy: 
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-class RecordedLog:
-    """A recorded step log, read like a ``StepLog``: ``records``, ``to_polars()``, ``save(path)``."""
-
-    def __init__(self, frame: pl.DataFrame):
-        self.frame = frame
-
-    @property
-    def records(self) -> list[StepRecord]:
-        return StepLog.from_rows(self.frame.to_dicts()).records
-
-    def to_polars(self) -> pl.DataFrame:
-        return self.frame
-
-    def save(self, path: str | os.PathLike) -> Path:
-        return write_parquet_atomic(self.frame, Path(path))
-
-
 @dataclass
 class RecordedGeneration:
-    """A generation as it was recorded: its stats and clock (``row``) and its step log."""
+    """A generation as it was recorded: its stats and clock (``row``) and its steps."""
 
     row: dict[str, Any]
-    log: RecordedLog
+    steps: pl.DataFrame
     temperature: float
 
     @property
+    def log(self) -> StepLog:
+        return StepLog.from_rows(self.steps.to_dicts())
+
+    @property
     def tokens(self) -> list[int]:
-        return [int(t) for tokens in self.log.frame["tokens"].to_list() for t in (tokens or [])]
+        return [int(t) for tokens in self.steps["tokens"].to_list() for t in (tokens or [])]
 
     def stats(self) -> dict[str, Any]:
         return {k: self.row[k] for k in _STATS if k in self.row}
@@ -183,14 +167,19 @@ def record(
 def find(output_dir: str | os.PathLike | None, key: str) -> RecordedGeneration | None:
     """The generation recorded under ``key`` (None when there is none)."""
     folder = _folder(output_dir)
-    if folder is None or not (folder / f"{key}.json").is_file() or not (folder / f"{key}-steps.parquet").is_file():
+    row = read_json(folder / f"{key}.json") if folder else None
+    steps = _parquet(folder / f"{key}-steps.parquet") if folder and row is not None else None
+    if row is None or steps is None:  # none, or unreadable: generated again
         return None
+    return RecordedGeneration(row, steps, float(row.get("temperature", 0.0)))
+
+
+def _parquet(path: Path) -> pl.DataFrame | None:
+    """The frame stored at ``path``; None where it is missing or unreadable."""
     try:
-        row = json.loads((folder / f"{key}.json").read_text())
-        steps = pl.read_parquet(folder / f"{key}-steps.parquet")
-    except (OSError, ValueError, pl.exceptions.PolarsError):
-        return None  # unreadable: generated again
-    return RecordedGeneration(row, RecordedLog(steps), float(row.get("temperature", 0.0)))
+        return pl.read_parquet(path) if path.is_file() else None
+    except (OSError, pl.exceptions.PolarsError):
+        return None
 
 
 def record_sweep(
@@ -276,29 +265,17 @@ def recorded_outputs(output_dir: str | os.PathLike | None) -> pl.DataFrame:
     """The report's table of plain greedy outputs (``record_outputs``); empty when there is none or it is
     unreadable."""
     folder = _folder(output_dir)
-    if folder is None or not (folder / OUTPUTS_FILE).is_file():
-        return pl.DataFrame(schema=OUTPUTS_SCHEMA)
-    try:
-        frame = pl.read_parquet(folder / OUTPUTS_FILE)
-    except (OSError, pl.exceptions.PolarsError):
-        return pl.DataFrame(schema=OUTPUTS_SCHEMA)
-    if set(frame.columns) != set(OUTPUTS_SCHEMA):
+    frame = _parquet(folder / OUTPUTS_FILE) if folder else None
+    if frame is None or set(frame.columns) != set(OUTPUTS_SCHEMA):
         return pl.DataFrame(schema=OUTPUTS_SCHEMA)
     return frame.select(list(OUTPUTS_SCHEMA))
 
 
 def _row(gen: Any, seconds: float, drafter: str, policy: str) -> dict[str, Any]:
-    stats = gen.stats()
-    decode = len(gen.tokens) - 1
-    return {
-        **{k: stats[k] for k in _STATS if k in stats},
-        "drafter": drafter,
-        "policy": policy,
-        "temperature": float(gen.options.temperature),
-        "decode_tokens": decode,
-        "decode_s": seconds,
-        "decode_tokens_per_s": decode / seconds if seconds > 0 else 0.0,
-    }
+    stats = clock_stats(gen, seconds)
+    row = {k: stats[k] for k in (*_STATS, "decode_s", "decode_tokens_per_s") if k in stats}
+    decode, temperature = len(gen.tokens) - 1, float(gen.options.temperature)
+    return row | {"drafter": drafter, "policy": policy, "temperature": temperature, "decode_tokens": decode}
 
 
 def side_by_side(
@@ -362,7 +339,7 @@ def run_sweep(
                 order = [("none", "none"), *((d, p.name) for d in names for p in policies)]  # the sweep's run order
                 found = [find(output_dir, generation_key(model_name, prompt.ids, d, p, options)) for d, p in order]
                 whole = all(f is not None for f in found)
-                cells[prompt.id, float(t), seed] = [(f.row, f.log.frame) for f in found] if whole else None
+                cells[prompt.id, float(t), seed] = [(f.row, f.steps) for f in found] if whole else None
     missing = {(t, seed) for (_, t, seed), cell in cells.items() if cell is None}
     ran: dict[tuple[str, float, int], list[tuple[dict[str, Any], pl.DataFrame]]] = {}
     for t, seed in sorted(missing):

@@ -128,15 +128,15 @@ def source_counts(log: Any) -> dict[str, int]:
 
 def stats_html(stats: dict[str, Any], keys: Iterable[str] | None = None) -> str:
     """A two-column HTML table of generation stats (floats to 3 decimals)."""
-    keys = list(keys or [*COUNT_STATS, *RATE_STATS, "decode_s"])
-    rows = []
-    for key in keys:
-        if key not in stats:
-            continue
-        value = stats[key]
-        text = f"{value:.3f}" if isinstance(value, float) else str(value)
-        rows.append(
-            f"<tr><td style='text-align:left;padding-right:1em'>{html.escape(key)}</td>"
-            f"<td style='text-align:right'>{html.escape(text)}</td></tr>"
-        )
-    return f"<table style='font-size:0.85em'>{''.join(rows)}</table>"
+    keys = [k for k in keys or [*COUNT_STATS, *RATE_STATS, "decode_s"] if k in stats]
+    return table_html([(k, f"{stats[k]:.3f}" if isinstance(stats[k], float) else str(stats[k])) for k in keys])
+
+
+def table_html(cells: Iterable[tuple[str, str]], font_size: str = "0.85em") -> str:
+    """A two-column HTML table: each (name, value) a row, the value right-aligned."""
+    rows = "".join(
+        f"<tr><td style='text-align:left;padding-right:1em'>{html.escape(k)}</td>"
+        f"<td style='text-align:right'>{html.escape(v)}</td></tr>"
+        for k, v in cells
+    )
+    return f"<table style='font-size:{font_size}'>{rows}</table>"

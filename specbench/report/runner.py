@@ -1,17 +1,8 @@
 """Reports: the notebooks executed with papermill into reports/NAME/, with an index page.
 
-``run_report`` executes each notebook of ``NOTEBOOKS`` with a profile's parameters (``quick``:
-tiny settings for CI; ``full``: the embedded model, about 11 CPU minutes, spread over local ranks
-by ``specbench report --ranks``) and writes, per notebook: the executed ``.ipynb``, its HTML (nbconvert), figures
-(PNG and SVG), per-step logs and tables (parquet), and ``status.json`` (written atomically when
-the notebook finishes or fails). A finished notebook is not run again unless forced, its
-parameters changed or one of its outputs (executed notebook, HTML, the files its status lists) is
-gone, so an interrupted report resumes where it stopped; a failed one keeps its error and the
-others still run. ``index.html`` links everything with a summary table; it is rewritten as each
-notebook starts and ends, and shows a notebook whose run was killed as "interrupted".
-
-Inside a notebook, ``specbench.report.Outputs(output_dir, name)`` is where figures, logs,
-tables, summary values and skipped sections go; ``specbench.report.index`` writes the index.
+``run_report`` runs each notebook of ``NOTEBOOKS`` with a profile's parameters (``quick`` for CI, ``full``) and
+writes per notebook its executed ``.ipynb``, HTML, recorded files and ``status.json``. A finished notebook runs
+again only when forced, its parameters changed or an output is gone, so an interrupted report resumes.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
-"""Figures of the notebooks, reports and command line (matplotlib), with one colour scheme.
+"""Figures of the notebooks, reports and command line (matplotlib), with one colour scheme (``style``).
 
-A drafter keeps one colour in every figure and a model its family's (``COLOURS``); a policy
-family keeps one line style, a verify mode another. Each figure function takes polars frames
-(from ``specbench.bench.sweep``, a step log, trace results) or cost profiles and returns a
-Figure; ``save_figure`` writes one atomically. Notebooks call ``figures.<name>``; the command line and scripts
-import ``batch_break_even``, ``bench`` and ``save_compare_figure`` from their modules:
-
-- ``steps``: ``step_timeline`` (one generation, step by step);
-- ``sweeps``: ``speedup_vs_k``, ``accepted_vs_k``, ``per_position``, ``category_speedups``,
-  ``acceptance_vs_temperature``, ``token_histograms``;
-- ``traces``: ``per_turn``, ``cumulative_saved``;
-- ``rules``: ``rules_vs_temperature``, ``rules_by_drafter``, ``rule_positions``, ``rule_shifts`` (acceptance rules);
-- ``cost``: ``verify_costs``, ``break_even``, ``measured_vs_predicted``;
-- ``batch``: ``batch_break_even`` (a*(k, B) and the batch grid's measured against predicted speedups);
-- ``reference``: ``beside_reference`` (this machine's costs beside a shipped reference device's;
-  ``batch_beside_reference`` for a*(k, B), in ``batch``);
-- ``components``: ``component_stack`` (verify cost by part), ``costs_by_length`` (c(w) and a*(k) per context length);
-- ``policies``: ``policy_ranking`` (draft-length policies ranked per workload, the confirmed ones measured);
-- ``bench``: ``prompt_figure``, ``save_prompt_figure`` (the prompt benchmark's speedups by category);
-- ``compare``: ``compare_figure``, ``save_compare_figure`` (two runs side by side, each difference with its interval).
+Each figure function takes polars frames or cost profiles and returns a Figure; ``save_figure`` writes one
+atomically. Notebooks call ``figures.<name>``; the command line and scripts import ``batch_break_even``,
+``bench`` and ``save_compare_figure`` from their modules.
 """
 
 from specbench.report.figures.batch import batch_beside_reference

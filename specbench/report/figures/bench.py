@@ -14,7 +14,7 @@ from typing import Any
 from specbench.bench.paired import MIN_UNITS
 from specbench.bench.prompt_bench import PromptBench
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method
-from specbench.report.figures.style import drafter_colour, save_figure
+from specbench.report.figures.style import drafter_colour, headless_pyplot, save_figure
 
 PROMPT_FIGURE_FILE = "prompt_bench_speedup.png"
 
@@ -42,11 +42,7 @@ def prompt_figure(
     summary: Sequence[dict[str, Any]], methods: Sequence[Method], categories: Sequence[str], info: dict[str, Any]
 ):
     """Speedup over mlx-lm plain by category, one bar per method, whiskers as ``speedup_whisker`` draws them."""
-    import matplotlib
-
-    if matplotlib.get_backend().lower() != "agg":
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = headless_pyplot()
     import numpy as np
 
     groups = list(categories) + ["overall"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.bench.compare import A_HIGHER, B_HIGHER, Comparison, Difference
-from specbench.report.figures.style import no_data, save_figure
+from specbench.report.figures.style import headless_pyplot, no_data, save_figure
 
 COMPARE_FIGURE_FILE = "compare.png"
 #: The colours of run A and run B.
@@ -46,11 +46,7 @@ def compare_figure(comparison: Comparison, title: str | None = None):
     """Left: acceptance per draft position under A and under B (each with the verifications behind it). Middle:
     A - B of acceptance overall, per position and per prompt kind. Right: A - B of tokens per verification, speedup
     and c(w). Intervals are 95 %, over prompts (c(w): both profiles' own intervals)."""
-    import matplotlib
-
-    if matplotlib.get_backend().lower() != "agg":
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = headless_pyplot()
 
     fig, (left, middle, right) = plt.subplots(
         1, 3, figsize=(15.0, 4.8), constrained_layout=True, gridspec_kw={"width_ratios": [1.0, 1.2, 1.2]}

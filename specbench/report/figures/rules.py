@@ -9,11 +9,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from specbench.report.figures.checks import mark_coinciding
-from specbench.report.figures.style import WIDE, new_axes, no_data
+from specbench.report.figures.style import WIDE, label_pair, new_axes, no_data
+from specbench.report.figures.sweeps import per_position
 
 RULE_COLOURS = {"token": "tab:blue", "exact-match": "tab:orange", "block": "tab:green", "typical (lossy)": "tab:red"}
-_TEMPERATURE_STYLES = ("-", "--", ":", "-.")
 
 
 def _colour(rule: str) -> str:
@@ -34,18 +33,8 @@ def rules_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance rules v
         line = dict(color=_colour(rule), ls="--" if _lossy(rule) else "-", marker="o", ms=4, label=rule)
         left.plot(rows["temperature"].to_numpy(), rows["tokens_per_verify"].to_numpy(), **line)
         right.plot(rows["temperature"].to_numpy(), rows["speedup"].to_numpy(), **line)
-    left.set_ylabel("tokens per verification (accepted + 1)")
-    left.set_title("Tokens per verification")
-    right.axhline(1.0, color="0.3", lw=0.9)
-    right.set_ylabel("speedup over plain sampling (x)")
-    right.set_title("Speedup")
-    for ax in (left, right):
-        ax.set_xlabel("temperature")
-        ax.grid(alpha=0.3)
-    mark_coinciding(left)
-    mark_coinciding(right)
-    left.legend(fontsize=8)
-    fig.suptitle(title)
+    tokens = (left, "tokens per verification (accepted + 1)", "Tokens per verification")
+    label_pair(fig, "temperature", tokens, (right, "speedup over plain sampling (x)", "Speedup"), title)
     return fig
 
 
@@ -87,30 +76,15 @@ def rules_by_drafter(summary: pl.DataFrame, title: str = "Tokens per verificatio
 
 def rule_positions(positions: pl.DataFrame, title: str = "Per-position acceptance by rule", min_reached: int = 3):
     """a_i = P(draft token i accepted | 1..i-1 accepted) per rule (colour) and temperature (line style), with
-    the 95% intervals of ``per_position_acceptance``. For block verification a_i is the conditional rate of
-    its accepted prefix lengths (it accepts a prefix jointly, not token by token)."""
-    fig, ax = new_axes(None)
-    rows = positions.filter(pl.col("reached") >= min_reached) if not positions.is_empty() else positions
-    if rows.is_empty():
-        no_data(ax, "no verifications")
-        return fig
-    temperatures = rows["temperature"].unique().sort().to_list()
-    for (rule, t), cell in rows.sort("position").group_by(["acceptance", "temperature"], maintain_order=True):
-        rate = cell["rate"].to_numpy()
-        yerr = [np.clip(rate - cell["low"].to_numpy(), 0, None), np.clip(cell["high"].to_numpy() - rate, 0, None)]
-        style = _TEMPERATURE_STYLES[temperatures.index(t) % len(_TEMPERATURE_STYLES)]
-        ax.errorbar(
-            cell["position"].to_numpy(), rate, yerr=yerr, color=_colour(rule), ls=style, marker="o", ms=4, capsize=2
-        )
-        ax.plot([], [], color=_colour(rule), ls=style, label=f"{rule}, T={t:g}")
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel(f"draft position i (positions reached >= {min_reached} times)")
-    ax.set_ylabel("a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval)")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    ax.set_title(title)
-    return fig
+    the 95% intervals of ``per_position_acceptance`` (``sweeps.per_position``). For block verification a_i is the
+    conditional rate of its accepted prefix lengths (it accepts a prefix jointly, not token by token)."""
+    return per_position(
+        positions,
+        title,
+        min_reached=min_reached,
+        unconditional=False,
+        colour_of=lambda info: _colour(info["acceptance"]),
+    )
 
 
 def rule_shifts(table: pl.DataFrame, title: str = "Distribution shift against plain sampling", ax: Any = None):

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from specbench.common.files import write_figure_atomic
+from specbench.report.figures.checks import mark_coinciding
 
 DRAFTERS = ("none", "plain", "lookup", "suffix", "mtp", "draft-model", "oracle")
 MODEL_FAMILIES = ("dense", "moe", "hybrid", "hybrid-moe")
@@ -43,7 +44,7 @@ SPARE_COLOURS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "#e6ab02")
 POLICY_STYLES = {"fixed": "-", "adaptive": "--", "auto": ":", "none": "-"}
 POLICY_MARKERS = {"fixed": "o", "adaptive": "s", "auto": "D", "none": "x"}
 MODE_STYLES = {"fast": "-", "exact": "--"}
-TRACE_STYLES = ("-", "--", ":", "-.")  # one line style per trace, in order of appearance
+LINE_STYLES = ("-", "--", ":", "-.")  # one line style per trace or temperature, in order of appearance
 SIZE = (7.2, 4.2)
 WIDE = (9.0, 4.6)
 
@@ -90,6 +91,15 @@ def model_colours(names: Iterable[str]) -> dict[str, str]:
 
 def model_label(name: str) -> str:
     return name.removeprefix("synthetic:")
+
+
+def headless_pyplot() -> Any:
+    """``matplotlib.pyplot`` drawing off screen (Agg), for the figures the command line writes."""
+    import matplotlib
+
+    if matplotlib.get_backend().lower() != "agg":
+        matplotlib.use("Agg")
+    return plt
 
 
 def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 130, svg: bool = False, close: bool = True) -> Path:
@@ -147,6 +157,18 @@ def line_pair(
         left.plot(cell[x].to_numpy(), cell[ys[0]].to_numpy(), **line)
         right.plot(cell[x].to_numpy(), cell[ys[1]].to_numpy(), **line)
     return fig, left, right, rows
+
+
+def label_pair(fig: Any, x: str, left: tuple[Any, str, str], right: tuple[Any, str, str], title: str) -> None:
+    """Label two panels against ``x`` (each: axes, y label, title), a line at 1 on the right one (a speedup), and
+    the legend on the left, lines hidden under others named (``mark_coinciding``)."""
+    right[0].axhline(1.0, color="0.3", lw=0.9)
+    for ax, ylabel, name in (left, right):
+        ax.set(xlabel=x, ylabel=ylabel, title=name)
+        ax.grid(alpha=0.3)
+        mark_coinciding(ax)
+    left[0].legend(fontsize=8)
+    fig.suptitle(title)
 
 
 def sample_note(frame: pl.DataFrame, column: str = "runs", what: str = "runs") -> str:

@@ -4,6 +4,7 @@ losslessness check's token histograms."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -13,11 +14,13 @@ import polars as pl
 from specbench.bench.paired import wilson_interval
 from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import (
+    LINE_STYLES,
     POLICY_MARKERS,
     POLICY_STYLES,
     drafter_colour,
     drafter_label,
     drafter_order,
+    label_pair,
     line_pair,
     new_axes,
     no_data,
@@ -118,16 +121,18 @@ def per_position(
     ax: Any = None,
     min_reached: int = 3,
     unconditional: bool = True,
+    colour_of: Callable[[dict[str, Any]], str] | None = None,
 ):
     """Per-position acceptance a_i = P(draft token i accepted | tokens 1..i-1 accepted), the break-even
     model's definition, a line per drafter/policy with its 95% interval (``per_position_acceptance``'s: over
     prompts where 6 or more reached the position, else Wilson's) and the number of drafts that reached each
     position; with ``unconditional``, also (thin, dashed) verifications accepting token i / all
     verifications, the rate ``specbench bench`` prints. Positions reached fewer than ``min_reached`` times
-    are left out: too few to estimate."""
+    are left out: too few to estimate. A line per group of the frame's keys (drafter, acceptance rule, policy,
+    temperature), coloured by its drafter unless ``colour_of`` (its keys -> a colour) says otherwise."""
     fig, ax = new_axes(ax)
     if not positions.is_empty():
-        keys = [c for c in ("drafter", "policy", "temperature") if c in positions.columns]
+        keys = [c for c in ("drafter", "acceptance", "policy", "temperature") if c in positions.columns]
         # verifications of each group: those that reached position 1
         first = positions.filter(pl.col("position") == 1).select(*keys, pl.col("reached").alias("verifications"))
         positions = positions.join(first, on=keys, how="left").filter(pl.col("reached") >= min_reached)
@@ -135,14 +140,12 @@ def per_position(
         no_data(ax, "no verifications")
         return fig
     temperatures = positions["temperature"].unique().sort().to_list() if "temperature" in keys else []
-    by_temperature = ["-", "--", ":", "-."]
     for group, rows in positions.group_by(keys, maintain_order=True):
         info = dict(zip(keys, group))
-        drafter = info.get("drafter", "?")
         family = str(info.get("policy", "fixed")).split(":")[0]
         label = ", ".join(str(info[k]) if k != "temperature" else f"T={info[k]:g}" for k in keys)
         if temperatures:  # line style tells temperatures apart
-            style = by_temperature[temperatures.index(info["temperature"]) % len(by_temperature)]
+            style = LINE_STYLES[temperatures.index(info["temperature"]) % len(LINE_STYLES)]
         else:
             style = POLICY_STYLES.get(family, "-")
         x = rows["position"].to_numpy()
@@ -151,7 +154,7 @@ def per_position(
             low, high = rows["low"].to_numpy(), rows["high"].to_numpy()
         else:
             low, high = wilson_interval(rows["accepted"].to_numpy(), reached)
-        colour = drafter_colour(drafter)
+        colour = colour_of(info) if colour_of else drafter_colour(info.get("drafter", "?"))
         # rounding can put a Wilson bound a hair past the rate at 0 or 1 (matplotlib rejects negative errors)
         yerr = [np.clip(rate - low, 0.0, None), np.clip(high - rate, 0.0, None)]
         ax.errorbar(x, rate, yerr=yerr, marker="o", ms=4, capsize=2, color=colour, ls=style, label=label)
@@ -174,7 +177,7 @@ def per_position(
     bars = " and ".join(
         sorted("over prompts" if k.startswith("over") else "Wilson, drafts as independent" for k in kinds)
     )
-    ax.set_ylabel(f"a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval, {bars})")
+    ax.set_ylabel(f"a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval,\n{bars})")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -253,21 +256,15 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
     for ax in (left, right):
         ax.set_xlim(temps[0] - pad, temps[-1] + pad)
     left.set_ylim(0, 1.02)
-    left.set_ylabel(
-        "draft tokens accepted / drafted\n(bars: 95% Wilson interval,\ndrafts as independent;\nnumbers: tokens drafted)"
+    rates = (
+        left,
+        "draft tokens accepted / drafted\n(bars: 95% Wilson interval,\ndrafts as independent;\n"
+        "numbers: tokens drafted)",
+        "Acceptance rate",
     )
-    left.set_title("Acceptance rate")
-    right.axhline(1.0, color="0.3", lw=0.9)
-    right.set_ylabel("speedup over plain sampling (x)")
-    right.set_title("Speedup")
-    for ax in (left, right):
-        ax.set_xlabel("temperature (0 = greedy)")
-        ax.grid(alpha=0.3)
-    mark_coinciding(left)
-    mark_coinciding(right)
-    left.legend()
     note = sample_note(rows, what="runs (prompts x seeds)")
-    fig.suptitle(f"{title} ({note})" if note else title)
+    speed = (right, "speedup over plain sampling (x)", "Speedup")
+    label_pair(fig, "temperature (0 = greedy)", rates, speed, f"{title} ({note})" if note else title)
     return fig
 
 

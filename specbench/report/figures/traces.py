@@ -8,7 +8,15 @@ import numpy as np
 import polars as pl
 
 from specbench.report.figures.checks import mark_coinciding
-from specbench.report.figures.style import TRACE_STYLES, drafter_colour, drafter_label, line_pair, new_axes, no_data
+from specbench.report.figures.style import (
+    LINE_STYLES,
+    drafter_colour,
+    drafter_label,
+    label_pair,
+    line_pair,
+    new_axes,
+    no_data,
+)
 
 
 def per_turn(turns: pl.DataFrame, title: str = "Per-turn results on agent traces"):
@@ -19,7 +27,6 @@ def per_turn(turns: pl.DataFrame, title: str = "Per-turn results on agent traces
     if rows is None:
         return fig
     left.axhline(1.0, color="0.3", lw=0.9)
-    right.axhline(1.0, color="0.3", lw=0.9)
     if "verifies" in rows.columns:  # how many verifications each point averages
         for key, cell in rows.group_by(["trace", "drafter"], maintain_order=True):
             cell = cell.sort("turn").drop_nulls("tokens_per_verify")
@@ -27,18 +34,11 @@ def per_turn(turns: pl.DataFrame, title: str = "Per-turn results on agent traces
                 left.annotate(
                     f"{n}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=drafter_colour(key[1])
                 )
-    left.set_ylabel("tokens per verification (accepted + 1)\n(numbers: verifications)")
-    right.set_ylabel("speedup over plain decoding (x)")
-    left.set_title("Acceptance per turn")
-    right.set_title("Speedup per turn")
     for ax in (left, right):
-        ax.set_xlabel("turn")
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.grid(alpha=0.3)
-    mark_coinciding(left)
-    mark_coinciding(right)
-    left.legend(fontsize=8)
-    fig.suptitle(f"{title} (one generation per point, {rows['turn'].n_unique()} turns)")
+    tokens = (left, "tokens per verification (accepted + 1)\n(numbers: verifications)", "Acceptance per turn")
+    speed = (right, "speedup over plain decoding (x)", "Speedup per turn")
+    label_pair(fig, "turn", tokens, speed, f"{title} (one generation per point, {rows['turn'].n_unique()} turns)")
     return fig
 
 
@@ -48,7 +48,7 @@ def _trace_style(key: tuple[str, str], rows: pl.DataFrame) -> dict[str, Any]:
     traces = rows["trace"].unique(maintain_order=True).to_list()
     return dict(
         color=drafter_colour(drafter),
-        ls=TRACE_STYLES[traces.index(trace) % len(TRACE_STYLES)],
+        ls=LINE_STYLES[traces.index(trace) % len(LINE_STYLES)],
         marker="o",
         ms=4,
         label=f"{drafter_label(drafter)}" + (f" ({trace})" if len(traces) > 1 else ""),

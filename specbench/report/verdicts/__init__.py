@@ -1,16 +1,6 @@
-"""The report's words, generated from the numbers the notebooks measured: each notebook's verdict, the key
-results it records (headlines) and the labels and units the index shows them with.
-
-- Verdicts: one or two sentences per notebook. A notebook ends with ``out.verdict(verdicts.<notebook>(...))``;
-  the index shows one verdict per notebook at the top.
-- Headlines: the key results a notebook records for the index (``out.summary(**verdicts.sweep_headline(...))``).
-- Speeds: what a verdict says of speed, as typed statements (``SpeedVerdict``), stored beside its words
-  (``out.verdict(verdicts.sweep(...), verdicts.sweep_speeds(...))``) and checked across pages (``report.consistency``).
-- Labels: ``describe(key, value)`` gives a label that says what a key result is and the value with its unit,
-  e.g. ``("SmolLM2-135M-MoE: verify cost c(2), engine overhead included", "3.04 plain steps")``; keys without
-  an entry are shown as they are.
-
-Nothing here measures: every function reads the frames, profiles and stats the library returned.
+"""The report's words, generated from the numbers the notebooks measured: each notebook's verdict
+(``out.verdict(verdicts.<notebook>(...), verdicts.<notebook>_speeds(...))``), the key results it records for the
+index (headlines) and the labels and units the index shows them with (``describe``). Nothing here measures.
 """
 
 from specbench.report.verdicts.labels import (

@@ -89,6 +89,7 @@ def _number(value: Any, spec: str = ".2f", unit: str = "") -> str:
 _times = partial(_number, spec=".2f", unit="x")
 _short = partial(_number, spec=".3g")  # a number to 3 significant digits
 _plain_steps = partial(_number, spec=".2f", unit=" plain steps")
+_three = partial(_number, spec=".3f")
 
 
 def _percent(value: Any) -> str:
@@ -142,22 +143,16 @@ LABELS: dict[str, tuple[str, _Formatter]] = {
     "pairs": ("pairs of runs timed (plain next to speculative)", _number),
     "best": ("best drafter and policy", str),
     "best_speedup": ("best decode speedup over plain decoding (same run)", _times),
-    "tokens_per_verify": ("tokens per verification (accepted drafts + 1)", lambda v: _number(v, ".2f")),
+    "tokens_per_verify": ("tokens per verification (accepted drafts + 1)", _number),
     "acceptance_rate": ("draft tokens accepted / drafted", _percent),
     "equal_to_plain": ("greedy output equal to plain decoding's", _yes_no),
     "outputs_equal_to_plain": ("every greedy output equal to plain decoding's", _yes_no),
     "identical": ("every turn's output equal to plain decoding's", _yes_no),
     "mean_abs_prediction_error": ("speedup prediction error, mean |measured / predicted - 1|", _percent),
     "lossless_verdict": ("losslessness test verdict", str),
-    "lossless_p_value": ("losslessness: permutation-test p-value (small: biased)", lambda v: _number(v, ".3f")),
-    "lossless_tvd": (
-        "losslessness: total variation distance, plain vs speculative token histograms",
-        lambda v: _number(v, ".3f"),
-    ),
-    "lossless_min_detectable_tvd": (
-        "losslessness: smallest distance the test could detect",
-        lambda v: _number(v, ".3f"),
-    ),
+    "lossless_p_value": ("losslessness: permutation-test p-value (small: biased)", _three),
+    "lossless_tvd": ("losslessness: total variation distance, plain vs speculative token histograms", _three),
+    "lossless_min_detectable_tvd": ("losslessness: smallest distance the test could detect", _three),
     "lossless_accepted_drafts": ("losslessness: accepted draft tokens tested", _number),
     "lossless_acceptance": ("losslessness: draft tokens accepted / drafted", _percent),
     "lossless_samples": ("losslessness: samples drawn on each side", _number),
@@ -168,7 +163,7 @@ LABELS: dict[str, tuple[str, _Formatter]] = {
     "exact_match_low": ("exact-match rule: expected, 95 % interval low", _short),
     "exact_match_high": ("exact-match rule: expected, 95 % interval high", _short),
     "exact_match_reached_positions": ("exact-match rule: draft positions reached", _number),
-    "best_lossless": ("best lossless rule per temperature (tokens per verification, speedup)", lambda v: _rules(v)),
+    "best_lossless": ("best lossless rule per temperature (tokens per verification, speedup)", _rules),
     "component_stack_max_error": ("component stack: largest miss of the measured step", _percent),
     "component_stack_max_closure": ("component stack: largest miss of the measured forward", _percent),
     "mean_abs_prediction_error_from_log": (
@@ -198,7 +193,7 @@ PATTERNS: list[tuple[re.Pattern[str], str, _Formatter]] = [
     ),
     (re.compile(r"^(?P<m>.+) overhead$"), "{m}: engine overhead per speculative step", _plain_steps),
     (re.compile(r"^(?P<m>.+) speedup$"), "{m}: decode speedup over plain decoding", _times),
-    (re.compile(r"^(?P<m>.+) tokens/verify$"), "{m}: tokens per verification", lambda v: _number(v, ".2f")),
+    (re.compile(r"^(?P<m>.+) tokens/verify$"), "{m}: tokens per verification", _number),
     (re.compile(r"^(?P<m>.+) bandwidth$"), "{m}: memory bandwidth achieved / measured peak", _percent),
 ]
 

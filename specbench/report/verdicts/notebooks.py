@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import polars as pl
@@ -69,8 +69,8 @@ def where(device: str | None = None) -> str:
     return "this CPU" if kind == "cpu" else f"the {name or kind}"
 
 
-def _finite(value: Any) -> bool:
-    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+def _finite(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def speed_word(low: float | None, high: float | None, aa: tuple[float | None, float | None] | None = None) -> str:

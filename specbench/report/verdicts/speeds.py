@@ -5,10 +5,9 @@ that say "pays" and "loses" of one quantity."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 import polars as pl
 
@@ -17,6 +16,7 @@ from specbench.report.verdicts.notebooks import (
     LOSES,
     PAYS,
     SummaryRow,
+    _finite,
     aa_row,
     cannot_pay,
     drafted_methods,
@@ -67,15 +67,11 @@ class SpeedVerdict:
         if not all(isinstance(data.get(k), str) for k in text) or data["word"] not in (PAYS, LOSES, INCONCLUSIVE):
             return None
         temperature, speedup = data.get("temperature"), data.get("speedup")
-        if not _number(temperature):
+        if not _finite(temperature):
             return None
-        if speedup is not None and not _number(speedup):
+        if speedup is not None and not _finite(speedup):
             return None
         return cls(**{k: data[k] for k in text}, temperature=float(temperature), speedup=speedup)
-
-
-def _number(value: Any) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def one(runs: pl.DataFrame, column: str, default: Any = "") -> Any:
