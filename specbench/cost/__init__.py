@@ -10,7 +10,7 @@ from specbench.cost.breakeven import (
     preferred_k,
     speedup,
 )
-from specbench.cost.experts import expected_distinct_experts, expert_counts, routing
+from specbench.cost.experts import expected_distinct_experts, routing
 from specbench.cost.grid import speedup_grid
 from specbench.cost.measure import QUICK_WIDTHS, measure, measure_drafter, profile_for, quick_profile
 from specbench.cost.model import Protocol, cost_model, describe
@@ -47,6 +47,5 @@ __all__ = [
     "acceptance_per_position",
     "speedup_grid",
     "expected_distinct_experts",
-    "expert_counts",
     "routing",
 ]

@@ -11,6 +11,7 @@ import pytest
 
 import specbench.cost as cost
 import specbench.cost.grid as grid_module
+from scripts.gpu.cost import expert_counts
 from specbench import DraftPolicy, GenerateOptions, StepRecord, generate, speculative_generate
 from specbench.cli import main
 from specbench.common import identity
@@ -510,7 +511,7 @@ def test_expert_counter_inside_exact_mode(moe_model):
 
 
 def test_expert_counts_and_errors(moe_model, dense):
-    rows = cost.expert_counts(moe_model, [1, 4], offset=8, trials=2)
+    rows = expert_counts(moe_model, [1, 4], offset=8, trials=2)
     assert rows[0]["distinct_experts"] == 2.0 and rows[0]["expected_uniform"] == 2.0
     assert 2.0 <= rows[1]["distinct_experts"] <= 8.0
     assert cost.routing(moe_model) == (8, 2)
