@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from scripts.gpu.kernel_verify import aa_check
@@ -43,9 +44,11 @@ from specbench.bench.budget import Budget
 from specbench.common.files import write_csv_atomic as write_csv
 from specbench.common.identity import device_name, result_data
 from specbench.common.identity import write_result as write_json
-from specbench.core.experts import expert_layers
-from specbench.core.forward import text_model
+from specbench.core.experts import ExpertCounter, expert_layers
+from specbench.core.forward import text_model, vocab_size
 from specbench.cost.breakeven import best_k, break_even_acceptance
+from specbench.cost.caches import CacheRestore, prefill
+from specbench.cost.experts import expected_distinct_experts, routing
 from specbench.cost.profile import Profile, check_profile
 from specbench.drafters import make_drafter
 from specbench.models import synthetic
@@ -159,7 +162,7 @@ class Run:
             a_star = cost.break_even_acceptance(profile, 0.0, min(8, widths[-1] - 1), mode)
             print(f"  a*(k) {mode:5s}  " + " ".join(f"{k}:{a:.2f}" for k, a in enumerate(a_star, 1)))
         if is_moe:
-            rows = cost.expert_counts(model, [1, 2, 3, 4, 6, 8, 12, 16], offset=min(cfg["offset"], 128), trials=3)
+            rows = expert_counts(model, [1, 2, 3, 4, 6, 8, 12, 16], offset=min(cfg["offset"], 128), trials=3)
             self.experts += [{"name": profile.name, **r} for r in rows]
             print(
                 "  experts per layer, measured/uniform: "
@@ -213,6 +216,38 @@ class Run:
             figures.save_figure(figures.break_even(plist, d=0.0, max_k=15), out / "break_even.png")
         if self.grid:
             figures.save_figure(figures.measured_vs_predicted(self.grid, self.profiles), out / "measured.png")
+
+
+def expert_counts(
+    model: nn.Module, widths: Sequence[int], offset: int = 128, trials: int = 4, seed: int = 0
+) -> list[dict[str, float]]:
+    """Distinct experts per layer touched by verifications of each width (random ids after a
+    random ``offset``-token context), averaged over the layers the forward called and over
+    ``trials``, with the uniform-routing expectation alongside."""
+    num_experts, top_k = routing(model)
+    rng = np.random.default_rng(seed)
+    vocab = vocab_size(model)
+    totals: dict[int, list[float]] = {w: [] for w in widths}
+    with ExpertCounter(model) as counter:
+        for _ in range(trials):
+            cache = prefill(model, rng.integers(0, vocab, size=offset).tolist())
+            restore = CacheRestore(cache)
+            counter.take()
+            for w in widths:
+                mx.eval(model(mx.array(rng.integers(0, vocab, size=w).tolist())[None], cache=cache))
+                called = [c for c in counter.take() if c]  # an attached MTP head's experts are not called
+                totals[w].append(float(np.mean(called)))
+                restore()
+    return [
+        {
+            "width": w,
+            "distinct_experts": float(np.mean(totals[w])),
+            "expected_uniform": expected_distinct_experts(num_experts, top_k, w),
+            "num_experts": num_experts,
+            "top_k": top_k,
+        }
+        for w in widths
+    ]
 
 
 def break_even_table(

@@ -78,27 +78,6 @@ class DraftPolicy:
         return AutoPolicy(max_k, window, pause_tokens, break_even, **measuring)
 
     @staticmethod
-    def vllm_table(table: Any, max_k: int | None = None) -> DraftPolicy:
-        """vLLM's draft length by batch size (``specbench.core.peer_policies.vllm``)."""
-        return PEERS["vllm"](table, max_k)
-
-    @staticmethod
-    def sglang_ema(**settings: Any) -> DraftPolicy:
-        """SGLang's EMA-adaptive tiers (``specbench.core.peer_policies.sglang``)."""
-        return PEERS["sglang"](**settings)
-
-    @staticmethod
-    def ollama_controller(**settings: Any) -> DraftPolicy:
-        """ollama's MLX runner: expected committed tokens per cost (``specbench.core.peer_policies.ollama``)."""
-        return PEERS["ollama"](**settings)
-
-    @staticmethod
-    def confidence(threshold: float = 0.5, max_k: int = 8) -> DraftPolicy:
-        """Stop a draft where the drafter's probability falls under ``threshold``
-        (``specbench.core.peer_policies.threshold``)."""
-        return PEERS["confidence"](threshold, max_k)
-
-    @staticmethod
     def parse(spec: str) -> DraftPolicy:
         """Build a policy from text: ``auto``, ``fixed:4``, ``adaptive:8``, or another engine's policy by name
         (``PEERS``: ``vllm:1-16=3,64=2``, ``sglang``, ``ollama``, ``confidence:0.6``)."""

@@ -76,15 +76,6 @@ def check_siblings(tokens: Sequence[int], parents: Sequence[int], drafter: str =
         seen.add((p, t))
 
 
-def path_to(node: int, parents: Sequence[int]) -> list[int]:
-    """Nodes from the root's child down to ``node`` (empty for the root, -1)."""
-    out = []
-    while node >= 0:
-        out.append(node)
-        node = parents[node]
-    return out[::-1]
-
-
 def tree_mask(parents: Sequence[int]) -> mx.array:
     """Boolean [n + 1, n + 1]: row r may attend to column c (c is r or an ancestor of r; row 0 is the root)."""
     n = len(parents)

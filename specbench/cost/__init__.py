@@ -10,12 +10,12 @@ from specbench.cost.breakeven import (
     preferred_k,
     speedup,
 )
-from specbench.cost.experts import expected_distinct_experts, expert_counts, routing
+from specbench.cost.experts import expected_distinct_experts, routing
 from specbench.cost.grid import speedup_grid
 from specbench.cost.measure import QUICK_WIDTHS, measure, measure_drafter, profile_for, quick_profile
 from specbench.cost.model import Protocol, cost_model, describe
 from specbench.cost.predict import acceptance_per_position, predicted_speedup
-from specbench.cost.profile import Profile, cost_at, load_profile, load_profiles, profile_path, save_profile
+from specbench.cost.profile import Profile, cost_at, load_profile, profile_path, save_profile
 from specbench.cost.reference import Reference, reference_profiles
 
 __all__ = [
@@ -27,7 +27,6 @@ __all__ = [
     "profile_path",
     "save_profile",
     "load_profile",
-    "load_profiles",
     "measure",
     "measure_drafter",
     "profile_for",
@@ -47,6 +46,5 @@ __all__ = [
     "acceptance_per_position",
     "speedup_grid",
     "expected_distinct_experts",
-    "expert_counts",
     "routing",
 ]

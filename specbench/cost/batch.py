@@ -29,6 +29,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.cost.breakeven import best_k, break_even_acceptance, expected_tokens
 from specbench.cost.experts import expected_distinct_experts, routing
 from specbench.cost.profile import cost_at
+from specbench.cost.timing import kept_rounds
 from specbench.drafters.oracle import Oracle
 
 
@@ -187,20 +188,21 @@ def _time_widths(
     recording each state (``RowRollback``)."""
     vocab = vocab_size(model)
     rollback = RowRollback(model, cache)
-    times: dict[int, list[float]] = {w: [] for w in widths}
-    for i in range(warmup + repeats):
-        for w in widths:
-            ids = mx.array(rng.integers(0, vocab, size=(batch_size, w)), dtype=mx.uint32)
-            mx.eval(ids)
-            undo = _undo(cache, w)
-            rollback.arm(w)
-            t0 = time.perf_counter()
-            mx.eval(model(ids, cache=cache))
-            if i >= warmup:
-                times[w].append(time.perf_counter() - t0)
-            rollback.rewind([w] * batch_size)  # keeps every position: only stops recording
-            undo()
-    return {w: statistics.median(t) for w, t in times.items()}
+
+    def one_forward(w: int) -> float:
+        ids = mx.array(rng.integers(0, vocab, size=(batch_size, w)), dtype=mx.uint32)
+        mx.eval(ids)
+        undo = _undo(cache, w)
+        rollback.arm(w)
+        t0 = time.perf_counter()
+        mx.eval(model(ids, cache=cache))
+        seconds = time.perf_counter() - t0
+        rollback.rewind([w] * batch_size)  # keeps every position: only stops recording
+        undo()
+        return seconds
+
+    kept = kept_rounds(warmup, repeats, lambda: [one_forward(w) for w in widths])
+    return {w: statistics.median(t) for w, t in zip(widths, zip(*kept))}
 
 
 def measure_batch_profile(

@@ -159,31 +159,6 @@ def _wrap(owner: Any, name: str, totals: _Totals, part: str) -> None:
     setattr(owner, name, timed)
 
 
-def engine_steps(model: nn.Module, cache: list[Any], first: int, width: int, steps: int) -> list[_Step]:
-    """Per speculative step of ``width`` (drafts rejected): its seconds and the engine parts timed inside it
-    (``host``: the loop's Python outside drafting, the target's verification and logging). The cache is left
-    extended."""
-    # steps + width tokens: ``steps`` verifications at full width, then narrower ones near the end (left out)
-    gen = rejected_drafts(model, cache, first, width, steps + width)
-    totals = _Totals()
-    _wrap(gen.target, "verify", totals, "verify")
-    rollback = gen.target.inner.rollback  # the model target's, inside the pipeline
-    _wrap(rollback, "before_verify", totals, "rollback")
-    _wrap(rollback, "rewind", totals, "rollback")
-    _wrap(gen.log, "append", totals, "logging")
-    rows, last = [], None
-    for _ in gen:
-        now = time.perf_counter()
-        record = gen.log.records[-1]
-        if last is not None and record.kind == "verify" and record.verify_width == width:
-            step, draft = now - last, record.draft_s
-            host = step - draft - totals.verify - totals.logging
-            rows.append(_Step(step, draft, 0.0, totals.rollback, totals.logging, host))
-        totals.verify = totals.rollback = totals.logging = 0.0
-        last = now
-    return rows
-
-
 def _acceptance_seconds(width: int, vocab: int, repeats: int = 200) -> float:
     """Seconds of the greedy acceptance rule on a draft of ``width - 1`` tokens, timed alone."""
     rng = np.random.default_rng(0)
@@ -194,40 +169,35 @@ def _acceptance_seconds(width: int, vocab: int, repeats: int = 200) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def _engine_steps(
-    model: nn.Module,
-    cache: list[Any],
-    restore: CacheRestore,
-    rollback: Any,
-    tokens: mx.array,
-    first: int,
-    steps: int,
+def _engine_round(
+    model: nn.Module, cache: list[Any], restore: CacheRestore, rollback: Any, tokens: mx.array, first: int, steps: int
 ) -> list[_Step]:
-    """One timing round of the whole step at width w = tokens.shape[1]: engine steps of ``steps`` (the first left
-    out; at width 1 as many serial forwards, no engine parts)."""
-    if tokens.shape[1] == 1:
+    """One timing round of the whole step at width w = tokens.shape[1]: per speculative step (drafts rejected) but
+    the first, its seconds and the engine parts timed inside it (``host``: the loop's Python outside drafting, the
+    target's verification and logging); at width 1 as many serial forwards, no engine parts. The cache is restored."""
+    width = tokens.shape[1]
+    if width == 1:
         return [_Step(time_verify(FAST, model, cache, tokens, restore, rollback)) for _ in range(steps - 1)]
-    timed = engine_steps(model, cache, first, tokens.shape[1], steps)[1:]
+    # steps + width tokens: ``steps`` verifications at full width, then narrower ones near the end (left out)
+    gen = rejected_drafts(model, cache, first, width, steps + width)
+    totals = _Totals()
+    _wrap(gen.target, "verify", totals, "verify")
+    inner = gen.target.inner.rollback  # the model target's, inside the pipeline
+    _wrap(inner, "before_verify", totals, "rollback")
+    _wrap(inner, "rewind", totals, "rollback")
+    _wrap(gen.log, "append", totals, "logging")
+    timed, last = [], None
+    for _ in gen:
+        now = time.perf_counter()
+        record = gen.log.records[-1]
+        if last is not None and record.kind == "verify" and record.verify_width == width:
+            step, draft = now - last, record.draft_s
+            host = step - draft - totals.verify - totals.logging
+            timed.append(_Step(step, draft, 0.0, totals.rollback, totals.logging, host))
+        totals.verify = totals.rollback = totals.logging = 0.0
+        last = now
     restore()
-    return timed
-
-
-class _EngineRounds:
-    """Runs ``count`` engine rounds at every ``every``-th call (given the forward's round), the rest when asked
-    for their steps; the first round warms up and is left out."""
-
-    def __init__(self, run: Callable[[], list[_Step]], count: int, every: int) -> None:
-        self.run, self.count, self.every = run, count, every
-        self.rounds: list[list[_Step]] = []
-
-    def __call__(self, r: int) -> None:
-        if r % self.every == 0 and len(self.rounds) < self.count:
-            self.rounds.append(self.run())
-
-    def steps(self) -> list[_Step]:
-        while len(self.rounds) < self.count:
-            self.rounds.append(self.run())
-        return [step for steps in self.rounds[1:] for step in steps]
+    return timed[1:]
 
 
 def measure_components(
@@ -261,17 +231,22 @@ def measure_components(
         first = int(rng.integers(0, vocab))
         plain = statistics.median(time_plain(model, cache, first, steps, restore) for _ in range(2))
         rollback = rollback_for(model, cache)
+        every = max(1, (1 + forward_repeats) // (1 + repeats))
         for w in sorted(set(widths)):
             tokens = mx.array(rng.integers(0, vocab, size=w).tolist(), dtype=mx.uint32)[None]
             # the engine's rounds interleaved with the forward's, spread over the same span of time, so that a
             # machine whose speed drifts (a busy one) times both alike
-            rounds = _EngineRounds(
-                lambda tokens=tokens: _engine_steps(model, cache, restore, rollback, tokens, first, steps),
-                count=1 + repeats,
-                every=max(1, (1 + forward_repeats) // (1 + repeats)),
-            )
-            split = forward_components(model, cache, tokens, restore, forward_repeats, rounds)
-            timed = rounds.steps()
+            # (the first round warms up and is left out)
+            rounds: list[list[_Step]] = []
+
+            def engine_round(r: int, tokens: mx.array = tokens, rounds: list[list[_Step]] = rounds) -> None:
+                if r % every == 0 and len(rounds) < 1 + repeats:
+                    rounds.append(_engine_round(model, cache, restore, rollback, tokens, first, steps))
+
+            split = forward_components(model, cache, tokens, restore, forward_repeats, engine_round)
+            while len(rounds) < 1 + repeats:
+                rounds.append(_engine_round(model, cache, restore, rollback, tokens, first, steps))
+            timed = [step for steps_ in rounds[1:] for step in steps_]
             # medians, as the profile's c(w) and the forward's parts are timed
             parts = split.parts | {p: statistics.median(getattr(step, p) for step in timed) for p in ENGINE_PARTS}
             parts |= {"acceptance": _acceptance_seconds(w, vocab) if w > 1 else 0.0}

@@ -29,7 +29,7 @@ from specbench.cost import noise
 from specbench.cost.caches import CacheRestore, prefill, rollback_for
 from specbench.cost.noise import median_interval
 from specbench.cost.profile import Profile, load_profile
-from specbench.cost.timing import rejected_drafts, seconds_per_token, time_plain, time_verify
+from specbench.cost.timing import kept_rounds, rejected_drafts, seconds_per_token, time_plain, time_verify
 from specbench.exact import verifier_for
 
 QUICK_WIDTHS = (1, 2, 3, 5, 9)  # what quick_profile times, as time allows
@@ -56,46 +56,6 @@ def _time_engine_step(
     verifies = [r for r in decode if r.kind == "verify"]
     seconds = per_token * (len(gen.tokens) - 1) / len(decode)
     return seconds, statistics.median(r.draft_s for r in verifies) if verifies else 0.0
-
-
-class _Rounds:
-    """Timing rounds over one cache: ``plain_tokens`` plain steps, then every width in every verify mode;
-    ``warmup`` rounds discarded, ``repeats`` kept."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        verifiers: dict[str, Verifier],
-        widths: dict[str, list[int]],
-        probe: mx.array,
-        plain_tokens: int,
-        warmup: int,
-        repeats: int,
-        say: Callable[[str], None],
-    ):
-        self.model, self.verifiers, self.widths, self.probe = model, verifiers, widths, probe
-        self.plain_tokens, self.warmup, self.repeats, self.say = plain_tokens, warmup, repeats, say
-
-    def time(
-        self, cache: list[Any], restore: CacheRestore, rollback: CacheRollback | None
-    ) -> tuple[list[float], dict[str, list[list[float]]]]:
-        """(seconds per plain step of each kept round, mode -> per width, its seconds in each kept round)."""
-        first = int(self.probe[0, 0].item())
-        verify_s: dict[str, dict[int, list[float]]] = {m: {w: [] for w in ws} for m, ws in self.widths.items()}
-        plain_s: list[float] = []
-        for round_ in range(self.warmup + self.repeats):
-            keep = round_ >= self.warmup
-            t = time_plain(self.model, cache, first, self.plain_tokens, restore)
-            if keep:
-                plain_s.append(t)
-            for mode, ws in self.widths.items():
-                for w in ws:
-                    t = time_verify(self.verifiers[mode], self.model, cache, self.probe[:, :w], restore, rollback)
-                    if keep:
-                        verify_s[mode][w].append(t)
-            if keep:
-                self.say(f"round {round_ - self.warmup + 1}/{self.repeats}: plain step {1e3 * plain_s[-1]:.2f} ms")
-        return plain_s, {m: [verify_s[m][w] for w in ws] for m, ws in self.widths.items()}
 
 
 def _now() -> str:
@@ -217,18 +177,37 @@ def measure(
         if progress is not None:
             progress(text)
 
+    def time_rounds(
+        cache: list[Any], restore: CacheRestore, rollback: CacheRollback | None
+    ) -> tuple[list[float], dict[str, list[list[float]]]]:
+        """Timing rounds over ``cache``: ``plain_tokens`` plain steps, then every width in every verify mode.
+        (seconds per plain step of each kept round, mode -> per width, its seconds in each kept round)."""
+
+        def one_round() -> tuple[float, dict[str, list[float]]]:
+            plain_step = time_plain(model, cache, first, plain_tokens, restore)
+            return plain_step, {
+                m: [time_verify(verifiers[m], model, cache, probe[:, :w], restore, rollback) for w in mode_ws]
+                for m, mode_ws in ws.items()
+            }
+
+        def report(kept: list[tuple[float, dict[str, list[float]]]]) -> bool:
+            say(f"round {len(kept)}/{repeats}: plain step {1e3 * kept[-1][0]:.2f} ms")
+            return False
+
+        kept = kept_rounds(warmup, repeats, one_round, report)
+        return [p for p, _ in kept], {m: [list(s) for s in zip(*(v[m] for _, v in kept))] for m in ws}
+
     with wired_limit(model, [generation_stream]), mx.stream(generation_stream):
         cache = prefill(model, context)
         restore = CacheRestore(cache)
         rollback = rollback_for(model, cache)
-        rounds = _Rounds(model, verifiers, ws, probe, plain_tokens, warmup, repeats, say)
-        plain_s, raw = rounds.time(cache, restore, rollback)
+        plain_s, raw = time_rounds(cache, restore, rollback)
         plain, _, seconds, _ = from_rounds(plain_s, raw)
         by_length = {}
         for length in sorted(set(lengths) - {len(context)}):
             say(f"context length {length}")
             long = prefill(model, (context * (length // len(context) + 1))[:length])
-            plain_at, raw_at = rounds.time(long, CacheRestore(long), rollback_for(model, long))
+            plain_at, raw_at = time_rounds(long, CacheRestore(long), rollback_for(model, long))
             plain_at_s, costs_at, seconds_at, _ = from_rounds(plain_at, raw_at)
             by_length[str(length)] = {"plain_step_s": plain_at_s, "costs": costs_at, "seconds": seconds_at}
             del long

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import re
-import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import mlx.nn as nn
 import numpy as np
 
-from specbench.common.files import DamagedFileWarning, home, locked, set_aside, write_json_atomic
+from specbench.common.files import home, locked, set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.draft import Drafter
 
@@ -354,18 +353,3 @@ def load_profile(model: nn.Module | str, device: str | None = None, root: Path |
     (``specbench.common.files.DamagedFileWarning``) and None returned, so that it is measured anew."""
     key = model if isinstance(model, str) else model_key(model)
     return _read_or_set_aside(profile_path(key, device or device_name(), versions(), root))
-
-
-def load_profiles(root: Path | None = None):
-    """Every stored profile as one polars DataFrame (see ``Profile.to_polars``); a damaged file is
-    skipped with a warning naming it."""
-    import polars as pl
-
-    folder = (root or home()) / "profiles"
-    frames = []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            frames.append(_read(path).to_polars())
-        except ValueError as err:
-            warnings.warn(f"{err}: skipped", DamagedFileWarning, stacklevel=2)
-    return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()

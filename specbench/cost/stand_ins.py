@@ -120,7 +120,10 @@ class _StandIns:
             self.stack.append(push)
         self.mark = now
 
-    def answer(self, site: ComponentSite, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call(
+        self, site: ComponentSite, inner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Answer a call of a stood-in component (``inner``, its own call, is not made)."""
         self._switch("answering")
         try:
             # the call's own inputs are evaluated with the logits: the recorded output cuts the graph, and without
@@ -145,24 +148,14 @@ class _StandIns:
                 self._switch(None)
 
 
-class _Recording:
-    """Mixed in front of a component module's class while a forward is recorded."""
+class _Handled:
+    """Mixed in front of a component module's class: its calls go to its handler (recorded or stood in for)."""
 
-    _specbench_handler: _Recorder
+    _specbench_handler: _Recorder | _StandIns
     _specbench_site: ComponentSite
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._specbench_handler.call(self._specbench_site, super().__call__, args, kwargs)
-
-
-class _StandIn:
-    """Mixed in front of a stood-in component module's class: its calls return the recorded outputs at once."""
-
-    _specbench_handler: _StandIns
-    _specbench_site: ComponentSite
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._specbench_handler.answer(self._specbench_site, args, kwargs)
 
 
 def component_sites(model: nn.Module) -> list[ComponentSite]:
@@ -191,22 +184,23 @@ def component_sites(model: nn.Module) -> list[ComponentSite]:
 
 
 @contextlib.contextmanager
-def _mixed_in(sites: Sequence[ComponentSite], mixin: type, handler: _Recorder | _StandIns) -> Iterator[None]:
-    """While inside, each site's module has ``mixin`` in front of the class it has now (a recurrent layer may be
-    recording already) and ``handler`` and its site in its ``__dict__``; a tied head's ``as_linear`` is wrapped
-    alike. Classes and methods are put back after."""
+def _mixed_in(sites: Sequence[ComponentSite], handler: _Recorder | _StandIns) -> Iterator[None]:
+    """While inside, each site's module has ``_Handled`` in front of the class it has now (a recurrent layer may be
+    recording already) and ``handler`` and its site in its ``__dict__``; a tied head's ``as_linear`` goes to
+    ``handler`` alike. Classes and methods are put back after."""
     swapped: list[tuple[nn.Module, type]] = []
     wrapped: list[nn.Module] = []
     try:
         for site in sites:
             if site.module is None:
                 wrapped.append(owner := site.owner)  # type: ignore[arg-type]
-                owner.__dict__["as_linear"] = _tied_head(site, owner.as_linear, handler)  # type: ignore[union-attr]
+                as_linear = owner.as_linear  # type: ignore[union-attr]
+                owner.__dict__["as_linear"] = lambda *a, s=site, f=as_linear, **k: handler.call(s, f, a, k)
                 continue
             module = site.module
             swapped.append((module, type(module)))
             module.__dict__.update(_specbench_handler=handler, _specbench_site=site)
-            module.__class__ = mixed_class(mixin, type(module))
+            module.__class__ = mixed_class(_Handled, type(module))
         yield
     finally:
         for module, cls in reversed(swapped):
@@ -215,15 +209,6 @@ def _mixed_in(sites: Sequence[ComponentSite], mixin: type, handler: _Recorder | 
                 module.__dict__.pop(name, None)
         for owner in wrapped:
             owner.__dict__.pop("as_linear", None)
-
-
-def _tied_head(
-    site: ComponentSite, as_linear: Callable[..., Any], handler: _Recorder | _StandIns
-) -> Callable[..., Any]:
-    """A tied output head's ``as_linear`` recorded (by a ``_Recorder``) or stood in for (by ``_StandIns``)."""
-    if isinstance(handler, _Recorder):
-        return lambda *args, **kwargs: handler.call(site, as_linear, args, kwargs)
-    return lambda *args, **kwargs: handler.answer(site, args, kwargs)
 
 
 def _arrays(calls: list[RecordedCall]) -> list[Any]:
@@ -243,7 +228,7 @@ def record_forward(
     sites = component_sites(model)
     if rollback is not None:
         rollback.before_verify(tokens.shape[1])
-    with _mixed_in(sites, _Recording, _Recorder()):
+    with _mixed_in(sites, _Recorder()):
         logits = FAST.forward(model, tokens, cache)
     mx.eval(logits, _arrays([c for s in sites for c in s.calls]))
     if rollback is not None:
@@ -299,7 +284,7 @@ def forward_with_stand_ins(
         rollback.before_verify(tokens.shape[1])
     stand_ins = _StandIns(components)
     stood = [s for s in sites if s.component in stand_ins.components]
-    with _mixed_in(stood, _StandIn, stand_ins):
+    with _mixed_in(stood, stand_ins):
         mx.synchronize()
         collected = _collections()
         start = time.perf_counter()

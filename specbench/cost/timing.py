@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -19,6 +19,23 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import FAST, CacheRollback, Verifier
 from specbench.cost.caches import CacheRestore
+
+T = TypeVar("T")
+
+
+def kept_rounds(
+    warmup: int, repeats: int, one_round: Callable[[], T], enough: Callable[[list[T]], bool] = lambda kept: False
+) -> list[T]:
+    """The results of ``repeats`` calls of ``one_round`` after ``warmup`` discarded ones; fewer once
+    ``enough(kept)``, asked after every kept round (where a caller reports progress), says so."""
+    for _ in range(warmup):
+        one_round()
+    kept: list[T] = []
+    while len(kept) < repeats:
+        kept.append(one_round())
+        if enough(kept):
+            break
+    return kept
 
 
 def seconds_per_token(generation: Iterable[int], excluded: Callable[[], float] = lambda: 0.0) -> float:

@@ -33,7 +33,7 @@ from specbench.core.verify import VERIFY_MODES, check_verify_mode
 from specbench.cost.breakeven import drafter_cost
 from specbench.cost.caches import CacheRestore, prefill
 from specbench.cost.profile import _number, profile_path
-from specbench.cost.timing import time_plain, time_verify
+from specbench.cost.timing import kept_rounds, time_plain, time_verify
 from specbench.exact import verifier_for
 
 NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -132,34 +132,31 @@ def measure_tree_costs(
         model, mode, widths=range(2, counts[-1] + 2), progress=progress, context=offset + counts[-1] + 1
     )
     started = time.perf_counter()
-    tree_s: dict[int, list[float]] = {n: [] for n in counts}
-    path_s: dict[int, list[float]] = {n: [] for n in counts}
-    plain_s: list[float] = []
     with wired_limit(model, [generation_stream]), mx.stream(generation_stream):
         cache = prefill(model, context)
         restore = CacheRestore(cache)
-        for round_ in range(warmup + repeats):
-            keep = round_ >= warmup
-            t = time_plain(model, cache, int(probe[0, 0].item()), plain_tokens, restore)
-            timed = {
-                n: (
+
+        def one_round() -> tuple[float, list[tuple[float, float]]]:
+            plain_step = time_plain(model, cache, int(probe[0, 0].item()), plain_tokens, restore)
+            return plain_step, [
+                (
                     _time_rows(verifier, model, cache, probe[:, : n + 1], restore, binary_tree(n)),
                     _time_rows(verifier, model, cache, probe[:, : n + 1], restore, None),
                 )
                 for n in counts
-            }
-            if keep:
-                plain_s.append(t)
-                for n, (tree, path) in timed.items():
-                    tree_s[n].append(tree)
-                    path_s[n].append(path)
-                if progress is not None:
-                    progress(f"tree costs round {len(plain_s)}/{repeats}: plain step {1e3 * t:.2f} ms")
-            if keep and budget_s is not None and time.perf_counter() - started > budget_s:
-                break
+            ]
+
+        def enough(kept: list[tuple[float, list[tuple[float, float]]]]) -> bool:
+            if progress is not None:
+                progress(f"tree costs round {len(kept)}/{repeats}: plain step {1e3 * kept[-1][0]:.2f} ms")
+            return budget_s is not None and time.perf_counter() - started > budget_s
+
+        kept = kept_rounds(warmup, repeats, one_round, enough)
+    plain_s = [p for p, _ in kept]
+    per_count = [list(zip(*at_n)) for at_n in zip(*(rows for _, rows in kept))]  # per n: (tree seconds, path seconds)
     plain = statistics.median(plain_s)
-    tree = [statistics.median(tree_s[n]) for n in counts]
-    path = [statistics.median(path_s[n]) for n in counts]
+    tree = [statistics.median(t) for t, _ in per_count]
+    path = [statistics.median(p) for _, p in per_count]
     return TreeCosts(
         model=model_key(model),
         device=device_name(),

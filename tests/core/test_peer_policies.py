@@ -26,7 +26,7 @@ def test_vllm_table_looks_up_the_batch_size_with_gaps_inheriting_and_k_clamped()
     policy = DraftPolicy.parse("vllm:1-16=3,64-128=2,256-4096=0")
     assert isinstance(policy, VllmTablePolicy)
     assert [policy.k_at(b) for b in (1, 16, 17, 63, 64, 200, 256, 9999)] == [3, 3, 3, 3, 2, 2, 0, 0]
-    clamped = DraftPolicy.vllm_table({"1-8": 6, 9: 4}, max_k=5)
+    clamped = VllmTablePolicy({"1-8": 6, 9: 4}, max_k=5)
     assert [clamped.k_at(b) for b in (1, 8, 9)] == [5, 5, 4]
     policy.start(Drafter())
     policy.set_batch_size(64)
@@ -70,7 +70,7 @@ def test_sglang_ema_smooths_waits_out_warmup_and_probes_back_from_tier_zero():
 
 
 def test_sglang_slots_follow_the_batch_size():
-    policy = DraftPolicy.sglang_ema()
+    policy = SglangEmaPolicy()
     policy.start(Drafter())
     assert policy.decide(StepLog(), Drafter()) == Speculate(5)  # the middle of 1, 3, 5, 7
     policy.set_batch_size(64)
@@ -80,8 +80,8 @@ def test_sglang_slots_follow_the_batch_size():
 PAST_THE_BOUND = [
     ("vllm text", lambda: DraftPolicy.parse("vllm:1=1000")),
     ("vllm text, a later range", lambda: DraftPolicy.parse("vllm:1-16=3,64=129")),
-    ("vllm table", lambda: DraftPolicy.vllm_table({"1-8": MAX_DRAFT_LENGTH + 1})),
-    ("vllm max_k", lambda: DraftPolicy.vllm_table({1: 3}, max_k=MAX_DRAFT_LENGTH + 1)),
+    ("vllm table", lambda: VllmTablePolicy({"1-8": MAX_DRAFT_LENGTH + 1})),
+    ("vllm max_k", lambda: VllmTablePolicy({1: 3}, max_k=MAX_DRAFT_LENGTH + 1)),
     ("sglang text", lambda: DraftPolicy.parse("sglang:1,3,1000")),
     ("sglang tiers", lambda: SglangEmaPolicy({1: (1, 3), 8: (0, MAX_DRAFT_LENGTH + 1)})),
     ("ollama text", lambda: DraftPolicy.parse(f"ollama:{MAX_DRAFT_LENGTH + 1}")),
@@ -164,6 +164,6 @@ def test_confidence_threshold_cuts_the_draft_where_the_drafter_doubts():
     verifies = [r for r in log.records if r.kind == "verify"]
     assert verifies and {r.k_drafted for r in verifies[:-1]} == {2}
     assert all(r.accepted == r.k_drafted for r in verifies)
-    whole = simulate([request], drafter, DraftPolicy.confidence(0.3, 6))
+    whole = simulate([request], drafter, ConfidencePolicy(0.3, 6))
     assert max(r.k_drafted for r in whole.records if r.kind == "verify") == 6
     assert isinstance(DraftPolicy.parse("confidence"), ConfidencePolicy)

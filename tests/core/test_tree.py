@@ -283,11 +283,20 @@ def test_tree_sampling_end_to_end_matches_plain_sampling():
     assert chisquare(pooled_o, pooled_e).pvalue > 1e-3
 
 
+def _path_to(node: int, parents: list[int]) -> list[int]:
+    """Nodes from the root's child down to ``node`` (empty for the root, -1)."""
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
 @pytest.mark.parametrize("arch, level", [("qwen3", "auto"), ("qwen3_moe", "all"), ("llama", "serial")])
 def test_exact_tree_rows_equal_serial_decoding_along_each_path(arch, level, fresh_calibrations):
     """Exact mode: every node's logits row is bit for bit what serial decoding along its path computes, with the
     level this device's calibration picks for the tree's width ("auto"), every op split, or serial steps."""
-    from specbench.core.tree import path_to, tree_attention
+    from specbench.core.tree import tree_attention
     from specbench.core.verify import forward
     from specbench.exact import ExactVerifier
 
@@ -301,6 +310,6 @@ def test_exact_tree_rows_equal_serial_decoding_along_each_path(arch, level, fres
     for node in range(-1, len(tokens)):
         serial = make_prompt_cache(model)
         mx.eval(forward(model, mx.array([PROMPT]), serial))
-        for t in [3] + [tokens[i] for i in path_to(node, parents)]:
+        for t in [3] + [tokens[i] for i in _path_to(node, parents)]:
             row = forward(model, mx.array([[t]]), serial)[0, -1]
         assert mx.array_equal(logits[node + 1], row), node

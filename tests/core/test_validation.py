@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specbench import Draft, Drafter, DraftPolicy, GenerateOptions, Generation, generate, speculative_generate
+from specbench.core.peer_policies import ConfidencePolicy
 from specbench.core.target import ModelTarget
 from specbench.core.verify import as_draft, check_draft
 
@@ -462,7 +463,7 @@ def test_bad_confidence_is_a_clear_error_before_its_verification(model, verifica
     """A NaN, out-of-range or missing confidence would let tokens past a confidence threshold: refused instead."""
     options = GenerateOptions(max_tokens=6)
     gen = speculative_generate(
-        model, PROMPT, options, drafter=ConfidentDrafter(confidence), policy=DraftPolicy.confidence(0.5, 3)
+        model, PROMPT, options, drafter=ConfidentDrafter(confidence), policy=ConfidencePolicy(0.5, 3)
     )
     with pytest.raises(error, match=message):
         list(gen)

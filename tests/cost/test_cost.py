@@ -6,11 +6,11 @@ import json
 
 import mlx.core as mx
 import numpy as np
-import polars as pl
 import pytest
 
 import specbench.cost as cost
 import specbench.cost.grid as grid_module
+from scripts.gpu.cost import expert_counts
 from specbench import DraftPolicy, GenerateOptions, StepRecord, generate, speculative_generate
 from specbench.cli import main
 from specbench.common import identity
@@ -132,9 +132,6 @@ def test_measure_save_load(dense, home):
     assert path.parent == home / "profiles" and json.loads(path.read_text())["model"] == model_key(dense)
     loaded = cost.load_profile(dense)
     assert loaded.costs == profile.costs and loaded.overhead == profile.overhead
-    frame = cost.load_profiles()
-    assert isinstance(frame, pl.DataFrame) and frame.height == 8
-    assert set(frame["mode"]) == {"fast", "exact"} and frame["width"].max() == 4
     # A later profile of one mode keeps the other mode already stored.
     cost.save_profile(cost.measure(dense, widths=3, offset=16, repeats=1, warmup=0, plain_tokens=2))
     merged = cost.load_profile(dense)
@@ -157,9 +154,6 @@ def test_damaged_profile_file(home):
         json.dumps({**profile.to_dict(), "plain_step_s": "fast"}),
     ):
         path.write_text(text)
-        # Listing every profile skips the damaged file, naming it.
-        with pytest.warns(DamagedFileWarning, match=f"{path} is damaged .*skipped"):
-            assert set(cost.load_profiles()["model"]) == {"good"}
         # Loading it moves it aside with a warning naming it: it is measured anew.
         with pytest.warns(DamagedFileWarning, match=f"cost profile {path} is damaged .*moved aside"):
             assert cost.load_profile("damaged") is None
@@ -196,7 +190,6 @@ def test_profiles_are_keyed_by_the_blas_library(dense, monkeypatch):
     other = make_profile([1.0, 1.9], name=model_key(dense))
     assert "OtherBLAS 9.9" in other.kernels and cost.save_profile(other) != path
     assert cost.load_profile(dense).costs == other.costs
-    assert set(cost.load_profiles()["kernels"]) == {profile.kernels, other.kernels}
     # A profile stored before the kernels were kept is not taken for this BLAS's.
     old = {k: v for k, v in profile.to_dict().items() if k != "kernels"}
     assert cost.Profile.from_dict(old).kernels == ""
@@ -510,7 +503,7 @@ def test_expert_counter_inside_exact_mode(moe_model):
 
 
 def test_expert_counts_and_errors(moe_model, dense):
-    rows = cost.expert_counts(moe_model, [1, 4], offset=8, trials=2)
+    rows = expert_counts(moe_model, [1, 4], offset=8, trials=2)
     assert rows[0]["distinct_experts"] == 2.0 and rows[0]["expected_uniform"] == 2.0
     assert 2.0 <= rows[1]["distinct_experts"] <= 8.0
     assert cost.routing(moe_model) == (8, 2)
