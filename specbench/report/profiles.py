@@ -109,16 +109,21 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             # prefilled again for its hidden states; with it the sweep took 2.5 times as long (add it back with
             # -p draft_length_sweep.drafters=lookup,suffix,mtp)
             # The answer's sample: the copy-like kinds where drafting from the context should pay (a repeated
-            # paragraph; questions over given passages), every prompt of each (3 each), each cell (drafter x kind x
-            # policy) timed in 6 adjacent pairs (2 per prompt), the fewest that give an interval.
+            # paragraph; questions over given passages) and agent turns whose replies repeat tool output (the
+            # agentic kind: turns of the shipped traces by the rule in specbench.inputs.prompts.agentic_turns),
+            # 3 prompts of each, each cell (drafter x kind x policy) timed in 6 adjacent pairs (2 per prompt), the
+            # fewest that give an interval. Prompts of at most 2,000 tokens: every generation stays within 2,048
+            # keys, where exact verification is calibrated once (up to 2,047); the agentic turns past it
+            # (coding-agent's later ones, 2,600-3,900 tokens: ~40-75 s of prefill each on this CPU) are skipped
+            # for the next ones, so the kind is coding-agent:2, tool-agent:1 and tool-agent:2 (862-1,798 tokens).
             "model": _EMBEDDED,
             "drafters": ["lookup", "suffix:8"],
             "draft_lengths": [3],
             "policies": ["fixed", "auto"],
-            "categories": ["repeated_paragraph", "rag"],
+            "categories": ["repeated_paragraph", "rag", "agentic"],
             "prompts_per_category": 3,
             "max_tokens": 32,
-            "max_prompt_tokens": 450,
+            "max_prompt_tokens": 2000,
             "pairs": 2,  # each method next to a plain run of its own; consecutive plain runs: the A/A cell
             # then, by a rule fixed here, a pair more per prompt for each cell whose interval still covers 1, up to
             # 4 pairs a prompt (3 looks: intervals at 98.3 %) or until the next round would pass 120 s
