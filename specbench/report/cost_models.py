@@ -54,25 +54,34 @@ def contexts_of(resolved: dict[str, dict[str, Any]]) -> list[int]:
 
 
 def prompt_contexts(resolved: dict[str, dict[str, Any]], model: str, tokenizer: Any) -> list[int]:
-    """The contexts of the agentic prompts the pages of ``model`` run (each prompt's tokens and ``max_tokens`` more),
-    longest first: a generation calibrates up to the KV step its own context reaches (``lengths_for``), which the
-    longest context of its page does not cover, so they are calibrated before the pages too. A page's limits as its
-    notebook's defaults where unset (1 prompt a kind, no length limit)."""
-    from specbench.inputs.prompts import AGENTIC, agentic_prompts
+    """The contexts of the bundled prompts the pages of ``model`` run, each prompt's own (its tokens and
+    ``max_tokens`` more), longest first: a generation calibrates up to the KV step its own context reaches
+    (``lengths_for``), which its page's longest context (``contexts_of``) does not cover where the page's prompts
+    differ in length (a repeated paragraph's 400 tokens, an agentic turn's 900-1,800), so they are calibrated before
+    the pages too. A page's prompt limit as its notebook's default where unset (1 a kind)."""
+    import warnings
+
+    from specbench.inputs.prompts import PromptsLeftOut, prompts_from
 
     found = set()
     for parameters in resolved.values():
-        tokens = parameters.get("max_tokens")
+        tokens, categories = parameters.get("max_tokens"), parameters.get("categories")
         if (
             tokenizer is None
             or parameters.get("model") != model
-            or AGENTIC not in (parameters.get("categories") or [])
+            or not categories
             or parameters.get("prompts", "bundled") != "bundled"
             or type(tokens) is not int
         ):
             continue
         limit, cap = parameters.get("prompts_per_category", 1), parameters.get("max_prompt_tokens") or None
-        found |= {len(prompt.ids) + tokens for prompt in agentic_prompts(tokenizer, limit, cap)}
+        with warnings.catch_warnings():  # the page says which prompts its limits leave out
+            warnings.simplefilter("ignore", PromptsLeftOut)
+            try:
+                prompts = prompts_from("bundled", tokenizer, categories, limit, True, cap)
+            except ValueError:  # the page's own error, said when it runs
+                continue
+        found |= {len(prompt.ids) + tokens for prompt in prompts}
     return sorted(found, reverse=True)
 
 
@@ -98,7 +107,7 @@ def prepare(
     """The cost model of each of ``models`` by ``protocol``, measured or read on rank 0 and stored on every rank,
     and named in ``out/cost_model.json``. A model that cannot be loaded is left out (its pages say why). Before it,
     in exact mode, the widths it verifies are calibrated once for every page (``calibration_lengths`` of
-    ``contexts`` and of the agentic prompts of ``pages``, the pages' parameters: ``prompt_contexts``), spread over
+    ``contexts`` and of each bundled prompt of ``pages``, the pages' parameters: ``prompt_contexts``), spread over
     the ranks (``calibrate_over_ranks``): no page calibrates them again mid-run, and the cost model is measured with
     the levels the pages run."""
     from specbench.exact.calibration import calibrate_over_ranks
