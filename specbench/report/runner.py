@@ -1,7 +1,7 @@
 """Reports: the notebooks executed with papermill into reports/NAME/, with an index page.
 
 ``run_report`` executes each notebook of ``NOTEBOOKS`` with a profile's parameters (``quick``:
-tiny settings for CI; ``full``: the embedded model, about 11 CPU minutes, spread over local ranks
+tiny settings for CI; ``full``: the embedded model, about 13 CPU minutes, spread over local ranks
 by ``specbench report --ranks``) and writes, per notebook: the executed ``.ipynb``, its HTML (nbconvert), figures
 (PNG and SVG), per-step logs and tables (parquet), and ``status.json`` (written atomically when
 the notebook finishes or fails). A finished notebook is not run again unless forced, its
