@@ -20,7 +20,7 @@ def _report(parser: argparse.ArgumentParser):
         "--profile",
         choices=list(PROFILES),
         default="full",
-        help="quick: a few minutes, tiny models (CI); full: the embedded model, about 11 CPU minutes "
+        help="quick: a few minutes, tiny models (CI); full: the embedded model, about 13 CPU minutes "
         "(`make report` spreads them over 2 ranks)",
     )
     parser.add_argument(

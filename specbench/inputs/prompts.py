@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbench.common.files import ASSETS_DIR
 from specbench.common.text import check_strings, check_text
-from specbench.inputs.traces import read_text
+from specbench.inputs.importers import load_traces
+from specbench.inputs.traces import Trace, bundled_traces, read_text, render_turn
 
 if TYPE_CHECKING:
     import polars as pl
@@ -183,10 +185,17 @@ def prompts_from(
 
     Each question's first turn is rendered with the chat template (``chat``). ``limit`` keeps the
     first ``limit`` of each category; ``max_prompt_tokens`` drops longer prompts (prefill is the
-    slow part on a CPU).
+    slow part on a CPU). With ``"bundled"``, the category ``AGENTIC`` (only when named) adds agent turns of the
+    shipped traces (``agentic_prompts``).
     """
     if tokenizer is None:
         raise ValueError("text prompts need a tokenizer: this model has none (use a model with a tokenizer)")
+    agentic: list[Prompt] = []
+    if str(source) == "bundled" and categories and AGENTIC in categories:
+        agentic = agentic_prompts(tokenizer, limit, max_prompt_tokens)
+        categories = [c for c in categories if c != AGENTIC]
+        if not categories:  # the agentic kind alone
+            return agentic
     if isinstance(source, (list, tuple)):
         texts = [("custom", f"p{i}", t) for i, t in enumerate(source)]
         if not texts:
@@ -197,12 +206,85 @@ def prompts_from(
     else:
         texts = [(q.category, str(q.question_id), q.turns[0]) for q in questions_from(source, categories, limit)]
     prompts = [Prompt(pid, category, text, render_prompt(tokenizer, text, chat=chat)) for category, pid, text in texts]
+    return _within(prompts + agentic, max_prompt_tokens)
+
+
+def _within(prompts: list[Prompt], max_prompt_tokens: int | None) -> list[Prompt]:
+    """The prompts of at most ``max_prompt_tokens`` tokens (those left out said: ``PromptsLeftOut``)."""
     if max_prompt_tokens is not None:
         kept = [p for p in prompts if len(p.ids) <= max_prompt_tokens]
         _say_left_out(len(prompts) - len(kept), len(prompts), f"longer than max_prompt_tokens={max_prompt_tokens}")
         prompts = kept
         if not prompts:
             raise ValueError(f"no prompt has at most max_prompt_tokens={max_prompt_tokens} tokens: raise the limit")
+    return prompts
+
+
+# -- the agentic kind: turns of the shipped traces -------------------------------------------
+
+#: The prompt kind of agent turns (``agentic_prompts``), named beside ``BUNDLED_CATEGORIES`` with the "bundled" source.
+AGENTIC = "agentic"
+#: The characters a reply must repeat verbatim from a tool result to make its turn agentic (a quoted field, an id
+#: with its key, a line of code): set from the shipped traces' text alone, before any model ran on them.
+REPEATED_CHARS = 20
+
+
+def repeated_chars(trace: Trace, turn: int) -> int:
+    """The longest run of characters ``turn``'s recorded reply (its text, then each tool call's arguments as JSON)
+    repeats verbatim from a tool result of its history (0 without a reply or a tool result)."""
+    reply = trace.turns[turn].assistant
+    if reply is None:
+        return 0
+    calls = reply.get("tool_calls") or []
+    text = (reply.get("content") or "") + "".join(
+        json.dumps(c.get("arguments"), ensure_ascii=False) for c in calls if isinstance(c, dict)
+    )
+    results = [m["content"] for t in trace.turns[: turn + 1] for m in t.messages if m["role"] == "tool"]
+    return max(
+        (
+            SequenceMatcher(None, text, r, autojunk=False).find_longest_match(0, len(text), 0, len(r)).size
+            for r in results
+        ),
+        default=0,
+    )
+
+
+def agentic_turns(traces: Sequence[Trace]) -> list[tuple[Trace, int]]:
+    """The turns the agentic kind is made of, by a rule fixed before measuring: a turn answering a tool result (its
+    new messages end with one) whose recorded reply repeats at least ``REPEATED_CHARS`` characters of a tool
+    result verbatim (``repeated_chars``): where an agent's reply copies tool output. In rounds over the traces (each
+    one's first such turn, then each one's second, ...), traces in the order given."""
+    per_trace = [
+        [
+            (trace, t)
+            for t, turn in enumerate(trace.turns)
+            if turn.messages and turn.messages[-1]["role"] == "tool" and repeated_chars(trace, t) >= REPEATED_CHARS
+        ]
+        for trace in traces
+    ]
+    rounds = []
+    for i in range(max(map(len, per_trace), default=0)):
+        rounds += [turns[i] for turns in per_trace if i < len(turns)]
+    return rounds
+
+
+def agentic_prompts(tokenizer: Any, limit: int | None = None, max_prompt_tokens: int | None = None) -> list[Prompt]:
+    """The agentic kind: the ``agentic_turns`` of the shipped traces (``data/traces``, by name), each its history up
+    to that turn's reply (earlier replies as recorded) through the model's chat template; the first ``limit`` of
+    those of at most ``max_prompt_tokens`` tokens (the longer ones are skipped: prefill is the slow part on a CPU).
+    Id ``TRACE:TURN``, text the turn's tool result."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 prompt per kind, got {limit}")
+    traces = [trace for name in bundled_traces() for trace in load_traces(name)]
+    prompts = []
+    for trace, t in agentic_turns(traces):
+        ids = render_turn(tokenizer, trace, t)
+        if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
+            prompts.append(Prompt(f"{trace.id}:{t}", AGENTIC, trace.turns[t].messages[-1]["content"], ids))
+        if len(prompts) == limit:
+            break
+    if not prompts:
+        raise ValueError(f"no agentic turn has at most max_prompt_tokens={max_prompt_tokens} tokens: raise the limit")
     return prompts
 
 

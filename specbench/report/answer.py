@@ -4,7 +4,8 @@ One function (``answer_cells``) computes every number the index opens with from 
 timed pairs (``draft_length_sweep/tables/runs.parquet``) and the report's cost model (``cost_model.json``). Each cell
 is a drafter x prompt kind x policy: its speedup over plain decoding with the interval over its adjacent pairs (95 %,
 or the sequential rule's level where the sweep added pairs until each cell decided) and its sample size, a verdict
-from the interval alone (pays: above 1; loses: below 1; else no difference resolvable), tokens per verification
+from the interval alone (pays: above 1; loses: below 1; else no difference resolvable; a cell whose runs drafted
+nothing: "never drafted", its ratio then only the policy's overhead over plain decoding), tokens per verification
 (accepted + 1), the realized acceptance, and the break-even acceptance a* at the cell's draft length from the cost
 model, with its band over c(w)'s interval.
 """
@@ -32,6 +33,8 @@ SWEEP_RUNS = Path("draft_length_sweep") / "tables" / "runs.parquet"
 PAGE = "answer"
 #: The answer's figure in a report folder.
 MAP = Path("answer") / "break_even_map.png"
+#: The verdict of a cell whose runs never drafted: its policy decoded plainly, so its ratio measures no drafting.
+NEVER_DRAFTED = "never drafted"
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,12 @@ class Cell:
         return f"{text}; mostly {self.reason}" if self.reason else text
 
     def _acceptance_against_break_even(self) -> str:
+        if self.verdict == NEVER_DRAFTED:
+            interval = f" [{_n(self.low)}-{_n(self.high)}]" if self.low is not None and self.high is not None else ""
+            return (
+                f"no draft was made: the policy decoded plainly, so its {_n(self.speedup)}x{interval} against plain "
+                "decoding is the policy's own overhead"
+            )
         if self.acceptance is None or self.k is None:
             return "no draft was verified: the policy decoded plainly"
         if self.never_pays:
@@ -144,7 +153,7 @@ def answer_cells(
                 k=k,
                 break_even=a_star,
                 band=band,
-                verdict=verdict_of(low, high, int(row.pairs or 0)),
+                verdict=verdict_of(low, high, int(row.pairs or 0)) if row.drafted else NEVER_DRAFTED,
                 never_pays=never,
                 reason=min(set(reasons), key=lambda r: (-reasons.count(r), r)) if reasons else "",
                 level=float(row.level or 0.95),
@@ -235,10 +244,12 @@ def answer_html(out: str | Path, model: str | None) -> str:
     rows = []
     for c in cells:
         interval = f" [{_n(c.low)}-{_n(c.high)}]" if c.low is not None and c.high is not None else ""
+        # a cell that never drafted measured no drafting: its ratio (the policy's overhead) is in its why
+        speed = "no drafts" if c.verdict == NEVER_DRAFTED else f"{_n(c.speedup)}x{interval}"
         per_verify = "" if c.tokens_per_verify is None else _n(c.tokens_per_verify)
         rows.append(
             f"<tr><td>{esc(c.drafter)}</td><td>{esc(c.kind)}</td><td>{esc(c.policy)}</td>"
-            f"<td>{_n(c.speedup)}x{interval}</td><td class='{esc(c.verdict.split()[0])}'>{esc(c.verdict)}</td>"
+            f"<td>{speed}</td><td class='{esc(c.verdict.split()[0])}'>{esc(c.verdict)}</td>"
             f"<td>{c.pairs} pairs, {c.prompts} prompts, {_n(100 * c.level)} % interval</td><td>{per_verify}</td>"
             f"<td>{esc(c.why)}</td></tr>"
         )

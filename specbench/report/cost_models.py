@@ -54,6 +54,38 @@ def contexts_of(resolved: dict[str, dict[str, Any]]) -> list[int]:
     return sorted(found, reverse=True)
 
 
+def prompt_contexts(resolved: dict[str, dict[str, Any]], model: str, tokenizer: Any) -> list[int]:
+    """The contexts of the bundled prompts the pages of ``model`` run, each prompt's own (its tokens and
+    ``max_tokens`` more), longest first: a generation calibrates up to the KV step its own context reaches
+    (``lengths_for``), which its page's longest context (``contexts_of``) does not cover where the page's prompts
+    differ in length (a repeated paragraph's 400 tokens, an agentic turn's 900-1,800), so they are calibrated before
+    the pages too. A page's prompt limit as its notebook's default where unset (1 a kind)."""
+    import warnings
+
+    from specbench.inputs.prompts import PromptsLeftOut, prompts_from
+
+    found = set()
+    for parameters in resolved.values():
+        tokens, categories = parameters.get("max_tokens"), parameters.get("categories")
+        if (
+            tokenizer is None
+            or parameters.get("model") != model
+            or not categories
+            or parameters.get("prompts", "bundled") != "bundled"
+            or type(tokens) is not int
+        ):
+            continue
+        limit, cap = parameters.get("prompts_per_category", 1), parameters.get("max_prompt_tokens") or None
+        with warnings.catch_warnings():  # the page says which prompts its limits leave out
+            warnings.simplefilter("ignore", PromptsLeftOut)
+            try:
+                prompts = prompts_from("bundled", tokenizer, categories, limit, True, cap)
+            except ValueError:  # the page's own error, said when it runs
+                continue
+        found |= {len(prompt.ids) + tokens for prompt in prompts}
+    return sorted(found, reverse=True)
+
+
 def calibration_lengths(model: Any, protocol: Protocol, contexts: Sequence[int] = ()) -> list[int]:
     """The cache lengths exact verification is calibrated at for the report: those the cost model's own measurement
     reaches (``protocol``: its longest context and widest verification) and those of every page's ``contexts``."""
@@ -71,12 +103,14 @@ def prepare(
     protocol: Protocol,
     progress: Callable[[str], None] | None = None,
     contexts: Sequence[int] = (),
+    pages: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Profile]:
     """The cost model of each of ``models`` by ``protocol``, measured or read on rank 0 and stored on every rank,
     and named in ``out/cost_model.json``. A model that cannot be loaded is left out (its pages say why). Before it,
     in exact mode, the widths it verifies are calibrated once for every page (``calibration_lengths`` of
-    ``contexts``), spread over the ranks (``calibrate_over_ranks``): no page calibrates them again mid-run, and the
-    cost model is measured with the levels the pages run."""
+    ``contexts`` and of each bundled prompt of ``pages``, the pages' parameters: ``prompt_contexts``), spread over
+    the ranks (``calibrate_over_ranks``): no page calibrates them again mid-run, and the cost model is measured with
+    the levels the pages run."""
     from specbench.exact.calibration import calibrate_over_ranks
     from specbench.models.load import load
 
@@ -84,15 +118,15 @@ def prepare(
     if distributed.is_main():
         for name in models:
             try:
-                loaded[name], _ = load(name)
+                loaded[name] = load(name)
             except (FileNotFoundError, ValueError) as err:
                 if progress is not None:
                     progress(f"cost model of {name}: not measured ({err})")
     found: dict[str, dict[str, Any]] = {}
     for name in distributed.broadcast(list(loaded)):  # the models rank 0 could load, on every rank
-        model = loaded.pop(name) if name in loaded else load(name)[0]
+        model, tokenizer = loaded.pop(name) if name in loaded else load(name)
         if "exact" in protocol.verify:
-            lengths = calibration_lengths(model, protocol, contexts)
+            lengths = calibration_lengths(model, protocol, [*contexts, *prompt_contexts(pages or {}, name, tokenizer)])
             calibrate_over_ranks(model, range(2, protocol.widths + 1), lengths, progress)
         if distributed.is_main():
             found[name] = cost_model(model, protocol, progress).to_dict()

@@ -109,21 +109,32 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             # prefilled again for its hidden states; with it the sweep took 2.5 times as long (add it back with
             # -p draft_length_sweep.drafters=lookup,suffix,mtp)
             # The answer's sample: the copy-like kinds where drafting from the context should pay (a repeated
-            # paragraph; questions over given passages), every prompt of each (3 each), each cell (drafter x kind x
-            # policy) timed in 6 adjacent pairs (2 per prompt), the fewest that give an interval.
+            # paragraph; questions over given passages) and agent turns whose replies repeat tool output (the
+            # agentic kind: turns of the shipped traces by the rule in specbench.inputs.prompts.agentic_turns),
+            # 3 prompts of each, each cell (drafter x kind x policy) timed in 6 adjacent pairs (2 per prompt), the
+            # fewest that give an interval. Prompts of at most 2,000 tokens: every generation stays within 2,048
+            # keys, where exact verification is calibrated once (up to 2,047); the agentic turns past it
+            # (coding-agent's later ones, 2,600-3,900 tokens: ~40-75 s of prefill each on this CPU) are skipped
+            # for the next ones, so the kind is coding-agent:2, tool-agent:1 and tool-agent:2 (862-1,798 tokens).
             "model": _EMBEDDED,
             "drafters": ["lookup", "suffix:8"],
             "draft_lengths": [3],
             "policies": ["fixed", "auto"],
-            "categories": ["repeated_paragraph", "rag"],
+            "categories": ["repeated_paragraph", "rag", "agentic"],
             "prompts_per_category": 3,
             "max_tokens": 32,
-            "max_prompt_tokens": 450,
+            "max_prompt_tokens": 2000,
             "pairs": 2,  # each method next to a plain run of its own; consecutive plain runs: the A/A cell
             # then, by a rule fixed here, a pair more per prompt for each cell whose interval still covers 1, up to
-            # 4 pairs a prompt (3 looks: intervals at 98.3 %) or until the next round would pass 120 s
+            # 4 pairs a prompt (3 looks: intervals at 98.3 %) or until the next round would pass time_budget_s.
+            # The budget is what the report's 12 minutes leave after the first round of the three kinds (153 runs,
+            # 424 CPU s; the agentic kind's 51 runs ~140 of them, its prompts' calibration at 1,023 and 2,047 keys
+            # ~60 s more before the pages): 45 s, a round only where at most ~2 cells are still open (a round
+            # costs ~2.8 s a run, 6 runs a cell). A cell whose speedup is ~1.0x (rag's, 0.96-1.04x over 12 pairs
+            # before) cannot decide at any sample this CPU has time for: the answer states it "no difference
+            # resolvable" with its interval.
             "max_pairs": 4,
-            "time_budget_s": 120,
+            "time_budget_s": 45,
         },
         "break_even": {
             # the MoE: SmolLM2's layers with 16 experts, top-4 (random weights), 8 of its 30 layers (the CPU's
@@ -222,10 +233,12 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         # 5.5-6.3: others' jobs on the 2 cores, so the walls were about twice these; at load <= 2 a rank's wall is
         # about its CPU seconds), one BLAS thread per rank, exact verification calibrated once before the pages
         "quickstart": 36,
-        # the answer's 6 pairs a cell, then the sequential rule's rounds (120 s of wall at most): 314 CPU s with the
-        # one round (18 runs) that load 6 left room for, ~31 more for the second round (12 runs) load <= 2 fits; no
-        # calibration of its own any more (453 CPU s at 151de2d, ~130 of them calibrating widths 2-9 again at 511)
-        "draft_length_sweep": 345,
+        # the answer's 6 pairs a cell on 9 prompts (3 kinds), then the sequential rule's rounds (45 s of wall at
+        # most): 424 CPU s for the first round in its library call on 2026-12-07 (wall 593 s at load 1.6-3.5,
+        # others' jobs), no round fitting; 314 CPU s before the agentic kind (6 prompts, one round of 18 runs). No
+        # calibration of its own: every prompt's context is calibrated before the pages (cost_models.prompt_contexts;
+        # one agentic turn calibrated mid-run took 117 s at load 3)
+        "draft_length_sweep": 430,
         "break_even": 142,  # the MoE's cost model (its calibration ~60 s) and both grids
         "agent_traces": 20,
         "sampling": 42,  # its greedy cell is the sweep's

@@ -371,7 +371,7 @@ def run_report(
         source.update(resolved.get(source_name, {}))
         say = (lambda line: print(f"[cost model] {line}", file=sys.stderr, flush=True)) if progress else None
         protocol, contexts = cost_models.protocol_of(source), cost_models.contexts_of(resolved)
-        models = cost_models.prepare(out, cost_models.models_of(resolved), protocol, say, contexts)
+        models = cost_models.prepare(out, cost_models.models_of(resolved), protocol, say, contexts, resolved)
         expected = cost_models.scaled(expected, resolved, models, say)
     expected = notebooks_here(expected, to_run)  # under mlx.launch: this rank's share (rank 0's folder decides)
     names = list(expected)

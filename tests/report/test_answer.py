@@ -4,13 +4,15 @@ from intervals alone, estimates inside their intervals, and one line naming the 
 from __future__ import annotations
 
 import math
+import re
 
 import polars as pl
 import pytest
 
+from specbench.common.timing import quiet
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
-from specbench.report.answer import answer_cells, verdict_of
+from specbench.report.answer import NEVER_DRAFTED, SWEEP_RUNS, answer_cells, answer_html, verdict_of
 
 
 def _runs(cells: dict[tuple[str, str], float], pairs: int = 6, drafted: int = 30, accepted: int = 21) -> pl.DataFrame:
@@ -101,3 +103,61 @@ def test_a_verdict_on_the_index_is_at_most_two_sentences_and_60_words():
     assert brief("Short.") == "Short."
     exactly = " ".join(["w"] * 59) + ". Next."  # the "..." of a third sentence counts too
     assert len(brief(exactly + " Third.").split()) <= 60
+
+
+def test_a_cell_that_never_drafted_says_so_rather_than_state_its_overhead_as_a_speedup(tmp_path):
+    """A policy that never drafts (auto where drafting does not pay) decodes plainly: its ratio against plain
+    decoding is the policy's own overhead, stated in its why, its verdict "never drafted"."""
+    runs = _runs({("lookup", "copy"): 0.2}, drafted=0, accepted=0).with_columns(pl.lit(0).alias("verifies"))
+    (cell,) = answer_cells(runs, _profile())
+    assert cell.verdict == NEVER_DRAFTED and cell.acceptance is None and cell.low is not None
+    assert cell.why.startswith(f"no draft was made: the policy decoded plainly, so its {cell.speedup:.3g}x [")
+    (tmp_path / SWEEP_RUNS).parent.mkdir(parents=True)
+    runs.write_parquet(tmp_path / SWEEP_RUNS)
+    row = answer_html(tmp_path, "m").split("<tr>")[-1]
+    assert "<td>no drafts</td>" in row and "never drafted" in row and "6 pairs, 3 prompts" in row
+
+
+def test_the_answer_states_the_agentic_kinds_cells_with_interval_and_sample(tmp_path):
+    """The full profile's sweep on the agentic kind (its drafters, policies, prompts and pairs; the miniature of the
+    embedded model and 8 tokens, for time): a cell per drafter x policy, each with its interval and sample."""
+    from specbench.bench import sweep
+    from specbench.inputs.prompts import AGENTIC, prompts_from
+    from specbench.models.load import load
+    from specbench.report.profiles import PROFILES
+
+    sample = PROFILES["full"]["draft_length_sweep"]
+    assert AGENTIC in sample["categories"]
+    model, tokenizer = load("tiny:smollm2-135m")
+    prompts = prompts_from(
+        "bundled", tokenizer, [AGENTIC], sample["prompts_per_category"], max_prompt_tokens=sample["max_prompt_tokens"]
+    )
+    with quiet():  # one collection for all its timed runs (each would collect the test process's heap: ~0.1 s)
+        result = sweep.run_sweep(
+            model,
+            tokenizer,
+            prompts,
+            sample["drafters"],
+            sweep.sweep_policies(sample["policies"], sample["draft_lengths"]),
+            max_tokens=8,
+            progress=False,
+            pairs=sample["pairs"],
+            warmup_tokens=0,
+            verify="fast",  # no exact calibration of the miniature at the turns' lengths: the cells are the point
+        )
+    cells = [c for c in answer_cells(result.runs, None) if c.kind == AGENTIC]
+    assert {(c.drafter, c.policy) for c in cells} == {
+        ("lookup", "fixed:3"),
+        ("lookup", "auto"),
+        ("suffix:8", "fixed:3"),
+        ("suffix:8", "auto"),
+    }
+    for cell in cells:
+        assert cell.prompts == len(prompts) == 3 and cell.pairs == 3 * sample["pairs"] >= 6
+        assert cell.low is not None and cell.low <= cell.speedup <= cell.high
+    (tmp_path / SWEEP_RUNS).parent.mkdir(parents=True)
+    result.runs.write_parquet(tmp_path / SWEEP_RUNS)
+    rows = [row for row in answer_html(tmp_path, "tiny").split("<tr>") if f"<td>{AGENTIC}</td>" in row]
+    assert len(rows) == 4
+    for row in rows:
+        assert re.search(r"\[\d[\d.]*-\d[\d.]*\]", row) and f"{3 * sample['pairs']} pairs, 3 prompts" in row

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import SESSION_HOME
 
 from specbench.cost import Protocol
 from specbench.cost.profile import Profile, load_profile
+from specbench.inputs.capabilities import has
 from specbench.report import cost_models
-from specbench.report.profiles import EMBEDDED, EMBEDDED_PLAIN_STEP_S
+from specbench.report.profiles import EMBEDDED, EMBEDDED_PLAIN_STEP_S, PROFILES
 
 
 @pytest.fixture(autouse=True)
@@ -83,3 +85,30 @@ def test_a_report_of_another_model_is_expected_to_take_its_plain_step_over_the_e
     out = cost_models.scaled(expected, resolved, {"big": _profile(3 * EMBEDDED_PLAIN_STEP_S)}, said.append)
     assert out == {"quickstart": pytest.approx(180.0), "explorer": 10.0}
     assert said and said[0].startswith("about 3 min for the notebooks, from the cost model")
+
+
+@pytest.mark.skipif(not has("embedded_model"), reason="the miniature uses the embedded model's tokenizer")
+def test_each_bundled_prompts_own_context_is_calibrated_before_the_pages(monkeypatch):
+    """Each prompt's own context, not only its page's longest: a repeated paragraph of ~400 + 32 tokens calibrates the
+    KV step at 511 and an agentic turn of 862 + 32 the one at 1,023, which a page reaching 2,032 tokens (calibrated at
+    1,024 and 2,047) does not cover."""
+    from specbench.inputs.prompts import prompts_from
+    from specbench.models.load import load
+
+    monkeypatch.setenv("SPECBENCH_HOME", str(SESSION_HOME))  # where the embedded model's tokenizer is
+    model, tokenizer = load("tiny:smollm2-135m")
+    sweep = {**PROFILES["full"]["draft_length_sweep"], "model": "tiny:smollm2-135m"}
+    resolved = {"draft_length_sweep": sweep, "other": {"model": "other", "categories": ["rag"], "max_tokens": 8}}
+    prompts = prompts_from(
+        "bundled", tokenizer, sweep["categories"], sweep["prompts_per_category"], True, sweep["max_prompt_tokens"]
+    )
+    contexts = cost_models.prompt_contexts(resolved, "tiny:smollm2-135m", tokenizer)
+    assert contexts == sorted({len(p.ids) + sweep["max_tokens"] for p in prompts}, reverse=True)
+    assert len(prompts) == 9 and len(contexts) > 3  # three kinds of 3 prompts each, lengths differing
+    protocol = Protocol(widths=3, verify=("exact",), offset=16, repeats=2, plain_tokens=2)
+    longest = cost_models.contexts_of(resolved)
+    assert {511, 1023} & set(cost_models.calibration_lengths(model, protocol, longest)) == set()
+    assert {511, 1023} <= set(cost_models.calibration_lengths(model, protocol, [*longest, *contexts]))
+    # a page without categories, or of another model, adds nothing
+    assert cost_models.prompt_contexts({"s": {**sweep, "categories": []}}, "tiny:smollm2-135m", tokenizer) == []
+    assert cost_models.prompt_contexts(resolved, "smollm2-135m", tokenizer) == []
