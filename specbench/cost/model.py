@@ -96,7 +96,8 @@ def cost_model(
         for mode, reasons in profile.noise.items():
             for reason in reasons:
                 say(f"{mode}: {reason}; measuring again (both measurements pooled)")
-        profile = pooled(profile, _measured(model, protocol, progress))
+        # the second measurement times the protocol's offset only: the other context lengths keep the first's
+        profile = pooled(profile, _measured(model, dataclasses.replace(protocol, lengths=()), progress))
         for mode, reasons in profile.noise.items():
             for reason in reasons:
                 say(f"{mode}: still noisy after pooling two measurements: {reason}")
@@ -130,17 +131,19 @@ def _measured(model: nn.Module, protocol: Protocol, progress: Callable[[str], No
 
 def pooled(first: Profile, second: Profile) -> Profile:
     """Two measurements of one protocol as one: every timing round of both (at the protocol's offset; the other
-    context lengths, the overhead and drafters are the second's), c(w), intervals and the noise checks recomputed."""
+    context lengths are the second's, or the first's where the second measured none; the overhead and drafters are
+    the second's), c(w), intervals and the noise checks recomputed."""
     plain_s = [*first.rounds["plain"], *second.rounds["plain"]]
     rounds = {m: [[*a, *b] for a, b in zip(first.rounds[m], second.rounds[m])] for m in second.costs}
     measured = {
         "seconds": round(first.measured.get("seconds", 0.0) + second.measured.get("seconds", 0.0), 1),
         "load_before": first.measured.get("load_before"),
         "load_after": second.measured.get("load_after"),
-        "protocol": second.measured.get("protocol"),
+        "protocol": first.measured.get("protocol"),
         "measurements": first.measured.get("measurements", 1) + second.measured.get("measurements", 1),
     }
-    return dataclasses.replace(with_rounds(second, plain_s, rounds), repeats=len(plain_s), measured=measured)
+    base = second if second.lengths else dataclasses.replace(second, lengths=first.lengths)
+    return dataclasses.replace(with_rounds(base, plain_s, rounds), repeats=len(plain_s), measured=measured)
 
 
 def describe(profile: Profile) -> str:

@@ -76,7 +76,8 @@ def test_the_cost_model_is_measured_once_and_read_by_every_page(dense, monkeypat
 
 
 def test_a_noisy_measurement_is_measured_again_and_pooled(dense, monkeypatch):
-    """The first measurement finds c(2) below 1; the second is pooled with it, every round of both kept."""
+    """The first measurement finds c(2) below 1; the second is pooled with it, every round of both kept; the second
+    times the offset only, and the other context length keeps the first's costs."""
     real = cost_model_module.measure
     calls = []
 
@@ -89,10 +90,13 @@ def test_a_noisy_measurement_is_measured_again_and_pooled(dense, monkeypatch):
         return profile
 
     monkeypatch.setattr(cost_model_module, "measure", measured)
-    protocol = cost.Protocol(widths=2, verify=("fast",), offset=16, repeats=3, plain_tokens=2)
+    protocol = cost.Protocol(widths=2, verify=("fast",), offset=16, repeats=3, plain_tokens=2, lengths=(40,))
     said = []
     profile = cost.cost_model(dense, protocol, progress=said.append)
     assert len(calls) == 2 and profile.measured["measurements"] == 2 and profile.repeats == 6
+    assert list(calls[0].lengths) == ["40"] and not calls[1].lengths  # the second times the offset only
+    assert profile.lengths == calls[0].lengths and profile.context_lengths == [16, 40]
+    assert profile.measured["protocol"]["lengths"] == [40] and cost.model.current(profile, protocol)
     assert profile.rounds["plain"] == calls[0].rounds["plain"] + calls[1].rounds["plain"]
     assert any("measuring again" in s for s in said)
     ratios = sorted(s / p for s, p in zip(profile.rounds["fast"][1], profile.rounds["plain"]))
