@@ -239,16 +239,33 @@ def test_every_row_equals_mlx_one_query_attention_on_the_gpu(dtype, head_dim):
     assert found[variant]["exact"]
 
 
+#: The GPU test's batches: (prefix, rows), one pass; two passes.
+BATCHES = [(40, 1), (300, 4), (1500, 3)]
+
+
+def _starts(prefix: int) -> list[int]:
+    """Four batch rows' first keys (mlx-lm's left padding), none past the prefix: each row keeps a key or more."""
+    return [min(s, prefix) for s in (0, 3, 31, 130)]
+
+
+@pytest.mark.parametrize("prefix,rows", BATCHES)
+def test_the_gpu_batches_are_inputs_the_kernel_takes(prefix, rows):
+    """On any device: the batches the GPU test below gives the kernel pass its input check (a start past the keys
+    would be refused with a ValueError there, not test the kernel)."""
+    q, k, v = _batch_block(mx.bfloat16, 128, _starts(prefix), prefix, rows)
+    assert kernel_attention.check_inputs(q, k, v, "causal" if rows > 1 else None, _starts(prefix)) is None
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype,head_dim", [(mx.bfloat16, 128), (mx.float16, 64)])
-@pytest.mark.parametrize("prefix,rows", [(40, 1), (300, 4), (1500, 3)])  # one pass; two passes
+@pytest.mark.parametrize("prefix,rows", BATCHES)
 def test_with_starts_every_batch_row_equals_mlx_one_query_attention_over_its_keys_on_the_gpu(
     dtype, head_dim, prefix, rows
 ):
     variant = kernels.attention_variant(dtype, head_dim)
     assert variant is not None
-    starts = [0, 3, 31, 130]
+    starts = _starts(prefix)
     q, k, v = _batch_block(dtype, head_dim, starts, prefix, rows)
     scale = head_dim**-0.5
     mask = "causal" if rows > 1 else None
