@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from specbench.common.timing import quiet
 from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
@@ -28,8 +29,11 @@ MIN_REQUESTS = 3
 
 
 def _decode_seconds(generation: Any) -> float:
-    for _ in generation:
-        pass
+    """A generation run to the end with the garbage collector paused, as every timed run (``quiet``); its decode
+    seconds."""
+    with quiet():
+        for _ in generation:
+            pass
     return float(generation.stats()["decode_s"])
 
 

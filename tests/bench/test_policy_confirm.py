@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from conftest import build_tiny
 
+from specbench.bench import policy_confirm
 from specbench.bench.policy_confirm import confirm_policies
 from specbench.core.options import GenerateOptions
 from specbench.cost import Profile, predicted_speedup
@@ -37,3 +40,21 @@ def test_confirmed_policies_carry_measured_predicted_and_residual():
         assert 0 < row["measured_low"] <= row["measured_high"]
     short = confirm_policies(model, requests[:2], ["fixed:2"], profile, "lookup", 4)
     assert short["measured_low"][0] is None  # two requests: inconclusive
+
+
+def test_each_confirmation_run_is_timed_with_the_garbage_collector_paused():
+    """As every timed run: a collection in the middle of a run would count as decoding."""
+    seen = []
+
+    class Run:
+        def __iter__(self):
+            for token in range(3):
+                seen.append(gc.isenabled())
+                yield token
+
+        def stats(self):
+            return {"decode_s": 0.25}
+
+    assert gc.isenabled()
+    assert policy_confirm._decode_seconds(Run()) == 0.25
+    assert seen == [False] * 3 and gc.isenabled()
