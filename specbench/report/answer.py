@@ -63,6 +63,12 @@ class Cell:
     level: float = 0.95
 
     @property
+    def speed(self) -> str:
+        """The speedup with its interval where it has one: "1.5x [1.38-1.6]"."""
+        interval = f" [{_n(self.low)}-{_n(self.high)}]" if self.low is not None and self.high is not None else ""
+        return f"{_n(self.speedup)}x{interval}"
+
+    @property
     def why(self) -> str:
         """One sentence: the realized acceptance against what the cost model says the draft length needs, and the
         main reason its runs gave for plain steps or shorter drafts."""
@@ -71,10 +77,9 @@ class Cell:
 
     def _acceptance_against_break_even(self) -> str:
         if self.verdict == NEVER_DRAFTED:
-            interval = f" [{_n(self.low)}-{_n(self.high)}]" if self.low is not None and self.high is not None else ""
             return (
-                f"no draft was made: the policy decoded plainly, so its {_n(self.speedup)}x{interval} against plain "
-                "decoding is the policy's own overhead"
+                f"no draft was made: the policy decoded plainly, so its {self.speed} against plain decoding is the "
+                "policy's own overhead"
             )
         if self.acceptance is None or self.k is None:
             return "no draft was verified: the policy decoded plainly"
@@ -243,9 +248,8 @@ def answer_html(out: str | Path, model: str | None) -> str:
     esc = html.escape
     rows = []
     for c in cells:
-        interval = f" [{_n(c.low)}-{_n(c.high)}]" if c.low is not None and c.high is not None else ""
         # a cell that never drafted measured no drafting: its ratio (the policy's overhead) is in its why
-        speed = "no drafts" if c.verdict == NEVER_DRAFTED else f"{_n(c.speedup)}x{interval}"
+        speed = "no drafts" if c.verdict == NEVER_DRAFTED else c.speed
         per_verify = "" if c.tokens_per_verify is None else _n(c.tokens_per_verify)
         rows.append(
             f"<tr><td>{esc(c.drafter)}</td><td>{esc(c.kind)}</td><td>{esc(c.policy)}</td>"
