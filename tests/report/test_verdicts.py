@@ -37,6 +37,21 @@ def _profile(name: str, costs: list[float], overhead: float = 0.0, device: str =
     )
 
 
+def _trace_overall() -> pl.DataFrame:
+    """A trace replay's overall table: suffix fastest over 8 traces, with intervals over traces."""
+    return pl.DataFrame(
+        {
+            "method": ["plain", "suffix", "lookup"],
+            "traces": [8, 8, 8],
+            "speedup": [1.0, 1.31, 1.1],
+            "speedup_low": [None, 1.12, 0.95],
+            "speedup_high": [None, 1.52, 1.2],
+            "tokens_per_verify": [0.0, 2.5, 1.4],
+            "identical": [True] * 3,
+        }
+    )
+
+
 def test_break_even_verdict_and_figure_say_when_a_model_never_breaks_even():
     dense = _profile("dense", [1.0, 1.1, 1.2, 1.3, 1.4])
     moe = _profile("moe", [1.0, 2.5, 3.6, 4.7, 5.8], overhead=0.5)  # c(k+1) > k+1 for every k
@@ -128,17 +143,7 @@ def test_the_speed_statements_say_what_the_words_say():
     cannot = verdicts.sweep_speeds(clear, runs, "m", by_category)[1]
     assert (cannot.drafter, cannot.policy, cannot.kind, cannot.word) == ("lookup", "fixed:3", "qa", verdicts.LOSES)
     # a trace replay: the fastest drafter over the traces replayed
-    overall = pl.DataFrame(
-        {
-            "method": ["plain", "suffix", "lookup"],
-            "traces": [8, 8, 8],
-            "speedup": [1.0, 1.31, 1.1],
-            "speedup_low": [None, 1.12, 0.95],
-            "speedup_high": [None, 1.52, 1.2],
-            "tokens_per_verify": [0.0, 2.5, 1.4],
-            "identical": [True] * 3,
-        }
-    )
+    overall = _trace_overall()
     (traced,) = verdicts.trace_speeds(overall, "m", ["tool", "chat"], "auto", "exact")
     assert "suffix, pays (" in verdicts.traces(overall, "m", 16, 24, "auto")
     assert traced == verdicts.SpeedVerdict("m", "suffix", "auto", "traces chat+tool", 0.0, "exact", verdicts.PAYS, 1.31)
@@ -318,17 +323,7 @@ def _leaves(tree):
 
 def test_trace_verdicts_name_their_sample_and_interval():
     # over several traces: the overall speedup, with its interval over traces where it has one
-    overall = pl.DataFrame(
-        {
-            "method": ["plain", "suffix", "lookup"],
-            "traces": [8, 8, 8],
-            "speedup": [1.0, 1.31, 1.1],
-            "speedup_low": [None, 1.12, 0.95],
-            "speedup_high": [None, 1.52, 1.2],
-            "tokens_per_verify": [0.0, 2.5, 1.4],
-            "identical": [True] * 3,
-        }
-    )
+    overall = _trace_overall()
     text = verdicts.traces(overall, "m", 16, 24, "fixed:4")
     assert "the fastest drafter, suffix, pays (1.31x, 95 % interval over traces 1.12-1.52 of 8 pairs)" in text
     assert "8 trace(s), 16 turn(s) x 24 tokens, fixed:4, greedy" in text
