@@ -140,9 +140,11 @@ def run_sweep(
     prefix. ``rules``: the acceptance rules of every speculative generation (column ``acceptance``).
 
     ``pairs`` 0 compares every generation of a cell with the cell's one plain run (one timing each, no
-    interval); N >= 1 times each method N times in a pair with a plain run beside it, in alternating order
-    (``paired.baseline_first``), consecutive plain runs forming the A/A rows (policy ``AA_POLICY``); step logs
-    are kept for the first pair. ``max_pairs`` (> ``pairs``) adds a pair on every prompt of each group (prompt
+    interval); N >= 1 times each method N times, in N blocks of one plain run and every method, each method paired
+    with its block's plain run: the plain run first and then the methods, or the methods in reverse order and then
+    the plain run, alternating (``paired.baseline_first``), so that each method lies as far after its baseline in one
+    block as before it in the next; consecutive plain runs form the A/A rows (policy ``AA_POLICY``); step logs
+    are kept for the first block. ``max_pairs`` (> ``pairs``) adds a pair on every prompt of each group (prompt
     kind x temperature x rule x drafter x policy) whose interval does not yet exclude 1, round after round,
     until all decide, ``max_pairs`` is reached or the next round would not fit ``time_budget_s``; its
     intervals are at ``paired.sequential_level`` of its looks (column ``looks``). ``audit``: the share of exact
@@ -204,7 +206,7 @@ def run_sweep(
         modes = {GenerateOptions(temperature=float(t), verify=verify).verify_mode for t in temperatures}
         if factories and "exact" in modes:
             _calibrate_exact(model, policies, factories, max_tokens)
-    total = len(todo) * (1 + len(rules) * len(factories) * len(policies) * max(1, 2 * pairs))
+    total = len(todo) * (1 + pairs + len(rules) * len(factories) * len(policies) * max(1, pairs))
     shown = progress and distributed.is_main()
     bar = tqdm(total=total, desc="sweep", disable=not shown, leave=False)
     results: dict[int, tuple[list[dict[str, Any]], pl.DataFrame]] = dict(done)
@@ -250,14 +252,14 @@ def run_sweep(
                 for c, (prompt, temperature, _) in enumerate(cells)
                 if (methods := {m for m in undecided if m[:2] == (prompt.category, temperature)})
             ]
-            planned = 2 * per_generation_s * sum(len(m) for _, m in tasks) / size
+            planned = per_generation_s * sum(len(m) + 1 for _, m in tasks) / size
             go = bool(tasks) and (time_budget_s is None or sequential_s + planned <= time_budget_s)
             if shared:  # the ranks' clocks differ: rank 0's decides
                 go = distributed.broadcast(go if distributed.is_main() else None)
             if not go:
                 break
             round_started = time.perf_counter()
-            bar.reset(total=2 * sum(len(m) for j, (_, m) in enumerate(tasks) if j % size == rank))
+            bar.reset(total=sum(len(m) + 1 for j, (_, m) in enumerate(tasks) if j % size == rank))
             for j, (c, methods) in enumerate(tasks):
                 if j % size == rank:
                     run(pair * len(cells) + c, c, pair, 1, {m[2:] for m in methods})
@@ -323,12 +325,11 @@ def _run_cell(
     only: set[tuple] | None = None,
 ) -> tuple[list[dict[str, Any]], pl.DataFrame]:
     """One prompt at the temperature and seed of ``options``: the plain run, then every rule x drafter x policy (run
-    ids from 0),
-    once against that plain run, or ``pairs`` times each in an adjacent pair with a plain run of its own.
+    ids from 0), once against that plain run, or in ``pairs`` blocks of one plain run and every method (each method
+    paired with its block's plain run; the order reversed from one block to the next).
 
-    A sequential round (``first_pair`` > 0) runs pairs ``first_pair`` on of the methods in ``only`` ((rule label,
-    drafter, policy name) each) alone: no plain run of its own, no step logs, A/A rows between its own plain
-    runs."""
+    A sequential round (``first_pair`` > 0) runs blocks ``first_pair`` on of the methods in ``only`` ((rule label,
+    drafter, policy name) each) alone: no reference run, no step logs, A/A rows between its own plain runs."""
     temperature = options.temperature
     base = {
         "prompt": prompt.id,
@@ -371,41 +372,50 @@ def _run_cell(
     methods = [
         (r, d, p) for r in rules for d in factories for p in policies if only is None or (r.label, d, p.name) in only
     ]
-    for pair in range(first_pair, first_pair + max(1, pairs)):
-        for index, (rule, drafter_name, policy) in enumerate(methods):
-            bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
-            ruled = dataclasses.replace(options, acceptance_rule=rule)
-            labelled = {**base, "acceptance": rule.label}
-            if not pairs:
-                timed = run_method(ruled, drafter_name, policy)
-                baseline = reference
-            else:
-                # adjacent to a plain run of its own, the order alternating from one pair to the next
-                if paired.baseline_first(pair * len(methods) + index):
-                    baseline = run_plain()
-                    timed = run_method(ruled, drafter_name, policy)
-                else:
-                    timed = run_method(ruled, drafter_name, policy)
-                    baseline = run_plain()
-                if previous_plain is not None:
-                    runs.append(
-                        {
-                            **_row(len(runs), {**base, "acceptance": "none"}, "none", None, baseline, previous_plain),
-                            "policy": AA_POLICY,
-                            "pair": pair,
-                        }
-                    )
-                previous_plain = baseline
-                plain_tokens = plain_tokens or baseline.items
-            same = timed.items == plain_tokens if temperature == 0 else None
-            runs.append(
-                {
-                    **_row(len(runs), labelled, drafter_name, policy, timed, baseline, same),
-                    **({"pair": pair} if pairs else {}),
-                }
-            )
-            if pair == 0:
-                frames.append(_steps(timed.run.log, len(runs) - 1, labelled))
+
+    def record(
+        rule: AcceptanceRule,
+        drafter_name: str,
+        policy: DraftPolicy,
+        timed: Clocked[Generation],
+        baseline: Clocked[Generation],
+        pair: int,
+    ) -> None:
+        labelled = {**base, "acceptance": rule.label}
+        same = timed.items == plain_tokens if temperature == 0 else None
+        runs.append(
+            {
+                **_row(len(runs), labelled, drafter_name, policy, timed, baseline, same),
+                **({"pair": pair} if pairs else {}),
+            }
+        )
+        if pair == 0:
+            frames.append(_steps(timed.run.log, len(runs) - 1, labelled))
+
+    def run_ruled(rule: AcceptanceRule, drafter_name: str, policy: DraftPolicy) -> Clocked[Generation]:
+        bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
+        return run_method(dataclasses.replace(options, acceptance_rule=rule), drafter_name, policy)
+
+    if not pairs:
+        for rule, drafter_name, policy in methods:
+            record(rule, drafter_name, policy, run_ruled(rule, drafter_name, policy), reference, 0)
+    for pair in range(first_pair, first_pair + pairs):
+        # one plain run per pair, shared by its methods: first and the methods after it, or the methods in reverse
+        # order and then it, alternating from one pair to the next, so that each method lies as far before its
+        # baseline in one pair as after it in the next and a machine whose speed drifts one way favours neither
+        first = paired.baseline_first(pair)
+        baseline = run_plain() if first else None
+        order = range(len(methods)) if first else range(len(methods) - 1, -1, -1)
+        timed = {i: run_ruled(*methods[i]) for i in order}
+        if baseline is None:
+            baseline = run_plain()
+        if previous_plain is not None:  # consecutive plain runs: the A/A row
+            row = _row(len(runs), {**base, "acceptance": "none"}, "none", None, baseline, previous_plain)
+            runs.append({**row, "policy": AA_POLICY, "pair": pair})
+        previous_plain = baseline
+        plain_tokens = plain_tokens or baseline.items
+        for i, method in enumerate(methods):
+            record(*method, timed[i], baseline, pair)
     return runs, pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
 

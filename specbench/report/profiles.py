@@ -111,7 +111,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             # The answer's sample: the copy-like kinds where drafting from the context should pay (a repeated
             # paragraph; questions over given passages) and agent turns whose replies repeat tool output (the
             # agentic kind: turns of the shipped traces by the rule in specbench.inputs.prompts.agentic_turns),
-            # 3 prompts of each, each cell (drafter x kind x policy) timed in 6 adjacent pairs (2 per prompt), the
+            # 3 prompts of each, each cell (drafter x kind x policy) timed in 6 pairs (2 per prompt), the
             # fewest that give an interval. Prompts of at most 2,000 tokens: every generation stays within 2,048
             # keys, where exact verification is calibrated once (up to 2,047); the agentic turns past it
             # (coding-agent's later ones, 2,600-3,900 tokens: ~40-75 s of prefill each on this CPU) are skipped
@@ -124,7 +124,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "prompts_per_category": 3,
             "max_tokens": 32,
             "max_prompt_tokens": 2000,
-            "pairs": 2,  # each method next to a plain run of its own; consecutive plain runs: the A/A cell
+            "pairs": 2,  # blocks of one plain run and the four methods; consecutive plain runs: the A/A cell
             # then, by a rule fixed here, a pair more per prompt for each cell whose interval still covers 1, up to
             # 4 pairs a prompt (3 looks: intervals at 98.3 %) or until the next round would pass time_budget_s.
             # The budget is what the report's 12 minutes leave after the first round of the three kinds (153 runs,

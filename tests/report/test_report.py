@@ -269,8 +269,42 @@ def test_sequential_sweep_adds_pairs_to_undecided_groups_only(text_model, monkey
     good, even = (summary.filter(pl.col("drafter") == d).row(0, named=True) for d in ("good", "even"))
     assert good["level"] == even["level"] == pytest.approx(1 - 0.05 / 4)
     assert good["speedup_low"] == pytest.approx(2.0) and even["speedup_low"] < 1.0 < even["speedup_high"]
-    # A/A rows chain consecutive plain runs: 6 pairs x 2 methods in the first stage; a round of one method has none
-    assert even["pairs"] == 9 and runs.filter(pl.col("policy") == sweep.AA_POLICY).height == 6 * 2
+    # A/A rows chain consecutive plain runs: one per block of the first stage (shared by both methods); a round's
+    # one block has none
+    assert even["pairs"] == 9 and runs.filter(pl.col("policy") == sweep.AA_POLICY).height == 6
+
+
+def test_paired_sweep_shares_each_blocks_plain_run_in_mirrored_order(text_model, monkeypatch):
+    model, tokenizer = text_model
+    prompt = tokenizer.encode("one two three, one two three, one two")
+    truth = plain_greedy(model, prompt, 8)
+    order = []
+    plain_run, spec_run = sweep.plain_generation, sweep.speculative_generate
+    monkeypatch.setattr(sweep, "plain_generation", lambda *a, **k: order.append("P") or plain_run(*a, **k))
+    monkeypatch.setattr(
+        sweep, "speculative_generate", lambda *a, **k: order.append(k["policy"].name[-1]) or spec_run(*a, **k)
+    )
+    result = sweep.run_sweep(
+        model,
+        tokenizer,
+        [prompt],
+        drafters=[],
+        policies=["fixed:1", "fixed:2", "fixed:3"],
+        max_tokens=8,
+        progress=False,
+        drafter_factories={"scripted": lambda: WrongAt(truth, len(prompt), 256, bad=2)},
+        warmup_tokens=0,
+        pairs=2,
+    )
+    # the reference run, then blocks: plain first and the methods, then the methods reversed and plain last
+    assert "".join(order) == "P" + "P123" + "321P"
+    runs = result.runs
+    plain = runs.filter(pl.col("drafter") == "none")
+    for pair in (0, 1):
+        method = runs.filter((pl.col("drafter") == "scripted") & (pl.col("pair") == pair))
+        block_plain = plain.filter((pl.col("policy") == sweep.AA_POLICY) & (pl.col("pair") == pair))
+        assert method.height == 3 and method["equal_to_plain"].all()
+        assert method["plain_decode_s"].unique().to_list() == block_plain["decode_s"].to_list()
 
 
 def test_sequential_sweep_stops_at_its_time_budget(text_model, monkeypatch):
