@@ -127,12 +127,12 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             "pairs": 2,  # blocks of one plain run and the four methods; consecutive plain runs: the A/A cell
             # then, by a rule fixed here, a pair more per prompt for each cell whose interval still covers 1, up to
             # 4 pairs a prompt (3 looks: intervals at 98.3 %) or until the next round would pass time_budget_s.
-            # The budget is what the report's 12 minutes leave after the first round of the three kinds (153 runs,
-            # 424 CPU s; the agentic kind's 51 runs ~140 of them, its prompts' calibration at 1,023 and 2,047 keys
-            # ~60 s more before the pages): 45 s, a round only where at most ~2 cells are still open (a round
-            # costs ~2.8 s a run, 6 runs a cell). A cell whose speedup is ~1.0x (rag's, 0.96-1.04x over 12 pairs
-            # before) cannot decide at any sample this CPU has time for: the answer states it "no difference
-            # resolvable" with its interval.
+            # The budget is what the report's 12 minutes leave after the first round of the three kinds (99 runs,
+            # ~2.8 s a run: 9 reference runs, then 2 blocks of a plain run and the 4 methods per prompt; its prompts'
+            # calibration at 1,023 and 2,047 keys ~60 s more before the pages): 45 s, a round of up to 16 runs (a
+            # prompt's block is one plain run and its kind's open methods: the 3 rag cells still open, 12 runs). A
+            # cell whose speedup is ~1.0x (rag's, 0.96-1.04x over 12 pairs before) cannot decide at any sample this
+            # CPU has time for: the answer states it "no difference resolvable" with its interval.
             "max_pairs": 4,
             "time_budget_s": 45,
         },
@@ -234,11 +234,11 @@ EXPECTED_SECONDS: dict[str, dict[str, float]] = {
         # about its CPU seconds), one BLAS thread per rank, exact verification calibrated once before the pages
         "quickstart": 36,
         # the answer's 6 pairs a cell on 9 prompts (3 kinds), then the sequential rule's rounds (45 s of wall at
-        # most): 424 CPU s for the first round in its library call on 2026-12-07 (wall 593 s at load 1.6-3.5,
-        # others' jobs), no round fitting; 314 CPU s before the agentic kind (6 prompts, one round of 18 runs). No
-        # calibration of its own: every prompt's context is calibrated before the pages (cost_models.prompt_contexts;
-        # one agentic turn calibrated mid-run took 117 s at load 3)
-        "draft_length_sweep": 430,
+        # most): 424 CPU s for the first round of 153 runs (a plain run per method and pair) in its library call on
+        # 2026-12-07, before a block's methods shared its plain run (99 runs: ~275 s expected). No calibration of its
+        # own: every prompt's context is calibrated before the pages (cost_models.prompt_contexts; one agentic turn
+        # calibrated mid-run took 117 s at load 3)
+        "draft_length_sweep": 310,
         "break_even": 142,  # the MoE's cost model (its calibration ~60 s) and both grids
         "agent_traces": 20,
         "sampling": 42,  # its greedy cell is the sweep's
