@@ -514,6 +514,11 @@ def _calibrate_width(
 # -- the probes ------------------------------------------------------------------------------
 
 
+#: Tokens per forward of a probe's prefill (as mlx-lm's ``prefill_step_size``): a 16k-token prefix in one forward
+#: ran an H100 (80 GB) out of memory with a Qwen3-8B shape.
+PREFILL_CHUNK = 2048
+
+
 class _Probe:
     """A prefilled cache in a given KV layout, probe tokens and the serial reference logits.
 
@@ -530,8 +535,9 @@ class _Probe:
         self.cache = make_prompt_cache(model)
         vocab = vocab_size(model)
         prompt = mx.array(rng.integers(0, vocab, size=offset), dtype=mx.uint32)
-        model(prompt[None], cache=self.cache)
-        mx.eval([c.state for c in self.cache])
+        for start in range(0, offset, PREFILL_CHUNK):  # in chunks: one pass of 16k tokens held their logits at once
+            model(prompt[None, start : start + PREFILL_CHUNK], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
         self.saved = self._save_state()
         self.tokens = mx.array(rng.integers(0, vocab, size=width), dtype=mx.uint32)[None]
         reference = []

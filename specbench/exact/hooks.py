@@ -91,6 +91,18 @@ def _plan(rows: int, batched: bool = False) -> ExactPlan | None:
     return _contexts[-1].plan_for(rows, batched) if _contexts else None
 
 
+@contextlib.contextmanager
+def _outside() -> Iterator[None]:
+    """No exact context while a kernel runs: its probe (on first use, inside a forward) compares it with MLX's own
+    attention, which must run as MLX runs it, not through this split with the forward's batch layout."""
+    saved = _contexts[:]
+    _contexts.clear()
+    try:
+        yield
+    finally:
+        _contexts[:] = saved
+
+
 def _fallback(family: str, reason: str) -> None:
     """Count a call of ``family`` that a kernel its level names did not take, by ``reason``."""
     if _contexts:
@@ -268,7 +280,8 @@ def _attention_call(original: Callable) -> Callable:
             return original(queries, keys, values, *args, scale=scale, mask=mask, **kwargs)
         call = (plan, queries, keys, values, scale, mask, args, kwargs, _contexts[-1].layout_sensitive)
         if plan.attention == "kernel":  # else no kernel code runs
-            out = kernel_attention(*call)
+            with _outside():
+                out = kernel_attention(*call)
             if not isinstance(out, str):
                 return out
             _fallback("attention", out)
@@ -301,7 +314,8 @@ def _batch_attention(original: Callable, plan: ExactPlan, queries, keys, values,
     rows = queries.shape[-2]
     if plan.attention == "kernel":
         mask = "causal" if rows > 1 else None
-        out = kernel_attention(plan, queries, keys, values, scale, mask, args, kwargs, False, starts)
+        with _outside():
+            out = kernel_attention(plan, queries, keys, values, scale, mask, args, kwargs, False, starts)
         if not isinstance(out, str):
             return out
         _fallback("attention", out)

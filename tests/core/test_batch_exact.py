@@ -147,6 +147,31 @@ def test_exact_batches_go_through_the_proved_kernels_and_count_what_they_do_not_
         assert fallbacks == {}
 
 
+def test_a_kernel_probe_run_inside_a_batch_forward_calls_mlx_attention_as_mlx_runs_it(monkeypatch):
+    """The attention probe runs on first use, inside a hooked forward: its one-query reference calls must not be
+    taken for the batch's own attention (with the batch's row starts they were refused, and the probe failed)."""
+    model = bf16_model()
+    truth = [plain_greedy(model, p, TOKENS) for p in PROMPTS]
+    proved_kernels(monkeypatch)
+    sdpa = mx.fast.scaled_dot_product_attention  # before exact mode wraps it
+    probes = []
+
+    def probing_variant(dtype, head_dim):  # as kernels.probe: MLX's one-query attention on a batch of one
+        q, k = (mx.random.normal((1, 2, n, head_dim), key=mx.random.key(n)).astype(dtype) for n in (1, 7))
+        probes.append(
+            mx.array_equal(
+                mx.fast.scaled_dot_product_attention(q, k, k, scale=0.125), sdpa(q, k, k, scale=0.125)
+            ).item()
+        )
+        return "source"
+
+    monkeypatch.setattr(specbench_kernels, "attention_variant", probing_variant)
+    gen = speculative(model, PROMPTS, truth, "exact", 4)
+    assert gen.run() == truth
+    assert probes and all(probes)
+    assert gen.stats()["kernel_fallbacks"] == {}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="the kernels are CUDA sources: run on a CUDA device")
 def test_exact_batches_through_the_real_kernels_equal_mlx_lm_greedy_on_the_gpu():

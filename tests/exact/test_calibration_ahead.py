@@ -199,3 +199,16 @@ def test_an_exact_batched_family_ends_its_search_and_serial_steps_are_timed_only
     probe.time = lambda level, width, repeats: {"serial": 2.0}.get(level, 9.0)
     picked = exact_calibration._calibrate_width(probe, 5, moe=False, measure=True, repeats=1, kernel=True)
     assert picked.level == "serial"
+
+
+def test_a_probe_prefills_a_long_prefix_in_chunks(monkeypatch):
+    """A probe's prefix runs in forwards of at most ``PREFILL_CHUNK`` tokens (one forward of 16k tokens ran an H100
+    out of memory), and its cache ends holding every prefix token."""
+    model = build_tiny("llama")
+    monkeypatch.setattr(exact_calibration, "PREFILL_CHUNK", 8)
+    widths: list[int] = []
+    call = type(model).__call__
+    monkeypatch.setattr(type(model), "__call__", lambda self, x, **k: widths.append(x.shape[1]) or call(self, x, **k))
+    probe = exact_calibration._Probe(model, 21, 3, np.random.default_rng(0))
+    assert widths[:3] == [8, 8, 5] and all(w == 1 for w in widths[3:])  # the prefix, then 3 serial reference steps
+    assert probe.reference.shape[0] == 3 and probe.cache[0].offset == 21
