@@ -19,7 +19,6 @@ from typing import Any
 
 import polars as pl
 
-from specbench.bench.prompt_predictions import no_profile_note
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, PromptRun, TimedRun, prompt_methods
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
 from specbench.bench.turn_cache import first_divergence, reply_text
@@ -36,6 +35,13 @@ PROMPT_RUNS_FILE = "prompt_bench_runs.parquet"
 PROMPT_SUMMARY_FILE = "prompt_bench_summary.parquet"
 PROMPT_TABLE_FILE = "prompt_bench.md"
 PROMPT_INFO_FILE = "prompt_bench.json"
+
+
+def no_profile_note(model_name: str, device: str) -> str:
+    """What the benchmark says when no cost profile is stored for the model on this device."""
+    return (
+        f"no stored cost profile for {model_name} on {device}: run `specbench profile {model_name}` to see predictions"
+    )
 
 
 def _say(text: str) -> None:

@@ -13,12 +13,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-import polars as pl
-
 from specbench.bench.paired import ratio_interval
-from specbench.bench.prompt_predictions import NO_PREDICTION, group_prediction, run_predictions
+from specbench.bench.predictions import drafting_cost
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, PromptRun
-from specbench.cost.predict import residual
+from specbench.cost.predict import mean_absolute_error, predicted_speedup, residual
 from specbench.cost.profile import Profile
 
 
@@ -220,6 +218,68 @@ def summarize_prompt_runs(
     return add_predictions(out, runs, profile)
 
 
+@dataclass(frozen=True)
+class GroupPrediction:
+    """A method's runs in a category pooled (``_pooled``): the predicted speedup, the mean absolute residual over
+    the runs and their mean d; all None where a run has no prediction."""
+
+    predicted_speedup: float | None = None
+    mean_abs_residual: float | None = None
+    d: float | None = None
+
+
+@dataclass(frozen=True)
+class _RunPrediction:
+    """A speculative run's decode tokens and, from its kept steps, its predicted speedup over specbench plain, the
+    residual of the measured one and d (``predicted`` None: it kept no steps or has no plain run beside it)."""
+
+    method: str
+    category: str
+    decode_tokens: int
+    predicted: float | None = None
+    residual: float = math.nan
+    d: float = 0.0
+
+
+def _decode(run: PromptRun | None) -> tuple[float, int]:
+    """A specbench run's seconds and tokens after its first token (none without a run)."""
+    return (run.wall_s - run.first_token_s, max(0, run.new_tokens - 1)) if run else (0.0, 0)
+
+
+def _run_predictions(runs: Sequence[PromptRun], profile: Profile) -> list[_RunPrediction]:
+    """Each specbench speculative run in a verify mode ``profile`` has, against the specbench plain run of its
+    prompt and repeat."""
+    plain = {(r.question_key, r.turn, r.repeat): r for r in runs if r.plain_specbench}
+    out = []
+    for r in runs:
+        if not r.speculative_specbench or r.verify not in profile.costs:
+            continue
+        base = plain.get((r.question_key, r.turn, r.repeat))
+        (seconds, tokens), (plain_s, plain_tokens) = _decode(r), _decode(base)
+        if base is None or not r.steps:
+            out.append(_RunPrediction(r.method, r.category, tokens))
+            continue
+        ok = tokens and plain_tokens and seconds > 0
+        measured = (plain_s / plain_tokens) / (seconds / tokens) if ok else math.nan
+        records = r.step_records()
+        d = drafting_cost(records, plain_s / plain_tokens if plain_tokens else 0.0)
+        predicted = predicted_speedup(records, profile, d, r.prompt_tokens, r.verify)
+        out.append(_RunPrediction(r.method, r.category, tokens, predicted, residual(measured, predicted), d))
+    return out
+
+
+def _pooled(predictions: Sequence[_RunPrediction], method: str, category: str | None) -> GroupPrediction:
+    """``method``'s runs in ``category`` (None: all) pooled: the predicted speedup is their decode tokens over
+    their predicted plain steps."""
+    mine = [p for p in predictions if p.method == method and category in (None, p.category)]
+    timed = [(p.decode_tokens, p.predicted) for p in mine if p.decode_tokens > 0]
+    if not timed or any(p.predicted is None for p in mine) or any(not x or x <= 0 for _, x in timed):
+        return GroupPrediction()
+    pooled = sum(n for n, _ in timed) / sum(n / x for n, x in timed if x)
+    error = mean_absolute_error(p.residual for p in mine)
+    return GroupPrediction(pooled, error if math.isfinite(error) else None, statistics.fmean(p.d for p in mine))
+
+
 def add_predictions(
     summary: list[MethodSummary], runs: Sequence[PromptRun], profile: Profile | None
 ) -> list[MethodSummary]:
@@ -227,7 +287,7 @@ def add_predictions(
     specbench plain in its category, and for speculative methods with ``profile`` the prediction and residual
     (None without a profile, for a verify mode it lacks, or for runs that kept no steps)."""
     plain = {r.category: r for r in summary if r.engine == "specbench" and r.drafter == "none"}
-    predictions = run_predictions(runs, profile) if profile is not None else pl.DataFrame()
+    predictions = _run_predictions(runs, profile) if profile is not None else []
     out = []
     for row in summary:
         base = plain.get(row.category)
@@ -236,8 +296,7 @@ def add_predictions(
             if base is not None and base.decode_tokens_per_s > 0 and row.engine == "specbench"
             else None
         )
-        category = None if row.category == "overall" else row.category
-        predicted = group_prediction(predictions, row.method, category) if row.speculative_specbench else NO_PREDICTION
+        predicted = _pooled(predictions, row.method, None if row.category == "overall" else row.category)
         p = predicted.predicted_speedup
         out.append(
             replace(
