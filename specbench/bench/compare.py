@@ -1,14 +1,9 @@
 """Two prompt benchmarks side by side: did acceptance change, and where (``compare``)?
 
-A researcher changes one thing (a quantization, a model version, an MLX upgrade) and runs the same prompts with the
-same drafter and policy again (``run_models``). Each measure is the difference A - B with its 95 % interval and a
-verdict that reads the same either way round ("A higher", "B higher", "no difference resolvable").
-
-The runs share their prompts, so the intervals resample whole questions of both runs together (paired: a
-question's turns and both runs' generations of it move as one; ``specbench.bench.paired.sums_interval``); under
-``MIN_UNITS`` questions there is none. c(w)'s interval joins the two profiles' own intervals over their timing
-rounds (``specbench.cost.noise``): [low A - high B, high A - low B], which covers the difference at least as often
-as both cover their own.
+A researcher changes one thing (a quantization, a model version, an MLX upgrade) and runs the same prompts again
+(``run_models``). Each measure is A - B with its 95 % interval, resampling whole questions of both runs together
+(``specbench.bench.paired.sums_interval``), and a verdict that reads the same either way round. c(w)'s interval
+joins the two profiles' own: [low A - high B, high A - low B].
 """
 
 from __future__ import annotations
@@ -283,15 +278,16 @@ def pick_method(a: PromptBench, b: PromptBench, method: str | None, a_name: str 
 # -- per question ------------------------------------------------------------------------------------------------
 
 
-def _unit_columns(run: PromptBench, method: str, positions: int) -> tuple[list[str], dict[str, np.ndarray]]:
-    """Per question (all its turns), the sums each measure is a ratio of: for ``method``'s first repeat, each draft
-    position's (accepted, reached), the accepted and drafted tokens and the verifications; for timing, the
-    baseline's and the method's (tokens, seconds), each turn's seconds the median over repeats."""
-    columns: dict[str, dict[str, float]] = {}
+def _unit_sums(run: PromptBench, method: str, keys: Sequence[str], names: Sequence[str]) -> np.ndarray:
+    """Per question (a row per key of ``keys``; all its turns), the sums (columns ``names``) each measure is a ratio
+    of: for ``method``'s first repeat, each draft position's (accepted, reached), the accepted and drafted tokens and
+    the verifications; for timing, the baseline's and the method's (tokens, seconds), each turn's seconds the median
+    over repeats."""
+    sums = np.zeros((len(keys), len(names)))
+    row, column = {k: i for i, k in enumerate(keys)}, {n: j for j, n in enumerate(names)}
 
     def add(key: str, name: str, value: float) -> None:
-        columns.setdefault(name, {})
-        columns[name][key] = columns[name].get(key, 0.0) + float(value)
+        sums[row[key], column[name]] += value
 
     timed: dict[tuple[str, str, int], list[PromptRun]] = {}
     for r in run.runs:
@@ -309,58 +305,45 @@ def _unit_columns(run: PromptBench, method: str, positions: int) -> tuple[list[s
             add(key, "verifies", 1)
             add(key, "accepted", step.accepted)
             add(key, "drafted", step.k_drafted)
-            for i in range(min(step.k_drafted, positions)):
-                if step.accepted >= i:
-                    add(key, f"reached{i}", 1)
-                    add(key, f"hit{i}", step.accepted > i)
-    keys = list(dict.fromkeys(r.question_key for r in run.runs))
-    return keys, {name: np.array([values.get(k, 0.0) for k in keys]) for name, values in columns.items()}
+            for i in range(min(step.k_drafted, step.accepted + 1)):  # the positions this verification reached
+                add(key, f"reached{i}", 1)
+                add(key, f"hit{i}", step.accepted > i)
+    return sums
 
 
 def _longest_draft(run: PromptBench, method: str) -> int:
     return max((s.k_drafted for r in run.runs if r.method == method for s in r.step_records()), default=0)
 
 
+Statistic = Callable[[Callable[[str], np.ndarray]], np.ndarray]
+
+
 def _difference(
+    names: list[str],
+    a: np.ndarray,
+    b: np.ndarray,
     section: str,
     measure: str,
-    a: dict[str, np.ndarray],
-    b: dict[str, np.ndarray],
     rows: np.ndarray,
-    statistic: Callable[[Callable[[str], np.ndarray]], np.ndarray],
+    statistic: Statistic,
     denominator: str,
 ) -> Difference:
     """A measure that is a ratio of column sums (``denominator``'s sum below), under A and B over the questions
     ``rows`` selects that have a denominator under A or B (a prompt that drafted nothing holds no acceptance), with
     the interval of A - B resampling those questions of both runs together."""
-    names = sorted(set(a) | set(b))
-    zero = np.zeros(len(next(iter(a.values()))))
-    rows = np.array([i for i in rows if a.get(denominator, zero)[i] > 0 or b.get(denominator, zero)[i] > 0], dtype=int)
-    zero = np.zeros(len(rows))
-
-    def matrix(side: dict[str, np.ndarray]) -> np.ndarray:
-        return np.column_stack([side.get(n, zero)[rows] if n in side else zero for n in names])
-
-    units = np.hstack([matrix(a), matrix(b)])
-    width = len(names)
+    j = names.index(denominator)
+    rows = rows[(a[rows, j] > 0) | (b[rows, j] > 0)]
+    units, width = np.hstack([a[rows], b[rows]]), len(names)
 
     def of(sums: np.ndarray, offset: int) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
-            return statistic(lambda name: sums[:, offset + names.index(name)] if name in names else np.zeros(len(sums)))
+            return statistic(lambda name: sums[:, offset + names.index(name)])
 
     totals = units.sum(axis=0, keepdims=True)
     interval = sums_interval(units, lambda sums: of(sums, 0) - of(sums, width))
-    if interval is not None and not all(np.isfinite(interval)):
-        interval = None  # a resample with nothing to divide by (no verification drafted this position)
-    return Difference(
-        section,
-        measure,
-        float(of(totals, 0)[0]),
-        float(of(totals, width)[0]),
-        interval[0] if interval else None,
-        interval[1] if interval else None,
-        len(rows),
-    )
+    # no interval where a resample has nothing to divide by (no verification drafted this position)
+    low, high = interval if interval is not None and all(np.isfinite(interval)) else (None, None)
+    return Difference(section, measure, float(of(totals, 0)[0]), float(of(totals, width)[0]), low, high, len(rows))
 
 
 def _cost_differences(a: PromptBench, b: PromptBench, mode: str, widths: int) -> tuple[list[Difference], list[str]]:
@@ -419,48 +402,47 @@ def compare(
     check_comparable(a, b, a_name, b_name)
     method = pick_method(a, b, method, a_name, b_name)
     positions = max(_longest_draft(a, method), _longest_draft(b, method))
-    (keys, ua), (keys_b, ub) = _unit_columns(a, method, positions), _unit_columns(b, method, positions)
-    order = {k: i for i, k in enumerate(keys_b)}
-    ub = {n: v[[order[k] for k in keys]] for n, v in ub.items()}
+    names = ["base_tokens", "base_s", "mine_tokens", "mine_s", "verifies", "accepted", "drafted"]
+    names += [f"{what}{i}" for i in range(positions) for what in ("reached", "hit")]
+    keys = list(dict.fromkeys(r.question_key for r in a.runs))
+    ua, ub = _unit_sums(a, method, keys, names), _unit_sums(b, method, keys, names)
     everything = np.arange(len(keys))
 
-    def rate(hits: str, tries: str) -> tuple[Callable[[Callable[[str], np.ndarray]], np.ndarray], str]:
+    def difference(section: str, measure: str, rows: np.ndarray, statistic: Statistic, over: str) -> Difference:
+        return _difference(names, ua, ub, section, measure, rows, statistic, over)
+
+    def rate(hits: str, tries: str) -> tuple[Statistic, str]:
         return (lambda col: col(hits) / col(tries)), tries
 
     notes: list[str] = []
     diffs = [
-        _difference("overall", "acceptance", ua, ub, everything, *rate("accepted", "drafted")),
-        _difference(
+        difference("overall", "acceptance", everything, *rate("accepted", "drafted")),
+        difference(
             "overall",
             "tokens per verification",
-            ua,
-            ub,
             everything,
             lambda col: (col("accepted") + col("verifies")) / col("verifies"),
             "verifies",
         ),
-        _difference(
+        difference(
             "overall",
             "speedup over mlx-lm",
-            ua,
-            ub,
             everything,
             lambda col: (col("mine_tokens") / col("mine_s")) / (col("base_tokens") / col("base_s")),
             "mine_s",
         ),
     ]
     for i in range(positions):
-        reached = [side.get(f"reached{i}", np.zeros(1)).sum() for side in (ua, ub)]
+        reached = [side[:, names.index(f"reached{i}")].sum() for side in (ua, ub)]
         if not all(reached):
             who = a_name if reached[0] else b_name
             notes.append(f"draft position {i + 1} was reached only under {who}: no acceptance to compare there")
             continue
-        measure = f"acceptance at {i + 1}"
-        diffs.append(_difference("position", measure, ua, ub, everything, *rate(f"hit{i}", f"reached{i}")))
+        diffs.append(difference("position", f"acceptance at {i + 1}", everything, *rate(f"hit{i}", f"reached{i}")))
     kinds = {r.question_key: r.category for r in a.runs}
     for kind in dict.fromkeys(kinds.values()):
         rows = np.array([i for i, k in enumerate(keys) if kinds[k] == kind])
-        diffs.append(_difference("kind", f"acceptance, {kind}", ua, ub, rows, *rate("accepted", "drafted")))
+        diffs.append(difference("kind", f"acceptance, {kind}", rows, *rate("accepted", "drafted")))
     empty = [d.measure for d in diffs if d.units == 0]
     if empty:
         notes.append(f"{', '.join(empty)}: no prompt drafted anything under A or B, so there is nothing to compare")
