@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -325,6 +325,12 @@ def _speedup_cell(row: MethodSummary | None) -> str:
     return text
 
 
+def _markdown(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A markdown table's lines."""
+    line = lambda cells: "| " + " | ".join(cells) + " |"  # noqa: E731
+    return [line(header), "|---" * len(header) + "|", *map(line, rows)]
+
+
 def prompt_table(
     summary: Sequence[MethodSummary],
     methods: Sequence[Method],
@@ -338,46 +344,39 @@ def prompt_table(
     groups = list(categories) + ["overall"]
     cell = {(r.method, r.category): r for r in summary}
     names = [m.name for m in methods if (m.name, "overall") in cell]
-    head = (
+    lines = [
         f"Prompt benchmark: {info.get('model', '')} on {info.get('device', '')}, greedy, batch 1, "
         f"max {info.get('max_tokens', '')} new tokens, {info.get('repeats', 1)} repeat(s); "
-        f"mlx {info.get('mlx', '')}, mlx-lm {info.get('mlx_lm', '')}, {info.get('date', '')}"
-    )
-    lines = [
-        head,
+        f"mlx {info.get('mlx', '')}, mlx-lm {info.get('mlx_lm', '')}, {info.get('date', '')}",
         "",
         "Speedup over mlx-lm plain (end to end, tokens/s ratio; [95 % bootstrap interval over prompts], "
         "from 6 prompts on):",
         "",
+        *_markdown(["method", *groups], ([n, *(_speedup_cell(cell.get((n, g))) for g in groups)] for n in names)),
+        "",
+        "Overall:",
+        "",
     ]
-    lines.append("| method | " + " | ".join(groups) + " |")
-    lines.append("|---" * (len(groups) + 1) + "|")
-    for name in names:
-        speedups = [_speedup_cell(cell.get((name, g))) for g in groups]
-        lines.append(f"| {name} | " + " | ".join(speedups) + " |")
-    lines += ["", "Overall:", ""]
-    cols = [
-        "method",
-        "tok/s",
-        "decode tok/s",
-        "speedup",
-        "decode speedup",
-        "spread",
-        "#MAT",
-        "accept",
-        "per-position acceptance (unconditional: accepting i / all verifications)",
-        "equal",
-    ]
-    lines.append("| " + " | ".join(cols) + " |")
-    lines.append("|---" * len(cols) + "|")
+    cols = ["method", "tok/s", "decode tok/s", "speedup", "decode speedup", "spread", "#MAT", "accept"]
+    cols += ["per-position acceptance (unconditional: accepting i / all verifications)", "equal"]
+    rows = []
     for name in names:
         r = cell[(name, "overall")]
-        positions = " ".join(f"{a:.2f}" for a in r.position_acceptance[:8]) or "-"
-        lines.append(
-            f"| {name} | {_fmt(r.tokens_per_s, '.1f')} | {_fmt(r.decode_tokens_per_s, '.1f')} | "
-            f"{_fmt(r.speedup)}x | {_fmt(r.decode_speedup)}x | {_fmt(r.speedup_min)}-{_fmt(r.speedup_max)} | "
-            f"{_fmt(r.mean_accepted_tokens)} | {_fmt(r.acceptance_rate)} | {positions} | {r.equal}/{r.total} |"
+        rows.append(
+            [
+                name,
+                _fmt(r.tokens_per_s, ".1f"),
+                _fmt(r.decode_tokens_per_s, ".1f"),
+                f"{_fmt(r.speedup)}x",
+                f"{_fmt(r.decode_speedup)}x",
+                f"{_fmt(r.speedup_min)}-{_fmt(r.speedup_max)}",
+                _fmt(r.mean_accepted_tokens),
+                _fmt(r.acceptance_rate),
+                " ".join(f"{a:.2f}" for a in r.position_acceptance[:8]) or "-",
+                f"{r.equal}/{r.total}",
+            ]
         )
+    lines += _markdown(cols, rows)
     lines += _draft_model_lines(cell, methods, groups)
     lines += _prediction_lines(cell, names, groups, prediction)
     if info.get("unfinished_questions"):
@@ -393,23 +392,26 @@ def _prediction_lines(
     ours = [n for n in names if cell[(n, "overall")].speculative_specbench]
     if not ours:
         return []
-    lines = ["", f"Decode speedup over specbench plain, measured and predicted ({prediction}):", ""]
     if not any(cell[(n, "overall")].predicted_speedup is not None for n in ours):
         return ["", f"Predictions: {prediction}"]
     categories = groups[:-1]
     cols = ["method", "measured", "predicted", "residual", "mean abs residual (runs)", "d"]
-    lines.append("| " + " | ".join(cols + [f"residual {g}" for g in categories]) + " |")
-    lines.append("|---" * (len(cols) + len(categories)) + "|")
+    rows = []
     for name in ours:
         r = cell[(name, "overall")]
-        by_category = [_fmt(c.residual if (c := cell.get((name, g))) else None, "+.1%") for g in categories]
-        lines.append(
-            f"| {name} | {_fmt(r.plain_speedup)}x | {_fmt(r.predicted_speedup)}x | "
-            f"{_fmt(r.residual, '+.1%')} | {_fmt(r.mean_abs_residual, '.1%')} | {_fmt(r.d, '.2g')} | "
-            + " | ".join(by_category)
-            + " |"
+        rows.append(
+            [
+                name,
+                f"{_fmt(r.plain_speedup)}x",
+                f"{_fmt(r.predicted_speedup)}x",
+                _fmt(r.residual, "+.1%"),
+                _fmt(r.mean_abs_residual, ".1%"),
+                _fmt(r.d, ".2g"),
+                *(_fmt(c.residual if (c := cell.get((name, g))) else None, "+.1%") for g in categories),
+            ]
         )
-    return lines
+    title = f"Decode speedup over specbench plain, measured and predicted ({prediction}):"
+    return ["", title, "", *_markdown(cols + [f"residual {g}" for g in categories], rows)]
 
 
 def _draft_model_lines(
@@ -421,22 +423,17 @@ def _draft_model_lines(
     ours = [m.name for m in methods if m.engine == "specbench" and m.drafter == "draft-model"]
     if not theirs or not ours:
         return []
-    lines = [
+
+    def ratio(a: MethodSummary | None, b: MethodSummary | None) -> str:
+        if not a or not b or not b.tokens_per_s:
+            return "-"
+        return f"{a.tokens_per_s / b.tokens_per_s:.2f}x ({_fmt(a.acceptance_rate)} / {_fmt(b.acceptance_rate)})"
+
+    rows = ([name, *(ratio(cell.get((name, g)), cell.get((theirs[0], g))) for g in groups)] for name in ours)
+    return [
         "",
         f"Draft model, specbench over mlx-lm's speculative_generate_step ({theirs[0]}), same pair "
         "(tokens/s ratio; acceptance specbench / mlx-lm):",
         "",
-        "| method | " + " | ".join(groups) + " |",
-        "|---" * (len(groups) + 1) + "|",
+        *_markdown(["method", *groups], rows),
     ]
-    for name in ours:
-        cells = []
-        for g in groups:
-            a, b = cell.get((name, g)), cell.get((theirs[0], g))
-            if not a or not b or not b.tokens_per_s:
-                cells.append("-")
-                continue
-            ratio = a.tokens_per_s / b.tokens_per_s
-            cells.append(f"{ratio:.2f}x ({_fmt(a.acceptance_rate)} / {_fmt(b.acceptance_rate)})")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
