@@ -381,6 +381,8 @@ def prompt_table(
     lines += _prediction_lines(cell, names, groups, prediction)
     if info.get("unfinished_questions"):
         lines += ["", f"(time budget reached: {info['unfinished_questions']} questions not run)"]
+    if timings := info.get("timings"):  # a run spread over ranks: where its timings come from
+        lines += ["", timings]
     return "\n".join(lines)
 
 
