@@ -142,18 +142,11 @@ def summarize_prompt_runs(
     info: dict[str, Any] | None = None,
     profile: Profile | None = None,
 ) -> list[MethodSummary]:
-    """Per method and category (and "overall"): throughput, speedup over mlx-lm plain, #MAT,
-    acceptance, per-position acceptance and output equality; and for specbench's methods the decode speedup
-    over specbench plain beside the one ``profile`` predicts, with the residual (``add_predictions``).
-
-    Seconds per prompt are the median over repeats; throughput is total tokens / total seconds
-    (Spec-Bench's overall speedup), end to end (``tokens_per_s``, ``speedup``) and after the first
-    token (``decode_*``). ``speedup_min``/``speedup_max`` are the extremes over repeats;
-    ``speedup_low``/``speedup_high`` the 95 % bootstrap interval of ``speedup`` over the questions both methods
-    ran (each with all its turns), resampled with their baseline runs (None under 6 questions).
-    ``position_acceptance[i]``: verifications that accepted draft position i / all verifications
-    (vLLM's per-position acceptance rate); ``mean_accepted_tokens``: #MAT.
-    """
+    """Per method and category (and "overall"): throughput, speedup over mlx-lm plain, #MAT, acceptance,
+    per-position acceptance (vLLM's: accepting position i / all verifications) and output equality; for specbench's
+    methods the decode speedup over specbench plain beside the one ``profile`` predicts (``add_predictions``).
+    Seconds per prompt are the median over repeats; throughput is total tokens / total seconds (Spec-Bench's);
+    ``speedup_low``/``speedup_high``: its 95 % bootstrap interval over whole questions (None under 6)."""
     info = info or {}
     categories = list(dict.fromkeys(r.category for r in runs))
     repeats = sorted({r.repeat for r in runs})
