@@ -152,17 +152,6 @@ class Comparison:
     def verdict(self) -> str:
         """The comparison in words: which measures differ beyond their intervals, or that none does."""
         resolved = [d for d in self.differences if d.verdict in (A_HIGHER, B_HIGHER)]
-        if not resolved:
-            with_interval = sum(d.low is not None for d in self.differences)
-            if not with_interval:
-                return (
-                    f"{self.a} against {self.b} ({self.method}, {self.prompts} prompts): no measure has an interval "
-                    f"(an interval needs {MIN_UNITS} prompts that drafted). {self.divergence_line()}."
-                )
-            return (
-                f"{self.a} against {self.b} ({self.method}, {self.prompts} prompts): no difference resolvable in any "
-                f"of the {with_interval} measures with an interval. {self.divergence_line()}."
-            )
 
         def higher(d: Difference) -> str:  # the higher side, by how much, and the interval of that difference
             assert d.low is not None and d.high is not None  # a resolved difference has its interval
@@ -175,6 +164,11 @@ class Comparison:
         said = "; ".join(higher(d) for d in resolved[:4])
         if len(resolved) > 4:
             said += f"; and {len(resolved) - 4} more measures (the table has them)"
+        with_interval = sum(d.low is not None for d in self.differences)
+        if not resolved and with_interval:
+            said = f"no difference resolvable in any of the {with_interval} measures with an interval"
+        elif not resolved:
+            said = f"no measure has an interval (an interval needs {MIN_UNITS} prompts that drafted)"
         return f"{self.a} against {self.b} ({self.method}, {self.prompts} prompts): {said}. {self.divergence_line()}."
 
     def table(self) -> str:

@@ -38,10 +38,6 @@ def throughput_ratio(base_rows: Sequence[PromptRun], rows: Sequence[PromptRun]) 
     return rate(rows) / base if base > 0 else float("nan")
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
-
-
 @dataclass(frozen=True, kw_only=True)
 class MethodSummary:
     """One method in one category (or "overall") of ``summarize_prompt_runs``, a row of
@@ -110,8 +106,8 @@ class _Timing:
             runs,
             by_prompt,
             sum(rs[0].new_tokens for rs in by_prompt.values()),
-            sum(_median([r.wall_s for r in rs]) for rs in by_prompt.values()),
-            sum(_median([r.first_token_s for r in rs]) for rs in by_prompt.values()),
+            sum(statistics.median(r.wall_s for r in rs) for rs in by_prompt.values()),
+            sum(statistics.median(r.first_token_s for r in rs) for rs in by_prompt.values()),
             {rep: [r for r in runs if r.repeat == rep] for rep in repeats},
         )
 
@@ -132,7 +128,7 @@ class _Timing:
         for key in keys:
             tokens, seconds = questions.get(key[0], (0, 0.0))
             rs = self.by_prompt[key]
-            questions[key[0]] = (tokens + rs[0].new_tokens, seconds + _median([r.wall_s for r in rs]))
+            questions[key[0]] = (tokens + rs[0].new_tokens, seconds + statistics.median(r.wall_s for r in rs))
         return list(questions.values())
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import polars as pl
 
+from specbench.bench.timing import clocked
 from specbench.bench.trace_summary import (
     PLAIN,
     format_overall,
@@ -30,7 +31,6 @@ from specbench.bench.trace_summary import (
 from specbench.bench.turn_cache import TurnCache, reply_text
 from specbench.common.files import safe_name, write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.per_key import per_key
-from specbench.common.timing import quiet
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, plain_generation
 from specbench.core.forward import context_length
@@ -90,9 +90,7 @@ def _run(
             model, prompt, options, drafter=drafter, policy=policy, tokenizer=tokenizer, prompt_cache=prompt_cache
         )
     )
-    with quiet():  # the turn's decode time is read from its log, which this loop fills
-        for _ in gen:
-            pass
+    clocked(lambda: gen)  # run to the end: the turn's decode time is read from its log
     cache.keep(prompt, gen.cache)
     return gen
 
