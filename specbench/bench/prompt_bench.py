@@ -71,8 +71,8 @@ def _plan(
     methods = prompt_methods(drafters, policies, verify, draft_model is not None, k)
     device = device_name()
     info = {"model": model_name, "device": device, **versions(), "max_tokens": max_tokens, "repeats": repeats}
+    info.update(date=time.strftime("%Y-%m-%d"))
     text = json.dumps([model_name, [m.record() for m in methods], max_tokens, repeats, k, device])
-    info["date"] = time.strftime("%Y-%m-%d")
     return draft_model, methods, info, hashlib.sha1(text.encode()).hexdigest()[:12]
 
 

@@ -147,7 +147,7 @@ def summarize_prompt_runs(
     categories = list(dict.fromkeys(r.category for r in runs))
     repeats = sorted({r.repeat for r in runs})
     out = []
-    for group in categories + ["overall"]:
+    for group in [*categories, "overall"]:
         in_group = [r for r in runs if group == "overall" or r.category == group]
         timing = {m.name: _Timing.of([r for r in in_group if r.method == m.name], repeats) for m in methods}
         base = timing.get(PROMPT_BASELINE)
@@ -330,7 +330,7 @@ def prompt_table(
     """Markdown tables: speedup over mlx-lm plain by category, the overall metrics per method, and each
     speculative method's measured decode speedup over specbench plain beside its prediction (``prediction``:
     where it comes from, or why there is none)."""
-    groups = list(categories) + ["overall"]
+    groups = [*categories, "overall"]
     cell = {(r.method, r.category): r for r in summary}
     names = [m.name for m in methods if (m.name, "overall") in cell]
     lines = [
@@ -368,8 +368,8 @@ def prompt_table(
     lines += _markdown(cols, rows)
     lines += _draft_model_lines(cell, methods, groups)
     lines += _prediction_lines(cell, names, groups, prediction)
-    if info.get("unfinished_questions"):
-        lines += ["", f"(time budget reached: {info['unfinished_questions']} questions not run)"]
+    if unfinished := info.get("unfinished_questions"):
+        lines += ["", f"(time budget reached: {unfinished} questions not run)"]
     if timings := info.get("timings"):  # a run spread over ranks: where its timings come from
         lines += ["", timings]
     return "\n".join(lines)
