@@ -248,15 +248,10 @@ def check_comparable(a: PromptBench, b: PromptBench, a_name: str = "A", b_name: 
         )
 
 
-def speculative_methods(run: PromptBench) -> list[str]:
-    """The names of a run's speculative specbench methods (a drafter and a policy), in run order."""
-    return [m.name for m in run.methods if m.engine == "specbench" and m.drafter != "none"]
-
-
 def pick_method(a: PromptBench, b: PromptBench, method: str | None, a_name: str = "A", b_name: str = "B") -> str:
     """``method`` when both runs ran it, else (None) the first speculative method both ran; one ValueError naming
     each run's methods otherwise."""
-    in_a, in_b = speculative_methods(a), speculative_methods(b)
+    in_a, in_b = ([m.name for m in run.methods if m.engine == "specbench" and m.drafter != "none"] for run in (a, b))
     shared = [m for m in in_a if m in in_b]
     if method is not None and method in shared:
         return method
@@ -303,10 +298,6 @@ def _unit_sums(run: PromptBench, method: str, keys: Sequence[str], names: Sequen
                 add(key, f"reached{i}", 1)
                 add(key, f"hit{i}", step.accepted > i)
     return sums
-
-
-def _longest_draft(run: PromptBench, method: str) -> int:
-    return max((s.k_drafted for r in run.runs if r.method == method for s in r.step_records()), default=0)
 
 
 Statistic = Callable[[Callable[[str], np.ndarray]], np.ndarray]
@@ -395,7 +386,8 @@ def compare(
     b_name = b_name or str(b.info.get("model", "B"))
     check_comparable(a, b, a_name, b_name)
     method = pick_method(a, b, method, a_name, b_name)
-    positions = max(_longest_draft(a, method), _longest_draft(b, method))
+    drafts = [s.k_drafted for run in (a, b) for r in run.runs if r.method == method for s in r.step_records()]
+    positions = max(drafts, default=0)
     names = ["base_tokens", "base_s", "mine_tokens", "mine_s", "verifies", "accepted", "drafted"]
     names += [f"{what}{i}" for i in range(positions) for what in ("reached", "hit")]
     keys = list(dict.fromkeys(r.question_key for r in a.runs))
