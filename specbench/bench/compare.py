@@ -21,6 +21,7 @@ import numpy as np
 from specbench.bench.paired import MIN_UNITS, sums_interval
 from specbench.bench.prompt_bench import PromptBench, bench_prompts
 from specbench.bench.prompt_runs import PROMPT_BASELINE, PromptRun
+from specbench.bench.prompt_summary import question_timing
 from specbench.bench.turn_cache import first_divergence
 from specbench.common.files import safe_name, write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.cost.profile import Profile, load_profile
@@ -278,19 +279,13 @@ def _unit_sums(run: PromptBench, method: str, keys: Sequence[str], names: Sequen
     def add(key: str, name: str, value: float) -> None:
         sums[row[key], column[name]] += value
 
-    timed: dict[tuple[str, str, int], list[PromptRun]] = {}
-    for r in run.runs:
-        if r.method in (PROMPT_BASELINE, method):
-            timed.setdefault((r.method, r.question_key, r.turn), []).append(r)
-    for (name, key, _), rows in timed.items():
-        side = "base" if name == PROMPT_BASELINE else "mine"
-        add(key, f"{side}_tokens", rows[0].new_tokens)
-        add(key, f"{side}_s", statistics.median(r.wall_s for r in rows))
-        if name != method:
-            continue
-        for step in min(rows, key=lambda r: r.repeat).step_records():
-            if step.kind != "verify":
-                continue
+    for side, name in (("base", PROMPT_BASELINE), ("mine", method)):
+        for key, (tokens, seconds) in question_timing(r for r in run.runs if r.method == name).items():
+            add(key, f"{side}_tokens", tokens)
+            add(key, f"{side}_s", seconds)
+    verifies = [(r.question_key, s) for r in run.runs if r.method == method and r.repeat == 0 for s in r.step_records()]
+    for key, step in verifies:
+        if step.kind == "verify":
             add(key, "verifies", 1)
             add(key, "accepted", step.accepted)
             add(key, "drafted", step.k_drafted)

@@ -85,6 +85,20 @@ class MethodSummary:
         return dict(self.__dict__)
 
 
+def question_timing(runs: Iterable[PromptRun]) -> dict[str, tuple[int, float]]:
+    """(tokens, seconds) per question key over its turns, each turn's seconds the median over its repeats: a
+    conversation's turns depend on each other (each turn's prompt holds the replies before it, and a method's caches
+    carry over), so an interval resamples whole questions."""
+    by_prompt: dict[tuple[str, int], list[PromptRun]] = {}
+    for r in runs:
+        by_prompt.setdefault((r.question_key, r.turn), []).append(r)
+    questions: dict[str, tuple[int, float]] = {}
+    for (key, _), rs in by_prompt.items():
+        tokens, seconds = questions.get(key, (0, 0.0))
+        questions[key] = (tokens + rs[0].new_tokens, seconds + statistics.median(r.wall_s for r in rs))
+    return questions
+
+
 @dataclass(frozen=True)
 class _Timing:
     """One method's runs in one category: by prompt (question and turn), each prompt's tokens and median seconds
@@ -121,15 +135,8 @@ class _Timing:
         return max(0, self.tokens - len(self.by_prompt)) / decode_s if decode_s > 0 else 0.0
 
     def per_question(self, keys: Sequence[tuple[str, int]]) -> list[tuple[int, float]]:
-        """(tokens, seconds) per question over its turns among ``keys``: a conversation's turns depend on each
-        other (each turn's prompt holds the replies before it, and a method's caches carry over), so an interval
-        resamples whole questions."""
-        questions: dict[str, tuple[int, float]] = {}
-        for key in keys:
-            tokens, seconds = questions.get(key[0], (0, 0.0))
-            rs = self.by_prompt[key]
-            questions[key[0]] = (tokens + rs[0].new_tokens, seconds + statistics.median(r.wall_s for r in rs))
-        return list(questions.values())
+        """(tokens, seconds) per question over its turns among ``keys`` (``question_timing``)."""
+        return list(question_timing(r for key in keys for r in self.by_prompt[key]).values())
 
 
 def summarize_prompt_runs(
