@@ -91,8 +91,7 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
             "methods on one machine; tokens/s and seconds are those of the rank's machine that ran the question."
         ),
     )
-    unfinished = sum(n for _, n in shares)
-    if unfinished:
+    if unfinished := sum(n for _, n in shares):
         info["unfinished_questions"] = unfinished
     result = PromptBench(runs, methods, info, profile)
     if out is not None and part is not None:
