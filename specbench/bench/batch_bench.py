@@ -247,17 +247,11 @@ def bench_batch(
     profile: BatchProfile | None = None,
     verify: str = "fast",
 ) -> BatchBench:
-    """One run of plain batched, each speculative method (drafter x policy) and mlx-lm on ``prompts``
-    at ``batch_size``. ``drafters``: names (``oracle:A`` included) or factories request index ->
-    drafter (labelled by their ``label`` attribute). ``single``: single-request greedy outputs of the
-    first prompts, a further reference for the first-divergence statistics. ``profile``: a batch cost profile;
-    each speculative row then holds the speedup over plain batched decoding it predicts for the steps taken
-    (``predicted_vs_plain``: ``specbench.cost.predict.predicted_batch_speedup`` over the whole runs) and the
-    ``residual`` of the measured one.
-
-    Returns a ``BatchBench``: an ``EngineRow`` per engine, the outputs per engine, the first divergence per
-    request and reference, and its summary. ``verify``: the batch engine's verify mode, "fast" or "exact" (every
-    request's rows as its own single-request steps compute them)."""
+    """One run of plain batched, each speculative method (drafter x policy) and mlx-lm on ``prompts`` at
+    ``batch_size``. ``drafters``: names (``oracle:A`` included) or factories request index -> drafter (labelled by
+    their ``label`` attribute). ``single``: single-request greedy outputs of the first prompts, a further reference
+    for the first divergences. ``profile``: a batch cost profile, for each speculative row's predicted speedup over
+    plain batched decoding and its residual. ``verify``: the batch engine's, "fast" or "exact"."""
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
     prompts = [list(p) for p in prompts]

@@ -1,14 +1,7 @@
-"""``specbench bench prompts`` spread over the ranks of ``mlx.launch``: each rank benchmarks its share of
-the questions on its own machine (or its own GPU of a host: ``CUDA_VISIBLE_DEVICES`` per rank), and rank 0
-writes the same files as a run on one machine (``prompt_bench_runs.parquet``, the summary, settings and
-table), with the same columns.
-
-Each question runs whole on one rank, every method interleaved there as on one machine, so a question's
-speedups compare methods on the same machine; tokens per second are each rank's machine's (the table and
-the settings say so). Questions already in rank 0's ``--out`` are not run again; the rest are split by
-their number of turns. Each rank keeps its progress in ``OUT/.ranks/rankRofN/`` (written after every
-question, as a local run does in ``OUT``), so an interrupted run resumes with the same ranks; the folder
-goes once rank 0 has written the merged results.
+"""``specbench bench prompts`` spread over the ranks of ``mlx.launch``: each rank runs its share of the questions
+(each question whole on one rank, every method interleaved there, so its speedups compare methods on one machine),
+and rank 0 writes the same files as a run on one machine. Each rank keeps its progress in ``OUT/.ranks/rankRofN/``,
+so an interrupted run resumes with the same ranks; the folder goes once rank 0 has written the merged results.
 """
 
 from __future__ import annotations
@@ -36,13 +29,6 @@ from specbench.common import distributed
 
 #: Where each rank keeps its share's progress inside ``--out``.
 RANKS_FOLDER = ".ranks"
-
-
-class SpreadPromptBench(PromptBench):
-    """A prompt benchmark whose questions ran on several ranks: its table says where the timings come from."""
-
-    def table(self) -> str:
-        return super().table() + "\n\n" + self.info["timings"]
 
 
 def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **settings: Any) -> PromptBench:
@@ -105,10 +91,9 @@ def bench_prompts_over_ranks(model: Any, tokenizer: Any, questions: Any, **setti
             "methods on one machine; tokens/s and seconds are those of the rank's machine that ran the question."
         ),
     )
-    unfinished = sum(n for _, n in shares)
-    if unfinished:
+    if unfinished := sum(n for _, n in shares):
         info["unfinished_questions"] = unfinished
-    result = SpreadPromptBench(runs, methods, info, profile)
+    result = PromptBench(runs, methods, info, profile)
     if out is not None and part is not None:
         distributed.gather_outcomes(lambda: result.save(out) if rank == 0 and runs else None)
         shutil.rmtree(part, ignore_errors=True)

@@ -1,14 +1,9 @@
 """Two prompt benchmarks side by side: did acceptance change, and where (``compare``)?
 
-A researcher changes one thing (a quantization, a model version, an MLX upgrade) and runs the same prompts with the
-same drafter and policy again (``run_models``). Each measure is the difference A - B with its 95 % interval and a
-verdict that reads the same either way round ("A higher", "B higher", "no difference resolvable").
-
-The runs share their prompts, so the intervals resample whole questions of both runs together (paired: a
-question's turns and both runs' generations of it move as one; ``specbench.bench.paired.sums_interval``); under
-``MIN_UNITS`` questions there is none. c(w)'s interval joins the two profiles' own intervals over their timing
-rounds (``specbench.cost.noise``): [low A - high B, high A - low B], which covers the difference at least as often
-as both cover their own.
+A researcher changes one thing (a quantization, a model version, an MLX upgrade) and runs the same prompts again
+(``run_models``). Each measure is A - B with its 95 % interval, resampling whole questions of both runs together
+(``specbench.bench.paired.sums_interval``), and a verdict that reads the same either way round. c(w)'s interval
+joins the two profiles' own: [low A - high B, high A - low B].
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ import numpy as np
 from specbench.bench.paired import MIN_UNITS, sums_interval
 from specbench.bench.prompt_bench import PromptBench, bench_prompts
 from specbench.bench.prompt_runs import PROMPT_BASELINE, PromptRun
+from specbench.bench.prompt_summary import question_timing
 from specbench.bench.turn_cache import first_divergence
 from specbench.common.files import safe_name, write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.cost.profile import Profile, load_profile
@@ -157,17 +153,6 @@ class Comparison:
     def verdict(self) -> str:
         """The comparison in words: which measures differ beyond their intervals, or that none does."""
         resolved = [d for d in self.differences if d.verdict in (A_HIGHER, B_HIGHER)]
-        if not resolved:
-            with_interval = sum(d.low is not None for d in self.differences)
-            if not with_interval:
-                return (
-                    f"{self.a} against {self.b} ({self.method}, {self.prompts} prompts): no measure has an interval "
-                    f"(an interval needs {MIN_UNITS} prompts that drafted). {self.divergence_line()}."
-                )
-            return (
-                f"{self.a} against {self.b} ({self.method}, {self.prompts} prompts): no difference resolvable in any "
-                f"of the {with_interval} measures with an interval. {self.divergence_line()}."
-            )
 
         def higher(d: Difference) -> str:  # the higher side, by how much, and the interval of that difference
             assert d.low is not None and d.high is not None  # a resolved difference has its interval
@@ -180,6 +165,11 @@ class Comparison:
         said = "; ".join(higher(d) for d in resolved[:4])
         if len(resolved) > 4:
             said += f"; and {len(resolved) - 4} more measures (the table has them)"
+        with_interval = sum(d.low is not None for d in self.differences)
+        if not resolved and with_interval:
+            said = f"no difference resolvable in any of the {with_interval} measures with an interval"
+        elif not resolved:
+            said = f"no measure has an interval (an interval needs {MIN_UNITS} prompts that drafted)"
         return f"{self.a} against {self.b} ({self.method}, {self.prompts} prompts): {said}. {self.divergence_line()}."
 
     def table(self) -> str:
@@ -259,15 +249,10 @@ def check_comparable(a: PromptBench, b: PromptBench, a_name: str = "A", b_name: 
         )
 
 
-def speculative_methods(run: PromptBench) -> list[str]:
-    """The names of a run's speculative specbench methods (a drafter and a policy), in run order."""
-    return [m.name for m in run.methods if m.engine == "specbench" and m.drafter != "none"]
-
-
 def pick_method(a: PromptBench, b: PromptBench, method: str | None, a_name: str = "A", b_name: str = "B") -> str:
     """``method`` when both runs ran it, else (None) the first speculative method both ran; one ValueError naming
     each run's methods otherwise."""
-    in_a, in_b = speculative_methods(a), speculative_methods(b)
+    in_a, in_b = ([m.name for m in run.methods if m.engine == "specbench" and m.drafter != "none"] for run in (a, b))
     shared = [m for m in in_a if m in in_b]
     if method is not None and method in shared:
         return method
@@ -283,84 +268,62 @@ def pick_method(a: PromptBench, b: PromptBench, method: str | None, a_name: str 
 # -- per question ------------------------------------------------------------------------------------------------
 
 
-def _unit_columns(run: PromptBench, method: str, positions: int) -> tuple[list[str], dict[str, np.ndarray]]:
-    """Per question (all its turns), the sums each measure is a ratio of: for ``method``'s first repeat, each draft
-    position's (accepted, reached), the accepted and drafted tokens and the verifications; for timing, the
-    baseline's and the method's (tokens, seconds), each turn's seconds the median over repeats."""
-    columns: dict[str, dict[str, float]] = {}
+def _unit_sums(run: PromptBench, method: str, keys: Sequence[str], names: Sequence[str]) -> np.ndarray:
+    """Per question (a row per key of ``keys``; all its turns), the sums (columns ``names``) each measure is a ratio
+    of: for ``method``'s first repeat, each draft position's (accepted, reached), the accepted and drafted tokens and
+    the verifications; for timing, the baseline's and the method's (tokens, seconds), each turn's seconds the median
+    over repeats."""
+    sums = np.zeros((len(keys), len(names)))
+    row, column = {k: i for i, k in enumerate(keys)}, {n: j for j, n in enumerate(names)}
 
     def add(key: str, name: str, value: float) -> None:
-        columns.setdefault(name, {})
-        columns[name][key] = columns[name].get(key, 0.0) + float(value)
+        sums[row[key], column[name]] += value
 
-    timed: dict[tuple[str, str, int], list[PromptRun]] = {}
-    for r in run.runs:
-        if r.method in (PROMPT_BASELINE, method):
-            timed.setdefault((r.method, r.question_key, r.turn), []).append(r)
-    for (name, key, _), rows in timed.items():
-        side = "base" if name == PROMPT_BASELINE else "mine"
-        add(key, f"{side}_tokens", rows[0].new_tokens)
-        add(key, f"{side}_s", statistics.median(r.wall_s for r in rows))
-        if name != method:
-            continue
-        for step in min(rows, key=lambda r: r.repeat).step_records():
-            if step.kind != "verify":
-                continue
+    for side, name in (("base", PROMPT_BASELINE), ("mine", method)):
+        for key, (tokens, seconds) in question_timing(r for r in run.runs if r.method == name).items():
+            add(key, f"{side}_tokens", tokens)
+            add(key, f"{side}_s", seconds)
+    verifies = [(r.question_key, s) for r in run.runs if r.method == method and r.repeat == 0 for s in r.step_records()]
+    for key, step in verifies:
+        if step.kind == "verify":
             add(key, "verifies", 1)
             add(key, "accepted", step.accepted)
             add(key, "drafted", step.k_drafted)
-            for i in range(min(step.k_drafted, positions)):
-                if step.accepted >= i:
-                    add(key, f"reached{i}", 1)
-                    add(key, f"hit{i}", step.accepted > i)
-    keys = list(dict.fromkeys(r.question_key for r in run.runs))
-    return keys, {name: np.array([values.get(k, 0.0) for k in keys]) for name, values in columns.items()}
+            for i in range(min(step.k_drafted, step.accepted + 1)):  # the positions this verification reached
+                add(key, f"reached{i}", 1)
+                add(key, f"hit{i}", step.accepted > i)
+    return sums
 
 
-def _longest_draft(run: PromptBench, method: str) -> int:
-    return max((s.k_drafted for r in run.runs if r.method == method for s in r.step_records()), default=0)
+Statistic = Callable[[Callable[[str], np.ndarray]], np.ndarray]
 
 
 def _difference(
+    names: list[str],
+    a: np.ndarray,
+    b: np.ndarray,
     section: str,
     measure: str,
-    a: dict[str, np.ndarray],
-    b: dict[str, np.ndarray],
     rows: np.ndarray,
-    statistic: Callable[[Callable[[str], np.ndarray]], np.ndarray],
+    statistic: Statistic,
     denominator: str,
 ) -> Difference:
     """A measure that is a ratio of column sums (``denominator``'s sum below), under A and B over the questions
     ``rows`` selects that have a denominator under A or B (a prompt that drafted nothing holds no acceptance), with
     the interval of A - B resampling those questions of both runs together."""
-    names = sorted(set(a) | set(b))
-    zero = np.zeros(len(next(iter(a.values()))))
-    rows = np.array([i for i in rows if a.get(denominator, zero)[i] > 0 or b.get(denominator, zero)[i] > 0], dtype=int)
-    zero = np.zeros(len(rows))
-
-    def matrix(side: dict[str, np.ndarray]) -> np.ndarray:
-        return np.column_stack([side.get(n, zero)[rows] if n in side else zero for n in names])
-
-    units = np.hstack([matrix(a), matrix(b)])
-    width = len(names)
+    j = names.index(denominator)
+    rows = rows[(a[rows, j] > 0) | (b[rows, j] > 0)]
+    units, width = np.hstack([a[rows], b[rows]]), len(names)
 
     def of(sums: np.ndarray, offset: int) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
-            return statistic(lambda name: sums[:, offset + names.index(name)] if name in names else np.zeros(len(sums)))
+            return statistic(lambda name: sums[:, offset + names.index(name)])
 
     totals = units.sum(axis=0, keepdims=True)
     interval = sums_interval(units, lambda sums: of(sums, 0) - of(sums, width))
-    if interval is not None and not all(np.isfinite(interval)):
-        interval = None  # a resample with nothing to divide by (no verification drafted this position)
-    return Difference(
-        section,
-        measure,
-        float(of(totals, 0)[0]),
-        float(of(totals, width)[0]),
-        interval[0] if interval else None,
-        interval[1] if interval else None,
-        len(rows),
-    )
+    # no interval where a resample has nothing to divide by (no verification drafted this position)
+    low, high = interval if interval is not None and all(np.isfinite(interval)) else (None, None)
+    return Difference(section, measure, float(of(totals, 0)[0]), float(of(totals, width)[0]), low, high, len(rows))
 
 
 def _cost_differences(a: PromptBench, b: PromptBench, mode: str, widths: int) -> tuple[list[Difference], list[str]]:
@@ -418,49 +381,49 @@ def compare(
     b_name = b_name or str(b.info.get("model", "B"))
     check_comparable(a, b, a_name, b_name)
     method = pick_method(a, b, method, a_name, b_name)
-    positions = max(_longest_draft(a, method), _longest_draft(b, method))
-    (keys, ua), (keys_b, ub) = _unit_columns(a, method, positions), _unit_columns(b, method, positions)
-    order = {k: i for i, k in enumerate(keys_b)}
-    ub = {n: v[[order[k] for k in keys]] for n, v in ub.items()}
+    drafts = [s.k_drafted for run in (a, b) for r in run.runs if r.method == method for s in r.step_records()]
+    positions = max(drafts, default=0)
+    names = ["base_tokens", "base_s", "mine_tokens", "mine_s", "verifies", "accepted", "drafted"]
+    names += [f"{what}{i}" for i in range(positions) for what in ("reached", "hit")]
+    keys = list(dict.fromkeys(r.question_key for r in a.runs))
+    ua, ub = _unit_sums(a, method, keys, names), _unit_sums(b, method, keys, names)
     everything = np.arange(len(keys))
 
-    def rate(hits: str, tries: str) -> tuple[Callable[[Callable[[str], np.ndarray]], np.ndarray], str]:
+    def difference(section: str, measure: str, rows: np.ndarray, statistic: Statistic, over: str) -> Difference:
+        return _difference(names, ua, ub, section, measure, rows, statistic, over)
+
+    def rate(hits: str, tries: str) -> tuple[Statistic, str]:
         return (lambda col: col(hits) / col(tries)), tries
 
     notes: list[str] = []
     diffs = [
-        _difference("overall", "acceptance", ua, ub, everything, *rate("accepted", "drafted")),
-        _difference(
+        difference("overall", "acceptance", everything, *rate("accepted", "drafted")),
+        difference(
             "overall",
             "tokens per verification",
-            ua,
-            ub,
             everything,
             lambda col: (col("accepted") + col("verifies")) / col("verifies"),
             "verifies",
         ),
-        _difference(
+        difference(
             "overall",
             "speedup over mlx-lm",
-            ua,
-            ub,
             everything,
             lambda col: (col("mine_tokens") / col("mine_s")) / (col("base_tokens") / col("base_s")),
             "mine_s",
         ),
     ]
     for i in range(positions):
-        reached = [side.get(f"reached{i}", np.zeros(1)).sum() for side in (ua, ub)]
+        reached = [side[:, names.index(f"reached{i}")].sum() for side in (ua, ub)]
         if not all(reached):
             who = a_name if reached[0] else b_name
             notes.append(f"draft position {i + 1} was reached only under {who}: no acceptance to compare there")
             continue
-        measure = f"acceptance at {i + 1}"
-        diffs.append(_difference("position", measure, ua, ub, everything, *rate(f"hit{i}", f"reached{i}")))
+        diffs.append(difference("position", f"acceptance at {i + 1}", everything, *rate(f"hit{i}", f"reached{i}")))
     kinds = {r.question_key: r.category for r in a.runs}
     for kind in dict.fromkeys(kinds.values()):
         rows = np.array([i for i, k in enumerate(keys) if kinds[k] == kind])
-        diffs.append(_difference("kind", f"acceptance, {kind}", ua, ub, rows, *rate("accepted", "drafted")))
+        diffs.append(difference("kind", f"acceptance, {kind}", rows, *rate("accepted", "drafted")))
     empty = [d.measure for d in diffs if d.units == 0]
     if empty:
         notes.append(f"{', '.join(empty)}: no prompt drafted anything under A or B, so there is nothing to compare")

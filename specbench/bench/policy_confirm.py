@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from specbench.common.timing import quiet
+from specbench.bench.timing import clocked
 from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
@@ -29,12 +29,8 @@ MIN_REQUESTS = 3
 
 
 def _decode_seconds(generation: Any) -> float:
-    """A generation run to the end with the garbage collector paused, as every timed run (``quiet``); its decode
-    seconds."""
-    with quiet():
-        for _ in generation:
-            pass
-    return float(generation.stats()["decode_s"])
+    """A generation run to the end as every timed run is (``clocked``); its decode seconds."""
+    return float(clocked(lambda: generation).run.stats()["decode_s"])
 
 
 def confirm_policies(

@@ -19,7 +19,6 @@ from typing import Any
 
 import polars as pl
 
-from specbench.bench.prompt_predictions import no_profile_note
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, PromptRun, TimedRun, prompt_methods
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
 from specbench.bench.turn_cache import first_divergence, reply_text
@@ -36,6 +35,13 @@ PROMPT_RUNS_FILE = "prompt_bench_runs.parquet"
 PROMPT_SUMMARY_FILE = "prompt_bench_summary.parquet"
 PROMPT_TABLE_FILE = "prompt_bench.md"
 PROMPT_INFO_FILE = "prompt_bench.json"
+
+
+def no_profile_note(model_name: str, device: str) -> str:
+    """What the benchmark says when no cost profile is stored for the model on this device."""
+    return (
+        f"no stored cost profile for {model_name} on {device}: run `specbench profile {model_name}` to see predictions"
+    )
 
 
 def _say(text: str) -> None:
@@ -65,8 +71,8 @@ def _plan(
     methods = prompt_methods(drafters, policies, verify, draft_model is not None, k)
     device = device_name()
     info = {"model": model_name, "device": device, **versions(), "max_tokens": max_tokens, "repeats": repeats}
+    info.update(date=time.strftime("%Y-%m-%d"))
     text = json.dumps([model_name, [m.record() for m in methods], max_tokens, repeats, k, device])
-    info["date"] = time.strftime("%Y-%m-%d")
     return draft_model, methods, info, hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
@@ -193,20 +199,12 @@ def bench_prompts(
     progress: Callable[[str], None] | None = _say,
     profile: Profile | str | None = "stored",
 ) -> PromptBench:
-    """Benchmark every method on ``questions`` (``specbench.inputs.prompts.Question``), greedy, batch 1.
-
-    ``policies``: policy objects (default ``DraftPolicy.auto()`` and ``DraftPolicy.fixed(4)``).
-    Each question's turns are rendered with the chat template; for turn 2 and later the history
-    holds mlx-lm's plain greedy answers to the earlier turns. Per prompt every method runs
-    ``repeats`` times in a rotating order; outputs are compared with mlx-lm's plain output.
-    With ``out``, finished questions are saved after each one and an interrupted run resumes
-    there (``fresh`` starts over); the summary and table are written at the end
-    (``specbench.report.figures.bench.save_prompt_figure`` draws the figure).
-    ``time_budget_s`` stops starting new questions once that many seconds (warm-up included) have passed.
-    ``profile``: the model's cost profile, which predicts each speculative method's speedup over specbench
-    plain from the steps its runs kept ("stored": the one stored for the model on this device, if any;
-    None: no predictions).
-    """
+    """Benchmark every method on ``questions`` (``specbench.inputs.prompts.Question``), greedy, batch 1: per prompt
+    every method ``repeats`` times in a rotating order; turn 2 and later hold mlx-lm's plain greedy answers to the
+    earlier turns. ``policies`` default to ``DraftPolicy.auto()`` and ``DraftPolicy.fixed(4)``. With ``out``, each
+    finished question is saved and an interrupted run resumes there (``fresh`` starts over). ``time_budget_s`` stops
+    starting new questions once that many seconds have passed. ``profile``: the cost profile that predicts each
+    speculative method's speedup ("stored": the model's on this device, if any; None: no predictions)."""
     if not questions:
         raise ValueError("no questions to benchmark: check the prompt file and --categories")
     if not isinstance(max_tokens, int) or max_tokens < 1:

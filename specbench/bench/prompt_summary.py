@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-import polars as pl
-
 from specbench.bench.paired import ratio_interval
-from specbench.bench.prompt_predictions import NO_PREDICTION, group_prediction, run_predictions
+from specbench.bench.predictions import drafting_cost
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, PromptRun
-from specbench.cost.predict import residual
+from specbench.cost.predict import mean_absolute_error, predicted_speedup, residual
 from specbench.cost.profile import Profile
 
 
@@ -38,10 +36,6 @@ def throughput_ratio(base_rows: Sequence[PromptRun], rows: Sequence[PromptRun]) 
 
     base = rate(base_rows)
     return rate(rows) / base if base > 0 else float("nan")
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +85,20 @@ class MethodSummary:
         return dict(self.__dict__)
 
 
+def question_timing(runs: Iterable[PromptRun]) -> dict[str, tuple[int, float]]:
+    """(tokens, seconds) per question key over its turns, each turn's seconds the median over its repeats: a
+    conversation's turns depend on each other (each turn's prompt holds the replies before it, and a method's caches
+    carry over), so an interval resamples whole questions."""
+    by_prompt: dict[tuple[str, int], list[PromptRun]] = {}
+    for r in runs:
+        by_prompt.setdefault((r.question_key, r.turn), []).append(r)
+    questions: dict[str, tuple[int, float]] = {}
+    for (key, _), rs in by_prompt.items():
+        tokens, seconds = questions.get(key, (0, 0.0))
+        questions[key] = (tokens + rs[0].new_tokens, seconds + statistics.median(r.wall_s for r in rs))
+    return questions
+
+
 @dataclass(frozen=True)
 class _Timing:
     """One method's runs in one category: by prompt (question and turn), each prompt's tokens and median seconds
@@ -112,8 +120,8 @@ class _Timing:
             runs,
             by_prompt,
             sum(rs[0].new_tokens for rs in by_prompt.values()),
-            sum(_median([r.wall_s for r in rs]) for rs in by_prompt.values()),
-            sum(_median([r.first_token_s for r in rs]) for rs in by_prompt.values()),
+            sum(statistics.median(r.wall_s for r in rs) for rs in by_prompt.values()),
+            sum(statistics.median(r.first_token_s for r in rs) for rs in by_prompt.values()),
             {rep: [r for r in runs if r.repeat == rep] for rep in repeats},
         )
 
@@ -127,15 +135,8 @@ class _Timing:
         return max(0, self.tokens - len(self.by_prompt)) / decode_s if decode_s > 0 else 0.0
 
     def per_question(self, keys: Sequence[tuple[str, int]]) -> list[tuple[int, float]]:
-        """(tokens, seconds) per question over its turns among ``keys``: a conversation's turns depend on each
-        other (each turn's prompt holds the replies before it, and a method's caches carry over), so an interval
-        resamples whole questions."""
-        questions: dict[str, tuple[int, float]] = {}
-        for key in keys:
-            tokens, seconds = questions.get(key[0], (0, 0.0))
-            rs = self.by_prompt[key]
-            questions[key[0]] = (tokens + rs[0].new_tokens, seconds + _median([r.wall_s for r in rs]))
-        return list(questions.values())
+        """(tokens, seconds) per question over its turns among ``keys`` (``question_timing``)."""
+        return list(question_timing(r for key in keys for r in self.by_prompt[key]).values())
 
 
 def summarize_prompt_runs(
@@ -144,23 +145,16 @@ def summarize_prompt_runs(
     info: dict[str, Any] | None = None,
     profile: Profile | None = None,
 ) -> list[MethodSummary]:
-    """Per method and category (and "overall"): throughput, speedup over mlx-lm plain, #MAT,
-    acceptance, per-position acceptance and output equality; and for specbench's methods the decode speedup
-    over specbench plain beside the one ``profile`` predicts, with the residual (``add_predictions``).
-
-    Seconds per prompt are the median over repeats; throughput is total tokens / total seconds
-    (Spec-Bench's overall speedup), end to end (``tokens_per_s``, ``speedup``) and after the first
-    token (``decode_*``). ``speedup_min``/``speedup_max`` are the extremes over repeats;
-    ``speedup_low``/``speedup_high`` the 95 % bootstrap interval of ``speedup`` over the questions both methods
-    ran (each with all its turns), resampled with their baseline runs (None under 6 questions).
-    ``position_acceptance[i]``: verifications that accepted draft position i / all verifications
-    (vLLM's per-position acceptance rate); ``mean_accepted_tokens``: #MAT.
-    """
+    """Per method and category (and "overall"): throughput, speedup over mlx-lm plain, #MAT, acceptance,
+    per-position acceptance (vLLM's: accepting position i / all verifications) and output equality; for specbench's
+    methods the decode speedup over specbench plain beside the one ``profile`` predicts (``add_predictions``).
+    Seconds per prompt are the median over repeats; throughput is total tokens / total seconds (Spec-Bench's);
+    ``speedup_low``/``speedup_high``: its 95 % bootstrap interval over whole questions (None under 6)."""
     info = info or {}
     categories = list(dict.fromkeys(r.category for r in runs))
     repeats = sorted({r.repeat for r in runs})
     out = []
-    for group in categories + ["overall"]:
+    for group in [*categories, "overall"]:
         in_group = [r for r in runs if group == "overall" or r.category == group]
         timing = {m.name: _Timing.of([r for r in in_group if r.method == m.name], repeats) for m in methods}
         base = timing.get(PROMPT_BASELINE)
@@ -220,6 +214,68 @@ def summarize_prompt_runs(
     return add_predictions(out, runs, profile)
 
 
+@dataclass(frozen=True)
+class GroupPrediction:
+    """A method's runs in a category pooled (``_pooled``): the predicted speedup, the mean absolute residual over
+    the runs and their mean d; all None where a run has no prediction."""
+
+    predicted_speedup: float | None = None
+    mean_abs_residual: float | None = None
+    d: float | None = None
+
+
+@dataclass(frozen=True)
+class _RunPrediction:
+    """A speculative run's decode tokens and, from its kept steps, its predicted speedup over specbench plain, the
+    residual of the measured one and d (``predicted`` None: it kept no steps or has no plain run beside it)."""
+
+    method: str
+    category: str
+    decode_tokens: int
+    predicted: float | None = None
+    residual: float = math.nan
+    d: float = 0.0
+
+
+def _decode(run: PromptRun | None) -> tuple[float, int]:
+    """A specbench run's seconds and tokens after its first token (none without a run)."""
+    return (run.wall_s - run.first_token_s, max(0, run.new_tokens - 1)) if run else (0.0, 0)
+
+
+def _run_predictions(runs: Sequence[PromptRun], profile: Profile) -> list[_RunPrediction]:
+    """Each specbench speculative run in a verify mode ``profile`` has, against the specbench plain run of its
+    prompt and repeat."""
+    plain = {(r.question_key, r.turn, r.repeat): r for r in runs if r.plain_specbench}
+    out = []
+    for r in runs:
+        if not r.speculative_specbench or r.verify not in profile.costs:
+            continue
+        base = plain.get((r.question_key, r.turn, r.repeat))
+        (seconds, tokens), (plain_s, plain_tokens) = _decode(r), _decode(base)
+        if base is None or not r.steps:
+            out.append(_RunPrediction(r.method, r.category, tokens))
+            continue
+        ok = tokens and plain_tokens and seconds > 0
+        measured = (plain_s / plain_tokens) / (seconds / tokens) if ok else math.nan
+        records = r.step_records()
+        d = drafting_cost(records, plain_s / plain_tokens if plain_tokens else 0.0)
+        predicted = predicted_speedup(records, profile, d, r.prompt_tokens, r.verify)
+        out.append(_RunPrediction(r.method, r.category, tokens, predicted, residual(measured, predicted), d))
+    return out
+
+
+def _pooled(predictions: Sequence[_RunPrediction], method: str, category: str | None) -> GroupPrediction:
+    """``method``'s runs in ``category`` (None: all) pooled: the predicted speedup is their decode tokens over
+    their predicted plain steps."""
+    mine = [p for p in predictions if p.method == method and category in (None, p.category)]
+    timed = [(p.decode_tokens, p.predicted) for p in mine if p.decode_tokens > 0]
+    if not timed or any(p.predicted is None for p in mine) or any(not x or x <= 0 for _, x in timed):
+        return GroupPrediction()
+    pooled = sum(n for n, _ in timed) / sum(n / x for n, x in timed if x)
+    error = mean_absolute_error(p.residual for p in mine)
+    return GroupPrediction(pooled, error if math.isfinite(error) else None, statistics.fmean(p.d for p in mine))
+
+
 def add_predictions(
     summary: list[MethodSummary], runs: Sequence[PromptRun], profile: Profile | None
 ) -> list[MethodSummary]:
@@ -227,7 +283,7 @@ def add_predictions(
     specbench plain in its category, and for speculative methods with ``profile`` the prediction and residual
     (None without a profile, for a verify mode it lacks, or for runs that kept no steps)."""
     plain = {r.category: r for r in summary if r.engine == "specbench" and r.drafter == "none"}
-    predictions = run_predictions(runs, profile) if profile is not None else pl.DataFrame()
+    predictions = _run_predictions(runs, profile) if profile is not None else []
     out = []
     for row in summary:
         base = plain.get(row.category)
@@ -236,8 +292,7 @@ def add_predictions(
             if base is not None and base.decode_tokens_per_s > 0 and row.engine == "specbench"
             else None
         )
-        category = None if row.category == "overall" else row.category
-        predicted = group_prediction(predictions, row.method, category) if row.speculative_specbench else NO_PREDICTION
+        predicted = _pooled(predictions, row.method, None if row.category == "overall" else row.category)
         p = predicted.predicted_speedup
         out.append(
             replace(
@@ -266,6 +321,12 @@ def _speedup_cell(row: MethodSummary | None) -> str:
     return text
 
 
+def _markdown(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A markdown table's lines."""
+    line = lambda cells: "| " + " | ".join(cells) + " |"  # noqa: E731
+    return [line(header), "|---" * len(header) + "|", *map(line, rows)]
+
+
 def prompt_table(
     summary: Sequence[MethodSummary],
     methods: Sequence[Method],
@@ -276,53 +337,48 @@ def prompt_table(
     """Markdown tables: speedup over mlx-lm plain by category, the overall metrics per method, and each
     speculative method's measured decode speedup over specbench plain beside its prediction (``prediction``:
     where it comes from, or why there is none)."""
-    groups = list(categories) + ["overall"]
+    groups = [*categories, "overall"]
     cell = {(r.method, r.category): r for r in summary}
     names = [m.name for m in methods if (m.name, "overall") in cell]
-    head = (
+    lines = [
         f"Prompt benchmark: {info.get('model', '')} on {info.get('device', '')}, greedy, batch 1, "
         f"max {info.get('max_tokens', '')} new tokens, {info.get('repeats', 1)} repeat(s); "
-        f"mlx {info.get('mlx', '')}, mlx-lm {info.get('mlx_lm', '')}, {info.get('date', '')}"
-    )
-    lines = [
-        head,
+        f"mlx {info.get('mlx', '')}, mlx-lm {info.get('mlx_lm', '')}, {info.get('date', '')}",
         "",
         "Speedup over mlx-lm plain (end to end, tokens/s ratio; [95 % bootstrap interval over prompts], "
         "from 6 prompts on):",
         "",
+        *_markdown(["method", *groups], ([n, *(_speedup_cell(cell.get((n, g))) for g in groups)] for n in names)),
+        "",
+        "Overall:",
+        "",
     ]
-    lines.append("| method | " + " | ".join(groups) + " |")
-    lines.append("|---" * (len(groups) + 1) + "|")
-    for name in names:
-        speedups = [_speedup_cell(cell.get((name, g))) for g in groups]
-        lines.append(f"| {name} | " + " | ".join(speedups) + " |")
-    lines += ["", "Overall:", ""]
-    cols = [
-        "method",
-        "tok/s",
-        "decode tok/s",
-        "speedup",
-        "decode speedup",
-        "spread",
-        "#MAT",
-        "accept",
-        "per-position acceptance (unconditional: accepting i / all verifications)",
-        "equal",
-    ]
-    lines.append("| " + " | ".join(cols) + " |")
-    lines.append("|---" * len(cols) + "|")
+    cols = ["method", "tok/s", "decode tok/s", "speedup", "decode speedup", "spread", "#MAT", "accept"]
+    cols += ["per-position acceptance (unconditional: accepting i / all verifications)", "equal"]
+    rows = []
     for name in names:
         r = cell[(name, "overall")]
-        positions = " ".join(f"{a:.2f}" for a in r.position_acceptance[:8]) or "-"
-        lines.append(
-            f"| {name} | {_fmt(r.tokens_per_s, '.1f')} | {_fmt(r.decode_tokens_per_s, '.1f')} | "
-            f"{_fmt(r.speedup)}x | {_fmt(r.decode_speedup)}x | {_fmt(r.speedup_min)}-{_fmt(r.speedup_max)} | "
-            f"{_fmt(r.mean_accepted_tokens)} | {_fmt(r.acceptance_rate)} | {positions} | {r.equal}/{r.total} |"
+        rows.append(
+            [
+                name,
+                _fmt(r.tokens_per_s, ".1f"),
+                _fmt(r.decode_tokens_per_s, ".1f"),
+                f"{_fmt(r.speedup)}x",
+                f"{_fmt(r.decode_speedup)}x",
+                f"{_fmt(r.speedup_min)}-{_fmt(r.speedup_max)}",
+                _fmt(r.mean_accepted_tokens),
+                _fmt(r.acceptance_rate),
+                " ".join(f"{a:.2f}" for a in r.position_acceptance[:8]) or "-",
+                f"{r.equal}/{r.total}",
+            ]
         )
+    lines += _markdown(cols, rows)
     lines += _draft_model_lines(cell, methods, groups)
     lines += _prediction_lines(cell, names, groups, prediction)
-    if info.get("unfinished_questions"):
-        lines += ["", f"(time budget reached: {info['unfinished_questions']} questions not run)"]
+    if unfinished := info.get("unfinished_questions"):
+        lines += ["", f"(time budget reached: {unfinished} questions not run)"]
+    if timings := info.get("timings"):  # a run spread over ranks: where its timings come from
+        lines += ["", timings]
     return "\n".join(lines)
 
 
@@ -334,23 +390,26 @@ def _prediction_lines(
     ours = [n for n in names if cell[(n, "overall")].speculative_specbench]
     if not ours:
         return []
-    lines = ["", f"Decode speedup over specbench plain, measured and predicted ({prediction}):", ""]
     if not any(cell[(n, "overall")].predicted_speedup is not None for n in ours):
         return ["", f"Predictions: {prediction}"]
     categories = groups[:-1]
     cols = ["method", "measured", "predicted", "residual", "mean abs residual (runs)", "d"]
-    lines.append("| " + " | ".join(cols + [f"residual {g}" for g in categories]) + " |")
-    lines.append("|---" * (len(cols) + len(categories)) + "|")
+    rows = []
     for name in ours:
         r = cell[(name, "overall")]
-        by_category = [_fmt(c.residual if (c := cell.get((name, g))) else None, "+.1%") for g in categories]
-        lines.append(
-            f"| {name} | {_fmt(r.plain_speedup)}x | {_fmt(r.predicted_speedup)}x | "
-            f"{_fmt(r.residual, '+.1%')} | {_fmt(r.mean_abs_residual, '.1%')} | {_fmt(r.d, '.2g')} | "
-            + " | ".join(by_category)
-            + " |"
+        rows.append(
+            [
+                name,
+                f"{_fmt(r.plain_speedup)}x",
+                f"{_fmt(r.predicted_speedup)}x",
+                _fmt(r.residual, "+.1%"),
+                _fmt(r.mean_abs_residual, ".1%"),
+                _fmt(r.d, ".2g"),
+                *(_fmt(c.residual if (c := cell.get((name, g))) else None, "+.1%") for g in categories),
+            ]
         )
-    return lines
+    title = f"Decode speedup over specbench plain, measured and predicted ({prediction}):"
+    return ["", title, "", *_markdown(cols + [f"residual {g}" for g in categories], rows)]
 
 
 def _draft_model_lines(
@@ -362,22 +421,17 @@ def _draft_model_lines(
     ours = [m.name for m in methods if m.engine == "specbench" and m.drafter == "draft-model"]
     if not theirs or not ours:
         return []
-    lines = [
+
+    def ratio(a: MethodSummary | None, b: MethodSummary | None) -> str:
+        if not a or not b or not b.tokens_per_s:
+            return "-"
+        return f"{a.tokens_per_s / b.tokens_per_s:.2f}x ({_fmt(a.acceptance_rate)} / {_fmt(b.acceptance_rate)})"
+
+    rows = ([name, *(ratio(cell.get((name, g)), cell.get((theirs[0], g))) for g in groups)] for name in ours)
+    return [
         "",
         f"Draft model, specbench over mlx-lm's speculative_generate_step ({theirs[0]}), same pair "
         "(tokens/s ratio; acceptance specbench / mlx-lm):",
         "",
-        "| method | " + " | ".join(groups) + " |",
-        "|---" * (len(groups) + 1) + "|",
+        *_markdown(["method", *groups], rows),
     ]
-    for name in ours:
-        cells = []
-        for g in groups:
-            a, b = cell.get((name, g)), cell.get((theirs[0], g))
-            if not a or not b or not b.tokens_per_s:
-                cells.append("-")
-                continue
-            ratio = a.tokens_per_s / b.tokens_per_s
-            cells.append(f"{ratio:.2f}x ({_fmt(a.acceptance_rate)} / {_fmt(b.acceptance_rate)})")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines

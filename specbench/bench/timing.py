@@ -37,15 +37,9 @@ def cache_copy(cache: list[Any] | None, drafter: Drafter | None = None) -> list[
 @dataclass(frozen=True)
 class Clocked(Generic[G]):
     """A generation run to the end by ``clocked``: ``run`` (what ``make`` returned), the ``items`` it yielded, and
-    its seconds by the clock from the call that made it: to its first item (``first_token_s``) and to its end
-    (``wall_s``: set-up and prompt pass included, what a caller waits); ``decode_s`` from its first item to its
-    last (decoding alone: the prompt pass gives the first token; ``wall_s - first_token_s``, the prompt bench's
-    decode seconds, also counts what follows the last item).
-
-    The benchmarks' other clocks: a generation's ``decode_s`` stat (trace benchmark, policy confirmation), its
-    logged decode steps' seconds summed, without the work between steps that is in no step; a batch's ``wall_s``
-    stat, its engine's own clock over the batch; ``specbench.cost.timing.seconds_per_token`` (per-token A/B
-    runs), from the first token to the end per token, less a drafter's bookkeeping."""
+    its seconds from the call that made it to its first item (``first_token_s``) and to its end (``wall_s``, what a
+    caller waits); ``decode_s`` from its first item to its last. (The trace benchmark and policy confirmation time
+    by a generation's ``decode_s`` stat instead: its logged decode steps' seconds, without the work between steps.)"""
 
     run: G
     items: list[Any]

@@ -19,6 +19,7 @@ from typing import Any
 
 import polars as pl
 
+from specbench.bench.timing import clocked
 from specbench.bench.trace_summary import (
     PLAIN,
     format_overall,
@@ -30,7 +31,6 @@ from specbench.bench.trace_summary import (
 from specbench.bench.turn_cache import TurnCache, reply_text
 from specbench.common.files import safe_name, write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.per_key import per_key
-from specbench.common.timing import quiet
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, plain_generation
 from specbench.core.forward import context_length
@@ -90,9 +90,7 @@ def _run(
             model, prompt, options, drafter=drafter, policy=policy, tokenizer=tokenizer, prompt_cache=prompt_cache
         )
     )
-    with quiet():  # the turn's decode time is read from its log, which this loop fills
-        for _ in gen:
-            pass
+    clocked(lambda: gen)  # run to the end: the turn's decode time is read from its log
     cache.keep(prompt, gen.cache)
     return gen
 
@@ -134,20 +132,13 @@ def bench_trace(
     truncate: str = "error",
     reuse_cache: bool = True,
 ) -> TraceBench:
-    """Replay ``trace``: plain decoding and every drafter on each turn, in one run.
+    """Replay ``trace``: plain decoding and every drafter on each turn, in one run. Each method keeps its prompt
+    cache from turn to turn (``reuse_cache``), prefilling only what its prompt adds. A prompt that does not fit the
+    model's context is an error naming the trace and turn, or with ``truncate="oldest"`` loses its oldest messages.
 
-    Each method keeps its prompt cache from turn to turn (``reuse_cache``): a turn prefills only the
-    tokens its prompt adds to the last one (``specbench.bench.turn_cache``; the per-turn table's
-    ``cached_prompt_tokens``). A prompt that does not fit the model's context is an error naming the
-    trace and turn, or with ``truncate="oldest"`` loses its oldest messages (``fitted_turn``).
-
-    ``drafters`` maps a method name to a drafter (reused across turns; names must not be "plain");
-    ``policy`` is one policy for all (default ``DraftPolicy.auto()``), or a mapping from method name
-    to policy. ``options`` (greedy) sets stops and verify mode; ``max_tokens`` caps each reply when
-    ``options`` is not given. ``turns`` limits the replay to the first turns. With ``out_dir``, writes
-    ``<trace>.turns.parquet``, ``<trace>.steps.parquet`` and ``<trace>.plain.parquet`` (the
-    recorded plain outputs) there.
-    """
+    ``drafters`` maps a method name (not "plain") to a drafter reused across turns; ``policy``: one for all (default
+    ``DraftPolicy.auto()``) or one per method name. ``options`` (greedy) sets stops and verify mode, else
+    ``max_tokens`` caps each reply; ``turns`` limits the replay. With ``out_dir``, its tables are written there."""
     if PLAIN in drafters:
         raise ValueError(f"{PLAIN!r} is the baseline every run includes; do not name a drafter so")
     if any(d is None for d in drafters.values()):
@@ -334,15 +325,11 @@ def run_trace(
     truncate: str = "error",
     reasoning: str = "keep",
 ) -> TraceRun:
-    """Replay the traces of a file (or bundled trace name, or ``Trace`` objects) with drafters by name.
-
-    ``policies``: policy objects (default ``[DraftPolicy.auto()]``). Each trace starts with fresh
-    drafters unless ``share_store`` (then SuffixDecoding's store carries over from trace to trace).
-    With ``out``, every trace's tables are written there, with a summary; a rerun with the same
-    settings skips traces already finished there (not with ``share_store``, whose results depend on
-    the traces before). ``trace_ids`` and ``limit`` pick traces (in file order); ``truncate`` is
-    ``bench_trace``'s context policy; ``reasoning`` ("keep" or "drop") is ``load_traces``' for a file.
-    """
+    """Replay the traces of a file (or bundled trace name, or ``Trace`` objects) with drafters by name, each trace
+    with fresh drafters unless ``share_store`` (SuffixDecoding's store then carries over). With ``out``, every
+    trace's tables and a summary are written there; a rerun with the same settings skips the traces finished there
+    (not with ``share_store``). ``trace_ids`` and ``limit`` pick traces; ``truncate`` is ``bench_trace``'s,
+    ``reasoning`` ("keep" or "drop") ``load_traces``'."""
     policies = [DraftPolicy.auto()] if policies is None else [as_policy(p) for p in policies]
     if isinstance(source, Trace):
         traces = [source]

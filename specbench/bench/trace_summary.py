@@ -18,15 +18,9 @@ PLAIN = "plain"
 def with_cumulative(turns: pl.DataFrame) -> pl.DataFrame:
     """Add running totals per method and their rates."""
 
-    def cum(name: str) -> pl.Expr:
-        return pl.col(name).cum_sum().over("method", order_by=pl.col("turn"))
-
     frame = turns.with_columns(
-        cum("drafted").alias("cum_drafted"),
-        cum("accepted").alias("cum_accepted"),
-        cum("verifies").alias("cum_verifies"),
-        cum("decode_tokens").alias("cum_decode_tokens"),
-        cum("decode_s").alias("cum_decode_s"),
+        pl.col(name).cum_sum().over("method", order_by=pl.col("turn")).alias(f"cum_{name}")
+        for name in ("drafted", "accepted", "verifies", "decode_tokens", "decode_s")
     )
     frame = frame.with_columns(
         rate(pl.col("cum_accepted") + pl.col("cum_verifies"), "cum_verifies", 0.0).alias("cum_tokens_per_verify"),
