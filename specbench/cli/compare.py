@@ -39,7 +39,9 @@ def _compare(parser: argparse.ArgumentParser):
     parser.add_argument(
         "--max-tokens", type=int, default=None, help="for two models: tokens per prompt (default: 128; 32 on a CPU)"
     )
-    parser.add_argument("--verify", default=None, help="for two models: exact or fast (default: the engine's)")
+    parser.add_argument(
+        "--verify", choices=("exact", "fast"), help="for two models: verify mode (default: the engine's)"
+    )
     parser.add_argument(
         "--method", default=None, help="the method to compare, e.g. lookup/fixed:3 (default: the first both ran)"
     )
@@ -76,8 +78,6 @@ def _compare(parser: argparse.ArgumentParser):
             if len(names(args.drafter)) != 1:
                 raise ValueError(f"--drafter takes one drafter, got {args.drafter!r}")
             DraftPolicy.parse(args.policy)
-            if args.verify not in (None, "exact", "fast"):
-                raise ValueError(f"--verify takes exact or fast, got {args.verify!r}")
             for model in (args.a, args.b):
                 check_model(model)
             questions = questions_from(args.prompts, names(args.categories) if args.categories else None, args.limit)

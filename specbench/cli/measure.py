@@ -55,8 +55,8 @@ def _profile(parser: argparse.ArgumentParser):
         if args.repeats < 1 or args.offset < 1:
             raise ValueError(f"--repeats and --offset must be >= 1, got {args.repeats} and {args.offset}")
         drafter_names(args.drafters)
-        lengths = _integers(args.lengths, "--lengths")
-        stack_widths = _integers(args.components, "--components", MAX_PROFILE_WIDTH)
+        lengths = integers(args.lengths, "--lengths", positive=True)
+        stack_widths = integers(args.components, "--components", positive=True, maximum=MAX_PROFILE_WIDTH)
         if not args.no_save:
             check_writable(home() / "profiles", folder=True, name="the profiles folder")
         if args.plot:
@@ -94,18 +94,6 @@ def _profile(parser: argparse.ArgumentParser):
             print(f"figure: {figures.save_figure(fig, folder / 'break_even.png')}")
 
     return run
-
-
-def _integers(text: str, name: str, maximum: int | None = None) -> list[int]:
-    """A comma list of integers >= 1 (and <= ``maximum``; empty: none); a ValueError naming the option otherwise."""
-    values = integers(text, name)
-    if any(v < 1 for v in values):
-        raise ValueError(f"{name} takes integers >= 1, got {text!r}")
-    if maximum is not None and any(v > maximum for v in values):
-        raise ValueError(
-            f"{name} takes widths up to {maximum} (the widest verification specbench profile measures), got {text!r}"
-        )
-    return values
 
 
 def print_components(rows: list[dict]) -> None:
@@ -206,8 +194,8 @@ def _check_exact(parser: argparse.ArgumentParser):
             raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
         if not 0.0 <= args.acceptance <= 1.0:
             raise ValueError(f"--acceptance must be in [0, 1], got {args.acceptance}")
-        lengths = integers(args.k, "--k")
-        if not lengths or min(lengths) < 1:
+        lengths = integers(args.k, "--k", positive=True)
+        if not lengths:
             raise ValueError(f"--k takes a comma list of integers >= 1, got {args.k!r}")
         if args.max_tokens < 1:
             raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")

@@ -26,28 +26,30 @@ def names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def integers(text: str, option: str) -> list[int]:
-    """The integers of a comma list (none for an empty one); a ValueError naming ``option`` otherwise."""
+def integers(text: str, option: str, positive: bool = False, maximum: int | None = None) -> list[int]:
+    """The integers of a comma list (none for an empty one), with ``positive`` each >= 1 (and <= ``maximum``); a
+    ValueError naming ``option`` otherwise."""
     try:
-        return [int(part) for part in names(text)]
+        values = [int(part) for part in names(text)]
     except ValueError:
         raise ValueError(f"{option} takes a comma list of integers, got {text!r}") from None
+    if positive and any(v < 1 for v in values):
+        raise ValueError(f"{option} takes integers >= 1, got {text!r}")
+    if maximum is not None and any(v > maximum for v in values):
+        raise ValueError(f"{option} takes widths up to {maximum}, got {text!r}")
+    return values
 
 
 def drafter_names(text: str, option: str = "--drafters", required: bool = False) -> list[str]:
     """The drafter names of a comma list, checked before any model is loaded (``required``: at least one)."""
-    from specbench.drafters import DRAFTERS, NO_DRAFTER, drafter_choices, split_drafter_name
+    from specbench.drafters import drafter_choices, split_drafter_name
 
     chosen = names(text)
     if required and not chosen:
         raise ValueError(f"{option}: give at least one drafter name ({drafter_choices()})")
-    unknown = [n for n in chosen if n.strip().lower().partition(":")[0] not in (*DRAFTERS.names(), *NO_DRAFTER)]
-    if unknown:
-        what = "drafters" if option.endswith("s") else "drafter"
-        raise ValueError(f"{option}: unknown {what} {', '.join(map(repr, unknown))}: choose from {drafter_choices()}")
     for name in chosen:
         try:
-            split_drafter_name(name)  # a parameter where none is taken, or not a positive integer
+            split_drafter_name(name)  # an unknown name, a parameter where none is taken, or not a positive integer
         except ValueError as err:
             raise ValueError(f"{option}: {err}") from None
     return chosen
@@ -108,13 +110,12 @@ def device_defaults(args: argparse.Namespace, defaults: dict[str, dict[str, obje
     from specbench.common.identity import device_name
 
     device = "cpu" if device_name().startswith("cpu") else "gpu"
+    bundled = getattr(args, "prompts", None) == "bundled"
+    own = hasattr(args, "prompts") and not bundled  # a user's question file (run whole)
     chosen = {}
     for name, value in defaults[device].items():
-        if getattr(args, name, None) is not None or value is None:
-            continue
-        own = hasattr(args, "prompts") and getattr(args, "prompts", None) != "bundled"  # a user's question file
-        if (name == "categories" and getattr(args, "prompts", None) != "bundled") or (name == "limit" and own):
-            continue
-        setattr(args, name, value)
-        chosen[name] = value
+        skip = (name == "categories" and not bundled) or (name == "limit" and own)
+        if getattr(args, name, None) is None and value is not None and not skip:
+            setattr(args, name, value)
+            chosen[name] = value
     return chosen
