@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from specbench.core.draft import Draft, Drafter
-from specbench.drafters.draft_model import DraftModel, has_shipped_draft_model, shipped_draft_model
+from specbench.drafters.draft_model import DraftModel, shipped_draft_model
 from specbench.drafters.early_exit import EarlyExit, exit_layer_count
 from specbench.drafters.lookup import PromptLookup
 from specbench.drafters.mtp import MtpHead, mtp_head_for
@@ -65,7 +65,6 @@ __all__ = [
     "drafter_choices",
     "drafter_kinds",
     "exit_layer_count",
-    "has_shipped_draft_model",
     "is_drafter_name",
     "make_drafter",
     "mtp_head_for",

@@ -340,11 +340,6 @@ def draft_metadata(
     return {**meta, **{k: json.dumps(v) for k, v in (extra or {}).items()}}
 
 
-def has_shipped_draft_model(model_name: str | None) -> bool:
-    """Whether a draft model is shipped for the embedded model ``model_name``."""
-    return shipped_draft_path(model_name) is not None
-
-
 def shipped_draft_model(target: nn.Module, model_name: str | None) -> nn.Module:
     """The draft model shipped for the embedded model ``model_name``; FileNotFoundError when none is."""
     path = shipped_draft_path(model_name)
@@ -364,8 +359,6 @@ def resolve_draft_model(spec: str | Path, target: nn.Module, model_name: str | N
     if text == "shipped":
         return shipped_draft_model(target, model_name)
     if text.endswith(".safetensors"):
-        if not Path(text).is_file():
-            raise FileNotFoundError(f"no draft model file at {text}")
         return load_draft_model(target, text)
     from specbench.models.load import load
 
