@@ -237,28 +237,19 @@ class SuffixDecoding(Drafter):
             limits = DraftLimits(budget, self.max_spec_factor, self.max_spec_offset, self.max_depth, reference)
             self._limits[budget * 2 + reference] = limits
         longest = n - 1  # the reference matches at most len(context) - 1 tokens
-        score, tokens, match, source, parents, start = 0.0, [], 0, None, None, None
+        starts = []  # (source, (index, state, match length)): local first, global only when strictly better
         if self.use_local:
             index = self.local_index
-            start = (index, index.anchor, min(index.anchor_len, longest))
-            score, tokens, match, parents = index.speculate(*start[1:], limits, self.min_token_prob, 0.0, reference)
-            source = "local" if tokens else None
+            starts.append(("local", (index, index.anchor, min(index.anchor_len, longest))))
         if self.use_global and self._live_tokens:
             state, matched = self._global_match()
             if matched:
-                g_start = (self.global_index, state, min(matched, longest))
-                g_score, g_tokens, g_match, g_parents = self.global_index.speculate(
-                    *g_start[1:], limits, self.min_token_prob, score, reference
-                )
-                if g_score > score:
-                    score, tokens, match, source, parents, start = (
-                        g_score,
-                        g_tokens,
-                        g_match,
-                        "global",
-                        g_parents,
-                        g_start,
-                    )
+                starts.append(("global", (self.global_index, state, min(matched, longest))))
+        score, tokens, match, parents, source, start = 0.0, [], 0, None, None, None
+        for name, at in starts:
+            found = at[0].speculate(*at[1:], limits, self.min_token_prob, score, reference)
+            if found[0] > score:
+                (score, tokens, match, parents), source, start = found, name, at
         if self.tree_rule == "backoff" and tokens:
             tokens, parents = backoff_tree(*start, tokens, budget, self.min_token_prob)
             if is_path(parents):
