@@ -1,10 +1,7 @@
 """Draft-model speculation: a smaller model sharing the target's vocabulary drafts autoregressively.
 
-The drafter keeps its own KV cache over the context. After a verification ``observe`` learns the
-emitted tokens (accepted drafts, then the target's own token) and trims the cache back to the
-longest prefix it shares with the context, so the cache holds exactly what the target kept; the
-next ``draft`` feeds only the tokens the cache lacks. Drafting is lazy: the k tokens are chained
-on the device and read once.
+The drafter keeps its own KV cache, trimmed after each verification to the longest prefix it shares with the
+context (what the target kept); a draft feeds only the tokens the cache lacks and reads its k tokens once.
 
 Sampling: the drafter cannot see the generation's options, so it is given the sampling settings
 (``sampling=``: a ``SamplingSettings`` or the ``GenerateOptions`` of the run). With temperature 0

@@ -11,15 +11,10 @@ match length m the budget is min(max_spec_tokens, floor(m * max_spec_factor + ma
 with the best score (sum of token probabilities; ties to the longer match) wins, local against
 global (global only when strictly better).
 
-Data structure: each index is a ``specbench.drafters.suffix_index.SuffixIndex`` (a suffix automaton with
-the reference's counts); the global one is rebuilt from the live sequences once evicted tokens outnumber
-them (amortised O(1) per token).
-
-Counts equal the reference's node counts (occurrences of each substring of length <= max_depth,
-the current request's end included in the local index), so drafts and scores are the reference's.
-Two choices differ: among children with equal counts the most recent one wins (the reference takes
-an unspecified one), and the response being generated joins the global index only when the request
-ends (the reference adds it while generating; here the local index already holds it).
+Each index is a ``SuffixIndex`` (``suffix_index``) whose counts equal the reference's node counts, so drafts
+and scores are the reference's. Two choices differ: among children with equal counts the most recent one wins
+(the reference takes an unspecified one), and the response being generated joins the global index only when the
+request ends (the reference adds it while generating; here the local index already holds it).
 """
 
 from __future__ import annotations
@@ -68,7 +63,6 @@ class SuffixDecoding(Drafter):
         max_sequences: int | None = 10_000,
         max_tokens: int | None = 1_000_000,
         remember_at_end: str | None = "response",
-        use_local: bool = True,
         use_global: bool = True,
         tree: bool | str = False,
     ):
@@ -90,7 +84,6 @@ class SuffixDecoding(Drafter):
         self.max_sequences = max_sequences
         self.max_tokens = max_tokens
         self.remember_at_end = remember_at_end
-        self.use_local = use_local
         self.use_global = use_global
         if tree not in (False, True, "backoff", "reference"):
             raise ValueError(f"tree must be False, True, 'backoff' or 'reference', got {tree!r}")
@@ -237,10 +230,8 @@ class SuffixDecoding(Drafter):
             limits = DraftLimits(budget, self.max_spec_factor, self.max_spec_offset, self.max_depth, reference)
             self._limits[budget * 2 + reference] = limits
         longest = n - 1  # the reference matches at most len(context) - 1 tokens
-        starts = []  # (source, (index, state, match length)): local first, global only when strictly better
-        if self.use_local:
-            index = self.local_index
-            starts.append(("local", (index, index.anchor, min(index.anchor_len, longest))))
+        index = self.local_index
+        starts = [("local", (index, index.anchor, min(index.anchor_len, longest)))]  # global only when better
         if self.use_global and self._live_tokens:
             state, matched = self._global_match()
             if matched:
