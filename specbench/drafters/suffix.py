@@ -144,13 +144,6 @@ class SuffixDecoding(Drafter):
         if self._dead_tokens > max(self._live_tokens, self.rebuild_min_tokens):
             self._rebuild_global()
 
-    def forget(self) -> None:
-        """Empty the global index."""
-        self.global_index = SuffixIndex(self.max_depth)
-        self._sequences.clear()
-        self._live_tokens = self._dead_tokens = 0
-        self._version += 1
-
     def _rebuild_global(self) -> None:
         old = self.global_index
         fresh = SuffixIndex(self.max_depth)
