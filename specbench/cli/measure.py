@@ -103,22 +103,26 @@ def print_components(rows: list[dict]) -> None:
 
     widths = sorted({r["width"] for r in rows})
     at = {(r["width"], r["part"]): r for r in rows}
+
+    def line(label: str, cells: list[float], spec: str = "9.3f") -> None:
+        print("  " + label.ljust(11) + "".join(f"{c:{spec}}" for c in cells))
+
     print("  verify cost by component, in plain steps (a speculative step of width w, drafts rejected):")
     print("  " + "part".ljust(11) + "".join(f"{'w=' + str(w):>9s}" for w in widths))
     for part in PARTS:
         if any(at[w, part]["seconds"] > 0 for w in widths):
-            print("  " + part.ljust(11) + "".join(f"{at[w, part]['c']:9.3f}" for w in widths))
-    sums = [sum(at[w, p]["c"] for p in PARTS) for w in widths]
-    print("  " + "sum".ljust(11) + "".join(f"{s:9.3f}" for s in sums))
-    print("  " + "measured".ljust(11) + "".join(f"{at[w, PARTS[0]]['c_step']:9.3f}" for w in widths))
-    print("  " + "off by".ljust(11) + "".join(f"{at[w, PARTS[0]]['error']:+9.1%}" for w in widths))
-    if all("closure" in at[w, PARTS[0]] for w in widths):  # the forward's parts against the forward itself
-        print("  " + "closure".ljust(11) + "".join(f"{at[w, PARTS[0]]['closure']:+9.1%}" for w in widths))
+            line(part, [at[w, part]["c"] for w in widths])
+    line("sum", [sum(at[w, p]["c"] for p in PARTS) for w in widths])
+    whole = [at[w, PARTS[0]] for w in widths]  # the whole step's measures, on each width's first part
+    line("measured", [r["c_step"] for r in whole])
+    line("off by", [r["error"] for r in whole], "+9.1%")
+    if all("closure" in r for r in whole):  # the forward's parts against the forward itself
+        line("closure", [r["closure"] for r in whole], "+9.1%")
     counted = phase_stack(rows)  # on a GPU: each part's host work, the wait for the device a part of its own
     if counted is not None:
         by_phase = {(r["width"], r["part"]): r for r in counted}
-        print("  " + "wait".ljust(11) + "".join(f"{by_phase[w, 'wait']['c']:9.3f}" for w in widths))
-        print("  " + "by phase".ljust(11) + "".join(f"{by_phase[w, PARTS[0]]['error']:+9.1%}" for w in widths))
+        line("wait", [by_phase[w, "wait"]["c"] for w in widths])
+        line("by phase", [by_phase[w, PARTS[0]]["error"] for w in widths], "+9.1%")
     if len(widths) > 1:
         part, share = deciding_part(rows)
         print(f"  deciding part: {part} ({share:.0%} of the growth from w={widths[0]} to w={widths[-1]})")
