@@ -29,12 +29,9 @@ class PromptLookup(Drafter):
         tree: bool = False,
         max_candidates: int = 4,
     ):
-        for arg, value, low in (
-            ("max_ngram", max_ngram, 1),
-            ("min_ngram", min_ngram, 1),
-            ("max_candidates", max_candidates, 1),
-        ):
-            whole(arg, value, low)
+        whole("max_ngram", max_ngram, 1)
+        whole("min_ngram", min_ngram, 1)
+        whole("max_candidates", max_candidates, 1)
         whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
         if max_ngram < min_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
