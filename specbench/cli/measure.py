@@ -36,7 +36,6 @@ def _profile(parser: argparse.ArgumentParser):
         default="",
         help=f"split a speculative step's cost into parts at these widths (default 1,2,5,9; up to {MAX_PROFILE_WIDTH})",
     )
-    parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
     parser.add_argument("--no-save", action="store_true", help="print only; do not store under SPECBENCH_HOME")
     parser.add_argument("--plot", default=None, help="folder for costs.png and break_even.png")
 
@@ -185,7 +184,6 @@ def _check_exact(parser: argparse.ArgumentParser):
     parser.add_argument("--k", default="2,4,7,15", help="comma list of draft lengths, cycled over the prompts")
     parser.add_argument("--acceptance", type=float, default=0.8, help="per-position acceptance of the drafts")
     parser.add_argument("--verify", default="exact,fast", help="comma list of verify modes: exact, fast")
-    parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
     parser.add_argument("--out", default=None, help="write the per-prompt rows here (parquet)")
 
     def run(args):

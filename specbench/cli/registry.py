@@ -68,11 +68,13 @@ def verify_modes(text: str | None, option: str = "--verify") -> list[str]:
 
 def add_model_argument(parser: argparse.ArgumentParser, synthetic: str | None = None, shard: bool = True) -> None:
     """``--model``, the embedded SmolLM2-135M by default; with ``synthetic`` (a note on such models, shown
-    in the help) it also takes synthetic:NAME; with ``shard``, ``--shard`` too."""
+    in the help) it also takes synthetic:NAME, and ``--layers``; with ``shard``, ``--shard`` too."""
     names = "short name, local folder or mlx-lm id"
     if synthetic is not None:
         names = f"short name, local folder, mlx-lm id, or synthetic:NAME ({synthetic})"
     parser.add_argument("--model", default="smollm2-135m", help=names)
+    if synthetic is not None:
+        parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
     if shard:
         parser.add_argument(
             "--shard",
