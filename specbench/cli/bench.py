@@ -47,7 +47,7 @@ def _prompt_selection(parser: argparse.ArgumentParser) -> None:
         "--limit",
         type=int,
         default=None,
-        help="at most N questions per category, or N traces (default: all; 1 on a CPU)",
+        help="at most N questions per category, or N traces (default: all; 3 on a CPU)",
     )
 
 
@@ -92,7 +92,7 @@ def _configure_prompts(parser: argparse.ArgumentParser) -> None:
 def _configure_trace(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", help="a trace file to replay turn by turn")
     _common(parser)
-    parser.add_argument("--limit", type=int, default=None, help="at most N traces (default: all; 1 on a CPU)")
+    parser.add_argument("--limit", type=int, default=None, help="at most N traces (default: all; 3 on a CPU)")
     _trace_selection(parser)
     parser.add_argument("--verify", default=None, help="exact or fast (default: the engine's)")
     parser.add_argument(
