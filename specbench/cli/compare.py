@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specbench.cli.registry import command, device_defaults, drafter_names, names
+from specbench.cli.registry import command, device_defaults, drafter_names, names, prompt_selection
 
 
 @command(
@@ -23,17 +23,7 @@ def _compare(parser: argparse.ArgumentParser):
         default="bundled",
         help="for two models: a Spec-Bench/MT-bench question.jsonl, or 'bundled' for the project's prompts",
     )
-    parser.add_argument(
-        "--categories",
-        default=None,
-        help="for two models: comma list of categories (default: all; qa,translation on a CPU, bundled prompts)",
-    )
-    parser.add_argument(
-        "--limit",
-        type=int,
-        default=None,
-        help="for two models: at most N questions per category (default: all; 3 on a CPU)",
-    )
+    prompt_selection(parser, "for two models: ")
     parser.add_argument("--drafter", default="lookup", help="for two models: the drafter both run")
     parser.add_argument("--policy", default="fixed:3", help="for two models: the draft policy both run")
     parser.add_argument(

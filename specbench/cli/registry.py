@@ -96,6 +96,20 @@ def reasoning_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def prompt_selection(parser: argparse.ArgumentParser, note: str = "", traces: bool = False) -> None:
+    """``--categories`` and ``--limit``: which prompts run (``note``: for whom, e.g. "for two models: ";
+    ``traces``: --limit counts traces too)."""
+    parser.add_argument(
+        "--categories",
+        default=None,
+        help=f"{note}comma list of categories to run (default: all; qa,translation on a CPU with the bundled prompts)",
+    )
+    per = "per category, or N traces" if traces else "per category"
+    parser.add_argument(
+        "--limit", type=int, default=None, help=f"{note}at most N questions {per} (default: all; 3 on a CPU)"
+    )
+
+
 #: ``bench``'s defaults for what is left unset, by device: a GPU runs every bundled question at 128 tokens; a CPU,
 #: where a float32 step of the embedded model takes ~0.1-0.2 s, runs the two shortest categories' first 3 questions
 #: at 32 tokens: 6 prompts, the fewest an interval over prompts is computed from. A user's own question file is run
