@@ -57,21 +57,9 @@ class SuffixIndex:
 
     def nbytes(self) -> int:
         """Approximate memory of the index in bytes (arrays, dict table, dict keys and values)."""
-        columns = (
-            self.length,
-            self.link,
-            self.count,
-            self.lastpos,
-            self.best,
-            self.token,
-            self.first_edge,
-            self.edge_token,
-            self.edge_next,
-        )
-        size = sum(c.itemsize * c.buffer_info()[1] for c in columns)
+        size = sum(c.itemsize * len(c) for c in vars(self).values() if isinstance(c, array))  # the store's too
         size += sys.getsizeof(self.next) + 32 * len(self.next)  # table + one int key each
-        size += sys.getsizeof(self.store) if isinstance(self.store, list) else len(self.store) * 4
-        return size
+        return size + (sys.getsizeof(self.store) if isinstance(self.store, list) else 0)
 
     # -- building ------------------------------------------------------------------------------
     def start_sequence(self) -> int:
