@@ -16,7 +16,6 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import Any
 
-from specbench.cli import ab, bench, compare, decode, measure, mtp, report, simulate  # noqa: F401  (each registers its subcommands)
 from specbench.cli.registry import COMMANDS
 
 #: What a user's mistake or the machine's state raises; anything else is a bug and keeps its traceback.

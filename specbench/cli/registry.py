@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from specbench.common.registry import Registry
 
-COMMANDS: Registry[tuple[str, Callable[[argparse.ArgumentParser], Callable]]] = Registry("subcommand")
+#: Every module of ``specbench.cli`` is imported before the first read: a new subcommand is one module.
+COMMANDS: Registry[tuple[str, Callable[[argparse.ArgumentParser], Callable]]] = Registry("subcommand", "specbench.cli")
 
 
 def command(name: str, help: str):
