@@ -151,9 +151,9 @@ def _traces(args: argparse.Namespace) -> list:
     from specbench.inputs.traces import pick_ids
 
     path = Path(args.trace)
-    if not path.is_file():
-        raise FileNotFoundError(f"no trace file at {path}" + (" (it is a folder)" if path.is_dir() else ""))
-    traces = load_traces(path, args.trace_format, args.reasoning)
+    if path.is_dir():
+        raise FileNotFoundError(f"no trace file at {path} (it is a folder)")
+    traces = load_traces(path, args.trace_format, args.reasoning)  # a bare name: a bundled trace
     kept = set(pick_ids([t.id for t in traces], names(args.trace_id or ""), args.limit, str(path)))
     return [t for t in traces if t.id in kept]
 
