@@ -16,7 +16,6 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import Any
 
-from specbench.cli import ab, bench, compare, decode, measure, mtp, report, simulate  # noqa: F401  (each registers its subcommands)
 from specbench.cli.registry import COMMANDS
 
 #: What a user's mistake or the machine's state raises; anything else is a bug and keeps its traceback.
@@ -119,19 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             if not _debug(args):
                 warnings.showwarning = lambda message, *_, **__: print(f"{prog}: warning: {message}", file=sys.stderr)
             return int(runners[args.command](args) or 0)
-    except UsageError as err:
+    except (UsageError, KeyboardInterrupt, *EXPECTED_ERRORS) as err:
         if _debug(args):
             raise
-        print(f"{err.prog}: error: {error_line(err)}", file=sys.stderr)
-        return 2
-    except EXPECTED_ERRORS as err:
-        if _debug(args):
-            raise
-        prog = f"specbench {args.command}" if args is not None else "specbench"
+        prog = getattr(err, "prog", None) or (f"specbench {args.command}" if args is not None else "specbench")
+        if isinstance(err, KeyboardInterrupt):
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return 130
         print(f"{prog}: error: {error_line(err)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        if _debug(args):
-            raise
-        print(f"specbench {args.command}: interrupted" if args else "specbench: interrupted", file=sys.stderr)
-        return 130

@@ -21,31 +21,26 @@ def _ab(parser: argparse.ArgumentParser):
     parser.add_argument("--limit", type=int, default=3, help="prompts per category")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per call")
     parser.add_argument("--repeats", type=int, default=3, help="rounds over the prompts (pairs = prompts x repeats)")
-    parser.add_argument("--verify", default=None, help="verify mode, exact or fast (default: the engine's)")
+    parser.add_argument("--verify", choices=("exact", "fast"), help="verify mode (default: the engine's)")
     parser.add_argument("--pin", action="store_true", help="first keep the steadier of free and pinned cores")
 
     def run(args):
         from specbench.bench.ab_experiment import Arm, run_ab
         from specbench.bench.timing import clocked
-        from specbench.cli.registry import verify_modes
         from specbench.common.timing import steadier_affinity
         from specbench.core.engine import plain_generation
         from specbench.core.options import GenerateOptions
-        from specbench.inputs.prompts import BUNDLED_CATEGORIES, bundled_questions, render_prompt
+        from specbench.inputs.prompts import bundled_questions, render_prompt
         from specbench.models.load import load
 
         a = Arm.parse(args.a, "--a")
         b = a if args.aa else Arm.parse(args.b, "--b")
-        categories = names(args.categories)
-        if unknown := sorted(set(categories) - set(BUNDLED_CATEGORIES)):
-            raise ValueError(f"--categories: unknown {unknown}; bundled: {', '.join(BUNDLED_CATEGORIES)}")
         if args.repeats < 1 or args.limit < 1 or args.max_tokens < 2:
             raise ValueError("--repeats and --limit take at least 1, --max-tokens at least 2")
-        verify = (verify_modes(args.verify) or [None])[0]
+        questions = bundled_questions(names(args.categories), args.limit)  # unknown categories: an error here
         model, tokenizer = load(args.model)
-        questions = bundled_questions(categories, args.limit)
         prompts = [render_prompt(tokenizer, q.turns[0]) for q in questions]
-        options = GenerateOptions(max_tokens=args.max_tokens, verify=verify)
+        options = GenerateOptions(max_tokens=args.max_tokens, verify=args.verify)
         print(f"{args.model}: {len(prompts)} prompts x {args.repeats} repeats, {b} against {a}", flush=True)
         if args.pin:
 

@@ -11,6 +11,7 @@ from specbench.cli.registry import (
     device_defaults,
     drafter_names,
     names,
+    prompt_selection,
     reasoning_argument,
     verify_modes,
 )
@@ -37,20 +38,6 @@ def _common(parser: argparse.ArgumentParser, shard: bool = True) -> None:
     parser.add_argument("--out", default=None, help="folder for the results (parquet, table, figure)")
 
 
-def _prompt_selection(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--categories",
-        default=None,
-        help="comma list of categories to run (default: all; qa,translation on a CPU with the bundled prompts)",
-    )
-    parser.add_argument(
-        "--limit",
-        type=int,
-        default=None,
-        help="at most N questions per category, or N traces (default: all; 1 on a CPU)",
-    )
-
-
 def _trace_selection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace-format",
@@ -70,7 +57,7 @@ def _configure_prompts(parser: argparse.ArgumentParser) -> None:
         help="a Spec-Bench/MT-bench question.jsonl, or 'bundled' for the project's prompts",
     )
     _common(parser)
-    _prompt_selection(parser)
+    prompt_selection(parser)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of every method per prompt")
     parser.add_argument(
         "--draft-model",
@@ -92,7 +79,7 @@ def _configure_prompts(parser: argparse.ArgumentParser) -> None:
 def _configure_trace(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", help="a trace file to replay turn by turn")
     _common(parser)
-    parser.add_argument("--limit", type=int, default=None, help="at most N traces (default: all; 1 on a CPU)")
+    parser.add_argument("--limit", type=int, default=None, help="at most N traces (default: all; 3 on a CPU)")
     _trace_selection(parser)
     parser.add_argument("--verify", default=None, help="exact or fast (default: the engine's)")
     parser.add_argument(
@@ -114,7 +101,7 @@ def _configure_batch(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--trace", help="a trace file: every turn of its traces is a request")
     parser.add_argument("--batch-size", type=int, required=True, help="B: requests decoded together")
     _common(parser, shard=False)
-    _prompt_selection(parser)
+    prompt_selection(parser, traces=True)
     _trace_selection(parser)
     parser.add_argument(
         "--verify",
@@ -164,9 +151,9 @@ def _traces(args: argparse.Namespace) -> list:
     from specbench.inputs.traces import pick_ids
 
     path = Path(args.trace)
-    if not path.is_file():
-        raise FileNotFoundError(f"no trace file at {path}" + (" (it is a folder)" if path.is_dir() else ""))
-    traces = load_traces(path, args.trace_format, args.reasoning)
+    if path.is_dir():
+        raise FileNotFoundError(f"no trace file at {path} (it is a folder)")
+    traces = load_traces(path, args.trace_format, args.reasoning)  # a bare name: a bundled trace
     kept = set(pick_ids([t.id for t in traces], names(args.trace_id or ""), args.limit, str(path)))
     return [t for t in traces if t.id in kept]
 

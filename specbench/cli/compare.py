@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specbench.cli.registry import command, device_defaults, drafter_names, names
+from specbench.cli.registry import command, device_defaults, drafter_names, names, prompt_selection
 
 
 @command(
@@ -23,23 +23,15 @@ def _compare(parser: argparse.ArgumentParser):
         default="bundled",
         help="for two models: a Spec-Bench/MT-bench question.jsonl, or 'bundled' for the project's prompts",
     )
-    parser.add_argument(
-        "--categories",
-        default=None,
-        help="for two models: comma list of categories (default: all; qa,translation on a CPU, bundled prompts)",
-    )
-    parser.add_argument(
-        "--limit",
-        type=int,
-        default=None,
-        help="for two models: at most N questions per category (default: all; 3 on a CPU)",
-    )
+    prompt_selection(parser, "for two models: ")
     parser.add_argument("--drafter", default="lookup", help="for two models: the drafter both run")
     parser.add_argument("--policy", default="fixed:3", help="for two models: the draft policy both run")
     parser.add_argument(
         "--max-tokens", type=int, default=None, help="for two models: tokens per prompt (default: 128; 32 on a CPU)"
     )
-    parser.add_argument("--verify", default=None, help="for two models: exact or fast (default: the engine's)")
+    parser.add_argument(
+        "--verify", choices=("exact", "fast"), help="for two models: verify mode (default: the engine's)"
+    )
     parser.add_argument(
         "--method", default=None, help="the method to compare, e.g. lookup/fixed:3 (default: the first both ran)"
     )
@@ -76,8 +68,6 @@ def _compare(parser: argparse.ArgumentParser):
             if len(names(args.drafter)) != 1:
                 raise ValueError(f"--drafter takes one drafter, got {args.drafter!r}")
             DraftPolicy.parse(args.policy)
-            if args.verify not in (None, "exact", "fast"):
-                raise ValueError(f"--verify takes exact or fast, got {args.verify!r}")
             for model in (args.a, args.b):
                 check_model(model)
             questions = questions_from(args.prompts, names(args.categories) if args.categories else None, args.limit)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 
 from specbench.cli.registry import add_model_argument, command, drafter_names
 from specbench.common.files import check_writable, home, write_or_keep
@@ -38,6 +39,8 @@ def _setup(parser: argparse.ArgumentParser):
 
 
 # -- generate ----------------------------------------------------------------------------------
+
+
 @command("generate", "generate text from a prompt, speculatively or plainly, and print its stats")
 def _generate(parser: argparse.ArgumentParser):
     add_model_argument(parser)
@@ -45,7 +48,7 @@ def _generate(parser: argparse.ArgumentParser):
     parser.add_argument("--drafter", default="lookup", help=f"one of {drafter_choices()}")
     parser.add_argument("--policy", default="auto", help="auto, fixed:K or adaptive:K")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most")
-    parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    parser.add_argument("--temp", dest="temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 keeps every token")
     parser.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens; 0: no limit")
     parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability")
@@ -92,18 +95,8 @@ def _generate(parser: argparse.ArgumentParser):
         policy = DraftPolicy.parse(args.policy)
         drafter_names(args.drafter, "--drafter")
         check_text(args.prompt, "--prompt")
-        options = GenerateOptions(
-            max_tokens=args.max_tokens,
-            temperature=args.temp,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            min_p=args.min_p,
-            seed=args.seed,
-            acceptance_rule=args.acceptance_rule,
-            sample_by_position=args.sample_by_position,
-            verify=args.verify,
-            audit=args.audit,
-        )
+        # the options named as GenerateOptions' fields (--temp as temperature)
+        options = GenerateOptions(**{f.name: getattr(args, f.name) for f in fields(GenerateOptions) if f.name in args})
         options.check()  # before the model loads
         if args.log:
             check_writable(args.log, name="--log")

@@ -36,7 +36,6 @@ def _profile(parser: argparse.ArgumentParser):
         default="",
         help=f"split a speculative step's cost into parts at these widths (default 1,2,5,9; up to {MAX_PROFILE_WIDTH})",
     )
-    parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
     parser.add_argument("--no-save", action="store_true", help="print only; do not store under SPECBENCH_HOME")
     parser.add_argument("--plot", default=None, help="folder for costs.png and break_even.png")
 
@@ -55,8 +54,8 @@ def _profile(parser: argparse.ArgumentParser):
         if args.repeats < 1 or args.offset < 1:
             raise ValueError(f"--repeats and --offset must be >= 1, got {args.repeats} and {args.offset}")
         drafter_names(args.drafters)
-        lengths = _integers(args.lengths, "--lengths")
-        stack_widths = _integers(args.components, "--components", MAX_PROFILE_WIDTH)
+        lengths = integers(args.lengths, "--lengths", positive=True)
+        stack_widths = integers(args.components, "--components", positive=True, maximum=MAX_PROFILE_WIDTH)
         if not args.no_save:
             check_writable(home() / "profiles", folder=True, name="the profiles folder")
         if args.plot:
@@ -96,18 +95,6 @@ def _profile(parser: argparse.ArgumentParser):
     return run
 
 
-def _integers(text: str, name: str, maximum: int | None = None) -> list[int]:
-    """A comma list of integers >= 1 (and <= ``maximum``; empty: none); a ValueError naming the option otherwise."""
-    values = integers(text, name)
-    if any(v < 1 for v in values):
-        raise ValueError(f"{name} takes integers >= 1, got {text!r}")
-    if maximum is not None and any(v > maximum for v in values):
-        raise ValueError(
-            f"{name} takes widths up to {maximum} (the widest verification specbench profile measures), got {text!r}"
-        )
-    return values
-
-
 def print_components(rows: list[dict]) -> None:
     """The component stack: each part's cost per width in plain steps, their sum against the whole step
     measured, how far off the sum is, and the part whose growth with the width decides c(w)."""
@@ -115,22 +102,26 @@ def print_components(rows: list[dict]) -> None:
 
     widths = sorted({r["width"] for r in rows})
     at = {(r["width"], r["part"]): r for r in rows}
+
+    def line(label: str, cells: list[float], spec: str = "9.3f") -> None:
+        print("  " + label.ljust(11) + "".join(f"{c:{spec}}" for c in cells))
+
     print("  verify cost by component, in plain steps (a speculative step of width w, drafts rejected):")
     print("  " + "part".ljust(11) + "".join(f"{'w=' + str(w):>9s}" for w in widths))
     for part in PARTS:
         if any(at[w, part]["seconds"] > 0 for w in widths):
-            print("  " + part.ljust(11) + "".join(f"{at[w, part]['c']:9.3f}" for w in widths))
-    sums = [sum(at[w, p]["c"] for p in PARTS) for w in widths]
-    print("  " + "sum".ljust(11) + "".join(f"{s:9.3f}" for s in sums))
-    print("  " + "measured".ljust(11) + "".join(f"{at[w, PARTS[0]]['c_step']:9.3f}" for w in widths))
-    print("  " + "off by".ljust(11) + "".join(f"{at[w, PARTS[0]]['error']:+9.1%}" for w in widths))
-    if all("closure" in at[w, PARTS[0]] for w in widths):  # the forward's parts against the forward itself
-        print("  " + "closure".ljust(11) + "".join(f"{at[w, PARTS[0]]['closure']:+9.1%}" for w in widths))
+            line(part, [at[w, part]["c"] for w in widths])
+    line("sum", [sum(at[w, p]["c"] for p in PARTS) for w in widths])
+    whole = [at[w, PARTS[0]] for w in widths]  # the whole step's measures, on each width's first part
+    line("measured", [r["c_step"] for r in whole])
+    line("off by", [r["error"] for r in whole], "+9.1%")
+    if all("closure" in r for r in whole):  # the forward's parts against the forward itself
+        line("closure", [r["closure"] for r in whole], "+9.1%")
     counted = phase_stack(rows)  # on a GPU: each part's host work, the wait for the device a part of its own
     if counted is not None:
         by_phase = {(r["width"], r["part"]): r for r in counted}
-        print("  " + "wait".ljust(11) + "".join(f"{by_phase[w, 'wait']['c']:9.3f}" for w in widths))
-        print("  " + "by phase".ljust(11) + "".join(f"{by_phase[w, PARTS[0]]['error']:+9.1%}" for w in widths))
+        line("wait", [by_phase[w, "wait"]["c"] for w in widths])
+        line("by phase", [by_phase[w, PARTS[0]]["error"] for w in widths], "+9.1%")
     if len(widths) > 1:
         part, share = deciding_part(rows)
         print(f"  deciding part: {part} ({share:.0%} of the growth from w={widths[0]} to w={widths[-1]})")
@@ -193,7 +184,6 @@ def _check_exact(parser: argparse.ArgumentParser):
     parser.add_argument("--k", default="2,4,7,15", help="comma list of draft lengths, cycled over the prompts")
     parser.add_argument("--acceptance", type=float, default=0.8, help="per-position acceptance of the drafts")
     parser.add_argument("--verify", default="exact,fast", help="comma list of verify modes: exact, fast")
-    parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
     parser.add_argument("--out", default=None, help="write the per-prompt rows here (parquet)")
 
     def run(args):
@@ -206,8 +196,8 @@ def _check_exact(parser: argparse.ArgumentParser):
             raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
         if not 0.0 <= args.acceptance <= 1.0:
             raise ValueError(f"--acceptance must be in [0, 1], got {args.acceptance}")
-        lengths = integers(args.k, "--k")
-        if not lengths or min(lengths) < 1:
+        lengths = integers(args.k, "--k", positive=True)
+        if not lengths:
             raise ValueError(f"--k takes a comma list of integers >= 1, got {args.k!r}")
         if args.max_tokens < 1:
             raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")

@@ -19,7 +19,11 @@ def _train_mtp(parser: argparse.ArgumentParser):
     parser.add_argument("--quick", action="store_true", help="a short smoke run (tiny data, 30 steps)")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
     parser.add_argument(
-        "--time-budget", type=float, default=None, help="seconds of training (the schedule follows time)"
+        "--time-budget",
+        dest="time_budget_s",
+        type=float,
+        default=None,
+        help="seconds of training (the schedule follows time)",
     )
     parser.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the recipe's)")
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the recipe's)")
@@ -35,15 +39,10 @@ def _train_mtp(parser: argparse.ArgumentParser):
         from specbench.train.mtp_training import TrainConfig, summary_lines, train_mtp
 
         config = TrainConfig.quick() if args.quick else TrainConfig()
-        for key, flag, value in (
-            ("steps", "--steps", args.steps),
-            ("time_budget_s", "--time-budget", args.time_budget),
-            ("batch_size", "--batch-size", args.batch_size),
-            ("seq_len", "--seq-len", args.seq_len),
-        ):
-            if value is not None:
+        for key in ("steps", "time_budget_s", "batch_size", "seq_len"):  # the recipe's, where given (each > 0)
+            if (value := getattr(args, key)) is not None:
                 if not value > 0:
-                    raise ValueError(f"{flag} must be > 0, got {value}")
+                    raise ValueError(f"--{key.removesuffix('_s').replace('_', '-')} must be > 0, got {value}")
                 setattr(config, key, value)
         config.seed = args.seed
         check_writable(args.out, folder=True, name="--out")

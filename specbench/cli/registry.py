@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from specbench.common.registry import Registry
 
-COMMANDS: Registry[tuple[str, Callable[[argparse.ArgumentParser], Callable]]] = Registry("subcommand")
+#: Every module of ``specbench.cli`` is imported before the first read: a new subcommand is one module.
+COMMANDS: Registry[tuple[str, Callable[[argparse.ArgumentParser], Callable]]] = Registry("subcommand", "specbench.cli")
 
 
 def command(name: str, help: str):
@@ -26,28 +27,30 @@ def names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def integers(text: str, option: str) -> list[int]:
-    """The integers of a comma list (none for an empty one); a ValueError naming ``option`` otherwise."""
+def integers(text: str, option: str, positive: bool = False, maximum: int | None = None) -> list[int]:
+    """The integers of a comma list (none for an empty one), with ``positive`` each >= 1 (and <= ``maximum``); a
+    ValueError naming ``option`` otherwise."""
     try:
-        return [int(part) for part in names(text)]
+        values = [int(part) for part in names(text)]
     except ValueError:
         raise ValueError(f"{option} takes a comma list of integers, got {text!r}") from None
+    if positive and any(v < 1 for v in values):
+        raise ValueError(f"{option} takes integers >= 1, got {text!r}")
+    if maximum is not None and any(v > maximum for v in values):
+        raise ValueError(f"{option} takes widths up to {maximum}, got {text!r}")
+    return values
 
 
 def drafter_names(text: str, option: str = "--drafters", required: bool = False) -> list[str]:
     """The drafter names of a comma list, checked before any model is loaded (``required``: at least one)."""
-    from specbench.drafters import DRAFTERS, NO_DRAFTER, drafter_choices, split_drafter_name
+    from specbench.drafters import drafter_choices, split_drafter_name
 
     chosen = names(text)
     if required and not chosen:
         raise ValueError(f"{option}: give at least one drafter name ({drafter_choices()})")
-    unknown = [n for n in chosen if n.strip().lower().partition(":")[0] not in (*DRAFTERS.names(), *NO_DRAFTER)]
-    if unknown:
-        what = "drafters" if option.endswith("s") else "drafter"
-        raise ValueError(f"{option}: unknown {what} {', '.join(map(repr, unknown))}: choose from {drafter_choices()}")
     for name in chosen:
         try:
-            split_drafter_name(name)  # a parameter where none is taken, or not a positive integer
+            split_drafter_name(name)  # an unknown name, a parameter where none is taken, or not a positive integer
         except ValueError as err:
             raise ValueError(f"{option}: {err}") from None
     return chosen
@@ -66,11 +69,13 @@ def verify_modes(text: str | None, option: str = "--verify") -> list[str]:
 
 def add_model_argument(parser: argparse.ArgumentParser, synthetic: str | None = None, shard: bool = True) -> None:
     """``--model``, the embedded SmolLM2-135M by default; with ``synthetic`` (a note on such models, shown
-    in the help) it also takes synthetic:NAME; with ``shard``, ``--shard`` too."""
+    in the help) it also takes synthetic:NAME, and ``--layers``; with ``shard``, ``--shard`` too."""
     names = "short name, local folder or mlx-lm id"
     if synthetic is not None:
         names = f"short name, local folder, mlx-lm id, or synthetic:NAME ({synthetic})"
     parser.add_argument("--model", default="smollm2-135m", help=names)
+    if synthetic is not None:
+        parser.add_argument("--layers", type=int, default=None, help="synthetic models: number of layers")
     if shard:
         parser.add_argument(
             "--shard",
@@ -92,6 +97,20 @@ def reasoning_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def prompt_selection(parser: argparse.ArgumentParser, note: str = "", traces: bool = False) -> None:
+    """``--categories`` and ``--limit``: which prompts run (``note``: for whom, e.g. "for two models: ";
+    ``traces``: --limit counts traces too)."""
+    parser.add_argument(
+        "--categories",
+        default=None,
+        help=f"{note}comma list of categories to run (default: all; qa,translation on a CPU with the bundled prompts)",
+    )
+    per = "per category, or N traces" if traces else "per category"
+    parser.add_argument(
+        "--limit", type=int, default=None, help=f"{note}at most N questions {per} (default: all; 3 on a CPU)"
+    )
+
+
 #: ``bench``'s defaults for what is left unset, by device: a GPU runs every bundled question at 128 tokens; a CPU,
 #: where a float32 step of the embedded model takes ~0.1-0.2 s, runs the two shortest categories' first 3 questions
 #: at 32 tokens: 6 prompts, the fewest an interval over prompts is computed from. A user's own question file is run
@@ -108,13 +127,12 @@ def device_defaults(args: argparse.Namespace, defaults: dict[str, dict[str, obje
     from specbench.common.identity import device_name
 
     device = "cpu" if device_name().startswith("cpu") else "gpu"
+    bundled = getattr(args, "prompts", None) == "bundled"
+    own = hasattr(args, "prompts") and not bundled  # a user's question file (run whole)
     chosen = {}
     for name, value in defaults[device].items():
-        if getattr(args, name, None) is not None or value is None:
-            continue
-        own = hasattr(args, "prompts") and getattr(args, "prompts", None) != "bundled"  # a user's question file
-        if (name == "categories" and getattr(args, "prompts", None) != "bundled") or (name == "limit" and own):
-            continue
-        setattr(args, name, value)
-        chosen[name] = value
+        skip = (name == "categories" and not bundled) or (name == "limit" and own)
+        if getattr(args, name, None) is None and value is not None and not skip:
+            setattr(args, name, value)
+            chosen[name] = value
     return chosen

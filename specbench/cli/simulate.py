@@ -62,18 +62,7 @@ def _simulate(parser: argparse.ArgumentParser):
         check_settings(drafters, ks, stores, args.limit)
         if args.out:
             check_writable(args.out, folder=True, name="--out")
-        result = simulate_logs(
-            args.trace or args.recorded,
-            drafters,
-            ks,
-            stores,
-            tokenizer=args.tokenizer,
-            recorded=args.recorded is not None,
-            format=args.trace_format,
-            trace_ids=names(args.trace_id) if args.trace_id else None,
-            limit=args.limit,
-            reasoning=args.reasoning,
-        )
+        result = simulate_logs(args.trace or args.recorded, drafters, ks, stores, args.tokenizer, **_reading(args))
         print(
             f"{result.traces} traces, {result.turns} turns, {result.prompt_tokens} prompt tokens; "
             f"{result.skipped} turns without a recorded reply skipped; {result.seconds:.1f} s"
@@ -103,15 +92,7 @@ def _rank(args: argparse.Namespace) -> None:
         check_writable(args.out, folder=True, name="--out")
     profile = read_profile(args.profile)
     source = args.trace or args.recorded
-    groups, skipped = load_groups(
-        source,
-        args.tokenizer,
-        recorded=args.recorded is not None,
-        format=args.trace_format,
-        trace_ids=names(args.trace_id) if args.trace_id else None,
-        limit=args.limit,
-        reasoning=args.reasoning,
-    )
+    groups, skipped = load_groups(source, args.tokenizer, **_reading(args))
     workload = Path(source).stem.removesuffix(".plain")
     table, steps = rank_policies({workload: groups}, names(args.policies), profile, drafters[0], ks[0])
     print(f"{len(groups)} traces; {skipped} turns without a recorded reply skipped; priced by {profile.name}")
@@ -123,3 +104,15 @@ def _rank(args: argparse.Namespace) -> None:
         steps.save(out / "policies_steps.parquet")
         write_text_atomic(out / "policies.txt", format_ranking(table) + "\n")
         print(f"\nresults: {args.out}")
+
+
+def _reading(args: argparse.Namespace) -> dict:
+    """How the logs or recorded outputs are read: the options ``simulate_logs`` and ``load_groups`` share."""
+    trace_ids = names(args.trace_id) if args.trace_id else None
+    return dict(
+        recorded=args.recorded is not None,
+        format=args.trace_format,
+        trace_ids=trace_ids,
+        limit=args.limit,
+        reasoning=args.reasoning,
+    )

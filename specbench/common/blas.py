@@ -5,10 +5,6 @@ so every forward wider than one row costs about as much per row as a decode step
 An optimized BLAS with the same interface, preloaded into the process (``LD_PRELOAD``), takes its place:
 with Debian's OpenBLAS (``libopenblas0-pthread``) the same matmul runs 20-50x faster. The symbols of a
 preloaded library come first in the process's lookup order, so MLX's calls resolve to it.
-
-``preload_environment`` gives the environment a process (the command line, a test run, a notebook kernel)
-should start with; ``SPECBENCH_BLAS`` chooses: unset (the first of ``CANDIDATES`` found), a library's path,
-or ``reference`` (keep MLX's own).
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ import builtins
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import mlx.core as mx
@@ -175,41 +174,15 @@ def broadcast_array(x: mx.array | None, shape: tuple[int, ...], dtype: mx.Dtype)
 
 def broadcast(value: Any = None) -> Any:
     """Rank 0's ``value`` on every rank (data: JSON's types, tuples, sets, bytes, arrays, polars frames,
-    specbench's dataclasses; ``specbench.common.wire``);
-    other ranks' ``value`` is ignored. Rank 0's bytes gathered, the others sending none.
-    Returns ``value`` itself in a world of one."""
-    if size() == 1:
-        return value
-    data, error = b"", None
-    if is_main():
-        try:
-            data = wire.dumps(value)
-        except ValueError as err:  # the other ranks wait for this broadcast: they raise it too
-            data, error = wire.dumps(_Unsent(str(err))), err
-    received = _gathered_bytes(data)[0]
-    if error is not None:
-        raise error
-    if is_main():
-        return value
-    value = wire.loads(received)
-    if isinstance(value, _Unsent):
-        raise ValueError(f"rank 0 could not broadcast its value: {value.reason}")
-    return value
-
-
-@dataclass
-class _Unsent:
-    """What rank 0 broadcasts instead of a value it cannot send."""
-
-    reason: str
+    specbench's dataclasses; ``specbench.common.wire``); other ranks' ``value`` is ignored. When rank 0
+    cannot send it, every rank raises. Returns ``value`` itself in a world of one."""
+    sent = gather_outcomes(lambda: value if is_main() else None)[0]
+    return value if is_main() else sent
 
 
 def gather(value: Any) -> list[Any]:
-    """Every rank's ``value``, in rank order, on every rank (``[value]`` in a world of one): each
-    rank places its bytes at its own offset and the group sums them."""
-    if size() == 1:
-        return [value]
-    return [wire.loads(data) for data in _gathered_bytes(wire.dumps(value))]
+    """Every rank's ``value``, in rank order, on every rank (``[value]`` in a world of one)."""
+    return gather_outcomes(lambda: value)
 
 
 def _gathered_bytes(data: bytes) -> list[bytes]:

@@ -182,21 +182,14 @@ def set_aside(path: str | os.PathLike, what: str, reason: BaseException | str, p
         target = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
     try:
         os.replace(path, target)
+        done: Path | None = target
+        outcome = f": moved aside to {target.name}, to be made anew"
     except FileNotFoundError:
         return None
     except OSError as err:
-        warnings.warn(
-            f"the {what} {path} is {problem} ({reason}) and could not be moved aside ({err})",
-            DamagedFileWarning,
-            stacklevel=2,
-        )
-        return None
-    warnings.warn(
-        f"the {what} {path} is {problem} ({reason}): moved aside to {target.name}, to be made anew",
-        DamagedFileWarning,
-        stacklevel=2,
-    )
-    return target
+        done, outcome = None, f" and could not be moved aside ({err})"
+    warnings.warn(f"the {what} {path} is {problem} ({reason}){outcome}", DamagedFileWarning, stacklevel=2)
+    return done
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

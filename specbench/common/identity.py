@@ -48,18 +48,15 @@ def commit() -> str:
     given = os.environ.get(COMMIT_ENV, "").strip()
     if given:
         return given
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, timeout=10)
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
+        head = git("rev-parse", "HEAD")
         if head.returncode != 0:
             return "unknown"
-        changed = subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no", "--", "specbench"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", "specbench")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head.stdout.strip() + ("-dirty" if changed.stdout.strip() else "")

@@ -5,16 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from specbench.core.draft import Draft, Drafter
-from specbench.drafters.draft_model import DraftModel, has_shipped_draft_model, shipped_draft_model
+from specbench.drafters.draft_model import DraftModel, shipped_draft_model
 from specbench.drafters.early_exit import EarlyExit, exit_layer_count
 from specbench.drafters.lookup import PromptLookup
-from specbench.drafters.mtp import MtpHead, mtp_head_for
+from specbench.drafters.mtp import MtpHead
 from specbench.drafters.oracle import Oracle
 from specbench.drafters.registry import (
     DRAFTERS,
     NO_DRAFTER,
     DrafterInputs,
-    DrafterKind,
     drafter_choices,
     drafter_kinds,
     is_drafter_name,
@@ -54,9 +53,6 @@ __all__ = [
     "NO_DRAFTER",
     "Draft",
     "DraftModel",
-    "Drafter",
-    "DrafterInputs",
-    "DrafterKind",
     "EarlyExit",
     "MtpHead",
     "Oracle",
@@ -65,10 +61,8 @@ __all__ = [
     "drafter_choices",
     "drafter_kinds",
     "exit_layer_count",
-    "has_shipped_draft_model",
     "is_drafter_name",
     "make_drafter",
-    "mtp_head_for",
     "register_drafter",
     "shipped_draft_model",
 ]

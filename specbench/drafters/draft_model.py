@@ -1,10 +1,7 @@
 """Draft-model speculation: a smaller model sharing the target's vocabulary drafts autoregressively.
 
-The drafter keeps its own KV cache over the context. After a verification ``observe`` learns the
-emitted tokens (accepted drafts, then the target's own token) and trims the cache back to the
-longest prefix it shares with the context, so the cache holds exactly what the target kept; the
-next ``draft`` feeds only the tokens the cache lacks. Drafting is lazy: the k tokens are chained
-on the device and read once.
+The drafter keeps its own KV cache, trimmed after each verification to the longest prefix it shares with the
+context (what the target kept); a draft feeds only the tokens the cache lacks and reads its k tokens once.
 
 Sampling: the drafter cannot see the generation's options, so it is given the sampling settings
 (``sampling=``: a ``SamplingSettings`` or the ``GenerateOptions`` of the run). With temperature 0
@@ -41,42 +38,6 @@ from specbench.models.synthetic import parameter_bytes
 PREFILL_CHUNK = 512
 
 
-def sampling_settings(sampling: SamplingSettings | GenerateOptions | None) -> SamplingSettings:
-    """The sampling settings a drafter drafts with: greedy for None, a run's options' settings."""
-    if sampling is None:
-        return SamplingSettings()
-    if isinstance(sampling, GenerateOptions):
-        return sampling.sampling
-    if isinstance(sampling, SamplingSettings):
-        return sampling
-    raise TypeError(
-        f"sampling must be SamplingSettings, GenerateOptions or None (greedy), got {sampling!r} "
-        f"({type(sampling).__name__})"
-    )
-
-
-def check_same_vocabulary(
-    draft_vocab: int, target: nn.Module, draft_tokenizer: Any = None, target_tokenizer: Any = None
-) -> None:
-    """One clear ValueError when a drafter's vocabulary differs from ``target``'s: output widths, and
-    token-to-id maps when both tokenizers are given."""
-    target_vocab = vocab_size(target)
-    if draft_vocab != target_vocab:
-        raise ValueError(
-            f"vocabulary mismatch: the draft model predicts {draft_vocab} token ids but the target {target_vocab}: "
-            "a draft model must share the target's tokenizer and vocabulary (a smaller model of the same family)"
-        )
-    if draft_tokenizer is None or target_tokenizer is None:
-        return
-    a, b = token_map(draft_tokenizer), token_map(target_tokenizer)
-    if a is not None and b is not None and a != b:
-        differing = sorted(t for t in set(a) | set(b) if a.get(t) != b.get(t))
-        raise ValueError(
-            f"vocabulary mismatch: the draft model's tokenizer maps {len(differing)} tokens differently from the "
-            f"target's (e.g. {differing[:3]!r}): a draft model must share the target's tokenizer"
-        )
-
-
 class DraftModel(Drafter):
     """Drafts with ``model``, any mlx-lm model sharing the target's vocabulary.
 
@@ -104,10 +65,16 @@ class DraftModel(Drafter):
         whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
         self.model = model
         self.tokenizer = tokenizer
-        self.sampling = sampling_settings(sampling)
+        if sampling is None:
+            sampling = SamplingSettings()  # greedy
+        elif isinstance(sampling, GenerateOptions):
+            sampling = sampling.sampling
+        elif not isinstance(sampling, SamplingSettings):
+            raise TypeError(f"sampling must be SamplingSettings, GenerateOptions or None (greedy), got {sampling!r}")
+        self.sampling = sampling
         self.sampled_drafts = not self.sampling.greedy
         self.preferred_k = preferred_k
-        self.vocab = self._vocab()
+        self.vocab = vocab_size(self.model)
         if not can_trim_prompt_cache(self._new_cache()):
             raise ValueError(
                 f"the draft model's cache cannot roll back ({type(self._new_cache()[0]).__name__}): use a draft model "
@@ -120,9 +87,6 @@ class DraftModel(Drafter):
         self._reset([])
 
     # -- what a subclass changes ----------------------------------------------------------------
-    def _vocab(self) -> int:
-        return vocab_size(self.model)
-
     def _new_cache(self) -> list[Any]:
         return make_prompt_cache(self.model)
 
@@ -135,8 +99,21 @@ class DraftModel(Drafter):
 
     # -- the protocol ---------------------------------------------------------------------------
     def check_target(self, target: nn.Module, target_tokenizer: Any = None) -> None:
-        """Check that ``target`` shares this drafter's vocabulary; set ``cost_per_token``."""
-        check_same_vocabulary(self.vocab, target, self.tokenizer, target_tokenizer)
+        """Check that ``target`` shares this drafter's vocabulary (output widths, and token-to-id maps when both
+        tokenizers are known), one clear ValueError otherwise; set ``cost_per_token``."""
+        if self.vocab != vocab_size(target):
+            raise ValueError(
+                f"vocabulary mismatch: the draft model predicts {self.vocab} token ids but the target "
+                f"{vocab_size(target)}: a draft model must share the target's tokenizer and vocabulary (a smaller "
+                "model of the same family)"
+            )
+        a, b = token_map(self.tokenizer), token_map(target_tokenizer)
+        if a is not None and b is not None and a != b:
+            differing = sorted(t for t in set(a) | set(b) if a.get(t) != b.get(t))
+            raise ValueError(
+                f"vocabulary mismatch: the draft model's tokenizer maps {len(differing)} tokens differently from the "
+                f"target's (e.g. {differing[:3]!r}): a draft model must share the target's tokenizer"
+            )
         self.cost_per_token = self._draft_bytes() / max(parameter_bytes(target), 1)
         self.target_checked = True
 
@@ -340,11 +317,6 @@ def draft_metadata(
     return {**meta, **{k: json.dumps(v) for k, v in (extra or {}).items()}}
 
 
-def has_shipped_draft_model(model_name: str | None) -> bool:
-    """Whether a draft model is shipped for the embedded model ``model_name``."""
-    return shipped_draft_path(model_name) is not None
-
-
 def shipped_draft_model(target: nn.Module, model_name: str | None) -> nn.Module:
     """The draft model shipped for the embedded model ``model_name``; FileNotFoundError when none is."""
     path = shipped_draft_path(model_name)
@@ -364,8 +336,6 @@ def resolve_draft_model(spec: str | Path, target: nn.Module, model_name: str | N
     if text == "shipped":
         return shipped_draft_model(target, model_name)
     if text.endswith(".safetensors"):
-        if not Path(text).is_file():
-            raise FileNotFoundError(f"no draft model file at {text}")
         return load_draft_model(target, text)
     from specbench.models.load import load
 

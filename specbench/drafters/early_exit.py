@@ -30,11 +30,6 @@ from specbench.models.synthetic import parameter_bytes
 EARLY_EXIT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
 
 
-def _model_type(model: nn.Module) -> str:
-    lm = text_model(model)
-    return str(getattr(lm, "model_type", None) or getattr(getattr(lm, "args", None), "model_type", ""))
-
-
 def exit_layer_count(model: nn.Module) -> int:
     """The number of decoder layers of ``model`` (the largest exit is one less)."""
     return len(text_model(model).model.layers)
@@ -54,7 +49,8 @@ class EarlyExit(DraftModel):
         preferred_k: int = 3,
     ):
         whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
-        family = _model_type(model)
+        lm = text_model(model)
+        family = str(getattr(lm, "model_type", None) or getattr(getattr(lm, "args", None), "model_type", ""))
         if family not in EARLY_EXIT_FAMILIES:
             raise ValueError(
                 f"early exit supports {', '.join(EARLY_EXIT_FAMILIES)} models, not {family or type(model).__name__}"

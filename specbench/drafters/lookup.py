@@ -1,14 +1,9 @@
 """Prompt lookup: draft the continuation of the latest earlier occurrence of the context's tail.
 
-The n-gram method of prompt-lookup decoding and vLLM's ngram proposer: find the longest
-n-gram (``max_ngram`` down to ``min_ngram``) ending the context that occurred before, and
-propose the tokens that followed its latest occurrence (or its first, when the latest is too
-close to the end to fill the draft). An index of n-gram positions is kept incrementally, so
-a draft costs O(max_ngram) dictionary lookups.
-
-With ``tree=True`` the draft is a token tree of the continuations of several earlier occurrences
-(the latest ``max_candidates`` distinct ones, shared prefixes merged), grown breadth first up to
-the node budget, so one verification tries them all.
+The n-gram method of prompt-lookup decoding and vLLM's ngram proposer: the tokens that followed the latest
+earlier occurrence (or the first, when the latest is too close to the end to fill the draft) of the longest n-gram
+(``max_ngram`` down to ``min_ngram``) ending the context. With ``tree=True`` the draft is a tree of the
+continuations of the latest ``max_candidates`` distinct occurrences, so one verification tries them all.
 """
 
 from __future__ import annotations
@@ -34,12 +29,9 @@ class PromptLookup(Drafter):
         tree: bool = False,
         max_candidates: int = 4,
     ):
-        for arg, value, low in (
-            ("max_ngram", max_ngram, 1),
-            ("min_ngram", min_ngram, 1),
-            ("max_candidates", max_candidates, 1),
-        ):
-            whole(arg, value, low)
+        whole("max_ngram", max_ngram, 1)
+        whole("min_ngram", min_ngram, 1)
+        whole("max_candidates", max_candidates, 1)
         whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
         if max_ngram < min_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")

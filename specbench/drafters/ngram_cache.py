@@ -6,10 +6,8 @@ earlier one's), how often each token came next. A draft extends the context one 
 frequent successor of its longest cached tail (a draft token counts as context for the next), stopping where no
 tail is cached or the best successor was seen fewer than ``min_count`` times.
 
-It differs from prompt lookup (``lookup``), which copies the continuation of one earlier occurrence in this request
-alone, and from SuffixDecoding (``suffix``), which scores whole continuations in a suffix automaton: here one object
-serves many requests and learns from all of them, so the second time a model answers alike, the cache drafts the
-earlier answer; and each token is the majority successor of a short context, not a copy. At most ``max_ngrams``
+Unlike prompt lookup (one request) and SuffixDecoding (whole continuations scored), one object learns from every
+request it serves and drafts each token as the majority successor of a short context. At most ``max_ngrams``
 n-grams are kept, the oldest forgotten first.
 """
 

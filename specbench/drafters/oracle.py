@@ -30,14 +30,9 @@ from specbench.core.tree import breadth_first_tree
 
 
 class Oracle(Drafter):
-    """Draft the known greedy continuation of ``prompt``, each token kept with probability ``acceptance``.
-
-    A corrupted position gets a different token id drawn uniformly. ``recorded`` is the plain
-    run's continuation, ``continuation`` the one being followed. If the emitted output leaves it,
-    ``diverged_at`` records the first position where; the drafter then re-records the
-    continuation from there (with ``model`` given), keeps drafting the recording at the same output
-    position (``keep_drafting``) or stops proposing.
-    """
+    """Draft the known greedy continuation of ``prompt``, each token kept with probability ``acceptance`` (else a
+    different id drawn uniformly). ``recorded`` is the plain run's continuation, ``continuation`` the one being
+    followed; ``diverged_at`` the first output position where the emitted output left it (see the module)."""
 
     name = "oracle"
 

@@ -11,15 +11,10 @@ match length m the budget is min(max_spec_tokens, floor(m * max_spec_factor + ma
 with the best score (sum of token probabilities; ties to the longer match) wins, local against
 global (global only when strictly better).
 
-Data structure: each index is a ``specbench.drafters.suffix_index.SuffixIndex`` (a suffix automaton with
-the reference's counts); the global one is rebuilt from the live sequences once evicted tokens outnumber
-them (amortised O(1) per token).
-
-Counts equal the reference's node counts (occurrences of each substring of length <= max_depth,
-the current request's end included in the local index), so drafts and scores are the reference's.
-Two choices differ: among children with equal counts the most recent one wins (the reference takes
-an unspecified one), and the response being generated joins the global index only when the request
-ends (the reference adds it while generating; here the local index already holds it).
+Each index is a ``SuffixIndex`` (``suffix_index``) whose counts equal the reference's node counts, so drafts
+and scores are the reference's. Two choices differ: among children with equal counts the most recent one wins
+(the reference takes an unspecified one), and the response being generated joins the global index only when the
+request ends (the reference adds it while generating; here the local index already holds it).
 """
 
 from __future__ import annotations
@@ -68,7 +63,6 @@ class SuffixDecoding(Drafter):
         max_sequences: int | None = 10_000,
         max_tokens: int | None = 1_000_000,
         remember_at_end: str | None = "response",
-        use_local: bool = True,
         use_global: bool = True,
         tree: bool | str = False,
     ):
@@ -90,7 +84,6 @@ class SuffixDecoding(Drafter):
         self.max_sequences = max_sequences
         self.max_tokens = max_tokens
         self.remember_at_end = remember_at_end
-        self.use_local = use_local
         self.use_global = use_global
         if tree not in (False, True, "backoff", "reference"):
             raise ValueError(f"tree must be False, True, 'backoff' or 'reference', got {tree!r}")
@@ -150,13 +143,6 @@ class SuffixDecoding(Drafter):
             self._dead_tokens += end - start
         if self._dead_tokens > max(self._live_tokens, self.rebuild_min_tokens):
             self._rebuild_global()
-
-    def forget(self) -> None:
-        """Empty the global index."""
-        self.global_index = SuffixIndex(self.max_depth)
-        self._sequences.clear()
-        self._live_tokens = self._dead_tokens = 0
-        self._version += 1
 
     def _rebuild_global(self) -> None:
         old = self.global_index
@@ -237,28 +223,17 @@ class SuffixDecoding(Drafter):
             limits = DraftLimits(budget, self.max_spec_factor, self.max_spec_offset, self.max_depth, reference)
             self._limits[budget * 2 + reference] = limits
         longest = n - 1  # the reference matches at most len(context) - 1 tokens
-        score, tokens, match, source, parents, start = 0.0, [], 0, None, None, None
-        if self.use_local:
-            index = self.local_index
-            start = (index, index.anchor, min(index.anchor_len, longest))
-            score, tokens, match, parents = index.speculate(*start[1:], limits, self.min_token_prob, 0.0, reference)
-            source = "local" if tokens else None
+        index = self.local_index
+        starts = [("local", (index, index.anchor, min(index.anchor_len, longest)))]  # global only when better
         if self.use_global and self._live_tokens:
             state, matched = self._global_match()
             if matched:
-                g_start = (self.global_index, state, min(matched, longest))
-                g_score, g_tokens, g_match, g_parents = self.global_index.speculate(
-                    *g_start[1:], limits, self.min_token_prob, score, reference
-                )
-                if g_score > score:
-                    score, tokens, match, source, parents, start = (
-                        g_score,
-                        g_tokens,
-                        g_match,
-                        "global",
-                        g_parents,
-                        g_start,
-                    )
+                starts.append(("global", (self.global_index, state, min(matched, longest))))
+        score, tokens, match, parents, source, start = 0.0, [], 0, None, None, None
+        for name, at in starts:
+            found = at[0].speculate(*at[1:], limits, self.min_token_prob, score, reference)
+            if found[0] > score:
+                (score, tokens, match, parents), source, start = found, name, at
         if self.tree_rule == "backoff" and tokens:
             tokens, parents = backoff_tree(*start, tokens, budget, self.min_token_prob)
             if is_path(parents):

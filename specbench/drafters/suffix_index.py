@@ -5,21 +5,8 @@ up to ``max_depth`` active nodes per appended token. In Python that walk alone w
 the index here is a suffix automaton (Blumer et al.; generalised to many sequences) held in flat ``array``
 columns, with transitions in one dict keyed by ``state << 20 | token``. A state groups the substrings that
 share their end positions, so it has one occurrence count for all of them and one suffix link to the next
-shorter group:
-
-* appending a token is amortised O(1) automaton work plus one step per state on the new suffix
-  chain (substrings of length <= ``max_depth`` ending at the new token: their counts and the
-  parents' most-frequent-child pointers are updated; typically a few states, never more than
-  ``max_depth``);
-* a draft walks the suffix chain of the current match (one state per distinct occurrence count,
-  longest first, pruned once no shorter match can beat the best score) and follows the
-  most-frequent-child pointers; once a path is down to a single occurrence the rest is one slice
-  of the stored tokens;
-* eviction replays the evicted sequence through the automaton and decrements the same counts;
-  parents whose most frequent child lost a count are recomputed when next used (the owner rebuilds
-  the automaton from the live sequences once evicted tokens outnumber them).
-
-``DraftLimits`` holds the per-match-length draft budgets that ``SuffixIndex.speculate`` follows.
+shorter group. Appending a token costs amortised O(1) automaton work plus at most ``max_depth`` count
+updates; eviction replays the evicted sequence and decrements the same counts.
 """
 
 from __future__ import annotations
@@ -37,12 +24,9 @@ _SEP = -1  # separator between sequences in the token store (never a token)
 
 
 class SuffixIndex:
-    """Occurrence counts of all substrings (length <= ``max_depth``) of a set of token sequences.
-
-    A generalised suffix automaton with per-state counts restricted to substrings of length
-    <= ``max_depth``. Sequences are added with ``add``/``append`` and removed (oldest first, or any
-    order) with ``remove``; ``speculate`` drafts a continuation of a matched suffix.
-    """
+    """Occurrence counts of all substrings (length <= ``max_depth``) of a set of token sequences: sequences are
+    added with ``start_sequence`` and ``extend``, removed with ``remove``; ``speculate`` drafts a continuation of
+    a matched suffix."""
 
     def __init__(self, max_depth: int = 64, compact: bool = True):
         if max_depth < 2:
@@ -73,21 +57,9 @@ class SuffixIndex:
 
     def nbytes(self) -> int:
         """Approximate memory of the index in bytes (arrays, dict table, dict keys and values)."""
-        columns = (
-            self.length,
-            self.link,
-            self.count,
-            self.lastpos,
-            self.best,
-            self.token,
-            self.first_edge,
-            self.edge_token,
-            self.edge_next,
-        )
-        size = sum(c.itemsize * c.buffer_info()[1] for c in columns)
+        size = sum(c.itemsize * len(c) for c in vars(self).values() if isinstance(c, array))  # the store's too
         size += sys.getsizeof(self.next) + 32 * len(self.next)  # table + one int key each
-        size += sys.getsizeof(self.store) if isinstance(self.store, list) else len(self.store) * 4
-        return size
+        return size + (sys.getsizeof(self.store) if isinstance(self.store, list) else 0)
 
     # -- building ------------------------------------------------------------------------------
     def start_sequence(self) -> int:

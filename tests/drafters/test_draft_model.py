@@ -124,7 +124,6 @@ def test_stored_draft_loads_with_the_targets_embeddings(tmp_path):
 
 def test_a_narrow_draft_keeps_the_heaviest_mlp_channels_and_loads_as_shipped(tmp_path, monkeypatch):
     from specbench.common import files
-    from specbench.drafters import has_shipped_draft_model
     from specbench.drafters.draft_model import draft_metadata, shipped_draft_model
     from specbench.models import embedded
 
@@ -142,13 +141,13 @@ def test_a_narrow_draft_keeps_the_heaviest_mlp_channels_and_loads_as_shipped(tmp
     assert float(norms[mx.array(kept)].min()) >= float(mx.sort(norms)[-(width // 2)])  # the heaviest channels
 
     # Shipped: a file in the assets' draft folder, registered for an embedded model name.
-    assert not has_shipped_draft_model("tiny-llama")
+    assert embedded.shipped_draft_path("tiny-llama") is None
     (tmp_path / "draft").mkdir()
     meta = draft_metadata(2, "tiny-llama", {"source_layers": [0, 2]}, intermediate_size=width // 2)
     mx.save_safetensors(str(tmp_path / "draft" / "tiny.safetensors"), draft_own_tensors(narrow), meta)
     monkeypatch.setattr(files, "ASSETS_DIR", tmp_path)
     monkeypatch.setitem(embedded.SHIPPED_DRAFT_MODELS, "tiny-llama", "draft/tiny.safetensors")
-    assert has_shipped_draft_model("tiny-llama")
+    assert embedded.shipped_draft_path("tiny-llama") is not None
     assert mx.array_equal(shipped_draft_model(target, "tiny-llama")(tokens), narrow(tokens))
     drafter = make_drafter("draft-model", model=target, model_name="tiny-llama")
     assert isinstance(drafter, DraftModel) and 0 < drafter.cost_per_token < 1
