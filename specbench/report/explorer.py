@@ -211,9 +211,6 @@ class Explorer(_Widget):
         self.figure = step_timeline(gen.log, title=f"{stats['tokens']} tokens: per-step view")
         self.plot.value = figure_png(self.figure)
         plt.close(self.figure)
-        self.figure = step_timeline(gen.log, title=f"{gen.stats()['tokens']} tokens: per-step view")
-        self.plot.value = figure_png(self.figure)
-        plt.close(self.figure)
 
 
 class LogExplorer(_Widget):
