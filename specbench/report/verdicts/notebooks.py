@@ -194,6 +194,12 @@ def _row_speed(row: SummaryRow, aa: SummaryRow | None) -> str:
     return speed(row.speedup, row.speedup_low, row.speedup_high, pairs, row.resampled or "", aa, level)
 
 
+def all_equal(summary: pl.DataFrame) -> bool | None:
+    """Whether every greedy output of a sweep summary equalled plain decoding's (None: none was compared)."""
+    equal = summary["all_equal_to_plain"].drop_nulls()
+    return bool(equal.all()) if len(equal) else None
+
+
 def verify_cost(row: SummaryRow) -> float | None:
     """A method's measured cost of one verification in plain steps: its verifications' own forward seconds
     (``verification_s``: not its prompt's nor its plain steps') per verification over its plain baseline's seconds
@@ -257,12 +263,11 @@ def sweep(summary: pl.DataFrame, model: str, tokens: int | None = None, by_categ
         return f"No speculative run finished for {model}."
     drafted = drafted_methods(summary)
     plain_only = [f"{r.drafter}, {r.policy}" for r in SummaryRow.rows(speculative) if not r.verifies]
-    equal = summary["all_equal_to_plain"].drop_nulls()
-    outputs = (
-        "every greedy output equal to plain decoding's"
-        if len(equal) and equal.all()
-        else ("some greedy outputs DIFFER from plain decoding's" if len(equal) else "outputs not compared")
-    )
+    outputs = {
+        True: "every greedy output equal to plain decoding's",
+        False: "some greedy outputs DIFFER from plain decoding's",
+        None: "outputs not compared",
+    }[all_equal(summary)]
     prompts = int(speculative["prompts"].max() or 0) if "prompts" in speculative.columns else None
     on = sample(prompts, tokens)
     fallback = f" Fell back to plain (never drafted): {'; '.join(plain_only)}." if plain_only else ""
