@@ -108,22 +108,18 @@ def figure_problems(fig: Any) -> list[str]:
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     width, height = fig.canvas.get_width_height()
+
+    def outside(box: Any, top: float = height) -> bool:
+        slack = CANVAS_SLACK_PX
+        return box.x0 < -slack or box.y0 < -slack or box.x1 > width + slack or box.y1 > top + slack
+
     for ax in axes:
         box = ax.get_tightbbox(renderer)
-        if box is None:
-            continue
-        if (
-            box.x0 < -CANVAS_SLACK_PX
-            or box.y0 < -CANVAS_SLACK_PX
-            or box.x1 > width + CANVAS_SLACK_PX
-            or box.y1 > height + CANVAS_SLACK_PX
-        ):
+        if box is not None and outside(box):
             problems.append(
                 f"axes {_title(fig, ax)!r}: drawn outside the canvas (its box {box.x0:.0f}..{box.x1:.0f} x "
                 f"{box.y0:.0f}..{box.y1:.0f} px, the canvas {width} x {height} px)"
             )
-    for legend in fig.legends:
-        box = legend.get_window_extent(renderer)
-        if box.x0 < -CANVAS_SLACK_PX or box.x1 > width + CANVAS_SLACK_PX or box.y0 < -CANVAS_SLACK_PX:
-            problems.append("the figure's legend reaches outside the canvas")
+    if any(outside(legend.get_window_extent(renderer), float("inf")) for legend in fig.legends):
+        problems.append("the figure's legend reaches outside the canvas")
     return problems
