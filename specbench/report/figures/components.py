@@ -1,10 +1,5 @@
-"""Why speculation pays or not: the verify cost as a stack of its parts, and c(w) along the context length.
-
-``component_stack`` draws ``specbench.cost.components.measure_components`` rows (a panel per model, a bar
-per width, parts stacked in plain steps, the whole step measured as a marker, how far off the sum is written
-above each bar); ``costs_by_length`` draws c(w) and the break-even acceptance a*(k) at each context length a
-profile holds.
-"""
+"""Why speculation pays or not: the verify cost as a stack of its parts (``component_stack``), and c(w) along the
+context length (``costs_by_length``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Draft-length policies compared on the same recorded outputs: predicted speedup per workload, and the confirmed
-policies' measured speedup (with its 95 % interval) against their prediction.
-
-``policy_ranking`` takes ``specbench.simulate.policies.rank_policies``' table and, optionally,
-``specbench.bench.policy_confirm.confirm_policies``' rows.
-"""
+"""Draft-length policies compared on the same recorded outputs (``specbench.simulate.policies.rank_policies``' table)
+and the confirmed ones' measured speedup (``specbench.bench.policy_confirm.confirm_policies``' rows)."""
 
 from __future__ import annotations
 
