@@ -236,13 +236,13 @@ def record_outputs(
         (pl.col("drafter") == "none") & (pl.col("policy") == "none") & (pl.col("temperature") == 0)
     )
     rows = []
-    for row in plain.unique("prompt", keep="first", maintain_order=True).to_dicts():
-        prompt = by_id.get(row["prompt"])
-        if prompt is None:
+    firsts = plain.unique("prompt", keep="first", maintain_order=True).select("prompt", "run", "finish_reason")
+    for prompt_id, run, finish_reason in firsts.iter_rows():
+        if prompt_id not in by_id:
             continue
-        steps = sweep.steps.filter(pl.col("run") == row["run"]).sort("step")
-        output = [t for tokens in steps["tokens"].to_list() for t in (tokens or [])]
-        rows.append(OutputRow.of(prompt, output, row["finish_reason"], model, int(max_tokens), verify or "", source))
+        steps = sweep.steps.filter(pl.col("run") == run).sort("step")["tokens"]
+        output = [t for tokens in steps.to_list() for t in (tokens or [])]
+        rows.append(OutputRow.of(by_id[prompt_id], output, finish_reason, model, int(max_tokens), verify or "", source))
     return write_outputs(output_dir, outputs_frame(rows))
 
 
