@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from specbench.bench.policy_confirm import MIN_REQUESTS
-from specbench.report.verdicts.notebooks import INCONCLUSIVE, speed_word, where
+from specbench.report.verdicts.notebooks import speed, where
 from specbench.simulate.policies import best_predicted
 
 
@@ -31,20 +30,11 @@ class Confirmed:
 
 
 def confirmed_speed(row: Confirmed) -> str:
-    """One confirmed policy in words: its word with the measured speedup and interval (or why there is none),
-    then its prediction and the residual."""
-    measured, low, high, requests = row.measured_speedup, row.measured_low, row.measured_high, row.requests
-    if low is None or high is None:
-        text = (
-            f"{row.policy} {INCONCLUSIVE} ({measured:.2f}x over {requests} request(s); an interval needs "
-            f"{MIN_REQUESTS} requests)"
-        )
-    else:
-        text = (
-            f"{row.policy} {speed_word(low, high)} ({measured:.2f}x, 95 % interval over requests "
-            f"{low:.2f}-{high:.2f} of {requests})"
-        )
-    return f"{text}, predicted {row.predicted_speedup:.2f}x (residual {row.residual:+.0%})"
+    """One confirmed policy in words: its speed verdict over requests (``speed``), then its prediction and the
+    residual."""
+    low, high, requests = row.measured_low, row.measured_high, row.requests
+    measured = speed(row.measured_speedup, low, high, requests, "request", unit="request")
+    return f"{row.policy} {measured}, predicted {row.predicted_speedup:.2f}x (residual {row.residual:+.0%})"
 
 
 def policies(table: pl.DataFrame, confirmed: pl.DataFrame | None, model: str, drafter: str, sample: str) -> str:
