@@ -8,6 +8,7 @@ The plain greedy outputs are kept in one table too (``record_outputs``, ``record
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Sequence
@@ -332,14 +333,12 @@ def run_sweep(
     usable, skipped = usable_drafters(list(drafters), model, model_name)
     names = [d for d in usable if d not in ("none", "plain")]
     cells: dict[tuple[str, float, int], list[tuple[dict[str, Any], pl.DataFrame]] | None] = {}
-    for prompt in prompts:
-        for t in temperatures:
-            for seed in seeds:
-                options = GenerateOptions(max_tokens=max_tokens, temperature=float(t), seed=seed, verify=verify)
-                order = [("none", "none"), *((d, p.name) for d in names for p in policies)]  # the sweep's run order
-                found = [find(output_dir, generation_key(model_name, prompt.ids, d, p, options)) for d, p in order]
-                whole = all(f is not None for f in found)
-                cells[prompt.id, float(t), seed] = [(f.row, f.steps) for f in found] if whole else None
+    order = [("none", "none"), *((d, p.name) for d in names for p in policies)]  # the sweep's run order
+    for prompt, t, seed in itertools.product(prompts, temperatures, seeds):
+        options = GenerateOptions(max_tokens=max_tokens, temperature=float(t), seed=seed, verify=verify)
+        found = [find(output_dir, generation_key(model_name, prompt.ids, d, p, options)) for d, p in order]
+        whole = all(f is not None for f in found)
+        cells[prompt.id, float(t), seed] = [(f.row, f.steps) for f in found] if whole else None
     missing = {(t, seed) for (_, t, seed), cell in cells.items() if cell is None}
     ran: dict[tuple[str, float, int], list[tuple[dict[str, Any], pl.DataFrame]]] = {}
     for t, seed in sorted(missing):
