@@ -275,12 +275,8 @@ def grid(
     is left out without a cost profile."""
     if not ks:
         raise ValueError("give at least one draft length")
-    rows = []
-    for policy in policies:
-        if policy == "auto" and recordings.profile is None:
-            continue
-        for k in sorted(set(ks)):
-            rows.append(asdict(replay(recordings, Choice(drafter, k, policy, prompt)).row()))
+    usable = [p for p in policies if p != "auto" or recordings.profile is not None]
+    rows = [asdict(replay(recordings, Choice(drafter, k, p, prompt)).row()) for p in usable for k in sorted(set(ks))]
     schema = {c: pl.Float64 for c in ("tokens_per_verify", "acceptance_rate", "predicted_speedup", "measured_speedup")}
     return pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None)
 
