@@ -3,6 +3,7 @@ and each confirmed policy's measured speedup, "pays"/"loses" only where its inte
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import polars as pl
@@ -43,16 +44,10 @@ def policies(table: pl.DataFrame, confirmed: pl.DataFrame | None, model: str, dr
     if table.is_empty():
         return "No policy was replayed: no workload had a recorded output."
     workloads = table["workload"].unique(maintain_order=True).to_list()
-    firsts: dict[str, int] = {}
-    shared, ties = 0, 0  # workloads where several policies share the top; where every policy ties
-    for workload in workloads:
-        best = best_predicted(table, workload)
-        if len(best) == 1:
-            firsts[best[0]] = firsts.get(best[0], 0) + 1
-        elif best:
-            shared += 1
-        else:
-            ties += 1
+    bests = [best_predicted(table, workload) for workload in workloads]
+    firsts = Counter(best[0] for best in bests if len(best) == 1)
+    # workloads where several policies share the top; where every policy ties
+    shared, ties = sum(len(best) > 1 for best in bests), sum(not best for best in bests)
     counts = [f"{p} on {n}" for p, n in sorted(firsts.items(), key=lambda item: (-item[1], item[0]))]
     counts += [f"two or more policies tied at the top on {shared}"] * bool(shared)
     counts += [f"every policy tied on {ties}"] * bool(ties)
