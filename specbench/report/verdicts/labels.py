@@ -100,17 +100,13 @@ def _yes_no(value: Any) -> str:
 
 def _rules(value: Any) -> str:
     """``best_lossless``'s rows in a line: "T=0.5 block 1.39, 0.922x; ..."."""
-    if not isinstance(value, list):
+    if not isinstance(value, list) or not all(isinstance(row, dict) for row in value):
         return _plain(value)
-    parts = []
-    for row in value:
-        if not isinstance(row, dict):
-            return _plain(value)
-        parts.append(
-            f"T={_short(row.get('temperature'))} {row.get('acceptance')} {_short(row.get('tokens_per_verify'))}, "
-            f"{_short(row.get('speedup'))}x"
-        )
-    return "; ".join(parts)
+    return "; ".join(
+        f"T={_short(row.get('temperature'))} {row.get('acceptance')} {_short(row.get('tokens_per_verify'))}, "
+        f"{_short(row.get('speedup'))}x"
+        for row in value
+    )
 
 
 def _plain(value: Any) -> str:
