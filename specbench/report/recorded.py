@@ -367,13 +367,10 @@ def run_sweep(
     by_id = {p.id: p for p in prompts}
     for key in cells:
         for row, steps in cells[key] or ran.get(key, []):
-            prompt = by_id[key[0]]
-            row = {k: v for k, v in row.items() if k != "source"} | {"run": len(runs)}
-            base = {"prompt": prompt.id, "category": prompt.category, "temperature": key[1], "seed": key[2]}
+            run, prompt = len(runs), by_id[key[0]]
+            base = {"run": run, "prompt": prompt.id, "category": prompt.category, "temperature": key[1], "seed": key[2]}
             steps = steps.drop([c for c in _SWEEP_COLUMNS if c in steps.columns])
-            frames.append(
-                steps.with_columns(pl.lit(row["run"]).alias("run"), *(pl.lit(v).alias(k) for k, v in base.items()))
-            )
-            runs.append(row)
+            frames.append(steps.with_columns(*(pl.lit(v).alias(k) for k, v in base.items())))
+            runs.append({k: v for k, v in row.items() if k != "source"} | {"run": run})
     steps = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
     return Sweep(pl.DataFrame(runs, infer_schema_length=None), steps, skipped)
