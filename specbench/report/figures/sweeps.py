@@ -36,10 +36,8 @@ def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, re
         no_data(ax, "no speculative runs")
         return fig
     ks = rows["k"].drop_nulls().unique().sort().to_list()
-    for drafter in rows["drafter"].unique(maintain_order=True).to_list():
-        mine = rows.filter(pl.col("drafter") == drafter)
-        for family in mine["policy_family"].unique(maintain_order=True).to_list():
-            cell = mine.filter(pl.col("policy_family") == family)
+    for (drafter,), mine in rows.group_by("drafter", maintain_order=True):
+        for (family,), cell in mine.group_by("policy_family", maintain_order=True):
             colour = drafter_colour(drafter)
             if cell["k"].null_count() == len(cell):  # auto: it picks k itself; placed at its mean k
                 for row in SummaryRow.rows(cell):
