@@ -461,8 +461,7 @@ def sampling(summary: pl.DataFrame, check: Any = None, same: Any = None) -> str:
     rows = summary.filter(pl.col("drafter") != "none")
     parts = []
     temperatures = rows["temperature"].unique().sort().to_list() if len(rows) else []
-    for drafter in rows["drafter"].unique(maintain_order=True).to_list():
-        mine = rows.filter(pl.col("drafter") == drafter)
+    for (drafter,), mine in rows.group_by("drafter", maintain_order=True):
         at = []
         for t in (temperatures[0], temperatures[-1]) if len(temperatures) > 1 else temperatures:
             cell = mine.filter(pl.col("temperature") == t)
