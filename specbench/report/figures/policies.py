@@ -18,8 +18,7 @@ def _ranking_panel(ax, table: pl.DataFrame, colours: dict[str, str]) -> None:
     workloads = table["workload"].unique(maintain_order=True).to_list()
     width = 0.8 / len(colours)
     for j, (policy, colour) in enumerate(colours.items()):
-        mine = table.filter(pl.col("policy") == policy)
-        values = dict(zip(mine["workload"].to_list(), mine["predicted_speedup"].to_list()))
+        values = dict(table.filter(pl.col("policy") == policy).select("workload", "predicted_speedup").iter_rows())
         x = np.arange(len(workloads)) + (j - (len(colours) - 1) / 2) * width
         heights = np.array([values.get(w, np.nan) for w in workloads], dtype=float)
         ax.bar(x, heights, width=width * 0.95, color=colour, label=policy)
