@@ -133,8 +133,8 @@ class Recordings:
 
     def describe(self) -> str:
         """Where the outputs came from and what prices them, in words."""
-        sources = ", ".join(self.outputs["source"].unique(maintain_order=True).to_list())
-        tokens = sum(len(o) for o in self.outputs["output"].to_list())
+        rows = recorded.output_rows(self.outputs)
+        sources, tokens = ", ".join(dict.fromkeys(r.source for r in rows)), sum(len(r.output) for r in rows)
         text = (
             f"{len(self.outputs)} plain greedy outputs of {self.model} ({tokens} tokens, recorded by {sources}), "
             f"replayed in {self.verify} verify mode"
@@ -361,12 +361,11 @@ def grid_figure(table: pl.DataFrame, title: str = "Replayed over the recorded ou
         return fig
     for (policy,), rows in table.sort("k").group_by("policy", maintain_order=True):
         style = {"linestyle": POLICY_STYLES[policy], "marker": POLICY_MARKERS[policy], "label": policy}
-        verified = rows.drop_nulls("tokens_per_verify")
-        if not verified.is_empty():
-            left.plot(verified["k"].to_numpy(), verified["tokens_per_verify"].to_numpy(), **style)
-        predicted = rows.drop_nulls("predicted_speedup")
-        if not predicted.is_empty():
-            right.plot(predicted["k"].to_numpy(), predicted["predicted_speedup"].to_numpy(), **style)
+        replayed = [ReplayRow(**row) for row in rows.iter_rows(named=True)]
+        if verified := [r for r in replayed if r.tokens_per_verify is not None]:
+            left.plot([r.k for r in verified], [r.tokens_per_verify for r in verified], **style)
+        if predicted := [r for r in replayed if r.predicted_speedup is not None]:
+            right.plot([r.k for r in predicted], [r.predicted_speedup for r in predicted], **style)
     for ax in (left, right):
         ax.set_xticks(sorted(table["k"].unique().to_list()))
     tokens = (left, "tokens per verification", "tokens per verification")
