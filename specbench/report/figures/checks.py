@@ -40,9 +40,9 @@ def _series(ax: Any, collections: bool = True) -> list[tuple[Any, np.ndarray]]:
     """(artist, points) of every visible line (and, with ``collections``, scatter) of an axes with more than one
     point."""
     out = []
-    for line in ax.lines:
+    for line in [line for line in ax.lines if line.get_visible()]:
         x, y = np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
-        if line.get_visible() and x.size > 1 and x.shape == y.shape:
+        if x.size > 1 and x.shape == y.shape:
             out.append((line, np.column_stack([x, y])))
     for collection in ax.collections if collections else ():
         offsets = np.asarray(collection.get_offsets(), dtype=float)
