@@ -198,11 +198,10 @@ def record_sweep(
     if _folder(output_dir) is None or sweep.runs.is_empty():
         return 0
     ids = {p.id: p.ids for p in prompts}
-    steps = sweep.steps
-    count = 0
-    for row in sweep.runs.to_dicts():
-        if row["prompt"] not in ids or (row.get("pair") or 0) > 0 or row["policy"] == AA_POLICY:
-            continue  # one generation per drafter and policy: the first pair's (its steps are kept)
+    runs = sweep.runs.filter(pl.col("prompt").is_in(list(ids)) & (pl.col("policy") != AA_POLICY))
+    if "pair" in runs.columns:  # one generation per drafter and policy: the first pair's (its steps are kept)
+        runs = runs.filter(pl.col("pair").fill_null(0) == 0)
+    for row in runs.to_dicts():
         options = GenerateOptions(
             max_tokens=max_tokens,
             temperature=float(row["temperature"]),
@@ -211,10 +210,9 @@ def record_sweep(
             ignore_eos=ignore_eos,
         )
         key = generation_key(model, ids[row["prompt"]], row["drafter"], row["policy"], options)
-        record(output_dir, key, row, steps.filter(pl.col("run") == row["run"]), source)
-        count += 1
+        record(output_dir, key, row, sweep.steps.filter(pl.col("run") == row["run"]), source)
     record_outputs(output_dir, model, prompts, sweep, max_tokens, verify, source)
-    return count
+    return len(runs)
 
 
 def record_outputs(
