@@ -133,8 +133,8 @@ class Recordings:
 
     def describe(self) -> str:
         """Where the outputs came from and what prices them, in words."""
-        sources = ", ".join(self.outputs["source"].unique(maintain_order=True).to_list())
-        tokens = sum(len(o) for o in self.outputs["output"].to_list())
+        rows = recorded.output_rows(self.outputs)
+        sources, tokens = ", ".join(dict.fromkeys(r.source for r in rows)), sum(len(r.output) for r in rows)
         text = (
             f"{len(self.outputs)} plain greedy outputs of {self.model} ({tokens} tokens, recorded by {sources}), "
             f"replayed in {self.verify} verify mode"
@@ -275,12 +275,8 @@ def grid(
     is left out without a cost profile."""
     if not ks:
         raise ValueError("give at least one draft length")
-    rows = []
-    for policy in policies:
-        if policy == "auto" and recordings.profile is None:
-            continue
-        for k in sorted(set(ks)):
-            rows.append(asdict(replay(recordings, Choice(drafter, k, policy, prompt)).row()))
+    usable = [p for p in policies if p != "auto" or recordings.profile is not None]
+    rows = [asdict(replay(recordings, Choice(drafter, k, p, prompt)).row()) for p in usable for k in sorted(set(ks))]
     schema = {c: pl.Float64 for c in ("tokens_per_verify", "acceptance_rate", "predicted_speedup", "measured_speedup")}
     return pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None)
 
@@ -365,12 +361,11 @@ def grid_figure(table: pl.DataFrame, title: str = "Replayed over the recorded ou
         return fig
     for (policy,), rows in table.sort("k").group_by("policy", maintain_order=True):
         style = {"linestyle": POLICY_STYLES[policy], "marker": POLICY_MARKERS[policy], "label": policy}
-        verified = rows.drop_nulls("tokens_per_verify")
-        if not verified.is_empty():
-            left.plot(verified["k"].to_numpy(), verified["tokens_per_verify"].to_numpy(), **style)
-        predicted = rows.drop_nulls("predicted_speedup")
-        if not predicted.is_empty():
-            right.plot(predicted["k"].to_numpy(), predicted["predicted_speedup"].to_numpy(), **style)
+        replayed = [ReplayRow(**row) for row in rows.iter_rows(named=True)]
+        if verified := [r for r in replayed if r.tokens_per_verify is not None]:
+            left.plot([r.k for r in verified], [r.tokens_per_verify for r in verified], **style)
+        if predicted := [r for r in replayed if r.predicted_speedup is not None]:
+            right.plot([r.k for r in predicted], [r.predicted_speedup for r in predicted], **style)
     for ax in (left, right):
         ax.set_xticks(sorted(table["k"].unique().to_list()))
     tokens = (left, "tokens per verification", "tokens per verification")

@@ -43,12 +43,15 @@ DEFAULT_PROMPT = "Write a Python function that adds two numbers, then call it th
 
 
 def figure_png(figure: Any) -> bytes:
-    """``figure`` as PNG bytes, for an ``ipywidgets.Image``. The explorers draw into images rather than ``Output``
-    widgets: a headless run (papermill, nbconvert) answers an ``Output`` widget's messages on the kernel's shell
-    channel while it waits on that channel for the cell's reply, and that race can hang the cell for good
-    (jupyter/nbclient#312)."""
+    """``figure`` as PNG bytes, for an ``ipywidgets.Image`` (the figure is closed: shown once). The explorers draw
+    into images rather than ``Output`` widgets: a headless run (papermill, nbconvert) answers an ``Output`` widget's
+    messages on the kernel's shell channel while it waits on that channel for the cell's reply, and that race can
+    hang the cell for good (jupyter/nbclient#312)."""
+    import matplotlib.pyplot as plt
+
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(figure)
     return buffer.getvalue()
 
 
@@ -197,8 +200,6 @@ class Explorer(_Widget):
 
     def _finish(self, gen: Any, tokenizer: Any, seconds: float, how: str) -> None:
         """Show a finished generation: its coloured text, stats (decode time ``seconds``) and per-step plot."""
-        import matplotlib.pyplot as plt
-
         from specbench.report.figures import step_timeline
 
         self.text.value = coloured_html(gen.log, tokenizer)
@@ -210,10 +211,6 @@ class Explorer(_Widget):
         )
         self.figure = step_timeline(gen.log, title=f"{stats['tokens']} tokens: per-step view")
         self.plot.value = figure_png(self.figure)
-        plt.close(self.figure)
-        self.figure = step_timeline(gen.log, title=f"{gen.stats()['tokens']} tokens: per-step view")
-        self.plot.value = figure_png(self.figure)
-        plt.close(self.figure)
 
 
 class LogExplorer(_Widget):
@@ -259,8 +256,6 @@ class LogExplorer(_Widget):
 
     def update(self, _change: Any = None) -> Replay | None:
         """Replay the selected choice and show it; None (and the reason shown) when it cannot be replayed."""
-        import matplotlib.pyplot as plt
-
         try:
             result = explore_replay(self.recordings, self.choice())
         except ValueError as err:
@@ -270,7 +265,5 @@ class LogExplorer(_Widget):
         self.status.value = esc(self.recordings.describe())
         self.table.value = choice_html(result, self.recordings)
         self.text.value = coloured_outputs(result, self.recordings)
-        figure = draw_positions(result)
-        self.plot.value = figure_png(figure)
-        plt.close(figure)
+        self.plot.value = figure_png(draw_positions(result))
         return result

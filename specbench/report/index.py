@@ -197,8 +197,8 @@ def _write_index(out: Path, titles: dict[str, str]) -> Path:
         summary = read_summary(out, name)
         rows.append(_row(out, name, title, status, summary))
         verdicts.append(_verdict(name, title, status, summary))
-        if summary.get("figures"):
-            galleries.append(_gallery(name, title, summary["figures"]))
+        if figures := summary.get("figures"):
+            galleries.append(_gallery(name, title, figures))
     meta = " · ".join(esc(f"{k}: {info[k]}") for k in _INFO_KEYS if k in info)
     answer = answer_html(out, sweep_model(out))
     disagreements = conflicts(out)

@@ -87,11 +87,8 @@ class Outputs:
         #: Per figure name, what it breaks of the report's rules (``figures.checks.figure_problems``).
         self.figure_problems: dict[str, list[str]] = {}
 
-    def _relative(self, path: Path) -> str:
-        return str(path.relative_to(self.folder.parent)) if self.folder else str(path)
-
     def _keep(self, files: list[str], path: Path) -> Path:
-        files.append(self._relative(path))
+        files.append(str(path.relative_to(self.folder.parent)) if self.folder else str(path))
         self._save_summary()
         return path
 

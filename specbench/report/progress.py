@@ -212,4 +212,4 @@ def heartbeat_tail(ipynb: Path, expected_here: float | None, start: float, later
         return running_cell(ipynb)
     left = max(expected_here - (time.perf_counter() - start), 0.1 * expected_here) + later
     done = _dt.datetime.now() + _dt.timedelta(seconds=left)
-    return running_cell(ipynb) + f"; report: about {int(left) // 60}:{int(left) % 60:02d} left (done ~{done:%H:%M})"
+    return running_cell(ipynb) + f"; report: about {_clock(left)} left (done ~{done:%H:%M})"

@@ -8,6 +8,7 @@ The plain greedy outputs are kept in one table too (``record_outputs``, ``record
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Sequence
@@ -197,11 +198,10 @@ def record_sweep(
     if _folder(output_dir) is None or sweep.runs.is_empty():
         return 0
     ids = {p.id: p.ids for p in prompts}
-    steps = sweep.steps
-    count = 0
-    for row in sweep.runs.to_dicts():
-        if row["prompt"] not in ids or (row.get("pair") or 0) > 0 or row["policy"] == AA_POLICY:
-            continue  # one generation per drafter and policy: the first pair's (its steps are kept)
+    runs = sweep.runs.filter(pl.col("prompt").is_in(list(ids)) & (pl.col("policy") != AA_POLICY))
+    if "pair" in runs.columns:  # one generation per drafter and policy: the first pair's (its steps are kept)
+        runs = runs.filter(pl.col("pair").fill_null(0) == 0)
+    for row in runs.to_dicts():
         options = GenerateOptions(
             max_tokens=max_tokens,
             temperature=float(row["temperature"]),
@@ -210,10 +210,9 @@ def record_sweep(
             ignore_eos=ignore_eos,
         )
         key = generation_key(model, ids[row["prompt"]], row["drafter"], row["policy"], options)
-        record(output_dir, key, row, steps.filter(pl.col("run") == row["run"]), source)
-        count += 1
+        record(output_dir, key, row, sweep.steps.filter(pl.col("run") == row["run"]), source)
     record_outputs(output_dir, model, prompts, sweep, max_tokens, verify, source)
-    return count
+    return len(runs)
 
 
 def record_outputs(
@@ -236,13 +235,13 @@ def record_outputs(
         (pl.col("drafter") == "none") & (pl.col("policy") == "none") & (pl.col("temperature") == 0)
     )
     rows = []
-    for row in plain.unique("prompt", keep="first", maintain_order=True).to_dicts():
-        prompt = by_id.get(row["prompt"])
-        if prompt is None:
+    firsts = plain.unique("prompt", keep="first", maintain_order=True).select("prompt", "run", "finish_reason")
+    for prompt_id, run, finish_reason in firsts.iter_rows():
+        if prompt_id not in by_id:
             continue
-        steps = sweep.steps.filter(pl.col("run") == row["run"]).sort("step")
-        output = [t for tokens in steps["tokens"].to_list() for t in (tokens or [])]
-        rows.append(OutputRow.of(prompt, output, row["finish_reason"], model, int(max_tokens), verify or "", source))
+        steps = sweep.steps.filter(pl.col("run") == run).sort("step")["tokens"]
+        output = [t for tokens in steps.to_list() for t in (tokens or [])]
+        rows.append(OutputRow.of(by_id[prompt_id], output, finish_reason, model, int(max_tokens), verify or "", source))
     return write_outputs(output_dir, outputs_frame(rows))
 
 
@@ -332,14 +331,12 @@ def run_sweep(
     usable, skipped = usable_drafters(list(drafters), model, model_name)
     names = [d for d in usable if d not in ("none", "plain")]
     cells: dict[tuple[str, float, int], list[tuple[dict[str, Any], pl.DataFrame]] | None] = {}
-    for prompt in prompts:
-        for t in temperatures:
-            for seed in seeds:
-                options = GenerateOptions(max_tokens=max_tokens, temperature=float(t), seed=seed, verify=verify)
-                order = [("none", "none"), *((d, p.name) for d in names for p in policies)]  # the sweep's run order
-                found = [find(output_dir, generation_key(model_name, prompt.ids, d, p, options)) for d, p in order]
-                whole = all(f is not None for f in found)
-                cells[prompt.id, float(t), seed] = [(f.row, f.steps) for f in found] if whole else None
+    order = [("none", "none"), *((d, p.name) for d in names for p in policies)]  # the sweep's run order
+    for prompt, t, seed in itertools.product(prompts, temperatures, seeds):
+        options = GenerateOptions(max_tokens=max_tokens, temperature=float(t), seed=seed, verify=verify)
+        found = [find(output_dir, generation_key(model_name, prompt.ids, d, p, options)) for d, p in order]
+        whole = all(f is not None for f in found)
+        cells[prompt.id, float(t), seed] = [(f.row, f.steps) for f in found] if whole else None
     missing = {(t, seed) for (_, t, seed), cell in cells.items() if cell is None}
     ran: dict[tuple[str, float, int], list[tuple[dict[str, Any], pl.DataFrame]]] = {}
     for t, seed in sorted(missing):
@@ -368,13 +365,10 @@ def run_sweep(
     by_id = {p.id: p for p in prompts}
     for key in cells:
         for row, steps in cells[key] or ran.get(key, []):
-            prompt = by_id[key[0]]
-            row = {k: v for k, v in row.items() if k != "source"} | {"run": len(runs)}
-            base = {"prompt": prompt.id, "category": prompt.category, "temperature": key[1], "seed": key[2]}
+            run, prompt = len(runs), by_id[key[0]]
+            base = {"run": run, "prompt": prompt.id, "category": prompt.category, "temperature": key[1], "seed": key[2]}
             steps = steps.drop([c for c in _SWEEP_COLUMNS if c in steps.columns])
-            frames.append(
-                steps.with_columns(pl.lit(row["run"]).alias("run"), *(pl.lit(v).alias(k) for k, v in base.items()))
-            )
-            runs.append(row)
+            frames.append(steps.with_columns(*(pl.lit(v).alias(k) for k, v in base.items())))
+            runs.append({k: v for k, v in row.items() if k != "source"} | {"run": run})
     steps = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
     return Sweep(pl.DataFrame(runs, infer_schema_length=None), steps, skipped)

@@ -79,10 +79,10 @@ def test_bench_figure_whiskers_show_the_interval_over_prompts_else_the_range_ove
     runs = [_run("mlx-lm", i, 1.0) for i in range(8)] + [
         _run("lookup", i, 1 / (1.2 if i % 2 else 1.6)) for i in range(8)
     ]
-    rows = {r.category: r.row() for r in summarize_prompt_runs(runs, methods) if r.method == "lookup"}
+    rows = {r.category: r for r in summarize_prompt_runs(runs, methods) if r.method == "lookup"}
     low, high, kind = speedup_whisker(rows["qa"], repeats=1)
-    assert kind == "interval" and (low, high) == (rows["qa"]["speedup_low"], rows["qa"]["speedup_high"])
-    few = dict(rows["qa"], speedup_low=None, speedup_high=None, speedup_min=1.1, speedup_max=1.3)
+    assert kind == "interval" and (low, high) == (rows["qa"].speedup_low, rows["qa"].speedup_high)
+    few = replace(rows["qa"], speedup_low=None, speedup_high=None, speedup_min=1.1, speedup_max=1.3)
     assert speedup_whisker(few, repeats=3) == (1.1, 1.3, "range")
     assert speedup_whisker(few, repeats=1) is None
 
@@ -92,7 +92,7 @@ def test_bench_figure_whiskers_show_the_interval_over_prompts_else_the_range_ove
     assert len(bars) == 2 and len(whiskers) == 1  # qa and overall, both with an interval over 8 prompts
     segments = whiskers[0].lines[2][0].get_segments()
     drawn = sorted(v for s in segments for v in (s[0][1], s[1][1]))
-    assert drawn == pytest.approx(sorted(v for r in rows.values() for v in (r["speedup_low"], r["speedup_high"])))
+    assert drawn == pytest.approx(sorted(v for r in rows.values() for v in (r.speedup_low, r.speedup_high)))
 
 
 def test_intervals_of_few_prompts_cover_about_as_often_as_they_claim():

@@ -77,10 +77,16 @@ def test_verdict_words_each_confirmed_policy_by_its_interval():
     text = verdicts.policies(_ranking(), _confirmed(1.1, 1.3), "m", "suffix", "6 prompt(s) x 24 tokens, greedy")
     assert "auto on 1, ollama on 1, every policy tied on 1 of 3 workload(s)" in text  # each workload counted once
     assert "not a measurement" in text and "6 prompt(s) x 24 tokens, greedy" in text
-    assert f"ollama {PAYS} (1.20x, 95 % interval over requests 1.10-1.30 of 6), predicted 1.25x (residual -4%)" in text
-    assert f"auto {LOSES} (0.70x, 95 % interval over requests 0.60-0.80 of 6), predicted 1.30x (residual -46%)" in text
+    assert (
+        f"ollama {PAYS} (1.20x, 95 % interval over requests 1.10-1.30 of 6 requests), predicted 1.25x (residual -4%)"
+        in text
+    )
+    assert (
+        f"auto {LOSES} (0.70x, 95 % interval over requests 0.60-0.80 of 6 requests), predicted 1.30x (residual -46%)"
+        in text
+    )
     straddles = verdicts.policies(_ranking(), _confirmed(0.9, 1.4), "m", "suffix", "6 prompt(s)")
-    assert f"ollama {INCONCLUSIVE} (1.20x, 95 % interval over requests 0.90-1.40 of 6)" in straddles
+    assert f"ollama {INCONCLUSIVE} (1.20x, 95 % interval over requests 0.90-1.40 of 6 requests)" in straddles
     # the statements stored beside the words say the same of each confirmed policy
     for confirmed, words in (
         (_confirmed(1.1, 1.3), [PAYS, LOSES]),

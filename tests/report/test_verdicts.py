@@ -325,11 +325,11 @@ def test_trace_verdicts_name_their_sample_and_interval():
     # over several traces: the overall speedup, with its interval over traces where it has one
     overall = _trace_overall()
     text = verdicts.traces(overall, "m", 16, 24, "fixed:4")
-    assert "the fastest drafter, suffix, pays (1.31x, 95 % interval over traces 1.12-1.52 of 8 pairs)" in text
+    assert "the fastest drafter, suffix, pays (1.31x, 95 % interval over traces 1.12-1.52 of 8 traces)" in text
     assert "8 trace(s), 16 turn(s) x 24 tokens, fixed:4, greedy" in text
     one_trace = overall.with_columns(pl.lit(1).alias("traces"), pl.lit(None, pl.Float64).alias("speedup_low"))
     one = verdicts.traces(one_trace, "m", 2, 24, "fixed:4")
-    assert "inconclusive at this sample (1.31x: 1 trace(s), an interval over traces needs 6)" in one
+    assert "inconclusive at this sample (1.31x over 1 trace(s); an interval needs 6 traces)" in one
 
 
 def test_figure_checks_find_missing_titles_labels_clipping_and_hidden_series():

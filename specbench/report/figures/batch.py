@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
+import polars as pl
 
 from specbench.cost.batch import BatchProfile
 from specbench.cost.reference import Reference
@@ -16,23 +17,32 @@ from specbench.report.figures.style import model_label, no_data
 
 #: The draft lengths whose a*(k, B) the left panel draws.
 SHOWN_K = (1, 2, 4)
+#: The columns of the rows ``batch_break_even`` reads: a*(k, B) rows, and the measured grid's.
+A_STAR_SCHEMA = {"model": pl.Utf8, "batch_size": pl.Int64, "k": pl.Int64, "a_star": pl.Float64}
+GRID_SCHEMA = {
+    "model": pl.Utf8,
+    "batch_size": pl.Int64,
+    "k": pl.Int64,
+    "acceptance": pl.Float64,
+    "measured": pl.Float64,
+    "predicted": pl.Float64,
+}
 
 
 def batch_break_even(break_even: Sequence[dict[str, Any]], grid: Sequence[dict[str, Any]], k_grid: int):
     """Two panels per shape (``model``): a*(k, B) for k in ``SHOWN_K``, and the grid's measured (points) and
     predicted (lines) throughput speedups at ``k_grid`` per acceptance. Returns the Figure."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-    for label in dict.fromkeys(r["model"] for r in [*break_even, *grid]):
-        rows = [r for r in break_even if r["model"] == label]
-        for k in sorted({r["k"] for r in rows} & set(SHOWN_K)):
-            points = sorted((r["batch_size"], r["a_star"]) for r in rows if r["k"] == k)
-            axes[0].plot(*zip(*points), marker="o", label=f"{label} k={k}")
-        cells = [r for r in grid if r["model"] == label and r["k"] == k_grid]
-        for a in sorted({r["acceptance"] for r in cells}):
-            points = sorted((r["batch_size"], r["measured"], r["predicted"]) for r in cells if r["acceptance"] == a)
-            sizes, measured, predicted = zip(*points)
-            line = axes[1].plot(sizes, predicted, label=f"{label} a={a} predicted")[0]
-            axes[1].scatter(sizes, measured, color=line.get_color(), label=f"{label} a={a} measured")
+    a_stars = pl.DataFrame(list(break_even), schema=A_STAR_SCHEMA).filter(pl.col("k").is_in(SHOWN_K))
+    for (label,), rows in a_stars.group_by("model", maintain_order=True):
+        for (k,), line in rows.sort("k", "batch_size").group_by("k", maintain_order=True):
+            axes[0].plot(*line.select("batch_size", "a_star").to_numpy().T, marker="o", label=f"{label} k={k}")
+    cells = pl.DataFrame(list(grid), schema=GRID_SCHEMA).filter(pl.col("k") == k_grid)
+    for (label,), rows in cells.group_by("model", maintain_order=True):
+        for (a,), line in rows.sort("acceptance", "batch_size").group_by("acceptance", maintain_order=True):
+            sizes, measured, predicted = line.select("batch_size", "measured", "predicted").to_numpy().T
+            drawn = axes[1].plot(sizes, predicted, label=f"{label} a={a} predicted")[0]
+            axes[1].scatter(sizes, measured, color=drawn.get_color(), label=f"{label} a={a} measured")
     axes[0].set(
         xscale="log", xlabel="batch size B", ylabel="break-even acceptance a*(k, B)", title="Break-even acceptance"
     )

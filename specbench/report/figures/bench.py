@@ -14,6 +14,7 @@ from typing import Any
 from specbench.bench.paired import MIN_UNITS
 from specbench.bench.prompt_bench import PromptBench
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method
+from specbench.bench.prompt_summary import MethodSummary, summarize_prompt_runs
 from specbench.report.figures.style import drafter_colour, headless_pyplot, save_figure
 
 PROMPT_FIGURE_FILE = "prompt_bench_speedup.png"
@@ -28,25 +29,25 @@ def method_style(method: Method) -> dict[str, Any]:
     return {"color": drafter_colour(method.drafter), "hatch": POLICY_HATCHES.get(policy, "xx")}
 
 
-def speedup_whisker(row: dict[str, Any], repeats: int) -> tuple[float, float, str] | None:
+def speedup_whisker(row: MethodSummary, repeats: int) -> tuple[float, float, str] | None:
     """One bar's whisker: (low, high, "interval") for the 95 % bootstrap interval over questions where the
     summary has one, else (low, high, "range") for the extremes over repeats when there were several."""
-    if row.get("speedup_low") is not None and row.get("speedup_high") is not None:
-        return float(row["speedup_low"]), float(row["speedup_high"]), "interval"
-    if repeats > 1 and row.get("speedup_min") is not None and row.get("speedup_max") is not None:
-        return float(row["speedup_min"]), float(row["speedup_max"]), "range"
+    if row.speedup_low is not None and row.speedup_high is not None:
+        return row.speedup_low, row.speedup_high, "interval"
+    if repeats > 1 and row.speedup_min is not None and row.speedup_max is not None:
+        return row.speedup_min, row.speedup_max, "range"
     return None
 
 
 def prompt_figure(
-    summary: Sequence[dict[str, Any]], methods: Sequence[Method], categories: Sequence[str], info: dict[str, Any]
+    summary: Sequence[MethodSummary], methods: Sequence[Method], categories: Sequence[str], info: dict[str, Any]
 ):
     """Speedup over mlx-lm plain by category, one bar per method, whiskers as ``speedup_whisker`` draws them."""
     plt = headless_pyplot()
     import numpy as np
 
     groups = list(categories) + ["overall"]
-    cell = {(r["method"], r["category"]): r for r in summary}
+    cell = {(r.method, r.category): r for r in summary}
     shown = [m for m in methods if m.name != PROMPT_BASELINE and (m.name, "overall") in cell]
     fig, ax = plt.subplots(
         figsize=(min(16.0, max(7.0, 0.2 * len(groups) * len(shown) + 3)), 4.8), constrained_layout=True
@@ -54,11 +55,11 @@ def prompt_figure(
     width = 0.8 / max(1, len(shown))
     x = np.arange(len(groups))
     for i, m in enumerate(shown):
-        rows = [cell.get((m.name, g), {}) for g in groups]
-        values = np.array([r.get("speedup", np.nan) for r in rows], dtype=float)
+        rows = [cell.get((m.name, g)) for g in groups]
+        values = np.array([r.speedup if r else np.nan for r in rows], dtype=float)
         centres = x - 0.4 + width * (i + 0.5)
         ax.bar(centres, values, width, label=m.name, edgecolor="0.2", linewidth=0.5, **method_style(m))
-        bounds = [speedup_whisker(r, info.get("repeats", 1)) for r in rows]
+        bounds = [speedup_whisker(r, info.get("repeats", 1)) if r else None for r in rows]
         for kind, colour in (("interval", "0.1"), ("range", "0.55")):
             at = [j for j, b in enumerate(bounds) if b is not None and b[2] == kind and np.isfinite(values[j])]
             if at:
@@ -100,5 +101,6 @@ def prompt_figure(
 
 def save_prompt_figure(result: PromptBench, out: str | os.PathLike) -> Path:
     """Draw ``prompt_figure`` of a prompt benchmark's results into ``out`` (atomically); returns the path."""
-    figure = prompt_figure(result.summary(), result.methods, result.categories(), result.info)
+    summary = summarize_prompt_runs(result.runs, result.methods, result.info, result.profile)
+    figure = prompt_figure(summary, result.methods, result.categories(), result.info)
     return save_figure(figure, Path(out) / PROMPT_FIGURE_FILE)

@@ -5,6 +5,7 @@ the notebook's summary, and the report's tests require it empty for every figure
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -35,20 +36,29 @@ def _drawn_axes(fig: Any) -> list[Any]:
     ]
 
 
-def _series(ax: Any) -> list[tuple[str, np.ndarray]]:
-    """(label, points) of every line and scatter of an axes that has more than one point."""
+def _series(ax: Any, collections: bool = True) -> list[tuple[Any, np.ndarray]]:
+    """(artist, points) of every visible line (and, with ``collections``, scatter) of an axes with more than one
+    point."""
     out = []
-    for line in ax.lines:
-        if not line.get_visible():
-            continue
+    for line in [line for line in ax.lines if line.get_visible()]:
         x, y = np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
         if x.size > 1 and x.shape == y.shape:
-            out.append((line.get_label(), np.column_stack([x, y])))
-    for collection in ax.collections:
+            out.append((line, np.column_stack([x, y])))
+    for collection in ax.collections if collections else ():
         offsets = np.asarray(collection.get_offsets(), dtype=float)
         if collection.get_visible() and offsets.ndim == 2 and len(offsets) > 1:
-            out.append((collection.get_label(), offsets))
+            out.append((collection, offsets))
     return out
+
+
+def _coinciding(series: list[tuple[Any, np.ndarray]]) -> Iterator[tuple[Any, Any]]:
+    """(earlier, later) of every two series on exactly the same points, the later hiding the earlier; reference
+    lines (one value across the axes, e.g. y = 1) are left out."""
+    for i, (later, b) in enumerate(series):
+        for earlier, a in series[:i]:
+            flat = np.allclose(a[:, 1], a[0, 1]) and len(np.unique(a[:, 0])) <= 2
+            if not flat and a.shape == b.shape and np.allclose(a, b, equal_nan=True):
+                yield earlier, later
 
 
 #: What a series' label says when it lies on another series' points (``mark_coinciding``).
@@ -57,35 +67,22 @@ SAME_AS = "same points as"
 
 def coinciding_series(ax: Any) -> list[tuple[str, str]]:
     """Pairs of series (by label) of ``ax`` drawn on exactly the same points, the later hiding the earlier, that
-    no label declares (``mark_coinciding``). Reference lines (one value across the axes, e.g. y = 1) are left
-    out."""
-    series = [
-        (label, points)
-        for label, points in _series(ax)
-        if not str(label).startswith("_")  # matplotlib's own parts (error bars, caps), drawn with their series
-        and not (np.allclose(points[:, 1], points[0, 1]) and len(np.unique(points[:, 0])) <= 2)
-    ]
-    pairs = []
-    for i, (first, a) in enumerate(series):
-        for second, b in series[i + 1 :]:
-            if a.shape == b.shape and np.allclose(a, b, equal_nan=True) and SAME_AS not in f"{first} {second}":
-                pairs.append((first, second))
-    return pairs
+    no label declares (``mark_coinciding``)."""
+    # labels starting with "_": matplotlib's own parts (error bars, caps), drawn with their series
+    series = [(s, points) for s, points in _series(ax) if not str(s.get_label()).startswith("_")]
+    labels = [(str(a.get_label()), str(b.get_label())) for a, b in _coinciding(series)]
+    return [(a, b) for a, b in labels if SAME_AS not in f"{a} {b}"]
 
 
 def mark_coinciding(ax: Any) -> None:
     """Say in the label of every line of ``ax`` that lies on an earlier line's points which one it hides
     ("lookup (tool-agent), same points as lookup (chat-revision)"), so the legend names the series the
     figure cannot show apart; call it before drawing the legend."""
-    lines = [line for line in ax.lines if line.get_visible() and len(line.get_xdata()) > 1]
-    for i, line in enumerate(lines):
-        points = np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float)
-        for earlier in lines[:i]:
-            other = np.column_stack([earlier.get_xdata(), earlier.get_ydata()]).astype(float)
-            flat = np.allclose(other[:, 1], other[0, 1]) and len(np.unique(other[:, 0])) <= 2
-            if not flat and other.shape == points.shape and np.allclose(other, points, equal_nan=True):
-                line.set_label(f"{line.get_label()}, {SAME_AS} {earlier.get_label()}")
-                break
+    marked = set()
+    for earlier, line in _coinciding(_series(ax, collections=False)):
+        if line not in marked:
+            marked.add(line)
+            line.set_label(f"{line.get_label()}, {SAME_AS} {earlier.get_label()}")
 
 
 def figure_problems(fig: Any) -> list[str]:
@@ -111,22 +108,18 @@ def figure_problems(fig: Any) -> list[str]:
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     width, height = fig.canvas.get_width_height()
+
+    def outside(box: Any, top: float = height) -> bool:
+        slack = CANVAS_SLACK_PX
+        return box.x0 < -slack or box.y0 < -slack or box.x1 > width + slack or box.y1 > top + slack
+
     for ax in axes:
         box = ax.get_tightbbox(renderer)
-        if box is None:
-            continue
-        if (
-            box.x0 < -CANVAS_SLACK_PX
-            or box.y0 < -CANVAS_SLACK_PX
-            or box.x1 > width + CANVAS_SLACK_PX
-            or box.y1 > height + CANVAS_SLACK_PX
-        ):
+        if box is not None and outside(box):
             problems.append(
                 f"axes {_title(fig, ax)!r}: drawn outside the canvas (its box {box.x0:.0f}..{box.x1:.0f} x "
                 f"{box.y0:.0f}..{box.y1:.0f} px, the canvas {width} x {height} px)"
             )
-    for legend in fig.legends:
-        box = legend.get_window_extent(renderer)
-        if box.x0 < -CANVAS_SLACK_PX or box.x1 > width + CANVAS_SLACK_PX or box.y0 < -CANVAS_SLACK_PX:
-            problems.append("the figure's legend reaches outside the canvas")
+    if any(outside(legend.get_window_extent(renderer), float("inf")) for legend in fig.legends):
+        problems.append("the figure's legend reaches outside the canvas")
     return problems

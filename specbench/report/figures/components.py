@@ -1,10 +1,5 @@
-"""Why speculation pays or not: the verify cost as a stack of its parts, and c(w) along the context length.
-
-``component_stack`` draws ``specbench.cost.components.measure_components`` rows (a panel per model, a bar
-per width, parts stacked in plain steps, the whole step measured as a marker, how far off the sum is written
-above each bar); ``costs_by_length`` draws c(w) and the break-even acceptance a*(k) at each context length a
-profile holds.
-"""
+"""Why speculation pays or not: the verify cost as a stack of its parts (``component_stack``), and c(w) along the
+context length (``costs_by_length``)."""
 
 from __future__ import annotations
 
@@ -19,6 +14,7 @@ from specbench.cost.components import PARTS, WAIT, phase_stack
 from specbench.cost.profile import Profile
 from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import model_label
+from specbench.report.verdicts.components import StackRow
 
 #: One colour per part: the forward's in blues and greens, the engine's in warm tones.
 PART_COLOURS = {
@@ -48,23 +44,23 @@ def component_stack(stacks: Mapping[str, Sequence[dict[str, Any]]], title: str |
     names = [n for n, rows in stacks.items() if rows]
     fig, axes = plt.subplots(1, max(1, len(names)), figsize=(5.2 * max(1, len(names)), 4.2), squeeze=False)
     for ax, name in zip(axes[0], names):
-        rows = stacks[name]
-        widths = sorted({r["width"] for r in rows})
-        at = {(r["width"], r["part"]): r for r in rows}
+        rows = StackRow.rows(stacks[name])
+        widths = sorted({r.width for r in rows})
+        at = {(r.width, r.part): r for r in rows}
         x = np.arange(len(widths))
         bottom = np.zeros(len(widths))
         for part in (*PARTS, WAIT):
             if (widths[0], part) not in at:
                 continue
-            values = np.array([at[w, part]["c"] for w in widths])
+            values = np.array([at[w, part].c for w in widths])
             if values.max() <= 0:
                 continue
             ax.bar(x, values, 0.6, bottom=bottom, color=PART_COLOURS[part], label=part)
             bottom += values
-        whole = np.array([at[w, PARTS[0]]["c_step"] for w in widths])
+        whole = np.array([at[w, PARTS[0]].c_step for w in widths])
         ax.plot(x, whole, "k_", ms=22, mew=2, label="measured step")
         for i, w in enumerate(widths):
-            ax.annotate(f"{at[w, PARTS[0]]['error']:+.0%}", (x[i], max(bottom[i], whole[i])), ha="center", va="bottom")
+            ax.annotate(f"{at[w, PARTS[0]].error:+.0%}", (x[i], max(bottom[i], whole[i])), ha="center", va="bottom")
         ax.set_xticks(x, [f"w={w}" for w in widths])
         ax.set_xlabel("verify width w (rows)")
         ax.set_ylabel("plain steps")

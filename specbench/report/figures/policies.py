@@ -1,9 +1,5 @@
-"""Draft-length policies compared on the same recorded outputs: predicted speedup per workload, and the confirmed
-policies' measured speedup (with its 95 % interval) against their prediction.
-
-``policy_ranking`` takes ``specbench.simulate.policies.rank_policies``' table and, optionally,
-``specbench.bench.policy_confirm.confirm_policies``' rows.
-"""
+"""Draft-length policies compared on the same recorded outputs (``specbench.simulate.policies.rank_policies``' table)
+and the confirmed ones' measured speedup (``specbench.bench.policy_confirm.confirm_policies``' rows)."""
 
 from __future__ import annotations
 
@@ -22,8 +18,7 @@ def _ranking_panel(ax, table: pl.DataFrame, colours: dict[str, str]) -> None:
     workloads = table["workload"].unique(maintain_order=True).to_list()
     width = 0.8 / len(colours)
     for j, (policy, colour) in enumerate(colours.items()):
-        mine = table.filter(pl.col("policy") == policy)
-        values = dict(zip(mine["workload"].to_list(), mine["predicted_speedup"].to_list()))
+        values = dict(table.filter(pl.col("policy") == policy).select("workload", "predicted_speedup").iter_rows())
         x = np.arange(len(workloads)) + (j - (len(colours) - 1) / 2) * width
         heights = np.array([values.get(w, np.nan) for w in workloads], dtype=float)
         ax.bar(x, heights, width=width * 0.95, color=colour, label=policy)

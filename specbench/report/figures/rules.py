@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from specbench.report.figures.style import WIDE, label_pair, new_axes, no_data
+from specbench.report.figures.style import WIDE, label_pair, line_pair, new_axes, no_data
 from specbench.report.figures.sweeps import per_position
 
 RULE_COLOURS = {"token": "tab:blue", "exact-match": "tab:orange", "block": "tab:green", "typical (lossy)": "tab:red"}
@@ -25,14 +25,14 @@ def _lossy(rule: str) -> bool:
 
 def rules_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance rules vs temperature"):
     """Two panels against temperature, a line per rule: tokens per verification and speedup over plain."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=WIDE, constrained_layout=True)
-    if summary.is_empty():
-        no_data(left, "no speculative runs")
+
+    def style(key: tuple[str], _rows: pl.DataFrame) -> dict[str, Any]:
+        return dict(color=_colour(key[0]), ls="--" if _lossy(key[0]) else "-", marker="o", ms=4, label=key[0])
+
+    xy = ("tokens_per_verify", "speedup")
+    fig, left, right, rows = line_pair(summary, ["acceptance"], "temperature", xy, style, WIDE)
+    if rows is None:
         return fig
-    for (rule,), rows in summary.sort("temperature").group_by(["acceptance"], maintain_order=True):
-        line = dict(color=_colour(rule), ls="--" if _lossy(rule) else "-", marker="o", ms=4, label=rule)
-        left.plot(rows["temperature"].to_numpy(), rows["tokens_per_verify"].to_numpy(), **line)
-        right.plot(rows["temperature"].to_numpy(), rows["speedup"].to_numpy(), **line)
     tokens = (left, "tokens per verification (accepted + 1)", "Tokens per verification")
     label_pair(fig, "temperature", tokens, (right, "speedup over plain sampling (x)", "Speedup"), title)
     return fig
@@ -54,8 +54,9 @@ def rules_by_drafter(summary: pl.DataFrame, title: str = "Tokens per verificatio
         groups = cell.select("drafter", "k").unique(maintain_order=True).rows()
         width = 0.8 / max(1, len(rules))
         for j, rule in enumerate(rules):
-            rows = {(r["drafter"], r["k"]): r for r in cell.filter(pl.col("acceptance") == rule).iter_rows(named=True)}
-            heights = [(rows.get(g) or {}).get("tokens_per_verify") or 0.0 for g in groups]
+            mine = cell.filter(pl.col("acceptance") == rule).select("drafter", "k", "tokens_per_verify")
+            per_verify = {(d, k): t for d, k, t in mine.iter_rows()}
+            heights = [per_verify.get(g) or 0.0 for g in groups]
             ax.bar(
                 np.arange(len(groups)) + (j - (len(rules) - 1) / 2) * width,
                 heights,

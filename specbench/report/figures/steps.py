@@ -6,35 +6,32 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
-import polars as pl
 
-from specbench.core.log import StepLog
 from specbench.report.figures.style import COLOURS, no_data
 from specbench.report.render import SOURCE_COLOURS, SOURCE_LABELS, SOURCES, step_records
 
 
 def step_timeline(log: Any, title: str = "Per-step view of one generation") -> Any:
     """Tokens emitted per decoding step, split by source, over the drafted tokens; step times below."""
-    df = log if isinstance(log, pl.DataFrame) else StepLog(step_records(log)).to_polars()
-    df = df.filter(pl.col("kind") != "prefill")
+    steps = [r for r in step_records(log) if r.kind != "prefill"]
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(7.6, 4.8), sharex=True, height_ratios=(2, 1), constrained_layout=True
     )
-    if df.is_empty():
+    if not steps:
         no_data(top, "no decoding steps")
         return fig
-    x = df["step"].to_numpy()
-    kind = df["kind"].to_numpy()
-    emitted = df["emitted"].to_numpy()
+    x = np.array([r.step for r in steps])
+    verify = np.array([r.kind == "verify" for r in steps])
+    emitted = np.array([r.emitted for r in steps])
+    taken = np.array([r.accepted for r in steps])
     # a stop can cut a verification's accepted tokens short: show the emitted ones
-    accepted = np.where(kind == "verify", np.minimum(df["accepted"].to_numpy(), emitted), 0)
-    bonus = np.where(kind == "verify", emitted - accepted, 0)
-    plain = np.where(kind == "verify", 0, emitted)
-    drafted = df["k_drafted"].to_numpy()
+    accepted = np.where(verify, np.minimum(taken, emitted), 0)
+    bonus = np.where(verify, emitted - accepted, 0)
+    plain = np.where(verify, 0, emitted)
     looks: tuple[dict[str, Any], ...] = ({}, {"bottom": accepted}, {"edgecolor": "0.5", "lw": 0.5})
     for source, tokens, look in zip(SOURCES, (accepted, bonus, plain), looks):
         top.bar(x, tokens, color=SOURCE_COLOURS[source], label=SOURCE_LABELS[source], width=0.85, **look)
-    rejected = np.clip(drafted - df["accepted"].to_numpy(), 0, None)
+    rejected = np.clip(np.array([r.k_drafted for r in steps]) - taken, 0, None)
     if rejected.any():
         top.bar(
             x,
@@ -53,8 +50,8 @@ def step_timeline(log: Any, title: str = "Per-step view of one generation") -> A
     top.set_ylim(0, max(1, int((emitted + rejected).max())) + 1.2)
     top.yaxis.get_major_locator().set_params(integer=True)
     top.grid(axis="y", alpha=0.3)
-    ms = 1e3 * (df["draft_s"] + df["verify_s"] + df["other_s"]).to_numpy()
-    colours = np.where(kind == "verify", SOURCE_COLOURS["bonus"], COLOURS["plain"])
+    ms = [1e3 * (r.draft_s + r.verify_s + r.other_s) for r in steps]
+    colours = np.where(verify, SOURCE_COLOURS["bonus"], COLOURS["plain"])
     bottom.bar(x, ms, color=colours, width=0.85)
     bottom.set_ylabel("step time (ms)")
     bottom.set_xlabel("decoding step (step 0 is the prefill)")

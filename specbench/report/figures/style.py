@@ -145,9 +145,10 @@ def line_pair(
     size: tuple[float, float],
 ) -> tuple[Any, Any, Any, pl.DataFrame | None]:
     """Two panels plotting ``ys[0]`` (left) and ``ys[1]`` (right) against ``x``, a line per group of
-    speculative rows styled by ``style(key, rows)``: (fig, left, right, rows; rows None when empty)."""
+    speculative rows (all, in a frame without drafters) styled by ``style(key, rows)``: (fig, left, right, rows;
+    rows None when empty)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=size, constrained_layout=True)
-    rows = frame.filter(pl.col("drafter") != "none")
+    rows = frame.filter(pl.col("drafter") != "none") if "drafter" in frame.columns else frame
     if rows.is_empty():
         no_data(left, "no speculative runs")
         return fig, left, right, None

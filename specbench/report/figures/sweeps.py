@@ -36,10 +36,8 @@ def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, re
         no_data(ax, "no speculative runs")
         return fig
     ks = rows["k"].drop_nulls().unique().sort().to_list()
-    for drafter in rows["drafter"].unique(maintain_order=True).to_list():
-        mine = rows.filter(pl.col("drafter") == drafter)
-        for family in mine["policy_family"].unique(maintain_order=True).to_list():
-            cell = mine.filter(pl.col("policy_family") == family)
+    for (drafter,), mine in rows.group_by("drafter", maintain_order=True):
+        for (family,), cell in mine.group_by("policy_family", maintain_order=True):
             colour = drafter_colour(drafter)
             if cell["k"].null_count() == len(cell):  # auto: it picks k itself; placed at its mean k
                 for row in SummaryRow.rows(cell):
@@ -196,15 +194,14 @@ def category_speedups(best: pl.DataFrame, title: str = "Speedup by prompt catego
     drafters = drafter_order(rows["drafter"].unique(maintain_order=True).to_list())
     width = 0.8 / len(drafters)
     for j, drafter in enumerate(drafters):
-        mine = rows.filter(pl.col("drafter") == drafter)
-        lookup = dict(zip(mine["category"].to_list(), mine["speedup"].to_list()))
+        mine = {r.category: r for r in SummaryRow.rows(rows.filter(pl.col("drafter") == drafter))}
         x = np.arange(len(categories)) + (j - (len(drafters) - 1) / 2) * width
-        policies = dict(zip(mine["category"].to_list(), mine["policy"].to_list())) if "policy" in mine.columns else {}
-        values = [lookup.get(c, np.nan) for c in categories]
+        cells = [mine.get(c) for c in categories]
+        values = [np.nan if r is None or r.speedup is None else r.speedup for r in cells]
         ax.bar(x, values, width=width * 0.95, color=drafter_colour(drafter), label=drafter_label(drafter))
-        for xi, c, v in zip(x, categories, values):
-            if c in policies and np.isfinite(v):
-                ax.text(xi, v, policies[c], ha="center", va="bottom", fontsize=7.5, color="0.25")
+        for xi, r, v in zip(x, cells, values):
+            if r is not None and r.policy and np.isfinite(v):
+                ax.text(xi, v, r.policy, ha="center", va="bottom", fontsize=7.5, color="0.25")
     ax.axhline(1.0, color="0.3", lw=0.9)
     ax.set_xticks(np.arange(len(categories)), [c.replace("_", " ") for c in categories], rotation=20, ha="right")
     ax.set_xlabel("prompt category")

@@ -29,8 +29,8 @@ def per_turn(turns: pl.DataFrame, title: str = "Per-turn results on agent traces
     left.axhline(1.0, color="0.3", lw=0.9)
     if "verifies" in rows.columns:  # how many verifications each point averages
         for key, cell in rows.group_by(["trace", "drafter"], maintain_order=True):
-            cell = cell.sort("turn").drop_nulls("tokens_per_verify")
-            for x, y, n in zip(cell["turn"].to_list(), cell["tokens_per_verify"].to_list(), cell["verifies"].to_list()):
+            points = cell.sort("turn").drop_nulls("tokens_per_verify").select("turn", "tokens_per_verify", "verifies")
+            for x, y, n in points.iter_rows():
                 left.annotate(
                     f"{n}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=drafter_colour(key[1])
                 )

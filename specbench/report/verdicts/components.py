@@ -3,9 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 from specbench.cost.components import deciding_part, phase_reading
+
+
+@dataclass(frozen=True)
+class StackRow:
+    """A row of ``cost.components.measure_components`` (or ``phase_stack``) as the report reads it: one part of
+    a speculative step at one width, ``c`` in plain steps, the whole step ``c_step``, and how far the parts miss
+    the step (``error``), the forward (``closure``) and the step's own spread (``step_spread``)."""
+
+    width: int
+    part: str
+    error: float
+    c: float = 0.0
+    c_step: float = 0.0
+    closure: float | None = None
+    step_spread: float | None = None
+
+    @classmethod
+    def rows(cls, rows: Sequence[Mapping[str, Any]]) -> list[StackRow]:
+        return [cls(**{f.name: r[f.name] for f in fields(cls) if f.name in r}) for r in rows]
 
 
 def deciding_parts(stacks: Mapping[str, Sequence[dict[str, Any]]]) -> str:
@@ -14,11 +34,12 @@ def deciding_parts(stacks: Mapping[str, Sequence[dict[str, Any]]]) -> str:
     (their ``closure``, when the rows hold it) and how far the whole stack is from the measured step ("" without
     stacks)."""
     text = ""
-    for name, rows in stacks.items():
-        if len({r["width"] for r in rows}) > 1:
-            part, share = deciding_part(rows)
-            off = max(abs(r["error"]) for r in rows)
-            closures = [abs(r["closure"]) for r in rows if r.get("closure") is not None]
+    for name, stored in stacks.items():
+        rows = StackRow.rows(stored)
+        if len({r.width for r in rows}) > 1:
+            part, share = deciding_part(stored)
+            off = max(abs(r.error) for r in rows)
+            closures = [abs(r.closure) for r in rows if r.closure is not None]
             text += f" For {name}, {part} decides: {share:.0%} of what a wider verification adds"
             closure = (
                 f"the forward's components, each subtracted from the whole forward, add up to it within"
@@ -32,7 +53,7 @@ def deciding_parts(stacks: Mapping[str, Sequence[dict[str, Any]]]) -> str:
             else:
                 text += f" ({closure})," if closure else ","
                 text += f" but the parts miss the measured step by up to {off:.0%}"
-                spread = max((r["step_spread"] for r in rows if r.get("step_spread") is not None), default=None)
+                spread = max((r.step_spread for r in rows if r.step_spread is not None), default=None)
                 if spread is not None and spread >= off:
                     text += (
                         f", within the measured step's own spread ({spread:.0%} interquartile range over its median):"
@@ -43,7 +64,7 @@ def deciding_parts(stacks: Mapping[str, Sequence[dict[str, Any]]]) -> str:
                         ": the step overlaps work the parts count apart, or the machine was busy while they were"
                         " timed, so this split is rough."
                     )
-            text += _bound(rows, off)
+            text += _bound(stored, off)
     return text
 
 

@@ -16,7 +16,7 @@ from specbench.bench.sweep import best_per_group
 from specbench.cost.bandwidth import achieved
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
-from specbench.report.verdicts.notebooks import SummaryRow
+from specbench.report.verdicts.notebooks import SummaryRow, all_equal
 
 # -- headlines ---------------------------------------------------------------------------------------------------
 
@@ -25,23 +25,21 @@ def sweep_headline(summary: pl.DataFrame) -> dict[str, Any]:
     """A sweep summary's best speculative drafter and policy, its speedup, and whether every greedy
     output equalled plain decoding's (None when no output was compared)."""
     best = SummaryRow.rows(best_per_group(summary.filter(pl.col("drafter") != "none"), []))
-    equal = summary["all_equal_to_plain"].drop_nulls()
     return {
         "best": f"{best[0].drafter} {best[0].policy}" if best else "none",
         "best_speedup": best[0].speedup if best else None,
-        "outputs_equal_to_plain": bool(equal.all()) if len(equal) else None,
+        "outputs_equal_to_plain": all_equal(summary),
     }
 
 
 def trace_headline(summary: pl.DataFrame) -> dict[str, Any]:
     """A trace run's summary (one row per method: ``TraceRun.overall()``): whether every method reproduced
     plain decoding, and each speculative method's speedup and tokens per verification."""
-    speculative = summary.filter(pl.col("method") != "plain")
-    methods = speculative["method"].to_list()
+    rows = SummaryRow.rows(summary.filter(pl.col("method") != "plain"))
     return {
         "identical": bool(summary["identical"].all()),
-        **{f"{m} speedup": s for m, s in zip(methods, speculative["speedup"].to_list())},
-        **{f"{m} tokens/verify": t for m, t in zip(methods, speculative["tokens_per_verify"].to_list())},
+        **{f"{r.method} speedup": r.speedup for r in rows},
+        **{f"{r.method} tokens/verify": r.tokens_per_verify for r in rows},
     }
 
 
@@ -102,17 +100,13 @@ def _yes_no(value: Any) -> str:
 
 def _rules(value: Any) -> str:
     """``best_lossless``'s rows in a line: "T=0.5 block 1.39, 0.922x; ..."."""
-    if not isinstance(value, list):
+    if not isinstance(value, list) or not all(isinstance(row, dict) for row in value):
         return _plain(value)
-    parts = []
-    for row in value:
-        if not isinstance(row, dict):
-            return _plain(value)
-        parts.append(
-            f"T={_short(row.get('temperature'))} {row.get('acceptance')} {_short(row.get('tokens_per_verify'))}, "
-            f"{_short(row.get('speedup'))}x"
-        )
-    return "; ".join(parts)
+    return "; ".join(
+        f"T={_short(row.get('temperature'))} {row.get('acceptance')} {_short(row.get('tokens_per_verify'))}, "
+        f"{_short(row.get('speedup'))}x"
+        for row in value
+    )
 
 
 def _plain(value: Any) -> str:

@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 
 from specbench.bench import paired
+from specbench.bench.policy_confirm import MIN_REQUESTS
 from specbench.checks.lossless import POWER
 from specbench.common.identity import device_name
 from specbench.cost.breakeven import break_even_acceptance
@@ -93,18 +94,28 @@ def _interval(low: float | None, high: float | None, resampled: str = "", level:
     return f"{100 * level:.3g} % interval{over} {low:.2f}-{high:.2f}"
 
 
+#: Per unit a speedup's sample is counted in: the count in words, and how many an interval needs.
+_UNITS = {
+    "pair": ("pair(s) of runs", f"{paired.MIN_UNITS} pairs or prompts"),
+    "prompt": ("prompt(s)", f"{paired.MIN_UNITS} prompts"),
+    "trace": ("trace(s)", f"{paired.MIN_UNITS} traces"),
+    "request": ("request(s)", f"{MIN_REQUESTS} requests"),
+}
+
+
 def speed(
     ratio: float | None,
     low: float | None,
     high: float | None,
-    pairs: int = 0,
+    count: int = 0,
     resampled: str = "",
     aa: SummaryRow | None = None,
     level: float = 0.95,
+    unit: str = "pair",
 ) -> str:
-    """A measured speedup in words: "pays"/"loses" with its interval (at ``level``) only when the interval excludes
-    1, else "inconclusive at this sample (...)" saying why; with the A/A cell (``aa``: plain against plain) beside
-    it."""
+    """A measured speedup over ``count`` ``unit``s ("pair", "prompt", "trace", "request") in words: "pays"/"loses"
+    with its interval (at ``level``, over ``resampled``s) only when the interval excludes 1, else "inconclusive at
+    this sample (...)" saying why; with the A/A cell (``aa``: plain against plain) beside it."""
     aa_bounds = (aa.speedup_low, aa.speedup_high) if aa else None
     word = speed_word(low, high, aa_bounds)
     noise = ""
@@ -112,14 +123,12 @@ def speed(
         noise = f"; plain against plain (A/A) {_x(aa.speedup)}"
         if _finite(aa_bounds[0]) and _finite(aa_bounds[1]):
             noise += f" [{aa_bounds[0]:.2f}-{aa_bounds[1]:.2f}]"
-    if not pairs:
+    if not count:
         return f"{INCONCLUSIVE} ({_x(ratio)} from single unpaired runs: no interval){noise}"
     if not (_finite(low) and _finite(high)):
-        return (
-            f"{INCONCLUSIVE} ({_x(ratio)} over {pairs} pair(s) of runs; an interval needs {paired.MIN_UNITS} "
-            f"pairs or prompts){noise}"
-        )
-    text = f"{word} ({_x(ratio)}, {_interval(low, high, resampled, level)} of {pairs} pairs){noise}"
+        counted, needs = _UNITS[unit]
+        return f"{INCONCLUSIVE} ({_x(ratio)} over {count} {counted}; an interval needs {needs}){noise}"
+    text = f"{word} ({_x(ratio)}, {_interval(low, high, resampled, level)} of {count} {unit}s){noise}"
     if word == INCONCLUSIVE and aa_bounds and speed_word(*aa_bounds) != INCONCLUSIVE:
         text += ": plain against plain is not 1 here, so the machine's speed drifted more than pairing removes"
     return text
@@ -194,6 +203,12 @@ def _row_speed(row: SummaryRow, aa: SummaryRow | None) -> str:
     return speed(row.speedup, row.speedup_low, row.speedup_high, pairs, row.resampled or "", aa, level)
 
 
+def all_equal(summary: pl.DataFrame) -> bool | None:
+    """Whether every greedy output of a sweep summary equalled plain decoding's (None: none was compared)."""
+    equal = summary["all_equal_to_plain"].drop_nulls()
+    return bool(equal.all()) if len(equal) else None
+
+
 def verify_cost(row: SummaryRow) -> float | None:
     """A method's measured cost of one verification in plain steps: its verifications' own forward seconds
     (``verification_s``: not its prompt's nor its plain steps') per verification over its plain baseline's seconds
@@ -257,12 +272,11 @@ def sweep(summary: pl.DataFrame, model: str, tokens: int | None = None, by_categ
         return f"No speculative run finished for {model}."
     drafted = drafted_methods(summary)
     plain_only = [f"{r.drafter}, {r.policy}" for r in SummaryRow.rows(speculative) if not r.verifies]
-    equal = summary["all_equal_to_plain"].drop_nulls()
-    outputs = (
-        "every greedy output equal to plain decoding's"
-        if len(equal) and equal.all()
-        else ("some greedy outputs DIFFER from plain decoding's" if len(equal) else "outputs not compared")
-    )
+    outputs = {
+        True: "every greedy output equal to plain decoding's",
+        False: "some greedy outputs DIFFER from plain decoding's",
+        None: "outputs not compared",
+    }[all_equal(summary)]
     prompts = int(speculative["prompts"].max() or 0) if "prompts" in speculative.columns else None
     on = sample(prompts, tokens)
     fallback = f" Fell back to plain (never drafted): {'; '.join(plain_only)}." if plain_only else ""
@@ -389,12 +403,7 @@ def traces(
         )
     best = fastest(drafted)
     assert best is not None
-    verdict = (
-        speed(best.speedup, best.speedup_low, best.speedup_high, trace_count, "trace")
-        if _finite(best.speedup_low)
-        else f"{INCONCLUSIVE} ({_x(best.speedup)}: {trace_count} trace(s), an interval over traces needs "
-        f"{paired.MIN_UNITS})"
-    )
+    verdict = speed(best.speedup, best.speedup_low, best.speedup_high, trace_count, "trace", unit="trace")
     return (
         f"On {where()} replaying agent traces, the fastest drafter, {best.method}, {verdict} for {model} "
         f"({on}; {best.tokens_per_verify or 0:.2f} tokens per verification); {identical} to plain decoding."
@@ -412,7 +421,7 @@ def bench(summary: Sequence[dict[str, Any]], baseline: str) -> str:
     if drafted:
         best = max(drafted, key=lambda r: r.speedup or 0.0)
         prompts = int(best.prompts or 0)
-        verdict = speed(best.speedup, best.speedup_low, best.speedup_high, prompts, "prompt")
+        verdict = speed(best.speedup, best.speedup_low, best.speedup_high, prompts, "prompt", unit="prompt")
         mat = best.mean_accepted_tokens
         text = (
             f"Fastest method that drafted, {best.method}: {verdict} against {baseline} "
@@ -452,8 +461,7 @@ def sampling(summary: pl.DataFrame, check: Any = None, same: Any = None) -> str:
     rows = summary.filter(pl.col("drafter") != "none")
     parts = []
     temperatures = rows["temperature"].unique().sort().to_list() if len(rows) else []
-    for drafter in rows["drafter"].unique(maintain_order=True).to_list():
-        mine = rows.filter(pl.col("drafter") == drafter)
+    for (drafter,), mine in rows.group_by("drafter", maintain_order=True):
         at = []
         for t in (temperatures[0], temperatures[-1]) if len(temperatures) > 1 else temperatures:
             cell = mine.filter(pl.col("temperature") == t)

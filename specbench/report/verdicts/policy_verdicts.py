@@ -3,12 +3,12 @@ and each confirmed policy's measured speedup, "pays"/"loses" only where its inte
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import polars as pl
 
-from specbench.bench.policy_confirm import MIN_REQUESTS
-from specbench.report.verdicts.notebooks import INCONCLUSIVE, speed_word, where
+from specbench.report.verdicts.notebooks import speed, where
 from specbench.simulate.policies import best_predicted
 
 
@@ -31,20 +31,11 @@ class Confirmed:
 
 
 def confirmed_speed(row: Confirmed) -> str:
-    """One confirmed policy in words: its word with the measured speedup and interval (or why there is none),
-    then its prediction and the residual."""
-    measured, low, high, requests = row.measured_speedup, row.measured_low, row.measured_high, row.requests
-    if low is None or high is None:
-        text = (
-            f"{row.policy} {INCONCLUSIVE} ({measured:.2f}x over {requests} request(s); an interval needs "
-            f"{MIN_REQUESTS} requests)"
-        )
-    else:
-        text = (
-            f"{row.policy} {speed_word(low, high)} ({measured:.2f}x, 95 % interval over requests "
-            f"{low:.2f}-{high:.2f} of {requests})"
-        )
-    return f"{text}, predicted {row.predicted_speedup:.2f}x (residual {row.residual:+.0%})"
+    """One confirmed policy in words: its speed verdict over requests (``speed``), then its prediction and the
+    residual."""
+    low, high, requests = row.measured_low, row.measured_high, row.requests
+    measured = speed(row.measured_speedup, low, high, requests, "request", unit="request")
+    return f"{row.policy} {measured}, predicted {row.predicted_speedup:.2f}x (residual {row.residual:+.0%})"
 
 
 def policies(table: pl.DataFrame, confirmed: pl.DataFrame | None, model: str, drafter: str, sample: str) -> str:
@@ -53,16 +44,10 @@ def policies(table: pl.DataFrame, confirmed: pl.DataFrame | None, model: str, dr
     if table.is_empty():
         return "No policy was replayed: no workload had a recorded output."
     workloads = table["workload"].unique(maintain_order=True).to_list()
-    firsts: dict[str, int] = {}
-    shared, ties = 0, 0  # workloads where several policies share the top; where every policy ties
-    for workload in workloads:
-        best = best_predicted(table, workload)
-        if len(best) == 1:
-            firsts[best[0]] = firsts.get(best[0], 0) + 1
-        elif best:
-            shared += 1
-        else:
-            ties += 1
+    bests = [best_predicted(table, workload) for workload in workloads]
+    firsts = Counter(best[0] for best in bests if len(best) == 1)
+    # workloads where several policies share the top; where every policy ties
+    shared, ties = sum(len(best) > 1 for best in bests), sum(not best for best in bests)
     counts = [f"{p} on {n}" for p, n in sorted(firsts.items(), key=lambda item: (-item[1], item[0]))]
     counts += [f"two or more policies tied at the top on {shared}"] * bool(shared)
     counts += [f"every policy tied on {ties}"] * bool(ties)
