@@ -301,7 +301,7 @@ def test_bench_cli_on_a_saved_tiny_model(tmp_path, capsys):
     assert pl.read_parquet(out / PROMPT_RUNS_FILE)["equal"].all()
     assert (out / PROMPT_FIGURE_FILE).exists()
     assert main(["bench", "prompts", str(prompts), "--model", str(folder), "--drafters", "eagle"]) == 2
-    assert "unknown drafters" in capsys.readouterr().err
+    assert "unknown drafter 'eagle'" in capsys.readouterr().err
     assert main(["bench", "prompts", str(prompts), "--model", str(folder), "--policies", "sometimes"]) == 2
     assert "unknown policy" in capsys.readouterr().err
 
