@@ -233,7 +233,7 @@ def _layer_depth(tensors: dict[str, mx.array]) -> int:
     return max(idx) + 1 if idx else 0
 
 
-def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = None, quantize: bool = True) -> MtpModule:
+def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = None) -> MtpModule:
     """Build the MTP head for ``model`` from the MTP tensors of a checkpoint (not attached)."""
     ckpt = Checkpoint(path)
     where = str(ckpt.path)
@@ -253,14 +253,19 @@ def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = No
         model, depth=depth, hidden_first=found.layout.hidden_first, chain_normed=found.layout.chain_normed
     )
     _check_against(head, tensors, source, where, model, found)
+    return _set_weights(model, head, tensors)
+
+
+def _set_weights(model: nn.Module, head: MtpModule, tensors: dict[str, mx.array]) -> MtpModule:
+    """``head`` given ``tensors``, cast to the model's float dtype (but what its ``cast_predicate`` keeps out) and
+    quantized like its body."""
     dtype = float_dtype(model)
     keep = (
         getattr(text_model(model), "cast_predicate", None) or getattr(model, "cast_predicate", None) or (lambda k: True)
     )
     cast = {k: (v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(k) else v) for k, v in tensors.items()}
     head.update(tree_unflatten(list(cast.items())))
-    if quantize:
-        quantize_like_body(model, head)
+    quantize_like_body(model, head)
     mx.eval(head.parameters())
     head.eval()
     return head
@@ -285,12 +290,7 @@ def attach_random(model: nn.Module, seed: int = 0, depth: int = 1) -> MtpModule:
     mtype = model_type(model)
     layout = native_layout(mtype)
     head = build_head(model, depth=depth, hidden_first=layout.hidden_first, chain_normed=layout.chain_normed)
-    dtype = float_dtype(model)
-    head.update(tree_unflatten([(k, v.astype(dtype)) for k, v in tree_flatten(head.parameters())]))
-    quantize_like_body(model, head)
-    mx.eval(head.parameters())
-    head.eval()
-    model.mtp = head
+    model.mtp = _set_weights(model, head, dict(tree_flatten(head.parameters())))
     return head
 
 
@@ -321,28 +321,29 @@ def _is_hub_id(src: str) -> bool:
 
 def _download_mtp_shards(repo: str) -> Path:
     """Download a hub checkpoint's config, index and only the shards holding MTP tensors."""
+    from huggingface_hub import hf_hub_download
+
     try:
-        from huggingface_hub import hf_hub_download
-    except ImportError as e:
-        raise ValueError("extracting from a Hugging Face id needs huggingface_hub (pip install huggingface_hub)") from e
-    try:
-        config_file = Path(hf_hub_download(repo, "config.json"))
+        hf_hub_download(repo, "config.json")
         try:
-            index_file = Path(hf_hub_download(repo, INDEX))
+            folder = Path(hf_hub_download(repo, INDEX)).parent
         except Exception:
             return Path(hf_hub_download(repo, "model.safetensors")).parent
     except Exception as e:
         raise ValueError(f"could not fetch {repo} from the Hugging Face hub ({type(e).__name__}: {e})") from e
-    config = json.loads(config_file.read_text())
-    text = config.get("text_config", config)
-    names = list(json.loads(index_file.read_text())["weight_map"])
-    found = find_mtp(names, text.get("num_hidden_layers"))
-    if not found:
-        raise no_mtp_error(repo, str(config.get("model_type")))
-    weight_map = json.loads(index_file.read_text())["weight_map"]
-    for shard in sorted({weight_map[n] for n in found[0].names}):
+    ckpt = Checkpoint(folder)
+    for shard in sorted({ckpt.weight_map[n] for n in _mtp_tensors(ckpt, repo).names}):
         hf_hub_download(repo, shard)
-    return index_file.parent
+    return folder
+
+
+def _mtp_tensors(ckpt: Checkpoint, where: str) -> Found:
+    """The MTP tensors of ``ckpt`` (of the first layout found)."""
+    config = ckpt.config() or {}
+    found = find_mtp(ckpt.names, config.get("text_config", config).get("num_hidden_layers"))
+    if not found:
+        raise no_mtp_error(where, str(config.get("model_type", "unknown")))
+    return found[0]
 
 
 def extract_mtp(src: str | Path, dst: str | Path) -> Path:
@@ -352,16 +353,11 @@ def extract_mtp(src: str | Path, dst: str | Path) -> Path:
     ``attach_mtp`` checks it against the model as it would the full checkpoint.
     """
     src = str(src)
-    folder = _download_mtp_shards(src) if _is_hub_id(src) else Path(src).expanduser()
-    ckpt = Checkpoint(folder)
-    config = ckpt.config()
-    text = (config or {}).get("text_config", config or {})
-    found = find_mtp(ckpt.names, text.get("num_hidden_layers"))
-    if not found:
-        raise no_mtp_error(src, str((config or {}).get("model_type", "unknown")))
-    f = found[0]
+    ckpt = Checkpoint(_download_mtp_shards(src) if _is_hub_id(src) else Path(src).expanduser())
+    f = _mtp_tensors(ckpt, src)
     tensors = ckpt.load(f.names)
     metadata = {"format": "mlx", "source": src, "mtp_layout": f.layout.name}
+    config = ckpt.config()
     if config:
         metadata["config"] = json.dumps(config)
     if NORM_KEY in ckpt.file_metadata:
