@@ -272,20 +272,19 @@ def _tiny_source(name: str) -> Path:
 
 def _is_hub_lookup_error(err: Exception) -> bool:
     """True for the errors mlx_lm.load raises when a hub id cannot be found or fetched (e.g. offline)."""
-    if isinstance(err, FileNotFoundError):
-        return True
-    try:
-        from huggingface_hub import errors
-    except ImportError:
-        return False
-    names = (
-        "RepositoryNotFoundError",
-        "RevisionNotFoundError",
-        "EntryNotFoundError",
-        "HFValidationError",
-        "OfflineModeIsEnabled",
+    from huggingface_hub import errors
+
+    return isinstance(
+        err,
+        (
+            FileNotFoundError,
+            errors.RepositoryNotFoundError,
+            errors.RevisionNotFoundError,
+            errors.EntryNotFoundError,
+            errors.HFValidationError,
+            errors.OfflineModeIsEnabled,
+        ),
     )
-    return isinstance(err, tuple(getattr(errors, n) for n in names if hasattr(errors, n)))
 
 
 def _not_found_message(name: str | Path, cause: Exception | None = None) -> str:
