@@ -110,11 +110,8 @@ def _is_norm(name: str, value: mx.array) -> bool:
 
 def read_head_tensors(
     ckpt: Checkpoint, model: nn.Module, where: str, zero_centred: bool | None = None
-) -> tuple[Found, dict[str, mx.array], dict[str, str]]:
-    """The MTP tensors of ``ckpt`` renamed to the head's parameter names (lazy arrays).
-
-    Returns the layout found, the tensors, and for error messages each head name's source name.
-    """
+) -> tuple[Found, dict[str, mx.array]]:
+    """The layout found in ``ckpt`` and its MTP tensors renamed to the head's parameter names (lazy arrays)."""
     args = model_args(model)
     _check_config(where, ckpt.config(), model)
     found = _choose(find_mtp(ckpt.names, getattr(args, "num_hidden_layers", None)), model, where)
@@ -126,7 +123,6 @@ def read_head_tensors(
             f"(expected model.layers.{n_body}.*): it is the checkpoint of another model"
         )
     raw = ckpt.load(found.names)
-    source: dict[str, str] = {}
     tensors: dict[str, mx.array] = {}
     shared: dict[str, mx.array] = {}
     for name, value in raw.items():
@@ -145,7 +141,6 @@ def read_head_tensors(
                 raise ValueError(f"{where}: unexpected MTP tensor {name!r} (not part of a {layout.title} MTP head)")
             key = "layers.0." + rest
         tensors[key] = value
-        source[key] = name
     vocab, hidden = int(args.vocab_size), int(args.hidden_size)
     for name, value in shared.items():
         if tuple(value.shape) != (vocab, hidden):
@@ -157,15 +152,12 @@ def read_head_tensors(
         tensors = _stack_experts(tensors)
     else:
         tensors = _sanitize_like_body(model, tensors)
-    for key in tensors:
-        if key not in source:
-            source[key] = _source_name(found, key)
     if zero_centred is None:
         flag = ckpt.file_metadata.get(NORM_KEY)
         zero_centred = flag == "1" if flag is not None else (layout is QWEN and model_type(model) in ZERO_CENTRED_TYPES)
     if zero_centred:
         tensors = {k: (v + 1.0 if _is_norm(k, v) else v) for k, v in tensors.items()}
-    return found, tensors, source
+    return found, tensors
 
 
 def _source_rel(layout: Layout, key: str) -> str:
@@ -202,28 +194,25 @@ def _source_name(found: Found, key: str) -> str:
     return found.prefix + _source_rel(found.layout, rel)
 
 
-def _check_against(
-    head: MtpModule, tensors: dict[str, mx.array], source: dict[str, str], where: str, model: nn.Module, found: Found
-):
+def _check_against(head: MtpModule, tensors: dict[str, mx.array], where: str, model: nn.Module, found: Found):
     expected = dict(tree_flatten(head.parameters()))
     args = model_args(model)
     desc = f"{model_type(model)}, hidden_size={args.hidden_size}"
     for key in expected:
         if key not in tensors:
-            name = _source_name(found, key)
             raise ValueError(
-                f"{where} lacks the MTP tensor {name!r} that the model's config ({desc}) needs for "
+                f"{where} lacks the MTP tensor {_source_name(found, key)!r} that the model's config ({desc}) needs for "
                 f"head parameter {key!r}"
             )
     for key, value in tensors.items():
         if key not in expected:
             raise ValueError(
-                f"{where}: MTP tensor {source.get(key, key)!r} has no place in this model's MTP head ({desc}); "
+                f"{where}: MTP tensor {_source_name(found, key)!r} has no place in this model's MTP head ({desc}); "
                 f"the checkpoint belongs to a different configuration"
             )
         if tuple(value.shape) != tuple(expected[key].shape):
             raise ValueError(
-                f"{where}: MTP tensor {source.get(key, key)!r} has shape {tuple(value.shape)} but the model's "
+                f"{where}: MTP tensor {_source_name(found, key)!r} has shape {tuple(value.shape)} but the model's "
                 f"config ({desc}) needs {tuple(expected[key].shape)}"
             )
 
@@ -237,7 +226,7 @@ def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = No
     """Build the MTP head for ``model`` from the MTP tensors of a checkpoint (not attached)."""
     ckpt = Checkpoint(path)
     where = str(ckpt.path)
-    found, tensors, source = read_head_tensors(ckpt, model, where, zero_centred)
+    found, tensors = read_head_tensors(ckpt, model, where, zero_centred)
     depth = _layer_depth(tensors)
     if depth == 0:
         raise ValueError(f"{where} lacks the MTP decoder layer ({found.prefix}layers.0.* / decoder-layer tensors)")
@@ -252,7 +241,7 @@ def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = No
     head = build_head(
         model, depth=depth, hidden_first=found.layout.hidden_first, chain_normed=found.layout.chain_normed
     )
-    _check_against(head, tensors, source, where, model, found)
+    _check_against(head, tensors, where, model, found)
     return _set_weights(model, head, tensors)
 
 
