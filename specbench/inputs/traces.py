@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specbench.common.files import PROJECT_ROOT, write_text_atomic
+from specbench.common.files import PROJECT_ROOT
 from specbench.common.text import check_strings, check_text
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -89,23 +88,6 @@ class Trace:
             messages.append({"role": "assistant", "content": reply} if isinstance(reply, str) else reply)
         messages.extend(self.turns[turn].messages)
         return messages
-
-    def to_records(self) -> list[dict[str, Any]]:
-        """The trace as schema lines."""
-        records = []
-        for i, turn in enumerate(self.turns):
-            record: dict[str, Any] = {
-                "trace": self.id,
-                "turn": i,
-                "messages": turn.messages,
-                "assistant": turn.assistant,
-            }
-            if i == 0 and self.tools:
-                record["tools"] = self.tools
-            if i == 0 and self.meta:
-                record["meta"] = self.meta
-            records.append(record)
-        return records
 
 
 # -- validation ----------------------------------------------------------------------------------
@@ -280,12 +262,6 @@ def traces_from_records(path: Path, records: Iterable[tuple[str, Any]]) -> list[
     if not order:
         raise ValueError(f"{path}: no turns found")
     return [traces[t] for t in order]
-
-
-def save_traces(traces: Sequence[Trace], path: str | os.PathLike) -> Path:
-    """Write traces in the project's schema, atomically."""
-    lines = (json.dumps(record, ensure_ascii=False) + "\n" for trace in traces for record in trace.to_records())
-    return write_text_atomic(path, "".join(lines))
 
 
 def pick_ids(ids: list[str], trace_ids: Sequence[str] | None, limit: int | None, source: str) -> list[str]:
