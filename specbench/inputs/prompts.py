@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from specbench.common.files import ASSETS_DIR
 from specbench.common.text import check_strings, check_text
 from specbench.inputs.importers import load_traces
-from specbench.inputs.traces import Trace, bundled_traces, read_text, render_turn
+from specbench.inputs.traces import Trace, bundled_traces, read_json_lines, render_turn
 
 if TYPE_CHECKING:
     import polars as pl
@@ -76,10 +76,7 @@ def load_questions(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no question file at {path}: give a question.jsonl path or 'bundled'")
-    questions = []
-    for number, line in enumerate(read_text(path).splitlines(), 1):
-        if line.strip():
-            questions.append(_question(line, f"{path}:{number}"))
+    questions = [_question(row, f"{path}:{number}") for number, row in read_json_lines(path)]
     if not questions:
         raise ValueError(f"{path} holds no questions: expected one JSON object a line")
     return select_questions(questions, categories, limit)
@@ -142,11 +139,7 @@ class PromptsLeftOut(UserWarning):
     """An option left some of the given prompts out of a run."""
 
 
-def _question(line: str, where: str) -> Question:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+def _question(row: Any, where: str) -> Question:
     if not isinstance(row, dict) or not {"question_id", "category", "turns"} <= row.keys():
         raise ValueError(f"{where}: a question needs question_id, category and turns")
     turns = row["turns"]

@@ -289,15 +289,6 @@ def _template_text(tokenizer: Any) -> str:
     return template if isinstance(template, str) else ""
 
 
-def _template_speaks_tools(tokenizer: Any) -> bool:
-    return "tool_calls" in _template_text(tokenizer)
-
-
-def _template_speaks_reasoning(tokenizer: Any) -> bool:
-    """Whether the chat template renders a message's ``reasoning_content`` itself (as Qwen3's does)."""
-    return "reasoning_content" in _template_text(tokenizer)
-
-
 _THINK_TAG = re.compile(r"</([A-Za-z_]*think[A-Za-z_]*)>")
 
 
@@ -322,7 +313,8 @@ def _reasoning_in_template_form(tokenizer: Any, messages: Sequence[dict[str, Any
     that renders it, else written before the answer in the model's thinking tags (``_inline``)."""
     if not any(m.get("reasoning") is not None for m in messages):
         return list(messages)
-    speaks, calls_native = _template_speaks_reasoning(tokenizer), _template_speaks_tools(tokenizer)
+    template = _template_text(tokenizer)  # whether it renders reasoning_content (as Qwen3's does) and tool calls
+    speaks, calls_native = "reasoning_content" in template, "tool_calls" in template
     tags = thinking_tags(tokenizer)
     out = []
     for message in messages:
@@ -441,7 +433,7 @@ def render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Seque
     messages = _reasoning_in_template_form(tokenizer, messages)
     if not getattr(tokenizer, "chat_template", None):
         return "".join(f"{m['role']}: {m['content']}\n\n" for m in as_text_messages(messages, tools)) + "assistant:"
-    if _template_speaks_tools(tokenizer):
+    if "tool_calls" in _template_text(tokenizer):
         return tokenizer.apply_chat_template(
             _as_template_messages(messages),
             tools=[{"type": "function", "function": t} for t in tools] or None,
