@@ -178,10 +178,8 @@ def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
     function = call.get("function", call)
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
     out = {"name": function.get("name", ""), "arguments": arguments}
     if call.get("id"):
         out = {"id": call["id"], **out}
@@ -393,10 +391,9 @@ def import_swe_agent(path: Path, records: Sequence[Record]) -> list[Trace]:
     meta = {"source": str(path)}
     if isinstance(data.get("info"), dict) and data["info"].get("exit_status"):
         meta["exit_status"] = data["info"]["exit_status"]
-    if isinstance(data.get("history"), list) and data["history"]:
-        return [from_messages(_messages(data["history"], "history", str(path)), trace_id, None, meta, str(path))]
-    if isinstance(data.get("messages"), list) and data["messages"]:
-        return [from_messages(_messages(data["messages"], "messages", str(path)), trace_id, None, meta, str(path))]
+    for key in ("history", "messages"):
+        if isinstance(data.get(key), list) and data[key]:
+            return [from_messages(_messages(data[key], key, str(path)), trace_id, None, meta, str(path))]
     steps = data.get("trajectory")
     if not isinstance(steps, list) or not steps:
         raise ValueError(f"{path}: a SWE-agent trajectory needs a non-empty 'history' or 'trajectory'")
@@ -487,8 +484,11 @@ def _flag(choices: Sequence[str]) -> str:
     return f"choose one with {FORMAT_FLAG} {'|'.join(choices)} (format= in Python)"
 
 
-def _detect(path: Path, records: Sequence[Record]) -> str:
-    """The one format every record has; a ValueError names the first record that differs or is unclear."""
+def detect_format(path: str | os.PathLike, records: Sequence[Record] | None = None) -> str:
+    """A file's format: the one format every record in it has (not its name); a ValueError names the first record
+    that differs or is unclear."""
+    path = Path(path)
+    records = read_records(path) if records is None else records
     if not records:
         raise ValueError(f"{path}: empty: expected conversations (JSON, or one per line as JSON lines)")
     first: tuple[str, str] | None = None
@@ -531,12 +531,6 @@ def check_format(records: Sequence[Record], format: str) -> None:
         what = "a bare chat message" if found == {"message"} else _a(f"{'/'.join(sorted(found))} record")
         lost = " (read so, each turn would lose the history before it)" if "trace" in found else ""
         raise ValueError(f"{where}: {what}, not {format}{lost}; pass the file's own format, or none to detect it")
-
-
-def detect_format(path: str | os.PathLike, records: Sequence[Record] | None = None) -> str:
-    """A file's format, from the content of every record in it (not from its name)."""
-    path = Path(path)
-    return _detect(path, read_records(path) if records is None else records)
 
 
 def load_traces(path: str | os.PathLike, format: str | None = None, reasoning: str = "keep") -> list[Trace]:
