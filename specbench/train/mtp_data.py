@@ -83,12 +83,6 @@ def package_text_files() -> list[Path]:
     return sorted(files)
 
 
-def _metadata_body(text: str) -> str:
-    """The long description of a METADATA file (after its header block)."""
-    _, _, body = text.partition("\n\n")
-    return body
-
-
 def gather_text(max_chars: int, seed: int = 0, heldout_share: float = 0.1) -> dict[str, dict[str, list[str]]]:
     """{"code": {"train": [...], "heldout": [...]}, "natural": {...}} read from the installed Python.
 
@@ -129,7 +123,7 @@ def gather_text(max_chars: int, seed: int = 0, heldout_share: float = 0.1) -> di
                 continue
             text = _read(path)
             if text and path.name == "METADATA":
-                text = _metadata_body(text)
+                text = text.partition("\n\n")[2]  # the long description, after the header block
             if not text or len(text) < 400:
                 continue
             out["natural"][split].append(text)
