@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -124,21 +124,6 @@ def load_recorded(path: str | os.PathLike) -> list[Recorded]:
     ]
 
 
-def _as_recorded(item: Recorded | Mapping[str, Any], index: int) -> Recorded:
-    if isinstance(item, Recorded):
-        return item
-    if isinstance(item, Mapping):
-        try:
-            return Recorded(
-                list(item["prompt"]), list(item["output"]), item["finish_reason"], str(item.get("id", index))
-            )
-        except KeyError as err:
-            raise ValueError(
-                f"recorded request {index} needs 'prompt', 'output' and 'finish_reason'; missing {err}"
-            ) from None
-    raise ValueError(f"recorded request {index} must be a Recorded or a mapping, got {type(item).__name__}")
-
-
 class RecordedOutput:
     """A recorded plain greedy output as the decode loop's target (``specbench.core.target``): the
     model's next token at every position is known, so a verification keeps the longest prefix of
@@ -203,7 +188,7 @@ def _no_time() -> float:
 
 
 def simulate(
-    requests: Sequence[Recorded | Mapping[str, Any]],
+    requests: Sequence[Recorded],
     drafter: Drafter,
     policy: DraftPolicy | str | None = None,
     options: GenerateOptions | None = None,
@@ -211,10 +196,9 @@ def simulate(
     context_limit: int | None = None,
 ) -> StepLog:
     """Replay speculative decoding with ``drafter`` over recorded plain greedy outputs, in order, with one drafter
-    (SuffixDecoding's store carries over); one log with a ``request`` column. ``requests``: ``Recorded`` or
-    mappings with prompt, output, finish_reason. ``policy``: a policy or its text (default ``auto``, which plans
-    with ``cost``: a ``cost.Profile`` or the model); ``options``: the real run's (default: each output's length);
-    ``context_limit``: the model's context length, where it binds.
+    (SuffixDecoding's store carries over); one log with a ``request`` column. ``policy``: a policy or its text
+    (default ``auto``, which plans with ``cost``: a ``cost.Profile`` or the model); ``options``: the real run's
+    (default: each output's length); ``context_limit``: the model's context length, where it binds.
     """
     if drafter is None:
         raise ValueError("simulate needs a drafter (plain decoding needs no simulation)")
@@ -232,8 +216,7 @@ def simulate(
             "or use DraftPolicy.auto(break_even=...) / fixed:K / adaptive:K"
         )
     log = StepLog()
-    for index, item in enumerate(requests):
-        request = _as_recorded(item, index)
+    for index, request in enumerate(requests):
         opts = options if options is not None else GenerateOptions(max_tokens=len(request.output))
         opts.check()
         if opts.temperature != 0:
