@@ -160,38 +160,12 @@ def exact_match_expectation(steps: pl.DataFrame, level: float = 0.95) -> dict[st
 
 
 def rule_shifts(
-    model: Any,
-    tokenizer: Any,
-    prompt_ids: Sequence[int],
-    rules: Sequence[AcceptanceRule],
-    drafter: str = "lookup",
-    k: int = 4,
-    temperature: float = 1.0,
-    samples: int = 32,
-    max_tokens: int = 8,
-    permutations: int = 2000,
-    model_name: str | None = None,
-    progress: bool = True,
+    model: Any, tokenizer: Any, prompt_ids: Sequence[int], rules: Sequence[AcceptanceRule], **options: Any
 ) -> list[LosslessCheck]:
-    """Plain against speculative sampling from one prompt, once per rule (``losslessness_check``): the
-    histogram test and the total variation distance with its interval and noise level."""
-    return [
-        losslessness_check(
-            model,
-            tokenizer,
-            prompt_ids,
-            drafter=drafter,
-            policy=k,
-            temperature=temperature,
-            samples=samples,
-            max_tokens=max_tokens,
-            permutations=permutations,
-            model_name=model_name,
-            progress=progress,
-            rule=rule,
-        )
-        for rule in rules
-    ]
+    """Plain against speculative sampling from one prompt, once per rule (``losslessness_check`` with ``options``:
+    drafter, policy, temperature, samples, ...): the histogram test and the total variation distance with its
+    interval and noise level."""
+    return [losslessness_check(model, tokenizer, prompt_ids, rule=rule, **options) for rule in rules]
 
 
 def shift_table(checks: Sequence[LosslessCheck], summary: pl.DataFrame | None = None) -> pl.DataFrame:
