@@ -77,11 +77,6 @@ class LosslessCheck:
     tvd_high: float = float("nan")
     tvd_null: float = float("nan")
 
-    @property
-    def tokens(self) -> int:
-        """Sampled tokens per sampler (the draws each histogram holds)."""
-        return self.samples * self.max_tokens
-
     def describe(self) -> str:
         """The verdict with its power: draws, accepted drafts, p-value, TVD and what the test could detect."""
         return (

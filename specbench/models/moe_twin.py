@@ -81,10 +81,6 @@ def twin_config(dense: dict[str, Any], num_experts: int = NUM_EXPERTS, top_k: in
     return config
 
 
-def _router(hidden: int, num_experts: int, key: mx.array, dtype: mx.Dtype) -> mx.array:
-    return (mx.random.normal((num_experts, hidden), key=key) * hidden**-0.5).astype(dtype)
-
-
 def expand_mlp(
     tensors: dict[str, mx.array], num_experts: int = NUM_EXPERTS, seed: int = 0, moe_name: str = "block_sparse_moe"
 ) -> dict[str, mx.array]:
@@ -100,7 +96,8 @@ def expand_mlp(
         out[f"{m[1]}.{moe_name}.switch_mlp.{m[2]}.weight"] = mx.repeat(value[None], num_experts, axis=0)
         if m[2] == "gate_proj":
             key, sub = mx.random.split(key)
-            out[f"{m[1]}.{moe_name}.gate.weight"] = _router(value.shape[1], num_experts, sub, value.dtype)
+            router = mx.random.normal((num_experts, value.shape[1]), key=sub) * value.shape[1] ** -0.5
+            out[f"{m[1]}.{moe_name}.gate.weight"] = router.astype(value.dtype)
     return out
 
 

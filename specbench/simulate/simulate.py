@@ -183,10 +183,6 @@ class RecordedOutput:
         return Step(list(draft_tokens[:n]) + targets[n : n + 1], accepted=n, queued=queued)
 
 
-def _no_time() -> float:
-    return 0.0
-
-
 def simulate(
     requests: Sequence[Recorded],
     drafter: Drafter,
@@ -227,7 +223,7 @@ def simulate(
             break_even = break_even_function(profile, drafter, opts.verify_mode)
         target = RecordedOutput(request, opts, context_limit)
         generation = Generation(
-            target, request.prompt, opts, drafter=drafter, policy=policy, break_even=break_even, clock=_no_time
+            target, request.prompt, opts, drafter=drafter, policy=policy, break_even=break_even, clock=lambda: 0.0
         )
         for _ in generation:
             pass
