@@ -1,15 +1,7 @@
-"""Acceptance rules compared on the same model, drafters, prompts and draft lengths when sampling.
-
-``run_rule_sweep`` decodes every prompt plainly and then with every rule x drafter x draft length, per
-temperature (``specbench.core.rules``: "token", "exact-match", "block", lossless; "typical", lossy; any
-registered rule). The
-draft model drafts with its own distribution q at each temperature; lookup, suffix and the MTP head
-draft their argmax (q one-hot). ``rule_summary`` aggregates accepted tokens per verification, acceptance
-and speedup per rule; ``best_lossless`` names each temperature's best lossless rule. ``rule_shifts``
-samples plainly and with each rule from one prompt and measures the shift of the token distribution
-(total variation distance with its interval, beside a permutation test; a lossless rule's TVD is noise,
-a lossy rule's is its shift). ``exact_match_expectation`` checks exact match's acceptance against the
-target's probability of each drafted token.
+"""Acceptance rules compared on the same model, drafters, prompts and draft lengths when sampling: what each rule
+buys per verification (``run_rule_sweep``, ``rule_summary``, ``best_lossless``) and how far it shifts the token
+distribution (``rule_shifts``, ``exact_match_expectation``). The draft model drafts with its own distribution q at
+each temperature; lookup, suffix and the MTP head draft their argmax (q one-hot).
 """
 
 from __future__ import annotations
