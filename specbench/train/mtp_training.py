@@ -1,14 +1,8 @@
-"""Training an MTP head for a frozen model by self-distillation.
-
-The head (one decoder layer of the model's own architecture, ``fc`` and norms, sharing the
-model's embeddings and lm_head) reads pairs (hidden state at i, token i+1) and learns the model's
-own distribution at position i+1, i.e. its next-next token: the soft cross-entropy to the frozen
-model's softmax there. Draft positions past the first are trained too: the head reads its own
-chained state, as it does while drafting (``chain_loss``). ``fit`` is the loop, also used to
-distill draft models (``scripts.gpu.draft_training``). The data
-(``specbench.train.mtp_data``) is all offline: standard-library code and docstrings, package
-documents and the model's own greedy generations. Evaluation uses held-out slices of each source
-and the project's bundled prompts, which training never sees.
+"""Training an MTP head for a frozen model by self-distillation: the head learns the model's own distribution at
+each draft position, fed its own chained states (``chain_loss``), on offline data and the model's own greedy
+generations (``specbench.train.mtp_data``); held-out slices of each source and the project's bundled prompts,
+which training never sees, judge it. ``fit`` is the loop, also used to distill draft models
+(``scripts.gpu.draft_training``).
 """
 
 from __future__ import annotations
