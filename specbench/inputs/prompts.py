@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -255,10 +256,7 @@ def agentic_turns(traces: Sequence[Trace]) -> list[tuple[Trace, int]]:
         ]
         for trace in traces
     ]
-    rounds = []
-    for i in range(max(map(len, per_trace), default=0)):
-        rounds += [turns[i] for turns in per_trace if i < len(turns)]
-    return rounds
+    return [turn for rank in itertools.zip_longest(*per_trace) for turn in rank if turn is not None]
 
 
 def agentic_prompts(tokenizer: Any, limit: int | None = None, max_prompt_tokens: int | None = None) -> list[Prompt]:
