@@ -73,9 +73,7 @@ def test_capabilities_report_and_require(monkeypatch):
         raise caps.MissingCapability("not built yet")
 
     monkeypatch.setitem(caps.CHECKS, "drafter:dream", missing)
-    assert not caps.has("drafter:dream")
-    with pytest.raises(caps.MissingCapability, match="drafter:dream is not available: not built yet"):
-        caps.require("bundled_prompts", "drafter:dream")
+    assert caps.check("drafter:dream") == caps.Capability("drafter:dream", False, "not built yet")
 
 
 def test_usable_drafters_skips_what_the_model_lacks():
