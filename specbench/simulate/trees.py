@@ -8,6 +8,7 @@ model run: accepted tokens per verification, and tokens per verification against
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from specbench.core.draft import Drafter
@@ -39,14 +40,9 @@ def record_groups(
 ) -> list[Recorded]:
     """The model's greedy outputs (at most ``max_tokens`` each) for every turn's prompt of ``groups``
     (``simulate.trace_groups``), ids ``trace/turn`` kept."""
-    options = GenerateOptions(max_tokens=max_tokens)
-    out = []
-    for _, requests in groups:
-        for request in requests():
-            (recorded,) = record(model, [request.prompt], options, tokenizer=tokenizer)
-            recorded.id = request.id
-            out.append(recorded)
-    return out
+    requests = [request for _, turns in groups for request in turns()]
+    recorded = record(model, [r.prompt for r in requests], GenerateOptions(max_tokens=max_tokens), tokenizer)
+    return [replace(r, id=request.id) for r, request in zip(recorded, requests)]
 
 
 def compare_trees(
