@@ -105,37 +105,31 @@ def load(
     warn_if_unloaded()  # the README's route and a plain Jupyter kernel run on MLX's reference BLAS: said once
     if layers is not None and not name.startswith(synthetic.PREFIX):
         raise ValueError(f"layers= applies to synthetic:SHAPE models only, not {name!r}")
+    tokenizer = None
     if name.startswith(synthetic.PREFIX):
         model = synthetic.build(name, layers=layers, dtype=target, seed=seed)
-        if shard:
-            shard_model(model, name)
-        return model, None
-    if name.startswith(tiny.PREFIX):
+        name, target = model.specbench_name, None  # named and cast by its shape
+    elif name.startswith(tiny.PREFIX):
         model, tokenizer = tiny.tiny_model(_tiny_source(name[len(tiny.PREFIX) :]), seed=seed)
-        if shard:
-            shard_model(model, name)
-        if target is not None:
-            cast_dtype(model, target)
-        model.specbench_name = name
-        return model, tokenizer
-    path = _resolve(name_or_path)
-    if isinstance(path, Path):
-        try:
-            model, tokenizer = mlx_lm.load(str(path), lazy=shard)
-        except (KeyError, ValueError, RuntimeError) as err:  # a damaged or incomplete folder, named
-            detail = f"its config.json lacks {err}" if isinstance(err, KeyError) else " ".join(str(err).split())
-            raise ValueError(f"cannot load the model folder {path}: {detail}") from err
     else:
-        try:
-            model, tokenizer = mlx_lm.load(path, lazy=shard)
-        except Exception as err:
-            if not _is_hub_lookup_error(err):
-                raise
-            raise FileNotFoundError(_not_found_message(path, err)) from err
+        path = _resolve(name_or_path)
+        if isinstance(path, Path):
+            try:
+                model, tokenizer = mlx_lm.load(str(path), lazy=shard)
+            except (KeyError, ValueError, RuntimeError) as err:  # a damaged or incomplete folder, named
+                detail = f"its config.json lacks {err}" if isinstance(err, KeyError) else " ".join(str(err).split())
+                raise ValueError(f"cannot load the model folder {path}: {detail}") from err
+        else:
+            try:
+                model, tokenizer = mlx_lm.load(path, lazy=shard)
+            except Exception as err:
+                if not _is_hub_lookup_error(err):
+                    raise
+                raise FileNotFoundError(_not_found_message(path, err)) from err
+        if target is None and mx.default_device().type == mx.DeviceType.cpu:
+            target = mx.float32
     if shard:
         shard_model(model, name)
-    if target is None and mx.default_device().type == mx.DeviceType.cpu:
-        target = mx.float32
     if target is not None:
         cast_dtype(model, target)
     mx.eval(model.parameters())
