@@ -61,13 +61,10 @@ def _choose(found: list[Found], model: nn.Module, where: str) -> Found:
     if not found:
         raise no_mtp_error(where, mtype)
     native = native_layout(mtype)
-    for f in found:
-        if f.layout is native:
-            return f
-    # Heads saved by specbench use the Qwen layout for any model.
-    for f in found:
-        if f.layout is QWEN:
-            return f
+    for layout in (native, QWEN):  # heads saved by specbench use the Qwen layout for any model
+        for f in found:
+            if f.layout is layout:
+                return f
     f = found[0]
     raise ValueError(
         f"{where} holds {f.layout.title}-style MTP tensors ({f.prefix}...) but the model is {mtype}, whose "
