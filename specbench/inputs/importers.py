@@ -47,15 +47,6 @@ REASONING = ("keep", "drop")
 Record = tuple[str, int, Any]
 
 
-def _first_line_is_json(text: str) -> bool:
-    first = next((line for line in text.split("\n") if line.strip()), "")
-    try:
-        json.loads(first)
-    except json.JSONDecodeError:
-        return False
-    return True
-
-
 def _is_message_list(data: Any) -> bool:
     return isinstance(data, list) and bool(data) and all(isinstance(m, dict) and "role" in m for m in data)
 
@@ -71,7 +62,9 @@ def read_records(path: str | os.PathLike) -> list[Record]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
-            if not _first_line_is_json(text):
+            try:  # JSON lines: its first line is one JSON value
+                json.loads(next(line for line in text.split("\n") if line.strip()))
+            except json.JSONDecodeError:
                 raise ValueError(
                     f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno}); expected one JSON "
                     "value, or one per line (JSON lines)"
