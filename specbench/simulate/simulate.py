@@ -53,13 +53,6 @@ class Recorded:
                 f"got {self.finish_reason!r}"
             )
 
-    @classmethod
-    def from_generation(cls, generation: Any, id: str = "") -> Recorded:
-        """From a finished ``Generation`` (plain or speculative with greedy exact verification)."""
-        if generation.finish_reason() is None:
-            raise ValueError("the generation has not finished: iterate it to the end first")
-        return cls(list(generation.prompt), list(generation.tokens), generation.finish_reason(), id)
-
 
 def record(model: Any, prompts: Iterable[Any], options: GenerateOptions, tokenizer: Any = None) -> list[Recorded]:
     """Run plain greedy decoding on each prompt and keep what the simulator needs."""
@@ -70,7 +63,7 @@ def record(model: Any, prompts: Iterable[Any], options: GenerateOptions, tokeniz
         gen = plain_generation(model, prompt, options, tokenizer=tokenizer)
         for _ in gen:
             pass
-        out.append(Recorded.from_generation(gen, str(i)))
+        out.append(Recorded(list(gen.prompt), list(gen.tokens), gen.finish_reason(), str(i)))
     return out
 
 
