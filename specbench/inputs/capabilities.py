@@ -72,6 +72,11 @@ def capabilities() -> dict[str, Capability]:
     return {name: check(name) for name in CHECKS}
 
 
+def has(name: str) -> bool:
+    """Whether capability ``name`` is available."""
+    return check(name).available
+
+
 def usable_drafters(
     names: Sequence[str], model: Any = None, model_name: str | None = None
 ) -> tuple[dict[str, Callable[[], Any]], dict[str, str]]:
