@@ -130,14 +130,9 @@ def exact_match_expectation(steps: pl.DataFrame, level: float = 0.95) -> dict[st
     interval expected +- z * sqrt(sum p(1 - p)) (a sum of Bernoulli trials, each reached only after the ones
     before it succeeded: a martingale, so the normal interval holds). No reached position: zeros, a NaN interval."""
     rows = steps.filter((pl.col("acceptance") == "exact-match") & (pl.col("kind") == "verify"))
-    expected = variance = 0.0
-    measured = positions = 0
-    for accepted, probs in zip(rows["accepted"].to_list(), rows["accept_probs"].to_list()):
-        reached = probs[: min(accepted + 1, len(probs))]
-        expected += sum(reached)
-        variance += sum(p * (1 - p) for p in reached)
-        measured += accepted
-        positions += len(reached)
+    reached = rows.select(pl.col("accept_probs").list.head(pl.col("accepted") + 1).explode()).to_series().drop_nulls()
+    measured, positions = int(rows["accepted"].sum()), len(reached)
+    expected, variance = float(reached.sum()), float((reached * (1 - reached)).sum())
     if not positions:  # nothing to compare: no exact-match verification reached a draft token
         return {"measured": 0.0, "expected": 0.0, "low": float("nan"), "high": float("nan"), "reached_positions": 0.0}
     z = NormalDist().inv_cdf(0.5 + level / 2)

@@ -43,14 +43,13 @@ class LosslessCheck:
     then one "other" row); ``p_value``: permutation test of the chi-square homogeneity statistic
     over whole samples (sequences are exchangeable when the sampler is lossless).
     ``accepted_drafts`` / ``drafted``: draft tokens accepted / proposed over the speculative runs;
-    ``acceptance``: the acceptance rule's label; ``tvd_low``/``tvd_high``: the TVD's 95 % bootstrap
+    ``rule``: the acceptance rule's label; ``tvd_low``/``tvd_high``: the TVD's 95 % bootstrap
     interval over whole samples; ``tvd_null``: the 95th percentile of the TVD between the two sets with
     their labels permuted (what two samples of one distribution differ by at these sizes: a TVD above
     it is a shift, not noise).
     ``well_filled``: share of sampled tokens whose token has an expected count >= ``MIN_EXPECTED``
-    per sampler; ``min_detectable_tvd``: see ``min_detectable_tvd``. ``verdict``: "fail" when
-    p < ``alpha``; else "inconclusive" when fewer than ``MIN_ACCEPTED`` draft tokens were accepted
-    or the histograms are too sparse; else "pass". ``reason`` says why.
+    per sampler; ``min_detectable_tvd``: see ``min_detectable_tvd``; ``verdict`` and ``reason``:
+    ``lossless_verdict``'s.
     """
 
     counts: pl.DataFrame
