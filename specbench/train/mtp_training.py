@@ -82,18 +82,7 @@ class TrainConfig:
     @classmethod
     def gpu(cls, **overrides: Any) -> TrainConfig:
         """A run sized for one H200 (stopped by its time budget, not by ``steps``), with ``overrides``."""
-        settings = dict(
-            steps=1_000_000,
-            batch_size=64,
-            seq_len=256,
-            learning_rate=1e-3,
-            min_learning_rate=5e-5,
-            chat_prompts=8192,
-            chat_tokens=192,
-            continuation_tokens=128,
-            generation_batch=512,
-        )
-        return cls(**{**settings, **overrides})
+        return cls(**{"steps": 1_000_000, "batch_size": 64, "chat_prompts": 8192, **overrides})
 
     @classmethod
     def quick(cls) -> TrainConfig:
