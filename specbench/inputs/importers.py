@@ -310,25 +310,16 @@ def import_sharegpt(path: Path, records: Sequence[Record]) -> list[Trace]:
         messages = []
         for i, entry in enumerate(turns):
             speaker = entry.get("from") if isinstance(entry, dict) else None
-            content = _content(entry.get("value"), f"{where}: conversations[{i}]") if speaker else None
-            value = content.text if content is not None else None
-            if speaker not in _SHAREGPT_ROLES or not isinstance(value, str):
+            if speaker not in _SHAREGPT_ROLES or entry.get("value") is None:
                 raise ValueError(
                     f"{where}: conversations[{i}] needs 'from' (one of {sorted(_SHAREGPT_ROLES)}) and a text 'value'"
                 )
-            message: dict[str, Any] = {"role": _SHAREGPT_ROLES[speaker], "content": value}
-            reasoning = joined_reasoning(content.reasoning) if content is not None else None
-            if reasoning is not None:
-                message["reasoning"] = reasoning
-            if content is not None and content.calls:
-                message["tool_calls"] = content.calls
-            if speaker == "function_call":
-                try:
-                    call = json.loads(value)
-                    message = {"role": "assistant", "content": None, "tool_calls": [_tool_call(call)]}
-                except (json.JSONDecodeError, AttributeError):
-                    pass
-            messages.append(check_message(message, f"{where}: conversations[{i}]"))
+            message = {"role": _SHAREGPT_ROLES[speaker], "content": entry["value"]}
+            with contextlib.suppress(json.JSONDecodeError, TypeError):  # a function_call's value: the call as JSON
+                call = json.loads(entry["value"]) if speaker == "function_call" else None
+                if isinstance(call, dict):
+                    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            messages.append(normalize_message(message, f"{where}: conversations[{i}]"))
         trace_id = str(item.get("id", f"{path.stem}-{index}"))
         tools = parse_tools(item.get("tools"), where)
         traces.append(from_messages(messages, trace_id, tools, {"source": str(path)}, where))
