@@ -50,9 +50,6 @@ class TracePrompts:
         for i, turn in enumerate(self.turns):
             yield turn.turn, self.prompt(i), turn.output
 
-    def prompt_tokens(self) -> int:
-        return sum(turn.shared + len(turn.tail) for turn in self.turns)
-
 
 def _split_tokens(tokenizer: Any) -> re.Pattern | None:
     """A pattern of the tokenizer's special tokens that split text (no whitespace stripping around them)."""
