@@ -53,7 +53,6 @@ class LosslessCheck:
     """
 
     counts: pl.DataFrame
-    statistic: float
     p_value: float
     tvd: float
     samples: int
@@ -285,7 +284,7 @@ def losslessness_check(
     while True:
         for i in tqdm(range(len(plain), target), desc="sampling", disable=not progress, leave=False):
             sample(i)
-        stat, p, tvd = histogram_test(plain, spec, permutations, seed)
+        _, p, tvd = histogram_test(plain, spec, permutations, seed)
         filled = well_filled_share(plain, spec)
         verdict, reason = lossless_verdict(p, accepted, filled, alpha)
         detectable = min_detectable_tvd(sum(map(len, plain)), sum(map(len, spec)), alpha)
@@ -315,7 +314,6 @@ def losslessness_check(
     )
     return LosslessCheck(
         counts,
-        stat,
         p,
         tvd,
         len(plain),
