@@ -487,7 +487,7 @@ def detect_format(path: str | os.PathLike, records: Sequence[Record] | None = No
         if not found:
             raise ValueError(
                 f"{where}: cannot tell its format from this record ({_keys(record)}); expected one of "
-                f"{', '.join(FORMATS)} (the project's trace schema is described in specbench/inputs/traces.py); "
+                f"{', '.join(FORMATS)} (the project's trace schema is described in data/traces/README.md); "
                 + _flag(FORMATS)
             )
         (name,) = found

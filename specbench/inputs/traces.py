@@ -1,32 +1,10 @@
-"""Conversation traces: one schema, a loader, importers, and prompt rendering.
+"""Conversation traces: one schema (described in data/traces/README.md), its loader and validation, and prompt
+rendering.
 
-A trace is a conversation replayed turn by turn: each turn is one model call. Its prompt is the
-whole history before it (earlier turns' messages and replies) plus the turn's new messages,
-rendered with the model's chat template; its reply is what the model generates.
-
-Schema (JSONL, one turn per line; the lines of a trace are consecutive, turns numbered from 0)::
-
-    {"trace": "coding-agent", "turn": 0,
-     "messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}],
-     "assistant": {"role": "assistant", "content": "...",
-                   "tool_calls": [{"id": "call_1", "name": "read_file", "arguments": {"path": "a.py"}}]},
-     "tools": [{"name": "read_file", "description": "...", "parameters": {...}}],
-     "meta": {"description": "...", "source": "..."}}
-
-- ``messages``: the messages added before this turn's reply (system, user, tool results; may be
-  empty). Roles: "system", "user", "assistant", "tool". ``content`` is a string (null allowed for
-  an assistant message that only calls tools). Tool results are ``{"role": "tool", "content": ...,
-  "name": ..., "tool_call_id": ...}`` (name and id optional).
-- ``assistant``: the recorded reply (content and/or ``tool_calls``, each ``{"id"?, "name",
-  "arguments"}`` with arguments a JSON object or a string; ``reasoning``, the text a thinking model
-  wrote before its answer), or null when none was recorded (the model's reply is then needed before
-  the next turn's prompt can be rendered). Reasoning written inline at the start of the content
-  (``<think>...</think>``, or text ending in ``</think>`` without an opening tag, as models whose
-  generation prompt opens the block write it) is moved to ``reasoning`` when a trace is read.
-- ``tools`` (JSON-schema function descriptions) and ``meta`` appear on a trace's first line only.
-
-Importers of other formats (OpenAI, ShareGPT, tau-bench, SWE-agent, question files) and
-``load_traces``, which picks one, live in ``specbench.inputs.importers``.
+A trace is a conversation replayed turn by turn: each turn is one model call. Its prompt is the whole history
+before it (earlier turns' messages and replies) plus the turn's new messages, rendered with the model's chat
+template; its reply is what the model generates. Importers of other formats and ``load_traces``, which picks one,
+live in ``specbench.inputs.importers``.
 """
 
 from __future__ import annotations
