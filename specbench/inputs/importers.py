@@ -183,7 +183,7 @@ def normalize_message(message: dict[str, Any], where: str) -> dict[str, Any]:
     """An OpenAI-style message (roles, content parts, tool calls, legacy "function" role) in schema form."""
     if not isinstance(message, dict):
         raise ValueError(f"{where}: a message must be an object, got {type(message).__name__}")
-    role = {"function": "tool", "developer": "system"}.get(message.get("role"), message.get("role"))
+    role = {"function": "tool", "developer": "system"}.get(str(message.get("role")), message.get("role"))
     content = _content(message.get("content"), where)
     out: dict[str, Any] = {"role": role, "content": content.text}
     calls = content.calls

@@ -110,7 +110,10 @@ def build_twin(
     files = [f for f in sorted(dense_folder.glob("*.safetensors")) if f.name != "mtp.safetensors"]
     if not files:
         raise FileNotFoundError(f"{dense_folder} holds no model weights (*.safetensors)")
-    save_model(out_dir, _twin(config, {k: v for f in files for k, v in mx.load(str(f)).items()}, seed))
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        weights.update(mx.load(str(f)))
+    save_model(out_dir, _twin(config, weights, seed))
     write_json_atomic(out_dir / "config.json", config)
     for name in _TOKENIZER_FILES:
         if (dense_folder / name).exists():

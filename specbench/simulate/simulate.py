@@ -63,7 +63,7 @@ def record(model: Any, prompts: Iterable[Any], options: GenerateOptions, tokeniz
         gen = plain_generation(model, prompt, options, tokenizer=tokenizer)
         for _ in gen:
             pass
-        out.append(Recorded(list(gen.prompt), list(gen.tokens), gen.finish_reason(), str(i)))
+        out.append(Recorded(list(gen.prompt), list(gen.tokens), str(gen.finish_reason()), str(i)))
     return out
 
 

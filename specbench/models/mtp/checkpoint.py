@@ -27,7 +27,7 @@ class Checkpoint:
         self.folder = path if path.is_dir() else path.parent
         self.weight_map: dict[str, str] = {}
         self.file_metadata: dict[str, str] = {}
-        self._lazy: dict[str, dict[str, mx.array]] = {}
+        self._lazy: dict[str, Any] = {}  # shard name -> its lazily mapped tensors
         if (path / INDEX).is_file():
             try:
                 self.weight_map = dict(json.loads((path / INDEX).read_text())["weight_map"])
@@ -44,9 +44,10 @@ class Checkpoint:
             raise ValueError(f"{path} is neither a .safetensors file nor a checkpoint folder")
         for file in files:
             try:
-                self._lazy[file.name], metadata = mx.load(str(file), return_metadata=True)
+                loaded: Any = mx.load(str(file), return_metadata=True)
             except Exception as e:  # mlx raises its own error types
                 raise ValueError(f"{file} is not a readable safetensors file: {e}") from e
+            self._lazy[file.name], metadata = loaded
             self.weight_map.update(dict.fromkeys(self._lazy[file.name], file.name))
         if len(files) == 1:
             self.file_metadata = dict(metadata)
