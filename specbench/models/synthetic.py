@@ -9,9 +9,6 @@ to float32. Quantization follows ``mlx_lm.convert``: affine, group size 64, ever
 The Qwen3.5-like shapes are hybrids (Gated DeltaNet layers with full attention every fourth
 layer; mlx-lm model types ``qwen3_5`` and ``qwen3_5_moe``) sized like Qwen3.5-9B and
 Qwen3.5-35B-A3B; ``mtp=True`` attaches a random multi-token-prediction head to them.
-
-Weights are drawn on the default device by the mlx-lm module initialisers and materialised one
-layer at a time, so a 30B MoE never holds its float32 weights all at once.
 """
 
 from __future__ import annotations
