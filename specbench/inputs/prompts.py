@@ -86,9 +86,7 @@ def load_questions(
 def bundled_questions(categories: Sequence[str] | None = None, limit: int | None = None) -> list[Question]:
     """The project's own prompts: a few per Spec-Bench category, a paragraph repeated eight times
     (prompt lookup's classic workload) and open-ended natural text."""
-    questions = []
-    for category in BUNDLED_CATEGORIES:
-        questions += load_questions(PROMPTS_DIR / f"{category}.jsonl")
+    questions = [q for category in BUNDLED_CATEGORIES for q in load_questions(PROMPTS_DIR / f"{category}.jsonl")]
     return select_questions(questions, categories, limit)
 
 
