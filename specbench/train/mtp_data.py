@@ -54,12 +54,8 @@ _CODE_LINE = re.compile(r"^\s*(def |class |return\b|import |from \S+ import|if .
 
 def _docstrings(source: str) -> list[str]:
     """Long docstrings (prose) of a Python source: triple-quoted strings opening a line."""
-    out = []
-    for m in _DOCSTRING.finditer(source):
-        text = inspect.cleandoc(m.group(1))
-        if not _CODE_LINE.search(text):
-            out.append(text)
-    return out
+    texts = (inspect.cleandoc(m.group(1)) for m in _DOCSTRING.finditer(source))
+    return [text for text in texts if not _CODE_LINE.search(text)]
 
 
 def stdlib_files() -> list[Path]:

@@ -177,9 +177,6 @@ def quantize_like_body(model: nn.Module, head: MtpModule) -> None:
             twin = body_modules[int(i)].get(rest)
             if twin is not None:
                 return _quantization(twin) or False
-        q = common
-        if module.weight.shape[-1] % q["group_size"]:
-            return False
-        return dict(q)
+        return False if module.weight.shape[-1] % common["group_size"] else dict(common)
 
     nn.quantize(head, class_predicate=predicate)
