@@ -95,9 +95,6 @@ def load_recorded(path: str | os.PathLike) -> list[Recorded]:
     """Recorded requests from ``save_recorded``'s parquet (or any table with its columns)."""
     import polars as pl
 
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no recorded outputs at {path}")
     frame = read_parquet(path, "record the outputs again (or delete it)")
     missing = {"prompt", "output", "finish_reason"} - set(frame.columns)
     if missing:
