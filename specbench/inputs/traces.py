@@ -117,10 +117,7 @@ def split_inline_reasoning(content: str) -> tuple[str | None, str]:
 
 def joined_reasoning(pieces: Sequence[str | None]) -> str | None:
     """A message's reasoning from its pieces (fields, parts, inline text), in order, repeats left out."""
-    kept: list[str] = []
-    for piece in pieces:
-        if piece and piece.strip() and piece not in kept:
-            kept.append(piece)
+    kept = list(dict.fromkeys(piece for piece in pieces if piece and piece.strip()))
     return "\n\n".join(kept) if kept else None
 
 
