@@ -197,6 +197,19 @@ def write_questions(path: Path, questions) -> Path:
     return path
 
 
+def write_traces(traces, path: Path) -> Path:
+    """``traces`` (``specbench.inputs.traces.Trace``) written in the project's schema: one line a turn, the tools
+    and meta on turn 0."""
+    records = [
+        {"trace": t.id, "turn": i, "messages": turn.messages, "assistant": turn.assistant}
+        | ({k: v for k, v in (("tools", t.tools), ("meta", t.meta)) if v} if i == 0 else {})
+        for t in traces
+        for i, turn in enumerate(t.turns)
+    ]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
 def tokenizer_words(roles: tuple[str, ...] = ("user", "assistant")) -> list[str]:
     """The words of ``word_tokenizer(roles)``: ``w{id}`` for the ids after the special tokens."""
     return [f"w{i}" for i in range(2 + len(roles), 97)]

@@ -1,15 +1,7 @@
-"""Acceptance rules compared on the same model, drafters, prompts and draft lengths when sampling.
-
-``run_rule_sweep`` decodes every prompt plainly and then with every rule x drafter x draft length, per
-temperature (``specbench.core.rules``: "token", "exact-match", "block", lossless; "typical", lossy; any
-registered rule). The
-draft model drafts with its own distribution q at each temperature; lookup, suffix and the MTP head
-draft their argmax (q one-hot). ``rule_summary`` aggregates accepted tokens per verification, acceptance
-and speedup per rule; ``best_lossless`` names each temperature's best lossless rule. ``rule_shifts``
-samples plainly and with each rule from one prompt and measures the shift of the token distribution
-(total variation distance with its interval, beside a permutation test; a lossless rule's TVD is noise,
-a lossy rule's is its shift). ``exact_match_expectation`` checks exact match's acceptance against the
-target's probability of each drafted token.
+"""Acceptance rules compared on the same model, drafters, prompts and draft lengths when sampling: what each rule
+buys per verification (``run_rule_sweep``, ``rule_summary``, ``best_lossless``) and how far it shifts the token
+distribution (``rule_shifts``, ``exact_match_expectation``). The draft model drafts with its own distribution q at
+each temperature; lookup, suffix and the MTP head draft their argmax (q one-hot).
 """
 
 from __future__ import annotations
@@ -138,14 +130,9 @@ def exact_match_expectation(steps: pl.DataFrame, level: float = 0.95) -> dict[st
     interval expected +- z * sqrt(sum p(1 - p)) (a sum of Bernoulli trials, each reached only after the ones
     before it succeeded: a martingale, so the normal interval holds). No reached position: zeros, a NaN interval."""
     rows = steps.filter((pl.col("acceptance") == "exact-match") & (pl.col("kind") == "verify"))
-    expected = variance = 0.0
-    measured = positions = 0
-    for accepted, probs in zip(rows["accepted"].to_list(), rows["accept_probs"].to_list()):
-        reached = probs[: min(accepted + 1, len(probs))]
-        expected += sum(reached)
-        variance += sum(p * (1 - p) for p in reached)
-        measured += accepted
-        positions += len(reached)
+    reached = rows.select(pl.col("accept_probs").list.head(pl.col("accepted") + 1).explode()).to_series().drop_nulls()
+    measured, positions = int(rows["accepted"].sum()), len(reached)
+    expected, variance = float(reached.sum()), float((reached * (1 - reached)).sum())
     if not positions:  # nothing to compare: no exact-match verification reached a draft token
         return {"measured": 0.0, "expected": 0.0, "low": float("nan"), "high": float("nan"), "reached_positions": 0.0}
     z = NormalDist().inv_cdf(0.5 + level / 2)
@@ -160,38 +147,12 @@ def exact_match_expectation(steps: pl.DataFrame, level: float = 0.95) -> dict[st
 
 
 def rule_shifts(
-    model: Any,
-    tokenizer: Any,
-    prompt_ids: Sequence[int],
-    rules: Sequence[AcceptanceRule],
-    drafter: str = "lookup",
-    k: int = 4,
-    temperature: float = 1.0,
-    samples: int = 32,
-    max_tokens: int = 8,
-    permutations: int = 2000,
-    model_name: str | None = None,
-    progress: bool = True,
+    model: Any, tokenizer: Any, prompt_ids: Sequence[int], rules: Sequence[AcceptanceRule], **options: Any
 ) -> list[LosslessCheck]:
-    """Plain against speculative sampling from one prompt, once per rule (``losslessness_check``): the
-    histogram test and the total variation distance with its interval and noise level."""
-    return [
-        losslessness_check(
-            model,
-            tokenizer,
-            prompt_ids,
-            drafter=drafter,
-            policy=k,
-            temperature=temperature,
-            samples=samples,
-            max_tokens=max_tokens,
-            permutations=permutations,
-            model_name=model_name,
-            progress=progress,
-            rule=rule,
-        )
-        for rule in rules
-    ]
+    """Plain against speculative sampling from one prompt, once per rule (``losslessness_check`` with ``options``:
+    drafter, policy, temperature, samples, ...): the histogram test and the total variation distance with its
+    interval and noise level."""
+    return [losslessness_check(model, tokenizer, prompt_ids, rule=rule, **options) for rule in rules]
 
 
 def shift_table(checks: Sequence[LosslessCheck], summary: pl.DataFrame | None = None) -> pl.DataFrame:

@@ -9,7 +9,6 @@ the outputs are equal and where they first differ. ``summarize`` condenses that 
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -143,26 +142,12 @@ def summarize(rows: pl.DataFrame) -> pl.DataFrame:
     accepted drafts per verification."""
     import polars as pl
 
-    out = []
-    for mode in rows["mode"].unique(maintain_order=True).to_list():
-        mine = rows.filter(pl.col("mode") == mode)
-        divs = [d for d in mine["first_divergence"].to_list() if d is not None]
-        out.append(
-            {
-                "mode": mode,
-                "prompts": len(mine),
-                "equal": int(mine["equal"].sum()),
-                "first_divergence_min": min(divs) if divs else None,
-                "first_divergence_median": float(statistics.median(divs)) if divs else None,
-                "first_divergence_max": max(divs) if divs else None,
-                "accepted_per_verify": int(mine["accepted"].sum()) / max(1, int(mine["verifies"].sum())),
-            }
-        )
-    return pl.DataFrame(
-        out,
-        schema_overrides={
-            "first_divergence_min": pl.Int64,
-            "first_divergence_median": pl.Float64,
-            "first_divergence_max": pl.Int64,
-        },
+    divergence = pl.col("first_divergence")
+    return rows.group_by("mode", maintain_order=True).agg(
+        prompts=pl.len().cast(pl.Int64),
+        equal=pl.col("equal").sum().cast(pl.Int64),
+        first_divergence_min=divergence.min(),
+        first_divergence_median=divergence.median().cast(pl.Float64),
+        first_divergence_max=divergence.max(),
+        accepted_per_verify=pl.col("accepted").sum() / pl.max_horizontal(pl.col("verifies").sum(), 1),
     )

@@ -43,18 +43,16 @@ class LosslessCheck:
     then one "other" row); ``p_value``: permutation test of the chi-square homogeneity statistic
     over whole samples (sequences are exchangeable when the sampler is lossless).
     ``accepted_drafts`` / ``drafted``: draft tokens accepted / proposed over the speculative runs;
-    ``acceptance``: the acceptance rule's label; ``tvd_low``/``tvd_high``: the TVD's 95 % bootstrap
+    ``rule``: the acceptance rule's label; ``tvd_low``/``tvd_high``: the TVD's 95 % bootstrap
     interval over whole samples; ``tvd_null``: the 95th percentile of the TVD between the two sets with
     their labels permuted (what two samples of one distribution differ by at these sizes: a TVD above
     it is a shift, not noise).
     ``well_filled``: share of sampled tokens whose token has an expected count >= ``MIN_EXPECTED``
-    per sampler; ``min_detectable_tvd``: see ``min_detectable_tvd``. ``verdict``: "fail" when
-    p < ``alpha``; else "inconclusive" when fewer than ``MIN_ACCEPTED`` draft tokens were accepted
-    or the histograms are too sparse; else "pass". ``reason`` says why.
+    per sampler; ``min_detectable_tvd``: see ``min_detectable_tvd``; ``verdict`` and ``reason``:
+    ``lossless_verdict``'s.
     """
 
     counts: pl.DataFrame
-    statistic: float
     p_value: float
     tvd: float
     samples: int
@@ -76,11 +74,6 @@ class LosslessCheck:
     tvd_low: float = float("nan")
     tvd_high: float = float("nan")
     tvd_null: float = float("nan")
-
-    @property
-    def tokens(self) -> int:
-        """Sampled tokens per sampler (the draws each histogram holds)."""
-        return self.samples * self.max_tokens
 
     def describe(self) -> str:
         """The verdict with its power: draws, accepted drafts, p-value, TVD and what the test could detect."""
@@ -105,23 +98,14 @@ def min_detectable_tvd(n_plain: int, n_speculative: int, alpha: float = 0.05, po
     return min(1.0, z * float(np.sqrt(1 / n_plain + 1 / n_speculative)) / 2)
 
 
-def _pooled_counts(
-    plain: Sequence[Sequence[int]], speculative: Sequence[Sequence[int]]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each set's pooled count per token id, over one range of ids."""
-    a = np.bincount([t for s in plain for t in s], minlength=1)
-    b = np.bincount([t for s in speculative for t in s], minlength=1)
-    size = max(len(a), len(b))
-    return np.pad(a, (0, size - len(a))), np.pad(b, (0, size - len(b)))
-
-
 def well_filled_share(plain: Sequence[Sequence[int]], speculative: Sequence[Sequence[int]]) -> float:
     """Share of the pooled sampled tokens whose token's expected count is >= ``MIN_EXPECTED`` in both
     histograms (the chi-square statistic's usual validity rule, per token)."""
-    a, b = (counts.astype(float) for counts in _pooled_counts(plain, speculative))
-    total = a + b
-    if total.sum() == 0:
+    if not any(plain) and not any(speculative):
         return 0.0
+    matrix, labels = _histograms(plain, speculative)
+    a, b = matrix[~labels].sum(0), matrix[labels].sum(0)
+    total = a + b
     expected = np.minimum(total * a.sum(), total * b.sum()) / total.sum()
     return float(total[expected >= MIN_EXPECTED].sum() / total.sum())
 
@@ -300,38 +284,39 @@ def losslessness_check(
     while True:
         for i in tqdm(range(len(plain), target), desc="sampling", disable=not progress, leave=False):
             sample(i)
-        stat, p, tvd = histogram_test(plain, spec, permutations, seed)
-        verdict, _ = lossless_verdict(p, accepted, well_filled_share(plain, spec), alpha)
+        _, p, tvd = histogram_test(plain, spec, permutations, seed)
+        filled = well_filled_share(plain, spec)
+        verdict, reason = lossless_verdict(p, accepted, filled, alpha)
         detectable = min_detectable_tvd(sum(map(len, plain)), sum(map(len, spec)), alpha)
         concluded = verdict == "fail" or (verdict == "pass" and detectable <= detect)
         if max_samples is None or concluded or target >= max_samples:
             break
         target = min(max_samples, 2 * target)
-    samples = len(plain)
     tvd_low, tvd_high, tvd_null = tvd_interval(plain, spec, permutations, seed)
-    counts_plain, counts_spec = _pooled_counts(plain, spec)
+    matrix, labels = _histograms(plain, spec)
+    vocab = sorted({t for s in plain + spec for t in s})
+    counts_plain, counts_spec = matrix[~labels].sum(0), matrix[labels].sum(0)
     order = np.argsort(-(counts_plain + counts_spec), kind="stable")[:top]
-    order = [int(t) for t in order if counts_plain[t] + counts_spec[t] > 0]
-    texts = [repr(tokenizer.decode([t]))[1:-1] if tokenizer is not None else str(t) for t in order]
-    rest_plain = int(counts_plain.sum() - counts_plain[order].sum())
-    rest_spec = int(counts_spec.sum() - counts_spec[order].sum())
+    tokens = [vocab[i] for i in order]
     counts = pl.DataFrame(
         {
-            "token": [*order, -1],
-            "text": [*texts, "(other)"],
-            "plain": [*(int(counts_plain[t]) for t in order), rest_plain],
-            "speculative": [*(int(counts_spec[t]) for t in order), rest_spec],
+            "token": [*tokens, -1],
+            "text": [
+                *(repr(tokenizer.decode([t]))[1:-1] if tokenizer is not None else str(t) for t in tokens),
+                "(other)",
+            ],
+            "plain": [*counts_plain[order].astype(int).tolist(), int(counts_plain.sum() - counts_plain[order].sum())],
+            "speculative": [
+                *counts_spec[order].astype(int).tolist(),
+                int(counts_spec.sum() - counts_spec[order].sum()),
+            ],
         }
     )
-    tokens_plain, tokens_spec = sum(map(len, plain)), sum(map(len, spec))
-    filled = well_filled_share(plain, spec)
-    verdict, reason = lossless_verdict(p, accepted, filled, alpha)
     return LosslessCheck(
         counts,
-        stat,
         p,
         tvd,
-        samples,
+        len(plain),
         max_tokens,
         drafter,
         policy.name,
@@ -342,7 +327,7 @@ def losslessness_check(
         accepted_drafts=accepted,
         drafted=drafted,
         well_filled=filled,
-        min_detectable_tvd=min_detectable_tvd(tokens_plain, tokens_spec, alpha),
+        min_detectable_tvd=detectable,
         alpha=alpha,
         verdict=verdict,
         reason=reason,

@@ -1,9 +1,8 @@
 """What this installation has: the embedded model, the bundled traces and prompts, the drafters a model supports.
 
 Notebooks and reports ask here before a section runs, so what is missing (such as the embedded
-model's weights) becomes a clearly skipped section rather than an error. ``capabilities()``
-checks everything; ``require(name)`` raises ``MissingCapability`` with the reason;
-``usable_drafters`` builds the drafters a model supports and says why the others are left out.
+model's weights) becomes a clearly skipped section rather than an error. ``check(name)`` says whether one is
+available and why not; ``usable_drafters`` builds the drafters a model supports and says why the others are left out.
 """
 
 from __future__ import annotations
@@ -76,14 +75,6 @@ def capabilities() -> dict[str, Capability]:
 def has(name: str) -> bool:
     """Whether capability ``name`` is available."""
     return check(name).available
-
-
-def require(*names: str) -> None:
-    """Raise ``MissingCapability`` naming the first of ``names`` that is not available."""
-    for name in names:
-        cap = check(name)
-        if not cap.available:
-            raise MissingCapability(f"{name} is not available: {cap.detail}")
 
 
 def usable_drafters(

@@ -47,15 +47,6 @@ REASONING = ("keep", "drop")
 Record = tuple[str, int, Any]
 
 
-def _first_line_is_json(text: str) -> bool:
-    first = next((line for line in text.split("\n") if line.strip()), "")
-    try:
-        json.loads(first)
-    except json.JSONDecodeError:
-        return False
-    return True
-
-
 def _is_message_list(data: Any) -> bool:
     return isinstance(data, list) and bool(data) and all(isinstance(m, dict) and "role" in m for m in data)
 
@@ -71,7 +62,9 @@ def read_records(path: str | os.PathLike) -> list[Record]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
-            if not _first_line_is_json(text):
+            try:  # JSON lines: its first line is one JSON value
+                json.loads(next(line for line in text.split("\n") if line.strip()))
+            except json.JSONDecodeError:
                 raise ValueError(
                     f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno}); expected one JSON "
                     "value, or one per line (JSON lines)"
@@ -178,10 +171,8 @@ def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
     function = call.get("function", call)
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
     out = {"name": function.get("name", ""), "arguments": arguments}
     if call.get("id"):
         out = {"id": call["id"], **out}
@@ -192,11 +183,7 @@ def normalize_message(message: dict[str, Any], where: str) -> dict[str, Any]:
     """An OpenAI-style message (roles, content parts, tool calls, legacy "function" role) in schema form."""
     if not isinstance(message, dict):
         raise ValueError(f"{where}: a message must be an object, got {type(message).__name__}")
-    role = message.get("role")
-    if role == "function":
-        role = "tool"
-    if role == "developer":
-        role = "system"
+    role = {"function": "tool", "developer": "system"}.get(str(message.get("role")), message.get("role"))
     content = _content(message.get("content"), where)
     out: dict[str, Any] = {"role": role, "content": content.text}
     calls = content.calls
@@ -323,25 +310,16 @@ def import_sharegpt(path: Path, records: Sequence[Record]) -> list[Trace]:
         messages = []
         for i, entry in enumerate(turns):
             speaker = entry.get("from") if isinstance(entry, dict) else None
-            content = _content(entry.get("value"), f"{where}: conversations[{i}]") if speaker else None
-            value = content.text if content is not None else None
-            if speaker not in _SHAREGPT_ROLES or not isinstance(value, str):
+            if speaker not in _SHAREGPT_ROLES or entry.get("value") is None:
                 raise ValueError(
                     f"{where}: conversations[{i}] needs 'from' (one of {sorted(_SHAREGPT_ROLES)}) and a text 'value'"
                 )
-            message: dict[str, Any] = {"role": _SHAREGPT_ROLES[speaker], "content": value}
-            reasoning = joined_reasoning(content.reasoning) if content is not None else None
-            if reasoning is not None:
-                message["reasoning"] = reasoning
-            if content is not None and content.calls:
-                message["tool_calls"] = content.calls
-            if speaker == "function_call":
-                try:
-                    call = json.loads(value)
-                    message = {"role": "assistant", "content": None, "tool_calls": [_tool_call(call)]}
-                except (json.JSONDecodeError, AttributeError):
-                    pass
-            messages.append(check_message(message, f"{where}: conversations[{i}]"))
+            message = {"role": _SHAREGPT_ROLES[speaker], "content": entry["value"]}
+            with contextlib.suppress(json.JSONDecodeError, TypeError):  # a function_call's value: the call as JSON
+                call = json.loads(entry["value"]) if speaker == "function_call" else None
+                if isinstance(call, dict):
+                    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            messages.append(normalize_message(message, f"{where}: conversations[{i}]"))
         trace_id = str(item.get("id", f"{path.stem}-{index}"))
         tools = parse_tools(item.get("tools"), where)
         traces.append(from_messages(messages, trace_id, tools, {"source": str(path)}, where))
@@ -393,10 +371,9 @@ def import_swe_agent(path: Path, records: Sequence[Record]) -> list[Trace]:
     meta = {"source": str(path)}
     if isinstance(data.get("info"), dict) and data["info"].get("exit_status"):
         meta["exit_status"] = data["info"]["exit_status"]
-    if isinstance(data.get("history"), list) and data["history"]:
-        return [from_messages(_messages(data["history"], "history", str(path)), trace_id, None, meta, str(path))]
-    if isinstance(data.get("messages"), list) and data["messages"]:
-        return [from_messages(_messages(data["messages"], "messages", str(path)), trace_id, None, meta, str(path))]
+    for key in ("history", "messages"):
+        if isinstance(data.get(key), list) and data[key]:
+            return [from_messages(_messages(data[key], key, str(path)), trace_id, None, meta, str(path))]
     steps = data.get("trajectory")
     if not isinstance(steps, list) or not steps:
         raise ValueError(f"{path}: a SWE-agent trajectory needs a non-empty 'history' or 'trajectory'")
@@ -487,8 +464,11 @@ def _flag(choices: Sequence[str]) -> str:
     return f"choose one with {FORMAT_FLAG} {'|'.join(choices)} (format= in Python)"
 
 
-def _detect(path: Path, records: Sequence[Record]) -> str:
-    """The one format every record has; a ValueError names the first record that differs or is unclear."""
+def detect_format(path: str | os.PathLike, records: Sequence[Record] | None = None) -> str:
+    """A file's format: the one format every record in it has (not its name); a ValueError names the first record
+    that differs or is unclear."""
+    path = Path(path)
+    records = read_records(path) if records is None else records
     if not records:
         raise ValueError(f"{path}: empty: expected conversations (JSON, or one per line as JSON lines)")
     first: tuple[str, str] | None = None
@@ -507,7 +487,7 @@ def _detect(path: Path, records: Sequence[Record]) -> str:
         if not found:
             raise ValueError(
                 f"{where}: cannot tell its format from this record ({_keys(record)}); expected one of "
-                f"{', '.join(FORMATS)} (the project's trace schema is described in specbench/inputs/traces.py); "
+                f"{', '.join(FORMATS)} (the project's trace schema is described in data/traces/README.md); "
                 + _flag(FORMATS)
             )
         (name,) = found
@@ -531,12 +511,6 @@ def check_format(records: Sequence[Record], format: str) -> None:
         what = "a bare chat message" if found == {"message"} else _a(f"{'/'.join(sorted(found))} record")
         lost = " (read so, each turn would lose the history before it)" if "trace" in found else ""
         raise ValueError(f"{where}: {what}, not {format}{lost}; pass the file's own format, or none to detect it")
-
-
-def detect_format(path: str | os.PathLike, records: Sequence[Record] | None = None) -> str:
-    """A file's format, from the content of every record in it (not from its name)."""
-    path = Path(path)
-    return _detect(path, read_records(path) if records is None else records)
 
 
 def load_traces(path: str | os.PathLike, format: str | None = None, reasoning: str = "keep") -> list[Trace]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from specbench.common.files import ASSETS_DIR
 from specbench.common.text import check_strings, check_text
 from specbench.inputs.importers import load_traces
-from specbench.inputs.traces import Trace, bundled_traces, read_text, render_turn
+from specbench.inputs.traces import Trace, bundled_traces, read_json_lines, render_turn
 
 if TYPE_CHECKING:
     import polars as pl
@@ -76,10 +77,7 @@ def load_questions(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no question file at {path}: give a question.jsonl path or 'bundled'")
-    questions = []
-    for number, line in enumerate(read_text(path).splitlines(), 1):
-        if line.strip():
-            questions.append(_question(line, f"{path}:{number}"))
+    questions = [_question(row, f"{path}:{number}") for number, row in read_json_lines(path)]
     if not questions:
         raise ValueError(f"{path} holds no questions: expected one JSON object a line")
     return select_questions(questions, categories, limit)
@@ -88,9 +86,7 @@ def load_questions(
 def bundled_questions(categories: Sequence[str] | None = None, limit: int | None = None) -> list[Question]:
     """The project's own prompts: a few per Spec-Bench category, a paragraph repeated eight times
     (prompt lookup's classic workload) and open-ended natural text."""
-    questions = []
-    for category in BUNDLED_CATEGORIES:
-        questions += load_questions(PROMPTS_DIR / f"{category}.jsonl")
+    questions = [q for category in BUNDLED_CATEGORIES for q in load_questions(PROMPTS_DIR / f"{category}.jsonl")]
     return select_questions(questions, categories, limit)
 
 
@@ -142,11 +138,7 @@ class PromptsLeftOut(UserWarning):
     """An option left some of the given prompts out of a run."""
 
 
-def _question(line: str, where: str) -> Question:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+def _question(row: Any, where: str) -> Question:
     if not isinstance(row, dict) or not {"question_id", "category", "turns"} <= row.keys():
         raise ValueError(f"{where}: a question needs question_id, category and turns")
     turns = row["turns"]
@@ -262,10 +254,7 @@ def agentic_turns(traces: Sequence[Trace]) -> list[tuple[Trace, int]]:
         ]
         for trace in traces
     ]
-    rounds = []
-    for i in range(max(map(len, per_trace), default=0)):
-        rounds += [turns[i] for turns in per_trace if i < len(turns)]
-    return rounds
+    return [turn for rank in itertools.zip_longest(*per_trace) for turn in rank if turn is not None]
 
 
 def agentic_prompts(tokenizer: Any, limit: int | None = None, max_prompt_tokens: int | None = None) -> list[Prompt]:

@@ -50,9 +50,6 @@ class TracePrompts:
         for i, turn in enumerate(self.turns):
             yield turn.turn, self.prompt(i), turn.output
 
-    def prompt_tokens(self) -> int:
-        return sum(turn.shared + len(turn.tail) for turn in self.turns)
-
 
 def _split_tokens(tokenizer: Any) -> re.Pattern | None:
     """A pattern of the tokenizer's special tokens that split text (no whitespace stripping around them)."""
@@ -110,20 +107,18 @@ def trace_prompts(tokenizer: Any, trace: Trace) -> TracePrompts:
     outputs = [reply_ids(tokenizer, trace.turns[t].assistant) for t in range(turns)]
     if deltas is not None:
         split = _split_tokens(tokenizer)
+
+        def encode(text: str) -> list[int]:  # the first text as a prompt's start, the rest as its continuation
+            return _encode_more(tokenizer, text) if out.ids else encode_text(tokenizer, text)
+
         tail = ""
         for t, delta in enumerate(deltas):
             text = tail + delta
             cut = max((m.end() for m in split.finditer(text)), default=0) if split is not None else 0
             if cut:
-                out.ids += encode_text(tokenizer, text[:cut]) if not out.ids else _encode_more(tokenizer, text[:cut])
-                tail = text[cut:]
-            else:
-                tail = text
-            if out.ids:
-                tail_ids = _encode_more(tokenizer, tail) if tail else []
-            else:
-                tail_ids = encode_text(tokenizer, tail)
-            out.turns.append(TurnPrompt(t, len(out.ids), tail_ids, outputs[t]))
+                out.ids += encode(text[:cut])
+            tail = text[cut:]
+            out.turns.append(TurnPrompt(t, len(out.ids), encode(tail) if tail or not out.ids else [], outputs[t]))
         text = "".join(deltas)
         last = render_text(tokenizer, trace.history(turns - 1), trace.tools) if turns > 1 else text
         if last == text and out.prompt(turns - 1) == encode_text(tokenizer, text):

@@ -1,46 +1,23 @@
-"""Conversation traces: one schema, a loader, importers, and prompt rendering.
+"""Conversation traces: one schema (described in data/traces/README.md), its loader and validation, and prompt
+rendering.
 
-A trace is a conversation replayed turn by turn: each turn is one model call. Its prompt is the
-whole history before it (earlier turns' messages and replies) plus the turn's new messages,
-rendered with the model's chat template; its reply is what the model generates.
-
-Schema (JSONL, one turn per line; the lines of a trace are consecutive, turns numbered from 0)::
-
-    {"trace": "coding-agent", "turn": 0,
-     "messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}],
-     "assistant": {"role": "assistant", "content": "...",
-                   "tool_calls": [{"id": "call_1", "name": "read_file", "arguments": {"path": "a.py"}}]},
-     "tools": [{"name": "read_file", "description": "...", "parameters": {...}}],
-     "meta": {"description": "...", "source": "..."}}
-
-- ``messages``: the messages added before this turn's reply (system, user, tool results; may be
-  empty). Roles: "system", "user", "assistant", "tool". ``content`` is a string (null allowed for
-  an assistant message that only calls tools). Tool results are ``{"role": "tool", "content": ...,
-  "name": ..., "tool_call_id": ...}`` (name and id optional).
-- ``assistant``: the recorded reply (content and/or ``tool_calls``, each ``{"id"?, "name",
-  "arguments"}`` with arguments a JSON object or a string; ``reasoning``, the text a thinking model
-  wrote before its answer), or null when none was recorded (the model's reply is then needed before
-  the next turn's prompt can be rendered). Reasoning written inline at the start of the content
-  (``<think>...</think>``, or text ending in ``</think>`` without an opening tag, as models whose
-  generation prompt opens the block write it) is moved to ``reasoning`` when a trace is read.
-- ``tools`` (JSON-schema function descriptions) and ``meta`` appear on a trace's first line only.
-
-Importers of other formats (OpenAI, ShareGPT, tau-bench, SWE-agent, question files) and
-``load_traces``, which picks one, live in ``specbench.inputs.importers``.
+A trace is a conversation replayed turn by turn: each turn is one model call. Its prompt is the whole history
+before it (earlier turns' messages and replies) plus the turn's new messages, rendered with the model's chat
+template; its reply is what the model generates. Importers of other formats and ``load_traces``, which picks one,
+live in ``specbench.inputs.importers``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specbench.common.files import PROJECT_ROOT, write_text_atomic
+from specbench.common.files import PROJECT_ROOT
 from specbench.common.text import check_strings, check_text
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -89,23 +66,6 @@ class Trace:
             messages.append({"role": "assistant", "content": reply} if isinstance(reply, str) else reply)
         messages.extend(self.turns[turn].messages)
         return messages
-
-    def to_records(self) -> list[dict[str, Any]]:
-        """The trace as schema lines."""
-        records = []
-        for i, turn in enumerate(self.turns):
-            record: dict[str, Any] = {
-                "trace": self.id,
-                "turn": i,
-                "messages": turn.messages,
-                "assistant": turn.assistant,
-            }
-            if i == 0 and self.tools:
-                record["tools"] = self.tools
-            if i == 0 and self.meta:
-                record["meta"] = self.meta
-            records.append(record)
-        return records
 
 
 # -- validation ----------------------------------------------------------------------------------
@@ -157,10 +117,7 @@ def split_inline_reasoning(content: str) -> tuple[str | None, str]:
 
 def joined_reasoning(pieces: Sequence[str | None]) -> str | None:
     """A message's reasoning from its pieces (fields, parts, inline text), in order, repeats left out."""
-    kept: list[str] = []
-    for piece in pieces:
-        if piece and piece.strip() and piece not in kept:
-            kept.append(piece)
+    kept = list(dict.fromkeys(piece for piece in pieces if piece and piece.strip()))
     return "\n\n".join(kept) if kept else None
 
 
@@ -282,12 +239,6 @@ def traces_from_records(path: Path, records: Iterable[tuple[str, Any]]) -> list[
     return [traces[t] for t in order]
 
 
-def save_traces(traces: Sequence[Trace], path: str | os.PathLike) -> Path:
-    """Write traces in the project's schema, atomically."""
-    lines = (json.dumps(record, ensure_ascii=False) + "\n" for trace in traces for record in trace.to_records())
-    return write_text_atomic(path, "".join(lines))
-
-
 def pick_ids(ids: list[str], trace_ids: Sequence[str] | None, limit: int | None, source: str) -> list[str]:
     """The trace ids to replay out of ``ids`` (in file order): ``trace_ids`` (each must be there; an
     error names ``source`` and lists ids it has), else all; at most ``limit`` of them."""
@@ -311,15 +262,6 @@ def _template_text(tokenizer: Any) -> str:
     if isinstance(template, dict):
         template = " ".join(template.values())
     return template if isinstance(template, str) else ""
-
-
-def _template_speaks_tools(tokenizer: Any) -> bool:
-    return "tool_calls" in _template_text(tokenizer)
-
-
-def _template_speaks_reasoning(tokenizer: Any) -> bool:
-    """Whether the chat template renders a message's ``reasoning_content`` itself (as Qwen3's does)."""
-    return "reasoning_content" in _template_text(tokenizer)
 
 
 _THINK_TAG = re.compile(r"</([A-Za-z_]*think[A-Za-z_]*)>")
@@ -346,7 +288,8 @@ def _reasoning_in_template_form(tokenizer: Any, messages: Sequence[dict[str, Any
     that renders it, else written before the answer in the model's thinking tags (``_inline``)."""
     if not any(m.get("reasoning") is not None for m in messages):
         return list(messages)
-    speaks, calls_native = _template_speaks_reasoning(tokenizer), _template_speaks_tools(tokenizer)
+    template = _template_text(tokenizer)  # whether it renders reasoning_content (as Qwen3's does) and tool calls
+    speaks, calls_native = "reasoning_content" in template, "tool_calls" in template
     tags = thinking_tags(tokenizer)
     out = []
     for message in messages:
@@ -465,7 +408,7 @@ def render_text(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Seque
     messages = _reasoning_in_template_form(tokenizer, messages)
     if not getattr(tokenizer, "chat_template", None):
         return "".join(f"{m['role']}: {m['content']}\n\n" for m in as_text_messages(messages, tools)) + "assistant:"
-    if _template_speaks_tools(tokenizer):
+    if "tool_calls" in _template_text(tokenizer):
         return tokenizer.apply_chat_template(
             _as_template_messages(messages),
             tools=[{"type": "function", "function": t} for t in tools] or None,

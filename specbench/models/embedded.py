@@ -121,8 +121,8 @@ def dtype_name(dtype: mx.Dtype) -> str:
     return str(dtype).removeprefix("mlx.core.")
 
 
-def _scalar(metadata: dict[str, Any], key: str) -> Any:
-    value = metadata[key]
+def _scalar(metadata: dict[str, Any], key: str, default: Any = None) -> Any:
+    value = metadata.get(key, default)
     return value.item() if isinstance(value, mx.array) else value
 
 
@@ -137,13 +137,13 @@ def llama_config(metadata: dict[str, Any], tie_word_embeddings: bool, dtype: mx.
     if arch != "llama":
         raise ValueError(f"GGUF architecture {arch!r} is not supported: the converter handles llama only.")
 
-    def get(key: str) -> Any:
-        return _scalar(metadata, f"llama.{key}")
+    def get(key: str, default: Any = None) -> Any:
+        return _scalar(metadata, f"llama.{key}", default)
 
     n_heads = get("attention.head_count")
     hidden = get("embedding_length")
     head_dim = hidden // n_heads
-    if "llama.rope.dimension_count" in metadata and get("rope.dimension_count") != head_dim:
+    if get("rope.dimension_count", head_dim) != head_dim:
         raise ValueError("GGUF rope.dimension_count differs from the head size: partial rotary is not supported.")
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -152,13 +152,11 @@ def llama_config(metadata: dict[str, Any], tie_word_embeddings: bool, dtype: mx.
         "intermediate_size": get("feed_forward_length"),
         "num_hidden_layers": get("block_count"),
         "num_attention_heads": n_heads,
-        "num_key_value_heads": get("attention.head_count_kv")
-        if "llama.attention.head_count_kv" in metadata
-        else n_heads,
+        "num_key_value_heads": get("attention.head_count_kv", n_heads),
         "head_dim": head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": _short_float(get("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _short_float(get("rope.freq_base")) if "llama.rope.freq_base" in metadata else 10000.0,
+        "rope_theta": _short_float(get("rope.freq_base", 10000.0)),
         "rope_scaling": None,
         "max_position_embeddings": get("context_length"),
         "vocab_size": len(metadata["tokenizer.ggml.tokens"]),
@@ -167,9 +165,7 @@ def llama_config(metadata: dict[str, Any], tie_word_embeddings: bool, dtype: mx.
         "tie_word_embeddings": tie_word_embeddings,
         "bos_token_id": _scalar(metadata, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _scalar(metadata, "tokenizer.ggml.eos_token_id"),
-        "pad_token_id": _scalar(metadata, "tokenizer.ggml.padding_token_id")
-        if "tokenizer.ggml.padding_token_id" in metadata
-        else None,
+        "pad_token_id": _scalar(metadata, "tokenizer.ggml.padding_token_id"),
         "torch_dtype": dtype_name(dtype),
     }
 
@@ -230,9 +226,7 @@ def tokenizer_config(metadata: dict[str, Any]) -> dict[str, Any]:
         "eos_token": token("eos_token_id"),
         "pad_token": token("padding_token_id"),
         "unk_token": token("unknown_token_id"),
-        "add_bos_token": bool(_scalar(metadata, "tokenizer.ggml.add_bos_token"))
-        if "tokenizer.ggml.add_bos_token" in metadata
-        else False,
+        "add_bos_token": bool(_scalar(metadata, "tokenizer.ggml.add_bos_token", False)),
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": _scalar(metadata, "llama.context_length"),

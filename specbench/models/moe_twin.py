@@ -19,8 +19,8 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.utils import _get_classes
+from mlx.utils import tree_flatten
+from mlx_lm.utils import _get_classes, save_model
 
 from specbench.common.files import write_json_atomic, write_safetensors_atomic
 
@@ -81,10 +81,6 @@ def twin_config(dense: dict[str, Any], num_experts: int = NUM_EXPERTS, top_k: in
     return config
 
 
-def _router(hidden: int, num_experts: int, key: mx.array, dtype: mx.Dtype) -> mx.array:
-    return (mx.random.normal((num_experts, hidden), key=key) * hidden**-0.5).astype(dtype)
-
-
 def expand_mlp(
     tensors: dict[str, mx.array], num_experts: int = NUM_EXPERTS, seed: int = 0, moe_name: str = "block_sparse_moe"
 ) -> dict[str, mx.array]:
@@ -100,14 +96,9 @@ def expand_mlp(
         out[f"{m[1]}.{moe_name}.switch_mlp.{m[2]}.weight"] = mx.repeat(value[None], num_experts, axis=0)
         if m[2] == "gate_proj":
             key, sub = mx.random.split(key)
-            out[f"{m[1]}.{moe_name}.gate.weight"] = _router(value.shape[1], num_experts, sub, value.dtype)
+            router = mx.random.normal((num_experts, value.shape[1]), key=sub) * value.shape[1] ** -0.5
+            out[f"{m[1]}.{moe_name}.gate.weight"] = router.astype(value.dtype)
     return out
-
-
-def _layer_of(name: str) -> int:
-    """The layer index of a weight name (-1 for weights outside the layers)."""
-    m = re.match(r"model\.layers\.(\d+)\.", name)
-    return int(m[1]) if m else -1
 
 
 def build_twin(
@@ -115,38 +106,28 @@ def build_twin(
 ) -> dict[str, Any]:
     """Write the MoE twin of the mlx-lm folder ``dense_folder`` into the existing folder ``out_dir``."""
     dense_folder, out_dir = Path(dense_folder), Path(out_dir)
-    dense = json.loads((dense_folder / "config.json").read_text())
-    config = twin_config(dense, num_experts, top_k)
-    files = sorted(dense_folder.glob("*.safetensors"))
-    files = [f for f in files if f.name != "mtp.safetensors"]
+    config = twin_config(json.loads((dense_folder / "config.json").read_text()), num_experts, top_k)
+    files = [f for f in sorted(dense_folder.glob("*.safetensors")) if f.name != "mtp.safetensors"]
     if not files:
         raise FileNotFoundError(f"{dense_folder} holds no model weights (*.safetensors)")
     weights: dict[str, mx.array] = {}
     for f in files:
         weights.update(mx.load(str(f)))
-    twin = expand_mlp(weights, num_experts, seed)
-    # One shard per few layers keeps each file small enough to write without holding all copies at once.
-    n_layers = int(config["num_hidden_layers"])
-    per_shard = 8
-    shards = []
-    groups = [(-1, -1)] + [(a, min(a + per_shard, n_layers) - 1) for a in range(0, n_layers, per_shard)]
-    weight_map = {}
-    total = len(groups)
-    for i, (first, last) in enumerate(groups):
-        part = {k: twin.pop(k) for k in [k for k in twin if first <= _layer_of(k) <= last]}
-        name = f"model-{i + 1:05d}-of-{total:05d}.safetensors"
-        mx.eval(part)
-        write_safetensors_atomic(out_dir / name, part, metadata={"format": "mlx"})
-        weight_map.update({k: name for k in part})
-        shards.append(name)
-        del part
-    index = {"metadata": {}, "weight_map": weight_map}
-    write_json_atomic(out_dir / "model.safetensors.index.json", index)
+    save_model(out_dir, _twin(config, weights, seed))
     write_json_atomic(out_dir / "config.json", config)
     for name in _TOKENIZER_FILES:
         if (dense_folder / name).exists():
             shutil.copy(dense_folder / name, out_dir / name)
-    return {"dense": str(dense_folder), "num_experts": num_experts, "top_k": top_k, "seed": seed, "shards": len(shards)}
+    return {"dense": str(dense_folder), "num_experts": num_experts, "top_k": top_k, "seed": seed}
+
+
+def _twin(config: dict[str, Any], dense_weights: dict[str, mx.array], seed: int) -> nn.Module:
+    """The twin model of mixtral ``config`` holding the dense model's weights, its MLPs expanded."""
+    model_class, args_class = _get_classes(config)
+    twin = model_class(args_class.from_dict(config))
+    weights = expand_mlp(dense_weights, config["num_local_experts"], seed)
+    twin.load_weights([(k, v) for k, v in weights.items() if not k.startswith("mtp.")])
+    return twin
 
 
 def twin_head_file(dense_head: Path, out: Path, num_experts: int = NUM_EXPERTS, seed: int = 0) -> Path:
@@ -160,11 +141,7 @@ def twin_head_file(dense_head: Path, out: Path, num_experts: int = NUM_EXPERTS, 
 
 def twin_from_model(model: nn.Module, num_experts: int = NUM_EXPERTS, top_k: int = TOP_K, seed: int = 0) -> nn.Module:
     """The MoE twin of a loaded dense llama model, built in memory (weights shared until copied)."""
-    config = twin_config(asdict(model.args), num_experts, top_k)
-    model_class, args_class = _get_classes(config)
-    twin = model_class(args_class.from_dict(config))
-    weights = expand_mlp(dict(tree_flatten(model.parameters())), num_experts, seed)
-    twin.update(tree_unflatten([(k, v) for k, v in weights.items() if not k.startswith("mtp.")]))
+    twin = _twin(twin_config(asdict(model.args), num_experts, top_k), dict(tree_flatten(model.parameters())), seed)
     mx.eval(twin.parameters())
     twin.eval()
     return twin

@@ -9,9 +9,6 @@ to float32. Quantization follows ``mlx_lm.convert``: affine, group size 64, ever
 The Qwen3.5-like shapes are hybrids (Gated DeltaNet layers with full attention every fourth
 layer; mlx-lm model types ``qwen3_5`` and ``qwen3_5_moe``) sized like Qwen3.5-9B and
 Qwen3.5-35B-A3B; ``mtp=True`` attaches a random multi-token-prediction head to them.
-
-Weights are drawn on the default device by the mlx-lm module initialisers and materialised one
-layer at a time, so a 30B MoE never holds its float32 weights all at once.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.utils import _get_classes
 
 from specbench.models.mtp.attach import attach_random
-from specbench.models.tiny import TINY_LAYER
+from specbench.models.tiny import tiny_config
 
 PREFIX = "synthetic:"
 GROUP_SIZE = 64
@@ -140,28 +137,13 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
 }
 
-#: Changes that turn a full shape into its tiny CPU-test version (same architecture).
-_TINY_DENSE = {**TINY_LAYER, "vocab_size": 512}
-_TINY_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+#: What turns a full shape into its tiny CPU-test version (same architecture): ``tiny_config``, then these.
+_TINY_VOCAB = 512
 _TINY_LINEAR = {
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
     "linear_key_head_dim": 16,
     "linear_value_head_dim": 16,
-}
-_TINY = {
-    "qwen3-8b": _TINY_DENSE,
-    "qwen3-30b-a3b": {**_TINY_DENSE, **_TINY_MOE},
-    "smollm2-135m-16e": {**_TINY_DENSE, **_TINY_MOE},
-    "qwen3.5-9b": {**_TINY_DENSE, "num_hidden_layers": 4, **_TINY_LINEAR},
-    "qwen3.5-35b-a3b": {
-        **_TINY_DENSE,
-        "intermediate_size": 32,
-        "num_hidden_layers": 4,
-        **_TINY_LINEAR,
-        **_TINY_MOE,
-        "shared_expert_intermediate_size": 32,
-    },
 }
 
 _PRECISIONS = {
@@ -203,10 +185,10 @@ def parse(name: str) -> tuple[str, bool, str | None]:
 def config(name: str, layers: int | None = None) -> dict:
     """The Hugging Face style config of a synthetic shape (``layers`` overrides the depth)."""
     shape, tiny, _ = parse(name)
-    cfg = copy.deepcopy(SHAPES[shape])
+    cfg = tiny_config(copy.deepcopy(SHAPES[shape])) if tiny else copy.deepcopy(SHAPES[shape])
     text = _text_config(cfg)
     if tiny:
-        text.update(_TINY[shape])
+        text.update(vocab_size=_TINY_VOCAB, **{k: v for k, v in _TINY_LINEAR.items() if k in text})
     if layers is not None:
         interval = text.get("full_attention_interval", 1)
         if layers < interval:
@@ -252,7 +234,9 @@ def build(
     cfg = config(name, layers)
     model = build_from_config(cfg, dtype=dtype, bits=bits, group_size=group_size, seed=seed)
     if mtp:
-        _attach_mtp(model, cfg, seed)
+        if not _text_config(cfg).get("mtp_num_hidden_layers", 0):
+            raise ValueError(f"{cfg['model_type']} has no MTP head; build it with mtp=False")
+        attach_random(model, seed=seed)
     suffix = f"{bits}bit" if bits else _DTYPE_NAMES[str(dtype).split(".")[-1]]
     depth = f"-{layers}l" if layers is not None else ""
     model.specbench_name = f"{PREFIX}{shape}{'-tiny' if tiny else ''}-{suffix}{depth}"
@@ -297,13 +281,6 @@ def _quantize(model: nn.Module, bits: int, group_size: int) -> None:
         return model_predicate(path, module) if model_predicate else True
 
     nn.quantize(model, group_size, bits, class_predicate=predicate)
-
-
-def _attach_mtp(model: nn.Module, cfg: dict, seed: int) -> None:
-    n = _text_config(cfg).get("mtp_num_hidden_layers", 0)
-    if not n:
-        raise ValueError(f"{cfg['model_type']} has no MTP head; build it with mtp=False")
-    attach_random(model, seed=seed)
 
 
 def parameter_count(name: str, layers: int | None = None) -> int:

@@ -12,17 +12,17 @@ from mlx_lm.utils import _get_classes, load_config, load_tokenizer
 
 PREFIX = "tiny:"
 
-#: Sizes of a miniature's layers (also those of synthetic "-tiny" shapes).
-TINY_LAYER = {
+#: Dimensions of a miniature (and of synthetic "-tiny" shapes): the model's architecture and tokenizer, these sizes.
+TINY_DIMS = {
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 16,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
 }
-#: Dimensions of a miniature: the model's architecture and tokenizer, these sizes.
-TINY_DIMS = {**TINY_LAYER, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}
 TINY_EXPERTS = {"num_experts": 8, "num_experts_per_tok": 2, "n_routed_experts": 8}
 
 

@@ -24,7 +24,7 @@ from specbench.core.policies import DraftPolicy
 from specbench.cost import Profile, drafter_cost, predicted_speedup
 from specbench.cost.profile import read_profile  # noqa: F401  (the simulator reads profiles as every reader does)
 from specbench.inputs.prompts import Prompt, prompts_from
-from specbench.simulate.simulate import Group, Recorded, model_free_drafter, record, simulate
+from specbench.simulate.simulate import Group, Recorded, group_by_trace, model_free_drafter, record, simulate
 from specbench.simulate.simulate_logs import load_groups
 
 #: The peers' policies and Auto, as the policies notebook and ``specbench simulate --policies`` name them.
@@ -72,10 +72,7 @@ def record_workloads(
     "NAME/CATEGORY" (its requests in turn, one drafter), and every recorded request (ids "CATEGORY/ID")."""
     recorded = record(model, [p.ids for p in prompts], options, tokenizer)
     requests = [replace(r, id=f"{p.category}/{p.id}") for r, p in zip(recorded, prompts)]
-    by_category: dict[str, list[Recorded]] = {}
-    for request, prompt in zip(requests, prompts):
-        by_category.setdefault(prompt.category, []).append(request)
-    workloads = {f"{name}/{c}": [(c, lambda rs=rs: rs)] for c, rs in by_category.items()}
+    workloads = {f"{name}/{c}": [(c, lambda rs=rs: rs)] for c, rs in group_by_trace(requests)}
     return workloads, requests
 
 

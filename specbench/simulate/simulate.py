@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -53,13 +53,6 @@ class Recorded:
                 f"got {self.finish_reason!r}"
             )
 
-    @classmethod
-    def from_generation(cls, generation: Any, id: str = "") -> Recorded:
-        """From a finished ``Generation`` (plain or speculative with greedy exact verification)."""
-        if generation.finish_reason() is None:
-            raise ValueError("the generation has not finished: iterate it to the end first")
-        return cls(list(generation.prompt), list(generation.tokens), generation.finish_reason(), id)
-
 
 def record(model: Any, prompts: Iterable[Any], options: GenerateOptions, tokenizer: Any = None) -> list[Recorded]:
     """Run plain greedy decoding on each prompt and keep what the simulator needs."""
@@ -70,7 +63,7 @@ def record(model: Any, prompts: Iterable[Any], options: GenerateOptions, tokeniz
         gen = plain_generation(model, prompt, options, tokenizer=tokenizer)
         for _ in gen:
             pass
-        out.append(Recorded.from_generation(gen, str(i)))
+        out.append(Recorded(list(gen.prompt), list(gen.tokens), str(gen.finish_reason()), str(i)))
     return out
 
 
@@ -102,9 +95,6 @@ def load_recorded(path: str | os.PathLike) -> list[Recorded]:
     """Recorded requests from ``save_recorded``'s parquet (or any table with its columns)."""
     import polars as pl
 
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no recorded outputs at {path}")
     frame = read_parquet(path, "record the outputs again (or delete it)")
     missing = {"prompt", "output", "finish_reason"} - set(frame.columns)
     if missing:
@@ -122,21 +112,6 @@ def load_recorded(path: str | os.PathLike) -> list[Recorded]:
             ids, frame["prompt"].to_list(), frame["output"].to_list(), frame["finish_reason"].to_list()
         )
     ]
-
-
-def _as_recorded(item: Recorded | Mapping[str, Any], index: int) -> Recorded:
-    if isinstance(item, Recorded):
-        return item
-    if isinstance(item, Mapping):
-        try:
-            return Recorded(
-                list(item["prompt"]), list(item["output"]), item["finish_reason"], str(item.get("id", index))
-            )
-        except KeyError as err:
-            raise ValueError(
-                f"recorded request {index} needs 'prompt', 'output' and 'finish_reason'; missing {err}"
-            ) from None
-    raise ValueError(f"recorded request {index} must be a Recorded or a mapping, got {type(item).__name__}")
 
 
 class RecordedOutput:
@@ -198,12 +173,8 @@ class RecordedOutput:
         return Step(list(draft_tokens[:n]) + targets[n : n + 1], accepted=n, queued=queued)
 
 
-def _no_time() -> float:
-    return 0.0
-
-
 def simulate(
-    requests: Sequence[Recorded | Mapping[str, Any]],
+    requests: Sequence[Recorded],
     drafter: Drafter,
     policy: DraftPolicy | str | None = None,
     options: GenerateOptions | None = None,
@@ -211,10 +182,9 @@ def simulate(
     context_limit: int | None = None,
 ) -> StepLog:
     """Replay speculative decoding with ``drafter`` over recorded plain greedy outputs, in order, with one drafter
-    (SuffixDecoding's store carries over); one log with a ``request`` column. ``requests``: ``Recorded`` or
-    mappings with prompt, output, finish_reason. ``policy``: a policy or its text (default ``auto``, which plans
-    with ``cost``: a ``cost.Profile`` or the model); ``options``: the real run's (default: each output's length);
-    ``context_limit``: the model's context length, where it binds.
+    (SuffixDecoding's store carries over); one log with a ``request`` column. ``policy``: a policy or its text
+    (default ``auto``, which plans with ``cost``: a ``cost.Profile`` or the model); ``options``: the real run's
+    (default: each output's length); ``context_limit``: the model's context length, where it binds.
     """
     if drafter is None:
         raise ValueError("simulate needs a drafter (plain decoding needs no simulation)")
@@ -232,8 +202,7 @@ def simulate(
             "or use DraftPolicy.auto(break_even=...) / fixed:K / adaptive:K"
         )
     log = StepLog()
-    for index, item in enumerate(requests):
-        request = _as_recorded(item, index)
+    for index, request in enumerate(requests):
         opts = options if options is not None else GenerateOptions(max_tokens=len(request.output))
         opts.check()
         if opts.temperature != 0:
@@ -244,7 +213,7 @@ def simulate(
             break_even = break_even_function(profile, drafter, opts.verify_mode)
         target = RecordedOutput(request, opts, context_limit)
         generation = Generation(
-            target, request.prompt, opts, drafter=drafter, policy=policy, break_even=break_even, clock=_no_time
+            target, request.prompt, opts, drafter=drafter, policy=policy, break_even=break_even, clock=lambda: 0.0
         )
         for _ in generation:
             pass

@@ -8,6 +8,7 @@ model run: accepted tokens per verification, and tokens per verification against
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from specbench.core.draft import Drafter
@@ -39,14 +40,9 @@ def record_groups(
 ) -> list[Recorded]:
     """The model's greedy outputs (at most ``max_tokens`` each) for every turn's prompt of ``groups``
     (``simulate.trace_groups``), ids ``trace/turn`` kept."""
-    options = GenerateOptions(max_tokens=max_tokens)
-    out = []
-    for _, requests in groups:
-        for request in requests():
-            (recorded,) = record(model, [request.prompt], options, tokenizer=tokenizer)
-            recorded.id = request.id
-            out.append(recorded)
-    return out
+    requests = [request for _, turns in groups for request in turns()]
+    recorded = record(model, [r.prompt for r in requests], GenerateOptions(max_tokens=max_tokens), tokenizer)
+    return [replace(r, id=request.id) for r, request in zip(recorded, requests)]
 
 
 def compare_trees(
@@ -70,22 +66,19 @@ def compare_trees(
                 drafter = tree_drafter(name, tree, budget)
                 for trace, turns in groups:
                     log = simulate(turns, drafter, DraftPolicy.fixed(budget))
-                    verifies = [r for r in log.records if r.kind == "verify"]
-                    n = len(verifies)
-                    accepted = sum(r.accepted for r in verifies)
+                    stats = log.stats()
+                    n = max(stats["verifies"], 1)
                     rows.append(
                         {
                             "trace": trace,
                             "drafter": name,
                             "mode": "tree" if tree else "path",
                             "budget": budget,
-                            "tokens": sum(r.emitted for r in log.records),
-                            "verifies": n,
-                            "accepted": accepted,
-                            "accepted_per_verify": accepted / n if n else 0.0,
-                            "tokens_per_verify": (accepted + n) / n if n else 0.0,
-                            "nodes_per_verify": sum(r.k_drafted for r in verifies) / n if n else 0.0,
-                            "tree_share": sum(r.tree_nodes > 0 for r in verifies) / n if n else 0.0,
+                            **{key: stats[key] for key in ("tokens", "verifies", "accepted")},
+                            "accepted_per_verify": stats["accepted"] / n,
+                            "tokens_per_verify": stats["tokens_per_verify"],
+                            "nodes_per_verify": stats["drafted"] / n,
+                            "tree_share": sum(r.tree_nodes > 0 for r in log.records if r.kind == "verify") / n,
                         }
                     )
     return pl.DataFrame(rows)

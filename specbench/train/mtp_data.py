@@ -54,12 +54,8 @@ _CODE_LINE = re.compile(r"^\s*(def |class |return\b|import |from \S+ import|if .
 
 def _docstrings(source: str) -> list[str]:
     """Long docstrings (prose) of a Python source: triple-quoted strings opening a line."""
-    out = []
-    for m in _DOCSTRING.finditer(source):
-        text = inspect.cleandoc(m.group(1))
-        if not _CODE_LINE.search(text):
-            out.append(text)
-    return out
+    texts = (inspect.cleandoc(m.group(1)) for m in _DOCSTRING.finditer(source))
+    return [text for text in texts if not _CODE_LINE.search(text)]
 
 
 def stdlib_files() -> list[Path]:
@@ -81,12 +77,6 @@ def package_text_files() -> list[Path]:
                 p for p in root.glob(pattern) if "licen" not in p.name.lower() and "copying" not in p.name.lower()
             }
     return sorted(files)
-
-
-def _metadata_body(text: str) -> str:
-    """The long description of a METADATA file (after its header block)."""
-    _, _, body = text.partition("\n\n")
-    return body
 
 
 def gather_text(max_chars: int, seed: int = 0, heldout_share: float = 0.1) -> dict[str, dict[str, list[str]]]:
@@ -129,7 +119,7 @@ def gather_text(max_chars: int, seed: int = 0, heldout_share: float = 0.1) -> di
                 continue
             text = _read(path)
             if text and path.name == "METADATA":
-                text = _metadata_body(text)
+                text = text.partition("\n\n")[2]  # the long description, after the header block
             if not text or len(text) < 400:
                 continue
             out["natural"][split].append(text)

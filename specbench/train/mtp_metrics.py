@@ -31,14 +31,17 @@ def teacher(model: nn.Module, tokens: mx.array) -> tuple[mx.array, mx.array]:
     return hidden, logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def head_logits(model: nn.Module, head: MtpModule, tokens: mx.array, hidden: mx.array) -> mx.array:
-    """Head predictions for pairs (hidden at i, token i+1), i = 0 .. L-2: logits [B, L-1, V]."""
+def head_logits(
+    model: nn.Module, head: MtpModule, tokens: mx.array, state: mx.array, s: int = 1
+) -> tuple[mx.array, mx.array]:
+    """Draft position ``s`` over tokens [B, L]: the head fed ``state`` at i (the model's hidden state for s = 1) and
+    token i+s, for i = 0 .. L-s-1 -> (its chained state, logits [B, L-s, V])."""
     lm = text_model(model)
     dtype = head.norm.weight.dtype
-    embeds = lm.model.embed_tokens(tokens[:, 1:])
-    _, out = head(embeds.astype(dtype), hidden[:, :-1].astype(dtype))
+    embeds = lm.model.embed_tokens(tokens[:, s:]).astype(dtype)
+    chained, out = head(embeds, state[:, : tokens.shape[1] - s].astype(dtype))
     # The output head runs in the model's own dtype (the head may train in float32).
-    return logits_from_hidden(model, out.astype(lm.model.norm.weight.dtype)).astype(mx.float32)
+    return chained, logits_from_hidden(model, out.astype(lm.model.norm.weight.dtype)).astype(mx.float32)
 
 
 def soft_cross_entropy(logits: mx.array, target_logprobs: mx.array) -> tuple[mx.array, mx.array]:
@@ -67,21 +70,13 @@ def chain_loss(
     token an accepted draft holds. Losses are weighted ``decay`` ** (s-1), normalised; returns the
     loss and position 1's agreement rate.
     """
-    lm = text_model(model)
-    dtype = head.norm.weight.dtype
-    model_dtype = lm.model.norm.weight.dtype
-    length = tokens.shape[1]
-    state = hidden[:, :-1].astype(dtype)
-    total, weights, first_agree = 0.0, 0.0, None
-    for s in range(1, min(depth, length - 1) + 1):
-        embeds = lm.model.embed_tokens(tokens[:, s:]).astype(dtype)
-        chained, out = head(embeds, state[:, : length - s])
-        logits = logits_from_hidden(model, out.astype(model_dtype)).astype(mx.float32)
+    state, total, weights, first_agree = hidden, 0.0, 0.0, None
+    for s in range(1, min(depth, tokens.shape[1] - 1) + 1):
+        state, logits = head_logits(model, head, tokens, state, s)
         loss, agree = soft_cross_entropy(logits, target_logprobs[:, s:])
         weight = decay ** (s - 1)
         total, weights = total + weight * loss, weights + weight
         first_agree = agree if first_agree is None else first_agree
-        state = chained
     return total / weights, first_agree
 
 
@@ -97,7 +92,7 @@ def evaluate_windows(model: nn.Module, head: MtpModule, batches: np.ndarray, bat
     for i in range(0, len(batches), batch_size):
         tokens = mx.array(batches[i : i + batch_size])
         hidden, logprobs = teacher(model, tokens)
-        logits = head_logits(model, head, tokens, hidden)
+        _, logits = head_logits(model, head, tokens, hidden)
         loss, agree = soft_cross_entropy(logits, logprobs[:, 1:])
         hit = mx.argmax(logits, axis=-1) == mx.argmax(logprobs[:, 1:], axis=-1)
         # Positions where token i+1 is the model's own greedy choice: what drafting sees.

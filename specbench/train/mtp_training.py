@@ -1,14 +1,8 @@
-"""Training an MTP head for a frozen model by self-distillation.
-
-The head (one decoder layer of the model's own architecture, ``fc`` and norms, sharing the
-model's embeddings and lm_head) reads pairs (hidden state at i, token i+1) and learns the model's
-own distribution at position i+1, i.e. its next-next token: the soft cross-entropy to the frozen
-model's softmax there. Draft positions past the first are trained too: the head reads its own
-chained state, as it does while drafting (``chain_loss``). ``fit`` is the loop, also used to
-distill draft models (``scripts.gpu.draft_training``). The data
-(``specbench.train.mtp_data``) is all offline: standard-library code and docstrings, package
-documents and the model's own greedy generations. Evaluation uses held-out slices of each source
-and the project's bundled prompts, which training never sees.
+"""Training an MTP head for a frozen model by self-distillation: the head learns the model's own distribution at
+each draft position, fed its own chained states (``chain_loss``), on offline data and the model's own greedy
+generations (``specbench.train.mtp_data``); held-out slices of each source and the project's bundled prompts,
+which training never sees, judge it. ``fit`` is the loop, also used to distill draft models
+(``scripts.gpu.draft_training``).
 """
 
 from __future__ import annotations
@@ -88,18 +82,7 @@ class TrainConfig:
     @classmethod
     def gpu(cls, **overrides: Any) -> TrainConfig:
         """A run sized for one H200 (stopped by its time budget, not by ``steps``), with ``overrides``."""
-        settings = dict(
-            steps=1_000_000,
-            batch_size=64,
-            seq_len=256,
-            learning_rate=1e-3,
-            min_learning_rate=5e-5,
-            chat_prompts=8192,
-            chat_tokens=192,
-            continuation_tokens=128,
-            generation_batch=512,
-        )
-        return cls(**{**settings, **overrides})
+        return cls(**{"steps": 1_000_000, "batch_size": 64, "chat_prompts": 8192, **overrides})
 
     @classmethod
     def quick(cls) -> TrainConfig:

@@ -78,7 +78,7 @@ def test_typical_shifts_the_distribution_and_the_token_rule_does_not(small_vocab
         REPEATING,
         rule_list(["token", "typical"]),
         drafter="lookup",
-        k=3,
+        policy=3,
         samples=150,
         max_tokens=6,
         permutations=300,

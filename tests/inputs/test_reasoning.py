@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import build_tiny, word_tokenizer
+from conftest import build_tiny, word_tokenizer, write_traces
 
 from specbench.bench.batch_bench import trace_requests
 from specbench.bench.trace_bench import run_trace
@@ -19,7 +19,7 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.inputs.importers import load_traces
 from specbench.inputs.trace_prompts import reply_ids, trace_prompts
-from specbench.inputs.traces import Trace, Turn, render_turn, reply_text, save_traces, thinking_tags
+from specbench.inputs.traces import Trace, Turn, render_turn, reply_text, thinking_tags
 from specbench.simulate.simulate_logs import simulate_logs
 
 HELD_OUT = Path(__file__).parent / "fixtures" / "reasoning"
@@ -64,7 +64,7 @@ def test_held_out_logs_import_with_their_reasoning_kept_or_dropped(tmp_path, nam
     assert [(r["content"] or "", len(r.get("tool_calls", []))) for r in bare] == [(t, c) for _, t, c in expected]
     assert not any("reasoning" in m for t in dropped for turn in t.turns for m in [*turn.messages, turn.assistant])
     # The project's schema keeps the reasoning: a saved trace reads back the same, and drops the same.
-    saved = save_traces(kept, tmp_path / "saved.jsonl")
+    saved = write_traces(kept, tmp_path / "saved.jsonl")
     assert load_traces(saved) == kept and load_traces(saved, reasoning="drop") == dropped
 
 

@@ -61,13 +61,10 @@ def _choose(found: list[Found], model: nn.Module, where: str) -> Found:
     if not found:
         raise no_mtp_error(where, mtype)
     native = native_layout(mtype)
-    for f in found:
-        if f.layout is native:
-            return f
-    # Heads saved by specbench use the Qwen layout for any model.
-    for f in found:
-        if f.layout is QWEN:
-            return f
+    for layout in (native, QWEN):  # heads saved by specbench use the Qwen layout for any model
+        for f in found:
+            if f.layout is layout:
+                return f
     f = found[0]
     raise ValueError(
         f"{where} holds {f.layout.title}-style MTP tensors ({f.prefix}...) but the model is {mtype}, whose "
@@ -110,11 +107,8 @@ def _is_norm(name: str, value: mx.array) -> bool:
 
 def read_head_tensors(
     ckpt: Checkpoint, model: nn.Module, where: str, zero_centred: bool | None = None
-) -> tuple[Found, dict[str, mx.array], dict[str, str]]:
-    """The MTP tensors of ``ckpt`` renamed to the head's parameter names (lazy arrays).
-
-    Returns the layout found, the tensors, and for error messages each head name's source name.
-    """
+) -> tuple[Found, dict[str, mx.array]]:
+    """The layout found in ``ckpt`` and its MTP tensors renamed to the head's parameter names (lazy arrays)."""
     args = model_args(model)
     _check_config(where, ckpt.config(), model)
     found = _choose(find_mtp(ckpt.names, getattr(args, "num_hidden_layers", None)), model, where)
@@ -126,7 +120,6 @@ def read_head_tensors(
             f"(expected model.layers.{n_body}.*): it is the checkpoint of another model"
         )
     raw = ckpt.load(found.names)
-    source: dict[str, str] = {}
     tensors: dict[str, mx.array] = {}
     shared: dict[str, mx.array] = {}
     for name, value in raw.items():
@@ -145,7 +138,6 @@ def read_head_tensors(
                 raise ValueError(f"{where}: unexpected MTP tensor {name!r} (not part of a {layout.title} MTP head)")
             key = "layers.0." + rest
         tensors[key] = value
-        source[key] = name
     vocab, hidden = int(args.vocab_size), int(args.hidden_size)
     for name, value in shared.items():
         if tuple(value.shape) != (vocab, hidden):
@@ -157,15 +149,12 @@ def read_head_tensors(
         tensors = _stack_experts(tensors)
     else:
         tensors = _sanitize_like_body(model, tensors)
-    for key in tensors:
-        if key not in source:
-            source[key] = _source_name(found, key)
     if zero_centred is None:
         flag = ckpt.file_metadata.get(NORM_KEY)
         zero_centred = flag == "1" if flag is not None else (layout is QWEN and model_type(model) in ZERO_CENTRED_TYPES)
     if zero_centred:
         tensors = {k: (v + 1.0 if _is_norm(k, v) else v) for k, v in tensors.items()}
-    return found, tensors, source
+    return found, tensors
 
 
 def _source_rel(layout: Layout, key: str) -> str:
@@ -202,28 +191,25 @@ def _source_name(found: Found, key: str) -> str:
     return found.prefix + _source_rel(found.layout, rel)
 
 
-def _check_against(
-    head: MtpModule, tensors: dict[str, mx.array], source: dict[str, str], where: str, model: nn.Module, found: Found
-):
+def _check_against(head: MtpModule, tensors: dict[str, mx.array], where: str, model: nn.Module, found: Found):
     expected = dict(tree_flatten(head.parameters()))
     args = model_args(model)
     desc = f"{model_type(model)}, hidden_size={args.hidden_size}"
     for key in expected:
         if key not in tensors:
-            name = _source_name(found, key)
             raise ValueError(
-                f"{where} lacks the MTP tensor {name!r} that the model's config ({desc}) needs for "
+                f"{where} lacks the MTP tensor {_source_name(found, key)!r} that the model's config ({desc}) needs for "
                 f"head parameter {key!r}"
             )
     for key, value in tensors.items():
         if key not in expected:
             raise ValueError(
-                f"{where}: MTP tensor {source.get(key, key)!r} has no place in this model's MTP head ({desc}); "
+                f"{where}: MTP tensor {_source_name(found, key)!r} has no place in this model's MTP head ({desc}); "
                 f"the checkpoint belongs to a different configuration"
             )
         if tuple(value.shape) != tuple(expected[key].shape):
             raise ValueError(
-                f"{where}: MTP tensor {source.get(key, key)!r} has shape {tuple(value.shape)} but the model's "
+                f"{where}: MTP tensor {_source_name(found, key)!r} has shape {tuple(value.shape)} but the model's "
                 f"config ({desc}) needs {tuple(expected[key].shape)}"
             )
 
@@ -233,11 +219,11 @@ def _layer_depth(tensors: dict[str, mx.array]) -> int:
     return max(idx) + 1 if idx else 0
 
 
-def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = None, quantize: bool = True) -> MtpModule:
+def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = None) -> MtpModule:
     """Build the MTP head for ``model`` from the MTP tensors of a checkpoint (not attached)."""
     ckpt = Checkpoint(path)
     where = str(ckpt.path)
-    found, tensors, source = read_head_tensors(ckpt, model, where, zero_centred)
+    found, tensors = read_head_tensors(ckpt, model, where, zero_centred)
     depth = _layer_depth(tensors)
     if depth == 0:
         raise ValueError(f"{where} lacks the MTP decoder layer ({found.prefix}layers.0.* / decoder-layer tensors)")
@@ -252,15 +238,20 @@ def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = No
     head = build_head(
         model, depth=depth, hidden_first=found.layout.hidden_first, chain_normed=found.layout.chain_normed
     )
-    _check_against(head, tensors, source, where, model, found)
+    _check_against(head, tensors, where, model, found)
+    return _set_weights(model, head, tensors)
+
+
+def _set_weights(model: nn.Module, head: MtpModule, tensors: dict[str, mx.array]) -> MtpModule:
+    """``head`` given ``tensors``, cast to the model's float dtype (but what its ``cast_predicate`` keeps out) and
+    quantized like its body."""
     dtype = float_dtype(model)
     keep = (
         getattr(text_model(model), "cast_predicate", None) or getattr(model, "cast_predicate", None) or (lambda k: True)
     )
     cast = {k: (v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(k) else v) for k, v in tensors.items()}
     head.update(tree_unflatten(list(cast.items())))
-    if quantize:
-        quantize_like_body(model, head)
+    quantize_like_body(model, head)
     mx.eval(head.parameters())
     head.eval()
     return head
@@ -285,12 +276,7 @@ def attach_random(model: nn.Module, seed: int = 0, depth: int = 1) -> MtpModule:
     mtype = model_type(model)
     layout = native_layout(mtype)
     head = build_head(model, depth=depth, hidden_first=layout.hidden_first, chain_normed=layout.chain_normed)
-    dtype = float_dtype(model)
-    head.update(tree_unflatten([(k, v.astype(dtype)) for k, v in tree_flatten(head.parameters())]))
-    quantize_like_body(model, head)
-    mx.eval(head.parameters())
-    head.eval()
-    model.mtp = head
+    model.mtp = _set_weights(model, head, dict(tree_flatten(head.parameters())))
     return head
 
 
@@ -321,28 +307,29 @@ def _is_hub_id(src: str) -> bool:
 
 def _download_mtp_shards(repo: str) -> Path:
     """Download a hub checkpoint's config, index and only the shards holding MTP tensors."""
+    from huggingface_hub import hf_hub_download
+
     try:
-        from huggingface_hub import hf_hub_download
-    except ImportError as e:
-        raise ValueError("extracting from a Hugging Face id needs huggingface_hub (pip install huggingface_hub)") from e
-    try:
-        config_file = Path(hf_hub_download(repo, "config.json"))
+        hf_hub_download(repo, "config.json")
         try:
-            index_file = Path(hf_hub_download(repo, INDEX))
+            folder = Path(hf_hub_download(repo, INDEX)).parent
         except Exception:
             return Path(hf_hub_download(repo, "model.safetensors")).parent
     except Exception as e:
         raise ValueError(f"could not fetch {repo} from the Hugging Face hub ({type(e).__name__}: {e})") from e
-    config = json.loads(config_file.read_text())
-    text = config.get("text_config", config)
-    names = list(json.loads(index_file.read_text())["weight_map"])
-    found = find_mtp(names, text.get("num_hidden_layers"))
-    if not found:
-        raise no_mtp_error(repo, str(config.get("model_type")))
-    weight_map = json.loads(index_file.read_text())["weight_map"]
-    for shard in sorted({weight_map[n] for n in found[0].names}):
+    ckpt = Checkpoint(folder)
+    for shard in sorted({ckpt.weight_map[n] for n in _mtp_tensors(ckpt, repo).names}):
         hf_hub_download(repo, shard)
-    return index_file.parent
+    return folder
+
+
+def _mtp_tensors(ckpt: Checkpoint, where: str) -> Found:
+    """The MTP tensors of ``ckpt`` (of the first layout found)."""
+    config = ckpt.config() or {}
+    found = find_mtp(ckpt.names, config.get("text_config", config).get("num_hidden_layers"))
+    if not found:
+        raise no_mtp_error(where, str(config.get("model_type", "unknown")))
+    return found[0]
 
 
 def extract_mtp(src: str | Path, dst: str | Path) -> Path:
@@ -352,16 +339,11 @@ def extract_mtp(src: str | Path, dst: str | Path) -> Path:
     ``attach_mtp`` checks it against the model as it would the full checkpoint.
     """
     src = str(src)
-    folder = _download_mtp_shards(src) if _is_hub_id(src) else Path(src).expanduser()
-    ckpt = Checkpoint(folder)
-    config = ckpt.config()
-    text = (config or {}).get("text_config", config or {})
-    found = find_mtp(ckpt.names, text.get("num_hidden_layers"))
-    if not found:
-        raise no_mtp_error(src, str((config or {}).get("model_type", "unknown")))
-    f = found[0]
+    ckpt = Checkpoint(_download_mtp_shards(src) if _is_hub_id(src) else Path(src).expanduser())
+    f = _mtp_tensors(ckpt, src)
     tensors = ckpt.load(f.names)
     metadata = {"format": "mlx", "source": src, "mtp_layout": f.layout.name}
+    config = ckpt.config()
     if config:
         metadata["config"] = json.dumps(config)
     if NORM_KEY in ckpt.file_metadata:

@@ -89,23 +89,16 @@ def body_layers(model: nn.Module) -> list[nn.Module]:
     return list(text_model(model).model.layers)
 
 
-def mtp_layer_index(model: nn.Module) -> int:
-    """The layer index the head's decoder layer is built as (it picks attention and MLP kind)."""
-    args = model_args(model)
-    interval = getattr(args, "full_attention_interval", None)
-    if interval:  # hybrid models: the MTP layer is a full-attention layer
-        return int(interval) - 1
-    return int(args.num_hidden_layers)  # DeepSeek / GLM: the MTP layer follows the body
-
-
-def decoder_layer(model: nn.Module, layer_idx: int | None = None) -> nn.Module:
-    """A fresh decoder layer of the model's own class, built from its config."""
+def decoder_layer(model: nn.Module) -> nn.Module:
+    """A fresh decoder layer of the model's own class, built from its config as the head's layer: a full-attention
+    layer of a hybrid model, else the layer after the body (DeepSeek, GLM); the index picks attention and MLP kind."""
     layers = body_layers(model)
     if not layers:
         raise ValueError("the model has no decoder layers")
     cls = type(layers[-1])
     args = model_args(model)
-    idx = mtp_layer_index(model) if layer_idx is None else layer_idx
+    interval = getattr(args, "full_attention_interval", None)
+    idx = int(interval) - 1 if interval else int(args.num_hidden_layers)
     params = inspect.signature(cls.__init__).parameters
     if "layer_idx" in params:
         return cls(args, layer_idx=idx)
@@ -122,13 +115,10 @@ def build_head(
 ) -> MtpModule:
     """An MTP head with random weights shaped for ``model`` (``depth`` decoder layers)."""
     args = model_args(model)
-    hidden_size = int(args.hidden_size)
-    eps = float(getattr(args, "rms_norm_eps", 1e-6))
-    layers = [decoder_layer(model) for _ in range(depth)]
     return MtpModule(
-        hidden_size,
-        eps,
-        layers,
+        int(args.hidden_size),
+        float(getattr(args, "rms_norm_eps", 1e-6)),
+        [decoder_layer(model) for _ in range(depth)],
         hidden_first=hidden_first,
         chain_normed=chain_normed,
         array_mask=model_type(model) in _ARRAY_MASK_TYPES,
@@ -142,11 +132,7 @@ def float_dtype(model: nn.Module) -> mx.Dtype:
 
 def _structure(module: nn.Module) -> set[str]:
     """Parameter names without quantization's scales/biases (so quantized and float layers compare)."""
-    names = set()
-    for k, _ in tree_flatten(module.parameters()):
-        if not k.endswith((".scales", ".biases")):
-            names.add(k)
-    return names
+    return {k for k, _ in tree_flatten(module.parameters()) if not k.endswith((".scales", ".biases"))}
 
 
 def template_layer(model: nn.Module, layer: nn.Module) -> nn.Module | None:
@@ -191,9 +177,6 @@ def quantize_like_body(model: nn.Module, head: MtpModule) -> None:
             twin = body_modules[int(i)].get(rest)
             if twin is not None:
                 return _quantization(twin) or False
-        q = common
-        if module.weight.shape[-1] % q["group_size"]:
-            return False
-        return dict(q)
+        return False if module.weight.shape[-1] % common["group_size"] else dict(common)
 
     nn.quantize(head, class_predicate=predicate)

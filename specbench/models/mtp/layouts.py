@@ -1,14 +1,7 @@
-"""Where checkpoints keep an MTP head: three tensor layouts, and finding them among a checkpoint's tensor names.
-
-- Qwen3-Next / Qwen3.5 (and heads saved by specbench): ``mtp.fc``, ``mtp.pre_fc_norm_embedding``,
-  ``mtp.pre_fc_norm_hidden``, ``mtp.layers.{i}.*``, ``mtp.norm``. Raw Hugging Face checkpoints of
-  the Qwen3-Next family store RMSNorm weights zero-centred (the norm multiplies by 1 + w).
-  MoE layers come per expert (``experts.{e}.gate_proj``) or fused (``experts.gate_up_proj``).
-- DeepSeek-V3 / GLM-4.5: ``model.layers.{N}.*`` with N = num_hidden_layers: ``enorm``, ``hnorm``,
-  ``eh_proj``, ``shared_head.norm`` (``shared_head.head`` and ``embed_tokens`` duplicate the
-  model's and are not loaded), plus a decoder layer.
-- MiMo: ``model.mtp_layers.0.*``: ``token_layernorm``, ``hidden_layernorm``, ``input_proj`` (hidden
-  state first in the concatenation), ``final_layernorm``, plus a decoder layer.
+"""Where checkpoints keep an MTP head: three tensor layouts (Qwen3-Next/Qwen3.5 and heads saved by specbench,
+DeepSeek-V3/GLM-4.5, MiMo; each ``Layout`` says how its tensors map to the head's), and finding them among a
+checkpoint's tensor names. Raw Hugging Face checkpoints of the Qwen3-Next family store RMSNorm weights
+zero-centred (the norm multiplies by 1 + w); MoE layers come per expert or fused.
 """
 
 from __future__ import annotations
