@@ -3,8 +3,8 @@ prediction plans with.
 
 ``cost_model(model, protocol)`` returns the stored profile while it is ``current`` for the protocol, else measures
 it by the protocol and stores it where ``profile_for`` finds it. A noisy measurement (``specbench.cost.noise``) is
-measured once more and the two pooled; what stays noisy stays marked. ``Profile.measured`` records when, how long
-and under what load.
+measured once more in its noisy modes and the two pooled; what stays noisy stays marked. ``Profile.measured``
+records when, how long and under what load.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import mlx.nn as nn
 
 from specbench.common.identity import display_name
 from specbench.core.verify import check_verify_mode
+from specbench.cost import noise
 from specbench.cost.measure import forget, measure, with_rounds
 from specbench.cost.profile import Profile, load_profile, save_profile
 
@@ -96,8 +97,10 @@ def cost_model(
         for mode, reasons in profile.noise.items():
             for reason in reasons:
                 say(f"{mode}: {reason}; measuring again (both measurements pooled)")
-        # the second measurement times the protocol's offset only: the other context lengths keep the first's
-        profile = pooled(profile, _measured(model, dataclasses.replace(protocol, lengths=()), progress))
+        # the second measurement times the noisy modes at the protocol's offset only: the other modes and context
+        # lengths keep the first's
+        again = tuple(m for m in protocol.verify if profile.noise.get(m))
+        profile = pooled(profile, _measured(model, dataclasses.replace(protocol, lengths=(), verify=again), progress))
         for mode, reasons in profile.noise.items():
             for reason in reasons:
                 say(f"{mode}: still noisy after pooling two measurements: {reason}")
@@ -130,20 +133,33 @@ def _measured(model: nn.Module, protocol: Protocol, progress: Callable[[str], No
 
 
 def pooled(first: Profile, second: Profile) -> Profile:
-    """Two measurements of one protocol as one: every timing round of both (at the protocol's offset; the other
-    context lengths are the second's, or the first's where the second measured none; the overhead and drafters are
-    the second's), c(w), intervals and the noise checks recomputed."""
+    """Two measurements of one protocol as one: every timing round of both (at the protocol's offset) in the modes
+    the second measured, the first's alone in the others; the other context lengths are the second's, or the
+    first's where the second measured none; the overhead and drafters the second's where it measured them; c(w),
+    intervals (their level: that of the mode with the fewest rounds) and the noise checks recomputed."""
     plain_s = [*first.rounds["plain"], *second.rounds["plain"]]
-    rounds = {m: [[*a, *b] for a, b in zip(first.rounds[m], second.rounds[m])] for m in second.costs}
+    # each round pairs with the plain step of its own round: the first's rounds come first in both lists
+    rounds = {
+        m: [[*a, *b] for a, b in zip(first.rounds[m], second.rounds[m])] if m in second.costs else first.rounds[m]
+        for m in first.costs
+    }
     measured = {
         "seconds": round(first.measured.get("seconds", 0.0) + second.measured.get("seconds", 0.0), 1),
         "load_before": first.measured.get("load_before"),
         "load_after": second.measured.get("load_after"),
         "protocol": first.measured.get("protocol"),
         "measurements": first.measured.get("measurements", 1) + second.measured.get("measurements", 1),
+        "again": sorted(second.costs),
     }
-    base = second if second.lengths else dataclasses.replace(second, lengths=first.lengths)
-    return dataclasses.replace(with_rounds(base, plain_s, rounds), repeats=len(plain_s), measured=measured)
+    base = dataclasses.replace(
+        first,
+        overhead={**first.overhead, **second.overhead},
+        drafters=second.drafters or first.drafters,
+        lengths=second.lengths or first.lengths,
+    )
+    fewest = min(len(per_width[0]) for per_width in rounds.values())
+    profile = with_rounds(base, plain_s, rounds)
+    return dataclasses.replace(profile, repeats=fewest, measured=measured, interval_level=noise.level(fewest))
 
 
 def describe(profile: Profile) -> str:
@@ -155,7 +171,8 @@ def describe(profile: Profile) -> str:
     load = ""
     if m.get("load_before") is not None and m.get("load_after") is not None:
         load = f" at load {m['load_before']:.1f}-{m['load_after']:.1f}"
-    pooled_note = f", {m['measurements']} measurements pooled" if m.get("measurements", 1) > 1 else ""
+    again = f" ({', '.join(m['again'])})" if m.get("again") else ""
+    pooled_note = f", {m['measurements']} measurements pooled{again}" if m.get("measurements", 1) > 1 else ""
     noisy = "; noisy: " + "; ".join(r for rs in profile.noise.values() for r in rs) if profile.noisy else ""
     return (
         f"cost model: {profile.name}, measured {profile.created}{load} in {m.get('seconds', 0):.0f} s, "

@@ -104,6 +104,32 @@ def test_a_noisy_measurement_is_measured_again_and_pooled(dense, monkeypatch):
     assert math.isclose(profile.interval_level, noise.level(6))
 
 
+def test_only_the_noisy_mode_is_measured_again(dense, monkeypatch):
+    """Noisy in fast mode alone: the second measurement times fast mode only; exact keeps the first's rounds, each
+    paired with its own round's plain step, and the stated interval level is that of its fewer rounds."""
+    real = cost_model_module.measure
+    calls = []
+
+    def measured(model, **kwargs):
+        calls.append(kwargs["verify"])
+        profile = real(model, **kwargs)
+        if len(calls) == 1:
+            profile.noise = {"fast": ["c(2) = 0.1 is below 1"], "exact": []}
+        return profile
+
+    monkeypatch.setattr(cost_model_module, "measure", measured)
+    monkeypatch.setattr(noise, "noise", lambda *a: [])
+    protocol = cost.Protocol(widths=2, verify=("fast", "exact"), offset=16, repeats=3, plain_tokens=2)
+    profile = cost.cost_model(dense, protocol)
+    assert calls == [("fast", "exact"), ("fast",)]
+    assert len(profile.rounds["plain"]) == 6 and len(profile.rounds["fast"][1]) == 6
+    assert len(profile.rounds["exact"][1]) == 3
+    ratios = sorted(s / p for s, p in zip(profile.rounds["exact"][1], profile.rounds["plain"][:3]))
+    assert profile.costs["exact"][1] == ratios[1] and profile.intervals["exact"][1] == [ratios[0], ratios[-1]]
+    assert profile.repeats == 3 and math.isclose(profile.interval_level, noise.level(3))
+    assert "2 measurements pooled (fast)" in cost.model.describe(profile) and cost.model.current(profile, protocol)
+
+
 def test_a_protocol_out_of_bounds_is_refused_before_any_model_work():
     with pytest.raises(ValueError, match="widths must be 2 to 129"):
         cost.Protocol(widths=1000)
