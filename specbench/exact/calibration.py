@@ -299,7 +299,7 @@ def calibrate(
     rng = np.random.default_rng(seed)
     with own_layers(model):  # against MLX's own products, also where a generation's one-row kernels are in place
         with split_mode(model, "none"):  # plain forwards, even inside an open exact mode
-            probes = [_Probe(model, n, max(ws), rng) for n in probed]
+            probes = _Probe.at(model, probed, max(ws), rng)
             # The CPU's kernels read exactly the keys they attend; a GPU's may not (cuDNN's do not).
             on_gpu = mx.default_device().type == mx.DeviceType.gpu
             layout = boundary and (on_gpu or layout_sensitive_attention())
@@ -514,9 +514,10 @@ def _calibrate_width(
 # -- the probes ------------------------------------------------------------------------------
 
 
-#: Tokens per forward of a probe's prefill (as mlx-lm's ``prefill_step_size``): a 16k-token prefix in one forward
-#: ran an H100 (80 GB) out of memory with a Qwen3-8B shape.
-PREFILL_CHUNK = 2048
+#: Tokens per forward of a probe's prefill: a 16k-token prefix in one forward ran an H100 (80 GB) out of memory with a
+#: Qwen3-8B shape, and on the 2-core CPU the embedded model's 2,047-token prefix took 21 s in 512-token forwards
+#: against 39 s in one (its attention over the whole square).
+PREFILL_CHUNK = 512
 
 
 class _Probe:
@@ -528,17 +529,30 @@ class _Probe:
     verification that crossed a buffer step leaves).
     """
 
-    def __init__(self, model: nn.Module, offset: int, width: int, rng: np.random.Generator, extent: int | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        offset: int,
+        width: int,
+        rng: np.random.Generator,
+        extent: int | None = None,
+        prefix: list[tuple[mx.array, mx.array]] | None = None,
+    ):
         self.model = model
         self.offset = offset
         self.extent = extent
         self.cache = make_prompt_cache(model)
         vocab = vocab_size(model)
-        prompt = mx.array(rng.integers(0, vocab, size=offset), dtype=mx.uint32)
-        for start in range(0, offset, PREFILL_CHUNK):  # in chunks: one pass of 16k tokens held their logits at once
-            model(prompt[None, start : start + PREFILL_CHUNK], cache=self.cache)
-            mx.eval([c.state for c in self.cache])
-        self.saved = self._save_state()
+        if prefix is None:
+            prompt = mx.array(rng.integers(0, vocab, size=offset), dtype=mx.uint32)
+            for start in range(0, offset, PREFILL_CHUNK):
+                model(prompt[None, start : start + PREFILL_CHUNK], cache=self.cache)
+                mx.eval([c.state for c in self.cache])
+            self.saved = self._save_state()
+        else:  # each layer's keys and values of ``offset`` tokens: another probe's first rows
+            self.saved = [(mx.contiguous(k[..., :offset, :]), mx.contiguous(v[..., :offset, :])) for k, v in prefix]
+            mx.eval(self.saved)
+            self.restore(0)
         self.tokens = mx.array(rng.integers(0, vocab, size=width), dtype=mx.uint32)[None]
         reference = []
         for i in range(width):
@@ -547,6 +561,16 @@ class _Probe:
             reference.append(np.array(out[0, 0].astype(mx.float32)))
         self.reference = np.stack(reference)
         self.restore(width)
+
+    @classmethod
+    def at(cls, model: nn.Module, lengths: Sequence[int], width: int, rng: np.random.Generator) -> list[_Probe]:
+        """Probes at each of ``lengths`` (increasing): where every cache is a KVCache, prefixes of one random prompt
+        prefilled once, up to the longest (each shorter probe starts from the first rows of its keys and values),
+        else each prefilled on its own."""
+        longest = cls(model, lengths[-1], width, rng)
+        if not all(type(c) is KVCache and isinstance(kv, tuple) for c, kv in zip(longest.cache, longest.saved)):
+            return [cls(model, n, width, rng) for n in lengths[:-1]] + [longest]
+        return [cls(model, n, width, rng, prefix=longest.saved) for n in lengths[:-1]] + [longest]
 
     def _save_state(self) -> list[Any]:
         saved: list[Any] = []

@@ -212,3 +212,20 @@ def test_a_probe_prefills_a_long_prefix_in_chunks(monkeypatch):
     probe = exact_calibration._Probe(model, 21, 3, np.random.default_rng(0))
     assert widths[:3] == [8, 8, 5] and all(w == 1 for w in widths[3:])  # the prefix, then 3 serial reference steps
     assert probe.reference.shape[0] == 3 and probe.cache[0].offset == 21
+
+
+def test_probes_at_several_lengths_share_one_prefill(monkeypatch):
+    """Probes at 5, 12 and 21 cached tokens: the longest is prefilled (in chunks) and the shorter ones start from its
+    first rows, each with its own serial reference steps from its own cache."""
+    model = build_tiny("llama")
+    monkeypatch.setattr(exact_calibration, "PREFILL_CHUNK", 8)
+    widths: list[int] = []
+    call = type(model).__call__
+    monkeypatch.setattr(type(model), "__call__", lambda self, x, **k: widths.append(x.shape[1]) or call(self, x, **k))
+    probes = exact_calibration._Probe.at(model, [5, 12, 21], 3, np.random.default_rng(0))
+    assert widths == [8, 8, 5] + [1] * 9  # one prefill; 3 reference steps per probe
+    assert [p.offset for p in probes] == [5, 12, 21] and [p.cache[0].offset for p in probes] == [5, 12, 21]
+    longest = probes[-1].saved[0][0]
+    for probe in probes[:-1]:
+        assert mx.array_equal(probe.saved[0][0], longest[..., : probe.offset, :])
+        assert probe.reference.shape[0] == 3 and not np.array_equal(probe.reference, probes[-1].reference)
