@@ -20,9 +20,11 @@ from specbench.decoding import speculative_generate
 G = TypeVar("G", bound=Iterable[Any])
 
 
-def prefix_cache(model: Any, prompt_ids: Sequence[int], step: int = 2048) -> list[Any] | None:
+def prefix_cache(model: Any, prompt_ids: Sequence[int], step: int = 512) -> list[Any] | None:
     """A prompt cache holding all but the last token of ``prompt_ids`` (None for a 1-token
-    prompt): generations of that prompt start from a copy (``cache_copy``) instead of a prefill."""
+    prompt), prefilled ``step`` tokens a forward (on the 2-core CPU the embedded model's 2,047 tokens took 21 s in
+    512-token forwards against 39 s in one): generations of that prompt start from a copy (``cache_copy``) instead of
+    a prefill."""
     return prefill(model, list(prompt_ids[:-1]), step) if len(prompt_ids) > 1 else None
 
 
