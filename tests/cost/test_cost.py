@@ -233,6 +233,13 @@ def test_profile_for_uses_stored_profile_then_memory(dense):
     profile = cost.profile_for(dense)
     assert profile.costs == stored.costs and not profile.quick
     assert cost.profile_for(dense) is profile
+    from specbench.cost.group import lockstep_profile
+    from specbench.cost.measure import forget
+
+    assert lockstep_profile(dense) is profile  # one memory per model object, whichever reader filled it
+    forget(dense)
+    lockstep = lockstep_profile(dense)  # a world of one: rank 0's stored profile
+    assert lockstep is not profile and lockstep.costs == stored.costs and cost.profile_for(dense) is lockstep
 
     class Lookup:
         name, cost_per_token = "lookup", 0.5
