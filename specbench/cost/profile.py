@@ -216,71 +216,58 @@ def _number(x: Any) -> bool:
 
 def check_profile(data: Any) -> Profile:
     """The profile in ``data`` (a stored profile's JSON), or a ValueError saying what is wrong with it: the
-    one check of every reader. Each mode's widths are increasing integers >= 1 with as many costs and seconds,
-    all finite and above zero; the plain step is a finite time above zero; overheads are finite numbers and
-    drafter costs finite and >= 0."""
+    one check of every reader. At ``offset`` and at each context length, each mode's widths are increasing
+    integers >= 1 with as many costs and seconds, all finite and above zero, the plain step a time above zero;
+    overheads are finite numbers and drafter costs finite and >= 0."""
     if not isinstance(data, dict):
         raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
     try:
         profile = Profile.from_dict({k: v for k, v in data.items() if k != "source"})  # where it was read: not its own
     except TypeError as err:
         raise ValueError(str(err)) from None
-    for part in ("widths", "costs", "seconds", "overhead", "drafters", "versions"):
+    for part in ("widths", "costs", "seconds", "overhead", "drafters", "versions", "lengths"):
         if not isinstance(getattr(profile, part), dict):
             raise ValueError(f"{part!r} is not a JSON object")
     if not profile.costs:
         raise ValueError("it holds no verify costs")
-    for mode, costs in profile.costs.items():
-        widths, seconds = profile.widths.get(mode), profile.seconds.get(mode)
-        if not all(isinstance(c, list) and c and len(c) == len(costs) for c in (costs, widths, seconds)):
-            raise ValueError(f"the {mode!r} widths, costs and seconds are not equally long lists")
-        if not all(_number(x) and x > 0 for c in (costs, seconds) for x in c):
-            raise ValueError(f"the {mode!r} costs and seconds are not all finite numbers above zero")
-        if not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths):
-            raise ValueError(f"the {mode!r} widths {widths} are not all integers >= 1")
-        if any(b <= a for a, b in zip(widths, widths[1:])):
-            raise ValueError(f"the {mode!r} widths {widths} are not in increasing order")
-    if not (_number(profile.plain_step_s) and profile.plain_step_s > 0):
-        raise ValueError(f"plain_step_s is {profile.plain_step_s!r}, not a time above zero")
     if not all(_number(v) for v in profile.overhead.values()):
         raise ValueError(f"the overheads {profile.overhead} are not all finite numbers")
-    for mode, overhead in profile.overhead.items():
-        if mode in profile.costs and min(profile.costs[mode]) + overhead <= 0:
-            raise ValueError(f"the {mode!r} overhead {overhead} makes a verification cost nothing or less")
+    _check_costs(profile)
     for name, entry in profile.drafters.items():
         if not (isinstance(entry, dict) and _number(entry.get("d")) and entry["d"] >= 0):
             raise ValueError(f"drafter {name!r} has no finite cost per draft token >= 0")
-    _check_lengths(profile)
+    if not (isinstance(profile.offset, int) and not isinstance(profile.offset, bool) and profile.offset >= 0):
+        raise ValueError(f"offset {profile.offset!r} is not an integer >= 0")
+    for length, entry in profile.lengths.items():
+        if not (isinstance(length, str) and length.isdigit() and int(length) >= 1 and isinstance(entry, dict)):
+            raise ValueError(f"context length {length!r} is not an integer >= 1 with its costs")
+        costs, seconds = entry.get("costs"), entry.get("seconds")
+        if not (isinstance(costs, dict) and isinstance(seconds, dict) and costs and costs.keys() == seconds.keys()):
+            raise ValueError(f"context length {length}: its costs and seconds are not for the same verify modes")
+        if set(costs) - set(profile.costs) or "plain_step_s" not in entry:
+            raise ValueError(f"context length {length}: not all of plain_step_s and costs of {sorted(profile.costs)}")
+        _check_costs(profile.at_length(int(length)), f"context length {length}: ")
     _check_components(profile.components)
     return profile
 
 
-def _check_lengths(profile: Profile) -> None:
-    """Each context length is an integer >= 1 holding a plain step above zero and, for verify modes the
-    profile has, as many costs and seconds as that mode's widths, all finite and above zero."""
-    if not (isinstance(profile.offset, int) and not isinstance(profile.offset, bool) and profile.offset >= 0):
-        raise ValueError(f"offset {profile.offset!r} is not an integer >= 0")
-    if not isinstance(profile.lengths, dict):
-        raise ValueError("'lengths' is not a JSON object")
-    for length, entry in profile.lengths.items():
-        if not (isinstance(length, str) and length.isdigit() and int(length) >= 1 and isinstance(entry, dict)):
-            raise ValueError(f"context length {length!r} is not an integer >= 1 with its costs")
-        if not (_number(entry.get("plain_step_s")) and entry["plain_step_s"] > 0):
-            raise ValueError(f"context length {length}: plain_step_s is not a time above zero")
-        costs, seconds = entry.get("costs"), entry.get("seconds")
-        if not (isinstance(costs, dict) and isinstance(seconds, dict) and costs.keys() == seconds.keys()):
-            raise ValueError(f"context length {length}: its costs and seconds are not for the same verify modes")
-        for part in ("costs", "seconds"):
-            values = entry.get(part)
-            if not isinstance(values, dict) or not values or set(values) - set(profile.costs):
-                raise ValueError(f"context length {length}: {part} are not given for some of {sorted(profile.costs)}")
-            for mode, per_width in values.items():
-                if not (isinstance(per_width, list) and len(per_width) == len(profile.widths[mode])):
-                    raise ValueError(f"context length {length}: the {mode!r} {part} do not match its widths")
-                if not all(_number(x) and x > 0 for x in per_width):
-                    raise ValueError(f"context length {length}: the {mode!r} {part} are not all finite and above 0")
-                if part == "costs" and min(per_width) + profile.overhead.get(mode, 0.0) <= 0:
-                    raise ValueError(f"context length {length}: the {mode!r} overhead makes a verification cost <= 0")
+def _check_costs(profile: Profile, where: str = "") -> None:
+    """Each mode's widths, costs and seconds, the overhead added, and the plain step of ``profile`` at its offset."""
+    for mode, costs in profile.costs.items():
+        widths, seconds = profile.widths.get(mode), profile.seconds.get(mode)
+        if not all(isinstance(c, list) and c and len(c) == len(costs) for c in (costs, widths, seconds)):
+            raise ValueError(f"{where}the {mode!r} widths, costs and seconds are not equally long lists")
+        if not all(_number(x) and x > 0 for c in (costs, seconds) for x in c):
+            raise ValueError(f"{where}the {mode!r} costs and seconds are not all finite numbers above zero")
+        if not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths):
+            raise ValueError(f"the {mode!r} widths {widths} are not all integers >= 1")
+        if any(b <= a for a, b in zip(widths, widths[1:])):
+            raise ValueError(f"the {mode!r} widths {widths} are not in increasing order")
+        overhead = profile.overhead.get(mode, 0.0)
+        if min(costs) + overhead <= 0:
+            raise ValueError(f"{where}the {mode!r} overhead {overhead} makes a verification cost nothing or less")
+    if not (_number(profile.plain_step_s) and profile.plain_step_s > 0):
+        raise ValueError(f"{where}plain_step_s is {profile.plain_step_s!r}, not a time above zero")
 
 
 def _check_components(rows: Any) -> None:
