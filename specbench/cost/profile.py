@@ -146,38 +146,32 @@ class Profile:
         return cls(**{"kernels": "", **{k: v for k, v in data.items() if k in names}})
 
     def to_polars(self):
-        """One row per (mode, width): c and seconds, plus the profile's key columns."""
+        """One row per (context length, mode, width): c and seconds, plus the profile's key columns."""
         import polars as pl
 
-        rows = []
-        for length in self.context_lengths:
-            rows += self.at_length(length)._rows()
-        return pl.DataFrame(rows)
-
-    def _rows(self) -> list[dict[str, Any]]:
-        """``to_polars``'s rows at this profile's ``offset``."""
-        rows = []
-        for mode, costs in self.costs.items():
-            for w, c, s in zip(self.widths[mode], costs, self.seconds[mode]):
-                rows.append(
-                    {
-                        "model": self.model,
-                        "name": self.name,
-                        "device": self.device,
-                        "mlx": self.versions.get("mlx"),
-                        "mlx_lm": self.versions.get("mlx_lm"),
-                        "mode": mode,
-                        "width": w,
-                        "c": c,
-                        "seconds": s,
-                        "overhead": self.overhead.get(mode, 0.0),
-                        "plain_step_s": self.plain_step_s,
-                        "offset": self.offset,
-                        "created": self.created,
-                        "kernels": self.kernels,
-                    }
-                )
-        return rows
+        return pl.DataFrame(
+            [
+                {
+                    "model": self.model,
+                    "name": self.name,
+                    "device": self.device,
+                    "mlx": self.versions.get("mlx"),
+                    "mlx_lm": self.versions.get("mlx_lm"),
+                    "mode": mode,
+                    "width": w,
+                    "c": c,
+                    "seconds": s,
+                    "overhead": self.overhead.get(mode, 0.0),
+                    "plain_step_s": at.plain_step_s,
+                    "offset": at.offset,
+                    "created": self.created,
+                    "kernels": self.kernels,
+                }
+                for at in map(self.at_length, self.context_lengths)
+                for mode, costs in at.costs.items()
+                for w, c, s in zip(at.widths[mode], costs, at.seconds[mode])
+            ]
+        )
 
 
 def cost_at(costs: Any, w: int | float) -> float:
