@@ -311,16 +311,14 @@ def save_profile(profile: Profile, root: Path | None = None) -> Path:
     and this one lacks (a damaged earlier file is moved aside): read, merged and written under the
     file's lock, so that concurrent writers of different modes lose none."""
     path = profile.path(root)
-    data = profile.to_dict()
     with locked(path):
         old = _read_or_set_aside(path)
         if old is not None:
-            for part in _MERGED_PARTS:
-                data[part] = {**getattr(old, part), **data[part]}
+            merged = {part: {**getattr(old, part), **getattr(profile, part)} for part in _MERGED_PARTS}
+            profile = replace(profile, **merged, components=profile.components or old.components)
             # lengths measured in other modes or widths than those now kept are dropped
-            data["lengths"] = {n: e for n, e in data["lengths"].items() if _fits(e, data["costs"], data["widths"])}
-            data["components"] = data["components"] or old.components
-        return write_json_atomic(path, data)
+            profile.lengths = {n: e for n, e in profile.lengths.items() if _fits(e, profile.costs, profile.widths)}
+        return write_json_atomic(path, profile.to_dict())
 
 
 def _fits(entry: dict[str, Any], costs: dict[str, list[float]], widths: dict[str, list[int]]) -> bool:
