@@ -225,6 +225,8 @@ def measure_batch_profile(
             "the batch cost profile c(w, B) measures fast forwards only; time exact batches end to end "
             "(specbench.cost.batch_grid.batch_speedup_grid(verify='exact'), or scripts.gpu.batch --exact)"
         )
+    if not batch_sizes:
+        raise ValueError("batch_sizes names no batch size: give at least one (e.g. 1, 4, 16)")
     check_batchable(model)
     widths = list(range(1, widths + 1)) if isinstance(widths, int) else sorted({1, *widths})
     if widths != list(range(1, widths[-1] + 1)):
@@ -245,6 +247,8 @@ def measure_batch_profile(
             cache = _batch_cache(model, b, offset, rng)
             seconds = _time_widths(model, cache, b, widths, repeats, warmup, rng)
         except RuntimeError as err:  # a kernel that does not launch at this size (larger ones fail too)
+            if not costs:
+                raise RuntimeError(f"no batch size could be measured: {err}") from err
             failures.append({"batch_size": b, "error": str(err)})
             if progress:
                 progress(f"B={b} failed, larger batch sizes left out: {err}")
@@ -256,8 +260,6 @@ def measure_batch_profile(
         if moe:
             experts += _block_experts(model, cache, b, widths, rng)
         del cache
-    if not costs:
-        raise RuntimeError(f"no batch size could be measured: {failures[0]['error']}")
     return BatchProfile(model_key(model), device_name(), offset, costs, plain_s, experts, failures)
 
 

@@ -84,6 +84,8 @@ def test_measured_profile_and_grid_on_moe():
     assert experts[(2, 3)] >= experts[(1, 1)]
     with pytest.raises(ValueError, match="measures fast forwards only"):
         measure_batch_profile(model, (1,), verify="exact")
+    with pytest.raises(ValueError, match="names no batch size"):
+        measure_batch_profile(model, ())
     rows = batch_speedup_grid(model, profile, (2,), (1.0, 0.0), (2,), prompt_len=6, max_tokens=8)
     full, none = rows
     assert full["acceptance_measured"] == 1.0 and none["acceptance_measured"] == 0.0
@@ -239,3 +241,24 @@ def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch)
     assert all(math.isnan(r["noise_floor"]) for r in rows)  # one pair: no scatter to read
     with pytest.raises(ValueError, match="repeats"):
         grid((2,), repeats=0)
+
+
+def test_a_batch_size_whose_forward_fails_ends_the_profile_and_the_first_one_fails_it(monkeypatch):
+    import specbench.cost.batch as batch
+
+    model = build_tiny("qwen3")
+
+    def failing_from(size):
+        def time_widths(model, cache, b, widths, *rest):
+            if b >= size:
+                raise RuntimeError(f"no launch at B={b}")
+            return {w: 0.01 * w for w in widths}
+
+        return time_widths
+
+    monkeypatch.setattr(batch, "_time_widths", failing_from(4))
+    profile = measure_batch_profile(model, (1, 2, 4, 8), widths=2, offset=4, count_experts=False)
+    assert profile.batch_sizes == [1, 2] and profile.failures == [{"batch_size": 4, "error": "no launch at B=4"}]
+    monkeypatch.setattr(batch, "_time_widths", failing_from(1))
+    with pytest.raises(RuntimeError, match="no batch size could be measured: no launch at B=1"):
+        measure_batch_profile(model, (1, 2), widths=2, offset=4)
