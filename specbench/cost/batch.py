@@ -26,6 +26,7 @@ from specbench.core.experts import ExpertCounter, expert_layers
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.verify import FAST, Verifier
 from specbench.cost.breakeven import best_k, break_even_acceptance, expected_tokens
 from specbench.cost.experts import expected_distinct_experts, routing
 from specbench.cost.profile import cost_at
@@ -287,6 +288,24 @@ def _block_experts(model: nn.Module, cache: list[Any], b: int, widths: list[int]
     return rows
 
 
+def recorded_oracles(
+    model: nn.Module,
+    prompts: list[list[int]],
+    options: GenerateOptions,
+    acceptance: float,
+    seed: int,
+    verifier: Verifier = FAST,
+) -> list[Oracle]:
+    """An ``Oracle`` per prompt at ``acceptance`` drafting the plain batched run's output (recorded untimed by
+    ``verifier``), and drafting the recording on where a speculative run leaves it."""
+    recording = generate_batch(model, prompts, options, verifier=verifier)
+    recording.run()
+    return [
+        Oracle(p, r.tokens, acceptance, vocab_size(model), seed=seed + i, keep_drafting=True)
+        for i, (p, r) in enumerate(zip(prompts, recording.requests))
+    ]
+
+
 #: Acceptance of the drafts in ``measure_batch_overhead``'s speculative steps: rows accept different numbers of
 #: them, so they fall out of step as served rows do.
 RAGGED_ACCEPTANCE = 0.5
@@ -316,12 +335,8 @@ def measure_batch_overhead(
     widths = sorted(set(widths))
     for b in profile.batch_sizes:
         prompts = rng.integers(0, vocab, size=(b, max(1, profile.offset))).tolist()
-        recording = generate_batch(model, prompts, GenerateOptions(max_tokens=tokens + max(widths), ignore_eos=True))
-        recording.run()
-        oracles = [
-            Oracle(p, r.tokens, RAGGED_ACCEPTANCE, vocab, seed=seed + i, keep_drafting=True)
-            for i, (p, r) in enumerate(zip(prompts, recording.requests))
-        ]
+        recorded = GenerateOptions(max_tokens=tokens + max(widths), ignore_eos=True)
+        oracles = recorded_oracles(model, prompts, recorded, RAGGED_ACCEPTANCE, seed)
         options = GenerateOptions(max_tokens=tokens, ignore_eos=True)
         for w in widths:
             policy, drafters = (DraftPolicy.fixed(w - 1), oracles) if w > 1 else (None, None)

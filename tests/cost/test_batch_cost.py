@@ -209,6 +209,7 @@ def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch)
     """A plain run after speculative steps of another width ran slower on the H200: every timed run (plain and
     speculative) comes right after a short untimed one of the same kind; a cell's repeats are adjacent pairs whose
     medians it reports."""
+    import specbench.cost.batch as batch_module
     import specbench.cost.batch_grid as batch_cost
 
     runs = []
@@ -220,9 +221,10 @@ def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch)
             return super().run()
 
     monkeypatch.setattr(batch_cost, "BatchGeneration", Recorded)
-    monkeypatch.setattr(
-        batch_cost, "generate_batch", lambda model, prompts, options, **kw: Recorded(model, prompts, options, **kw)
-    )
+    for module in (batch_cost, batch_module):  # the grid's plain runs, and the recording its oracles draft
+        monkeypatch.setattr(
+            module, "generate_batch", lambda model, prompts, options, **kw: Recorded(model, prompts, options, **kw)
+        )
     model = build_tiny("qwen3")
     profile = measure_batch_profile(model, (2,), widths=3, offset=6, repeats=1, warmup=1, count_experts=False)
     grid = functools.partial(batch_speedup_grid, model, profile, (2,), (1.0,), prompt_len=6, max_tokens=10)
