@@ -102,8 +102,7 @@ class BatchProfile:
         """Predicted speedups over plain batched decoding: ``throughput`` (total tokens/s) and
         ``latency`` (each request's, in request order when ``acceptance`` is one value per request)."""
         per_request = [float(acceptance)] * batch_size if np.ndim(acceptance) == 0 else list(acceptance)
-        step = self.c(k + 1, batch_size) + k * d if k else 1.0
-        gains = [expected_tokens(a, k) / step for a in per_request]
+        gains = [expected_tokens(a, k) / self.break_even_tokens(k, batch_size, d) for a in per_request]
         return {"throughput": float(np.mean(gains)), "latency": gains}
 
     def best_k(self, acceptance: float, batch_size: int, d: float = 0.0, max_k: int | None = None) -> tuple[int, float]:
