@@ -295,7 +295,7 @@ def _host_seconds(split: ForwardSplit, part: str, seconds: float) -> float:
 
 
 @dataclass(frozen=True)
-class StackRow:
+class ComponentRow:
     """A row of ``measure_components`` (or ``phase_stack``) as the stack's readers read it; the rows are stored as
     dicts (a profile's ``components``), and an older run's lack some keys (their defaults here)."""
 
@@ -319,7 +319,7 @@ class StackRow:
     host_s: float = 0.0
 
     @classmethod
-    def rows(cls, rows: Sequence[Mapping[str, Any]]) -> list[StackRow]:
+    def rows(cls, rows: Sequence[Mapping[str, Any]]) -> list[ComponentRow]:
         names = {f.name for f in fields(cls)}
         return [cls(**{k: v for k, v in r.items() if k in names}) for r in rows]
 
@@ -330,7 +330,7 @@ def phase_reading(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]]
     components' subtractions add up within build and dispatch alone; ``phase_error``, how far the parts counted by
     phase (each component's host work, the wait whole, readback and the engine's parts) are from the measured
     step. None for rows without phases (an older run)."""
-    stack = StackRow.rows(rows)
+    stack = ComponentRow.rows(rows)
     reading = {}
     for row, r in zip(rows, stack):
         if r.part != PARTS[0] or row.get("forward_wait_s") is None:
@@ -356,7 +356,7 @@ def phase_stack(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
     measured step (``phase_reading``'s ``phase_error``; a part whose host work comes out below zero is drawn as 0).
     None for rows without the parts' phases (a CPU's stack is drawn as measured: its host does the device's work; or
     rows of an older run)."""
-    stack = StackRow.rows(rows)
+    stack = ComponentRow.rows(rows)
     reading = phase_reading(rows) if rows and all(r.get("host_s") is not None for r in rows) else None
     if reading is None or any(r.device.startswith("cpu") for r in stack):
         return None
@@ -374,7 +374,7 @@ def phase_stack(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
 def deciding_part(rows: Sequence[dict[str, Any]]) -> tuple[str, float]:
     """The part whose seconds grow most from the narrowest to the widest width measured, and its share of
     that growth: what decides how fast c(w) rises (a verification's extra cost)."""
-    stack = StackRow.rows(rows)
+    stack = ComponentRow.rows(rows)
     widths = sorted({r.width for r in stack})
     if len(widths) < 2:
         raise ValueError("the deciding part needs stacks at two widths at least")
