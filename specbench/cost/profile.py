@@ -232,9 +232,10 @@ def check_profile(data: Any) -> Profile:
             raise ValueError(f"drafter {name!r} has no finite cost per draft token >= 0")
     if not (isinstance(profile.offset, int) and not isinstance(profile.offset, bool) and profile.offset >= 0):
         raise ValueError(f"offset {profile.offset!r} is not an integer >= 0")
-    for length, entry in profile.lengths.items():
+    for length, entry in profile.lengths.items():  # every key first: pricing one length reads them all
         if not (isinstance(length, str) and length.isdigit() and int(length) >= 1 and isinstance(entry, dict)):
             raise ValueError(f"context length {length!r} is not an integer >= 1 with its costs")
+    for length, entry in profile.lengths.items():
         costs, seconds = entry.get("costs"), entry.get("seconds")
         if not (isinstance(costs, dict) and isinstance(seconds, dict) and costs and costs.keys() == seconds.keys()):
             raise ValueError(f"context length {length}: its costs and seconds are not for the same verify modes")
