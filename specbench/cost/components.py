@@ -358,7 +358,7 @@ def phase_stack(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
     rows of an older run)."""
     stack = ComponentRow.rows(rows)
     reading = phase_reading(rows) if rows and all(r.get("host_s") is not None for r in rows) else None
-    if reading is None or any(r.device.startswith("cpu") for r in stack):
+    if reading is None or any(str(r.device).startswith("cpu") for r in stack):
         return None
     counted = []
     for w in sorted(reading):
