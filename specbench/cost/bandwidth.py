@@ -9,7 +9,7 @@ Every speed can then be read against its limit: ``achieved(model, tokens_per_s)`
 from __future__ import annotations
 
 import json
-import time
+import timeit
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,13 +56,9 @@ PEAK_METHOD = (
 
 
 def _fastest(run, repeats: int) -> float:
-    """Seconds of the fastest of ``repeats`` calls of ``run`` (after one warm-up call)."""
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first call warms up
-        t0 = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    """Seconds of the fastest of ``repeats`` calls of ``run``, after one untimed warm-up call."""
+    run()
+    return min(timeit.repeat(run, number=1, repeat=repeats))
 
 
 def peak_passes(nbytes: int = COPY_BYTES, repeats: int = 3) -> dict[str, float]:

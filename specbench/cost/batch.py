@@ -26,6 +26,7 @@ from specbench.core.experts import ExpertCounter, expert_layers
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.verify import FAST, Verifier
 from specbench.cost.breakeven import best_k, break_even_acceptance, expected_tokens
 from specbench.cost.experts import expected_distinct_experts, routing
 from specbench.cost.profile import cost_at
@@ -101,8 +102,7 @@ class BatchProfile:
         """Predicted speedups over plain batched decoding: ``throughput`` (total tokens/s) and
         ``latency`` (each request's, in request order when ``acceptance`` is one value per request)."""
         per_request = [float(acceptance)] * batch_size if np.ndim(acceptance) == 0 else list(acceptance)
-        step = self.c(k + 1, batch_size) + k * d if k else 1.0
-        gains = [expected_tokens(a, k) / step for a in per_request]
+        gains = [expected_tokens(a, k) / self.break_even_tokens(k, batch_size, d) for a in per_request]
         return {"throughput": float(np.mean(gains)), "latency": gains}
 
     def best_k(self, acceptance: float, batch_size: int, d: float = 0.0, max_k: int | None = None) -> tuple[int, float]:
@@ -225,6 +225,8 @@ def measure_batch_profile(
             "the batch cost profile c(w, B) measures fast forwards only; time exact batches end to end "
             "(specbench.cost.batch_grid.batch_speedup_grid(verify='exact'), or scripts.gpu.batch --exact)"
         )
+    if not batch_sizes:
+        raise ValueError("batch_sizes names no batch size: give at least one (e.g. 1, 4, 16)")
     check_batchable(model)
     widths = list(range(1, widths + 1)) if isinstance(widths, int) else sorted({1, *widths})
     if widths != list(range(1, widths[-1] + 1)):
@@ -245,6 +247,8 @@ def measure_batch_profile(
             cache = _batch_cache(model, b, offset, rng)
             seconds = _time_widths(model, cache, b, widths, repeats, warmup, rng)
         except RuntimeError as err:  # a kernel that does not launch at this size (larger ones fail too)
+            if not costs:
+                raise RuntimeError(f"no batch size could be measured: {err}") from err
             failures.append({"batch_size": b, "error": str(err)})
             if progress:
                 progress(f"B={b} failed, larger batch sizes left out: {err}")
@@ -256,8 +260,6 @@ def measure_batch_profile(
         if moe:
             experts += _block_experts(model, cache, b, widths, rng)
         del cache
-    if not costs:
-        raise RuntimeError(f"no batch size could be measured: {failures[0]['error']}")
     return BatchProfile(model_key(model), device_name(), offset, costs, plain_s, experts, failures)
 
 
@@ -283,6 +285,24 @@ def _block_experts(model: nn.Module, cache: list[Any], b: int, widths: list[int]
                 }
             )
     return rows
+
+
+def recorded_oracles(
+    model: nn.Module,
+    prompts: list[list[int]],
+    options: GenerateOptions,
+    acceptance: float,
+    seed: int,
+    verifier: Verifier = FAST,
+) -> list[Oracle]:
+    """An ``Oracle`` per prompt at ``acceptance`` drafting the plain batched run's output (recorded untimed by
+    ``verifier``), and drafting the recording on where a speculative run leaves it."""
+    recording = generate_batch(model, prompts, options, verifier=verifier)
+    recording.run()
+    return [
+        Oracle(p, r.tokens, acceptance, vocab_size(model), seed=seed + i, keep_drafting=True)
+        for i, (p, r) in enumerate(zip(prompts, recording.requests))
+    ]
 
 
 #: Acceptance of the drafts in ``measure_batch_overhead``'s speculative steps: rows accept different numbers of
@@ -314,12 +334,8 @@ def measure_batch_overhead(
     widths = sorted(set(widths))
     for b in profile.batch_sizes:
         prompts = rng.integers(0, vocab, size=(b, max(1, profile.offset))).tolist()
-        recording = generate_batch(model, prompts, GenerateOptions(max_tokens=tokens + max(widths), ignore_eos=True))
-        recording.run()
-        oracles = [
-            Oracle(p, r.tokens, RAGGED_ACCEPTANCE, vocab, seed=seed + i, keep_drafting=True)
-            for i, (p, r) in enumerate(zip(prompts, recording.requests))
-        ]
+        recorded = GenerateOptions(max_tokens=tokens + max(widths), ignore_eos=True)
+        oracles = recorded_oracles(model, prompts, recorded, RAGGED_ACCEPTANCE, seed)
         options = GenerateOptions(max_tokens=tokens, ignore_eos=True)
         for w in widths:
             policy, drafters = (DraftPolicy.fixed(w - 1), oracles) if w > 1 else (None, None)

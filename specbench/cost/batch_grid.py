@@ -17,17 +17,11 @@ from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import Verifier, check_verify_mode
-from specbench.cost.batch import BatchProfile
+from specbench.cost.batch import BatchProfile, recorded_oracles
 from specbench.cost.grid import grid_cells
 from specbench.cost.predict import noise_floor, predicted_batch_speedup
 from specbench.drafters.oracle import Oracle
 from specbench.exact import batch_verifier
-
-
-def _decode_seconds(gen: BatchGeneration) -> float:
-    """Decode seconds of a batch run (verify and bookkeeping; drafting left out: the oracle drafter's
-    bookkeeping is no drafter's cost)."""
-    return sum(s.verify_s + s.other_s for s in gen.batch_log)
 
 
 def _request_seconds_per_token(gen: BatchGeneration) -> float:
@@ -42,7 +36,9 @@ def _request_seconds_per_token(gen: BatchGeneration) -> float:
 
 
 def _seconds_per_token(gen: BatchGeneration) -> float:
-    return _decode_seconds(gen) / sum(len(r.tokens) - 1 for r in gen.requests)
+    """Decode seconds of a batch run per decode token (verify and bookkeeping; drafting left out: the oracle
+    drafter's bookkeeping is no drafter's cost)."""
+    return sum(s.verify_s + s.other_s for s in gen.batch_log) / sum(len(r.tokens) - 1 for r in gen.requests)
 
 
 @dataclass(frozen=True)
@@ -138,12 +134,7 @@ def batch_speedup_grid(
         if budget_s is not None and rows and time.perf_counter() - start > budget_s:
             break
         prompts = rng.integers(0, vocab_size(model), size=(b, prompt_len)).tolist()
-        recording = generate_batch(model, prompts, options, verifier=verifier)  # untimed
-        recording.run()
-        oracles = [
-            Oracle(p, r.tokens, 1.0, vocab_size(model), seed=seed + i, keep_drafting=True)
-            for i, (p, r) in enumerate(zip(prompts, recording.requests))
-        ]
+        oracles = recorded_oracles(model, prompts, options, 1.0, seed, verifier)
         for a in acceptances:
             for k in ks:
                 if budget_s is not None and rows and time.perf_counter() - start > budget_s:

@@ -15,6 +15,7 @@ pipelined that way.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -96,13 +97,9 @@ def break_even_band(
     bounds = profile.intervals.get(mode)
     if not bounds or len(bounds) != len(profile.widths.get(mode, [])):
         return None
-    widths = profile.widths[mode]
-    grid = np.arange(1, max(widths) + 1)
-    overhead = profile.overhead.get(mode, 0.0)
-    low = np.interp(grid, widths, [b[0] for b in bounds]) + overhead
-    high = np.interp(grid, widths, [b[1] for b in bounds]) + overhead
-    max_k = max_k or len(grid) - 1
-    return break_even_acceptance(low, d, max_k), break_even_acceptance(high, d, max_k)
+    low, high = (replace(profile, costs={mode: [b[end] for b in bounds]}) for end in (0, 1))
+    max_k = max_k or max(profile.widths[mode]) - 1
+    return break_even_acceptance(low, d, max_k, mode), break_even_acceptance(high, d, max_k, mode)
 
 
 def best_k(

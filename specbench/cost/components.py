@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import mlx.core as mx
@@ -294,26 +294,56 @@ def _host_seconds(split: ForwardSplit, part: str, seconds: float) -> float:
     return 0.0 if part in FORWARD_PARTS and part != "readback" else seconds
 
 
+@dataclass(frozen=True)
+class ComponentRow:
+    """A row of ``measure_components`` (or ``phase_stack``) as the stack's readers read it; the rows are stored as
+    dicts (a profile's ``components``), and an older run's lack some keys (their defaults here)."""
+
+    width: int
+    part: str
+    seconds: float = 0.0
+    device: str = ""
+    error: float = 0.0
+    c: float = 0.0
+    c_step: float = 0.0
+    step_s: float = 0.0
+    plain_step_s: float = 0.0
+    forward_s: float = 0.0
+    closure: float | None = None
+    step_spread: float | None = None
+    forward_build_s: float = 0.0
+    forward_dispatch_s: float = 0.0
+    forward_wait_s: float = 0.0
+    build_closure: float = 0.0
+    dispatch_closure: float = 0.0
+    host_s: float = 0.0
+
+    @classmethod
+    def rows(cls, rows: Sequence[Mapping[str, Any]]) -> list[ComponentRow]:
+        names = {f.name for f in fields(cls)}
+        return [cls(**{k: v for k, v in r.items() if k in names}) for r in rows]
+
+
 def phase_reading(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]] | None:
     """Per width, from ``measure_components`` rows: ``wait_share``, the share of the forward spent waiting for the
     device after the host's last work (near 0: host-bound; large: device-bound); ``host_closure``, how far the
     components' subtractions add up within build and dispatch alone; ``phase_error``, how far the parts counted by
     phase (each component's host work, the wait whole, readback and the engine's parts) are from the measured
     step. None for rows without phases (an older run)."""
-    first = [r for r in rows if r["part"] == PARTS[0] and r.get("forward_wait_s") is not None]
-    if not first:
-        return None
+    stack = ComponentRow.rows(rows)
     reading = {}
-    for r in first:
-        build, dispatch = r["forward_build_s"], r["forward_dispatch_s"]
-        host = build * (1 + r["build_closure"]) + dispatch * (1 + r["dispatch_closure"])
-        rest = sum(q["seconds"] for q in rows if q["width"] == r["width"] and q["part"] in ("readback", *ENGINE_PARTS))
-        reading[r["width"]] = {
-            "wait_share": r["forward_wait_s"] / r["forward_s"],
+    for row, r in zip(rows, stack):
+        if r.part != PARTS[0] or row.get("forward_wait_s") is None:
+            continue
+        build, dispatch = r.forward_build_s, r.forward_dispatch_s
+        host = build * (1 + r.build_closure) + dispatch * (1 + r.dispatch_closure)
+        rest = sum(q.seconds for q in stack if q.width == r.width and q.part in ("readback", *ENGINE_PARTS))
+        reading[r.width] = {
+            "wait_share": r.forward_wait_s / r.forward_s,
             "host_closure": host / (build + dispatch) - 1.0 if build + dispatch > 0 else 0.0,
-            "phase_error": (host + r["forward_wait_s"] + rest) / r["step_s"] - 1.0,
+            "phase_error": (host + r.forward_wait_s + rest) / r.step_s - 1.0,
         }
-    return reading
+    return reading or None
 
 
 #: The part a stack counted by phase adds: the forward's wait for the device after the host's last work.
@@ -326,26 +356,29 @@ def phase_stack(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
     measured step (``phase_reading``'s ``phase_error``; a part whose host work comes out below zero is drawn as 0).
     None for rows without the parts' phases (a CPU's stack is drawn as measured: its host does the device's work; or
     rows of an older run)."""
+    stack = ComponentRow.rows(rows)
     reading = phase_reading(rows) if rows and all(r.get("host_s") is not None for r in rows) else None
-    if reading is None or any(str(r.get("device", "")).startswith("cpu") for r in rows):
+    if reading is None or any(str(r.device).startswith("cpu") for r in stack):
         return None
     counted = []
     for w in sorted(reading):
-        at_w = [r for r in rows if r["width"] == w]
-        wait = {**at_w[0], "part": WAIT, "group": "forward", "seconds": at_w[0]["forward_wait_s"]}
+        at_w = [(row, r) for row, r in zip(rows, stack) if r.width == w]
         error = reading[w]["phase_error"]
-        counted += [{**r, "seconds": r["host_s"], "c": r["host_s"] / r["plain_step_s"], "error": error} for r in at_w]
-        counted.append({**wait, "c": wait["seconds"] / wait["plain_step_s"], "error": error})
+        counted += [{**row, "seconds": r.host_s, "c": r.host_s / r.plain_step_s, "error": error} for row, r in at_w]
+        row, first = at_w[0]
+        wait = {"part": WAIT, "group": "forward", "seconds": first.forward_wait_s}
+        counted.append({**row, **wait, "c": first.forward_wait_s / first.plain_step_s, "error": error})
     return counted
 
 
 def deciding_part(rows: Sequence[dict[str, Any]]) -> tuple[str, float]:
     """The part whose seconds grow most from the narrowest to the widest width measured, and its share of
     that growth: what decides how fast c(w) rises (a verification's extra cost)."""
-    widths = sorted({r["width"] for r in rows})
+    stack = ComponentRow.rows(rows)
+    widths = sorted({r.width for r in stack})
     if len(widths) < 2:
         raise ValueError("the deciding part needs stacks at two widths at least")
-    at = {(r["width"], r["part"]): r["seconds"] for r in rows}
+    at = {(r.width, r.part): r.seconds for r in stack}
     growth = {p: at.get((widths[-1], p), 0.0) - at.get((widths[0], p), 0.0) for p in PARTS}
     total = sum(max(g, 0.0) for g in growth.values())
     part = max(growth, key=growth.__getitem__)

@@ -9,7 +9,6 @@ figures are then broadcast, so that every rank plans with the same break-even. T
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
 import mlx.nn as nn
@@ -17,10 +16,8 @@ import mlx.nn as nn
 from specbench.common import distributed
 from specbench.common.identity import display_name
 from specbench.core.verify import check_verify_mode
-from specbench.cost.measure import QUICK_WIDTHS, measure
+from specbench.cost.measure import _MEMORY, QUICK_WIDTHS, _remember, measure
 from specbench.cost.profile import Profile, load_profile
-
-_MEMORY: dict[tuple[int, object, str], Profile] = {}
 
 
 def lockstep_profile(
@@ -29,11 +26,12 @@ def lockstep_profile(
     """The profile to plan with, the same on every rank: rank 0's stored profile of this sharded
     model when it has one with ``verify`` costs, else a short one measured by all ranks together
     (widths 1, 2, 3, 5, 9; ``repeats`` rounds after one warm-up), rank 0's figures on every rank.
-    Kept in memory per model object. In a world of one it is the same short measurement."""
+    Kept in memory per model object beside ``profile_for``'s (``forget`` drops it). In a world of one it is
+    the same short measurement."""
     verify = check_verify_mode(verify)
-    key = (id(model), distributed.shard_group(model), verify)
-    if key in _MEMORY:
-        return _MEMORY[key]
+    cached = _MEMORY.get((id(model), verify))
+    if cached is not None:
+        return cached
     stored = load_profile(model) if distributed.is_main() else None
     usable = stored is not None and verify in stored.costs
     data = distributed.broadcast({**stored.to_dict(), "source": stored.source} if usable else None)
@@ -55,6 +53,5 @@ def lockstep_profile(
         )
         data = distributed.broadcast(measured.to_dict())
     profile = Profile.from_dict(data)
-    weakref.finalize(model, _MEMORY.pop, key, None)
-    _MEMORY[key] = profile
+    _remember(model, verify, profile)
     return profile

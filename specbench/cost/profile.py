@@ -146,38 +146,32 @@ class Profile:
         return cls(**{"kernels": "", **{k: v for k, v in data.items() if k in names}})
 
     def to_polars(self):
-        """One row per (mode, width): c and seconds, plus the profile's key columns."""
+        """One row per (context length, mode, width): c and seconds, plus the profile's key columns."""
         import polars as pl
 
-        rows = []
-        for length in self.context_lengths:
-            rows += self.at_length(length)._rows()
-        return pl.DataFrame(rows)
-
-    def _rows(self) -> list[dict[str, Any]]:
-        """``to_polars``'s rows at this profile's ``offset``."""
-        rows = []
-        for mode, costs in self.costs.items():
-            for w, c, s in zip(self.widths[mode], costs, self.seconds[mode]):
-                rows.append(
-                    {
-                        "model": self.model,
-                        "name": self.name,
-                        "device": self.device,
-                        "mlx": self.versions.get("mlx"),
-                        "mlx_lm": self.versions.get("mlx_lm"),
-                        "mode": mode,
-                        "width": w,
-                        "c": c,
-                        "seconds": s,
-                        "overhead": self.overhead.get(mode, 0.0),
-                        "plain_step_s": self.plain_step_s,
-                        "offset": self.offset,
-                        "created": self.created,
-                        "kernels": self.kernels,
-                    }
-                )
-        return rows
+        return pl.DataFrame(
+            [
+                {
+                    "model": self.model,
+                    "name": self.name,
+                    "device": self.device,
+                    "mlx": self.versions.get("mlx"),
+                    "mlx_lm": self.versions.get("mlx_lm"),
+                    "mode": mode,
+                    "width": w,
+                    "c": c,
+                    "seconds": s,
+                    "overhead": self.overhead.get(mode, 0.0),
+                    "plain_step_s": at.plain_step_s,
+                    "offset": at.offset,
+                    "created": self.created,
+                    "kernels": self.kernels,
+                }
+                for at in map(self.at_length, self.context_lengths)
+                for mode, costs in at.costs.items()
+                for w, c, s in zip(at.widths[mode], costs, at.seconds[mode])
+            ]
+        )
 
 
 def cost_at(costs: Any, w: int | float) -> float:
@@ -216,71 +210,59 @@ def _number(x: Any) -> bool:
 
 def check_profile(data: Any) -> Profile:
     """The profile in ``data`` (a stored profile's JSON), or a ValueError saying what is wrong with it: the
-    one check of every reader. Each mode's widths are increasing integers >= 1 with as many costs and seconds,
-    all finite and above zero; the plain step is a finite time above zero; overheads are finite numbers and
-    drafter costs finite and >= 0."""
+    one check of every reader. At ``offset`` and at each context length, each mode's widths are increasing
+    integers >= 1 with as many costs and seconds, all finite and above zero, the plain step a time above zero;
+    overheads are finite numbers and drafter costs finite and >= 0."""
     if not isinstance(data, dict):
         raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
     try:
         profile = Profile.from_dict({k: v for k, v in data.items() if k != "source"})  # where it was read: not its own
     except TypeError as err:
         raise ValueError(str(err)) from None
-    for part in ("widths", "costs", "seconds", "overhead", "drafters", "versions"):
+    for part in ("widths", "costs", "seconds", "overhead", "drafters", "versions", "lengths"):
         if not isinstance(getattr(profile, part), dict):
             raise ValueError(f"{part!r} is not a JSON object")
     if not profile.costs:
         raise ValueError("it holds no verify costs")
-    for mode, costs in profile.costs.items():
-        widths, seconds = profile.widths.get(mode), profile.seconds.get(mode)
-        if not all(isinstance(c, list) and c and len(c) == len(costs) for c in (costs, widths, seconds)):
-            raise ValueError(f"the {mode!r} widths, costs and seconds are not equally long lists")
-        if not all(_number(x) and x > 0 for c in (costs, seconds) for x in c):
-            raise ValueError(f"the {mode!r} costs and seconds are not all finite numbers above zero")
-        if not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths):
-            raise ValueError(f"the {mode!r} widths {widths} are not all integers >= 1")
-        if any(b <= a for a, b in zip(widths, widths[1:])):
-            raise ValueError(f"the {mode!r} widths {widths} are not in increasing order")
-    if not (_number(profile.plain_step_s) and profile.plain_step_s > 0):
-        raise ValueError(f"plain_step_s is {profile.plain_step_s!r}, not a time above zero")
     if not all(_number(v) for v in profile.overhead.values()):
         raise ValueError(f"the overheads {profile.overhead} are not all finite numbers")
-    for mode, overhead in profile.overhead.items():
-        if mode in profile.costs and min(profile.costs[mode]) + overhead <= 0:
-            raise ValueError(f"the {mode!r} overhead {overhead} makes a verification cost nothing or less")
+    _check_costs(profile)
     for name, entry in profile.drafters.items():
         if not (isinstance(entry, dict) and _number(entry.get("d")) and entry["d"] >= 0):
             raise ValueError(f"drafter {name!r} has no finite cost per draft token >= 0")
-    _check_lengths(profile)
+    if not (isinstance(profile.offset, int) and not isinstance(profile.offset, bool) and profile.offset >= 0):
+        raise ValueError(f"offset {profile.offset!r} is not an integer >= 0")
+    for length, entry in profile.lengths.items():  # every key first: pricing one length reads them all
+        if not (isinstance(length, str) and length.isdigit() and int(length) >= 1 and isinstance(entry, dict)):
+            raise ValueError(f"context length {length!r} is not an integer >= 1 with its costs")
+    for length, entry in profile.lengths.items():
+        costs, seconds = entry.get("costs"), entry.get("seconds")
+        if not (isinstance(costs, dict) and isinstance(seconds, dict) and costs and costs.keys() == seconds.keys()):
+            raise ValueError(f"context length {length}: its costs and seconds are not for the same verify modes")
+        if set(costs) - set(profile.costs) or "plain_step_s" not in entry:
+            raise ValueError(f"context length {length}: not all of plain_step_s and costs of {sorted(profile.costs)}")
+        _check_costs(profile.at_length(int(length)), f"context length {length}: ")
     _check_components(profile.components)
     return profile
 
 
-def _check_lengths(profile: Profile) -> None:
-    """Each context length is an integer >= 1 holding a plain step above zero and, for verify modes the
-    profile has, as many costs and seconds as that mode's widths, all finite and above zero."""
-    if not (isinstance(profile.offset, int) and not isinstance(profile.offset, bool) and profile.offset >= 0):
-        raise ValueError(f"offset {profile.offset!r} is not an integer >= 0")
-    if not isinstance(profile.lengths, dict):
-        raise ValueError("'lengths' is not a JSON object")
-    for length, entry in profile.lengths.items():
-        if not (isinstance(length, str) and length.isdigit() and int(length) >= 1 and isinstance(entry, dict)):
-            raise ValueError(f"context length {length!r} is not an integer >= 1 with its costs")
-        if not (_number(entry.get("plain_step_s")) and entry["plain_step_s"] > 0):
-            raise ValueError(f"context length {length}: plain_step_s is not a time above zero")
-        costs, seconds = entry.get("costs"), entry.get("seconds")
-        if not (isinstance(costs, dict) and isinstance(seconds, dict) and costs.keys() == seconds.keys()):
-            raise ValueError(f"context length {length}: its costs and seconds are not for the same verify modes")
-        for part in ("costs", "seconds"):
-            values = entry.get(part)
-            if not isinstance(values, dict) or not values or set(values) - set(profile.costs):
-                raise ValueError(f"context length {length}: {part} are not given for some of {sorted(profile.costs)}")
-            for mode, per_width in values.items():
-                if not (isinstance(per_width, list) and len(per_width) == len(profile.widths[mode])):
-                    raise ValueError(f"context length {length}: the {mode!r} {part} do not match its widths")
-                if not all(_number(x) and x > 0 for x in per_width):
-                    raise ValueError(f"context length {length}: the {mode!r} {part} are not all finite and above 0")
-                if part == "costs" and min(per_width) + profile.overhead.get(mode, 0.0) <= 0:
-                    raise ValueError(f"context length {length}: the {mode!r} overhead makes a verification cost <= 0")
+def _check_costs(profile: Profile, where: str = "") -> None:
+    """Each mode's widths, costs and seconds, the overhead added, and the plain step of ``profile`` at its offset."""
+    for mode, costs in profile.costs.items():
+        widths, seconds = profile.widths.get(mode), profile.seconds.get(mode)
+        if not all(isinstance(c, list) and c and len(c) == len(costs) for c in (costs, widths, seconds)):
+            raise ValueError(f"{where}the {mode!r} widths, costs and seconds are not equally long lists")
+        if not all(_number(x) and x > 0 for c in (costs, seconds) for x in c):
+            raise ValueError(f"{where}the {mode!r} costs and seconds are not all finite numbers above zero")
+        if not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths):
+            raise ValueError(f"the {mode!r} widths {widths} are not all integers >= 1")
+        if any(b <= a for a, b in zip(widths, widths[1:])):
+            raise ValueError(f"the {mode!r} widths {widths} are not in increasing order")
+        overhead = profile.overhead.get(mode, 0.0)
+        if min(costs) + overhead <= 0:
+            raise ValueError(f"{where}the {mode!r} overhead {overhead} makes a verification cost nothing or less")
+    if not (_number(profile.plain_step_s) and profile.plain_step_s > 0):
+        raise ValueError(f"{where}plain_step_s is {profile.plain_step_s!r}, not a time above zero")
 
 
 def _check_components(rows: Any) -> None:
@@ -330,16 +312,14 @@ def save_profile(profile: Profile, root: Path | None = None) -> Path:
     and this one lacks (a damaged earlier file is moved aside): read, merged and written under the
     file's lock, so that concurrent writers of different modes lose none."""
     path = profile.path(root)
-    data = profile.to_dict()
     with locked(path):
         old = _read_or_set_aside(path)
         if old is not None:
-            for part in _MERGED_PARTS:
-                data[part] = {**getattr(old, part), **data[part]}
+            merged = {part: {**getattr(old, part), **getattr(profile, part)} for part in _MERGED_PARTS}
+            profile = replace(profile, **merged, components=profile.components or old.components)
             # lengths measured in other modes or widths than those now kept are dropped
-            data["lengths"] = {n: e for n, e in data["lengths"].items() if _fits(e, data["costs"], data["widths"])}
-            data["components"] = data["components"] or old.components
-        return write_json_atomic(path, data)
+            profile.lengths = {n: e for n, e in profile.lengths.items() if _fits(e, profile.costs, profile.widths)}
+        return write_json_atomic(path, profile.to_dict())
 
 
 def _fits(entry: dict[str, Any], costs: dict[str, list[float]], widths: dict[str, list[int]]) -> bool:

@@ -84,6 +84,8 @@ def test_measured_profile_and_grid_on_moe():
     assert experts[(2, 3)] >= experts[(1, 1)]
     with pytest.raises(ValueError, match="measures fast forwards only"):
         measure_batch_profile(model, (1,), verify="exact")
+    with pytest.raises(ValueError, match="names no batch size"):
+        measure_batch_profile(model, ())
     rows = batch_speedup_grid(model, profile, (2,), (1.0, 0.0), (2,), prompt_len=6, max_tokens=8)
     full, none = rows
     assert full["acceptance_measured"] == 1.0 and none["acceptance_measured"] == 0.0
@@ -207,6 +209,7 @@ def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch)
     """A plain run after speculative steps of another width ran slower on the H200: every timed run (plain and
     speculative) comes right after a short untimed one of the same kind; a cell's repeats are adjacent pairs whose
     medians it reports."""
+    import specbench.cost.batch as batch_module
     import specbench.cost.batch_grid as batch_cost
 
     runs = []
@@ -218,9 +221,10 @@ def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch)
             return super().run()
 
     monkeypatch.setattr(batch_cost, "BatchGeneration", Recorded)
-    monkeypatch.setattr(
-        batch_cost, "generate_batch", lambda model, prompts, options, **kw: Recorded(model, prompts, options, **kw)
-    )
+    for module in (batch_cost, batch_module):  # the grid's plain runs, and the recording its oracles draft
+        monkeypatch.setattr(
+            module, "generate_batch", lambda model, prompts, options, **kw: Recorded(model, prompts, options, **kw)
+        )
     model = build_tiny("qwen3")
     profile = measure_batch_profile(model, (2,), widths=3, offset=6, repeats=1, warmup=1, count_experts=False)
     grid = functools.partial(batch_speedup_grid, model, profile, (2,), (1.0,), prompt_len=6, max_tokens=10)
@@ -239,3 +243,24 @@ def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch)
     assert all(math.isnan(r["noise_floor"]) for r in rows)  # one pair: no scatter to read
     with pytest.raises(ValueError, match="repeats"):
         grid((2,), repeats=0)
+
+
+def test_a_batch_size_whose_forward_fails_ends_the_profile_and_the_first_one_fails_it(monkeypatch):
+    import specbench.cost.batch as batch
+
+    model = build_tiny("qwen3")
+
+    def failing_from(size):
+        def time_widths(model, cache, b, widths, *rest):
+            if b >= size:
+                raise RuntimeError(f"no launch at B={b}")
+            return {w: 0.01 * w for w in widths}
+
+        return time_widths
+
+    monkeypatch.setattr(batch, "_time_widths", failing_from(4))
+    profile = measure_batch_profile(model, (1, 2, 4, 8), widths=2, offset=4, count_experts=False)
+    assert profile.batch_sizes == [1, 2] and profile.failures == [{"batch_size": 4, "error": "no launch at B=4"}]
+    monkeypatch.setattr(batch, "_time_widths", failing_from(1))
+    with pytest.raises(RuntimeError, match="no batch size could be measured: no launch at B=1"):
+        measure_batch_profile(model, (1, 2), widths=2, offset=4)

@@ -122,6 +122,7 @@ def test_stored_profiles_without_lengths_read_as_one_length_and_damaged_lengths_
     assert check_profile(json.loads(json.dumps(old))).context_lengths == [64]
     for damage in (
         {"x": data["lengths"]["1024"]},
+        {"1024": data["lengths"]["1024"], "x": data["lengths"]["1024"]},
         {"1024": {**data["lengths"]["1024"], "plain_step_s": 0}},
         {"1024": {**data["lengths"]["1024"], "costs": {"fast": DEAR[:3]}}},
         {"1024": {**data["lengths"]["1024"], "costs": {"exact": DEAR}}},

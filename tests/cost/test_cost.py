@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -232,6 +233,13 @@ def test_profile_for_uses_stored_profile_then_memory(dense):
     profile = cost.profile_for(dense)
     assert profile.costs == stored.costs and not profile.quick
     assert cost.profile_for(dense) is profile
+    from specbench.cost.group import lockstep_profile
+    from specbench.cost.measure import forget
+
+    assert lockstep_profile(dense) is profile  # one memory per model object, whichever reader filled it
+    forget(dense)
+    lockstep = lockstep_profile(dense)  # a world of one: rank 0's stored profile
+    assert lockstep is not profile and lockstep.costs == stored.costs and cost.profile_for(dense) is lockstep
 
     class Lookup:
         name, cost_per_token = "lookup", 0.5
@@ -595,3 +603,16 @@ def test_figures(tmp_path):
     figures.save_figure(fig, tmp_path / "t.png")
     with pytest.raises(ValueError, match="no grid rows"):
         figures.measured_vs_predicted(rows, {dense_p.name: dense_p}, modes=["exact"])
+
+
+def test_the_fastest_pass_leaves_its_warm_up_out():
+    from specbench.cost.bandwidth import _fastest
+
+    calls = []
+
+    def run():  # the warm-up returns at once, every timed call takes 20 ms
+        if calls:
+            time.sleep(0.02)
+        calls.append(1)
+
+    assert _fastest(run, repeats=2) >= 0.02 and len(calls) == 3
