@@ -10,11 +10,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from specbench.cost.breakeven import break_even_acceptance
-from specbench.cost.components import PARTS, WAIT, phase_stack
+from specbench.cost.components import PARTS, WAIT, ComponentRow, phase_stack
 from specbench.cost.profile import Profile
 from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import model_label
-from specbench.report.verdicts.components import StackRow
 
 #: One colour per part: the forward's in blues and greens, the engine's in warm tones.
 PART_COLOURS = {
@@ -44,7 +43,7 @@ def component_stack(stacks: Mapping[str, Sequence[dict[str, Any]]], title: str |
     names = [n for n, rows in stacks.items() if rows]
     fig, axes = plt.subplots(1, max(1, len(names)), figsize=(5.2 * max(1, len(names)), 4.2), squeeze=False)
     for ax, name in zip(axes[0], names):
-        rows = StackRow.rows(stacks[name])
+        rows = ComponentRow.rows(stacks[name])
         widths = sorted({r.width for r in rows})
         at = {(r.width, r.part): r for r in rows}
         x = np.arange(len(widths))

@@ -3,29 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
 from typing import Any
 
-from specbench.cost.components import deciding_part, phase_reading
-
-
-@dataclass(frozen=True)
-class StackRow:
-    """A row of ``cost.components.measure_components`` (or ``phase_stack``) as the report reads it: one part of
-    a speculative step at one width, ``c`` in plain steps, the whole step ``c_step``, and how far the parts miss
-    the step (``error``), the forward (``closure``) and the step's own spread (``step_spread``)."""
-
-    width: int
-    part: str
-    error: float
-    c: float = 0.0
-    c_step: float = 0.0
-    closure: float | None = None
-    step_spread: float | None = None
-
-    @classmethod
-    def rows(cls, rows: Sequence[Mapping[str, Any]]) -> list[StackRow]:
-        return [cls(**{f.name: r[f.name] for f in fields(cls) if f.name in r}) for r in rows]
+from specbench.cost.components import ComponentRow, deciding_part, phase_reading
 
 
 def deciding_parts(stacks: Mapping[str, Sequence[dict[str, Any]]]) -> str:
@@ -35,7 +15,7 @@ def deciding_parts(stacks: Mapping[str, Sequence[dict[str, Any]]]) -> str:
     stacks)."""
     text = ""
     for name, stored in stacks.items():
-        rows = StackRow.rows(stored)
+        rows = ComponentRow.rows(stored)
         if len({r.width for r in rows}) > 1:
             part, share = deciding_part(stored)
             off = max(abs(r.error) for r in rows)
