@@ -52,7 +52,7 @@ import mlx.core as mx
 import numpy as np
 
 from specbench.common.registry import Registry
-from specbench.core.accept import accept_sampled, accept_tree_sampled, check_draws, check_tables
+from specbench.core.accept import accept_sampled, accept_tree_sampled, check_draws, check_tables, inverse_cdf
 from specbench.core.tree import children, is_path
 from specbench.core.verify import accept_greedy, accept_tree_greedy
 
@@ -405,12 +405,7 @@ def accept_block(
         row = p_rows[k] / p_rows[k].sum()
     else:
         row = block_residual(p_rows[tau], q_rows[tau], w[tau])
-    return tau, list(draft[:tau]) + [_inverse_cdf(row, float(uniform[k]))], [float(x) for x in w[1:]]
-
-
-def _inverse_cdf(row: np.ndarray, u: float) -> int:
-    cdf = np.cumsum(row)
-    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(cdf) - 1)
+    return tau, list(draft[:tau]) + [inverse_cdf(row, float(uniform[k]))], [float(x) for x in w[1:]]
 
 
 def typical_thresholds(p: mx.array, epsilon: float, delta: float) -> mx.array:
