@@ -314,7 +314,8 @@ class Typical(PassingRule):
         _probability(self.name, "delta", self.delta, note)
 
     def passes(self, p: mx.array, tokens: mx.array) -> mx.array:
-        return drafted_probabilities(p, tokens) > typical_thresholds(p, self.epsilon, self.delta)
+        entropy = -mx.sum(mx.where(p > 0, p * mx.log(mx.maximum(p, 1e-30)), 0.0), axis=-1)
+        return drafted_probabilities(p, tokens) > mx.minimum(self.epsilon, self.delta * mx.exp(-entropy))
 
 
 def accept_exact_match(
@@ -366,15 +367,6 @@ def block_residual(p_row: np.ndarray, q_row: np.ndarray, weight: float) -> np.nd
     return residual / total if total > 0 else p_row / p_row.sum()
 
 
-def draft_rows(q: mx.array | None, draft: list[int], vocab: int) -> np.ndarray:
-    """The drafter's distributions [k, vocab] in float64; one-hot at the draft for a deterministic drafter."""
-    if q is not None:
-        return np.array(q.astype(mx.float32), dtype=np.float64)
-    rows = np.zeros((len(draft), vocab))
-    rows[np.arange(len(draft)), draft] = 1.0
-    return rows
-
-
 def accept_block(
     p: mx.array, draft: list[int], q: mx.array | None, draws: list[int] | None = None
 ) -> tuple[int, list[int], list[float]]:
@@ -394,7 +386,11 @@ def accept_block(
     coins = mx.random.uniform(shape=(k + 1,)) if draws is None else mx.zeros((k + 1,))
     mx.eval(p, coins)
     p_rows = np.array(p.astype(mx.float32), dtype=np.float64)
-    q_rows = draft_rows(q, draft, p_rows.shape[-1])
+    if q is not None:
+        q_rows = np.array(q.astype(mx.float32), dtype=np.float64)
+    else:  # a deterministic drafter: one-hot at the draft
+        q_rows = np.zeros((k, p_rows.shape[-1]))
+        q_rows[np.arange(k), draft] = 1.0
     w, h, _ = block_weights(p_rows, q_rows, draft)
     if draws is not None:
         tau = next((i for i in range(k) if draft[i] != draws[i]), k)
@@ -406,9 +402,3 @@ def accept_block(
     else:
         row = block_residual(p_rows[tau], q_rows[tau], w[tau])
     return tau, list(draft[:tau]) + [inverse_cdf(row, float(uniform[k]))], [float(x) for x in w[1:]]
-
-
-def typical_thresholds(p: mx.array, epsilon: float, delta: float) -> mx.array:
-    """Medusa's posterior threshold of each row of ``p``: min(epsilon, delta * exp(-H(p)))."""
-    entropy = -mx.sum(mx.where(p > 0, p * mx.log(mx.maximum(p, 1e-30)), 0.0), axis=-1)
-    return mx.minimum(epsilon, delta * mx.exp(-entropy))
