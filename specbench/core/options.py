@@ -20,16 +20,14 @@ class GenerateOptions:
     default for greedy decoding), "fast" runs one batched forward (the default when sampling).
     ``count_experts``: record the distinct experts each MoE layer touches per step (in the log
     record's ``extra["experts"]``); off by default, and free when off.
-    ``acceptance_rule``: the rule that accepts draft tokens when sampling (``specbench.core.rules``), by name
-    with its default parameters ("token", min(1, p/q), the default; "exact-match", "block" (paths only),
-    "typical" (lossy), or any registered rule) or as an ``AcceptanceRule`` carrying its parameters
-    (``Typical(epsilon=0.05, delta=0.2)``). At temperature 0 every rule is greedy.
+    ``acceptance_rule``: the rule that accepts draft tokens when sampling, by name with its default parameters
+    ("token", min(1, p/q), the default; the registered rules: ``specbench.core.rules``) or as an
+    ``AcceptanceRule`` carrying its parameters (``Typical(epsilon=0.05, delta=0.2)``). At temperature 0 every
+    rule is greedy.
     ``sample_by_position``: each output position's token drawn with a key of (``seed``, position), in plain
-    decoding and in verification alike (``specbench.core.accept.draw_by_position``), so that speculative sampling
-    gives plain sampling's tokens for the same seed: with "exact-match" always, with "token" and "block" for
-    deterministic drafts; "typical" cannot (``specbench.core.rules`` says why). It needs a seed, and makes
-    "exact" the default verify mode (equal tokens need the logits plain decoding computes). Off: one random
-    stream seeded once (mlx-lm's sampler), as before.
+    decoding and in verification alike, so that speculative sampling gives plain sampling's tokens for the same
+    seed where the rule can (``specbench.core.rules`` says which). It needs a seed, and makes "exact" the default
+    verify mode. Off: one random stream seeded once (mlx-lm's sampler).
     ``audit``: the share of exact verifications compared with serial steps during generation (0: none; 1: all);
     on a mismatch the generation verifies serially from then on and names the first diverging operation
     (``specbench.exact.audit``; ``stats()["exact_audit"]``).

@@ -3,17 +3,8 @@
 
 The rules are registered (``RULES``, ``register_rule``): every module of this package is imported before the registry
 is first read, so a new rule is one module here defining an ``AcceptanceRule`` subclass (docs/extending.md); the
-command line's ``--acceptance-rule`` choices, the rule comparison and the checks read the registry.
-
-- ``"token"`` (the default): token-wise min(1, p/q) with residual resampling (Leviathan et al.; Chen
-  et al.; SpecInfer's recursive form for trees), ``specbench.core.accept``. Lossless.
-- ``"exact-match"`` (mlx-lm's): the target samples its own token at every position; a draft token is
-  accepted iff it equals that sample. Lossless for any drafter; q is not used.
-- ``"block"``: block verification (Sun et al., "Block Verification Accelerates Speculative Decoding"):
-  the whole drafted prefix is accepted jointly, with the paper's residual. Lossless; never accepts fewer
-  tokens than ``"token"`` in expectation. Paths only.
-- ``"typical"``: Medusa's typical acceptance: a draft token x is accepted iff
-  p(x) > min(epsilon, delta * exp(-H(p))). **Lossy**: the output distribution shifts.
+command line's ``--acceptance-rule`` choices, the rule comparison and the checks read the registry. Each rule's
+class says what it does and whether it is lossless; "token" (``specbench.core.accept``) is the default.
 
 Sampling by position (``GenerateOptions.sample_by_position``; ``specbench.core.accept.draw_by_position``): the
 target's token at each output position is drawn with a key of (seed, position), in plain decoding and in
@@ -200,7 +191,8 @@ def _probability(rule: str, option: str, value: object, note: str) -> None:
 @register_rule
 @dataclass(frozen=True)
 class TokenRule(AcceptanceRule):
-    """Token-wise min(1, p/q) with residual resampling; SpecInfer's recursion over a tree's siblings."""
+    """Token-wise min(1, p/q) with residual resampling (Leviathan et al.; Chen et al.); SpecInfer's recursion over a
+    tree's siblings. Lossless."""
 
     name: ClassVar[str] = "token"
     description: ClassVar[str] = "min(1, p/q) with residual resampling (lossless)"
@@ -215,7 +207,8 @@ class TokenRule(AcceptanceRule):
 @register_rule
 @dataclass(frozen=True)
 class ExactMatch(AcceptanceRule):
-    """mlx-lm's rule: a draft token is accepted iff it equals the target's own sample there."""
+    """mlx-lm's rule: a draft token is accepted iff it equals the target's own sample there. Lossless for any
+    drafter; q is not used."""
 
     name: ClassVar[str] = "exact-match"
     description: ClassVar[str] = "mlx-lm's: a draft token is kept iff it equals the target's sample (lossless)"
@@ -235,7 +228,9 @@ class ExactMatch(AcceptanceRule):
 @register_rule
 @dataclass(frozen=True)
 class Block(AcceptanceRule):
-    """Block verification (Sun et al.): the drafted prefix accepted jointly. Paths only."""
+    """Block verification (Sun et al., "Block Verification Accelerates Speculative Decoding"): the drafted prefix
+    accepted jointly, with the paper's residual. Lossless; never accepts fewer tokens than "token" in expectation.
+    Paths only."""
 
     name: ClassVar[str] = "block"
     description: ClassVar[str] = "block verification, the prefix accepted jointly (lossless; paths only)"
