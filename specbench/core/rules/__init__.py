@@ -215,7 +215,17 @@ class ExactMatch(AcceptanceRule):
     by_position: ClassVar[str] = "any drafts"
 
     def accept_path(self, p, draft, q, draws):
-        return accept_exact_match(p, draft, draws)
+        """mlx-lm's rule: sample the target's token y_i from p_i at every position (``draws`` when sampled by
+        position); accept draft token i iff it equals y_i (while all before it were accepted); emit y at the first
+        mismatch, or the bonus y_k. Acceptance probability at a reached position: p_i(d_i)."""
+        k = len(draft)
+        check_tables(p, k, None, self.name)
+        if draws is not None:
+            check_draws(draws, k + 1, None, self.name)
+        drafted = mx.take_along_axis(p[:k], mx.array(draft, dtype=mx.int32)[:, None], axis=-1)[:, 0]
+        samples = list(draws) if draws is not None else mx.random.categorical(mx.log(p)).tolist()
+        n, emitted = accept_greedy(draft, samples)
+        return n, emitted, [float(x) for x in drafted.tolist()]
 
     def accept_tree(self, p, tokens, parents, q, draws):
         check_tables(p, len(tokens), None, self.name)
@@ -237,7 +247,38 @@ class Block(AcceptanceRule):
     paths_only: ClassVar[bool] = True
 
     def accept_path(self, p, draft, q, draws):
-        return accept_block(p, draft, q, draws)
+        """Block verification (Sun et al., Algorithm 2): with eta_i uniform, accept the longest prefix
+        tau = max{i : eta_i <= h_i} (0 if none), then sample the next token from p_k when tau = k, else from
+        normalize(max(w_tau p_tau - q_tau, 0)). The output is distributed as plain sampling's, and the
+        probability that the first i tokens are accepted, given them, is w_i >= the token-wise rule's
+        prod_j min(1, p_j/q_j). Returns (tau, emitted tokens, the prefix weights w_1..w_k).
+
+        ``draws`` (sampling by position; deterministic drafts only): tau is the longest prefix equal to the draws and
+        the draw after it is emitted. With q one-hot, w_i = prod_j p_j(d_j) is the chance of that prefix and the
+        residual is p without the next draft token, the law of the draw given it differs: the rule, coupled."""
+        k = len(draft)
+        check_tables(p, k, q, self.name)
+        if draws is not None:
+            check_draws(draws, k + 1, q, self.name)
+        coins = mx.random.uniform(shape=(k + 1,)) if draws is None else mx.zeros((k + 1,))
+        mx.eval(p, coins)
+        p_rows = np.array(p.astype(mx.float32), dtype=np.float64)
+        if q is not None:
+            q_rows = np.array(q.astype(mx.float32), dtype=np.float64)
+        else:  # a deterministic drafter: one-hot at the draft
+            q_rows = np.zeros((k, p_rows.shape[-1]))
+            q_rows[np.arange(k), draft] = 1.0
+        w, h, _ = block_weights(p_rows, q_rows, draft)
+        if draws is not None:
+            tau = next((i for i in range(k) if draft[i] != draws[i]), k)
+            return tau, list(draft[:tau]) + [int(draws[tau])], [float(x) for x in w[1:]]
+        uniform = np.array(coins, dtype=np.float64)
+        tau = max((i for i in range(1, k + 1) if uniform[i - 1] <= h[i]), default=0)
+        if tau == k:
+            row = p_rows[k] / p_rows[k].sum()
+        else:
+            row = block_residual(p_rows[tau], q_rows[tau], w[tau])
+        return tau, list(draft[:tau]) + [inverse_cdf(row, float(uniform[k]))], [float(x) for x in w[1:]]
 
 
 @dataclass(frozen=True)
@@ -313,22 +354,6 @@ class Typical(PassingRule):
         return drafted_probabilities(p, tokens) > mx.minimum(self.epsilon, self.delta * mx.exp(-entropy))
 
 
-def accept_exact_match(
-    p: mx.array, draft: list[int], draws: list[int] | None = None
-) -> tuple[int, list[int], list[float]]:
-    """mlx-lm's rule: sample the target's token y_i from p_i at every position (``draws`` when sampled by
-    position); accept draft token i iff it equals y_i (while all before it were accepted); emit y at the first
-    mismatch, or the bonus y_k. Acceptance probability at a reached position: p_i(d_i)."""
-    k = len(draft)
-    check_tables(p, k, None, "exact-match")
-    if draws is not None:
-        check_draws(draws, k + 1, None, "exact-match")
-    drafted = mx.take_along_axis(p[:k], mx.array(draft, dtype=mx.int32)[:, None], axis=-1)[:, 0]
-    samples = list(draws) if draws is not None else mx.random.categorical(mx.log(p)).tolist()
-    n, emitted = accept_greedy(draft, samples)
-    return n, emitted, [float(x) for x in drafted.tolist()]
-
-
 def block_weights(p: np.ndarray, q: np.ndarray, draft: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Block verification's quantities for one draft (Sun et al., Algorithm 2), in float64.
 
@@ -360,40 +385,3 @@ def block_residual(p_row: np.ndarray, q_row: np.ndarray, weight: float) -> np.nd
     residual = np.maximum(weight * p_row - q_row, 0.0)
     total = residual.sum()
     return residual / total if total > 0 else p_row / p_row.sum()
-
-
-def accept_block(
-    p: mx.array, draft: list[int], q: mx.array | None, draws: list[int] | None = None
-) -> tuple[int, list[int], list[float]]:
-    """Block verification (Sun et al., Algorithm 2): with eta_i uniform, accept the longest prefix
-    tau = max{i : eta_i <= h_i} (0 if none), then sample the next token from p_k when tau = k, else from
-    normalize(max(w_tau p_tau - q_tau, 0)). The output is distributed as plain sampling's, and the
-    probability that the first i tokens are accepted, given them, is w_i >= the token-wise rule's
-    prod_j min(1, p_j/q_j). Returns (tau, emitted tokens, the prefix weights w_1..w_k).
-
-    ``draws`` (sampling by position; deterministic drafts only): tau is the longest prefix equal to the draws and
-    the draw after it is emitted. With q one-hot, w_i = prod_j p_j(d_j) is the chance of that prefix and the
-    residual is p without the next draft token, the law of the draw given it differs: the rule, coupled."""
-    k = len(draft)
-    check_tables(p, k, q, "block")
-    if draws is not None:
-        check_draws(draws, k + 1, q, "block")
-    coins = mx.random.uniform(shape=(k + 1,)) if draws is None else mx.zeros((k + 1,))
-    mx.eval(p, coins)
-    p_rows = np.array(p.astype(mx.float32), dtype=np.float64)
-    if q is not None:
-        q_rows = np.array(q.astype(mx.float32), dtype=np.float64)
-    else:  # a deterministic drafter: one-hot at the draft
-        q_rows = np.zeros((k, p_rows.shape[-1]))
-        q_rows[np.arange(k), draft] = 1.0
-    w, h, _ = block_weights(p_rows, q_rows, draft)
-    if draws is not None:
-        tau = next((i for i in range(k) if draft[i] != draws[i]), k)
-        return tau, list(draft[:tau]) + [int(draws[tau])], [float(x) for x in w[1:]]
-    uniform = np.array(coins, dtype=np.float64)
-    tau = max((i for i in range(1, k + 1) if uniform[i - 1] <= h[i]), default=0)
-    if tau == k:
-        row = p_rows[k] / p_rows[k].sum()
-    else:
-        row = block_residual(p_rows[tau], q_rows[tau], w[tau])
-    return tau, list(draft[:tau]) + [inverse_cdf(row, float(uniform[k]))], [float(x) for x in w[1:]]
