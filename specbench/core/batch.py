@@ -35,6 +35,7 @@ from specbench.core.draft import Drafter
 from specbench.core.experts import ExpertCounter
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy, as_policy
+from specbench.core.policy_args import at_least_one
 from specbench.core.target import ModelTarget
 from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, PolicySpec, Prompt, Tokenizer
 from specbench.core.verify import FAST, Verifier, VerifyMode, accept_greedy, greedy
@@ -125,8 +126,8 @@ class BatchGeneration:
         if not isinstance(verifier, Verifier):
             raise TypeError(f"verifier must be a Verifier (FAST, or specbench.exact.batch_verifier), got {verifier!r}")
         requested_verify_mode(options, len(prompts))
-        if max_batch is not None and (not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1):
-            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if max_batch is not None:
+            at_least_one("max_batch", max_batch)
         check_batchable(model)
         if verifier.mode == "exact" and recurrent_layers(make_prompt_cache(model)):
             raise ValueError(
