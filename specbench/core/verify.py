@@ -67,7 +67,7 @@ def as_draft(proposal: Draft | Sequence[int] | None, k: int, drafter: str = "dra
 def cut_unconfident(draft: Draft, threshold: float) -> Draft:
     """``draft`` up to its first token whose drafter probability (``Draft.confidence``, else q at the token)
     is under ``threshold``; a draft without probabilities, or a tree, is kept whole."""
-    if threshold <= 0 or not draft.tokens or draft.is_tree:
+    if threshold <= 0 or not draft.tokens or draft.parents is not None:
         return draft
     confidence = draft.confidence
     if confidence is None and draft.probs is not None:
