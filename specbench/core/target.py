@@ -80,6 +80,21 @@ class Target(Protocol):
     ) -> Step: ...
 
 
+@contextlib.contextmanager
+def generation_context(
+    model: nn.Module, verifier: Verifier, speculative: bool, counting: bool
+) -> Iterator[ExpertCounter | None]:
+    """What generations decode inside: wired memory, mlx-lm's generation stream, the verifier's way of running plain
+    steps (and, ``speculative``, what it prepares per generation) and, when ``counting``, an expert counter."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(wired_limit(model, [generation_stream]))
+        stack.enter_context(mx.stream(generation_stream))
+        stack.enter_context(verifier.decoding())
+        if speculative:
+            stack.enter_context(verifier.running())
+        yield stack.enter_context(ExpertCounter(model)) if counting else None
+
+
 class ModelTarget:
     """An mlx-lm model and its caches: prefill, lazy plain steps, one-forward verification."""
 
@@ -118,15 +133,9 @@ class ModelTarget:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        """Wired memory, mlx-lm's generation stream and, when asked for, expert counting."""
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(wired_limit(self.model, [generation_stream]))
-            stack.enter_context(mx.stream(generation_stream))
-            stack.enter_context(self.verifier.decoding())
-            if self.speculative:
-                stack.enter_context(self.verifier.running())
-            if self.options.count_experts:
-                self.counter = stack.enter_context(ExpertCounter(self.model))
+        """``generation_context``, with expert counting when asked for, and a fresh sampler."""
+        with generation_context(self.model, self.verifier, self.speculative, self.options.count_experts) as counter:
+            self.counter = counter
             self.sampler = self.options.sampling.sampler()
             yield
 
