@@ -203,8 +203,12 @@ def accept_tree_sampled(
         if accepted is None and draws is not None:
             return path, [tokens[i] for i in path] + [int(draws[node + 1])], ratios
         if accepted is None:
-            cdf = np.cumsum(residual)
-            last = int(np.searchsorted(cdf, uniform[-1] * cdf[-1], side="right"))
-            return path, [tokens[i] for i in path] + [min(last, len(cdf) - 1)], ratios
+            return path, [tokens[i] for i in path] + [inverse_cdf(residual, uniform[-1])], ratios
         path.append(accepted)
         node = accepted
+
+
+def inverse_cdf(row: np.ndarray, u: float) -> int:
+    """The token whose cumulative mass in ``row`` (unnormalised) first exceeds ``u`` of the total."""
+    cdf = np.cumsum(row)
+    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(cdf) - 1)

@@ -109,12 +109,7 @@ class AutoSettings:
 
 
 class AutoDecisions(AutoSettings):
-    """Speculates while this generation's own measurements say it pays, else decodes plainly.
-
-    Decides from its cost envelope (``CostEnvelope``: the lengths the cost curve lets pay) and its evidence
-    (``Evidence``: acceptance seen, the ramp, the timed windows), below; the module docstring says how.
-    ``measured=False`` (the default with a fixed ``break_even``) times and shadows nothing.
-    """
+    """What Auto decides each step, from its ``CostEnvelope`` and its ``Evidence`` (the module docstring says how)."""
 
     def start(self, drafter: Drafter, break_even: Callable[[int], float] | None = None) -> None:
         self._seen = 0  # records of the log filed so far

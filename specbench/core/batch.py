@@ -17,7 +17,6 @@ request's greedy tokens equal its own plain greedy decoding whatever else is in 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,16 +25,15 @@ from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.core.batch_hybrid import RowRollback, batch_layer, check_batchable, recurrent_layers
 from specbench.core.batch_request import BatchRequest
 from specbench.core.draft import Drafter
-from specbench.core.experts import ExpertCounter
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy, as_policy
-from specbench.core.target import ModelTarget
+from specbench.core.policy_args import at_least_one
+from specbench.core.target import ModelTarget, generation_context
 from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, PolicySpec, Prompt, Tokenizer
 from specbench.core.verify import FAST, Verifier, VerifyMode, accept_greedy, greedy
 
@@ -125,8 +123,8 @@ class BatchGeneration:
         if not isinstance(verifier, Verifier):
             raise TypeError(f"verifier must be a Verifier (FAST, or specbench.exact.batch_verifier), got {verifier!r}")
         requested_verify_mode(options, len(prompts))
-        if max_batch is not None and (not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1):
-            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if max_batch is not None:
+            at_least_one("max_batch", max_batch)
         check_batchable(model)
         if verifier.mode == "exact" and recurrent_layers(make_prompt_cache(model)):
             raise ValueError(
@@ -227,20 +225,11 @@ class BatchGeneration:
         }
 
     # -- the loop ---------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _running(self) -> Iterator[ExpertCounter | None]:
-        counting = any(r.options.count_experts for r in self.requests)
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(wired_limit(self.model, [generation_stream]))
-            stack.enter_context(mx.stream(generation_stream))
-            stack.enter_context(self.verifier.decoding())
-            stack.enter_context(self.verifier.running())
-            yield stack.enter_context(ExpertCounter(self.model)) if counting else None
-
     def _run(self) -> Iterator[tuple[int, list[int]]]:
         start = self.clock()
+        counting = any(r.options.count_experts for r in self.requests)
         try:
-            with self._running() as counter:
+            with generation_context(self.model, self.verifier, True, counting) as counter:
                 self.counter = counter
                 while self.waiting or self.active:
                     if self._slot_taken_next() or self._pipelined():

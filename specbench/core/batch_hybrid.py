@@ -103,11 +103,7 @@ class RowRollback:
                 steps = mx.array([n - 1 for n in kept])
                 rows = mx.arange(len(kept))
                 for i in recorder.mixers:
-                    record = recorder.records[i]
-                    if len(record["states"]) != width or len(record["conv"]) != width:
-                        raise RuntimeError(
-                            f"layer {i}: the verification was not recorded ({len(record['states'])} of {width} steps)"
-                        )
+                    record = recorder.recorded(i, width)
                     self.cache[i][0] = mx.contiguous(mx.stack(record["conv"])[steps, rows])
                     self.cache[i][1] = mx.stack(record["states"])[steps, rows]
         finally:

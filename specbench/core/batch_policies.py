@@ -10,13 +10,12 @@ request's policy the batch size before every step (``set_batch_size``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from numbers import Integral
 from typing import Any
 
 from specbench.core.auto import CostEnvelope
 from specbench.core.draft import Drafter
 from specbench.core.policies import AutoPolicy, DraftPolicy
-from specbench.core.policy_args import MAX_DRAFT_LENGTH
+from specbench.core.policy_args import check_k, whole
 
 
 def _table(table: Mapping[int, int]) -> dict[int, int]:
@@ -24,15 +23,8 @@ def _table(table: Mapping[int, int]) -> dict[int, int]:
         raise TypeError(f"a batch table maps batch sizes to draft lengths, e.g. {{1: 4, 8: 2, 32: 0}}, got {table!r}")
     out = {}
     for b, k in table.items():
-        for name, value, low in (("batch size", b, 1), ("draft length", k, 0)):
-            if not isinstance(value, Integral) or isinstance(value, bool) or value < low:
-                raise ValueError(f"batch table {table!r}: each {name} must be an integer >= {low}, got {value!r}")
-        if k > MAX_DRAFT_LENGTH:
-            raise ValueError(
-                f"batch table {table!r}: draft length {k} is over the longest draft specbench verifies "
-                f"({MAX_DRAFT_LENGTH} tokens)"
-            )
-        out[int(b)] = int(k)
+        length = f"batch table {table!r}: draft length"
+        out[whole(f"batch table {table!r}: batch size", b, 1)] = whole(length, k, 0) and check_k(k, length)
     if 1 not in out:
         raise ValueError(f"batch table {table!r} has no entry for batch size 1: start it at 1")
     return dict(sorted(out.items()))

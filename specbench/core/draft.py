@@ -32,10 +32,6 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    @property
-    def is_tree(self) -> bool:
-        return self.parents is not None
-
 
 def within_max_draft(longest: int, drafter: Drafter) -> int:
     """``longest`` draft tokens, or fewer where ``drafter`` never drafts more (``Drafter.max_draft``)."""

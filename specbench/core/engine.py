@@ -332,15 +332,7 @@ class Generation:
         """Log the verification of ``draft`` (asked for ``k`` tokens) that gave ``step``; accepted tokens past a
         stop are never emitted, so never counted; ``since``: when the step's bookkeeping began."""
         accepted = min(step.accepted, len(emitted))
-        tree = (
-            {
-                "tree_nodes": len(draft.tokens),
-                "tree_depth": max(depths(draft.parents)),
-                "accepted_path": step.path[:accepted],
-            }
-            if draft.parents is not None  # a tree (a checked path has none)
-            else {}
-        )
+        tree = draft.parents is not None  # a checked path has none
         self._record(
             "verify",
             len(self.tokens),
@@ -353,11 +345,13 @@ class Generation:
             verify_s=verify_s,
             accept_probs=step.accept_probs,
             draft_tokens=list(draft.tokens),
-            draft_parents=list(draft.parents) if draft.parents is not None else [],
+            draft_parents=list(draft.parents) if tree else [],
+            tree_nodes=len(draft.tokens) if tree else 0,
+            tree_depth=max(depths(draft.parents)) if tree else 0,
+            accepted_path=step.path[:accepted] if tree else [],
             extra=step.extra,
             other_since=since,
             reason=reason,
-            **tree,
         )
 
     def _record(
@@ -373,7 +367,7 @@ class Generation:
                 position=position,
                 kind=kind,
                 drafter=self._drafter_name(),
-                policy=self._policy_name(),
+                policy=getattr(self.policy, "name", "none"),
                 emitted=len(emitted),
                 accepted_positions=list(range(accepted)),
                 tokens=emitted,
@@ -426,10 +420,7 @@ class Generation:
             yield t
 
     def _drafter_name(self) -> str:
-        return getattr(self.drafter, "name", "none") if self.drafter is not None else "none"
-
-    def _policy_name(self) -> str:
-        return getattr(self.policy, "name", "none") if self.policy is not None else "none"
+        return getattr(self.drafter, "name", "none")
 
 
 def plain_generation(

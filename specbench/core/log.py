@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -95,11 +96,7 @@ _EMPTY = frozenset(f.name for f in fields(StepRecord) if f.default_factory is no
 def reason_counts(records: Iterable[StepRecord]) -> dict[str, int]:
     """Steps per reason code (the text before a reason's ":"), most frequent first: why plain steps were taken and
     drafts were shorter than the policy's longest."""
-    counts: dict[str, int] = {}
-    for record in records:
-        if record.reason:
-            code = record.reason.split(":", 1)[0]
-            counts[code] = counts.get(code, 0) + 1
+    counts = Counter(record.reason.split(":", 1)[0] for record in records if record.reason)
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
@@ -129,13 +126,6 @@ class StepLog:
 
     def __iter__(self) -> Iterator[StepRecord]:
         return iter(self.records)
-
-    def last(self, kind: str | None = None) -> StepRecord | None:
-        """The latest record, or the latest of a given kind."""
-        for record in reversed(self.records):
-            if kind is None or record.kind == kind:
-                return record
-        return None
 
     def stats(self) -> dict[str, Any]:
         """Totals and the rates derived from them.

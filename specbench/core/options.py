@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 from specbench.core.accept import SamplingSettings
+from specbench.core.policy_args import whole
 from specbench.core.rules import AcceptanceRule, rule_for
 from specbench.core.verify import VerifyMode, check_verify_mode
 
@@ -20,16 +21,14 @@ class GenerateOptions:
     default for greedy decoding), "fast" runs one batched forward (the default when sampling).
     ``count_experts``: record the distinct experts each MoE layer touches per step (in the log
     record's ``extra["experts"]``); off by default, and free when off.
-    ``acceptance_rule``: the rule that accepts draft tokens when sampling (``specbench.core.rules``), by name
-    with its default parameters ("token", min(1, p/q), the default; "exact-match", "block" (paths only),
-    "typical" (lossy), or any registered rule) or as an ``AcceptanceRule`` carrying its parameters
-    (``Typical(epsilon=0.05, delta=0.2)``). At temperature 0 every rule is greedy.
+    ``acceptance_rule``: the rule that accepts draft tokens when sampling, by name with its default parameters
+    ("token", min(1, p/q), the default; the registered rules: ``specbench.core.rules``) or as an
+    ``AcceptanceRule`` carrying its parameters (``Typical(epsilon=0.05, delta=0.2)``). At temperature 0 every
+    rule is greedy.
     ``sample_by_position``: each output position's token drawn with a key of (``seed``, position), in plain
-    decoding and in verification alike (``specbench.core.accept.draw_by_position``), so that speculative sampling
-    gives plain sampling's tokens for the same seed: with "exact-match" always, with "token" and "block" for
-    deterministic drafts; "typical" cannot (``specbench.core.rules`` says why). It needs a seed, and makes
-    "exact" the default verify mode (equal tokens need the logits plain decoding computes). Off: one random
-    stream seeded once (mlx-lm's sampler), as before.
+    decoding and in verification alike, so that speculative sampling gives plain sampling's tokens for the same
+    seed where the rule can (``specbench.core.rules`` says which). It needs a seed, and makes "exact" the default
+    verify mode. Off: one random stream seeded once (mlx-lm's sampler).
     ``audit``: the share of exact verifications compared with serial steps during generation (0: none; 1: all);
     on a mismatch the generation verifies serially from then on and names the first diverging operation
     (``specbench.exact.audit``; ``stats()["exact_audit"]``).
@@ -55,9 +54,9 @@ class GenerateOptions:
 
     def check(self) -> None:
         """Raise one clear ValueError (a bad value) or TypeError (a bad type) for the first invalid option."""
-        _integer("max_tokens", self.max_tokens, 1)
-        _integer("min_tokens", self.min_tokens, 0)
-        _integer("prefill_step_size", self.prefill_step_size, 1)
+        whole("max_tokens", self.max_tokens, 1)
+        whole("min_tokens", self.min_tokens, 0)
+        whole("prefill_step_size", self.prefill_step_size, 1)
         temperature = _real("temperature", self.temperature, "a finite number >= 0 (0: greedy)")
         if not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature!r}")
@@ -65,9 +64,9 @@ class GenerateOptions:
             raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p!r}")
         if not 0 <= _real("min_p", self.min_p, "a number in [0, 1]") <= 1:
             raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p!r}")
-        _integer("top_k", self.top_k, 0, "(0 disables it)")
+        whole("top_k", self.top_k, 0, note="(0 disables it)")
         if self.seed is not None:
-            _integer("seed", self.seed, 0, "or None", maximum=2**64 - 1)
+            whole("seed", self.seed, 0, 2**64 - 1, "or None")
         if self.verify is not None:
             check_verify_mode(self.verify)
         rule = self.rule  # an unknown name is one clear error
@@ -107,17 +106,6 @@ class GenerateOptions:
         if self.verify is not None:
             return self.verify
         return "exact" if self.temperature == 0 or self.sample_by_position else "fast"
-
-
-def _integer(name: str, value: object, minimum: int, note: str = "", maximum: int | None = None) -> int:
-    """``value`` if it is an integer (not a bool) in [minimum, maximum], else a TypeError/ValueError naming ``name``."""
-    allowed = f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
-    allowed += f" {note}" if note else ""
-    if not isinstance(value, Integral) or isinstance(value, bool):
-        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
-    if value < minimum or (maximum is not None and value > maximum):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    return int(value)
 
 
 def _real(name: str, value: object, allowed: str) -> float:

@@ -20,16 +20,13 @@ def check_k(n: int, name: str = "draft length") -> int:
 
 def at_least_one(name: str, n: object) -> int:
     """``n`` if it is an integer >= 1 (not a bool), else a TypeError/ValueError naming ``name``."""
-    if not isinstance(n, Integral) or isinstance(n, bool):
-        raise TypeError(f"{name} must be an integer >= 1, got {n!r} ({type(n).__name__})")
-    if n < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {n!r}")
-    return int(n)
+    return whole(name, n, 1)
 
 
-def whole(name: str, value: object, low: int, high: int | None = None) -> int:
-    """``value`` if it is an integer in [low, high] (not a bool), else a TypeError/ValueError naming ``name``."""
-    bounds = f"from {low} to {high}" if high is not None else f">= {low}"
+def whole(name: str, value: object, low: int, high: int | None = None, note: str = "") -> int:
+    """``value`` if it is an integer in [low, high] (not a bool), else a TypeError/ValueError naming ``name`` (and
+    ``note``, what else it may be)."""
+    bounds = (f"from {low} to {high}" if high is not None else f">= {low}") + (f" {note}" if note else "")
     if not isinstance(value, Integral) or isinstance(value, bool):
         raise TypeError(f"{name} must be an integer {bounds}, got {value!r} ({type(value).__name__})")
     if value < low or (high is not None and value > high):

@@ -53,7 +53,14 @@ class RecurrentRecorder:
         self.width = width
         self.records = {i: {"cache": self.cache[i], "conv": [], "states": []} for i in self.mixers}
         for i, mixer in self.mixers.items():
-            _record_calls(mixer, self.records[i])
+            swap_class(mixer, _RecordingMixer, _specbench_record=self.records[i])
+
+    def recorded(self, i: int, width: int) -> dict[str, Any]:
+        """Layer ``i``'s record of the last forward, checked to hold each of its ``width`` steps."""
+        rec = self.records[i]
+        if len(rec["states"]) != width or len(rec["conv"]) != width:
+            raise RuntimeError(f"layer {i}: the verification was not recorded ({len(rec['states'])} of {width} steps)")
+        return rec
 
     def restore(self, num_rejected: int) -> None:
         """Leave each recurrent cache in the state after the accepted positions; stop recording."""
@@ -63,25 +70,13 @@ class RecurrentRecorder:
                 if accepted < 1:
                     raise ValueError(f"cannot reject {num_rejected} of {self.width} verified positions")
                 for i in self.mixers:
-                    rec = self.records[i]
-                    if len(rec["states"]) != self.width or len(rec["conv"]) != self.width:
-                        raise RuntimeError(
-                            f"layer {i}: the verification was not recorded ({len(rec['states'])} of {self.width} steps)"
-                        )
+                    rec = self.recorded(i, self.width)
                     self.cache[i][0] = mx.contiguous(rec["conv"][accepted - 1])
                     self.cache[i][1] = rec["states"][accepted - 1]
         finally:
             for mixer in self.mixers.values():
-                _stop_recording(mixer)
+                restore_class(mixer, "_specbench_record")
             self.records = {}
-
-
-def _record_calls(mixer: nn.Module, record: dict[str, Any]) -> None:
-    swap_class(mixer, _RecordingMixer, _specbench_record=record)
-
-
-def _stop_recording(mixer: nn.Module) -> None:
-    restore_class(mixer, "_specbench_record")
 
 
 class _RecordingMixer:

@@ -80,6 +80,21 @@ class Target(Protocol):
     ) -> Step: ...
 
 
+@contextlib.contextmanager
+def generation_context(
+    model: nn.Module, verifier: Verifier, speculative: bool, counting: bool
+) -> Iterator[ExpertCounter | None]:
+    """What generations decode inside: wired memory, mlx-lm's generation stream, the verifier's way of running plain
+    steps (and, ``speculative``, what it prepares per generation) and, when ``counting``, an expert counter."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(wired_limit(model, [generation_stream]))
+        stack.enter_context(mx.stream(generation_stream))
+        stack.enter_context(verifier.decoding())
+        if speculative:
+            stack.enter_context(verifier.running())
+        yield stack.enter_context(ExpertCounter(model)) if counting else None
+
+
 class ModelTarget:
     """An mlx-lm model and its caches: prefill, lazy plain steps, one-forward verification."""
 
@@ -118,15 +133,9 @@ class ModelTarget:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        """Wired memory, mlx-lm's generation stream and, when asked for, expert counting."""
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(wired_limit(self.model, [generation_stream]))
-            stack.enter_context(mx.stream(generation_stream))
-            stack.enter_context(self.verifier.decoding())
-            if self.speculative:
-                stack.enter_context(self.verifier.running())
-            if self.options.count_experts:
-                self.counter = stack.enter_context(ExpertCounter(self.model))
+        """``generation_context``, with expert counting when asked for, and a fresh sampler."""
+        with generation_context(self.model, self.verifier, self.speculative, self.options.count_experts) as counter:
+            self.counter = counter
             self.sampler = self.options.sampling.sampler()
             yield
 
@@ -139,25 +148,15 @@ class ModelTarget:
         """Expert counts of the forward just built, when counting."""
         return {"experts": self.counter.take()} if self.counter is not None else {}
 
-    def _mask_eos(self, logits: mx.array, first_position: int) -> mx.array:
-        """Suppress EOS in rows whose output position is below ``min_tokens``."""
-        rows = logits.shape[-2]
-        masked_rows = min(rows, self.options.min_tokens - first_position)
-        if masked_rows <= 0 or not self.eos_ids:
-            return logits
-        column = mx.zeros((logits.shape[-1],), dtype=mx.bool_)
-        column[mx.array(self.eos_ids)] = True
-        row = mx.arange(rows)[:, None] < masked_rows
-        return mx.where(row & column, mx.array(-float("inf"), logits.dtype), logits)
-
-    def _mask_tree_eos(self, logits: mx.array, position: int, parents: list[int]) -> mx.array:
-        """Suppress EOS in tree rows whose output position (``position`` plus the row's depth) is below
-        ``min_tokens``."""
+    def _mask_eos(self, logits: mx.array, position: int, parents: list[int] | None = None) -> mx.array:
+        """Suppress EOS in rows whose output position is below ``min_tokens``: ``position`` plus the row's index,
+        or for a token tree (``parents``) its depth."""
         if position >= self.options.min_tokens or not self.eos_ids:
             return logits
         column = mx.zeros((logits.shape[-1],), dtype=mx.bool_)
         column[mx.array(self.eos_ids)] = True
-        row = (position + mx.array([0] + depths(parents)))[:, None] < self.options.min_tokens
+        offsets = mx.arange(logits.shape[-2]) if parents is None else mx.array([0] + depths(parents))
+        row = (position + offsets)[:, None] < self.options.min_tokens
         return mx.where(row & column, mx.array(-float("inf"), logits.dtype), logits)
 
     def _pick(self, logits: mx.array, position: int) -> mx.array:
@@ -295,7 +294,7 @@ class ModelTarget:
         with tree_attention(self.model, self.cache, parents):
             logits, hidden = self._forward(inputs, self.verifier)
         extra = self._extra()
-        logits = self._mask_tree_eos(logits[0], position, parents)
+        logits = self._mask_eos(logits[0], position, parents)
         if self.options.temperature == 0:
             path, emitted = accept_tree_greedy(tokens, parents, self.verifier.greedy(logits))
             ratios: list[float] = []

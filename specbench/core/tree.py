@@ -134,19 +134,21 @@ def attention_modules(model: nn.Module, cache: list[Any]) -> list[nn.Module]:
     return modules
 
 
-class _TreeRoPE:
-    """A model's RoPE applied at each row's own position (the cache offset plus the row's depth)."""
+class _RowRoPE:
+    """A model's RoPE applied at each row's own position: ``positions`` (absolute), or the cache offset plus
+    them where ``relative`` (a tree row's depth)."""
 
-    def __init__(self, rope: Any, depth: mx.array):
+    def __init__(self, rope: Any, positions: mx.array, relative: bool = False):
         self.rope = rope
-        self.depth = depth
+        self.positions = positions
+        self.relative = relative
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
-        if x.ndim != 4 or x.shape[0] != 1 or x.shape[2] != self.depth.size:
+        if x.ndim != 4 or x.shape[0] != 1 or x.shape[2] != self.positions.size:
             return self.rope(x, offset=offset)
         # One row per batch entry, each with its own offset.
-        rows = x.transpose(2, 1, 0, 3)
-        return self.rope(rows, offset=self.depth + offset).transpose(2, 1, 0, 3)
+        positions = self.positions + offset if self.relative else self.positions
+        return self.rope(x.transpose(2, 1, 0, 3), offset=positions).transpose(2, 1, 0, 3)
 
 
 class _TreeState:
@@ -197,7 +199,7 @@ def tree_attention(model: nn.Module, cache: list[Any], parents: Sequence[int]) -
     open_trees.append(state)
     depth = mx.array([0] + depths(parents), dtype=mx.int32)
     try:
-        with _swapped(modules, state, lambda rope: _TreeRoPE(rope, depth)):
+        with _swapped(modules, state, lambda rope: _RowRoPE(rope, depth, relative=True)):
             yield
     finally:
         open_trees.remove(state)
@@ -219,19 +221,6 @@ class _RowsState:
                 f"{self.width} new rows: it needs {offset + self.width}"
             )
         return self.full
-
-
-class _RowRoPE:
-    """A RoPE applied at given absolute positions, one per row."""
-
-    def __init__(self, rope: Any, positions: mx.array):
-        self.rope = rope
-        self.positions = positions
-
-    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
-        if x.ndim != 4 or x.shape[0] != 1 or x.shape[2] != self.positions.size:
-            return self.rope(x, offset=offset)
-        return self.rope(x.transpose(2, 1, 0, 3), offset=self.positions).transpose(2, 1, 0, 3)
 
 
 @contextlib.contextmanager

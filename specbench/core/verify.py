@@ -67,7 +67,7 @@ def as_draft(proposal: Draft | Sequence[int] | None, k: int, drafter: str = "dra
 def cut_unconfident(draft: Draft, threshold: float) -> Draft:
     """``draft`` up to its first token whose drafter probability (``Draft.confidence``, else q at the token)
     is under ``threshold``; a draft without probabilities, or a tree, is kept whole."""
-    if threshold <= 0 or not draft.tokens or draft.is_tree:
+    if threshold <= 0 or not draft.tokens or draft.parents is not None:
         return draft
     confidence = draft.confidence
     if confidence is None and draft.probs is not None:
@@ -128,14 +128,8 @@ def _token_list(tokens: object, drafter: str) -> list:
 
 
 def check_draft(draft: Draft, drafter: str, vocab: int | None, sampling: bool) -> Draft:
-    """``draft`` with its tokens as ints, or one clear error naming ``drafter`` and what was wrong.
-
-    Token ids must be integers in [0, vocab). When ``sampling`` and the drafter gave q
-    (``draft.probs``), q must be an mx.array of shape (len(tokens), vocab), finite, non-negative,
-    each row summing to 1 (within ``Q_TOLERANCE``, more for 16-bit dtypes), and > 0 at each drafted
-    token: the acceptance rule min(1, p/q) would otherwise accept drafts blindly. The q check is one
-    evaluation of a few reductions.
-    """
+    """``draft`` with its tokens as ints in [0, vocab) and its tree checked, or one clear error naming ``drafter``;
+    when ``sampling``, q (``draft.probs``) must be a distribution per drafted token, > 0 at it (``_check_q``)."""
     tokens = list(draft.tokens)
     for t in tokens:
         if not isinstance(t, Integral) or isinstance(t, bool):
@@ -161,6 +155,8 @@ Q_TOLERANCE = 1e-3
 
 
 def _check_q(q: object, tokens: list[int], drafter: str, vocab: int | None) -> None:
+    """q an mx.array [len(tokens), vocab], finite, non-negative, rows summing to 1, > 0 at each drafted token (the
+    rule min(1, p/q) would otherwise accept drafts blindly): one evaluation of a few reductions."""
     if not isinstance(q, mx.array):
         raise TypeError(f"drafter {drafter} gave q (Draft.probs) as {type(q).__name__}: it must be an mx.array")
     width = vocab if vocab is not None else (q.shape[-1] if q.ndim else None)

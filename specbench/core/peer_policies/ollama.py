@@ -60,6 +60,8 @@ def expected_committed(rates: list[float], k: int) -> float:
 class OllamaControllerPolicy(DraftPolicy):
     """Expected committed tokens per cost, maximised over draft lengths 0..``max_k`` each step."""
 
+    needs_break_even = True
+
     def __init__(self, max_k: int = 8, backoff: int = 16, prior: float = 2.0, persist: bool = True):
         self.max_k = check_k(max_k, "max_k")
         self.backoff = at_least_one("backoff", backoff)
@@ -68,10 +70,6 @@ class OllamaControllerPolicy(DraftPolicy):
         self.name = f"ollama:{self.max_k}"
         self.acceptance = PositionAcceptance(self.max_k, self.prior)
         self.scales: list[float] = []
-
-    @property
-    def needs_break_even(self) -> bool:
-        return True
 
     def start(self, drafter: Drafter, break_even: Callable[[int], float] | None = None) -> None:
         super().start(drafter, break_even)

@@ -3,17 +3,8 @@
 
 The rules are registered (``RULES``, ``register_rule``): every module of this package is imported before the registry
 is first read, so a new rule is one module here defining an ``AcceptanceRule`` subclass (docs/extending.md); the
-command line's ``--acceptance-rule`` choices, the rule comparison and the checks read the registry.
-
-- ``"token"`` (the default): token-wise min(1, p/q) with residual resampling (Leviathan et al.; Chen
-  et al.; SpecInfer's recursive form for trees), ``specbench.core.accept``. Lossless.
-- ``"exact-match"`` (mlx-lm's): the target samples its own token at every position; a draft token is
-  accepted iff it equals that sample. Lossless for any drafter; q is not used.
-- ``"block"``: block verification (Sun et al., "Block Verification Accelerates Speculative Decoding"):
-  the whole drafted prefix is accepted jointly, with the paper's residual. Lossless; never accepts fewer
-  tokens than ``"token"`` in expectation. Paths only.
-- ``"typical"``: Medusa's typical acceptance: a draft token x is accepted iff
-  p(x) > min(epsilon, delta * exp(-H(p))). **Lossy**: the output distribution shifts.
+command line's ``--acceptance-rule`` choices, the rule comparison and the checks read the registry. Each rule's
+class says what it does and whether it is lossless; "token" (``specbench.core.accept``) is the default.
 
 Sampling by position (``GenerateOptions.sample_by_position``; ``specbench.core.accept.draw_by_position``): the
 target's token at each output position is drawn with a key of (seed, position), in plain decoding and in
@@ -52,7 +43,7 @@ import mlx.core as mx
 import numpy as np
 
 from specbench.common.registry import Registry
-from specbench.core.accept import accept_sampled, accept_tree_sampled, check_draws, check_tables
+from specbench.core.accept import accept_sampled, accept_tree_sampled, check_draws, check_tables, inverse_cdf
 from specbench.core.tree import children, is_path
 from specbench.core.verify import accept_greedy, accept_tree_greedy
 
@@ -200,7 +191,8 @@ def _probability(rule: str, option: str, value: object, note: str) -> None:
 @register_rule
 @dataclass(frozen=True)
 class TokenRule(AcceptanceRule):
-    """Token-wise min(1, p/q) with residual resampling; SpecInfer's recursion over a tree's siblings."""
+    """Token-wise min(1, p/q) with residual resampling (Leviathan et al.; Chen et al.); SpecInfer's recursion over a
+    tree's siblings. Lossless."""
 
     name: ClassVar[str] = "token"
     description: ClassVar[str] = "min(1, p/q) with residual resampling (lossless)"
@@ -215,14 +207,25 @@ class TokenRule(AcceptanceRule):
 @register_rule
 @dataclass(frozen=True)
 class ExactMatch(AcceptanceRule):
-    """mlx-lm's rule: a draft token is accepted iff it equals the target's own sample there."""
+    """mlx-lm's rule: a draft token is accepted iff it equals the target's own sample there. Lossless for any
+    drafter; q is not used."""
 
     name: ClassVar[str] = "exact-match"
     description: ClassVar[str] = "mlx-lm's: a draft token is kept iff it equals the target's sample (lossless)"
     by_position: ClassVar[str] = "any drafts"
 
     def accept_path(self, p, draft, q, draws):
-        return accept_exact_match(p, draft, draws)
+        """mlx-lm's rule: sample the target's token y_i from p_i at every position (``draws`` when sampled by
+        position); accept draft token i iff it equals y_i (while all before it were accepted); emit y at the first
+        mismatch, or the bonus y_k. Acceptance probability at a reached position: p_i(d_i)."""
+        k = len(draft)
+        check_tables(p, k, None, self.name)
+        if draws is not None:
+            check_draws(draws, k + 1, None, self.name)
+        drafted = mx.take_along_axis(p[:k], mx.array(draft, dtype=mx.int32)[:, None], axis=-1)[:, 0]
+        samples = list(draws) if draws is not None else mx.random.categorical(mx.log(p)).tolist()
+        n, emitted = accept_greedy(draft, samples)
+        return n, emitted, [float(x) for x in drafted.tolist()]
 
     def accept_tree(self, p, tokens, parents, q, draws):
         check_tables(p, len(tokens), None, self.name)
@@ -235,14 +238,47 @@ class ExactMatch(AcceptanceRule):
 @register_rule
 @dataclass(frozen=True)
 class Block(AcceptanceRule):
-    """Block verification (Sun et al.): the drafted prefix accepted jointly. Paths only."""
+    """Block verification (Sun et al., "Block Verification Accelerates Speculative Decoding"): the drafted prefix
+    accepted jointly, with the paper's residual. Lossless; never accepts fewer tokens than "token" in expectation.
+    Paths only."""
 
     name: ClassVar[str] = "block"
     description: ClassVar[str] = "block verification, the prefix accepted jointly (lossless; paths only)"
     paths_only: ClassVar[bool] = True
 
     def accept_path(self, p, draft, q, draws):
-        return accept_block(p, draft, q, draws)
+        """Block verification (Sun et al., Algorithm 2): with eta_i uniform, accept the longest prefix
+        tau = max{i : eta_i <= h_i} (0 if none), then sample the next token from p_k when tau = k, else from
+        normalize(max(w_tau p_tau - q_tau, 0)). The output is distributed as plain sampling's, and the
+        probability that the first i tokens are accepted, given them, is w_i >= the token-wise rule's
+        prod_j min(1, p_j/q_j). Returns (tau, emitted tokens, the prefix weights w_1..w_k).
+
+        ``draws`` (sampling by position; deterministic drafts only): tau is the longest prefix equal to the draws and
+        the draw after it is emitted. With q one-hot, w_i = prod_j p_j(d_j) is the chance of that prefix and the
+        residual is p without the next draft token, the law of the draw given it differs: the rule, coupled."""
+        k = len(draft)
+        check_tables(p, k, q, self.name)
+        if draws is not None:
+            check_draws(draws, k + 1, q, self.name)
+        coins = mx.random.uniform(shape=(k + 1,)) if draws is None else mx.zeros((k + 1,))
+        mx.eval(p, coins)
+        p_rows = np.array(p.astype(mx.float32), dtype=np.float64)
+        if q is not None:
+            q_rows = np.array(q.astype(mx.float32), dtype=np.float64)
+        else:  # a deterministic drafter: one-hot at the draft
+            q_rows = np.zeros((k, p_rows.shape[-1]))
+            q_rows[np.arange(k), draft] = 1.0
+        w, h, _ = block_weights(p_rows, q_rows, draft)
+        if draws is not None:
+            tau = next((i for i in range(k) if draft[i] != draws[i]), k)
+            return tau, list(draft[:tau]) + [int(draws[tau])], [float(x) for x in w[1:]]
+        uniform = np.array(coins, dtype=np.float64)
+        tau = max((i for i in range(1, k + 1) if uniform[i - 1] <= h[i]), default=0)
+        if tau == k:
+            row = p_rows[k] / p_rows[k].sum()
+        else:
+            row = block_residual(p_rows[tau], q_rows[tau], w[tau])
+        return tau, list(draft[:tau]) + [inverse_cdf(row, float(uniform[k]))], [float(x) for x in w[1:]]
 
 
 @dataclass(frozen=True)
@@ -314,23 +350,8 @@ class Typical(PassingRule):
         _probability(self.name, "delta", self.delta, note)
 
     def passes(self, p: mx.array, tokens: mx.array) -> mx.array:
-        return drafted_probabilities(p, tokens) > typical_thresholds(p, self.epsilon, self.delta)
-
-
-def accept_exact_match(
-    p: mx.array, draft: list[int], draws: list[int] | None = None
-) -> tuple[int, list[int], list[float]]:
-    """mlx-lm's rule: sample the target's token y_i from p_i at every position (``draws`` when sampled by
-    position); accept draft token i iff it equals y_i (while all before it were accepted); emit y at the first
-    mismatch, or the bonus y_k. Acceptance probability at a reached position: p_i(d_i)."""
-    k = len(draft)
-    check_tables(p, k, None, "exact-match")
-    if draws is not None:
-        check_draws(draws, k + 1, None, "exact-match")
-    drafted = mx.take_along_axis(p[:k], mx.array(draft, dtype=mx.int32)[:, None], axis=-1)[:, 0]
-    samples = list(draws) if draws is not None else mx.random.categorical(mx.log(p)).tolist()
-    n, emitted = accept_greedy(draft, samples)
-    return n, emitted, [float(x) for x in drafted.tolist()]
+        entropy = -mx.sum(mx.where(p > 0, p * mx.log(mx.maximum(p, 1e-30)), 0.0), axis=-1)
+        return drafted_probabilities(p, tokens) > mx.minimum(self.epsilon, self.delta * mx.exp(-entropy))
 
 
 def block_weights(p: np.ndarray, q: np.ndarray, draft: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -364,56 +385,3 @@ def block_residual(p_row: np.ndarray, q_row: np.ndarray, weight: float) -> np.nd
     residual = np.maximum(weight * p_row - q_row, 0.0)
     total = residual.sum()
     return residual / total if total > 0 else p_row / p_row.sum()
-
-
-def draft_rows(q: mx.array | None, draft: list[int], vocab: int) -> np.ndarray:
-    """The drafter's distributions [k, vocab] in float64; one-hot at the draft for a deterministic drafter."""
-    if q is not None:
-        return np.array(q.astype(mx.float32), dtype=np.float64)
-    rows = np.zeros((len(draft), vocab))
-    rows[np.arange(len(draft)), draft] = 1.0
-    return rows
-
-
-def accept_block(
-    p: mx.array, draft: list[int], q: mx.array | None, draws: list[int] | None = None
-) -> tuple[int, list[int], list[float]]:
-    """Block verification (Sun et al., Algorithm 2): with eta_i uniform, accept the longest prefix
-    tau = max{i : eta_i <= h_i} (0 if none), then sample the next token from p_k when tau = k, else from
-    normalize(max(w_tau p_tau - q_tau, 0)). The output is distributed as plain sampling's, and the
-    probability that the first i tokens are accepted, given them, is w_i >= the token-wise rule's
-    prod_j min(1, p_j/q_j). Returns (tau, emitted tokens, the prefix weights w_1..w_k).
-
-    ``draws`` (sampling by position; deterministic drafts only): tau is the longest prefix equal to the draws and
-    the draw after it is emitted. With q one-hot, w_i = prod_j p_j(d_j) is the chance of that prefix and the
-    residual is p without the next draft token, the law of the draw given it differs: the rule, coupled."""
-    k = len(draft)
-    check_tables(p, k, q, "block")
-    if draws is not None:
-        check_draws(draws, k + 1, q, "block")
-    coins = mx.random.uniform(shape=(k + 1,)) if draws is None else mx.zeros((k + 1,))
-    mx.eval(p, coins)
-    p_rows = np.array(p.astype(mx.float32), dtype=np.float64)
-    q_rows = draft_rows(q, draft, p_rows.shape[-1])
-    w, h, _ = block_weights(p_rows, q_rows, draft)
-    if draws is not None:
-        tau = next((i for i in range(k) if draft[i] != draws[i]), k)
-        return tau, list(draft[:tau]) + [int(draws[tau])], [float(x) for x in w[1:]]
-    uniform = np.array(coins, dtype=np.float64)
-    tau = max((i for i in range(1, k + 1) if uniform[i - 1] <= h[i]), default=0)
-    if tau == k:
-        row = p_rows[k] / p_rows[k].sum()
-    else:
-        row = block_residual(p_rows[tau], q_rows[tau], w[tau])
-    return tau, list(draft[:tau]) + [_inverse_cdf(row, float(uniform[k]))], [float(x) for x in w[1:]]
-
-
-def _inverse_cdf(row: np.ndarray, u: float) -> int:
-    cdf = np.cumsum(row)
-    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(cdf) - 1)
-
-
-def typical_thresholds(p: mx.array, epsilon: float, delta: float) -> mx.array:
-    """Medusa's posterior threshold of each row of ``p``: min(epsilon, delta * exp(-H(p)))."""
-    entropy = -mx.sum(mx.where(p > 0, p * mx.log(mx.maximum(p, 1e-30)), 0.0), axis=-1)
-    return mx.minimum(epsilon, delta * mx.exp(-entropy))
