@@ -176,26 +176,35 @@ def test_run_sweep_measures_acceptance_per_position(text_model):
     )
 
 
-def test_paired_sweep_alternates_the_order_and_records_an_aa_cell(text_model, monkeypatch):
+def _ordered_sweep(text_model, monkeypatch, policies, pairs, label):
+    """A paired sweep of one prompt with a scripted drafter, and the order its generations ran in: "P" for a plain
+    run, ``label(policy)`` for a speculative one."""
     model, tokenizer = text_model
     prompt = tokenizer.encode("one two three, one two three, one two")
     truth = plain_greedy(model, prompt, 8)
     order = []
     plain_run, spec_run = sweep.plain_generation, sweep.speculative_generate
     monkeypatch.setattr(sweep, "plain_generation", lambda *a, **k: order.append("P") or plain_run(*a, **k))
-    monkeypatch.setattr(sweep, "speculative_generate", lambda *a, **k: order.append("M") or spec_run(*a, **k))
+    monkeypatch.setattr(
+        sweep, "speculative_generate", lambda *a, **k: order.append(label(k["policy"])) or spec_run(*a, **k)
+    )
     result = sweep.run_sweep(
         model,
         tokenizer,
         [prompt],
         drafters=[],
-        policies=["fixed:2"],
+        policies=policies,
         max_tokens=8,
         progress=False,
         drafter_factories={"scripted": lambda: WrongAt(truth, len(prompt), 256, bad=2)},
         warmup_tokens=0,
-        pairs=3,
+        pairs=pairs,
     )
+    return result, order
+
+
+def test_paired_sweep_alternates_the_order_and_records_an_aa_cell(text_model, monkeypatch):
+    result, order = _ordered_sweep(text_model, monkeypatch, ["fixed:2"], 3, lambda policy: "M")
     assert "".join(order) == "P" + "PM" + "MP" + "PM"  # the reference run, then pairs in alternating order
     runs = result.runs
     method = runs.filter(pl.col("drafter") == "scripted")
@@ -273,27 +282,8 @@ def test_sequential_sweep_adds_pairs_to_undecided_groups_only(text_model, monkey
 
 
 def test_paired_sweep_shares_each_blocks_plain_run_in_mirrored_order(text_model, monkeypatch):
-    model, tokenizer = text_model
-    prompt = tokenizer.encode("one two three, one two three, one two")
-    truth = plain_greedy(model, prompt, 8)
-    order = []
-    plain_run, spec_run = sweep.plain_generation, sweep.speculative_generate
-    monkeypatch.setattr(sweep, "plain_generation", lambda *a, **k: order.append("P") or plain_run(*a, **k))
-    monkeypatch.setattr(
-        sweep, "speculative_generate", lambda *a, **k: order.append(k["policy"].name[-1]) or spec_run(*a, **k)
-    )
-    result = sweep.run_sweep(
-        model,
-        tokenizer,
-        [prompt],
-        drafters=[],
-        policies=["fixed:1", "fixed:2", "fixed:3"],
-        max_tokens=8,
-        progress=False,
-        drafter_factories={"scripted": lambda: WrongAt(truth, len(prompt), 256, bad=2)},
-        warmup_tokens=0,
-        pairs=2,
-    )
+    policies = ["fixed:1", "fixed:2", "fixed:3"]
+    result, order = _ordered_sweep(text_model, monkeypatch, policies, 2, lambda policy: policy.name[-1])
     # the reference run, then blocks: plain first and the methods, then the methods reversed and plain last
     assert "".join(order) == "P" + "P123" + "321P"
     runs = result.runs
