@@ -360,7 +360,9 @@ def _run_cell(
         runs.append(_row(len(runs), {**base, "acceptance": "none"}, "none", None, reference, reference))
         frames.append(_steps(reference.run.log, len(runs) - 1, base))
 
-    def run_method(ruled: GenerateOptions, drafter_name: str, policy: DraftPolicy) -> Clocked[Generation]:
+    def run_method(rule: AcceptanceRule, drafter_name: str, policy: DraftPolicy) -> Clocked[Generation]:
+        bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
+        ruled = dataclasses.replace(options, acceptance_rule=rule)
         drafter = factories[drafter_name]()
         cache = cache_copy(prefix, drafter)
         return timed_run(
@@ -392,13 +394,9 @@ def _run_cell(
         if pair == 0:
             frames.append(_steps(timed.run.log, len(runs) - 1, labelled))
 
-    def run_ruled(rule: AcceptanceRule, drafter_name: str, policy: DraftPolicy) -> Clocked[Generation]:
-        bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
-        return run_method(dataclasses.replace(options, acceptance_rule=rule), drafter_name, policy)
-
     if not pairs:
         for rule, drafter_name, policy in methods:
-            record(rule, drafter_name, policy, run_ruled(rule, drafter_name, policy), reference, 0)
+            record(rule, drafter_name, policy, run_method(rule, drafter_name, policy), reference, 0)
     for pair in range(first_pair, first_pair + pairs):
         # one plain run per pair, shared by its methods: first and the methods after it, or the methods in reverse
         # order and then it, alternating from one pair to the next, so that each method lies as far before its
@@ -406,7 +404,7 @@ def _run_cell(
         first = paired.baseline_first(pair)
         baseline = run_plain() if first else None
         order = range(len(methods)) if first else range(len(methods) - 1, -1, -1)
-        timed = {i: run_ruled(*methods[i]) for i in order}
+        timed = {i: run_method(*methods[i]) for i in order}
         if baseline is None:
             baseline = run_plain()
         if previous_plain is not None:  # consecutive plain runs: the A/A row
