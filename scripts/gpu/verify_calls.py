@@ -15,8 +15,7 @@ import mlx.core as mx
 import numpy as np
 
 from specbench.common.timing import quiet
-from specbench.core.forward import vocab_size
-from specbench.cost.caches import prefill
+from specbench.core.forward import prefill, vocab_size
 from specbench.exact import ExactPlan, exact_mode
 
 #: Calls timed and dropped before the timed ones (first-use kernel builds, caches warming).

@@ -12,9 +12,9 @@ from typing import Any, Generic, TypeVar
 from specbench.common.timing import quiet
 from specbench.core.draft import Drafter
 from specbench.core.engine import plain_generation
+from specbench.core.forward import prefill
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.cost.caches import prefill
 from specbench.decoding import speculative_generate
 
 G = TypeVar("G", bound=Iterable[Any])

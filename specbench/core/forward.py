@@ -1,11 +1,16 @@
 """What specbench reads of an mlx-lm model: its language model, its output head (logits from the hidden states
-drafters such as MTP heads read), its vocabulary size and its context length. The forward itself and the greedy
-choice are ``specbench.core.verify.forward`` and ``greedy``."""
+drafters such as MTP heads read), its vocabulary size and its context length; and a prompt cache filled with a
+context (``prefill``). The forward itself and the greedy choice are ``specbench.core.verify.forward`` and
+``greedy``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
 
 
 def text_model(model: nn.Module) -> nn.Module:
@@ -33,3 +38,14 @@ def context_length(model: nn.Module) -> int | None:
     """The model's context length (``max_position_embeddings``), or None when its config has none."""
     value = getattr(getattr(text_model(model), "args", None), "max_position_embeddings", None)
     return int(value) if value else None
+
+
+def prefill(model: nn.Module, tokens: Sequence[int], chunk: int = 512) -> list[Any]:
+    """A fresh prompt cache of ``model`` holding ``tokens``, ``chunk`` tokens a forward (on the 2-core CPU the embedded
+    model's 2,047 tokens took 21 s in 512-token forwards against 39 s in one; one forward of 16k tokens ran an H100 out
+    of memory with a Qwen3-8B shape)."""
+    cache = make_prompt_cache(model)
+    for i in range(0, len(tokens), chunk):
+        model(mx.array(tokens[i : i + chunk])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache

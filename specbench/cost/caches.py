@@ -1,24 +1,12 @@
-"""Prompt caches for timing: filled once with a context, put back after every timed forward."""
+"""Prompt caches for timing, put back after every timed forward (filled by ``specbench.core.forward.prefill``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.core.verify import CacheRollback
-
-
-def prefill(model: nn.Module, tokens: Sequence[int], chunk: int = 512) -> list[Any]:
-    """A fresh prompt cache of ``model`` holding ``tokens``."""
-    cache = make_prompt_cache(model)
-    for i in range(0, len(tokens), chunk):
-        model(mx.array(tokens[i : i + chunk])[None], cache=cache)
-        mx.eval([c.state for c in cache])
-    return cache
 
 
 class CacheRestore:

@@ -30,9 +30,9 @@ import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 
 from specbench.common.identity import device_name, display_name
-from specbench.core.forward import context_length, vocab_size
+from specbench.core.forward import context_length, prefill, vocab_size
 from specbench.core.verify import FAST, accept_greedy
-from specbench.cost.caches import CacheRestore, prefill, rollback_for
+from specbench.cost.caches import CacheRestore, rollback_for
 from specbench.cost.stand_ins import ForwardTiming, forward_with_stand_ins, record_forward
 from specbench.cost.timing import rejected_drafts, time_plain, time_verify
 

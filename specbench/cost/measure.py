@@ -23,10 +23,10 @@ from mlx_lm.models.cache import make_prompt_cache
 from specbench.common.identity import device_name, display_name, model_key, versions
 from specbench.common.per_key import per_key
 from specbench.core.draft import Drafter
-from specbench.core.forward import context_length, text_model, vocab_size
+from specbench.core.forward import context_length, prefill, text_model, vocab_size
 from specbench.core.verify import CacheRollback, Verifier, as_draft, check_verify_mode
 from specbench.cost import noise
-from specbench.cost.caches import CacheRestore, prefill, rollback_for
+from specbench.cost.caches import CacheRestore, rollback_for
 from specbench.cost.noise import median_interval
 from specbench.cost.profile import Profile, load_profile
 from specbench.cost.timing import kept_rounds, rejected_drafts, seconds_per_token, time_plain, time_verify

@@ -27,11 +27,11 @@ from mlx_lm.generate import generation_stream, wired_limit
 from specbench.common.files import locked, set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.draft import Drafter
-from specbench.core.forward import vocab_size
+from specbench.core.forward import prefill, vocab_size
 from specbench.core.tree import tree_attention
 from specbench.core.verify import VERIFY_MODES, check_verify_mode
 from specbench.cost.breakeven import drafter_cost
-from specbench.cost.caches import CacheRestore, prefill
+from specbench.cost.caches import CacheRestore
 from specbench.cost.profile import _number, profile_path
 from specbench.cost.timing import kept_rounds, time_plain, time_verify
 from specbench.exact import verifier_for

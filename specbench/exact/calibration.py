@@ -35,7 +35,7 @@ from specbench import kernels
 from specbench.common import distributed
 from specbench.common.files import home, locked, set_aside, write_json_atomic
 from specbench.common.identity import cuda_libraries, device_name, kernel_key, model_key, versions
-from specbench.core.forward import context_length, vocab_size
+from specbench.core.forward import context_length, prefill, vocab_size
 from specbench.exact.hooks import split_mode
 from specbench.exact.layout import cudnn_attention, layout_sensitive_attention, serial_extent, with_extent
 from specbench.exact.one_row import own_layers
@@ -514,9 +514,7 @@ def _calibrate_width(
 # -- the probes ------------------------------------------------------------------------------
 
 
-#: Tokens per forward of a probe's prefill: a 16k-token prefix in one forward ran an H100 (80 GB) out of memory with a
-#: Qwen3-8B shape, and on the 2-core CPU the embedded model's 2,047-token prefix took 21 s in 512-token forwards
-#: against 39 s in one (its attention over the whole square).
+#: Tokens per forward of a probe's prefill (``prefill``: a 16k-token prefix in one forward ran an H100 out of memory).
 PREFILL_CHUNK = 512
 
 
@@ -541,15 +539,12 @@ class _Probe:
         self.model = model
         self.offset = offset
         self.extent = extent
-        self.cache = make_prompt_cache(model)
         vocab = vocab_size(model)
         if prefix is None:
-            prompt = mx.array(rng.integers(0, vocab, size=offset), dtype=mx.uint32)
-            for start in range(0, offset, PREFILL_CHUNK):
-                model(prompt[None, start : start + PREFILL_CHUNK], cache=self.cache)
-                mx.eval([c.state for c in self.cache])
+            self.cache = prefill(model, rng.integers(0, vocab, size=offset).tolist(), PREFILL_CHUNK)
             self.saved = self._save_state()
         else:  # each layer's keys and values of ``offset`` tokens: another probe's first rows
+            self.cache = make_prompt_cache(model)
             self.saved = [(mx.contiguous(k[..., :offset, :]), mx.contiguous(v[..., :offset, :])) for k, v in prefix]
             mx.eval(self.saved)
             self.restore(0)

@@ -8,7 +8,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from specbench.cost.caches import CacheRestore, prefill, rollback_for
+from specbench.core.forward import prefill
+from specbench.cost.caches import CacheRestore, rollback_for
 from specbench.cost.components import (
     ENGINE_PARTS,
     FORWARD_PARTS,

@@ -18,8 +18,9 @@ from specbench.common import identity
 from specbench.common.files import DamagedFileWarning
 from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.experts import ExpertCounter
+from specbench.core.forward import prefill
 from specbench.cost.breakeven import BreakEven
-from specbench.cost.caches import CacheRestore, prefill
+from specbench.cost.caches import CacheRestore
 from specbench.cost.profile import check_profile
 from specbench.drafters.lookup import PromptLookup
 from specbench.drafters.oracle import Oracle
