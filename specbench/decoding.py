@@ -33,7 +33,7 @@ from specbench.cost import Profile, profile_for
 from specbench.cost.breakeven import BreakEven
 from specbench.cost.group import lockstep_profile
 from specbench.cost.trees import stored_tree_costs, tree_break_even
-from specbench.exact import ExactVerifier, batch_verifier, verifier_for
+from specbench.exact import batch_verifier, verifier_for
 
 
 def _say(text: str) -> None:
@@ -103,10 +103,11 @@ def speculative_generate(
     )
     _check_target(drafter, model, tokenizer)
     longest = _fitting_draft_length(model, generation.policy, drafter) if drafter is not None else 1
-    if isinstance(verifier, ExactVerifier):
-        # Every width the policy may verify, calibrated now: never inside the timed generation. A generation of
-        # max_tokens tokens drafts at most max_tokens - 1 of them (the engine caps k at the tokens left but one).
-        # At the cache lengths this generation reaches: past them a verification would run serially.
+    if drafter is not None:
+        # Every width the policy may verify, calibrated now (exact mode, and fast mode where the kernels run): never
+        # inside the timed generation. A generation of max_tokens tokens drafts at most max_tokens - 1 of them (the
+        # engine caps k at the tokens left but one). At the cache lengths this generation reaches: past them an exact
+        # verification would run serially.
         limit = context_length(model)
         held = getattr(generation.target.inner, "held", 0)
         reach = max(len(generation.prompt), held) + options.max_tokens

@@ -20,7 +20,8 @@
    tokens, their cost in plain steps (c(w): over the width-1 fast forward, a plain step), and how far each is from
    the memory bound: the weight bytes the forward reads (``specbench.cost.bandwidth.bytes_per_forward``: every
    weight once, the experts its rows are expected to touch) over its seconds, against the device's measured peak
-   (``peak_bandwidth``); written to kernel_widths-SHAPE-BITSbit.json.
+   (``peak_bandwidth``), and fast mode's cost (``FastVerifier``: the exact level where calibration timed it cheaper
+   than the batched forward); written to kernel_widths-SHAPE-BITSbit.json.
 
 Writes kernel_verify.json into $OUT (or --out).
 """
@@ -111,6 +112,7 @@ def width_profile(model, widths: list[int], offset: int, repeats: int) -> list[d
     rows = []
     for width in widths:
         level = "none" if width == 1 else calibration.level_for(width)
+        fast_level = "none" if width == 1 else calibration.widths[width].fast_level
         fast = plain if width == 1 else forward_seconds(model, "none", width, offset, repeats)
         exact = fast if level == "none" else forward_seconds(model, level, width, offset, repeats)
         nbytes = bytes_per_forward(model, width)
@@ -121,6 +123,8 @@ def width_profile(model, widths: list[int], offset: int, repeats: int) -> list[d
             "exact_ms": exact * 1e3,
             "c_fast": fast / plain,
             "c_exact": exact / plain,
+            "fast_mode_level": fast_level,  # fast mode's pick (FastVerifier): the exact level where calibration timed
+            "c_fast_mode": (exact if fast_level != "none" else fast) / plain,  # it cheaper than the batched forward
             "bytes": nbytes,
             "fast_peak_fraction": nbytes / fast / peak,
             "exact_peak_fraction": nbytes / exact / peak,
@@ -128,7 +132,8 @@ def width_profile(model, widths: list[int], offset: int, repeats: int) -> list[d
         rows.append(row)
         print(
             f"  {width:3d} {row['fast_ms']:8.2f} {row['c_fast']:7.2f} {row['exact_ms']:9.2f} {row['c_exact']:8.2f} "
-            f"{nbytes / exact / 1e9:6.0f} {row['exact_peak_fraction']:5.0%}  {level}",
+            f"{nbytes / exact / 1e9:6.0f} {row['exact_peak_fraction']:5.0%}  {level}; "
+            f"fast mode {row['c_fast_mode']:.2f}" + (" (exact level)" if fast_level != "none" else ""),
             flush=True,
         )
     return rows

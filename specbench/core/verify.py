@@ -10,7 +10,7 @@ token trees (sampling's rules: ``specbench.core.accept`` and ``specbench.core.ru
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from numbers import Integral
 from typing import Any, Literal, get_args
 
@@ -218,6 +218,13 @@ class Verifier:
     """Fast verification: one batched forward over the drafted tokens."""
 
     mode: VerifyMode = "fast"
+
+    def prepare(
+        self, widths: Sequence[int], progress: Callable[[str], None] | None = None, context: int | None = None
+    ) -> list[int]:
+        """Before a generation verifying ``widths`` with caches of up to ``context`` tokens: what the verifier
+        measures once (none here); returns the widths it measured."""
+        return []
 
     def running(self) -> contextlib.AbstractContextManager[None]:
         """Around one speculative generation (what the verifier prepares once per generation)."""

@@ -38,7 +38,7 @@ from specbench.common.identity import cuda_libraries, device_name, kernel_key, m
 from specbench.core.forward import context_length, prefill, vocab_size
 from specbench.exact.hooks import split_mode
 from specbench.exact.layout import cudnn_attention, layout_sensitive_attention, serial_extent, with_extent
-from specbench.exact.one_row import own_layers
+from specbench.exact.one_row import FASTER_BY, own_layers
 from specbench.exact.plan import ExactPlan
 
 #: Cache lengths calibration probes, up to the context a generation reaches: short; crossing mlx-lm's first KV
@@ -82,6 +82,15 @@ class WidthCalibration:
     def covers(self, lengths: Sequence[int]) -> bool:
         """Whether every one of ``lengths`` was probed."""
         return set(lengths) <= set(self.lengths)
+
+    @property
+    def fast_level(self) -> str:
+        """The level a fast verification of this width runs at: the exact level where calibration timed it at most
+        ``FASTER_BY`` of MLX's batched forward ("none", timed where the kernels were tried), else "none"."""
+        seconds = {t["level"]: t.get("seconds") for t in self.tests if t.get("exact") or t["level"] == "none"}
+        batched, exact = seconds.get("none"), seconds.get(self.level)
+        cheaper = batched is not None and exact is not None and exact <= FASTER_BY * batched
+        return self.level if cheaper else "none"
 
 
 @dataclass
@@ -131,7 +140,8 @@ class Calibration:
 #: 7: unquantized linear layers through the kernel too (``gemv_rows``).
 #: 8: attention also tried through the row-invariant attention kernel (``attention/kernel``).
 #: 9: probed at several cache lengths (``lengths_for``), each width's lengths stored; keyed by CUDA's libraries.
-CALIBRATION_METHOD = 9
+#: 10: the batched forward ("none") timed too where the kernels are tried (``WidthCalibration.fast_level``).
+CALIBRATION_METHOD = 10
 #: Calibrations of this process, by key.
 _calibrations: dict[str, Calibration] = {}
 _keys: dict[tuple[int, Any], tuple[weakref.ref, str]] = {}  # by model and its shard group
@@ -446,7 +456,7 @@ def _calibrate_width(
 ) -> WidthCalibration:
     tests: list[dict[str, Any]] = []
 
-    def test(level: str, timed: bool = True) -> bool:
+    def test(level: str, timed: bool | str = True) -> bool:
         plan = ExactPlan.parse(level)
         level = plan.name
         try:
@@ -458,11 +468,13 @@ def _calibrate_width(
             kernels.warn_fallback(" and ".join(used), f"{type(err).__name__}: {err}")
             tests.append({"level": level, "exact": False, "seconds": None, "error": f"{type(err).__name__}: {err}"})
             return False
-        seconds = probe.time(level, width, repeats) if exact and measure and timed else None
+        seconds = probe.time(level, width, repeats) if (exact or timed == "always") and measure and timed else None
         tests.append({"level": level, "exact": exact, "seconds": seconds})
         return exact
 
-    if test("none", timed=False):  # the batched forward: nothing is cheaper
+    # The batched forward: nothing is cheaper where exact; timed where the kernels are tried, since fast mode takes
+    # the exact level where it is cheaper (``WidthCalibration.fast_level``).
+    if test("none", timed="always" if kernel else False):
         return WidthCalibration(width, "none", tests)
     groups = _candidates(width, moe, kernel, attention_kernel)
     full = groups[-1][0]

@@ -4,8 +4,8 @@ Its plain steps run one-row products through the row-invariant kernels where the
 (``specbench.exact.one_row``).
 
 ``exact_mode(model)`` runs forwards with the calibrated cheapest exact split per width;
-``ExactVerifier`` is the decode loop's verifier in exact mode, and ``verifier_for`` picks the
-verifier of a verify mode.
+``ExactVerifier`` is the decode loop's verifier in exact mode, ``FastVerifier`` fast mode's where the kernels run
+(the exact split at the widths where it is cheaper), and ``verifier_for`` picks the verifier of a verify mode.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import random
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -37,7 +38,9 @@ from specbench.exact.calibration import (
     calibrate,
     calibrated_plans,
     lengths_for,
+    load_calibration,
     uncovered,
+    uses_kernel,
 )
 from specbench.exact.hooks import Plans, SplitVerifier, split_mode
 from specbench.exact.layout import CUDNN_ATTENTION_ENV, layout_sensitive_attention
@@ -209,6 +212,59 @@ class ExactVerifier(SplitVerifier):
         return calibrated_plans(model) if self.level == "auto" else self.level
 
 
+class FastVerifier(Verifier):
+    """Fast verification that takes the row-invariant kernels where they are cheaper than MLX's own products: at
+    each width, the calibrated exact level where calibration timed it at most ``FASTER_BY`` of the batched forward
+    (``WidthCalibration.fast_level``: exact rows, for less), else MLX's batched forward, as past the cache lengths
+    that width was calibrated at; plain steps as exact mode runs them (bit-identical one-row kernels where faster).
+    ``verifier_for`` gives it where calibration tries the kernels (``uses_kernel``: CUDA; quantized on Metal)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        widths: Sequence[int] = (),
+        progress: Callable[[str], None] | None = None,
+        context: int | None = None,
+    ):
+        self.model = model
+        self.fallbacks: Counter[str] = Counter()
+        self._calibrating = ExactVerifier(model, widths=widths, progress=progress, context=context)
+        self._levels: dict[int, tuple[ExactPlan, int]] | None = None  # the generation's, while one runs
+
+    def prepare(
+        self, widths: Sequence[int], progress: Callable[[str], None] | None = None, context: int | None = None
+    ) -> list[int]:
+        """Calibrate the ``widths`` not calibrated yet, as exact mode does (``ExactVerifier.prepare``)."""
+        return self._calibrating.prepare(widths, progress, context)
+
+    def levels(self) -> dict[int, tuple[ExactPlan, int]]:
+        """Per width whose fast level is not the batched forward: that level and the cache length it holds to."""
+        calibration = load_calibration(self.model)
+        found = calibration.widths.items() if calibration is not None else []
+        return {w: (ExactPlan.parse(c.fast_level), c.reach) for w, c in found if c.fast_level != "none"}
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        self._levels = self.levels()
+        try:
+            yield
+        finally:
+            self._levels = None
+
+    def decoding(self) -> contextlib.AbstractContextManager[list[str]]:
+        return one_row_kernels(self.model)
+
+    def forward(
+        self, model: nn.Module, inputs: mx.array, cache: list[Any], return_hidden: bool = False
+    ) -> mx.array | tuple[mx.array, mx.array]:
+        levels = self._levels if self._levels is not None else self.levels()
+        found = levels.get(inputs.shape[1]) if model is self.model else None
+        if found is not None and next((int(c.offset) for c in cache if hasattr(c, "offset")), 0) <= found[1]:
+            with split_mode(model, found[0], fallbacks=self.fallbacks):
+                return forward(model, inputs, cache, return_hidden)
+        return forward(model, inputs, cache, return_hidden)
+
+
 class ExactAuditWarning(UserWarning):
     """An audited exact verification differed from serial steps (once per generation)."""
 
@@ -251,4 +307,4 @@ def verifier_for(
             "audit compares exact verifications with serial steps: it needs verify='exact' (a fast verification "
             "differs from serial steps by design); set verify='exact' or audit=0"
         )
-    return FAST
+    return FastVerifier(model, widths, progress, context) if uses_kernel(model) else FAST

@@ -229,3 +229,87 @@ def test_probes_at_several_lengths_share_one_prefill(monkeypatch):
     for probe in probes[:-1]:
         assert mx.array_equal(probe.saved[0][0], longest[..., : probe.offset, :])
         assert probe.reference.shape[0] == 3 and not np.array_equal(probe.reference, probes[-1].reference)
+
+
+def test_where_the_kernels_are_tried_the_batched_forward_is_timed_and_fast_mode_takes_the_cheaper():
+    """Fast mode takes a width's exact level where calibration timed it at most FASTER_BY of the batched forward;
+    the batched forward is timed only where the kernels are tried (elsewhere no exact level is cheaper)."""
+    probe = _ScriptedProbe(lambda level: "kernel" in level or level == "serial")
+    probe.time = lambda level, width, repeats: probe.timed.append(level) or {"none": 3.0, "serial": 9.0}.get(level, 2.0)
+    picked = exact_calibration._calibrate_width(probe, 5, moe=False, measure=True, repeats=1, kernel=True)
+    assert "kernel" in picked.level and probe.timed[0] == "none"
+    assert picked.fast_level == picked.level  # 2.0 s against the batched forward's 3.0
+    probe.timed.clear()
+    probe.time = lambda level, width, repeats: probe.timed.append(level) or {"none": 2.0, "serial": 9.0}.get(level, 2.0)
+    picked = exact_calibration._calibrate_width(probe, 5, moe=False, measure=True, repeats=1, kernel=True)
+    assert picked.fast_level == "none"  # a tie keeps MLX's batched forward
+    probe.timed.clear()
+    picked = exact_calibration._calibrate_width(probe, 5, moe=False, measure=True, repeats=1)
+    assert "none" not in probe.timed and picked.fast_level == "none"
+
+
+def test_fast_mode_runs_the_exact_level_at_the_widths_where_it_is_cheaper(fresh_calibrations, monkeypatch):
+    """Where the kernels run, ``verifier_for(model, "fast")`` is a FastVerifier: at a width whose stored calibration
+    timed the exact level cheaper than the batched forward, its verification computes every row as serial steps do;
+    at other widths, and past the cache lengths a width was probed at, it is MLX's batched forward."""
+    from specbench.exact import FastVerifier, calibration_key, verifier_for
+    from specbench.exact import verifier as exact_verifier
+
+    model = build_tiny("llama")
+    emulate_gpu(monkeypatch)  # batched forwards differ from serial steps
+    assert verifier_for(model, "fast") is not None and not isinstance(verifier_for(model, "fast"), FastVerifier)
+    monkeypatch.setattr(exact_verifier, "uses_kernel", lambda model: True)
+    cheaper = [{"level": "none", "exact": False, "seconds": 2.0}, {"level": "serial", "exact": True, "seconds": 1.0}]
+    dearer = [{"level": "none", "exact": False, "seconds": 1.0}, {"level": "serial", "exact": True, "seconds": 2.0}]
+    exact_calibration._calibrations[calibration_key(model)] = Calibration(
+        calibration_key(model),
+        "test",
+        {},
+        {4: WidthCalibration(4, "serial", cheaper, [32]), 3: WidthCalibration(3, "serial", dearer, [32])},
+    )
+    verifier = verifier_for(model, "fast")
+    assert isinstance(verifier, FastVerifier) and verifier.mode == "fast"
+
+    def verified(width: int, cached: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        tokens = mx.array([(PROMPT * 8)[: cached + width]])
+        cache = make_prompt_cache(model)
+        model(tokens[:, :cached], cache=cache)
+        serial_cache = make_prompt_cache(model)
+        model(tokens[:, :cached], cache=serial_cache)
+        serial = np.stack(
+            [np.array(model(tokens[:, cached + i : cached + i + 1], cache=serial_cache)[0, 0]) for i in range(width)]
+        )
+        batch_cache = make_prompt_cache(model)
+        model(tokens[:, :cached], cache=batch_cache)
+        batched = np.array(model(tokens[:, cached:], cache=batch_cache)[0])
+        with verifier.running():
+            got = np.array(verifier.forward(model, tokens[:, cached:], cache)[0])
+        return got, serial, batched
+
+    got, serial, batched = verified(4, 8)
+    assert np.array_equal(got, serial) and not np.array_equal(serial, batched)
+    got, serial, batched = verified(3, 8)  # the batched forward was cheaper at width 3
+    assert np.array_equal(got, batched) and not np.array_equal(got, serial)
+    got, serial, batched = verified(4, 40)  # past the 32 cached tokens width 4 was probed at
+    assert np.array_equal(got, batched)
+
+
+def test_fast_mode_where_the_kernels_run_calibrates_its_widths_before_the_first_token(counted, monkeypatch):
+    """A fast generation through a FastVerifier calibrates the widths its policy may verify up front, as exact mode
+    does, and verifies at the widths whose exact level was timed cheaper through that level."""
+    from specbench.exact import verifier as exact_verifier
+
+    monkeypatch.setattr(exact_verifier, "uses_kernel", lambda model: True)
+    model = build_tiny("llama")
+    ref = plain_greedy(model, PROMPT, 8)
+    gen = speculative_generate(
+        model,
+        PROMPT,
+        GenerateOptions(max_tokens=8, verify="fast"),
+        drafter=ScriptedDrafter(ref, len(PROMPT), 97),
+        policy=DraftPolicy.fixed(3),
+        progress=None,
+    )
+    assert sorted(counted) == [2, 3, 4]
+    before = len(counted)
+    assert len(list(gen)) == 8 and len(counted) == before
