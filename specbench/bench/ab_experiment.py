@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specbench.bench.paired import interval_and_p, seconds_ratio
+from specbench.bench.paired import MIN_UNITS, bootstrap, seconds_ratio
 from specbench.bench.timing import Clocked, clocked
 from specbench.core.draft import Drafter
 from specbench.core.engine import Generation, plain_generation
@@ -93,9 +93,8 @@ class ABResult:
 
     @property
     def interval(self) -> tuple[float, float] | None:
-        """95 % expanded percentile bootstrap interval of ``ratio`` (None under 6 pairs)."""
-        low, high, _ = interval_and_p(self.pairs, 1.0)
-        return None if high == float("inf") else (low, high)
+        """95 % expanded percentile bootstrap interval of ``ratio`` (None under ``MIN_UNITS`` pairs)."""
+        return bootstrap(self.pairs, seconds_ratio) if len(self.pairs) >= MIN_UNITS else None
 
     @property
     def verdict(self) -> str:

@@ -298,34 +298,6 @@ def _unit_sums(run: PromptBench, method: str, keys: Sequence[str], names: Sequen
 Statistic = Callable[[Callable[[str], np.ndarray]], np.ndarray]
 
 
-def _difference(
-    names: list[str],
-    a: np.ndarray,
-    b: np.ndarray,
-    section: str,
-    measure: str,
-    rows: np.ndarray,
-    statistic: Statistic,
-    denominator: str,
-) -> Difference:
-    """A measure that is a ratio of column sums (``denominator``'s sum below), under A and B over the questions
-    ``rows`` selects that have a denominator under A or B (a prompt that drafted nothing holds no acceptance), with
-    the interval of A - B resampling those questions of both runs together."""
-    j = names.index(denominator)
-    rows = rows[(a[rows, j] > 0) | (b[rows, j] > 0)]
-    units, width = np.hstack([a[rows], b[rows]]), len(names)
-
-    def of(sums: np.ndarray, offset: int) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return statistic(lambda name: sums[:, offset + names.index(name)])
-
-    totals = units.sum(axis=0, keepdims=True)
-    interval = sums_interval(units, lambda sums: of(sums, 0) - of(sums, width))
-    # no interval where a resample has nothing to divide by (no verification drafted this position)
-    low, high = interval if interval is not None and all(np.isfinite(interval)) else (None, None)
-    return Difference(section, measure, float(of(totals, 0)[0]), float(of(totals, width)[0]), low, high, len(rows))
-
-
 def _cost_differences(a: PromptBench, b: PromptBench, mode: str, widths: int) -> tuple[list[Difference], list[str]]:
     """c(w) of A and B at each width 2..``widths`` both models' stored profiles hold in verify ``mode``, with the
     interval joined from both profiles' intervals, and notes on them; or a note saying whose profile is missing."""
@@ -390,7 +362,22 @@ def compare(
     everything = np.arange(len(keys))
 
     def difference(section: str, measure: str, rows: np.ndarray, statistic: Statistic, over: str) -> Difference:
-        return _difference(names, ua, ub, section, measure, rows, statistic, over)
+        """A measure that is a ratio of column sums (``over``'s sum below), under A and B over the questions
+        ``rows`` selects that have a denominator under A or B (a prompt that drafted nothing holds no acceptance),
+        with the interval of A - B resampling those questions of both runs together."""
+        j = names.index(over)
+        rows = rows[(ua[rows, j] > 0) | (ub[rows, j] > 0)]
+        units, width = np.hstack([ua[rows], ub[rows]]), len(names)
+
+        def of(sums: np.ndarray, offset: int) -> np.ndarray:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return statistic(lambda name: sums[:, offset + names.index(name)])
+
+        totals = units.sum(axis=0, keepdims=True)
+        interval = sums_interval(units, lambda sums: of(sums, 0) - of(sums, width))
+        # no interval where a resample has nothing to divide by (no verification drafted this position)
+        low, high = interval if interval is not None and all(np.isfinite(interval)) else (None, None)
+        return Difference(section, measure, float(of(totals, 0)[0]), float(of(totals, width)[0]), low, high, len(rows))
 
     def rate(hits: str, tries: str) -> tuple[Statistic, str]:
         return (lambda col: col(hits) / col(tries)), tries

@@ -58,13 +58,14 @@ def sums_interval(
     draws: int = 5000,
     seed: int = 0,
     level: float = 0.95,
+    min_units: int = MIN_UNITS,
 ) -> tuple[float, float] | None:
     """``level`` (95 %) expanded percentile bootstrap interval (``expanded_tail``) of a statistic of column sums over
     units (a prompt, a turn, a trace), each unit's row resampled whole: ``statistic`` maps the column sums of every
     draw, [draws, columns], to one value per draw (a rate, a ratio of throughputs, a difference of two such between two
-    runs over the same units). None under ``MIN_UNITS`` units."""
+    runs over the same units). None under ``min_units`` units."""
     units = np.asarray(units, dtype=float)
-    if len(units) < MIN_UNITS:
+    if len(units) < min_units:
         return None
     picks = np.random.default_rng(seed).integers(0, len(units), (draws, len(units)))
     return _cut(np.sort(statistic(units[picks].sum(axis=1))), expanded_tail(len(units), level))

@@ -4,7 +4,7 @@ predicted for the same requests, and the residual (measured over predicted, minu
 For each request the model decodes plainly and then with the policy (greedy, so the tokens are the same and
 the simulator's replay of the recorded output is the run's own steps); a policy's measured speedup is plain
 decode seconds over speculative decode seconds, summed over the requests. Its interval resamples whole
-requests (percentile bootstrap); with fewer than ``MIN_REQUESTS`` requests it is None (inconclusive).
+requests (``paired.sums_interval``); with fewer than ``MIN_REQUESTS`` requests it is None (inconclusive).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from specbench.bench.paired import sums_interval
 from specbench.bench.timing import clocked
 from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
@@ -66,7 +67,9 @@ def confirm_policies(
         replay = simulate(list(requests), model_free_drafter(drafter, k), policy_copy(spec), cost=profile)
         predicted = predicted_speedup(replay.records, profile, d, mode=options.verify_mode, tokens="emitted")
         measured = sum(plain_s) / sum(spec_s)
-        low, high = _interval(np.array(plain_s), np.array(spec_s), resamples, seed)
+        units = np.column_stack([plain_s, spec_s])
+        interval = sums_interval(units, lambda sums: sums[:, 0] / sums[:, 1], resamples, seed, min_units=MIN_REQUESTS)
+        low, high = interval or (None, None)
         name = spec if isinstance(spec, str) else spec.name
         rows.append(
             {
@@ -80,13 +83,3 @@ def confirm_policies(
             }
         )
     return pl.DataFrame(rows)
-
-
-def _interval(plain: np.ndarray, spec: np.ndarray, resamples: int, seed: int) -> tuple[float | None, float | None]:
-    """95 % percentile bootstrap of sum(plain) / sum(spec), resampling requests; None with too few."""
-    if len(plain) < MIN_REQUESTS:
-        return None, None
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(plain), size=(resamples, len(plain)))
-    ratios = plain[picks].sum(axis=1) / spec[picks].sum(axis=1)
-    return float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))

@@ -82,16 +82,11 @@ class SideBySide:
     speculative_s: float
 
     @property
-    def plain_tokens_per_s(self) -> float:
-        return (len(self.plain.tokens) - 1) / self.plain_s if self.plain_s > 0 else float("nan")
-
-    @property
-    def speculative_tokens_per_s(self) -> float:
-        return (len(self.speculative.tokens) - 1) / self.speculative_s if self.speculative_s > 0 else float("nan")
-
-    @property
     def speedup(self) -> float:
-        return self.speculative_tokens_per_s / self.plain_tokens_per_s
+        """Speculative decode tokens/s over plain's (NaN where either took no time)."""
+        runs = ((self.plain, self.plain_s), (self.speculative, self.speculative_s))
+        plain, spec = ((len(gen.tokens) - 1) / s if s > 0 else float("nan") for gen, s in runs)
+        return spec / plain
 
     def stats(self) -> dict[str, Any]:
         """The speculative generation's stats, with decode time and speed by the clock."""

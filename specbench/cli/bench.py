@@ -136,11 +136,17 @@ def _bench(parser: argparse.ArgumentParser):
             return bench(args)
 
     def bench(args: argparse.Namespace) -> int:
+        from specbench.core.policies import DraftPolicy
+
         device_defaults(args)  # on a CPU: a run of minutes unless asked for more
         for name in ("limit", "turns"):
             if (value := getattr(args, name, None)) is not None and value < 1:
                 raise ValueError(f"--{name} must be >= 1, got {value}")
-        return {"prompts": _bench_prompts, "trace": _bench_trace, "batch": _bench_batch}[args.mode](args)
+        policies = [DraftPolicy.parse(p) for p in names(args.policies)]
+        drafter_names(args.drafters, required=True)
+        if args.out:
+            check_writable(args.out, folder=True, name="--out")
+        return {"prompts": _bench_prompts, "trace": _bench_trace, "batch": _bench_batch}[args.mode](args, policies)
 
     return run
 
@@ -158,7 +164,7 @@ def _traces(args: argparse.Namespace) -> list:
     return [t for t in traces if t.id in kept]
 
 
-def _bench_batch(args: argparse.Namespace) -> int:
+def _bench_batch(args: argparse.Namespace, policies: list) -> int:
     """``bench batch``: B requests at a time (each question's first turn, or every turn of the traces), each drafter
     and policy against plain batched decoding and mlx-lm; with --out, batch_bench.csv (a row per engine) and
     batch_divergence.csv (a row per request) there."""
@@ -167,21 +173,15 @@ def _bench_batch(args: argparse.Namespace) -> int:
     from specbench.bench.batch_bench import bench_batch, format_batch_bench, trace_requests
     from specbench.common.files import write_csv_atomic
     from specbench.core.forward import context_length
-    from specbench.core.policies import as_policy
     from specbench.inputs.prompts import questions_from, render_prompt
     from specbench.models.load import load
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be an integer >= 1, got {args.batch_size!r}")
-    drafters, policies = drafter_names(args.drafters, required=True), names(args.policies)
-    for policy in policies:
-        as_policy(policy)
     if args.trace is not None:
         traces = _traces(args)
     else:
         questions = questions_from(args.prompts, names(args.categories) if args.categories else None, args.limit)
-    if args.out:
-        check_writable(args.out, folder=True, name="--out")
     model, tokenizer = load(args.model)
     if args.trace is not None:
         context = context_length(model)
@@ -195,6 +195,7 @@ def _bench_batch(args: argparse.Namespace) -> int:
         labels = [f"{q.category}/{q.question_id}" for q in questions]
     source = str(args.trace or args.prompts)
     print(f"{len(requests)} requests from {source}, batch size {args.batch_size}", flush=True)
+    drafters = names(args.drafters)
     result = bench_batch(
         model, requests, args.batch_size, drafters, policies, args.max_tokens, tokenizer, verify=args.verify or "fast"
     )
@@ -208,22 +209,16 @@ def _bench_batch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_prompts(args: argparse.Namespace) -> int:
+def _bench_prompts(args: argparse.Namespace, policies: list) -> int:
     """``bench prompts``: every method on a prompt set, batch 1, against mlx-lm."""
     from specbench.bench.bench_ranks import bench_prompts_over_ranks
     from specbench.common import distributed
-    from specbench.core.policies import DraftPolicy
     from specbench.drafters.draft_model import resolve_draft_model
     from specbench.inputs.prompts import questions_from
     from specbench.models.load import load
 
-    policies = [DraftPolicy.parse(p) for p in names(args.policies)]
-    drafter_names(args.drafters, required=True)
     verify_modes(args.verify)
-    categories = names(args.categories) if args.categories else None
-    questions = questions_from(args.prompts, categories, args.limit)
-    if args.out:
-        check_writable(args.out, folder=True, name="--out")
+    questions = questions_from(args.prompts, names(args.categories) if args.categories else None, args.limit)
     model, tokenizer = load(args.model, shard=args.shard)
     draft_model = resolve_draft_model(args.draft_model, model, args.model) if args.draft_model else None
     if args.profile_first:  # on every rank: each its own device's profile (a sharded model's ranks together)
@@ -287,23 +282,18 @@ def _profile_first(model, name: str, modes: list[str], policies: list) -> None:
     print(f"profile: {save_profile(profile)}")
 
 
-def _bench_trace(args: argparse.Namespace) -> int:
+def _bench_trace(args: argparse.Namespace, policies: list) -> int:
     """``bench trace``: replay traces turn by turn, plain decoding against each drafter."""
     from specbench.bench.trace_bench import run_trace
     from specbench.bench.trace_summary import format_turns
     from specbench.core.options import GenerateOptions
-    from specbench.core.policies import DraftPolicy
     from specbench.models.load import load
 
     verify = verify_modes(args.verify)
     if len(verify) > 1:
         raise ValueError("bench trace takes one --verify mode (exact or fast)")
-    policies = [DraftPolicy.parse(p) for p in names(args.policies)]
-    drafter_names(args.drafters, required=True)
     options = GenerateOptions(max_tokens=args.max_tokens, verify=verify[0] if verify else None)
     traces = _traces(args)
-    if args.out:
-        check_writable(args.out, folder=True, name="--out")
     model, tokenizer = load(args.model, shard=args.shard)
     result = run_trace(
         model,
