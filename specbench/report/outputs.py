@@ -34,6 +34,16 @@ def read_json(path: str | os.PathLike) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def read_table(path: str | os.PathLike) -> Any:
+    """The polars frame stored at ``path``; None where it is missing or unreadable."""
+    import polars as pl
+
+    try:
+        return pl.read_parquet(path) if Path(path).is_file() else None
+    except (OSError, pl.exceptions.PolarsError):
+        return None
+
+
 def read_summary(out: str | os.PathLike, notebook: str) -> dict[str, Any]:
     """A notebook's ``summary.json`` in report folder ``out`` (what ``Outputs`` wrote: verdict, its speed verdicts,
     values, skipped sections, figures, logs, tables); {} if none."""

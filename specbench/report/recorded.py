@@ -1,7 +1,8 @@
 """Generations recorded in a report folder, so one notebook shows what another already generated.
 
 The draft-length sweep records each generation (``record_sweep``) under ``OUTPUT_DIR/recorded/``, keyed by
-``generation_key``; the quickstart (``side_by_side``) and the explorer (``find``) look one up before generating.
+``generation_key``; the quickstart (``side_by_side``) looks one up before generating, the explorer (``find``) reads
+the sweep's speedup from it.
 The plain greedy outputs are kept in one table too (``record_outputs``, ``recorded_outputs``), for the replays.
 """
 
@@ -26,7 +27,7 @@ from specbench.core.draft import Drafter
 from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.rules import TokenRule
-from specbench.report.outputs import read_json
+from specbench.report.outputs import read_json, read_table
 
 #: The folder of a report that holds recorded generations.
 FOLDER = "recorded"
@@ -169,18 +170,10 @@ def find(output_dir: str | os.PathLike | None, key: str) -> RecordedGeneration |
     """The generation recorded under ``key`` (None when there is none)."""
     folder = _folder(output_dir)
     row = read_json(folder / f"{key}.json") if folder else None
-    steps = _parquet(folder / f"{key}-steps.parquet") if folder and row is not None else None
+    steps = read_table(folder / f"{key}-steps.parquet") if folder and row is not None else None
     if row is None or steps is None:  # none, or unreadable: generated again
         return None
     return RecordedGeneration(row, steps, float(row.get("temperature", 0.0)))
-
-
-def _parquet(path: Path) -> pl.DataFrame | None:
-    """The frame stored at ``path``; None where it is missing or unreadable."""
-    try:
-        return pl.read_parquet(path) if path.is_file() else None
-    except (OSError, pl.exceptions.PolarsError):
-        return None
 
 
 def record_sweep(
@@ -264,7 +257,7 @@ def recorded_outputs(output_dir: str | os.PathLike | None) -> pl.DataFrame:
     """The report's table of plain greedy outputs (``record_outputs``); empty when there is none or it is
     unreadable."""
     folder = _folder(output_dir)
-    frame = _parquet(folder / OUTPUTS_FILE) if folder else None
+    frame = read_table(folder / OUTPUTS_FILE) if folder else None
     if frame is None or set(frame.columns) != set(OUTPUTS_SCHEMA):
         return pl.DataFrame(schema=OUTPUTS_SCHEMA)
     return frame.select(list(OUTPUTS_SCHEMA))
