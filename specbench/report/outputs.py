@@ -59,6 +59,16 @@ def in_ipython() -> bool:
     return get_ipython() is not None
 
 
+def _say(markdown: str, text: str) -> None:
+    """Show ``markdown`` in IPython, else print ``text``."""
+    if in_ipython():
+        from IPython.display import Markdown, display
+
+        display(Markdown(markdown))
+    else:
+        print(text)
+
+
 def reference_blas_note() -> str:
     """The sentence every verdict of a run on MLX's reference BLAS ends with ("" elsewhere): its matmuls are slow, so
     verification looks dearer than with an optimized BLAS, and its numbers are not comparable with such a run's."""
@@ -163,23 +173,13 @@ class Outputs:
         self.verdict_text = " ".join(str(text).split()) + reference_blas_note()
         self.speeds = list(speeds)
         self._save_summary()
-        if in_ipython():
-            from IPython.display import Markdown, display
-
-            display(Markdown(f"**Verdict.** {html.escape(self.verdict_text)}"))
-        else:
-            print(f"Verdict: {self.verdict_text}")
+        _say(f"**Verdict.** {html.escape(self.verdict_text)}", f"Verdict: {self.verdict_text}")
 
     def skip(self, section: str, reason: str) -> None:
         """Record and show that ``section`` was skipped, and why."""
         self.skipped[section] = str(reason)
         self._save_summary()
-        if in_ipython():
-            from IPython.display import Markdown, display
-
-            display(Markdown(f"> **Skipped: {section}.** {html.escape(str(reason))}"))
-        else:
-            print(f"Skipped: {section}. {reason}")
+        _say(f"> **Skipped: {section}.** {html.escape(str(reason))}", f"Skipped: {section}. {reason}")
 
     def needs(self, *capabilities: str, section: str) -> bool:
         """True when every capability is available; otherwise ``skip`` the section and False."""

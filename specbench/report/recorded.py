@@ -3,7 +3,7 @@
 The draft-length sweep records each generation (``record_sweep``) under ``OUTPUT_DIR/recorded/``, keyed by
 ``generation_key``; the quickstart (``side_by_side``) looks one up before generating, the explorer (``find``) reads
 the sweep's speedup from it.
-The plain greedy outputs are kept in one table too (``record_outputs``, ``recorded_outputs``), for the replays.
+The plain greedy outputs are kept in one table too (``write_outputs``, ``recorded_outputs``), for the replays.
 """
 
 from __future__ import annotations
@@ -187,11 +187,12 @@ def record_sweep(
     source: str = "draft_length_sweep",
 ) -> int:
     """Record every generation of a ``Sweep`` (``bench.sweep.run_sweep``'s result over ``prompts``, run
-    with ``max_tokens``, ``verify`` and ``ignore_eos``); returns how many were recorded."""
+    with ``max_tokens``, ``verify`` and ``ignore_eos``), and its greedy plain outputs in the report's table of outputs
+    (``write_outputs``); returns how many generations were recorded."""
     if _folder(output_dir) is None or sweep.runs.is_empty():
         return 0
-    ids = {p.id: p.ids for p in prompts}
-    runs = sweep.runs.filter(pl.col("prompt").is_in(list(ids)) & (pl.col("policy") != AA_POLICY))
+    by_id = {p.id: p for p in prompts}
+    runs = sweep.runs.filter(pl.col("prompt").is_in(list(by_id)) & (pl.col("policy") != AA_POLICY))
     if "pair" in runs.columns:  # one generation per drafter and policy: the first pair's (its steps are kept)
         runs = runs.filter(pl.col("pair").fill_null(0) == 0)
     for row in runs.to_dicts():
@@ -202,40 +203,24 @@ def record_sweep(
             verify=verify,
             ignore_eos=ignore_eos,
         )
-        key = generation_key(model, ids[row["prompt"]], row["drafter"], row["policy"], options)
+        key = generation_key(model, by_id[row["prompt"]].ids, row["drafter"], row["policy"], options)
         record(output_dir, key, row, sweep.steps.filter(pl.col("run") == row["run"]), source)
-    record_outputs(output_dir, model, prompts, sweep, max_tokens, verify, source)
-    return len(runs)
-
-
-def record_outputs(
-    output_dir: str | os.PathLike | None,
-    model: str,
-    prompts: Sequence[Any],
-    sweep: Any,
-    max_tokens: int,
-    verify: str | None = None,
-    source: str = "draft_length_sweep",
-) -> int:
-    """Add the greedy plain outputs of a ``Sweep`` over ``prompts`` (``Prompt`` objects) to the report's table of
-    outputs (``OUTPUTS_FILE``), replacing rows of the same model, prompt, max_tokens and verify mode; returns how
-    many rows were written (nothing without a folder)."""
-    folder = _folder(output_dir)
-    if folder is None or sweep.runs.is_empty():
-        return 0
-    by_id = {p.id: p for p in prompts}
     plain = sweep.runs.filter(
-        (pl.col("drafter") == "none") & (pl.col("policy") == "none") & (pl.col("temperature") == 0)
+        pl.col("prompt").is_in(list(by_id))
+        & (pl.col("drafter") == "none")
+        & (pl.col("policy") == "none")
+        & (pl.col("temperature") == 0)
     )
-    rows = []
+    outputs = []
     firsts = plain.unique("prompt", keep="first", maintain_order=True).select("prompt", "run", "finish_reason")
     for prompt_id, run, finish_reason in firsts.iter_rows():
-        if prompt_id not in by_id:
-            continue
         steps = sweep.steps.filter(pl.col("run") == run).sort("step")["tokens"]
         output = [t for tokens in steps.to_list() for t in (tokens or [])]
-        rows.append(OutputRow.of(by_id[prompt_id], output, finish_reason, model, int(max_tokens), verify or "", source))
-    return write_outputs(output_dir, outputs_frame(rows))
+        outputs.append(
+            OutputRow.of(by_id[prompt_id], output, finish_reason, model, int(max_tokens), verify or "", source)
+        )
+    write_outputs(output_dir, outputs_frame(outputs))
+    return len(runs)
 
 
 def write_outputs(output_dir: str | os.PathLike | None, outputs: pl.DataFrame) -> int:
@@ -254,7 +239,7 @@ def write_outputs(output_dir: str | os.PathLike | None, outputs: pl.DataFrame) -
 
 
 def recorded_outputs(output_dir: str | os.PathLike | None) -> pl.DataFrame:
-    """The report's table of plain greedy outputs (``record_outputs``); empty when there is none or it is
+    """The report's table of plain greedy outputs (``write_outputs``); empty when there is none or it is
     unreadable."""
     folder = _folder(output_dir)
     frame = read_table(folder / OUTPUTS_FILE) if folder else None
