@@ -18,7 +18,7 @@ from specbench.cost.breakeven import break_even_acceptance, break_even_band
 from specbench.cost.profile import Profile
 from specbench.report import cost_models
 from specbench.report.outputs import read_json, read_table
-from specbench.report.verdicts.notebooks import INCONCLUSIVE, LOSES, PAYS, SummaryRow
+from specbench.report.verdicts.notebooks import INCONCLUSIVE, LOSES, PAYS, SummaryRow, speed_word
 from specbench.report.verdicts.speeds import SpeedVerdict, one
 
 #: Where the sweep keeps its runs in a report folder.
@@ -98,11 +98,8 @@ def verdict_of(low: float | None, high: float | None, pairs: int) -> str:
     """The verdict a speedup's interval allows (none without an interval)."""
     if low is None or high is None:
         return f"no interval ({pairs} pairs; 6 needed)"
-    if low > 1.0:
-        return "pays"
-    if high < 1.0:
-        return "loses"
-    return "no difference resolvable"
+    word = speed_word(low, high)
+    return "no difference resolvable" if word == INCONCLUSIVE else word
 
 
 def answer_cells(
