@@ -1,13 +1,7 @@
 """The report's answer: does speculation pay for this model on this machine, per drafter and prompt kind, and why.
 
-One function (``answer_cells``) computes every number the index opens with from the stored records: the sweep's
-timed pairs (``draft_length_sweep/tables/runs.parquet``) and the report's cost model (``cost_model.json``). Each cell
-is a drafter x prompt kind x policy: its speedup over plain decoding with the interval over its adjacent pairs (95 %,
-or the sequential rule's level where the sweep added pairs until each cell decided) and its sample size, a verdict
-from the interval alone (pays: above 1; loses: below 1; else no difference resolvable; a cell whose runs drafted
-nothing: "never drafted", its ratio then only the policy's overhead over plain decoding), tokens per verification
-(accepted + 1), the realized acceptance, and the break-even acceptance a* at the cell's draft length from the cost
-model, with its band over c(w)'s interval.
+``answer_cells`` computes every number the index opens with (a ``Cell`` per drafter x prompt kind x policy) from the
+stored records: the sweep's timed pairs (``SWEEP_RUNS``) and the report's cost model (``cost_model.json``).
 """
 
 from __future__ import annotations
@@ -23,8 +17,8 @@ from specbench.bench.sweep_summary import summarize_sweep
 from specbench.cost.breakeven import break_even_acceptance, break_even_band
 from specbench.cost.profile import Profile
 from specbench.report import cost_models
-from specbench.report.outputs import read_json
-from specbench.report.verdicts.notebooks import INCONCLUSIVE, LOSES, PAYS, SummaryRow
+from specbench.report.outputs import read_json, read_table
+from specbench.report.verdicts.notebooks import INCONCLUSIVE, LOSES, PAYS, SummaryRow, speed_word
 from specbench.report.verdicts.speeds import SpeedVerdict, one
 
 #: Where the sweep keeps its runs in a report folder.
@@ -104,11 +98,8 @@ def verdict_of(low: float | None, high: float | None, pairs: int) -> str:
     """The verdict a speedup's interval allows (none without an interval)."""
     if low is None or high is None:
         return f"no interval ({pairs} pairs; 6 needed)"
-    if low > 1.0:
-        return "pays"
-    if high < 1.0:
-        return "loses"
-    return "no difference resolvable"
+    word = speed_word(low, high)
+    return "no difference resolvable" if word == INCONCLUSIVE else word
 
 
 def answer_cells(
@@ -167,17 +158,6 @@ def answer_cells(
     return cells
 
 
-def sweep_runs(out: str | Path) -> pl.DataFrame | None:
-    """The sweep's runs in report folder ``out`` (None before it ran)."""
-    path = Path(out) / SWEEP_RUNS
-    if not path.is_file():
-        return None
-    try:
-        return pl.read_parquet(path)
-    except (OSError, pl.exceptions.PolarsError):
-        return None
-
-
 def sweep_model(out: str | Path) -> str | None:
     """The model the sweep in report folder ``out`` ran (its status's parameters; None before it ran)."""
     status = read_json(Path(out) / "draft_length_sweep" / "status.json") or {}
@@ -188,7 +168,7 @@ def sweep_model(out: str | Path) -> str | None:
 
 def answer_speeds(out: str | Path) -> list[SpeedVerdict]:
     """What the answer's table says of speed, cell by cell ("no difference resolvable", "no interval": inconclusive)."""
-    runs, model = sweep_runs(out), sweep_model(out)
+    runs, model = read_table(Path(out) / SWEEP_RUNS), sweep_model(out)
     if runs is None or model is None:
         return []
     drafted = runs.filter(pl.col("drafter") != "none")
@@ -214,7 +194,7 @@ def read_answer(
     """The answer's cells from a report folder's stored records (the sweep's runs of ``model``) and the line naming
     ``model``'s cost model ("" without one); ``recorded``: the folder's cost models, when already read."""
     out = Path(out)
-    runs = sweep_runs(out)
+    runs = read_table(out / SWEEP_RUNS)
     if runs is None:
         return [], ""
     recorded = cost_models.recorded(out) if recorded is None else recorded

@@ -9,7 +9,6 @@ output coloured by token source, its stats and per-step plot.
 from __future__ import annotations
 
 import io
-import os
 import time
 from collections.abc import Sequence
 from html import escape as esc
@@ -24,7 +23,6 @@ from specbench.drafters import DRAFTERS
 from specbench.inputs.capabilities import usable_drafters
 from specbench.inputs.prompts import render_prompt
 from specbench.models.load import load
-from specbench.report import recorded
 from specbench.report.explore_logs import (
     POLICIES,
     Choice,
@@ -147,11 +145,8 @@ class Explorer(_Widget):
         """The policy the controls select (auto picks its own draft length; the others draft k)."""
         return as_policy("auto" if self.policy.value == "auto" else f"{self.policy.value}:{self.k.value}")
 
-    def run(self, _button: Any = None, recorded_in: str | os.PathLike | None = None):
-        """Generate with the current settings; returns the Generation (None if it could not start).
-
-        ``recorded_in``: a report folder; a generation recorded there with the same settings
-        (``specbench.report.recorded``) is shown instead of generating it again."""
+    def run(self, _button: Any = None):
+        """Generate with the current settings; returns the Generation (None if it could not start)."""
         self.button.disabled = True
         try:
             model, tokenizer = self._load(self.model.value)
@@ -172,13 +167,6 @@ class Explorer(_Widget):
                 seed=0,
                 verify=self.verify.value or None,
             )
-            name = self.drafter.value if drafter is not None else "none"
-            key = recorded.generation_key(self.model.value, prompt, name, policy.name if policy else "none", options)
-            found = recorded.find(recorded_in, key)
-            if found is not None:
-                self.generation = found
-                self._finish(found, tokenizer, found.decode_s, f"recorded by {found.row.get('source')} in this report")
-                return found
             gen = speculative_generate(model, prompt, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
             self.generation = gen
             self.status.value = "generating ..."

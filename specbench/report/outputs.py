@@ -34,6 +34,16 @@ def read_json(path: str | os.PathLike) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def read_table(path: str | os.PathLike) -> Any:
+    """The polars frame stored at ``path``; None where it is missing or unreadable."""
+    import polars as pl
+
+    try:
+        return pl.read_parquet(path) if Path(path).is_file() else None
+    except (OSError, pl.exceptions.PolarsError):
+        return None
+
+
 def read_summary(out: str | os.PathLike, notebook: str) -> dict[str, Any]:
     """A notebook's ``summary.json`` in report folder ``out`` (what ``Outputs`` wrote: verdict, its speed verdicts,
     values, skipped sections, figures, logs, tables); {} if none."""
@@ -47,6 +57,16 @@ def in_ipython() -> bool:
     except ImportError:
         return False
     return get_ipython() is not None
+
+
+def _say(markdown: str, text: str) -> None:
+    """Show ``markdown`` in IPython, else print ``text``."""
+    if in_ipython():
+        from IPython.display import Markdown, display
+
+        display(Markdown(markdown))
+    else:
+        print(text)
 
 
 def reference_blas_note() -> str:
@@ -153,23 +173,13 @@ class Outputs:
         self.verdict_text = " ".join(str(text).split()) + reference_blas_note()
         self.speeds = list(speeds)
         self._save_summary()
-        if in_ipython():
-            from IPython.display import Markdown, display
-
-            display(Markdown(f"**Verdict.** {html.escape(self.verdict_text)}"))
-        else:
-            print(f"Verdict: {self.verdict_text}")
+        _say(f"**Verdict.** {html.escape(self.verdict_text)}", f"Verdict: {self.verdict_text}")
 
     def skip(self, section: str, reason: str) -> None:
         """Record and show that ``section`` was skipped, and why."""
         self.skipped[section] = str(reason)
         self._save_summary()
-        if in_ipython():
-            from IPython.display import Markdown, display
-
-            display(Markdown(f"> **Skipped: {section}.** {html.escape(str(reason))}"))
-        else:
-            print(f"Skipped: {section}. {reason}")
+        _say(f"> **Skipped: {section}.** {html.escape(str(reason))}", f"Skipped: {section}. {reason}")
 
     def needs(self, *capabilities: str, section: str) -> bool:
         """True when every capability is available; otherwise ``skip`` the section and False."""

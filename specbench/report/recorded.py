@@ -1,8 +1,9 @@
 """Generations recorded in a report folder, so one notebook shows what another already generated.
 
 The draft-length sweep records each generation (``record_sweep``) under ``OUTPUT_DIR/recorded/``, keyed by
-``generation_key``; the quickstart (``side_by_side``) and the explorer (``find``) look one up before generating.
-The plain greedy outputs are kept in one table too (``record_outputs``, ``recorded_outputs``), for the replays.
+``generation_key``; the quickstart (``side_by_side``) looks one up before generating, the explorer (``find``) reads
+the sweep's speedup from it.
+The plain greedy outputs are kept in one table too (``write_outputs``, ``recorded_outputs``), for the replays.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from specbench.core.draft import Drafter
 from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.rules import TokenRule
-from specbench.report.outputs import read_json
+from specbench.report.outputs import read_json, read_table
 
 #: The folder of a report that holds recorded generations.
 FOLDER = "recorded"
@@ -169,18 +170,10 @@ def find(output_dir: str | os.PathLike | None, key: str) -> RecordedGeneration |
     """The generation recorded under ``key`` (None when there is none)."""
     folder = _folder(output_dir)
     row = read_json(folder / f"{key}.json") if folder else None
-    steps = _parquet(folder / f"{key}-steps.parquet") if folder and row is not None else None
+    steps = read_table(folder / f"{key}-steps.parquet") if folder and row is not None else None
     if row is None or steps is None:  # none, or unreadable: generated again
         return None
     return RecordedGeneration(row, steps, float(row.get("temperature", 0.0)))
-
-
-def _parquet(path: Path) -> pl.DataFrame | None:
-    """The frame stored at ``path``; None where it is missing or unreadable."""
-    try:
-        return pl.read_parquet(path) if path.is_file() else None
-    except (OSError, pl.exceptions.PolarsError):
-        return None
 
 
 def record_sweep(
@@ -194,11 +187,12 @@ def record_sweep(
     source: str = "draft_length_sweep",
 ) -> int:
     """Record every generation of a ``Sweep`` (``bench.sweep.run_sweep``'s result over ``prompts``, run
-    with ``max_tokens``, ``verify`` and ``ignore_eos``); returns how many were recorded."""
+    with ``max_tokens``, ``verify`` and ``ignore_eos``), and its greedy plain outputs in the report's table of outputs
+    (``write_outputs``); returns how many generations were recorded."""
     if _folder(output_dir) is None or sweep.runs.is_empty():
         return 0
-    ids = {p.id: p.ids for p in prompts}
-    runs = sweep.runs.filter(pl.col("prompt").is_in(list(ids)) & (pl.col("policy") != AA_POLICY))
+    by_id = {p.id: p for p in prompts}
+    runs = sweep.runs.filter(pl.col("prompt").is_in(list(by_id)) & (pl.col("policy") != AA_POLICY))
     if "pair" in runs.columns:  # one generation per drafter and policy: the first pair's (its steps are kept)
         runs = runs.filter(pl.col("pair").fill_null(0) == 0)
     for row in runs.to_dicts():
@@ -209,40 +203,24 @@ def record_sweep(
             verify=verify,
             ignore_eos=ignore_eos,
         )
-        key = generation_key(model, ids[row["prompt"]], row["drafter"], row["policy"], options)
+        key = generation_key(model, by_id[row["prompt"]].ids, row["drafter"], row["policy"], options)
         record(output_dir, key, row, sweep.steps.filter(pl.col("run") == row["run"]), source)
-    record_outputs(output_dir, model, prompts, sweep, max_tokens, verify, source)
-    return len(runs)
-
-
-def record_outputs(
-    output_dir: str | os.PathLike | None,
-    model: str,
-    prompts: Sequence[Any],
-    sweep: Any,
-    max_tokens: int,
-    verify: str | None = None,
-    source: str = "draft_length_sweep",
-) -> int:
-    """Add the greedy plain outputs of a ``Sweep`` over ``prompts`` (``Prompt`` objects) to the report's table of
-    outputs (``OUTPUTS_FILE``), replacing rows of the same model, prompt, max_tokens and verify mode; returns how
-    many rows were written (nothing without a folder)."""
-    folder = _folder(output_dir)
-    if folder is None or sweep.runs.is_empty():
-        return 0
-    by_id = {p.id: p for p in prompts}
     plain = sweep.runs.filter(
-        (pl.col("drafter") == "none") & (pl.col("policy") == "none") & (pl.col("temperature") == 0)
+        pl.col("prompt").is_in(list(by_id))
+        & (pl.col("drafter") == "none")
+        & (pl.col("policy") == "none")
+        & (pl.col("temperature") == 0)
     )
-    rows = []
+    outputs = []
     firsts = plain.unique("prompt", keep="first", maintain_order=True).select("prompt", "run", "finish_reason")
     for prompt_id, run, finish_reason in firsts.iter_rows():
-        if prompt_id not in by_id:
-            continue
         steps = sweep.steps.filter(pl.col("run") == run).sort("step")["tokens"]
         output = [t for tokens in steps.to_list() for t in (tokens or [])]
-        rows.append(OutputRow.of(by_id[prompt_id], output, finish_reason, model, int(max_tokens), verify or "", source))
-    return write_outputs(output_dir, outputs_frame(rows))
+        outputs.append(
+            OutputRow.of(by_id[prompt_id], output, finish_reason, model, int(max_tokens), verify or "", source)
+        )
+    write_outputs(output_dir, outputs_frame(outputs))
+    return len(runs)
 
 
 def write_outputs(output_dir: str | os.PathLike | None, outputs: pl.DataFrame) -> int:
@@ -261,10 +239,10 @@ def write_outputs(output_dir: str | os.PathLike | None, outputs: pl.DataFrame) -
 
 
 def recorded_outputs(output_dir: str | os.PathLike | None) -> pl.DataFrame:
-    """The report's table of plain greedy outputs (``record_outputs``); empty when there is none or it is
+    """The report's table of plain greedy outputs (``write_outputs``); empty when there is none or it is
     unreadable."""
     folder = _folder(output_dir)
-    frame = _parquet(folder / OUTPUTS_FILE) if folder else None
+    frame = read_table(folder / OUTPUTS_FILE) if folder else None
     if frame is None or set(frame.columns) != set(OUTPUTS_SCHEMA):
         return pl.DataFrame(schema=OUTPUTS_SCHEMA)
     return frame.select(list(OUTPUTS_SCHEMA))
