@@ -19,7 +19,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from specbench.common.files import home, set_aside, write_json_atomic
+from specbench.common.files import home, read_or_set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, versions
 
 #: Bytes of the array the peak is measured over on the CPU (large enough to leave every cache behind; 1 GiB on a GPU).
@@ -109,8 +109,9 @@ def _cache_path(root: Path | None = None) -> Path:
 _peaks: dict[str, float] = {}
 
 
-def check_peak(data: Any) -> dict[str, Any]:
+def _read_peak(path: Path) -> dict[str, Any]:
     """A stored peak bandwidth (its JSON), or a ValueError saying what is wrong: the one check of its readers."""
+    data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
     peak = data.get("bytes_per_s")
@@ -126,16 +127,13 @@ def peak_bandwidth(root: Path | None = None, refresh: bool = False) -> float:
     key = str(path)
     if not refresh and key in _peaks:
         return _peaks[key]
-    if not refresh and path.is_file():
-        try:
-            data = check_peak(json.loads(path.read_text(encoding="utf-8")))
-            if data.get("kernels") == kernel_key() and data.get("method") == PEAK_METHOD:
-                _peaks[key] = float(data["bytes_per_s"])
-                return _peaks[key]
-        except (ValueError, UnicodeDecodeError) as err:
-            set_aside(path, "measured peak bandwidth", err)  # measured again and rewritten
-        except OSError:
-            pass
+    try:  # a damaged file is measured again and rewritten
+        data = None if refresh else read_or_set_aside(path, _read_peak, "measured peak bandwidth")
+    except OSError:
+        data = None
+    if data is not None and data.get("kernels") == kernel_key() and data.get("method") == PEAK_METHOD:
+        _peaks[key] = float(data["bytes_per_s"])
+        return _peaks[key]
     peak = _measure_peak()
     _peaks[key] = peak
     try:

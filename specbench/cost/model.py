@@ -21,7 +21,7 @@ from specbench.common.identity import display_name
 from specbench.core.verify import check_verify_mode
 from specbench.cost import noise
 from specbench.cost.measure import forget, measure, with_rounds
-from specbench.cost.profile import Profile, load_profile, save_profile
+from specbench.cost.profile import Measured, Profile, load_profile, save_profile
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def current(profile: Profile | None, protocol: Protocol) -> bool:
     intervals for every mode and width 1..``protocol.widths``, at every context length asked, and not noisy unless
     already measured again (a noisy single measurement is measured again and pooled; what stays noisy after that is
     kept, marked, rather than measured on every run)."""
-    if profile is None or profile.quick or (profile.noisy and profile.measured.get("measurements", 1) < 2):
+    if profile is None or profile.quick or (profile.noisy and (profile.measured or Measured()).measurements < 2):
         return False
     wanted = list(range(1, protocol.widths + 1))
     for mode in protocol.verify:
@@ -122,14 +122,8 @@ def _measured(model: nn.Module, protocol: Protocol, progress: Callable[[str], No
         lengths=protocol.lengths,
         progress=progress,
     )
-    profile.measured = {
-        "seconds": round(time.perf_counter() - started, 1),
-        "load_before": load_before,
-        "load_after": _load(),
-        "protocol": protocol.to_dict(),
-        "measurements": 1,
-    }
-    return profile
+    seconds = round(time.perf_counter() - started, 1)
+    return dataclasses.replace(profile, measured=Measured(seconds, load_before, _load(), protocol.to_dict()))
 
 
 def pooled(first: Profile, second: Profile) -> Profile:
@@ -143,14 +137,15 @@ def pooled(first: Profile, second: Profile) -> Profile:
         m: [[*a, *b] for a, b in zip(first.rounds[m], second.rounds[m])] if m in second.costs else first.rounds[m]
         for m in first.costs
     }
-    measured = {
-        "seconds": round(first.measured.get("seconds", 0.0) + second.measured.get("seconds", 0.0), 1),
-        "load_before": first.measured.get("load_before"),
-        "load_after": second.measured.get("load_after"),
-        "protocol": first.measured.get("protocol"),
-        "measurements": first.measured.get("measurements", 1) + second.measured.get("measurements", 1),
-        "again": sorted(second.costs),
-    }
+    one, two = first.measured or Measured(), second.measured or Measured()
+    measured = Measured(
+        round(one.seconds + two.seconds, 1),
+        one.load_before,
+        two.load_after,
+        one.protocol,
+        one.measurements + two.measurements,
+        sorted(second.costs),
+    )
     base = dataclasses.replace(
         first,
         overhead={**first.overhead, **second.overhead},
@@ -165,17 +160,17 @@ def pooled(first: Profile, second: Profile) -> Profile:
 def describe(profile: Profile) -> str:
     """One line naming the cost model a page plans with: when, how long, under what load, how many rounds."""
     m = profile.measured
-    if not m:
+    if m is None:
         kind = "a quick profile" if profile.quick else "a stored profile"
         return f"cost model: {kind} of {profile.name}, measured {profile.created or 'at an unknown time'}"
     load = ""
-    if m.get("load_before") is not None and m.get("load_after") is not None:
-        load = f" at load {m['load_before']:.1f}-{m['load_after']:.1f}"
-    again = f" ({', '.join(m['again'])})" if m.get("again") else ""
-    pooled_note = f", {m['measurements']} measurements pooled{again}" if m.get("measurements", 1) > 1 else ""
+    if m.load_before is not None and m.load_after is not None:
+        load = f" at load {m.load_before:.1f}-{m.load_after:.1f}"
+    again = f" ({', '.join(m.again)})" if m.again else ""
+    pooled_note = f", {m.measurements} measurements pooled{again}" if m.measurements > 1 else ""
     noisy = "; noisy: " + "; ".join(r for rs in profile.noise.values() for r in rs) if profile.noisy else ""
     return (
-        f"cost model: {profile.name}, measured {profile.created}{load} in {m.get('seconds', 0):.0f} s, "
+        f"cost model: {profile.name}, measured {profile.created}{load} in {m.seconds:.0f} s, "
         f"{profile.repeats} rounds{pooled_note}, intervals at {profile.interval_level:.0%}{noisy}"
     )
 
