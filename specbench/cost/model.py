@@ -21,7 +21,7 @@ from specbench.common.identity import display_name
 from specbench.core.verify import check_verify_mode
 from specbench.cost import noise
 from specbench.cost.measure import forget, measure, with_rounds
-from specbench.cost.profile import Measured, Profile, load_profile, save_profile
+from specbench.cost.profile import Measurement, Profile, load_profile, save_profile
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def current(profile: Profile | None, protocol: Protocol) -> bool:
     intervals for every mode and width 1..``protocol.widths``, at every context length asked, and not noisy unless
     already measured again (a noisy single measurement is measured again and pooled; what stays noisy after that is
     kept, marked, rather than measured on every run)."""
-    if profile is None or profile.quick or (profile.noisy and (profile.measured or Measured()).measurements < 2):
+    if profile is None or profile.quick or (profile.noisy and (profile.measured or Measurement()).measurements < 2):
         return False
     wanted = list(range(1, protocol.widths + 1))
     for mode in protocol.verify:
@@ -123,7 +123,7 @@ def _measured(model: nn.Module, protocol: Protocol, progress: Callable[[str], No
         progress=progress,
     )
     seconds = round(time.perf_counter() - started, 1)
-    return dataclasses.replace(profile, measured=Measured(seconds, load_before, _load(), protocol.to_dict()))
+    return dataclasses.replace(profile, measured=Measurement(seconds, load_before, _load(), protocol.to_dict()))
 
 
 def pooled(first: Profile, second: Profile) -> Profile:
@@ -137,8 +137,8 @@ def pooled(first: Profile, second: Profile) -> Profile:
         m: [[*a, *b] for a, b in zip(first.rounds[m], second.rounds[m])] if m in second.costs else first.rounds[m]
         for m in first.costs
     }
-    one, two = first.measured or Measured(), second.measured or Measured()
-    measured = Measured(
+    one, two = first.measured or Measurement(), second.measured or Measurement()
+    measured = Measurement(
         round(one.seconds + two.seconds, 1),
         one.load_before,
         two.load_after,

@@ -32,7 +32,7 @@ _LENGTH_PARTS = ("plain_step_s", "costs", "seconds")
 
 
 @dataclass(frozen=True)
-class Measured:
+class Measurement:
     """How a cost model was measured (``specbench.cost.model``): seconds it took, the load average before and after,
     its protocol, how many measurements were pooled and the modes the last measured again."""
 
@@ -89,7 +89,7 @@ class Profile:
     #: Why c(w) cannot be taken at face value (``specbench.cost.noise.noise``), per mode; empty: no sign of noise.
     noise: dict[str, list[str]] = field(default_factory=dict)
     #: How it was measured as the cost model (None: by ``measure`` or ``quick_profile`` alone).
-    measured: Measured | None = None
+    measured: Measurement | None = None
 
     @property
     def noisy(self) -> bool:
@@ -157,7 +157,7 @@ class Profile:
         names = set(cls.__dataclass_fields__)
         made = cls(**{"kernels": "", **{k: v for k, v in data.items() if k in names}})
         if isinstance(made.measured, dict):
-            made.measured = Measured(**made.measured) if made.measured else None
+            made.measured = Measurement(**made.measured) if made.measured else None
         return made
 
     def to_polars(self):
