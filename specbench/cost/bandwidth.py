@@ -62,12 +62,8 @@ def _fastest(run, repeats: int) -> float:
 
 
 def peak_passes(nbytes: int = COPY_BYTES, repeats: int = 3) -> dict[str, float]:
-    """Bytes per second of each pass the peak is taken from (``PEAK_METHOD``), fastest of ``repeats`` each.
-
-    On a GPU: MLX sums a 1 GiB float32 array (every byte read once, as decoding reads its weights; a copy's
-    fresh output allocation is slower than the memory), and multiplies a 1 GiB bfloat16 matrix by a vector
-    (decoding's own access pattern). On the CPU numpy's memcpy reads and writes ``nbytes`` (MLX's CPU kernels
-    are compute-bound, not a measure of memory; its weights live in the same memory)."""
+    """Bytes per second of each pass the peak is taken from (``PEAK_METHOD``), fastest of ``repeats`` each. On
+    the CPU numpy's copy (MLX's CPU kernels are compute-bound, not a measure of memory)."""
     if mx.default_device().type != mx.DeviceType.gpu:
         src, dst = np.ones(nbytes // 4, dtype=np.float32), np.empty(nbytes // 4, dtype=np.float32)
         return {"numpy copy": 2 * nbytes / _fastest(lambda: np.copyto(dst, src), repeats)}

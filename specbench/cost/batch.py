@@ -319,12 +319,9 @@ def measure_batch_overhead(
     progress: Callable[[str], None] | None = None,
     repeats: int = 2,
 ) -> BatchProfile:
-    """The engine's own seconds per batched step beyond the forward, at each of ``profile``'s batch sizes and
-    ``widths`` (1: plain batched decoding; w > 1: every row drafting w - 1 tokens of its own continuation at
-    acceptance ``RAGGED_ACCEPTANCE``, so that rows fall out of step as served rows do): over runs of ``tokens``
-    tokens per row after an untimed identical run, the mean step's decode seconds over the whole run (pipelined
-    plain steps make a short run's median step say less), median over ``repeats`` runs, less c(w, B) times the
-    [B, 1] forward. Kept in ``profile.overhead_s``; measure at the run length the predictions are for."""
+    """The engine's own seconds per batched step beyond c(w, B) times the [B, 1] forward, at each of
+    ``profile``'s batch sizes and ``widths`` (w > 1: drafts at ``RAGGED_ACCEPTANCE``): the mean step of runs of
+    ``tokens`` per row, median of ``repeats``, into ``profile.overhead_s``. Measure at the predictions' run length."""
     if tokens < 2:
         raise ValueError(f"tokens must be >= 2 (a prefill token and a decode step), got {tokens}")
     if repeats < 1:

@@ -145,16 +145,10 @@ def measure(
     lengths: Sequence[int] = (),
     components: Sequence[int] = (),
 ) -> Profile:
-    """Measure a cost profile: c(w) for each width and verify mode, the engine's overhead per
-    speculative step, and each drafter's d.
-
-    ``widths``: W (for 1..W), a list of widths, or a dict of either per verify mode. The cache holds ``offset``
-    tokens (``context``, else random ids), restored after every timed forward; widths are timed round-robin after
-    ``plain_tokens`` plain steps per round, medians of ``repeats`` rounds after ``warmup``. The overhead is timed
-    at ``overhead_widths`` (default: 2, the middle and the widest) where the engine decodes the model
-    speculatively. ``lengths``: further context lengths timed alike (``Profile.lengths``); ``components``:
-    widths whose step is split into parts (``Profile.components``).
-    """
+    """A cost profile: c(w) per width and verify mode (``widths``: W for 1..W, a list, or either per mode), timed
+    round-robin after ``plain_tokens`` plain steps per round over a cache of ``offset`` tokens (``context``, else
+    random), medians of ``repeats`` rounds; the engine's overhead at ``overhead_widths`` (default: 2, the middle
+    and the widest); each drafter's d; further context ``lengths`` and ``components`` widths when asked."""
     modes = [check_verify_mode(m) for m in ([verify] if isinstance(verify, str) else verify)]
     ws = per_key(widths, modes, _widths, "widths gives no widths for verify mode(s) {}")
     if repeats < 1 or warmup < 0 or offset < 1 or plain_tokens < 1:
@@ -295,11 +289,9 @@ def measure_drafter(
 
 
 def quick_profile(model: nn.Module, verify: str = "fast", budget_s: float = 2.5, offset: int = 8) -> Profile:
-    """A rough profile within about ``budget_s`` seconds: widths 1, 2, 5, 3, 9 timed in that order
-    as long as time is left (at least 1, 2 and 5), then again while over a third of the budget
-    is left (medians kept), after a short context; the plain step taken as a serial width-1 step
-    (so c(1) = 1); and the engine overhead at width 5 when there is time for it. Unmeasured
-    widths are interpolated."""
+    """A rough profile within about ``budget_s`` seconds: widths 1, 2, 5, 3, 9 while time is left (at least 1, 2,
+    5), again while a third of it is (medians kept); the plain step a serial width-1 step (c(1) = 1); the engine
+    overhead at width 5 when there is time."""
     verify = check_verify_mode(verify)
     started = time.perf_counter()
     rng = np.random.default_rng(0)
