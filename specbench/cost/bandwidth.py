@@ -12,7 +12,6 @@ import json
 import timeit
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -20,7 +19,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from specbench.common.files import home, read_or_set_aside, write_json_atomic
-from specbench.common.identity import device_name, kernel_key, versions
+from specbench.common.identity import device_name, kernel_key
 
 #: Bytes of the array the peak is measured over on the CPU (large enough to leave every cache behind; 1 GiB on a GPU).
 COPY_BYTES = 256 * 2**20
@@ -99,21 +98,22 @@ def _measure_peak(nbytes: int = COPY_BYTES, repeats: int = 3) -> float:
 
 def _cache_path(root: Path | None = None) -> Path:
     slug = "".join(ch if ch.isalnum() else "-" for ch in device_name()).strip("-").lower()
-    return (root or home()) / "profiles" / f"bandwidth--{slug}--mlx{versions()['mlx']}.json"
+    return (root or home()) / "profiles" / f"bandwidth--{slug}--mlx{mx.__version__}.json"
 
 
 _peaks: dict[str, float] = {}
 
 
-def _read_peak(path: Path) -> dict[str, Any]:
-    """A stored peak bandwidth (its JSON), or a ValueError saying what is wrong: the one check of its readers."""
+def _read_peak(path: Path) -> float | None:
+    """A stored peak bandwidth, None where measured on other kernels or by another method; a ValueError saying what
+    is wrong with a damaged one: the one check of its readers."""
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
     peak = data.get("bytes_per_s")
     if not (isinstance(peak, (int, float)) and not isinstance(peak, bool) and 0 < peak < float("inf")):
         raise ValueError(f"bytes_per_s is {peak!r}, not a finite rate above zero")
-    return data
+    return float(peak) if data.get("kernels") == kernel_key() and data.get("method") == PEAK_METHOD else None
 
 
 def peak_bandwidth(root: Path | None = None, refresh: bool = False) -> float:
@@ -124,21 +124,17 @@ def peak_bandwidth(root: Path | None = None, refresh: bool = False) -> float:
     if not refresh and key in _peaks:
         return _peaks[key]
     try:  # a damaged file is measured again and rewritten
-        data = None if refresh else read_or_set_aside(path, _read_peak, "measured peak bandwidth")
+        peak = None if refresh else read_or_set_aside(path, _read_peak, "measured peak bandwidth")
     except OSError:
-        data = None
-    if data is not None and data.get("kernels") == kernel_key() and data.get("method") == PEAK_METHOD:
-        _peaks[key] = float(data["bytes_per_s"])
-        return _peaks[key]
-    peak = _measure_peak()
+        peak = None
+    if peak is None:
+        peak = _measure_peak()
+        try:
+            stored = {"device": device_name(), "kernels": kernel_key(), "method": PEAK_METHOD, "bytes_per_s": peak}
+            write_json_atomic(path, stored)
+        except OSError:
+            pass  # a read-only home: the measurement still stands for this process
     _peaks[key] = peak
-    try:
-        write_json_atomic(
-            path,
-            {"device": device_name(), "kernels": kernel_key(), "method": PEAK_METHOD, "bytes_per_s": peak},
-        )
-    except OSError:
-        pass  # a read-only home: the measurement still stands for this process
     return peak
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import mlx.nn as nn
 
 from specbench.common.identity import display_name
+from specbench.core.policy_args import whole
 from specbench.core.verify import check_verify_mode
 from specbench.cost import noise
 from specbench.cost.measure import forget, measure, with_rounds
@@ -40,24 +41,13 @@ class Protocol:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "verify", tuple(check_verify_mode(m) for m in self.verify))
-        object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))
-        numbers = {
-            "widths": self.widths,
-            "offset": self.offset,
-            "repeats": self.repeats,
-            "plain_tokens": self.plain_tokens,
-        }
-        for name, value in numbers.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"the cost model's {name} must be a whole number >= 1, got {value!r}")
-        if not 2 <= self.widths <= 129:
-            raise ValueError(f"the cost model's widths must be 2 to 129 (drafts of 1 to 128 tokens), got {self.widths}")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"the cost model's warmup must be a whole number >= 0, got {self.warmup!r}")
+        object.__setattr__(self, "lengths", tuple(whole("a cost model's context length", n, 1) for n in self.lengths))
+        for name in ("offset", "repeats", "plain_tokens"):
+            whole(f"the cost model's {name}", getattr(self, name), 1)
+        whole("the cost model's widths", self.widths, 2, 129, "(drafts of 1 to 128 tokens)")
+        whole("the cost model's warmup", self.warmup, 0)
         if not self.verify:
             raise ValueError("the cost model needs at least one verify mode")
-        if any(n < 1 for n in self.lengths):
-            raise ValueError(f"the cost model's context lengths must be >= 1, got {list(self.lengths)}")
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "verify": list(self.verify), "lengths": list(self.lengths)}

@@ -132,9 +132,9 @@ def test_only_the_noisy_mode_is_measured_again(dense, monkeypatch):
 
 
 def test_a_protocol_out_of_bounds_is_refused_before_any_model_work():
-    with pytest.raises(ValueError, match="widths must be 2 to 129"):
+    with pytest.raises(ValueError, match="widths must be an integer from 2 to 129"):
         cost.Protocol(widths=1000)
-    with pytest.raises(ValueError, match="repeats must be a whole number"):
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
         cost.Protocol(repeats=0)
     with pytest.raises(ValueError, match="verify"):
         cost.Protocol(verify=("sloppy",))
