@@ -231,6 +231,7 @@ def measure_batch_profile(
     widths = list(range(1, widths + 1)) if isinstance(widths, int) else sorted({1, *widths})
     if widths != list(range(1, widths[-1] + 1)):
         raise ValueError(f"widths must be 1..W without gaps (c is interpolated from them), got {widths}")
+    say = progress or (lambda text: None)
     rng = np.random.default_rng(seed)
     moe = count_experts and bool(expert_layers(model))
     costs: dict[int, list[float]] = {}
@@ -240,8 +241,7 @@ def measure_batch_profile(
     start = time.perf_counter()
     for b in sorted(batch_sizes):
         if budget_s is not None and costs and time.perf_counter() - start > budget_s:
-            if progress:
-                progress(f"batch sizes from {b} left out: past the {budget_s:.0f} s budget")
+            say(f"batch sizes from {b} left out: past the {budget_s:.0f} s budget")
             break
         try:
             cache = _batch_cache(model, b, offset, rng)
@@ -250,13 +250,11 @@ def measure_batch_profile(
             if not costs:
                 raise RuntimeError(f"no batch size could be measured: {err}") from err
             failures.append({"batch_size": b, "error": str(err)})
-            if progress:
-                progress(f"B={b} failed, larger batch sizes left out: {err}")
+            say(f"B={b} failed, larger batch sizes left out: {err}")
             break
         plain_s[b] = seconds[1]
         costs[b] = [seconds[w] / seconds[1] for w in widths]
-        if progress:
-            progress(f"B={b}: plain step {1e3 * seconds[1]:.2f} ms; c(w) " + " ".join(f"{c:.2f}" for c in costs[b]))
+        say(f"B={b}: plain step {1e3 * seconds[1]:.2f} ms; c(w) " + " ".join(f"{c:.2f}" for c in costs[b]))
         if moe:
             experts += _block_experts(model, cache, b, widths, rng)
         del cache

@@ -6,7 +6,6 @@ plain steps and whole speculative steps run the engine (``specbench.core.engine`
 
 from __future__ import annotations
 
-import datetime as dt
 import statistics
 import time
 import weakref
@@ -20,7 +19,7 @@ import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.models.cache import make_prompt_cache
 
-from specbench.common.identity import device_name, display_name, model_key, versions
+from specbench.common.identity import device_name, display_name, model_key, utc_now, versions
 from specbench.common.per_key import per_key
 from specbench.core.draft import Drafter
 from specbench.core.forward import context_length, prefill, text_model, vocab_size
@@ -56,10 +55,6 @@ def _time_engine_step(
     verifies = [r for r in decode if r.kind == "verify"]
     seconds = per_token * (len(gen.tokens) - 1) / len(decode)
     return seconds, statistics.median(r.draft_s for r in verifies) if verifies else 0.0
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def from_rounds(
@@ -110,7 +105,7 @@ def _profile(
         widths=widths,
         costs={},
         seconds={},
-        created=_now(),
+        created=utc_now(),
         **fields,
     )
     return with_rounds(made, plain_s, rounds)
@@ -166,10 +161,7 @@ def measure(
     first = int(probe[0, 0].item())
     # exact mode: every width calibrated before anything is timed
     verifiers = {m: verifier_for(model, m, widths=ws[m], progress=progress, context=longest) for m in modes}
-
-    def say(text: str) -> None:
-        if progress is not None:
-            progress(text)
+    say = progress or (lambda text: None)
 
     def time_rounds(
         cache: list[Any], restore: CacheRestore, rollback: CacheRollback | None

@@ -10,7 +10,6 @@ aside with a warning.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import statistics
 import time
@@ -25,7 +24,7 @@ import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 
 from specbench.common.files import locked, read_or_set_aside, set_aside, write_json_atomic
-from specbench.common.identity import device_name, kernel_key, model_key, versions
+from specbench.common.identity import device_name, kernel_key, model_key, utc_now, versions
 from specbench.core.draft import Drafter
 from specbench.core.forward import prefill, vocab_size
 from specbench.core.tree import tree_attention
@@ -170,7 +169,7 @@ def measure_tree_costs(
         path_s=path,
         offset=offset,
         repeats=len(plain_s),
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        created=utc_now(),
     )
 
 
