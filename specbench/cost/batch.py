@@ -54,6 +54,10 @@ class BatchProfile:
     #: step's (``measure_batch_overhead``). Empty: not measured (predictions price the forwards alone).
     overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:  # batch sizes as numbers, also where JSON stored them as text
+        self.costs = {int(b): list(v) for b, v in self.costs.items()}
+        self.plain_s = {int(b): float(v) for b, v in self.plain_s.items()}
+
     def overhead(self, w: int, batch_size: int) -> float:
         """Seconds a batched step of width w over ``batch_size`` rows takes beyond c(w, B) times the [B, 1]
         forward, as measured: interpolated linearly in log B between the measured batch sizes and linearly in
@@ -120,9 +124,6 @@ class BatchProfile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BatchProfile:
-        data = dict(data)
-        data["costs"] = {int(b): list(v) for b, v in data["costs"].items()}
-        data["plain_s"] = {int(b): float(v) for b, v in data["plain_s"].items()}
         return cls(**data)
 
     def to_polars(self):

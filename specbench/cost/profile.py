@@ -148,9 +148,7 @@ class Profile:
         return profile_path(self.model, self.device, self.versions, root, self.kernels)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        del data["source"]
-        return data
+        return {k: v for k, v in asdict(self).items() if k != "source"}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
@@ -286,8 +284,8 @@ def _check_components(rows: Any) -> None:
         raise ValueError("'components' is not a JSON list")
     for row in rows:
         ok = isinstance(row, dict) and isinstance(row.get("part"), str)
-        ok = ok and isinstance(row.get("width"), int) and row["width"] >= 1
-        if not (ok and _number(row.get("seconds")) and row["seconds"] >= 0 and _number(row.get("step_s"))):
+        ok = ok and isinstance(width := row.get("width"), int) and width >= 1
+        if not (ok and _number(seconds := row.get("seconds")) and seconds >= 0 and _number(row.get("step_s"))):
             raise ValueError(f"a component row {row!r} lacks a width >= 1, a part, or finite seconds")
 
 
