@@ -41,8 +41,10 @@ FORWARD_PARTS = ("attention", "linear", "experts", "recurrent", "lm_head", "othe
 #: The engine's own per-step work.
 ENGINE_PARTS = ("drafting", "acceptance", "rollback", "logging", "host")
 PARTS = FORWARD_PARTS + ENGINE_PARTS
-#: Where a forward's seconds go: the Python building the graph, its dispatch to the device, the wait after.
-PHASES = ("build", "dispatch", "wait")
+#: Where a forward's seconds go: the Python building the graph, its dispatch to the device (the host's phases),
+#: the wait after.
+HOST_PHASES = ("build", "dispatch")
+PHASES = (*HOST_PHASES, "wait")
 
 
 @dataclass(frozen=True)
@@ -283,7 +285,7 @@ def _host_seconds(split: ForwardSplit, part: str, seconds: float) -> float:
     """A part's seconds counted by phase: a forward component's host work (its subtraction within building and
     dispatching the graph, 0 where noise makes it negative); readback and the engine's parts as timed."""
     if part in split.part_phases:
-        return max(0.0, split.part_phases[part]["build"] + split.part_phases[part]["dispatch"])
+        return max(0.0, sum(split.part_phases[part][p] for p in HOST_PHASES))
     return 0.0 if part in FORWARD_PARTS and part != "readback" else seconds
 
 
