@@ -19,7 +19,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from specbench.common.files import home, read_or_set_aside, write_json_atomic
-from specbench.common.identity import device_name, kernel_key
+from specbench.common.identity import device_name, kernel_key, versions
 
 #: Bytes of the array the peak is measured over on the CPU (large enough to leave every cache behind; 1 GiB on a GPU).
 COPY_BYTES = 256 * 2**20
@@ -98,7 +98,7 @@ def _measure_peak(nbytes: int = COPY_BYTES, repeats: int = 3) -> float:
 
 def _cache_path(root: Path | None = None) -> Path:
     slug = "".join(ch if ch.isalnum() else "-" for ch in device_name()).strip("-").lower()
-    return (root or home()) / "profiles" / f"bandwidth--{slug}--mlx{mx.__version__}.json"
+    return (root or home()) / "profiles" / f"bandwidth--{slug}--mlx{versions()['mlx']}.json"
 
 
 _peaks: dict[str, float] = {}

@@ -241,7 +241,7 @@ def check_profile(data: Any) -> Profile:
         raise ValueError(f"the overheads {profile.overhead} are not all finite numbers")
     _check_costs(profile)
     for name, entry in profile.drafters.items():
-        if not (isinstance(entry, dict) and _number(entry.get("d")) and entry["d"] >= 0):
+        if not (isinstance(entry, dict) and _number(d := entry.get("d")) and d >= 0):
             raise ValueError(f"drafter {name!r} has no finite cost per draft token >= 0")
     if not (isinstance(profile.offset, int) and not isinstance(profile.offset, bool) and profile.offset >= 0):
         raise ValueError(f"offset {profile.offset!r} is not an integer >= 0")
@@ -316,7 +316,7 @@ def save_profile(profile: Profile, root: Path | None = None) -> Path:
     with locked(path):
         old = read_or_set_aside(path, _read, "cost profile")
         if old is not None:
-            merged = {part: {**getattr(old, part), **getattr(profile, part)} for part in _MERGED_PARTS}
+            merged: dict[str, Any] = {part: {**getattr(old, part), **getattr(profile, part)} for part in _MERGED_PARTS}
             profile = replace(profile, **merged, components=profile.components or old.components)
             # lengths measured in other modes or widths than those now kept are dropped
             profile.lengths = {n: e for n, e in profile.lengths.items() if _fits(e, profile.costs, profile.widths)}
