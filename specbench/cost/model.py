@@ -101,17 +101,7 @@ def cost_model(
 
 def _measured(model: nn.Module, protocol: Protocol, progress: Callable[[str], None] | None) -> Profile:
     load_before, started = _load(), time.perf_counter()
-    profile = measure(
-        model,
-        widths=protocol.widths,
-        verify=protocol.verify,
-        offset=protocol.offset,
-        repeats=protocol.repeats,
-        warmup=protocol.warmup,
-        plain_tokens=protocol.plain_tokens,
-        lengths=protocol.lengths,
-        progress=progress,
-    )
+    profile = measure(model, progress=progress, **dataclasses.asdict(protocol))  # its fields are measure's arguments
     seconds = round(time.perf_counter() - started, 1)
     return dataclasses.replace(profile, measured=Measurement(seconds, load_before, _load(), protocol.to_dict()))
 
