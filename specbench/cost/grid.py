@@ -42,8 +42,7 @@ def speedup_grid(
     nominal a and for the steps taken, with errors. With ``spread`` (default: several ranks, a model not
     sharded) each rank measures every size-th cell and every rank returns all rows in cell order."""
     verify = check_verify_mode(verify)
-    if verify not in profile.costs:
-        raise ValueError(f"the profile has no {verify!r} verify costs: measure it with verify=({verify!r},)")
+    profile.curve(verify)  # a profile without this mode's costs fails here, naming its file
     acceptances, ks = grid_cells(acceptances, ks)
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, vocab_size(model), size=prompt_len or profile.offset or 64).tolist()
