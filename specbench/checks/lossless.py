@@ -37,20 +37,10 @@ POWER = 0.8
 
 @dataclass
 class LosslessCheck:
-    """Token histograms of plain and speculative sampling from one prompt, and their comparison.
-
-    ``counts``: token id, text, plain and speculative counts (the ``top`` most frequent tokens,
-    then one "other" row); ``p_value``: permutation test of the chi-square homogeneity statistic
-    over whole samples (sequences are exchangeable when the sampler is lossless).
-    ``accepted_drafts`` / ``drafted``: draft tokens accepted / proposed over the speculative runs;
-    ``rule``: the acceptance rule's label; ``tvd_low``/``tvd_high``: the TVD's 95 % bootstrap
-    interval over whole samples; ``tvd_null``: the 95th percentile of the TVD between the two sets with
-    their labels permuted (what two samples of one distribution differ by at these sizes: a TVD above
-    it is a shift, not noise).
-    ``well_filled``: share of sampled tokens whose token has an expected count >= ``MIN_EXPECTED``
-    per sampler; ``min_detectable_tvd``: see ``min_detectable_tvd``; ``verdict`` and ``reason``:
-    ``lossless_verdict``'s.
-    """
+    """Token histograms of plain and speculative sampling from one prompt, and their comparison: ``counts`` (the
+    ``top`` most frequent tokens, then one "other" row), ``histogram_test``'s p-value and TVD, ``tvd_interval``'s
+    interval and noise (``tvd_null``: a TVD above it is a shift), ``well_filled_share``, ``min_detectable_tvd``
+    and ``lossless_verdict``'s verdict and reason."""
 
     counts: pl.DataFrame
     p_value: float
@@ -227,17 +217,9 @@ def losslessness_check(
     max_samples: int | None = None,
     detect: float = 0.1,
 ) -> LosslessCheck:
-    """Sample ``samples`` continuations plainly and ``samples`` speculatively (other seeds) and
-    compare their token histograms. A lossless sampler gives a large p-value (uniform on [0, 1]
-    over repeated checks); a biased one drives it towards 0 as samples grow. ``policy``: a policy
-    object, its text ("fixed:4") or a draft length. The verdict (``LosslessCheck.verdict``) is
-    "inconclusive" when the run had too little power to call a large p-value a pass. ``rule``: the
-    speculative runs' acceptance rule (a lossy one, "typical", is expected to fail: its TVD with its
-    interval measures the shift).
-
-    ``max_samples``: grow the sample until the test can conclude: while the verdict is inconclusive or the
-    smallest shift it could detect is above ``detect`` (a TVD), sample as many again (each sampler its own
-    new seeds), up to ``max_samples`` per sampler; ``samples`` says how many it took."""
+    """Sample ``samples`` continuations plainly and as many speculatively (other seeds) under ``rule`` and
+    compare their token histograms (``LosslessCheck``). ``max_samples``: while the verdict is inconclusive or the
+    smallest detectable shift is above ``detect`` (a TVD), sample as many again, up to ``max_samples`` each."""
     policy = as_policy(policy)
     if not temperature > 0:
         raise ValueError("the losslessness check samples: give a temperature > 0")

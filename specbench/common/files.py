@@ -18,7 +18,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import mlx.core as mx
 
@@ -28,6 +28,8 @@ from specbench.common import distributed
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 ASSETS_DIR = PACKAGE_DIR / "assets"
 PROJECT_ROOT = PACKAGE_DIR.parent
+
+T = TypeVar("T")
 
 
 def home() -> Path:
@@ -190,6 +192,18 @@ def set_aside(path: str | os.PathLike, what: str, reason: BaseException | str, p
         done, outcome = None, f" and could not be moved aside ({err})"
     warnings.warn(f"the {what} {path} is {problem} ({reason}){outcome}", DamagedFileWarning, stacklevel=2)
     return done
+
+
+def read_or_set_aside(path: Path, read: Callable[[Path], T], what: str) -> T | None:
+    """``read(path)``; None where there is no file, or where ``read`` raises a ValueError (the file is then moved
+    aside with a warning naming it and the ``what``, to be made anew)."""
+    if not path.exists():
+        return None
+    try:
+        return read(path)
+    except ValueError as err:
+        set_aside(path, what, err.__cause__ or err)
+        return None
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

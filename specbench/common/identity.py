@@ -69,9 +69,14 @@ def provenance(command: list[str] | None = None) -> dict[str, Any]:
         **versions(),
         "device": device_name(),
         "blas": blas_library(),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": utc_now(),
         "command": " ".join(command if command is not None else sys.argv),
     }
+
+
+def utc_now() -> str:
+    """Now in UTC as ISO text to the second: when a measurement or a result was made."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def blas_library() -> str | None:

@@ -12,14 +12,13 @@ import json
 import timeit
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from specbench.common.files import home, set_aside, write_json_atomic
+from specbench.common.files import home, read_or_set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, versions
 
 #: Bytes of the array the peak is measured over on the CPU (large enough to leave every cache behind; 1 GiB on a GPU).
@@ -62,12 +61,8 @@ def _fastest(run, repeats: int) -> float:
 
 
 def peak_passes(nbytes: int = COPY_BYTES, repeats: int = 3) -> dict[str, float]:
-    """Bytes per second of each pass the peak is taken from (``PEAK_METHOD``), fastest of ``repeats`` each.
-
-    On a GPU: MLX sums a 1 GiB float32 array (every byte read once, as decoding reads its weights; a copy's
-    fresh output allocation is slower than the memory), and multiplies a 1 GiB bfloat16 matrix by a vector
-    (decoding's own access pattern). On the CPU numpy's memcpy reads and writes ``nbytes`` (MLX's CPU kernels
-    are compute-bound, not a measure of memory; its weights live in the same memory)."""
+    """Bytes per second of each pass the peak is taken from (``PEAK_METHOD``), fastest of ``repeats`` each. On
+    the CPU numpy's copy (MLX's CPU kernels are compute-bound, not a measure of memory)."""
     if mx.default_device().type != mx.DeviceType.gpu:
         src, dst = np.ones(nbytes // 4, dtype=np.float32), np.empty(nbytes // 4, dtype=np.float32)
         return {"numpy copy": 2 * nbytes / _fastest(lambda: np.copyto(dst, src), repeats)}
@@ -109,14 +104,16 @@ def _cache_path(root: Path | None = None) -> Path:
 _peaks: dict[str, float] = {}
 
 
-def check_peak(data: Any) -> dict[str, Any]:
-    """A stored peak bandwidth (its JSON), or a ValueError saying what is wrong: the one check of its readers."""
+def _read_peak(path: Path) -> float | None:
+    """A stored peak bandwidth, None where measured on other kernels or by another method; a ValueError saying what
+    is wrong with a damaged one: the one check of its readers."""
+    data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
     peak = data.get("bytes_per_s")
     if not (isinstance(peak, (int, float)) and not isinstance(peak, bool) and 0 < peak < float("inf")):
         raise ValueError(f"bytes_per_s is {peak!r}, not a finite rate above zero")
-    return data
+    return float(peak) if data.get("kernels") == kernel_key() and data.get("method") == PEAK_METHOD else None
 
 
 def peak_bandwidth(root: Path | None = None, refresh: bool = False) -> float:
@@ -126,25 +123,18 @@ def peak_bandwidth(root: Path | None = None, refresh: bool = False) -> float:
     key = str(path)
     if not refresh and key in _peaks:
         return _peaks[key]
-    if not refresh and path.is_file():
-        try:
-            data = check_peak(json.loads(path.read_text(encoding="utf-8")))
-            if data.get("kernels") == kernel_key() and data.get("method") == PEAK_METHOD:
-                _peaks[key] = float(data["bytes_per_s"])
-                return _peaks[key]
-        except (ValueError, UnicodeDecodeError) as err:
-            set_aside(path, "measured peak bandwidth", err)  # measured again and rewritten
-        except OSError:
-            pass
-    peak = _measure_peak()
-    _peaks[key] = peak
-    try:
-        write_json_atomic(
-            path,
-            {"device": device_name(), "kernels": kernel_key(), "method": PEAK_METHOD, "bytes_per_s": peak},
-        )
+    try:  # a damaged file is measured again and rewritten
+        peak = None if refresh else read_or_set_aside(path, _read_peak, "measured peak bandwidth")
     except OSError:
-        pass  # a read-only home: the measurement still stands for this process
+        peak = None
+    if peak is None:
+        peak = _measure_peak()
+        try:
+            stored = {"device": device_name(), "kernels": kernel_key(), "method": PEAK_METHOD, "bytes_per_s": peak}
+            write_json_atomic(path, stored)
+        except OSError:
+            pass  # a read-only home: the measurement still stands for this process
+    _peaks[key] = peak
     return peak
 
 

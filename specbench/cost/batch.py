@@ -54,6 +54,10 @@ class BatchProfile:
     #: step's (``measure_batch_overhead``). Empty: not measured (predictions price the forwards alone).
     overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:  # batch sizes as numbers, also where JSON stored them as text
+        self.costs = {int(b): list(v) for b, v in self.costs.items()}
+        self.plain_s = {int(b): float(v) for b, v in self.plain_s.items()}
+
     def overhead(self, w: int, batch_size: int) -> float:
         """Seconds a batched step of width w over ``batch_size`` rows takes beyond c(w, B) times the [B, 1]
         forward, as measured: interpolated linearly in log B between the measured batch sizes and linearly in
@@ -120,9 +124,6 @@ class BatchProfile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BatchProfile:
-        data = dict(data)
-        data["costs"] = {int(b): list(v) for b, v in data["costs"].items()}
-        data["plain_s"] = {int(b): float(v) for b, v in data["plain_s"].items()}
         return cls(**data)
 
     def to_polars(self):
@@ -231,6 +232,7 @@ def measure_batch_profile(
     widths = list(range(1, widths + 1)) if isinstance(widths, int) else sorted({1, *widths})
     if widths != list(range(1, widths[-1] + 1)):
         raise ValueError(f"widths must be 1..W without gaps (c is interpolated from them), got {widths}")
+    say = progress or (lambda text: None)
     rng = np.random.default_rng(seed)
     moe = count_experts and bool(expert_layers(model))
     costs: dict[int, list[float]] = {}
@@ -240,8 +242,7 @@ def measure_batch_profile(
     start = time.perf_counter()
     for b in sorted(batch_sizes):
         if budget_s is not None and costs and time.perf_counter() - start > budget_s:
-            if progress:
-                progress(f"batch sizes from {b} left out: past the {budget_s:.0f} s budget")
+            say(f"batch sizes from {b} left out: past the {budget_s:.0f} s budget")
             break
         try:
             cache = _batch_cache(model, b, offset, rng)
@@ -250,13 +251,11 @@ def measure_batch_profile(
             if not costs:
                 raise RuntimeError(f"no batch size could be measured: {err}") from err
             failures.append({"batch_size": b, "error": str(err)})
-            if progress:
-                progress(f"B={b} failed, larger batch sizes left out: {err}")
+            say(f"B={b} failed, larger batch sizes left out: {err}")
             break
         plain_s[b] = seconds[1]
         costs[b] = [seconds[w] / seconds[1] for w in widths]
-        if progress:
-            progress(f"B={b}: plain step {1e3 * seconds[1]:.2f} ms; c(w) " + " ".join(f"{c:.2f}" for c in costs[b]))
+        say(f"B={b}: plain step {1e3 * seconds[1]:.2f} ms; c(w) " + " ".join(f"{c:.2f}" for c in costs[b]))
         if moe:
             experts += _block_experts(model, cache, b, widths, rng)
         del cache
@@ -319,12 +318,9 @@ def measure_batch_overhead(
     progress: Callable[[str], None] | None = None,
     repeats: int = 2,
 ) -> BatchProfile:
-    """The engine's own seconds per batched step beyond the forward, at each of ``profile``'s batch sizes and
-    ``widths`` (1: plain batched decoding; w > 1: every row drafting w - 1 tokens of its own continuation at
-    acceptance ``RAGGED_ACCEPTANCE``, so that rows fall out of step as served rows do): over runs of ``tokens``
-    tokens per row after an untimed identical run, the mean step's decode seconds over the whole run (pipelined
-    plain steps make a short run's median step say less), median over ``repeats`` runs, less c(w, B) times the
-    [B, 1] forward. Kept in ``profile.overhead_s``; measure at the run length the predictions are for."""
+    """The engine's own seconds per batched step beyond c(w, B) times the [B, 1] forward, at each of
+    ``profile``'s batch sizes and ``widths`` (w > 1: drafts at ``RAGGED_ACCEPTANCE``): the mean step of runs of
+    ``tokens`` per row, median of ``repeats``, into ``profile.overhead_s``. Measure at the predictions' run length."""
     if tokens < 2:
         raise ValueError(f"tokens must be >= 2 (a prefill token and a decode step), got {tokens}")
     if repeats < 1:

@@ -108,19 +108,11 @@ def batch_speedup_grid(
     repeats: int = 1,
     verify: str = "fast",
 ) -> list[dict[str, Any]]:
-    """Speedups of batched speculative over plain batched decoding, measured end to end at controlled
-    acceptance (an ``Oracle`` per request, ``DraftPolicy.fixed(k)``), against the profile's prediction at the
-    nominal a (``predicted``) and for the steps the runs took (``predicted_from_log``, the engine's overheads
-    included when measured; ``residual`` = ``error_from_log``). Cells past ``budget_s`` are left out.
-
-    The oracles draft the plain batched run's output, recorded untimed; where a speculative run leaves it (a fast
-    verify that is not bit-exact) they keep drafting the recording without running the model (``diverged``
-    counts such requests). Every timed run follows an untimed one of ``warmup_tokens`` of its kind, and each cell
-    first runs once untimed at full length, so that no timing holds a kernel's first-use build (a run's tail
-    holds narrower blocks than a short warm-up reaches). A cell is ``repeats`` adjacent (plain, speculative)
-    pairs: its figures are their medians, ``measured_runs`` each pair's speedup and ``noise_floor`` the |residual|
-    a perfect predictor would show from that scatter. ``verify``: the batch engine's verify mode for both runs
-    (the profile's costs are fast mode's, so in "exact" the residual shows exact's extra)."""
+    """One row per (B, a, k): batched speculative over plain batched decoding measured end to end at controlled
+    acceptance (an ``Oracle`` per request drafting the plain run's recorded output, ``DraftPolicy.fixed(k)``), the
+    median of ``repeats`` adjacent pairs, each run after an untimed one of ``warmup_tokens``, beside the prediction
+    at the nominal a and for the steps taken (``residual``). Cells past ``budget_s`` are left out; ``verify``: the
+    batch engine's mode for both runs (the profile's costs are fast mode's)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     verifier = batch_verifier(model, check_verify_mode(verify))

@@ -41,8 +41,10 @@ FORWARD_PARTS = ("attention", "linear", "experts", "recurrent", "lm_head", "othe
 #: The engine's own per-step work.
 ENGINE_PARTS = ("drafting", "acceptance", "rollback", "logging", "host")
 PARTS = FORWARD_PARTS + ENGINE_PARTS
-#: Where a forward's seconds go: the Python building the graph, its dispatch to the device, the wait after.
-PHASES = ("build", "dispatch", "wait")
+#: Where a forward's seconds go: the Python building the graph, its dispatch to the device (the host's phases),
+#: the wait after.
+HOST_PHASES = ("build", "dispatch")
+PHASES = (*HOST_PHASES, "wait")
 
 
 @dataclass(frozen=True)
@@ -69,13 +71,9 @@ def forward_components(
     repeats: int = 15,
     between: Callable[[int], None] | None = None,
 ) -> ForwardSplit:
-    """The forward's components at width w = tokens.shape[1], by subtraction: a component's seconds are the
-    whole forward's less the same forward with that component's modules stood in for (``forward_with_stand_ins``),
-    ``other`` is the skeleton left with every component stood in for (embedding, norms, residuals, masks,
-    activations), ``readback`` the greedy targets computed from the logits and read back. Medians over
-    ``repeats``, the variants' order reversed every other repeat so that drift favours none; a component
-    whose subtraction comes out below zero (noise) counts 0. ``between(r)``, if given, runs after round r
-    (0: the warm-up) and must leave the cache as it found it. The cache is restored."""
+    """The forward's components at width w = tokens.shape[1], by subtraction (see the module), medians over
+    ``repeats`` with the variants' order reversed every other repeat; a negative subtraction counts 0.
+    ``between(r)``, if given, runs after round r (0: the warm-up) and must leave the cache as it found it."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     rollback = rollback_for(model, cache)
@@ -210,13 +208,10 @@ def measure_components(
     progress: Callable[[str], None] | None = None,
     forward_repeats: int = 31,
 ) -> list[dict[str, Any]]:
-    """The component stack of a speculative step at each width (fast verification), one row per (width, part):
-    its ``seconds`` (the forward's parts from ``forward_components`` over ``forward_repeats``; the engine's parts
-    medians over ``repeats`` rounds run between the forward's) and ``c`` in plain steps; the whole step's
-    ``step_s``, ``c_step``, ``error`` and ``step_spread`` (its interquartile range over its median: the noise
-    ``error`` is read against); the forward split's ``forward_s``, ``closure``, seconds and closure per phase and
-    ``collections``; ``host_s``, the part counted by phase. Width 1 (no draft) holds the forward's components
-    against a serial width-1 forward, as the profile's c(1) is timed. The cache holds ``offset`` random tokens."""
+    """The component stack of a speculative step at each width (fast verification), one row per (width, part)
+    (``ComponentRow``): the forward's parts over ``forward_repeats``, the engine's medians over ``repeats`` rounds
+    run between them, and the whole step's; ``step_spread`` is its interquartile range over its median (the noise
+    ``error`` is read against). Width 1 holds the forward's components against a serial width-1 forward."""
     if not widths or min(widths) < 1 or repeats < 1 or steps < 2 or offset < 1 or forward_repeats < 1:
         raise ValueError("widths must be >= 1, repeats and forward_repeats >= 1, steps >= 2 and offset >= 1")
     limit = context_length(model)
@@ -290,7 +285,7 @@ def _host_seconds(split: ForwardSplit, part: str, seconds: float) -> float:
     """A part's seconds counted by phase: a forward component's host work (its subtraction within building and
     dispatching the graph, 0 where noise makes it negative); readback and the engine's parts as timed."""
     if part in split.part_phases:
-        return max(0.0, split.part_phases[part]["build"] + split.part_phases[part]["dispatch"])
+        return max(0.0, sum(split.part_phases[part][p] for p in HOST_PHASES))
     return 0.0 if part in FORWARD_PARTS and part != "readback" else seconds
 
 

@@ -37,20 +37,12 @@ def speedup_grid(
     progress: Callable[[dict[str, Any]], None] | None = None,
     spread: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """Speedups measured end to end with the controlled-acceptance drafter, against prediction.
-
-    For each (acceptance a, draft length k): a plain greedy run and a speculative run (``Oracle`` at a,
-    ``DraftPolicy.fixed(k)``) of ``max_tokens`` tokens from one random prompt, back to back. Each row holds the
-    measured speedup, the prediction at the nominal a and for the steps the run took (``predicted_from_log``)
-    with their errors, and the seconds per speculative token predicted for those steps with their error
-    (``error_time``: free of the plain run's own drift from the profile's plain step, ``plain_over_profile``).
-    Where a fast verify leaves the plain greedy output (``diverged_at``) the drafter follows the new output,
-    untimed. Under ``mlx.launch`` (``spread``: by default with several ranks and a model not sharded) each rank
-    measures every size-th cell on its own device and every rank returns all rows in cell order.
-    """
+    """One row per (a, k): a plain greedy run and a speculative run (``Oracle`` at a, ``DraftPolicy.fixed(k)``)
+    of ``max_tokens`` from one random prompt, back to back, their measured speedup against the prediction at the
+    nominal a and for the steps taken, with errors. With ``spread`` (default: several ranks, a model not
+    sharded) each rank measures every size-th cell and every rank returns all rows in cell order."""
     verify = check_verify_mode(verify)
-    if verify not in profile.costs:
-        raise ValueError(f"the profile has no {verify!r} verify costs: measure it with verify=({verify!r},)")
+    profile.curve(verify)  # a profile without this mode's costs fails here, naming its file
     acceptances, ks = grid_cells(acceptances, ks)
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, vocab_size(model), size=prompt_len or profile.offset or 64).tolist()

@@ -6,7 +6,6 @@ plain steps and whole speculative steps run the engine (``specbench.core.engine`
 
 from __future__ import annotations
 
-import datetime as dt
 import statistics
 import time
 import weakref
@@ -20,7 +19,7 @@ import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.models.cache import make_prompt_cache
 
-from specbench.common.identity import device_name, display_name, model_key, versions
+from specbench.common.identity import device_name, display_name, model_key, utc_now, versions
 from specbench.common.per_key import per_key
 from specbench.core.draft import Drafter
 from specbench.core.forward import context_length, prefill, text_model, vocab_size
@@ -56,10 +55,6 @@ def _time_engine_step(
     verifies = [r for r in decode if r.kind == "verify"]
     seconds = per_token * (len(gen.tokens) - 1) / len(decode)
     return seconds, statistics.median(r.draft_s for r in verifies) if verifies else 0.0
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def from_rounds(
@@ -110,7 +105,7 @@ def _profile(
         widths=widths,
         costs={},
         seconds={},
-        created=_now(),
+        created=utc_now(),
         **fields,
     )
     return with_rounds(made, plain_s, rounds)
@@ -145,16 +140,10 @@ def measure(
     lengths: Sequence[int] = (),
     components: Sequence[int] = (),
 ) -> Profile:
-    """Measure a cost profile: c(w) for each width and verify mode, the engine's overhead per
-    speculative step, and each drafter's d.
-
-    ``widths``: W (for 1..W), a list of widths, or a dict of either per verify mode. The cache holds ``offset``
-    tokens (``context``, else random ids), restored after every timed forward; widths are timed round-robin after
-    ``plain_tokens`` plain steps per round, medians of ``repeats`` rounds after ``warmup``. The overhead is timed
-    at ``overhead_widths`` (default: 2, the middle and the widest) where the engine decodes the model
-    speculatively. ``lengths``: further context lengths timed alike (``Profile.lengths``); ``components``:
-    widths whose step is split into parts (``Profile.components``).
-    """
+    """A cost profile: c(w) per width and verify mode (``widths``: W for 1..W, a list, or either per mode), timed
+    round-robin after ``plain_tokens`` plain steps per round over a cache of ``offset`` tokens (``context``, else
+    random), medians of ``repeats`` rounds; the engine's overhead at ``overhead_widths`` (default: 2, the middle
+    and the widest); each drafter's d; further context ``lengths`` and ``components`` widths when asked."""
     modes = [check_verify_mode(m) for m in ([verify] if isinstance(verify, str) else verify)]
     ws = per_key(widths, modes, _widths, "widths gives no widths for verify mode(s) {}")
     if repeats < 1 or warmup < 0 or offset < 1 or plain_tokens < 1:
@@ -172,10 +161,7 @@ def measure(
     first = int(probe[0, 0].item())
     # exact mode: every width calibrated before anything is timed
     verifiers = {m: verifier_for(model, m, widths=ws[m], progress=progress, context=longest) for m in modes}
-
-    def say(text: str) -> None:
-        if progress is not None:
-            progress(text)
+    say = progress or (lambda text: None)
 
     def time_rounds(
         cache: list[Any], restore: CacheRestore, rollback: CacheRollback | None
@@ -295,11 +281,9 @@ def measure_drafter(
 
 
 def quick_profile(model: nn.Module, verify: str = "fast", budget_s: float = 2.5, offset: int = 8) -> Profile:
-    """A rough profile within about ``budget_s`` seconds: widths 1, 2, 5, 3, 9 timed in that order
-    as long as time is left (at least 1, 2 and 5), then again while over a third of the budget
-    is left (medians kept), after a short context; the plain step taken as a serial width-1 step
-    (so c(1) = 1); and the engine overhead at width 5 when there is time for it. Unmeasured
-    widths are interpolated."""
+    """A rough profile within about ``budget_s`` seconds: widths 1, 2, 5, 3, 9 while time is left (at least 1, 2,
+    5), again while a third of it is (medians kept); the plain step a serial width-1 step (c(1) = 1); the engine
+    overhead at width 5 when there is time."""
     verify = check_verify_mode(verify)
     started = time.perf_counter()
     rng = np.random.default_rng(0)

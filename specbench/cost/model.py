@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 import mlx.nn as nn
 
 from specbench.common.identity import display_name
+from specbench.core.policy_args import whole
 from specbench.core.verify import check_verify_mode
 from specbench.cost import noise
 from specbench.cost.measure import forget, measure, with_rounds
-from specbench.cost.profile import Profile, load_profile, save_profile
+from specbench.cost.profile import Measurement, Profile, load_profile, save_profile
 
 
 @dataclass(frozen=True)
@@ -40,24 +41,13 @@ class Protocol:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "verify", tuple(check_verify_mode(m) for m in self.verify))
-        object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))
-        numbers = {
-            "widths": self.widths,
-            "offset": self.offset,
-            "repeats": self.repeats,
-            "plain_tokens": self.plain_tokens,
-        }
-        for name, value in numbers.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"the cost model's {name} must be a whole number >= 1, got {value!r}")
-        if not 2 <= self.widths <= 129:
-            raise ValueError(f"the cost model's widths must be 2 to 129 (drafts of 1 to 128 tokens), got {self.widths}")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"the cost model's warmup must be a whole number >= 0, got {self.warmup!r}")
+        object.__setattr__(self, "lengths", tuple(whole("a cost model's context length", n, 1) for n in self.lengths))
+        for name in ("offset", "repeats", "plain_tokens"):
+            whole(f"the cost model's {name}", getattr(self, name), 1)
+        whole("the cost model's widths", self.widths, 2, 129, "(drafts of 1 to 128 tokens)")
+        whole("the cost model's warmup", self.warmup, 0)
         if not self.verify:
             raise ValueError("the cost model needs at least one verify mode")
-        if any(n < 1 for n in self.lengths):
-            raise ValueError(f"the cost model's context lengths must be >= 1, got {list(self.lengths)}")
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "verify": list(self.verify), "lengths": list(self.lengths)}
@@ -68,7 +58,7 @@ def current(profile: Profile | None, protocol: Protocol) -> bool:
     intervals for every mode and width 1..``protocol.widths``, at every context length asked, and not noisy unless
     already measured again (a noisy single measurement is measured again and pooled; what stays noisy after that is
     kept, marked, rather than measured on every run)."""
-    if profile is None or profile.quick or (profile.noisy and profile.measured.get("measurements", 1) < 2):
+    if profile is None or profile.quick or (profile.noisy and (profile.measured or Measurement()).measurements < 2):
         return False
     wanted = list(range(1, protocol.widths + 1))
     for mode in protocol.verify:
@@ -111,25 +101,9 @@ def cost_model(
 
 def _measured(model: nn.Module, protocol: Protocol, progress: Callable[[str], None] | None) -> Profile:
     load_before, started = _load(), time.perf_counter()
-    profile = measure(
-        model,
-        widths=protocol.widths,
-        verify=protocol.verify,
-        offset=protocol.offset,
-        repeats=protocol.repeats,
-        warmup=protocol.warmup,
-        plain_tokens=protocol.plain_tokens,
-        lengths=protocol.lengths,
-        progress=progress,
-    )
-    profile.measured = {
-        "seconds": round(time.perf_counter() - started, 1),
-        "load_before": load_before,
-        "load_after": _load(),
-        "protocol": protocol.to_dict(),
-        "measurements": 1,
-    }
-    return profile
+    profile = measure(model, progress=progress, **dataclasses.asdict(protocol))  # its fields are measure's arguments
+    seconds = round(time.perf_counter() - started, 1)
+    return dataclasses.replace(profile, measured=Measurement(seconds, load_before, _load(), protocol.to_dict()))
 
 
 def pooled(first: Profile, second: Profile) -> Profile:
@@ -143,14 +117,15 @@ def pooled(first: Profile, second: Profile) -> Profile:
         m: [[*a, *b] for a, b in zip(first.rounds[m], second.rounds[m])] if m in second.costs else first.rounds[m]
         for m in first.costs
     }
-    measured = {
-        "seconds": round(first.measured.get("seconds", 0.0) + second.measured.get("seconds", 0.0), 1),
-        "load_before": first.measured.get("load_before"),
-        "load_after": second.measured.get("load_after"),
-        "protocol": first.measured.get("protocol"),
-        "measurements": first.measured.get("measurements", 1) + second.measured.get("measurements", 1),
-        "again": sorted(second.costs),
-    }
+    one, two = first.measured or Measurement(), second.measured or Measurement()
+    measured = Measurement(
+        round(one.seconds + two.seconds, 1),
+        one.load_before,
+        two.load_after,
+        one.protocol,
+        one.measurements + two.measurements,
+        sorted(second.costs),
+    )
     base = dataclasses.replace(
         first,
         overhead={**first.overhead, **second.overhead},
@@ -165,17 +140,17 @@ def pooled(first: Profile, second: Profile) -> Profile:
 def describe(profile: Profile) -> str:
     """One line naming the cost model a page plans with: when, how long, under what load, how many rounds."""
     m = profile.measured
-    if not m:
+    if m is None:
         kind = "a quick profile" if profile.quick else "a stored profile"
         return f"cost model: {kind} of {profile.name}, measured {profile.created or 'at an unknown time'}"
     load = ""
-    if m.get("load_before") is not None and m.get("load_after") is not None:
-        load = f" at load {m['load_before']:.1f}-{m['load_after']:.1f}"
-    again = f" ({', '.join(m['again'])})" if m.get("again") else ""
-    pooled_note = f", {m['measurements']} measurements pooled{again}" if m.get("measurements", 1) > 1 else ""
+    if m.load_before is not None and m.load_after is not None:
+        load = f" at load {m.load_before:.1f}-{m.load_after:.1f}"
+    again = f" ({', '.join(m.again)})" if m.again else ""
+    pooled_note = f", {m.measurements} measurements pooled{again}" if m.measurements > 1 else ""
     noisy = "; noisy: " + "; ".join(r for rs in profile.noise.values() for r in rs) if profile.noisy else ""
     return (
-        f"cost model: {profile.name}, measured {profile.created}{load} in {m.get('seconds', 0):.0f} s, "
+        f"cost model: {profile.name}, measured {profile.created}{load} in {m.seconds:.0f} s, "
         f"{profile.repeats} rounds{pooled_note}, intervals at {profile.interval_level:.0%}{noisy}"
     )
 

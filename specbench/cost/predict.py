@@ -45,13 +45,9 @@ def predicted_speedup(
     row_overhead: float = 0.0,
     tokens: str = "expected",
 ) -> float:
-    """The speedup over plain decoding the cost model predicts for a run's steps (``records``: its step log):
-    expected tokens (E(k) at the run's per-position acceptance for each verification of k drafts, the
-    emitted tokens for plain steps and token trees) over their cost in plain steps (c(k + 1) at the context
-    length each step ran at, the engine's overhead included, plus k d and ``row_overhead`` per verification;
-    1 per plain step; unverified drafts at d per token). ``tokens="emitted"`` counts the tokens the steps
-    emitted instead of their expectation: for replays, whose outcome on their trace is the policy's own.
-    0 for a run without decode steps."""
+    """The speedup the cost model predicts for a run's step log: expected tokens (``expected_run_tokens``; with
+    ``tokens="emitted"`` the emitted ones, for replays) over their cost in plain steps (c(k + 1) at each step's
+    context length plus k d and ``row_overhead`` per verification, 1 per plain step). 0 without decode steps."""
     if tokens not in ("expected", "emitted"):
         raise ValueError(f"tokens must be 'expected' or 'emitted', got {tokens!r}")
     curves: dict[int, np.ndarray] = {}

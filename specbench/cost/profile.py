@@ -21,7 +21,7 @@ from typing import Any
 import mlx.nn as nn
 import numpy as np
 
-from specbench.common.files import home, locked, set_aside, write_json_atomic
+from specbench.common.files import home, locked, read_or_set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, model_key, versions
 from specbench.core.draft import Drafter
 
@@ -29,6 +29,19 @@ from specbench.core.draft import Drafter
 _MERGED_PARTS = ("widths", "costs", "seconds", "overhead", "drafters", "lengths", "intervals", "noise")
 #: What a profile holds per measured context length besides its ``offset``.
 _LENGTH_PARTS = ("plain_step_s", "costs", "seconds")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """How a cost model was measured (``specbench.cost.model``): seconds it took, the load average before and after,
+    its protocol, how many measurements were pooled and the modes the last measured again."""
+
+    seconds: float = 0.0
+    load_before: float | None = None
+    load_after: float | None = None
+    protocol: dict[str, Any] | None = None
+    measurements: int = 1
+    again: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -75,9 +88,8 @@ class Profile:
     interval_level: float = 0.0
     #: Why c(w) cannot be taken at face value (``specbench.cost.noise.noise``), per mode; empty: no sign of noise.
     noise: dict[str, list[str]] = field(default_factory=dict)
-    #: How it was measured: seconds it took, the load average before and after, the protocol, how many
-    #: measurements were pooled (``specbench.cost.model``).
-    measured: dict[str, Any] = field(default_factory=dict)
+    #: How it was measured as the cost model (None: by ``measure`` or ``quick_profile`` alone).
+    measured: Measurement | None = None
 
     @property
     def noisy(self) -> bool:
@@ -136,14 +148,15 @@ class Profile:
         return profile_path(self.model, self.device, self.versions, root, self.kernels)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        del data["source"]
-        return data
+        return {k: v for k, v in asdict(self).items() if k != "source"}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
         names = set(cls.__dataclass_fields__)
-        return cls(**{"kernels": "", **{k: v for k, v in data.items() if k in names}})
+        made = cls(**{"kernels": "", **{k: v for k, v in data.items() if k in names}})
+        if isinstance(made.measured, dict):
+            made.measured = Measurement(**made.measured) if made.measured else None
+        return made
 
     def to_polars(self):
         """One row per (context length, mode, width): c and seconds, plus the profile's key columns."""
@@ -228,7 +241,7 @@ def check_profile(data: Any) -> Profile:
         raise ValueError(f"the overheads {profile.overhead} are not all finite numbers")
     _check_costs(profile)
     for name, entry in profile.drafters.items():
-        if not (isinstance(entry, dict) and _number(entry.get("d")) and entry["d"] >= 0):
+        if not (isinstance(entry, dict) and _number(d := entry.get("d")) and d >= 0):
             raise ValueError(f"drafter {name!r} has no finite cost per draft token >= 0")
     if not (isinstance(profile.offset, int) and not isinstance(profile.offset, bool) and profile.offset >= 0):
         raise ValueError(f"offset {profile.offset!r} is not an integer >= 0")
@@ -271,8 +284,8 @@ def _check_components(rows: Any) -> None:
         raise ValueError("'components' is not a JSON list")
     for row in rows:
         ok = isinstance(row, dict) and isinstance(row.get("part"), str)
-        ok = ok and isinstance(row.get("width"), int) and row["width"] >= 1
-        if not (ok and _number(row.get("seconds")) and row["seconds"] >= 0 and _number(row.get("step_s"))):
+        ok = ok and isinstance(width := row.get("width"), int) and width >= 1
+        if not (ok and _number(seconds := row.get("seconds")) and seconds >= 0 and _number(row.get("step_s"))):
             raise ValueError(f"a component row {row!r} lacks a width >= 1, a part, or finite seconds")
 
 
@@ -280,7 +293,7 @@ def _read(path: Path) -> Profile:
     """The profile stored at ``path`` (its ``source``); a ValueError naming the file when it is damaged."""
     try:
         profile = check_profile(json.loads(path.read_text(encoding="utf-8")))
-    except (ValueError, UnicodeDecodeError) as err:
+    except ValueError as err:
         raise ValueError(f"the stored cost profile {path} is damaged ({err})") from err
     profile.source = str(path)
     return profile
@@ -295,27 +308,15 @@ def read_profile(path: str | os.PathLike) -> Profile:
     return _read(path)
 
 
-def _read_or_set_aside(path: Path) -> Profile | None:
-    """The profile at ``path``; None when there is none, or when it is damaged (then it is moved
-    aside with a warning naming it)."""
-    if not path.exists():
-        return None
-    try:
-        return _read(path)
-    except ValueError as err:
-        set_aside(path, "cost profile", err.__cause__ or err)
-        return None
-
-
 def save_profile(profile: Profile, root: Path | None = None) -> Path:
     """Write a profile atomically, keeping modes and drafters an earlier profile of the same key has
     and this one lacks (a damaged earlier file is moved aside): read, merged and written under the
     file's lock, so that concurrent writers of different modes lose none."""
     path = profile.path(root)
     with locked(path):
-        old = _read_or_set_aside(path)
+        old = read_or_set_aside(path, _read, "cost profile")
         if old is not None:
-            merged = {part: {**getattr(old, part), **getattr(profile, part)} for part in _MERGED_PARTS}
+            merged: dict[str, Any] = {part: {**getattr(old, part), **getattr(profile, part)} for part in _MERGED_PARTS}
             profile = replace(profile, **merged, components=profile.components or old.components)
             # lengths measured in other modes or widths than those now kept are dropped
             profile.lengths = {n: e for n, e in profile.lengths.items() if _fits(e, profile.costs, profile.widths)}
@@ -332,4 +333,4 @@ def load_profile(model: nn.Module | str, device: str | None = None, root: Path |
     versions and this BLAS library, or None. A damaged file is moved aside with a warning naming it
     (``specbench.common.files.DamagedFileWarning``) and None returned, so that it is measured anew."""
     key = model if isinstance(model, str) else model_key(model)
-    return _read_or_set_aside(profile_path(key, device or device_name(), versions(), root))
+    return read_or_set_aside(profile_path(key, device or device_name(), versions(), root), _read, "cost profile")

@@ -10,7 +10,6 @@ aside with a warning.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import statistics
 import time
@@ -24,8 +23,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 
-from specbench.common.files import locked, set_aside, write_json_atomic
-from specbench.common.identity import device_name, kernel_key, model_key, versions
+from specbench.common.files import locked, read_or_set_aside, set_aside, write_json_atomic
+from specbench.common.identity import device_name, kernel_key, model_key, utc_now, versions
 from specbench.core.draft import Drafter
 from specbench.core.forward import prefill, vocab_size
 from specbench.core.tree import tree_attention
@@ -170,7 +169,7 @@ def measure_tree_costs(
         path_s=path,
         offset=offset,
         repeats=len(plain_s),
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        created=utc_now(),
     )
 
 
@@ -246,12 +245,8 @@ def _read_or_set_aside(path: Path, key: dict[str, Any] | None = None) -> TreeCos
     """The tree costs at ``path``; None when there are none, or when they are damaged or, with ``key`` (field ->
     value), hold another model's, device's, mode's or BLAS's costs than they are stored for (then the file is
     moved aside with a warning naming it, to be measured again)."""
-    if not path.exists():
-        return None
-    try:
-        costs = load_tree_costs(path)
-    except ValueError as err:
-        set_aside(path, "tree costs", err.__cause__ or err)
+    costs = read_or_set_aside(path, load_tree_costs, "tree costs")
+    if costs is None:
         return None
     found = {**asdict(costs), **{f"versions.{k}": v for k, v in costs.versions.items()}}
     wrong = sorted(name for name, value in (key or {}).items() if found.get(name) != value)

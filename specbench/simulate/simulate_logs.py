@@ -51,7 +51,17 @@ class SimulatedLogs:
     seconds: float
 
     def table(self) -> str:
-        return format_simulation(self.summary)
+        """The summary as a text table: accepted tokens per verification per drafter, store scope and k."""
+        lines = [
+            f"{'drafter':8s} {'store':9s} {'k':>3s} {'verifies':>9s} {'accepted':>9s} {'acc/verify':>10s} "
+            f"{'tok/verify':>10s} {'accept rate':>11s}"
+        ]
+        for r in self.summary.iter_rows(named=True):
+            lines.append(
+                f"{r['drafter']:8s} {r['store']:9s} {r['k']:3d} {r['verifies']:9d} {r['accepted']:9d} "
+                f"{r['accepted_per_verify']:10.2f} {r['tokens_per_verify']:10.2f} {r['acceptance_rate']:11.2f}"
+            )
+        return "\n".join(lines)
 
 
 def log_files(path: str | os.PathLike, suffixes: Sequence[str] = LOG_SUFFIXES) -> list[Path]:
@@ -142,20 +152,6 @@ def load_groups(
     if not groups:
         raise ValueError(f"{source}: no turn with a recorded reply to replay ({skipped} without one)")
     return groups, skipped
-
-
-def format_simulation(summary: pl.DataFrame) -> str:
-    """The summary as a text table: accepted tokens per verification per drafter, store scope and k."""
-    lines = [
-        f"{'drafter':8s} {'store':9s} {'k':>3s} {'verifies':>9s} {'accepted':>9s} {'acc/verify':>10s} "
-        f"{'tok/verify':>10s} {'accept rate':>11s}"
-    ]
-    for r in summary.iter_rows(named=True):
-        lines.append(
-            f"{r['drafter']:8s} {r['store']:9s} {r['k']:3d} {r['verifies']:9d} {r['accepted']:9d} "
-            f"{r['accepted_per_verify']:10.2f} {r['tokens_per_verify']:10.2f} {r['acceptance_rate']:11.2f}"
-        )
-    return "\n".join(lines)
 
 
 def save_simulation(result: SimulatedLogs, out: str | os.PathLike) -> list[Path]:

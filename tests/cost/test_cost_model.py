@@ -3,6 +3,7 @@ profile stored and read by every page, a noisy measurement measured again and po
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -62,7 +63,7 @@ def test_the_cost_model_is_measured_once_and_read_by_every_page(dense, monkeypat
     protocol = cost.Protocol(widths=3, verify=("fast",), offset=16, repeats=3, plain_tokens=2)
     said = []
     first = cost.cost_model(dense, protocol, progress=said.append)
-    assert first.measured["protocol"]["widths"] == 3 and first.measured["seconds"] > 0
+    assert first.measured.protocol["widths"] == 3 and first.measured.seconds > 0
     assert any("measuring the cost model" in s for s in said)
     monkeypatch.setattr(cost_model_module, "measure", lambda *a, **k: pytest.fail("measured again"))
     again = cost.cost_model(dense, protocol)  # current: read from the store
@@ -71,7 +72,7 @@ def test_the_cost_model_is_measured_once_and_read_by_every_page(dense, monkeypat
     assert not cost.model.current(again, cost.Protocol(widths=4, verify=("fast",)))  # a wider protocol measures
     again.noise = {"fast": ["c(2) = 0.5 is below 1"]}
     assert not cost.model.current(again, protocol)  # a noisy one is measured again
-    again.measured["measurements"] = 2
+    again.measured = dataclasses.replace(again.measured, measurements=2)
     assert cost.model.current(again, protocol)  # but once pooled, kept with its marks
 
 
@@ -93,10 +94,10 @@ def test_a_noisy_measurement_is_measured_again_and_pooled(dense, monkeypatch):
     protocol = cost.Protocol(widths=2, verify=("fast",), offset=16, repeats=3, plain_tokens=2, lengths=(40,))
     said = []
     profile = cost.cost_model(dense, protocol, progress=said.append)
-    assert len(calls) == 2 and profile.measured["measurements"] == 2 and profile.repeats == 6
+    assert len(calls) == 2 and profile.measured.measurements == 2 and profile.repeats == 6
     assert list(calls[0].lengths) == ["40"] and not calls[1].lengths  # the second times the offset only
     assert profile.lengths == calls[0].lengths and profile.context_lengths == [16, 40]
-    assert profile.measured["protocol"]["lengths"] == [40] and cost.model.current(profile, protocol)
+    assert profile.measured.protocol["lengths"] == [40] and cost.model.current(profile, protocol)
     assert profile.rounds["plain"] == calls[0].rounds["plain"] + calls[1].rounds["plain"]
     assert any("measuring again" in s for s in said)
     ratios = sorted(s / p for s, p in zip(profile.rounds["fast"][1], profile.rounds["plain"]))
@@ -131,9 +132,9 @@ def test_only_the_noisy_mode_is_measured_again(dense, monkeypatch):
 
 
 def test_a_protocol_out_of_bounds_is_refused_before_any_model_work():
-    with pytest.raises(ValueError, match="widths must be 2 to 129"):
+    with pytest.raises(ValueError, match="widths must be an integer from 2 to 129"):
         cost.Protocol(widths=1000)
-    with pytest.raises(ValueError, match="repeats must be a whole number"):
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
         cost.Protocol(repeats=0)
     with pytest.raises(ValueError, match="verify"):
         cost.Protocol(verify=("sloppy",))
