@@ -34,20 +34,23 @@ def whole(name: str, value: object, low: int, high: int | None = None, note: str
     return int(value)
 
 
-def real(name: str, value: object, low: float | None = None, high: float | None = None) -> float:
-    """``value`` if it is a finite number in [low, high], else a TypeError/ValueError naming ``name``."""
+def real(name: str, value: object, low: float | None = None, high: float | None = None, allowed: str = "") -> float:
+    """``value`` if it is a finite number in [low, high], else a TypeError/ValueError naming ``name`` and what it must
+    be (``allowed``, where the bounds alone do not say it)."""
+    bounds = {(True, True): f" in [{low}, {high}]", (True, False): f" >= {low}", (False, True): f" <= {high}"}
+    allowed = allowed or "a finite number" + bounds.get((low is not None, high is not None), "")
     if (
         isinstance(value, (bool, str, bytes))
         or not isinstance(value, (Integral, float))
         and not hasattr(value, "__float__")
     ):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    number = float(value)
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float's range
+        number = math.inf
     if not math.isfinite(number) or (low is not None and number < low) or (high is not None and number > high):
-        bounds = {(True, True): f" in [{low}, {high}]", (True, False): f" >= {low}", (False, True): f" <= {high}"}
-        raise ValueError(
-            f"{name} must be a finite number{bounds.get((low is not None, high is not None), '')}, got {value!r}"
-        )
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return number
 
 
