@@ -57,8 +57,7 @@ class GenerateOptions:
         whole("min_tokens", self.min_tokens, 0)
         whole("prefill_step_size", self.prefill_step_size, 1)
         real("temperature", self.temperature, 0.0, allowed="a finite number >= 0 (0: greedy)")
-        if real("top_p", self.top_p, 0.0, 1.0, "in (0, 1] (1 disables it)") == 0:
-            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p!r}")
+        real("top_p", self.top_p, 0.0, 1.0, "in (0, 1] (1 disables it)", above=True)
         real("min_p", self.min_p, 0.0, 1.0, "in [0, 1] (0 disables it)")
         whole("top_k", self.top_k, 0, note="(0 disables it)")
         if self.seed is not None:

@@ -34,9 +34,16 @@ def whole(name: str, value: object, low: int, high: int | None = None, note: str
     return int(value)
 
 
-def real(name: str, value: object, low: float | None = None, high: float | None = None, allowed: str = "") -> float:
-    """``value`` if it is a finite number in [low, high], else a TypeError/ValueError naming ``name`` and what it must
-    be (``allowed``, where the bounds alone do not say it)."""
+def real(
+    name: str,
+    value: object,
+    low: float | None = None,
+    high: float | None = None,
+    allowed: str = "",
+    above: bool = False,
+) -> float:
+    """``value`` if it is a finite number in [low, high] (``above``: in (low, high]), else a TypeError/ValueError
+    naming ``name`` and what it must be (``allowed``, where the bounds alone do not say it)."""
     bounds = {(True, True): f" in [{low}, {high}]", (True, False): f" >= {low}", (False, True): f" <= {high}"}
     allowed = allowed or "a finite number" + bounds.get((low is not None, high is not None), "")
     if (
@@ -49,7 +56,8 @@ def real(name: str, value: object, low: float | None = None, high: float | None 
         number = float(value)
     except OverflowError:  # an integer beyond float's range
         number = math.inf
-    if not math.isfinite(number) or (low is not None and number < low) or (high is not None and number > high):
+    too_low = low is not None and (number <= low if above else number < low)
+    if not math.isfinite(number) or too_low or (high is not None and number > high):
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return number
 
