@@ -42,7 +42,7 @@ from collections.abc import Callable
 from specbench.core.decision import Decision, Plain, Speculate
 from specbench.core.draft import Drafter
 from specbench.core.log import StepLog, StepRecord
-from specbench.core.policy_args import at_least_one, check_break_even, check_k
+from specbench.core.policy_args import check_break_even, check_k, whole
 
 #: Auto looks this far for a wider draft that costs less than the drafter's preferred one.
 ENVELOPE_K = 8
@@ -75,12 +75,12 @@ class AutoSettings:
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.max_k = check_k(max_k, "max_k") if max_k is not None else None
-        self.window = at_least_one("window", window)
-        self.pause_tokens = at_least_one("pause_tokens", pause_tokens)
+        self.window = whole("window", window, 1)
+        self.pause_tokens = whole("pause_tokens", pause_tokens, 1)
         self.fixed_break_even = check_break_even(break_even, "break_even") if break_even is not None else None
-        self.probe_tokens = at_least_one("probe_tokens", probe_tokens)
-        self.min_verifies = min(at_least_one("min_verifies", min_verifies), self.window)
-        self.max_pause_tokens = max(self.pause_tokens, at_least_one("max_pause_tokens", max_pause_tokens))
+        self.probe_tokens = whole("probe_tokens", probe_tokens, 1)
+        self.min_verifies = min(whole("min_verifies", min_verifies, 1), self.window)
+        self.max_pause_tokens = max(self.pause_tokens, whole("max_pause_tokens", max_pause_tokens, 1))
         self.measured = self.fixed_break_even is None if measured is None else bool(measured)
         self.shadow = bool(shadow)
         if not callable(clock):

@@ -32,7 +32,7 @@ from specbench.core.batch_request import BatchRequest, RowPlan
 from specbench.core.draft import Drafter
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy, as_policy
-from specbench.core.policy_args import at_least_one
+from specbench.core.policy_args import whole
 from specbench.core.target import ModelTarget, generation_context
 from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, PolicySpec, Prompt, Tokenizer
 from specbench.core.verify import FAST, Verifier, VerifyMode, accept_greedy, greedy
@@ -124,7 +124,7 @@ class BatchGeneration:
             raise TypeError(f"verifier must be a Verifier (FAST, or specbench.exact.batch_verifier), got {verifier!r}")
         requested_verify_mode(options, len(prompts))
         if max_batch is not None:
-            at_least_one("max_batch", max_batch)
+            whole("max_batch", max_batch, 1)
         check_batchable(model)
         if verifier.mode == "exact" and recurrent_layers(make_prompt_cache(model)):
             raise ValueError(

@@ -12,15 +12,10 @@ MAX_DRAFT_LENGTH = 128
 
 def check_k(n: int, name: str = "draft length") -> int:
     """A draft length: an integer from 1 to ``MAX_DRAFT_LENGTH``."""
-    k = at_least_one(name, n)
+    k = whole(name, n, 1)
     if k > MAX_DRAFT_LENGTH:
         raise ValueError(f"{name} {k} is over the longest draft specbench verifies ({MAX_DRAFT_LENGTH} tokens)")
     return k
-
-
-def at_least_one(name: str, n: object) -> int:
-    """``n`` if it is an integer >= 1 (not a bool), else a TypeError/ValueError naming ``name``."""
-    return whole(name, n, 1)
 
 
 def whole(name: str, value: object, low: int, high: int | None = None, note: str = "") -> int:

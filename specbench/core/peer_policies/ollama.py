@@ -23,7 +23,7 @@ from collections.abc import Callable
 from specbench.core.draft import Drafter
 from specbench.core.log import StepRecord
 from specbench.core.policies import PEERS, DraftPolicy
-from specbench.core.policy_args import at_least_one, check_k, real
+from specbench.core.policy_args import check_k, real, whole
 
 
 class PositionAcceptance:
@@ -64,7 +64,7 @@ class OllamaControllerPolicy(DraftPolicy):
 
     def __init__(self, max_k: int = 8, backoff: int = 16, prior: float = 2.0, persist: bool = True):
         self.max_k = check_k(max_k, "max_k")
-        self.backoff = at_least_one("backoff", backoff)
+        self.backoff = whole("backoff", backoff, 1)
         self.prior = real("prior", prior, 0.0)
         self.persist = bool(persist)
         self.name = f"ollama:{self.max_k}"
