@@ -103,7 +103,7 @@ class OllamaControllerPolicy(DraftPolicy):
         no draft pays); ties go to the shorter draft."""
         rates = self.acceptance.rates()
         lengths = range(shortest, self.max_k + 1)
-        return max(((k, expected_committed(rates, k) / self.cost(k)) for k in lengths), key=_rate)
+        return max(((k, expected_committed(rates, k) / self.cost(k)) for k in lengths), key=lambda entry: entry[1])
 
     def _k(self, drafter: Drafter) -> int:
         if self.backed_off:  # after a plain stretch: probe the best draft, to measure acceptance again
@@ -125,10 +125,6 @@ class OllamaControllerPolicy(DraftPolicy):
         if text and not text.isdigit():
             raise ValueError(f"ollama:{text}: use ollama or ollama:MAX_K (the longest draft)")
         return cls(int(text)) if text else cls()
-
-
-def _rate(entry: tuple[int, float]) -> float:
-    return entry[1]
 
 
 PEERS.add("ollama", OllamaControllerPolicy)
