@@ -16,11 +16,11 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm
-from mlx.utils import tree_map_with_path
 
 from specbench.common import distributed
 from specbench.common.blas import warn_if_unloaded
 from specbench.models import embedded, moe_twin, synthetic, tiny
+from specbench.models.synthetic import cast_dtype
 
 
 @dataclass(frozen=True)
@@ -194,18 +194,6 @@ def shardable_families() -> list[str]:
     """The mlx-lm model types whose Model has a tensor-parallel ``shard()``."""
     folder = Path(mlx_lm.__file__).parent / "models"
     return sorted(p.stem for p in folder.glob("*.py") if "    def shard(" in p.read_text(encoding="utf-8"))
-
-
-def cast_dtype(model: nn.Module, dtype: mx.Dtype) -> None:
-    """Cast the model's floating-point parameters to `dtype` in place (honouring a model's `cast_predicate`)."""
-    keep = getattr(model, "cast_predicate", None) or (lambda path: True)
-    model.update(
-        tree_map_with_path(
-            lambda path, v: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(path) else v,
-            model.parameters(),
-        )
-    )
-    mx.eval(model.parameters())
 
 
 def _embedded(name: str) -> EmbeddedModel:

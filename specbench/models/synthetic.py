@@ -245,14 +245,7 @@ def build_from_config(
     model_class, args_class = _get_classes(cfg)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(cfg))
-    # mlx-lm's cast_predicate keeps some parameters (Gated DeltaNet's A_log) in float32.
-    castable = getattr(model, "cast_predicate", None) or (lambda path: True)
-    model.update(
-        tree_map_with_path(
-            lambda path, v: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and castable(path) else v,
-            model.parameters(),
-        )
-    )
+    cast_dtype(model, dtype)
     if bits:
         _quantize(model, bits, group_size)
     # Materialise layer by layer: the float32 draws of one layer are freed before the next.
@@ -261,6 +254,18 @@ def build_from_config(
     mx.eval(model.parameters())
     model.eval()
     return model
+
+
+def cast_dtype(model: nn.Module, dtype: mx.Dtype) -> None:
+    """Cast the model's floating-point parameters to ``dtype`` in place, lazily, but those its ``cast_predicate``
+    keeps (mlx-lm keeps Gated DeltaNet's A_log in float32)."""
+    keep = getattr(model, "cast_predicate", None) or (lambda path: True)
+    model.update(
+        tree_map_with_path(
+            lambda path, v: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(path) else v,
+            model.parameters(),
+        )
+    )
 
 
 def _quantize(model: nn.Module, bits: int, group_size: int) -> None:
