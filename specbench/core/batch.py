@@ -95,9 +95,7 @@ class BatchGeneration:
     ``policy``: one policy (copied per request) or one per prompt. ``max_batch``: at most this many
     requests decode together; the rest wait and join as slots free (default: all at once).
     ``add`` queues a further request while running. ``verifier``: how every batched forward runs, fast
-    (``FAST``) or exact (``specbench.exact.batch_verifier``); a request whose options set another verify mode
-    is refused before any model work (``specbench.speculative_generate_batch`` picks the verifier the
-    options ask for).
+    (``FAST``) or exact (``specbench.exact.batch_verifier``), the verify mode of every request.
     """
 
     def __init__(

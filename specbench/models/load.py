@@ -95,10 +95,8 @@ def load(
     ``seed`` draws the random weights of synthetic models and miniatures; ``layers`` sets a synthetic model's
     depth. The model's ``specbench_name`` is the name it was loaded by.
 
-    ``shard``: split the model over the global group of ``mlx.launch`` (``specbench.common.distributed``)
-    with mlx-lm's tensor parallelism (``model.shard(group)``), before its weights are read in; every rank
-    then runs the same loop (lockstep) and rank 0 alone writes files. A no-op in a world of one, but a
-    model family without ``shard()`` is an error there too.
+    ``shard``: split the model over the global group of ``mlx.launch`` before its weights are read in
+    (``shard_model``); every rank then runs the same loop (lockstep) and rank 0 alone writes files.
     """
     target = synthetic.as_dtype(dtype)
     name = str(name_or_path)
