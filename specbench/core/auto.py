@@ -1,33 +1,26 @@
 """Auto: a draft length from what the generation measures, or plain decoding where no draft pays.
 
-``AutoSettings``: Auto's settings, checked. ``AutoDecisions``: what Auto decides each step, from ``CostEnvelope`` (the
-draft lengths worth drafting, from the break-even curve: k -> plain steps a k-draft step costs), and ``Evidence``
-(the draft positions seen accepted and rejected, verified or not, the longest draft they allow, the ramp, and
-``Measured``: seconds per token of the recent speculative decisions and plain stretches, and how far speculation's
-seconds strayed from the curve's, the scale Auto applies to it). ``specbench.core.policies.AutoPolicy`` is these
+``AutoSettings``: Auto's settings, checked. ``AutoDecisions``: what Auto decides each step, from a ``CostEnvelope``
+and the ``Evidence`` measured (with its ``Measured`` windows); ``specbench.core.policies.AutoPolicy`` is these
 decisions as a ``DraftPolicy`` (``DraftPolicy.auto()``).
 
 Policies see only the log and what they were handed (a break-even, for Auto): they never measure,
 load or run a model.
 
-How Auto decides. Each decision (a speculative step, a stretch of plain steps) is timed end to end with ``clock``.
-It starts with ``probe_tokens`` plain tokens, timing plain decoding. Each plain stretch starts with an unverified
-draft (``Plain.shadow``; as long as a probe's when drafting costs, see ``cost_per_token``): compared with the tokens
-decoded, it measures acceptance for the cost of drafting. Probes (speculation starting, or resuming after a pause)
-draft the envelope's cheapest length, lengthening only as whole drafts are seen accepted (``ramp``), and are made
-only where the acceptance and cost measured so far predict some length pays (``LENIENT_SPEEDUP`` before any cost is
-measured and after ``LENIENT_AFTER`` extensions), else plain decoding goes on for ``pause_tokens``. After each
-speculative step (once ``min_verifies`` are in the window) the kill switch compares seconds per token of the last
-``window`` speculative steps with plain's: when speculation is dearer and no length is predicted to pay, the next
-``pause`` tokens are plain (``pause_tokens``, doubling after each failed probe up to ``max_pause_tokens``). The
-break-even (k -> plain steps a k-draft step costs, from the cost profile) is the prior, scaled to the seconds
-measured; lengths come from the monotone envelope of that curve (a wider draft that costs no more is taken; none a
-full acceptance cannot pay for), the best predicted at the measured per-position acceptance (one accepted and one
-rejected position assumed). Plain steps a speculative decision takes before its draft (the step a pause queued past
-its end) count as plain decoding, not speculation. Untimed steps (a simulated run) are costed by the prior. With
-``measured=False`` (the default with a fixed ``break_even``) nothing is timed or drafted unverified: the drafter's
-preferred length moved onto the envelope, paused ``pause_tokens`` when the last ``window`` verifications yield less
-than their break-evens.
+How Auto decides (for users: docs/auto-policy.md). Each decision (a speculative step, a stretch of plain steps) is
+timed end to end with ``clock``. It starts with ``probe_tokens`` plain tokens, timing plain decoding; each plain
+stretch starts with an unverified draft (``Plain.shadow``, ``_shadow_k``) measuring acceptance. The break-even (k ->
+plain steps a k-draft step costs, from the cost profile) is the prior, scaled to the seconds measured; lengths come
+from its monotone envelope (``CostEnvelope``), the best predicted at the measured acceptance. Probes (speculation
+starting, or resuming after a pause) draft the envelope's cheapest length, lengthened as whole drafts are accepted
+(``ramp``), and only where some length is predicted to pay (``LENIENT_SPEEDUP`` before any cost is measured and
+after ``LENIENT_AFTER`` extensions), else plain decoding goes on for ``pause_tokens``. After each speculative step
+(once ``min_verifies`` are in the window) the kill switch compares seconds per token of the last ``window``
+speculative steps with plain's: when speculation is dearer and no length is predicted to pay, the next ``pause``
+tokens are plain (``pause_tokens``, doubling after each failed probe up to ``max_pause_tokens``). Untimed steps (a
+simulated run) are costed by the prior. With ``measured=False`` (the default with a fixed ``break_even``) nothing is
+timed or drafted unverified: the drafter's preferred length moved onto the envelope, paused ``pause_tokens`` when
+the last ``window`` verifications yield less than their break-evens.
 """
 
 from __future__ import annotations
@@ -42,7 +35,7 @@ from collections.abc import Callable
 from specbench.core.decision import Decision, Plain, Speculate
 from specbench.core.draft import Drafter
 from specbench.core.log import StepLog, StepRecord
-from specbench.core.policy_args import at_least_one, check_break_even, check_k
+from specbench.core.policy_args import check_break_even, check_k, whole
 
 #: Auto looks this far for a wider draft that costs less than the drafter's preferred one.
 ENVELOPE_K = 8
@@ -75,12 +68,12 @@ class AutoSettings:
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.max_k = check_k(max_k, "max_k") if max_k is not None else None
-        self.window = at_least_one("window", window)
-        self.pause_tokens = at_least_one("pause_tokens", pause_tokens)
+        self.window = whole("window", window, 1)
+        self.pause_tokens = whole("pause_tokens", pause_tokens, 1)
         self.fixed_break_even = check_break_even(break_even, "break_even") if break_even is not None else None
-        self.probe_tokens = at_least_one("probe_tokens", probe_tokens)
-        self.min_verifies = min(at_least_one("min_verifies", min_verifies), self.window)
-        self.max_pause_tokens = max(self.pause_tokens, at_least_one("max_pause_tokens", max_pause_tokens))
+        self.probe_tokens = whole("probe_tokens", probe_tokens, 1)
+        self.min_verifies = min(whole("min_verifies", min_verifies, 1), self.window)
+        self.max_pause_tokens = max(self.pause_tokens, whole("max_pause_tokens", max_pause_tokens, 1))
         self.measured = self.fixed_break_even is None if measured is None else bool(measured)
         self.shadow = bool(shadow)
         if not callable(clock):

@@ -28,11 +28,11 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from specbench.core.batch_hybrid import RowRollback, batch_layer, check_batchable, recurrent_layers
-from specbench.core.batch_request import BatchRequest
+from specbench.core.batch_request import BatchRequest, RowPlan
 from specbench.core.draft import Drafter
 from specbench.core.options import GenerateOptions, checked_options
 from specbench.core.policies import DraftPolicy, as_policy
-from specbench.core.policy_args import at_least_one
+from specbench.core.policy_args import whole
 from specbench.core.target import ModelTarget, generation_context
 from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, PolicySpec, Prompt, Tokenizer
 from specbench.core.verify import FAST, Verifier, VerifyMode, accept_greedy, greedy
@@ -95,9 +95,7 @@ class BatchGeneration:
     ``policy``: one policy (copied per request) or one per prompt. ``max_batch``: at most this many
     requests decode together; the rest wait and join as slots free (default: all at once).
     ``add`` queues a further request while running. ``verifier``: how every batched forward runs, fast
-    (``FAST``) or exact (``specbench.exact.batch_verifier``); a request whose options set another verify mode
-    is refused before any model work (``specbench.speculative_generate_batch`` picks the verifier the
-    options ask for).
+    (``FAST``) or exact (``specbench.exact.batch_verifier``), the verify mode of every request.
     """
 
     def __init__(
@@ -124,7 +122,7 @@ class BatchGeneration:
             raise TypeError(f"verifier must be a Verifier (FAST, or specbench.exact.batch_verifier), got {verifier!r}")
         requested_verify_mode(options, len(prompts))
         if max_batch is not None:
-            at_least_one("max_batch", max_batch)
+            whole("max_batch", max_batch, 1)
         check_batchable(model)
         if verifier.mode == "exact" and recurrent_layers(make_prompt_cache(model)):
             raise ValueError(
@@ -265,7 +263,7 @@ class BatchGeneration:
     def _step(self) -> Iterator[tuple[int, list[int]]]:
         t0 = self.clock()
         decisions = {r.index: r.decide(len(self.active)) for r in self.active}
-        yield from self._settle_queued({i: (k, paused, None, 0.0) for i, (k, paused) in decisions.items()})
+        yield from self._settle_queued(decisions)
         active = self.active
         if not active:
             return
@@ -276,7 +274,7 @@ class BatchGeneration:
             more = not self._slot_taken_next()  # unless a waiting request joins next
             yield from self._plain_stretch(steps, {r.index: plan for r, plan in zip(active, plans)}, t1 - t0, more)
             return
-        rows = [[r.tokens[-1]] + (p[2].tokens if p[2] is not None else []) for r, p in zip(active, plans)]
+        rows = [[r.tokens[-1]] + (p.draft.tokens if p.draft is not None else []) for r, p in zip(active, plans)]
         width = max(len(row) for row in rows)
         inputs = mx.array([row + [0] * (width - len(row)) for row in rows], dtype=mx.uint32)
         needs_hidden = any(r.needs_hidden for r in active)
@@ -308,7 +306,7 @@ class BatchGeneration:
         self.batch_log.append(record)
         self._drop_finished()
 
-    def _plain_steps_planned(self, plans: list[tuple[int, bool, Any, float]]) -> int:
+    def _plain_steps_planned(self, plans: list[RowPlan]) -> int:
         """How many plain steps every active row takes from now when no ``plan`` drafts and the batch can
         pipeline them (greedy rows, no hidden states or expert counts): the fewest the paused rows' policies
         ask for (``Plain.n``), 1 when a row asked for a draft that did not come; 0 when a row drafts. Rows
@@ -316,12 +314,12 @@ class BatchGeneration:
         if not self._pipelinable():
             return 0
         steps = 1 << 30
-        for request, (k, paused, draft, _) in zip(self.active, plans):
-            if draft is not None:
+        for request, plan in zip(self.active, plans):
+            if plan.draft is not None:
                 return 0
-            if paused:
+            if plan.paused:
                 steps = min(steps, request.decision.n)
-            elif k > 0:
+            elif plan.k > 0:
                 steps = 1
         return steps
 
@@ -348,7 +346,7 @@ class BatchGeneration:
         return tokens
 
     def _plain_stretch(
-        self, steps: int = 1 << 30, plans: dict[int, tuple] | None = None, plan_s: float = 0.0, more: bool = False
+        self, steps: int = 1 << 30, plans: dict[int, RowPlan] | None = None, plan_s: float = 0.0, more: bool = False
     ) -> Iterator[tuple[int, list[int]]]:
         """Up to ``steps`` plain greedy steps of every row, pipelined as mlx-lm pipelines them: the next step
         is queued before this one's tokens are read. ``plans``: each row's plan (by request index) that
@@ -380,7 +378,7 @@ class BatchGeneration:
                 self._queued = pending
                 return
 
-    def _settle_queued(self, plans: dict[int, tuple]) -> Iterator[tuple[int, list[int]]]:
+    def _settle_queued(self, plans: dict[int, RowPlan]) -> Iterator[tuple[int, list[int]]]:
         """Read the plain step queued past the last stretch, if any: one token per row, logged with the
         row's ``plans`` entry (its next decision: k requested, paused) as a plain step."""
         if self._queued is None:
@@ -390,7 +388,7 @@ class BatchGeneration:
         self._drop_finished()
 
     def _settle_plain(
-        self, tokens: list[int], tick: float, plans: dict[int, tuple], plan_s: float = 0.0
+        self, tokens: list[int], tick: float, plans: dict[int, RowPlan], plan_s: float = 0.0
     ) -> Iterator[tuple[int, list[int]]]:
         """Emit one plain step's ``tokens`` (one per active row, each logged with its plan) and log it."""
         now = self.clock()
@@ -399,14 +397,15 @@ class BatchGeneration:
         record = BatchStepRecord(len(self.batch_log), "plain", len(active), rows, [1] * len(rows), plan_s, now - tick)
         extra = {"batch_step": record.step, "batch_size": len(active)}
         for request, token in zip(active, tokens):
-            plan = plans.get(request.index, (0, False, None, 0.0))
-            emitted = request.settle([token], 0, [], None, plan, now - tick, extra)
+            emitted = request.settle([token], 0, [], None, plans.get(request.index, RowPlan()), now - tick, extra)
             record.emitted += len(emitted)
             yield request.index, emitted
         record.other_s = self.clock() - now
         self.batch_log.append(record)
 
-    def _accept(self, logits: mx.array, rows: list[list[int]], plans: list[tuple]) -> list[tuple[list[int], int, list]]:
+    def _accept(
+        self, logits: mx.array, rows: list[list[int]], plans: list[RowPlan]
+    ) -> list[tuple[list[int], int, list]]:
         """Each row's (tokens, accepted drafts, acceptance probabilities), by its request's rule."""
         active = self.active
         greedy_rows = {i for i, r in enumerate(active) if r.options.temperature == 0}
@@ -439,7 +438,7 @@ class BatchGeneration:
                 continue
             p = request.options.sampling.probs(target._mask_eos(logits[i, : len(row)], position))
             draws = target.draws(p, range(position, position + len(row)))
-            accepted, tokens, probs = request.options.rule.path(p, draft, plan[2].probs, draws)
+            accepted, tokens, probs = request.options.rule.path(p, draft, plan.draft.probs, draws)
             outcomes.append((tokens, accepted, probs))
         return outcomes
 

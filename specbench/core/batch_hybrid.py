@@ -1,13 +1,9 @@
 """Batch caches for attention-only and hybrid models, with a rollback per row.
 
 Attention layers hold mlx-lm ``BatchKVCache`` (per-row left padding: a row's rejected tail is
-trimmed or rolled into its left padding). Hybrid models (Qwen3.5, Qwen3-Next) also keep the
-recurrent state of their Gated DeltaNet layers in mlx-lm's ``ArraysCache``, which cannot be
-trimmed: while a [B, w] block is verified, those layers run their recurrence one step at a time and
-keep every step's state for every row (``specbench.core.rollback.RecurrentRecorder``, the same
-record the single-request engine keeps), and row r is then left in the state after its own last
-kept position. A row's padding past its width runs after its kept positions, so it never reaches
-the state kept.
+trimmed or rolled into its left padding). The Gated DeltaNet layers of hybrid models record every
+step's state for every row (``specbench.core.rollback.RecurrentRecorder``), and row r is then left in
+the state after its own last kept position (its padding runs after them, so it never reaches it).
 """
 
 from __future__ import annotations

@@ -50,18 +50,6 @@ class BatchTablePolicy(DraftPolicy):
     def longest_draft(self, drafter: Drafter | None) -> int:
         return max(1, max(self.table.values()))
 
-    @classmethod
-    def parse(cls, spec: str) -> BatchTablePolicy:
-        """``table:1=4,8=2,32=0``."""
-        name, _, body = str(spec).strip().partition(":")
-        try:
-            if name != "table" or not body:
-                raise ValueError
-            table = {int(b): int(k) for b, k in (item.split("=") for item in body.split(","))}
-        except ValueError:
-            raise ValueError(f"unknown batch policy {spec!r}: use table:B=K,... (e.g. table:1=4,8=2,32=0)") from None
-        return cls(table)
-
 
 class BatchAutoPolicy(AutoPolicy):
     """Auto with the break-even at the current batch size: ``break_even_at(k, B)`` gives the tokens a

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
+from specbench.core.draft import Draft
 from specbench.core.engine import Generation
 from specbench.core.experts import ExpertCounter
 from specbench.core.policies import Decision, Plain, Speculate
 from specbench.core.target import Step
 from specbench.core.verify import as_draft, cut_unconfident
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """A row's plan for one batched step: draft length requested, paused, its checked draft (None: a plain row),
+    draft seconds."""
+
+    k: int = 0
+    paused: bool = False
+    draft: Draft | None = None
+    draft_s: float = 0.0
 
 
 class BatchRequest(Generation):
@@ -47,22 +60,22 @@ class BatchRequest(Generation):
             pass
         self._check_finished()
 
-    def decide(self, batch_size: int) -> tuple[int, bool]:
-        """(k requested, paused) for this step: the policy's decision, before any step queued past the last
-        one is read (so that step counts to this decision, as in a single request)."""
+    def decide(self, batch_size: int) -> RowPlan:
+        """The policy's decision for this step (k requested, paused; no draft yet), before any step queued past the
+        last one is read (so that step counts to this decision, as in a single request)."""
         if self.drafter is None:
-            return 0, False
+            return RowPlan()
         set_batch_size = getattr(self.policy, "set_batch_size", None)
         if set_batch_size is not None:
             set_batch_size(batch_size)
         self.decision = self.policy.decide(self.log, self.drafter)
-        return (self.decision.k, False) if isinstance(self.decision, Speculate) else (0, True)
+        return RowPlan(self.decision.k) if isinstance(self.decision, Speculate) else RowPlan(paused=True)
 
-    def plan(self, decision: tuple[int, bool]) -> tuple[int, bool, Any, float]:
-        """(k requested, paused, the checked draft (None: a plain row), draft seconds) for this step."""
-        k, paused = decision
+    def plan(self, decision: RowPlan) -> RowPlan:
+        """``decision`` with its checked draft (None: a plain row) and the seconds drafting took."""
+        k = decision.k
         if k <= 0 or self._remaining() <= 1:
-            return k, paused, None, 0.0
+            return decision
         t0 = self.clock()
         name = self._drafter_name()
         draft = as_draft(self.drafter.draft(self.prompt + self.tokens, min(k, self._remaining() - 1)), k, name)
@@ -72,7 +85,7 @@ class BatchRequest(Generation):
             draft = self._checked(draft)
             if getattr(draft, "parents", None) is not None:
                 raise ValueError(f"drafter {name} proposed a token tree: batched decoding verifies paths only")
-        return k, False, (draft if draft.tokens else None), self.clock() - t0
+        return RowPlan(k, False, draft if draft.tokens else None, self.clock() - t0)
 
     def sample_seed(self) -> None:
         """Seed the sampler for this request's next draws: from its own seed and step, so its output
@@ -87,28 +100,27 @@ class BatchRequest(Generation):
         accepted: int,
         probs: list[float],
         hidden: mx.array | None,
-        plan: tuple[int, bool, Any, float],
+        plan: RowPlan,
         verify_s: float,
         extra: dict[str, Any],
     ) -> list[int]:
         """Cut the step's tokens at this request's stops, log the step, emit; the emitted tokens."""
-        k, paused, draft, draft_s = plan
         position = len(self.tokens)
         emitted = self._stop_at(tokens)
-        if draft is None:
+        if plan.draft is None:
             self._record(
                 "plain",
                 position,
                 emitted,
-                k_requested=k,
-                draft_s=draft_s,
+                k_requested=plan.k,
+                draft_s=plan.draft_s,
                 verify_s=verify_s,
-                paused=paused,
+                paused=plan.paused,
                 extra=extra,
             )
         else:
             step = Step(tokens, None, extra, accepted, probs)
-            self._record_verify(k, draft, step, emitted, draft_s=draft_s, verify_s=verify_s)
+            self._record_verify(plan.k, plan.draft, step, emitted, draft_s=plan.draft_s, verify_s=verify_s)
         for _ in self._emit(emitted, hidden[:, : len(emitted)] if hidden is not None else None):
             pass
         self._check_finished()
@@ -121,4 +133,4 @@ class BatchRequest(Generation):
                 self.drafter.end()
 
 
-__all__ = ["BatchRequest"]
+__all__ = ["BatchRequest", "RowPlan"]

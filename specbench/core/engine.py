@@ -50,9 +50,6 @@ def token_ids(prompt: Any, tokenizer: Any = None) -> list[int]:
 class Generation:
     """One generation: iterate it for token ids; then ``stats()``, ``finish_reason()``, ``log``.
 
-    ``stats()`` adds to the log's totals the prompt, the finish reason, the wall time and ``observe_s``
-    (seconds the drafter spent taking in emitted tokens: host work plain decoding does not do).
-
     ``source`` is an mlx-lm model (or a ``Target``, such as a recorded output). ``verifier``
     computes verifications (fast unless given); ``break_even`` (k -> tokens a verification of k
     drafts must yield) is handed to the policy when it starts. ``clock`` times the log's columns.
@@ -148,8 +145,9 @@ class Generation:
         return self._finish
 
     def stats(self) -> dict[str, Any]:
-        """The log's totals, the prompt, the finish reason, the wall and observe seconds and, where exact
-        verification was audited (or ran serially past its calibration), ``exact_audit``: its ``AuditResult``."""
+        """The log's totals, the prompt, the finish reason, the wall seconds, ``observe_s`` (seconds the drafter
+        spent taking in emitted tokens: host work plain decoding does not do) and, where exact verification was
+        audited (or ran serially past its calibration), ``exact_audit``: its ``AuditResult``."""
         verifier = getattr(getattr(self.target, "inner", self.target), "verifier", None)  # a batch's: its target
         audit = verifier.audit_result() if verifier is not None else None
         return {

@@ -72,15 +72,8 @@ class ExpertCounter:
     def take(self) -> list[int]:
         """Distinct experts per MoE layer since the last ``take`` (0 for layers not called)."""
         seen, self._seen = self._seen, {}
-        counts = []
-        for layer in self.layers:
-            parts = seen.get(id(layer))
-            if not parts:
-                counts.append(0)
-                continue
-            flat = mx.concatenate([p.reshape(-1) for p in parts])
-            counts.append(int(np.unique(np.array(flat)).size))
-        return counts
+        calls = [seen.get(id(layer)) for layer in self.layers]
+        return [int(np.unique(np.array(mx.concatenate([p.reshape(-1) for p in c]))).size) if c else 0 for c in calls]
 
 
 def count_experts(model: nn.Module, inputs: mx.array, cache: list[Any] | None = None) -> list[int]:

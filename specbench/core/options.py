@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from numbers import Integral, Real
+from numbers import Integral
 
 from specbench.core.accept import SamplingSettings
-from specbench.core.policy_args import whole
+from specbench.core.policy_args import real, whole
 from specbench.core.rules import AcceptanceRule, rule_for
 from specbench.core.verify import VerifyMode, check_verify_mode
 
@@ -57,13 +56,9 @@ class GenerateOptions:
         whole("max_tokens", self.max_tokens, 1)
         whole("min_tokens", self.min_tokens, 0)
         whole("prefill_step_size", self.prefill_step_size, 1)
-        temperature = _real("temperature", self.temperature, "a finite number >= 0 (0: greedy)")
-        if not math.isfinite(temperature) or temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature!r}")
-        if not 0 < _real("top_p", self.top_p, "a number in (0, 1]") <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p!r}")
-        if not 0 <= _real("min_p", self.min_p, "a number in [0, 1]") <= 1:
-            raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p!r}")
+        real("temperature", self.temperature, 0.0, allowed="a finite number >= 0 (0: greedy)")
+        real("top_p", self.top_p, 0.0, 1.0, "in (0, 1] (1 disables it)", above=True)
+        real("min_p", self.min_p, 0.0, 1.0, "in [0, 1] (0 disables it)")
         whole("top_k", self.top_k, 0, note="(0 disables it)")
         if self.seed is not None:
             whole("seed", self.seed, 0, 2**64 - 1, "or None")
@@ -75,12 +70,13 @@ class GenerateOptions:
             if self.seed is None:
                 raise ValueError("sample_by_position keys each token's draw by (seed, position): give a seed")
             rule.check_by_position()
-        audit = _real("audit", self.audit, "a rate in [0, 1]")
-        if not 0 <= audit <= 1:
-            raise ValueError(
-                f"audit must be a rate in [0, 1] (the share of exact verifications compared with serial steps; "
-                f"0: none), got {self.audit!r}"
-            )
+        audit = real(
+            "audit",
+            self.audit,
+            0.0,
+            1.0,
+            "a rate in [0, 1] (the share of exact verifications compared with serial steps; 0: none)",
+        )
         if audit > 0 and self.verify_mode == "fast":
             raise ValueError(
                 "audit compares exact verifications with serial steps, but verification is fast here (by design it "
@@ -106,19 +102,6 @@ class GenerateOptions:
         if self.verify is not None:
             return self.verify
         return "exact" if self.temperature == 0 or self.sample_by_position else "fast"
-
-
-def _real(name: str, value: object, allowed: str) -> float:
-    """``value`` as a float if it is a real number (not a bool, not NaN), else a TypeError/ValueError."""
-    if not isinstance(value, Real) or isinstance(value, bool):
-        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond float's range
-        number = math.inf if value > 0 else -math.inf
-    if math.isnan(number):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    return number
 
 
 def _flag(name: str, value: object) -> None:

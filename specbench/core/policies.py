@@ -15,7 +15,7 @@ from specbench.core.auto import AutoDecisions
 from specbench.core.decision import Decision, Plain, Speculate
 from specbench.core.draft import Drafter
 from specbench.core.log import StepLog, StepRecord
-from specbench.core.policy_args import at_least_one, check_k
+from specbench.core.policy_args import check_k, whole
 
 #: Policies of other engines by text name (``NAME`` or ``NAME:ARGS``): name -> a DraftPolicy class with
 #: ``from_text(args)``; each module of ``specbench.core.peer_policies`` registers its own.
@@ -124,7 +124,7 @@ class AdaptivePolicy(DraftPolicy):
 
     def __init__(self, k: int, max_pause: int = 16):
         self.k = check_k(k)
-        self.max_pause = at_least_one("max_pause", max_pause)
+        self.max_pause = whole("max_pause", max_pause, 1)
         self.name = f"adaptive:{k}"
 
     def start(self, drafter: Drafter, break_even: Callable[[int], float] | None = None) -> None:

@@ -12,15 +12,10 @@ MAX_DRAFT_LENGTH = 128
 
 def check_k(n: int, name: str = "draft length") -> int:
     """A draft length: an integer from 1 to ``MAX_DRAFT_LENGTH``."""
-    k = at_least_one(name, n)
+    k = whole(name, n, 1)
     if k > MAX_DRAFT_LENGTH:
         raise ValueError(f"{name} {k} is over the longest draft specbench verifies ({MAX_DRAFT_LENGTH} tokens)")
     return k
-
-
-def at_least_one(name: str, n: object) -> int:
-    """``n`` if it is an integer >= 1 (not a bool), else a TypeError/ValueError naming ``name``."""
-    return whole(name, n, 1)
 
 
 def whole(name: str, value: object, low: int, high: int | None = None, note: str = "") -> int:
@@ -34,20 +29,31 @@ def whole(name: str, value: object, low: int, high: int | None = None, note: str
     return int(value)
 
 
-def real(name: str, value: object, low: float | None = None, high: float | None = None) -> float:
-    """``value`` if it is a finite number in [low, high], else a TypeError/ValueError naming ``name``."""
+def real(
+    name: str,
+    value: object,
+    low: float | None = None,
+    high: float | None = None,
+    allowed: str = "",
+    above: bool = False,
+) -> float:
+    """``value`` if it is a finite number in [low, high] (``above``: in (low, high]), else a TypeError/ValueError
+    naming ``name`` and what it must be (``allowed``, where the bounds alone do not say it)."""
+    bounds = {(True, True): f" in [{low}, {high}]", (True, False): f" >= {low}", (False, True): f" <= {high}"}
+    allowed = allowed or "a finite number" + bounds.get((low is not None, high is not None), "")
     if (
         isinstance(value, (bool, str, bytes))
         or not isinstance(value, (Integral, float))
         and not hasattr(value, "__float__")
     ):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    number = float(value)
-    if not math.isfinite(number) or (low is not None and number < low) or (high is not None and number > high):
-        bounds = {(True, True): f" in [{low}, {high}]", (True, False): f" >= {low}", (False, True): f" <= {high}"}
-        raise ValueError(
-            f"{name} must be a finite number{bounds.get((low is not None, high is not None), '')}, got {value!r}"
-        )
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float's range
+        number = math.inf
+    too_low = low is not None and (number <= low if above else number < low)
+    if not math.isfinite(number) or too_low or (high is not None and number > high):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return number
 
 

@@ -21,7 +21,6 @@ from mlx_lm.models.cache import make_prompt_cache
 from specbench.core.accept import SamplingSettings
 from specbench.core.forward import logits_from_hidden, text_model
 from specbench.core.options import GenerateOptions
-from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
 from specbench.drafters.draft_model import DraftModel
 from specbench.drafters.registry import DrafterInputs, register_drafter
 from specbench.models.synthetic import parameter_bytes
@@ -48,7 +47,6 @@ class EarlyExit(DraftModel):
         sampling: SamplingSettings | GenerateOptions | None = None,
         preferred_k: int = 3,
     ):
-        whole("preferred_k", preferred_k, 1, MAX_DRAFT_LENGTH)
         lm = text_model(model)
         family = str(getattr(lm, "model_type", None) or getattr(getattr(lm, "args", None), "model_type", ""))
         if family not in EARLY_EXIT_FAMILIES:
@@ -58,8 +56,7 @@ class EarlyExit(DraftModel):
         total = exit_layer_count(model)
         if not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers < total:
             raise ValueError(f"early exit needs 1 <= layers < {total} (the model's depth), got {layers!r}")
-        body = text_model(model).model
-        if any(getattr(layer, "use_sliding", False) for layer in body.layers[:layers]):
+        if any(getattr(layer, "use_sliding", False) for layer in lm.model.layers[:layers]):
             raise ValueError("early exit does not support sliding-window layers among the first layers")
         self.layers = layers
         self.name = f"early-exit:{layers}"

@@ -35,10 +35,8 @@ class MtpHead(Drafter):
     ``tree_width`` > 1 (greedy drafting only; name "mtp-tree") drafts a token tree: the greedy chain,
     and at each of its depths the head's next ``tree_width - 1`` most probable tokens as leaves beside
     the chain's token (``k`` nodes: a chain of ``k // tree_width``). ``top_k`` > 0 (greedy drafting
-    only; name "mtp-dynamic-tree") drafts EAGLE-2's dynamic tree (``_dynamic_tree``): level by level, the
-    ``top_k`` most probable nodes of the newest level (by cumulative head probability) are expanded in
-    one head call each into their ``top_k`` most probable children, for at most ``tree_depth`` levels;
-    the ``k`` most probable nodes of all are drafted.
+    only; name "mtp-dynamic-tree") drafts EAGLE-2's dynamic tree of at most ``tree_depth`` levels
+    (``_dynamic_tree``).
     """
 
     name = "mtp"

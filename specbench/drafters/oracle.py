@@ -97,8 +97,6 @@ class Oracle(Drafter):
         self.stale = False
         self.follows = 0
         self.follow_s = 0.0
-        self.proposed = 0
-        self.corrupted = 0
 
     def observe(self, tokens: Sequence[int], hidden: Any = None) -> None:
         for t in tokens:
@@ -126,10 +124,7 @@ class Oracle(Drafter):
         truth = self.continuation[start : start + k]
         keep = self.rng.random(len(truth)) < self.acceptance
         shift = self.rng.integers(1, self.vocab_size, size=len(truth))
-        tokens = [t if ok else (t + int(s)) % self.vocab_size for t, ok, s in zip(truth, keep, shift)]
-        self.proposed += len(tokens)
-        self.corrupted += int((~keep).sum())
-        return Draft(tokens)
+        return Draft([t if ok else (t + int(s)) % self.vocab_size for t, ok, s in zip(truth, keep, shift)])
 
 
 def _greedy_continuation(model: Any, prompt: Sequence[int], max_tokens: int) -> list[int]:

@@ -41,10 +41,8 @@ class SuffixDecoding(Drafter):
 
     ``tree`` drafts token trees, verified by the engine in one forward with a tree mask (name
     "suffix-tree"): ``True`` or "backoff" grows the back-off tree of ``specbench.drafters.suffix_backoff``
-    (the path draft as its spine, branches where shorter matches continue differently, up to
-    max_spec_tokens nodes); "reference" grows the reference's tree from the best match alone (the most
-    probable continuations first, max_spec_factor x match length nodes, min_token_prob, the depth
-    bound, scored by the sum of node probabilities).
+    (the path draft as its spine, up to max_spec_tokens nodes); "reference" grows the reference's tree from
+    the best match alone (``SuffixIndex._tree``).
     """
 
     name = "suffix"

@@ -109,7 +109,7 @@ def trace_prompts(tokenizer: Any, trace: Trace) -> TracePrompts:
         split = _split_tokens(tokenizer)
 
         def encode(text: str) -> list[int]:  # the first text as a prompt's start, the rest as its continuation
-            return _encode_more(tokenizer, text) if out.ids else encode_text(tokenizer, text)
+            return list(tokenizer.encode(text, add_special_tokens=False)) if out.ids else encode_text(tokenizer, text)
 
         tail = ""
         for t, delta in enumerate(deltas):
@@ -128,11 +128,6 @@ def trace_prompts(tokenizer: Any, trace: Trace) -> TracePrompts:
     for t in range(turns):
         out.turns.append(TurnPrompt(t, 0, render_turn(tokenizer, trace, t), outputs[t]))
     return out
-
-
-def _encode_more(tokenizer: Any, text: str) -> list[int]:
-    """Ids of text that continues a prompt (nothing such as a BOS added)."""
-    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 #: What to do with a turn whose prompt does not fit the model's context: stop with an error naming

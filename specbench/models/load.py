@@ -16,11 +16,11 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm
-from mlx.utils import tree_map_with_path
 
 from specbench.common import distributed
 from specbench.common.blas import warn_if_unloaded
 from specbench.models import embedded, moe_twin, synthetic, tiny
+from specbench.models.synthetic import cast_dtype
 
 
 @dataclass(frozen=True)
@@ -95,10 +95,8 @@ def load(
     ``seed`` draws the random weights of synthetic models and miniatures; ``layers`` sets a synthetic model's
     depth. The model's ``specbench_name`` is the name it was loaded by.
 
-    ``shard``: split the model over the global group of ``mlx.launch`` (``specbench.common.distributed``)
-    with mlx-lm's tensor parallelism (``model.shard(group)``), before its weights are read in; every rank
-    then runs the same loop (lockstep) and rank 0 alone writes files. A no-op in a world of one, but a
-    model family without ``shard()`` is an error there too.
+    ``shard``: split the model over the global group of ``mlx.launch`` before its weights are read in
+    (``shard_model``); every rank then runs the same loop (lockstep) and rank 0 alone writes files.
     """
     target = synthetic.as_dtype(dtype)
     name = str(name_or_path)
@@ -194,18 +192,6 @@ def shardable_families() -> list[str]:
     """The mlx-lm model types whose Model has a tensor-parallel ``shard()``."""
     folder = Path(mlx_lm.__file__).parent / "models"
     return sorted(p.stem for p in folder.glob("*.py") if "    def shard(" in p.read_text(encoding="utf-8"))
-
-
-def cast_dtype(model: nn.Module, dtype: mx.Dtype) -> None:
-    """Cast the model's floating-point parameters to `dtype` in place (honouring a model's `cast_predicate`)."""
-    keep = getattr(model, "cast_predicate", None) or (lambda path: True)
-    model.update(
-        tree_map_with_path(
-            lambda path, v: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(path) else v,
-            model.parameters(),
-        )
-    )
-    mx.eval(model.parameters())
 
 
 def _embedded(name: str) -> EmbeddedModel:

@@ -160,15 +160,6 @@ _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _NAME = re.compile(r"^(?P<shape>.+?)(?P<tiny>-tiny)?(?:-(?P<precision>bf16|fp16|fp32|\d+bit))?$")
 
 
-def names() -> list[str]:
-    """Short names of the shapes (each also takes ``-tiny`` and a precision suffix)."""
-    return list(SHAPES)
-
-
-def _text_config(config: dict) -> dict:
-    return config.get("text_config", config)
-
-
 def parse(name: str) -> tuple[str, bool, str | None]:
     """Split a synthetic model name into (shape, tiny, precision or None)."""
     bare = name[len(PREFIX) :] if name.startswith(PREFIX) else name
@@ -186,7 +177,7 @@ def config(name: str, layers: int | None = None) -> dict:
     """The Hugging Face style config of a synthetic shape (``layers`` overrides the depth)."""
     shape, tiny, _ = parse(name)
     cfg = tiny_config(copy.deepcopy(SHAPES[shape])) if tiny else copy.deepcopy(SHAPES[shape])
-    text = _text_config(cfg)
+    text = cfg.get("text_config", cfg)
     if tiny:
         text.update(vocab_size=_TINY_VOCAB, **{k: v for k, v in _TINY_LINEAR.items() if k in text})
     if layers is not None:
@@ -234,7 +225,7 @@ def build(
     cfg = config(name, layers)
     model = build_from_config(cfg, dtype=dtype, bits=bits, group_size=group_size, seed=seed)
     if mtp:
-        if not _text_config(cfg).get("mtp_num_hidden_layers", 0):
+        if not cfg.get("text_config", cfg).get("mtp_num_hidden_layers", 0):
             raise ValueError(f"{cfg['model_type']} has no MTP head; build it with mtp=False")
         attach_random(model, seed=seed)
     suffix = f"{bits}bit" if bits else _DTYPE_NAMES[str(dtype).split(".")[-1]]
@@ -254,14 +245,7 @@ def build_from_config(
     model_class, args_class = _get_classes(cfg)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(cfg))
-    # mlx-lm's cast_predicate keeps some parameters (Gated DeltaNet's A_log) in float32.
-    castable = getattr(model, "cast_predicate", None) or (lambda path: True)
-    model.update(
-        tree_map_with_path(
-            lambda path, v: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and castable(path) else v,
-            model.parameters(),
-        )
-    )
+    cast_dtype(model, dtype)
     if bits:
         _quantize(model, bits, group_size)
     # Materialise layer by layer: the float32 draws of one layer are freed before the next.
@@ -270,6 +254,18 @@ def build_from_config(
     mx.eval(model.parameters())
     model.eval()
     return model
+
+
+def cast_dtype(model: nn.Module, dtype: mx.Dtype) -> None:
+    """Cast the model's floating-point parameters to ``dtype`` in place, lazily, but those its ``cast_predicate``
+    keeps (mlx-lm keeps Gated DeltaNet's A_log in float32)."""
+    keep = getattr(model, "cast_predicate", None) or (lambda path: True)
+    model.update(
+        tree_map_with_path(
+            lambda path, v: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(path) else v,
+            model.parameters(),
+        )
+    )
 
 
 def _quantize(model: nn.Module, bits: int, group_size: int) -> None:

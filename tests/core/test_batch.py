@@ -206,13 +206,12 @@ def test_stop_strings_per_request():
 def test_batch_policies():
     table = BatchTablePolicy({1: 4, 4: 2, 8: 0})
     assert [table.k_at(b) for b in (1, 3, 4, 7, 8, 32)] == [4, 4, 2, 2, 0, 0]
-    assert BatchTablePolicy.parse("table:1=4,4=2,8=0").table == table.table
     with pytest.raises(ValueError, match="batch size 1"):
         BatchTablePolicy({2: 3})
     assert table.longest_draft(None) == 4  # the table's longest, whatever the drafter prefers
     assert BatchTablePolicy({1: 0}).longest_draft(None) == 1
     with pytest.raises(ValueError, match=r"draft length 129 is over the longest draft specbench verifies \(128"):
-        BatchTablePolicy.parse("table:1=4,8=129")
+        BatchTablePolicy({1: 4, 8: 129})
     auto = BatchAutoPolicy(lambda k, b: 1.0 + 0.4 * k * b)
     auto.start(ScriptedDrafter([], 0, VOCAB))
     assert auto.costs.lengths and auto.k > 0

@@ -41,7 +41,7 @@ def test_full_shape_configs():
         synthetic.config("qwen3.5-9b", layers=2)
 
 
-@pytest.mark.parametrize("name", [f"{n}-tiny" for n in synthetic.names()])
+@pytest.mark.parametrize("name", [f"{n}-tiny" for n in synthetic.SHAPES])
 def test_tiny_models_run(name):
     model = synthetic.build(name)
     vocab = text_model(model).args.vocab_size

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from specbench.core.draft import Drafter
 from specbench.core.log import StepRecord
 from specbench.core.policies import PEERS, DraftPolicy
-from specbench.core.policy_args import at_least_one, check_k, real
+from specbench.core.policy_args import check_k, real, whole
 
 
 class PositionAcceptance:
@@ -64,7 +64,7 @@ class OllamaControllerPolicy(DraftPolicy):
 
     def __init__(self, max_k: int = 8, backoff: int = 16, prior: float = 2.0, persist: bool = True):
         self.max_k = check_k(max_k, "max_k")
-        self.backoff = at_least_one("backoff", backoff)
+        self.backoff = whole("backoff", backoff, 1)
         self.prior = real("prior", prior, 0.0)
         self.persist = bool(persist)
         self.name = f"ollama:{self.max_k}"
@@ -103,7 +103,7 @@ class OllamaControllerPolicy(DraftPolicy):
         no draft pays); ties go to the shorter draft."""
         rates = self.acceptance.rates()
         lengths = range(shortest, self.max_k + 1)
-        return max(((k, expected_committed(rates, k) / self.cost(k)) for k in lengths), key=_rate)
+        return max(((k, expected_committed(rates, k) / self.cost(k)) for k in lengths), key=lambda entry: entry[1])
 
     def _k(self, drafter: Drafter) -> int:
         if self.backed_off:  # after a plain stretch: probe the best draft, to measure acceptance again
@@ -125,10 +125,6 @@ class OllamaControllerPolicy(DraftPolicy):
         if text and not text.isdigit():
             raise ValueError(f"ollama:{text}: use ollama or ollama:MAX_K (the longest draft)")
         return cls(int(text)) if text else cls()
-
-
-def _rate(entry: tuple[int, float]) -> float:
-    return entry[1]
 
 
 PEERS.add("ollama", OllamaControllerPolicy)

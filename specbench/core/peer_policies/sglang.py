@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from specbench.core.draft import Drafter
 from specbench.core.log import StepRecord
 from specbench.core.policies import PEERS, DraftPolicy
-from specbench.core.policy_args import MAX_DRAFT_LENGTH, at_least_one, real, whole
+from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
 
 #: SGLang's default tiers per batch size (``DEFAULT_ADAPTIVE_CONFIG``).
 DEFAULT_TIERS: dict[int, tuple[int, ...]] = {1: (1, 3, 5, 7), 8: (0, 1, 3), 32: (0, 1), 64: (0,)}
@@ -89,12 +89,12 @@ class SglangEmaPolicy(DraftPolicy):
         up_hysteresis: float = 0.0,
         down_hysteresis: Mapping[int, float] | float | None = None,
     ):
-        self.tiers = {at_least_one("a batch size", b): check_tiers(t) for b, t in (tiers or DEFAULT_TIERS).items()}
+        self.tiers = {whole("a batch size", b, 1): check_tiers(t) for b, t in (tiers or DEFAULT_TIERS).items()}
         if 1 not in self.tiers:
             raise ValueError(f"SGLang tiers {self.tiers} have no slot for batch size 1: start them at 1")
         self.initial = initial
         self.alpha = real("ema_alpha", ema_alpha, 0.0, 1.0)
-        self.interval = at_least_one("update_interval", update_interval)
+        self.interval = whole("update_interval", update_interval, 1)
         self.warmup = whole("warmup_batches", warmup_batches, 0)
         self.up = real("up_hysteresis", up_hysteresis)
         down = DEFAULT_DOWN if down_hysteresis is None else down_hysteresis

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from numbers import Real
 from typing import Any, ClassVar, TypeVar
 
 import mlx.core as mx
@@ -44,6 +43,7 @@ import numpy as np
 
 from specbench.common.registry import Registry
 from specbench.core.accept import accept_sampled, accept_tree_sampled, check_draws, check_tables, inverse_cdf
+from specbench.core.policy_args import real
 from specbench.core.tree import children, is_path
 from specbench.core.verify import accept_greedy, accept_tree_greedy
 
@@ -178,14 +178,6 @@ def rule_for(rule: AcceptanceRule | str, **parameters: Any) -> AcceptanceRule:
             f"acceptance rule {rule!r} takes {', '.join(known) or 'no parameters'}, got {', '.join(unknown)}"
         )
     return kind(**parameters)
-
-
-def _probability(rule: str, option: str, value: object, note: str) -> None:
-    """A TypeError or ValueError unless ``value`` is a number in (0, 1]."""
-    if not isinstance(value, Real) or isinstance(value, bool):
-        raise TypeError(f"{rule} {option} must be a number in (0, 1], got {value!r} ({type(value).__name__})")
-    if not 0 < value <= 1:  # NaN fails too
-        raise ValueError(f"{rule} {option} must be in (0, 1] ({note}), got {value!r}")
 
 
 @register_rule
@@ -345,9 +337,9 @@ class Typical(PassingRule):
     delta: float = TYPICAL_DELTA
 
     def __post_init__(self) -> None:
-        note = f"Medusa's defaults: epsilon {TYPICAL_EPSILON}, delta {TYPICAL_DELTA}"
-        _probability(self.name, "epsilon", self.epsilon, note)
-        _probability(self.name, "delta", self.delta, note)
+        allowed = f"in (0, 1] (Medusa's defaults: epsilon {TYPICAL_EPSILON}, delta {TYPICAL_DELTA})"
+        real(f"{self.name} epsilon", self.epsilon, 0.0, 1.0, allowed, above=True)
+        real(f"{self.name} delta", self.delta, 0.0, 1.0, allowed, above=True)
 
     def passes(self, p: mx.array, tokens: mx.array) -> mx.array:
         entropy = -mx.sum(mx.where(p > 0, p * mx.log(mx.maximum(p, 1e-30)), 0.0), axis=-1)

@@ -60,11 +60,7 @@ class MtpModule(nn.Module):
         x = self.fc(mx.concatenate([h, e] if self.hidden_first else [e, h], axis=-1))
         if cache is None:
             cache = [None] * len(self.layers)
-        mask = (
-            create_attention_mask(x, cache[0], return_array=True)
-            if self.array_mask
-            else create_attention_mask(x, cache[0])
-        )
+        mask = create_attention_mask(x, cache[0], return_array=self.array_mask)
         for layer, c in zip(self.layers, cache):
             x = layer(x, mask, c)
         out = self.norm(x)

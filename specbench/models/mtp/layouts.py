@@ -63,7 +63,6 @@ MIMO = Layout(
     chain_normed=True,
     renames=_renames("input_proj.", "token_layernorm.", "hidden_layernorm.", "final_layernorm."),
 )
-LAYOUTS = (QWEN, DEEPSEEK, MIMO)
 
 
 def native_layout(mtype: str) -> Layout:
