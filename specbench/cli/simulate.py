@@ -80,7 +80,8 @@ def _rank(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from specbench.common.files import write_parquet_atomic, write_text_atomic
-    from specbench.simulate.policies import format_ranking, rank_policies, read_profile
+    from specbench.cost.profile import read_profile
+    from specbench.simulate.policies import format_ranking, rank_policies
     from specbench.simulate.simulate_logs import load_groups
 
     if not args.profile:

@@ -22,7 +22,6 @@ from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost import Profile, drafter_cost, predicted_speedup
-from specbench.cost.profile import read_profile  # noqa: F401  (the simulator reads profiles as every reader does)
 from specbench.inputs.prompts import Prompt, prompts_from
 from specbench.simulate.simulate import Group, Recorded, group_by_trace, model_free_drafter, record, simulate
 from specbench.simulate.simulate_logs import load_groups
