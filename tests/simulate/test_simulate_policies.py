@@ -10,12 +10,12 @@ from conftest import build_tiny, word_tokenizer
 
 from specbench.core.options import GenerateOptions
 from specbench.cost import Profile, predicted_speedup
+from specbench.cost.profile import read_profile
 from specbench.inputs.capabilities import has
 from specbench.simulate.policies import (
     best_predicted,
     question_prompts,
     rank_policies,
-    read_profile,
     record_workloads,
     replay_policy,
     top_policies,
