@@ -140,7 +140,8 @@ class Calibration:
 #: 7: unquantized linear layers through the kernel too (``gemv_rows``).
 #: 8: attention also tried through the row-invariant attention kernel (``attention/kernel``).
 #: 9: probed at several cache lengths (``lengths_for``), each width's lengths stored; keyed by CUDA's libraries.
-#: 10: the batched forward ("none") timed too where the kernels are tried (``WidthCalibration.fast_level``).
+#: 10: the batched forward ("none") timed too where the kernels are tried (``WidthCalibration.fast_level``), and
+#: where it is exact, the linear layers through the kernels tried against it.
 CALIBRATION_METHOD = 10
 #: Calibrations of this process, by key.
 _calibrations: dict[str, Calibration] = {}
@@ -472,9 +473,13 @@ def _calibrate_width(
         tests.append({"level": level, "exact": exact, "seconds": seconds})
         return exact
 
-    # The batched forward: nothing is cheaper where exact; timed where the kernels are tried, since fast mode takes
-    # the exact level where it is cheaper (``WidthCalibration.fast_level``).
+    # The batched forward, timed where the kernels are tried (fast mode takes the exact level where it is cheaper:
+    # ``WidthCalibration.fast_level``). Where it is exact, only the linear kernels can be cheaper: MLX's products
+    # below 8 rows read every weight once per row (on an H100, a width-3 forward of a dense 8B shape costs 1.8 plain
+    # steps), the kernel once for all rows.
     if test("none", timed="always" if kernel else False):
+        if kernel and measure and test("linear/kernel") and tests[-1]["seconds"] <= FASTER_BY * tests[0]["seconds"]:
+            return WidthCalibration(width, "linear/kernel", tests)
         return WidthCalibration(width, "none", tests)
     groups = _candidates(width, moe, kernel, attention_kernel)
     full = groups[-1][0]

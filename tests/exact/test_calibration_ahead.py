@@ -313,3 +313,21 @@ def test_fast_mode_where_the_kernels_run_calibrates_its_widths_before_the_first_
     assert sorted(counted) == [2, 3, 4]
     before = len(counted)
     assert len(list(gen)) == 8 and len(counted) == before
+
+
+def test_where_the_batched_forward_is_exact_the_linear_kernels_are_taken_where_cheaper():
+    """MLX's products below 8 rows read the weights once per row, the kernels once for all rows: where the batched
+    forward is exact and the kernels are tried, ``linear/kernel`` (attention batched) is timed against it and taken
+    where it costs at most FASTER_BY of it; without the kernels the batched forward ends the search untimed."""
+    probe = _ScriptedProbe(lambda level: True)
+    probe.time = lambda level, width, repeats: probe.timed.append(level) or {"none": 3.0}.get(level, 2.0)
+    picked = exact_calibration._calibrate_width(probe, 3, moe=False, measure=True, repeats=1, kernel=True)
+    assert picked.level == "linear/kernel" and probe.timed == ["none", "linear/kernel"]
+    assert picked.fast_level == "linear/kernel"
+    probe.time = lambda level, width, repeats: {"none": 2.0}.get(level, 2.0)
+    picked = exact_calibration._calibrate_width(probe, 3, moe=False, measure=True, repeats=1, kernel=True)
+    assert picked.level == "none" and picked.fast_level == "none"  # a tie keeps MLX's batched forward
+    probe.timed.clear()
+    probe.time = lambda level, width, repeats: probe.timed.append(level) or 1.0
+    picked = exact_calibration._calibrate_width(probe, 3, moe=False, measure=True, repeats=1)
+    assert picked.level == "none" and probe.timed == [] and [t["level"] for t in picked.tests] == ["none"]
