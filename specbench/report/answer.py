@@ -13,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
+from specbench.bench.paired import MIN_UNITS
 from specbench.bench.sweep_summary import summarize_sweep
 from specbench.cost.breakeven import break_even_acceptance, break_even_band
 from specbench.cost.profile import Profile
@@ -97,7 +98,7 @@ def _n(x: float) -> str:
 def verdict_of(low: float | None, high: float | None, pairs: int) -> str:
     """The verdict a speedup's interval allows (none without an interval)."""
     if low is None or high is None:
-        return f"no interval ({pairs} pairs; 6 needed)"
+        return f"no interval ({pairs} pairs; {MIN_UNITS} needed)"
     word = speed_word(low, high)
     return "no difference resolvable" if word == INCONCLUSIVE else word
 
