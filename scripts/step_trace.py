@@ -2,12 +2,13 @@
 
     python3 -m scripts.step_trace [--tokens 60]
 
-The generation is tests/test_step_files.py's: greedy, exact verification, ``DraftPolicy.auto()``, prompt lookup, on
-a tiny random-weight model whose next token depends on the current token alone, prompted with its own output (so
-lookup finds every draft), traced with ``sys.setprofile`` after its first 12 tokens (calibration, profiles and first
-builds behind it), over the next --tokens tokens: the distinct specbench functions called (and their files and source
-lines), the calls per step (per record the step log gained) and the deepest stack of specbench calls. Run it in two
-checkouts to compare the step before and after a change.
+The generation is as tests/test_step_files.py's: greedy, exact verification, ``DraftPolicy.auto()``, prompt lookup,
+on a tiny random-weight model (``qwen3-8b-tiny``, 2 layers) whose next token depends on the current token alone
+(attention and MLP outputs zeroed), prompted with its own output (so lookup finds every draft), traced with
+``sys.setprofile`` after its first 12 tokens (calibration, profiles and first builds behind it), over the next
+--tokens tokens: the distinct specbench functions called (and their files and source lines), the calls per step (per
+record the step log gained) and the deepest stack of specbench calls. Run it in two checkouts to compare the step
+before and after a change.
 """
 
 from __future__ import annotations
@@ -16,28 +17,25 @@ import argparse
 import inspect
 import os
 import sys
-from pathlib import Path
 
 import mlx.core as mx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-import specbench  # noqa: E402
-from specbench import DraftPolicy, GenerateOptions, speculative_generate  # noqa: E402
-from specbench.drafters import PromptLookup  # noqa: E402
+import specbench
+from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
+from specbench.drafters import PromptLookup
+from specbench.models import synthetic
 
 
 def main() -> int:
-    from conftest import build_tiny, plain_greedy
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=60)
     args = parser.parse_args()
-    model = build_tiny("llama", seed=2)
+    model = synthetic.build("qwen3-8b-tiny", layers=2, seed=2)
     for layer in model.model.layers:
         layer.self_attn.o_proj.weight = mx.zeros_like(layer.self_attn.o_proj.weight)
         layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
-    prompt = [5] + plain_greedy(model, [5], 40)
+    options = GenerateOptions(max_tokens=40, ignore_eos=True, verify="exact")
+    prompt = [5] + list(generate(model, [5], options))
     options = GenerateOptions(max_tokens=80, ignore_eos=True, verify="exact")
     generation = speculative_generate(
         model, prompt, options, drafter=PromptLookup(), policy=DraftPolicy.auto(), progress=None
