@@ -70,8 +70,8 @@ def _generate(parser: argparse.ArgumentParser):
         "--verify",
         choices=["exact", "fast"],
         default=None,
-        help="exact: each verified row as serial decoding computes it; fast: one batched forward "
-        "(default: exact when greedy, fast when sampling)",
+        help="exact: each verified row as serial decoding computes it; fast: one batched forward, on CUDA the "
+        "exact split where it was timed cheaper (default: exact when greedy, fast when sampling)",
     )
     parser.add_argument(
         "--audit",

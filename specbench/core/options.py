@@ -17,7 +17,8 @@ class GenerateOptions:
     """Options shared by plain and speculative generation (mlx-lm's names where they exist).
 
     ``verify``: "exact" computes every row of a verification as serial decoding would (the
-    default for greedy decoding), "fast" runs one batched forward (the default when sampling).
+    default for greedy decoding), "fast" runs one batched forward (the default when sampling; where the kernels
+    run, the exact split at the widths where it was timed cheaper: ``specbench.exact.FastVerifier``).
     ``count_experts``: record the distinct experts each MoE layer touches per step (in the log
     record's ``extra["experts"]``); off by default, and free when off.
     ``acceptance_rule``: the rule that accepts draft tokens when sampling, by name with its default parameters
