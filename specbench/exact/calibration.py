@@ -457,7 +457,7 @@ def _calibrate_width(
 ) -> WidthCalibration:
     tests: list[dict[str, Any]] = []
 
-    def test(level: str, timed: bool | str = True) -> bool:
+    def test(level: str, timed: bool = True) -> bool:
         plan = ExactPlan.parse(level)
         level = plan.name
         try:
@@ -469,7 +469,8 @@ def _calibrate_width(
             kernels.warn_fallback(" and ".join(used), f"{type(err).__name__}: {err}")
             tests.append({"level": level, "exact": False, "seconds": None, "error": f"{type(err).__name__}: {err}"})
             return False
-        seconds = probe.time(level, width, repeats) if (exact or timed == "always") and measure and timed else None
+        # only exact levels are timed, and the batched forward ("none"), which fast mode weighs the exact level against
+        seconds = probe.time(level, width, repeats) if (exact or level == "none") and measure and timed else None
         tests.append({"level": level, "exact": exact, "seconds": seconds})
         return exact
 
@@ -477,7 +478,7 @@ def _calibrate_width(
     # ``WidthCalibration.fast_level``). Where it is exact, only the linear kernels can be cheaper: MLX's products
     # below 8 rows read every weight once per row (on an H100, a width-3 forward of a dense 8B shape costs 1.8 plain
     # steps), the kernel once for all rows.
-    if test("none", timed="always" if kernel else False):
+    if test("none", timed=kernel):
         if kernel and measure and test("linear/kernel") and tests[-1]["seconds"] <= FASTER_BY * tests[0]["seconds"]:
             return WidthCalibration(width, "linear/kernel", tests)
         return WidthCalibration(width, "none", tests)

@@ -26,6 +26,7 @@ from specbench.core.tree import tree_forward
 from specbench.core.verify import FAST, Verifier, check_verify_mode, forward
 from specbench.exact.audit import (
     AuditResult,
+    cache_length,
     can_audit,
     check_audit_rate,
     first_divergence,
@@ -135,7 +136,7 @@ class ExactVerifier(SplitVerifier):
         audit.verifications += 1
         serial = audit.fell_back_at is not None
         if not serial and isinstance(plans, CalibratedPlans) and width > 1:
-            length = next((int(c.offset) for c in cache if hasattr(c, "offset")), 0)  # the tokens cached
+            length = cache_length(cache)
             if plans.reaches.get(width, -1) < length:  # past what was probed: calibrated that far first
                 before = plans.calibrated
                 if not plans.covers(width, length):  # where it cannot be: serial steps
@@ -241,7 +242,7 @@ class FastVerifier(Verifier):
         """Per width whose fast level is not the batched forward: that level and the cache length it holds to."""
         calibration = load_calibration(self.model)
         found = calibration.widths.items() if calibration is not None else []
-        return {w: (ExactPlan.parse(c.fast_level), c.reach) for w, c in found if c.fast_level != "none"}
+        return {w: (ExactPlan.parse(level), c.reach) for w, c in found if (level := c.fast_level) != "none"}
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -259,7 +260,7 @@ class FastVerifier(Verifier):
     ) -> mx.array | tuple[mx.array, mx.array]:
         levels = self._levels if self._levels is not None else self.levels()
         found = levels.get(inputs.shape[1]) if model is self.model else None
-        if found is not None and next((int(c.offset) for c in cache if hasattr(c, "offset")), 0) <= found[1]:
+        if found is not None and cache_length(cache) <= found[1]:
             with split_mode(model, found[0], fallbacks=self.fallbacks):
                 return forward(model, inputs, cache, return_hidden)
         return forward(model, inputs, cache, return_hidden)
