@@ -24,7 +24,7 @@ from mlx_lm.models import base as mlx_base
 
 from specbench.core.verify import forward
 from specbench.exact.hooks import Plans, split_mode
-from specbench.exact.layout import serial_kv_layout
+from specbench.exact.layout import cache_length, serial_kv_layout
 
 
 def check_audit_rate(rate: object) -> float:
@@ -95,11 +95,6 @@ class AuditResult:
         if self.beyond_reach:
             text += f"; {self.beyond_reach} ran serially past the calibrated cache lengths"
         return text
-
-
-def cache_length(cache: Sequence[Any]) -> int:
-    """Tokens the caches hold (the first cache with an offset)."""
-    return next((int(c.offset) for c in cache if hasattr(c, "offset")), 0)
 
 
 def can_audit(cache: Sequence[Any]) -> bool:

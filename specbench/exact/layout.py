@@ -27,6 +27,11 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
 CUDNN_ATTENTION_ENV = "MLX_CUDA_USE_CUDNN_SDPA"
 
 
+def cache_length(cache: Sequence[Any]) -> int:
+    """Tokens the caches hold (the first cache with an offset)."""
+    return next((int(c.offset) for c in cache if hasattr(c, "offset")), 0)
+
+
 def cudnn_attention() -> bool:
     """Whether decoding attention may run through cuDNN: MLX's CUDA backend on the default
     device, with ``MLX_CUDA_USE_CUDNN_SDPA`` not set to "0" (MLX reads it when it first runs

@@ -26,7 +26,6 @@ from specbench.core.tree import tree_forward
 from specbench.core.verify import FAST, Verifier, check_verify_mode, forward
 from specbench.exact.audit import (
     AuditResult,
-    cache_length,
     can_audit,
     check_audit_rate,
     first_divergence,
@@ -44,7 +43,7 @@ from specbench.exact.calibration import (
     uses_kernel,
 )
 from specbench.exact.hooks import Plans, SplitVerifier, split_mode
-from specbench.exact.layout import CUDNN_ATTENTION_ENV, layout_sensitive_attention
+from specbench.exact.layout import CUDNN_ATTENTION_ENV, cache_length, layout_sensitive_attention
 from specbench.exact.one_row import one_row_choice, one_row_kernels
 from specbench.exact.plan import ExactPlan
 
