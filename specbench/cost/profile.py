@@ -262,20 +262,27 @@ def check_profile(data: Any) -> Profile:
 def _check_costs(profile: Profile, where: str = "") -> None:
     """Each mode's widths, costs and seconds, the overhead added, and the plain step of ``profile`` at its offset."""
     for mode, costs in profile.costs.items():
-        widths, seconds = profile.widths.get(mode), profile.seconds.get(mode)
-        if not all(isinstance(c, list) and c and len(c) == len(costs) for c in (costs, widths, seconds)):
-            raise ValueError(f"{where}the {mode!r} widths, costs and seconds are not equally long lists")
-        if not all(_number(x) and x > 0 for c in (costs, seconds) for x in c):
-            raise ValueError(f"{where}the {mode!r} costs and seconds are not all finite numbers above zero")
-        if not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths):
-            raise ValueError(f"the {mode!r} widths {widths} are not all integers >= 1")
-        if any(b <= a for a, b in zip(widths, widths[1:])):
-            raise ValueError(f"the {mode!r} widths {widths} are not in increasing order")
+        curves = {f"the {mode!r} costs": costs, f"the {mode!r} seconds": profile.seconds.get(mode)}
+        check_curves(profile.widths.get(mode), curves, f"the {mode!r} widths", where)
         overhead = profile.overhead.get(mode, 0.0)
         if min(costs) + overhead <= 0:
             raise ValueError(f"{where}the {mode!r} overhead {overhead} makes a verification cost nothing or less")
     if not (_number(profile.plain_step_s) and profile.plain_step_s > 0):
         raise ValueError(f"{where}plain_step_s is {profile.plain_step_s!r}, not a time above zero")
+
+
+def check_curves(xs: Any, curves: dict[str, Any], what: str, where: str = "") -> None:
+    """``xs`` (``what``: e.g. "the node counts") increasing integers >= 1, and each of ``curves`` (name -> values) as
+    many finite numbers above zero; a ValueError saying which is not (prefixed with ``where``)."""
+    if not (isinstance(xs, list) and xs and all(isinstance(x, int) and not isinstance(x, bool) for x in xs)):
+        raise ValueError(f"{where}{what} {xs!r} are not a non-empty list of integers")
+    if xs[0] < 1 or any(b <= a for a, b in zip(xs, xs[1:])):
+        raise ValueError(f"{where}{what} {xs} are not in increasing order (integers >= 1)")
+    for name, values in curves.items():
+        if not (isinstance(values, list) and len(values) == len(xs)):
+            raise ValueError(f"{where}{name} do not hold one value per one of {what}")
+        if not all(_number(x) and x > 0 for x in values):
+            raise ValueError(f"{where}{name} are not all finite numbers above zero")
 
 
 def _check_components(rows: Any) -> None:

@@ -31,7 +31,7 @@ from specbench.core.tree import tree_attention
 from specbench.core.verify import VERIFY_MODES, check_verify_mode
 from specbench.cost.breakeven import drafter_cost
 from specbench.cost.caches import CacheRestore
-from specbench.cost.profile import _number, profile_path
+from specbench.cost.profile import _number, check_curves, profile_path
 from specbench.cost.timing import kept_rounds, time_plain, time_verify
 from specbench.exact import verifier_for
 
@@ -216,17 +216,7 @@ def check_tree_costs(data: Any) -> TreeCosts:
         raise ValueError(f"mode {costs.mode!r} is not a verify mode ({', '.join(VERIFY_MODES)})")
     if not isinstance(costs.versions, dict):
         raise ValueError("'versions' is not a JSON object")
-    nodes = costs.nodes
-    if not (isinstance(nodes, list) and nodes and all(isinstance(n, int) and not isinstance(n, bool) for n in nodes)):
-        raise ValueError(f"the node counts {nodes!r} are not a non-empty list of integers")
-    if nodes[0] < 1 or any(b <= a for a, b in zip(nodes, nodes[1:])):
-        raise ValueError(f"the node counts {nodes} are not increasing integers >= 1")
-    for name in _CURVES:
-        values = getattr(costs, name)
-        if not (isinstance(values, list) and len(values) == len(nodes)):
-            raise ValueError(f"{name!r} does not hold one value per node count")
-        if not all(_number(x) and x > 0 for x in values):
-            raise ValueError(f"{name!r} is not all finite numbers above zero")
+    check_curves(costs.nodes, {repr(name): getattr(costs, name) for name in _CURVES}, "the node counts")
     if not (_number(costs.plain_step_s) and costs.plain_step_s > 0):
         raise ValueError(f"plain_step_s is {costs.plain_step_s!r}, not a time above zero")
     return costs
