@@ -3,6 +3,7 @@ verification forward, and a drafter whose drafts are rejected."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ from specbench.core.engine import Generation, plain_generation
 from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
+from specbench.core.tree import tree_attention
 from specbench.core.verify import FAST, CacheRollback, Verifier
 from specbench.cost.caches import CacheRestore
 
@@ -70,15 +72,18 @@ def time_verify(
     tokens: mx.array,
     restore: CacheRestore,
     rollback: CacheRollback | None = None,
+    parents: Sequence[int] | None = None,
 ) -> float:
-    """Seconds of one width-w forward with the greedy targets read back, as the engine verifies."""
+    """Seconds of one width-w forward with the greedy targets read back, as the engine verifies; with ``parents``,
+    of a token tree's rows under its mask (``specbench.core.tree``)."""
     if rollback is not None:
         rollback.before_verify(tokens.shape[1])
     mx.synchronize()
-    t0 = time.perf_counter()
-    logits = verifier.forward(model, tokens, cache)
-    verifier.greedy(logits[0])
-    seconds = time.perf_counter() - t0
+    with contextlib.nullcontext() if parents is None else tree_attention(model, cache, parents):
+        t0 = time.perf_counter()
+        logits = verifier.forward(model, tokens, cache)
+        verifier.greedy(logits[0])
+        seconds = time.perf_counter() - t0
     if rollback is not None:
         rollback.rewind(0)
     restore()

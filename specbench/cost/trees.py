@@ -9,7 +9,6 @@ aside with a warning.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
 import time
@@ -27,7 +26,6 @@ from specbench.common.files import locked, read_or_set_aside, set_aside, write_j
 from specbench.common.identity import device_name, kernel_key, model_key, utc_now, versions
 from specbench.core.draft import Drafter
 from specbench.core.forward import prefill, vocab_size
-from specbench.core.tree import tree_attention
 from specbench.core.verify import VERIFY_MODES, check_verify_mode
 from specbench.cost.breakeven import drafter_cost
 from specbench.cost.caches import CacheRestore
@@ -96,12 +94,6 @@ def binary_tree(n: int) -> list[int]:
     return [-1] + [(i - 1) // 2 for i in range(1, n)]
 
 
-def _time_rows(verifier: Any, model: nn.Module, cache: list[Any], rows: mx.array, restore: CacheRestore, parents):
-    """Seconds of one verification of ``rows``: a tree under ``parents``' mask, or (None) a path."""
-    with contextlib.nullcontext() if parents is None else tree_attention(model, cache, parents):
-        return time_verify(verifier, model, cache, rows, restore)
-
-
 def measure_tree_costs(
     model: nn.Module,
     nodes: Sequence[int] = NODE_COUNTS,
@@ -139,8 +131,8 @@ def measure_tree_costs(
             plain_step = time_plain(model, cache, int(probe[0, 0].item()), plain_tokens, restore)
             return plain_step, [
                 (
-                    _time_rows(verifier, model, cache, probe[:, : n + 1], restore, binary_tree(n)),
-                    _time_rows(verifier, model, cache, probe[:, : n + 1], restore, None),
+                    time_verify(verifier, model, cache, probe[:, : n + 1], restore, parents=binary_tree(n)),
+                    time_verify(verifier, model, cache, probe[:, : n + 1], restore),
                 )
                 for n in counts
             ]
