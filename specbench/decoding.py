@@ -31,7 +31,7 @@ from specbench.core.types import BatchDrafters, BatchOptions, BatchPolicies, Pro
 from specbench.core.verify import FAST, VerifyMode
 from specbench.cost import Profile, profile_for
 from specbench.cost.breakeven import BreakEven
-from specbench.cost.group import lockstep_profile
+from specbench.cost.measure import lockstep_profile
 from specbench.cost.trees import stored_tree_costs, tree_break_even
 from specbench.exact import batch_verifier, verifier_for
 

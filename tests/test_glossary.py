@@ -15,8 +15,7 @@ from pathlib import Path
 import specbench
 from specbench.core.options import GenerateOptions
 from specbench.cost.breakeven import BreakEven
-from specbench.cost.group import lockstep_profile
-from specbench.cost.measure import profile_for
+from specbench.cost.measure import lockstep_profile, profile_for
 from specbench.cost.trees import stored_tree_costs
 from specbench.decoding import break_even_function
 from specbench.exact.verifier import verifier_for

@@ -30,7 +30,7 @@ from specbench.common.identity import device_name, versions, write_result
 from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.cost.bandwidth import PEAK_METHOD, Bandwidth, bytes_per_forward, peak_passes
-from specbench.cost.measure import seconds_per_token
+from specbench.cost.timing import seconds_per_token
 from specbench.models.load import load
 
 FULL = ["smollm2-135m", "synthetic:qwen3-8b-4bit", "synthetic:qwen3-8b-bf16", "synthetic:qwen3-30b-a3b-4bit"]

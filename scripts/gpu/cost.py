@@ -46,10 +46,10 @@ from specbench.common.identity import device_name, result_data
 from specbench.common.identity import write_result as write_json
 from specbench.core.experts import ExpertCounter, expert_layers
 from specbench.core.forward import prefill, text_model, vocab_size
+from specbench.cost.bandwidth import expected_distinct_experts, routing
 from specbench.cost.breakeven import best_k, break_even_acceptance
-from specbench.cost.caches import CacheRestore
-from specbench.cost.experts import expected_distinct_experts, routing
 from specbench.cost.profile import Profile, check_profile
+from specbench.cost.timing import CacheRestore
 from specbench.drafters import make_drafter
 from specbench.models import synthetic
 from specbench.report import figures

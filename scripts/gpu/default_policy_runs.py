@@ -25,7 +25,7 @@ from specbench.core.engine import Generation, plain_generation
 from specbench.core.log import StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.cost.measure import seconds_per_token
+from specbench.cost.timing import seconds_per_token
 from specbench.decoding import speculative_generate
 
 

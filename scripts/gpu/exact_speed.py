@@ -52,7 +52,7 @@ from mlx_lm.generate import generate_step
 from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
 from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap
 from specbench.common.identity import device_name, versions, write_result
-from specbench.cost.measure import seconds_per_token
+from specbench.cost.timing import seconds_per_token
 from specbench.drafters.oracle import Oracle
 from specbench.exact import calibrate
 from specbench.exact.one_row import one_row_choice

@@ -2,7 +2,7 @@
 
 A verification of w tokens in an MoE model reads the weights of every expert any of its
 rows routes to. ``ExpertCounter`` counts what the model actually touched (the engine records it
-per step when asked; ``specbench.cost.experts`` compares it with uniform routing).
+per step when asked; ``specbench.cost.bandwidth`` compares it with uniform routing).
 
 Counting is opt-in: nothing is changed in the model until ``ExpertCounter(model)`` is
 entered, and leaving it restores the model exactly.

@@ -1,6 +1,7 @@
 """Verify cost: profiles c(w), break-even math, and measuring them."""
 
 from specbench.core.verify import VERIFY_MODES
+from specbench.cost.bandwidth import expected_distinct_experts, routing
 from specbench.cost.breakeven import (
     best_k,
     break_even_acceptance,
@@ -10,7 +11,6 @@ from specbench.cost.breakeven import (
     preferred_k,
     speedup,
 )
-from specbench.cost.experts import expected_distinct_experts, routing
 from specbench.cost.grid import speedup_grid
 from specbench.cost.measure import QUICK_WIDTHS, measure, measure_drafter, profile_for, quick_profile
 from specbench.cost.model import Protocol, cost_model, describe

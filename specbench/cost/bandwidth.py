@@ -1,9 +1,12 @@
-"""Memory bandwidth: the device's measured peak, and what a decoding speed achieves against it.
+"""Memory bandwidth: the device's measured peak, and what a decoding speed achieves against it; the weights a
+forward reads, of an MoE model the distinct experts its rows route to.
 
 Decoding one token reads (at least) the model's weights once, so ``bytes_per_forward(model)`` x tokens/s
 is the bandwidth a run achieves; ``peak_bandwidth()`` times a pass over a large array on the default device
 (once per device and MLX version, kept under ``$SPECBENCH_HOME/profiles`` beside the cost profiles).
-Every speed can then be read against its limit: ``achieved(model, tokens_per_s)``.
+Every speed can then be read against its limit: ``achieved(model, tokens_per_s)``. A verification of w tokens
+reads every expert any of its rows routes to: under uniform routing of top-K of E experts, E (1 - (1 - K/E)^w)
+per layer (``expected_distinct_experts``; scripts/gpu/cost.py measures them).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from mlx.utils import tree_flatten
 
 from specbench.common.files import home, read_or_set_aside, write_json_atomic
 from specbench.common.identity import device_name, kernel_key, versions
+from specbench.core.forward import text_model
 
 #: Bytes of the array the peak is measured over on the CPU (large enough to leave every cache behind; 1 GiB on a GPU).
 COPY_BYTES = 256 * 2**20
@@ -28,23 +32,40 @@ COPY_BYTES = 256 * 2**20
 def bytes_per_forward(model: nn.Module, rows: int = 1) -> int:
     """Weight bytes a forward of ``rows`` tokens reads (one decode step: ``rows`` = 1): every parameter once, but of
     routed experts (mlx-lm's SwitchGLU and friends, whose weights stack the experts) only the share the rows are
-    expected to touch, ``1 - (1 - num_experts_per_tok / num_experts) ** rows`` (each token's choice taken as
-    uniform and independent: one token reads ``num_experts_per_tok / num_experts``), and of an untied embedding
-    table none (one row is gathered; a tied one is read whole as the output layer)."""
-    args = getattr(model, "args", None)
-    experts = getattr(args, "num_experts", None) or getattr(args, "num_local_experts", None)
-    experts = experts or getattr(args, "n_routed_experts", None)
-    per_token = getattr(args, "num_experts_per_tok", None)
-    tied = bool(getattr(args, "tie_word_embeddings", False))
+    expected to touch (``expected_distinct_experts``: each token's choice uniform and independent), and of an
+    untied embedding table none (one row is gathered; a tied one is read whole as the output layer)."""
+    tied = bool(getattr(getattr(model, "args", None), "tie_word_embeddings", False))
+    try:
+        experts, per_token = routing(model)
+    except ValueError:  # a dense model
+        experts, per_token = 0, 0
     total = 0.0
     for name, value in tree_flatten(model.parameters()):
         if "embed_tokens" in name and not tied:
             continue
         share = 1.0
-        if experts and per_token and value.ndim >= 3 and value.shape[0] == experts:
-            share = 1.0 - (1.0 - per_token / experts) ** rows
+        if experts and value.ndim >= 3 and value.shape[0] == experts:
+            share = expected_distinct_experts(experts, per_token, rows) / experts
         total += value.nbytes * share
     return int(total)
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, width: int) -> float:
+    """Expected distinct experts per layer for ``width`` tokens under uniform top-K routing."""
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"need 0 < top_k <= num_experts, got top_k={top_k}, num_experts={num_experts}")
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** width)
+
+
+def routing(model: nn.Module) -> tuple[int, int]:
+    """(num_experts, experts per token) of an MoE model."""
+    args = getattr(text_model(model), "args", None)
+    experts = getattr(args, "num_experts", None) or getattr(args, "num_local_experts", None)
+    experts = experts or getattr(args, "n_routed_experts", None)
+    top_k = getattr(args, "num_experts_per_tok", None)
+    if not experts or not top_k:
+        raise ValueError("this model has no num_experts / num_experts_per_tok in its args: is it an MoE model?")
+    return int(experts), int(top_k)
 
 
 #: How the peak is measured; a stored peak measured another way is measured again.

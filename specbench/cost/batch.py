@@ -27,8 +27,8 @@ from specbench.core.forward import vocab_size
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import FAST, Verifier
+from specbench.cost.bandwidth import expected_distinct_experts, routing
 from specbench.cost.breakeven import best_k, break_even_acceptance, expected_tokens
-from specbench.cost.experts import expected_distinct_experts, routing
 from specbench.cost.profile import cost_at
 from specbench.cost.timing import kept_rounds
 from specbench.drafters.oracle import Oracle

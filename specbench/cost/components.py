@@ -32,9 +32,8 @@ from mlx_lm.generate import generation_stream, wired_limit
 from specbench.common.identity import device_name, display_name
 from specbench.core.forward import context_length, prefill, vocab_size
 from specbench.core.verify import FAST, accept_greedy
-from specbench.cost.caches import CacheRestore, rollback_for
 from specbench.cost.stand_ins import ForwardTiming, forward_with_stand_ins, record_forward
-from specbench.cost.timing import rejected_drafts, time_plain, time_verify
+from specbench.cost.timing import CacheRestore, rejected_drafts, rollback_for, time_plain, time_verify
 
 #: The forward's components, in the order a stack draws them.
 FORWARD_PARTS = ("attention", "linear", "experts", "recurrent", "lm_head", "other", "readback")

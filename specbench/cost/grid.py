@@ -17,9 +17,9 @@ from specbench.core.policies import DraftPolicy
 from specbench.core.policy_args import check_k, real
 from specbench.core.verify import check_verify_mode
 from specbench.cost.breakeven import speedup
-from specbench.cost.measure import seconds_per_token
 from specbench.cost.predict import predicted_speedup
 from specbench.cost.profile import Profile
+from specbench.cost.timing import seconds_per_token
 from specbench.drafters.oracle import Oracle
 from specbench.exact import verifier_for
 

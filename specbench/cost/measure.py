@@ -19,16 +19,15 @@ import numpy as np
 from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.models.cache import make_prompt_cache
 
+from specbench.common import distributed
 from specbench.common.identity import device_name, display_name, model_key, utc_now, versions
 from specbench.common.per_key import per_key
 from specbench.core.draft import Drafter
 from specbench.core.forward import context_length, prefill, text_model, vocab_size
 from specbench.core.verify import CacheRollback, Verifier, as_draft, check_verify_mode
-from specbench.cost import noise
-from specbench.cost.caches import CacheRestore, rollback_for
-from specbench.cost.noise import median_interval
+from specbench.cost import noise, timing
 from specbench.cost.profile import Profile, load_profile
-from specbench.cost.timing import kept_rounds, rejected_drafts, seconds_per_token, time_plain, time_verify
+from specbench.cost.timing import CacheRestore, rollback_for, time_verify
 from specbench.exact import verifier_for
 
 QUICK_WIDTHS = (1, 2, 3, 5, 9)  # what quick_profile times, as time allows
@@ -48,8 +47,8 @@ def _time_engine_step(
 ) -> tuple[float, float]:
     """(seconds per speculative engine step of ``width``, of which drafting), from ``steps``
     steps whose random drafts are rejected."""
-    gen = rejected_drafts(model, cache, first, width, steps + 1, verifier)
-    per_token = seconds_per_token(gen)
+    gen = timing.rejected_drafts(model, cache, first, width, steps + 1, verifier)
+    per_token = timing.seconds_per_token(gen)
     restore()
     decode = [r for r in gen.log if r.kind != "prefill"]
     verifies = [r for r in decode if r.kind == "verify"]
@@ -68,7 +67,7 @@ def from_rounds(
     medians = {m: [statistics.median(per_round) for per_round in per_width] for m, per_width in seconds.items()}
     ratios = {m: [[s / p for s, p in zip(rounds, plain_s)] for rounds in per_width] for m, per_width in seconds.items()}
     costs = {m: [statistics.median(r) for r in per_width] for m, per_width in ratios.items()}
-    intervals = {m: [list(median_interval(r)) for r in per_width] for m, per_width in ratios.items()}
+    intervals = {m: [list(noise.median_interval(r)) for r in per_width] for m, per_width in ratios.items()}
     return plain, costs, medians, intervals
 
 
@@ -170,7 +169,7 @@ def measure(
         (seconds per plain step of each kept round, mode -> per width, its seconds in each kept round)."""
 
         def one_round() -> tuple[float, dict[str, list[float]]]:
-            plain_step = time_plain(model, cache, first, plain_tokens, restore)
+            plain_step = timing.time_plain(model, cache, first, plain_tokens, restore)
             return plain_step, {
                 m: [time_verify(verifiers[m], model, cache, probe[:, :w], restore, rollback) for w in mode_ws]
                 for m, mode_ws in ws.items()
@@ -180,7 +179,7 @@ def measure(
             say(f"round {len(kept)}/{repeats}: plain step {1e3 * kept[-1][0]:.2f} ms")
             return False
 
-        kept = kept_rounds(warmup, repeats, one_round, report)
+        kept = timing.kept_rounds(warmup, repeats, one_round, report)
         return [p for p, _ in kept], {m: [list(s) for s in zip(*(v[m] for _, v in kept))] for m in ws}
 
     with wired_limit(model, [generation_stream]), mx.stream(generation_stream):
@@ -372,5 +371,45 @@ def profile_for(
                 f"none stored for it on this device; `specbench profile` stores a full one"
             )
         profile = quick_profile(model, verify, budget_s)
+    _remember(model, verify, profile)
+    return profile
+
+
+def lockstep_profile(
+    model: nn.Module, verify: str = "fast", progress: Callable[[str], None] | None = None, repeats: int = 3
+) -> Profile:
+    """The profile to plan with for a model sharded over ranks, the same on every rank: rank 0's stored profile of
+    this model when it has one with ``verify`` costs, else a short one measured by all ranks together (widths 1, 2,
+    3, 5, 9; ``repeats`` rounds after one warm-up) and rank 0's figures broadcast, so that every rank plans with the
+    same break-even. Measured with fixed counts of forwards (``measure``), not time-budgeted as ``quick_profile``:
+    a sharded model's forwards need every rank, and ranks whose clocks disagreed on how many to run would wait on
+    each other forever. The profile's key (``model_key``) carries the group size and backend: c(w) includes the
+    sharded layers' all-reduces. Kept in memory per model object beside ``profile_for``'s (``forget`` drops it). In
+    a world of one it is the same short measurement."""
+    verify = check_verify_mode(verify)
+    cached = _MEMORY.get((id(model), verify))
+    if cached is not None:
+        return cached
+    stored = load_profile(model) if distributed.is_main() else None
+    usable = stored is not None and verify in stored.costs
+    data = distributed.broadcast({**stored.to_dict(), "source": stored.source} if usable else None)
+    if data is None:
+        if progress is not None and distributed.is_main():
+            progress(
+                f"measuring the {verify} verify cost of {display_name(model)} on {distributed.size()} ranks "
+                f"({distributed.backend()}): none stored for it; `specbench profile --shard` stores a full one"
+            )
+        measured = measure(
+            model,
+            widths=list(QUICK_WIDTHS),
+            verify=(verify,),
+            offset=16,
+            repeats=repeats,
+            warmup=1,
+            plain_tokens=4,
+            overhead_widths=(5,),
+        )
+        data = distributed.broadcast(measured.to_dict())
+    profile = Profile.from_dict(data)
     _remember(model, verify, profile)
     return profile

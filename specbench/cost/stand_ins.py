@@ -23,7 +23,7 @@ from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 from specbench.core.forward import text_model
 from specbench.core.swap import mixed_class
 from specbench.core.verify import FAST
-from specbench.cost.caches import CacheRestore
+from specbench.cost.timing import CacheRestore
 
 
 def component_of(module: nn.Module) -> tuple[str, bool] | None:

@@ -28,9 +28,8 @@ from specbench.core.draft import Drafter
 from specbench.core.forward import prefill, vocab_size
 from specbench.core.verify import VERIFY_MODES, check_verify_mode
 from specbench.cost.breakeven import drafter_cost
-from specbench.cost.caches import CacheRestore
 from specbench.cost.profile import _number, check_curves, profile_path
-from specbench.cost.timing import kept_rounds, time_plain, time_verify
+from specbench.cost.timing import CacheRestore, kept_rounds, time_plain, time_verify
 from specbench.exact import verifier_for
 
 NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from specbench.core.forward import prefill
-from specbench.cost.caches import CacheRestore, rollback_for
 from specbench.cost.components import (
     ENGINE_PARTS,
     FORWARD_PARTS,
@@ -22,6 +21,7 @@ from specbench.cost.components import (
     phase_stack,
 )
 from specbench.cost.stand_ins import _cache_state, component_of, forward_with_stand_ins, record_forward
+from specbench.cost.timing import CacheRestore, rollback_for
 from specbench.models import synthetic
 
 CONTEXT = list(range(3, 40))

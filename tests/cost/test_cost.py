@@ -20,8 +20,8 @@ from specbench.common.identity import device_name, kernel_key, model_key, versio
 from specbench.core.experts import ExpertCounter
 from specbench.core.forward import prefill
 from specbench.cost.breakeven import BreakEven
-from specbench.cost.caches import CacheRestore
 from specbench.cost.profile import check_profile
+from specbench.cost.timing import CacheRestore
 from specbench.drafters.lookup import PromptLookup
 from specbench.drafters.oracle import Oracle
 from specbench.models import synthetic
@@ -234,8 +234,7 @@ def test_profile_for_uses_stored_profile_then_memory(dense):
     profile = cost.profile_for(dense)
     assert profile.costs == stored.costs and not profile.quick
     assert cost.profile_for(dense) is profile
-    from specbench.cost.group import lockstep_profile
-    from specbench.cost.measure import forget
+    from specbench.cost.measure import forget, lockstep_profile
 
     assert lockstep_profile(dense) is profile  # one memory per model object, whichever reader filled it
     forget(dense)
