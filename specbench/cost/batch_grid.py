@@ -3,6 +3,7 @@ beside the one predictor's prediction for the steps its runs took (``specbench.c
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -122,54 +123,52 @@ def batch_speedup_grid(
     warm = GenerateOptions(max_tokens=max(2, min(warmup_tokens, max_tokens)), ignore_eos=True)
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
+
+    def spent() -> bool:
+        return budget_s is not None and bool(rows) and time.perf_counter() - start > budget_s
+
     for b in batch_sizes:
-        if budget_s is not None and rows and time.perf_counter() - start > budget_s:
+        if spent():
             break
         prompts = rng.integers(0, vocab_size(model), size=(b, prompt_len)).tolist()
         oracles = recorded_oracles(model, prompts, options, 1.0, seed, verifier)
-        for a in acceptances:
-            for k in ks:
-                if budget_s is not None and rows and time.perf_counter() - start > budget_s:
-                    return rows
-                for i, o in enumerate(oracles):
-                    o.acceptance, o.seed = a, seed + 1000 * k + i
-                if warmup_tokens > 0:  # every [B', w'] block the cell's runs reach, used once untimed
-                    BatchGeneration(
-                        model, prompts, options, list(oracles), DraftPolicy.fixed(k), verifier=verifier
-                    ).run()
-                pairs = []
-                for _ in range(repeats):
-                    pairs.append(
-                        _timed_pair(
-                            model, prompts, oracles, k, options, warm if warmup_tokens > 0 else None, profile, verifier
-                        )
-                    )
-                cell = _Pair.median(pairs)
-                measured, from_log = cell.measured, cell.predicted_from_log
-                nominal = profile.predicted(a, k, b)["throughput"]
-                row = {
-                    "batch_size": b,
-                    "acceptance": a,
-                    "k": k,
-                    "measured": measured,
-                    "measured_latency": cell.measured_latency,
-                    "predicted": nominal,
-                    "predicted_from_log": from_log,
-                    "error": measured / nominal - 1,
-                    "error_from_log": measured / from_log - 1,
-                    "residual": measured / from_log - 1,
-                    "acceptance_measured": cell.acceptance_measured,
-                    "plain_tokens_per_s": 1 / cell.plain_s,
-                    "spec_tokens_per_s": 1 / cell.spec_s,
-                    "diverged": max(p.diverged for p in pairs),
-                    "repeats": repeats,
-                    "measured_runs": [p.measured for p in pairs],
-                    "noise_floor": noise_floor([p.measured for p in pairs]),
-                    "verify": verify,
-                }
-                rows.append(row)
-                if progress:
-                    progress(row)
+        for a, k in itertools.product(acceptances, ks):
+            if spent():
+                return rows
+            for i, o in enumerate(oracles):
+                o.acceptance, o.seed = a, seed + 1000 * k + i
+            if warmup_tokens > 0:  # every [B', w'] block the cell's runs reach, used once untimed
+                BatchGeneration(model, prompts, options, list(oracles), DraftPolicy.fixed(k), verifier=verifier).run()
+            warmed = warm if warmup_tokens > 0 else None
+            pairs = [
+                _timed_pair(model, prompts, oracles, k, options, warmed, profile, verifier) for _ in range(repeats)
+            ]
+            cell = _Pair.median(pairs)
+            measured, from_log = cell.measured, cell.predicted_from_log
+            nominal = profile.predicted(a, k, b)["throughput"]
+            row = {
+                "batch_size": b,
+                "acceptance": a,
+                "k": k,
+                "measured": measured,
+                "measured_latency": cell.measured_latency,
+                "predicted": nominal,
+                "predicted_from_log": from_log,
+                "error": measured / nominal - 1,
+                "error_from_log": measured / from_log - 1,
+                "residual": measured / from_log - 1,
+                "acceptance_measured": cell.acceptance_measured,
+                "plain_tokens_per_s": 1 / cell.plain_s,
+                "spec_tokens_per_s": 1 / cell.spec_s,
+                "diverged": max(p.diverged for p in pairs),
+                "repeats": repeats,
+                "measured_runs": [p.measured for p in pairs],
+                "noise_floor": noise_floor([p.measured for p in pairs]),
+                "verify": verify,
+            }
+            rows.append(row)
+            if progress:
+                progress(row)
     return rows
 
 
