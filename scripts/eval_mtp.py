@@ -24,7 +24,7 @@ from specbench.inputs.prompts import questions_from, render_prompt
 from specbench.models.mtp import attach_mtp
 from specbench.models.mtp.attach import shipped_head
 from specbench.train.mtp_data import encode_batch, eos_id, gather_text, stream
-from specbench.train.mtp_metrics import evaluate_decoding
+from specbench.train.mtp_training import evaluate_decoding
 
 
 def main() -> int:

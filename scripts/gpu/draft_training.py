@@ -42,8 +42,7 @@ from specbench.train.mtp_data import (
     package_text_files,
     stdlib_files,
 )
-from specbench.train.mtp_metrics import soft_cross_entropy
-from specbench.train.mtp_training import TrainConfig, fit
+from specbench.train.mtp_training import TrainConfig, fit, soft_cross_entropy
 
 HELDOUT_KINDS = ("chat", "natural", "code")
 

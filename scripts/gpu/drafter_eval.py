@@ -20,7 +20,7 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import DraftModel, EarlyExit
 from specbench.inputs.prompts import bundled_questions, render_prompt
-from specbench.train.mtp_metrics import best_exit_layer, evaluate_decoding, sweep_exit_layers
+from specbench.train.mtp_training import best_exit_layer, evaluate_decoding, sweep_exit_layers
 
 #: Draft length of every evaluation (fixed; fast verification).
 K = 3

@@ -31,8 +31,7 @@ from specbench import load
 from specbench.bench.budget import Budget
 from specbench.common.identity import write_result
 from specbench.models.mtp import attach_mtp
-from specbench.train.mtp_metrics import evaluate_decoding
-from specbench.train.mtp_training import TrainConfig, summary_lines, train_mtp
+from specbench.train.mtp_training import TrainConfig, evaluate_decoding, summary_lines, train_mtp
 
 START = time.perf_counter()
 

@@ -14,7 +14,7 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import EarlyExit, is_drafter_name, make_drafter
 from specbench.drafters.draft_model import draft_from_target
-from specbench.train.mtp_metrics import best_exit_layer, sweep_exit_layers
+from specbench.train.mtp_training import best_exit_layer, sweep_exit_layers
 
 PROMPT = [5, 17, 33, 2, 9, 41, 8]
 
