@@ -41,7 +41,7 @@ from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.core.verify import FAST
 from specbench.cost.batch import BatchProfile, measure_batch_overhead, measure_batch_profile
-from specbench.cost.batch_grid import batch_speedup_grid
+from specbench.cost.grid import batch_speedup_grid
 from specbench.exact import batch_verifier
 from specbench.models import synthetic
 

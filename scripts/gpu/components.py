@@ -41,8 +41,8 @@ from specbench.bench.budget import Budget
 from specbench.common.identity import device_name, write_result
 from specbench.core.experts import expert_layers
 from specbench.cost.batch import BatchProfile, measure_batch_overhead, measure_batch_profile
-from specbench.cost.batch_grid import batch_speedup_grid
 from specbench.cost.components import PARTS, PHASES, deciding_part, measure_components, phase_reading
+from specbench.cost.grid import batch_speedup_grid
 from specbench.cost.predict import mean_absolute_error
 from specbench.models import synthetic
 

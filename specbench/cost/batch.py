@@ -224,7 +224,7 @@ def measure_batch_profile(
     if verify != "fast":
         raise ValueError(
             "the batch cost profile c(w, B) measures fast forwards only; time exact batches end to end "
-            "(specbench.cost.batch_grid.batch_speedup_grid(verify='exact'), or scripts.gpu.batch --exact)"
+            "(specbench.cost.grid.batch_speedup_grid(verify='exact'), or scripts.gpu.batch --exact)"
         )
     if not batch_sizes:
         raise ValueError("batch_sizes names no batch size: give at least one (e.g. 1, 4, 16)")

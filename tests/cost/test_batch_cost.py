@@ -14,8 +14,8 @@ from conftest import build_tiny
 
 from specbench.bench.batch_bench import bench_batch, format_batch_bench
 from specbench.cost.batch import BatchProfile, measure_batch_overhead, measure_batch_profile
-from specbench.cost.batch_grid import batch_speedup_grid
 from specbench.cost.breakeven import expected_tokens
+from specbench.cost.grid import batch_speedup_grid
 from specbench.cost.predict import noise_floor, predicted_batch_seconds
 
 
@@ -99,12 +99,12 @@ def test_measured_profile_and_grid_on_moe():
 
 @pytest.mark.parametrize("acceptances", [(float("nan"),), (1.0, 2.0), (-1e-9,)])
 def test_batch_grid_refuses_an_acceptance_outside_0_1_before_any_model_work(acceptances, monkeypatch):
-    import specbench.cost.batch_grid as batch_grid
+    import specbench.cost.grid as grid
 
     def fail(*args, **kwargs):
         pytest.fail("the batch grid ran the model before checking its acceptances")
 
-    monkeypatch.setattr(batch_grid, "generate_batch", fail)
+    monkeypatch.setattr(grid, "generate_batch", fail)
     with pytest.raises(ValueError, match="a grid acceptance must be a finite number in"):
         batch_speedup_grid(build_tiny("qwen3"), made_profile(), (2,), acceptances, (2,), prompt_len=6, max_tokens=8)
 
@@ -210,7 +210,7 @@ def test_each_timed_grid_run_follows_an_untimed_run_of_its_own_kind(monkeypatch)
     speculative) comes right after a short untimed one of the same kind; a cell's repeats are adjacent pairs whose
     medians it reports."""
     import specbench.cost.batch as batch_module
-    import specbench.cost.batch_grid as batch_cost
+    import specbench.cost.grid as batch_cost
 
     runs = []
 

@@ -12,7 +12,7 @@ from specbench.cost.predict import mean_absolute_error
 def measured_cells(grid: pl.DataFrame, measured: str, predicted: str, residual: str, label: str = "name") -> str:
     """Measured speedups of a grid of cells beside the profile's predictions and their residuals (measured /
     predicted - 1): a test of the predictions, not a speed verdict (a cell's few runs have no interval). Where the
-    cells were timed as repeated pairs (``measured_runs``, ``noise_floor``: ``specbench.cost.batch_grid``), the mean
+    cells were timed as repeated pairs (``measured_runs``, ``noise_floor``: ``specbench.cost.grid``), the mean
     |residual| is set against what a perfect predictor would miss by at that scatter."""
     residuals = grid[residual].abs()
     below = int((grid[measured] < 1).sum())
