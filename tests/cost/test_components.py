@@ -15,12 +15,15 @@ from specbench.cost.components import (
     PARTS,
     PHASES,
     WAIT,
+    _cache_state,
+    component_of,
     deciding_part,
     forward_components,
+    forward_with_stand_ins,
     measure_components,
     phase_stack,
+    record_forward,
 )
-from specbench.cost.stand_ins import _cache_state, component_of, forward_with_stand_ins, record_forward
 from specbench.cost.timing import CacheRestore, rollback_for
 from specbench.models import synthetic
 
