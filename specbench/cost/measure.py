@@ -25,8 +25,8 @@ from specbench.common.per_key import per_key
 from specbench.core.draft import Drafter
 from specbench.core.forward import context_length, prefill, text_model, vocab_size
 from specbench.core.verify import CacheRollback, Verifier, as_draft, check_verify_mode
-from specbench.cost import noise, timing
-from specbench.cost.profile import Profile, load_profile
+from specbench.cost import timing
+from specbench.cost.profile import Profile, level, load_profile, median_interval, noise
 from specbench.cost.timing import CacheRestore, rollback_for, time_verify
 from specbench.exact import verifier_for
 
@@ -62,18 +62,18 @@ def from_rounds(
     """From timing rounds (each round's plain step, and each width's seconds in each round): the median plain step,
     per mode c(w) (the median over the rounds of each round's width seconds over its plain step: paired, so a drift
     between rounds cancels), the median seconds, and c(w)'s interval over the same ratios
-    (``specbench.cost.noise.median_interval``), which always holds c(w)."""
+    (``median_interval``), which always holds c(w)."""
     plain = statistics.median(plain_s)
     medians = {m: [statistics.median(per_round) for per_round in per_width] for m, per_width in seconds.items()}
     ratios = {m: [[s / p for s, p in zip(rounds, plain_s)] for rounds in per_width] for m, per_width in seconds.items()}
     costs = {m: [statistics.median(r) for r in per_width] for m, per_width in ratios.items()}
-    intervals = {m: [list(noise.median_interval(r)) for r in per_width] for m, per_width in ratios.items()}
+    intervals = {m: [list(median_interval(r)) for r in per_width] for m, per_width in ratios.items()}
     return plain, costs, medians, intervals
 
 
 def with_rounds(profile: Profile, plain_s: Sequence[float], rounds: dict[str, list[list[float]]]) -> Profile:
     """``profile`` with c(w), its seconds and intervals made from these timing rounds (``from_rounds``), and the
-    checks of ``specbench.cost.noise``."""
+    checks of ``noise``."""
     plain, costs, seconds, intervals = from_rounds(plain_s, rounds)
     return replace(
         profile,
@@ -82,8 +82,8 @@ def with_rounds(profile: Profile, plain_s: Sequence[float], rounds: dict[str, li
         seconds=seconds,
         rounds={"plain": list(plain_s), **rounds},
         intervals=intervals,
-        interval_level=noise.level(len(plain_s)),
-        noise={m: noise.noise(profile.widths[m], costs[m], intervals[m], profile.overhead.get(m, 0.0)) for m in costs},
+        interval_level=level(len(plain_s)),
+        noise={m: noise(profile.widths[m], costs[m], intervals[m], profile.overhead.get(m, 0.0)) for m in costs},
     )
 
 

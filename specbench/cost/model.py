@@ -2,7 +2,7 @@
 prediction plans with.
 
 ``cost_model(model, protocol)`` returns the stored profile while it is ``current`` for the protocol, else measures
-it by the protocol and stores it where ``profile_for`` finds it. A noisy measurement (``specbench.cost.noise``) is
+it by the protocol and stores it where ``profile_for`` finds it. A noisy measurement (``Profile.noise``) is
 measured once more in its noisy modes and the two pooled; what stays noisy stays marked. ``Profile.measured``
 records when, how long and under what load.
 """
@@ -20,9 +20,8 @@ import mlx.nn as nn
 from specbench.common.identity import display_name
 from specbench.core.policy_args import whole
 from specbench.core.verify import check_verify_mode
-from specbench.cost import noise
 from specbench.cost.measure import forget, measure, with_rounds
-from specbench.cost.profile import Measurement, Profile, load_profile, save_profile
+from specbench.cost.profile import Measurement, Profile, level, load_profile, save_profile
 
 
 @dataclass(frozen=True)
@@ -134,7 +133,7 @@ def pooled(first: Profile, second: Profile) -> Profile:
     )
     fewest = min(len(per_width[0]) for per_width in rounds.values())
     profile = with_rounds(base, plain_s, rounds)
-    return dataclasses.replace(profile, repeats=fewest, measured=measured, interval_level=noise.level(fewest))
+    return dataclasses.replace(profile, repeats=fewest, measured=measured, interval_level=level(fewest))
 
 
 def describe(profile: Profile) -> str:

@@ -4,14 +4,14 @@ profile stored and read by every page, a noisy measurement measured again and po
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 
 import pytest
 
 import specbench.cost as cost
 from specbench.cost import model as cost_model_module
-from specbench.cost import noise
-from specbench.cost.profile import check_profile
+from specbench.cost.profile import LEVEL, check_profile, level, median_interval, noise
 from specbench.models import synthetic
 
 
@@ -28,24 +28,24 @@ def dense():
 
 def test_the_median_interval_has_the_coverage_it_states():
     # 5 rounds: the range, 1 - 2/32; 9 rounds: the 2nd and 8th values reach 95 % (1 - 2 * 10/512)
-    assert noise.level(5) == pytest.approx(1 - 2 / 32)
-    assert noise.median_interval([5, 1, 4, 2, 3]) == (1, 5)
-    assert noise.level(9) == pytest.approx(1 - 2 * (1 + 9) / 512) and noise.level(9) >= noise.LEVEL
-    assert noise.median_interval(list(range(9, 0, -1))) == (2, 8)
-    assert noise.level(1) == 0.0 and noise.median_interval([3.0]) == (3.0, 3.0)
+    assert level(5) == pytest.approx(1 - 2 / 32)
+    assert median_interval([5, 1, 4, 2, 3]) == (1, 5)
+    assert level(9) == pytest.approx(1 - 2 * (1 + 9) / 512) and level(9) >= LEVEL
+    assert median_interval(list(range(9, 0, -1))) == (2, 8)
+    assert level(1) == 0.0 and median_interval([3.0]) == (3.0, 3.0)
     with pytest.raises(ValueError, match="at least one value"):
-        noise.median_interval([])
+        median_interval([])
 
 
 def test_noise_marks_a_cost_below_one_and_a_step_down_beyond_the_intervals():
     widths = [1, 2, 3, 4]
-    clean = noise.noise(widths, [1.0, 1.4, 1.8, 1.7], [[0.9, 1.1], [1.3, 1.5], [1.7, 1.9], [1.6, 1.85]])
+    clean = noise(widths, [1.0, 1.4, 1.8, 1.7], [[0.9, 1.1], [1.3, 1.5], [1.7, 1.9], [1.6, 1.85]])
     assert clean == []  # 1.8 -> 1.7 lies inside both intervals
-    reasons = noise.noise(widths, [1.0, 0.78, 1.8, 1.2], [[0.9, 1.1], [0.7, 0.9], [1.7, 1.9], [1.1, 1.3]])
+    reasons = noise(widths, [1.0, 0.78, 1.8, 1.2], [[0.9, 1.1], [0.7, 0.9], [1.7, 1.9], [1.1, 1.3]])
     assert len(reasons) == 2
     assert "c(2) = 0.78 is below 1" in reasons[0] and "c(4) = 1.2 steps down from c(3) = 1.8" in reasons[1]
     # the engine's overhead counts: a 0.78 forward and 0.3 of the engine's own work cost more than a plain step
-    assert noise.noise([1, 2], [1.0, 0.78], [[0.9, 1.1], [0.7, 0.9]], overhead=0.3) == []
+    assert noise([1, 2], [1.0, 0.78], [[0.9, 1.1], [0.7, 0.9]], overhead=0.3) == []
 
 
 def test_a_measured_profile_keeps_its_rounds_intervals_and_checks(dense):
@@ -59,7 +59,9 @@ def test_a_measured_profile_keeps_its_rounds_intervals_and_checks(dense):
 
 
 def test_the_cost_model_is_measured_once_and_read_by_every_page(dense, monkeypatch):
-    monkeypatch.setattr(noise, "noise", lambda *a: [])  # a tiny model's timings on a busy CPU may well be noisy
+    monkeypatch.setattr(
+        importlib.import_module("specbench.cost.measure"), "noise", lambda *a: []
+    )  # a tiny model's timings on a busy CPU may well be noisy
     protocol = cost.Protocol(widths=3, verify=("fast",), offset=16, repeats=3, plain_tokens=2)
     said = []
     first = cost.cost_model(dense, protocol, progress=said.append)
@@ -102,7 +104,7 @@ def test_a_noisy_measurement_is_measured_again_and_pooled(dense, monkeypatch):
     assert any("measuring again" in s for s in said)
     ratios = sorted(s / p for s, p in zip(profile.rounds["fast"][1], profile.rounds["plain"]))
     assert profile.intervals["fast"][1] == [ratios[0], ratios[-1]]  # 6 rounds: the range
-    assert math.isclose(profile.interval_level, noise.level(6))
+    assert math.isclose(profile.interval_level, level(6))
 
 
 def test_only_the_noisy_mode_is_measured_again(dense, monkeypatch):
@@ -119,7 +121,7 @@ def test_only_the_noisy_mode_is_measured_again(dense, monkeypatch):
         return profile
 
     monkeypatch.setattr(cost_model_module, "measure", measured)
-    monkeypatch.setattr(noise, "noise", lambda *a: [])
+    monkeypatch.setattr(importlib.import_module("specbench.cost.measure"), "noise", lambda *a: [])
     protocol = cost.Protocol(widths=2, verify=("fast", "exact"), offset=16, repeats=3, plain_tokens=2)
     profile = cost.cost_model(dense, protocol)
     assert calls == [("fast", "exact"), ("fast",)]
@@ -127,7 +129,7 @@ def test_only_the_noisy_mode_is_measured_again(dense, monkeypatch):
     assert len(profile.rounds["exact"][1]) == 3
     ratios = sorted(s / p for s, p in zip(profile.rounds["exact"][1], profile.rounds["plain"][:3]))
     assert profile.costs["exact"][1] == ratios[1] and profile.intervals["exact"][1] == [ratios[0], ratios[-1]]
-    assert profile.repeats == 3 and math.isclose(profile.interval_level, noise.level(3))
+    assert profile.repeats == 3 and math.isclose(profile.interval_level, level(3))
     assert "2 measurements pooled (fast)" in cost.model.describe(profile) and cost.model.current(profile, protocol)
 
 
