@@ -6,7 +6,7 @@
 1. Traces (the embedded SmolLM2-135M; first, within 45 % of --budget): the model's greedy outputs
    (--trace-tokens per turn) on every turn of data/traces (recorded history as prompts); the simulator
    replays SuffixDecoding (back-off trees), SuffixDecoding with the reference's one-match trees and
-   prompt lookup as paths and as trees at node budgets --sim-budgets (``specbench.simulate.trees``);
+   prompt lookup as paths and as trees at node budgets --sim-budgets (``specbench.simulate.simulate``);
    then real runs of SuffixDecoding path and tree (exact and fast, --suffix-budget nodes) on the same
    prompts: wall time, speedup, and whether each real run's steps equal the simulator's. Auto's node
    budget (``AutoPolicy.choose_node_budget``) from the simulated tokens per verification and the
@@ -57,8 +57,15 @@ from specbench.inputs.prompts import bundled_questions, render_prompt, select_qu
 from specbench.inputs.traces import bundled_traces
 from specbench.models.load import load
 from specbench.models.mtp import build_head
-from specbench.simulate.simulate import Recorded, trace_groups
-from specbench.simulate.trees import ALL_TREE_DRAFTERS, compare_trees, record_groups, tokens_by_budget, tree_gain
+from specbench.simulate.simulate import (
+    ALL_TREE_DRAFTERS,
+    Recorded,
+    compare_trees,
+    record_groups,
+    tokens_by_budget,
+    trace_groups,
+    tree_gain,
+)
 
 
 def controlled(args, budget: Budget) -> list[dict]:
