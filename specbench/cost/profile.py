@@ -362,8 +362,12 @@ def _check_components(rows: Any) -> None:
             raise ValueError(f"a component row {row!r} lacks a width >= 1, a part, or finite seconds")
 
 
-def _read(path: Path) -> Profile:
-    """The profile stored at ``path`` (its ``source``); a ValueError naming the file when it is damaged."""
+def read_profile(path: str | os.PathLike) -> Profile:
+    """A cost profile from a JSON file (as ``save_profile`` stores it; its ``source``), with the checks every
+    reader applies (``check_profile``): a FileNotFoundError or a ValueError naming the file otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no cost profile at {path}: give a profile's JSON (under $SPECBENCH_HOME/profiles)")
     try:
         profile = check_profile(json.loads(path.read_text(encoding="utf-8")))
     except ValueError as err:
@@ -372,22 +376,13 @@ def _read(path: Path) -> Profile:
     return profile
 
 
-def read_profile(path: str | os.PathLike) -> Profile:
-    """A cost profile from a JSON file the user names (as ``save_profile`` stores it), with the checks every
-    reader applies (``check_profile``): a FileNotFoundError or a ValueError naming the file otherwise."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no cost profile at {path}: give a profile's JSON (under $SPECBENCH_HOME/profiles)")
-    return _read(path)
-
-
 def save_profile(profile: Profile, root: Path | None = None) -> Path:
     """Write a profile atomically, keeping modes and drafters an earlier profile of the same key has
     and this one lacks (a damaged earlier file is moved aside): read, merged and written under the
     file's lock, so that concurrent writers of different modes lose none."""
     path = profile.path(root)
     with locked(path):
-        old = read_or_set_aside(path, _read, "cost profile")
+        old = read_or_set_aside(path, read_profile, "cost profile")
         if old is not None:
             merged: dict[str, Any] = {part: {**getattr(old, part), **getattr(profile, part)} for part in _MERGED_PARTS}
             profile = replace(profile, **merged, components=profile.components or old.components)
@@ -406,4 +401,4 @@ def load_profile(model: nn.Module | str, device: str | None = None, root: Path |
     versions and this BLAS library, or None. A damaged file is moved aside with a warning naming it
     (``specbench.common.files.DamagedFileWarning``) and None returned, so that it is measured anew."""
     key = model if isinstance(model, str) else model_key(model)
-    return read_or_set_aside(profile_path(key, device or device_name(), versions(), root), _read, "cost profile")
+    return read_or_set_aside(profile_path(key, device or device_name(), versions(), root), read_profile, "cost profile")
