@@ -9,7 +9,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from specbench.report.figures.style import WIDE, label_pair, line_pair, new_axes, no_data
+from specbench.report.figures.style import (
+    WIDE,
+    bar_offsets,
+    finish,
+    interval_bars,
+    label_pair,
+    line_pair,
+    new_axes,
+    no_data,
+)
 from specbench.report.figures.sweeps import per_position
 
 RULE_COLOURS = {"token": "tab:blue", "exact-match": "tab:orange", "block": "tab:green", "typical (lossy)": "tab:red"}
@@ -52,24 +61,14 @@ def rules_by_drafter(summary: pl.DataFrame, title: str = "Tokens per verificatio
     for ax, t in zip(axes, temperatures):
         cell = summary.filter(pl.col("temperature") == t)
         groups = cell.select("drafter", "k").unique(maintain_order=True).rows()
-        width = 0.8 / max(1, len(rules))
         for j, rule in enumerate(rules):
             mine = cell.filter(pl.col("acceptance") == rule).select("drafter", "k", "tokens_per_verify")
             per_verify = {(d, k): t for d, k, t in mine.iter_rows()}
-            heights = [per_verify.get(g) or 0.0 for g in groups]
-            ax.bar(
-                np.arange(len(groups)) + (j - (len(rules) - 1) / 2) * width,
-                heights,
-                width,
-                color=_colour(rule),
-                hatch="//" if _lossy(rule) else None,
-                label=rule,
-            )
+            x, width = bar_offsets(len(groups), j, len(rules))
+            hatch = "//" if _lossy(rule) else None
+            ax.bar(x, [per_verify.get(g) or 0.0 for g in groups], width, color=_colour(rule), hatch=hatch, label=rule)
         ax.set_xticks(np.arange(len(groups)), [f"{d}\nk={k}" for d, k in groups], fontsize=8)
-        ax.set_title(f"T = {t:g}")
-        ax.set_xlabel("drafter and draft length k")
-        ax.set_ylabel("tokens per verification")
-        ax.grid(alpha=0.3, axis="y")
+        finish(ax, "drafter and draft length k", "tokens per verification", f"T = {t:g}", grid="y")
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
     return fig
@@ -99,19 +98,10 @@ def rule_shifts(table: pl.DataFrame, title: str = "Distribution shift against pl
     tvd = table["tvd"].to_numpy()
     low, high = table["tvd_low"].to_numpy(), table["tvd_high"].to_numpy()
     rules = table["acceptance"].to_list()
-    ax.bar(
-        x,
-        tvd,
-        color=[_colour(r) for r in rules],
-        hatch=None,
-        yerr=[np.clip(tvd - low, 0, None), np.clip(high - tvd, 0, None)],
-        capsize=3,
-    )
+    ax.bar(x, tvd, color=[_colour(r) for r in rules])
+    interval_bars(ax, x, tvd, low, high, fmt="none", ecolor="k", capsize=3)
     ax.scatter(x, table["tvd_noise"].to_numpy(), marker="_", s=400, color="k", zorder=3, label="noise (95%)")
     ax.set_xticks(x, [f"{r}\n{v}" for r, v in zip(rules, table["verdict"].to_list())], fontsize=8)
-    ax.set_xlabel("acceptance rule and its test's verdict")
-    ax.set_ylabel("total variation distance (tokens)\n(bars: 95% bootstrap interval over samples)")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    ax.set_title(title)
+    ylabel = "total variation distance (tokens)\n(bars: 95% bootstrap interval over samples)"
+    finish(ax, "acceptance rule and its test's verdict", ylabel, title, dict(fontsize=8), "y")
     return fig

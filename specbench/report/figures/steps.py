@@ -44,8 +44,7 @@ def step_timeline(log: Any, title: str = "Per-step view of one generation") -> A
             width=0.85,
             label="rejected draft tokens",
         )
-    top.set_ylabel("tokens per step")
-    top.set_title(title)
+    top.set(ylabel="tokens per step", title=title)
     top.legend(loc="upper right", fontsize=7.5, ncol=2)
     top.set_ylim(0, max(1, int((emitted + rejected).max())) + 1.2)
     top.yaxis.get_major_locator().set_params(integer=True)
@@ -53,7 +52,6 @@ def step_timeline(log: Any, title: str = "Per-step view of one generation") -> A
     ms = [1e3 * (r.draft_s + r.verify_s + r.other_s) for r in steps]
     colours = np.where(verify, SOURCE_COLOURS["bonus"], COLOURS["plain"])
     bottom.bar(x, ms, color=colours, width=0.85)
-    bottom.set_ylabel("step time (ms)")
-    bottom.set_xlabel("decoding step (step 0 is the prefill)")
+    bottom.set(ylabel="step time (ms)", xlabel="decoding step (step 0 is the prefill)")
     bottom.grid(axis="y", alpha=0.3)
     return fig
