@@ -84,6 +84,12 @@ def one(runs: pl.DataFrame, column: str, default: Any = "") -> Any:
     return "+".join(map(str, values)) if values else default
 
 
+def settings(runs: pl.DataFrame) -> tuple[float, str]:
+    """The temperature and verify mode of a page's speculative ``runs``."""
+    drafted = runs.filter(pl.col("drafter") != "none")
+    return float(one(drafted, "temperature", 0.0)), str(one(drafted, "verify_mode"))
+
+
 def row_word(row: SummaryRow, aa: SummaryRow | None = None) -> str:
     """The word ``verdicts.speed`` gives a summary row (with its A/A row beside it)."""
     if not row.pairs:
@@ -97,12 +103,11 @@ def sweep_speeds(
     """What ``verdicts.sweep`` says of speed: the fastest method that drafted over the sweep's prompt kinds, and
     "cannot pay" (loses) of the kind its ``by_category`` rows name. ``runs``: the sweep's runs."""
     best = fastest(drafted_methods(summary))
-    drafted = runs.filter(pl.col("drafter") != "none")
-    temperature, verify = float(one(drafted, "temperature", 0.0)), str(one(drafted, "verify_mode"))
+    temperature, verify = settings(runs)
     said: list[SpeedVerdict] = []
     if best is not None:
         word = row_word(best, aa_row(summary))
-        kind = str(one(drafted, "category"))
+        kind = str(one(runs.filter(pl.col("drafter") != "none"), "category"))
         said.append(
             SpeedVerdict(model, str(best.drafter), str(best.policy), kind, temperature, verify, word, best.speedup)
         )
@@ -119,8 +124,7 @@ def quickstart_speeds(summary: pl.DataFrame, runs: pl.DataFrame, model: str) -> 
     rows = SummaryRow.rows(summary.filter(pl.col("drafter") != "none"))
     if not rows or not rows[0].verifies:
         return []
-    row, drafted = rows[0], runs.filter(pl.col("drafter") != "none")
-    temperature, verify = float(one(drafted, "temperature", 0.0)), str(one(drafted, "verify_mode"))
+    row, (temperature, verify) = rows[0], settings(runs)
     word = row_word(row, aa_row(summary))
     return [SpeedVerdict(model, str(row.drafter), str(row.policy), OWN_PROMPT, temperature, verify, word, row.speedup)]
 
