@@ -16,10 +16,14 @@ from specbench.report.verdicts.notebooks import (
     PAYS,
     acceptance_rules,
     batch_break_even,
+    batch_reference_contrast,
     bench,
     break_even,
     explorer,
+    policies,
     quickstart,
+    reference_contrast,
+    reference_stacks,
     sample,
     sampling,
     simulated_logs,
@@ -30,8 +34,6 @@ from specbench.report.verdicts.notebooks import (
     tree_vs_path,
     verify_cost,
 )
-from specbench.report.verdicts.policy_verdicts import policies
-from specbench.report.verdicts.reference import batch_reference_contrast, reference_contrast, reference_stacks
 from specbench.report.verdicts.speeds import (
     SpeedVerdict,
     policy_speeds,

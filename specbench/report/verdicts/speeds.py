@@ -15,6 +15,7 @@ from specbench.report.verdicts.notebooks import (
     INCONCLUSIVE,
     LOSES,
     PAYS,
+    Confirmed,
     SummaryRow,
     _finite,
     aa_row,
@@ -24,7 +25,6 @@ from specbench.report.verdicts.notebooks import (
     fewest_per_verify,
     speed_word,
 )
-from specbench.report.verdicts.policy_verdicts import Confirmed
 
 #: The prompt kind of the quickstart's prompt: one of its own (a parameter of that page), no kind of the prompt set.
 OWN_PROMPT = "quickstart"
