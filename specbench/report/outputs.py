@@ -145,21 +145,18 @@ class Outputs:
 
     def log(self, log: Any, name: str) -> Path | None:
         """Save a StepLog (or a polars frame of steps) as logs/NAME.parquet."""
-        if self.folder is None:
-            return None
-        path = self.folder / "logs" / f"{safe_name(name)}.parquet"
-        if hasattr(log, "save"):
-            log.save(path)
-        else:
-            write_parquet_atomic(log, path)
-        return self._keep(self.logs, path)
+        return self._parquet(log, "logs", name)
 
     def table(self, frame: Any, name: str) -> Path | None:
         """Save a polars frame as tables/NAME.parquet."""
+        return self._parquet(frame, "tables", name)
+
+    def _parquet(self, data: Any, kind: str, name: str) -> Path | None:
         if self.folder is None:
             return None
-        path = write_parquet_atomic(frame, self.folder / "tables" / f"{safe_name(name)}.parquet")
-        return self._keep(self.tables, path)
+        path = self.folder / kind / f"{safe_name(name)}.parquet"
+        data.save(path) if hasattr(data, "save") else write_parquet_atomic(data, path)
+        return self._keep(getattr(self, kind), path)
 
     def summary(self, **values: Any) -> None:
         """Key results shown in the report's index (numbers, short strings; NaN is stored as null)."""
