@@ -269,16 +269,8 @@ def replay(recordings: Recordings, choice: Choice) -> Replay:
     predicted = None
     if recordings.profile is not None:
         predicted = predicted_speedup(log.records, recordings.profile, d, mode=recordings.verify, tokens="emitted")
-    return Replay(
-        choice,
-        log,
-        prompts,
-        log.stats(),
-        positions,
-        predicted,
-        _measured(recordings, rows, choice, choice.draft_policy()),
-        d,
-    )
+    measured = _measured(recordings, rows, choice, choice.draft_policy())
+    return Replay(choice, log, prompts, log.stats(), positions, predicted, measured, d)
 
 
 def grid(
@@ -321,12 +313,8 @@ def choice_html(result: Replay, recordings: Recordings) -> str:
         ("pauses (plain steps the policy chose)", str(result.stats["pauses"])),
     ]
     if result.predicted_speedup is not None and recordings.profile is not None:
-        cells.append(
-            (
-                f"predicted speedup ({recordings.verify} verify cost, d = {result.drafter_cost:.3f})",
-                f"{result.predicted_speedup:.2f}x",
-            )
-        )
+        cost = f"{recordings.verify} verify cost, d = {result.drafter_cost:.3f}"
+        cells.append((f"predicted speedup ({cost})", f"{result.predicted_speedup:.2f}x"))
     else:
         cells.append(("predicted speedup", "no cost profile"))
     measured = result.measured_speedup

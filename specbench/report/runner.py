@@ -440,9 +440,8 @@ def run_report(
                     export_html(ipynb, html_path)
                 except Exception as err:
                     error = error or f"HTML export failed: {_error_text(err)}"
-            cpu = cpu_seconds() - cpu0
             status.update(status="failed" if error else "done", finished=_now(), seconds=round(seconds, 1), error=error)
-            status["cpu_s"] = round(cpu, 1)
+            status["cpu_s"] = round(cpu_seconds() - cpu0, 1)
             if not error:
                 status["outputs"] = output_files(out, name)
             write_status(out, name, status)

@@ -148,8 +148,7 @@ def finish(
 ) -> None:
     """Label ``ax`` (``title_style``: the title's font), grid it, name lines hidden under others
     (``mark_coinciding``) and draw its legend with the options ``legend`` (True: matplotlib's; None: no legend)."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     if title is not None:
         ax.set_title(title, **title_style)
     ax.grid(alpha=0.3, axis=grid)

@@ -145,11 +145,8 @@ def policy_speeds(
     confirmed: pl.DataFrame | None, model: str, drafter: str, kind: str, verify: str
 ) -> list[SpeedVerdict]:
     """What ``verdicts.policies`` says of the confirmed policies' speed, on ``kind`` prompts (greedy)."""
-    if confirmed is None:
-        return []
+    rows = [] if confirmed is None else Confirmed.rows(confirmed)
+    words = [speed_word(r.measured_low, r.measured_high) for r in rows]
     return [
-        SpeedVerdict(
-            model, drafter, r.policy, kind, 0.0, verify, speed_word(r.measured_low, r.measured_high), r.measured_speedup
-        )
-        for r in Confirmed.rows(confirmed)
+        SpeedVerdict(model, drafter, r.policy, kind, 0.0, verify, w, r.measured_speedup) for r, w in zip(rows, words)
     ]
