@@ -25,15 +25,8 @@ def _forest(ax: Any, differences: list[Difference], title: str, xlabel: str) -> 
         resolved = d.verdict in (A_HIGHER, B_HIGHER)
         if d.low is not None and d.high is not None:
             ax.plot([d.low, d.high], [row, row], color="0.2", linewidth=1.6)
-        ax.plot(
-            [d.difference],
-            [row],
-            marker="o",
-            linestyle="none",
-            color="0.1",
-            markerfacecolor="0.1" if resolved else "white",
-            markersize=6,
-        )
+        face = "0.1" if resolved else "white"
+        ax.plot([d.difference], [row], marker="o", linestyle="none", color="0.1", markerfacecolor=face, markersize=6)
     ax.axvline(0.0, color="0.5", linestyle="--", linewidth=1.0)
     ax.set_yticks(range(len(differences)))
     ax.set_yticklabels([f"{d.measure} (n={d.units})" for d in reversed(differences)], fontsize=8)

@@ -112,28 +112,12 @@ def break_even(
                 label = None
             if never.any():
                 never_band = True
-                ax.plot(
-                    k[never],
-                    np.full(never.sum(), 1.06),
-                    ls="",
-                    marker="x",
-                    ms=7,
-                    mew=2,
-                    color=palette[p.name],
-                    label=label,
-                )
+                crosses = dict(ls="", marker="x", ms=7, mew=2, color=palette[p.name])
+                ax.plot(k[never], np.full(never.sum(), 1.06), label=label, **crosses)
     if never_band:
         ax.axhspan(1.0, 1.12, color="0.88", zorder=0)
-        ax.text(
-            0.99,
-            1.095,
-            "never breaks even (no acceptance <= 1 pays)",
-            transform=ax.get_yaxis_transform(),
-            ha="right",
-            va="center",
-            fontsize=8,
-            color="0.25",
-        )
+        words = dict(transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=8, color="0.25")
+        ax.text(0.99, 1.095, "never breaks even (no acceptance <= 1 pays)", **words)
     ax.set_ylim(0, 1.12 if never_band else 1)
     ax.xaxis.get_major_locator().set_params(integer=True)
     cost = f"drafter cost d = {d:g} steps/token" if d else "free drafter"
@@ -278,19 +262,10 @@ def _time_panel(ax, runs: Sequence[_GridRun], names: Sequence[str], mode: str) -
     markers = "osD^v"
     predicted = 1e3 * np.array([r.predicted_spec_s_per_token for r in runs], dtype=float)
     measured = 1e3 * np.array([r.spec_s_per_token for r in runs], dtype=float)
+    points = dict(color="tab:blue", edgecolor="k", lw=0.5, s=28, zorder=3)
     for i, name in enumerate(names):
         mine = [j for j, r in enumerate(runs) if r.name == name]
-        ax.scatter(
-            predicted[mine],
-            measured[mine],
-            marker=markers[i % len(markers)],
-            color="tab:blue",
-            edgecolor="k",
-            lw=0.5,
-            s=28,
-            zorder=3,
-            label=model_label(name),
-        )
+        ax.scatter(predicted[mine], measured[mine], marker=markers[i % len(markers)], label=model_label(name), **points)
     top = 1.1 * max(predicted.max(), measured.max())
     line = np.array([0.0, top])
     ax.plot(line, line, color="0.3", lw=0.9, label="measured = predicted")

@@ -33,17 +33,8 @@ def step_timeline(log: Any, title: str = "Per-step view of one generation") -> A
         top.bar(x, tokens, color=SOURCE_COLOURS[source], label=SOURCE_LABELS[source], width=0.85, **look)
     rejected = np.clip(np.array([r.k_drafted for r in steps]) - taken, 0, None)
     if rejected.any():
-        top.bar(
-            x,
-            rejected,
-            bottom=emitted,
-            fill=False,
-            edgecolor="#b2182b",
-            hatch="///",
-            lw=0.6,
-            width=0.85,
-            label="rejected draft tokens",
-        )
+        outline = dict(fill=False, edgecolor="#b2182b", hatch="///", lw=0.6, width=0.85)
+        top.bar(x, rejected, bottom=emitted, label="rejected draft tokens", **outline)
     top.set(ylabel="tokens per step", title=title)
     top.legend(loc="upper right", fontsize=7.5, ncol=2)
     top.set_ylim(0, max(1, int((emitted + rejected).max())) + 1.2)

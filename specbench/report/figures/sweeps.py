@@ -112,6 +112,7 @@ def per_position(
         no_data(ax, "no verifications")
         return fig
     temperatures = positions["temperature"].unique().sort().to_list() if "temperature" in keys else []
+    thin = dict(lw=0.8, ls="--", alpha=0.6)  # the unconditional rates
     for group, rows in positions.group_by(keys, maintain_order=True):
         info = dict(zip(keys, group))
         family = str(info.get("policy", "fixed")).split(":")[0]
@@ -130,16 +131,9 @@ def per_position(
         interval_bars(ax, x, rate, low, high, marker="o", ms=4, capsize=2, color=colour, ls=style, label=label)
         count_labels(ax, x, rate, reached, colour)
         if unconditional:
-            ax.plot(
-                x,
-                rows["accepted"].to_numpy() / rows["verifications"].to_numpy(),
-                color=colour,
-                lw=0.8,
-                ls="--",
-                alpha=0.6,
-            )
+            ax.plot(x, rows["accepted"].to_numpy() / rows["verifications"].to_numpy(), color=colour, **thin)
     if unconditional:
-        ax.plot([], [], color="0.4", lw=0.8, ls="--", alpha=0.6, label="unconditional: accepting i / all verifications")
+        ax.plot([], [], color="0.4", label="unconditional: accepting i / all verifications", **thin)
     ax.set_ylim(0, 1.05)
     kinds = set(positions["interval"].to_list()) if "interval" in positions.columns else {"wilson"}
     bars = " and ".join(
