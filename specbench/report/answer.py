@@ -19,8 +19,15 @@ from specbench.cost.breakeven import break_even_acceptance, break_even_band
 from specbench.cost.profile import Profile
 from specbench.report import cost_models
 from specbench.report.outputs import read_json, read_table
-from specbench.report.verdicts.notebooks import INCONCLUSIVE, LOSES, PAYS, SummaryRow, speed_word
-from specbench.report.verdicts.speeds import SpeedVerdict, settings
+from specbench.report.verdicts.notebooks import (
+    INCONCLUSIVE,
+    LOSES,
+    PAYS,
+    SpeedVerdict,
+    SummaryRow,
+    settings,
+    speed_word,
+)
 
 #: Where the sweep keeps its runs in a report folder.
 SWEEP_RUNS = Path("draft_length_sweep") / "tables" / "runs.parquet"

@@ -14,6 +14,7 @@ from specbench.report.verdicts.notebooks import (
     INCONCLUSIVE,
     LOSES,
     PAYS,
+    SpeedVerdict,
     acceptance_rules,
     batch_break_even,
     batch_reference_contrast,
@@ -21,7 +22,9 @@ from specbench.report.verdicts.notebooks import (
     break_even,
     explorer,
     policies,
+    policy_speeds,
     quickstart,
+    quickstart_speeds,
     reference_contrast,
     reference_stacks,
     sample,
@@ -30,16 +33,11 @@ from specbench.report.verdicts.notebooks import (
     speed,
     speed_word,
     sweep,
+    sweep_speeds,
+    trace_speeds,
     traces,
     tree_vs_path,
     verify_cost,
-)
-from specbench.report.verdicts.speeds import (
-    SpeedVerdict,
-    policy_speeds,
-    quickstart_speeds,
-    sweep_speeds,
-    trace_speeds,
 )
 
 __all__ = [
