@@ -50,15 +50,8 @@ def verify_costs(
             widths = p.widths[mode]
             overhead = p.overhead.get(mode, 0.0)
             total = [c + overhead for c in p.costs[mode]]
-            ax.plot(
-                widths,
-                total,
-                MODE_STYLES.get(mode, ":"),
-                marker="o",
-                ms=3.5,
-                color=palette[p.name],
-                label=f"{model_label(p.name)} ({mode}; step {1e3 * p.plain_step_s:.1f} ms; c(2) = {p.c(2, mode):.2f})",
-            )
+            label = f"{model_label(p.name)} ({mode}; step {1e3 * p.plain_step_s:.1f} ms; c(2) = {p.c(2, mode):.2f})"
+            ax.plot(widths, total, MODE_STYLES.get(mode, ":"), marker="o", ms=3.5, color=palette[p.name], label=label)
             if overhead:
                 ax.plot(widths, p.costs[mode], MODE_STYLES.get(mode, ":"), lw=0.8, alpha=0.45, color=palette[p.name])
             wmax, cmax = max(wmax, max(widths)), max(cmax, max(total))

@@ -44,16 +44,9 @@ def _confirmed_panel(ax, confirmed: pl.DataFrame, colours: dict[str, str]) -> No
         err = None
         if r.measured_low is not None and r.measured_high is not None:
             err = [[r.measured_speedup - r.measured_low], [r.measured_high - r.measured_speedup]]
-        ax.errorbar(
-            [r.predicted_speedup],
-            [r.measured_speedup],
-            yerr=err,
-            fmt="o",
-            ms=7,
-            capsize=4,
-            color=colours.get(r.policy, "0.3"),
-            label=f"{r.policy}: residual {r.residual:+.0%}" + ("" if err else " (no interval)"),
-        )
+        label = f"{r.policy}: residual {r.residual:+.0%}" + ("" if err else " (no interval)")
+        point = dict(fmt="o", ms=7, capsize=4, color=colours.get(r.policy, "0.3"), label=label)
+        ax.errorbar([r.predicted_speedup], [r.measured_speedup], yerr=err, **point)
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
     title = f"Confirmed by real runs: {max(r.requests for r in rows)} request(s)"

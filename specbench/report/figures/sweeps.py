@@ -239,13 +239,8 @@ def token_histograms(check: Any, title: str | None = None):
     fig, ax = plt.subplots(figsize=(max(6.5, 0.55 * len(counts) + 2), 4.2), constrained_layout=True)
     x = np.arange(len(counts))
     ax.bar(x - 0.2, counts["plain"].to_numpy(), width=0.4, color=drafter_colour("none"), label="plain sampling")
-    ax.bar(
-        x + 0.2,
-        counts["speculative"].to_numpy(),
-        width=0.4,
-        color=drafter_colour(check.drafter),
-        label=f"speculative ({check.drafter}, {check.policy})",
-    )
+    speculative = f"speculative ({check.drafter}, {check.policy})"
+    ax.bar(x + 0.2, counts["speculative"].to_numpy(), width=0.4, color=drafter_colour(check.drafter), label=speculative)
     ax.set_xticks(x, counts["text"].to_list(), rotation=45, ha="right", fontsize=8)
     shown = counts.filter(pl.col("token") >= 0)
     repeats = bool(len(shown)) and int((shown["plain"] + shown["speculative"]).max()) > 1
