@@ -314,7 +314,7 @@ def rules_by_drafter(summary: pl.DataFrame, title: str = "Tokens per verificatio
 
 def rule_positions(positions: pl.DataFrame, title: str = "Per-position acceptance by rule", min_reached: int = 3):
     """a_i = P(draft token i accepted | 1..i-1 accepted) per rule (colour) and temperature (line style), with
-    the 95% intervals of ``per_position_acceptance`` (``sweeps.per_position``). For block verification a_i is the
+    the 95% intervals of ``per_position_acceptance`` (``per_position``). For block verification a_i is the
     conditional rate of its accepted prefix lengths (it accepts a prefix jointly, not token by token)."""
     return per_position(
         positions,
