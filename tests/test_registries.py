@@ -22,7 +22,7 @@ from specbench.core.policies import PEERS, DraftPolicy, FixedPolicy
 from specbench.core.rules import RULES, PassingRule, register_rule, rule_for
 from specbench.drafters import DRAFTERS, make_drafter, register_drafter
 from specbench.inputs.capabilities import usable_drafters
-from specbench.report.explore_logs import Choice
+from specbench.report.explorer import Choice
 from specbench.simulate.simulate import model_free_drafter
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ Then the hybrid Qwen3.5-9B 4-bit shape (Gated DeltaNet layers rolled back per ro
 grid. Then, budget permitting, the embedded SmolLM2-135M with real drafters (prompt lookup,
 SuffixDecoding) on two bundled prompts per category and the chat-revision trace's turns at B in
 {1, 4, 16}; and the verdict: at which batch sizes speculation pays for each shape. The phases and the
-verdict are ``scripts.gpu.batch_run``'s, the figure ``specbench.report.figures.batch``'s.
+verdict are ``scripts.gpu.batch_run``'s, the figure ``batch_break_even`` here.
 
 Writes into $OUT (or --out, default reports/gpu-batch): batch_summary.json (profiles, a*, divergence
 summary, verdict, failures, skipped), batch_costs.csv, batch_break_even.csv, batch_experts.csv,
@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from scripts.gpu.batch_run import BatchRun
 from specbench.bench.budget import Budget
@@ -106,10 +108,47 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
+#: The draft lengths whose a*(k, B) the figure's left panel draws.
+SHOWN_K = (1, 2, 4)
+
+
+def batch_break_even(break_even: Sequence[dict[str, Any]], grid: Sequence[dict[str, Any]], k_grid: int) -> Any:
+    """Two panels per shape (``model``): a*(k, B) for k in ``SHOWN_K``, and the grid's measured (points) and
+    predicted (lines) throughput speedups at ``k_grid`` per acceptance. Returns the Figure."""
+    import matplotlib.pyplot as plt
+    import polars as pl
+
+    from specbench.report.figures.checks import mark_coinciding
+
+    keys = {"model": pl.Utf8, "batch_size": pl.Int64, "k": pl.Int64}  # and each table's values
+    a_star_schema = keys | {"a_star": pl.Float64}
+    grid_schema = keys | {c: pl.Float64 for c in ("acceptance", "measured", "predicted")}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    a_stars = pl.DataFrame(list(break_even), schema=a_star_schema).filter(pl.col("k").is_in(SHOWN_K))
+    for (label,), rows in a_stars.group_by("model", maintain_order=True):
+        for (k,), line in rows.sort("k", "batch_size").group_by("k", maintain_order=True):
+            axes[0].plot(*line.select("batch_size", "a_star").to_numpy().T, marker="o", label=f"{label} k={k}")
+    cells = pl.DataFrame(list(grid), schema=grid_schema).filter(pl.col("k") == k_grid)
+    for (label,), rows in cells.group_by("model", maintain_order=True):
+        for (a,), line in rows.sort("acceptance", "batch_size").group_by("acceptance", maintain_order=True):
+            sizes, measured, predicted = line.select("batch_size", "measured", "predicted").to_numpy().T
+            drawn = axes[1].plot(sizes, predicted, label=f"{label} a={a} predicted")[0]
+            axes[1].scatter(sizes, measured, color=drawn.get_color(), label=f"{label} a={a} measured")
+    axes[0].set(xlabel="batch size B", ylabel="break-even acceptance a*(k, B)", title="Break-even acceptance")
+    speedup = f"throughput speedup (k={k_grid})"
+    axes[1].set(xlabel="batch size B", ylabel=speedup, title="Measured against predicted speedup")
+    axes[1].axhline(1.0, color="grey", lw=0.8)
+    for ax in axes:
+        ax.set_xscale("log")
+        mark_coinciding(ax)
+        if ax.lines or ax.collections:
+            ax.legend(fontsize=6)
+    return fig
+
+
 def write_figure(run: BatchRun) -> None:
     """batch_break_even.png, where a*(k, B) was measured."""
     if run.tables["break_even"]:
-        from specbench.report.figures.batch import batch_break_even
         from specbench.report.figures.style import save_figure
 
         fig = batch_break_even(run.tables["break_even"], run.tables["grid"], max(run.cfg["ks"]))

@@ -19,8 +19,15 @@ from specbench.cost.breakeven import break_even_acceptance, break_even_band
 from specbench.cost.profile import Profile
 from specbench.report import cost_models
 from specbench.report.outputs import read_json, read_table
-from specbench.report.verdicts.notebooks import INCONCLUSIVE, LOSES, PAYS, SummaryRow, speed_word
-from specbench.report.verdicts.speeds import SpeedVerdict, one
+from specbench.report.verdicts.notebooks import (
+    INCONCLUSIVE,
+    LOSES,
+    PAYS,
+    SpeedVerdict,
+    SummaryRow,
+    settings,
+    speed_word,
+)
 
 #: Where the sweep keeps its runs in a report folder.
 SWEEP_RUNS = Path("draft_length_sweep") / "tables" / "runs.parquet"
@@ -172,20 +179,12 @@ def answer_speeds(out: str | Path) -> list[SpeedVerdict]:
     runs, model = read_table(Path(out) / SWEEP_RUNS), sweep_model(out)
     if runs is None or model is None:
         return []
-    drafted = runs.filter(pl.col("drafter") != "none")
-    temperature, verify = float(one(drafted, "temperature", 0.0)), str(one(drafted, "verify_mode"))
+    temperature, verify = settings(runs)
+    cells = answer_cells(runs, None)
+    words = [c.verdict if c.verdict in (PAYS, LOSES) else INCONCLUSIVE for c in cells]
     return [
-        SpeedVerdict(
-            model,
-            c.drafter,
-            c.policy,
-            c.kind,
-            temperature,
-            verify,
-            c.verdict if c.verdict in (PAYS, LOSES) else INCONCLUSIVE,
-            c.speedup,
-        )
-        for c in answer_cells(runs, None)
+        SpeedVerdict(model, c.drafter, c.policy, c.kind, temperature, verify, w, c.speedup)
+        for c, w in zip(cells, words)
     ]
 
 

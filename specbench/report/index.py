@@ -17,7 +17,7 @@ from html import escape as esc
 from pathlib import Path
 from typing import Any
 
-from specbench.common.files import locked, set_aside, write_json_atomic, write_text_atomic
+from specbench.common.files import locked, read_or_set_aside, write_json_atomic, write_text_atomic
 from specbench.report.answer import answer_html, sweep_model
 from specbench.report.consistency import conflicts
 from specbench.report.outputs import read_json, read_summary
@@ -66,16 +66,14 @@ def check_status(data: Any) -> dict[str, Any]:
 def read_status(out: Path, notebook: str) -> dict[str, Any] | None:
     """A notebook's ``status.json`` in report folder ``out``: None when missing, unreadable or damaged
     (a damaged file is moved aside with a warning naming it, and the notebook runs again)."""
-    path = Path(out) / notebook / "status.json"
-    try:
+
+    def read(path: Path) -> dict[str, Any]:
         return check_status(json.loads(path.read_text(encoding="utf-8")))
-    except FileNotFoundError:
-        return None
-    except (ValueError, UnicodeDecodeError) as err:
-        set_aside(path, "report status", err)
+
+    try:
+        return read_or_set_aside(Path(out) / notebook / "status.json", read, "report status")
     except OSError:
-        pass
-    return None
+        return None
 
 
 def write_status(out: Path, notebook: str, status: dict[str, Any]) -> Path:

@@ -19,7 +19,7 @@ from specbench.common.files import safe_name, write_parquet_atomic, write_text_a
 from specbench.inputs.capabilities import check
 
 if TYPE_CHECKING:
-    from specbench.report.verdicts.speeds import SpeedVerdict
+    from specbench.report.verdicts.notebooks import SpeedVerdict
 
 #: Resolution of the figures a report writes.
 FIGURE_DPI = 110
@@ -97,7 +97,7 @@ class Outputs:
         self.folder = Path(output_dir) / notebook if output_dir else None
         self.values: dict[str, Any] = {}
         self.verdict_text = ""
-        #: What the verdict says of speed, as typed statements (``verdicts.speeds``).
+        #: What the verdict says of speed, as typed statements (``verdicts.SpeedVerdict``).
         self.speeds: list[SpeedVerdict] = []
         self.skipped: dict[str, str] = {}
         #: The files written so far (paths relative to the report folder).
@@ -145,21 +145,18 @@ class Outputs:
 
     def log(self, log: Any, name: str) -> Path | None:
         """Save a StepLog (or a polars frame of steps) as logs/NAME.parquet."""
-        if self.folder is None:
-            return None
-        path = self.folder / "logs" / f"{safe_name(name)}.parquet"
-        if hasattr(log, "save"):
-            log.save(path)
-        else:
-            write_parquet_atomic(log, path)
-        return self._keep(self.logs, path)
+        return self._parquet(log, "logs", name)
 
     def table(self, frame: Any, name: str) -> Path | None:
         """Save a polars frame as tables/NAME.parquet."""
+        return self._parquet(frame, "tables", name)
+
+    def _parquet(self, data: Any, kind: str, name: str) -> Path | None:
         if self.folder is None:
             return None
-        path = write_parquet_atomic(frame, self.folder / "tables" / f"{safe_name(name)}.parquet")
-        return self._keep(self.tables, path)
+        path = self.folder / kind / f"{safe_name(name)}.parquet"
+        data.save(path) if hasattr(data, "save") else write_parquet_atomic(data, path)
+        return self._keep(getattr(self, kind), path)
 
     def summary(self, **values: Any) -> None:
         """Key results shown in the report's index (numbers, short strings; NaN is stored as null)."""
@@ -169,7 +166,7 @@ class Outputs:
     def verdict(self, text: str, speeds: Sequence[SpeedVerdict] = ()) -> None:
         """The notebook's conclusion in words (from ``specbench.report.verdicts``): shown here once, stored for the
         index, which opens with one verdict per notebook; ``speeds``: what the words say of speed, as statements
-        (``verdicts.speeds``) that ``report.consistency`` sets against the other pages'."""
+        (``verdicts.SpeedVerdict``) that ``report.consistency`` sets against the other pages'."""
         self.verdict_text = " ".join(str(text).split()) + reference_blas_note()
         self.speeds = list(speeds)
         self._save_summary()

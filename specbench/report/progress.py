@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -46,24 +47,21 @@ def console(label: str, stream: TextIO | None = None) -> Callable[[Any], None]:
     return say
 
 
+@dataclass
 class Heartbeat:
     """Prints ``NAME: running M:SS of ~M:SS expected`` every ``every_s`` seconds until stopped.
 
     ``expected_s`` (from an earlier run or the profile's measured costs) gives the ETA; past it, the line
     says how far over it is. ``every_s=None`` prints nothing."""
 
-    def __init__(
-        self,
-        name: str,
-        expected_s: float | None = None,
-        every_s: float | None = 30.0,
-        stream: TextIO | None = None,
-        after: Callable[[], str] | None = None,
-        before: Callable[[], None] | None = None,
-    ):
-        self.name, self.expected_s, self.every_s = name, expected_s, every_s
-        self.stream = stream
-        self.after, self.before = after, before
+    name: str
+    expected_s: float | None = None
+    every_s: float | None = 30.0
+    stream: TextIO | None = None
+    after: Callable[[], str] | None = None
+    before: Callable[[], None] | None = None
+
+    def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.start = time.perf_counter()

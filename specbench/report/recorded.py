@@ -308,17 +308,18 @@ def run_sweep(
     policies = [as_policy(p) for p in policies]
     usable, skipped = usable_drafters(list(drafters), model, model_name)
     names = [d for d in usable if d not in ("none", "plain")]
-    cells: dict[tuple[str, float, int], list[tuple[dict[str, Any], pl.DataFrame]] | None] = {}
     order = [("none", "none"), *((d, p.name) for d in names for p in policies)]  # the sweep's run order
-    for prompt, t, seed in itertools.product(prompts, temperatures, seeds):
-        options = GenerateOptions(max_tokens=max_tokens, temperature=float(t), seed=seed, verify=verify)
+    keys = [(prompt, float(t), seed) for prompt, t, seed in itertools.product(prompts, temperatures, seeds)]
+    cells: dict[tuple[str, float, int], list[tuple[dict[str, Any], pl.DataFrame]]] = {}
+    for prompt, t, seed in keys:
+        options = GenerateOptions(max_tokens=max_tokens, temperature=t, seed=seed, verify=verify)
         found = [find(output_dir, generation_key(model_name, prompt.ids, d, p, options)) for d, p in order]
-        whole = all(f is not None for f in found)
-        cells[prompt.id, float(t), seed] = [(f.row, f.steps) for f in found] if whole else None
-    missing = {(t, seed) for (_, t, seed), cell in cells.items() if cell is None}
-    ran: dict[tuple[str, float, int], list[tuple[dict[str, Any], pl.DataFrame]]] = {}
-    for t, seed in sorted(missing):
-        todo = [p for p in prompts if cells[p.id, t, seed] is None]
+        if all(f is not None for f in found):
+            cells[prompt.id, t, seed] = [(f.row, f.steps) for f in found if f is not None]
+    if cells:
+        print(f"{len(cells)} of {len(keys)} cells recorded in this report earlier (not generated again)")
+    for t, seed in sorted({(t, seed) for prompt, t, seed in keys if (prompt.id, t, seed) not in cells}):
+        todo = [p for p in prompts if (p.id, t, seed) not in cells]
         part = sweep_run(
             model,
             tokenizer,
@@ -336,15 +337,13 @@ def run_sweep(
         record_sweep(output_dir, model_name, todo, part, max_tokens, verify, source=source)
         for row in part.runs.to_dicts():
             steps = part.steps.filter(pl.col("run") == row["run"])
-            ran.setdefault((row["prompt"], float(row["temperature"]), int(row["seed"])), []).append((row, steps))
-    if len(ran) < len(cells):
-        print(f"{len(cells) - len(ran)} of {len(cells)} cells recorded in this report earlier (not generated again)")
-    runs, frames = [], []
-    by_id = {p.id: p for p in prompts}
-    for key in cells:
-        for row, steps in cells[key] or ran.get(key, []):
-            run, prompt = len(runs), by_id[key[0]]
-            base = {"run": run, "prompt": prompt.id, "category": prompt.category, "temperature": key[1], "seed": key[2]}
+            cells.setdefault((row["prompt"], float(row["temperature"]), int(row["seed"])), []).append((row, steps))
+    runs: list[dict[str, Any]] = []
+    frames = []
+    for prompt, t, seed in keys:
+        for row, steps in cells.get((prompt.id, t, seed), []):
+            run = len(runs)
+            base = {"run": run, "prompt": prompt.id, "category": prompt.category, "temperature": t, "seed": seed}
             steps = steps.drop([c for c in _SWEEP_COLUMNS if c in steps.columns])
             frames.append(steps.with_columns(*(pl.lit(v).alias(k) for k, v in base.items())))
             runs.append({k: v for k, v in row.items() if k != "source"} | {"run": run})

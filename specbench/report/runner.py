@@ -105,35 +105,32 @@ def _parse_value(text: str) -> Any:
     return text
 
 
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
 def coerce(name: str, value: Any, default: Any) -> Any:
     """``value`` (from the command line) in the type of the parameter's default."""
     if isinstance(value, str) and (not isinstance(default, (str, list)) or value.strip().startswith("[")):
         value = _parse_value(value)
-    if isinstance(default, list) and isinstance(value, str):
-        items = [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(default, list):
+        if not isinstance(value, str):
+            return value if isinstance(value, list) else [value]
         like = default[0] if default else None
-        return [coerce(name, _parse_value(v) if not isinstance(like, str) else v, like) for v in items]
-    if isinstance(default, list) and not isinstance(value, list):
-        return [value]
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        return [coerce(name, v if isinstance(like, str) else _parse_value(v), like) for v in items]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-        if str(value).lower() in ("1", "true", "yes", "on"):
-            return True
-        if str(value).lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"parameter {name}: expected true or false, got {value!r}")
-    if isinstance(default, int) and not isinstance(value, bool):
-        if isinstance(value, (int, float)) and float(value).is_integer():
-            return int(value)
-        raise ValueError(f"parameter {name}: expected an integer, got {value!r}")
-    if isinstance(default, float):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ValueError(f"parameter {name}: expected a number, got {value!r}")
-    if isinstance(default, str) and not isinstance(value, str):
-        return str(value)
-    return value
+        found: Any = value if isinstance(value, bool) else _BOOLS.get(str(value).lower())
+        expected = "true or false"
+    elif isinstance(default, int):
+        found, expected = int(value) if number and float(value).is_integer() else None, "an integer"
+    elif isinstance(default, float):
+        found, expected = float(value) if number else None, "a number"
+    else:
+        return str(value) if isinstance(default, str) else value
+    if found is None:
+        raise ValueError(f"parameter {name}: expected {expected}, got {value!r}")
+    return found
 
 
 def parse_assignments(items: Sequence[str]) -> dict[str, str]:
@@ -294,14 +291,18 @@ def _error_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
+def _recorded(out: Path, name: str, svg: bool) -> list[str]:
+    """A notebook's files its summary lists: figures (PNG and, with ``svg``, SVG), logs and tables."""
+    summary = read_summary(out, name)
+    figures = [str(p) for p in summary.get("figures", [])]
+    svgs = [str(Path(p).with_suffix(".svg")) for p in figures if svg]
+    return [*figures, *svgs, *(str(p) for p in summary.get("logs", []) + summary.get("tables", []))]
+
+
 def output_files(out: Path, name: str) -> list[str]:
     """A notebook's outputs in report folder ``out`` (relative paths): its executed notebook and HTML,
     and the summary, figures (PNG and SVG), logs and tables it recorded that exist."""
-    summary = read_summary(out, name)
-    figures = [str(p) for p in summary.get("figures", [])]
-    listed = [*figures, *(str(Path(p).with_suffix(".svg")) for p in figures)]
-    listed += [str(p) for p in summary.get("logs", []) + summary.get("tables", [])]
-    listed += [f"{name}/summary.json"]
+    listed = [*_recorded(out, name, True), f"{name}/summary.json"]
     return [f"{name}.ipynb", f"{name}.html", *sorted({p for p in listed if (out / p).is_file()})]
 
 
@@ -310,9 +311,7 @@ def missing_outputs(out: Path, name: str, status: dict[str, Any]) -> list[str]:
     HTML and recorded files) that are no longer in ``out``."""
     expected = status.get("outputs")
     if not isinstance(expected, list):
-        summary = read_summary(out, name)
-        expected = [f"{name}.ipynb", f"{name}.html", *summary.get("figures", [])]
-        expected += [*summary.get("logs", []), *summary.get("tables", [])]
+        expected = [f"{name}.ipynb", f"{name}.html", *_recorded(out, name, False)]
     return [str(p) for p in expected if not (out / str(p)).is_file()]
 
 
@@ -441,9 +440,8 @@ def run_report(
                     export_html(ipynb, html_path)
                 except Exception as err:
                     error = error or f"HTML export failed: {_error_text(err)}"
-            cpu = cpu_seconds() - cpu0
             status.update(status="failed" if error else "done", finished=_now(), seconds=round(seconds, 1), error=error)
-            status["cpu_s"] = round(cpu, 1)
+            status["cpu_s"] = round(cpu_seconds() - cpu0, 1)
             if not error:
                 status["outputs"] = output_files(out, name)
             write_status(out, name, status)

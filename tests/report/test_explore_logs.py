@@ -12,7 +12,7 @@ from specbench.bench import sweep
 from specbench.cost import Profile
 from specbench.inputs.prompts import Prompt
 from specbench.report import recorded
-from specbench.report.explore_logs import (
+from specbench.report.explorer import (
     EVERY_PROMPT,
     ROW_COLUMNS,
     Choice,
@@ -186,7 +186,7 @@ def test_the_widgets_replay_each_choice(recordings):
 
 
 def test_load_recordings_takes_this_models_longest_outputs_from_the_report(tmp_path):
-    from specbench.report.explore_logs import load_recordings
+    from specbench.report.explorer import load_recordings
 
     rows = [_row("a", "edit", [1, 2], [3, 4, 5, 6]), _row("a", "edit", [1, 2], [3, 4]), _row("b", "qa", [1], [2, 3])]
     frame = pl.DataFrame(rows, schema=recorded.OUTPUTS_SCHEMA)

@@ -18,8 +18,7 @@ from specbench.cost.profile import Profile
 from specbench.report import figures, verdicts
 from specbench.report.progress import Heartbeat, console
 from specbench.report.verdicts import INCONCLUSIVE
-from specbench.report.verdicts.notebooks import SummaryRow
-from specbench.report.verdicts.speeds import OWN_PROMPT
+from specbench.report.verdicts.notebooks import OWN_PROMPT, SummaryRow
 
 
 def _profile(name: str, costs: list[float], overhead: float = 0.0, device: str = "cpu:test") -> Profile:
@@ -122,7 +121,7 @@ def test_noisy_cells_are_inconclusive_and_only_a_clear_interval_pays_or_loses():
 
 
 def test_the_speed_statements_say_what_the_words_say():
-    """``verdicts.speeds``: each page's statement carries the word its verdict text gives, for the quantity it names."""
+    """``SpeedVerdict``: each page's statement carries the word its verdict text gives, for the quantity it names."""
     runs = pl.DataFrame({"drafter": ["lookup", "none"], "category": ["qa", "qa"], "temperature": [0.0] * 2})
     runs = runs.with_columns(verify_mode=pl.lit("exact"))
     clear = _summary(speedup_low=[None, 0.9, 1.1, 0.9], speedup_high=[None, 1.1, 1.5, 1.6])

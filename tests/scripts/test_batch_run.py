@@ -132,7 +132,7 @@ def test_batch_figure_passes_the_report_checks():
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from specbench.report.figures.batch import batch_break_even
+    from scripts.gpu.batch import batch_break_even
     from specbench.report.figures.checks import figure_problems
 
     break_even = [

@@ -1,17 +1,15 @@
 """Figures of the notebooks, reports and command line (matplotlib), with one colour scheme (``style``).
 
 Each figure function takes polars frames or cost profiles and returns a Figure; ``save_figure`` writes one
-atomically. Notebooks call ``figures.<name>``; the command line and scripts import ``batch_break_even``,
-``bench`` and ``save_compare_figure`` from their modules.
+atomically. Notebooks call ``figures.<name>``; the command line imports ``bench`` and ``save_compare_figure``
+from their modules.
 """
 
-from specbench.report.figures.batch import batch_beside_reference
 from specbench.report.figures.compare import compare_figure
 from specbench.report.figures.components import component_stack, costs_by_length
 from specbench.report.figures.cost import break_even, break_even_map, measured_vs_predicted, verify_costs
 from specbench.report.figures.policies import policy_ranking
-from specbench.report.figures.reference import beside_reference
-from specbench.report.figures.rules import rule_positions, rule_shifts, rules_by_drafter, rules_vs_temperature
+from specbench.report.figures.reference import batch_beside_reference, beside_reference
 from specbench.report.figures.steps import step_timeline
 from specbench.report.figures.style import (
     COLOURS,
@@ -27,6 +25,10 @@ from specbench.report.figures.sweeps import (
     accepted_vs_k,
     category_speedups,
     per_position,
+    rule_positions,
+    rule_shifts,
+    rules_by_drafter,
+    rules_vs_temperature,
     speedup_vs_k,
     token_histograms,
 )

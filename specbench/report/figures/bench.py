@@ -15,7 +15,7 @@ from specbench.bench.paired import MIN_UNITS
 from specbench.bench.prompt_bench import PromptBench
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method
 from specbench.bench.prompt_summary import MethodSummary, summarize_prompt_runs
-from specbench.report.figures.style import drafter_colour, headless_pyplot, save_figure
+from specbench.report.figures.style import drafter_colour, finish, headless_pyplot, interval_bars, save_figure
 
 PROMPT_FIGURE_FILE = "prompt_bench_speedup.png"
 
@@ -63,20 +63,12 @@ def prompt_figure(
         for kind, colour in (("interval", "0.1"), ("range", "0.55")):
             at = [j for j, b in enumerate(bounds) if b is not None and b[2] == kind and np.isfinite(values[j])]
             if at:
-                low = np.array([bounds[j][0] for j in at])
-                high = np.array([bounds[j][1] for j in at])
-                ax.errorbar(
-                    centres[at],
-                    values[at],
-                    yerr=[np.clip(values[at] - low, 0.0, None), np.clip(high - values[at], 0.0, None)],
-                    fmt="none",
-                    ecolor=colour,
-                    elinewidth=0.8,
-                    capsize=2,
+                low, high = ([bounds[j][end] for j in at] for end in (0, 1))
+                interval_bars(
+                    ax, centres[at], values[at], low, high, fmt="none", ecolor=colour, elinewidth=0.8, capsize=2
                 )
     ax.axhline(1.0, color="0.2", lw=0.9, ls="--", label="mlx-lm plain (1.0)")
     ax.set_xticks(x, [g.replace("_", "\n") for g in groups], fontsize=9)
-    ax.set_ylabel("speedup over mlx-lm plain decoding (x)")
     ax.annotate(
         f"whiskers: 95 % bootstrap interval over questions (from {MIN_UNITS}); grey: range over repeats",
         (0.0, -0.16),
@@ -85,16 +77,14 @@ def prompt_figure(
         color="0.3",
         va="top",
     )
-    ax.set_xlabel("prompt category")
     device = info.get("device", "").split(":", 1)[-1]
-    ax.set_title(
+    title = (
         f"Speculative decoding speedup by category: {info.get('model', '')} on {device}\n"
         f"greedy, batch 1, max {info.get('max_tokens', '')} new tokens "
-        f"(mlx {info.get('mlx', '')}, mlx-lm {info.get('mlx_lm', '')})",
-        fontsize=10,
+        f"(mlx {info.get('mlx', '')}, mlx-lm {info.get('mlx_lm', '')})"
     )
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="method", title_fontsize=8)
+    legend = dict(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="method", title_fontsize=8)
+    finish(ax, "prompt category", "speedup over mlx-lm plain decoding (x)", title, legend, "y", fontsize=10)
     ax.set_ylim(0, None)
     return fig
 

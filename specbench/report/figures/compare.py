@@ -25,21 +25,12 @@ def _forest(ax: Any, differences: list[Difference], title: str, xlabel: str) -> 
         resolved = d.verdict in (A_HIGHER, B_HIGHER)
         if d.low is not None and d.high is not None:
             ax.plot([d.low, d.high], [row, row], color="0.2", linewidth=1.6)
-        ax.plot(
-            [d.difference],
-            [row],
-            marker="o",
-            linestyle="none",
-            color="0.1",
-            markerfacecolor="0.1" if resolved else "white",
-            markersize=6,
-        )
+        face = "0.1" if resolved else "white"
+        ax.plot([d.difference], [row], marker="o", linestyle="none", color="0.1", markerfacecolor=face, markersize=6)
     ax.axvline(0.0, color="0.5", linestyle="--", linewidth=1.0)
     ax.set_yticks(range(len(differences)))
     ax.set_yticklabels([f"{d.measure} (n={d.units})" for d in reversed(differences)], fontsize=8)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("measure (n: prompts or rounds)")
+    ax.set(title=title, xlabel=xlabel, ylabel="measure (n: prompts or rounds)")
 
 
 def compare_figure(comparison: Comparison, title: str | None = None):
@@ -64,9 +55,8 @@ def compare_figure(comparison: Comparison, title: str | None = None):
         left.legend(fontsize=8, loc="lower left")
     else:
         no_data(left, "no verification drafted")
-    left.set_title("acceptance per draft position")
-    left.set_xlabel("draft position (given the earlier ones accepted)")
-    left.set_ylabel("acceptance rate")
+    xlabel = "draft position (given the earlier ones accepted)"
+    left.set(title="acceptance per draft position", xlabel=xlabel, ylabel="acceptance rate")
     rates = [d for d in comparison.differences if d.section in ("position", "kind") or d.measure == "acceptance"]
     _forest(middle, rates, "acceptance: A - B, 95 % interval", "difference in acceptance rate")
     others = [d for d in comparison.differences if d not in rates]

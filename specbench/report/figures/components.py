@@ -12,8 +12,7 @@ import numpy as np
 from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.components import PARTS, WAIT, ComponentRow, phase_stack
 from specbench.cost.profile import Profile
-from specbench.report.figures.checks import mark_coinciding
-from specbench.report.figures.style import model_label
+from specbench.report.figures.style import finish, model_label
 
 #: One colour per part: the forward's in blues and greens, the engine's in warm tones.
 PART_COLOURS = {
@@ -61,11 +60,8 @@ def component_stack(stacks: Mapping[str, Sequence[dict[str, Any]]], title: str |
         for i, w in enumerate(widths):
             ax.annotate(f"{at[w, PARTS[0]].error:+.0%}", (x[i], max(bottom[i], whole[i])), ha="center", va="bottom")
         ax.set_xticks(x, [f"w={w}" for w in widths])
-        ax.set_xlabel("verify width w (rows)")
-        ax.set_ylabel("plain steps")
         ax.set_ylim(0, 1.15 * max(bottom.max(), whole.max()))
-        ax.set_title(model_label(name), fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
+        finish(ax, "verify width w (rows)", "plain steps", model_label(name), grid="y", fontsize=10)
     if names:  # every panel's parts in one legend (a MoE's experts, a hybrid's recurrent layers), stack order
         drawn = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
         labels = [p for p in (*PARTS, WAIT, "measured step") if p in drawn][::-1]
@@ -94,15 +90,11 @@ def costs_by_length(profiles: Sequence[Profile], mode: str = "fast", d: float = 
             a_star = break_even_acceptance(at, d, len(curve) - 1, mode)
             right.plot(np.arange(1, len(a_star) + 1), a_star, style, color=colour, marker="o", ms=3, label=label)
     left.axhline(1.0, color="0.6", lw=0.8)
-    left.set_xlabel("verification width w")
-    left.set_ylabel("c(w, L): verify step / plain step at L")
-    right.set_xlabel("draft length k")
-    right.set_ylabel("break-even acceptance a*(k)")
     right.set_ylim(0, 1)
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        mark_coinciding(ax)  # e.g. a*(k) = 0 at every length: pays even when every draft is rejected
-    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    finish(left, "verification width w", "c(w, L): verify step / plain step at L")
+    # e.g. a*(k) = 0 at every length (pays even when every draft is rejected): the legend names the hidden ones
+    legend = dict(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    finish(right, "draft length k", "break-even acceptance a*(k)", legend=legend)
     fig.suptitle(title or f"Verify cost and break-even by context length ({mode})", fontsize=11)
     fig.tight_layout()
     return fig

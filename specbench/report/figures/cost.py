@@ -16,8 +16,7 @@ import numpy as np
 
 from specbench.cost.breakeven import break_even_acceptance, break_even_band, speedup
 from specbench.cost.profile import Profile
-from specbench.report.figures.checks import mark_coinciding
-from specbench.report.figures.style import MODE_STYLES, WIDE, model_colours, model_label, new_axes
+from specbench.report.figures.style import MODE_STYLES, WIDE, finish, model_colours, model_label, new_axes
 
 
 def _overhead_note(profiles: Sequence[Profile]) -> str:
@@ -51,15 +50,8 @@ def verify_costs(
             widths = p.widths[mode]
             overhead = p.overhead.get(mode, 0.0)
             total = [c + overhead for c in p.costs[mode]]
-            ax.plot(
-                widths,
-                total,
-                MODE_STYLES.get(mode, ":"),
-                marker="o",
-                ms=3.5,
-                color=palette[p.name],
-                label=f"{model_label(p.name)} ({mode}; step {1e3 * p.plain_step_s:.1f} ms; c(2) = {p.c(2, mode):.2f})",
-            )
+            label = f"{model_label(p.name)} ({mode}; step {1e3 * p.plain_step_s:.1f} ms; c(2) = {p.c(2, mode):.2f})"
+            ax.plot(widths, total, MODE_STYLES.get(mode, ":"), marker="o", ms=3.5, color=palette[p.name], label=label)
             if overhead:
                 ax.plot(widths, p.costs[mode], MODE_STYLES.get(mode, ":"), lw=0.8, alpha=0.45, color=palette[p.name])
             wmax, cmax = max(wmax, max(widths)), max(cmax, max(total))
@@ -69,15 +61,13 @@ def verify_costs(
     ax.axhline(1.0, color="0.6", lw=0.8)
     ax.set_xlim(0.5, wmax + 0.5)
     ax.set_ylim(0, 1.15 * cmax)
-    ax.set_xlabel("verification width w (tokens in one forward)")
-    ax.set_ylabel("c(w): verify step time / plain step time")
     device = profiles[0].device.split(":", 1)[-1] if profiles else ""
-    ax.set_title(title or f"Verify cost, dense vs MoE ({device})")
-    ax.grid(alpha=0.3)
     note = _overhead_note(profiles)
     if note:  # what "engine overhead" is, in the legend beside the curves that include it
         ax.plot([], [], ls="", label=textwrap.fill(note, 52))
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    legend = dict(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    xlabel, ylabel = "verification width w (tokens in one forward)", "c(w): verify step time / plain step time"
+    finish(ax, xlabel, ylabel, title or f"Verify cost, dense vs MoE ({device})", legend)
     return fig
 
 
@@ -115,39 +105,24 @@ def break_even(
                 label = None
             if never.any():
                 never_band = True
-                ax.plot(
-                    k[never],
-                    np.full(never.sum(), 1.06),
-                    ls="",
-                    marker="x",
-                    ms=7,
-                    mew=2,
-                    color=palette[p.name],
-                    label=label,
-                )
+                crosses = dict(ls="", marker="x", ms=7, mew=2, color=palette[p.name])
+                ax.plot(k[never], np.full(never.sum(), 1.06), label=label, **crosses)
     if never_band:
         ax.axhspan(1.0, 1.12, color="0.88", zorder=0)
-        ax.text(
-            0.99,
-            1.095,
-            "never breaks even (no acceptance <= 1 pays)",
-            transform=ax.get_yaxis_transform(),
-            ha="right",
-            va="center",
-            fontsize=8,
-            color="0.25",
-        )
+        words = dict(transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=8, color="0.25")
+        ax.text(0.99, 1.095, "never breaks even (no acceptance <= 1 pays)", **words)
     ax.set_ylim(0, 1.12 if never_band else 1)
-    ax.set_xlabel("draft length k (tokens)")
-    ax.set_ylabel("break-even acceptance a*(k), per position\n(P(token i accepted | 1..i-1 accepted))")
     ax.xaxis.get_major_locator().set_params(integer=True)
     cost = f"drafter cost d = {d:g} steps/token" if d else "free drafter"
-    ax.set_title(title or f"Break-even acceptance a*(k) ({cost}; c with engine overhead)")
-    ax.grid(alpha=0.3)
-    mark_coinciding(ax)  # e.g. a*(k) = 0 for two models: both pay even when every draft is rejected
-    # under the axes: the plot keeps the figure's width, and the legend's long entries hide no curve
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    ylabel = "break-even acceptance a*(k), per position\n(P(token i accepted | 1..i-1 accepted))"
+    # e.g. a*(k) = 0 for two models (both pay even when every draft is rejected): the legend names the hidden one
+    title = title or f"Break-even acceptance a*(k) ({cost}; c with engine overhead)"
+    finish(ax, "draft length k (tokens)", ylabel, title, _UNDER)
     return fig
+
+
+#: A legend under the axes: the plot keeps the figure's width, and the legend's long entries hide no curve.
+_UNDER = dict(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
 
 
 def break_even_map(
@@ -186,7 +161,7 @@ def break_even_map(
         ax.plot([], [], marker=marker, color=colour, ls="", label=f"measured: {verdict}")
     ax.plot([], [], marker=hollow[0], color=hollow[1], mfc="none", ls="", label="measured: too few pairs for a verdict")
     ax.set_xlabel("draft length k (tokens; a measured run at its mean draft per verification)")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    ax.legend(**_UNDER)
     return fig
 
 
@@ -260,12 +235,11 @@ def measured_vs_predicted(
             ax.axhline(1.0, color="0.4", lw=0.8)
             err = np.abs([r.error_nominal for r in mine])
             error = f"|error| mean {100 * err.mean():.1f}%, max {100 * err.max():.1f}%"
-            ax.set_title(f"{model_label(name)}, {mode} verify\n{error}", fontsize=10)
-            ax.set_xlabel("per-position acceptance a, as each run realized it (grey ticks: the nominal a)")
-            ax.set_ylabel("speedup over plain decoding (x)")
             ax.set_xlim(0, 1.02)
             ax.set_ylim(0, None)
-            ax.grid(alpha=0.3)
+            xlabel = "per-position acceptance a, as each run realized it (grey ticks: the nominal a)"
+            title = f"{model_label(name)}, {mode} verify\n{error}"
+            finish(ax, xlabel, "speedup over plain decoding (x)", title, fontsize=10)
             handles, labels = ax.get_legend_handles_labels()
             handles.append(plt.Line2D([], [], ls="", marker="o", mfc="0.7", mec="k"))
             labels.append("measured")
@@ -281,31 +255,17 @@ def _time_panel(ax, runs: Sequence[_GridRun], names: Sequence[str], mode: str) -
     markers = "osD^v"
     predicted = 1e3 * np.array([r.predicted_spec_s_per_token for r in runs], dtype=float)
     measured = 1e3 * np.array([r.spec_s_per_token for r in runs], dtype=float)
+    points = dict(color="tab:blue", edgecolor="k", lw=0.5, s=28, zorder=3)
     for i, name in enumerate(names):
         mine = [j for j, r in enumerate(runs) if r.name == name]
-        ax.scatter(
-            predicted[mine],
-            measured[mine],
-            marker=markers[i % len(markers)],
-            color="tab:blue",
-            edgecolor="k",
-            lw=0.5,
-            s=28,
-            zorder=3,
-            label=model_label(name),
-        )
+        ax.scatter(predicted[mine], measured[mine], marker=markers[i % len(markers)], label=model_label(name), **points)
     top = 1.1 * max(predicted.max(), measured.max())
     line = np.array([0.0, top])
     ax.plot(line, line, color="0.3", lw=0.9, label="measured = predicted")
     ax.fill_between(line, 0.9 * line, 1.1 * line, color="0.85", label="within 10%")
     err = np.abs(measured / predicted - 1)
-    ax.set_title(
-        f"Seconds per token, {mode} verify\n|error| mean {100 * err.mean():.1f}%, max {100 * err.max():.1f}%",
-        fontsize=10,
-    )
-    ax.set_xlabel("predicted from the profile, for the steps taken (ms/token)")
-    ax.set_ylabel("measured (ms/token)")
+    title = f"Seconds per token, {mode} verify\n|error| mean {100 * err.mean():.1f}%, max {100 * err.max():.1f}%"
     ax.set_xlim(0, top)
     ax.set_ylim(0, top)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    xlabel = "predicted from the profile, for the steps taken (ms/token)"
+    finish(ax, xlabel, "measured (ms/token)", title, dict(fontsize=8, loc="upper left"), fontsize=10)

@@ -7,8 +7,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from specbench.report.figures.style import no_data
-from specbench.report.verdicts.policy_verdicts import Confirmed
+from specbench.report.figures.style import bar_offsets, finish, no_data
+from specbench.report.verdicts.notebooks import Confirmed
 from specbench.simulate.policies import best_predicted
 
 
@@ -16,10 +16,9 @@ def _ranking_panel(ax, table: pl.DataFrame, colours: dict[str, str]) -> None:
     """Grouped bars: per workload, each policy's predicted speedup; the best outlined in black (none where every
     policy ties)."""
     workloads = table["workload"].unique(maintain_order=True).to_list()
-    width = 0.8 / len(colours)
     for j, (policy, colour) in enumerate(colours.items()):
         values = dict(table.filter(pl.col("policy") == policy).select("workload", "predicted_speedup").iter_rows())
-        x = np.arange(len(workloads)) + (j - (len(colours) - 1) / 2) * width
+        x, width = bar_offsets(len(workloads), j, len(colours))
         heights = np.array([values.get(w, np.nan) for w in workloads], dtype=float)
         ax.bar(x, heights, width=width * 0.95, color=colour, label=policy)
         best = [i for i, w in enumerate(workloads) if policy in best_predicted(table, w)]
@@ -27,13 +26,12 @@ def _ranking_panel(ax, table: pl.DataFrame, colours: dict[str, str]) -> None:
             ax.bar(x[best], heights[best], width=width * 0.95, fill=False, edgecolor="k", linewidth=1.4)
     ax.axhline(1.0, color="0.3", lw=0.9)
     ax.set_xticks(np.arange(len(workloads)), workloads, rotation=25, ha="right", fontsize=8)
-    ax.set_xlabel("workload (outlined: the best predicted; none where all tie)")
-    ax.set_ylabel("predicted speedup over plain decoding (x)")
     top = np.nanmax(table["predicted_speedup"].to_numpy().astype(float))
     ax.set_ylim(0, 1.35 * max(1.0, top))  # room for the legend above the bars
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(ncol=min(3, len(colours)), loc="upper center", fontsize=8)
-    ax.set_title("Ranking per workload by predicted speedup", fontsize=10)
+    xlabel = "workload (outlined: the best predicted; none where all tie)"
+    legend = dict(ncol=min(3, len(colours)), loc="upper center", fontsize=8)
+    title = "Ranking per workload by predicted speedup"
+    finish(ax, xlabel, "predicted speedup over plain decoding (x)", title, legend, "y", fontsize=10)
 
 
 def _confirmed_panel(ax, confirmed: pl.DataFrame, colours: dict[str, str]) -> None:
@@ -46,24 +44,14 @@ def _confirmed_panel(ax, confirmed: pl.DataFrame, colours: dict[str, str]) -> No
         err = None
         if r.measured_low is not None and r.measured_high is not None:
             err = [[r.measured_speedup - r.measured_low], [r.measured_high - r.measured_speedup]]
-        ax.errorbar(
-            [r.predicted_speedup],
-            [r.measured_speedup],
-            yerr=err,
-            fmt="o",
-            ms=7,
-            capsize=4,
-            color=colours.get(r.policy, "0.3"),
-            label=f"{r.policy}: residual {r.residual:+.0%}" + ("" if err else " (no interval)"),
-        )
+        label = f"{r.policy}: residual {r.residual:+.0%}" + ("" if err else " (no interval)")
+        point = dict(fmt="o", ms=7, capsize=4, color=colours.get(r.policy, "0.3"), label=label)
+        ax.errorbar([r.predicted_speedup], [r.measured_speedup], yerr=err, **point)
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
-    ax.set_xlabel("predicted speedup (x)")
-    ax.set_ylabel("measured speedup (x), 95 % interval over requests")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
-    requests = max(r.requests for r in rows)
-    ax.set_title(f"Confirmed by real runs: {requests} request(s)", fontsize=10)
+    title = f"Confirmed by real runs: {max(r.requests for r in rows)} request(s)"
+    ylabel = "measured speedup (x), 95 % interval over requests"
+    finish(ax, "predicted speedup (x)", ylabel, title, dict(loc="best", fontsize=8), fontsize=10)
 
 
 def policy_ranking(table: pl.DataFrame, confirmed: pl.DataFrame | None = None, title: str = "Draft-length policies"):

@@ -1,15 +1,17 @@
-"""This machine's verify costs beside a shipped reference device's (``specbench.cost.reference``): c(w) and
-a*(k) of a dense and an MoE model, one column per device, on shared axes."""
+"""This machine beside a shipped reference device (``specbench.cost.reference``): c(w) and a*(k) of a dense and an
+MoE model, one column per device, on shared axes; and a*(k, B) along the batch axis."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 
+from specbench.cost.batch import BatchProfile
 from specbench.cost.profile import Profile
 from specbench.cost.reference import Reference
 from specbench.report.figures.cost import break_even, verify_costs
+from specbench.report.figures.style import finish, model_label, no_data
 
 
 def beside_reference(
@@ -42,3 +44,32 @@ def _first_widths(profile: Profile, widths: int) -> Profile:
     for part in ("widths", "costs", "seconds"):
         data[part] = {mode: [values[i] for i in keep[mode]] for mode, values in data[part].items()}
     return Profile.from_dict(data)
+
+
+def batch_beside_reference(
+    here: Mapping[str, BatchProfile], reference: Reference, d: float = 0.0, ks: Sequence[int] = (1, 4)
+) -> plt.Figure:
+    """a*(k, B) against batch size for the draft lengths ``ks``: this machine's batch profiles (left) beside the
+    shipped reference device's dense and MoE ones (right), on a shared y axis; a k a profile is too narrow
+    for is left out, and a break-even of NaN (no acceptance pays) leaves a gap."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True, constrained_layout=True)
+    panels = [(axes[0], here, "This machine"), (axes[1], reference.batch, reference.describe().replace(" (", "\n("))]
+    for ax, profiles, title in panels:
+        for (name, profile), style in zip(profiles.items(), ["-", "--", "-.", ":"]):
+            kind = reference.kinds.get(name)
+            label = model_label(name) + (f" ({kind})" if kind else "")
+            top = min(len(profile.costs[b]) for b in profile.batch_sizes) - 1
+            for k in [k for k in ks if k <= top]:
+                a_star = [float(profile.break_even_acceptance(b, d, top)[k - 1]) for b in profile.batch_sizes]
+                ax.plot(profile.batch_sizes, a_star, style, marker="o", ms=4, label=f"{label}, k = {k}")
+        ax.set_xscale("log")
+        sizes = sorted({b for profile in profiles.values() for b in profile.batch_sizes})
+        ax.set_xticks(sizes, [str(b) for b in sizes], minor=False)
+        ax.set_xticks([], minor=True)
+        ax.set_ylim(-0.02, 1.02)
+        title = f"{title}\nbreak-even acceptance a*(k, B)"
+        finish(ax, "batch size B", "a*(k, B): acceptance needed to pay", title, dict(fontsize=7) if ax.lines else None)
+        if not ax.lines:
+            no_data(ax, "no batch profile measured")
+        ax.tick_params(labelleft=True)
+    return fig

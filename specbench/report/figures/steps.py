@@ -33,19 +33,9 @@ def step_timeline(log: Any, title: str = "Per-step view of one generation") -> A
         top.bar(x, tokens, color=SOURCE_COLOURS[source], label=SOURCE_LABELS[source], width=0.85, **look)
     rejected = np.clip(np.array([r.k_drafted for r in steps]) - taken, 0, None)
     if rejected.any():
-        top.bar(
-            x,
-            rejected,
-            bottom=emitted,
-            fill=False,
-            edgecolor="#b2182b",
-            hatch="///",
-            lw=0.6,
-            width=0.85,
-            label="rejected draft tokens",
-        )
-    top.set_ylabel("tokens per step")
-    top.set_title(title)
+        outline = dict(fill=False, edgecolor="#b2182b", hatch="///", lw=0.6, width=0.85)
+        top.bar(x, rejected, bottom=emitted, label="rejected draft tokens", **outline)
+    top.set(ylabel="tokens per step", title=title)
     top.legend(loc="upper right", fontsize=7.5, ncol=2)
     top.set_ylim(0, max(1, int((emitted + rejected).max())) + 1.2)
     top.yaxis.get_major_locator().set_params(integer=True)
@@ -53,7 +43,6 @@ def step_timeline(log: Any, title: str = "Per-step view of one generation") -> A
     ms = [1e3 * (r.draft_s + r.verify_s + r.other_s) for r in steps]
     colours = np.where(verify, SOURCE_COLOURS["bonus"], COLOURS["plain"])
     bottom.bar(x, ms, color=colours, width=0.85)
-    bottom.set_ylabel("step time (ms)")
-    bottom.set_xlabel("decoding step (step 0 is the prefill)")
+    bottom.set(ylabel="step time (ms)", xlabel="decoding step (step 0 is the prefill)")
     bottom.grid(axis="y", alpha=0.3)
     return fig

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import polars as pl
 
 from specbench.common.files import write_figure_atomic
@@ -136,6 +137,46 @@ def no_data(ax: Any, text: str) -> None:
     ax.set_yticks([])
 
 
+def finish(
+    ax: Any,
+    xlabel: str,
+    ylabel: str,
+    title: str | None = None,
+    legend: Any = None,
+    grid: str = "both",
+    **title_style: Any,
+) -> None:
+    """Label ``ax`` (``title_style``: the title's font), grid it, name lines hidden under others
+    (``mark_coinciding``) and draw its legend with the options ``legend`` (True: matplotlib's; None: no legend)."""
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    if title is not None:
+        ax.set_title(title, **title_style)
+    ax.grid(alpha=0.3, axis=grid)
+    mark_coinciding(ax)
+    if legend is not None:
+        ax.legend(**({} if legend is True else legend))
+
+
+def interval_bars(ax: Any, x: Any, y: Any, low: Any, high: Any, **style: Any) -> None:
+    """Error bars from ``low`` to ``high`` around ``y`` (rounding can put a bound a hair past its value:
+    matplotlib rejects negative errors)."""
+    y = np.asarray(y, dtype=float)
+    yerr = [np.clip(y - np.asarray(low, dtype=float), 0.0, None), np.clip(np.asarray(high, dtype=float) - y, 0.0, None)]
+    ax.errorbar(x, y, yerr=yerr, **style)
+
+
+def count_labels(ax: Any, x: Any, y: Any, counts: Any, colour: Any) -> None:
+    """Write each point's count beside it (how many observations it rests on)."""
+    for xi, yi, n in zip(x, y, counts):
+        ax.annotate(f"{n}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
+
+
+def bar_offsets(groups: int, j: int, count: int) -> tuple[Any, float]:
+    """(x, width) of the ``j``-th of ``count`` bars side by side in each of ``groups`` groups."""
+    width = 0.8 / max(1, count)
+    return np.arange(groups) + (j - (count - 1) / 2) * width, width
+
+
 def line_pair(
     frame: pl.DataFrame,
     group: list[str],
@@ -165,20 +206,15 @@ def label_pair(fig: Any, x: str, left: tuple[Any, str, str], right: tuple[Any, s
     the legend on the left, lines hidden under others named (``mark_coinciding``)."""
     right[0].axhline(1.0, color="0.3", lw=0.9)
     for ax, ylabel, name in (left, right):
-        ax.set(xlabel=x, ylabel=ylabel, title=name)
-        ax.grid(alpha=0.3)
-        mark_coinciding(ax)
+        finish(ax, x, ylabel, name)
     left[0].legend(fontsize=8)
     fig.suptitle(title)
 
 
-def sample_note(frame: pl.DataFrame, column: str = "runs", what: str = "runs") -> str:
-    """How many observations stand behind each point: "n = 2 runs per point" (a range when they differ);
-    "" when ``frame`` has no ``column``."""
-    if column not in frame.columns or frame.is_empty():
-        return ""
-    counts = frame[column].drop_nulls()
-    if not len(counts):
-        return ""
+def noted(title: str, frame: pl.DataFrame, what: str = "runs", sep: str = "\n") -> str:
+    """``title`` with how many observations stand behind each point: "(n = 2 runs per point)" (a range when they
+    differ); ``title`` alone when ``frame`` has no ``runs``."""
+    if "runs" not in frame.columns or not len(counts := frame["runs"].drop_nulls()):
+        return title
     low, high = int(counts.min()), int(counts.max())
-    return f"n = {low} {what} per point" if low == high else f"n = {low}-{high} {what} per point"
+    return f"{title}{sep}(n = {low if low == high else f'{low}-{high}'} {what} per point)"

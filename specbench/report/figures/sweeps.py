@@ -1,6 +1,6 @@
 """Sweep figures: speedup and tokens per verification against draft length, per-position
-acceptance, speedup per prompt category; and sampling: acceptance against temperature, the
-losslessness check's token histograms."""
+acceptance, speedup per prompt category; sampling: acceptance against temperature, the
+losslessness check's token histograms; and the acceptance rules compared at T > 0."""
 
 from __future__ import annotations
 
@@ -17,14 +17,19 @@ from specbench.report.figures.style import (
     LINE_STYLES,
     POLICY_MARKERS,
     POLICY_STYLES,
+    WIDE,
+    bar_offsets,
+    count_labels,
     drafter_colour,
     drafter_label,
     drafter_order,
+    finish,
+    interval_bars,
     label_pair,
     line_pair,
     new_axes,
     no_data,
-    sample_note,
+    noted,
 )
 from specbench.report.verdicts.notebooks import SummaryRow
 
@@ -38,61 +43,30 @@ def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, re
     ks = rows["k"].drop_nulls().unique().sort().to_list()
     for (drafter,), mine in rows.group_by("drafter", maintain_order=True):
         for (family,), cell in mine.group_by("policy_family", maintain_order=True):
-            colour = drafter_colour(drafter)
-            if cell["k"].null_count() == len(cell):  # auto: it picks k itself; placed at its mean k
-                for row in SummaryRow.rows(cell):
-                    if not row.mean_k:  # it never drafted: said in the legend, no point to place
-                        ax.plot(
-                            [],
-                            [],
-                            ls="",
-                            marker="x",
-                            color=colour,
-                            label=f"{drafter_label(drafter)}, {family}: drafted nothing",
-                        )
-                        continue
-                    if getattr(row, metric) is None:
-                        continue
-                    ax.plot(
-                        [row.mean_k],
-                        [getattr(row, metric)],
-                        ls="",
-                        marker=POLICY_MARKERS.get(family, "D"),
-                        ms=8,
-                        mfc="white",
-                        mec=colour,
-                        mew=2,
-                        label=f"{drafter_label(drafter)}, {family} (mean k {row.mean_k:.1f})",
-                    )
+            colour, name = drafter_colour(drafter), f"{drafter_label(drafter)}, {family}"
+            if cell["k"].null_count() < len(cell):
+                cell, marker, style = cell.sort("k"), POLICY_MARKERS.get(family, "o"), POLICY_STYLES.get(family, "-.")
+                x, y = cell["k"].to_numpy(), cell[metric].to_numpy()
+                ax.plot(x, y, marker=marker, ms=5, color=colour, ls=style, lw=1.6, label=name)
                 continue
-            cell = cell.sort("k")
-            ax.plot(
-                cell["k"].to_numpy(),
-                cell[metric].to_numpy(),
-                marker=POLICY_MARKERS.get(family, "o"),
-                ms=5,
-                color=colour,
-                ls=POLICY_STYLES.get(family, "-."),
-                lw=1.6,
-                label=f"{drafter_label(drafter)}, {family}",
-            )
+            for row in SummaryRow.rows(cell):  # auto: it picks k itself; placed at its mean k
+                point = dict(marker=POLICY_MARKERS.get(family, "D"), ms=8, mfc="white", mec=colour, mew=2)
+                if not row.mean_k:  # it never drafted: said in the legend, no point to place
+                    ax.plot([], [], ls="", marker="x", color=colour, label=f"{name}: drafted nothing")
+                elif getattr(row, metric) is not None:
+                    label = f"{name} (mean k {row.mean_k:.1f})"
+                    ax.plot([row.mean_k], [getattr(row, metric)], ls="", label=label, **point)
     if reference is not None:
         ax.axhline(reference, color="0.3", lw=0.9, label="plain decoding")
     if ks:
         ax.set_xticks(ks)
-    ax.set_xlabel("draft length k (tokens per draft; auto: mean drafted)")
-    ax.set_ylabel(ylabel)
-    note = sample_note(rows, what="prompt runs")
-    ax.set_title(f"{title}\n({note})" if note else title)
-    ax.grid(alpha=0.3)
-    _legend_below(ax)
+    xlabel = "draft length k (tokens per draft; auto: mean drafted)"
+    finish(ax, xlabel, ylabel, noted(title, rows, "prompt runs"), _BELOW)
     return fig
 
 
-def _legend_below(ax: Any) -> None:
-    """The legend under the axes, where it hides no point, naming lines hidden under others."""
-    mark_coinciding(ax)
-    ax.legend(ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False)
+#: The legend under the axes, where it hides no point.
+_BELOW = dict(ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False)
 
 
 def speedup_vs_k(summary: pl.DataFrame, title: str = "Speedup over plain decoding vs draft length", ax: Any = None):
@@ -109,7 +83,8 @@ def accepted_vs_k(summary: pl.DataFrame, title: str = "Tokens per verification v
     if ks:
         k = np.linspace(min(ks), max(ks), 2)
         axes.plot(k, k + 1, color="0.6", lw=0.8, ls=":", label="ceiling (k + 1)")
-        _legend_below(axes)
+        mark_coinciding(axes)
+        axes.legend(**_BELOW)
     return fig
 
 
@@ -138,6 +113,7 @@ def per_position(
         no_data(ax, "no verifications")
         return fig
     temperatures = positions["temperature"].unique().sort().to_list() if "temperature" in keys else []
+    thin = dict(lw=0.8, ls="--", alpha=0.6)  # the unconditional rates
     for group, rows in positions.group_by(keys, maintain_order=True):
         info = dict(zip(keys, group))
         family = str(info.get("policy", "fixed")).split(":")[0]
@@ -153,33 +129,26 @@ def per_position(
         else:
             low, high = wilson_interval(rows["accepted"].to_numpy(), reached)
         colour = colour_of(info) if colour_of else drafter_colour(info.get("drafter", "?"))
-        # rounding can put a Wilson bound a hair past the rate at 0 or 1 (matplotlib rejects negative errors)
-        yerr = [np.clip(rate - low, 0.0, None), np.clip(high - rate, 0.0, None)]
-        ax.errorbar(x, rate, yerr=yerr, marker="o", ms=4, capsize=2, color=colour, ls=style, label=label)
-        for xi, yi, n in zip(x, rate, reached):
-            ax.annotate(f"{n}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
+        interval_bars(ax, x, rate, low, high, marker="o", ms=4, capsize=2, color=colour, ls=style, label=label)
+        count_labels(ax, x, rate, reached, colour)
         if unconditional:
-            ax.plot(
-                x,
-                rows["accepted"].to_numpy() / rows["verifications"].to_numpy(),
-                color=colour,
-                lw=0.8,
-                ls="--",
-                alpha=0.6,
-            )
+            ax.plot(x, rows["accepted"].to_numpy() / rows["verifications"].to_numpy(), color=colour, **thin)
     if unconditional:
-        ax.plot([], [], color="0.4", lw=0.8, ls="--", alpha=0.6, label="unconditional: accepting i / all verifications")
+        ax.plot([], [], color="0.4", label="unconditional: accepting i / all verifications", **thin)
     ax.set_ylim(0, 1.05)
-    ax.set_xlabel(f"draft position i (1 = first drafted token); numbers: drafts reaching i (>= {min_reached})")
     kinds = set(positions["interval"].to_list()) if "interval" in positions.columns else {"wilson"}
     bars = " and ".join(
         sorted("over prompts" if k.startswith("over") else "Wilson, drafts as independent" for k in kinds)
     )
-    ax.set_ylabel(f"a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval,\n{bars})")
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(ncol=2, fontsize=8)
+    xlabel = f"draft position i (1 = first drafted token); numbers: drafts reaching i (>= {min_reached})"
+    finish(
+        ax,
+        xlabel,
+        f"a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval,\n{bars})",
+        title,
+        dict(ncol=2, fontsize=8),
+    )
     return fig
 
 
@@ -192,10 +161,9 @@ def category_speedups(best: pl.DataFrame, title: str = "Speedup by prompt catego
         no_data(ax, "no speculative runs")
         return fig
     drafters = drafter_order(rows["drafter"].unique(maintain_order=True).to_list())
-    width = 0.8 / len(drafters)
     for j, drafter in enumerate(drafters):
         mine = {r.category: r for r in SummaryRow.rows(rows.filter(pl.col("drafter") == drafter))}
-        x = np.arange(len(categories)) + (j - (len(drafters) - 1) / 2) * width
+        x, width = bar_offsets(len(categories), j, len(drafters))
         cells = [mine.get(c) for c in categories]
         values = [np.nan if r is None or r.speedup is None else r.speedup for r in cells]
         ax.bar(x, values, width=width * 0.95, color=drafter_colour(drafter), label=drafter_label(drafter))
@@ -204,14 +172,18 @@ def category_speedups(best: pl.DataFrame, title: str = "Speedup by prompt catego
                 ax.text(xi, v, r.policy, ha="center", va="bottom", fontsize=7.5, color="0.25")
     ax.axhline(1.0, color="0.3", lw=0.9)
     ax.set_xticks(np.arange(len(categories)), [c.replace("_", " ") for c in categories], rotation=20, ha="right")
-    ax.set_xlabel("prompt category")
-    ax.set_ylabel("speedup over plain decoding (x)")
-    note = sample_note(rows, what="prompt runs")
-    ax.set_title(f"{title}\n({note})" if note else title, fontsize=10)
-    ax.grid(axis="y", alpha=0.3)
     top = np.nanmax(rows["speedup"].to_numpy().astype(float)) if len(rows) else 1.0
     ax.set_ylim(0, 1.3 * max(1.0, top))  # room for the legend above the bars
-    ax.legend(ncol=len(drafters), loc="upper center")
+    legend = dict(ncol=len(drafters), loc="upper center")
+    finish(
+        ax,
+        "prompt category",
+        "speedup over plain decoding (x)",
+        noted(title, rows, "prompt runs"),
+        legend,
+        "y",
+        fontsize=10,
+    )
     return fig
 
 
@@ -243,11 +215,9 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
                 continue
             rate, drafted = cell["acceptance_rate"].to_numpy(), cell["drafted"].to_numpy()
             low, high = wilson_interval(cell["accepted"].to_numpy(), drafted)
-            yerr = [np.clip(rate - low, 0.0, None), np.clip(high - rate, 0.0, None)]
-            colour = drafter_colour(key[0])
-            left.errorbar(cell["temperature"].to_numpy(), rate, yerr=yerr, ls="", capsize=2, color=colour)
-            for x, y, n in zip(cell["temperature"].to_numpy(), rate, drafted):
-                left.annotate(f"{n}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
+            colour, x = drafter_colour(key[0]), cell["temperature"].to_numpy()
+            interval_bars(left, x, rate, low, high, ls="", capsize=2, color=colour)
+            count_labels(left, x, rate, drafted, colour)
     temps = rows["temperature"].unique().sort().to_list()
     pad = 0.05 * max(1.0, temps[-1] - temps[0])
     for ax in (left, right):
@@ -259,9 +229,8 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
         "numbers: tokens drafted)",
         "Acceptance rate",
     )
-    note = sample_note(rows, what="runs (prompts x seeds)")
     speed = (right, "speedup over plain sampling (x)", "Speedup")
-    label_pair(fig, "temperature (0 = greedy)", rates, speed, f"{title} ({note})" if note else title)
+    label_pair(fig, "temperature (0 = greedy)", rates, speed, noted(title, rows, "runs (prompts x seeds)", " "))
     return fig
 
 
@@ -271,28 +240,106 @@ def token_histograms(check: Any, title: str | None = None):
     fig, ax = plt.subplots(figsize=(max(6.5, 0.55 * len(counts) + 2), 4.2), constrained_layout=True)
     x = np.arange(len(counts))
     ax.bar(x - 0.2, counts["plain"].to_numpy(), width=0.4, color=drafter_colour("none"), label="plain sampling")
-    ax.bar(
-        x + 0.2,
-        counts["speculative"].to_numpy(),
-        width=0.4,
-        color=drafter_colour(check.drafter),
-        label=f"speculative ({check.drafter}, {check.policy})",
-    )
+    speculative = f"speculative ({check.drafter}, {check.policy})"
+    ax.bar(x + 0.2, counts["speculative"].to_numpy(), width=0.4, color=drafter_colour(check.drafter), label=speculative)
     ax.set_xticks(x, counts["text"].to_list(), rotation=45, ha="right", fontsize=8)
-    ax.set_xlabel("sampled token (most frequent first; last bar: all others)")
-    ax.set_ylabel(f"count over {check.samples} samples x {check.max_tokens} tokens")
     shown = counts.filter(pl.col("token") >= 0)
     repeats = bool(len(shown)) and int((shown["plain"] + shown["speculative"]).max()) > 1
     note = "a lossless sampler gives p ~ U(0, 1)" if repeats else "no token repeats: the test has no power here"
-    ax.set_title(
-        title
-        or (
-            f"Losslessness check at T={check.temperature:g}: {check.verdict} "
-            f"(permutation p = {check.p_value:.2f}, TVD = {check.tvd:.3f})\n"
-            f"({check.accepted_drafts} draft tokens accepted, "
-            f"acceptance {100 * check.acceptance_rate:.0f}%; {note})"
-        )
+    title = title or (
+        f"Losslessness check at T={check.temperature:g}: {check.verdict} "
+        f"(permutation p = {check.p_value:.2f}, TVD = {check.tvd:.3f})\n"
+        f"({check.accepted_drafts} draft tokens accepted, acceptance {100 * check.acceptance_rate:.0f}%; {note})"
     )
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend()
+    xlabel = "sampled token (most frequent first; last bar: all others)"
+    finish(ax, xlabel, f"count over {check.samples} samples x {check.max_tokens} tokens", title, True, "y")
+    return fig
+
+
+# -- acceptance rules --------------------------------------------------------------------------
+
+#: One colour per rule (``specbench.checks.acceptance_rules``); a lossy rule draws a dashed line or a hatched bar.
+RULE_COLOURS = {"token": "tab:blue", "exact-match": "tab:orange", "block": "tab:green", "typical (lossy)": "tab:red"}
+
+
+def _colour(rule: str) -> str:
+    return RULE_COLOURS.get(rule, "0.4")
+
+
+def _lossy(rule: str) -> bool:
+    return "lossy" in rule
+
+
+def rules_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance rules vs temperature"):
+    """Two panels against temperature, a line per rule: tokens per verification and speedup over plain."""
+
+    def style(key: tuple[str], _rows: pl.DataFrame) -> dict[str, Any]:
+        return dict(color=_colour(key[0]), ls="--" if _lossy(key[0]) else "-", marker="o", ms=4, label=key[0])
+
+    xy = ("tokens_per_verify", "speedup")
+    fig, left, right, rows = line_pair(summary, ["acceptance"], "temperature", xy, style, WIDE)
+    if rows is None:
+        return fig
+    tokens = (left, "tokens per verification (accepted + 1)", "Tokens per verification")
+    label_pair(fig, "temperature", tokens, (right, "speedup over plain sampling (x)", "Speedup"), title)
+    return fig
+
+
+def rules_by_drafter(summary: pl.DataFrame, title: str = "Tokens per verification by drafter and draft length"):
+    """A panel per temperature: grouped bars of tokens per verification per drafter and k, a bar per rule."""
+    temperatures = summary["temperature"].unique().sort().to_list() if not summary.is_empty() else []
+    fig, axes = plt.subplots(
+        1, max(1, len(temperatures)), figsize=(4.2 * max(1, len(temperatures)), 4.2), constrained_layout=True
+    )
+    axes = np.atleast_1d(axes)
+    if not temperatures:
+        no_data(axes[0], "no speculative runs")
+        return fig
+    rules = summary["acceptance"].unique(maintain_order=True).to_list()
+    for ax, t in zip(axes, temperatures):
+        cell = summary.filter(pl.col("temperature") == t)
+        groups = cell.select("drafter", "k").unique(maintain_order=True).rows()
+        for j, rule in enumerate(rules):
+            mine = cell.filter(pl.col("acceptance") == rule).select("drafter", "k", "tokens_per_verify")
+            per_verify = {(d, k): t for d, k, t in mine.iter_rows()}
+            x, width = bar_offsets(len(groups), j, len(rules))
+            hatch = "//" if _lossy(rule) else None
+            ax.bar(x, [per_verify.get(g) or 0.0 for g in groups], width, color=_colour(rule), hatch=hatch, label=rule)
+        ax.set_xticks(np.arange(len(groups)), [f"{d}\nk={k}" for d, k in groups], fontsize=8)
+        finish(ax, "drafter and draft length k", "tokens per verification", f"T = {t:g}", grid="y")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    return fig
+
+
+def rule_positions(positions: pl.DataFrame, title: str = "Per-position acceptance by rule", min_reached: int = 3):
+    """a_i = P(draft token i accepted | 1..i-1 accepted) per rule (colour) and temperature (line style), with
+    the 95% intervals of ``per_position_acceptance`` (``per_position``). For block verification a_i is the
+    conditional rate of its accepted prefix lengths (it accepts a prefix jointly, not token by token)."""
+    return per_position(
+        positions,
+        title,
+        min_reached=min_reached,
+        unconditional=False,
+        colour_of=lambda info: _colour(info["acceptance"]),
+    )
+
+
+def rule_shifts(table: pl.DataFrame, title: str = "Distribution shift against plain sampling", ax: Any = None):
+    """A bar per rule: the total variation distance between its sampled tokens and plain sampling's, with
+    its 95% bootstrap interval; a tick marks the noise level (the TVD two samples of one distribution show)."""
+    fig, ax = new_axes(ax)
+    if table.is_empty():
+        no_data(ax, "no check run")
+        return fig
+    x = np.arange(len(table))
+    tvd = table["tvd"].to_numpy()
+    low, high = table["tvd_low"].to_numpy(), table["tvd_high"].to_numpy()
+    rules = table["acceptance"].to_list()
+    ax.bar(x, tvd, color=[_colour(r) for r in rules])
+    interval_bars(ax, x, tvd, low, high, fmt="none", ecolor="k", capsize=3)
+    ax.scatter(x, table["tvd_noise"].to_numpy(), marker="_", s=400, color="k", zorder=3, label="noise (95%)")
+    ax.set_xticks(x, [f"{r}\n{v}" for r, v in zip(rules, table["verdict"].to_list())], fontsize=8)
+    ylabel = "total variation distance (tokens)\n(bars: 95% bootstrap interval over samples)"
+    finish(ax, "acceptance rule and its test's verdict", ylabel, title, dict(fontsize=8), "y")
     return fig

@@ -7,11 +7,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from specbench.report.figures.checks import mark_coinciding
 from specbench.report.figures.style import (
     LINE_STYLES,
+    count_labels,
     drafter_colour,
     drafter_label,
+    finish,
     label_pair,
     line_pair,
     new_axes,
@@ -29,11 +30,8 @@ def per_turn(turns: pl.DataFrame, title: str = "Per-turn results on agent traces
     left.axhline(1.0, color="0.3", lw=0.9)
     if "verifies" in rows.columns:  # how many verifications each point averages
         for key, cell in rows.group_by(["trace", "drafter"], maintain_order=True):
-            points = cell.sort("turn").drop_nulls("tokens_per_verify").select("turn", "tokens_per_verify", "verifies")
-            for x, y, n in points.iter_rows():
-                left.annotate(
-                    f"{n}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=drafter_colour(key[1])
-                )
+            points = cell.sort("turn").drop_nulls("tokens_per_verify")
+            count_labels(left, points["turn"], points["tokens_per_verify"], points["verifies"], drafter_colour(key[1]))
     for ax in (left, right):
         ax.xaxis.get_major_locator().set_params(integer=True)
     tokens = (left, "tokens per verification (accepted + 1)\n(numbers: verifications)", "Acceptance per turn")
@@ -66,11 +64,6 @@ def cumulative_saved(turns: pl.DataFrame, title: str = "Model forward passes sav
         cell = cell.sort("turn")
         ax.plot(cell["turn"].to_numpy(), np.cumsum(cell["saved"].to_numpy()), **_trace_style(key, rows))
     ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]), top=max(1.0, ax.get_ylim()[1]))
-    ax.set_xlabel("turn")
-    ax.set_ylabel("cumulative tokens saved (forward passes avoided)")
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    mark_coinciding(ax)
-    ax.legend(fontsize=8)
+    finish(ax, "turn", "cumulative tokens saved (forward passes avoided)", title, dict(fontsize=8))
     return fig

@@ -14,30 +14,30 @@ from specbench.report.verdicts.notebooks import (
     INCONCLUSIVE,
     LOSES,
     PAYS,
+    SpeedVerdict,
     acceptance_rules,
     batch_break_even,
+    batch_reference_contrast,
     bench,
     break_even,
     explorer,
+    policies,
+    policy_speeds,
     quickstart,
+    quickstart_speeds,
+    reference_contrast,
+    reference_stacks,
     sample,
     sampling,
     simulated_logs,
     speed,
     speed_word,
     sweep,
+    sweep_speeds,
+    trace_speeds,
     traces,
     tree_vs_path,
     verify_cost,
-)
-from specbench.report.verdicts.policy_verdicts import policies
-from specbench.report.verdicts.reference import batch_reference_contrast, reference_contrast, reference_stacks
-from specbench.report.verdicts.speeds import (
-    SpeedVerdict,
-    policy_speeds,
-    quickstart_speeds,
-    sweep_speeds,
-    trace_speeds,
 )
 
 __all__ = [

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeGuard
 
 import numpy as np
@@ -15,9 +16,11 @@ from specbench.bench.policy_confirm import MIN_REQUESTS
 from specbench.checks.lossless import POWER
 from specbench.common.identity import device_name
 from specbench.cost.breakeven import break_even_acceptance
+from specbench.cost.predict import mean_absolute_error
 from specbench.cost.profile import Profile
-from specbench.report.verdicts.cells import measured_cells
+from specbench.cost.reference import Reference
 from specbench.report.verdicts.components import deciding_parts
+from specbench.simulate.policies import best_predicted
 
 # -- verdicts ----------------------------------------------------------------------------------------------------
 
@@ -549,3 +552,310 @@ def tree_vs_path(gain: pl.DataFrame) -> str:
         for drafter, better, cases, tree, path in per_drafter.iter_rows()
     ]
     return "Trees vs paths of the same node budget, accepted tokens per verification: " + "; ".join(parts) + "."
+
+
+# -- speed verdicts as statements --------------------------------------------------------------------------------
+# The speed verdicts a page states, as typed statements (``SpeedVerdict``): what its words say of one quantity, a
+# model's decode speedup over plain decoding with one drafter and policy on one kind of prompt at one temperature and
+# verify mode. ``Outputs.verdict(text, speeds)`` stores them beside the words; ``report.consistency`` flags two pages
+# that say "pays" and "loses" of one quantity.
+
+#: The prompt kind of the quickstart's prompt: one of its own (a parameter of that page), no kind of the prompt set.
+OWN_PROMPT = "quickstart"
+
+
+@dataclass(frozen=True)
+class SpeedVerdict:
+    """``word`` (``PAYS``, ``LOSES`` or ``INCONCLUSIVE``) of ``model``'s speedup over plain decoding with ``drafter``
+    and ``policy`` (its name: "fixed:3", "auto") on ``kind`` prompts (a category, several joined by "+", or a kind of
+    the page's own) at ``temperature``, verified ``verify``; ``speedup`` as measured (None where not)."""
+
+    model: str
+    drafter: str
+    policy: str
+    kind: str
+    temperature: float
+    verify: str
+    word: str
+    speedup: float | None = None
+
+    @property
+    def quantity(self) -> tuple[str, str, str, str, float, str]:
+        return (self.model, self.drafter, self.policy, self.kind, self.temperature, self.verify)
+
+    def names(self) -> str:
+        """The quantity in words: "m with lookup, fixed:3 on qa prompts, greedy, exact verification"."""
+        heat = "greedy" if self.temperature == 0 else f"T = {self.temperature:g}"
+        on = f"{self.kind} prompts, {heat}, {self.verify} verification"
+        return f"{self.model} with {self.drafter}, {self.policy} on {on}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def of_json(cls, data: Any) -> SpeedVerdict | None:
+        """A stored statement, or None where ``data`` is not one (a damaged or older summary)."""
+        if not isinstance(data, Mapping):
+            return None
+        text = ("model", "drafter", "policy", "kind", "verify", "word")
+        if not all(isinstance(data.get(k), str) for k in text) or data["word"] not in (PAYS, LOSES, INCONCLUSIVE):
+            return None
+        temperature, speedup = data.get("temperature"), data.get("speedup")
+        if not _finite(temperature):
+            return None
+        if speedup is not None and not _finite(speedup):
+            return None
+        return cls(**{k: data[k] for k in text}, temperature=float(temperature), speedup=speedup)
+
+
+def one(runs: pl.DataFrame, column: str, default: Any = "") -> Any:
+    """The one value ``column`` takes in ``runs`` (several joined by "+", sorted; ``default`` without it)."""
+    if column not in runs.columns:
+        return default
+    values = sorted({v for v in runs[column].to_list() if v is not None}, key=str)
+    if len(values) == 1:
+        return values[0]
+    return "+".join(map(str, values)) if values else default
+
+
+def settings(runs: pl.DataFrame) -> tuple[float, str]:
+    """The temperature and verify mode of a page's speculative ``runs``."""
+    drafted = runs.filter(pl.col("drafter") != "none")
+    return float(one(drafted, "temperature", 0.0)), str(one(drafted, "verify_mode"))
+
+
+def row_word(row: SummaryRow, aa: SummaryRow | None = None) -> str:
+    """The word ``verdicts.speed`` gives a summary row (with its A/A row beside it)."""
+    if not row.pairs:
+        return INCONCLUSIVE
+    return speed_word(row.speedup_low, row.speedup_high, (aa.speedup_low, aa.speedup_high) if aa else None)
+
+
+def sweep_speeds(
+    summary: pl.DataFrame, runs: pl.DataFrame, model: str, by_category: pl.DataFrame | None = None
+) -> list[SpeedVerdict]:
+    """What ``verdicts.sweep`` says of speed: the fastest method that drafted over the sweep's prompt kinds, and
+    "cannot pay" (loses) of the kind its ``by_category`` rows name. ``runs``: the sweep's runs."""
+    best = fastest(drafted_methods(summary))
+    temperature, verify = settings(runs)
+    said: list[SpeedVerdict] = []
+    if best is not None:
+        word = row_word(best, aa_row(summary))
+        kind = str(one(runs.filter(pl.col("drafter") != "none"), "category"))
+        said.append(
+            SpeedVerdict(model, str(best.drafter), str(best.policy), kind, temperature, verify, word, best.speedup)
+        )
+    for row in fewest_per_verify(by_category):
+        if cannot_pay(row):
+            said.append(
+                SpeedVerdict(model, str(row.drafter), str(row.policy), str(row.category), temperature, verify, LOSES)
+            )
+    return said
+
+
+def quickstart_speeds(summary: pl.DataFrame, runs: pl.DataFrame, model: str) -> list[SpeedVerdict]:
+    """What ``verdicts.quickstart`` says of speed: its drafter and policy on its own prompt (``OWN_PROMPT``)."""
+    rows = SummaryRow.rows(summary.filter(pl.col("drafter") != "none"))
+    if not rows or not rows[0].verifies:
+        return []
+    row, (temperature, verify) = rows[0], settings(runs)
+    word = row_word(row, aa_row(summary))
+    return [SpeedVerdict(model, str(row.drafter), str(row.policy), OWN_PROMPT, temperature, verify, word, row.speedup)]
+
+
+def trace_speeds(
+    overall: pl.DataFrame, model: str, traces: Iterable[str], policy: str, verify: str
+) -> list[SpeedVerdict]:
+    """What ``verdicts.traces`` says of speed: the fastest drafter over the ``traces`` replayed (greedy)."""
+    best = fastest(overall.filter((pl.col("method") != "plain") & (pl.col("tokens_per_verify").fill_null(0) > 0)))
+    if best is None:
+        return []
+    word = speed_word(best.speedup_low, best.speedup_high)
+    kind = "traces " + "+".join(sorted(traces))
+    return [SpeedVerdict(model, str(best.method), policy, kind, 0.0, verify, word, best.speedup)]
+
+
+def policy_speeds(
+    confirmed: pl.DataFrame | None, model: str, drafter: str, kind: str, verify: str
+) -> list[SpeedVerdict]:
+    """What ``verdicts.policies`` says of the confirmed policies' speed, on ``kind`` prompts (greedy)."""
+    rows = [] if confirmed is None else Confirmed.rows(confirmed)
+    words = [speed_word(r.measured_low, r.measured_high) for r in rows]
+    return [
+        SpeedVerdict(model, drafter, r.policy, kind, 0.0, verify, w, r.measured_speedup) for r, w in zip(rows, words)
+    ]
+
+
+# -- a measured grid beside its predictions (the break-even and batch pages) -------------------------------------
+
+
+def measured_cells(grid: pl.DataFrame, measured: str, predicted: str, residual: str, label: str = "name") -> str:
+    """Measured speedups of a grid of cells beside the profile's predictions and their residuals (measured /
+    predicted - 1): a test of the predictions, not a speed verdict (a cell's few runs have no interval). Where the
+    cells were timed as repeated pairs (``measured_runs``, ``noise_floor``: ``specbench.cost.grid``), the mean
+    |residual| is set against what a perfect predictor would miss by at that scatter."""
+    residuals = grid[residual].abs()
+    below = int((grid[measured] < 1).sum())
+    predicted_above = grid.filter((pl.col(predicted) > 1) & (pl.col(measured) < 1))
+    pairs = int(grid["measured_runs"].list.len().min()) if "measured_runs" in grid.columns else 1
+    timed = "one plain and one speculative run each" if pairs < 2 else f"the median of {pairs} adjacent pairs each"
+    text = (
+        f"Measured cells ({timed}, no interval, so no speed verdict): "
+        f"{grid[measured].min():.2f}-{grid[measured].max():.2f}x, below 1 in {below} of {len(grid)}, against "
+        f"predictions of {grid[predicted].min():.2f}-{grid[predicted].max():.2f}x; residual "
+        f"(measured / predicted - 1) {grid[residual].mean():+.0%} on average, |residual| up to {residuals.max():.0%}."
+    )
+    scatter = grid["noise_floor"].to_list() if "noise_floor" in grid.columns else []
+    floors = [f for f in scatter if f is not None and math.isfinite(f)]
+    if floors:
+        floor, error = mean_absolute_error(floors), mean_absolute_error(grid[residual].to_list())
+        # a perfect predictor's |residuals| are half-normal: their mean over n cells has a standard deviation of
+        # sqrt(pi / 2 - 1) floor / sqrt(n); two of them above the floor is beyond the noise
+        reading = (
+            "within the noise: the machine cannot tell a better predictor here"
+            if error <= floor * (1 + 2 * math.sqrt(math.pi / 2 - 1) / math.sqrt(len(floors)))
+            else "beyond the noise: the predictor misses"
+        )
+        text += (
+            f" Mean |residual| {error:.1%} against {floor:.1%} that a perfect predictor would show from the pairs'"
+            f" scatter ({reading})."
+        )
+    if len(predicted_above):
+        where_cells = ", ".join(
+            f"{r[label]} a = {r.get('a', r.get('acceptance'))}, k = {r['k']}"
+            + (f", B = {r['batch_size']}" if "batch_size" in r else "")
+            for r in predicted_above.head(4).iter_rows(named=True)
+        )
+        text += f" Predicted above 1 but measured below: {where_cells}{' ...' if len(predicted_above) > 4 else ''}."
+    return text
+
+
+# -- draft-length policies: the ranking by predicted speedup and the confirmed ones ------------------------------
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A row of ``bench.policy_confirm.confirm_policies``: a policy's measured speedup with its 95 % interval over
+    requests (None: too few requests), its predicted speedup and the residual."""
+
+    policy: str
+    requests: int
+    measured_speedup: float
+    measured_low: float | None
+    measured_high: float | None
+    predicted_speedup: float
+    residual: float
+
+    @classmethod
+    def rows(cls, confirmed: pl.DataFrame) -> list[Confirmed]:
+        return [cls(**row) for row in confirmed.iter_rows(named=True)]
+
+
+def confirmed_speed(row: Confirmed) -> str:
+    """One confirmed policy in words: its speed verdict over requests (``speed``), then its prediction and the
+    residual."""
+    low, high, requests = row.measured_low, row.measured_high, row.requests
+    measured = speed(row.measured_speedup, low, high, requests, "request", unit="request")
+    return f"{row.policy} {measured}, predicted {row.predicted_speedup:.2f}x (residual {row.residual:+.0%})"
+
+
+def policies(table: pl.DataFrame, confirmed: pl.DataFrame | None, model: str, drafter: str, sample: str) -> str:
+    """Which policy the cost profile ranks first on how many workloads, and what the real runs of the confirmed
+    ones measured on ``sample`` (e.g. "6 prompt(s) x 32 tokens, greedy")."""
+    if table.is_empty():
+        return "No policy was replayed: no workload had a recorded output."
+    workloads = table["workload"].unique(maintain_order=True).to_list()
+    bests = [best_predicted(table, workload) for workload in workloads]
+    firsts = Counter(best[0] for best in bests if len(best) == 1)
+    # workloads where several policies share the top; where every policy ties
+    shared, ties = sum(len(best) > 1 for best in bests), sum(not best for best in bests)
+    counts = [f"{p} on {n}" for p, n in sorted(firsts.items(), key=lambda item: (-item[1], item[0]))]
+    counts += [f"two or more policies tied at the top on {shared}"] * bool(shared)
+    counts += [f"every policy tied on {ties}"] * bool(ties)
+    text = (  # each workload counted once: the counts add up to the workloads
+        f"{model}, {drafter} drafts: best predicted speedup (a prediction from the cost profile, not a "
+        f"measurement) {', '.join(counts) or 'none'} of {len(workloads)} workload(s)."
+    )
+    if confirmed is None or confirmed.is_empty():
+        return text + " No policy was confirmed by real runs, so there is no speed verdict."
+    parts = "; ".join(confirmed_speed(r) for r in Confirmed.rows(confirmed))
+    return f"{text} Real runs on {where()} ({sample}): {parts}."
+
+
+# -- this machine beside a shipped reference device (``specbench.cost.reference``) -------------------------------
+
+
+def _measured_on(profile: Profile) -> str:
+    """ "this CPU (OpenBLAS 0.3.21, 2 threads)" or "the NVIDIA H200": a profile's device, with the CPU's BLAS it
+    recorded."""
+    blas = profile.kernels.partition("|blas ")[2]
+    return where(profile.device) + (f" ({blas})" if blas else "")
+
+
+def _dense_vs_moe(dense: Profile, moe: Profile, mode: str, d: float, max_k: int, w_max: int) -> str:
+    """How fast each model's c(w) grows per added row over widths 1..w_max, and each one's lowest a*(k)."""
+
+    def lowest(p: Profile) -> str:
+        found = lowest_break_even(p, d, min(max_k, max(p.widths[mode]) - 1), mode)
+        return "never breaks even" if found is None else f"breaks even from a = {found[1]:.2f} (k = {found[0]})"
+
+    g_dense, g_moe = growth_per_row(dense, mode, w_max), growth_per_row(moe, mode, w_max)
+    if not (math.isfinite(g_dense) and math.isfinite(g_moe)):
+        return "too few widths to compare"
+    if g_moe > 1.15 * g_dense:
+        shape = "the MoE's grows faster"
+    elif g_moe < g_dense / 1.15:
+        shape = "the MoE's grows slower"
+    else:
+        shape = "about alike"
+    return (
+        f"c(w) grows {g_dense:.2f} plain steps per added row for the dense model and {g_moe:.2f} for the MoE "
+        f"({shape}); dense {lowest(dense)}, MoE {lowest(moe)}"
+    )
+
+
+def reference_contrast(
+    here: dict[str, Profile], reference: Reference, mode: str = "fast", d: float = 0.0, max_k: int = 8
+) -> str:
+    """Dense vs MoE on this machine (``here``: "dense" and "MoE" profiles) beside the shipped reference device's,
+    over the widths this machine measured, in ``mode`` (engine overhead included)."""
+    w_max = min((max(p.widths[mode]) for p in here.values() if mode in p.costs), default=0)
+    if set(here) >= {"dense", "MoE"} and all(mode in p.costs for p in here.values()) and w_max > 1:
+        dense = here["dense"]
+        mine = f"On {_measured_on(dense)}: {_dense_vs_moe(dense, here['MoE'], mode, d, max_k, w_max)}."
+    else:
+        mine = f"This machine has no dense and MoE {mode} profiles to compare."
+        w_max = max(w_max, 5)
+    ref = _dense_vs_moe(reference.profile("dense"), reference.profile("MoE"), mode, d, max_k, w_max)
+    return f"{mine} On the {reference.describe()}, same widths (1-{w_max}): {ref}."
+
+
+def batch_reference_contrast(reference: Reference, d: float = 0.0, k: int = 4) -> str:
+    """How the reference device's dense and MoE break-even at draft length ``k`` moves from the smallest to the
+    largest batch size it measured (a*(k, B), from its shipped c(w, B)): the batch-axis contrast, read on any
+    machine."""
+    parts = []
+    for name, profile in reference.batch.items():
+        top = min(len(profile.costs[b]) for b in profile.batch_sizes) - 1
+        if top < k:
+            continue
+        first, last = profile.batch_sizes[0], profile.batch_sizes[-1]
+        low, high = (float(profile.break_even_acceptance(b, d, top)[k - 1]) for b in (first, last))
+        trend = "falls" if high < low - 0.05 else "rises" if high > low + 0.05 else "moves"
+        low_words, high_words = ("never pays" if math.isnan(a) else f"{a:.2f}" for a in (low, high))
+        parts.append(
+            f"{reference.kinds.get(name, name)} {trend} from a*({k}, {first}) = {low_words} to a*({k}, {last}) = "
+            f"{high_words}"
+        )
+    if not parts:
+        return f"The {reference.describe()} has no batch profile {k + 1} rows wide."
+    return f"On the {reference.describe()}, along the batch: " + "; ".join(parts) + "."
+
+
+def reference_stacks(reference: Reference) -> str:
+    """What decides c(w) on the reference device, per shape it split by component (dense, MoE, hybrid), with how
+    far its parts are from its measured steps and what set the pace there, with a leading space to follow another
+    sentence ("" when it ships no stacks)."""
+    if not reference.components:
+        return ""
+    return f" On the {reference.label}, verify cost by component:" + deciding_parts(reference.components)
