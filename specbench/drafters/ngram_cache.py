@@ -38,12 +38,9 @@ class NgramCache(Drafter):
 
     def begin(self, prompt: Sequence[int], hidden=None) -> None:
         self._tokens = []
-        self._extend(prompt)
+        self.observe(prompt)
 
     def observe(self, tokens: Sequence[int], hidden=None) -> None:
-        self._extend(tokens)
-
-    def _extend(self, tokens: Sequence[int]) -> None:
         seq = self._tokens
         for token in tokens:
             token = int(token)
