@@ -32,7 +32,7 @@ from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
 from specbench.core.verify import greedy
 from specbench.drafters.registry import DrafterInputs, register_drafter
 from specbench.models.embedded import shipped_draft_path
-from specbench.models.synthetic import parameter_bytes
+from specbench.models.synthetic import parameter_bytes, ready
 
 #: Tokens fed to the draft model per forward when it catches up on a long context.
 PREFILL_CHUNK = 512
@@ -271,9 +271,7 @@ def draft_from_target(
     draft = draft_skeleton(target, len(source_layers), intermediate_size)
     for layer, i in zip(draft.model.layers, source_layers):
         layer.update(_narrowed(lm.model.layers[int(i)], intermediate_size))
-    mx.eval(draft.parameters())
-    draft.eval()
-    return draft
+    return ready(draft)
 
 
 def draft_own_tensors(draft: nn.Module) -> dict[str, mx.array]:
@@ -302,9 +300,7 @@ def load_draft_model(target: nn.Module, path: str | Path) -> nn.Module:
         raise ValueError(f"{path}: tensor shapes do not fit this model (e.g. {wrong[0]}): a draft of another model?")
     dtype = text_model(target).model.norm.weight.dtype
     draft.load_weights([(k, v.astype(dtype)) for k, v in weights.items()], strict=False)
-    mx.eval(draft.parameters())
-    draft.eval()
-    return draft
+    return ready(draft)
 
 
 def draft_metadata(

@@ -235,9 +235,7 @@ def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = No
             f"{where}: the config says mtp_num_hidden_layers={want} but the checkpoint holds {depth} MTP "
             f"layer(s) (see tensors {missing}*)"
         )
-    head = build_head(
-        model, depth=depth, hidden_first=found.layout.hidden_first, chain_normed=found.layout.chain_normed
-    )
+    head = build_head(model, depth, found.layout)
     _check_against(head, tensors, where, model, found)
     return _set_weights(model, head, tensors)
 
@@ -273,9 +271,7 @@ def attach_mtp(model: nn.Module, path: str | Path, zero_centred: bool | None = N
 def attach_random(model: nn.Module, seed: int = 0, depth: int = 1) -> MtpModule:
     """Attach a random-weight MTP head (for cost studies on synthetic models)."""
     mx.random.seed(seed)
-    mtype = model_type(model)
-    layout = native_layout(mtype)
-    head = build_head(model, depth=depth, hidden_first=layout.hidden_first, chain_normed=layout.chain_normed)
+    head = build_head(model, depth, native_layout(model_type(model)))
     model.mtp = _set_weights(model, head, dict(tree_flatten(head.parameters())))
     return head
 
