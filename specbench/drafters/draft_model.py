@@ -143,12 +143,9 @@ class DraftModel(Drafter):
     def _roll_back(self, context: Sequence[int]) -> None:
         """Trim the cache to the longest prefix of ``context`` it holds (at most all but its last token)."""
         limit = min(len(self.cached), len(context) - 1)
-        common = 0
-        if self.cached[:limit] == list(context[:limit]):
-            common = limit
-        else:
-            while common < limit and self.cached[common] == context[common]:
-                common += 1
+        common = limit
+        if self.cached[:limit] != list(context[:limit]):
+            common = next(i for i in range(limit) if self.cached[i] != context[i])
         drop = len(self.cached) - common
         if drop > 0:
             trim_prompt_cache(self.cache, drop)

@@ -24,7 +24,6 @@ class NgramCache(Drafter):
     """Draft each next token as the most frequent successor of the longest cached n-gram ending the context."""
 
     name = "ngram-cache"
-    cost_per_token = 0.0
 
     def __init__(self, min_ngram: int = 1, max_ngram: int = 4, min_count: int = 1, max_ngrams: int = 1_000_000):
         whole("min_ngram", min_ngram, 1)

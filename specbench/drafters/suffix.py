@@ -48,7 +48,6 @@ class SuffixDecoding(Drafter):
     """
 
     name = "suffix"
-    cost_per_token = 0.0
     #: Evicted tokens stay in the global automaton (with zero counts) until they outnumber the
     #: live ones and this many; then it is rebuilt from the live sequences.
     rebuild_min_tokens = 65_536

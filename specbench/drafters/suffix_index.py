@@ -12,7 +12,6 @@ updates; eviction replays the evicted sequence and decrements the same counts.
 from __future__ import annotations
 
 import heapq
-import sys
 from array import array
 from collections.abc import Iterator, Sequence
 
@@ -49,17 +48,6 @@ class SuffixIndex:
         self.anchor = 0  # state of the current sequence's suffix of length anchor_len
         self.anchor_len = 0
         self.stale = False  # some best pointers are stale (after an eviction)
-
-    # -- size ----------------------------------------------------------------------------------
-    @property
-    def states(self) -> int:
-        return len(self.length)
-
-    def nbytes(self) -> int:
-        """Approximate memory of the index in bytes (arrays, dict table, dict keys and values)."""
-        size = sum(c.itemsize * len(c) for c in vars(self).values() if isinstance(c, array))  # the store's too
-        size += sys.getsizeof(self.next) + 32 * len(self.next)  # table + one int key each
-        return size + (sys.getsizeof(self.store) if isinstance(self.store, list) else 0)
 
     # -- building ------------------------------------------------------------------------------
     def start_sequence(self) -> int:

@@ -111,19 +111,15 @@ def load(
         model, tokenizer = synthetic.tiny_model(_tiny_source(name[len(synthetic.TINY_PREFIX) :]), seed=seed)
     else:
         path = _resolve(name_or_path)
-        if isinstance(path, Path):
-            try:
-                model, tokenizer = mlx_lm.load(str(path), lazy=shard)
-            except (KeyError, ValueError, RuntimeError) as err:  # a damaged or incomplete folder, named
+        try:
+            model, tokenizer = mlx_lm.load(str(path), lazy=shard)
+        except Exception as err:
+            if isinstance(path, Path) and isinstance(err, (KeyError, ValueError, RuntimeError)):  # damaged, named
                 detail = f"its config.json lacks {err}" if isinstance(err, KeyError) else " ".join(str(err).split())
                 raise ValueError(f"cannot load the model folder {path}: {detail}") from err
-        else:
-            try:
-                model, tokenizer = mlx_lm.load(path, lazy=shard)
-            except Exception as err:
-                if not _is_hub_lookup_error(err):
-                    raise
-                raise FileNotFoundError(_not_found_message(path, err)) from err
+            if isinstance(path, Path) or not _is_hub_lookup_error(err):
+                raise
+            raise FileNotFoundError(_not_found_message(path, err)) from err
         if target is None and mx.default_device().type == mx.DeviceType.cpu:
             target = mx.float32
     if shard:
