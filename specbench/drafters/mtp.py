@@ -78,6 +78,7 @@ class MtpHead(Drafter):
         self.preferred_k = preferred_k
         lm = text_model(model)
         self.embed = lm.model.embed_tokens
+        self.embed_dtype = self.head.norm.weight.dtype
         # Drafting reads the head's weights and the output head, a decode step reads everything.
         out_head = getattr(lm, "lm_head", None) or self.embed
         total = parameter_bytes(model) - parameter_bytes(self.head)
@@ -219,10 +220,6 @@ class MtpHead(Drafter):
         return Draft(
             [cands[c][1] for c in chosen], parents=[index[cands[c][2]] if cands[c][2] >= 0 else -1 for c in chosen]
         )
-
-    @property
-    def embed_dtype(self) -> mx.Dtype:
-        return self.head.norm.weight.dtype
 
     def end(self) -> None:
         self._reset([])
