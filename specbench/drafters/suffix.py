@@ -117,8 +117,7 @@ class SuffixDecoding(Drafter):
         if not tokens:
             return
         index = self.global_index
-        start = index.start_sequence()
-        index.extend(tokens)
+        start = index.start_sequence(tokens)
         self._sequences.append((start, start + len(tokens)))
         self._live_tokens += len(tokens)
         self._version += 1
@@ -137,8 +136,7 @@ class SuffixDecoding(Drafter):
         fresh = SuffixIndex(self.max_depth)
         sequences: deque[tuple[int, int]] = deque()
         for start, end in self._sequences:
-            new_start = fresh.start_sequence()
-            fresh.extend(old.store[start:end])
+            new_start = fresh.start_sequence(old.store[start:end])
             sequences.append((new_start, new_start + end - start))
         self.global_index, self._sequences = fresh, sequences
         self._dead_tokens = 0
@@ -153,8 +151,7 @@ class SuffixDecoding(Drafter):
             self.local_index.extend(prompt[len(old) :])
         else:
             self.local_index = SuffixIndex(self.max_depth, compact=False)
-            self.local_index.start_sequence()
-            self.local_index.extend(prompt)
+            self.local_index.start_sequence(prompt)
         self._context = prompt
         self._prompt_len = len(prompt)
         self._active = True
