@@ -26,7 +26,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_map_with_path
 from mlx_lm.utils import _get_classes, load_config, load_tokenizer
 
-from specbench.models.mtp.attach import attach_random
+from specbench.models.mtp.head import build_head, quantize_like_body
 
 PREFIX = "synthetic:"
 TINY_PREFIX = "tiny:"
@@ -276,7 +276,11 @@ def build(
     if mtp:
         if not cfg.get("text_config", cfg).get("mtp_num_hidden_layers", 0):
             raise ValueError(f"{cfg['model_type']} has no MTP head; build it with mtp=False")
-        attach_random(model, seed=seed)
+        mx.random.seed(seed)
+        head = model.mtp = build_head(model)  # random weights, cast and quantized like the body
+        cast_dtype(head, dtype)
+        quantize_like_body(model, head)
+        ready(head)
     suffix = f"{bits}bit" if bits else _DTYPE_NAMES[str(dtype).split(".")[-1]]
     depth = f"-{layers}l" if layers is not None else ""
     model.specbench_name = f"{PREFIX}{shape}{'-tiny' if tiny else ''}-{suffix}{depth}"

@@ -257,14 +257,6 @@ def attach_mtp(model: nn.Module, path: str | Path, zero_centred: bool | None = N
     return head
 
 
-def attach_random(model: nn.Module, seed: int = 0, depth: int = 1) -> MtpModule:
-    """Attach a random-weight MTP head (for cost studies on synthetic models)."""
-    mx.random.seed(seed)
-    head = build_head(model, depth, native_layout(model_type(model)))
-    model.mtp = _set_weights(model, head, dict(tree_flatten(head.parameters())))
-    return head
-
-
 def get_head(model: nn.Module) -> MtpModule:
     head = model.get("mtp") if isinstance(model, dict) else getattr(model, "mtp", None)
     if not isinstance(head, MtpModule):
