@@ -117,8 +117,7 @@ class SuffixDecoding(Drafter):
         if not tokens:
             return
         index = self.global_index
-        start = index.start_sequence(tokens)
-        self._sequences.append((start, start + len(tokens)))
+        self._sequences.append(index.start_sequence(tokens))
         self._live_tokens += len(tokens)
         self._version += 1
         while (self.max_sequences is not None and len(self._sequences) > self.max_sequences) or (
@@ -132,13 +131,10 @@ class SuffixDecoding(Drafter):
             self._rebuild_global()
 
     def _rebuild_global(self) -> None:
-        old = self.global_index
-        fresh = SuffixIndex(self.max_depth)
-        sequences: deque[tuple[int, int]] = deque()
-        for start, end in self._sequences:
-            new_start = fresh.start_sequence(old.store[start:end])
-            sequences.append((new_start, new_start + end - start))
-        self.global_index, self._sequences = fresh, sequences
+        old, self.global_index = self.global_index, SuffixIndex(self.max_depth)
+        self._sequences = deque(
+            self.global_index.start_sequence(old.store[start:end]) for start, end in self._sequences
+        )
         self._dead_tokens = 0
         self._version += 1
 
@@ -180,7 +176,6 @@ class SuffixDecoding(Drafter):
             return
         active = self._active
         self.local_index = None
-        self._context = []
         self.begin(context)
         self._active = active
 

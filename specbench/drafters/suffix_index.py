@@ -50,14 +50,14 @@ class SuffixIndex:
         self.stale = False  # some best pointers are stale (after an eviction)
 
     # -- building ------------------------------------------------------------------------------
-    def start_sequence(self, tokens: Sequence[int] = ()) -> int:
-        """Begin a new sequence with ``tokens``; returns the store position of its first token."""
+    def start_sequence(self, tokens: Sequence[int] = ()) -> tuple[int, int]:
+        """Begin a new sequence with ``tokens``; returns their store positions [start, end)."""
         if len(self.store):
             self.store.append(_SEP)
         self.last = self.anchor = self.anchor_len = 0
         start = len(self.store)
         self.extend(tokens)
-        return start
+        return start, len(self.store)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append ``tokens`` to the current sequence."""
