@@ -60,8 +60,7 @@ class EarlyExit(DraftModel):
             raise ValueError("early exit does not support sliding-window layers among the first layers")
         self.layers = layers
         self.name = f"early-exit:{layers}"
-        super().__init__(model, sampling=sampling, preferred_k=preferred_k)
-        self.check_target(model)
+        super().__init__(model, target=model, sampling=sampling, preferred_k=preferred_k)
 
     def _new_cache(self) -> list[Any]:
         return make_prompt_cache(self.model)[: self.layers]
