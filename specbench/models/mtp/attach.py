@@ -203,17 +203,12 @@ def _check_against(head: MtpModule, tensors: dict[str, mx.array], where: str, mo
             )
 
 
-def _layer_depth(tensors: dict[str, mx.array]) -> int:
-    idx = {int(m[1]) for k in tensors if (m := re.match(r"layers\.(\d+)\.", k))}
-    return max(idx) + 1 if idx else 0
-
-
 def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = None) -> MtpModule:
     """Build the MTP head for ``model`` from the MTP tensors of a checkpoint (not attached)."""
     ckpt = Checkpoint(path)
     where = str(ckpt.path)
     found, tensors = read_head_tensors(ckpt, model, where, zero_centred)
-    depth = _layer_depth(tensors)
+    depth = max((int(m[1]) + 1 for k in tensors if (m := re.match(r"layers\.(\d+)\.", k))), default=0)
     if depth == 0:
         raise ValueError(f"{where} lacks the MTP decoder layer ({found.prefix}layers.0.* / decoder-layer tensors)")
     config = ckpt.config() or {}
@@ -226,12 +221,7 @@ def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = No
         )
     head = build_head(model, depth, found.layout)
     _check_against(head, tensors, where, model, found)
-    return _set_weights(model, head, tensors)
-
-
-def _set_weights(model: nn.Module, head: MtpModule, tensors: dict[str, mx.array]) -> MtpModule:
-    """``head`` given ``tensors``, cast to the model's float dtype (but what its ``cast_predicate`` keeps out) and
-    quantized like its body."""
+    # The tensors cast to the model's float dtype (but what its cast_predicate keeps out), quantized like its body.
     dtype = float_dtype(model)
     keep = (
         getattr(text_model(model), "cast_predicate", None) or getattr(model, "cast_predicate", None) or (lambda k: True)
