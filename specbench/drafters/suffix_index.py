@@ -159,7 +159,7 @@ class SuffixIndex:
         max_depth ending with ``c`` after the suffix (state ``a``, length ``alen``); the new suffix's state and
         length. Walks the states of the suffixes of length < max_depth (parents) and moves to their children by
         c, updating counts once per child state and the parents' most-frequent-child pointers."""
-        nxt, length, link, count, best = self.next, self.length, self.link, self.count, self.best
+        nxt, length, link, count, best, lastpos = self.next, self.length, self.link, self.count, self.best, self.lastpos
         if alen >= self.max_depth:
             alen = self.max_depth - 1
         while a and length[link[a]] >= alen:
@@ -178,7 +178,7 @@ class SuffixIndex:
             else:
                 if v != prev:
                     count[v] += 1
-                    self.lastpos[v] = pos
+                    lastpos[v] = pos
                     prev = v
                 if b != v and (b == _NONE or (b >= 0 and count[v] >= count[b])):
                     best[p] = v
