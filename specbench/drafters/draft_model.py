@@ -239,11 +239,10 @@ def load_draft_model(target: nn.Module, path: str | Path) -> nn.Module:
         raise ValueError(f"{path}: not a draft model file (its metadata has no 'layers')")
     width = int(meta["intermediate_size"]) if meta.get("intermediate_size") else None
     draft = draft_skeleton(target, int(meta["layers"]), width)
-    expected = set(draft_own_tensors(draft))
-    if set(weights) != expected:
+    own = draft_own_tensors(draft)
+    if set(weights) != set(own):
         raise ValueError(f"{path}: its tensors do not match a {meta['layers']}-layer draft of this model")
-    shapes = dict(tree_flatten(draft.parameters()))
-    wrong = [k for k, v in weights.items() if tuple(v.shape) != tuple(shapes[k].shape)]
+    wrong = [k for k, v in weights.items() if tuple(v.shape) != tuple(own[k].shape)]
     if wrong:
         raise ValueError(f"{path}: tensor shapes do not fit this model (e.g. {wrong[0]}): a draft of another model?")
     dtype = text_model(target).model.norm.weight.dtype

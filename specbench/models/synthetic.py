@@ -266,9 +266,7 @@ def build(
     random multi-token-prediction head to the shapes that have one (Qwen3.5).
     """
     shape, tiny, precision = parse(name)
-    name_dtype, name_bits = (
-        _PRECISIONS[precision] if precision else ((mx.float32, None) if tiny else (mx.bfloat16, None))
-    )
+    name_dtype, name_bits = _PRECISIONS[precision or ("fp32" if tiny else "bf16")]
     dtype = as_dtype(dtype) or name_dtype
     bits = name_bits if bits is None else (bits or None)
     cfg = config(name, layers)
@@ -277,10 +275,10 @@ def build(
         if not cfg.get("text_config", cfg).get("mtp_num_hidden_layers", 0):
             raise ValueError(f"{cfg['model_type']} has no MTP head; build it with mtp=False")
         mx.random.seed(seed)
-        head = model.mtp = build_head(model)  # random weights, cast and quantized like the body
+        head = build_head(model)  # random weights, cast and quantized like the body
         cast_dtype(head, dtype)
         quantize_like_body(model, head)
-        ready(head)
+        model.mtp = ready(head)
     suffix = f"{bits}bit" if bits else _DTYPE_NAMES[str(dtype).split(".")[-1]]
     depth = f"-{layers}l" if layers is not None else ""
     model.specbench_name = f"{PREFIX}{shape}{'-tiny' if tiny else ''}-{suffix}{depth}"
