@@ -14,11 +14,21 @@ import argparse
 import gc
 import os
 import statistics
+import sys
 import time
+from array import array
 
 import numpy as np
 
 from specbench.drafters import PromptLookup, SuffixDecoding
+from specbench.drafters.suffix_index import SuffixIndex
+
+
+def index_bytes(index: SuffixIndex) -> int:
+    """Approximate memory of the index in bytes (arrays, dict table, dict keys and values)."""
+    size = sum(c.itemsize * len(c) for c in vars(index).values() if isinstance(c, array))  # the store's too
+    size += sys.getsizeof(index.next) + 32 * len(index.next)  # table + one int key each
+    return size + (sys.getsizeof(index.store) if isinstance(index.store, list) else 0)
 
 
 class AgentLikeStream:
@@ -104,11 +114,11 @@ def main() -> None:
     index = drafter.global_index
     print(
         f"global store: {drafter.stored_tokens:,} tokens in {len(sequences):,} sequences, "
-        f"{index.states:,} states, {len(index.next):,} transitions; built in {build_s:.1f} s"
+        f"{len(index.length):,} states, {len(index.next):,} transitions; built in {build_s:.1f} s"
     )
     print(
         f"memory: {(rss1 - rss0) / drafter.stored_tokens:.0f} B/token (RSS growth), "
-        f"{index.nbytes() / drafter.stored_tokens:.0f} B/token (estimate of the index's own objects)"
+        f"{index_bytes(index) / drafter.stored_tokens:.0f} B/token (estimate of the index's own objects)"
     )
 
     suffix_draft, suffix_obs, lookup_draft = [], [], []

@@ -1,6 +1,6 @@
 """Distilling a draft model for a frozen target, and the held-out split drafters are judged on.
 
-The draft model (``specbench.drafters.draft_model.draft_from_target``) has the target's architecture
+The draft model (``draft_from_target``) has the target's architecture
 with a few decoder layers, initialised as copies of target layers spread over the depth (optionally
 with a narrower MLP: each layer keeps the channels of most weight), and the target's embeddings and
 output head (frozen, not stored). It learns the target's next-token
@@ -31,10 +31,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_map
 
-from specbench.drafters.draft_model import draft_from_target
+from specbench.core.forward import text_model
+from specbench.drafters.draft_model import draft_skeleton
 from specbench.inputs.prompts import bundled_questions, render_prompt
 from specbench.models.load import cast_dtype
+from specbench.models.synthetic import ready
 from specbench.train.mtp_data import (
     _held_out,
     _read,
@@ -45,6 +48,55 @@ from specbench.train.mtp_data import (
 from specbench.train.mtp_training import TrainConfig, fit, soft_cross_entropy
 
 HELDOUT_KINDS = ("chat", "natural", "code")
+
+
+def _mlp_channels(layer: nn.Module, keep: int) -> mx.array:
+    """Indices of the ``keep`` MLP channels of a gated MLP (gate, up, down) carrying the most weight:
+    the product of each channel's gate, up and down norms, in their original order."""
+    mlp = getattr(layer, "mlp", None)
+    if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+        raise ValueError("narrowing a draft's MLP needs gated MLP layers (gate_proj, up_proj, down_proj)")
+    if any(hasattr(getattr(mlp, n), "scales") for n in ("gate_proj", "up_proj", "down_proj")):
+        raise ValueError("narrowing a draft's MLP needs a float target (this one is quantized)")
+    weight = [mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.T]
+    score = mx.ones((weight[0].shape[0],))
+    for w in weight:
+        score = score * mx.linalg.norm(w.astype(mx.float32), axis=1)
+    return mx.sort(mx.argsort(-score)[:keep])
+
+
+def _narrowed(layer: nn.Module, keep: int | None) -> dict[str, Any]:
+    """A copy of ``layer``'s parameters, its MLP cut to the ``keep`` channels of most weight (all when None)."""
+    params = tree_map(mx.array, layer.parameters())
+    if keep is None or keep >= layer.mlp.gate_proj.weight.shape[0]:
+        return params
+    channels = _mlp_channels(layer, keep)
+    mlp = params["mlp"]
+    mlp["gate_proj"]["weight"] = mlp["gate_proj"]["weight"][channels]
+    mlp["up_proj"]["weight"] = mlp["up_proj"]["weight"][channels]
+    mlp["down_proj"]["weight"] = mlp["down_proj"]["weight"][:, channels]
+    return params
+
+
+def draft_from_target(
+    target: nn.Module, source_layers: Sequence[int], intermediate_size: int | None = None
+) -> nn.Module:
+    """A model of ``target``'s architecture with ``len(source_layers)`` decoder layers, copies of the
+    target's layers at those indices, sharing the target's embeddings, final norm weights (copied)
+    and output head (the same arrays: no extra memory). ``intermediate_size``: a narrower MLP, each
+    layer keeping the channels of most weight (gated MLPs: gate, up, down)."""
+    lm = text_model(target)
+    total = len(lm.model.layers)
+    bad = [i for i in source_layers if not 0 <= int(i) < total]
+    if not source_layers or bad:
+        raise ValueError(f"source layers must be indices in [0, {total}), got {list(source_layers)!r}")
+    types = getattr(lm.args, "layer_types", None)
+    if isinstance(types, list) and len({types[int(i)] for i in source_layers} | set(types[: len(source_layers)])) > 1:
+        raise ValueError("a draft model's layers must all be of one type (this model mixes layer types)")
+    draft = draft_skeleton(target, len(source_layers), intermediate_size)
+    for layer, i in zip(draft.model.layers, source_layers):
+        layer.update(_narrowed(lm.model.layers[int(i)], intermediate_size))
+    return ready(draft)
 
 
 def spread_layers(total: int, n: int) -> list[int]:
@@ -68,8 +120,6 @@ def train_draft(
     its embeddings and output head are frozen copies of the target's; ``intermediate_size``: a
     narrower MLP than the target's, initialised from each source layer's channels of most weight).
     Returns it and the record."""
-    from specbench.core.forward import text_model
-
     total = len(text_model(model).model.layers)
     source = spread_layers(total, layers)
     draft = draft_from_target(model, source, intermediate_size)

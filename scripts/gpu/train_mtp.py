@@ -86,11 +86,17 @@ def main() -> int:
 
     # The MoE twin with its head: same function, so the same drafts and acceptance.
     if args.twin_budget > 0:
+        from dataclasses import asdict
+
+        from mlx.utils import tree_flatten
+
         from specbench.inputs.prompts import bundled_questions, render_prompt
-        from specbench.models.moe_twin import twin_from_model, twin_head_file
+        from specbench.models.moe_twin import twin_config, twin_head_file, twin_model
+        from specbench.models.synthetic import ready
 
         head_file = out / f"{NAME}.safetensors"
-        twin = twin_from_model(model)
+        # the twin built in memory (the dense weights shared until copied)
+        twin = ready(twin_model(twin_config(asdict(model.args)), dict(tree_flatten(model.parameters())), 0))
         with tempfile.TemporaryDirectory() as tmp:
             attach_mtp(twin, twin_head_file(head_file, Path(tmp) / "twin.safetensors"))
         attach_mtp(model, head_file)

@@ -32,7 +32,7 @@ from specbench.core.policy_args import MAX_DRAFT_LENGTH, whole
 from specbench.core.verify import greedy
 from specbench.drafters.registry import DrafterInputs, register_drafter
 from specbench.models.embedded import shipped_draft_path
-from specbench.models.synthetic import parameter_bytes
+from specbench.models.synthetic import parameter_bytes, ready
 
 #: Tokens fed to the draft model per forward when it catches up on a long context.
 PREFILL_CHUNK = 512
@@ -143,12 +143,9 @@ class DraftModel(Drafter):
     def _roll_back(self, context: Sequence[int]) -> None:
         """Trim the cache to the longest prefix of ``context`` it holds (at most all but its last token)."""
         limit = min(len(self.cached), len(context) - 1)
-        common = 0
-        if self.cached[:limit] == list(context[:limit]):
-            common = limit
-        else:
-            while common < limit and self.cached[common] == context[common]:
-                common += 1
+        common = limit
+        if self.cached[:limit] != list(context[:limit]):
+            common = next(i for i in range(limit) if self.cached[i] != context[i])
         drop = len(self.cached) - common
         if drop > 0:
             trim_prompt_cache(self.cache, drop)
@@ -197,34 +194,6 @@ class DraftModel(Drafter):
 # -- draft models built from the target: its embeddings, norm and output head, fewer layers -----------
 
 
-def _mlp_channels(layer: nn.Module, keep: int) -> mx.array:
-    """Indices of the ``keep`` MLP channels of a gated MLP (gate, up, down) carrying the most weight:
-    the product of each channel's gate, up and down norms, in their original order."""
-    mlp = getattr(layer, "mlp", None)
-    if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
-        raise ValueError("narrowing a draft's MLP needs gated MLP layers (gate_proj, up_proj, down_proj)")
-    if any(hasattr(getattr(mlp, n), "scales") for n in ("gate_proj", "up_proj", "down_proj")):
-        raise ValueError("narrowing a draft's MLP needs a float target (this one is quantized)")
-    weight = [mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.T]
-    score = mx.ones((weight[0].shape[0],))
-    for w in weight:
-        score = score * mx.linalg.norm(w.astype(mx.float32), axis=1)
-    return mx.sort(mx.argsort(-score)[:keep])
-
-
-def _narrowed(layer: nn.Module, keep: int | None) -> dict[str, Any]:
-    """A copy of ``layer``'s parameters, its MLP cut to the ``keep`` channels of most weight (all when None)."""
-    params = tree_map(mx.array, layer.parameters())
-    if keep is None or keep >= layer.mlp.gate_proj.weight.shape[0]:
-        return params
-    channels = _mlp_channels(layer, keep)
-    mlp = params["mlp"]
-    mlp["gate_proj"]["weight"] = mlp["gate_proj"]["weight"][channels]
-    mlp["up_proj"]["weight"] = mlp["up_proj"]["weight"][channels]
-    mlp["down_proj"]["weight"] = mlp["down_proj"]["weight"][:, channels]
-    return params
-
-
 def draft_skeleton(target: nn.Module, layers: int, intermediate_size: int | None = None) -> nn.Module:
     """A model of ``target``'s architecture with ``layers`` decoder layers (MLP width ``intermediate_size``,
     default the target's), sharing the target's embeddings and output head (the same arrays), its final
@@ -253,31 +222,8 @@ def draft_skeleton(target: nn.Module, layers: int, intermediate_size: int | None
     return draft
 
 
-def draft_from_target(
-    target: nn.Module, source_layers: Sequence[int], intermediate_size: int | None = None
-) -> nn.Module:
-    """A model of ``target``'s architecture with ``len(source_layers)`` decoder layers, copies of the
-    target's layers at those indices, sharing the target's embeddings, final norm weights (copied)
-    and output head (the same arrays: no extra memory). ``intermediate_size``: a narrower MLP, each
-    layer keeping the channels of most weight (gated MLPs: gate, up, down)."""
-    lm = text_model(target)
-    total = len(lm.model.layers)
-    bad = [i for i in source_layers if not 0 <= int(i) < total]
-    if not source_layers or bad:
-        raise ValueError(f"source layers must be indices in [0, {total}), got {list(source_layers)!r}")
-    types = getattr(lm.args, "layer_types", None)
-    if isinstance(types, list) and len({types[int(i)] for i in source_layers} | set(types[: len(source_layers)])) > 1:
-        raise ValueError("a draft model's layers must all be of one type (this model mixes layer types)")
-    draft = draft_skeleton(target, len(source_layers), intermediate_size)
-    for layer, i in zip(draft.model.layers, source_layers):
-        layer.update(_narrowed(lm.model.layers[int(i)], intermediate_size))
-    mx.eval(draft.parameters())
-    draft.eval()
-    return draft
-
-
 def draft_own_tensors(draft: nn.Module) -> dict[str, mx.array]:
-    """The tensors a draft built by ``draft_from_target`` does not share with its target."""
+    """The tensors a draft (``draft_skeleton``'s layers and norm) does not share with its target."""
     params = dict(tree_flatten(draft.parameters()))
     return {k: v for k, v in params.items() if k.startswith(("model.layers.", "model.norm."))}
 
@@ -293,18 +239,15 @@ def load_draft_model(target: nn.Module, path: str | Path) -> nn.Module:
         raise ValueError(f"{path}: not a draft model file (its metadata has no 'layers')")
     width = int(meta["intermediate_size"]) if meta.get("intermediate_size") else None
     draft = draft_skeleton(target, int(meta["layers"]), width)
-    expected = set(draft_own_tensors(draft))
-    if set(weights) != expected:
+    own = draft_own_tensors(draft)
+    if set(weights) != set(own):
         raise ValueError(f"{path}: its tensors do not match a {meta['layers']}-layer draft of this model")
-    shapes = dict(tree_flatten(draft.parameters()))
-    wrong = [k for k, v in weights.items() if tuple(v.shape) != tuple(shapes[k].shape)]
+    wrong = [k for k, v in weights.items() if tuple(v.shape) != tuple(own[k].shape)]
     if wrong:
         raise ValueError(f"{path}: tensor shapes do not fit this model (e.g. {wrong[0]}): a draft of another model?")
     dtype = text_model(target).model.norm.weight.dtype
     draft.load_weights([(k, v.astype(dtype)) for k, v in weights.items()], strict=False)
-    mx.eval(draft.parameters())
-    draft.eval()
-    return draft
+    return ready(draft)
 
 
 def draft_metadata(

@@ -23,6 +23,7 @@ from specbench.core.forward import logits_from_hidden, text_model
 from specbench.core.options import GenerateOptions
 from specbench.drafters.draft_model import DraftModel
 from specbench.drafters.registry import DrafterInputs, register_drafter
+from specbench.models.mtp.head import model_type
 from specbench.models.synthetic import parameter_bytes
 
 #: Families whose body is embed -> decoder layers (one causal mask) -> final norm, as this drafter runs it.
@@ -47,8 +48,7 @@ class EarlyExit(DraftModel):
         sampling: SamplingSettings | GenerateOptions | None = None,
         preferred_k: int = 3,
     ):
-        lm = text_model(model)
-        family = str(getattr(lm, "model_type", None) or getattr(getattr(lm, "args", None), "model_type", ""))
+        family = model_type(model)
         if family not in EARLY_EXIT_FAMILIES:
             raise ValueError(
                 f"early exit supports {', '.join(EARLY_EXIT_FAMILIES)} models, not {family or type(model).__name__}"
@@ -56,12 +56,11 @@ class EarlyExit(DraftModel):
         total = exit_layer_count(model)
         if not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers < total:
             raise ValueError(f"early exit needs 1 <= layers < {total} (the model's depth), got {layers!r}")
-        if any(getattr(layer, "use_sliding", False) for layer in lm.model.layers[:layers]):
+        if any(getattr(layer, "use_sliding", False) for layer in text_model(model).model.layers[:layers]):
             raise ValueError("early exit does not support sliding-window layers among the first layers")
         self.layers = layers
         self.name = f"early-exit:{layers}"
-        super().__init__(model, sampling=sampling, preferred_k=preferred_k)
-        self.check_target(model)
+        super().__init__(model, target=model, sampling=sampling, preferred_k=preferred_k)
 
     def _new_cache(self) -> list[Any]:
         return make_prompt_cache(self.model)[: self.layers]

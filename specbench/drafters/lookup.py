@@ -43,32 +43,19 @@ class PromptLookup(Drafter):
         if self.tree:
             self.name = "lookup-tree"
         self._tokens: list[int] = []
-        self._latest: dict[tuple[int, ...], int] = {}
-        self._first: dict[tuple[int, ...], int] = {}
-        self._all: dict[tuple[int, ...], list[int]] = {}
+        #: n-gram -> the positions right after its occurrences, oldest first (indexed once a token follows).
+        self._starts: dict[tuple[int, ...], list[int]] = {}
 
     def begin(self, prompt: Sequence[int], hidden=None) -> None:
-        self._tokens = []
-        self._latest = {}
-        self._first = {}
-        self._all = {}
-        self._extend(prompt)
+        self._tokens, self._starts = [], {}
+        self.observe(prompt)
 
     def observe(self, tokens: Sequence[int], hidden=None) -> None:
-        self._extend(tokens)
-
-    def _extend(self, tokens: Sequence[int]) -> None:
-        # Index each n-gram by the position right after it, once a token follows it.
         seq = self._tokens
         for t in tokens:
             end = len(seq)
-            for n in range(self.min_ngram, self.max_ngram + 1):
-                if end >= n:
-                    key = tuple(seq[end - n : end])
-                    self._latest[key] = end
-                    self._first.setdefault(key, end)
-                    if self.tree:
-                        self._all.setdefault(key, []).append(end)
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                self._starts.setdefault(tuple(seq[end - n : end]), []).append(end)
             seq.append(int(t))
 
     def draft(self, context: Sequence[int], k: int) -> Draft:
@@ -76,22 +63,20 @@ class PromptLookup(Drafter):
             self.begin(context)
         seq = self._tokens
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            key = tuple(seq[-n:])
-            start = self._latest.get(key)
-            if start is not None and self.tree:
-                return self._tree(key, k)
-            if start is not None:
-                # The latest occurrence, unless it is too close to the end to fill the draft.
-                if len(seq) - start < k:
-                    start = min(start, self._first[key])
+            starts = self._starts.get(tuple(seq[-n:]))
+            if starts and self.tree:
+                return self._tree(starts, k)
+            if starts:
+                # The latest occurrence, unless it is too close to the end to fill the draft (then the first).
+                start = starts[-1] if len(seq) - starts[-1] >= k else starts[0]
                 return Draft(seq[start : start + k])
         return Draft([])
 
-    def _tree(self, key: tuple[int, ...], k: int) -> Draft:
-        """The continuations of the latest ``max_candidates`` distinct occurrences of ``key``, as a tree."""
+    def _tree(self, starts: list[int], k: int) -> Draft:
+        """The continuations of the latest ``max_candidates`` distinct occurrences (``starts``), as a tree."""
         seq = self._tokens
         paths: list[list[int]] = []
-        for start in reversed(self._all[key]):
+        for start in reversed(starts):
             path = seq[start : start + k]
             if path and path not in paths:
                 paths.append(path)

@@ -78,6 +78,7 @@ class MtpHead(Drafter):
         self.preferred_k = preferred_k
         lm = text_model(model)
         self.embed = lm.model.embed_tokens
+        self.embed_dtype = self.head.norm.weight.dtype
         # Drafting reads the head's weights and the output head, a decode step reads everything.
         out_head = getattr(lm, "lm_head", None) or self.embed
         total = parameter_bytes(model) - parameter_bytes(self.head)
@@ -119,14 +120,6 @@ class MtpHead(Drafter):
                 c.trim(self.speculative)
             self.speculative = 0
 
-    def _pick(self, out: mx.array) -> tuple[int, mx.array | None]:
-        logits = logits_from_hidden(self.model, out)[0, -1].astype(mx.float32)
-        if self.temperature == 0:
-            return int(mx.argmax(logits).item()), None
-        probs = mx.softmax(logits / self.temperature, axis=-1)
-        token = int(mx.random.categorical(logits / self.temperature).item())
-        return token, probs
-
     def draft(self, context: Sequence[int], k: int) -> Draft:
         self._drop_speculative()
         if len(context) != len(self.tokens) or k <= 0:
@@ -141,44 +134,32 @@ class MtpHead(Drafter):
         next_tokens = mx.array([self.tokens[self.fed + 1 : ready + 1]], dtype=mx.uint32)
         chain, out = self.head(self.embed(next_tokens), pending.astype(self.embed_dtype), self.cache)
         self.fed = ready
-        tokens: list[int] = []
-        probs: list[mx.array] = []
         chain, out = chain[:, -1:], out[:, -1:]
-        if self.tree_width > 1:
-            return self._tree(chain, out, max(1, k // self.tree_width))
         if self.top_k:
             return self._dynamic_tree(chain, out, k)
-        for j in range(k):
-            token, p = self._pick(out)
-            tokens.append(token)
-            if p is not None:
-                probs.append(p)
-            if j + 1 < k:
-                chain, out = self.head(self.embed(mx.array([[token]], dtype=mx.uint32)), chain, self.cache)
-                self.speculative += 1
-        return Draft(tokens, mx.stack(probs) if probs else None)
-
-    def _tree(self, chain: mx.array, out: mx.array, depth: int) -> Draft:
-        """The greedy chain of ``depth`` tokens, each with the next most probable tokens as sibling leaves."""
         tokens: list[int] = []
         parents: list[int] = []
-        parent = -1
+        probs: list[mx.array] = []
+        depth = max(1, k // self.tree_width)  # a static tree holds tree_width nodes per depth
         for j in range(depth):
             logits = logits_from_hidden(self.model, out)[0, -1].astype(mx.float32)
-            best = mx.argmax(logits)
-            ranked = mx.argsort(-logits)[: self.tree_width]
-            mx.eval(best, ranked)
-            token = int(best.item())
-            for alternative in [int(t) for t in ranked.tolist() if int(t) != token][: self.tree_width - 1]:
-                tokens.append(alternative)
-                parents.append(parent)
+            if self.temperature > 0:
+                probs.append(mx.softmax(logits / self.temperature, axis=-1))
+                token = int(mx.random.categorical(logits / self.temperature).item())
+            else:
+                token = int(mx.argmax(logits).item())
+            parent = len(tokens) - 1
+            if self.tree_width > 1:  # the next most probable tokens, leaves beside the chain's
+                ranked = [int(t) for t in mx.argsort(-logits)[: self.tree_width].tolist()]
+                leaves = [t for t in ranked if t != token][: self.tree_width - 1]
+                tokens += leaves
+                parents += [parent] * len(leaves)
             tokens.append(token)
             parents.append(parent)
-            parent = len(tokens) - 1
             if j + 1 < depth:
                 chain, out = self.head(self.embed(mx.array([[token]], dtype=mx.uint32)), chain, self.cache)
                 self.speculative += 1
-        return Draft(tokens, parents=parents)
+        return Draft(tokens, mx.stack(probs) if probs else None, parents=parents if self.tree_width > 1 else None)
 
     def _log_probs(self, out: mx.array) -> mx.array:
         logits = logits_from_hidden(self.model, out).astype(mx.float32)
@@ -239,10 +220,6 @@ class MtpHead(Drafter):
         return Draft(
             [cands[c][1] for c in chosen], parents=[index[cands[c][2]] if cands[c][2] >= 0 else -1 for c in chosen]
         )
-
-    @property
-    def embed_dtype(self) -> mx.Dtype:
-        return self.head.norm.weight.dtype
 
     def end(self) -> None:
         self._reset([])

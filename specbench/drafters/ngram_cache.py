@@ -24,7 +24,6 @@ class NgramCache(Drafter):
     """Draft each next token as the most frequent successor of the longest cached n-gram ending the context."""
 
     name = "ngram-cache"
-    cost_per_token = 0.0
 
     def __init__(self, min_ngram: int = 1, max_ngram: int = 4, min_count: int = 1, max_ngrams: int = 1_000_000):
         whole("min_ngram", min_ngram, 1)
@@ -38,12 +37,9 @@ class NgramCache(Drafter):
 
     def begin(self, prompt: Sequence[int], hidden=None) -> None:
         self._tokens = []
-        self._extend(prompt)
+        self.observe(prompt)
 
     def observe(self, tokens: Sequence[int], hidden=None) -> None:
-        self._extend(tokens)
-
-    def _extend(self, tokens: Sequence[int]) -> None:
         seq = self._tokens
         for token in tokens:
             token = int(token)

@@ -53,13 +53,12 @@ class Oracle(Drafter):
         if not continuation:
             raise ValueError("the continuation is empty: record at least one token from a plain run")
         self.prompt = [int(t) for t in prompt]
-        self.continuation = [int(t) for t in continuation]
+        self.recorded = [int(t) for t in continuation]  # begin() follows a copy
         self.vocab_size = int(vocab_size)
         self.seed = seed
         self.preferred_k = preferred_k
         self.model = model
         self.keep_drafting = keep_drafting
-        self.recorded = list(self.continuation)
         self.begin(self.prompt)
 
     @property

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from specbench.core.draft import Draft, Drafter
 from specbench.core.policy_args import MAX_DRAFT_LENGTH, real, whole
@@ -30,6 +31,7 @@ from specbench.drafters.suffix_backoff import backoff_tree
 from specbench.drafters.suffix_index import DraftLimits, SuffixIndex
 
 
+@dataclass(eq=False)
 class SuffixDecoding(Drafter):
     """SuffixDecoding drafter: local (this request) and global (earlier sequences) suffix indexes.
 
@@ -46,55 +48,43 @@ class SuffixDecoding(Drafter):
     """
 
     name = "suffix"
-    cost_per_token = 0.0
     #: Evicted tokens stay in the global automaton (with zero counts) until they outnumber the
     #: live ones and this many; then it is rebuilt from the live sequences.
     rebuild_min_tokens = 65_536
 
-    def __init__(
-        self,
-        max_depth: int = 64,
-        max_spec_tokens: int = 16,
-        max_spec_factor: float = 1.0,
-        max_spec_offset: float = 0.0,
-        min_token_prob: float = 0.1,
-        max_sequences: int | None = 10_000,
-        max_tokens: int | None = 1_000_000,
-        remember_at_end: str | None = "response",
-        use_global: bool = True,
-        tree: bool | str = False,
-    ):
-        whole("max_depth", max_depth, 2)
-        whole("max_spec_tokens", max_spec_tokens, 1, MAX_DRAFT_LENGTH)
-        real("max_spec_factor", max_spec_factor, 0.0)
-        real("max_spec_offset", max_spec_offset)
-        real("min_token_prob", min_token_prob, 0.0, 1.0)
-        for arg, bound in (("max_sequences", max_sequences), ("max_tokens", max_tokens)):
+    max_depth: int = 64
+    max_spec_tokens: int = 16
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    max_sequences: int | None = 10_000
+    max_tokens: int | None = 1_000_000
+    remember_at_end: str | None = "response"
+    use_global: bool = True
+    tree: bool | str = False
+
+    def __post_init__(self) -> None:
+        whole("max_depth", self.max_depth, 2)
+        whole("max_spec_tokens", self.max_spec_tokens, 1, MAX_DRAFT_LENGTH)
+        real("max_spec_factor", self.max_spec_factor, 0.0)
+        real("max_spec_offset", self.max_spec_offset)
+        real("min_token_prob", self.min_token_prob, 0.0, 1.0)
+        for arg, bound in (("max_sequences", self.max_sequences), ("max_tokens", self.max_tokens)):
             if bound is not None:
                 whole(arg, bound, 1)
-        if remember_at_end not in ("response", "sequence", None):
-            raise ValueError(f"remember_at_end must be 'response', 'sequence' or None, got {remember_at_end!r}")
-        self.max_depth = max_depth
-        self.max_spec_tokens = max_spec_tokens
-        self.max_spec_factor = max_spec_factor
-        self.max_spec_offset = max_spec_offset
-        self.min_token_prob = min_token_prob
-        self.max_sequences = max_sequences
-        self.max_tokens = max_tokens
-        self.remember_at_end = remember_at_end
-        self.use_global = use_global
-        if tree not in (False, True, "backoff", "reference"):
-            raise ValueError(f"tree must be False, True, 'backoff' or 'reference', got {tree!r}")
-        self.tree_rule = "backoff" if tree is True else (tree or None)
+        if self.remember_at_end not in ("response", "sequence", None):
+            raise ValueError(f"remember_at_end must be 'response', 'sequence' or None, got {self.remember_at_end!r}")
+        if self.tree not in (False, True, "backoff", "reference"):
+            raise ValueError(f"tree must be False, True, 'backoff' or 'reference', got {self.tree!r}")
+        self.tree_rule = "backoff" if self.tree is True else (self.tree or None)
         self.tree = self.tree_rule is not None
         if self.tree:
             self.name = "suffix-tree"
         # The drafter's own budget limits each draft (by match length and probabilities), so the
-        # policy may ask for its full budget.
-        self.preferred_k = max_spec_tokens
-        self.max_draft = max_spec_tokens  # a tree holds at most this many nodes, a path this many tokens
+        # policy may ask for its full budget; a tree holds at most this many nodes, a path this many tokens.
+        self.preferred_k = self.max_draft = self.max_spec_tokens
         self._limits: dict[int, DraftLimits] = {}
-        self.global_index = SuffixIndex(max_depth)
+        self.global_index = SuffixIndex(self.max_depth)
         self._sequences: deque[tuple[int, int]] = deque()  # (start, end) in the global store
         self._live_tokens = 0
         self._dead_tokens = 0
@@ -127,9 +117,7 @@ class SuffixDecoding(Drafter):
         if not tokens:
             return
         index = self.global_index
-        start = index.start_sequence()
-        index.extend(tokens)
-        self._sequences.append((start, start + len(tokens)))
+        self._sequences.append(index.start_sequence(tokens))
         self._live_tokens += len(tokens)
         self._version += 1
         while (self.max_sequences is not None and len(self._sequences) > self.max_sequences) or (
@@ -143,14 +131,10 @@ class SuffixDecoding(Drafter):
             self._rebuild_global()
 
     def _rebuild_global(self) -> None:
-        old = self.global_index
-        fresh = SuffixIndex(self.max_depth)
-        sequences: deque[tuple[int, int]] = deque()
-        for start, end in self._sequences:
-            new_start = fresh.start_sequence()
-            fresh.extend(old.store[start:end])
-            sequences.append((new_start, new_start + end - start))
-        self.global_index, self._sequences = fresh, sequences
+        old, self.global_index = self.global_index, SuffixIndex(self.max_depth)
+        self._sequences = deque(
+            self.global_index.start_sequence(old.store[start:end]) for start, end in self._sequences
+        )
         self._dead_tokens = 0
         self._version += 1
 
@@ -163,8 +147,7 @@ class SuffixDecoding(Drafter):
             self.local_index.extend(prompt[len(old) :])
         else:
             self.local_index = SuffixIndex(self.max_depth, compact=False)
-            self.local_index.start_sequence()
-            self.local_index.extend(prompt)
+            self.local_index.start_sequence(prompt)
         self._context = prompt
         self._prompt_len = len(prompt)
         self._active = True
@@ -193,7 +176,6 @@ class SuffixDecoding(Drafter):
             return
         active = self._active
         self.local_index = None
-        self._context = []
         self.begin(context)
         self._active = active
 

@@ -30,27 +30,19 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from specbench.drafters.suffix_index import _SHIFT, SuffixIndex
+from specbench.drafters.suffix_index import SuffixIndex
 
 
 def backoff_distribution(index: SuffixIndex, state: int) -> dict[int, float]:
     """Witten-Bell next-token estimate at ``state``: interpolated over its suffix chain (root excluded)."""
-    nxt, count, link = index.next, index.count, index.link
-    edge_token, edge_next, first_edge = index.edge_token, index.edge_next, index.first_edge
+    count = index.count
     levels: list[tuple[dict[int, int], int]] = []
     u = state
     while u > 0:
-        counts: dict[int, int] = {}
-        e = first_edge[u]
-        while e >= 0:
-            t = edge_token[e]
-            c = count[nxt[u << _SHIFT | t]]
-            if c > 0:
-                counts[t] = c
-            e = edge_next[e]
+        counts = {t: count[v] for t, v in index.children(u) if count[v] > 0}
         if counts:
             levels.append((counts, sum(counts.values())))
-        u = link[u]
+        u = index.link[u]
     probs: dict[int, float] = {}
     for counts, total in reversed(levels):  # shortest first
         distinct = len(counts)

@@ -12,9 +12,8 @@ updates; eviction replays the evicted sequence and decrements the same counts.
 from __future__ import annotations
 
 import heapq
-import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 _SHIFT = 20
 _MAX_TOKEN = 1 << _SHIFT
@@ -50,26 +49,15 @@ class SuffixIndex:
         self.anchor_len = 0
         self.stale = False  # some best pointers are stale (after an eviction)
 
-    # -- size ----------------------------------------------------------------------------------
-    @property
-    def states(self) -> int:
-        return len(self.length)
-
-    def nbytes(self) -> int:
-        """Approximate memory of the index in bytes (arrays, dict table, dict keys and values)."""
-        size = sum(c.itemsize * len(c) for c in vars(self).values() if isinstance(c, array))  # the store's too
-        size += sys.getsizeof(self.next) + 32 * len(self.next)  # table + one int key each
-        return size + (sys.getsizeof(self.store) if isinstance(self.store, list) else 0)
-
     # -- building ------------------------------------------------------------------------------
-    def start_sequence(self) -> int:
-        """Begin a new sequence; returns the store position of its first token."""
+    def start_sequence(self, tokens: Sequence[int] = ()) -> tuple[int, int]:
+        """Begin a new sequence with ``tokens``; returns their store positions [start, end)."""
         if len(self.store):
             self.store.append(_SEP)
-        self.last = 0
-        self.anchor = 0
-        self.anchor_len = 0
-        return len(self.store)
+        self.last = self.anchor = self.anchor_len = 0
+        start = len(self.store)
+        self.extend(tokens)
+        return start, len(self.store)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append ``tokens`` to the current sequence."""
@@ -99,14 +87,17 @@ class SuffixIndex:
         self.count[clone] = self.count[q]
         self.lastpos[clone] = self.lastpos[q]
         self.best[clone] = self.best[q]
-        nxt = self.next
-        e = self.first_edge[q]
-        edge_token, edge_next = self.edge_token, self.edge_next
-        while e >= 0:
-            t = edge_token[e]
-            self._add_edge(clone, t, nxt[q << _SHIFT | t])
-            e = edge_next[e]
+        for t, v in self.children(q):
+            self._add_edge(clone, t, v)
         return clone
+
+    def children(self, u: int) -> Iterator[tuple[int, int]]:
+        """(token, state) of every transition out of state ``u``, the latest added first."""
+        e = self.first_edge[u]
+        while e >= 0:
+            t = self.edge_token[e]
+            yield t, self.next[u << _SHIFT | t]
+            e = self.edge_next[e]
 
     def _redirect(self, p: int, c: int, q: int, clone: int) -> None:
         nxt, link, best = self.next, self.link, self.best
@@ -154,67 +145,54 @@ class SuffixIndex:
                     link[cur] = clone
             self.last = cur
         # 2. Counts: every substring of length <= max_depth ending here gains an occurrence.
-        # Walk the states of the previous suffixes of length < max_depth (parents) and move to
-        # their children by c (the new suffixes); update counts once per child state and the
-        # parents' most-frequent-child pointers.
-        a, alen = self.anchor, self.anchor_len
+        self.anchor, self.anchor_len = self._count(self.anchor, self.anchor_len, c, pos)
+
+    def remove(self, start: int, end: int) -> None:
+        """Remove the occurrences of the sequence stored at positions [start, end)."""
+        a, alen = 0, 0
+        for i in range(start, end):
+            a, alen = self._count(a, alen, self.store[i], None)
+        self.stale = True
+
+    def _count(self, a: int, alen: int, c: int, pos: int | None) -> tuple[int, int]:
+        """Add one occurrence at store position ``pos`` (None: remove one) to every substring of length <=
+        max_depth ending with ``c`` after the suffix (state ``a``, length ``alen``); the new suffix's state and
+        length. Walks the states of the suffixes of length < max_depth (parents) and moves to their children by
+        c, updating counts once per child state and the parents' most-frequent-child pointers."""
+        nxt, length, link, count, best, lastpos = self.next, self.length, self.link, self.count, self.best, self.lastpos
         if alen >= self.max_depth:
             alen = self.max_depth - 1
         while a and length[link[a]] >= alen:
             a = link[a]
-        count, lastpos, best = self.count, self.lastpos, self.best
         p = a
         prev = -1
         while p != -1:
             v = nxt[p << _SHIFT | c]
-            if v != prev:
-                count[v] += 1
-                lastpos[v] = pos
-                prev = v
             b = best[p]
-            if b != v and (b == _NONE or (b >= 0 and count[v] >= count[b])):
-                best[p] = v
-            p = link[p]
-        self.anchor = nxt[a << _SHIFT | c]
-        self.anchor_len = alen + 1
-
-    def remove(self, start: int, end: int) -> None:
-        """Remove the occurrences of the sequence stored at positions [start, end)."""
-        nxt, length, link = self.next, self.length, self.link
-        count, best, store = self.count, self.best, self.store
-        depth = self.max_depth
-        a, alen = 0, 0
-        for i in range(start, end):
-            c = store[i]
-            if alen >= depth:
-                alen = depth - 1
-            while a and length[link[a]] >= alen:
-                a = link[a]
-            p = a
-            prev = -1
-            while p != -1:
-                v = nxt[p << _SHIFT | c]
+            if pos is None:
                 if v != prev:
                     count[v] -= 1
                     prev = v
-                if best[p] == v:
+                if b == v:
                     best[p] = _STALE
-                p = link[p]
-            a = nxt[a << _SHIFT | c]
-            alen += 1
-        self.stale = True
+            else:
+                if v != prev:
+                    count[v] += 1
+                    lastpos[v] = pos
+                    prev = v
+                if b != v and (b == _NONE or (b >= 0 and count[v] >= count[b])):
+                    best[p] = v
+            p = link[p]
+        return nxt[a << _SHIFT | c], alen + 1
 
     def _refresh_best(self, u: int) -> int:
         """Recompute the most frequent live child of ``u`` (ties: the most recent)."""
-        nxt, count, lastpos = self.next, self.count, self.lastpos
+        count, lastpos = self.count, self.lastpos
         best, best_key = _NONE, (0, -1)
-        e = self.first_edge[u]
-        while e >= 0:
-            v = nxt[u << _SHIFT | self.edge_token[e]]
+        for _, v in self.children(u):
             key = (count[v], lastpos[v])
             if count[v] > 0 and key > best_key:
                 best, best_key = v, key
-            e = self.edge_next[e]
         self.best[u] = best
         return best
 
@@ -289,8 +267,7 @@ class SuffixIndex:
         as the path's most frequent child is chosen), none
         deeper than ``max_node_depth`` (the match plus a path stays within ``max_depth``).
         Returns (score: the sum of the nodes' probabilities, tokens, parents)."""
-        count, token, store, nxt = self.count, self.token, self.store, self.next
-        edge_token, edge_next, first_edge = self.edge_token, self.edge_next, self.first_edge
+        count, token, store = self.count, self.token, self.store
         tokens: list[int] = []
         parents: list[int] = []
         node_depth: list[int] = []
@@ -320,15 +297,11 @@ class SuffixIndex:
                 # A single occurrence: its continuation in the store, at the same probability.
                 heapq.heappush(heap, (neg, first, order, 2, self.lastpos[at] + 1, parent))
                 continue
-            e = first_edge[at]
-            while e >= 0:
-                v = nxt[at << _SHIFT | edge_token[e]]
-                if count[v] > 0:
-                    prob = -neg * count[v] / cu
-                    if prob >= min_token_prob:
-                        order += 1
-                        heapq.heappush(heap, (-prob, -self.lastpos[v], order, 0, v, parent))
-                e = edge_next[e]
+            for _, v in self.children(at):
+                prob = -neg * count[v] / cu
+                if count[v] > 0 and prob >= min_token_prob:
+                    order += 1
+                    heapq.heappush(heap, (-prob, -self.lastpos[v], order, 0, v, parent))
         return score, tokens, parents
 
     def _path(self, u: int, budget: int, min_token_prob: float) -> tuple[float, list[int]]:

@@ -19,7 +19,7 @@ import mlx_lm
 
 from specbench.common import distributed
 from specbench.common.blas import warn_if_unloaded
-from specbench.models import embedded, moe_twin, synthetic, tiny
+from specbench.models import embedded, moe_twin, synthetic
 from specbench.models.synthetic import cast_dtype
 
 
@@ -107,23 +107,19 @@ def load(
     if name.startswith(synthetic.PREFIX):
         model = synthetic.build(name, layers=layers, dtype=target, seed=seed)
         name, target = model.specbench_name, None  # named and cast by its shape
-    elif name.startswith(tiny.PREFIX):
-        model, tokenizer = tiny.tiny_model(_tiny_source(name[len(tiny.PREFIX) :]), seed=seed)
+    elif name.startswith(synthetic.TINY_PREFIX):
+        model, tokenizer = synthetic.tiny_model(_tiny_source(name[len(synthetic.TINY_PREFIX) :]), seed=seed)
     else:
         path = _resolve(name_or_path)
-        if isinstance(path, Path):
-            try:
-                model, tokenizer = mlx_lm.load(str(path), lazy=shard)
-            except (KeyError, ValueError, RuntimeError) as err:  # a damaged or incomplete folder, named
+        try:
+            model, tokenizer = mlx_lm.load(str(path), lazy=shard)
+        except Exception as err:
+            if isinstance(path, Path) and isinstance(err, (KeyError, ValueError, RuntimeError)):  # damaged, named
                 detail = f"its config.json lacks {err}" if isinstance(err, KeyError) else " ".join(str(err).split())
                 raise ValueError(f"cannot load the model folder {path}: {detail}") from err
-        else:
-            try:
-                model, tokenizer = mlx_lm.load(path, lazy=shard)
-            except Exception as err:
-                if not _is_hub_lookup_error(err):
-                    raise
-                raise FileNotFoundError(_not_found_message(path, err)) from err
+            if isinstance(path, Path) or not _is_hub_lookup_error(err):
+                raise
+            raise FileNotFoundError(_not_found_message(path, err)) from err
         if target is None and mx.default_device().type == mx.DeviceType.cpu:
             target = mx.float32
     if shard:
@@ -145,8 +141,8 @@ def check_model(name: str) -> None:
     if name.startswith(synthetic.PREFIX):
         synthetic.parse(name)
         return
-    if name.startswith(tiny.PREFIX):
-        source = name[len(tiny.PREFIX) :]
+    if name.startswith(synthetic.TINY_PREFIX):
+        source = name[len(synthetic.TINY_PREFIX) :]
         if source not in EMBEDDED_MODELS:
             _tiny_source(source)
         return

@@ -13,13 +13,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes, save_model
 
 from specbench.common.files import write_json_atomic, write_safetensors_atomic
@@ -113,7 +111,7 @@ def build_twin(
     weights: dict[str, mx.array] = {}
     for f in files:
         weights.update(mx.load(str(f)))
-    save_model(out_dir, _twin(config, weights, seed))
+    save_model(out_dir, twin_model(config, weights, seed))
     write_json_atomic(out_dir / "config.json", config)
     for name in _TOKENIZER_FILES:
         if (dense_folder / name).exists():
@@ -121,7 +119,7 @@ def build_twin(
     return {"dense": str(dense_folder), "num_experts": num_experts, "top_k": top_k, "seed": seed}
 
 
-def _twin(config: dict[str, Any], dense_weights: dict[str, mx.array], seed: int) -> nn.Module:
+def twin_model(config: dict[str, Any], dense_weights: dict[str, mx.array], seed: int) -> nn.Module:
     """The twin model of mixtral ``config`` holding the dense model's weights, its MLPs expanded."""
     model_class, args_class = _get_classes(config)
     twin = model_class(args_class.from_dict(config))
@@ -137,11 +135,3 @@ def twin_head_file(dense_head: Path, out: Path, num_experts: int = NUM_EXPERTS, 
     if "config" in metadata:
         metadata["config"] = json.dumps({**json.loads(metadata["config"]), "model_type": "mixtral"})
     return write_safetensors_atomic(out, twin, metadata)
-
-
-def twin_from_model(model: nn.Module, num_experts: int = NUM_EXPERTS, top_k: int = TOP_K, seed: int = 0) -> nn.Module:
-    """The MoE twin of a loaded dense llama model, built in memory (weights shared until copied)."""
-    twin = _twin(twin_config(asdict(model.args), num_experts, top_k), dict(tree_flatten(model.parameters())), seed)
-    mx.eval(twin.parameters())
-    twin.eval()
-    return twin

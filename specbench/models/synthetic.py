@@ -9,23 +9,27 @@ to float32. Quantization follows ``mlx_lm.convert``: affine, group size 64, ever
 The Qwen3.5-like shapes are hybrids (Gated DeltaNet layers with full attention every fourth
 layer; mlx-lm model types ``qwen3_5`` and ``qwen3_5_moe``) sized like Qwen3.5-9B and
 Qwen3.5-35B-A3B; ``mtp=True`` attaches a random multi-token-prediction head to them.
+
+Miniatures (``load("tiny:NAME")``, ``tiny_model``) take a model folder's architecture and tokenizer at the tiny
+dimensions, for checking a pipeline in seconds.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_map_with_path
-from mlx_lm.utils import _get_classes
+from mlx.utils import tree_flatten, tree_map, tree_map_with_path
+from mlx_lm.utils import _get_classes, load_config, load_tokenizer
 
-from specbench.models.mtp.attach import attach_random
-from specbench.models.tiny import tiny_config
+from specbench.models.mtp.head import build_head, quantize_like_body
 
 PREFIX = "synthetic:"
+TINY_PREFIX = "tiny:"
 GROUP_SIZE = 64
 
 #: What the Qwen3 shapes share.
@@ -137,6 +141,18 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
 }
 
+#: Dimensions of a miniature and of the "-tiny" shapes: the model's architecture and vocabulary, these sizes.
+TINY_DIMS = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+}
+TINY_EXPERTS = {"num_experts": 8, "num_experts_per_tok": 2, "n_routed_experts": 8}
 #: What turns a full shape into its tiny CPU-test version (same architecture): ``tiny_config``, then these.
 _TINY_VOCAB = 512
 _TINY_LINEAR = {
@@ -171,6 +187,39 @@ def parse(name: str) -> tuple[str, bool, str | None]:
             f"'-tiny' and a precision suffix ({', '.join(_PRECISIONS)}), e.g. 'qwen3-8b-4bit'"
         )
     return shape, tiny, precision
+
+
+def tiny_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` shrunk to ``TINY_DIMS`` (keys it has), vocabulary and architecture kept."""
+    config = dict(config)
+    text = dict(config.get("text_config", config))
+    for key, value in TINY_DIMS.items():
+        if key in text or key in ("hidden_size", "num_hidden_layers"):
+            text[key] = value
+    for key, value in TINY_EXPERTS.items():
+        if key in text:
+            text[key] = min(int(text[key]), value)
+    interval = text.get("full_attention_interval")
+    if interval:
+        text["num_hidden_layers"] = max(int(interval), text["num_hidden_layers"])
+    if "text_config" in config:
+        config["text_config"] = text
+        return config
+    return text
+
+
+def tiny_model(folder: str | Path, seed: int = 0, scale: float = 2.0) -> tuple[Any, Any]:
+    """A random-weight float32 miniature of the mlx-lm model folder ``folder``, with its real tokenizer.
+
+    2-D weights are scaled by ``scale``: at the default initialisation greedy decoding repeats
+    one token (every draft accepted), at 3 and above it never repeats (none drafted); at 2 the
+    output mixes both, so drafts are accepted in part, as with a real model.
+    """
+    config = load_config(Path(folder))
+    model = from_config(tiny_config(config), seed)
+    model.update(tree_map(lambda p: (p * scale if p.ndim == 2 else p).astype(mx.float32), model.parameters()))
+    eos = config.get("eos_token_id")
+    return ready(model), load_tokenizer(Path(folder), eos_token_ids=[eos] if isinstance(eos, int) else eos)
 
 
 def config(name: str, layers: int | None = None) -> dict:
@@ -217,9 +266,7 @@ def build(
     random multi-token-prediction head to the shapes that have one (Qwen3.5).
     """
     shape, tiny, precision = parse(name)
-    name_dtype, name_bits = (
-        _PRECISIONS[precision] if precision else ((mx.float32, None) if tiny else (mx.bfloat16, None))
-    )
+    name_dtype, name_bits = _PRECISIONS[precision or ("fp32" if tiny else "bf16")]
     dtype = as_dtype(dtype) or name_dtype
     bits = name_bits if bits is None else (bits or None)
     cfg = config(name, layers)
@@ -227,7 +274,11 @@ def build(
     if mtp:
         if not cfg.get("text_config", cfg).get("mtp_num_hidden_layers", 0):
             raise ValueError(f"{cfg['model_type']} has no MTP head; build it with mtp=False")
-        attach_random(model, seed=seed)
+        mx.random.seed(seed)
+        head = build_head(model)  # random weights, cast and quantized like the body
+        cast_dtype(head, dtype)
+        quantize_like_body(model, head)
+        model.mtp = ready(head)
     suffix = f"{bits}bit" if bits else _DTYPE_NAMES[str(dtype).split(".")[-1]]
     depth = f"-{layers}l" if layers is not None else ""
     model.specbench_name = f"{PREFIX}{shape}{'-tiny' if tiny else ''}-{suffix}{depth}"
@@ -242,15 +293,26 @@ def build_from_config(
     seed: int = 0,
 ) -> nn.Module:
     """Build a random-weight model from a Hugging Face style config dict (any mlx-lm model_type)."""
-    model_class, args_class = _get_classes(cfg)
-    mx.random.seed(seed)
-    model = model_class(args_class.from_dict(cfg))
+    model = from_config(cfg, seed)
     cast_dtype(model, dtype)
     if bits:
         _quantize(model, bits, group_size)
     # Materialise layer by layer: the float32 draws of one layer are freed before the next.
     for layer in model.layers:
         mx.eval(layer.parameters())
+    return ready(model)
+
+
+def from_config(cfg: dict[str, Any], seed: int | None = None) -> nn.Module:
+    """The mlx-lm model of a Hugging Face style config, its weights as initialised (drawn after ``seed``), lazy."""
+    model_class, args_class = _get_classes(cfg)
+    if seed is not None:
+        mx.random.seed(seed)
+    return model_class(args_class.from_dict(cfg))
+
+
+def ready(model: nn.Module) -> nn.Module:
+    """``model`` with its parameters evaluated, in eval mode."""
     mx.eval(model.parameters())
     model.eval()
     return model
@@ -281,9 +343,7 @@ def _quantize(model: nn.Module, bits: int, group_size: int) -> None:
 
 def parameter_count(name: str, layers: int | None = None) -> int:
     """Parameters of a shape before quantization, counted from the module tree (nothing is drawn)."""
-    cfg = config(name, layers)
-    model_class, args_class = _get_classes(cfg)
-    return sum(v.size for _, v in tree_flatten(model_class(args_class.from_dict(cfg)).parameters()))
+    return sum(v.size for _, v in tree_flatten(from_config(config(name, layers)).parameters()))
 
 
 def parameter_bytes(model: nn.Module) -> int:

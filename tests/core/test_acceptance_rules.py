@@ -12,12 +12,12 @@ from conftest import build_tiny, plain_greedy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scripts.gpu.draft_training import draft_from_target
 from specbench import Draft, Drafter, DraftPolicy, GenerateOptions, Generation, generate, speculative_generate
 from specbench.core.rules import ExactMatch, Typical, block_residual, block_weights, rule_for, rule_names
 from specbench.core.verify import accept_greedy, accept_tree_greedy
 from specbench.decoding import speculative_generate_batch
 from specbench.drafters import DraftModel, PromptLookup, SuffixDecoding
-from specbench.drafters.draft_model import draft_from_target
 
 PROMPT = [5, 17, 3, 9, 5, 17, 3, 9]
 

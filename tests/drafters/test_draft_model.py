@@ -7,13 +7,14 @@ import mlx.core as mx
 import pytest
 from conftest import build_tiny, plain_greedy, word_tokenizer
 
+from scripts.gpu.draft_training import draft_from_target
 from specbench.checks.lossless import histogram_test, lossless_verdict, well_filled_share
 from specbench.core.accept import SamplingSettings
 from specbench.core.engine import Generation, plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import DraftModel, make_drafter
-from specbench.drafters.draft_model import draft_from_target, draft_own_tensors, load_draft_model
+from specbench.drafters.draft_model import draft_own_tensors, load_draft_model
 
 PROMPT = [5, 17, 33, 2, 9, 41, 8]
 

@@ -16,6 +16,7 @@ from mlx.utils import tree_flatten, tree_map
 from specbench import DraftPolicy, GenerateOptions, speculative_generate
 from specbench.drafters.mtp import MtpHead
 from specbench.models.mtp import attach_mtp, build_head, extract_mtp, save_head
+from specbench.models.mtp.layouts import MIMO as MIMO_LAYOUT
 from specbench.models.mtp.layouts import find_mtp
 
 PROMPT = [5, 17, 3, 9, 5, 17, 3, 9, 5, 17, 44, 2, 8]
@@ -211,7 +212,7 @@ def test_deepseek_checkpoint_attach_and_draft(tmp_path):
 
 def test_mimo_checkpoint_attach_and_draft(tmp_path):
     model = build(MIMO)
-    ref = random_head(model, hidden_first=True)
+    ref = random_head(model, layout=MIMO_LAYOUT)
     tensors = {}
     renames = {
         "fc.": "input_proj.",

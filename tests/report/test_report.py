@@ -22,7 +22,7 @@ from specbench.checks import lossless
 from specbench.common.blas import blas_in_use
 from specbench.inputs import capabilities as caps
 from specbench.inputs.prompts import prompt_table, prompts_from
-from specbench.models.tiny import tiny_config
+from specbench.models.synthetic import tiny_config
 from specbench.report import Outputs, figures, render, verdicts
 from specbench.report import runner as report
 from specbench.report.index import write_index

@@ -101,10 +101,6 @@ def _stack_experts(tensors: dict[str, mx.array]) -> dict[str, mx.array]:
     return out
 
 
-def _is_norm(name: str, value: mx.array) -> bool:
-    return value.ndim == 1 and re.search(r"norm\.weight$", name) is not None
-
-
 def read_head_tensors(
     ckpt: Checkpoint, model: nn.Module, where: str, zero_centred: bool | None = None
 ) -> tuple[Found, dict[str, mx.array]]:
@@ -119,15 +115,18 @@ def read_head_tensors(
             f"{where}: the MTP layer {prefix[:-1]} does not follow the model's {n_body} layers "
             f"(expected model.layers.{n_body}.*): it is the checkpoint of another model"
         )
-    raw = ckpt.load(found.names)
     tensors: dict[str, mx.array] = {}
-    shared: dict[str, mx.array] = {}
-    for name, value in raw.items():
+    embeddings = (int(args.vocab_size), int(args.hidden_size))
+    for name, value in ckpt.load(found.names).items():
         rest = name[len(prefix) :]
         if "rotary_emb.inv_freq" in rest:
             continue
-        if rest in layout.shared:
-            shared[name] = value
+        if rest in layout.shared:  # the model's own embeddings or head, checked, not loaded
+            if tuple(value.shape) != embeddings:
+                raise ValueError(
+                    f"{where}: MTP tensor {name!r} has shape {tuple(value.shape)} but the model's embeddings are "
+                    f"{embeddings}: it is the checkpoint of another model"
+                )
             continue
         for src, dst in layout.renames:
             if rest.startswith(src):
@@ -138,22 +137,12 @@ def read_head_tensors(
                 raise ValueError(f"{where}: unexpected MTP tensor {name!r} (not part of a {layout.title} MTP head)")
             key = "layers.0." + rest
         tensors[key] = value
-    vocab, hidden = int(args.vocab_size), int(args.hidden_size)
-    for name, value in shared.items():
-        if tuple(value.shape) != (vocab, hidden):
-            raise ValueError(
-                f"{where}: MTP tensor {name!r} has shape {tuple(value.shape)} but the model's embeddings are "
-                f"{(vocab, hidden)}: it is the checkpoint of another model"
-            )
-    if layout is QWEN:
-        tensors = _stack_experts(tensors)
-    else:
-        tensors = _sanitize_like_body(model, tensors)
+    tensors = _stack_experts(tensors) if layout is QWEN else _sanitize_like_body(model, tensors)
     if zero_centred is None:
         flag = ckpt.file_metadata.get(NORM_KEY)
         zero_centred = flag == "1" if flag is not None else (layout is QWEN and model_type(model) in ZERO_CENTRED_TYPES)
     if zero_centred:
-        tensors = {k: (v + 1.0 if _is_norm(k, v) else v) for k, v in tensors.items()}
+        tensors = {k: (v + 1.0 if v.ndim == 1 and re.search(r"norm\.weight$", k) else v) for k, v in tensors.items()}
     return found, tensors
 
 
@@ -214,17 +203,12 @@ def _check_against(head: MtpModule, tensors: dict[str, mx.array], where: str, mo
             )
 
 
-def _layer_depth(tensors: dict[str, mx.array]) -> int:
-    idx = {int(m[1]) for k in tensors if (m := re.match(r"layers\.(\d+)\.", k))}
-    return max(idx) + 1 if idx else 0
-
-
 def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = None) -> MtpModule:
     """Build the MTP head for ``model`` from the MTP tensors of a checkpoint (not attached)."""
     ckpt = Checkpoint(path)
     where = str(ckpt.path)
     found, tensors = read_head_tensors(ckpt, model, where, zero_centred)
-    depth = _layer_depth(tensors)
+    depth = max((int(m[1]) + 1 for k in tensors if (m := re.match(r"layers\.(\d+)\.", k))), default=0)
     if depth == 0:
         raise ValueError(f"{where} lacks the MTP decoder layer ({found.prefix}layers.0.* / decoder-layer tensors)")
     config = ckpt.config() or {}
@@ -235,16 +219,9 @@ def load_head(model: nn.Module, path: str | Path, zero_centred: bool | None = No
             f"{where}: the config says mtp_num_hidden_layers={want} but the checkpoint holds {depth} MTP "
             f"layer(s) (see tensors {missing}*)"
         )
-    head = build_head(
-        model, depth=depth, hidden_first=found.layout.hidden_first, chain_normed=found.layout.chain_normed
-    )
+    head = build_head(model, depth, found.layout)
     _check_against(head, tensors, where, model, found)
-    return _set_weights(model, head, tensors)
-
-
-def _set_weights(model: nn.Module, head: MtpModule, tensors: dict[str, mx.array]) -> MtpModule:
-    """``head`` given ``tensors``, cast to the model's float dtype (but what its ``cast_predicate`` keeps out) and
-    quantized like its body."""
+    # The tensors cast to the model's float dtype (but what its cast_predicate keeps out), quantized like its body.
     dtype = float_dtype(model)
     keep = (
         getattr(text_model(model), "cast_predicate", None) or getattr(model, "cast_predicate", None) or (lambda k: True)
@@ -267,16 +244,6 @@ def attach_mtp(model: nn.Module, path: str | Path, zero_centred: bool | None = N
     """
     head = load_head(model, path, zero_centred)
     model.mtp = head
-    return head
-
-
-def attach_random(model: nn.Module, seed: int = 0, depth: int = 1) -> MtpModule:
-    """Attach a random-weight MTP head (for cost studies on synthetic models)."""
-    mx.random.seed(seed)
-    mtype = model_type(model)
-    layout = native_layout(mtype)
-    head = build_head(model, depth=depth, hidden_first=layout.hidden_first, chain_normed=layout.chain_normed)
-    model.mtp = _set_weights(model, head, dict(tree_flatten(head.parameters())))
     return head
 
 

@@ -20,6 +20,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from specbench.core.forward import text_model
+from specbench.models.mtp.layouts import QWEN, Layout
 
 #: Model types whose decoder layers take a boolean mask array rather than "causal".
 _ARRAY_MASK_TYPES = {"deepseek_v3", "deepseek_v32", "kimi_k2"}
@@ -103,20 +104,15 @@ def decoder_layer(model: nn.Module) -> nn.Module:
     return cls(args)
 
 
-def build_head(
-    model: nn.Module,
-    depth: int = 1,
-    hidden_first: bool = False,
-    chain_normed: bool = True,
-) -> MtpModule:
-    """An MTP head with random weights shaped for ``model`` (``depth`` decoder layers)."""
+def build_head(model: nn.Module, depth: int = 1, layout: Layout = QWEN) -> MtpModule:
+    """An MTP head with random weights shaped for ``model`` (``depth`` decoder layers), run as ``layout``'s are."""
     args = model_args(model)
     return MtpModule(
         int(args.hidden_size),
         float(getattr(args, "rms_norm_eps", 1e-6)),
         [decoder_layer(model) for _ in range(depth)],
-        hidden_first=hidden_first,
-        chain_normed=chain_normed,
+        hidden_first=layout.hidden_first,
+        chain_normed=layout.chain_normed,
         array_mask=model_type(model) in _ARRAY_MASK_TYPES,
     )
 

@@ -84,20 +84,16 @@ class Found:
 
 def find_mtp(names: list[str], num_hidden_layers: int | None) -> list[Found]:
     """The MTP tensor groups present in a list of tensor names (one per layout found)."""
-    found = []
     qwen = sorted({n[: -len("fc.weight")] for n in names if re.search(r"(^|\.)mtp\.fc\.weight$", n)})
-    for prefix in qwen[:1]:
-        found.append(Found(QWEN, prefix, [n for n in names if n.startswith(prefix)]))
+    prefixes = [(QWEN, prefix) for prefix in qwen[:1]]
     ds = sorted({int(m[1]) for n in names if (m := re.match(r"model\.layers\.(\d+)\.eh_proj\.weight$", n))})
     if ds:
         first = ds[0] if num_hidden_layers is None or num_hidden_layers not in ds else num_hidden_layers
-        prefix = f"model.layers.{first}."
-        found.append(Found(DEEPSEEK, prefix, [n for n in names if n.startswith(prefix)]))
+        prefixes.append((DEEPSEEK, f"model.layers.{first}."))
     mimo = sorted({int(m[1]) for n in names if (m := re.match(r"model\.mtp_layers\.(\d+)\.input_proj\.weight$", n))})
     if mimo:
-        prefix = f"model.mtp_layers.{mimo[0]}."
-        found.append(Found(MIMO, prefix, [n for n in names if n.startswith(prefix)]))
-    return found
+        prefixes.append((MIMO, f"model.mtp_layers.{mimo[0]}."))
+    return [Found(layout, prefix, [n for n in names if n.startswith(prefix)]) for layout, prefix in prefixes]
 
 
 def no_mtp_error(where: str, mtype: str) -> ValueError:
