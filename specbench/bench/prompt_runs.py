@@ -16,14 +16,12 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm import stream_generate
 
-from specbench.bench.timing import clocked
+from specbench.bench.timing import clocked, timed_generation
 from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
-from specbench.core.engine import plain_generation
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.verify import check_verify_mode
-from specbench.decoding import speculative_generate
 from specbench.drafters import NO_DRAFTER, drafter_kinds, is_drafter_name, make_drafter
 from specbench.exact.calibration import calibrate
 
@@ -260,13 +258,8 @@ def run_specbench(
     verify: str | None = None,
 ) -> TimedRun:
     """specbench's ``plain_generation`` (no drafter) or ``speculative_generate``, greedy, timed."""
-    options = GenerateOptions(max_tokens=max_tokens, verify=verify)
-    clock = clocked(
-        lambda: (
-            plain_generation(model, list(prompt), options, tokenizer=tokenizer)
-            if drafter is None
-            else speculative_generate(model, list(prompt), options, drafter=drafter, policy=policy, tokenizer=tokenizer)
-        )
+    clock = timed_generation(
+        model, list(prompt), GenerateOptions(max_tokens=max_tokens, verify=verify), drafter, policy, tokenizer
     )
     gen = clock.run
     stats = gen.stats()

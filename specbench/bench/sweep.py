@@ -26,7 +26,7 @@ from specbench.bench import paired
 from specbench.bench.positions import per_position_acceptance
 from specbench.bench.predictions import with_predictions
 from specbench.bench.sweep_summary import best_per_group, paired_intervals, rate, summarize_sweep  # noqa: F401 (the sweep's API)
-from specbench.bench.timing import Clocked, cache_copy, clocked, prefix_cache
+from specbench.bench.timing import Clocked, cache_copy, prefix_cache, timed_generation
 from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic
 from specbench.core.draft import within_max_tokens
@@ -37,7 +37,6 @@ from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, Fix
 from specbench.core.rules import AcceptanceRule, TokenRule
 from specbench.core.verify import VerifyMode, check_verify_mode
 from specbench.cost.profile import Profile
-from specbench.decoding import speculative_generate
 from specbench.exact.calibration import calibrate
 from specbench.inputs.capabilities import usable_drafters
 from specbench.inputs.importers import load_traces
@@ -342,15 +341,11 @@ def _run_cell(
     runs: list[dict[str, Any]] = []
     frames: list[pl.DataFrame] = []
 
-    def timed_run(make: Callable[[], Generation]) -> Clocked[Generation]:
-        clock = clocked(make)
-        bar.update()
-        return clock
-
     def run_plain() -> Clocked[Generation]:
         bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
-        cache = cache_copy(prefix)
-        return timed_run(lambda: plain_generation(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache))
+        clock = timed_generation(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
+        bar.update()
+        return clock
 
     previous_plain: Clocked[Generation] | None = None
     plain_tokens: list[int] | None = None
@@ -364,12 +359,9 @@ def _run_cell(
         bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
         ruled = dataclasses.replace(options, acceptance_rule=rule)
         drafter = factories[drafter_name]()
-        cache = cache_copy(prefix, drafter)
-        return timed_run(
-            lambda: speculative_generate(
-                model, prompt.ids, ruled, drafter=drafter, policy=policy, tokenizer=tokenizer, prompt_cache=cache
-            )
-        )
+        clock = timed_generation(model, prompt.ids, ruled, drafter, policy, tokenizer, cache_copy(prefix, drafter))
+        bar.update()
+        return clock
 
     methods = [
         (r, d, p) for r in rules for d in factories for p in policies if only is None or (r.label, d, p.name) in only

@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 
 from specbench.common.timing import quiet
 from specbench.core.draft import Drafter
-from specbench.core.engine import plain_generation
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.forward import prefill
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
@@ -66,6 +66,34 @@ def clocked(make: Callable[[], G]) -> Clocked[G]:
     return Clocked(run, items, first - start, last - first, end - start)
 
 
+def timed_generation(
+    model: Any,
+    prompt: Sequence[int],
+    options: GenerateOptions,
+    drafter: Drafter | None = None,
+    policy: DraftPolicy | None = None,
+    tokenizer: Any = None,
+    prompt_cache: list[Any] | None = None,
+    profile: Any = None,
+) -> Clocked[Generation]:
+    """Plain decoding of ``prompt`` (no ``drafter``) or speculative decoding with ``drafter`` and ``policy``
+    (``profile``: the cost profile Auto plans with), run to the end by ``clocked``."""
+    if drafter is None:
+        return clocked(lambda: plain_generation(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache))
+    return clocked(
+        lambda: speculative_generate(
+            model,
+            prompt,
+            options,
+            drafter=drafter,
+            policy=policy,
+            tokenizer=tokenizer,
+            prompt_cache=prompt_cache,
+            profile=profile,
+        )
+    )
+
+
 def clock_stats(generation: Any, seconds: float) -> dict[str, Any]:
     """``generation.stats()`` with ``decode_s`` and ``decode_tokens_per_s`` by the clock (``seconds``)."""
     decode = len(generation.tokens) - 1
@@ -109,8 +137,6 @@ def side_by_side(
     policy: DraftPolicy,
 ) -> SideBySide:
     """Decode ``prompt_ids`` plainly and then speculatively (same options), timing both."""
-    plain = clocked(lambda: plain_generation(model, prompt_ids, options, tokenizer=tokenizer))
-    spec = clocked(
-        lambda: speculative_generate(model, prompt_ids, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
-    )
+    plain = timed_generation(model, prompt_ids, options, tokenizer=tokenizer)
+    spec = timed_generation(model, prompt_ids, options, drafter, policy, tokenizer)
     return SideBySide(plain.run, spec.run, plain.decode_s, spec.decode_s)
