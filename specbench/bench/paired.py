@@ -1,9 +1,9 @@
 """Paired timing statistics: ratios over adjacent pairs of runs in alternating order (``paired_ratio``), bootstrap
-intervals (expanded percentile), a one-sided t-test of paired log ratios.
+intervals (expanded percentile), Student's t tail.
 
 A speedup measured on a machine whose speed drifts between runs needs an interval, not a point: these are
-the pieces the benchmarks share (``specbench bench``'s intervals over prompts, the GPU default-policy
-benchmark's verdicts over paired runs).
+the pieces the benchmarks share (``specbench bench``'s intervals over prompts; the GPU default-policy
+benchmark's one-sided t-test over paired runs lives beside its script, ``scripts/gpu/default_policy_cells.py``).
 """
 
 from __future__ import annotations
@@ -134,20 +134,6 @@ def student_t_above(t: float, dof: int) -> float:
     return 0.5 * (1.0 - inside)  # inside = P(-|t| < T < |t|) signed with t
 
 
-def p_below(pairs: Sequence[tuple[float, float]], threshold: float) -> float:
-    """One-sided p-value of "the method / baseline is below ``threshold``": a t-test of the pairs' log ratios
-    (baseline seconds / the method's) against log ``threshold`` (1.0 for fewer than 2 pairs; with no spread,
-    0.0 below the threshold and 1.0 at or above). A percentile bootstrap of 6 pairs reaches p = 0 whenever
-    every pair falls below, which no correction for many cells can undo."""
-    logs = [math.log(p / a) for p, a in pairs]
-    if len(logs) < 2:
-        return 1.0
-    if statistics.stdev(logs) == 0.0:  # identical pairs: every one is below the threshold, or none is
-        return 0.0 if logs[0] < math.log(threshold) else 1.0
-    t = (statistics.mean(logs) - math.log(threshold)) / (statistics.stdev(logs) / math.sqrt(len(logs)))
-    return 1.0 - student_t_above(t, len(logs) - 1)
-
-
 def seconds_ratio(pairs: Sequence[tuple[float, float]]) -> float:
     """Baseline seconds over the method's, summed over (baseline, method) pairs; a ValueError when there are
     no pairs or the method's runs took no time (there is no ratio to give)."""
@@ -157,16 +143,6 @@ def seconds_ratio(pairs: Sequence[tuple[float, float]]) -> float:
     if not method > 0:
         raise ValueError(f"the method's runs took {method} s over {len(pairs)} pairs: no ratio of seconds")
     return sum(p for p, _ in pairs) / method
-
-
-def interval_and_p(pairs: Sequence[tuple[float, float]], threshold: float) -> tuple[float, float, float]:
-    """(low, high, p): ``seconds_ratio``'s 95 % expanded percentile bootstrap interval over ``pairs`` and the
-    one-sided p-value of "below ``threshold``" (``p_below``); no interval (0, inf, p = 1) under
-    ``MIN_UNITS`` pairs."""
-    if len(pairs) < MIN_UNITS:
-        return 0.0, float("inf"), 1.0
-    low, high = bootstrap(list(pairs), seconds_ratio)
-    return low, high, p_below(pairs, threshold)
 
 
 # -- paired runs -------------------------------------------------------------------------------------------------
