@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from specbench.common.timing import quiet
-from specbench.core.draft import Drafter
+from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
 from specbench.core.engine import Generation, plain_generation
 from specbench.core.forward import prefill
 from specbench.core.options import GenerateOptions
@@ -92,6 +92,14 @@ def timed_generation(
             profile=profile,
         )
     )
+
+
+def exact_widths(pairs: Iterable[tuple[DraftPolicy, Drafter]], max_tokens: int) -> list[int]:
+    """The widths to calibrate exact verification for before anything is timed (the first verification at a new
+    width would otherwise carry the calibration): up to the longest draft any (policy, drafter) asks and the last
+    token, within what a generation of ``max_tokens`` tokens drafts."""
+    drafts = (within_max_tokens(within_max_draft(p.longest_draft(d), d), max_tokens) for p, d in pairs)
+    return list(range(2, max(drafts, default=0) + 2))
 
 
 def clock_stats(generation: Any, seconds: float) -> dict[str, Any]:
