@@ -40,7 +40,7 @@ import os
 from pathlib import Path
 
 from scripts.gpu.batch_run import BatchRun
-from specbench.bench.budget import Budget
+from scripts.gpu.budget import Budget
 from specbench.inputs.traces import TRACES_DIR
 from specbench.models import synthetic
 

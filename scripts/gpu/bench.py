@@ -26,7 +26,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from specbench.bench.budget import Budget
+from scripts.gpu.budget import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
 
