@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from scripts.gpu.run_speed import MIN_STEADY
-from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap, seconds_ratio, student_t_above
+from scripts.result_lines import AACheck
+from specbench.bench.paired import MIN_UNITS, bootstrap, seconds_ratio, student_t_above
 
 #: The ratio (method over baseline, in speed) a default must keep: 3 % slower at most.
 OK = 0.97
@@ -443,7 +444,7 @@ AA_POOLED = ("A/A (plain against plain)", "plain (A/A), every prompt and trace")
 
 
 def aa_checks(pooled_rows: Sequence[PooledRow]) -> dict[str, AACheck]:
-    """Per model, its A/A arm's check (``paired.AACheck``) from its pooled row in seconds (``pooled``)."""
+    """Per model, its A/A arm's check (``result_lines.AACheck``) from its pooled row in seconds (``pooled``)."""
     return {r.model: AACheck(r.ratio, r.low, r.high, r.n) for r in pooled_rows if r.what in AA_POOLED}
 
 

@@ -9,7 +9,6 @@ benchmark's one-sided t-test over paired runs lives beside its script, ``scripts
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -208,52 +207,3 @@ def paired_ratio(
     interval = ratio_interval([(u[0], u[1]) for u in units], [(u[2], u[3]) for u in units], level=level)
     assert interval is not None  # MIN_UNITS units or pairs
     return PairedRatio(float(ratio), interval[0], interval[1], len(pairs), len(by_unit), resampled)
-
-
-@dataclass(frozen=True)
-class AACheck:
-    """The A/A arm of a speed run: its baseline timed again as a method is, paired with the baseline, so its ratio
-    shows the machine's own noise. It passes when its 95 % interval covers 1.0; a run whose A/A fails, or has too
-    few repeats for an interval (``MIN_UNITS``), is reported as failed: its other ratios cannot be told from the
-    noise (an interval over fewer than ``MIN_UNITS`` repeats counts as none). ``scripts/results.py`` applies this
-    rule to the record a result file keeps (``as_record``) and to older runs' A/A rows."""
-
-    ratio: float
-    low: float | None
-    high: float | None
-    n: int
-
-    @classmethod
-    def of_ratios(cls, ratios: Sequence[float]) -> AACheck:
-        """From the A/A arm's ratio per repeat: their median, with its bootstrap interval from ``MIN_UNITS``."""
-        if not ratios:
-            raise ValueError("an A/A check needs at least one repeat of its arm")
-        interval = bootstrap(list(ratios), statistics.median) if len(ratios) >= MIN_UNITS else (None, None)
-        return cls(float(statistics.median(ratios)), interval[0], interval[1], len(ratios))
-
-    @property
-    def has_interval(self) -> bool:
-        return self.low is not None and self.high is not None and self.n >= MIN_UNITS
-
-    @property
-    def passed(self) -> bool:
-        return self.has_interval and self.low <= 1.0 <= self.high  # type: ignore[operator]
-
-    def verdict(self) -> str:
-        """One line: "passed: ..." or "failed: ..." with the ratio, its interval and n."""
-        if not self.has_interval:
-            return f"failed: A/A {self.ratio:.3f} over {self.n} repeats has no interval (fewer than {MIN_UNITS})"
-        word = "passed" if self.passed else "failed"
-        within = "covers" if self.passed else "excludes"
-        return f"{word}: A/A {self.ratio:.3f} [{self.low:.3f}–{self.high:.3f}] over {self.n} {within} 1.0"
-
-    def as_record(self) -> dict[str, Any]:
-        """What a result file keeps (under "a_a"): ratio, interval (or None), n, passed, verdict."""
-        interval = None if self.low is None or self.high is None else [self.low, self.high]
-        return {
-            "ratio": self.ratio,
-            "interval": interval,
-            "n": self.n,
-            "passed": self.passed,
-            "verdict": self.verdict(),
-        }
