@@ -31,7 +31,8 @@ import time
 import mlx.core as mx
 
 import specbench.core.engine as engine
-from specbench.bench.paired import MIN_UNITS, AACheck
+from scripts.result_lines import AACheck
+from specbench.bench.paired import MIN_UNITS
 from specbench.bench.prompt_runs import run_mlx_lm, run_specbench
 from specbench.common.files import write_json_atomic
 from specbench.common.identity import device_name, versions
@@ -86,7 +87,7 @@ def speed_ratio(model, tokenizer, prompt: list[int], tokens: int, rounds: int) -
 def aa_check(model, tokenizer, prompt: list[int], tokens: int, rounds: int) -> AACheck:
     """The A/A arm of (a): mlx-lm's ``stream_generate`` timed against itself in interleaved rounds, the order of
     its two runs alternating as (a)'s does, so its decode-throughput ratio shows the machine's own noise
-    (``paired.AACheck``); at least ``MIN_UNITS`` rounds, so that it has an interval."""
+    (``result_lines.AACheck``); at least ``MIN_UNITS`` rounds, so that it has an interval."""
     ratios = []
     for r in range(max(rounds, MIN_UNITS)):
         first, second = run_mlx_lm(model, tokenizer, prompt, tokens), run_mlx_lm(model, tokenizer, prompt, tokens)

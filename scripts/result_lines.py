@@ -9,13 +9,14 @@ import functools
 import json
 import math
 import re
+import statistics
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbench.bench.paired import AACheck
+from specbench.bench.paired import MIN_UNITS, bootstrap
 
 RESULTS = "reports/RESULTS.md"
 README = "README.md"
@@ -243,6 +244,55 @@ class Line:
 # -- git -----------------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class AACheck:
+    """The A/A arm of a speed run: its baseline timed again as a method is, paired with the baseline, so its ratio
+    shows the machine's own noise. It passes when its 95 % interval covers 1.0; a run whose A/A fails, or has too
+    few repeats for an interval (``MIN_UNITS``), is reported as failed: its other ratios cannot be told from the
+    noise (an interval over fewer than ``MIN_UNITS`` repeats counts as none). ``scripts/results.py`` applies this
+    rule to the record a result file keeps (``as_record``) and to older runs' A/A rows."""
+
+    ratio: float
+    low: float | None
+    high: float | None
+    n: int
+
+    @classmethod
+    def of_ratios(cls, ratios: Sequence[float]) -> AACheck:
+        """From the A/A arm's ratio per repeat: their median, with its bootstrap interval from ``MIN_UNITS``."""
+        if not ratios:
+            raise ValueError("an A/A check needs at least one repeat of its arm")
+        interval = bootstrap(list(ratios), statistics.median) if len(ratios) >= MIN_UNITS else (None, None)
+        return cls(float(statistics.median(ratios)), interval[0], interval[1], len(ratios))
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None and self.high is not None and self.n >= MIN_UNITS
+
+    @property
+    def passed(self) -> bool:
+        return self.has_interval and self.low <= 1.0 <= self.high  # type: ignore[operator]
+
+    def verdict(self) -> str:
+        """One line: "passed: ..." or "failed: ..." with the ratio, its interval and n."""
+        if not self.has_interval:
+            return f"failed: A/A {self.ratio:.3f} over {self.n} repeats has no interval (fewer than {MIN_UNITS})"
+        word = "passed" if self.passed else "failed"
+        within = "covers" if self.passed else "excludes"
+        return f"{word}: A/A {self.ratio:.3f} [{self.low:.3f}–{self.high:.3f}] over {self.n} {within} 1.0"
+
+    def as_record(self) -> dict[str, Any]:
+        """What a result file keeps (under "a_a"): ratio, interval (or None), n, passed, verdict."""
+        interval = None if self.low is None or self.high is None else [self.low, self.high]
+        return {
+            "ratio": self.ratio,
+            "interval": interval,
+            "n": self.n,
+            "passed": self.passed,
+            "verdict": self.verdict(),
+        }
+
+
 def git(*args: str, root: Path) -> subprocess.CompletedProcess:
     """git's answer in ``root``; without git (or a repository) a failed answer: commits read as not in history."""
     try:
@@ -323,7 +373,7 @@ def read_line(claim: Claim, root: Path) -> Line:
 
 
 def aa_verdict(reader: Json | Csv, text: str) -> str:
-    """ "" where a run's A/A arm passed (``specbench.bench.paired.AACheck``: its 95 % interval, over enough repeats,
+    """ "" where a run's A/A arm passed (``AACheck``: its 95 % interval, over enough repeats,
     covers 1.0), else "failed: why"; "failed: the run has no A/A arm" where the file has none."""
     try:
         aa = reader.read(text)

@@ -12,7 +12,7 @@ sample size, the device, the commit and the date the file names, and the line's 
   measures changed between that commit and HEAD (nor in the working tree);
 - ``stale: ...``: the file names no commit (provenance unknown), a modified tree, a commit this history lacks,
   or the code it measures changed after it (the first such commit is named);
-- ``failed: ...``: the run's A/A arm (the baseline timed against itself, ``specbench.bench.paired.AACheck``) has
+- ``failed: ...``: the run's A/A arm (the baseline timed against itself, ``scripts.result_lines.AACheck``) has
   an interval that excludes 1.0, or none: the machine's noise was larger than the run can tell apart;
 - ``unsupported: ...``: the file no longer holds the claim's run (a later run overwrote it), or its sample is
   empty (a result over zero runs);

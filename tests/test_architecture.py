@@ -328,12 +328,12 @@ def test_scripts_run_as_modules():
 
 
 def test_scripts_with_a_budget_share_one_implementation():
-    """Every script that takes ``--budget`` keeps its time with ``specbench.bench.budget.Budget``."""
+    """Every script that takes ``--budget`` keeps its time with ``scripts.gpu.budget.Budget``."""
     private = [
         str(path.relative_to(ROOT))
         for path in script_files()
         if '"--budget"' in (text := path.read_text(encoding="utf-8"))
-        and "from specbench.bench.budget import Budget" not in text
+        and "from scripts.gpu.budget import Budget" not in text
     ]
     assert not private, "scripts that time --budget themselves (use Budget):\n  " + "\n  ".join(private)
 

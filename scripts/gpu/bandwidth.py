@@ -24,7 +24,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from specbench.bench.budget import Budget
+from scripts.gpu.budget import Budget
 from specbench.common.files import write_csv_atomic
 from specbench.common.identity import device_name, versions, write_result
 from specbench.core.engine import plain_generation

@@ -29,7 +29,7 @@ batch_grid.csv, batch_bench.csv, batch_divergence.csv, batch_break_even.png.
 With --exact, only the exact phase runs (``BatchRun.exact``), per synthetic shape (dense and MoE) at B in
 {1, 4, 16, 32}, acceptance 0.8, k = 3: whether every request's exact batched output (``verify="exact"``) equals
 its own single-request mlx-lm greedy output, and exact vs fast batched seconds per step, their ratio measured in
-one run with an A/A arm (the fast batch timed again, ``specbench.bench.paired.AACheck``). It writes
+one run with an A/A arm (the fast batch timed again, ``scripts.result_lines.AACheck``). It writes
 batch_exact.json (with the run's provenance: commit, versions, device) and batch_exact.csv.
 """
 
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.gpu.batch_run import BatchRun
-from specbench.bench.budget import Budget
+from scripts.gpu.budget import Budget
 from specbench.inputs.traces import TRACES_DIR
 from specbench.models import synthetic
 

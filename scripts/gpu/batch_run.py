@@ -28,9 +28,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from scripts.gpu.budget import Budget
+from scripts.result_lines import AACheck
 from specbench.bench.batch_bench import bench_batch, format_batch_bench, oracle_drafters, trace_requests
-from specbench.bench.budget import Budget
-from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap
+from specbench.bench.paired import MIN_UNITS, bootstrap
 from specbench.checks.exactness import mlx_lm_greedy
 from specbench.common.files import write_csv_atomic, write_json_atomic
 from specbench.common.identity import device_name, write_result

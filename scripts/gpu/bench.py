@@ -6,7 +6,7 @@
 
 1. Engine speed (``scripts.bench_engine``): specbench plain ``generate`` over mlx-lm ``stream_generate``
    tokens/s, and the step log's share of generation time, in one run; with its A/A arm (mlx-lm against itself,
-   at least 6 alternating rounds, ``paired.AACheck``): a run whose A/A fails is reported as failed ("A/A failed"
+   at least 6 alternating rounds, ``result_lines.AACheck``): a run whose A/A fails is reported as failed ("A/A failed"
    printed, and under "a_a" in engine_speed.json).
 2. ``specbench.bench.bench_prompts`` on the bundled prompts (--limit per category): mlx-lm plain,
    specbench plain, and prompt lookup, SuffixDecoding and MTP (when the model has a head) under each
@@ -26,7 +26,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from specbench.bench.budget import Budget
+from scripts.gpu.budget import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from scripts.gpu.budget import Budget
 from scripts.gpu.kernel_verify import aa_check
 from specbench import cost
-from specbench.bench.budget import Budget
 from specbench.common.identity import device_name, write_result
 from specbench.core.experts import expert_layers
 from specbench.cost.batch import BatchProfile, measure_batch_overhead, measure_batch_profile

@@ -38,9 +38,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from scripts.gpu.budget import Budget
 from scripts.gpu.kernel_verify import aa_check
 from specbench import cost
-from specbench.bench.budget import Budget
 from specbench.common.files import write_csv_atomic as write_csv
 from specbench.common.identity import device_name, result_data
 from specbench.common.identity import write_result as write_json

@@ -36,8 +36,8 @@ import mlx.core as mx
 
 from scripts.gpu import default_policy_cells
 from scripts.gpu.ab_text import summary_lines
+from scripts.gpu.budget import Budget
 from scripts.gpu.default_policy_phases import embedded_phase, say, shape_phase, trace_files
-from specbench.bench.budget import Budget
 from specbench.common.files import write_csv_atomic
 from specbench.common.identity import device_name, versions, write_result
 from specbench.inputs.prompts import BUNDLED_CATEGORIES

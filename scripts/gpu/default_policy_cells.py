@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from scripts.gpu.run_speed import MIN_STEADY
-from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap, interval_and_p, seconds_ratio
+from scripts.result_lines import AACheck
+from specbench.bench.paired import MIN_UNITS, bootstrap, seconds_ratio, student_t_above
 
 #: The ratio (method over baseline, in speed) a default must keep: 3 % slower at most.
 OK = 0.97
@@ -31,6 +32,30 @@ OK = 0.97
 ALPHA = 0.025
 #: The methods of A/A cells: the baseline timed as a method is, paired with the baseline.
 AA_METHODS = ("plain", "plain (A/A)")
+
+
+def p_below(pairs: Sequence[tuple[float, float]], threshold: float) -> float:
+    """One-sided p-value of "the method / baseline is below ``threshold``": a t-test of the pairs' log ratios
+    (baseline seconds / the method's) against log ``threshold`` (1.0 for fewer than 2 pairs; with no spread,
+    0.0 below the threshold and 1.0 at or above). A percentile bootstrap of 6 pairs reaches p = 0 whenever
+    every pair falls below, which no correction for many cells can undo."""
+    logs = [math.log(p / a) for p, a in pairs]
+    if len(logs) < 2:
+        return 1.0
+    if statistics.stdev(logs) == 0.0:  # identical pairs: every one is below the threshold, or none is
+        return 0.0 if logs[0] < math.log(threshold) else 1.0
+    t = (statistics.mean(logs) - math.log(threshold)) / (statistics.stdev(logs) / math.sqrt(len(logs)))
+    return 1.0 - student_t_above(t, len(logs) - 1)
+
+
+def interval_and_p(pairs: Sequence[tuple[float, float]], threshold: float) -> tuple[float, float, float]:
+    """(low, high, p): ``seconds_ratio``'s 95 % expanded percentile bootstrap interval over ``pairs`` and the
+    one-sided p-value of "below ``threshold``" (``p_below``); no interval (0, inf, p = 1) under
+    ``MIN_UNITS`` pairs."""
+    if len(pairs) < MIN_UNITS:
+        return 0.0, float("inf"), 1.0
+    low, high = bootstrap(list(pairs), seconds_ratio)
+    return low, high, p_below(pairs, threshold)
 
 
 def ms_to_s(value: Any) -> float | None:
@@ -419,7 +444,7 @@ AA_POOLED = ("A/A (plain against plain)", "plain (A/A), every prompt and trace")
 
 
 def aa_checks(pooled_rows: Sequence[PooledRow]) -> dict[str, AACheck]:
-    """Per model, its A/A arm's check (``paired.AACheck``) from its pooled row in seconds (``pooled``)."""
+    """Per model, its A/A arm's check (``result_lines.AACheck``) from its pooled row in seconds (``pooled``)."""
     return {r.model: AACheck(r.ratio, r.low, r.high, r.n) for r in pooled_rows if r.what in AA_POOLED}
 
 

@@ -13,9 +13,9 @@ import mlx.core as mx
 import numpy as np
 
 from scripts.gpu import default_policy_runs
+from scripts.gpu.budget import Budget
 from scripts.gpu.verify_calls import verify_call_rows
 from specbench import GenerateOptions, generate, load, speculative_generate
-from specbench.bench.budget import Budget
 from specbench.bench.paired import seconds_ratio
 from specbench.bench.trace_bench import bench_trace
 from specbench.common.timing import steadier_affinity

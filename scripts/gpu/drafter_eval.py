@@ -12,8 +12,8 @@ from typing import Any
 import mlx.nn as nn
 import numpy as np
 
+from scripts.gpu.budget import Budget
 from scripts.gpu.draft_training import HELDOUT_KINDS
-from specbench.bench.budget import Budget
 from specbench.bench.prompt_runs import run_mlx_lm, run_specbench
 from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions

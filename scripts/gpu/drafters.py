@@ -38,11 +38,11 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from scripts.gpu.budget import Budget
 from scripts.gpu.draft_training import HELDOUT_KINDS, heldout_split
 from scripts.gpu.drafter_eval import TARGETS, compare_and_sweep, evaluate, report
 from scripts.gpu.drafter_training import draft_phase, head_phase, parameter_count
 from specbench import load
-from specbench.bench.budget import Budget
 from specbench.common.files import write_text_atomic
 from specbench.common.identity import write_result
 from specbench.core.forward import text_model

@@ -41,10 +41,10 @@ from typing import Any
 
 import mlx.core as mx
 
+from scripts.gpu.budget import Budget
 from scripts.gpu.exact_layout import copied_cache_steps, crossing_calls, kernel_checks
 from scripts.gpu.exact_lockstep import layout, lockstep, run_exact
 from scripts.gpu.exactness_workload import print_table, timed_greedy
-from specbench.bench.budget import Budget
 from specbench.bench.turn_cache import first_divergence
 from specbench.checks import exactness
 from specbench.common.identity import device_name, write_result

@@ -17,7 +17,7 @@ so drift in the machine's speed falls on all cells alike. Cells:
 - ``auto exact a=1`` and ``auto exact a=A`` for each A of --acceptances (default 0.3 and 0.7): the default policy
   in the default (exact) mode;
 - ``plain (A/A)``: specbench plain again, timed as the other cells are: its interval must cover 1.0
-  (``paired.AACheck``), else the run is reported as failed (printed, and under "a_a" in the file).
+  (``result_lines.AACheck``), else the run is reported as failed (printed, and under "a_a" in the file).
 
 A cell's speedup is plain's seconds per token over the cell's, per repeat (plain: the mean of the
 repeat's two plain runs); printed as the median over repeats with a 95 % expanded bootstrap interval
@@ -49,8 +49,9 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
+from scripts.result_lines import AACheck
 from specbench import DraftPolicy, GenerateOptions, generate, speculative_generate
-from specbench.bench.paired import MIN_UNITS, AACheck, bootstrap
+from specbench.bench.paired import MIN_UNITS, bootstrap
 from specbench.common.identity import device_name, versions, write_result
 from specbench.cost.timing import seconds_per_token
 from specbench.drafters.oracle import Oracle

@@ -48,7 +48,7 @@ import mlx.core as mx
 
 from scripts.gpu import exactness_workload as workload
 from scripts.gpu import verify_calls as calls
-from specbench.bench.budget import Budget
+from scripts.gpu.budget import Budget
 from specbench.checks import exactness
 from specbench.common.files import write_csv_atomic as write_csv
 from specbench.common.files import write_figure_atomic

@@ -10,7 +10,7 @@
 2. cost: a width-w verify forward at a cache of --offset tokens, median of --repeats synchronous
    forwards, at the batched (fast) level, the calibrated exact level and the best exact level
    without the kernel; and a plain one-token step; ratios measured in this run; with the A/A arm: the fast
-   level's cost timed against itself in 6 pairs of alternating order (``paired.AACheck``): a run whose A/A
+   level's cost timed against itself in 6 pairs of alternating order (``result_lines.AACheck``): a run whose A/A
    fails is reported as failed ("A/A failed" printed, and under "a_a" in the file);
 3. with --levels, where the difference goes: each named level (exact or not) timed the same way, and
    also with its graph built before the clock (device time and launches only), so that host time
@@ -38,7 +38,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from specbench.bench.paired import MIN_UNITS, AACheck
+from scripts.result_lines import AACheck
+from specbench.bench.paired import MIN_UNITS
 from specbench.common.identity import device_name, versions, write_result
 from specbench.cost.bandwidth import bytes_per_forward, peak_bandwidth
 from specbench.exact import calibrate

@@ -11,7 +11,7 @@ product, MLX's row-invariant 7 + 2-row calls, and ``qmv_rows`` in each launch of
 with 2 warps per block); each figure also with the calls' graphs built before the clock (``eval``: launches and
 device time only); and whether each launch's rows at 1 and w rows are bit-identical to MLX's one-row
 products. The dequant variant is the device probe's (``qmv_variant``, stored after its first run). The A/A arm:
-MLX's one-row product of the first layer timed against itself in 6 pairs of alternating order (``paired.AACheck``);
+MLX's one-row product of the first layer timed against itself in 6 pairs of alternating order (``AACheck``);
 a run whose A/A fails is reported as failed ("A/A failed" printed, and under "a_a" in the file).
 
 Writes qmv_schedules.json into $OUT (or --out) and prints one table.
@@ -27,7 +27,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from specbench.bench.paired import MIN_UNITS, AACheck
+from scripts.result_lines import AACheck
+from specbench.bench.paired import MIN_UNITS
 from specbench.common.identity import device_name, versions, write_result
 from specbench.cost.bandwidth import peak_passes
 from specbench.kernels import cuda_available, probe_kernels, qmv_variant

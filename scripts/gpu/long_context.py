@@ -23,7 +23,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from specbench.bench.budget import Budget
+from scripts.gpu.budget import Budget
 from specbench.bench.turn_cache import first_divergence
 from specbench.checks.exactness import mlx_lm_greedy, oracle_generation
 from specbench.common.identity import write_result

@@ -128,7 +128,7 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def run_rank(args: argparse.Namespace) -> None:
-    from specbench.bench.budget import Budget
+    from scripts.gpu.budget import Budget
     from specbench.checks import exactness
     from specbench.common import distributed
     from specbench.common.files import write_csv_atomic

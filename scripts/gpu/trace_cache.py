@@ -19,8 +19,8 @@ import argparse
 import os
 from pathlib import Path
 
+from scripts.gpu.budget import Budget
 from specbench import GenerateOptions
-from specbench.bench.budget import Budget
 from specbench.bench.trace_bench import bench_trace, trace_methods
 from specbench.common.files import write_csv_atomic
 from specbench.common.identity import device_name, write_result

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from scripts.gpu.budget import Budget
 from specbench import GenerateOptions
-from specbench.bench.budget import Budget
 from specbench.bench.trace_bench import bench_trace, trace_methods
 from specbench.bench.trace_summary import format_summary
 from specbench.common.files import write_csv_atomic as write_csv

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from scripts.gpu.budget import Budget
 from specbench import load
-from specbench.bench.budget import Budget
 from specbench.common.identity import write_result
 from specbench.models.mtp import attach_mtp
 from specbench.train.mtp_training import TrainConfig, evaluate_decoding, summary_lines, train_mtp

@@ -42,8 +42,8 @@ import mlx.core as mx
 import numpy as np
 import polars as pl
 
+from scripts.gpu.budget import Budget
 from scripts.gpu.tree_bench import suffix_real_row, timed, tree_verifiers
-from specbench.bench.budget import Budget
 from specbench.common.files import write_csv_atomic
 from specbench.common.identity import device_name, write_result
 from specbench.core.forward import vocab_size

@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specbench.bench.paired import MIN_UNITS, bootstrap, seconds_ratio
-from specbench.bench.timing import Clocked, clocked
+from specbench.bench.timing import Clocked, timed_generation
 from specbench.core.draft import Drafter
-from specbench.core.engine import Generation, plain_generation
+from specbench.core.engine import Generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.decoding import speculative_generate
 from specbench.drafters import is_drafter_name, make_drafter
 
 
@@ -59,12 +58,8 @@ class Arm:
     ) -> Clocked[Generation]:
         """One call of this method timed from the call to its last token (``drafter``: this method's drafter, None
         for plain)."""
-        if self.drafter is None:
-            return clocked(lambda: plain_generation(model, prompt, options, tokenizer=tokenizer))
-        policy = DraftPolicy.parse(self.policy)
-        return clocked(
-            lambda: speculative_generate(model, prompt, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
-        )
+        policy = None if self.drafter is None else DraftPolicy.parse(self.policy)
+        return timed_generation(model, prompt, options, drafter, policy, tokenizer)
 
 
 def ab_verdict(ratio: float, interval: tuple[float, float] | None) -> str:

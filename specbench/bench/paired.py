@@ -1,15 +1,14 @@
 """Paired timing statistics: ratios over adjacent pairs of runs in alternating order (``paired_ratio``), bootstrap
-intervals (expanded percentile), a one-sided t-test of paired log ratios.
+intervals (expanded percentile), Student's t tail.
 
 A speedup measured on a machine whose speed drifts between runs needs an interval, not a point: these are
-the pieces the benchmarks share (``specbench bench``'s intervals over prompts, the GPU default-policy
-benchmark's verdicts over paired runs).
+the pieces the benchmarks share (``specbench bench``'s intervals over prompts; the GPU default-policy
+benchmark's one-sided t-test over paired runs lives beside its script, ``scripts/gpu/default_policy_cells.py``).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -134,20 +133,6 @@ def student_t_above(t: float, dof: int) -> float:
     return 0.5 * (1.0 - inside)  # inside = P(-|t| < T < |t|) signed with t
 
 
-def p_below(pairs: Sequence[tuple[float, float]], threshold: float) -> float:
-    """One-sided p-value of "the method / baseline is below ``threshold``": a t-test of the pairs' log ratios
-    (baseline seconds / the method's) against log ``threshold`` (1.0 for fewer than 2 pairs; with no spread,
-    0.0 below the threshold and 1.0 at or above). A percentile bootstrap of 6 pairs reaches p = 0 whenever
-    every pair falls below, which no correction for many cells can undo."""
-    logs = [math.log(p / a) for p, a in pairs]
-    if len(logs) < 2:
-        return 1.0
-    if statistics.stdev(logs) == 0.0:  # identical pairs: every one is below the threshold, or none is
-        return 0.0 if logs[0] < math.log(threshold) else 1.0
-    t = (statistics.mean(logs) - math.log(threshold)) / (statistics.stdev(logs) / math.sqrt(len(logs)))
-    return 1.0 - student_t_above(t, len(logs) - 1)
-
-
 def seconds_ratio(pairs: Sequence[tuple[float, float]]) -> float:
     """Baseline seconds over the method's, summed over (baseline, method) pairs; a ValueError when there are
     no pairs or the method's runs took no time (there is no ratio to give)."""
@@ -157,16 +142,6 @@ def seconds_ratio(pairs: Sequence[tuple[float, float]]) -> float:
     if not method > 0:
         raise ValueError(f"the method's runs took {method} s over {len(pairs)} pairs: no ratio of seconds")
     return sum(p for p, _ in pairs) / method
-
-
-def interval_and_p(pairs: Sequence[tuple[float, float]], threshold: float) -> tuple[float, float, float]:
-    """(low, high, p): ``seconds_ratio``'s 95 % expanded percentile bootstrap interval over ``pairs`` and the
-    one-sided p-value of "below ``threshold``" (``p_below``); no interval (0, inf, p = 1) under
-    ``MIN_UNITS`` pairs."""
-    if len(pairs) < MIN_UNITS:
-        return 0.0, float("inf"), 1.0
-    low, high = bootstrap(list(pairs), seconds_ratio)
-    return low, high, p_below(pairs, threshold)
 
 
 # -- paired runs -------------------------------------------------------------------------------------------------
@@ -232,52 +207,3 @@ def paired_ratio(
     interval = ratio_interval([(u[0], u[1]) for u in units], [(u[2], u[3]) for u in units], level=level)
     assert interval is not None  # MIN_UNITS units or pairs
     return PairedRatio(float(ratio), interval[0], interval[1], len(pairs), len(by_unit), resampled)
-
-
-@dataclass(frozen=True)
-class AACheck:
-    """The A/A arm of a speed run: its baseline timed again as a method is, paired with the baseline, so its ratio
-    shows the machine's own noise. It passes when its 95 % interval covers 1.0; a run whose A/A fails, or has too
-    few repeats for an interval (``MIN_UNITS``), is reported as failed: its other ratios cannot be told from the
-    noise (an interval over fewer than ``MIN_UNITS`` repeats counts as none). ``scripts/results.py`` applies this
-    rule to the record a result file keeps (``as_record``) and to older runs' A/A rows."""
-
-    ratio: float
-    low: float | None
-    high: float | None
-    n: int
-
-    @classmethod
-    def of_ratios(cls, ratios: Sequence[float]) -> AACheck:
-        """From the A/A arm's ratio per repeat: their median, with its bootstrap interval from ``MIN_UNITS``."""
-        if not ratios:
-            raise ValueError("an A/A check needs at least one repeat of its arm")
-        interval = bootstrap(list(ratios), statistics.median) if len(ratios) >= MIN_UNITS else (None, None)
-        return cls(float(statistics.median(ratios)), interval[0], interval[1], len(ratios))
-
-    @property
-    def has_interval(self) -> bool:
-        return self.low is not None and self.high is not None and self.n >= MIN_UNITS
-
-    @property
-    def passed(self) -> bool:
-        return self.has_interval and self.low <= 1.0 <= self.high  # type: ignore[operator]
-
-    def verdict(self) -> str:
-        """One line: "passed: ..." or "failed: ..." with the ratio, its interval and n."""
-        if not self.has_interval:
-            return f"failed: A/A {self.ratio:.3f} over {self.n} repeats has no interval (fewer than {MIN_UNITS})"
-        word = "passed" if self.passed else "failed"
-        within = "covers" if self.passed else "excludes"
-        return f"{word}: A/A {self.ratio:.3f} [{self.low:.3f}–{self.high:.3f}] over {self.n} {within} 1.0"
-
-    def as_record(self) -> dict[str, Any]:
-        """What a result file keeps (under "a_a"): ratio, interval (or None), n, passed, verdict."""
-        interval = None if self.low is None or self.high is None else [self.low, self.high]
-        return {
-            "ratio": self.ratio,
-            "interval": interval,
-            "n": self.n,
-            "passed": self.passed,
-            "verdict": self.verdict(),
-        }

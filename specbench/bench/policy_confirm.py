@@ -16,22 +16,15 @@ import numpy as np
 import polars as pl
 
 from specbench.bench.paired import sums_interval
-from specbench.bench.timing import clocked
-from specbench.core.engine import plain_generation
+from specbench.bench.timing import timed_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.cost import Profile, drafter_cost, predicted_speedup
-from specbench.decoding import speculative_generate
 from specbench.simulate.policies import policy_copy
 from specbench.simulate.simulate import Recorded, model_free_drafter, simulate
 
 #: Requests needed for a bootstrap interval of the measured speedup.
 MIN_REQUESTS = 3
-
-
-def _decode_seconds(generation: Any) -> float:
-    """A generation run to the end as every timed run is (``clocked``); its decode seconds."""
-    return float(clocked(lambda: generation).run.stats()["decode_s"])
 
 
 def confirm_policies(
@@ -52,16 +45,11 @@ def confirm_policies(
         plain_s, spec_s = [], []
         for request in requests:
             options = GenerateOptions(max_tokens=len(request.output))
-            plain_s.append(_decode_seconds(plain_generation(model, request.prompt, options)))
-            run = speculative_generate(
-                model,
-                request.prompt,
-                options,
-                drafter=model_free_drafter(drafter, k),
-                policy=policy_copy(spec),
-                profile=profile,
-            )
-            spec_s.append(_decode_seconds(run))
+            plain = timed_generation(model, request.prompt, options).run
+            drafter_ = model_free_drafter(drafter, k)
+            run = timed_generation(model, request.prompt, options, drafter_, policy_copy(spec), profile=profile).run
+            plain_s.append(float(plain.stats()["decode_s"]))
+            spec_s.append(float(run.stats()["decode_s"]))
             if run.tokens != request.output[: len(run.tokens)]:
                 raise ValueError(f"request {request.id!r}: the run's tokens differ from its recorded output")
         replay = simulate(list(requests), model_free_drafter(drafter, k), policy_copy(spec), cost=profile)

@@ -16,14 +16,12 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm import stream_generate
 
-from specbench.bench.timing import clocked
-from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
-from specbench.core.engine import plain_generation
+from specbench.bench.timing import clocked, exact_widths, timed_generation
+from specbench.core.draft import Drafter
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.verify import check_verify_mode
-from specbench.decoding import speculative_generate
 from specbench.drafters import NO_DRAFTER, drafter_kinds, is_drafter_name, make_drafter
 from specbench.exact.calibration import calibrate
 
@@ -260,13 +258,8 @@ def run_specbench(
     verify: str | None = None,
 ) -> TimedRun:
     """specbench's ``plain_generation`` (no drafter) or ``speculative_generate``, greedy, timed."""
-    options = GenerateOptions(max_tokens=max_tokens, verify=verify)
-    clock = clocked(
-        lambda: (
-            plain_generation(model, list(prompt), options, tokenizer=tokenizer)
-            if drafter is None
-            else speculative_generate(model, list(prompt), options, drafter=drafter, policy=policy, tokenizer=tokenizer)
-        )
+    clock = timed_generation(
+        model, list(prompt), GenerateOptions(max_tokens=max_tokens, verify=verify), drafter, policy, tokenizer
     )
     gen = clock.run
     stats = gen.stats()
@@ -306,12 +299,6 @@ def warm_up_plan(methods: int, max_tokens: int, widths: Sequence[int], step_s: f
     return f"warm-up (untimed): {what}; about {calibration + runs:.0f} s at {step_s:.2f} s per plain step"
 
 
-def _longest_draft(policy: DraftPolicy, drafter: Drafter) -> int:
-    """The longest draft ``policy`` asks of ``drafter``, within the most the drafter ever drafts."""
-    asked = policy.longest_draft(drafter) if isinstance(policy, DraftPolicy) else getattr(drafter, "preferred_k", 4)
-    return max(1, within_max_draft(asked, drafter))
-
-
 class MethodRunner:
     """Runs methods on prompts; keeps one drafter per (method, repeat), as a server keeps one
     drafter across requests, so that no repeat sees another repeat's outputs."""
@@ -343,13 +330,8 @@ class MethodRunner:
     def verify_widths(self, methods: Sequence[Method]) -> list[int]:
         """Verification widths the methods can use (for calibrating exact verification up front): up to the longest
         draft and the last token, within what a run of ``max_tokens`` tokens drafts."""
-        widest = 1
-        for m in methods:
-            if m.engine != "specbench" or m.verify == "fast" or (drafter := self.drafter(m, -1)) is None:
-                continue
-            longest = within_max_tokens(_longest_draft(m.policy, drafter), self.max_tokens)
-            widest = max(widest, longest + 1)
-        return list(range(2, widest + 1))
+        drafters = [(m.policy, self.drafter(m, -1)) for m in methods if m.engine == "specbench" and m.verify != "fast"]
+        return exact_widths([(p, d) for p, d in drafters if p is not None and d is not None], self.max_tokens)
 
     def warm_up(
         self, methods: Sequence[Method], first: list[int], longest: list[int], say: Callable[[str], None]

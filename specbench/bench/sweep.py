@@ -26,10 +26,9 @@ from specbench.bench import paired
 from specbench.bench.positions import per_position_acceptance
 from specbench.bench.predictions import with_predictions
 from specbench.bench.sweep_summary import best_per_group, paired_intervals, rate, summarize_sweep  # noqa: F401 (the sweep's API)
-from specbench.bench.timing import Clocked, cache_copy, clocked, prefix_cache
+from specbench.bench.timing import Clocked, cache_copy, exact_widths, prefix_cache, timed_generation
 from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic
-from specbench.core.draft import within_max_tokens
 from specbench.core.engine import Generation, plain_generation
 from specbench.core.log import main_reason
 from specbench.core.options import GenerateOptions
@@ -37,7 +36,6 @@ from specbench.core.policies import AdaptivePolicy, AutoPolicy, DraftPolicy, Fix
 from specbench.core.rules import AcceptanceRule, TokenRule
 from specbench.core.verify import VerifyMode, check_verify_mode
 from specbench.cost.profile import Profile
-from specbench.decoding import speculative_generate
 from specbench.exact.calibration import calibrate
 from specbench.inputs.capabilities import usable_drafters
 from specbench.inputs.importers import load_traces
@@ -204,8 +202,8 @@ def run_sweep(
     if warmup_tokens and todo:
         list(plain_generation(model, items[0].ids, GenerateOptions(max_tokens=warmup_tokens, ignore_eos=True)))
         modes = {GenerateOptions(temperature=float(t), verify=verify).verify_mode for t in temperatures}
-        if factories and "exact" in modes:
-            _calibrate_exact(model, policies, factories, max_tokens)
+        if "exact" in modes and (made := [make() for make in factories.values()]):
+            calibrate(model, exact_widths([(p, d) for p in policies for d in made], max_tokens))
     total = len(todo) * (1 + pairs + len(rules) * len(factories) * len(policies) * max(1, pairs))
     shown = progress and distributed.is_main()
     bar = tqdm(total=total, desc="sweep", disable=not shown, leave=False)
@@ -342,15 +340,11 @@ def _run_cell(
     runs: list[dict[str, Any]] = []
     frames: list[pl.DataFrame] = []
 
-    def timed_run(make: Callable[[], Generation]) -> Clocked[Generation]:
-        clock = clocked(make)
-        bar.update()
-        return clock
-
     def run_plain() -> Clocked[Generation]:
         bar.set_postfix_str(f"{prompt.id} plain T={temperature}")
-        cache = cache_copy(prefix)
-        return timed_run(lambda: plain_generation(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache))
+        clock = timed_generation(model, prompt.ids, options, tokenizer=tokenizer, prompt_cache=cache_copy(prefix))
+        bar.update()
+        return clock
 
     previous_plain: Clocked[Generation] | None = None
     plain_tokens: list[int] | None = None
@@ -364,12 +358,9 @@ def _run_cell(
         bar.set_postfix_str(f"{prompt.id} {drafter_name} {policy.name} {rule.name} T={temperature}")
         ruled = dataclasses.replace(options, acceptance_rule=rule)
         drafter = factories[drafter_name]()
-        cache = cache_copy(prefix, drafter)
-        return timed_run(
-            lambda: speculative_generate(
-                model, prompt.ids, ruled, drafter=drafter, policy=policy, tokenizer=tokenizer, prompt_cache=cache
-            )
-        )
+        clock = timed_generation(model, prompt.ids, ruled, drafter, policy, tokenizer, cache_copy(prefix, drafter))
+        bar.update()
+        return clock
 
     methods = [
         (r, d, p) for r in rules for d in factories for p in policies if only is None or (r.label, d, p.name) in only
@@ -445,20 +436,6 @@ class _CellStore:
     ) -> None:
         write_parquet_atomic(steps, self._path(cell, "steps", tag))
         write_parquet_atomic(pl.DataFrame(runs, infer_schema_length=None), self._path(cell, "runs", tag))
-
-
-def _calibrate_exact(
-    model: Any, policies: Sequence[DraftPolicy], factories: dict[str, Callable[[], Any]], max_tokens: int
-) -> None:
-    """Calibrate exact verification for every width the sweep can use, before anything is timed
-    (the first verification at a new width would otherwise carry the calibration); a run of ``max_tokens``
-    tokens drafts at most ``max_tokens - 1``."""
-    ks = [k for k in (policy_k(p) for p in policies) if k]
-    if any(policy_k(p) is None for p in policies):
-        ks += [int(getattr(make(), "preferred_k", 4)) for make in factories.values()]
-    longest = within_max_tokens(max(ks), max_tokens) if ks else 0
-    if longest:
-        calibrate(model, list(range(2, longest + 2)))
 
 
 #: What a run's row copies of its generation's ``stats()``, after its tokens and clock.

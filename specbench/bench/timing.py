@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from specbench.common.timing import quiet
-from specbench.core.draft import Drafter
-from specbench.core.engine import plain_generation
+from specbench.core.draft import Drafter, within_max_draft, within_max_tokens
+from specbench.core.engine import Generation, plain_generation
 from specbench.core.forward import prefill
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
@@ -66,6 +66,42 @@ def clocked(make: Callable[[], G]) -> Clocked[G]:
     return Clocked(run, items, first - start, last - first, end - start)
 
 
+def timed_generation(
+    model: Any,
+    prompt: Sequence[int],
+    options: GenerateOptions,
+    drafter: Drafter | None = None,
+    policy: DraftPolicy | None = None,
+    tokenizer: Any = None,
+    prompt_cache: list[Any] | None = None,
+    profile: Any = None,
+) -> Clocked[Generation]:
+    """Plain decoding of ``prompt`` (no ``drafter``) or speculative decoding with ``drafter`` and ``policy``
+    (``profile``: the cost profile Auto plans with), run to the end by ``clocked``."""
+    if drafter is None:
+        return clocked(lambda: plain_generation(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache))
+    return clocked(
+        lambda: speculative_generate(
+            model,
+            prompt,
+            options,
+            drafter=drafter,
+            policy=policy,
+            tokenizer=tokenizer,
+            prompt_cache=prompt_cache,
+            profile=profile,
+        )
+    )
+
+
+def exact_widths(pairs: Iterable[tuple[DraftPolicy, Drafter]], max_tokens: int) -> list[int]:
+    """The widths to calibrate exact verification for before anything is timed (the first verification at a new
+    width would otherwise carry the calibration): up to the longest draft any (policy, drafter) asks and the last
+    token, within what a generation of ``max_tokens`` tokens drafts."""
+    drafts = (within_max_tokens(within_max_draft(p.longest_draft(d), d), max_tokens) for p, d in pairs)
+    return list(range(2, max(drafts, default=0) + 2))
+
+
 def clock_stats(generation: Any, seconds: float) -> dict[str, Any]:
     """``generation.stats()`` with ``decode_s`` and ``decode_tokens_per_s`` by the clock (``seconds``)."""
     decode = len(generation.tokens) - 1
@@ -109,8 +145,6 @@ def side_by_side(
     policy: DraftPolicy,
 ) -> SideBySide:
     """Decode ``prompt_ids`` plainly and then speculatively (same options), timing both."""
-    plain = clocked(lambda: plain_generation(model, prompt_ids, options, tokenizer=tokenizer))
-    spec = clocked(
-        lambda: speculative_generate(model, prompt_ids, options, drafter=drafter, policy=policy, tokenizer=tokenizer)
-    )
+    plain = timed_generation(model, prompt_ids, options, tokenizer=tokenizer)
+    spec = timed_generation(model, prompt_ids, options, drafter, policy, tokenizer)
     return SideBySide(plain.run, spec.run, plain.decode_s, spec.decode_s)

@@ -19,7 +19,7 @@ from typing import Any
 
 import polars as pl
 
-from specbench.bench.timing import clocked
+from specbench.bench.timing import timed_generation
 from specbench.bench.trace_summary import (
     PLAIN,
     format_overall,
@@ -32,12 +32,11 @@ from specbench.bench.turn_cache import TurnCache, reply_text
 from specbench.common.files import safe_name, write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.per_key import per_key
 from specbench.core.draft import Drafter
-from specbench.core.engine import Generation, plain_generation
+from specbench.core.engine import Generation
 from specbench.core.forward import context_length
 from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
-from specbench.decoding import speculative_generate
 from specbench.drafters import make_drafter
 from specbench.inputs.importers import load_traces
 from specbench.inputs.stored import read_json, read_parquet
@@ -82,15 +81,8 @@ def _run(
     cache: TurnCache,
 ) -> Generation:
     """One method's reply to ``prompt``, prefilling only what ``cache`` does not hold; the cache is kept."""
-    prompt_cache = cache.take(prompt)
-    gen = (
-        plain_generation(model, prompt, options, tokenizer=tokenizer, prompt_cache=prompt_cache)
-        if drafter is None
-        else speculative_generate(
-            model, prompt, options, drafter=drafter, policy=policy, tokenizer=tokenizer, prompt_cache=prompt_cache
-        )
-    )
-    clocked(lambda: gen)  # run to the end: the turn's decode time is read from its log
+    # run to the end: the turn's decode time is read from its log
+    gen = timed_generation(model, prompt, options, drafter, policy, tokenizer, cache.take(prompt)).run
     cache.keep(prompt, gen.cache)
     return gen
 

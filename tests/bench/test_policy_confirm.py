@@ -7,7 +7,7 @@ import gc
 import pytest
 from conftest import build_tiny
 
-from specbench.bench import policy_confirm
+from specbench.bench import timing
 from specbench.bench.policy_confirm import confirm_policies
 from specbench.core.options import GenerateOptions
 from specbench.cost import Profile, predicted_speedup
@@ -42,8 +42,9 @@ def test_confirmed_policies_carry_measured_predicted_and_residual():
     assert short["measured_low"][0] is None  # two requests: inconclusive
 
 
-def test_each_confirmation_run_is_timed_with_the_garbage_collector_paused():
-    """As every timed run: a collection in the middle of a run would count as decoding."""
+def test_each_confirmation_run_is_timed_with_the_garbage_collector_paused(monkeypatch):
+    """As every timed run (``timing.timed_generation``, which confirmation times its runs by): a collection in the
+    middle of a run would count as decoding."""
     seen = []
 
     class Run:
@@ -55,6 +56,7 @@ def test_each_confirmation_run_is_timed_with_the_garbage_collector_paused():
         def stats(self):
             return {"decode_s": 0.25}
 
+    monkeypatch.setattr(timing, "plain_generation", lambda *args, **kwargs: Run())
     assert gc.isenabled()
-    assert policy_confirm._decode_seconds(Run()) == 0.25
+    assert timing.timed_generation(None, [1], GenerateOptions()).run.stats()["decode_s"] == 0.25
     assert seen == [False] * 3 and gc.isenabled()

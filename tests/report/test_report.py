@@ -183,10 +183,10 @@ def _ordered_sweep(text_model, monkeypatch, policies, pairs, label):
     prompt = tokenizer.encode("one two three, one two three, one two")
     truth = plain_greedy(model, prompt, 8)
     order = []
-    plain_run, spec_run = sweep.plain_generation, sweep.speculative_generate
-    monkeypatch.setattr(sweep, "plain_generation", lambda *a, **k: order.append("P") or plain_run(*a, **k))
+    plain_run, spec_run = timing.plain_generation, timing.speculative_generate
+    monkeypatch.setattr(timing, "plain_generation", lambda *a, **k: order.append("P") or plain_run(*a, **k))
     monkeypatch.setattr(
-        sweep, "speculative_generate", lambda *a, **k: order.append(label(k["policy"])) or spec_run(*a, **k)
+        timing, "speculative_generate", lambda *a, **k: order.append(label(k["policy"])) or spec_run(*a, **k)
     )
     result = sweep.run_sweep(
         model,
@@ -227,7 +227,7 @@ def _sequential_sweep(text_model, monkeypatch, **options):
     model, tokenizer = text_model
     prompt = tokenizer.encode("one two three, one two three, one two")
     truth = plain_greedy(model, prompt, 8)
-    spec_run = sweep.speculative_generate
+    spec_run = timing.speculative_generate
     tags: dict[int, tuple[object, str]] = {}  # each generation kept, so that no later one reuses its id
     calls = {"even": 0}
 
@@ -250,8 +250,8 @@ def _sequential_sweep(text_model, monkeypatch, **options):
             super().__init__(truth, len(prompt), 256, bad=2)
             self.name = name
 
-    monkeypatch.setattr(sweep, "speculative_generate", tagged)
-    monkeypatch.setattr(sweep, "clocked", clock)
+    monkeypatch.setattr(timing, "speculative_generate", tagged)
+    monkeypatch.setattr(timing, "clocked", clock)
     return sweep.run_sweep(
         model,
         tokenizer,

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from scripts.gpu.batch_run import TABLES, BatchRun, batch_verdict, break_even_rows, divergence_table, lowest_break_even
-from specbench.bench.budget import Budget
+from scripts.gpu.budget import Budget
 from specbench.cost.batch import BatchProfile
 
 TINY = {

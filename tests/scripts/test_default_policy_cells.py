@@ -10,7 +10,6 @@ from conftest import auto_run_log, log_seconds, plain_run_log
 
 from scripts.gpu import default_policy_cells as cells
 from scripts.gpu.run_speed import MIN_STEADY, speed_state, time_split
-from specbench.bench import paired
 
 
 def test_plain_steps_cancel_the_machines_speed_and_keep_autos_costs():
@@ -112,9 +111,9 @@ def test_where_autos_extra_seconds_went():
 
 def test_identical_pairs_below_097_are_a_loss_not_a_missing_test():
     """With no spread between pairs a t statistic is undefined; the pairs themselves settle it."""
-    assert paired.p_below([(0.9, 1.0)] * 6, cells.OK) == 0.0
-    assert paired.p_below([(1.0, 1.0)] * 6, cells.OK) == 1.0
-    assert paired.p_below([(0.9, 1.0)], cells.OK) == 1.0  # one pair: no test
+    assert cells.p_below([(0.9, 1.0)] * 6, cells.OK) == 0.0
+    assert cells.p_below([(1.0, 1.0)] * 6, cells.OK) == 1.0
+    assert cells.p_below([(0.9, 1.0)], cells.OK) == 1.0  # one pair: no test
 
 
 def test_slow_steady_steps_are_counted_with_how_near_a_decision_they_fall():

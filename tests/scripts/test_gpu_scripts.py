@@ -133,7 +133,7 @@ def test_default_policy_script(tmp_path, script_home):
     # every run records both speeds, shapes and the embedded model alike
     assert all({"plain_mean_ms", "auto_mean_ms"} <= set(r) for r in summary["runs"])
     assert any(r["what"] == "plain a/a" for r in summary["grid"])
-    # each model's A/A arm judged (``paired.AACheck``): the shape's and the embedded model's
+    # each model's A/A arm judged (``result_lines.AACheck``): the shape's and the embedded model's
     assert len(summary["a_a"]) == 2 and all({"passed", "verdict"} <= set(r) for r in summary["a_a"].values())
     assert "qwen3-8b-tiny: " + summary["a_a"]["qwen3-8b-tiny"]["verdict"] in out
     stages = next(iter(summary["setup"].values()))  # where a shape's set-up went, stage by stage

@@ -12,8 +12,7 @@ import pytest
 from scripts import result_lines as results
 from scripts import results as script
 from scripts.result_claims import CLAIMS
-from scripts.result_lines import BEGIN, END, Claim, Csv, Json, Text
-from specbench.bench.paired import AACheck
+from scripts.result_lines import BEGIN, END, AACheck, Claim, Csv, Json, Text
 
 
 def git(root: Path, *args: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from specbench.bench.budget import Budget
+from scripts.gpu.budget import Budget
 
 
 def silent(seconds: float | None, start: float = 0.0) -> tuple[Budget, list[str]]:
