@@ -125,11 +125,20 @@ def _stack(key: str, file: str, model: str, what: str, **more: Any) -> Claim:
 #: ``python3 -m scripts.gpu.exact_speed --shapes qwen3-8b --out $OUT/dense`` (then qwen3-30b-a3b into moe; the
 #: defaults: 4-bit, full depth, k = 8, acceptances 1, 0.7 and 0.3), ``python3 -m scripts.gpu.long_context --audit 1``
 #: and ``pytest -m gpu tests/kernels tests/core``.
-HEADLINE = "gpu-h100/headline/"
+HEADLINE = "gpu-h100/headline-333cc65/"
+#: The run before it (b9f8b49, stale: its code changed since), kept in RESULTS.md; the README states today's.
+EARLIER = "gpu-h100/headline/"
 SHAPES = {"dense": ("qwen3-8b", "Qwen3-8B"), "moe": ("qwen3-30b-a3b", "Qwen3-30B-A3B")}
-#: The shapes whose headline run has not been made yet (the dense one ran at b9f8b49, before it at 46613ac; the MoE's
-#: run at b9f8b49 was stopped by its 330 s limit before its cells: moe-timed-out.txt).
+#: The shapes whose headline run has not been made yet (the MoE's run at b9f8b49 was stopped by its 330 s limit
+#: before its cells: moe-timed-out.txt; at 333cc65 the session's GPU time ran out after the dense run).
 PENDING = {"moe"}
+#: The long-context runs (scripts/gpu/long_context.py --audit 1): at b9f8b49 the 4k prompt (its 16k ran out of GPU
+#: memory in calibration's probes; 32k and the MoE shape were not reached), at 333cc65 the 16k prompt alone (--lengths
+#: 16384 --budget 200, what the session's GPU time allowed; 32k and the MoE shape not run).
+LONG_CONTEXT = (
+    (EARLIER, "", "4k", False, " (the run's 16k prompt ran out of GPU memory; 32k and the MoE were not reached)"),
+    (HEADLINE, "-16k", "16k", True, " (32k and the MoE shape not run: the session's GPU time ran out)"),
+)
 
 
 def _headline_aa(shape: str) -> Json:
@@ -138,43 +147,50 @@ def _headline_aa(shape: str) -> Json:
     return Json((*at, "ratio"), (*at, "interval"), n=(*at, "n"))
 
 
-def _headline_cell(name: str, cell: str, what: str, headline: str = "") -> Claim:
+def _headline_cell(name: str, cell: str, what: str, headline: str = "", run: str = HEADLINE) -> Claim:
     shape, label = SHAPES[name]
     rows = ("shapes", shape, "rows", cell)
     return Claim(
-        key=f"headline-{name}-{cell.replace(' ', '-').replace('=', '')}",
+        key=f"headline-{name}-{cell.replace(' ', '-').replace('=', '')}{_tag(run)}",
         machine=H100,
         what=f"{what}, full-depth {label} shape 4-bit, 128 tokens, 6 repeats",
         metric=f"{cell} / plain tokens/s, median over repeats",
-        file=f"{HEADLINE}{name}/exact_speed.json",
+        file=f"{run}{name}/exact_speed.json",
         read=Json((*rows, "speedup"), interval=(*rows, "interval"), n=(*rows, "ratios")),
         aa=_headline_aa(shape),
         fmt="{:.2f}x",
         n_what="repeats",
-        headline=headline,
-        pending=name in PENDING,
+        headline=headline if run == HEADLINE else "",
+        pending=name in PENDING and run == HEADLINE,
     )
 
 
-def _headline_ratio(name: str, ratio: str, n: str, key: str, what: str, metric: str, headline: str) -> Claim:
+def _headline_ratio(
+    name: str, ratio: str, n: str, key: str, what: str, metric: str, headline: str, run: str = HEADLINE
+) -> Claim:
     """A ratio the run states beside its cells (``exact_over_fast``, ``plain_over_mlx_lm``), ``n`` its repeats."""
     shape, label = SHAPES[name]
     at = ("shapes", shape, ratio)
     return Claim(
-        f"headline-{name}-{key}",
+        f"headline-{name}-{key}{_tag(run)}",
         H100,
         what.format(label=label),
         metric,
-        f"{HEADLINE}{name}/exact_speed.json",
+        f"{run}{name}/exact_speed.json",
         Json((*at, "ratio"), interval=(*at, "interval"), n=(*at, n)),
         aa=_headline_aa(shape),
         n_what="repeats",
-        pending=name in PENDING,
-        headline=headline.format(label=label),
+        pending=name in PENDING and run == HEADLINE,
+        headline=headline.format(label=label) if run == HEADLINE else "",
     )
 
 
-def _headline(name: str) -> list[Claim]:
+def _tag(run: str) -> str:
+    """The earlier run's claims keep their keys with its commit: ``-b9f8b49``."""
+    return "" if run == HEADLINE else "-b9f8b49"
+
+
+def _headline(name: str, run: str = HEADLINE) -> list[Claim]:
     label = SHAPES[name][1]
     return [
         *(
@@ -183,11 +199,12 @@ def _headline(name: str) -> list[Claim]:
                 f"auto exact a={a}",
                 f"the default (Auto, exact verification) against plain decoding, oracle drafter at acceptance {a}",
                 headline=f"H100 {label} 4-bit, Auto (exact) over plain at acceptance {a}",
+                run=run,
             )
             for a in ("1", "0.7", "0.3")
         ),
-        _headline_cell(name, "exact k=8", "exact verification, fixed k = 8, perfect drafter"),
-        _headline_cell(name, "fast k=8", "fast verification, fixed k = 8, perfect drafter"),
+        _headline_cell(name, "exact k=8", "exact verification, fixed k = 8, perfect drafter", run=run),
+        _headline_cell(name, "fast k=8", "fast verification, fixed k = 8, perfect drafter", run=run),
         _headline_ratio(
             name,
             "exact_over_fast",
@@ -196,6 +213,7 @@ def _headline(name: str) -> list[Claim]:
             "exact against fast verification end to end, fixed k = 8, perfect drafter, full-depth {label} 4-bit",
             "exact / fast seconds per token, median over repeats",
             "H100 {label} 4-bit, exact / fast verification, seconds per token (k = 8)",
+            run,
         ),
         _headline_ratio(
             name,
@@ -205,6 +223,7 @@ def _headline(name: str) -> list[Claim]:
             "specbench plain against mlx-lm generate_step, full-depth {label} 4-bit, 128 tokens",
             "specbench / mlx-lm tokens/s, median over repeats",
             "H100 {label} 4-bit, specbench plain / mlx-lm tokens/s",
+            run,
         ),
     ]
 
@@ -213,38 +232,46 @@ CLAIMS: list[Claim] = [
     # -- the headline (HEADLINE): Auto, exact against fast and plain against mlx-lm, then long contexts
     *_headline("dense"),
     *_headline("moe"),
-    Claim(
-        "headline-long-context",
-        H100,
-        "exact output against mlx-lm greedy after a 4k-token random prompt, Qwen3-8B shape 4-bit, full depth, 32 "
-        "tokens, k = 4, acceptance 0.8 (the run's 16k prompt ran out of GPU memory in exact calibration's probes; 32k "
-        "and the MoE shape were not reached: long_context.txt)",
-        "exact generations equal to mlx-lm greedy",
-        HEADLINE + "long_context.json",
-        Json(("exact_equal",)),
-        fmt="{:.0f}",
-        n_what="generations",
-        headline="H100 4k-token prompt, dense 4-bit: exact generations equal to mlx-lm greedy",
+    *_headline("dense", EARLIER),
+    *(
+        Claim(
+            f"headline-long-context{tag}",
+            H100,
+            f"exact output against mlx-lm greedy after a {size}-token random prompt, Qwen3-8B shape 4-bit, full depth, "
+            f"32 tokens, k = 4, acceptance 0.8{more}",
+            "exact generations equal to mlx-lm greedy",
+            run + "long_context.json",
+            Json(("exact_equal",)),
+            fmt="{:.0f}",
+            n_what="generations",
+            headline=f"H100 {size}-token prompt, dense 4-bit: exact generations equal to mlx-lm greedy" if now else "",
+        )
+        for run, tag, size, now, more in LONG_CONTEXT
     ),
-    Claim(
-        "headline-long-context-audit",
-        H100,
-        "the same generations, every exact verification compared with serial steps (--audit 1)",
-        "audited verifications that differ from serial steps",
-        HEADLINE + "long_context.json",
-        Json(("audit_mismatches",)),
-        fmt="{:.0f}",
-        n_what="audited verifications",
-        headline="H100 4k-token prompt: audited exact verifications differing from serial steps",
+    *(
+        Claim(
+            f"headline-long-context-audit{tag}",
+            H100,
+            f"the same {size}-token generations, every exact verification compared with serial steps (--audit 1)",
+            "audited verifications that differ from serial steps",
+            run + "long_context.json",
+            Json(("audit_mismatches",)),
+            fmt="{:.0f}",
+            n_what="audited verifications",
+            headline=f"H100 {size}-token prompt: audited exact verifications differing from serial steps"
+            if now
+            else "",
+        )
+        for run, tag, size, now, more in LONG_CONTEXT
     ),
     _passed(
         "headline-pytest-gpu",
         "pytest-gpu.txt",
         "GPU tests: kernels against their references, sampling by position, batched exact verification (45 run: 2 "
         "failed, both where the attention kernel's probe for bfloat16 at head dimension 64 failed to launch: the log)",
-        folder=HEADLINE,
+        folder=EARLIER,
         machine=H100,
-        provenance=HEADLINE + "pytest-gpu.json",
+        provenance=EARLIER + "pytest-gpu.json",
     ),
     # -- verification's cost per width and how far from the memory bound (scripts/gpu/kernel_verify.py --widths
     # 1-9,12,16 --shape SHAPE: 10 timings a width at 256 cached tokens; the peak: the device's measured copy bandwidth)
