@@ -258,9 +258,7 @@ CLAIMS: list[Claim] = [
             Json(("audit_mismatches",)),
             fmt="{:.0f}",
             n_what="audited verifications",
-            headline=f"H100 {size}-token prompt: audited exact verifications differing from serial steps"
-            if now
-            else "",
+            headline=f"H100 {size}-token prompt: audited verifications differing from serial steps" if now else "",
         )
         for run, tag, size, now, more in LONG_CONTEXT
     ),
