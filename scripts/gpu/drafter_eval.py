@@ -6,7 +6,7 @@ speculative_generate_step, and the Markdown tables of scripts/gpu/drafters.py's 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import mlx.nn as nn
@@ -18,9 +18,9 @@ from specbench.bench.prompt_runs import run_mlx_lm, run_specbench
 from specbench.core.engine import plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
-from specbench.drafters import DraftModel, EarlyExit
+from specbench.drafters import DraftModel, EarlyExit, exit_layer_count
 from specbench.inputs.prompts import bundled_questions, render_prompt
-from specbench.train.mtp_training import best_exit_layer, evaluate_decoding, sweep_exit_layers
+from specbench.train.mtp_training import evaluate_decoding
 
 #: Draft length of every evaluation (fixed; fast verification).
 K = 3
@@ -56,6 +56,47 @@ def evaluate(
 def score(rows: dict[str, dict[str, Any]]) -> float:
     """Mean tokens per verification over the kinds (what decides which head ships)."""
     return float(np.mean([rows[kind]["tokens_per_verify"] for kind in HELDOUT_KINDS]))
+
+
+def sweep_exit_layers(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    layers: Iterable[int] | None = None,
+    k: int = 3,
+    max_tokens: int = 32,
+) -> list[dict[str, Any]]:
+    """``evaluate_decoding`` with ``EarlyExit(model, L)`` for each L in ``layers`` (default: every eighth of the
+    depth), a fixed draft of ``k``: one row per L with its ``cost_per_token`` and ``modeled_speedup``, tokens per
+    verification over the cost of a verification counted as one plain step plus k drafted tokens (a floor on what
+    drafting costs: it assumes a verify pass costs one step)."""
+    if not prompts:
+        raise ValueError("the sweep needs at least one prompt")
+    total = exit_layer_count(model)
+    chosen = sorted(set(layers)) if layers is not None else sorted({max(1, total * i // 8) for i in range(1, 8)})
+    rows = []
+    for n in chosen:
+        cost = EarlyExit(model, n).cost_per_token
+        run = evaluate_decoding(model, prompts, max_tokens, k, drafter_factory=lambda n=n: EarlyExit(model, n))
+        rows.append(
+            {
+                "layers": n,
+                "of_layers": total,
+                "k": k,
+                **{key: run[key] for key in ("verifies", "first_draft_acceptance", "per_position_acceptance")},
+                "tokens_per_verify": run["tokens_per_verify"],
+                "cost_per_token": cost,
+                "modeled_speedup": run["tokens_per_verify"] / (1 + k * cost),
+            }
+        )
+    return rows
+
+
+def best_exit_layer(rows: Sequence[dict[str, Any]]) -> int:
+    """The L of a sweep's rows with the highest modeled speedup (below 1 at every L: early exit does not
+    pay for this model, whichever L)."""
+    if not rows:
+        raise ValueError("no sweep rows")
+    return max(rows, key=lambda r: r["modeled_speedup"] if r["verifies"] else -1.0)["layers"]
 
 
 def meets_targets(rows: dict[str, dict[str, Any]]) -> bool:

@@ -5,8 +5,8 @@ The drafter shares the target's weights (the same modules, not copies) but keeps
 for those L layers: the engine's target owns its cache and rolls it back itself, and the drafter
 is never handed it, so the first L layers' keys and values are computed twice (once while
 drafting, once in the verify pass). The drafter's cache follows the target's through
-``DraftModel``'s rollback. ``specbench.train.mtp_training.sweep_exit_layers`` measures acceptance per L on given
-prompts and ``best_exit_layer`` picks L.
+``DraftModel``'s rollback. ``sweep_exit_layers`` (``scripts/gpu/drafter_eval.py``) measures acceptance per L on
+given prompts and ``best_exit_layer`` picks L.
 """
 
 from __future__ import annotations

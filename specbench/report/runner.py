@@ -397,9 +397,7 @@ def run_report(
         ipynb = out / f"{name}.ipynb"
         status = {"notebook": name, "status": "running", "profile": profile, "parameters": params, "started": _now()}
         write_status(out, name, {**status, **running_here()})
-        summary = out / name / "summary.json"
-        if summary.exists():
-            summary.unlink()
+        (out / name / "summary.json").unlink(missing_ok=True)
         write_index(out, NOTEBOOKS)
         t0, cpu0 = time.perf_counter(), cpu_seconds()
         error = ""
@@ -434,14 +432,13 @@ def run_report(
             except Exception as err:  # a failed notebook is recorded; the others still run
                 error = _error_text(err)
             seconds = time.perf_counter() - t0
-            html_path = out / f"{name}.html"
             if ipynb.exists():
                 try:
-                    export_html(ipynb, html_path)
+                    export_html(ipynb, out / f"{name}.html")
                 except Exception as err:
                     error = error or f"HTML export failed: {_error_text(err)}"
-            status.update(status="failed" if error else "done", finished=_now(), seconds=round(seconds, 1), error=error)
-            status["cpu_s"] = round(cpu_seconds() - cpu0, 1)
+            state, cpu_s = "failed" if error else "done", round(cpu_seconds() - cpu0, 1)
+            status.update(status=state, finished=_now(), seconds=round(seconds, 1), error=error, cpu_s=cpu_s)
             if not error:
                 status["outputs"] = output_files(out, name)
             write_status(out, name, status)

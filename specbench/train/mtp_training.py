@@ -2,8 +2,9 @@
 each draft position, fed its own chained states (``chain_loss``), on offline data and the model's own greedy
 generations (``specbench.train.mtp_data``); held-out slices of each source and the project's bundled prompts,
 which training never sees, judge it: teacher-forced acceptance over windows of text, and acceptance while
-speculative decoding drafts with the head (or another drafter: ``sweep_exit_layers`` judges early exit at each
-depth). ``fit`` is the loop, also used to distill draft models (``scripts.gpu.draft_training``).
+speculative decoding drafts with the head (or another drafter: ``scripts.gpu.drafter_eval.sweep_exit_layers``
+judges early exit at each depth). ``fit`` is the loop, also used to distill draft models
+(``scripts.gpu.draft_training``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,6 @@ from specbench.core.forward import logits_from_hidden, text_model
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.decoding import speculative_generate
-from specbench.drafters.early_exit import EarlyExit, exit_layer_count
 from specbench.drafters.mtp import MtpHead
 from specbench.inputs.prompts import bundled_questions, render_prompt
 from specbench.models.load import cast_dtype
@@ -261,47 +261,6 @@ def evaluate_decoding(
         "draft_seconds_per_token": draft_s / drafted if drafted else float("nan"),
         "seconds": round(time.perf_counter() - t0, 2),
     }
-
-
-def sweep_exit_layers(
-    model: nn.Module,
-    prompts: Sequence[Sequence[int]],
-    layers: Iterable[int] | None = None,
-    k: int = 3,
-    max_tokens: int = 32,
-) -> list[dict[str, Any]]:
-    """``evaluate_decoding`` with ``EarlyExit(model, L)`` for each L in ``layers`` (default: every eighth of the
-    depth), a fixed draft of ``k``: one row per L with its ``cost_per_token`` and ``modeled_speedup``, tokens per
-    verification over the cost of a verification counted as one plain step plus k drafted tokens (a floor on what
-    drafting costs: it assumes a verify pass costs one step)."""
-    if not prompts:
-        raise ValueError("the sweep needs at least one prompt")
-    total = exit_layer_count(model)
-    chosen = sorted(set(layers)) if layers is not None else sorted({max(1, total * i // 8) for i in range(1, 8)})
-    rows = []
-    for n in chosen:
-        cost = EarlyExit(model, n).cost_per_token
-        run = evaluate_decoding(model, prompts, max_tokens, k, drafter_factory=lambda n=n: EarlyExit(model, n))
-        rows.append(
-            {
-                "layers": n,
-                "of_layers": total,
-                "k": k,
-                **{key: run[key] for key in ("verifies", "first_draft_acceptance", "per_position_acceptance")},
-                "tokens_per_verify": run["tokens_per_verify"],
-                "cost_per_token": cost,
-                "modeled_speedup": run["tokens_per_verify"] / (1 + k * cost),
-            }
-        )
-    return rows
-
-
-def best_exit_layer(rows: Sequence[dict[str, Any]]) -> int:
-    """The L of a sweep's rows with the highest modeled speedup (below 1 at every L: early exit does not
-    pay for this model, whichever L)."""
-    if not rows:
-        raise ValueError("no sweep rows")
-    return max(rows, key=lambda r: r["modeled_speedup"] if r["verifies"] else -1.0)["layers"]
 
 
 # -- training ----------------------------------------------------------------------------------

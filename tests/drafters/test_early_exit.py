@@ -8,13 +8,13 @@ import pytest
 from conftest import MIMO, build, build_tiny
 
 from scripts.gpu.draft_training import draft_from_target
+from scripts.gpu.drafter_eval import best_exit_layer, sweep_exit_layers
 from specbench.checks.lossless import histogram_test, lossless_verdict, well_filled_share
 from specbench.core.accept import SamplingSettings
 from specbench.core.engine import Generation, plain_generation
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy
 from specbench.drafters import EarlyExit, is_drafter_name, make_drafter
-from specbench.train.mtp_training import best_exit_layer, sweep_exit_layers
 
 PROMPT = [5, 17, 33, 2, 9, 41, 8]
 
