@@ -100,6 +100,10 @@ class Comparison:
     def section(self, name: str) -> list[Difference]:
         return [d for d in self.differences if d.section == name]
 
+    def get(self, measure: str) -> Difference | None:
+        """The difference of ``measure`` (e.g. "acceptance", "acceptance at 2"), None where it was not compared."""
+        return next((d for d in self.differences if d.measure == measure), None)
+
     def rows(self) -> list[dict[str, Any]]:
         return [d.row() for d in self.differences]
 
