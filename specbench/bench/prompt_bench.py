@@ -13,13 +13,13 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, PromptRun, TimedRun, prompt_methods
+from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, PromptRun, prompt_methods
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
 from specbench.bench.turn_cache import first_divergence, reply_text
 from specbench.common.files import write_json_atomic, write_parquet_atomic, write_text_atomic
@@ -242,7 +242,7 @@ def bench_prompts(
         for turn, text in enumerate(question.turns):
             messages.append({"role": "user", "content": text})
             prompt = render_prompt(tokenizer, messages)
-            timed: list[tuple[int, Method, TimedRun]] = []
+            timed: list[tuple[int, Method, PromptRun]] = []
             for repeat in range(repeats):
                 shift = (len(done) + index + turn + repeat) % len(methods)
                 for method in methods[shift:] + methods[:shift]:
@@ -283,12 +283,12 @@ def _run_row(
     repeat: int,
     method: Method,
     prompt: Sequence[int],
-    run: TimedRun,
+    run: PromptRun,
     reference: Sequence[int],
 ) -> PromptRun:
     divergence = first_divergence(run.tokens, reference)
-    return PromptRun(
-        **vars(run),
+    return replace(
+        run,
         config=config,
         question_key=key,
         question_id=str(question.question_id),
@@ -302,8 +302,6 @@ def _run_row(
         policy=method.policy_name,
         verify=method.verify or ("none" if method.engine == "mlx-lm" or method.drafter == "none" else "exact"),
         prompt_tokens=len(prompt),
-        new_tokens=len(run.tokens),
-        tokens_per_s=len(run.tokens) / run.wall_s if run.wall_s > 0 else 0.0,
         equal=divergence is None,
         first_mismatch=-1 if divergence is None else divergence,
     )

@@ -16,7 +16,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm import stream_generate
 
-from specbench.bench.timing import clocked, exact_widths, timed_generation
+from specbench.bench.timing import Clocked, clocked, exact_widths, timed_generation
 from specbench.core.draft import Drafter
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
@@ -112,50 +112,31 @@ def prompt_methods(
     return methods
 
 
-@dataclass
-class TimedRun:
-    """One timed generation: its tokens, seconds, and what its target forwards did.
-
-    ``forwards``: target forwards after the prompt pass (plain steps and verifications);
-    ``pos_drafted[i]``/``pos_accepted[i]``: verifications that drafted / accepted position i;
-    ``steps``: a specbench run's step records, the columns ``STEP_COLUMNS`` of each (empty for mlx-lm's).
-    """
-
-    tokens: list[int]
-    wall_s: float
-    first_token_s: float
-    forwards: int
-    verifies: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    pos_drafted: list[int] = field(default_factory=list)
-    pos_accepted: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    steps: list[dict[str, Any]] = field(default_factory=list)
-
-
 @dataclass(frozen=True, kw_only=True)
 class PromptRun:
     """One timed run of the prompt benchmark, as ``prompt_bench_runs.parquet`` keeps it (``row``; ``from_row``
-    reads a stored one): the question and turn, the method, the ``TimedRun``'s counts, and whether its output
-    equals the mlx-lm baseline's first repeat (``first_mismatch``: where it leaves it, -1 where equal). ``steps``:
-    ``STEP_COLUMNS`` of each step of a specbench run (empty for mlx-lm's, and in files of older runs)."""
+    reads a stored one): the question and turn, the method, what its target forwards did, and whether its output
+    equals the mlx-lm baseline's first repeat (``first_mismatch``: where it leaves it, -1 where equal).
+    ``forwards``: target forwards after the prompt pass (plain steps and verifications); ``pos_drafted[i]`` /
+    ``pos_accepted[i]``: verifications that drafted / accepted position i; ``steps``: ``STEP_COLUMNS`` of each step
+    of a specbench run (empty for mlx-lm's, and in files of older runs). ``run_mlx_lm`` and ``run_specbench`` give
+    the timing alone, without the question and method."""
 
     config: str = ""
-    question_key: str
+    question_key: str = ""
     question_id: str = ""
-    category: str
+    category: str = ""
     subcategory: str | None = None
     turn: int = 0
     repeat: int = 0
-    method: str
-    engine: str
+    method: str = ""
+    engine: str = ""
     drafter: str = "none"
     policy: str = "none"
     verify: str = "none"
     prompt_tokens: int = 0
-    new_tokens: int
-    wall_s: float
+    new_tokens: int = 0
+    wall_s: float = 0.0
     first_token_s: float = 0.0
     tokens_per_s: float = 0.0
     forwards: int = 0
@@ -214,7 +195,7 @@ def run_mlx_lm(
     max_tokens: int,
     draft_model: Any = None,
     k: int = 2,
-) -> TimedRun:
+) -> PromptRun:
     """mlx-lm's ``stream_generate`` (greedy), or its draft-model speculation drafting ``k`` tokens a step
     (mlx-lm's ``num_draft_tokens``), timed."""
     kwargs = {} if draft_model is None else {"draft_model": draft_model, "num_draft_tokens": k}
@@ -226,26 +207,43 @@ def run_mlx_lm(
     )
     tokens = [token for token, _, _ in clock.items]
     from_draft = [drafted for _, drafted, _ in clock.items]
-    finish = clock.items[-1][2] if clock.items else None
-    run = TimedRun(tokens, clock.wall_s, clock.first_token_s, max(0, len(tokens) - 1), finish_reason=finish)
+    pos_drafted: list[int] = []
+    pos_accepted: list[int] = []
+    verifies = drafted = accepted = done = group = 0
     if draft_model is not None:
         # Each verification emits its accepted draft tokens, then one token of the target's own;
         # the first verification also consumes the prompt's last token.
-        run.forwards = 0
-        done = 0
-        group = 0
         for i, drafted_token in enumerate(from_draft):
             group += drafted_token
             if not drafted_token or i == len(from_draft) - 1:
-                drafted = min(max_tokens - done, k)
-                run.forwards += 1
-                run.verifies += 1
-                run.drafted += drafted
-                run.accepted += group
-                _count_positions(run.pos_drafted, run.pos_accepted, drafted, group)
-                done = i + 1
-                group = 0
-    return run
+                width = min(max_tokens - done, k)
+                verifies, drafted, accepted = verifies + 1, drafted + width, accepted + group
+                _count_positions(pos_drafted, pos_accepted, width, group)
+                done, group = i + 1, 0
+    return _timed(
+        tokens,
+        clock,
+        forwards=verifies if draft_model is not None else max(0, len(tokens) - 1),
+        verifies=verifies,
+        drafted=drafted,
+        accepted=accepted,
+        pos_drafted=pos_drafted,
+        pos_accepted=pos_accepted,
+        finish_reason=clock.items[-1][2] if clock.items else None,
+    )
+
+
+def _timed(tokens: list[int], clock: Clocked[Any], **counts: Any) -> PromptRun:
+    """A run's timing and counts, without its question and method."""
+    tokens_per_s = len(tokens) / clock.wall_s if clock.wall_s > 0 else 0.0
+    return PromptRun(
+        tokens=tokens,
+        new_tokens=len(tokens),
+        wall_s=clock.wall_s,
+        first_token_s=clock.first_token_s,
+        tokens_per_s=tokens_per_s,
+        **counts,
+    )
 
 
 def run_specbench(
@@ -256,28 +254,28 @@ def run_specbench(
     drafter: Drafter | None = None,
     policy: DraftPolicy | None = None,
     verify: str | None = None,
-) -> TimedRun:
+) -> PromptRun:
     """specbench's ``plain_generation`` (no drafter) or ``speculative_generate``, greedy, timed."""
     clock = timed_generation(
         model, list(prompt), GenerateOptions(max_tokens=max_tokens, verify=verify), drafter, policy, tokenizer
     )
     gen = clock.run
     stats = gen.stats()
-    run = TimedRun(
+    pos_drafted: list[int] = []
+    pos_accepted: list[int] = []
+    for record in gen.log.records:
+        if record.kind == "verify":
+            _count_positions(pos_drafted, pos_accepted, record.k_drafted, record.accepted)
+    return _timed(
         list(gen.tokens),
-        clock.wall_s,
-        clock.first_token_s,
-        stats["steps"],
-        stats["verifies"],
-        stats["drafted"],
-        stats["accepted"],
+        clock,
+        **{name: stats[name] for name in ("verifies", "drafted", "accepted")},
+        forwards=stats["steps"],
+        pos_drafted=pos_drafted,
+        pos_accepted=pos_accepted,
         finish_reason=gen.finish_reason(),
         steps=[{c: getattr(record, c) for c in STEP_COLUMNS} for record in gen.log.records],
     )
-    for record in gen.log.records:
-        if record.kind == "verify":
-            _count_positions(run.pos_drafted, run.pos_accepted, record.k_drafted, record.accepted)
-    return run
 
 
 #: Plain tokens decoded before a warm-up to time a step, for its announced estimate.
@@ -316,7 +314,7 @@ class MethodRunner:
             )
         return self.drafters[key]
 
-    def run(self, method: Method, prompt: Sequence[int], repeat: int, max_tokens: int | None = None) -> TimedRun:
+    def run(self, method: Method, prompt: Sequence[int], repeat: int, max_tokens: int | None = None) -> PromptRun:
         n = max_tokens or self.max_tokens
         if method.engine == "mlx-lm":
             draft = self.draft_model if method.drafter == "draft-model" else None

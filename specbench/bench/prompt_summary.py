@@ -85,20 +85,15 @@ class MethodSummary:
         return dict(self.__dict__)
 
 
-def _by_prompt(runs: Iterable[PromptRun]) -> dict[tuple[str, int], list[PromptRun]]:
-    """The runs of each prompt (question key, turn): its repeats."""
-    by_prompt: dict[tuple[str, int], list[PromptRun]] = {}
-    for r in runs:
-        by_prompt.setdefault((r.question_key, r.turn), []).append(r)
-    return by_prompt
-
-
 def question_timing(runs: Iterable[PromptRun]) -> dict[str, tuple[int, float]]:
     """(tokens, seconds) per question key over its turns, each turn's seconds the median over its repeats: a
     conversation's turns depend on each other (each turn's prompt holds the replies before it, and a method's caches
     carry over), so an interval resamples whole questions."""
+    by_prompt: dict[tuple[str, int], list[PromptRun]] = {}
+    for r in runs:
+        by_prompt.setdefault((r.question_key, r.turn), []).append(r)
     questions: dict[str, tuple[int, float]] = {}
-    for (key, _), rs in _by_prompt(runs).items():
+    for (key, _), rs in by_prompt.items():
         tokens, seconds = questions.get(key, (0, 0.0))
         questions[key] = (tokens + rs[0].new_tokens, seconds + statistics.median(r.wall_s for r in rs))
     return questions
@@ -118,7 +113,9 @@ class _Timing:
 
     @classmethod
     def of(cls, runs: list[PromptRun], repeats: Sequence[int]) -> _Timing:
-        by_prompt = _by_prompt(runs)
+        by_prompt: dict[tuple[str, int], list[PromptRun]] = {}
+        for r in runs:
+            by_prompt.setdefault((r.question_key, r.turn), []).append(r)
         return cls(
             runs,
             by_prompt,

@@ -23,9 +23,13 @@ import polars as pl
 from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows them on the console
 
 from specbench.bench import paired
-from specbench.bench.positions import per_position_acceptance
 from specbench.bench.predictions import with_predictions
-from specbench.bench.sweep_summary import best_per_group, paired_intervals, rate, summarize_sweep  # noqa: F401 (the sweep's API)
+from specbench.bench.sweep_summary import (
+    best_per_group,  # noqa: F401 (the sweep's API)
+    paired_intervals,
+    per_position_acceptance,
+    summarize_sweep,
+)
 from specbench.bench.timing import Clocked, cache_copy, exact_widths, prefix_cache, timed_generation
 from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic

@@ -77,36 +77,25 @@ class LosslessCheck:
 
 
 class Sampler:
-    """Plain and speculative samples of one prompt, each from a copy of one prefilled prefix, with a fresh drafter
-    ``drafter`` per speculative sample; ``drafted`` / ``accepted``: the draft tokens over them. A drafter not usable
-    here is one ValueError before any sample."""
+    """Plain and speculative samples of one prompt from copies of one prefilled prefix, a fresh ``drafter`` per
+    speculative sample (``drafted`` / ``accepted``: their draft tokens); an unusable drafter fails here."""
 
     def __init__(self, model: Any, prompt_ids: Sequence[int], drafter: str, model_name: str | None):
         factories, skipped = usable_drafters([drafter], model, model_name or getattr(model, "specbench_name", None))
         if drafter in skipped:
             raise ValueError(f"drafter {drafter!r} is not usable here: {skipped[drafter]}")
         self.model, self.prompt_ids, self.make = model, prompt_ids, factories[drafter]
-        self.prefix = prefix_cache(model, prompt_ids)
-        self.drafted = self.accepted = 0
+        self.prefix, self.drafted, self.accepted = prefix_cache(model, prompt_ids), 0, 0
 
     def plain(self, options: GenerateOptions, decode: Callable[..., Any] = plain_generation) -> list[int]:
         return list(decode(self.model, self.prompt_ids, options, prompt_cache=cache_copy(self.prefix)))
 
     def speculative(self, options: GenerateOptions, policy: DraftPolicy, **kwargs: Any) -> list[int]:
         made = self.make()
-        gen = speculative_generate(
-            self.model,
-            self.prompt_ids,
-            options,
-            drafter=made,
-            policy=policy,
-            prompt_cache=cache_copy(self.prefix, made),
-            **kwargs,
-        )
-        tokens = list(gen)
-        stats = gen.stats()
-        self.drafted += stats["drafted"]
-        self.accepted += stats["accepted"]
+        kwargs.update(drafter=made, policy=policy, prompt_cache=cache_copy(self.prefix, made))
+        gen = speculative_generate(self.model, self.prompt_ids, options, **kwargs)
+        tokens, stats = list(gen), gen.stats()
+        self.drafted, self.accepted = self.drafted + stats["drafted"], self.accepted + stats["accepted"]
         return tokens
 
 
