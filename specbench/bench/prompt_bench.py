@@ -151,12 +151,17 @@ class PromptBench:
         }
 
 
+def is_recorded_run(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder a prompt benchmark saved its runs in (``specbench bench prompts --out``)."""
+    return (Path(path) / PROMPT_RUNS_FILE).is_file() and (Path(path) / PROMPT_INFO_FILE).is_file()
+
+
 def load_prompt_bench(folder: str | os.PathLike, profile: Profile | None = None) -> PromptBench:
     """The results ``bench_prompts`` saved in ``folder`` (e.g. to draw the figure elsewhere); with the model's
     cost ``profile``, the speculative methods' predictions."""
     folder = Path(folder)
     runs_path, info_path = folder / PROMPT_RUNS_FILE, folder / PROMPT_INFO_FILE
-    if not runs_path.exists() or not info_path.exists():
+    if not is_recorded_run(folder):
         raise FileNotFoundError(
             f"no prompt benchmark in {folder}: {PROMPT_RUNS_FILE} and {PROMPT_INFO_FILE} are needed"
         )

@@ -248,7 +248,7 @@ def run_sweep(
         results = merged()
         sequential_s = 0.0
         for pair in range(pairs, max_pairs or pairs):
-            undecided = _undecided(_frames(results, looks)[0])
+            undecided = _undecided(merged_cells(results, looks)[0])
             tasks = [
                 (c, methods)
                 for c, (prompt, temperature, _) in enumerate(cells)
@@ -269,15 +269,16 @@ def run_sweep(
             sequential_s += time.perf_counter() - round_started
     finally:
         bar.close()
-    runs, steps = _frames(results, looks)
+    runs, steps = merged_cells(results, looks)
     return Sweep(runs, steps, skipped)
 
 
-def _frames(
-    results: dict[int, tuple[list[dict[str, Any]], pl.DataFrame]], looks: int
+def merged_cells(
+    results: dict[int, tuple[list[dict[str, Any]], pl.DataFrame]], looks: int = 1
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """A sweep's runs and steps from its cells' results (run ids in key order: cells first, then each sequential
-    round's), every run with the sequential rule's ``looks`` where it has more than one."""
+    """A sweep's runs and steps from its cells' (or several sweeps') results, run ids renumbered in key order
+    (cells first, then each sequential round's), every run with the sequential rule's ``looks`` where it has more
+    than one."""
     runs: list[dict[str, Any]] = []
     frames: list[pl.DataFrame] = []
     for i in sorted(results):  # run ids in cell order, whoever ran the cell

@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from specbench.bench.sweep import Sweep, run_sweep, summarize_sweep
+from specbench.bench.sweep import Sweep, merged_cells, run_sweep, summarize_sweep
 from specbench.checks.lossless import LosslessCheck, losslessness_check
 from specbench.core.accept import SamplingSettings
 from specbench.core.policies import DraftPolicy
@@ -80,18 +80,8 @@ def run_rule_sweep(
                 rules=rules,
             )
         )
-    return _merged(parts)
-
-
-def _merged(parts: Sequence[Sweep]) -> Sweep:
-    """One sweep of several, run ids renumbered in order."""
-    runs, steps, skipped, offset = [], [], {}, 0
-    for part in parts:
-        runs.append(part.runs.with_columns(pl.col("run") + offset))
-        steps.append(part.steps.with_columns(pl.col("run") + offset))
-        offset += len(part.runs)
-        skipped.update(part.skipped)
-    return Sweep(pl.concat(runs, how="diagonal_relaxed"), pl.concat(steps, how="diagonal_relaxed"), skipped)
+    runs, steps = merged_cells({i: (part.runs.to_dicts(), part.steps) for i, part in enumerate(parts)})
+    return Sweep(runs, steps, {name: why for part in parts for name, why in part.skipped.items()})
 
 
 def rule_summary(sweep: Sweep, by: Sequence[str] = ("temperature", "acceptance")) -> pl.DataFrame:
