@@ -150,20 +150,10 @@ def shift_table(checks: Sequence[LosslessCheck], summary: pl.DataFrame | None = 
     interval], the TVD two samples of one distribution show at these sizes (``tvd_noise``: the estimate
     is biased upwards by about that much), accepted drafts; with ``summary`` (``rule_summary``), the rule's speedup and
     tokens per verification at the checks' temperature beside its shift."""
-    table = pl.DataFrame(
-        {
-            "acceptance": [c.rule for c in checks],
-            "temperature": [float(c.temperature) for c in checks],
-            "verdict": [c.verdict for c in checks],
-            "p_value": [c.p_value for c in checks],
-            "tvd": [c.tvd for c in checks],
-            "tvd_low": [c.tvd_low for c in checks],
-            "tvd_high": [c.tvd_high for c in checks],
-            "tvd_noise": [c.tvd_null for c in checks],
-            "accepted_drafts": [c.accepted_drafts for c in checks],
-            "acceptance_rate": [c.acceptance_rate for c in checks],
-        }
-    )
+    fields = "rule temperature verdict p_value tvd tvd_low tvd_high tvd_null accepted_drafts acceptance_rate".split()
+    table = pl.DataFrame({name: [getattr(c, name) for c in checks] for name in fields})
+    table = table.rename({"rule": "acceptance", "tvd_null": "tvd_noise"})
+    table = table.with_columns(pl.col("temperature").cast(pl.Float64))
     if summary is None:
         return table
     beside = summary.select("temperature", "acceptance", "tokens_per_verify", "speedup")

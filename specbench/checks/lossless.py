@@ -284,20 +284,14 @@ def losslessness_check(
     counts_plain, counts_spec = matrix[~labels].sum(0), matrix[labels].sum(0)
     order = np.argsort(-(counts_plain + counts_spec), kind="stable")[:top]
     tokens = [vocab[i] for i in order]
-    counts = pl.DataFrame(
-        {
-            "token": [*tokens, -1],
-            "text": [
-                *(repr(tokenizer.decode([t]))[1:-1] if tokenizer is not None else str(t) for t in tokens),
-                "(other)",
-            ],
-            "plain": [*counts_plain[order].astype(int).tolist(), int(counts_plain.sum() - counts_plain[order].sum())],
-            "speculative": [
-                *counts_spec[order].astype(int).tolist(),
-                int(counts_spec.sum() - counts_spec[order].sum()),
-            ],
-        }
-    )
+    texts = [repr(tokenizer.decode([t]))[1:-1] if tokenizer is not None else str(t) for t in tokens]
+
+    def top_then_other(counts: np.ndarray) -> list[int]:
+        return [*counts[order].astype(int).tolist(), int(counts.sum() - counts[order].sum())]
+
+    columns = {"token": [*tokens, -1], "text": [*texts, "(other)"]}
+    columns |= {"plain": top_then_other(counts_plain), "speculative": top_then_other(counts_spec)}
+    counts = pl.DataFrame(columns)
     return LosslessCheck(
         counts,
         p,
