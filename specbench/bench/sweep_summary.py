@@ -60,10 +60,8 @@ def summarize_sweep(runs: pl.DataFrame, by: Sequence[str] = ("drafter", "policy"
             rate(pl.col("accepted") + pl.col("verifies"), "verifies", None).alias("tokens_per_verify"),
             rate(pl.col("accepted"), "drafted", None).alias("acceptance_rate"),
             rate(pl.col("drafted"), "verifies", None).alias("mean_k"),
+            pl.when(pl.col("checked") > 0).then(pl.col("all_equal_to_plain")).alias("all_equal_to_plain"),
         )
-    )
-    out = out.with_columns(
-        pl.when(pl.col("checked") > 0).then(pl.col("all_equal_to_plain")).otherwise(None).alias("all_equal_to_plain")
     )
     return out.join(paired_intervals(runs, by), on=by, how="left", nulls_equal=True) if by else out
 
@@ -94,13 +92,9 @@ def paired_intervals(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
             looks = int(timed_pairs.select(pl.col("looks").max()).item() or 1) if "looks" in timed_pairs.columns else 1
             columns = ("prompt", "temperature", "seed", "plain_decode_tokens", "plain_decode_s", "decode_tokens")
             pairs = [((p, t, s), *sums) for p, t, s, *sums in timed_pairs.select(*columns, "decode_s").iter_rows()]
-            ratio = paired.paired_ratio(pairs, level=paired.sequential_level(looks))
-            row.update(
-                speedup_low=ratio.low,
-                speedup_high=ratio.high,
-                resampled=ratio.resampled,
-                level=paired.sequential_level(looks),
-            )
+            level = paired.sequential_level(looks)
+            ratio = paired.paired_ratio(pairs, level=level)
+            row.update(speedup_low=ratio.low, speedup_high=ratio.high, resampled=ratio.resampled, level=level)
         rows.append(row)
     schema = {c: runs.schema[c] for c in by} | PAIRED_COLUMNS
     return pl.DataFrame(rows, schema=schema)
