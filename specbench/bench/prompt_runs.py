@@ -179,15 +179,6 @@ _COLUMNS = frozenset(f.name for f in fields(PromptRun))
 _LISTS = frozenset(f.name for f in fields(PromptRun) if f.default_factory is not MISSING)
 
 
-def _count_positions(pos_drafted: list[int], pos_accepted: list[int], drafted: int, accepted: int) -> None:
-    for i in range(drafted):
-        if i == len(pos_drafted):
-            pos_drafted.append(0)
-            pos_accepted.append(0)
-        pos_drafted[i] += 1
-        pos_accepted[i] += i < accepted
-
-
 def run_mlx_lm(
     model: Any,
     tokenizer: Any,
@@ -207,42 +198,43 @@ def run_mlx_lm(
     )
     tokens = [token for token, _, _ in clock.items]
     from_draft = [drafted for _, drafted, _ in clock.items]
-    pos_drafted: list[int] = []
-    pos_accepted: list[int] = []
-    verifies = drafted = accepted = done = group = 0
+    verifications: list[tuple[int, int]] = []  # (drafted, accepted) each
+    done = group = 0
     if draft_model is not None:
         # Each verification emits its accepted draft tokens, then one token of the target's own;
         # the first verification also consumes the prompt's last token.
         for i, drafted_token in enumerate(from_draft):
             group += drafted_token
             if not drafted_token or i == len(from_draft) - 1:
-                width = min(max_tokens - done, k)
-                verifies, drafted, accepted = verifies + 1, drafted + width, accepted + group
-                _count_positions(pos_drafted, pos_accepted, width, group)
+                verifications.append((min(max_tokens - done, k), group))
                 done, group = i + 1, 0
-    return _timed(
-        tokens,
-        clock,
-        forwards=verifies if draft_model is not None else max(0, len(tokens) - 1),
-        verifies=verifies,
-        drafted=drafted,
-        accepted=accepted,
-        pos_drafted=pos_drafted,
-        pos_accepted=pos_accepted,
-        finish_reason=clock.items[-1][2] if clock.items else None,
-    )
+    forwards = len(verifications) if draft_model is not None else max(0, len(tokens) - 1)
+    finish = clock.items[-1][2] if clock.items else None
+    return _timed(tokens, clock, verifications, forwards=forwards, finish_reason=finish)
 
 
-def _timed(tokens: list[int], clock: Clocked[Any], **counts: Any) -> PromptRun:
-    """A run's timing and counts, without its question and method."""
-    tokens_per_s = len(tokens) / clock.wall_s if clock.wall_s > 0 else 0.0
+def _timed(
+    tokens: list[int], clock: Clocked[Any], verifications: Sequence[tuple[int, int]], **counts: Any
+) -> PromptRun:
+    """A run's timing and counts, without its question and method: ``verifications``' (drafted, accepted) each
+    counted in total (unless ``counts`` has the totals) and per draft position."""
+    pos_drafted = [0] * max((drafted for drafted, _ in verifications), default=0)
+    pos_accepted = list(pos_drafted)
+    for drafted, accepted in verifications:
+        for i in range(drafted):
+            pos_drafted[i] += 1
+            pos_accepted[i] += i < accepted
+    totals = {"verifies": len(verifications), "drafted": sum(d for d, _ in verifications)}
+    totals["accepted"] = sum(a for _, a in verifications)
     return PromptRun(
         tokens=tokens,
         new_tokens=len(tokens),
         wall_s=clock.wall_s,
         first_token_s=clock.first_token_s,
-        tokens_per_s=tokens_per_s,
-        **counts,
+        tokens_per_s=len(tokens) / clock.wall_s if clock.wall_s > 0 else 0.0,
+        pos_drafted=pos_drafted,
+        pos_accepted=pos_accepted,
+        **(totals | counts),
     )
 
 
@@ -261,18 +253,12 @@ def run_specbench(
     )
     gen = clock.run
     stats = gen.stats()
-    pos_drafted: list[int] = []
-    pos_accepted: list[int] = []
-    for record in gen.log.records:
-        if record.kind == "verify":
-            _count_positions(pos_drafted, pos_accepted, record.k_drafted, record.accepted)
     return _timed(
         list(gen.tokens),
         clock,
+        [(record.k_drafted, record.accepted) for record in gen.log.records if record.kind == "verify"],
         **{name: stats[name] for name in ("verifies", "drafted", "accepted")},
         forwards=stats["steps"],
-        pos_drafted=pos_drafted,
-        pos_accepted=pos_accepted,
         finish_reason=gen.finish_reason(),
         steps=[{c: getattr(record, c) for c in STEP_COLUMNS} for record in gen.log.records],
     )
