@@ -82,7 +82,8 @@ def save_recorded(requests: Sequence[Recorded], path: str | os.PathLike) -> Path
     """Write recorded requests as parquet (columns id, prompt, output, finish_reason), atomically."""
     import polars as pl
 
-    schema = {"id": pl.Utf8, "prompt": pl.List(pl.Int64), "output": pl.List(pl.Int64), "finish_reason": pl.Utf8}
+    ids = pl.List(pl.Int64)
+    schema: dict[str, Any] = {"id": pl.Utf8, "prompt": ids, "output": ids, "finish_reason": pl.Utf8}
     return write_parquet_atomic(pl.DataFrame([vars(r) for r in requests], schema=schema), path)
 
 
