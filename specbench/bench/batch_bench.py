@@ -296,6 +296,7 @@ def bench_batch(
         row = timed(label, gen)
         drafted = sum(r.stats()["drafted"] for r in gen.requests)
         accepted = sum(r.stats()["accepted"] for r in gen.requests)
+        predicted = None if profile is None else predicted_batch_speedup(gen, plain_gen, profile, whole=True)
         row = dataclasses.replace(
             row,
             kind="speculative",
@@ -303,9 +304,7 @@ def bench_batch(
             policy=policy.name,
             acceptance_rate=accepted / drafted if drafted else 0.0,
             diverged_from_recording=sum(d.diverged_at is not None for d in made) if oracle is not None else None,
-            predicted_vs_plain=None
-            if profile is None
-            else predicted_batch_speedup(gen, plain_gen, profile, whole=True),
+            predicted_vs_plain=predicted,
         )
         rows.append(row)
         outputs[label] = [r.tokens for r in gen.requests]

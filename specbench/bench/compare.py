@@ -445,14 +445,6 @@ def compare(
 # -- runs --------------------------------------------------------------------------------------------------------
 
 
-def is_recorded_run(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder a prompt benchmark saved its runs in (``specbench bench prompts --out``)."""
-    from specbench.bench.prompt_bench import PROMPT_INFO_FILE, PROMPT_RUNS_FILE
-
-    folder = Path(path)
-    return folder.is_dir() and (folder / PROMPT_RUNS_FILE).is_file() and (folder / PROMPT_INFO_FILE).is_file()
-
-
 def check_same_tokenizer(models: Sequence[str]) -> None:
     """Before any model runs: one ValueError naming two of ``models`` (local folders or embedded names) whose
     tokenizers or vocabularies differ. Models whose folder is not at hand (hub ids, synthetic shapes) are checked

@@ -13,13 +13,13 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, PromptRun, TimedRun, prompt_methods
+from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, PromptRun, prompt_methods
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
 from specbench.bench.turn_cache import first_divergence, reply_text
 from specbench.common.files import write_json_atomic, write_parquet_atomic, write_text_atomic
@@ -151,12 +151,17 @@ class PromptBench:
         }
 
 
+def is_recorded_run(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder a prompt benchmark saved its runs in (``specbench bench prompts --out``)."""
+    return (Path(path) / PROMPT_RUNS_FILE).is_file() and (Path(path) / PROMPT_INFO_FILE).is_file()
+
+
 def load_prompt_bench(folder: str | os.PathLike, profile: Profile | None = None) -> PromptBench:
     """The results ``bench_prompts`` saved in ``folder`` (e.g. to draw the figure elsewhere); with the model's
     cost ``profile``, the speculative methods' predictions."""
     folder = Path(folder)
     runs_path, info_path = folder / PROMPT_RUNS_FILE, folder / PROMPT_INFO_FILE
-    if not runs_path.exists() or not info_path.exists():
+    if not is_recorded_run(folder):
         raise FileNotFoundError(
             f"no prompt benchmark in {folder}: {PROMPT_RUNS_FILE} and {PROMPT_INFO_FILE} are needed"
         )
@@ -242,7 +247,7 @@ def bench_prompts(
         for turn, text in enumerate(question.turns):
             messages.append({"role": "user", "content": text})
             prompt = render_prompt(tokenizer, messages)
-            timed: list[tuple[int, Method, TimedRun]] = []
+            timed: list[tuple[int, Method, PromptRun]] = []
             for repeat in range(repeats):
                 shift = (len(done) + index + turn + repeat) % len(methods)
                 for method in methods[shift:] + methods[:shift]:
@@ -283,12 +288,12 @@ def _run_row(
     repeat: int,
     method: Method,
     prompt: Sequence[int],
-    run: TimedRun,
+    run: PromptRun,
     reference: Sequence[int],
 ) -> PromptRun:
     divergence = first_divergence(run.tokens, reference)
-    return PromptRun(
-        **vars(run),
+    return replace(
+        run,
         config=config,
         question_key=key,
         question_id=str(question.question_id),
@@ -302,8 +307,6 @@ def _run_row(
         policy=method.policy_name,
         verify=method.verify or ("none" if method.engine == "mlx-lm" or method.drafter == "none" else "exact"),
         prompt_tokens=len(prompt),
-        new_tokens=len(run.tokens),
-        tokens_per_s=len(run.tokens) / run.wall_s if run.wall_s > 0 else 0.0,
         equal=divergence is None,
         first_mismatch=-1 if divergence is None else divergence,
     )

@@ -16,7 +16,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm import stream_generate
 
-from specbench.bench.timing import clocked, exact_widths, timed_generation
+from specbench.bench.timing import Clocked, clocked, exact_widths, timed_generation
 from specbench.core.draft import Drafter
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions
@@ -112,50 +112,31 @@ def prompt_methods(
     return methods
 
 
-@dataclass
-class TimedRun:
-    """One timed generation: its tokens, seconds, and what its target forwards did.
-
-    ``forwards``: target forwards after the prompt pass (plain steps and verifications);
-    ``pos_drafted[i]``/``pos_accepted[i]``: verifications that drafted / accepted position i;
-    ``steps``: a specbench run's step records, the columns ``STEP_COLUMNS`` of each (empty for mlx-lm's).
-    """
-
-    tokens: list[int]
-    wall_s: float
-    first_token_s: float
-    forwards: int
-    verifies: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    pos_drafted: list[int] = field(default_factory=list)
-    pos_accepted: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    steps: list[dict[str, Any]] = field(default_factory=list)
-
-
 @dataclass(frozen=True, kw_only=True)
 class PromptRun:
     """One timed run of the prompt benchmark, as ``prompt_bench_runs.parquet`` keeps it (``row``; ``from_row``
-    reads a stored one): the question and turn, the method, the ``TimedRun``'s counts, and whether its output
-    equals the mlx-lm baseline's first repeat (``first_mismatch``: where it leaves it, -1 where equal). ``steps``:
-    ``STEP_COLUMNS`` of each step of a specbench run (empty for mlx-lm's, and in files of older runs)."""
+    reads a stored one): the question and turn, the method, what its target forwards did, and whether its output
+    equals the mlx-lm baseline's first repeat (``first_mismatch``: where it leaves it, -1 where equal).
+    ``forwards``: target forwards after the prompt pass (plain steps and verifications); ``pos_drafted[i]`` /
+    ``pos_accepted[i]``: verifications that drafted / accepted position i; ``steps``: ``STEP_COLUMNS`` of each step
+    of a specbench run (empty for mlx-lm's, and in files of older runs). ``run_mlx_lm`` and ``run_specbench`` give
+    the timing alone, without the question and method."""
 
     config: str = ""
-    question_key: str
+    question_key: str = ""
     question_id: str = ""
-    category: str
+    category: str = ""
     subcategory: str | None = None
     turn: int = 0
     repeat: int = 0
-    method: str
-    engine: str
+    method: str = ""
+    engine: str = ""
     drafter: str = "none"
     policy: str = "none"
     verify: str = "none"
     prompt_tokens: int = 0
-    new_tokens: int
-    wall_s: float
+    new_tokens: int = 0
+    wall_s: float = 0.0
     first_token_s: float = 0.0
     tokens_per_s: float = 0.0
     forwards: int = 0
@@ -198,15 +179,6 @@ _COLUMNS = frozenset(f.name for f in fields(PromptRun))
 _LISTS = frozenset(f.name for f in fields(PromptRun) if f.default_factory is not MISSING)
 
 
-def _count_positions(pos_drafted: list[int], pos_accepted: list[int], drafted: int, accepted: int) -> None:
-    for i in range(drafted):
-        if i == len(pos_drafted):
-            pos_drafted.append(0)
-            pos_accepted.append(0)
-        pos_drafted[i] += 1
-        pos_accepted[i] += i < accepted
-
-
 def run_mlx_lm(
     model: Any,
     tokenizer: Any,
@@ -214,7 +186,7 @@ def run_mlx_lm(
     max_tokens: int,
     draft_model: Any = None,
     k: int = 2,
-) -> TimedRun:
+) -> PromptRun:
     """mlx-lm's ``stream_generate`` (greedy), or its draft-model speculation drafting ``k`` tokens a step
     (mlx-lm's ``num_draft_tokens``), timed."""
     kwargs = {} if draft_model is None else {"draft_model": draft_model, "num_draft_tokens": k}
@@ -226,26 +198,44 @@ def run_mlx_lm(
     )
     tokens = [token for token, _, _ in clock.items]
     from_draft = [drafted for _, drafted, _ in clock.items]
-    finish = clock.items[-1][2] if clock.items else None
-    run = TimedRun(tokens, clock.wall_s, clock.first_token_s, max(0, len(tokens) - 1), finish_reason=finish)
+    verifications: list[tuple[int, int]] = []  # (drafted, accepted) each
+    done = group = 0
     if draft_model is not None:
         # Each verification emits its accepted draft tokens, then one token of the target's own;
         # the first verification also consumes the prompt's last token.
-        run.forwards = 0
-        done = 0
-        group = 0
         for i, drafted_token in enumerate(from_draft):
             group += drafted_token
             if not drafted_token or i == len(from_draft) - 1:
-                drafted = min(max_tokens - done, k)
-                run.forwards += 1
-                run.verifies += 1
-                run.drafted += drafted
-                run.accepted += group
-                _count_positions(run.pos_drafted, run.pos_accepted, drafted, group)
-                done = i + 1
-                group = 0
-    return run
+                verifications.append((min(max_tokens - done, k), group))
+                done, group = i + 1, 0
+    forwards = len(verifications) if draft_model is not None else max(0, len(tokens) - 1)
+    finish = clock.items[-1][2] if clock.items else None
+    return _timed(tokens, clock, verifications, forwards=forwards, finish_reason=finish)
+
+
+def _timed(
+    tokens: list[int], clock: Clocked[Any], verifications: Sequence[tuple[int, int]], **counts: Any
+) -> PromptRun:
+    """A run's timing and counts, without its question and method: ``verifications``' (drafted, accepted) each
+    counted in total (unless ``counts`` has the totals) and per draft position."""
+    pos_drafted = [0] * max((drafted for drafted, _ in verifications), default=0)
+    pos_accepted = list(pos_drafted)
+    for drafted, accepted in verifications:
+        for i in range(drafted):
+            pos_drafted[i] += 1
+            pos_accepted[i] += i < accepted
+    totals = {"verifies": len(verifications), "drafted": sum(d for d, _ in verifications)}
+    totals["accepted"] = sum(a for _, a in verifications)
+    return PromptRun(
+        tokens=tokens,
+        new_tokens=len(tokens),
+        wall_s=clock.wall_s,
+        first_token_s=clock.first_token_s,
+        tokens_per_s=len(tokens) / clock.wall_s if clock.wall_s > 0 else 0.0,
+        pos_drafted=pos_drafted,
+        pos_accepted=pos_accepted,
+        **(totals | counts),
+    )
 
 
 def run_specbench(
@@ -256,28 +246,22 @@ def run_specbench(
     drafter: Drafter | None = None,
     policy: DraftPolicy | None = None,
     verify: str | None = None,
-) -> TimedRun:
+) -> PromptRun:
     """specbench's ``plain_generation`` (no drafter) or ``speculative_generate``, greedy, timed."""
     clock = timed_generation(
         model, list(prompt), GenerateOptions(max_tokens=max_tokens, verify=verify), drafter, policy, tokenizer
     )
     gen = clock.run
     stats = gen.stats()
-    run = TimedRun(
+    return _timed(
         list(gen.tokens),
-        clock.wall_s,
-        clock.first_token_s,
-        stats["steps"],
-        stats["verifies"],
-        stats["drafted"],
-        stats["accepted"],
+        clock,
+        [(record.k_drafted, record.accepted) for record in gen.log.records if record.kind == "verify"],
+        **{name: stats[name] for name in ("verifies", "drafted", "accepted")},
+        forwards=stats["steps"],
         finish_reason=gen.finish_reason(),
         steps=[{c: getattr(record, c) for c in STEP_COLUMNS} for record in gen.log.records],
     )
-    for record in gen.log.records:
-        if record.kind == "verify":
-            _count_positions(run.pos_drafted, run.pos_accepted, record.k_drafted, record.accepted)
-    return run
 
 
 #: Plain tokens decoded before a warm-up to time a step, for its announced estimate.
@@ -316,7 +300,7 @@ class MethodRunner:
             )
         return self.drafters[key]
 
-    def run(self, method: Method, prompt: Sequence[int], repeat: int, max_tokens: int | None = None) -> TimedRun:
+    def run(self, method: Method, prompt: Sequence[int], repeat: int, max_tokens: int | None = None) -> PromptRun:
         n = max_tokens or self.max_tokens
         if method.engine == "mlx-lm":
             draft = self.draft_model if method.drafter == "draft-model" else None

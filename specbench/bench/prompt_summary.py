@@ -168,19 +168,18 @@ def summarize_prompt_runs(
                     throughput_ratio(base.per_repeat[r], mine.per_repeat[r]) for r in repeats if mine.per_repeat[r]
                 ]
                 shared = [key for key in mine.by_prompt if key in base.by_prompt]
-                interval = (
-                    ratio_interval(base.per_question(shared), mine.per_question(shared))
-                    if m.name != PROMPT_BASELINE
-                    else None  # the baseline against itself: 1 exactly
-                )
+                # the baseline against itself: 1 exactly, no interval
+                itself = m.name == PROMPT_BASELINE
+                interval = None if itself else ratio_interval(base.per_question(shared), mine.per_question(shared))
+                low, high = interval or (None, None)
                 bdecode = base.decode_tokens_per_s
                 speedups = {
                     "speedup": mine.tokens_per_s / base.tokens_per_s,
                     "decode_speedup": mine.decode_tokens_per_s / bdecode if bdecode > 0 else float("nan"),
                     "speedup_min": min(spread),
                     "speedup_max": max(spread),
-                    "speedup_low": interval[0] if interval else None,
-                    "speedup_high": interval[1] if interval else None,
+                    "speedup_low": low,
+                    "speedup_high": high,
                 }
             forwards = sum(r.forwards for r in mine.runs)
             drafted = sum(r.drafted for r in mine.runs)

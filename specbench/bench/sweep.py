@@ -23,9 +23,13 @@ import polars as pl
 from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows them on the console
 
 from specbench.bench import paired
-from specbench.bench.positions import per_position_acceptance
 from specbench.bench.predictions import with_predictions
-from specbench.bench.sweep_summary import best_per_group, paired_intervals, rate, summarize_sweep  # noqa: F401 (the sweep's API)
+from specbench.bench.sweep_summary import (
+    best_per_group,  # noqa: F401 (the sweep's API)
+    paired_intervals,
+    per_position_acceptance,
+    summarize_sweep,
+)
 from specbench.bench.timing import Clocked, cache_copy, exact_widths, prefix_cache, timed_generation
 from specbench.common import distributed
 from specbench.common.files import check_writable, write_parquet_atomic
@@ -244,7 +248,7 @@ def run_sweep(
         results = merged()
         sequential_s = 0.0
         for pair in range(pairs, max_pairs or pairs):
-            undecided = _undecided(_frames(results, looks)[0])
+            undecided = _undecided(merged_cells(results, looks)[0])
             tasks = [
                 (c, methods)
                 for c, (prompt, temperature, _) in enumerate(cells)
@@ -265,15 +269,16 @@ def run_sweep(
             sequential_s += time.perf_counter() - round_started
     finally:
         bar.close()
-    runs, steps = _frames(results, looks)
+    runs, steps = merged_cells(results, looks)
     return Sweep(runs, steps, skipped)
 
 
-def _frames(
-    results: dict[int, tuple[list[dict[str, Any]], pl.DataFrame]], looks: int
+def merged_cells(
+    results: dict[int, tuple[list[dict[str, Any]], pl.DataFrame]], looks: int = 1
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """A sweep's runs and steps from its cells' results (run ids in key order: cells first, then each sequential
-    round's), every run with the sequential rule's ``looks`` where it has more than one."""
+    """A sweep's runs and steps from its cells' (or several sweeps') results, run ids renumbered in key order
+    (cells first, then each sequential round's), every run with the sequential rule's ``looks`` where it has more
+    than one."""
     runs: list[dict[str, Any]] = []
     frames: list[pl.DataFrame] = []
     for i in sorted(results):  # run ids in cell order, whoever ran the cell

@@ -1,5 +1,7 @@
 """Aggregates of a sweep's runs (``specbench.bench.sweep``): totals and rates per group as Spec-Bench reports them,
-and each group's speedup interval over its paired runs."""
+each group's speedup interval over its paired runs, and acceptance per draft position from step logs (the
+conditional rate the break-even model uses, with an interval that treats the drafts of one generation as the
+dependent trials they are)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from specbench.bench import paired
+from specbench.bench.paired import rate_interval, wilson_interval
 
 # -- aggregates --------------------------------------------------------------------------------
 
@@ -57,10 +60,8 @@ def summarize_sweep(runs: pl.DataFrame, by: Sequence[str] = ("drafter", "policy"
             rate(pl.col("accepted") + pl.col("verifies"), "verifies", None).alias("tokens_per_verify"),
             rate(pl.col("accepted"), "drafted", None).alias("acceptance_rate"),
             rate(pl.col("drafted"), "verifies", None).alias("mean_k"),
+            pl.when(pl.col("checked") > 0).then(pl.col("all_equal_to_plain")).alias("all_equal_to_plain"),
         )
-    )
-    out = out.with_columns(
-        pl.when(pl.col("checked") > 0).then(pl.col("all_equal_to_plain")).otherwise(None).alias("all_equal_to_plain")
     )
     return out.join(paired_intervals(runs, by), on=by, how="left", nulls_equal=True) if by else out
 
@@ -91,13 +92,9 @@ def paired_intervals(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
             looks = int(timed_pairs.select(pl.col("looks").max()).item() or 1) if "looks" in timed_pairs.columns else 1
             columns = ("prompt", "temperature", "seed", "plain_decode_tokens", "plain_decode_s", "decode_tokens")
             pairs = [((p, t, s), *sums) for p, t, s, *sums in timed_pairs.select(*columns, "decode_s").iter_rows()]
-            ratio = paired.paired_ratio(pairs, level=paired.sequential_level(looks))
-            row.update(
-                speedup_low=ratio.low,
-                speedup_high=ratio.high,
-                resampled=ratio.resampled,
-                level=paired.sequential_level(looks),
-            )
+            level = paired.sequential_level(looks)
+            ratio = paired.paired_ratio(pairs, level=level)
+            row.update(speedup_low=ratio.low, speedup_high=ratio.high, resampled=ratio.resampled, level=level)
         rows.append(row)
     schema = {c: runs.schema[c] for c in by} | PAIRED_COLUMNS
     return pl.DataFrame(rows, schema=schema)
@@ -106,3 +103,69 @@ def paired_intervals(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
 def best_per_group(summary: pl.DataFrame, group: Sequence[str], metric: str = "speedup") -> pl.DataFrame:
     """The row with the highest ``metric`` in each ``group`` (e.g. each drafter's best policy)."""
     return summary.sort(metric, descending=True, nulls_last=True).group_by(list(group), maintain_order=True).first()
+
+
+# -- per draft position ------------------------------------------------------------------------
+#: The columns of ``per_position_acceptance`` after its groups'.
+POSITION_COLUMNS = {
+    "position": pl.Int64,
+    "reached": pl.Int64,
+    "accepted": pl.Int64,
+    "rate": pl.Float64,
+    "units": pl.Int64,
+    "low": pl.Float64,
+    "high": pl.Float64,
+    "interval": pl.Utf8,
+}
+
+
+def per_position_acceptance(
+    steps: pl.DataFrame, by: Sequence[str] = ("drafter", "policy"), unit: str = "prompt"
+) -> pl.DataFrame:
+    """Acceptance rate of draft position i (1-based) given positions 1..i-1 were accepted.
+
+    ``reached``: verifications that drafted position i and accepted every earlier one; ``accepted``: those
+    that accepted position i too; ``rate`` = accepted / reached. ``low``/``high``: its 95 % interval. The
+    drafts of one generation are not independent trials, so where ``units`` (distinct ``unit`` values, e.g.
+    prompts, that reached the position) number at least ``MIN_UNITS`` it is a bootstrap over them
+    (``interval`` "over prompts"); with fewer, Wilson's interval for independent trials ("wilson")."""
+    by = list(by)
+    verifies = steps.filter(pl.col("kind") == "verify")
+    if verifies.is_empty():
+        return pl.DataFrame(schema={**{c: steps.schema.get(c, pl.Utf8) for c in by}, **POSITION_COLUMNS})
+    if unit not in verifies.columns:
+        verifies = verifies.with_columns(pl.lit(0).alias(unit))
+    longest = int(verifies["k_drafted"].max())
+    frames = []
+    for i in range(longest):
+        frames.append(
+            verifies.filter((pl.col("k_drafted") > i) & (pl.col("accepted") >= i))
+            .group_by([*by, unit], maintain_order=True)
+            .agg(pl.len().alias("reached"), (pl.col("accepted") > i).sum().alias("accepted"))
+            .with_columns(pl.lit(i + 1).alias("position"))
+        )
+    per_unit = pl.concat(frames, how="vertical_relaxed")
+    cells = per_unit.group_by([*by, "position"], maintain_order=True).agg(
+        pl.col("reached").sum(),
+        pl.col("accepted").sum(),
+        pl.len().alias("units"),
+        pl.col("accepted").alias("_hits"),
+        pl.col("reached").alias("_tries"),
+    )
+    lows, highs, kinds = [], [], []
+    wilson_low, wilson_high = wilson_interval(cells["accepted"].to_numpy(), cells["reached"].to_numpy())
+    for k, (hits, tries) in enumerate(zip(cells["_hits"], cells["_tries"])):
+        interval = rate_interval(hits.to_list(), tries.to_list())
+        lows.append(interval[0] if interval else float(wilson_low[k]))
+        highs.append(interval[1] if interval else float(wilson_high[k]))
+        kinds.append(f"over {unit}s" if interval else "wilson")
+    return (
+        cells.with_columns(
+            (pl.col("accepted") / pl.col("reached")).alias("rate"),
+            pl.Series("low", lows, dtype=pl.Float64),
+            pl.Series("high", highs, dtype=pl.Float64),
+            pl.Series("interval", kinds, dtype=pl.Utf8),
+        )
+        .select(*by, *POSITION_COLUMNS)
+        .sort([*by, "position"])
+    )

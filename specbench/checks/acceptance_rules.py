@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from specbench.bench.sweep import Sweep, run_sweep, summarize_sweep
+from specbench.bench.sweep import Sweep, merged_cells, run_sweep, summarize_sweep
 from specbench.checks.lossless import LosslessCheck, losslessness_check
 from specbench.core.accept import SamplingSettings
 from specbench.core.policies import DraftPolicy
@@ -80,18 +80,8 @@ def run_rule_sweep(
                 rules=rules,
             )
         )
-    return _merged(parts)
-
-
-def _merged(parts: Sequence[Sweep]) -> Sweep:
-    """One sweep of several, run ids renumbered in order."""
-    runs, steps, skipped, offset = [], [], {}, 0
-    for part in parts:
-        runs.append(part.runs.with_columns(pl.col("run") + offset))
-        steps.append(part.steps.with_columns(pl.col("run") + offset))
-        offset += len(part.runs)
-        skipped.update(part.skipped)
-    return Sweep(pl.concat(runs, how="diagonal_relaxed"), pl.concat(steps, how="diagonal_relaxed"), skipped)
+    runs, steps = merged_cells({i: (part.runs.to_dicts(), part.steps) for i, part in enumerate(parts)})
+    return Sweep(runs, steps, {name: why for part in parts for name, why in part.skipped.items()})
 
 
 def rule_summary(sweep: Sweep, by: Sequence[str] = ("temperature", "acceptance")) -> pl.DataFrame:
@@ -160,20 +150,10 @@ def shift_table(checks: Sequence[LosslessCheck], summary: pl.DataFrame | None = 
     interval], the TVD two samples of one distribution show at these sizes (``tvd_noise``: the estimate
     is biased upwards by about that much), accepted drafts; with ``summary`` (``rule_summary``), the rule's speedup and
     tokens per verification at the checks' temperature beside its shift."""
-    table = pl.DataFrame(
-        {
-            "acceptance": [c.rule for c in checks],
-            "temperature": [float(c.temperature) for c in checks],
-            "verdict": [c.verdict for c in checks],
-            "p_value": [c.p_value for c in checks],
-            "tvd": [c.tvd for c in checks],
-            "tvd_low": [c.tvd_low for c in checks],
-            "tvd_high": [c.tvd_high for c in checks],
-            "tvd_noise": [c.tvd_null for c in checks],
-            "accepted_drafts": [c.accepted_drafts for c in checks],
-            "acceptance_rate": [c.acceptance_rate for c in checks],
-        }
-    )
+    fields = "rule temperature verdict p_value tvd tvd_low tvd_high tvd_null accepted_drafts acceptance_rate".split()
+    table = pl.DataFrame({name: [getattr(c, name) for c in checks] for name in fields})
+    table = table.rename({"rule": "acceptance", "tvd_null": "tvd_noise"})
+    table = table.with_columns(pl.col("temperature").cast(pl.Float64))
     if summary is None:
         return table
     beside = summary.select("temperature", "acceptance", "tokens_per_verify", "speedup")

@@ -8,8 +8,8 @@ run is "inconclusive", not a pass.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Any
 
@@ -74,6 +74,29 @@ class LosslessCheck:
             f"detectable TVD >= {self.min_detectable_tvd:.3f} "
             f"(alpha {self.alpha:g}, power {POWER:.0%})"
         )
+
+
+class Sampler:
+    """Plain and speculative samples of one prompt from copies of one prefilled prefix, a fresh ``drafter`` per
+    speculative sample (``drafted`` / ``accepted``: their draft tokens); an unusable drafter fails here."""
+
+    def __init__(self, model: Any, prompt_ids: Sequence[int], drafter: str, model_name: str | None):
+        factories, skipped = usable_drafters([drafter], model, model_name or getattr(model, "specbench_name", None))
+        if drafter in skipped:
+            raise ValueError(f"drafter {drafter!r} is not usable here: {skipped[drafter]}")
+        self.model, self.prompt_ids, self.make = model, prompt_ids, factories[drafter]
+        self.prefix, self.drafted, self.accepted = prefix_cache(model, prompt_ids), 0, 0
+
+    def plain(self, options: GenerateOptions, decode: Callable[..., Any] = plain_generation) -> list[int]:
+        return list(decode(self.model, self.prompt_ids, options, prompt_cache=cache_copy(self.prefix)))
+
+    def speculative(self, options: GenerateOptions, policy: DraftPolicy, **kwargs: Any) -> list[int]:
+        made = self.make()
+        kwargs.update(drafter=made, policy=policy, prompt_cache=cache_copy(self.prefix, made))
+        gen = speculative_generate(self.model, self.prompt_ids, options, **kwargs)
+        tokens, stats = list(gen), gen.stats()
+        self.drafted, self.accepted = self.drafted + stats["drafted"], self.accepted + stats["accepted"]
+        return tokens
 
 
 def min_detectable_tvd(n_plain: int, n_speculative: int, alpha: float = 0.05, power: float = POWER) -> float:
@@ -232,35 +255,16 @@ def losslessness_check(
         raise ValueError(f"max_samples ({max_samples}) must be at least samples ({samples}), or None not to grow")
     if not 0 < detect <= 1:
         raise ValueError(f"detect is a total-variation distance in (0, 1], got {detect}")
-    factories, skipped = usable_drafters([drafter], model, model_name or getattr(model, "specbench_name", None))
-    if drafter in skipped:
-        raise ValueError(f"drafter {drafter!r} is not usable here: {skipped[drafter]}")
+    sampler = Sampler(model, prompt_ids, drafter, model_name)
     plain: list[list[int]] = []
     spec: list[list[int]] = []
-    drafted = accepted = 0
-    prefix = prefix_cache(model, prompt_ids)
 
     def sample(i: int) -> None:
-        nonlocal drafted, accepted
         # the first ``samples`` as always (plain seed + i, speculative seed + samples + i); grown ones after both
         seeds = (seed + i, seed + samples + i) if i < samples else (seed + 2 * i, seed + 2 * i + 1)
         options = GenerateOptions(max_tokens=max_tokens, temperature=temperature, seed=seeds[0], ignore_eos=True)
-        plain.append(list(plain_generation(model, prompt_ids, options, prompt_cache=cache_copy(prefix))))
-        options = GenerateOptions(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seeds[1],
-            ignore_eos=True,
-            acceptance_rule=rule,
-        )
-        made = factories[drafter]()
-        gen = speculative_generate(
-            model, prompt_ids, options, drafter=made, policy=policy, prompt_cache=cache_copy(prefix, made)
-        )
-        spec.append(list(gen))
-        stats = gen.stats()
-        drafted += stats["drafted"]
-        accepted += stats["accepted"]
+        plain.append(sampler.plain(options))
+        spec.append(sampler.speculative(replace(options, seed=seeds[1], acceptance_rule=rule), policy))
 
     target = samples
     while True:
@@ -268,7 +272,7 @@ def losslessness_check(
             sample(i)
         _, p, tvd = histogram_test(plain, spec, permutations, seed)
         filled = well_filled_share(plain, spec)
-        verdict, reason = lossless_verdict(p, accepted, filled, alpha)
+        verdict, reason = lossless_verdict(p, sampler.accepted, filled, alpha)
         detectable = min_detectable_tvd(sum(map(len, plain)), sum(map(len, spec)), alpha)
         concluded = verdict == "fail" or (verdict == "pass" and detectable <= detect)
         if max_samples is None or concluded or target >= max_samples:
@@ -280,20 +284,14 @@ def losslessness_check(
     counts_plain, counts_spec = matrix[~labels].sum(0), matrix[labels].sum(0)
     order = np.argsort(-(counts_plain + counts_spec), kind="stable")[:top]
     tokens = [vocab[i] for i in order]
-    counts = pl.DataFrame(
-        {
-            "token": [*tokens, -1],
-            "text": [
-                *(repr(tokenizer.decode([t]))[1:-1] if tokenizer is not None else str(t) for t in tokens),
-                "(other)",
-            ],
-            "plain": [*counts_plain[order].astype(int).tolist(), int(counts_plain.sum() - counts_plain[order].sum())],
-            "speculative": [
-                *counts_spec[order].astype(int).tolist(),
-                int(counts_spec.sum() - counts_spec[order].sum()),
-            ],
-        }
-    )
+    texts = [repr(tokenizer.decode([t]))[1:-1] if tokenizer is not None else str(t) for t in tokens]
+
+    def top_then_other(counts: np.ndarray) -> list[int]:
+        return [*counts[order].astype(int).tolist(), int(counts.sum() - counts[order].sum())]
+
+    columns = {"token": [*tokens, -1], "text": [*texts, "(other)"]}
+    columns |= {"plain": top_then_other(counts_plain), "speculative": top_then_other(counts_spec)}
+    counts = pl.DataFrame(columns)
     return LosslessCheck(
         counts,
         p,
@@ -303,11 +301,11 @@ def losslessness_check(
         drafter,
         policy.name,
         temperature,
-        accepted / drafted if drafted else 0.0,
+        sampler.accepted / sampler.drafted if sampler.drafted else 0.0,
         plain,
         spec,
-        accepted_drafts=accepted,
-        drafted=drafted,
+        accepted_drafts=sampler.accepted,
+        drafted=sampler.drafted,
         well_filled=filled,
         min_detectable_tvd=detectable,
         alpha=alpha,

@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm  # text bars: a notebook run by `specbench report` shows them on the console
 
-from specbench.bench.timing import cache_copy, prefix_cache
 from specbench.bench.turn_cache import first_divergence
+from specbench.checks.lossless import Sampler
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.rules import AcceptanceRule, rule_for
 from specbench.core.verify import VerifyMode
-from specbench.decoding import generate, speculative_generate
-from specbench.inputs.capabilities import usable_drafters
+from specbench.decoding import generate
 
 if TYPE_CHECKING:
     import polars as pl
@@ -120,26 +119,15 @@ def same_tokens_check(
         verify=verify,
     )
     base.check()
-    factories, skipped = usable_drafters([drafter], model, model_name or getattr(model, "specbench_name", None))
-    if drafter in skipped:
-        raise ValueError(f"drafter {drafter!r} is not usable here: {skipped[drafter]}")
-    prefix = prefix_cache(model, prompt_ids)
+    sampler = Sampler(model, prompt_ids, drafter, model_name)
     seeds = [seed + i for i in range(runs)]
     plain: list[list[int]] = []
     spec: list[list[int]] = []
-    drafted = accepted = 0
+    quiet = {} if progress else {"progress": None}  # exact mode's calibration, reported unless quiet
     for run_seed in tqdm(seeds, desc="same tokens", disable=not progress, leave=False):
         options = GenerateOptions(**{**base.__dict__, "seed": run_seed})
-        plain.append(list(generate(model, prompt_ids, options, prompt_cache=cache_copy(prefix))))
-        made = factories[drafter]()
-        quiet = {} if progress else {"progress": None}  # exact mode's calibration, reported unless quiet
-        gen = speculative_generate(
-            model, prompt_ids, options, drafter=made, policy=policy, prompt_cache=cache_copy(prefix, made), **quiet
-        )
-        spec.append(list(gen))
-        stats = gen.stats()
-        drafted += stats["drafted"]
-        accepted += stats["accepted"]
+        plain.append(sampler.plain(options, generate))
+        spec.append(sampler.speculative(options, policy, **quiet))
     return SameTokensCheck(
         seeds,
         [first_divergence(a, b) for a, b in zip(plain, spec)],
@@ -152,6 +140,6 @@ def same_tokens_check(
         max_tokens,
         sample_by_position,
         base.verify_mode,
-        accepted_drafts=accepted,
-        drafted=drafted,
+        accepted_drafts=sampler.accepted,
+        drafted=sampler.drafted,
     )

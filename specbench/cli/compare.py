@@ -43,8 +43,8 @@ def _compare(parser: argparse.ArgumentParser):
     )
 
     def run(args: argparse.Namespace) -> int:
-        from specbench.bench.compare import compare, is_recorded_run, run_models
-        from specbench.bench.prompt_bench import load_prompt_bench
+        from specbench.bench.compare import compare, run_models
+        from specbench.bench.prompt_bench import is_recorded_run, load_prompt_bench
         from specbench.common.files import check_writable
 
         recorded = [is_recorded_run(args.a), is_recorded_run(args.b)]

@@ -109,8 +109,7 @@ def _generate(parser: argparse.ArgumentParser):
         gen = speculative_generate(
             model, prompt, options, drafter=drafter, policy=policy if drafter else None, tokenizer=tokenizer
         )
-        for _ in gen:
-            pass
+        list(gen)  # run to the end
         from specbench.report.render import display_text
 
         print(display_text(tokenizer, gen.tokens))

@@ -214,8 +214,7 @@ def read_json_lines(path: Path, text: str | None = None) -> Iterable[tuple[int, 
 
 def traces_from_records(path: Path, records: Iterable[tuple[str, Any]]) -> list[Trace]:
     """Traces from schema records, each with where it was read ("file:line")."""
-    traces: dict[str, Trace] = {}
-    order: list[str] = []
+    traces: dict[str, Trace] = {}  # in file order
     for where, record in records:
         trace_id, turn_number, turn, extra = _turn_from_record(record, where)
         trace = traces.get(trace_id)
@@ -225,18 +224,17 @@ def traces_from_records(path: Path, records: Iterable[tuple[str, Any]]) -> list[
                     f"{where}: trace {trace_id!r} starts at turn {turn_number}; its first line must be turn 0"
                 )
             trace = traces[trace_id] = Trace(trace_id, [], extra.get("tools") or [], extra.get("meta") or {})
-            order.append(trace_id)
         else:
-            if order[-1] != trace_id:
+            if next(reversed(traces)) != trace_id:
                 raise ValueError(f"{where}: the lines of trace {trace_id!r} must be consecutive")
             if turn_number != len(trace.turns):
                 raise ValueError(f"{where}: trace {trace_id!r} expects turn {len(trace.turns)} next, got {turn_number}")
             if extra:
                 raise ValueError(f"{where}: 'tools' and 'meta' belong on a trace's first line (turn 0)")
         trace.turns.append(turn)
-    if not order:
+    if not traces:
         raise ValueError(f"{path}: no turns found")
-    return [traces[t] for t in order]
+    return list(traces.values())
 
 
 def pick_ids(ids: list[str], trace_ids: Sequence[str] | None, limit: int | None, source: str) -> list[str]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import polars as pl
 
-from specbench.bench.positions import per_position_acceptance
+from specbench.bench.sweep_summary import per_position_acceptance
 from specbench.bench.timing import clock_stats
 from specbench.core.log import StepLog, StepRecord
 from specbench.core.options import GenerateOptions

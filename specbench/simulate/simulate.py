@@ -65,8 +65,7 @@ def record(model: Any, prompts: Iterable[Any], options: GenerateOptions, tokeniz
     out = []
     for i, prompt in enumerate(prompts):
         gen = plain_generation(model, prompt, options, tokenizer=tokenizer)
-        for _ in gen:
-            pass
+        list(gen)  # run to the end
         out.append(Recorded(list(gen.prompt), list(gen.tokens), str(gen.finish_reason()), str(i)))
     return out
 
@@ -83,16 +82,9 @@ def save_recorded(requests: Sequence[Recorded], path: str | os.PathLike) -> Path
     """Write recorded requests as parquet (columns id, prompt, output, finish_reason), atomically."""
     import polars as pl
 
-    frame = pl.DataFrame(
-        {
-            "id": [r.id for r in requests],
-            "prompt": [r.prompt for r in requests],
-            "output": [r.output for r in requests],
-            "finish_reason": [r.finish_reason for r in requests],
-        },
-        schema={"id": pl.Utf8, "prompt": pl.List(pl.Int64), "output": pl.List(pl.Int64), "finish_reason": pl.Utf8},
-    )
-    return write_parquet_atomic(frame, path)
+    ids = pl.List(pl.Int64)
+    schema: dict[str, Any] = {"id": pl.Utf8, "prompt": ids, "output": ids, "finish_reason": pl.Utf8}
+    return write_parquet_atomic(pl.DataFrame([vars(r) for r in requests], schema=schema), path)
 
 
 def load_recorded(path: str | os.PathLike) -> list[Recorded]:
@@ -110,12 +102,8 @@ def load_recorded(path: str | os.PathLike) -> list[Recorded]:
         if not (isinstance(dtype, pl.List) and (dtype.inner.is_integer() or dtype.inner == pl.Null)):
             raise ValueError(f"{path}: column {column!r} must hold lists of token ids, not {dtype}")
     ids = frame["id"].to_list() if "id" in frame.columns else [str(i) for i in range(len(frame))]
-    return [
-        Recorded(list(p), list(o), f, str(i))
-        for i, p, o, f in zip(
-            ids, frame["prompt"].to_list(), frame["output"].to_list(), frame["finish_reason"].to_list()
-        )
-    ]
+    columns = (frame[c].to_list() for c in ("prompt", "output", "finish_reason"))
+    return [Recorded(list(p), list(o), f, str(i)) for i, p, o, f in zip(ids, *columns)]
 
 
 class RecordedOutput:
@@ -196,10 +184,7 @@ def simulate(
         raise ValueError(
             f"drafter {getattr(drafter, 'name', drafter)!r} needs the model's hidden states: it cannot be simulated"
         )
-    if isinstance(policy, str):
-        policy = DraftPolicy.parse(policy)
-    if policy is None:
-        policy = DraftPolicy.auto()
+    policy = DraftPolicy.auto() if policy is None else DraftPolicy.parse(policy) if isinstance(policy, str) else policy
     if cost is None and policy.needs_break_even:
         raise ValueError(
             "DraftPolicy.auto() needs the model's verify cost: pass cost= (a specbench.cost.Profile or the model) "
@@ -219,8 +204,7 @@ def simulate(
         generation = Generation(
             target, request.prompt, opts, drafter=drafter, policy=policy, break_even=break_even, clock=lambda: 0.0
         )
-        for _ in generation:
-            pass
+        list(generation)  # run to the end
         for record in generation.log:
             log.append(record.labelled(request=index))
     return log
@@ -319,9 +303,7 @@ def replay_logs(
     return pl.DataFrame(rows), steps
 
 
-def trace_groups(
-    traces: Sequence[Any], tokenizer: Any
-) -> tuple[list[tuple[str, Callable[[], Iterable[Recorded]]]], int]:
+def trace_groups(traces: Sequence[Any], tokenizer: Any) -> tuple[list[Group], int]:
     """``replay_logs``' groups from traces' recorded replies tokenized with ``tokenizer`` (prompts
     rendered once, each trace's prompts sharing their ids), and how many turns were left out for
     lack of a recorded reply."""

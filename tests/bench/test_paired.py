@@ -121,7 +121,7 @@ def test_per_position_intervals_resample_prompts_not_drafts():
     generation depend on each other, it spans most of [0, 1]. With two prompts there is no such interval."""
     import polars as pl
 
-    from specbench.bench.positions import per_position_acceptance
+    from specbench.bench.sweep_summary import per_position_acceptance
 
     def steps(prompts: int) -> pl.DataFrame:
         rows = []
