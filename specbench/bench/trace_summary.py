@@ -9,7 +9,7 @@ from string import Formatter
 import polars as pl
 
 from specbench.bench.paired import ratio_interval
-from specbench.bench.sweep import rate
+from specbench.bench.sweep_summary import rate
 
 #: The baseline method of every trace benchmark: plain decoding.
 PLAIN = "plain"
