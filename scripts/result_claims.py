@@ -228,40 +228,40 @@ def _headline(name: str, run: str = HEADLINE) -> list[Claim]:
     ]
 
 
+def _long_context(run: str, tag: str, size: str, now: bool, more: str) -> list[Claim]:
+    """A long-context run (``LONG_CONTEXT``): its exact generations equal to mlx-lm greedy, then its audit."""
+    equal = Claim(
+        f"headline-long-context{tag}",
+        H100,
+        f"exact output against mlx-lm greedy after a {size}-token random prompt, Qwen3-8B shape 4-bit, full depth, "
+        f"32 tokens, k = 4, acceptance 0.8{more}",
+        "exact generations equal to mlx-lm greedy",
+        run + "long_context.json",
+        Json(("exact_equal",)),
+        fmt="{:.0f}",
+        n_what="generations",
+        headline=f"H100 {size}-token prompt, dense 4-bit: exact generations equal to mlx-lm greedy" if now else "",
+    )
+    audit = Claim(
+        f"headline-long-context-audit{tag}",
+        H100,
+        f"the same {size}-token generations, every exact verification compared with serial steps (--audit 1)",
+        "audited verifications that differ from serial steps",
+        run + "long_context.json",
+        Json(("audit_mismatches",)),
+        fmt="{:.0f}",
+        n_what="audited verifications",
+        headline=f"H100 {size}-token prompt: audited verifications differing from serial steps" if now else "",
+    )
+    return [equal, audit]
+
+
 CLAIMS: list[Claim] = [
     # -- the headline (HEADLINE): Auto, exact against fast and plain against mlx-lm, then long contexts
     *_headline("dense"),
     *_headline("moe"),
     *_headline("dense", EARLIER),
-    *(
-        Claim(
-            f"headline-long-context{tag}",
-            H100,
-            f"exact output against mlx-lm greedy after a {size}-token random prompt, Qwen3-8B shape 4-bit, full depth, "
-            f"32 tokens, k = 4, acceptance 0.8{more}",
-            "exact generations equal to mlx-lm greedy",
-            run + "long_context.json",
-            Json(("exact_equal",)),
-            fmt="{:.0f}",
-            n_what="generations",
-            headline=f"H100 {size}-token prompt, dense 4-bit: exact generations equal to mlx-lm greedy" if now else "",
-        )
-        for run, tag, size, now, more in LONG_CONTEXT
-    ),
-    *(
-        Claim(
-            f"headline-long-context-audit{tag}",
-            H100,
-            f"the same {size}-token generations, every exact verification compared with serial steps (--audit 1)",
-            "audited verifications that differ from serial steps",
-            run + "long_context.json",
-            Json(("audit_mismatches",)),
-            fmt="{:.0f}",
-            n_what="audited verifications",
-            headline=f"H100 {size}-token prompt: audited verifications differing from serial steps" if now else "",
-        )
-        for run, tag, size, now, more in LONG_CONTEXT
-    ),
+    *(claim for run in LONG_CONTEXT for claim in _long_context(*run)),
     _passed(
         "headline-pytest-gpu",
         "pytest-gpu.txt",
