@@ -212,6 +212,13 @@ def probe_kernels(
         for accumulate in gemv.ACCUMULATE:
             what = {"kernel": "gemv_rows", "dtype": _name(dtype), "variant": accumulate}
             trials.append((what, functools.partial(gemv_matches, dtype, accumulate, SURVEY_ROWS)))
+    return _survey(trials, progress)
+
+
+def _survey(
+    trials: Sequence[tuple[dict[str, Any], Callable[[], dict[str, Any]]]], progress: Any
+) -> list[dict[str, Any]]:
+    """Each trial's description with its outcome (an error recorded, not raised), reported through ``progress``."""
     rows = []
     for what, trial in trials:
         try:
@@ -299,17 +306,12 @@ def probe_attention(
     progress: Any = None,
 ) -> list[dict[str, Any]]:
     """For each (dtype, head dimension) of ``configs``: which ``variants`` of ``attention_rows`` reproduce MLX here."""
-    found_rows = []
-    for dtype, head_dim in configs:
-        for variant in variants:
-            try:
-                found = attention_matches(dtype, head_dim, variant, rows=ATTENTION_SURVEY_ROWS)
-            except Exception as err:
-                found = {"exact": False, "error": f"{type(err).__name__}: {err}"}
-            found_rows.append(
-                {"kernel": "attention_rows", "dtype": _name(dtype), "head_dim": head_dim}
-                | {"variant": variant, **found}
-            )
-            if progress is not None:
-                progress(found_rows[-1])
-    return found_rows
+    trials = [
+        (
+            {"kernel": "attention_rows", "dtype": _name(dtype), "head_dim": head_dim, "variant": variant},
+            functools.partial(attention_matches, dtype, head_dim, variant, rows=ATTENTION_SURVEY_ROWS),
+        )
+        for dtype, head_dim in configs
+        for variant in variants
+    ]
+    return _survey(trials, progress)

@@ -288,23 +288,15 @@ class PassingRule(AcceptanceRule):
         raise NotImplementedError
 
     def accept_path(self, p, draft, q, draws):
-        k = len(draft)
-        check_tables(p, k, None, self.name)
-        passes = self.passes(p[:k], mx.array(draft, dtype=mx.int32)) if k else mx.zeros((0,), dtype=mx.bool_)
-        samples = mx.random.categorical(mx.log(p))
-        mx.eval(passes, samples)
-        passed = passes.tolist()
-        n = 0
-        while n < k and passed[n]:
-            n += 1
-        return n, list(draft[:n]) + [int(samples[n].item())], [1.0 if x else 0.0 for x in passed]
+        path, emitted, probs = self.accept_tree(p, draft, list(range(-1, len(draft) - 1)), q, draws)
+        return len(path), emitted, probs
 
     def accept_tree(self, p, tokens, parents, q, draws):
         """Of the root-to-node paths whose every node passes its parent row's test, the longest (the first in
         node order among equals), as Medusa's typical acceptance on trees; the next token from p at its end."""
         check_tables(p, len(tokens), None, self.name)
         rows = mx.array([parent + 1 for parent in parents], dtype=mx.int32)
-        passes = self.passes(p[rows], mx.array(tokens, dtype=mx.int32))
+        passes = self.passes(p[rows], mx.array(tokens, dtype=mx.int32)) if tokens else mx.zeros((0,), dtype=mx.bool_)
         samples = mx.random.categorical(mx.log(p))
         mx.eval(passes, samples)
         passed = passes.tolist()
