@@ -25,9 +25,9 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from scripts.gpu.kernel_bench import bench_attention
+from scripts.gpu.kernel_bench import bench_attention, probe_attention
 from specbench.common.identity import device_name, versions, write_result
-from specbench.kernels import attention_variant, probe_attention
+from specbench.kernels import attention_variant
 from specbench.kernels.attention import VARIANTS
 
 KEY_LENGTHS = (256, 2048, 8192)

@@ -1,6 +1,7 @@
 """Per-call speed of the row-invariant kernels against MLX's own products, with achieved bandwidth.
 
 ``bench_attention`` does the same for ``attention_rows`` against MLX's one-query and multi-query attention.
+``probe_kernels`` and ``probe_attention`` survey which variants of each kernel reproduce MLX on this device.
 
 ``bench_qmv`` times, for one layer shape, MLX's quantized matmul at 1 row, at w rows in one call
 (MLX's fast, not row-invariant family from 8 rows), at w rows in row-invariant chunks of at most
@@ -14,14 +15,17 @@ without; bandwidth counts the bytes a call must read (weights, scales, biases, i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
+from specbench.kernels import attention, gemv, qmv
 from specbench.kernels.attention import attention_rows, default_vectors_per_warp
 from specbench.kernels.bench import per_call_seconds
+from specbench.kernels.probe import attention_matches, gemv_matches, qmv_matches
 from specbench.kernels.qmv import FEATURES_PER_BLOCK, qmv_rows
 
 #: MLX's quantized matmul is row-invariant for fewer than this many rows (its ``qmv`` family).
@@ -149,3 +153,61 @@ def bench_attention(
         if peak_gbs:
             row[f"{name}_of_peak"] = row[f"{name}_gbs"] / peak_gbs
     return row
+
+
+#: Row counts the probe surveys run (a variant is proved on more before use: ``specbench.kernels.probe``).
+SURVEY_ROWS = (1, 2, 9, 16)
+
+
+def probe_kernels(
+    configs: Sequence[tuple[mx.Dtype, int, int]] = ((mx.bfloat16, 4, 64), (mx.bfloat16, 8, 64), (mx.float16, 4, 32)),
+    dtypes: Sequence[mx.Dtype] = (mx.bfloat16, mx.float16),
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """Which variants of each kernel reproduce MLX here: ``qmv_rows`` for each (dtype, bits, group size) of
+    ``configs``, ``gemv_rows`` for each of ``dtypes``."""
+    trials: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
+    for dtype, b, g in configs:
+        for dequant in qmv.DEQUANT:
+            what = {"kernel": "qmv_rows", "dtype": str(dtype).split(".")[-1], "bits": b, "group_size": g}
+            trials.append(
+                (what | {"variant": dequant}, functools.partial(qmv_matches, dtype, b, g, dequant, SURVEY_ROWS))
+            )
+    for dtype in dtypes:
+        for accumulate in gemv.ACCUMULATE:
+            what = {"kernel": "gemv_rows", "dtype": str(dtype).split(".")[-1], "variant": accumulate}
+            trials.append((what, functools.partial(gemv_matches, dtype, accumulate, SURVEY_ROWS)))
+    return _survey(trials, progress)
+
+
+def _survey(
+    trials: Sequence[tuple[dict[str, Any], Callable[[], dict[str, Any]]]], progress: Any
+) -> list[dict[str, Any]]:
+    """Each trial's description with its outcome (an error recorded, not raised), reported through ``progress``."""
+    rows = []
+    for what, trial in trials:
+        try:
+            found = trial()
+        except Exception as err:
+            found = {"exact": False, "error": f"{type(err).__name__}: {err}"}
+        rows.append(what | found)
+        if progress is not None:
+            progress(rows[-1])
+    return rows
+
+
+def probe_attention(
+    configs: Sequence[tuple[mx.Dtype, int]] = ((mx.bfloat16, 128), (mx.bfloat16, 64), (mx.float16, 128)),
+    variants: Sequence[str] = attention.VARIANTS,
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """For each (dtype, head dimension) of ``configs``: which ``variants`` of ``attention_rows`` reproduce MLX here."""
+    trials = [
+        (
+            {"kernel": "attention_rows", "dtype": str(dtype).split(".")[-1], "head_dim": head_dim, "variant": variant},
+            functools.partial(attention_matches, dtype, head_dim, variant, rows=SURVEY_ROWS),
+        )
+        for dtype, head_dim in configs
+        for variant in variants
+    ]
+    return _survey(trials, progress)

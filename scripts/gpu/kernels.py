@@ -27,11 +27,11 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from scripts.gpu.kernel_bench import KERNEL_LAUNCHES, bench_qmv
+from scripts.gpu.kernel_bench import KERNEL_LAUNCHES, bench_qmv, probe_kernels
 from specbench.bench.paired import MIN_UNITS, AACheck
 from specbench.common.identity import device_name, versions, write_result
 from specbench.cost.bandwidth import peak_passes
-from specbench.kernels import cuda_available, probe_kernels, qmv_variant
+from specbench.kernels import cuda_available, qmv_variant
 
 #: (name, N, K): the 4-bit linear layers of the dense Qwen3-8B and MoE Qwen3-30B-A3B shapes.
 SHAPES = [
