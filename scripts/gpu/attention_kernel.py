@@ -10,7 +10,7 @@
 2. speed at the Qwen3-8B shape (32 heads, 8 KV heads, head dimension 128, bfloat16), 9 rows, at 256,
    2048 and 8192 keys: per call, the kernel (4 and 8 (row, head) pairs per warp) against the 9
    one-query MLX calls exact mode runs without it and MLX's 9-query causal call (not row-invariant),
-   and 1 row of each (``specbench.kernels.bench.bench_attention``).
+   and 1 row of each (``scripts.gpu.kernel_bench.bench_attention``).
 
 Writes attention_kernel.json into $OUT (or --out) and prints both tables.
 """
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from scripts.gpu.kernel_bench import bench_attention, probe_attention
 from specbench.common.identity import device_name, versions, write_result
-from specbench.kernels import attention_variant, probe_attention
+from specbench.kernels import attention_variant
 from specbench.kernels.attention import VARIANTS
-from specbench.kernels.bench import bench_attention
 
 KEY_LENGTHS = (256, 2048, 8192)
 ROWS = 9

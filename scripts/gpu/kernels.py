@@ -7,7 +7,7 @@
 Per layer of the dense Qwen3-8B and MoE Qwen3-30B-A3B shapes (4-bit, group 64, bfloat16), for 1 and --rows
 rows: microseconds and GB/s (and share of the measured peak) of MLX's one-row product, MLX's fast w-row
 product, MLX's row-invariant 7 + 2-row calls, and ``qmv_rows`` in each launch of
-``specbench.kernels.bench.KERNEL_LAUNCHES`` (today's ``loop`` schedule and ``prefetch``, each with 8 and
+``scripts.gpu.kernel_bench.KERNEL_LAUNCHES`` (today's ``loop`` schedule and ``prefetch``, each with 8 and
 with 2 warps per block); each figure also with the calls' graphs built before the clock (``eval``: launches and
 device time only); and whether each launch's rows at 1 and w rows are bit-identical to MLX's one-row
 products. The dequant variant is the device probe's (``qmv_variant``, stored after its first run). The A/A arm:
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from scripts.gpu.kernel_bench import KERNEL_LAUNCHES, bench_qmv, probe_kernels
 from scripts.result_lines import AACheck
 from specbench.bench.paired import MIN_UNITS
 from specbench.common.identity import device_name, versions, write_result
 from specbench.cost.bandwidth import peak_passes
-from specbench.kernels import cuda_available, probe_kernels, qmv_variant
-from specbench.kernels.bench import KERNEL_LAUNCHES, bench_qmv
+from specbench.kernels import cuda_available, qmv_variant
 
 #: (name, N, K): the 4-bit linear layers of the dense Qwen3-8B and MoE Qwen3-30B-A3B shapes.
 SHAPES = [

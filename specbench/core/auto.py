@@ -4,9 +4,6 @@
 and the ``Evidence`` measured (with its ``Measured`` windows); ``specbench.core.policies.AutoPolicy`` is these
 decisions as a ``DraftPolicy`` (``DraftPolicy.auto()``).
 
-Policies see only the log and what they were handed (a break-even, for Auto): they never measure,
-load or run a model.
-
 How Auto decides (for users: docs/auto-policy.md). Each decision (a speculative step, a stretch of plain steps) is
 timed end to end with ``clock``. It starts with ``probe_tokens`` plain tokens, timing plain decoding; each plain
 stretch starts with an unverified draft (``Plain.shadow``, ``_shadow_k``) measuring acceptance. The break-even (k ->

@@ -1,9 +1,7 @@
 """Batch caches for attention-only and hybrid models, with a rollback per row.
 
-Attention layers hold mlx-lm ``BatchKVCache`` (per-row left padding: a row's rejected tail is
-trimmed or rolled into its left padding). The Gated DeltaNet layers of hybrid models record every
-step's state for every row (``specbench.core.rollback.RecurrentRecorder``), and row r is then left in
-the state after its own last kept position (its padding runs after them, so it never reaches it).
+Row r of a hybrid model's recurrent layers is left in the state after its own last kept position (its padding
+runs after them, so it never reaches it).
 """
 
 from __future__ import annotations

@@ -1,11 +1,4 @@
-"""Draft-length policies that look at the batch size.
-
-``BatchTablePolicy`` is vLLM's dynamic speculative decoding: a table from batch size to draft
-length (drafting shrinks as the batch grows, and stops past some size). ``BatchAutoPolicy`` is
-Auto planning with the break-even at the current batch size: its draft length and its kill switch
-come from the cost profile c(w, B) (``specbench.cost.batch``). The batch engine tells each
-request's policy the batch size before every step (``set_batch_size``).
-"""
+"""Draft-length policies that look at the batch size (``set_batch_size``, before every batched step)."""
 
 from __future__ import annotations
 
@@ -36,10 +29,6 @@ class BatchTablePolicy(DraftPolicy):
     def __init__(self, table: Mapping[int, int]):
         self.table = _table(table)
         self.name = "table:" + ",".join(f"{b}={k}" for b, k in self.table.items())
-        self.batch_size = 1
-
-    def set_batch_size(self, batch_size: int) -> None:
-        self.batch_size = batch_size
 
     def k_at(self, batch_size: int) -> int:
         return next(k for b, k in reversed(self.table.items()) if b <= batch_size)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -11,7 +11,7 @@ import numpy as np
 from specbench.core.draft import Draft
 from specbench.core.engine import Generation
 from specbench.core.experts import ExpertCounter
-from specbench.core.policies import Decision, Plain, Speculate
+from specbench.core.policies import Decision, DraftPolicy, Plain, Speculate
 from specbench.core.target import Step
 from specbench.core.verify import as_draft, cut_unconfident
 
@@ -65,9 +65,7 @@ class BatchRequest(Generation):
         last one is read (so that step counts to this decision, as in a single request)."""
         if self.drafter is None:
             return RowPlan()
-        set_batch_size = getattr(self.policy, "set_batch_size", None)
-        if set_batch_size is not None:
-            set_batch_size(batch_size)
+        cast(DraftPolicy, self.policy).set_batch_size(batch_size)
         self.decision = self.policy.decide(self.log, self.drafter)
         return RowPlan(self.decision.k) if isinstance(self.decision, Speculate) else RowPlan(paused=True)
 

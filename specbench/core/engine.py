@@ -383,12 +383,9 @@ class Generation:
     def _stop_at(self, tokens: list[int]) -> list[int]:
         """Cut ``tokens`` at the first stop (token, string, length or a recorded stop) and set the
         finish reason."""
-        room = self._remaining()
+        room = max(self._remaining(), 0)
         stop_index = self.target.stop_index
-        for i, t in enumerate(tokens):
-            if i >= room:
-                self._finish = "length" if self.options.max_tokens - len(self.tokens) <= i else "context"
-                return tokens[:i]
+        for i, t in enumerate(tokens[:room]):
             if (
                 t in self.stop_ids
                 or len(self.tokens) + i == stop_index
@@ -397,8 +394,8 @@ class Generation:
                 self._finish = "stop"
                 return tokens[: i + 1]
         if len(tokens) >= room:
-            self._finish = "length" if self.options.max_tokens - len(self.tokens) <= len(tokens) else "context"
-        return tokens
+            self._finish = "length" if self.options.max_tokens - len(self.tokens) <= room else "context"
+        return tokens[:room]
 
     def _stop_string_hit(self, token: int) -> bool:
         detok = self.detokenizer

@@ -90,6 +90,9 @@ class RankZeroPolicy(DraftPolicy):
     def longest_draft(self, drafter: Drafter | None) -> int:
         return self.inner.longest_draft(drafter)
 
+    def set_batch_size(self, batch_size: int) -> None:
+        self.inner.set_batch_size(batch_size)
+
 
 def in_lockstep(drafter: Drafter | None, policy: DraftPolicy | None) -> tuple[Drafter | None, DraftPolicy | None]:
     """``drafter`` and ``policy`` (default ``DraftPolicy.auto()``) deciding on rank 0 for every rank

@@ -31,6 +31,11 @@ class DraftPolicy:
     name = "policy"
     #: Whether ``start`` needs the break-even function (tokens a verification of k drafts must yield).
     needs_break_even = False
+    #: The batch this policy's request decodes in (the batch engine sets it before every step).
+    batch_size = 1
+
+    def set_batch_size(self, batch_size: int) -> None:
+        self.batch_size = batch_size
 
     def start(self, drafter: Drafter, break_even: Callable[[int], float] | None = None) -> None:
         """Reset for a new generation; ``break_even(k)``: tokens a verification of k drafts must yield."""

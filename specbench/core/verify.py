@@ -196,11 +196,8 @@ def _check_q(q: object, tokens: list[int], drafter: str, vocab: int | None) -> N
 def forward(
     model: nn.Module, inputs: mx.array, cache: list[Any], return_hidden: bool = False
 ) -> mx.array | tuple[mx.array, mx.array]:
-    """Run ``inputs`` ([1, w] token ids) through the model, extending ``cache``.
-
-    Returns logits [1, w, vocab], or ``(logits, hidden)`` with ``hidden`` the post-final-norm
-    states [1, w, hidden] when ``return_hidden`` is set.
-    """
+    """Logits [1, w, vocab] of ``inputs`` ([1, w] ids), extending ``cache``; with ``return_hidden`` also the
+    post-final-norm states [1, w, hidden]."""
     if not return_hidden:
         return model(inputs, cache=cache)
     lm = text_model(model)
@@ -263,11 +260,8 @@ FAST = Verifier()
 
 
 def accept_greedy(draft: list[int], targets: list[int]) -> tuple[int, list[int]]:
-    """Greedy rule: accept the longest prefix of ``draft`` equal to the model's argmax.
-
-    ``targets`` has one more entry than ``draft`` (the bonus position). Returns the number of
-    accepted draft tokens and the emitted tokens (accepted drafts, then the model's own token).
-    """
+    """Greedy rule: the longest prefix of ``draft`` equal to ``targets`` (the argmax per row, the bonus row last):
+    (accepted count, emitted tokens: the accepted drafts, then the model's own token)."""
     if len(targets) != len(draft) + 1:
         raise ValueError(
             f"the greedy rule takes one target per drafted token and the bonus one: {len(draft) + 1} for a draft of "
@@ -280,12 +274,9 @@ def accept_greedy(draft: list[int], targets: list[int]) -> tuple[int, list[int]]
 
 
 def accept_tree_greedy(tokens: list[int], parents: list[int], targets: list[int]) -> tuple[list[int], list[int]]:
-    """Greedy rule for a token tree: from the root, follow the child whose token is the model's
-    argmax while there is one (the longest accepted root-to-leaf path).
-
-    ``targets``: the argmax of each row (row 0 the root, row i + 1 node i). Returns the accepted
-    nodes (root to leaf) and the emitted tokens (their tokens, then the model's own token).
-    """
+    """Greedy rule for a token tree: from the root, follow the child whose token is the argmax of its parent's row
+    (``targets``: row 0 the root, row i + 1 node i) while there is one: (accepted nodes root to leaf, their tokens
+    then the model's own token)."""
     if len(targets) != len(tokens) + 1:
         raise ValueError(
             f"the greedy rule takes one target per tree row: {len(tokens) + 1} for a tree of {len(tokens)} nodes "

@@ -80,7 +80,6 @@ class WidthCalibration:
         return max(self.lengths, default=0)
 
     def covers(self, lengths: Sequence[int]) -> bool:
-        """Whether every one of ``lengths`` was probed."""
         return set(lengths) <= set(self.lengths)
 
     @property

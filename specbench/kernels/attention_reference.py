@@ -8,8 +8,6 @@ reduction runs over rows) and close to, not equal to, the kernel.
 
 from __future__ import annotations
 
-from typing import Any
-
 import mlx.core as mx
 import numpy as np
 
@@ -22,15 +20,7 @@ from specbench.kernels.attention import (
     row_keys,
     scale_log2,
 )
-
-
-def _butterfly(x: mx.array, op: Any) -> mx.array:
-    """``cg::reduce`` over the last axis (32 lanes): ``x = op(x, x[lane ^ mask])`` for masks 16, 8, 4, 2, 1."""
-    mask = WARP // 2
-    while mask:
-        x = op(x, x[..., mx.array([t ^ mask for t in range(WARP)])])
-        mask //= 2
-    return x[..., 0]
+from specbench.kernels.jit import butterfly
 
 
 def _exp2(x: mx.array) -> mx.array:
@@ -58,7 +48,7 @@ def _scan_reference(q: mx.array, keys: mx.array, values: mx.array, counts: list[
         partial = lanes[..., 0]
         for j in range(1, vpt):
             partial = partial + lanes[..., j]
-        score = _butterfly(partial, mx.add)  # [B, H, R, stride]
+        score = butterfly(partial, mx.add)  # [B, H, R, stride]
         new_max = mx.maximum(m, score)
         factor = _exp2(m - new_max)
         e = _exp2(score - new_max)
@@ -70,12 +60,12 @@ def _scan_reference(q: mx.array, keys: mx.array, values: mx.array, counts: list[
 
 def _merge_reference(m: mx.array, s: mx.array, o: mx.array) -> mx.array:
     """MLX's merge of 32 slots: m, s [..., 32], o [..., 32, D] -> [..., D]."""
-    new_max = _butterfly(m, mx.maximum)
+    new_max = butterfly(m, mx.maximum)
     factor = _exp2(m - new_max[..., None])
-    total = _butterfly(s * factor, mx.add)
+    total = butterfly(s * factor, mx.add)
     inverse = mx.where(total == 0, mx.zeros_like(total), 1.0 / mx.where(total == 0, 1.0, total))
     scaled = o * factor[..., None]  # [..., 32 slots, D]
-    summed = _butterfly(mx.swapaxes(scaled, -1, -2), mx.add)  # the slots are the lanes: [..., D]
+    summed = butterfly(mx.swapaxes(scaled, -1, -2), mx.add)  # the slots are the lanes: [..., D]
     return summed * inverse[..., None]
 
 
@@ -118,8 +108,8 @@ def attention_rows_reference(
             pad = (*m.shape[:-1], WARP - WARPS_PER_BLOCK)  # lanes past the block's warps: -1e9 and 0
             lanes_m = mx.concatenate([m, mx.full(pad, -1e9, dtype=mx.float32)], axis=-1)
             lanes_s = mx.concatenate([s, mx.zeros(pad, dtype=mx.float32)], axis=-1)
-            block_max = _butterfly(lanes_m, mx.maximum)
-            block_sum = _butterfly(lanes_s * _exp2(lanes_m - block_max[..., None]), mx.add)
+            block_max = butterfly(lanes_m, mx.maximum)
+            block_sum = butterfly(lanes_s * _exp2(lanes_m - block_max[..., None]), mx.add)
             ff = _exp2(m - block_max[..., None])
             scaled = o * ff[..., None]
             block_o = scaled[..., 0, :]

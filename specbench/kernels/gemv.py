@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from specbench.kernels.jit import kernel_name, launch_in_row_blocks
+from specbench.kernels.jit import butterfly, kernel_name, launch_in_row_blocks
 from specbench.kernels.qmv import FEATURES_PER_BLOCK, MAX_ROWS, WARP
 
 DTYPES = (mx.bfloat16, mx.float16, mx.float32)
@@ -134,8 +134,4 @@ def gemv_rows_reference(x: mx.array, weight: mx.array) -> mx.array:
     for r in range(passes):
         for j in range(npt):
             lanes = lanes + xs[:, :, r, :, j] * ws[:, :, r, :, j]
-    mask = WARP // 2
-    while mask:
-        lanes = lanes + lanes[..., mx.array([t ^ mask for t in range(WARP)])]
-        mask //= 2
-    return lanes[..., 0].astype(x.dtype).reshape(*x.shape[:-1], n)
+    return butterfly(lanes).astype(x.dtype).reshape(*x.shape[:-1], n)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -16,6 +17,16 @@ def kernel_name(base: str, *sources: str) -> str:
     in later processes, so a kernel whose source changed under the same name would run its old machine code.
     """
     return f"{base}_{hashlib.sha1(''.join(sources).encode()).hexdigest()[:10]}"
+
+
+def butterfly(x: mx.array, op: Callable[[mx.array, mx.array], mx.array] = mx.add) -> mx.array:
+    """A warp's reduction over the last axis (32 lanes), as ``cg::reduce`` runs it: ``x = op(x, x[lane ^ mask])``
+    for masks 16, 8, 4, 2, 1; lane 0's result."""
+    mask = 16
+    while mask:
+        x = op(x, x[..., mx.array([t ^ mask for t in range(32)])])
+        mask //= 2
+    return x[..., 0]
 
 
 def launch_in_row_blocks(

@@ -11,7 +11,6 @@ compile or run is a recorded fallback with one warning (never an error for the u
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,8 +20,6 @@ import numpy as np
 
 from specbench.kernels import attention, gemv, qmv, qmv_metal, verdicts
 
-#: Row counts the survey of every configuration runs (``probe_kernels``).
-SURVEY_ROWS = (1, 2, 9, 16)
 #: Row counts a variant is proved on before use (each is a kernel compile). A kernel's rows run the same
 #: arithmetic whatever their count (it only bounds a loop), and calibration checks every width it uses
 #: bit for bit at the model level, so these cover one, few, MLX's switch at 8 and the most.
@@ -194,41 +191,9 @@ def _gemv_variant(dtype: mx.Dtype) -> str | None:
     )
 
 
-def probe_kernels(
-    configs: Sequence[tuple[mx.Dtype, int, int]] = ((mx.bfloat16, 4, 64), (mx.bfloat16, 8, 64), (mx.float16, 4, 32)),
-    dtypes: Sequence[mx.Dtype] = (mx.bfloat16, mx.float16),
-    progress: Any = None,
-) -> list[dict[str, Any]]:
-    """Which variants of each kernel reproduce MLX here: ``qmv_rows`` for each (dtype, bits, group size) of
-    ``configs``, ``gemv_rows`` for each of ``dtypes``."""
-    trials: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
-    for dtype, b, g in configs:
-        for dequant in qmv.DEQUANT:
-            what = {"kernel": "qmv_rows", "dtype": _name(dtype), "bits": b, "group_size": g}
-            trials.append(
-                (what | {"variant": dequant}, functools.partial(qmv_matches, dtype, b, g, dequant, SURVEY_ROWS))
-            )
-    for dtype in dtypes:
-        for accumulate in gemv.ACCUMULATE:
-            what = {"kernel": "gemv_rows", "dtype": _name(dtype), "variant": accumulate}
-            trials.append((what, functools.partial(gemv_matches, dtype, accumulate, SURVEY_ROWS)))
-    rows = []
-    for what, trial in trials:
-        try:
-            found = trial()
-        except Exception as err:
-            found = {"exact": False, "error": f"{type(err).__name__}: {err}"}
-        rows.append(what | found)
-        if progress is not None:
-            progress(rows[-1])
-    return rows
-
-
 #: Cache prefixes the attention probe runs; row i of a w-row causal block attends ``prefix + i + 1`` keys:
 #: fewer keys than warps, one pass, a block crossing the two-pass threshold (1024 keys), two passes.
 ATTENTION_PREFIXES = (20, 300, 1016, 2500)
-#: Row counts the attention survey runs (``attention_variant`` runs every count from 1 to 16).
-ATTENTION_SURVEY_ROWS = (1, 2, 9, 16)
 
 
 def attention_matches(
@@ -291,25 +256,3 @@ def _attention_variant(dtype: mx.Dtype, head_dim: int) -> str | None:
         lambda variant: attention_matches(dtype, head_dim, variant),
         f"no variant reproduces MLX's one-query attention for {dtype}, head dimension {head_dim}",
     )
-
-
-def probe_attention(
-    configs: Sequence[tuple[mx.Dtype, int]] = ((mx.bfloat16, 128), (mx.bfloat16, 64), (mx.float16, 128)),
-    variants: Sequence[str] = attention.VARIANTS,
-    progress: Any = None,
-) -> list[dict[str, Any]]:
-    """For each (dtype, head dimension) of ``configs``: which ``variants`` of ``attention_rows`` reproduce MLX here."""
-    found_rows = []
-    for dtype, head_dim in configs:
-        for variant in variants:
-            try:
-                found = attention_matches(dtype, head_dim, variant, rows=ATTENTION_SURVEY_ROWS)
-            except Exception as err:
-                found = {"exact": False, "error": f"{type(err).__name__}: {err}"}
-            found_rows.append(
-                {"kernel": "attention_rows", "dtype": _name(dtype), "head_dim": head_dim}
-                | {"variant": variant, **found}
-            )
-            if progress is not None:
-                progress(found_rows[-1])
-    return found_rows

@@ -33,7 +33,7 @@ from typing import Any
 import mlx.core as mx
 
 from specbench.kernels import qmv_metal
-from specbench.kernels.jit import QuantizedRowsLauncher, kernel_name
+from specbench.kernels.jit import QuantizedRowsLauncher, butterfly, kernel_name
 
 #: Rows one launch computes; more rows run in launches of this many (each row is on its own anyway).
 MAX_ROWS = 16
@@ -387,9 +387,4 @@ def qmv_rows_reference(
     sums = mx.zeros(lanes.shape[:3], dtype=mx.float32)
     for j in range(ept):
         sums = sums + lanes[..., j].astype(mx.float32)
-    mask = WARP // 2
-    while mask:
-        partner = mx.array([t ^ mask for t in range(WARP)])
-        sums = sums + sums[..., partner]
-        mask //= 2
-    return sums[..., 0].astype(dtype).reshape(*x.shape[:-1], n)
+    return butterfly(sums).astype(dtype).reshape(*x.shape[:-1], n)

@@ -28,7 +28,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from specbench.kernels.jit import QuantizedRowsLauncher, kernel_name
+from specbench.kernels.jit import QuantizedRowsLauncher, butterfly, kernel_name
 
 MAX_ROWS = 16
 SIMD = 32
@@ -250,8 +250,4 @@ def qmv_rows_metal_reference(
     lanes = mx.zeros((rows, n, SIMD), dtype=mx.float32)
     for p in range(passes):
         lanes = lanes + per_pass[:, :, p]
-    mask = SIMD // 2
-    while mask:
-        lanes = lanes + lanes[..., mx.array([t ^ mask for t in range(SIMD)])]
-        mask //= 2
-    return lanes[..., 0].astype(dtype).reshape(*x.shape[:-1], n)
+    return butterfly(lanes).astype(dtype).reshape(*x.shape[:-1], n)

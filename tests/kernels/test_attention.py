@@ -287,7 +287,7 @@ def test_with_starts_every_batch_row_equals_mlx_one_query_attention_over_its_key
 @gpu
 @pytest.mark.parametrize("n_keys", [256, 2048, 8192])
 def test_the_kernel_speed_at_nine_rows_on_the_gpu(n_keys):
-    from specbench.kernels.bench import bench_attention
+    from scripts.gpu.kernel_bench import bench_attention
 
     variant = kernels.attention_variant(mx.bfloat16, 128)
     assert variant is not None

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from specbench.kernels import bench, qmv_rows_reference
+from scripts.gpu import kernel_bench as bench
+from specbench.kernels import qmv_rows_reference
 
 
 def test_each_launch_is_timed_and_checked_against_mlx_one_row_products(monkeypatch):

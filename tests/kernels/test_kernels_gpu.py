@@ -7,8 +7,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from scripts.gpu.kernel_bench import MLX_INVARIANT_ROWS
 from specbench.kernels import gemv_rows, gemv_variant, qmv_matches, qmv_rows, qmv_variant
-from specbench.kernels.bench import MLX_INVARIANT_ROWS, per_call_seconds
+from specbench.kernels.bench import per_call_seconds
 from specbench.kernels.probe import cuda_available
 from specbench.kernels.qmv import SCHEDULES
 

@@ -103,14 +103,10 @@ class SglangEmaPolicy(DraftPolicy):
         )
         custom = self.tiers != DEFAULT_TIERS and list(self.tiers) == [1]
         self.name = "sglang:" + ",".join(map(str, self.tiers[1])) if custom else "sglang"
-        self.batch_size = 1
 
     def start(self, drafter: Drafter, break_even: Callable[[int], float] | None = None) -> None:
         super().start(drafter, break_even)
         self.slots = {b: SglangTier(t, self.initial, self.down(b), self.up) for b, t in self.tiers.items()}
-
-    def set_batch_size(self, batch_size: int) -> None:
-        self.batch_size = batch_size
 
     @property
     def slot(self) -> SglangTier:

@@ -45,7 +45,7 @@ from specbench.common.registry import Registry
 from specbench.core.accept import accept_sampled, accept_tree_sampled, check_draws, check_tables, inverse_cdf
 from specbench.core.policy_args import real
 from specbench.core.tree import children, is_path
-from specbench.core.verify import accept_greedy, accept_tree_greedy
+from specbench.core.verify import accept_tree_greedy
 
 #: Medusa's defaults: the posterior threshold epsilon and delta (Medusa's posterior_alpha, sqrt(epsilon)).
 TYPICAL_EPSILON = 0.09
@@ -210,20 +210,17 @@ class ExactMatch(AcceptanceRule):
         """mlx-lm's rule: sample the target's token y_i from p_i at every position (``draws`` when sampled by
         position); accept draft token i iff it equals y_i (while all before it were accepted); emit y at the first
         mismatch, or the bonus y_k. Acceptance probability at a reached position: p_i(d_i)."""
-        k = len(draft)
-        check_tables(p, k, None, self.name)
+        check_tables(p, len(draft), None, self.name)
         if draws is not None:
-            check_draws(draws, k + 1, None, self.name)
-        drafted = mx.take_along_axis(p[:k], mx.array(draft, dtype=mx.int32)[:, None], axis=-1)[:, 0]
-        samples = list(draws) if draws is not None else mx.random.categorical(mx.log(p)).tolist()
-        n, emitted = accept_greedy(draft, samples)
-        return n, emitted, [float(x) for x in drafted.tolist()]
+            check_draws(draws, len(draft) + 1, None, self.name)
+        path, emitted, probs = self.accept_tree(p, draft, list(range(-1, len(draft) - 1)), q, draws)
+        return len(path), emitted, probs
 
     def accept_tree(self, p, tokens, parents, q, draws):
         check_tables(p, len(tokens), None, self.name)
         targets = draws if draws is not None else mx.random.categorical(mx.log(p)).tolist()
         path, emitted = accept_tree_greedy(tokens, parents, targets)
-        drafted = p[mx.array([parent + 1 for parent in parents]), mx.array(tokens)]
+        drafted = p[mx.array([parent + 1 for parent in parents]), mx.array(tokens)] if tokens else mx.zeros((0,))
         return path, emitted, [float(x) for x in drafted.tolist()]
 
 
@@ -288,23 +285,15 @@ class PassingRule(AcceptanceRule):
         raise NotImplementedError
 
     def accept_path(self, p, draft, q, draws):
-        k = len(draft)
-        check_tables(p, k, None, self.name)
-        passes = self.passes(p[:k], mx.array(draft, dtype=mx.int32)) if k else mx.zeros((0,), dtype=mx.bool_)
-        samples = mx.random.categorical(mx.log(p))
-        mx.eval(passes, samples)
-        passed = passes.tolist()
-        n = 0
-        while n < k and passed[n]:
-            n += 1
-        return n, list(draft[:n]) + [int(samples[n].item())], [1.0 if x else 0.0 for x in passed]
+        path, emitted, probs = self.accept_tree(p, draft, list(range(-1, len(draft) - 1)), q, draws)
+        return len(path), emitted, probs
 
     def accept_tree(self, p, tokens, parents, q, draws):
         """Of the root-to-node paths whose every node passes its parent row's test, the longest (the first in
         node order among equals), as Medusa's typical acceptance on trees; the next token from p at its end."""
         check_tables(p, len(tokens), None, self.name)
         rows = mx.array([parent + 1 for parent in parents], dtype=mx.int32)
-        passes = self.passes(p[rows], mx.array(tokens, dtype=mx.int32))
+        passes = self.passes(p[rows], mx.array(tokens, dtype=mx.int32)) if tokens else mx.zeros((0,), dtype=mx.bool_)
         samples = mx.random.categorical(mx.log(p))
         mx.eval(passes, samples)
         passed = passes.tolist()
