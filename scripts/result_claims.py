@@ -125,19 +125,30 @@ def _stack(key: str, file: str, model: str, what: str, **more: Any) -> Claim:
 #: ``python3 -m scripts.gpu.exact_speed --shapes qwen3-8b --out $OUT/dense`` (then qwen3-30b-a3b into moe; the
 #: defaults: 4-bit, full depth, k = 8, acceptances 1, 0.7 and 0.3), ``python3 -m scripts.gpu.long_context --audit 1``
 #: and ``pytest -m gpu tests/kernels tests/core``.
-HEADLINE = "gpu-h100/headline-333cc65/"
-#: The run before it (b9f8b49, stale: its code changed since), kept in RESULTS.md; the README states today's.
-EARLIER = "gpu-h100/headline/"
+HEADLINE = "gpu-h100/headline-5f988ad/"
+#: The runs before it, stale (their code changed since), kept in RESULTS.md under keys ending in their commit; the
+#: README states today's. At b9f8b49 the MoE's run was stopped by its 330 s limit before its cells
+#: (moe-timed-out.txt); at 333cc65 the session's GPU time ran out after the dense run.
+EARLIER = {"gpu-h100/headline-333cc65/": "-333cc65", "gpu-h100/headline/": "-b9f8b49"}
 SHAPES = {"dense": ("qwen3-8b", "Qwen3-8B"), "moe": ("qwen3-30b-a3b", "Qwen3-30B-A3B")}
-#: The shapes whose headline run has not been made yet (the MoE's run at b9f8b49 was stopped by its 330 s limit
-#: before its cells: moe-timed-out.txt; at 333cc65 the session's GPU time ran out after the dense run).
-PENDING = {"moe"}
-#: The long-context runs (scripts/gpu/long_context.py --audit 1): at b9f8b49 the 4k prompt (its 16k ran out of GPU
-#: memory in calibration's probes; 32k and the MoE shape were not reached), at 333cc65 the 16k prompt alone (--lengths
-#: 16384 --budget 200, what the session's GPU time allowed; 32k and the MoE shape not run).
+#: The shapes whose headline run has not been made yet.
+PENDING: set[str] = set()
+#: The long-context runs (scripts/gpu/long_context.py --audit 1, 32 tokens, k = 4, acceptance 0.8), as (file, shape,
+#: prompt sizes, what else): at b9f8b49 the 4k prompt (its 16k ran out of GPU memory in calibration's probes; 32k and
+#: the MoE were not reached), at 333cc65 16k alone (what the session's GPU time allowed), at 5f988ad every length and
+#: shape in three calls (--lengths 4096,32768 and 16384 dense, 4096,16384,32768 MoE), but the MoE's 32k prompt: there
+#: mlx-lm's own greedy reference ran out of GPU memory in its prefill (long_context-moe-32k-oom.txt).
 LONG_CONTEXT = (
-    (EARLIER, "", "4k", False, " (the run's 16k prompt ran out of GPU memory; 32k and the MoE were not reached)"),
-    (HEADLINE, "-16k", "16k", True, " (32k and the MoE shape not run: the session's GPU time ran out)"),
+    ("gpu-h100/headline/long_context.json", "dense", "4k", " (the run's 16k prompt ran out of GPU memory)"),
+    ("gpu-h100/headline-333cc65/long_context.json", "dense", "16k", ""),
+    (HEADLINE + "long_context-dense-4k-32k.json", "dense", "4k and 32k", ""),
+    (HEADLINE + "long_context-dense-16k.json", "dense", "16k", ""),
+    (
+        HEADLINE + "long_context-moe-4k-16k.json",
+        "moe",
+        "4k and 16k",
+        " (at 32k mlx-lm's greedy reference ran out of the H100's memory in its prefill)",
+    ),
 )
 
 
@@ -186,8 +197,8 @@ def _headline_ratio(
 
 
 def _tag(run: str) -> str:
-    """The earlier run's claims keep their keys with its commit: ``-b9f8b49``."""
-    return "" if run == HEADLINE else "-b9f8b49"
+    """An earlier run's claims keep their keys with its commit (``EARLIER``): ``-b9f8b49``."""
+    return EARLIER.get(run, "")
 
 
 def _headline(name: str, run: str = HEADLINE) -> list[Claim]:
@@ -212,7 +223,7 @@ def _headline(name: str, run: str = HEADLINE) -> list[Claim]:
             "exact-over-fast",
             "exact against fast verification end to end, fixed k = 8, perfect drafter, full-depth {label} 4-bit",
             "exact / fast seconds per token, median over repeats",
-            "H100 {label} 4-bit, exact / fast verification, seconds per token (k = 8)",
+            "H100 {label} 4-bit, exact / fast verify, seconds per token (k = 8)",
             run,
         ),
         _headline_ratio(
@@ -228,30 +239,34 @@ def _headline(name: str, run: str = HEADLINE) -> list[Claim]:
     ]
 
 
-def _long_context(run: str, tag: str, size: str, now: bool, more: str) -> list[Claim]:
+def _long_context(file: str, name: str, sizes: str, more: str) -> list[Claim]:
     """A long-context run (``LONG_CONTEXT``): its exact generations equal to mlx-lm greedy, then its audit."""
+    label = SHAPES[name][1]
+    now = file.startswith(HEADLINE)
+    short = sizes.replace(" and ", "+")
+    tag = f"{name}-{sizes.replace(' and ', '-')}{EARLIER.get(file.rsplit('/', 1)[0] + '/', '')}"
     equal = Claim(
-        f"headline-long-context{tag}",
+        f"headline-long-context-{tag}",
         H100,
-        f"exact output against mlx-lm greedy after a {size}-token random prompt, Qwen3-8B shape 4-bit, full depth, "
+        f"exact output against mlx-lm greedy after {sizes}-token random prompts, {label} shape 4-bit, full depth, "
         f"32 tokens, k = 4, acceptance 0.8{more}",
         "exact generations equal to mlx-lm greedy",
-        run + "long_context.json",
+        file,
         Json(("exact_equal",)),
         fmt="{:.0f}",
         n_what="generations",
-        headline=f"H100 {size}-token prompt, dense 4-bit: exact generations equal to mlx-lm greedy" if now else "",
+        headline=f"H100 {label} 4-bit, {short} prompts: exact output equal to mlx-lm greedy" if now else "",
     )
     audit = Claim(
-        f"headline-long-context-audit{tag}",
+        f"headline-long-context-audit-{tag}",
         H100,
-        f"the same {size}-token generations, every exact verification compared with serial steps (--audit 1)",
+        "the same generations, every exact verification compared with serial steps (--audit 1)",
         "audited verifications that differ from serial steps",
-        run + "long_context.json",
+        file,
         Json(("audit_mismatches",)),
         fmt="{:.0f}",
-        n_what="audited verifications",
-        headline=f"H100 {size}-token prompt: audited verifications differing from serial steps" if now else "",
+        n_what="verifications",
+        headline=f"H100 {label} 4-bit, {short} prompts: audited verifies unlike serial steps" if now else "",
     )
     return [equal, audit]
 
@@ -260,16 +275,16 @@ CLAIMS: list[Claim] = [
     # -- the headline (HEADLINE): Auto, exact against fast and plain against mlx-lm, then long contexts
     *_headline("dense"),
     *_headline("moe"),
-    *_headline("dense", EARLIER),
+    *(claim for run in EARLIER for claim in _headline("dense", run)),
     *(claim for run in LONG_CONTEXT for claim in _long_context(*run)),
     _passed(
         "headline-pytest-gpu",
         "pytest-gpu.txt",
         "GPU tests: kernels against their references, sampling by position, batched exact verification (45 run: 2 "
         "failed, both where the attention kernel's probe for bfloat16 at head dimension 64 failed to launch: the log)",
-        folder=EARLIER,
+        folder="gpu-h100/headline/",
         machine=H100,
-        provenance=EARLIER + "pytest-gpu.json",
+        provenance="gpu-h100/headline/pytest-gpu.json",
     ),
     # -- verification's cost per width and how far from the memory bound (scripts/gpu/kernel_verify.py --widths
     # 1-9,12,16 --shape SHAPE: 10 timings a width at 256 cached tokens; the peak: the device's measured copy bandwidth)
