@@ -19,7 +19,7 @@ from specbench.cost.breakeven import break_even_acceptance, break_even_band
 from specbench.cost.profile import Profile
 from specbench.report import cost_models
 from specbench.report.outputs import read_json, read_table
-from specbench.report.verdicts.notebooks import (
+from specbench.report.verdicts import (
     INCONCLUSIVE,
     LOSES,
     PAYS,

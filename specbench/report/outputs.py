@@ -19,7 +19,7 @@ from specbench.common.files import safe_name, write_parquet_atomic, write_text_a
 from specbench.inputs.capabilities import check
 
 if TYPE_CHECKING:
-    from specbench.report.verdicts.notebooks import SpeedVerdict
+    from specbench.report.verdicts import SpeedVerdict
 
 #: Resolution of the figures a report writes.
 FIGURE_DPI = 110

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from specbench.report.figures.style import bar_offsets, finish, no_data
-from specbench.report.verdicts.notebooks import Confirmed
+from specbench.report.verdicts import Confirmed
 from specbench.simulate.policies import best_predicted
 
 

@@ -31,7 +31,7 @@ from specbench.report.figures.style import (
     no_data,
     noted,
 )
-from specbench.report.verdicts.notebooks import SummaryRow
+from specbench.report.verdicts import SummaryRow
 
 
 def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, reference: float | None, ax: Any = None):
