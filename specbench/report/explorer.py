@@ -26,7 +26,7 @@ import polars as pl
 
 from specbench.bench.sweep_summary import per_position_acceptance
 from specbench.bench.timing import clock_stats
-from specbench.core.log import StepLog, StepRecord
+from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.verify import VERIFY_MODES, check_verify_mode
@@ -222,10 +222,6 @@ class Replay:
         values |= {"predicted_speedup": self.predicted_speedup, "measured_speedup": self.measured_speedup}
         return ReplayRow(self.choice.drafter, self.choice.policy, self.choice.k, len(self.prompts), **values)
 
-    def records_of(self, prompt: str) -> list[StepRecord]:
-        """The step records of one replayed prompt."""
-        return [r for r in self.log.records if r.labels["prompt"] == prompt]
-
 
 def _measured(
     recordings: Recordings, rows: list[recorded.OutputRow], choice: Choice, policy: DraftPolicy
@@ -331,7 +327,7 @@ def coloured_outputs(result: Replay, recordings: Recordings, max_height: str | N
     parts = [legend_html()]
     for prompt in result.prompts:
         row = by_id[prompt]
-        steps = result.records_of(prompt)
+        steps = [r for r in result.log.records if r.labels["prompt"] == prompt]
         verifies = sum(1 for r in steps if r.kind == "verify")
         head = f"{prompt} · {row.category}: {len(row.output)} tokens, {verifies} verifications"
         parts.append(f"<div style='margin-top:6px;font-size:0.85em'><b>{html.escape(head)}</b></div>")
@@ -499,10 +495,8 @@ class Explorer(_Widget):
                 return None
             factories, skipped = usable_drafters([self.drafter.value], model, self.model.value)
             if self.drafter.value in skipped:
-                reason = skipped[self.drafter.value]
-                self.status.value = (
-                    f"<b>drafter {html.escape(self.drafter.value)} is not available</b>: {html.escape(reason)}"
-                )
+                why = f"drafter {self.drafter.value} is not available"
+                self.status.value = f"<b>{html.escape(why)}</b>: {html.escape(skipped[self.drafter.value])}"
                 return None
             drafter = factories[self.drafter.value]()
             policy = self.draft_policy() if drafter is not None else None
