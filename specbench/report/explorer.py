@@ -408,13 +408,10 @@ class _Widget:
 
 
 class Explorer(_Widget):
-    """ipywidgets controls with live coloured output, generation stats and a per-step plot.
-
-    ``models``: names for ``specbench.models.load.load`` (loaded on first use and kept), or a
-    mapping name -> (model, tokenizer) of models already loaded; ``verify``: "exact", "fast" or
-    "" (the engine's default: exact when greedy). ``run()`` (the Generate button) decodes with
-    the current settings, refreshing the coloured text as tokens arrive.
-    """
+    """ipywidgets controls with live coloured output, generation stats and a per-step plot. ``models``: names for
+    ``specbench.models.load.load`` (loaded on first use and kept), or a mapping name -> (model, tokenizer); ``verify``:
+    "exact", "fast" or "" (the engine's default: exact when greedy). ``run()`` (the Generate button) decodes with the
+    current settings, refreshing the coloured text as tokens arrive."""
 
     def __init__(
         self,

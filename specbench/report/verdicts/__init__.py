@@ -606,9 +606,7 @@ class SpeedVerdict:
         if not all(isinstance(data.get(k), str) for k in text) or data["word"] not in (PAYS, LOSES, INCONCLUSIVE):
             return None
         temperature, speedup = data.get("temperature"), data.get("speedup")
-        if not _finite(temperature):
-            return None
-        if speedup is not None and not _finite(speedup):
+        if not _finite(temperature) or (speedup is not None and not _finite(speedup)):
             return None
         return cls(**{k: data[k] for k in text}, temperature=float(temperature), speedup=speedup)
 
