@@ -156,11 +156,9 @@ class Recordings:
             return text + "; no cost profile: no predicted speedup"
         curve = self.profile.curve(self.verify)
         shown = ", ".join(f"c({w}) = {curve[w - 1]:.2f}" for w in (2, 4, 8) if w <= len(curve))
-        kind = (
-            "a quick profile measured now (`specbench profile` stores a full one)"
-            if self.profile.quick
-            else "the stored profile"
-        )
+        kind = "the stored profile"
+        if self.profile.quick:
+            kind = "a quick profile measured now (`specbench profile` stores a full one)"
         return f"{text}; priced by {kind} of {self.profile.device} ({shown})"
 
 

@@ -211,12 +211,10 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
     for ax in (left, right):
         ax.set_xlim(temps[0] - pad, temps[-1] + pad)
     left.set_ylim(0, 1.02)
-    rates = (
-        left,
-        "draft tokens accepted / drafted\n(bars: 95% Wilson interval,\ndrafts as independent;\n"
-        "numbers: tokens drafted)",
-        "Acceptance rate",
+    ylabel = (
+        "draft tokens accepted / drafted\n(bars: 95% Wilson interval,\ndrafts as independent;\nnumbers: tokens drafted)"
     )
+    rates = (left, ylabel, "Acceptance rate")
     speed = (right, "speedup over plain sampling (x)", "Speedup")
     label_pair(fig, "temperature (0 = greedy)", rates, speed, noted(title, rows, "runs (prompts x seeds)", " "))
     return fig
