@@ -8,8 +8,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-# -- labels ------------------------------------------------------------------------------------------------------
-
 
 def _number(value: Any, spec: str = ".2f", unit: str = "") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
