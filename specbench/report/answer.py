@@ -19,7 +19,7 @@ from specbench.cost.breakeven import break_even_acceptance, break_even_band
 from specbench.cost.profile import Profile
 from specbench.report import cost_models
 from specbench.report.outputs import read_json, read_table
-from specbench.report.verdicts.notebooks import (
+from specbench.report.verdicts import (
     INCONCLUSIVE,
     LOSES,
     PAYS,
@@ -138,9 +138,7 @@ def answer_cells(
             if bounds is not None and a_star is not None:
                 ends = [float(b[k - 1]) for b in bounds]
                 band = None if any(math.isnan(e) for e in ends) else (min(ends), max(ends))
-        mine = drafted.filter(
-            (pl.col("drafter") == row.drafter) & (pl.col("category") == row.category) & (pl.col("policy") == row.policy)
-        )
+        mine = drafted.filter(drafter=row.drafter, category=row.category, policy=row.policy)
         reasons = [r for r in (mine["main_reason"] if "main_reason" in mine.columns else []) if r]
         cells.append(
             Cell(

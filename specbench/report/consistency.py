@@ -15,7 +15,7 @@ from specbench.cost.breakeven import break_even_acceptance
 from specbench.cost.profile import Profile
 from specbench.report import answer, cost_models
 from specbench.report.outputs import read_summary
-from specbench.report.verdicts.notebooks import LOSES, PAYS, SpeedVerdict
+from specbench.report.verdicts import LOSES, PAYS, SpeedVerdict
 
 #: Values stored as key results agree to this relative difference (they come from one profile, computed alike).
 RELATIVE = 1e-6

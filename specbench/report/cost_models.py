@@ -67,13 +67,9 @@ def prompt_contexts(resolved: dict[str, dict[str, Any]], model: str, tokenizer: 
     found = set()
     for parameters in resolved.values():
         tokens, categories = parameters.get("max_tokens"), parameters.get("categories")
-        if (
-            tokenizer is None
-            or parameters.get("model") != model
-            or not categories
-            or parameters.get("prompts", "bundled") != "bundled"
-            or type(tokens) is not int
-        ):
+        if tokenizer is None or parameters.get("model") != model or type(tokens) is not int or not categories:
+            continue
+        if parameters.get("prompts", "bundled") != "bundled":
             continue
         limit, cap = parameters.get("prompts_per_category", 1), parameters.get("max_prompt_tokens") or None
         with warnings.catch_warnings():  # the page says which prompts its limits leave out

@@ -26,7 +26,7 @@ import polars as pl
 
 from specbench.bench.sweep_summary import per_position_acceptance
 from specbench.bench.timing import clock_stats
-from specbench.core.log import StepLog, StepRecord
+from specbench.core.log import StepLog
 from specbench.core.options import GenerateOptions
 from specbench.core.policies import DraftPolicy, as_policy
 from specbench.core.verify import VERIFY_MODES, check_verify_mode
@@ -156,11 +156,9 @@ class Recordings:
             return text + "; no cost profile: no predicted speedup"
         curve = self.profile.curve(self.verify)
         shown = ", ".join(f"c({w}) = {curve[w - 1]:.2f}" for w in (2, 4, 8) if w <= len(curve))
-        kind = (
-            "a quick profile measured now (`specbench profile` stores a full one)"
-            if self.profile.quick
-            else "the stored profile"
-        )
+        kind = "the stored profile"
+        if self.profile.quick:
+            kind = "a quick profile measured now (`specbench profile` stores a full one)"
         return f"{text}; priced by {kind} of {self.profile.device} ({shown})"
 
 
@@ -221,10 +219,6 @@ class Replay:
         values |= {c: self.stats[c] if verified else None for c in ("tokens_per_verify", "acceptance_rate")}
         values |= {"predicted_speedup": self.predicted_speedup, "measured_speedup": self.measured_speedup}
         return ReplayRow(self.choice.drafter, self.choice.policy, self.choice.k, len(self.prompts), **values)
-
-    def records_of(self, prompt: str) -> list[StepRecord]:
-        """The step records of one replayed prompt."""
-        return [r for r in self.log.records if r.labels["prompt"] == prompt]
 
 
 def _measured(
@@ -331,7 +325,7 @@ def coloured_outputs(result: Replay, recordings: Recordings, max_height: str | N
     parts = [legend_html()]
     for prompt in result.prompts:
         row = by_id[prompt]
-        steps = result.records_of(prompt)
+        steps = [r for r in result.log.records if r.labels["prompt"] == prompt]
         verifies = sum(1 for r in steps if r.kind == "verify")
         head = f"{prompt} · {row.category}: {len(row.output)} tokens, {verifies} verifications"
         parts.append(f"<div style='margin-top:6px;font-size:0.85em'><b>{html.escape(head)}</b></div>")
@@ -412,13 +406,10 @@ class _Widget:
 
 
 class Explorer(_Widget):
-    """ipywidgets controls with live coloured output, generation stats and a per-step plot.
-
-    ``models``: names for ``specbench.models.load.load`` (loaded on first use and kept), or a
-    mapping name -> (model, tokenizer) of models already loaded; ``verify``: "exact", "fast" or
-    "" (the engine's default: exact when greedy). ``run()`` (the Generate button) decodes with
-    the current settings, refreshing the coloured text as tokens arrive.
-    """
+    """ipywidgets controls with live coloured output, generation stats and a per-step plot. ``models``: names for
+    ``specbench.models.load.load`` (loaded on first use and kept), or a mapping name -> (model, tokenizer); ``verify``:
+    "exact", "fast" or "" (the engine's default: exact when greedy). ``run()`` (the Generate button) decodes with the
+    current settings, refreshing the coloured text as tokens arrive."""
 
     def __init__(
         self,
@@ -499,10 +490,8 @@ class Explorer(_Widget):
                 return None
             factories, skipped = usable_drafters([self.drafter.value], model, self.model.value)
             if self.drafter.value in skipped:
-                reason = skipped[self.drafter.value]
-                self.status.value = (
-                    f"<b>drafter {html.escape(self.drafter.value)} is not available</b>: {html.escape(reason)}"
-                )
+                why = f"drafter {self.drafter.value} is not available"
+                self.status.value = f"<b>{html.escape(why)}</b>: {html.escape(skipped[self.drafter.value])}"
                 return None
             drafter = factories[self.drafter.value]()
             policy = self.draft_policy() if drafter is not None else None

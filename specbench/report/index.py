@@ -21,7 +21,7 @@ from specbench.common.files import locked, read_or_set_aside, write_json_atomic,
 from specbench.report.answer import answer_html, sweep_model
 from specbench.report.consistency import conflicts
 from specbench.report.outputs import read_json, read_summary
-from specbench.report.verdicts import describe
+from specbench.report.verdicts.labels import describe
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5em auto;padding:0 1em;

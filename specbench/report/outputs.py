@@ -19,7 +19,7 @@ from specbench.common.files import safe_name, write_parquet_atomic, write_text_a
 from specbench.inputs.capabilities import check
 
 if TYPE_CHECKING:
-    from specbench.report.verdicts.notebooks import SpeedVerdict
+    from specbench.report.verdicts import SpeedVerdict
 
 #: Resolution of the figures a report writes.
 FIGURE_DPI = 110
@@ -85,12 +85,9 @@ def reference_blas_note() -> str:
 
 
 class Outputs:
-    """Where one notebook's figures, logs, tables and summary go.
-
-    With an ``output_dir`` (set by ``specbench report``) files are written under
-    ``output_dir/NOTEBOOK/``; without one, figures are only shown. ``needs`` and ``skip`` turn a
-    missing capability into a visible, recorded skipped section.
-    """
+    """Where one notebook's figures, logs, tables and summary go: under ``output_dir/NOTEBOOK/`` (``output_dir``
+    set by ``specbench report``); without one, figures are only shown. ``needs`` and ``skip`` turn a missing
+    capability into a visible, recorded skipped section."""
 
     def __init__(self, output_dir: str | os.PathLike | None, notebook: str):
         self.notebook = notebook

@@ -49,10 +49,8 @@ def console(label: str, stream: TextIO | None = None) -> Callable[[Any], None]:
 
 @dataclass
 class Heartbeat:
-    """Prints ``NAME: running M:SS of ~M:SS expected`` every ``every_s`` seconds until stopped.
-
-    ``expected_s`` (from an earlier run or the profile's measured costs) gives the ETA; past it, the line
-    says how far over it is. ``every_s=None`` prints nothing."""
+    """Prints ``NAME: running M:SS of ~M:SS expected`` every ``every_s`` seconds (None: never) until stopped, with
+    the ETA from ``expected_s`` (an earlier run's or the profile's measured cost) or, past it, how far over it is."""
 
     name: str
     expected_s: float | None = None

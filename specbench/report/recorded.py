@@ -151,11 +151,7 @@ def _folder(output_dir: str | os.PathLike | None) -> Path | None:
 
 
 def record(
-    output_dir: str | os.PathLike | None,
-    key: str,
-    row: dict[str, Any],
-    steps: pl.DataFrame,
-    source: str,
+    output_dir: str | os.PathLike | None, key: str, row: dict[str, Any], steps: pl.DataFrame, source: str
 ) -> None:
     """Keep one generation (its stats row and step log) under ``output_dir/recorded`` (nothing without a folder)."""
     folder = _folder(output_dir)
@@ -205,12 +201,7 @@ def record_sweep(
         )
         key = generation_key(model, by_id[row["prompt"]].ids, row["drafter"], row["policy"], options)
         record(output_dir, key, row, sweep.steps.filter(pl.col("run") == row["run"]), source)
-    plain = sweep.runs.filter(
-        pl.col("prompt").is_in(list(by_id))
-        & (pl.col("drafter") == "none")
-        & (pl.col("policy") == "none")
-        & (pl.col("temperature") == 0)
-    )
+    plain = sweep.runs.filter(pl.col("prompt").is_in(list(by_id)), drafter="none", policy="none", temperature=0)
     outputs = []
     firsts = plain.unique("prompt", keep="first", maintain_order=True).select("prompt", "run", "finish_reason")
     for prompt_id, run, finish_reason in firsts.iter_rows():
@@ -321,17 +312,7 @@ def run_sweep(
     for t, seed in sorted({(t, seed) for prompt, t, seed in keys if (prompt.id, t, seed) not in cells}):
         todo = [p for p in prompts if (p.id, t, seed) not in cells]
         part = sweep_run(
-            model,
-            tokenizer,
-            todo,
-            list(drafters),
-            policies,
-            max_tokens,
-            [t],
-            [seed],
-            verify,
-            model_name,
-            progress=progress,
+            model, tokenizer, todo, drafters, policies, max_tokens, [t], [seed], verify, model_name, progress=progress
         )
         skipped.update(part.skipped)
         record_sweep(output_dir, model_name, todo, part, max_tokens, verify, source=source)

@@ -33,13 +33,9 @@ def step_records(log: Any) -> list[StepRecord]:
 
 
 def token_sources(log: Any) -> list[tuple[int, str, int]]:
-    """(token id, source, step) for every emitted token, in order.
-
-    A verification emits its accepted draft tokens ("draft") and then the token the model
-    itself picked at the first rejected (or the bonus) position ("bonus"); the prefill and
-    plain steps emit one token each ("plain"). A step cut short by a stop keeps only the
-    tokens it emitted.
-    """
+    """(token id, source, step) for every emitted token, in order: a verification's accepted draft tokens ("draft"),
+    then the model's own token at the first rejected (or the bonus) position ("bonus"); one token per prefill and
+    plain step ("plain"). A step cut short by a stop keeps only the tokens it emitted."""
     out: list[tuple[int, str, int]] = []
     for record in step_records(log):
         tokens = list(record.tokens or [])
@@ -61,12 +57,9 @@ def display_text(tokenizer: Any, tokens: Sequence[int]) -> str:
 
 
 def token_pieces(tokenizer: Any, tokens: Sequence[int], hold: int = 3) -> list[str]:
-    """The text each token adds to the decoded output.
-
-    Decodes growing prefixes; a token that leaves an incomplete character (a multi-byte
-    character split over tokens) shows nothing and the character appears on the token that
-    completes it (waiting at most ``hold`` tokens, so invalid byte runs still show).
-    """
+    """The text each token adds to the decoded output, from growing prefixes: a token that leaves a multi-byte
+    character incomplete shows nothing, and the character shows on the token that completes it (waiting at most
+    ``hold`` tokens, so invalid byte runs still show)."""
     pieces: list[str] = []
     committed = ""
     held = 0
@@ -94,11 +87,8 @@ def legend_html() -> str:
 
 
 def coloured_html(log: Any, tokenizer: Any, legend: bool = True, max_height: str | None = "24em") -> str:
-    """HTML of the output text, each token on the background of its source, with a legend.
-
-    ``log`` is a Generation, a StepLog, or step records; hovering a token shows its id and step.
-    Without a tokenizer the token ids are shown.
-    """
+    """HTML of the output text (``log``: as ``step_records`` takes it), each token on the background of its source,
+    with a legend; hovering a token shows its id and step. Without a tokenizer the token ids are shown."""
     sources = token_sources(log)
     ids = [t for t, _, _ in sources]
     pieces = token_pieces(tokenizer, ids) if tokenizer is not None else [f"{t} " for t in ids]

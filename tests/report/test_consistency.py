@@ -19,8 +19,7 @@ from specbench.report import Outputs, cost_models, runner, verdicts
 from specbench.report.answer import SWEEP_RUNS
 from specbench.report.consistency import conflicts, speed_statements, statements
 from specbench.report.index import write_index
-from specbench.report.verdicts import INCONCLUSIVE, LOSES, PAYS, SpeedVerdict
-from specbench.report.verdicts.notebooks import OWN_PROMPT
+from specbench.report.verdicts import INCONCLUSIVE, LOSES, OWN_PROMPT, PAYS, SpeedVerdict
 
 MODEL = "m"
 

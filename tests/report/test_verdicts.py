@@ -17,8 +17,8 @@ from specbench.cost import bandwidth
 from specbench.cost.profile import Profile
 from specbench.report import figures, verdicts
 from specbench.report.progress import Heartbeat, console
-from specbench.report.verdicts import INCONCLUSIVE
-from specbench.report.verdicts.notebooks import OWN_PROMPT, SummaryRow
+from specbench.report.verdicts import INCONCLUSIVE, OWN_PROMPT, SummaryRow
+from specbench.report.verdicts.labels import describe
 
 
 def _profile(name: str, costs: list[float], overhead: float = 0.0, device: str = "cpu:test") -> Profile:
@@ -234,14 +234,14 @@ def test_a_grid_of_repeated_pairs_sets_its_residuals_against_the_noise_floor():
 
 
 def test_key_results_carry_words_and_units():
-    assert verdicts.describe("smollm2-135m-moe a*(4)", None) == (
+    assert describe("smollm2-135m-moe a*(4)", None) == (
         "smollm2-135m-moe: break-even acceptance a*(4) for a draft of 4",
         "never breaks even",
     )
-    label, value = verdicts.describe("mean_abs_prediction_error", 0.436)
+    label, value = describe("mean_abs_prediction_error", 0.436)
     assert "prediction error" in label and value == "44%"
-    assert verdicts.describe("lossless_tvd", 0.35)[0].startswith("losslessness: total variation distance")
-    assert verdicts.describe("dense c(2)", 3.04) == (
+    assert describe("lossless_tvd", 0.35)[0].startswith("losslessness: total variation distance")
+    assert describe("dense c(2)", 3.04) == (
         "dense: verify cost c(2), engine overhead included",
         "3.04 plain steps",
     )
@@ -476,7 +476,7 @@ def test_a_verification_costs_its_own_forward_not_the_whole_run():
 
 
 def test_a_speed_verdict_states_its_intervals_level():
-    from specbench.report.verdicts.notebooks import speed
+    from specbench.report.verdicts import speed
 
     assert "95 % interval over pairs 1.20-1.80 of 9 pairs" in speed(1.5, 1.2, 1.8, 9, "pair")
     sequential = speed(1.5, 1.2, 1.8, 9, "pair", level=1 - 0.05 / 3)  # a sequential rule of 3 looks

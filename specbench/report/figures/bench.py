@@ -69,14 +69,8 @@ def prompt_figure(
                 )
     ax.axhline(1.0, color="0.2", lw=0.9, ls="--", label="mlx-lm plain (1.0)")
     ax.set_xticks(x, [g.replace("_", "\n") for g in groups], fontsize=9)
-    ax.annotate(
-        f"whiskers: 95 % bootstrap interval over questions (from {MIN_UNITS}); grey: range over repeats",
-        (0.0, -0.16),
-        xycoords="axes fraction",
-        fontsize=7,
-        color="0.3",
-        va="top",
-    )
+    note = f"whiskers: 95 % bootstrap interval over questions (from {MIN_UNITS}); grey: range over repeats"
+    ax.annotate(note, (0.0, -0.16), xycoords="axes fraction", fontsize=7, color="0.3", va="top")
     device = info.get("device", "").split(":", 1)[-1]
     title = (
         f"Speculative decoding speedup by category: {info.get('model', '')} on {device}\n"

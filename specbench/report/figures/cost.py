@@ -35,6 +35,12 @@ def _overhead_note(profiles: Sequence[Profile]) -> str:
     )
 
 
+def _curves(profiles: Sequence[Profile], modes: Iterable[str] | None) -> list[tuple[Profile, str, str]]:
+    """(profile, mode, its model's colour) of every mode of ``modes`` (default: all) a profile measured."""
+    palette = model_colours(p.name for p in profiles)
+    return [(p, mode, palette[p.name]) for p in profiles for mode in modes or p.costs if mode in p.costs]
+
+
 def verify_costs(
     profiles: Sequence[Profile], modes: Iterable[str] | None = None, ax: Any = None, title: str | None = None
 ):
@@ -42,19 +48,15 @@ def verify_costs(
     plus the engine's per-step overhead (the forward alone thin and faint), with c = 1 and c = w for reference."""
     fig, ax = new_axes(ax, WIDE)
     wmax, cmax = 1, 2.0
-    palette = model_colours(p.name for p in profiles)
-    for p in profiles:
-        for mode in modes or p.costs:
-            if mode not in p.costs:
-                continue
-            widths = p.widths[mode]
-            overhead = p.overhead.get(mode, 0.0)
-            total = [c + overhead for c in p.costs[mode]]
-            label = f"{model_label(p.name)} ({mode}; step {1e3 * p.plain_step_s:.1f} ms; c(2) = {p.c(2, mode):.2f})"
-            ax.plot(widths, total, MODE_STYLES.get(mode, ":"), marker="o", ms=3.5, color=palette[p.name], label=label)
-            if overhead:
-                ax.plot(widths, p.costs[mode], MODE_STYLES.get(mode, ":"), lw=0.8, alpha=0.45, color=palette[p.name])
-            wmax, cmax = max(wmax, max(widths)), max(cmax, max(total))
+    for p, mode, colour in _curves(profiles, modes):
+        widths = p.widths[mode]
+        overhead = p.overhead.get(mode, 0.0)
+        total = [c + overhead for c in p.costs[mode]]
+        label = f"{model_label(p.name)} ({mode}; step {1e3 * p.plain_step_s:.1f} ms; c(2) = {p.c(2, mode):.2f})"
+        ax.plot(widths, total, MODE_STYLES.get(mode, ":"), marker="o", ms=3.5, color=colour, label=label)
+        if overhead:
+            ax.plot(widths, p.costs[mode], MODE_STYLES.get(mode, ":"), lw=0.8, alpha=0.45, color=colour)
+        wmax, cmax = max(wmax, max(widths)), max(cmax, max(total))
     w = np.arange(1, wmax + 1)
     ax.plot(w, w, color="0.6", lw=0.8, ls=":", label="c = w (no batching gain)")
     ax.plot([], [], color="0.5", lw=0.8, alpha=0.45, label="forward alone (overhead left out)")
@@ -84,29 +86,23 @@ def break_even(
     accepted draft costs more than it yields) the model is drawn in the "never breaks even" band above 1,
     with its c(k+1) in the legend."""
     fig, ax = new_axes(ax, WIDE)
-    palette = model_colours(p.name for p in profiles)
     never_band = False
-    for p in profiles:
-        for mode in modes or p.costs:
-            if mode not in p.costs:
-                continue
-            kk = min(max_k, max(p.widths[mode]) - 1)
-            a = break_even_acceptance(p, d, kk, mode)
-            k = np.arange(1, kk + 1)
-            never = np.isnan(a)
-            style = dict(color=palette[p.name], marker="o", ms=3.5)
-            label = f"{model_label(p.name)} ({mode})"
-            if never.all():
-                label += f": never breaks even, c(k+1) > k+1 for k <= {kk} (c(2) = {p.c(2, mode):.2f})"
-            elif never.any():
-                label += f": never breaks even at k = {', '.join(str(int(x)) for x in k[never])}"
-            if not never.all():
-                ax.plot(k, a, MODE_STYLES.get(mode, ":"), label=label, **style)
-                label = None
-            if never.any():
-                never_band = True
-                crosses = dict(ls="", marker="x", ms=7, mew=2, color=palette[p.name])
-                ax.plot(k[never], np.full(never.sum(), 1.06), label=label, **crosses)
+    for p, mode, colour in _curves(profiles, modes):
+        kk = min(max_k, max(p.widths[mode]) - 1)
+        a = break_even_acceptance(p, d, kk, mode)
+        k = np.arange(1, kk + 1)
+        never = np.isnan(a)
+        label = f"{model_label(p.name)} ({mode})"
+        if never.all():
+            label += f": never breaks even, c(k+1) > k+1 for k <= {kk} (c(2) = {p.c(2, mode):.2f})"
+        elif never.any():
+            label += f": never breaks even at k = {', '.join(str(int(x)) for x in k[never])}"
+        if not never.all():
+            ax.plot(k, a, MODE_STYLES.get(mode, ":"), label=label, color=colour, marker="o", ms=3.5)
+            label = None
+        if never.any():
+            never_band = True
+            ax.plot(k[never], np.full(never.sum(), 1.06), label=label, ls="", marker="x", ms=7, mew=2, color=colour)
     if never_band:
         ax.axhspan(1.0, 1.12, color="0.88", zorder=0)
         words = dict(transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=8, color="0.25")
@@ -191,13 +187,10 @@ def measured_vs_predicted(
     modes: Sequence[str] | None = None,
     title: str | None = None,
 ):
-    """Measured speedups (points) over predicted S(k) curves against acceptance: one panel per
-    model (columns) and verify mode (rows); where the rows hold the seconds per speculative token
-    the profile predicts (``predicted_spec_s_per_token``), a last column plots them against the
-    measured ones (the cost model's error, free of the plain runs' own variation).
-
-    ``rows`` are ``cost.speedup_grid`` records; ``profiles`` maps each row's ``name`` to its profile.
-    """
+    """Measured speedups (points) over predicted S(k) curves against acceptance, one panel per model (columns) and
+    verify mode (rows), from ``cost.speedup_grid`` records (``profiles``: each row's ``name`` -> its profile); where
+    the rows hold the seconds per speculative token the profile predicts (``predicted_spec_s_per_token``), a last
+    column plots them against the measured ones (the cost model's error, free of the plain runs' own variation)."""
     runs = [_GridRun.of(r) for r in rows]
     modes = list(modes or dict.fromkeys(r.mode for r in runs))
     runs = [r for r in runs if r.mode in modes]

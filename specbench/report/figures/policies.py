@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from specbench.report.figures.style import bar_offsets, finish, no_data
-from specbench.report.verdicts.notebooks import Confirmed
+from specbench.report.verdicts import Confirmed
 from specbench.simulate.policies import best_predicted
 
 
@@ -59,14 +59,9 @@ def policy_ranking(table: pl.DataFrame, confirmed: pl.DataFrame | None = None, t
     measured speedup against their prediction."""
     panels = 2 if confirmed is not None else 1
     workloads = table["workload"].n_unique() if not table.is_empty() else 0
-    fig, axes = plt.subplots(
-        1,
-        panels,
-        figsize=(max(6.4, 0.9 * workloads + 3.5) + 4.6 * (panels - 1), 4.8),
-        squeeze=False,
-        constrained_layout=True,
-        width_ratios=[max(1.5, 0.25 * workloads + 0.8), 1.0][:panels],
-    )
+    size = (max(6.4, 0.9 * workloads + 3.5) + 4.6 * (panels - 1), 4.8)
+    ratios = [max(1.5, 0.25 * workloads + 0.8), 1.0][:panels]
+    fig, axes = plt.subplots(1, panels, figsize=size, squeeze=False, constrained_layout=True, width_ratios=ratios)
     fig.suptitle(title, fontsize=11)
     if table.is_empty():
         no_data(axes[0][0], "no policy was replayed")

@@ -31,7 +31,7 @@ from specbench.report.figures.style import (
     no_data,
     noted,
 )
-from specbench.report.verdicts.notebooks import SummaryRow
+from specbench.report.verdicts import SummaryRow
 
 
 def _metric_vs_k(summary: pl.DataFrame, metric: str, ylabel: str, title: str, reference: float | None, ax: Any = None):
@@ -142,13 +142,8 @@ def per_position(
     )
     ax.xaxis.get_major_locator().set_params(integer=True)
     xlabel = f"draft position i (1 = first drafted token); numbers: drafts reaching i (>= {min_reached})"
-    finish(
-        ax,
-        xlabel,
-        f"a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval,\n{bars})",
-        title,
-        dict(ncol=2, fontsize=8),
-    )
+    ylabel = f"a_i = P(i accepted | 1..i-1 accepted)\n(bars: 95% interval,\n{bars})"
+    finish(ax, xlabel, ylabel, title, dict(ncol=2, fontsize=8))
     return fig
 
 
@@ -175,15 +170,8 @@ def category_speedups(best: pl.DataFrame, title: str = "Speedup by prompt catego
     top = np.nanmax(rows["speedup"].to_numpy().astype(float)) if len(rows) else 1.0
     ax.set_ylim(0, 1.3 * max(1.0, top))  # room for the legend above the bars
     legend = dict(ncol=len(drafters), loc="upper center")
-    finish(
-        ax,
-        "prompt category",
-        "speedup over plain decoding (x)",
-        noted(title, rows, "prompt runs"),
-        legend,
-        "y",
-        fontsize=10,
-    )
+    ylabel = "speedup over plain decoding (x)"
+    finish(ax, "prompt category", ylabel, noted(title, rows, "prompt runs"), legend, "y", fontsize=10)
     return fig
 
 
@@ -223,12 +211,10 @@ def acceptance_vs_temperature(summary: pl.DataFrame, title: str = "Acceptance vs
     for ax in (left, right):
         ax.set_xlim(temps[0] - pad, temps[-1] + pad)
     left.set_ylim(0, 1.02)
-    rates = (
-        left,
-        "draft tokens accepted / drafted\n(bars: 95% Wilson interval,\ndrafts as independent;\n"
-        "numbers: tokens drafted)",
-        "Acceptance rate",
+    ylabel = (
+        "draft tokens accepted / drafted\n(bars: 95% Wilson interval,\ndrafts as independent;\nnumbers: tokens drafted)"
     )
+    rates = (left, ylabel, "Acceptance rate")
     speed = (right, "speedup over plain sampling (x)", "Speedup")
     label_pair(fig, "temperature (0 = greedy)", rates, speed, noted(title, rows, "runs (prompts x seeds)", " "))
     return fig

@@ -1,5 +1,4 @@
-"""The key results notebooks record for the index (headlines) and the labels and units it shows them with
-(see ``specbench.report.verdicts``)."""
+"""The labels and units the index shows each key result with (``describe``)."""
 
 from __future__ import annotations
 
@@ -8,68 +7,6 @@ import re
 from collections.abc import Callable
 from functools import partial
 from typing import Any
-
-import numpy as np
-import polars as pl
-
-from specbench.bench.sweep import best_per_group
-from specbench.cost.bandwidth import achieved
-from specbench.cost.breakeven import break_even_acceptance
-from specbench.cost.profile import Profile
-from specbench.report.verdicts.notebooks import SummaryRow, all_equal
-
-# -- headlines ---------------------------------------------------------------------------------------------------
-
-
-def sweep_headline(summary: pl.DataFrame) -> dict[str, Any]:
-    """A sweep summary's best speculative drafter and policy, its speedup, and whether every greedy
-    output equalled plain decoding's (None when no output was compared)."""
-    best = SummaryRow.rows(best_per_group(summary.filter(pl.col("drafter") != "none"), []))
-    return {
-        "best": f"{best[0].drafter} {best[0].policy}" if best else "none",
-        "best_speedup": best[0].speedup if best else None,
-        "outputs_equal_to_plain": all_equal(summary),
-    }
-
-
-def trace_headline(summary: pl.DataFrame) -> dict[str, Any]:
-    """A trace run's summary (one row per method: ``TraceRun.overall()``): whether every method reproduced
-    plain decoding, and each speculative method's speedup and tokens per verification."""
-    rows = SummaryRow.rows(summary.filter(pl.col("method") != "plain"))
-    return {
-        "identical": bool(summary["identical"].all()),
-        **{f"{r.method} speedup": r.speedup for r in rows},
-        **{f"{r.method} tokens/verify": r.tokens_per_verify for r in rows},
-    }
-
-
-def profile_headline(profile: Profile, drafter_cost: float, widths: int, mode: str = "fast") -> dict[str, Any]:
-    """A cost profile's c(2) and c(widths), engine overhead included (as the figures and the break-even math
-    count it), the overhead itself, and the break-even acceptance a*(4) (None: never breaks even at k = 4)."""
-    a_star = break_even_acceptance(profile, drafter_cost, widths - 1, mode)
-    values = {f"{profile.name} c(2)": profile.c(2, mode), f"{profile.name} c({widths})": profile.c(widths, mode)}
-    if mode in profile.overhead:
-        values[f"{profile.name} overhead"] = profile.overhead[mode]
-    if len(a_star) > 3:
-        values[f"{profile.name} a*(4)"] = None if np.isnan(a_star[3]) else float(a_star[3])
-    return values
-
-
-def describe_profile(profile: Profile, mode: str = "fast", model: Any = None) -> str:
-    """One line on a profile: plain step, c(w) (engine overhead included, and the overhead) and, given the
-    model, the plain step's memory bandwidth against the device's measured peak."""
-    curve = " ".join(f"{profile.c(w, mode):.2f}" for w in profile.widths[mode])
-    text = (
-        f"{profile.name}: plain step {1e3 * profile.plain_step_s:.1f} ms; c(w) {mode} for w = "
-        f"{', '.join(map(str, profile.widths[mode]))}: {curve} plain steps "
-        f"(engine overhead {profile.overhead.get(mode, 0.0):.2f} included)"
-    )
-    if model is not None:
-        text += f"\n  plain decoding: {achieved(model, 1.0 / profile.plain_step_s).describe()}"
-    return text
-
-
-# -- labels ------------------------------------------------------------------------------------------------------
 
 
 def _number(value: Any, spec: str = ".2f", unit: str = "") -> str:
