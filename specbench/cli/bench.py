@@ -10,6 +10,7 @@ from specbench.cli.registry import (
     command,
     device_defaults,
     drafter_names,
+    draw_figure,
     names,
     prompt_selection,
     reasoning_argument,
@@ -241,12 +242,7 @@ def _bench_prompts(args: argparse.Namespace, policies: list) -> int:
     if distributed.rank() != 0:  # rank 0 saves and prints the merged results
         return 0
     if args.out and result.runs:
-        try:
-            from specbench.report.figures.bench import save_prompt_figure
-        except ImportError:  # matplotlib comes with the report extra
-            print("no figure drawn: install the report extra, pip install 'specbench[report]'")
-        else:
-            save_prompt_figure(result, args.out)
+        draw_figure("bench", "save_prompt_figure", result, args.out)
     print()
     print(result.table())
     from specbench.bench.prompt_runs import PROMPT_BASELINE

@@ -24,16 +24,6 @@ from specbench.common.files import write_json_atomic, write_safetensors_atomic
 
 NUM_EXPERTS = 8
 TOP_K = 2
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
 
 
 def twin_config(dense: dict[str, Any], num_experts: int = NUM_EXPERTS, top_k: int = TOP_K) -> dict[str, Any]:
@@ -113,9 +103,11 @@ def build_twin(
         weights.update(mx.load(str(f)))
     save_model(out_dir, twin_model(config, weights, seed))
     write_json_atomic(out_dir / "config.json", config)
-    for name in _TOKENIZER_FILES:
-        if (dense_folder / name).exists():
-            shutil.copy(dense_folder / name, out_dir / name)
+    for (
+        path
+    ) in dense_folder.iterdir():  # the tokenizer's and generation's files (the weights and config are the twin's)
+        if path.is_file() and path.suffix != ".safetensors" and not (out_dir / path.name).exists():
+            shutil.copy(path, out_dir / path.name)
     return {"dense": str(dense_folder), "num_experts": num_experts, "top_k": top_k, "seed": seed}
 
 

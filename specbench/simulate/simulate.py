@@ -398,13 +398,3 @@ def tree_gain(table) -> Any:
     )
     joined = path.join(tree, on=keys)
     return joined.with_columns(ratio=pl.col("tree") / pl.col("path")).sort(keys)
-
-
-def tokens_by_budget(table, drafter: str, mode: str = "tree") -> dict[int, float]:
-    """``compare_trees``' tokens per verification of ``drafter`` in ``mode`` for each node budget, pooled over
-    traces (verifications weighted): what ``AutoPolicy.choose_node_budget`` chooses from."""
-    import polars as pl
-
-    rows = table.filter((pl.col("drafter") == drafter) & (pl.col("mode") == mode))
-    pooled = rows.group_by("budget").agg((pl.col("accepted") + pl.col("verifies")).sum() / pl.col("verifies").sum())
-    return {int(b): float(t) for b, t in pooled.iter_rows() if t == t}

@@ -229,8 +229,7 @@ def evaluate_decoding(
             drafter=drafter,
             policy=DraftPolicy.fixed(k),
         )
-        for _ in gen:
-            pass
+        list(gen)  # run to the end
         tokens += len(gen.tokens)
         steady = False  # the first draft also feeds the prompt to the drafter: left out of its cost
         for r in gen.log:
@@ -365,9 +364,7 @@ def fit(
                 "seconds": round(time.perf_counter() - start, 2),
                 "loss": float(value.item()),
                 "acceptance": float(agree.item()),
-                "lr": float(optimizer.learning_rate.item())
-                if isinstance(optimizer.learning_rate, mx.array)
-                else float(optimizer.learning_rate),
+                "lr": float(optimizer.learning_rate),
             }
             history.append(row)
             log(f"step {step:5d}  {row['seconds']:7.1f}s  loss {row['loss']:.4f}  acceptance {row['acceptance']:.3f}")
