@@ -131,13 +131,8 @@ def _bench(parser: argparse.ArgumentParser):
         )
 
     def run(args: argparse.Namespace) -> int:
-        from specbench.report.progress import Heartbeat
-
-        with Heartbeat("specbench bench"):  # a line every 30 s, so that no stretch of the run is silent
-            return bench(args)
-
-    def bench(args: argparse.Namespace) -> int:
         from specbench.core.policies import DraftPolicy
+        from specbench.report.progress import Heartbeat
 
         device_defaults(args)  # on a CPU: a run of minutes unless asked for more
         for name in ("limit", "turns"):
@@ -147,7 +142,8 @@ def _bench(parser: argparse.ArgumentParser):
         drafter_names(args.drafters, required=True)
         if args.out:
             check_writable(args.out, folder=True, name="--out")
-        return {"prompts": _bench_prompts, "trace": _bench_trace, "batch": _bench_batch}[args.mode](args, policies)
+        with Heartbeat("specbench bench"):  # a line every 30 s, so that no stretch of the run is silent
+            return {"prompts": _bench_prompts, "trace": _bench_trace, "batch": _bench_batch}[args.mode](args, policies)
 
     return run
 

@@ -273,20 +273,12 @@ def import_runs(path: Path, records: Sequence[Record]) -> list[Trace]:
     return traces
 
 
+#: ShareGPT's speaker names ("from") by the role each stands for.
 _SHAREGPT_ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "chatgpt": "assistant",
-    "bing": "assistant",
-    "bard": "assistant",
-    "model": "assistant",
+    **dict.fromkeys(("human", "user"), "user"),
+    **dict.fromkeys(("gpt", "assistant", "chatgpt", "bing", "bard", "model", "function_call"), "assistant"),
+    **dict.fromkeys(("tool", "observation", "function_response"), "tool"),
     "system": "system",
-    "tool": "tool",
-    "observation": "tool",
-    "function_response": "tool",
-    "function_call": "assistant",
 }
 
 

@@ -157,7 +157,6 @@ def load_groups(
 def save_simulation(result: SimulatedLogs, out: str | os.PathLike) -> list[Path]:
     """Write the summary (parquet and text) and the step log into folder ``out``, atomically."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     result.steps.save(out / STEPS_FILE)
     write_parquet_atomic(result.summary, out / SUMMARY_FILE)
     write_text_atomic(out / TABLE_FILE, result.table() + "\n")
