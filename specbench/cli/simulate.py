@@ -54,14 +54,13 @@ def _simulate(parser: argparse.ArgumentParser):
     )
 
     def run(args):
-        from specbench.simulate.simulate_logs import check_settings, save_simulation, simulate_logs
+        from specbench.simulate.simulate_logs import save_simulation, simulate_logs
 
         drafters, ks, stores = names(args.drafters), integers(args.k, "--k"), names(args.store)
         if args.out:
             check_writable(args.out, folder=True, name="--out")
         if args.policies:
             return _rank(args, drafters, ks)
-        check_settings(drafters, ks, stores, args.limit)
         result = simulate_logs(args.trace or args.recorded, drafters, ks, stores, args.tokenizer, **_reading(args))
         print(
             f"{result.traces} traces, {result.turns} turns, {result.prompt_tokens} prompt tokens; "

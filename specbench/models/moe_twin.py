@@ -69,11 +69,9 @@ def twin_config(dense: dict[str, Any], num_experts: int = NUM_EXPERTS, top_k: in
     return config
 
 
-def expand_mlp(
-    tensors: dict[str, mx.array], num_experts: int = NUM_EXPERTS, seed: int = 0, moe_name: str = "block_sparse_moe"
-) -> dict[str, mx.array]:
+def expand_mlp(tensors: dict[str, mx.array], num_experts: int = NUM_EXPERTS, seed: int = 0) -> dict[str, mx.array]:
     """Replace every ``<prefix>.mlp.{gate,up,down}_proj.weight`` by ``num_experts`` stacked copies
-    (``<prefix>.<moe_name>.switch_mlp.*``) and a random router (``<prefix>.<moe_name>.gate.weight``)."""
+    (``<prefix>.block_sparse_moe.switch_mlp.*``) and a random router (``<prefix>.block_sparse_moe.gate.weight``)."""
     out: dict[str, mx.array] = {}
     key = mx.random.key(seed)
     for name, value in tensors.items():
@@ -81,11 +79,11 @@ def expand_mlp(
         if not m:
             out[name] = value
             continue
-        out[f"{m[1]}.{moe_name}.switch_mlp.{m[2]}.weight"] = mx.repeat(value[None], num_experts, axis=0)
+        out[f"{m[1]}.block_sparse_moe.switch_mlp.{m[2]}.weight"] = mx.repeat(value[None], num_experts, axis=0)
         if m[2] == "gate_proj":
             key, sub = mx.random.split(key)
             router = mx.random.normal((num_experts, value.shape[1]), key=sub) * value.shape[1] ** -0.5
-            out[f"{m[1]}.{moe_name}.gate.weight"] = router.astype(value.dtype)
+            out[f"{m[1]}.block_sparse_moe.gate.weight"] = router.astype(value.dtype)
     return out
 
 

@@ -402,15 +402,16 @@ def build_data(
     passages = text["natural"]["train"][: config.chat_prompts // 4]
     chats = [render_prompt(tokenizer, p) for p in chat_prompts(config.chat_prompts, train_docs, config.seed, passages)]
     snippets = []
+    length = config.continuation_prompt_tokens
     # Code snippets make half the continuations, document text a quarter, and the model's own answers
     # (their prose, without the chat template) the rest, once they are generated.
     for kind, n in (("code", config.continuation_prompts // 2), ("natural", config.continuation_prompts // 4)):
         s = streams[kind]
         for _ in range(n):
-            if len(s) <= config.continuation_prompt_tokens + 1:
+            if len(s) <= length + 1:
                 break
-            a = rng.randrange(0, len(s) - config.continuation_prompt_tokens)
-            snippets.append(s[a : a + config.continuation_prompt_tokens].tolist())
+            a = rng.randrange(0, len(s) - length)
+            snippets.append(s[a : a + length].tolist())
     t1 = time.perf_counter()
     budget = config.generation_budget_s
     # Chat answers may use ``chat_share`` of the generation budget, continuations the rest.
@@ -422,7 +423,6 @@ def build_data(
         config.generation_batch,
         t1 + config.chat_share * budget if budget else None,
     )
-    length = config.continuation_prompt_tokens
     prose = [a[len(c) : len(c) + length] for c, a in zip(chats, answers) if len(a) >= len(c) + length + 8]
     snippets += prose[: max(0, config.continuation_prompts - len(snippets))]
     rng.shuffle(snippets)
@@ -448,12 +448,8 @@ def build_data(
     heldout["chat_prompts"] = [render_prompt(tokenizer, q.turns[0]) for q in questions[: config.eval_prompts]]
     for kind in ("code", "natural"):
         s = heldout[kind]
-        starts = np.linspace(0, max(len(s) - config.continuation_prompt_tokens - 1, 0), num=config.eval_prompts).astype(
-            int
-        )
-        heldout[f"{kind}_prompts"] = [
-            s[a : a + config.continuation_prompt_tokens].tolist() for a in starts if len(s) > a
-        ]
+        starts = np.linspace(0, max(len(s) - length - 1, 0), num=config.eval_prompts).astype(int)
+        heldout[f"{kind}_prompts"] = [s[a : a + length].tolist() for a in starts if len(s) > a]
     heldout_chats = [
         render_prompt(tokenizer, p)
         for p in chat_prompts(config.eval_windows, stdlib_module_docs(True) or train_docs, config.seed + 1)
