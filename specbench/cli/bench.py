@@ -26,12 +26,7 @@ MODES = ("prompts", "trace", "batch")
 def _common(parser: argparse.ArgumentParser, shard: bool = True) -> None:
     """The options every mode takes: the model, drafters, policies, tokens, output folder and verify mode."""
     add_model_argument(parser, shard=shard)
-    parser.add_argument(
-        "--drafters",
-        "--drafter",
-        default="lookup,suffix",
-        help=f"comma list of {drafter_choices()}",
-    )
+    parser.add_argument("--drafters", "--drafter", default="lookup,suffix", help=f"comma list of {drafter_choices()}")
     parser.add_argument("--policies", "--policy", default="auto,fixed:4", help="comma list: auto, fixed:K, adaptive:K")
     parser.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per prompt or turn (default: 128; 32 on a CPU)"

@@ -152,18 +152,14 @@ def _content(content: Any, where: str) -> Content:
 
 
 def _reasoning_fields(message: dict[str, Any], where: str) -> list[str]:
-    pieces = []
-    for key in REASONING_FIELDS:
-        value = message.get(key)
-        if value is None:
-            continue
+    pieces = [(key, message[key]) for key in REASONING_FIELDS if message.get(key) is not None]
+    for key, value in pieces:
         if not isinstance(value, str):
             raise ValueError(
                 f"{where}: {key!r} must be a string (the model's reasoning text), got {type(value).__name__}; "
                 "write the reasoning as text"
             )
-        pieces.append(value)
-    return pieces
+    return [value for _, value in pieces]
 
 
 def _tool_call(call: dict[str, Any]) -> dict[str, Any]:

@@ -41,21 +41,10 @@ def twin_config(dense: dict[str, Any], num_experts: int = NUM_EXPERTS, top_k: in
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"need 1 <= top_k <= num_experts, got top_k={top_k}, num_experts={num_experts}")
     keep = (
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "rms_norm_eps",
-        "vocab_size",
-        "rope_theta",
-        "tie_word_embeddings",
-        "max_position_embeddings",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "torch_dtype",
-    )
+        "hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads rms_norm_eps "
+        "vocab_size rope_theta tie_word_embeddings max_position_embeddings bos_token_id eos_token_id pad_token_id "
+        "torch_dtype"
+    ).split()
     config = {k: dense[k] for k in keep if k in dense}
     config.update(
         model_type="mixtral",
