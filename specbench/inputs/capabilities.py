@@ -90,9 +90,7 @@ def usable_drafters(
     skipped: dict[str, str] = {}
     for name in names:
         key = name.strip().lower()
-        if split_drafter_name(key)[0] is None:  # plain decoding; an unknown name raises
-            factories[key] = lambda: None
-            continue
+        split_drafter_name(key)  # an unknown name raises
         try:
             make_drafter(key, model=model, model_name=model_name)
         except (FileNotFoundError, ValueError) as err:

@@ -415,25 +415,13 @@ def build_data(
     t1 = time.perf_counter()
     budget = config.generation_budget_s
     # Chat answers may use ``chat_share`` of the generation budget, continuations the rest.
-    answers = batched_greedy(
-        model,
-        tokenizer,
-        chats,
-        config.chat_tokens,
-        config.generation_batch,
-        t1 + config.chat_share * budget if budget else None,
-    )
+    chats_until, until = (t1 + config.chat_share * budget, t1 + budget) if budget else (None, None)
+    answers = batched_greedy(model, tokenizer, chats, config.chat_tokens, config.generation_batch, chats_until)
     prose = [a[len(c) : len(c) + length] for c, a in zip(chats, answers) if len(a) >= len(c) + length + 8]
     snippets += prose[: max(0, config.continuation_prompts - len(snippets))]
     rng.shuffle(snippets)
     continued = batched_greedy(
-        model,
-        tokenizer,
-        snippets,
-        config.continuation_tokens,
-        config.generation_batch,
-        t1 + budget if budget else None,
-        stop_at_eos=False,
+        model, tokenizer, snippets, config.continuation_tokens, config.generation_batch, until, stop_at_eos=False
     )
     streams["chat"], streams["continued"] = stream(answers, eos), stream(continued, eos)
     generated = answers + continued
