@@ -204,10 +204,13 @@ def _bench_batch(args: argparse.Namespace, policies: list) -> int:
 def _bench_prompts(args: argparse.Namespace, policies: list) -> int:
     """``bench prompts``: every method on a prompt set, batch 1, against mlx-lm."""
     from specbench.bench.bench_ranks import bench_prompts_over_ranks
+    from specbench.bench.prompt_runs import PROMPT_BASELINE
     from specbench.common import distributed
+    from specbench.cost.bandwidth import describe_speeds
     from specbench.drafters.draft_model import resolve_draft_model
     from specbench.inputs.prompts import questions_from
     from specbench.models.load import load
+    from specbench.report import verdicts
 
     verify_modes(args.verify)
     questions = questions_from(args.prompts, names(args.categories) if args.categories else None, args.limit)
@@ -236,10 +239,6 @@ def _bench_prompts(args: argparse.Namespace, policies: list) -> int:
         draw_figure("bench", "save_prompt_figure", result, args.out)
     print()
     print(result.table())
-    from specbench.bench.prompt_runs import PROMPT_BASELINE
-    from specbench.cost.bandwidth import describe_speeds
-    from specbench.report import verdicts
-
     summary = result.summary()
     print(f"\nVerdict: {verdicts.bench(summary, PROMPT_BASELINE)}")
     overall = {r["method"]: r["decode_tokens_per_s"] for r in summary if r["category"] == "overall"}
