@@ -25,8 +25,7 @@ def command(name: str, help: str):
 
 
 def draw_figure(module: str, function: str, *args: Any) -> None:
-    """``specbench.report.figures.<module>.<function>(*args)``, or a line saying how to get matplotlib (it comes with
-    the report extra)."""
+    """``specbench.report.figures.<module>.<function>(*args)``, or a line saying how to get matplotlib."""
     try:
         draw = getattr(importlib.import_module(f"specbench.report.figures.{module}"), function)
     except ImportError:

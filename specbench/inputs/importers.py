@@ -193,13 +193,11 @@ def normalize_message(message: dict[str, Any], where: str) -> dict[str, Any]:
     reasoning = joined_reasoning(_reasoning_fields(message, where) + content.reasoning)
     if reasoning is not None:
         out["reasoning"] = reasoning
-    for key in ("name", "tool_call_id"):
-        if message.get(key) and role == "tool":
-            out[key] = message[key]
-    if role == "tool" and not out.get("tool_call_id") and message.get("tool_call_ids"):
-        out["tool_call_id"] = message["tool_call_ids"][0]  # SWE-agent's form
-    if role == "tool" and out["content"] is None:
-        out["content"] = ""
+    if role == "tool":
+        out |= {key: message[key] for key in ("name", "tool_call_id") if message.get(key)}
+        if not out.get("tool_call_id") and message.get("tool_call_ids"):
+            out["tool_call_id"] = message["tool_call_ids"][0]  # SWE-agent's form
+        out["content"] = out["content"] or ""
     return check_message(out, where)
 
 

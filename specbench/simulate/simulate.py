@@ -307,8 +307,7 @@ def trace_groups(traces: Sequence[Any], tokenizer: Any) -> tuple[list[Group], in
     """``replay_logs``' groups from traces' recorded replies tokenized with ``tokenizer`` (prompts
     rendered once, each trace's prompts sharing their ids), and how many turns were left out for
     lack of a recorded reply."""
-    groups = []
-    skipped = 0
+    groups, skipped = [], 0
     for trace in traces:
         prompts = trace_prompts(tokenizer, trace)
         skipped += prompts.skipped
