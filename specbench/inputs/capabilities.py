@@ -43,8 +43,7 @@ def _traces() -> str:
 
 
 def _bundled_prompts() -> str:
-    missing = [c for c in BUNDLED_CATEGORIES if not (PROMPTS_DIR / f"{c}.jsonl").is_file()]
-    if missing:
+    if missing := [c for c in BUNDLED_CATEGORIES if not (PROMPTS_DIR / f"{c}.jsonl").is_file()]:
         raise MissingCapability(f"bundled prompt files missing in {PROMPTS_DIR}: {', '.join(missing)}")
     return str(PROMPTS_DIR)
 

@@ -111,8 +111,7 @@ def select_questions(
         raise ValueError(f"limit must be >= 1 question per category, got {limit}")
     if categories:
         known = {q.category for q in questions} | {q.subcategory for q in questions if q.subcategory}
-        unknown = [c for c in categories if c not in known]
-        if unknown:
+        if unknown := [c for c in categories if c not in known]:
             raise ValueError(f"unknown categories {unknown}: choose from {', '.join(sorted(known))}")
         questions = [q for q in questions if q.category in categories or q.subcategory in categories]
     if limit is not None:  # a question is kept while fewer than ``limit`` before it share its category

@@ -92,8 +92,7 @@ def load_recorded(path: str | os.PathLike) -> list[Recorded]:
     import polars as pl
 
     frame = read_parquet(path, "record the outputs again (or delete it)")
-    missing = {"prompt", "output", "finish_reason"} - set(frame.columns)
-    if missing:
+    if missing := {"prompt", "output", "finish_reason"} - set(frame.columns):
         raise ValueError(
             f"{path}: recorded outputs need columns prompt, output, finish_reason; missing {sorted(missing)}"
         )
