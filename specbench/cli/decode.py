@@ -40,8 +40,6 @@ def _setup(parser: argparse.ArgumentParser):
 
 
 # -- generate ----------------------------------------------------------------------------------
-
-
 @command("generate", "generate text from a prompt, speculatively or plainly, and print its stats")
 def _generate(parser: argparse.ArgumentParser):
     add_model_argument(parser)

@@ -21,6 +21,7 @@ import mlx.nn as nn
 from mlx_lm.utils import _get_classes, save_model
 
 from specbench.common.files import write_json_atomic, write_safetensors_atomic
+from specbench.models.embedded import COMPLETE_MARKER
 
 NUM_EXPERTS = 8
 TOP_K = 2
@@ -90,10 +91,10 @@ def build_twin(
         weights.update(mx.load(str(f)))
     save_model(out_dir, twin_model(config, weights, seed))
     write_json_atomic(out_dir / "config.json", config)
-    for (
-        path
-    ) in dense_folder.iterdir():  # the tokenizer's and generation's files (the weights and config are the twin's)
-        if path.is_file() and path.suffix != ".safetensors" and not (out_dir / path.name).exists():
+    # the tokenizer's and generation's files (the weights, config and build marker are the twin's own)
+    for path in dense_folder.iterdir():
+        own = path.suffix == ".safetensors" or path.name == COMPLETE_MARKER or (out_dir / path.name).exists()
+        if path.is_file() and not own:
             shutil.copy(path, out_dir / path.name)
     return {"dense": str(dense_folder), "num_experts": num_experts, "top_k": top_k, "seed": seed}
 
