@@ -62,10 +62,17 @@ from specbench.simulate.simulate import (
     Recorded,
     compare_trees,
     record_groups,
-    tokens_by_budget,
     trace_groups,
     tree_gain,
 )
+
+
+def tokens_by_budget(table, drafter: str, mode: str = "tree") -> dict[int, float]:
+    """``compare_trees``' tokens per verification of ``drafter`` in ``mode`` for each node budget, pooled over
+    traces (verifications weighted): what ``AutoPolicy.choose_node_budget`` chooses from."""
+    rows = table.filter((pl.col("drafter") == drafter) & (pl.col("mode") == mode))
+    pooled = rows.group_by("budget").agg((pl.col("accepted") + pl.col("verifies")).sum() / pl.col("verifies").sum())
+    return {int(b): float(t) for b, t in pooled.iter_rows() if t == t}
 
 
 def controlled(args, budget: Budget) -> list[dict]:

@@ -123,10 +123,7 @@ def exact_match_expectation(steps: pl.DataFrame, level: float = 0.95) -> dict[st
     reached = rows.select(pl.col("accept_probs").list.head(pl.col("accepted") + 1).explode()).to_series().drop_nulls()
     measured, positions = int(rows["accepted"].sum()), len(reached)
     expected, variance = float(reached.sum()), float((reached * (1 - reached)).sum())
-    if not positions:  # nothing to compare: no exact-match verification reached a draft token
-        return {"measured": 0.0, "expected": 0.0, "low": float("nan"), "high": float("nan"), "reached_positions": 0.0}
-    z = NormalDist().inv_cdf(0.5 + level / 2)
-    half = z * variance**0.5
+    half = NormalDist().inv_cdf(0.5 + level / 2) * variance**0.5 if positions else float("nan")
     return {
         "measured": float(measured),
         "expected": expected,

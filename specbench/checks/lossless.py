@@ -159,10 +159,8 @@ def histogram_test(
     matrix, labels = _histograms(plain, speculative)
     stat = chi2(matrix[~labels].sum(0), matrix[labels].sum(0))
     rng = np.random.default_rng(seed)
-    exceed = 0
-    for _ in range(permutations):
-        perm = rng.permutation(labels)
-        exceed += chi2(matrix[~perm].sum(0), matrix[perm].sum(0)) >= stat
+    perms = (rng.permutation(labels) for _ in range(permutations))
+    exceed = sum(chi2(matrix[~perm].sum(0), matrix[perm].sum(0)) >= stat for perm in perms)
     return stat, (exceed + 1) / (permutations + 1), _tvd(matrix[~labels].sum(0), matrix[labels].sum(0))
 
 
@@ -207,10 +205,8 @@ def tvd_interval(
         )
         for _ in range(resamples)
     ]
-    null = []
-    for _ in range(resamples):
-        perm = rng.permutation(labels)
-        null.append(_tvd(matrix[~perm].sum(0), matrix[perm].sum(0)))
+    perms = (rng.permutation(labels) for _ in range(resamples))
+    null = [_tvd(matrix[~perm].sum(0), matrix[perm].sum(0)) for perm in perms]
     tail = (1 - level) / 2
     # The plug-in TVD is biased upwards, and its bootstrap more so: the percentile interval is shifted back by the
     # bootstrap's bias (its mean over the estimate) and, at the least, holds the estimate it is the interval of.

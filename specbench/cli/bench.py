@@ -10,6 +10,7 @@ from specbench.cli.registry import (
     command,
     device_defaults,
     drafter_names,
+    draw_figure,
     names,
     prompt_selection,
     reasoning_argument,
@@ -25,12 +26,7 @@ MODES = ("prompts", "trace", "batch")
 def _common(parser: argparse.ArgumentParser, shard: bool = True) -> None:
     """The options every mode takes: the model, drafters, policies, tokens, output folder and verify mode."""
     add_model_argument(parser, shard=shard)
-    parser.add_argument(
-        "--drafters",
-        "--drafter",
-        default="lookup,suffix",
-        help=f"comma list of {drafter_choices()}",
-    )
+    parser.add_argument("--drafters", "--drafter", default="lookup,suffix", help=f"comma list of {drafter_choices()}")
     parser.add_argument("--policies", "--policy", default="auto,fixed:4", help="comma list: auto, fixed:K, adaptive:K")
     parser.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per prompt or turn (default: 128; 32 on a CPU)"
@@ -130,13 +126,8 @@ def _bench(parser: argparse.ArgumentParser):
         )
 
     def run(args: argparse.Namespace) -> int:
-        from specbench.report.progress import Heartbeat
-
-        with Heartbeat("specbench bench"):  # a line every 30 s, so that no stretch of the run is silent
-            return bench(args)
-
-    def bench(args: argparse.Namespace) -> int:
         from specbench.core.policies import DraftPolicy
+        from specbench.report.progress import Heartbeat
 
         device_defaults(args)  # on a CPU: a run of minutes unless asked for more
         for name in ("limit", "turns"):
@@ -146,7 +137,8 @@ def _bench(parser: argparse.ArgumentParser):
         drafter_names(args.drafters, required=True)
         if args.out:
             check_writable(args.out, folder=True, name="--out")
-        return {"prompts": _bench_prompts, "trace": _bench_trace, "batch": _bench_batch}[args.mode](args, policies)
+        with Heartbeat("specbench bench"):  # a line every 30 s, so that no stretch of the run is silent
+            return {"prompts": _bench_prompts, "trace": _bench_trace, "batch": _bench_batch}[args.mode](args, policies)
 
     return run
 
@@ -212,10 +204,13 @@ def _bench_batch(args: argparse.Namespace, policies: list) -> int:
 def _bench_prompts(args: argparse.Namespace, policies: list) -> int:
     """``bench prompts``: every method on a prompt set, batch 1, against mlx-lm."""
     from specbench.bench.bench_ranks import bench_prompts_over_ranks
+    from specbench.bench.prompt_runs import PROMPT_BASELINE
     from specbench.common import distributed
+    from specbench.cost.bandwidth import describe_speeds
     from specbench.drafters.draft_model import resolve_draft_model
     from specbench.inputs.prompts import questions_from
     from specbench.models.load import load
+    from specbench.report import verdicts
 
     verify_modes(args.verify)
     questions = questions_from(args.prompts, names(args.categories) if args.categories else None, args.limit)
@@ -241,18 +236,9 @@ def _bench_prompts(args: argparse.Namespace, policies: list) -> int:
     if distributed.rank() != 0:  # rank 0 saves and prints the merged results
         return 0
     if args.out and result.runs:
-        try:
-            from specbench.report.figures.bench import save_prompt_figure
-        except ImportError:  # matplotlib comes with the report extra
-            print("no figure drawn: install the report extra, pip install 'specbench[report]'")
-        else:
-            save_prompt_figure(result, args.out)
+        draw_figure("bench", "save_prompt_figure", result, args.out)
     print()
     print(result.table())
-    from specbench.bench.prompt_runs import PROMPT_BASELINE
-    from specbench.cost.bandwidth import describe_speeds
-    from specbench.report import verdicts
-
     summary = result.summary()
     print(f"\nVerdict: {verdicts.bench(summary, PROMPT_BASELINE)}")
     overall = {r["method"]: r["decode_tokens_per_s"] for r in summary if r["category"] == "overall"}

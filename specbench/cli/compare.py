@@ -45,6 +45,7 @@ def _compare(parser: argparse.ArgumentParser):
     def run(args: argparse.Namespace) -> int:
         from specbench.bench.compare import compare, run_models
         from specbench.bench.prompt_bench import is_recorded_run, load_prompt_bench
+        from specbench.cli.registry import draw_figure
         from specbench.common.files import check_writable
 
         recorded = [is_recorded_run(args.a), is_recorded_run(args.b)]
@@ -88,12 +89,7 @@ def _compare(parser: argparse.ArgumentParser):
         print(f"\nVerdict: {comparison.verdict()}")
         if args.out:
             comparison.save(args.out)
-            try:
-                from specbench.report.figures.compare import save_compare_figure
-            except ImportError:  # matplotlib comes with the report extra
-                print("no figure drawn: install the report extra, pip install 'specbench[report]'")
-            else:
-                save_compare_figure(comparison, args.out)
+            draw_figure("compare", "save_compare_figure", comparison, args.out)
             print(f"\nresults: {args.out}")
         return 0
 

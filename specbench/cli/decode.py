@@ -40,8 +40,6 @@ def _setup(parser: argparse.ArgumentParser):
 
 
 # -- generate ----------------------------------------------------------------------------------
-
-
 @command("generate", "generate text from a prompt, speculatively or plainly, and print its stats")
 def _generate(parser: argparse.ArgumentParser):
     add_model_argument(parser)
@@ -92,6 +90,7 @@ def _generate(parser: argparse.ArgumentParser):
         from specbench.drafters import make_drafter
         from specbench.inputs.prompts import check_text, render_prompt
         from specbench.models.load import load
+        from specbench.report.render import display_text
 
         policy = DraftPolicy.parse(args.policy)
         drafter_names(args.drafter, "--drafter")
@@ -110,8 +109,6 @@ def _generate(parser: argparse.ArgumentParser):
             model, prompt, options, drafter=drafter, policy=policy if drafter else None, tokenizer=tokenizer
         )
         list(gen)  # run to the end
-        from specbench.report.render import display_text
-
         print(display_text(tokenizer, gen.tokens))
         print()
         print_stats(gen.stats())

@@ -21,11 +21,7 @@ def _profile(parser: argparse.ArgumentParser):
     parser.add_argument("--verify", default="fast,exact", help="comma list of verify modes: fast, exact")
     parser.add_argument("--offset", type=int, default=512, help="tokens in the cache while timing")
     parser.add_argument("--repeats", type=int, default=10, help="timed rounds (medians kept)")
-    parser.add_argument(
-        "--drafters",
-        default="",
-        help=f"comma list of drafters to time: {drafter_choices()}",
-    )
+    parser.add_argument("--drafters", default="", help=f"comma list of drafters to time: {drafter_choices()}")
     parser.add_argument(
         "--lengths", default="", help="comma list of further context lengths to time c(w) at, e.g. 2048,8192"
     )
@@ -62,7 +58,6 @@ def _profile(parser: argparse.ArgumentParser):
             check_writable(args.plot, folder=True, name="--plot")
         model, tokenizer = load(args.model, layers=args.layers, shard=args.shard)
         drafters = [d for d in (make_drafter(n, model=model, model_name=args.model) for n in names(args.drafters)) if d]
-        context = _profile_context(tokenizer, args.offset)
         print(
             f"profiling {display_name(model)} on {device_name()}: widths 1..{args.widths}, "
             f"verify {', '.join(modes)}, cache offset {args.offset}"
@@ -74,7 +69,7 @@ def _profile(parser: argparse.ArgumentParser):
             offset=args.offset,
             repeats=args.repeats,
             drafters=drafters,
-            context=context,
+            context=_profile_context(tokenizer, args.offset),
             progress=lambda text: print(f"  {text}"),
             lengths=lengths,
             components=stack_widths,

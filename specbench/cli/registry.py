@@ -4,7 +4,9 @@ checks of drafter names and verify modes, read from their registries."""
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable
+from typing import Any
 
 from specbench.common.registry import Registry
 
@@ -20,6 +22,16 @@ def command(name: str, help: str):
         return configure
 
     return wrap
+
+
+def draw_figure(module: str, function: str, *args: Any) -> None:
+    """``specbench.report.figures.<module>.<function>(*args)``, or a line saying how to get matplotlib."""
+    try:
+        draw = getattr(importlib.import_module(f"specbench.report.figures.{module}"), function)
+    except ImportError:
+        print("no figure drawn: install the report extra, pip install 'specbench[report]'")
+    else:
+        draw(*args)
 
 
 def names(text: str) -> list[str]:

@@ -66,8 +66,7 @@ def _report(parser: argparse.ArgumentParser):
         from specbench.common import distributed
         from specbench.report.runner import NOTEBOOKS, parse_assignments, run_report
 
-        missing = [name for name in REPORT_EXTRA if importlib.util.find_spec(name) is None]
-        if missing:
+        if missing := [name for name in REPORT_EXTRA if importlib.util.find_spec(name) is None]:
             raise ValueError(
                 f"{', '.join(missing)} not installed: install the report extra, pip install 'specbench[report]'"
             )

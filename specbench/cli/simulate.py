@@ -54,14 +54,13 @@ def _simulate(parser: argparse.ArgumentParser):
     )
 
     def run(args):
-        if args.policies:
-            return _rank(args)
-        from specbench.simulate.simulate_logs import check_settings, save_simulation, simulate_logs
+        from specbench.simulate.simulate_logs import save_simulation, simulate_logs
 
         drafters, ks, stores = names(args.drafters), integers(args.k, "--k"), names(args.store)
-        check_settings(drafters, ks, stores, args.limit)
         if args.out:
             check_writable(args.out, folder=True, name="--out")
+        if args.policies:
+            return _rank(args, drafters, ks)
         result = simulate_logs(args.trace or args.recorded, drafters, ks, stores, args.tokenizer, **_reading(args))
         print(
             f"{result.traces} traces, {result.turns} turns, {result.prompt_tokens} prompt tokens; "
@@ -75,7 +74,7 @@ def _simulate(parser: argparse.ArgumentParser):
     return run
 
 
-def _rank(args: argparse.Namespace) -> None:
+def _rank(args: argparse.Namespace, drafters: list[str], ks: list[int]) -> None:
     """``--policies``: each policy replayed on the recorded outputs, ranked by predicted speedup."""
     from pathlib import Path
 
@@ -86,11 +85,8 @@ def _rank(args: argparse.Namespace) -> None:
 
     if not args.profile:
         raise ValueError("--policies needs --profile: a stored cost profile (JSON) to price the steps with")
-    drafters, ks = names(args.drafters), integers(args.k, "--k")
     if len(drafters) != 1 or len(ks) != 1:
         raise ValueError("--policies replays one drafter with one longest draft: give one --drafters and one --k")
-    if args.out:
-        check_writable(args.out, folder=True, name="--out")
     profile = read_profile(args.profile)
     source = args.trace or args.recorded
     groups, skipped = load_groups(source, args.tokenizer, **_reading(args))
@@ -100,7 +96,6 @@ def _rank(args: argparse.Namespace) -> None:
     print(format_ranking(table))
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         write_parquet_atomic(table, out / "policies.parquet")
         steps.save(out / "policies_steps.parquet")
         write_text_atomic(out / "policies.txt", format_ranking(table) + "\n")
@@ -109,11 +104,10 @@ def _rank(args: argparse.Namespace) -> None:
 
 def _reading(args: argparse.Namespace) -> dict:
     """How the logs or recorded outputs are read: the options ``simulate_logs`` and ``load_groups`` share."""
-    trace_ids = names(args.trace_id) if args.trace_id else None
     return dict(
         recorded=args.recorded is not None,
         format=args.trace_format,
-        trace_ids=trace_ids,
+        trace_ids=names(args.trace_id) if args.trace_id else None,
         limit=args.limit,
         reasoning=args.reasoning,
     )

@@ -14,8 +14,7 @@ def per_key(value: Any, keys: Iterable[K], convert: Callable[[Any], T], missing:
     for every key. Keys the mapping lacks raise ValueError(``missing.format(those keys)``)."""
     keys = list(keys)
     if isinstance(value, Mapping):
-        lacking = [key for key in keys if key not in value]
-        if lacking:
+        if lacking := [key for key in keys if key not in value]:
             raise ValueError(missing.format(lacking))
         return {key: convert(value[key]) for key in keys}
     return dict.fromkeys(keys, convert(value))

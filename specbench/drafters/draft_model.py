@@ -123,8 +123,7 @@ class DraftModel(Drafter):
         self.context: list[int] = [int(t) for t in context]
 
     def begin(self, prompt: Sequence[int], hidden: mx.array | None = None) -> None:
-        outside = [int(t) for t in prompt if not 0 <= int(t) < self.vocab]
-        if outside:
+        if outside := [int(t) for t in prompt if not 0 <= int(t) < self.vocab]:
             raise ValueError(
                 f"vocabulary mismatch: prompt token ids {outside[:5]} are outside the draft model's vocabulary "
                 f"[0, {self.vocab}): a draft model must share the target's tokenizer"
@@ -242,8 +241,7 @@ def load_draft_model(target: nn.Module, path: str | Path) -> nn.Module:
     own = draft_own_tensors(draft)
     if set(weights) != set(own):
         raise ValueError(f"{path}: its tensors do not match a {meta['layers']}-layer draft of this model")
-    wrong = [k for k, v in weights.items() if tuple(v.shape) != tuple(own[k].shape)]
-    if wrong:
+    if wrong := [k for k, v in weights.items() if tuple(v.shape) != tuple(own[k].shape)]:
         raise ValueError(f"{path}: tensor shapes do not fit this model (e.g. {wrong[0]}): a draft of another model?")
     dtype = text_model(target).model.norm.weight.dtype
     draft.load_weights([(k, v.astype(dtype)) for k, v in weights.items()], strict=False)

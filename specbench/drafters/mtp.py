@@ -67,10 +67,8 @@ class MtpHead(Drafter):
         self.tree = tree_width > 1 or bool(top_k)
         #: The last dynamic tree's nodes' cumulative head probabilities (in draft order).
         self.last_scores: list[float] = []
-        if tree_width > 1:
-            self.name = "mtp-tree"
-        if top_k:
-            self.name = "mtp-dynamic-tree"
+        if self.tree:
+            self.name = "mtp-dynamic-tree" if top_k else "mtp-tree"
         self.model = model
         self.head = head if head is not None else get_head(model)
         self.temperature = float(temperature)

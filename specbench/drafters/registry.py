@@ -45,8 +45,7 @@ class DrafterKind:
     parameter: str | None = None
 
     def __post_init__(self) -> None:
-        unknown = [n for n in self.needs if n not in NEEDS]
-        if unknown:
+        if unknown := [n for n in self.needs if n not in NEEDS]:
             raise ValueError(f"drafter {self.name!r} needs {unknown}: name what it needs from {', '.join(NEEDS)}")
 
     @property

@@ -43,8 +43,7 @@ def _traces() -> str:
 
 
 def _bundled_prompts() -> str:
-    missing = [c for c in BUNDLED_CATEGORIES if not (PROMPTS_DIR / f"{c}.jsonl").is_file()]
-    if missing:
+    if missing := [c for c in BUNDLED_CATEGORIES if not (PROMPTS_DIR / f"{c}.jsonl").is_file()]:
         raise MissingCapability(f"bundled prompt files missing in {PROMPTS_DIR}: {', '.join(missing)}")
     return str(PROMPTS_DIR)
 
@@ -90,9 +89,7 @@ def usable_drafters(
     skipped: dict[str, str] = {}
     for name in names:
         key = name.strip().lower()
-        if split_drafter_name(key)[0] is None:  # plain decoding; an unknown name raises
-            factories[key] = lambda: None
-            continue
+        split_drafter_name(key)  # an unknown name raises
         try:
             make_drafter(key, model=model, model_name=model_name)
         except (FileNotFoundError, ValueError) as err:

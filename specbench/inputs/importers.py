@@ -152,18 +152,14 @@ def _content(content: Any, where: str) -> Content:
 
 
 def _reasoning_fields(message: dict[str, Any], where: str) -> list[str]:
-    pieces = []
-    for key in REASONING_FIELDS:
-        value = message.get(key)
-        if value is None:
-            continue
+    pieces = [(key, message[key]) for key in REASONING_FIELDS if message.get(key) is not None]
+    for key, value in pieces:
         if not isinstance(value, str):
             raise ValueError(
                 f"{where}: {key!r} must be a string (the model's reasoning text), got {type(value).__name__}; "
                 "write the reasoning as text"
             )
-        pieces.append(value)
-    return pieces
+    return [value for _, value in pieces]
 
 
 def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
@@ -197,13 +193,11 @@ def normalize_message(message: dict[str, Any], where: str) -> dict[str, Any]:
     reasoning = joined_reasoning(_reasoning_fields(message, where) + content.reasoning)
     if reasoning is not None:
         out["reasoning"] = reasoning
-    for key in ("name", "tool_call_id"):
-        if message.get(key) and role == "tool":
-            out[key] = message[key]
-    if role == "tool" and not out.get("tool_call_id") and message.get("tool_call_ids"):
-        out["tool_call_id"] = message["tool_call_ids"][0]  # SWE-agent's form
-    if role == "tool" and out["content"] is None:
-        out["content"] = ""
+    if role == "tool":
+        out |= {key: message[key] for key in ("name", "tool_call_id") if message.get(key)}
+        if not out.get("tool_call_id") and message.get("tool_call_ids"):
+            out["tool_call_id"] = message["tool_call_ids"][0]  # SWE-agent's form
+        out["content"] = out["content"] or ""
     return check_message(out, where)
 
 
@@ -273,20 +267,12 @@ def import_runs(path: Path, records: Sequence[Record]) -> list[Trace]:
     return traces
 
 
+#: ShareGPT's speaker names ("from") by the role each stands for.
 _SHAREGPT_ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "chatgpt": "assistant",
-    "bing": "assistant",
-    "bard": "assistant",
-    "model": "assistant",
+    **dict.fromkeys(("human", "user"), "user"),
+    **dict.fromkeys(("gpt", "assistant", "chatgpt", "bing", "bard", "model", "function_call"), "assistant"),
+    **dict.fromkeys(("tool", "observation", "function_response"), "tool"),
     "system": "system",
-    "tool": "tool",
-    "observation": "tool",
-    "function_response": "tool",
-    "function_call": "assistant",
 }
 
 

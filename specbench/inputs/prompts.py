@@ -111,18 +111,11 @@ def select_questions(
         raise ValueError(f"limit must be >= 1 question per category, got {limit}")
     if categories:
         known = {q.category for q in questions} | {q.subcategory for q in questions if q.subcategory}
-        unknown = [c for c in categories if c not in known]
-        if unknown:
+        if unknown := [c for c in categories if c not in known]:
             raise ValueError(f"unknown categories {unknown}: choose from {', '.join(sorted(known))}")
         questions = [q for q in questions if q.category in categories or q.subcategory in categories]
-    if limit is not None:
-        taken: dict[str, int] = {}
-        kept = []
-        for q in questions:
-            if taken.get(q.category, 0) < limit:
-                taken[q.category] = taken.get(q.category, 0) + 1
-                kept.append(q)
-        questions = kept
+    if limit is not None:  # a question is kept while fewer than ``limit`` before it share its category
+        questions = [q for i, q in enumerate(questions) if sum(p.category == q.category for p in questions[:i]) < limit]
     return list(questions)
 
 

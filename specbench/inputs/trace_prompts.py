@@ -124,9 +124,8 @@ def trace_prompts(tokenizer: Any, trace: Trace) -> TracePrompts:
         if last == text and out.prompt(turns - 1) == encode_text(tokenizer, text):
             return out
     # The template or tokenizer does not compose: every turn in full.
-    out.ids, out.turns, out.full_renders = [], [], turns
-    for t in range(turns):
-        out.turns.append(TurnPrompt(t, 0, render_turn(tokenizer, trace, t), outputs[t]))
+    out.ids, out.full_renders = [], turns
+    out.turns = [TurnPrompt(t, 0, render_turn(tokenizer, trace, t), outputs[t]) for t in range(turns)]
     return out
 
 

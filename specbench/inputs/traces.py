@@ -136,8 +136,7 @@ def without_reasoning(traces: Sequence[Trace]) -> list[Trace]:
 def _turn_from_record(record: Any, where: str) -> tuple[str, int, Turn, dict[str, Any]]:
     if not isinstance(record, dict):
         raise ValueError(f"{where}: each line must be a JSON object (a turn), got {type(record).__name__}")
-    missing = [key for key in ("trace", "turn", "messages") if key not in record]
-    if missing:
+    if missing := [key for key in ("trace", "turn", "messages") if key not in record]:
         raise ValueError(f"{where}: a turn needs 'trace', 'turn' and 'messages'; missing {missing}")
     trace_id, number, messages = record["trace"], record["turn"], record["messages"]
     if not isinstance(trace_id, str) or not trace_id:

@@ -21,19 +21,10 @@ import mlx.nn as nn
 from mlx_lm.utils import _get_classes, save_model
 
 from specbench.common.files import write_json_atomic, write_safetensors_atomic
+from specbench.models.embedded import COMPLETE_MARKER
 
 NUM_EXPERTS = 8
 TOP_K = 2
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
 
 
 def twin_config(dense: dict[str, Any], num_experts: int = NUM_EXPERTS, top_k: int = TOP_K) -> dict[str, Any]:
@@ -51,21 +42,10 @@ def twin_config(dense: dict[str, Any], num_experts: int = NUM_EXPERTS, top_k: in
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"need 1 <= top_k <= num_experts, got top_k={top_k}, num_experts={num_experts}")
     keep = (
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "rms_norm_eps",
-        "vocab_size",
-        "rope_theta",
-        "tie_word_embeddings",
-        "max_position_embeddings",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "torch_dtype",
-    )
+        "hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads rms_norm_eps "
+        "vocab_size rope_theta tie_word_embeddings max_position_embeddings bos_token_id eos_token_id pad_token_id "
+        "torch_dtype"
+    ).split()
     config = {k: dense[k] for k in keep if k in dense}
     config.update(
         model_type="mixtral",
@@ -79,11 +59,9 @@ def twin_config(dense: dict[str, Any], num_experts: int = NUM_EXPERTS, top_k: in
     return config
 
 
-def expand_mlp(
-    tensors: dict[str, mx.array], num_experts: int = NUM_EXPERTS, seed: int = 0, moe_name: str = "block_sparse_moe"
-) -> dict[str, mx.array]:
+def expand_mlp(tensors: dict[str, mx.array], num_experts: int = NUM_EXPERTS, seed: int = 0) -> dict[str, mx.array]:
     """Replace every ``<prefix>.mlp.{gate,up,down}_proj.weight`` by ``num_experts`` stacked copies
-    (``<prefix>.<moe_name>.switch_mlp.*``) and a random router (``<prefix>.<moe_name>.gate.weight``)."""
+    (``<prefix>.block_sparse_moe.switch_mlp.*``) and a random router (``<prefix>.block_sparse_moe.gate.weight``)."""
     out: dict[str, mx.array] = {}
     key = mx.random.key(seed)
     for name, value in tensors.items():
@@ -91,11 +69,11 @@ def expand_mlp(
         if not m:
             out[name] = value
             continue
-        out[f"{m[1]}.{moe_name}.switch_mlp.{m[2]}.weight"] = mx.repeat(value[None], num_experts, axis=0)
+        out[f"{m[1]}.block_sparse_moe.switch_mlp.{m[2]}.weight"] = mx.repeat(value[None], num_experts, axis=0)
         if m[2] == "gate_proj":
             key, sub = mx.random.split(key)
             router = mx.random.normal((num_experts, value.shape[1]), key=sub) * value.shape[1] ** -0.5
-            out[f"{m[1]}.{moe_name}.gate.weight"] = router.astype(value.dtype)
+            out[f"{m[1]}.block_sparse_moe.gate.weight"] = router.astype(value.dtype)
     return out
 
 
@@ -113,9 +91,11 @@ def build_twin(
         weights.update(mx.load(str(f)))
     save_model(out_dir, twin_model(config, weights, seed))
     write_json_atomic(out_dir / "config.json", config)
-    for name in _TOKENIZER_FILES:
-        if (dense_folder / name).exists():
-            shutil.copy(dense_folder / name, out_dir / name)
+    # the tokenizer's and generation's files (the weights, config and build marker are the twin's own)
+    for path in dense_folder.iterdir():
+        own = path.suffix == ".safetensors" or path.name == COMPLETE_MARKER or (out_dir / path.name).exists()
+        if path.is_file() and not own:
+            shutil.copy(path, out_dir / path.name)
     return {"dense": str(dense_folder), "num_experts": num_experts, "top_k": top_k, "seed": seed}
 
 

@@ -166,11 +166,7 @@ _PRECISIONS = {
     "bf16": (mx.bfloat16, None),
     "fp16": (mx.float16, None),
     "fp32": (mx.float32, None),
-    "3bit": (mx.bfloat16, 3),
-    "4bit": (mx.bfloat16, 4),
-    "5bit": (mx.bfloat16, 5),
-    "6bit": (mx.bfloat16, 6),
-    "8bit": (mx.bfloat16, 8),
+    **{f"{bits}bit": (mx.bfloat16, bits) for bits in (3, 4, 5, 6, 8)},
 }
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _NAME = re.compile(r"^(?P<shape>.+?)(?P<tiny>-tiny)?(?:-(?P<precision>bf16|fp16|fp32|\d+bit))?$")

@@ -111,14 +111,6 @@ def check_widths(log: StepLog, profile: Profile, policy: str, mode: str = MODE) 
         )
 
 
-def policy_row(log: StepLog, profile: Profile, drafter: str, mode: str = MODE) -> dict[str, Any]:
-    """A replayed policy's totals and its predicted speedup on ``profile`` (in the simulator's verify mode)."""
-    stats = log.stats()
-    d = drafter_cost(model_free_drafter(drafter, 1), profile)
-    predicted = predicted_speedup(log.records, profile, d, mode=mode, tokens="emitted")
-    return {key: stats[key] for key in POLICY_STATS} | {"predicted_speedup": predicted}
-
-
 def rank_policies(
     workloads: Mapping[str, Sequence[Group]],
     policies: Sequence[DraftPolicy | str],
@@ -133,13 +125,17 @@ def rank_policies(
     for policy in policies:
         policy_copy(policy)  # a bad name fails here, before any replay
     profile.curve(MODE)  # a profile without the replays' verify mode fails here, naming its file
+    d = drafter_cost(model_free_drafter(drafter, 1), profile)
     rows, steps = [], StepLog()
     for workload, groups in workloads.items():
         for policy in policies:
             log = replay_policy(groups, policy, profile, drafter, k)
             name = policy if isinstance(policy, str) else policy.name
             check_widths(log, profile, name)
-            rows.append({"workload": workload, "policy": name, "drafter": drafter, **policy_row(log, profile, drafter)})
+            stats = log.stats()
+            predicted = predicted_speedup(log.records, profile, d, mode=MODE, tokens="emitted")
+            totals = {key: stats[key] for key in POLICY_STATS} | {"predicted_speedup": predicted}
+            rows.append({"workload": workload, "policy": name, "drafter": drafter, **totals})
             steps.records.extend(
                 replace(r, policy=name, labels={**r.labels, "workload": workload}) for r in log.records
             )

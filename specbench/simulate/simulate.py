@@ -92,8 +92,7 @@ def load_recorded(path: str | os.PathLike) -> list[Recorded]:
     import polars as pl
 
     frame = read_parquet(path, "record the outputs again (or delete it)")
-    missing = {"prompt", "output", "finish_reason"} - set(frame.columns)
-    if missing:
+    if missing := {"prompt", "output", "finish_reason"} - set(frame.columns):
         raise ValueError(
             f"{path}: recorded outputs need columns prompt, output, finish_reason; missing {sorted(missing)}"
         )
@@ -307,8 +306,7 @@ def trace_groups(traces: Sequence[Any], tokenizer: Any) -> tuple[list[Group], in
     """``replay_logs``' groups from traces' recorded replies tokenized with ``tokenizer`` (prompts
     rendered once, each trace's prompts sharing their ids), and how many turns were left out for
     lack of a recorded reply."""
-    groups = []
-    skipped = 0
+    groups, skipped = [], 0
     for trace in traces:
         prompts = trace_prompts(tokenizer, trace)
         skipped += prompts.skipped
@@ -398,13 +396,3 @@ def tree_gain(table) -> Any:
     )
     joined = path.join(tree, on=keys)
     return joined.with_columns(ratio=pl.col("tree") / pl.col("path")).sort(keys)
-
-
-def tokens_by_budget(table, drafter: str, mode: str = "tree") -> dict[int, float]:
-    """``compare_trees``' tokens per verification of ``drafter`` in ``mode`` for each node budget, pooled over
-    traces (verifications weighted): what ``AutoPolicy.choose_node_budget`` chooses from."""
-    import polars as pl
-
-    rows = table.filter((pl.col("drafter") == drafter) & (pl.col("mode") == mode))
-    pooled = rows.group_by("budget").agg((pl.col("accepted") + pl.col("verifies")).sum() / pl.col("verifies").sum())
-    return {int(b): float(t) for b, t in pooled.iter_rows() if t == t}

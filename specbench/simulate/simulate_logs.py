@@ -83,9 +83,7 @@ def load_tokenizer(name: str) -> Any:
 
     from specbench.models.load import EMBEDDED_MODELS, ensure_embedded
 
-    if name in EMBEDDED_MODELS:
-        return mlx_load_tokenizer(ensure_embedded(name))
-    path = Path(name).expanduser()
+    path = ensure_embedded(name) if name in EMBEDDED_MODELS else Path(name).expanduser()
     if not (path / "tokenizer_config.json").is_file() and not (path / "tokenizer.json").is_file():
         raise FileNotFoundError(
             f"--tokenizer {name!r}: expected an embedded model ({', '.join(EMBEDDED_MODELS)}) or a local model folder "
@@ -157,7 +155,6 @@ def load_groups(
 def save_simulation(result: SimulatedLogs, out: str | os.PathLike) -> list[Path]:
     """Write the summary (parquet and text) and the step log into folder ``out``, atomically."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     result.steps.save(out / STEPS_FILE)
     write_parquet_atomic(result.summary, out / SUMMARY_FILE)
     write_text_atomic(out / TABLE_FILE, result.table() + "\n")

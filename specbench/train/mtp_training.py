@@ -229,8 +229,7 @@ def evaluate_decoding(
             drafter=drafter,
             policy=DraftPolicy.fixed(k),
         )
-        for _ in gen:
-            pass
+        list(gen)  # run to the end
         tokens += len(gen.tokens)
         steady = False  # the first draft also feeds the prompt to the drafter: left out of its cost
         for r in gen.log:
@@ -365,9 +364,7 @@ def fit(
                 "seconds": round(time.perf_counter() - start, 2),
                 "loss": float(value.item()),
                 "acceptance": float(agree.item()),
-                "lr": float(optimizer.learning_rate.item())
-                if isinstance(optimizer.learning_rate, mx.array)
-                else float(optimizer.learning_rate),
+                "lr": float(optimizer.learning_rate),
             }
             history.append(row)
             log(f"step {step:5d}  {row['seconds']:7.1f}s  loss {row['loss']:.4f}  acceptance {row['acceptance']:.3f}")
@@ -405,38 +402,26 @@ def build_data(
     passages = text["natural"]["train"][: config.chat_prompts // 4]
     chats = [render_prompt(tokenizer, p) for p in chat_prompts(config.chat_prompts, train_docs, config.seed, passages)]
     snippets = []
+    length = config.continuation_prompt_tokens
     # Code snippets make half the continuations, document text a quarter, and the model's own answers
     # (their prose, without the chat template) the rest, once they are generated.
     for kind, n in (("code", config.continuation_prompts // 2), ("natural", config.continuation_prompts // 4)):
         s = streams[kind]
         for _ in range(n):
-            if len(s) <= config.continuation_prompt_tokens + 1:
+            if len(s) <= length + 1:
                 break
-            a = rng.randrange(0, len(s) - config.continuation_prompt_tokens)
-            snippets.append(s[a : a + config.continuation_prompt_tokens].tolist())
+            a = rng.randrange(0, len(s) - length)
+            snippets.append(s[a : a + length].tolist())
     t1 = time.perf_counter()
     budget = config.generation_budget_s
     # Chat answers may use ``chat_share`` of the generation budget, continuations the rest.
-    answers = batched_greedy(
-        model,
-        tokenizer,
-        chats,
-        config.chat_tokens,
-        config.generation_batch,
-        t1 + config.chat_share * budget if budget else None,
-    )
-    length = config.continuation_prompt_tokens
+    chats_until, until = (t1 + config.chat_share * budget, t1 + budget) if budget else (None, None)
+    answers = batched_greedy(model, tokenizer, chats, config.chat_tokens, config.generation_batch, chats_until)
     prose = [a[len(c) : len(c) + length] for c, a in zip(chats, answers) if len(a) >= len(c) + length + 8]
     snippets += prose[: max(0, config.continuation_prompts - len(snippets))]
     rng.shuffle(snippets)
     continued = batched_greedy(
-        model,
-        tokenizer,
-        snippets,
-        config.continuation_tokens,
-        config.generation_batch,
-        t1 + budget if budget else None,
-        stop_at_eos=False,
+        model, tokenizer, snippets, config.continuation_tokens, config.generation_batch, until, stop_at_eos=False
     )
     streams["chat"], streams["continued"] = stream(answers, eos), stream(continued, eos)
     generated = answers + continued
@@ -451,12 +436,8 @@ def build_data(
     heldout["chat_prompts"] = [render_prompt(tokenizer, q.turns[0]) for q in questions[: config.eval_prompts]]
     for kind in ("code", "natural"):
         s = heldout[kind]
-        starts = np.linspace(0, max(len(s) - config.continuation_prompt_tokens - 1, 0), num=config.eval_prompts).astype(
-            int
-        )
-        heldout[f"{kind}_prompts"] = [
-            s[a : a + config.continuation_prompt_tokens].tolist() for a in starts if len(s) > a
-        ]
+        starts = np.linspace(0, max(len(s) - length - 1, 0), num=config.eval_prompts).astype(int)
+        heldout[f"{kind}_prompts"] = [s[a : a + length].tolist() for a in starts if len(s) > a]
     heldout_chats = [
         render_prompt(tokenizer, p)
         for p in chat_prompts(config.eval_windows, stdlib_module_docs(True) or train_docs, config.seed + 1)

@@ -268,10 +268,6 @@ def save_head(head: MtpModule, path: str | Path, config: dict[str, Any], extra: 
     return write_safetensors_atomic(path, tensors, metadata)
 
 
-def _is_hub_id(src: str) -> bool:
-    return not Path(src).expanduser().exists() and re.fullmatch(r"[\w.\-]+/[\w.\-]+", src) is not None
-
-
 def _download_mtp_shards(repo: str) -> Path:
     """Download a hub checkpoint's config, index and only the shards holding MTP tensors."""
     from huggingface_hub import hf_hub_download
@@ -305,8 +301,9 @@ def extract_mtp(src: str | Path, dst: str | Path) -> Path:
     Tensors keep their names and values; the file's metadata carries the source config, so
     ``attach_mtp`` checks it against the model as it would the full checkpoint.
     """
-    src = str(src)
-    ckpt = Checkpoint(_download_mtp_shards(src) if _is_hub_id(src) else Path(src).expanduser())
+    src, path = str(src), Path(src).expanduser()
+    hub_id = not path.exists() and re.fullmatch(r"[\w.\-]+/[\w.\-]+", src) is not None
+    ckpt = Checkpoint(_download_mtp_shards(src) if hub_id else path)
     f = _mtp_tensors(ckpt, src)
     tensors = ckpt.load(f.names)
     metadata = {"format": "mlx", "source": src, "mtp_layout": f.layout.name}
