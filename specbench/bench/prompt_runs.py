@@ -305,11 +305,8 @@ class MethodRunner:
         if method.engine == "mlx-lm":
             draft = self.draft_model if method.drafter == "draft-model" else None
             return run_mlx_lm(self.model, self.tokenizer, prompt, n, draft, self.k)
-        if method.drafter == "none":
-            return run_specbench(self.model, self.tokenizer, prompt, n, verify=method.verify)
-        return run_specbench(
-            self.model, self.tokenizer, prompt, n, self.drafter(method, repeat), method.policy, method.verify
-        )
+        drafter = self.drafter(method, repeat)  # None for plain decoding
+        return run_specbench(self.model, self.tokenizer, prompt, n, drafter, method.policy, method.verify)
 
     def verify_widths(self, methods: Sequence[Method]) -> list[int]:
         """Verification widths the methods can use (for calibrating exact verification up front): up to the longest

@@ -421,26 +421,25 @@ class _CellStore:
         self.folder = check_writable(Path(out) / "cells", folder=True, name="out")
         self.settings = settings
 
-    def _path(self, cell: tuple[Prompt, float, int], part: str, tag: str = "") -> Path:
+    def _paths(self, cell: tuple[Prompt, float, int], tag: str = "") -> list[Path]:
         prompt, temperature, seed = cell
         text = json.dumps([self.settings, prompt.id, prompt.ids, temperature, seed], sort_keys=True, default=str)
-        text += tag  # a sequential round's pair and methods
-        return self.folder / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}-{part}.parquet"
+        name = hashlib.sha1((text + tag).encode()).hexdigest()[:16]  # tag: a sequential round's pair and methods
+        return [self.folder / f"{name}-{part}.parquet" for part in ("runs", "steps")]
 
     def has(self, cell: tuple[Prompt, float, int], tag: str = "") -> bool:
-        return self._path(cell, "runs", tag).is_file() and self._path(cell, "steps", tag).is_file()
+        return all(path.is_file() for path in self._paths(cell, tag))
 
     def read(self, cell: tuple[Prompt, float, int], tag: str = "") -> tuple[list[dict[str, Any]], pl.DataFrame]:
-        remedy = "delete it to run the cell again"
-        return read_parquet(self._path(cell, "runs", tag), remedy).to_dicts(), read_parquet(
-            self._path(cell, "steps", tag), remedy
-        )
+        runs, steps = (read_parquet(path, "delete it to run the cell again") for path in self._paths(cell, tag))
+        return runs.to_dicts(), steps
 
     def write(
         self, cell: tuple[Prompt, float, int], runs: list[dict[str, Any]], steps: pl.DataFrame, tag: str = ""
     ) -> None:
-        write_parquet_atomic(steps, self._path(cell, "steps", tag))
-        write_parquet_atomic(pl.DataFrame(runs, infer_schema_length=None), self._path(cell, "runs", tag))
+        runs_path, steps_path = self._paths(cell, tag)
+        write_parquet_atomic(steps, steps_path)
+        write_parquet_atomic(pl.DataFrame(runs, infer_schema_length=None), runs_path)
 
 
 #: What a run's row copies of its generation's ``stats()``, after its tokens and clock.
