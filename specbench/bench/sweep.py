@@ -371,28 +371,18 @@ def _run_cell(
         (r, d, p) for r in rules for d in factories for p in policies if only is None or (r.label, d, p.name) in only
     ]
 
-    def record(
-        rule: AcceptanceRule,
-        drafter_name: str,
-        policy: DraftPolicy,
-        timed: Clocked[Generation],
-        baseline: Clocked[Generation],
-        pair: int,
-    ) -> None:
+    def record(method: tuple[AcceptanceRule, str, DraftPolicy], timed: Clocked[Generation], baseline: Any, pair: int):
+        rule, drafter_name, policy = method
         labelled = {**base, "acceptance": rule.label}
         same = timed.items == plain_tokens if temperature == 0 else None
-        runs.append(
-            {
-                **_row(len(runs), labelled, drafter_name, policy, timed, baseline, same),
-                **({"pair": pair} if pairs else {}),
-            }
-        )
+        row = _row(len(runs), labelled, drafter_name, policy, timed, baseline, same)
+        runs.append({**row, "pair": pair} if pairs else row)
         if pair == 0:
             frames.append(_steps(timed.run.log, len(runs) - 1, labelled))
 
     if not pairs:
-        for rule, drafter_name, policy in methods:
-            record(rule, drafter_name, policy, run_method(rule, drafter_name, policy), reference, 0)
+        for method in methods:
+            record(method, run_method(*method), reference, 0)
     for pair in range(first_pair, first_pair + pairs):
         # one plain run per pair, shared by its methods: first and the methods after it, or the methods in reverse
         # order and then it, alternating from one pair to the next, so that each method lies as far before its
@@ -409,7 +399,7 @@ def _run_cell(
         previous_plain = baseline
         plain_tokens = plain_tokens or baseline.items
         for i, method in enumerate(methods):
-            record(*method, timed[i], baseline, pair)
+            record(method, timed[i], baseline, pair)
     return runs, pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
 

@@ -71,22 +71,6 @@ class TraceBench:
         return format_summary(self.summary)
 
 
-def _run(
-    model: Any,
-    prompt: list[int],
-    options: GenerateOptions,
-    drafter: Drafter | None,
-    policy: DraftPolicy | None,
-    tokenizer: Any,
-    cache: TurnCache,
-) -> Generation:
-    """One method's reply to ``prompt``, prefilling only what ``cache`` does not hold; the cache is kept."""
-    # run to the end: the turn's decode time is read from its log
-    gen = timed_generation(model, prompt, options, drafter, policy, tokenizer, cache.take(prompt)).run
-    cache.keep(prompt, gen.cache)
-    return gen
-
-
 #: What a turn's row copies of its generation's ``stats()``.
 _STATS = (
     "prompt_tokens cached_prompt_tokens tokens finish_reason steps verifies drafted accepted tokens_per_verify "
@@ -160,10 +144,11 @@ def bench_trace(
         start = time.perf_counter()
         # The order of methods rotates from turn to turn, so drift in the machine's speed spreads evenly.
         order = methods[turn % len(methods) :] + methods[: turn % len(methods)]
-        done = {
-            name: _run(model, prompt, options, drafters.get(name), policies.get(name), tokenizer, caches[name])
-            for name in order
-        }
+        done: dict[str, Generation] = {}
+        for name in order:  # each method prefills only what its cache does not hold, and keeps the cache
+            drafter, cache = drafters.get(name), caches[name].take(prompt)
+            done[name] = timed_generation(model, prompt, options, drafter, policies.get(name), tokenizer, cache).run
+            caches[name].keep(prompt, done[name].cache)
         plain = done[PLAIN]
         runs = [(name, done[name]) for name in methods]
         for name, gen in runs:
