@@ -154,19 +154,6 @@ def load_prompt_bench(folder: str | os.PathLike, profile: Profile | None = None)
     return PromptBench(read_runs(runs_path), methods, meta["info"], profile)
 
 
-def stored_cost_profile(
-    model: Any, model_name: str, profile: Profile | str | None, say: Callable[[str], None]
-) -> Profile | None:
-    """``profile``, or for "stored" the model's stored cost profile on this device, saying once when there is
-    none (the benchmark measures none itself: ``specbench profile`` does)."""
-    if not isinstance(profile, str):
-        return profile
-    stored = load_profile(model)
-    if stored is None:
-        say(no_profile_note(model_name, device_name()))
-    return stored
-
-
 def bench_prompts(
     model: Any,
     tokenizer: Any,
@@ -248,9 +235,13 @@ def bench_prompts(
     done = {r.question_key for r in kept}
     if done:
         say(f"resuming: {len(done)} questions already done in {part and part / PROMPT_RUNS_FILE}")
-    # each rank predicts from its own device's profile; the merged results from rank 0's
-    profile = stored_cost_profile(model, model_name, profile, say if rank == 0 else lambda _: None)
-    info.update(model_identity(model, tokenizer))
+    if isinstance(profile, str):  # "stored": each rank's own device's (the merged results: rank 0's), if any
+        profile = load_profile(model)
+        if profile is None and rank == 0:  # the benchmark measures none itself: `specbench profile` does
+            say(no_profile_note(model_name, device_name()))
+    # what ``specbench.bench.compare`` needs to tell whether two runs compare: the model's shape and dtypes (a
+    # 4-bit and a bf16 version differ), its tokenizer's vocabulary and the ids its output layer predicts
+    info.update(model_key=model_key(model), tokenizer=tokenizer_key(tokenizer), vocab=vocab_size(model))
     runner = MethodRunner(model, tokenizer, model_name, draft_model, k, max_tokens)
     stop_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
     todo = [q for q in mine if _question_key(q) not in done]
@@ -319,13 +310,6 @@ def bench_prompts(
         with contextlib.suppress(OSError):  # gone already, or another rank's share is still there
             (out / RANKS_FOLDER).rmdir()
     return result
-
-
-def model_identity(model: Any, tokenizer: Any) -> dict[str, Any]:
-    """What a run's info keeps of its model so that two runs can be compared (``specbench.bench.compare``): its
-    ``model_key`` (shape and dtypes: a 4-bit and a bf16 version differ), its tokenizer's vocabulary
-    (``tokenizer_key``) and the ids its output layer predicts (``vocab``)."""
-    return {"model_key": model_key(model), "tokenizer": tokenizer_key(tokenizer), "vocab": vocab_size(model)}
 
 
 def _run_row(

@@ -9,6 +9,7 @@ The next turn's prompt holds plain decoding's reply, which every drafter must re
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import time
@@ -275,11 +276,8 @@ def trace_methods(
     for name in names:
         for policy in policies:
             method = name if len(policies) == 1 else f"{name}@{policy.name}"
-            drafter = make_drafter(name, model=model, model_name=model_name)
-            if drafter is None:
-                continue
-            made[method] = drafter
-            chosen[method] = policy
+            if (drafter := make_drafter(name, model=model, model_name=model_name)) is not None:
+                made[method], chosen[method] = drafter, policy
     return made, chosen
 
 
@@ -327,6 +325,7 @@ def run_trace(
         "share_store": share_store,
         "truncate": truncate,
     }
+    say = functools.partial(print, flush=True) if progress else lambda text: None
     out_dir = Path(out) if out is not None else None
     resumable = False
     if out_dir is not None:
@@ -339,20 +338,18 @@ def run_trace(
             stale = [p for pattern in _TRACE_FILE_PATTERNS for p in out_dir.glob(pattern)]
             for path in stale:
                 path.unlink()
-            if stale and progress:
-                print(f"{out_dir}: other settings than its earlier run's: its traces run again", flush=True)
+            if stale:
+                say(f"{out_dir}: other settings than its earlier run's: its traces run again")
             write_json_atomic(config_path, config)
     results: list[TraceBench] = []
     shared = trace_methods(drafters, policies, model, model_name) if share_store else None
     for trace in traces:
         if out_dir is not None and resumable and all(p.exists() for p in _trace_files(trace.id, out_dir)):
             results.append(_load_trace_bench(trace.id, out_dir))
-            if progress:
-                print(f"{trace.id}: finished earlier in {out_dir}, skipped", flush=True)
+            say(f"{trace.id}: finished earlier in {out_dir}, skipped")
             continue
         made, chosen = shared if shared is not None else trace_methods(drafters, policies, model, model_name)
-        if progress:
-            print(f"{trace.id}: {len(trace.turns)} turns, methods: plain, {', '.join(made)}", flush=True)
+        say(f"{trace.id}: {len(trace.turns)} turns, methods: plain, {', '.join(made)}")
         result = bench_trace(
             model, tokenizer, trace, made, chosen, max_tokens, options, turns, None, progress, truncate
         )
