@@ -256,6 +256,8 @@ def bench_prompts(
             info["unfinished_questions"] = len(todo) - index
             break
         key = _question_key(question)
+        asked: dict[str, Any] = {"config": config, "question_key": key, "question_id": str(question.question_id)}
+        asked |= {"category": question.category, "subcategory": question.subcategory}
         messages: list[dict[str, str]] = []
         rows: list[PromptRun] = []
         for turn, text in enumerate(question.turns):
@@ -269,7 +271,10 @@ def bench_prompts(
                     say(f"  {question.category} {question.question_id}: {method.name} {run.wall_s:.1f} s")
                     timed.append((repeat, method, run))
             reference = next(run.tokens for repeat, m, run in timed if m.name == PROMPT_BASELINE and repeat == 0)
-            rows += [_run_row(config, key, question, turn, r, m, prompt, run, reference) for r, m, run in timed]
+            for repeat, method, run in timed:
+                at = first_divergence(run.tokens, reference)  # where the output leaves the baseline's (None: equal)
+                found: dict[str, Any] = {"equal": at is None, "first_mismatch": -1 if at is None else at, "turn": turn}
+                rows.append(replace(run, **asked, **method.labels(), **found, repeat=repeat, prompt_tokens=len(prompt)))
             messages.append({"role": "assistant", "content": reply_text(tokenizer, reference, stop_ids)})
         runs += rows
         base = [r for r in rows if r.method == PROMPT_BASELINE]
@@ -310,35 +315,3 @@ def bench_prompts(
         with contextlib.suppress(OSError):  # gone already, or another rank's share is still there
             (out / RANKS_FOLDER).rmdir()
     return result
-
-
-def _run_row(
-    config: str,
-    key: str,
-    question: Any,
-    turn: int,
-    repeat: int,
-    method: Method,
-    prompt: Sequence[int],
-    run: PromptRun,
-    reference: Sequence[int],
-) -> PromptRun:
-    divergence = first_divergence(run.tokens, reference)
-    return replace(
-        run,
-        config=config,
-        question_key=key,
-        question_id=str(question.question_id),
-        category=question.category,
-        subcategory=question.subcategory,
-        turn=turn,
-        repeat=repeat,
-        method=method.name,
-        engine=method.engine,
-        drafter=method.drafter,
-        policy=method.policy_name,
-        verify=method.verify or ("none" if method.engine == "mlx-lm" or method.drafter == "none" else "exact"),
-        prompt_tokens=len(prompt),
-        equal=divergence is None,
-        first_mismatch=-1 if divergence is None else divergence,
-    )
