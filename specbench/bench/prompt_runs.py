@@ -29,17 +29,8 @@ PROMPT_BASELINE = "mlx-lm"
 
 #: What a specbench run keeps of each step: what the speedup predictor (``specbench.cost.predict``) and the
 #: drafting cost (``specbench.bench.predictions.drafting_cost``) read.
-STEP_COLUMNS = (
-    "step",
-    "position",
-    "kind",
-    "k_drafted",
-    "accepted",
-    "emitted",
-    "verify_width",
-    "tree_nodes",
-    "draft_s",
-    "draft_tokens",
+STEP_COLUMNS = tuple(
+    "step position kind k_drafted accepted emitted verify_width tree_nodes draft_s draft_tokens".split()
 )
 
 

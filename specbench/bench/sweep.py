@@ -49,17 +49,8 @@ from specbench.inputs.traces import bundled_traces
 
 # -- policies ----------------------------------------------------------------------------------
 
+#: The policy families of a sweep's rows (a user-written policy's family: its name).
 _FAMILIES = {FixedPolicy: "fixed", AdaptivePolicy: "adaptive", AutoPolicy: "auto"}
-
-
-def policy_family(policy: DraftPolicy) -> str:
-    """The policy's family: "fixed", "adaptive" or "auto" (a user-written policy: its name)."""
-    return _FAMILIES.get(type(policy), policy.name)
-
-
-def policy_k(policy: DraftPolicy) -> int | None:
-    """The draft length of a fixed or adaptive policy (None for one that picks its own)."""
-    return policy.k if isinstance(policy, (FixedPolicy, AdaptivePolicy)) else None
 
 
 def sweep_policies(families: Sequence[str], draft_lengths: Sequence[int]) -> list[DraftPolicy]:
@@ -456,7 +447,8 @@ def _row(
     if policy is None:
         name, family, k = "none", "none", 0
     else:
-        name, family, k = policy.name, policy_family(policy), policy_k(policy)
+        name, family = policy.name, _FAMILIES.get(type(policy), policy.name)
+        k = policy.k if isinstance(policy, (FixedPolicy, AdaptivePolicy)) else None  # None: it picks its own
     tps = tokens / seconds if seconds > 0 else 0.0
     plain_tokens, plain_s = len(baseline.items) - 1, baseline.decode_s
     plain_tps = plain_tokens / plain_s if plain_s > 0 else 0.0
