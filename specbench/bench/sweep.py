@@ -300,6 +300,8 @@ def _undecided(runs: pl.DataFrame) -> set[tuple]:
     return {tuple(row) for row in open_.select(_GROUP).iter_rows()}
 
 
+#: A speculative method of a sweep cell: its acceptance rule, drafter name and policy.
+_SweepMethod = tuple[AcceptanceRule, str, DraftPolicy]
 #: The policy name of a sweep's A/A rows: plain decoding against the plain run before it.
 AA_POLICY = "A/A"
 
@@ -362,7 +364,7 @@ def _run_cell(
         (r, d, p) for r in rules for d in factories for p in policies if only is None or (r.label, d, p.name) in only
     ]
 
-    def record(method: tuple[AcceptanceRule, str, DraftPolicy], timed: Clocked[Generation], baseline: Any, pair: int):
+    def record(method: _SweepMethod, timed: Clocked[Generation], baseline: Clocked[Generation], pair: int) -> None:
         rule, drafter_name, policy = method
         labelled = {**base, "acceptance": rule.label}
         same = timed.items == plain_tokens if temperature == 0 else None
