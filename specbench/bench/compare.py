@@ -421,15 +421,9 @@ def compare(
     notes += cost_notes
     first_a, first_b = _first_turn_rows(a), _first_turn_rows(b)
     divergences = [
-        PromptDivergence(
-            str(r.question_id),
-            r.category,
-            first_divergence(r.tokens, first_b[k].tokens),
-            list(r.tokens),
-            list(first_b[k].tokens),
-        )  # fmt: skip
+        PromptDivergence(str(r.question_id), r.category, first_divergence(r.tokens, o.tokens), r.tokens, o.tokens)
         for k, r in first_a.items()
-        if k in first_b
+        if (o := first_b.get(k)) is not None
     ]
     if len(everything) < MIN_UNITS:
         notes.append(f"{len(everything)} prompts: an interval needs {MIN_UNITS} (run more prompts)")

@@ -194,15 +194,10 @@ def bench_prompts(
     if draft_model is None and "draft-model" in drafters:  # the shipped pair's: mlx-lm's speculation runs it too
         draft_model = shipped_draft_model(model, model_name)
     methods = prompt_methods(drafters, policies, verify, draft_model is not None, k)
-    info: dict[str, Any] = {
-        "model": model_name,
-        "device": device_name(),
-        **versions(),
-        "max_tokens": max_tokens,
-        "repeats": repeats,
-    }
-    info.update(date=time.strftime("%Y-%m-%d"))
-    text = json.dumps([model_name, [m.record() for m in methods], max_tokens, repeats, k, info["device"]])
+    device = device_name()
+    info: dict[str, Any] = {"model": model_name, "device": device, **versions(), "max_tokens": max_tokens}
+    info.update(repeats=repeats, date=time.strftime("%Y-%m-%d"))
+    text = json.dumps([model_name, [m.record() for m in methods], max_tokens, repeats, k, device])
     config = hashlib.sha1(text.encode()).hexdigest()[:12]  # the digest of the run's configuration
     spread = spread and distributed.size() > 1 and not distributed.is_sharded(model)
     rank, size = (distributed.rank(), distributed.size()) if spread else (0, 1)
@@ -222,7 +217,7 @@ def bench_prompts(
 
     def check() -> tuple[str, str, list[PromptRun], list[PromptRun]]:
         """This rank's configuration, device and progress; on rank 0 of a spread run, the merged runs in ``out``."""
-        return config, info["device"], saved(part, {config}), saved(out, None) if spread and rank == 0 else []
+        return config, device, saved(part, {config}), saved(out, None) if spread and rank == 0 else []
 
     ranks = distributed.gather_outcomes(check) if spread else [check()]
     kept = ranks[rank][2]
@@ -238,7 +233,7 @@ def bench_prompts(
     if isinstance(profile, str):  # "stored": each rank's own device's (the merged results: rank 0's), if any
         profile = load_profile(model)
         if profile is None and rank == 0:  # the benchmark measures none itself: `specbench profile` does
-            say(no_profile_note(model_name, device_name()))
+            say(no_profile_note(model_name, device))
     # what ``specbench.bench.compare`` needs to tell whether two runs compare: the model's shape and dtypes (a
     # 4-bit and a bf16 version differ), its tokenizer's vocabulary and the ids its output layer predicts
     info.update(model_key=model_key(model), tokenizer=tokenizer_key(tokenizer), vocab=vocab_size(model))
@@ -292,7 +287,7 @@ def bench_prompts(
         shares = distributed.gather_outcomes(lambda: ([r for r in runs if r.question_key in keys], unfinished))
         order = {_question_key(q): i for i, q in enumerate(remaining)}
         runs = previous + sorted((r for rows, _ in shares for r in rows), key=lambda r: order[r.question_key])
-        devices = [device for _, device, *_ in ranks]
+        devices = [r[1] for r in ranks]
         info.update(
             device=" + ".join(dict.fromkeys(devices)),
             ranks=size,

@@ -203,7 +203,6 @@ _TRACE_FILE_PATTERNS = ("*.turns.parquet", "*.steps.parquet", "*.plain.parquet")
 
 
 def _trace_files(trace_id: str, out_dir: Path) -> list[Path]:
-    """A trace's per-turn table, step log and plain outputs in ``out_dir``."""
     name = _file_stem(trace_id)
     return [out_dir / pattern.replace("*", name, 1) for pattern in _TRACE_FILE_PATTERNS]
 
