@@ -91,13 +91,11 @@ class Sweep:
     def save(self, folder: str | os.PathLike, name: str = "sweep") -> list[Path]:
         """``NAME-runs.parquet`` and ``NAME-steps.parquet`` in ``folder``, written atomically (by rank 0
         alone when several ranks hold the merged sweep)."""
-        folder = Path(folder)
-        if distributed.rank() != 0:
-            return [folder / f"{name}-runs.parquet", folder / f"{name}-steps.parquet"]
-        return [
-            write_parquet_atomic(self.runs, folder / f"{name}-runs.parquet"),
-            write_parquet_atomic(self.steps, folder / f"{name}-steps.parquet"),
-        ]
+        paths = [Path(folder) / f"{name}-{part}.parquet" for part in ("runs", "steps")]
+        if distributed.rank() == 0:
+            for frame, path in zip((self.runs, self.steps), paths):
+                write_parquet_atomic(frame, path)
+        return paths
 
 
 def run_sweep(

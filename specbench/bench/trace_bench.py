@@ -165,8 +165,7 @@ def bench_trace(
             rates = ", ".join(f"{name} {gen.stats()['decode_tokens_per_s']:.1f} tok/s" for name, gen in runs)
             print(
                 f"  {trace.id} turn {turn}: prompt {len(prompt)} ({plain.cached_prompt_tokens} from cache), "
-                f"{len(plain.tokens)} tokens; {rates}; "
-                f"identical={same} ({time.perf_counter() - start:.1f} s)",
+                f"{len(plain.tokens)} tokens; {rates}; identical={same} ({time.perf_counter() - start:.1f} s)",
                 flush=True,
             )
 
