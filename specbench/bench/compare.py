@@ -104,13 +104,10 @@ class Comparison:
         """The difference of ``measure`` (e.g. "acceptance", "acceptance at 2"), None where it was not compared."""
         return next((d for d in self.differences if d.measure == measure), None)
 
-    def rows(self) -> list[dict[str, Any]]:
-        return [d.row() for d in self.differences]
-
     def to_polars(self):
         import polars as pl
 
-        return pl.DataFrame(self.rows(), infer_schema_length=None)
+        return pl.DataFrame([d.row() for d in self.differences], infer_schema_length=None)
 
     def divergence_line(self) -> str:
         """Where the outputs first differ, over the prompts' first turns."""
