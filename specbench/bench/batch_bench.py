@@ -42,8 +42,8 @@ class EngineRow:
     (``kind`` "speculative"; the others' kind is their engine) adds its drafter, policy and acceptance, and
     each row its ratios to plain batched decoding and to mlx-lm (throughput, latency, the share of outputs
     equal to theirs; None against itself); ``verify``: the batch engine's verify mode (None for mlx-lm).
-    ``diverged_from_recording``: oracle requests whose output left the
-    recording; ``predicted_vs_plain`` and ``residual``: with a cost profile."""
+    ``diverged_from_recording``: oracle requests whose output left the recording; ``predicted_vs_plain`` and
+    ``residual``: with a cost profile."""
 
     engine: str
     kind: str
@@ -163,12 +163,12 @@ def divergence_summary(rows: Sequence[RequestDivergence]) -> list[DivergenceSumm
     return summary
 
 
-def _row(engine: str, batch_size: int, outputs: list[list[int]], wall: float, latencies: list[float]) -> EngineRow:
+def _row(
+    engine: str, batch_size: int, outputs: list[list[int]], wall: float, latencies: list[float], verify: str | None
+) -> EngineRow:
     tokens = sum(len(o) for o in outputs)
-    tokens_per_s = tokens / wall if wall > 0 else 0.0
-    return EngineRow(
-        engine, engine, batch_size, len(outputs), tokens, wall, tokens_per_s, sum(latencies) / len(latencies)
-    )
+    per_s, latency = tokens / wall if wall > 0 else 0.0, sum(latencies) / len(latencies)
+    return EngineRow(engine, engine, batch_size, len(outputs), tokens, wall, per_s, latency, verify=verify)
 
 
 def _oracle_acceptance(name: str) -> float | None:
@@ -270,7 +270,7 @@ def bench_batch(
         mx.clear_cache()
         gen.run()
         latencies = [r.stats()["wall_s"] for r in gen.requests]
-        return _row(engine, batch_size, [r.tokens for r in gen.requests], gen.stats()["wall_s"], latencies)
+        return _row(engine, batch_size, [r.tokens for r in gen.requests], gen.stats()["wall_s"], latencies, verify)
 
     plain_gen = generate_batch(model, prompts, options, max_batch=batch_size, verifier=verifier)
     rows = [timed("plain", plain_gen)]
@@ -311,9 +311,8 @@ def bench_batch(
     mx.clear_cache()
     mlx_lm_outputs, wall, latencies = mlx_lm_batch(model, prompts, batch_size, max_tokens, eos)
     outputs["mlx-lm"] = mlx_lm_outputs
-    rows.append(_row("mlx-lm", batch_size, mlx_lm_outputs, wall, latencies))
+    rows.append(_row("mlx-lm", batch_size, mlx_lm_outputs, wall, latencies, None))
     rows = [_with_ratios(row, rows, outputs) for row in rows]
-    rows = [r if r.engine == "mlx-lm" else dataclasses.replace(r, verify=verify) for r in rows]
     if single is not None:
         outputs["single"] = [list(s) for s in single]
     divergence = [

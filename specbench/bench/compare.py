@@ -104,13 +104,10 @@ class Comparison:
         """The difference of ``measure`` (e.g. "acceptance", "acceptance at 2"), None where it was not compared."""
         return next((d for d in self.differences if d.measure == measure), None)
 
-    def rows(self) -> list[dict[str, Any]]:
-        return [d.row() for d in self.differences]
-
     def to_polars(self):
         import polars as pl
 
-        return pl.DataFrame(self.rows(), infer_schema_length=None)
+        return pl.DataFrame([d.row() for d in self.differences], infer_schema_length=None)
 
     def divergence_line(self) -> str:
         """Where the outputs first differ, over the prompts' first turns."""
@@ -421,15 +418,9 @@ def compare(
     notes += cost_notes
     first_a, first_b = _first_turn_rows(a), _first_turn_rows(b)
     divergences = [
-        PromptDivergence(
-            str(r.question_id),
-            r.category,
-            first_divergence(r.tokens, first_b[k].tokens),
-            list(r.tokens),
-            list(first_b[k].tokens),
-        )  # fmt: skip
+        PromptDivergence(str(r.question_id), r.category, first_divergence(r.tokens, o.tokens), r.tokens, o.tokens)
         for k, r in first_a.items()
-        if k in first_b
+        if (o := first_b.get(k)) is not None
     ]
     if len(everything) < MIN_UNITS:
         notes.append(f"{len(everything)} prompts: an interval needs {MIN_UNITS} (run more prompts)")

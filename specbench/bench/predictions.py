@@ -43,25 +43,20 @@ def with_predictions(
             return profile
         return profile[mode] if isinstance(profile, Mapping) else profile(mode)
 
-    predicted, residuals, ds = [], [], []
+    values: list[tuple[float | None, ...]] = []  # (predicted speedup, residual, d) per run
     for row in runs.iter_rows(named=True):
         frame = by_run.get((row["run"],))
         if row.get("drafter", "none") == "none" or frame is None:
-            predicted.append(None), residuals.append(None), ds.append(None)
+            values.append((None, None, None))
             continue
         records = StepLog.from_rows(frame.sort("step").to_dicts()).records
         plain_s_per_token = row[plain[0]] / row[plain[1]] if row[plain[1]] else 0.0
         mode = row.get("verify_mode") or "fast"
         d = drafting_cost(records, plain_s_per_token)
         p = predicted_speedup(records, profile_of(mode), d, int(row.get("prompt_tokens") or 0), mode)
-        predicted.append(p)
-        residuals.append(residual(row[measured], p))
-        ds.append(d)
-    return runs.with_columns(
-        pl.Series("predicted_speedup", predicted, dtype=pl.Float64),
-        pl.Series("residual", residuals, dtype=pl.Float64),
-        pl.Series("d", ds, dtype=pl.Float64),
-    )
+        values.append((p, residual(row[measured], p), d))
+    columns = list(zip(*values)) or [(), (), ()]
+    return runs.with_columns(pl.Series(name, column, dtype=pl.Float64) for name, column in zip(COLUMNS, columns))
 
 
 def prediction_error(runs: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:

@@ -8,9 +8,11 @@ first and interleaved per prompt in a rotating order, so that drift of the machi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -22,6 +24,7 @@ import polars as pl
 from specbench.bench.prompt_runs import PROMPT_BASELINE, Method, MethodRunner, PromptRun, prompt_methods
 from specbench.bench.prompt_summary import prompt_table, summarize_prompt_runs, throughput_ratio
 from specbench.bench.turn_cache import first_divergence, reply_text
+from specbench.common import distributed
 from specbench.common.files import write_json_atomic, write_parquet_atomic, write_text_atomic
 from specbench.common.identity import device_name, model_key, tokenizer_key, versions
 from specbench.core.forward import vocab_size
@@ -35,6 +38,8 @@ PROMPT_RUNS_FILE = "prompt_bench_runs.parquet"
 PROMPT_SUMMARY_FILE = "prompt_bench_summary.parquet"
 PROMPT_TABLE_FILE = "prompt_bench.md"
 PROMPT_INFO_FILE = "prompt_bench.json"
+#: Where each rank of a run spread over ranks keeps its share's progress inside ``out``.
+RANKS_FOLDER = ".ranks"
 
 
 def no_profile_note(model_name: str, device: str) -> str:
@@ -53,29 +58,6 @@ def _question_key(question: Any) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def _plan(
-    model: Any,
-    model_name: str,
-    drafters: Sequence[str],
-    policies: Any,
-    verify: Any,
-    draft_model: Any,
-    k: int,
-    max_tokens: int,
-    repeats: int,
-) -> tuple[Any, list[Method], dict[str, Any], str]:
-    """A run's draft model (the shipped pair's, for the draft-model drafter when none is given: mlx-lm's
-    speculation runs the same pair), its methods, its info and the digest of its configuration."""
-    if draft_model is None and "draft-model" in drafters:
-        draft_model = shipped_draft_model(model, model_name)
-    methods = prompt_methods(drafters, policies, verify, draft_model is not None, k)
-    device = device_name()
-    info = {"model": model_name, "device": device, **versions(), "max_tokens": max_tokens, "repeats": repeats}
-    info.update(date=time.strftime("%Y-%m-%d"))
-    text = json.dumps([model_name, [m.record() for m in methods], max_tokens, repeats, k, device])
-    return draft_model, methods, info, hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
 def _write_parquet(rows: Sequence[dict[str, Any] | PromptRun], path: Path) -> Path:
     rows = [r.row() if isinstance(r, PromptRun) else r for r in rows]
     return write_parquet_atomic(pl.DataFrame(rows, infer_schema_length=None), path)
@@ -89,14 +71,14 @@ def read_runs(path: Path) -> list[PromptRun]:
     return [PromptRun.from_row(r) for r in rows]
 
 
-def resumed_runs(path: Path, runs: Sequence[PromptRun], configs: set[str]) -> list[PromptRun]:
+def resumed_runs(path: Path | None, runs: list[PromptRun], configs: set[str]) -> list[PromptRun]:
     """``runs`` (read from ``path``) to resume, or a ValueError when they hold a configuration not in ``configs``."""
     if {r.config for r in runs} - configs:
         raise ValueError(
             f"{path} holds results of another benchmark configuration: choose another --out, "
             f"or pass --fresh to overwrite it"
         )
-    return list(runs)
+    return runs
 
 
 @dataclass
@@ -172,19 +154,6 @@ def load_prompt_bench(folder: str | os.PathLike, profile: Profile | None = None)
     return PromptBench(read_runs(runs_path), methods, meta["info"], profile)
 
 
-def stored_cost_profile(
-    model: Any, model_name: str, profile: Profile | str | None, say: Callable[[str], None]
-) -> Profile | None:
-    """``profile``, or for "stored" the model's stored cost profile on this device, saying once when there is
-    none (the benchmark measures none itself: ``specbench profile`` does)."""
-    if not isinstance(profile, str):
-        return profile
-    stored = load_profile(model)
-    if stored is None:
-        say(no_profile_note(model_name, device_name()))
-    return stored
-
-
 def bench_prompts(
     model: Any,
     tokenizer: Any,
@@ -203,35 +172,75 @@ def bench_prompts(
     time_budget_s: float | None = None,
     progress: Callable[[str], None] | None = _say,
     profile: Profile | str | None = "stored",
+    spread: bool = False,
 ) -> PromptBench:
     """Benchmark every method on ``questions`` (``specbench.inputs.prompts.Question``), greedy, batch 1: per prompt
     every method ``repeats`` times in a rotating order; turn 2 and later hold mlx-lm's plain greedy answers to the
     earlier turns. ``policies`` default to ``DraftPolicy.auto()`` and ``DraftPolicy.fixed(4)``. With ``out``, each
     finished question is saved and an interrupted run resumes there (``fresh`` starts over). ``time_budget_s`` stops
     starting new questions once that many seconds have passed. ``profile``: the cost profile that predicts each
-    speculative method's speedup ("stored": the model's on this device, if any; None: no predictions)."""
+    speculative method's speedup ("stored": the model's on this device, if any; None: no predictions).
+
+    ``spread``: under ``mlx.launch`` with several ranks and a model that is not sharded, each rank runs its share of
+    the questions (each question whole on one rank, every method interleaved there, so its speedups compare methods
+    on one machine) and keeps its progress in ``out/.ranks/rankRofN/`` (an interrupted run resumes with the same
+    ranks); every rank returns the merged results, which rank 0 alone saves."""
     if not questions:
         raise ValueError("no questions to benchmark: check the prompt file and --categories")
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    draft_model, methods, info, config = _plan(
-        model, model_name, drafters, policies, verify, draft_model, k, max_tokens, repeats
-    )
-    say = progress or (lambda text: None)
-    runs_path = Path(out) / PROMPT_RUNS_FILE if out is not None else None
-    runs: list[PromptRun] = []
-    if runs_path is not None and runs_path.exists() and not fresh:
-        runs = resumed_runs(runs_path, read_runs(runs_path), {config})
-    done = {r.question_key for r in runs}
+    if draft_model is None and "draft-model" in drafters:  # the shipped pair's: mlx-lm's speculation runs it too
+        draft_model = shipped_draft_model(model, model_name)
+    methods = prompt_methods(drafters, policies, verify, draft_model is not None, k)
+    device = device_name()
+    info: dict[str, Any] = {"model": model_name, "device": device, **versions(), "max_tokens": max_tokens}
+    info.update(repeats=repeats, date=time.strftime("%Y-%m-%d"))
+    text = json.dumps([model_name, [m.record() for m in methods], max_tokens, repeats, k, device])
+    config = hashlib.sha1(text.encode()).hexdigest()[:12]  # the digest of the run's configuration
+    spread = spread and distributed.size() > 1 and not distributed.is_sharded(model)
+    rank, size = (distributed.rank(), distributed.size()) if spread else (0, 1)
+
+    def say(text: str) -> None:
+        if progress:
+            progress(f"rank {rank}/{size}: {text}" if spread else text)
+
+    out = Path(out) if out is not None else None
+    part = out / RANKS_FOLDER / f"rank{rank}of{size}" if out is not None and spread else out
+
+    def saved(folder: Path | None, configs: set[str] | None) -> list[PromptRun]:
+        """The runs ``folder`` holds to resume (``configs`` None: not checked yet)."""
+        path = folder / PROMPT_RUNS_FILE if folder is not None else None
+        runs = read_runs(path) if path is not None and path.exists() and not fresh else []
+        return runs if configs is None else resumed_runs(path, runs, configs)
+
+    def check() -> tuple[str, str, list[PromptRun], list[PromptRun]]:
+        """This rank's configuration, device and progress; on rank 0 of a spread run, the merged runs in ``out``."""
+        return config, device, saved(part, {config}), saved(out, None) if spread and rank == 0 else []
+
+    ranks = distributed.gather_outcomes(check) if spread else [check()]
+    kept = ranks[rank][2]
+    previous = resumed_runs(out / PROMPT_RUNS_FILE, ranks[0][3], {r[0] for r in ranks}) if out and spread else []
+    merged = {r.question_key for r in previous}
+    remaining = [q for q in questions if _question_key(q) not in merged]
+    mine = [remaining[i] for i in distributed.my_share([len(q.turns) for q in remaining])] if spread else remaining
+    if merged and rank == 0 and progress:
+        progress(f"resuming: {len(merged)} questions already done in {out and out / PROMPT_RUNS_FILE}")
+    done = {r.question_key for r in kept}
     if done:
-        say(f"resuming: {len(done)} questions already done in {runs_path}")
-    profile = stored_cost_profile(model, model_name, profile, say)
-    info.update(model_identity(model, tokenizer))
+        say(f"resuming: {len(done)} questions already done in {part and part / PROMPT_RUNS_FILE}")
+    if isinstance(profile, str):  # "stored": each rank's own device's (the merged results: rank 0's), if any
+        profile = load_profile(model)
+        if profile is None and rank == 0:  # the benchmark measures none itself: `specbench profile` does
+            say(no_profile_note(model_name, device))
+    # what ``specbench.bench.compare`` needs to tell whether two runs compare: the model's shape and dtypes (a
+    # 4-bit and a bf16 version differ), its tokenizer's vocabulary and the ids its output layer predicts
+    info.update(model_key=model_key(model), tokenizer=tokenizer_key(tokenizer), vocab=vocab_size(model))
     runner = MethodRunner(model, tokenizer, model_name, draft_model, k, max_tokens)
     stop_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
-    todo = [q for q in questions if _question_key(q) not in done]
+    todo = [q for q in mine if _question_key(q) not in done]
+    runs = list(kept)
     start = time.perf_counter()
     if warmup and todo:
         prompts = [render_prompt(tokenizer, q.turns[0]) for q in todo]
@@ -242,6 +251,8 @@ def bench_prompts(
             info["unfinished_questions"] = len(todo) - index
             break
         key = _question_key(question)
+        asked: dict[str, Any] = {"config": config, "question_key": key, "question_id": str(question.question_id)}
+        asked |= {"category": question.category, "subcategory": question.subcategory}
         messages: list[dict[str, str]] = []
         rows: list[PromptRun] = []
         for turn, text in enumerate(question.turns):
@@ -255,7 +266,10 @@ def bench_prompts(
                     say(f"  {question.category} {question.question_id}: {method.name} {run.wall_s:.1f} s")
                     timed.append((repeat, method, run))
             reference = next(run.tokens for repeat, m, run in timed if m.name == PROMPT_BASELINE and repeat == 0)
-            rows += [_run_row(config, key, question, turn, r, m, prompt, run, reference) for r, m, run in timed]
+            for repeat, method, run in timed:
+                at = first_divergence(run.tokens, reference)  # where the output leaves the baseline's (None: equal)
+                found: dict[str, Any] = {"equal": at is None, "first_mismatch": -1 if at is None else at, "turn": turn}
+                rows.append(replace(run, **asked, **method.labels(), **found, repeat=repeat, prompt_tokens=len(prompt)))
             messages.append({"role": "assistant", "content": reply_text(tokenizer, reference, stop_ids)})
         runs += rows
         base = [r for r in rows if r.method == PROMPT_BASELINE]
@@ -265,48 +279,34 @@ def bench_prompts(
                 f"{m.name} {throughput_ratio(base, [r for r in rows if r.method == m.name]):.2f}x" for m in methods[1:]
             )
         )
-        if runs_path is not None:
-            _write_parquet(runs, runs_path)
+        if part is not None:
+            _write_parquet(runs, part / PROMPT_RUNS_FILE)
+    if spread:
+        keys = {_question_key(q) for q in mine}
+        unfinished = info.pop("unfinished_questions", 0)
+        shares = distributed.gather_outcomes(lambda: ([r for r in runs if r.question_key in keys], unfinished))
+        order = {_question_key(q): i for i, q in enumerate(remaining)}
+        runs = previous + sorted((r for rows, _ in shares for r in rows), key=lambda r: order[r.question_key])
+        devices = [r[1] for r in ranks]
+        info.update(
+            device=" + ".join(dict.fromkeys(devices)),
+            ranks=size,
+            rank_devices=devices,
+            timings=(
+                f"Spread over {size} ranks (mlx.launch): each question ran whole on one rank, so its speedups "
+                "compare methods on one machine; tokens/s and seconds are those of the rank's machine that ran "
+                "the question."
+            ),
+        )
+        if unfinished := sum(n for _, n in shares):
+            info["unfinished_questions"] = unfinished
     result = PromptBench(runs, methods, info, profile)
-    if out is not None and runs:
+    if out is not None and runs and not spread:
         result.save(out)
+    elif spread and out is not None and part is not None:
+        distributed.gather_outcomes(lambda: result.save(out) if rank == 0 and runs else None)
+        shutil.rmtree(part, ignore_errors=True)
+        distributed.barrier()
+        with contextlib.suppress(OSError):  # gone already, or another rank's share is still there
+            (out / RANKS_FOLDER).rmdir()
     return result
-
-
-def model_identity(model: Any, tokenizer: Any) -> dict[str, Any]:
-    """What a run's info keeps of its model so that two runs can be compared (``specbench.bench.compare``): its
-    ``model_key`` (shape and dtypes: a 4-bit and a bf16 version differ), its tokenizer's vocabulary
-    (``tokenizer_key``) and the ids its output layer predicts (``vocab``)."""
-    return {"model_key": model_key(model), "tokenizer": tokenizer_key(tokenizer), "vocab": vocab_size(model)}
-
-
-def _run_row(
-    config: str,
-    key: str,
-    question: Any,
-    turn: int,
-    repeat: int,
-    method: Method,
-    prompt: Sequence[int],
-    run: PromptRun,
-    reference: Sequence[int],
-) -> PromptRun:
-    divergence = first_divergence(run.tokens, reference)
-    return replace(
-        run,
-        config=config,
-        question_key=key,
-        question_id=str(question.question_id),
-        category=question.category,
-        subcategory=question.subcategory,
-        turn=turn,
-        repeat=repeat,
-        method=method.name,
-        engine=method.engine,
-        drafter=method.drafter,
-        policy=method.policy_name,
-        verify=method.verify or ("none" if method.engine == "mlx-lm" or method.drafter == "none" else "exact"),
-        prompt_tokens=len(prompt),
-        equal=divergence is None,
-        first_mismatch=-1 if divergence is None else divergence,
-    )

@@ -29,17 +29,8 @@ PROMPT_BASELINE = "mlx-lm"
 
 #: What a specbench run keeps of each step: what the speedup predictor (``specbench.cost.predict``) and the
 #: drafting cost (``specbench.bench.predictions.drafting_cost``) read.
-STEP_COLUMNS = (
-    "step",
-    "position",
-    "kind",
-    "k_drafted",
-    "accepted",
-    "emitted",
-    "verify_width",
-    "tree_nodes",
-    "draft_s",
-    "draft_tokens",
+STEP_COLUMNS = tuple(
+    "step position kind k_drafted accepted emitted verify_width tree_nodes draft_s draft_tokens".split()
 )
 
 
@@ -60,6 +51,11 @@ class Method:
     def policy_name(self) -> str:
         """The policy's label in tables ("none" for plain decoding)."""
         return self.policy.name if self.policy is not None else "none"
+
+    def labels(self) -> dict[str, Any]:
+        """What a run's row (``PromptRun``) says of its method."""
+        verify = self.verify or ("none" if self.engine == "mlx-lm" or self.drafter == "none" else "exact")
+        return dict(method=self.name, engine=self.engine, drafter=self.drafter, policy=self.policy_name, verify=verify)
 
     def record(self) -> dict[str, Any]:
         """The method as JSON-ready values (the policy by its name)."""
@@ -271,18 +267,6 @@ WARM_UP_PROBE_TOKENS = 4
 CALIBRATION_STEPS_PER_WIDTH = 12
 
 
-def warm_up_plan(methods: int, max_tokens: int, widths: Sequence[int], step_s: float) -> str:
-    """The line that announces a warm-up: what it runs and about how long it takes, from a plain step's seconds
-    (calibration at most ``CALIBRATION_STEPS_PER_WIDTH`` steps per unit of width; each method's generation as
-    many steps as tokens, an upper bound for methods that speculate)."""
-    calibration = CALIBRATION_STEPS_PER_WIDTH * sum(widths) * step_s
-    runs = methods * max_tokens * step_s
-    what = f"{methods} methods x {max_tokens} tokens on the first prompt"
-    if widths:
-        what = f"exact calibration at widths {widths[0]}-{widths[-1]} (up to ~{calibration:.0f} s), then {what}"
-    return f"warm-up (untimed): {what}; about {calibration + runs:.0f} s at {step_s:.2f} s per plain step"
-
-
 class MethodRunner:
     """Runs methods on prompts; keeps one drafter per (method, repeat), as a server keeps one
     drafter across requests, so that no repeat sees another repeat's outputs."""
@@ -305,11 +289,8 @@ class MethodRunner:
         if method.engine == "mlx-lm":
             draft = self.draft_model if method.drafter == "draft-model" else None
             return run_mlx_lm(self.model, self.tokenizer, prompt, n, draft, self.k)
-        if method.drafter == "none":
-            return run_specbench(self.model, self.tokenizer, prompt, n, verify=method.verify)
-        return run_specbench(
-            self.model, self.tokenizer, prompt, n, self.drafter(method, repeat), method.policy, method.verify
-        )
+        drafter = self.drafter(method, repeat)  # None for plain decoding
+        return run_specbench(self.model, self.tokenizer, prompt, n, drafter, method.policy, method.verify)
 
     def verify_widths(self, methods: Sequence[Method]) -> list[int]:
         """Verification widths the methods can use (for calibrating exact verification up front): up to the longest
@@ -328,7 +309,14 @@ class MethodRunner:
         widths = self.verify_widths(methods)
         probe = run_specbench(self.model, self.tokenizer, first, WARM_UP_PROBE_TOKENS)  # also builds the kernels
         step = (probe.wall_s - probe.first_token_s) / max(len(probe.tokens) - 1, 1)
-        say(warm_up_plan(len(methods), self.max_tokens, widths, step))
+        # the announced estimate: calibration at most CALIBRATION_STEPS_PER_WIDTH steps per unit of width, each
+        # method's generation as many steps as tokens (an upper bound for methods that speculate)
+        calibration = CALIBRATION_STEPS_PER_WIDTH * sum(widths) * step
+        what = f"{len(methods)} methods x {self.max_tokens} tokens on the first prompt"
+        if widths:
+            what = f"exact calibration at widths {widths[0]}-{widths[-1]} (up to ~{calibration:.0f} s), then {what}"
+        total = calibration + len(methods) * self.max_tokens * step
+        say(f"warm-up (untimed): {what}; about {total:.0f} s at {step:.2f} s per plain step")
         if widths:
             calibrate(self.model, widths, progress=say)
         for method in methods:

@@ -49,17 +49,8 @@ from specbench.inputs.traces import bundled_traces
 
 # -- policies ----------------------------------------------------------------------------------
 
+#: The policy families of a sweep's rows (a user-written policy's family: its name).
 _FAMILIES = {FixedPolicy: "fixed", AdaptivePolicy: "adaptive", AutoPolicy: "auto"}
-
-
-def policy_family(policy: DraftPolicy) -> str:
-    """The policy's family: "fixed", "adaptive" or "auto" (a user-written policy: its name)."""
-    return _FAMILIES.get(type(policy), policy.name)
-
-
-def policy_k(policy: DraftPolicy) -> int | None:
-    """The draft length of a fixed or adaptive policy (None for one that picks its own)."""
-    return policy.k if isinstance(policy, (FixedPolicy, AdaptivePolicy)) else None
 
 
 def sweep_policies(families: Sequence[str], draft_lengths: Sequence[int]) -> list[DraftPolicy]:
@@ -100,13 +91,11 @@ class Sweep:
     def save(self, folder: str | os.PathLike, name: str = "sweep") -> list[Path]:
         """``NAME-runs.parquet`` and ``NAME-steps.parquet`` in ``folder``, written atomically (by rank 0
         alone when several ranks hold the merged sweep)."""
-        folder = Path(folder)
-        if distributed.rank() != 0:
-            return [folder / f"{name}-runs.parquet", folder / f"{name}-steps.parquet"]
-        return [
-            write_parquet_atomic(self.runs, folder / f"{name}-runs.parquet"),
-            write_parquet_atomic(self.steps, folder / f"{name}-steps.parquet"),
-        ]
+        paths = [Path(folder) / f"{name}-{part}.parquet" for part in ("runs", "steps")]
+        if distributed.rank() == 0:
+            for frame, path in zip((self.runs, self.steps), paths):
+                write_parquet_atomic(frame, path)
+        return paths
 
 
 def run_sweep(
@@ -309,6 +298,8 @@ def _undecided(runs: pl.DataFrame) -> set[tuple]:
     return {tuple(row) for row in open_.select(_GROUP).iter_rows()}
 
 
+#: A speculative method of a sweep cell: its acceptance rule, drafter name and policy.
+_SweepMethod = tuple[AcceptanceRule, str, DraftPolicy]
 #: The policy name of a sweep's A/A rows: plain decoding against the plain run before it.
 AA_POLICY = "A/A"
 
@@ -371,28 +362,18 @@ def _run_cell(
         (r, d, p) for r in rules for d in factories for p in policies if only is None or (r.label, d, p.name) in only
     ]
 
-    def record(
-        rule: AcceptanceRule,
-        drafter_name: str,
-        policy: DraftPolicy,
-        timed: Clocked[Generation],
-        baseline: Clocked[Generation],
-        pair: int,
-    ) -> None:
+    def record(method: _SweepMethod, timed: Clocked[Generation], baseline: Clocked[Generation], pair: int) -> None:
+        rule, drafter_name, policy = method
         labelled = {**base, "acceptance": rule.label}
         same = timed.items == plain_tokens if temperature == 0 else None
-        runs.append(
-            {
-                **_row(len(runs), labelled, drafter_name, policy, timed, baseline, same),
-                **({"pair": pair} if pairs else {}),
-            }
-        )
+        row = _row(len(runs), labelled, drafter_name, policy, timed, baseline, same)
+        runs.append({**row, "pair": pair} if pairs else row)
         if pair == 0:
             frames.append(_steps(timed.run.log, len(runs) - 1, labelled))
 
     if not pairs:
-        for rule, drafter_name, policy in methods:
-            record(rule, drafter_name, policy, run_method(rule, drafter_name, policy), reference, 0)
+        for method in methods:
+            record(method, run_method(*method), reference, 0)
     for pair in range(first_pair, first_pair + pairs):
         # one plain run per pair, shared by its methods: first and the methods after it, or the methods in reverse
         # order and then it, alternating from one pair to the next, so that each method lies as far before its
@@ -409,7 +390,7 @@ def _run_cell(
         previous_plain = baseline
         plain_tokens = plain_tokens or baseline.items
         for i, method in enumerate(methods):
-            record(*method, timed[i], baseline, pair)
+            record(method, timed[i], baseline, pair)
     return runs, pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
 
@@ -421,26 +402,25 @@ class _CellStore:
         self.folder = check_writable(Path(out) / "cells", folder=True, name="out")
         self.settings = settings
 
-    def _path(self, cell: tuple[Prompt, float, int], part: str, tag: str = "") -> Path:
+    def _paths(self, cell: tuple[Prompt, float, int], tag: str = "") -> list[Path]:
         prompt, temperature, seed = cell
         text = json.dumps([self.settings, prompt.id, prompt.ids, temperature, seed], sort_keys=True, default=str)
-        text += tag  # a sequential round's pair and methods
-        return self.folder / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}-{part}.parquet"
+        name = hashlib.sha1((text + tag).encode()).hexdigest()[:16]  # tag: a sequential round's pair and methods
+        return [self.folder / f"{name}-{part}.parquet" for part in ("runs", "steps")]
 
     def has(self, cell: tuple[Prompt, float, int], tag: str = "") -> bool:
-        return self._path(cell, "runs", tag).is_file() and self._path(cell, "steps", tag).is_file()
+        return all(path.is_file() for path in self._paths(cell, tag))
 
     def read(self, cell: tuple[Prompt, float, int], tag: str = "") -> tuple[list[dict[str, Any]], pl.DataFrame]:
-        remedy = "delete it to run the cell again"
-        return read_parquet(self._path(cell, "runs", tag), remedy).to_dicts(), read_parquet(
-            self._path(cell, "steps", tag), remedy
-        )
+        runs, steps = (read_parquet(path, "delete it to run the cell again") for path in self._paths(cell, tag))
+        return runs.to_dicts(), steps
 
     def write(
         self, cell: tuple[Prompt, float, int], runs: list[dict[str, Any]], steps: pl.DataFrame, tag: str = ""
     ) -> None:
-        write_parquet_atomic(steps, self._path(cell, "steps", tag))
-        write_parquet_atomic(pl.DataFrame(runs, infer_schema_length=None), self._path(cell, "runs", tag))
+        runs_path, steps_path = self._paths(cell, tag)
+        write_parquet_atomic(steps, steps_path)
+        write_parquet_atomic(pl.DataFrame(runs, infer_schema_length=None), runs_path)
 
 
 #: What a run's row copies of its generation's ``stats()``, after its tokens and clock.
@@ -467,7 +447,8 @@ def _row(
     if policy is None:
         name, family, k = "none", "none", 0
     else:
-        name, family, k = policy.name, policy_family(policy), policy_k(policy)
+        name, family = policy.name, _FAMILIES.get(type(policy), policy.name)
+        k = policy.k if isinstance(policy, (FixedPolicy, AdaptivePolicy)) else None  # None: it picks its own
     tps = tokens / seconds if seconds > 0 else 0.0
     plain_tokens, plain_s = len(baseline.items) - 1, baseline.decode_s
     plain_tps = plain_tokens / plain_s if plain_s > 0 else 0.0

@@ -20,6 +20,10 @@ def rate(numerator: pl.Expr, denominator: str, otherwise: float | None) -> pl.Ex
     return pl.when(pl.col(denominator) > 0).then(numerator / pl.col(denominator)).otherwise(otherwise)
 
 
+#: What a sweep's summary sums per group (and the verify seconds, where its runs have them).
+_SUMMED = "decode_tokens decode_s plain_decode_tokens plain_decode_s steps verifies drafted accepted".split()
+
+
 def summarize_sweep(runs: pl.DataFrame, by: Sequence[str] = ("drafter", "policy")) -> pl.DataFrame:
     """Totals per group and the rates derived from them (ratios of sums, as Spec-Bench's #MAT).
 
@@ -35,14 +39,7 @@ def summarize_sweep(runs: pl.DataFrame, by: Sequence[str] = ("drafter", "policy"
         .agg(
             pl.len().alias("runs"),
             pl.col(
-                "decode_tokens",
-                "decode_s",
-                "plain_decode_tokens",
-                "plain_decode_s",
-                "steps",
-                "verifies",
-                "drafted",
-                "accepted",
+                *"decode_tokens decode_s plain_decode_tokens plain_decode_s steps verifies drafted accepted".split()
             ).sum(),
             *[pl.col(c).sum() for c in ("verify_s", "verification_s") if c in runs.columns],
             pl.col("equal_to_plain").drop_nulls().all().alias("all_equal_to_plain"),

@@ -9,6 +9,7 @@ The next turn's prompt holds plain decoding's reply, which every drafter must re
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import time
@@ -69,22 +70,6 @@ class TraceBench:
 
     def table(self) -> str:
         return format_summary(self.summary)
-
-
-def _run(
-    model: Any,
-    prompt: list[int],
-    options: GenerateOptions,
-    drafter: Drafter | None,
-    policy: DraftPolicy | None,
-    tokenizer: Any,
-    cache: TurnCache,
-) -> Generation:
-    """One method's reply to ``prompt``, prefilling only what ``cache`` does not hold; the cache is kept."""
-    # run to the end: the turn's decode time is read from its log
-    gen = timed_generation(model, prompt, options, drafter, policy, tokenizer, cache.take(prompt)).run
-    cache.keep(prompt, gen.cache)
-    return gen
 
 
 #: What a turn's row copies of its generation's ``stats()``.
@@ -160,10 +145,11 @@ def bench_trace(
         start = time.perf_counter()
         # The order of methods rotates from turn to turn, so drift in the machine's speed spreads evenly.
         order = methods[turn % len(methods) :] + methods[: turn % len(methods)]
-        done = {
-            name: _run(model, prompt, options, drafters.get(name), policies.get(name), tokenizer, caches[name])
-            for name in order
-        }
+        done: dict[str, Generation] = {}
+        for name in order:  # each method prefills only what its cache does not hold, and keeps the cache
+            drafter, cache = drafters.get(name), caches[name].take(prompt)
+            done[name] = timed_generation(model, prompt, options, drafter, policies.get(name), tokenizer, cache).run
+            caches[name].keep(prompt, done[name].cache)
         plain = done[PLAIN]
         runs = [(name, done[name]) for name in methods]
         for name, gen in runs:
@@ -179,8 +165,7 @@ def bench_trace(
             rates = ", ".join(f"{name} {gen.stats()['decode_tokens_per_s']:.1f} tok/s" for name, gen in runs)
             print(
                 f"  {trace.id} turn {turn}: prompt {len(prompt)} ({plain.cached_prompt_tokens} from cache), "
-                f"{len(plain.tokens)} tokens; {rates}; "
-                f"identical={same} ({time.perf_counter() - start:.1f} s)",
+                f"{len(plain.tokens)} tokens; {rates}; identical={same} ({time.perf_counter() - start:.1f} s)",
                 flush=True,
             )
 
@@ -217,7 +202,6 @@ _TRACE_FILE_PATTERNS = ("*.turns.parquet", "*.steps.parquet", "*.plain.parquet")
 
 
 def _trace_files(trace_id: str, out_dir: Path) -> list[Path]:
-    """A trace's per-turn table, step log and plain outputs in ``out_dir``."""
     name = _file_stem(trace_id)
     return [out_dir / pattern.replace("*", name, 1) for pattern in _TRACE_FILE_PATTERNS]
 
@@ -290,11 +274,8 @@ def trace_methods(
     for name in names:
         for policy in policies:
             method = name if len(policies) == 1 else f"{name}@{policy.name}"
-            drafter = make_drafter(name, model=model, model_name=model_name)
-            if drafter is None:
-                continue
-            made[method] = drafter
-            chosen[method] = policy
+            if (drafter := make_drafter(name, model=model, model_name=model_name)) is not None:
+                made[method], chosen[method] = drafter, policy
     return made, chosen
 
 
@@ -342,6 +323,7 @@ def run_trace(
         "share_store": share_store,
         "truncate": truncate,
     }
+    say = functools.partial(print, flush=True) if progress else lambda text: None
     out_dir = Path(out) if out is not None else None
     resumable = False
     if out_dir is not None:
@@ -354,20 +336,18 @@ def run_trace(
             stale = [p for pattern in _TRACE_FILE_PATTERNS for p in out_dir.glob(pattern)]
             for path in stale:
                 path.unlink()
-            if stale and progress:
-                print(f"{out_dir}: other settings than its earlier run's: its traces run again", flush=True)
+            if stale:
+                say(f"{out_dir}: other settings than its earlier run's: its traces run again")
             write_json_atomic(config_path, config)
     results: list[TraceBench] = []
     shared = trace_methods(drafters, policies, model, model_name) if share_store else None
     for trace in traces:
         if out_dir is not None and resumable and all(p.exists() for p in _trace_files(trace.id, out_dir)):
             results.append(_load_trace_bench(trace.id, out_dir))
-            if progress:
-                print(f"{trace.id}: finished earlier in {out_dir}, skipped", flush=True)
+            say(f"{trace.id}: finished earlier in {out_dir}, skipped")
             continue
         made, chosen = shared if shared is not None else trace_methods(drafters, policies, model, model_name)
-        if progress:
-            print(f"{trace.id}: {len(trace.turns)} turns, methods: plain, {', '.join(made)}", flush=True)
+        say(f"{trace.id}: {len(trace.turns)} turns, methods: plain, {', '.join(made)}")
         result = bench_trace(
             model, tokenizer, trace, made, chosen, max_tokens, options, turns, None, progress, truncate
         )

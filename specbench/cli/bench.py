@@ -203,7 +203,7 @@ def _bench_batch(args: argparse.Namespace, policies: list) -> int:
 
 def _bench_prompts(args: argparse.Namespace, policies: list) -> int:
     """``bench prompts``: every method on a prompt set, batch 1, against mlx-lm."""
-    from specbench.bench.bench_ranks import bench_prompts_over_ranks
+    from specbench.bench.prompt_bench import bench_prompts
     from specbench.bench.prompt_runs import PROMPT_BASELINE
     from specbench.common import distributed
     from specbench.cost.bandwidth import describe_speeds
@@ -218,7 +218,7 @@ def _bench_prompts(args: argparse.Namespace, policies: list) -> int:
     draft_model = resolve_draft_model(args.draft_model, model, args.model) if args.draft_model else None
     if args.profile_first:  # on every rank: each its own device's profile (a sharded model's ranks together)
         _profile_first(model, args.model, names(args.verify) if args.verify else [], policies)
-    result = bench_prompts_over_ranks(  # under mlx.launch: the questions spread over the ranks
+    result = bench_prompts(
         model,
         tokenizer,
         questions,
@@ -232,6 +232,7 @@ def _bench_prompts(args: argparse.Namespace, policies: list) -> int:
         model_name=args.model,
         out=args.out,
         fresh=args.fresh,
+        spread=True,  # under mlx.launch: the questions spread over the ranks
     )
     if distributed.rank() != 0:  # rank 0 saves and prints the merged results
         return 0
