@@ -322,6 +322,27 @@ def test_long_context_script(tmp_path, script_home):
     assert report["audit_mismatches"] == f"0/{audited}"
 
 
+def test_long_context_keeps_a_length_that_ran_out_of_memory_and_goes_on(tmp_path, monkeypatch):
+    from scripts.gpu import long_context
+
+    def check_length(model, length, *args, **kwargs):
+        if length == 600:  # as mlx-lm's prefill of a 32k prompt on the MoE shape did on an H100
+            raise RuntimeError("cudaMallocAsync(&data, size, stream) failed: out of memory")
+        exact = {"equal": True, "first_divergence": None, "verifies": 2, "accepted": 4, "seconds": 0.1}
+        return [{"length": length, "mode": "mlx-lm", "seconds": 0.1}, {"length": length, "mode": "exact", **exact}]
+
+    monkeypatch.setattr(long_context, "check_length", check_length)
+    monkeypatch.setattr(sys, "argv", ["long_context", "--quick", "--out", str(tmp_path)])
+    assert long_context.main() == 1  # nothing differed, but a length went unchecked
+    report = json.loads((tmp_path / "long_context.json").read_text())
+    assert {(r["shape"], r["length"]) for r in report["rows"]} == {("qwen3-8b-tiny", 300), ("qwen3-30b-a3b-tiny", 300)}
+    assert [(r["shape"], r["length"]) for r in report["unchecked"]] == [
+        ("qwen3-8b-tiny", 600),
+        ("qwen3-30b-a3b-tiny", 600),
+    ]
+    assert all("out of memory" in r["error"] for r in report["unchecked"]) and report["exact_equal"] == "2/2"
+
+
 def test_bench_script(tmp_path, script_home):
     out = run_script("bench.py", tmp_path, script_home, "--budget", "26")  # the engine check; no time left for prompts
     engine = json.loads((tmp_path / "engine_speed.json").read_text())
