@@ -39,10 +39,13 @@ def check_length(
 ) -> list[dict]:
     """mlx-lm's greedy decoding after a random prompt of ``length`` tokens, then exact and fast speculative decoding."""
     prompt = np.random.default_rng(seed).integers(0, vocab_size(model), size=length).tolist()
+    mx.reset_peak_memory()
     t0 = time.perf_counter()
     reference = mlx_lm_greedy(model, prompt, tokens)
-    rows = [{"length": length, "mode": "mlx-lm", "seconds": round(time.perf_counter() - t0, 2)}]
+    seconds = round(time.perf_counter() - t0, 2)
+    rows = [{"length": length, "mode": "mlx-lm", "seconds": seconds, "peak_mb": peak_mb()}]
     for mode in ("exact", "fast"):
+        mx.reset_peak_memory()
         t0 = time.perf_counter()
         rate = audit if mode == "exact" else 0.0
         generation = oracle_generation(model, prompt, reference, tokens, k, mode, acceptance, seed=seed, audit=rate)
@@ -58,10 +61,16 @@ def check_length(
                 "verifies": stats["verifies"],
                 "accepted": stats["accepted"],
                 "seconds": round(time.perf_counter() - t0, 2),
+                "peak_mb": peak_mb(),
                 **({} if result is None else {"audit": audit_record(result)}),
             }
         )
     return rows
+
+
+def peak_mb() -> float:
+    """The device memory's peak since the last reset, in MB (weights included), beside each row's seconds."""
+    return round(mx.get_peak_memory() / 1e6, 1)
 
 
 def audit_record(result: AuditResult) -> dict:
@@ -137,7 +146,7 @@ def main() -> int:
                 print(
                     f"{shape} {length} tokens, {row['mode']}: equal to mlx-lm {row['equal']} "
                     f"(first divergence {row['first_divergence']}; {row['verifies']} verifications, "
-                    f"{row['accepted']} accepted; {row['seconds']} s)"
+                    f"{row['accepted']} accepted; {row['seconds']} s, peak {row['peak_mb'] / 1000:.1f} GB)"
                     + (f"; audit: {row['audit']['summary']}" if "audit" in row else ""),
                     flush=True,
                 )

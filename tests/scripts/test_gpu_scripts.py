@@ -311,6 +311,7 @@ def test_long_context_script(tmp_path, script_home):
         (s, n) for s in ("qwen3-8b-tiny", "qwen3-30b-a3b-tiny") for n in (300, 600)
     }
     assert report["provenance"]["commit"] != "unknown"
+    assert all(r["peak_mb"] > 0 for r in report["rows"])  # each mode's peak device memory, weights included
     # the summary: exact rows equal to mlx-lm's of all exact rows, and fast likewise (fast may differ)
     assert report["exact_equal"] == "4/4" and report["fast_equal"].endswith("/4")
     assert f"fast output equal to mlx-lm's greedy: {report['fast_equal']}" in out
@@ -328,7 +329,7 @@ def test_long_context_keeps_a_length_that_ran_out_of_memory_and_goes_on(tmp_path
     def check_length(model, length, *args, **kwargs):
         if length == 600:  # as mlx-lm's prefill of a 32k prompt on the MoE shape did on an H100
             raise RuntimeError("cudaMallocAsync(&data, size, stream) failed: out of memory")
-        exact = {"equal": True, "first_divergence": None, "verifies": 2, "accepted": 4, "seconds": 0.1}
+        exact = {"equal": True, "first_divergence": None, "verifies": 2, "accepted": 4, "seconds": 0.1, "peak_mb": 1}
         return [{"length": length, "mode": "mlx-lm", "seconds": 0.1}, {"length": length, "mode": "exact", **exact}]
 
     monkeypatch.setattr(long_context, "check_length", check_length)
