@@ -11,7 +11,9 @@ output must equal mlx-lm's; fast output may not. Each length's rows are written 
 in $OUT, default reports/gpu, naming the commit, versions and device), with "exact_equal" and "fast_equal": "k/n",
 k of the mode's n rows equal to mlx-lm's; --budget stops before a length that would not fit. A length that runs out
 of device memory (mlx-lm's reference included) is listed under "unchecked" with its error, the run goes on, and the
-exit status is 1, as for an exact row that differs.
+exit status is 1, as for an exact row that differs. Each row keeps its peak device memory; --prefill-step chunks the
+prompt of mlx-lm's reference and of specbench's generations alike (both default to 2048 tokens), for prompts whose
+prefill attention would not fit at the default.
 """
 
 from __future__ import annotations
@@ -35,20 +37,38 @@ from specbench.models import synthetic
 
 
 def check_length(
-    model, length: int, tokens: int, k: int, acceptance: float, seed: int, audit: float = 0.0
+    model,
+    length: int,
+    tokens: int,
+    k: int,
+    acceptance: float,
+    seed: int,
+    audit: float = 0.0,
+    prefill_step_size: int = 2048,
 ) -> list[dict]:
     """mlx-lm's greedy decoding after a random prompt of ``length`` tokens, then exact and fast speculative decoding."""
     prompt = np.random.default_rng(seed).integers(0, vocab_size(model), size=length).tolist()
     mx.reset_peak_memory()
     t0 = time.perf_counter()
-    reference = mlx_lm_greedy(model, prompt, tokens)
+    reference = mlx_lm_greedy(model, prompt, tokens, prefill_step_size)
     seconds = round(time.perf_counter() - t0, 2)
     rows = [{"length": length, "mode": "mlx-lm", "seconds": seconds, "peak_mb": peak_mb()}]
     for mode in ("exact", "fast"):
         mx.reset_peak_memory()
         t0 = time.perf_counter()
         rate = audit if mode == "exact" else 0.0
-        generation = oracle_generation(model, prompt, reference, tokens, k, mode, acceptance, seed=seed, audit=rate)
+        generation = oracle_generation(
+            model,
+            prompt,
+            reference,
+            tokens,
+            k,
+            mode,
+            acceptance,
+            seed=seed,
+            audit=rate,
+            prefill_step_size=prefill_step_size,
+        )
         output = list(generation)
         stats = generation.stats()
         result = stats.get("exact_audit")
@@ -109,6 +129,7 @@ def main() -> int:
     add("--k", type=int, default=4, help="draft length")
     add("--acceptance", type=float, default=0.8, help="the drafter's per-position acceptance")
     add("--audit", type=float, default=0.0, help="share of exact verifications compared with serial steps (0 to 1)")
+    add("--prefill-step", type=int, default=2048, help="prompt chunk of both mlx-lm's and specbench's prefill")
     add("--budget", type=float, default=480.0, help="seconds: no length is started that would not fit")
     add("--quick", action="store_true", help="CPU smoke run: tiny shapes, short prompts")
     add("--out", default=os.environ.get("OUT", "reports/gpu"), help="output folder")
@@ -132,7 +153,9 @@ def main() -> int:
             if report["rows"] and not budget.fits(f"[{shape} {length}]", 3.0 * report["rows"][-1]["seconds"]):
                 continue
             try:
-                rows = check_length(model, length, tokens, args.k, args.acceptance, seed=i, audit=args.audit)
+                rows = check_length(
+                    model, length, tokens, args.k, args.acceptance, i, args.audit, prefill_step_size=args.prefill_step
+                )
             except RuntimeError as error:  # out of device memory (mlx-lm's reference included): kept, the run goes on
                 if "out of memory" not in str(error):
                     raise

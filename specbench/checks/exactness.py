@@ -31,10 +31,12 @@ if TYPE_CHECKING:  # polars loads only where tables are made (the GPU scripts ru
     import polars as pl
 
 
-def mlx_lm_greedy(model: nn.Module, prompt: Sequence[int], max_tokens: int) -> list[int]:
+def mlx_lm_greedy(model: nn.Module, prompt: Sequence[int], max_tokens: int, prefill_step_size: int = 2048) -> list[int]:
     """mlx-lm's own greedy decoding of ``max_tokens`` tokens after ``prompt`` (EOS not checked): the
-    reference that speculative greedy output must equal."""
-    return [int(t) for t, _ in generate_step(mx.array(list(prompt)), model, max_tokens=max_tokens)]
+    reference that speculative greedy output must equal (prefilled in chunks of ``prefill_step_size``, as
+    ``GenerateOptions`` prefills: pass both the same)."""
+    steps = generate_step(mx.array(list(prompt)), model, max_tokens=max_tokens, prefill_step_size=prefill_step_size)
+    return [int(t) for t, _ in steps]
 
 
 def random_prompts(
@@ -57,16 +59,19 @@ def oracle_generation(
     seed: int = 0,
     branches: int = 1,
     audit: float = 0.0,
+    prefill_step_size: int = 2048,
 ) -> Generation:
     """Speculative greedy decoding of ``prompt`` (not yet run) with drafts of ``k`` tokens from the
     ``Oracle`` following ``reference`` at ``acceptance``, verified in mode ``verify``. With ``branches`` > 1
     the drafts are token trees (``OracleTree``: that many independently corrupted drafts, merged where they
     agree) of ``tree_nodes(k, branches)`` nodes. ``audit``: the share of exact verifications compared with serial
-    steps (``stats()["exact_audit"]``)."""
+    steps (``stats()["exact_audit"]``); ``prefill_step_size``: the prompt's chunks (``GenerateOptions``)."""
     oracles = [Oracle(prompt, reference, acceptance, vocab_size(model), seed=seed + b) for b in range(branches)]
     drafter: Drafter = oracles[0] if branches == 1 else OracleTree(oracles, k)
     length = k if branches == 1 else tree_nodes(k, branches)
-    options = GenerateOptions(max_tokens=max_tokens, verify=verify, ignore_eos=True)
+    options = GenerateOptions(
+        max_tokens=max_tokens, verify=verify, ignore_eos=True, prefill_step_size=prefill_step_size
+    )
     return Generation(
         model,
         list(prompt),

@@ -304,7 +304,7 @@ def test_one_row_diagnose_script(tmp_path, script_home):
 
 
 def test_long_context_script(tmp_path, script_home):
-    out = run_script("long_context.py", tmp_path, script_home, "--audit", "1")
+    out = run_script("long_context.py", tmp_path, script_home, "--audit", "1", "--prefill-step", "256")
     assert "exact output equal to mlx-lm's greedy: 4/4" in out
     report = json.loads((tmp_path / "long_context.json").read_text())
     assert {(r["shape"], r["length"]) for r in report["rows"]} == {
@@ -312,6 +312,7 @@ def test_long_context_script(tmp_path, script_home):
     }
     assert report["provenance"]["commit"] != "unknown"
     assert all(r["peak_mb"] > 0 for r in report["rows"])  # each mode's peak device memory, weights included
+    assert report["config"]["prefill_step"] == 256  # prompts of 300 and 600 tokens prefilled in chunks, both sides
     # the summary: exact rows equal to mlx-lm's of all exact rows, and fast likewise (fast may differ)
     assert report["exact_equal"] == "4/4" and report["fast_equal"].endswith("/4")
     assert f"fast output equal to mlx-lm's greedy: {report['fast_equal']}" in out
