@@ -244,7 +244,7 @@ def _long_context(file: str, name: str, sizes: str, more: str) -> list[Claim]:
     label = SHAPES[name][1]
     now = file.startswith(HEADLINE)
     short = sizes.replace(" and ", "+")
-    tag = f"{name}-{sizes.replace(' and ', '-')}{EARLIER.get(file.rsplit('/', 1)[0] + '/', '')}"
+    tag = f"{name}-{sizes.replace(' and ', '-')}{_tag(file.rsplit('/', 1)[0] + '/')}"
     equal = Claim(
         f"headline-long-context-{tag}",
         H100,

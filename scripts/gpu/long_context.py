@@ -32,6 +32,7 @@ from specbench.bench.turn_cache import first_divergence
 from specbench.checks.exactness import mlx_lm_greedy, oracle_generation
 from specbench.common.identity import write_result
 from specbench.core.forward import vocab_size
+from specbench.core.options import GenerateOptions
 from specbench.exact import AuditResult
 from specbench.models import synthetic
 
@@ -43,8 +44,8 @@ def check_length(
     k: int,
     acceptance: float,
     seed: int,
-    audit: float = 0.0,
-    prefill_step_size: int = 2048,
+    audit: float,
+    prefill_step_size: int,
 ) -> list[dict]:
     """mlx-lm's greedy decoding after a random prompt of ``length`` tokens, then exact and fast speculative decoding."""
     prompt = np.random.default_rng(seed).integers(0, vocab_size(model), size=length).tolist()
@@ -129,7 +130,12 @@ def main() -> int:
     add("--k", type=int, default=4, help="draft length")
     add("--acceptance", type=float, default=0.8, help="the drafter's per-position acceptance")
     add("--audit", type=float, default=0.0, help="share of exact verifications compared with serial steps (0 to 1)")
-    add("--prefill-step", type=int, default=2048, help="prompt chunk of both mlx-lm's and specbench's prefill")
+    add(
+        "--prefill-step",
+        type=int,
+        default=GenerateOptions.prefill_step_size,
+        help="prompt chunk of both mlx-lm's and specbench's prefill",
+    )
     add("--budget", type=float, default=480.0, help="seconds: no length is started that would not fit")
     add("--quick", action="store_true", help="CPU smoke run: tiny shapes, short prompts")
     add("--out", default=os.environ.get("OUT", "reports/gpu"), help="output folder")
@@ -153,9 +159,7 @@ def main() -> int:
             if report["rows"] and not budget.fits(f"[{shape} {length}]", 3.0 * report["rows"][-1]["seconds"]):
                 continue
             try:
-                rows = check_length(
-                    model, length, tokens, args.k, args.acceptance, i, args.audit, prefill_step_size=args.prefill_step
-                )
+                rows = check_length(model, length, tokens, args.k, args.acceptance, i, args.audit, args.prefill_step)
             except RuntimeError as error:  # out of device memory (mlx-lm's reference included): kept, the run goes on
                 if "out of memory" not in str(error):
                     raise

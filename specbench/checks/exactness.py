@@ -31,7 +31,9 @@ if TYPE_CHECKING:  # polars loads only where tables are made (the GPU scripts ru
     import polars as pl
 
 
-def mlx_lm_greedy(model: nn.Module, prompt: Sequence[int], max_tokens: int, prefill_step_size: int = 2048) -> list[int]:
+def mlx_lm_greedy(
+    model: nn.Module, prompt: Sequence[int], max_tokens: int, prefill_step_size: int = GenerateOptions.prefill_step_size
+) -> list[int]:
     """mlx-lm's own greedy decoding of ``max_tokens`` tokens after ``prompt`` (EOS not checked): the
     reference that speculative greedy output must equal (prefilled in chunks of ``prefill_step_size``, as
     ``GenerateOptions`` prefills: pass both the same)."""
@@ -59,7 +61,7 @@ def oracle_generation(
     seed: int = 0,
     branches: int = 1,
     audit: float = 0.0,
-    prefill_step_size: int = 2048,
+    prefill_step_size: int = GenerateOptions.prefill_step_size,
 ) -> Generation:
     """Speculative greedy decoding of ``prompt`` (not yet run) with drafts of ``k`` tokens from the
     ``Oracle`` following ``reference`` at ``acceptance``, verified in mode ``verify``. With ``branches`` > 1
